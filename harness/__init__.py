@@ -1,0 +1,1 @@
+"""Parity engine: paths, metrics, tolerance policy, runner, CLI."""

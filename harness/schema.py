@@ -1,0 +1,124 @@
+"""The row schema: one row per (case, candidate path, partner path, leaf).
+
+This module is the single source of the column names shared by the runner (which
+writes rows), the gate (which compares two row sets) and `reports/` (which renders
+them). It is plain Python on purpose: `reports/` imports it without loading JAX.
+
+A row is a flat dict with exactly `ROW_COLUMNS` as keys. Metric columns hold floats
+(NaN where a metric does not apply, e.g. on skip/error rows); count columns hold ints.
+"""
+
+from __future__ import annotations
+
+VERDICTS = ("pass", "fail", "skip", "unsupported", "error")
+# Verdicts that do not break a run (exit code 0).
+OK_VERDICTS = ("pass", "skip", "unsupported")
+
+# How a candidate path is compared:
+#   vs_reference  kernel/external path vs the reference path, same sharding
+#   vs_unsharded  a token-sharded path vs the same implementation unsharded
+#   vs_oracle     any path vs the float64 oracle
+#   lowering      the Mosaic-lowering check (one row per program, leaf = program name)
+COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
+
+# Leaf kinds, the policy's second axis:
+#   output           the layer output `out`
+#   intermediate     layer_input, h_pre, h_post, h_res
+#   activation_grad  d_x
+#   weight_grad      d_<MhcWeights field>
+#   branch_grad      d_branch.<branch parameter>
+#   program          a lowering row's program
+LEAF_KINDS = ("output", "intermediate", "activation_grad", "weight_grad", "branch_grad", "program")
+
+IDENTITY_COLUMNS = ("case", "candidate", "partner", "leaf")
+
+ROW_COLUMNS = (
+    # identity: the key a baseline row is matched on is IDENTITY_COLUMNS
+    "case",
+    "candidate",
+    "partner",
+    "leaf",
+    "comparison",
+    "leaf_kind",
+    # what was compared
+    "dtype",  # dtype of the compared leaf (the candidate's)
+    "act_dtype",
+    "weight_dtype",
+    "variant",
+    "shape",  # e.g. "2x64x4x128"
+    "mesh",  # "" unsharded, else "data=2,fsdp=4"
+    "tags",  # space-separated
+    # verdict
+    "verdict",
+    "reason",  # why it failed / skipped / errored; "" on a clean pass
+    # candidate vs partner
+    "max_abs_err",
+    "max_rel_err",  # max |c - p| / max |p|
+    "rel_rms_err",  # ||c - p||_2 / ||p||_2
+    "max_ulp",  # in ulps of the leaf's dtype at the partner's values
+    "p99_ulp",
+    "cosine",
+    "nan_count",  # in the candidate
+    "inf_count",
+    "partner_nan_count",
+    "partner_inf_count",
+    "oracle_nan_count",
+    "oracle_inf_count",
+    # each side against the float64 oracle (same normalisation as max_rel_err / rel_rms_err)
+    "cand_oracle_max_err",
+    "partner_oracle_max_err",
+    "oracle_ratio_max",  # cand_oracle_max_err / partner_oracle_max_err
+    "cand_oracle_rms_err",
+    "partner_oracle_rms_err",
+    "oracle_ratio_rms",
+    # the bound the row was held to
+    "bound",  # human-readable description of the rule and its numbers
+    "bound_usage",  # measured / allowed for the binding rule; > 1 fails
+    # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
+    "compile_s",
+    "execute_s",
+)
+
+FLOAT_COLUMNS = (
+    "max_abs_err",
+    "max_rel_err",
+    "rel_rms_err",
+    "max_ulp",
+    "p99_ulp",
+    "cosine",
+    "cand_oracle_max_err",
+    "partner_oracle_max_err",
+    "oracle_ratio_max",
+    "cand_oracle_rms_err",
+    "partner_oracle_rms_err",
+    "oracle_ratio_rms",
+    "bound_usage",
+    "compile_s",
+    "execute_s",
+)
+INT_COLUMNS = (
+    "nan_count",
+    "inf_count",
+    "partner_nan_count",
+    "partner_inf_count",
+    "oracle_nan_count",
+    "oracle_inf_count",
+)
+TEXT_COLUMNS = tuple(c for c in ROW_COLUMNS if c not in FLOAT_COLUMNS and c not in INT_COLUMNS)
+
+
+def row_key(row: dict) -> tuple[str, str, str, str]:
+    """The identity of a row across runs: (case, candidate, partner, leaf)."""
+    return tuple(str(row[c]) for c in IDENTITY_COLUMNS)  # type: ignore[return-value]
+
+
+def empty_row(**fields) -> dict:
+    """A row with every column present: NaN metrics, zero counts, empty text, then `fields`."""
+    unknown = set(fields) - set(ROW_COLUMNS)
+    if unknown:
+        raise KeyError(f"unknown row columns: {sorted(unknown)}")
+    row: dict = {c: "" for c in TEXT_COLUMNS}
+    row.update({c: float("nan") for c in FLOAT_COLUMNS})
+    row.update({c: 0 for c in INT_COLUMNS})
+    row.update(fields)
+    return row

@@ -123,6 +123,16 @@ def validate_activations(x: jax.Array, dims: MhcDims) -> None:
         )
 
 
+def validate_layer_output(layer_output: jax.Array, x: jax.Array) -> None:
+    """Check the branch output is (batch, sequence, embedding) of the `pre` input x."""
+    expected = (x.shape[0], x.shape[1], x.shape[3])
+    if tuple(layer_output.shape) != expected:
+        raise UnsupportedInputError(
+            f"layer_output has shape {tuple(layer_output.shape)}, expected {expected} "
+            f"(batch, sequence, embedding of the pre input)"
+        )
+
+
 @functools.lru_cache(maxsize=None)
 def permutation_matrices(n: int) -> np.ndarray:
     """All n! permutation matrices, `P_p = eye(n)[perm_p]`, in itertools order.
@@ -193,9 +203,15 @@ def split_projection(proj: jax.Array, dims: MhcDims) -> tuple[jax.Array, jax.Arr
     return proj[..., :n], proj[..., n : 2 * n], proj[..., 2 * n :]
 
 
-def permutation_mix(weights: jax.Array, n: int) -> jax.Array:
-    """`Σ_p weights[..., p] · P_p`: (..., n!) float32 -> (..., n, n) float32."""
-    perms = jnp.asarray(permutation_matrices(n).reshape(-1, n * n))
+def permutation_mix(weights: jax.Array, n: int, perms: jax.Array | None = None) -> jax.Array:
+    """`Σ_p weights[..., p] · P_p`: (..., n!) float32 -> (..., n, n) float32.
+
+    perms: optional (n!, n·n) float32 value of `permutation_matrices(n)` rows. A Pallas
+    kernel body may not capture array constants, so a kernel receives the matrices as an
+    input ref and passes the loaded value here; everyone else leaves it None.
+    """
+    if perms is None:
+        perms = jnp.asarray(permutation_matrices(n).reshape(-1, n * n))
     mixed = jax.lax.dot_general(
         weights.astype(jnp.float32), perms, (((weights.ndim - 1,), (0,)), ((), ())),
         preferred_element_type=jnp.float32,
@@ -203,14 +219,17 @@ def permutation_mix(weights: jax.Array, n: int) -> jax.Array:
     return mixed.reshape(weights.shape[:-1] + (n, n))
 
 
-def lite_residual_matrix(logits: jax.Array, scale: jax.Array, bias: jax.Array, n: int) -> jax.Array:
+def lite_residual_matrix(
+    logits: jax.Array, scale: jax.Array, bias: jax.Array, n: int, perms: jax.Array | None = None
+) -> jax.Array:
     """mHC-lite `h_res = Σ_p softmax(scale·logits + bias)_p P_p`, float32.
 
     logits: (..., n!); scale: (1,); bias: (n!,). Returns (..., n, n), doubly stochastic
-    by construction (a convex combination of permutation matrices).
+    by construction (a convex combination of permutation matrices). perms: see
+    `permutation_mix` (only Pallas kernel bodies pass it).
     """
     z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
-    return permutation_mix(jax.nn.softmax(z, axis=-1), n)
+    return permutation_mix(jax.nn.softmax(z, axis=-1), n, perms)
 
 
 def sinkhorn_residual_matrix(

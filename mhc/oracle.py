@@ -1,0 +1,191 @@
+"""The float64 oracle: the mHC-lite (and Sinkhorn) math, written independently.
+
+This module is the ground truth every path is measured against. It deliberately
+imports nothing from `mhc.common` (nor anything that computes): if a shared helper
+were wrong, the reference and kernel paths would agree with each other and only the
+oracle would disagree. It also takes a different route through the same algebra —
+the RMS-norm scale is applied to the activations rather than folded into the
+projection, the gate is written out as `1 / (1 + exp(-z))`, permutation matrices are
+built by index assignment, and Sinkhorn normalises in linear space — so a shared
+slip of thought is unlikely to be reproduced.
+
+Inputs are the *already dtype-rounded* arrays a path receives, upcast to float64, so
+the oracle measures the arithmetic of a path, not the rounding of its inputs.
+Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The weight leaf names, spelled out again on purpose (see the module docstring).
+_WEIGHT_NAMES = (
+    "norm_scale",
+    "pre_alpha",
+    "pre_bias",
+    "pre_scale",
+    "post_alpha",
+    "post_bias",
+    "post_scale",
+    "res_alpha",
+    "res_bias",
+    "res_scale",
+)
+
+BranchApply = Callable[[Mapping[str, Any], jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleResult:
+    """Float64 forward values and gradients of one layer application.
+
+    forward: out (B,S,n,C), layer_input (B,S,C), h_pre (B,S,n), h_post (B,S,n),
+      h_res (B,S,n,n), layer_output (B,S,C) — the branch output.
+    d_x: (B,S,n,C); d_layer_output: (B,S,C), the cotangent reaching the branch output;
+    d_weights: weight field name -> gradient; d_branch: branch parameter -> gradient.
+    All NumPy float64.
+    """
+
+    forward: dict[str, np.ndarray]
+    d_x: np.ndarray
+    d_layer_output: np.ndarray
+    d_weights: dict[str, np.ndarray]
+    d_branch: dict[str, np.ndarray]
+
+
+def _as_f64(a) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def _weight_mapping(weights) -> dict[str, np.ndarray]:
+    """Accept an `MhcWeights` (duck-typed by field names) or a mapping."""
+    if isinstance(weights, Mapping):
+        get = weights.__getitem__
+    else:
+        get = lambda name: getattr(weights, name)  # noqa: E731
+    return {name: _as_f64(get(name)) for name in _WEIGHT_NAMES}
+
+
+def oracle_permutations(n: int) -> np.ndarray:
+    """(n!, n, n) float64; matrix p has a one at [i, perm_p[i]], perms in itertools order."""
+    perms = list(itertools.permutations(range(n)))
+    mats = np.zeros((len(perms), n, n), dtype=np.float64)
+    for p, perm in enumerate(perms):
+        for row, col in enumerate(perm):
+            mats[p, row, col] = 1.0
+    return mats
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + jnp.exp(-z))
+
+
+def _sinkhorn_linear(z, iterations: int):
+    """Sinkhorn–Knopp on exp(z) in linear space (z shifted by its max for range)."""
+    m = jnp.exp(z - jnp.max(z, axis=(-2, -1), keepdims=True))
+    for _ in range(iterations):
+        m = m / jnp.sum(m, axis=-1, keepdims=True)
+        m = m / jnp.sum(m, axis=-2, keepdims=True)
+    return m
+
+
+def _coefficients(x, w, config):
+    n = config.streams
+    batch, seq = x.shape[:2]
+    v = x.reshape(batch, seq, -1)
+    inv_rms = 1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon)
+    normed = v * inv_rms * w["norm_scale"]
+    h_pre = _sigmoid(w["pre_scale"] * (normed @ w["pre_alpha"]) + w["pre_bias"]) + config.pre_epsilon
+    h_post = 2.0 * _sigmoid(w["post_scale"] * (normed @ w["post_alpha"]) + w["post_bias"])
+    z_res = w["res_scale"] * (normed @ w["res_alpha"])
+    if config.variant == "lite":
+        z = z_res + w["res_bias"]
+        e = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+        a = e / jnp.sum(e, axis=-1, keepdims=True)
+        h_res = jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n)))
+    else:
+        z = z_res.reshape(batch, seq, n, n) + w["res_bias"]
+        h_res = _sinkhorn_linear(z, config.sinkhorn_iterations)
+    return h_pre, h_post, h_res
+
+
+def _pre(x, w, config):
+    h_pre, h_post, h_res = _coefficients(x, w, config)
+    layer_input = jnp.einsum("bsn,bsnc->bsc", h_pre, x)
+    return layer_input, (h_pre, h_post, h_res)
+
+
+def _post(layer_output, x, coeffs):
+    _, h_post, h_res = coeffs
+    return jnp.einsum("bsij,bsic->bsjc", h_res, x) + h_post[..., None] * layer_output[..., None, :]
+
+
+def run_oracle(
+    x,
+    weights,
+    branch_apply: BranchApply,
+    branch_params: Mapping[str, Any],
+    cotangent,
+    config,
+) -> OracleResult:
+    """Forward and VJP of `post(branch(pre(x)))` in float64.
+
+    x: (B, S, n, C) any float dtype (upcast); weights: `MhcWeights` or name -> array;
+    branch_apply(params, h) must be dtype-polymorphic jax.numpy; cotangent: (B,S,n,C)
+    seed for the VJP; config: an `MhcConfig` (streams, variant, epsilons, iterations).
+    """
+    with jax.enable_x64(True):
+        x64 = jnp.asarray(_as_f64(x))
+        w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
+        p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
+        ct64 = jnp.asarray(_as_f64(cotangent))
+
+        def whole(x_, w_, p_):
+            layer_input, coeffs = _pre(x_, w_, config)
+            layer_output = branch_apply(p_, layer_input)
+            out = _post(layer_output, x_, coeffs)
+            return out, (layer_input, layer_output) + coeffs
+
+        out, pullback, aux = jax.vjp(whole, x64, w64, p64, has_aux=True)
+        d_x, d_w, d_p = pullback(ct64)
+        layer_input, layer_output, h_pre, h_post, h_res = aux
+        # The cotangent reaching the branch output: the VJP of `post` w.r.t. its first input.
+        _, post_pullback = jax.vjp(lambda y: _post(y, x64, (h_pre, h_post, h_res)), layer_output)
+        (d_layer_output,) = post_pullback(ct64)
+        to_np = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
+        return OracleResult(
+            forward={
+                "out": to_np(out),
+                "layer_input": to_np(layer_input),
+                "h_pre": to_np(h_pre),
+                "h_post": to_np(h_post),
+                "h_res": to_np(h_res),
+                "layer_output": to_np(layer_output),
+            },
+            d_x=to_np(d_x),
+            d_layer_output=to_np(d_layer_output),
+            d_weights={k: to_np(v) for k, v in d_w.items()},
+            d_branch={k: to_np(v) for k, v in d_p.items()},
+        )
+
+
+def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array], config) -> dict[str, np.ndarray]:
+    """Forward values only (float64), for tests that need no gradients."""
+    with jax.enable_x64(True):
+        x64 = jnp.asarray(_as_f64(x))
+        w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
+        layer_input, coeffs = _pre(x64, w64, config)
+        out = _post(layer_output_fn(layer_input), x64, coeffs)
+        return {
+            "out": np.asarray(out),
+            "layer_input": np.asarray(layer_input),
+            "h_pre": np.asarray(coeffs[0]),
+            "h_post": np.asarray(coeffs[1]),
+            "h_res": np.asarray(coeffs[2]),
+        }

@@ -1,0 +1,52 @@
+"""Small, self-contained inputs for the mhc/ unit tests (the harness uses cases/)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mhc.types import MhcConfig, MhcWeights
+
+
+def random_weights(config: MhcConfig, seed: int = 0, dtype=jnp.float32) -> MhcWeights:
+    """Weights with every gate away from saturation and every leaf non-trivial."""
+    rng = np.random.default_rng(seed)
+    leaves = {}
+    for name, shape in config.dims.weight_shapes().items():
+        if name == "norm_scale":
+            value = 1.0 + 0.1 * rng.normal(size=shape)
+        elif name.endswith("_alpha"):
+            value = rng.normal(size=shape) / np.sqrt(shape[0])
+        elif name.endswith("_scale"):
+            value = 0.5 + rng.uniform(size=shape)
+        else:
+            value = 0.5 * rng.normal(size=shape)
+        leaves[name] = jnp.asarray(value, dtype)
+    return MhcWeights(**leaves)
+
+
+def random_activations(shape, seed: int = 1, dtype=jnp.float32) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+def tanh_mlp_branch(params, h):
+    """A branch with parameters: tanh(h @ w) + b, matmul in h's dtype, f32 accumulate."""
+    w = params["w"].astype(h.dtype)
+    acc = jax.lax.dot_general(h, w, (((h.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return (jnp.tanh(acc) + params["b"].astype(jnp.float32)).astype(h.dtype)
+
+
+def mlp_params(embedding: int, seed: int = 2, dtype=jnp.float32) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "w": jnp.asarray(rng.normal(size=(embedding, embedding)) / np.sqrt(embedding), dtype),
+        "b": jnp.asarray(0.1 * rng.normal(size=(embedding,)), dtype),
+    }
+
+
+def max_rel_err(actual, expected) -> float:
+    """max|a - e| / max|e|, in float64."""
+    a = np.asarray(actual, np.float64)
+    e = np.asarray(expected, np.float64)
+    return float(np.max(np.abs(a - e)) / np.max(np.abs(e)))

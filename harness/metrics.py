@@ -1,0 +1,269 @@
+"""Comparison metrics for one leaf: candidate vs partner, each also vs the float64 oracle.
+
+Pure NumPy (no JAX import): inputs are array-likes of any float dtype — float32,
+float64, or bfloat16 as `ml_dtypes.bfloat16` NumPy arrays — and every metric is computed
+in float64 from the upcast inputs (the upcast is exact for all of those formats).
+
+Conventions, chosen deliberately (tests pin each one):
+
+* **NaN never passes.** No nan-ignoring reduction is used anywhere. A NaN in the
+  candidate or the partner makes every error metric that reads it NaN; an Inf makes it
+  inf (or NaN for inf − inf, e.g. both sides +inf at the same place). The NaN/Inf
+  counts are reported separately so the policy can name them.
+* **Normalisation.** `max_rel_err = max|c − p| / max|p|` and
+  `rel_rms_err = ‖c − p‖₂ / ‖p‖₂` (whole-leaf norms, not element-wise ratios, so an
+  element that happens to be near zero cannot dominate). When the denominator is 0:
+  numerator 0 → 0.0 (both all-zero: identical), numerator > 0 → inf.
+* **ULP errors** are `|c − p|` divided by the spacing of `dtype` at `|p|` (see
+  `ulp_spacing`). Near zero the spacing is the smallest subnormal, so a tiny absolute
+  difference around a zero partner counts as a huge number of ulps; `max_ulp` and
+  `p99_ulp` are informational for that reason, and the policy bounds the normalised
+  errors instead. `p99_ulp` is the 99th percentile with NumPy's "higher" method, i.e.
+  an observed element value, never an interpolation.
+* **Cosine** similarity of the flattened leaves: both all-zero → 1.0; exactly one
+  all-zero → 0.0 (no direction in common); any NaN/Inf in either → NaN. Rounding can
+  push a dot product of unit vectors a hair past ±1; the result is clipped to [−1, 1].
+* **Oracle errors** use the same normalisation with the oracle as the expected value:
+  `cand_oracle_max_err = max|c − o| / max|o|`, `cand_oracle_rms_err = ‖c − o‖₂/‖o‖₂`,
+  and the same for the partner. The ratios `oracle_ratio_* = cand / partner` follow:
+  0/0 → 1.0 (both exactly equal to the oracle: the candidate is as good as the
+  partner), x/0 with x > 0 → inf, anything involving NaN → NaN, inf/inf → NaN.
+  Without an oracle the six oracle float fields are NaN and the oracle counts 0.
+* **Empty leaves** (size 0) compare as identical: errors 0.0, ulps 0.0, cosine 1.0.
+* **Shapes must match exactly** (no broadcasting); otherwise `ValueError` naming both
+  shapes (and the oracle's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "DTYPE_FORMATS",
+    "LeafMetrics",
+    "dtype_name",
+    "eps",
+    "leaf_metrics",
+    "ulp_spacing",
+]
+
+# name -> (explicit mantissa bits, minimum normal exponent). eps = 2**-mantissa_bits;
+# smallest normal = 2**min_exponent; smallest subnormal = 2**(min_exponent - mantissa_bits).
+DTYPE_FORMATS: dict[str, tuple[int, int]] = {
+    "float64": (52, -1022),
+    "float32": (23, -126),
+    "float16": (10, -14),
+    "bfloat16": (7, -126),
+}
+
+
+def dtype_name(dtype) -> str:
+    """Canonical name of a supported float dtype.
+
+    Accepts a name ("float32", "bfloat16", ...), a NumPy dtype, a scalar type such as
+    `np.float32` or `ml_dtypes.bfloat16`, or a JAX dtype. Raises ValueError for
+    anything that is not one of `DTYPE_FORMATS`.
+    """
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError as exc:
+            raise ValueError(f"not a dtype: {dtype!r}") from exc
+    if name not in DTYPE_FORMATS:
+        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(DTYPE_FORMATS)}")
+    return name
+
+
+def eps(dtype) -> float:
+    """Machine epsilon of `dtype`: the spacing at 1.0 (bfloat16 2**-7, float32 2**-23)."""
+    mantissa_bits, _ = DTYPE_FORMATS[dtype_name(dtype)]
+    return math.ldexp(1.0, -mantissa_bits)
+
+
+def _upcast(a) -> np.ndarray:
+    """Any float array-like (incl. ml_dtypes.bfloat16) -> float64 ndarray, same shape."""
+    return np.asarray(a).astype(np.float64)
+
+
+def ulp_spacing(values, dtype) -> np.ndarray:
+    """Spacing of `dtype` at |values|: the distance to the next representable number
+    away from zero.
+
+    values: array-like of any float dtype, any shape. dtype: float64, float32, float16
+    or bfloat16. Returns a float64 array of the same shape.
+
+    For |v| in the binade [2**e, 2**(e+1)) the spacing is 2**(e − mantissa_bits), so at
+    a power of two it is the (larger) spacing of the binade above. For |v| below the
+    smallest normal — including 0 — it is the smallest subnormal of `dtype` (IEEE
+    gradual underflow, as `np.spacing` and ml_dtypes have it; TPU flush-to-zero is not
+    modelled). Values need not be representable in `dtype` (an oracle's float64 values
+    are measured in the binade they fall in); values beyond the dtype's largest finite
+    number keep the binade formula. NaN and ±inf give NaN.
+    """
+    mantissa_bits, min_exponent = DTYPE_FORMATS[dtype_name(dtype)]
+    v = np.abs(_upcast(values))
+    finite = np.isfinite(v)
+    safe = np.where(finite, v, 1.0)
+    _, e = np.frexp(safe)  # safe = m * 2**e with m in [0.5, 1) => binade exponent e - 1
+    binade = np.where(safe < math.ldexp(1.0, min_exponent), min_exponent, e - 1)
+    spacing = np.ldexp(1.0, (binade - mantissa_bits).astype(np.int64))
+    return np.where(finite, spacing, np.nan)
+
+
+@dataclass(frozen=True)
+class LeafMetrics:
+    """Metrics of one leaf. Field names are exactly schema metric/count columns.
+
+    Floats are Python floats (NaN where a metric is undefined, e.g. oracle fields
+    without an oracle); counts are Python ints.
+    """
+
+    max_abs_err: float
+    max_rel_err: float
+    rel_rms_err: float
+    max_ulp: float
+    p99_ulp: float
+    cosine: float
+    nan_count: int
+    inf_count: int
+    partner_nan_count: int
+    partner_inf_count: int
+    oracle_nan_count: int
+    oracle_inf_count: int
+    cand_oracle_max_err: float
+    partner_oracle_max_err: float
+    oracle_ratio_max: float
+    cand_oracle_rms_err: float
+    partner_oracle_rms_err: float
+    oracle_ratio_rms: float
+
+    def as_row_fields(self) -> dict:
+        """The fields as a {column: value} dict, ready to merge into a schema row."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _div(num: float, den: float) -> float:
+    """num / den for non-negative errors: 0/0 -> 0, x/0 -> inf, NaN or inf/inf -> NaN."""
+    if math.isnan(num) or math.isnan(den):
+        return math.nan
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    if math.isinf(num) and math.isinf(den):
+        return math.nan
+    return num / den
+
+
+def _error_ratio(cand_err: float, partner_err: float) -> float:
+    """Oracle error ratio: 0/0 -> 1.0 (equally exact), x/0 -> inf, NaN, inf/inf -> NaN."""
+    if cand_err == 0.0 and partner_err == 0.0:
+        return 1.0
+    return _div(cand_err, partner_err)
+
+
+def _max_abs(a: np.ndarray) -> float:
+    """max |a| over all elements; NaN if any NaN; 0.0 for an empty array."""
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a)))  # np.max propagates NaN
+
+
+def _l2(a: np.ndarray) -> float:
+    """Euclidean norm, scaled by max|a| so squares cannot overflow; NaN/inf propagate."""
+    scale = _max_abs(a)
+    if scale == 0.0 or not math.isfinite(scale):
+        return scale
+    return scale * math.sqrt(float(np.sum(np.square(a / scale))))
+
+
+def _rel_errors(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float, float]:
+    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape."""
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, by design
+        diff = actual - expected
+    max_abs = _max_abs(diff)
+    return max_abs, _div(max_abs, _max_abs(expected)), _div(_l2(diff), _l2(expected))
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return math.nan
+    na, nb = _l2(a), _l2(b)
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    dot = float(np.dot((a / na).ravel(), (b / nb).ravel()))
+    return min(1.0, max(-1.0, dot))
+
+
+def _counts(a: np.ndarray) -> tuple[int, int]:
+    return int(np.count_nonzero(np.isnan(a))), int(np.count_nonzero(np.isinf(a)))
+
+
+def leaf_metrics(candidate, partner, oracle=None, *, dtype) -> LeafMetrics:
+    """Every metric of one leaf.
+
+    candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
+    ml_dtypes arrays). oracle: None or an array-like of the same shape (float64 in
+    practice). dtype: the compared leaf's dtype, the unit of the ULP metrics.
+    Raises ValueError if the shapes differ or `dtype` is unsupported.
+    See the module docstring for every edge case.
+    """
+    name = dtype_name(dtype)
+    c, p = _upcast(candidate), _upcast(partner)
+    o = None if oracle is None else _upcast(oracle)
+    if c.shape != p.shape or (o is not None and o.shape != c.shape):
+        oracle_part = "" if o is None else f", oracle shape {o.shape}"
+        raise ValueError(
+            f"shape mismatch: candidate shape {c.shape} vs partner shape {p.shape}{oracle_part}"
+        )
+
+    max_abs, max_rel, rel_rms = _rel_errors(c, p)
+    if c.size == 0:
+        max_ulp = p99_ulp = 0.0
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf propagate by design
+            ulps = np.abs(c - p) / ulp_spacing(p, name)
+        if np.isnan(ulps).any():
+            max_ulp = p99_ulp = math.nan
+        else:
+            max_ulp = float(np.max(ulps))
+            p99_ulp = float(np.percentile(ulps, 99.0, method="higher"))
+
+    nan_c, inf_c = _counts(c)
+    nan_p, inf_p = _counts(p)
+    if o is None:
+        nan_o = inf_o = 0
+        c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = math.nan
+    else:
+        nan_o, inf_o = _counts(o)
+        _, c_o_max, c_o_rms = _rel_errors(c, o)
+        _, p_o_max, p_o_rms = _rel_errors(p, o)
+        ratio_max = _error_ratio(c_o_max, p_o_max)
+        ratio_rms = _error_ratio(c_o_rms, p_o_rms)
+
+    return LeafMetrics(
+        max_abs_err=max_abs,
+        max_rel_err=max_rel,
+        rel_rms_err=rel_rms,
+        max_ulp=max_ulp,
+        p99_ulp=p99_ulp,
+        cosine=_cosine(c, p),
+        nan_count=nan_c,
+        inf_count=inf_c,
+        partner_nan_count=nan_p,
+        partner_inf_count=inf_p,
+        oracle_nan_count=nan_o,
+        oracle_inf_count=inf_o,
+        cand_oracle_max_err=c_o_max,
+        partner_oracle_max_err=p_o_max,
+        oracle_ratio_max=ratio_max,
+        cand_oracle_rms_err=c_o_rms,
+        partner_oracle_rms_err=p_o_rms,
+        oracle_ratio_rms=ratio_rms,
+    )

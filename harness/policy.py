@@ -1,0 +1,474 @@
+"""The tolerance policy: one declarative TOML file of rules, and the verdict of a leaf.
+
+The file (default: `harness/tolerances.toml`, shipped with the package) holds
+`version = 1` and a list of `[[rule]]` tables. Each rule has
+
+* match keys — `comparison` (one of `POLICY_COMPARISONS`, never "*"), `dtype` (the
+  compared leaf's dtype), `act_dtype` (the case's activation dtype; optional, default
+  "*") and `leaf_kind` (one of `POLICY_LEAF_KINDS`); each of the last three is a
+  name or "*";
+* `kind` and exactly that kind's numbers (all numbers are in ulps, i.e. multiples of
+  eps of the rule's eps dtype — `eps_dtype` if given, else the compared leaf's dtype):
+
+  ``exact``         max_abs_err == 0 (bit-identical). No numbers.
+  ``ulps_of_max``   max_rel_err <= max_rel_ulps·eps.
+  ``rel_bound``     max_rel_err <= max_rel_ulps·eps and rel_rms_err <= rms_rel_ulps·eps.
+  ``oracle_ratio``  pass if the *ratio criterion* holds,
+                      cand_oracle_max_err <= ratio_max·partner_oracle_max_err + floor_ulps·eps
+                      and cand_oracle_rms_err <= ratio_rms·partner_oracle_rms_err + floor_ulps·eps,
+                    or the *direct criterion* holds, max_rel_err <= direct_ulps·eps
+                    (the two are indistinguishable; direct_ulps = 0 disables it);
+
+* `rationale` — why these numbers (required: the reasoning lives next to the numbers);
+* optionally `eps_dtype` — measure the ulps in this dtype's eps instead of the leaf's,
+  e.g. bfloat16 eps for a float32 intermediate computed from bfloat16 activations.
+
+All error metrics are normalised by max|expected| (or ‖expected‖₂), so k·eps is at
+least k ulps of the largest compared value. Validation rejects any tolerance below one
+ulp of the compared values: every `*_ulps` number and `floor_ulps` must be >= 1 (a
+`direct_ulps` of 0 only switches the direct criterion off), ratios must be >= 1, and an
+`eps_dtype` finer than a dtype the rule can match is rejected.
+
+Rule selection: among the rules whose keys match (comparison, dtype, act_dtype,
+leaf_kind), a rule beats another if its set of specific (non-"*") keys is a strict
+superset of the other's. The unique best rule applies. If no rule matches, or two
+matches are incomparable (e.g. one names the dtype, the other the leaf kind, and no
+rule names both), `judge` raises PolicyError naming the combination — and `load_policy`
+already rejects a file where any concrete combination would be ambiguous.
+
+Verdict, before any bound: a NaN/Inf in the candidate always fails (the reason says
+whether the oracle/partner have non-finite values too — "where the oracle has none" is
+the case that matters most); a NaN/Inf in the partner, or in the oracle for an
+`oracle_ratio` rule, fails (nothing meaningful can pass); a NaN in any metric the rule
+reads fails. Comparisons are written so that NaN can only ever fail.
+
+`bound_usage` is measured/allowed for the binding criterion (>1 ⇔ fail): the largest
+usage among the conditions that must all hold; for `oracle_ratio` (ratio OR direct) the
+smaller of the two criteria's usages, i.e. the criterion that passes most comfortably
+(on a pass via the direct criterion alone that is the direct criterion's usage).
+"exact" reports 0 when identical, inf otherwise. Non-finite failures report inf.
+
+"lowering" rows (leaf kind "program") are judged by the lowering check itself, not by
+this policy; the file may not mention them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.metrics import LeafMetrics, dtype_name, eps
+from harness.schema import COMPARISONS, LEAF_KINDS
+
+__all__ = [
+    "DEFAULT_POLICY_PATH",
+    "DTYPES",
+    "Judgement",
+    "POLICY_COMPARISONS",
+    "POLICY_LEAF_KINDS",
+    "Policy",
+    "PolicyError",
+    "RULE_KINDS",
+    "Rule",
+    "load_policy",
+    "parse_policy",
+]
+
+DEFAULT_POLICY_PATH = Path(__file__).with_name("tolerances.toml")
+
+POLICY_COMPARISONS = tuple(c for c in COMPARISONS if c != "lowering")
+POLICY_LEAF_KINDS = tuple(k for k in LEAF_KINDS if k != "program")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# kind -> its numeric fields (all required, none allowed for other kinds)
+RULE_KINDS: dict[str, tuple[str, ...]] = {
+    "exact": (),
+    "ulps_of_max": ("max_rel_ulps",),
+    "rel_bound": ("max_rel_ulps", "rms_rel_ulps"),
+    "oracle_ratio": ("ratio_max", "ratio_rms", "floor_ulps", "direct_ulps"),
+}
+NUMBER_FIELDS = ("max_rel_ulps", "rms_rel_ulps", "ratio_max", "ratio_rms", "floor_ulps", "direct_ulps")
+MATCH_KEYS = ("comparison", "dtype", "act_dtype", "leaf_kind")
+_REQUIRED = ("comparison", "dtype", "leaf_kind", "kind", "rationale")
+_ALLOWED = frozenset(MATCH_KEYS + ("kind", "rationale", "eps_dtype") + NUMBER_FIELDS)
+_TOP_LEVEL = frozenset({"version", "rule"})
+SUPPORTED_VERSION = 1
+
+
+class PolicyError(ValueError):
+    """A malformed policy file, or a combination the policy does not cover.
+
+    A configuration error (CLI exit code 2), never a parity failure.
+    """
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validated rule. Numbers not used by `kind` are None."""
+
+    index: int
+    comparison: str
+    dtype: str
+    act_dtype: str
+    leaf_kind: str
+    kind: str
+    rationale: str
+    eps_dtype: str | None = None
+    max_rel_ulps: float | None = None
+    rms_rel_ulps: float | None = None
+    ratio_max: float | None = None
+    ratio_rms: float | None = None
+    floor_ulps: float | None = None
+    direct_ulps: float | None = None
+
+    @property
+    def keys(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in MATCH_KEYS}
+
+    @property
+    def label(self) -> str:
+        """e.g. 'rule 3 (comparison=vs_oracle, dtype=*, act_dtype=bfloat16, leaf_kind=output)'."""
+        keys = ", ".join(f"{k}={v}" for k, v in self.keys.items())
+        return f"rule {self.index} ({keys})"
+
+    @property
+    def specific(self) -> frozenset[str]:
+        """The match keys this rule names exactly (comparison always)."""
+        return frozenset(k for k in MATCH_KEYS if getattr(self, k) != "*")
+
+    def matches(self, comparison: str, dtype: str, act_dtype: str, leaf_kind: str) -> bool:
+        wanted = {"comparison": comparison, "dtype": dtype, "act_dtype": act_dtype, "leaf_kind": leaf_kind}
+        return all(getattr(self, k) in ("*", wanted[k]) for k in MATCH_KEYS)
+
+    def describe(self, unit_dtype: str) -> str:
+        """Human-readable bound with its numbers, e.g.
+        'ratio_max<=2 ratio_rms<=2 +4ulp | direct<=2ulp [ulp=float32 eps; rule 0]'."""
+        if self.kind == "exact":
+            return f"exact (max_abs_err == 0) [rule {self.index}]"
+        if self.kind == "ulps_of_max":
+            body = f"max_rel<={self.max_rel_ulps:g}ulp"
+        elif self.kind == "rel_bound":
+            body = f"max_rel<={self.max_rel_ulps:g}ulp rms_rel<={self.rms_rel_ulps:g}ulp"
+        else:
+            body = f"ratio_max<={self.ratio_max:g} ratio_rms<={self.ratio_rms:g} +{self.floor_ulps:g}ulp"
+            if self.direct_ulps:
+                body += f" | direct<={self.direct_ulps:g}ulp"
+        return f"{body} [ulp={unit_dtype} eps; rule {self.index}]"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict of one leaf under the policy.
+
+    verdict: "pass" or "fail"; bound: the rule and its numbers; bound_usage:
+    measured/allowed for the binding criterion (>1 fails; inf for non-finite
+    failures); reason: why it failed, naming metric, value and limit ("" on pass).
+    """
+
+    verdict: str
+    bound: str
+    bound_usage: float
+    reason: str
+
+    def as_row_fields(self) -> dict:
+        return {"verdict": self.verdict, "bound": self.bound, "bound_usage": self.bound_usage, "reason": self.reason}
+
+
+def _usage(measured: float, allowed: float) -> float:
+    """measured / allowed; NaN measured -> inf (NaN never passes); 0/0 -> 0; x/0 -> inf."""
+    if math.isnan(measured):
+        return math.inf
+    if allowed == 0.0:
+        return 0.0 if measured == 0.0 else math.inf
+    return measured / allowed
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A validated tolerance policy. `digest` is the sha256 of the file's bytes."""
+
+    rules: tuple[Rule, ...]
+    digest: str
+    source: str
+
+    def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype) -> Rule:
+        """The unique most specific rule for a combination; PolicyError if none/ambiguous."""
+        dtype, act_dtype = _dtype_or_error(dtype, "dtype"), _dtype_or_error(act_dtype, "act_dtype")
+        combo = f"(comparison={comparison}, dtype={dtype}, act_dtype={act_dtype}, leaf_kind={leaf_kind})"
+        if comparison not in POLICY_COMPARISONS:
+            raise PolicyError(f"comparison {comparison!r} is not judged by the policy {combo}")
+        if leaf_kind not in POLICY_LEAF_KINDS:
+            raise PolicyError(f"leaf kind {leaf_kind!r} is not judged by the policy {combo}")
+        best = _most_specific([r for r in self.rules if r.matches(comparison, dtype, act_dtype, leaf_kind)])
+        if not best:
+            raise PolicyError(f"no tolerance rule in {self.source} matches {combo}")
+        if len(best) > 1:
+            raise PolicyError(
+                f"ambiguous tolerance rules for {combo}: " + "; ".join(r.label for r in best)
+            )
+        return best[0]
+
+    def judge(self, metrics: LeafMetrics, *, comparison: str, leaf_kind: str, dtype, act_dtype) -> Judgement:
+        """Verdict of one leaf's metrics under the rule for this combination.
+
+        dtype: the compared leaf's dtype; act_dtype: the case's activation dtype (names
+        or dtypes). Raises PolicyError for an uncovered or invalid combination.
+        """
+        rule = self.rule_for(comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype)
+        unit_dtype = rule.eps_dtype or dtype_name(dtype)
+        bound = rule.describe(unit_dtype)
+
+        def fail(reason: str, usage: float = math.inf) -> Judgement:
+            return Judgement("fail", bound, usage, reason)
+
+        m = metrics
+        if m.nan_count or m.inf_count:
+            others = m.partner_nan_count + m.partner_inf_count + m.oracle_nan_count + m.oracle_inf_count
+            where = (
+                "where the oracle and partner have none"
+                if others == 0
+                else f"(partner {m.partner_nan_count} NaN/{m.partner_inf_count} Inf, "
+                f"oracle {m.oracle_nan_count} NaN/{m.oracle_inf_count} Inf)"
+            )
+            return fail(
+                f"candidate has {m.nan_count} NaN and {m.inf_count} Inf {where}; non-finite values never pass"
+            )
+        if m.partner_nan_count or m.partner_inf_count:
+            return fail(
+                f"partner has {m.partner_nan_count} NaN and {m.partner_inf_count} Inf; nothing can pass against it"
+            )
+        if rule.kind == "oracle_ratio" and (m.oracle_nan_count or m.oracle_inf_count):
+            return fail(f"oracle has {m.oracle_nan_count} NaN and {m.oracle_inf_count} Inf; cannot judge against it")
+
+        e = eps(unit_dtype)
+        if rule.kind == "exact":
+            return self._conditions(fail, bound, [("max_abs_err", m.max_abs_err, 0.0, "0 (bit-identical)")])
+        if rule.kind == "ulps_of_max":
+            lim = rule.max_rel_ulps * e
+            return self._conditions(
+                fail, bound, [("max_rel_err", m.max_rel_err, lim, f"{rule.max_rel_ulps:g}ulp={_fmt(lim)}")]
+            )
+        if rule.kind == "rel_bound":
+            lim_max, lim_rms = rule.max_rel_ulps * e, rule.rms_rel_ulps * e
+            return self._conditions(
+                fail,
+                bound,
+                [
+                    ("max_rel_err", m.max_rel_err, lim_max, f"{rule.max_rel_ulps:g}ulp={_fmt(lim_max)}"),
+                    ("rel_rms_err", m.rel_rms_err, lim_rms, f"{rule.rms_rel_ulps:g}ulp={_fmt(lim_rms)}"),
+                ],
+            )
+        # oracle_ratio: the oracle errors must have been measured (finite inputs by now)
+        if any(math.isnan(v) for v in (m.cand_oracle_max_err, m.partner_oracle_max_err,
+                                       m.cand_oracle_rms_err, m.partner_oracle_rms_err)):
+            raise ValueError(
+                f"{rule.label} is an oracle_ratio rule but the oracle errors are NaN with finite "
+                f"inputs: leaf_metrics was called without an oracle"
+            )
+        floor = rule.floor_ulps * e
+        ratio_conds = []
+        for name, cand, part, ratio in (
+            ("max", m.cand_oracle_max_err, m.partner_oracle_max_err, rule.ratio_max),
+            ("rms", m.cand_oracle_rms_err, m.partner_oracle_rms_err, rule.ratio_rms),
+        ):
+            lim = math.nan if math.isnan(part) else ratio * part + floor
+            desc = f"{ratio:g}*partner_oracle_{name}_err({_fmt(part)})+{rule.floor_ulps:g}ulp={_fmt(lim)}"
+            ratio_conds.append((f"cand_oracle_{name}_err", cand, lim, desc))
+        ratio_usage, ratio_worst = _worst(ratio_conds)
+        direct_lim = rule.direct_ulps * e
+        direct_usage = _usage(m.max_rel_err, direct_lim) if rule.direct_ulps else math.inf
+        usage = min(ratio_usage, direct_usage)
+        if usage <= 1.0:
+            return Judgement("pass", bound, usage, "")
+        reason = _limit_reason(*ratio_worst)
+        if rule.direct_ulps:
+            reason += (
+                f"; and not indistinguishable: max_rel_err={_fmt(m.max_rel_err)} > "
+                f"direct {rule.direct_ulps:g}ulp={_fmt(direct_lim)}"
+            )
+        return fail(reason, usage)
+
+    @staticmethod
+    def _conditions(fail, bound: str, conds: list) -> Judgement:
+        """All of `conds` ((metric, measured, allowed, limit text)) must hold."""
+        usage, worst = _worst(conds)
+        if usage <= 1.0:
+            return Judgement("pass", bound, usage, "")
+        return fail(_limit_reason(*worst), usage)
+
+    def uncovered(self, dtypes=("float32", "bfloat16"), act_dtypes=("float32", "bfloat16")) -> list[tuple[str, str, str, str]]:
+        """Combinations (comparison, dtype, act_dtype, leaf_kind) no rule matches."""
+        return [
+            combo
+            for combo in itertools.product(POLICY_COMPARISONS, dtypes, act_dtypes, POLICY_LEAF_KINDS)
+            if not any(r.matches(*combo) for r in self.rules)
+        ]
+
+
+def _worst(conds: list) -> tuple[float, tuple]:
+    """Largest usage among conditions (metric, measured, allowed, text) and its condition.
+
+    A NaN measured value or a NaN limit counts as usage inf: NaN never passes.
+    """
+    scored = [(math.inf if math.isnan(c[2]) else _usage(c[1], c[2]), c) for c in conds]
+    return max(scored, key=lambda t: t[0])
+
+
+def _limit_reason(metric: str, measured: float, allowed: float, limit_text: str) -> str:
+    if math.isnan(measured):
+        return f"{metric} is NaN (limit {limit_text})"
+    if math.isnan(allowed):
+        return f"{metric}={_fmt(measured)} cannot be judged: its limit is NaN ({limit_text})"
+    return f"{metric}={_fmt(measured)} > {limit_text}"
+
+
+def _most_specific(rules: list[Rule]) -> list[Rule]:
+    """The maximal rules under strict-superset order of their specific keys."""
+    return [r for r in rules if not any(o.specific > r.specific for o in rules)]
+
+
+def _dtype_or_error(dtype, field: str) -> str:
+    try:
+        name = dtype_name(dtype)
+    except ValueError as exc:
+        raise PolicyError(f"{field}: {exc}") from exc
+    if name not in DTYPES:
+        raise PolicyError(f"{field}: dtype {name!r} is not judged by the policy; expected one of {DTYPES}")
+    return name
+
+
+def _validate_rule(index: int, raw) -> Rule:
+    if not isinstance(raw, dict):
+        raise PolicyError(f"rule {index}: must be a table, got {type(raw).__name__}")
+    shown = ", ".join(f"{k}={raw.get(k, '?')}" for k in MATCH_KEYS if k in raw)
+    where = f"rule {index} ({shown})"
+
+    def err(field: str, msg: str) -> PolicyError:
+        return PolicyError(f"{where}: field {field!r}: {msg}")
+
+    for key in raw:
+        if key not in _ALLOWED:
+            raise err(key, f"unknown key (allowed: {sorted(_ALLOWED)})")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise err(key, "missing")
+    fields: dict = {"index": index}
+    for key in ("comparison", "dtype", "act_dtype", "leaf_kind", "kind", "rationale", "eps_dtype"):
+        if key in raw and not isinstance(raw[key], str):
+            raise err(key, f"must be a string, got {raw[key]!r}")
+    comparison = raw["comparison"]
+    if comparison not in POLICY_COMPARISONS:
+        hint = " (lowering rows are judged by the lowering check)" if comparison == "lowering" else ""
+        raise err("comparison", f"unknown comparison {comparison!r}; expected one of {POLICY_COMPARISONS}{hint}")
+    leaf_kind = raw["leaf_kind"]
+    if leaf_kind != "*" and leaf_kind not in POLICY_LEAF_KINDS:
+        raise err("leaf_kind", f"unknown leaf kind {leaf_kind!r}; expected '*' or one of {POLICY_LEAF_KINDS}")
+    for key in ("dtype", "act_dtype"):
+        value = raw.get(key, "*")
+        if value != "*" and value not in DTYPES:
+            raise err(key, f"unknown dtype {value!r}; expected '*' or one of {DTYPES}")
+        fields[key] = value
+    kind = raw["kind"]
+    if kind not in RULE_KINDS:
+        raise err("kind", f"unknown rule kind {kind!r}; expected one of {sorted(RULE_KINDS)}")
+    if not raw["rationale"].strip():
+        raise err("rationale", "must explain the numbers (empty)")
+    needed = RULE_KINDS[kind]
+    for key in NUMBER_FIELDS:
+        if key in raw and key not in needed:
+            raise err(key, f"not a field of a {kind!r} rule (its fields: {list(needed) or 'none'})")
+    for key in needed:
+        if key not in raw:
+            raise err(key, f"missing (a {kind!r} rule needs {list(needed)})")
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise err(key, f"must be a finite number, got {value!r}")
+        value = float(value)
+        if key.startswith("ratio_"):
+            if value < 1.0:
+                raise err(key, f"{value:g} < 1: a candidate cannot be required to beat the partner")
+        elif key == "direct_ulps":
+            if value != 0.0 and value < 1.0:
+                raise err(key, f"{value:g} is below one ulp of the compared values (use 0 to disable, or >= 1)")
+        elif value < 1.0:
+            raise err(key, f"{value:g} is below one ulp of the compared values (must be >= 1)")
+        fields[key] = value
+    eps_dtype = raw.get("eps_dtype")
+    if eps_dtype is not None:
+        if eps_dtype not in DTYPES:
+            raise err("eps_dtype", f"unknown dtype {eps_dtype!r}; expected one of {DTYPES}")
+        matchable = DTYPES if fields["dtype"] == "*" else (fields["dtype"],)
+        finer = [d for d in matchable if eps(eps_dtype) < eps(d)]
+        if finer:
+            raise err(
+                "eps_dtype",
+                f"{eps_dtype} eps is finer than one ulp of {finer[0]} leaves this rule can match "
+                f"(a sub-ulp tolerance); restrict 'dtype' or use a coarser eps_dtype",
+            )
+    return Rule(
+        comparison=comparison, leaf_kind=leaf_kind, kind=kind, rationale=raw["rationale"].strip(),
+        eps_dtype=eps_dtype, **fields,
+    )
+
+
+def parse_policy(text: str, *, source: str = "<string>") -> Policy:
+    """Parse and validate policy TOML text. Raises PolicyError naming rule and field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: not valid TOML: {exc}") from exc
+    for key in data:
+        if key not in _TOP_LEVEL:
+            raise PolicyError(f"{source}: field {key!r}: unknown top-level key (allowed: {sorted(_TOP_LEVEL)})")
+    if data.get("version") != SUPPORTED_VERSION:
+        raise PolicyError(f"{source}: field 'version': must be {SUPPORTED_VERSION}, got {data.get('version')!r}")
+    raw_rules = data.get("rule")
+    if not isinstance(raw_rules, list) or not raw_rules:
+        raise PolicyError(f"{source}: field 'rule': needs at least one [[rule]] table")
+    rules = tuple(_validate_rule(i, raw) for i, raw in enumerate(raw_rules))
+
+    seen: dict[tuple, Rule] = {}
+    for rule in rules:
+        key = tuple(rule.keys.values())
+        if key in seen:
+            raise PolicyError(f"{rule.label}: duplicate of {seen[key].label}")
+        seen[key] = rule
+    # Every concrete combination must resolve to at most one most-specific rule.
+    for combo in itertools.product(POLICY_COMPARISONS, DTYPES, DTYPES, POLICY_LEAF_KINDS):
+        best = _most_specific([r for r in rules if r.matches(*combo)])
+        if len(best) > 1:
+            raise PolicyError(
+                f"{source}: ambiguous rules for (comparison={combo[0]}, dtype={combo[1]}, "
+                f"act_dtype={combo[2]}, leaf_kind={combo[3]}): "
+                + "; ".join(r.label for r in best)
+                + " — add a rule naming all of their keys"
+            )
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return Policy(rules=rules, digest=digest, source=source)
+
+
+def load_policy(path=None) -> Policy:
+    """Load and validate a policy file (default: the packaged tolerances.toml).
+
+    `digest` is the sha256 of the file's bytes. Raises PolicyError on any problem,
+    including an unreadable file.
+    """
+    path = Path(path) if path is not None else DEFAULT_POLICY_PATH
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {path}: {exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8: {exc}") from exc
+    policy = parse_policy(text, source=str(path))
+    return Policy(rules=policy.rules, digest=hashlib.sha256(raw).hexdigest(), source=str(path))

@@ -1,0 +1,318 @@
+"""harness.metrics on hand-made arrays: every metric, NaN/Inf/zeros, bfloat16 ULP edges."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from harness import schema
+from harness.metrics import DTYPE_FORMATS, LeafMetrics, dtype_name, eps, leaf_metrics, ulp_spacing
+
+BF16 = ml_dtypes.bfloat16
+F32_EPS = 2.0**-23
+BF16_EPS = 2.0**-7
+
+
+def bf16(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).astype(BF16)
+
+
+# ── dtype plumbing ────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("name", sorted(DTYPE_FORMATS))
+def test_formats_agree_with_finfo(name):
+    info = ml_dtypes.finfo(BF16) if name == "bfloat16" else np.finfo(np.dtype(name))
+    mantissa_bits, min_exponent = DTYPE_FORMATS[name]
+    assert eps(name) == float(info.eps) == 2.0**-mantissa_bits
+    assert 2.0**min_exponent == float(info.smallest_normal)
+    assert 2.0 ** (min_exponent - mantissa_bits) == float(info.smallest_subnormal)
+
+
+def test_dtype_name_accepts_names_types_and_dtypes():
+    assert dtype_name("bfloat16") == dtype_name(BF16) == dtype_name(np.dtype(BF16)) == "bfloat16"
+    assert dtype_name(np.float32) == dtype_name("float32") == "float32"
+    assert eps(BF16) == 0.0078125 and eps("float32") == F32_EPS
+    with pytest.raises(ValueError, match="int32"):
+        dtype_name(np.int32)
+    with pytest.raises(ValueError, match="float8"):
+        ulp_spacing([1.0], "float8")
+
+
+# ── ulp_spacing ───────────────────────────────────────────────────────────────────────
+
+
+def test_ulp_spacing_bfloat16_binades():
+    v = bf16([1.0, 1.9921875, 2.0, 3.0, 0.5, -1.0, -2.0, 256.0])
+    expected = [2**-7, 2**-7, 2**-6, 2**-6, 2**-8, 2**-7, 2**-6, 2.0]
+    np.testing.assert_array_equal(ulp_spacing(v, "bfloat16"), expected)
+
+
+def test_ulp_spacing_is_distance_to_next_away_from_zero_bfloat16():
+    rng = np.random.default_rng(0)
+    mags = np.exp2(rng.uniform(-120, 120, size=2000))
+    v = (mags * rng.choice([-1.0, 1.0], size=mags.size)).astype(BF16)
+    away = np.nextafter(v, np.where(v > 0, np.inf, -np.inf).astype(BF16))
+    np.testing.assert_array_equal(
+        ulp_spacing(v, "bfloat16"), np.abs(away.astype(np.float64) - v.astype(np.float64))
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_ulp_spacing_matches_np_spacing(dtype):
+    info = np.finfo(dtype)
+    v = np.array(
+        [1.0, 2.0, 3.0, 0.1, 1e-3, float(info.max) / 2, float(info.smallest_normal), 7.5], dtype=dtype
+    )
+    np.testing.assert_array_equal(ulp_spacing(v, dtype), np.spacing(v).astype(np.float64))
+    np.testing.assert_array_equal(ulp_spacing(-v, dtype), np.spacing(v).astype(np.float64))
+    # at the largest finite value np.spacing says inf (the next value overflows); the
+    # binade formula keeps the top binade's spacing, so an error there stays finite
+    assert ulp_spacing([info.max], dtype)[0] == float(info.max) - float(np.nextafter(info.max, dtype(0)))
+
+
+def test_ulp_spacing_zero_and_subnormals_use_smallest_subnormal():
+    assert ulp_spacing([0.0], "bfloat16")[0] == 2.0**-133
+    assert ulp_spacing([0.0, -0.0, 1e-44, 2.0**-127], "float32").tolist() == [2.0**-149] * 4
+    assert ulp_spacing([0.0], "float64")[0] == 5e-324
+    # just above the smallest normal: the normal spacing, which equals the subnormal one
+    assert ulp_spacing([2.0**-126], "float32")[0] == 2.0**-149
+
+
+def test_ulp_spacing_nonfinite_is_nan_and_shape_kept():
+    out = ulp_spacing(np.array([[np.inf, -np.inf], [np.nan, 1.0]], dtype=np.float32), "float32")
+    assert out.shape == (2, 2) and out.dtype == np.float64
+    assert np.isnan(out[0]).all() and np.isnan(out[1, 0]) and out[1, 1] == F32_EPS
+
+
+def test_ulp_spacing_of_unrepresentable_float64_uses_its_binade():
+    # oracle values are float64: measured in the dtype's binade they fall in
+    assert ulp_spacing([1.0 + 1e-12], "bfloat16")[0] == 2**-7
+    assert ulp_spacing([2.0 - 1e-12], "bfloat16")[0] == 2**-7
+    assert ulp_spacing([1e39], "float32")[0] == 2.0 ** (129 - 23)  # beyond max: binade formula
+
+
+# ── leaf_metrics: basic values ───────────────────────────────────────────────────────
+
+
+def test_identical_leaves():
+    a = np.array([[1.0, -2.0], [3.0, 0.0]], dtype=np.float32)
+    m = leaf_metrics(a, a.copy(), a.astype(np.float64), dtype="float32")
+    assert (m.max_abs_err, m.max_rel_err, m.rel_rms_err, m.max_ulp, m.p99_ulp) == (0, 0, 0, 0, 0)
+    assert m.cosine == 1.0
+    assert (m.cand_oracle_max_err, m.partner_oracle_max_err, m.oracle_ratio_max) == (0.0, 0.0, 1.0)
+    assert (m.cand_oracle_rms_err, m.partner_oracle_rms_err, m.oracle_ratio_rms) == (0.0, 0.0, 1.0)
+
+
+def test_hand_computed_errors():
+    c = np.array([1.0, 2.0, 3.0, 4.0])
+    p = np.array([1.0, 2.0, 3.0, 5.0])
+    m = leaf_metrics(c, p, dtype="float64")
+    assert m.max_abs_err == 1.0
+    assert m.max_rel_err == 1.0 / 5.0
+    assert m.rel_rms_err == pytest.approx(1.0 / math.sqrt(39.0), rel=1e-15)
+    assert m.cosine == pytest.approx(np.dot(c, p) / (np.linalg.norm(c) * np.linalg.norm(p)), rel=1e-15)
+    assert m.max_ulp == 1.0 / 2.0**-50  # ulp of 5.0 in float64 is 2^(2-52)
+
+
+def test_relative_errors_normalise_by_max_not_elementwise():
+    # a near-zero partner element must not dominate: 1e-3 abs error on a 1e-6 element
+    p = np.array([1e-6, 1.0])
+    c = np.array([1e-6 + 1e-3, 1.0])
+    m = leaf_metrics(c, p, dtype="float64")
+    assert m.max_rel_err == pytest.approx(1e-3, rel=1e-9)
+
+
+def test_bfloat16_one_and_its_neighbour_differ_by_one_ulp():
+    m = leaf_metrics(bf16([1.0078125]), bf16([1.0]), dtype=BF16)
+    assert m.max_ulp == 1.0 and m.p99_ulp == 1.0
+    assert m.max_abs_err == BF16_EPS and m.max_rel_err == BF16_EPS
+
+
+def test_bfloat16_ulps_across_a_power_of_two():
+    below_two = 2.0 - 2.0**-7  # largest bfloat16 below 2
+    # partner 2.0: spacing there is 2^-6, so the neighbour below is half an ulp away
+    assert leaf_metrics(bf16([below_two]), bf16([2.0]), dtype="bfloat16").max_ulp == 0.5
+    # partner just below 2: its spacing is 2^-7, so 2.0 is one ulp away
+    assert leaf_metrics(bf16([2.0]), bf16([below_two]), dtype="bfloat16").max_ulp == 1.0
+    # two steps up across the boundary: 2^-7 + 2^-6 = 3 ulps of the partner's binade
+    assert leaf_metrics(bf16([2.0 + 2.0**-6]), bf16([below_two]), dtype="bfloat16").max_ulp == 3.0
+
+
+def test_ulps_use_the_given_dtype_not_the_input_dtype():
+    c = np.array([1.0 + F32_EPS], dtype=np.float32)
+    p = np.array([1.0], dtype=np.float32)
+    assert leaf_metrics(c, p, dtype="float32").max_ulp == 1.0
+    assert leaf_metrics(c, p, dtype="bfloat16").max_ulp == 2.0**-16
+
+
+def test_p99_ulp_is_an_observed_high_percentile():
+    p = np.ones(200, dtype=np.float32)
+    c = p.copy()
+    c[0] = np.float32(1.0 + 50 * F32_EPS)
+    m = leaf_metrics(c, p, dtype="float32")
+    assert m.max_ulp == 50.0 and m.p99_ulp == 0.0  # 1 of 200 is above the 99th percentile
+    c[1] = np.float32(1.0 + 7 * F32_EPS)
+    m = leaf_metrics(c, p, dtype="float32")
+    assert m.max_ulp == 50.0 and m.p99_ulp == 7.0  # 2 of 200: the 99th percentile is hit
+
+
+def test_cosine_edges():
+    v = np.array([1.0, -2.0, 3.0], dtype=np.float32)
+    assert leaf_metrics(-v, v, dtype="float32").cosine == -1.0
+    assert leaf_metrics(3 * v, v, dtype="float32").cosine == pytest.approx(1.0, abs=1e-15)
+    assert leaf_metrics(np.array([1.0, 0.0]), np.array([0.0, 1.0]), dtype="float64").cosine == 0.0
+    z = np.zeros(3, dtype=np.float32)
+    assert leaf_metrics(z, z, dtype="float32").cosine == 1.0
+    assert leaf_metrics(v, z, dtype="float32").cosine == 0.0
+    assert leaf_metrics(z, v, dtype="float32").cosine == 0.0
+
+
+def test_huge_float32_values_do_not_overflow_the_norms():
+    big = np.float32(3e38)
+    p = np.array([big, big], dtype=np.float32)
+    c = np.array([big, np.nextafter(big, np.float32(np.inf))], dtype=np.float32)
+    m = leaf_metrics(c, p, dtype="float32")
+    assert math.isfinite(m.rel_rms_err) and m.rel_rms_err > 0
+    assert m.cosine == pytest.approx(1.0)
+    assert m.max_ulp == 1.0
+
+
+# ── zeros ─────────────────────────────────────────────────────────────────────────────
+
+
+def test_both_zero():
+    z = np.zeros((2, 3), dtype=BF16)
+    m = leaf_metrics(z, z, np.zeros((2, 3)), dtype=BF16)
+    assert (m.max_abs_err, m.max_rel_err, m.rel_rms_err, m.max_ulp, m.cosine) == (0, 0, 0, 0, 1)
+    assert (m.oracle_ratio_max, m.oracle_ratio_rms) == (1.0, 1.0)
+
+
+def test_partner_zero_candidate_not():
+    m = leaf_metrics(np.array([0.0, 1e-30], np.float32), np.zeros(2, np.float32), dtype="float32")
+    assert m.max_abs_err == pytest.approx(1e-30)
+    assert m.max_rel_err == math.inf and m.rel_rms_err == math.inf
+    assert m.max_ulp == pytest.approx(float(np.float32(1e-30)) / 2.0**-149)  # subnormal spacing
+    assert m.cosine == 0.0
+
+
+def test_empty_leaves_compare_as_identical():
+    e = np.zeros((0, 4), dtype=np.float32)
+    m = leaf_metrics(e, e, e.astype(np.float64), dtype="float32")
+    assert (m.max_abs_err, m.max_rel_err, m.rel_rms_err, m.max_ulp, m.p99_ulp, m.cosine) == (0, 0, 0, 0, 0, 1)
+
+
+# ── NaN and Inf: never hidden ────────────────────────────────────────────────────────
+
+
+def _all_error_metrics(m: LeafMetrics):
+    return [m.max_abs_err, m.max_rel_err, m.rel_rms_err, m.max_ulp, m.p99_ulp]
+
+
+def test_nan_in_candidate_poisons_every_error_metric():
+    p = np.ones(1000, dtype=np.float32)
+    c = p.copy()
+    c[17] = np.nan
+    m = leaf_metrics(c, p, p.astype(np.float64), dtype="float32")
+    assert all(math.isnan(x) for x in _all_error_metrics(m))
+    assert math.isnan(m.cosine)
+    assert math.isnan(m.cand_oracle_max_err) and math.isnan(m.cand_oracle_rms_err)
+    assert math.isnan(m.oracle_ratio_max) and math.isnan(m.oracle_ratio_rms)
+    assert m.partner_oracle_max_err == 0.0  # the partner is fine
+    assert (m.nan_count, m.inf_count, m.partner_nan_count, m.oracle_nan_count) == (1, 0, 0, 0)
+
+
+def test_nan_in_partner_poisons_and_is_counted():
+    c = bf16([1.0, 2.0, 3.0])
+    p = bf16([1.0, np.nan, 3.0])
+    m = leaf_metrics(c, p, dtype="bfloat16")
+    assert all(math.isnan(x) for x in _all_error_metrics(m))
+    assert (m.nan_count, m.partner_nan_count) == (0, 1)
+
+
+def test_inf_in_candidate_gives_inf_errors():
+    c = np.array([1.0, np.inf, -np.inf], dtype=np.float32)
+    p = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    m = leaf_metrics(c, p, p.astype(np.float64), dtype="float32")
+    assert m.max_abs_err == m.max_rel_err == m.rel_rms_err == m.max_ulp == math.inf
+    assert math.isnan(m.cosine)
+    assert m.cand_oracle_max_err == math.inf and m.oracle_ratio_max == math.inf
+    assert (m.nan_count, m.inf_count, m.partner_inf_count) == (0, 2, 0)
+
+
+def test_matching_infs_do_not_compare_equal():
+    # inf - inf is NaN: a shared Inf is still reported, never a zero error
+    c = np.array([np.inf, 1.0], dtype=np.float32)
+    m = leaf_metrics(c, c.copy(), dtype="float32")
+    assert all(math.isnan(x) for x in _all_error_metrics(m))
+    assert (m.inf_count, m.partner_inf_count) == (1, 1)
+
+
+def test_oracle_counts_and_missing_oracle():
+    c = np.array([1.0, 2.0], dtype=np.float32)
+    m = leaf_metrics(c, c, np.array([np.nan, np.inf]), dtype="float32")
+    assert (m.oracle_nan_count, m.oracle_inf_count) == (1, 1)
+    assert math.isnan(m.cand_oracle_max_err)
+    m = leaf_metrics(c, c, dtype="float32")
+    assert (m.oracle_nan_count, m.oracle_inf_count) == (0, 0)
+    for f in ("cand_oracle_max_err", "partner_oracle_max_err", "oracle_ratio_max",
+              "cand_oracle_rms_err", "partner_oracle_rms_err", "oracle_ratio_rms"):
+        assert math.isnan(getattr(m, f)), f
+
+
+# ── oracle errors and ratios ─────────────────────────────────────────────────────────
+
+
+def test_oracle_errors_and_ratio():
+    o = np.array([1.0, -2.0, 4.0])
+    p = np.array([1.0, -2.0, 4.5])
+    c = np.array([1.25, -2.0, 4.0])
+    m = leaf_metrics(c, p, o, dtype="float64")
+    assert m.cand_oracle_max_err == 0.25 / 4.0
+    assert m.partner_oracle_max_err == 0.5 / 4.0
+    assert m.oracle_ratio_max == 0.5
+    assert m.cand_oracle_rms_err == pytest.approx(0.25 / math.sqrt(21.0), rel=1e-15)
+    assert m.partner_oracle_rms_err == pytest.approx(0.5 / math.sqrt(21.0), rel=1e-15)
+    assert m.oracle_ratio_rms == pytest.approx(0.5, rel=1e-15)
+
+
+def test_oracle_ratio_edges():
+    o = np.array([1.0, 2.0])
+    exact = o.copy()
+    off = np.array([1.0, 2.5])
+    assert leaf_metrics(exact, exact, o, dtype="float64").oracle_ratio_max == 1.0  # 0/0
+    assert leaf_metrics(off, exact, o, dtype="float64").oracle_ratio_max == math.inf  # x/0
+    assert leaf_metrics(exact, off, o, dtype="float64").oracle_ratio_max == 0.0
+    m = leaf_metrics(exact, off, np.zeros(2), dtype="float64")  # zero oracle, nonzero values
+    assert m.cand_oracle_max_err == math.inf and math.isnan(m.oracle_ratio_max)  # inf/inf
+
+
+# ── shapes, types, row fields ────────────────────────────────────────────────────────
+
+
+def test_shape_mismatch_names_both_shapes():
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(3, 2\)"):
+        leaf_metrics(np.zeros((2, 3)), np.zeros((3, 2)), dtype="float32")
+    with pytest.raises(ValueError, match=r"oracle shape \(6,\)"):
+        leaf_metrics(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros(6), dtype="float32")
+    with pytest.raises(ValueError):  # no broadcasting either
+        leaf_metrics(np.zeros((2, 3)), np.zeros((1, 3)), dtype="float32")
+
+
+def test_row_fields_are_exactly_the_schema_metric_columns():
+    m = leaf_metrics(np.ones(3, np.float32), np.ones(3, np.float32), np.ones(3), dtype="float32")
+    fields = m.as_row_fields()
+    metric_columns = set(schema.FLOAT_COLUMNS + schema.INT_COLUMNS) - {"bound_usage", "compile_s", "execute_s"}
+    assert set(fields) == metric_columns
+    assert [f.name for f in dataclasses.fields(LeafMetrics)] == [c for c in schema.ROW_COLUMNS if c in fields]
+    for k in schema.INT_COLUMNS:
+        assert type(fields[k]) is int
+    for k in metric_columns - set(schema.INT_COLUMNS):
+        assert type(fields[k]) is float
+    schema.empty_row(**fields)  # accepted by the schema
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.max_abs_err = 1.0  # type: ignore[misc]

@@ -40,7 +40,9 @@ Verdict, before any bound: a NaN/Inf in the candidate always fails (the reason s
 whether the oracle/partner have non-finite values too — "where the oracle has none" is
 the case that matters most); a NaN/Inf in the partner, or in the oracle for an
 `oracle_ratio` rule, fails (nothing meaningful can pass); a NaN in any metric the rule
-reads fails. Comparisons are written so that NaN can only ever fail.
+reads fails. Comparisons are written so that NaN can only ever fail. An `oracle_ratio`
+rule given metrics measured without an oracle (all four oracle errors NaN, inputs finite)
+raises ValueError: that is a harness bug, to be recorded as an `error` row.
 
 `bound_usage` is measured/allowed for the binding criterion (>1 ⇔ fail): the largest
 usage among the conditions that must all hold; for `oracle_ratio` (ratio OR direct) the
@@ -97,6 +99,14 @@ _REQUIRED = ("comparison", "dtype", "leaf_kind", "kind", "rationale")
 _ALLOWED = frozenset(MATCH_KEYS + ("kind", "rationale", "eps_dtype") + NUMBER_FIELDS)
 _TOP_LEVEL = frozenset({"version", "rule"})
 SUPPORTED_VERSION = 1
+# The LeafMetrics fields each rule kind reads (a NaN in any of them fails).
+_READS: dict[str, tuple[str, ...]] = {
+    "exact": ("max_abs_err",),
+    "ulps_of_max": ("max_rel_err",),
+    "rel_bound": ("max_rel_err", "rel_rms_err"),
+    "oracle_ratio": ("cand_oracle_max_err", "partner_oracle_max_err", "cand_oracle_rms_err",
+                     "partner_oracle_rms_err", "max_rel_err"),
+}
 
 
 class PolicyError(ValueError):
@@ -248,6 +258,20 @@ class Policy:
         if rule.kind == "oracle_ratio" and (m.oracle_nan_count or m.oracle_inf_count):
             return fail(f"oracle has {m.oracle_nan_count} NaN and {m.oracle_inf_count} Inf; cannot judge against it")
 
+        if rule.kind == "oracle_ratio" and all(
+            math.isnan(v) for v in (m.cand_oracle_max_err, m.partner_oracle_max_err,
+                                    m.cand_oracle_rms_err, m.partner_oracle_rms_err)
+        ):
+            # all four NaN with finite inputs is the signature of a missing oracle:
+            # a harness bug, reported as an error rather than a verdict
+            raise ValueError(
+                f"{rule.label} is an oracle_ratio rule but the oracle errors are NaN with finite "
+                f"inputs: leaf_metrics was called without an oracle"
+            )
+        nan_read = [f for f in _READS[rule.kind] if math.isnan(getattr(m, f))]
+        if nan_read:  # cannot come from leaf_metrics with finite inputs; NaN never passes
+            return fail(f"{', '.join(nan_read)} {'is' if len(nan_read) == 1 else 'are'} NaN")
+
         e = eps(unit_dtype)
         if rule.kind == "exact":
             return self._conditions(fail, bound, [("max_abs_err", m.max_abs_err, 0.0, "0 (bit-identical)")])
@@ -266,13 +290,7 @@ class Policy:
                     ("rel_rms_err", m.rel_rms_err, lim_rms, f"{rule.rms_rel_ulps:g}ulp={_fmt(lim_rms)}"),
                 ],
             )
-        # oracle_ratio: the oracle errors must have been measured (finite inputs by now)
-        if any(math.isnan(v) for v in (m.cand_oracle_max_err, m.partner_oracle_max_err,
-                                       m.cand_oracle_rms_err, m.partner_oracle_rms_err)):
-            raise ValueError(
-                f"{rule.label} is an oracle_ratio rule but the oracle errors are NaN with finite "
-                f"inputs: leaf_metrics was called without an oracle"
-            )
+        # oracle_ratio
         floor = rule.floor_ulps * e
         ratio_conds = []
         for name, cand, part, ratio in (

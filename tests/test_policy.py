@@ -1,0 +1,478 @@
+"""harness.policy: file validation, rule precedence, each rule kind across its bound, NaN."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from harness import schema
+from harness.metrics import LeafMetrics, leaf_metrics
+from harness.policy import (
+    DEFAULT_POLICY_PATH,
+    POLICY_COMPARISONS,
+    POLICY_LEAF_KINDS,
+    Judgement,
+    PolicyError,
+    load_policy,
+    parse_policy,
+)
+
+F32_EPS = 2.0**-23
+BF16_EPS = 2.0**-7
+BELOW, ABOVE = 1 - 1e-9, 1 + 1e-9  # just inside / just outside a bound
+
+
+def metrics(**overrides) -> LeafMetrics:
+    """Clean metrics (everything zero/exact, cosine 1), then overrides."""
+    base = {f.name: 0.0 for f in dataclasses.fields(LeafMetrics)}
+    base.update({k: 0 for k in schema.INT_COLUMNS})
+    base.update(cosine=1.0, oracle_ratio_max=1.0, oracle_ratio_rms=1.0)
+    base.update(overrides)
+    return LeafMetrics(**base)
+
+
+def policy_text(*rules: str, header: str = "version = 1\n") -> str:
+    return header + "".join("\n[[rule]]\n" + textwrap.dedent(r).strip() + "\n" for r in rules)
+
+
+RATIO_RULE = """
+    comparison = "vs_reference"
+    dtype = "*"
+    leaf_kind = "*"
+    kind = "oracle_ratio"
+    ratio_max = 2.0
+    ratio_rms = 3.0
+    floor_ulps = 4
+    direct_ulps = 2
+    rationale = "test"
+"""
+EXACT_RULE = """
+    comparison = "vs_unsharded"
+    dtype = "*"
+    leaf_kind = "*"
+    kind = "exact"
+    rationale = "test"
+"""
+ULPS_RULE = """
+    comparison = "vs_unsharded"
+    dtype = "*"
+    leaf_kind = "weight_grad"
+    kind = "ulps_of_max"
+    max_rel_ulps = 64
+    rationale = "test"
+"""
+BOUND_RULE = """
+    comparison = "vs_oracle"
+    dtype = "*"
+    act_dtype = "bfloat16"
+    leaf_kind = "*"
+    kind = "rel_bound"
+    eps_dtype = "bfloat16"
+    max_rel_ulps = 8
+    rms_rel_ulps = 2
+    rationale = "test"
+"""
+
+
+@pytest.fixture(scope="module")
+def small():
+    return parse_policy(policy_text(RATIO_RULE, EXACT_RULE, ULPS_RULE, BOUND_RULE))
+
+
+def judge(policy, m, comparison, leaf_kind="output", dtype="float32", act_dtype=None):
+    return policy.judge(m, comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype or dtype)
+
+
+# ── the packaged file ────────────────────────────────────────────────────────────────
+
+
+def test_packaged_policy_loads_and_covers_every_combination():
+    policy = load_policy()
+    assert policy.digest == hashlib.sha256(DEFAULT_POLICY_PATH.read_bytes()).hexdigest()
+    assert policy.uncovered() == []
+    for rule in policy.rules:
+        assert len(rule.rationale) > 20, rule.label
+    for comparison in POLICY_COMPARISONS:
+        for dtype in ("float32", "bfloat16"):
+            for act in ("float32", "bfloat16"):
+                for kind in POLICY_LEAF_KINDS:
+                    policy.rule_for(comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=act)
+
+
+def test_packaged_policy_intent():
+    policy = load_policy()
+    for kind in ("output", "intermediate", "activation_grad"):
+        rule = policy.rule_for(comparison="vs_unsharded", leaf_kind=kind, dtype="bfloat16", act_dtype="bfloat16")
+        assert rule.kind == "exact"
+    rule = policy.rule_for(comparison="vs_unsharded", leaf_kind="weight_grad", dtype="float32", act_dtype="float32")
+    assert rule.kind == "ulps_of_max"
+    # a float32 intermediate of a bfloat16 run is held to bfloat16 arithmetic, and a
+    # float32 run's intermediate to float32 arithmetic
+    in_bf16_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="bfloat16")
+    in_f32_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="float32")
+    assert in_bf16_run.eps_dtype == "bfloat16" and in_f32_run.eps_dtype is None
+
+
+def test_packaged_policy_catches_a_bfloat16_cast_in_a_float32_run():
+    """A gate computed through a bfloat16 cast (relative error ~2^-9) must fail vs_oracle
+    and vs_reference in float32, while the float32 reference itself passes."""
+    policy = load_policy()
+    rng = np.random.default_rng(1)
+    oracle = rng.uniform(0.1, 1.0, size=(4, 64))
+    reference = oracle.astype(np.float32)
+    cast = (oracle.astype(ml_dtypes.bfloat16)).astype(np.float32)
+    ok = leaf_metrics(reference, oracle, oracle, dtype="float32")
+    assert judge(policy, ok, "vs_oracle", "intermediate").verdict == "pass"
+    bad = leaf_metrics(cast, oracle, oracle, dtype="float32")
+    assert judge(policy, bad, "vs_oracle", "intermediate").verdict == "fail"
+    bad_vs_ref = leaf_metrics(cast, reference, oracle, dtype="float32")
+    assert judge(policy, bad_vs_ref, "vs_reference", "intermediate").verdict == "fail"
+
+
+def test_packaged_policy_accepts_a_rounding_flip_in_bfloat16():
+    policy = load_policy()
+    rng = np.random.default_rng(2)
+    oracle = rng.standard_normal(512)
+    reference = oracle.astype(ml_dtypes.bfloat16)
+    flipped = reference.copy()
+    flipped[::7] = np.nextafter(reference[::7], np.where(reference[::7] > 0, 100, -100).astype(ml_dtypes.bfloat16))
+    m = leaf_metrics(flipped, reference, oracle, dtype="bfloat16")
+    assert m.max_ulp == 1.0
+    j = judge(policy, m, "vs_reference", "output", "bfloat16")
+    assert j.verdict == "pass", j
+
+
+# ── validation ───────────────────────────────────────────────────────────────────────
+
+
+def _replace(rule: str, old: str, new: str) -> str:
+    assert old in rule
+    return rule.replace(old, new)
+
+
+MALFORMED = {
+    "unknown key": (_replace(RATIO_RULE, 'kind = "oracle_ratio"', 'kind = "oracle_ratio"\nfudge = 3'), "fudge"),
+    "unknown comparison": (_replace(RATIO_RULE, '"vs_reference"', '"vs_nothing"'), "comparison"),
+    "lowering comparison": (_replace(RATIO_RULE, '"vs_reference"', '"lowering"'), "comparison"),
+    "wildcard comparison": (_replace(RATIO_RULE, '"vs_reference"', '"*"'), "comparison"),
+    "unknown leaf kind": (_replace(RATIO_RULE, 'leaf_kind = "*"', 'leaf_kind = "weights"'), "leaf_kind"),
+    "program leaf kind": (_replace(RATIO_RULE, 'leaf_kind = "*"', 'leaf_kind = "program"'), "leaf_kind"),
+    "unknown dtype": (_replace(RATIO_RULE, 'dtype = "*"', 'dtype = "float8"'), "dtype"),
+    "unknown act_dtype": (_replace(RATIO_RULE, 'dtype = "*"', 'dtype = "*"\nact_dtype = "int8"'), "act_dtype"),
+    "unknown kind": (_replace(RATIO_RULE, '"oracle_ratio"', '"closeish"'), "kind"),
+    "missing kind": (_replace(RATIO_RULE, 'kind = "oracle_ratio"', ""), "kind"),
+    "missing dtype": (_replace(RATIO_RULE, 'dtype = "*"', ""), "dtype"),
+    "missing number": (_replace(RATIO_RULE, "floor_ulps = 4", ""), "floor_ulps"),
+    "string number": (_replace(RATIO_RULE, "floor_ulps = 4", 'floor_ulps = "4"'), "floor_ulps"),
+    "bool number": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = true"), "floor_ulps"),
+    "nan number": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = nan"), "floor_ulps"),
+    "negative floor": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = -4"), "floor_ulps"),
+    "sub-ulp floor": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = 0.5"), "floor_ulps"),
+    "zero floor": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = 0"), "floor_ulps"),
+    "ratio below one": (_replace(RATIO_RULE, "ratio_max = 2.0", "ratio_max = 0.9"), "ratio_max"),
+    "sub-ulp direct": (_replace(RATIO_RULE, "direct_ulps = 2", "direct_ulps = 0.5"), "direct_ulps"),
+    "sub-ulp bound": (_replace(ULPS_RULE, "max_rel_ulps = 64", "max_rel_ulps = 0.25"), "max_rel_ulps"),
+    "foreign number": (_replace(EXACT_RULE, 'kind = "exact"', 'kind = "exact"\nmax_rel_ulps = 4'), "max_rel_ulps"),
+    "missing rationale": (_replace(EXACT_RULE, 'rationale = "test"', ""), "rationale"),
+    "empty rationale": (_replace(EXACT_RULE, 'rationale = "test"', 'rationale = "  "'), "rationale"),
+    "unknown eps_dtype": (_replace(BOUND_RULE, 'eps_dtype = "bfloat16"', 'eps_dtype = "float128"'), "eps_dtype"),
+    "sub-ulp eps_dtype": (_replace(BOUND_RULE, 'eps_dtype = "bfloat16"', 'eps_dtype = "float32"'), "eps_dtype"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_rule_is_rejected_naming_rule_and_field(name):
+    bad_rule, field = MALFORMED[name]
+    text = policy_text(EXACT_RULE if bad_rule is not EXACT_RULE else ULPS_RULE, bad_rule)
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text)
+    msg = str(info.value)
+    assert "rule 1" in msg, msg
+    assert repr(field) in msg, msg
+
+
+def test_rule_message_shows_its_match_keys():
+    with pytest.raises(PolicyError, match=r"rule 0 \(comparison=vs_reference, dtype=\*, leaf_kind=\*\).*'floor_ulps'"):
+        parse_policy(policy_text(_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = 0.5")))
+
+
+def test_direct_ulps_zero_disables_the_direct_criterion():
+    policy = parse_policy(policy_text(_replace(RATIO_RULE, "direct_ulps = 2", "direct_ulps = 0")))
+    assert policy.rules[0].direct_ulps == 0.0
+    m = metrics(cand_oracle_max_err=1.0, partner_oracle_max_err=1e-9, max_rel_err=0.0)
+    j = judge(policy, m, "vs_reference")
+    assert j.verdict == "fail" and "direct" not in j.bound
+
+
+def test_duplicate_rules_name_both():
+    with pytest.raises(PolicyError, match=r"rule 2 .*duplicate of rule 0"):
+        parse_policy(policy_text(EXACT_RULE, ULPS_RULE, _replace(EXACT_RULE, "exact", "exact")))
+    # an explicit act_dtype = "*" is the same key as an omitted one
+    with pytest.raises(PolicyError, match="duplicate"):
+        parse_policy(policy_text(EXACT_RULE, _replace(EXACT_RULE, 'dtype = "*"', 'dtype = "*"\nact_dtype = "*"')))
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("version = 1\n", "rule"),
+        (policy_text(EXACT_RULE, header=""), "version"),
+        (policy_text(EXACT_RULE, header="version = 2\n"), "version"),
+        (policy_text(EXACT_RULE, header="version = 1\ndefaults = 3\n"), "defaults"),
+        ("version = 1\nrule = 5\n", "rule"),
+    ],
+)
+def test_malformed_file_level(text, field):
+    with pytest.raises(PolicyError, match=repr(field)):
+        parse_policy(text)
+
+
+def test_invalid_toml_and_missing_file(tmp_path):
+    with pytest.raises(PolicyError, match="not valid TOML"):
+        parse_policy("version = \n")
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        load_policy(tmp_path / "nope.toml")
+
+
+def test_load_policy_from_a_path_digests_its_bytes(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(policy_text(EXACT_RULE), encoding="utf-8")
+    policy = load_policy(path)
+    assert policy.digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert policy.source == str(path)
+    path.write_text(policy_text(EXACT_RULE) + "# changed\n", encoding="utf-8")
+    assert load_policy(path).digest != policy.digest
+
+
+# ── precedence ───────────────────────────────────────────────────────────────────────
+
+
+def _ulps_rule(dtype: str, leaf_kind: str, ulps: int, act_dtype: str | None = None) -> str:
+    act = f'act_dtype = "{act_dtype}"\n' if act_dtype else ""
+    return (
+        f'comparison = "vs_unsharded"\ndtype = "{dtype}"\n{act}leaf_kind = "{leaf_kind}"\n'
+        f'kind = "ulps_of_max"\nmax_rel_ulps = {ulps}\nrationale = "t"\n'
+    )
+
+
+def test_most_specific_rule_wins():
+    policy = parse_policy(
+        policy_text(
+            _ulps_rule("*", "*", 100),
+            _ulps_rule("bfloat16", "*", 50),
+            _ulps_rule("*", "output", 20),
+            _ulps_rule("bfloat16", "output", 10),
+            _ulps_rule("bfloat16", "output", 5, act_dtype="float32"),
+        )
+    )
+
+    def ulps(dtype, kind, act="bfloat16"):
+        return policy.rule_for(comparison="vs_unsharded", leaf_kind=kind, dtype=dtype, act_dtype=act).max_rel_ulps
+
+    assert ulps("float32", "weight_grad") == 100
+    assert ulps("bfloat16", "weight_grad") == 50
+    assert ulps("float32", "output") == 20
+    assert ulps("bfloat16", "output") == 10
+    assert ulps("bfloat16", "output", act="float32") == 5
+    # rule order in the file does not matter
+    reversed_policy = parse_policy(
+        policy_text(_ulps_rule("bfloat16", "output", 10), _ulps_rule("*", "output", 20), _ulps_rule("*", "*", 100),
+                    _ulps_rule("bfloat16", "*", 50))
+    )
+    assert reversed_policy.rule_for(
+        comparison="vs_unsharded", leaf_kind="output", dtype="bfloat16", act_dtype="bfloat16"
+    ).max_rel_ulps == 10
+
+
+def test_incomparable_rules_are_rejected_at_load():
+    with pytest.raises(PolicyError, match=r"ambiguous.*dtype=bfloat16.*leaf_kind=output.*rule 0.*rule 1"):
+        parse_policy(policy_text(_ulps_rule("bfloat16", "*", 50), _ulps_rule("*", "output", 20)))
+
+
+def test_unmatched_combination_names_it(small):
+    with pytest.raises(PolicyError, match=r"comparison=vs_oracle, dtype=float32, act_dtype=float32, leaf_kind=output"):
+        judge(small, metrics(), "vs_oracle", "output", "float32", "float32")
+    with pytest.raises(PolicyError, match="lowering"):
+        judge(small, metrics(), "lowering", "output")
+    with pytest.raises(PolicyError, match="program"):
+        judge(small, metrics(), "vs_reference", "program")
+    with pytest.raises(PolicyError, match="float64"):
+        judge(small, metrics(), "vs_reference", "output", "float64")
+
+
+def test_judge_accepts_dtype_objects(small):
+    j = small.judge(metrics(), comparison="vs_oracle", leaf_kind="output", dtype=np.float32,
+                    act_dtype=ml_dtypes.bfloat16)
+    assert j.verdict == "pass" and "bfloat16 eps" in j.bound
+
+
+# ── each rule kind across its bound ──────────────────────────────────────────────────
+
+
+def test_exact(small):
+    j = judge(small, metrics(), "vs_unsharded", "output")
+    assert (j.verdict, j.bound_usage, j.reason) == ("pass", 0.0, "")
+    assert j.bound.startswith("exact")
+    j = judge(small, metrics(max_abs_err=1e-45, max_rel_err=1e-45), "vs_unsharded", "output")
+    assert j.verdict == "fail" and j.bound_usage == math.inf
+    assert "max_abs_err=1e-45" in j.reason
+
+
+@pytest.mark.parametrize("dtype, unit", [("float32", F32_EPS), ("bfloat16", BF16_EPS)])
+def test_ulps_of_max_across_its_bound(small, dtype, unit):
+    limit = 64 * unit
+    j = judge(small, metrics(max_rel_err=limit * BELOW), "vs_unsharded", "weight_grad", dtype)
+    assert j.verdict == "pass" and j.bound_usage == pytest.approx(1.0) and j.bound_usage <= 1.0
+    assert j.bound == f"max_rel<=64ulp [ulp={dtype} eps; rule 2]"
+    j = judge(small, metrics(max_rel_err=limit * ABOVE), "vs_unsharded", "weight_grad", dtype)
+    assert j.verdict == "fail" and j.bound_usage > 1.0
+    assert "max_rel_err=" in j.reason and "64ulp" in j.reason
+
+
+def test_ulps_of_max_end_to_end_on_bfloat16_arrays(small):
+    p = np.array([1.0, -0.5], dtype=ml_dtypes.bfloat16)
+    within = np.array([1.0 + 64 * BF16_EPS * 0.5, -0.5], dtype=ml_dtypes.bfloat16)
+    m = leaf_metrics(within, p, dtype="bfloat16")
+    assert judge(small, m, "vs_unsharded", "weight_grad", "bfloat16").verdict == "pass"
+    beyond = np.array([1.0 + 66 * BF16_EPS, -0.5], dtype=ml_dtypes.bfloat16)
+    m = leaf_metrics(beyond, p, dtype="bfloat16")
+    assert judge(small, m, "vs_unsharded", "weight_grad", "bfloat16").verdict == "fail"
+
+
+def test_rel_bound_each_condition(small):
+    max_lim, rms_lim = 8 * BF16_EPS, 2 * BF16_EPS
+    ok = judge(small, metrics(max_rel_err=max_lim * BELOW, rel_rms_err=rms_lim * BELOW), "vs_oracle",
+               dtype="float32", act_dtype="bfloat16")
+    assert ok.verdict == "pass" and ok.bound_usage <= 1.0
+    assert ok.bound == "max_rel<=8ulp rms_rel<=2ulp [ulp=bfloat16 eps; rule 3]"
+    bad_max = judge(small, metrics(max_rel_err=max_lim * ABOVE, rel_rms_err=0.0), "vs_oracle",
+                    dtype="float32", act_dtype="bfloat16")
+    assert bad_max.verdict == "fail" and bad_max.reason.startswith("max_rel_err=")
+    bad_rms = judge(small, metrics(max_rel_err=0.0, rel_rms_err=rms_lim * ABOVE), "vs_oracle",
+                    dtype="bfloat16", act_dtype="bfloat16")
+    assert bad_rms.verdict == "fail" and bad_rms.reason.startswith("rel_rms_err=")
+    assert bad_rms.bound_usage == pytest.approx(ABOVE)
+
+
+def _ratio_metrics(cand_max, part_max, cand_rms, part_rms, direct):
+    return metrics(cand_oracle_max_err=cand_max, partner_oracle_max_err=part_max,
+                   cand_oracle_rms_err=cand_rms, partner_oracle_rms_err=part_rms, max_rel_err=direct)
+
+
+def test_oracle_ratio_across_the_ratio_criterion(small):
+    part = 1e-5
+    lim_max = 2.0 * part + 4 * F32_EPS
+    lim_rms = 3.0 * part + 4 * F32_EPS
+    far = 1.0  # the direct criterion does not help
+    j = judge(small, _ratio_metrics(lim_max * BELOW, part, lim_rms * BELOW, part, far), "vs_reference")
+    assert j.verdict == "pass" and j.bound_usage == pytest.approx(1.0) and j.reason == ""
+    assert j.bound == "ratio_max<=2 ratio_rms<=3 +4ulp | direct<=2ulp [ulp=float32 eps; rule 0]"
+    j = judge(small, _ratio_metrics(lim_max * ABOVE, part, 0.0, part, far), "vs_reference")
+    assert j.verdict == "fail" and j.reason.startswith("cand_oracle_max_err=")
+    assert "partner_oracle_max_err" in j.reason and "not indistinguishable" in j.reason
+    j = judge(small, _ratio_metrics(0.0, part, lim_rms * ABOVE, part, far), "vs_reference")
+    assert j.verdict == "fail" and j.reason.startswith("cand_oracle_rms_err=")
+
+
+def test_oracle_ratio_floor_covers_an_exact_partner(small):
+    floor = 4 * F32_EPS
+    j = judge(small, _ratio_metrics(floor * BELOW, 0.0, floor * BELOW, 0.0, 1.0), "vs_reference")
+    assert j.verdict == "pass"
+    j = judge(small, _ratio_metrics(floor * ABOVE, 0.0, 0.0, 0.0, 1.0), "vs_reference")
+    assert j.verdict == "fail"
+    # the floor is in ulps of the compared dtype
+    j = judge(small, _ratio_metrics(4 * BF16_EPS * BELOW, 0.0, 0.0, 0.0, 1.0), "vs_reference", dtype="bfloat16")
+    assert j.verdict == "pass"
+
+
+def test_oracle_ratio_direct_criterion(small):
+    direct = 2 * F32_EPS
+    m = _ratio_metrics(1.0, 1e-9, 1.0, 1e-9, direct * BELOW)  # far apart from the oracle, yet indistinguishable
+    j = judge(small, m, "vs_reference")
+    assert j.verdict == "pass" and j.bound_usage == pytest.approx(BELOW)  # the direct criterion's usage
+    j = judge(small, _ratio_metrics(1.0, 1e-9, 1.0, 1e-9, direct * ABOVE), "vs_reference")
+    assert j.verdict == "fail" and j.bound_usage == pytest.approx(ABOVE)
+    assert "max_rel_err=" in j.reason and "direct 2ulp" in j.reason
+
+
+def test_oracle_ratio_without_oracle_is_a_harness_error(small):
+    nan = float("nan")
+    with pytest.raises(ValueError, match="without an oracle"):
+        judge(small, _ratio_metrics(nan, nan, nan, nan, 0.0), "vs_reference")
+
+
+# ── NaN and Inf never pass ───────────────────────────────────────────────────────────
+
+ALL_KINDS = [
+    ("vs_reference", "output", "float32", "float32"),  # oracle_ratio
+    ("vs_unsharded", "output", "float32", "float32"),  # exact
+    ("vs_unsharded", "weight_grad", "bfloat16", "bfloat16"),  # ulps_of_max
+    ("vs_oracle", "output", "bfloat16", "bfloat16"),  # rel_bound
+]
+
+
+@pytest.mark.parametrize("comparison, leaf_kind, dtype, act", ALL_KINDS)
+def test_nan_in_candidate_always_fails(small, comparison, leaf_kind, dtype, act):
+    # counts say NaN even though every error metric claims perfection: still a failure
+    j = judge(small, metrics(nan_count=1), comparison, leaf_kind, dtype, act)
+    assert j.verdict == "fail" and j.bound_usage == math.inf
+    assert "1 NaN" in j.reason and "where the oracle and partner have none" in j.reason
+    j = judge(small, metrics(inf_count=2, oracle_inf_count=2), comparison, leaf_kind, dtype, act)
+    assert j.verdict == "fail" and "2 Inf" in j.reason and "oracle 0 NaN/2 Inf" in j.reason
+
+
+@pytest.mark.parametrize("comparison, leaf_kind, dtype, act", ALL_KINDS)
+def test_nan_metric_always_fails(small, comparison, leaf_kind, dtype, act):
+    nan = float("nan")
+    # NaN metrics with zero counts (cannot come from leaf_metrics, but a NaN is a NaN)
+    m = metrics(max_abs_err=nan, max_rel_err=nan, rel_rms_err=nan, cand_oracle_max_err=nan,
+                cand_oracle_rms_err=nan)
+    j = judge(small, m, comparison, leaf_kind, dtype, act)
+    assert j.verdict == "fail" and j.bound_usage == math.inf and "NaN" in j.reason
+
+
+@pytest.mark.parametrize("comparison, leaf_kind, dtype, act", ALL_KINDS)
+def test_nonfinite_partner_fails(small, comparison, leaf_kind, dtype, act):
+    j = judge(small, metrics(partner_nan_count=3), comparison, leaf_kind, dtype, act)
+    assert j.verdict == "fail" and "partner has 3 NaN" in j.reason
+
+
+def test_nan_oracle_error_is_not_rescued_by_the_direct_criterion(small):
+    m = _ratio_metrics(float("nan"), 1e-6, 0.0, 1e-6, 0.0)
+    j = judge(small, m, "vs_reference")
+    assert j.verdict == "fail" and j.reason == "cand_oracle_max_err is NaN"
+
+
+def test_nonfinite_oracle_fails_a_ratio_rule(small):
+    j = judge(small, metrics(oracle_nan_count=1), "vs_reference")
+    assert j.verdict == "fail" and "oracle has 1 NaN" in j.reason
+
+
+def test_nan_end_to_end_on_arrays():
+    policy = load_policy()
+    oracle = np.linspace(-1, 1, 64)
+    partner = oracle.astype(np.float32)
+    cand = partner.copy()
+    cand[5] = np.nan
+    for comparison in POLICY_COMPARISONS:
+        expected = oracle if comparison == "vs_oracle" else partner
+        m = leaf_metrics(cand, expected, oracle, dtype="float32")
+        j = judge(policy, m, comparison, "output")
+        assert j.verdict == "fail" and "1 NaN" in j.reason, (comparison, j)
+
+
+def test_judgement_row_fields():
+    j = load_policy().judge(metrics(), comparison="vs_unsharded", leaf_kind="output", dtype="float32",
+                            act_dtype="float32")
+    fields = j.as_row_fields()
+    assert set(fields) == {"verdict", "bound", "bound_usage", "reason"}
+    schema.empty_row(**fields)
+    assert isinstance(j, Judgement) and j.verdict in schema.VERDICTS
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        j.verdict = "fail"  # type: ignore[misc]

@@ -39,3 +39,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tpu_only" in item.keywords:
             item.add_marker(skip_tpu)
+
+# The parity matrix as tests (see harness/pytest_plugin.py).
+pytest_plugins = ["harness.pytest_plugin"]

@@ -76,6 +76,10 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
       mesh: a `jax.sharding.Mesh` to token-shard the kernels over (None: unsharded, or
         the active context mesh if the kernels find one).
       initializers: per-leaf overrides of `default_initializers`.
+      implementation: an object with `pre(x, weights, *, config)` and
+        `post(layer_output, context, *, config)` (same shapes and `MhcWeights` fields as
+        `mhc.reference`) used instead of either built-in path — how an external mHC
+        implementation runs through exactly the same layer.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
         kernel_config: Any = None,
         mesh: jax.sharding.Mesh | None = None,
         initializers: Mapping[str, Initializer] | None = None,
+        implementation: Any = None,
         rngs: nnx.Rngs,
     ):
         self.config = MhcConfig(
@@ -108,6 +113,7 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
         self.use_pallas_kernel = use_pallas_kernel
         self.kernel_config = kernel_config
         self.mesh = mesh
+        self.implementation = implementation
         inits = default_initializers(self.config)
         unknown = set(initializers or {}) - set(WEIGHT_FIELDS)
         if unknown:
@@ -145,7 +151,8 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
         """Like `__call__`, also returning what the paths materialise.
 
         Returns out (B, S, n, C) and {layer_input (B, S, C) in `dtype`, h_pre (B, S, n),
-        h_post (B, S, n), h_res (B, S, n, n) float32}.
+        h_post (B, S, n), h_res (B, S, n, n) float32} (an external implementation's
+        context contributes whichever of h_pre/h_post/h_res it has).
         """
         validate_activations(x, self.config.dims)
         if x.dtype != self.dtype:
@@ -153,7 +160,10 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
                 f"x has dtype {jnp.dtype(x.dtype).name}, the layer computes in {self.dtype.name}; "
                 f"cast explicitly"
             )
-        if self.use_pallas_kernel:
+        if self.implementation is not None:
+            options = dict(config=self.config)
+            pre, post = self.implementation.pre, self.implementation.post
+        elif self.use_pallas_kernel:
             from mhc import kernels  # deferred: the reference path must not need Pallas
 
             options = dict(config=self.config, mesh=self.mesh)
@@ -165,9 +175,8 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
             pre, post = reference.pre, reference.post
         layer_input, context = pre(x, self.weights(), **options)
         out = post(branch_fn(layer_input), context, **options)
-        return out, {
-            "layer_input": layer_input,
-            "h_pre": context.h_pre,
-            "h_post": context.h_post,
-            "h_res": context.h_res,
-        }
+        intermediates = {"layer_input": layer_input}
+        for name in ("h_pre", "h_post", "h_res"):  # an external context may not expose them
+            if getattr(context, name, None) is not None:
+                intermediates[name] = getattr(context, name)
+        return out, intermediates

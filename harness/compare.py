@@ -1,0 +1,76 @@
+"""Turn two paths' leaves (plus the oracle's) into judged rows of the schema."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from harness.metrics import leaf_metrics
+from harness.paths import leaf_kind
+from harness.policy import Policy
+from harness.schema import empty_row
+
+
+def case_fields(case) -> dict:
+    """The row columns that describe the case."""
+    return {
+        "case": case.name,
+        "act_dtype": case.dtype,
+        "weight_dtype": case.weight_dtype,
+        "variant": case.variant,
+        "shape": case.shape_name,
+        "mesh": case.mesh_name,
+        "tags": " ".join(case.all_tags),
+    }
+
+
+def status_row(case, *, candidate: str, partner: str, comparison: str, verdict: str, reason: str, leaf: str = "*") -> dict:
+    """A row with no metrics: skip, unsupported, error, or a whole-path failure."""
+    return empty_row(
+        **case_fields(case), candidate=candidate, partner=partner, comparison=comparison,
+        leaf=leaf, leaf_kind="", verdict=verdict, reason=reason,
+    )
+
+
+def compare_leaves(
+    case,
+    *,
+    candidate: str,
+    partner: str,
+    comparison: str,
+    candidate_leaves: Mapping[str, np.ndarray],
+    partner_leaves: Mapping[str, np.ndarray],
+    oracle_leaves: Mapping[str, np.ndarray],
+    policy: Policy,
+    timing: tuple[float, float] = (0.0, 0.0),
+) -> list[dict]:
+    """One judged row per leaf of the candidate, in the candidate's leaf order.
+
+    A leaf the partner (or oracle) lacks gets a `skip` row saying so. `timing` is the
+    candidate's (compile_s, execute_s), recorded on every row of the comparison.
+    """
+    rows = []
+    for leaf, cand in candidate_leaves.items():
+        base = dict(case_fields(case), candidate=candidate, partner=partner, comparison=comparison, leaf=leaf)
+        if leaf not in partner_leaves or leaf not in oracle_leaves:
+            missing = partner if leaf not in partner_leaves else "oracle"
+            rows.append(status_row(case, candidate=candidate, partner=partner, comparison=comparison,
+                                   verdict="skip", reason=f"{missing} has no leaf {leaf}", leaf=leaf))
+            continue
+        kind = leaf_kind(leaf)
+        dtype = np.dtype(cand.dtype)
+        metrics = leaf_metrics(cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype)
+        judgement = policy.judge(metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype)
+        rows.append(
+            empty_row(
+                **base,
+                leaf_kind=kind,
+                dtype=dtype.name,
+                **metrics.as_row_fields(),
+                **judgement.as_row_fields(),
+                compile_s=timing[0],
+                execute_s=timing[1],
+            )
+        )
+    return rows

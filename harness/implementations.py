@@ -1,0 +1,107 @@
+"""Implementations of the mHC layer the harness can run, built-in and external.
+
+Every implementation runs through the same `ManifoldConstrainedHyperConnections`
+layer, so the weights a path sees (`layer.weights()`) and the way the branch is wired
+are identical across paths; only the pre/post functions differ:
+
+  reference  the layer with `use_pallas_kernel=False` (plain JAX)
+  interpret  the layer with `use_pallas_kernel=True`, Pallas interpret mode
+  mosaic     the layer with `use_pallas_kernel=True`, Mosaic-compiled (TPU only)
+  external   the layer with `implementation=<object with pre/post>`, loaded by
+             import path (`--impl my_pkg.module:factory`)
+
+The external interface: `factory()` returns an object with
+  pre(x, weights: MhcWeights, *, config: MhcConfig) -> (layer_input, context)
+  post(layer_output, context, *, config: MhcConfig) -> out
+with x (B, S, n, C), layer_input (B, S, C), out like x, and `context` any pytree; if it
+has attributes h_pre, h_post, h_res they are compared as intermediates. Optional
+attributes: `name` (defaults to the factory's module:function), `variants` (tuple of
+supported variants, default ("lite", "sinkhorn")), `expects_case_limits` (True if the
+case's expect/expect_reason applies to it, as to the kernels; default False).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+from mhc.common import VARIANTS
+
+
+class ImplementationError(ValueError):
+    """An implementation could not be loaded or is malformed (a configuration error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One way of computing the layer, and what the harness may expect of it.
+
+    name: stable path prefix (keys baselines). kernel: True for the Pallas kernels.
+    interpret: Pallas interpret mode (kernels only). variants: variants it implements;
+    other cases get a `skip` row. needs_backend: JAX backend required ("tpu"), else
+    `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
+    external: the object with pre/post passed to the layer as `implementation`.
+    """
+
+    name: str
+    kernel: bool = False
+    interpret: bool = True
+    variants: tuple[str, ...] = VARIANTS
+    needs_backend: str | None = None
+    case_limits: bool = False
+    external: Any = None
+
+    def layer_options(self) -> dict[str, Any]:
+        """Keyword arguments for `ManifoldConstrainedHyperConnections` (besides shapes)."""
+        if self.external is not None:
+            return {"implementation": self.external}
+        return {"use_pallas_kernel": self.kernel}
+
+
+REFERENCE = Implementation("reference")
+INTERPRET = Implementation("interpret", kernel=True, interpret=True, variants=("lite",), case_limits=True)
+MOSAIC = Implementation(
+    "mosaic", kernel=True, interpret=False, variants=("lite",), needs_backend="tpu", case_limits=True
+)
+BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
+# `lowering` and `oracle` are paths too but not layer implementations: see harness.paths.
+RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
+
+
+def load_external(spec: str) -> Implementation:
+    """Load `module.path:factory` and wrap what the factory returns.
+
+    Raises ImplementationError naming the spec for a bad format, a missing module or
+    attribute, a factory that fails, or an object without callable pre/post.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImplementationError(f"--impl {spec!r}: expected 'module.path:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImplementationError(f"--impl {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    factory: Callable[[], Any] | None = getattr(module, attr, None)
+    if not callable(factory):
+        raise ImplementationError(f"--impl {spec!r}: {module_name} has no callable {attr!r}")
+    try:
+        obj = factory()
+    except Exception as exc:  # the user's code: report, do not crash the CLI
+        raise ImplementationError(f"--impl {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    for method in ("pre", "post"):
+        if not callable(getattr(obj, method, None)):
+            raise ImplementationError(f"--impl {spec!r}: the factory's object has no callable {method}()")
+    name = getattr(obj, "name", None) or f"{module_name}:{attr}"
+    if name in RESERVED_NAMES or "/" in name:
+        raise ImplementationError(f"--impl {spec!r}: name {name!r} is reserved or contains '/'")
+    variants = tuple(getattr(obj, "variants", VARIANTS))
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ImplementationError(f"--impl {spec!r}: unknown variants {sorted(unknown)}")
+    return Implementation(
+        name=name,
+        variants=variants,
+        case_limits=bool(getattr(obj, "expects_case_limits", False)),
+        external=obj,
+    )

@@ -1,0 +1,224 @@
+"""Paths (implementation × sharding) and the named leaves each one produces.
+
+A path runs one case's fixture through one implementation, unsharded or token-sharded
+on the case's mesh, and returns a flat mapping leaf-name -> NumPy array:
+
+  forward leaves   out, layer_input, h_pre, h_post, h_res
+  gradient leaves  d_x, d_<MhcWeights field>, d_branch.<branch parameter>
+
+from one forward pass and one VJP seeded with the case's cotangent. Compiled functions
+are cached by everything that shapes the program (not by the data), so cases that
+share shapes and dtypes reuse them: weights, inputs and the cotangent are arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Mapping
+
+import numpy as np
+
+from harness.implementations import Implementation
+from mhc.types import WEIGHT_FIELDS, MhcWeights
+
+FORWARD_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res")
+INTERMEDIATE_LEAVES = ("layer_input", "h_pre", "h_post", "h_res")
+MESH_AXES = ("data", "fsdp")
+ORACLE_PATH = "oracle"
+
+
+def weight_leaf(field: str) -> str:
+    return f"d_{field}"
+
+
+def branch_leaf(param: str) -> str:
+    return f"d_branch.{param}"
+
+
+def leaf_kind(leaf: str) -> str:
+    """The policy's leaf kind of a leaf name (see harness.schema.LEAF_KINDS)."""
+    if leaf == "out":
+        return "output"
+    if leaf in INTERMEDIATE_LEAVES:
+        return "intermediate"
+    if leaf == "d_x":
+        return "activation_grad"
+    if leaf.startswith("d_branch."):
+        return "branch_grad"
+    if leaf.startswith("d_") and leaf[2:] in WEIGHT_FIELDS:
+        return "weight_grad"
+    raise KeyError(f"unknown leaf {leaf!r}")
+
+
+def mesh_label(mesh: tuple[int, int] | None) -> str:
+    return "" if mesh is None else ",".join(f"{a}={s}" for a, s in zip(MESH_AXES, mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh."""
+
+    impl: Implementation
+    mesh: tuple[int, int] | None = None
+
+    @property
+    def name(self) -> str:
+        """Stable name, e.g. `reference/unsharded` or `interpret/sharded(data=2,fsdp=4)`."""
+        if self.mesh is None:
+            return f"{self.impl.name}/unsharded"
+        return f"{self.impl.name}/sharded({mesh_label(self.mesh)})"
+
+    @property
+    def unsharded(self) -> "Path":
+        return Path(self.impl, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class PathOutputs:
+    """What one path produced: leaves (name -> array) and its timing in seconds."""
+
+    leaves: Mapping[str, np.ndarray]
+    compile_s: float
+    execute_s: float
+
+
+@functools.lru_cache(maxsize=None)
+def make_mesh(shape: tuple[int, int]):
+    """A (data, fsdp) `jax.sharding.Mesh` over the first data·fsdp devices.
+
+    Raises RuntimeError when the process has fewer devices (the caller skips).
+    """
+    import jax
+
+    needed = shape[0] * shape[1]
+    devices = jax.devices()
+    if len(devices) < needed:
+        raise RuntimeError(f"mesh {mesh_label(shape)} needs {needed} devices, this process has {len(devices)}")
+    return jax.sharding.Mesh(np.asarray(devices[:needed]).reshape(shape), MESH_AXES)
+
+
+def _trace_signature(case) -> tuple:
+    """Everything about a case that changes the compiled program (not its data)."""
+    return (
+        case.batch, case.sequence, case.streams, case.embedding, case.dtype, case.weight_dtype,
+        case.variant, case.branch, case.block_tokens, case.block_tokens_bwd, case.block_features,
+    )
+
+
+def _kernel_config(case, impl: Implementation):
+    from mhc.kernels import KernelConfig
+
+    return KernelConfig(interpret=impl.interpret, **case.block_sizes)
+
+
+def _build_program(path: Path, case):
+    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`."""
+    import jax
+    from flax import nnx
+
+    from cases.branches import get_branch
+    from mhc.layer import ManifoldConstrainedHyperConnections
+
+    branch = get_branch(case.branch)
+    mesh = make_mesh(path.mesh) if path.mesh is not None else None
+    options = path.impl.layer_options()
+    if path.impl.kernel:
+        options["kernel_config"] = _kernel_config(case, path.impl)
+        options["mesh"] = mesh
+    layer = ManifoldConstrainedHyperConnections(
+        case.streams, case.embedding, dtype=case.dtype, weight_dtype=case.weight_dtype,
+        variant=case.variant, rngs=nnx.Rngs(0), **options,
+    )
+    graphdef, state = nnx.split(layer)
+
+    def program(x, weights, params, cotangent):
+        def forward(x_, w_, p_):
+            # The initial state is overwritten by the fixture's weights before any use,
+            # so it is not captured as a constant of the compiled program.
+            module = nnx.merge(graphdef, state)
+            module.load_weights(MhcWeights.from_dict(w_))
+            return module.call_with_intermediates(lambda h: branch.apply(p_, h), x_)
+
+        out, pullback, intermediates = jax.vjp(forward, x, weights, params, has_aux=True)
+        d_x, d_w, d_p = pullback(cotangent)
+        grads = {"d_x": d_x}
+        grads.update({weight_leaf(k): v for k, v in d_w.items()})
+        grads.update({branch_leaf(k): v for k, v in d_p.items()})
+        return {"out": out, **intermediates}, grads
+
+    return program
+
+
+def _place(fixture, mesh_shape):
+    """Fixture arrays on device: activations token-sharded on the mesh, the rest replicated."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    arrays = (fixture.x, dict(fixture.weights), dict(fixture.branch_params), fixture.cotangent)
+    if mesh_shape is None:
+        return jax.device_put(arrays)
+    mesh = make_mesh(mesh_shape)
+    tokens = NamedSharding(mesh, PartitionSpec(*MESH_AXES))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    x, weights, params, cotangent = arrays
+    return (
+        jax.device_put(x, tokens),
+        jax.device_put(weights, replicated),
+        jax.device_put(params, replicated),
+        jax.device_put(cotangent, tokens),
+    )
+
+
+class ProgramCache:
+    """Compiled path programs keyed by (path name, trace signature); content-keyed only."""
+
+    def __init__(self):
+        self._compiled: dict[tuple, object] = {}
+
+    def clear(self) -> None:
+        self._compiled.clear()
+
+    def run(self, path: Path, case, fixture) -> PathOutputs:
+        """Run `case`'s fixture through `path`; compile on first use of the signature."""
+        import jax
+
+        if path.mesh is not None:
+            batch, sequence = case.batch, case.sequence
+            if batch % path.mesh[0] or sequence % path.mesh[1]:
+                raise ValueError(
+                    f"case {case.name}: batch {batch} / sequence {sequence} not divisible by mesh "
+                    f"{mesh_label(path.mesh)}"
+                )
+        args = _place(fixture, path.mesh)
+        key = (path.name, _trace_signature(case))
+        compile_s = 0.0
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            start = time.perf_counter()
+            compiled = jax.jit(_build_program(path, case)).lower(*args).compile()
+            compile_s = time.perf_counter() - start
+            self._compiled[key] = compiled
+        start = time.perf_counter()
+        forward, grads = jax.block_until_ready(compiled(*args))
+        execute_s = time.perf_counter() - start
+        leaves = {name: np.asarray(value) for name, value in {**forward, **grads}.items()}
+        return PathOutputs(leaves, compile_s, execute_s)
+
+
+def run_oracle_path(case, fixture) -> PathOutputs:
+    """The float64 oracle's leaves, named like a path's (all float64)."""
+    from cases.branches import get_branch
+    from mhc import oracle
+
+    start = time.perf_counter()
+    result = oracle.run_oracle(
+        fixture.x, fixture.weights, get_branch(case.branch).apply, fixture.branch_params,
+        fixture.cotangent, case.mhc_config(),
+    )
+    leaves = {name: result.forward[name] for name in FORWARD_LEAVES}
+    leaves["d_x"] = result.d_x
+    leaves.update({weight_leaf(k): v for k, v in result.d_weights.items()})
+    leaves.update({branch_leaf(k): v for k, v in result.d_branch.items()})
+    return PathOutputs(leaves, 0.0, time.perf_counter() - start)

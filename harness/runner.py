@@ -1,0 +1,205 @@
+"""Run cases through paths and yield judged rows.
+
+For one case the runner builds the fixture, runs the float64 oracle and every
+planned path, then makes these comparisons (each leaf a row):
+
+  every path                  vs the oracle         (comparison "vs_oracle")
+  every non-reference path    vs reference, same sharding ("vs_reference")
+  every token-sharded path    vs itself unsharded   ("vs_unsharded")
+  the kernels' TPU lowering   one row per program   ("lowering")
+
+A path that cannot run yields status rows instead (one per comparison it would have
+been the candidate of): `skip` (variant not implemented, backend or devices missing),
+`unsupported` (an UnsupportedInputError the case expects), `fail` (a kernel-like path
+accepting input the case expects it to reject, or rejecting a supported case), or
+`error` (any other exception, with its message; the run goes on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import traceback
+from typing import Callable, Iterable, Iterator, Sequence
+
+from harness.compare import compare_leaves, status_row
+from harness.implementations import REFERENCE, Implementation
+from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache, run_oracle_path
+from harness.policy import Policy
+from mhc.common import UnsupportedInputError
+
+LOWERING_PATH = "lowering"
+
+
+@dataclasses.dataclass(frozen=True)
+class PathPlan:
+    """Which implementations and paths run: implementations in order, path-name globs."""
+
+    implementations: tuple[Implementation, ...]
+    path_globs: tuple[str, ...] = ("*",)
+    lowering: bool = True
+
+    def selects(self, path_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(path_name, g) for g in self.path_globs)
+
+    def paths_for(self, case) -> list[Path]:
+        """The case's paths: each implementation unsharded, then sharded on the case's mesh."""
+        paths = [Path(impl, None) for impl in self.implementations]
+        if case.mesh is not None:
+            paths += [Path(impl, tuple(case.mesh)) for impl in self.implementations]
+        return [p for p in paths if self.selects(p.name)]
+
+
+def _comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]:
+    """(comparison, partner name) pairs `path` is the candidate of."""
+    names = {p.name for p in planned}
+    pairs = [("vs_oracle", ORACLE_PATH)]
+    reference = Path(REFERENCE, path.mesh)
+    if path.impl.name != REFERENCE.name and reference.name in names:
+        pairs.append(("vs_reference", reference.name))
+    if path.mesh is not None and path.unsharded.name in names:
+        pairs.append(("vs_unsharded", path.unsharded.name))
+    return pairs
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+@dataclasses.dataclass
+class _PathResult:
+    outputs: PathOutputs | None = None
+    verdict: str = ""  # set when the path did not produce outputs (or must fail anyway)
+    reason: str = ""
+
+
+class Runner:
+    """Runs cases; holds the compiled-program cache shared across cases."""
+
+    def __init__(self, policy: Policy, *, fixture_loader: Callable | None = None, cache: ProgramCache | None = None):
+        from cases.fixtures import make_fixture
+
+        self.policy = policy
+        self.fixture_loader = fixture_loader or make_fixture
+        self.cache = cache or ProgramCache()
+
+    # -- one path ------------------------------------------------------------------
+
+    def _skip_reason(self, path: Path, case) -> str:
+        import jax
+
+        impl = path.impl
+        if case.variant not in impl.variants:
+            return f"{impl.name} implements {'/'.join(impl.variants)}, not the {case.variant} variant"
+        if impl.kernel and "reference_only" in case.all_tags:
+            return "case is tagged reference_only"
+        if impl.needs_backend and jax.default_backend() != impl.needs_backend:
+            return f"{impl.name} needs a {impl.needs_backend} backend; this process runs on {jax.default_backend()}"
+        if path.mesh is not None and jax.device_count() < path.mesh[0] * path.mesh[1]:
+            return f"mesh needs {path.mesh[0] * path.mesh[1]} devices, {jax.device_count()} available"
+        return ""
+
+    def _run_path(self, path: Path, case, fixture) -> _PathResult:
+        skip = self._skip_reason(path, case)
+        if skip:
+            return _PathResult(verdict="skip", reason=skip)
+        expects_rejection = case.expects_unsupported and path.impl.case_limits
+        try:
+            outputs = self.cache.run(path, case, fixture)
+        except UnsupportedInputError as exc:
+            return self._classify_unsupported(path, case, exc)
+        except Exception as exc:  # reported as an `error` row; the run goes on
+            return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc))
+        if expects_rejection:
+            return _PathResult(
+                outputs=outputs, verdict="fail",
+                reason=f"{path.impl.name} accepted input the case expects it to reject ({case.expect_reason!r})",
+            )
+        return _PathResult(outputs=outputs)
+
+    @staticmethod
+    def _classify_unsupported(path: Path, case, exc: UnsupportedInputError) -> _PathResult:
+        message = str(exc)
+        if case.expects_unsupported and case.expect_reason in message:
+            return _PathResult(verdict="unsupported", reason=message)
+        if case.expects_unsupported:
+            return _PathResult(
+                verdict="fail", reason=f"rejected for another reason than {case.expect_reason!r}: {message}"
+            )
+        return _PathResult(verdict="fail", reason=f"{path.impl.name} rejected a supported case: {message}")
+
+    # -- one case ------------------------------------------------------------------
+
+    def run_case(self, case, plan: PathPlan) -> Iterator[dict]:
+        """Yield every row of one case (see the module docstring for what is compared)."""
+        paths = plan.paths_for(case)
+        try:
+            fixture = self.fixture_loader(case)
+            oracle = run_oracle_path(case, fixture)
+        except UnsupportedInputError as exc:
+            # The math itself rejects the case (e.g. too many streams for mHC-lite).
+            for path in paths:
+                result = self._classify_unsupported(path, case, exc)
+                yield from self._status_rows(case, path, paths, result)
+            return
+        except Exception as exc:
+            for path in paths:
+                yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
+            return
+
+        results = {path.name: self._run_path(path, case, fixture) for path in paths}
+        for path in paths:
+            result = results[path.name]
+            if result.outputs is None or result.verdict == "fail":
+                yield from self._status_rows(case, path, paths, result)
+                continue
+            timing = (result.outputs.compile_s, result.outputs.execute_s)
+            for comparison, partner in _comparisons_of(path, paths):
+                if partner == ORACLE_PATH:
+                    partner_leaves = oracle.leaves
+                else:
+                    partner_result = results[partner]
+                    if partner_result.outputs is None:
+                        yield status_row(
+                            case, candidate=path.name, partner=partner, comparison=comparison, verdict="skip",
+                            reason=f"partner did not run ({partner_result.verdict}: {partner_result.reason})",
+                        )
+                        continue
+                    partner_leaves = partner_result.outputs.leaves
+                yield from compare_leaves(
+                    case, candidate=path.name, partner=partner, comparison=comparison,
+                    candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
+                    oracle_leaves=oracle.leaves, policy=self.policy, timing=timing,
+                )
+        if plan.lowering and plan.selects(f"{LOWERING_PATH}/unsharded"):
+            yield from self._lowering_rows(case)
+
+    def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
+        for comparison, partner in _comparisons_of(path, paths):
+            yield status_row(
+                case, candidate=path.name, partner=partner, comparison=comparison,
+                verdict=result.verdict, reason=result.reason,
+            )
+
+    def _lowering_rows(self, case) -> Iterator[dict]:
+        from harness.lowering import lowering_rows
+
+        yield from lowering_rows(case)
+
+    # -- many cases ------------------------------------------------------------------
+
+    def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None) -> Iterator[tuple[object, list[dict]]]:
+        """Yield (case, its rows) for each case in order."""
+        for case in cases:
+            if on_case_start is not None:
+                on_case_start(case)
+            yield case, list(self.run_case(case, plan))
+
+
+def _last_frame(exc: BaseException) -> str:
+    """' (at file:line)' of the innermost frame, so an error row points somewhere."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"

@@ -1,0 +1,53 @@
+"""The one-screen summary printed at the end of a run, and the run's exit code."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from harness.schema import OK_VERDICTS, VERDICTS
+
+WORST_ROWS = 12
+
+
+def exit_code(rows) -> int:
+    """0 when every row's verdict is pass/skip/unsupported, else 1."""
+    return 0 if all(r["verdict"] in OK_VERDICTS for r in rows) else 1
+
+
+def _usage_key(row) -> float:
+    usage = row.get("bound_usage", math.nan)
+    return -1.0 if usage is None or (isinstance(usage, float) and math.isnan(usage)) else float(usage)
+
+
+def format_summary(rows) -> str:
+    """Verdict counts per comparison, then the failures or, if none, the rows closest to their bound."""
+    lines = []
+    by_comparison: dict[str, Counter] = {}
+    for r in rows:
+        by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
+    header = f"{'comparison':<14}" + "".join(f"{v:>12}" for v in VERDICTS)
+    lines += [header, "-" * len(header)]
+    for comparison, counts in sorted(by_comparison.items()):
+        lines.append(f"{comparison:<14}" + "".join(f"{counts.get(v, 0):>12}" for v in VERDICTS))
+    total = Counter(r["verdict"] for r in rows)
+    lines.append(f"{'total':<14}" + "".join(f"{total.get(v, 0):>12}" for v in VERDICTS))
+    bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
+    if bad:
+        lines += ["", f"{len(bad)} row(s) failed; first {min(len(bad), WORST_ROWS)}:"]
+        shown = bad[:WORST_ROWS]
+    else:
+        lines += ["", "closest to their bound:"]
+        shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
+    for r in shown:
+        usage = _usage_key(r)
+        usage_text = f"{usage:6.2f}" if usage >= 0 else "     -"
+        detail = r["reason"] or r["bound"]
+        lines.append(f"  {r['verdict']:<5} {usage_text}  {r['case']}  {r['candidate']} vs {r['partner']}  {r['leaf']}  {detail[:120]}")
+    verdict = "PASS" if not bad else "FAIL"
+    lines += ["", f"parity: {verdict} ({len(rows)} rows)"]
+    return "\n".join(lines)
+
+
+def print_summary(rows) -> None:
+    print(format_summary(rows))

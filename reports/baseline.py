@@ -1,0 +1,199 @@
+"""The committed baseline: a small, reviewable CSV of the columns the gate needs.
+
+File layout (UTF-8, "\\n" line endings):
+
+    # mhc-parity baseline format=1 policy_hash=<hash or ->
+    case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
+    <one line per row, sorted by (case, candidate, partner, leaf)>
+
+Only `BASELINE_COLUMNS` are kept (no timings, no free text), errors are rounded to 4
+significant digits (a rounding of at most 0.05 %, far below any growth factor the
+gate uses), so regenerating a baseline on the same machine gives an empty diff and a
+real change shows up as a few changed numbers. The header records the format version
+and the hash of the tolerance policy the run used; the gate refuses (exit 2) a
+baseline in another format or, when both runs record one, under another policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import math
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+
+from reports.drift import GATE_COLUMNS, gate_frame
+from reports.rows import ReportInputError, frame_from_records, read_csv_cells, records_from_cells
+
+BASELINE_COLUMNS = GATE_COLUMNS
+BASELINE_FORMAT_VERSION = 1
+BASELINE_MAGIC = "# mhc-parity baseline"
+SIGNIFICANT_DIGITS = 4
+DEFAULT_BASELINE_PATH = Path("baselines") / "default.csv"
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """A loaded baseline file: its rows (gate frame) and what its header records."""
+
+    frame: pd.DataFrame
+    format_version: int
+    policy_hash: str | None
+    path: Path
+
+
+def format_cell(column: str, value: Any) -> str:
+    """One CSV cell of a baseline: floats to 4 significant digits, counts as ints."""
+    if column in FLOAT_COLUMNS:
+        number = float(value)
+        if math.isnan(number):
+            return "nan"
+        if math.isinf(number):
+            return "inf" if number > 0 else "-inf"
+        return f"{number:.{SIGNIFICANT_DIGITS}g}"
+    if column in INT_COLUMNS:
+        return str(int(value))
+    return str(value)
+
+
+def header_line(policy_hash: str | None) -> str:
+    """The baseline's first line (format version and policy hash)."""
+    return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} policy_hash={policy_hash or '-'}"
+
+
+def render_baseline(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, policy_hash: str | None = None) -> str:
+    """The baseline file's text for a row set (full rows or gate columns)."""
+    frame = gate_frame(rows, source="baseline rows")
+    frame = frame.sort_values(list(IDENTITY_COLUMNS), kind="mergesort")
+    buffer = io.StringIO()
+    buffer.write(header_line(policy_hash) + "\n")
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(BASELINE_COLUMNS)
+    for record in frame.to_dict(orient="records"):
+        writer.writerow([format_cell(c, record[c]) for c in BASELINE_COLUMNS])
+    return buffer.getvalue()
+
+
+def write_baseline(
+    rows: pd.DataFrame | Iterable[Mapping[str, Any]],
+    path: str | Path,
+    *,
+    policy_hash: str | None = None,
+) -> Path:
+    """Write `rows` as a baseline CSV at `path` (parents created); returns the path."""
+    path = Path(path)
+    text = render_baseline(rows, policy_hash=policy_hash)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def parse_header(line: str) -> dict[str, str] | None:
+    """The key=value fields of a baseline header line, or None if `line` is not one."""
+    if not line.startswith(BASELINE_MAGIC):
+        return None
+    fields = {}
+    for token in line[len(BASELINE_MAGIC):].split():
+        key, _, value = token.partition("=")
+        fields[key] = value
+    return fields
+
+
+def read_first_line(path: Path) -> str:
+    """The first line of a text file without its line ending ("" for an empty file)."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return handle.readline().rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ReportInputError(f"{path}: not a UTF-8 text file") from None
+
+
+def is_baseline_file(path: str | Path) -> bool:
+    """True when `path` starts with a baseline header line."""
+    path = Path(path)
+    return path.is_file() and parse_header(read_first_line(path)) is not None
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    """Load and validate a baseline file; `ReportInputError` on any problem.
+
+    Checks the header (present, known format version), the columns (exactly
+    `BASELINE_COLUMNS`), every cell's type, and that row keys are unique.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ReportInputError(f"{path}: no such baseline file")
+    header = parse_header(read_first_line(path))
+    if header is None:
+        raise ReportInputError(
+            f"{path}: not a baseline file (first line must start with {BASELINE_MAGIC!r})"
+        )
+    version_text = header.get("format", "")
+    if not version_text.isdigit():
+        raise ReportInputError(f"{path}: baseline header has no valid format version")
+    version = int(version_text)
+    if version != BASELINE_FORMAT_VERSION:
+        raise ReportInputError(
+            f"{path}: baseline format {version} is not supported (expected "
+            f"{BASELINE_FORMAT_VERSION}); regenerate it with `make baseline`"
+        )
+    cells = read_csv_cells(path, skip_lines=1)
+    if list(cells.columns) != list(BASELINE_COLUMNS):
+        missing = [c for c in BASELINE_COLUMNS if c not in cells.columns]
+        unknown = [c for c in cells.columns if c not in BASELINE_COLUMNS]
+        raise ReportInputError(
+            f"{path}: baseline columns do not match (missing {missing}, unknown {unknown}; "
+            f"order must be {list(BASELINE_COLUMNS)}); regenerate it with `make baseline`"
+        )
+    # Line 1 is the header comment, line 2 the column names.
+    records = records_from_cells(cells, path, BASELINE_COLUMNS, first_data_line=3)
+    frame = gate_frame(frame_from_records(records, BASELINE_COLUMNS), source=str(path))
+    policy_hash = header.get("policy_hash") or None
+    return Baseline(
+        frame=frame,
+        format_version=version,
+        policy_hash=None if policy_hash == "-" else policy_hash,
+        path=path,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m reports baseline --current RUN --out PATH`: write a run as the baseline.
+
+    Exit 0 on success, 2 when the run cannot be read. A run with fail/error rows is
+    written anyway (with a warning): the gate will still fail on those rows.
+    """
+    from reports.sources import load_run  # local: sources imports this module
+
+    parser = argparse.ArgumentParser(
+        prog="python -m reports baseline",
+        description="Write a parity run as the committed baseline CSV.",
+    )
+    parser.add_argument("--current", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
+    parser.add_argument("--out", default=str(DEFAULT_BASELINE_PATH), help="baseline CSV to write")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        run = load_run(args.current)
+    except ReportInputError as exc:
+        print(f"baseline: {exc}", file=sys.stderr)
+        return 2
+    if not len(run.frame):
+        print(f"baseline: {run.source} has no rows; refusing to write an empty baseline", file=sys.stderr)
+        return 2
+    failing = run.frame["verdict"].isin(("fail", "error")).sum()
+    if failing:
+        print(f"baseline: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
+    path = write_baseline(run.frame, args.out, policy_hash=run.policy_hash)
+    print(f"baseline: wrote {len(run.frame)} rows to {path}")
+    return 0

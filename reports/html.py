@@ -1,0 +1,400 @@
+"""The self-contained HTML report.
+
+One file, readable offline: inline CSS, plots embedded as base64 PNG data URIs, no
+scripts, fonts or other external resources. Every piece of text that comes from a
+row, a case, an error message or the metadata is passed through `esc` (HTML
+escaping including quotes) before it reaches the page; anchors are generated ids
+(`case-<n>-<slug>`), never raw case names.
+
+Sections: summary banner, error-ratio heatmaps (one per comparison kind; the value
+rule is documented in `reports.plots`), max_rel_err histograms per leaf kind for
+bfloat16 and float32, the worst-offenders table linking to per-case detail, drift
+against a baseline (when one is given), per-case detail, and the environment.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from harness.schema import VERDICTS
+
+from reports.rows import format_number
+from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reports.gate import GateResult
+    from reports.plots import Plot
+
+MAX_OFFENDERS = 25
+MAX_DRIFT_ROWS = 200
+# Metadata keys shown first in the environment block (the rest follow, sorted).
+PREFERRED_METADATA_KEYS = (
+    "git_commit",
+    "command",
+    "started_at",
+    "finished_at",
+    "backend",
+    "device_kind",
+    "device_count",
+    "jax_version",
+    "jaxlib_version",
+    "flax_version",
+    "policy_file",
+    "policy_hash",
+)
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1500px;
+       padding: 0 1.2rem 3rem; color: #1b1b1b; background: #fafafa; }
+h1 { margin: 0 0 .4rem; font-size: 1.6rem; }
+h2 { border-bottom: 2px solid #ddd; padding-bottom: .2rem; margin-top: 2.2rem; }
+.banner { padding: 1rem 1.2rem; border-radius: 6px; margin-top: 1rem; border: 2px solid; }
+.banner.pass { background: #e8f6ec; border-color: #2e8b57; }
+.banner.fail { background: #fdecea; border-color: #c0392b; }
+.counts { list-style: none; padding: 0; margin: .4rem 0; display: flex; gap: .6rem; flex-wrap: wrap; }
+.counts li { padding: .25rem .7rem; border-radius: 4px; background: #fff; border: 1px solid #ccc; }
+.counts b { font-size: 1.15rem; }
+nav ul { display: flex; gap: 1rem; flex-wrap: wrap; padding: 0; list-style: none; }
+table { border-collapse: collapse; font-size: .82rem; margin: .5rem 0; background: #fff; }
+th, td { border: 1px solid #ddd; padding: .2rem .45rem; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; position: sticky; top: 0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.reason { max-width: 40rem; overflow-wrap: anywhere; }
+.v-pass { color: #1e7b45; font-weight: 600; }
+.v-fail { color: #b3261e; font-weight: 700; }
+.v-error { color: #fff; background: #b3261e; font-weight: 700; }
+.v-skip, .v-unsupported { color: #666; }
+.st-regression { color: #b3261e; font-weight: 700; }
+.st-improvement { color: #1e7b45; }
+figure { margin: 1rem 0; background: #fff; border: 1px solid #ddd; padding: .6rem; display: inline-block; }
+figure img { max-width: 100%; height: auto; display: block; }
+figcaption { font-size: .8rem; color: #444; max-width: 70rem; margin-top: .4rem; }
+.empty { color: #666; font-style: italic; }
+.case { margin: 1.2rem 0; }
+.case h3 { margin-bottom: .3rem; overflow-wrap: anywhere; }
+pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; }
+"""
+
+
+def esc(value: Any) -> str:
+    """Text escaped for HTML element content and quoted attribute values."""
+    return html.escape(str(value), quote=True)
+
+
+def fmt(value: Any) -> str:
+    """A metric for a table cell: 3 significant figures, "—" for NaN (not measured)."""
+    try:
+        if math.isnan(float(value)):
+            return "—"
+    except (TypeError, ValueError):
+        return esc(value)
+    return esc(format_number(value))
+
+
+def case_anchors(cases: Iterable[str]) -> dict[str, str]:
+    """A unique, URL-safe element id per case name (position + sanitised slug)."""
+    anchors = {}
+    for index, case in enumerate(sorted(set(cases))):
+        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", case).strip("-")[:40]
+        anchors[case] = f"case-{index}" + (f"-{slug}" if slug else "")
+    return anchors
+
+
+def verdict_span(verdict: str) -> str:
+    """A verdict with its colour class."""
+    return f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>'
+
+
+def table(headers: Sequence[str], body_rows: Iterable[Sequence[str]], *, table_id: str = "") -> str:
+    """An HTML table; header texts are escaped here, body cells must already be HTML."""
+    id_attr = f' id="{esc(table_id)}"' if table_id else ""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(body) + "</tr>" for body in body_rows)
+    return f'<div class="scroll"><table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def td(content: str, css: str = "") -> str:
+    """A table cell around already-escaped HTML."""
+    return f'<td class="{css}">{content}</td>' if css else f"<td>{content}</td>"
+
+
+def num(value: Any) -> str:
+    """A right-aligned numeric cell."""
+    return td(fmt(value), "num")
+
+
+def figure_html(plot: "Plot", css_class: str, element_id: str) -> str:
+    """An embedded plot with its caption."""
+    return (
+        f'<figure class="{css_class}" id="{esc(element_id)}"><img src="data:image/png;base64,{plot.png_base64}" '
+        f'alt="{esc(plot.alt)}"><figcaption><b>{esc(plot.title)}.</b> {esc(plot.caption)}</figcaption></figure>'
+    )
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def summary_section(summary: dict, gate_result: "GateResult | None") -> str:
+    """The banner: overall status, verdict counts, worst leaf, gate line."""
+    passed = summary["ok"] and (gate_result is None or gate_result.ok)
+    status = "PASS" if passed else "FAIL"
+    counts = "".join(
+        f'<li class="count-{esc(v)}"><span class="v-{esc(v)}">{esc(v)}</span> <b>{summary["verdicts"][v]}</b></li>'
+        for v in VERDICTS
+    )
+    counts += f'<li class="count-total">total <b>{summary["total"]}</b></li>'
+    parts = [
+        f'<header id="summary" class="banner {"pass" if passed else "fail"}">',
+        f"<h1>mHC parity: {status}</h1>",
+        f'<ul class="counts">{counts}</ul>',
+    ]
+    if not summary["total"]:
+        parts.append('<p class="empty">No rows were produced.</p>')
+    worst = summary["worst_leaf"]
+    if worst:
+        parts.append(
+            f'<p id="worst-leaf">Worst leaf by bound usage: <b>{esc(worst["case"])}</b> · '
+            f'{esc(worst["candidate"])} vs {esc(worst["partner"])} · <b>{esc(worst["leaf"])}</b> '
+            f'({esc(worst["dtype"])}, {esc(worst["comparison"])}) — {fmt(worst["bound_usage"])} of its bound, '
+            f'{verdict_span(worst["verdict"])}. Bound: {esc(worst["bound"])}</p>'
+        )
+    if gate_result is not None:
+        parts.append(f'<p id="gate-line">{esc(gate_result.summary_line())}</p>')
+    parts.append("</header>")
+    return "\n".join(parts)
+
+
+def heatmap_section(plots: dict[str, "Plot"]) -> str:
+    """All heatmaps, or a note when there is nothing to plot."""
+    parts = [
+        '<section id="heatmaps"><h2>Error ratio per case × leaf</h2>',
+        "<p>Each cell is <code>oracle_ratio_max</code>: the candidate's max error against the float64 "
+        "oracle divided by the partner's (1 = as accurate as the partner). Where that ratio is "
+        "undefined (the partner is the oracle, or the partner's error is 0) the cell shows "
+        "<code>bound_usage</code> instead, marked <code>*</code> (1 = exactly at the tolerance). "
+        "Grey = no number (the cell names its verdict); a black frame = fail or error.</p>",
+    ]
+    if not plots:
+        parts.append('<p class="empty">No rows to plot.</p>')
+    for comparison, plot in plots.items():
+        parts.append(figure_html(plot, "heatmap", f"heatmap-{comparison}"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def histogram_section(plots: dict[str, "Plot | None"]) -> str:
+    """The per-dtype histogram figures."""
+    parts = ['<section id="histograms"><h2>Error histograms</h2>']
+    for dtype, plot in plots.items():
+        if plot is None:
+            parts.append(f'<p class="empty">No measured {esc(dtype)} rows.</p>')
+        else:
+            parts.append(figure_html(plot, "histogram", f"histogram-{dtype}"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def offenders_section(frame: pd.DataFrame, anchors: dict[str, str], limit: int) -> str:
+    """The worst rows (errors, fails, then highest bound usage) linking to their case."""
+    ranked = rank_offenders(frame)
+    parts = ['<section id="worst-offenders"><h2>Worst offenders</h2>']
+    if not len(ranked):
+        parts.append('<p class="empty">No measured rows.</p></section>')
+        return "\n".join(parts)
+    shown = ranked.head(limit)
+    parts.append(
+        f"<p>Errors and failures first, then by bound usage; {len(shown)} of {len(ranked)} measured rows.</p>"
+    )
+    body = []
+    for rank, row in enumerate(shown.to_dict(orient="records"), start=1):
+        body.append([
+            td(str(rank), "num"),
+            td(f'<a href="#{esc(anchors[row["case"]])}">{esc(row["case"])}</a>'),
+            td(esc(row["candidate"])),
+            td(esc(row["partner"])),
+            td(esc(row["leaf"])),
+            td(esc(row["dtype"])),
+            td(verdict_span(row["verdict"])),
+            num(row["bound_usage"]),
+            num(row["oracle_ratio_max"]),
+            num(row["max_rel_err"]),
+            num(row["max_ulp"]),
+            td(f'{row["nan_count"]}/{row["inf_count"]}', "num"),
+            td(esc(row["reason"]), "reason"),
+        ])
+    parts.append(table(
+        ("#", "case", "candidate", "partner", "leaf", "dtype", "verdict", "bound usage",
+         "oracle ratio", "max rel err", "max ulp", "nan/inf", "reason"),
+        body,
+        table_id="worst-offenders-table",
+    ))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def drift_section(gate_result: "GateResult", anchors: dict[str, str], limit: int) -> str:
+    """Gate findings and the per-row growth factors against the baseline."""
+    from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
+
+    def case_link(case: str) -> str:
+        anchor = anchors.get(case)
+        return f'<a href="#{esc(anchor)}">{esc(case)}</a>' if anchor else esc(case)
+
+    parts = [
+        '<section id="drift"><h2>Drift against the baseline</h2>',
+        f"<p>{esc(gate_result.summary_line())}</p>",
+        "<p>Growth = current ÷ baseline oracle-relative error, both clamped below at "
+        f"{esc(format_number(gate_result.noise_floor_ulps))} × eps of the leaf dtype (rounding noise); "
+        f"growth above ×{esc(format_number(gate_result.growth_factor))} fails the gate.</p>",
+    ]
+    findings = [f for c in FAILING_CATEGORIES + INFO_CATEGORIES for f in gate_result.by_category(c)]
+    if findings:
+        parts.append(table(
+            ("finding", "case", "candidate", "partner", "leaf", "detail"),
+            (
+                [td(f'<span class="st-{esc(f.category)}">{esc(f.category)}</span>'), td(case_link(f.key[0])),
+                 td(esc(f.key[1])), td(esc(f.key[2])), td(esc(f.key[3])), td(esc(f.detail), "reason")]
+                for f in findings[:limit]
+            ),
+            table_id="gate-findings-table",
+        ))
+        if len(findings) > limit:
+            parts.append(f"<p>… and {len(findings) - limit} more findings.</p>")
+    drifts = sorted(
+        gate_result.drifts,
+        key=lambda d: (math.isnan(d.worst_growth), -(d.worst_growth if not math.isnan(d.worst_growth) else 0), d.key),
+    )
+    if drifts:
+        parts.append(f"<h3>Growth factors ({min(limit, len(drifts))} of {len(drifts)} matched rows, largest first)</h3>")
+        parts.append(table(
+            ("case", "candidate", "partner", "leaf", "dtype", "baseline max", "current max", "growth max",
+             "baseline rms", "current rms", "growth rms", "status"),
+            (
+                [td(case_link(d.key[0])), td(esc(d.key[1])), td(esc(d.key[2])), td(esc(d.key[3])),
+                 td(esc(d.dtype)), num(d.baseline_max), num(d.current_max), num(d.growth_max),
+                 num(d.baseline_rms), num(d.current_rms), num(d.growth_rms),
+                 td(f'<span class="st-{esc(d.status)}">{esc(d.status)}</span>')]
+                for d in drifts[:limit]
+            ),
+            table_id="drift-table",
+        ))
+    else:
+        parts.append('<p class="empty">No rows matched the baseline.</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
+    """One section per case with every row of that case (open when it has failures)."""
+    parts = ['<section id="cases"><h2>Per-case detail</h2>']
+    if not len(frame):
+        parts.append('<p class="empty">No cases.</p>')
+    for case in sorted(anchors):
+        rows = frame[frame["case"] == case]
+        counts = rows["verdict"].value_counts()
+        tally = ", ".join(f"{int(counts[v])} {v}" for v in VERDICTS if v in counts)
+        failing = rows["verdict"].isin(FAILING_VERDICTS).any()
+        first = rows.iloc[0]
+        body = [
+            [
+                td(esc(r["candidate"])), td(esc(r["partner"])), td(esc(r["comparison"])), td(esc(r["leaf"])),
+                td(esc(r["dtype"])), td(verdict_span(r["verdict"])), num(r["max_abs_err"]), num(r["max_rel_err"]),
+                num(r["rel_rms_err"]), num(r["max_ulp"]), num(r["p99_ulp"]), num(r["cosine"]),
+                td(f'{r["nan_count"]}/{r["inf_count"]}', "num"), num(r["cand_oracle_max_err"]),
+                num(r["partner_oracle_max_err"]), num(r["oracle_ratio_max"]), num(r["oracle_ratio_rms"]),
+                num(r["bound_usage"]), td(esc(r["bound"]), "reason"), td(esc(r["reason"]), "reason"),
+                num(r["compile_s"]), num(r["execute_s"]),
+            ]
+            for r in rows.to_dict(orient="records")
+        ]
+        parts.append(
+            f'<section class="case" id="{esc(anchors[case])}"><h3>{esc(case)}</h3>'
+            f"<p>{esc(first['act_dtype'])} activations, {esc(first['weight_dtype'])} weights, "
+            f"variant {esc(first['variant'])}, shape {esc(first['shape'])}, "
+            f"mesh {esc(first['mesh'] or 'unsharded')}, tags {esc(first['tags'] or '—')}</p>"
+            f"<details{' open' if failing else ''}><summary>{len(rows)} rows: {esc(tally)}</summary>"
+        )
+        parts.append(table(
+            ("candidate", "partner", "comparison", "leaf", "dtype", "verdict", "max abs", "max rel", "rel rms",
+             "max ulp", "p99 ulp", "cosine", "nan/inf", "cand↔oracle max", "partner↔oracle max",
+             "ratio max", "ratio rms", "bound usage", "bound", "reason", "compile s", "execute s"),
+            body,
+        ))
+        parts.append("</details></section>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def metadata_value_html(value: Any) -> str:
+    """A metadata value: scalars as text, containers as pretty JSON."""
+    if isinstance(value, (dict, list, tuple)):
+        return f"<pre>{esc(json.dumps(value, indent=2, sort_keys=True, default=str))}</pre>"
+    return esc(value)
+
+
+def environment_section(metadata: dict) -> str:
+    """The run metadata (versions, backend, commit, command line, times, policy hash)."""
+    parts = ['<section id="environment"><h2>Environment</h2>']
+    if not metadata:
+        parts.append('<p class="empty">No metadata was recorded.</p></section>')
+        return "\n".join(parts)
+    keys = [k for k in PREFERRED_METADATA_KEYS if k in metadata]
+    keys += sorted((k for k in metadata if k not in PREFERRED_METADATA_KEYS), key=str)
+    parts.append(table(("key", "value"), ([td(esc(k)), td(metadata_value_html(metadata[k]))] for k in keys),
+                       table_id="environment-table"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_html(
+    frame: pd.DataFrame,
+    metadata: dict | None = None,
+    *,
+    gate_result: "GateResult | None" = None,
+    max_offenders: int = MAX_OFFENDERS,
+    max_drift_rows: int = MAX_DRIFT_ROWS,
+) -> str:
+    """The whole report as one HTML document (see the module docstring).
+
+    `frame` is a canonical row frame (`reports.rows.to_frame`); `gate_result`, when
+    given, adds the drift section.
+    """
+    from reports.plots import render_heatmaps, render_histograms
+
+    metadata = metadata or {}
+    summary = summarize(frame)
+    anchors = case_anchors(frame["case"])
+    heatmaps = render_heatmaps(frame) if len(frame) else {}
+    histograms = render_histograms(frame)
+    nav_items = [("summary", "Summary"), ("heatmaps", "Heatmaps"), ("histograms", "Histograms"),
+                 ("worst-offenders", "Worst offenders")]
+    if gate_result is not None:
+        nav_items.append(("drift", "Drift vs baseline"))
+    nav_items += [("cases", "Cases"), ("environment", "Environment")]
+    nav = "<nav><ul>" + "".join(f'<li><a href="#{i}">{esc(t)}</a></li>' for i, t in nav_items) + "</ul></nav>"
+    title = f"mHC parity report — {'PASS' if summary['ok'] and (gate_result is None or gate_result.ok) else 'FAIL'}"
+    sections = [
+        summary_section(summary, gate_result),
+        nav,
+        heatmap_section(heatmaps),
+        histogram_section(histograms),
+        offenders_section(frame, anchors, max_offenders),
+    ]
+    if gate_result is not None:
+        sections.append(drift_section(gate_result, anchors, max_drift_rows))
+    sections += [case_sections(frame, anchors), environment_section(metadata)]
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        + "\n".join(sections)
+        + "\n</body>\n</html>\n"
+    )

@@ -1,0 +1,137 @@
+"""Markdown summaries for a PR comment or a CI step summary (GitHub-flavoured tables).
+
+Every cell that comes from a row (case names, reasons, ...) goes through `md_cell`:
+flattened to one line, truncated, with `|`, backticks and HTML-significant
+characters escaped so a hostile case name can neither break the table nor inject
+markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from harness.schema import VERDICTS
+
+from reports.rows import format_number
+from reports.summary import rank_offenders, summarize
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reports.gate import GateResult
+
+DEFAULT_MAX_ROWS = 20
+MAX_CELL_CHARS = 100
+# Metadata keys shown in the one-line environment footer, when present.
+ENVIRONMENT_KEYS = ("git_commit", "backend", "device_kind", "device_count", "jax_version")
+
+
+def md_cell(value: Any, limit: int = MAX_CELL_CHARS) -> str:
+    """Text made safe for one GitHub Markdown table cell."""
+    text = " ".join(str(value).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    for raw, escaped in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("`", "\\`")):
+        text = text.replace(raw, escaped)
+    return text
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: Sequence[bool] | None = None) -> str:
+    """A Markdown table; `numeric[i]` right-aligns column i."""
+    numeric = numeric or [False] * len(headers)
+    lines = [
+        "| " + " | ".join(md_cell(h) for h in headers) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
+    lines.extend("| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _truncation_note(shown: int, total: int, where: str) -> list[str]:
+    return [f"", f"… and {total - shown} more ({where})."] if total > shown else []
+
+
+def gate_markdown(result: "GateResult", *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+    """The gate result as Markdown: a status line, then one table per non-empty category."""
+    from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
+
+    status = "✅ PASS" if result.ok else "❌ FAIL"
+    lines = [
+        f"### Baseline gate: {status}",
+        "",
+        f"{result.current_rows} current rows vs {result.baseline_rows} baseline rows "
+        f"({result.matched_rows} matched); fails when an oracle-relative error grows by more than "
+        f"×{result.growth_factor:g} above a noise floor of {result.noise_floor_ulps:g} ulps.",
+    ]
+    for category in FAILING_CATEGORIES + INFO_CATEGORIES:
+        findings = result.by_category(category)
+        if not findings:
+            continue
+        shown = findings[:max_rows]
+        lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
+        lines.append(md_table(
+            ("case", "candidate", "partner", "leaf", "detail"),
+            [(*f.key, f.detail) for f in shown],
+        ))
+        lines += _truncation_note(len(shown), len(findings), "see the gate output")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(
+    frame: pd.DataFrame,
+    *,
+    metadata: dict | None = None,
+    gate_result: "GateResult | None" = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> str:
+    """The run summary: overall line, verdict counts, worst leaf, failures, gate section.
+
+    `frame` is a canonical row frame (see `reports.rows.to_frame`).
+    """
+    summary = summarize(frame)
+    counts = summary["verdicts"]
+    passed = summary["ok"] and (gate_result is None or gate_result.ok)
+    lines = [f"## mHC parity: {'✅ PASS' if passed else '❌ FAIL'}", ""]
+    if not summary["total"]:
+        lines.append("No rows were produced.")
+    else:
+        lines.append(f"{summary['total']} rows over {summary['cases']} cases.")
+    lines += [
+        "",
+        md_table(
+            (*VERDICTS, "total"),
+            [(*(counts[v] for v in VERDICTS), summary["total"])],
+            numeric=[True] * (len(VERDICTS) + 1),
+        ),
+    ]
+    worst = summary["worst_leaf"]
+    if worst:
+        lines += [
+            "",
+            f"Worst leaf by bound usage: {md_cell(worst['case'])} · {md_cell(worst['candidate'])} vs "
+            f"{md_cell(worst['partner'])} · {md_cell(worst['leaf'])} — "
+            f"{format_number(worst['bound_usage'])} of its bound ({md_cell(worst['verdict'])}).",
+        ]
+    failing = rank_offenders(frame)
+    failing = failing[failing["verdict"].isin(("fail", "error"))]
+    if len(failing):
+        shown = failing.head(max_rows)
+        lines += ["", f"### Failures ({len(failing)})", ""]
+        lines.append(md_table(
+            ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "reason"),
+            [
+                (r["case"], r["candidate"], r["partner"], r["leaf"], r["verdict"],
+                 format_number(r["bound_usage"]), r["reason"])
+                for r in shown.to_dict(orient="records")
+            ],
+        ))
+        lines += _truncation_note(len(shown), len(failing), "see report.html")
+    if gate_result is not None:
+        lines += ["", gate_markdown(gate_result, max_rows=max_rows).rstrip("\n")]
+    environment = [
+        f"{key}: {md_cell(metadata[key])}" for key in ENVIRONMENT_KEYS if metadata and metadata.get(key) not in (None, "")
+    ]
+    if environment:
+        lines += ["", "<sub>" + " · ".join(environment) + "</sub>"]
+    return "\n".join(lines) + "\n"

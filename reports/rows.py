@@ -1,0 +1,284 @@
+"""Row sets in and out: validation, type coercion and file loading.
+
+Every report and the gate work on a pandas DataFrame whose columns are exactly
+`harness.schema.ROW_COLUMNS`, in schema order, with float columns as float64 (NaN
+where a metric does not apply), count columns as int64 and text columns as str.
+`to_frame` builds that frame from a list of row dicts or an existing DataFrame;
+`load_rows` builds it from a file the runner streamed (`.jsonl`) or a `rows.csv`
+written by `reports.write_all`.
+
+Anything that does not fit the schema raises `ReportInputError`, whose message
+names the source (file or "rows") and the offending line or column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.schema import (
+    COMPARISONS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    LEAF_KINDS,
+    ROW_COLUMNS,
+    VERDICTS,
+)
+
+# Text columns whose values are restricted to a schema vocabulary. The empty string
+# is accepted for comparison and leaf_kind: an error row raised before the leaf was
+# known may not have them.
+_VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "verdict": VERDICTS,
+    "comparison": COMPARISONS + ("",),
+    "leaf_kind": LEAF_KINDS + ("",),
+}
+
+
+class ReportInputError(ValueError):
+    """A row set or row file that does not match the schema (message names where)."""
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def parse_float(value: Any) -> float:
+    """A float from a JSON/CSV cell: None and "" are NaN; "inf"/"Infinity"/"nan" parse.
+
+    Raises ValueError for anything else that is not a number (booleans included).
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    if text == "":
+        return math.nan
+    return float(text)  # accepts nan, inf, -inf, infinity in any case
+
+
+def parse_count(value: Any) -> int:
+    """A non-negative integer count from a JSON/CSV cell (an integral float is accepted)."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"expected a count, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        as_float = float(str(value).strip()) if not isinstance(value, float) else value
+        if not math.isfinite(as_float) or as_float != int(as_float):
+            raise ValueError(f"expected a whole number, got {value!r}")
+        number = int(as_float)
+    if number < 0:
+        raise ValueError(f"expected a non-negative count, got {value!r}")
+    return number
+
+
+def parse_text(value: Any) -> str:
+    """A text cell: None becomes ""; anything else its str()."""
+    return "" if value is None else str(value)
+
+
+def is_finite(value: Any) -> bool:
+    """True for a real, finite number (NaN, inf, None and text are not)."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def format_number(value: Any, digits: int = 3) -> str:
+    """A short human-readable number: `digits` significant figures, "nan", "inf", "-inf"."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(number):
+        return "nan"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    if number == 0:
+        return "0"
+    return f"{number:.{digits}g}"
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] = ROW_COLUMNS) -> None:
+    present = list(columns)
+    duplicated = sorted({c for c in present if present.count(c) > 1})
+    missing = [c for c in expected if c not in present]
+    unknown = [c for c in present if c not in expected]
+    problems = []
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if unknown:
+        problems.append(f"unknown columns {unknown}")
+    if duplicated:
+        problems.append(f"duplicated columns {duplicated}")
+    if problems:
+        raise ReportInputError(f"{where}: " + "; ".join(problems))
+
+
+def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_COLUMNS) -> dict:
+    """One row with every cell converted to its schema type; errors name `where` and the column."""
+    coerced: dict[str, Any] = {}
+    for column in columns:
+        value = row[column]
+        try:
+            if column in FLOAT_COLUMNS:
+                coerced[column] = parse_float(value)
+            elif column in INT_COLUMNS:
+                coerced[column] = parse_count(value)
+            else:
+                coerced[column] = parse_text(value)
+        except (TypeError, ValueError) as exc:
+            raise ReportInputError(f"{where}, column {column!r}: {exc}") from None
+        vocabulary = _VOCABULARIES.get(column)
+        if vocabulary is not None and coerced[column] not in vocabulary:
+            allowed = [v for v in vocabulary if v]
+            raise ReportInputError(
+                f"{where}, column {column!r}: {coerced[column]!r} is not one of {allowed}"
+            )
+    return coerced
+
+
+def frame_from_records(records: Sequence[dict], columns: Sequence[str] = ROW_COLUMNS) -> pd.DataFrame:
+    """A typed DataFrame from already-coerced records (float64 / int64 / str columns)."""
+    data: dict[str, pd.Series] = {}
+    for column in columns:
+        values = [record[column] for record in records]
+        if column in FLOAT_COLUMNS:
+            data[column] = pd.Series(values, dtype="float64")
+        elif column in INT_COLUMNS:
+            data[column] = pd.Series(values, dtype="int64")
+        else:
+            data[column] = pd.Series(values, dtype="object").astype("str")
+    return pd.DataFrame(data, columns=list(columns))
+
+
+def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = "rows") -> pd.DataFrame:
+    """The canonical typed frame for a row set (a DataFrame or an iterable of row dicts).
+
+    Columns must be exactly `ROW_COLUMNS` (any order in; schema order out). Raises
+    `ReportInputError` naming the row index and column of the first bad cell.
+    """
+    if isinstance(rows, pd.DataFrame):
+        _check_columns(rows.columns, source)
+        records = rows[list(ROW_COLUMNS)].to_dict(orient="records")
+        coerced = [coerce_row(r, f"{source}, row {i}") for i, r in enumerate(records)]
+        return frame_from_records(coerced)
+    coerced = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise ReportInputError(f"{source}, row {index}: expected a dict, got {type(row).__name__}")
+        _check_columns(row.keys(), f"{source}, row {index}")
+        coerced.append(coerce_row(row, f"{source}, row {index}"))
+    return frame_from_records(coerced)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _load_jsonl(path: Path) -> pd.DataFrame:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ReportInputError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ReportInputError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            _check_columns(row.keys(), where)
+            records.append(coerce_row(row, where))
+    return frame_from_records(records)
+
+
+def read_csv_cells(path: Path, *, skip_lines: int = 0) -> pd.DataFrame:
+    """A CSV file as an all-text DataFrame (no NA guessing), or ReportInputError."""
+    try:
+        return pd.read_csv(
+            path,
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            skiprows=skip_lines,
+        )
+    except pd.errors.EmptyDataError:
+        raise ReportInputError(f"{path}: empty file (no header line)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ReportInputError(f"{path}: not a readable CSV file ({exc})") from None
+
+
+def records_from_cells(
+    cells: pd.DataFrame, path: Path, columns: Sequence[str], *, first_data_line: int
+) -> list[dict]:
+    """Coerced records from an all-text frame; errors name the file line of each row."""
+    _check_columns(cells.columns, str(path), columns)
+    return [
+        coerce_row(row, f"{path}, line {first_data_line + index}", columns)
+        for index, row in enumerate(cells.to_dict(orient="records"))
+    ]
+
+
+def _load_csv(path: Path) -> pd.DataFrame:
+    cells = read_csv_cells(path)
+    # Line 1 is the header, so data row i sits on line i + 2 (quoted newlines aside).
+    return frame_from_records(records_from_cells(cells, path, ROW_COLUMNS, first_data_line=2))
+
+
+def load_rows(path: str | Path) -> pd.DataFrame:
+    """Load a row file: `.jsonl` (the runner's stream) or `.csv` (a `rows.csv`).
+
+    Blank JSONL lines are ignored. A missing file, an unparsable line, a row with
+    missing or unknown columns or a cell of the wrong type raises `ReportInputError`
+    naming the file and the line or column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ReportInputError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _load_jsonl(path)
+    if suffix == ".csv":
+        return _load_csv(path)
+    raise ReportInputError(f"{path}: unsupported row file type {suffix!r} (expected .jsonl or .csv)")
+
+
+# ----------------------------------------------------------------------------- JSON cells
+
+
+def json_safe_float(value: float) -> float | str | None:
+    """A float for strict JSON: NaN becomes null, ±inf the strings "Infinity"/"-Infinity"."""
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def frame_to_json_records(frame: pd.DataFrame) -> list[dict]:
+    """Rows as plain-Python dicts safe for strict JSON (see `json_safe_float`)."""
+    records = []
+    for row in frame.to_dict(orient="records"):
+        record = {}
+        for column, value in row.items():
+            if column in FLOAT_COLUMNS:
+                record[column] = json_safe_float(float(value))
+            elif column in INT_COLUMNS:
+                record[column] = int(value)
+            else:
+                record[column] = str(value)
+        records.append(record)
+    return records

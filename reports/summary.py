@@ -1,0 +1,79 @@
+"""Run summaries: verdict counts, the worst leaf and the worst-offenders ordering."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from harness.schema import IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
+
+# Verdicts that break a run (exit code 1 / gate failure).
+FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
+# Verdicts with no measurement behind them.
+UNMEASURED_VERDICTS = ("skip", "unsupported")
+
+
+def verdict_counts(frame: pd.DataFrame) -> dict[str, int]:
+    """Rows per verdict, every verdict of the schema present (zeros included), in schema order."""
+    counts = frame["verdict"].value_counts() if len(frame) else pd.Series(dtype="int64")
+    return {verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}
+
+
+def rank_offenders(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows, worst first: error, then fail, then by bound_usage descending.
+
+    Skip and unsupported rows (no measurement) are left out. NaN bound_usage sorts
+    after every number within its verdict group; +inf sorts first.
+    """
+    measured = frame[~frame["verdict"].isin(UNMEASURED_VERDICTS)].copy()
+    severity = {"error": 0, "fail": 1}
+    measured["_severity"] = measured["verdict"].map(lambda v: severity.get(v, 2))
+    measured["_usage"] = measured["bound_usage"].fillna(-math.inf)
+    ordered = measured.sort_values(
+        ["_severity", "_usage", *IDENTITY_COLUMNS],
+        ascending=[True, False, True, True, True, True],
+        kind="mergesort",
+    )
+    return ordered.drop(columns=["_severity", "_usage"])
+
+
+def worst_leaf(frame: pd.DataFrame) -> dict | None:
+    """The row with the largest bound_usage (NaN ignored) as a small dict, or None."""
+    usage = frame["bound_usage"]
+    if not len(frame) or usage.isna().all():
+        return None
+    row = frame.loc[usage.fillna(-math.inf).idxmax()]
+    return {
+        "case": row["case"],
+        "candidate": row["candidate"],
+        "partner": row["partner"],
+        "leaf": row["leaf"],
+        "comparison": row["comparison"],
+        "dtype": row["dtype"],
+        "verdict": row["verdict"],
+        "bound_usage": float(row["bound_usage"]),
+        "bound": row["bound"],
+    }
+
+
+def summarize(frame: pd.DataFrame) -> dict:
+    """The run's summary: totals, verdict counts (overall and per comparison), worst leaf.
+
+    `ok` is True when no row has a failing verdict (fail or error).
+    """
+    counts = verdict_counts(frame)
+    by_comparison = {
+        comparison: verdict_counts(group)
+        for comparison, group in frame.groupby("comparison", sort=True)
+    } if len(frame) else {}
+    nonfinite = int(((frame["nan_count"] > 0) | (frame["inf_count"] > 0)).sum()) if len(frame) else 0
+    return {
+        "total": int(len(frame)),
+        "verdicts": counts,
+        "ok": all(counts[v] == 0 for v in FAILING_VERDICTS),
+        "cases": int(frame["case"].nunique()) if len(frame) else 0,
+        "by_comparison": by_comparison,
+        "rows_with_nan_or_inf": nonfinite,
+        "worst_leaf": worst_leaf(frame),
+    }

@@ -1,0 +1,180 @@
+"""`write_all`: every report format for one run, into one folder.
+
+Files written (names fixed so CI and the runner can find them):
+
+    rows.csv      one line per (case, candidate, partner, leaf), columns = ROW_COLUMNS
+                  in schema order; floats at full precision (round-trip exact), NaN as
+                  an empty cell, infinities as inf/-inf. `reports.load_rows` reads it
+                  back with exact types; plain `pandas.read_csv` works too.
+    report.json   {"format": "mhc-parity-report", "format_version": 1,
+                   "schema_columns": [...], "metadata": {...}, "summary": {...},
+                   "gate": {...} (only with a baseline), "rows": [...]}.
+                  Strict JSON: NaN is null, ±inf are the strings "Infinity"/"-Infinity".
+    report.html   the self-contained report (`reports.html`).
+    summary.md    the short Markdown summary (`reports.markdown`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.schema import ROW_COLUMNS
+
+from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate
+from reports.rows import frame_to_json_records, json_safe_float, to_frame
+from reports.sources import REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
+from reports.summary import summarize
+
+OUTPUT_FILES = {
+    "csv": "rows.csv",
+    "json": "report.json",
+    "html": "report.html",
+    "markdown": "summary.md",
+}
+# What the runner is expected to put in `metadata` (any other keys are kept too).
+METADATA_KEYS = (
+    "jax_version",
+    "jaxlib_version",
+    "flax_version",
+    "backend",
+    "device_kind",
+    "device_count",
+    "git_commit",
+    "command",
+    "started_at",
+    "finished_at",
+    "policy_file",
+    "policy_hash",
+)
+
+RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
+
+
+def json_ready(value: Any) -> Any:
+    """`value` converted to strict-JSON-compatible Python (non-finite floats, paths, numpy scalars...)."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [json_ready(v) for v in items]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return json_safe_float(value)
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        try:
+            return json_ready(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def gate_summary(result: GateResult) -> dict:
+    """The gate result as plain data for report.json."""
+    findings = [
+        {
+            "category": f.category,
+            **dict(zip(("case", "candidate", "partner", "leaf"), f.key)),
+            "detail": f.detail,
+            "growth": json_safe_float(f.growth) if isinstance(f.growth, float) else f.growth,
+        }
+        for category in FAILING_CATEGORIES + INFO_CATEGORIES
+        for f in result.by_category(category)
+    ]
+    return {
+        "ok": result.ok,
+        "growth_factor": result.growth_factor,
+        "noise_floor_ulps": result.noise_floor_ulps,
+        "baseline_rows": result.baseline_rows,
+        "current_rows": result.current_rows,
+        "matched_rows": result.matched_rows,
+        "counts": result.counts(),
+        "findings": findings,
+    }
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> Path:
+    """rows.csv: schema-ordered columns, full float precision, NaN as empty cells."""
+    frame[list(ROW_COLUMNS)].to_csv(path, index=False, lineterminator="\n", na_rep="")
+    return path
+
+
+def report_document(frame: pd.DataFrame, metadata: Mapping[str, Any], gate_result: GateResult | None) -> dict:
+    """The report.json document."""
+    document = {
+        "format": REPORT_FORMAT,
+        "format_version": REPORT_FORMAT_VERSION,
+        "schema_columns": list(ROW_COLUMNS),
+        "metadata": json_ready(dict(metadata)),
+        "summary": json_ready(summarize(frame)),
+    }
+    if gate_result is not None:
+        document["gate"] = json_ready(gate_summary(gate_result))
+    document["rows"] = frame_to_json_records(frame)
+    return document
+
+
+def write_json(frame: pd.DataFrame, metadata: Mapping[str, Any], path: Path, gate_result: GateResult | None = None) -> Path:
+    """report.json (strict JSON, see the module docstring)."""
+    document = report_document(frame, metadata, gate_result)
+    path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def resolve_baseline(baseline: RowsInput | str | Path) -> pd.DataFrame | list:
+    """A baseline given as rows or as a path (baseline CSV, run folder, report.json, rows file)."""
+    if isinstance(baseline, (str, Path)):
+        return load_run(baseline).frame
+    return baseline if isinstance(baseline, pd.DataFrame) else list(baseline)
+
+
+def write_all(
+    rows: RowsInput,
+    metadata: Mapping[str, Any] | None,
+    out_dir: str | Path,
+    *,
+    baseline: RowsInput | str | Path | None = None,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+) -> dict[str, Path]:
+    """Write rows.csv, report.json, report.html and summary.md into `out_dir`.
+
+    `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
+    With a `baseline` (rows, or a path `reports.sources.load_run` understands) the
+    gate is evaluated and its drift and findings are added to every format.
+    Returns {"csv", "json", "html", "markdown"} → path.
+    """
+    from reports.html import render_html
+    from reports.markdown import render_markdown
+
+    frame = to_frame(rows)
+    metadata = dict(metadata or {})
+    gate_result = None
+    if baseline is not None:
+        gate_result = gate(
+            resolve_baseline(baseline),
+            frame,
+            growth_factor=growth_factor,
+            noise_floor_ulps=noise_floor_ulps,
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
+    write_csv(frame, paths["csv"])
+    write_json(frame, metadata, paths["json"], gate_result)
+    paths["html"].write_text(render_html(frame, metadata, gate_result=gate_result), encoding="utf-8")
+    paths["markdown"].write_text(
+        render_markdown(frame, metadata=metadata, gate_result=gate_result), encoding="utf-8"
+    )
+    return paths
+
+

@@ -1,0 +1,372 @@
+"""The report formats rendered from a hand-made row set, checked for content.
+
+The row set (`reports.samples.sample_rows`) has passes, a failure past its bound, a
+failure with NaN output, an error with hostile text, a skip, an unsupported row and
+a lowering row; every format is rendered once per module and inspected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.schema import ROW_COLUMNS, VERDICTS, empty_row
+from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all
+from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows
+
+METADATA = {
+    "jax_version": "0.10.2",
+    "jaxlib_version": "0.10.2",
+    "flax_version": "0.12.8",
+    "backend": "cpu",
+    "device_kind": "cpu",
+    "device_count": 8,
+    "git_commit": "0123abcd",
+    "command": "python -m harness run --suite default --note '<b>bold</b>'",
+    "started_at": "2025-01-01T00:00:00Z",
+    "finished_at": "2025-01-01T00:01:00Z",
+    "policy_hash": "sha256:feedface",
+}
+EXPECTED_COUNTS = {"pass": 45, "fail": 2, "skip": 1, "unsupported": 1, "error": 1}
+
+
+class PageIndex(HTMLParser):
+    """Element ids, link targets, image sources, script/link tags and visible text of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.hrefs: list[str] = []
+        self.images: list[tuple[str, str]] = []  # (src, id of the enclosing figure)
+        self.forbidden_tags: list[str] = []
+        self.text: list[str] = []
+        self.table_rows: dict[str, int] = {}
+        self._figure = ""
+        self._table = ""
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if "id" in attributes:
+            self.ids.append(attributes["id"])
+        if tag in ("script", "link", "iframe", "object", "embed"):
+            self.forbidden_tags.append(tag)
+        if tag == "a" and "href" in attributes:
+            self.hrefs.append(attributes["href"])
+        if tag == "figure":
+            self._figure = attributes.get("id", "")
+        if tag == "img":
+            self.images.append((attributes.get("src", ""), self._figure))
+        if tag == "table":
+            self._table = attributes.get("id", "")
+        if tag == "tr" and self._table:
+            self.table_rows[self._table] = self.table_rows.get(self._table, 0) + 1
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._table = ""
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return sample_rows()
+
+
+@pytest.fixture(scope="module")
+def written(rows, tmp_path_factory) -> dict[str, Path]:
+    return write_all(rows, METADATA, tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture(scope="module")
+def page(written) -> tuple[str, PageIndex]:
+    text = written["html"].read_text(encoding="utf-8")
+    index = PageIndex()
+    index.feed(text)
+    return text, index
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_write_all_writes_every_format_into_one_folder(written):
+    assert set(written) == {"csv", "json", "html", "markdown"}
+    assert {p.name for p in written.values()} == {"rows.csv", "report.json", "report.html", "summary.md"}
+    assert len({p.parent for p in written.values()}) == 1
+    assert all(p.stat().st_size > 0 for p in written.values())
+
+
+def test_csv_loads_in_plain_pandas_with_schema_columns_and_values(written, rows):
+    frame = pd.read_csv(written["csv"])
+    assert list(frame.columns) == list(ROW_COLUMNS)
+    assert len(frame) == len(rows)
+    failed = frame[(frame["case"] == "bf16_small") & (frame["leaf"] == "d_pre_alpha") & (frame["comparison"] == "vs_reference")]
+    assert failed["verdict"].tolist() == ["fail"]
+    assert failed["bound_usage"].tolist() == [1.7]
+    nan_row = frame[frame["case"] == "bf16_nan"].iloc[0]
+    assert nan_row["nan_count"] == 3 and math.isnan(nan_row["cand_oracle_max_err"])
+    assert math.isinf(nan_row["bound_usage"])
+    assert HOSTILE_REASON in frame["reason"].tolist()
+
+
+def test_csv_round_trips_exactly_through_load_rows(written, rows):
+    pd.testing.assert_frame_equal(load_rows(written["csv"]), to_frame(rows))
+
+
+def test_jsonl_stream_loads_with_nan_and_infinity_tokens(tmp_path, rows):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n", encoding="utf-8")
+    assert "NaN" in path.read_text() and "Infinity" in path.read_text()
+    pd.testing.assert_frame_equal(load_rows(path), to_frame(rows))
+
+
+def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
+    def reject(constant):
+        raise AssertionError(f"non-strict JSON constant {constant}")
+
+    document = json.loads(written["json"].read_text(encoding="utf-8"), parse_constant=reject)
+    assert document["format"] == "mhc-parity-report"
+    assert document["metadata"] == METADATA
+    assert document["schema_columns"] == list(ROW_COLUMNS)
+    summary = document["summary"]
+    assert summary["verdicts"] == EXPECTED_COUNTS
+    assert summary["total"] == len(rows) and summary["ok"] is False
+    assert summary["worst_leaf"]["case"] == "bf16_nan"
+    assert summary["worst_leaf"]["bound_usage"] == "Infinity"
+    assert len(document["rows"]) == len(rows)
+    error_row = next(r for r in document["rows"] if r["verdict"] == "error")
+    assert error_row["max_abs_err"] is None and error_row["reason"] == HOSTILE_REASON
+    assert "gate" not in document
+
+
+def test_report_json_loads_back_as_the_same_rows(written, rows):
+    run = load_run(written["json"])
+    pd.testing.assert_frame_equal(run.frame, to_frame(rows))
+    assert run.policy_hash == METADATA["policy_hash"]
+    assert load_run(written["csv"].parent).source.name == "report.json"
+
+
+def test_summary_counts_every_verdict_and_picks_the_worst_leaf(rows):
+    summary = summarize(to_frame(rows))
+    assert summary["verdicts"] == EXPECTED_COUNTS
+    assert list(summary["verdicts"]) == list(VERDICTS)
+    assert summary["cases"] == 5
+    assert summary["rows_with_nan_or_inf"] == 1
+    assert summary["by_comparison"]["lowering"]["pass"] == 1
+
+
+# ----------------------------------------------------------------------------- HTML
+
+
+def test_html_is_self_contained(page):
+    text, index = page
+    assert index.forbidden_tags == []
+    assert "http://" not in text and "https://" not in text
+    assert "@import" not in text and "url(" not in text
+    assert all(src.startswith("data:image/png;base64,") for src, _ in index.images)
+
+
+def test_html_escapes_case_names_reasons_and_metadata(page):
+    text, index = page
+    assert "<script>alert(1)</script>" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "kernel raised: bad &amp; &lt;worse&gt; &quot;quoted&quot; &#x27;single&#x27;" in text
+    assert "&lt;b&gt;bold&lt;/b&gt;" in text and "<b>bold</b>" not in text
+    visible = "".join(index.text)
+    assert HOSTILE_CASE in visible and HOSTILE_REASON in visible
+
+
+def test_html_summary_banner_shows_counts_and_worst_leaf(page):
+    text, index = page
+    assert 'id="summary"' in text and "mHC parity: FAIL" in text
+    for verdict, count in EXPECTED_COUNTS.items():
+        assert f'<span class="v-{verdict}">{verdict}</span> <b>{count}</b>' in text
+    assert "worst-leaf" in index.ids
+    assert "bf16_nan" in text.split('id="worst-leaf"')[1].split("</p>")[0]
+
+
+def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page):
+    _, index = page
+    figures = {figure for src, figure in index.images if len(src) > 1000}
+    assert {"heatmap-vs_reference", "heatmap-vs_unsharded", "heatmap-vs_oracle", "heatmap-lowering"} <= figures
+    assert {"histogram-bfloat16", "histogram-float32"} <= figures
+
+
+def test_worst_offenders_table_lists_failures_first_and_links_to_case_sections(page):
+    text, index = page
+    assert index.table_rows["worst-offenders-table"] == 1 + 25  # header + the default limit
+    table = text.split('id="worst-offenders-table"')[1].split("</table>")[0]
+    body_rows = table.split("<tr>")[2:]
+    assert "v-error" in body_rows[0] and "v-fail" in body_rows[1] and "v-fail" in body_rows[2]
+    assert "bf16_nan" in body_rows[1] and "d_pre_alpha" in body_rows[2]
+    links = [h[1:] for h in index.hrefs if h.startswith("#case-")]
+    assert links and all(anchor in index.ids for anchor in links)
+    hostile_link = table.split("</a>")[0]
+    assert "&lt;script&gt;" in hostile_link and 'href="#case-0-script-alert-1-script"' in hostile_link
+
+
+def test_html_per_case_sections_and_environment(page):
+    text, index = page
+    case_ids = [i for i in index.ids if i.startswith("case-")]
+    assert len(case_ids) == 5
+    assert "environment-table" in index.ids
+    environment = text.split('id="environment-table"')[1]
+    assert "sha256:feedface" in environment and "0123abcd" in environment
+    assert "needs a TPU backend" in text and "UnsupportedInputError" in text
+    assert "drift" not in index.ids  # no baseline given
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+
+def test_markdown_has_counts_status_and_failure_lines(written):
+    text = written["markdown"].read_text(encoding="utf-8")
+    assert text.startswith("## mHC parity: ❌ FAIL")
+    assert "| pass | fail | skip | unsupported | error | total |" in text
+    assert "| 45 | 2 | 1 | 1 | 1 | 50 |" in text
+    assert "### Failures (3)" in text
+    assert "| bf16_small | interpret/unsharded | reference/unsharded | d_pre_alpha | fail | 1.7 |" in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "<script>" not in text
+    assert "git_commit: 0123abcd" in text
+
+
+def test_markdown_truncates_long_failure_lists():
+    from reports import render_markdown
+
+    failing = [
+        empty_row(case=f"c{i:02d}", candidate="a", partner="b", leaf="out", comparison="vs_reference",
+                  leaf_kind="output", dtype="float32", verdict="fail", reason="bad | pipe", bound_usage=2.0)
+        for i in range(30)
+    ]
+    text = render_markdown(failing, max_rows=20)
+    assert "### Failures (30)" in text
+    assert text.count("| out | fail |") == 20
+    assert "… and 10 more" in text
+    assert "bad \\| pipe" in text
+
+
+def test_markdown_pass_line_when_nothing_fails(rows):
+    from reports import render_markdown
+
+    passing = [r for r in rows if r["verdict"] in ("pass", "skip", "unsupported")]
+    text = render_markdown(passing)
+    assert text.startswith("## mHC parity: ✅ PASS") and "Failures" not in text
+
+
+# ----------------------------------------------------------------------------- edge cases
+
+
+def test_empty_row_set_renders_every_format(tmp_path):
+    paths = write_all([], {}, tmp_path)
+    assert list(pd.read_csv(paths["csv"]).columns) == list(ROW_COLUMNS)
+    assert len(load_rows(paths["csv"])) == 0
+    document = json.loads(paths["json"].read_text())
+    assert document["summary"]["total"] == 0 and document["summary"]["ok"] is True
+    assert document["summary"]["worst_leaf"] is None
+    text = paths["html"].read_text()
+    assert "No rows were produced." in text and "No rows to plot." in text
+    assert "No rows were produced." in paths["markdown"].read_text()
+
+
+def test_only_unmeasured_rows_render(tmp_path):
+    rows = [r for r in sample_rows() if r["verdict"] in ("skip", "unsupported", "error")]
+    paths = write_all(rows, {}, tmp_path)
+    text = paths["html"].read_text()
+    assert 'id="heatmap-vs_reference"' in text
+    assert "No measured bfloat16 rows." in text
+
+
+def test_write_all_with_baseline_adds_drift_everywhere(tmp_path, rows):
+    baseline = [dict(r) for r in rows]
+    for row in baseline:
+        if (row["case"], row["leaf"], row["comparison"]) == ("f32_small", "d_branch.w", "vs_reference"):
+            row["cand_oracle_max_err"] /= 10.0  # 5 eps now vs 0.5 eps: growth 5/2 above the 2-eps floor
+    paths = write_all(rows, METADATA, tmp_path, baseline=baseline)
+    document = json.loads(paths["json"].read_text())
+    assert document["gate"]["ok"] is False
+    assert document["gate"]["counts"]["regression"] == 1
+    text = paths["html"].read_text()
+    assert 'id="drift-table"' in text and 'id="gate-findings-table"' in text
+    drift = text.split('id="drift-table"')[1].split("</table>")[0]
+    first_row = drift.split("<tr>")[2]
+    assert "f32_small" in first_row and "regression" in first_row
+    assert "### Baseline gate: ❌ FAIL" in paths["markdown"].read_text()
+
+
+# ----------------------------------------------------------------------------- input errors
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_unparsable_jsonl_line_names_file_and_line(tmp_path, rows):
+    path = _write_jsonl(tmp_path / "rows.jsonl", rows[:2])
+    path.write_text(path.read_text() + '{"case": "truncat\n', encoding="utf-8")
+    with pytest.raises(ReportInputError, match=r"rows\.jsonl, line 3: not valid JSON"):
+        load_rows(path)
+
+
+def test_missing_and_unknown_columns_are_named(tmp_path, rows):
+    row = dict(rows[0])
+    del row["reason"]
+    row["surprise"] = 1
+    path = _write_jsonl(tmp_path / "rows.jsonl", [rows[0], row])
+    with pytest.raises(ReportInputError, match=r"line 2: missing columns \['reason'\]; unknown columns \['surprise'\]"):
+        load_rows(path)
+    csv_path = tmp_path / "rows.csv"
+    pd.DataFrame(rows).drop(columns=["bound"]).to_csv(csv_path, index=False)
+    with pytest.raises(ReportInputError, match=r"rows\.csv: missing columns \['bound'\]"):
+        load_rows(csv_path)
+
+
+def test_bad_cells_name_line_and_column(tmp_path, rows):
+    csv_path = tmp_path / "rows.csv"
+    frame = pd.DataFrame(rows).astype({"max_abs_err": "object"})
+    frame.loc[1, "max_abs_err"] = "lots"
+    frame.to_csv(csv_path, index=False)
+    with pytest.raises(ReportInputError, match=r"rows\.csv, line 3, column 'max_abs_err'"):
+        load_rows(csv_path)
+    bad_verdict = dict(rows[0], verdict="maybe")
+    with pytest.raises(ReportInputError, match=r"row 0, column 'verdict': 'maybe' is not one of"):
+        to_frame([bad_verdict])
+    with pytest.raises(ReportInputError, match="column 'nan_count'"):
+        to_frame([dict(rows[0], nan_count=1.5)])
+
+
+def test_missing_empty_and_unknown_files(tmp_path):
+    with pytest.raises(ReportInputError, match="no such file"):
+        load_rows(tmp_path / "absent.jsonl")
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ReportInputError, match="empty file"):
+        load_rows(tmp_path / "empty.csv")
+    (tmp_path / "rows.parquet").write_text("x")
+    with pytest.raises(ReportInputError, match="unsupported row file type"):
+        load_rows(tmp_path / "rows.parquet")
+
+
+def test_reports_package_never_imports_jax():
+    code = (
+        "import sys, reports, reports.gate, reports.baseline, reports.html, reports.plots, reports.markdown\n"
+        "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_render_cli_rewrites_reports_from_a_jsonl_stream(tmp_path, rows):
+    from reports.__main__ import main
+
+    stream = _write_jsonl(tmp_path / "rows.jsonl", rows[:6])
+    assert main(["render", "--rows", str(stream), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "report.html").is_file()
+    assert main(["render", "--rows", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x")]) == 2

@@ -212,13 +212,14 @@ def render_histogram(frame: pd.DataFrame, dtype: str) -> Plot | None:
     for index, kind in enumerate(kinds):
         axes = figure.add_subplot(grid_rows, columns, index + 1)
         of_kind = rows[rows["leaf_kind"] == kind]
-        stacks, labels = [], []
+        bottom = np.zeros(len(edges) - 1)
         for comparison in comparisons:
-            values = of_kind.loc[of_kind["comparison"] == comparison, "max_rel_err"].astype(float)
-            stacks.append(values[np.isfinite(values) & (values > 0)].to_numpy())
-            labels.append(comparison)
-        if any(len(s) for s in stacks):
-            axes.hist(stacks, bins=edges, stacked=True, label=labels)
+            values = of_kind.loc[of_kind["comparison"] == comparison, "max_rel_err"].to_numpy(dtype=float)
+            counts, _ = np.histogram(values[np.isfinite(values) & (values > 0)], bins=edges)
+            if counts.any():
+                axes.stairs(bottom + counts, edges, baseline=bottom.copy(), fill=True, label=comparison)
+                bottom = bottom + counts
+        if bottom.any():
             axes.legend(fontsize=6)
         axes.set_xscale("log")
         kind_errors = of_kind["max_rel_err"].astype(float)
@@ -228,7 +229,7 @@ def render_histogram(frame: pd.DataFrame, dtype: str) -> Plot | None:
         axes.set_xlabel("max_rel_err", fontsize=8)
         axes.tick_params(labelsize=7)
     figure.suptitle(f"max_rel_err per leaf kind — {dtype}", fontsize=10)
-    figure.tight_layout()
+    figure.subplots_adjust(hspace=0.55, wspace=0.25)
     return Plot(
         title=f"Error histogram — {dtype}",
         caption=(

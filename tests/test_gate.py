@@ -1,0 +1,324 @@
+"""The PR gate: its rules on hand-made baselines, the baseline file, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.schema import row_key
+from reports import ReportInputError, load_baseline, write_baseline
+from reports.baseline import BASELINE_COLUMNS, header_line
+from reports.drift import DTYPE_EPSILON, growth, noise_floor
+from reports.gate import gate, main
+from reports.samples import sample_rows
+from reports.writers import write_json
+
+REPO = Path(__file__).resolve().parents[1]
+BF16 = DTYPE_EPSILON["bfloat16"]
+
+
+def passing_rows() -> list[dict]:
+    """The sample rows without fail/error verdicts: a run the gate passes on its own."""
+    return [dict(r) for r in sample_rows() if r["verdict"] in ("pass", "skip", "unsupported")]
+
+
+def find(rows: list[dict], case: str, leaf: str, comparison: str = "vs_reference",
+         candidate: str = "interpret/unsharded") -> dict:
+    """The one row of `rows` with this identity (the sample set has one per combination)."""
+    (row,) = [
+        r for r in rows
+        if (r["case"], r["leaf"], r["comparison"], r["candidate"]) == (case, leaf, comparison, candidate)
+    ]
+    return row
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def test_identical_runs_pass_with_nothing_to_report():
+    result = gate(passing_rows(), passing_rows())
+    assert result.ok
+    assert result.failing_findings() == () and result.improvements == () and result.new_rows == ()
+    assert result.matched_rows == len(passing_rows())
+    assert result.table().startswith("gate PASS")
+
+
+def test_injected_regression_fails_and_is_printed():
+    current = passing_rows()
+    row = find(current, "bf16_small", "d_x")  # 3 eps in the baseline
+    row["cand_oracle_max_err"] *= 3.0
+    result = gate(passing_rows(), current)
+    assert not result.ok
+    (finding,) = result.regressions
+    assert finding.key == row_key(row)
+    assert finding.growth == pytest.approx(3.0)
+    table = result.table()
+    assert "regression (1):" in table and "d_x" in table and "(×3)" in table and "allowed ×2" in table
+
+
+def test_rms_growth_alone_is_a_regression():
+    current = passing_rows()
+    find(current, "bf16_small", "d_branch.w")["cand_oracle_rms_err"] *= 10.0  # 1.5 eps → 15 eps
+    (finding,) = gate(passing_rows(), current).regressions
+    assert finding.key[3] == "d_branch.w" and "rms" in finding.detail
+
+
+def test_growth_within_the_factor_passes_and_the_factor_is_configurable():
+    current = passing_rows()
+    find(current, "bf16_small", "d_x")["cand_oracle_max_err"] *= 1.9
+    assert gate(passing_rows(), current).ok
+    find(current, "bf16_small", "d_x")["cand_oracle_max_err"] *= 2.0  # now ×3.8
+    assert not gate(passing_rows(), current).ok
+    assert gate(passing_rows(), current, growth_factor=4.0).ok
+    assert not gate(passing_rows(), current, growth_factor=1.5).ok
+
+
+def test_growth_below_the_noise_floor_is_ignored():
+    baseline, current = passing_rows(), passing_rows()
+    find(baseline, "f32_small", "out")["cand_oracle_max_err"] = 0.1 * DTYPE_EPSILON["float32"]
+    find(current, "f32_small", "out")["cand_oracle_max_err"] = 1.5 * DTYPE_EPSILON["float32"]  # ×15 raw
+    assert gate(baseline, current).ok
+    # ... but crossing well above the floor is measured from the floor, not from 0.1 eps.
+    find(current, "f32_small", "out")["cand_oracle_max_err"] = 5.0 * DTYPE_EPSILON["float32"]
+    (finding,) = gate(baseline, current).regressions
+    assert finding.growth == pytest.approx(2.5)
+
+
+def test_noise_floor_and_growth_formula():
+    assert noise_floor("bfloat16") == 2 * BF16 and noise_floor("float32", 4) == 4 * 2.0**-23
+    assert growth(0.0, 0.0, 0.0) == 1.0
+    assert growth(1e-3, 3e-3, 0.0) == pytest.approx(3.0)
+    assert math.isnan(growth(math.nan, 1.0, 0.0))
+    assert growth(1e-3, math.nan, 0.0) == math.inf
+
+
+def test_missing_row_fails():
+    current = passing_rows()
+    gone = current.pop(0)
+    result = gate(passing_rows(), current)
+    assert not result.ok
+    (finding,) = result.missing
+    assert finding.key == row_key(gone)
+    assert "missing (1):" in result.table()
+
+
+def test_new_nan_or_inf_fails():
+    current = passing_rows()
+    find(current, "f32_small", "h_pre")["nan_count"] = 2
+    find(current, "bf16_small", "d_x")["inf_count"] = 1
+    result = gate(passing_rows(), current)
+    assert not result.ok
+    assert [f.key[3] for f in result.new_nonfinite] == ["d_x", "h_pre"]
+    assert "nan_count 0 → 2" in result.table()
+
+
+def test_nan_already_in_the_baseline_is_not_new():
+    baseline, current = passing_rows(), passing_rows()
+    find(baseline, "f32_small", "h_pre")["nan_count"] = 2
+    find(current, "f32_small", "h_pre")["nan_count"] = 5
+    assert gate(baseline, current).new_nonfinite == ()
+
+
+def test_improvement_passes_but_is_listed():
+    current = passing_rows()
+    find(current, "bf16_small", "d_branch.w")["cand_oracle_max_err"] /= 2.5  # 5 eps → 2 eps
+    result = gate(passing_rows(), current)
+    assert result.ok
+    (finding,) = result.improvements
+    assert finding.key[3] == "d_branch.w"
+    assert "improvement (1):" in result.table()
+
+
+def test_a_fixed_failure_is_an_improvement_and_a_new_failure_fails():
+    baseline = sample_rows()  # has a fail, a NaN fail and an error
+    current = passing_rows() + [
+        dict(find(sample_rows(), "bf16_small", "d_pre_alpha"), verdict="pass", bound_usage=0.9)
+    ]
+    result = gate(baseline, current)
+    assert any("verdict fail → pass" in f.detail for f in result.improvements)
+    assert {f.key[0] for f in result.missing} == {"bf16_nan", "<script>alert(1)</script>"}
+    result = gate(passing_rows(), sample_rows())
+    assert sorted(f.detail.split(":")[0] for f in result.failures) == ["error", "fail", "fail"]
+    assert not result.ok
+
+
+def test_an_error_row_is_a_failure_not_also_a_regression():
+    current = passing_rows()
+    row = find(current, "f32_small", "out")
+    row.update(verdict="error", reason="boom", cand_oracle_max_err=math.nan, cand_oracle_rms_err=math.nan)
+    result = gate(passing_rows(), current)
+    assert [f.key for f in result.failures] == [row_key(row)] and result.regressions == ()
+
+
+def test_lost_coverage_fails_and_new_rows_are_information():
+    current = passing_rows()
+    find(current, "f32_small", "out").update(verdict="skip", reason="disabled")
+    current.append(dict(current[0], case="brand_new"))
+    result = gate(passing_rows(), current)
+    assert [f.key[0] for f in result.lost_coverage] == ["f32_small"]
+    assert [f.key[0] for f in result.new_rows] == ["brand_new"]
+    assert not result.ok
+    current.pop(current.index(find(current, "f32_small", "out")))
+    current.append(dict(find(passing_rows(), "f32_small", "out")))
+    assert gate(passing_rows(), current).ok  # a new row alone never fails
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="growth_factor"):
+        gate(passing_rows(), passing_rows(), growth_factor=1.0)
+    doubled = passing_rows() + passing_rows()[:1]
+    with pytest.raises(ReportInputError, match="share a row key"):
+        gate(passing_rows(), doubled)
+    with pytest.raises(ReportInputError, match="missing columns"):
+        gate([{"case": "x"}], passing_rows())
+
+
+def test_result_is_frozen():
+    result = gate(passing_rows(), passing_rows())
+    with pytest.raises(AttributeError):
+        result.regressions = ()  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- baseline file
+
+
+def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
+    rows = passing_rows()
+    first = write_baseline(rows, tmp_path / "a.csv", policy_hash="sha256:1")
+    second = write_baseline(list(reversed(rows)), tmp_path / "b.csv", policy_hash="sha256:1")
+    assert first.read_bytes() == second.read_bytes()
+    lines = first.read_text().splitlines()
+    assert lines[0] == header_line("sha256:1")
+    assert lines[1] == ",".join(BASELINE_COLUMNS)
+    keys = [tuple(line.split(",")[:4]) for line in lines[2:]]
+    assert keys == sorted(keys) and len(keys) == len(rows)
+    loaded = load_baseline(first)
+    assert loaded.policy_hash == "sha256:1" and loaded.format_version == 1
+    assert list(loaded.frame.columns) == list(BASELINE_COLUMNS)
+    value = find(rows, "bf16_small", "out")["cand_oracle_rms_err"]
+    stored = loaded.frame.loc[loaded.frame["case"].eq("bf16_small") & loaded.frame["leaf"].eq("out")
+                              & loaded.frame["comparison"].eq("vs_reference"), "cand_oracle_rms_err"].item()
+    assert stored == float(f"{value:.4g}")
+    assert gate(loaded.frame, rows).ok
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def files(tmp_path) -> dict[str, Path]:
+    baseline = write_baseline(passing_rows(), tmp_path / "baselines" / "default.csv", policy_hash="p1")
+    current = write_jsonl(tmp_path / "rows.jsonl", passing_rows())
+    return {"baseline": baseline, "current": current, "dir": tmp_path}
+
+
+def run_main(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_pass_exits_0(files, capsys):
+    code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"])
+    assert code == 0 and "gate PASS" in out
+
+
+def test_cli_regression_exits_1_prints_table_and_writes_markdown(files, capsys):
+    current = passing_rows()
+    find(current, "bf16_small", "d_x")["cand_oracle_max_err"] *= 3.0
+    write_jsonl(files["current"], current)
+    markdown = files["dir"] / "gate.md"
+    code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
+                            "--markdown", markdown)
+    assert code == 1
+    assert "gate FAIL" in out and "regression (1):" in out and "d_x" in out
+    text = markdown.read_text()
+    assert "### Baseline gate: ❌ FAIL" in text and "| bf16_small | interpret/unsharded |" in text
+    code, _, _ = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
+                          "--growth-factor", "5")
+    assert code == 0
+
+
+def test_cli_accepts_a_run_folder_with_report_json(files, capsys):
+    run = files["dir"] / "run"
+    run.mkdir()
+    from reports import to_frame
+
+    write_json(to_frame(passing_rows()), {"policy_hash": "p1"}, run / "report.json")
+    code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", run)
+    assert code == 0 and "policy match not checked" not in out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "empty file"),
+        ("\x00\x01garbage\xff", "not a UTF-8 text file"),
+        (header_line("p1") + "\n", "empty file"),
+        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\n", "has no rows"),
+        (header_line("p1") + "\ncase,leaf\nx,y\n", "baseline columns do not match"),
+        ("# mhc-parity baseline format=99 policy_hash=p1\n", "baseline format 99 is not supported"),
+        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,zero,0,1e-7,1e-8\n",
+         "line 3, column 'nan_count'"),
+        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + '\n"unterminated,a\n', "not a readable CSV file"),
+    ],
+    ids=["empty", "binary", "no-columns", "no-rows", "wrong-columns", "future-format", "bad-cell", "truncated"],
+)
+def test_cli_corrupt_baseline_exits_2_with_a_message(files, capsys, content, message):
+    path = files["dir"] / "corrupt.csv"
+    path.write_bytes(content.encode("latin-1"))
+    code, out, err = run_main(capsys, "--baseline", path, "--current", files["current"])
+    assert code == 2, (out, err)
+    assert message in err and "gate:" in err and out == ""
+
+
+def test_cli_policy_mismatch_exits_2_unless_allowed(files, capsys):
+    from reports import to_frame
+
+    report = files["dir"] / "report.json"
+    write_json(to_frame(passing_rows()), {"policy_hash": "p2"}, report)
+    code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", report)
+    assert code == 2 and "policy p1" in err and "make baseline" in err
+    code, _, _ = run_main(capsys, "--baseline", files["baseline"], "--current", report, "--allow-policy-change")
+    assert code == 0
+
+
+def test_cli_usage_and_input_errors_exit_2(files, capsys):
+    assert run_main(capsys, "--baseline", files["baseline"])[0] == 2
+    assert run_main(capsys, "--baseline", files["baseline"], "--current", files["dir"] / "absent.jsonl")[0] == 2
+    code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
+                            "--growth-factor", "0.5")
+    assert code == 2 and "--growth-factor" in err
+    empty = files["dir"] / "empty.jsonl"
+    empty.write_text("")
+    code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", empty)
+    assert code == 2 and "has no rows" in err
+    doubled = write_jsonl(files["dir"] / "doubled.jsonl", passing_rows() + passing_rows()[:1])
+    code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", doubled)
+    assert code == 2 and "share a row key" in err
+
+
+def test_python_dash_m_reports_gate_and_baseline(files, tmp_path):
+    target = tmp_path / "new" / "baseline.csv"
+    made = subprocess.run(
+        [sys.executable, "-m", "reports", "baseline", "--current", str(files["current"]), "--out", str(target)],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    assert load_baseline(target).policy_hash is None
+    checked = subprocess.run(
+        [sys.executable, "-m", "reports", "gate", "--baseline", str(target), "--current", str(files["current"])],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "gate PASS" in checked.stdout and "policy match not checked" in checked.stdout

@@ -43,11 +43,13 @@ def compare_leaves(
     partner_leaves: Mapping[str, np.ndarray],
     oracle_leaves: Mapping[str, np.ndarray],
     policy: Policy,
+    partitioning: str,
     timing: tuple[float, float] = (0.0, 0.0),
 ) -> list[dict]:
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
-    A leaf the partner (or oracle) lacks gets a `skip` row saying so. `timing` is the
+    A leaf the partner (or oracle) lacks gets a `skip` row saying so. `partitioning` is
+    the candidate implementation's (see `Implementation.partitioning`). `timing` is the
     candidate's (compile_s, execute_s), recorded on every row of the comparison.
     """
     rows = []
@@ -61,7 +63,10 @@ def compare_leaves(
         kind = leaf_kind(leaf)
         dtype = np.dtype(cand.dtype)
         metrics = leaf_metrics(cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype)
-        judgement = policy.judge(metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype)
+        judgement = policy.judge(
+            metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype,
+            partitioning=partitioning,
+        )
         rows.append(
             empty_row(
                 **base,

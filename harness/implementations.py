@@ -52,6 +52,12 @@ class Implementation:
     case_limits: bool = False
     external: Any = None
 
+    @property
+    def partitioning(self) -> str:
+        """How a token-sharded run is split: "manual" (kernels per shard in shard_map)
+        or "auto" (XLA's partitioner, which may re-block matmuls per shard)."""
+        return "manual" if self.kernel else "auto"
+
     def layer_options(self) -> dict[str, Any]:
         """Keyword arguments for `ManifoldConstrainedHyperConnections` (besides shapes)."""
         if self.external is not None:

@@ -135,10 +135,11 @@ def _build_program(path: Path, case):
 
     def program(x, weights, params, cotangent):
         def forward(x_, w_, p_):
-            # The initial state is overwritten by the fixture's weights before any use,
-            # so it is not captured as a constant of the compiled program.
-            module = nnx.merge(graphdef, state)
-            module.load_weights(MhcWeights.from_dict(w_))
+            # A fresh state holding the fixture's weights (traced arguments), so the
+            # initial parameters are never captured as constants of the program.
+            weights_state = jax.tree.map(lambda leaf: leaf, state)
+            weights_state.replace_by_pure_dict(MhcWeights.from_dict(w_).as_dict())
+            module = nnx.merge(graphdef, weights_state)
             return module.call_with_intermediates(lambda h: branch.apply(p_, h), x_)
 
         out, pullback, intermediates = jax.vjp(forward, x, weights, params, has_aux=True)

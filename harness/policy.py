@@ -5,8 +5,9 @@ The file (default: `harness/tolerances.toml`, shipped with the package) holds
 
 * match keys — `comparison` (one of `POLICY_COMPARISONS`, never "*"), `dtype` (the
   compared leaf's dtype), `act_dtype` (the case's activation dtype; optional, default
-  "*") and `leaf_kind` (one of `POLICY_LEAF_KINDS`); each of the last three is a
-  name or "*";
+  "*"), `leaf_kind` (one of `POLICY_LEAF_KINDS`) and `partitioning` (optional,
+  default "*": "manual" for a candidate whose kernels run per shard inside
+  shard_map, "auto" for one XLA partitions); each of the last four is a name or "*";
 * `kind` and exactly that kind's numbers (all numbers are in ulps, i.e. multiples of
   eps of the rule's eps dtype — `eps_dtype` if given, else the compared leaf's dtype):
 
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_POLICY_PATH",
     "DTYPES",
     "Judgement",
+    "PARTITIONINGS",
     "POLICY_COMPARISONS",
     "POLICY_LEAF_KINDS",
     "Policy",
@@ -94,7 +96,11 @@ RULE_KINDS: dict[str, tuple[str, ...]] = {
     "oracle_ratio": ("ratio_max", "ratio_rms", "floor_ulps", "direct_ulps"),
 }
 NUMBER_FIELDS = ("max_rel_ulps", "rms_rel_ulps", "ratio_max", "ratio_rms", "floor_ulps", "direct_ulps")
-MATCH_KEYS = ("comparison", "dtype", "act_dtype", "leaf_kind")
+MATCH_KEYS = ("comparison", "partitioning", "dtype", "act_dtype", "leaf_kind")
+# How a token-sharded candidate is partitioned: "manual" — the kernels run per shard
+# inside shard_map, so every token is computed exactly as unsharded; "auto" — XLA's
+# partitioner splits the program and may re-block its matmuls per shard.
+PARTITIONINGS = ("manual", "auto")
 _REQUIRED = ("comparison", "dtype", "leaf_kind", "kind", "rationale")
 _ALLOWED = frozenset(MATCH_KEYS + ("kind", "rationale", "eps_dtype") + NUMBER_FIELDS)
 _TOP_LEVEL = frozenset({"version", "rule"})
@@ -128,6 +134,7 @@ class Rule:
     kind: str
     rationale: str
     eps_dtype: str | None = None
+    partitioning: str = "*"
     max_rel_ulps: float | None = None
     rms_rel_ulps: float | None = None
     ratio_max: float | None = None
@@ -150,8 +157,11 @@ class Rule:
         """The match keys this rule names exactly (comparison always)."""
         return frozenset(k for k in MATCH_KEYS if getattr(self, k) != "*")
 
-    def matches(self, comparison: str, dtype: str, act_dtype: str, leaf_kind: str) -> bool:
-        wanted = {"comparison": comparison, "dtype": dtype, "act_dtype": act_dtype, "leaf_kind": leaf_kind}
+    def matches(self, comparison: str, dtype: str, act_dtype: str, leaf_kind: str, partitioning: str = "*") -> bool:
+        wanted = {
+            "comparison": comparison, "partitioning": partitioning, "dtype": dtype,
+            "act_dtype": act_dtype, "leaf_kind": leaf_kind,
+        }
         return all(getattr(self, k) in ("*", wanted[k]) for k in MATCH_KEYS)
 
     def describe(self, unit_dtype: str) -> str:
@@ -209,15 +219,20 @@ class Policy:
     digest: str
     source: str
 
-    def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype) -> Rule:
+    def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Rule:
         """The unique most specific rule for a combination; PolicyError if none/ambiguous."""
         dtype, act_dtype = _dtype_or_error(dtype, "dtype"), _dtype_or_error(act_dtype, "act_dtype")
-        combo = f"(comparison={comparison}, dtype={dtype}, act_dtype={act_dtype}, leaf_kind={leaf_kind})"
+        combo = (
+            f"(comparison={comparison}, partitioning={partitioning}, dtype={dtype}, "
+            f"act_dtype={act_dtype}, leaf_kind={leaf_kind})"
+        )
         if comparison not in POLICY_COMPARISONS:
             raise PolicyError(f"comparison {comparison!r} is not judged by the policy {combo}")
         if leaf_kind not in POLICY_LEAF_KINDS:
             raise PolicyError(f"leaf kind {leaf_kind!r} is not judged by the policy {combo}")
-        best = _most_specific([r for r in self.rules if r.matches(comparison, dtype, act_dtype, leaf_kind)])
+        best = _most_specific(
+            [r for r in self.rules if r.matches(comparison, dtype, act_dtype, leaf_kind, partitioning)]
+        )
         if not best:
             raise PolicyError(f"no tolerance rule in {self.source} matches {combo}")
         if len(best) > 1:
@@ -226,13 +241,17 @@ class Policy:
             )
         return best[0]
 
-    def judge(self, metrics: LeafMetrics, *, comparison: str, leaf_kind: str, dtype, act_dtype) -> Judgement:
+    def judge(
+        self, metrics: LeafMetrics, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*"
+    ) -> Judgement:
         """Verdict of one leaf's metrics under the rule for this combination.
 
         dtype: the compared leaf's dtype; act_dtype: the case's activation dtype (names
         or dtypes). Raises PolicyError for an uncovered or invalid combination.
         """
-        rule = self.rule_for(comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype)
+        rule = self.rule_for(
+            comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
+        )
         unit_dtype = rule.eps_dtype or dtype_name(dtype)
         bound = rule.describe(unit_dtype)
 
@@ -323,11 +342,11 @@ class Policy:
         return fail(_limit_reason(*worst), usage)
 
     def uncovered(self, dtypes=("float32", "bfloat16"), act_dtypes=("float32", "bfloat16")) -> list[tuple[str, str, str, str]]:
-        """Combinations (comparison, dtype, act_dtype, leaf_kind) no rule matches."""
+        """Combinations (comparison, dtype, act_dtype, leaf_kind) some partitioning leaves unmatched."""
         return [
             combo
             for combo in itertools.product(POLICY_COMPARISONS, dtypes, act_dtypes, POLICY_LEAF_KINDS)
-            if not any(r.matches(*combo) for r in self.rules)
+            if not all(any(r.matches(*combo, p) for r in self.rules) for p in PARTITIONINGS)
         ]
 
 
@@ -379,7 +398,7 @@ def _validate_rule(index: int, raw) -> Rule:
         if key not in raw:
             raise err(key, "missing")
     fields: dict = {"index": index}
-    for key in ("comparison", "dtype", "act_dtype", "leaf_kind", "kind", "rationale", "eps_dtype"):
+    for key in ("comparison", "partitioning", "dtype", "act_dtype", "leaf_kind", "kind", "rationale", "eps_dtype"):
         if key in raw and not isinstance(raw[key], str):
             raise err(key, f"must be a string, got {raw[key]!r}")
     comparison = raw["comparison"]
@@ -389,6 +408,10 @@ def _validate_rule(index: int, raw) -> Rule:
     leaf_kind = raw["leaf_kind"]
     if leaf_kind != "*" and leaf_kind not in POLICY_LEAF_KINDS:
         raise err("leaf_kind", f"unknown leaf kind {leaf_kind!r}; expected '*' or one of {POLICY_LEAF_KINDS}")
+    partitioning = raw.get("partitioning", "*")
+    if partitioning != "*" and partitioning not in PARTITIONINGS:
+        raise err("partitioning", f"unknown partitioning {partitioning!r}; expected '*' or one of {PARTITIONINGS}")
+    fields["partitioning"] = partitioning
     for key in ("dtype", "act_dtype"):
         value = raw.get(key, "*")
         if value != "*" and value not in DTYPES:
@@ -460,12 +483,12 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
             raise PolicyError(f"{rule.label}: duplicate of {seen[key].label}")
         seen[key] = rule
     # Every concrete combination must resolve to at most one most-specific rule.
-    for combo in itertools.product(POLICY_COMPARISONS, DTYPES, DTYPES, POLICY_LEAF_KINDS):
+    for combo in itertools.product(POLICY_COMPARISONS, DTYPES, DTYPES, POLICY_LEAF_KINDS, PARTITIONINGS):
         best = _most_specific([r for r in rules if r.matches(*combo)])
         if len(best) > 1:
             raise PolicyError(
                 f"{source}: ambiguous rules for (comparison={combo[0]}, dtype={combo[1]}, "
-                f"act_dtype={combo[2]}, leaf_kind={combo[3]}): "
+                f"act_dtype={combo[2]}, leaf_kind={combo[3]}, partitioning={combo[4]}): "
                 + "; ".join(r.label for r in best)
                 + " — add a rule naming all of their keys"
             )

@@ -170,6 +170,7 @@ class Runner:
                     case, candidate=path.name, partner=partner, comparison=comparison,
                     candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves, policy=self.policy, timing=timing,
+                    partitioning=path.impl.partitioning,
                 )
         if plan.lowering and plan.selects(f"{LOWERING_PATH}/unsharded"):
             yield from self._lowering_rows(case)

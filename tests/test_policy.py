@@ -15,6 +15,7 @@ from harness import schema
 from harness.metrics import LeafMetrics, leaf_metrics
 from harness.policy import (
     DEFAULT_POLICY_PATH,
+    PARTITIONINGS,
     POLICY_COMPARISONS,
     POLICY_LEAF_KINDS,
     Judgement,
@@ -85,8 +86,11 @@ def small():
     return parse_policy(policy_text(RATIO_RULE, EXACT_RULE, ULPS_RULE, BOUND_RULE))
 
 
-def judge(policy, m, comparison, leaf_kind="output", dtype="float32", act_dtype=None):
-    return policy.judge(m, comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype or dtype)
+def judge(policy, m, comparison, leaf_kind="output", dtype="float32", act_dtype=None, partitioning="manual"):
+    return policy.judge(
+        m, comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype or dtype,
+        partitioning=partitioning,
+    )
 
 
 # ── the packaged file ────────────────────────────────────────────────────────────────
@@ -102,16 +106,31 @@ def test_packaged_policy_loads_and_covers_every_combination():
         for dtype in ("float32", "bfloat16"):
             for act in ("float32", "bfloat16"):
                 for kind in POLICY_LEAF_KINDS:
-                    policy.rule_for(comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=act)
+                    for partitioning in PARTITIONINGS:
+                        policy.rule_for(
+                            comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=act,
+                            partitioning=partitioning,
+                        )
 
 
 def test_packaged_policy_intent():
     policy = load_policy()
     for kind in ("output", "intermediate", "activation_grad"):
-        rule = policy.rule_for(comparison="vs_unsharded", leaf_kind=kind, dtype="bfloat16", act_dtype="bfloat16")
+        rule = policy.rule_for(
+            comparison="vs_unsharded", leaf_kind=kind, dtype="bfloat16", act_dtype="bfloat16", partitioning="manual"
+        )
         assert rule.kind == "exact"
-    rule = policy.rule_for(comparison="vs_unsharded", leaf_kind="weight_grad", dtype="float32", act_dtype="float32")
+        # XLA-partitioned paths may re-block matmuls per shard: close, not bit-identical
+        rule = policy.rule_for(
+            comparison="vs_unsharded", leaf_kind=kind, dtype="bfloat16", act_dtype="bfloat16", partitioning="auto"
+        )
+        assert rule.kind == "ulps_of_max"
+    rule = policy.rule_for(
+        comparison="vs_unsharded", leaf_kind="weight_grad", dtype="float32", act_dtype="float32", partitioning="manual"
+    )
     assert rule.kind == "ulps_of_max"
+    with pytest.raises(PolicyError, match="partitioning=\\*"):
+        policy.rule_for(comparison="vs_unsharded", leaf_kind="output", dtype="float32", act_dtype="float32")
     # a float32 intermediate of a bfloat16 run is held to bfloat16 arithmetic, and a
     # float32 run's intermediate to float32 arithmetic
     in_bf16_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="bfloat16")
@@ -296,7 +315,7 @@ def test_incomparable_rules_are_rejected_at_load():
 
 
 def test_unmatched_combination_names_it(small):
-    with pytest.raises(PolicyError, match=r"comparison=vs_oracle, dtype=float32, act_dtype=float32, leaf_kind=output"):
+    with pytest.raises(PolicyError, match=r"comparison=vs_oracle, partitioning=manual, dtype=float32, act_dtype=float32, leaf_kind=output"):
         judge(small, metrics(), "vs_oracle", "output", "float32", "float32")
     with pytest.raises(PolicyError, match="lowering"):
         judge(small, metrics(), "lowering", "output")
@@ -469,10 +488,16 @@ def test_nan_end_to_end_on_arrays():
 
 def test_judgement_row_fields():
     j = load_policy().judge(metrics(), comparison="vs_unsharded", leaf_kind="output", dtype="float32",
-                            act_dtype="float32")
+                            act_dtype="float32", partitioning="manual")
     fields = j.as_row_fields()
     assert set(fields) == {"verdict", "bound", "bound_usage", "reason"}
     schema.empty_row(**fields)
     assert isinstance(j, Judgement) and j.verdict in schema.VERDICTS
     with pytest.raises(dataclasses.FrozenInstanceError):
         j.verdict = "fail"  # type: ignore[misc]
+
+
+def test_unknown_partitioning_is_rejected_naming_the_field():
+    text = DEFAULT_POLICY_PATH.read_text().replace('\npartitioning = "auto"', '\npartitioning = "xla"', 1)
+    with pytest.raises(PolicyError, match=r"field 'partitioning': unknown partitioning 'xla'"):
+        parse_policy(text)

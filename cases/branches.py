@@ -1,0 +1,135 @@
+"""Branch functions: what the mHC layer wraps between `pre` and `post`.
+
+A branch maps the collapsed layer input h (..., C) to a branch output of the same
+shape and dtype. Each branch has
+
+- ``init(rng, embedding) -> dict[str, np.ndarray]``: float64 master parameters (empty for
+  parameter-free branches), drawn only with `cases.random_streams.normalish` so they are
+  bit-identical on every machine;
+- ``apply(params, h) -> array``: written in `jax.numpy` and dtype-polymorphic. Parameters
+  are cast to h's dtype inside; matmuls accumulate in ``promote_types(h.dtype, float32)``
+  (float32 for bfloat16/float32 inputs, float64 for the oracle's float64 inputs), and the
+  result is cast back to h's dtype. The float64 oracle therefore runs the very same
+  function on float64 arrays, and a branch parameter's gradient is a leaf like any weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cases.random_streams import normalish
+
+# Hidden width of the MLP branch relative to the embedding.
+MLP_HIDDEN_RATIO = 1
+
+
+def _accumulation_dtype(dtype) -> jnp.dtype:
+    """float32 for bfloat16/float32 activations, float64 for float64 (oracle) activations."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _matmul(a: jax.Array, w: jax.Array, accumulate) -> jax.Array:
+    """a (..., K) @ w (K, N) with `accumulate`-dtype accumulation -> (..., N) in `accumulate`."""
+    return jax.lax.dot_general(
+        a, w.astype(a.dtype), (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=accumulate
+    )
+
+
+def identity_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
+    """No parameters."""
+    return {}
+
+
+def identity_apply(params: dict, h: jax.Array) -> jax.Array:
+    """h unchanged: (..., C) -> (..., C), same dtype."""
+    return h
+
+
+def tanh_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
+    """No parameters."""
+    return {}
+
+
+def tanh_apply(params: dict, h: jax.Array) -> jax.Array:
+    """tanh(h) evaluated in the accumulation dtype, cast back: (..., C) -> (..., C)."""
+    return jnp.tanh(h.astype(_accumulation_dtype(h.dtype))).astype(h.dtype)
+
+
+def mlp_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
+    """Float64 masters: w_in (C, H), b_in (H,), w_out (H, C), b_out (C,), H = MLP_HIDDEN_RATIO·C.
+
+    Fan-in scaled weights and small non-zero biases, so every parameter gradient is
+    non-trivial.
+    """
+    hidden = MLP_HIDDEN_RATIO * embedding
+    return {
+        "w_in": normalish(rng, (embedding, hidden)) / math.sqrt(embedding),
+        "b_in": 0.1 * normalish(rng, (hidden,)),
+        "w_out": normalish(rng, (hidden, embedding)) / math.sqrt(hidden),
+        "b_out": 0.1 * normalish(rng, (embedding,)),
+    }
+
+
+def mlp_param_shapes(embedding: int) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the MLP branch for an embedding width."""
+    hidden = MLP_HIDDEN_RATIO * embedding
+    return {"w_in": (embedding, hidden), "b_in": (hidden,), "w_out": (hidden, embedding), "b_out": (embedding,)}
+
+
+def _no_params(embedding: int) -> dict[str, tuple[int, ...]]:
+    return {}
+
+
+def mlp_apply(params: dict, h: jax.Array) -> jax.Array:
+    """silu(h @ w_in + b_in) @ w_out + b_out: (..., C) -> (..., C) in h's dtype.
+
+    Matmul operands in h's dtype with wider accumulation; bias adds and the activation
+    in the accumulation dtype; the hidden activation is cast to h's dtype before the
+    second matmul, as a production MLP in that dtype would.
+    """
+    accumulate = _accumulation_dtype(h.dtype)
+    hidden = _matmul(h, params["w_in"], accumulate) + params["b_in"].astype(h.dtype).astype(accumulate)
+    hidden = (hidden * jax.nn.sigmoid(hidden)).astype(h.dtype)
+    out = _matmul(hidden, params["w_out"], accumulate) + params["b_out"].astype(h.dtype).astype(accumulate)
+    return out.astype(h.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    """A named branch function and its parameter initialiser."""
+
+    name: str
+    init: Callable[[np.random.Generator, int], dict[str, np.ndarray]]
+    apply: Callable[[dict, jax.Array], jax.Array]
+    description: str
+    param_shapes: Callable[[int], dict[str, tuple[int, ...]]]
+
+
+BRANCHES: dict[str, Branch] = {
+    "identity": Branch("identity", identity_init, identity_apply, "h -> h (no parameters)", _no_params),
+    "tanh": Branch("tanh", tanh_init, tanh_apply, "h -> tanh(h) (no parameters)", _no_params),
+    "mlp": Branch(
+        "mlp",
+        mlp_init,
+        mlp_apply,
+        "h -> silu(h @ w_in + b_in) @ w_out + b_out (4 parameters)",
+        mlp_param_shapes,
+    ),
+}
+
+
+def get_branch(name: str) -> Branch:
+    """The branch called `name`; a KeyError with close matches for an unknown name."""
+    try:
+        return BRANCHES[name]
+    except KeyError:
+        close = difflib.get_close_matches(str(name), BRANCHES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown branch {name!r} (known: {', '.join(BRANCHES)}){hint}") from None

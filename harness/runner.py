@@ -24,12 +24,10 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from harness.compare import compare_leaves, status_row
 from harness.implementations import REFERENCE, Implementation
+from harness.lowering import lowering_rows
 from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache, run_oracle_path
 from harness.policy import Policy
 from mhc.common import UnsupportedInputError
-
-LOWERING_PATH = "lowering"
-
 
 @dataclasses.dataclass(frozen=True)
 class PathPlan:
@@ -172,8 +170,8 @@ class Runner:
                     oracle_leaves=oracle.leaves, policy=self.policy, timing=timing,
                     partitioning=path.impl.partitioning,
                 )
-        if plan.lowering and plan.selects(f"{LOWERING_PATH}/unsharded"):
-            yield from self._lowering_rows(case)
+        if plan.lowering:
+            yield from (row for row in lowering_rows(case) if plan.selects(row["candidate"]))
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
         for comparison, partner in _comparisons_of(path, paths):
@@ -181,11 +179,6 @@ class Runner:
                 case, candidate=path.name, partner=partner, comparison=comparison,
                 verdict=result.verdict, reason=result.reason,
             )
-
-    def _lowering_rows(self, case) -> Iterator[dict]:
-        from harness.lowering import lowering_rows
-
-        yield from lowering_rows(case)
 
     # -- many cases ------------------------------------------------------------------
 

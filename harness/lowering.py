@@ -1,0 +1,67 @@
+"""Lowering rows: the kernels' Mosaic (TPU) lowering checked from any machine.
+
+One row per kernel program (`pre_forward`, `post_forward`, `pre_backward`,
+`post_backward`), unsharded and — when the case has a mesh — token-sharded on an
+abstract TPU mesh of the case's shape. The row's leaf is the program name; `pass`
+means the program lowered to a Mosaic custom call, `fail` carries the lowering error.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from harness.compare import status_row
+from harness.paths import mesh_label
+
+LOWERING_IMPL = "lowering"
+
+
+def lowering_path_name(mesh: tuple[int, int] | None) -> str:
+    return f"{LOWERING_IMPL}/unsharded" if mesh is None else f"{LOWERING_IMPL}/sharded({mesh_label(mesh)})"
+
+
+def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
+    if case.expects_unsupported:
+        if not ok:
+            if "UnsupportedInputError" in error and case.expect_reason in error:
+                return "unsupported", error
+            return "fail", f"rejected for another reason than {case.expect_reason!r}: {error}"
+        return "fail", f"lowered input the case expects the kernels to reject ({case.expect_reason!r})"
+    return ("pass", "") if ok else ("fail", error)
+
+
+def lowering_rows(case) -> Iterator[dict]:
+    """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded."""
+    import jax.numpy as jnp
+
+    meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
+    skip = ""
+    if case.variant != "lite":
+        skip = f"the kernels implement only the lite variant, not {case.variant}"
+    elif "reference_only" in case.all_tags:
+        skip = "case is tagged reference_only"
+    for mesh in meshes:
+        candidate = lowering_path_name(mesh)
+        if skip:
+            yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
+            continue
+        from mhc.kernels import KernelConfig
+        from mhc.kernels.lowering import lower_kernel_programs
+
+        try:
+            results = lower_kernel_programs(
+                case.mhc_config(), batch=case.batch, seq=case.sequence, dtype=jnp.dtype(case.dtype),
+                kernel=KernelConfig(**case.block_sizes), mesh_shape=mesh or (),
+            )
+        except Exception as exc:  # the config itself is invalid: one row for the path
+            verdict, reason = _verdict(case, False, f"{type(exc).__name__}: {exc}")
+            yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict, reason=reason)
+            continue
+        for result in results:
+            verdict, reason = _verdict(case, result.ok, result.error)
+            row = status_row(
+                case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
+                reason=reason, leaf=result.program,
+            )
+            row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
+            yield row

@@ -31,7 +31,7 @@ import pandas as pd
 from harness.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
 
 from reports.drift import GATE_COLUMNS, gate_frame
-from reports.rows import ReportInputError, frame_from_records, read_csv_cells, records_from_cells
+from reports.rows import ReportInputError, frame_from_records, read_csv_cells, records_from_cells, unwrap_run
 
 BASELINE_COLUMNS = GATE_COLUMNS
 BASELINE_FORMAT_VERSION = 1
@@ -88,9 +88,14 @@ def write_baseline(
     *,
     policy_hash: str | None = None,
 ) -> Path:
-    """Write `rows` as a baseline CSV at `path` (parents created); returns the path."""
+    """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
+
+    `rows` may also be what `reports.load_run` or `load_baseline` returns; its
+    recorded policy hash is then used unless `policy_hash` is given.
+    """
     path = Path(path)
-    text = render_baseline(rows, policy_hash=policy_hash)
+    rows, recorded_hash = unwrap_run(rows)
+    text = render_baseline(rows, policy_hash=policy_hash or recorded_hash)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path

@@ -52,7 +52,7 @@ from reports.drift import (
     gate_frame,
     index_by_key,
 )
-from reports.rows import ReportInputError, format_number
+from reports.rows import ReportInputError, format_number, unwrap_run
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 
@@ -220,7 +220,8 @@ def gate(
 ) -> GateResult:
     """Compare a current run with a baseline run under the rules in this module's docstring.
 
-    Both inputs are full row sets or baseline-column row sets (DataFrame or dicts).
+    Both inputs are full row sets or baseline-column row sets (DataFrame, dicts, or
+    what `reports.load_run` / `reports.load_baseline` return).
     Raises `ReportInputError` for unusable input (missing columns, duplicate row
     keys) and ValueError for a growth factor <= 1 or a negative noise floor.
     """
@@ -228,8 +229,8 @@ def gate(
         raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
     if not noise_floor_ulps >= 0.0:
         raise ValueError(f"noise_floor_ulps must be >= 0, got {noise_floor_ulps!r}")
-    baseline = gate_frame(baseline_rows, source="baseline")
-    current = gate_frame(current_rows, source="current run")
+    baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
+    current = gate_frame(unwrap_run(current_rows)[0], source="current run")
     base_rows = index_by_key(baseline)
     cur_rows = index_by_key(current)
 

@@ -37,9 +37,11 @@ MAX_DRIFT_ROWS = 200
 # Metadata keys shown first in the environment block (the rest follow, sorted).
 PREFERRED_METADATA_KEYS = (
     "git_commit",
-    "command",
-    "started_at",
-    "finished_at",
+    "command_line",
+    "start_time",
+    "end_time",
+    "wall_seconds",
+    "suite",
     "backend",
     "device_kind",
     "device_count",

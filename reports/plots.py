@@ -104,10 +104,10 @@ def heatmap_table(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.D
     cells["failing"] = cells["verdict"].isin(("fail", "error"))
     per_candidate = cells[["case", "candidate"]].drop_duplicates()
     if len(per_candidate) > MAX_HEATMAP_ROWS:
-        cells["label"] = cells["case"].map(lambda c: plain_label(c) + "  [worst]")
+        cells["label"] = cells["case"].map(lambda c: plain_label(c, 72) + "  [worst]")
     else:
         cells["label"] = [
-            f"{plain_label(case, 40)}  [{plain_label(candidate, 40)}]"
+            f"{plain_label(case, 72)}  [{plain_label(candidate, 40)}]"
             for case, candidate in zip(cells["case"], cells["candidate"])
         ]
     label_order = list(dict.fromkeys(cells.sort_values(["case", "candidate"], kind="mergesort")["label"]))
@@ -228,8 +228,8 @@ def render_histogram(frame: pd.DataFrame, dtype: str) -> Plot | None:
         axes.set_title(f"{kind} (n={len(of_kind)}, zeros={zeros}, nan/inf={nonfinite})", fontsize=8)
         axes.set_xlabel("max_rel_err", fontsize=8)
         axes.tick_params(labelsize=7)
-    figure.suptitle(f"max_rel_err per leaf kind — {dtype}", fontsize=10)
-    figure.subplots_adjust(hspace=0.55, wspace=0.25)
+    figure.subplots_adjust(hspace=0.55, wspace=0.25, top=1.0 - 0.45 / (2.9 * grid_rows))
+    figure.suptitle(f"max_rel_err per leaf kind — {dtype}", fontsize=10, y=1.0)
     return Plot(
         title=f"Error histogram — {dtype}",
         caption=(

@@ -184,6 +184,18 @@ def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = 
     return frame_from_records(coerced)
 
 
+def unwrap_run(rows: Any) -> tuple[Any, str | None]:
+    """(rows, policy_hash) from a loaded run (`LoadedRun`, `Baseline`) or plain rows.
+
+    Lets every entry point take what `load_run` / `load_baseline` return as well as
+    a DataFrame or a list of dicts; plain rows carry no policy hash.
+    """
+    frame = getattr(rows, "frame", None)
+    if isinstance(frame, pd.DataFrame):
+        return frame, getattr(rows, "policy_hash", None)
+    return rows, None
+
+
 # ----------------------------------------------------------------------------- files
 
 

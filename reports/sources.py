@@ -35,6 +35,10 @@ class LoadedRun:
     metadata: dict
     is_baseline: bool
 
+    def __len__(self) -> int:
+        """The number of rows."""
+        return len(self.frame)
+
 
 def load_report_json(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """The rows and metadata of a `report.json`; `ReportInputError` if it is not one."""

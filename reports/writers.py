@@ -28,7 +28,7 @@ from harness.schema import ROW_COLUMNS
 
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate
-from reports.rows import frame_to_json_records, json_safe_float, to_frame
+from reports.rows import frame_to_json_records, json_safe_float, to_frame, unwrap_run
 from reports.sources import REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
 from reports.summary import summarize
 
@@ -47,11 +47,11 @@ METADATA_KEYS = (
     "device_kind",
     "device_count",
     "git_commit",
-    "command",
-    "started_at",
-    "finished_at",
+    "command_line",
+    "start_time",
+    "end_time",
     "policy_file",
-    "policy_hash",
+    "policy_hash",  # also checked by the gate against a baseline's header
 )
 
 RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
@@ -130,10 +130,11 @@ def write_json(frame: pd.DataFrame, metadata: Mapping[str, Any], path: Path, gat
     return path
 
 
-def resolve_baseline(baseline: RowsInput | str | Path) -> pd.DataFrame | list:
-    """A baseline given as rows or as a path (baseline CSV, run folder, report.json, rows file)."""
+def resolve_baseline(baseline: Any) -> pd.DataFrame | list:
+    """A baseline given as rows, as a loaded run/baseline, or as a path (see `load_run`)."""
     if isinstance(baseline, (str, Path)):
         return load_run(baseline).frame
+    baseline, _ = unwrap_run(baseline)
     return baseline if isinstance(baseline, pd.DataFrame) else list(baseline)
 
 
@@ -149,14 +150,14 @@ def write_all(
     """Write rows.csv, report.json, report.html and summary.md into `out_dir`.
 
     `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
-    With a `baseline` (rows, or a path `reports.sources.load_run` understands) the
+    With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_run` understands) the
     gate is evaluated and its drift and findings are added to every format.
     Returns {"csv", "json", "html", "markdown"} → path.
     """
     from reports.html import render_html
     from reports.markdown import render_markdown
 
-    frame = to_frame(rows)
+    frame = to_frame(unwrap_run(rows)[0])
     metadata = dict(metadata or {})
     gate_result = None
     if baseline is not None:

@@ -322,3 +322,18 @@ def test_python_dash_m_reports_gate_and_baseline(files, tmp_path):
     )
     assert checked.returncode == 0, checked.stderr
     assert "gate PASS" in checked.stdout and "policy match not checked" in checked.stdout
+
+
+def test_loaded_runs_and_baselines_are_accepted_everywhere(files, tmp_path):
+    """What load_run / load_baseline return can be passed straight to write_baseline, gate and write_all."""
+    from reports import load_run, to_frame, write_all
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_json(to_frame(passing_rows()), {"policy_hash": "p9"}, run_dir / "report.json")
+    target = write_baseline(load_run(run_dir), tmp_path / "from-run.csv")
+    baseline = load_baseline(target)
+    assert baseline.policy_hash == "p9"
+    assert gate(baseline, load_run(run_dir)).ok
+    paths = write_all(load_run(run_dir), {}, tmp_path / "out", baseline=baseline)
+    assert json.loads(paths["json"].read_text())["gate"]["ok"] is True

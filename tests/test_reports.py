@@ -29,9 +29,9 @@ METADATA = {
     "device_kind": "cpu",
     "device_count": 8,
     "git_commit": "0123abcd",
-    "command": "python -m harness run --suite default --note '<b>bold</b>'",
-    "started_at": "2025-01-01T00:00:00Z",
-    "finished_at": "2025-01-01T00:01:00Z",
+    "command_line": "python -m harness run --suite default --note '<b>bold</b>'",
+    "start_time": "2025-01-01T00:00:00+00:00",
+    "end_time": "2025-01-01T00:01:00+00:00",
     "policy_hash": "sha256:feedface",
 }
 EXPECTED_COUNTS = {"pass": 45, "fail": 2, "skip": 1, "unsupported": 1, "error": 1}

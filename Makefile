@@ -5,9 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/parity
 SUITE  ?= default
+BASELINE ?= baselines/default.csv
 PYTEST_ARGS ?=
 
-.PHONY: setup test parity clean
+.PHONY: setup test parity baseline gate faults sweep bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +25,14 @@ test: setup
 
 parity: setup
 	$(PY) -m harness run --suite $(SUITE) --out $(OUT)
+
+# Run the suite and, if it passes, store it as the reviewed baseline the gate uses.
+baseline: parity
+	$(PY) -m harness baseline --from $(OUT) --to $(BASELINE)
+
+# Gate the last run in $(OUT) against the baseline (run `make parity` first).
+gate: setup
+	$(PY) -m harness gate --baseline $(BASELINE) --current $(OUT)
 
 clean:
 	rm -rf $(VENV) out .cache .pytest_cache

@@ -136,7 +136,9 @@ def _pre_core_bwd(config, kernel, residuals, cotangents):
     # fold is where the matmul operand is rounded, not part of its derivative).
     # The derivative of the rounding to the activation dtype is taken as the identity,
     # as autodiff does for `astype`.
-    leaves = _matmul_leaves(weights, x2.dtype)
+    # Taken at the rounded leaves, held in float32 so the VJP's outputs stay float32
+    # until the cross-shard sum.
+    leaves = tuple(a.astype(jnp.float32) for a in _matmul_leaves(weights, x2.dtype))
     _, fold_vjp = jax.vjp(functools.partial(_fold_leaves, dtype=jnp.float32), *leaves)
     d_ns, d_pa, d_qa, d_ra = (
         g.astype(p.dtype) for g, p in zip(fold_vjp(d_folded), _matmul_leaves(weights, jnp.float32))

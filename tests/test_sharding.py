@@ -1,0 +1,195 @@
+"""Token-sharded kernel path vs the unsharded kernel path on 8 simulated CPU devices.
+
+Stated bound. Per token, the sharded and unsharded runs execute the same block
+computations (shards split batch × sequence into whole token blocks), so forward
+outputs and d_x must be bit-identical. A weight gradient is a sum over token blocks of
+per-block partials p_b; sharding only changes the association of that sum (blocks
+within a shard, then across shards) and where the fold VJP's sum over projection
+columns happens. For a float32 leaf:
+
+    |g_sharded - g_unsharded| <= 2 · (N_blocks + P) · eps_f32 · Σ_b |p_b|
+
+(the textbook bound for two summation orders of N_blocks + P terms), elementwise;
+a bfloat16 leaf may further differ by one rounding: + one ulp of the leaf dtype.
+The test measures Σ_b |p_b| by running the kernels on each token block alone.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec
+
+from mhc.kernels import KernelConfig, post, pre
+from mhc.sharding import psum_to_primal_vma, token_out_shape, token_sharding
+from mhc.types import WEIGHT_FIELDS, MhcConfig
+from tests.support import random_activations, random_weights
+
+pytestmark = pytest.mark.sharded
+
+CONFIG = MhcConfig(4, 128)
+BLOCK = 8
+KERNEL = KernelConfig(block_tokens=BLOCK, block_tokens_bwd=BLOCK, block_features=128)
+SHAPE = (8, 16, 4, 128)  # 128 tokens = 16 blocks; 16 tokens per shard on 8 devices
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def _mesh(shape, axis_type=AxisType.Auto):
+    return jax.make_mesh(shape, ("data", "fsdp"), axis_types=(axis_type,) * 2)
+
+
+def _inputs(dtype):
+    b, s, n, c = SHAPE
+    w = random_weights(CONFIG, seed=3).astype_for_compute(dtype)
+    x = random_activations(SHAPE, seed=4, dtype=dtype)
+    y = random_activations((b, s, c), seed=5, dtype=dtype)
+    g = random_activations(SHAPE, seed=6, dtype=dtype)
+    return x, w, y, g
+
+
+def _run(mesh, x, w, y, g):
+    """Forward values and (d_x, d_w, d_y) of `post(tanh(pre(x)) + y)` against cotangent g."""
+    return _compiled(mesh)(x, w, y, g)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(mesh):
+    # One jitted program per mesh, so the per-block runs below compile once.
+    def fwd(x, w, y):
+        li, ctx = pre(x, w, config=CONFIG, kernel=KERNEL, mesh=mesh)
+        return post(jnp.tanh(li) + y, ctx, config=CONFIG, kernel=KERNEL, mesh=mesh), li, ctx
+
+    def f(x, w, y, g):
+        outs, vjp = jax.vjp(fwd, x, w, y)
+        ct = (g, jnp.zeros_like(outs[1]), jax.tree.map(jnp.zeros_like, outs[2]))
+        return outs, vjp(ct)
+
+    return jax.jit(f)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_abs_sums_for(dtype_name):
+    return _block_abs_sums(*_inputs(jnp.dtype(dtype_name)))
+
+
+def _block_abs_sums(x, w, y, g):
+    """Σ_b |p_b| per weight leaf (float64), p_b = the weight gradient of block b alone."""
+    b, s, n, c = SHAPE
+    blocks = lambda a: a.reshape((b * s // BLOCK, 1, BLOCK) + a.shape[2:])  # noqa: E731
+    xs, ys, gs = blocks(x), blocks(y), blocks(g)
+    total = None
+    for i in range(xs.shape[0]):
+        _, (_, dw, _) = _run(None, xs[i], w, ys[i], gs[i])
+        part = {k: np.abs(np.asarray(getattr(dw, k), np.float64)) for k in WEIGHT_FIELDS}
+        total = part if total is None else {k: total[k] + part[k] for k in WEIGHT_FIELDS}
+    return total
+
+
+def _assert_identical(a, b, what):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=what)
+
+
+def _check(mesh_shape, dtype, abs_sums=None):
+    x, w, y, g = _inputs(dtype)
+    (out_u, li_u, ctx_u), (dx_u, dw_u, dy_u) = _run(None, x, w, y, g)
+    mesh = _mesh(mesh_shape)
+    (out_s, li_s, ctx_s), (dx_s, dw_s, dy_s) = _run(mesh, x, w, y, g)
+    assert out_s.sharding.spec[:2] == PartitionSpec("data", "fsdp")[:2] or mesh_shape != (2, 4)
+    for name, a, b in [("out", out_s, out_u), ("layer_input", li_s, li_u), ("d_x", dx_s, dx_u),
+                       ("d_layer_output", dy_s, dy_u)] + [
+                          (f, getattr(ctx_s, f), getattr(ctx_u, f)) for f in ("h_pre", "h_post", "h_res")]:
+        _assert_identical(a, b, name)
+    if abs_sums is None:
+        abs_sums = _block_abs_sums_for(jnp.dtype(dtype).name)
+    n_blocks = SHAPE[0] * SHAPE[1] // BLOCK
+    gamma = 2 * (n_blocks + CONFIG.dims.projection_width) * EPS32
+    for k in WEIGHT_FIELDS:
+        a = np.asarray(getattr(dw_s, k), np.float64)
+        b = np.asarray(getattr(dw_u, k), np.float64)
+        bound = gamma * abs_sums[k]
+        leaf_dtype = getattr(w, k).dtype
+        if leaf_dtype != jnp.float32:
+            # One ulp of the leaf dtype at the larger of the two values.
+            larger = np.maximum(np.abs(a), np.abs(b)).astype(leaf_dtype)
+            bound = bound + np.spacing(larger).astype(np.float64)
+        assert np.all(np.isfinite(a)), k
+        excess = np.abs(a - b) - bound
+        assert np.all(excess <= 0), (k, float(np.max(excess)), float(np.max(np.abs(a - b))))
+    return abs_sums
+
+
+@pytest.mark.slow
+def test_data2_fsdp4_f32_bit_identical_forward_and_dx_weight_grads_within_bound():
+    _check((2, 4), jnp.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_shape", [(8, 1), (1, 8)])
+def test_one_axis_meshes_f32(mesh_shape):
+    _check(mesh_shape, jnp.float32)
+
+
+@pytest.mark.slow
+def test_data2_fsdp4_bf16():
+    _check((2, 4), jnp.bfloat16)
+
+
+def test_bound_is_not_vacuous():
+    """The weight-gradient bound is far tighter than a real error (e.g. a missing shard)."""
+    x, w, y, g = _inputs(jnp.float32)
+    _, (_, dw, _) = _run(None, x, w, y, g)
+    sums = _block_abs_sums_for("float32")
+    gamma = 2 * (SHAPE[0] * SHAPE[1] // BLOCK + CONFIG.dims.projection_width) * EPS32
+    for k in WEIGHT_FIELDS:
+        # Dropping one shard's eighth of the tokens would change the gradient by ~1/8
+        # of its magnitude; the bound must be well below that.
+        assert np.max(gamma * sums[k]) < 0.01 * np.max(np.abs(np.asarray(dw_u := getattr(dw, k)))) or \
+            np.max(np.abs(np.asarray(dw_u))) == 0, k
+
+
+def test_context_mesh_is_used_when_mesh_is_none():
+    x, w, _, _ = _inputs(jnp.float32)
+    mesh = _mesh((2, 4))
+    unsharded = jax.jit(lambda x, w: pre(x, w, config=CONFIG, kernel=KERNEL)[0])(x, w)
+    with jax.set_mesh(mesh):
+        assert token_sharding(None) is not None
+        sharded = jax.jit(lambda x, w: pre(x, w, config=CONFIG, kernel=KERNEL)[0])(x, w)
+    assert token_sharding(None) is None
+    assert sharded.sharding.spec[:2] == ("data", "fsdp")
+    _assert_identical(sharded, unsharded, "layer_input under jax.set_mesh")
+
+
+def test_explicit_axis_mesh_is_resharded():
+    x, w, _, _ = _inputs(jnp.float32)
+    ref = jax.jit(lambda x, w: pre(x, w, config=CONFIG, kernel=KERNEL)[0])(x, w)
+    out = jax.jit(lambda x, w: pre(x, w, config=CONFIG, kernel=KERNEL, mesh=_mesh((2, 4), AxisType.Explicit))[0])(x, w)
+    _assert_identical(out, ref, "explicit-axes mesh")
+
+
+def test_batch_not_divisible_by_mesh_axis_is_unsupported():
+    from mhc.common import UnsupportedInputError
+
+    x = random_activations((4, 16, 4, 128))
+    w = random_weights(CONFIG)
+    with pytest.raises(UnsupportedInputError, match="batch divisible by mesh axis 'data'"):
+        pre(x, w, config=CONFIG, kernel=KERNEL, mesh=_mesh((8, 1)))
+
+
+def test_sharding_helpers_inside_check_vma_shard_map():
+    """token_out_shape / psum_to_primal_vma carry and remove the token axes' vma."""
+    mesh = _mesh((2, 4))
+    spec = PartitionSpec(("data", "fsdp"))
+
+    def body(x, w):
+        s = token_out_shape(x.shape, x.dtype, x)
+        assert s.manual_axis_type.varying == {"data", "fsdp"}
+        partial_grad = jax.lax.pcast(w, ("data", "fsdp"), to="varying") * jnp.sum(x)
+        return x, psum_to_primal_vma(partial_grad, w)
+
+    x = jnp.arange(64.0).reshape(64, 1)
+    w = jnp.ones((1,))
+    _, total = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, PartitionSpec()),
+                                     out_specs=(spec, PartitionSpec()), check_vma=True))(x, w)
+    np.testing.assert_allclose(np.asarray(total), [np.sum(np.arange(64.0))])

@@ -14,6 +14,15 @@ tokens. mHC is per token except for the weight-gradient reductions, so the plan 
   axes the primal weight does not vary on (the `custom_vjp` backward must return a
   cotangent of the primal's type).
 
+Interpret mode: `mhc.kernels` runs interpret-mode kernels under
+`shard_map(check_vma=False)` (Mosaic ones under `check_vma=True`). In JAX 0.10.2 the
+Pallas HLO interpreter evaluates the kernel jaxpr — traced with vma checks off, so its
+constants are invariant — on varying blocks, and the first op mixing a constant with a
+block fails ("Primitive div requires varying manual axes to match"); aliasing outputs to
+varying zeros only fixes the loop-carry types. With `check_vma=False` every vma is
+empty, so `to_varying` / `psum_to_primal_vma` are no-ops and the shard_map transpose
+sums the replicated weights' cotangents (in float32: weights enter as float32).
+
 Mesh resolution rule (`resolve_mesh`): an explicit `mesh` argument wins; with
 `mesh=None` the context mesh of `jax.set_mesh(...)` / `jax.sharding.use_abstract_mesh(...)`
 (read through `jax.sharding.get_abstract_mesh()`) is used when there is one; otherwise

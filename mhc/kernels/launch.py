@@ -4,12 +4,12 @@
   `shard_map(check_vma=True)` declares the manual axes its outputs vary on.
 * Every operand is passed through `mhc.sharding.to_varying`: replicated weights and
   compile-time constants must be varying before they meet activations in a kernel.
-* Interpret mode: each output is aliased to a zeros input of the same varying type.
-  In this JAX the interpreter carries whole output buffers through a `while_loop`; a
-  buffer it allocates itself is not varying and the loop fails ("carry input and carry
-  output must have equal types") inside shard_map. The aliased zeros input gives the
-  buffer the right type, and doubles as the initial value of accumulator outputs
-  (a `pl.when(step == 0)` zero-fill loses the varying type in the interpreter).
+* Interpret mode: each output is aliased to a zeros input (varying like `like`). The
+  interpreter carries whole output buffers through a `while_loop`; the aliased zeros
+  give that buffer a defined value and type, and are the initial value of accumulator
+  outputs, so the interpret kernels need no `pl.when(step == 0)` zero-fill (which lost
+  the varying type in the interpreter under check_vma). Interpret kernels inside a
+  shard_map run with check_vma=False; see `mhc.sharding`.
 * Mosaic mode (interpret=False): no aliases; a kernel zero-fills its accumulators at
   the first grid step itself (an output block is never read from HBM on TPU); see
   `zero_fill_at_first_step`.

@@ -1,0 +1,454 @@
+"""The fault catalogue: small, reversible regressions injected into one seam of `mhc/`.
+
+A harness that never fails proves nothing. Each `Fault` here models one regression a
+kernel author (or a refactor of the reference path) could plausibly merge, as a patch of
+exactly one *seam*: a module attribute of `mhc/` that one path looks up at trace time.
+The consumers of `mhc.common` bind its helpers by name (``from mhc.common import
+compute_sigmoid_gate``), so ``mhc.reference.compute_sigmoid_gate`` and
+``mhc.kernels.forward.compute_sigmoid_gate`` are different seams: patching one changes
+one path and leaves the other (and the float64 oracle, which imports nothing from
+`mhc`) untouched.
+
+Use a fault as a context manager; the seam is restored on exit, also on an exception::
+
+    with FAULTS["kernel.gate_params_bf16"].injected():
+        ...  # build and compile programs here: the patch acts at trace time
+
+`injected()` clears JAX's tracing caches on entry and exit, so a program traced before
+(or during) the fault is never reused on the other side of it. Compiled programs held
+elsewhere (e.g. a `harness.paths.ProgramCache`) are not affected: use a fresh cache per
+fault.
+
+`affects_path` / `affects_case` say which paths and cases a fault can change at all,
+so the kill-matrix driver (`harness.faults_cli`) runs each fault only where it can be
+seen and reuses the clean results of every other path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import importlib
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+REFERENCE_IMPLEMENTATIONS = ("reference",)
+# Built-in implementations that run the Pallas kernels (mosaic only on a TPU).
+KERNEL_IMPLEMENTATIONS = ("interpret", "mosaic")
+
+
+class SeamError(LookupError):
+    """A fault's seam does not exist in `mhc/` (renamed or moved): the fault cannot be injected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Seam:
+    """One patchable attribute: `module` and a dotted `attribute` path inside it.
+
+    e.g. Seam("mhc.kernels.forward", "compute_sigmoid_gate") or
+    Seam("mhc.kernels.api", "_pre_core.bwd") (the backward rule of a custom VJP).
+    """
+
+    module: str
+    attribute: str
+
+    @property
+    def name(self) -> str:
+        """`module.attribute`, e.g. ``mhc.reference.compute_sigmoid_gate``."""
+        return f"{self.module}.{self.attribute}"
+
+    def resolve(self) -> tuple[Any, str]:
+        """(object owning the final attribute, its name); SeamError if any part is missing."""
+        try:
+            owner: Any = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise SeamError(f"seam {self.name}: cannot import {self.module}: {exc}") from exc
+        *parents, leaf = self.attribute.split(".")
+        for part in parents:
+            if not hasattr(owner, part):
+                raise SeamError(f"seam {self.name}: {part!r} not found")
+            owner = getattr(owner, part)
+        if not hasattr(owner, leaf):
+            raise SeamError(f"seam {self.name}: attribute {leaf!r} not found")
+        return owner, leaf
+
+
+def _clear_jax_caches() -> None:
+    import sys
+
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One injected regression.
+
+    name: stable identifier, ``<path>.<what>`` (``reference.*`` or ``kernel.*``).
+    seam: the one attribute patched.
+    description: the real-world regression it models (shown in the reports).
+    make_replacement: original attribute value -> the faulty value to install.
+    implementations: names of the implementations whose results the patch can change
+      (all other paths are unaffected and need not be re-run).
+    sharded_only: the patch only acts on token-sharded paths (cross-shard reductions).
+    variants: mHC variants whose computation goes through the seam.
+    """
+
+    name: str
+    seam: Seam
+    description: str
+    make_replacement: Callable[[Any], Any] = dataclasses.field(repr=False, compare=False)
+    implementations: tuple[str, ...] = KERNEL_IMPLEMENTATIONS
+    sharded_only: bool = False
+    variants: tuple[str, ...] = ("lite", "sinkhorn")
+
+    @contextlib.contextmanager
+    def injected(self) -> Iterator["Fault"]:
+        """Install the faulty value at the seam for the duration of the block, then restore it."""
+        owner, attribute = self.seam.resolve()
+        original = getattr(owner, attribute)
+        replacement = self.make_replacement(original)
+        _clear_jax_caches()
+        setattr(owner, attribute, replacement)
+        try:
+            yield self
+        finally:
+            setattr(owner, attribute, original)
+            _clear_jax_caches()
+
+    def affects_path(self, path) -> bool:
+        """True if the fault can change the results of `path` (a `harness.paths.Path`)."""
+        if path.impl.name not in self.implementations:
+            return False
+        return path.mesh is not None or not self.sharded_only
+
+    def affects_case(self, case) -> bool:
+        """True if some path the case runs goes through the seam.
+
+        Cases whose kernel paths are skipped (reference-only variants) or rejected
+        (expected-unsupported shapes) cannot show a kernel fault; a sharded-only fault
+        needs a case with a mesh.
+        """
+        if case.variant not in self.variants:
+            return False
+        if self.sharded_only and case.mesh is None:
+            return False
+        kernel_only = not set(self.implementations) & set(REFERENCE_IMPLEMENTATIONS)
+        if kernel_only and (case.expects_unsupported or "reference_only" in case.all_tags):
+            return False
+        return True
+
+
+# ------------------------------------------------------------------------ replacements
+#
+# Each factory takes the original attribute value and returns the faulty one. They keep
+# the original's signature so every call site keeps working.
+
+
+def _gate_with_bf16_params(original_gate):
+    """The gate with scale and bias rounded to bfloat16 before the affine map."""
+    import jax.numpy as jnp
+
+    def compute_sigmoid_gate_bf16_params(logits, scale, bias, **options):
+        return original_gate(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), **options)
+
+    return compute_sigmoid_gate_bf16_params
+
+
+def _gate_without_epsilon(original_gate):
+    """The gate ignoring its additive epsilon (only the pre gate passes one)."""
+
+    def compute_sigmoid_gate_no_epsilon(logits, scale, bias, *, multiplier=1.0, epsilon=0.0):
+        del epsilon
+        return original_gate(logits, scale, bias, multiplier=multiplier, epsilon=0.0)
+
+    return compute_sigmoid_gate_no_epsilon
+
+
+def _post_gate_multiplier_of_one(original_multiplier):
+    """The module's POST_GATE_MULTIPLIER binding replaced by 1.0 (the factor 2 lost)."""
+    del original_multiplier
+    return 1.0
+
+
+def _projection_with_bf16_rms(original_projection):
+    """`folded_rms_projection` whose mean of squares and rsqrt run in bfloat16.
+
+    The projection matmul itself is unchanged (activation dtype, float32 accumulation);
+    only the RMS statistic is computed on bfloat16 values and rounded to bfloat16.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    del original_projection
+
+    def folded_rms_projection_bf16_stats(v, folded, epsilon):
+        acc = jax.lax.dot_general(
+            v, folded.astype(v.dtype), (((v.ndim - 1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+        v16 = v.astype(jnp.bfloat16)
+        mean_square = jnp.mean(v16 * v16, axis=-1, keepdims=True, dtype=jnp.bfloat16)
+        inverse = jax.lax.rsqrt(mean_square + jnp.asarray(epsilon, jnp.bfloat16))
+        return inverse.astype(jnp.float32) * acc
+
+    return folded_rms_projection_bf16_stats
+
+
+def _reversed_permutations(n: int):
+    """The n! permutation matrices in reversed order, (n!, n·n) float32 NumPy.
+
+    What `itertools.permutations(reversed(range(n)))` would have produced: the same
+    set of matrices, enumerated in reverse-lexicographic order.
+    """
+    from mhc.common import permutation_matrices
+
+    return permutation_matrices(n)[::-1].reshape(-1, n * n).copy()
+
+
+def _residual_matrix_with_reordered_permutations(original_residual_matrix):
+    """`lite_residual_matrix` mixing with the permutations in reversed order."""
+    import jax.numpy as jnp
+
+    def lite_residual_matrix_reordered(logits, scale, bias, n, perms=None):
+        del perms
+        return original_residual_matrix(logits, scale, bias, n, jnp.asarray(_reversed_permutations(n)))
+
+    return lite_residual_matrix_reordered
+
+
+def _permutation_operand_reordered(original_operand):
+    """The kernels' permutation-table operand built in reversed order."""
+    del original_operand
+    return _reversed_permutations
+
+
+def _expand_with_transposed_residual(original_expand):
+    """`expand_streams` contracting h_res over its second stream index instead of its first."""
+    import jax.numpy as jnp
+
+    def expand_streams_transposed(h_res, h_post, x, layer_output):
+        return original_expand(jnp.swapaxes(h_res, -1, -2), h_post, x, layer_output)
+
+    return expand_streams_transposed
+
+
+def _psum_keeping_first_shard(original_psum):
+    """`psum_to_primal_vma` that all-reduces only the first token shard's contribution.
+
+    Inside a token shard_map every shard but the first contributes zeros, so the weight
+    gradient every device ends up with is the first shard's local (un-summed) gradient:
+    the value a forgotten all-reduce leaves when the replicated output keeps one
+    device's copy. Type-correct either way: with check_vma the original psum still runs
+    (making the cotangent invariant); without it (interpret mode) the shard_map
+    transpose sums the per-shard cotangents, and the zeros keep the first shard's alone.
+    Outside shard_map it is the original.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def psum_to_primal_vma_first_shard_only(grad, primal):
+        mesh = jax.sharding.get_abstract_mesh()
+        manual = tuple(getattr(mesh, "manual_axes", ()) or ())
+        if manual:
+            shard = jax.lax.axis_index(manual)
+            grad = jnp.where(shard == 0, grad, jnp.zeros_like(grad))
+        return original_psum(grad, primal)
+
+    return psum_to_primal_vma_first_shard_only
+
+
+# Output order of `mhc.kernels.backward.pre_backward`:
+# d_x2, d_folded, pre_scale, pre_bias, post_scale, post_bias, res_scale, res_bias.
+_PRE_BACKWARD_POST_BIAS = 5
+
+
+def _pre_backward_dropping_post_bias_grad(original_pre_backward):
+    """`pre_backward` whose post_bias gradient accumulator is never written (stays zero)."""
+    import jax.numpy as jnp
+
+    def pre_backward_without_post_bias_grad(*args, **kwargs):
+        outputs = list(original_pre_backward(*args, **kwargs))
+        outputs[_PRE_BACKWARD_POST_BIAS] = jnp.zeros_like(outputs[_PRE_BACKWARD_POST_BIAS])
+        return outputs
+
+    return pre_backward_without_post_bias_grad
+
+
+def _launch_skipping_last_token_block(original_launch):
+    """`launch` whose kernel body does nothing on the last step of the token grid axis.
+
+    That block's outputs keep their initial contents (zeros in interpret mode, whatever
+    the buffer held on a TPU) — an off-by-one in the grid or a tail guard that drops the
+    final full block.
+    """
+    from jax.experimental import pallas as pl
+
+    def launch_skipping_last_block(body, *, grid, **kwargs):
+        last_step = grid[0] - 1
+
+        def body_skipping_last_block(*refs):
+            @pl.when(pl.program_id(0) != last_step)
+            def _():
+                body(*refs)
+
+        return original_launch(body_skipping_last_block, grid=grid, **kwargs)
+
+    return launch_skipping_last_block
+
+
+def _vjp_swapping_bias_grads(original_bwd):
+    """The pre custom VJP's backward rule returning pre_bias's gradient for post_bias and vice versa."""
+
+    def pre_core_bwd_swapped_bias_grads(config, kernel, residuals, cotangents):
+        d_x2, d_weights = original_bwd(config, kernel, residuals, cotangents)
+        grads = d_weights.as_dict()
+        grads["pre_bias"], grads["post_bias"] = grads["post_bias"], grads["pre_bias"]
+        return d_x2, type(d_weights).from_dict(grads)
+
+    return pre_core_bwd_swapped_bias_grads
+
+
+# ------------------------------------------------------------------------- catalogue
+
+
+def _reference_fault(name, attribute, description, replacement, variants=("lite", "sinkhorn")) -> Fault:
+    return Fault(
+        name=name, seam=Seam("mhc.reference", attribute), description=description,
+        make_replacement=replacement, implementations=REFERENCE_IMPLEMENTATIONS, variants=variants,
+    )
+
+
+def _kernel_fault(name, module, attribute, description, replacement, *, sharded_only=False) -> Fault:
+    return Fault(
+        name=name, seam=Seam(module, attribute), description=description, make_replacement=replacement,
+        implementations=KERNEL_IMPLEMENTATIONS, sharded_only=sharded_only, variants=("lite",),
+    )
+
+
+CATALOGUE: tuple[Fault, ...] = (
+    # --- reference path (plain JAX) ------------------------------------------------------
+    _reference_fault(
+        "reference.gate_params_bf16", "compute_sigmoid_gate",
+        "The reference casts the gate scale and bias to bfloat16 before the sigmoid (the "
+        "upstream reference/kernel mismatch: weights cast to the compute dtype wholesale, "
+        "rounding the un-rounded gate leaves).",
+        _gate_with_bf16_params,
+    ),
+    _reference_fault(
+        "reference.pre_epsilon_dropped", "compute_sigmoid_gate",
+        "The reference's pre gate loses its additive epsilon (h_pre = sigmoid(...) instead of "
+        "sigmoid(...) + pre_epsilon), e.g. a refactor that drops a keyword argument.",
+        _gate_without_epsilon,
+    ),
+    _reference_fault(
+        "reference.post_gate_factor_lost", "POST_GATE_MULTIPLIER",
+        "The reference's post gate is sigmoid(...) instead of 2·sigmoid(...) (the factor 2 of "
+        "mHC's h_post lost).",
+        _post_gate_multiplier_of_one,
+    ),
+    _reference_fault(
+        "reference.rms_stats_bf16", "folded_rms_projection",
+        "The reference computes the RMS-norm statistic (mean of squares, rsqrt) in bfloat16 "
+        "instead of float32.",
+        _projection_with_bf16_rms,
+    ),
+    _reference_fault(
+        "reference.permutation_order_changed", "lite_residual_matrix",
+        "The reference mixes the n! permutation matrices in another order than the one the "
+        "res_alpha/res_bias columns were trained for (reverse-lexicographic instead of "
+        "itertools order).",
+        _residual_matrix_with_reordered_permutations, variants=("lite",),
+    ),
+    _reference_fault(
+        "reference.residual_contraction_transposed", "expand_streams",
+        "The reference's residual mix contracts h_res over its second stream index "
+        "(out = h_res·x instead of h_resᵀ·x).",
+        _expand_with_transposed_residual,
+    ),
+    # --- Pallas kernels --------------------------------------------------------------------
+    _kernel_fault(
+        "kernel.gate_params_bf16", "mhc.kernels.forward", "compute_sigmoid_gate",
+        "The forward kernel casts the gate scale and bias to bfloat16 (e.g. loading the gate "
+        "operands in the activation dtype) before the sigmoid.",
+        _gate_with_bf16_params,
+    ),
+    _kernel_fault(
+        "kernel.pre_epsilon_dropped", "mhc.kernels.forward", "compute_sigmoid_gate",
+        "The forward kernel's pre gate loses its additive epsilon.",
+        _gate_without_epsilon,
+    ),
+    _kernel_fault(
+        "kernel.post_gate_factor_lost", "mhc.kernels.forward", "POST_GATE_MULTIPLIER",
+        "The forward kernel's post gate is sigmoid(...) instead of 2·sigmoid(...).",
+        _post_gate_multiplier_of_one,
+    ),
+    _kernel_fault(
+        "kernel.rms_stats_bf16", "mhc.kernels.forward", "folded_rms_projection",
+        "The forward kernel computes the RMS-norm statistic in bfloat16 (squares and mean in "
+        "the narrow dtype) instead of float32.",
+        _projection_with_bf16_rms,
+    ),
+    _kernel_fault(
+        "kernel.permutation_order_changed", "mhc.kernels.forward", "permutation_operand",
+        "The forward kernel's permutation-table operand is enumerated in another order than "
+        "the reference's (reverse-lexicographic instead of itertools order).",
+        _permutation_operand_reordered,
+    ),
+    _kernel_fault(
+        "kernel.residual_contraction_transposed", "mhc.kernels.forward", "expand_streams",
+        "The post forward kernel contracts h_res over its second stream index (a transposed "
+        "einsum / swapped BlockSpec axes).",
+        _expand_with_transposed_residual,
+    ),
+    _kernel_fault(
+        "kernel.weight_grad_not_summed", "mhc.kernels.api", "psum_to_primal_vma",
+        "Token-sharded weight gradients are not summed across shards: every device keeps one "
+        "shard's local gradient (a forgotten all-reduce under a replicated out_spec), "
+        "type-correct so it yields wrong numbers rather than a crash.",
+        _psum_keeping_first_shard, sharded_only=True,
+    ),
+    _kernel_fault(
+        "kernel.bias_grad_zeroed", "mhc.kernels.backward", "pre_backward",
+        "The pre backward kernel never accumulates the post_bias gradient (its accumulator "
+        "stays at its zero initial value).",
+        _pre_backward_dropping_post_bias_grad,
+    ),
+    _kernel_fault(
+        "kernel.token_block_skipped", "mhc.kernels.forward", "launch",
+        "The forward kernels skip their last token block (off-by-one in the grid or a "
+        "tail guard that drops the final full block); its outputs keep their initial values.",
+        _launch_skipping_last_token_block,
+    ),
+    _kernel_fault(
+        "kernel.vjp_bias_grads_swapped", "mhc.kernels.api", "_pre_core.bwd",
+        "The kernels' custom VJP returns the gradients of pre_bias and post_bias in each "
+        "other's place (same shape, so nothing catches it but the numbers).",
+        _vjp_swapping_bias_grads,
+    ),
+)
+
+FAULTS: Mapping[str, Fault] = {fault.name: fault for fault in CATALOGUE}
+
+
+class UnknownFaultError(KeyError):
+    """A fault glob matched nothing; str() is the full message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def select_faults(globs: Iterable[str] | None, catalogue: Iterable[Fault] = CATALOGUE) -> list[Fault]:
+    """Faults whose names match any of `globs` (all when None/empty), in catalogue order.
+
+    Raises UnknownFaultError naming a glob that matches no fault.
+    """
+    faults = list(catalogue)
+    patterns = list(globs or [])
+    if not patterns:
+        return faults
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(f.name, pattern) for f in faults):
+            known = ", ".join(f.name for f in faults)
+            raise UnknownFaultError(f"no fault matches {pattern!r} (known: {known})")
+    return [f for f in faults if any(fnmatch.fnmatchcase(f.name, p) for p in patterns)]

@@ -110,11 +110,15 @@ class Branch:
     apply: Callable[[dict, jax.Array], jax.Array]
     description: str
     param_shapes: Callable[[int], dict[str, tuple[int, ...]]]
+    # True when each output element depends on its own input element only: no matmul
+    # whose blocking XLA may choose from the (per-shard) token count, so a token-sharded
+    # run computes every token bit-identically.
+    elementwise: bool = False
 
 
 BRANCHES: dict[str, Branch] = {
-    "identity": Branch("identity", identity_init, identity_apply, "h -> h (no parameters)", _no_params),
-    "tanh": Branch("tanh", tanh_init, tanh_apply, "h -> tanh(h) (no parameters)", _no_params),
+    "identity": Branch("identity", identity_init, identity_apply, "h -> h (no parameters)", _no_params, elementwise=True),
+    "tanh": Branch("tanh", tanh_init, tanh_apply, "h -> tanh(h) (no parameters)", _no_params, elementwise=True),
     "mlp": Branch(
         "mlp",
         mlp_init,

@@ -52,11 +52,17 @@ class Implementation:
     case_limits: bool = False
     external: Any = None
 
-    @property
-    def partitioning(self) -> str:
-        """How a token-sharded run is split: "manual" (kernels per shard in shard_map)
-        or "auto" (XLA's partitioner, which may re-block matmuls per shard)."""
-        return "manual" if self.kernel else "auto"
+    def partitioning(self, elementwise_branch: bool) -> str:
+        """How a token-sharded run of this implementation is split, for the policy.
+
+        "manual": every per-token computation runs per shard in code whose blocking does
+        not depend on the shard's token count (the kernels inside shard_map, around an
+        elementwise branch), so each token is bit-identical to the unsharded run.
+        "auto": some per-token work (the reference, an external implementation, or a
+        branch with matmuls) is partitioned by XLA, which may re-block a matmul for the
+        smaller per-shard row count and so reorder its sums.
+        """
+        return "manual" if self.kernel and elementwise_branch else "auto"
 
     def layer_options(self) -> dict[str, Any]:
         """Keyword arguments for `ManifoldConstrainedHyperConnections` (besides shapes)."""

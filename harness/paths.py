@@ -48,7 +48,7 @@ def leaf_kind(leaf: str) -> str:
     if leaf.startswith("d_branch."):
         return "branch_grad"
     if leaf.startswith("d_") and leaf[2:] in WEIGHT_FIELDS:
-        return "weight_grad"
+        return "scale_grad" if leaf.endswith("_scale") and leaf != "d_norm_scale" else "weight_grad"
     raise KeyError(f"unknown leaf {leaf!r}")
 
 

@@ -22,6 +22,7 @@ import fnmatch
 import traceback
 from typing import Callable, Iterable, Iterator, Sequence
 
+from cases.branches import get_branch
 from harness.compare import compare_leaves, status_row
 from harness.implementations import REFERENCE, Implementation
 from harness.lowering import lowering_rows
@@ -168,7 +169,7 @@ class Runner:
                     case, candidate=path.name, partner=partner, comparison=comparison,
                     candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves, policy=self.policy, timing=timing,
-                    partitioning=path.impl.partitioning,
+                    partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
                 )
         if plan.lowering:
             yield from (row for row in lowering_rows(case) if plan.selects(row["candidate"]))

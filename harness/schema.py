@@ -25,10 +25,15 @@ COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
 #   output           the layer output `out`
 #   intermediate     layer_input, h_pre, h_post, h_res
 #   activation_grad  d_x
-#   weight_grad      d_<MhcWeights field>
+#   weight_grad      d_<MhcWeights field> (matrices, biases, norm scale)
+#   scale_grad       d_pre_scale, d_post_scale, d_res_scale: scalars that sum over every
+#                    token and stream with both signs, so cancellation amplifies their
+#                    relative error far beyond other weight gradients'
 #   branch_grad      d_branch.<branch parameter>
 #   program          a lowering row's program
-LEAF_KINDS = ("output", "intermediate", "activation_grad", "weight_grad", "branch_grad", "program")
+LEAF_KINDS = (
+    "output", "intermediate", "activation_grad", "weight_grad", "scale_grad", "branch_grad", "program",
+)
 
 IDENTITY_COLUMNS = ("case", "candidate", "partner", "leaf")
 

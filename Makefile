@@ -34,5 +34,10 @@ baseline: parity
 gate: setup
 	$(PY) -m harness gate --baseline $(BASELINE) --current $(OUT)
 
+# Cold and warm timing of the suite, with the share spent compiling, executing and in
+# harness overhead, and peak memory (targets: cold < 5 min, warm < 90 s, overhead < 10%).
+bench: setup
+	$(PY) bench/parity_bench.py --suite $(SUITE)
+
 clean:
 	rm -rf $(VENV) out .cache .pytest_cache

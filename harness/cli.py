@@ -134,6 +134,7 @@ def _command_run(args) -> int:
         suite=args.suite or ("" if args.cases else "default"),
         case_count=len(cases),
         resumed_cases=len(done),
+        **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
     )
     return _write_reports(rows, metadata, args.out, args.baseline)
 

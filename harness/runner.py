@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import time
 import traceback
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -81,6 +82,8 @@ class Runner:
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.cache = cache or ProgramCache()
+        # Seconds spent outside the paths' own compile/execute, for the benchmark.
+        self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
 
     # -- one path ------------------------------------------------------------------
 
@@ -133,8 +136,11 @@ class Runner:
         """Yield every row of one case (see the module docstring for what is compared)."""
         paths = plan.paths_for(case)
         try:
+            start = time.perf_counter()
             fixture = self.fixture_loader(case)
+            self.timings["fixtures_s"] += time.perf_counter() - start
             oracle = run_oracle_path(case, fixture)
+            self.timings["oracle_s"] += oracle.execute_s
         except UnsupportedInputError as exc:
             # The math itself rejects the case (e.g. too many streams for mHC-lite).
             for path in paths:
@@ -172,7 +178,10 @@ class Runner:
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
                 )
         if plan.lowering:
-            yield from (row for row in lowering_rows(case) if plan.selects(row["candidate"]))
+            start = time.perf_counter()
+            rows = [row for row in lowering_rows(case) if plan.selects(row["candidate"])]
+            self.timings["lowering_s"] += time.perf_counter() - start
+            yield from rows
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
         for comparison, partner in _comparisons_of(path, paths):

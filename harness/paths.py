@@ -138,7 +138,7 @@ def _build_program(path: Path, case):
             # A fresh state holding the fixture's weights (traced arguments), so the
             # initial parameters are never captured as constants of the program.
             weights_state = jax.tree.map(lambda leaf: leaf, state)
-            weights_state.replace_by_pure_dict(MhcWeights.from_dict(w_).as_dict())
+            nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
             module = nnx.merge(graphdef, weights_state)
             return module.call_with_intermediates(lambda h: branch.apply(p_, h), x_)
 

@@ -63,17 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def select_cases(args):
-    """The cases `args` asks for, with --seed applied; UsageError for unknown names."""
+    """The cases `args` asks for, with --seed applied; UsageError for unknown names.
+
+    Without --suite or --cases the default suite runs, or — when case files are given —
+    the cases of those files (suite "user").
+    """
     from cases import registry
     from cases.spec import CaseSpecError, normalize_dtype
-    from cases.toml_cases import load_case_file
+    from cases.toml_cases import USER_SUITE, register_case_file
 
-    reg = registry.default_registry()
+    reg = registry.fresh_registry()
     try:
         for path in args.case_file:
-            for case in load_case_file(path):
-                reg.register(case, suites=("user",))
-        suite = args.suite if args.suite or args.cases else "default"
+            register_case_file(path, reg)
+        suite = args.suite
+        if suite is None and args.cases is None:
+            suite = USER_SUITE if args.case_file else "default"
         dtype = normalize_dtype(args.dtype, field="--dtype") if args.dtype else None
         selected = reg.select(suite=suite, names=args.cases, tags=args.tags, dtype=dtype)
     except (CaseSpecError, KeyError, ValueError, OSError) as exc:
@@ -93,7 +98,6 @@ def _command_run(args) -> int:
     from harness.progress import Progress
     from harness.runner import PathPlan, Runner
     from harness.store import RowStore, StoreError
-    from harness.summary import print_summary
 
     try:
         policy = load_policy(args.policy)
@@ -131,7 +135,7 @@ def _command_run(args) -> int:
         wall_seconds=round(time.perf_counter() - wall_start, 3),
         policy_file=str(policy.source),
         policy_hash=policy.digest,
-        suite=args.suite or ("" if args.cases else "default"),
+        suite=args.suite or "",
         case_count=len(cases),
         resumed_cases=len(done),
         **{name: round(seconds, 3) for name, seconds in runner.timings.items()},

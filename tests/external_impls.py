@@ -1,0 +1,44 @@
+"""External implementations for the CLI tests, loaded with `--impl tests.external_impls:...`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mhc import reference
+
+
+@dataclasses.dataclass(frozen=True)
+class WrappedReference:
+    """A correct external implementation: the reference path under another name."""
+
+    name: str = "wrapped_reference"
+    variants: tuple[str, ...] = ("lite",)
+
+    def pre(self, x, weights, *, config):
+        return reference.pre(x, weights, config=config)
+
+    def post(self, layer_output, context, *, config):
+        return reference.post(layer_output, context, config=config)
+
+
+@dataclasses.dataclass(frozen=True)
+class LosesPostGateFactor(WrappedReference):
+    """A wrong one: the post gate's factor 2 is lost (out uses h_post / 2)."""
+
+    name: str = "loses_post_gate_factor"
+
+    def post(self, layer_output, context, *, config):
+        halved = dataclasses.replace(context, h_post=context.h_post / 2)
+        return reference.post(layer_output, halved, config=config)
+
+
+def good():
+    return WrappedReference()
+
+
+def broken():
+    return LosesPostGateFactor()
+
+
+def raises():
+    raise RuntimeError("factory failed on purpose")

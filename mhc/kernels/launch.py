@@ -56,35 +56,86 @@ def launch(
     """
     arrays = [to_varying(jnp.asarray(a), like) for a, _ in inputs]
     in_specs = [s for _, s in inputs]
-    out_shape = [token_out_shape(o.shape, o.dtype, like) for o in outputs]
-    out_specs = [o.spec for o in outputs]
-    n_in, n_out = len(arrays), len(outputs)
-    aliases = {}
-    kernel_fn = body
-    compiler_params = None
-    if kernel.interpret:
-        zeros = [to_varying(jnp.zeros(o.shape, o.dtype), like) for o in outputs]
-        aliases = {n_in + k: k for k in range(n_out)}
-        arrays = arrays + zeros
-        in_specs = in_specs + out_specs
-
-        def kernel_fn(*refs):  # drop the alias inputs: the body sees only its own refs
-            body(*refs[:n_in], *refs[n_in + n_out:])
-    else:
+    if not kernel.interpret:
         compiler_params = pltpu.CompilerParams(
             dimension_semantics=semantics, vmem_limit_bytes=kernel.vmem_limit_bytes
         )
-    return pl.pallas_call(
+        out_shape = [token_out_shape(o.shape, o.dtype, like) for o in outputs]
+        return pl.pallas_call(
+            body, grid=grid, in_specs=in_specs, out_specs=[o.spec for o in outputs],
+            out_shape=out_shape, interpret=False, compiler_params=compiler_params, name=name,
+        )(*arrays)
+
+    # Interpret mode. One grid step must compile like any other (see `opaque_grid` and
+    # `_pad_single_step`): sharded and unsharded runs of a token differ only in how many
+    # steps their loop takes, so their per-token results are bit-identical.
+    single = bool(grid) and grid[0] == 1
+    pad = lambda a, spec: _pad_single_step(a, spec, len(grid)) if single else a  # noqa: E731
+    arrays = [pad(a, spec) for a, spec in zip(arrays, in_specs)]
+    padded_outputs = [
+        dataclasses.replace(o, shape=pad(jax.ShapeDtypeStruct(o.shape, o.dtype), o.spec).shape)
+        for o in outputs
+    ]
+    out_shape = [token_out_shape(o.shape, o.dtype, like) for o in padded_outputs]
+    out_specs = [o.spec for o in outputs]
+    n_in, n_out = len(arrays), len(outputs)
+    zeros = [to_varying(jnp.zeros(o.shape, o.dtype), like) for o in padded_outputs]
+
+    def kernel_fn(*refs):  # drop the alias inputs: the body sees only its own refs
+        body(*refs[:n_in], *refs[n_in + n_out:])
+
+    results = pl.pallas_call(
         kernel_fn,
-        grid=grid,
-        in_specs=in_specs,
+        grid=opaque_grid(grid),
+        in_specs=in_specs + out_specs,
         out_specs=out_specs,
         out_shape=out_shape,
-        input_output_aliases=aliases,
-        interpret=kernel.interpret,
-        compiler_params=compiler_params,
+        input_output_aliases={n_in + k: k for k in range(n_out)},
+        interpret=True,
         name=name,
-    )(*arrays)
+    )(*arrays, *zeros)
+    return [r if r.shape == o.shape else r[: o.shape[0]] for r, o in zip(results, outputs)]
+
+
+def opaque_grid(grid: tuple[int, ...]) -> tuple:
+    """`grid` with its first extent hidden from XLA behind an optimization barrier.
+
+    The interpreter runs the grid as a `while_loop`. With a static extent XLA knows the
+    trip count, and a one-step loop (e.g. one token block per shard) is deleted and its
+    body inlined into the surrounding program, where it is fused with its neighbours
+    (other kernels' bodies, CSE'd broadcasts, YNNPACK fusions) differently from the
+    same body inside a multi-step loop, which changes float rounding by an ulp. A
+    runtime extent keeps a real loop for every step count.
+    """
+    if not grid:
+        return grid
+    return (jax.lax.optimization_barrier(jnp.int32(grid[0])), *grid[1:])
+
+
+def _moves_along_first_axis(spec: pl.BlockSpec, rank: int) -> bool:
+    """True if `spec`'s block changes with grid axis 0 (token-major operands)."""
+    rest = (0,) * (rank - 1)
+    return tuple(spec.index_map(0, *rest)) != tuple(spec.index_map(1, *rest))
+
+
+def _pad_single_step(a, spec: pl.BlockSpec, rank: int):
+    """Append one block of zero rows to a token-major operand of a one-step grid.
+
+    Inside the interpreter's loop each step reads its block with a `dynamic_slice` of
+    the whole buffer (and writes it with a `dynamic_update_slice`). When the block *is*
+    the whole buffer XLA replaces both with the buffer itself, so the step's body
+    differs from a multi-step one and fuses differently. A buffer two blocks long keeps
+    the slices; the padded rows are never computed (the loop runs one step) and the
+    padded output rows are sliced off. `a` may be an array or a ShapeDtypeStruct (then
+    only its padded shape is returned, as a struct).
+    """
+    if not _moves_along_first_axis(spec, rank):
+        return a
+    rows = spec.block_shape[0]
+    padded = (a.shape[0] + rows, *a.shape[1:])
+    if isinstance(a, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(padded, a.dtype)
+    return jnp.concatenate([a, jnp.zeros((rows, *a.shape[1:]), a.dtype)], axis=0)
 
 
 def full_block(shape: tuple[int, ...]) -> pl.BlockSpec:

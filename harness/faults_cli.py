@@ -2,7 +2,7 @@
 
 Kill matrix (default)::
 
-    python -m harness faults [--suite default] [--cases GLOB...] [--faults GLOB...] [--out out/faults]
+    python -m harness faults [--suite default] [--cases GLOB...] [--faults GLOB...] [--out out/faults] [--jobs N]
 
 1. A clean pass runs the selected cases through every path of the unmodified code
    (lowering rows excluded: no fault touches them). Its rows are the reference verdicts,
@@ -15,6 +15,10 @@ Kill matrix (default)::
    same row (case, candidate, partner, leaf) did not fail in the clean pass. Its margin
    is the largest `bound_usage` among those rows (error rows are shown as errors).
    Rows that already fail on clean code are not evidence and are ignored (and counted).
+
+Each pass is single-threaded (XLA compilation dominates), so `--jobs N` deals the faults
+to N spawned processes, each repeating the clean pass: on 2 cores `--jobs 2` roughly
+halves the wall time. `--list` prints the catalogue.
 
 Writes kill_matrix.csv (one line per fault × comparison × leaf that caught it),
 kill_matrix.md, kill_matrix.json and clean_rows.csv into --out, prints the matrix and the
@@ -577,6 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the false-positive sweep instead: unmodified code, seeds 0..N-1")
     parser.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run the faults in N processes (each repeats the clean pass; built-in catalogue only)")
     parser.add_argument("--quiet", action="store_true", help="no per-case progress lines")
     return parser
 
@@ -600,35 +606,91 @@ def print_catalogue(catalogue: Sequence[Fault]) -> None:
         print(f"{fault.name}\n    seam: {fault.seam.name}\n    paths: {scope}\n    models: {fault.description}")
 
 
-def run_kill_matrix(faults: Sequence[Fault], cases, policy, out: pathlib.Path, *, quiet=False) -> int:
-    """Clean pass, one pass per fault, reports; returns the exit code."""
+def _run_faults_in_process(faults: Sequence[Fault], cases, policy, *, quiet=False):
+    """Clean pass, then one pass per fault, in this process: (clean rows, [FaultResult])."""
+    shared, memo = _SharedInputs(), {}
+    _log(f"faults: clean pass over {len(cases)} case(s)", quiet=False)
+    clean_rows = run_clean_pass(cases, policy, shared, memo, quiet=quiet)
+    results = []
+    for fault in faults:
+        targets = [c for c in cases if fault.affects_case(c)]
+        start = time.perf_counter()
+        _log(f"faults: {fault.name} on {len(targets)} case(s) ...", quiet=False)
+        rows = run_fault_pass(fault, targets, policy, shared, memo) if targets else []
+        result = judge_fault(fault, rows, clean_rows, [c.name for c in targets], time.perf_counter() - start)
+        results.append(result)
+        _log(f"faults: {fault.name}: {result.status} ({len(result.cases_killed)}/{len(targets)} cases, "
+             f"margin {result.margin_text}, {result.seconds:.0f}s)", quiet=False)
+    return clean_rows, results
+
+
+def _worker(fault_names: Sequence[str], case_names: Sequence[str], policy_path, quiet: bool,
+            use_compilation_cache: bool):
+    """One `--jobs` worker process: built-in faults by name, cases by name."""
+    from harness.env import ensure_host_devices
+
+    ensure_host_devices()
+    if use_compilation_cache:
+        from harness.env import enable_compilation_cache
+
+        enable_compilation_cache()
+    from cases import registry
+    from harness.faults import FAULTS
+    from harness.policy import load_policy
+
+    cases = [registry.default_registry().get(name) for name in case_names]
+    return _run_faults_in_process([FAULTS[n] for n in fault_names], cases, load_policy(policy_path), quiet=quiet)
+
+
+def _split_faults(faults: Sequence[Fault], jobs: int) -> list[list[Fault]]:
+    """Faults dealt round-robin into `jobs` groups (kernel faults cost more; dealing mixes them)."""
+    ordered = sorted(faults, key=lambda f: (f.implementations == ("reference",), f.sharded_only))
+    groups: list[list[Fault]] = [[] for _ in range(min(jobs, len(ordered)))]
+    for index, fault in enumerate(ordered):
+        groups[index % len(groups)].append(fault)
+    return groups
+
+
+def _run_faults_in_workers(faults, cases, policy_path, jobs: int, *, quiet=False, use_compilation_cache=True):
+    """`_run_faults_in_process` split over `jobs` spawned processes (each does its own clean pass)."""
+    import concurrent.futures
+    import multiprocessing
+
+    groups = _split_faults(faults, jobs)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
+        futures = [
+            pool.submit(_worker, [f.name for f in group], [c.name for c in cases], policy_path, quiet,
+                        use_compilation_cache)
+            for group in groups
+        ]
+        outcomes = [future.result() for future in futures]
+    clean_rows = outcomes[0][0]
+    by_name = {result.name: result for _, results in outcomes for result in results}
+    return clean_rows, [by_name[f.name] for f in faults]
+
+
+def run_kill_matrix(faults: Sequence[Fault], cases, policy, out: pathlib.Path, *, quiet=False, jobs: int = 1,
+                    policy_path=None, use_compilation_cache=True) -> int:
+    """Clean pass, one pass per fault (in `jobs` processes), reports; returns the exit code."""
     from harness.env import run_metadata
 
     started = datetime.datetime.now(datetime.timezone.utc)
     wall = time.perf_counter()
-    shared, memo = _SharedInputs(), {}
-    _log(f"faults: clean pass over {len(cases)} case(s)", quiet=False)
-    clean_rows = run_clean_pass(cases, policy, shared, memo, quiet=quiet)
+    if jobs > 1 and len(faults) > 1:
+        clean_rows, results = _run_faults_in_workers(
+            faults, cases, policy_path, jobs, quiet=quiet, use_compilation_cache=use_compilation_cache)
+    else:
+        clean_rows, results = _run_faults_in_process(faults, cases, policy, quiet=quiet)
     clean_failures = sum(r["verdict"] in CATCHING_VERDICTS for r in clean_rows)
     if clean_failures:
         _log(f"faults: WARNING: {clean_failures} row(s) fail on the unmodified code; they are not "
              "counted as evidence against any fault", quiet=False)
-    results = []
-    for index, fault in enumerate(faults, 1):
-        targets = [c for c in cases if fault.affects_case(c)]
-        start = time.perf_counter()
-        _log(f"faults: [{index}/{len(faults)}] {fault.name} on {len(targets)} case(s) ...", quiet=False)
-        rows = run_fault_pass(fault, targets, policy, shared, memo) if targets else []
-        result = judge_fault(fault, rows, clean_rows, [c.name for c in targets], time.perf_counter() - start)
-        results.append(result)
-        _log(f"faults: [{index}/{len(faults)}] {fault.name}: {result.status} "
-             f"({len(result.cases_killed)}/{len(targets)} cases, margin {result.margin_text}, "
-             f"{result.seconds:.0f}s)", quiet=False)
     metadata = run_metadata()
     metadata.update(
         command_line=" ".join(sys.argv), start_time=started.isoformat(timespec="seconds"),
         wall_seconds=round(time.perf_counter() - wall, 1), policy_file=str(policy.source),
-        policy_hash=policy.digest, cases=[c.name for c in cases], clean_failing_rows=clean_failures,
+        policy_hash=policy.digest, cases=[c.name for c in cases], clean_failing_rows=clean_failures, jobs=jobs,
     )
     paths = write_kill_matrix(results, clean_rows, out, metadata)
     print()
@@ -644,8 +706,14 @@ def run_kill_matrix(faults: Sequence[Fault], cases, policy, out: pathlib.Path, *
     return EXIT_SURVIVOR if survivors else EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None, *, catalogue: Sequence[Fault] = CATALOGUE) -> int:
-    """Entry point of `python -m harness faults`; `catalogue` is replaceable for tests."""
+def main(argv: Sequence[str] | None = None, *, catalogue: Sequence[Fault] = CATALOGUE,
+         use_compilation_cache: bool = True) -> int:
+    """Entry point of `python -m harness faults`.
+
+    catalogue: the faults to choose from (tests pass their own). use_compilation_cache:
+    turn on JAX's persistent compilation cache in the project cache folder, as
+    `python -m harness run` does (tests leave the process's configuration alone).
+    """
     from harness.env import ensure_host_devices
 
     ensure_host_devices()
@@ -662,6 +730,10 @@ def main(argv: Sequence[str] | None = None, *, catalogue: Sequence[Fault] = CATA
                 raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
             if args.faults:
                 raise UsageError("--seeds runs the unmodified code; it cannot be combined with --faults")
+        if args.jobs < 1:
+            raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+        if args.jobs > 1 and tuple(catalogue) != CATALOGUE:
+            raise UsageError("--jobs > 1 runs the built-in catalogue only")
         faults = select_faults(args.faults, catalogue) if args.seeds is None else []
         for fault in faults:
             fault.seam.resolve()
@@ -675,9 +747,11 @@ def main(argv: Sequence[str] | None = None, *, catalogue: Sequence[Fault] = CATA
     except (UsageError, UnknownFaultError, SeamError) as exc:
         print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from harness.env import enable_compilation_cache
+    if use_compilation_cache:
+        from harness.env import enable_compilation_cache
 
-    enable_compilation_cache()
+        enable_compilation_cache()
     if args.seeds is not None:
         return run_sweep(cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, quiet=args.quiet)
-    return run_kill_matrix(faults, cases, policy, args.out or DEFAULT_FAULTS_OUT, quiet=args.quiet)
+    return run_kill_matrix(faults, cases, policy, args.out or DEFAULT_FAULTS_OUT, quiet=args.quiet,
+                           jobs=args.jobs, policy_path=args.policy, use_compilation_cache=use_compilation_cache)

@@ -10,6 +10,7 @@ with `psum_to_primal_vma` (a no-op when unsharded).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -90,6 +91,59 @@ def _local_tokens(plan, batch: int, seq: int) -> int:
     return b * s
 
 
+def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int) -> KernelConfig:
+    """`kernel` with the token blocks the per-shard kernels run; validates them.
+
+    Mosaic: each block is clamped to the tokens of a shard (`token_block`).
+    Interpret mode: each block is clamped to the tokens of the *whole* batch, i.e. it is
+    the block the unsharded program runs, also in every shard. XLA CPU compiles a token
+    block differently for different block shapes (fusion and YNNPACK choices depend on
+    them; d_x moved by an ulp between 64- and 128-token backward blocks), so a shard
+    holding fewer tokens than that block runs one block with its tokens padded (see
+    `_pad_tokens`) instead of a smaller block; that keeps the sharded path bit-identical
+    per token to the unsharded one, at the cost of computing the padding rows.
+    """
+    local = _local_tokens(plan, batch, seq)
+    resolved = {}
+    for field in ("block_tokens", "block_tokens_bwd"):
+        requested = getattr(kernel, field)
+        if not kernel.interpret:
+            resolved[field] = token_block(local, requested, field)
+            continue
+        block = token_block(batch * seq, requested, field)
+        if block <= local:
+            token_block(local, block, field)
+        resolved[field] = block
+    return dataclasses.replace(kernel, **resolved)
+
+
+def _kernel_block(tokens: int, requested: int, what: str, kernel: KernelConfig) -> int:
+    """The block a kernel runs on `tokens` local tokens (`requested` is already resolved).
+
+    In interpret mode a block larger than the shard is kept (the shard is padded to it,
+    see `_resolve_blocks`); otherwise the usual `token_block` rule applies.
+    """
+    if kernel.interpret and requested > tokens:
+        return requested
+    return token_block(tokens, requested, what)
+
+
+def _pad_tokens(a: jax.Array, rows: int, *, zeros: bool) -> jax.Array:
+    """Pad token-major `a` (T, ...) to `rows` tokens (no-op if it has as many).
+
+    zeros: pad with zeros (cotangents: padding rows then add exactly nothing to the
+    weight-gradient accumulators). Otherwise repeat the shard's own tokens, which are
+    as finite as the real rows (zero rows would give rsqrt(0)=inf, and NaN once
+    multiplied by a zero cotangent, with rms_epsilon=0).
+    """
+    t = a.shape[0]
+    if t >= rows:
+        return a
+    if zeros:
+        return jnp.concatenate([a, jnp.zeros((rows - t, *a.shape[1:]), a.dtype)], axis=0)
+    return jnp.take(a, jnp.arange(rows) % t, axis=0)
+
+
 # ------------------------------------------------------------------------- pre (VJP)
 
 
@@ -115,21 +169,26 @@ def _pre_core(config: MhcConfig, kernel: KernelConfig, x2, weights):
 
 def _pre_core_fwd(config, kernel, x2, weights):
     folded = _fold_leaves(*_matmul_leaves(weights, x2.dtype), dtype=x2.dtype)
-    block = token_block(x2.shape[0], kernel.block_tokens, "block_tokens")
+    t = x2.shape[0]
+    block = _kernel_block(t, kernel.block_tokens, "block_tokens", kernel)
     outs = forward.pre_forward(
-        x2, folded, forward.gate_operands(weights), config=config, kernel=kernel, block=block
+        _pad_tokens(x2, block, zeros=False), folded, forward.gate_operands(weights),
+        config=config, kernel=kernel, block=block,
     )
-    return tuple(outs), (x2, weights, folded)
+    return tuple(o[:t] for o in outs), (x2, weights, folded)
 
 
 def _pre_core_bwd(config, kernel, residuals, cotangents):
     x2, weights, folded = residuals
     d_li, d_hpre, d_hpost, d_hres = cotangents
-    block = token_block(x2.shape[0], kernel.block_tokens_bwd, "block_tokens_bwd")
+    t = x2.shape[0]
+    block = _kernel_block(t, kernel.block_tokens_bwd, "block_tokens_bwd", kernel)
     d_x2, d_folded, *d_gates = backward.pre_backward(
-        x2, folded, forward.gate_operands(weights), d_li, d_hpre, d_hpost, d_hres,
+        _pad_tokens(x2, block, zeros=False), folded, forward.gate_operands(weights),
+        *(_pad_tokens(d, block, zeros=True) for d in (d_li, d_hpre, d_hpost, d_hres)),
         config=config, kernel=kernel, block=block,
     )
+    d_x2 = d_x2[:t]
     # Per-shard sums -> whole-batch sums (before the fold VJP: one small all-reduce).
     d_folded = psum_to_primal_vma(d_folded, folded)
     # Pull d_folded back through the fold in float32 (the activation-dtype cast of the
@@ -181,9 +240,7 @@ def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig,
     validate_activations(x, config.dims)
     validate_weights(weights, config)
     plan = token_sharding(mesh)
-    tokens = _local_tokens(plan, x.shape[0], x.shape[1])
-    token_block(tokens, kernel.block_tokens, "block_tokens")
-    token_block(tokens, kernel.block_tokens_bwd, "block_tokens_bwd")
+    kernel = _resolve_blocks(kernel, plan, x.shape[0], x.shape[1])
     # Every weight leaf enters the kernels' custom VJP as float32 (exact), so each
     # shard's weight gradient stays float32 until the cross-shard sum; autodiff of this
     # cast rounds the summed gradient to the stored dtype once, at the end.
@@ -202,17 +259,25 @@ def _post_core(config: MhcConfig, kernel: KernelConfig, y2, x3, h_res, h_post):
 
 
 def _post_core_fwd(config, kernel, y2, x3, h_res, h_post):
-    block = token_block(x3.shape[0], kernel.block_tokens, "block_tokens")
+    t = x3.shape[0]
+    block = _kernel_block(t, kernel.block_tokens, "block_tokens", kernel)
     bf = feature_block(config.embedding, kernel.block_features)
-    out = forward.post_forward(x3, h_res, h_post, y2, kernel=kernel, block=block, block_features=bf)
-    return out, (y2, x3, h_res, h_post)
+    out = forward.post_forward(
+        *(_pad_tokens(a, block, zeros=False) for a in (x3, h_res, h_post, y2)),
+        kernel=kernel, block=block, block_features=bf,
+    )
+    return out[:t], (y2, x3, h_res, h_post)
 
 
 def _post_core_bwd(config, kernel, residuals, g):
     y2, x3, h_res, h_post = residuals
-    block = token_block(x3.shape[0], kernel.block_tokens_bwd, "block_tokens_bwd")
-    d_x3, d_hres, d_hpost, d_y2 = backward.post_backward(x3, h_res, h_post, y2, g, kernel=kernel, block=block)
-    return d_y2, d_x3, d_hres, d_hpost
+    t = x3.shape[0]
+    block = _kernel_block(t, kernel.block_tokens_bwd, "block_tokens_bwd", kernel)
+    d_x3, d_hres, d_hpost, d_y2 = backward.post_backward(
+        *(_pad_tokens(a, block, zeros=False) for a in (x3, h_res, h_post, y2)),
+        _pad_tokens(g, block, zeros=True), kernel=kernel, block=block,
+    )
+    return d_y2[:t], d_x3[:t], d_hres[:t], d_hpost[:t]
 
 
 _post_core.defvjp(_post_core_fwd, _post_core_bwd)
@@ -262,9 +327,7 @@ def post(layer_output: jax.Array, context: MhcContext, *, config: MhcConfig,
     _check_config(config)
     pre_post_shapes_ok(layer_output, context, config)
     plan = token_sharding(mesh)
-    tokens = _local_tokens(plan, context.x.shape[0], context.x.shape[1])
-    token_block(tokens, kernel.block_tokens, "block_tokens")
-    token_block(tokens, kernel.block_tokens_bwd, "block_tokens_bwd")
+    kernel = _resolve_blocks(kernel, plan, context.x.shape[0], context.x.shape[1])
     feature_block(config.embedding, kernel.block_features)
     fn = functools.partial(_post_local, config, kernel)
     return run_token_sharded(fn, plan, (layer_output, context), (), out_specs=TOKENS, check_vma=_check_vma(kernel))

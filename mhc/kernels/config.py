@@ -19,8 +19,12 @@ class KernelConfig:
         weight-gradient accumulators stay resident across these steps.
     block_features: embedding columns per grid step of the post-apply kernel (multiple
         of 128 dividing the embedding).
-    A block larger than the (per-shard) tokens or the embedding is clamped to it; a
-    block that does not divide them is an UnsupportedInputError.
+    A block larger than the tokens or the embedding is clamped to it; a block that does
+    not divide them is an UnsupportedInputError. Token blocks are clamped to the tokens
+    of a shard in Mosaic mode, but to the tokens of the whole batch in interpret mode:
+    there a shard with fewer tokens than the block is padded to one block, so every
+    shard compiles the same block shape as the unsharded program (bit-identical
+    per-token results on XLA CPU; see `mhc.kernels.api._resolve_blocks`).
     interpret: run in Pallas interpret mode (the only mode on CPU); False compiles with
         Mosaic (TPU) — also what `mhc.kernels.lowering` uses.
     vmem_limit_bytes: scoped VMEM limit handed to Mosaic (ignored in interpret mode).

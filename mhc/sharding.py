@@ -23,6 +23,15 @@ varying zeros only fixes the loop-carry types. With `check_vma=False` every vma 
 empty, so `to_varying` / `psum_to_primal_vma` are no-ops and the shard_map transpose
 sums the replicated weights' cotangents (in float32: weights enter as float32).
 
+Bit-identity per token (interpret mode on XLA CPU). A shard must compile each token
+block exactly as the unsharded program does, or XLA's fusion choices move results by an
+ulp. `mhc.kernels` therefore keeps the unsharded block shape in every shard (a shard
+with fewer tokens than a block is padded to one block, `mhc.kernels.api._resolve_blocks`)
+and keeps a real grid loop even for one step (`mhc.kernels.launch.opaque_grid`). The
+cotangent of x has two parts, pre's kernel d_x and post's (through `MhcContext.x`), each
+a materialised kernel output; their single float add is commutative, so its place in the
+program does not matter.
+
 Mesh resolution rule (`resolve_mesh`): an explicit `mesh` argument wins; with
 `mesh=None` the context mesh of `jax.set_mesh(...)` / `jax.sharding.use_abstract_mesh(...)`
 (read through `jax.sharding.get_abstract_mesh()`) is used when there is one; otherwise

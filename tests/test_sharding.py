@@ -1,8 +1,9 @@
 """Token-sharded kernel path vs the unsharded kernel path on 8 simulated CPU devices.
 
 Stated bound. Per token, the sharded and unsharded runs execute the same block
-computations (shards split batch × sequence into whole token blocks), so forward
-outputs and d_x must be bit-identical. A weight gradient is a sum over token blocks of
+computations (shards split batch × sequence into whole token blocks; a shard smaller
+than a block runs one padded block of the same shape), so forward outputs and d_x must
+be bit-identical. A weight gradient is a sum over token blocks of
 per-block partials p_b; sharding only changes the association of that sum (blocks
 within a shard, then across shards) and where the fold VJP's sum over projection
 columns happens. For a float32 leaf:
@@ -193,3 +194,87 @@ def test_sharding_helpers_inside_check_vma_shard_map():
     _, total = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, PartitionSpec()),
                                      out_specs=(spec, PartitionSpec()), check_vma=True))(x, w)
     np.testing.assert_allclose(np.asarray(total), [np.sum(np.arange(64.0))])
+
+
+# ------------------------------------------------------- through the layer, one program
+#
+# The tests above call pre and post directly. The harness runs the whole layer
+# (pre -> branch -> post, forward and VJP) as one jitted program, where XLA CPU is free
+# to fuse across kernels. Two things used to break bit-identity there, each guarded
+# below: a one-step interpret grid loop was deleted by XLA and its body fused with its
+# neighbours (out and d_x off by an ulp), and a backward block larger than a shard was
+# clamped to the shard, so shards compiled a different block shape than the unsharded
+# program (d_x off by an ulp).
+
+LAYER_SHAPE = (2, 128, 4, 128)  # 256 tokens: 32 per shard on a (2, 4) mesh
+LAYER_TOKEN_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res", "d_x")
+
+
+@functools.lru_cache(maxsize=None)
+def _layer_program(kernel: KernelConfig, mesh_shape, dtype_name):
+    """jit(forward + VJP) of the mHC layer with a tanh branch, like harness.paths builds it."""
+    from flax import nnx
+
+    from mhc.layer import ManifoldConstrainedHyperConnections
+
+    mesh = None if mesh_shape is None else _mesh(mesh_shape)
+    layer = ManifoldConstrainedHyperConnections(
+        CONFIG.streams, CONFIG.embedding, dtype=jnp.dtype(dtype_name), use_pallas_kernel=True,
+        kernel_config=kernel, mesh=mesh, rngs=nnx.Rngs(0),
+    )
+    graphdef, state = nnx.split(layer)
+
+    def program(x, weights, cotangent):
+        def forward(x_, w_):
+            weights_state = jax.tree.map(lambda leaf: leaf, state)
+            nnx.replace_by_pure_dict(weights_state, w_)
+            return nnx.merge(graphdef, weights_state).call_with_intermediates(jnp.tanh, x_)
+
+        out, pullback, intermediates = jax.vjp(forward, x, weights, has_aux=True)
+        d_x, d_w = pullback(cotangent)
+        return {"out": out, **intermediates, "d_x": d_x}, d_w
+
+    return jax.jit(program)
+
+
+def _layer_run(kernel, mesh_shape, dtype):
+    x = random_activations(LAYER_SHAPE, seed=11, dtype=dtype)
+    g = random_activations(LAYER_SHAPE, seed=12, dtype=dtype)
+    weights = random_weights(CONFIG, seed=13).as_dict()
+    return _layer_program(kernel, mesh_shape, jnp.dtype(dtype).name)(x, weights, g)
+
+
+@pytest.mark.parametrize(
+    "block_tokens, block_tokens_bwd",
+    [
+        (32, 32),  # one grid step per shard (8 unsharded)
+        (16, 16),  # two grid steps per shard (16 unsharded)
+        # Backward block larger than a shard's 32 tokens (4 steps unsharded). XLA CPU
+        # compiled the 32- and 64-token backward blocks differently (d_x moved by an
+        # ulp), so a shard must run the 64-token block, padded.
+        (32, 64),
+    ],
+    ids=["one-step-per-shard", "multi-step-per-shard", "bwd-block-larger-than-shard"],
+)
+def test_layer_program_sharded_is_bit_identical_per_token(block_tokens, block_tokens_bwd):
+    kernel = KernelConfig(block_tokens=block_tokens, block_tokens_bwd=block_tokens_bwd, block_features=128)
+    leaves_u, dw_u = _layer_run(kernel, None, jnp.float32)
+    leaves_s, dw_s = _layer_run(kernel, (2, 4), jnp.float32)
+    assert leaves_s["out"].sharding.spec[:2] == ("data", "fsdp")
+    for name in LAYER_TOKEN_LEAVES:
+        _assert_identical(leaves_s[name], leaves_u[name], name)
+    # Weight gradients only differ by the association of their sums (bounded tightly in
+    # _check); here a loose check that sharding (and the padding rows a shard may run)
+    # adds nothing to them.
+    for k in WEIGHT_FIELDS:
+        a, b = np.asarray(dw_s[k], np.float64), np.asarray(dw_u[k], np.float64)
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), k
+
+
+@pytest.mark.slow
+def test_layer_program_sharded_bf16_is_bit_identical_per_token():
+    kernel = KernelConfig(block_tokens=32, block_tokens_bwd=64, block_features=128)
+    leaves_u, _ = _layer_run(kernel, None, jnp.bfloat16)
+    leaves_s, _ = _layer_run(kernel, (2, 4), jnp.bfloat16)
+    for name in LAYER_TOKEN_LEAVES:
+        _assert_identical(leaves_s[name], leaves_u[name], name)

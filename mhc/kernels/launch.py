@@ -10,6 +10,10 @@
   outputs, so the interpret kernels need no `pl.when(step == 0)` zero-fill (which lost
   the varying type in the interpreter under check_vma). Interpret kernels inside a
   shard_map run with check_vma=False; see `mhc.sharding`.
+* Interpret mode compiles a grid step the same way whatever the number of steps
+  (`opaque_grid`, `_pad_single_step`): XLA would otherwise delete a one-step loop and
+  fuse its body with the rest of the program, so a shard holding one block would round
+  differently from the same block in the unsharded program.
 * Mosaic mode (interpret=False): no aliases; a kernel zero-fills its accumulators at
   the first grid step itself (an output block is never read from HBM on TPU); see
   `zero_fill_at_first_step`.

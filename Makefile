@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out/parity
 SUITE  ?= default
 BASELINE ?= baselines/default.csv
+FAULTS_OUT ?= out/faults
+SWEEP_OUT  ?= out/sweep
+SEEDS      ?= 20
 PYTEST_ARGS ?=
 
 .PHONY: setup test parity baseline gate faults sweep bench clean
@@ -33,6 +36,14 @@ baseline: parity
 # Gate the last run in $(OUT) against the baseline (run `make parity` first).
 gate: setup
 	$(PY) -m harness gate --baseline $(BASELINE) --current $(OUT)
+
+# The kill matrix: every catalogued fault injected in turn; exits 1 if one survives.
+faults: setup
+	$(PY) -m harness faults --suite $(SUITE) --out $(FAULTS_OUT)
+
+# The false-positive sweep: the unmodified code over $(SEEDS) seeds; exits 1 on any failure.
+sweep: setup
+	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT)
 
 # Cold and warm timing of the suite, with the share spent compiling, executing and in
 # harness overhead, and peak memory (targets: cold < 5 min, warm < 90 s, overhead < 10%).

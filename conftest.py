@@ -1,15 +1,14 @@
 """Root pytest configuration.
 
-The 8-device host flag must be in the environment before JAX is first imported, so
-the token-sharded paths run on a CPU; this module is imported by pytest before any
-test module, which makes it the one place to set it for the test suite.
+The XLA flags of `harness.env` (8 simulated host devices, so token-sharded paths run
+on a CPU; no excess precision) must be in the environment before JAX is first
+imported; pytest imports this module before any test module.
 """
 
-import os
+from harness.env import ensure_host_devices
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
-if _DEVICE_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG).strip()
+# 8 simulated devices and no excess precision, before any test module imports JAX.
+ensure_host_devices()
 
 MARKERS = {
     "tpu_only": "needs a real TPU backend; skipped elsewhere",

@@ -10,29 +10,40 @@ import sys
 
 HOST_DEVICE_COUNT = 8
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
+# XLA may otherwise keep a bfloat16 intermediate in float32 when it fuses the producer
+# with its consumer ("excess precision"). Whether it does depends on fusion decisions —
+# e.g. on whether a one-step kernel grid loop was inlined — so the same program would
+# round differently from one compilation to the next. Off, every path rounds where its
+# program says it does, which is what a parity comparison must see.
+_EXCESS_PRECISION_FLAG = "--xla_allow_excess_precision"
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
-    """Ask XLA for `count` simulated CPU devices, so token-sharded paths run on a CPU.
+def required_xla_flags(count: int = HOST_DEVICE_COUNT) -> dict[str, str]:
+    """The XLA flags every parity process needs, by name."""
+    return {_DEVICE_FLAG: str(count), _EXCESS_PRECISION_FLAG: "false"}
 
-    Must run before JAX is imported: XLA reads the flag once when its CPU client
-    starts. Raises RuntimeError if JAX is already loaded without the flag, rather than
-    letting sharded paths silently skip.
+
+def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
+    """Set the XLA flags parity runs need before JAX loads (see `required_xla_flags`).
+
+    `count` simulated CPU devices let token-sharded paths run on a CPU, and excess
+    precision is turned off so bfloat16 rounding is a property of the program. XLA reads
+    the flags once when its client starts: raises RuntimeError if JAX is already loaded
+    and the environment lacks them, rather than letting results silently depend on it.
+    Flags the user already set (with any value) are left as they are.
     """
     flags = os.environ.get("XLA_FLAGS", "")
-    if _DEVICE_FLAG in flags:
+    missing = {k: v for k, v in required_xla_flags(count).items() if k not in flags}
+    if not missing:
         return
     if "jax" in sys.modules:
-        import jax
-
-        if jax.device_count() >= count or jax.default_backend() != "cpu":
-            return
         raise RuntimeError(
-            f"JAX was imported before {_DEVICE_FLAG}={count} was set; set XLA_FLAGS in the "
-            f"environment or import harness before jax"
+            f"JAX was imported before XLA_FLAGS had {sorted(missing)}; set them in the "
+            f"environment or import harness.env and call ensure_host_devices() before jax"
         )
-    os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={count}".strip()
+    extra = " ".join(f"{k}={v}" for k, v in missing.items())
+    os.environ["XLA_FLAGS"] = f"{flags} {extra}".strip()
 
 
 def cache_root() -> pathlib.Path:

@@ -43,12 +43,15 @@ def compare_leaves(
     partner_leaves: Mapping[str, np.ndarray],
     oracle_leaves: Mapping[str, np.ndarray],
     policy: Policy,
+    oracle_sensitivity: Mapping[str, tuple[float, float]] | None = None,
     partitioning: str,
     timing: tuple[float, float] = (0.0, 0.0),
 ) -> list[dict]:
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
-    A leaf the partner (or oracle) lacks gets a `skip` row saying so. `partitioning` is
+    `oracle_sensitivity`: leaf -> (max, rms), the error the arithmetic explains there
+    (`harness.paths.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
+    row saying so. `partitioning` is
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
     candidate's (compile_s, execute_s), recorded on every row of the comparison.
     """
@@ -62,7 +65,10 @@ def compare_leaves(
             continue
         kind = leaf_kind(leaf)
         dtype = np.dtype(cand.dtype)
-        metrics = leaf_metrics(cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype)
+        metrics = leaf_metrics(
+            cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype,
+            sensitivity=None if oracle_sensitivity is None else oracle_sensitivity.get(leaf),
+        )
         judgement = policy.judge(
             metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype,
             partitioning=partitioning,

@@ -142,6 +142,8 @@ class LeafMetrics:
     cand_oracle_rms_err: float
     partner_oracle_rms_err: float
     oracle_ratio_rms: float
+    oracle_sensitivity_max: float
+    oracle_sensitivity_rms: float
 
     def as_row_fields(self) -> dict:
         """The fields as a {column: value} dict, ready to merge into a schema row."""
@@ -205,12 +207,15 @@ def _counts(a: np.ndarray) -> tuple[int, int]:
     return int(np.count_nonzero(np.isnan(a))), int(np.count_nonzero(np.isinf(a)))
 
 
-def leaf_metrics(candidate, partner, oracle=None, *, dtype) -> LeafMetrics:
+def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None) -> LeafMetrics:
     """Every metric of one leaf.
 
     candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
     ml_dtypes arrays). oracle: None or an array-like of the same shape (float64 in
     practice). dtype: the compared leaf's dtype, the unit of the ULP metrics.
+    sensitivity: None or the oracle's (max, rms) relative sensitivity to one rounding per
+    operation (`harness.paths.OracleOutputs`), recorded as oracle_sensitivity_*; NaN
+    when not given.
     Raises ValueError if the shapes differ or `dtype` is unsupported.
     See the module docstring for every edge case.
     """
@@ -266,4 +271,6 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype) -> LeafMetrics:
         cand_oracle_rms_err=c_o_rms,
         partner_oracle_rms_err=p_o_rms,
         oracle_ratio_rms=ratio_rms,
+        oracle_sensitivity_max=math.nan if sensitivity is None else float(sensitivity[0]),
+        oracle_sensitivity_rms=math.nan if sensitivity is None else float(sensitivity[1]),
     )

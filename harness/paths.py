@@ -208,18 +208,70 @@ class ProgramCache:
         return PathOutputs(leaves, compile_s, execute_s)
 
 
-def run_oracle_path(case, fixture) -> PathOutputs:
-    """The float64 oracle's leaves, named like a path's (all float64)."""
+@dataclasses.dataclass(frozen=True)
+class OracleOutputs:
+    """The oracle's leaves, and how far one rounding per operation moves each of them.
+
+    sensitivity: leaf -> (max, rms) relative deviation of the noisy oracle from the
+    exact one (root-mean-square over `NOISE_SAMPLES` draws, normalised like the metrics:
+    by max|oracle| and ‖oracle‖₂). The noise is one simulated rounding of the case's
+    activation dtype on every input and intermediate (`mhc.oracle.run_oracle`'s
+    `rounding_noise`), so a leaf's sensitivity is the error that dtype's arithmetic
+    explains there — small for a well-conditioned leaf, large where the math itself
+    cancels (peaked softmax gradients, gate-scale sums).
+    """
+
+    leaves: Mapping[str, np.ndarray]
+    sensitivity: Mapping[str, tuple[float, float]]
+    execute_s: float
+
+
+NOISE_SAMPLES = 4
+# Seeds the rounding noise together with the case seed: reproducible, and independent
+# of the fixture's own random streams.
+NOISE_STREAM = 0x5E45
+
+
+def _oracle_leaves(case, fixture, rounding_noise=None) -> dict[str, np.ndarray]:
     from cases.branches import get_branch
     from mhc import oracle
 
-    start = time.perf_counter()
     result = oracle.run_oracle(
         fixture.x, fixture.weights, get_branch(case.branch).apply, fixture.branch_params,
-        fixture.cotangent, case.mhc_config(),
+        fixture.cotangent, case.mhc_config(), rounding_noise=rounding_noise,
     )
     leaves = {name: result.forward[name] for name in FORWARD_LEAVES}
     leaves["d_x"] = result.d_x
     leaves.update({weight_leaf(k): v for k, v in result.d_weights.items()})
     leaves.update({branch_leaf(k): v for k, v in result.d_branch.items()})
-    return PathOutputs(leaves, 0.0, time.perf_counter() - start)
+    return leaves
+
+
+def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    diff = noisy - exact
+    scale_max, scale_l2 = float(np.max(np.abs(exact), initial=0.0)), float(np.linalg.norm(exact))
+    max_dev = float(np.max(np.abs(diff), initial=0.0))
+    return (
+        max_dev / scale_max if scale_max else max_dev,
+        float(np.linalg.norm(diff)) / scale_l2 if scale_l2 else float(np.linalg.norm(diff)),
+    )
+
+
+def run_oracle_path(case, fixture) -> OracleOutputs:
+    """The exact float64 oracle's leaves (named like a path's) and their sensitivity."""
+    start = time.perf_counter()
+    exact = _oracle_leaves(case, fixture)
+    from harness.metrics import eps
+
+    unit_roundoff = eps(case.dtype) / 2
+    deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
+    for sample in range(NOISE_SAMPLES):
+        seed = (case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31
+        noisy = _oracle_leaves(case, fixture, (seed, unit_roundoff))
+        for name, value in noisy.items():
+            deviations[name].append(_relative_deviation(value, exact[name]))
+    sensitivity = {
+        name: tuple(float(np.sqrt(np.mean(np.square(column)))) for column in zip(*devs))
+        for name, devs in deviations.items()
+    }
+    return OracleOutputs(exact, sensitivity, time.perf_counter() - start)

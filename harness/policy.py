@@ -14,11 +14,20 @@ The file (default: `harness/tolerances.toml`, shipped with the package) holds
   ``exact``         max_abs_err == 0 (bit-identical). No numbers.
   ``ulps_of_max``   max_rel_err <= max_rel_ulps·eps.
   ``rel_bound``     max_rel_err <= max_rel_ulps·eps and rel_rms_err <= rms_rel_ulps·eps.
+  ``ulps_plus_sensitivity``  max_rel_err <= max_rel_ulps·eps
+                    + ratio_sensitivity·oracle_sensitivity_max (0 when not measured):
+                    two orders of one sum differ by about its condition number times a
+                    rounding, which is what the oracle's sensitivity measures.
   ``oracle_ratio``  pass if the *ratio criterion* holds,
-                      cand_oracle_max_err <= ratio_max·partner_oracle_max_err + floor_ulps·eps
-                      and cand_oracle_rms_err <= ratio_rms·partner_oracle_rms_err + floor_ulps·eps,
-                    or the *direct criterion* holds, max_rel_err <= direct_ulps·eps
-                    (the two are indistinguishable; direct_ulps = 0 disables it);
+                      cand_oracle_max_err <= ratio_max·E_max + floor_ulps·eps
+                      and cand_oracle_rms_err <= ratio_rms·E_rms + floor_ulps·eps,
+                    with E = max(partner_oracle_err, oracle_sensitivity) — the partner's
+                    error against the oracle or, where larger, the error one rounding
+                    per operation explains at this leaf (NaN sensitivity: the partner's
+                    alone; on vs_oracle rows the partner is the oracle, so E is the
+                    sensitivity) — or the *direct criterion* holds,
+                    max_rel_err <= direct_ulps·eps (the two are indistinguishable;
+                    direct_ulps = 0 disables it);
 
 * `rationale` — why these numbers (required: the reasoning lives next to the numbers);
 * optionally `eps_dtype` — measure the ulps in this dtype's eps instead of the leaf's,
@@ -94,8 +103,11 @@ RULE_KINDS: dict[str, tuple[str, ...]] = {
     "ulps_of_max": ("max_rel_ulps",),
     "rel_bound": ("max_rel_ulps", "rms_rel_ulps"),
     "oracle_ratio": ("ratio_max", "ratio_rms", "floor_ulps", "direct_ulps"),
+    "ulps_plus_sensitivity": ("max_rel_ulps", "ratio_sensitivity"),
 }
-NUMBER_FIELDS = ("max_rel_ulps", "rms_rel_ulps", "ratio_max", "ratio_rms", "floor_ulps", "direct_ulps")
+NUMBER_FIELDS = (
+    "max_rel_ulps", "rms_rel_ulps", "ratio_max", "ratio_rms", "floor_ulps", "direct_ulps", "ratio_sensitivity",
+)
 MATCH_KEYS = ("comparison", "partitioning", "dtype", "act_dtype", "leaf_kind")
 # How a token-sharded candidate is partitioned: "manual" — the kernels run per shard
 # inside shard_map, so every token is computed exactly as unsharded; "auto" — XLA's
@@ -112,6 +124,7 @@ _READS: dict[str, tuple[str, ...]] = {
     "rel_bound": ("max_rel_err", "rel_rms_err"),
     "oracle_ratio": ("cand_oracle_max_err", "partner_oracle_max_err", "cand_oracle_rms_err",
                      "partner_oracle_rms_err", "max_rel_err"),
+    "ulps_plus_sensitivity": ("max_rel_err",),
 }
 
 
@@ -141,6 +154,7 @@ class Rule:
     ratio_rms: float | None = None
     floor_ulps: float | None = None
     direct_ulps: float | None = None
+    ratio_sensitivity: float | None = None
 
     @property
     def keys(self) -> dict[str, str]:
@@ -173,6 +187,8 @@ class Rule:
             body = f"max_rel<={self.max_rel_ulps:g}ulp"
         elif self.kind == "rel_bound":
             body = f"max_rel<={self.max_rel_ulps:g}ulp rms_rel<={self.rms_rel_ulps:g}ulp"
+        elif self.kind == "ulps_plus_sensitivity":
+            body = f"max_rel<={self.max_rel_ulps:g}ulp+{self.ratio_sensitivity:g}*sensitivity"
         else:
             body = f"ratio_max<={self.ratio_max:g} ratio_rms<={self.ratio_rms:g} +{self.floor_ulps:g}ulp"
             if self.direct_ulps:
@@ -299,6 +315,11 @@ class Policy:
             return self._conditions(
                 fail, bound, [("max_rel_err", m.max_rel_err, lim, f"{rule.max_rel_ulps:g}ulp={_fmt(lim)}")]
             )
+        if rule.kind == "ulps_plus_sensitivity":
+            sens = 0.0 if math.isnan(m.oracle_sensitivity_max) else m.oracle_sensitivity_max
+            lim = rule.max_rel_ulps * e + rule.ratio_sensitivity * sens
+            text = f"{rule.max_rel_ulps:g}ulp+{rule.ratio_sensitivity:g}*sensitivity({_fmt(sens)})={_fmt(lim)}"
+            return self._conditions(fail, bound, [("max_rel_err", m.max_rel_err, lim, text)])
         if rule.kind == "rel_bound":
             lim_max, lim_rms = rule.max_rel_ulps * e, rule.rms_rel_ulps * e
             return self._conditions(
@@ -312,12 +333,18 @@ class Policy:
         # oracle_ratio
         floor = rule.floor_ulps * e
         ratio_conds = []
-        for name, cand, part, ratio in (
-            ("max", m.cand_oracle_max_err, m.partner_oracle_max_err, rule.ratio_max),
-            ("rms", m.cand_oracle_rms_err, m.partner_oracle_rms_err, rule.ratio_rms),
+        for name, cand, part, sens, ratio in (
+            ("max", m.cand_oracle_max_err, m.partner_oracle_max_err, m.oracle_sensitivity_max, rule.ratio_max),
+            ("rms", m.cand_oracle_rms_err, m.partner_oracle_rms_err, m.oracle_sensitivity_rms, rule.ratio_rms),
         ):
-            lim = math.nan if math.isnan(part) else ratio * part + floor
-            desc = f"{ratio:g}*partner_oracle_{name}_err({_fmt(part)})+{rule.floor_ulps:g}ulp={_fmt(lim)}"
+            # The error to be no worse than: the partner's, or — where larger — the error
+            # the arithmetic explains at this leaf (the oracle's sensitivity, if measured).
+            explained = part if math.isnan(sens) else max(part, sens)
+            lim = math.nan if math.isnan(part) else ratio * explained + floor
+            what = f"partner_oracle_{name}_err({_fmt(part)})"
+            if not math.isnan(sens):
+                what = f"max({what}, sensitivity({_fmt(sens)}))"
+            desc = f"{ratio:g}*{what}+{rule.floor_ulps:g}ulp={_fmt(lim)}"
             ratio_conds.append((f"cand_oracle_{name}_err", cand, lim, desc))
         ratio_usage, ratio_worst = _worst(ratio_conds)
         direct_lim = rule.direct_ulps * e

@@ -174,7 +174,8 @@ class Runner:
                 yield from compare_leaves(
                     case, candidate=path.name, partner=partner, comparison=comparison,
                     candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
-                    oracle_leaves=oracle.leaves, policy=self.policy, timing=timing,
+                    oracle_leaves=oracle.leaves, oracle_sensitivity=oracle.sensitivity,
+                    policy=self.policy, timing=timing,
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
                 )
         if plan.lowering:

@@ -76,6 +76,10 @@ ROW_COLUMNS = (
     "cand_oracle_rms_err",
     "partner_oracle_rms_err",
     "oracle_ratio_rms",
+    # how far one rounding of the activation dtype at every operation moves the oracle's
+    # leaf (same normalisations): the error the arithmetic explains at this leaf
+    "oracle_sensitivity_max",
+    "oracle_sensitivity_rms",
     # the bound the row was held to
     "bound",  # human-readable description of the rule and its numbers
     "bound_usage",  # measured / allowed for the binding rule; > 1 fails
@@ -97,6 +101,8 @@ FLOAT_COLUMNS = (
     "cand_oracle_rms_err",
     "partner_oracle_rms_err",
     "oracle_ratio_rms",
+    "oracle_sensitivity_max",
+    "oracle_sensitivity_rms",
     "bound_usage",
     "compile_s",
     "execute_s",

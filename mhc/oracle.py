@@ -17,6 +17,7 @@ Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, Mapping
 
@@ -95,35 +96,142 @@ def _sinkhorn_linear(z, iterations: int):
     return m
 
 
-def _coefficients(x, w, config):
+def _exact(v):
+    """The identity: the oracle without rounding noise."""
+    return v
+
+
+@jax.custom_vjp
+def _round_both_ways(v, forward_delta, backward_delta):
+    """v·(1 + forward_delta); its cotangent g comes back as g·(1 + backward_delta)."""
+    return v * (1.0 + forward_delta)
+
+
+def _round_both_ways_fwd(v, forward_delta, backward_delta):
+    return v * (1.0 + forward_delta), (forward_delta, backward_delta)
+
+
+def _round_both_ways_bwd(residuals, g):
+    forward_delta, backward_delta = residuals
+    return g * (1.0 + backward_delta), jnp.zeros_like(forward_delta), jnp.zeros_like(backward_delta)
+
+
+_round_both_ways.defvjp(_round_both_ways_fwd, _round_both_ways_bwd)
+
+
+class _RoundingNoise:
+    """One simulated rounding at a value, and another at its cotangent.
+
+    Called at every input and intermediate of the oracle's forward pass, it multiplies
+    the value by (1 + δ) and, independently, the cotangent flowing back through that
+    point by (1 + δ'), with δ, δ' uniform in [-u, u]. That is how a finite-precision
+    path rounds both passes, so the spread it causes is the error the arithmetic
+    explains — including where the math itself cancels (a peaked softmax's VJP
+    subtracts nearly equal cotangent terms; a gate-scale gradient sums terms of both
+    signs), which plain float64 would otherwise compute exactly.
+    """
+
+    def __init__(self, key, unit_roundoff: float):
+        self.key, self.unit_roundoff, self.calls = key, unit_roundoff, 0
+
+    def __call__(self, v):
+        self.calls += 1  # trace-time counter: independent draws for every call site
+        key = jax.random.fold_in(self.key, self.calls)
+        forward_key, backward_key = jax.random.split(key)
+        u = self.unit_roundoff
+        forward_delta = jax.random.uniform(forward_key, v.shape, v.dtype, -u, u)
+        backward_delta = jax.random.uniform(backward_key, v.shape, v.dtype, -u, u)
+        return _round_both_ways(v, forward_delta, backward_delta)
+
+
+def _softmax(z, r):
+    """softmax over the last axis; its VJP rounds the inner product <a, g> through `r`.
+
+    The VJP is a ⊙ (g − <a, g>): for a peaked softmax the subtraction cancels almost
+    completely, so the rounding of <a, g> that every finite-precision path makes is
+    amplified by 1 / (1 − max a). Float64 autodiff of exp/sum would not show it.
+    """
+
+    @jax.custom_vjp
+    def softmax(z_):
+        e = jnp.exp(z_ - jnp.max(z_, axis=-1, keepdims=True))
+        return e / jnp.sum(e, axis=-1, keepdims=True)
+
+    def forward(z_):
+        a = softmax(z_)
+        return a, a
+
+    def backward(a, g):
+        return (a * (g - r(jnp.sum(a * g, axis=-1, keepdims=True))),)
+
+    softmax.defvjp(forward, backward)
+    return softmax(z)
+
+
+def _coefficients(x, w, config, r=_exact):
     n = config.streams
     batch, seq = x.shape[:2]
     v = x.reshape(batch, seq, -1)
-    inv_rms = 1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon)
-    normed = v * inv_rms * w["norm_scale"]
-    h_pre = _sigmoid(w["pre_scale"] * (normed @ w["pre_alpha"]) + w["pre_bias"]) + config.pre_epsilon
-    h_post = 2.0 * _sigmoid(w["post_scale"] * (normed @ w["post_alpha"]) + w["post_bias"])
-    z_res = w["res_scale"] * (normed @ w["res_alpha"])
+    inv_rms = r(1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon))
+    normed = r(v * inv_rms * w["norm_scale"])
+    h_pre = r(_sigmoid(r(w["pre_scale"] * r(normed @ w["pre_alpha"]) + w["pre_bias"])) + config.pre_epsilon)
+    h_post = r(2.0 * _sigmoid(r(w["post_scale"] * r(normed @ w["post_alpha"]) + w["post_bias"])))
+    z_res = r(w["res_scale"] * r(normed @ w["res_alpha"]))
     if config.variant == "lite":
-        z = z_res + w["res_bias"]
-        e = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
-        a = e / jnp.sum(e, axis=-1, keepdims=True)
-        h_res = jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n)))
+        z = r(z_res + w["res_bias"])
+        a = r(_softmax(z, r))
+        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n))))
     else:
-        z = z_res.reshape(batch, seq, n, n) + w["res_bias"]
-        h_res = _sinkhorn_linear(z, config.sinkhorn_iterations)
+        z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"])
+        h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations))
     return h_pre, h_post, h_res
 
 
-def _pre(x, w, config):
-    h_pre, h_post, h_res = _coefficients(x, w, config)
-    layer_input = jnp.einsum("bsn,bsnc->bsc", h_pre, x)
+def _pre(x, w, config, r=_exact):
+    h_pre, h_post, h_res = _coefficients(x, w, config, r)
+    layer_input = r(jnp.einsum("bsn,bsnc->bsc", h_pre, x))
     return layer_input, (h_pre, h_post, h_res)
 
 
-def _post(layer_output, x, coeffs):
+def _post(layer_output, x, coeffs, r=_exact):
     _, h_post, h_res = coeffs
-    return jnp.einsum("bsij,bsic->bsjc", h_res, x) + h_post[..., None] * layer_output[..., None, :]
+    return r(r(jnp.einsum("bsij,bsic->bsjc", h_res, x)) + h_post[..., None] * layer_output[..., None, :])
+
+
+@functools.lru_cache(maxsize=None)
+def _oracle_program(branch_apply: BranchApply, config, unit_roundoff: float):
+    """The jitted float64 forward + VJP for one branch and config (cached: shapes retrace).
+
+    unit_roundoff 0: the exact oracle; > 0: every input and intermediate carries one
+    simulated rounding of that size (`_RoundingNoise`), drawn from the `key` argument.
+    """
+
+    def program(x, w, p, ct, key):
+        r = _RoundingNoise(key, unit_roundoff) if unit_roundoff else _exact
+        if unit_roundoff:
+            x, ct = r(x), r(ct)
+            w = {k: r(v) for k, v in w.items()}
+            p = {k: r(v) for k, v in p.items()}
+
+        def whole(x_, w_, p_):
+            layer_input, coeffs = _pre(x_, w_, config, r)
+            layer_output = r(branch_apply(p_, layer_input))
+            out = _post(layer_output, x_, coeffs, r)
+            return out, (layer_input, layer_output) + coeffs
+
+        out, pullback, aux = jax.vjp(whole, x, w, p, has_aux=True)
+        d_x, d_w, d_p = pullback(ct)
+        layer_input, layer_output, h_pre, h_post, h_res = aux
+        # The cotangent reaching the branch output: the VJP of `post` w.r.t. its first input.
+        _, post_pullback = jax.vjp(lambda y: _post(y, x, (h_pre, h_post, h_res)), layer_output)
+        (d_layer_output,) = post_pullback(ct)
+        forward = {
+            "out": out, "layer_input": layer_input, "h_pre": h_pre, "h_post": h_post,
+            "h_res": h_res, "layer_output": layer_output,
+        }
+        return forward, d_x, d_layer_output, d_w, d_p
+
+    return jax.jit(program)
 
 
 def run_oracle(
@@ -133,41 +241,30 @@ def run_oracle(
     branch_params: Mapping[str, Any],
     cotangent,
     config,
+    *,
+    rounding_noise: tuple[int, float] | None = None,
 ) -> OracleResult:
     """Forward and VJP of `post(branch(pre(x)))` in float64.
 
     x: (B, S, n, C) any float dtype (upcast); weights: `MhcWeights` or name -> array;
-    branch_apply(params, h) must be dtype-polymorphic jax.numpy; cotangent: (B,S,n,C)
+    branch_apply(params, h) must be dtype-polymorphic jax.numpy (and hashable: the
+    compiled program is cached per branch function and config); cotangent: (B,S,n,C)
     seed for the VJP; config: an `MhcConfig` (streams, variant, epsilons, iterations).
+    rounding_noise: None for the exact oracle, or (seed, unit_roundoff): every input and
+    intermediate is multiplied by (1 + δ), |δ| <= unit_roundoff, to measure how far the
+    rounding of a dtype with that unit roundoff moves each leaf.
     """
+    seed, unit_roundoff = rounding_noise or (0, 0.0)
     with jax.enable_x64(True):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(_as_f64(cotangent))
-
-        def whole(x_, w_, p_):
-            layer_input, coeffs = _pre(x_, w_, config)
-            layer_output = branch_apply(p_, layer_input)
-            out = _post(layer_output, x_, coeffs)
-            return out, (layer_input, layer_output) + coeffs
-
-        out, pullback, aux = jax.vjp(whole, x64, w64, p64, has_aux=True)
-        d_x, d_w, d_p = pullback(ct64)
-        layer_input, layer_output, h_pre, h_post, h_res = aux
-        # The cotangent reaching the branch output: the VJP of `post` w.r.t. its first input.
-        _, post_pullback = jax.vjp(lambda y: _post(y, x64, (h_pre, h_post, h_res)), layer_output)
-        (d_layer_output,) = post_pullback(ct64)
+        program = _oracle_program(branch_apply, config, float(unit_roundoff))
+        forward, d_x, d_layer_output, d_w, d_p = program(x64, w64, p64, ct64, jax.random.key(seed))
         to_np = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
         return OracleResult(
-            forward={
-                "out": to_np(out),
-                "layer_input": to_np(layer_input),
-                "h_pre": to_np(h_pre),
-                "h_post": to_np(h_post),
-                "h_res": to_np(h_res),
-                "layer_output": to_np(layer_output),
-            },
+            forward={k: to_np(v) for k, v in forward.items()},
             d_x=to_np(d_x),
             d_layer_output=to_np(d_layer_output),
             d_weights={k: to_np(v) for k, v in d_w.items()},

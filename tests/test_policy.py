@@ -131,11 +131,13 @@ def test_packaged_policy_intent():
     assert rule.kind == "ulps_of_max"
     with pytest.raises(PolicyError, match="partitioning=\\*"):
         policy.rule_for(comparison="vs_unsharded", leaf_kind="output", dtype="float32", act_dtype="float32")
-    # a float32 intermediate of a bfloat16 run is held to bfloat16 arithmetic, and a
-    # float32 run's intermediate to float32 arithmetic
+    # vs_oracle rules scale with the oracle's sensitivity, which is measured in the
+    # activation dtype's rounding: a float32 intermediate of a bfloat16 run and of a
+    # float32 run fall under different rules
     in_bf16_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="bfloat16")
     in_f32_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="float32")
-    assert in_bf16_run.eps_dtype == "bfloat16" and in_f32_run.eps_dtype is None
+    assert in_bf16_run.kind == in_f32_run.kind == "oracle_ratio"
+    assert in_bf16_run.act_dtype == "bfloat16" and in_f32_run.act_dtype == "float32"
 
 
 def test_packaged_policy_catches_a_bfloat16_cast_in_a_float32_run():
@@ -501,3 +503,39 @@ def test_unknown_partitioning_is_rejected_naming_the_field():
     text = DEFAULT_POLICY_PATH.read_text().replace('\npartitioning = "auto"', '\npartitioning = "xla"', 1)
     with pytest.raises(PolicyError, match=r"field 'partitioning': unknown partitioning 'xla'"):
         parse_policy(text)
+
+
+def test_oracle_ratio_scales_with_the_sensitivity_where_it_exceeds_the_partner():
+    """An ill-conditioned leaf (large oracle sensitivity) gets the slack it explains,
+    a well-conditioned one does not."""
+    policy = load_policy()
+    rng = np.random.default_rng(3)
+    oracle = rng.uniform(0.5, 1.0, size=256)
+    candidate = oracle * (1 + 1000 * F32_EPS)  # 1000 ulps off
+    tight = leaf_metrics(candidate, oracle, oracle, dtype="float32", sensitivity=(F32_EPS, F32_EPS))
+    loose = leaf_metrics(candidate, oracle, oracle, dtype="float32", sensitivity=(500 * F32_EPS, 500 * F32_EPS))
+    failed = judge(policy, tight, "vs_oracle", "output")
+    assert failed.verdict == "fail" and "sensitivity" in failed.reason
+    assert judge(policy, loose, "vs_oracle", "output").verdict == "pass"
+    assert loose.oracle_sensitivity_max == 500 * F32_EPS and math.isnan(
+        leaf_metrics(candidate, oracle, oracle, dtype="float32").oracle_sensitivity_rms
+    )
+
+
+def test_ulps_plus_sensitivity_adds_the_conditioning_slack():
+    policy = parse_policy(
+        'version = 1\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
+        'kind = "ulps_plus_sensitivity"\nmax_rel_ulps = 4\nratio_sensitivity = 16\nrationale = "test rule"\n'
+    )
+    limit = 4 * F32_EPS + 16 * 1e-5
+    just_in = metrics(max_rel_err=limit * BELOW, oracle_sensitivity_max=1e-5)
+    just_out = metrics(max_rel_err=limit * ABOVE, oracle_sensitivity_max=1e-5)
+    assert judge(policy, just_in, "vs_unsharded").verdict == "pass"
+    assert judge(policy, just_out, "vs_unsharded").verdict == "fail"
+    # without a measured sensitivity only the ulps count
+    assert judge(policy, metrics(max_rel_err=5 * F32_EPS), "vs_unsharded").verdict == "fail"
+    with pytest.raises(PolicyError, match="ratio_sensitivity"):
+        parse_policy(
+            'version = 1\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
+            'kind = "ulps_plus_sensitivity"\nmax_rel_ulps = 4\nratio_sensitivity = 0.5\nrationale = "test"\n'
+        )

@@ -113,3 +113,22 @@ def test_oracle_returns_the_cotangent_at_the_branch_output():
     expected = np.einsum("bsn,bsnc->bsc", res.forward["h_post"], np.asarray(ct, np.float64))
     np.testing.assert_allclose(res.d_layer_output, expected, rtol=1e-12)
     assert res.forward["out"].dtype == np.float64
+
+
+def test_oracle_rounding_noise_measures_sensitivity_proportional_to_the_roundoff():
+    config = MhcConfig(streams=4, embedding=128)
+    x = random_activations(SHAPE)
+    weights = random_weights(config)
+    params = mlp_params(SHAPE[-1])
+    ct = random_activations(SHAPE, seed=7)
+    exact = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config)
+    again = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config, rounding_noise=(5, 0.0))
+    np.testing.assert_array_equal(exact.forward["out"], again.forward["out"])
+    spreads = []
+    for u in (2.0**-24, 2.0**-8):
+        noisy = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config, rounding_noise=(5, u))
+        spreads.append(max_rel_err(noisy.d_weights["res_alpha"], exact.d_weights["res_alpha"]))
+        # one rounding per operation moves a leaf by a few roundings, not by orders more
+        assert u / 4 < max_rel_err(noisy.forward["out"], exact.forward["out"]) < 64 * u
+    # linear in the roundoff: 2^16 times the noise, ~2^16 times the spread
+    assert 2.0**14 < spreads[1] / spreads[0] < 2.0**18

@@ -16,7 +16,6 @@ shape and dtype. Each branch has
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from typing import Callable
 
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cases.names import lookup
 from cases.random_streams import normalish
 
 # Hidden width of the MLP branch relative to the embedding.
@@ -131,9 +131,4 @@ BRANCHES: dict[str, Branch] = {
 
 def get_branch(name: str) -> Branch:
     """The branch called `name`; a KeyError with close matches for an unknown name."""
-    try:
-        return BRANCHES[name]
-    except KeyError:
-        close = difflib.get_close_matches(str(name), BRANCHES, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"unknown branch {name!r} (known: {', '.join(BRANCHES)}){hint}") from None
+    return lookup(BRANCHES, name, "branch")

@@ -18,7 +18,6 @@ random draws (see `cases.random_streams`), so masters are bit-identical everywhe
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from typing import Callable
 
@@ -26,6 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from cases.branches import get_branch
+from cases.names import lookup
 from cases.random_streams import RandomStreams
 from cases.spec import Case
 
@@ -359,12 +359,7 @@ INIT_FAMILIES: dict[str, InitFamily] = {
 
 def get_init_family(name: str) -> InitFamily:
     """The family called `name`; a KeyError with close matches for an unknown name."""
-    try:
-        return INIT_FAMILIES[name]
-    except KeyError:
-        close = difflib.get_close_matches(str(name), INIT_FAMILIES, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"unknown init family {name!r} (known: {', '.join(INIT_FAMILIES)}){hint}") from None
+    return lookup(INIT_FAMILIES, name, "init family")
 
 
 def generate_masters(case: Case) -> Masters:

@@ -16,11 +16,11 @@ A pattern that matches no case, or an unknown suite, is an error naming close ma
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import threading
 from typing import Iterable, Iterator
 
+from cases.names import did_you_mean
 from cases.spec import Case, normalize_dtype
 
 # The standard suites and what they promise. The catalogue fills them.
@@ -44,11 +44,6 @@ class UnknownCaseError(KeyError):
 
 class DuplicateCaseError(ValueError):
     """A case name is registered twice."""
-
-
-def _did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _as_list(value: str | Iterable[str] | None) -> list[str]:
@@ -129,7 +124,7 @@ class Registry:
             return self._cases[name]
         except KeyError:
             raise UnknownCaseError(
-                f"unknown case {name!r}{_did_you_mean(str(name), self._cases)} "
+                f"unknown case {name!r}{did_you_mean(str(name), self._cases)} "
                 f"(`python -m cases list` shows all {len(self._cases)})"
             ) from None
 
@@ -141,7 +136,7 @@ class Registry:
         """The cases of one suite, in registration order."""
         if name not in self._suites:
             raise UnknownCaseError(
-                f"unknown suite {name!r}{_did_you_mean(str(name), self._suites)} "
+                f"unknown suite {name!r}{did_you_mean(str(name), self._suites)} "
                 f"(known: {', '.join(self._suites)})"
             )
         members = self._suites[name]

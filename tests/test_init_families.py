@@ -52,7 +52,7 @@ def test_every_family_is_documented_and_finite():
             masters = generate_masters(_case(init=name, variant=variant, branch="mlp"))
             arrays = [masters.x, masters.cotangent, *masters.weights.values(), *masters.branch_params.values()]
             assert all(np.all(np.isfinite(a)) for a in arrays), (name, variant)
-    with pytest.raises(KeyError, match="did you mean mixed_signs"):
+    with pytest.raises(KeyError, match="did you mean 'mixed_signs'"):
         get_init_family("mixed_sign")
 
 

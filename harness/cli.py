@@ -105,6 +105,7 @@ def _command_run(args) -> int:
     except (PolicyError, ImplementationError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     cases = select_cases(args)
+    baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
     plan = PathPlan(
         implementations=tuple(BUILTIN.values()) + externals,
         path_globs=tuple(args.paths),
@@ -140,19 +141,25 @@ def _command_run(args) -> int:
         resumed_cases=len(done),
         **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
     )
-    return _write_reports(rows, metadata, args.out, args.baseline)
+    return _write_reports(rows, metadata, args.out, baseline)
 
 
-def _write_reports(rows, metadata, out: pathlib.Path, baseline_path) -> int:
+def _load_baseline(path):
+    """The baseline to show drift against (None without --baseline); UsageError if unreadable."""
+    if path is None:
+        return None
+    import reports
+
+    try:
+        return reports.load_baseline(path)
+    except (reports.ReportInputError, OSError) as exc:
+        raise UsageError(f"baseline {path}: {exc}") from exc
+
+
+def _write_reports(rows, metadata, out: pathlib.Path, baseline) -> int:
     import reports
     from harness.summary import exit_code, print_summary
 
-    baseline = None
-    if baseline_path is not None:
-        try:
-            baseline = reports.load_baseline(baseline_path)
-        except (reports.ReportInputError, OSError) as exc:
-            raise UsageError(f"baseline {baseline_path}: {exc}") from exc
     paths = reports.write_all(rows, metadata, out, baseline=baseline)
     print_summary(rows)
     for fmt, path in paths.items():

@@ -152,6 +152,7 @@ def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path)
         (["run", "--impl", "tests.external_impls:missing"], "no callable 'missing'"),
         (["run", "--policy", "no/such/policy.toml"], "policy.toml"),
         (["run", "--case-file", "no/such/cases.toml"], "cases.toml"),
+        (["run", "--baseline", "no/such/baseline.csv"], "baseline.csv"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(argv, message, tmp_path, capsys):

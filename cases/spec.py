@@ -73,6 +73,11 @@ _TAG_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _MAX_SEED = 2**63 - 1
 
 
+def mesh_label(mesh: tuple[int, ...] | None) -> str:
+    """"" for no mesh, else e.g. ``data=2,fsdp=4`` (row schema and path names)."""
+    return "" if mesh is None else ",".join(f"{axis}={size}" for axis, size in zip(MESH_AXES, mesh))
+
+
 class CaseSpecError(ValueError):
     """A case field has an invalid value; the message names the case and the field."""
 
@@ -269,9 +274,7 @@ class Case:
     @property
     def mesh_name(self) -> str:
         """"" when unsharded, else e.g. ``data=2,fsdp=4``."""
-        if self.mesh is None:
-            return ""
-        return ",".join(f"{axis}={size}" for axis, size in zip(MESH_AXES, self.mesh))
+        return mesh_label(self.mesh)
 
     @property
     def mesh_devices(self) -> int:

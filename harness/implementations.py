@@ -52,6 +52,14 @@ class Implementation:
     case_limits: bool = False
     external: Any = None
 
+    def case_skip_reason(self, case) -> str:
+        """Why this implementation does not run `case` at all ("" if it does)."""
+        if case.variant not in self.variants:
+            return f"{self.name} implements {'/'.join(self.variants)}, not the {case.variant} variant"
+        if self.kernel and "reference_only" in case.all_tags:
+            return "case is tagged reference_only"
+        return ""
+
     def partitioning(self, elementwise_branch: bool) -> str:
         """How a token-sharded run of this implementation is split, for the policy.
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from cases.spec import mesh_label
 from harness.compare import status_row
-from harness.paths import mesh_label
+from harness.implementations import MOSAIC
 
 LOWERING_IMPL = "lowering"
 
@@ -35,11 +36,7 @@ def lowering_rows(case) -> Iterator[dict]:
     import jax.numpy as jnp
 
     meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
-    skip = ""
-    if case.variant != "lite":
-        skip = f"the kernels implement only the lite variant, not {case.variant}"
-    elif "reference_only" in case.all_tags:
-        skip = "case is tagged reference_only"
+    skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
     for mesh in meshes:
         candidate = lowering_path_name(mesh)
         if skip:

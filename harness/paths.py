@@ -20,12 +20,12 @@ from typing import Mapping
 
 import numpy as np
 
+from cases.spec import MESH_AXES, mesh_label
 from harness.implementations import Implementation
 from mhc.types import WEIGHT_FIELDS, MhcWeights
 
 FORWARD_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res")
 INTERMEDIATE_LEAVES = ("layer_input", "h_pre", "h_post", "h_res")
-MESH_AXES = ("data", "fsdp")
 ORACLE_PATH = "oracle"
 
 
@@ -50,10 +50,6 @@ def leaf_kind(leaf: str) -> str:
     if leaf.startswith("d_") and leaf[2:] in WEIGHT_FIELDS:
         return "scale_grad" if leaf.endswith("_scale") and leaf != "d_norm_scale" else "weight_grad"
     raise KeyError(f"unknown leaf {leaf!r}")
-
-
-def mesh_label(mesh: tuple[int, int] | None) -> str:
-    return "" if mesh is None else ",".join(f"{a}={s}" for a, s in zip(MESH_AXES, mesh))
 
 
 @dataclasses.dataclass(frozen=True)

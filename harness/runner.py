@@ -91,10 +91,9 @@ class Runner:
         import jax
 
         impl = path.impl
-        if case.variant not in impl.variants:
-            return f"{impl.name} implements {'/'.join(impl.variants)}, not the {case.variant} variant"
-        if impl.kernel and "reference_only" in case.all_tags:
-            return "case is tagged reference_only"
+        reason = impl.case_skip_reason(case)
+        if reason:
+            return reason
         if impl.needs_backend and jax.default_backend() != impl.needs_backend:
             return f"{impl.name} needs a {impl.needs_backend} backend; this process runs on {jax.default_backend()}"
         if path.mesh is not None and jax.device_count() < path.mesh[0] * path.mesh[1]:

@@ -7,7 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from harness.metrics import leaf_metrics
-from harness.paths import leaf_kind
+from harness.paths import leaf_kind, token_axes
 from harness.policy import Policy
 from harness.schema import empty_row
 
@@ -44,13 +44,15 @@ def compare_leaves(
     oracle_leaves: Mapping[str, np.ndarray],
     policy: Policy,
     oracle_sensitivity: Mapping[str, tuple[float, float]] | None = None,
+    oracle_systematic: Mapping[str, float] | None = None,
     partitioning: str,
     timing: tuple[float, float] = (0.0, 0.0),
 ) -> list[dict]:
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
-    `oracle_sensitivity`: leaf -> (max, rms), the error the arithmetic explains there
-    (`harness.paths.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
+    `oracle_sensitivity`: leaf -> (max, rms), the error the arithmetic explains there;
+    `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces
+    (both from `harness.paths.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
     row saying so. `partitioning` is
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
     candidate's (compile_s, execute_s), recorded on every row of the comparison.
@@ -68,6 +70,8 @@ def compare_leaves(
         metrics = leaf_metrics(
             cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype,
             sensitivity=None if oracle_sensitivity is None else oracle_sensitivity.get(leaf),
+            token_axes=token_axes(leaf),
+            oracle_systematic_t=(oracle_systematic or {}).get(leaf),
         )
         judgement = policy.judge(
             metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype,

@@ -48,6 +48,7 @@ __all__ = [
     "dtype_name",
     "eps",
     "leaf_metrics",
+    "systematic_error",
     "ulp_spacing",
 ]
 
@@ -144,6 +145,10 @@ class LeafMetrics:
     oracle_ratio_rms: float
     oracle_sensitivity_max: float
     oracle_sensitivity_rms: float
+    cand_systematic_t: float
+    cand_systematic_shift: float
+    partner_systematic_t: float
+    oracle_systematic_t: float
 
     def as_row_fields(self) -> dict:
         """The fields as a {column: value} dict, ready to merge into a schema row."""
@@ -207,7 +212,38 @@ def _counts(a: np.ndarray) -> tuple[int, int]:
     return int(np.count_nonzero(np.isnan(a))), int(np.count_nonzero(np.isinf(a)))
 
 
-def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None) -> LeafMetrics:
+def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, float]:
+    """The largest error shared by every token: (t statistic, shift), float64.
+
+    actual, expected: array-likes of one shape whose first `token_axes` axes index
+    tokens (T of them) and whose remaining axes index G groups (a stream, a matrix
+    entry, a feature). Per group, the mean signed error over the tokens is measured
+    against its standard error: t = |mean(e)| / (std(e) / sqrt(T)). Rounding noise that
+    differs from token to token averages out (t of order one); a perturbation shared by
+    every token — a parameter rounded, a statistic computed in low precision — shifts
+    every token the same way, and its t grows like sqrt(T) while its RMS error need not
+    grow at all. Returns the largest t over the groups and that group's |mean(e)|
+    normalised by max|expected|. A group with zero spread has t = 0 when its mean is 0
+    and inf otherwise. NaN when there are no token axes or fewer than 2 tokens; NaN or
+    Inf inputs give NaN.
+    """
+    a, e = _upcast(actual), _upcast(expected)
+    if token_axes < 1 or a.ndim < token_axes:
+        return math.nan, math.nan
+    tokens = int(np.prod(a.shape[:token_axes]))
+    if tokens < 2 or a.size == 0 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
+        return math.nan, math.nan
+    error = (a - e).reshape(tokens, -1)
+    mean = error.mean(axis=0)
+    standard_error = error.std(axis=0, ddof=1) / math.sqrt(tokens)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(standard_error > 0, np.abs(mean) / standard_error, np.where(mean == 0, 0.0, np.inf))
+    worst = int(np.argmax(t))
+    return float(t[worst]), _div(float(abs(mean[worst])), _max_abs(e))
+
+
+def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, token_axes: int = 0,
+                 oracle_systematic_t: float | None = None) -> LeafMetrics:
     """Every metric of one leaf.
 
     candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
@@ -215,7 +251,10 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None) ->
     practice). dtype: the compared leaf's dtype, the unit of the ULP metrics.
     sensitivity: None or the oracle's (max, rms) relative sensitivity to one rounding per
     operation (`harness.paths.OracleOutputs`), recorded as oracle_sensitivity_*; NaN
-    when not given.
+    when not given. token_axes: how many leading axes index tokens (0: the leaf has no
+    token axis); with an oracle, the candidate's and the partner's `systematic_error`
+    against it are recorded (NaN otherwise). oracle_systematic_t: the t statistic the
+    rounding model itself produces on this leaf (`OracleOutputs.systematic`).
     Raises ValueError if the shapes differ or `dtype` is unsupported.
     See the module docstring for every edge case.
     """
@@ -251,6 +290,11 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None) ->
         _, p_o_max, p_o_rms = _rel_errors(p, o)
         ratio_max = _error_ratio(c_o_max, p_o_max)
         ratio_rms = _error_ratio(c_o_rms, p_o_rms)
+    if o is None or not token_axes:
+        c_t = c_shift = p_t = math.nan
+    else:
+        c_t, c_shift = systematic_error(c, o, token_axes=token_axes)
+        p_t, _ = systematic_error(p, o, token_axes=token_axes)
 
     return LeafMetrics(
         max_abs_err=max_abs,
@@ -273,4 +317,8 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None) ->
         oracle_ratio_rms=ratio_rms,
         oracle_sensitivity_max=math.nan if sensitivity is None else float(sensitivity[0]),
         oracle_sensitivity_rms=math.nan if sensitivity is None else float(sensitivity[1]),
+        cand_systematic_t=c_t,
+        cand_systematic_shift=c_shift,
+        partner_systematic_t=p_t,
+        oracle_systematic_t=math.nan if oracle_systematic_t is None else float(oracle_systematic_t),
     )

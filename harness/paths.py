@@ -52,6 +52,15 @@ def leaf_kind(leaf: str) -> str:
     raise KeyError(f"unknown leaf {leaf!r}")
 
 
+# Leaf kinds whose leaves are token-major (B, S, ...): every token computed on its own.
+TOKEN_MAJOR_KINDS = ("output", "intermediate", "activation_grad")
+
+
+def token_axes(leaf: str) -> int:
+    """How many leading axes of `leaf` index tokens: 2 (batch, sequence) or 0 (a reduction over tokens)."""
+    return 2 if leaf_kind(leaf) in TOKEN_MAJOR_KINDS else 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Path:
     """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh."""
@@ -220,6 +229,11 @@ class OracleOutputs:
     leaves: Mapping[str, np.ndarray]
     sensitivity: Mapping[str, tuple[float, float]]
     execute_s: float
+    # token-major leaf -> the systematic-error t statistic of the noisy draws against the
+    # exact oracle (root-mean-square over the draws): how much of an error shared by every
+    # token the rounding model itself produces (e.g. rounded weights meeting activations
+    # whose mean is not zero).
+    systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 NOISE_SAMPLES = 4
@@ -254,20 +268,29 @@ def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, fl
 
 
 def run_oracle_path(case, fixture) -> OracleOutputs:
-    """The exact float64 oracle's leaves (named like a path's) and their sensitivity."""
+    """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
+
+    The sensitivity draws use the mixed-precision rounding model of `mhc.oracle`
+    (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
+    implementation may hold it in, for the case's activation and weight dtypes.
+    """
+    from mhc.oracle import unit_roundoffs
+
     start = time.perf_counter()
     exact = _oracle_leaves(case, fixture)
-    from harness.metrics import eps
+    from harness.metrics import systematic_error
 
-    unit_roundoff = eps(case.dtype) / 2
+    units = unit_roundoffs(case.dtype, case.weight_dtype)
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
+    systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for sample in range(NOISE_SAMPLES):
         seed = (case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31
-        noisy = _oracle_leaves(case, fixture, (seed, unit_roundoff))
+        noisy = _oracle_leaves(case, fixture, (seed, units))
         for name, value in noisy.items():
             deviations[name].append(_relative_deviation(value, exact[name]))
-    sensitivity = {
-        name: tuple(float(np.sqrt(np.mean(np.square(column)))) for column in zip(*devs))
-        for name, devs in deviations.items()
-    }
-    return OracleOutputs(exact, sensitivity, time.perf_counter() - start)
+            if name in systematic:
+                systematic[name].append(systematic_error(value, exact[name])[0])
+    rms = lambda values: float(np.sqrt(np.mean(np.square(values))))  # noqa: E731
+    sensitivity = {name: tuple(rms(column) for column in zip(*devs)) for name, devs in deviations.items()}
+    return OracleOutputs(exact, sensitivity, time.perf_counter() - start,
+                         systematic={name: rms(ts) for name, ts in systematic.items()})

@@ -66,6 +66,7 @@ this policy; the file may not mention them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -115,7 +116,8 @@ MATCH_KEYS = ("comparison", "partitioning", "dtype", "act_dtype", "leaf_kind")
 PARTITIONINGS = ("manual", "auto")
 _REQUIRED = ("comparison", "dtype", "leaf_kind", "kind", "rationale")
 _ALLOWED = frozenset(MATCH_KEYS + ("kind", "rationale", "eps_dtype") + NUMBER_FIELDS)
-_TOP_LEVEL = frozenset({"version", "rule"})
+_TOP_LEVEL = frozenset({"version", "rule", "systematic"})
+_SYSTEMATIC_KEYS = frozenset({"leaf_kinds", "t_floor", "ratio", "rationale"})
 SUPPORTED_VERSION = 1
 # The LeafMetrics fields each rule kind reads (a NaN in any of them fails).
 _READS: dict[str, tuple[str, ...]] = {
@@ -197,6 +199,27 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class SystematicRule:
+    """The systematic-error criterion, added to every oracle_ratio rule on `leaf_kinds`.
+
+    A leaf passes it when cand_systematic_t <= max(t_floor, ratio * E_t), with E_t the
+    larger of the partner's t and the t the rounding model itself produces
+    (oracle_systematic_t), or when the shift of that group is at most the rule's floor
+    (floor_ulps * eps): an error shared by every token that is larger than what rounding
+    explains, and larger than a few ulps, fails even when the leaf's max and RMS errors
+    are within their ratios.
+    """
+
+    leaf_kinds: tuple[str, ...]
+    t_floor: float
+    ratio: float
+    rationale: str
+
+    def describe(self) -> str:
+        return f"systematic t<={self.t_floor:g} or {self.ratio:g}x"
+
+
+@dataclass(frozen=True)
 class Judgement:
     """The verdict of one leaf under the policy.
 
@@ -234,6 +257,7 @@ class Policy:
     rules: tuple[Rule, ...]
     digest: str
     source: str
+    systematic: SystematicRule | None = None
 
     def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Rule:
         """The unique most specific rule for a combination; PolicyError if none/ambiguous."""
@@ -347,18 +371,26 @@ class Policy:
             desc = f"{ratio:g}*{what}+{rule.floor_ulps:g}ulp={_fmt(lim)}"
             ratio_conds.append((f"cand_oracle_{name}_err", cand, lim, desc))
         ratio_usage, ratio_worst = _worst(ratio_conds)
+        reasons = [_limit_reason(*ratio_worst)] if ratio_usage > 1.0 else []
+        systematic = self.systematic
+        if systematic and leaf_kind in systematic.leaf_kinds and not math.isnan(m.cand_systematic_t):
+            bound += f" + {systematic.describe()}"
+            usage_t, usage_shift, text = _systematic_usage(systematic, m, floor, rule.floor_ulps)
+            if min(usage_t, usage_shift) > 1.0:
+                reasons.append(text)
+            ratio_usage = max(ratio_usage, min(usage_t, usage_shift))
         direct_lim = rule.direct_ulps * e
         direct_usage = _usage(m.max_rel_err, direct_lim) if rule.direct_ulps else math.inf
         usage = min(ratio_usage, direct_usage)
         if usage <= 1.0:
             return Judgement("pass", bound, usage, "")
-        reason = _limit_reason(*ratio_worst)
+        reason = "; ".join(reasons)
         if rule.direct_ulps:
             reason += (
                 f"; and not indistinguishable: max_rel_err={_fmt(m.max_rel_err)} > "
                 f"direct {rule.direct_ulps:g}ulp={_fmt(direct_lim)}"
             )
-        return fail(reason, usage)
+        return Judgement("fail", bound, usage, reason)
 
     @staticmethod
     def _conditions(fail, bound: str, conds: list) -> Judgement:
@@ -375,6 +407,20 @@ class Policy:
             for combo in itertools.product(POLICY_COMPARISONS, dtypes, act_dtypes, POLICY_LEAF_KINDS)
             if not all(any(r.matches(*combo, p) for r in self.rules) for p in PARTITIONINGS)
         ]
+
+
+def _systematic_usage(systematic: SystematicRule, m: LeafMetrics, floor: float, floor_ulps: float):
+    """(usage of the t bound, usage of the shift floor, failure text) of the systematic criterion."""
+    explained = max((t for t in (m.partner_systematic_t, m.oracle_systematic_t) if not math.isnan(t)), default=0.0)
+    t_limit = max(systematic.t_floor, systematic.ratio * explained)
+    usage_t = _usage(m.cand_systematic_t, t_limit)
+    usage_shift = _usage(m.cand_systematic_shift, floor)
+    text = (
+        f"cand_systematic_t={_fmt(m.cand_systematic_t)} > max({systematic.t_floor:g}, "
+        f"{systematic.ratio:g}*{_fmt(explained)})={_fmt(t_limit)} with shift "
+        f"{_fmt(m.cand_systematic_shift)} > {floor_ulps:g}ulp={_fmt(floor)}: an error shared by every token"
+    )
+    return usage_t, usage_shift, text
 
 
 def _worst(conds: list) -> tuple[float, tuple]:
@@ -487,6 +533,28 @@ def _validate_rule(index: int, raw) -> Rule:
     )
 
 
+def _validate_systematic(raw, source: str) -> SystematicRule:
+    where = f"{source}: [systematic]"
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: must be a table")
+    unknown = set(raw) - _SYSTEMATIC_KEYS
+    missing = _SYSTEMATIC_KEYS - set(raw)
+    if unknown or missing:
+        raise PolicyError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    kinds = raw["leaf_kinds"]
+    if not isinstance(kinds, list) or not kinds or any(k not in POLICY_LEAF_KINDS for k in kinds):
+        raise PolicyError(f"{where}: field 'leaf_kinds' must list leaf kinds of {POLICY_LEAF_KINDS}, got {kinds!r}")
+    numbers = {}
+    for key in ("t_floor", "ratio"):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            raise PolicyError(f"{where}: field {key!r} must be a finite number >= 1, got {value!r}")
+        numbers[key] = float(value)
+    if not isinstance(raw["rationale"], str) or not raw["rationale"].strip():
+        raise PolicyError(f"{where}: field 'rationale' must explain the numbers")
+    return SystematicRule(tuple(kinds), numbers["t_floor"], numbers["ratio"], raw["rationale"].strip())
+
+
 def parse_policy(text: str, *, source: str = "<string>") -> Policy:
     """Parse and validate policy TOML text. Raises PolicyError naming rule and field."""
     try:
@@ -502,6 +570,7 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
     if not isinstance(raw_rules, list) or not raw_rules:
         raise PolicyError(f"{source}: field 'rule': needs at least one [[rule]] table")
     rules = tuple(_validate_rule(i, raw) for i, raw in enumerate(raw_rules))
+    systematic = _validate_systematic(data["systematic"], source) if "systematic" in data else None
 
     seen: dict[tuple, Rule] = {}
     for rule in rules:
@@ -520,7 +589,7 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
                 + " — add a rule naming all of their keys"
             )
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return Policy(rules=rules, digest=digest, source=source)
+    return Policy(rules=rules, digest=digest, source=source, systematic=systematic)
 
 
 def load_policy(path=None) -> Policy:
@@ -539,4 +608,4 @@ def load_policy(path=None) -> Policy:
     except UnicodeDecodeError as exc:
         raise PolicyError(f"{path}: not UTF-8: {exc}") from exc
     policy = parse_policy(text, source=str(path))
-    return Policy(rules=policy.rules, digest=hashlib.sha256(raw).hexdigest(), source=str(path))
+    return dataclasses.replace(policy, digest=hashlib.sha256(raw).hexdigest(), source=str(path))

@@ -76,11 +76,16 @@ class _PathResult:
 class Runner:
     """Runs cases; holds the compiled-program cache shared across cases."""
 
-    def __init__(self, policy: Policy, *, fixture_loader: Callable | None = None, cache: ProgramCache | None = None):
+    def __init__(self, policy: Policy, *, fixture_loader: Callable | None = None, cache: ProgramCache | None = None,
+                 oracle: Callable | None = None):
+        """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
+        `cases.fixtures.make_fixture` and `harness.paths.run_oracle_path`; the kill matrix
+        passes loaders that compute each once for all its passes."""
         from cases.fixtures import make_fixture
 
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
+        self.oracle = oracle or run_oracle_path
         self.cache = cache or ProgramCache()
         # Seconds spent outside the paths' own compile/execute, for the benchmark.
         self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
@@ -138,7 +143,7 @@ class Runner:
             start = time.perf_counter()
             fixture = self.fixture_loader(case)
             self.timings["fixtures_s"] += time.perf_counter() - start
-            oracle = run_oracle_path(case, fixture)
+            oracle = self.oracle(case, fixture)
             self.timings["oracle_s"] += oracle.execute_s
         except UnsupportedInputError as exc:
             # The math itself rejects the case (e.g. too many streams for mHC-lite).
@@ -174,6 +179,7 @@ class Runner:
                     case, candidate=path.name, partner=partner, comparison=comparison,
                     candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves, oracle_sensitivity=oracle.sensitivity,
+                    oracle_systematic=oracle.systematic,
                     policy=self.policy, timing=timing,
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
                 )

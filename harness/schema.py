@@ -80,6 +80,13 @@ ROW_COLUMNS = (
     # leaf (same normalisations): the error the arithmetic explains at this leaf
     "oracle_sensitivity_max",
     "oracle_sensitivity_rms",
+    # an error shared by every token (token-major leaves, against the oracle): the largest
+    # per-group t statistic |mean error| / standard error, that group's mean shift
+    # (normalised by max|oracle|), the partner's t, and the t the rounding model produces
+    "cand_systematic_t",
+    "cand_systematic_shift",
+    "partner_systematic_t",
+    "oracle_systematic_t",
     # the bound the row was held to
     "bound",  # human-readable description of the rule and its numbers
     "bound_usage",  # measured / allowed for the binding rule; > 1 fails
@@ -103,6 +110,10 @@ FLOAT_COLUMNS = (
     "oracle_ratio_rms",
     "oracle_sensitivity_max",
     "oracle_sensitivity_rms",
+    "cand_systematic_t",
+    "cand_systematic_shift",
+    "partner_systematic_t",
+    "oracle_systematic_t",
     "bound_usage",
     "compile_s",
     "execute_s",

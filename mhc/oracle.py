@@ -39,6 +39,9 @@ _WEIGHT_NAMES = (
     "res_scale",
 )
 
+# Gate parameters (upcast to float32 by the gates) vs the projection's matmul weights.
+_GATE_NAMES = frozenset(name for name in _WEIGHT_NAMES if name.endswith(("_bias", "_scale")) and name != "norm_scale")
+
 BranchApply = Callable[[Mapping[str, Any], jax.Array], jax.Array]
 
 
@@ -96,8 +99,121 @@ def _sinkhorn_linear(z, iterations: int):
     return m
 
 
-def _exact(v):
+# ------------------------------------------------------------- the rounding model
+#
+# With `rounding_noise`, every value of the computation below, and the cotangent that
+# flows back through it, carries one simulated rounding: it is multiplied by (1 + delta)
+# with delta uniform in [-u, u]. The spread this causes over a few draws is a leaf's
+# *sensitivity*: the error that finite-precision arithmetic explains there.
+#
+# The unit roundoff u of each value is that of the precision in which a CORRECT
+# implementation may hold it: a correct bfloat16 path rounds to bfloat16 at a few places
+# (matmul operands, stored outputs) and computes the rest in float32. A model that
+# rounded everything at the activation dtype would explain away real bugs (a gate's bias
+# rounded to bfloat16 moves h_post by exactly as much as a bfloat16 rounding of the gate
+# logit), so each site names its precision class below, for its forward value and for
+# its cotangent. The table is kept honest by the legitimate-variant catalogue
+# (harness/variants.py): each variant is a precision choice production kernels make,
+# and each must pass under bounds built from this model.
+
+# The precision classes of a site; the harness maps each to a unit roundoff per case
+# (see `unit_roundoffs`). A site listing several classes takes the coarsest.
+ACTIVATION = "activation"  # stored in the activation dtype: inputs, outputs, their cotangents
+OPERAND = "operand"  # a contraction operand a correct path may round to the activation dtype
+FLOAT32 = "float32"  # computed and held in float32
+WEIGHT = "weight"  # stored in the weights' dtype: weight leaves and their gradients
+PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundingSite:
+    """Where one value of the computation may be rounded by a correct implementation.
+
+    forward: precision classes of the value; backward: of the cotangent flowing back
+    through it (the coarsest class of each tuple applies; an empty tuple: exact, never
+    rounded); why: the reason.
+    """
+
+    forward: tuple[str, ...]
+    backward: tuple[str, ...]
+    why: str
+
+
+ROUNDING_SITES: Mapping[str, RoundingSite] = {
+    # Inputs.
+    "x": RoundingSite(
+        (), (ACTIVATION,),
+        "the input streams are exact (every path receives the same activation-dtype values, "
+        "and a matmul operand already in that dtype rounds to itself); d_x is stored in the "
+        "activation dtype"),
+    "cotangent": RoundingSite((), (), "the output cotangent is an exact input"),
+    "matmul_weight": RoundingSite(
+        (OPERAND,), (OPERAND, WEIGHT),
+        "norm_scale and the alphas: cast to the compute dtype for the projection matmul; "
+        "their gradients pass through that dtype and are stored in the weight dtype"),
+    "gate_weight": RoundingSite(
+        (FLOAT32,), (FLOAT32, WEIGHT),
+        "gate scales and biases: upcast to float32 before the gate, never rounded to the "
+        "activation dtype; gradients accumulated in float32, stored in the weight dtype"),
+    "branch_param": RoundingSite(
+        (OPERAND,), (OPERAND, WEIGHT),
+        "branch parameters: cast to the activation dtype inside the branch"),
+    # The coefficients: float32 arithmetic on an activation-dtype projection.
+    "rms_inverse": RoundingSite(
+        (FLOAT32,), (FLOAT32,), "the RMS statistic rsqrt(mean(v^2) + eps), float32"),
+    "normed_operand": RoundingSite(
+        (OPERAND,), (OPERAND,),
+        "x * rms^-1 * norm_scale as the projection's operand, for a path that normalises "
+        "the activations instead of folding the norm scale into the weights"),
+    "folded_weight": RoundingSite(
+        (OPERAND,), (OPERAND,),
+        "the projection weights with the norm scale folded in, rounded once to the "
+        "activation dtype as the matmul operand (and their cotangent)"),
+    "projection": RoundingSite(
+        (FLOAT32,), (OPERAND,),
+        "the projection accumulates in float32; its cotangent is an operand of the "
+        "backward matmuls (d_x, d_weights) and may be held in the activation dtype"),
+    "gate_logit": RoundingSite(
+        (FLOAT32,), (FLOAT32,), "scale * logit + bias, float32"),
+    "gate": RoundingSite(
+        (FLOAT32,), (FLOAT32,),
+        "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32"),
+    "softmax_inner_product": RoundingSite(
+        (FLOAT32,), (FLOAT32,),
+        "<a, g> in the softmax VJP a * (g - <a, g>), float32 (it cancels for a peaked softmax)"),
+    "coefficient_operand": RoundingSite(
+        (OPERAND,), (FLOAT32,),
+        "h_pre, h_post, h_res as operands of the collapse and the residual mix (MXU operands "
+        "in the activation dtype, float32 accumulation); their cotangents accumulate in float32"),
+    "layer_input": RoundingSite(
+        (ACTIVATION,), (ACTIVATION,), "the collapsed branch input and its cotangent, stored"),
+    "layer_output": RoundingSite(
+        (ACTIVATION,), (ACTIVATION,), "the branch output and its cotangent, stored"),
+    "residual_mix": RoundingSite(
+        (FLOAT32,), (FLOAT32,), "h_res^T x accumulated in float32"),
+    "out": RoundingSite(
+        (ACTIVATION,), (ACTIVATION,), "the layer output, stored in the activation dtype"),
+}
+
+
+def unit_roundoffs(activation_dtype, weight_dtype) -> dict[str, float]:
+    """Unit roundoff of every precision class for a run in these dtypes.
+
+    activation_dtype, weight_dtype: dtype names or dtypes ("float32", "bfloat16").
+    Returns {class: u} with u = eps / 2 (round to nearest).
+    """
+    act = float(jnp.finfo(activation_dtype).eps) / 2
+    return {
+        ACTIVATION: act,
+        OPERAND: act,
+        FLOAT32: float(jnp.finfo(jnp.float32).eps) / 2,
+        WEIGHT: float(jnp.finfo(weight_dtype).eps) / 2,
+    }
+
+
+def _exact(v, site: str):
     """The identity: the oracle without rounding noise."""
+    del site
     return v
 
 
@@ -120,27 +236,31 @@ _round_both_ways.defvjp(_round_both_ways_fwd, _round_both_ways_bwd)
 
 
 class _RoundingNoise:
-    """One simulated rounding at a value, and another at its cotangent.
+    """One simulated rounding at a value, and another at its cotangent, per `ROUNDING_SITES`.
 
-    Called at every input and intermediate of the oracle's forward pass, it multiplies
-    the value by (1 + δ) and, independently, the cotangent flowing back through that
-    point by (1 + δ'), with δ, δ' uniform in [-u, u]. That is how a finite-precision
-    path rounds both passes, so the spread it causes is the error the arithmetic
-    explains — including where the math itself cancels (a peaked softmax's VJP
-    subtracts nearly equal cotangent terms; a gate-scale gradient sums terms of both
-    signs), which plain float64 would otherwise compute exactly.
+    Called with a value and its site, it multiplies the value by (1 + δ) and,
+    independently, the cotangent flowing back through that point by (1 + δ'), with δ, δ'
+    uniform in [-u, u] for the unit roundoffs of the site's forward and backward classes.
+    That is how a finite-precision path rounds both passes, so the spread it causes is
+    the error the arithmetic explains — including where the math itself cancels (a
+    peaked softmax's VJP subtracts nearly equal cotangent terms; a gate-scale gradient
+    sums terms of both signs), which plain float64 would otherwise compute exactly.
     """
 
-    def __init__(self, key, unit_roundoff: float):
-        self.key, self.unit_roundoff, self.calls = key, unit_roundoff, 0
+    def __init__(self, key, units: Mapping[str, float]):
+        self.key, self.units, self.calls = key, dict(units), 0
 
-    def __call__(self, v):
+    def _unit(self, classes: tuple[str, ...]) -> float:
+        return max((self.units[c] for c in classes), default=0.0)
+
+    def __call__(self, v, site: str):
+        rule = ROUNDING_SITES[site]
         self.calls += 1  # trace-time counter: independent draws for every call site
         key = jax.random.fold_in(self.key, self.calls)
         forward_key, backward_key = jax.random.split(key)
-        u = self.unit_roundoff
-        forward_delta = jax.random.uniform(forward_key, v.shape, v.dtype, -u, u)
-        backward_delta = jax.random.uniform(backward_key, v.shape, v.dtype, -u, u)
+        uf, ub = self._unit(rule.forward), self._unit(rule.backward)
+        forward_delta = jax.random.uniform(forward_key, v.shape, v.dtype, -uf, uf)
+        backward_delta = jax.random.uniform(backward_key, v.shape, v.dtype, -ub, ub)
         return _round_both_ways(v, forward_delta, backward_delta)
 
 
@@ -162,60 +282,81 @@ def _softmax(z, r):
         return a, a
 
     def backward(a, g):
-        return (a * (g - r(jnp.sum(a * g, axis=-1, keepdims=True))),)
+        return (a * (g - r(jnp.sum(a * g, axis=-1, keepdims=True), "softmax_inner_product")),)
 
     softmax.defvjp(forward, backward)
     return softmax(z)
+
+
+def _gate_logit(w, name, logits, r):
+    return r(w[f"{name}_scale"] * r(logits, "projection") + w[f"{name}_bias"], "gate_logit")
 
 
 def _coefficients(x, w, config, r=_exact):
     n = config.streams
     batch, seq = x.shape[:2]
     v = x.reshape(batch, seq, -1)
-    inv_rms = r(1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon))
-    normed = r(v * inv_rms * w["norm_scale"])
-    h_pre = r(_sigmoid(r(w["pre_scale"] * r(normed @ w["pre_alpha"]) + w["pre_bias"])) + config.pre_epsilon)
-    h_post = r(2.0 * _sigmoid(r(w["post_scale"] * r(normed @ w["post_alpha"]) + w["post_bias"])))
-    z_res = r(w["res_scale"] * r(normed @ w["res_alpha"]))
+    inv_rms = r(1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon), "rms_inverse")
+    normed = r(v * inv_rms * w["norm_scale"], "normed_operand")
+
+    def logits(name):
+        return normed @ r(w[f"{name}_alpha"], "folded_weight")
+
+    h_pre = r(_sigmoid(_gate_logit(w, "pre", logits("pre"), r)) + config.pre_epsilon, "gate")
+    h_post = r(2.0 * _sigmoid(_gate_logit(w, "post", logits("post"), r)), "gate")
+    z_res = r(w["res_scale"] * r(logits("res"), "projection"), "gate_logit")
     if config.variant == "lite":
-        z = r(z_res + w["res_bias"])
-        a = r(_softmax(z, r))
-        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n))))
+        z = r(z_res + w["res_bias"], "gate_logit")
+        a = r(_softmax(z, r), "gate")
+        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n))), "gate")
     else:
-        z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"])
-        h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations))
+        z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"], "gate_logit")
+        h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations), "gate")
     return h_pre, h_post, h_res
 
 
 def _pre(x, w, config, r=_exact):
     h_pre, h_post, h_res = _coefficients(x, w, config, r)
-    layer_input = r(jnp.einsum("bsn,bsnc->bsc", h_pre, x))
+    collapse_weights = r(h_pre, "coefficient_operand")
+    layer_input = r(jnp.einsum("bsn,bsnc->bsc", collapse_weights, x), "layer_input")
     return layer_input, (h_pre, h_post, h_res)
 
 
 def _post(layer_output, x, coeffs, r=_exact):
     _, h_post, h_res = coeffs
-    return r(r(jnp.einsum("bsij,bsic->bsjc", h_res, x)) + h_post[..., None] * layer_output[..., None, :])
+    mixed = r(jnp.einsum("bsij,bsic->bsjc", r(h_res, "coefficient_operand"), x), "residual_mix")
+    gated = r(h_post, "coefficient_operand")[..., None] * layer_output[..., None, :]
+    return r(mixed + gated, "out")
+
+
+def _units_key(units: Mapping[str, float] | None) -> tuple | None:
+    if units is None:
+        return None
+    missing = set(PRECISION_CLASSES) - set(units)
+    if missing:
+        raise ValueError(f"rounding_noise units lack the precision classes {sorted(missing)}")
+    return tuple((c, float(units[c])) for c in PRECISION_CLASSES)
 
 
 @functools.lru_cache(maxsize=None)
-def _oracle_program(branch_apply: BranchApply, config, unit_roundoff: float):
+def _oracle_program(branch_apply: BranchApply, config, units: tuple | None):
     """The jitted float64 forward + VJP for one branch and config (cached: shapes retrace).
 
-    unit_roundoff 0: the exact oracle; > 0: every input and intermediate carries one
-    simulated rounding of that size (`_RoundingNoise`), drawn from the `key` argument.
+    units None: the exact oracle; else ((class, unit roundoff), ...): every input and
+    intermediate carries one simulated rounding per `ROUNDING_SITES`, drawn from the
+    `key` argument.
     """
 
     def program(x, w, p, ct, key):
-        r = _RoundingNoise(key, unit_roundoff) if unit_roundoff else _exact
-        if unit_roundoff:
-            x, ct = r(x), r(ct)
-            w = {k: r(v) for k, v in w.items()}
-            p = {k: r(v) for k, v in p.items()}
+        r = _RoundingNoise(key, dict(units)) if units else _exact
+        if units:
+            x, ct = r(x, "x"), r(ct, "cotangent")
+            w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight") for k, v in w.items()}
+            p = {k: r(v, "branch_param") for k, v in p.items()}
 
         def whole(x_, w_, p_):
             layer_input, coeffs = _pre(x_, w_, config, r)
-            layer_output = r(branch_apply(p_, layer_input))
+            layer_output = r(branch_apply(p_, layer_input), "layer_output")
             out = _post(layer_output, x_, coeffs, r)
             return out, (layer_input, layer_output) + coeffs
 
@@ -242,7 +383,7 @@ def run_oracle(
     cotangent,
     config,
     *,
-    rounding_noise: tuple[int, float] | None = None,
+    rounding_noise: tuple[int, Mapping[str, float] | float] | None = None,
 ) -> OracleResult:
     """Forward and VJP of `post(branch(pre(x)))` in float64.
 
@@ -250,17 +391,21 @@ def run_oracle(
     branch_apply(params, h) must be dtype-polymorphic jax.numpy (and hashable: the
     compiled program is cached per branch function and config); cotangent: (B,S,n,C)
     seed for the VJP; config: an `MhcConfig` (streams, variant, epsilons, iterations).
-    rounding_noise: None for the exact oracle, or (seed, unit_roundoff): every input and
-    intermediate is multiplied by (1 + δ), |δ| <= unit_roundoff, to measure how far the
-    rounding of a dtype with that unit roundoff moves each leaf.
+    rounding_noise: None for the exact oracle, or (seed, units): every input and
+    intermediate is multiplied by (1 + δ), |δ| <= the unit roundoff of its site's
+    precision class (`ROUNDING_SITES`; units maps each of `PRECISION_CLASSES` to a unit
+    roundoff, see `unit_roundoffs`; a single float applies to every class), to measure
+    how far the rounding a correct implementation may make moves each leaf.
     """
-    seed, unit_roundoff = rounding_noise or (0, 0.0)
+    seed, units = rounding_noise or (0, None)
+    if isinstance(units, (int, float)):
+        units = {c: float(units) for c in PRECISION_CLASSES} if units else None
     with jax.enable_x64(True):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(_as_f64(cotangent))
-        program = _oracle_program(branch_apply, config, float(unit_roundoff))
+        program = _oracle_program(branch_apply, config, _units_key(units))
         forward, d_x, d_layer_output, d_w, d_p = program(x64, w64, p64, ct64, jax.random.key(seed))
         to_np = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
         return OracleResult(

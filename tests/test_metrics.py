@@ -316,3 +316,45 @@ def test_row_fields_are_exactly_the_schema_metric_columns():
     schema.empty_row(**fields)  # accepted by the schema
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.max_abs_err = 1.0  # type: ignore[misc]
+
+
+# ── systematic error ─────────────────────────────────────────────────────────────────
+
+
+def test_systematic_error_separates_a_shared_shift_from_per_token_noise():
+    from harness.metrics import systematic_error
+
+    rng = np.random.default_rng(0)
+    expected = rng.normal(size=(4, 128, 3))
+    noisy = expected + 1e-3 * rng.normal(size=expected.shape)
+    t, shift = systematic_error(noisy, expected)
+    assert t < 5 and shift < 1e-3
+    shifted = noisy.copy()
+    shifted[..., 1] += 5e-4  # half the noise, shared by every token of stream 1
+    t, shift = systematic_error(shifted, expected)
+    assert t > 8 and shift == pytest.approx(5e-4 / np.max(np.abs(expected)), rel=0.3)
+
+
+def test_systematic_error_edge_cases():
+    from harness.metrics import systematic_error
+
+    ones = np.ones((8, 4))
+    assert systematic_error(ones, ones) == (0.0, 0.0)
+    t, shift = systematic_error(ones + 0.5, ones)
+    assert math.isinf(t) and shift == 0.5
+    assert all(math.isnan(v) for v in systematic_error(ones, ones, token_axes=0))
+    assert all(math.isnan(v) for v in systematic_error(np.ones((1, 4)), np.ones((1, 4)), token_axes=1))
+    with_nan = ones.copy()
+    with_nan[0, 0] = np.nan
+    assert all(math.isnan(v) for v in systematic_error(with_nan, ones))
+
+
+def test_leaf_metrics_record_systematic_error_only_for_token_major_leaves():
+    rng = np.random.default_rng(1)
+    oracle = rng.normal(size=(2, 16, 4))
+    cand = oracle + 1e-3
+    m = leaf_metrics(cand, oracle, oracle, dtype="float32", token_axes=2, oracle_systematic_t=1.5)
+    assert m.cand_systematic_t > 1e6 and m.partner_systematic_t == 0.0 and m.oracle_systematic_t == 1.5
+    plain = leaf_metrics(cand, oracle, oracle, dtype="float32")
+    assert math.isnan(plain.cand_systematic_t) and math.isnan(plain.oracle_systematic_t)
+    assert math.isnan(leaf_metrics(cand, oracle, dtype="float32", token_axes=2).cand_systematic_t)

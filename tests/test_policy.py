@@ -539,3 +539,85 @@ def test_ulps_plus_sensitivity_adds_the_conditioning_slack():
             'version = 1\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
             'kind = "ulps_plus_sensitivity"\nmax_rel_ulps = 4\nratio_sensitivity = 0.5\nrationale = "test"\n'
         )
+
+
+# ── the systematic-error criterion ───────────────────────────────────────────────────
+
+SYSTEMATIC = """
+[systematic]
+leaf_kinds = ["intermediate"]
+t_floor = 7
+ratio = 3
+rationale = "test"
+"""
+
+
+@pytest.fixture(scope="module")
+def with_systematic():
+    return parse_policy(policy_text(RATIO_RULE, header="version = 1\n" + SYSTEMATIC))
+
+
+def _systematic_metrics(t, shift, partner_t=1.0, oracle_t=1.0):
+    return metrics(cand_systematic_t=t, cand_systematic_shift=shift, partner_systematic_t=partner_t,
+                   oracle_systematic_t=oracle_t, max_rel_err=1.0)
+
+
+def test_systematic_criterion_fails_a_shift_shared_by_every_token(with_systematic):
+    big_shift = 1000 * F32_EPS
+    failed = judge(with_systematic, _systematic_metrics(26.8, big_shift), "vs_reference", "intermediate")
+    assert failed.verdict == "fail" and "shared by every token" in failed.reason
+    assert failed.bound_usage == pytest.approx(26.8 / 7)
+    assert failed.bound.endswith("+ systematic t<=7 or 3x")
+    passed = judge(with_systematic, _systematic_metrics(7 * BELOW, big_shift), "vs_reference", "intermediate")
+    assert passed.verdict == "pass" and passed.bound_usage == pytest.approx(BELOW)
+
+
+def test_systematic_criterion_scales_with_the_models_own_t_and_ignores_tiny_shifts(with_systematic):
+    big_shift = 1000 * F32_EPS
+    # activations with a mean: the rounding model shifts every token too (t = 10), so 3x is allowed
+    assert judge(with_systematic, _systematic_metrics(29, big_shift, oracle_t=10), "vs_reference",
+                 "intermediate").verdict == "pass"
+    assert judge(with_systematic, _systematic_metrics(29, big_shift, partner_t=10, oracle_t=float("nan")),
+                 "vs_reference", "intermediate").verdict == "pass"
+    assert judge(with_systematic, _systematic_metrics(31, big_shift, oracle_t=10), "vs_reference",
+                 "intermediate").verdict == "fail"
+    # a shift within the rule's floor (4 ulps) passes whatever its t
+    tiny = judge(with_systematic, _systematic_metrics(500, 4 * F32_EPS * BELOW), "vs_reference", "intermediate")
+    assert tiny.verdict == "pass"
+
+
+def test_systematic_criterion_applies_to_its_leaf_kinds_only(with_systematic):
+    m = _systematic_metrics(500, 1.0)
+    assert judge(with_systematic, m, "vs_reference", "output").verdict == "pass"
+    unmeasured = _systematic_metrics(float("nan"), float("nan"))
+    assert judge(with_systematic, unmeasured, "vs_reference", "intermediate").verdict == "pass"
+
+
+@pytest.mark.parametrize("table, field", [
+    ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 0.5\nratio = 3\nrationale = "x"\n', "t_floor"),
+    ('[systematic]\nleaf_kinds = ["no_such_kind"]\nt_floor = 7\nratio = 3\nrationale = "x"\n', "leaf_kinds"),
+    ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 7\nratio = 3\n', "missing"),
+    ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 7\nratio = 3\nrationale = " "\n', "rationale"),
+])
+def test_malformed_systematic_table_is_rejected(table, field):
+    with pytest.raises(PolicyError, match=field):
+        parse_policy(policy_text(RATIO_RULE, header="version = 1\n" + table))
+
+
+def test_packaged_policy_catches_a_bfloat16_gate_bias_by_its_systematic_shift():
+    """The upstream bug on ordinary weights: every token's h_pre moved the same way by a
+    bias rounded to bfloat16, far less than its bfloat16-run noise in max and RMS."""
+    policy = load_policy()
+    rng = np.random.default_rng(5)
+    oracle = 0.27 + 0.05 * rng.normal(size=(2, 256, 4))
+    noise = 2e-4 * rng.normal(size=oracle.shape)
+    clean = oracle + noise
+    biased = clean + 1e-4  # a shared shift, half the per-token noise
+    sensitivity = (1e-3, 5e-4)
+    kwargs = dict(dtype="float32", sensitivity=sensitivity, token_axes=2, oracle_systematic_t=1.0)
+    good = leaf_metrics(clean, oracle, oracle, **kwargs)
+    bad = leaf_metrics(biased, oracle, oracle, **kwargs)
+    assert judge(policy, good, "vs_oracle", "intermediate", act_dtype="bfloat16").verdict == "pass"
+    failed = judge(policy, bad, "vs_oracle", "intermediate", act_dtype="bfloat16")
+    assert failed.verdict == "fail" and "shared by every token" in failed.reason
+    assert bad.cand_oracle_rms_err < 4 * sensitivity[1], "invisible to the RMS ratio alone"

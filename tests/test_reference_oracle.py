@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mhc import oracle, reference
-from mhc.types import WEIGHT_FIELDS, MhcConfig
+from mhc.types import WEIGHT_FIELDS, MhcConfig, MhcWeights
 from tests.support import max_rel_err, mlp_params, random_activations, random_weights, tanh_mlp_branch
 
 SHAPE = (2, 16, 4, 128)
@@ -42,9 +42,9 @@ def _oracle_leaves(x, weights, params, cotangent, config):
     return res.forward, grads
 
 
-def _leaf_errors(config, dtype, weight_dtype):
+def _leaf_errors(config, dtype, weight_dtype, weights=None):
     x = random_activations(SHAPE, dtype=dtype)
-    weights = random_weights(config, dtype=weight_dtype)
+    weights = random_weights(config, dtype=weight_dtype) if weights is None else weights
     params = mlp_params(SHAPE[-1], dtype=weight_dtype)
     cotangent = random_activations(SHAPE, seed=7, dtype=dtype)
     fwd, grads = _reference_vjp(x, weights, params, cotangent, config)
@@ -132,3 +132,74 @@ def test_oracle_rounding_noise_measures_sensitivity_proportional_to_the_roundoff
         assert u / 4 < max_rel_err(noisy.forward["out"], exact.forward["out"]) < 64 * u
     # linear in the roundoff: 2^16 times the noise, ~2^16 times the spread
     assert 2.0**14 < spreads[1] / spreads[0] < 2.0**18
+
+
+# ------------------------------------------------------------ the mixed-precision rounding model
+
+
+def _gate_dominated_weights(config):
+    """Small gate scales and O(1) biases: the regime where a bfloat16 bias would show."""
+    weights = random_weights(config).as_dict()
+    for name in ("pre", "post", "res"):
+        weights[f"{name}_scale"] = jnp.full((1,), 0.03)
+        weights[f"{name}_bias"] = 1.5 + 0.1 * weights[f"{name}_bias"]
+    return MhcWeights.from_dict(weights)
+
+
+def _sensitivity(units, leaf="h_post", dtype=jnp.bfloat16, seed=3):
+    config = MhcConfig(streams=4, embedding=128)
+    x = random_activations(SHAPE, dtype=dtype)
+    weights = _gate_dominated_weights(config)
+    params = mlp_params(SHAPE[-1])
+    ct = random_activations(SHAPE, seed=7, dtype=dtype)
+    exact = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config)
+    noisy = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config, rounding_noise=(seed, units))
+    pick = lambda r: r.forward[leaf] if leaf in r.forward else r.d_weights[leaf]  # noqa: E731
+    return max_rel_err(pick(noisy), pick(exact))
+
+
+def test_rounding_model_holds_the_coefficients_in_float32_in_bfloat16_runs():
+    """The coefficients of a bfloat16 run are float32 arithmetic on a bfloat16 projection:
+    rounding every value at bfloat16 would explain away a bfloat16 gate bias (the upstream bug)."""
+    mixed = oracle.unit_roundoffs("bfloat16", "float32")
+    uniform = {c: mixed[oracle.ACTIVATION] for c in oracle.PRECISION_CLASSES}
+    assert mixed[oracle.FLOAT32] == 2.0**-24 and mixed[oracle.ACTIVATION] == mixed[oracle.OPERAND] == 2.0**-8
+    assert mixed[oracle.WEIGHT] == 2.0**-24 and oracle.unit_roundoffs("bfloat16", "bfloat16")[oracle.WEIGHT] == 2.0**-8
+    for leaf in ("h_post", "h_pre", "h_res"):
+        assert _sensitivity(mixed, leaf) < _sensitivity(uniform, leaf) / 4, leaf
+    # ...while the bfloat16 roundings a correct path makes still move them: far above float32 noise.
+    float32_only = {c: (2.0**-24 if c == oracle.FLOAT32 else 0.0) for c in oracle.PRECISION_CLASSES}
+    assert _sensitivity(mixed) > 100 * _sensitivity(float32_only)
+
+
+def test_rounding_model_explains_the_reference_bfloat16_error():
+    """What a correct bfloat16 path does must be inside what the model explains (RMS over draws)."""
+    config = MhcConfig(streams=4, embedding=128)
+    errors = _leaf_errors(config, jnp.bfloat16, jnp.float32, _gate_dominated_weights(config))
+    units = oracle.unit_roundoffs("bfloat16", "float32")
+    for leaf in ("h_post", "h_pre", "h_res", "out", "layer_input"):
+        spread = np.sqrt(np.mean([_sensitivity(units, leaf, seed=s) ** 2 for s in range(4)]))
+        assert errors[leaf] < 3 * spread, (leaf, errors[leaf], spread)
+
+
+def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
+    used = []
+    original = oracle._RoundingNoise.__call__
+
+    def recording(self, v, site):
+        used.append(site)
+        return original(self, v, site)
+
+    monkeypatch.setattr(oracle._RoundingNoise, "__call__", recording)
+    oracle._oracle_program.cache_clear()
+    try:
+        _sensitivity(oracle.unit_roundoffs("bfloat16", "float32"))
+    finally:
+        oracle._oracle_program.cache_clear()
+    assert set(used) == set(oracle.ROUNDING_SITES)
+    for site in oracle.ROUNDING_SITES.values():
+        assert set(site.forward) | set(site.backward) <= set(oracle.PRECISION_CLASSES) and site.why
+    with pytest.raises(ValueError, match="precision classes"):
+        oracle.run_oracle(np.zeros(SHAPE), random_weights(MhcConfig(streams=4, embedding=128)), tanh_mlp_branch,
+                          mlp_params(SHAPE[-1]), np.zeros(SHAPE), MhcConfig(streams=4, embedding=128),
+                          rounding_noise=(0, {oracle.FLOAT32: 1e-7}))

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return gate_main(argv[1:])
     if argv[:1] == ["faults"]:
-        from harness.faults_cli import main as faults_main
+        from harness.faults.cli import main as faults_main
 
         return faults_main(argv[1:])
     try:

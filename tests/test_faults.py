@@ -1,10 +1,11 @@
-"""The fault catalogue and `python -m harness faults` (kill matrix, false-positive sweep).
+"""Faults, legitimate variants and `python -m harness faults` (kill matrix, sweep).
 
 Fast by design: the full catalogue on the default suite is `make faults`; here every
-fault is checked to patch and restore exactly its seam and to leave the other paths
-bit-identical, four representative faults (reference, kernel, sharded, custom VJP) are
-shown killed on small cases, the unmodified code passes a 2-seed sweep, and the CLI's
-exit codes are pinned.
+perturbation is checked to patch and restore exactly its seams and to leave the paths
+it does not name bit-identical, representative faults (reference, kernel, sharded,
+custom VJP, an external implementation without h_pre) are shown caught on small cases
+per dtype slice, legitimate variants pass, the unmodified code passes a 2-seed sweep,
+and the CLI's exit codes are pinned.
 """
 
 from __future__ import annotations
@@ -16,93 +17,125 @@ import numpy as np
 import pytest
 
 from cases.catalogue import make_case
-from harness import faults_cli
-from harness.faults import CATALOGUE, FAULTS, Fault, Seam, SeamError, select_faults
+from harness.faults import CATALOGUE, FAULTS, VARIANTS, VARIANTS_BY_NAME, Patch, Perturbation, Seam, SeamError
+from harness.faults import cli as faults_cli
+from harness.faults import kill_matrix, sweep
+from harness.faults.model import UnknownPerturbationError, select
 from harness.implementations import INTERPRET, REFERENCE
 from harness.paths import Path, ProgramCache
 
 # Registry cases the CLI tests select by name. The kernels reject embedding 96 before
-# compiling anything (an expected-unsupported case), so only the reference path runs:
-# the cheapest case a reference fault can be killed on. The lite one runs both paths.
+# compiling anything (an expected-unsupported case), so only the reference path (and
+# the independent external implementation) run: the cheapest case a reference fault
+# can be killed on. The lite one runs every path.
 REFERENCE_ONLY_CASE = "lite-n4-c96-b2s64-f32-w32-identity-default"
 LITE_CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
 
 # Hand-made small cases for in-process runs: one unsharded, one token-sharded over all
-# 8 host devices with 16 tokens per shard (2 kernel blocks per shard).
+# 8 host devices with 16 tokens per shard (2 kernel blocks per shard), and a bfloat16
+# one whose gate parameters bfloat16 cannot represent.
 SMALL = make_case(streams=3, batch=1, sequence=32, dtype="float32")
 SMALL_SHARDED = make_case(batch=2, sequence=64, dtype="float32", mesh=(2, 4), block_tokens=8)
+SMALL_BF16 = make_case(batch=1, sequence=64, dtype="bfloat16", init="bf16_inexact_gates")
+ALL = CATALOGUE + VARIANTS
 
 
-def _no_op_fault(name="test.no_op") -> Fault:
-    """A fault that installs the original value: nothing can catch it."""
-    return Fault(
-        name=name, seam=Seam("mhc.reference", "compute_sigmoid_gate"),
-        description="test-only: patches the reference gate with itself",
-        make_replacement=lambda original: original, implementations=("reference",),
+def _no_op(name="test.no_op", legitimate=False) -> Perturbation:
+    """A perturbation that installs the original value: nothing can catch it."""
+    return Perturbation(
+        name=name, description="test-only: patches the reference gate with itself",
+        patches=(Patch(Seam("mhc.reference", "compute_sigmoid_gate"), lambda original: original),),
+        implementations=("reference",), legitimate=legitimate,
     )
 
 
-# ------------------------------------------------------------------ the catalogue itself
+@pytest.fixture(scope="module")
+def impls():
+    return kill_matrix.implementations()
+
+
+# ------------------------------------------------------------------ the catalogues
 
 
 def test_catalogue_covers_the_required_regressions():
-    names = set(FAULTS)
     required = {
         "reference.gate_params_bf16", "kernel.gate_params_bf16", "kernel.pre_epsilon_dropped",
         "kernel.post_gate_factor_lost", "kernel.rms_stats_bf16", "kernel.permutation_order_changed",
         "kernel.residual_contraction_transposed", "kernel.weight_grad_not_summed", "kernel.bias_grad_zeroed",
-        "kernel.token_block_skipped", "kernel.vjp_bias_grads_swapped",
+        "kernel.token_block_skipped", "kernel.vjp_bias_grads_swapped", "independent.gate_params_bf16",
     }
-    assert required <= names
-    assert len(names) == len(CATALOGUE), "fault names must be unique"
-    for fault in CATALOGUE:
-        assert fault.description and fault.seam.module.startswith("mhc.")
-        prefix = "reference." if fault.implementations == ("reference",) else "kernel."
-        assert fault.name.startswith(prefix), fault.name
+    assert required <= set(FAULTS)
+    assert len({p.name for p in ALL}) == len(ALL), "names must be unique across faults and variants"
+    prefixes = {("reference",): "reference.", ("interpret", "mosaic"): "kernel.", ("independent",): "independent."}
+    for perturbation in ALL:
+        assert perturbation.description
+        assert perturbation.name.startswith(prefixes[perturbation.implementations]), perturbation.name
+    assert not any(f.legitimate for f in CATALOGUE) and all(v.legitimate for v in VARIANTS)
 
 
-@pytest.mark.parametrize("fault", CATALOGUE, ids=lambda f: f.name)
-def test_fault_patches_its_seam_and_restores_it(fault):
-    owner, attribute = fault.seam.resolve()
-    original = getattr(owner, attribute)
-    with fault.injected():
-        assert getattr(owner, attribute) is not original
-    assert getattr(owner, attribute) is original
+def test_exceptions_are_declared_for_slices_and_faults_only():
+    listed = {(f.name, s) for f in CATALOGUE for s, _ in f.unkillable_in}
+    assert listed == {(f"{p}.{what}", "bfloat16") for p in ("reference", "kernel")
+                      for what in ("pre_epsilon_dropped", "rms_stats_bf16")}
+    with pytest.raises(ValueError, match="slices"):
+        Perturbation(name="x", description="d", patches=_no_op().patches, implementations=("reference",),
+                     unkillable_in=(("float16", "no such slice"),))
+    with pytest.raises(ValueError, match="faults only"):
+        Perturbation(name="x", description="d", patches=_no_op().patches, implementations=("reference",),
+                     legitimate=True, unkillable_in=(("bfloat16", "why"),))
+
+
+@pytest.mark.parametrize("perturbation", ALL, ids=lambda p: p.name)
+def test_perturbation_patches_its_seams_and_restores_them(perturbation):
+    resolved = [p.seam.resolve() for p in perturbation.patches]
+    originals = [getattr(owner, attribute) for owner, attribute in resolved]
+    with perturbation.injected():
+        for (owner, attribute), original in zip(resolved, originals):
+            assert getattr(owner, attribute) is not original
     with pytest.raises(RuntimeError, match="boom"):
-        with fault.injected():
+        with perturbation.injected():
             raise RuntimeError("boom")
-    assert getattr(owner, attribute) is original
+    for (owner, attribute), original in zip(resolved, originals):
+        assert getattr(owner, attribute) is original
 
 
 def test_missing_seam_is_reported_not_patched():
-    fault = Fault(name="test.missing", seam=Seam("mhc.reference", "no_such_helper"),
-                  description="test", make_replacement=lambda original: original)
+    broken = Perturbation(name="test.missing", description="test", implementations=("reference",),
+                          patches=(Patch(Seam("mhc.reference", "no_such_helper"), lambda original: original),))
     with pytest.raises(SeamError, match="no_such_helper"):
-        with fault.injected():
+        with broken.injected():
             pass
 
 
-def test_select_faults_by_glob():
-    assert [f.name for f in select_faults(["kernel.vjp_*"])] == ["kernel.vjp_bias_grads_swapped"]
-    assert len(select_faults(None)) == len(CATALOGUE)
-    with pytest.raises(KeyError, match="no fault matches"):
-        select_faults(["kernel.no_such_*"])
+def test_select_by_glob():
+    assert [f.name for f in select(["kernel.vjp_*"], CATALOGUE, "fault")] == ["kernel.vjp_bias_grads_swapped"]
+    assert len(select(None, CATALOGUE, "fault")) == len(CATALOGUE)
+    with pytest.raises(UnknownPerturbationError, match="no fault matches"):
+        select(["kernel.no_such_*"], CATALOGUE, "fault")
+    chosen = faults_cli.select_perturbations(["kernel.vjp_*"], None)
+    assert [p.name for p in chosen] == ["kernel.vjp_bias_grads_swapped"], "--faults alone runs no variant"
+    assert len(faults_cli.select_perturbations(None, None)) == len(ALL)
 
 
-def test_fault_scope_by_path_and_case():
+def test_scope_by_path_and_case(impls):
     sharded_fault = FAULTS["kernel.weight_grad_not_summed"]
     assert sharded_fault.affects_path(Path(INTERPRET, (2, 4)))
     assert not sharded_fault.affects_path(Path(INTERPRET, None))
-    assert not sharded_fault.affects_case(SMALL) and sharded_fault.affects_case(SMALL_SHARDED)
+    assert not sharded_fault.affects_case(SMALL, impls) and sharded_fault.affects_case(SMALL_SHARDED, impls)
     kernel_fault, reference_fault = FAULTS["kernel.gate_params_bf16"], FAULTS["reference.gate_params_bf16"]
     assert not kernel_fault.affects_path(Path(REFERENCE, None))
     assert not reference_fault.affects_path(Path(INTERPRET, None))
     sinkhorn = make_case(variant="sinkhorn")
-    assert reference_fault.affects_case(sinkhorn) and not kernel_fault.affects_case(sinkhorn)
-    assert not kernel_fault.affects_case(make_case(embedding=96, expect_reason="multiple of 128"))
+    assert reference_fault.affects_case(sinkhorn, impls) and not kernel_fault.affects_case(sinkhorn, impls)
+    rejected = make_case(embedding=96, expect_reason="multiple of 128")
+    assert not kernel_fault.affects_case(rejected, impls)
+    independent = FAULTS["independent.gate_params_bf16"]
+    assert independent.affects_case(rejected, impls), "the independent implementation has no kernel limits"
+    assert not independent.affects_case(sinkhorn, impls)
+    assert not independent.affects_case(SMALL, [REFERENCE, INTERPRET]), "not in the plan: nothing to affect"
 
 
-# --------------------------------------------------------- each fault touches its path only
+# --------------------------------------------------- each perturbation touches its path only
 
 
 @pytest.fixture(scope="module")
@@ -125,61 +158,92 @@ def _assert_bit_identical(leaves, expected, what):
         np.testing.assert_array_equal(value, expected[name], err_msg=f"{what}: leaf {name} changed")
 
 
-@pytest.mark.parametrize("fault", CATALOGUE, ids=lambda f: f.name)
-def test_fault_leaves_the_paths_it_does_not_name_bit_identical(fault, clean_outputs):
+@pytest.mark.parametrize("perturbation", ALL, ids=lambda p: p.name)
+def test_perturbation_leaves_the_paths_it_does_not_name_bit_identical(perturbation, clean_outputs):
     """A reference fault must not change the kernels, a kernel fault not the reference,
-    a sharded-only fault not the unsharded kernel path."""
+    a sharded-only fault not the unsharded kernel path, an external one neither."""
     from cases.fixtures import make_fixture
 
-    if fault.sharded_only:
+    if perturbation.sharded_only:
         path, case, key = Path(INTERPRET, None), SMALL_SHARDED, "interpret_unsharded_big"
-    elif fault.affects_path(Path(REFERENCE, None)):
+    elif perturbation.affects_path(Path(REFERENCE, None)):
         path, case, key = Path(INTERPRET, None), SMALL, "interpret"
     else:
         path, case, key = Path(REFERENCE, None), SMALL, "reference"
-    assert not fault.affects_path(path)
-    with fault.injected():
+    assert not perturbation.affects_path(path)
+    with perturbation.injected():
         leaves = ProgramCache().run(path, case, make_fixture(case)).leaves
-    _assert_bit_identical(leaves, clean_outputs[key], f"{fault.name} on {path.name}")
+    _assert_bit_identical(leaves, clean_outputs[key], f"{perturbation.name} on {path.name}")
 
 
 # ------------------------------------------------------------------ kills on small cases
 
-REPRESENTATIVE_FAULTS = (
+REPRESENTATIVE = (
     "reference.gate_params_bf16",     # reference path, forward numerics
     "kernel.token_block_skipped",     # kernel forward
     "kernel.weight_grad_not_summed",  # token-sharded gradient reduction
     "kernel.vjp_bias_grads_swapped",  # custom VJP
+    "independent.gate_params_bf16",   # an external implementation without h_pre, bfloat16
+    "kernel.coefficient_operands_rounded",  # legitimate: must pass
+    "independent.normalised_activations",   # legitimate: must pass
 )
 
 
 @pytest.fixture(scope="module")
-def representative_kills():
+def representative(impls):
     from harness.policy import load_policy
 
     policy = load_policy(None)
-    shared, memo = faults_cli._SharedInputs(), {}
-    cases = [SMALL, SMALL_SHARDED]
-    clean_rows = faults_cli.run_clean_pass(cases, policy, shared, memo, quiet=True)
+    shared, memo = kill_matrix.SharedInputs(), {}
+    cases = [SMALL, SMALL_SHARDED, SMALL_BF16]
+    clean_rows = kill_matrix.run_clean_pass(cases, policy, shared, memo, impls, quiet=True)
     results = {}
-    for name in REPRESENTATIVE_FAULTS:
-        fault = FAULTS[name]
-        targets = [c for c in cases if fault.affects_case(c)]
-        rows = faults_cli.run_fault_pass(fault, targets, policy, shared, memo)
-        results[name] = faults_cli.judge_fault(fault, rows, clean_rows, [c.name for c in targets], 0.0)
-    return results
+    for name in REPRESENTATIVE:
+        perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
+        targets = [c for c in cases if perturbation.affects_case(c, impls)]
+        rows = kill_matrix.run_perturbation_pass(perturbation, targets, policy, shared, memo, impls)
+        results[name] = kill_matrix.judge(perturbation, rows, clean_rows, targets, 0.0)
+    return clean_rows, results
 
 
-@pytest.mark.parametrize("name", REPRESENTATIVE_FAULTS)
-def test_representative_fault_is_killed(name, representative_kills):
-    result = representative_kills[name]
-    assert result.killed, f"{name} survived"
-    assert result.margin > 1 or result.only_errors
+def test_unmodified_code_passes_every_row_on_the_small_cases(representative):
+    clean_rows, _ = representative
+    failing = [(r["case"], r["candidate"], r["leaf"], r["reason"]) for r in clean_rows if r["verdict"] != "pass"
+               and r["verdict"] not in ("skip", "unsupported")]
+    assert not failing
+    assert {r["candidate"] for r in clean_rows} >= {"independent/unsharded", "independent/sharded(data=2,fsdp=4)"}
 
 
-def test_kills_land_on_the_leaves_the_fault_models(representative_kills):
+@pytest.mark.parametrize("name", [n for n in REPRESENTATIVE if n in FAULTS])
+def test_representative_fault_is_caught_in_every_slice_it_runs_in(name, representative):
+    result = representative[1][name]
+    assert result.ok and result.catches, f"{name}: {result.status}"
+    for verdict in result.slices:
+        if verdict.cases_run:
+            assert verdict.caught and (verdict.margin > 1 or verdict.only_errors), (name, verdict.dtype_slice)
+
+
+def test_the_gate_cast_is_caught_in_an_external_kernel_without_h_pre_on_bfloat16_alone(representative):
+    result = representative[1]["independent.gate_params_bf16"]
+    bf16 = result.slice("bfloat16")
+    assert bf16.cases_caught == (SMALL_BF16.name,)
+    assert not {c.leaf for c in bf16.catches} & {"h_pre"}, "the implementation exposes no h_pre"
+    assert bf16.margin >= 3
+
+
+@pytest.mark.parametrize("name", [n for n in REPRESENTATIVE if n in VARIANTS_BY_NAME])
+def test_representative_variant_passes(name, representative):
+    result = representative[1][name]
+    assert result.ok and result.status == "passes", result.status
+    assert all(not s.catches for s in result.slices)
+    assert any(s.closest is not None for s in result.slices)
+
+
+def test_kills_land_on_the_leaves_the_fault_models(representative):
+    results = representative[1]
+
     def caught(name, comparison):
-        return {c.leaf for c in representative_kills[name].catches if c.comparison == comparison}
+        return {c.leaf for c in results[name].catches if c.comparison == comparison}
 
     assert {"h_pre", "h_post", "layer_input"} & caught("reference.gate_params_bf16", "vs_oracle")
     assert {"d_pre_bias", "d_post_bias"} <= caught("kernel.vjp_bias_grads_swapped", "vs_reference")
@@ -187,43 +251,66 @@ def test_kills_land_on_the_leaves_the_fault_models(representative_kills):
     not_summed = caught("kernel.weight_grad_not_summed", "vs_unsharded")
     assert {"d_pre_alpha", "d_pre_bias", "d_res_scale"} <= not_summed
     assert not not_summed & {"out", "d_x", "h_pre"}, "only weight gradients may change"
-    assert representative_kills["kernel.weight_grad_not_summed"].cases_run == (SMALL_SHARDED.name,)
+    assert results["kernel.weight_grad_not_summed"].slice("float32").cases_run == (SMALL_SHARDED.name,)
     assert "out" in caught("kernel.token_block_skipped", "vs_reference")
 
 
 # -------------------------------------------------------------------- judging, headroom
 
 
-def _row(verdict, usage=0.5, leaf="h_pre", comparison="vs_oracle", case="c", candidate="reference/unsharded"):
-    return {"case": case, "candidate": candidate, "partner": "oracle", "leaf": leaf, "comparison": comparison,
-            "leaf_kind": "intermediate", "dtype": "float32", "verdict": verdict, "bound_usage": usage,
-            "reason": "", "bound": "b"}
+def _row(verdict, usage=0.5, leaf="h_pre", comparison="vs_oracle", case=SMALL, candidate="reference/unsharded"):
+    return {"case": case.name, "candidate": candidate, "partner": "oracle", "leaf": leaf,
+            "comparison": comparison, "leaf_kind": "intermediate", "dtype": "float32", "verdict": verdict,
+            "bound_usage": usage, "reason": "", "bound": "b"}
 
 
 def test_rows_failing_on_clean_code_are_not_evidence():
-    fault = _no_op_fault()
+    fault = _no_op()
     clean = [_row("pass", leaf="h_pre"), _row("fail", 3.0, leaf="h_post"), _row("pass", leaf="out")]
     faulted = [_row("fail", 40.0, leaf="h_pre"), _row("fail", 9.0, leaf="h_post"), _row("error", math.nan, leaf="out")]
-    result = faults_cli.judge_fault(fault, faulted, clean, ["c"], 1.0)
-    assert result.killed and result.ignored_clean_failures == 1
-    assert {c.leaf for c in result.catches} == {"h_pre", "out"}
-    assert result.margin == 40.0 and result.margin_text == "40.00x (+errors)"
-    survived = faults_cli.judge_fault(fault, [_row("fail", 9.0, leaf="h_post")], clean, ["c"], 1.0)
-    assert survived.status == "survived"
-    assert faults_cli.judge_fault(fault, [], clean, [], 0.0).status == "not exercised"
+    result = kill_matrix.judge(fault, faulted, clean, [SMALL], 1.0)
+    f32 = result.slice("float32")
+    assert f32.caught and result.ignored_clean_failures == 1
+    assert {c.leaf for c in f32.catches} == {"h_pre", "out"}
+    assert f32.margin == 40.0 and f32.cell == "killed 1/1 (40.00x)"
+    survived = kill_matrix.judge(fault, [_row("fail", 9.0, leaf="h_post"), _row("pass", 0.7)], clean, [SMALL], 1.0)
+    assert survived.status == "SURVIVED in float32" and not survived.ok
+    assert survived.slice("float32").closest.usage == 0.7 and survived.slice("float32").closest.clean_usage == 0.5
+    assert kill_matrix.judge(fault, [], clean, [], 0.0).status == "not exercised"
 
 
-def test_headroom_is_the_largest_passing_usage_per_group():
-    rows = [_row("pass", 0.2), _row("pass", 0.7, case="d"), _row("fail", 5.0), _row("skip", math.nan),
-            _row("pass", 0.1, comparison="vs_reference", candidate="interpret/unsharded")]
-    table = {(h.comparison, h.dtype, h.leaf_kind): h for h in faults_cli.headroom_table(rows)}
-    oracle = table[("vs_oracle", "float32", "intermediate")]
-    assert (oracle.passing_rows, oracle.failing_rows, oracle.max_bound_usage, oracle.worst_case) == (2, 1, 0.7, "d")
-    assert table[("vs_reference", "float32", "intermediate")].max_bound_usage == 0.1
+def test_slices_are_judged_separately():
+    fault = _no_op()
+    bf16_case = make_case(dtype="bfloat16")
+    rows = [_row("fail", 5.0, case=SMALL), _row("pass", 0.9, case=bf16_case)]
+    clean = [_row("pass", 0.1, case=SMALL), _row("pass", 0.2, case=bf16_case)]
+    result = kill_matrix.judge(fault, rows, clean, [SMALL, bf16_case], 0.0)
+    assert result.slice("float32").status == "killed" and result.slice("bfloat16").status == "SURVIVED"
+    assert not result.ok, "killed on float32 cases alone is not killed"
+    listed = Perturbation(name="t.listed", description="d", patches=fault.patches, implementations=("reference",),
+                          unkillable_in=(("bfloat16", "below the noise"),))
+    excused = kill_matrix.judge(listed, rows, clean, [SMALL, bf16_case], 0.0)
+    assert excused.ok and excused.status == "killed (exception: bfloat16)"
+    variant = kill_matrix.judge(_no_op(legitimate=True), rows, clean, [SMALL, bf16_case], 0.0)
+    assert variant.slice("float32").status == "FALSE POSITIVE" and not variant.ok
+
+
+def test_headroom_is_measured_per_group_over_passing_rows():
+    from reports.samples import measured_row
+
+    def row(case, usage, verdict="pass"):
+        return measured_row(case, "reference/unsharded", "oracle", "vs_oracle", "h_pre", "intermediate",
+                            "float32", 1.0, bound_usage=usage, verdict=verdict)
+
+    rows = [row("c", 0.2), row("c", 0.4), row("c", 0.7), row("d", 5.0, "fail")]
+    table = sweep.headroom_table(rows)
+    line = table.iloc[0]
+    assert (line.passing, line.failing, line.max_usage, line.median_usage) == (3, 1, 0.7, 0.4)
+    assert line.closest_case == "c"
 
 
 def test_seeded_cases_are_renamed_and_reseeded():
-    seeded = faults_cli.seeded_cases([SMALL], 3)
+    seeded = sweep.seeded_cases([SMALL], 3)
     assert [c.seed for c in seeded] == [0, 1, 2]
     assert [c.name for c in seeded] == [f"{SMALL.name}-seed{s}" for s in range(3)]
 
@@ -236,16 +323,28 @@ def _main(argv, **kwargs):
 
 
 def test_cli_exits_1_when_a_fault_survives(tmp_path, capsys):
-    catalogue = (_no_op_fault(), FAULTS["reference.post_gate_factor_lost"])
-    code = _main(["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"], catalogue=catalogue)
+    code = _main(["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"],
+                 faults=(_no_op(), FAULTS["reference.post_gate_factor_lost"]), variants=())
     assert code == 1
     document = json.loads((tmp_path / "kill_matrix.json").read_text())
-    assert document["survivors"] == ["test.no_op"] and document["killed"] == 1
+    assert document["survivors"] == ["test.no_op"] and document["faults_ok"] == 1
     assert "test.no_op" in capsys.readouterr().out
     markdown = (tmp_path / "kill_matrix.md").read_text()
-    assert "| `reference.post_gate_factor_lost` |" in markdown and "## Surviving faults" in markdown
+    assert "`reference.post_gate_factor_lost`" in markdown and "## Surviving faults" in markdown
+    assert "closest row" in markdown
     header = (tmp_path / "kill_matrix.csv").read_text().splitlines()[0]
-    assert header.startswith("fault,seam,status,comparison,leaf")
+    assert header.startswith("perturbation,kind,dtype_slice,status,comparison,leaf")
+    assert (tmp_path / "perturbed_rows.csv").read_text().startswith("perturbation,case,")
+
+
+def test_cli_exits_1_on_a_false_positive(tmp_path):
+    wrongly_legitimate = Perturbation(
+        name="reference.claims_to_be_fine", description="a fault mislabelled as legitimate",
+        patches=FAULTS["reference.post_gate_factor_lost"].patches, implementations=("reference",), legitimate=True)
+    code = _main(["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"],
+                 faults=(), variants=(wrongly_legitimate,))
+    assert code == 1
+    assert json.loads((tmp_path / "kill_matrix.json").read_text())["false_positives"] == ["reference.claims_to_be_fine"]
 
 
 def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
@@ -253,14 +352,17 @@ def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
                   "--out", str(tmp_path), "--quiet"])
     assert code == 0
     document = json.loads((tmp_path / "kill_matrix.json").read_text())
-    assert document["killed"] == document["faults"] == 2
+    assert document["faults_ok"] == document["faults"] == 2 and document["ok"]
 
 
 @pytest.mark.parametrize("argv", [
     ["--faults", "kernel.no_such_fault"],
+    ["--variants", "kernel.no_such_variant"],
     ["--cases", "no-such-case-*"],
+    ["--dtype", "float64"],
     ["--seeds", "0"],
     ["--seeds", "2", "--faults", "kernel.*"],
+    ["--impl", "not_a_spec"],
     ["--no-such-option"],
 ])
 def test_cli_usage_errors_exit_2(argv, tmp_path):
@@ -273,6 +375,6 @@ def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     assert code == 0, printed
     document = json.loads((tmp_path / "sweep.json").read_text())
     assert document["failing_rows"] == 0 and document["seeds"] == 2
-    usages = [h["max_bound_usage"] for h in document["headroom"] if h["max_bound_usage"] is not None]
+    usages = [h["max_usage"] for h in document["headroom"] if h["max_usage"] is not None]
     assert usages and all(u <= 1 for u in usages)
     assert (tmp_path / "headroom.csv").exists() and (tmp_path / "sweep.md").exists()

@@ -1,0 +1,25 @@
+"""Faults and legitimate variants, the kill matrix that injects them, and the false-positive sweep.
+
+Modules, in the order data flows through them:
+
+* `model` — `Seam`, `Patch`, `Perturbation` (a fault or a legitimate variant) and its
+  reversible injection;
+* `catalogue` — the faults (`CATALOGUE`, `FAULTS`);
+* `variants` — the legitimate variants (`VARIANTS`);
+* `kill_matrix` — the clean pass, one pass per perturbation, judging per dtype slice;
+* `sweep` — the unmodified code over many seeds;
+* `report` — their CSV / Markdown / JSON files and terminal tables;
+* `cli` — `python -m harness faults`.
+"""
+
+from harness.faults.catalogue import CATALOGUE, FAULTS
+from harness.faults.model import DTYPE_SLICES, Patch, Perturbation, Seam, SeamError, UnknownPerturbationError
+from harness.faults.variants import VARIANTS, VARIANTS_BY_NAME
+
+# Every catalogued perturbation by name (the `--jobs` workers look them up here).
+BY_NAME = {**FAULTS, **VARIANTS_BY_NAME}
+
+__all__ = [
+    "BY_NAME", "CATALOGUE", "DTYPE_SLICES", "FAULTS", "Patch", "Perturbation", "Seam", "SeamError",
+    "UnknownPerturbationError", "VARIANTS", "VARIANTS_BY_NAME",
+]

@@ -7,7 +7,8 @@ the first run is cold (no fixtures, no persistent compilation cache), the second
 For each it prints the process wall time, the runner's wall time, the share spent
 compiling and executing the paths' programs, in the oracle, fixtures and TPU lowering,
 the rest (metrics, policy, row I/O: the harness overhead), the report-writing time, and
-the peak resident memory of the run. Targets (issue 5): cold < 300 s, warm < 90 s,
+the peak resident memory of the run; then the sharpness of the bounds (bound usage of
+the passing rows per comparison × activation dtype). Targets (issue 5): cold < 300 s, warm < 90 s,
 harness overhead < 10% of wall.
 """
 
@@ -67,6 +68,7 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path) -> dict:
         # ru_maxrss of children is the largest child so far (KiB on Linux).
         "peak_rss_mib": max(peak_kib, before) / 1024,
         "rows": len(report["rows"]),
+        "sharpness": report["summary"].get("sharpness", []),
     }
 
 
@@ -79,6 +81,14 @@ def _print(label: str, figures: dict) -> None:
     print(f"  {'peak memory':<20} {figures['peak_rss_mib']:8.0f} MiB")
 
 
+def _print_sharpness(groups: list[dict]) -> None:
+    """Bound usage of the passing rows per comparison × activation dtype (how sharp the bounds are)."""
+    print("\nsharpness (bound usage of passing rows: median / p90 / max)")
+    for g in groups:
+        figures = " / ".join("-" if g[k] is None else f"{g[k]:.3f}" for k in ("median_usage", "p90_usage", "max_usage"))
+        print(f"  {g['comparison']:<14}{g['act_dtype']:<10}{g['passing']:>6} rows  {figures}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="default")
@@ -89,6 +99,7 @@ def main(argv=None) -> int:
         warm = run_once(args.suite, tmp_path / "cache", tmp_path / "warm")
     _print(f"cold ({args.suite})", cold)
     _print(f"warm ({args.suite})", warm)
+    _print_sharpness(warm["sharpness"])
     # Harness overhead: work that is neither a path's program nor the oracle nor lowering.
     overhead_share = 100 * (warm["overhead_s"] + warm["fixtures_s"]) / warm["process_wall_s"]
     print(

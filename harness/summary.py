@@ -44,9 +44,25 @@ def format_summary(rows) -> str:
         usage_text = f"{usage:6.2f}" if usage >= 0 else "     -"
         detail = r["reason"] or r["bound"]
         lines.append(f"  {r['verdict']:<5} {usage_text}  {r['case']}  {r['candidate']} vs {r['partner']}  {r['leaf']}  {detail[:120]}")
+    lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
     verdict = "PASS" if not bad else "FAIL"
     lines += ["", f"parity: {verdict} ({len(rows)} rows)"]
     return "\n".join(lines)
+
+
+def sharpness_text(rows) -> str:
+    """Per comparison × activation dtype: passing rows and the median / p90 / max bound usage."""
+    from reports.gate import format_text_table
+    from reports.rows import format_number, to_frame
+    from reports.summary import sharpness
+
+    table = sharpness(to_frame(list(rows), source="run rows")) if rows else None
+    if table is None or not len(table):
+        return "  (no bounded rows)"
+    body = [[r.comparison, r.act_dtype, r.passing, *(format_number(v, 2) for v in (r.median_usage, r.p90_usage, r.max_usage))]
+            for r in table.itertuples()]
+    text = format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body)
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 def print_summary(rows) -> None:

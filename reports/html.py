@@ -174,6 +174,31 @@ def summary_section(summary: dict, gate_result: "GateResult | None") -> str:
     return "\n".join(parts)
 
 
+def sharpness_section(frame: pd.DataFrame) -> str:
+    """Per comparison × activation dtype: how much of its bound a passing row uses."""
+    from reports.summary import sharpness
+
+    table_frame = sharpness(frame) if len(frame) else None
+    parts = [
+        '<section id="sharpness"><h2>Sharpness</h2>',
+        "<p>Bound usage (measured / allowed) of the passing rows: the median and the 90th "
+        "percentile say how much headroom a bug has to hide in; the largest, how close correct "
+        "code came to a false alarm.</p>",
+    ]
+    if table_frame is None or not len(table_frame):
+        parts.append('<p class="empty">No bounded rows.</p>')
+    else:
+        body = [
+            [td(esc(r.comparison)), td(esc(r.act_dtype)), num(r.passing), num(r.failing), num(r.median_usage),
+             num(r.p90_usage), num(r.max_usage)]
+            for r in table_frame.itertuples()
+        ]
+        parts.append(table(["comparison", "activation dtype", "passing", "failing", "median usage",
+                            "p90 usage", "max usage"], body, table_id="sharpness-table"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def heatmap_section(plots: dict[str, "Plot"]) -> str:
     """All heatmaps, or a note when there is nothing to plot."""
     parts = [
@@ -376,7 +401,8 @@ def render_html(
     anchors = case_anchors(frame["case"])
     heatmaps = render_heatmaps(frame) if len(frame) else {}
     histograms = render_histograms(frame)
-    nav_items = [("summary", "Summary"), ("heatmaps", "Heatmaps"), ("histograms", "Histograms"),
+    nav_items = [("summary", "Summary"), ("sharpness", "Sharpness"), ("heatmaps", "Heatmaps"),
+                 ("histograms", "Histograms"),
                  ("worst-offenders", "Worst offenders")]
     if gate_result is not None:
         nav_items.append(("drift", "Drift vs baseline"))
@@ -386,6 +412,7 @@ def render_html(
     sections = [
         summary_section(summary, gate_result),
         nav,
+        sharpness_section(frame),
         heatmap_section(heatmaps),
         histogram_section(histograms),
         offenders_section(frame, anchors, max_offenders),

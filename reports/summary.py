@@ -76,4 +76,49 @@ def summarize(frame: pd.DataFrame) -> dict:
         "by_comparison": by_comparison,
         "rows_with_nan_or_inf": nonfinite,
         "worst_leaf": worst_leaf(frame),
+        "sharpness": sharpness(frame).to_dict(orient="records") if len(frame) else [],
     }
+
+
+# The comparisons a policy rule bounds (lowering rows carry no bound_usage).
+BOUNDED_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
+USAGE_GROUP_COLUMNS = (
+    "passing", "failing", "median_usage", "p90_usage", "max_usage",
+    "closest_case", "closest_candidate", "closest_leaf", "closest_bound",
+)
+
+
+def usage_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """How close the rows of each group came to their bounds, one line per group of `keys`.
+
+    Over the bounded comparisons: `passing` and `failing` (fail or error) row counts, the
+    median, 90th-percentile and largest bound_usage of the passing rows (NaN without any),
+    and the identity and bound of the passing row closest to its bound. The median and
+    the 90th percentile say how much headroom a bug has to hide in; the maximum, how close
+    correct code comes to a false alarm.
+    """
+    bounded = frame[frame["comparison"].isin(BOUNDED_COMPARISONS) & frame["verdict"].isin(["pass", *FAILING_VERDICTS])]
+    lines = []
+    for values, group in bounded.groupby(keys, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        passing = group[(group["verdict"] == "pass") & group["bound_usage"].notna()]
+        usage = passing["bound_usage"].astype(float)
+        closest = passing.loc[usage.idxmax()] if len(passing) else None
+        lines.append({
+            **dict(zip(keys, values)),
+            "passing": int((group["verdict"] == "pass").sum()),
+            "failing": int(group["verdict"].isin(FAILING_VERDICTS).sum()),
+            "median_usage": float(usage.median()) if len(usage) else math.nan,
+            "p90_usage": float(usage.quantile(0.9)) if len(usage) else math.nan,
+            "max_usage": float(usage.max()) if len(usage) else math.nan,
+            "closest_case": "" if closest is None else str(closest["case"]),
+            "closest_candidate": "" if closest is None else str(closest["candidate"]),
+            "closest_leaf": "" if closest is None else str(closest["leaf"]),
+            "closest_bound": "" if closest is None else str(closest["bound"]),
+        })
+    return pd.DataFrame(lines, columns=[*keys, *USAGE_GROUP_COLUMNS])
+
+
+def sharpness(frame: pd.DataFrame) -> pd.DataFrame:
+    """`usage_groups` per comparison × activation dtype: the run's sharpness figures."""
+    return usage_groups(frame, ["comparison", "act_dtype"])

@@ -163,6 +163,23 @@ def test_summary_counts_every_verdict_and_picks_the_worst_leaf(rows):
     assert summary["by_comparison"]["lowering"]["pass"] == 1
 
 
+def test_sharpness_gives_the_bound_usage_of_passing_rows_per_comparison_and_dtype(rows):
+    from reports.summary import sharpness
+
+    frame = to_frame(rows)
+    table = sharpness(frame)
+    assert set(table["comparison"]) <= {"vs_oracle", "vs_reference", "vs_unsharded"}
+    for line in table.itertuples():
+        group = frame[(frame["comparison"] == line.comparison) & (frame["act_dtype"] == line.act_dtype)]
+        usage = group.loc[group["verdict"] == "pass", "bound_usage"].dropna()
+        assert line.passing == (group["verdict"] == "pass").sum()
+        assert line.failing == group["verdict"].isin(["fail", "error"]).sum()
+        assert line.median_usage == pytest.approx(usage.median())
+        assert line.p90_usage == pytest.approx(usage.quantile(0.9))
+        assert line.max_usage == pytest.approx(usage.max()) and line.p90_usage <= line.max_usage
+    assert summarize(frame)["sharpness"] == table.to_dict(orient="records")
+
+
 # ----------------------------------------------------------------------------- HTML
 
 
@@ -191,6 +208,13 @@ def test_html_summary_banner_shows_counts_and_worst_leaf(page):
         assert f'<span class="v-{verdict}">{verdict}</span> <b>{count}</b>' in text
     assert "worst-leaf" in index.ids
     assert "bf16_nan" in text.split('id="worst-leaf"')[1].split("</p>")[0]
+
+
+def test_html_has_a_sharpness_table(page):
+    text, index = page
+    assert "sharpness-table" in index.ids
+    section = text.split('id="sharpness"')[1].split("</section>")[0]
+    assert "median usage" in section and "vs_oracle" in section and "bfloat16" in section
 
 
 def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page):

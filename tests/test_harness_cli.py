@@ -77,6 +77,7 @@ def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path)
         (["run", "--policy", "no/such/policy.toml"], "policy.toml"),
         (["run", "--case-file", "no/such/cases.toml"], "cases.toml"),
         (["run", "--baseline", "no/such/baseline.csv"], "baseline.csv"),
+        (["run", "--heartbeat", "0"], "--heartbeat must be > 0"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(argv, message, tmp_path, capsys):
@@ -105,3 +106,24 @@ def test_resume_refuses_a_stream_that_is_not_rows(tmp_path):
     (tmp_path / "cases-done.txt").write_text("x\n")
     with pytest.raises(ValueError, match="do not match the row schema"):
         store.finished()
+
+
+@pytest.mark.slow
+def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp_path, capsys, monkeypatch):
+    """The backstop behind the up-front coverage check: judging a leaf without a rule
+    stops the run with exit 2 and an interrupted manifest, never a traceback or exit 1."""
+    import harness.plan
+    from harness.manifest import read_manifest
+    from tests.cli_support import REFERENCE_ONLY_CASE
+
+    monkeypatch.setattr(harness.plan, "uncovered_judgements", lambda policy, cases, plan: [])
+    policy = tmp_path / "policy.toml"
+    policy.write_text('version = 1\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
+                      'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only outputs"\n')
+    out = tmp_path / "out"
+    code = cli_main(["run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet",
+                     "--policy", str(policy), "--out", str(out)])
+    assert code == 2
+    assert "no tolerance rule" in capsys.readouterr().err
+    manifest = read_manifest(out)
+    assert manifest.state == "interrupted" and manifest.reason.startswith("configuration error")

@@ -141,7 +141,15 @@ class RunRequest:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """One run's manifest (see the module docstring). `rows` is known once complete."""
+    """One run's manifest (see the module docstring).
+
+    run_id: random, kept across --resume. state: RUNNING, COMPLETE or INTERRUPTED (with
+    `reason`). cases: every selected case name in run order; selection_digest: over their
+    full specs. path_names: the path and lowering names the plan selects. code_files:
+    (path, sha256) of every source under test; code_digest: their joint digest.
+    cases_done: cases finished so far; rows: the row count, set once complete; resumed:
+    when each --resume started. Times are ISO 8601 UTC.
+    """
 
     run_id: str
     state: str

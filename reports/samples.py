@@ -119,15 +119,31 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
     )
 
 
-def write_sample_run(rows, folder, *, metadata=None, policy_digest: str = "sample-policy", **options):
+def write_sample_run(rows, folder, *, metadata=None, policy_digest: str = "sample-policy", rendered: bool = True,
+                     **options):
     """`rows` as a complete run folder (reports, then manifest.json), as `harness run` leaves one.
 
-    Returns `reports.write_all`'s paths; `options` go to it (e.g. baseline=...).
+    Returns `reports.write_all`'s paths; `options` go to it (e.g. baseline=...). With
+    `rendered=False` only what readers of runs load is written (rows.csv, report.json),
+    skipping the slow HTML and Markdown.
     """
+    from pathlib import Path
+
     from harness.manifest import write_manifest
-    from reports.writers import write_all
+    from reports.rows import to_frame
+    from reports.writers import OUTPUT_FILES, write_all, write_csv, write_json
 
     manifest = sample_manifest(rows, policy_digest=policy_digest)
-    paths = write_all(rows, metadata, folder, manifest=manifest, **options)
+    folder = Path(folder)
+    if rendered:
+        paths = write_all(rows, metadata, folder, manifest=manifest, **options)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        frame = to_frame(rows)
+        paths = {
+            "csv": write_csv(frame, folder / OUTPUT_FILES["csv"]),
+            "json": write_json(frame, dict(metadata or {}, **manifest.identity()), folder / OUTPUT_FILES["json"],
+                               manifest=manifest),
+        }
     write_manifest(folder, manifest)
     return paths

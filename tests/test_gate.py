@@ -43,7 +43,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def write_run(folder: Path, rows: list[dict], policy_hash: str = "p1") -> Path:
     """`rows` as a complete run folder, as `harness run` leaves one."""
-    write_sample_run(rows, folder, metadata={"policy_hash": policy_hash}, policy_digest=policy_hash)
+    write_sample_run(rows, folder, metadata={"policy_hash": policy_hash}, policy_digest=policy_hash, rendered=False)
     return folder
 
 

@@ -89,7 +89,7 @@ def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
 @pytest.fixture
 def run_folder(tmp_path):
     rows = [r for r in sample_rows() if r["verdict"] == "pass"]
-    write_sample_run(rows, tmp_path / "run")
+    write_sample_run(rows, tmp_path / "run", rendered=False)
     return tmp_path / "run"
 
 

@@ -1,11 +1,16 @@
 """`python -m harness` (also the `mhc-parity` script): run the parity matrix, gate a run.
 
-  run   cases × paths → rows.jsonl, rows.csv, report.json, report.html, summary.md
-  gate  a run's rows against a stored baseline (see reports.gate)
-  baseline  write a run's rows as the baseline CSV
+  run       cases × paths → manifest.json and rows.jsonl as it goes; rows.csv, report.json,
+            report.html, summary.md once complete (see harness.manifest)
+  gate      a finished run against a stored baseline (see reports.gate)
+  baseline  write a finished run's rows as the baseline CSV
+  faults    the kill matrix and the false-positive sweep (see harness.faults)
 
-Exit codes: 0 every row passed (or is an explained skip/unsupported), 1 a parity
-failure or error row (or a gate failure), 2 a usage or configuration error.
+Exit codes: 0 every row passed (or is an explained skip/unsupported) and some row
+compared something; 1 a parity failure or error row (or a gate failure); 2 a usage or
+configuration error, one line on stderr naming the problem (also a run that compared
+nothing); 130 interrupted by Ctrl-C (143 by SIGTERM), with the command that finishes the
+run (`--resume`).
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import pathlib
+import shlex
+import signal
 import sys
 import time
 
 from harness.env import ensure_host_devices
+from harness.progress import DEFAULT_HEARTBEAT_S
 
 EXIT_OK, EXIT_PARITY_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports Ctrl-C
 DEFAULT_OUT = pathlib.Path("out/parity")
+MAX_SEED = 2**63 - 1  # cases.spec.Case.seed's range
 
 
 class UsageError(Exception):
@@ -45,6 +55,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
     p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_S, metavar="SECONDS",
+                   help="without a terminal, print the running case at least this often "
+                        f"(default {DEFAULT_HEARTBEAT_S:g})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("rest", nargs=argparse.REMAINDER)
     b = sub.add_parser("baseline", help="write a run's rows as the baseline CSV")
     b.add_argument("--from", dest="source", type=pathlib.Path, default=DEFAULT_OUT,
-                   help="run folder or rows file (default: out/parity)")
+                   help="folder or report.json of a finished run (default: out/parity)")
     b.add_argument("--to", dest="target", type=pathlib.Path, required=True, help="baseline CSV to write")
+    b.add_argument("--allow-code-change", action="store_true",
+                   help="use the run even if this checkout's code changed since it was made")
     f = sub.add_parser("faults", help="run the fault catalogue (kill matrix)", add_help=False)
     f.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -86,62 +101,208 @@ def select_cases(args):
     if not selected:
         raise UsageError("no case matches the selection")
     if args.seed is not None:
+        if not 0 <= args.seed <= MAX_SEED:
+            raise UsageError(f"--seed must be an integer in [0, {MAX_SEED}], got {args.seed}")
         selected = [c.replace(name=f"{c.name}-seed{args.seed}", seed=args.seed) for c in selected]
     return selected
 
 
-def _command_run(args) -> int:
-    ensure_host_devices()
-    from harness.env import enable_compilation_cache, run_metadata
-    from harness.implementations import BUILTIN, ImplementationError, load_external
+def _configure(args):
+    """(policy, external implementations, cases, plan) for `args`; UsageError for anything
+    wrong with them, found before any compute: a selection or `--paths` glob that selects
+    nothing, an `--impl` that does not load, a policy without a rule for a comparison the
+    run will make."""
+    from harness.implementations import BUILTIN, ImplementationError, load_externals
+    from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
     from harness.policy import PolicyError, load_policy
-    from harness.progress import Progress
-    from harness.runner import PathPlan, Runner
-    from harness.store import RowStore, StoreError
 
     try:
         policy = load_policy(args.policy)
-        externals = tuple(load_external(spec) for spec in args.impl)
+        externals = load_externals(args.impl)
     except (PolicyError, ImplementationError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     cases = select_cases(args)
-    baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
     plan = PathPlan(
         implementations=tuple(BUILTIN.values()) + externals,
         path_globs=tuple(args.paths),
         lowering=not args.no_lowering,
     )
-    enable_compilation_cache()
-    store = RowStore(args.out)
+    unmatched = unmatched_path_globs(plan, cases)
+    if unmatched:
+        raise UsageError(unmatched[0])
+    uncovered = uncovered_judgements(policy, cases, plan)
+    if uncovered:
+        raise UsageError(
+            f"policy {policy.source} cannot judge {len(uncovered)} kind(s) of comparison this run "
+            f"makes; first: {uncovered[0]}"
+        )
+    return policy, externals, cases, plan
+
+
+def _new_manifest(args, argv, policy, externals, cases, plan):
+    from harness.manifest import Manifest, RunRequest
+
+    request = RunRequest(
+        suite=args.suite, case_globs=_tuple_or_none(args.cases), tags=_tuple_or_none(args.tags), dtype=args.dtype,
+        case_files=tuple(str(p) for p in args.case_file), seed=args.seed, paths=tuple(args.paths),
+        implementations=tuple((impl.name, impl.spec) for impl in externals), lowering=not args.no_lowering,
+    )
+    return Manifest.new(
+        request=request, cases=cases, path_names=plan.selected_names(cases), policy=policy,
+        extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
+        command_line="python -m harness " + shlex.join(argv),
+    )
+
+
+def _tuple_or_none(values):
+    return None if values is None else tuple(values)
+
+
+def _open_run(store, manifest, *, resume: bool):
+    """(manifest, rows kept, cases done): a fresh run, or the run in the folder continued.
+
+    The manifest is written ("running") before the folder's stream or reports change, so a
+    kill from here on leaves a folder no reader accepts. --resume continues only the same
+    run: its manifest must not differ from `manifest` in cases, paths, implementations,
+    seed, policy or code.
+    """
+    from harness.manifest import MANIFEST_FILE, ManifestError, read_manifest, write_manifest
+    from harness.store import StoreError
+
+    if resume:
+        try:
+            previous = read_manifest(store.folder)
+        except ManifestError as exc:
+            raise UsageError(f"--resume: {exc}") from exc
+        if previous is None and store.has_rows():
+            raise UsageError(
+                f"--resume: {store.folder} holds rows but no {MANIFEST_FILE}, so nothing says they "
+                f"belong to this request; run without --resume"
+            )
+        if previous is not None:
+            differences = previous.differences(manifest)
+            if differences:
+                raise UsageError(
+                    f"--resume: {store.folder} holds another run; " + "; ".join(differences)
+                    + ". Run without --resume to start over (or use another --out)"
+                )
+            try:
+                rows, done = store.finished()
+            except StoreError as exc:
+                raise UsageError(f"--resume: {exc}") from exc
+            done &= set(previous.cases)
+            manifest = previous.resumed_as(manifest).progressed(len(done))
+            write_manifest(store.folder, manifest)
+            store.keep(rows)
+            return manifest, rows, done
+    write_manifest(store.folder, manifest)
+    store.start_fresh()
+    return manifest, [], set()
+
+
+class _SignalsInterrupt:
+    """While active, SIGTERM interrupts the run as Ctrl-C (SIGINT) does; `signum` says which came."""
+
+    def __enter__(self):
+        self.signum = signal.SIGINT
+        self._previous = signal.signal(signal.SIGTERM, self._terminate)
+        return self
+
+    def _terminate(self, signum, frame):
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc_info):
+        signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+def _command_run(args, argv) -> int:
+    ensure_host_devices()
+    from harness.env import enable_compilation_cache
+    from harness.outputs import OutputPathError, writable_folder
+    from harness.store import RowStore
+
+    if args.heartbeat <= 0:
+        raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
+    policy, externals, cases, plan = _configure(args)
+    baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
     try:
-        rows, done = store.resume() if args.resume else (store.start_fresh() or [], set())
-    except StoreError as exc:
-        raise UsageError(str(exc)) from exc
+        out = writable_folder(args.out)
+    except OutputPathError as exc:
+        raise UsageError(f"--out: {exc}") from exc
+    manifest = _new_manifest(args, argv, policy, externals, cases, plan)
+    store = RowStore(out)
+    manifest, rows, done = _open_run(store, manifest, resume=args.resume)
+    enable_compilation_cache()
+    return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
+
+
+def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:
+    """Run what is not done yet, then write the reports and finish the manifest.
+
+    Ctrl-C / SIGTERM finish the manifest as "interrupted" and say how to --resume; a
+    comparison the policy cannot judge (which the up-front check should have caught)
+    stops the run the same way and is a configuration error.
+    """
+    from harness.manifest import write_manifest
+    from harness.policy import PolicyError
+    from harness.progress import Progress
+    from harness.runner import Runner
+
     todo = [c for c in cases if c.name not in done]
-    started = datetime.datetime.now(datetime.timezone.utc)
     wall_start = time.perf_counter()
     runner = Runner(policy)
-    progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet)
-    for case, case_rows in runner.run(todo, plan, on_case_start=progress.start):
-        store.append_case(case.name, case_rows)
-        rows.extend(case_rows)
-        progress.finish(case, case_rows)
-    progress.close()
+    progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
+                        heartbeat_s=args.heartbeat)
+    signals = _SignalsInterrupt()
+    try:
+        with signals:
+            for case, case_rows in runner.run(todo, plan, on_case_start=progress.start, on_step=progress.step):
+                store.append_case(case.name, case_rows)
+                rows.extend(case_rows)
+                manifest = manifest.progressed(manifest.cases_done + 1)
+                write_manifest(store.folder, manifest)
+                progress.finish(case, case_rows)
+            progress.close()
+            metadata = _metadata(manifest, policy, cases, done, runner, wall_start)
+            finished = manifest.completed(len(rows))
+            paths = _write_reports(rows, metadata, store.folder, baseline, finished)
+            write_manifest(store.folder, finished)  # last: the folder is now a complete run
+    except KeyboardInterrupt:
+        progress.close()
+        name = signal.Signals(signals.signum).name
+        write_manifest(store.folder, manifest.interrupted(name))
+        print(
+            f"\nmhc-parity: interrupted ({name}) after {manifest.cases_done} of {len(cases)} cases; "
+            f"finished cases are kept in {store.folder}. Finish the run with:\n  {manifest.resume_command()}",
+            file=sys.stderr,
+        )
+        return 128 + signals.signum
+    except PolicyError as exc:
+        progress.close()
+        write_manifest(store.folder, manifest.interrupted(f"configuration error: {exc}"))
+        raise UsageError(f"{exc} (found while running; the run is stopped)") from exc
+    return _conclude(rows, paths)
+
+
+def _metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
+    from harness.env import run_metadata
 
     metadata = run_metadata()
     metadata.update(
-        command_line=" ".join(sys.argv),
-        start_time=started.isoformat(timespec="seconds"),
+        command_line=manifest.command_line,
+        start_time=manifest.started,
         end_time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         wall_seconds=round(time.perf_counter() - wall_start, 3),
         policy_file=str(policy.source),
         policy_hash=policy.digest,
-        suite=args.suite or "",
+        suite=manifest.request.suite or "",
         case_count=len(cases),
         resumed_cases=len(done),
         **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
     )
-    return _write_reports(rows, metadata, args.out, baseline)
+    return metadata
 
 
 def _load_baseline(path):
@@ -156,28 +317,38 @@ def _load_baseline(path):
         raise UsageError(f"baseline {path}: {exc}") from exc
 
 
-def _write_reports(rows, metadata, out: pathlib.Path, baseline) -> int:
+def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest) -> dict:
     import reports
+
+    return reports.write_all(rows, metadata, out, baseline=baseline, manifest=manifest)
+
+
+def _conclude(rows, paths) -> int:
+    """Print the summary and the report paths; the run's exit code."""
     from harness.summary import exit_code, print_summary
 
-    paths = reports.write_all(rows, metadata, out, baseline=baseline)
     print_summary(rows)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")
-    return exit_code(rows)
+    code = exit_code(rows)
+    if code == EXIT_USAGE:
+        reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
+        example = f" (e.g. {reasons[0]})" if reasons else ""
+        print(
+            f"mhc-parity: error: nothing was compared: all {len(rows)} rows are skip/unsupported{example}; "
+            f"select paths and cases that run on this machine",
+            file=sys.stderr,
+        )
+    return code
 
 
 def _command_baseline(args) -> int:
-    import reports
+    from reports.baseline import write_run_as_baseline
 
-    try:
-        frame = reports.load_run(args.source)
-    except (reports.ReportInputError, OSError) as exc:
-        raise UsageError(str(exc)) from exc
-    path = reports.write_baseline(frame, args.target)
-    print(f"baseline written: {path} ({len(frame)} rows)")
-    return EXIT_OK
+    return write_run_as_baseline(
+        args.source, args.target, allow_code_change=args.allow_code_change, prog="mhc-parity baseline"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,11 +368,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         if args.command == "run":
-            return _command_run(args)
+            return _command_run(args, argv)
         if args.command == "baseline":
             return _command_baseline(args)
     except UsageError as exc:
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before the run started computing (see _execute for after)
+        print("\nmhc-parity: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     parser.error(f"unknown command {args.command}")
     return EXIT_USAGE

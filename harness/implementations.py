@@ -42,6 +42,8 @@ class Implementation:
     other cases get a `skip` row. needs_backend: JAX backend required ("tpu"), else
     `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
     external: the object with pre/post passed to the layer as `implementation`.
+    spec, source_file: an external one's `module:factory` and its module's file (the
+    run manifest records both: the file is code under test).
     """
 
     name: str
@@ -51,6 +53,8 @@ class Implementation:
     needs_backend: str | None = None
     case_limits: bool = False
     external: Any = None
+    spec: str = ""
+    source_file: str = ""
 
     def case_skip_reason(self, case) -> str:
         """Why this implementation does not run `case` at all ("" if it does)."""
@@ -102,6 +106,10 @@ def load_external(spec: str) -> Implementation:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ImplementationError(f"--impl {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a syntax error or an exception raised while the module loads
+        raise ImplementationError(
+            f"--impl {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     factory: Callable[[], Any] | None = getattr(module, attr, None)
     if not callable(factory):
         raise ImplementationError(f"--impl {spec!r}: {module_name} has no callable {attr!r}")
@@ -124,4 +132,24 @@ def load_external(spec: str) -> Implementation:
         variants=variants,
         case_limits=bool(getattr(obj, "expects_case_limits", False)),
         external=obj,
+        spec=spec,
+        source_file=getattr(module, "__file__", None) or "",
     )
+
+
+def load_externals(specs) -> tuple[Implementation, ...]:
+    """`load_external` of each spec; ImplementationError for a spec given twice or two
+    implementations with one name (their rows would share keys)."""
+    repeated = sorted({s for s in specs if list(specs).count(s) > 1})
+    if repeated:
+        raise ImplementationError(f"--impl {repeated[0]!r} is given more than once")
+    loaded = tuple(load_external(spec) for spec in specs)
+    names: dict[str, str] = {}
+    for impl in loaded:
+        if impl.name in names:
+            raise ImplementationError(
+                f"--impl {names[impl.name]!r} and --impl {impl.spec!r} are both named {impl.name!r}; "
+                f"give one a different `name` attribute"
+            )
+        names[impl.name] = impl.spec
+    return loaded

@@ -18,48 +18,26 @@ accepting input the case expects it to reject, or rejecting a supported case), o
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import time
 import traceback
 from typing import Callable, Iterable, Iterator, Sequence
 
 from cases.branches import get_branch
 from harness.compare import compare_leaves, status_row
-from harness.implementations import REFERENCE, Implementation
 from harness.lowering import lowering_rows
 from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache, run_oracle_path
+from harness.plan import PathPlan, comparisons_of
 from harness.policy import Policy
 from mhc.common import UnsupportedInputError
 
-@dataclasses.dataclass(frozen=True)
-class PathPlan:
-    """Which implementations and paths run: implementations in order, path-name globs."""
+__all__ = ["PathPlan", "Runner", "StepCallback"]
 
-    implementations: tuple[Implementation, ...]
-    path_globs: tuple[str, ...] = ("*",)
-    lowering: bool = True
-
-    def selects(self, path_name: str) -> bool:
-        return any(fnmatch.fnmatchcase(path_name, g) for g in self.path_globs)
-
-    def paths_for(self, case) -> list[Path]:
-        """The case's paths: each implementation unsharded, then sharded on the case's mesh."""
-        paths = [Path(impl, None) for impl in self.implementations]
-        if case.mesh is not None:
-            paths += [Path(impl, tuple(case.mesh)) for impl in self.implementations]
-        return [p for p in paths if self.selects(p.name)]
+# Told (case, step) as a case moves on: "fixture", "oracle", a path name, "lowering".
+StepCallback = Callable[[object, str], None]
 
 
-def _comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]:
-    """(comparison, partner name) pairs `path` is the candidate of."""
-    names = {p.name for p in planned}
-    pairs = [("vs_oracle", ORACLE_PATH)]
-    reference = Path(REFERENCE, path.mesh)
-    if path.impl.name != REFERENCE.name and reference.name in names:
-        pairs.append(("vs_reference", reference.name))
-    if path.mesh is not None and path.unsharded.name in names:
-        pairs.append(("vs_unsharded", path.unsharded.name))
-    return pairs
+def _no_step(case, step: str) -> None:
+    pass
 
 
 def _error_text(exc: BaseException) -> str:
@@ -136,13 +114,15 @@ class Runner:
 
     # -- one case ------------------------------------------------------------------
 
-    def run_case(self, case, plan: PathPlan) -> Iterator[dict]:
+    def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step) -> Iterator[dict]:
         """Yield every row of one case (see the module docstring for what is compared)."""
         paths = plan.paths_for(case)
         try:
             start = time.perf_counter()
+            on_step(case, "fixture")
             fixture = self.fixture_loader(case)
             self.timings["fixtures_s"] += time.perf_counter() - start
+            on_step(case, "oracle")
             oracle = self.oracle(case, fixture)
             self.timings["oracle_s"] += oracle.execute_s
         except UnsupportedInputError as exc:
@@ -156,14 +136,17 @@ class Runner:
                 yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
             return
 
-        results = {path.name: self._run_path(path, case, fixture) for path in paths}
+        results = {}
+        for path in paths:
+            on_step(case, path.name)
+            results[path.name] = self._run_path(path, case, fixture)
         for path in paths:
             result = results[path.name]
             if result.outputs is None or result.verdict == "fail":
                 yield from self._status_rows(case, path, paths, result)
                 continue
             timing = (result.outputs.compile_s, result.outputs.execute_s)
-            for comparison, partner in _comparisons_of(path, paths):
+            for comparison, partner in comparisons_of(path, paths):
                 if partner == ORACLE_PATH:
                     partner_leaves = oracle.leaves
                 else:
@@ -184,13 +167,14 @@ class Runner:
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
                 )
         if plan.lowering:
+            on_step(case, "lowering")
             start = time.perf_counter()
             rows = [row for row in lowering_rows(case) if plan.selects(row["candidate"])]
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
-        for comparison, partner in _comparisons_of(path, paths):
+        for comparison, partner in comparisons_of(path, paths):
             yield status_row(
                 case, candidate=path.name, partner=partner, comparison=comparison,
                 verdict=result.verdict, reason=result.reason,
@@ -198,12 +182,13 @@ class Runner:
 
     # -- many cases ------------------------------------------------------------------
 
-    def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None) -> Iterator[tuple[object, list[dict]]]:
+    def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,
+            on_step: StepCallback = _no_step) -> Iterator[tuple[object, list[dict]]]:
         """Yield (case, its rows) for each case in order."""
         for case in cases:
             if on_case_start is not None:
                 on_case_start(case)
-            yield case, list(self.run_case(case, plan))
+            yield case, list(self.run_case(case, plan, on_step))
 
 
 def _last_frame(exc: BaseException) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 VERDICTS = ("pass", "fail", "skip", "unsupported", "error")
 # Verdicts that do not break a run (exit code 0).
 OK_VERDICTS = ("pass", "skip", "unsupported")
+# Verdicts of rows that measured something; a run with none of them checked nothing.
+COMPARED_VERDICTS = ("pass", "fail")
 
 # How a candidate path is compared:
 #   vs_reference  kernel/external path vs the reference path, same sharding

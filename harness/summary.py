@@ -5,14 +5,26 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from harness.schema import OK_VERDICTS, VERDICTS
+from harness.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
 
 WORST_ROWS = 12
 
 
+def run_verdict(rows) -> str:
+    """"FAIL" on any fail/error row, else "NOTHING COMPARED" when no row measured anything
+    (every row skip/unsupported, or no rows: a run that checked nothing never passes),
+    else "PASS"."""
+    if any(r["verdict"] not in OK_VERDICTS for r in rows):
+        return "FAIL"
+    if not any(r["verdict"] in COMPARED_VERDICTS for r in rows):
+        return "NOTHING COMPARED"
+    return "PASS"
+
+
 def exit_code(rows) -> int:
-    """0 when every row's verdict is pass/skip/unsupported, else 1."""
-    return 0 if all(r["verdict"] in OK_VERDICTS for r in rows) else 1
+    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here is a
+    configuration error); see `run_verdict`."""
+    return {"PASS": 0, "FAIL": 1}.get(run_verdict(rows), 2)
 
 
 def _usage_key(row) -> float:
@@ -45,8 +57,7 @@ def format_summary(rows) -> str:
         detail = r["reason"] or r["bound"]
         lines.append(f"  {r['verdict']:<5} {usage_text}  {r['case']}  {r['candidate']} vs {r['partner']}  {r['leaf']}  {detail[:120]}")
     lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
-    verdict = "PASS" if not bad else "FAIL"
-    lines += ["", f"parity: {verdict} ({len(rows)} rows)"]
+    lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)"]
     return "\n".join(lines)
 
 

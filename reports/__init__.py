@@ -4,8 +4,10 @@ This package reads rows (see `harness.schema`) and writes files; it never import
 runs JAX. Public entry points:
 
     load_rows(path) -> DataFrame            .jsonl / .csv row files, validated
+    load_run(path) -> LoadedRun             a finished run (folder, report.json, baseline CSV);
+                                            refused unless its manifest says complete
     to_frame(rows) -> DataFrame             validate + type a list of dicts / a DataFrame
-    write_all(rows, metadata, out_dir, *, baseline=None) -> {"csv","json","html","markdown": Path}
+    write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {"csv","json","html","markdown": Path}
     summarize(frame) -> dict                verdict counts, worst leaf
     render_html(frame, metadata) / render_markdown(frame)
     reports.gate.gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult

@@ -17,7 +17,12 @@ USAGE = "usage: python -m reports {gate,baseline,render} [options]  (--help afte
 
 
 def render_main(argv: Sequence[str]) -> int:
-    """`render --rows RUN --out DIR [--metadata META.json] [--baseline B]`; exit 0 or 2."""
+    """`render --rows RUN --out DIR [--metadata META.json] [--baseline B]`; exit 0 or 2.
+
+    A rendered folder is a copy of the run: its reports and its manifest.
+    """
+    from harness.manifest import write_manifest
+    from harness.outputs import OutputPathError, writable_folder
     from reports.rows import ReportInputError
     from reports.sources import load_run
     from reports.writers import write_all
@@ -36,8 +41,11 @@ def render_main(argv: Sequence[str]) -> int:
         metadata = run.metadata
         if args.metadata:
             metadata = json.loads(Path(args.metadata).read_text(encoding="utf-8"))
-        paths = write_all(run.frame, metadata, args.out, baseline=args.baseline)
-    except (ReportInputError, OSError, json.JSONDecodeError) as exc:
+        out = writable_folder(args.out)
+        paths = write_all(run.frame, metadata, out, baseline=args.baseline, manifest=run.manifest)
+        if run.manifest is not None:
+            write_manifest(out, run.manifest)
+    except (ReportInputError, OutputPathError, OSError, json.JSONDecodeError) as exc:
         print(f"render: {exc}", file=sys.stderr)
         return 2
     print(paths["html"])

@@ -170,35 +170,51 @@ def load_baseline(path: str | Path) -> Baseline:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m reports baseline --current RUN --out PATH`: write a run as the baseline.
+def write_run_as_baseline(source, target, *, allow_code_change: bool = False, prog: str = "baseline") -> int:
+    """Write the run at `source` as the baseline `target`; print the outcome; return the exit code.
 
-    Exit 0 on success, 2 when the run cannot be read. A run with fail/error rows is
-    written anyway (with a warning): the gate will still fail on those rows.
+    Exit 0 written; 2 when `target` cannot be written, or the run cannot be used: unreadable,
+    unfinished, empty, or (unless `allow_code_change`) made by other code than this checkout
+    (see `reports.sources.load_run`). A run with fail/error rows is written anyway, with a
+    warning: the gate still fails on those rows. Shared by `python -m harness baseline` and
+    `python -m reports baseline`.
     """
+    from harness.outputs import OutputPathError, writable_file
     from reports.sources import load_run  # local: sources imports this module
 
+    try:
+        target = writable_file(target)
+        run = load_run(source, require_current_code=not allow_code_change)
+    except (ReportInputError, OutputPathError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if not len(run.frame):
+        print(f"{prog}: error: {run.source} has no rows; refusing to write an empty baseline", file=sys.stderr)
+        return 2
+    failing = run.frame["verdict"].isin(("fail", "error")).sum()
+    if failing:
+        print(f"{prog}: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
+    try:
+        path = write_baseline(run.frame, target, policy_hash=run.policy_hash)
+    except OSError as exc:
+        print(f"{prog}: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"baseline written: {path} ({len(run.frame)} rows)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m reports baseline --current RUN --out PATH`: see `write_run_as_baseline`."""
     parser = argparse.ArgumentParser(
         prog="python -m reports baseline",
         description="Write a parity run as the committed baseline CSV.",
     )
-    parser.add_argument("--current", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
+    parser.add_argument("--current", required=True, help="run folder or report.json of a finished run")
     parser.add_argument("--out", default=str(DEFAULT_BASELINE_PATH), help="baseline CSV to write")
+    parser.add_argument("--allow-code-change", action="store_true",
+                        help="use the run even if this checkout's code changed since it was made")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    try:
-        run = load_run(args.current)
-    except ReportInputError as exc:
-        print(f"baseline: {exc}", file=sys.stderr)
-        return 2
-    if not len(run.frame):
-        print(f"baseline: {run.source} has no rows; refusing to write an empty baseline", file=sys.stderr)
-        return 2
-    failing = run.frame["verdict"].isin(("fail", "error")).sum()
-    if failing:
-        print(f"baseline: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
-    path = write_baseline(run.frame, args.out, policy_hash=run.policy_hash)
-    print(f"baseline: wrote {len(run.frame)} rows to {path}")
-    return 0
+    return write_run_as_baseline(args.current, args.out, allow_code_change=args.allow_code_change, prog="baseline")

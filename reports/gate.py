@@ -24,10 +24,17 @@ well-behaved leaf is a few ulps, and re-running on other hardware or another XLA
 version moves it by about one ulp; a floor of 2 ulps and a factor of 2 tolerate that
 but catch "bfloat16 gradients became 3× worse" even while inside the policy bound.
 
+Missing rows are reported per case and path (a partial run misses whole groups), not
+one line per row. `--only-current-cases` gates only the baseline rows of the cases the
+current run selected: a deliberately partial run (`--cases ...`) then passes on what it
+ran, while every other rule still applies to those cases.
+
 `main` implements `python -m harness gate --baseline B --current C
-[--growth-factor F] [--noise-floor-ulps U] [--markdown OUT] [--allow-policy-change]`:
-exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
-mismatched baseline or current run).
+[--growth-factor F] [--noise-floor-ulps U] [--markdown OUT] [--allow-policy-change]
+[--only-current-cases] [--allow-code-change]`: exit 0 pass, 1 gate failure, 2 usage or
+input error (unreadable, corrupt, empty or mismatched baseline or current run; a current
+run that did not finish, or was made by other code than this checkout — see
+`reports.sources`; an unwritable --markdown path).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +87,19 @@ class GateFinding:
 
 
 @dataclasses.dataclass(frozen=True)
+class MissingGroup:
+    """Baseline rows absent from the current run, for one case and one candidate path.
+
+    path is "*" when the current run has no row of the case at all (every path missing).
+    """
+
+    case: str
+    path: str
+    missing: int
+    baseline_rows: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GateResult:
     """Everything the gate found, grouped by category; `ok` is False if any failing group is non-empty."""
 
@@ -95,6 +116,7 @@ class GateResult:
     matched_rows: int
     growth_factor: float
     noise_floor_ulps: float
+    missing_groups: tuple[MissingGroup, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -137,24 +159,45 @@ class GateResult:
         """A printable report: the summary line, every failing finding, then the info lists.
 
         Failing findings are never truncated; improvements and new rows are cut
-        after `max_info_rows` each with a count of the rest.
+        after `max_info_rows` each with a count of the rest. Missing rows are counted per
+        case and path, and listed one by one only when there are at most `max_info_rows`.
         """
         lines = [self.summary_line()]
         for category in FAILING_CATEGORIES + INFO_CATEGORIES:
             findings = self.by_category(category)
             if not findings:
                 continue
+            if category == "missing":  # per case and path; the rows too when they are few
+                lines += ["", self.missing_heading() + ":", format_text_table(
+                    ("case", "path", "missing rows"), self.missing_table_rows()
+                )]
+                if len(findings) <= max_info_rows:
+                    lines += ["", _findings_table(findings)]
+                continue
             limit = None if category in FAILING_CATEGORIES else max_info_rows
             shown = findings if limit is None else findings[:limit]
             lines.append("")
             lines.append(f"{category.replace('_', ' ')} ({len(findings)}):")
-            lines.append(format_text_table(
-                ("case", "candidate", "partner", "leaf", "detail"),
-                [(*f.key, f.detail) for f in shown],
-            ))
+            lines.append(_findings_table(shown))
             if len(shown) < len(findings):
                 lines.append(f"... and {len(findings) - len(shown)} more")
         return "\n".join(lines)
+
+    def missing_heading(self) -> str:
+        """e.g. "missing (1516 rows in 3 cases, 24 case/path groups)"."""
+        cases = len({g.case for g in self.missing_groups})
+        return (
+            f"missing ({len(self.missing)} row{'s' * (len(self.missing) != 1)} in {cases} "
+            f"case{'s' * (cases != 1)}, {len(self.missing_groups)} case/path "
+            f"group{'s' * (len(self.missing_groups) != 1)})"
+        )
+
+    def missing_table_rows(self) -> list[tuple[str, str, str]]:
+        """(case, path, "n of m") per missing group; path "(every path)" for a case not run at all."""
+        return [
+            (g.case, "(every path)" if g.path == "*" else g.path, f"{g.missing} of {g.baseline_rows}")
+            for g in self.missing_groups
+        ]
 
     def markdown(self, *, max_rows: int = 20) -> str:
         """A Markdown section for a PR comment: status line and one table per non-empty category."""
@@ -180,6 +223,10 @@ def format_text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> 
     out = [line(headers), line(["-" * w for w in widths])]
     out.extend(line(row) for row in cells)
     return "\n".join(out)
+
+
+def _findings_table(findings: Sequence[GateFinding]) -> str:
+    return format_text_table(("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings])
 
 
 def _reason(row: Mapping[str, Any]) -> str:
@@ -299,7 +346,25 @@ def gate(
         matched_rows=len(base_rows.keys() & cur_rows.keys()),
         growth_factor=float(growth_factor),
         noise_floor_ulps=float(noise_floor_ulps),
+        missing_groups=group_missing(missing, base_rows.keys(), cur_rows.keys()),
     )
+
+
+def group_missing(missing: Sequence[GateFinding], baseline_keys: Iterable[tuple], current_keys: Iterable[tuple]
+                  ) -> tuple[MissingGroup, ...]:
+    """Missing findings counted per (case, candidate); one "*" group for a case absent from the current run."""
+    per_group = Counter((k[0], k[1]) for k in baseline_keys)
+    per_case = Counter(k[0] for k in baseline_keys)
+    current_cases = {k[0] for k in current_keys}
+    counted = Counter((f.key[0], f.key[1]) for f in missing)
+    groups: dict[tuple[str, str], MissingGroup] = {}
+    for (case, path), n in sorted(counted.items()):
+        if case not in current_cases:
+            previous = groups.get((case, "*"))
+            groups[(case, "*")] = MissingGroup(case, "*", n + (previous.missing if previous else 0), per_case[case])
+        else:
+            groups[(case, path)] = MissingGroup(case, path, n, per_group[(case, path)])
+    return tuple(groups.values())
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -331,11 +396,54 @@ def build_parser(prog: str = "python -m harness gate") -> argparse.ArgumentParse
         action="store_true",
         help="compare even if the baseline was produced under a different tolerance policy",
     )
+    parser.add_argument(
+        "--only-current-cases",
+        action="store_true",
+        help="gate only the baseline rows of the cases the current run selected (a partial run)",
+    )
+    parser.add_argument(
+        "--allow-code-change",
+        action="store_true",
+        help="gate a current run even if this checkout's code changed since it was made",
+    )
     return parser
+
+
+def _fail(message: str) -> int:
+    print(f"gate: {message}", file=sys.stderr)
+    return 2
+
+
+def current_cases(current) -> list[str]:
+    """The cases the current run selected (its manifest's list, else those with rows)."""
+    if current.manifest is not None:
+        return list(current.manifest.cases)
+    return list(dict.fromkeys(current.frame["case"]))
+
+
+def _notes(result: GateResult, baseline, current, only_current: bool) -> list[str]:
+    """Hints for a gate that found missing rows: a partial run, a seeded run."""
+    if not result.missing:
+        return []
+    notes = []
+    ran, known = set(current_cases(current)), set(baseline.frame["case"])
+    if not only_current and known - ran:
+        notes.append(
+            f"note: the current run selected {len(ran & known)} of the baseline's {len(known)} cases; "
+            f"--only-current-cases gates just those"
+        )
+    seed = current.manifest.request.seed if current.manifest is not None else None
+    if seed is not None:
+        notes.append(
+            f"note: the current run used --seed {seed}, which renames every case (<name>-seed{seed}); "
+            f"gate it against a baseline made with the same --seed"
+        )
+    return notes
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness gate") -> int:
     """Run the gate from the command line; returns the exit code (0 pass, 1 fail, 2 input error)."""
+    from harness.outputs import OutputPathError, writable_file
     from reports.sources import load_run  # local: keeps `import reports.gate` light
 
     parser = build_parser(prog)
@@ -344,54 +452,61 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness ga
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
     if not args.growth_factor > 1.0:
-        print(f"gate: --growth-factor must be > 1, got {args.growth_factor:g}", file=sys.stderr)
-        return 2
+        return _fail(f"--growth-factor must be > 1, got {args.growth_factor:g}")
     if not args.noise_floor_ulps >= 0.0:
-        print(f"gate: --noise-floor-ulps must be >= 0, got {args.noise_floor_ulps:g}", file=sys.stderr)
-        return 2
+        return _fail(f"--noise-floor-ulps must be >= 0, got {args.noise_floor_ulps:g}")
+    try:
+        markdown_path = writable_file(args.markdown) if args.markdown else None
+    except OutputPathError as exc:
+        return _fail(f"--markdown: {exc}")
     try:
         baseline = load_run(args.baseline)
-        current = load_run(args.current)
+        current = load_run(args.current, require_current_code=not args.allow_code_change)
     except ReportInputError as exc:
-        print(f"gate: cannot read input: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"cannot read input: {exc}")
     if not len(baseline.frame):
-        print(f"gate: baseline {baseline.source} has no rows; regenerate it with `make baseline`", file=sys.stderr)
-        return 2
+        return _fail(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
     if not len(current.frame):
-        print(f"gate: current run {current.source} has no rows; did the run write anything?", file=sys.stderr)
-        return 2
+        return _fail(f"current run {current.source} has no rows; did the run write anything?")
     if (
         baseline.policy_hash
         and current.policy_hash
         and baseline.policy_hash != current.policy_hash
         and not args.allow_policy_change
     ):
-        print(
-            f"gate: baseline {baseline.source} was produced under policy {baseline.policy_hash}, "
+        return _fail(
+            f"baseline {baseline.source} was produced under policy {baseline.policy_hash}, "
             f"the current run under {current.policy_hash}; regenerate the baseline with "
-            "`make baseline` (or pass --allow-policy-change)",
-            file=sys.stderr,
+            "`make baseline` (or pass --allow-policy-change)"
         )
-        return 2
+    baseline_frame = baseline.frame
+    if args.only_current_cases:
+        cases = current_cases(current)
+        baseline_frame = baseline_frame[baseline_frame["case"].isin(cases)]
+        gated = baseline_frame["case"].nunique()
+        if not gated:
+            return _fail(f"--only-current-cases: none of the current run's {len(cases)} cases is in the baseline")
+        print(f"gating only the current run's cases: {gated} of {baseline.frame['case'].nunique()} baseline cases")
     try:
         result = gate(
-            baseline.frame,
+            baseline_frame,
             current.frame,
             growth_factor=args.growth_factor,
             noise_floor_ulps=args.noise_floor_ulps,
         )
     except ReportInputError as exc:
-        print(f"gate: unusable input: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"unusable input: {exc}")
     print(result.table())
+    for note in _notes(result, baseline, current, args.only_current_cases):
+        print(note)
     if baseline.policy_hash is None or current.policy_hash is None:
         print("(policy hash not recorded on both sides; policy match not checked)")
-    if args.markdown:
-        out = Path(args.markdown)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.markdown(), encoding="utf-8")
-        print(f"gate: wrote {out}")
+    if markdown_path is not None:
+        try:
+            markdown_path.write_text(result.markdown(), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"--markdown: cannot write {markdown_path}: {exc.strerror or exc}")
+        print(f"gate: wrote {markdown_path}")
     return 0 if result.ok else 1
 
 
@@ -400,6 +515,7 @@ __all__ = [
     "DEFAULT_NOISE_FLOOR_ULPS",
     "GateFinding",
     "GateResult",
+    "MissingGroup",
     "build_parser",
     "gate",
     "main",

@@ -16,15 +16,16 @@ import pandas as pd
 from harness.schema import VERDICTS
 
 from reports.rows import format_number
-from reports.summary import rank_offenders, summarize
+from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
     from reports.gate import GateResult
 
 DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
-# Metadata keys shown in the one-line environment footer, when present.
-ENVIRONMENT_KEYS = ("git_commit", "backend", "device_kind", "device_count", "jax_version")
+# Metadata keys shown in the one-line environment footer, when present (run_* name the
+# run's manifest, see harness.manifest).
+ENVIRONMENT_KEYS = ("run_id", "run_state", "git_commit", "backend", "device_kind", "device_count", "jax_version")
 
 
 def md_cell(value: Any, limit: int = MAX_CELL_CHARS) -> str:
@@ -68,6 +69,12 @@ def gate_markdown(result: "GateResult", *, max_rows: int = DEFAULT_MAX_ROWS) -> 
         findings = result.by_category(category)
         if not findings:
             continue
+        if category == "missing":  # per case and path: a partial run misses whole groups
+            groups = result.missing_table_rows()
+            lines += ["", f"**{result.missing_heading()}**", ""]
+            lines.append(md_table(("case", "path", "missing rows"), groups[:max_rows]))
+            lines += _truncation_note(min(len(groups), max_rows), len(groups), "see the gate output")
+            continue
         shown = findings[:max_rows]
         lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
         lines.append(md_table(
@@ -91,8 +98,13 @@ def render_markdown(
     """
     summary = summarize(frame)
     counts = summary["verdicts"]
-    passed = summary["ok"] and (gate_result is None or gate_result.ok)
-    lines = [f"## mHC parity: {'✅ PASS' if passed else '❌ FAIL'}", ""]
+    if summary["ok"] and (gate_result is None or gate_result.ok):
+        status = "✅ PASS"
+    elif not summary["compared"] and not any(counts[v] for v in FAILING_VERDICTS):
+        status = "⚠️ NOTHING COMPARED"  # every row skip/unsupported: never a pass
+    else:
+        status = "❌ FAIL"
+    lines = [f"## mHC parity: {status}", ""]
     if not summary["total"]:
         lines.append("No rows were produced.")
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,25 @@ class ReportInputError(ValueError):
 # ----------------------------------------------------------------------------- values
 
 
+# A complete decimal number: digits after a decimal point and after an exponent.
+# Python's float() also takes "3." and "1_0", so "3.802e-07" cut to "3." would parse.
+_COMPLETE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NON_FINITE = frozenset({"nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
+def _number_text(text: str) -> float:
+    """float(text) for a complete number or a non-finite name; ValueError naming the text."""
+    if _COMPLETE_NUMBER.fullmatch(text) or text.lower() in _NON_FINITE:
+        return float(text)
+    raise ValueError(f"{text!r} is not a complete number")
+
+
 def parse_float(value: Any) -> float:
     """A float from a JSON/CSV cell: None and "" are NaN; "inf"/"Infinity"/"nan" parse.
 
-    Raises ValueError for anything else that is not a number (booleans included).
+    Text must be a complete number (see `_COMPLETE_NUMBER`): "3." or "1e" — a file cut
+    mid-number — raise ValueError, as does anything else that is not a number
+    (booleans included).
     """
     if value is None:
         return math.nan
@@ -61,7 +77,7 @@ def parse_float(value: Any) -> float:
     text = str(value).strip()
     if text == "":
         return math.nan
-    return float(text)  # accepts nan, inf, -inf, infinity in any case
+    return _number_text(text)
 
 
 def parse_count(value: Any) -> int:
@@ -71,7 +87,7 @@ def parse_count(value: Any) -> int:
     if isinstance(value, int):
         number = value
     else:
-        as_float = float(str(value).strip()) if not isinstance(value, float) else value
+        as_float = _number_text(str(value).strip()) if not isinstance(value, float) else value
         if not math.isfinite(as_float) or as_float != int(as_float):
             raise ValueError(f"expected a whole number, got {value!r}")
         number = int(as_float)
@@ -217,6 +233,18 @@ def _load_jsonl(path: Path) -> pd.DataFrame:
     return frame_from_records(records)
 
 
+def _check_not_cut(path: Path) -> None:
+    """ReportInputError if the file's last line has no line ending: the writers end every
+    line with one, so a file without it was cut (mid-number, perhaps)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ReportInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if data and not data.endswith(b"\n"):
+        last_line = data.count(b"\n") + 1
+        raise ReportInputError(f"{path}, line {last_line}: the file is cut (its last line has no line ending)")
+
+
 def read_csv_cells(path: Path, *, skip_lines: int = 0) -> pd.DataFrame:
     """A CSV file as an all-text DataFrame (no NA guessing), or ReportInputError."""
     try:
@@ -236,12 +264,15 @@ def read_csv_cells(path: Path, *, skip_lines: int = 0) -> pd.DataFrame:
 def records_from_cells(
     cells: pd.DataFrame, path: Path, columns: Sequence[str], *, first_data_line: int
 ) -> list[dict]:
-    """Coerced records from an all-text frame; errors name the file line of each row."""
+    """Coerced records from an all-text frame; errors name the file line of each row (and
+    column), then, if every cell parsed, a file whose last line was cut (`_check_not_cut`)."""
     _check_columns(cells.columns, str(path), columns)
-    return [
+    records = [
         coerce_row(row, f"{path}, line {first_data_line + index}", columns)
         for index, row in enumerate(cells.to_dict(orient="records"))
     ]
+    _check_not_cut(path)
+    return records
 
 
 def _load_csv(path: Path) -> pd.DataFrame:

@@ -98,3 +98,52 @@ def sample_rows() -> list[dict]:
         shape="2x64x4x128", verdict="pass", bound="lowers to Mosaic", compile_s=0.8,
     ))
     return rows
+
+
+def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
+    """A complete `harness.manifest.Manifest` for a hand-made row set, as if `harness run`
+    had made it with this checkout's code: its cases in first-seen order, its row count."""
+    from harness.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso
+
+    cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
+    files = code_files()
+    stamp = now_iso()
+    request = RunRequest(suite=None, case_globs=cases, tags=None, dtype=None, case_files=(), seed=None,
+                         paths=("*",), implementations=(), lowering=True)
+    return Manifest(
+        run_id=f"sample-{len(rows)}-rows", state=COMPLETE, request=request, cases=cases,
+        selection_digest="sample", path_names=tuple(sorted({str(r["candidate"]) for r in rows})),
+        policy_source="sample", policy_digest=policy_digest, code_digest=digest_of(files),
+        code_files=tuple(files.items()), command_line="(hand-made sample run)", started=stamp, updated=stamp,
+        finished=stamp, cases_done=len(cases), rows=len(rows),
+    )
+
+
+def write_sample_run(rows, folder, *, metadata=None, policy_digest: str = "sample-policy", rendered: bool = True,
+                     **options):
+    """`rows` as a complete run folder (reports, then manifest.json), as `harness run` leaves one.
+
+    Returns `reports.write_all`'s paths; `options` go to it (e.g. baseline=...). With
+    `rendered=False` only what readers of runs load is written (rows.csv, report.json),
+    skipping the slow HTML and Markdown.
+    """
+    from pathlib import Path
+
+    from harness.manifest import write_manifest
+    from reports.rows import to_frame
+    from reports.writers import OUTPUT_FILES, write_all, write_csv, write_json
+
+    manifest = sample_manifest(rows, policy_digest=policy_digest)
+    folder = Path(folder)
+    if rendered:
+        paths = write_all(rows, metadata, folder, manifest=manifest, **options)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        frame = to_frame(rows)
+        paths = {
+            "csv": write_csv(frame, folder / OUTPUT_FILES["csv"]),
+            "json": write_json(frame, dict(metadata or {}, **manifest.identity()), folder / OUTPUT_FILES["json"],
+                               manifest=manifest),
+        }
+    write_manifest(folder, manifest)
+    return paths

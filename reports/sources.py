@@ -1,10 +1,20 @@
-"""Finding a run's rows on disk, whatever form they were saved in.
+"""Finding a run's rows on disk, and refusing rows that cannot be trusted.
 
 `load_run` accepts:
-  * a run folder (uses `report.json`, else `rows.csv`, else `rows.jsonl` inside it);
-  * a `report.json` written by `reports.write_all` (rows + metadata);
-  * a baseline CSV (recognised by its header line, see `reports.baseline`);
-  * a `.jsonl` row stream or a full-schema `.csv`.
+  * a run folder: its `manifest.json` must say "complete" (`harness.manifest`), and its
+    `report.json` must carry the same run id and row count;
+  * a `report.json` written by `reports.write_all` for a complete run: it carries the
+    run's manifest; if a `manifest.json` sits next to it, it must be the same run (a
+    newer run started in that folder makes the report stale);
+  * a baseline CSV (recognised by its header line, see `reports.baseline`): a reviewed
+    file with its own header, trusted as it is;
+  * a `.jsonl` row stream or a full-schema `.csv` only inside a run folder whose
+    complete manifest records the same number of rows: a bare rows file carries no
+    manifest, so nothing says whether its run finished.
+
+An unfinished, interrupted or stale run raises `ReportInputError` with one line saying
+why and how to finish or redo it. With `require_current_code`, a run made by other code
+than this checkout (`Manifest.changed_project_files`) is refused too.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
 from reports.baseline import is_baseline_file, load_baseline
 from reports.rows import ReportInputError, load_rows, to_frame
 
@@ -22,26 +33,31 @@ REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
 # The metadata key under which the runner records the tolerance policy's hash.
 POLICY_HASH_KEY = "policy_hash"
-RUN_FOLDER_FILES = ("report.json", "rows.csv", "rows.jsonl")
+# The report.json key holding the run's manifest.
+MANIFEST_KEY = "manifest"
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedRun:
-    """Rows of one run plus what is known about how they were produced."""
+    """Rows of one run plus what is known about how they were produced.
+
+    manifest: the run's manifest (None for a baseline file).
+    """
 
     frame: pd.DataFrame
     source: Path
     policy_hash: str | None
     metadata: dict
     is_baseline: bool
+    manifest: Manifest | None = None
 
     def __len__(self) -> int:
         """The number of rows."""
         return len(self.frame)
 
 
-def load_report_json(path: str | Path) -> tuple[pd.DataFrame, dict]:
-    """The rows and metadata of a `report.json`; `ReportInputError` if it is not one."""
+def load_report_json(path: str | Path) -> tuple[pd.DataFrame, dict, Manifest | None]:
+    """The rows, metadata and manifest (None if absent) of a `report.json`; `ReportInputError` if it is not one."""
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -49,41 +65,115 @@ def load_report_json(path: str | Path) -> tuple[pd.DataFrame, dict]:
         raise ReportInputError(f"{path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ReportInputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(document, dict) or document.get("format") != REPORT_FORMAT:
-        raise ReportInputError(f"{path}: not an mhc-parity report.json (no format={REPORT_FORMAT!r})")
-    if document.get("format_version") != REPORT_FORMAT_VERSION:
-        raise ReportInputError(
-            f"{path}: report format version {document.get('format_version')!r} is not supported "
-            f"(expected {REPORT_FORMAT_VERSION})"
-        )
+    problem = format_problem(document, name=REPORT_FORMAT, version=REPORT_FORMAT_VERSION, what="report.json")
+    if problem:
+        raise ReportInputError(f"{path}: {problem}")
     rows = document.get("rows")
     if not isinstance(rows, list):
         raise ReportInputError(f"{path}: 'rows' must be a list")
     metadata = document.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise ReportInputError(f"{path}: 'metadata' must be an object")
-    return to_frame(rows, source=str(path)), metadata
+    manifest = None
+    if document.get(MANIFEST_KEY) is not None:
+        manifest = _checked(lambda: Manifest.from_json(document[MANIFEST_KEY], f"{path} ({MANIFEST_KEY})"))
+    return to_frame(rows, source=str(path)), metadata, manifest
 
 
-def _policy_hash(metadata: dict) -> str | None:
-    value = metadata.get(POLICY_HASH_KEY)
-    return str(value) if value not in (None, "") else None
+def _checked(read):
+    """`read()`, with a ManifestError turned into the ReportInputError every loader raises."""
+    try:
+        return read()
+    except ManifestError as exc:
+        raise ReportInputError(str(exc)) from None
 
 
-def load_run(path: str | Path) -> LoadedRun:
+def _complete_manifest_of(folder: Path) -> Manifest:
+    """The folder's manifest, required to exist and to be complete."""
+    manifest = _checked(lambda: read_manifest(folder))
+    if manifest is None:
+        raise ReportInputError(
+            f"{folder}: no {MANIFEST_FILE}, so nothing says its run finished (a folder not written by "
+            f"`harness run`, or by a version before manifests); rerun it"
+        )
+    _checked(lambda: manifest.require_complete(str(folder)))
+    return manifest
+
+
+def _check_rows_belong(frame: pd.DataFrame, manifest: Manifest, where: Path) -> None:
+    """The rows are the manifest's: same count, only its cases."""
+    if len(frame) != manifest.rows:
+        raise ReportInputError(
+            f"{where}: {len(frame)} rows, but the run {manifest.run_id} that finished there wrote "
+            f"{manifest.rows}: the file is not that run's (cut, edited or left from another run)"
+        )
+    strangers = sorted(set(frame["case"]) - set(manifest.cases))
+    if strangers:
+        raise ReportInputError(f"{where}: rows of cases the run did not select: {', '.join(strangers[:4])}")
+
+
+def _load_report(path: Path) -> LoadedRun:
+    frame, metadata, manifest = load_report_json(path)
+    if manifest is None:
+        raise ReportInputError(
+            f"{path}: the report carries no run manifest (written before manifests, or not by "
+            f"`harness run`), so nothing says its run finished; rerun it"
+        )
+    _checked(lambda: manifest.require_complete(str(path)))
+    beside = _checked(lambda: read_manifest(path.parent))
+    if beside is not None and (beside.run_id != manifest.run_id or not beside.is_complete):
+        raise ReportInputError(
+            f"{path}: stale report of run {manifest.run_id}; its folder now holds run {beside.run_id} "
+            f"({beside.progress_text()})"
+        )
+    if beside is not None and beside != manifest:
+        raise ReportInputError(
+            f"{path}: the report and the {MANIFEST_FILE} beside it disagree about run {manifest.run_id}; rerun it"
+        )
+    _check_rows_belong(frame, manifest, path)
+    return LoadedRun(frame, path, manifest.policy_digest, metadata, False, manifest)
+
+
+def _load_rows_file(path: Path) -> LoadedRun:
+    frame = load_rows(path)  # a malformed file is reported as such first
+    if _checked(lambda: read_manifest(path.parent)) is None:
+        raise ReportInputError(
+            f"{path}: a bare rows file carries no manifest, so nothing says its run finished; "
+            f"pass its run folder or its {REPORT_FILES['json']}"
+        )
+    manifest = _complete_manifest_of(path.parent)
+    _check_rows_belong(frame, manifest, path)
+    return LoadedRun(frame, path, manifest.policy_digest, {}, False, manifest)
+
+
+def _check_code(run: LoadedRun) -> None:
+    changed = run.manifest.changed_project_files() if run.manifest is not None else []
+    if changed:
+        shown = ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
+        raise ReportInputError(
+            f"{run.source}: the run was made by other code than this checkout (changed since: {shown}); "
+            f"rerun it, or pass --allow-code-change to use it anyway"
+        )
+
+
+def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedRun:
     """Load a run (folder or file, see the module docstring); `ReportInputError` on failure."""
     path = Path(path)
     if path.is_dir():
-        for name in RUN_FOLDER_FILES:
-            if (path / name).is_file():
-                return load_run(path / name)
-        raise ReportInputError(f"{path}: folder has none of {list(RUN_FOLDER_FILES)}")
-    if not path.is_file():
+        _complete_manifest_of(path)
+        report = path / REPORT_FILES["json"]
+        if not report.is_file():
+            raise ReportInputError(f"{path}: the run finished but its {report.name} is missing; rerun it")
+        run = _load_report(report)
+    elif not path.is_file():
         raise ReportInputError(f"{path}: no such file or folder")
-    if is_baseline_file(path):
+    elif is_baseline_file(path):
         baseline = load_baseline(path)
         return LoadedRun(baseline.frame, path, baseline.policy_hash, {}, True)
-    if path.suffix.lower() == ".json":
-        frame, metadata = load_report_json(path)
-        return LoadedRun(frame, path, _policy_hash(metadata), metadata, False)
-    return LoadedRun(load_rows(path), path, None, {}, False)
+    elif path.suffix.lower() == ".json":
+        run = _load_report(path)
+    else:
+        run = _load_rows_file(path)
+    if require_current_code:
+        _check_code(run)
+    return run

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from harness.schema import IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
+from harness.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
 
 # Verdicts that break a run (exit code 1 / gate failure).
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
@@ -60,7 +60,9 @@ def worst_leaf(frame: pd.DataFrame) -> dict | None:
 def summarize(frame: pd.DataFrame) -> dict:
     """The run's summary: totals, verdict counts (overall and per comparison), worst leaf.
 
-    `ok` is True when no row has a failing verdict (fail or error).
+    `ok` is True when no row has a failing verdict (fail or error) and at least one row
+    compared something (`compared`: pass and fail rows): a run that checked nothing
+    never passes.
     """
     counts = verdict_counts(frame)
     by_comparison = {
@@ -68,10 +70,12 @@ def summarize(frame: pd.DataFrame) -> dict:
         for comparison, group in frame.groupby("comparison", sort=True)
     } if len(frame) else {}
     nonfinite = int(((frame["nan_count"] > 0) | (frame["inf_count"] > 0)).sum()) if len(frame) else 0
+    compared = sum(counts[v] for v in COMPARED_VERDICTS)
     return {
         "total": int(len(frame)),
         "verdicts": counts,
-        "ok": all(counts[v] == 0 for v in FAILING_VERDICTS),
+        "compared": compared,
+        "ok": all(counts[v] == 0 for v in FAILING_VERDICTS) and compared > 0,
         "cases": int(frame["case"].nunique()) if len(frame) else 0,
         "by_comparison": by_comparison,
         "rows_with_nan_or_inf": nonfinite,

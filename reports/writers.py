@@ -12,6 +12,9 @@ Files written (names fixed so CI and the runner can find them):
                   Strict JSON: NaN is null, ±inf are the strings "Infinity"/"-Infinity".
     report.html   the self-contained report (`reports.html`).
     summary.md    the short Markdown summary (`reports.markdown`).
+
+The HTML and Markdown reports show the manifest's identity (run id, state, digests);
+rows.csv stays plain CSV, trusted only next to its run's manifest (`reports.sources`).
 """
 
 from __future__ import annotations
@@ -24,20 +27,16 @@ from typing import Any
 
 import pandas as pd
 
+from harness.manifest import REPORT_FILES, Manifest
 from harness.schema import ROW_COLUMNS
 
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate
 from reports.rows import frame_to_json_records, json_safe_float, to_frame, unwrap_run
-from reports.sources import REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
+from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
 from reports.summary import summarize
 
-OUTPUT_FILES = {
-    "csv": "rows.csv",
-    "json": "report.json",
-    "html": "report.html",
-    "markdown": "summary.md",
-}
+OUTPUT_FILES = REPORT_FILES
 # What the runner is expected to put in `metadata` (any other keys are kept too).
 METADATA_KEYS = (
     "jax_version",
@@ -108,7 +107,9 @@ def write_csv(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def report_document(frame: pd.DataFrame, metadata: Mapping[str, Any], gate_result: GateResult | None) -> dict:
+def report_document(
+    frame: pd.DataFrame, metadata: Mapping[str, Any], gate_result: GateResult | None, manifest: Manifest | None = None
+) -> dict:
     """The report.json document."""
     document = {
         "format": REPORT_FORMAT,
@@ -119,13 +120,21 @@ def report_document(frame: pd.DataFrame, metadata: Mapping[str, Any], gate_resul
     }
     if gate_result is not None:
         document["gate"] = json_ready(gate_summary(gate_result))
+    if manifest is not None:
+        document[MANIFEST_KEY] = manifest.to_json()
     document["rows"] = frame_to_json_records(frame)
     return document
 
 
-def write_json(frame: pd.DataFrame, metadata: Mapping[str, Any], path: Path, gate_result: GateResult | None = None) -> Path:
+def write_json(
+    frame: pd.DataFrame,
+    metadata: Mapping[str, Any],
+    path: Path,
+    gate_result: GateResult | None = None,
+    manifest: Manifest | None = None,
+) -> Path:
     """report.json (strict JSON, see the module docstring)."""
-    document = report_document(frame, metadata, gate_result)
+    document = report_document(frame, metadata, gate_result, manifest)
     path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
@@ -146,12 +155,14 @@ def write_all(
     baseline: RowsInput | str | Path | None = None,
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+    manifest: Manifest | None = None,
 ) -> dict[str, Path]:
     """Write rows.csv, report.json, report.html and summary.md into `out_dir`.
 
     `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
     With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_run` understands) the
-    gate is evaluated and its drift and findings are added to every format.
+    gate is evaluated and its drift and findings are added to every format. `manifest`
+    (the run's, finished) is embedded in report.json and named in the other reports.
     Returns {"csv", "json", "html", "markdown"} → path.
     """
     from reports.html import render_html
@@ -159,6 +170,8 @@ def write_all(
 
     frame = to_frame(unwrap_run(rows)[0])
     metadata = dict(metadata or {})
+    if manifest is not None:
+        metadata.update(manifest.identity())
     gate_result = None
     if baseline is not None:
         gate_result = gate(
@@ -171,7 +184,7 @@ def write_all(
     out.mkdir(parents=True, exist_ok=True)
     paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
     write_csv(frame, paths["csv"])
-    write_json(frame, metadata, paths["json"], gate_result)
+    write_json(frame, metadata, paths["json"], gate_result, manifest)
     paths["html"].write_text(render_html(frame, metadata, gate_result=gate_result), encoding="utf-8")
     paths["markdown"].write_text(
         render_markdown(frame, metadata=metadata, gate_result=gate_result), encoding="utf-8"

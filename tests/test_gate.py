@@ -15,8 +15,7 @@ from reports import ReportInputError, load_baseline, write_baseline
 from reports.baseline import BASELINE_COLUMNS, header_line
 from reports.drift import DTYPE_EPSILON, growth, noise_floor
 from reports.gate import gate, main
-from reports.samples import sample_rows
-from reports.writers import write_json
+from reports.samples import sample_rows, write_sample_run
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = DTYPE_EPSILON["bfloat16"]
@@ -40,6 +39,12 @@ def find(rows: list[dict], case: str, leaf: str, comparison: str = "vs_reference
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def write_run(folder: Path, rows: list[dict], policy_hash: str = "p1") -> Path:
+    """`rows` as a complete run folder, as `harness run` leaves one."""
+    write_sample_run(rows, folder, metadata={"policy_hash": policy_hash}, policy_digest=policy_hash, rendered=False)
+    return folder
 
 
 # ----------------------------------------------------------------------------- rules
@@ -109,7 +114,28 @@ def test_missing_row_fails():
     assert not result.ok
     (finding,) = result.missing
     assert finding.key == row_key(gone)
-    assert "missing (1):" in result.table()
+    table = result.table()
+    assert "missing (1 row in 1 case, 1 case/path group):" in table
+    assert f"{gone['case']}  {gone['candidate']}  1 of " in table
+    assert gone["leaf"] in table  # few missing rows are also listed one by one
+
+
+def test_missing_rows_are_summarised_per_case_and_path():
+    """A partial run misses whole cases and paths: one line per group, not one per row."""
+    baseline = passing_rows()
+    current = [r for r in baseline if r["case"] != "bf16_small"
+               and not (r["case"] == "f32_small" and r["candidate"] == "interpret/unsharded")]
+    result = gate(baseline, current)
+    groups = {(g.case, g.path): (g.missing, g.baseline_rows) for g in result.missing_groups}
+    bf16 = sum(r["case"] == "bf16_small" for r in baseline)
+    f32 = sum(r["case"] == "f32_small" and r["candidate"] == "interpret/unsharded" for r in baseline)
+    assert groups == {("bf16_small", "*"): (bf16, bf16), ("f32_small", "interpret/unsharded"): (f32, f32)}
+    table = result.table(max_info_rows=5)
+    assert f"missing ({bf16 + f32} rows in 2 cases, 2 case/path groups):" in table
+    assert "bf16_small  (every path)" in table and f"{bf16} of {bf16}" in table
+    assert len(table.splitlines()) < bf16 + f32  # not a line per row
+    markdown = result.markdown()
+    assert "| bf16_small | (every path) |" in markdown
 
 
 def test_new_nan_or_inf_fails():
@@ -218,7 +244,7 @@ def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
 @pytest.fixture
 def files(tmp_path) -> dict[str, Path]:
     baseline = write_baseline(passing_rows(), tmp_path / "baselines" / "default.csv", policy_hash="p1")
-    current = write_jsonl(tmp_path / "rows.jsonl", passing_rows())
+    current = write_run(tmp_path / "run", passing_rows())
     return {"baseline": baseline, "current": current, "dir": tmp_path}
 
 
@@ -236,7 +262,7 @@ def test_cli_pass_exits_0(files, capsys):
 def test_cli_regression_exits_1_prints_table_and_writes_markdown(files, capsys):
     current = passing_rows()
     find(current, "bf16_small", "d_x")["cand_oracle_max_err"] *= 3.0
-    write_jsonl(files["current"], current)
+    write_run(files["current"], current)
     markdown = files["dir"] / "gate.md"
     code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
                             "--markdown", markdown)
@@ -249,14 +275,20 @@ def test_cli_regression_exits_1_prints_table_and_writes_markdown(files, capsys):
     assert code == 0
 
 
-def test_cli_accepts_a_run_folder_with_report_json(files, capsys):
-    run = files["dir"] / "run"
-    run.mkdir()
-    from reports import to_frame
+def test_cli_accepts_a_finished_run_as_folder_report_json_or_rows_file_beside_its_manifest(files, capsys):
+    for current in (files["current"], files["current"] / "report.json", files["current"] / "rows.csv"):
+        code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", current)
+        assert code == 0 and "policy match not checked" not in out, current
 
-    write_json(to_frame(passing_rows()), {"policy_hash": "p1"}, run / "report.json")
-    code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", run)
-    assert code == 0 and "policy match not checked" not in out
+
+def test_cli_refuses_rows_that_no_complete_manifest_vouches_for(files, capsys):
+    bare = write_jsonl(files["dir"] / "rows.jsonl", passing_rows())
+    code, out, err = run_main(capsys, "--baseline", files["baseline"], "--current", bare)
+    assert code == 2 and "bare rows file carries no manifest" in err and out == ""
+    rows_csv = files["current"] / "rows.csv"
+    rows_csv.write_text("".join(rows_csv.read_text().splitlines(keepends=True)[:-1]))  # a row lost
+    code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", rows_csv)
+    assert code == 2 and "is not that run's" in err
 
 
 @pytest.mark.parametrize(
@@ -271,8 +303,13 @@ def test_cli_accepts_a_run_folder_with_report_json(files, capsys):
         (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,zero,0,1e-7,1e-8\n",
          "line 3, column 'nan_count'"),
         (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + '\n"unterminated,a\n', "not a readable CSV file"),
+        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,0,0,1e-7,3.\n",
+         "line 3, column 'cand_oracle_rms_err': '3.' is not a complete number"),
+        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,0,0,1e-7,3.8",
+         "line 3: the file is cut"),
     ],
-    ids=["empty", "binary", "no-columns", "no-rows", "wrong-columns", "future-format", "bad-cell", "truncated"],
+    ids=["empty", "binary", "no-columns", "no-rows", "wrong-columns", "future-format", "bad-cell", "truncated",
+         "cut-number", "cut-line"],
 )
 def test_cli_corrupt_baseline_exits_2_with_a_message(files, capsys, content, message):
     path = files["dir"] / "corrupt.csv"
@@ -283,10 +320,7 @@ def test_cli_corrupt_baseline_exits_2_with_a_message(files, capsys, content, mes
 
 
 def test_cli_policy_mismatch_exits_2_unless_allowed(files, capsys):
-    from reports import to_frame
-
-    report = files["dir"] / "report.json"
-    write_json(to_frame(passing_rows()), {"policy_hash": "p2"}, report)
+    report = write_run(files["dir"] / "other-policy", passing_rows(), policy_hash="p2") / "report.json"
     code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", report)
     assert code == 2 and "policy p1" in err and "make baseline" in err
     code, _, _ = run_main(capsys, "--baseline", files["baseline"], "--current", report, "--allow-policy-change")
@@ -299,11 +333,10 @@ def test_cli_usage_and_input_errors_exit_2(files, capsys):
     code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
                             "--growth-factor", "0.5")
     assert code == 2 and "--growth-factor" in err
-    empty = files["dir"] / "empty.jsonl"
-    empty.write_text("")
+    empty = write_run(files["dir"] / "empty", [])
     code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", empty)
     assert code == 2 and "has no rows" in err
-    doubled = write_jsonl(files["dir"] / "doubled.jsonl", passing_rows() + passing_rows()[:1])
+    doubled = write_run(files["dir"] / "doubled", passing_rows() + passing_rows()[:1])
     code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", doubled)
     assert code == 2 and "share a row key" in err
 
@@ -315,22 +348,20 @@ def test_python_dash_m_reports_gate_and_baseline(files, tmp_path):
         cwd=REPO, capture_output=True, text=True,
     )
     assert made.returncode == 0, made.stderr
-    assert load_baseline(target).policy_hash is None
+    assert load_baseline(target).policy_hash == "p1"
     checked = subprocess.run(
         [sys.executable, "-m", "reports", "gate", "--baseline", str(target), "--current", str(files["current"])],
         cwd=REPO, capture_output=True, text=True,
     )
     assert checked.returncode == 0, checked.stderr
-    assert "gate PASS" in checked.stdout and "policy match not checked" in checked.stdout
+    assert "gate PASS" in checked.stdout
 
 
 def test_loaded_runs_and_baselines_are_accepted_everywhere(files, tmp_path):
     """What load_run / load_baseline return can be passed straight to write_baseline, gate and write_all."""
     from reports import load_run, to_frame, write_all
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    write_json(to_frame(passing_rows()), {"policy_hash": "p9"}, run_dir / "report.json")
+    run_dir = write_run(tmp_path / "run", passing_rows(), policy_hash="p9")
     target = write_baseline(load_run(run_dir), tmp_path / "from-run.csv")
     baseline = load_baseline(target)
     assert baseline.policy_hash == "p9"

@@ -19,7 +19,7 @@ import pytest
 
 from harness.schema import ROW_COLUMNS, VERDICTS, empty_row
 from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all
-from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows
+from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
 
 METADATA = {
     "jax_version": "0.10.2",
@@ -83,7 +83,9 @@ def rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def written(rows, tmp_path_factory) -> dict[str, Path]:
-    return write_all(rows, METADATA, tmp_path_factory.mktemp("report"))
+    """The reports of a complete run folder (with its manifest) made of the sample rows."""
+    return write_sample_run(rows, tmp_path_factory.mktemp("report"), metadata=METADATA,
+                            policy_digest=METADATA["policy_hash"])
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +136,10 @@ def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
 
     document = json.loads(written["json"].read_text(encoding="utf-8"), parse_constant=reject)
     assert document["format"] == "mhc-parity-report"
-    assert document["metadata"] == METADATA
+    assert {k: document["metadata"][k] for k in METADATA} == METADATA
+    manifest = document["manifest"]  # the run's manifest travels with its report
+    assert manifest["state"] == "complete" and manifest["rows"] == len(rows)
+    assert document["metadata"]["run_id"] == manifest["run_id"]
     assert document["schema_columns"] == list(ROW_COLUMNS)
     summary = document["summary"]
     assert summary["verdicts"] == EXPECTED_COUNTS
@@ -293,7 +298,8 @@ def test_empty_row_set_renders_every_format(tmp_path):
     assert list(pd.read_csv(paths["csv"]).columns) == list(ROW_COLUMNS)
     assert len(load_rows(paths["csv"])) == 0
     document = json.loads(paths["json"].read_text())
-    assert document["summary"]["total"] == 0 and document["summary"]["ok"] is True
+    # Nothing compared is never a pass.
+    assert document["summary"]["total"] == 0 and document["summary"]["ok"] is False
     assert document["summary"]["worst_leaf"] is None
     text = paths["html"].read_text()
     assert "No rows were produced." in text and "No rows to plot." in text
@@ -387,10 +393,15 @@ def test_reports_package_never_imports_jax():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
-def test_render_cli_rewrites_reports_from_a_jsonl_stream(tmp_path, rows):
+def test_render_cli_rewrites_a_finished_run_and_refuses_a_bare_stream(tmp_path, rows, capsys):
     from reports.__main__ import main
 
-    stream = _write_jsonl(tmp_path / "rows.jsonl", rows[:6])
-    assert main(["render", "--rows", str(stream), "--out", str(tmp_path / "out")]) == 0
+    write_sample_run(rows[:6], tmp_path / "run")
+    assert main(["render", "--rows", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "report.html").is_file()
+    rendered = load_run(tmp_path / "out")  # a copy of the run, manifest included
+    assert rendered.manifest.run_id == load_run(tmp_path / "run").manifest.run_id
     assert main(["render", "--rows", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x")]) == 2
+    stream = _write_jsonl(tmp_path / "rows.jsonl", rows[:6])
+    assert main(["render", "--rows", str(stream), "--out", str(tmp_path / "y")]) == 2
+    assert "bare rows file carries no manifest" in capsys.readouterr().err

@@ -72,7 +72,7 @@ def implementations(extra_specs: Sequence[str] = ()) -> tuple:
 
 
 def _plan(impls):
-    from harness.runner import PathPlan
+    from harness.plan import PathPlan
 
     return PathPlan(implementations=tuple(impls), lowering=False)
 

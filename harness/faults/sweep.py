@@ -31,7 +31,8 @@ def headroom_table(rows: Sequence[dict]):
 
 def run_sweep_rows(cases: Sequence, seeds: int, policy, impls, *, quiet=False) -> list[dict]:
     """Rows of the unmodified code over the seeded cases (lowering rows excluded)."""
-    from harness.runner import PathPlan, Runner
+    from harness.plan import PathPlan
+    from harness.runner import Runner
 
     seeded = seeded_cases(cases, seeds)
     runner = Runner(policy)

@@ -1,0 +1,356 @@
+"""The run manifest: what a run folder holds and whether it can be trusted.
+
+A run folder (`--out`) holds `manifest.json`, the row stream (`harness.store`) and, for a
+complete run only, the reports (`REPORT_FILES`). The runner writes the manifest first
+(state "running") before it touches anything else in the folder, updates its case count
+as cases finish, writes the reports, and finishes the manifest last ("complete"); Ctrl-C
+or SIGTERM finish it as "interrupted", and a kill -9 leaves "running". Whatever reads a
+run folder (`reports.sources.load_run`: the gate, `baseline --from`, `render`) accepts
+only a complete manifest whose report carries the same run id and row count, so a
+stale, partial or interrupted folder never passes.
+
+The manifest records what was asked (`RunRequest`), what that selected (every case name
+in order, and `selection_digest` over the full case specs, so an edited case file is a
+different selection), the planned path names, the tolerance policy (source and sha256),
+and the code under test: the sha256 of every Python source that can change a number
+(`CODE_DIRS` and each external implementation's module file), and their joint digest.
+`--resume` refuses a request whose manifest `differences` are not empty. The full case
+list and the digests make shards of one selection easy to check and merge.
+
+Plain Python (no JAX, no pandas): `reports/` reads manifests too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import uuid
+from typing import Any, Iterable, Mapping, Sequence
+
+from harness.env import PROJECT_ROOT
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "mhc-parity-manifest"
+MANIFEST_VERSION = 1
+# The reports a complete run writes (the one list of their names: reports.writers uses it).
+REPORT_FILES = {"csv": "rows.csv", "json": "report.json", "html": "report.html", "markdown": "summary.md"}
+
+RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
+STATES = (RUNNING, COMPLETE, INTERRUPTED)
+# Packages whose Python sources can change a number in a row.
+CODE_DIRS = ("mhc", "cases", "harness")
+SHORT_DIGEST = 12
+
+
+class ManifestError(ValueError):
+    """A run folder without a usable manifest, or with one that is not complete."""
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: pathlib.Path) -> str:
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def _code_key(path: pathlib.Path) -> str:
+    """A file's key in `code_files`: relative to the project when inside it, else absolute."""
+    resolved = pathlib.Path(path).resolve()
+    try:
+        return resolved.relative_to(PROJECT_ROOT).as_posix()
+    except ValueError:
+        return resolved.as_posix()
+
+
+def project_code_files(root: pathlib.Path = PROJECT_ROOT) -> dict[str, str]:
+    """sha256 of every Python source under `CODE_DIRS`, keyed by project-relative path."""
+    files = {}
+    for folder in CODE_DIRS:
+        for path in sorted((root / folder).rglob("*.py")):
+            files[path.relative_to(root).as_posix()] = sha256_file(path)
+    return files
+
+
+def code_files(extra: Iterable[pathlib.Path] = ()) -> dict[str, str]:
+    """`project_code_files()` plus the given files (external implementations' modules)."""
+    files = project_code_files()
+    files.update({_code_key(path): sha256_file(path) for path in extra})
+    return dict(sorted(files.items()))
+
+
+def digest_of(files: Mapping[str, str]) -> str:
+    """One sha256 over (path, sha256) pairs in path order."""
+    joint = hashlib.sha256()
+    for key in sorted(files):
+        joint.update(f"{key}\0{files[key]}\n".encode())
+    return joint.hexdigest()
+
+
+def selection_digest(cases: Sequence) -> str:
+    """sha256 over the full specs of the selected cases, in order (frozen dataclasses)."""
+    specs = [dataclasses.asdict(case) for case in cases]
+    return hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """What `harness run` was asked (as given; the manifest also keeps what it selected).
+
+    implementations: (name, MODULE:FACTORY) of each external `--impl`, in order.
+    """
+
+    suite: str | None
+    case_globs: tuple[str, ...] | None
+    tags: tuple[str, ...] | None
+    dtype: str | None
+    case_files: tuple[str, ...]
+    seed: int | None
+    paths: tuple[str, ...]
+    implementations: tuple[tuple[str, str], ...]
+    lowering: bool
+
+    def to_json(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "implementations": [{"name": name, "spec": spec} for name, spec in self.implementations],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RunRequest":
+        def optional_tuple(value):
+            return None if value is None else tuple(value)
+
+        return cls(
+            suite=data["suite"],
+            case_globs=optional_tuple(data["case_globs"]),
+            tags=optional_tuple(data["tags"]),
+            dtype=data["dtype"],
+            case_files=tuple(data["case_files"]),
+            seed=data["seed"],
+            paths=tuple(data["paths"]),
+            implementations=tuple((i["name"], i["spec"]) for i in data["implementations"]),
+            lowering=bool(data["lowering"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """One run's manifest (see the module docstring).
+
+    run_id: random, kept across --resume. state: RUNNING, COMPLETE or INTERRUPTED (with
+    `reason`). cases: every selected case name in run order; selection_digest: over their
+    full specs. path_names: the path and lowering names the plan selects. code_files:
+    (path, sha256) of every source under test; code_digest: their joint digest.
+    cases_done: cases finished so far; rows: the row count, set once complete; resumed:
+    when each --resume started. Times are ISO 8601 UTC.
+    """
+
+    run_id: str
+    state: str
+    request: RunRequest
+    cases: tuple[str, ...]
+    selection_digest: str
+    path_names: tuple[str, ...]
+    policy_source: str
+    policy_digest: str
+    code_digest: str
+    code_files: tuple[tuple[str, str], ...]
+    command_line: str
+    started: str
+    updated: str
+    finished: str = ""
+    resumed: tuple[str, ...] = ()
+    cases_done: int = 0
+    rows: int | None = None
+    reason: str = ""
+
+    @classmethod
+    def new(cls, *, request: RunRequest, cases: Sequence, path_names: Iterable[str], policy, extra_code_files=(),
+            command_line: str) -> "Manifest":
+        """A fresh "running" manifest for `cases` (Case objects) under `policy`."""
+        files = code_files(extra_code_files)
+        stamp = now_iso()
+        return cls(
+            run_id=uuid.uuid4().hex, state=RUNNING, request=request, cases=tuple(c.name for c in cases),
+            selection_digest=selection_digest(cases), path_names=tuple(sorted(set(path_names))),
+            policy_source=str(policy.source), policy_digest=policy.digest, code_digest=digest_of(files),
+            code_files=tuple(files.items()), command_line=command_line, started=stamp, updated=stamp,
+        )
+
+    # -- state transitions -----------------------------------------------------------
+
+    def resumed_as(self, new: "Manifest") -> "Manifest":
+        """This run, running again under `new`'s command line (once `differences(new)` is empty)."""
+        stamp = now_iso()
+        return dataclasses.replace(
+            self, state=RUNNING, command_line=new.command_line, updated=stamp, finished="",
+            resumed=self.resumed + (stamp,), rows=None, reason="",
+        )
+
+    def progressed(self, cases_done: int) -> "Manifest":
+        return dataclasses.replace(self, cases_done=cases_done, updated=now_iso())
+
+    def completed(self, rows: int) -> "Manifest":
+        stamp = now_iso()
+        return dataclasses.replace(self, state=COMPLETE, rows=rows, updated=stamp, finished=stamp)
+
+    def interrupted(self, reason: str) -> "Manifest":
+        return dataclasses.replace(self, state=INTERRUPTED, reason=reason, updated=now_iso())
+
+    # -- checks ----------------------------------------------------------------------
+
+    @property
+    def is_complete(self) -> bool:
+        return self.state == COMPLETE and self.cases_done == len(self.cases) and self.rows is not None
+
+    def progress_text(self) -> str:
+        """e.g. "interrupted (SIGINT), 2 of 6 cases done"."""
+        if self.state == RUNNING:
+            state = "running, or killed"  # a kill -9 cannot update the manifest
+        else:
+            state = self.state + (f" ({self.reason})" if self.reason else "")
+        return f"{state}, {self.cases_done} of {len(self.cases)} cases done"
+
+    def resume_command(self) -> str:
+        """The command that finishes this run."""
+        command = self.command_line
+        return command if "--resume" in command.split() else f"{command} --resume"
+
+    def require_complete(self, where: str) -> None:
+        """ManifestError (one line) unless the run finished."""
+        if self.is_complete:
+            return
+        raise ManifestError(
+            f"{where} holds an unfinished run ({self.progress_text()}); its rows are partial. "
+            f"Finish it with `{self.resume_command()}` or rerun it"
+        )
+
+    def changed_project_files(self) -> list[str]:
+        """Files under `CODE_DIRS` whose content differs now from when this run was made."""
+        recorded = {k: v for k, v in self.code_files if k.split("/", 1)[0] in CODE_DIRS}
+        current = project_code_files()
+        return sorted(k for k in recorded.keys() | current.keys() if recorded.get(k) != current.get(k))
+
+    def differences(self, other: "Manifest") -> list[str]:
+        """Why `other` (a new request) is not this run: one phrase per difference, [] if none."""
+        found = []
+        if self.cases != other.cases:
+            removed = [c for c in self.cases if c not in other.cases]
+            added = [c for c in other.cases if c not in self.cases]
+            parts = [f"{len(self.cases)} -> {len(other.cases)} cases"]
+            parts += [f"{label} {_few(names)}" for label, names in (("dropped", removed), ("added", added)) if names]
+            if not removed and not added:
+                parts.append("same cases in another order")
+            found.append("cases: " + ", ".join(parts))
+        elif self.selection_digest != other.selection_digest:
+            found.append("case specs differ under the same names (an edited case file?)")
+        request_fields = ("seed", "paths", "implementations", "lowering")
+        for name in request_fields:
+            before, after = getattr(self.request, name), getattr(other.request, name)
+            if before != after:
+                found.append(f"{name}: {_show(before)} -> {_show(after)}")
+        if self.policy_digest != other.policy_digest:
+            found.append(
+                f"policy: {self.policy_source} ({self.policy_digest[:SHORT_DIGEST]}) -> "
+                f"{other.policy_source} ({other.policy_digest[:SHORT_DIGEST]})"
+            )
+        if self.code_digest != other.code_digest:
+            before, after = dict(self.code_files), dict(other.code_files)
+            changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+            found.append(f"code under test: {_few(changed)} changed")
+        return found
+
+    # -- JSON ------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["request"] = self.request.to_json()
+        data["code_files"] = dict(self.code_files)
+        return {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **data}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "Manifest":
+        """Parse a manifest document; ManifestError naming `where` if it is not one."""
+        problem = format_problem(data, name=MANIFEST_FORMAT, version=MANIFEST_VERSION, what="manifest")
+        if problem:
+            raise ManifestError(f"{where}: {problem}")
+        try:
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+            fields["request"] = RunRequest.from_json(fields["request"])
+            for name in ("cases", "path_names", "resumed"):
+                fields[name] = tuple(str(v) for v in fields[name])
+            fields["code_files"] = tuple(sorted((str(k), str(v)) for k, v in dict(fields["code_files"]).items()))
+            manifest = cls(**fields)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
+        if manifest.state not in STATES:
+            raise ManifestError(f"{where}: unknown run state {manifest.state!r} (expected one of {STATES})")
+        return manifest
+
+    def identity(self) -> dict:
+        """A few flat fields naming this run, for the reports' environment block."""
+        return {
+            "run_id": self.run_id,
+            "run_state": self.state,
+            "run_cases": len(self.cases),
+            "selection_digest": self.selection_digest,
+            "code_digest": self.code_digest,
+        }
+
+
+def format_problem(document: Any, *, name: str, version: int, what: str) -> str:
+    """Why `document` is not a JSON document of format `name`, `version` ("" if it is one)."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        return f"not an mhc-parity {what} (no format={name!r})"
+    if document.get("format_version") != version:
+        return f"{what} format version {document.get('format_version')!r} is not supported (expected {version})"
+    return ""
+
+
+def _few(names: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return repr(value)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def manifest_path(folder: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(folder) / MANIFEST_FILE
+
+
+def write_manifest(folder: pathlib.Path, manifest: Manifest) -> pathlib.Path:
+    """Write `folder/manifest.json` atomically (a reader sees the old or the new one)."""
+    path = manifest_path(folder)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        json.dump(manifest.to_json(), handle, indent=1)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(folder: pathlib.Path) -> Manifest | None:
+    """The folder's manifest, None if it has none; ManifestError if it cannot be read."""
+    path = manifest_path(folder)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: unreadable manifest ({exc})") from None
+    return Manifest.from_json(data, str(path))

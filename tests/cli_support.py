@@ -1,0 +1,63 @@
+"""Running the parity CLI in a subprocess, as a user does, on the cheapest cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# The kernels reject embedding 96 before compiling anything (an expected-unsupported
+# case), so only the reference path and the oracle run: the cheapest registry case.
+REFERENCE_ONLY_CASE = "lite-n4-c96-b2s64-f32-w32-identity-default"
+
+# Small cases (fast to compile in interpret mode): two unsharded, one on a 2x4 mesh.
+CASE_FILE = """
+[defaults]
+batch = 1
+sequence = 16
+streams = 2
+embedding = 128
+dtype = "float32"
+
+[[case]]
+name = "cli-a-f32"
+
+[[case]]
+name = "cli-b-bf16"
+dtype = "bf16"
+branch = "tanh"
+
+[[case]]
+name = "cli-c-sharded"
+batch = 2
+sequence = 32
+mesh = [2, 4]
+block_tokens = 8
+"""
+CASE_NAMES = ("cli-a-f32", "cli-b-bf16", "cli-c-sharded")
+TIMING_COLUMNS = ("compile_s", "execute_s")
+
+
+def harness_command(*args) -> list[str]:
+    return [sys.executable, "-m", "harness", *map(str, args)]
+
+
+def run_cli(*args, timeout=600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m harness ARGS` from the project root; its output captured."""
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(harness_command(*args), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def load_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    """Rows with the timing columns dropped, sorted by identity: what two runs must agree on."""
+    kept = [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
+    return sorted(kept, key=lambda r: (r["case"], r["candidate"], r["partner"], r["leaf"]))

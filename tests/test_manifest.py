@@ -1,0 +1,125 @@
+"""harness.manifest and what trusts it (reports.sources): states, differences, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cases.catalogue import make_case
+from harness.manifest import (
+    COMPLETE, INTERRUPTED, RUNNING, Manifest, ManifestError, RunRequest, read_manifest, write_manifest,
+)
+from harness.policy import load_policy
+from reports import ReportInputError, load_run
+from reports.samples import sample_rows, write_sample_run
+
+CASES = [make_case(streams=3, batch=1, sequence=32), make_case(batch=2, sequence=64, mesh=(2, 4), block_tokens=8)]
+
+
+def request(**changes) -> RunRequest:
+    fields = dict(suite=None, case_globs=None, tags=None, dtype=None, case_files=(), seed=None, paths=("*",),
+                  implementations=(), lowering=True)
+    return RunRequest(**{**fields, **changes})
+
+
+def manifest(cases=CASES, **changes) -> Manifest:
+    return Manifest.new(request=request(**changes), cases=cases, path_names=["reference/unsharded"],
+                        policy=load_policy(), command_line="python -m harness run --out x")
+
+
+def test_a_manifest_round_trips_through_its_file(tmp_path):
+    made = manifest().progressed(1)
+    write_manifest(tmp_path, made)
+    assert read_manifest(tmp_path) == made
+    assert read_manifest(tmp_path / "elsewhere") is None
+    (tmp_path / "manifest.json").write_text('{"format": "something else"}')
+    with pytest.raises(ManifestError, match="not an mhc-parity manifest"):
+        read_manifest(tmp_path)
+
+
+def test_states_running_interrupted_complete():
+    running = manifest()
+    assert running.state == RUNNING and not running.is_complete
+    with pytest.raises(ManifestError, match=r"running, or killed, 0 of 2 cases done.*--out x --resume"):
+        running.require_complete("out/parity")
+    stopped = running.progressed(1).interrupted("SIGINT")
+    assert stopped.state == INTERRUPTED
+    with pytest.raises(ManifestError, match=r"interrupted \(SIGINT\), 1 of 2 cases done"):
+        stopped.require_complete("out/parity")
+    done = running.progressed(2).completed(rows=40)
+    assert done.state == COMPLETE and done.is_complete and done.rows == 40
+    done.require_complete("out/parity")
+    again = done.resumed_as(manifest())
+    assert again.state == RUNNING and again.run_id == done.run_id and len(again.resumed) == 1
+
+
+def test_differences_name_what_changed():
+    base = manifest()
+    assert base.differences(manifest()) == []
+    other = manifest(cases=CASES[:1], paths=("interpret/*",), seed=3)
+    found = " | ".join(base.differences(other))
+    assert "cases: 2 -> 1 cases, dropped" in found
+    assert "paths: ['*'] -> ['interpret/*']" in found and "seed: None -> 3" in found
+    edited = [dataclasses.replace(CASES[0], batch=2), CASES[1]]  # same name, another spec
+    assert base.differences(manifest(cases=edited)) == ["case specs differ under the same names (an edited case file?)"]
+    files = dict(base.code_files)
+    files["mhc/layer.py"] = "0" * 64
+    changed = dataclasses.replace(base, code_files=tuple(files.items()), code_digest="x")
+    assert base.differences(changed) == ["code under test: mhc/layer.py changed"]
+    assert changed.changed_project_files() == ["mhc/layer.py"]
+    assert base.changed_project_files() == []
+
+
+def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
+    module = tmp_path / "my_impl.py"
+    module.write_text("x = 1\n")
+    with_external = Manifest.new(request=request(), cases=CASES, path_names=[], policy=load_policy(),
+                                 extra_code_files=[module], command_line="")
+    keys = dict(with_external.code_files)
+    assert {"mhc/layer.py", "cases/spec.py", "harness/runner.py"} <= set(keys)
+    assert module.resolve().as_posix() in keys
+    assert with_external.code_digest != manifest().code_digest
+
+
+# ----------------------------------------------------------------------------- reports.sources
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    rows = [r for r in sample_rows() if r["verdict"] == "pass"]
+    write_sample_run(rows, tmp_path / "run", rendered=False)
+    return tmp_path / "run"
+
+
+def test_a_complete_folder_loads_with_its_manifest(run_folder):
+    run = load_run(run_folder, require_current_code=True)
+    assert run.manifest.is_complete and len(run) == run.manifest.rows
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda folder: (folder / "manifest.json").unlink(), "no manifest.json"),
+    (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), state=RUNNING)),
+     "unfinished run"),
+    (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), run_id="newer")),
+     "stale report"),
+    (lambda folder: (folder / "report.json").unlink(), "report.json is missing"),
+    (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), rows=1)),
+     "disagree about run"),
+], ids=["no-manifest", "running", "another-run", "no-report", "row-count"])
+def test_a_folder_that_is_not_one_complete_run_is_refused(run_folder, spoil, message):
+    spoil(run_folder)
+    with pytest.raises(ReportInputError, match=message):
+        load_run(run_folder)
+
+
+def test_a_report_json_carries_its_manifest_and_is_refused_without_one(run_folder, tmp_path):
+    copied = tmp_path / "copy.json"  # a report copied away from its folder still proves itself
+    copied.write_text((run_folder / "report.json").read_text())
+    assert load_run(copied).manifest.is_complete
+    document = json.loads(copied.read_text())
+    del document["manifest"]
+    copied.write_text(json.dumps(document))
+    with pytest.raises(ReportInputError, match="carries no run manifest"):
+        load_run(copied)

@@ -11,7 +11,9 @@ slip of thought is unlikely to be reproduced.
 
 Inputs are the *already dtype-rounded* arrays a path receives, upcast to float64, so
 the oracle measures the arithmetic of a path, not the rounding of its inputs.
-Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients.
+Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients, on the host
+CPU whatever the default backend (`oracle_device`: TPUs have no float64), with every
+matmul at `Precision.HIGHEST`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ _WEIGHT_NAMES = (
 )
 
 BranchApply = Callable[[Mapping[str, Any], jax.Array], jax.Array]
+# Float64 on the host CPU: full precision, whatever a case's matmul_precision (that
+# enters only through the rounding model). What `mhc.precision.dot_precision` gives
+# float64; spelled out here because the oracle imports nothing from `mhc`.
+_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def oracle_device():
+    """The device the oracle computes on: the host's first CPU device."""
+    return jax.devices("cpu")[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,13 +185,13 @@ def _coefficients(x, w, config, r=_exact):
     v = x.reshape(batch, seq, -1)
     inv_rms = r(1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon))
     normed = r(v * inv_rms * w["norm_scale"])
-    h_pre = r(_sigmoid(r(w["pre_scale"] * r(normed @ w["pre_alpha"]) + w["pre_bias"])) + config.pre_epsilon)
-    h_post = r(2.0 * _sigmoid(r(w["post_scale"] * r(normed @ w["post_alpha"]) + w["post_bias"])))
-    z_res = r(w["res_scale"] * r(normed @ w["res_alpha"]))
+    h_pre = r(_sigmoid(r(w["pre_scale"] * r(jnp.matmul(normed, w["pre_alpha"], precision=_PRECISION)) + w["pre_bias"])) + config.pre_epsilon)
+    h_post = r(2.0 * _sigmoid(r(w["post_scale"] * r(jnp.matmul(normed, w["post_alpha"], precision=_PRECISION)) + w["post_bias"])))
+    z_res = r(w["res_scale"] * r(jnp.matmul(normed, w["res_alpha"], precision=_PRECISION)))
     if config.variant == "lite":
         z = r(z_res + w["res_bias"])
         a = r(_softmax(z, r))
-        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n))))
+        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n)), precision=_PRECISION))
     else:
         z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"])
         h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations))
@@ -189,13 +200,13 @@ def _coefficients(x, w, config, r=_exact):
 
 def _pre(x, w, config, r=_exact):
     h_pre, h_post, h_res = _coefficients(x, w, config, r)
-    layer_input = r(jnp.einsum("bsn,bsnc->bsc", h_pre, x))
+    layer_input = r(jnp.einsum("bsn,bsnc->bsc", h_pre, x, precision=_PRECISION))
     return layer_input, (h_pre, h_post, h_res)
 
 
 def _post(layer_output, x, coeffs, r=_exact):
     _, h_post, h_res = coeffs
-    return r(r(jnp.einsum("bsij,bsic->bsjc", h_res, x)) + h_post[..., None] * layer_output[..., None, :])
+    return r(r(jnp.einsum("bsij,bsic->bsjc", h_res, x, precision=_PRECISION)) + h_post[..., None] * layer_output[..., None, :])
 
 
 @functools.lru_cache(maxsize=None)
@@ -255,7 +266,7 @@ def run_oracle(
     rounding of a dtype with that unit roundoff moves each leaf.
     """
     seed, unit_roundoff = rounding_noise or (0, 0.0)
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
@@ -274,7 +285,7 @@ def run_oracle(
 
 def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array], config) -> dict[str, np.ndarray]:
     """Forward values only (float64), for tests that need no gradients."""
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         layer_input, coeffs = _pre(x64, w64, config)

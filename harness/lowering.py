@@ -2,8 +2,10 @@
 
 One row per kernel program (`pre_forward`, `post_forward`, `pre_backward`,
 `post_backward`), unsharded and — when the case has a mesh — token-sharded on an
-abstract TPU mesh of the case's shape. The row's leaf is the program name; `pass`
-means the program lowered to a Mosaic custom call, `fail` carries the lowering error.
+abstract TPU mesh of the case's shape, at the case's requested matmul precision (the
+TPU's meaning of it). The row's leaf is the program name; `pass` means the program
+lowered to a Mosaic custom call, `fail` carries the lowering error. Nothing runs, so
+the `devices` column stays empty.
 """
 
 from __future__ import annotations
@@ -60,5 +62,6 @@ def lowering_rows(case) -> Iterator[dict]:
                 case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
                 reason=reason, leaf=result.program,
             )
-            row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
+            row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds,
+                       matmul_precision=case.matmul_precision)
             yield row

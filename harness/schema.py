@@ -86,6 +86,11 @@ ROW_COLUMNS = (
     # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
     "compile_s",
     "execute_s",
+    # where and how the candidate ran: the matmul precision it effectively ran at (see
+    # mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
+    # and its devices (e.g. "cpu:0-7"; "" if it did not run; see harness.devices)
+    "matmul_precision",
+    "devices",
 )
 
 FLOAT_COLUMNS = (

@@ -128,7 +128,7 @@ def _command_run(args) -> int:
         progress.finish(case, case_rows)
     progress.close()
 
-    metadata = run_metadata()
+    metadata = run_metadata(cases)
     metadata.update(
         command_line=" ".join(sys.argv),
         start_time=started.isoformat(timespec="seconds"),

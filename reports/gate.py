@@ -25,9 +25,11 @@ version moves it by about one ulp; a floor of 2 ulps and a factor of 2 tolerate 
 but catch "bfloat16 gradients became 3× worse" even while inside the policy bound.
 
 `main` implements `python -m harness gate --baseline B --current C
-[--growth-factor F] [--noise-floor-ulps U] [--markdown OUT] [--allow-policy-change]`:
+[--growth-factor F] [--noise-floor-ulps U] [--markdown OUT] [--allow-policy-change]
+[--allow-precision-change]`:
 exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
-mismatched baseline or current run).
+mismatched baseline or current run — including runs made under another tolerance
+policy or at another matmul precision, see `reports.environment`, unless allowed).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from reports.drift import (
     gate_frame,
     index_by_key,
 )
+from reports.environment import precision_conflicts, run_precision
 from reports.rows import ReportInputError, format_number, unwrap_run
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
@@ -331,7 +334,30 @@ def build_parser(prog: str = "python -m harness gate") -> argparse.ArgumentParse
         action="store_true",
         help="compare even if the baseline was produced under a different tolerance policy",
     )
+    parser.add_argument(
+        "--allow-precision-change",
+        action="store_true",
+        help="compare even if the baseline ran its matmuls at another precision (or on a backend "
+        "where a precision setting means another rounding)",
+    )
     return parser
+
+
+def _precision_refusal(baseline, current) -> str:
+    """The one-line refusal when the runs' matmul precisions conflict, else ""."""
+    base, now = run_precision(baseline), run_precision(current)
+    try:
+        conflicts = precision_conflicts(base, now)
+    except ReportInputError as exc:
+        return f"gate: cannot compare matmul precisions: {exc}"
+    if not conflicts:
+        return ""
+    where = lambda run: run.metadata.get("backend") or "unrecorded backend"  # noqa: E731
+    return (
+        f"gate: baseline {baseline.source} ran its matmuls at {base} ({where(baseline)}), the current run "
+        f"at {now} ({where(current)}); make a baseline at this precision on this kind of backend "
+        "(or pass --allow-precision-change)"
+    )
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness gate") -> int:
@@ -374,6 +400,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness ga
             file=sys.stderr,
         )
         return 2
+    refusal = _precision_refusal(baseline, current)
+    if refusal and not args.allow_precision_change:
+        print(refusal, file=sys.stderr)
+        return 2
     try:
         result = gate(
             baseline.frame,
@@ -387,6 +417,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness ga
     print(result.table())
     if baseline.policy_hash is None or current.policy_hash is None:
         print("(policy hash not recorded on both sides; policy match not checked)")
+    if run_precision(baseline) is None or run_precision(current) is None:
+        print("(matmul precision not recorded on both sides; precision match not checked)")
     if args.markdown:
         out = Path(args.markdown)
         out.parent.mkdir(parents=True, exist_ok=True)

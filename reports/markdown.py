@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
 # Metadata keys shown in the one-line environment footer, when present.
-ENVIRONMENT_KEYS = ("git_commit", "backend", "device_kind", "device_count", "jax_version")
+ENVIRONMENT_KEYS = ("git_commit", "backend", "device_kind", "device_count", "matmul_precision", "jax_version")
 
 
 def md_cell(value: Any, limit: int = MAX_CELL_CHARS) -> str:

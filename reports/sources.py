@@ -32,7 +32,7 @@ class LoadedRun:
     frame: pd.DataFrame
     source: Path
     policy_hash: str | None
-    metadata: dict
+    metadata: dict  # a report's run metadata; a baseline's header environment
     is_baseline: bool
 
     def __len__(self) -> int:
@@ -82,7 +82,7 @@ def load_run(path: str | Path) -> LoadedRun:
         raise ReportInputError(f"{path}: no such file or folder")
     if is_baseline_file(path):
         baseline = load_baseline(path)
-        return LoadedRun(baseline.frame, path, baseline.policy_hash, {}, True)
+        return LoadedRun(baseline.frame, path, baseline.policy_hash, dict(baseline.environment), True)
     if path.suffix.lower() == ".json":
         frame, metadata = load_report_json(path)
         return LoadedRun(frame, path, _policy_hash(metadata), metadata, False)

@@ -35,6 +35,12 @@ def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
 
 def lowering_rows(case) -> Iterator[dict]:
     """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded."""
+    for row in _rows(case):
+        row["matmul_precision"] = case.matmul_precision  # the precision the programs were lowered at
+        yield row
+
+
+def _rows(case) -> Iterator[dict]:
     import jax.numpy as jnp
 
     meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
@@ -62,6 +68,5 @@ def lowering_rows(case) -> Iterator[dict]:
                 case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
                 reason=reason, leaf=result.program,
             )
-            row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds,
-                       matmul_precision=case.matmul_precision)
+            row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
             yield row

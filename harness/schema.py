@@ -93,6 +93,10 @@ ROW_COLUMNS = (
     "devices",
 )
 
+# Columns added after the first schema: a row file written before them lacks them and
+# is read with them empty (reports.rows), so older runs stay readable.
+LATER_COLUMNS = ("matmul_precision", "devices")
+
 FLOAT_COLUMNS = (
     "max_abs_err",
     "max_rel_err",

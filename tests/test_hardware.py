@@ -52,25 +52,20 @@ def _assert_kernels_match(case: Case, kernel_impl, *, platform: str) -> None:
     assert {r["devices"].split(":")[0] for r in kernel_rows} == {platform}
 
 
-@pytest.mark.tpu
+# The kernel path each kind of hardware checks, with its marker.
+HARDWARE = [
+    pytest.param(MOSAIC, "tpu", marks=pytest.mark.tpu, id="mosaic-on-tpu"),
+    pytest.param(INTERPRET, "gpu", marks=pytest.mark.gpu, id="interpret-on-gpu"),
+]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mosaic_kernels_match_the_reference_unsharded(dtype):
-    _assert_kernels_match(_case(dtype), MOSAIC, platform="tpu")
+@pytest.mark.parametrize("kernel_impl, platform", HARDWARE)
+def test_kernels_match_the_reference_unsharded(kernel_impl, platform, dtype):
+    _assert_kernels_match(_case(dtype), kernel_impl, platform=platform)
 
 
-@pytest.mark.tpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mosaic_kernels_match_the_reference_token_sharded(dtype):
-    _assert_kernels_match(_case(dtype, _token_mesh()), MOSAIC, platform="tpu")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_interpret_kernels_on_a_gpu_match_the_reference_unsharded(dtype):
-    _assert_kernels_match(_case(dtype), INTERPRET, platform="gpu")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_interpret_kernels_on_a_gpu_match_the_reference_token_sharded(dtype):
-    _assert_kernels_match(_case(dtype, _token_mesh()), INTERPRET, platform="gpu")
+@pytest.mark.parametrize("kernel_impl, platform", HARDWARE)
+def test_kernels_match_the_reference_token_sharded(kernel_impl, platform, dtype):
+    _assert_kernels_match(_case(dtype, _token_mesh()), kernel_impl, platform=platform)

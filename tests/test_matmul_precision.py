@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from cases.branches import BRANCHES
 from cases.fixtures import make_fixture
 from cases.spec import Case
-from harness.devices import path_placement
+from harness.devices import host_fallback, path_placement
 from harness.implementations import INTERPRET, REFERENCE
 from harness.paths import Path, _build_program, _place
 from jaxpr_audit import dot_sites, implicit_precision_dots, trace
@@ -53,7 +53,7 @@ def _assert_all_dots_state(jaxpr, setting: str, *, minimum: int = 1) -> list:
 
 def _nested_program(precision):
     """jit → shard_map → custom_vjp → pallas_call(kernel with one dot at `precision`)."""
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("data",))
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:2]), ("data",))
 
     def kernel(a_ref, b_ref, o_ref):
         o_ref[...] = jnp.dot(a_ref[...], b_ref[...], precision=precision)
@@ -100,7 +100,7 @@ def _case(dtype: str, sharded: bool) -> Case:
 def _harness_program(impl, mesh, dtype: str, setting: str):
     """The harness's forward+VJP program of a path, with its placed fixture arguments."""
     case = _case(dtype, mesh is not None)
-    path = Path(impl, mesh)
+    path = Path(impl, mesh, host=mesh is not None and host_fallback(mesh[0] * mesh[1]))
     placement = path_placement(path)
     return _build_program(path, case, placement, setting), *_place(make_fixture(case), path, placement)
 

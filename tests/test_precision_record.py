@@ -130,6 +130,7 @@ def test_toml_case_files_accept_and_check_the_precision(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU's default precision is what this checks")
 def test_a_default_precision_case_runs_as_highest_on_the_cpu_and_says_so():
     highest = Case(name="prec-highest", branch="mlp", **BASE)
     default = highest.replace(name="prec-default", matmul_precision="default")
@@ -147,13 +148,18 @@ def test_a_default_precision_case_runs_as_highest_on_the_cpu_and_says_so():
 
 
 def test_run_metadata_records_backend_device_and_precision():
-    default = Case(name="m", matmul_precision="default", **BASE)
+    device = jax.devices()[0]
+    rounding = {s: operand_rounding(s, device.platform, precision.device_compute_capability(device)).name
+                for s in precision.MATMUL_PRECISIONS}
     plain = run_metadata()
-    assert plain["backend"] == "cpu" and plain["device_kind"] == "cpu" and plain["host_cpu_devices"] == 8
-    assert plain["matmul_precision"] == "highest=float32" and "matmul_precision_note" not in plain
-    mixed = run_metadata([default, Case(name="h", **BASE)])
-    assert mixed["matmul_precision"] == "default=float32,highest=float32"
-    assert mixed["matmul_precision_note"].startswith("default ran as highest: on cpu (cpu)")
+    assert plain["backend"] == jax.default_backend() and plain["device_kind"] == device.device_kind
+    assert plain["host_cpu_devices"] == 8
+    assert plain["matmul_precision"] == f"highest={rounding['highest']}"
+    mixed = run_metadata([Case(name="m", matmul_precision="default", **BASE), Case(name="h", **BASE)])
+    assert mixed["matmul_precision"] == f"default={rounding['default']},highest={rounding['highest']}"
+    assert "matmul_precision_note" not in plain
+    if device.platform == "cpu":
+        assert mixed["matmul_precision_note"].startswith("default ran as highest: on cpu (cpu)")
 
 
 # ------------------------------------------------------------------- baseline and gate
@@ -223,3 +229,16 @@ def test_a_legacy_baseline_gates_a_cpu_run_but_refuses_a_tpu_one(tmp_path, capsy
     tpu = _report(tmp_path, "tpu", backend="tpu", matmul_precision="highest=bfloat16x6")
     assert gate_main(["--baseline", str(legacy), "--current", str(tpu)]) == 2
     assert "--allow-precision-change" in capsys.readouterr().err
+
+
+def test_rows_written_before_the_precision_and_devices_columns_stay_readable(tmp_path):
+    from harness.schema import LATER_COLUMNS, ROW_COLUMNS
+
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(
+        pd.Series({k: v for k, v in r.items() if k not in LATER_COLUMNS}).to_json() + "\n" for r in _passing()))
+    frame = load_run(old).frame
+    assert list(frame.columns) == list(ROW_COLUMNS)
+    assert set(frame["matmul_precision"]) == set(frame["devices"]) == {""}
+    with pytest.raises(Exception, match="unknown columns \\['extra'\\]"):
+        to_frame([{**_passing()[0], "extra": 1}])

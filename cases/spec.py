@@ -310,8 +310,9 @@ class Case:
         """Explicit tags followed by tags derived from the fields, without repeats.
 
         Derived: activation dtype (``f32``/``bf16``), weight dtype (``w32``/``wbf16``),
-        variant, branch, init family, ``sharded``/``unsharded`` and, for expected
-        failures, ``unsupported``. `select(tags=...)` matches against these.
+        variant, branch, init family, ``sharded``/``unsharded``, ``matmul_default`` for
+        a non-default matmul precision and, for expected failures, ``unsupported``.
+        `select(tags=...)` matches against these.
         """
         derived = [
             _DTYPE_SHORT[self.dtype],
@@ -321,6 +322,8 @@ class Case:
             self.init,
             "sharded" if self.is_sharded else "unsharded",
         ]
+        if self.matmul_precision != MATMUL_PRECISIONS[0]:
+            derived.append(f"matmul_{self.matmul_precision}")
         if self.expects_unsupported:
             derived.append("unsupported")
         return tuple(dict.fromkeys(self.tags + tuple(derived)))

@@ -94,6 +94,7 @@ def test_the_precision_is_an_optional_case_field_named_only_when_not_the_default
     twin = case.replace(name="c-default", matmul_precision="default")
     assert twin.mhc_config().matmul_precision == "default"
     assert twin.describe()["precision"] == "default"
+    assert "matmul_default" in twin.all_tags and not any(t.startswith("matmul") for t in case.all_tags)
     assert cache_key(twin) == cache_key(case)  # the fixture's data key is unaffected
     names = dict(variant="lite", streams=2, embedding=128, batch=1, sequence=16, dtype="float32",
                  weight_dtype="float32", branch="mlp", init="default")

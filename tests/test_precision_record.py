@@ -7,7 +7,6 @@ to compare runs made at different precisions.
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 
 import jax

@@ -1,8 +1,15 @@
 # The two commands a user needs are `make parity` and `make test`; both bootstrap .venv.
+# On an accelerator add its extra: `make parity EXTRAS=tpu` (TPU VM), EXTRAS=cuda (NVIDIA GPU).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+EXTRAS ?=
+comma  := ,
+ifneq ($(filter-out tpu cuda,$(subst $(comma), ,$(EXTRAS))),)
+$(error EXTRAS must be empty, tpu or cuda (the accelerator extras of pyproject.toml), got '$(EXTRAS)')
+endif
+# One stamp per set of extras, so a different EXTRAS installs again.
+STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 OUT    ?= out/parity
 SUITE  ?= default
 BASELINE ?= baselines/default.csv
@@ -11,16 +18,17 @@ SWEEP_OUT  ?= out/sweep
 SEEDS      ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: setup test parity baseline gate faults sweep bench clean
+.PHONY: setup test parity baseline gate faults sweep bench accelerator-check clean
 
 setup: $(STAMP)
 
-# Reinstall whenever the pinned dependency list changes.
+# Reinstall whenever the pinned dependency list (or EXTRAS) changes. Extras only add
+# packages: installing without them later does not remove an accelerator's plugin.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mhc-parity needs Python >= 3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)
 
 test: setup
@@ -49,6 +57,10 @@ sweep: setup
 # harness overhead, and peak memory (targets: cold < 5 min, warm < 90 s, overhead < 10%).
 bench: setup
 	$(PY) bench/parity_bench.py --suite $(SUITE)
+
+# On a TPU VM or GPU machine: install its extra, smoke suite + hardware tests, one line per path.
+accelerator-check:
+	$(if $(EXTRAS),EXTRAS=$(EXTRAS) )bench/accelerator_check.sh
 
 clean:
 	rm -rf $(VENV) out .cache .pytest_cache

@@ -10,8 +10,14 @@ from harness.env import ensure_host_devices
 # 8 simulated devices and no excess precision, before any test module imports JAX.
 ensure_host_devices()
 
+# One marker per kind of hardware: such a test is skipped, with the reason, unless JAX's
+# default backend is that platform.
+HARDWARE_MARKERS = {
+    "tpu": "needs a TPU backend (Mosaic-compiled kernels); skipped elsewhere",
+    "gpu": "needs a GPU backend; skipped elsewhere",
+}
 MARKERS = {
-    "tpu_only": "needs a real TPU backend; skipped elsewhere",
+    **HARDWARE_MARKERS,
     "slow": "takes more than a few seconds",
     "sharded": "runs token-sharded on the 8 simulated host devices",
     "browser": "renders a page in headless Chromium",
@@ -29,15 +35,16 @@ def pytest_collection_modifyitems(config, items):
     try:
         import jax
 
-        on_tpu = jax.default_backend() == "tpu"
+        backend = jax.default_backend()
     except Exception:  # pragma: no cover - jax missing is reported by the tests themselves
-        on_tpu = False
-    if on_tpu:
-        return
-    skip_tpu = pytest.mark.skip(reason="needs a TPU backend (jax.default_backend() != 'tpu')")
-    for item in items:
-        if "tpu_only" in item.keywords:
-            item.add_marker(skip_tpu)
+        backend = "unavailable"
+    for marker in HARDWARE_MARKERS:
+        if marker == backend:
+            continue
+        skip = pytest.mark.skip(reason=f"needs a {marker} backend; jax.default_backend() is {backend!r}")
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 # The parity matrix as tests (see harness/pytest_plugin.py).
 pytest_plugins = ["harness.pytest_plugin"]

@@ -5,7 +5,7 @@
     python -m cases families
 
 `list` prints one row per selected case (name, shape, dtypes, variant, branch, init,
-mesh, blocks, tags, expectation) and the count; `suites` prints every suite with its
+mesh, blocks, matmul precision, tags, expectation) and the count; `suites` prints every suite with its
 case count and description; `families` prints each init family and what it stresses.
 Exit status 2 on a usage error (unknown suite/case, malformed case file).
 """
@@ -16,7 +16,7 @@ import argparse
 import sys
 
 COLUMNS = ("name", "shape", "tokens", "dtype", "weights", "variant", "branch", "init", "mesh", "blocks",
-           "tags", "expect")
+           "precision", "tags", "expect")
 
 
 def format_table(rows: list[dict[str, str]], columns=COLUMNS) -> str:

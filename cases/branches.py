@@ -6,11 +6,13 @@ shape and dtype. Each branch has
 - ``init(rng, embedding) -> dict[str, np.ndarray]``: float64 master parameters (empty for
   parameter-free branches), drawn only with `cases.random_streams.normalish` so they are
   bit-identical on every machine;
-- ``apply(params, h) -> array``: written in `jax.numpy` and dtype-polymorphic. Parameters
-  are cast to h's dtype inside; matmuls accumulate in ``promote_types(h.dtype, float32)``
-  (float32 for bfloat16/float32 inputs, float64 for the oracle's float64 inputs), and the
-  result is cast back to h's dtype. The float64 oracle therefore runs the very same
-  function on float64 arrays, and a branch parameter's gradient is a leaf like any weight.
+- ``apply(params, h, matmul_precision="highest") -> array``: written in `jax.numpy` and
+  dtype-polymorphic. Parameters are cast to h's dtype inside; matmuls state their
+  precision and accumulate as `mhc.precision` says for h's dtype (float32 accumulation
+  for bfloat16/float32 inputs; float64 at full precision for the oracle's float64
+  inputs, whatever the setting), and the result is cast back to h's dtype. The float64
+  oracle therefore runs the very same function on float64 arrays, and a branch
+  parameter's gradient is a leaf like any weight.
 """
 
 from __future__ import annotations
@@ -25,21 +27,11 @@ import numpy as np
 
 from cases.names import lookup
 from cases.random_streams import normalish
+from mhc.common import matmul
+from mhc.precision import DEFAULT_MATMUL_PRECISION, accumulation_dtype
 
 # Hidden width of the MLP branch relative to the embedding.
 MLP_HIDDEN_RATIO = 1
-
-
-def _accumulation_dtype(dtype) -> jnp.dtype:
-    """float32 for bfloat16/float32 activations, float64 for float64 (oracle) activations."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def _matmul(a: jax.Array, w: jax.Array, accumulate) -> jax.Array:
-    """a (..., K) @ w (K, N) with `accumulate`-dtype accumulation -> (..., N) in `accumulate`."""
-    return jax.lax.dot_general(
-        a, w.astype(a.dtype), (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=accumulate
-    )
 
 
 def identity_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
@@ -47,7 +39,7 @@ def identity_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndar
     return {}
 
 
-def identity_apply(params: dict, h: jax.Array) -> jax.Array:
+def identity_apply(params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> jax.Array:
     """h unchanged: (..., C) -> (..., C), same dtype."""
     return h
 
@@ -57,9 +49,9 @@ def tanh_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]
     return {}
 
 
-def tanh_apply(params: dict, h: jax.Array) -> jax.Array:
+def tanh_apply(params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> jax.Array:
     """tanh(h) evaluated in the accumulation dtype, cast back: (..., C) -> (..., C)."""
-    return jnp.tanh(h.astype(_accumulation_dtype(h.dtype))).astype(h.dtype)
+    return jnp.tanh(h.astype(accumulation_dtype(h.dtype))).astype(h.dtype)
 
 
 def mlp_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
@@ -87,17 +79,18 @@ def _no_params(embedding: int) -> dict[str, tuple[int, ...]]:
     return {}
 
 
-def mlp_apply(params: dict, h: jax.Array) -> jax.Array:
+def mlp_apply(params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> jax.Array:
     """silu(h @ w_in + b_in) @ w_out + b_out: (..., C) -> (..., C) in h's dtype.
 
-    Matmul operands in h's dtype with wider accumulation; bias adds and the activation
-    in the accumulation dtype; the hidden activation is cast to h's dtype before the
-    second matmul, as a production MLP in that dtype would.
+    Matmul operands in h's dtype with wider accumulation, at `matmul_precision` (see
+    `mhc.precision`); bias adds and the activation in the accumulation dtype; the
+    hidden activation is cast to h's dtype before the second matmul, as a production
+    MLP in that dtype would.
     """
-    accumulate = _accumulation_dtype(h.dtype)
-    hidden = _matmul(h, params["w_in"], accumulate) + params["b_in"].astype(h.dtype).astype(accumulate)
+    accumulate = accumulation_dtype(h.dtype)
+    hidden = matmul(h, params["w_in"], matmul_precision) + params["b_in"].astype(h.dtype).astype(accumulate)
     hidden = (hidden * jax.nn.sigmoid(hidden)).astype(h.dtype)
-    out = _matmul(hidden, params["w_out"], accumulate) + params["b_out"].astype(h.dtype).astype(accumulate)
+    out = matmul(hidden, params["w_out"], matmul_precision) + params["b_out"].astype(h.dtype).astype(accumulate)
     return out.astype(h.dtype)
 
 
@@ -107,7 +100,8 @@ class Branch:
 
     name: str
     init: Callable[[np.random.Generator, int], dict[str, np.ndarray]]
-    apply: Callable[[dict, jax.Array], jax.Array]
+    # apply(params, h, matmul_precision="highest") -> branch output
+    apply: Callable[..., jax.Array]
     description: str
     param_shapes: Callable[[int], dict[str, tuple[int, ...]]]
     # True when each output element depends on its own input element only: no matmul

@@ -45,6 +45,7 @@ def make_case(
     block_tokens: int | None = None,
     block_tokens_bwd: int | None = None,
     block_features: int | None = None,
+    matmul_precision: str = "highest",
     tags: tuple[str, ...] = (),
     expect_reason: str = "",
 ) -> Case:
@@ -56,6 +57,7 @@ def make_case(
         streams=streams, embedding=embedding, batch=batch, sequence=sequence, dtype=dtype,
         weight_dtype=weight_dtype, variant=variant, branch=branch, init=init, seed=seed, mesh=mesh,
         block_tokens=block_tokens, block_tokens_bwd=block_tokens_bwd, block_features=block_features,
+        matmul_precision=matmul_precision,
     )
     extra = []
     if variant == "sinkhorn":
@@ -158,6 +160,9 @@ def full_only_cases() -> list[Case]:
         make_case(streams=3, batch=2, sequence=256, dtype=F32, branch="mlp", mesh=(2, 4), block_tokens=32),
         make_case(embedding=64, dtype=BF16, expect_reason=REASON_EMBEDDING),
         make_case(batch=3, sequence=40, block_tokens=48, expect_reason=REASON_TOKEN_BLOCK),
+        # the backend's default matmul precision (on a CPU: the same as "highest")
+        make_case(dtype=F32, branch="mlp", matmul_precision="default"),
+        make_case(dtype=BF16, branch="mlp", matmul_precision="default"),
     ]
 
 
@@ -172,6 +177,8 @@ def tpu_cases() -> list[Case]:
         make_case(embedding=1024, batch=8, sequence=1024, dtype=BF16, branch="mlp", mesh=(2, 4), tags=tags),
         make_case(embedding=1024, batch=4, sequence=2048, dtype=BF16, init="bf16_inexact_gates", tags=tags),
         make_case(embedding=1024, batch=4, sequence=2048, dtype=BF16, init="large_magnitude", tags=tags),
+        make_case(embedding=1024, batch=4, sequence=2048, dtype=F32, branch="mlp", matmul_precision="default",
+                  tags=tags),
     ]
 
 

@@ -36,6 +36,8 @@ INIT_FAMILY_NAMES = (  # mirrors cases.init_families.INIT_FAMILIES
 )
 EXPECTATIONS = ("supported", "unsupported")
 MESH_AXES = ("data", "fsdp")
+# mirrors mhc.precision.MATMUL_PRECISIONS (checked by the tests); the first is the default
+MATMUL_PRECISIONS = ("highest", "default")
 
 # Short dtype spellings accepted wherever a user types a dtype (CLI, TOML, select()).
 DTYPE_ALIASES = {
@@ -53,8 +55,9 @@ REFERENCE_ONLY_TAG = "reference_only"  # run on the reference and oracle paths o
 MULTI_BLOCK_TAG = "multi_block"  # block sizes set so the kernels run several grid steps
 TPU_TAG = "tpu"  # only worth running with compiled (Mosaic) kernels
 
-# Fields that determine the fixture's arrays. Name, mesh, block sizes, tags and the
-# expectation do not: a sharded case and its unsharded twin see the same data.
+# Fields that determine the fixture's arrays. Name, mesh, block sizes, matmul precision,
+# tags and the expectation do not: a sharded case and its unsharded twin see the same
+# data, and so do the precisions of one case.
 DATA_FIELDS = (
     "batch",
     "sequence",
@@ -110,13 +113,14 @@ def standard_name(
     block_tokens_bwd: int | None = None,
     block_features: int | None = None,
     seed: int = 0,
+    matmul_precision: str = MATMUL_PRECISIONS[0],
     suffix: str = "",
 ) -> str:
     """The catalogue's descriptive name for a spec, e.g. ``lite-n4-c256-b2s64-bf16-w32-mlp-default``.
 
     Optional parts are appended only when they differ from the default: ``-m2x4``
     (mesh), ``-bt32`` / ``-btb32`` / ``-bf128`` (token, backward-token and feature
-    blocks), ``-s7`` (seed), then ``suffix``.
+    blocks), ``-s7`` (seed), ``-matmul_default`` (matmul precision), then ``suffix``.
     """
     parts = [
         variant,
@@ -138,6 +142,8 @@ def standard_name(
         parts.append(f"bf{block_features}")
     if seed:
         parts.append(f"s{seed}")
+    if matmul_precision != MATMUL_PRECISIONS[0]:
+        parts.append(f"matmul_{matmul_precision}")
     if suffix:
         parts.append(suffix)
     return "-".join(parts)
@@ -161,6 +167,9 @@ class Case:
     seed: non-negative int; with the data fields it determines the fixture bit for bit.
     mesh: None (unsharded only) or (data, fsdp) device counts for the token-sharded paths.
     block_tokens, block_tokens_bwd, block_features: kernel block sizes, None = kernel default.
+    matmul_precision: "highest" (every dot at full float32, the default) or "default"
+      (the backend's default precision: bfloat16 passes on a TPU, TensorFloat-32 on recent
+      NVIDIA GPUs; on a CPU the same as "highest"). See `mhc.precision`.
     tags: explicit tags (see also `all_tags`, which adds tags derived from the fields).
     expect: "supported" | "unsupported" — what the kernel paths should do with the case.
     expect_reason: for "unsupported", a substring of the expected UnsupportedInputError
@@ -184,6 +193,7 @@ class Case:
     block_tokens: int | None = None
     block_tokens_bwd: int | None = None
     block_features: int | None = None
+    matmul_precision: str = MATMUL_PRECISIONS[0]
     tags: tuple[str, ...] = ()
     expect: str = "supported"
     expect_reason: str = ""
@@ -234,6 +244,8 @@ class Case:
             value = getattr(self, field)
             if value is not None and (not _is_int(value) or value < 1):
                 yield bad(field, "must be None (kernel default) or a positive integer")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            yield bad("matmul_precision", f"must be one of {MATMUL_PRECISIONS}")
         if not isinstance(self.tags, tuple) or not all(
             isinstance(t, str) and _TAG_PATTERN.match(t) for t in self.tags
         ):
@@ -298,8 +310,9 @@ class Case:
         """Explicit tags followed by tags derived from the fields, without repeats.
 
         Derived: activation dtype (``f32``/``bf16``), weight dtype (``w32``/``wbf16``),
-        variant, branch, init family, ``sharded``/``unsharded`` and, for expected
-        failures, ``unsupported``. `select(tags=...)` matches against these.
+        variant, branch, init family, ``sharded``/``unsharded``, ``matmul_default`` for
+        a non-default matmul precision and, for expected failures, ``unsupported``.
+        `select(tags=...)` matches against these.
         """
         derived = [
             _DTYPE_SHORT[self.dtype],
@@ -309,6 +322,8 @@ class Case:
             self.init,
             "sharded" if self.is_sharded else "unsharded",
         ]
+        if self.matmul_precision != MATMUL_PRECISIONS[0]:
+            derived.append(f"matmul_{self.matmul_precision}")
         if self.expects_unsupported:
             derived.append("unsupported")
         return tuple(dict.fromkeys(self.tags + tuple(derived)))
@@ -328,7 +343,10 @@ class Case:
         """`mhc.types.MhcConfig` for the case; raises UnsupportedInputError for invalid dims."""
         from mhc.types import MhcConfig
 
-        return MhcConfig(streams=self.streams, embedding=self.embedding, variant=self.variant)
+        return MhcConfig(
+            streams=self.streams, embedding=self.embedding, variant=self.variant,
+            matmul_precision=self.matmul_precision,
+        )
 
     def replace(self, **changes) -> "Case":
         """A copy with `changes` applied (validated again)."""
@@ -350,6 +368,7 @@ class Case:
             "seed": str(self.seed),
             "mesh": self.mesh_name or "-",
             "blocks": blocks or "-",
+            "precision": self.matmul_precision,
             "tags": " ".join(self.tags) or "-",
             "expect": expect,
         }

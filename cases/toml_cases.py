@@ -19,6 +19,7 @@ Format::
     seed = 3
     mesh = [2, 4]                      # (data, fsdp); omit for unsharded
     block_tokens = 32                  # omit for the kernel default
+    matmul_precision = "default"       # omit for "highest" (full float32 dots)
     tags = ["extra"]                   # added to [defaults] tags
     suites = ["adversarial"]           # registry suites besides "user" (not a Case field)
     expect = "unsupported"             # optional; then expect_reason is required
@@ -45,7 +46,8 @@ EXTRA_CASE_KEYS = ("suites",)
 
 _INT_FIELDS = ("batch", "sequence", "streams", "embedding", "seed", "block_tokens", "block_tokens_bwd",
                "block_features")
-_STR_FIELDS = ("name", "dtype", "weight_dtype", "variant", "branch", "init", "expect", "expect_reason")
+_STR_FIELDS = ("name", "dtype", "weight_dtype", "variant", "branch", "init", "matmul_precision", "expect",
+               "expect_reason")
 _REQUIRED = ("name", "batch", "sequence", "streams", "embedding")
 
 

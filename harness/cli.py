@@ -289,7 +289,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
 def _metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
     from harness.env import run_metadata
 
-    metadata = run_metadata()
+    metadata = run_metadata(cases)
     metadata.update(
         command_line=manifest.command_line,
         start_time=manifest.started,

@@ -80,14 +80,45 @@ def git_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
-def run_metadata() -> dict:
-    """Versions, backend and devices of this process, for the report's environment block."""
+def precision_metadata(settings, device) -> dict:
+    """The run's matmul precision record, and a note when a setting ran as another.
+
+    settings: the matmul-precision settings the run's cases request; device: a device
+    of the default backend. `matmul_precision` maps each setting to the operand rounding
+    it means there (`reports.environment`); `matmul_precision_note` (only when needed)
+    says which settings ran as another, e.g. "default" as "highest" on a CPU.
+    """
+    from mhc.precision import device_compute_capability, effective_matmul_precision, operand_rounding
+    from reports.environment import format_precision_record
+
+    capability = device_compute_capability(device)
+    roundings = {s: operand_rounding(s, device.platform, capability).name for s in settings}
+    record = {"matmul_precision": format_precision_record(roundings)}
+    ran_as = {s: effective_matmul_precision(s, device.platform, capability) for s in sorted(settings)}
+    changed = [f"{s} ran as {e}" for s, e in ran_as.items() if e != s]
+    if changed:
+        record["matmul_precision_note"] = (
+            f"{'; '.join(changed)}: on {device.platform} ({device.device_kind}) the default precision is full float32"
+        )
+    return record
+
+
+def run_metadata(cases=None) -> dict:
+    """Versions, backend, devices and matmul precision of this process, for the report's environment block.
+
+    cases: the run's cases (their matmul-precision settings are recorded); None records
+    the default setting.
+    """
     import flax
     import jax
     import jaxlib
     import numpy
 
+    from mhc.precision import DEFAULT_MATMUL_PRECISION, device_compute_capability
+
     devices = jax.devices()
+    settings = {c.matmul_precision for c in cases} if cases else {DEFAULT_MATMUL_PRECISION}
+    capability = device_compute_capability(devices[0])
     return {
         "jax_version": jax.__version__,
         "jaxlib_version": jaxlib.__version__,
@@ -96,7 +127,10 @@ def run_metadata() -> dict:
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind if devices else "",
+        "device_kind": devices[0].device_kind,
         "device_count": len(devices),
+        **({"compute_capability": capability} if capability else {}),
+        "host_cpu_devices": len(jax.devices("cpu")),
+        **precision_metadata(settings, devices[0]),
         "git_commit": git_commit(),
     }

@@ -64,6 +64,11 @@ class Implementation:
             return "case is tagged reference_only"
         return ""
 
+    @property
+    def runs_on_host(self) -> bool:
+        """True if it can run on the host CPU (everything but backend-specific code such as Mosaic)."""
+        return self.needs_backend is None
+
     def partitioning(self, elementwise_branch: bool) -> str:
         """How a token-sharded run of this implementation is split, for the policy.
 

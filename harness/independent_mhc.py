@@ -74,33 +74,42 @@ def _round_operand_bwd(dtype, _, g):
 round_operand.defvjp(_round_operand_fwd, _round_operand_bwd)
 
 
-def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a (..., K) @ b (K, N) with float32 accumulation, full precision for float32 operands."""
+# The config's matmul_precision setting -> the precision of every dot (HIGHEST: full
+# float32 operands; DEFAULT: the backend's default, e.g. bfloat16 passes on a TPU).
+_PRECISIONS = {"highest": jax.lax.Precision.HIGHEST, "default": jax.lax.Precision.DEFAULT}
+
+
+def precision_of(config) -> jax.lax.Precision:
+    """The dot precision a config asks for (an older config without the field: HIGHEST)."""
+    return _PRECISIONS[getattr(config, "matmul_precision", "highest")]
+
+
+def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
+    """a (..., K) @ b (K, N) with float32 accumulation at `precision`."""
     return jax.lax.dot_general(
-        a, b, (((a.ndim - 1,), (0,)), ((), ())),
-        precision=jax.lax.Precision.HIGHEST, preferred_element_type=F32,
+        a, b, (((a.ndim - 1,), (0,)), ((), ())), precision=precision, preferred_element_type=F32,
     )
 
 
-@jax.custom_vjp
-def project(v: jax.Array, weights: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def project(v: jax.Array, weights: jax.Array, precision) -> jax.Array:
     """v (T, K) @ weights (K, P), both in the activation dtype; float32 (T, P).
 
     Backward: the float32 cotangent is rounded to the activation dtype, then
     d_v = g @ weightsᵀ and d_weights = vᵀ @ g accumulate in float32.
     """
-    return _dot(v, weights)
+    return _dot(v, weights, precision)
 
 
-def _project_fwd(v, weights):
-    return project(v, weights), (v, weights)
+def _project_fwd(v, weights, precision):
+    return project(v, weights, precision), (v, weights)
 
 
-def _project_bwd(residuals, g):
+def _project_bwd(precision, residuals, g):
     v, weights = residuals
     g_operand = g.astype(v.dtype)
-    d_v = _dot(g_operand, weights.T).astype(v.dtype)
-    d_weights = _dot(v.T, g_operand).astype(weights.dtype)
+    d_v = _dot(g_operand, weights.T, precision).astype(v.dtype)
+    d_weights = _dot(v.T, g_operand, precision).astype(weights.dtype)
     return d_v, d_weights
 
 
@@ -126,7 +135,11 @@ def permutations(n: int) -> np.ndarray:
 
 
 def residual_mix_matrix(logits, scale, bias, n: int):
-    """Σ_p softmax(scale · logits + bias)_p P_p in float32: (T, n!) -> (T, n, n)."""
+    """Σ_p softmax(scale · logits + bias)_p P_p in float32: (T, n!) -> (T, n, n).
+
+    The mix is exact at any precision (each entry sums the weights of the permutations
+    that map i to j), so it runs at HIGHEST.
+    """
     z = scale.astype(F32) * logits + bias.astype(F32)
     weights = jax.nn.softmax(z, axis=-1)
     return jnp.einsum("tp,pij->tij", weights, permutations(n), precision=jax.lax.Precision.HIGHEST)
@@ -137,11 +150,12 @@ def _projection(x2, weights, config):
     alphas = jnp.concatenate([weights.pre_alpha, weights.post_alpha, weights.res_alpha], axis=-1).astype(F32)
     scale = weights.norm_scale.astype(F32)
     inverse = rms_inverse(x2, config.rms_epsilon)
+    precision = precision_of(config)
     if NORMALISE_ACTIVATIONS:
         normed = (x2.astype(F32) * inverse * scale).astype(x2.dtype)
-        return project(normed, alphas.astype(x2.dtype))
+        return project(normed, alphas.astype(x2.dtype), precision)
     folded = (scale[:, None] * alphas).astype(x2.dtype)
-    return inverse * project(x2, folded)
+    return inverse * project(x2, folded, precision)
 
 
 class IndependentMhcLite:

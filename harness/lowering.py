@@ -2,8 +2,10 @@
 
 One row per kernel program (`pre_forward`, `post_forward`, `pre_backward`,
 `post_backward`), unsharded and — when the case has a mesh — token-sharded on an
-abstract TPU mesh of the case's shape. The row's leaf is the program name; `pass`
-means the program lowered to a Mosaic custom call, `fail` carries the lowering error.
+abstract TPU mesh of the case's shape, at the case's requested matmul precision (the
+TPU's meaning of it). The row's leaf is the program name; `pass` means the program
+lowered to a Mosaic custom call, `fail` carries the lowering error. Nothing runs, so
+the `devices` column stays empty.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
 
 def lowering_rows(case) -> Iterator[dict]:
     """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded."""
+    for row in _rows(case):
+        row["matmul_precision"] = case.matmul_precision  # the precision the programs were lowered at
+        yield row
+
+
+def _rows(case) -> Iterator[dict]:
     import jax.numpy as jnp
 
     meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])

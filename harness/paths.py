@@ -1,7 +1,10 @@
 """Paths (implementation × sharding) and the named leaves each one produces.
 
 A path runs one case's fixture through one implementation, unsharded or token-sharded
-on the case's mesh, and returns a flat mapping leaf-name -> NumPy array:
+on the case's mesh, on the devices `harness.devices` places it on (a *host* path, named
+``...@cpu``, runs on the host CPU because the default accelerator has too few devices),
+at the case's matmul precision as effective there, and returns a flat mapping
+leaf-name -> NumPy array:
 
   forward leaves   out, layer_input, h_pre, h_post, h_res
   gradient leaves  d_x, d_<MhcWeights field>, d_branch.<branch parameter>
@@ -14,13 +17,13 @@ share shapes and dtypes reuse them: weights, inputs and the cotangent are argume
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Mapping
 
 import numpy as np
 
 from cases.spec import MESH_AXES, mesh_label
+from harness.devices import HOST_SUFFIX, Placement, path_placement, placement_mesh
 from harness.implementations import Implementation
 from mhc.types import WEIGHT_FIELDS, MhcWeights
 
@@ -63,21 +66,28 @@ def token_axes(leaf: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Path:
-    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh."""
+    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh.
+
+    host: run on the host CPU's devices although the default backend is an accelerator
+    (see `harness.devices`); False everywhere on a CPU machine.
+    """
 
     impl: Implementation
     mesh: tuple[int, int] | None = None
+    host: bool = False
 
     @property
     def name(self) -> str:
-        """Stable name, e.g. `reference/unsharded` or `interpret/sharded(data=2,fsdp=4)`."""
+        """Stable name, e.g. `reference/unsharded` or `interpret/sharded(data=2,fsdp=4)` (+`@cpu`)."""
+        suffix = HOST_SUFFIX if self.host else ""
         if self.mesh is None:
-            return f"{self.impl.name}/unsharded"
-        return f"{self.impl.name}/sharded({mesh_label(self.mesh)})"
+            return f"{self.impl.name}/unsharded{suffix}"
+        return f"{self.impl.name}/sharded({mesh_label(self.mesh)}){suffix}"
 
     @property
     def unsharded(self) -> "Path":
-        return Path(self.impl, None)
+        """The same implementation unsharded, on the same backend."""
+        return Path(self.impl, None, self.host)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,26 +99,24 @@ class PathOutputs:
     execute_s: float
 
 
-@functools.lru_cache(maxsize=None)
-def make_mesh(shape: tuple[int, int]):
-    """A (data, fsdp) `jax.sharding.Mesh` over the first data·fsdp devices.
-
-    Raises RuntimeError when the process has fewer devices (the caller skips).
-    """
-    import jax
-
-    needed = shape[0] * shape[1]
-    devices = jax.devices()
-    if len(devices) < needed:
-        raise RuntimeError(f"mesh {mesh_label(shape)} needs {needed} devices, this process has {len(devices)}")
-    return jax.sharding.Mesh(np.asarray(devices[:needed]).reshape(shape), MESH_AXES)
+def _path_mesh(path: Path, placement: Placement):
+    """The `jax.sharding.Mesh` a sharded path runs on (None when unsharded)."""
+    return None if path.mesh is None else placement_mesh(placement.devices, tuple(path.mesh))
 
 
-def _trace_signature(case) -> tuple:
+def effective_precision(case, placement: Placement) -> str:
+    """The matmul precision `case` runs at on `placement`'s backend (see `mhc.precision`)."""
+    from mhc.precision import device_compute_capability, effective_matmul_precision
+
+    device = placement.devices[0]
+    return effective_matmul_precision(case.matmul_precision, device.platform, device_compute_capability(device))
+
+
+def _trace_signature(case, precision: str) -> tuple:
     """Everything about a case that changes the compiled program (not its data)."""
     return (
         case.batch, case.sequence, case.streams, case.embedding, case.dtype, case.weight_dtype,
-        case.variant, case.branch, case.block_tokens, case.block_tokens_bwd, case.block_features,
+        case.variant, case.branch, case.block_tokens, case.block_tokens_bwd, case.block_features, precision,
     )
 
 
@@ -118,8 +126,11 @@ def _kernel_config(case, impl: Implementation):
     return KernelConfig(interpret=impl.interpret, **case.block_sizes)
 
 
-def _build_program(path: Path, case):
-    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`."""
+def _build_program(path: Path, case, placement: Placement, precision: str):
+    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`.
+
+    precision: the matmul precision of every dot of the layer and the branch.
+    """
     import jax
     from flax import nnx
 
@@ -127,14 +138,13 @@ def _build_program(path: Path, case):
     from mhc.layer import ManifoldConstrainedHyperConnections
 
     branch = get_branch(case.branch)
-    mesh = make_mesh(path.mesh) if path.mesh is not None else None
     options = path.impl.layer_options()
     if path.impl.kernel:
         options["kernel_config"] = _kernel_config(case, path.impl)
-        options["mesh"] = mesh
+        options["mesh"] = _path_mesh(path, placement)
     layer = ManifoldConstrainedHyperConnections(
         case.streams, case.embedding, dtype=case.dtype, weight_dtype=case.weight_dtype,
-        variant=case.variant, rngs=nnx.Rngs(0), **options,
+        variant=case.variant, matmul_precision=precision, rngs=nnx.Rngs(0), **options,
     )
     graphdef, state = nnx.split(layer)
 
@@ -145,7 +155,7 @@ def _build_program(path: Path, case):
             weights_state = jax.tree.map(lambda leaf: leaf, state)
             nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
             module = nnx.merge(graphdef, weights_state)
-            return module.call_with_intermediates(lambda h: branch.apply(p_, h), x_)
+            return module.call_with_intermediates(lambda h: branch.apply(p_, h, precision), x_)
 
         out, pullback, intermediates = jax.vjp(forward, x, weights, params, has_aux=True)
         d_x, d_w, d_p = pullback(cotangent)
@@ -157,15 +167,15 @@ def _build_program(path: Path, case):
     return program
 
 
-def _place(fixture, mesh_shape):
-    """Fixture arrays on device: activations token-sharded on the mesh, the rest replicated."""
+def _place(fixture, path: Path, placement: Placement):
+    """Fixture arrays on the path's devices: activations token-sharded on its mesh, the rest replicated."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
     arrays = (fixture.x, dict(fixture.weights), dict(fixture.branch_params), fixture.cotangent)
-    if mesh_shape is None:
-        return jax.device_put(arrays)
-    mesh = make_mesh(mesh_shape)
+    if path.mesh is None:
+        return jax.device_put(arrays, placement.devices[0])
+    mesh = _path_mesh(path, placement)
     tokens = NamedSharding(mesh, PartitionSpec(*MESH_AXES))
     replicated = NamedSharding(mesh, PartitionSpec())
     x, weights, params, cotangent = arrays
@@ -187,7 +197,10 @@ class ProgramCache:
         self._compiled.clear()
 
     def run(self, path: Path, case, fixture) -> PathOutputs:
-        """Run `case`'s fixture through `path`; compile on first use of the signature."""
+        """Run `case`'s fixture through `path`; compile on first use of the signature.
+
+        Raises `harness.devices.PlacementError` when the path has no devices here.
+        """
         import jax
 
         if path.mesh is not None:
@@ -197,18 +210,22 @@ class ProgramCache:
                     f"case {case.name}: batch {batch} / sequence {sequence} not divisible by mesh "
                     f"{mesh_label(path.mesh)}"
                 )
-        args = _place(fixture, path.mesh)
-        key = (path.name, _trace_signature(case))
+        placement = path_placement(path)
+        precision = effective_precision(case, placement)
+        args = _place(fixture, path, placement)
+        key = (path.name, _trace_signature(case, precision))
         compile_s = 0.0
         compiled = self._compiled.get(key)
-        if compiled is None:
+        # The layer's initial parameters are built eagerly: on the path's device too.
+        with jax.default_device(placement.devices[0]):
+            if compiled is None:
+                start = time.perf_counter()
+                compiled = jax.jit(_build_program(path, case, placement, precision)).lower(*args).compile()
+                compile_s = time.perf_counter() - start
+                self._compiled[key] = compiled
             start = time.perf_counter()
-            compiled = jax.jit(_build_program(path, case)).lower(*args).compile()
-            compile_s = time.perf_counter() - start
-            self._compiled[key] = compiled
-        start = time.perf_counter()
-        forward, grads = jax.block_until_ready(compiled(*args))
-        execute_s = time.perf_counter() - start
+            forward, grads = jax.block_until_ready(compiled(*args))
+            execute_s = time.perf_counter() - start
         leaves = {name: np.asarray(value) for name, value in {**forward, **grads}.items()}
         return PathOutputs(leaves, compile_s, execute_s)
 
@@ -267,20 +284,35 @@ def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, fl
     )
 
 
+def matmul_operand_roundoff(case) -> float:
+    """How much the dots of the case's paths round float32 operands, as a unit roundoff.
+
+    Asked of `mhc.precision.operand_rounding` for the case's matmul-precision setting on
+    the default backend (where the paths run; a path moved to the host CPU rounds no
+    more than that): 0 at "highest" and on a CPU.
+    """
+    import jax
+
+    from mhc.precision import device_compute_capability, operand_rounding
+
+    device = jax.devices()[0]
+    return operand_rounding(case.matmul_precision, device.platform, device_compute_capability(device)).unit_roundoff
+
+
 def run_oracle_path(case, fixture) -> OracleOutputs:
     """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
 
     The sensitivity draws use the mixed-precision rounding model of `mhc.oracle`
     (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
-    implementation may hold it in, for the case's activation and weight dtypes.
+    implementation may hold it in, for the case's activation and weight dtypes and the
+    operand rounding its matmul precision implies on this backend.
     """
+    from harness.metrics import systematic_error
     from mhc.oracle import unit_roundoffs
 
     start = time.perf_counter()
     exact = _oracle_leaves(case, fixture)
-    from harness.metrics import systematic_error
-
-    units = unit_roundoffs(case.dtype, case.weight_dtype)
+    units = unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for sample in range(NOISE_SAMPLES):

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 from cases.branches import get_branch
 from cases.fixtures import expected_layout
 from cases.names import did_you_mean
+from harness.devices import host_fallback
 from harness.implementations import REFERENCE, Implementation
 from harness.lowering import lowering_path_name
 from harness.paths import FORWARD_LEAVES, ORACLE_PATH, Path, branch_leaf, leaf_kind, weight_leaf
@@ -44,10 +45,21 @@ class PathPlan:
         return any(fnmatch.fnmatchcase(path_name, g) for g in self.path_globs)
 
     def all_paths_for(self, case) -> list[Path]:
-        """Every path of the case, selected or not: each implementation unsharded, then sharded."""
+        """Every path of the case, selected or not: each implementation unsharded, then sharded.
+
+        When the default backend is an accelerator with fewer devices than the mesh, the
+        sharded paths of implementations that run anywhere move to the host CPU and
+        bring their unsharded host twin as the `vs_unsharded` partner (see
+        `harness.devices`); Mosaic's sharded path stays and is skipped with the reason.
+        """
         paths = [Path(impl, None) for impl in self.implementations]
         if case.mesh is not None:
-            paths += [Path(impl, tuple(case.mesh)) for impl in self.implementations]
+            mesh = tuple(case.mesh)
+            if host_fallback(mesh[0] * mesh[1]):
+                paths += [Path(impl, None, host=True) for impl in self.implementations if impl.runs_on_host]
+                paths += [Path(impl, mesh, host=impl.runs_on_host) for impl in self.implementations]
+            else:
+                paths += [Path(impl, mesh) for impl in self.implementations]
         return paths
 
     def paths_for(self, case) -> list[Path]:
@@ -77,7 +89,7 @@ def comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]
     """(comparison, partner name) pairs `path` is the candidate of, among `planned` paths."""
     names = {p.name for p in planned}
     pairs = [("vs_oracle", ORACLE_PATH)]
-    reference = Path(REFERENCE, path.mesh)
+    reference = Path(REFERENCE, path.mesh, path.host)
     if path.impl.name != REFERENCE.name and reference.name in names:
         pairs.append(("vs_reference", reference.name))
     if path.mesh is not None and path.unsharded.name in names:

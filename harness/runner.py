@@ -24,11 +24,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from cases.branches import get_branch
 from harness.compare import compare_leaves, status_row
+from harness.devices import Placement, PlacementError, path_placement, precision_label
 from harness.lowering import lowering_rows
 from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache, run_oracle_path
 from harness.plan import PathPlan, comparisons_of
 from harness.policy import Policy
 from mhc.common import UnsupportedInputError
+from mhc.precision import device_compute_capability
 
 __all__ = ["PathPlan", "Runner", "StepCallback"]
 
@@ -49,6 +51,20 @@ class _PathResult:
     outputs: PathOutputs | None = None
     verdict: str = ""  # set when the path did not produce outputs (or must fail anyway)
     reason: str = ""
+    placement: Placement | None = None  # where it ran (None if it could not be placed)
+
+
+def _environment_fields(case, placement: Placement | None) -> dict:
+    """The `matmul_precision` and `devices` columns of a path's rows.
+
+    A path that ran reports the precision it effectively ran at on its devices; one
+    that could not be placed reports the case's requested precision and no devices.
+    """
+    if placement is None:
+        return {"matmul_precision": case.matmul_precision, "devices": ""}
+    device = placement.devices[0]
+    precision = precision_label(case.matmul_precision, device.platform, device_compute_capability(device))
+    return {"matmul_precision": precision, "devices": placement.label}
 
 
 class Runner:
@@ -79,27 +95,29 @@ class Runner:
             return reason
         if impl.needs_backend and jax.default_backend() != impl.needs_backend:
             return f"{impl.name} needs a {impl.needs_backend} backend; this process runs on {jax.default_backend()}"
-        if path.mesh is not None and jax.device_count() < path.mesh[0] * path.mesh[1]:
-            return f"mesh needs {path.mesh[0] * path.mesh[1]} devices, {jax.device_count()} available"
         return ""
 
     def _run_path(self, path: Path, case, fixture) -> _PathResult:
         skip = self._skip_reason(path, case)
         if skip:
             return _PathResult(verdict="skip", reason=skip)
+        try:
+            placement = path_placement(path)
+        except PlacementError as exc:
+            return _PathResult(verdict="skip", reason=str(exc))
         expects_rejection = case.expects_unsupported and path.impl.case_limits
         try:
             outputs = self.cache.run(path, case, fixture)
         except UnsupportedInputError as exc:
-            return self._classify_unsupported(path, case, exc)
+            return dataclasses.replace(self._classify_unsupported(path, case, exc), placement=placement)
         except Exception as exc:  # reported as an `error` row; the run goes on
-            return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc))
+            return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc), placement=placement)
         if expects_rejection:
             return _PathResult(
-                outputs=outputs, verdict="fail",
+                outputs=outputs, verdict="fail", placement=placement,
                 reason=f"{path.impl.name} accepted input the case expects it to reject ({case.expect_reason!r})",
             )
-        return _PathResult(outputs=outputs)
+        return _PathResult(outputs=outputs, placement=placement)
 
     @staticmethod
     def _classify_unsupported(path: Path, case, exc: UnsupportedInputError) -> _PathResult:
@@ -142,6 +160,7 @@ class Runner:
             results[path.name] = self._run_path(path, case, fixture)
         for path in paths:
             result = results[path.name]
+            environment = _environment_fields(case, result.placement)
             if result.outputs is None or result.verdict == "fail":
                 yield from self._status_rows(case, path, paths, result)
                 continue
@@ -152,20 +171,22 @@ class Runner:
                 else:
                     partner_result = results[partner]
                     if partner_result.outputs is None:
-                        yield status_row(
+                        row = status_row(
                             case, candidate=path.name, partner=partner, comparison=comparison, verdict="skip",
                             reason=f"partner did not run ({partner_result.verdict}: {partner_result.reason})",
                         )
+                        yield {**row, **environment}
                         continue
                     partner_leaves = partner_result.outputs.leaves
-                yield from compare_leaves(
+                for row in compare_leaves(
                     case, candidate=path.name, partner=partner, comparison=comparison,
                     candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves, oracle_sensitivity=oracle.sensitivity,
                     oracle_systematic=oracle.systematic,
                     policy=self.policy, timing=timing,
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
-                )
+                ):
+                    yield {**row, **environment}
         if plan.lowering:
             on_step(case, "lowering")
             start = time.perf_counter()
@@ -174,11 +195,13 @@ class Runner:
             yield from rows
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
+        environment = _environment_fields(case, result.placement)
         for comparison, partner in comparisons_of(path, paths):
-            yield status_row(
+            row = status_row(
                 case, candidate=path.name, partner=partner, comparison=comparison,
                 verdict=result.verdict, reason=result.reason,
             )
+            yield {**row, **environment}
 
     # -- many cases ------------------------------------------------------------------
 

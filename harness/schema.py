@@ -95,6 +95,18 @@ ROW_COLUMNS = (
     # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
     "compile_s",
     "execute_s",
+    # where and how the candidate ran: the matmul precision it effectively ran at (see
+    # mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
+    # and its devices (e.g. "cpu:0-7"; "" if it did not run; see harness.devices)
+    "matmul_precision",
+    "devices",
+)
+
+# Columns added after the first schema: a row file written before them lacks them and
+# is read with them empty (NaN for numbers; reports.rows), so older runs stay readable.
+LATER_COLUMNS = (
+    "cand_systematic_t", "cand_systematic_shift", "partner_systematic_t", "oracle_systematic_t",
+    "matmul_precision", "devices",
 )
 
 FLOAT_COLUMNS = (

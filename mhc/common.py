@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhc.precision import DEFAULT_MATMUL_PRECISION, accumulation_dtype, dot_precision
+
 VARIANTS = ("lite", "sinkhorn")
 SUPPORTED_ACTIVATION_DTYPES = (jnp.float32, jnp.bfloat16)
 
@@ -184,16 +186,29 @@ def fold_norm_into_projection(norm_scale: jax.Array, alphas: tuple[jax.Array, ..
     return (norm_scale.astype(jnp.float32)[:, None] * stacked).astype(dtype)
 
 
-def folded_rms_projection(v: jax.Array, folded: jax.Array, epsilon: float) -> jax.Array:
+def matmul(a: jax.Array, b: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> jax.Array:
+    """`a (..., K) @ b (K, N)` in a's dtype at the precision `mhc.precision` gives it.
+
+    b is cast to a's dtype; products accumulate in `accumulation_dtype(a.dtype)`
+    (float32 for float32/bfloat16 operands), which is the result's dtype.
+    """
+    return jax.lax.dot_general(
+        a, b.astype(a.dtype), (((a.ndim - 1,), (0,)), ((), ())),
+        precision=dot_precision(a.dtype, matmul_precision),
+        preferred_element_type=accumulation_dtype(a.dtype),
+    )
+
+
+def folded_rms_projection(
+    v: jax.Array, folded: jax.Array, epsilon: float, matmul_precision: str = DEFAULT_MATMUL_PRECISION
+) -> jax.Array:
     """`rsqrt(mean(v²)+eps) · (v @ folded)` with float32 accumulation.
 
     v: (T, nC) activation dtype; folded: (nC, P) same dtype (see
-    `fold_norm_into_projection`). Returns float32 (T, P).
+    `fold_norm_into_projection`); matmul_precision: see `mhc.precision`. Returns
+    float32 (T, P).
     """
-    acc = jax.lax.dot_general(
-        v, folded.astype(v.dtype), (((v.ndim - 1,), (0,)), ((), ())),
-        preferred_element_type=jnp.float32,
-    )
+    acc = matmul(v, folded, matmul_precision)
     return rms_inverse(v, epsilon) * acc
 
 
@@ -203,33 +218,36 @@ def split_projection(proj: jax.Array, dims: MhcDims) -> tuple[jax.Array, jax.Arr
     return proj[..., :n], proj[..., n : 2 * n], proj[..., 2 * n :]
 
 
-def permutation_mix(weights: jax.Array, n: int, perms: jax.Array | None = None) -> jax.Array:
+def permutation_mix(
+    weights: jax.Array, n: int, perms: jax.Array | None = None,
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION,
+) -> jax.Array:
     """`Σ_p weights[..., p] · P_p`: (..., n!) float32 -> (..., n, n) float32.
 
     perms: optional (n!, n·n) float32 value of `permutation_matrices(n)` rows. A Pallas
     kernel body may not capture array constants, so a kernel receives the matrices as an
     input ref and passes the loaded value here; everyone else leaves it None.
+    matmul_precision: see `mhc.precision`.
     """
     if perms is None:
         perms = jnp.asarray(permutation_matrices(n).reshape(-1, n * n))
-    mixed = jax.lax.dot_general(
-        weights.astype(jnp.float32), perms, (((weights.ndim - 1,), (0,)), ((), ())),
-        preferred_element_type=jnp.float32,
-    )
+    mixed = matmul(weights.astype(jnp.float32), perms, matmul_precision)
     return mixed.reshape(weights.shape[:-1] + (n, n))
 
 
 def lite_residual_matrix(
-    logits: jax.Array, scale: jax.Array, bias: jax.Array, n: int, perms: jax.Array | None = None
+    logits: jax.Array, scale: jax.Array, bias: jax.Array, n: int, perms: jax.Array | None = None,
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> jax.Array:
     """mHC-lite `h_res = Σ_p softmax(scale·logits + bias)_p P_p`, float32.
 
     logits: (..., n!); scale: (1,); bias: (n!,). Returns (..., n, n), doubly stochastic
     by construction (a convex combination of permutation matrices). perms: see
-    `permutation_mix` (only Pallas kernel bodies pass it).
+    `permutation_mix` (only Pallas kernel bodies pass it); matmul_precision: see
+    `mhc.precision`.
     """
     z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
-    return permutation_mix(jax.nn.softmax(z, axis=-1), n, perms)
+    return permutation_mix(jax.nn.softmax(z, axis=-1), n, perms, matmul_precision)
 
 
 def sinkhorn_residual_matrix(

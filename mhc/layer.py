@@ -24,6 +24,7 @@ from mhc.common import (
     UnsupportedInputError,
     validate_activations,
 )
+from mhc.precision import DEFAULT_MATMUL_PRECISION
 from mhc.types import WEIGHT_FIELDS, MhcConfig, MhcWeights, validate_weights
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -71,6 +72,8 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
       dtype: activation (compute) dtype, float32 or bfloat16.
       weight_dtype: storage dtype of the parameters.
       variant: "lite" (permutation mix) or "sinkhorn".
+      matmul_precision: "highest" (full float32 dots, the default) or "default" (the
+        backend's default precision); see `mhc.precision`.
       use_pallas_kernel: route through `mhc.kernels` instead of `mhc.reference`.
       kernel_config: an `mhc.kernels.KernelConfig` (None: its defaults).
       mesh: a `jax.sharding.Mesh` to token-shard the kernels over (None: unsharded, or
@@ -93,6 +96,7 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
         sinkhorn_iterations: int = DEFAULT_SINKHORN_ITERATIONS,
         rms_epsilon: float = DEFAULT_RMS_EPSILON,
         pre_epsilon: float = DEFAULT_PRE_EPSILON,
+        matmul_precision: str = DEFAULT_MATMUL_PRECISION,
         use_pallas_kernel: bool = False,
         kernel_config: Any = None,
         mesh: jax.sharding.Mesh | None = None,
@@ -107,6 +111,7 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
             rms_epsilon=rms_epsilon,
             pre_epsilon=pre_epsilon,
             sinkhorn_iterations=sinkhorn_iterations,
+            matmul_precision=matmul_precision,
         )
         self.dtype = jnp.dtype(dtype)
         self.weight_dtype = jnp.dtype(weight_dtype)

@@ -11,7 +11,9 @@ slip of thought is unlikely to be reproduced.
 
 Inputs are the *already dtype-rounded* arrays a path receives, upcast to float64, so
 the oracle measures the arithmetic of a path, not the rounding of its inputs.
-Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients.
+Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients, on the host
+CPU whatever the default backend (`oracle_device`: TPUs have no float64), with every
+matmul at `Precision.HIGHEST`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ _WEIGHT_NAMES = (
 _GATE_NAMES = frozenset(name for name in _WEIGHT_NAMES if name.endswith(("_bias", "_scale")) and name != "norm_scale")
 
 BranchApply = Callable[[Mapping[str, Any], jax.Array], jax.Array]
+# Float64 on the host CPU: full precision, whatever a case's matmul_precision (that
+# enters only through the rounding model). What `mhc.precision.dot_precision` gives
+# float64; spelled out here because the oracle imports nothing from `mhc`.
+_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def oracle_device():
+    """The device the oracle computes on: the host's first CPU device."""
+    return jax.devices("cpu")[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +133,11 @@ ACTIVATION = "activation"  # stored in the activation dtype: inputs, outputs, th
 OPERAND = "operand"  # a contraction operand a correct path may round to the activation dtype
 FLOAT32 = "float32"  # computed and held in float32
 WEIGHT = "weight"  # stored in the weights' dtype: weight leaves and their gradients
-PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT)
+# The float32 operands of a dot at the case's matmul-precision setting on the backend
+# that runs the paths: 0 at "highest" (and on a CPU), bfloat16 on a TPU at "default",
+# TensorFloat-32 on a recent NVIDIA GPU at "default" (`mhc.precision.operand_rounding`).
+MATMUL = "matmul"
+PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT, MATMUL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +193,10 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
     "gate": RoundingSite(
         (FLOAT32,), (FLOAT32,),
         "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32"),
+    "permutation_operand": RoundingSite(
+        (MATMUL,), (MATMUL,),
+        "the softmax weights as the operand of the permutation mix (a dot): rounded only by "
+        "the backend's operand rounding at the case's matmul precision"),
     "softmax_inner_product": RoundingSite(
         (FLOAT32,), (FLOAT32,),
         "<a, g> in the softmax VJP a * (g - <a, g>), float32 (it cancels for a peaked softmax)"),
@@ -188,7 +207,9 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
     "layer_input": RoundingSite(
         (ACTIVATION,), (ACTIVATION,), "the collapsed branch input and its cotangent, stored"),
     "layer_output": RoundingSite(
-        (ACTIVATION,), (ACTIVATION,), "the branch output and its cotangent, stored"),
+        (ACTIVATION, MATMUL), (ACTIVATION, MATMUL),
+        "the branch output and its cotangent, stored; a branch's own matmuls round their "
+        "operands at the case's matmul precision"),
     "residual_mix": RoundingSite(
         (FLOAT32,), (FLOAT32,), "h_res^T x accumulated in float32"),
     "out": RoundingSite(
@@ -196,18 +217,23 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
 }
 
 
-def unit_roundoffs(activation_dtype, weight_dtype) -> dict[str, float]:
+def unit_roundoffs(activation_dtype, weight_dtype, matmul_operand_roundoff: float = 0.0) -> dict[str, float]:
     """Unit roundoff of every precision class for a run in these dtypes.
 
     activation_dtype, weight_dtype: dtype names or dtypes ("float32", "bfloat16").
-    Returns {class: u} with u = eps / 2 (round to nearest).
+    matmul_operand_roundoff: how much a dot rounds its float32 operands at the case's
+    matmul precision on the backend that runs the paths (0 at "highest"; see
+    `mhc.precision.operand_rounding`). Returns {class: u} with u = eps / 2 (round to
+    nearest); a contraction operand rounds at the coarser of the activation dtype and
+    the dot's own operand rounding.
     """
     act = float(jnp.finfo(activation_dtype).eps) / 2
     return {
         ACTIVATION: act,
-        OPERAND: act,
+        OPERAND: max(act, matmul_operand_roundoff),
         FLOAT32: float(jnp.finfo(jnp.float32).eps) / 2,
         WEIGHT: float(jnp.finfo(weight_dtype).eps) / 2,
+        MATMUL: float(matmul_operand_roundoff),
     }
 
 
@@ -300,15 +326,15 @@ def _coefficients(x, w, config, r=_exact):
     normed = r(v * inv_rms * w["norm_scale"], "normed_operand")
 
     def logits(name):
-        return normed @ r(w[f"{name}_alpha"], "folded_weight")
+        return jnp.matmul(normed, r(w[f"{name}_alpha"], "folded_weight"), precision=_PRECISION)
 
     h_pre = r(_sigmoid(_gate_logit(w, "pre", logits("pre"), r)) + config.pre_epsilon, "gate")
     h_post = r(2.0 * _sigmoid(_gate_logit(w, "post", logits("post"), r)), "gate")
     z_res = r(w["res_scale"] * r(logits("res"), "projection"), "gate_logit")
     if config.variant == "lite":
         z = r(z_res + w["res_bias"], "gate_logit")
-        a = r(_softmax(z, r), "gate")
-        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n))), "gate")
+        a = r(r(_softmax(z, r), "gate"), "permutation_operand")
+        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n)), precision=_PRECISION), "gate")
     else:
         z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"], "gate_logit")
         h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations), "gate")
@@ -318,13 +344,14 @@ def _coefficients(x, w, config, r=_exact):
 def _pre(x, w, config, r=_exact):
     h_pre, h_post, h_res = _coefficients(x, w, config, r)
     collapse_weights = r(h_pre, "coefficient_operand")
-    layer_input = r(jnp.einsum("bsn,bsnc->bsc", collapse_weights, x), "layer_input")
+    layer_input = r(jnp.einsum("bsn,bsnc->bsc", collapse_weights, x, precision=_PRECISION), "layer_input")
     return layer_input, (h_pre, h_post, h_res)
 
 
 def _post(layer_output, x, coeffs, r=_exact):
     _, h_post, h_res = coeffs
-    mixed = r(jnp.einsum("bsij,bsic->bsjc", r(h_res, "coefficient_operand"), x), "residual_mix")
+    mixed = r(jnp.einsum("bsij,bsic->bsjc", r(h_res, "coefficient_operand"), x, precision=_PRECISION),
+              "residual_mix")
     gated = r(h_post, "coefficient_operand")[..., None] * layer_output[..., None, :]
     return r(mixed + gated, "out")
 
@@ -400,7 +427,7 @@ def run_oracle(
     seed, units = rounding_noise or (0, None)
     if isinstance(units, (int, float)):
         units = {c: float(units) for c in PRECISION_CLASSES} if units else None
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
@@ -419,7 +446,7 @@ def run_oracle(
 
 def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array], config) -> dict[str, np.ndarray]:
     """Forward values only (float64), for tests that need no gradients."""
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         layer_input, coeffs = _pre(x64, w64, config)

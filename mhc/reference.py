@@ -1,7 +1,8 @@
 """The reference (non-kernel) path of the mHC layer, in plain JAX.
 
 Faithful to the activation dtype the way a production layer is: the fused projection
-runs as a matmul in the activation dtype with float32 accumulation; norms, gates and
+runs as a matmul in the activation dtype with float32 accumulation, at the precision
+`config.matmul_precision` states (`mhc.precision`); norms, gates and
 the softmax over permutations compute in float32 through the shared helpers of
 `mhc.common`; results are cast back to the activation dtype. Plain JAX, so gradients
 come from autodiff and token-sharded inputs are partitioned by XLA.
@@ -39,7 +40,9 @@ def compute_coefficients(
     folded = fold_norm_into_projection(
         weights.norm_scale, (weights.pre_alpha, weights.post_alpha, weights.res_alpha), x.dtype
     )
-    proj = folded_rms_projection(x.reshape(batch, seq, n * c), folded, config.rms_epsilon)
+    proj = folded_rms_projection(
+        x.reshape(batch, seq, n * c), folded, config.rms_epsilon, matmul_precision=config.matmul_precision
+    )
     proj_pre, proj_post, proj_res = split_projection(proj, config.dims)
     h_pre = compute_sigmoid_gate(
         proj_pre, weights.pre_scale, weights.pre_bias, epsilon=config.pre_epsilon
@@ -48,7 +51,9 @@ def compute_coefficients(
         proj_post, weights.post_scale, weights.post_bias, multiplier=POST_GATE_MULTIPLIER
     )
     if config.variant == "lite":
-        h_res = lite_residual_matrix(proj_res, weights.res_scale, weights.res_bias, n)
+        h_res = lite_residual_matrix(
+            proj_res, weights.res_scale, weights.res_bias, n, matmul_precision=config.matmul_precision
+        )
     else:
         h_res = sinkhorn_residual_matrix(
             proj_res, weights.res_scale, weights.res_bias, n, config.sinkhorn_iterations

@@ -16,6 +16,7 @@ from mhc.common import (
     UnsupportedInputError,
     validate_dims,
 )
+from mhc.precision import DEFAULT_MATMUL_PRECISION, check_matmul_precision
 
 WEIGHT_FIELDS = (
     "norm_scale",
@@ -79,7 +80,11 @@ class MhcWeights:
 
 @dataclasses.dataclass(frozen=True)
 class MhcConfig:
-    """Static configuration of the mHC math (hashable; safe as a `jit` static argument)."""
+    """Static configuration of the mHC math (hashable; safe as a `jit` static argument).
+
+    matmul_precision: "highest" | "default", the precision of every dot (see
+    `mhc.precision`).
+    """
 
     streams: int
     embedding: int
@@ -87,9 +92,11 @@ class MhcConfig:
     rms_epsilon: float = DEFAULT_RMS_EPSILON
     pre_epsilon: float = DEFAULT_PRE_EPSILON
     sinkhorn_iterations: int = DEFAULT_SINKHORN_ITERATIONS
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION
 
     def __post_init__(self):
         validate_dims(self.dims)
+        check_matmul_precision(self.matmul_precision)
 
     @property
     def dims(self) -> MhcDims:

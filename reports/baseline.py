@@ -2,7 +2,7 @@
 
 File layout (UTF-8, "\\n" line endings):
 
-    # mhc-parity baseline format=1 policy_hash=<hash or ->
+    # mhc-parity baseline format=1 policy_hash=<hash or -> backend=cpu device_kind=cpu matmul_precision=highest=float32
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
 
@@ -12,6 +12,11 @@ gate uses), so regenerating a baseline on the same machine gives an empty diff a
 real change shows up as a few changed numbers. The header records the format version
 and the hash of the tolerance policy the run used; the gate refuses (exit 2) a
 baseline in another format or, when both runs record one, under another policy.
+The header also records the run's backend, device kind and matmul precision
+(`reports.environment`; values URL-quoted, so a device kind may contain spaces); the
+gate refuses a baseline made at another matmul precision. A header without the
+precision was written before it was recorded: see the legacy rule of
+`reports.environment`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import dataclasses
 import io
 import math
 import sys
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ import pandas as pd
 from harness.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
 
 from reports.drift import GATE_COLUMNS, gate_frame
+from reports.environment import HEADER_KEYS, environment_of
 from reports.rows import ReportInputError, frame_from_records, read_csv_cells, records_from_cells, unwrap_run
 
 BASELINE_COLUMNS = GATE_COLUMNS
@@ -48,6 +55,8 @@ class Baseline:
     format_version: int
     policy_hash: str | None
     path: Path
+    # backend, device_kind, matmul_precision as far as the header records them
+    environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def format_cell(column: str, value: Any) -> str:
@@ -64,17 +73,26 @@ def format_cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def header_line(policy_hash: str | None) -> str:
-    """The baseline's first line (format version and policy hash)."""
-    return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} policy_hash={policy_hash or '-'}"
+def header_line(policy_hash: str | None, environment: Mapping[str, str] | None = None) -> str:
+    """The baseline's first line (format version, policy hash, the `HEADER_KEYS` given)."""
+    fields = "".join(
+        f" {key}={urllib.parse.quote(str(environment[key]), safe='=,.:+')}"
+        for key in HEADER_KEYS if (environment or {}).get(key)
+    )
+    return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} policy_hash={policy_hash or '-'}{fields}"
 
 
-def render_baseline(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, policy_hash: str | None = None) -> str:
+def render_baseline(
+    rows: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    policy_hash: str | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> str:
     """The baseline file's text for a row set (full rows or gate columns)."""
     frame = gate_frame(rows, source="baseline rows")
     frame = frame.sort_values(list(IDENTITY_COLUMNS), kind="mergesort")
     buffer = io.StringIO()
-    buffer.write(header_line(policy_hash) + "\n")
+    buffer.write(header_line(policy_hash, environment) + "\n")
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(BASELINE_COLUMNS)
     for record in frame.to_dict(orient="records"):
@@ -91,11 +109,13 @@ def write_baseline(
     """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
 
     `rows` may also be what `reports.load_run` or `load_baseline` returns; its
-    recorded policy hash is then used unless `policy_hash` is given.
+    recorded policy hash is then used unless `policy_hash` is given, and its recorded
+    backend, device kind and matmul precision go into the header.
     """
     path = Path(path)
+    environment = environment_of(rows)
     rows, recorded_hash = unwrap_run(rows)
-    text = render_baseline(rows, policy_hash=policy_hash or recorded_hash)
+    text = render_baseline(rows, policy_hash=policy_hash or recorded_hash, environment=environment)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
@@ -108,7 +128,7 @@ def parse_header(line: str) -> dict[str, str] | None:
     fields = {}
     for token in line[len(BASELINE_MAGIC):].split():
         key, _, value = token.partition("=")
-        fields[key] = value
+        fields[key] = urllib.parse.unquote(value)
     return fields
 
 
@@ -167,6 +187,7 @@ def load_baseline(path: str | Path) -> Baseline:
         format_version=version,
         policy_hash=None if policy_hash == "-" else policy_hash,
         path=path,
+        environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
     )
 
 
@@ -195,7 +216,7 @@ def write_run_as_baseline(source, target, *, allow_code_change: bool = False, pr
     if failing:
         print(f"{prog}: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
     try:
-        path = write_baseline(run.frame, target, policy_hash=run.policy_hash)
+        path = write_baseline(run, target)
     except OSError as exc:
         print(f"{prog}: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
         return 2

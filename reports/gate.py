@@ -31,10 +31,12 @@ ran, while every other rule still applies to those cases.
 
 `main` implements `python -m harness gate --baseline B --current C
 [--growth-factor F] [--noise-floor-ulps U] [--markdown OUT] [--allow-policy-change]
-[--only-current-cases] [--allow-code-change]`: exit 0 pass, 1 gate failure, 2 usage or
-input error (unreadable, corrupt, empty or mismatched baseline or current run; a current
-run that did not finish, or was made by other code than this checkout — see
-`reports.sources`; an unwritable --markdown path).
+[--only-current-cases] [--allow-code-change] [--allow-precision-change]`: exit 0 pass,
+1 gate failure, 2 usage or input error (unreadable, corrupt, empty or mismatched baseline
+or current run — including runs made under another tolerance policy or at another matmul
+precision, see `reports.environment`, unless allowed; a current run that did not finish,
+or was made by other code than this checkout — see `reports.sources`; an unwritable
+--markdown path).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from reports.drift import (
     gate_frame,
     index_by_key,
 )
+from reports.environment import precision_conflicts, run_precision
 from reports.rows import ReportInputError, format_number, unwrap_run
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
@@ -406,6 +409,12 @@ def build_parser(prog: str = "python -m harness gate") -> argparse.ArgumentParse
         action="store_true",
         help="gate a current run even if this checkout's code changed since it was made",
     )
+    parser.add_argument(
+        "--allow-precision-change",
+        action="store_true",
+        help="compare even if the baseline ran its matmuls at another precision (or on a backend "
+        "where a precision setting means another rounding)",
+    )
     return parser
 
 
@@ -439,6 +448,23 @@ def _notes(result: GateResult, baseline, current, only_current: bool) -> list[st
             f"gate it against a baseline made with the same --seed"
         )
     return notes
+
+
+def _precision_refusal(baseline, current) -> str:
+    """The one-line refusal when the runs' matmul precisions conflict, else ""."""
+    base, now = run_precision(baseline), run_precision(current)
+    try:
+        conflicts = precision_conflicts(base, now)
+    except ReportInputError as exc:
+        return f"cannot compare matmul precisions: {exc}"
+    if not conflicts:
+        return ""
+    where = lambda run: run.metadata.get("backend") or "unrecorded backend"  # noqa: E731
+    return (
+        f"baseline {baseline.source} ran its matmuls at {base} ({where(baseline)}), the current run "
+        f"at {now} ({where(current)}); make a baseline at this precision on this kind of backend "
+        "(or pass --allow-precision-change)"
+    )
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness gate") -> int:
@@ -479,6 +505,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness ga
             f"the current run under {current.policy_hash}; regenerate the baseline with "
             "`make baseline` (or pass --allow-policy-change)"
         )
+    refusal = _precision_refusal(baseline, current)
+    if refusal and not args.allow_precision_change:
+        return _fail(refusal)
     baseline_frame = baseline.frame
     if args.only_current_cases:
         cases = current_cases(current)
@@ -501,6 +530,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness ga
         print(note)
     if baseline.policy_hash is None or current.policy_hash is None:
         print("(policy hash not recorded on both sides; policy match not checked)")
+    if run_precision(baseline) is None or run_precision(current) is None:
+        print("(matmul precision not recorded on both sides; precision match not checked)")
     if markdown_path is not None:
         try:
             markdown_path.write_text(result.markdown(), encoding="utf-8")

@@ -45,6 +45,8 @@ PREFERRED_METADATA_KEYS = (
     "backend",
     "device_kind",
     "device_count",
+    "matmul_precision",
+    "matmul_precision_note",
     "jax_version",
     "jaxlib_version",
     "flax_version",
@@ -338,7 +340,7 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
                 td(f'{r["nan_count"]}/{r["inf_count"]}', "num"), num(r["cand_oracle_max_err"]),
                 num(r["partner_oracle_max_err"]), num(r["oracle_ratio_max"]), num(r["oracle_ratio_rms"]),
                 num(r["bound_usage"]), td(esc(r["bound"]), "reason"), td(esc(r["reason"]), "reason"),
-                num(r["compile_s"]), num(r["execute_s"]),
+                num(r["compile_s"]), num(r["execute_s"]), td(esc(r["matmul_precision"])), td(esc(r["devices"])),
             ]
             for r in rows.to_dict(orient="records")
         ]
@@ -352,7 +354,8 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
         parts.append(table(
             ("candidate", "partner", "comparison", "leaf", "dtype", "verdict", "max abs", "max rel", "rel rms",
              "max ulp", "p99 ulp", "cosine", "nan/inf", "cand↔oracle max", "partner↔oracle max",
-             "ratio max", "ratio rms", "bound usage", "bound", "reason", "compile s", "execute s"),
+             "ratio max", "ratio rms", "bound usage", "bound", "reason", "compile s", "execute s",
+             "matmul precision", "devices"),
             body,
         ))
         parts.append("</details></section>")

@@ -25,7 +25,8 @@ DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
 # Metadata keys shown in the one-line environment footer, when present (run_* name the
 # run's manifest, see harness.manifest).
-ENVIRONMENT_KEYS = ("run_id", "run_state", "git_commit", "backend", "device_kind", "device_count", "jax_version")
+ENVIRONMENT_KEYS = ("run_id", "run_state", "git_commit", "backend", "device_kind", "device_count",
+                    "matmul_precision", "jax_version")
 
 
 def md_cell(value: Any, limit: int = MAX_CELL_CHARS) -> str:

@@ -26,6 +26,7 @@ from harness.schema import (
     COMPARISONS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
+    LATER_COLUMNS,
     LEAF_KINDS,
     ROW_COLUMNS,
     VERDICTS,
@@ -130,7 +131,7 @@ def format_number(value: Any, digits: int = 3) -> str:
 def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] = ROW_COLUMNS) -> None:
     present = list(columns)
     duplicated = sorted({c for c in present if present.count(c) > 1})
-    missing = [c for c in expected if c not in present]
+    missing = [c for c in expected if c not in present and c not in LATER_COLUMNS]
     unknown = [c for c in present if c not in expected]
     problems = []
     if missing:
@@ -144,10 +145,13 @@ def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] =
 
 
 def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_COLUMNS) -> dict:
-    """One row with every cell converted to its schema type; errors name `where` and the column."""
+    """One row with every cell converted to its schema type; errors name `where` and the column.
+
+    A `LATER_COLUMNS` column the row lacks (written before it existed) is empty.
+    """
     coerced: dict[str, Any] = {}
     for column in columns:
-        value = row[column]
+        value = row.get(column, "") if column in LATER_COLUMNS else row[column]
         try:
             if column in FLOAT_COLUMNS:
                 coerced[column] = parse_float(value)
@@ -183,12 +187,13 @@ def frame_from_records(records: Sequence[dict], columns: Sequence[str] = ROW_COL
 def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = "rows") -> pd.DataFrame:
     """The canonical typed frame for a row set (a DataFrame or an iterable of row dicts).
 
-    Columns must be exactly `ROW_COLUMNS` (any order in; schema order out). Raises
+    Columns must be exactly `ROW_COLUMNS` (any order in; schema order out; the
+    `LATER_COLUMNS` may be absent, see `harness.schema`). Raises
     `ReportInputError` naming the row index and column of the first bad cell.
     """
     if isinstance(rows, pd.DataFrame):
         _check_columns(rows.columns, source)
-        records = rows[list(ROW_COLUMNS)].to_dict(orient="records")
+        records = rows.to_dict(orient="records")
         coerced = [coerce_row(r, f"{source}, row {i}") for i, r in enumerate(records)]
         return frame_from_records(coerced)
     coerced = []

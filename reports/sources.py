@@ -47,7 +47,7 @@ class LoadedRun:
     frame: pd.DataFrame
     source: Path
     policy_hash: str | None
-    metadata: dict
+    metadata: dict  # a report's run metadata; a baseline's header environment
     is_baseline: bool
     manifest: Manifest | None = None
 
@@ -169,7 +169,7 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
         raise ReportInputError(f"{path}: no such file or folder")
     elif is_baseline_file(path):
         baseline = load_baseline(path)
-        return LoadedRun(baseline.frame, path, baseline.policy_hash, {}, True)
+        return LoadedRun(baseline.frame, path, baseline.policy_hash, dict(baseline.environment), True)
     elif path.suffix.lower() == ".json":
         run = _load_report(path)
     else:

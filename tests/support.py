@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhc.precision import dot_precision
 from mhc.types import MhcConfig, MhcWeights
 
 
@@ -33,7 +34,8 @@ def random_activations(shape, seed: int = 1, dtype=jnp.float32) -> jax.Array:
 def tanh_mlp_branch(params, h):
     """A branch with parameters: tanh(h @ w) + b, matmul in h's dtype, f32 accumulate."""
     w = params["w"].astype(h.dtype)
-    acc = jax.lax.dot_general(h, w, (((h.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    acc = jax.lax.dot_general(h, w, (((h.ndim - 1,), (0,)), ((), ())), precision=dot_precision(h.dtype),
+                              preferred_element_type=jnp.float32)
     return (jnp.tanh(acc) + params["b"].astype(jnp.float32)).astype(h.dtype)
 
 

@@ -168,7 +168,7 @@ def test_catalogue_names_are_unique_standard_and_stable(reg):
     for case in reg:
         fields = {f: getattr(case, f) for f in ("variant", "streams", "embedding", "batch", "sequence", "dtype",
                                                 "weight_dtype", "branch", "init", "mesh", "block_tokens",
-                                                "block_tokens_bwd", "block_features", "seed")}
+                                                "block_tokens_bwd", "block_features", "seed", "matmul_precision")}
         assert case.name == standard_name(**fields)
     # A few names pinned: they key stored baselines and must never change meaning.
     assert reg.get("lite-n4-c256-b2s64-bf16-w32-mlp-default").shape == (2, 64, 4, 256)

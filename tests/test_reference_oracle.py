@@ -165,6 +165,10 @@ def test_rounding_model_holds_the_coefficients_in_float32_in_bfloat16_runs():
     uniform = {c: mixed[oracle.ACTIVATION] for c in oracle.PRECISION_CLASSES}
     assert mixed[oracle.FLOAT32] == 2.0**-24 and mixed[oracle.ACTIVATION] == mixed[oracle.OPERAND] == 2.0**-8
     assert mixed[oracle.WEIGHT] == 2.0**-24 and oracle.unit_roundoffs("bfloat16", "bfloat16")[oracle.WEIGHT] == 2.0**-8
+    assert mixed[oracle.MATMUL] == 0.0, "at highest precision a dot rounds no operand"
+    tpu_default = oracle.unit_roundoffs("float32", "float32", matmul_operand_roundoff=2.0**-8)
+    assert tpu_default[oracle.OPERAND] == tpu_default[oracle.MATMUL] == 2.0**-8
+    assert tpu_default[oracle.ACTIVATION] == tpu_default[oracle.FLOAT32] == 2.0**-24
     for leaf in ("h_post", "h_pre", "h_res"):
         assert _sensitivity(mixed, leaf) < _sensitivity(uniform, leaf) / 4, leaf
     # ...while the bfloat16 roundings a correct path makes still move them: far above float32 noise.

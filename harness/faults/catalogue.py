@@ -69,13 +69,13 @@ def _projection_with_bf16_rms(original_projection):
     import jax
     import jax.numpy as jnp
 
+    from mhc.common import matmul
+    from mhc.precision import DEFAULT_MATMUL_PRECISION
+
     del original_projection
 
-    def folded_rms_projection_bf16_stats(v, folded, epsilon):
-        acc = jax.lax.dot_general(
-            v, folded.astype(v.dtype), (((v.ndim - 1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )
+    def folded_rms_projection_bf16_stats(v, folded, epsilon, matmul_precision=DEFAULT_MATMUL_PRECISION):
+        acc = matmul(v, folded, matmul_precision)
         v16 = v.astype(jnp.bfloat16)
         mean_square = jnp.mean(v16 * v16, axis=-1, keepdims=True, dtype=jnp.bfloat16)
         inverse = jax.lax.rsqrt(mean_square + jnp.asarray(epsilon, jnp.bfloat16))
@@ -99,9 +99,9 @@ def _residual_matrix_with_reordered_permutations(original_residual_matrix):
     """`lite_residual_matrix` mixing with the permutations in reversed order."""
     import jax.numpy as jnp
 
-    def lite_residual_matrix_reordered(logits, scale, bias, n, perms=None):
+    def lite_residual_matrix_reordered(logits, scale, bias, n, perms=None, **options):
         del perms
-        return original_residual_matrix(logits, scale, bias, n, jnp.asarray(_reversed_permutations(n)))
+        return original_residual_matrix(logits, scale, bias, n, jnp.asarray(_reversed_permutations(n)), **options)
 
     return lite_residual_matrix_reordered
 

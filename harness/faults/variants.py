@@ -48,25 +48,19 @@ def _projection_in_chunks(original_projection):
 
     What a K-tiled matmul does: the same products, accumulated in another order.
     """
-    import jax
-    import jax.numpy as jnp
+    import functools
+    import operator
 
-    from mhc.common import rms_inverse
+    from mhc.common import matmul, rms_inverse
 
     del original_projection
 
-    def folded_rms_projection_chunked(v, folded, epsilon):
+    def folded_rms_projection_chunked(v, folded, epsilon, matmul_precision="highest"):
         k = v.shape[-1]
         step = k // PROJECTION_CHUNKS if k % PROJECTION_CHUNKS == 0 else k
-        acc = None
-        for start in range(0, k, step):
-            part = jax.lax.dot_general(
-                v[..., start : start + step], folded[start : start + step].astype(v.dtype),
-                (((v.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
-                precision=jax.lax.Precision.HIGHEST,
-            )
-            acc = part if acc is None else acc + part
-        return rms_inverse(v, epsilon) * acc
+        partial_sums = [matmul(v[..., start : start + step], folded[start : start + step], matmul_precision)
+                        for start in range(0, k, step)]
+        return rms_inverse(v, epsilon) * functools.reduce(operator.add, partial_sums)
 
     return folded_rms_projection_chunked
 

@@ -41,7 +41,7 @@ def _coefficients(proj, gates, perms, config: MhcConfig):
     pre, post, res = split_projection(proj, config.dims)
     h_pre = compute_sigmoid_gate(pre, ps, pb, epsilon=config.pre_epsilon)
     h_post = compute_sigmoid_gate(post, qs, qb, multiplier=POST_GATE_MULTIPLIER)
-    h_res = lite_residual_matrix(res, rs, rb, config.streams, perms)
+    h_res = lite_residual_matrix(res, rs, rb, config.streams, perms, matmul_precision=config.matmul_precision)
     return h_pre, h_post, h_res
 
 
@@ -62,7 +62,8 @@ def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
         gates = tuple(r[...].astype(jnp.float32) for r in (ps, pb, qs, qb, rs, rb))
 
         proj, proj_vjp = jax.vjp(
-            lambda v, f: folded_rms_projection(v, f, config.rms_epsilon), v32, f32
+            lambda v, f: folded_rms_projection(v, f, config.rms_epsilon, matmul_precision=config.matmul_precision),
+            v32, f32,
         )
         (h_pre, _, _), coef_vjp = jax.vjp(
             lambda p, g: _coefficients(p, g, perms, config), proj, gates

@@ -68,7 +68,7 @@ def coefficients(proj, gates, perms, config: MhcConfig):
     pre, post, res = split_projection(proj, config.dims)
     h_pre = compute_sigmoid_gate(pre, ps, pb, epsilon=config.pre_epsilon)
     h_post = compute_sigmoid_gate(post, qs, qb, multiplier=POST_GATE_MULTIPLIER)
-    h_res = lite_residual_matrix(res, rs, rb, config.streams, perms)
+    h_res = lite_residual_matrix(res, rs, rb, config.streams, perms, matmul_precision=config.matmul_precision)
     return h_pre, h_post, h_res
 
 
@@ -80,7 +80,7 @@ def split_streams(v: jax.Array, n: int) -> jax.Array:
 def _pre_forward_kernel(config: MhcConfig):
     def body(x_ref, f_ref, perm_ref, ps, pb, qs, qb, rs, rb, li_ref, hpre_ref, hpost_ref, hres_ref):
         v = x_ref[...]
-        proj = folded_rms_projection(v, f_ref[...], config.rms_epsilon)
+        proj = folded_rms_projection(v, f_ref[...], config.rms_epsilon, matmul_precision=config.matmul_precision)
         gates = tuple(r[...] for r in (ps, pb, qs, qb, rs, rb))
         h_pre, h_post, h_res = coefficients(proj, gates, perm_ref[...], config)
         li_ref[...] = collapse_streams(h_pre, split_streams(v, config.streams))

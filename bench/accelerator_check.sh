@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One check of mhc-parity on a TPU VM or an NVIDIA GPU machine, from a fresh clone.
+#
+#   bench/accelerator_check.sh            # detects the accelerator and installs its extra
+#   EXTRAS=tpu bench/accelerator_check.sh # or name it (tpu | cuda; "" for none)
+#
+# Steps: install .venv with the accelerator's extra (make setup EXTRAS=...); report what
+# JAX sees; run the smoke suite through every path (reference, interpret, mosaic on a
+# TPU; the oracle on the host CPU); run the hardware-marked tests (tests/test_hardware.py:
+# Mosaic-compiled kernels on a TPU, interpret kernels on a GPU, against the reference)
+# with the explicit-precision audit and the host-placement tests; print one summary line
+# per path and a final PASS/FAIL line. Each step has a time limit so the whole check
+# stays under 8 minutes once the packages are installed.
+#
+# Without an accelerator it says so, still runs the precision audit and the hardware
+# tests (which skip, with their reason), and exits 0: `make parity` covers the CPU.
+# Exit: 0 pass, 1 a check failed, 2 set-up failed, 3 the extra does not match the backend.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-out/accelerator-check}
+SUITE=${SUITE:-smoke}
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-300}
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-240}
+PY=.venv/bin/python
+START=$SECONDS
+mkdir -p "$OUT"
+
+detect_extra() {
+  if [ -n "${EXTRAS+set}" ]; then echo "$EXTRAS"; return; fi
+  # TPU VMs expose their chips as /dev/accel* (v2-v4) or VFIO groups (v5e and later).
+  if compgen -G "/dev/accel*" >/dev/null || compgen -G "/dev/vfio/[0-9]*" >/dev/null \
+     || [ -n "${TPU_ACCELERATOR_TYPE:-}" ]; then
+    echo tpu
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo cuda
+  fi
+}
+
+EXTRA=$(detect_extra)
+echo "accelerator check: extra '${EXTRA:-none}' (set EXTRAS= to override)"
+if ! make setup EXTRAS="$EXTRA" >"$OUT/setup.log" 2>&1; then
+  tail -n 20 "$OUT/setup.log"
+  echo "accelerator check: FAIL: make setup EXTRAS=$EXTRA failed (log: $OUT/setup.log)"
+  exit 2
+fi
+"$PY" bench/accelerator_report.py probe "$EXTRA"
+probe=$?
+if [ "$probe" -ne 0 ]; then
+  echo "accelerator check: FAIL: backend does not match the installed extra"
+  exit "$probe"
+fi
+BACKEND=$("$PY" -c 'from harness.env import ensure_host_devices; ensure_host_devices(); import jax; print(jax.default_backend())')
+
+status=0
+TESTS=(tests/test_matmul_precision.py tests/test_host_placement.py tests/test_hardware.py)
+if [ "$BACKEND" = cpu ]; then
+  echo "no accelerator: JAX's default backend is cpu; the smoke suite is not run here (make parity covers the CPU)"
+  echo "still checked: explicit matmul precision (jaxpr audit) and that the tpu/gpu tests skip with their reason"
+  TESTS=(tests/test_matmul_precision.py tests/test_hardware.py)
+else
+  if timeout "$SUITE_TIMEOUT" "$PY" -m harness run --suite "$SUITE" --out "$OUT/$SUITE" --quiet \
+       >"$OUT/suite.log" 2>&1; then
+    echo "smoke suite: pass"
+  else
+    code=$?
+    [ "$code" -eq 124 ] && echo "smoke suite: FAIL (over ${SUITE_TIMEOUT}s)" || echo "smoke suite: FAIL (exit $code; log: $OUT/suite.log)"
+    status=1
+  fi
+  if [ -f "$OUT/$SUITE/rows.jsonl" ] || [ -f "$OUT/$SUITE/report.json" ]; then
+    "$PY" bench/accelerator_report.py paths "$OUT/$SUITE" || status=1
+  fi
+fi
+
+if timeout "$TESTS_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" >"$OUT/tests.log" 2>&1; then
+  echo "tests: $(tail -n 1 "$OUT/tests.log")"
+else
+  code=$?
+  [ "$code" -eq 124 ] && echo "tests: FAIL (over ${TESTS_TIMEOUT}s)" || echo "tests: FAIL: $(tail -n 1 "$OUT/tests.log") (log: $OUT/tests.log)"
+  status=1
+fi
+grep -E "^SKIPPED .*test_hardware" "$OUT/tests.log" | sed -E 's/^SKIPPED \[[0-9]+\] /skipped: /' | sort -u
+
+verdict=PASS
+[ "$status" -ne 0 ] && verdict=FAIL
+echo "accelerator check: $verdict on $BACKEND in $((SECONDS - START)) s (logs in $OUT)"
+exit "$status"

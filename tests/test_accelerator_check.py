@@ -1,0 +1,53 @@
+"""bench/accelerator_check.sh on this CPU machine: it says there is no accelerator and what it still checked."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import accelerator_report  # noqa: E402
+
+
+@pytest.mark.slow
+def test_the_check_reports_no_accelerator_and_what_it_still_checked(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), EXTRAS="")
+    proc = subprocess.run(["bash", "bench/accelerator_check.sh"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "accelerator check: extra 'none'" in out
+    assert re.search(r"^backend: cpu \(8 x cpu\);.*matmul precision: highest=float32$", out, re.M)
+    assert "no accelerator: JAX's default backend is cpu" in out
+    assert "still checked: explicit matmul precision" in out
+    assert re.search(r"^tests: \d+ passed, 8 skipped in ", out, re.M), out
+    skipped = [line for line in out.splitlines() if line.startswith("skipped: tests/test_hardware.py")]
+    assert skipped and all("jax.default_backend() is 'cpu'" in line for line in skipped)
+    assert {m for line in skipped for m in re.findall(r"needs a (\w+) backend", line)} == {"tpu", "gpu"}
+    assert out.strip().splitlines()[-1].startswith("accelerator check: PASS on cpu in ")
+
+
+def test_an_extra_the_backend_does_not_match_is_refused():
+    proc = subprocess.run([sys.executable, "bench/accelerator_report.py", "probe", "tpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3
+    assert "the 'tpu' extra is installed but JAX's default backend is 'cpu', not 'tpu'" in proc.stdout
+
+
+def test_one_summary_line_per_path():
+    rows = [
+        {"candidate": "interpret/unsharded", "verdict": "pass", "devices": "tpu:0", "matmul_precision": "highest"},
+        {"candidate": "interpret/unsharded", "verdict": "fail", "devices": "tpu:0", "matmul_precision": "highest"},
+        {"candidate": "mosaic/sharded(data=2,fsdp=4)", "verdict": "skip", "devices": "", "matmul_precision": "highest"},
+    ]
+    assert accelerator_report.path_lines(rows) == [
+        "path interpret/unsharded: 1 pass, 1 fail [tpu:0 at highest]",
+        "path mosaic/sharded(data=2,fsdp=4): 1 skip [did not run]",
+    ]

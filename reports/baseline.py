@@ -2,7 +2,7 @@
 
 File layout (UTF-8, "\\n" line endings):
 
-    # mhc-parity baseline format=1 policy_hash=<hash or -> backend=cpu device_kind=cpu matmul_precision=highest=float32
+    # mhc-parity baseline format=2 policy_hash=<hash or -> backend=cpu device_kind=cpu matmul_precision=highest=float32
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
 
@@ -36,12 +36,14 @@ import pandas as pd
 
 from harness.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
 
-from reports.drift import GATE_COLUMNS, gate_frame
+from reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, gate_frame
 from reports.environment import HEADER_KEYS, environment_of
 from reports.rows import ReportInputError, frame_from_records, read_csv_cells, records_from_cells, unwrap_run
 
 BASELINE_COLUMNS = GATE_COLUMNS
-BASELINE_FORMAT_VERSION = 1
+BASELINE_FORMAT_VERSION = 2
+# Format 1 lacked the oracle sensitivity (`reports.drift`); it is still read, as NaN.
+COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
 DEFAULT_BASELINE_PATH = Path("baselines") / "default.csv"
@@ -165,22 +167,23 @@ def load_baseline(path: str | Path) -> Baseline:
     if not version_text.isdigit():
         raise ReportInputError(f"{path}: baseline header has no valid format version")
     version = int(version_text)
-    if version != BASELINE_FORMAT_VERSION:
+    if version not in COLUMNS_OF_FORMAT:
         raise ReportInputError(
-            f"{path}: baseline format {version} is not supported (expected "
-            f"{BASELINE_FORMAT_VERSION}); regenerate it with `make baseline`"
+            f"{path}: baseline format {version} is not supported (expected one of "
+            f"{sorted(COLUMNS_OF_FORMAT)}); regenerate it with `make baseline`"
         )
+    columns = COLUMNS_OF_FORMAT[version]
     cells = read_csv_cells(path, skip_lines=1)
-    if list(cells.columns) != list(BASELINE_COLUMNS):
-        missing = [c for c in BASELINE_COLUMNS if c not in cells.columns]
-        unknown = [c for c in cells.columns if c not in BASELINE_COLUMNS]
+    if list(cells.columns) != list(columns):
+        missing = [c for c in columns if c not in cells.columns]
+        unknown = [c for c in cells.columns if c not in columns]
         raise ReportInputError(
-            f"{path}: baseline columns do not match (missing {missing}, unknown {unknown}; "
-            f"order must be {list(BASELINE_COLUMNS)}); regenerate it with `make baseline`"
+            f"{path}: baseline columns do not match format {version} (missing {missing}, unknown {unknown}; "
+            f"order must be {list(columns)}); regenerate it with `make baseline`"
         )
     # Line 1 is the header comment, line 2 the column names.
-    records = records_from_cells(cells, path, BASELINE_COLUMNS, first_data_line=3)
-    frame = gate_frame(frame_from_records(records, BASELINE_COLUMNS), source=str(path))
+    records = records_from_cells(cells, path, columns, first_data_line=3)
+    frame = gate_frame(frame_from_records(records, columns), source=str(path))
     policy_hash = header.get("policy_hash") or None
     return Baseline(
         frame=frame,

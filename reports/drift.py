@@ -14,6 +14,15 @@ same units as eps. Clamping both sides to the floor means: growth while both err
 stay below the floor is 1 (pure rounding noise, ignored); growth from below the floor
 to above it is measured from the floor, never from an accidental near-zero baseline.
 
+For the leaf kinds of `SENSITIVITY_FLOOR` the floor is also at least that multiple of
+the leaf's oracle sensitivity (`oracle_sensitivity_max` / `_rms`, the larger of the two
+runs'): a gate-scale gradient is one sum over every token and stream with heavy
+cancellation, so its error depends on the reduction order by its condition number, and
+the order differs between machines. Measured: the same code's float32
+large_magnitude d_res_scale error was 0.25x its sensitivity on the machine that made
+the first committed baseline and 2.9x on another CPU — the only rows (3 of 1784, all
+scale gradients) whose error moved by more than 2x between the two machines.
+
 A row is compared only when both runs measured it (neither verdict is skip,
 unsupported or error) and its baseline error is finite. A finite baseline error that
 is NaN/inf now counts as infinite growth.
@@ -43,7 +52,14 @@ GATE_COLUMNS = (
     "inf_count",
     "cand_oracle_max_err",
     "cand_oracle_rms_err",
+    "oracle_sensitivity_max",
+    "oracle_sensitivity_rms",
 )
+# Baselines of format 1 were written before the sensitivity was kept (read as NaN).
+SENSITIVITY_COLUMNS = ("oracle_sensitivity_max", "oracle_sensitivity_rms")
+LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS)
+# Leaf kind -> multiple of the oracle sensitivity below which growth is noise (module docstring).
+SENSITIVITY_FLOOR = {"scale_grad": 2.0}
 # Optional columns used for messages when the run provides them.
 GATE_OPTIONAL_COLUMNS = ("reason", "bound_usage")
 GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
@@ -107,7 +123,8 @@ class RowDrift:
     baseline_rms: float
     current_rms: float
     growth_rms: float
-    noise_floor: float
+    noise_floor: float  # of cand_oracle_max_err
+    noise_floor_rms: float  # of cand_oracle_rms_err
     # "regression" | "improvement" | "steady" | "not_compared"
     status: str
     note: str
@@ -122,8 +139,9 @@ class RowDrift:
 def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str) -> pd.DataFrame:
     """A typed frame with the gate's columns (plus reason/bound_usage when present).
 
-    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`); any
-    column outside the schema, or a missing gate column, raises `ReportInputError`.
+    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; the
+    sensitivity columns may be absent and are then NaN); any column outside the schema,
+    or a missing gate column, raises `ReportInputError`.
     Duplicate row keys raise too: a run must have one row per key.
     """
     if isinstance(rows, pd.DataFrame):
@@ -133,7 +151,7 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
         records = [dict(r) for r in rows]
         columns = list(records[0].keys()) if records else list(GATE_COLUMNS)
     unknown = [c for c in columns if c not in ROW_COLUMNS]
-    missing = [c for c in GATE_COLUMNS if c not in columns]
+    missing = [c for c in LEGACY_GATE_COLUMNS if c not in columns]
     if unknown or missing:
         parts = []
         if missing:
@@ -144,6 +162,7 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
     kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in columns]
     coerced = []
     for index, record in enumerate(records):
+        record = {**{c: math.nan for c in SENSITIVITY_COLUMNS}, **record}
         absent = [c for c in kept if c not in record]
         if absent:
             raise ReportInputError(f"{source}, row {index}: missing columns {absent}")
@@ -172,6 +191,10 @@ def compare_row(
 ) -> RowDrift:
     """The drift of one matched row (see the module docstring for the rule)."""
     floor = noise_floor(current["dtype"] or baseline["dtype"], noise_floor_ulps)
+    floor_max, floor_rms = (
+        _sensitivity_floor(floor, current["leaf_kind"], baseline.get(column), current.get(column))
+        for column in SENSITIVITY_COLUMNS
+    )
     base_max, cur_max = float(baseline["cand_oracle_max_err"]), float(current["cand_oracle_max_err"])
     base_rms, cur_rms = float(baseline["cand_oracle_rms_err"]), float(current["cand_oracle_rms_err"])
     fields = dict(
@@ -185,7 +208,8 @@ def compare_row(
         current_max=cur_max,
         baseline_rms=base_rms,
         current_rms=cur_rms,
-        noise_floor=floor,
+        noise_floor=floor_max,
+        noise_floor_rms=floor_rms,
     )
     unmeasured = [v for v in (baseline["verdict"], current["verdict"]) if v in UNCOMPARED_VERDICTS]
     if unmeasured:
@@ -196,8 +220,8 @@ def compare_row(
             status="not_compared",
             note=f"verdict {baseline['verdict']} → {current['verdict']}",
         )
-    growth_max = growth(base_max, cur_max, floor)
-    growth_rms = growth(base_rms, cur_rms, floor)
+    growth_max = growth(base_max, cur_max, floor_max)
+    growth_rms = growth(base_rms, cur_rms, floor_rms)
     compared = [g for g in (growth_max, growth_rms) if not math.isnan(g)]
     if not compared:
         status, note = "not_compared", "no finite oracle error in the baseline"
@@ -210,6 +234,15 @@ def compare_row(
     else:
         status, note = "steady", ""
     return RowDrift(**fields, growth_max=growth_max, growth_rms=growth_rms, status=status, note=note)
+
+
+def _sensitivity_floor(floor: float, leaf_kind: str, *sensitivities) -> float:
+    """`floor`, raised to SENSITIVITY_FLOOR[leaf_kind] x the larger finite sensitivity."""
+    factor = SENSITIVITY_FLOOR.get(str(leaf_kind))
+    measured = [float(s) for s in sensitivities if is_finite(s)]
+    if factor is None or not measured:
+        return floor
+    return max(floor, factor * max(measured))
 
 
 def compare_runs(

@@ -28,7 +28,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from harness.schema import COMPARISONS, LEAF_KINDS
+from reports.schema import COMPARISONS, LEAF_KINDS
 
 from reports.summary import UNMEASURED_VERDICTS
 

@@ -120,7 +120,7 @@ class Bound:
 
 @dataclasses.dataclass(frozen=True)
 class Exact(Bound):
-    """Bit-identical: max_abs_err == 0 (usage 0 when identical, inf otherwise)."""
+    """`exact`: bit-identical, max_abs_err == 0 (usage 0 when identical, inf otherwise)."""
 
     kind: ClassVar[str] = "exact"
     numbers: ClassVar[dict[str, str]] = {}
@@ -135,7 +135,7 @@ class Exact(Bound):
 
 @dataclasses.dataclass(frozen=True)
 class UlpsOfMax(Bound):
-    """max_rel_err <= max_rel_ulps ulps."""
+    """`max_rel<=K ulp`: max|candidate - partner| / max|partner| <= K ulps."""
 
     max_rel_ulps: float
     kind: ClassVar[str] = "ulps_of_max"
@@ -152,7 +152,8 @@ class UlpsOfMax(Bound):
 
 @dataclasses.dataclass(frozen=True)
 class UlpsPlusSensitivity(Bound):
-    """max_rel_err <= max_rel_ulps ulps + ratio_sensitivity x the oracle's sensitivity (max)."""
+    """`max_rel<=K ulp+F*sensitivity`: as above, plus F times the oracle's sensitivity S, the
+    error one rounding per operation explains at the leaf."""
 
     max_rel_ulps: float
     ratio_sensitivity: float
@@ -173,7 +174,8 @@ class UlpsPlusSensitivity(Bound):
 
 @dataclasses.dataclass(frozen=True)
 class Systematic:
-    """The systematic-error criterion, which the policy adds to `OracleRatio` bounds on `leaf_kinds`.
+    """`systematic t<=T or Mx`: no error shared by every token, beyond T or M x what the
+    rounding model itself shows (the policy adds it to oracle-ratio bounds on `leaf_kinds`).
 
     A leaf passes it when cand_systematic_t <= max(t_floor, ratio * E_t), with E_t the
     larger of the partner's t and the t the rounding model itself produces
@@ -206,8 +208,9 @@ class Systematic:
 
 @dataclasses.dataclass(frozen=True)
 class OracleRatio(Bound):
-    """No worse than `ratio` x the error the partner or the arithmetic explains, plus a floor;
-    or directly within `direct_ulps` of the partner (see the module docstring)."""
+    """`ratio<=R +F ulp | direct<=D ulp`: the error against the float64 oracle (max and
+    RMS) <= R x max(the partner's, S) + F ulps; or, where a D is shown, within D ulps of
+    the partner."""
 
     ratio: float
     floor_ulps: float
@@ -263,3 +266,8 @@ class OracleRatio(Bound):
 
 
 KINDS: dict[str, type[Bound]] = {kind.kind: kind for kind in (Exact, UlpsOfMax, UlpsPlusSensitivity, OracleRatio)}
+
+
+def notation() -> list[str]:
+    """How each kind's `describe` reads: the first paragraph of each class's docstring."""
+    return [" ".join(cls.__doc__.split("\n\n")[0].split()) for cls in (*KINDS.values(), Systematic)]

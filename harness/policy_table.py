@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from cases import registry
+from harness.bounds import notation
 from harness.implementations import BUILTIN, Implementation
 from harness.metrics import eps
 from harness.plan import JudgementKey, PathPlan, planned_judgements
@@ -110,14 +111,7 @@ def markdown(policy: Policy, lines: Sequence[TableLine], *, source: str = "harne
         "built-in implementations and an external one). A bound is in ulps of the dtype in `ulps of`",
         f"(eps: {units}), relative to the largest compared value:",
         "",
-        "- `max_rel<=K ulp`: max|candidate - partner| / max|partner| <= K ulps;",
-        "- `+F*sensitivity`: plus F times the oracle's sensitivity S, the error one rounding per",
-        "  operation explains at the leaf;",
-        "- `ratio<=R +F ulp`: the error against the float64 oracle (max and RMS) <= R x max(partner's",
-        "  error, S) + F ulps; `| direct<=D ulp`: or within D ulps of the partner;",
-        "- `systematic t<=T or Mx`: and no error shared by every token: t statistic <= max(T, M x the",
-        "  rounding model's t), or a shift within the floor;",
-        "- `exact`: bit-identical.",
+        *(f"- {line}" for line in notation()),
         "",
     ]
     for comparison in POLICY_COMPARISONS:

@@ -126,6 +126,13 @@ class Rule:
         return f"rule {self.index} ({keys})"
 
     @property
+    def pattern(self) -> str:
+        """The match keys it names besides the comparison, e.g. 'act_dtype=bfloat16 dtype=float32';
+        '*' for a comparison's catch-all. Unlike the index, unchanged when rules are added."""
+        named = [f"{k}={v}" for k, v in self.keys.items() if k != "comparison" and v != "*"]
+        return " ".join(named) or "*"
+
+    @property
     def specific(self) -> frozenset[str]:
         """The match keys this rule names exactly (comparison always)."""
         return frozenset(k for k in MATCH_KEYS if getattr(self, k) != "*")

@@ -49,7 +49,7 @@ class TableLine:
     def cells(self) -> list[str]:
         k = self.key
         return [k.comparison, ", ".join(self.partitionings), k.act_dtype, k.dtype, k.leaf_kind,
-                self.resolved.bound.describe(), self.resolved.unit_dtype, str(self.resolved.rule.index)]
+                self.resolved.bound.describe(), self.resolved.unit_dtype, self.resolved.rule.pattern]
 
 
 def matrix_judgements() -> list[JudgementKey]:
@@ -86,8 +86,7 @@ def table_text(lines: Sequence[TableLine]) -> str:
 
 
 def _rule_heading(rule) -> str:
-    keys = ", ".join(f"{k} {v}" for k, v in rule.keys.items() if k != "comparison" and v != "*")
-    return f"rule {rule.index}: {rule.comparison}" + (f", {keys}" if keys else "")
+    return f"{rule.comparison}: {rule.pattern}"
 
 
 def _numbers(bound) -> str:

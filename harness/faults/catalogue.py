@@ -195,9 +195,9 @@ _EPSILON_BELOW_BFLOAT16 = (
 _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
     "bfloat16",
     "a bfloat16 RMS statistic (float32 accumulation) rounds each token's projection once, by "
-    "the same relative amount as the bfloat16 operand roundings a correct path makes: measured "
-    "<= 1.4x the rounding model's sensitivity on every leaf, inside the 4x a legitimate "
-    "bfloat16 variant needs",
+    "the same relative amount as the bfloat16 operand roundings a correct path makes, and "
+    "not the same way for every token: measured at most 1.8x what the rounding model explains "
+    "(h_pre at 0.88 of a 2x bound), inside the headroom legitimate bfloat16 variants need",
 )
 
 

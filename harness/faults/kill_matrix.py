@@ -14,8 +14,8 @@
    judged per dtype slice (the cases of one activation dtype alone): a fault must be
    caught in every slice it runs in, unless it names the slice in `unkillable_in`; a
    legitimate variant must be caught nowhere. For a slice where nothing catches, the
-   closest row (largest bound_usage under the perturbation) is reported, with its usage
-   on clean code.
+   closest row (largest bound_usage among the rows the perturbation moved) is reported,
+   with its usage on clean code.
 
 Each pass is single-threaded (XLA compilation dominates), so `run_kill_matrix(jobs=N)`
 deals the perturbations to N spawned processes, each repeating the clean pass.
@@ -197,7 +197,11 @@ def _catches(rows: Sequence[dict]) -> list[Catch]:
 
 
 def _closest(rows: Sequence[dict], clean_usage: dict) -> Closest | None:
-    candidates = [r for r in rows if r["comparison"] in FAULT_COMPARISONS and not math.isnan(usage_of(r))]
+    """The row with the largest bound_usage among those the perturbation moved (all rows
+    if it moved none): how close it came to being caught, next to its clean usage."""
+    measured = [r for r in rows if r["comparison"] in FAULT_COMPARISONS and not math.isnan(usage_of(r))]
+    moved = [r for r in measured if usage_of(r) != clean_usage.get(row_key(r), math.nan)]
+    candidates = moved or measured
     if not candidates:
         return None
     row = max(candidates, key=usage_of)

@@ -40,6 +40,9 @@ CASES = (
     make_case(batch=2, sequence=32, dtype="bfloat16"),
     make_case(batch=2, sequence=32, dtype="float32", mesh=(2, 4), block_tokens=8),
 )
+# `make test-fast` runs the first case (the smoke matrix covers bfloat16 and sharding
+# through the same policy); `make test` runs all three.
+CASE_PARAMS = (CASES[0], *(pytest.param(case, marks=pytest.mark.slow) for case in CASES[1:]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,7 +78,7 @@ class ImplementationChecks:
 
     implementation: ClassVar[Implementation]
 
-    @pytest.fixture(params=CASES, ids=lambda case: case.name)
+    @pytest.fixture(params=CASE_PARAMS, ids=lambda case: case.name)
     def case(self, request):
         return request.param
 

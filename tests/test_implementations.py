@@ -32,6 +32,7 @@ class TestIndependentExternal(ImplementationChecks):
     implementation = load_external("harness.independent_mhc:factory")
 
 
+@pytest.mark.slow
 def test_the_checks_fail_an_implementation_that_loses_the_post_gate_factor():
     broken = load_external("tests.external_impls:broken")
     rows = implementation_rows(broken, CASES[0])

@@ -61,7 +61,7 @@ def _run_pre(use_kernel, x, w, cotangents):
     return jax.jit(with_vjp)(x, w)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)], ids=["f32", "bf16"])
 def test_pre_vjp_of_a_cotangent_on_every_context_leaf_passes_the_policy(dtype):
     """The layer sends no cotangent to h_pre (nor, directly, to h_post and h_res); the
     kernel's `pre` backward must still handle one like the reference: each gradient is

@@ -18,7 +18,7 @@ SWEEP_OUT  ?= out/sweep
 SEEDS      ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: setup test parity baseline gate faults sweep bench accelerator-check clean
+.PHONY: setup test test-fast parity baseline gate faults sweep tolerances bench accelerator-check clean
 
 setup: $(STAMP)
 
@@ -31,8 +31,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)
 
+# The whole suite: what CI runs.
 test: setup
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+
+# The edit loop: the unit tests and the smoke matrix (every test not marked slow).
+test-fast: setup
+	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
 
 parity: setup
 	$(PY) -m harness run --suite $(SUITE) --out $(OUT)
@@ -52,6 +57,11 @@ faults: setup
 # The false-positive sweep: the unmodified code over $(SEEDS) seeds; exits 1 on any failure.
 sweep: setup
 	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT)
+
+# docs/tolerances.md: the bound every comparison of the case matrix resolves to (a test
+# fails until it is regenerated after a change of harness/tolerances.toml).
+tolerances: setup
+	$(PY) -m harness policy --markdown > docs/tolerances.md.tmp && mv docs/tolerances.md.tmp docs/tolerances.md
 
 # Cold and warm timing of the suite, with the share spent compiling, executing and in
 # harness overhead, and peak memory (targets: cold < 5 min, warm < 90 s, overhead < 10%).

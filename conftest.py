@@ -1,13 +1,17 @@
 """Root pytest configuration.
 
 The XLA flags of `harness.env` (8 simulated host devices, so token-sharded paths run
-on a CPU; no excess precision) must be in the environment before JAX is first
-imported; pytest imports this module before any test module.
+on a CPU; no excess precision) must be in the environment before the JAX backend
+starts; pytest imports this module before any test module.
 """
+
+import jax
+import pytest
 
 from harness.env import ensure_host_devices
 
-# 8 simulated devices and no excess precision, before any test module imports JAX.
+# 8 simulated devices and no excess precision, before any test computes (XLA reads its
+# flags when the backend starts, not when jax is imported: harness.env).
 ensure_host_devices()
 
 # One marker per kind of hardware: such a test is skipped, with the reason, unless JAX's
@@ -30,14 +34,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
-    try:
-        import jax
-
-        backend = jax.default_backend()
-    except Exception:  # pragma: no cover - jax missing is reported by the tests themselves
-        backend = "unavailable"
+    backend = jax.default_backend()
     for marker in HARDWARE_MARKERS:
         if marker == backend:
             continue

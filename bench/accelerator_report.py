@@ -17,18 +17,20 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.env import ensure_host_devices  # noqa: E402 - after the project is on the path
+
+ensure_host_devices()  # this script is an entry point: before anything computes
+
+import jax  # noqa: E402
+
+from harness.run_info import run_metadata  # noqa: E402
+from reports import load_run  # noqa: E402
+
 # The JAX platform an accelerator extra of pyproject.toml provides.
 EXTRA_PLATFORM = {"tpu": "tpu", "cuda": "gpu"}
 
 
 def probe(expected_extra: str = "") -> int:
-    from harness.env import ensure_host_devices
-
-    ensure_host_devices()
-    import jax
-
-    from harness.env import run_metadata
-
     meta = run_metadata()
     print(
         f"backend: {meta['backend']} ({meta['device_count']} x {meta['device_kind']}); "
@@ -59,8 +61,6 @@ def path_lines(rows: list[dict]) -> list[str]:
 
 
 def paths(run_dir: str) -> int:
-    from reports import load_run
-
     frame = load_run(run_dir).frame
     rows = frame.to_dict(orient="records")
     for line in path_lines(rows):

@@ -25,6 +25,9 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from reports.text import format_number, format_text_table  # noqa: E402 - after the project is on the path
 
 
 def _row_seconds(rows: list[dict]) -> tuple[float, float]:
@@ -75,18 +78,18 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path) -> dict:
 def _print(label: str, figures: dict) -> None:
     wall = figures["process_wall_s"]
     print(f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})")
-    for key in ("compile_s", "execute_s", "oracle_s", "fixtures_s", "lowering_s", "overhead_s", "startup_and_reports_s"):
-        value = figures[key]
-        print(f"  {key[:-2]:<20} {value:8.1f} s  {100 * value / wall:5.1f}%")
-    print(f"  {'peak memory':<20} {figures['peak_rss_mib']:8.0f} MiB")
+    keys = ("compile_s", "execute_s", "oracle_s", "fixtures_s", "lowering_s", "overhead_s", "startup_and_reports_s")
+    body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / wall:.1f}%"] for key in keys]
+    body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", ""])
+    print(format_text_table(["where", "time", "share"], body, indent="  "))
 
 
 def _print_sharpness(groups: list[dict]) -> None:
-    """Bound usage of the passing rows per comparison × activation dtype (how sharp the bounds are)."""
-    print("\nsharpness (bound usage of passing rows: median / p90 / max)")
-    for g in groups:
-        figures = " / ".join("-" if g[k] is None else f"{g[k]:.3f}" for k in ("median_usage", "p90_usage", "max_usage"))
-        print(f"  {g['comparison']:<14}{g['act_dtype']:<10}{g['passing']:>6} rows  {figures}")
+    """Bound usage of the passing rows per comparison x activation dtype (how sharp the bounds are)."""
+    print("\nsharpness (bound usage of passing rows)")
+    body = [[g["comparison"], g["act_dtype"], g["passing"],
+             *(format_number(g[k]) for k in ("median_usage", "p90_usage", "max_usage"))] for g in groups]
+    print(format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  "))
 
 
 def main(argv=None) -> int:

@@ -15,17 +15,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cases.init_families import INIT_FAMILIES
+from cases.registry import fresh_registry
+from cases.spec import CaseSpecError
+from cases.toml_cases import register_case_file
+from reports.text import format_text_table
+
 COLUMNS = ("name", "shape", "tokens", "dtype", "weights", "variant", "branch", "init", "mesh", "blocks",
            "precision", "tags", "expect")
 
 
 def format_table(rows: list[dict[str, str]], columns=COLUMNS) -> str:
-    """Plain-text table with a header and aligned columns."""
-    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
-    lines.append("  ".join("-" * widths[c] for c in columns))
-    lines += ["  ".join(r[c].ljust(widths[c]) for c in columns).rstrip() for r in rows]
-    return "\n".join(lines)
+    """The rows' `columns` as a plain-text table (cells never cut: a listing is complete)."""
+    return format_text_table(columns, [[row[c] for c in columns] for row in rows], limit=None)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,15 +47,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "families":
-        from cases.init_families import INIT_FAMILIES
-
         for family in INIT_FAMILIES.values():
             print(f"{family.name}\n    " + "\n    ".join(family.stresses.splitlines()) + "\n")
         return 0
-
-    from cases.registry import fresh_registry
-    from cases.spec import CaseSpecError
-    from cases.toml_cases import register_case_file
 
     registry = fresh_registry()
     try:

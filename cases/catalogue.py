@@ -20,13 +20,23 @@ Names are stable: changing a spec means a new name, never a reused one.
 
 from __future__ import annotations
 
-from cases.registry import STANDARD_SUITES, Registry
 from cases.spec import MULTI_BLOCK_TAG, REFERENCE_ONLY_TAG, TPU_TAG, Case, standard_name
 
 # Substrings of the UnsupportedInputError messages expected for the rejected shapes.
 REASON_EMBEDDING = "multiple of 128"
 REASON_TOKEN_BLOCK = "must be divisible by block_tokens"
 REASON_LITE_STREAMS = "at most 5 streams"
+
+# The standard suites and what they promise. The catalogue fills them.
+STANDARD_SUITES = {
+    "smoke": "a handful of small cases that run in seconds",
+    "default": "what `make parity` runs: every dtype, branch, variant, mesh and init family, "
+    "kept small enough for interpret mode on a 2-core CPU",
+    "full": "the default suite plus more shapes and combinations (CPU, slower)",
+    "adversarial": "every catalogue case with a non-default init family",
+    "sharded": "every catalogue case with a token-sharded mesh",
+    "tpu": "large shapes only worth running with compiled kernels",
+}
 
 
 def make_case(
@@ -182,8 +192,9 @@ def tpu_cases() -> list[Case]:
     ]
 
 
-def build_catalogue(registry: Registry) -> Registry:
-    """Register every built-in case and fill the standard suites."""
+def build_catalogue(registry):
+    """Register every built-in case into `registry` (a `cases.registry.Registry`) and fill
+    the standard suites; returns the registry."""
     for suite, description in STANDARD_SUITES.items():
         registry.define_suite(suite, description)
     for case in smoke_cases():

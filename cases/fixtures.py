@@ -30,11 +30,15 @@ import os
 import tempfile
 from pathlib import Path
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from cases.branches import get_branch
 from cases.init_families import Masters, generate_masters
 from cases.spec import Case
+from mhc.common import UnsupportedInputError
+from mhc.types import WEIGHT_FIELDS, MhcWeights
 
 # Bump whenever the arrays generated for an unchanged case could change (a family's
 # formula, the rounding, the random roles). Part of the cache key and of the digest.
@@ -93,8 +97,6 @@ class Fixture:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every array by a flat role name: x, weights.<field>, branch.<param>, cotangent."""
-        from mhc.types import WEIGHT_FIELDS
-
         out = {"x": self.x}
         out.update({f"weights.{k}": self.weights[k] for k in WEIGHT_FIELDS})
         out.update({f"branch.{k}": self.branch_params[k] for k in sorted(self.branch_params)})
@@ -111,16 +113,10 @@ class Fixture:
 
     def mhc_weights(self):
         """`mhc.types.MhcWeights` of jax arrays (weight dtype, as stored)."""
-        import jax.numpy as jnp
-
-        from mhc.types import MhcWeights
-
         return MhcWeights(**{k: jnp.asarray(v) for k, v in self.weights.items()})
 
     def branch_params_jax(self) -> dict:
         """Branch parameters as jax arrays (weight dtype)."""
-        import jax.numpy as jnp
-
         return {k: jnp.asarray(v) for k, v in self.branch_params.items()}
 
     def as_float64(self) -> "Fixture":
@@ -159,9 +155,6 @@ def _array_sha256(array: np.ndarray) -> str:
 
 def expected_layout(case: Case) -> dict[str, tuple[str, tuple[int, ...]]]:
     """role -> (dtype name, shape) of every array the case's fixture holds."""
-    from cases.branches import get_branch
-    from mhc.types import WEIGHT_FIELDS
-
     shapes = case.dims.weight_shapes()
     layout = {"x": (case.dtype, case.shape)}
     layout.update({f"weights.{k}": (case.weight_dtype, shapes[k]) for k in WEIGHT_FIELDS})
@@ -197,8 +190,6 @@ def generate_fixture(case: Case) -> Fixture:
     """
     elements = fixture_elements(case)
     if elements > MAX_FIXTURE_ELEMENTS:
-        from mhc.common import UnsupportedInputError
-
         raise UnsupportedInputError(
             f"case {case.name!r}: its fixture would hold {elements} elements "
             f"(limit {MAX_FIXTURE_ELEMENTS}); streams={case.streams} variant={case.variant} "

@@ -28,6 +28,7 @@ from cases.branches import get_branch
 from cases.names import lookup
 from cases.random_streams import RandomStreams
 from cases.spec import Case
+from mhc.common import permutation_matrices
 
 # Logit advantage of the identity permutation (lite) / the diagonal (Sinkhorn) in the
 # default family: h_res starts close to, but clearly not exactly, a plain residual.
@@ -166,8 +167,6 @@ def peaky_permutation_masters(case: Case, rs: RandomStreams) -> Masters:
         bias = rs.normal("peaky.res_bias", (perms,), std=0.5)
         bias[peak] += PEAK_BIAS
     else:
-        from mhc.common import permutation_matrices
-
         pattern = permutation_matrices(n)[peak].astype(np.float64)
         bias = rs.normal("peaky.res_bias", (n, n), std=0.5) + PEAK_BIAS * pattern
     return base.with_changes(weights={"res_bias": bias})

@@ -20,20 +20,9 @@ import fnmatch
 import threading
 from typing import Iterable, Iterator
 
+from cases.catalogue import build_catalogue
 from cases.names import did_you_mean
 from cases.spec import Case, normalize_dtype
-
-# The standard suites and what they promise. The catalogue fills them.
-STANDARD_SUITES = {
-    "smoke": "a handful of small cases that run in seconds",
-    "default": "what `make parity` runs: every dtype, branch, variant, mesh and init family, "
-    "kept small enough for interpret mode on a 2-core CPU",
-    "full": "the default suite plus more shapes and combinations (CPU, slower)",
-    "adversarial": "every catalogue case with a non-default init family",
-    "sharded": "every catalogue case with a token-sharded mesh",
-    "tpu": "large shapes only worth running with compiled kernels",
-}
-
 
 class UnknownCaseError(KeyError):
     """An unknown case name, suite or pattern; str() is the full message."""
@@ -187,8 +176,6 @@ def default_registry() -> Registry:
     global _default
     with _default_lock:
         if _default is None:
-            from cases.catalogue import build_catalogue
-
             registry = Registry()
             build_catalogue(registry)
             _default = registry

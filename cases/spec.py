@@ -21,6 +21,9 @@ import dataclasses
 import re
 from typing import Any
 
+from mhc.common import MhcDims
+from mhc.types import MhcConfig
+
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 WEIGHT_DTYPES = ("float32", "bfloat16")
 VARIANTS = ("lite", "sinkhorn")  # mirrors mhc.common.VARIANTS (checked by the tests)
@@ -335,14 +338,10 @@ class Case:
     @property
     def dims(self):
         """`mhc.common.MhcDims` (not validated: also built for expected-unsupported shapes)."""
-        from mhc.common import MhcDims
-
         return MhcDims(self.streams, self.embedding, self.variant)
 
     def mhc_config(self):
         """`mhc.types.MhcConfig` for the case; raises UnsupportedInputError for invalid dims."""
-        from mhc.types import MhcConfig
-
         return MhcConfig(
             streams=self.streams, embedding=self.embedding, variant=self.variant,
             matmul_precision=self.matmul_precision,

@@ -33,11 +33,12 @@ or position) and the field.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 from typing import Iterable
 
-from cases.registry import Registry
+from cases.registry import DuplicateCaseError, Registry
 from cases.spec import Case, CaseSpecError, case_field_names, normalize_dtype
 
 USER_SUITE = "user"
@@ -77,8 +78,6 @@ def _check_keys(table: dict, allowed: Iterable[str], where: str, path: Path) -> 
     allowed = tuple(allowed)
     unknown = [k for k in table if k not in allowed]
     if unknown:
-        import difflib
-
         hints = []
         for key in unknown:
             close = difflib.get_close_matches(key, allowed, n=1)
@@ -167,8 +166,6 @@ def register_case_file(path: str | Path, registry: Registry) -> tuple[Case, ...]
     Raises CaseFileError for a malformed file, DuplicateCaseError for a name the
     registry already holds (nothing is registered in either case).
     """
-    from cases.registry import DuplicateCaseError
-
     entries = load_case_entries(path)
     clashes = [case.name for case, _ in entries if case.name in registry]
     if clashes:

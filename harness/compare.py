@@ -9,7 +9,7 @@ import numpy as np
 from harness.metrics import leaf_metrics
 from harness.paths import leaf_kind, token_axes
 from harness.policy import Policy
-from harness.schema import empty_row
+from reports.schema import empty_row
 
 
 def case_fields(case) -> dict:

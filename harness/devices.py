@@ -23,6 +23,12 @@ import dataclasses
 import functools
 from typing import Sequence
 
+import jax
+import numpy as np
+
+from cases.spec import MESH_AXES
+from mhc.precision import effective_matmul_precision
+
 HOST_PLATFORM = "cpu"
 HOST_SUFFIX = "@cpu"
 
@@ -86,15 +92,11 @@ def choose_devices(needed: int, *, host: bool, default_devices: Sequence, host_d
 
 def host_fallback(needed: int) -> bool:
     """`needs_host` for this process's default devices."""
-    import jax
-
     return needs_host(needed, jax.devices())
 
 
 def path_placement(path) -> Placement:
     """Where `path` (a `harness.paths.Path`) runs in this process; PlacementError if nowhere."""
-    import jax
-
     needed = 1 if path.mesh is None else path.mesh[0] * path.mesh[1]
     return choose_devices(
         needed, host=path.host, default_devices=jax.devices(), host_devices=jax.devices(HOST_PLATFORM)
@@ -104,11 +106,6 @@ def path_placement(path) -> Placement:
 @functools.lru_cache(maxsize=None)
 def placement_mesh(devices: tuple, shape: tuple[int, int]):
     """A (data, fsdp) `jax.sharding.Mesh` over `devices` (cached: one object per placement)."""
-    import jax
-    import numpy as np
-
-    from cases.spec import MESH_AXES
-
     return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
 
 
@@ -118,8 +115,6 @@ def precision_label(setting: str, platform: str, compute_capability=None) -> str
     e.g. ``highest``, ``default`` (on a TPU), or ``highest (default requested; cpu
     default is full float32)``.
     """
-    from mhc.precision import effective_matmul_precision
-
     effective = effective_matmul_precision(setting, platform, compute_capability)
     if effective == setting:
         return effective

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import jax.numpy as jnp
+
 from cases.spec import mesh_label
 from harness.compare import status_row
 from harness.implementations import MOSAIC
+from mhc.kernels import KernelConfig
+from mhc.kernels.lowering import lower_kernel_programs
 
 LOWERING_IMPL = "lowering"
 
@@ -41,8 +45,6 @@ def lowering_rows(case) -> Iterator[dict]:
 
 
 def _rows(case) -> Iterator[dict]:
-    import jax.numpy as jnp
-
     meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
     skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
     for mesh in meshes:
@@ -50,9 +52,6 @@ def _rows(case) -> Iterator[dict]:
         if skip:
             yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
             continue
-        from mhc.kernels import KernelConfig
-        from mhc.kernels.lowering import lower_kernel_programs
-
         try:
             results = lower_kernel_programs(
                 case.mhc_config(), batch=case.batch, seq=case.sequence, dtype=jnp.dtype(case.dtype),

@@ -20,11 +20,20 @@ import dataclasses
 import time
 from typing import Mapping
 
+import jax
 import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from cases.branches import get_branch
 from cases.spec import MESH_AXES, mesh_label
 from harness.devices import HOST_SUFFIX, Placement, path_placement, placement_mesh
 from harness.implementations import Implementation
+from harness.metrics import systematic_error
+from mhc import oracle
+from mhc.kernels import KernelConfig
+from mhc.layer import ManifoldConstrainedHyperConnections
+from mhc.precision import device_compute_capability, effective_matmul_precision, operand_rounding
 from mhc.types import WEIGHT_FIELDS, MhcWeights
 
 FORWARD_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res")
@@ -41,7 +50,7 @@ def branch_leaf(param: str) -> str:
 
 
 def leaf_kind(leaf: str) -> str:
-    """The policy's leaf kind of a leaf name (see harness.schema.LEAF_KINDS)."""
+    """The policy's leaf kind of a leaf name (see reports.schema.LEAF_KINDS)."""
     if leaf == "out":
         return "output"
     if leaf in INTERMEDIATE_LEAVES:
@@ -106,8 +115,6 @@ def _path_mesh(path: Path, placement: Placement):
 
 def effective_precision(case, placement: Placement) -> str:
     """The matmul precision `case` runs at on `placement`'s backend (see `mhc.precision`)."""
-    from mhc.precision import device_compute_capability, effective_matmul_precision
-
     device = placement.devices[0]
     return effective_matmul_precision(case.matmul_precision, device.platform, device_compute_capability(device))
 
@@ -121,8 +128,6 @@ def _trace_signature(case, precision: str) -> tuple:
 
 
 def _kernel_config(case, impl: Implementation):
-    from mhc.kernels import KernelConfig
-
     return KernelConfig(interpret=impl.interpret, **case.block_sizes)
 
 
@@ -131,12 +136,6 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
 
     precision: the matmul precision of every dot of the layer and the branch.
     """
-    import jax
-    from flax import nnx
-
-    from cases.branches import get_branch
-    from mhc.layer import ManifoldConstrainedHyperConnections
-
     branch = get_branch(case.branch)
     options = path.impl.layer_options()
     if path.impl.kernel:
@@ -169,9 +168,6 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
 
 def _place(fixture, path: Path, placement: Placement):
     """Fixture arrays on the path's devices: activations token-sharded on its mesh, the rest replicated."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
     arrays = (fixture.x, dict(fixture.weights), dict(fixture.branch_params), fixture.cotangent)
     if path.mesh is None:
         return jax.device_put(arrays, placement.devices[0])
@@ -201,8 +197,6 @@ class ProgramCache:
 
         Raises `harness.devices.PlacementError` when the path has no devices here.
         """
-        import jax
-
         if path.mesh is not None:
             batch, sequence = case.batch, case.sequence
             if batch % path.mesh[0] or sequence % path.mesh[1]:
@@ -260,9 +254,6 @@ NOISE_STREAM = 0x5E45
 
 
 def _oracle_leaves(case, fixture, rounding_noise=None) -> dict[str, np.ndarray]:
-    from cases.branches import get_branch
-    from mhc import oracle
-
     result = oracle.run_oracle(
         fixture.x, fixture.weights, get_branch(case.branch).apply, fixture.branch_params,
         fixture.cotangent, case.mhc_config(), rounding_noise=rounding_noise,
@@ -291,10 +282,6 @@ def matmul_operand_roundoff(case) -> float:
     the default backend (where the paths run; a path moved to the host CPU rounds no
     more than that): 0 at "highest" and on a CPU.
     """
-    import jax
-
-    from mhc.precision import device_compute_capability, operand_rounding
-
     device = jax.devices()[0]
     return operand_rounding(case.matmul_precision, device.platform, device_compute_capability(device)).unit_roundoff
 
@@ -307,12 +294,9 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     implementation may hold it in, for the case's activation and weight dtypes and the
     operand rounding its matmul precision implies on this backend.
     """
-    from harness.metrics import systematic_error
-    from mhc.oracle import unit_roundoffs
-
     start = time.perf_counter()
     exact = _oracle_leaves(case, fixture)
-    units = unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
+    units = oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for sample in range(NOISE_SAMPLES):

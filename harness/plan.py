@@ -132,14 +132,30 @@ def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
     return problems
 
 
-def uncovered_judgements(policy: Policy, cases: Sequence, plan: PathPlan) -> list[str]:
-    """One message per comparison the run would make that `policy` has no unique rule for.
+@dataclasses.dataclass(frozen=True)
+class JudgementKey:
+    """One kind of judgement a run makes: what the policy is asked to resolve."""
+
+    comparison: str
+    partitioning: str
+    act_dtype: str
+    dtype: str
+    leaf_kind: str
+
+    def resolve(self, policy: Policy):
+        """The policy's `Resolved` bound for this key (PolicyError if it has none)."""
+        return policy.resolve(comparison=self.comparison, leaf_kind=self.leaf_kind, dtype=self.dtype,
+                              act_dtype=self.act_dtype, partitioning=self.partitioning)
+
+
+def planned_judgements(cases: Sequence, plan: PathPlan) -> list[JudgementKey]:
+    """Every kind of judgement the plan makes for `cases`, in first-seen order.
 
     Paths an implementation skips for a case (another variant, a reference_only case) are
-    left out; paths skipped for the machine (mosaic off a TPU) are kept, so a policy
-    accepted here is accepted on every machine.
+    left out; paths skipped for the machine (mosaic off a TPU) are kept, so what is
+    planned here is the same on every machine.
     """
-    combos: dict[tuple, None] = {}
+    keys: dict[JudgementKey, None] = {}
     for case in cases:
         paths = plan.paths_for(case)
         leaves = planned_leaves(case)
@@ -150,13 +166,16 @@ def uncovered_judgements(policy: Policy, cases: Sequence, plan: PathPlan) -> lis
             partitioning = path.impl.partitioning(elementwise)
             for comparison, _ in comparisons_of(path, paths):
                 for leaf, dtype in leaves.items():
-                    combos[(comparison, leaf_kind(leaf), dtype, case.dtype, partitioning)] = None
+                    keys[JudgementKey(comparison, partitioning, case.dtype, dtype, leaf_kind(leaf))] = None
+    return list(keys)
+
+
+def uncovered_judgements(policy: Policy, cases: Sequence, plan: PathPlan) -> list[str]:
+    """One message per kind of judgement the run would make that `policy` has no unique rule for."""
     problems = []
-    for comparison, kind, dtype, act_dtype, partitioning in combos:
+    for key in planned_judgements(cases, plan):
         try:
-            policy.rule_for(
-                comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
-            )
+            key.resolve(policy)
         except PolicyError as exc:
             problems.append(str(exc))
     return problems

@@ -1,13 +1,15 @@
 """pytest plugin: the parity matrix as parametrised tests, one per case × comparison.
 
-Enabled from the root conftest.py. A test function that asks for the `parity_check`
+Enabled from the root conftest.py (`pytest_plugins`). It sets the XLA flags
+(`harness.env.ensure_host_devices`) when pytest configures, before any test computes. A test function that asks for the `parity_check`
 fixture is parametrised over the cases of `--parity-suite` (default: the
 MHC_PARITY_SUITE environment variable, else `smoke`) and the comparisons each case
 makes; test ids are `<case name>::<comparison>`, so `pytest -k bf16` or
 `pytest -k vs_unsharded` select as expected. A failing test prints the leaf table.
 
-Each case runs once per worker (its rows are cached by case); tests of one case share
-an xdist group, so with `--dist loadgroup` one worker runs all of a case's tests.
+Each case runs once per process (its rows are cached by case). Tests of one case share an
+xdist group (`--dist loadgroup` keeps such a group on one worker where pytest-xdist can
+tag tests; this project runs `--dist loadscope`, which keeps the whole module on one).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import os
 
 import pytest
 
-from harness.schema import OK_VERDICTS
+from cases import registry
+from harness.env import ensure_host_devices
+from harness.implementations import BUILTIN
+from harness.plan import PathPlan
+from harness.policy import load_policy
+from harness.runner import Runner
+from harness.summary import rows_table
+from reports.schema import OK_VERDICTS
 
 DEFAULT_SUITE = "smoke"
 
@@ -33,6 +42,10 @@ class ParityCheck:
     @property
     def id(self) -> str:
         return f"{self.case.name}::{self.comparison}"
+
+
+def pytest_configure(config):
+    ensure_host_devices()
 
 
 def pytest_addoption(parser):
@@ -55,8 +68,6 @@ def comparisons_for(case) -> tuple[str, ...]:
 def pytest_generate_tests(metafunc):
     if "parity_check" not in metafunc.fixturenames:
         return
-    from cases import registry
-
     suite = metafunc.config.getoption("--parity-suite")
     params = []
     for case in registry.default_registry().select(suite=suite):
@@ -71,31 +82,18 @@ def pytest_generate_tests(metafunc):
 
 @functools.lru_cache(maxsize=None)
 def _runner():
-    from harness.policy import load_policy
-    from harness.runner import Runner
-
     return Runner(load_policy())
 
 
 @functools.lru_cache(maxsize=None)
 def case_rows(case) -> tuple[dict, ...]:
     """Every row of one case through every built-in path (cached per process, by case)."""
-    from harness.implementations import BUILTIN
-    from harness.runner import PathPlan
-
     return tuple(_runner().run_case(case, PathPlan(implementations=tuple(BUILTIN.values()))))
 
 
 def leaf_table(rows) -> str:
-    """A fixed-width table of rows for a failure message."""
-    lines = [f"{'verdict':<11} {'usage':>8}  {'candidate':<34} {'partner':<34} {'leaf':<16} reason / bound"]
-    for r in rows:
-        usage = r["bound_usage"]
-        lines.append(
-            f"{r['verdict']:<11} {usage:>8.3g}  {r['candidate']:<34} {r['partner']:<34} {r['leaf']:<16} "
-            f"{r['reason'] or r['bound']}"
-        )
-    return "\n".join(lines)
+    """A plain-text table of rows for a failure message (nothing cut)."""
+    return rows_table(rows, limit=None)
 
 
 def check_parity(check: ParityCheck) -> None:

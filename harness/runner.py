@@ -22,7 +22,10 @@ import time
 import traceback
 from typing import Callable, Iterable, Iterator, Sequence
 
+import jax
+
 from cases.branches import get_branch
+from cases.fixtures import make_fixture
 from harness.compare import compare_leaves, status_row
 from harness.devices import Placement, PlacementError, path_placement, precision_label
 from harness.lowering import lowering_rows
@@ -75,8 +78,6 @@ class Runner:
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `cases.fixtures.make_fixture` and `harness.paths.run_oracle_path`; the kill matrix
         passes loaders that compute each once for all its passes."""
-        from cases.fixtures import make_fixture
-
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.oracle = oracle or run_oracle_path
@@ -87,8 +88,6 @@ class Runner:
     # -- one path ------------------------------------------------------------------
 
     def _skip_reason(self, path: Path, case) -> str:
-        import jax
-
         impl = path.impl
         reason = impl.case_skip_reason(case)
         if reason:

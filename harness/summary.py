@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from harness.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
+from reports.rows import to_frame
+from reports.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
+from reports.summary import sharpness
+from reports.text import format_number, format_text_table
 
 WORST_ROWS = 12
 
@@ -32,18 +35,22 @@ def _usage_key(row) -> float:
     return -1.0 if usage is None or (isinstance(usage, float) and math.isnan(usage)) else float(usage)
 
 
+def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
+    """Rows as a plain-text table: verdict, bound usage, case, candidate vs partner, leaf, reason or bound."""
+    body = [[r["verdict"], format_number(r["bound_usage"], nan="-"), r["case"], f"{r['candidate']} vs {r['partner']}",
+             r["leaf"], r["reason"] or r["bound"]] for r in rows]
+    return format_text_table(["verdict", "usage", "case", "compared", "leaf", "reason / bound"], body,
+                             indent=indent, limit=limit)
+
+
 def format_summary(rows) -> str:
     """Verdict counts per comparison, then the failures or, if none, the rows closest to their bound."""
-    lines = []
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
-    header = f"{'comparison':<14}" + "".join(f"{v:>12}" for v in VERDICTS)
-    lines += [header, "-" * len(header)]
-    for comparison, counts in sorted(by_comparison.items()):
-        lines.append(f"{comparison:<14}" + "".join(f"{counts.get(v, 0):>12}" for v in VERDICTS))
     total = Counter(r["verdict"] for r in rows)
-    lines.append(f"{'total':<14}" + "".join(f"{total.get(v, 0):>12}" for v in VERDICTS))
+    counts = [[comparison, *(counts.get(v, 0) for v in VERDICTS)] for comparison, counts in sorted(by_comparison.items())]
+    lines = [format_text_table(["comparison", *VERDICTS], [*counts, ["total", *(total.get(v, 0) for v in VERDICTS)]])]
     bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
     if bad:
         lines += ["", f"{len(bad)} row(s) failed; first {min(len(bad), WORST_ROWS)}:"]
@@ -51,29 +58,20 @@ def format_summary(rows) -> str:
     else:
         lines += ["", "closest to their bound:"]
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
-    for r in shown:
-        usage = _usage_key(r)
-        usage_text = f"{usage:6.2f}" if usage >= 0 else "     -"
-        detail = r["reason"] or r["bound"]
-        lines.append(f"  {r['verdict']:<5} {usage_text}  {r['case']}  {r['candidate']} vs {r['partner']}  {r['leaf']}  {detail[:120]}")
+    lines.append(rows_table(shown, indent="  "))
     lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
     lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)"]
     return "\n".join(lines)
 
 
 def sharpness_text(rows) -> str:
-    """Per comparison × activation dtype: passing rows and the median / p90 / max bound usage."""
-    from reports.gate import format_text_table
-    from reports.rows import format_number, to_frame
-    from reports.summary import sharpness
-
+    """Per comparison x activation dtype: passing rows and the median / p90 / max bound usage."""
     table = sharpness(to_frame(list(rows), source="run rows")) if rows else None
     if table is None or not len(table):
         return "  (no bounded rows)"
     body = [[r.comparison, r.act_dtype, r.passing, *(format_number(v, 2) for v in (r.median_usage, r.p90_usage, r.max_usage))]
             for r in table.itertuples()]
-    text = format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body)
-    return "\n".join("  " + line for line in text.splitlines())
+    return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
 
 
 def print_summary(rows) -> None:

@@ -115,7 +115,7 @@ def validate_activations(x: jax.Array, dims: MhcDims) -> None:
         )
     if tuple(x.shape[2:]) != (dims.streams, dims.embedding):
         raise UnsupportedInputError(
-            f"x has streams×embedding {tuple(x.shape[2:])}, the layer expects "
+            f"x has (streams, embedding) {tuple(x.shape[2:])}, the layer expects "
             f"({dims.streams}, {dims.embedding})"
         )
     if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in SUPPORTED_ACTIVATION_DTYPES]:

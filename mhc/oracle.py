@@ -458,3 +458,26 @@ def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array]
             "h_post": np.asarray(coeffs[1]),
             "h_res": np.asarray(coeffs[2]),
         }
+
+
+def pre_vjp(x, weights, config, cotangents: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The VJP of `pre` alone in float64, for a cotangent on each of its outputs.
+
+    x: (B, S, n, C); weights: `MhcWeights` or name -> array; cotangents: layer_input
+    (B, S, C), h_pre and h_post (B, S, n), h_res (B, S, n, n) and x (B, S, n, C), the
+    context's copy of the input. Returns (d_x, weight name -> gradient), NumPy float64:
+    what a kernel's `pre` backward must produce for cotangents the whole layer never
+    sends (the layer differentiates h_pre only through layer_input).
+    """
+    with jax.enable_x64(True), jax.default_device(oracle_device()):
+        x64 = jnp.asarray(_as_f64(x))
+        w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
+        ct = {k: jnp.asarray(_as_f64(v)) for k, v in cotangents.items()}
+
+        def pre_outputs(x_, w_):
+            layer_input, (h_pre, h_post, h_res) = _pre(x_, w_, config)
+            return layer_input, h_pre, h_post, h_res, x_
+
+        _, pullback = jax.vjp(pre_outputs, x64, w64)
+        d_x, d_w = pullback((ct["layer_input"], ct["h_pre"], ct["h_post"], ct["h_res"], ct["x"]))
+        return np.asarray(d_x), {k: np.asarray(v) for k, v in d_w.items()}

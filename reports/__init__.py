@@ -1,7 +1,21 @@
-"""Reports for parity runs: CSV, JSON, self-contained HTML, Markdown, and the PR gate.
+"""Rows and run folders: the row schema, the files of a run, the reports and the PR gate.
 
-This package reads rows (see `harness.schema`) and writes files; it never imports or
-runs JAX. Public entry points:
+The layer under `harness`: plain Python and pandas (matplotlib only to draw plots), no
+JAX and nothing of `mhc`, `cases` or `harness` (tests/test_import_graph.py holds that).
+It owns every file a run writes, so whatever writes or reads one agrees on its format:
+
+    schema      the row columns, verdicts, comparison and leaf kinds
+    manifest    manifest.json: what a run asked, selected and whether it finished
+    store       rows.jsonl while a run is in progress (resumable)
+    writers     rows.csv, report.json, report.html (html, plots), summary.md (markdown)
+    baseline    the committed baseline CSV
+    sources     a finished run from a folder or file, refused unless a manifest vouches
+    gate        a current run against a baseline (drift: the growth rule)
+    kill_matrix / sweep   the fault kill matrix's and the false-positive sweep's files
+    commands    `python -m harness gate | baseline | render`
+    rows, text  reading and writing cells; the one number formatter and table printer
+
+Public entry points:
 
     load_rows(path) -> DataFrame            .jsonl / .csv row files, validated
     load_run(path) -> LoadedRun             a finished run (folder, report.json, baseline CSV);
@@ -10,12 +24,13 @@ runs JAX. Public entry points:
     write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {"csv","json","html","markdown": Path}
     summarize(frame) -> dict                verdict counts, worst leaf
     render_html(frame, metadata) / render_markdown(frame)
-    reports.gate.gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult
-    reports.gate.main(argv) -> int          `python -m harness gate` semantics
-    reports.baseline.write_baseline(rows, path, *, policy_hash=None) -> Path
+    gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult
+    write_baseline(rows, path, *, policy_hash=None) -> Path
     ReportInputError                        any input that does not fit the schema
 """
 
+from reports import html as _html
+from reports import markdown as _markdown
 from reports.baseline import load_baseline, write_baseline
 from reports.gate import GateFinding, GateResult, gate
 from reports.rows import ReportInputError, load_rows, to_frame
@@ -25,17 +40,13 @@ from reports.writers import OUTPUT_FILES, write_all
 
 
 def render_html(frame, metadata=None, **options):
-    """The HTML report as a string (see `reports.html.render_html`); imports matplotlib lazily."""
-    from reports.html import render_html as _render_html
-
-    return _render_html(to_frame(frame), metadata, **options)
+    """The HTML report of a row set as a string (see `reports.html.render_html`)."""
+    return _html.render_html(to_frame(frame), metadata, **options)
 
 
 def render_markdown(frame, **options):
-    """The Markdown summary as a string (see `reports.markdown.render_markdown`)."""
-    from reports.markdown import render_markdown as _render_markdown
-
-    return _render_markdown(to_frame(frame), **options)
+    """The Markdown summary of a row set as a string (see `reports.markdown.render_markdown`)."""
+    return _markdown.render_markdown(to_frame(frame), **options)
 
 
 __all__ = [

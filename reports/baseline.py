@@ -21,12 +21,10 @@ precision was written before it was recorded: see the legacy rule of
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import io
 import math
-import sys
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -34,11 +32,18 @@ from typing import Any
 
 import pandas as pd
 
-from harness.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+from reports.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
 
 from reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, gate_frame
 from reports.environment import HEADER_KEYS, environment_of
-from reports.rows import ReportInputError, frame_from_records, read_csv_cells, records_from_cells, unwrap_run
+from reports.rows import (
+    ReportInputError,
+    encode_float,
+    frame_from_records,
+    read_csv_cells,
+    records_from_cells,
+    unwrap_run,
+)
 
 BASELINE_COLUMNS = GATE_COLUMNS
 BASELINE_FORMAT_VERSION = 2
@@ -46,7 +51,6 @@ BASELINE_FORMAT_VERSION = 2
 COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
-DEFAULT_BASELINE_PATH = Path("baselines") / "default.csv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +69,8 @@ def format_cell(column: str, value: Any) -> str:
     """One CSV cell of a baseline: floats to 4 significant digits, counts as ints."""
     if column in FLOAT_COLUMNS:
         number = float(value)
-        if math.isnan(number):
-            return "nan"
-        if math.isinf(number):
-            return "inf" if number > 0 else "-inf"
+        if not math.isfinite(number):
+            return str(encode_float(number))
         return f"{number:.{SIGNIFICANT_DIGITS}g}"
     if column in INT_COLUMNS:
         return str(int(value))
@@ -192,53 +194,3 @@ def load_baseline(path: str | Path) -> Baseline:
         path=path,
         environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
     )
-
-
-def write_run_as_baseline(source, target, *, allow_code_change: bool = False, prog: str = "baseline") -> int:
-    """Write the run at `source` as the baseline `target`; print the outcome; return the exit code.
-
-    Exit 0 written; 2 when `target` cannot be written, or the run cannot be used: unreadable,
-    unfinished, empty, or (unless `allow_code_change`) made by other code than this checkout
-    (see `reports.sources.load_run`). A run with fail/error rows is written anyway, with a
-    warning: the gate still fails on those rows. Shared by `python -m harness baseline` and
-    `python -m reports baseline`.
-    """
-    from harness.outputs import OutputPathError, writable_file
-    from reports.sources import load_run  # local: sources imports this module
-
-    try:
-        target = writable_file(target)
-        run = load_run(source, require_current_code=not allow_code_change)
-    except (ReportInputError, OutputPathError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    if not len(run.frame):
-        print(f"{prog}: error: {run.source} has no rows; refusing to write an empty baseline", file=sys.stderr)
-        return 2
-    failing = run.frame["verdict"].isin(("fail", "error")).sum()
-    if failing:
-        print(f"{prog}: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
-    try:
-        path = write_baseline(run, target)
-    except OSError as exc:
-        print(f"{prog}: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    print(f"baseline written: {path} ({len(run.frame)} rows)")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m reports baseline --current RUN --out PATH`: see `write_run_as_baseline`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m reports baseline",
-        description="Write a parity run as the committed baseline CSV.",
-    )
-    parser.add_argument("--current", required=True, help="run folder or report.json of a finished run")
-    parser.add_argument("--out", default=str(DEFAULT_BASELINE_PATH), help="baseline CSV to write")
-    parser.add_argument("--allow-code-change", action="store_true",
-                        help="use the run even if this checkout's code changed since it was made")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return write_run_as_baseline(args.current, args.out, allow_code_change=args.allow_code_change, prog="baseline")

@@ -1,6 +1,6 @@
 """Per-row drift between two runs: growth of the oracle-relative error, with a noise floor.
 
-Two runs are matched row by row on `harness.schema.row_key` (case, candidate,
+Two runs are matched row by row on `reports.schema.row_key` (case, candidate,
 partner, leaf). For each matched row the *growth* of an oracle-relative error
 (`cand_oracle_max_err`, `cand_oracle_rms_err`) is
 
@@ -37,9 +37,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
+from reports.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
 
 from reports.rows import ReportInputError, coerce_row, frame_from_records, is_finite
+from reports.text import format_number
 
 # The columns the gate needs from each run; a baseline file keeps exactly these.
 GATE_COLUMNS = (
@@ -218,7 +219,7 @@ def compare_row(
             growth_max=math.nan,
             growth_rms=math.nan,
             status="not_compared",
-            note=f"verdict {baseline['verdict']} → {current['verdict']}",
+            note=f"verdict {baseline['verdict']} -> {current['verdict']}",
         )
     growth_max = growth(base_max, cur_max, floor_max)
     growth_rms = growth(base_rms, cur_rms, floor_rms)
@@ -227,10 +228,10 @@ def compare_row(
         status, note = "not_compared", "no finite oracle error in the baseline"
     elif max(compared) > growth_factor:
         status = "regression"
-        note = f"error grew ×{max(compared):.3g} (allowed ×{growth_factor:g})"
+        note = f"error grew x{format_number(max(compared))} (allowed x{growth_factor:g})"
     elif min(compared) < 1.0 / growth_factor:
         status = "improvement"
-        note = f"error shrank ×{min(compared):.3g}"
+        note = f"error shrank x{format_number(min(compared))}"
     else:
         status, note = "steady", ""
     return RowDrift(**fields, growth_max=growth_max, growth_rms=growth_rms, status=status, note=note)

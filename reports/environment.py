@@ -1,6 +1,6 @@
 """What a run's environment record says about comparing it with another run.
 
-A run records (`harness.env.run_metadata`; a baseline's header keeps the same keys):
+A run records (`harness.run_info.run_metadata`; a baseline's header keeps the same keys):
 
   backend           the default JAX backend ("cpu", "tpu", "gpu")
   device_kind       e.g. "cpu", "TPU v5 lite", "NVIDIA A100-SXM4-40GB"

@@ -1,8 +1,8 @@
 """The PR gate: a current parity run against the committed baseline run.
 
-Rules (row identity = `harness.schema.row_key`: case, candidate, partner, leaf):
+Rules (row identity = `reports.schema.row_key`: case, candidate, partner, leaf):
 
-Failing — any one makes `GateResult.ok` False and `main` exit 1:
+Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
   failure        the current run has a `fail` or `error` verdict (any row, new or old);
   missing        a row of the baseline is absent from the current run;
   lost_coverage  a row that passed in the baseline is now `skip` or `unsupported`
@@ -29,30 +29,21 @@ one line per row. `--only-current-cases` gates only the baseline rows of the cas
 current run selected: a deliberately partial run (`--cases ...`) then passes on what it
 ran, while every other rule still applies to those cases.
 
-`main` implements `python -m harness gate --baseline B --current C
-[--growth-factor F] [--noise-floor-ulps U] [--markdown OUT] [--allow-policy-change]
-[--only-current-cases] [--allow-code-change] [--allow-precision-change]`: exit 0 pass,
-1 gate failure, 2 usage or input error (unreadable, corrupt, empty or mismatched baseline
-or current run — including runs made under another tolerance policy or at another matmul
-precision, see `reports.environment`, unless allowed; a current run that did not finish,
-or was made by other code than this checkout — see `reports.sources`; an unwritable
---markdown path).
+`python -m harness gate` (`reports.commands.gate_main`) loads the two runs, refuses runs
+that cannot be compared, and exits 0 pass, 1 gate failure, 2 usage or input error.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from harness.schema import row_key
+from reports.schema import row_key
 
 from reports.drift import (
     DEFAULT_GROWTH_FACTOR,
@@ -62,15 +53,14 @@ from reports.drift import (
     gate_frame,
     index_by_key,
 )
-from reports.environment import precision_conflicts, run_precision
-from reports.rows import ReportInputError, format_number, unwrap_run
+from reports.rows import ReportInputError, unwrap_run
+from reports.text import format_number, format_text_table
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 # Finding categories, in the order they are printed.
 FAILING_CATEGORIES = ("failure", "missing", "lost_coverage", "new_nonfinite", "regression")
 INFO_CATEGORIES = ("improvement", "new_row")
-MAX_TEXT_CELL = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +144,8 @@ class GateResult:
         verdict = "PASS" if self.ok else "FAIL"
         return (
             f"gate {verdict}: {self.current_rows} current rows vs {self.baseline_rows} baseline rows "
-            f"({self.matched_rows} matched; growth factor ×{self.growth_factor:g}, "
-            f"noise floor {self.noise_floor_ulps:g} ulps)" + (f" — {parts}" if parts else "")
+            f"({self.matched_rows} matched; growth factor x{self.growth_factor:g}, "
+            f"noise floor {self.noise_floor_ulps:g} ulps)" + (f": {parts}" if parts else "")
         )
 
     def table(self, *, max_info_rows: int = 20) -> str:
@@ -202,31 +192,6 @@ class GateResult:
             for g in self.missing_groups
         ]
 
-    def markdown(self, *, max_rows: int = 20) -> str:
-        """A Markdown section for a PR comment: status line and one table per non-empty category."""
-        from reports.markdown import gate_markdown  # local: markdown imports this module
-
-        return gate_markdown(self, max_rows=max_rows)
-
-
-def truncate(text: str, limit: int = MAX_TEXT_CELL) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-def format_text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A fixed-width plain-text table (cells flattened to one line and truncated)."""
-    cells = [[truncate(str(c)) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
-    out = [line(headers), line(["-" * w for w in widths])]
-    out.extend(line(row) for row in cells)
-    return "\n".join(out)
-
 
 def _findings_table(findings: Sequence[GateFinding]) -> str:
     return format_text_table(("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings])
@@ -256,7 +221,7 @@ def _growth_detail(drift: RowDrift) -> str:
     ):
         if not math.isnan(factor):
             parts.append(
-                f"{label} {format_number(before)} → {format_number(after)} (×{format_number(factor)})"
+                f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)})"
             )
     return "; ".join(parts)
 
@@ -305,16 +270,16 @@ def gate(
     for key in sorted(base_rows.keys() & cur_rows.keys()):
         before, now = base_rows[key], cur_rows[key]
         if before["verdict"] == "pass" and now["verdict"] in ("skip", "unsupported"):
-            lost_coverage.append(_finding("lost_coverage", now, f"pass → {now['verdict']}{_reason(now)}"))
+            lost_coverage.append(_finding("lost_coverage", now, f"pass -> {now['verdict']}{_reason(now)}"))
         grown = [
-            f"{column} {before[column]} → {now[column]}"
+            f"{column} {before[column]} -> {now[column]}"
             for column in ("nan_count", "inf_count")
             if now[column] > 0 and before[column] == 0
         ]
         if grown:
             new_nonfinite.append(_finding("new_nonfinite", now, "; ".join(grown)))
         if before["verdict"] in ("fail", "error") and now["verdict"] == "pass":
-            fixed.append(_finding("improvement", now, f"verdict {before['verdict']} → pass"))
+            fixed.append(_finding("improvement", now, f"verdict {before['verdict']} -> pass"))
 
     drifts = compare_runs(
         baseline, current, growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps
@@ -323,7 +288,7 @@ def gate(
         _finding(
             "regression",
             cur_rows[d.key],
-            f"{_growth_detail(d)} > allowed ×{growth_factor:g}",
+            f"{_growth_detail(d)} > allowed x{growth_factor:g}",
             d.worst_growth,
         )
         for d in drifts
@@ -370,184 +335,13 @@ def group_missing(missing: Sequence[GateFinding], baseline_keys: Iterable[tuple]
     return tuple(groups.values())
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
-def build_parser(prog: str = "python -m harness gate") -> argparse.ArgumentParser:
-    """The gate's argument parser (shared by `python -m harness gate` and `python -m reports gate`)."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Compare a parity run with the committed baseline; exit 0 pass, 1 fail, 2 input error.",
-    )
-    parser.add_argument("--baseline", required=True, help="baseline CSV (or any run: folder, report.json, rows file)")
-    parser.add_argument("--current", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
-    parser.add_argument(
-        "--growth-factor",
-        type=float,
-        default=DEFAULT_GROWTH_FACTOR,
-        help=f"fail when an oracle-relative error grows by more than this (default {DEFAULT_GROWTH_FACTOR:g})",
-    )
-    parser.add_argument(
-        "--noise-floor-ulps",
-        type=float,
-        default=DEFAULT_NOISE_FLOOR_ULPS,
-        help=f"errors below this many eps of the leaf dtype count as noise (default {DEFAULT_NOISE_FLOOR_ULPS:g})",
-    )
-    parser.add_argument("--markdown", metavar="OUT", help="also write the result as Markdown to OUT")
-    parser.add_argument(
-        "--allow-policy-change",
-        action="store_true",
-        help="compare even if the baseline was produced under a different tolerance policy",
-    )
-    parser.add_argument(
-        "--only-current-cases",
-        action="store_true",
-        help="gate only the baseline rows of the cases the current run selected (a partial run)",
-    )
-    parser.add_argument(
-        "--allow-code-change",
-        action="store_true",
-        help="gate a current run even if this checkout's code changed since it was made",
-    )
-    parser.add_argument(
-        "--allow-precision-change",
-        action="store_true",
-        help="compare even if the baseline ran its matmuls at another precision (or on a backend "
-        "where a precision setting means another rounding)",
-    )
-    return parser
-
-
-def _fail(message: str) -> int:
-    print(f"gate: {message}", file=sys.stderr)
-    return 2
-
-
-def current_cases(current) -> list[str]:
-    """The cases the current run selected (its manifest's list, else those with rows)."""
-    if current.manifest is not None:
-        return list(current.manifest.cases)
-    return list(dict.fromkeys(current.frame["case"]))
-
-
-def _notes(result: GateResult, baseline, current, only_current: bool) -> list[str]:
-    """Hints for a gate that found missing rows: a partial run, a seeded run."""
-    if not result.missing:
-        return []
-    notes = []
-    ran, known = set(current_cases(current)), set(baseline.frame["case"])
-    if not only_current and known - ran:
-        notes.append(
-            f"note: the current run selected {len(ran & known)} of the baseline's {len(known)} cases; "
-            f"--only-current-cases gates just those"
-        )
-    seed = current.manifest.request.seed if current.manifest is not None else None
-    if seed is not None:
-        notes.append(
-            f"note: the current run used --seed {seed}, which renames every case (<name>-seed{seed}); "
-            f"gate it against a baseline made with the same --seed"
-        )
-    return notes
-
-
-def _precision_refusal(baseline, current) -> str:
-    """The one-line refusal when the runs' matmul precisions conflict, else ""."""
-    base, now = run_precision(baseline), run_precision(current)
-    try:
-        conflicts = precision_conflicts(base, now)
-    except ReportInputError as exc:
-        return f"cannot compare matmul precisions: {exc}"
-    if not conflicts:
-        return ""
-    where = lambda run: run.metadata.get("backend") or "unrecorded backend"  # noqa: E731
-    return (
-        f"baseline {baseline.source} ran its matmuls at {base} ({where(baseline)}), the current run "
-        f"at {now} ({where(current)}); make a baseline at this precision on this kind of backend "
-        "(or pass --allow-precision-change)"
-    )
-
-
-def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness gate") -> int:
-    """Run the gate from the command line; returns the exit code (0 pass, 1 fail, 2 input error)."""
-    from harness.outputs import OutputPathError, writable_file
-    from reports.sources import load_run  # local: keeps `import reports.gate` light
-
-    parser = build_parser(prog)
-    try:
-        args = parser.parse_args(None if argv is None else list(argv))
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return int(exc.code or 0)
-    if not args.growth_factor > 1.0:
-        return _fail(f"--growth-factor must be > 1, got {args.growth_factor:g}")
-    if not args.noise_floor_ulps >= 0.0:
-        return _fail(f"--noise-floor-ulps must be >= 0, got {args.noise_floor_ulps:g}")
-    try:
-        markdown_path = writable_file(args.markdown) if args.markdown else None
-    except OutputPathError as exc:
-        return _fail(f"--markdown: {exc}")
-    try:
-        baseline = load_run(args.baseline)
-        current = load_run(args.current, require_current_code=not args.allow_code_change)
-    except ReportInputError as exc:
-        return _fail(f"cannot read input: {exc}")
-    if not len(baseline.frame):
-        return _fail(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
-    if not len(current.frame):
-        return _fail(f"current run {current.source} has no rows; did the run write anything?")
-    if (
-        baseline.policy_hash
-        and current.policy_hash
-        and baseline.policy_hash != current.policy_hash
-        and not args.allow_policy_change
-    ):
-        return _fail(
-            f"baseline {baseline.source} was produced under policy {baseline.policy_hash}, "
-            f"the current run under {current.policy_hash}; regenerate the baseline with "
-            "`make baseline` (or pass --allow-policy-change)"
-        )
-    refusal = _precision_refusal(baseline, current)
-    if refusal and not args.allow_precision_change:
-        return _fail(refusal)
-    baseline_frame = baseline.frame
-    if args.only_current_cases:
-        cases = current_cases(current)
-        baseline_frame = baseline_frame[baseline_frame["case"].isin(cases)]
-        gated = baseline_frame["case"].nunique()
-        if not gated:
-            return _fail(f"--only-current-cases: none of the current run's {len(cases)} cases is in the baseline")
-        print(f"gating only the current run's cases: {gated} of {baseline.frame['case'].nunique()} baseline cases")
-    try:
-        result = gate(
-            baseline_frame,
-            current.frame,
-            growth_factor=args.growth_factor,
-            noise_floor_ulps=args.noise_floor_ulps,
-        )
-    except ReportInputError as exc:
-        return _fail(f"unusable input: {exc}")
-    print(result.table())
-    for note in _notes(result, baseline, current, args.only_current_cases):
-        print(note)
-    if baseline.policy_hash is None or current.policy_hash is None:
-        print("(policy hash not recorded on both sides; policy match not checked)")
-    if run_precision(baseline) is None or run_precision(current) is None:
-        print("(matmul precision not recorded on both sides; precision match not checked)")
-    if markdown_path is not None:
-        try:
-            markdown_path.write_text(result.markdown(), encoding="utf-8")
-        except OSError as exc:
-            return _fail(f"--markdown: cannot write {markdown_path}: {exc.strerror or exc}")
-        print(f"gate: wrote {markdown_path}")
-    return 0 if result.ok else 1
-
-
 __all__ = [
     "DEFAULT_GROWTH_FACTOR",
     "DEFAULT_NOISE_FLOOR_ULPS",
+    "FAILING_CATEGORIES",
     "GateFinding",
     "GateResult",
+    "INFO_CATEGORIES",
     "MissingGroup",
-    "build_parser",
     "gate",
-    "main",
 ]

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from harness.schema import VERDICTS
+from reports.schema import VERDICTS
 
-from reports.rows import format_number
-from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
+from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
+from reports.summary import FAILING_VERDICTS, rank_offenders, sharpness, summarize
+from reports.text import format_number
 
-if TYPE_CHECKING:  # pragma: no cover
-    from reports.gate import GateResult
+if TYPE_CHECKING:  # pragma: no cover - reports.plots loads matplotlib, imported only to draw
     from reports.plots import Plot
 
 MAX_OFFENDERS = 25
@@ -94,13 +94,8 @@ def esc(value: Any) -> str:
 
 
 def fmt(value: Any) -> str:
-    """A metric for a table cell: 3 significant figures, "—" for NaN (not measured)."""
-    try:
-        if math.isnan(float(value)):
-            return "—"
-    except (TypeError, ValueError):
-        return esc(value)
-    return esc(format_number(value))
+    """A metric for a table cell (`reports.text.format_number`), "—" for NaN (not measured)."""
+    return esc(format_number(value, nan="—"))
 
 
 def case_anchors(cases: Iterable[str]) -> dict[str, str]:
@@ -178,8 +173,6 @@ def summary_section(summary: dict, gate_result: "GateResult | None") -> str:
 
 def sharpness_section(frame: pd.DataFrame) -> str:
     """Per comparison × activation dtype: how much of its bound a passing row uses."""
-    from reports.summary import sharpness
-
     table_frame = sharpness(frame) if len(frame) else None
     parts = [
         '<section id="sharpness"><h2>Sharpness</h2>',
@@ -269,10 +262,8 @@ def offenders_section(frame: pd.DataFrame, anchors: dict[str, str], limit: int) 
     return "\n".join(parts)
 
 
-def drift_section(gate_result: "GateResult", anchors: dict[str, str], limit: int) -> str:
+def drift_section(gate_result: GateResult, anchors: dict[str, str], limit: int) -> str:
     """Gate findings and the per-row growth factors against the baseline."""
-    from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
-
     def case_link(case: str) -> str:
         anchor = anchors.get(case)
         return f'<a href="#{esc(anchor)}">{esc(case)}</a>' if anchor else esc(case)
@@ -397,7 +388,7 @@ def render_html(
     `frame` is a canonical row frame (`reports.rows.to_frame`); `gate_result`, when
     given, adds the drift section.
     """
-    from reports.plots import render_heatmaps, render_histograms
+    from reports.plots import render_heatmaps, render_histograms  # matplotlib: loaded only to draw
 
     metadata = metadata or {}
     summary = summarize(frame)

@@ -9,44 +9,50 @@ markup.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
-from harness.schema import VERDICTS
+from reports.schema import VERDICTS
 
-from reports.rows import format_number
+from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
-
-if TYPE_CHECKING:  # pragma: no cover
-    from reports.gate import GateResult
+from reports.text import format_number
 
 DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
 # Metadata keys shown in the one-line environment footer, when present (run_* name the
-# run's manifest, see harness.manifest).
+# run's manifest, see reports.manifest).
 ENVIRONMENT_KEYS = ("run_id", "run_state", "git_commit", "backend", "device_kind", "device_count",
                     "matmul_precision", "jax_version")
 
 
-def md_cell(value: Any, limit: int = MAX_CELL_CHARS) -> str:
-    """Text made safe for one GitHub Markdown table cell."""
+def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool = True) -> str:
+    """Text made safe for one GitHub Markdown table cell: one line, cut to `limit`
+    characters (None: never), `|` and backticks escaped, and with `escape_html` the
+    HTML-significant characters too (text from rows; trusted text may keep its `<`)."""
     text = " ".join(str(value).split())
-    if len(text) > limit:
+    if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
-    for raw, escaped in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("`", "\\`")):
+    escapes = ((("&", "&amp;"), ("<", "&lt;"), (">", "&gt;")) if escape_html else ()) + (("|", "\\|"), ("`", "\\`"))
+    for raw, escaped in escapes:
         text = text.replace(raw, escaped)
     return text
 
 
-def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: Sequence[bool] | None = None) -> str:
-    """A Markdown table; `numeric[i]` right-aligns column i."""
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: Sequence[bool] | None = None,
+             limit: int | None = MAX_CELL_CHARS, escape_html: bool = True) -> str:
+    """A Markdown table; `numeric[i]` right-aligns column i; cells as `md_cell(limit, escape_html)`."""
     numeric = numeric or [False] * len(headers)
+
+    def cell(value: Any) -> str:
+        return md_cell(value, limit, escape_html=escape_html)
+
     lines = [
-        "| " + " | ".join(md_cell(h) for h in headers) + " |",
+        "| " + " | ".join(cell(h) for h in headers) + " |",
         "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
     ]
-    lines.extend("| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows)
+    lines.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
     return "\n".join(lines)
 
 
@@ -54,10 +60,8 @@ def _truncation_note(shown: int, total: int, where: str) -> list[str]:
     return [f"", f"… and {total - shown} more ({where})."] if total > shown else []
 
 
-def gate_markdown(result: "GateResult", *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
     """The gate result as Markdown: a status line, then one table per non-empty category."""
-    from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
-
     status = "✅ PASS" if result.ok else "❌ FAIL"
     lines = [
         f"### Baseline gate: {status}",
@@ -90,7 +94,7 @@ def render_markdown(
     frame: pd.DataFrame,
     *,
     metadata: dict | None = None,
-    gate_result: "GateResult | None" = None,
+    gate_result: GateResult | None = None,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> str:
     """The run summary: overall line, verdict counts, worst leaf, failures, gate section.

@@ -28,9 +28,10 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from harness.schema import COMPARISONS, LEAF_KINDS
+from reports.schema import COMPARISONS, LEAF_KINDS
 
 from reports.summary import UNMEASURED_VERDICTS
+from reports.text import format_number
 
 MAX_HEATMAP_ROWS = 60  # above this, rows are aggregated per case (worst candidate shown)
 MAX_ANNOTATED_CELLS = 600
@@ -162,7 +163,7 @@ def render_heatmap(frame: pd.DataFrame, comparison: str) -> Plot | None:
                 label = VERDICT_ABBREVIATIONS.get(verdicts.iat[i, j], "")
                 axes.text(j, i, label, ha="center", va="center", fontsize=7, color="#555555", style="italic")
             else:
-                text = ("inf" if math.isinf(value) else f"{value:.2g}") + ("*" if fallback.iat[i, j] else "")
+                text = format_number(value, 2) + ("*" if fallback.iat[i, j] else "")
                 dark = abs(logged[i, j]) > 0.6 * LOG_RANGE
                 axes.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     colorbar = figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02)

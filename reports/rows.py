@@ -1,7 +1,7 @@
 """Row sets in and out: validation, type coercion and file loading.
 
 Every report and the gate work on a pandas DataFrame whose columns are exactly
-`harness.schema.ROW_COLUMNS`, in schema order, with float columns as float64 (NaN
+`reports.schema.ROW_COLUMNS`, in schema order, with float columns as float64 (NaN
 where a metric does not apply), count columns as int64 and text columns as str.
 `to_frame` builds that frame from a list of row dicts or an existing DataFrame;
 `load_rows` builds it from a file the runner streamed (`.jsonl`) or a `rows.csv`
@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.schema import (
+from reports.schema import (
     COMPARISONS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -110,21 +110,6 @@ def is_finite(value: Any) -> bool:
         return False
 
 
-def format_number(value: Any, digits: int = 3) -> str:
-    """A short human-readable number: `digits` significant figures, "nan", "inf", "-inf"."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isnan(number):
-        return "nan"
-    if math.isinf(number):
-        return "inf" if number > 0 else "-inf"
-    if number == 0:
-        return "0"
-    return f"{number:.{digits}g}"
-
-
 # ----------------------------------------------------------------------------- frames
 
 
@@ -188,7 +173,7 @@ def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = 
     """The canonical typed frame for a row set (a DataFrame or an iterable of row dicts).
 
     Columns must be exactly `ROW_COLUMNS` (any order in; schema order out; the
-    `LATER_COLUMNS` may be absent, see `harness.schema`). Raises
+    `LATER_COLUMNS` may be absent, see `reports.schema`). Raises
     `ReportInputError` naming the row index and column of the first bad cell.
     """
     if isinstance(rows, pd.DataFrame):
@@ -304,26 +289,30 @@ def load_rows(path: str | Path) -> pd.DataFrame:
     raise ReportInputError(f"{path}: unsupported row file type {suffix!r} (expected .jsonl or .csv)")
 
 
-# ----------------------------------------------------------------------------- JSON cells
+# ----------------------------------------------------------------------------- writing numbers
 
 
-def json_safe_float(value: float) -> float | str | None:
-    """A float for strict JSON: NaN becomes null, ±inf the strings "Infinity"/"-Infinity"."""
+def encode_float(value: float) -> float | str:
+    """A float as every file the harness writes holds it: finite numbers as they are,
+    NaN as "nan", infinities as "inf" / "-inf" (JSON has no literal for them; in a CSV
+    cell the same text). `parse_float` reads these back, and also the forms of files
+    written before this encoding: null or an empty cell for NaN, "Infinity"/"-Infinity".
+    """
     if math.isnan(value):
-        return None
+        return "nan"
     if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
+        return "inf" if value > 0 else "-inf"
     return value
 
 
 def frame_to_json_records(frame: pd.DataFrame) -> list[dict]:
-    """Rows as plain-Python dicts safe for strict JSON (see `json_safe_float`)."""
+    """Rows as plain-Python dicts safe for strict JSON (non-finite floats: `encode_float`)."""
     records = []
     for row in frame.to_dict(orient="records"):
         record = {}
         for column, value in row.items():
             if column in FLOAT_COLUMNS:
-                record[column] = json_safe_float(float(value))
+                record[column] = encode_float(float(value))
             elif column in INT_COLUMNS:
                 record[column] = int(value)
             else:

@@ -10,8 +10,12 @@ HTML-significant characters. Values are fixed numbers, not random.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from harness.schema import empty_row
+from reports.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso, write_manifest
+from reports.rows import to_frame
+from reports.schema import empty_row
+from reports.writers import OUTPUT_FILES, write_all, write_csv, write_json
 
 HOSTILE_CASE = "<script>alert(1)</script>"
 HOSTILE_REASON = "kernel raised: bad & <worse> \"quoted\" 'single'"
@@ -101,10 +105,8 @@ def sample_rows() -> list[dict]:
 
 
 def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
-    """A complete `harness.manifest.Manifest` for a hand-made row set, as if `harness run`
+    """A complete `reports.manifest.Manifest` for a hand-made row set, as if `harness run`
     had made it with this checkout's code: its cases in first-seen order, its row count."""
-    from harness.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso
-
     cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
     files = code_files()
     stamp = now_iso()
@@ -127,12 +129,6 @@ def write_sample_run(rows, folder, *, metadata=None, policy_digest: str = "sampl
     `rendered=False` only what readers of runs load is written (rows.csv, report.json),
     skipping the slow HTML and Markdown.
     """
-    from pathlib import Path
-
-    from harness.manifest import write_manifest
-    from reports.rows import to_frame
-    from reports.writers import OUTPUT_FILES, write_all, write_csv, write_json
-
     manifest = sample_manifest(rows, policy_digest=policy_digest)
     folder = Path(folder)
     if rendered:

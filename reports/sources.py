@@ -1,7 +1,7 @@
 """Finding a run's rows on disk, and refusing rows that cannot be trusted.
 
 `load_run` accepts:
-  * a run folder: its `manifest.json` must say "complete" (`harness.manifest`), and its
+  * a run folder: its `manifest.json` must say "complete" (`reports.manifest`), and its
     `report.json` must carry the same run id and row count;
   * a `report.json` written by `reports.write_all` for a complete run: it carries the
     run's manifest; if a `manifest.json` sits next to it, it must be the same run (a
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
+from reports.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
 from reports.baseline import is_baseline_file, load_baseline
 from reports.rows import ReportInputError, load_rows, to_frame
 

@@ -3,13 +3,14 @@
 Files written (names fixed so CI and the runner can find them):
 
     rows.csv      one line per (case, candidate, partner, leaf), columns = ROW_COLUMNS
-                  in schema order; floats at full precision (round-trip exact), NaN as
-                  an empty cell, infinities as inf/-inf. `reports.load_rows` reads it
-                  back with exact types; plain `pandas.read_csv` works too.
+                  in schema order; floats at full precision (round-trip exact), NaN and
+                  infinities as nan/inf/-inf (`reports.rows.encode_float`, as in every
+                  file the harness writes). `reports.load_rows` reads it back with exact
+                  types; plain `pandas.read_csv` works too.
     report.json   {"format": "mhc-parity-report", "format_version": 1,
                    "schema_columns": [...], "metadata": {...}, "summary": {...},
                    "gate": {...} (only with a baseline), "rows": [...]}.
-                  Strict JSON: NaN is null, ±inf are the strings "Infinity"/"-Infinity".
+                  Strict JSON: NaN and infinities are the strings "nan", "inf", "-inf".
     report.html   the self-contained report (`reports.html`).
     summary.md    the short Markdown summary (`reports.markdown`).
 
@@ -19,7 +20,9 @@ rows.csv stays plain CSV, trusted only next to its run's manifest (`reports.sour
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 from pathlib import Path
@@ -27,12 +30,14 @@ from typing import Any
 
 import pandas as pd
 
-from harness.manifest import REPORT_FILES, Manifest
-from harness.schema import ROW_COLUMNS
+from reports.manifest import REPORT_FILES, Manifest
+from reports.schema import ROW_COLUMNS
 
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate
-from reports.rows import frame_to_json_records, json_safe_float, to_frame, unwrap_run
+from reports.html import render_html
+from reports.markdown import render_markdown
+from reports.rows import frame_to_json_records, encode_float, to_frame, unwrap_run
 from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
 from reports.summary import summarize
 
@@ -66,7 +71,7 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
     if isinstance(value, float):
-        return json_safe_float(value)
+        return encode_float(value)
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     if hasattr(value, "item") and callable(value.item):  # numpy scalar
@@ -84,7 +89,7 @@ def gate_summary(result: GateResult) -> dict:
             "category": f.category,
             **dict(zip(("case", "candidate", "partner", "leaf"), f.key)),
             "detail": f.detail,
-            "growth": json_safe_float(f.growth) if isinstance(f.growth, float) else f.growth,
+            "growth": encode_float(f.growth) if isinstance(f.growth, float) else f.growth,
         }
         for category in FAILING_CATEGORIES + INFO_CATEGORIES
         for f in result.by_category(category)
@@ -102,9 +107,27 @@ def gate_summary(result: GateResult) -> dict:
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> Path:
-    """rows.csv: schema-ordered columns, full float precision, NaN as empty cells."""
-    frame[list(ROW_COLUMNS)].to_csv(path, index=False, lineterminator="\n", na_rep="")
+    """rows.csv: schema-ordered columns, full float precision, non-finite numbers as nan/inf/-inf."""
+    frame[list(ROW_COLUMNS)].to_csv(path, index=False, lineterminator="\n", na_rep=encode_float(math.nan))
     return path
+
+
+def write_rows_csv(path: Path, groups: Iterable[tuple[Any, Iterable[Mapping[str, Any]]]], *,
+                   label_column: str | None = None) -> Path:
+    """Groups of row dicts [(label, rows), ...] as one CSV of the schema's columns, written
+    as they come (no frame is built), `label_column` (holding each group's label) first
+    when given; numbers as in rows.csv."""
+    with Path(path).open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow([label_column, *ROW_COLUMNS] if label_column else list(ROW_COLUMNS))
+        for label, rows in groups:
+            lead = [label] if label_column else []
+            writer.writerows([*lead, *(_csv_cell(row.get(c, "")) for c in ROW_COLUMNS)] for row in rows)
+    return Path(path)
+
+
+def _csv_cell(value: Any) -> Any:
+    return encode_float(value) if isinstance(value, float) else value
 
 
 def report_document(
@@ -165,9 +188,6 @@ def write_all(
     (the run's, finished) is embedded in report.json and named in the other reports.
     Returns {"csv", "json", "html", "markdown"} → path.
     """
-    from reports.html import render_html
-    from reports.markdown import render_markdown
-
     frame = to_frame(unwrap_run(rows)[0])
     metadata = dict(metadata or {})
     if manifest is not None:

@@ -23,6 +23,8 @@ from harness.faults import kill_matrix, sweep
 from harness.faults.model import UnknownPerturbationError, select
 from harness.implementations import INTERPRET, REFERENCE
 from harness.paths import Path, ProgramCache
+from reports.samples import measured_row
+from reports.sweep import headroom_table
 
 # Registry cases the CLI tests select by name. The kernels reject embedding 96 before
 # compiling anything (an expected-unsupported case), so only the reference path (and
@@ -158,6 +160,7 @@ def _assert_bit_identical(leaves, expected, what):
         np.testing.assert_array_equal(value, expected[name], err_msg=f"{what}: leaf {name} changed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("perturbation", ALL, ids=lambda p: p.name)
 def test_perturbation_leaves_the_paths_it_does_not_name_bit_identical(perturbation, clean_outputs):
     """A reference fault must not change the kernels, a kernel fault not the reference,
@@ -206,6 +209,7 @@ def representative(impls):
     return clean_rows, results
 
 
+@pytest.mark.slow
 def test_unmodified_code_passes_every_row_on_the_small_cases(representative):
     clean_rows, _ = representative
     failing = [(r["case"], r["candidate"], r["leaf"], r["reason"]) for r in clean_rows if r["verdict"] != "pass"
@@ -214,6 +218,7 @@ def test_unmodified_code_passes_every_row_on_the_small_cases(representative):
     assert {r["candidate"] for r in clean_rows} >= {"independent/unsharded", "independent/sharded(data=2,fsdp=4)"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in REPRESENTATIVE if n in FAULTS])
 def test_representative_fault_is_caught_in_every_slice_it_runs_in(name, representative):
     result = representative[1][name]
@@ -223,6 +228,7 @@ def test_representative_fault_is_caught_in_every_slice_it_runs_in(name, represen
             assert verdict.caught and (verdict.margin > 1 or verdict.only_errors), (name, verdict.dtype_slice)
 
 
+@pytest.mark.slow
 def test_the_gate_cast_is_caught_in_an_external_kernel_without_h_pre_on_bfloat16_alone(representative):
     result = representative[1]["independent.gate_params_bf16"]
     bf16 = result.slice("bfloat16")
@@ -231,6 +237,7 @@ def test_the_gate_cast_is_caught_in_an_external_kernel_without_h_pre_on_bfloat16
     assert bf16.margin >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in REPRESENTATIVE if n in VARIANTS_BY_NAME])
 def test_representative_variant_passes(name, representative):
     result = representative[1][name]
@@ -239,6 +246,7 @@ def test_representative_variant_passes(name, representative):
     assert any(s.closest is not None for s in result.slices)
 
 
+@pytest.mark.slow
 def test_kills_land_on_the_leaves_the_fault_models(representative):
     results = representative[1]
 
@@ -272,7 +280,7 @@ def test_rows_failing_on_clean_code_are_not_evidence():
     f32 = result.slice("float32")
     assert f32.caught and result.ignored_clean_failures == 1
     assert {c.leaf for c in f32.catches} == {"h_pre", "out"}
-    assert f32.margin == 40.0 and f32.cell == "killed 1/1 (40.00x)"
+    assert f32.margin == 40.0 and f32.cell == "killed 1/1 (40x)"
     survived = kill_matrix.judge(fault, [_row("fail", 9.0, leaf="h_post"), _row("pass", 0.7)], clean, [SMALL], 1.0)
     assert survived.status == "SURVIVED in float32" and not survived.ok
     assert survived.slice("float32").closest.usage == 0.7 and survived.slice("float32").closest.clean_usage == 0.5
@@ -296,14 +304,12 @@ def test_slices_are_judged_separately():
 
 
 def test_headroom_is_measured_per_group_over_passing_rows():
-    from reports.samples import measured_row
-
     def row(case, usage, verdict="pass"):
         return measured_row(case, "reference/unsharded", "oracle", "vs_oracle", "h_pre", "intermediate",
                             "float32", 1.0, bound_usage=usage, verdict=verdict)
 
     rows = [row("c", 0.2), row("c", 0.4), row("c", 0.7), row("d", 5.0, "fail")]
-    table = sweep.headroom_table(rows)
+    table = headroom_table(rows)
     line = table.iloc[0]
     assert (line.passing, line.failing, line.max_usage, line.median_usage) == (3, 1, 0.7, 0.4)
     assert line.closest_case == "c"
@@ -322,6 +328,7 @@ def _main(argv, **kwargs):
     return faults_cli.main(argv, **kwargs)
 
 
+@pytest.mark.slow
 def test_cli_exits_1_when_a_fault_survives(tmp_path, capsys):
     code = _main(["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"],
                  faults=(_no_op(), FAULTS["reference.post_gate_factor_lost"]), variants=())
@@ -337,6 +344,7 @@ def test_cli_exits_1_when_a_fault_survives(tmp_path, capsys):
     assert (tmp_path / "perturbed_rows.csv").read_text().startswith("perturbation,case,")
 
 
+@pytest.mark.slow
 def test_cli_exits_1_on_a_false_positive(tmp_path):
     wrongly_legitimate = Perturbation(
         name="reference.claims_to_be_fine", description="a fault mislabelled as legitimate",
@@ -347,6 +355,7 @@ def test_cli_exits_1_on_a_false_positive(tmp_path):
     assert json.loads((tmp_path / "kill_matrix.json").read_text())["false_positives"] == ["reference.claims_to_be_fine"]
 
 
+@pytest.mark.slow
 def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
     code = _main(["--cases", REFERENCE_ONLY_CASE, "--faults", "reference.post_gate_*", "reference.residual_*",
                   "--out", str(tmp_path), "--quiet"])
@@ -369,6 +378,7 @@ def test_cli_usage_errors_exit_2(argv, tmp_path):
     assert _main(argv + ["--out", str(tmp_path)]) == 2
 
 
+@pytest.mark.slow
 def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     code = _main(["--seeds", "2", "--cases", LITE_CASE, "--out", str(tmp_path), "--quiet"])
     printed = capsys.readouterr().out

@@ -99,6 +99,7 @@ def test_distinct_data_fields_give_distinct_data(change):
             assert not np.array_equal(array, other.arrays()[role]), role
 
 
+@pytest.mark.slow
 def test_bit_identical_across_processes_and_with_or_without_cache(tmp_path):
     cases = [CASE, SINKHORN, CASE.replace(init="large_magnitude", dtype="float32")]
     here = [generate_fixture(c).digest() for c in cases]
@@ -114,6 +115,7 @@ def test_bit_identical_across_processes_and_with_or_without_cache(tmp_path):
         np.testing.assert_array_equal(loaded.arrays()[role].view(np.uint8), array.view(np.uint8))
 
 
+@pytest.mark.slow
 def test_bit_identical_across_xdist_workers_sharing_one_cache(tmp_path):
     """Two pytest-xdist workers make the same fixtures concurrently through one cache."""
     pytest.importorskip("xdist")

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.schema import row_key
+from reports.schema import row_key
 from reports import ReportInputError, load_baseline, write_baseline
 from reports.baseline import BASELINE_COLUMNS, header_line
 from reports.drift import DTYPE_EPSILON, growth, noise_floor
-from reports.gate import gate, main
+from reports.commands import gate_main as main
+from reports.gate import gate
+from reports.markdown import gate_markdown
 from reports.samples import sample_rows, write_sample_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +70,7 @@ def test_injected_regression_fails_and_is_printed():
     assert finding.key == row_key(row)
     assert finding.growth == pytest.approx(3.0)
     table = result.table()
-    assert "regression (1):" in table and "d_x" in table and "(×3)" in table and "allowed ×2" in table
+    assert "regression (1):" in table and "d_x" in table and "(x3)" in table and "allowed x2" in table
 
 
 def _scale_grad_runs(baseline_err: float, current_err: float, sensitivity: float):
@@ -177,7 +179,7 @@ def test_missing_rows_are_summarised_per_case_and_path():
     assert f"missing ({bf16 + f32} rows in 2 cases, 2 case/path groups):" in table
     assert "bf16_small  (every path)" in table and f"{bf16} of {bf16}" in table
     assert len(table.splitlines()) < bf16 + f32  # not a line per row
-    markdown = result.markdown()
+    markdown = gate_markdown(result)
     assert "| bf16_small | (every path) |" in markdown
 
 
@@ -188,7 +190,7 @@ def test_new_nan_or_inf_fails():
     result = gate(passing_rows(), current)
     assert not result.ok
     assert [f.key[3] for f in result.new_nonfinite] == ["d_x", "h_pre"]
-    assert "nan_count 0 → 2" in result.table()
+    assert "nan_count 0 -> 2" in result.table()
 
 
 def test_nan_already_in_the_baseline_is_not_new():
@@ -214,7 +216,7 @@ def test_a_fixed_failure_is_an_improvement_and_a_new_failure_fails():
         dict(find(sample_rows(), "bf16_small", "d_pre_alpha"), verdict="pass", bound_usage=0.9)
     ]
     result = gate(baseline, current)
-    assert any("verdict fail → pass" in f.detail for f in result.improvements)
+    assert any("verdict fail -> pass" in f.detail for f in result.improvements)
     assert {f.key[0] for f in result.missing} == {"bf16_nan", "<script>alert(1)</script>"}
     result = gate(passing_rows(), sample_rows())
     assert sorted(f.detail.split(":")[0] for f in result.failures) == ["error", "fail", "fail"]
@@ -384,20 +386,23 @@ def test_cli_usage_and_input_errors_exit_2(files, capsys):
     assert code == 2 and "share a row key" in err
 
 
-def test_python_dash_m_reports_gate_and_baseline(files, tmp_path):
+@pytest.mark.slow
+def test_one_baseline_command_and_the_gate_as_a_user_runs_them(files, tmp_path):
+    """`python -m harness baseline` is the one baseline command; `python -m reports` is no command."""
     target = tmp_path / "new" / "baseline.csv"
     made = subprocess.run(
-        [sys.executable, "-m", "reports", "baseline", "--current", str(files["current"]), "--out", str(target)],
+        [sys.executable, "-m", "harness", "baseline", "--from", str(files["current"]), "--to", str(target)],
         cwd=REPO, capture_output=True, text=True,
     )
     assert made.returncode == 0, made.stderr
     assert load_baseline(target).policy_hash == "p1"
     checked = subprocess.run(
-        [sys.executable, "-m", "reports", "gate", "--baseline", str(target), "--current", str(files["current"])],
+        [sys.executable, "-m", "harness", "gate", "--baseline", str(target), "--current", str(files["current"])],
         cwd=REPO, capture_output=True, text=True,
     )
     assert checked.returncode == 0, checked.stderr
     assert "gate PASS" in checked.stdout
+    assert subprocess.run([sys.executable, "-m", "reports"], cwd=REPO, capture_output=True).returncode != 0
 
 
 def test_loaded_runs_and_baselines_are_accepted_everywhere(files, tmp_path):

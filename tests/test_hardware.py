@@ -18,7 +18,7 @@ from harness.implementations import INTERPRET, MOSAIC, REFERENCE
 from harness.policy import load_policy
 from harness.pytest_plugin import leaf_table
 from harness.runner import PathPlan, Runner
-from harness.schema import OK_VERDICTS
+from reports.schema import OK_VERDICTS
 
 DTYPES = ("float32", "bfloat16")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main as cli_main
-from harness.schema import ROW_COLUMNS
-from harness.store import RowStore
+from reports.schema import ROW_COLUMNS
+from reports.samples import write_sample_run
+from reports.store import RowStore
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli
 
 
@@ -112,13 +113,13 @@ def test_resume_refuses_a_stream_that_is_not_rows(tmp_path):
 def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp_path, capsys, monkeypatch):
     """The backstop behind the up-front coverage check: judging a leaf without a rule
     stops the run with exit 2 and an interrupted manifest, never a traceback or exit 1."""
-    import harness.plan
-    from harness.manifest import read_manifest
+    import harness.run_command
+    from reports.manifest import read_manifest
     from tests.cli_support import REFERENCE_ONLY_CASE
 
-    monkeypatch.setattr(harness.plan, "uncovered_judgements", lambda policy, cases, plan: [])
+    monkeypatch.setattr(harness.run_command, "uncovered_judgements", lambda policy, cases, plan: [])
     policy = tmp_path / "policy.toml"
-    policy.write_text('version = 1\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
+    policy.write_text('version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
                       'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only outputs"\n')
     out = tmp_path / "out"
     code = cli_main(["run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet",
@@ -127,3 +128,19 @@ def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp
     assert "no tolerance rule" in capsys.readouterr().err
     manifest = read_manifest(out)
     assert manifest.state == "interrupted" and manifest.reason.startswith("configuration error")
+
+
+def test_the_command_line_lists_its_commands_and_refuses_an_unknown_one(capsys):
+    assert cli_main(["--help"]) == 0
+    listing = capsys.readouterr().out
+    assert all(command in listing for command in ("run", "gate", "baseline", "render", "policy", "faults"))
+    assert cli_main([]) == 2
+    assert cli_main(["bless"]) == 2
+    assert "unknown command 'bless'" in capsys.readouterr().err
+
+
+def test_the_baseline_command_refuses_an_empty_run(tmp_path, capsys):
+    write_sample_run([], tmp_path / "run", rendered=False)
+    assert cli_main(["baseline", "--from", str(tmp_path / "run"), "--to", str(tmp_path / "b.csv")]) == 2
+    assert "refusing to write an empty baseline" in capsys.readouterr().err
+    assert not (tmp_path / "b.csv").exists()

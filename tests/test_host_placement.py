@@ -52,6 +52,7 @@ def _devices_of(outputs) -> set:
     return {device for leaf in jax.tree.leaves(outputs) for device in leaf.devices()}
 
 
+@pytest.mark.slow
 def test_the_oracle_runs_on_the_host_cpu_under_another_default_device(oracle_outputs):
     other = _another_default_device()
     assert other != oracle.oracle_device()

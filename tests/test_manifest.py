@@ -1,4 +1,4 @@
-"""harness.manifest and what trusts it (reports.sources): states, differences, refusals."""
+"""reports.manifest and what trusts it (reports.sources): states, differences, refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cases.catalogue import make_case
-from harness.manifest import (
+from reports.manifest import (
     COMPLETE, INTERRUPTED, RUNNING, Manifest, ManifestError, RunRequest, read_manifest, write_manifest,
 )
 from harness.policy import load_policy

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness import schema
+from reports import schema
 from harness.metrics import DTYPE_FORMATS, LeafMetrics, dtype_name, eps, leaf_metrics, ulp_spacing
 
 BF16 = ml_dtypes.bfloat16

@@ -50,7 +50,7 @@ def test_the_packaged_policy_covers_every_suite_and_a_partial_one_is_caught():
     everything = list(registry.default_registry())
     assert uncovered_judgements(load_policy(), everything, PLAN) == []
     partial = parse_policy(
-        'version = 1\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "*"\n'
+        'version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "*"\n'
         'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only vs_oracle"\n'
     )
     problems = uncovered_judgements(partial, [SHARDED], PLAN)

@@ -1,4 +1,4 @@
-"""harness.policy: file validation, rule precedence, each rule kind across its bound, NaN."""
+"""harness.policy and harness.bounds: file validation, rule precedence, each rule kind across its bound, NaN."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness import schema
+from reports import schema
+from harness.bounds import KINDS
 from harness.metrics import LeafMetrics, leaf_metrics
 from harness.policy import (
     DEFAULT_POLICY_PATH,
@@ -38,7 +39,7 @@ def metrics(**overrides) -> LeafMetrics:
     return LeafMetrics(**base)
 
 
-def policy_text(*rules: str, header: str = "version = 1\n") -> str:
+def policy_text(*rules: str, header: str = "version = 2\n") -> str:
     return header + "".join("\n[[rule]]\n" + textwrap.dedent(r).strip() + "\n" for r in rules)
 
 
@@ -47,8 +48,7 @@ RATIO_RULE = """
     dtype = "*"
     leaf_kind = "*"
     kind = "oracle_ratio"
-    ratio_max = 2.0
-    ratio_rms = 3.0
+    ratio = 2.0
     floor_ulps = 4
     direct_ulps = 2
     rationale = "test"
@@ -68,22 +68,22 @@ ULPS_RULE = """
     max_rel_ulps = 64
     rationale = "test"
 """
-BOUND_RULE = """
+SENSITIVITY_RULE = """
     comparison = "vs_oracle"
     dtype = "*"
     act_dtype = "bfloat16"
     leaf_kind = "*"
-    kind = "rel_bound"
+    kind = "ulps_plus_sensitivity"
     eps_dtype = "bfloat16"
     max_rel_ulps = 8
-    rms_rel_ulps = 2
+    ratio_sensitivity = 2
     rationale = "test"
 """
 
 
 @pytest.fixture(scope="module")
 def small():
-    return parse_policy(policy_text(RATIO_RULE, EXACT_RULE, ULPS_RULE, BOUND_RULE))
+    return parse_policy(policy_text(RATIO_RULE, EXACT_RULE, ULPS_RULE, SENSITIVITY_RULE))
 
 
 def judge(policy, m, comparison, leaf_kind="output", dtype="float32", act_dtype=None, partitioning="manual"):
@@ -102,6 +102,8 @@ def test_packaged_policy_loads_and_covers_every_combination():
     assert policy.uncovered() == []
     for rule in policy.rules:
         assert len(rule.rationale) > 20, rule.label
+        assert len(rule.rationale.splitlines()) <= 3, f"{rule.label}: a rationale of one to three lines"
+    assert len(policy.systematic.rationale.splitlines()) <= 3
     for comparison in POLICY_COMPARISONS:
         for dtype in ("float32", "bfloat16"):
             for act in ("float32", "bfloat16"):
@@ -196,14 +198,16 @@ MALFORMED = {
     "negative floor": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = -4"), "floor_ulps"),
     "sub-ulp floor": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = 0.5"), "floor_ulps"),
     "zero floor": (_replace(RATIO_RULE, "floor_ulps = 4", "floor_ulps = 0"), "floor_ulps"),
-    "ratio below one": (_replace(RATIO_RULE, "ratio_max = 2.0", "ratio_max = 0.9"), "ratio_max"),
+    "ratio below one": (_replace(RATIO_RULE, "ratio = 2.0", "ratio = 0.9"), "ratio"),
+    "version 1 ratio": (_replace(RATIO_RULE, "ratio = 2.0", "ratio_max = 2.0\nratio_rms = 2.0"), "ratio_max"),
+    "removed kind": (_replace(ULPS_RULE, '"ulps_of_max"', '"rel_bound"'), "kind"),
     "sub-ulp direct": (_replace(RATIO_RULE, "direct_ulps = 2", "direct_ulps = 0.5"), "direct_ulps"),
     "sub-ulp bound": (_replace(ULPS_RULE, "max_rel_ulps = 64", "max_rel_ulps = 0.25"), "max_rel_ulps"),
     "foreign number": (_replace(EXACT_RULE, 'kind = "exact"', 'kind = "exact"\nmax_rel_ulps = 4'), "max_rel_ulps"),
     "missing rationale": (_replace(EXACT_RULE, 'rationale = "test"', ""), "rationale"),
     "empty rationale": (_replace(EXACT_RULE, 'rationale = "test"', 'rationale = "  "'), "rationale"),
-    "unknown eps_dtype": (_replace(BOUND_RULE, 'eps_dtype = "bfloat16"', 'eps_dtype = "float128"'), "eps_dtype"),
-    "sub-ulp eps_dtype": (_replace(BOUND_RULE, 'eps_dtype = "bfloat16"', 'eps_dtype = "float32"'), "eps_dtype"),
+    "unknown eps_dtype": (_replace(SENSITIVITY_RULE, 'eps_dtype = "bfloat16"', 'eps_dtype = "float128"'), "eps_dtype"),
+    "sub-ulp eps_dtype": (_replace(SENSITIVITY_RULE, 'eps_dtype = "bfloat16"', 'eps_dtype = "float32"'), "eps_dtype"),
 }
 
 
@@ -225,7 +229,7 @@ def test_rule_message_shows_its_match_keys():
 
 def test_direct_ulps_zero_disables_the_direct_criterion():
     policy = parse_policy(policy_text(_replace(RATIO_RULE, "direct_ulps = 2", "direct_ulps = 0")))
-    assert policy.rules[0].direct_ulps == 0.0
+    assert policy.rules[0].bound.direct_ulps == 0.0
     m = metrics(cand_oracle_max_err=1.0, partner_oracle_max_err=1e-9, max_rel_err=0.0)
     j = judge(policy, m, "vs_reference")
     assert j.verdict == "fail" and "direct" not in j.bound
@@ -242,11 +246,11 @@ def test_duplicate_rules_name_both():
 @pytest.mark.parametrize(
     "text, field",
     [
-        ("version = 1\n", "rule"),
+        ("version = 2\n", "rule"),
         (policy_text(EXACT_RULE, header=""), "version"),
-        (policy_text(EXACT_RULE, header="version = 2\n"), "version"),
-        (policy_text(EXACT_RULE, header="version = 1\ndefaults = 3\n"), "defaults"),
-        ("version = 1\nrule = 5\n", "rule"),
+        (policy_text(EXACT_RULE, header="version = 3\n"), "version"),
+        (policy_text(EXACT_RULE, header="version = 2\ndefaults = 3\n"), "defaults"),
+        ("version = 2\nrule = 5\n", "rule"),
     ],
 )
 def test_malformed_file_level(text, field):
@@ -294,7 +298,7 @@ def test_most_specific_rule_wins():
     )
 
     def ulps(dtype, kind, act="bfloat16"):
-        return policy.rule_for(comparison="vs_unsharded", leaf_kind=kind, dtype=dtype, act_dtype=act).max_rel_ulps
+        return policy.rule_for(comparison="vs_unsharded", leaf_kind=kind, dtype=dtype, act_dtype=act).bound.max_rel_ulps
 
     assert ulps("float32", "weight_grad") == 100
     assert ulps("bfloat16", "weight_grad") == 50
@@ -308,7 +312,7 @@ def test_most_specific_rule_wins():
     )
     assert reversed_policy.rule_for(
         comparison="vs_unsharded", leaf_kind="output", dtype="bfloat16", act_dtype="bfloat16"
-    ).max_rel_ulps == 10
+    ).bound.max_rel_ulps == 10
 
 
 def test_incomparable_rules_are_rejected_at_load():
@@ -366,19 +370,28 @@ def test_ulps_of_max_end_to_end_on_bfloat16_arrays(small):
     assert judge(small, m, "vs_unsharded", "weight_grad", "bfloat16").verdict == "fail"
 
 
-def test_rel_bound_each_condition(small):
-    max_lim, rms_lim = 8 * BF16_EPS, 2 * BF16_EPS
-    ok = judge(small, metrics(max_rel_err=max_lim * BELOW, rel_rms_err=rms_lim * BELOW), "vs_oracle",
+def test_ulps_plus_sensitivity_in_another_dtypes_ulps(small):
+    limit = 8 * BF16_EPS + 2 * 1e-3
+    ok = judge(small, metrics(max_rel_err=limit * BELOW, oracle_sensitivity_max=1e-3), "vs_oracle",
                dtype="float32", act_dtype="bfloat16")
-    assert ok.verdict == "pass" and ok.bound_usage <= 1.0
-    assert ok.bound == "max_rel<=8ulp rms_rel<=2ulp [ulp=bfloat16 eps; rule 3]"
-    bad_max = judge(small, metrics(max_rel_err=max_lim * ABOVE, rel_rms_err=0.0), "vs_oracle",
-                    dtype="float32", act_dtype="bfloat16")
-    assert bad_max.verdict == "fail" and bad_max.reason.startswith("max_rel_err=")
-    bad_rms = judge(small, metrics(max_rel_err=0.0, rel_rms_err=rms_lim * ABOVE), "vs_oracle",
-                    dtype="bfloat16", act_dtype="bfloat16")
-    assert bad_rms.verdict == "fail" and bad_rms.reason.startswith("rel_rms_err=")
-    assert bad_rms.bound_usage == pytest.approx(ABOVE)
+    assert ok.verdict == "pass" and ok.bound_usage == pytest.approx(BELOW)
+    assert ok.bound == "max_rel<=8ulp+2*sensitivity [ulp=bfloat16 eps; rule 3]"
+    bad = judge(small, metrics(max_rel_err=limit * ABOVE, oracle_sensitivity_max=1e-3), "vs_oracle",
+                dtype="bfloat16", act_dtype="bfloat16")
+    assert bad.verdict == "fail" and bad.reason.startswith("max_rel_err=") and "sensitivity(0.001)" in bad.reason
+
+
+def test_version_1_files_are_refused_saying_what_changed():
+    with pytest.raises(PolicyError, match="ratio_max and ratio_rms .* one 'ratio'"):
+        parse_policy(policy_text(EXACT_RULE, header="version = 1\n"))
+
+
+def test_every_rule_kind_is_a_class_the_packaged_policy_uses():
+    """No unused kinds: each kind of harness.bounds judges some rule of the packaged file."""
+    used = {rule.kind for rule in load_policy().rules}
+    assert used == set(KINDS)
+    for kind in KINDS.values():
+        assert callable(kind.judge) and callable(kind.describe) and kind.reads
 
 
 def _ratio_metrics(cand_max, part_max, cand_rms, part_rms, direct):
@@ -388,12 +401,11 @@ def _ratio_metrics(cand_max, part_max, cand_rms, part_rms, direct):
 
 def test_oracle_ratio_across_the_ratio_criterion(small):
     part = 1e-5
-    lim_max = 2.0 * part + 4 * F32_EPS
-    lim_rms = 3.0 * part + 4 * F32_EPS
+    lim_max = lim_rms = 2.0 * part + 4 * F32_EPS
     far = 1.0  # the direct criterion does not help
     j = judge(small, _ratio_metrics(lim_max * BELOW, part, lim_rms * BELOW, part, far), "vs_reference")
     assert j.verdict == "pass" and j.bound_usage == pytest.approx(1.0) and j.reason == ""
-    assert j.bound == "ratio_max<=2 ratio_rms<=3 +4ulp | direct<=2ulp [ulp=float32 eps; rule 0]"
+    assert j.bound == "ratio<=2 +4ulp | direct<=2ulp [ulp=float32 eps; rule 0]"
     j = judge(small, _ratio_metrics(lim_max * ABOVE, part, 0.0, part, far), "vs_reference")
     assert j.verdict == "fail" and j.reason.startswith("cand_oracle_max_err=")
     assert "partner_oracle_max_err" in j.reason and "not indistinguishable" in j.reason
@@ -434,7 +446,7 @@ ALL_KINDS = [
     ("vs_reference", "output", "float32", "float32"),  # oracle_ratio
     ("vs_unsharded", "output", "float32", "float32"),  # exact
     ("vs_unsharded", "weight_grad", "bfloat16", "bfloat16"),  # ulps_of_max
-    ("vs_oracle", "output", "bfloat16", "bfloat16"),  # rel_bound
+    ("vs_oracle", "output", "bfloat16", "bfloat16"),  # ulps_plus_sensitivity
 ]
 
 
@@ -524,7 +536,7 @@ def test_oracle_ratio_scales_with_the_sensitivity_where_it_exceeds_the_partner()
 
 def test_ulps_plus_sensitivity_adds_the_conditioning_slack():
     policy = parse_policy(
-        'version = 1\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
+        'version = 2\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
         'kind = "ulps_plus_sensitivity"\nmax_rel_ulps = 4\nratio_sensitivity = 16\nrationale = "test rule"\n'
     )
     limit = 4 * F32_EPS + 16 * 1e-5
@@ -536,7 +548,7 @@ def test_ulps_plus_sensitivity_adds_the_conditioning_slack():
     assert judge(policy, metrics(max_rel_err=5 * F32_EPS), "vs_unsharded").verdict == "fail"
     with pytest.raises(PolicyError, match="ratio_sensitivity"):
         parse_policy(
-            'version = 1\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
+            'version = 2\n[[rule]]\ncomparison = "vs_unsharded"\ndtype = "*"\nleaf_kind = "*"\n'
             'kind = "ulps_plus_sensitivity"\nmax_rel_ulps = 4\nratio_sensitivity = 0.5\nrationale = "test"\n'
         )
 
@@ -554,7 +566,7 @@ rationale = "test"
 
 @pytest.fixture(scope="module")
 def with_systematic():
-    return parse_policy(policy_text(RATIO_RULE, header="version = 1\n" + SYSTEMATIC))
+    return parse_policy(policy_text(RATIO_RULE, header="version = 2\n" + SYSTEMATIC))
 
 
 def _systematic_metrics(t, shift, partner_t=1.0, oracle_t=1.0):
@@ -567,7 +579,7 @@ def test_systematic_criterion_fails_a_shift_shared_by_every_token(with_systemati
     failed = judge(with_systematic, _systematic_metrics(26.8, big_shift), "vs_reference", "intermediate")
     assert failed.verdict == "fail" and "shared by every token" in failed.reason
     assert failed.bound_usage == pytest.approx(26.8 / 7)
-    assert failed.bound.endswith("+ systematic t<=7 or 3x")
+    assert "; systematic t<=7 or 3x [" in failed.bound
     passed = judge(with_systematic, _systematic_metrics(7 * BELOW, big_shift), "vs_reference", "intermediate")
     assert passed.verdict == "pass" and passed.bound_usage == pytest.approx(BELOW)
 
@@ -601,7 +613,7 @@ def test_systematic_criterion_applies_to_its_leaf_kinds_only(with_systematic):
 ])
 def test_malformed_systematic_table_is_rejected(table, field):
     with pytest.raises(PolicyError, match=field):
-        parse_policy(policy_text(RATIO_RULE, header="version = 1\n" + table))
+        parse_policy(policy_text(RATIO_RULE, header="version = 2\n" + table))
 
 
 def test_packaged_policy_catches_a_bfloat16_gate_bias_by_its_systematic_shift():

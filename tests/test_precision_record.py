@@ -19,7 +19,7 @@ from cases.fixtures import cache_key
 from cases.registry import Registry
 from cases.spec import Case, CaseSpecError
 from cases.toml_cases import CaseFileError, register_case_file
-from harness.env import run_metadata
+from harness.run_info import run_metadata
 from harness.implementations import INTERPRET, REFERENCE
 from harness.policy import load_policy
 from harness.runner import PathPlan, Runner
@@ -33,7 +33,7 @@ from reports.environment import (
     precision_conflicts,
     run_precision,
 )
-from reports.gate import main as gate_main
+from reports.commands import gate_main
 from reports.samples import sample_rows, write_sample_run
 from reports.sources import load_run
 
@@ -242,7 +242,7 @@ def test_a_legacy_baseline_gates_a_cpu_run_but_refuses_a_tpu_one(tmp_path, capsy
 
 
 def test_rows_written_before_the_precision_and_devices_columns_stay_readable(tmp_path):
-    from harness.schema import LATER_COLUMNS, ROW_COLUMNS
+    from reports.schema import LATER_COLUMNS, ROW_COLUMNS
 
     old = tmp_path / "old.jsonl"
     old.write_text("".join(

@@ -55,7 +55,7 @@ def _leaf_errors(config, dtype, weight_dtype, weights=None):
     return errors
 
 
-@pytest.mark.parametrize("variant", ["lite", "sinkhorn"])
+@pytest.mark.parametrize("variant", ["lite", pytest.param("sinkhorn", marks=pytest.mark.slow)])
 def test_reference_matches_oracle_in_float32(variant):
     config = MhcConfig(streams=4, embedding=128, variant=variant)
     errors = _leaf_errors(config, jnp.float32, jnp.float32)
@@ -115,6 +115,7 @@ def test_oracle_returns_the_cotangent_at_the_branch_output():
     assert res.forward["out"].dtype == np.float64
 
 
+@pytest.mark.slow
 def test_oracle_rounding_noise_measures_sensitivity_proportional_to_the_roundoff():
     config = MhcConfig(streams=4, embedding=128)
     x = random_activations(SHAPE)
@@ -158,6 +159,7 @@ def _sensitivity(units, leaf="h_post", dtype=jnp.bfloat16, seed=3):
     return max_rel_err(pick(noisy), pick(exact))
 
 
+@pytest.mark.slow
 def test_rounding_model_holds_the_coefficients_in_float32_in_bfloat16_runs():
     """The coefficients of a bfloat16 run are float32 arithmetic on a bfloat16 projection:
     rounding every value at bfloat16 would explain away a bfloat16 gate bias (the upstream bug)."""
@@ -186,6 +188,7 @@ def test_rounding_model_explains_the_reference_bfloat16_error():
         assert errors[leaf] < 3 * spread, (leaf, errors[leaf], spread)
 
 
+@pytest.mark.slow
 def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
     used = []
     original = oracle._RoundingNoise.__call__

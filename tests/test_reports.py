@@ -17,9 +17,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.schema import ROW_COLUMNS, VERDICTS, empty_row
-from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all
+from harness.cli import main as cli_main
+from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all, write_baseline
 from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
+from reports.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
+from reports.store import RowStore
 
 METADATA = {
     "jax_version": "0.10.2",
@@ -130,6 +132,30 @@ def test_jsonl_stream_loads_with_nan_and_infinity_tokens(tmp_path, rows):
     pd.testing.assert_frame_equal(load_rows(path), to_frame(rows))
 
 
+def test_every_file_writes_non_finite_numbers_one_way_and_older_forms_still_load(written, rows, tmp_path):
+    """nan / inf / -inf in rows.jsonl, rows.csv, report.json and the baseline; null, empty
+    cells and "Infinity" (files written before) still read."""
+    store = RowStore(tmp_path)
+    store.start_fresh()
+    by_case = {case: [r for r in rows if r["case"] == case] for case in dict.fromkeys(r["case"] for r in rows)}
+    for case, case_rows in by_case.items():
+        store.append_case(case, case_rows)
+    baseline = write_baseline(rows, tmp_path / "baseline.csv")
+    stream = store.rows_path.read_text()
+    assert '"nan"' in stream and '"inf"' in stream and "null" not in stream and "Infinity" not in stream
+    csv_cells = written["csv"].read_text().replace("\n", ",").split(",")
+    assert "nan" in csv_cells and "inf" in csv_cells and "Infinity" not in csv_cells
+    assert "nan" in baseline.read_text().replace("\n", ",").split(",")
+    document = json.loads(written["json"].read_text())
+    cells = [row[c] for row in document["rows"] for c in FLOAT_COLUMNS] + [document["summary"]["worst_leaf"]["bound_usage"]]
+    assert {c for c in cells if not isinstance(c, float)} == {"nan", "inf"}
+    streamed = to_frame(store.finished()[0])  # the stream reads back exactly
+    pd.testing.assert_frame_equal(streamed, to_frame([r for case_rows in by_case.values() for r in case_rows]))
+    old = [dict(row, max_abs_err=None, bound_usage="Infinity", cosine="") for row in rows[:2]]
+    frame = to_frame(old)
+    assert frame["max_abs_err"].isna().all() and (frame["bound_usage"] == math.inf).all() and frame["cosine"].isna().all()
+
+
 def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
     def reject(constant):
         raise AssertionError(f"non-strict JSON constant {constant}")
@@ -145,10 +171,10 @@ def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
     assert summary["verdicts"] == EXPECTED_COUNTS
     assert summary["total"] == len(rows) and summary["ok"] is False
     assert summary["worst_leaf"]["case"] == "bf16_nan"
-    assert summary["worst_leaf"]["bound_usage"] == "Infinity"
+    assert summary["worst_leaf"]["bound_usage"] == "inf"  # non-finite numbers: reports.rows.encode_float
     assert len(document["rows"]) == len(rows)
     error_row = next(r for r in document["rows"] if r["verdict"] == "error")
-    assert error_row["max_abs_err"] is None and error_row["reason"] == HOSTILE_REASON
+    assert error_row["max_abs_err"] == "nan" and error_row["reason"] == HOSTILE_REASON
     assert "gate" not in document
 
 
@@ -394,14 +420,12 @@ def test_reports_package_never_imports_jax():
 
 
 def test_render_cli_rewrites_a_finished_run_and_refuses_a_bare_stream(tmp_path, rows, capsys):
-    from reports.__main__ import main
-
     write_sample_run(rows[:6], tmp_path / "run")
-    assert main(["render", "--rows", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    assert cli_main(["render", "--rows", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "report.html").is_file()
     rendered = load_run(tmp_path / "out")  # a copy of the run, manifest included
     assert rendered.manifest.run_id == load_run(tmp_path / "run").manifest.run_id
-    assert main(["render", "--rows", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x")]) == 2
+    assert cli_main(["render", "--rows", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x")]) == 2
     stream = _write_jsonl(tmp_path / "rows.jsonl", rows[:6])
-    assert main(["render", "--rows", str(stream), "--out", str(tmp_path / "y")]) == 2
+    assert cli_main(["render", "--rows", str(stream), "--out", str(tmp_path / "y")]) == 2
     assert "bare rows file carries no manifest" in capsys.readouterr().err

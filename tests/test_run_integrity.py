@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from harness.manifest import read_manifest, write_manifest
+from reports.baseline import BASELINE_COLUMNS
+from reports.manifest import read_manifest, write_manifest
 from tests.cli_support import (
     CASE_FILE, CASE_NAMES, REFERENCE_ONLY_CASE, ROOT, harness_command, load_jsonl, run_cli, without_timing,
 )
@@ -178,7 +179,7 @@ def test_resume_refuses_another_selection_policy_or_code(case_file, finished, tm
 
 
 MINIMAL_POLICY = """
-version = 1
+version = 2
 [[rule]]
 comparison = "vs_oracle"
 dtype = "*"
@@ -203,6 +204,7 @@ rationale = "a policy that forgot every other leaf kind"
     ids=["unwritable-out", "impl-syntax-error", "impl-import-exception", "policy-without-rule", "negative-seed",
          "duplicate-impl"],
 )
+@pytest.mark.slow
 def test_run_configuration_errors_exit_2_before_any_compute(argv, fragments, tmp_path):
     (tmp_path / "file").write_text("")
     (tmp_path / "broken_syntax.py").write_text("def factory(:\n")
@@ -218,6 +220,7 @@ def test_run_configuration_errors_exit_2_before_any_compute(argv, fragments, tmp
     assert not (out / "manifest.json").exists(), "refused before the run started"
 
 
+@pytest.mark.slow
 @SHARED
 @pytest.mark.parametrize("command", ["baseline", "gate"])
 def test_unwritable_baseline_or_markdown_target_exits_2(command, finished, tmp_path):
@@ -250,6 +253,7 @@ def test_a_partial_run_gets_a_missing_summary_and_can_gate_its_own_cases(case_fi
     assert "gating only the current run's cases: 1 of 3 baseline cases" in only.stdout
 
 
+@pytest.mark.slow
 @SHARED
 @pytest.mark.parametrize("keep_line_ending", [True, False], ids=["malformed-number", "cut-file"])
 def test_a_baseline_cut_in_its_last_number_is_rejected(keep_line_ending, finished, tmp_path):
@@ -262,9 +266,10 @@ def test_a_baseline_cut_in_its_last_number_is_rejected(keep_line_ending, finishe
                    + ("\n" if keep_line_ending else ""))
     line = text.count("\n")
     gate = run_cli("gate", "--baseline", cut, "--current", finished["out"])
-    assert_one_line_error(gate, f"line {line}, column 'cand_oracle_rms_err'", "is not a complete number")
+    assert_one_line_error(gate, f"line {line}, column {BASELINE_COLUMNS[-1]!r}", "is not a complete number")
 
 
+@pytest.mark.slow
 @SHARED
 def test_without_a_terminal_a_heartbeat_names_the_running_case_and_path(finished):
     beats = [line for line in finished["stderr"].splitlines() if line.startswith("... still running case ")]

@@ -247,12 +247,12 @@ def _layer_run(kernel, mesh_shape, dtype):
 @pytest.mark.parametrize(
     "block_tokens, block_tokens_bwd",
     [
-        (32, 32),  # one grid step per shard (8 unsharded)
+        pytest.param(32, 32, marks=pytest.mark.slow),  # one grid step per shard (8 unsharded)
         (16, 16),  # two grid steps per shard (16 unsharded)
         # Backward block larger than a shard's 32 tokens (4 steps unsharded). XLA CPU
         # compiled the 32- and 64-token backward blocks differently (d_x moved by an
         # ulp), so a shard must run the 64-token block, padded.
-        (32, 64),
+        pytest.param(32, 64, marks=pytest.mark.slow),
     ],
     ids=["one-step-per-shard", "multi-step-per-shard", "bwd-block-larger-than-shard"],
 )

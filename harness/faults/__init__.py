@@ -6,10 +6,13 @@ Modules, in the order data flows through them:
   reversible injection;
 * `catalogue` — the faults (`CATALOGUE`, `FAULTS`);
 * `variants` — the legitimate variants (`VARIANTS`);
-* `kill_matrix` — the clean pass, one pass per perturbation, judging per dtype slice;
+* `kill_matrix` — the clean pass, one pass per perturbation (the runner gets the shared
+  fixtures and oracle results as arguments), judged per dtype slice;
 * `sweep` — the unmodified code over many seeds;
-* `report` — their CSV / Markdown / JSON files and terminal tables;
 * `cli` — `python -m harness faults`.
+
+Their results are plain records written to files by `reports.kill_matrix` and
+`reports.sweep` (CSV, Markdown, JSON and the terminal tables).
 """
 
 from harness.faults.catalogue import CATALOGUE, FAULTS

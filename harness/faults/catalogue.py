@@ -11,7 +11,13 @@ cases alone and on the float32 cases alone, unless the fault names the slice in
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
 from harness.faults.model import Patch, Perturbation, Seam
+from mhc.common import matmul, permutation_matrices
+from mhc.precision import DEFAULT_MATMUL_PRECISION
 
 REFERENCE_IMPLEMENTATIONS = ("reference",)
 # Built-in implementations that run the Pallas kernels (mosaic only on a TPU).
@@ -26,8 +32,6 @@ INDEPENDENT_IMPLEMENTATIONS = ("independent",)
 
 def _gate_with_bf16_params(original_gate):
     """The gate with scale and bias rounded to bfloat16 before the affine map."""
-    import jax.numpy as jnp
-
     def compute_sigmoid_gate_bf16_params(logits, scale, bias, **options):
         return original_gate(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), **options)
 
@@ -36,8 +40,6 @@ def _gate_with_bf16_params(original_gate):
 
 def _residual_matrix_with_bf16_params(original_matrix):
     """A residual-mix function `(logits, scale, bias, n)` with scale and bias rounded to bfloat16."""
-    import jax.numpy as jnp
-
     def residual_mix_matrix_bf16_params(logits, scale, bias, n):
         return original_matrix(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), n)
 
@@ -66,11 +68,6 @@ def _projection_with_bf16_rms(original_projection):
     The projection matmul itself is unchanged (activation dtype, float32 accumulation);
     only the RMS statistic is computed on bfloat16 values and rounded to bfloat16.
     """
-    import jax
-    import jax.numpy as jnp
-
-    from mhc.common import matmul
-    from mhc.precision import DEFAULT_MATMUL_PRECISION
 
     del original_projection
 
@@ -90,15 +87,11 @@ def _reversed_permutations(n: int):
     What `itertools.permutations(reversed(range(n)))` would have produced: the same
     set of matrices, enumerated in reverse-lexicographic order.
     """
-    from mhc.common import permutation_matrices
-
     return permutation_matrices(n)[::-1].reshape(-1, n * n).copy()
 
 
 def _residual_matrix_with_reordered_permutations(original_residual_matrix):
     """`lite_residual_matrix` mixing with the permutations in reversed order."""
-    import jax.numpy as jnp
-
     def lite_residual_matrix_reordered(logits, scale, bias, n, perms=None, **options):
         del perms
         return original_residual_matrix(logits, scale, bias, n, jnp.asarray(_reversed_permutations(n)), **options)
@@ -114,8 +107,6 @@ def _permutation_operand_reordered(original_operand):
 
 def _expand_with_transposed_residual(original_expand):
     """`expand_streams` contracting h_res over its second stream index instead of its first."""
-    import jax.numpy as jnp
-
     def expand_streams_transposed(h_res, h_post, x, layer_output):
         return original_expand(jnp.swapaxes(h_res, -1, -2), h_post, x, layer_output)
 
@@ -133,9 +124,6 @@ def _psum_keeping_first_shard(original_psum):
     transpose sums the per-shard cotangents, and the zeros keep the first shard's alone.
     Outside shard_map it is the original.
     """
-    import jax
-    import jax.numpy as jnp
-
     def psum_to_primal_vma_first_shard_only(grad, primal):
         mesh = jax.sharding.get_abstract_mesh()
         manual = tuple(getattr(mesh, "manual_axes", ()) or ())
@@ -154,8 +142,6 @@ _PRE_BACKWARD_POST_BIAS = 5
 
 def _pre_backward_dropping_post_bias_grad(original_pre_backward):
     """`pre_backward` whose post_bias gradient accumulator is never written (stays zero)."""
-    import jax.numpy as jnp
-
     def pre_backward_without_post_bias_grad(*args, **kwargs):
         outputs = list(original_pre_backward(*args, **kwargs))
         outputs[_PRE_BACKWARD_POST_BIAS] = jnp.zeros_like(outputs[_PRE_BACKWARD_POST_BIAS])
@@ -171,8 +157,6 @@ def _launch_skipping_last_token_block(original_launch):
     the buffer held on a TPU) — an off-by-one in the grid or a tail guard that drops the
     final full block.
     """
-    from jax.experimental import pallas as pl
-
     def launch_skipping_last_block(body, *, grid, **kwargs):
         last_step = grid[0] - 1
 
@@ -251,7 +235,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
     ),
     _reference_fault(
         "reference.post_gate_factor_lost", "POST_GATE_MULTIPLIER",
-        "The reference's post gate is sigmoid(...) instead of 2·sigmoid(...) (the factor 2 of "
+        "The reference's post gate is sigmoid(...) instead of 2*sigmoid(...) (the factor 2 of "
         "mHC's h_post lost).",
         _post_gate_multiplier_of_one,
     ),
@@ -271,7 +255,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
     _reference_fault(
         "reference.residual_contraction_transposed", "expand_streams",
         "The reference's residual mix contracts h_res over its second stream index "
-        "(out = h_res·x instead of h_resᵀ·x).",
+        "(out = h_res @ x instead of h_res^T @ x).",
         _expand_with_transposed_residual,
     ),
     # --- Pallas kernels --------------------------------------------------------------------
@@ -288,7 +272,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
     ),
     _kernel_fault(
         "kernel.post_gate_factor_lost", "mhc.kernels.forward", "POST_GATE_MULTIPLIER",
-        "The forward kernel's post gate is sigmoid(...) instead of 2·sigmoid(...).",
+        "The forward kernel's post gate is sigmoid(...) instead of 2*sigmoid(...).",
         _post_gate_multiplier_of_one,
     ),
     _kernel_fault(

@@ -8,7 +8,7 @@ Kill matrix (default)::
 runs the clean pass and every selected fault and legitimate variant (all of both by
 default; giving --faults or --variants runs only what they select) over the cases,
 through the built-in paths, the independent external implementation and any --impl
-(see `harness.faults.kill_matrix`). Writes kill_matrix.csv / .md / .json,
+(see `harness.faults.kill_matrix`; files: `reports.kill_matrix`). Writes kill_matrix.csv / .md / .json,
 clean_rows.csv and perturbed_rows.csv into --out and prints the matrix: per fault and
 dtype slice, killed (with the margin), a listed exception, or SURVIVED (with the
 closest row); per variant, passes or FALSE POSITIVE. Exit 0 when every fault is caught
@@ -34,9 +34,19 @@ import sys
 import time
 from typing import Sequence
 
+from cases import registry
+from cases.spec import CaseSpecError, normalize_dtype
+from harness.env import ensure_host_devices
+from harness.faults import kill_matrix
 from harness.faults.catalogue import CATALOGUE
 from harness.faults.model import Perturbation, SeamError, UnknownPerturbationError, select
+from harness.faults.sweep import run_sweep_rows
 from harness.faults.variants import VARIANTS
+from harness.implementations import BUILTIN, ImplementationError, load_external
+from harness.policy import PolicyError, load_policy
+from harness.run_info import enable_compilation_cache, run_metadata
+from reports.kill_matrix import kill_matrix_text, write_kill_matrix
+from reports.sweep import headroom_table, sweep_text, write_sweep
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_FAULTS_OUT = pathlib.Path("out/faults")
@@ -75,9 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def select_cases(suite: str | None, globs: Sequence[str] | None, dtype: str | None = None):
     """The selected cases; UsageError for an unknown suite or dtype, or a glob matching nothing."""
-    from cases import registry
-    from cases.spec import CaseSpecError, normalize_dtype
-
     try:
         wanted = normalize_dtype(dtype, field="--dtype") if dtype else None
         selected = registry.default_registry().select(
@@ -108,8 +115,6 @@ def print_catalogue(perturbations: Sequence[Perturbation]) -> None:
 
 
 def _metadata(policy, cases, started, wall, jobs, impls) -> dict:
-    from harness.env import run_metadata
-
     metadata = run_metadata()
     metadata.update(
         command_line=" ".join(sys.argv), start_time=started.isoformat(timespec="seconds"),
@@ -123,9 +128,6 @@ def _metadata(policy, cases, started, wall, jobs, impls) -> dict:
 def run_kill_matrix(perturbations: Sequence[Perturbation], cases, policy, out: pathlib.Path, *, impl_specs=(),
                     quiet=False, jobs: int = 1, policy_path=None, use_compilation_cache=True) -> int:
     """Clean pass, one pass per perturbation (in `jobs` processes), reports; returns the exit code."""
-    from harness.faults import kill_matrix
-    from harness.faults.report import kill_matrix_text, write_kill_matrix
-
     started = datetime.datetime.now(datetime.timezone.utc)
     wall = time.perf_counter()
     impls = kill_matrix.implementations(impl_specs)
@@ -153,10 +155,6 @@ def run_kill_matrix(perturbations: Sequence[Perturbation], cases, policy, out: p
 
 def run_sweep(cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), quiet=False) -> int:
     """The false-positive sweep; returns the exit code (1 if any row fails or errors)."""
-    from harness.faults.report import sweep_text, write_sweep
-    from harness.faults.sweep import headroom_table, run_sweep_rows
-    from harness.implementations import BUILTIN, load_external
-
     start = time.perf_counter()
     impls = tuple(BUILTIN.values()) + tuple(load_external(s) for s in impl_specs)
     rows = run_sweep_rows(cases, seeds, policy, impls, quiet=quiet)
@@ -181,8 +179,6 @@ def main(argv: Sequence[str] | None = None, *, faults: Sequence[Perturbation] = 
     use_compilation_cache: turn on JAX's persistent compilation cache in the project cache
     folder, as `python -m harness run` does (tests leave the process's configuration alone).
     """
-    from harness.env import ensure_host_devices
-
     ensure_host_devices()
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -204,9 +200,6 @@ def main(argv: Sequence[str] | None = None, *, faults: Sequence[Perturbation] = 
         chosen = select_perturbations(args.faults, args.variants, faults, variants) if args.seeds is None else []
         for perturbation in chosen:
             perturbation.resolve()
-        from harness.implementations import ImplementationError, load_external
-        from harness.policy import PolicyError, load_policy
-
         try:
             policy = load_policy(args.policy)
             for spec in args.impl:
@@ -218,8 +211,6 @@ def main(argv: Sequence[str] | None = None, *, faults: Sequence[Perturbation] = 
         print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if use_compilation_cache:
-        from harness.env import enable_compilation_cache
-
         enable_compilation_cache()
     if args.seeds is not None:
         return run_sweep(cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, impl_specs=args.impl,

@@ -23,16 +23,39 @@ deals the perturbations to N spawned processes, each repeating the clean pass.
 
 from __future__ import annotations
 
-import dataclasses
+import concurrent.futures
 import math
+import multiprocessing
 import sys
 import time
 from typing import Sequence
 
-from harness.faults.model import DTYPE_SLICES, Perturbation
+import jax
 
-CATCHING_VERDICTS = ("fail", "error")
-FAULT_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
+from cases import registry
+from cases.fixtures import make_fixture
+from harness.env import ensure_host_devices
+from harness.faults import BY_NAME
+from harness.faults.model import Perturbation
+from harness.implementations import BUILTIN, load_external
+from harness.paths import ProgramCache, run_oracle_path
+from harness.plan import PathPlan
+from harness.policy import load_policy
+from harness.run_info import enable_compilation_cache
+from harness.runner import Runner
+from reports.kill_matrix import (
+    CATCHING_VERDICTS,
+    DTYPE_SLICES,
+    FAULT_COMPARISONS,
+    Catch,
+    Closest,
+    KillMatrix,
+    PerturbationResult,
+    SliceVerdict,
+    nan_low,
+    usage_of,
+)
+from reports.schema import row_key
 # The external implementation every kill matrix runs, so faults can be injected into
 # code the harness knows only through the --impl interface.
 INDEPENDENT_IMPL = "harness.independent_mhc:factory"
@@ -44,19 +67,6 @@ def log(message: str, *, quiet: bool = False) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def usage_of(row: dict) -> float:
-    """A row's bound_usage as a float (NaN when absent or not a number)."""
-    try:
-        return float(row.get("bound_usage"))
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def nan_low(value: float) -> float:
-    """Sort key: NaN below everything."""
-    return -math.inf if math.isnan(value) else value
-
-
 # ------------------------------------------------------------------------------ running
 
 
@@ -65,15 +75,11 @@ def implementations(extra_specs: Sequence[str] = ()) -> tuple:
 
     Raises `harness.implementations.ImplementationError` for a bad --impl spec.
     """
-    from harness.implementations import BUILTIN, load_external
-
     externals = [load_external(spec) for spec in (INDEPENDENT_IMPL, *extra_specs)]
     return tuple(BUILTIN.values()) + tuple(externals)
 
 
 def _plan(impls):
-    from harness.plan import PathPlan
-
     return PathPlan(implementations=tuple(impls), lowering=False)
 
 
@@ -81,8 +87,6 @@ class _RecordingProgramCache:
     """A `ProgramCache` that remembers each (case, path)'s outputs — or exception — in `memo`."""
 
     def __init__(self, memo: dict):
-        from harness.paths import ProgramCache
-
         self._cache = ProgramCache()
         self.memo = memo
 
@@ -101,8 +105,6 @@ class _PerturbationScopedProgramCache:
     """A fresh `ProgramCache` for the paths `perturbation` affects; recorded clean results for the rest."""
 
     def __init__(self, memo: dict, perturbation: Perturbation):
-        from harness.paths import ProgramCache
-
         self._cache = ProgramCache()
         self.memo = memo
         self.perturbation = perturbation
@@ -130,22 +132,16 @@ class SharedInputs:
 
     def fixture(self, case):
         if case not in self._fixtures:
-            from cases.fixtures import make_fixture
-
             self._fixtures[case] = make_fixture(case)
         return self._fixtures[case]
 
     def oracle(self, case, fixture):
         if case not in self._oracles:
-            from harness.paths import run_oracle_path
-
             self._oracles[case] = run_oracle_path(case, fixture)
         return self._oracles[case]
 
 
 def _runner(policy, shared: SharedInputs, cache):
-    from harness.runner import Runner
-
     return Runner(policy, fixture_loader=shared.fixture, oracle=shared.oracle, cache=cache)
 
 
@@ -166,8 +162,6 @@ def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls, *, qu
 def run_perturbation_pass(perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict,
                           impls) -> list[dict]:
     """Rows of `cases` (those the perturbation can affect) with it injected."""
-    import jax
-
     rows: list[dict] = []
     with perturbation.injected():
         runner = _runner(policy, shared, _PerturbationScopedProgramCache(memo, perturbation))
@@ -178,135 +172,6 @@ def run_perturbation_pass(perturbation: Perturbation, cases, policy, shared: Sha
 
 
 # ----------------------------------------------------------------------------- judging
-
-
-@dataclasses.dataclass(frozen=True)
-class Catch:
-    """The rows of one (comparison, leaf) that caught a perturbation in one dtype slice."""
-
-    comparison: str
-    leaf: str
-    leaf_kind: str
-    rows: int
-    cases: int
-    errors: int
-    max_bound_usage: float  # NaN when every catching row is an error row
-    worst_case: str
-    worst_candidate: str
-    worst_reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Closest:
-    """The row that came closest to its bound under a perturbation without catching it."""
-
-    case: str
-    candidate: str
-    comparison: str
-    leaf: str
-    bound: str
-    usage: float  # bound_usage under the perturbation
-    clean_usage: float  # the same row's bound_usage on the unmodified code
-
-    @property
-    def text(self) -> str:
-        return (f"{self.leaf} ({self.comparison}, {self.candidate}, {self.case}): usage "
-                f"{format_usage(self.usage)} (clean {format_usage(self.clean_usage)}) of {self.bound}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SliceVerdict:
-    """A perturbation's outcome on the cases of one activation dtype."""
-
-    dtype_slice: str
-    legitimate: bool
-    cases_run: tuple[str, ...]
-    cases_caught: tuple[str, ...]
-    catches: tuple[Catch, ...]
-    closest: Closest | None
-    unkillable_reason: str = ""
-
-    @property
-    def caught(self) -> bool:
-        return bool(self.catches)
-
-    @property
-    def status(self) -> str:
-        """killed | exception | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised."""
-        if not self.cases_run:
-            return "not exercised"
-        if self.legitimate:
-            return "FALSE POSITIVE" if self.caught else "passes"
-        if self.caught:
-            return "killed"
-        return "exception" if self.unkillable_reason else "SURVIVED"
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("killed", "exception", "passes", "not exercised")
-
-    @property
-    def margin(self) -> float:
-        """Largest bound_usage among the catching rows (NaN when none, or all are errors)."""
-        values = [c.max_bound_usage for c in self.catches if not math.isnan(c.max_bound_usage)]
-        return max(values) if values else math.nan
-
-    @property
-    def only_errors(self) -> bool:
-        return self.caught and all(c.errors == c.rows for c in self.catches)
-
-    @property
-    def cell(self) -> str:
-        """One table cell: status, cases and margin or closest usage."""
-        if not self.cases_run:
-            return "-"
-        counts = f"{len(self.cases_caught)}/{len(self.cases_run)}"
-        if self.caught:
-            margin = "error" if self.only_errors else f"{format_usage(self.margin)}x"
-            return f"{self.status} {counts} ({margin})"
-        closest = f"closest {format_usage(self.closest.usage)}" if self.closest else "no rows"
-        return f"{self.status} ({closest})"
-
-
-@dataclasses.dataclass(frozen=True)
-class PerturbationResult:
-    """One perturbation's line of the kill matrix: a verdict per dtype slice."""
-
-    name: str
-    seams: str
-    description: str
-    legitimate: bool
-    slices: tuple[SliceVerdict, ...]
-    ignored_clean_failures: int
-    seconds: float
-
-    def slice(self, dtype_slice: str) -> SliceVerdict:
-        return next(s for s in self.slices if s.dtype_slice == dtype_slice)
-
-    @property
-    def exercised(self) -> bool:
-        return any(s.cases_run for s in self.slices)
-
-    @property
-    def ok(self) -> bool:
-        """Faults: caught (or a listed exception) in every slice they ran in; variants: caught nowhere."""
-        return self.exercised and all(s.ok for s in self.slices)
-
-    @property
-    def status(self) -> str:
-        if not self.exercised:
-            return "not exercised"
-        bad = [s for s in self.slices if not s.ok]
-        if bad:
-            return "; ".join(f"{s.status} in {s.dtype_slice}" for s in bad)
-        if self.legitimate:
-            return "passes"
-        exceptions = [s.dtype_slice for s in self.slices if s.status == "exception"]
-        return "killed" + (f" (exception: {', '.join(exceptions)})" if exceptions else "")
-
-    @property
-    def catches(self) -> tuple[Catch, ...]:
-        return tuple(c for s in self.slices for c in s.catches)
 
 
 def _catches(rows: Sequence[dict]) -> list[Catch]:
@@ -334,8 +199,6 @@ def _catches(rows: Sequence[dict]) -> list[Catch]:
 def _closest(rows: Sequence[dict], clean_usage: dict) -> Closest | None:
     """The row with the largest bound_usage among those the perturbation moved (all rows
     if it moved none): how close it came to being caught, next to its clean usage."""
-    from harness.schema import row_key
-
     measured = [r for r in rows if r["comparison"] in FAULT_COMPARISONS and not math.isnan(usage_of(r))]
     moved = [r for r in measured if usage_of(r) != clean_usage.get(row_key(r), math.nan)]
     candidates = moved or measured
@@ -354,8 +217,6 @@ def judge(perturbation: Perturbation, rows: Sequence[dict], clean_rows: Sequence
     rows: the rows under the perturbation; clean_rows: the clean pass's; cases_run: the
     `Case`s the perturbation ran on.
     """
-    from harness.schema import row_key
-
     clean_verdict = {row_key(r): r["verdict"] for r in clean_rows}
     clean_usage = {row_key(r): usage_of(r) for r in clean_rows}
     slices, ignored = [], 0
@@ -381,36 +242,7 @@ def judge(perturbation: Perturbation, rows: Sequence[dict], clean_rows: Sequence
     )
 
 
-def format_usage(value: float) -> str:
-    """A bound_usage for a table: 2 decimals, 3 significant digits from 100, n/a, inf."""
-    if math.isnan(value):
-        return "n/a"
-    if math.isinf(value):
-        return "inf"
-    if value >= 100:
-        return f"{value:.3g}"
-    return f"{value:.2f}"
-
-
 # ------------------------------------------------------------------------- whole runs
-
-
-@dataclasses.dataclass(frozen=True)
-class KillMatrix:
-    """The clean pass's rows and every perturbation's result, with the rows under each."""
-
-    clean_rows: tuple[dict, ...]
-    results: tuple[PerturbationResult, ...]
-    perturbed_rows: tuple[tuple[str, tuple[dict, ...]], ...]
-
-    @property
-    def clean_failures(self) -> list[dict]:
-        """Clean rows that fail: the rules flag the unmodified code (a false positive)."""
-        return [r for r in self.clean_rows if r["verdict"] in CATCHING_VERDICTS]
-
-    @property
-    def ok(self) -> bool:
-        return not self.clean_failures and all(r.ok for r in self.results)
 
 
 def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, *, quiet=False) -> KillMatrix:
@@ -434,18 +266,10 @@ def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, 
 
 def _worker(names: Sequence[str], case_names: Sequence[str], policy_path, impl_specs: Sequence[str],
             quiet: bool, use_compilation_cache: bool) -> KillMatrix:
-    """One worker process: catalogued perturbations by name, registry cases by name."""
-    from harness.env import ensure_host_devices
-
+    """One worker process (an entry point): catalogued perturbations by name, registry cases by name."""
     ensure_host_devices()
     if use_compilation_cache:
-        from harness.env import enable_compilation_cache
-
         enable_compilation_cache()
-    from cases import registry
-    from harness.faults import BY_NAME
-    from harness.policy import load_policy
-
     cases = [registry.default_registry().get(name) for name in case_names]
     return run_in_process([BY_NAME[n] for n in names], cases, load_policy(policy_path),
                           implementations(impl_specs), quiet=quiet)
@@ -463,9 +287,6 @@ def _deal(perturbations: Sequence[Perturbation], jobs: int) -> list[list[Perturb
 def run_in_workers(perturbations: Sequence[Perturbation], cases, policy_path, impl_specs: Sequence[str],
                    jobs: int, *, quiet=False, use_compilation_cache=True) -> KillMatrix:
     """`run_in_process` split over `jobs` spawned processes (each does its own clean pass)."""
-    import concurrent.futures
-    import multiprocessing
-
     groups = _deal(perturbations, jobs)
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:

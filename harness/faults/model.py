@@ -37,9 +37,9 @@ import fnmatch
 import importlib
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-# The dtype slices of the kill matrix: a fault must be caught by the cases of each
-# activation dtype alone (many production kernels support only bfloat16).
-DTYPE_SLICES = ("bfloat16", "float32")
+import jax
+
+from reports.kill_matrix import DTYPE_SLICES
 
 
 class SeamError(LookupError):
@@ -91,13 +91,6 @@ class Patch:
 
     seam: Seam
     make_replacement: Callable[[Any], Any] = dataclasses.field(repr=False, compare=False)
-
-
-def _clear_jax_caches() -> None:
-    import sys
-
-    if "jax" in sys.modules:
-        sys.modules["jax"].clear_caches()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +150,7 @@ class Perturbation:
         """Install every replacement for the duration of the block, then restore them all."""
         resolved = [(p, *p.seam.resolve()) for p in self.patches]
         originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in resolved]
-        _clear_jax_caches()
+        jax.clear_caches()
         try:
             for (patch, owner, attribute), (_, _, original) in zip(resolved, originals):
                 setattr(owner, attribute, patch.make_replacement(original))
@@ -165,7 +158,7 @@ class Perturbation:
         finally:
             for owner, attribute, original in reversed(originals):
                 setattr(owner, attribute, original)
-            _clear_jax_caches()
+            jax.clear_caches()
 
     def affects_path(self, path) -> bool:
         """True if the perturbation can change the results of `path` (a `harness.paths.Path`)."""

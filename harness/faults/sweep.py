@@ -3,7 +3,7 @@
 `run_sweep(cases, seeds, ...)` runs every case at seeds 0..seeds-1 (renamed
 ``<case>-seed<s>``) through every built-in path (and any --impl), and reports per
 (comparison, dtype, leaf kind) the passing and failing rows and how close the passing
-ones came to their bounds (`reports.summary.usage_groups`).
+ones came to their bounds (`reports.sweep.headroom_table`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from harness.faults.kill_matrix import CATCHING_VERDICTS, log
-
-HEADROOM_KEYS = ["comparison", "dtype", "leaf_kind"]
+from harness.faults.kill_matrix import log
+from harness.plan import PathPlan
+from harness.runner import Runner
+from reports.kill_matrix import CATCHING_VERDICTS
 
 
 def seeded_cases(cases: Sequence, seeds: int) -> list:
@@ -21,19 +22,8 @@ def seeded_cases(cases: Sequence, seeds: int) -> list:
     return [case.replace(name=f"{case.name}-seed{s}", seed=s) for s in range(seeds) for case in cases]
 
 
-def headroom_table(rows: Sequence[dict]):
-    """Per (comparison, dtype, leaf kind): counts and bound-usage figures (a DataFrame)."""
-    from reports.rows import to_frame
-    from reports.summary import usage_groups
-
-    return usage_groups(to_frame(list(rows), source="sweep rows"), HEADROOM_KEYS)
-
-
 def run_sweep_rows(cases: Sequence, seeds: int, policy, impls, *, quiet=False) -> list[dict]:
     """Rows of the unmodified code over the seeded cases (lowering rows excluded)."""
-    from harness.plan import PathPlan
-    from harness.runner import Runner
-
     seeded = seeded_cases(cases, seeds)
     runner = Runner(policy)
     plan = PathPlan(implementations=tuple(impls), lowering=False)

@@ -16,8 +16,15 @@ once, coefficient operands and backward-matmul operands in the activation dtype)
 
 from __future__ import annotations
 
+import functools
+import operator
+
+import jax.numpy as jnp
+
 from harness.faults.catalogue import INDEPENDENT_IMPLEMENTATIONS, KERNEL_IMPLEMENTATIONS, REFERENCE_IMPLEMENTATIONS
 from harness.faults.model import Patch, Perturbation, Seam
+from harness.independent_mhc import round_operand
+from mhc.common import matmul, rms_inverse
 
 # Chunks of the projection's K = n·C reduction in `_projection_in_chunks`.
 PROJECTION_CHUNKS = 4
@@ -25,8 +32,6 @@ PROJECTION_CHUNKS = 4
 
 def _collapse_with_rounded_weights(original_collapse):
     """`collapse_streams` with h_pre rounded to x's dtype first (the collapse's MXU operand)."""
-    from harness.independent_mhc import round_operand
-
     def collapse_streams_rounded_operand(h_pre, x):
         return original_collapse(round_operand(h_pre, x.dtype), x)
 
@@ -35,8 +40,6 @@ def _collapse_with_rounded_weights(original_collapse):
 
 def _expand_with_rounded_coefficients(original_expand):
     """`expand_streams` with h_res and h_post rounded to x's dtype first (MXU operands)."""
-    from harness.independent_mhc import round_operand
-
     def expand_streams_rounded_operands(h_res, h_post, x, layer_output):
         return original_expand(round_operand(h_res, x.dtype), round_operand(h_post, x.dtype), x, layer_output)
 
@@ -48,10 +51,6 @@ def _projection_in_chunks(original_projection):
 
     What a K-tiled matmul does: the same products, accumulated in another order.
     """
-    import functools
-    import operator
-
-    from mhc.common import matmul, rms_inverse
 
     del original_projection
 
@@ -67,8 +66,6 @@ def _projection_in_chunks(original_projection):
 
 def _sigmoid_through_tanh(original_gate):
     """The gate with sigmoid(z) written as (1 + tanh(z / 2)) / 2: another float32 formula."""
-    import jax.numpy as jnp
-
     def compute_sigmoid_gate_tanh(logits, scale, bias, *, multiplier=1.0, epsilon=0.0):
         z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
         return multiplier * 0.5 * (1.0 + jnp.tanh(0.5 * z)) + epsilon

@@ -58,7 +58,7 @@ def token_block(tokens: int, requested: int, what: str) -> int:
         )
     if tokens % block:
         raise UnsupportedInputError(
-            f"tokens per shard (batch·sequence = {tokens}) must be divisible by {what}={block}"
+            f"tokens per shard (batch*sequence = {tokens}) must be divisible by {what}={block}"
         )
     return block
 

@@ -1,18 +1,190 @@
-"""Files and screens of the kill matrix and the sweep (CSV, Markdown, JSON, plain text).
+"""The kill matrix's results and their files (CSV, Markdown, JSON) and terminal table.
 
-Plain data in, files out; the tables use `reports.markdown.md_table` and
-`reports.gate.format_text_table`, the numbers `harness.faults.kill_matrix.format_usage`.
+The records (`Catch`, `Closest`, `SliceVerdict`, `PerturbationResult`, `KillMatrix`) are
+plain data: `harness.faults.kill_matrix` runs the passes and judges them into these,
+this module writes them. Columns of the row CSVs are the row schema's.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
+import math
 import pathlib
 from typing import Sequence
 
-from harness.faults.kill_matrix import FAULT_COMPARISONS, KillMatrix, PerturbationResult, format_usage
-from harness.faults.model import DTYPE_SLICES
+from reports.markdown import md_table
+from reports.rows import encode_float
+from reports.text import format_number, format_text_table
+from reports.writers import write_rows_csv
+
+# The dtype slices of the kill matrix: a fault must be caught by the cases of each
+# activation dtype alone (many production kernels support only bfloat16).
+DTYPE_SLICES = ("bfloat16", "float32")
+# Verdicts of a row that catch a perturbation (a row failing on clean code catches nothing).
+CATCHING_VERDICTS = ("fail", "error")
+FAULT_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
+
+
+def usage_of(row: dict) -> float:
+    """A row's bound_usage as a float (NaN when absent or not a number)."""
+    try:
+        return float(row.get("bound_usage"))
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def nan_low(value: float) -> float:
+    """Sort key: NaN below everything."""
+    return -math.inf if math.isnan(value) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Catch:
+    """The rows of one (comparison, leaf) that caught a perturbation in one dtype slice."""
+
+    comparison: str
+    leaf: str
+    leaf_kind: str
+    rows: int
+    cases: int
+    errors: int
+    max_bound_usage: float  # NaN when every catching row is an error row
+    worst_case: str
+    worst_candidate: str
+    worst_reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Closest:
+    """The row that came closest to its bound under a perturbation without catching it."""
+
+    case: str
+    candidate: str
+    comparison: str
+    leaf: str
+    bound: str
+    usage: float  # bound_usage under the perturbation
+    clean_usage: float  # the same row's bound_usage on the unmodified code
+
+    @property
+    def text(self) -> str:
+        return (f"{self.leaf} ({self.comparison}, {self.candidate}, {self.case}): usage "
+                f"{format_number(self.usage)} (clean {format_number(self.clean_usage)}) of {self.bound}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceVerdict:
+    """A perturbation's outcome on the cases of one activation dtype."""
+
+    dtype_slice: str
+    legitimate: bool
+    cases_run: tuple[str, ...]
+    cases_caught: tuple[str, ...]
+    catches: tuple[Catch, ...]
+    closest: Closest | None
+    unkillable_reason: str = ""
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.catches)
+
+    @property
+    def status(self) -> str:
+        """killed | exception | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised."""
+        if not self.cases_run:
+            return "not exercised"
+        if self.legitimate:
+            return "FALSE POSITIVE" if self.caught else "passes"
+        if self.caught:
+            return "killed"
+        return "exception" if self.unkillable_reason else "SURVIVED"
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("killed", "exception", "passes", "not exercised")
+
+    @property
+    def margin(self) -> float:
+        """Largest bound_usage among the catching rows (NaN when none, or all are errors)."""
+        values = [c.max_bound_usage for c in self.catches if not math.isnan(c.max_bound_usage)]
+        return max(values) if values else math.nan
+
+    @property
+    def only_errors(self) -> bool:
+        return self.caught and all(c.errors == c.rows for c in self.catches)
+
+    @property
+    def cell(self) -> str:
+        """One table cell: status, cases and margin or closest usage."""
+        if not self.cases_run:
+            return "-"
+        counts = f"{len(self.cases_caught)}/{len(self.cases_run)}"
+        if self.caught:
+            margin = "error" if self.only_errors else f"{format_number(self.margin)}x"
+            return f"{self.status} {counts} ({margin})"
+        closest = f"closest {format_number(self.closest.usage)}" if self.closest else "no rows"
+        return f"{self.status} ({closest})"
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbationResult:
+    """One perturbation's line of the kill matrix: a verdict per dtype slice."""
+
+    name: str
+    seams: str
+    description: str
+    legitimate: bool
+    slices: tuple[SliceVerdict, ...]
+    ignored_clean_failures: int
+    seconds: float
+
+    def slice(self, dtype_slice: str) -> SliceVerdict:
+        return next(s for s in self.slices if s.dtype_slice == dtype_slice)
+
+    @property
+    def exercised(self) -> bool:
+        return any(s.cases_run for s in self.slices)
+
+    @property
+    def ok(self) -> bool:
+        """Faults: caught (or a listed exception) in every slice they ran in; variants: caught nowhere."""
+        return self.exercised and all(s.ok for s in self.slices)
+
+    @property
+    def status(self) -> str:
+        if not self.exercised:
+            return "not exercised"
+        bad = [s for s in self.slices if not s.ok]
+        if bad:
+            return "; ".join(f"{s.status} in {s.dtype_slice}" for s in bad)
+        if self.legitimate:
+            return "passes"
+        exceptions = [s.dtype_slice for s in self.slices if s.status == "exception"]
+        return "killed" + (f" (exception: {', '.join(exceptions)})" if exceptions else "")
+
+    @property
+    def catches(self) -> tuple[Catch, ...]:
+        return tuple(c for s in self.slices for c in s.catches)
+
+
+@dataclasses.dataclass(frozen=True)
+class KillMatrix:
+    """The clean pass's rows and every perturbation's result, with the rows under each."""
+
+    clean_rows: tuple[dict, ...]
+    results: tuple[PerturbationResult, ...]
+    perturbed_rows: tuple[tuple[str, tuple[dict, ...]], ...]
+
+    @property
+    def clean_failures(self) -> list[dict]:
+        """Clean rows that fail: the rules flag the unmodified code (a false positive)."""
+        return [r for r in self.clean_rows if r["verdict"] in CATCHING_VERDICTS]
+
+    @property
+    def ok(self) -> bool:
+        return not self.clean_failures and all(r.ok for r in self.results)
 
 
 def _caught_by(result: PerturbationResult, comparison: str) -> str:
@@ -23,7 +195,7 @@ def _caught_by(result: PerturbationResult, comparison: str) -> str:
     leaves = list(dict.fromkeys(c.leaf for c in sorted(catches, key=lambda c: -_usage_key(c))))
     shown = ", ".join(leaves[:4]) + (f" +{len(leaves) - 4}" if len(leaves) > 4 else "")
     usages = [c.max_bound_usage for c in catches if c.errors < c.rows]
-    worst = f"{format_usage(max(usages))}x" if usages else "error"
+    worst = f"{format_number(max(usages))}x" if usages else "error"
     return f"{shown} ({worst})"
 
 
@@ -54,8 +226,6 @@ def _not_caught_lines(results: Sequence[PerturbationResult], statuses: tuple[str
 
 def kill_matrix_markdown(matrix: KillMatrix) -> str:
     """The kill matrix as a Markdown document."""
-    from reports.markdown import md_table
-
     faults = [r for r in matrix.results if not r.legitimate]
     variants = [r for r in matrix.results if r.legitimate]
     ok_faults = sum(r.ok for r in faults)
@@ -100,8 +270,6 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
 
 def kill_matrix_text(matrix: KillMatrix) -> str:
     """A plain-text kill matrix for the terminal."""
-    from reports.gate import format_text_table
-
     headers = ["perturbation", "status", *DTYPE_SLICES, "caught by (comparison:worst leaf)"]
     body = []
     for r in matrix.results:
@@ -116,9 +284,7 @@ def kill_matrix_text(matrix: KillMatrix) -> str:
 
 
 def _json_number(value: float):
-    from reports.rows import json_safe_float
-
-    return json_safe_float(value)
+    return encode_float(value)
 
 
 def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
@@ -175,29 +341,8 @@ CATCH_HEADER = ("perturbation", "kind", "dtype_slice", "status", "comparison", "
                 "cases_caught", "error_rows", "max_bound_usage", "closest_usage", "detail")
 
 
-def write_rows_csv(path: pathlib.Path, rows: Sequence[dict]) -> None:
-    """Schema rows as CSV."""
-    write_labelled_rows_csv(path, [(None, rows)], None)
-
-
-def write_labelled_rows_csv(path: pathlib.Path, groups, label_column: str | None) -> None:
-    """Groups of schema rows [(label, rows), ...] as one CSV, `label_column` first when given."""
-    import csv
-
-    from harness.schema import ROW_COLUMNS
-
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([label_column, *ROW_COLUMNS] if label_column else list(ROW_COLUMNS))
-        for label, rows in groups:
-            lead = [label] if label_column else []
-            writer.writerows([*lead, *(row.get(c, "") for c in ROW_COLUMNS)] for row in rows)
-
-
 def write_kill_matrix(matrix: KillMatrix, out: pathlib.Path, metadata: dict) -> dict[str, pathlib.Path]:
     """kill_matrix.csv / .md / .json, clean_rows.csv and perturbed_rows.csv into `out`."""
-    import csv
-
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         "csv": out / "kill_matrix.csv", "markdown": out / "kill_matrix.md", "json": out / "kill_matrix.json",
@@ -209,69 +354,6 @@ def write_kill_matrix(matrix: KillMatrix, out: pathlib.Path, metadata: dict) -> 
         writer.writerows(_catch_lines(matrix))
     paths["markdown"].write_text(kill_matrix_markdown(matrix))
     paths["json"].write_text(json.dumps(kill_matrix_document(matrix, metadata), indent=2) + "\n")
-    write_rows_csv(paths["clean rows"], matrix.clean_rows)
-    write_labelled_rows_csv(paths["perturbed rows"], matrix.perturbed_rows, "perturbation")
-    return paths
-
-
-# ------------------------------------------------------------------------------- sweep
-
-
-def sweep_markdown(table, failures: Sequence[dict], seeds: int, case_count: int) -> str:
-    """The sweep as Markdown: the headroom table, then the failing rows."""
-    from reports.markdown import md_table
-
-    body = [[r.comparison, r.dtype, r.leaf_kind, r.passing, r.failing, format_usage(r.median_usage),
-             format_usage(r.p90_usage), format_usage(r.max_usage),
-             f"{r.closest_case} {r.closest_candidate} {r.closest_leaf}".strip() or "-"]
-            for r in table.itertuples()]
-    lines = [
-        "# False-positive sweep",
-        "",
-        f"Unmodified code, {case_count} case(s) x seeds 0..{seeds - 1}. Bound usage of the passing rows "
-        "(median, 90th percentile, largest; 1.0 = at the bound).",
-        "",
-        md_table(["comparison", "dtype", "leaf kind", "passing", "failing", "median", "p90", "max", "closest row"],
-                 body, numeric=[False, False, False, True, True, True, True, True, False]),
-        "",
-        f"## Failing rows ({len(failures)})",
-        "",
-    ]
-    for row in failures[:200]:
-        lines.append(f"- {row['verdict']} `{row['case']}` {row['candidate']} {row['comparison']} `{row['leaf']}` "
-                     f"usage {row['bound_usage']}: {' '.join(str(row['reason']).split())}")
-    if not failures:
-        lines.append("none")
-    return "\n".join(lines) + "\n"
-
-
-def sweep_text(table) -> str:
-    """The headroom table for the terminal."""
-    from reports.gate import format_text_table
-
-    return format_text_table(
-        ["comparison", "dtype", "leaf kind", "pass", "fail", "median", "p90", "max", "closest row"],
-        [[r.comparison, r.dtype, r.leaf_kind, r.passing, r.failing, format_usage(r.median_usage),
-          format_usage(r.p90_usage), format_usage(r.max_usage), f"{r.closest_case} {r.closest_leaf}".strip()]
-         for r in table.itertuples()],
-    )
-
-
-def write_sweep(table, rows: Sequence[dict], seeds: int, cases: Sequence, out: pathlib.Path,
-                wall_seconds: float) -> dict[str, pathlib.Path]:
-    """headroom.csv, failures.csv, sweep.md and sweep.json into `out`."""
-    from harness.faults.kill_matrix import CATCHING_VERDICTS
-    from reports.writers import json_ready
-
-    out.mkdir(parents=True, exist_ok=True)
-    failures = [r for r in rows if r["verdict"] in CATCHING_VERDICTS]
-    paths = {"headroom": out / "headroom.csv", "failures": out / "failures.csv",
-             "markdown": out / "sweep.md", "json": out / "sweep.json"}
-    table.to_csv(paths["headroom"], index=False, lineterminator="\n", na_rep="")
-    write_rows_csv(paths["failures"], failures)
-    paths["markdown"].write_text(sweep_markdown(table, failures, seeds, len(cases)))
-    paths["json"].write_text(json.dumps(json_ready({
-        "seeds": seeds, "cases": [c.name for c in cases], "rows": len(rows), "failing_rows": len(failures),
-        "wall_seconds": round(wall_seconds, 1), "headroom": table.to_dict(orient="records"),
-    }), indent=2, allow_nan=False) + "\n")
+    write_rows_csv(paths["clean rows"], [(None, matrix.clean_rows)])
+    write_rows_csv(paths["perturbed rows"], matrix.perturbed_rows, label_column="perturbation")
     return paths

@@ -4,18 +4,18 @@
 killed run keeps everything it finished. `cases-done.txt` lists the cases whose rows are
 all written. `--resume` keeps the rows of finished cases, drops a half-written case
 (and a torn last line), and the runner redoes only what is missing. Whether the stream
-belongs to the run being resumed is the manifest's business (`harness.manifest`).
+belongs to the run being resumed is the manifest's business (`reports.manifest`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 
-from harness.manifest import REPORT_FILES
-from harness.schema import ROW_COLUMNS
+from reports.manifest import REPORT_FILES
+from reports.rows import encode_float, parse_float
+from reports.schema import FLOAT_COLUMNS, ROW_COLUMNS
 
 ROWS_FILE = "rows.jsonl"
 DONE_FILE = "cases-done.txt"
@@ -25,17 +25,14 @@ class StoreError(ValueError):
     """The output folder holds something that is not a resumable run."""
 
 
-def _encode(value):
-    # JSON has no NaN/Infinity: encode them as strings that load_rows understands.
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
+def _encode(row: dict) -> str:
+    """One JSONL line; non-finite floats as `reports.rows.encode_float` writes them."""
+    return json.dumps({k: encode_float(v) if isinstance(v, float) else v for k, v in row.items()}) + "\n"
 
 
-def _decode(value):
-    if value in ("nan", "inf", "-inf"):
-        return float(value)
-    return value
+def _decode(row: dict) -> dict:
+    """A row read back: float columns as floats (NaN and infinities included)."""
+    return {k: parse_float(v) if k in FLOAT_COLUMNS else v for k, v in row.items()}
 
 
 class RowStore:
@@ -76,15 +73,19 @@ class RowStore:
         lines = self.rows_path.read_text().splitlines()
         for number, line in enumerate(lines, 1):
             try:
-                row = {k: _decode(v) for k, v in json.loads(line).items()}
+                row = json.loads(line)
             except json.JSONDecodeError as exc:
                 if number == len(lines):  # torn by a kill mid-write
                     break
                 raise StoreError(f"{self.rows_path}:{number}: not a JSON row ({exc.msg})") from exc
-            except AttributeError:
-                raise StoreError(f"{self.rows_path}:{number}: not a JSON object") from None
+            if not isinstance(row, dict):
+                raise StoreError(f"{self.rows_path}:{number}: not a JSON object")
             if set(row) != set(ROW_COLUMNS):
                 raise StoreError(f"{self.rows_path}:{number}: columns do not match the row schema")
+            try:
+                row = _decode(row)
+            except ValueError as exc:
+                raise StoreError(f"{self.rows_path}:{number}: {exc}") from None
             if row["case"] in done:
                 rows.append(row)
         return rows, done
@@ -93,7 +94,7 @@ class RowStore:
         """Continue the run here with just `rows` in the stream (see `finished`); reports go."""
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.rows_path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({k: _encode(v) for k, v in r.items()}) + "\n" for r in rows))
+        tmp.write_text("".join(_encode(r) for r in rows))
         os.replace(tmp, self.rows_path)
         self.remove_reports()
 
@@ -101,7 +102,7 @@ class RowStore:
         """Write one case's rows, then mark the case finished."""
         with self.rows_path.open("a") as f:
             for row in rows:
-                f.write(json.dumps({k: _encode(v) for k, v in row.items()}) + "\n")
+                f.write(_encode(row))
             f.flush()
             os.fsync(f.fileno())
         with self.done_path.open("a") as f:

@@ -1,6 +1,6 @@
 """The run manifest: what a run folder holds and whether it can be trusted.
 
-A run folder (`--out`) holds `manifest.json`, the row stream (`harness.store`) and, for a
+A run folder (`--out`) holds `manifest.json`, the row stream (`reports.store`) and, for a
 complete run only, the reports (`REPORT_FILES`). The runner writes the manifest first
 (state "running") before it touches anything else in the folder, updates its case count
 as cases finish, writes the reports, and finishes the manifest last ("complete"); Ctrl-C
@@ -31,8 +31,8 @@ import pathlib
 import uuid
 from typing import Any, Iterable, Mapping, Sequence
 
-from harness.env import PROJECT_ROOT
-
+# The project whose sources the manifest digests (and whose `.cache` holds fixtures).
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mhc-parity-manifest"
 MANIFEST_VERSION = 1

@@ -1,0 +1,320 @@
+"""`python -m harness run`: cases x paths -> a run folder (see `reports.manifest`).
+
+Writes manifest.json first and rows.jsonl as cases finish; rows.csv, report.json,
+report.html and summary.md once the run is complete. Exit codes: 0 every row passed
+(or is an explained skip/unsupported) and some row compared something; 1 a parity
+failure or error row; 2 a usage or configuration error, one line on stderr naming the
+problem (also a run that compared nothing); 130 interrupted by Ctrl-C (143 by SIGTERM),
+with the command that finishes the run (`--resume`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import shlex
+import signal
+import sys
+import time
+
+from cases import registry
+from cases.spec import CaseSpecError, normalize_dtype
+from cases.toml_cases import USER_SUITE, register_case_file
+from harness.run_info import enable_compilation_cache, run_metadata
+from harness.implementations import BUILTIN, ImplementationError, load_externals
+from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
+from harness.policy import PolicyError, load_policy
+from harness.progress import DEFAULT_HEARTBEAT_S, Progress
+from harness.runner import Runner
+from harness.summary import exit_code, print_summary
+from reports import ReportInputError, load_baseline, write_all
+from reports.commands import DEFAULT_RUN_FOLDER
+from reports.manifest import MANIFEST_FILE, Manifest, ManifestError, RunRequest, read_manifest, write_manifest
+from reports.outputs import OutputPathError, writable_folder
+from reports.store import RowStore, StoreError
+
+PROG = "mhc-parity run"
+EXIT_USAGE = 2
+MAX_SEED = 2**63 - 1  # cases.spec.Case.seed's range
+
+
+class UsageError(Exception):
+    """A bad argument or configuration; exit code 2."""
+
+
+def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The arguments of `run`."""
+    p = argparse.ArgumentParser(prog=prog, description="Run cases through every path and write the reports.")
+    p.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
+    p.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
+    p.add_argument("--tags", nargs="+", default=None, metavar="TAG", help="keep cases having all these tags")
+    p.add_argument("--paths", nargs="+", default=["*"], metavar="GLOB",
+                   help="path-name globs, e.g. 'interpret/*' 'reference/*' (oracle always runs)")
+    p.add_argument("--dtype", default=None, help="activation dtype filter: float32|bfloat16 (f32, bf16)")
+    p.add_argument("--impl", action="append", default=[], metavar="MODULE:FACTORY",
+                   help="add an external implementation (repeatable)")
+    p.add_argument("--case-file", action="append", default=[], type=pathlib.Path,
+                   help="TOML file of extra cases (repeatable)")
+    p.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
+    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_RUN_FOLDER, help="output folder")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
+    p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
+    p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
+    p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_S, metavar="SECONDS",
+                   help="without a terminal, print the running case at least this often "
+                        f"(default {DEFAULT_HEARTBEAT_S:g})")
+    return p
+
+
+def select_cases(args):
+    """The cases `args` asks for, with --seed applied; UsageError for unknown names.
+
+    Without --suite or --cases the default suite runs, or — when case files are given —
+    the cases of those files (suite "user").
+    """
+    reg = registry.fresh_registry()
+    try:
+        for path in args.case_file:
+            register_case_file(path, reg)
+        suite = args.suite
+        if suite is None and args.cases is None:
+            suite = USER_SUITE if args.case_file else "default"
+        dtype = normalize_dtype(args.dtype, field="--dtype") if args.dtype else None
+        selected = reg.select(suite=suite, names=args.cases, tags=args.tags, dtype=dtype)
+    except (CaseSpecError, KeyError, ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    if not selected:
+        raise UsageError("no case matches the selection")
+    if args.seed is not None:
+        if not 0 <= args.seed <= MAX_SEED:
+            raise UsageError(f"--seed must be an integer in [0, {MAX_SEED}], got {args.seed}")
+        selected = [c.replace(name=f"{c.name}-seed{args.seed}", seed=args.seed) for c in selected]
+    return selected
+
+
+def _configure(args):
+    """(policy, external implementations, cases, plan) for `args`; UsageError for anything
+    wrong with them, found before any compute: a selection or `--paths` glob that selects
+    nothing, an `--impl` that does not load, a policy without a rule for a comparison the
+    run will make."""
+    try:
+        policy = load_policy(args.policy)
+        externals = load_externals(args.impl)
+    except (PolicyError, ImplementationError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    cases = select_cases(args)
+    plan = PathPlan(
+        implementations=tuple(BUILTIN.values()) + externals,
+        path_globs=tuple(args.paths),
+        lowering=not args.no_lowering,
+    )
+    unmatched = unmatched_path_globs(plan, cases)
+    if unmatched:
+        raise UsageError(unmatched[0])
+    uncovered = uncovered_judgements(policy, cases, plan)
+    if uncovered:
+        raise UsageError(
+            f"policy {policy.source} cannot judge {len(uncovered)} kind(s) of comparison this run "
+            f"makes; first: {uncovered[0]}"
+        )
+    return policy, externals, cases, plan
+
+
+def _new_manifest(args, argv, policy, externals, cases, plan):
+    request = RunRequest(
+        suite=args.suite, case_globs=_tuple_or_none(args.cases), tags=_tuple_or_none(args.tags), dtype=args.dtype,
+        case_files=tuple(str(p) for p in args.case_file), seed=args.seed, paths=tuple(args.paths),
+        implementations=tuple((impl.name, impl.spec) for impl in externals), lowering=not args.no_lowering,
+    )
+    return Manifest.new(
+        request=request, cases=cases, path_names=plan.selected_names(cases), policy=policy,
+        extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
+        command_line="python -m harness run " + shlex.join(argv),
+    )
+
+
+def _tuple_or_none(values):
+    return None if values is None else tuple(values)
+
+
+def _open_run(store, manifest, *, resume: bool):
+    """(manifest, rows kept, cases done): a fresh run, or the run in the folder continued.
+
+    The manifest is written ("running") before the folder's stream or reports change, so a
+    kill from here on leaves a folder no reader accepts. --resume continues only the same
+    run: its manifest must not differ from `manifest` in cases, paths, implementations,
+    seed, policy or code.
+    """
+    if resume:
+        try:
+            previous = read_manifest(store.folder)
+        except ManifestError as exc:
+            raise UsageError(f"--resume: {exc}") from exc
+        if previous is None and store.has_rows():
+            raise UsageError(
+                f"--resume: {store.folder} holds rows but no {MANIFEST_FILE}, so nothing says they "
+                f"belong to this request; run without --resume"
+            )
+        if previous is not None:
+            differences = previous.differences(manifest)
+            if differences:
+                raise UsageError(
+                    f"--resume: {store.folder} holds another run; " + "; ".join(differences)
+                    + ". Run without --resume to start over (or use another --out)"
+                )
+            try:
+                rows, done = store.finished()
+            except StoreError as exc:
+                raise UsageError(f"--resume: {exc}") from exc
+            done &= set(previous.cases)
+            manifest = previous.resumed_as(manifest).progressed(len(done))
+            write_manifest(store.folder, manifest)
+            store.keep(rows)
+            return manifest, rows, done
+    write_manifest(store.folder, manifest)
+    store.start_fresh()
+    return manifest, [], set()
+
+
+class _SignalsInterrupt:
+    """While active, SIGTERM interrupts the run as Ctrl-C (SIGINT) does; `signum` says which came."""
+
+    def __enter__(self):
+        self.signum = signal.SIGINT
+        self._previous = signal.signal(signal.SIGTERM, self._terminate)
+        return self
+
+    def _terminate(self, signum, frame):
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc_info):
+        signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+def _command_run(args, argv) -> int:
+    if args.heartbeat <= 0:
+        raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
+    policy, externals, cases, plan = _configure(args)
+    baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
+    try:
+        out = writable_folder(args.out)
+    except OutputPathError as exc:
+        raise UsageError(f"--out: {exc}") from exc
+    manifest = _new_manifest(args, argv, policy, externals, cases, plan)
+    store = RowStore(out)
+    manifest, rows, done = _open_run(store, manifest, resume=args.resume)
+    enable_compilation_cache()
+    return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
+
+
+def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:
+    """Run what is not done yet, then write the reports and finish the manifest.
+
+    Ctrl-C / SIGTERM finish the manifest as "interrupted" and say how to --resume; a
+    comparison the policy cannot judge (which the up-front check should have caught)
+    stops the run the same way and is a configuration error.
+    """
+    todo = [c for c in cases if c.name not in done]
+    wall_start = time.perf_counter()
+    runner = Runner(policy)
+    progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
+                        heartbeat_s=args.heartbeat)
+    signals = _SignalsInterrupt()
+    try:
+        with signals:
+            for case, case_rows in runner.run(todo, plan, on_case_start=progress.start, on_step=progress.step):
+                store.append_case(case.name, case_rows)
+                rows.extend(case_rows)
+                manifest = manifest.progressed(manifest.cases_done + 1)
+                write_manifest(store.folder, manifest)
+                progress.finish(case, case_rows)
+            progress.close()
+            metadata = _metadata(manifest, policy, cases, done, runner, wall_start)
+            finished = manifest.completed(len(rows))
+            paths = _write_reports(rows, metadata, store.folder, baseline, finished)
+            write_manifest(store.folder, finished)  # last: the folder is now a complete run
+    except KeyboardInterrupt:
+        progress.close()
+        name = signal.Signals(signals.signum).name
+        write_manifest(store.folder, manifest.interrupted(name))
+        print(
+            f"\nmhc-parity: interrupted ({name}) after {manifest.cases_done} of {len(cases)} cases; "
+            f"finished cases are kept in {store.folder}. Finish the run with:\n  {manifest.resume_command()}",
+            file=sys.stderr,
+        )
+        return 128 + signals.signum
+    except PolicyError as exc:
+        progress.close()
+        write_manifest(store.folder, manifest.interrupted(f"configuration error: {exc}"))
+        raise UsageError(f"{exc} (found while running; the run is stopped)") from exc
+    return _conclude(rows, paths)
+
+
+def _metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
+    metadata = run_metadata(cases)
+    metadata.update(
+        command_line=manifest.command_line,
+        start_time=manifest.started,
+        end_time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        wall_seconds=round(time.perf_counter() - wall_start, 3),
+        policy_file=str(policy.source),
+        policy_hash=policy.digest,
+        suite=manifest.request.suite or "",
+        case_count=len(cases),
+        resumed_cases=len(done),
+        **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
+    )
+    return metadata
+
+
+def _load_baseline(path):
+    """The baseline to show drift against (None without --baseline); UsageError if unreadable."""
+    if path is None:
+        return None
+    try:
+        return load_baseline(path)
+    except (ReportInputError, OSError) as exc:
+        raise UsageError(f"baseline {path}: {exc}") from exc
+
+
+def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest) -> dict:
+    return write_all(rows, metadata, out, baseline=baseline, manifest=manifest)
+
+
+def _conclude(rows, paths) -> int:
+    """Print the summary and the report paths; the run's exit code."""
+    print_summary(rows)
+    for fmt, path in paths.items():
+        print(f"{fmt:>8}: {path}")
+    print(f"HTML report: {paths['html']}")
+    code = exit_code(rows)
+    if code == EXIT_USAGE:
+        reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
+        example = f" (e.g. {reasons[0]})" if reasons else ""
+        print(
+            f"mhc-parity: error: nothing was compared: all {len(rows)} rows are skip/unsupported{example}; "
+            f"select paths and cases that run on this machine",
+            file=sys.stderr,
+        )
+    return code
+
+
+def main(argv: list[str]) -> int:
+    """`run` with `argv` (the arguments after the command name); the exit code."""
+    try:
+        args = run_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    try:
+        return _command_run(args, argv)
+    except UsageError as exc:
+        print(f"mhc-parity: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # before the run started computing (see _execute for after)
+        print("\nmhc-parity: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT

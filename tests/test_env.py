@@ -1,0 +1,54 @@
+"""harness.env: the XLA flags take effect until the JAX backend starts, and never silently after."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, xla_flags: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_flags_set_after_importing_jax_take_effect_before_the_backend_starts():
+    proc = run_python(
+        "import jax, harness.paths\n"
+        "from harness.env import backend_started, ensure_host_devices\n"
+        "assert not backend_started()\n"
+        "ensure_host_devices()\n"
+        "print(len(jax.devices('cpu')), backend_started())\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["8", "True"]
+
+
+def test_a_backend_started_without_the_flags_is_an_error_not_other_numbers():
+    proc = run_python(
+        "import jax\n"
+        "jax.devices()\n"
+        "from harness.env import ensure_host_devices\n"
+        "ensure_host_devices()\n"
+    )
+    assert proc.returncode != 0
+    assert "RuntimeError: the JAX backend started before XLA_FLAGS had" in proc.stderr
+
+
+def test_flags_the_user_set_are_kept():
+    flags = "--xla_force_host_platform_device_count=4 --xla_allow_excess_precision=false"
+    proc = run_python(
+        "import os, jax\n"
+        "from harness.env import ensure_host_devices\n"
+        "ensure_host_devices()\n"
+        "print(len(jax.devices('cpu')), os.environ['XLA_FLAGS'])\n",
+        xla_flags=flags,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"4 {flags}"

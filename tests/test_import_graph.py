@@ -1,0 +1,160 @@
+"""The imports form a DAG, the packages are layered, and modules import at the top.
+
+Layers (a package may import only the ones listed for it; docs/ARCHITECTURE.md):
+
+    mhc      the system under test               nothing of the project
+    reports  rows and run folders (no JAX)        nothing of the project
+    cases    cases, suites, fixtures              mhc, reports
+    harness  the engine and the command line      mhc, cases, reports
+    bench    scripts                              any
+
+Every import counts, at a module's top or inside a function (`if TYPE_CHECKING:` blocks
+do not: they never run). XLA reads its flags when the JAX backend starts, not when jax is
+imported (harness.env), so modules import at the top and importing them starts nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LAYERS = {
+    "mhc": set(),
+    "reports": set(),
+    "cases": {"mhc", "reports"},
+    "harness": {"mhc", "cases", "reports"},
+    "bench": {"mhc", "cases", "harness", "reports"},
+}
+# Function-level imports that stay, and why (module path, imported module).
+DEFERRED_IMPORTS = {
+    ("mhc/layer.py", "mhc.kernels"): "the reference path must not need Pallas",
+    ("reports/html.py", "reports.plots"): "matplotlib loads only when a report is drawn",
+}
+
+
+def project_modules() -> dict[str, pathlib.Path]:
+    """Module name -> file of every module of the layered packages."""
+    modules = {}
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` except those under an `if TYPE_CHECKING:` block."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def imports_of(path: pathlib.Path, modules) -> list[tuple[str, bool]]:
+    """(imported project module, at the top level?) for every runtime import in `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(node) for node in tree.body}
+    found = []
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for node in _runtime_nodes(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{a.name}" for a in node.names]
+        for target in targets:
+            module = resolve(target)
+            if module:
+                found.append((module, id(node) in top))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: {m for m, _ in imports_of(path, modules) if m != name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as [a, b, ..., a], or [] when the graph is a DAG (depth-first search)."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node], _ = "open", stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        state[node], _ = "done", stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_the_cycle_finder_finds_cycles_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_takes_part_in_an_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_packages_import_only_the_layers_below_them():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if (package := module.split(".")[0]) != (other := target.split(".")[0]) and other not in LAYERS[package]
+    )
+    assert not wrong, wrong
+
+
+def test_modules_import_at_the_top():
+    modules = project_modules()
+    deferred = sorted(
+        (path.relative_to(ROOT).as_posix(), module)
+        for name, path in modules.items()
+        for module, at_top in imports_of(path, modules)
+        if not at_top
+    )
+    unexplained = [entry for entry in deferred if entry not in DEFERRED_IMPORTS]
+    assert not unexplained, f"imports inside functions: {unexplained} (import at the top, see harness.env)"
+    assert set(deferred) == set(DEFERRED_IMPORTS), "DEFERRED_IMPORTS names an import that is gone"
+
+
+@pytest.mark.slow
+def test_importing_every_module_starts_no_jax_backend():
+    """So any entry point may set the XLA flags after its imports (harness.env)."""
+    names = sorted(name for name in project_modules() if not name.endswith("__main__") and not name.startswith("bench"))
+    code = (
+        "import importlib, os, sys\n"
+        "os.environ.pop('XLA_FLAGS', None)\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "from harness.env import backend_started\n"
+        "assert 'jax' in sys.modules and not backend_started(), 'a module started the JAX backend on import'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -26,10 +26,11 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
+from harness.errors import ConfigurationError
 from mhc.common import VARIANTS
 
 
-class ImplementationError(ValueError):
+class ImplementationError(ConfigurationError):
     """An implementation could not be loaded or is malformed (a configuration error)."""
 
 
@@ -122,38 +123,65 @@ def load_external(spec: str) -> Implementation:
         obj = factory()
     except Exception as exc:  # the user's code: report, do not crash the CLI
         raise ImplementationError(f"--impl {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    return wrap_external(obj, spec=spec, default_name=f"{module_name}:{attr}",
+                         source_file=getattr(module, "__file__", None) or "")
+
+
+def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_file: str = "") -> Implementation:
+    """An `Implementation` around an object with `pre`/`post` (what a factory returns).
+
+    Its name is `obj.name`, else `default_name`; ImplementationError for an object without
+    callable pre/post, without a name, with a reserved name or unknown variants.
+    """
+    label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
     for method in ("pre", "post"):
         if not callable(getattr(obj, method, None)):
-            raise ImplementationError(f"--impl {spec!r}: the factory's object has no callable {method}()")
-    name = getattr(obj, "name", None) or f"{module_name}:{attr}"
+            raise ImplementationError(f"{label}: the factory's object has no callable {method}()")
+    name = getattr(obj, "name", None) or default_name
+    if not name:
+        raise ImplementationError(f"{label}: give the object a `name` attribute (it keys rows and baselines)")
     if name in RESERVED_NAMES or "/" in name:
-        raise ImplementationError(f"--impl {spec!r}: name {name!r} is reserved or contains '/'")
+        raise ImplementationError(f"{label}: name {name!r} is reserved or contains '/'")
     variants = tuple(getattr(obj, "variants", VARIANTS))
     unknown = set(variants) - set(VARIANTS)
     if unknown:
-        raise ImplementationError(f"--impl {spec!r}: unknown variants {sorted(unknown)}")
+        raise ImplementationError(f"{label}: unknown variants {sorted(unknown)}")
+    if not source_file:
+        module = importlib.import_module(type(obj).__module__) if type(obj).__module__ else None
+        source_file = getattr(module, "__file__", None) or ""
     return Implementation(
         name=name,
         variants=variants,
         case_limits=bool(getattr(obj, "expects_case_limits", False)),
         external=obj,
         spec=spec,
-        source_file=getattr(module, "__file__", None) or "",
+        source_file=source_file,
     )
 
 
+def as_implementation(item: "str | Implementation | Any") -> Implementation:
+    """A `module:factory` spec loaded, an `Implementation` as it is, an object with pre/post wrapped."""
+    if isinstance(item, Implementation):
+        return item
+    if isinstance(item, str):
+        return load_external(item)
+    return wrap_external(item)
+
+
 def load_externals(specs) -> tuple[Implementation, ...]:
-    """`load_external` of each spec; ImplementationError for a spec given twice or two
-    implementations with one name (their rows would share keys)."""
-    repeated = sorted({s for s in specs if list(specs).count(s) > 1})
+    """`as_implementation` of each item (a spec, an Implementation, an object with pre/post);
+    ImplementationError for a spec given twice or two implementations with one name (their
+    rows would share keys)."""
+    specs = list(specs)
+    repeated = sorted({s for s in specs if isinstance(s, str) and specs.count(s) > 1})
     if repeated:
         raise ImplementationError(f"--impl {repeated[0]!r} is given more than once")
-    loaded = tuple(load_external(spec) for spec in specs)
+    loaded = tuple(as_implementation(item) for item in specs)
     names: dict[str, str] = {}
     for impl in loaded:
         if impl.name in names:
             raise ImplementationError(
-                f"--impl {names[impl.name]!r} and --impl {impl.spec!r} are both named {impl.name!r}; "
+                f"--impl {names[impl.name] or impl.name!r} and --impl {impl.spec or impl.name!r} are both named {impl.name!r}; "
                 f"give one a different `name` attribute"
             )
         names[impl.name] = impl.spec

@@ -22,6 +22,7 @@ from cases import registry
 from cases.spec import CaseSpecError, normalize_dtype
 from cases.toml_cases import USER_SUITE, register_case_file
 from harness.run_info import enable_compilation_cache, run_metadata
+from harness.errors import ConfigurationError
 from harness.implementations import BUILTIN, ImplementationError, load_externals
 from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
 from harness.policy import PolicyError, load_policy
@@ -39,8 +40,8 @@ EXIT_USAGE = 2
 MAX_SEED = 2**63 - 1  # cases.spec.Case.seed's range
 
 
-class UsageError(Exception):
-    """A bad argument or configuration; exit code 2."""
+class UsageError(ConfigurationError):
+    """A bad argument or configuration; exit code 2 (a `harness.errors.ConfigurationError`)."""
 
 
 def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -95,7 +96,7 @@ def select_cases(args):
     return selected
 
 
-def _configure(args):
+def configure(args):
     """(policy, external implementations, cases, plan) for `args`; UsageError for anything
     wrong with them, found before any compute: a selection or `--paths` glob that selects
     nothing, an `--impl` that does not load, a policy without a rule for a comparison the
@@ -123,7 +124,8 @@ def _configure(args):
     return policy, externals, cases, plan
 
 
-def _new_manifest(args, argv, policy, externals, cases, plan):
+def new_manifest(args, command_line: str, policy, externals, cases, plan):
+    """The "running" manifest of the run `args` asks for (configured by `configure`)."""
     request = RunRequest(
         suite=args.suite, case_globs=_tuple_or_none(args.cases), tags=_tuple_or_none(args.tags), dtype=args.dtype,
         case_files=tuple(str(p) for p in args.case_file), seed=args.seed, paths=tuple(args.paths),
@@ -132,7 +134,7 @@ def _new_manifest(args, argv, policy, externals, cases, plan):
     return Manifest.new(
         request=request, cases=cases, path_names=plan.selected_names(cases), policy=policy,
         extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
-        command_line="python -m harness run " + shlex.join(argv),
+        command_line=command_line,
     )
 
 
@@ -199,13 +201,13 @@ class _SignalsInterrupt:
 def _command_run(args, argv) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
-    policy, externals, cases, plan = _configure(args)
+    policy, externals, cases, plan = configure(args)
     baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
     try:
         out = writable_folder(args.out)
     except OutputPathError as exc:
         raise UsageError(f"--out: {exc}") from exc
-    manifest = _new_manifest(args, argv, policy, externals, cases, plan)
+    manifest = new_manifest(args, "python -m harness run " + shlex.join(argv), policy, externals, cases, plan)
     store = RowStore(out)
     manifest, rows, done = _open_run(store, manifest, resume=args.resume)
     enable_compilation_cache()
@@ -234,7 +236,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
                 write_manifest(store.folder, manifest)
                 progress.finish(case, case_rows)
             progress.close()
-            metadata = _metadata(manifest, policy, cases, done, runner, wall_start)
+            metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start)
             finished = manifest.completed(len(rows))
             paths = _write_reports(rows, metadata, store.folder, baseline, finished)
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
@@ -255,7 +257,8 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     return _conclude(rows, paths)
 
 
-def _metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
+def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
+    """The run metadata of the reports: the environment record, times, policy, suite, timings."""
     metadata = run_metadata(cases)
     metadata.update(
         command_line=manifest.command_line,

@@ -17,6 +17,11 @@ The header also records the run's backend, device kind and matmul precision
 gate refuses a baseline made at another matmul precision. A header without the
 precision was written before it was recorded: see the legacy rule of
 `reports.environment`.
+
+A baseline of one external implementation (`harness baseline --impl`) keeps only that
+implementation's rows and names it in the header (`implementation=<name>`, after the
+environment keys); the gate then judges only that implementation's rows and refuses a
+run without them (`reports.ownership`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ BASELINE_FORMAT_VERSION = 2
 COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
+IMPLEMENTATION_KEY = "implementation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +69,8 @@ class Baseline:
     path: Path
     # backend, device_kind, matmul_precision as far as the header records them
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # the external implementation whose rows it keeps (None: the built-in paths' baseline)
+    implementation: str | None = None
 
 
 def format_cell(column: str, value: Any) -> str:
@@ -77,11 +85,14 @@ def format_cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def header_line(policy_hash: str | None, environment: Mapping[str, str] | None = None) -> str:
-    """The baseline's first line (format version, policy hash, the `HEADER_KEYS` given)."""
+def header_line(
+    policy_hash: str | None, environment: Mapping[str, str] | None = None, implementation: str | None = None
+) -> str:
+    """The baseline's first line (format version, policy hash, the `HEADER_KEYS` given, the
+    implementation it belongs to)."""
+    values = {**{key: (environment or {}).get(key) for key in HEADER_KEYS}, IMPLEMENTATION_KEY: implementation}
     fields = "".join(
-        f" {key}={urllib.parse.quote(str(environment[key]), safe='=,.:+')}"
-        for key in HEADER_KEYS if (environment or {}).get(key)
+        f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value
     )
     return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} policy_hash={policy_hash or '-'}{fields}"
 
@@ -91,12 +102,14 @@ def render_baseline(
     *,
     policy_hash: str | None = None,
     environment: Mapping[str, str] | None = None,
+    implementation: str | None = None,
 ) -> str:
-    """The baseline file's text for a row set (full rows or gate columns)."""
+    """The baseline file's text for a row set (full rows or gate columns); with
+    `implementation`, the header names the implementation the rows belong to."""
     frame = gate_frame(rows, source="baseline rows")
     frame = frame.sort_values(list(IDENTITY_COLUMNS), kind="mergesort")
     buffer = io.StringIO()
-    buffer.write(header_line(policy_hash, environment) + "\n")
+    buffer.write(header_line(policy_hash, environment, implementation) + "\n")
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(BASELINE_COLUMNS)
     for record in frame.to_dict(orient="records"):
@@ -109,17 +122,22 @@ def write_baseline(
     path: str | Path,
     *,
     policy_hash: str | None = None,
+    implementation: str | None = None,
 ) -> Path:
     """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
 
     `rows` may also be what `reports.load_run` or `load_baseline` returns; its
     recorded policy hash is then used unless `policy_hash` is given, and its recorded
-    backend, device kind and matmul precision go into the header.
+    backend, device kind and matmul precision go into the header. `implementation`
+    names the external implementation the rows belong to (the caller keeps only its
+    rows: `reports.ownership.implementation_rows`).
     """
     path = Path(path)
     environment = environment_of(rows)
     rows, recorded_hash = unwrap_run(rows)
-    text = render_baseline(rows, policy_hash=policy_hash or recorded_hash, environment=environment)
+    text = render_baseline(
+        rows, policy_hash=policy_hash or recorded_hash, environment=environment, implementation=implementation
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
@@ -193,4 +211,5 @@ def load_baseline(path: str | Path) -> Baseline:
         policy_hash=None if policy_hash == "-" else policy_hash,
         path=path,
         environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
+        implementation=header.get(IMPLEMENTATION_KEY) or None,
     )

@@ -16,6 +16,7 @@ JAX, so `harness.cli` dispatches to them without loading it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from reports.environment import precision_conflicts, run_precision
 from reports.gate import GateResult, gate
 from reports.manifest import write_manifest
 from reports.markdown import gate_markdown
+from reports.ownership import default_baseline_path, implementation_rows, ownership_refusal, resolve_implementation
 from reports.outputs import OutputPathError, writable_file, writable_folder
 from reports.rows import ReportInputError
 from reports.sources import load_run
@@ -145,6 +147,36 @@ def _precision_refusal(baseline, current) -> str:
     )
 
 
+def comparability_refusal(baseline, current, *, allow_policy_change: bool = False,
+                          allow_precision_change: bool = False) -> str:
+    """Why `baseline` cannot judge `current` (two `LoadedRun`s), one line, or "" if it can:
+    it belongs to another implementation (`reports.ownership`), or was made under another
+    tolerance policy or matmul precision (unless allowed)."""
+    refusal = ownership_refusal(baseline, current)
+    if refusal:
+        return refusal
+    if (
+        baseline.policy_hash
+        and current.policy_hash
+        and baseline.policy_hash != current.policy_hash
+        and not allow_policy_change
+    ):
+        return (
+            f"baseline {baseline.source} was produced under policy {baseline.policy_hash}, "
+            f"the current run under {current.policy_hash}; regenerate the baseline with "
+            "`make baseline` (or pass --allow-policy-change)"
+        )
+    refusal = _precision_refusal(baseline, current)
+    return "" if allow_precision_change else refusal
+
+
+def gated_frame(baseline, current):
+    """The current rows `baseline` judges: an implementation's baseline, that implementation's rows."""
+    if baseline.implementation:
+        return implementation_rows(current.frame, baseline.implementation)
+    return current.frame
+
+
 def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
     """`gate`: a current run against a baseline; exit 0 pass, 1 gate failure, 2 input error."""
     parser = gate_parser(prog)
@@ -168,20 +200,14 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
         return _fail(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
     if not len(current.frame):
         return _fail(f"current run {current.source} has no rows; did the run write anything?")
-    if (
-        baseline.policy_hash
-        and current.policy_hash
-        and baseline.policy_hash != current.policy_hash
-        and not args.allow_policy_change
-    ):
-        return _fail(
-            f"baseline {baseline.source} was produced under policy {baseline.policy_hash}, "
-            f"the current run under {current.policy_hash}; regenerate the baseline with "
-            "`make baseline` (or pass --allow-policy-change)"
-        )
-    refusal = _precision_refusal(baseline, current)
-    if refusal and not args.allow_precision_change:
+    refusal = comparability_refusal(
+        baseline, current, allow_policy_change=args.allow_policy_change,
+        allow_precision_change=args.allow_precision_change,
+    )
+    if refusal:
         return _fail(refusal)
+    if baseline.implementation:
+        print(f"gating implementation {baseline.implementation!r}: its rows only")
     baseline_frame = baseline.frame
     if args.only_current_cases:
         cases = current_cases(current)
@@ -193,7 +219,7 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
     try:
         result = gate(
             baseline_frame,
-            current.frame,
+            gated_frame(baseline, current),
             growth_factor=args.growth_factor,
             noise_floor_ulps=args.noise_floor_ulps,
         )
@@ -218,41 +244,61 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
 # -------------------------------------------------------------------------- baseline
 
 
-def baseline_main(argv: Sequence[str] | None = None, *, prog: str = BASELINE_PROG) -> int:
-    """`baseline --from RUN --to PATH`: write a finished run as the baseline CSV.
-
-    Exit 0 written; 2 when the target cannot be written, or the run cannot be used:
-    unreadable, unfinished, empty, or (without --allow-code-change) made by other code
-    than this checkout (see `reports.sources.load_run`). A run with fail/error rows is
-    written anyway, with a warning: the gate still fails on those rows.
-    """
+def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
+    """The arguments of `baseline --from RUN` (`harness.baseline_command` adds the run of `--impl`)."""
     parser = argparse.ArgumentParser(prog=prog, description="Write a finished parity run as the baseline CSV.")
     parser.add_argument("--from", dest="source", type=Path, default=DEFAULT_RUN_FOLDER,
                         help=f"folder or report.json of a finished run (default: {DEFAULT_RUN_FOLDER})")
-    parser.add_argument("--to", dest="target", type=Path, required=True, help="baseline CSV to write")
+    parser.add_argument("--to", dest="target", type=Path, default=None,
+                        help="baseline CSV to write (required without --impl; with it default baselines/<name>.csv)")
+    parser.add_argument("--impl", default=None, metavar="NAME|MODULE:FACTORY",
+                        help="keep only this external implementation's rows, keyed by its name; without "
+                             "--from, `harness baseline` runs it first")
     parser.add_argument("--allow-code-change", action="store_true",
                         help="use the run even if this checkout's code changed since it was made")
-    args = _parse(parser, argv)
+    return parser
+
+
+def baseline_main(argv: Sequence[str] | None = None, *, prog: str = BASELINE_PROG) -> int:
+    """`baseline --from RUN (--to PATH | --impl NAME)`: write a finished run as the baseline CSV.
+
+    With --impl, only that external implementation's rows (the run must have them),
+    with its name in the header, by default to baselines/<name>.csv. Exit 0 written; 2
+    when the target cannot be written, or the run cannot be used: unreadable,
+    unfinished, empty, without the implementation, or (without --allow-code-change) made
+    by other code than this checkout (see `reports.sources.load_run`). A run with
+    fail/error rows is written anyway, with a warning: the gate still fails on those rows.
+    """
+    args = _parse(baseline_parser(prog), argv)
     if isinstance(args, int):
         return args
+    if args.target is None and args.impl is None:
+        print(f"{prog}: error: give --to PATH (or --impl NAME for an implementation's baseline)", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        target = writable_file(args.target)
         run = load_run(args.source, require_current_code=not args.allow_code_change)
-    except (ReportInputError, OutputPathError) as exc:
+        frame, name = run.frame, None
+        if args.impl is not None:
+            name = resolve_implementation(run, args.impl)
+            frame = implementation_rows(run.frame, name)
+        target = writable_file(args.target or default_baseline_path(name))
+    except (ReportInputError, OutputPathError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if not len(run.frame):
-        print(f"{prog}: error: {run.source} has no rows; refusing to write an empty baseline", file=sys.stderr)
+    if not len(frame):
+        print(f"{prog}: error: {run.source} has no rows{f' of {name!r}' if name else ''}; "
+              f"refusing to write an empty baseline", file=sys.stderr)
         return EXIT_USAGE
-    failing = run.frame["verdict"].isin(("fail", "error")).sum()
+    failing = frame["verdict"].isin(("fail", "error")).sum()
     if failing:
         print(f"{prog}: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
     try:
-        path = write_baseline(run, target)
+        path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name)
     except OSError as exc:
         print(f"{prog}: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"baseline written: {path} ({len(run.frame)} rows)")
+    owner = f" of implementation {name!r}" if name else ""
+    print(f"baseline written: {path} ({len(frame)} rows{owner})")
     return EXIT_OK
 
 

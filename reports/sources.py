@@ -50,6 +50,8 @@ class LoadedRun:
     metadata: dict  # a report's run metadata; a baseline's header environment
     is_baseline: bool
     manifest: Manifest | None = None
+    # a baseline file's implementation (`reports.ownership`); None for runs and built-in baselines
+    implementation: str | None = None
 
     def __len__(self) -> int:
         """The number of rows."""
@@ -169,7 +171,8 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
         raise ReportInputError(f"{path}: no such file or folder")
     elif is_baseline_file(path):
         baseline = load_baseline(path)
-        return LoadedRun(baseline.frame, path, baseline.policy_hash, dict(baseline.environment), True)
+        return LoadedRun(baseline.frame, path, baseline.policy_hash, dict(baseline.environment), True,
+                         implementation=baseline.implementation)
     elif path.suffix.lower() == ".json":
         run = _load_report(path)
     else:

@@ -17,6 +17,7 @@ FAULTS_OUT ?= out/faults
 SWEEP_OUT  ?= out/sweep
 SEEDS      ?= 20
 PYTEST_ARGS ?=
+IMPL       ?=
 
 .PHONY: setup test test-fast parity baseline gate faults sweep tolerances bench accelerator-check clean
 
@@ -42,9 +43,16 @@ test-fast: setup
 parity: setup
 	$(PY) -m harness run --suite $(SUITE) --out $(OUT)
 
-# Run the suite and, if it passes, store it as the reviewed baseline the gate uses.
+# Run the suite and store it as the reviewed baseline the gate uses. With IMPL=MODULE:FACTORY:
+# run that external implementation (and the reference) and write its own baseline, keyed by
+# its name: baselines/<name>.csv (BASELINE=... on the command line to choose the file).
+ifeq ($(IMPL),)
 baseline: parity
 	$(PY) -m harness baseline --from $(OUT) --to $(BASELINE)
+else
+baseline: setup
+	$(PY) -m harness baseline --impl $(IMPL) --suite $(SUITE) --out $(OUT)$(if $(filter command line,$(origin BASELINE)), --to $(BASELINE))
+endif
 
 # Gate the last run in $(OUT) against the baseline (run `make parity` first).
 gate: setup

@@ -4,21 +4,28 @@
     run = run_parity("my_pkg.kernels:factory", suite="smoke")
     assert run.passed, run.failure_table()
 
-See `harness.api` for every name below (they are the stable ones).
+The names below are the stable ones; each is defined in `harness.api` and loaded on
+first use, so `python -m harness gate | baseline | render` (which import this package)
+still never load JAX.
 """
 
-from harness.api import (
-    BaselineError,
-    ConfigurationError,
-    GateResult,
-    ParityError,
-    ParityRun,
-    PreparedRun,
-    ReportError,
-    gate,
-    prepare,
-    run_parity,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.api import (
+        BaselineError,
+        ConfigurationError,
+        GateResult,
+        ParityError,
+        ParityRun,
+        PreparedRun,
+        ReportError,
+        gate,
+        prepare,
+        run_parity,
+    )
 
 __all__ = [
     "BaselineError",
@@ -32,3 +39,12 @@ __all__ = [
     "prepare",
     "run_parity",
 ]
+
+
+def __getattr__(name: str):
+    """The public API's names, from `harness.api` (imported here, on first use: it loads JAX)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    import harness.api
+
+    return getattr(harness.api, name)

@@ -44,7 +44,7 @@ from harness.run_info import enable_compilation_cache
 from harness.runner import Runner
 from harness.summary import format_summary, rows_table, run_verdict
 from reports.baseline import write_baseline as _write_baseline_file
-from reports.commands import comparability_refusal, gated_frame
+from reports.commands import comparability_refusal, current_cases, gated_frame
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
 from reports.gate import gate as _gate_rows
@@ -320,6 +320,7 @@ def gate(
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
     allow_policy_change: bool = False,
     allow_precision_change: bool = False,
+    only_current_cases: bool = False,
 ) -> GateResult:
     """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
     CSV or a finished run), with the rules of `harness gate` (`reports.gate`).
@@ -328,7 +329,8 @@ def gate(
     --impl`) judges that implementation's rows only. Returns the `GateResult` (`.ok`,
     `.table()`); raises BaselineError (one line) for a baseline that cannot judge the run:
     unreadable, of another implementation, under another policy or matmul precision
-    (unless allowed).
+    (unless allowed). only_current_cases: gate only the baseline rows of the cases the run
+    selected (a deliberately partial run), as `harness gate --only-current-cases`.
     """
     if not growth_factor > 1.0:
         raise ConfigurationError(f"growth_factor must be > 1, got {growth_factor:g}")
@@ -342,8 +344,11 @@ def gate(
     )
     if refusal:
         raise BaselineError(refusal)
+    baseline_frame = base.frame
+    if only_current_cases:
+        baseline_frame = baseline_frame[baseline_frame["case"].isin(current_cases(current))]
     try:
-        return _gate_rows(base.frame, gated_frame(base, current), growth_factor=growth_factor,
+        return _gate_rows(baseline_frame, gated_frame(base, current), growth_factor=growth_factor,
                           noise_floor_ulps=noise_floor_ulps)
     except ReportInputError as exc:
         raise BaselineError(f"unusable input: {exc}") from exc

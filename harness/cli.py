@@ -3,7 +3,8 @@
   run       cases x paths -> a run folder: manifest.json, rows.jsonl, and once complete
             rows.csv, report.json, report.html, summary.md   (harness.run_command)
   gate      a finished run against a stored baseline          (reports.commands)
-  baseline  a finished run written as the baseline CSV       (reports.commands)
+  baseline  a finished run written as the baseline CSV; with --impl an implementation's
+            rows keyed by its name, run first without --from  (harness.baseline_command)
   render    every report format written again from a run     (reports.commands)
   policy    the tolerance policy, checked; --table / --markdown: every resolved bound
                                                               (harness.policy_table)
@@ -24,11 +25,12 @@ from harness.env import ensure_host_devices
 
 EXIT_USAGE = 2
 # command -> (module:function taking the remaining arguments, one-line help). A command
-# loads only its own module: gate, baseline and render never load JAX.
+# loads only its own module: gate, render and `baseline --from` never load JAX.
 COMMANDS = {
     "run": ("harness.run_command:main", "run cases through every path and write reports"),
     "gate": ("reports.commands:gate_main", "compare a finished run against a baseline"),
-    "baseline": ("reports.commands:baseline_main", "write a finished run as the baseline CSV"),
+    "baseline": ("harness.baseline_command:main",
+                 "write a finished run as the baseline CSV (--impl: an implementation's, run first)"),
     "render": ("reports.commands:render_main", "write every report format again from a finished run"),
     "policy": ("harness.policy_table:main", "check the tolerance policy; print every resolved bound"),
     "faults": ("harness.faults.cli:main", "the fault kill matrix, or with --seeds the false-positive sweep"),

@@ -34,6 +34,8 @@ LAYERS = {
 DEFERRED_IMPORTS = {
     ("mhc/layer.py", "mhc.kernels"): "the reference path must not need Pallas",
     ("reports/html.py", "reports.plots"): "matplotlib loads only when a report is drawn",
+    ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
+    ("harness/baseline_command.py", "harness.api"): "`baseline --from` must not load JAX; `--impl` runs",
 }
 
 

@@ -42,3 +42,17 @@ def broken():
 
 def raises():
     raise RuntimeError("factory failed on purpose")
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftedOutput(WrappedReference):
+    """`wrapped_reference` after a change that scales `out` by (1 + 2**-20): about 8 float32
+    ulps, several times the correct path's error against the oracle (a drift for the gate)."""
+
+    def post(self, layer_output, context, *, config):
+        out = reference.post(layer_output, context, config=config)
+        return (out.astype("float32") * (1 + 2.0**-20)).astype(out.dtype)
+
+
+def drifted():
+    return DriftedOutput()

@@ -1,0 +1,1 @@
+"""An example external mHC implementation (see kernel.py)."""

@@ -1,0 +1,129 @@
+"""The public API (`harness.api`, re-exported by `harness`): one test per entry point,
+on one small float32 case through an external implementation and the reference."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pandas as pd
+import pytest
+
+import harness
+from harness import api
+from harness.cli import main as cli_main
+from reports import load_baseline, load_run
+from reports.schema import ROW_COLUMNS
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
+GOOD = "tests.external_impls:good"
+
+
+@pytest.fixture(scope="module")
+def good_run() -> api.ParityRun:
+    return harness.run_parity(GOOD, cases=[CASE])
+
+
+@pytest.fixture(scope="module")
+def drifted_run() -> api.ParityRun:
+    return harness.run_parity("tests.external_impls:drifted", cases=[CASE])
+
+
+def test_the_package_exports_the_api_names():
+    assert set(harness.__all__) <= set(dir(api))
+    assert harness.run_parity is api.run_parity and harness.gate is api.gate
+    with pytest.raises(AttributeError):
+        harness.no_such_name  # noqa: B018
+
+
+def test_run_parity_runs_the_implementation_and_its_reference_partner(good_run):
+    assert good_run.passed and good_run.verdict == "PASS"
+    assert isinstance(good_run.rows, pd.DataFrame) and list(good_run.rows.columns) == list(ROW_COLUMNS)
+    assert set(good_run.rows["candidate"]) == {"wrapped_reference/unsharded", "reference/unsharded"}
+    assert set(good_run.rows["comparison"]) == {"vs_oracle", "vs_reference"}  # no lowering rows
+    assert good_run.failures.empty and good_run.failure_table() == ""
+    assert good_run.implementations == ("wrapped_reference",)
+    assert len(good_run.implementation_rows()) == len(good_run.rows[good_run.rows["candidate"].str.startswith("wrapped")])
+
+
+def test_a_broken_implementation_fails_with_its_leaf_table():
+    run = harness.run_parity("tests.external_impls:broken", cases=[CASE])
+    assert not run.passed and run.verdict == "FAIL"
+    assert set(run.failures["candidate"]) == {"loses_post_gate_factor/unsharded"}
+    assert "loses_post_gate_factor/unsharded vs oracle" in run.failure_table()
+
+
+def test_prepare_checks_everything_before_computing():
+    prepared = harness.prepare(GOOD, suite="smoke", dtype="bf16")
+    assert prepared.implementation_names == ("wrapped_reference",)
+    assert prepared.cases and all(c.dtype == "bfloat16" for c in prepared.cases)
+    assert not prepared.plan.lowering
+    with pytest.raises(harness.ConfigurationError, match="matches no registered case"):
+        harness.prepare(GOOD, cases=["no-such-case*"])
+    with pytest.raises(harness.ConfigurationError, match="cannot import"):
+        harness.prepare("no_such_module:factory")
+    with pytest.raises(harness.ConfigurationError, match="did you mean"):
+        harness.prepare(GOOD, cases=[CASE], paths=["wrapped_referense/*"])
+
+
+def test_errors_are_typed_and_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(harness.ReportError) as caught:
+        harness.run_parity(GOOD, cases=[CASE], out=blocker / "out")
+    assert "\n" not in str(caught.value)
+    assert issubclass(harness.ConfigurationError, harness.ParityError)
+    assert issubclass(harness.BaselineError, harness.ParityError)
+
+
+def test_write_reports_writes_a_run_folder_the_cli_accepts(good_run, tmp_path):
+    paths = good_run.write_reports(tmp_path / "run")
+    assert {p.name for p in paths.values()} == {"rows.csv", "report.json", "report.html", "summary.md"}
+    loaded = load_run(tmp_path / "run", require_current_code=True)
+    assert len(loaded.frame) == len(good_run.rows)
+    assert loaded.manifest.request.implementations == (("wrapped_reference", GOOD),)
+    assert cli_main(["render", "--rows", str(tmp_path / "run"), "--out", str(tmp_path / "again")]) == 0
+
+
+def test_write_baseline_keeps_the_implementations_rows_under_its_name(good_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = good_run.write_baseline()
+    assert path.as_posix() == "baselines/wrapped_reference.csv"
+    baseline = load_baseline(path)
+    assert baseline.implementation == "wrapped_reference"
+    assert set(baseline.frame["candidate"]) == {"wrapped_reference/unsharded"}
+
+
+def test_gate_passes_the_same_code_and_flags_a_drift_beyond_the_growth_factor(good_run, drifted_run, tmp_path):
+    baseline = good_run.write_baseline(tmp_path / "wrapped.csv")
+    assert harness.gate(good_run, baseline).ok
+    result = harness.gate(drifted_run, baseline)
+    assert not result.ok
+    drifted = {f.key[3] for f in result.regressions}
+    assert "out" in drifted and all(f.growth > 2 for f in result.regressions)
+    assert result.current_rows == result.baseline_rows  # only the implementation's rows are gated
+
+
+def test_harness_gate_flags_the_drift_of_an_external_run_against_its_own_baseline(good_run, drifted_run, tmp_path,
+                                                                                    capsys):
+    good_run.write_reports(tmp_path / "good")
+    drifted_run.write_reports(tmp_path / "drifted")
+    assert cli_main(["baseline", "--from", str(tmp_path / "good"), "--impl", GOOD,
+                     "--to", str(tmp_path / "base.csv")]) == 0
+    assert cli_main(["gate", "--baseline", str(tmp_path / "base.csv"), "--current", str(tmp_path / "good")]) == 0
+    capsys.readouterr()
+    assert cli_main(["gate", "--baseline", str(tmp_path / "base.csv"), "--current", str(tmp_path / "drifted")]) == 1
+    out = capsys.readouterr().out
+    assert "gating implementation 'wrapped_reference'" in out and "regression" in out
+
+
+def test_a_baseline_of_another_implementation_is_refused(good_run, tmp_path, capsys):
+    good_run.write_reports(tmp_path / "good")
+    other = harness.run_parity("harness.independent_mhc:factory", cases=[CASE])
+    other_baseline = other.write_baseline(tmp_path / "independent.csv")
+    with pytest.raises(harness.BaselineError, match="belongs to implementation 'independent'"):
+        harness.gate(good_run, other_baseline)
+    assert cli_main(["gate", "--baseline", str(other_baseline), "--current", str(tmp_path / "good")]) == 2
+    assert "belongs to implementation 'independent'" in capsys.readouterr().err
+    with pytest.raises(harness.BaselineError, match="built-in paths' baseline"):
+        harness.gate(good_run, ROOT / "baselines" / "default.csv")

@@ -32,7 +32,7 @@ import dataclasses
 import pathlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pandas as pd
 
@@ -48,7 +48,7 @@ from reports.commands import comparability_refusal, current_cases, gated_frame
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
 from reports.gate import gate as _gate_rows
-from reports.manifest import Manifest, write_manifest
+from reports.manifest import Manifest, selection_digest, write_manifest
 from reports.outputs import OutputPathError, writable_file, writable_folder
 from reports.ownership import default_baseline_path, implementation_rows
 from reports.rows import ReportInputError, to_frame
@@ -60,20 +60,6 @@ from reports.writers import write_all
 ImplementationLike = str | Implementation | Any
 # What an in-memory run is called where a file name would be (messages, LoadedRun.source).
 IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
-
-__all__ = [
-    "BaselineError",
-    "ConfigurationError",
-    "GateResult",
-    "ParityError",
-    "ParityRun",
-    "PreparedRun",
-    "ReportError",
-    "gate",
-    "prepare",
-    "run_parity",
-]
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ParityRun:
@@ -220,7 +206,8 @@ class PreparedRun:
         records = tuple(dict(r) for r in records)
         manifest = self._manifest
         if cases is not None:
-            manifest = dataclasses.replace(manifest, cases=tuple(c.name for c in cases))
+            manifest = dataclasses.replace(manifest, cases=tuple(c.name for c in cases),
+                                           selection_digest=selection_digest(cases))
         manifest = manifest.progressed(len(manifest.cases))
         metadata = run_command.finished_metadata(
             manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started
@@ -276,37 +263,40 @@ def prepare(
     return PreparedRun(args, command_line)
 
 
+class Selection(TypedDict, total=False):
+    """The keyword arguments of `run_parity` that select what runs: those of `prepare`."""
+
+    suite: str | None
+    cases: str | Sequence[str] | None
+    tags: str | Sequence[str] | None
+    dtype: str | None
+    paths: Sequence[str] | None
+    case_files: Sequence[str | pathlib.Path]
+    seed: int | None
+    policy: str | pathlib.Path | None
+    lowering: bool | None
+
+
 def run_parity(
     implementation: ImplementationLike | Sequence[ImplementationLike] | None = None,
     *,
-    suite: str | None = None,
-    cases: str | Sequence[str] | None = None,
-    tags: str | Sequence[str] | None = None,
-    dtype: str | None = None,
-    paths: Sequence[str] | None = None,
-    case_files: Sequence[str | pathlib.Path] = (),
-    seed: int | None = None,
-    policy: str | pathlib.Path | None = None,
-    lowering: bool | None = None,
     out: str | pathlib.Path | None = None,
+    **selection: Unpack[Selection],
 ) -> ParityRun:
-    """Run the parity matrix (arguments as `prepare`) and return the `ParityRun`.
+    """Run the parity matrix and return the `ParityRun`.
 
-    out: also write the run folder there (`ParityRun.write_reports`). Raises
-    ConfigurationError before any compute for a selection or implementation that cannot
-    run, ReportError if `out` cannot be written (checked first). A failing row is not an
-    exception: look at `.passed` / `.failures`.
+    implementation and `selection` (suite, cases, tags, dtype, paths, case_files, seed,
+    policy, lowering) as `prepare`. out: also write the run folder there
+    (`ParityRun.write_reports`). Raises ConfigurationError before any compute for a
+    selection or implementation that cannot run, ReportError if `out` cannot be written
+    (checked first). A failing row is not an exception: look at `.passed` / `.failures`.
     """
     if out is not None:
         try:
             writable_folder(out)
         except OutputPathError as exc:
             raise ReportError(f"out: {exc}") from exc
-    prepared = prepare(
-        implementation, suite=suite, cases=cases, tags=tags, dtype=dtype, paths=paths, case_files=case_files,
-        seed=seed, policy=policy, lowering=lowering,
-    )
-    run = prepared.run()
+    run = prepare(implementation, **selection).run()
     if out is not None:
         run.write_reports(out)
     return run

@@ -4,6 +4,8 @@ on one small float32 case through an external implementation and the reference."
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -127,3 +129,19 @@ def test_a_baseline_of_another_implementation_is_refused(good_run, tmp_path, cap
     assert "belongs to implementation 'independent'" in capsys.readouterr().err
     with pytest.raises(harness.BaselineError, match="built-in paths' baseline"):
         harness.gate(good_run, ROOT / "baselines" / "default.csv")
+
+
+def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(tmp_path, capsys):
+    code = cli_main(["baseline", "--impl", GOOD, "--cases", CASE, "--out", str(tmp_path / "run"),
+                     "--to", str(tmp_path / "mine.csv")])
+    assert code == 0, capsys.readouterr().err
+    assert load_baseline(tmp_path / "mine.csv").implementation == "wrapped_reference"
+    assert load_run(tmp_path / "run").manifest.request.paths == ("reference/*", "wrapped_reference/*")
+    assert cli_main(["baseline", "--impl", "no_such_module:factory", "--out", str(tmp_path / "x")]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
+
+
+def test_baseline_from_a_run_and_gate_still_load_no_jax():
+    code = ("import sys, harness, harness.cli, harness.baseline_command, reports.commands\n"
+            "assert 'jax' not in sys.modules, 'jax was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

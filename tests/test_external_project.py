@@ -9,6 +9,7 @@ a subprocess started in the copy, whose sys.path holds the copy and site-package
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -70,6 +71,16 @@ def test_the_copy_sees_the_installed_package_not_the_checkout(project):
     assert str(ROOT) not in json.loads(found)  # harness comes from the installed distribution
     assert subprocess.run([sys.executable, "-c", "import tests.external_impls"], cwd=project, env=_env(),
                           capture_output=True).returncode != 0
+
+
+def test_the_plugin_is_the_installed_entry_point_registered_once(request):
+    import harness.pytest_plugin as plugin
+
+    names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
+    assert names.get("harness.pytest_plugin") == "harness.pytest_plugin"
+    manager = request.config.pluginmanager
+    registered = [name for name, p in manager.list_name_plugin() if p is plugin]
+    assert registered == ["harness.pytest_plugin"]  # the conftest.py line did not register it again
 
 
 def test_without_an_implementation_the_plugin_is_off(project):

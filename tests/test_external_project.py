@@ -121,6 +121,14 @@ def test_the_baseline_loop_in_a_user_repository(project):
     assert "gate FAIL" in broken.stdout and "regression" in broken.stdout
 
 
+def test_the_options_select_the_suite_and_dtype_with_case_and_comparison_ids(project):
+    proc = _pytest(project, "--collect-only", "--parity-suite", "smoke", "--parity-dtype", "bf16", select=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    ids = [line for line in proc.stdout.splitlines() if "::test_parity[" in line]
+    assert ids and all("-bf16-" in line for line in ids)
+    assert {line.rsplit("::", 1)[1].rstrip("]") for line in ids} == {"vs_oracle", "vs_reference"}
+
+
 def test_a_bad_implementation_spec_is_a_one_line_usage_error(project):
     proc = _pytest(project, "--parity-impl", "my_mhc.kernel:no_such_factory")
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR

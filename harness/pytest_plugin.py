@@ -35,15 +35,18 @@ import dataclasses
 import json
 import os
 import pathlib
+from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.api import ParityError, PreparedRun, gate, prepare
 from harness.env import ensure_host_devices
 from harness.summary import rows_table
 from reports.rows import parse_float
 from reports.schema import FLOAT_COLUMNS, OK_VERDICTS
 from reports.writers import json_ready
+
+if TYPE_CHECKING:
+    from harness.api import PreparedRun
 
 DEFAULT_SUITE = "smoke"
 # Key of the rows a pytest-xdist worker sends its controller (`config.workeroutput`).
@@ -110,6 +113,9 @@ class ParitySession:
     def prepared(self) -> PreparedRun:
         """The checked run configuration (prepared on first use; ParityError as a usage error)."""
         if self._prepared is None:
+            # Here, not at the top: an installed plugin that is off loads no JAX into a pytest run.
+            from harness.api import ParityError, prepare
+
             try:
                 self._prepared = prepare(self.implementation, suite=self.suite, dtype=self.dtype)
             except ParityError as exc:
@@ -151,6 +157,8 @@ class ParitySession:
         if the gate failed or could not judge the rows."""
         if not self.rows_by_case or not (self.report or self.baseline):
             return True
+        from harness.api import ParityError, gate  # loaded already: `prepared` imported it
+
         cases = [c for c in self.prepared.cases if c.name in self.rows_by_case]
         run = self.prepared.result([r for c in cases for r in self.rows_by_case[c.name]], cases=cases)
         try:

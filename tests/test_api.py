@@ -141,7 +141,7 @@ def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(t
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
 
 
-def test_baseline_from_a_run_and_gate_still_load_no_jax():
-    code = ("import sys, harness, harness.cli, harness.baseline_command, reports.commands\n"
+def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
+    code = ("import sys, harness, harness.cli, harness.baseline_command, harness.pytest_plugin, reports.commands\n"
             "assert 'jax' not in sys.modules, 'jax was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -36,6 +36,7 @@ DEFERRED_IMPORTS = {
     ("reports/html.py", "reports.plots"): "matplotlib loads only when a report is drawn",
     ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
     ("harness/baseline_command.py", "harness.api"): "`baseline --from` must not load JAX; `--impl` runs",
+    ("harness/pytest_plugin.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
 }
 
 

@@ -29,6 +29,7 @@ and `<name>/*`, no TPU-lowering rows (those are of this project's kernels); pass
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +62,7 @@ ImplementationLike = str | Implementation | Any
 # What an in-memory run is called where a file name would be (messages, LoadedRun.source).
 IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ParityRun:
     """A finished parity run: its rows, the run metadata and the complete manifest.
@@ -74,9 +76,10 @@ class ParityRun:
     manifest: Manifest
     implementations: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property
     def rows(self) -> pd.DataFrame:
-        """Every row as a typed DataFrame (columns in `reports.schema.ROW_COLUMNS` order)."""
+        """Every row as a typed DataFrame (columns in `reports.schema.ROW_COLUMNS` order); built
+        once and shared, so copy it before changing it in place."""
         return to_frame(list(self.records), source="run rows")
 
     @property

@@ -246,7 +246,11 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
 
 def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
     """The arguments of `baseline --from RUN` (`harness.baseline_command` adds the run of `--impl`)."""
-    parser = argparse.ArgumentParser(prog=prog, description="Write a finished parity run as the baseline CSV.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Write a finished parity run as the baseline CSV.",
+        epilog="Without --from, --impl MODULE:FACTORY runs the implementation first: "
+               "[--suite S] [--cases GLOB...] [--dtype D] [--case-file F] [--out DIR] [--to PATH].",
+    )
     parser.add_argument("--from", dest="source", type=Path, default=DEFAULT_RUN_FOLDER,
                         help=f"folder or report.json of a finished run (default: {DEFAULT_RUN_FOLDER})")
     parser.add_argument("--to", dest="target", type=Path, default=None,

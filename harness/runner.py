@@ -87,6 +87,11 @@ class Runner:
         # Seconds spent outside the paths' own compile/execute, for the benchmark.
         self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
 
+    def oracle_counts(self) -> dict:
+        """How many oracle answers this runner computed and loaded from the disk cache."""
+        misses, hits = getattr(self.oracle, "misses", None), getattr(self.oracle, "hits", None)
+        return {} if misses is None else {"oracle_computed": misses, "oracle_cached": hits}
+
     # -- one path ------------------------------------------------------------------
 
     def _skip_reason(self, path: Path, case) -> str:

@@ -36,7 +36,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", "host_cpu_devices", "matmul_precision",
                     "jax_version", "jaxlib_version", "flax_version", "numpy_version")
 # Metadata summed over the shards (seconds and counts of work done).
-SUMMED_KEYS = ("fixtures_s", "oracle_s", "lowering_s", "oracle_computed", "oracle_cached", "resumed_cases")
+SUMMED_KEYS = ("fixtures_s", "oracle_s", "lowering_s", "oracle_computed", "oracle_cached", "programs_compiled",
+               "programs_loaded", "resumed_cases")
 
 
 class MergeError(Exception):

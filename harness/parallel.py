@@ -2,7 +2,7 @@
 
 `ParallelRunner` has the `harness.runner.Runner` interface the run command uses
 (`run(cases, plan)` yielding (case, rows) in the cases' order, `timings`,
-`oracle_counts()`), so everything after it — the row stream, the manifest, the reports,
+`work_counts()`), so everything after it — the row stream, the manifest, the reports,
 Ctrl-C — is the single-process run's. Each case goes to the next free worker; its rows
 are what a single process would make (every row is a function of the case, its fixture,
 the oracle and the compiled programs, none of which depend on the process), and they are
@@ -60,12 +60,12 @@ def _start_worker(spec: _WorkerSpec) -> None:
 
 
 def _run_case(case) -> tuple[list[dict], dict, dict]:
-    """One case in a worker: its rows, and the seconds and oracle lookups it added."""
+    """One case in a worker: its rows, and the seconds and counts (`Runner.work_counts`) it added."""
     runner: Runner = _WORKER["runner"]
-    timings, counts = dict(runner.timings), runner.oracle_counts()
+    timings, counts = dict(runner.timings), runner.work_counts()
     rows = list(runner.run_case(case, _WORKER["plan"]))
     added_timings = {k: v - timings[k] for k, v in runner.timings.items()}
-    added_counts = {k: v - counts[k] for k, v in runner.oracle_counts().items()}
+    added_counts = {k: v - counts[k] for k, v in runner.work_counts().items()}
     return rows, added_timings, added_counts
 
 
@@ -88,9 +88,10 @@ class ParallelRunner:
         self.policy = policy
         self.jobs = jobs
         self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
-        self._counts = {"oracle_computed": 0, "oracle_cached": 0}
+        self._counts: dict[str, int] = {}
 
-    def oracle_counts(self) -> dict:
+    def work_counts(self) -> dict:
+        """`Runner.work_counts` summed over the workers."""
         return dict(self._counts)
 
     def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,

@@ -289,7 +289,7 @@ def _metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
         resumed_cases=len(done),
         jobs=getattr(runner, "jobs", 1),
         **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
-        **runner.oracle_counts(),
+        **runner.work_counts(),
     )
     return metadata
 

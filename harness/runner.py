@@ -32,6 +32,7 @@ from harness.lowering import lowering_rows
 from harness.oracle_cache import OracleCache
 from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache
 from harness.plan import PathPlan, comparisons_of
+from harness.run_info import compile_counts
 from harness.policy import Policy
 from mhc.common import UnsupportedInputError
 from mhc.precision import device_compute_capability
@@ -87,10 +88,13 @@ class Runner:
         # Seconds spent outside the paths' own compile/execute, for the benchmark.
         self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
 
-    def oracle_counts(self) -> dict:
-        """How many oracle answers this runner computed and loaded from the disk cache."""
-        misses, hits = getattr(self.oracle, "misses", None), getattr(self.oracle, "hits", None)
-        return {} if misses is None else {"oracle_computed": misses, "oracle_cached": hits}
+    def work_counts(self) -> dict:
+        """Oracle answers computed and loaded from the disk cache by this runner, and
+        programs this process compiled and loaded (`harness.run_info.compile_counts`)."""
+        counts = compile_counts()
+        if hasattr(self.oracle, "misses"):
+            counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
+        return counts
 
     # -- one path ------------------------------------------------------------------
 

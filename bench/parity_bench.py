@@ -194,10 +194,9 @@ def main(argv=None) -> int:
                 loads.append(f"before {scenario} --jobs {jobs}: {load_note()}")
                 results[(scenario, jobs)] = run_once(args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs,
                                                      project if scenario == "edit" else ROOT)
-                print(f"bench: {scenario} --jobs {jobs}: {results[(scenario, jobs)]['process_wall_s']:.1f} s",
-                      file=sys.stderr, flush=True)
-    for (scenario, jobs), figures in results.items():
-        print_run(f"{scenario} ({args.suite}, --jobs {jobs})", figures)
+                # printed as it comes: a long benchmark's first figures are usable before it ends
+                print_run(f"{scenario} ({args.suite}, --jobs {jobs}; {loads[-1]})", results[(scenario, jobs)])
+                sys.stdout.flush()
     print_sharpness(results[("warm", args.jobs[0])]["sharpness"])
     print("\nmachine load while measuring (the walls are only comparable on a quiet machine):")
     for line in loads:

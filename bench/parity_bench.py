@@ -1,24 +1,43 @@
-"""Benchmark `python -m harness run` on a suite: cold and warm wall time, where it goes.
+"""Benchmark `python -m harness run` on a suite: cold, warm and after a kernel edit, where the time goes.
 
-Usage (from the project root):  .venv/bin/python bench/parity_bench.py [--suite default]
+Usage (from the project root):
+    .venv/bin/python bench/parity_bench.py [--suite default] [--jobs 1 2]
 
-Runs the CLI twice in subprocesses sharing one fresh cache folder (MHC_PARITY_CACHE):
-the first run is cold (no fixtures, no persistent compilation cache), the second warm.
-For each it prints the process wall time, the runner's wall time, the share spent
-compiling and executing the paths' programs, in the oracle, fixtures and TPU lowering,
-the rest (metrics, policy, row I/O: the harness overhead), the report-writing time, and
-the peak resident memory of the run; then the sharpness of the bounds (bound usage of
-the passing rows per comparison × activation dtype). Targets (issue 5): cold < 300 s, warm < 90 s,
-harness overhead < 10% of wall.
+For each --jobs value, three CLI runs in subprocesses share one fresh cache folder
+(MHC_PARITY_CACHE: fixtures, oracle answers, JAX's persistent compilation cache):
+
+  cold   nothing cached;
+  warm   the same suite again, nothing changed;
+  edit   one kernel file changed: a copy of the project's sources in a temporary folder
+         in which `mhc/kernels/forward.py`'s post-forward kernel body multiplies its
+         output by 1 (exact, so no number moves, but the program text changes). A comment
+         would not do: JAX keys its cache on the program with debug information stripped,
+         so a comment edit recompiles nothing. Every program that contains the
+         post-forward kernel (the interpret paths and their TPU lowering) recompiles; the
+         reference programs, fixtures and oracle answers come from the cache.
+
+For each run it prints the process wall time and its shares: compiling and executing
+the paths' programs (from the rows' compile_s / execute_s), the float64 oracle, fixtures,
+TPU lowering, process start-up plus report writing, and the rest of the runner's time
+(metrics, policy, row I/O: harness overhead); with --jobs N > 1 the component times are
+summed over the workers and shown as a share of N x the runner's wall time (worker
+time). Also: peak resident memory (the largest single process), the programs XLA
+compiled and those loaded from the persistent cache, the oracle answers computed and
+loaded, and the sharpness of the bounds. Targets (issue 14, 2-core machine): warm <= 15 s,
+edit <= 45 s, cold <= 120 s, overhead (everything but compile, execute, oracle and
+lowering) < 10% of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import pathlib
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,35 +48,78 @@ sys.path.insert(0, str(ROOT))
 
 from reports.text import format_number, format_text_table  # noqa: E402 - after the project is on the path
 
+# The sources a run imports (copied for the "edit" run) and the edit itself.
+SOURCE_DIRS = ("mhc", "cases", "harness", "reports")
+EDITED_FILE = "mhc/kernels/forward.py"
+EDIT_FROM = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...])\n"
+EDIT_TO = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...]) * 1\n"
+TARGETS = {"cold": 120.0, "warm": 15.0, "edit": 45.0}
+OVERHEAD_TARGET_PERCENT = 10.0
+
+
+def _seconds(value) -> float:
+    """A timing cell as seconds: status rows (a path that did not run) hold nan, written "nan"."""
+    seconds = value if isinstance(value, (int, float)) else 0.0
+    return 0.0 if math.isnan(seconds) else float(seconds)
+
 
 def _row_seconds(rows: list[dict]) -> tuple[float, float]:
     """Compile and execute seconds, counted once per (case, candidate path)."""
     seen = {}
     for row in rows:
         if row["comparison"] in ("vs_oracle", "vs_reference", "vs_unsharded"):
-            seen[(row["case"], row["candidate"])] = (row["compile_s"] or 0.0, row["execute_s"] or 0.0)
+            seen[(row["case"], row["candidate"])] = (_seconds(row["compile_s"]), _seconds(row["execute_s"]))
     return sum(c for c, _ in seen.values()), sum(e for _, e in seen.values())
 
 
-def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path) -> dict:
-    """One CLI run in a child process; returns its figures."""
+# Runs the command given as arguments and prints the largest resident memory of any of its
+# processes (ru_maxrss of the waited-for descendants, KiB on Linux): one fresh wrapper per
+# run, so each run's peak is its own.
+_PEAK_PREFIX = "bench-peak-kib "
+_PEAK_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    f"print({_PEAK_PREFIX!r} + str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss), file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+def edited_copy(destination: pathlib.Path) -> pathlib.Path:
+    """A copy of the project's sources with the one-kernel-file edit applied."""
+    for folder in SOURCE_DIRS:
+        shutil.copytree(ROOT / folder, destination / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    target = destination / EDITED_FILE
+    text = target.read_text()
+    if text.count(EDIT_FROM) != 1:
+        raise SystemExit(f"bench: cannot apply the kernel edit: {EDITED_FILE} no longer has the line {EDIT_FROM!r}")
+    target.write_text(text.replace(EDIT_FROM, EDIT_TO))
+    return destination
+
+
+def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, project: pathlib.Path = ROOT) -> dict:
+    """One CLI run in a child process (from `project`'s sources); returns its figures."""
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    command = [sys.executable, "-m", "harness", "run", "--suite", suite, "--out", str(out), "--quiet", "--jobs",
+               str(jobs)]
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--suite", suite, "--out", str(out), "--quiet"],
-        cwd=ROOT, env=env, capture_output=True, text=True,
-    )
+    proc = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, *command], cwd=project, env=env, capture_output=True,
+                          text=True)
     process_wall = time.perf_counter() - start
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak_kib = int(proc.stderr.strip().splitlines()[-1].removeprefix(_PEAK_PREFIX))
     if proc.returncode not in (0, 1):
         raise SystemExit(f"harness run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     report = json.loads((out / "report.json").read_text())
+    if project != ROOT:  # the run really used the edited copy
+        recorded = report["manifest"]["code_files"][EDITED_FILE]
+        if recorded != hashlib.sha256((project / EDITED_FILE).read_bytes()).hexdigest():
+            raise SystemExit("bench: the edit run did not use the edited sources")
     meta = report["metadata"]
     compile_s, execute_s = _row_seconds(report["rows"])
     runner_wall = meta["wall_seconds"]
+    worker_wall = jobs * runner_wall
     accounted = compile_s + execute_s + meta["oracle_s"] + meta["fixtures_s"] + meta["lowering_s"]
     return {
+        "jobs": jobs,
         "exit_code": proc.returncode,
         "process_wall_s": process_wall,
         "runner_wall_s": runner_wall,
@@ -66,25 +128,45 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path) -> dict:
         "oracle_s": meta["oracle_s"],
         "fixtures_s": meta["fixtures_s"],
         "lowering_s": meta["lowering_s"],
-        "overhead_s": max(runner_wall - accounted, 0.0),
+        "overhead_s": max(worker_wall - accounted, 0.0),
         "startup_and_reports_s": process_wall - runner_wall,
-        # ru_maxrss of children is the largest child so far (KiB on Linux).
-        "peak_rss_mib": max(peak_kib, before) / 1024,
+        "peak_rss_mib": peak_kib / 1024,
+        "programs_compiled": meta.get("programs_compiled"),
+        "programs_loaded": meta.get("programs_loaded"),
+        "oracle_computed": meta.get("oracle_computed"),
+        "oracle_cached": meta.get("oracle_cached"),
         "rows": len(report["rows"]),
         "sharpness": report["summary"].get("sharpness", []),
     }
 
 
-def _print(label: str, figures: dict) -> None:
-    wall = figures["process_wall_s"]
-    print(f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})")
-    keys = ("compile_s", "execute_s", "oracle_s", "fixtures_s", "lowering_s", "overhead_s", "startup_and_reports_s")
-    body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / wall:.1f}%"] for key in keys]
-    body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", ""])
+def overhead_percent(figures: dict) -> float:
+    """Fixtures, start-up, reports and the runner's own work, as a share of the wall time.
+
+    With jobs > 1 the runner's overhead is worker time (jobs x wall), so it is scaled back
+    to the wall by 1/jobs.
+    """
+    spent = figures["fixtures_s"] / figures["jobs"] + figures["overhead_s"] / figures["jobs"]
+    return 100 * (spent + figures["startup_and_reports_s"]) / figures["process_wall_s"]
+
+
+def print_run(label: str, figures: dict) -> None:
+    wall, jobs = figures["process_wall_s"], figures["jobs"]
+    basis = wall if jobs == 1 else jobs * figures["runner_wall_s"]
+    print(f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
+          + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)"))
+    keys = ("compile_s", "execute_s", "oracle_s", "fixtures_s", "lowering_s", "overhead_s")
+    body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / basis:.1f}%"] for key in keys]
+    body.append(["startup_and_reports", f"{figures['startup_and_reports_s']:.1f} s",
+                 f"{100 * figures['startup_and_reports_s'] / wall:.1f}% of wall"])
+    body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", "largest process"])
+    body.append(["programs compiled / loaded", f"{figures['programs_compiled']} / {figures['programs_loaded']}",
+                 "XLA / persistent cache"])
+    body.append(["oracle computed / cached", f"{figures['oracle_computed']} / {figures['oracle_cached']}", "cases"])
     print(format_text_table(["where", "time", "share"], body, indent="  "))
 
 
-def _print_sharpness(groups: list[dict]) -> None:
+def print_sharpness(groups: list[dict]) -> None:
     """Bound usage of the passing rows per comparison x activation dtype (how sharp the bounds are)."""
     print("\nsharpness (bound usage of passing rows)")
     body = [[g["comparison"], g["act_dtype"], g["passing"],
@@ -92,23 +174,39 @@ def _print_sharpness(groups: list[dict]) -> None:
     print(format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  "))
 
 
+def load_note() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} CPUs"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="default")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="--jobs values to measure (default 1 2)")
     args = parser.parse_args(argv)
+    results, loads = {}, []
     with tempfile.TemporaryDirectory(prefix="mhc-bench-") as tmp:
         tmp_path = pathlib.Path(tmp)
-        cold = run_once(args.suite, tmp_path / "cache", tmp_path / "cold")
-        warm = run_once(args.suite, tmp_path / "cache", tmp_path / "warm")
-    _print(f"cold ({args.suite})", cold)
-    _print(f"warm ({args.suite})", warm)
-    _print_sharpness(warm["sharpness"])
-    # Harness overhead: work that is neither a path's program nor the oracle nor lowering.
-    overhead_share = 100 * (warm["overhead_s"] + warm["fixtures_s"]) / warm["process_wall_s"]
-    print(
-        f"\ntargets: cold {cold['process_wall_s']:.0f} s (< 300), warm {warm['process_wall_s']:.0f} s (< 90), "
-        f"harness overhead {overhead_share:.1f}% of warm wall (< 10)"
-    )
+        project = edited_copy(tmp_path / "edited-project")
+        for jobs in args.jobs:
+            cache = tmp_path / f"cache-jobs{jobs}"
+            for scenario in ("cold", "warm", "edit"):
+                loads.append(f"before {scenario} --jobs {jobs}: {load_note()}")
+                results[(scenario, jobs)] = run_once(args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs,
+                                                     project if scenario == "edit" else ROOT)
+                # printed as it comes: a long benchmark's first figures are usable before it ends
+                print_run(f"{scenario} ({args.suite}, --jobs {jobs}; {loads[-1]})", results[(scenario, jobs)])
+                sys.stdout.flush()
+    print_sharpness(results[("warm", args.jobs[0])]["sharpness"])
+    print("\nmachine load while measuring (the walls are only comparable on a quiet machine):")
+    for line in loads:
+        print(f"  {line}")
+    print("\ntargets:")
+    for (scenario, jobs), figures in results.items():
+        wall = figures["process_wall_s"]
+        print(f"  {scenario:<5} --jobs {jobs}: {wall:6.1f} s (target <= {TARGETS[scenario]:.0f} s: "
+              f"{'met' if wall <= TARGETS[scenario] else 'MISSED'}), harness overhead {overhead_percent(figures):.1f}% "
+              f"(< {OVERHEAD_TARGET_PERCENT:.0f}%: {'met' if overhead_percent(figures) < OVERHEAD_TARGET_PERCENT else 'MISSED'})")
     return 0
 
 

@@ -105,7 +105,7 @@ class Fixture:
 
     @functools.cached_property
     def _digest(self) -> str:
-        return _digest_arrays(self.arrays())
+        return digest_arrays(self.arrays())
 
     def digest(self) -> str:
         """sha256 (hex) of every array's role, dtype, shape and bytes: equal iff bit-identical."""
@@ -137,7 +137,8 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _digest_arrays(arrays: dict[str, np.ndarray]) -> str:
+def digest_arrays(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 (hex) over every array's role, dtype, shape and bytes, in the mapping's order."""
     h = hashlib.sha256()
     for role, array in arrays.items():
         array = np.ascontiguousarray(array)
@@ -146,7 +147,8 @@ def _digest_arrays(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _array_sha256(array: np.ndarray) -> str:
+def array_sha256(array: np.ndarray) -> str:
+    """sha256 (hex) of one array's bytes (C order)."""
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
@@ -235,7 +237,7 @@ def _serialize(fixture: Fixture) -> bytes:
         "key": cache_key_material(fixture.case),
         "digest": fixture.digest(),
         "arrays": {
-            role: {"dtype": a.dtype.name, "shape": list(a.shape), "sha256": _array_sha256(a)}
+            role: {"dtype": a.dtype.name, "shape": list(a.shape), "sha256": array_sha256(a)}
             for role, a in arrays.items()
         },
     }
@@ -270,7 +272,7 @@ def _deserialize(case: Case, path: Path) -> Fixture:
         if bits.dtype != _BIT_VIEWS[dtype_name] or bits.shape != tuple(shape):
             raise CorruptFixtureError(f"{role}: stored {bits.dtype} {bits.shape}, expected {dtype_name} {shape}")
         array = bits.view(_NUMPY_DTYPES[dtype_name])
-        if _array_sha256(array) != meta.get("sha256"):
+        if array_sha256(array) != meta.get("sha256"):
             raise CorruptFixtureError(f"{role}: checksum mismatch")
         arrays[role] = _readonly(array)
     fixture = Fixture(
@@ -285,7 +287,9 @@ def _deserialize(case: Case, path: Path) -> Fixture:
     return fixture
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file renamed into place: readers (other
+    processes included) see the old file or the whole new one, never a partial one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
@@ -329,7 +333,7 @@ def make_fixture(case: Case, cache_dir: str | os.PathLike | None = None, *, use_
         log.warning("fixture cache entry %s for case %r is invalid (%s); regenerating", path, case.name, error)
     fixture = generate_fixture(case)
     try:
-        _atomic_write(path, _serialize(fixture))
+        atomic_write(path, _serialize(fixture))
     except OSError as error:
         log.warning("could not write fixture cache entry %s: %s", path, error)
     return fixture

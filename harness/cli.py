@@ -9,6 +9,8 @@
   policy    the tolerance policy, checked; --table / --markdown: every resolved bound
                                                               (harness.policy_table)
   faults    the kill matrix and the false-positive sweep     (harness.faults.cli)
+  merge     the run folders of `run --shard K/N` joined into one run
+                                                              (harness.merge_command)
 
 Exit codes: 0 success; 1 a parity failure (a failing row, a failing gate, a surviving
 fault); 2 a usage or configuration error, one line on stderr naming the problem; 130
@@ -34,6 +36,7 @@ COMMANDS = {
     "render": ("reports.commands:render_main", "write every report format again from a finished run"),
     "policy": ("harness.policy_table:main", "check the tolerance policy; print every resolved bound"),
     "faults": ("harness.faults.cli:main", "the fault kill matrix, or with --seeds the false-positive sweep"),
+    "merge": ("harness.merge_command:main", "join the run folders of `run --shard K/N` into one run"),
 }
 
 

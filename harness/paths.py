@@ -253,16 +253,28 @@ NOISE_SAMPLES = 4
 NOISE_STREAM = 0x5E45
 
 
-def _oracle_leaves(case, fixture, rounding_noise=None) -> dict[str, np.ndarray]:
-    result = oracle.run_oracle(
-        fixture.x, fixture.weights, get_branch(case.branch).apply, fixture.branch_params,
-        fixture.cotangent, case.mhc_config(), rounding_noise=rounding_noise,
-    )
+def _named_leaves(result: oracle.OracleResult) -> dict[str, np.ndarray]:
+    """An `OracleResult` as leaves named like a path's."""
     leaves = {name: result.forward[name] for name in FORWARD_LEAVES}
     leaves["d_x"] = result.d_x
     leaves.update({weight_leaf(k): v for k, v in result.d_weights.items()})
     leaves.update({branch_leaf(k): v for k, v in result.d_branch.items()})
     return leaves
+
+
+def _oracle_arguments(case, fixture) -> tuple:
+    return (fixture.x, fixture.weights, get_branch(case.branch).apply, fixture.branch_params, fixture.cotangent,
+            case.mhc_config())
+
+
+def noise_seeds(case) -> tuple[int, ...]:
+    """The seeds of the case's `NOISE_SAMPLES` rounding draws."""
+    return tuple((case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31 for sample in range(NOISE_SAMPLES))
+
+
+def noise_units(case) -> dict[str, float]:
+    """The unit roundoff of every precision class of the case's rounding draws (`mhc.oracle.unit_roundoffs`)."""
+    return oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
 
 
 def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
@@ -292,17 +304,18 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     The sensitivity draws use the mixed-precision rounding model of `mhc.oracle`
     (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
     implementation may hold it in, for the case's activation and weight dtypes and the
-    operand rounding its matmul precision implies on this backend.
+    operand rounding its matmul precision implies on this backend. The exact oracle is one
+    compiled program; the `NOISE_SAMPLES` draws are another (`mhc.oracle.run_oracle_draws`,
+    vmapped over the draw keys), run once.
     """
     start = time.perf_counter()
-    exact = _oracle_leaves(case, fixture)
-    units = oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
+    arguments = _oracle_arguments(case, fixture)
+    exact = _named_leaves(oracle.run_oracle(*arguments))
+    draws = oracle.run_oracle_draws(*arguments, seeds=noise_seeds(case), units=noise_units(case))
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
-    for sample in range(NOISE_SAMPLES):
-        seed = (case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31
-        noisy = _oracle_leaves(case, fixture, (seed, units))
-        for name, value in noisy.items():
+    for draw in draws:
+        for name, value in _named_leaves(draw).items():
             deviations[name].append(_relative_deviation(value, exact[name]))
             if name in systematic:
                 systematic[name].append(systematic_error(value, exact[name])[0])

@@ -27,7 +27,9 @@ from harness.implementations import BUILTIN, ImplementationError, load_externals
 from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
 from harness.policy import PolicyError, load_policy
 from harness.progress import DEFAULT_HEARTBEAT_S, Progress
+from harness.parallel import ParallelRunner, WorkerError
 from harness.runner import Runner
+from harness.shards import parse_shard, shard_cases
 from harness.summary import exit_code, print_summary
 from reports import ReportInputError, load_baseline, write_all
 from reports.commands import DEFAULT_RUN_FOLDER
@@ -63,6 +65,10 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
     p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
     p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run the cases in N worker processes (rows identical to one process)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run shard K of N of the selected cases (1 <= K <= N); `merge` joins the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_S, metavar="SECONDS",
                    help="without a terminal, print the running case at least this often "
@@ -124,8 +130,19 @@ def configure(args):
     return policy, externals, cases, plan
 
 
-def new_manifest(args, command_line: str, policy, externals, cases, plan):
-    """The "running" manifest of the run `args` asks for (configured by `configure`)."""
+def _take_shard(args, cases):
+    """(the cases this run makes, the whole selection if --shard took a share of it, else ())."""
+    if args.shard is None:
+        return cases, ()
+    try:
+        return shard_cases(cases, parse_shard(args.shard)), cases
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def new_manifest(args, command_line: str, policy, externals, cases, plan, selection=()):
+    """The "running" manifest of the run `args` asks for (configured by `configure`);
+    selection: the whole selection when `cases` is one --shard of it."""
     request = RunRequest(
         suite=args.suite, case_globs=_tuple_or_none(args.cases), tags=_tuple_or_none(args.tags), dtype=args.dtype,
         case_files=tuple(str(p) for p in args.case_file), seed=args.seed, paths=tuple(args.paths),
@@ -135,6 +152,7 @@ def new_manifest(args, command_line: str, policy, externals, cases, plan):
         request=request, cases=cases, path_names=plan.selected_names(cases), policy=policy,
         extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
         command_line=command_line,
+        shard=parse_shard(args.shard).label if selection else "", shard_of=selection,
     )
 
 
@@ -201,13 +219,17 @@ class _SignalsInterrupt:
 def _command_run(args, argv) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     policy, externals, cases, plan = configure(args)
+    cases, selection = _take_shard(args, cases)
     baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
     try:
         out = writable_folder(args.out)
     except OutputPathError as exc:
         raise UsageError(f"--out: {exc}") from exc
-    manifest = new_manifest(args, "python -m harness run " + shlex.join(argv), policy, externals, cases, plan)
+    manifest = new_manifest(args, "python -m harness run " + shlex.join(argv), policy, externals, cases, plan,
+                            selection)
     store = RowStore(out)
     manifest, rows, done = _open_run(store, manifest, resume=args.resume)
     enable_compilation_cache()
@@ -223,7 +245,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     """
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
-    runner = Runner(policy)
+    runner = Runner(policy) if args.jobs == 1 else ParallelRunner(policy, args.jobs)
     progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
                         heartbeat_s=args.heartbeat)
     signals = _SignalsInterrupt()
@@ -270,7 +292,9 @@ def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict
         suite=manifest.request.suite or "",
         case_count=len(cases),
         resumed_cases=len(done),
+        jobs=getattr(runner, "jobs", 1),
         **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
+        **runner.work_counts(),
     )
     return metadata
 
@@ -318,6 +342,9 @@ def main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except WorkerError as exc:  # the run stays unfinished, like a killed one: --resume finishes it
+        print(f"mhc-parity: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # before the run started computing (see _execute for after)
         print("\nmhc-parity: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -23,8 +23,34 @@ from reports.environment import format_precision_record
 from reports.manifest import PROJECT_ROOT
 
 
+# JAX's events for a program looked up in the persistent cache: found (loaded, not
+# compiled) or not (compiled by XLA, then stored).
+_COMPILE_EVENTS = {
+    "/jax/compilation_cache/cache_misses": "programs_compiled",
+    "/jax/compilation_cache/cache_hits": "programs_loaded",
+}
+_compile_counts = dict.fromkeys(_COMPILE_EVENTS.values(), 0)
+_counting = []  # non-empty once the listener is registered (once per process)
+
+
+def _count_compile_event(event: str, **kwargs) -> None:
+    name = _COMPILE_EVENTS.get(event)
+    if name is not None:
+        _compile_counts[name] += 1
+
+
+def compile_counts() -> dict[str, int]:
+    """Programs this process compiled with XLA and loaded from the persistent cache so far
+    (counted once `enable_compilation_cache` has run)."""
+    return dict(_compile_counts)
+
+
 def enable_compilation_cache() -> pathlib.Path:
-    """Turn on JAX's persistent compilation cache in the project cache folder."""
+    """Turn on JAX's persistent compilation cache in the project cache folder (and count
+    what it compiles and loads: `compile_counts`)."""
+    if not _counting:
+        jax.monitoring.register_event_listener(_count_compile_event)
+        _counting.append(True)
     path = cache_root() / "jax-compilation"
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))

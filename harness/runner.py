@@ -29,8 +29,10 @@ from cases.fixtures import make_fixture
 from harness.compare import compare_leaves, status_row
 from harness.devices import Placement, PlacementError, path_placement, precision_label
 from harness.lowering import lowering_rows
-from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache, run_oracle_path
+from harness.oracle_cache import OracleCache
+from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache
 from harness.plan import PathPlan, comparisons_of
+from harness.run_info import compile_counts
 from harness.policy import Policy
 from mhc.common import UnsupportedInputError
 from mhc.precision import device_compute_capability
@@ -76,14 +78,23 @@ class Runner:
     def __init__(self, policy: Policy, *, fixture_loader: Callable | None = None, cache: ProgramCache | None = None,
                  oracle: Callable | None = None):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
-        `cases.fixtures.make_fixture` and `harness.paths.run_oracle_path`; the kill matrix
-        passes loaders that compute each once for all its passes."""
+        `cases.fixtures.make_fixture` and `harness.oracle_cache.OracleCache()` (both cached
+        on disk by content); the kill matrix passes loaders that also keep each in memory
+        for all its passes."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
-        self.oracle = oracle or run_oracle_path
+        self.oracle = oracle or OracleCache()
         self.cache = cache or ProgramCache()
         # Seconds spent outside the paths' own compile/execute, for the benchmark.
         self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
+
+    def work_counts(self) -> dict:
+        """Oracle answers computed and loaded from the disk cache by this runner, and
+        programs this process compiled and loaded (`harness.run_info.compile_counts`)."""
+        counts = compile_counts()
+        if hasattr(self.oracle, "misses"):
+            counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
+        return counts
 
     # -- one path ------------------------------------------------------------------
 

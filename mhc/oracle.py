@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -366,12 +366,13 @@ def _units_key(units: Mapping[str, float] | None) -> tuple | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _oracle_program(branch_apply: BranchApply, config, units: tuple | None):
+def _oracle_program(branch_apply: BranchApply, config, units: tuple | None, batched: bool = False):
     """The jitted float64 forward + VJP for one branch and config (cached: shapes retrace).
 
     units None: the exact oracle; else ((class, unit roundoff), ...): every input and
     intermediate carries one simulated rounding per `ROUNDING_SITES`, drawn from the
-    `key` argument.
+    `key` argument. batched: `key` is a (draws,) array of keys and every output gains a
+    leading draws axis: all the noisy draws of a case in one compiled program.
     """
 
     def program(x, w, p, ct, key):
@@ -399,6 +400,9 @@ def _oracle_program(branch_apply: BranchApply, config, units: tuple | None):
         }
         return forward, d_x, d_layer_output, d_w, d_p
 
+    if batched:
+        # The inputs are shared by every draw; only the key varies.
+        return jax.jit(jax.vmap(program, in_axes=(None, None, None, None, 0)))
     return jax.jit(program)
 
 
@@ -425,23 +429,62 @@ def run_oracle(
     how far the rounding a correct implementation may make moves each leaf.
     """
     seed, units = rounding_noise or (0, None)
+    (result,) = _run_program(x, weights, branch_apply, branch_params, cotangent, config, _units_key(_as_units(units)),
+                             seeds=(seed,), batched=False)
+    return result
+
+
+def run_oracle_draws(
+    x,
+    weights,
+    branch_apply: BranchApply,
+    branch_params: Mapping[str, Any],
+    cotangent,
+    config,
+    *,
+    seeds: Sequence[int],
+    units: Mapping[str, float] | float,
+) -> list[OracleResult]:
+    """`run_oracle` with `rounding_noise=(seed, units)` for every seed, in one compiled program.
+
+    The draws are `jax.vmap`ped over their keys (the inputs are shared), so a case's
+    noisy draws compile and run once instead of once per draw; each result holds the
+    same random deltas as the corresponding single `run_oracle` call. Arguments as for
+    `run_oracle`; returns one `OracleResult` per seed, in order.
+    """
+    units_key = _units_key(_as_units(units))
+    if units_key is None:
+        raise ValueError("run_oracle_draws needs non-zero rounding units")
+    return _run_program(x, weights, branch_apply, branch_params, cotangent, config, units_key,
+                        seeds=tuple(seeds), batched=True)
+
+
+def _as_units(units):
+    """A single float stands for every precision class (0 or None: the exact oracle)."""
     if isinstance(units, (int, float)):
-        units = {c: float(units) for c in PRECISION_CLASSES} if units else None
+        return {c: float(units) for c in PRECISION_CLASSES} if units else None
+    return units
+
+
+def _run_program(x, weights, branch_apply, branch_params, cotangent, config, units_key, *, seeds, batched):
+    """Run the (batched) oracle program on the host CPU; one `OracleResult` per seed."""
     with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(_as_f64(cotangent))
-        program = _oracle_program(branch_apply, config, _units_key(units))
-        forward, d_x, d_layer_output, d_w, d_p = program(x64, w64, p64, ct64, jax.random.key(seed))
-        to_np = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
-        return OracleResult(
-            forward={k: to_np(v) for k, v in forward.items()},
-            d_x=to_np(d_x),
-            d_layer_output=to_np(d_layer_output),
-            d_weights={k: to_np(v) for k, v in d_w.items()},
-            d_branch={k: to_np(v) for k, v in d_p.items()},
-        )
+        program = _oracle_program(branch_apply, config, units_key, batched)
+        keys = jnp.stack([jax.random.key(s) for s in seeds]) if batched else jax.random.key(seeds[0])
+        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, keys))
+        if not batched:
+            return [_result(outputs)]
+        return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(seeds))]
+
+
+def _result(outputs) -> OracleResult:
+    forward, d_x, d_layer_output, d_w, d_p = outputs
+    return OracleResult(forward=dict(forward), d_x=d_x, d_layer_output=d_layer_output, d_weights=dict(d_w),
+                        d_branch=dict(d_p))
 
 
 def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array], config) -> dict[str, np.ndarray]:

@@ -169,11 +169,19 @@ class Manifest:
     cases_done: int = 0
     rows: int | None = None
     reason: str = ""
+    # A `--shard K/N` run: "K/N", and the whole selection it is a share of (names in
+    # order, and their selection digest); "" and () for a whole run.
+    shard: str = ""
+    shard_of: tuple[str, ...] = ()
+    shard_of_digest: str = ""
 
     @classmethod
     def new(cls, *, request: RunRequest, cases: Sequence, path_names: Iterable[str], policy, extra_code_files=(),
-            command_line: str) -> "Manifest":
-        """A fresh "running" manifest for `cases` (Case objects) under `policy`."""
+            command_line: str, shard: str = "", shard_of: Sequence = ()) -> "Manifest":
+        """A fresh "running" manifest for `cases` (Case objects) under `policy`.
+
+        shard: "K/N" when `cases` are shard K of N of the selection `shard_of` (Case objects).
+        """
         files = code_files(extra_code_files)
         stamp = now_iso()
         return cls(
@@ -181,6 +189,8 @@ class Manifest:
             selection_digest=selection_digest(cases), path_names=tuple(sorted(set(path_names))),
             policy_source=str(policy.source), policy_digest=policy.digest, code_digest=digest_of(files),
             code_files=tuple(files.items()), command_line=command_line, started=stamp, updated=stamp,
+            shard=shard, shard_of=tuple(c.name for c in shard_of),
+            shard_of_digest=selection_digest(shard_of) if shard else "",
         )
 
     # -- state transitions -----------------------------------------------------------
@@ -250,6 +260,8 @@ class Manifest:
             found.append("cases: " + ", ".join(parts))
         elif self.selection_digest != other.selection_digest:
             found.append("case specs differ under the same names (an edited case file?)")
+        if self.shard != other.shard:
+            found.append(f"shard: {self.shard or 'none'} -> {other.shard or 'none'}")
         request_fields = ("seed", "paths", "implementations", "lowering")
         for name in request_fields:
             before, after = getattr(self.request, name), getattr(other.request, name)
@@ -281,9 +293,11 @@ class Manifest:
         if problem:
             raise ManifestError(f"{where}: {problem}")
         try:
-            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data or f.name not in _LATER}
             fields["request"] = RunRequest.from_json(fields["request"])
-            for name in ("cases", "path_names", "resumed"):
+            for name in ("cases", "path_names", "resumed", "shard_of"):
+                if name not in fields:
+                    continue
                 fields[name] = tuple(str(v) for v in fields[name])
             fields["code_files"] = tuple(sorted((str(k), str(v)) for k, v in dict(fields["code_files"]).items()))
             manifest = cls(**fields)
@@ -301,7 +315,12 @@ class Manifest:
             "run_cases": len(self.cases),
             "selection_digest": self.selection_digest,
             "code_digest": self.code_digest,
+            **({"shard": self.shard} if self.shard else {}),
         }
+
+
+# Fields added after format version 1 was in use (with defaults): an older manifest lacks them.
+_LATER = frozenset({"shard", "shard_of", "shard_of_digest"})
 
 
 def format_problem(document: Any, *, name: str, version: int, what: str) -> str:

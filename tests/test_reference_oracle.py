@@ -135,6 +135,32 @@ def test_oracle_rounding_noise_measures_sensitivity_proportional_to_the_roundoff
     assert 2.0**14 < spreads[1] / spreads[0] < 2.0**18
 
 
+def test_batched_draws_equal_single_draws_to_float64_rounding():
+    """`run_oracle_draws` (one vmapped program) gives each seed's single-draw result: the same
+    random deltas, and at most a float64 reassociation of the contractions."""
+    config = MhcConfig(streams=4, embedding=128)
+    x = random_activations(SHAPE, dtype=jnp.bfloat16)
+    weights, params = random_weights(config), mlp_params(SHAPE[-1])
+    ct = random_activations(SHAPE, seed=7, dtype=jnp.bfloat16)
+    units = oracle.unit_roundoffs("bfloat16", "float32")
+    seeds = (11, 12, 13)
+    batched = oracle.run_oracle_draws(x, weights, tanh_mlp_branch, params, ct, config, seeds=seeds, units=units)
+    assert len(batched) == len(seeds)
+    exact = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config)
+    for seed, draw in zip(seeds, batched):
+        single = oracle.run_oracle(x, weights, tanh_mlp_branch, params, ct, config, rounding_noise=(seed, units))
+        for name in ("out", "h_post", "h_res"):
+            scale = np.max(np.abs(exact.forward[name]))
+            assert np.max(np.abs(draw.forward[name] - single.forward[name])) <= 1e-13 * scale, name
+            # ... while the draw itself moved the leaf by far more (the noise is there)
+            assert np.max(np.abs(draw.forward[name] - exact.forward[name])) > 1e-6 * scale, name
+        for name, grad in single.d_weights.items():
+            scale = np.max(np.abs(grad)) or 1.0
+            assert np.max(np.abs(draw.d_weights[name] - grad)) <= 1e-12 * scale, name
+    # different seeds draw different noise
+    assert not np.array_equal(batched[0].forward["out"], batched[1].forward["out"])
+
+
 # ------------------------------------------------------------ the mixed-precision rounding model
 
 

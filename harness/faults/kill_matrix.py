@@ -38,7 +38,8 @@ from harness.env import ensure_host_devices
 from harness.faults import BY_NAME
 from harness.faults.model import Perturbation
 from harness.implementations import BUILTIN, load_external
-from harness.paths import ProgramCache, run_oracle_path
+from harness.oracle_cache import OracleCache
+from harness.paths import ProgramCache
 from harness.plan import PathPlan
 from harness.policy import load_policy
 from harness.run_info import enable_compilation_cache
@@ -123,12 +124,14 @@ class SharedInputs:
     """Fixtures and float64 oracle results, computed once per case for every pass.
 
     Neither depends on the paths (`cases/` and the oracle import nothing a perturbation
-    patches), so no perturbation can change them.
+    patches), so no perturbation can change them. The oracle comes from the disk cache
+    (`harness.oracle_cache`) when an earlier run computed it.
     """
 
     def __init__(self):
         self._fixtures: dict = {}
         self._oracles: dict = {}
+        self._oracle_cache = OracleCache()
 
     def fixture(self, case):
         if case not in self._fixtures:
@@ -137,7 +140,7 @@ class SharedInputs:
 
     def oracle(self, case, fixture):
         if case not in self._oracles:
-            self._oracles[case] = run_oracle_path(case, fixture)
+            self._oracles[case] = self._oracle_cache(case, fixture)
         return self._oracles[case]
 
 

@@ -1,0 +1,201 @@
+"""`python -m harness merge OUT DIR...`: the run folders of `run --shard K/N` joined into one run.
+
+Every DIR must hold a complete shard run (`reports.manifest`), and the shards must be of
+one run: the same selection (names and spec digest), request (suite, globs, paths,
+implementations, seed, lowering), policy and code digests, and environment (backend,
+device kind, host devices, matmul-precision record, JAX / jaxlib / Flax / NumPy
+versions); their shard numbers must cover 1..N exactly once, and each must hold exactly
+its share of the selection (`harness.shards`). Anything else is a usage error: one line
+naming the problem, exit 2, and OUT is not touched.
+
+OUT then gets what one run of the whole selection writes: a complete manifest, the row
+stream, rows.csv, report.json, report.html and summary.md, rows in the selection's case
+order — so `gate`, `baseline` and `render` accept it like any run, and its rows.csv is
+the single run's apart from the timing columns. Exit 0 (merged; the parity verdict is the
+gate's or the reports' business, as for `render`). Never loads JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import shlex
+import sys
+import uuid
+
+from harness.shards import parse_shard, shard_names
+from reports import ReportInputError, write_all
+from reports.manifest import ManifestError, Manifest, now_iso, read_manifest, write_manifest
+from reports.outputs import OutputPathError, writable_folder
+from reports.sources import load_run
+from reports.store import RowStore, StoreError
+
+EXIT_OK, EXIT_USAGE = 0, 2
+# Report metadata that must agree between shards: where and with what the rows were made.
+ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", "host_cpu_devices", "matmul_precision",
+                    "jax_version", "jaxlib_version", "flax_version", "numpy_version")
+# Metadata summed over the shards (seconds and counts of work done).
+SUMMED_KEYS = ("fixtures_s", "oracle_s", "lowering_s", "oracle_computed", "oracle_cached", "programs_compiled",
+               "programs_loaded", "resumed_cases")
+
+
+class MergeError(Exception):
+    """Shards that cannot be merged; the message is the one line printed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRun:
+    """One shard's folder: its manifest, report metadata and rows (in run order)."""
+
+    folder: pathlib.Path
+    manifest: Manifest
+    metadata: dict
+    rows: list
+
+
+def read_shard(folder: pathlib.Path) -> ShardRun:
+    """A complete shard run from `folder`; MergeError naming the folder otherwise."""
+    try:
+        manifest = read_manifest(folder)
+        if manifest is None:
+            raise MergeError(f"{folder}: no manifest.json (not a run folder)")
+        manifest.require_complete(str(folder))
+        metadata = load_run(folder).metadata
+        rows, done = RowStore(folder).finished()
+    except (ManifestError, ReportInputError, StoreError, OSError) as exc:
+        raise MergeError(str(exc)) from None
+    if not manifest.shard:
+        raise MergeError(f"{folder}: a whole run, not a shard (made without --shard K/N)")
+    if len(rows) != manifest.rows or done != set(manifest.cases):
+        raise MergeError(f"{folder}: its row stream does not match its manifest ({len(rows)} rows, "
+                         f"manifest says {manifest.rows})")
+    return ShardRun(folder, manifest, metadata, rows)
+
+
+def _agreement_problem(first: ShardRun, other: ShardRun) -> str:
+    """Why `other` is not a shard of the same run as `first` ("" if it is)."""
+    a, b = first.manifest, other.manifest
+    checks = (
+        ("shard count", a.shard.split("/")[1], b.shard.split("/")[1]),
+        ("selection", a.shard_of, b.shard_of),
+        ("selection digest (case specs)", a.shard_of_digest, b.shard_of_digest),
+        ("request", a.request, b.request),
+        ("policy digest", a.policy_digest, b.policy_digest),
+        ("code digest", a.code_digest, b.code_digest),
+        *((f"environment {key}", first.metadata.get(key), other.metadata.get(key)) for key in ENVIRONMENT_KEYS),
+    )
+    for what, mine, theirs in checks:
+        if mine != theirs:
+            shown = (lambda v: str(v)[:60])  # noqa: E731
+            return f"{other.folder} is not a shard of the run in {first.folder}: {what} differs " \
+                   f"({shown(theirs)} vs {shown(mine)})"
+    return ""
+
+
+def check_shards(shards: list[ShardRun]) -> None:
+    """MergeError unless the shards are of one run and cover its selection exactly once."""
+    first = shards[0]
+    for other in shards[1:]:
+        problem = _agreement_problem(first, other)
+        if problem:
+            raise MergeError(problem)
+    count = int(first.manifest.shard.split("/")[1])
+    seen: dict[int, pathlib.Path] = {}
+    for shard in shards:
+        index = parse_shard(shard.manifest.shard).index
+        if index in seen:
+            raise MergeError(f"shard {shard.manifest.shard} given twice: {seen[index]} and {shard.folder}")
+        seen[index] = shard.folder
+        expected = shard_names(first.manifest.shard_of, parse_shard(shard.manifest.shard))
+        if set(shard.manifest.cases) != expected:
+            raise MergeError(f"{shard.folder}: holds cases {sorted(shard.manifest.cases)[:3]}..., not exactly "
+                             f"shard {shard.manifest.shard} of the selection")
+    missing = [f"{k}/{count}" for k in range(1, count + 1) if k not in seen]
+    if missing:
+        raise MergeError(f"shard(s) {', '.join(missing)} missing: {len(shards)} of {count} shards given")
+
+
+def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Manifest:
+    """The complete manifest of the whole selection, as one run of it would have."""
+    first = shards[0].manifest
+    stamp = now_iso()
+    return dataclasses.replace(
+        first, run_id=uuid.uuid4().hex, state="complete", cases=first.shard_of,
+        selection_digest=first.shard_of_digest,
+        path_names=tuple(sorted({name for s in shards for name in s.manifest.path_names})),
+        command_line=command_line, started=min(s.manifest.started for s in shards), updated=stamp,
+        finished=stamp, resumed=(), cases_done=len(first.shard_of), rows=rows, reason="",
+        shard="", shard_of=(), shard_of_digest="",
+    )
+
+
+def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
+    """The first shard's metadata with the times, sums and case count of the whole."""
+    metadata = dict(shards[0].metadata)
+    for key in ("run_id", "run_state", "run_cases", "selection_digest", "code_digest", "shard"):
+        metadata.pop(key, None)  # the merged manifest's identity replaces these
+    metadata.update(
+        command_line=command_line,
+        start_time=min(s.metadata.get("start_time", "") for s in shards),
+        end_time=max(s.metadata.get("end_time", "") for s in shards),
+        wall_seconds=max(s.metadata.get("wall_seconds", 0.0) for s in shards),
+        case_count=len(shards[0].manifest.shard_of),
+        merged_shards=", ".join(f"{s.manifest.shard} {s.manifest.run_id[:12]} ({s.metadata.get('platform', '')})"
+                                for s in sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)),
+    )
+    for key in SUMMED_KEYS:
+        values = [s.metadata[key] for s in shards if key in s.metadata]
+        if values:
+            metadata[key] = round(sum(values), 3)
+    return metadata
+
+
+def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> dict:
+    """Check the shards in `folders` and write the merged run into `out`; the report paths."""
+    resolved = {f.resolve() for f in folders}
+    if out.resolve() in resolved:
+        raise MergeError(f"OUT {out} is one of the shard folders; merge into another folder")
+    shards = [read_shard(folder) for folder in folders]
+    check_shards(shards)
+    try:
+        out = writable_folder(out)
+    except OutputPathError as exc:
+        raise MergeError(f"OUT: {exc}") from None
+    by_case: dict[str, list] = {}
+    for shard in shards:
+        for row in shard.rows:
+            by_case.setdefault(row["case"], []).append(row)
+    selection = shards[0].manifest.shard_of
+    rows = [row for case in selection for row in by_case.get(case, [])]
+    manifest = merged_manifest(shards, len(rows), command_line)
+    running = dataclasses.replace(manifest, state="running", finished="", rows=None, cases_done=0)
+    write_manifest(out, running)  # first: a kill from here on leaves a folder no reader accepts
+    store = RowStore(out)
+    store.start_fresh()
+    for case in selection:
+        store.append_case(case, by_case.get(case, []))
+    paths = write_all(rows, merged_metadata(shards, command_line), out, manifest=manifest)
+    write_manifest(out, manifest)  # last: the folder is now a complete run
+    return paths
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mhc-parity merge",
+                                     description="Join the run folders of `run --shard K/N` into one run.")
+    parser.add_argument("out", type=pathlib.Path, metavar="OUT", help="folder for the merged run")
+    parser.add_argument("shards", type=pathlib.Path, nargs="+", metavar="DIR", help="the shards' run folders")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    command_line = "python -m harness merge " + shlex.join(str(a) for a in argv)
+    try:
+        paths = merge(args.out, list(args.shards), command_line)
+    except MergeError as exc:
+        print(f"mhc-parity merge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"merged {len(args.shards)} shard(s) into {args.out}")
+    for fmt, path in paths.items():
+        print(f"{fmt:>8}: {path}")
+    return EXIT_OK

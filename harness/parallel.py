@@ -1,0 +1,139 @@
+"""`harness run --jobs N`: the runner's cases spread over N worker processes.
+
+`ParallelRunner` has the `harness.runner.Runner` interface the run command uses
+(`run(cases, plan)` yielding (case, rows) in the cases' order, `timings`,
+`work_counts()`), so everything after it — the row stream, the manifest, the reports,
+Ctrl-C — is the single-process run's. Each case goes to the next free worker; its rows
+are what a single process would make (every row is a function of the case, its fixture,
+the oracle and the compiled programs, none of which depend on the process), and they are
+yielded in selection order, so the row stream and the reports are identical apart from
+the timing columns.
+
+Workers are spawned (never forked: a forked JAX runtime is unsafe) and call
+`harness.env.ensure_host_devices()` before JAX starts, then turn on the persistent
+compilation cache, so workers share compiled programs, fixtures and oracle answers
+through the cache folder. They ignore SIGINT: the parent handles Ctrl-C (and SIGTERM) as
+a single-process run does and terminates them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import signal
+from typing import Iterable, Iterator
+
+from harness.env import ensure_host_devices
+from harness.implementations import BUILTIN, load_externals
+from harness.plan import PathPlan
+from harness.run_info import enable_compilation_cache
+from harness.runner import Runner, StepCallback
+
+
+class WorkerError(RuntimeError):
+    """A worker process died without an answer (killed, or crashed in native code)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _WorkerSpec:
+    """What a worker needs to rebuild the parent's runner and plan (all picklable)."""
+
+    policy: object
+    impl_specs: tuple[str, ...]
+    path_globs: tuple[str, ...]
+    lowering: bool
+
+
+_WORKER: dict = {}
+
+
+def _start_worker(spec: _WorkerSpec) -> None:
+    """A worker's initializer: XLA flags before JAX starts, caches on, runner and plan built."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ensure_host_devices()
+    enable_compilation_cache()
+    externals = load_externals(spec.impl_specs)
+    _WORKER["runner"] = Runner(spec.policy)
+    _WORKER["plan"] = PathPlan(implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs,
+                               lowering=spec.lowering)
+
+
+def _run_case(case) -> tuple[list[dict], dict, dict]:
+    """One case in a worker: its rows, and the seconds and counts (`Runner.work_counts`) it added."""
+    runner: Runner = _WORKER["runner"]
+    timings, counts = dict(runner.timings), runner.work_counts()
+    rows = list(runner.run_case(case, _WORKER["plan"]))
+    added_timings = {k: v - timings[k] for k, v in runner.timings.items()}
+    added_counts = {k: v - counts[k] for k, v in runner.work_counts().items()}
+    return rows, added_timings, added_counts
+
+
+def _spec(policy, plan: PathPlan) -> _WorkerSpec:
+    builtin = set(BUILTIN)
+    return _WorkerSpec(
+        policy=policy,
+        impl_specs=tuple(impl.spec for impl in plan.implementations if impl.name not in builtin),
+        path_globs=tuple(plan.path_globs),
+        lowering=plan.lowering,
+    )
+
+
+class ParallelRunner:
+    """`Runner`'s `run` over `jobs` spawned worker processes (see the module docstring)."""
+
+    def __init__(self, policy, jobs: int):
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {jobs}")
+        self.policy = policy
+        self.jobs = jobs
+        self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
+        self._counts: dict[str, int] = {}
+
+    def work_counts(self) -> dict:
+        """`Runner.work_counts` summed over the workers."""
+        return dict(self._counts)
+
+    def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,
+            on_step: StepCallback | None = None) -> Iterator[tuple[object, list[dict]]]:
+        """Yield (case, its rows) for each case in order; the work runs in the workers.
+
+        on_case_start is told when the parent starts waiting for a case; per-step progress
+        (on_step) stays in the workers. A worker's exception is raised here, as the
+        single-process runner would raise it.
+        """
+        del on_step
+        cases = list(cases)
+        if not cases:
+            return
+        pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(self.jobs, len(cases)), mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_worker, initargs=(_spec(self.policy, plan),),
+        )
+        finished = False
+        try:
+            futures = [pool.submit(_run_case, case) for case in cases]
+            for case, future in zip(cases, futures):
+                if on_case_start is not None:
+                    on_case_start(case)
+                try:
+                    rows, timings, counts = future.result()
+                except concurrent.futures.process.BrokenProcessPool as exc:
+                    raise WorkerError(f"a worker process died while running case {case.name} ({exc})") from None
+                for key, seconds in timings.items():
+                    self.timings[key] = self.timings.get(key, 0.0) + seconds
+                for key, count in counts.items():
+                    self._counts[key] = self._counts.get(key, 0) + count
+                yield case, rows
+            finished = True
+        finally:
+            if not finished:  # Ctrl-C, SIGTERM, an error: stop the workers now
+                _terminate(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _terminate(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Terminate a pool's worker processes (the executor has no public way before Python 3.14)."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()

@@ -1,0 +1,165 @@
+"""`run --jobs N`, `run --shard K/N` and `merge`: the same rows as one run in one process."""
+
+import csv
+import signal
+import subprocess
+import time
+
+import pytest
+
+from cases import registry
+from harness.shards import Shard, parse_shard, shard_cases
+from reports.manifest import read_manifest
+from tests.cli_support import CASE_FILE, CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
+
+CHEAP_PATHS = ("--paths", "reference/*", "--no-lowering")
+
+
+# ------------------------------------------------------------------ the split itself
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 40])
+def test_shards_cover_the_selection_exactly_once_in_its_order(count):
+    cases = registry.default_registry().select(suite="default")
+    shares = []
+    for index in range(1, count + 1):
+        try:
+            shares.append(shard_cases(cases, Shard(index, count)))
+        except ValueError as exc:  # more shards than cases: the empty ones say so
+            assert count > len(cases) and "selects no case" in str(exc)
+    names = [c.name for share in shares for c in share]
+    assert sorted(names) == sorted(c.name for c in cases)
+    for share in shares:  # each share keeps the selection's order
+        assert share == [c for c in cases if c in share]
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_the_split_depends_on_names_only():
+    cases = registry.default_registry().select(suite="default")
+    reordered = list(reversed(cases))
+    assert {c.name for c in shard_cases(cases, Shard(2, 3))} == {c.name for c in shard_cases(reordered, Shard(2, 3))}
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "2", "a/b", "1/0", "-1/2", ""])
+def test_a_malformed_shard_is_refused(text):
+    with pytest.raises(ValueError, match="--shard"):
+        parse_shard(text)
+
+
+# ------------------------------------------------------------------ through the CLI
+
+
+@pytest.fixture(scope="module")
+def case_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cases") / "cases.toml"
+    path.write_text(CASE_FILE)
+    return path
+
+
+def _run(case_file, out, *extra):
+    proc = run_cli("run", "--case-file", case_file, "--out", out, "--quiet", *extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _csv_without_timing(path) -> list[list[str]]:
+    """rows.csv as lines of cells, timing columns dropped (everything else byte for byte)."""
+    with open(path, newline="") as handle:
+        lines = list(csv.reader(handle))
+    keep = [i for i, name in enumerate(lines[0]) if name not in TIMING_COLUMNS]
+    return [[line[i] for i in keep] for line in lines]
+
+
+def _jsonl_without_timing(path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in load_jsonl(path)]
+
+
+@pytest.fixture(scope="module")
+def cheap_single(case_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    _run(case_file, out, *CHEAP_PATHS)
+    return out
+
+
+@pytest.mark.slow
+def test_jobs_2_gives_the_rows_of_one_process_in_the_same_order(case_file, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run(case_file, one, "--no-lowering")
+    _run(case_file, two, "--no-lowering", "--jobs", "2")
+    assert _jsonl_without_timing(two / "rows.jsonl") == _jsonl_without_timing(one / "rows.jsonl")
+    assert _csv_without_timing(two / "rows.csv") == _csv_without_timing(one / "rows.csv")
+    manifest = read_manifest(two)
+    assert manifest.is_complete and manifest.cases == CASE_NAMES
+    assert {r["candidate"].split("/")[0] for r in load_jsonl(two / "rows.jsonl")} >= {"reference", "interpret"}
+
+
+@pytest.mark.slow
+def test_jobs_2_ctrl_c_exits_130_and_the_run_resumes(case_file, cheap_single, tmp_path):
+    out = tmp_path / "interrupted"
+    args = ["run", "--case-file", case_file, *CHEAP_PATHS, "--out", out, "--quiet", "--jobs", "2"]
+    proc = subprocess.Popen(harness_command(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (out / "cases-done.txt").exists():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before it could be interrupted")
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "--resume" in stderr
+    assert read_manifest(out).state == "interrupted"
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _csv_without_timing(out / "rows.csv") == _csv_without_timing(cheap_single / "rows.csv")
+
+
+@pytest.fixture(scope="module")
+def shards(case_file, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    folders = [root / f"shard{k}" for k in (1, 2)]
+    for k, folder in enumerate(folders, 1):
+        _run(case_file, folder, *CHEAP_PATHS, "--shard", f"{k}/2")
+    return folders
+
+
+@pytest.mark.slow
+def test_shards_and_merge_give_the_rows_csv_of_one_run(shards, cheap_single, tmp_path):
+    manifests = [read_manifest(folder) for folder in shards]
+    assert [m.shard for m in manifests] == ["1/2", "2/2"]
+    assert all(m.shard_of == CASE_NAMES for m in manifests)
+    assert sorted(c for m in manifests for c in m.cases) == sorted(CASE_NAMES)
+    merged = tmp_path / "merged"
+    proc = run_cli("merge", merged, *shards)
+    assert proc.returncode == 0, proc.stderr
+    assert _csv_without_timing(merged / "rows.csv") == _csv_without_timing(cheap_single / "rows.csv")
+    manifest = read_manifest(merged)
+    assert manifest.is_complete and manifest.cases == CASE_NAMES and not manifest.shard
+    baseline = tmp_path / "baseline.csv"
+    assert run_cli("baseline", "--from", cheap_single, "--to", baseline).returncode == 0
+    gate = run_cli("gate", "--baseline", baseline, "--current", merged)
+    assert gate.returncode == 0 and "gate PASS" in gate.stdout, gate.stdout + gate.stderr
+    assert run_cli("render", "--rows", merged, "--out", tmp_path / "rendered").returncode == 0
+
+
+def _assert_refused(proc, *fragments):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_merge_refuses_shards_that_are_not_one_whole_run(case_file, shards, cheap_single, tmp_path):
+    out = tmp_path / "merged"
+    _assert_refused(run_cli("merge", out, shards[0]), "shard(s) 2/2 missing")
+    _assert_refused(run_cli("merge", out, shards[0], shards[0]), "given twice")
+    _assert_refused(run_cli("merge", out, shards[0], cheap_single), "not a shard")
+    other = tmp_path / "other-paths"
+    _run(case_file, other, "--paths", "reference/unsharded", "--no-lowering", "--shard", "2/2")
+    _assert_refused(run_cli("merge", out, shards[0], other), "request differs")
+    thirds = tmp_path / "thirds"
+    _run(case_file, thirds, *CHEAP_PATHS, "--shard", "2/3")
+    _assert_refused(run_cli("merge", out, shards[0], thirds), "shard count differs")
+    _assert_refused(run_cli("merge", out, shards[0], tmp_path / "nowhere"), "no manifest.json")
+    assert not out.exists()

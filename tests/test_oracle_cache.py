@@ -1,0 +1,165 @@
+"""The oracle's disk cache: hits compute nothing, any change of inputs or oracle code misses,
+and a corrupt entry is recomputed, never trusted."""
+
+import dataclasses
+import io
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cases.fixtures import Fixture, make_fixture
+from cases.spec import Case
+from harness import oracle_cache
+from harness.oracle_cache import ORACLE_SOURCES, OracleCache
+from harness.paths import OracleOutputs, run_oracle_path
+from reports.manifest import PROJECT_ROOT
+
+CASE = Case(name="oracle-cache-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
+
+
+class CountingOracle:
+    """A stand-in oracle that counts its calls and answers with arrays derived from the fixture."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, case, fixture):
+        self.calls.append(case.name)
+        x = fixture.x.astype(np.float64)
+        return OracleOutputs(
+            leaves={"out": x * 3.0, "d_x": -x, "h_pre": x[..., 0]},
+            sensitivity={"out": (1.5e-3, 2.5e-4), "d_x": (float("nan"), 0.0), "h_pre": (3e-7, 1e-7)},
+            execute_s=1.0,
+            systematic={"out": 1.25, "h_pre": 0.5},
+        )
+
+
+@pytest.fixture
+def fixture(tmp_path):
+    return make_fixture(CASE, tmp_path / "fixtures")
+
+
+def _assert_same(a: OracleOutputs, b: OracleOutputs):
+    assert a.leaves.keys() == b.leaves.keys()
+    for name in a.leaves:
+        np.testing.assert_array_equal(a.leaves[name], b.leaves[name])
+    np.testing.assert_equal(dict(a.sensitivity), dict(b.sensitivity))
+    assert dict(a.systematic) == dict(b.systematic)
+
+
+def _entries(folder):
+    return sorted(folder.glob("oracle-*.npz"))
+
+
+def test_a_second_lookup_computes_nothing_and_returns_the_same_answer(tmp_path, fixture):
+    compute = CountingOracle()
+    first = OracleCache(tmp_path / "oracle", compute)(CASE, fixture)
+    cache = OracleCache(tmp_path / "oracle", compute)  # a new process would start like this
+    again = cache(CASE, fixture)
+    assert compute.calls == [CASE.name]
+    assert (cache.hits, cache.misses, cache.rejected) == (1, 0, 0)
+    _assert_same(first, again)
+    assert len(_entries(tmp_path / "oracle")) == 1
+
+
+def test_a_changed_oracle_source_misses(tmp_path, fixture):
+    compute = CountingOracle()
+    OracleCache(tmp_path / "oracle", compute)(CASE, fixture)
+    edited = tmp_path / "project"
+    for name in ORACLE_SOURCES:
+        (edited / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROJECT_ROOT / name, edited / name)
+    assert oracle_cache.oracle_source_digest(edited) == oracle_cache.oracle_source_digest()
+    with (edited / "mhc/oracle.py").open("a") as handle:
+        handle.write("\n# an edit\n")
+    cache = OracleCache(tmp_path / "oracle", compute, source_root=edited)
+    cache(CASE, fixture)
+    assert compute.calls == [CASE.name] * 2 and cache.misses == 1
+    assert len(_entries(tmp_path / "oracle")) == 2
+
+
+def test_a_changed_fixture_misses(tmp_path, fixture):
+    compute = CountingOracle()
+    cache = OracleCache(tmp_path / "oracle", compute)
+    cache(CASE, fixture)
+    x = fixture.x.copy()
+    x.flat[0] = np.nextafter(x.flat[0], np.float32(np.inf))  # one bit of one input
+    changed = dataclasses.replace(fixture, x=x)
+    assert isinstance(changed, Fixture) and changed.digest() != fixture.digest()
+    answer = cache(CASE, changed)
+    assert cache.misses == 2 and len(compute.calls) == 2
+    assert answer.leaves["out"].flat[0] == 3.0 * np.float64(x.flat[0])
+    other_seed = CASE.replace(seed=CASE.seed + 1)
+    cache(other_seed, make_fixture(other_seed, tmp_path / "fixtures"))
+    assert cache.misses == 3
+
+
+def _rewrite(path, edit):
+    """Rewrite an entry as a valid archive with `edit(members)` applied (no zip-level damage)."""
+    with np.load(path) as archive:
+        members = {name: archive[name].copy() for name in archive.files}
+    edit(members)
+    buffer = io.BytesIO()
+    np.savez(buffer, **members)
+    path.write_bytes(buffer.getvalue())
+
+
+def _tamper_header(members):
+    header = json.loads(bytes(members["__header__"]).decode())
+    header["sensitivity"]["out"][0] = 1.0  # a looser bound, if it were trusted
+    members["__header__"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8)
+
+
+def _flip_leaf_bit(members):
+    members["leaf.out"].flat[3] ^= 1
+
+
+CORRUPTIONS = {
+    "truncated": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
+    "empty": lambda path: path.write_bytes(b""),
+    "header_tampered": lambda path: _rewrite(path, _tamper_header),
+    "leaf_bit_flipped": lambda path: _rewrite(path, _flip_leaf_bit),
+    "leaf_missing": lambda path: _rewrite(path, lambda members: members.pop("leaf.d_x")),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_a_corrupt_entry_is_recomputed_and_replaced(tmp_path, fixture, corruption):
+    compute = CountingOracle()
+    good = OracleCache(tmp_path / "oracle", compute)(CASE, fixture)
+    (entry,) = _entries(tmp_path / "oracle")
+    CORRUPTIONS[corruption](entry)
+    cache = OracleCache(tmp_path / "oracle", compute)
+    answer = cache(CASE, fixture)
+    assert (cache.hits, cache.misses, cache.rejected) == (0, 1, 1)
+    assert len(compute.calls) == 2
+    _assert_same(answer, good)
+    # the entry was replaced by a good one
+    again = OracleCache(tmp_path / "oracle", compute)
+    _assert_same(again(CASE, fixture), good)
+    assert again.hits == 1 and len(compute.calls) == 2
+
+
+def test_an_unwritable_folder_still_answers(tmp_path, fixture):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    compute = CountingOracle()
+    cache = OracleCache(blocker / "oracle", compute)
+    assert cache(CASE, fixture).leaves["out"].shape == fixture.x.shape
+    assert cache.misses == 1
+
+
+@pytest.mark.slow
+def test_the_real_oracle_round_trips_bit_for_bit(tmp_path, fixture):
+    counted = []
+
+    def compute(case, fx):
+        counted.append(case.name)
+        return run_oracle_path(case, fx)
+
+    computed = OracleCache(tmp_path / "oracle", compute)(CASE, fixture)
+    cached = OracleCache(tmp_path / "oracle", compute)(CASE, fixture)
+    assert counted == [CASE.name]
+    _assert_same(computed, cached)

@@ -16,6 +16,7 @@ share shapes and dtypes reuse them: weights, inputs and the cotangent are argume
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Mapping
@@ -183,14 +184,47 @@ def _place(fixture, path: Path, placement: Placement):
     )
 
 
-class ProgramCache:
-    """Compiled path programs keyed by (path name, trace signature); content-keyed only."""
+# Compiled programs a ProgramCache keeps. Each XLA:CPU executable holds its own memory
+# mappings, and Linux caps a process at vm.max_map_count = 65,530 by default: with an
+# unbounded cache the kill matrix's clean pass over the full suite reached 29,000
+# mappings at 3.9 GB and failed near 7.9 GB ("LLVM compilation error: Cannot allocate
+# memory", then a segfault). Cases reuse a program only while their shape repeats, so
+# the most recent few dozen are the ones worth keeping.
+MAX_CACHED_PROGRAMS = 48
 
-    def __init__(self):
-        self._compiled: dict[tuple, object] = {}
+
+class ProgramCache:
+    """Compiled path programs keyed by (path name, trace signature); content-keyed only.
+
+    Keeps the `max_programs` most recently used; an evicted program is compiled again
+    (or loaded from JAX's persistent cache) if its signature comes back.
+    """
+
+    def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS):
+        if max_programs < 1:
+            raise ValueError(f"max_programs must be at least 1, got {max_programs}")
+        self.max_programs = max_programs
+        self._compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
 
     def clear(self) -> None:
         self._compiled.clear()
+
+    def __len__(self) -> int:
+        return len(self._compiled)
+
+    def lookup(self, key: tuple) -> object | None:
+        """The compiled program of `key` (now the most recently used), or None."""
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            self._compiled.move_to_end(key)
+        return compiled
+
+    def remember(self, key: tuple, compiled: object) -> None:
+        """Keep `compiled` under `key`, dropping the least recently used beyond `max_programs`."""
+        self._compiled[key] = compiled
+        self._compiled.move_to_end(key)
+        while len(self._compiled) > self.max_programs:
+            self._compiled.popitem(last=False)
 
     def run(self, path: Path, case, fixture) -> PathOutputs:
         """Run `case`'s fixture through `path`; compile on first use of the signature.
@@ -209,14 +243,14 @@ class ProgramCache:
         args = _place(fixture, path, placement)
         key = (path.name, _trace_signature(case, precision))
         compile_s = 0.0
-        compiled = self._compiled.get(key)
+        compiled = self.lookup(key)
         # The layer's initial parameters are built eagerly: on the path's device too.
         with jax.default_device(placement.devices[0]):
             if compiled is None:
                 start = time.perf_counter()
                 compiled = jax.jit(_build_program(path, case, placement, precision)).lower(*args).compile()
                 compile_s = time.perf_counter() - start
-                self._compiled[key] = compiled
+                self.remember(key, compiled)
             start = time.perf_counter()
             forward, grads = jax.block_until_ready(compiled(*args))
             execute_s = time.perf_counter() - start

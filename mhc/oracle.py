@@ -365,7 +365,10 @@ def _units_key(units: Mapping[str, float] | None) -> tuple | None:
     return tuple((c, float(units[c])) for c in PRECISION_CLASSES)
 
 
-@functools.lru_cache(maxsize=None)
+# A jitted program keeps an executable per input shape alive, and each holds memory
+# mappings (a process has at most vm.max_map_count): keep the programs of the few most
+# recent branch/config/rounding combinations, not of every case a long run has seen.
+@functools.lru_cache(maxsize=8)
 def _oracle_program(branch_apply: BranchApply, config, units: tuple | None, batched: bool = False):
     """The jitted float64 forward + VJP for one branch and config (cached: shapes retrace).
 

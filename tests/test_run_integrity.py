@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -59,8 +60,12 @@ def assert_one_line_error(proc, *fragments: str) -> None:
         assert fragment in proc.stderr, proc.stderr
 
 
-def start_run(case_file, out, *extra) -> subprocess.Popen:
-    return subprocess.Popen(harness_command(*run_args(case_file, out, "--quiet", *extra)), cwd=ROOT,
+def start_run(case_file, out, cold_cache) -> subprocess.Popen:
+    """A run to stop mid-way. With the caches warm its last cases take well under a second
+    (oracle answers and programs loaded), so under load the run could end before the
+    signal lands; an empty cache folder (`cold_cache`) makes each case compute its oracle."""
+    env = {**os.environ, "MHC_PARITY_CACHE": str(cold_cache)}
+    return subprocess.Popen(harness_command(*run_args(case_file, out, "--quiet")), cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -84,7 +89,7 @@ def test_kill_9_mid_run_then_gate_refuses_and_resume_matches_an_uninterrupted_ru
     out = tmp_path / "used"
     shutil.copytree(finished["out"], out)  # an earlier complete run: its reports would pass
     since = time.time_ns()
-    proc = start_run(case_file, out)
+    proc = start_run(case_file, out, tmp_path / "cold-cache")
     wait_for_finished_cases(proc, out, since)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -111,7 +116,7 @@ def test_kill_9_mid_run_then_gate_refuses_and_resume_matches_an_uninterrupted_ru
 def test_ctrl_c_exits_130_says_how_to_resume_and_the_gate_refuses(case_file, tmp_path):
     out = tmp_path / "interrupted"
     since = time.time_ns()
-    proc = start_run(case_file, out)
+    proc = start_run(case_file, out, tmp_path / "cold-cache")
     wait_for_finished_cases(proc, out, since)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=300)

@@ -200,19 +200,28 @@ def _open_run(store, manifest, *, resume: bool):
 
 
 class _SignalsInterrupt:
-    """While active, SIGTERM interrupts the run as Ctrl-C (SIGINT) does; `signum` says which came."""
+    """While active, SIGINT (Ctrl-C) and SIGTERM interrupt the run; `signum` says which came.
+
+    Both handlers are installed here rather than relying on Python's default SIGINT
+    handler: a process started by a parent that ignores SIGINT inherits the ignoring
+    (seen under pytest-xdist: the run finished instead of stopping), and Ctrl-C must stop
+    the run whoever started it.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
         self.signum = signal.SIGINT
-        self._previous = signal.signal(signal.SIGTERM, self._terminate)
+        self._previous = {signum: signal.signal(signum, self._interrupt) for signum in self.SIGNALS}
         return self
 
-    def _terminate(self, signum, frame):
+    def _interrupt(self, signum, frame):
         self.signum = signum
         raise KeyboardInterrupt
 
     def __exit__(self, *exc_info):
-        signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         return False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -61,11 +62,13 @@ def assert_one_line_error(proc, *fragments: str) -> None:
 
 
 def start_run(case_file, out, cold_cache) -> subprocess.Popen:
-    """A run to stop mid-way. With the caches warm its last cases take well under a second
-    (oracle answers and programs loaded), so under load the run could end before the
-    signal lands; an empty cache folder (`cold_cache`) makes each case compute its oracle."""
+    """A run to stop mid-way, started the way a parent that ignores SIGINT starts it (as
+    pytest-xdist workers were seen to): the run must handle Ctrl-C itself. With the caches
+    warm its last cases take well under a second, so under load the run could end before
+    the signal lands; an empty cache folder (`cold_cache`) makes each case compute its oracle."""
     env = {**os.environ, "MHC_PARITY_CACHE": str(cold_cache)}
-    return subprocess.Popen(harness_command(*run_args(case_file, out, "--quiet")), cwd=ROOT, env=env,
+    command = shlex.join(map(str, harness_command(*run_args(case_file, out, "--quiet"))))
+    return subprocess.Popen(["sh", "-c", f"trap '' INT; exec {command}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -133,6 +133,8 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
         "peak_rss_mib": peak_kib / 1024,
         "programs_compiled": meta.get("programs_compiled"),
         "programs_loaded": meta.get("programs_loaded"),
+        "programs_stored": (meta.get("programs_stored_loaded", 0), meta.get("programs_stored_missed", 0)),
+        "lowerings_stored": (meta.get("lowerings_stored_loaded", 0), meta.get("lowerings_stored_missed", 0)),
         "oracle_computed": meta.get("oracle_computed"),
         "oracle_cached": meta.get("oracle_cached"),
         "rows": len(report["rows"]),
@@ -161,7 +163,10 @@ def print_run(label: str, figures: dict) -> None:
                  f"{100 * figures['startup_and_reports_s'] / wall:.1f}% of wall"])
     body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", "largest process"])
     body.append(["programs compiled / loaded", f"{figures['programs_compiled']} / {figures['programs_loaded']}",
-                 "XLA / persistent cache"])
+                 "XLA / JAX's persistent cache"])
+    body.append(["path programs loaded / missed", "{} / {}".format(*figures["programs_stored"]),
+                 "program store (a miss is traced, lowered and compiled)"])
+    body.append(["TPU lowerings loaded / missed", "{} / {}".format(*figures["lowerings_stored"]), "lowering store"])
     body.append(["oracle computed / cached", f"{figures['oracle_computed']} / {figures['oracle_cached']}", "cases"])
     print(format_text_table(["where", "time", "share"], body, indent="  "))
 

@@ -11,8 +11,11 @@ conftest.py and the pytest plugin, and the scripts in bench/.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import pathlib
+import platform
 import sys
 
 from reports.manifest import PROJECT_ROOT
@@ -68,3 +71,22 @@ def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
 def cache_root() -> pathlib.Path:
     """The project cache folder (`MHC_PARITY_CACHE` overrides `<project>/.cache`)."""
     return pathlib.Path(os.environ.get("MHC_PARITY_CACHE", PROJECT_ROOT / ".cache"))
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> str:
+    """The host CPU's model and a digest of its instruction-set flags, e.g. ``AMD EPYC 7B13 (isa 3f2a9c1d04be)``.
+
+    XLA compiles CPU code for the host's instruction set, so a compiled program (and a
+    float32 sum's blocking) may differ between machines that report the same versions.
+    Read from /proc/cpuinfo on Linux; elsewhere the platform's processor name.
+    """
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    model = fields.get("model name") or fields.get("Processor") or platform.machine()
+    flags = fields.get("flags") or fields.get("Features") or ""
+    return f"{model} (isa {hashlib.sha256(flags.encode()).hexdigest()[:12]})"

@@ -10,6 +10,7 @@ the `devices` column stays empty.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
 import jax.numpy as jnp
@@ -37,14 +38,28 @@ def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
     return ("pass", "") if ok else ("fail", error)
 
 
-def lowering_rows(case) -> Iterator[dict]:
-    """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded."""
-    for row in _rows(case):
+def lowering_rows(case, store=None) -> Iterator[dict]:
+    """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded.
+
+    store: a `harness.program_store.LoweringStore` to reuse earlier results of the same
+    lowering (None: lower every program).
+    """
+    for row in _rows(case, store):
         row["matmul_precision"] = case.matmul_precision  # the precision the programs were lowered at
         yield row
 
 
-def _rows(case) -> Iterator[dict]:
+def _lower(case, mesh, store) -> list:
+    arguments = dict(config=case.mhc_config(), batch=case.batch, seq=case.sequence, dtype=jnp.dtype(case.dtype),
+                     kernel=KernelConfig(**case.block_sizes), mesh_shape=mesh or ())
+    if store is None:
+        return lower_kernel_programs(**arguments)
+    described = {**arguments, "config": dataclasses.asdict(arguments["config"]), "dtype": str(arguments["dtype"]),
+                 "kernel": dataclasses.asdict(arguments["kernel"]), "mesh_shape": list(arguments["mesh_shape"])}
+    return store.lower(described, lambda: lower_kernel_programs(**arguments))
+
+
+def _rows(case, store) -> Iterator[dict]:
     meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
     skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
     for mesh in meshes:
@@ -53,10 +68,7 @@ def _rows(case) -> Iterator[dict]:
             yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
             continue
         try:
-            results = lower_kernel_programs(
-                case.mhc_config(), batch=case.batch, seq=case.sequence, dtype=jnp.dtype(case.dtype),
-                kernel=KernelConfig(**case.block_sizes), mesh_shape=mesh or (),
-            )
+            results = _lower(case, mesh, store)
         except Exception as exc:  # the config itself is invalid: one row for the path
             verdict, reason = _verdict(case, False, f"{type(exc).__name__}: {exc}")
             yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict, reason=reason)

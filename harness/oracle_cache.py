@@ -24,7 +24,6 @@ partial file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -37,6 +36,7 @@ import jaxlib
 import numpy as np
 
 from cases.fixtures import array_sha256, atomic_write
+from harness.artifact_store import canonical_json, header_checksum, key_digest
 from harness.env import cache_root
 from harness.paths import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from reports.manifest import PROJECT_ROOT, digest_of, sha256_file
@@ -80,16 +80,7 @@ def key_material(case, fixture, source_digest: str) -> dict:
     }
 
 
-def _canonical(document) -> bytes:
-    return json.dumps(document, sort_keys=True).encode()
-
-
-def entry_key(material: dict) -> str:
-    return hashlib.sha256(_canonical(material)).hexdigest()[:40]
-
-
-def _header_checksum(header: dict) -> str:
-    return hashlib.sha256(_canonical({k: v for k, v in header.items() if k != "checksum"})).hexdigest()
+entry_key = key_digest
 
 
 def serialize(material: dict, outputs: OracleOutputs) -> bytes:
@@ -101,9 +92,9 @@ def serialize(material: dict, outputs: OracleOutputs) -> bytes:
         "sensitivity": {name: list(pair) for name, pair in outputs.sensitivity.items()},
         "systematic": dict(outputs.systematic),
     }
-    header["checksum"] = _header_checksum(header)
+    header["checksum"] = header_checksum(header)
     payload = {f"leaf.{name}": a.view(_BITS) for name, a in leaves.items()}
-    payload[_HEADER] = np.frombuffer(_canonical(header), np.uint8)
+    payload[_HEADER] = np.frombuffer(canonical_json(header), np.uint8)
     buffer = io.BytesIO()
     np.savez(buffer, **payload)
     return buffer.getvalue()
@@ -117,9 +108,9 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
             raw = {name.removeprefix("leaf."): archive[name] for name in archive.files if name != _HEADER}
     except Exception as error:  # truncated zip, bad CRC, bad JSON, missing member, ...
         raise CorruptOracleEntry(f"unreadable ({type(error).__name__}: {error})") from error
-    if not isinstance(header, dict) or header.get("checksum") != _header_checksum(header):
+    if not isinstance(header, dict) or header.get("checksum") != header_checksum(header):
         raise CorruptOracleEntry("header checksum mismatch")
-    if header["key"] != json.loads(_canonical(material)):
+    if header["key"] != json.loads(canonical_json(material)):
         raise CorruptOracleEntry("stale: written for other inputs, code or draws")
     if set(raw) != set(header["leaves"]) or set(raw) != set(header["sensitivity"]):
         raise CorruptOracleEntry(f"holds leaves {sorted(raw)}, header lists {sorted(header['leaves'])}")

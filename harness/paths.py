@@ -17,7 +17,9 @@ share shapes and dtypes reuse them: weights, inputs and the cotangent are argume
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import os
 import time
 from typing import Mapping
 
@@ -191,23 +193,31 @@ def _place(fixture, path: Path, placement: Placement):
 # memory", then a segfault). Cases reuse a program only while their shape repeats, so
 # the most recent few dozen are the ones worth keeping.
 MAX_CACHED_PROGRAMS = 48
+# Programs `ProgramCache.prepare` compiles at once: XLA's compile uses about one core each.
+COMPILE_THREADS = max(1, os.cpu_count() or 1)
 
 
 class ProgramCache:
     """Compiled path programs keyed by (path name, trace signature); content-keyed only.
 
     Keeps the `max_programs` most recently used; an evicted program is compiled again
-    (or loaded from JAX's persistent cache) if its signature comes back.
+    (or loaded) if its signature comes back. store: a `harness.program_store.ProgramStore`
+    to load built-in paths' programs from and save them to (None: compile every program
+    this process needs; JAX's persistent cache, when enabled, still saves XLA's work).
     """
 
-    def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS):
+    def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS, store=None):
         if max_programs < 1:
             raise ValueError(f"max_programs must be at least 1, got {max_programs}")
         self.max_programs = max_programs
+        self.store = store
         self._compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        # key -> seconds `prepare` spent on a program its `run` has not reported yet.
+        self._seconds: dict[tuple, float] = {}
 
     def clear(self) -> None:
         self._compiled.clear()
+        self._seconds.clear()
 
     def __len__(self) -> int:
         return len(self._compiled)
@@ -226,11 +236,8 @@ class ProgramCache:
         while len(self._compiled) > self.max_programs:
             self._compiled.popitem(last=False)
 
-    def run(self, path: Path, case, fixture) -> PathOutputs:
-        """Run `case`'s fixture through `path`; compile on first use of the signature.
-
-        Raises `harness.devices.PlacementError` when the path has no devices here.
-        """
+    def _resolve(self, path: Path, case, fixture):
+        """(cache key, placement, precision, placed arguments) of `path` running `case`."""
         if path.mesh is not None:
             batch, sequence = case.batch, case.sequence
             if batch % path.mesh[0] or sequence % path.mesh[1]:
@@ -241,21 +248,94 @@ class ProgramCache:
         placement = path_placement(path)
         precision = effective_precision(case, placement)
         args = _place(fixture, path, placement)
-        key = (path.name, _trace_signature(case, precision))
-        compile_s = 0.0
-        compiled = self.lookup(key)
+        return (path.name, _trace_signature(case, precision)), placement, precision, args
+
+    def _load_or_lower(self, path: Path, case, key, placement, precision, args):
+        """(compiled, None) from the store, or (None, (lowered, store material or None)) to compile."""
+        material = self.store.material(path, key[1], args, placement) if self.store else None
+        compiled = self.store.load(material, placement) if material is not None else None
+        if compiled is not None:
+            return compiled, None
         # The layer's initial parameters are built eagerly: on the path's device too.
         with jax.default_device(placement.devices[0]):
-            if compiled is None:
+            return None, (jax.jit(_build_program(path, case, placement, precision)).lower(*args), material)
+
+    def _compile(self, lowered, material):
+        if material is None:
+            return lowered.compile()
+        compiled = self.store.compile(lowered)
+        self.store.save(material, compiled)
+        return compiled
+
+    def prepare(self, paths, case, fixture) -> None:
+        """Compile the programs `paths` will need for `case`, concurrently, before they run.
+
+        XLA compiles with the GIL released, so the programs of one case (reference,
+        kernels, sharded) compile on all cores at once; tracing and lowering stay in this
+        thread. A path that fails here is left alone: `run` meets the same error and
+        reports it. The seconds each program took (its lowering, and its share of the
+        concurrent compile's wall time, so that the shares add up to the time spent) are
+        reported by the `run` that uses it.
+        """
+        pending = []
+        for path in paths:
+            try:
+                key, placement, precision, args = self._resolve(path, case, fixture)
+                if self.lookup(key) is not None or key in self._seconds:
+                    continue
                 start = time.perf_counter()
-                compiled = jax.jit(_build_program(path, case, placement, precision)).lower(*args).compile()
-                compile_s = time.perf_counter() - start
+                compiled, to_compile = self._load_or_lower(path, case, key, placement, precision, args)
+            except Exception:  # noqa: BLE001 - reported when the path runs
+                continue
+            if compiled is not None:
+                self._seconds[key] = time.perf_counter() - start
                 self.remember(key, compiled)
+            else:
+                pending.append((key, to_compile, time.perf_counter() - start))
+        if not pending:
+            return
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(pending), COMPILE_THREADS)) as pool:
+            futures = [pool.submit(_timed, self._compile, *to_compile) for _, to_compile, _ in pending]
+        wall = time.perf_counter() - start
+        outcomes = [future.result() for future in futures]
+        busy = sum(seconds for _, seconds in outcomes) or 1.0
+        for (key, _, lower_s), (compiled, seconds) in zip(pending, outcomes):
+            if compiled is not None:
+                self._seconds[key] = lower_s + wall * seconds / busy
+                self.remember(key, compiled)
+
+    def run(self, path: Path, case, fixture) -> PathOutputs:
+        """Run `case`'s fixture through `path`; compile on first use of the signature.
+
+        Raises `harness.devices.PlacementError` when the path has no devices here.
+        """
+        key, placement, precision, args = self._resolve(path, case, fixture)
+        compile_s = self._seconds.pop(key, 0.0)
+        compiled = self.lookup(key)
+        if compiled is None:
+            start = time.perf_counter()
+            compiled, to_compile = self._load_or_lower(path, case, key, placement, precision, args)
+            if compiled is None:
+                compiled = self._compile(*to_compile)
+            compile_s = time.perf_counter() - start
+            self.remember(key, compiled)
+        with jax.default_device(placement.devices[0]):
             start = time.perf_counter()
             forward, grads = jax.block_until_ready(compiled(*args))
             execute_s = time.perf_counter() - start
         leaves = {name: np.asarray(value) for name, value in {**forward, **grads}.items()}
         return PathOutputs(leaves, compile_s, execute_s)
+
+
+def _timed(function, *args):
+    """(function(*args), seconds), or (None, seconds) if it raised."""
+    start = time.perf_counter()
+    try:
+        result = function(*args)
+    except Exception:  # noqa: BLE001 - the path's own run reports it
+        result = None
+    return result, time.perf_counter() - start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,14 +418,15 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     The sensitivity draws use the mixed-precision rounding model of `mhc.oracle`
     (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
     implementation may hold it in, for the case's activation and weight dtypes and the
-    operand rounding its matmul precision implies on this backend. The exact oracle is one
-    compiled program; the `NOISE_SAMPLES` draws are another (`mhc.oracle.run_oracle_draws`,
-    vmapped over the draw keys), run once.
+    operand rounding its matmul precision implies on this backend. The exact oracle and the
+    `NOISE_SAMPLES` draws are one run of one compiled program (`mhc.oracle.run_oracle_batch`,
+    vmapped over the draws; shared by every case of the same shapes, branch and config).
     """
     start = time.perf_counter()
-    arguments = _oracle_arguments(case, fixture)
-    exact = _named_leaves(oracle.run_oracle(*arguments))
-    draws = oracle.run_oracle_draws(*arguments, seeds=noise_seeds(case), units=noise_units(case))
+    units = noise_units(case)
+    exact_result, *draws = oracle.run_oracle_batch(
+        *_oracle_arguments(case, fixture), draws=[(0, None)] + [(seed, units) for seed in noise_seeds(case)])
+    exact = _named_leaves(exact_result)
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for draw in draws:

@@ -254,7 +254,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     """
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
-    runner = Runner(policy) if args.jobs == 1 else ParallelRunner(policy, args.jobs)
+    runner = Runner.with_disk_stores(policy) if args.jobs == 1 else ParallelRunner(policy, args.jobs)
     progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
                         heartbeat_s=args.heartbeat)
     signals = _SignalsInterrupt()

@@ -12,7 +12,7 @@ import jax
 import jaxlib
 import numpy
 
-from harness.env import cache_root
+from harness.env import cache_root, host_cpu
 from mhc.precision import (
     DEFAULT_MATMUL_PRECISION,
     device_compute_capability,
@@ -112,6 +112,7 @@ def run_metadata(cases=None) -> dict:
         "numpy_version": numpy.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
+        "host_cpu": host_cpu(),
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),

@@ -34,6 +34,7 @@ from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache
 from harness.plan import PathPlan, comparisons_of
 from harness.run_info import compile_counts
 from harness.policy import Policy
+from harness.program_store import LoweringStore, ProgramStore
 from mhc.common import UnsupportedInputError
 from mhc.precision import device_compute_capability
 
@@ -76,24 +77,38 @@ class Runner:
     """Runs cases; holds the compiled-program cache shared across cases."""
 
     def __init__(self, policy: Policy, *, fixture_loader: Callable | None = None, cache: ProgramCache | None = None,
-                 oracle: Callable | None = None):
+                 oracle: Callable | None = None, lowering_store: LoweringStore | None = None):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `cases.fixtures.make_fixture` and `harness.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
-        for all its passes."""
+        for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
+        disk store); lowering_store: reuse TPU lowering results (default: none). See
+        `with_disk_stores` for the runner of a parity run."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
-        self.oracle = oracle or OracleCache()
-        self.cache = cache or ProgramCache()
+        self.oracle = oracle if oracle is not None else OracleCache()
+        self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
+        self.lowering_store = lowering_store
         # Seconds spent outside the paths' own compile/execute, for the benchmark.
         self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
 
+    @classmethod
+    def with_disk_stores(cls, policy: Policy) -> "Runner":
+        """The runner of a parity run: compiled programs and TPU lowering results stored on
+        disk by content (`harness.program_store`), besides the fixtures and oracle answers.
+        Not for a process that patches code at run time (see that module)."""
+        return cls(policy, cache=ProgramCache(store=ProgramStore()), lowering_store=LoweringStore())
+
     def work_counts(self) -> dict:
-        """Oracle answers computed and loaded from the disk cache by this runner, and
-        programs this process compiled and loaded (`harness.run_info.compile_counts`)."""
+        """Oracle answers computed and loaded from the disk cache by this runner, programs
+        this process compiled and loaded (`harness.run_info.compile_counts`: XLA's and JAX's
+        persistent cache), and what the program and lowering stores loaded and missed."""
         counts = compile_counts()
         if hasattr(self.oracle, "misses"):
             counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
+        for store in (self.cache.store, self.lowering_store):
+            if store is not None:
+                counts.update(store.counts())
         return counts
 
     # -- one path ------------------------------------------------------------------
@@ -164,10 +179,7 @@ class Runner:
                 yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
             return
 
-        results = {}
-        for path in paths:
-            on_step(case, path.name)
-            results[path.name] = self._run_path(path, case, fixture)
+        results = self._run_paths(case, paths, fixture, on_step)
         for path in paths:
             result = results[path.name]
             environment = _environment_fields(case, result.placement)
@@ -200,9 +212,19 @@ class Runner:
         if plan.lowering:
             on_step(case, "lowering")
             start = time.perf_counter()
-            rows = [row for row in lowering_rows(case) if plan.selects(row["candidate"])]
+            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
+
+    def _run_paths(self, case, paths: Sequence[Path], fixture, on_step: StepCallback) -> dict[str, _PathResult]:
+        """Every path's result (name -> `_PathResult`): the programs the case needs are
+        compiled at once (on all cores), then run in turn."""
+        self.cache.prepare([p for p in paths if not self._skip_reason(p, case)], case, fixture)
+        results = {}
+        for path in paths:
+            on_step(case, path.name)
+            results[path.name] = self._run_path(path, case, fixture)
+        return results
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
         environment = _environment_fields(case, result.placement)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -261,6 +262,21 @@ def _round_both_ways_bwd(residuals, g):
 _round_both_ways.defvjp(_round_both_ways_fwd, _round_both_ways_bwd)
 
 
+class _SiteRecorder:
+    """The identity at every site, noting each call's site and value shape in call order.
+
+    A first, abstract trace of the program with a recorder tells `_RoundingNoise` how
+    many random numbers the draw needs and where each site's share starts.
+    """
+
+    def __init__(self):
+        self.sites: list[tuple[str, tuple[int, ...]]] = []
+
+    def __call__(self, v, site: str):
+        self.sites.append((site, tuple(v.shape)))
+        return v
+
+
 class _RoundingNoise:
     """One simulated rounding at a value, and another at its cotangent, per `ROUNDING_SITES`.
 
@@ -271,23 +287,39 @@ class _RoundingNoise:
     the error the arithmetic explains — including where the math itself cancels (a
     peaked softmax's VJP subtracts nearly equal cotangent terms; a gate-scale gradient
     sums terms of both signs), which plain float64 would otherwise compute exactly.
+
+    sites: the (site, shape) of every call in order (`_SiteRecorder`); bank: one uniform
+    [-1, 1) float64 draw of two numbers per element of every site, sliced in call order
+    (one random-number generator call per draw: XLA compiled one per site in ~18 s);
+    units: (len(PRECISION_CLASSES),) unit roundoffs, traced, so every unit setting
+    (float32 and bfloat16 runs, the exact oracle's zeros) shares the program. With all
+    units zero every δ is exactly 0 and the program computes the exact oracle.
     """
 
-    def __init__(self, key, units: Mapping[str, float]):
-        self.key, self.units, self.calls = key, dict(units), 0
+    def __init__(self, sites: Sequence[tuple[str, tuple[int, ...]]], bank, units):
+        self.sites, self.bank, self.units = list(sites), bank, units
+        self.calls, self.offset = 0, 0
 
-    def _unit(self, classes: tuple[str, ...]) -> float:
-        return max((self.units[c] for c in classes), default=0.0)
+    def _unit(self, classes: tuple[str, ...]):
+        if not classes:
+            return 0.0
+        return jnp.max(jnp.stack([self.units[PRECISION_CLASSES.index(c)] for c in classes]))
+
+    def _take(self, shape: tuple[int, ...]):
+        size = math.prod(shape)
+        part = jax.lax.slice_in_dim(self.bank, self.offset, self.offset + size)
+        self.offset += size
+        return part.reshape(shape)
 
     def __call__(self, v, site: str):
+        if self.calls >= len(self.sites) or self.sites[self.calls] != (site, tuple(v.shape)):
+            recorded = self.sites[self.calls] if self.calls < len(self.sites) else "nothing"
+            raise AssertionError(f"rounding site {self.calls} is {(site, v.shape)}, the recording pass saw {recorded}")
+        self.calls += 1
         rule = ROUNDING_SITES[site]
-        self.calls += 1  # trace-time counter: independent draws for every call site
-        key = jax.random.fold_in(self.key, self.calls)
-        forward_key, backward_key = jax.random.split(key)
-        uf, ub = self._unit(rule.forward), self._unit(rule.backward)
-        forward_delta = jax.random.uniform(forward_key, v.shape, v.dtype, -uf, uf)
-        backward_delta = jax.random.uniform(backward_key, v.shape, v.dtype, -ub, ub)
-        return _round_both_ways(v, forward_delta, backward_delta)
+        forward_delta = self._unit(rule.forward) * self._take(v.shape)
+        backward_delta = self._unit(rule.backward) * self._take(v.shape)
+        return _round_both_ways(v, forward_delta.astype(v.dtype), backward_delta.astype(v.dtype))
 
 
 def _softmax(z, r):
@@ -356,57 +388,78 @@ def _post(layer_output, x, coeffs, r=_exact):
     return r(mixed + gated, "out")
 
 
-def _units_key(units: Mapping[str, float] | None) -> tuple | None:
-    if units is None:
-        return None
+def _units_vector(units: Mapping[str, float] | float | None) -> np.ndarray:
+    """The unit roundoffs in `PRECISION_CLASSES` order, float64 (zeros: the exact oracle).
+
+    units: {class: u} naming every class, a single float for every class, or None / 0.
+    """
+    if units is None or isinstance(units, (int, float)):
+        return np.full(len(PRECISION_CLASSES), float(units or 0.0))
     missing = set(PRECISION_CLASSES) - set(units)
     if missing:
         raise ValueError(f"rounding_noise units lack the precision classes {sorted(missing)}")
-    return tuple((c, float(units[c])) for c in PRECISION_CLASSES)
+    return np.array([float(units[c]) for c in PRECISION_CLASSES])
+
+
+def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply):
+    """Forward values and gradients of one layer application, every site rounded through `r`."""
+    x, ct = r(x, "x"), r(ct, "cotangent")
+    w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight") for k, v in w.items()}
+    p = {k: r(v, "branch_param") for k, v in p.items()}
+
+    def whole(x_, w_, p_):
+        layer_input, coeffs = _pre(x_, w_, config, r)
+        layer_output = r(branch_apply(p_, layer_input), "layer_output")
+        out = _post(layer_output, x_, coeffs, r)
+        return out, (layer_input, layer_output) + coeffs
+
+    out, pullback, aux = jax.vjp(whole, x, w, p, has_aux=True)
+    d_x, d_w, d_p = pullback(ct)
+    layer_input, layer_output, h_pre, h_post, h_res = aux
+    # The cotangent reaching the branch output: the VJP of `post` w.r.t. its first input.
+    _, post_pullback = jax.vjp(lambda y: _post(y, x, (h_pre, h_post, h_res)), layer_output)
+    (d_layer_output,) = post_pullback(ct)
+    forward = {
+        "out": out, "layer_input": layer_input, "h_pre": h_pre, "h_post": h_post,
+        "h_res": h_res, "layer_output": layer_output,
+    }
+    return forward, d_x, d_layer_output, d_w, d_p
+
+
+# XLA's CPU backend without LLVM's optimisation passes: the oracle's programs run in
+# well under a second either way, and compile ~20% faster (50 s instead of 63 s for the
+# default suite's 20 programs). Only float64 rounding (e.g. fused multiply-adds) can
+# differ, far below anything a comparison resolves.
+_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 # A jitted program keeps an executable per input shape alive, and each holds memory
 # mappings (a process has at most vm.max_map_count): keep the programs of the few most
-# recent branch/config/rounding combinations, not of every case a long run has seen.
+# recent branch/config combinations, not of every case a long run has seen.
 @functools.lru_cache(maxsize=8)
-def _oracle_program(branch_apply: BranchApply, config, units: tuple | None, batched: bool = False):
-    """The jitted float64 forward + VJP for one branch and config (cached: shapes retrace).
+def _oracle_program(branch_apply: BranchApply, config):
+    """The jitted float64 forward + VJP of a batch of draws, for one branch and config.
 
-    units None: the exact oracle; else ((class, unit roundoff), ...): every input and
-    intermediate carries one simulated rounding per `ROUNDING_SITES`, drawn from the
-    `key` argument. batched: `key` is a (draws,) array of keys and every output gains a
-    leading draws axis: all the noisy draws of a case in one compiled program.
+    program(x, w, p, ct, keys, units): keys (D,) PRNG keys and units (D, classes) unit
+    roundoffs, one row per draw (`_units_vector`; zeros: the exact oracle); the inputs
+    are shared by every draw and every output gains a leading D axis. The units are data,
+    so the exact oracle and the noisy draws of float32 and bfloat16 runs of one shape
+    share one compiled program (cached: other shapes retrace).
     """
 
-    def program(x, w, p, ct, key):
-        r = _RoundingNoise(key, dict(units)) if units else _exact
-        if units:
-            x, ct = r(x, "x"), r(ct, "cotangent")
-            w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight") for k, v in w.items()}
-            p = {k: r(v, "branch_param") for k, v in p.items()}
+    def one_draw(x, w, p, ct, key, units):
+        recorder = _SiteRecorder()
+        jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply), x, w, p, ct)
+        size = 2 * sum(math.prod(shape) for _, shape in recorder.sites)
+        bank = jax.random.uniform(key, (size,), jnp.float64, -1.0, 1.0)
+        noise = _RoundingNoise(recorder.sites, bank, units)
+        outputs = _layer_and_vjp(x, w, p, ct, noise, config, branch_apply)
+        if noise.calls != len(recorder.sites):
+            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(recorder.sites)}")
+        return outputs
 
-        def whole(x_, w_, p_):
-            layer_input, coeffs = _pre(x_, w_, config, r)
-            layer_output = r(branch_apply(p_, layer_input), "layer_output")
-            out = _post(layer_output, x_, coeffs, r)
-            return out, (layer_input, layer_output) + coeffs
-
-        out, pullback, aux = jax.vjp(whole, x, w, p, has_aux=True)
-        d_x, d_w, d_p = pullback(ct)
-        layer_input, layer_output, h_pre, h_post, h_res = aux
-        # The cotangent reaching the branch output: the VJP of `post` w.r.t. its first input.
-        _, post_pullback = jax.vjp(lambda y: _post(y, x, (h_pre, h_post, h_res)), layer_output)
-        (d_layer_output,) = post_pullback(ct)
-        forward = {
-            "out": out, "layer_input": layer_input, "h_pre": h_pre, "h_post": h_post,
-            "h_res": h_res, "layer_output": layer_output,
-        }
-        return forward, d_x, d_layer_output, d_w, d_p
-
-    if batched:
-        # The inputs are shared by every draw; only the key varies.
-        return jax.jit(jax.vmap(program, in_axes=(None, None, None, None, 0)))
-    return jax.jit(program)
+    # The inputs are shared by every draw; the key and the units vary.
+    return jax.jit(jax.vmap(one_draw, in_axes=(None, None, None, None, 0, 0)), compiler_options=_COMPILER_OPTIONS)
 
 
 def run_oracle(
@@ -432,8 +485,7 @@ def run_oracle(
     how far the rounding a correct implementation may make moves each leaf.
     """
     seed, units = rounding_noise or (0, None)
-    (result,) = _run_program(x, weights, branch_apply, branch_params, cotangent, config, _units_key(_as_units(units)),
-                             seeds=(seed,), batched=False)
+    (result,) = run_oracle_batch(x, weights, branch_apply, branch_params, cotangent, config, draws=[(seed, units)])
     return result
 
 
@@ -450,38 +502,37 @@ def run_oracle_draws(
 ) -> list[OracleResult]:
     """`run_oracle` with `rounding_noise=(seed, units)` for every seed, in one compiled program.
 
-    The draws are `jax.vmap`ped over their keys (the inputs are shared), so a case's
-    noisy draws compile and run once instead of once per draw; each result holds the
-    same random deltas as the corresponding single `run_oracle` call. Arguments as for
-    `run_oracle`; returns one `OracleResult` per seed, in order.
+    Arguments as for `run_oracle`; returns one `OracleResult` per seed, in order, each
+    holding the same random deltas as the corresponding single `run_oracle` call.
     """
-    units_key = _units_key(_as_units(units))
-    if units_key is None:
+    if not np.any(_units_vector(units)):
         raise ValueError("run_oracle_draws needs non-zero rounding units")
-    return _run_program(x, weights, branch_apply, branch_params, cotangent, config, units_key,
-                        seeds=tuple(seeds), batched=True)
+    return run_oracle_batch(x, weights, branch_apply, branch_params, cotangent, config,
+                            draws=[(seed, units) for seed in seeds])
 
 
-def _as_units(units):
-    """A single float stands for every precision class (0 or None: the exact oracle)."""
-    if isinstance(units, (int, float)):
-        return {c: float(units) for c in PRECISION_CLASSES} if units else None
-    return units
+def run_oracle_batch(x, weights, branch_apply: BranchApply, branch_params: Mapping[str, Any], cotangent, config, *,
+                     draws: Sequence[tuple[int, Mapping[str, float] | float | None]]) -> list[OracleResult]:
+    """Several draws of `run_oracle` in one run of one compiled program (`jax.vmap` over the draws).
 
-
-def _run_program(x, weights, branch_apply, branch_params, cotangent, config, units_key, *, seeds, batched):
-    """Run the (batched) oracle program on the host CPU; one `OracleResult` per seed."""
+    draws: (seed, units) per draw, units as for `run_oracle`'s rounding_noise (None or 0:
+    the exact oracle, whose seed is then irrelevant). Returns one `OracleResult` per
+    draw, in order; a draw's result does not depend on the other draws of the batch
+    beyond a float64 reassociation of the contractions.
+    """
+    if not draws:
+        raise ValueError("run_oracle_batch needs at least one draw")
+    units = np.stack([_units_vector(u) for _, u in draws])
     with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(_as_f64(cotangent))
-        program = _oracle_program(branch_apply, config, units_key, batched)
-        keys = jnp.stack([jax.random.key(s) for s in seeds]) if batched else jax.random.key(seeds[0])
-        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, keys))
-        if not batched:
-            return [_result(outputs)]
-        return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(seeds))]
+        keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
+        program = _oracle_program(branch_apply, config)
+        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64),
+                               program(x64, w64, p64, ct64, keys, jnp.asarray(units)))
+    return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(draws))]
 
 
 def _result(outputs) -> OracleResult:

@@ -162,14 +162,15 @@ def test_every_dot_of_a_branch_states_its_precision(branch, dtype, setting):
 @pytest.mark.parametrize("units", [None, "bfloat16"], ids=["exact", "noisy"])
 def test_every_dot_of_the_oracle_is_at_highest_precision(units):
     config = MhcConfig(4, 128)
-    if units is not None:
-        units = oracle._units_key(oracle.unit_roundoffs(units, "float32"))
+    units = oracle._units_vector(None if units is None else oracle.unit_roundoffs(units, "float32"))[None]
     with jax.enable_x64(True):
         x = jnp.ones((2, 8, 4, 128), jnp.float64)
         w = {k: jnp.asarray(v, jnp.float64) for k, v in random_weights(config).as_dict().items()}
         params = {k: jnp.asarray(v) for k, v in BRANCHES["mlp"].init(np.random.default_rng(0), 128).items()}
-        program = oracle._oracle_program(BRANCHES["mlp"].apply, config, units)
-        jaxpr = trace(program, x, w, params, x, jax.random.key(0))
+        # The jitted program's function: traced inside the audit's own jit (compiler options
+        # belong to a top-level jit only).
+        program = oracle._oracle_program(BRANCHES["mlp"].apply, config).__wrapped__
+        jaxpr = trace(program, x, w, params, x, jnp.stack([jax.random.key(0)]), jnp.asarray(units))
     sites = _assert_all_dots_state(jaxpr, "highest", minimum=10)
     assert oracle._PRECISION == dot_precision(np.float64, "default") == Precision.HIGHEST
     assert all(s.operand_dtypes == ("float64", "float64") for s in sites)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -279,7 +280,14 @@ def test_a_baseline_cut_in_its_last_number_is_rejected(keep_line_ending, finishe
 
 @pytest.mark.slow
 @SHARED
-def test_without_a_terminal_a_heartbeat_names_the_running_case_and_path(finished):
-    beats = [line for line in finished["stderr"].splitlines() if line.startswith("... still running case ")]
-    assert beats, finished["stderr"][-2000:]
-    assert any("cli-a-f32: reference/unsharded" in line or "cli-a-f32: oracle" in line for line in beats), beats
+def test_without_a_terminal_a_heartbeat_names_the_running_case_and_path(case_file, tmp_path):
+    # From an empty cache folder, so that a case takes longer than the 0.2 s heartbeat
+    # (with stored programs and oracle answers a case can finish in milliseconds).
+    proc = run_cli(*run_args(case_file, tmp_path / "run", "--heartbeat", "0.2", "--cases", "cli-a-f32"),
+                   env_extra={"MHC_PARITY_CACHE": str(tmp_path / "cold-cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    beats = [line for line in proc.stderr.splitlines() if line.startswith("... still running case ")]
+    assert beats, proc.stderr[-2000:]
+    step = r"(fixture|oracle|lowering|(reference|interpret)/unsharded)"
+    pattern = re.compile(rf"\.\.\. still running case cli-a-f32: {step} for \d+s \(0/1 cases done\)")
+    assert all(pattern.fullmatch(line) for line in beats), beats

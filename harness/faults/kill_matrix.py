@@ -91,6 +91,9 @@ class _RecordingProgramCache:
         self._cache = ProgramCache()
         self.memo = memo
 
+    def prepare(self, paths, case, fixture) -> None:
+        self._cache.prepare(paths, case, fixture)
+
     def run(self, path, case, fixture):
         key = (case.name, path.name)
         try:
@@ -110,10 +113,15 @@ class _PerturbationScopedProgramCache:
         self.memo = memo
         self.perturbation = perturbation
 
+    def _recorded(self, path, case) -> bool:
+        return not self.perturbation.affects_path(path) and (case.name, path.name) in self.memo
+
+    def prepare(self, paths, case, fixture) -> None:
+        self._cache.prepare([p for p in paths if not self._recorded(p, case)], case, fixture)
+
     def run(self, path, case, fixture):
-        key = (case.name, path.name)
-        if not self.perturbation.affects_path(path) and key in self.memo:
-            recorded = self.memo[key]
+        if self._recorded(path, case):
+            recorded = self.memo[(case.name, path.name)]
             if isinstance(recorded, BaseException):
                 raise recorded
             return recorded

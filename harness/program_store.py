@@ -1,0 +1,204 @@
+"""Disk stores of the compiled path programs and of the kernels' TPU lowering results.
+
+JAX's persistent compilation cache saves XLA's compile, but finding an entry there
+means tracing and lowering the program first: ~0.5 s of Python per program, ~30 s per
+warm default-suite run. These stores key a program by what it is *made of* instead —
+the code it is traced from, the case's trace signature, the arguments' shapes, dtypes
+and shardings, the devices, the library versions and XLA flags — so a warm run loads a
+serialised executable (~0.03 s) without tracing anything.
+
+The code a program is made of is declared, per implementation: `PROGRAM_SOURCES` for
+every built-in path, plus `KERNEL_SOURCES` for the Pallas paths. So an edit to a kernel
+file misses only the kernel paths' programs; the reference programs still load.
+tests/test_program_store.py traces every built-in path and fails if code from a file
+outside its declared sources ran. External implementations (`--impl`) are never stored:
+their sources are not known; they go through JAX's own cache.
+
+Trust: a stored program is only as current as these declarations. A process that
+patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
+not use the stores: `ProgramCache()` and `Runner(...)` use none unless given one
+(`harness run`, its workers and `harness.api` do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pickle
+import platform
+import time
+
+import flax
+import jax
+import jaxlib
+import numpy as np
+from jax._src import config as jax_config  # the thread-local cache-write threshold; no public handle
+from jax.experimental import serialize_executable
+
+from harness.artifact_store import ArtifactStore
+from harness.env import cache_root, host_cpu
+from harness.implementations import BUILTIN
+from mhc.kernels.lowering import LoweringResult
+from reports.manifest import PROJECT_ROOT, digest_of, sha256_file
+
+# Bump when an entry's layout or its key material changes meaning.
+STORE_FORMAT = 1
+# Project files (globs from the project root) every built-in path's program is traced from
+# (less `_NOT_TRACED`).
+PROGRAM_SOURCES = (
+    "mhc/*.py",
+    "cases/branches.py", "cases/names.py", "cases/random_streams.py", "cases/spec.py",
+    "harness/paths.py", "harness/implementations.py", "harness/devices.py",
+)
+# ... and, for the Pallas paths and the TPU lowering, the kernels.
+KERNEL_SOURCES = ("mhc/kernels/*.py",)
+# The float64 oracle: no path's program runs it (the sources test checks), and an oracle
+# edit must not recompile every path.
+_NOT_TRACED = frozenset({"mhc/oracle.py"})
+# XLA's default value of a debugging option: the program is unchanged (tested bit for bit
+# against a plain compile), but JAX's persistent cache keys the compile apart (see
+# `ProgramStore.compile`).
+_FRESH_COMPILE_OPTIONS = {"xla_embed_ir_in_executable": False}
+# JAX settings that change what a traced program is.
+_JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion",
+                 "jax_threefry_partitionable")
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(patterns: tuple[str, ...], root: str = str(PROJECT_ROOT)) -> str:
+    """sha256 over the files matching `patterns` under `root` (names and contents).
+
+    Cached per process: the run's code does not change under it (and the manifest
+    records what it was).
+    """
+    base = PROJECT_ROOT.__class__(root)
+    files = sorted({path for pattern in patterns for path in base.glob(pattern)
+                    if path.is_file() and path.relative_to(base).as_posix() not in _NOT_TRACED})
+    if not files:
+        raise FileNotFoundError(f"no source files match {patterns} under {root}")
+    return digest_of({path.relative_to(base).as_posix(): sha256_file(path) for path in files})
+
+
+def environment_material() -> dict:
+    """Library versions, XLA flags, JAX settings and the host CPU: what else shapes a program."""
+    return {
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+                     "numpy": np.__version__, "python": platform.python_version()},
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "jax_settings": {name: str(getattr(jax.config, name)) for name in _JAX_SETTINGS},
+        "host_cpu": host_cpu(),
+    }
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _argument_material(args) -> dict:
+    leaves, treedef = jax.tree.flatten(args)
+    return {
+        "tree": str(treedef),
+        "leaves": [[list(leaf.shape), str(leaf.dtype), str(leaf.sharding)] for leaf in leaves],
+    }
+
+
+class ProgramStore:
+    """Compiled path programs on disk (``<cache>/programs``), for built-in implementations.
+
+    `load(...)` / `save(...)` take what `harness.paths.ProgramCache` knows of a program;
+    `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...).
+    """
+
+    def __init__(self, folder=None):
+        self.store = ArtifactStore(folder if folder is not None else cache_root() / "programs", "program")
+
+    @staticmethod
+    def material(path, signature: tuple, args, placement) -> dict | None:
+        """The key material of a path's program, or None if it must not be stored (external)."""
+        impl = path.impl
+        if BUILTIN.get(impl.name) != impl:
+            return None
+        sources = PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ())
+        return _jsonable({
+            "format": STORE_FORMAT,
+            "path": path.name,
+            "implementation": {"kernel": impl.kernel, "interpret": impl.interpret},
+            "signature": list(signature),
+            "arguments": _argument_material(args),
+            "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
+            "device_count": jax.device_count(),
+            "environment": environment_material(),
+            "sources": source_digest(sources),
+        })
+
+    def load(self, material: dict, placement):
+        """The stored executable (a `jax.stages.Compiled`) for `material`, or None."""
+        payload = self.store.load(material)
+        if payload is None:
+            return None
+        try:
+            serialized, in_tree, out_tree = pickle.loads(payload)
+            return serialize_executable.deserialize_and_load(
+                serialized, in_tree, out_tree, backend=placement.devices[0].client,
+                execution_devices=list(placement.devices))
+        except Exception as error:  # a verified entry this jaxlib cannot load: recompile
+            self.store.reject(material, f"{type(error).__name__}: {error}")
+            return None
+
+    @staticmethod
+    def compile(lowered):
+        """XLA's compile of `lowered` (a `jax.stages.Lowered`), never served by JAX's persistent cache.
+
+        An executable JAX loaded from its cache does not serialise whole on the pinned jaxlib:
+        stored again, it fails in the next process ("Function <fusion> not found"). So a
+        stored program is always compiled here: `_FRESH_COMPILE_OPTIONS` key JAX's cache apart
+        from every other compile, and no entry is written under that key, so it never hits.
+        """
+        with jax_config.persistent_cache_min_compile_time_secs(math.inf):
+            return lowered.compile(compiler_options=_FRESH_COMPILE_OPTIONS)
+
+    def save(self, material: dict, compiled) -> None:
+        """Store `compiled`; programs JAX cannot serialise (closed-over constants) are left out."""
+        try:
+            payload = pickle.dumps(serialize_executable.serialize(compiled))
+        except (ValueError, NotImplementedError):
+            return
+        self.store.save(material, payload)
+
+    def counts(self) -> dict[str, int]:
+        return {"programs_stored_loaded": self.store.hits, "programs_stored_missed": self.store.misses}
+
+
+class LoweringStore:
+    """The kernels' TPU lowering results on disk (``<cache>/lowering``), keyed like programs.
+
+    lower(arguments, compute): `arguments` is a JSON-able dict of everything the
+    lowering is called with; `compute()` returns the list of `LoweringResult`s. A hit
+    returns the stored results with `seconds` = this lookup's share of its load time.
+    """
+
+    def __init__(self, folder=None):
+        self.store = ArtifactStore(folder if folder is not None else cache_root() / "lowering", "lowering")
+
+    def lower(self, arguments: dict, compute):
+        start = time.perf_counter()
+        material = _jsonable({
+            "format": STORE_FORMAT,
+            "arguments": arguments,
+            "environment": environment_material(),
+            "sources": source_digest(PROGRAM_SOURCES + KERNEL_SOURCES),
+        })
+        payload = self.store.load(material)
+        if payload is not None:
+            stored = json.loads(payload)
+            share = (time.perf_counter() - start) / max(len(stored), 1)
+            return [LoweringResult(r["program"], r["ok"], r["error"], share) for r in stored]
+        results = compute()
+        self.store.save(material, json.dumps([dataclasses.asdict(r) for r in results]).encode())
+        return results
+
+    def counts(self) -> dict[str, int]:
+        return {"lowerings_stored_loaded": self.store.hits, "lowerings_stored_missed": self.store.misses}

@@ -1,0 +1,257 @@
+"""The disk stores of compiled programs and TPU lowering results: a stored program gives
+bit-identical leaves, any change of what it is made of misses, a corrupt entry is
+recompiled, and the declared sources cover every file a built-in program is traced from."""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from cases.fixtures import make_fixture
+from cases.spec import Case
+from harness import program_store
+from harness.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
+from harness.devices import path_placement
+from harness.implementations import INTERPRET, REFERENCE
+from harness.paths import Path, ProgramCache, _build_program, _place, _trace_signature, effective_precision
+from harness.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore, source_digest
+from mhc.kernels.lowering import LoweringResult
+from reports.manifest import PROJECT_ROOT
+from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
+
+CASE = Case(name="program-store-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
+SHARDED = Case(name="program-store-sharded", batch=2, sequence=16, streams=2, embedding=128, branch="mlp", mesh=(2, 1))
+
+
+# ------------------------------------------------------------------ the entry format
+
+
+def test_an_entry_round_trips_and_any_damage_is_rejected():
+    material = {"key": 1, "names": ["a", "b"]}
+    entry = encode_entry(material, b"payload bytes")
+    assert decode_entry(entry, material) == b"payload bytes"
+    flipped = bytearray(entry)
+    flipped[-3] ^= 0x01
+    damaged = {
+        "payload byte flipped": bytes(flipped),
+        "truncated": entry[:-4],
+        "header only": entry[:20],
+        "empty": b"",
+    }
+    for why, data in damaged.items():
+        with pytest.raises(CorruptEntry):
+            decode_entry(data, material)
+        assert why
+    with pytest.raises(CorruptEntry, match="stale"):
+        decode_entry(entry, {"key": 2, "names": ["a", "b"]})
+
+
+def test_the_store_counts_hits_misses_and_rejected_entries(tmp_path):
+    store = ArtifactStore(tmp_path, "thing")
+    assert store.load({"k": 1}) is None
+    store.save({"k": 1}, b"one")
+    assert store.load({"k": 1}) == b"one"
+    # an entry copied under another key's name is stale, not used
+    shutil.copy(store.entry_path({"k": 1}), store.entry_path({"k": 2}))
+    assert store.load({"k": 2}) is None
+    assert (store.hits, store.misses, store.rejected) == (1, 2, 1)
+
+
+# ------------------------------------------------------------------ compiled programs
+
+
+def _run(case, path, store):
+    return ProgramCache(store=store).run(path, case, make_fixture(case))
+
+
+@pytest.mark.parametrize("impl", [REFERENCE, INTERPRET], ids=lambda i: i.name)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_stored_program_gives_the_plain_compiles_leaves_bit_for_bit(tmp_path, impl, dtype):
+    """Compiled for the store (`ProgramStore.compile`'s options), saved and loaded, a program
+    computes exactly what `jax.jit` compiles from the same code (bfloat16: where XLA's
+    excess-precision setting would show)."""
+    case, path = dataclasses.replace(CASE, dtype=dtype), Path(impl)
+    plain = _run(case, path, None)
+    _run(case, path, ProgramStore(tmp_path))
+    store = ProgramStore(tmp_path)  # a new process would start like this
+    loaded = _run(case, path, store)
+    assert (store.store.hits, store.store.misses) == (1, 0)
+    assert loaded.leaves.keys() == plain.leaves.keys()
+    for name, value in plain.leaves.items():
+        np.testing.assert_array_equal(loaded.leaves[name], value, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_stored_sharded_program_gives_bit_identical_leaves(tmp_path):
+    path = Path(INTERPRET, mesh=(2, 1))
+    compiled = _run(SHARDED, path, ProgramStore(tmp_path))
+    store = ProgramStore(tmp_path)
+    loaded = _run(SHARDED, path, store)
+    assert store.store.hits == 1
+    for name, value in compiled.leaves.items():
+        np.testing.assert_array_equal(loaded.leaves[name], value, err_msg=name)
+
+
+def test_a_corrupt_program_entry_is_recompiled_and_replaced(tmp_path):
+    path = Path(REFERENCE)
+    expected = _run(CASE, path, ProgramStore(tmp_path))
+    (entry,) = tmp_path.glob("program-*.bin")
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    store = ProgramStore(tmp_path)
+    again = _run(CASE, path, store)
+    assert (store.store.hits, store.store.rejected) == (0, 1)
+    np.testing.assert_array_equal(again.leaves["out"], expected.leaves["out"])
+    reloaded = ProgramStore(tmp_path)
+    _run(CASE, path, reloaded)
+    assert reloaded.store.hits == 1, "the recompiled program replaced the corrupt entry"
+
+
+def _material(case, path):
+    placement = path_placement(path)
+    args = _place(make_fixture(case), path, placement)
+    return ProgramStore.material(path, _trace_signature(case, effective_precision(case, placement)), args, placement)
+
+
+def test_the_key_changes_with_shapes_dtypes_and_devices_and_external_paths_are_not_stored():
+    base = _material(CASE, Path(REFERENCE))
+    assert _material(CASE, Path(REFERENCE)) == base
+    assert _material(dataclasses.replace(CASE, sequence=32), Path(REFERENCE)) != base
+    assert _material(dataclasses.replace(CASE, dtype="bfloat16"), Path(REFERENCE)) != base
+    assert _material(CASE, Path(INTERPRET))["sources"] != base["sources"]
+    external = dataclasses.replace(REFERENCE, name="mine", spec="pkg.mod:factory")
+    assert _material(CASE, Path(external)) is None
+
+
+def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
+    for folder in ("mhc", "cases", "harness"):
+        shutil.copytree(PROJECT_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = {s: source_digest(s, str(tmp_path)) for s in (PROGRAM_SOURCES, PROGRAM_SOURCES + KERNEL_SOURCES)}
+    kernel_file = tmp_path / "mhc/kernels/forward.py"
+    kernel_file.write_text(kernel_file.read_text() + "\n# edited\n")
+    source_digest.cache_clear()
+    try:
+        assert source_digest(PROGRAM_SOURCES, str(tmp_path)) == before[PROGRAM_SOURCES]
+        assert source_digest(PROGRAM_SOURCES + KERNEL_SOURCES, str(tmp_path)) != before[PROGRAM_SOURCES + KERNEL_SOURCES]
+        oracle_file = tmp_path / "mhc/oracle.py"
+        oracle_file.write_text(oracle_file.read_text() + "\n# edited\n")
+        source_digest.cache_clear()
+        assert source_digest(PROGRAM_SOURCES, str(tmp_path)) == before[PROGRAM_SOURCES], "the oracle is not traced"
+        common = tmp_path / "mhc/common.py"
+        common.write_text(common.read_text() + "\n# edited\n")
+        source_digest.cache_clear()
+        assert source_digest(PROGRAM_SOURCES, str(tmp_path)) != before[PROGRAM_SOURCES]
+    finally:
+        source_digest.cache_clear()
+
+
+def _files_run_while_tracing(case, path) -> set[str]:
+    """Project files (relative) whose Python code ran while `path`'s program was built and lowered."""
+    placement = path_placement(path)
+    precision = effective_precision(case, placement)
+    args = _place(make_fixture(case), path, placement)
+    seen = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.add(frame.f_code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        with jax.default_device(placement.devices[0]):
+            jax.jit(_build_program(path, case, placement, precision)).lower(*args)
+    finally:
+        sys.setprofile(None)
+    root = str(PROJECT_ROOT) + "/"
+    return {f[len(root):] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}
+
+
+def _declared(patterns) -> set[str]:
+    return {p.relative_to(PROJECT_ROOT).as_posix() for pattern in patterns for p in PROJECT_ROOT.glob(pattern)
+            } - program_store._NOT_TRACED
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, path", [
+    (CASE, Path(REFERENCE)), (CASE, Path(INTERPRET)),
+    (SHARDED, Path(REFERENCE, mesh=(2, 1))), (SHARDED, Path(INTERPRET, mesh=(2, 1))),
+], ids=lambda v: getattr(v, "name", ""))
+def test_the_declared_sources_cover_every_file_a_program_is_traced_from(case, path):
+    ran = _files_run_while_tracing(case, path)
+    declared = _declared(PROGRAM_SOURCES + (KERNEL_SOURCES if path.impl.kernel else ()))
+    assert ran - {"tests/test_program_store.py"} <= declared, (
+        f"{path.name}'s program ran code from {sorted(ran - declared)}: add it to harness/program_store.py's sources")
+    if path.impl.kernel:
+        assert ran & _declared(KERNEL_SOURCES), "control: the profile sees the kernels' code"
+    else:
+        assert not ran & _declared(KERNEL_SOURCES)
+
+
+# ------------------------------------------------------------------ TPU lowering results
+
+
+def test_a_stored_lowering_is_not_recomputed_and_other_arguments_miss(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return [LoweringResult("pre_forward", True, "", 0.5), LoweringResult("post_forward", False, "Err: no", 0.25)]
+
+    arguments = {"config": {"streams": 4}, "batch": 2}
+    first = LoweringStore(tmp_path).lower(arguments, compute)
+    store = LoweringStore(tmp_path)
+    again = store.lower(arguments, compute)
+    assert len(calls) == 1 and store.store.hits == 1
+    assert [(r.program, r.ok, r.error) for r in again] == [(r.program, r.ok, r.error) for r in first]
+    store.lower({**arguments, "batch": 4}, compute)
+    assert len(calls) == 2
+
+
+# ------------------------------------------------------------------ across processes
+
+_PLAIN_COMPILES = """
+import sys
+from harness.env import ensure_host_devices
+ensure_host_devices()
+from cases.fixtures import make_fixture
+from cases.toml_cases import load_case_file
+from harness.implementations import INTERPRET, REFERENCE
+from harness.paths import Path, ProgramCache
+from harness.run_info import enable_compilation_cache
+enable_compilation_cache()
+for case in load_case_file(sys.argv[1]):
+    for impl in (REFERENCE, INTERPRET):
+        ProgramCache().run(Path(impl), case, make_fixture(case))
+"""
+
+
+@pytest.mark.slow
+def test_programs_stored_by_one_run_load_in_the_next_even_when_jax_cached_them_first(tmp_path):
+    """JAX's persistent cache holding the same programs (here from a process without the
+    store) must not leak into the store: an executable JAX loaded does not serialise whole
+    on the pinned jaxlib and failed in the next process ("Function ... not found")."""
+    case_file = tmp_path / "cases.toml"
+    case_file.write_text(CASE_FILE.split("[[case]]\nname = \"cli-c-sharded\"")[0])
+    env = {"MHC_PARITY_CACHE": str(tmp_path / "cache")}
+    plain = subprocess.run([sys.executable, "-c", _PLAIN_COMPILES, str(case_file)], cwd=PROJECT_ROOT,
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    runs = []
+    for name in ("first", "second"):
+        result = run_cli("run", "--case-file", case_file, "--cases", "cli-*", "--no-lowering", "--quiet",
+                         "--out", tmp_path / name, env_extra=env)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        runs.append(json.loads((tmp_path / name / "report.json").read_text())["metadata"])
+    assert runs[0]["programs_stored_missed"] > 0 and runs[0]["programs_stored_loaded"] == 0
+    assert runs[1]["programs_stored_loaded"] == runs[0]["programs_stored_missed"]
+    assert runs[1]["programs_stored_missed"] == 0
+    first, second = (load_jsonl(tmp_path / name / "rows.jsonl") for name in ("first", "second"))
+    assert without_timing(first) == without_timing(second)
+    assert all(row["verdict"] in ("pass", "skip") for row in second), {row["verdict"] for row in second}

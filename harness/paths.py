@@ -34,6 +34,7 @@ from harness.devices import HOST_SUFFIX, Placement, path_placement, placement_me
 from harness.implementations import Implementation
 from harness.metrics import systematic_error
 from mhc import oracle
+from mhc.common import UnsupportedInputError
 from mhc.kernels import KernelConfig
 from mhc.layer import ManifoldConstrainedHyperConnections
 from mhc.precision import device_compute_capability, effective_matmul_precision, operand_rounding
@@ -251,14 +252,23 @@ class ProgramCache:
         return (path.name, _trace_signature(case, precision)), placement, precision, args
 
     def _load_or_lower(self, path: Path, case, key, placement, precision, args):
-        """(compiled, None) from the store, or (None, (lowered, store material or None)) to compile."""
+        """(compiled, None) from the store, or (None, (lowered, store material or None)) to compile.
+
+        Raises `UnsupportedInputError` if the program rejects its input (stored too).
+        """
         material = self.store.material(path, key[1], args, placement) if self.store else None
         compiled = self.store.load(material, placement) if material is not None else None
         if compiled is not None:
             return compiled, None
         # The layer's initial parameters are built eagerly: on the path's device too.
         with jax.default_device(placement.devices[0]):
-            return None, (jax.jit(_build_program(path, case, placement, precision)).lower(*args), material)
+            try:
+                lowered = jax.jit(_build_program(path, case, placement, precision)).lower(*args)
+            except UnsupportedInputError as error:  # the next run rejects without tracing
+                if material is not None:
+                    self.store.save_rejection(material, error)
+                raise
+        return None, (lowered, material)
 
     def _compile(self, lowered, material):
         if material is None:

@@ -41,11 +41,12 @@ from jax.experimental import serialize_executable
 from harness.artifact_store import ArtifactStore
 from harness.env import cache_root, host_cpu
 from harness.implementations import BUILTIN
+from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
 from reports.manifest import PROJECT_ROOT, digest_of, sha256_file
 
 # Bump when an entry's layout or its key material changes meaning.
-STORE_FORMAT = 1
+STORE_FORMAT = 2
 # Project files (globs from the project root) every built-in path's program is traced from
 # (less `_NOT_TRACED`).
 PROGRAM_SOURCES = (
@@ -135,12 +136,23 @@ class ProgramStore:
         })
 
     def load(self, material: dict, placement):
-        """The stored executable (a `jax.stages.Compiled`) for `material`, or None."""
+        """The stored executable (a `jax.stages.Compiled`) for `material`, or None.
+
+        Raises the stored `UnsupportedInputError` if tracing this program rejected its input
+        (`save_rejection`): a rejection is as much a function of the key as a program is.
+        """
         payload = self.store.load(material)
         if payload is None:
             return None
         try:
-            serialized, in_tree, out_tree = pickle.loads(payload)
+            kind, *content = pickle.loads(payload)
+        except Exception as error:  # noqa: BLE001 - a verified entry this code cannot read
+            self.store.reject(material, f"{type(error).__name__}: {error}")
+            return None
+        if kind == "rejected":
+            raise UnsupportedInputError(content[0])
+        try:
+            serialized, in_tree, out_tree = content
             return serialize_executable.deserialize_and_load(
                 serialized, in_tree, out_tree, backend=placement.devices[0].client,
                 execution_devices=list(placement.devices))
@@ -163,10 +175,14 @@ class ProgramStore:
     def save(self, material: dict, compiled) -> None:
         """Store `compiled`; programs JAX cannot serialise (closed-over constants) are left out."""
         try:
-            payload = pickle.dumps(serialize_executable.serialize(compiled))
+            payload = pickle.dumps(("program", *serialize_executable.serialize(compiled)))
         except (ValueError, NotImplementedError):
             return
         self.store.save(material, payload)
+
+    def save_rejection(self, material: dict, error: UnsupportedInputError) -> None:
+        """Store that tracing the program rejected its input, with the error's message."""
+        self.store.save(material, pickle.dumps(("rejected", str(error))))
 
     def counts(self) -> dict[str, int]:
         return {"programs_stored_loaded": self.store.hits, "programs_stored_missed": self.store.misses}

@@ -21,6 +21,7 @@ from harness.devices import path_placement
 from harness.implementations import INTERPRET, REFERENCE
 from harness.paths import Path, ProgramCache, _build_program, _place, _trace_signature, effective_precision
 from harness.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore, source_digest
+from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
 from reports.manifest import PROJECT_ROOT
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
@@ -112,6 +113,24 @@ def test_a_corrupt_program_entry_is_recompiled_and_replaced(tmp_path):
     reloaded = ProgramStore(tmp_path)
     _run(CASE, path, reloaded)
     assert reloaded.store.hits == 1, "the recompiled program replaced the corrupt entry"
+
+
+def test_a_rejected_input_is_stored_and_raised_again_without_tracing(tmp_path, monkeypatch):
+    """A program whose tracing rejects its input (the kernels do not take embedding 96) is
+    stored as that rejection: the next run raises the same error and traces nothing."""
+    case, path = dataclasses.replace(CASE, embedding=96), Path(INTERPRET)
+    with pytest.raises(UnsupportedInputError) as first:
+        _run(case, path, ProgramStore(tmp_path))
+    import harness.paths
+
+    def no_tracing(*args, **kwargs):
+        raise AssertionError("the stored rejection should have answered")
+
+    monkeypatch.setattr(harness.paths, "_build_program", no_tracing)
+    store = ProgramStore(tmp_path)
+    with pytest.raises(UnsupportedInputError) as again:
+        _run(case, path, store)
+    assert str(again.value) == str(first.value) and store.store.hits == 1
 
 
 def _material(case, path):

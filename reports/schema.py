@@ -39,68 +39,72 @@ LEAF_KINDS = (
 
 IDENTITY_COLUMNS = ("case", "candidate", "partner", "leaf")
 
-ROW_COLUMNS = (
+_FLOAT, _INT, _TEXT = float, int, str  # the types of row values
+# Every row column, in order, with the type of its values.
+_COLUMN_TYPES = {
     # identity: the key a baseline row is matched on is IDENTITY_COLUMNS
-    "case",
-    "candidate",
-    "partner",
-    "leaf",
-    "comparison",
-    "leaf_kind",
+    "case": _TEXT,
+    "candidate": _TEXT,
+    "partner": _TEXT,
+    "leaf": _TEXT,
+    "comparison": _TEXT,
+    "leaf_kind": _TEXT,
     # what was compared
-    "dtype",  # dtype of the compared leaf (the candidate's)
-    "act_dtype",
-    "weight_dtype",
-    "variant",
-    "shape",  # e.g. "2x64x4x128"
-    "mesh",  # "" unsharded, else "data=2,fsdp=4"
-    "tags",  # space-separated
+    "dtype": _TEXT,  # dtype of the compared leaf (the candidate's)
+    "act_dtype": _TEXT,
+    "weight_dtype": _TEXT,
+    "variant": _TEXT,
+    "shape": _TEXT,  # e.g. "2x64x4x128"
+    "mesh": _TEXT,  # "" unsharded, else "data=2,fsdp=4"
+    "tags": _TEXT,  # space-separated
     # verdict
-    "verdict",
-    "reason",  # why it failed / skipped / errored; "" on a clean pass
+    "verdict": _TEXT,
+    "reason": _TEXT,  # why it failed / skipped / errored; "" on a clean pass
     # candidate vs partner
-    "max_abs_err",
-    "max_rel_err",  # max |c - p| / max |p|
-    "rel_rms_err",  # ||c - p||_2 / ||p||_2
-    "max_ulp",  # in ulps of the leaf's dtype at the partner's values
-    "p99_ulp",
-    "cosine",
-    "nan_count",  # in the candidate
-    "inf_count",
-    "partner_nan_count",
-    "partner_inf_count",
-    "oracle_nan_count",
-    "oracle_inf_count",
+    "max_abs_err": _FLOAT,
+    "max_rel_err": _FLOAT,  # max |c - p| / max |p|
+    "rel_rms_err": _FLOAT,  # ||c - p||_2 / ||p||_2
+    "max_ulp": _FLOAT,  # in ulps of the leaf's dtype at the partner's values
+    "p99_ulp": _FLOAT,
+    "cosine": _FLOAT,
+    "nan_count": _INT,  # in the candidate
+    "inf_count": _INT,
+    "partner_nan_count": _INT,
+    "partner_inf_count": _INT,
+    "oracle_nan_count": _INT,
+    "oracle_inf_count": _INT,
     # each side against the float64 oracle (same normalisation as max_rel_err / rel_rms_err)
-    "cand_oracle_max_err",
-    "partner_oracle_max_err",
-    "oracle_ratio_max",  # cand_oracle_max_err / partner_oracle_max_err
-    "cand_oracle_rms_err",
-    "partner_oracle_rms_err",
-    "oracle_ratio_rms",
+    "cand_oracle_max_err": _FLOAT,
+    "partner_oracle_max_err": _FLOAT,
+    "oracle_ratio_max": _FLOAT,  # cand_oracle_max_err / partner_oracle_max_err
+    "cand_oracle_rms_err": _FLOAT,
+    "partner_oracle_rms_err": _FLOAT,
+    "oracle_ratio_rms": _FLOAT,
     # how far one rounding of the activation dtype at every operation moves the oracle's
     # leaf (same normalisations): the error the arithmetic explains at this leaf
-    "oracle_sensitivity_max",
-    "oracle_sensitivity_rms",
+    "oracle_sensitivity_max": _FLOAT,
+    "oracle_sensitivity_rms": _FLOAT,
     # an error shared by every token (token-major leaves, against the oracle): the largest
     # per-group t statistic |mean error| / standard error, that group's mean shift
     # (normalised by max|oracle|), the partner's t, and the t the rounding model produces
-    "cand_systematic_t",
-    "cand_systematic_shift",
-    "partner_systematic_t",
-    "oracle_systematic_t",
+    "cand_systematic_t": _FLOAT,
+    "cand_systematic_shift": _FLOAT,
+    "partner_systematic_t": _FLOAT,
+    "oracle_systematic_t": _FLOAT,
     # the bound the row was held to
-    "bound",  # human-readable description of the rule and its numbers
-    "bound_usage",  # measured / allowed for the binding rule; > 1 fails
+    "bound": _TEXT,  # human-readable description of the rule and its numbers
+    "bound_usage": _FLOAT,  # measured / allowed for the binding rule; > 1 fails
     # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
-    "compile_s",
-    "execute_s",
+    "compile_s": _FLOAT,
+    "execute_s": _FLOAT,
     # where and how the candidate ran: the matmul precision it effectively ran at (see
     # mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
     # and its devices (e.g. "cpu:0-7"; "" if it did not run; see harness.devices)
-    "matmul_precision",
-    "devices",
-)
+    "matmul_precision": _TEXT,
+    "devices": _TEXT,
+}
+
+ROW_COLUMNS = tuple(_COLUMN_TYPES)
 
 # Columns added after the first schema: a row file written before them lacks them and
 # is read with them empty (NaN for numbers; reports.rows), so older runs stay readable.
@@ -109,38 +113,9 @@ LATER_COLUMNS = (
     "matmul_precision", "devices",
 )
 
-FLOAT_COLUMNS = (
-    "max_abs_err",
-    "max_rel_err",
-    "rel_rms_err",
-    "max_ulp",
-    "p99_ulp",
-    "cosine",
-    "cand_oracle_max_err",
-    "partner_oracle_max_err",
-    "oracle_ratio_max",
-    "cand_oracle_rms_err",
-    "partner_oracle_rms_err",
-    "oracle_ratio_rms",
-    "oracle_sensitivity_max",
-    "oracle_sensitivity_rms",
-    "cand_systematic_t",
-    "cand_systematic_shift",
-    "partner_systematic_t",
-    "oracle_systematic_t",
-    "bound_usage",
-    "compile_s",
-    "execute_s",
-)
-INT_COLUMNS = (
-    "nan_count",
-    "inf_count",
-    "partner_nan_count",
-    "partner_inf_count",
-    "oracle_nan_count",
-    "oracle_inf_count",
-)
-TEXT_COLUMNS = tuple(c for c in ROW_COLUMNS if c not in FLOAT_COLUMNS and c not in INT_COLUMNS)
+FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)
+INT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _INT)
+TEXT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _TEXT)
 
 
 def row_key(row: dict) -> tuple[str, str, str, str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import pickle
@@ -44,6 +45,8 @@ from harness.implementations import BUILTIN
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
 from reports.manifest import PROJECT_ROOT, digest_of, sha256_file
+
+log = logging.getLogger(__name__)
 
 # Bump when an entry's layout or its key material changes meaning.
 STORE_FORMAT = 2
@@ -122,7 +125,11 @@ class ProgramStore:
         impl = path.impl
         if BUILTIN.get(impl.name) != impl:
             return None
-        sources = PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ())
+        try:
+            sources = source_digest(PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ()))
+        except FileNotFoundError as error:  # e.g. a zipped install: nothing to key on, store nothing
+            log.warning("compiled programs are not stored: %s", error)
+            return None
         return _jsonable({
             "format": STORE_FORMAT,
             "path": path.name,
@@ -132,7 +139,7 @@ class ProgramStore:
             "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
             "device_count": jax.device_count(),
             "environment": environment_material(),
-            "sources": source_digest(sources),
+            "sources": sources,
         })
 
     def load(self, material: dict, placement):
@@ -201,11 +208,16 @@ class LoweringStore:
 
     def lower(self, arguments: dict, compute):
         start = time.perf_counter()
+        try:
+            sources = source_digest(PROGRAM_SOURCES + KERNEL_SOURCES)
+        except FileNotFoundError as error:  # nothing to key on: lower, store nothing
+            log.warning("TPU lowering results are not stored: %s", error)
+            return compute()
         material = _jsonable({
             "format": STORE_FORMAT,
             "arguments": arguments,
             "environment": environment_material(),
-            "sources": source_digest(PROGRAM_SOURCES + KERNEL_SOURCES),
+            "sources": sources,
         })
         payload = self.store.load(material)
         if payload is not None:

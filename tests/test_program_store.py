@@ -149,6 +149,16 @@ def test_the_key_changes_with_shapes_dtypes_and_devices_and_external_paths_are_n
     assert _material(CASE, Path(external)) is None
 
 
+def test_without_readable_sources_programs_are_compiled_and_not_stored(tmp_path, monkeypatch):
+    def unreadable(*args, **kwargs):
+        raise FileNotFoundError("no source files match ('mhc/*.py',)")
+
+    monkeypatch.setattr(program_store, "source_digest", unreadable)
+    store = ProgramStore(tmp_path)
+    outputs = _run(CASE, Path(REFERENCE), store)
+    assert outputs.leaves["out"].size and not list(tmp_path.glob("program-*.bin"))
+
+
 def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
     for folder in ("mhc", "cases", "harness"):
         shutil.copytree(PROJECT_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))

@@ -39,7 +39,7 @@ from cases.fixtures import array_sha256, atomic_write
 from harness.artifact_store import canonical_json, header_checksum, key_digest
 from harness.env import cache_root
 from harness.paths import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
-from reports.manifest import PROJECT_ROOT, digest_of, sha256_file
+from reports.manifest import PROJECT_ROOT, source_digest
 
 # Bump when the entry layout changes (part of the key).
 ENTRY_FORMAT = 1
@@ -62,7 +62,7 @@ def default_folder() -> pathlib.Path:
 
 def oracle_source_digest(root: pathlib.Path = PROJECT_ROOT) -> str:
     """sha256 over the `ORACLE_SOURCES` files' contents."""
-    return digest_of({name: sha256_file(root / name) for name in ORACLE_SOURCES})
+    return source_digest(ORACLE_SOURCES, root)
 
 
 def key_material(case, fixture, source_digest: str) -> dict:

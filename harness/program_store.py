@@ -44,7 +44,7 @@ from harness.env import cache_root, host_cpu
 from harness.implementations import BUILTIN
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
-from reports.manifest import PROJECT_ROOT, digest_of, sha256_file
+from reports.manifest import source_digest
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +72,16 @@ _JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dt
 
 
 @functools.lru_cache(maxsize=None)
-def source_digest(patterns: tuple[str, ...], root: str = str(PROJECT_ROOT)) -> str:
-    """sha256 over the files matching `patterns` under `root` (names and contents).
-
-    Cached per process: the run's code does not change under it (and the manifest
-    records what it was).
-    """
-    base = PROJECT_ROOT.__class__(root)
-    files = sorted({path for pattern in patterns for path in base.glob(pattern)
-                    if path.is_file() and path.relative_to(base).as_posix() not in _NOT_TRACED})
-    if not files:
-        raise FileNotFoundError(f"no source files match {patterns} under {root}")
-    return digest_of({path.relative_to(base).as_posix(): sha256_file(path) for path in files})
+def traced_sources_digest(patterns: tuple[str, ...]) -> str | None:
+    """`reports.manifest.source_digest` of the project files matching `patterns` (less
+    `_NOT_TRACED`), or None — with one warning — when they are not on disk (e.g. a zipped
+    install): then nothing is stored. Cached per process: the run's code does not change
+    under it (and the manifest records what it was)."""
+    try:
+        return source_digest(patterns, exclude=_NOT_TRACED)
+    except FileNotFoundError as error:
+        log.warning("compiled programs and TPU lowerings are not stored: %s", error)
+        return None
 
 
 def environment_material() -> dict:
@@ -125,10 +123,8 @@ class ProgramStore:
         impl = path.impl
         if BUILTIN.get(impl.name) != impl:
             return None
-        try:
-            sources = source_digest(PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ()))
-        except FileNotFoundError as error:  # e.g. a zipped install: nothing to key on, store nothing
-            log.warning("compiled programs are not stored: %s", error)
+        sources = traced_sources_digest(PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ()))
+        if sources is None:
             return None
         return _jsonable({
             "format": STORE_FORMAT,
@@ -208,10 +204,8 @@ class LoweringStore:
 
     def lower(self, arguments: dict, compute):
         start = time.perf_counter()
-        try:
-            sources = source_digest(PROGRAM_SOURCES + KERNEL_SOURCES)
-        except FileNotFoundError as error:  # nothing to key on: lower, store nothing
-            log.warning("TPU lowering results are not stored: %s", error)
+        sources = traced_sources_digest(PROGRAM_SOURCES + KERNEL_SOURCES)
+        if sources is None:
             return compute()
         material = _jsonable({
             "format": STORE_FORMAT,

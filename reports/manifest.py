@@ -92,6 +92,20 @@ def digest_of(files: Mapping[str, str]) -> str:
     return joint.hexdigest()
 
 
+def source_digest(patterns: Iterable[str], root: pathlib.Path = PROJECT_ROOT,
+                  exclude: Iterable[str] = ()) -> str:
+    """`digest_of` the files matching each glob pattern under `root`, less `exclude`
+    (project-relative paths). FileNotFoundError if a pattern matches no file."""
+    root, excluded = pathlib.Path(root), set(exclude)
+    files = {}
+    for pattern in patterns:
+        matched = {path.relative_to(root).as_posix(): path for path in root.glob(pattern) if path.is_file()}
+        if not matched:
+            raise FileNotFoundError(f"no source file matches {pattern!r} under {root}")
+        files.update({name: sha256_file(path) for name, path in matched.items() if name not in excluded})
+    return digest_of(files)
+
+
 def selection_digest(cases: Sequence) -> str:
     """sha256 over the full specs of the selected cases, in order (frozen dataclasses)."""
     specs = [dataclasses.asdict(case) for case in cases]

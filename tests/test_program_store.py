@@ -20,10 +20,10 @@ from harness.artifact_store import ArtifactStore, CorruptEntry, decode_entry, en
 from harness.devices import path_placement
 from harness.implementations import INTERPRET, REFERENCE
 from harness.paths import Path, ProgramCache, _build_program, _place, _trace_signature, effective_precision
-from harness.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore, source_digest
+from harness.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
-from reports.manifest import PROJECT_ROOT
+from reports.manifest import PROJECT_ROOT, source_digest
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
 
 CASE = Case(name="program-store-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
@@ -151,34 +151,38 @@ def test_the_key_changes_with_shapes_dtypes_and_devices_and_external_paths_are_n
 
 def test_without_readable_sources_programs_are_compiled_and_not_stored(tmp_path, monkeypatch):
     def unreadable(*args, **kwargs):
-        raise FileNotFoundError("no source files match ('mhc/*.py',)")
+        raise FileNotFoundError("no source file matches 'mhc/*.py'")
 
     monkeypatch.setattr(program_store, "source_digest", unreadable)
-    store = ProgramStore(tmp_path)
-    outputs = _run(CASE, Path(REFERENCE), store)
+    program_store.traced_sources_digest.cache_clear()
+    try:
+        store = ProgramStore(tmp_path)
+        outputs = _run(CASE, Path(REFERENCE), store)
+    finally:
+        program_store.traced_sources_digest.cache_clear()
     assert outputs.leaves["out"].size and not list(tmp_path.glob("program-*.bin"))
 
 
 def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
     for folder in ("mhc", "cases", "harness"):
         shutil.copytree(PROJECT_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    before = {s: source_digest(s, str(tmp_path)) for s in (PROGRAM_SOURCES, PROGRAM_SOURCES + KERNEL_SOURCES)}
+
+    def digest(patterns):
+        return source_digest(patterns, tmp_path, exclude=program_store._NOT_TRACED)
+
+    kernels = PROGRAM_SOURCES + KERNEL_SOURCES
+    before = {s: digest(s) for s in (PROGRAM_SOURCES, kernels)}
+    assert before[kernels] == program_store.traced_sources_digest(kernels), "the copy is the project's code"
     kernel_file = tmp_path / "mhc/kernels/forward.py"
     kernel_file.write_text(kernel_file.read_text() + "\n# edited\n")
-    source_digest.cache_clear()
-    try:
-        assert source_digest(PROGRAM_SOURCES, str(tmp_path)) == before[PROGRAM_SOURCES]
-        assert source_digest(PROGRAM_SOURCES + KERNEL_SOURCES, str(tmp_path)) != before[PROGRAM_SOURCES + KERNEL_SOURCES]
-        oracle_file = tmp_path / "mhc/oracle.py"
-        oracle_file.write_text(oracle_file.read_text() + "\n# edited\n")
-        source_digest.cache_clear()
-        assert source_digest(PROGRAM_SOURCES, str(tmp_path)) == before[PROGRAM_SOURCES], "the oracle is not traced"
-        common = tmp_path / "mhc/common.py"
-        common.write_text(common.read_text() + "\n# edited\n")
-        source_digest.cache_clear()
-        assert source_digest(PROGRAM_SOURCES, str(tmp_path)) != before[PROGRAM_SOURCES]
-    finally:
-        source_digest.cache_clear()
+    assert digest(PROGRAM_SOURCES) == before[PROGRAM_SOURCES]
+    assert digest(kernels) != before[kernels]
+    oracle_file = tmp_path / "mhc/oracle.py"
+    oracle_file.write_text(oracle_file.read_text() + "\n# edited\n")
+    assert digest(PROGRAM_SOURCES) == before[PROGRAM_SOURCES], "the oracle is not traced"
+    common = tmp_path / "mhc/common.py"
+    common.write_text(common.read_text() + "\n# edited\n")
+    assert digest(PROGRAM_SOURCES) != before[PROGRAM_SOURCES]
 
 
 def _files_run_while_tracing(case, path) -> set[str]:

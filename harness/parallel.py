@@ -28,7 +28,7 @@ from harness.env import ensure_host_devices
 from harness.implementations import BUILTIN, load_externals
 from harness.plan import PathPlan
 from harness.run_info import enable_compilation_cache
-from harness.runner import Runner, StepCallback
+from harness.runner import TIMINGS, Runner, StepCallback
 
 
 class WorkerError(RuntimeError):
@@ -87,7 +87,7 @@ class ParallelRunner:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.policy = policy
         self.jobs = jobs
-        self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
+        self.timings = dict.fromkeys(TIMINGS, 0.0)
         self._counts: dict[str, int] = {}
 
     def work_counts(self) -> dict:

@@ -20,6 +20,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import os
+import threading
 import time
 from typing import Mapping
 
@@ -194,7 +195,8 @@ def _place(fixture, path: Path, placement: Placement):
 # memory", then a segfault). Cases reuse a program only while their shape repeats, so
 # the most recent few dozen are the ones worth keeping.
 MAX_CACHED_PROGRAMS = 48
-# Programs `ProgramCache.prepare` compiles at once: XLA's compile uses about one core each.
+# Threads that obtain programs at once (`ProgramCache.compile_ahead`): XLA's compile uses
+# about one core each and releases the GIL.
 COMPILE_THREADS = max(1, os.cpu_count() or 1)
 
 
@@ -205,6 +207,9 @@ class ProgramCache:
     (or loaded) if its signature comes back. store: a `harness.program_store.ProgramStore`
     to load built-in paths' programs from and save them to (None: compile every program
     this process needs; JAX's persistent cache, when enabled, still saves XLA's work).
+
+    Programs can be obtained ahead of their use in a thread pool (`compile_ahead`); `run`
+    then waits for the one it needs. The cache itself is safe to use from several threads.
     """
 
     def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS, store=None):
@@ -212,30 +217,37 @@ class ProgramCache:
             raise ValueError(f"max_programs must be at least 1, got {max_programs}")
         self.max_programs = max_programs
         self.store = store
+        self._lock = threading.Lock()
         self._compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
-        # key -> seconds `prepare` spent on a program its `run` has not reported yet.
-        self._seconds: dict[tuple, float] = {}
+        # key -> future of (compiled program or None if obtaining it raised, seconds), from
+        # `compile_ahead`; the first `run` of the key takes it.
+        self._pending: dict[tuple, concurrent.futures.Future] = {}
 
     def clear(self) -> None:
-        self._compiled.clear()
-        self._seconds.clear()
+        with self._lock:
+            self._compiled.clear()
+            self._pending.clear()
 
     def __len__(self) -> int:
-        return len(self._compiled)
+        """Programs kept, and those obtained ahead (or under way) that no `run` took yet."""
+        with self._lock:
+            return len(self._compiled) + len(self._pending)
 
     def lookup(self, key: tuple) -> object | None:
         """The compiled program of `key` (now the most recently used), or None."""
-        compiled = self._compiled.get(key)
-        if compiled is not None:
-            self._compiled.move_to_end(key)
-        return compiled
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+            return compiled
 
     def remember(self, key: tuple, compiled: object) -> None:
         """Keep `compiled` under `key`, dropping the least recently used beyond `max_programs`."""
-        self._compiled[key] = compiled
-        self._compiled.move_to_end(key)
-        while len(self._compiled) > self.max_programs:
-            self._compiled.popitem(last=False)
+        with self._lock:
+            self._compiled[key] = compiled
+            self._compiled.move_to_end(key)
+            while len(self._compiled) > self.max_programs:
+                self._compiled.popitem(last=False)
 
     def _resolve(self, path: Path, case, fixture):
         """(cache key, placement, precision, placed arguments) of `path` running `case`."""
@@ -251,15 +263,16 @@ class ProgramCache:
         args = _place(fixture, path, placement)
         return (path.name, _trace_signature(case, precision)), placement, precision, args
 
-    def _load_or_lower(self, path: Path, case, key, placement, precision, args):
-        """(compiled, None) from the store, or (None, (lowered, store material or None)) to compile.
+    def _obtain(self, path: Path, case, key, placement, precision, args):
+        """The compiled program: loaded from the store, or traced, lowered and compiled (and stored).
 
         Raises `UnsupportedInputError` if the program rejects its input (stored too).
         """
         material = self.store.material(path, key[1], args, placement) if self.store else None
-        compiled = self.store.load(material, placement) if material is not None else None
-        if compiled is not None:
-            return compiled, None
+        if material is not None:
+            compiled = self.store.load(material, placement)
+            if compiled is not None:
+                return compiled
         # The layer's initial parameters are built eagerly: on the path's device too.
         with jax.default_device(placement.devices[0]):
             try:
@@ -268,68 +281,75 @@ class ProgramCache:
                 if material is not None:
                     self.store.save_rejection(material, error)
                 raise
-        return None, (lowered, material)
-
-    def _compile(self, lowered, material):
         if material is None:
             return lowered.compile()
         compiled = self.store.compile(lowered)
         self.store.save(material, compiled)
         return compiled
 
-    def prepare(self, paths, case, fixture) -> None:
-        """Compile the programs `paths` will need for `case`, concurrently, before they run.
+    def compile_ahead(self, pool: concurrent.futures.Executor, paths, case, fixture) -> None:
+        """Start obtaining in `pool` the programs `paths` need for `case` that are neither
+        compiled nor under way, without waiting for them.
 
-        XLA compiles with the GIL released, so the programs of one case (reference,
-        kernels, sharded) compile on all cores at once; tracing and lowering stay in this
-        thread. A path that fails here is left alone: `run` meets the same error and
-        reports it. The seconds each program took (its lowering, and its share of the
-        concurrent compile's wall time, so that the shares add up to the time spent) are
-        reported by the `run` that uses it.
+        Each task loads, or traces, lowers and compiles, one program (XLA compiles with the
+        GIL released, so a pool of `COMPILE_THREADS` keeps the cores busy while the caller
+        goes on). A path that fails here is left alone: `run` meets the same error and
+        reports it.
         """
-        pending = []
         for path in paths:
             try:
                 key, placement, precision, args = self._resolve(path, case, fixture)
-                if self.lookup(key) is not None or key in self._seconds:
-                    continue
-                start = time.perf_counter()
-                compiled, to_compile = self._load_or_lower(path, case, key, placement, precision, args)
             except Exception:  # noqa: BLE001 - reported when the path runs
                 continue
-            if compiled is not None:
-                self._seconds[key] = time.perf_counter() - start
-                self.remember(key, compiled)
-            else:
-                pending.append((key, to_compile, time.perf_counter() - start))
-        if not pending:
-            return
-        start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(pending), COMPILE_THREADS)) as pool:
-            futures = [pool.submit(_timed, self._compile, *to_compile) for _, to_compile, _ in pending]
-        wall = time.perf_counter() - start
-        outcomes = [future.result() for future in futures]
-        busy = sum(seconds for _, seconds in outcomes) or 1.0
-        for (key, _, lower_s), (compiled, seconds) in zip(pending, outcomes):
-            if compiled is not None:
-                self._seconds[key] = lower_s + wall * seconds / busy
-                self.remember(key, compiled)
+            with self._lock:
+                if key in self._compiled or key in self._pending:
+                    continue
+                self._pending[key] = pool.submit(_timed, self._obtain, path, case, key, placement, precision, args)
+
+    def prepare(self, paths, case, fixture) -> None:
+        """Compile the programs `paths` will need for `case` concurrently, and wait for them."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
+            self.compile_ahead(pool, paths, case, fixture)
+
+    def settle_pending(self) -> None:
+        """Keep the programs obtained ahead that no `run` took yet; drop those not (yet) done.
+
+        For the owner of a pool it is shutting down: a later `run` of a dropped key obtains
+        its program itself.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for key, future in pending.items():
+            if future.done() and not future.cancelled() and future.result()[0] is not None:
+                self.remember(key, future.result()[0])
+
+    def _take_pending(self, key) -> tuple[object | None, float]:
+        """(program, seconds it took) obtained ahead for `key`, waiting for it; (None, 0) if none."""
+        with self._lock:
+            future = self._pending.pop(key, None)
+        if future is None:
+            return None, 0.0
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            return None, 0.0
 
     def run(self, path: Path, case, fixture) -> PathOutputs:
         """Run `case`'s fixture through `path`; compile on first use of the signature.
 
+        compile_s: the seconds obtaining the program took (in a pool thread if it was
+        obtained ahead, where it overlapped other work), reported by its first run only.
         Raises `harness.devices.PlacementError` when the path has no devices here.
         """
         key, placement, precision, args = self._resolve(path, case, fixture)
-        compile_s = self._seconds.pop(key, 0.0)
-        compiled = self.lookup(key)
+        compiled, compile_s = self._take_pending(key)
+        if compiled is None:
+            compiled, compile_s = self.lookup(key), 0.0
         if compiled is None:
             start = time.perf_counter()
-            compiled, to_compile = self._load_or_lower(path, case, key, placement, precision, args)
-            if compiled is None:
-                compiled = self._compile(*to_compile)
+            compiled = self._obtain(path, case, key, placement, precision, args)
             compile_s = time.perf_counter() - start
-            self.remember(key, compiled)
+        self.remember(key, compiled)
         with jax.default_device(placement.devices[0]):
             start = time.perf_counter()
             forward, grads = jax.block_until_ready(compiled(*args))

@@ -17,6 +17,7 @@ accepting input the case expects it to reject, or rejecting a supported case), o
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 import traceback
@@ -30,7 +31,7 @@ from harness.compare import compare_leaves, status_row
 from harness.devices import Placement, PlacementError, path_placement, precision_label
 from harness.lowering import lowering_rows
 from harness.oracle_cache import OracleCache
-from harness.paths import ORACLE_PATH, Path, PathOutputs, ProgramCache
+from harness.paths import COMPILE_THREADS, ORACLE_PATH, Path, PathOutputs, ProgramCache
 from harness.plan import PathPlan, comparisons_of
 from harness.run_info import compile_counts
 from harness.policy import Policy
@@ -42,6 +43,14 @@ __all__ = ["PathPlan", "Runner", "StepCallback"]
 
 # Told (case, step) as a case moves on: "fixture", "oracle", a path name, "lowering".
 StepCallback = Callable[[object, str], None]
+
+# Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
+# loading fixtures, the oracle, the paths (waiting for their programs and running them),
+# the kernels' TPU lowering.
+TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s")
+# Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
+# keep the compile threads busy while a case's oracle and comparisons run.
+COMPILE_AHEAD_CASES = 3
 
 
 def _no_step(case, step: str) -> None:
@@ -90,7 +99,7 @@ class Runner:
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
         # Seconds spent outside the paths' own compile/execute, for the benchmark.
-        self.timings = {"fixtures_s": 0.0, "oracle_s": 0.0, "lowering_s": 0.0}
+        self.timings = dict.fromkeys(TIMINGS, 0.0)
 
     @classmethod
     def with_disk_stores(cls, policy: Policy) -> "Runner":
@@ -157,14 +166,16 @@ class Runner:
 
     # -- one case ------------------------------------------------------------------
 
-    def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step) -> Iterator[dict]:
-        """Yield every row of one case (see the module docstring for what is compared)."""
+    def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step, *, fixture=None) -> Iterator[dict]:
+        """Yield every row of one case (see the module docstring for what is compared).
+
+        fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
+        """
         paths = plan.paths_for(case)
         try:
-            start = time.perf_counter()
             on_step(case, "fixture")
-            fixture = self.fixture_loader(case)
-            self.timings["fixtures_s"] += time.perf_counter() - start
+            if fixture is None:
+                fixture = self._load_fixture(case)
             on_step(case, "oracle")
             oracle = self.oracle(case, fixture)
             self.timings["oracle_s"] += oracle.execute_s
@@ -216,14 +227,27 @@ class Runner:
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
 
+    def _load_fixture(self, case):
+        start = time.perf_counter()
+        try:
+            return self.fixture_loader(case)
+        finally:
+            self.timings["fixtures_s"] += time.perf_counter() - start
+
+    def _runnable(self, paths: Sequence[Path], case) -> list[Path]:
+        """The paths that do not skip `case` (whose programs are worth compiling)."""
+        return [p for p in paths if not self._skip_reason(p, case)]
+
     def _run_paths(self, case, paths: Sequence[Path], fixture, on_step: StepCallback) -> dict[str, _PathResult]:
         """Every path's result (name -> `_PathResult`): the programs the case needs are
-        compiled at once (on all cores), then run in turn."""
-        self.cache.prepare([p for p in paths if not self._skip_reason(p, case)], case, fixture)
+        compiled at once (on all cores; `run` started them cases ahead), then run in turn."""
+        start = time.perf_counter()
+        self.cache.prepare(self._runnable(paths, case), case, fixture)
         results = {}
         for path in paths:
             on_step(case, path.name)
             results[path.name] = self._run_path(path, case, fixture)
+        self.timings["paths_s"] += time.perf_counter() - start
         return results
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
@@ -239,11 +263,43 @@ class Runner:
 
     def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,
             on_step: StepCallback = _no_step) -> Iterator[tuple[object, list[dict]]]:
-        """Yield (case, its rows) for each case in order."""
-        for case in cases:
-            if on_case_start is not None:
-                on_case_start(case)
-            yield case, list(self.run_case(case, plan, on_step))
+        """Yield (case, its rows) for each case in order.
+
+        With a cache that can compile ahead (`ProgramCache.compile_ahead`), the programs of
+        the next `COMPILE_AHEAD_CASES` cases are obtained in a pool of `COMPILE_THREADS`
+        threads while this thread runs a case's oracle, paths and comparisons. The rows are
+        the same either way: a program is the same program whichever thread compiled it.
+        """
+        cases = list(cases)
+        if not hasattr(self.cache, "compile_ahead"):  # e.g. the kill matrix's recording caches
+            for case in cases:
+                if on_case_start is not None:
+                    on_case_start(case)
+                yield case, list(self.run_case(case, plan, on_step))
+            return
+        fixtures: dict[int, object] = {}
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="compile-ahead")
+        try:
+            for index, case in enumerate(cases):
+                for ahead in range(index, min(index + 1 + COMPILE_AHEAD_CASES, len(cases))):
+                    if ahead not in fixtures:
+                        fixtures[ahead] = self._start_case(pool, cases[ahead], plan)
+                if on_case_start is not None:
+                    on_case_start(case)
+                yield case, list(self.run_case(case, plan, on_step, fixture=fixtures.pop(index)))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self.cache.settle_pending()
+
+    def _start_case(self, pool, case, plan: PathPlan):
+        """Load `case`'s fixture and start its programs in `pool`; the fixture, or None if
+        loading it failed (`run_case` then meets the error again and reports it)."""
+        try:
+            fixture = self._load_fixture(case)
+        except Exception:  # noqa: BLE001 - reported by run_case
+            return None
+        self.cache.compile_ahead(pool, self._runnable(plan.paths_for(case), case), case, fixture)
+        return fixture
 
 
 def _last_frame(exc: BaseException) -> str:

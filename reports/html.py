@@ -1,13 +1,14 @@
 """The self-contained HTML report.
 
-One file, readable offline: inline CSS, plots embedded as base64 PNG data URIs, no
+One file, readable offline: inline CSS, histograms embedded as base64 PNG data URIs
+(the heatmaps are HTML tables), no
 scripts, fonts or other external resources. Every piece of text that comes from a
 row, a case, an error message or the metadata is passed through `esc` (HTML
 escaping including quotes) before it reaches the page; anchors are generated ids
 (`case-<n>-<slug>`), never raw case names.
 
-Sections: summary banner, error-ratio heatmaps (one per comparison kind; the value
-rule is documented in `reports.plots`), max_rel_err histograms per leaf kind for
+Sections: summary banner, error-ratio heatmaps (one table per comparison kind; the value
+rule is documented in `reports.heatmaps`), max_rel_err histograms per leaf kind for
 bfloat16 and float32, the worst-offenders table linking to per-case detail, drift
 against a baseline (when one is given), per-case detail, and the environment.
 """
@@ -26,6 +27,7 @@ import pandas as pd
 from reports.schema import VERDICTS
 
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
+from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
 from reports.summary import FAILING_VERDICTS, rank_offenders, sharpness, summarize
 from reports.text import format_number
 
@@ -79,6 +81,14 @@ td.reason { max-width: 40rem; overflow-wrap: anywhere; }
 .st-improvement { color: #1e7b45; }
 figure { margin: 1rem 0; background: #fff; border: 1px solid #ddd; padding: .6rem; display: inline-block; }
 figure img { max-width: 100%; height: auto; display: block; }
+table.heatmap { font-size: .7rem; }
+table.heatmap th.leaf { vertical-align: bottom; }
+table.heatmap th.leaf span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
+table.heatmap td.row { white-space: nowrap; }
+table.heatmap td.hm { text-align: center; white-space: nowrap; padding: .1rem .3rem; font-variant-numeric: tabular-nums; }
+table.heatmap td.none { font-style: italic; }
+table.heatmap td.failing { outline: 2px solid #000; outline-offset: -2px; }
+.heatmap-legend .swatch { display: inline-block; padding: .1rem .5rem; margin-left: .3rem; font-size: .75rem; }
 figcaption { font-size: .8rem; color: #444; max-width: 70rem; margin-top: .4rem; }
 .empty { color: #666; font-style: italic; }
 .case { margin: 1.2rem 0; }
@@ -194,8 +204,55 @@ def sharpness_section(frame: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def heatmap_section(plots: dict[str, "Plot"]) -> str:
-    """All heatmaps, or a note when there is nothing to plot."""
+def heatmap_legend() -> str:
+    """The colour scale of the heatmaps, as swatches from 10**-LOG_RANGE to 10**LOG_RANGE."""
+    swatches = []
+    for power in range(-int(LOG_RANGE), int(LOG_RANGE) + 1):
+        value = 10.0 ** power
+        background, text = cell_colour(value)
+        swatches.append(f'<span class="swatch" style="background:{background};color:{text}">{value:g}</span>')
+    background, text = cell_colour(math.nan)
+    swatches.append(f'<span class="swatch" style="background:{background};color:{text}">no value</span>')
+    return '<p class="heatmap-legend">Colour (log scale): ' + "".join(swatches) + "</p>"
+
+
+def heatmap_html(heatmap: Heatmap, anchors: dict[str, str]) -> str:
+    """One comparison kind's heatmap: a table whose row labels link to the case's detail."""
+    head = '<th>case [candidate]</th>' + "".join(f'<th class="leaf"><span>{esc(leaf)}</span></th>'
+                                                 for leaf in heatmap.leaves)
+    body = []
+    for position, (case, candidate) in enumerate(heatmap.rows):
+        cells = [f'<td class="row"><a href="#{anchors[case]}">{esc(case)}</a> [{esc(candidate)}]</td>']
+        for leaf in heatmap.leaves:
+            value = float(heatmap.values.at[position, leaf])
+            verdict = str(heatmap.verdicts.at[position, leaf])
+            background, colour = cell_colour(value)
+            css = "hm failing" if heatmap.failing.at[position, leaf] else "hm"
+            if math.isnan(value):  # no number: say why (its verdict)
+                text, css = VERDICT_ABBREVIATIONS.get(verdict, ""), css + " none"
+                measured = "no value"
+            else:
+                fallback = bool(heatmap.fallback.at[position, leaf])
+                text = format_number(value, 2) + ("*" if fallback else "")
+                measured = ("bound_usage " if fallback else "oracle_ratio_max ") + format_number(value)
+            title = f"{case} [{candidate}] · {leaf}: {measured} ({verdict or 'no row'})"
+            cells.append(f'<td class="{css}" style="background:{background};color:{colour}" title="{esc(title)}">'
+                         f"{esc(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    aggregated = (f" More than {MAX_HEATMAP_ROWS} case × candidate pairs: one row per case, its worst candidate."
+                  if heatmap.aggregated else "")
+    caption = (f"{heatmap.comparison}: {len(heatmap.rows)} rows × {len(heatmap.leaves)} leaves.{aggregated} "
+               "Hover a cell for its exact value.")
+    return (
+        f'<figure class="heatmap" id="heatmap-{esc(heatmap.comparison)}"><div class="scroll">'
+        f'<table class="heatmap" id="heatmap-table-{esc(heatmap.comparison)}"><thead><tr>{head}</tr></thead>'
+        f'<tbody>{"".join(body)}</tbody></table></div>'
+        f"<figcaption><b>Error ratio — {esc(heatmap.comparison)}.</b> {esc(caption)}</figcaption></figure>"
+    )
+
+
+def heatmap_section(tables: dict[str, Heatmap], anchors: dict[str, str]) -> str:
+    """All heatmaps, or a note when there is nothing to show."""
     parts = [
         '<section id="heatmaps"><h2>Error ratio per case × leaf</h2>',
         "<p>Each cell is <code>oracle_ratio_max</code>: the candidate's max error against the float64 "
@@ -204,10 +261,12 @@ def heatmap_section(plots: dict[str, "Plot"]) -> str:
         "<code>bound_usage</code> instead, marked <code>*</code> (1 = exactly at the tolerance). "
         "Grey = no number (the cell names its verdict); a black frame = fail or error.</p>",
     ]
-    if not plots:
+    if not tables:
         parts.append('<p class="empty">No rows to plot.</p>')
-    for comparison, plot in plots.items():
-        parts.append(figure_html(plot, "heatmap", f"heatmap-{comparison}"))
+    else:
+        parts.append(heatmap_legend())
+    for heatmap in tables.values():
+        parts.append(heatmap_html(heatmap, anchors))
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -388,12 +447,12 @@ def render_html(
     `frame` is a canonical row frame (`reports.rows.to_frame`); `gate_result`, when
     given, adds the drift section.
     """
-    from reports.plots import render_heatmaps, render_histograms  # matplotlib: loaded only to draw
+    from reports.plots import render_histograms  # matplotlib: loaded only to draw
 
     metadata = metadata or {}
     summary = summarize(frame)
     anchors = case_anchors(frame["case"])
-    heatmaps = render_heatmaps(frame) if len(frame) else {}
+    tables = heatmaps(frame) if len(frame) else {}
     histograms = render_histograms(frame)
     nav_items = [("summary", "Summary"), ("sharpness", "Sharpness"), ("heatmaps", "Heatmaps"),
                  ("histograms", "Histograms"),
@@ -407,7 +466,7 @@ def render_html(
         summary_section(summary, gate_result),
         nav,
         sharpness_section(frame),
-        heatmap_section(heatmaps),
+        heatmap_section(tables, anchors),
         histogram_section(histograms),
         offenders_section(frame, anchors, max_offenders),
     ]

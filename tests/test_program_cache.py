@@ -7,6 +7,7 @@ the full suite ran out of memory mappings (harness/paths.py MAX_CACHED_PROGRAMS)
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 import jax
@@ -50,9 +51,9 @@ def test_the_default_bound_and_a_bad_bound():
 
 
 def test_prepared_programs_run_as_if_compiled_on_first_use_and_report_their_compile_time():
-    """`prepare` compiles a case's programs concurrently; each `run` then reports its share
-    of that time and computes what a program compiled on first use computes. A path that
-    cannot run is left for `run` to report."""
+    """`prepare` compiles a case's programs concurrently; each `run` then reports the time
+    its program took and computes what a program compiled on first use computes. A path
+    that cannot run is left for `run` to report."""
     from cases.fixtures import make_fixture
     from cases.spec import Case
     from harness.implementations import INTERPRET, REFERENCE
@@ -73,3 +74,75 @@ def test_prepared_programs_run_as_if_compiled_on_first_use_and_report_their_comp
         assert prepared.run(path, case, fixture).compile_s == 0.0  # reported once
     with pytest.raises(ValueError, match="not divisible"):
         prepared.run(paths[2], case, fixture)
+
+
+# Small cases for the runner's compile-ahead: two sharing one program signature per path,
+# a sharded one, and one the kernels reject (the rejection comes from a program obtained
+# ahead, in a pool thread).
+def _ahead_cases():
+    from cases.spec import Case
+
+    return [
+        Case(name="ahead-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),
+        Case(name="ahead-b", batch=1, sequence=16, streams=2, embedding=128, branch="tanh", seed=1),
+        Case(name="ahead-c", batch=2, sequence=16, streams=2, embedding=128, dtype="bfloat16", mesh=(2, 4)),
+        Case(name="ahead-d", batch=1, sequence=16, streams=2, embedding=96, expect="unsupported",
+             expect_reason="multiple of 128"),
+        Case(name="ahead-e", batch=1, sequence=16, streams=3, embedding=128),
+    ]
+
+
+def _ahead_plan():
+    from harness.implementations import INTERPRET, REFERENCE
+    from harness.plan import PathPlan
+
+    return PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
+
+
+def _without_timing(rows) -> list[str]:
+    """Each row as JSON without its timing columns (NaN cells compare equal as text)."""
+    return [json.dumps({k: v for k, v in row.items() if k not in ("compile_s", "execute_s")}, sort_keys=True)
+            for row in rows]
+
+
+def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
+    """`Runner.run` starts the programs of the next cases in a thread pool before their turn
+    (all of cases 0..COMPILE_AHEAD_CASES when case 0 starts); its rows equal those of
+    `run_case` called case by case, rejections and sharded paths included."""
+    from harness.policy import load_policy
+    from harness.runner import COMPILE_AHEAD_CASES, Runner
+
+    cases, plan = _ahead_cases(), _ahead_plan()
+    assert COMPILE_AHEAD_CASES + 1 < len(cases)  # the last case is started only later
+    ahead = Runner(load_policy())
+    started = []
+    rows = []
+    for case, case_rows in ahead.run(cases, plan, on_case_start=lambda case: started.append(len(ahead.cache))):
+        rows.extend(case_rows)
+    # cases 0..3 have 2 + 0 (same signatures) + 4 + 2 distinct programs, none taken yet
+    assert started[0] == 8
+    one_at_a_time = Runner(load_policy())
+    expected = [row for case in cases for row in one_at_a_time.run_case(case, plan)]
+    assert _without_timing(rows) == _without_timing(expected)
+    verdicts = {(row["case"], row["candidate"]): row["verdict"] for row in rows}
+    assert verdicts[("ahead-d", "interpret/unsharded")] == "unsupported"
+    assert verdicts[("ahead-c", "interpret/sharded(data=2,fsdp=4)")] == "pass"
+    compiled = [row["compile_s"] for row in rows if row["case"] == "ahead-a" and row["comparison"] == "vs_oracle"]
+    assert min(compiled) > 0  # the first use of a program reports the time it took
+
+
+def test_a_run_left_early_stops_its_compile_threads():
+    """Leaving `Runner.run` after one case cancels what was not started, waits for the rest,
+    and keeps the finished programs (nothing stays pending, no compile thread lives on)."""
+    import threading
+
+    from harness.policy import load_policy
+    from harness.runner import Runner
+
+    runner = Runner(load_policy())
+    run = runner.run(_ahead_cases(), _ahead_plan())
+    next(run)
+    run.close()
+    assert not runner.cache._pending
+    assert not [t for t in threading.enumerate() if t.name.startswith("compile-ahead")]
+    assert len(runner.cache) >= 2

@@ -3,7 +3,7 @@
 Two loads of the same report: the page exactly as written (any console message —
 the page has no scripts, so a message means a failed load or a parse problem —
 fails the test), and a copy with a small probe script appended that records, after
-the load event, whether the summary, every heatmap image and the worst-offenders
+the load event, whether the summary, every heatmap table and the worst-offenders
 table are rendered with a non-zero size. Chromium's `--dump-dom` prints the DOM
 after the load event, so the probe's findings are read back from it.
 
@@ -52,13 +52,13 @@ window.addEventListener("load", function () {
     var box = element.getBoundingClientRect();
     return box.width > 0 && box.height > 0 && getComputedStyle(element).visibility !== "hidden";
   }
-  var heatmaps = Array.prototype.slice.call(document.querySelectorAll("#heatmaps figure.heatmap img"));
+  var heatmaps = Array.prototype.slice.call(document.querySelectorAll("#heatmaps figure.heatmap table"));
   var offenders = document.querySelector("#worst-offenders-table");
   var result = {
     summary: shown(document.querySelector("#summary")),
     summaryText: (document.querySelector("#summary") || {}).innerText || "",
     heatmaps: heatmaps.length,
-    heatmapsDecoded: heatmaps.filter(function (img) { return img.complete && img.naturalWidth > 0 && shown(img); }).length,
+    heatmapsShown: heatmaps.filter(function (table) { return shown(table) && table.querySelectorAll("td.hm").length > 0; }).length,
     offenders: shown(offenders),
     offenderRows: offenders ? offenders.querySelectorAll("tbody tr").length : 0,
     firstOffenderCase: offenders ? offenders.querySelector("tbody tr a").textContent : "",
@@ -140,7 +140,7 @@ def test_summary_heatmaps_and_worst_offenders_are_rendered(chromium, report, tmp
     assert result["scripts"] == 1  # only the probe: the report itself has none, and the case name stayed text
     assert result["summary"] and "mHC parity: FAIL" in result["summaryText"]
     assert "error 1" in " ".join(result["summaryText"].split())
-    assert result["heatmaps"] == 4 and result["heatmapsDecoded"] == 4
+    assert result["heatmaps"] == 4 and result["heatmapsShown"] == 4
     assert result["offenders"] and result["offenderRows"] == 25
     assert result["firstOffenderCase"] == "<script>alert(1)</script>"
 

@@ -248,11 +248,50 @@ def test_html_has_a_sharpness_table(page):
     assert "median usage" in section and "vs_oracle" in section and "bfloat16" in section
 
 
-def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page):
-    _, index = page
+def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page, rows):
+    text, index = page
+    for comparison in ("vs_reference", "vs_unsharded", "vs_oracle", "lowering"):
+        assert f"heatmap-{comparison}" in index.ids
+        pairs = {(r["case"], r["candidate"]) for r in rows if r["comparison"] == comparison}
+        assert index.table_rows[f"heatmap-table-{comparison}"] == 1 + len(pairs)  # header + case × candidate
+    heatmaps = text.split('id="heatmaps"')[1].split("</section>")[0]
+    assert "<img" not in heatmaps  # tables, nothing to draw
+    assert {h[1:] for h in index.hrefs if h.startswith("#case-")} <= set(index.ids)
     figures = {figure for src, figure in index.images if len(src) > 1000}
-    assert {"heatmap-vs_reference", "heatmap-vs_unsharded", "heatmap-vs_oracle", "heatmap-lowering"} <= figures
     assert {"histogram-bfloat16", "histogram-float32"} <= figures
+
+
+def test_heatmap_cells_follow_the_value_rule():
+    """A finite oracle ratio is the value; else bound_usage, marked as a fallback; the
+    largest value, the most severe verdict and any failing row win a shared cell."""
+    from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, WORST_CANDIDATE, cell_colour, heatmap
+
+    def row(candidate, leaf, ratio, usage, verdict="pass", case="c"):
+        return {**empty_row(), "case": case, "candidate": candidate, "partner": "reference/unsharded",
+                "comparison": "vs_reference", "leaf": leaf, "leaf_kind": "output", "oracle_ratio_max": ratio,
+                "bound_usage": usage, "verdict": verdict}
+
+    frame = to_frame([
+        row("k", "out", 2.0, 0.1), row("k", "h_pre", math.nan, 0.3),
+        row("j", "out", 0.5, 0.2, "fail"), row("j", "out", 4.0, 0.1, "pass"),  # two partners: one cell
+        row("i", "out", math.nan, math.nan, "skip"),
+    ])
+    table = heatmap(frame, "vs_reference")
+    assert table.rows == (("c", "i"), ("c", "j"), ("c", "k")) and table.leaves == ("h_pre", "out")
+    assert table.values.at[2, "out"] == 2.0 and not table.fallback.at[2, "out"]
+    assert table.values.at[2, "h_pre"] == 0.3 and table.fallback.at[2, "h_pre"]
+    assert table.values.at[1, "out"] == 4.0 and table.failing.at[1, "out"] and table.verdicts.at[1, "out"] == "fail"
+    assert math.isnan(table.values.at[0, "out"]) and table.verdicts.at[0, "out"] == "skip"
+    assert table.verdicts.at[0, "h_pre"] == "" and not table.aggregated
+    many = to_frame([row(f"k{i}", "out", 1.0 + i, 0.1, case=f"c{i % 2}") for i in range(MAX_HEATMAP_ROWS + 1)])
+    aggregated = heatmap(many, "vs_reference")
+    assert aggregated.rows == (("c0", WORST_CANDIDATE), ("c1", WORST_CANDIDATE))
+    assert aggregated.values.at[0, "out"] == 1.0 + MAX_HEATMAP_ROWS  # the worst candidate of case c0
+    # The colour scale: white at 1, saturated and dark beyond 10**LOG_RANGE either way, grey without a value.
+    assert cell_colour(1.0) == ("#f7f7f7", "#000000")
+    assert cell_colour(10 ** (LOG_RANGE + 1)) == cell_colour(math.inf) == ("#67001f", "#ffffff")
+    assert cell_colour(0.0) == cell_colour(10 ** -(LOG_RANGE + 1)) == ("#053061", "#ffffff")
+    assert cell_colour(math.nan)[0] == "#d9d9d9"
 
 
 def test_worst_offenders_table_lists_failures_first_and_links_to_case_sections(page):

@@ -7,7 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from harness.metrics import leaf_metrics
-from harness.paths import leaf_kind, token_axes
+from harness.leaves import leaf_kind, token_axes
 from harness.policy import Policy
 from reports.schema import empty_row
 
@@ -52,7 +52,7 @@ def compare_leaves(
 
     `oracle_sensitivity`: leaf -> (max, rms), the error the arithmetic explains there;
     `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces
-    (both from `harness.paths.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
+    (both from `harness.oracle_path.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
     row saying so. `partitioning` is
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
     candidate's (compile_s, execute_s), recorded on every row of the comparison.

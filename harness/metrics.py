@@ -250,7 +250,7 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
     ml_dtypes arrays). oracle: None or an array-like of the same shape (float64 in
     practice). dtype: the compared leaf's dtype, the unit of the ULP metrics.
     sensitivity: None or the oracle's (max, rms) relative sensitivity to one rounding per
-    operation (`harness.paths.OracleOutputs`), recorded as oracle_sensitivity_*; NaN
+    operation (`harness.oracle_path.OracleOutputs`), recorded as oracle_sensitivity_*; NaN
     when not given. token_axes: how many leading axes index tokens (0: the leaf has no
     token axis); with an oracle, the candidate's and the partner's `systematic_error`
     against it are recorded (NaN otherwise). oracle_systematic_t: the t statistic the

@@ -1,4 +1,4 @@
-"""A content-addressed disk cache of the float64 oracle's answers (`harness.paths.OracleOutputs`).
+"""A content-addressed disk cache of the float64 oracle's answers (`harness.oracle_path.OracleOutputs`).
 
 The oracle's answer for a case is a function of its inputs and of the code that computes
 it, nothing else; a kernel edit cannot change it. So `OracleCache(case, fixture)` looks
@@ -7,7 +7,7 @@ the answer up under a key made of everything it depends on (`key_material`):
 - the fixture's digest (`cases.fixtures.Fixture.digest`: every input array's bits);
 - the digest of the oracle's sources (`ORACLE_SOURCES`: the float64 math, the code that
   turns its results into leaves, sensitivities and systematic statistics, the branch
-  functions), and the JAX / jaxlib / NumPy versions that run it;
+  functions and the helpers they call), and the JAX / jaxlib / NumPy versions that run it;
 - the case's branch, math configuration (`MhcConfig`) and dtypes;
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
   the operand rounding the case's matmul precision means on this backend).
@@ -38,14 +38,19 @@ import numpy as np
 from cases.fixtures import array_sha256, atomic_write
 from harness.artifact_store import canonical_json, header_checksum, key_digest
 from harness.env import cache_root
-from harness.paths import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
+from harness.oracle_path import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from reports.manifest import PROJECT_ROOT, source_digest
 
 # Bump when the entry layout changes (part of the key).
 ENTRY_FORMAT = 1
 # The sources whose change can change an oracle answer: the float64 math, the code that
 # makes leaves, sensitivities and systematic statistics of it, and the branch functions.
-ORACLE_SOURCES = ("mhc/oracle.py", "harness/paths.py", "harness/metrics.py", "cases/branches.py")
+# The files whose code computes an answer (tests/test_oracle_cache.py checks that nothing
+# else runs, beyond cases/spec.py, whose values are key material): the float64 math, its
+# leaves, sensitivities and statistics, and the branch functions with the helpers they
+# call (the branches' matmul is mhc.common's).
+ORACLE_SOURCES = ("mhc/oracle.py", "harness/oracle_path.py", "harness/leaves.py", "harness/metrics.py",
+                  "cases/branches.py", "cases/names.py", "mhc/common.py", "mhc/precision.py", "mhc/types.py")
 _HEADER = "__header__"
 _BITS = np.dtype("<u8")  # float64 leaves stored as their raw bits
 
@@ -133,7 +138,7 @@ class OracleCache:
     """`oracle(case, fixture) -> OracleOutputs`, from the disk cache when a verified entry exists.
 
     folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
-    oracle itself (default `harness.paths.run_oracle_path`); source_root: the project whose
+    oracle itself (default `harness.oracle_path.run_oracle_path`); source_root: the project whose
     `ORACLE_SOURCES` are digested. `hits`, `misses` and
     `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
     `execute_s` is the time it took to load. If the folder is not writable the answer is

@@ -26,7 +26,8 @@ from cases.names import did_you_mean
 from harness.devices import host_fallback
 from harness.implementations import REFERENCE, Implementation
 from harness.lowering import lowering_path_name
-from harness.paths import FORWARD_LEAVES, ORACLE_PATH, Path, branch_leaf, leaf_kind, weight_leaf
+from harness.leaves import FORWARD_LEAVES, branch_leaf, leaf_kind, weight_leaf
+from harness.paths import ORACLE_PATH, Path
 from harness.policy import Policy, PolicyError
 
 # The dtype of h_pre, h_post and h_res (mhc.types.MhcContext).

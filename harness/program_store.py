@@ -55,7 +55,7 @@ STORE_FORMAT = 2
 PROGRAM_SOURCES = (
     "mhc/*.py",
     "cases/branches.py", "cases/names.py", "cases/random_streams.py", "cases/spec.py",
-    "harness/paths.py", "harness/implementations.py", "harness/devices.py",
+    "harness/paths.py", "harness/leaves.py", "harness/implementations.py", "harness/devices.py",
 )
 # ... and, for the Pallas paths and the TPU lowering, the kernels.
 KERNEL_SOURCES = ("mhc/kernels/*.py",)

@@ -27,7 +27,8 @@ import pytest
 
 from cases.catalogue import make_case
 from harness.implementations import REFERENCE, Implementation
-from harness.paths import INTERMEDIATE_LEAVES, ORACLE_PATH
+from harness.leaves import INTERMEDIATE_LEAVES
+from harness.paths import ORACLE_PATH
 from harness.plan import PathPlan, planned_leaves
 from harness.policy import load_policy
 from harness.runner import Runner

@@ -15,7 +15,8 @@ from cases.spec import Case
 from harness import devices
 from harness.devices import PlacementError, choose_devices, device_label, needs_host, precision_label
 from harness.implementations import INTERPRET, MOSAIC, REFERENCE
-from harness.paths import Path, ProgramCache, run_oracle_path
+from harness.oracle_path import run_oracle_path
+from harness.paths import Path, ProgramCache
 from harness.plan import PathPlan, comparisons_of
 from mhc import oracle
 

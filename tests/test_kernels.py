@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.metrics import leaf_metrics
-from harness.paths import weight_leaf, leaf_kind
+from harness.leaves import weight_leaf, leaf_kind
 from harness.policy import load_policy
 from mhc import oracle, reference
 from mhc.common import UnsupportedInputError

@@ -147,18 +147,18 @@ def test_a_default_precision_case_runs_as_highest_on_the_cpu_and_says_so():
 
 
 def test_the_oracles_rounding_model_takes_the_operand_rounding_of_the_paths_backend(monkeypatch):
-    from harness import paths
+    from harness import oracle_path
 
     highest = Case(name="prec-highest", **BASE)
     default = highest.replace(name="prec-default", matmul_precision="default")
-    assert paths.matmul_operand_roundoff(highest) == paths.matmul_operand_roundoff(default) == 0.0  # a CPU
+    assert oracle_path.matmul_operand_roundoff(highest) == oracle_path.matmul_operand_roundoff(default) == 0.0  # a CPU
 
     class FakeTpu:
         platform = "tpu"
 
     monkeypatch.setattr(jax, "devices", lambda *args: [FakeTpu()])
-    assert paths.matmul_operand_roundoff(default) == 2.0**-8, "bfloat16 operands at a TPU's default precision"
-    assert paths.matmul_operand_roundoff(highest) == 0.0
+    assert oracle_path.matmul_operand_roundoff(default) == 2.0**-8, "bfloat16 operands at a TPU's default precision"
+    assert oracle_path.matmul_operand_roundoff(highest) == 0.0
 
 
 def test_run_metadata_records_backend_device_and_precision():

@@ -106,16 +106,19 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
     if path.impl.kernel:
         options["kernel_config"] = _kernel_config(case, path.impl)
         options["mesh"] = _path_mesh(path, placement)
-    layer = ManifoldConstrainedHyperConnections(
+    # The layer's structure and parameter shapes only (`nnx.eval_shape`): the program takes
+    # the fixture's weights as arguments, so computing initial parameters (small programs
+    # compiled and run per shape, ~0.7 s a program) would be thrown away.
+    layer = nnx.eval_shape(lambda: ManifoldConstrainedHyperConnections(
         case.streams, case.embedding, dtype=case.dtype, weight_dtype=case.weight_dtype,
         variant=case.variant, matmul_precision=precision, rngs=nnx.Rngs(0), **options,
-    )
+    ))
     graphdef, state = nnx.split(layer)
 
     def program(x, weights, params, cotangent):
         def forward(x_, w_, p_):
-            # A fresh state holding the fixture's weights (traced arguments), so the
-            # initial parameters are never captured as constants of the program.
+            # A fresh state holding the fixture's weights (traced arguments) in place of
+            # every abstract parameter.
             weights_state = jax.tree.map(lambda leaf: leaf, state)
             nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
             module = nnx.merge(graphdef, weights_state)
@@ -233,7 +236,7 @@ class ProgramCache:
             compiled = self.store.load(material, placement)
             if compiled is not None:
                 return compiled
-        # The layer's initial parameters are built eagerly: on the path's device too.
+        # Anything the tracing builds eagerly lands on the path's device.
         with jax.default_device(placement.devices[0]):
             try:
                 lowered = jax.jit(_build_program(path, case, placement, precision)).lower(*args)

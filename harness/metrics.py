@@ -88,8 +88,9 @@ def eps(dtype) -> float:
 
 
 def _upcast(a) -> np.ndarray:
-    """Any float array-like (incl. ml_dtypes.bfloat16) -> float64 ndarray, same shape."""
-    return np.asarray(a).astype(np.float64)
+    """Any float array-like (incl. ml_dtypes.bfloat16) -> float64 ndarray, same shape
+    (`a` itself when it is one already: nothing here writes to its inputs)."""
+    return np.asarray(a).astype(np.float64, copy=False)
 
 
 def ulp_spacing(values, dtype) -> np.ndarray:
@@ -180,26 +181,38 @@ def _max_abs(a: np.ndarray) -> float:
     return float(np.max(np.abs(a)))  # np.max propagates NaN
 
 
-def _l2(a: np.ndarray) -> float:
-    """Euclidean norm, scaled by max|a| so squares cannot overflow; NaN/inf propagate."""
-    scale = _max_abs(a)
+def _l2(a: np.ndarray, max_abs: float | None = None) -> float:
+    """Euclidean norm, scaled by max|a| (`max_abs` if known) so squares cannot overflow;
+    NaN/inf propagate."""
+    scale = _max_abs(a) if max_abs is None else max_abs
     if scale == 0.0 or not math.isfinite(scale):
         return scale
     return scale * math.sqrt(float(np.sum(np.square(a / scale))))
 
 
-def _rel_errors(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float, float]:
-    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape."""
+def _magnitudes(a: np.ndarray) -> tuple[float, float]:
+    """(max|a|, ‖a‖₂): what errors against `a` are normalised by."""
+    max_abs = _max_abs(a)
+    return max_abs, _l2(a, max_abs)
+
+
+def _rel_errors(actual: np.ndarray, expected: np.ndarray,
+                expected_magnitudes: tuple[float, float] | None = None) -> tuple[float, float, float]:
+    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape.
+
+    expected_magnitudes: `_magnitudes(expected)` when the caller has it already."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, by design
         diff = actual - expected
     max_abs = _max_abs(diff)
-    return max_abs, _div(max_abs, _max_abs(expected)), _div(_l2(diff), _l2(expected))
+    expected_max, expected_l2 = expected_magnitudes or _magnitudes(expected)
+    return max_abs, _div(max_abs, expected_max), _div(_l2(diff, max_abs), expected_l2)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+def _cosine(a: np.ndarray, b: np.ndarray, b_l2: float | None = None) -> float:
+    """Cosine of the angle between a and b (b_l2: ‖b‖₂ if known); NaN unless both are finite."""
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return math.nan
-    na, nb = _l2(a), _l2(b)
+    na, nb = _l2(a), (_l2(b) if b_l2 is None else b_l2)
     if na == 0.0 and nb == 0.0:
         return 1.0
     if na == 0.0 or nb == 0.0:
@@ -267,7 +280,8 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
             f"shape mismatch: candidate shape {c.shape} vs partner shape {p.shape}{oracle_part}"
         )
 
-    max_abs, max_rel, rel_rms = _rel_errors(c, p)
+    p_magnitudes = _magnitudes(p)
+    max_abs, max_rel, rel_rms = _rel_errors(c, p, p_magnitudes)
     if c.size == 0:
         max_ulp = p99_ulp = 0.0
     else:
@@ -286,8 +300,9 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
         c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = math.nan
     else:
         nan_o, inf_o = _counts(o)
-        _, c_o_max, c_o_rms = _rel_errors(c, o)
-        _, p_o_max, p_o_rms = _rel_errors(p, o)
+        o_magnitudes = _magnitudes(o)
+        _, c_o_max, c_o_rms = _rel_errors(c, o, o_magnitudes)
+        _, p_o_max, p_o_rms = _rel_errors(p, o, o_magnitudes)
         ratio_max = _error_ratio(c_o_max, p_o_max)
         ratio_rms = _error_ratio(c_o_rms, p_o_rms)
     if o is None or not token_axes:
@@ -302,7 +317,7 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
         rel_rms_err=rel_rms,
         max_ulp=max_ulp,
         p99_ulp=p99_ulp,
-        cosine=_cosine(c, p),
+        cosine=_cosine(c, p, p_magnitudes[1]),
         nan_count=nan_c,
         inf_count=inf_c,
         partner_nan_count=nan_p,

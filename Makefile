@@ -12,6 +12,9 @@ endif
 STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 OUT    ?= out/parity
 SUITE  ?= default
+# Worker processes of `make parity`: auto = one per CPU core as memory allows on a CPU
+# backend, 1 on an accelerator (harness/parallel.py auto_jobs; measured in `make bench`).
+JOBS   ?= auto
 BASELINE ?= baselines/default.csv
 FAULTS_OUT ?= out/faults
 SWEEP_OUT  ?= out/sweep
@@ -41,7 +44,7 @@ test-fast: setup
 	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
 
 parity: setup
-	$(PY) -m harness run --suite $(SUITE) --out $(OUT)
+	$(PY) -m harness run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)
 
 # Run the suite and store it as the reviewed baseline the gate uses. With IMPL=MODULE:FACTORY:
 # run that external implementation (and the reference) and write its own baseline, keyed by

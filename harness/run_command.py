@@ -27,7 +27,7 @@ from harness.implementations import BUILTIN, ImplementationError, load_externals
 from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
 from harness.policy import PolicyError, load_policy
 from harness.progress import DEFAULT_HEARTBEAT_S, Progress
-from harness.parallel import ParallelRunner, WorkerError
+from harness.parallel import ParallelRunner, WorkerError, auto_jobs
 from harness.runner import Runner
 from harness.shards import parse_shard, shard_cases
 from harness.summary import exit_code, print_summary
@@ -65,8 +65,9 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
     p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
     p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="run the cases in N worker processes (rows identical to one process)")
+    p.add_argument("--jobs", default="1", metavar="N",
+                   help="run the cases in N worker processes (rows identical to one process); 'auto': one "
+                        "per CPU core as memory allows, on a CPU backend (1 on an accelerator)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run shard K of N of the selected cases (1 <= K <= N); `merge` joins the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -225,11 +226,26 @@ class _SignalsInterrupt:
         return False
 
 
+AUTO_JOBS = "auto"
+
+
+def parse_jobs(text) -> int | str:
+    """`--jobs`: a count of at least 1, or "auto" (`harness.parallel.auto_jobs`)."""
+    if str(text).strip().lower() == AUTO_JOBS:
+        return AUTO_JOBS
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise UsageError(f"--jobs must be a whole number or 'auto', got {text!r}") from None
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    return jobs
+
+
 def _command_run(args, argv) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    args.jobs = parse_jobs(args.jobs)
     policy, externals, cases, plan = configure(args)
     cases, selection = _take_shard(args, cases)
     baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
@@ -254,7 +270,8 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     """
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
-    runner = Runner.with_disk_stores(policy) if args.jobs == 1 else ParallelRunner(policy, args.jobs)
+    jobs = auto_jobs(len(todo)) if args.jobs == AUTO_JOBS else args.jobs
+    runner = Runner.with_disk_stores(policy) if jobs == 1 else ParallelRunner(policy, jobs)
     progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
                         heartbeat_s=args.heartbeat)
     signals = _SignalsInterrupt()

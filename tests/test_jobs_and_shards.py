@@ -46,6 +46,48 @@ def test_a_malformed_shard_is_refused(text):
         parse_shard(text)
 
 
+@pytest.mark.parametrize("text, jobs", [("1", 1), ("3", 3), ("auto", "auto"), (" AUTO ", "auto")])
+def test_jobs_is_a_count_or_auto(text, jobs):
+    from harness.run_command import parse_jobs
+
+    assert parse_jobs(text) == jobs
+
+
+@pytest.mark.parametrize("text, message", [("0", "at least 1"), ("-2", "at least 1"), ("two", "whole number or 'auto'"),
+                                           ("", "whole number or 'auto'")])
+def test_a_bad_jobs_value_is_a_usage_error(text, message):
+    from harness.run_command import UsageError, parse_jobs
+
+    with pytest.raises(UsageError, match=message):
+        parse_jobs(text)
+
+
+def test_auto_jobs_is_a_worker_per_core_within_memory_and_cases(monkeypatch):
+    import jax
+
+    from harness import parallel
+
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(parallel, "available_memory_bytes", lambda: 100 * parallel.WORKER_MEMORY_BYTES)
+    assert parallel.auto_jobs(case_count=30) == 8
+    assert parallel.auto_jobs(case_count=3) == 3
+    monkeypatch.setattr(parallel, "available_memory_bytes", lambda: 2 * parallel.WORKER_MEMORY_BYTES + 1)
+    assert parallel.auto_jobs(case_count=30) == 2
+    monkeypatch.setattr(parallel, "available_memory_bytes", lambda: parallel.WORKER_MEMORY_BYTES // 2)
+    assert parallel.auto_jobs(case_count=30) == 1  # never 0
+    monkeypatch.setattr(parallel, "available_memory_bytes", lambda: None)  # not known: the cores decide
+    assert parallel.auto_jobs(case_count=30) == 8
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # one process owns an accelerator
+    assert parallel.auto_jobs(case_count=30) == 1
+
+
+def test_the_available_memory_is_read_on_linux():
+    from harness.parallel import available_memory_bytes
+
+    memory = available_memory_bytes()
+    assert memory is None or memory > 0
+
+
 # ------------------------------------------------------------------ through the CLI
 
 
@@ -91,6 +133,19 @@ def test_jobs_2_gives_the_rows_of_one_process_in_the_same_order(case_file, tmp_p
     manifest = read_manifest(two)
     assert manifest.is_complete and manifest.cases == CASE_NAMES
     assert {r["candidate"].split("/")[0] for r in load_jsonl(two / "rows.jsonl")} >= {"reference", "interpret"}
+
+
+@pytest.mark.slow
+def test_jobs_auto_runs_as_many_workers_as_auto_jobs_says(case_file, cheap_single, tmp_path):
+    import json
+
+    from harness.parallel import auto_jobs
+
+    out = tmp_path / "auto"
+    _run(case_file, out, *CHEAP_PATHS, "--jobs", "auto")
+    assert _csv_without_timing(out / "rows.csv") == _csv_without_timing(cheap_single / "rows.csv")
+    metadata = json.loads((out / "report.json").read_text())["metadata"]
+    assert metadata["jobs"] == auto_jobs(len(CASE_NAMES))  # this machine's cores, memory and 3 cases
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import pathlib
+import threading
 
 from cases.fixtures import atomic_write
 
@@ -75,11 +76,21 @@ def decode_entry(data: bytes, material: dict) -> bytes:
 
 
 class ArtifactStore:
-    """Entries named ``<prefix>-<digest>.bin`` in `folder`; counts `hits`, `misses`, `rejected`."""
+    """Entries named ``<prefix>-<digest>.bin`` in `folder`; counts `hits`, `misses`, `rejected`.
+
+    Safe to use from several threads (programs are loaded in compile-ahead threads).
+    """
 
     def __init__(self, folder: pathlib.Path, prefix: str):
         self.folder, self.prefix = pathlib.Path(folder), prefix
         self.hits = self.misses = self.rejected = 0
+        self._count_lock = threading.Lock()
+
+    def _count(self, hits: int = 0, misses: int = 0, rejected: int = 0) -> None:
+        with self._count_lock:
+            self.hits += hits
+            self.misses += misses
+            self.rejected += rejected
 
     def entry_path(self, material: dict) -> pathlib.Path:
         return self.folder / f"{self.prefix}-{key_digest(material)}.bin"
@@ -90,23 +101,20 @@ class ArtifactStore:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            self.misses += 1
+            self._count(misses=1)
             return None
         try:
             payload = decode_entry(data, material)
         except CorruptEntry as error:
-            self.rejected += 1
-            self.misses += 1
+            self._count(misses=1, rejected=1)
             log.warning("%s entry %s is invalid (%s); recomputing", self.prefix, path, error)
             return None
-        self.hits += 1
+        self._count(hits=1)
         return payload
 
     def reject(self, material: dict, why: str) -> None:
         """Count a verified entry the caller could not use (e.g. it fails to deserialise) as a miss."""
-        self.hits -= 1
-        self.rejected += 1
-        self.misses += 1
+        self._count(hits=-1, misses=1, rejected=1)
         log.warning("%s entry %s is unusable (%s); recomputing", self.prefix, self.entry_path(material), why)
 
     def save(self, material: dict, payload: bytes) -> None:

@@ -25,8 +25,9 @@ time). Programs compile in threads ahead of their case (`harness.runner.Runner.r
 the seconds the programs took to obtain (the rows' compile_s) overlap the rest: they are
 printed beside, with the programs' execution (execute_s), not as shares. Also: peak
 resident memory (the largest single process), the programs XLA compiled and those loaded
-from the persistent cache, the oracle answers computed and loaded, and the sharpness of
-the bounds. Targets (issue 14, 2-core machine): warm <= 15 s, edit <= 45 s, cold <= 120 s,
+from the persistent cache, the oracle answers computed and loaded, the sharpness of the
+bounds, and before each run the load average and a speed probe (fixed Python work: this
+shared VM's speed drifts by 20% and more between runs). Targets (issue 14, 2-core machine): warm <= 15 s, edit <= 45 s, cold <= 120 s,
 overhead (everything but the paths' compile and execution, the oracle and lowering) < 10%
 of each.
 """
@@ -185,9 +186,24 @@ def print_sharpness(groups: list[dict]) -> None:
     print(format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  "))
 
 
+def speed_probe_seconds() -> float:
+    """Seconds of a fixed single-threaded Python workload, best of three: the machine's speed
+    just now. A shared VM can run the same code 20% slower after minutes of full load
+    (observed here between bench runs with nothing else running), so each run's walls
+    come with the probe taken before it."""
+    def once() -> float:
+        start = time.perf_counter()
+        total = 0
+        for value in range(2_000_000):
+            total += value * value
+        return time.perf_counter() - start
+    return min(once() for _ in range(3))
+
+
 def load_note() -> str:
     one, five, fifteen = os.getloadavg()
-    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} CPUs"
+    return (f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} CPUs, "
+            f"speed probe {speed_probe_seconds():.3f} s")
 
 
 def main(argv=None) -> int:

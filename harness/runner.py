@@ -98,7 +98,7 @@ class Runner:
         self.oracle = oracle if oracle is not None else OracleCache()
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
-        # Seconds spent outside the paths' own compile/execute, for the benchmark.
+        # This thread's seconds per part of the run (`TIMINGS`), for the run's metadata and the benchmark.
         self.timings = dict.fromkeys(TIMINGS, 0.0)
 
     @classmethod

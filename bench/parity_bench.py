@@ -26,8 +26,8 @@ the seconds the programs took to obtain (the rows' compile_s) overlap the rest: 
 printed beside, with the programs' execution (execute_s), not as shares. Also: peak
 resident memory (the largest single process), the programs XLA compiled and those loaded
 from the persistent cache, the oracle answers computed and loaded, the sharpness of the
-bounds, and before each run the load average and a speed probe (fixed Python work: this
-shared VM's speed drifts by 20% and more between runs). Targets (issue 14, 2-core machine): warm <= 15 s, edit <= 45 s, cold <= 120 s,
+bounds, and before each run the load average and a speed probe (fixed Python work on every
+core at once: this shared VM's speed drifts by 20% and more between runs). Targets (issue 14, 2-core machine): warm <= 15 s, edit <= 45 s, cold <= 120 s,
 overhead (everything but the paths' compile and execution, the oracle and lowering) < 10%
 of each.
 """
@@ -77,13 +77,14 @@ def _row_seconds(rows: list[dict]) -> tuple[float, float]:
 
 
 # Runs the command given as arguments and prints the largest resident memory of any of its
-# processes (ru_maxrss of the waited-for descendants, KiB on Linux): one fresh wrapper per
-# run, so each run's peak is its own.
-_PEAK_PREFIX = "bench-peak-kib "
+# processes (ru_maxrss of the waited-for descendants, KiB on Linux) and the CPU seconds
+# they used (user + system): one fresh wrapper per run, so each run's figures are its own.
+_PEAK_PREFIX = "bench-peak-kib-cpu-s "
 _PEAK_WRAPPER = (
     "import resource, subprocess, sys\n"
     "code = subprocess.run(sys.argv[1:]).returncode\n"
-    f"print({_PEAK_PREFIX!r} + str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss), file=sys.stderr)\n"
+    "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    f"print({_PEAK_PREFIX!r} + str(usage.ru_maxrss) + ' ' + str(usage.ru_utime + usage.ru_stime), file=sys.stderr)\n"
     "sys.exit(code)\n"
 )
 
@@ -109,7 +110,7 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
     proc = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, *command], cwd=project, env=env, capture_output=True,
                           text=True)
     process_wall = time.perf_counter() - start
-    peak_kib = int(proc.stderr.strip().splitlines()[-1].removeprefix(_PEAK_PREFIX))
+    peak_kib, cpu_s = proc.stderr.strip().splitlines()[-1].removeprefix(_PEAK_PREFIX).split()
     if proc.returncode not in (0, 1):
         raise SystemExit(f"harness run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     report = json.loads((out / "report.json").read_text())
@@ -135,7 +136,8 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
         "lowering_s": meta["lowering_s"],
         "overhead_s": max(worker_wall - accounted, 0.0),
         "startup_and_reports_s": process_wall - runner_wall,
-        "peak_rss_mib": peak_kib / 1024,
+        "peak_rss_mib": int(peak_kib) / 1024,
+        "cpu_s": float(cpu_s),
         "programs_compiled": meta.get("programs_compiled"),
         "programs_loaded": meta.get("programs_loaded"),
         "programs_stored": (meta.get("programs_stored_loaded", 0), meta.get("programs_stored_missed", 0)),
@@ -168,6 +170,7 @@ def print_run(label: str, figures: dict) -> None:
     body.append(["  programs executed", f"{figures['execute_s']:.1f} s", "within paths"])
     body.append(["startup_and_reports", f"{figures['startup_and_reports_s']:.1f} s",
                  f"{100 * figures['startup_and_reports_s'] / wall:.1f}% of wall"])
+    body.append(["CPU time", f"{figures['cpu_s']:.1f} s", "user + system, every process of the run"])
     body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", "largest process"])
     body.append(["programs compiled / loaded", f"{figures['programs_compiled']} / {figures['programs_loaded']}",
                  "XLA / JAX's persistent cache"])
@@ -186,18 +189,19 @@ def print_sharpness(groups: list[dict]) -> None:
     print(format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  "))
 
 
+# Fixed single-threaded work for the speed probe: ~0.25 s on an idle core of the 2-core machine.
+_PROBE_CODE = ("import time\nstart = time.perf_counter()\ntotal = 0\n"
+               "for value in range(2_000_000):\n    total += value * value\nprint(time.perf_counter() - start)")
+
+
 def speed_probe_seconds() -> float:
-    """Seconds of a fixed single-threaded Python workload, best of three: the machine's speed
-    just now. A shared VM can run the same code 20% slower after minutes of full load
-    (observed here between bench runs with nothing else running), so each run's walls
-    come with the probe taken before it."""
-    def once() -> float:
-        start = time.perf_counter()
-        total = 0
-        for value in range(2_000_000):
-            total += value * value
-        return time.perf_counter() - start
-    return min(once() for _ in range(3))
+    """Seconds the slowest of one probe process per core took, all at once: the machine's
+    multi-core speed just now. This shared VM ran the same code 20-30% slower in one bench
+    run than in the next with nothing else running, so each run's walls come with the
+    probe taken before it."""
+    probes = [subprocess.Popen([sys.executable, "-c", _PROBE_CODE], stdout=subprocess.PIPE, text=True)
+              for _ in range(os.cpu_count() or 1)]
+    return max(float(probe.communicate()[0]) for probe in probes)
 
 
 def load_note() -> str:
@@ -231,7 +235,8 @@ def main(argv=None) -> int:
     print("\ntargets:")
     for (scenario, jobs), figures in results.items():
         wall = figures["process_wall_s"]
-        print(f"  {scenario:<5} --jobs {jobs}: {wall:6.1f} s (target <= {TARGETS[scenario]:.0f} s: "
+        print(f"  {scenario:<5} --jobs {jobs}: {wall:6.1f} s, CPU {figures['cpu_s']:5.0f} s "
+              f"(target <= {TARGETS[scenario]:.0f} s: "
               f"{'met' if wall <= TARGETS[scenario] else 'MISSED'}), harness overhead {overhead_percent(figures):.1f}% "
               f"(< {OVERHEAD_TARGET_PERCENT:.0f}%: {'met' if overhead_percent(figures) < OVERHEAD_TARGET_PERCENT else 'MISSED'})")
     return 0

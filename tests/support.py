@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,3 +55,26 @@ def max_rel_err(actual, expected) -> float:
     a = np.asarray(actual, np.float64)
     e = np.asarray(expected, np.float64)
     return float(np.max(np.abs(a - e)) / np.max(np.abs(e)))
+
+
+def project_files_run(function: Callable[[], object]) -> set[str]:
+    """The project files (relative paths) whose Python code ran while `function()` ran.
+
+    For the tests that check a cache key's declared sources cover the code a computation
+    runs (the program store's, the oracle cache's). A function is seen when it is called.
+    """
+    from reports.manifest import PROJECT_ROOT
+
+    seen = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.add(frame.f_code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        function()
+    finally:
+        sys.setprofile(None)
+    root = str(PROJECT_ROOT) + "/"
+    return {f[len(root):] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}

@@ -15,6 +15,7 @@ from harness import oracle_cache
 from harness.oracle_cache import ORACLE_SOURCES, OracleCache
 from harness.oracle_path import OracleOutputs, run_oracle_path
 from reports.manifest import PROJECT_ROOT
+from tests.support import project_files_run
 
 CASE = Case(name="oracle-cache-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
 
@@ -170,23 +171,9 @@ def test_the_oracle_sources_cover_every_file_an_answer_is_computed_with():
     runs project code only from `ORACLE_SOURCES`, besides cases/spec.py, whose values
     (dtypes, math configuration) are key material: an edit anywhere else cannot change an
     answer, so the cache may keep it."""
-    import sys
-
     case = Case(name="oracle-sources", batch=1, sequence=12, streams=3, embedding=40, branch="mlp", seed=5)
     fixture = make_fixture(case)
-    seen = set()
-
-    def profile(frame, event, arg):
-        if event == "call":
-            seen.add(frame.f_code.co_filename)
-
-    sys.setprofile(profile)
-    try:
-        run_oracle_path(case, fixture)
-    finally:
-        sys.setprofile(None)
-    root = str(PROJECT_ROOT) + "/"
-    ran = {f[len(root):] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}
+    ran = project_files_run(lambda: run_oracle_path(case, fixture))
     assert "mhc/oracle.py" in ran and "cases/branches.py" in ran  # control: the profile sees the oracle
     # cases/spec.py: key material; harness/run_info.py: JAX's compile-event listener (it
     # counts compiles) when another test of this process registered it.

@@ -25,6 +25,7 @@ from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
 from reports.manifest import PROJECT_ROOT, source_digest
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
+from tests.support import project_files_run
 
 CASE = Case(name="program-store-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
 SHARDED = Case(name="program-store-sharded", batch=2, sequence=16, streams=2, embedding=128, branch="mlp", mesh=(2, 1))
@@ -190,20 +191,12 @@ def _files_run_while_tracing(case, path) -> set[str]:
     placement = path_placement(path)
     precision = effective_precision(case, placement)
     args = _place(make_fixture(case), path, placement)
-    seen = set()
 
-    def profile(frame, event, arg):
-        if event == "call":
-            seen.add(frame.f_code.co_filename)
-
-    sys.setprofile(profile)
-    try:
+    def lower():
         with jax.default_device(placement.devices[0]):
             jax.jit(_build_program(path, case, placement, precision)).lower(*args)
-    finally:
-        sys.setprofile(None)
-    root = str(PROJECT_ROOT) + "/"
-    return {f[len(root):] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}
+
+    return project_files_run(lower)
 
 
 def _declared(patterns) -> set[str]:

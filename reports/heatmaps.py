@@ -85,8 +85,8 @@ def heatmap(frame: pd.DataFrame, comparison: str) -> Heatmap | None:
     cells["failing"] = cells["verdict"].isin(("fail", "error"))
     if len(cells[["case", "candidate"]].drop_duplicates()) > MAX_HEATMAP_ROWS:
         cells["candidate"] = WORST_CANDIDATE
-    rows = tuple(dict.fromkeys(zip(*(cells.sort_values(["case", "candidate"], kind="mergesort")[c]
-                                     for c in ("case", "candidate")))))
+    ordered = cells.sort_values(["case", "candidate"], kind="mergesort")
+    rows = tuple(dict.fromkeys(zip(ordered["case"], ordered["candidate"])))
     position = {row: i for i, row in enumerate(rows)}
     cells["row"] = [position[row] for row in zip(cells["case"], cells["candidate"])]
     leaves = leaf_order(cells)

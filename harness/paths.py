@@ -4,9 +4,10 @@ A path runs one case's fixture through one implementation, unsharded or token-sh
 on the case's mesh, on the devices `harness.devices` places it on (a *host* path, named
 ``...@cpu``, runs on the host CPU because the default accelerator has too few devices),
 at the case's matmul precision as effective there, and returns a flat mapping
-leaf-name -> NumPy array (the leaves of `harness.leaves`) from one forward pass and one VJP seeded with the case's cotangent. Compiled functions
-are cached by everything that shapes the program (not by the data), so cases that
-share shapes and dtypes reuse them: weights, inputs and the cotangent are arguments.
+leaf-name -> NumPy array (the leaves of `harness.leaves`) from one forward pass and one
+VJP seeded with the case's cotangent. Compiled functions are cached by everything that
+shapes the program (not by the data), so cases that share shapes and dtypes reuse them:
+weights, inputs and the cotangent are arguments.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ class ProgramCache:
         self.store = store
         self._lock = threading.Lock()
         self._compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
-        # key -> future of (compiled program or None if obtaining it raised, seconds), from
+        # key -> future of `_timed(self._obtain, ...)` (program, error, seconds), from
         # `compile_ahead`; the first `run` of the key takes it.
         self._pending: dict[tuple, concurrent.futures.Future] = {}
 
@@ -212,8 +213,9 @@ class ProgramCache:
             while len(self._compiled) > self.max_programs:
                 self._compiled.popitem(last=False)
 
-    def _resolve(self, path: Path, case, fixture):
-        """(cache key, placement, precision, placed arguments) of `path` running `case`."""
+    def _resolve(self, path: Path, case):
+        """(cache key, placement, precision) of `path` running `case`; the fixture is placed
+        (`_place`) only where a program is obtained or run."""
         if path.mesh is not None:
             batch, sequence = case.batch, case.sequence
             if batch % path.mesh[0] or sequence % path.mesh[1]:
@@ -223,8 +225,7 @@ class ProgramCache:
                 )
         placement = path_placement(path)
         precision = effective_precision(case, placement)
-        args = _place(fixture, path, placement)
-        return (path.name, _trace_signature(case, precision)), placement, precision, args
+        return (path.name, _trace_signature(case, precision)), placement, precision
 
     def _obtain(self, path: Path, case, key, placement, precision, args):
         """The compiled program: loaded from the store, or traced, lowered and compiled (and stored).
@@ -256,17 +257,18 @@ class ProgramCache:
 
         Each task loads, or traces, lowers and compiles, one program (XLA compiles with the
         GIL released, so a pool of `COMPILE_THREADS` keeps the cores busy while the caller
-        goes on). A path that fails here is left alone: `run` meets the same error and
-        reports it.
+        goes on). A path that cannot be placed is left for `run` to report; a program that
+        fails to build raises its error from `run`.
         """
         for path in paths:
             try:
-                key, placement, precision, args = self._resolve(path, case, fixture)
+                key, placement, precision = self._resolve(path, case)
             except Exception:  # noqa: BLE001 - reported when the path runs
                 continue
             with self._lock:
                 if key in self._compiled or key in self._pending:
                     continue
+                args = _place(fixture, path, placement)
                 self._pending[key] = pool.submit(_timed, self._obtain, path, case, key, placement, precision, args)
 
     def prepare(self, paths, case, fixture) -> None:
@@ -283,19 +285,22 @@ class ProgramCache:
         with self._lock:
             pending, self._pending = self._pending, {}
         for key, future in pending.items():
-            if future.done() and not future.cancelled() and future.result()[0] is not None:
-                self.remember(key, future.result()[0])
+            if future.done() and not future.cancelled():
+                compiled, _, _ = future.result()
+                if compiled is not None:
+                    self.remember(key, compiled)
 
-    def _take_pending(self, key) -> tuple[object | None, float]:
-        """(program, seconds it took) obtained ahead for `key`, waiting for it; (None, 0) if none."""
+    def _take_pending(self, key) -> tuple[object | None, BaseException | None, float]:
+        """(program, error, seconds) obtained ahead for `key`, waiting for it; (None, None, 0)
+        if nothing was (or a shut-down pool cancelled it)."""
         with self._lock:
             future = self._pending.pop(key, None)
         if future is None:
-            return None, 0.0
+            return None, None, 0.0
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            return None, 0.0
+            return None, None, 0.0
 
     def run(self, path: Path, case, fixture) -> PathOutputs:
         """Run `case`'s fixture through `path`; compile on first use of the signature.
@@ -304,8 +309,11 @@ class ProgramCache:
         obtained ahead, where it overlapped other work), reported by its first run only.
         Raises `harness.devices.PlacementError` when the path has no devices here.
         """
-        key, placement, precision, args = self._resolve(path, case, fixture)
-        compiled, compile_s = self._take_pending(key)
+        key, placement, precision = self._resolve(path, case)
+        args = _place(fixture, path, placement)
+        compiled, error, compile_s = self._take_pending(key)
+        if error is not None:
+            raise error
         if compiled is None:
             compiled, compile_s = self.lookup(key), 0.0
         if compiled is None:
@@ -322,10 +330,10 @@ class ProgramCache:
 
 
 def _timed(function, *args):
-    """(function(*args), seconds), or (None, seconds) if it raised."""
+    """(function(*args), None, seconds), or (None, the exception, seconds) if it raised."""
     start = time.perf_counter()
     try:
-        result = function(*args)
-    except Exception:  # noqa: BLE001 - the path's own run reports it
-        result = None
-    return result, time.perf_counter() - start
+        result, error = function(*args), None
+    except Exception as exc:  # noqa: BLE001 - raised again by the `run` that takes it
+        result, error = None, exc
+    return result, error, time.perf_counter() - start

@@ -76,6 +76,29 @@ def test_prepared_programs_run_as_if_compiled_on_first_use_and_report_their_comp
         prepared.run(paths[2], case, fixture)
 
 
+def test_a_program_that_fails_to_build_ahead_raises_its_error_from_run_without_building_again(monkeypatch):
+    """The error of a program obtained ahead reaches `run` as it was raised in the pool
+    thread; the program is not traced a second time to meet it again."""
+    import harness.paths as paths
+    from cases.fixtures import make_fixture
+    from cases.spec import Case
+    from harness.implementations import REFERENCE
+
+    case = Case(name="prepare-fails", batch=1, sequence=16, streams=2, embedding=128)
+    builds = []
+
+    def failing_build(*args):
+        builds.append(args)
+        raise RuntimeError("tracing broke")
+
+    monkeypatch.setattr(paths, "_build_program", failing_build)
+    cache, fixture = ProgramCache(), make_fixture(case)
+    cache.prepare([paths.Path(REFERENCE)], case, fixture)
+    with pytest.raises(RuntimeError, match="tracing broke"):
+        cache.run(paths.Path(REFERENCE), case, fixture)
+    assert len(builds) == 1 and len(cache) == 0
+
+
 # Small cases for the runner's compile-ahead: two sharing one program signature per path,
 # a sharded one, and one the kernels reject (the rejection comes from a program obtained
 # ahead, in a pool thread).

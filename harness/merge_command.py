@@ -37,9 +37,9 @@ ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", "host_cpu_devices"
                     "jax_version", "jaxlib_version", "flax_version", "numpy_version")
 # Metadata summed over the shards (seconds and counts of work done): the runner's timings
 # (`harness.runner.TIMINGS`; this module stays free of JAX) and its work counts.
-SUMMED_KEYS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s", "oracle_computed", "oracle_cached", "programs_compiled",
-               "programs_loaded", "programs_stored_loaded", "programs_stored_missed", "lowerings_stored_loaded",
-               "lowerings_stored_missed", "resumed_cases")
+SUMMED_KEYS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s", "oracle_computed", "oracle_cached",
+               "programs_compiled", "programs_loaded", "programs_stored_loaded", "programs_stored_missed",
+               "lowerings_stored_loaded", "lowerings_stored_missed", "resumed_cases")
 
 
 class MergeError(Exception):

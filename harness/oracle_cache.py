@@ -85,9 +85,6 @@ def key_material(case, fixture, source_digest: str) -> dict:
     }
 
 
-entry_key = key_digest
-
-
 def serialize(material: dict, outputs: OracleOutputs) -> bytes:
     """One entry's bytes: the leaves' float64 bits and a checksummed JSON header."""
     leaves = {name: np.ascontiguousarray(value, dtype=np.float64) for name, value in outputs.leaves.items()}
@@ -156,7 +153,7 @@ class OracleCache:
     def __call__(self, case, fixture) -> OracleOutputs:
         start = time.perf_counter()
         material = key_material(case, fixture, self.source_digest)
-        path = self.folder / f"oracle-{entry_key(material)}.npz"
+        path = self.folder / f"oracle-{key_digest(material)}.npz"
         if path.exists():
             try:
                 outputs = deserialize(path, material)

@@ -121,8 +121,8 @@ def heatmaps(frame: pd.DataFrame) -> dict[str, Heatmap]:
     return {comparison: table for comparison, table in found.items() if table is not None}
 
 
-def _rgb(colour: str) -> np.ndarray:
-    return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+# The stops as (red, green, blue) rows.
+_SCALE_RGB = np.array([[int(stop[i:i + 2], 16) for i in (1, 3, 5)] for stop in _SCALE_STOPS], dtype=float)
 
 
 def cell_colour(value: float) -> tuple[str, str]:
@@ -133,6 +133,6 @@ def cell_colour(value: float) -> tuple[str, str]:
     position = min(max(position, -LOG_RANGE), LOG_RANGE)
     scaled = (position + LOG_RANGE) / (2 * LOG_RANGE) * (len(_SCALE_STOPS) - 1)
     low = min(int(scaled), len(_SCALE_STOPS) - 2)
-    mix = _rgb(_SCALE_STOPS[low]) * (1 - (scaled - low)) + _rgb(_SCALE_STOPS[low + 1]) * (scaled - low)
+    mix = _SCALE_RGB[low] * (1 - (scaled - low)) + _SCALE_RGB[low + 1] * (scaled - low)
     background = "#" + "".join(f"{round(channel):02x}" for channel in mix)
     return background, "#ffffff" if abs(position) > _DARK_FROM * LOG_RANGE else "#000000"

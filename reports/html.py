@@ -1,11 +1,10 @@
 """The self-contained HTML report.
 
 One file, readable offline: inline CSS, histograms embedded as base64 PNG data URIs
-(the heatmaps are HTML tables), no
-scripts, fonts or other external resources. Every piece of text that comes from a
-row, a case, an error message or the metadata is passed through `esc` (HTML
-escaping including quotes) before it reaches the page; anchors are generated ids
-(`case-<n>-<slug>`), never raw case names.
+(the heatmaps are HTML tables), no scripts, fonts or other external resources. Every
+piece of text that comes from a row, a case, an error message or the metadata is passed
+through `esc` (HTML escaping including quotes) before it reaches the page; anchors are
+generated ids (`case-<n>-<slug>`), never raw case names.
 
 Sections: summary banner, error-ratio heatmaps (one table per comparison kind; the value
 rule is documented in `reports.heatmaps`), max_rel_err histograms per leaf kind for
@@ -207,12 +206,10 @@ def sharpness_section(frame: pd.DataFrame) -> str:
 def heatmap_legend() -> str:
     """The colour scale of the heatmaps, as swatches from 10**-LOG_RANGE to 10**LOG_RANGE."""
     swatches = []
-    for power in range(-int(LOG_RANGE), int(LOG_RANGE) + 1):
-        value = 10.0 ** power
+    for value in [10.0 ** power for power in range(-int(LOG_RANGE), int(LOG_RANGE) + 1)] + [math.nan]:
         background, text = cell_colour(value)
-        swatches.append(f'<span class="swatch" style="background:{background};color:{text}">{value:g}</span>')
-    background, text = cell_colour(math.nan)
-    swatches.append(f'<span class="swatch" style="background:{background};color:{text}">no value</span>')
+        label = "no value" if math.isnan(value) else f"{value:g}"
+        swatches.append(f'<span class="swatch" style="background:{background};color:{text}">{label}</span>')
     return '<p class="heatmap-legend">Colour (log scale): ' + "".join(swatches) + "</p>"
 
 

@@ -181,9 +181,17 @@ def _max_abs(a: np.ndarray) -> float:
     return float(np.max(np.abs(a)))  # np.max propagates NaN
 
 
-def _l2(a: np.ndarray, max_abs: float | None = None) -> float:
-    """Euclidean norm, scaled by max|a| (`max_abs` if known) so squares cannot overflow;
-    NaN/inf propagate."""
+def l2_norm(a: np.ndarray, max_abs: float | None = None) -> float:
+    """‖a‖₂ of a float64 array, scaled by max|a| (`max_abs` if known) so squares cannot
+    overflow; NaN/inf propagate.
+
+    Sums with NumPy's pairwise summation, never BLAS (`np.dot`, `np.linalg.norm`): OpenBLAS
+    splits a long dot over its threads and picks a kernel per CPU model, so its last bits
+    change with the core count and the CPU (measured: 1 vs 2 threads from 20,000
+    elements, and the Haswell kernel against this machine's), while rows merged from
+    several machines must equal one machine's run. Its idle threads also spin on the
+    cores the compiles need (~9 CPU-s of a 100 CPU-s kernel-edit run).
+    """
     scale = _max_abs(a) if max_abs is None else max_abs
     if scale == 0.0 or not math.isfinite(scale):
         return scale
@@ -193,7 +201,7 @@ def _l2(a: np.ndarray, max_abs: float | None = None) -> float:
 def _magnitudes(a: np.ndarray) -> tuple[float, float]:
     """(max|a|, ‖a‖₂): what errors against `a` are normalised by."""
     max_abs = _max_abs(a)
-    return max_abs, _l2(a, max_abs)
+    return max_abs, l2_norm(a, max_abs)
 
 
 def _rel_errors(actual: np.ndarray, expected: np.ndarray,
@@ -205,19 +213,19 @@ def _rel_errors(actual: np.ndarray, expected: np.ndarray,
         diff = actual - expected
     max_abs = _max_abs(diff)
     expected_max, expected_l2 = expected_magnitudes or _magnitudes(expected)
-    return max_abs, _div(max_abs, expected_max), _div(_l2(diff, max_abs), expected_l2)
+    return max_abs, _div(max_abs, expected_max), _div(l2_norm(diff, max_abs), expected_l2)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray, b_l2: float | None = None) -> float:
     """Cosine of the angle between a and b (b_l2: ‖b‖₂ if known); NaN unless both are finite."""
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return math.nan
-    na, nb = _l2(a), (_l2(b) if b_l2 is None else b_l2)
+    na, nb = l2_norm(a), (l2_norm(b) if b_l2 is None else b_l2)
     if na == 0.0 and nb == 0.0:
         return 1.0
     if na == 0.0 or nb == 0.0:
         return 0.0
-    dot = float(np.dot((a / na).ravel(), (b / nb).ravel()))
+    dot = float(np.sum((a / na) * (b / nb)))  # not np.dot: see `l2_norm`
     return min(1.0, max(-1.0, dot))
 
 

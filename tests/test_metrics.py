@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from reports import schema
+from reports.manifest import PROJECT_ROOT
 from harness.metrics import DTYPE_FORMATS, LeafMetrics, dtype_name, eps, leaf_metrics, ulp_spacing
 
 BF16 = ml_dtypes.bfloat16
@@ -358,3 +362,33 @@ def test_leaf_metrics_record_systematic_error_only_for_token_major_leaves():
     plain = leaf_metrics(cand, oracle, oracle, dtype="float32")
     assert math.isnan(plain.cand_systematic_t) and math.isnan(plain.oracle_systematic_t)
     assert math.isnan(leaf_metrics(cand, oracle, dtype="float32", token_axes=2).cand_systematic_t)
+
+
+# ── independent of the machine's BLAS ─────────────────────────────────────────────────
+
+_BLAS_PROBE = """
+import dataclasses, sys
+import numpy as np
+from harness.metrics import leaf_metrics
+from harness.oracle_path import _relative_deviation
+rng = np.random.default_rng(7)
+exact = rng.standard_normal(1 << 16)
+candidate = (exact + 1e-3 * rng.standard_normal(exact.size)).astype(np.float32)
+partner = (exact + 1e-3 * rng.standard_normal(exact.size)).astype(np.float32)
+metrics = leaf_metrics(candidate, partner, exact, dtype="float32")
+print([float(v).hex() for v in dataclasses.astuple(metrics) if isinstance(v, float)])
+print([v.hex() for v in _relative_deviation(candidate.astype(np.float64), exact)])
+"""
+
+
+def test_metrics_and_oracle_deviations_do_not_depend_on_blas_threads():
+    """BLAS splits a long dot over its threads, so `np.dot` and `np.linalg.norm` change
+    their last bits with the thread count: rows computed on machines with other core
+    counts would differ. The metrics and the oracle's sensitivities must not."""
+    outputs = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
+        proc = subprocess.run([sys.executable, "-c", _BLAS_PROBE], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                              text=True, check=True)
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1]

@@ -433,6 +433,30 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply):
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
+def _recorded_sites(x, w, p, ct, config, branch_apply: BranchApply) -> list[tuple[str, tuple[int, ...]]]:
+    """The (site, shape) of every rounding of one draw, in call order (an abstract trace)."""
+    recorder = _SiteRecorder()
+    jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply), x, w, p, ct)
+    return recorder.sites
+
+
+def _bank_size(sites) -> int:
+    """Random numbers one draw needs: two (value and cotangent) per element of every site."""
+    return 2 * sum(math.prod(shape) for _, shape in sites)
+
+
+@functools.lru_cache(maxsize=8)
+def _bank_program(size: int):
+    """The jitted `keys (D,) -> (D, size)` uniform [-1, 1) float64 banks, one per draw key.
+
+    Compiled apart from `_oracle_program`, at XLA's default optimisation: the generator is
+    integer arithmetic and an exact affine map, so its bits do not depend on the level,
+    and at -O0 it was ~85% of the oracle's run time and a third of its compile (measured
+    on the default suite's cases). One program serves every case whose draws are this size.
+    """
+    return jax.jit(jax.vmap(lambda key: jax.random.uniform(key, (size,), jnp.float64, -1.0, 1.0)))
+
+
 # A jitted program keeps an executable per input shape alive, and each holds memory
 # mappings (a process has at most vm.max_map_count): keep the programs of the few most
 # recent branch/config combinations, not of every case a long run has seen.
@@ -440,25 +464,25 @@ _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 def _oracle_program(branch_apply: BranchApply, config):
     """The jitted float64 forward + VJP of a batch of draws, for one branch and config.
 
-    program(x, w, p, ct, keys, units): keys (D,) PRNG keys and units (D, classes) unit
-    roundoffs, one row per draw (`_units_vector`; zeros: the exact oracle); the inputs
-    are shared by every draw and every output gains a leading D axis. The units are data,
-    so the exact oracle and the noisy draws of float32 and bfloat16 runs of one shape
-    share one compiled program (cached: other shapes retrace).
+    program(x, w, p, ct, banks, units): banks (D, `_bank_size`) uniform [-1, 1) numbers
+    (`_bank_program`) and units (D, classes) unit roundoffs, one row per draw
+    (`_units_vector`; zeros: the exact oracle); the inputs are shared by every draw and
+    every output gains a leading D axis. The units are data, so the exact oracle and the
+    noisy draws of float32 and bfloat16 runs of one shape share one compiled program
+    (cached: other shapes retrace).
     """
 
-    def one_draw(x, w, p, ct, key, units):
-        recorder = _SiteRecorder()
-        jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply), x, w, p, ct)
-        size = 2 * sum(math.prod(shape) for _, shape in recorder.sites)
-        bank = jax.random.uniform(key, (size,), jnp.float64, -1.0, 1.0)
-        noise = _RoundingNoise(recorder.sites, bank, units)
+    def one_draw(x, w, p, ct, bank, units):
+        sites = _recorded_sites(x, w, p, ct, config, branch_apply)
+        if bank.shape != (_bank_size(sites),):
+            raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
+        noise = _RoundingNoise(sites, bank, units)
         outputs = _layer_and_vjp(x, w, p, ct, noise, config, branch_apply)
-        if noise.calls != len(recorder.sites):
-            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(recorder.sites)}")
+        if noise.calls != len(sites):
+            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
         return outputs
 
-    # The inputs are shared by every draw; the key and the units vary.
+    # The inputs are shared by every draw; the bank and the units vary.
     return jax.jit(jax.vmap(one_draw, in_axes=(None, None, None, None, 0, 0)), compiler_options=_COMPILER_OPTIONS)
 
 
@@ -529,9 +553,10 @@ def run_oracle_batch(x, weights, branch_apply: BranchApply, branch_params: Mappi
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(_as_f64(cotangent))
         keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
+        banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply)))(keys)
         program = _oracle_program(branch_apply, config)
         outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64),
-                               program(x64, w64, p64, ct64, keys, jnp.asarray(units)))
+                               program(x64, w64, p64, ct64, banks, jnp.asarray(units)))
     return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(draws))]
 
 

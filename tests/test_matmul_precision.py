@@ -170,7 +170,9 @@ def test_every_dot_of_the_oracle_is_at_highest_precision(units):
         # The jitted program's function: traced inside the audit's own jit (compiler options
         # belong to a top-level jit only).
         program = oracle._oracle_program(BRANCHES["mlp"].apply, config).__wrapped__
-        jaxpr = trace(program, x, w, params, x, jnp.stack([jax.random.key(0)]), jnp.asarray(units))
+        sites = oracle._recorded_sites(x, w, params, x, config, BRANCHES["mlp"].apply)
+        banks = jnp.zeros((1, oracle._bank_size(sites)), jnp.float64)
+        jaxpr = trace(program, x, w, params, x, banks, jnp.asarray(units))
     sites = _assert_all_dots_state(jaxpr, "highest", minimum=10)
     assert oracle._PRECISION == dot_precision(np.float64, "default") == Precision.HIGHEST
     assert all(s.operand_dtypes == ("float64", "float64") for s in sites)

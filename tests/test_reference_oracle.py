@@ -161,6 +161,32 @@ def test_batched_draws_equal_single_draws_to_float64_rounding():
     assert not np.array_equal(batched[0].forward["out"], batched[1].forward["out"])
 
 
+def test_the_random_banks_do_not_depend_on_the_optimisation_level():
+    """`_bank_program` compiles at XLA's default level, the oracle at -O0: its numbers must
+    be the ones the oracle's own -O0 compile would draw (integer arithmetic and an exact
+    affine map), bit for bit."""
+    with jax.enable_x64(True):
+        keys = jnp.stack([jax.random.key(seed) for seed in (0, 11, 2**31 - 1)])
+        banks = np.asarray(oracle._bank_program(4099)(keys))
+        unoptimised = jax.jit(jax.vmap(lambda key: jax.random.uniform(key, (4099,), jnp.float64, -1.0, 1.0)),
+                              compiler_options=oracle._COMPILER_OPTIONS)
+        assert banks.dtype == np.float64 and banks.shape == (3, 4099)
+        assert np.array_equal(banks.view(np.uint64), np.asarray(unoptimised(keys)).view(np.uint64))
+        assert np.all((banks >= -1.0) & (banks < 1.0)) and len(np.unique(banks)) > 12_000
+
+
+def test_a_bank_of_the_wrong_size_is_refused():
+    config = MhcConfig(streams=4, embedding=128)
+    with jax.enable_x64(True):
+        x = jnp.zeros((1, 8, 4, 128), jnp.float64)
+        w = {k: jnp.asarray(v, jnp.float64) for k, v in random_weights(config).as_dict().items()}
+        params = {k: jnp.asarray(v, jnp.float64) for k, v in mlp_params(128).items()}
+        program = oracle._oracle_program(tanh_mlp_branch, config)
+        units = jnp.zeros((1, len(oracle.PRECISION_CLASSES)), jnp.float64)
+        with pytest.raises(ValueError, match="bank holds"):
+            program(x, w, params, x, jnp.zeros((1, 5), jnp.float64), units)
+
+
 # ------------------------------------------------------------ the mixed-precision rounding model
 
 

@@ -6,7 +6,7 @@ from typing import Mapping
 
 import numpy as np
 
-from harness.metrics import leaf_metrics
+from harness.metrics import MetricsMemo, leaf_metrics
 from harness.leaves import leaf_kind, token_axes
 from harness.policy import Policy
 from reports.schema import empty_row
@@ -47,6 +47,7 @@ def compare_leaves(
     oracle_systematic: Mapping[str, float] | None = None,
     partitioning: str,
     timing: tuple[float, float] = (0.0, 0.0),
+    memo: MetricsMemo | None = None,
 ) -> list[dict]:
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
@@ -55,7 +56,9 @@ def compare_leaves(
     (both from `harness.oracle_path.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
     row saying so. `partitioning` is
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
-    candidate's (compile_s, execute_s), recorded on every row of the comparison.
+    candidate's (compile_s, execute_s), recorded on every row of the comparison. `memo`:
+    one `harness.metrics.MetricsMemo` for all comparisons of the case (optional; it saves
+    recomputing what several comparisons share, the rows are the same).
     """
     rows = []
     for leaf, cand in candidate_leaves.items():
@@ -71,7 +74,7 @@ def compare_leaves(
             cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype,
             sensitivity=None if oracle_sensitivity is None else oracle_sensitivity.get(leaf),
             token_axes=token_axes(leaf),
-            oracle_systematic_t=(oracle_systematic or {}).get(leaf),
+            oracle_systematic_t=(oracle_systematic or {}).get(leaf), memo=memo,
         )
         judgement = policy.judge(
             metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype,

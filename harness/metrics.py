@@ -216,11 +216,11 @@ def _rel_errors(actual: np.ndarray, expected: np.ndarray,
     return max_abs, _div(max_abs, expected_max), _div(l2_norm(diff, max_abs), expected_l2)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray, b_l2: float | None = None) -> float:
-    """Cosine of the angle between a and b (b_l2: ‖b‖₂ if known); NaN unless both are finite."""
+def _cosine(a: np.ndarray, b: np.ndarray, a_l2: float, b_l2: float) -> float:
+    """Cosine of the angle between a and b, given ‖a‖₂ and ‖b‖₂; NaN unless both are finite."""
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return math.nan
-    na, nb = l2_norm(a), (l2_norm(b) if b_l2 is None else b_l2)
+    na, nb = a_l2, b_l2
     if na == 0.0 and nb == 0.0:
         return 1.0
     if na == 0.0 or nb == 0.0:
@@ -263,8 +263,57 @@ def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, f
     return float(t[worst]), _div(float(abs(mean[worst])), _max_abs(e))
 
 
+class MetricsMemo:
+    """What `leaf_metrics` computes from one array or one pair, computed once per array.
+
+    One case's comparisons meet the same arrays again and again: the oracle's leaf is the
+    expected value of every path's row, a vs_oracle row's partner *is* the oracle, and a
+    path is the candidate of one row and the partner of another. Pass one memo to every
+    `leaf_metrics` call of a case (`harness.runner.Runner.run_case`) and each upcast,
+    magnitude, NaN/Inf count, ULP spacing, error against an expected array and
+    systematic statistic is computed once; the values are the same as without it, bit
+    for bit.
+
+    Keys are the arrays' identities, and the memo keeps every array it has seen alive so
+    that an identity cannot be reused by another array while the memo lives. Drop it
+    with the case. `MetricsMemo(remember=False)` computes everything every time.
+    """
+
+    def __init__(self, remember: bool = True):
+        self._values: dict[tuple, tuple[object, tuple]] | None = {} if remember else None
+
+    def _once(self, what: tuple, arrays: tuple, compute):
+        if self._values is None:
+            return compute()
+        key = (*what, *map(id, arrays))
+        entry = self._values.get(key)
+        if entry is None:
+            entry = self._values[key] = (compute(), arrays)
+        return entry[0]
+
+    def upcast(self, a) -> np.ndarray:
+        return self._once(("upcast",), (a,), lambda: _upcast(a))
+
+    def magnitudes(self, a: np.ndarray) -> tuple[float, float]:
+        return self._once(("magnitudes",), (a,), lambda: _magnitudes(a))
+
+    def counts(self, a: np.ndarray) -> tuple[int, int]:
+        return self._once(("counts",), (a,), lambda: _counts(a))
+
+    def rel_errors(self, actual: np.ndarray, expected: np.ndarray) -> tuple[float, float, float]:
+        return self._once(("rel_errors",), (actual, expected),
+                          lambda: _rel_errors(actual, expected, self.magnitudes(expected)))
+
+    def ulp_spacing(self, a: np.ndarray, dtype: str) -> np.ndarray:
+        return self._once(("ulp_spacing", dtype), (a,), lambda: ulp_spacing(a, dtype))
+
+    def systematic_error(self, actual: np.ndarray, expected: np.ndarray, token_axes: int) -> tuple[float, float]:
+        return self._once(("systematic", token_axes), (actual, expected),
+                          lambda: systematic_error(actual, expected, token_axes=token_axes))
+
+
 def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, token_axes: int = 0,
-                 oracle_systematic_t: float | None = None) -> LeafMetrics:
+                 oracle_systematic_t: float | None = None, memo: MetricsMemo | None = None) -> LeafMetrics:
     """Every metric of one leaf.
 
     candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
@@ -275,57 +324,56 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
     when not given. token_axes: how many leading axes index tokens (0: the leaf has no
     token axis); with an oracle, the candidate's and the partner's `systematic_error`
     against it are recorded (NaN otherwise). oracle_systematic_t: the t statistic the
-    rounding model itself produces on this leaf (`OracleOutputs.systematic`).
+    rounding model itself produces on this leaf (`OracleOutputs.systematic`). memo: a
+    `MetricsMemo` shared by the calls of one case (same results, less work).
     Raises ValueError if the shapes differ or `dtype` is unsupported.
     See the module docstring for every edge case.
     """
     name = dtype_name(dtype)
-    c, p = _upcast(candidate), _upcast(partner)
-    o = None if oracle is None else _upcast(oracle)
+    memo = memo or MetricsMemo(remember=False)
+    c, p = memo.upcast(candidate), memo.upcast(partner)
+    o = None if oracle is None else memo.upcast(oracle)
     if c.shape != p.shape or (o is not None and o.shape != c.shape):
         oracle_part = "" if o is None else f", oracle shape {o.shape}"
         raise ValueError(
             f"shape mismatch: candidate shape {c.shape} vs partner shape {p.shape}{oracle_part}"
         )
 
-    p_magnitudes = _magnitudes(p)
-    max_abs, max_rel, rel_rms = _rel_errors(c, p, p_magnitudes)
+    max_abs, max_rel, rel_rms = memo.rel_errors(c, p)
     if c.size == 0:
         max_ulp = p99_ulp = 0.0
     else:
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf propagate by design
-            ulps = np.abs(c - p) / ulp_spacing(p, name)
+            ulps = np.abs(c - p) / memo.ulp_spacing(p, name)
         if np.isnan(ulps).any():
             max_ulp = p99_ulp = math.nan
         else:
             max_ulp = float(np.max(ulps))
             p99_ulp = float(np.percentile(ulps, 99.0, method="higher"))
 
-    nan_c, inf_c = _counts(c)
-    nan_p, inf_p = _counts(p)
+    nan_c, inf_c = memo.counts(c)
+    nan_p, inf_p = memo.counts(p)
     if o is None:
         nan_o = inf_o = 0
         c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = math.nan
     else:
-        nan_o, inf_o = _counts(o)
-        o_magnitudes = _magnitudes(o)
-        _, c_o_max, c_o_rms = _rel_errors(c, o, o_magnitudes)
-        _, p_o_max, p_o_rms = _rel_errors(p, o, o_magnitudes)
+        nan_o, inf_o = memo.counts(o)
+        _, c_o_max, c_o_rms = memo.rel_errors(c, o)
+        _, p_o_max, p_o_rms = memo.rel_errors(p, o)
         ratio_max = _error_ratio(c_o_max, p_o_max)
         ratio_rms = _error_ratio(c_o_rms, p_o_rms)
     if o is None or not token_axes:
         c_t = c_shift = p_t = math.nan
     else:
-        c_t, c_shift = systematic_error(c, o, token_axes=token_axes)
-        p_t, _ = systematic_error(p, o, token_axes=token_axes)
-
+        c_t, c_shift = memo.systematic_error(c, o, token_axes)
+        p_t, _ = memo.systematic_error(p, o, token_axes)
     return LeafMetrics(
         max_abs_err=max_abs,
         max_rel_err=max_rel,
         rel_rms_err=rel_rms,
         max_ulp=max_ulp,
         p99_ulp=p99_ulp,
-        cosine=_cosine(c, p, p_magnitudes[1]),
+        cosine=_cosine(c, p, memo.magnitudes(c)[1], memo.magnitudes(p)[1]),
         nan_count=nan_c,
         inf_count=inf_c,
         partner_nan_count=nan_p,

@@ -30,6 +30,7 @@ from cases.fixtures import make_fixture
 from harness.compare import compare_leaves, status_row
 from harness.devices import Placement, PlacementError, path_placement, precision_label
 from harness.lowering import lowering_rows
+from harness.metrics import MetricsMemo
 from harness.oracle_cache import OracleCache
 from harness.paths import COMPILE_THREADS, ORACLE_PATH, Path, PathOutputs, ProgramCache
 from harness.plan import PathPlan, comparisons_of
@@ -191,6 +192,7 @@ class Runner:
             return
 
         results = self._run_paths(case, paths, fixture, on_step)
+        memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
         for path in paths:
             result = results[path.name]
             environment = _environment_fields(case, result.placement)
@@ -217,7 +219,7 @@ class Runner:
                     oracle_leaves=oracle.leaves, oracle_sensitivity=oracle.sensitivity,
                     oracle_systematic=oracle.systematic,
                     policy=self.policy, timing=timing,
-                    partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
+                    partitioning=path.impl.partitioning(get_branch(case.branch).elementwise), memo=memo,
                 ):
                     yield {**row, **environment}
         if plan.lowering:

@@ -14,7 +14,7 @@ import pytest
 
 from reports import schema
 from reports.manifest import PROJECT_ROOT
-from harness.metrics import DTYPE_FORMATS, LeafMetrics, dtype_name, eps, leaf_metrics, ulp_spacing
+from harness.metrics import DTYPE_FORMATS, LeafMetrics, MetricsMemo, dtype_name, eps, leaf_metrics, ulp_spacing
 
 BF16 = ml_dtypes.bfloat16
 F32_EPS = 2.0**-23
@@ -392,3 +392,46 @@ def test_metrics_and_oracle_deviations_do_not_depend_on_blas_threads():
                               text=True, check=True)
         outputs.append(proc.stdout)
     assert outputs[0] == outputs[1]
+
+
+# ── one case's comparisons share a memo ───────────────────────────────────────────────
+
+
+def _fields(metrics: LeafMetrics) -> list[str]:
+    return [v.hex() if isinstance(v, float) else repr(v) for v in dataclasses.astuple(metrics)]
+
+
+def test_a_memo_gives_the_same_metrics_and_computes_each_piece_once(monkeypatch):
+    import harness.metrics as metrics_module
+
+    rng = np.random.default_rng(3)
+    oracle = rng.standard_normal((4, 8, 3))
+    reference = (oracle + 1e-3 * rng.standard_normal(oracle.shape)).astype(BF16)
+    kernel = (oracle + 1e-3 * rng.standard_normal(oracle.shape)).astype(BF16)
+    kernel[0, 0, 0] = np.nan  # the NaN rules hold through the memo too
+    comparisons = [(kernel, oracle), (reference, oracle), (kernel, reference)]  # a case's rows
+    plain = [leaf_metrics(c, p, oracle, dtype=BF16, token_axes=2) for c, p in comparisons]
+
+    calls = {"magnitudes": 0, "ulp": 0, "systematic": 0}
+    for name, key in (("_magnitudes", "magnitudes"), ("ulp_spacing", "ulp"), ("systematic_error", "systematic")):
+        original = getattr(metrics_module, name)
+
+        def counting(*args, _original=original, _key=key, **kwargs):
+            calls[_key] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(metrics_module, name, counting)
+    memo = MetricsMemo()
+    remembered = [leaf_metrics(c, p, oracle, dtype=BF16, token_axes=2, memo=memo) for c, p in comparisons]
+    assert [_fields(m) for m in remembered] == [_fields(m) for m in plain]
+    # three distinct arrays: each one's magnitudes once; spacing of two partners; three (array, oracle) pairs
+    assert calls == {"magnitudes": 3, "ulp": 2, "systematic": 3}
+    again = leaf_metrics(kernel, reference, oracle, dtype=BF16, token_axes=2, memo=memo)
+    assert _fields(again) == _fields(plain[2]) and calls == {"magnitudes": 3, "ulp": 2, "systematic": 3}
+
+
+def test_a_memo_keeps_its_arrays_so_their_identities_stay_theirs():
+    memo = MetricsMemo()
+    first = memo.magnitudes(np.array([3.0, 4.0]))  # a temporary: only the memo holds it now
+    assert first == (4.0, 5.0)
+    assert memo.magnitudes(np.array([6.0, 8.0])) == (8.0, 10.0)  # not a stale answer for a reused id

@@ -1,7 +1,7 @@
 """The self-contained HTML report.
 
-One file, readable offline: inline CSS, histograms embedded as base64 PNG data URIs
-(the heatmaps are HTML tables), no scripts, fonts or other external resources. Every
+One file, readable offline: inline CSS, the histograms as inline SVG and the heatmaps as
+HTML tables, no images, scripts, fonts or other external resources. Every
 piece of text that comes from a row, a case, an error message or the metadata is passed
 through `esc` (HTML escaping including quotes) before it reaches the page; anchors are
 generated ids (`case-<n>-<slug>`), never raw case names.
@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
@@ -27,11 +27,9 @@ from reports.schema import VERDICTS
 
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
+from reports.histograms import Histogram, histogram_svg, histograms
 from reports.summary import FAILING_VERDICTS, rank_offenders, sharpness, summarize
 from reports.text import format_number
-
-if TYPE_CHECKING:  # pragma: no cover - reports.plots loads matplotlib, imported only to draw
-    from reports.plots import Plot
 
 MAX_OFFENDERS = 25
 MAX_DRIFT_ROWS = 200
@@ -79,7 +77,13 @@ td.reason { max-width: 40rem; overflow-wrap: anywhere; }
 .st-regression { color: #b3261e; font-weight: 700; }
 .st-improvement { color: #1e7b45; }
 figure { margin: 1rem 0; background: #fff; border: 1px solid #ddd; padding: .6rem; display: inline-block; }
-figure img { max-width: 100%; height: auto; display: block; }
+svg.histogram { max-width: 100%; height: auto; display: block; font-size: 10px; }
+svg.histogram text { fill: #333; }
+svg.histogram .title { text-anchor: middle; font-size: 11px; }
+svg.histogram .count { text-anchor: end; }
+svg.histogram .decade, svg.histogram .label { text-anchor: middle; }
+svg.histogram .grid { stroke: #eee; }
+svg.histogram .axis { stroke: #555; }
 table.heatmap { font-size: .7rem; }
 table.heatmap th.leaf { vertical-align: bottom; }
 table.heatmap th.leaf span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
@@ -139,11 +143,14 @@ def num(value: Any) -> str:
     return td(fmt(value), "num")
 
 
-def figure_html(plot: "Plot", css_class: str, element_id: str) -> str:
-    """An embedded plot with its caption."""
+def histogram_html(figure: Histogram) -> str:
+    """One dtype's histogram (inline SVG) with its caption."""
+    caption = (f"max_rel_err of the measured rows of {figure.dtype} leaves, in log-spaced bins (four per "
+               "decade) stacked by comparison kind; hover a bar for its count. Exact zeros and NaN/inf "
+               "values cannot sit on a log axis: each panel's title counts them.")
     return (
-        f'<figure class="{css_class}" id="{esc(element_id)}"><img src="data:image/png;base64,{plot.png_base64}" '
-        f'alt="{esc(plot.alt)}"><figcaption><b>{esc(plot.title)}.</b> {esc(plot.caption)}</figcaption></figure>'
+        f'<figure class="histogram" id="histogram-{esc(figure.dtype)}">{histogram_svg(figure)}'
+        f"<figcaption><b>Error histogram — {esc(figure.dtype)}.</b> {esc(caption)}</figcaption></figure>"
     )
 
 
@@ -268,14 +275,14 @@ def heatmap_section(tables: dict[str, Heatmap], anchors: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
-def histogram_section(plots: dict[str, "Plot | None"]) -> str:
+def histogram_section(figures: dict[str, Histogram | None]) -> str:
     """The per-dtype histogram figures."""
     parts = ['<section id="histograms"><h2>Error histograms</h2>']
-    for dtype, plot in plots.items():
-        if plot is None:
+    for dtype, figure in figures.items():
+        if figure is None:
             parts.append(f'<p class="empty">No measured {esc(dtype)} rows.</p>')
         else:
-            parts.append(figure_html(plot, "histogram", f"histogram-{dtype}"))
+            parts.append(histogram_html(figure))
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -444,13 +451,11 @@ def render_html(
     `frame` is a canonical row frame (`reports.rows.to_frame`); `gate_result`, when
     given, adds the drift section.
     """
-    from reports.plots import render_histograms  # matplotlib: loaded only to draw
-
     metadata = metadata or {}
     summary = summarize(frame)
     anchors = case_anchors(frame["case"])
     tables = heatmaps(frame) if len(frame) else {}
-    histograms = render_histograms(frame)
+    figures = histograms(frame)
     nav_items = [("summary", "Summary"), ("sharpness", "Sharpness"), ("heatmaps", "Heatmaps"),
                  ("histograms", "Histograms"),
                  ("worst-offenders", "Worst offenders")]
@@ -464,7 +469,7 @@ def render_html(
         nav,
         sharpness_section(frame),
         heatmap_section(tables, anchors),
-        histogram_section(histograms),
+        histogram_section(figures),
         offenders_section(frame, anchors, max_offenders),
     ]
     if gate_result is not None:

@@ -33,7 +33,6 @@ LAYERS = {
 # Function-level imports that stay, and why (module path, imported module).
 DEFERRED_IMPORTS = {
     ("mhc/layer.py", "mhc.kernels"): "the reference path must not need Pallas",
-    ("reports/html.py", "reports.plots"): "matplotlib loads only when a report is drawn",
     ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
     ("harness/baseline_command.py", "harness.api"): "`baseline --from` must not load JAX; `--impl` runs",
     ("harness/pytest_plugin.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",

@@ -47,11 +47,13 @@ class PageIndex(HTMLParser):
         self.ids: list[str] = []
         self.hrefs: list[str] = []
         self.images: list[tuple[str, str]] = []  # (src, id of the enclosing figure)
+        self.bars: dict[str, list[str]] = {}  # id of the enclosing figure -> the hover text of its SVG bars
         self.forbidden_tags: list[str] = []
         self.text: list[str] = []
         self.table_rows: dict[str, int] = {}
         self._figure = ""
         self._table = ""
+        self._bar: list[str] | None = None
 
     def handle_starttag(self, tag, attrs):
         attributes = dict(attrs)
@@ -65,6 +67,8 @@ class PageIndex(HTMLParser):
             self._figure = attributes.get("id", "")
         if tag == "img":
             self.images.append((attributes.get("src", ""), self._figure))
+        if tag == "rect" and "height" in attributes:
+            self._bar = self.bars.setdefault(self._figure, [])
         if tag == "table":
             self._table = attributes.get("id", "")
         if tag == "tr" and self._table:
@@ -73,9 +77,13 @@ class PageIndex(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "table":
             self._table = ""
+        if tag == "rect":
+            self._bar = None
 
     def handle_data(self, data):
         self.text.append(data)
+        if self._bar is not None:
+            self._bar.append(data)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +227,7 @@ def test_html_is_self_contained(page):
     assert index.forbidden_tags == []
     assert "http://" not in text and "https://" not in text
     assert "@import" not in text and "url(" not in text
-    assert all(src.startswith("data:image/png;base64,") for src, _ in index.images)
+    assert index.images == []  # the heatmaps are tables, the histograms inline SVG
 
 
 def test_html_escapes_case_names_reasons_and_metadata(page):
@@ -257,8 +265,14 @@ def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page, rows
     heatmaps = text.split('id="heatmaps"')[1].split("</section>")[0]
     assert "<img" not in heatmaps  # tables, nothing to draw
     assert {h[1:] for h in index.hrefs if h.startswith("#case-")} <= set(index.ids)
-    figures = {figure for src, figure in index.images if len(src) > 1000}
-    assert {"histogram-bfloat16", "histogram-float32"} <= figures
+    for dtype in ("bfloat16", "float32"):
+        figure = text.split(f'id="histogram-{dtype}"')[1].split("</figure>")[0]
+        assert figure.count("<svg") == 1 and "Error histogram" in figure
+        # every measured row of the dtype with a positive finite error is in exactly one bar
+        measured = [r for r in rows if r["dtype"] == dtype and r["verdict"] not in ("skip", "unsupported")]
+        binned = sum(1 for r in measured if math.isfinite(r["max_rel_err"]) and r["max_rel_err"] > 0)
+        counts = [int(text.split(": ")[1].split(" rows")[0]) for text in index.bars[f"histogram-{dtype}"] if text]
+        assert binned and sum(counts) == binned
 
 
 def test_heatmap_cells_follow_the_value_rule():
@@ -451,7 +465,7 @@ def test_missing_empty_and_unknown_files(tmp_path):
 
 def test_reports_package_never_imports_jax():
     code = (
-        "import sys, reports, reports.gate, reports.baseline, reports.html, reports.plots, reports.markdown\n"
+        "import sys, reports, reports.gate, reports.baseline, reports.html, reports.histograms, reports.markdown\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax')))\n"
         "assert not bad, bad\n"
     )

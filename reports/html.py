@@ -27,7 +27,7 @@ from reports.schema import VERDICTS
 
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
-from reports.histograms import Histogram, histogram_svg, histograms
+from reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg, histograms
 from reports.summary import FAILING_VERDICTS, rank_offenders, sharpness, summarize
 from reports.text import format_number
 
@@ -145,9 +145,9 @@ def num(value: Any) -> str:
 
 def histogram_html(figure: Histogram) -> str:
     """One dtype's histogram (inline SVG) with its caption."""
-    caption = (f"max_rel_err of the measured rows of {figure.dtype} leaves, in log-spaced bins (four per "
-               "decade) stacked by comparison kind; hover a bar for its count. Exact zeros and NaN/inf "
-               "values cannot sit on a log axis: each panel's title counts them.")
+    caption = (f"max_rel_err of the measured rows of {figure.dtype} leaves, in log-spaced bins "
+               f"({BINS_PER_DECADE} per decade) stacked by comparison kind; hover a bar for its count. Exact "
+               "zeros and NaN/inf values cannot sit on a log axis: each panel's title counts them.")
     return (
         f'<figure class="histogram" id="histogram-{esc(figure.dtype)}">{histogram_svg(figure)}'
         f"<figcaption><b>Error histogram — {esc(figure.dtype)}.</b> {esc(caption)}</figcaption></figure>"

@@ -19,6 +19,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all, write_baseline
+from reports.histograms import histogram, histogram_svg
 from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
 from reports.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
 from reports.store import RowStore
@@ -273,6 +274,30 @@ def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page, rows
         binned = sum(1 for r in measured if math.isfinite(r["max_rel_err"]) and r["max_rel_err"] > 0)
         counts = [int(text.split(": ")[1].split(" rows")[0]) for text in index.bars[f"histogram-{dtype}"] if text]
         assert binned and sum(counts) == binned
+
+
+def test_histogram_bins_each_measured_error_once_and_counts_what_a_log_axis_cannot_show():
+    frame = pd.DataFrame({
+        "dtype": ["float32"] * 7 + ["bfloat16"],
+        "verdict": ["pass", "pass", "fail", "pass", "error", "skip", "pass", "skip"],
+        "leaf_kind": ["output", "output", "output", "weight_grad", "weight_grad", "output", "weight_grad", "output"],
+        "comparison": ["vs_oracle", "vs_reference", "vs_oracle", "vs_oracle", "vs_oracle", "vs_oracle",
+                       "vs_reference", "vs_oracle"],
+        "max_rel_err": [2e-7, 3e-7, 0.5, 0.0, math.nan, 1e-3, 4e-5, 1e-3],
+    })
+    figure = histogram(frame, "float32")
+    assert histogram(frame, "bfloat16") is None  # its one row was skipped: nothing measured
+    assert figure.decades == (-7, 0) and len(figure.edges) == 4 * 7 + 1
+    assert figure.comparisons == ("vs_reference", "vs_oracle")
+    output, weight_grad = figure.panels
+    assert (output.kind, output.rows, output.zeros, output.nonfinite) == ("output", 3, 0, 0)
+    assert (weight_grad.rows, weight_grad.zeros, weight_grad.nonfinite) == (3, 1, 1)
+    assert sum(output.counts["vs_oracle"]) == 2 and sum(output.counts["vs_reference"]) == 1
+    assert sum(weight_grad.counts["vs_oracle"]) == 0 and sum(weight_grad.counts["vs_reference"]) == 1
+    svg = histogram_svg(figure)
+    # output: 2e-7 (vs_oracle) and 3e-7 (vs_reference) stack in one bin, 0.5 has its own; weight_grad: 4e-5
+    assert svg.count("<rect") == 4 + len(figure.comparisons)  # four bar segments and the legend's swatches
+    assert "weight_grad (n=3, zeros=1, nan/inf=1)" in svg and "1e-7" in svg and "1e0" in svg
 
 
 def test_heatmap_cells_follow_the_value_rule():

@@ -36,7 +36,7 @@ from harness.runner import TIMINGS, Runner, StepCallback
 
 
 # Resident memory a worker may need: the largest worker of a cold default-suite run held
-# 1.9-2.0 GB on the 2-core machine (`make bench`, --jobs 2); a quarter more for margin.
+# 1.9-2.1 GB on the 2-core machine (`make bench`, --jobs 2); a quarter more for margin.
 WORKER_MEMORY_BYTES = int(2.5 * 2**30)
 
 
@@ -56,9 +56,10 @@ def auto_jobs(case_count: int) -> int:
     available memory holds (`WORKER_MEMORY_BYTES` each) or there are cases; 1 when the
     default backend is an accelerator, which one process owns.
 
-    Measured on the 2-core machine (`make bench`): two workers finish a cold default suite
-    and a kernel edit 10-20% sooner than one process compiling ahead in threads (one
-    GIL), and a warm run as soon.
+    Measured on the 2-core machine (`make bench`, three runs): two workers finish a cold
+    default suite 8-20% sooner than one process compiling ahead in threads (whose oracle,
+    metrics and lowering share one thread and one GIL); a warm run and a kernel edit take
+    as long either way, within the machine's drift.
     """
     if jax.default_backend() != "cpu":
         return 1

@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import pathlib
+import threading
 import time
 from typing import Callable
 
@@ -139,7 +140,8 @@ class OracleCache:
     `ORACLE_SOURCES` are digested. `hits`, `misses` and
     `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
     `execute_s` is the time it took to load. If the folder is not writable the answer is
-    still returned (and a warning logged).
+    still returned (and a warning logged). Safe to call from several threads (`Runner.run`
+    gets answers ahead in its pool).
     """
 
     def __init__(self, folder: pathlib.Path | None = None,
@@ -149,6 +151,11 @@ class OracleCache:
         self.compute = compute
         self.source_digest = oracle_source_digest(source_root)
         self.hits = self.misses = self.rejected = 0
+        self._count_lock = threading.Lock()
+
+    def _count(self, counter: str) -> None:
+        with self._count_lock:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     def __call__(self, case, fixture) -> OracleOutputs:
         start = time.perf_counter()
@@ -157,12 +164,12 @@ class OracleCache:
         if path.exists():
             try:
                 outputs = deserialize(path, material)
-                self.hits += 1
+                self._count("hits")
                 return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
             except CorruptOracleEntry as error:
-                self.rejected += 1
+                self._count("rejected")
                 log.warning("oracle cache entry %s for case %r is invalid (%s); recomputing", path, case.name, error)
-        self.misses += 1
+        self._count("misses")
         outputs = self.compute(case, fixture)
         try:
             atomic_write(path, serialize(material, outputs))

@@ -167,10 +167,13 @@ class Runner:
 
     # -- one case ------------------------------------------------------------------
 
-    def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step, *, fixture=None) -> Iterator[dict]:
+    def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step, *, fixture=None,
+                 oracle: concurrent.futures.Future | None = None) -> Iterator[dict]:
         """Yield every row of one case (see the module docstring for what is compared).
 
         fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
+        oracle: the future of its oracle answer if the caller started it (`run`), else
+        computed here; its error, if it raised one, is met here as if computed here.
         """
         paths = plan.paths_for(case)
         try:
@@ -178,8 +181,13 @@ class Runner:
             if fixture is None:
                 fixture = self._load_fixture(case)
             on_step(case, "oracle")
-            oracle = self.oracle(case, fixture)
-            self.timings["oracle_s"] += oracle.execute_s
+            if oracle is None:
+                oracle = self.oracle(case, fixture)
+                self.timings["oracle_s"] += oracle.execute_s
+            else:  # computed in a pool thread, overlapping other work: count this thread's wait
+                start = time.perf_counter()
+                oracle = oracle.result()
+                self.timings["oracle_s"] += time.perf_counter() - start
         except UnsupportedInputError as exc:
             # The math itself rejects the case (e.g. too many streams for mHC-lite).
             for path in paths:
@@ -267,10 +275,12 @@ class Runner:
             on_step: StepCallback = _no_step) -> Iterator[tuple[object, list[dict]]]:
         """Yield (case, its rows) for each case in order.
 
-        With a cache that can compile ahead (`ProgramCache.compile_ahead`), the programs of
-        the next `COMPILE_AHEAD_CASES` cases are obtained in a pool of `COMPILE_THREADS`
-        threads while this thread runs a case's oracle, paths and comparisons. The rows are
-        the same either way: a program is the same program whichever thread compiled it.
+        With a cache that can compile ahead (`ProgramCache.compile_ahead`), the oracle
+        answers and the programs of the next `COMPILE_AHEAD_CASES` cases are obtained in a
+        pool of `COMPILE_THREADS` threads while this thread runs a case's paths and
+        comparisons (the oracle callable must then be safe to call from a pool thread, as
+        `OracleCache` is). The rows are the same either way: an answer or a program is the
+        same whichever thread computed it.
         """
         cases = list(cases)
         if not hasattr(self.cache, "compile_ahead"):  # e.g. the kill matrix's recording caches
@@ -279,29 +289,32 @@ class Runner:
                     on_case_start(case)
                 yield case, list(self.run_case(case, plan, on_step))
             return
-        fixtures: dict[int, object] = {}
+        started: dict[int, tuple[object, concurrent.futures.Future | None]] = {}
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="compile-ahead")
         try:
             for index, case in enumerate(cases):
                 for ahead in range(index, min(index + 1 + COMPILE_AHEAD_CASES, len(cases))):
-                    if ahead not in fixtures:
-                        fixtures[ahead] = self._start_case(pool, cases[ahead], plan)
+                    if ahead not in started:
+                        started[ahead] = self._start_case(pool, cases[ahead], plan)
                 if on_case_start is not None:
                     on_case_start(case)
-                yield case, list(self.run_case(case, plan, on_step, fixture=fixtures.pop(index)))
+                fixture, oracle = started.pop(index)
+                yield case, list(self.run_case(case, plan, on_step, fixture=fixture, oracle=oracle))
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             self.cache.settle_pending()
 
-    def _start_case(self, pool, case, plan: PathPlan):
-        """Load `case`'s fixture and start its programs in `pool`; the fixture, or None if
-        loading it failed (`run_case` then meets the error again and reports it)."""
+    def _start_case(self, pool, case, plan: PathPlan) -> tuple[object, concurrent.futures.Future | None]:
+        """Load `case`'s fixture and start its oracle answer, then its programs, in `pool`:
+        (fixture, the answer's future), or (None, None) if loading the fixture failed
+        (`run_case` then meets the error again and reports it)."""
         try:
             fixture = self._load_fixture(case)
         except Exception:  # noqa: BLE001 - reported by run_case
-            return None
+            return None, None
+        oracle = pool.submit(self.oracle, case, fixture)  # first: the case needs it before its paths
         self.cache.compile_ahead(pool, self._runnable(plan.paths_for(case), case), case, fixture)
-        return fixture
+        return fixture, oracle
 
 
 def _last_frame(exc: BaseException) -> str:

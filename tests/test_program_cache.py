@@ -154,6 +154,43 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     assert min(compiled) > 0  # the first use of a program reports the time it took
 
 
+def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as_one_case_at_a_time():
+    """`Runner.run` computes each case's oracle answer in a pool thread, once; an answer that
+    raised is reported by the case's rows exactly as `run_case` reports it."""
+    import threading
+
+    from harness.oracle_cache import OracleCache
+    from harness.policy import load_policy
+    from harness.runner import Runner
+
+    cases, plan = _ahead_cases(), _ahead_plan()
+    calls, lock = [], threading.Lock()
+
+    def make_oracle():
+        cache = OracleCache()
+
+        def oracle(case, fixture):
+            with lock:
+                calls.append((case.name, threading.current_thread().name))
+            if case.name == "ahead-b":
+                raise RuntimeError("the oracle broke")
+            return cache(case, fixture)
+
+        return oracle
+
+    ahead = Runner(load_policy(), oracle=make_oracle())
+    rows = [row for _, case_rows in ahead.run(cases, plan) for row in case_rows]
+    assert sorted(name for name, _ in calls) == sorted(case.name for case in cases)
+    assert all(thread.startswith("compile-ahead") for _, thread in calls)
+    calls.clear()
+    one_at_a_time = Runner(load_policy(), oracle=make_oracle())
+    expected = [row for case in cases for row in one_at_a_time.run_case(case, plan)]
+    assert all(thread == threading.main_thread().name for _, thread in calls)
+    assert _without_timing(rows) == _without_timing(expected)
+    broken = {row["verdict"] for row in rows if row["case"] == "ahead-b"}
+    assert broken == {"error"} and any("the oracle broke" in row["reason"] for row in rows)
+
+
 def test_a_run_left_early_stops_its_compile_threads():
     """Leaving `Runner.run` after one case cancels what was not started, waits for the rest,
     and keeps the finished programs (nothing stays pending, no compile thread lives on)."""

@@ -56,10 +56,10 @@ def auto_jobs(case_count: int) -> int:
     available memory holds (`WORKER_MEMORY_BYTES` each) or there are cases; 1 when the
     default backend is an accelerator, which one process owns.
 
-    Measured on the 2-core machine (`make bench`, three runs): two workers finish a cold
-    default suite 8-20% sooner than one process compiling ahead in threads (whose oracle,
-    metrics and lowering share one thread and one GIL); a warm run and a kernel edit take
-    as long either way, within the machine's drift.
+    Measured on the 2-core machine (`make bench`, five runs): two workers finished a cold
+    default suite from 2% later to 20% sooner than one process working ahead in threads
+    (whose metrics and lowering share one thread, and all its Python one GIL), a kernel
+    edit from 8% later to 15% sooner, a warm run as soon.
     """
     if jax.default_backend() != "cpu":
         return 1

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.error_statistics import l2_norm, max_abs, safe_ratio, systematic_error, upcast
+
 __all__ = [
     "DTYPE_FORMATS",
     "LeafMetrics",
@@ -87,12 +89,6 @@ def eps(dtype) -> float:
     return math.ldexp(1.0, -mantissa_bits)
 
 
-def _upcast(a) -> np.ndarray:
-    """Any float array-like (incl. ml_dtypes.bfloat16) -> float64 ndarray, same shape
-    (`a` itself when it is one already: nothing here writes to its inputs)."""
-    return np.asarray(a).astype(np.float64, copy=False)
-
-
 def ulp_spacing(values, dtype) -> np.ndarray:
     """Spacing of `dtype` at |values|: the distance to the next representable number
     away from zero.
@@ -109,7 +105,7 @@ def ulp_spacing(values, dtype) -> np.ndarray:
     number keep the binade formula. NaN and ±inf give NaN.
     """
     mantissa_bits, min_exponent = DTYPE_FORMATS[dtype_name(dtype)]
-    v = np.abs(_upcast(values))
+    v = np.abs(upcast(values))
     finite = np.isfinite(v)
     safe = np.where(finite, v, 1.0)
     _, e = np.frexp(safe)  # safe = m * 2**e with m in [0.5, 1) => binade exponent e - 1
@@ -156,52 +152,17 @@ class LeafMetrics:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _div(num: float, den: float) -> float:
-    """num / den for non-negative errors: 0/0 -> 0, x/0 -> inf, NaN or inf/inf -> NaN."""
-    if math.isnan(num) or math.isnan(den):
-        return math.nan
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    if math.isinf(num) and math.isinf(den):
-        return math.nan
-    return num / den
-
-
 def _error_ratio(cand_err: float, partner_err: float) -> float:
     """Oracle error ratio: 0/0 -> 1.0 (equally exact), x/0 -> inf, NaN, inf/inf -> NaN."""
     if cand_err == 0.0 and partner_err == 0.0:
         return 1.0
-    return _div(cand_err, partner_err)
-
-
-def _max_abs(a: np.ndarray) -> float:
-    """max |a| over all elements; NaN if any NaN; 0.0 for an empty array."""
-    if a.size == 0:
-        return 0.0
-    return float(np.max(np.abs(a)))  # np.max propagates NaN
-
-
-def l2_norm(a: np.ndarray, max_abs: float | None = None) -> float:
-    """‖a‖₂ of a float64 array, scaled by max|a| (`max_abs` if known) so squares cannot
-    overflow; NaN/inf propagate.
-
-    Sums with NumPy's pairwise summation, never BLAS (`np.dot`, `np.linalg.norm`): OpenBLAS
-    splits a long dot over its threads and picks a kernel per CPU model, so its last bits
-    change with the core count and the CPU (measured: 1 vs 2 threads from 20,000
-    elements, and the Haswell kernel against this machine's), while rows merged from
-    several machines must equal one machine's run. Its idle threads also spin on the
-    cores the compiles need (~9 CPU-s of a 100 CPU-s kernel-edit run).
-    """
-    scale = _max_abs(a) if max_abs is None else max_abs
-    if scale == 0.0 or not math.isfinite(scale):
-        return scale
-    return scale * math.sqrt(float(np.sum(np.square(a / scale))))
+    return safe_ratio(cand_err, partner_err)
 
 
 def _magnitudes(a: np.ndarray) -> tuple[float, float]:
     """(max|a|, ‖a‖₂): what errors against `a` are normalised by."""
-    max_abs = _max_abs(a)
-    return max_abs, l2_norm(a, max_abs)
+    largest = max_abs(a)
+    return largest, l2_norm(a, largest)
 
 
 def _rel_errors(actual: np.ndarray, expected: np.ndarray,
@@ -211,9 +172,9 @@ def _rel_errors(actual: np.ndarray, expected: np.ndarray,
     expected_magnitudes: `_magnitudes(expected)` when the caller has it already."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, by design
         diff = actual - expected
-    max_abs = _max_abs(diff)
+    largest = max_abs(diff)
     expected_max, expected_l2 = expected_magnitudes or _magnitudes(expected)
-    return max_abs, _div(max_abs, expected_max), _div(l2_norm(diff, max_abs), expected_l2)
+    return largest, safe_ratio(largest, expected_max), safe_ratio(l2_norm(diff, largest), expected_l2)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray, a_l2: float, b_l2: float) -> float:
@@ -225,42 +186,12 @@ def _cosine(a: np.ndarray, b: np.ndarray, a_l2: float, b_l2: float) -> float:
         return 1.0
     if na == 0.0 or nb == 0.0:
         return 0.0
-    dot = float(np.sum((a / na) * (b / nb)))  # not np.dot: see `l2_norm`
+    dot = float(np.sum((a / na) * (b / nb)))  # not np.dot: see `harness.error_statistics.l2_norm`
     return min(1.0, max(-1.0, dot))
 
 
 def _counts(a: np.ndarray) -> tuple[int, int]:
     return int(np.count_nonzero(np.isnan(a))), int(np.count_nonzero(np.isinf(a)))
-
-
-def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, float]:
-    """The largest error shared by every token: (t statistic, shift), float64.
-
-    actual, expected: array-likes of one shape whose first `token_axes` axes index
-    tokens (T of them) and whose remaining axes index G groups (a stream, a matrix
-    entry, a feature). Per group, the mean signed error over the tokens is measured
-    against its standard error: t = |mean(e)| / (std(e) / sqrt(T)). Rounding noise that
-    differs from token to token averages out (t of order one); a perturbation shared by
-    every token — a parameter rounded, a statistic computed in low precision — shifts
-    every token the same way, and its t grows like sqrt(T) while its RMS error need not
-    grow at all. Returns the largest t over the groups and that group's |mean(e)|
-    normalised by max|expected|. A group with zero spread has t = 0 when its mean is 0
-    and inf otherwise. NaN when there are no token axes or fewer than 2 tokens; NaN or
-    Inf inputs give NaN.
-    """
-    a, e = _upcast(actual), _upcast(expected)
-    if token_axes < 1 or a.ndim < token_axes:
-        return math.nan, math.nan
-    tokens = int(np.prod(a.shape[:token_axes]))
-    if tokens < 2 or a.size == 0 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
-        return math.nan, math.nan
-    error = (a - e).reshape(tokens, -1)
-    mean = error.mean(axis=0)
-    standard_error = error.std(axis=0, ddof=1) / math.sqrt(tokens)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(standard_error > 0, np.abs(mean) / standard_error, np.where(mean == 0, 0.0, np.inf))
-    worst = int(np.argmax(t))
-    return float(t[worst]), _div(float(abs(mean[worst])), _max_abs(e))
 
 
 class MetricsMemo:
@@ -292,7 +223,7 @@ class MetricsMemo:
         return entry[0]
 
     def upcast(self, a) -> np.ndarray:
-        return self._once(("upcast",), (a,), lambda: _upcast(a))
+        return self._once(("upcast",), (a,), lambda: upcast(a))
 
     def magnitudes(self, a: np.ndarray) -> tuple[float, float]:
         return self._once(("magnitudes",), (a,), lambda: _magnitudes(a))
@@ -339,7 +270,7 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
             f"shape mismatch: candidate shape {c.shape} vs partner shape {p.shape}{oracle_part}"
         )
 
-    max_abs, max_rel, rel_rms = memo.rel_errors(c, p)
+    max_abs_err, max_rel, rel_rms = memo.rel_errors(c, p)
     if c.size == 0:
         max_ulp = p99_ulp = 0.0
     else:
@@ -368,7 +299,7 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
         c_t, c_shift = memo.systematic_error(c, o, token_axes)
         p_t, _ = memo.systematic_error(p, o, token_axes)
     return LeafMetrics(
-        max_abs_err=max_abs,
+        max_abs_err=max_abs_err,
         max_rel_err=max_rel,
         rel_rms_err=rel_rms,
         max_ulp=max_ulp,

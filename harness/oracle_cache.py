@@ -50,7 +50,7 @@ ENTRY_FORMAT = 1
 # else runs, beyond cases/spec.py, whose values are key material): the float64 math, its
 # leaves, sensitivities and statistics, and the branch functions with the helpers they
 # call (the branches' matmul is mhc.common's).
-ORACLE_SOURCES = ("mhc/oracle.py", "harness/oracle_path.py", "harness/leaves.py", "harness/metrics.py",
+ORACLE_SOURCES = ("mhc/oracle.py", "harness/oracle_path.py", "harness/leaves.py", "harness/error_statistics.py",
                   "cases/branches.py", "cases/names.py", "mhc/common.py", "mhc/precision.py", "mhc/types.py")
 _HEADER = "__header__"
 _BITS = np.dtype("<u8")  # float64 leaves stored as their raw bits

@@ -18,7 +18,7 @@ import numpy as np
 
 from cases.branches import get_branch
 from harness.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
-from harness.metrics import l2_norm, systematic_error
+from harness.error_statistics import l2_norm, systematic_error
 from mhc import oracle
 from mhc.precision import device_compute_capability, operand_rounding
 

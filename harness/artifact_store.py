@@ -75,14 +75,11 @@ def decode_entry(data: bytes, material: dict) -> bytes:
     return payload
 
 
-class ArtifactStore:
-    """Entries named ``<prefix>-<digest>.bin`` in `folder`; counts `hits`, `misses`, `rejected`.
+class LookupCounts:
+    """A disk cache's `hits`, `misses` and `rejected` (invalid entries, also misses), counted
+    under a lock: lookups run in `harness.runner.Runner.run`'s pool threads too."""
 
-    Safe to use from several threads (programs are loaded in compile-ahead threads).
-    """
-
-    def __init__(self, folder: pathlib.Path, prefix: str):
-        self.folder, self.prefix = pathlib.Path(folder), prefix
+    def __init__(self):
         self.hits = self.misses = self.rejected = 0
         self._count_lock = threading.Lock()
 
@@ -91,6 +88,15 @@ class ArtifactStore:
             self.hits += hits
             self.misses += misses
             self.rejected += rejected
+
+
+class ArtifactStore(LookupCounts):
+    """Entries named ``<prefix>-<digest>.bin`` in `folder`; counts `hits`, `misses`, `rejected`
+    (`LookupCounts`: safe to use from several threads)."""
+
+    def __init__(self, folder: pathlib.Path, prefix: str):
+        super().__init__()
+        self.folder, self.prefix = pathlib.Path(folder), prefix
 
     def entry_path(self, material: dict) -> pathlib.Path:
         return self.folder / f"{self.prefix}-{key_digest(material)}.bin"

@@ -166,14 +166,13 @@ def _magnitudes(a: np.ndarray) -> tuple[float, float]:
 
 
 def _rel_errors(actual: np.ndarray, expected: np.ndarray,
-                expected_magnitudes: tuple[float, float] | None = None) -> tuple[float, float, float]:
-    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape.
-
-    expected_magnitudes: `_magnitudes(expected)` when the caller has it already."""
+                expected_magnitudes: tuple[float, float]) -> tuple[float, float, float]:
+    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape;
+    expected_magnitudes: `_magnitudes(expected)`."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, by design
         diff = actual - expected
     largest = max_abs(diff)
-    expected_max, expected_l2 = expected_magnitudes or _magnitudes(expected)
+    expected_max, expected_l2 = expected_magnitudes
     return largest, safe_ratio(largest, expected_max), safe_ratio(l2_norm(diff, largest), expected_l2)
 
 

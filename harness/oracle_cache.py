@@ -28,7 +28,6 @@ import io
 import json
 import logging
 import pathlib
-import threading
 import time
 from typing import Callable
 
@@ -37,7 +36,7 @@ import jaxlib
 import numpy as np
 
 from cases.fixtures import array_sha256, atomic_write
-from harness.artifact_store import canonical_json, header_checksum, key_digest
+from harness.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
 from harness.env import cache_root
 from harness.oracle_path import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from reports.manifest import PROJECT_ROOT, source_digest
@@ -132,7 +131,7 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
     return OracleOutputs(leaves, sensitivity, 0.0, systematic=systematic)
 
 
-class OracleCache:
+class OracleCache(LookupCounts):
     """`oracle(case, fixture) -> OracleOutputs`, from the disk cache when a verified entry exists.
 
     folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
@@ -141,21 +140,16 @@ class OracleCache:
     `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
     `execute_s` is the time it took to load. If the folder is not writable the answer is
     still returned (and a warning logged). Safe to call from several threads (`Runner.run`
-    gets answers ahead in its pool).
+    gets answers ahead in its pool; `LookupCounts`).
     """
 
     def __init__(self, folder: pathlib.Path | None = None,
                  compute: Callable[[object, object], OracleOutputs] = run_oracle_path,
                  source_root: pathlib.Path = PROJECT_ROOT):
+        super().__init__()
         self.folder = pathlib.Path(folder) if folder is not None else default_folder()
         self.compute = compute
         self.source_digest = oracle_source_digest(source_root)
-        self.hits = self.misses = self.rejected = 0
-        self._count_lock = threading.Lock()
-
-    def _count(self, counter: str) -> None:
-        with self._count_lock:
-            setattr(self, counter, getattr(self, counter) + 1)
 
     def __call__(self, case, fixture) -> OracleOutputs:
         start = time.perf_counter()
@@ -164,12 +158,12 @@ class OracleCache:
         if path.exists():
             try:
                 outputs = deserialize(path, material)
-                self._count("hits")
+                self._count(hits=1)
                 return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
             except CorruptOracleEntry as error:
-                self._count("rejected")
+                self._count(rejected=1)
                 log.warning("oracle cache entry %s for case %r is invalid (%s); recomputing", path, case.name, error)
-        self._count("misses")
+        self._count(misses=1)
         outputs = self.compute(case, fixture)
         try:
             atomic_write(path, serialize(material, outputs))

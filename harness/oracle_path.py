@@ -18,7 +18,7 @@ import numpy as np
 
 from cases.branches import get_branch
 from harness.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
-from harness.error_statistics import l2_norm, systematic_error
+from harness.error_statistics import l2_norm, max_abs, systematic_error
 from mhc import oracle
 from mhc.precision import device_compute_capability, operand_rounding
 
@@ -78,9 +78,8 @@ def noise_units(case) -> dict[str, float]:
 
 def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
     diff = noisy - exact
-    scale_max, scale_l2 = float(np.max(np.abs(exact), initial=0.0)), l2_norm(exact)
-    max_dev = float(np.max(np.abs(diff), initial=0.0))
-    l2_dev = l2_norm(diff, max_dev)
+    scale_max, max_dev = max_abs(exact), max_abs(diff)
+    scale_l2, l2_dev = l2_norm(exact, scale_max), l2_norm(diff, max_dev)
     return (
         max_dev / scale_max if scale_max else max_dev,
         l2_dev / scale_l2 if scale_l2 else l2_dev,

@@ -168,12 +168,12 @@ class Runner:
     # -- one case ------------------------------------------------------------------
 
     def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step, *, fixture=None,
-                 oracle: concurrent.futures.Future | None = None) -> Iterator[dict]:
+                 oracle_ahead: concurrent.futures.Future | None = None) -> Iterator[dict]:
         """Yield every row of one case (see the module docstring for what is compared).
 
         fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
-        oracle: the future of its oracle answer if the caller started it (`run`), else
-        computed here; its error, if it raised one, is met here as if computed here.
+        oracle_ahead: the future of its oracle answer if the caller started it (`run`), else
+        the answer is computed here; its error, if it raised one, is met here as if computed here.
         """
         paths = plan.paths_for(case)
         try:
@@ -181,12 +181,12 @@ class Runner:
             if fixture is None:
                 fixture = self._load_fixture(case)
             on_step(case, "oracle")
-            if oracle is None:
+            if oracle_ahead is None:
                 oracle = self.oracle(case, fixture)
                 self.timings["oracle_s"] += oracle.execute_s
             else:  # computed in a pool thread, overlapping other work: count this thread's wait
                 start = time.perf_counter()
-                oracle = oracle.result()
+                oracle = oracle_ahead.result()
                 self.timings["oracle_s"] += time.perf_counter() - start
         except UnsupportedInputError as exc:
             # The math itself rejects the case (e.g. too many streams for mHC-lite).
@@ -298,8 +298,8 @@ class Runner:
                         started[ahead] = self._start_case(pool, cases[ahead], plan)
                 if on_case_start is not None:
                     on_case_start(case)
-                fixture, oracle = started.pop(index)
-                yield case, list(self.run_case(case, plan, on_step, fixture=fixture, oracle=oracle))
+                fixture, oracle_ahead = started.pop(index)
+                yield case, list(self.run_case(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead))
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             self.cache.settle_pending()

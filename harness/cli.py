@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from harness.env import ensure_host_devices
+from harness.env import ensure_host_devices, pace_garbage_collector
 
 EXIT_USAGE = 2
 # command -> (module:function taking the remaining arguments, one-line help). A command
@@ -58,5 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mhc-parity: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
         return EXIT_USAGE
     ensure_host_devices()  # before any command computes: XLA reads its flags once
+    pace_garbage_collector()
     module_name, _, function = COMMANDS[command][0].partition(":")
     return getattr(importlib.import_module(module_name), function)(rest)

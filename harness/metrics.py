@@ -37,6 +37,7 @@ Conventions, chosen deliberately (tests pin each one):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -104,14 +105,20 @@ def ulp_spacing(values, dtype) -> np.ndarray:
     are measured in the binade they fall in); values beyond the dtype's largest finite
     number keep the binade formula. NaN and ±inf give NaN.
     """
-    mantissa_bits, min_exponent = DTYPE_FORMATS[dtype_name(dtype)]
-    v = np.abs(upcast(values))
-    finite = np.isfinite(v)
-    safe = np.where(finite, v, 1.0)
-    _, e = np.frexp(safe)  # safe = m * 2**e with m in [0.5, 1) => binade exponent e - 1
-    binade = np.where(safe < math.ldexp(1.0, min_exponent), min_exponent, e - 1)
-    spacing = np.ldexp(1.0, (binade - mantissa_bits).astype(np.int64))
-    return np.where(finite, spacing, np.nan)
+    biased_exponent = (upcast(values).view(np.int64) >> 52) & 0x7FF  # float64's exponent field
+    return _spacing_by_exponent(dtype_name(dtype))[biased_exponent]
+
+
+@functools.lru_cache(maxsize=None)
+def _spacing_by_exponent(dtype: str) -> np.ndarray:
+    """`ulp_spacing` for every float64 exponent field: a float64's binade is its exponent
+    field − 1023 (field 0: zero and subnormals, below every dtype's smallest normal;
+    field 2047: inf and NaN), so one lookup per element replaces frexp and ldexp."""
+    mantissa_bits, min_exponent = DTYPE_FORMATS[dtype]
+    table = np.array([math.ldexp(1.0, max(field - 1023, min_exponent) - mantissa_bits) for field in range(2047)]
+                     + [math.nan])
+    table.flags.writeable = False
+    return table
 
 
 @dataclass(frozen=True)

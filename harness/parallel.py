@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 
 import jax
 
-from harness.env import ensure_host_devices
+from harness.env import ensure_host_devices, pace_garbage_collector
 from harness.implementations import BUILTIN, load_externals
 from harness.plan import PathPlan
 from harness.run_info import enable_compilation_cache
@@ -87,9 +87,11 @@ _WORKER: dict = {}
 
 
 def _start_worker(spec: _WorkerSpec) -> None:
-    """A worker's initializer: XLA flags before JAX starts, caches on, runner and plan built."""
+    """A worker's initializer: XLA flags before JAX starts, the collector paced, caches on,
+    runner and plan built."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ensure_host_devices()
+    pace_garbage_collector()
     enable_compilation_cache()
     externals = load_externals(spec.impl_specs)
     _WORKER["runner"] = Runner.with_disk_stores(spec.policy)

@@ -186,6 +186,9 @@ class Policy:
     digest: str
     source: str
     systematic: Systematic | None = None
+    # resolve()'s answers by combination: a run judges ~1,800 leaves of a few dozen
+    # combinations, and finding the most specific rule scans every rule.
+    _resolved: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Rule:
         """The unique most specific rule for a combination; PolicyError if none/ambiguous."""
@@ -211,13 +214,18 @@ class Policy:
 
     def resolve(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Resolved:
         """The bound a combination is held to (see `Resolved`); PolicyError as `rule_for`."""
-        rule = self.rule_for(
-            comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
-        )
-        bound = rule.bound
-        if isinstance(bound, OracleRatio) and self.systematic and leaf_kind in self.systematic.leaf_kinds:
-            bound = dataclasses.replace(bound, systematic=self.systematic)
-        return Resolved(rule, bound, rule.eps_dtype or dtype_name(dtype))
+        dtype, act_dtype = _dtype_or_error(dtype, "dtype"), _dtype_or_error(act_dtype, "act_dtype")
+        combination = (comparison, leaf_kind, dtype, act_dtype, partitioning)
+        resolved = self._resolved.get(combination)
+        if resolved is None:
+            rule = self.rule_for(
+                comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
+            )
+            bound = rule.bound
+            if isinstance(bound, OracleRatio) and self.systematic and leaf_kind in self.systematic.leaf_kinds:
+                bound = dataclasses.replace(bound, systematic=self.systematic)
+            resolved = self._resolved[combination] = Resolved(rule, bound, rule.eps_dtype or dtype_name(dtype))
+        return resolved
 
     def judge(
         self, metrics: LeafMetrics, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*"

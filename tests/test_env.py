@@ -52,3 +52,28 @@ def test_flags_the_user_set_are_kept():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"4 {flags}"
+
+
+def test_the_command_line_and_its_workers_pace_the_garbage_collector():
+    """Tracing allocates millions of short-lived objects: at Python's default thresholds the
+    cycle collector held the GIL for seconds of a run (harness.env.GC_THRESHOLDS)."""
+    proc = run_python(
+        "import concurrent.futures, contextlib, gc, io, multiprocessing\n"
+        "from harness import cli, parallel\n"
+        "from harness.env import GC_THRESHOLDS\n"
+        "from harness.implementations import BUILTIN\n"
+        "from harness.plan import PathPlan\n"
+        "from harness.policy import load_policy\n"
+        "assert gc.get_threshold() != GC_THRESHOLDS\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert cli.main(['policy']) == 0\n"
+        "assert gc.get_threshold() == GC_THRESHOLDS, gc.get_threshold()\n"
+        "gc.set_threshold(700, 10, 10)\n"
+        "spec = parallel._spec(load_policy(), PathPlan(implementations=tuple(BUILTIN.values())))\n"
+        "with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'),\n"
+        "        initializer=parallel._start_worker, initargs=(spec,)) as pool:\n"
+        "    assert pool.submit(gc.get_threshold).result() == GC_THRESHOLDS\n"
+        "print('ok')\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

@@ -79,6 +79,15 @@ def test_ulp_spacing_matches_np_spacing(dtype):
     assert ulp_spacing([info.max], dtype)[0] == float(info.max) - float(np.nextafter(info.max, dtype(0)))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_ulp_spacing_matches_np_spacing_in_every_binade(dtype):
+    """Every exponent of the dtype, subnormals included, below its top binade (see above)."""
+    info = np.finfo(dtype)
+    powers = np.ldexp(1.0, np.arange(info.minexp - info.nmant, info.maxexp - 1)).astype(dtype)
+    v = np.concatenate([powers, powers * dtype(1.5), -powers])
+    np.testing.assert_array_equal(ulp_spacing(v, dtype), np.spacing(np.abs(v)).astype(np.float64))
+
+
 def test_ulp_spacing_zero_and_subnormals_use_smallest_subnormal():
     assert ulp_spacing([0.0], "bfloat16")[0] == 2.0**-133
     assert ulp_spacing([0.0, -0.0, 1e-44, 2.0**-127], "float32").tolist() == [2.0**-149] * 4

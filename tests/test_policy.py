@@ -331,6 +331,19 @@ def test_unmatched_combination_names_it(small):
         judge(small, metrics(), "vs_reference", "output", "float64")
 
 
+def test_resolve_remembers_answers_never_errors(small):
+    """Answers are kept per combination (dtype objects and names alike); an uncovered
+    combination raises every time it is asked."""
+    keys = dict(comparison="vs_oracle", leaf_kind="output", partitioning="manual")
+    first = small.resolve(**keys, dtype="float32", act_dtype="bfloat16")
+    assert small.resolve(**keys, dtype=np.float32, act_dtype=ml_dtypes.bfloat16) is first
+    assert small.resolve(**keys, dtype="bfloat16", act_dtype="bfloat16") is not first
+    for _ in range(2):
+        with pytest.raises(PolicyError, match="no tolerance rule"):
+            small.resolve(**keys, dtype="float32", act_dtype="float32")
+    assert small == parse_policy(policy_text(RATIO_RULE, EXACT_RULE, ULPS_RULE, SENSITIVITY_RULE))
+
+
 def test_judge_accepts_dtype_objects(small):
     j = small.judge(metrics(), comparison="vs_oracle", leaf_kind="output", dtype=np.float32,
                     act_dtype=ml_dtypes.bfloat16)

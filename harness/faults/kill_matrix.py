@@ -34,7 +34,7 @@ import jax
 
 from cases import registry
 from cases.fixtures import make_fixture
-from harness.env import ensure_host_devices
+from harness.env import ensure_host_devices, pace_garbage_collector
 from harness.faults import BY_NAME
 from harness.faults.model import Perturbation
 from harness.implementations import BUILTIN, load_external
@@ -279,6 +279,7 @@ def _worker(names: Sequence[str], case_names: Sequence[str], policy_path, impl_s
             quiet: bool, use_compilation_cache: bool) -> KillMatrix:
     """One worker process (an entry point): catalogued perturbations by name, registry cases by name."""
     ensure_host_devices()
+    pace_garbage_collector()
     if use_compilation_cache:
         enable_compilation_cache()
     cases = [registry.default_registry().get(name) for name in case_names]

@@ -23,8 +23,9 @@ runner's time (metrics, policy, row I/O: harness overhead); with --jobs N > 1 th
 summed over the workers and shown as a share of N x the runner's wall time (worker
 time). Programs compile in threads ahead of their case (`harness.runner.Runner.run`), so
 the seconds the programs took to obtain (the rows' compile_s) overlap the rest: they are
-printed beside, with the programs' execution (execute_s), not as shares. Also: peak
-resident memory (the largest single process), the programs XLA compiled and those loaded
+printed beside, with the programs' execution (execute_s), not as shares. Also: the CPU
+seconds the machine was busy during the run, peak resident memory (the largest single
+process; workers report their own), the programs XLA compiled and those loaded
 from the persistent cache, the oracle answers computed and loaded, the sharpness of the
 bounds, and before each run the load average and a speed probe (fixed Python work on every
 core at once: this shared VM's speed drifts by 20% and more between runs). Targets (issue
@@ -76,9 +77,11 @@ def _row_seconds(rows: list[dict]) -> tuple[float, float]:
     return sum(c for c, _ in seen.values()), sum(e for _, e in seen.values())
 
 
-# Runs the command given as arguments and prints the largest resident memory of any of its
-# processes (ru_maxrss of the waited-for descendants, KiB on Linux) and the CPU seconds
+# Runs the command given as arguments and prints the largest resident memory of the processes
+# it waited for (ru_maxrss of the waited-for descendants, KiB on Linux) and the CPU seconds
 # they used (user + system): one fresh wrapper per run, so each run's figures are its own.
+# Forked workers (harness.worker_processes) are not among them: their peak comes from the
+# run's metadata and the CPU seconds from the machine's counters (`busy_cpu_seconds`).
 _USAGE_PREFIX = "bench-peak-kib-cpu-s "
 _USAGE_WRAPPER = (
     "import resource, subprocess, sys\n"
@@ -87,6 +90,18 @@ _USAGE_WRAPPER = (
     f"print({_USAGE_PREFIX!r} + str(usage.ru_maxrss) + ' ' + str(usage.ru_utime + usage.ru_stime), file=sys.stderr)\n"
     "sys.exit(code)\n"
 )
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (not idle or waiting for I/O) since boot,
+    from /proc/stat (None elsewhere). A run's difference counts all its processes, forked
+    workers and their server included, and anything else running then (see the load note)."""
+    try:
+        fields = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]  # then steal (another VM's), guest (in user)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def edited_copy(destination: pathlib.Path) -> pathlib.Path:
@@ -106,10 +121,10 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
     command = [sys.executable, "-m", "harness", "run", "--suite", suite, "--out", str(out), "--quiet", "--jobs",
                str(jobs)]
-    start = time.perf_counter()
+    start, busy_start = time.perf_counter(), busy_cpu_seconds()
     proc = subprocess.run([sys.executable, "-c", _USAGE_WRAPPER, *command], cwd=project, env=env, capture_output=True,
                           text=True)
-    process_wall = time.perf_counter() - start
+    process_wall, busy_end = time.perf_counter() - start, busy_cpu_seconds()
     peak_kib, cpu_s = proc.stderr.strip().splitlines()[-1].removeprefix(_USAGE_PREFIX).split()
     if proc.returncode not in (0, 1):
         raise SystemExit(f"harness run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -136,8 +151,8 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
         "lowering_s": meta["lowering_s"],
         "overhead_s": max(worker_wall - accounted, 0.0),
         "startup_and_reports_s": process_wall - runner_wall,
-        "peak_rss_mib": int(peak_kib) / 1024,
-        "cpu_s": float(cpu_s),
+        "peak_rss_mib": max(int(peak_kib) / 1024, meta.get("worker_peak_rss_mib", 0)),
+        "cpu_s": float(cpu_s) if busy_start is None else busy_end - busy_start,
         "programs_compiled": meta.get("programs_compiled"),
         "programs_loaded": meta.get("programs_loaded"),
         "programs_stored": (meta.get("programs_stored_loaded", 0), meta.get("programs_stored_missed", 0)),
@@ -170,7 +185,7 @@ def print_run(label: str, figures: dict) -> None:
     body.append(["  programs executed", f"{figures['execute_s']:.1f} s", "within paths"])
     body.append(["startup_and_reports", f"{figures['startup_and_reports_s']:.1f} s",
                  f"{100 * figures['startup_and_reports_s'] / wall:.1f}% of wall"])
-    body.append(["CPU time", f"{figures['cpu_s']:.1f} s", "user + system, every process of the run"])
+    body.append(["CPU time", f"{figures['cpu_s']:.1f} s", "the machine's busy CPU during the run (every process)"])
     body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", "largest process"])
     body.append(["programs compiled / loaded", f"{figures['programs_compiled']} / {figures['programs_loaded']}",
                  "XLA / JAX's persistent cache"])

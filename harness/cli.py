@@ -24,6 +24,7 @@ import importlib
 import sys
 
 from harness.env import ensure_host_devices, pace_garbage_collector
+from harness.worker_processes import start_worker_server
 
 EXIT_USAGE = 2
 # command -> (module:function taking the remaining arguments, one-line help). A command
@@ -47,6 +48,20 @@ def usage() -> str:
     return "usage: mhc-parity COMMAND [options]   (python -m harness COMMAND --help)\n\ncommands:\n" + "\n".join(lines)
 
 
+def requests_workers(command: str, arguments: list[str]) -> bool:
+    """Whether `arguments` ask `run` for worker processes (`--jobs N` with N other than 1,
+    or auto). A quick look, before the command's parser: a spelling it misses only means
+    the workers' server starts later (`harness.parallel`), never other rows."""
+    if command != "run":
+        return False
+    for index, argument in enumerate(arguments):
+        if argument.startswith("--jobs="):
+            return argument.partition("=")[2] != "1"
+        if argument == "--jobs" and index + 1 < len(arguments):
+            return arguments[index + 1] != "1"
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -59,5 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     ensure_host_devices()  # before any command computes: XLA reads its flags once
     pace_garbage_collector()
+    if requests_workers(command, rest):  # it imports what workers need while this process imports the command
+        start_worker_server()
     module_name, _, function = COMMANDS[command][0].partition(":")
     return getattr(importlib.import_module(module_name), function)(rest)

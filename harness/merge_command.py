@@ -40,6 +40,8 @@ ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", "host_cpu_devices"
 SUMMED_KEYS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s", "oracle_computed", "oracle_cached",
                "programs_compiled", "programs_loaded", "programs_stored_loaded", "programs_stored_missed",
                "lowerings_stored_loaded", "lowerings_stored_missed", "resumed_cases")
+# Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).
+MAXED_KEYS = ("worker_peak_rss_mib",)
 
 
 class MergeError(Exception):
@@ -146,10 +148,12 @@ def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
         merged_shards=", ".join(f"{s.manifest.shard} {s.manifest.run_id[:12]} ({s.metadata.get('platform', '')})"
                                 for s in sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)),
     )
-    for key in SUMMED_KEYS:
-        values = [s.metadata[key] for s in shards if key in s.metadata]
-        if values:
-            metadata[key] = round(sum(values), 3)
+    for keys, combine in ((SUMMED_KEYS, lambda values: round(sum(values), 3)), (MAXED_KEYS, max)):
+        for key in keys:
+            values = [s.metadata[key] for s in shards if key in s.metadata]
+            metadata.pop(key, None)
+            if values:
+                metadata[key] = combine(values)
     return metadata
 
 

@@ -9,7 +9,9 @@ the oracle and the compiled programs, none of which depend on the process), and 
 yielded in selection order, so the row stream and the reports are identical apart from
 the timing columns.
 
-Workers are spawned (never forked: a forked JAX runtime is unsafe) and call
+Workers fork from a server process that imported their modules but never started JAX
+(`harness.worker_processes`; a forked JAX runtime would be unsafe, so each worker checks),
+take on the parent's environment, call
 `harness.env.ensure_host_devices()` before JAX starts, then turn on the persistent
 compilation cache, so workers share compiled programs, fixtures and oracle answers
 through the cache folder. They ignore SIGINT: the parent handles Ctrl-C (and SIGTERM) as
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import multiprocessing
 import os
 import pathlib
 import signal
@@ -28,11 +29,12 @@ from typing import Iterable, Iterator
 
 import jax
 
-from harness.env import ensure_host_devices, pace_garbage_collector
+from harness.env import backend_started, ensure_host_devices, pace_garbage_collector
 from harness.implementations import BUILTIN, load_externals
 from harness.plan import PathPlan
 from harness.run_info import enable_compilation_cache
 from harness.runner import TIMINGS, Runner, StepCallback
+from harness.worker_processes import adopt_environment, environment_of_this_process, peak_resident_bytes, worker_context
 
 
 # Resident memory a worker may need: the largest worker of a cold default-suite run held
@@ -81,15 +83,19 @@ class _WorkerSpec:
     impl_specs: tuple[str, ...]
     path_globs: tuple[str, ...]
     lowering: bool
+    environment: tuple[tuple[str, str], ...]  # the parent's os.environ
 
 
 _WORKER: dict = {}
 
 
 def _start_worker(spec: _WorkerSpec) -> None:
-    """A worker's initializer: XLA flags before JAX starts, the collector paced, caches on,
-    runner and plan built."""
+    """A worker's initializer: the parent's environment, XLA flags before JAX starts, the
+    collector paced, caches on, runner and plan built."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if backend_started():  # forked from a process whose JAX runtime had started
+        raise RuntimeError("a worker process began with a JAX backend already started; it must start none")
+    adopt_environment(spec.environment)
     ensure_host_devices()
     pace_garbage_collector()
     enable_compilation_cache()
@@ -99,14 +105,15 @@ def _start_worker(spec: _WorkerSpec) -> None:
                                lowering=spec.lowering)
 
 
-def _run_case(case) -> tuple[list[dict], dict, dict]:
-    """One case in a worker: its rows, and the seconds and counts (`Runner.work_counts`) it added."""
+def _run_case(case) -> tuple[list[dict], dict, dict, int | None]:
+    """One case in a worker: its rows, the seconds and counts (`Runner.work_counts`) it
+    added, and the worker's peak resident memory so far (bytes, None where unknown)."""
     runner: Runner = _WORKER["runner"]
     timings, counts = dict(runner.timings), runner.work_counts()
     rows = list(runner.run_case(case, _WORKER["plan"]))
     added_timings = {k: v - timings[k] for k, v in runner.timings.items()}
     added_counts = {k: v - counts[k] for k, v in runner.work_counts().items()}
-    return rows, added_timings, added_counts
+    return rows, added_timings, added_counts, peak_resident_bytes()
 
 
 def _spec(policy, plan: PathPlan) -> _WorkerSpec:
@@ -116,6 +123,7 @@ def _spec(policy, plan: PathPlan) -> _WorkerSpec:
         impl_specs=tuple(impl.spec for impl in plan.implementations if impl.name not in builtin),
         path_globs=tuple(plan.path_globs),
         lowering=plan.lowering,
+        environment=environment_of_this_process(),
     )
 
 
@@ -129,10 +137,13 @@ class ParallelRunner:
         self.jobs = jobs
         self.timings = dict.fromkeys(TIMINGS, 0.0)
         self._counts: dict[str, int] = {}
+        self._peak_bytes: int | None = None
 
     def work_counts(self) -> dict:
-        """`Runner.work_counts` summed over the workers."""
-        return dict(self._counts)
+        """`Runner.work_counts` summed over the workers, and the largest worker's peak
+        resident memory (`worker_peak_rss_mib`) once a worker has reported it."""
+        peak = {} if self._peak_bytes is None else {"worker_peak_rss_mib": round(self._peak_bytes / 2**20)}
+        return {**self._counts, **peak}
 
     def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,
             on_step: StepCallback | None = None) -> Iterator[tuple[object, list[dict]]]:
@@ -147,7 +158,7 @@ class ParallelRunner:
         if not cases:
             return
         pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=min(self.jobs, len(cases)), mp_context=multiprocessing.get_context("spawn"),
+            max_workers=min(self.jobs, len(cases)), mp_context=worker_context(),
             initializer=_start_worker, initargs=(_spec(self.policy, plan),),
         )
         finished = False
@@ -157,13 +168,15 @@ class ParallelRunner:
                 if on_case_start is not None:
                     on_case_start(case)
                 try:
-                    rows, timings, counts = future.result()
+                    rows, timings, counts, peak_bytes = future.result()
                 except concurrent.futures.process.BrokenProcessPool as exc:
                     raise WorkerError(f"a worker process died while running case {case.name} ({exc})") from None
                 for key, seconds in timings.items():
                     self.timings[key] = self.timings.get(key, 0.0) + seconds
                 for key, count in counts.items():
                     self._counts[key] = self._counts.get(key, 0) + count
+                if peak_bytes is not None:
+                    self._peak_bytes = max(self._peak_bytes or 0, peak_bytes)
                 yield case, rows
             finished = True
         finally:

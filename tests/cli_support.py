@@ -53,6 +53,15 @@ def run_cli(*args, timeout=600, env_extra: dict | None = None) -> subprocess.Com
                           timeout=timeout)
 
 
+def run_python(code: str, *arguments: str, xla_flags: str | None = None) -> subprocess.CompletedProcess:
+    """`python -c CODE ARGUMENTS` from the project root, XLA_FLAGS as given (None: unset); output captured."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
+    return subprocess.run([sys.executable, "-c", code, *arguments], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
 def load_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
 

@@ -4,10 +4,12 @@ import csv
 import signal
 import subprocess
 import time
+import types
 
 import pytest
 
 from cases import registry
+from harness.merge_command import ShardRun, merged_metadata
 from harness.shards import Shard, parse_shard, shard_cases
 from reports.manifest import read_manifest
 from tests.cli_support import CASE_FILE, CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
@@ -218,3 +220,17 @@ def test_merge_refuses_shards_that_are_not_one_whole_run(case_file, shards, chea
     _assert_refused(run_cli("merge", out, shards[0], thirds), "shard count differs")
     _assert_refused(run_cli("merge", out, shards[0], tmp_path / "nowhere"), "no manifest.json")
     assert not out.exists()
+
+
+def test_merged_metadata_sums_work_and_keeps_the_largest_worker_peak():
+    def shard(index, **metadata):
+        manifest = types.SimpleNamespace(shard=f"{index}/3", run_id=f"run{index}" * 4, shard_of=CASE_NAMES)
+        return ShardRun(ROOT, manifest, {"platform": "linux", **metadata}, [])
+
+    merged = merged_metadata([shard(1, paths_s=1.5, oracle_computed=2),
+                              shard(2, paths_s=2.0, worker_peak_rss_mib=900, oracle_computed=1),
+                              shard(3, paths_s=0.25, worker_peak_rss_mib=1200)], "merge")
+    assert (merged["paths_s"], merged["oracle_computed"], merged["worker_peak_rss_mib"]) == (3.75, 3, 1200)
+    # a key no shard has stays out; one the first shard alone has is that shard's
+    assert "worker_peak_rss_mib" not in merged_metadata([shard(1), shard(2)], "merge")
+    assert merged_metadata([shard(1, worker_peak_rss_mib=700), shard(2)], "merge")["worker_peak_rss_mib"] == 700

@@ -33,7 +33,7 @@ _EXCESS_PRECISION_FLAG = "--xla_allow_excess_precision"
 # Python's cycle collector at its default thresholds (700, 10, 10) ran ~1,650 times and took
 # 2.7-3.2 s, holding the GIL, of a one-process default-suite run after a kernel edit: tracing
 # allocates millions of short-lived objects. At these thresholds it ran 12 times and took
-# 0.3 s; the run's peak resident memory stayed at 1.41-1.46 GB either way (two runs each).
+# 0.3 s; the run's peak resident memory was 1.45-1.50 GB either way (three runs each).
 GC_THRESHOLDS = (50_000, 20, 10)
 
 

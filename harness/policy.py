@@ -224,7 +224,7 @@ class Policy:
             bound = rule.bound
             if isinstance(bound, OracleRatio) and self.systematic and leaf_kind in self.systematic.leaf_kinds:
                 bound = dataclasses.replace(bound, systematic=self.systematic)
-            resolved = self._resolved[combination] = Resolved(rule, bound, rule.eps_dtype or dtype_name(dtype))
+            resolved = self._resolved[combination] = Resolved(rule, bound, rule.eps_dtype or dtype)
         return resolved
 
     def judge(

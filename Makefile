@@ -1,12 +1,12 @@
 # The two commands a user needs are `make parity` and `make test`; both bootstrap .venv.
-# On an accelerator add its extra: `make parity EXTRAS=tpu` (TPU VM), EXTRAS=cuda (NVIDIA GPU).
-PYTHON ?= python3
+# On an accelerator add its extra: `make parity EXTRAS=tpu` (TPU VM), EXTRAS=cuda or cuda13 (NVIDIA
+# GPU: the CUDA 12 or CUDA 13 plugin of JAX).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 EXTRAS ?=
 comma  := ,
-ifneq ($(filter-out tpu cuda,$(subst $(comma), ,$(EXTRAS))),)
-$(error EXTRAS must be empty, tpu or cuda (the accelerator extras of pyproject.toml), got '$(EXTRAS)')
+ifneq ($(filter-out tpu cuda cuda13,$(subst $(comma), ,$(EXTRAS))),)
+$(error EXTRAS must be empty, tpu, cuda or cuda13 (the accelerator extras of pyproject.toml), got '$(EXTRAS)')
 endif
 # One stamp per set of extras, so a different EXTRAS installs again.
 STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
@@ -28,9 +28,10 @@ setup: $(STAMP)
 
 # Reinstall whenever the pinned dependency list (or EXTRAS) changes. Extras only add
 # packages: installing without them later does not remove an accelerator's plugin.
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mhc-parity needs Python >= 3.11")'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# tools/make-venv finds a Python that meets requires-python (PYTHON=... to name one) and
+# replaces a venv made with an older one.
+$(STAMP): pyproject.toml tools/make-venv
+	@tools/make-venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)

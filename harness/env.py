@@ -3,8 +3,8 @@ folder, the garbage collector's pace.
 
 XLA reads `XLA_FLAGS` once, when JAX creates its first backend (the first
 `jax.devices()`, array or compilation), not when `jax` is imported (checked on the
-pinned jaxlib 0.10.2: flags set after `import jax` but before any computation take
-effect; flags set after the backend started are ignored). So modules import JAX at the
+pinned jaxlib, docs/jax-notes.md: flags set after `import jax` but before any computation
+take effect; flags set after the backend started are ignored). So modules import JAX at the
 top, and each entry point calls `ensure_host_devices()` before it computes anything:
 `harness.cli.main`, `harness.faults.cli.main` and its worker processes, the root
 conftest.py and the pytest plugin, and the scripts in bench/.

@@ -15,7 +15,8 @@ tokens. mHC is per token except for the weight-gradient reductions, so the plan 
   cotangent of the primal's type).
 
 Interpret mode: `mhc.kernels` runs interpret-mode kernels under
-`shard_map(check_vma=False)` (Mosaic ones under `check_vma=True`). In JAX 0.10.2 the
+`shard_map(check_vma=False)` (Mosaic ones, compiled or in the TPU interpreter, under
+`check_vma=True`). In JAX 0.10.2 and still in 0.12.0.1 the
 Pallas HLO interpreter evaluates the kernel jaxpr — traced with vma checks off, so its
 constants are invariant — on varying blocks, and the first op mixing a constant with a
 block fails ("Primitive div requires varying manual axes to match"); aliasing outputs to

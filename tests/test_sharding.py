@@ -15,6 +15,7 @@ a bfloat16 leaf may further differ by one rounding: + one ulp of the leaf dtype.
 The test measures Σ_b |p_b| by running the kernels on each token block alone.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -50,17 +51,17 @@ def _inputs(dtype):
     return x, w, y, g
 
 
-def _run(mesh, x, w, y, g):
+def _run(mesh, x, w, y, g, kernel=KERNEL):
     """Forward values and (d_x, d_w, d_y) of `post(tanh(pre(x)) + y)` against cotangent g."""
-    return _compiled(mesh)(x, w, y, g)
+    return _compiled(mesh, kernel)(x, w, y, g)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(mesh):
-    # One jitted program per mesh, so the per-block runs below compile once.
+def _compiled(mesh, kernel):
+    # One jitted program per mesh and kernel mode, so the per-block runs below compile once.
     def fwd(x, w, y):
-        li, ctx = pre(x, w, config=CONFIG, kernel=KERNEL, mesh=mesh)
-        return post(jnp.tanh(li) + y, ctx, config=CONFIG, kernel=KERNEL, mesh=mesh), li, ctx
+        li, ctx = pre(x, w, config=CONFIG, kernel=kernel, mesh=mesh)
+        return post(jnp.tanh(li) + y, ctx, config=CONFIG, kernel=kernel, mesh=mesh), li, ctx
 
     def f(x, w, y, g):
         outs, vjp = jax.vjp(fwd, x, w, y)
@@ -92,11 +93,11 @@ def _assert_identical(a, b, what):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=what)
 
 
-def _check(mesh_shape, dtype, abs_sums=None):
+def _check(mesh_shape, dtype, abs_sums=None, kernel=KERNEL):
     x, w, y, g = _inputs(dtype)
-    (out_u, li_u, ctx_u), (dx_u, dw_u, dy_u) = _run(None, x, w, y, g)
+    (out_u, li_u, ctx_u), (dx_u, dw_u, dy_u) = _run(None, x, w, y, g, kernel)
     mesh = _mesh(mesh_shape)
-    (out_s, li_s, ctx_s), (dx_s, dw_s, dy_s) = _run(mesh, x, w, y, g)
+    (out_s, li_s, ctx_s), (dx_s, dw_s, dy_s) = _run(mesh, x, w, y, g, kernel)
     assert out_s.sharding.spec[:2] == PartitionSpec("data", "fsdp")[:2] or mesh_shape != (2, 4)
     for name, a, b in [("out", out_s, out_u), ("layer_input", li_s, li_u), ("d_x", dx_s, dx_u),
                        ("d_layer_output", dy_s, dy_u)] + [
@@ -119,6 +120,18 @@ def _check(mesh_shape, dtype, abs_sums=None):
         excess = np.abs(a - b) - bound
         assert np.all(excess <= 0), (k, float(np.max(excess)), float(np.max(np.abs(a - b))))
     return abs_sums
+
+
+@pytest.mark.slow
+def test_mosaic_mode_in_the_tpu_interpreter_under_check_vma():
+    # The program a TPU runs (per-shard blocks, zero-filled accumulators, check_vma=True,
+    # weight gradients summed by psum_to_primal_vma), run by Pallas's TPU interpreter: the
+    # same per-token bit-identity and weight-gradient bound as interpret mode.
+    tpu_program = dataclasses.replace(KERNEL, interpret=False, tpu_interpreter=True)
+    program = str(jax.make_jaxpr(_compiled(_mesh((2, 4)), tpu_program))(*_inputs(jnp.float32)))
+    assert "check_vma=True" in program and "check_vma=False" not in program
+    assert "psum" in program  # the weight gradients' sum across shards is ours, not the transpose's
+    _check((2, 4), jnp.float32, kernel=tpu_program)
 
 
 @pytest.mark.slow

@@ -75,10 +75,11 @@ def feature_block(embedding: int, requested: int) -> int:
 
 
 def _check_vma(kernel: KernelConfig) -> bool:
-    # Mosaic kernels run under shard_map(check_vma=True). The interpret-mode HLO
-    # interpreter cannot: it evaluates the kernel jaxpr (traced with vma checks off, so
-    # its constants are invariant) on varying blocks, and any op mixing a constant with
-    # a block fails ("Primitive div requires varying manual axes to match"). With
+    # Mosaic kernels (compiled or in the TPU interpreter) run under
+    # shard_map(check_vma=True). The interpret-mode HLO interpreter still cannot (JAX
+    # 0.12.0.1, docs/jax-notes.md): it evaluates the kernel jaxpr (traced with vma checks
+    # off, so its constants are invariant) on varying blocks, and any op mixing a constant
+    # with a block fails ("Primitive div requires varying manual axes to match"). With
     # check_vma=False every vma is empty, `psum_to_primal_vma` is a no-op and the
     # shard_map transpose sums the replicated weights' cotangents instead.
     return not kernel.interpret

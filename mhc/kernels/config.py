@@ -27,6 +27,10 @@ class KernelConfig:
     per-token results on XLA CPU; see `mhc.kernels.api._resolve_blocks`).
     interpret: run in Pallas interpret mode (the only mode on CPU); False compiles with
         Mosaic (TPU) — also what `mhc.kernels.lowering` uses.
+    tpu_interpreter: with interpret=False, run the Mosaic-mode program (per-shard blocks,
+        zero-fill at the first step, `shard_map(check_vma=True)`) in Pallas's TPU
+        interpreter (`pltpu.InterpretParams`) instead of compiling it: Mosaic's
+        semantics on any backend, at several times interpret mode's cost.
     vmem_limit_bytes: scoped VMEM limit handed to Mosaic (ignored in interpret mode).
     """
 
@@ -34,4 +38,5 @@ class KernelConfig:
     block_tokens_bwd: int = 128
     block_features: int = 512
     interpret: bool = True
+    tpu_interpreter: bool = False
     vmem_limit_bytes: int = 32 * 1024 * 1024

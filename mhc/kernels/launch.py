@@ -16,7 +16,9 @@
   differently from the same block in the unsharded program.
 * Mosaic mode (interpret=False): no aliases; a kernel zero-fills its accumulators at
   the first grid step itself (an output block is never read from HBM on TPU); see
-  `zero_fill_at_first_step`.
+  `zero_fill_at_first_step`. `KernelConfig.tpu_interpreter` runs that same program in
+  Pallas's TPU interpreter, which (unlike the HLO interpreter above) accepts
+  `shard_map(check_vma=True)`.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def launch(
         out_shape = [token_out_shape(o.shape, o.dtype, like) for o in outputs]
         return pl.pallas_call(
             body, grid=grid, in_specs=in_specs, out_specs=[o.spec for o in outputs],
-            out_shape=out_shape, interpret=False, compiler_params=compiler_params, name=name,
+            out_shape=out_shape, compiler_params=compiler_params, name=name,
+            interpret=pltpu.InterpretParams() if kernel.tpu_interpreter else False,
         )(*arrays)
 
     # Interpret mode. One grid step must compile like any other (see `opaque_grid` and

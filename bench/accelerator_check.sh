@@ -2,7 +2,8 @@
 # One check of mhc-parity on a TPU VM or an NVIDIA GPU machine, from a fresh clone.
 #
 #   bench/accelerator_check.sh            # detects the accelerator and installs its extra
-#   EXTRAS=tpu bench/accelerator_check.sh # or name it (tpu | cuda; "" for none)
+#   EXTRAS=tpu bench/accelerator_check.sh # or name it (tpu | cuda | cuda13; "" for none)
+#   bench/accelerator_check.sh --print-extra   # only print the extra it would install
 #
 # Steps: install .venv with the accelerator's extra (make setup EXTRAS=...); report what
 # JAX sees; run the smoke suite through every path (reference, interpret, mosaic on a
@@ -33,11 +34,14 @@ detect_extra() {
      || [ -n "${TPU_ACCELERATOR_TYPE:-}" ]; then
     echo tpu
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo cuda
+    # The driver's CUDA version (nvidia-smi's header) picks JAX's CUDA 13 or CUDA 12 plugin.
+    cuda_major=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
+    if [ "${cuda_major:-0}" -ge 13 ]; then echo cuda13; else echo cuda; fi
   fi
 }
 
 EXTRA=$(detect_extra)
+if [ "${1:-}" = --print-extra ]; then echo "$EXTRA"; exit 0; fi
 echo "accelerator check: extra '${EXTRA:-none}' (set EXTRAS= to override)"
 if ! make setup EXTRAS="$EXTRA" >"$OUT/setup.log" 2>&1; then
   tail -n 20 "$OUT/setup.log"

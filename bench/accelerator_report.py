@@ -1,7 +1,7 @@
 """The summary lines of `bench/accelerator_check.sh` (run with the project's .venv python).
 
   probe [EXPECTED]   one line: JAX's backend, devices and matmul precision record;
-                     exit 3 when EXPECTED ("tpu" or "cuda", the installed extra) is not
+                     exit 3 when EXPECTED ("tpu", "cuda" or "cuda13", the installed extra) is not
                      what JAX sees, 0 otherwise
   paths RUN_DIR      one line per candidate path of a parity run: verdict counts, the
                      devices it ran on and its effective matmul precision; exit 1 if a
@@ -27,7 +27,7 @@ from harness.run_info import run_metadata  # noqa: E402
 from reports import load_run  # noqa: E402
 
 # The JAX platform an accelerator extra of pyproject.toml provides.
-EXTRA_PLATFORM = {"tpu": "tpu", "cuda": "gpu"}
+EXTRA_PLATFORM = {"tpu": "tpu", "cuda": "gpu", "cuda13": "gpu"}
 
 
 def probe(expected_extra: str = "") -> int:

@@ -34,6 +34,20 @@ def test_the_check_reports_no_accelerator_and_what_it_still_checked(tmp_path):
     assert out.strip().splitlines()[-1].startswith("accelerator check: PASS on cpu in ")
 
 
+@pytest.mark.parametrize(("driver_cuda", "extra"), [("13.0", "cuda13"), ("12.8", "cuda"), ("", "cuda")])
+def test_an_nvidia_driver_picks_the_cuda_plugin_it_supports(tmp_path, driver_cuda, extra):
+    fake = tmp_path / "nvidia-smi"
+    header = f"| NVIDIA-SMI 580.159.03   Driver Version: 580.159.03   CUDA Version: {driver_cuda}     |"
+    fake.write_text("#!/bin/sh\n" f"echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho '{header if driver_cuda else ''}'\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("EXTRAS", "TPU_ACCELERATOR_TYPE")}
+    env["PATH"] = f"{tmp_path}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(["bash", "bench/accelerator_check.sh", "--print-extra"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == extra
+
+
 def test_an_extra_the_backend_does_not_match_is_refused():
     proc = subprocess.run([sys.executable, "bench/accelerator_report.py", "probe", "tpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)

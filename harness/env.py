@@ -30,6 +30,14 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # round differently from one compilation to the next. Off, every path rounds where its
 # program says it does, which is what a parity comparison must see.
 _EXCESS_PRECISION_FLAG = "--xla_allow_excess_precision"
+# On x86-64 XLA's CPU code generator fuses a multiply and an add into one FMA in some loops
+# and not in others: in a fused loop over a kernel block's rows the vector body rounded
+# twice and the scalar tail for the last rows once (jaxlib 0.12.0.1, docs/jax-notes.md), so
+# a token's result depended on its row in the block and a sharded run (the same block, the
+# token at another row) no longer matched the unsharded one bit for bit. Capped at AVX,
+# which has no FMA, every multiply-add rounds twice wherever it runs.
+_MAX_ISA_FLAG = "--xla_cpu_max_isa"
+_X86_64 = ("x86_64", "amd64")
 # Python's cycle collector at its default thresholds (700, 10, 10) ran ~1,650 times and took
 # 2.7-3.2 s, holding the GIL, of a one-process default-suite run after a kernel edit: tracing
 # allocates millions of short-lived objects. At these thresholds it ran 12 times and took
@@ -39,7 +47,10 @@ GC_THRESHOLDS = (50_000, 20, 10)
 
 def required_xla_flags(count: int = HOST_DEVICE_COUNT) -> dict[str, str]:
     """The XLA flags every parity process needs, by name."""
-    return {_DEVICE_FLAG: str(count), _EXCESS_PRECISION_FLAG: "false"}
+    flags = {_DEVICE_FLAG: str(count), _EXCESS_PRECISION_FLAG: "false"}
+    if platform.machine().lower() in _X86_64:
+        flags[_MAX_ISA_FLAG] = "AVX"
+    return flags
 
 
 def backend_started() -> bool:
@@ -56,8 +67,9 @@ def backend_started() -> bool:
 def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
     """Set the XLA flags parity runs need before the JAX backend starts (`required_xla_flags`).
 
-    `count` simulated CPU devices let token-sharded paths run on a CPU, and excess
-    precision is turned off so bfloat16 rounding is a property of the program. Flags the
+    `count` simulated CPU devices let token-sharded paths run on a CPU, excess precision
+    is turned off so bfloat16 rounding is a property of the program, and on x86-64 the CPU
+    code has no FMA, so a value's rounding does not depend on its place in a loop. Flags the
     user already set (with any value) are left as they are. Raises RuntimeError if the
     backend already started without them: XLA has read its flags, and results would
     silently depend on it.

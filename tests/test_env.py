@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 from tests.cli_support import run_python
 
 
@@ -30,6 +32,8 @@ def test_a_backend_started_without_the_flags_is_an_error_not_other_numbers():
 
 def test_flags_the_user_set_are_kept():
     flags = "--xla_force_host_platform_device_count=4 --xla_allow_excess_precision=false"
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        flags += " --xla_cpu_max_isa=AVX2"
     proc = run_python(
         "import os, jax\n"
         "from harness.env import ensure_host_devices\n"

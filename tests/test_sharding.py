@@ -284,6 +284,41 @@ def test_layer_program_sharded_is_bit_identical_per_token(block_tokens, block_to
         assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), k
 
 
+@pytest.mark.parametrize(
+    "shape, blocks",
+    [
+        ((2, 32, 2, 128), (8, 128)),  # a shard's 8 tokens padded to the whole 64-token bwd block
+        ((8, 16, 2, 128), (16, 16)),  # batch and sequence both split: a shard's tokens in 4 runs
+    ],
+    ids=["padded-shard", "batch-and-sequence-split"],
+)
+def test_two_streams_sharded_are_bit_identical_per_token(shape, blocks):
+    # Two streams read 2 of the projection's 6 columns per gate: with FMA code XLA's CPU
+    # loop over a block's rows rounded the last rows' multiply-adds once and the others
+    # twice, so these shards moved by an ulp (harness.env's --xla_cpu_max_isa).
+    config = MhcConfig(2, 128)
+    kernel = KernelConfig(block_tokens=blocks[0], block_tokens_bwd=blocks[1], block_features=128)
+    x = random_activations(shape, seed=21)
+    g = random_activations(shape, seed=22)
+    w = random_weights(config, seed=23)
+
+    def run(mesh, x, w):
+        def f(x, w):
+            li, ctx = pre(x, w, config=config, kernel=kernel, mesh=mesh)
+            out = post(li, ctx, config=config, kernel=kernel, mesh=mesh)
+            return out, (li, ctx.h_pre, ctx.h_post, ctx.h_res)
+
+        (out, inner), vjp = jax.vjp(f, x, w)
+        d_x, _ = vjp((g, jax.tree.map(jnp.zeros_like, inner)))
+        return {"out": out, "layer_input": inner[0], "h_pre": inner[1], "h_post": inner[2],
+                "h_res": inner[3], "d_x": d_x}
+
+    unsharded = jax.jit(functools.partial(run, None))(x, w)
+    sharded = jax.jit(functools.partial(run, _mesh((2, 4))))(x, w)
+    for name in unsharded:
+        _assert_identical(sharded[name], unsharded[name], name)
+
+
 @pytest.mark.slow
 def test_layer_program_sharded_bf16_is_bit_identical_per_token():
     kernel = KernelConfig(block_tokens=32, block_tokens_bwd=64, block_features=128)

@@ -7,7 +7,8 @@ the answer up under a key made of everything it depends on (`key_material`):
 - the fixture's digest (`cases.fixtures.Fixture.digest`: every input array's bits);
 - the digest of the oracle's sources (`ORACLE_SOURCES`: the float64 math, the code that
   turns its results into leaves, sensitivities and systematic statistics, the branch
-  functions and the helpers they call), and the JAX / jaxlib / NumPy versions that run it;
+  functions and the helpers they call), the JAX / jaxlib / NumPy versions that run it,
+  and what XLA compiles it for: `XLA_FLAGS` and the host CPU (`harness.env.host_cpu`);
 - the case's branch, math configuration (`MhcConfig`) and dtypes;
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
   the operand rounding the case's matmul precision means on this backend).
@@ -27,6 +28,7 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import pathlib
 import time
 from typing import Callable
@@ -37,7 +39,7 @@ import numpy as np
 
 from cases.fixtures import array_sha256, atomic_write
 from harness.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
-from harness.env import cache_root
+from harness.env import cache_root, host_cpu
 from harness.oracle_path import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from reports.manifest import PROJECT_ROOT, source_digest
 
@@ -77,6 +79,8 @@ def key_material(case, fixture, source_digest: str) -> dict:
         "fixture": fixture.digest(),
         "oracle_sources": source_digest,
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
+        # XLA compiles the float64 program for the host CPU under these flags (an FMA or not).
+        "compiler": {"xla_flags": os.environ.get("XLA_FLAGS", ""), "host_cpu": host_cpu()},
         "branch": case.branch,
         "config": dataclasses.asdict(case.mhc_config()),
         "dtype": case.dtype,

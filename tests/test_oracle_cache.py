@@ -97,6 +97,16 @@ def test_a_changed_fixture_misses(tmp_path, fixture):
     assert cache.misses == 3
 
 
+def test_other_xla_flags_miss(tmp_path, fixture, monkeypatch):
+    # The float64 program's last bits follow how XLA compiles it (e.g. with or without FMA).
+    compute = CountingOracle()
+    cache = OracleCache(tmp_path / "oracle", compute)
+    cache(CASE, fixture)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX512")
+    cache(CASE, fixture)
+    assert cache.misses == 2 and len(compute.calls) == 2
+
+
 def _rewrite(path, edit):
     """Rewrite an entry as a valid archive with `edit(members)` applied (no zip-level damage)."""
     with np.load(path) as archive:

@@ -30,7 +30,7 @@ class KernelConfig:
     tpu_interpreter: with interpret=False, run the Mosaic-mode program (per-shard blocks,
         zero-fill at the first step, `shard_map(check_vma=True)`) in Pallas's TPU
         interpreter (`pltpu.InterpretParams`) instead of compiling it: Mosaic's
-        semantics on any backend, at several times interpret mode's cost.
+        semantics on any backend (slower than interpret mode).
     vmem_limit_bytes: scoped VMEM limit handed to Mosaic (ignored in interpret mode).
     """
 

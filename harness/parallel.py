@@ -37,9 +37,9 @@ from harness.runner import TIMINGS, Runner, StepCallback
 from harness.worker_processes import adopt_environment, environment_of_this_process, peak_resident_bytes, worker_context
 
 
-# Resident memory a worker may need: the largest worker of a cold default-suite run held
-# 1.9-2.1 GB on the 2-core machine (`make bench`, --jobs 2); a quarter more for margin.
-WORKER_MEMORY_BYTES = int(2.5 * 2**30)
+# Resident memory a worker may need: the largest worker of a cold default-suite run
+# (`make bench`, --jobs 2, the peak memory line), with a quarter more for margin.
+WORKER_MEMORY_BYTES = int(3.0 * 2**30)
 
 
 def available_memory_bytes() -> int | None:

@@ -25,9 +25,9 @@ from reports.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
 from reports.store import RowStore
 
 METADATA = {
-    "jax_version": "0.10.2",
-    "jaxlib_version": "0.10.2",
-    "flax_version": "0.12.8",
+    "jax_version": "0.12.0.1",
+    "jaxlib_version": "0.12.0.1",
+    "flax_version": "0.12.12",
     "backend": "cpu",
     "device_kind": "cpu",
     "device_count": 8,

@@ -99,6 +99,11 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("MHC_PARITY_CACHE", PROJECT_ROOT / ".cache"))
 
 
+def compiler_material() -> dict:
+    """What XLA compiles this process's CPU programs for: `XLA_FLAGS` and the host CPU (cache keys)."""
+    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "host_cpu": host_cpu()}
+
+
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> str:
     """The host CPU's model and a digest of its instruction-set flags, e.g. ``AMD EPYC 7B13 (isa 3f2a9c1d04be)``.

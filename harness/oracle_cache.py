@@ -8,7 +8,7 @@ the answer up under a key made of everything it depends on (`key_material`):
 - the digest of the oracle's sources (`ORACLE_SOURCES`: the float64 math, the code that
   turns its results into leaves, sensitivities and systematic statistics, the branch
   functions and the helpers they call), the JAX / jaxlib / NumPy versions that run it,
-  and what XLA compiles it for: `XLA_FLAGS` and the host CPU (`harness.env.host_cpu`);
+  and what XLA compiles it for: `XLA_FLAGS` and the host CPU (`harness.env.compiler_material`);
 - the case's branch, math configuration (`MhcConfig`) and dtypes;
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
   the operand rounding the case's matmul precision means on this backend).
@@ -28,7 +28,6 @@ import dataclasses
 import io
 import json
 import logging
-import os
 import pathlib
 import time
 from typing import Callable
@@ -39,7 +38,7 @@ import numpy as np
 
 from cases.fixtures import array_sha256, atomic_write
 from harness.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
-from harness.env import cache_root, host_cpu
+from harness.env import cache_root, compiler_material
 from harness.oracle_path import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from reports.manifest import PROJECT_ROOT, source_digest
 
@@ -80,7 +79,7 @@ def key_material(case, fixture, source_digest: str) -> dict:
         "oracle_sources": source_digest,
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
         # XLA compiles the float64 program for the host CPU under these flags (an FMA or not).
-        "compiler": {"xla_flags": os.environ.get("XLA_FLAGS", ""), "host_cpu": host_cpu()},
+        "compiler": compiler_material(),
         "branch": case.branch,
         "config": dataclasses.asdict(case.mhc_config()),
         "dtype": case.dtype,

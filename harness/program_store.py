@@ -27,7 +27,6 @@ import functools
 import json
 import logging
 import math
-import os
 import pickle
 import platform
 import time
@@ -40,7 +39,7 @@ from jax._src import config as jax_config  # the thread-local cache-write thresh
 from jax.experimental import serialize_executable
 
 from harness.artifact_store import ArtifactStore
-from harness.env import cache_root, host_cpu
+from harness.env import cache_root, compiler_material
 from harness.implementations import BUILTIN
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
@@ -89,9 +88,8 @@ def environment_material() -> dict:
     return {
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "jax_settings": {name: str(getattr(jax.config, name)) for name in _JAX_SETTINGS},
-        "host_cpu": host_cpu(),
+        **compiler_material(),
     }
 
 

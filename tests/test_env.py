@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import platform
-
+from harness.env import required_xla_flags
 from tests.cli_support import run_python
 
 
@@ -32,7 +31,7 @@ def test_a_backend_started_without_the_flags_is_an_error_not_other_numbers():
 
 def test_flags_the_user_set_are_kept():
     flags = "--xla_force_host_platform_device_count=4 --xla_allow_excess_precision=false"
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if "--xla_cpu_max_isa" in required_xla_flags():
         flags += " --xla_cpu_max_isa=AVX2"
     proc = run_python(
         "import os, jax\n"

@@ -42,18 +42,17 @@ class LoweringResult:
     seconds: float = 0.0
 
 
-def abstract_tpu_mesh(mesh_shape: tuple[int, ...] = (), axis_names: tuple[str, ...] = (),
-                      axis_type: AxisType = AxisType.Auto) -> AbstractMesh:
+def abstract_tpu_mesh(mesh_shape: tuple[int, ...] = (), axis_names: tuple[str, ...] = ()) -> AbstractMesh:
     """An AbstractMesh of TPU devices (() -> one device), for lowering without a TPU.
 
-    Its axes are `Auto` by default, as a training mesh's are (`jax.sharding.Mesh`'s
-    default); `AbstractMesh`'s own default is `Explicit`, under which a program stops at
-    a sharding-in-types check before any kernel lowers.
+    Its axes are `Auto`, as a training mesh's are (`jax.sharding.Mesh`'s default);
+    `AbstractMesh`'s own default is `Explicit`, under which a program stops at a
+    sharding-in-types check before any kernel lowers.
     """
     size = 1
     for s in mesh_shape:
         size *= s
-    return AbstractMesh(tuple(mesh_shape), tuple(axis_names), axis_types=(axis_type,) * len(mesh_shape),
+    return AbstractMesh(tuple(mesh_shape), tuple(axis_names), axis_types=(AxisType.Auto,) * len(mesh_shape),
                         abstract_device=AbstractDevice(TPU_DEVICE_KIND, size, "tpu"))
 
 

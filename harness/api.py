@@ -236,6 +236,7 @@ def prepare(
     seed: int | None = None,
     policy: str | pathlib.Path | None = None,
     lowering: bool | None = None,
+    inside_envelope: bool = False,
 ) -> PreparedRun:
     """Load and check a run configuration without computing anything.
 
@@ -245,7 +246,9 @@ def prepare(
     and cases: the "default" suite, or the cases of `case_files`). paths: path-name globs
     (default with an implementation: "reference/*" and "<name>/*"; without: every path).
     lowering: the TPU-lowering rows of the project's kernels (default: only without an
-    implementation). Raises ConfigurationError (one line) for anything that cannot run.
+    implementation) and of implementations that lower their own. inside_envelope: keep only
+    the cases inside every implementation's envelope (`harness run --inside-envelope`).
+    Raises ConfigurationError (one line) for anything that cannot run.
     """
     items = [] if implementation is None else (
         list(implementation) if isinstance(implementation, (list, tuple)) else [implementation]
@@ -261,6 +264,7 @@ def prepare(
     args.seed = seed
     args.policy = None if policy is None else pathlib.Path(policy)
     args.no_lowering = not (lowering if lowering is not None else not externals)
+    args.inside_envelope = inside_envelope
     shown = ", ".join(f"{k}={v!r}" for k, v in (("suite", suite), ("cases", cases), ("dtype", dtype)) if v)
     command_line = f"run_parity({', '.join(impl.spec or impl.name for impl in externals)}{', ' if shown and externals else ''}{shown})"
     return PreparedRun(args, command_line)
@@ -278,6 +282,7 @@ class Selection(TypedDict, total=False):
     seed: int | None
     policy: str | pathlib.Path | None
     lowering: bool | None
+    inside_envelope: bool
 
 
 def run_parity(
@@ -289,7 +294,7 @@ def run_parity(
     """Run the parity matrix and return the `ParityRun`.
 
     implementation and `selection` (suite, cases, tags, dtype, paths, case_files, seed,
-    policy, lowering) as `prepare`. out: also write the run folder there
+    policy, lowering, inside_envelope) as `prepare`. out: also write the run folder there
     (`ParityRun.write_reports`). Raises ConfigurationError before any compute for a
     selection or implementation that cannot run, ReportError if `out` cannot be written
     (checked first). A failing row is not an exception: look at `.passed` / `.failures`.

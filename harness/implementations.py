@@ -14,10 +14,26 @@ The external interface: `factory()` returns an object with
   pre(x, weights: MhcWeights, *, config: MhcConfig) -> (layer_input, context)
   post(layer_output, context, *, config: MhcConfig) -> out
 with x (B, S, n, C), layer_input (B, S, C), out like x, and `context` any pytree; if it
-has attributes h_pre, h_post, h_res they are compared as intermediates. Optional
-attributes: `name` (defaults to the factory's module:function), `variants` (tuple of
-supported variants, default ("lite", "sinkhorn")), `expects_case_limits` (True if the
-case's expect/expect_reason applies to it, as to the kernels; default False).
+has attributes h_pre, h_post, h_res they are compared as intermediates.
+
+A whole-layer implementation (a layer of another project, run through its own
+`__call__`) has instead of pre/post
+  build(case, *, matmul_precision, mesh) -> forward
+  forward(x, weights: dict[field, array], branch_fn) -> (out, intermediates: dict)
+with `weights` the fixture's leaves by `MhcWeights` field name (stored dtypes) and
+`branch_fn(layer_input) -> layer_output` the case's branch; gradients are taken through
+`forward` by the harness, so every weight leaf gets one.
+
+Optional attributes: `name` (defaults to the factory's module:function), `variants`
+(tuple of supported variants, default ("lite", "sinkhorn")), `expects_case_limits` (True
+if the case's expect/expect_reason applies to it, as to the kernels; default False),
+`envelope` (a `harness.envelope.Envelope`: cases outside it are `unsupported` rows),
+`partner` (the name of another implementation of the run it is also compared with, as
+`vs_reference`: e.g. a kernel path and its own project's reference path),
+`lower(case, mesh_shape) -> [mhc.kernels.lowering.LoweringResult]` (lowering rows of its
+kernel programs, `mesh_shape` () or the case's mesh) and `code_root` (the folder of its
+code: an error row names the innermost frame there). A factory may return a list or
+tuple of such objects: each becomes an implementation.
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
+from harness.envelope import Envelope
 from harness.errors import ConfigurationError
 from mhc.common import VARIANTS
 
@@ -44,7 +61,12 @@ class Implementation:
     `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
     external: the object with pre/post passed to the layer as `implementation`.
     spec, source_file: an external one's `module:factory` and its module's file (the
-    run manifest records both: the file is code under test).
+    run manifest records both: the file is code under test). layer: a whole-layer
+    implementation's object with `build` (module docstring), used instead of this
+    project's layer. envelope: what it supports (`harness.envelope.Envelope`; None: any
+    case). partner: the implementation it is also compared with (`vs_reference`).
+    lower: its kernel programs' lowering (module docstring). code_root: the folder whose
+    innermost frame an error row names.
     """
 
     name: str
@@ -56,6 +78,11 @@ class Implementation:
     external: Any = None
     spec: str = ""
     source_file: str = ""
+    layer: Any = None
+    envelope: Envelope | None = None
+    partner: str = ""
+    lower: Callable | None = dataclasses.field(default=None, compare=False)
+    code_root: str = ""
 
     def case_skip_reason(self, case) -> str:
         """Why this implementation does not run `case` at all ("" if it does)."""
@@ -64,6 +91,10 @@ class Implementation:
         if self.kernel and "reference_only" in case.all_tags:
             return "case is tagged reference_only"
         return ""
+
+    def envelope_reason(self, case, mesh: tuple[int, int] | None = None) -> str:
+        """Why `case` on `mesh` is outside this implementation's envelope ("" if inside or it has none)."""
+        return self.envelope.reason(case, mesh) if self.envelope is not None else ""
 
     @property
     def runs_on_host(self) -> bool:
@@ -100,10 +131,20 @@ RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
 
 
 def load_external(spec: str) -> Implementation:
-    """Load `module.path:factory` and wrap what the factory returns.
+    """Load `module.path:factory`, whose factory returns one object, and wrap it
+    (ImplementationError if it returns several: see `load_implementations`)."""
+    loaded = load_implementations(spec)
+    if len(loaded) != 1:
+        raise ImplementationError(f"--impl {spec!r} gives {len(loaded)} implementations; expected one")
+    return loaded[0]
+
+
+def load_implementations(spec: str) -> tuple[Implementation, ...]:
+    """Load `module.path:factory` and wrap what the factory returns (one object, or a
+    list or tuple of them: one implementation each).
 
     Raises ImplementationError naming the spec for a bad format, a missing module or
-    attribute, a factory that fails, or an object without callable pre/post.
+    attribute, a factory that fails or returns nothing, or a malformed object (`wrap_external`).
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -123,20 +164,34 @@ def load_external(spec: str) -> Implementation:
         obj = factory()
     except Exception as exc:  # the user's code: report, do not crash the CLI
         raise ImplementationError(f"--impl {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
-    return wrap_external(obj, spec=spec, default_name=f"{module_name}:{attr}",
-                         source_file=getattr(module, "__file__", None) or "")
+    objects = obj if isinstance(obj, (list, tuple)) else (obj,)
+    if not objects:
+        raise ImplementationError(f"--impl {spec!r}: the factory returned no implementation")
+    return tuple(
+        wrap_external(item, spec=spec, default_name=f"{module_name}:{attr}" if len(objects) == 1 else "",
+                      source_file=getattr(module, "__file__", None) or "")
+        for item in objects
+    )
 
 
 def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_file: str = "") -> Implementation:
     """An `Implementation` around an object with `pre`/`post` (what a factory returns).
 
     Its name is `obj.name`, else `default_name`; ImplementationError for an object without
-    callable pre/post, without a name, with a reserved name or unknown variants.
+    callable pre/post (or build, for a whole layer), with an envelope that is not an
+    `Envelope`, without a name, with a reserved name or unknown variants.
     """
     label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
-    for method in ("pre", "post"):
+    whole_layer = callable(getattr(obj, "build", None))
+    for method in () if whole_layer else ("pre", "post"):
         if not callable(getattr(obj, method, None)):
-            raise ImplementationError(f"{label}: the factory's object has no callable {method}()")
+            raise ImplementationError(f"{label}: the factory's object has no callable {method}() (nor build())")
+    envelope = getattr(obj, "envelope", None)
+    if envelope is not None and not isinstance(envelope, Envelope):
+        raise ImplementationError(f"{label}: `envelope` must be a harness.envelope.Envelope, got {type(envelope).__name__}")
+    lower = getattr(obj, "lower", None)
+    if lower is not None and not callable(lower):
+        raise ImplementationError(f"{label}: `lower` must be callable")
     name = getattr(obj, "name", None) or default_name
     if not name:
         raise ImplementationError(f"{label}: give the object a `name` attribute (it keys rows and baselines)")
@@ -153,14 +208,20 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         name=name,
         variants=variants,
         case_limits=bool(getattr(obj, "expects_case_limits", False)),
-        external=obj,
+        external=None if whole_layer else obj,
         spec=spec,
         source_file=source_file,
+        layer=obj if whole_layer else None,
+        envelope=envelope,
+        partner=str(getattr(obj, "partner", "") or ""),
+        lower=lower,
+        code_root=str(getattr(obj, "code_root", "") or ""),
     )
 
 
 def as_implementation(item: "str | Implementation | Any") -> Implementation:
-    """A `module:factory` spec loaded, an `Implementation` as it is, an object with pre/post wrapped."""
+    """A `module:factory` spec loaded, an `Implementation` as it is, an object with pre/post wrapped.
+    ImplementationError for a spec whose factory returns several (`load_externals` takes those)."""
     if isinstance(item, Implementation):
         return item
     if isinstance(item, str):
@@ -176,7 +237,10 @@ def load_externals(specs) -> tuple[Implementation, ...]:
     repeated = sorted({s for s in specs if isinstance(s, str) and specs.count(s) > 1})
     if repeated:
         raise ImplementationError(f"--impl {repeated[0]!r} is given more than once")
-    loaded = tuple(as_implementation(item) for item in specs)
+    loaded = tuple(
+        impl for item in specs
+        for impl in (load_implementations(item) if isinstance(item, str) else (as_implementation(item),))
+    )
     names: dict[str, str] = {}
     for impl in loaded:
         if impl.name in names:
@@ -185,4 +249,10 @@ def load_externals(specs) -> tuple[Implementation, ...]:
                 f"give one a different `name` attribute"
             )
         names[impl.name] = impl.spec
+    for impl in loaded:
+        if impl.partner and impl.partner not in names:
+            raise ImplementationError(
+                f"implementation {impl.name!r} names partner {impl.partner!r}, which the run does not include "
+                f"(it includes: {', '.join(names)})"
+            )
     return loaded

@@ -59,25 +59,56 @@ def _lower(case, mesh, store) -> list:
     return store.lower(described, lambda: lower_kernel_programs(**arguments))
 
 
+def _case_meshes(case) -> list:
+    return [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
+
+
 def _rows(case, store) -> Iterator[dict]:
-    meshes = [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
     skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
-    for mesh in meshes:
-        candidate = lowering_path_name(mesh)
-        if skip:
-            yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
+    for mesh in _case_meshes(case):
+        yield from _program_rows(case, lowering_path_name(mesh), skip, lambda: _lower(case, mesh, store))
+
+
+def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: bool = True) -> Iterator[dict]:
+    """One row per program `lower()` returns (`LoweringResult`s), a `skip` row if `skip`,
+    one row for the path if `lower` raises. expects_case_limits: the case's expected
+    rejection applies to these programs (this project's kernels)."""
+    if skip:
+        yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
+        return
+    judge = _verdict if expects_case_limits else (lambda _case, ok, error: ("pass", "") if ok else ("fail", error))
+    try:
+        results = lower()
+    except Exception as exc:  # the config itself is invalid: one row for the path
+        verdict, reason = judge(case, False, f"{type(exc).__name__}: {exc}")
+        yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict, reason=reason)
+        return
+    for result in results:
+        verdict, reason = judge(case, result.ok, result.error)
+        row = status_row(
+            case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
+            reason=reason, leaf=result.program,
+        )
+        row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
+        yield row
+
+
+def implementation_lowering_name(impl_name: str, mesh: tuple[int, int] | None) -> str:
+    """The lowering rows' path of an implementation with its own kernels (`Implementation.lower`)."""
+    return f"{impl_name}/lowering-unsharded" if mesh is None else f"{impl_name}/lowering-sharded({mesh_label(mesh)})"
+
+
+def implementation_lowering_rows(case, impl) -> Iterator[dict]:
+    """Rows for the kernel programs an implementation lowers itself (`impl.lower(case, mesh_shape)`),
+    unsharded and (with a mesh) token-sharded; a case outside its envelope gives `unsupported` rows."""
+    for mesh in _case_meshes(case):
+        candidate = implementation_lowering_name(impl.name, mesh)
+        outside = impl.case_skip_reason(case) or impl.envelope_reason(case, mesh)
+        if outside:
+            verdict = "skip" if impl.case_skip_reason(case) else "unsupported"
+            yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
+                             reason=f"{impl.name}: {outside}")
             continue
-        try:
-            results = _lower(case, mesh, store)
-        except Exception as exc:  # the config itself is invalid: one row for the path
-            verdict, reason = _verdict(case, False, f"{type(exc).__name__}: {exc}")
-            yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict, reason=reason)
-            continue
-        for result in results:
-            verdict, reason = _verdict(case, result.ok, result.error)
-            row = status_row(
-                case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
-                reason=reason, leaf=result.program,
-            )
-            row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
+        for row in _program_rows(case, candidate, "", lambda: impl.lower(case, mesh or ()), expects_case_limits=False):
+            row["matmul_precision"] = case.matmul_precision
             yield row

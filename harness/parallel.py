@@ -120,7 +120,8 @@ def _spec(policy, plan: PathPlan) -> _WorkerSpec:
     builtin = set(BUILTIN)
     return _WorkerSpec(
         policy=policy,
-        impl_specs=tuple(impl.spec for impl in plan.implementations if impl.name not in builtin),
+        # One spec per factory: a factory may give several implementations.
+        impl_specs=tuple(dict.fromkeys(impl.spec for impl in plan.implementations if impl.name not in builtin)),
         path_globs=tuple(plan.path_globs),
         lowering=plan.lowering,
         environment=environment_of_this_process(),

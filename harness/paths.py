@@ -103,6 +103,8 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
     precision: the matmul precision of every dot of the layer and the branch.
     """
     branch = get_branch(case.branch)
+    if path.impl.layer is not None:
+        return _whole_layer_program(path, case, placement, precision, branch)
     options = path.impl.layer_options()
     if path.impl.kernel:
         options["kernel_config"] = _kernel_config(case, path.impl)
@@ -116,15 +118,22 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
     ))
     graphdef, state = nnx.split(layer)
 
-    def program(x, weights, params, cotangent):
-        def forward(x_, w_, p_):
-            # A fresh state holding the fixture's weights (traced arguments) in place of
-            # every abstract parameter.
-            weights_state = jax.tree.map(lambda leaf: leaf, state)
-            nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
-            module = nnx.merge(graphdef, weights_state)
-            return module.call_with_intermediates(lambda h: branch.apply(p_, h, precision), x_)
+    def forward(x_, w_, p_):
+        # A fresh state holding the fixture's weights (traced arguments) in place of
+        # every abstract parameter.
+        weights_state = jax.tree.map(lambda leaf: leaf, state)
+        nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
+        module = nnx.merge(graphdef, weights_state)
+        return module.call_with_intermediates(lambda h: branch.apply(p_, h, precision), x_)
 
+    return _forward_and_vjp(forward)
+
+
+def _forward_and_vjp(forward):
+    """The program of `forward(x, weights, params) -> (out, intermediates)`: its forward
+    leaves and the gradient leaves of one VJP seeded with the cotangent."""
+
+    def program(x, weights, params, cotangent):
         out, pullback, intermediates = jax.vjp(forward, x, weights, params, has_aux=True)
         d_x, d_w, d_p = pullback(cotangent)
         grads = {"d_x": d_x}
@@ -133,6 +142,17 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
         return {"out": out, **intermediates}, grads
 
     return program
+
+
+def _whole_layer_program(path: Path, case, placement: Placement, precision: str, branch):
+    """`_build_program` for a whole-layer implementation (`Implementation.layer`): its own
+    layer runs, through its own call, on the fixture's weights and the case's branch."""
+    forward_of = path.impl.layer.build(case, matmul_precision=precision, mesh=_path_mesh(path, placement))
+
+    def forward(x_, w_, p_):
+        return forward_of(x_, dict(w_), lambda h: branch.apply(p_, h, precision))
+
+    return _forward_and_vjp(forward)
 
 
 def _place(fixture, path: Path, placement: Placement):

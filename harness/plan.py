@@ -25,7 +25,7 @@ from cases.fixtures import expected_layout
 from cases.names import did_you_mean
 from harness.devices import host_fallback
 from harness.implementations import REFERENCE, Implementation
-from harness.lowering import lowering_path_name
+from harness.lowering import implementation_lowering_name, lowering_path_name
 from harness.leaves import FORWARD_LEAVES, branch_leaf, leaf_kind, weight_leaf
 from harness.paths import ORACLE_PATH, Path
 from harness.policy import Policy, PolicyError
@@ -68,10 +68,16 @@ class PathPlan:
         return [p for p in self.all_paths_for(case) if self.selects(p.name)]
 
     def lowering_names_for(self, case) -> list[str]:
-        """The case's lowering row candidates, selected or not (none without lowering)."""
+        """The case's lowering row candidates, selected or not (none without lowering): this
+        project's kernels', then those of each implementation that lowers its own."""
         if not self.lowering:
             return []
-        return [lowering_path_name(None)] + ([lowering_path_name(tuple(case.mesh))] if case.mesh else [])
+        meshes = [None] + ([tuple(case.mesh)] if case.mesh else [])
+        names = [lowering_path_name(mesh) for mesh in meshes]
+        for impl in self.implementations:
+            if impl.lower is not None:
+                names += [implementation_lowering_name(impl.name, mesh) for mesh in meshes]
+        return names
 
     def known_names(self, cases: Iterable) -> list[str]:
         """Every path and lowering name the cases could produce, in first-seen order."""
@@ -87,12 +93,18 @@ class PathPlan:
 
 
 def comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]:
-    """(comparison, partner name) pairs `path` is the candidate of, among `planned` paths."""
+    """(comparison, partner name) pairs `path` is the candidate of, among `planned` paths:
+    the oracle; this project's reference; the implementation's own `partner` (also a
+    `vs_reference` row, told apart by its partner column); itself unsharded."""
     names = {p.name for p in planned}
     pairs = [("vs_oracle", ORACLE_PATH)]
     reference = Path(REFERENCE, path.mesh, path.host)
     if path.impl.name != REFERENCE.name and reference.name in names:
         pairs.append(("vs_reference", reference.name))
+    if path.impl.partner:  # its own project's reference, judged like this project's
+        partner = Path(Implementation(path.impl.partner), path.mesh, path.host)
+        if partner.name in names:
+            pairs.append(("vs_reference", partner.name))
     if path.mesh is not None and path.unsharded.name in names:
         pairs.append(("vs_unsharded", path.unsharded.name))
     return pairs
@@ -152,8 +164,8 @@ class JudgementKey:
 def planned_judgements(cases: Sequence, plan: PathPlan) -> list[JudgementKey]:
     """Every kind of judgement the plan makes for `cases`, in first-seen order.
 
-    Paths an implementation skips for a case (another variant, a reference_only case) are
-    left out; paths skipped for the machine (mosaic off a TPU) are kept, so what is
+    Paths an implementation skips for a case (another variant, a reference_only case, a
+    case outside its envelope) are left out; paths skipped for the machine (mosaic off a TPU) are kept, so what is
     planned here is the same on every machine.
     """
     keys: dict[JudgementKey, None] = {}
@@ -162,7 +174,7 @@ def planned_judgements(cases: Sequence, plan: PathPlan) -> list[JudgementKey]:
         leaves = planned_leaves(case)
         elementwise = get_branch(case.branch).elementwise
         for path in paths:
-            if path.impl.case_skip_reason(case):
+            if path.impl.case_skip_reason(case) or path.impl.envelope_reason(case, path.mesh):
                 continue
             partitioning = path.impl.partitioning(elementwise)
             for comparison, _ in comparisons_of(path, paths):

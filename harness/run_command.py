@@ -57,6 +57,8 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="activation dtype filter: float32|bfloat16 (f32, bf16)")
     p.add_argument("--impl", action="append", default=[], metavar="MODULE:FACTORY",
                    help="add an external implementation (repeatable)")
+    p.add_argument("--inside-envelope", action="store_true",
+                   help="keep only the cases inside every --impl implementation's declared envelope")
     p.add_argument("--case-file", action="append", default=[], type=pathlib.Path,
                    help="TOML file of extra cases (repeatable)")
     p.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
@@ -114,6 +116,8 @@ def configure(args):
     except (PolicyError, ImplementationError, OSError) as exc:
         raise UsageError(str(exc)) from exc
     cases = select_cases(args)
+    if getattr(args, "inside_envelope", False):
+        cases = inside_envelopes(cases, externals)
     plan = PathPlan(
         implementations=tuple(BUILTIN.values()) + externals,
         path_globs=tuple(args.paths),
@@ -129,6 +133,20 @@ def configure(args):
             f"makes; first: {uncovered[0]}"
         )
     return policy, externals, cases, plan
+
+
+def inside_envelopes(cases, externals) -> list:
+    """The cases inside the envelope of every implementation in `externals` (on every path of
+    the case: unsharded and on its mesh); UsageError when none is, or none declares one."""
+    declared = [impl for impl in externals if impl.envelope is not None]
+    if not declared:
+        raise UsageError("--inside-envelope: no --impl implementation declares an envelope")
+    kept = [case for case in cases if not any(impl.envelope.case_reason(case) for impl in declared)]
+    if not kept:
+        first = cases[0]
+        reason = next(impl.envelope.case_reason(first) for impl in declared if impl.envelope.case_reason(first))
+        raise UsageError(f"--inside-envelope: no selected case is inside every envelope (e.g. {first.name}: {reason})")
+    return kept
 
 
 def _take_shard(args, cases):

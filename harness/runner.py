@@ -29,7 +29,7 @@ from cases.branches import get_branch
 from cases.fixtures import make_fixture
 from harness.compare import compare_leaves, status_row
 from harness.devices import Placement, PlacementError, path_placement, precision_label
-from harness.lowering import lowering_rows
+from harness.lowering import implementation_lowering_rows, lowering_rows
 from harness.metrics import MetricsMemo
 from harness.oracle_cache import OracleCache
 from harness.paths import COMPILE_THREADS, ORACLE_PATH, Path, PathOutputs, ProgramCache
@@ -136,6 +136,9 @@ class Runner:
         skip = self._skip_reason(path, case)
         if skip:
             return _PathResult(verdict="skip", reason=skip)
+        outside = path.impl.envelope_reason(case, path.mesh)
+        if outside:  # declared up front: the implementation is not called
+            return _PathResult(verdict="unsupported", reason=f"{path.impl.name}: {outside}")
         try:
             placement = path_placement(path)
         except PlacementError as exc:
@@ -146,7 +149,8 @@ class Runner:
         except UnsupportedInputError as exc:
             return dataclasses.replace(self._classify_unsupported(path, case, exc), placement=placement)
         except Exception as exc:  # reported as an `error` row; the run goes on
-            return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc), placement=placement)
+            return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root),
+                               placement=placement)
         if expects_rejection:
             return _PathResult(
                 outputs=outputs, verdict="fail", placement=placement,
@@ -234,6 +238,9 @@ class Runner:
             on_step(case, "lowering")
             start = time.perf_counter()
             rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
+            for impl in plan.implementations:
+                if impl.lower is not None:
+                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
 
@@ -245,8 +252,8 @@ class Runner:
             self.timings["fixtures_s"] += time.perf_counter() - start
 
     def _runnable(self, paths: Sequence[Path], case) -> list[Path]:
-        """The paths that do not skip `case` (whose programs are worth compiling)."""
-        return [p for p in paths if not self._skip_reason(p, case)]
+        """The paths that do not skip `case` and hold it in their envelope (whose programs are worth compiling)."""
+        return [p for p in paths if not self._skip_reason(p, case) and not p.impl.envelope_reason(case, p.mesh)]
 
     def _run_paths(self, case, paths: Sequence[Path], fixture, on_step: StepCallback) -> dict[str, _PathResult]:
         """Every path's result (name -> `_PathResult`): the programs the case needs are
@@ -317,10 +324,19 @@ class Runner:
         return fixture, oracle
 
 
-def _last_frame(exc: BaseException) -> str:
-    """' (at file:line)' of the innermost frame, so an error row points somewhere."""
+def _last_frame(exc: BaseException, code_root: str = "") -> str:
+    """' (at file:line)' of the innermost frame, so an error row points somewhere; with
+    `code_root`, of the innermost frame in a file under that folder (named from there
+    on: an implementation's own code), if the traceback has one."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
+    if code_root:
+        root = code_root.rstrip("/") + "/"
+        inside = [f for f in frames if f.filename.startswith(root)]
+        if inside:
+            last = inside[-1]
+            base = root.rstrip("/").rsplit("/", 1)[-1]
+            return f" (at {base}/{last.filename[len(root):]}:{last.lineno} in {last.name})"
     last = frames[-1]
     return f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"

@@ -22,7 +22,7 @@ SEEDS      ?= 20
 PYTEST_ARGS ?=
 IMPL       ?=
 
-.PHONY: setup test test-fast parity baseline gate faults sweep tolerances bench accelerator-check clean
+.PHONY: setup test test-fast parity parity-maxtext baseline gate faults sweep tolerances bench accelerator-check clean
 
 setup: $(STAMP)
 
@@ -33,7 +33,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml tools/make-venv
 	@tools/make-venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev$(if $(EXTRAS),$(comma)$(EXTRAS))]'
+	$(PY) -m pip install --quiet -e '.[dev,maxtext$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)
 
 # The whole suite: what CI runs.
@@ -46,6 +46,13 @@ test-fast: setup
 
 parity: setup
 	$(PY) -m harness run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)
+
+# MaxText 0.2.5 (the `maxtext` extra): its layer's two paths and its kernel API, as released and
+# with the upstream fixes applied at run time, beside this project's reference (maxtext_parity/).
+MAXTEXT_OUT ?= out/parity-maxtext
+parity-maxtext: setup
+	$(PY) -m harness run --suite maxtext --impl maxtext_parity:implementations --paths 'reference/*' 'maxtext-*' \
+		--out $(MAXTEXT_OUT) --jobs $(JOBS)
 
 # Run the suite and store it as the reviewed baseline the gate uses. With IMPL=MODULE:FACTORY:
 # run that external implementation (and the reference) and write its own baseline, keyed by

@@ -13,8 +13,8 @@ multiple of 128 dividing the embedding. Sharded paths split batch over "data" an
 sequence over "fsdp", so sharded cases have batch % data == sequence % fsdp == 0 and set
 block_tokens to divide the per-shard tokens.
 
-Suites: smoke ⊂ default ⊂ full; tpu is separate (large shapes); adversarial and sharded
-are derived — every case (of any suite) with a non-default init family / with a mesh.
+Suites: smoke ⊂ default ⊂ full; tpu and maxtext are separate (large shapes; MaxText's
+kernel envelope); adversarial and sharded are derived — every case (of any suite) with a non-default init family / with a mesh.
 Names are stable: changing a spec means a new name, never a reused one.
 """
 
@@ -36,6 +36,9 @@ STANDARD_SUITES = {
     "adversarial": "every catalogue case with a non-default init family",
     "sharded": "every catalogue case with a token-sharded mesh",
     "tpu": "large shapes only worth running with compiled kernels",
+    "maxtext": "inside MaxText 0.2.5's kernel envelope (bfloat16, 4 streams, block-aligned tokens) and "
+    "stressing it: several embeddings, multi-block grids, meshes, gate-sensitive init families "
+    "(`make parity-maxtext`)",
 }
 
 
@@ -192,6 +195,29 @@ def tpu_cases() -> list[Case]:
     ]
 
 
+def maxtext_cases() -> list[Case]:
+    """The `maxtext` suite beyond the default case it shares: every case inside MaxText's kernel
+    envelope (`maxtext_parity.envelope`) with its layer's default blocks (256 forward, 128
+    backward tokens) or explicit ones that divide the tokens each device holds."""
+    return [
+        make_case(batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64,
+                  block_tokens_bwd=32),
+        make_case(embedding=256, batch=2, sequence=128, dtype=BF16, branch="mlp"),
+        make_case(embedding=384, batch=1, sequence=256, dtype=BF16, branch="mlp", init="saturated_gates",
+                  block_tokens=128, block_tokens_bwd=64),
+        make_case(embedding=1024, batch=1, sequence=256, dtype=BF16, weight_dtype=BF16, branch="mlp",
+                  block_tokens=128, block_tokens_bwd=64, block_features=512),
+        make_case(batch=2, sequence=256, dtype=BF16, init="bf16_inexact_gates", mesh=(2, 4), block_tokens=64,
+                  block_tokens_bwd=32),
+        make_case(embedding=256, batch=8, sequence=64, dtype=BF16, branch="mlp", init="peaky_permutation",
+                  mesh=(8, 1), block_tokens=64, block_tokens_bwd=32),
+    ]
+
+
+# The default-suite case the maxtext suite shares (8 forward / 16 backward token blocks).
+MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32)
+
+
 def build_catalogue(registry):
     """Register every built-in case into `registry` (a `cases.registry.Registry`) and fill
     the standard suites; returns the registry."""
@@ -205,6 +231,9 @@ def build_catalogue(registry):
         registry.register(case, ("full",), origin="cases.catalogue")
     for case in tpu_cases():
         registry.register(case, ("tpu",), origin="cases.catalogue")
+    for case in maxtext_cases():
+        registry.register(case, ("maxtext",), origin="cases.catalogue")
+    registry.add_to_suite("maxtext", [make_case(**MAXTEXT_SHARED_DEFAULT).name])
     registry.add_to_suite("adversarial", [c.name for c in registry if c.init != "default"])
     registry.add_to_suite("sharded", [c.name for c in registry if c.mesh is not None])
     return registry

@@ -28,6 +28,7 @@ LAYERS = {
     "reports": set(),
     "cases": {"mhc", "reports"},
     "harness": {"mhc", "cases", "reports"},
+    "maxtext_parity": {"mhc", "cases", "harness"},
     "bench": {"mhc", "cases", "harness", "reports"},
 }
 # Function-level imports that stay, and why (module path, imported module).

@@ -1,0 +1,36 @@
+"""MaxText's mHC (`maxtext==0.2.5` from PyPI) as implementations the harness runs.
+
+Everything MaxText-specific lives in this package; the engine (`harness`) knows only the
+implementation interface (`harness.implementations`). `python -m harness run --suite maxtext
+--impl maxtext_parity:implementations` (what `make parity-maxtext` runs) adds six:
+
+  maxtext-layer-reference        the layer, use_mhc_pallas_kernel=False, as released
+  maxtext-layer-kernel           the layer, use_mhc_pallas_kernel=True, as released
+  maxtext-kernel-api             the public kernel API `maxtext.kernels.mhc.pre/post`, as released
+  ...-fixed (each of the three)  with the upstream fixes applied at run time (`maxtext_parity.fixes`)
+
+Each layer runs through its own `__call__` with the case's branch as `branch_fn` and the
+fixture's weights in its parameters (`maxtext_parity.layer`). A kernel path is also compared
+with its own layer's reference path of the same release state (its `partner`). Nothing
+outside this package imports it, so the rest of the project never needs MaxText.
+"""
+
+from __future__ import annotations
+
+from maxtext_parity.kernel_api import KernelApi
+from maxtext_parity.layer import LayerPath
+
+
+def implementations() -> list:
+    """Every MaxText implementation, as released and fixed (the `--impl` factory)."""
+    return released() + fixed()
+
+
+def released() -> list:
+    """MaxText's layer (both paths) and kernel API as released."""
+    return [LayerPath(kernel=False, fixed=False), LayerPath(kernel=True, fixed=False), KernelApi(fixed=False)]
+
+
+def fixed() -> list:
+    """The same three with the upstream fixes applied at run time."""
+    return [LayerPath(kernel=False, fixed=True), LayerPath(kernel=True, fixed=True), KernelApi(fixed=True)]

@@ -29,7 +29,8 @@ class Envelope:
     counts n. variants: "lite" / "sinkhorn". branches: branch names.
     embedding_multiple: C must be a multiple of it. token_multiple: the tokens one device
     holds (batch·sequence, divided by the mesh's device count on a sharded path) must be a
-    multiple of it. sharded: False if token-sharded paths are unsupported.
+    multiple of it. meshes: the (data, fsdp) mesh shapes a token-sharded path may use
+    (None: any; (): none, unsharded only).
     """
 
     act_dtypes: tuple[str, ...] | None = None
@@ -39,7 +40,7 @@ class Envelope:
     branches: tuple[str, ...] | None = None
     embedding_multiple: IntOfCase = 1
     token_multiple: IntOfCase = 1
-    sharded: bool = True
+    meshes: tuple[tuple[int, int], ...] | None = None
 
     def reason(self, case, mesh: tuple[int, int] | None = None) -> str:
         """Why `case` (token-sharded on `mesh`, None: unsharded) is outside the envelope; "" if inside."""
@@ -56,8 +57,9 @@ class Envelope:
         embedding_multiple = _value(self.embedding_multiple, case)
         if case.embedding % embedding_multiple:
             return f"embedding {case.embedding} is not a multiple of {embedding_multiple} (the envelope's alignment)"
-        if mesh is not None and not self.sharded:
-            return "token-sharded paths are outside the envelope"
+        if mesh is not None and self.meshes is not None and tuple(mesh) not in self.meshes:
+            allowed = ", ".join(f"{a}x{b}" for a, b in self.meshes) or "none: unsharded only"
+            return f"the {mesh[0]}x{mesh[1]} mesh is outside the envelope (meshes: {allowed})"
         devices = 1 if mesh is None else mesh[0] * mesh[1]
         per_device = case.tokens // devices
         token_multiple = _value(self.token_multiple, case)

@@ -38,7 +38,9 @@ def test_token_multiples_count_the_tokens_one_device_holds():
     assert ENVELOPE.reason(case) == ""  # 512 tokens unsharded
     assert "64 tokens per device of a 2x4 mesh is not a multiple of 128" in ENVELOPE.reason(case, (2, 4))
     assert ENVELOPE.case_reason(case) == ENVELOPE.reason(case, (2, 4))
-    assert "token-sharded" in Envelope(sharded=False).reason(case, (2, 4))
+    assert "the 2x4 mesh is outside the envelope (meshes: none" in Envelope(meshes=()).reason(case, (2, 4))
+    assert Envelope(meshes=((2, 4),)).reason(case, (2, 4)) == ""
+    assert "(meshes: 8x1)" in Envelope(meshes=((8, 1),)).reason(case, (2, 4))
 
 
 class _WholeLayer:

@@ -4,8 +4,8 @@ Two kinds, kept apart:
 
 * The CPU adaptation (`KernelCalls.interpret`): MaxText's layer builds its
   `MhcKernelConfig` without `interpret`, so on a machine without a TPU its kernels could
-  not run at all; the harness sets `interpret=True` on the config of every kernel call.
-  It changes no number a TPU computes differently: it is Pallas's interpret mode.
+  not run at all; the harness sets `interpret=True` on the config of every kernel call:
+  Pallas's interpret mode, as this project runs its own kernels on a CPU. Not a fix.
 * The upstream fixes, in the `-fixed` implementations only:
   1. every gate scale and bias used in float32, as the kernels use them
      (`GatesInFloat32`: the layer's `mapping`, `res_mapping` and `_get_mhc_weights`

@@ -19,7 +19,7 @@ from flax import nnx
 from maxtext.common.common_types import HyperConnectionType
 from maxtext.layers.mhc import ManifoldConstrainedHyperConnections
 
-from maxtext_parity.envelope import LAYER_BLOCK_DEFAULTS, REFERENCE_ENVELOPE, block_sizes, kernel_envelope
+from maxtext_parity.envelope import LAYER_BLOCK_DEFAULTS, REFERENCE_ENVELOPE, kernel_envelope
 from maxtext_parity.fixes import GatesInFloat32, KernelCalls, kernel_calls, maxtext_rejections, permutation_constant
 
 # This project's weight field -> the parameter path in MaxText's layer.
@@ -83,9 +83,6 @@ class LayerPath:
         self.partner = ("maxtext-layer-reference" + ("-fixed" if fixed else "")) if kernel else ""
         self.envelope = kernel_envelope(LAYER_BLOCK_DEFAULTS) if kernel else REFERENCE_ENVELOPE
         self.code_root = os.path.dirname(maxtext.__file__)
-
-    def block_sizes(self, case) -> dict[str, int]:
-        return block_sizes(case, LAYER_BLOCK_DEFAULTS)
 
     def build(self, case, *, matmul_precision: str, mesh):
         """forward(x, weights, branch_fn) -> (out, {"layer_input": ...}) through the layer's `__call__`."""

@@ -74,8 +74,11 @@ DATA_FIELDS = (
     "seed",
 )
 
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
-_TAG_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]+$")
+# Matched whole (`fullmatch`: `$` would also match before a trailing newline).
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")
+_TAG_PATTERN = re.compile(r"[A-Za-z0-9_.:-]+")
+# Names key baselines, rows and file names; the catalogue's longest is under 80 characters.
+MAX_NAME_LENGTH = 200
 _MAX_SEED = 2**63 - 1
 
 
@@ -218,9 +221,12 @@ class Case:
         def bad(field: str, requirement: str) -> str:
             return f"case {label!r}: field {field!r} {requirement}, got {getattr(self, field)!r}"
 
-        if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_PATTERN.fullmatch(self.name):
             yield bad("name", "must be a non-empty string of letters, digits and _ . + = - "
                       "(starting with a letter or digit)")
+        elif len(self.name) > MAX_NAME_LENGTH:
+            label = f"{self.name[:40]}...({len(self.name)} characters)"
+            yield f"case {label!r}: field 'name' must be at most {MAX_NAME_LENGTH} characters"
         for field in ("batch", "sequence", "streams", "embedding"):
             value = getattr(self, field)
             if not _is_int(value) or value < 1:
@@ -250,7 +256,7 @@ class Case:
         if self.matmul_precision not in MATMUL_PRECISIONS:
             yield bad("matmul_precision", f"must be one of {MATMUL_PRECISIONS}")
         if not isinstance(self.tags, tuple) or not all(
-            isinstance(t, str) and _TAG_PATTERN.match(t) for t in self.tags
+            isinstance(t, str) and _TAG_PATTERN.fullmatch(t) for t in self.tags
         ):
             yield bad("tags", "must be a tuple of non-empty strings without spaces or commas")
         elif len(set(self.tags)) != len(self.tags):

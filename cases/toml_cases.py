@@ -132,6 +132,8 @@ def load_case_entries(path: str | Path) -> tuple[tuple[Case, tuple[str, ...]], .
         raise CaseFileError(f"{path}: case file not found") from None
     except tomllib.TOMLDecodeError as error:
         raise CaseFileError(f"{path}: not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise CaseFileError(f"{path}: not a UTF-8 text file ({error.reason} at byte {error.start})") from None
     _check_keys(document, TOP_LEVEL_KEYS, "top level", path)
     defaults = document.get("defaults", {})
     if not isinstance(defaults, dict):

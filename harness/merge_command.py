@@ -91,10 +91,23 @@ def _agreement_problem(first: ShardRun, other: ShardRun) -> str:
     )
     for what, mine, theirs in checks:
         if mine != theirs:
-            shown = (lambda v: str(v)[:60])  # noqa: E731
+            theirs_shown, mine_shown = where_they_differ(str(theirs), str(mine))
             return f"{other.folder} is not a shard of the run in {first.folder}: {what} differs " \
-                   f"({shown(theirs)} vs {shown(mine)})"
+                   f"({theirs_shown} vs {mine_shown})"
     return ""
+
+
+def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
+    """`a` and `b` cut to `width` characters around their first difference ("..." where cut),
+    so two long values that share a prefix do not print alike."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, first - width // 3)
+
+    def cut(text: str) -> str:
+        part = text[start:start + width]
+        return ("..." if start else "") + part + ("..." if start + width < len(text) else "")
+
+    return cut(a), cut(b)
 
 
 def check_shards(shards: list[ShardRun]) -> None:

@@ -280,3 +280,19 @@ def test_cli_runs_as_a_module():
     )
     assert result.returncode == 0, result.stderr
     assert "data=8,fsdp=1" in result.stdout
+
+
+def test_a_name_or_tag_with_a_trailing_newline_is_refused():
+    # `$` matches before a final newline: the whole name must match.
+    with pytest.raises(CaseSpecError, match="field 'name'"):
+        Case(**{**BASE, "name": "trail\n"})
+    with pytest.raises(CaseSpecError, match="tags"):
+        Case(**BASE, tags=("smoke\n",))
+
+
+def test_a_name_longer_than_the_limit_is_refused_with_its_length():
+    from cases.spec import MAX_NAME_LENGTH
+
+    Case(**{**BASE, "name": "a" * MAX_NAME_LENGTH})
+    with pytest.raises(CaseSpecError, match=rf"\(100000 characters\).*at most {MAX_NAME_LENGTH}"):
+        Case(**{**BASE, "name": "a" * 100_000})

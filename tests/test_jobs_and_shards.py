@@ -9,7 +9,7 @@ import types
 import pytest
 
 from cases import registry
-from harness.merge_command import ShardRun, merged_metadata
+from harness.merge_command import ShardRun, merged_metadata, where_they_differ
 from harness.shards import Shard, parse_shard, shard_cases
 from reports.manifest import read_manifest
 from tests.cli_support import CASE_FILE, CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
@@ -234,3 +234,10 @@ def test_merged_metadata_sums_work_and_keeps_the_largest_worker_peak():
     # a key no shard has stays out; one the first shard alone has is that shard's
     assert "worker_peak_rss_mib" not in merged_metadata([shard(1), shard(2)], "merge")
     assert merged_metadata([shard(1, worker_peak_rss_mib=700), shard(2)], "merge")["worker_peak_rss_mib"] == 700
+
+
+def test_a_differs_message_shows_where_two_long_values_part():
+    common = "x" * 100
+    theirs, mine = where_they_differ(common + "theirs-tail", common + "mine-tail")
+    assert theirs != mine and "theirs" in theirs and "mine" in mine and theirs.startswith("...")
+    assert where_they_differ("short", "shorter") == ("short", "shorter")

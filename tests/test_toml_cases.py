@@ -151,3 +151,10 @@ def test_registry_helper_accepts_an_empty_registry(tmp_path):
     registry = Registry()
     register_case_file(_write(tmp_path, GOOD), registry)
     assert set(registry.suites()) == {"user", "adversarial"}
+
+
+def test_a_binary_case_file_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "cases.toml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(CaseFileError, match=r"cases\.toml: not a UTF-8 text file"):
+        load_case_file(path)

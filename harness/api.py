@@ -175,7 +175,7 @@ class PreparedRun:
         self.cases = tuple(cases)
         self.command_line = command_line
         enable_compilation_cache()  # as `harness run` does: compiled programs are reused across processes
-        self.runner = Runner.with_disk_stores(self.policy)
+        self.runner = Runner.with_disk_stores(self.policy, externals=bool(self.externals))
         self.started = time.perf_counter()
         self._manifest = run_command.new_manifest(
             args, command_line, self.policy, self.externals, self.cases, self.plan

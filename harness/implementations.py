@@ -130,6 +130,11 @@ BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
 RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
 
 
+def includes_external(implementations) -> bool:
+    """True if any of `implementations` is not built in: its code ran in this process."""
+    return any(BUILTIN.get(impl.name) != impl for impl in implementations)
+
+
 def load_external(spec: str) -> Implementation:
     """Load `module.path:factory`, whose factory returns one object, and wrap it
     (ImplementationError if it returns several: see `load_implementations`)."""

@@ -23,7 +23,7 @@ from cases.spec import CaseSpecError, normalize_dtype
 from cases.toml_cases import USER_SUITE, register_case_file
 from harness.run_info import enable_compilation_cache, run_metadata
 from harness.errors import ConfigurationError
-from harness.implementations import BUILTIN, ImplementationError, load_externals
+from harness.implementations import BUILTIN, ImplementationError, includes_external, load_externals
 from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
 from harness.policy import PolicyError, load_policy
 from harness.progress import DEFAULT_HEARTBEAT_S, Progress
@@ -289,7 +289,8 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
     jobs = auto_jobs(len(todo)) if args.jobs == AUTO_JOBS else args.jobs
-    runner = Runner.with_disk_stores(policy) if jobs == 1 else ParallelRunner(policy, jobs)
+    runner = (Runner.with_disk_stores(policy, externals=includes_external(plan.implementations)) if jobs == 1
+              else ParallelRunner(policy, jobs))
     progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
                         heartbeat_s=args.heartbeat)
     signals = _SignalsInterrupt()

@@ -281,3 +281,48 @@ def test_programs_stored_by_one_run_load_in_the_next_even_when_jax_cached_them_f
     first, second = (load_jsonl(tmp_path / name / "rows.jsonl") for name in ("first", "second"))
     assert without_timing(first) == without_timing(second)
     assert all(row["verdict"] in ("pass", "skip") for row in second), {row["verdict"] for row in second}
+
+
+PATCHING_IMPL = '''
+"""An external implementation whose import patches this project's reference path."""
+import mhc.reference as reference
+
+_original_pre = reference.pre
+
+
+def _doubled_pre(x, weights, *, config):
+    layer_input, context = _original_pre(x, weights, config=config)
+    return layer_input * 2, context
+
+
+reference.pre = _doubled_pre
+
+
+class Patcher:
+    name = "patcher"
+
+    def pre(self, x, weights, *, config):
+        return _original_pre(x, weights, config=config)
+
+    def post(self, layer_output, context, *, config):
+        return reference.post(layer_output, context, config=config)
+
+
+def factory():
+    return Patcher()
+'''
+
+
+@pytest.mark.slow
+def test_a_process_that_loaded_an_external_implementation_stores_no_program(tmp_path):
+    """Its import may patch any module: a built-in program it traced must not reach later runs."""
+    from tests.cli_support import REFERENCE_ONLY_CASE, run_cli
+
+    (tmp_path / "patcher.py").write_text(PATCHING_IMPL)
+    env = {"MHC_PARITY_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    common = ("--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet")
+    patched = run_cli("run", *common, "--impl", "patcher:factory", "--out", tmp_path / "patched", env_extra=env)
+    assert patched.returncode == 1, patched.stdout[-2000:] + patched.stderr[-2000:]  # the patch shows
+    clean = run_cli("run", *common, "--out", tmp_path / "clean", env_extra=env)
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]

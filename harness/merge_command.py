@@ -18,6 +18,7 @@ gate's or the reports' business, as for `render`). Never loads JAX.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import pathlib
 import shlex
@@ -27,7 +28,7 @@ import uuid
 from harness.shards import parse_shard, shard_names
 from reports import ReportInputError, write_all
 from reports.manifest import ManifestError, Manifest, now_iso, read_manifest, write_manifest
-from reports.outputs import OutputPathError, writable_folder
+from reports.outputs import FolderInUseError, OutputPathError, exclusive_writer, writable_folder
 from reports.sources import load_run
 from reports.store import RowStore, StoreError
 
@@ -181,6 +182,16 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
         out = writable_folder(out)
     except OutputPathError as exc:
         raise MergeError(f"OUT: {exc}") from None
+    with contextlib.ExitStack() as held:  # one writer per run folder
+        try:
+            held.enter_context(exclusive_writer(out, command_line))
+        except FolderInUseError as exc:
+            raise MergeError(f"OUT: {exc}") from None
+        return _write_merged(out, shards, command_line)
+
+
+def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) -> dict:
+    """Write the merged run of `shards` into `out` (checked, and held by this process)."""
     by_case: dict[str, list] = {}
     for shard in shards:
         for row in shard.rows:

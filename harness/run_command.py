@@ -11,6 +11,7 @@ with the command that finishes the run (`--resume`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import pathlib
 import shlex
@@ -34,7 +35,7 @@ from harness.summary import exit_code, print_summary
 from reports import ReportInputError, load_baseline, write_all
 from reports.commands import DEFAULT_RUN_FOLDER
 from reports.manifest import MANIFEST_FILE, Manifest, ManifestError, RunRequest, read_manifest, write_manifest
-from reports.outputs import OutputPathError, writable_folder
+from reports.outputs import FolderInUseError, OutputPathError, exclusive_writer, writable_folder
 from reports.store import RowStore, StoreError
 
 PROG = "mhc-parity run"
@@ -271,12 +272,17 @@ def _command_run(args, argv) -> int:
         out = writable_folder(args.out)
     except OutputPathError as exc:
         raise UsageError(f"--out: {exc}") from exc
-    manifest = new_manifest(args, "python -m harness run " + shlex.join(argv), policy, externals, cases, plan,
-                            selection)
-    store = RowStore(out)
-    manifest, rows, done = _open_run(store, manifest, resume=args.resume)
-    enable_compilation_cache()
-    return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
+    command_line = "python -m harness run " + shlex.join(argv)
+    manifest = new_manifest(args, command_line, policy, externals, cases, plan, selection)
+    with contextlib.ExitStack() as held:  # one writer per run folder, for the run's life
+        try:
+            held.enter_context(exclusive_writer(out, command_line))
+        except FolderInUseError as exc:
+            raise UsageError(f"--out: {exc}") from exc
+        store = RowStore(out)
+        manifest, rows, done = _open_run(store, manifest, resume=args.resume)
+        enable_compilation_cache()
+        return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
 
 
 def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:

@@ -144,3 +144,33 @@ def test_the_baseline_command_refuses_an_empty_run(tmp_path, capsys):
     assert cli_main(["baseline", "--from", str(tmp_path / "run"), "--to", str(tmp_path / "b.csv")]) == 2
     assert "refusing to write an empty baseline" in capsys.readouterr().err
     assert not (tmp_path / "b.csv").exists()
+
+
+def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_path):
+    from reports.outputs import WRITER_LOCK_FILE, exclusive_writer
+    from tests.cli_support import REFERENCE_ONLY_CASE
+
+    out = tmp_path / "out"
+    with exclusive_writer(out, "the first run"):
+        second = run_cli("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering",
+                         "--out", out, "--quiet")
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert "being written by another run (pid" in second.stderr and "the first run" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert not (out / "manifest.json").exists()  # refused before it wrote anything
+    # Released (as it is when its process dies): the run goes ahead and records itself as the holder.
+    third = run_cli("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering",
+                    "--out", out, "--quiet")
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
+    assert "python -m harness run" in (out / WRITER_LOCK_FILE).read_text()
+
+
+def test_the_api_refuses_to_write_reports_into_a_folder_being_written(tmp_path):
+    from harness.api import ParityRun
+    from harness.errors import ReportError
+    from reports.outputs import exclusive_writer
+
+    run = ParityRun.__new__(ParityRun)  # only write_reports' refusal is exercised: nothing is written
+    object.__setattr__(run, "manifest", type("M", (), {"command_line": "test"})())
+    with exclusive_writer(tmp_path, "another writer"), pytest.raises(ReportError, match="another writer"):
+        run.write_reports(tmp_path)

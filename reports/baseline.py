@@ -37,9 +37,9 @@ from typing import Any
 
 import pandas as pd
 
-from reports.schema import FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+from reports.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
 
-from reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, gate_frame
+from reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
 from reports.environment import HEADER_KEYS, environment_of
 from reports.rows import (
     ReportInputError,
@@ -169,11 +169,41 @@ def is_baseline_file(path: str | Path) -> bool:
     return path.is_file() and parse_header(read_first_line(path)) is not None
 
 
+def _check_row_widths(path: Path, width: int) -> None:
+    """ReportInputError naming the first line whose field count is not the header's (a
+    row cut short or run on: the CSV reader would fill or drop its cells silently)."""
+    with open(path, newline="", encoding="utf-8") as stream:
+        stream.readline()  # the header comment
+        for number, fields in enumerate(csv.reader(stream), start=2):
+            if fields and len(fields) != width:
+                raise ReportInputError(
+                    f"{path}, line {number}: {len(fields)} fields, the baseline's columns are {width}; "
+                    f"regenerate it with `make baseline`"
+                )
+
+
+def _check_compared_metrics(records, path: Path) -> None:
+    """ReportInputError for a compared row (pass/fail, not a lowering row: those measure
+    nothing) whose error metrics are not finite numbers >= 0: the gate measures growth from
+    them, and NaN would compare as no growth."""
+    for number, record in enumerate(records, start=3):
+        if record["verdict"] not in COMPARED_VERDICTS or record["comparison"] == "lowering":
+            continue
+        for column in GROWTH_METRICS:
+            value = record[column]
+            if not (math.isfinite(value) and value >= 0):
+                raise ReportInputError(
+                    f"{path}, line {number}, column {column!r}: a {record['verdict']} row needs a finite "
+                    f"error >= 0, got {encode_float(value) or 'an empty cell'}; regenerate it with `make baseline`"
+                )
+
+
 def load_baseline(path: str | Path) -> Baseline:
     """Load and validate a baseline file; `ReportInputError` on any problem.
 
     Checks the header (present, known format version), the columns (exactly
-    `BASELINE_COLUMNS`), every cell's type, and that row keys are unique.
+    `BASELINE_COLUMNS`), every line's field count, every cell's type, a finite error on
+    every compared row, and that row keys are unique.
     """
     path = Path(path)
     if not path.is_file():
@@ -202,7 +232,9 @@ def load_baseline(path: str | Path) -> Baseline:
             f"order must be {list(columns)}); regenerate it with `make baseline`"
         )
     # Line 1 is the header comment, line 2 the column names.
-    records = records_from_cells(cells, path, columns, first_data_line=3)
+    records = records_from_cells(cells, path, columns, first_data_line=3)  # a bad cell names itself first
+    _check_row_widths(path, len(columns))
+    _check_compared_metrics(records, path)
     frame = gate_frame(frame_from_records(records, columns), source=str(path))
     policy_hash = header.get("policy_hash") or None
     return Baseline(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import subprocess
@@ -107,10 +108,12 @@ def test_a_format_1_baseline_without_sensitivity_is_still_read(tmp_path):
     lines = path.read_text().splitlines()
     assert lines[0].startswith(f"# mhc-parity baseline format={BASELINE_FORMAT_VERSION} ") and BASELINE_FORMAT_VERSION == 2
     keep = [BASELINE_COLUMNS.index(c) for c in LEGACY_GATE_COLUMNS]
-    legacy = [lines[0].replace("format=2", "format=1")] + [
-        ",".join(line.split(",")[i] for i in keep) for line in lines[1:]]
     old = tmp_path / "old.csv"
-    old.write_text("\n".join(legacy) + "\n")
+    with open(old, "w", newline="") as stream:  # the csv module: names like sharded(data=2,fsdp=4) are quoted
+        stream.write(lines[0].replace("format=2", "format=1") + "\n")
+        writer = csv.writer(stream, lineterminator="\n")
+        for fields in csv.reader(lines[1:]):
+            writer.writerow([fields[i] for i in keep])
     frame = load_baseline(old).frame
     assert frame["oracle_sensitivity_max"].isna().all() and len(frame) == len(passing_rows())
     assert gate(frame, passing_rows()).ok

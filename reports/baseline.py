@@ -2,9 +2,15 @@
 
 File layout (UTF-8, "\\n" line endings):
 
-    # mhc-parity baseline format=2 policy_hash=<hash or -> backend=cpu device_kind=cpu matmul_precision=highest=float32
+    # mhc-parity baseline format=2 policy_hash=<hash or -> backend=cpu device_kind=cpu matmul_precision=highest=float32 rows=<n> body_sha256=<hex>
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
+
+The header's last two keys record the body (every byte after the header line): its row
+count and SHA-256. A baseline cut at a row boundary or edited by hand is refused, and so
+is one whose lines have another field count, or whose compared row has a NaN, infinite or
+empty error. The file is written to a temporary file, flushed and renamed over the old
+one, so a failed write (a full disk, a file-size limit) leaves the old baseline whole.
 
 Only `BASELINE_COLUMNS` are kept (no timings, no free text), errors are rounded to 4
 significant digits (a rounding of at most 0.05 %, far below any growth factor the
@@ -28,8 +34,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import math
+import os
+import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -57,6 +66,11 @@ COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_C
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
+# The header's record of its body: row count and SHA-256 (of every byte after the header line).
+ROWS_KEY = "rows"
+DIGEST_KEY = "body_sha256"
+# Format 1 baselines were written before the row count and digest: read unverified.
+INTEGRITY_SINCE_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +100,14 @@ def format_cell(column: str, value: Any) -> str:
 
 
 def header_line(
-    policy_hash: str | None, environment: Mapping[str, str] | None = None, implementation: str | None = None
+    policy_hash: str | None, environment: Mapping[str, str] | None = None, implementation: str | None = None,
+    integrity: tuple[int, str] | None = None,
 ) -> str:
     """The baseline's first line (format version, policy hash, the `HEADER_KEYS` given, the
-    implementation it belongs to)."""
+    implementation it belongs to, and `integrity`: the body's row count and SHA-256)."""
     values = {**{key: (environment or {}).get(key) for key in HEADER_KEYS}, IMPLEMENTATION_KEY: implementation}
+    if integrity is not None:
+        values.update({ROWS_KEY: str(integrity[0]), DIGEST_KEY: integrity[1]})
     fields = "".join(
         f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value
     )
@@ -108,13 +125,18 @@ def render_baseline(
     `implementation`, the header names the implementation the rows belong to."""
     frame = gate_frame(rows, source="baseline rows")
     frame = frame.sort_values(list(IDENTITY_COLUMNS), kind="mergesort")
-    buffer = io.StringIO()
-    buffer.write(header_line(policy_hash, environment, implementation) + "\n")
-    writer = csv.writer(buffer, lineterminator="\n")
+    body = io.StringIO()
+    writer = csv.writer(body, lineterminator="\n")
     writer.writerow(BASELINE_COLUMNS)
     for record in frame.to_dict(orient="records"):
         writer.writerow([format_cell(c, record[c]) for c in BASELINE_COLUMNS])
-    return buffer.getvalue()
+    integrity = (len(frame), body_digest(body.getvalue().encode("utf-8")))
+    return header_line(policy_hash, environment, implementation, integrity) + "\n" + body.getvalue()
+
+
+def body_digest(body: bytes) -> str:
+    """The SHA-256 the header records of everything after the header line."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def write_baseline(
@@ -139,8 +161,23 @@ def write_baseline(
         rows, policy_hash=policy_hash or recorded_hash, environment=environment, implementation=implementation
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    _replace_atomically(path, text.encode("utf-8"))
     return path
+
+
+def _replace_atomically(path: Path, data: bytes) -> None:
+    """`path` holds `data` or, if writing fails (a full disk, a file-size limit), what it held
+    before: written to a temporary file beside it, flushed to disk, then renamed over it."""
+    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
 
 
 def parse_header(line: str) -> dict[str, str] | None:
@@ -167,6 +204,29 @@ def is_baseline_file(path: str | Path) -> bool:
     """True when `path` starts with a baseline header line."""
     path = Path(path)
     return path.is_file() and parse_header(read_first_line(path)) is not None
+
+
+def _check_integrity(path: Path, header: Mapping[str, str], rows: int) -> None:
+    """ReportInputError unless the header's row count and body digest match the file: a
+    baseline cut at a row boundary, or edited by hand, is not the one the writer wrote."""
+    recorded_rows, recorded_digest = header.get(ROWS_KEY, ""), header.get(DIGEST_KEY, "")
+    if not recorded_rows.isdigit() or not recorded_digest:
+        raise ReportInputError(
+            f"{path}: the baseline header records no row count and body digest (written by an older "
+            f"harness, or edited); regenerate it with `make baseline`"
+        )
+    if int(recorded_rows) != rows:
+        raise ReportInputError(
+            f"{path}: the header records {recorded_rows} rows, the file holds {rows} (cut or edited); "
+            f"regenerate it with `make baseline`"
+        )
+    data = path.read_bytes()
+    body = data[data.index(b"\n") + 1:] if b"\n" in data else b""
+    if body_digest(body) != recorded_digest:
+        raise ReportInputError(
+            f"{path}: the rows do not match the header's digest (edited since it was written); "
+            f"regenerate it with `make baseline`"
+        )
 
 
 def _check_row_widths(path: Path, width: int) -> None:
@@ -203,7 +263,7 @@ def load_baseline(path: str | Path) -> Baseline:
 
     Checks the header (present, known format version), the columns (exactly
     `BASELINE_COLUMNS`), every line's field count, every cell's type, a finite error on
-    every compared row, and that row keys are unique.
+    every compared row, the header's row count and body digest, and that row keys are unique.
     """
     path = Path(path)
     if not path.is_file():
@@ -235,6 +295,8 @@ def load_baseline(path: str | Path) -> Baseline:
     records = records_from_cells(cells, path, columns, first_data_line=3)  # a bad cell names itself first
     _check_row_widths(path, len(columns))
     _check_compared_metrics(records, path)
+    if version >= INTEGRITY_SINCE_FORMAT:
+        _check_integrity(path, header, len(records))
     frame = gate_frame(frame_from_records(records, columns), source=str(path))
     policy_hash = header.get("policy_hash") or None
     return Baseline(

@@ -64,3 +64,45 @@ def test_the_gate_exits_2_on_such_a_baseline(tmp_path):
     baseline = _edited_baseline(tmp_path, lambda columns, fields: fields[:10])
     result = run_cli("gate", "--baseline", baseline, "--current", tmp_path / "run")
     assert result.returncode == 2 and "10 fields" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_baseline_cut_at_a_row_boundary_is_refused(tmp_path):
+    lines = BASELINE.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.csv"
+    cut.write_text("".join(lines[: len(lines) // 2]))
+    with pytest.raises(ReportInputError, match=r"the header records 1784 rows, the file holds"):
+        load_baseline(cut)
+
+
+def test_a_hand_edited_baseline_is_refused(tmp_path):
+    def times_1000(columns, fields):
+        column = columns.index("cand_oracle_max_err")
+        fields[column] = repr(float(fields[column]) * 1000)
+        return fields
+
+    with pytest.raises(ReportInputError, match="do not match the header's digest"):
+        load_baseline(_edited_baseline(tmp_path, times_1000))
+
+
+def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path):
+    """Under a file-size limit the write fails, and the good baseline is still there."""
+    import shutil
+    import subprocess
+    import sys
+
+    target = tmp_path / "baseline.csv"
+    shutil.copy(BASELINE, target)
+    code = (
+        "import resource, signal, sys\n"
+        "from reports.baseline import load_baseline, write_baseline\n"
+        "baseline = load_baseline(sys.argv[1])\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "write_baseline(baseline, sys.argv[1])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True,
+                            cwd=BASELINE.parent.parent, timeout=120)
+    assert result.returncode != 0 and "File too large" in result.stderr, result.stderr[-1000:]
+    assert target.read_bytes() == BASELINE.read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name != target.name]  # no temporary file left behind
+    assert len(load_baseline(target).frame) == 1784

@@ -13,7 +13,7 @@ import pytest
 
 from reports.schema import row_key
 from reports import ReportInputError, load_baseline, write_baseline
-from reports.baseline import BASELINE_COLUMNS, header_line
+from reports.baseline import BASELINE_COLUMNS, header_line, render_baseline
 from reports.drift import DTYPE_EPSILON, growth, noise_floor
 from reports.commands import gate_main as main
 from reports.gate import gate
@@ -272,7 +272,7 @@ def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
     second = write_baseline(list(reversed(rows)), tmp_path / "b.csv", policy_hash="sha256:1")
     assert first.read_bytes() == second.read_bytes()
     lines = first.read_text().splitlines()
-    assert lines[0] == header_line("sha256:1")
+    assert lines[0].startswith(header_line("sha256:1") + f" rows={len(rows)} body_sha256=")
     assert lines[1] == ",".join(BASELINE_COLUMNS)
     keys = [tuple(line.split(",")[:4]) for line in lines[2:]]
     assert keys == sorted(keys) and len(keys) == len(rows)
@@ -345,7 +345,7 @@ def test_cli_refuses_rows_that_no_complete_manifest_vouches_for(files, capsys):
         ("", "empty file"),
         ("\x00\x01garbage\xff", "not a UTF-8 text file"),
         (header_line("p1") + "\n", "empty file"),
-        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\n", "has no rows"),
+        (render_baseline([], policy_hash="p1"), "has no rows"),
         (header_line("p1") + "\ncase,leaf\nx,y\n", "baseline columns do not match"),
         ("# mhc-parity baseline format=99 policy_hash=p1\n", "baseline format 99 is not supported"),
         (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,zero,0,1e-7,1e-8\n",

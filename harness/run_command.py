@@ -209,6 +209,13 @@ def _open_run(store, manifest, *, resume: bool):
                 rows, done = store.finished()
             except StoreError as exc:
                 raise UsageError(f"--resume: {exc}") from exc
+            if previous.is_complete and (len(rows) != previous.rows or done != set(previous.cases)):
+                # As merge checks a shard: a complete run's stream must be the one its manifest counted.
+                raise UsageError(
+                    f"--resume: {store.folder}: its row stream does not match its manifest ({len(rows)} rows of "
+                    f"{len(done)} cases, the manifest says {previous.rows} rows of {len(previous.cases)}): it was "
+                    f"cut or edited. Run without --resume to start over"
+                )
             done &= set(previous.cases)
             manifest = previous.resumed_as(manifest).progressed(len(done))
             write_manifest(store.folder, manifest)

@@ -174,3 +174,18 @@ def test_the_api_refuses_to_write_reports_into_a_folder_being_written(tmp_path):
     object.__setattr__(run, "manifest", type("M", (), {"command_line": "test"})())
     with exclusive_writer(tmp_path, "another writer"), pytest.raises(ReportError, match="another writer"):
         run.write_reports(tmp_path)
+
+
+@pytest.mark.parametrize("edit", ["cut", "duplicated"])
+def test_resume_of_a_complete_run_refuses_a_stream_its_manifest_did_not_count(tmp_path, edit):
+    from tests.cli_support import REFERENCE_ONLY_CASE
+
+    out = tmp_path / "out"
+    args = ("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--out", out, "--quiet")
+    assert run_cli(*args).returncode == 0
+    stream = out / "rows.jsonl"
+    lines = stream.read_text().splitlines(keepends=True)
+    stream.write_text("".join(lines[: len(lines) // 2] if edit == "cut" else lines + lines[1:11]))
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 2, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "its row stream does not match its manifest" in resumed.stderr

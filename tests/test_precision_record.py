@@ -195,7 +195,8 @@ def test_the_baseline_header_carries_backend_device_kind_and_precision(tmp_path)
                      matmul_precision="default=bfloat16,highest=bfloat16x6")
     baseline = write_baseline(load_run(source), tmp_path / "tpu.csv")
     header = baseline.read_text().splitlines()[0]
-    assert header.endswith("backend=tpu device_kind=TPU%20v5%20lite matmul_precision=default=bfloat16,highest=bfloat16x6")
+    # The environment keys, then the body's record (rows, digest).
+    assert " backend=tpu device_kind=TPU%20v5%20lite matmul_precision=default=bfloat16,highest=bfloat16x6 rows=" in header
     loaded = load_baseline(baseline)
     assert loaded.policy_hash == "p1"
     assert dict(loaded.environment) == {"backend": "tpu", "device_kind": "TPU v5 lite",

@@ -28,7 +28,6 @@ and `<name>/*`, no TPU-lowering rows (those are of this project's kernels); pass
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import pathlib
@@ -51,7 +50,7 @@ from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
 from reports.gate import gate as _gate_rows
 from reports.manifest import Manifest, selection_digest, write_manifest
-from reports.outputs import OutputPathError, exclusive_writer, writable_file, writable_folder
+from reports.outputs import OutputPathError, WriterLock, writable_file, writable_folder
 from reports.ownership import default_baseline_path, implementation_rows
 from reports.rows import ReportInputError, to_frame
 from reports.schema import OK_VERDICTS
@@ -117,12 +116,12 @@ class ParityRun:
         cases-done.txt, rows.csv, report.json, report.html, summary.md. Returns
         {"csv", "json", "html", "markdown": path}. Anything an earlier run left there is
         replaced. ReportError if the folder cannot be written."""
-        with contextlib.ExitStack() as held:  # one writer per run folder
-            try:
-                out = writable_folder(folder)
-                held.enter_context(exclusive_writer(out, f"ParityRun.write_reports ({self.manifest.command_line})"))
-            except OutputPathError as exc:  # FolderInUseError included
-                raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
+        try:
+            out = writable_folder(folder)
+            writer = WriterLock(out, f"ParityRun.write_reports ({self.manifest.command_line})")
+        except OutputPathError as exc:  # FolderInUseError included: one writer per run folder
+            raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
+        with writer:
             return self._write_reports(out, folder)
 
     def _write_reports(self, out: pathlib.Path, folder) -> dict[str, pathlib.Path]:

@@ -130,9 +130,14 @@ BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
 RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
 
 
+def is_builtin(impl: Implementation) -> bool:
+    """True for this project's own `reference`, `interpret`, `mosaic` (not an external one under such a name)."""
+    return BUILTIN.get(impl.name) == impl
+
+
 def includes_external(implementations) -> bool:
     """True if any of `implementations` is not built in: its code ran in this process."""
-    return any(BUILTIN.get(impl.name) != impl for impl in implementations)
+    return not all(is_builtin(impl) for impl in implementations)
 
 
 def load_external(spec: str) -> Implementation:

@@ -59,13 +59,14 @@ def _lower(case, mesh, store) -> list:
     return store.lower(described, lambda: lower_kernel_programs(**arguments))
 
 
-def _case_meshes(case) -> list:
+def case_meshes(case) -> list:
+    """The meshes a case's lowering rows are for: None (unsharded), then its mesh if it has one."""
     return [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
 
 
 def _rows(case, store) -> Iterator[dict]:
     skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
-    for mesh in _case_meshes(case):
+    for mesh in case_meshes(case):
         yield from _program_rows(case, lowering_path_name(mesh), skip, lambda: _lower(case, mesh, store))
 
 
@@ -101,13 +102,12 @@ def implementation_lowering_name(impl_name: str, mesh: tuple[int, int] | None) -
 def implementation_lowering_rows(case, impl) -> Iterator[dict]:
     """Rows for the kernel programs an implementation lowers itself (`impl.lower(case, mesh_shape)`),
     unsharded and (with a mesh) token-sharded; a case outside its envelope gives `unsupported` rows."""
-    for mesh in _case_meshes(case):
+    for mesh in case_meshes(case):
         candidate = implementation_lowering_name(impl.name, mesh)
-        outside = impl.case_skip_reason(case) or impl.envelope_reason(case, mesh)
-        if outside:
-            verdict = "skip" if impl.case_skip_reason(case) else "unsupported"
-            yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
-                             reason=f"{impl.name}: {outside}")
+        skip, outside = impl.case_skip_reason(case), impl.envelope_reason(case, mesh)
+        if skip or outside:
+            yield status_row(case, candidate=candidate, partner="", comparison="lowering",
+                             verdict="skip" if skip else "unsupported", reason=f"{impl.name}: {skip or outside}")
             continue
         for row in _program_rows(case, candidate, "", lambda: impl.lower(case, mesh or ()), expects_case_limits=False):
             row["matmul_precision"] = case.matmul_precision

@@ -18,7 +18,6 @@ gate's or the reports' business, as for `render`). Never loads JAX.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import pathlib
 import shlex
@@ -28,7 +27,7 @@ import uuid
 from harness.shards import parse_shard, shard_names
 from reports import ReportInputError, write_all
 from reports.manifest import ManifestError, Manifest, now_iso, read_manifest, write_manifest
-from reports.outputs import FolderInUseError, OutputPathError, exclusive_writer, writable_folder
+from reports.outputs import FolderInUseError, OutputPathError, WriterLock, writable_folder
 from reports.sources import load_run
 from reports.store import RowStore, StoreError
 
@@ -182,11 +181,11 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
         out = writable_folder(out)
     except OutputPathError as exc:
         raise MergeError(f"OUT: {exc}") from None
-    with contextlib.ExitStack() as held:  # one writer per run folder
-        try:
-            held.enter_context(exclusive_writer(out, command_line))
-        except FolderInUseError as exc:
-            raise MergeError(f"OUT: {exc}") from None
+    try:
+        writer = WriterLock(out, command_line)  # one writer per run folder
+    except FolderInUseError as exc:
+        raise MergeError(f"OUT: {exc}") from None
+    with writer:
         return _write_merged(out, shards, command_line)
 
 

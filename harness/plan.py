@@ -25,7 +25,7 @@ from cases.fixtures import expected_layout
 from cases.names import did_you_mean
 from harness.devices import host_fallback
 from harness.implementations import REFERENCE, Implementation
-from harness.lowering import implementation_lowering_name, lowering_path_name
+from harness.lowering import case_meshes, implementation_lowering_name, lowering_path_name
 from harness.leaves import FORWARD_LEAVES, branch_leaf, leaf_kind, weight_leaf
 from harness.paths import ORACLE_PATH, Path
 from harness.policy import Policy, PolicyError
@@ -72,7 +72,7 @@ class PathPlan:
         project's kernels', then those of each implementation that lowers its own."""
         if not self.lowering:
             return []
-        meshes = [None] + ([tuple(case.mesh)] if case.mesh else [])
+        meshes = case_meshes(case)
         names = [lowering_path_name(mesh) for mesh in meshes]
         for impl in self.implementations:
             if impl.lower is not None:

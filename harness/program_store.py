@@ -43,7 +43,7 @@ from jax.experimental import serialize_executable
 
 from harness.artifact_store import ArtifactStore
 from harness.env import cache_root, compiler_material
-from harness.implementations import BUILTIN
+from harness.implementations import is_builtin
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
 from reports.manifest import source_digest
@@ -125,7 +125,7 @@ class ProgramStore:
     def material(path, signature: tuple, args, placement) -> dict | None:
         """The key material of a path's program, or None if it must not be stored (external)."""
         impl = path.impl
-        if BUILTIN.get(impl.name) != impl:
+        if not is_builtin(impl):
             return None
         sources = traced_sources_digest(PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ()))
         if sources is None:

@@ -11,7 +11,6 @@ with the command that finishes the run (`--resume`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import pathlib
 import shlex
@@ -35,7 +34,7 @@ from harness.summary import exit_code, print_summary
 from reports import ReportInputError, load_baseline, write_all
 from reports.commands import DEFAULT_RUN_FOLDER
 from reports.manifest import MANIFEST_FILE, Manifest, ManifestError, RunRequest, read_manifest, write_manifest
-from reports.outputs import FolderInUseError, OutputPathError, exclusive_writer, writable_folder
+from reports.outputs import FolderInUseError, OutputPathError, WriterLock, writable_folder
 from reports.store import RowStore, StoreError
 
 PROG = "mhc-parity run"
@@ -281,11 +280,11 @@ def _command_run(args, argv) -> int:
         raise UsageError(f"--out: {exc}") from exc
     command_line = "python -m harness run " + shlex.join(argv)
     manifest = new_manifest(args, command_line, policy, externals, cases, plan, selection)
-    with contextlib.ExitStack() as held:  # one writer per run folder, for the run's life
-        try:
-            held.enter_context(exclusive_writer(out, command_line))
-        except FolderInUseError as exc:
-            raise UsageError(f"--out: {exc}") from exc
+    try:
+        writer = WriterLock(out, command_line)  # one writer per run folder, for the run's life
+    except FolderInUseError as exc:
+        raise UsageError(f"--out: {exc}") from exc
+    with writer:
         store = RowStore(out)
         manifest, rows, done = _open_run(store, manifest, resume=args.resume)
         enable_compilation_cache()

@@ -18,8 +18,7 @@ from maxtext.kernels.mhc import api
 
 from cases.spec import MESH_AXES
 from maxtext_parity.fixes import KernelCalls, permutation_constant
-from mhc.kernels.lowering import LoweringResult, abstract_tpu_mesh, lower_for_tpu
-from mhc.types import MATMUL_FIELDS
+from mhc.kernels.lowering import LoweringResult, abstract_tpu_mesh, lower_for_tpu, weight_structs
 
 ENTRY = "mhc_kernels_fwd"
 
@@ -29,17 +28,12 @@ def lower_programs(kernel_api, case, mesh_shape: tuple[int, ...]) -> list:
     mesh = abstract_tpu_mesh(tuple(mesh_shape), MESH_AXES[: len(mesh_shape)])
     sharded = bool(mesh_shape)
     tokens = NamedSharding(mesh, PartitionSpec(*MESH_AXES[: len(mesh_shape)])) if sharded else None
-    whole = NamedSharding(mesh, PartitionSpec()) if sharded else None
     config = kernel_api.kernel_config(case, interpret=False)
     calls = KernelCalls(interpret=False, constant_permutations=True,
                         mesh=mesh if (sharded and kernel_api.fixed) else None)
     permutations = permutation_constant(case.streams)
-    shapes = case.mhc_config().dims.weight_shapes()
     act = jnp.dtype(case.dtype)
-    weights = api.MhcWeights(**{
-        name: jax.ShapeDtypeStruct(shape, act if name in MATMUL_FIELDS else jnp.float32, sharding=whole)
-        for name, shape in shapes.items()
-    })
+    weights = api.MhcWeights(**weight_structs(case.mhc_config(), act, tokens))
     x = jax.ShapeDtypeStruct(case.shape, act, sharding=tokens)
     layer_output = jax.ShapeDtypeStruct(case.shape[:2] + (case.embedding,), act, sharding=tokens)
 

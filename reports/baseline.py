@@ -206,7 +206,13 @@ def is_baseline_file(path: str | Path) -> bool:
     return path.is_file() and parse_header(read_first_line(path)) is not None
 
 
-def _check_integrity(path: Path, header: Mapping[str, str], rows: int) -> None:
+def _body(path: Path) -> bytes:
+    """Every byte of the file after its header line (what the header's digest covers)."""
+    data = path.read_bytes()
+    return data[data.index(b"\n") + 1:] if b"\n" in data else b""
+
+
+def _check_integrity(path: Path, body: bytes, header: Mapping[str, str], rows: int) -> None:
     """ReportInputError unless the header's row count and body digest match the file: a
     baseline cut at a row boundary, or edited by hand, is not the one the writer wrote."""
     recorded_rows, recorded_digest = header.get(ROWS_KEY, ""), header.get(DIGEST_KEY, "")
@@ -220,8 +226,6 @@ def _check_integrity(path: Path, header: Mapping[str, str], rows: int) -> None:
             f"{path}: the header records {recorded_rows} rows, the file holds {rows} (cut or edited); "
             f"regenerate it with `make baseline`"
         )
-    data = path.read_bytes()
-    body = data[data.index(b"\n") + 1:] if b"\n" in data else b""
     if body_digest(body) != recorded_digest:
         raise ReportInputError(
             f"{path}: the rows do not match the header's digest (edited since it was written); "
@@ -229,17 +233,15 @@ def _check_integrity(path: Path, header: Mapping[str, str], rows: int) -> None:
         )
 
 
-def _check_row_widths(path: Path, width: int) -> None:
+def _check_row_widths(path: Path, body: bytes, width: int) -> None:
     """ReportInputError naming the first line whose field count is not the header's (a
     row cut short or run on: the CSV reader would fill or drop its cells silently)."""
-    with open(path, newline="", encoding="utf-8") as stream:
-        stream.readline()  # the header comment
-        for number, fields in enumerate(csv.reader(stream), start=2):
-            if fields and len(fields) != width:
-                raise ReportInputError(
-                    f"{path}, line {number}: {len(fields)} fields, the baseline's columns are {width}; "
-                    f"regenerate it with `make baseline`"
-                )
+    for number, fields in enumerate(csv.reader(io.StringIO(body.decode("utf-8"), newline="")), start=2):
+        if fields and len(fields) != width:
+            raise ReportInputError(
+                f"{path}, line {number}: {len(fields)} fields, the baseline's columns are {width}; "
+                f"regenerate it with `make baseline`"
+            )
 
 
 def _check_compared_metrics(records, path: Path) -> None:
@@ -293,10 +295,11 @@ def load_baseline(path: str | Path) -> Baseline:
         )
     # Line 1 is the header comment, line 2 the column names.
     records = records_from_cells(cells, path, columns, first_data_line=3)  # a bad cell names itself first
-    _check_row_widths(path, len(columns))
+    body = _body(path)
+    _check_row_widths(path, body, len(columns))
     _check_compared_metrics(records, path)
     if version >= INTEGRITY_SINCE_FORMAT:
-        _check_integrity(path, header, len(records))
+        _check_integrity(path, body, header, len(records))
     frame = gate_frame(frame_from_records(records, columns), source=str(path))
     policy_hash = header.get("policy_hash") or None
     return Baseline(

@@ -4,7 +4,6 @@ traceback."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import pathlib
@@ -22,29 +21,37 @@ class FolderInUseError(OutputPathError):
     """Another process is writing the run folder."""
 
 
-@contextlib.contextmanager
-def exclusive_writer(folder: str | os.PathLike, command: str):
-    """Hold `folder`'s writer lock while the block runs; FolderInUseError naming the holder
-    if another process holds it. The OS releases it when the process ends, however it ends.
+class WriterLock:
+    """`folder`'s writer lock, taken at once: FolderInUseError naming the holder if another
+    process holds it (raised here, before any `with`, so a caller tells it apart from its
+    block's errors). `with` releases it; the OS does when the process ends, however it ends.
 
     command: what this process is (recorded in the lock file for the next one to name).
     """
-    folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+
+    def __init__(self, folder: str | os.PathLike, command: str):
+        folder = pathlib.Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(folder / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that did not say"
-            raise FolderInUseError(
-                f"{folder} is being written by another run ({holder}); wait for it to end or choose another folder"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}: {command}"[:4000].encode(), 0)
-        yield folder
-    finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race the next writer)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(self._fd, 4096, 0).decode(errors="replace").strip() or "a process that did not say"
+                raise FolderInUseError(
+                    f"{folder} is being written by another run ({holder}); wait for it to end or choose another folder"
+                ) from None
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"pid {os.getpid()}: {command}"[:4000].encode(), 0)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def __enter__(self) -> "WriterLock":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        os.close(self._fd)  # releases the lock; the file stays (removing it would race the next writer)
 
 
 def _folder_problem(path: pathlib.Path) -> str:

@@ -147,11 +147,11 @@ def test_the_baseline_command_refuses_an_empty_run(tmp_path, capsys):
 
 
 def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_path):
-    from reports.outputs import WRITER_LOCK_FILE, exclusive_writer
+    from reports.outputs import WRITER_LOCK_FILE, WriterLock
     from tests.cli_support import REFERENCE_ONLY_CASE
 
     out = tmp_path / "out"
-    with exclusive_writer(out, "the first run"):
+    with WriterLock(out, "the first run"):
         second = run_cli("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering",
                          "--out", out, "--quiet")
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
@@ -168,11 +168,11 @@ def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_
 def test_the_api_refuses_to_write_reports_into_a_folder_being_written(tmp_path):
     from harness.api import ParityRun
     from harness.errors import ReportError
-    from reports.outputs import exclusive_writer
+    from reports.outputs import WriterLock
 
     run = ParityRun.__new__(ParityRun)  # only write_reports' refusal is exercised: nothing is written
     object.__setattr__(run, "manifest", type("M", (), {"command_line": "test"})())
-    with exclusive_writer(tmp_path, "another writer"), pytest.raises(ReportError, match="another writer"):
+    with WriterLock(tmp_path, "another writer"), pytest.raises(ReportError, match="another writer"):
         run.write_reports(tmp_path)
 
 

@@ -26,7 +26,7 @@ from jax.sharding import AbstractDevice, AbstractMesh, AxisType, NamedSharding, 
 from mhc.kernels import api
 from mhc.kernels.config import KernelConfig
 from mhc.sharding import DEFAULT_TOKEN_AXES
-from mhc.types import MhcConfig, MhcContext, MhcWeights
+from mhc.types import MATMUL_FIELDS, MhcConfig, MhcContext, MhcWeights
 
 TPU_DEVICE_KIND = "TPU7x"
 PROGRAMS = ("pre_forward", "post_forward", "pre_backward", "post_backward")
@@ -76,16 +76,21 @@ def lower_for_tpu(program: str, fn, structs, mesh: AbstractMesh) -> LoweringResu
         return LoweringResult(program, False, message, time.perf_counter() - start)
 
 
+def weight_structs(config: MhcConfig, dtype, sharding=None) -> dict[str, jax.ShapeDtypeStruct]:
+    """Every weight leaf by field name as the kernels' lowered programs take it: matmul leaves
+    in the activation `dtype`, gate scales and biases float32; with `sharding` (the
+    activations' `NamedSharding`), replicated on its mesh."""
+    replicated = None if sharding is None else NamedSharding(sharding.mesh, PartitionSpec())
+    return {
+        name: jax.ShapeDtypeStruct(shape, dtype if name in MATMUL_FIELDS else jnp.float32, sharding=replicated)
+        for name, shape in config.dims.weight_shapes().items()
+    }
+
+
 def _structs(config: MhcConfig, batch: int, seq: int, dtype, sharding):
     n, c = config.streams, config.embedding
     tok = lambda *shape, dt=dtype: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
-    shapes = config.dims.weight_shapes()
-    rep = None if sharding is None else NamedSharding(sharding.mesh, PartitionSpec())
-    weights = MhcWeights(**{
-        k: jax.ShapeDtypeStruct(v, dtype if k in ("norm_scale", "pre_alpha", "post_alpha", "res_alpha")
-                                else jnp.float32, sharding=rep)
-        for k, v in shapes.items()
-    })
+    weights = MhcWeights(**weight_structs(config, dtype, sharding))
     x = tok(batch, seq, n, c)
     y = tok(batch, seq, c)
     context = MhcContext(x=x, h_pre=tok(batch, seq, n, dt=jnp.float32),

@@ -49,14 +49,14 @@ from reports.commands import comparability_refusal, current_cases, gated_frame
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
 from reports.gate import gate as _gate_rows
-from reports.manifest import Manifest, selection_digest, write_manifest
+from reports.manifest import Manifest, selection_digest
 from reports.outputs import OutputPathError, WriterLock, writable_file, writable_folder
 from reports.ownership import default_baseline_path, implementation_rows
 from reports.rows import ReportInputError, to_frame
 from reports.schema import OK_VERDICTS
 from reports.sources import LoadedRun, load_run
-from reports.store import RowStore
-from reports.writers import write_all
+from reports.store import case_records
+from reports.writers import write_run_folder
 
 ImplementationLike = str | Implementation | Any
 # What an in-memory run is called where a file name would be (messages, LoadedRun.source).
@@ -126,13 +126,7 @@ class ParityRun:
 
     def _write_reports(self, out: pathlib.Path, folder) -> dict[str, pathlib.Path]:
         try:
-            write_manifest(out, self.manifest)  # first: from here on no reader trusts the old files
-            store = RowStore(out)
-            store.start_fresh()
-            for case in self.manifest.cases:
-                store.append_case(case, [r for r in self.records if r["case"] == case])
-            paths = write_all(list(self.records), dict(self.metadata), out, manifest=self.manifest)
-            write_manifest(out, self.manifest)
+            paths = write_run_folder(out, list(self.records), dict(self.metadata), self.manifest)
         except (OutputPathError, OSError) as exc:
             raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
         return paths
@@ -219,7 +213,7 @@ class PreparedRun:
         if cases is not None:
             manifest = dataclasses.replace(manifest, cases=tuple(c.name for c in cases),
                                            selection_digest=selection_digest(cases))
-        manifest = manifest.progressed(len(manifest.cases))
+        manifest = manifest.with_cases(case_records(records, manifest.cases)[case] for case in manifest.cases)
         metadata = run_command.finished_metadata(
             manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started
         )

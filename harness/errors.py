@@ -25,3 +25,8 @@ class BaselineError(ParityError, ValueError):
 
 class ReportError(ParityError, OSError):
     """A report folder or baseline file that cannot be written."""
+
+
+class ResourceError(ParityError, RuntimeError):
+    """The machine ran out of what a run needs (memory for a case, a worker process): not a
+    parity failure. The message names the case; the cases finished before it are kept."""

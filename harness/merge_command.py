@@ -25,11 +25,12 @@ import sys
 import uuid
 
 from harness.shards import parse_shard, shard_names
-from reports import ReportInputError, write_all
-from reports.manifest import ManifestError, Manifest, now_iso, read_manifest, write_manifest
-from reports.outputs import FolderInUseError, OutputPathError, WriterLock, writable_folder
+from reports import ReportInputError
+from reports.manifest import ManifestError, Manifest, now_iso, read_manifest
+from reports.outputs import FolderInUseError, OutputPathError, WriterLock, cannot_write, writable_folder
 from reports.sources import load_run
 from reports.store import RowStore, StoreError
+from reports.writers import write_run_folder
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Report metadata that must agree between shards: where and with what the rows were made.
@@ -66,14 +67,14 @@ def read_shard(folder: pathlib.Path) -> ShardRun:
             raise MergeError(f"{folder}: no manifest.json (not a run folder)")
         manifest.require_complete(str(folder))
         metadata = load_run(folder).metadata
-        rows, done = RowStore(folder).finished()
+        rows, found = RowStore(folder).finished()
     except (ManifestError, ReportInputError, StoreError, OSError) as exc:
         raise MergeError(str(exc)) from None
     if not manifest.shard:
         raise MergeError(f"{folder}: a whole run, not a shard (made without --shard K/N)")
-    if len(rows) != manifest.rows or done != set(manifest.cases):
-        raise MergeError(f"{folder}: its row stream does not match its manifest ({len(rows)} rows, "
-                         f"manifest says {manifest.rows})")
+    problem = manifest.rows_problem(found)
+    if problem:
+        raise MergeError(f"{folder}: its row stream does not match its manifest ({problem})")
     return ShardRun(folder, manifest, metadata, rows)
 
 
@@ -136,13 +137,15 @@ def check_shards(shards: list[ShardRun]) -> None:
 def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Manifest:
     """The complete manifest of the whole selection, as one run of it would have."""
     first = shards[0].manifest
+    records = {record.case: record for shard in shards for record in shard.manifest.case_records}
     stamp = now_iso()
     return dataclasses.replace(
         first, run_id=uuid.uuid4().hex, state="complete", cases=first.shard_of,
         selection_digest=first.shard_of_digest,
         path_names=tuple(sorted({name for s in shards for name in s.manifest.path_names})),
         command_line=command_line, started=min(s.manifest.started for s in shards), updated=stamp,
-        finished=stamp, resumed=(), cases_done=len(first.shard_of), rows=rows, reason="",
+        finished=stamp, resumed=(), case_records=tuple(records[case] for case in first.shard_of), rows=rows,
+        reason="",
         shard="", shard_of=(), shard_of_digest="",
     )
 
@@ -186,7 +189,10 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
     except FolderInUseError as exc:
         raise MergeError(f"OUT: {exc}") from None
     with writer:
-        return _write_merged(out, shards, command_line)
+        try:
+            return _write_merged(out, shards, command_line)
+        except OSError as exc:  # a full disk: the folder's manifest says failed (reports.writers)
+            raise MergeError(f"OUT: {cannot_write(exc, out)}") from None
 
 
 def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) -> dict:
@@ -198,16 +204,7 @@ def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) 
     selection = shards[0].manifest.shard_of
     rows = [row for case in selection for row in by_case.get(case, [])]
     manifest = merged_manifest(shards, len(rows), command_line)
-    running = dataclasses.replace(manifest, state="running", finished="", rows=None, cases_done=0)
-    write_manifest(out, running)  # first: a kill from here on leaves a folder no reader accepts
-    store = RowStore(out)
-    store.start_fresh()
-    for case in selection:
-        store.append_case(case, by_case.get(case, []))
-    paths = write_all(rows, merged_metadata(shards, command_line), out, manifest=manifest)
-    write_manifest(out, manifest)  # last: the folder is now a complete run
-    return paths
-
+    return write_run_folder(out, rows, merged_metadata(shards, command_line), manifest)
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mhc-parity merge",

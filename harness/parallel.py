@@ -29,6 +29,7 @@ from typing import Iterable, Iterator
 
 import jax
 
+from harness.errors import ResourceError
 from harness.env import backend_started, ensure_host_devices, pace_garbage_collector
 from harness.implementations import BUILTIN, load_externals
 from harness.plan import PathPlan
@@ -71,8 +72,8 @@ def auto_jobs(case_count: int) -> int:
     return max(1, min(cores, by_memory, case_count))
 
 
-class WorkerError(RuntimeError):
-    """A worker process died without an answer (killed, or crashed in native code)."""
+class WorkerError(ResourceError):
+    """A worker process died without an answer (killed, e.g. for memory, or crashed in native code)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,19 +22,19 @@ from cases import registry
 from cases.spec import CaseSpecError, normalize_dtype
 from cases.toml_cases import USER_SUITE, register_case_file
 from harness.run_info import enable_compilation_cache, run_metadata
-from harness.errors import ConfigurationError
+from harness.errors import ConfigurationError, ResourceError
 from harness.implementations import BUILTIN, ImplementationError, includes_external, load_externals
 from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
 from harness.policy import PolicyError, load_policy
 from harness.progress import DEFAULT_HEARTBEAT_S, Progress
-from harness.parallel import ParallelRunner, WorkerError, auto_jobs
-from harness.runner import Runner
+from harness.parallel import ParallelRunner, auto_jobs
+from harness.runner import Runner, out_of_memory_error
 from harness.shards import parse_shard, shard_cases
 from harness.summary import exit_code, print_summary
 from reports import ReportInputError, load_baseline, write_all
 from reports.commands import DEFAULT_RUN_FOLDER
 from reports.manifest import MANIFEST_FILE, Manifest, ManifestError, RunRequest, read_manifest, write_manifest
-from reports.outputs import FolderInUseError, OutputPathError, WriterLock, writable_folder
+from reports.outputs import FolderInUseError, OutputPathError, WriterLock, cannot_write, writable_folder
 from reports.store import RowStore, StoreError
 
 PROG = "mhc-parity run"
@@ -205,21 +205,24 @@ def _open_run(store, manifest, *, resume: bool):
                     + ". Run without --resume to start over (or use another --out)"
                 )
             try:
-                rows, done = store.finished()
+                rows, found = store.finished()
             except StoreError as exc:
                 raise UsageError(f"--resume: {exc}") from exc
-            if previous.is_complete and (len(rows) != previous.rows or done != set(previous.cases)):
-                # As merge checks a shard: a complete run's stream must be the one its manifest counted.
+            problem = previous.rows_problem(found, exact=previous.is_complete)
+            if problem:
+                # As merge checks a shard: the stream must hold the rows the manifest recorded.
                 raise UsageError(
-                    f"--resume: {store.folder}: its row stream does not match its manifest ({len(rows)} rows of "
-                    f"{len(done)} cases, the manifest says {previous.rows} rows of {len(previous.cases)}): it was "
-                    f"cut or edited. Run without --resume to start over"
+                    f"--resume: {store.folder}: its row stream does not match its manifest ({problem}): it was "
+                    f"cut, edited or left by another run. Run without --resume to start over"
                 )
-            done &= set(previous.cases)
-            manifest = previous.resumed_as(manifest).progressed(len(done))
+            # Finished cases the manifest did not record (killed before it was updated, or rows an
+            # earlier run left) are redone.
+            done = [record.case for record in previous.case_records]
+            rows = [row for row in rows if row["case"] in set(done)]
+            manifest = previous.resumed_as(manifest)
             write_manifest(store.folder, manifest)
-            store.keep(rows)
-            return manifest, rows, done
+            store.keep(rows, done)
+            return manifest, rows, set(done)
     write_manifest(store.folder, manifest)
     store.start_fresh()
     return manifest, [], set()
@@ -267,6 +270,14 @@ def parse_jobs(text) -> int | str:
     return jobs
 
 
+def enable_cache() -> None:
+    """`enable_compilation_cache`, its ConfigurationError as this command's UsageError."""
+    try:
+        enable_compilation_cache()
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def _command_run(args, argv) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
@@ -285,9 +296,9 @@ def _command_run(args, argv) -> int:
     except FolderInUseError as exc:
         raise UsageError(f"--out: {exc}") from exc
     with writer:
+        enable_cache()  # before the folder changes: an unwritable cache is a usage error
         store = RowStore(out)
         manifest, rows, done = _open_run(store, manifest, resume=args.resume)
-        enable_compilation_cache()
         return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
 
 
@@ -306,12 +317,18 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
                         heartbeat_s=args.heartbeat)
     signals = _SignalsInterrupt()
+    running = []  # the case being run, for a message naming it
+
+    def case_started(case):
+        running[:] = [case]
+        progress.start(case)
+
     try:
         with signals:
-            for case, case_rows in runner.run(todo, plan, on_case_start=progress.start, on_step=progress.step):
-                store.append_case(case.name, case_rows)
+            for case, case_rows in runner.run(todo, plan, on_case_start=case_started, on_step=progress.step):
+                record = store.append_case(case.name, case_rows)
                 rows.extend(case_rows)
-                manifest = manifest.progressed(manifest.cases_done + 1)
+                manifest = manifest.with_case(record)
                 write_manifest(store.folder, manifest)
                 progress.finish(case, case_rows)
             progress.close()
@@ -333,7 +350,34 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
         progress.close()
         write_manifest(store.folder, manifest.interrupted(f"configuration error: {exc}"))
         raise UsageError(f"{exc} (found while running; the run is stopped)") from exc
+    except (OSError, MemoryError, ResourceError) as exc:  # what the machine lacked, not a parity failure
+        progress.close()
+        reason = _shortage(exc, running)
+        _record_failure(store.folder, manifest, reason)
+        raise UsageError(
+            f"{reason}; the {manifest.cases_done} finished cases are kept in {store.folder}. "
+            f"Once that is mended, finish the run with `{manifest.resume_command()}`"
+        ) from exc
     return _conclude(rows, paths)
+
+
+def _shortage(exc: BaseException, running: list) -> str:
+    """One phrase for what stopped the run: the file it could not write, or the case that
+    exhausted memory."""
+    if isinstance(exc, MemoryError):
+        return str(out_of_memory_error(running[0], "the comparisons", exc)) if running else "out of memory"
+    if isinstance(exc, OSError):
+        return cannot_write(exc, "the run folder")
+    return str(exc)
+
+
+def _record_failure(folder: pathlib.Path, manifest: Manifest, reason: str) -> None:
+    """Finish the manifest as failed if the disk still takes it; left "running" (which no
+    reader trusts either) if it does not."""
+    try:
+        write_manifest(folder, manifest.failed(reason))
+    except OSError:
+        pass
 
 
 def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
@@ -399,9 +443,6 @@ def main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except WorkerError as exc:  # the run stays unfinished, like a killed one: --resume finishes it
-        print(f"mhc-parity: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # before the run started computing (see _execute for after)
         print("\nmhc-parity: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT

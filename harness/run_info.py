@@ -12,7 +12,9 @@ import jax
 import jaxlib
 import numpy
 
+from cases.fixtures import CACHE_ENV_VAR
 from harness.env import cache_root, host_cpu
+from harness.errors import ConfigurationError
 from mhc.precision import (
     DEFAULT_MATMUL_PRECISION,
     device_compute_capability,
@@ -21,6 +23,7 @@ from mhc.precision import (
 )
 from reports.environment import format_precision_record
 from reports.manifest import PROJECT_ROOT
+from reports.outputs import OutputPathError, writable_folder
 
 
 # JAX's events for a program looked up in the persistent cache: found (loaded, not
@@ -47,12 +50,15 @@ def compile_counts() -> dict[str, int]:
 
 def enable_compilation_cache() -> pathlib.Path:
     """Turn on JAX's persistent compilation cache in the project cache folder (and count
-    what it compiles and loads: `compile_counts`)."""
+    what it compiles and loads: `compile_counts`). ConfigurationError if the cache folder
+    cannot be written."""
     if not _counting:
         jax.monitoring.register_event_listener(_count_compile_event)
         _counting.append(True)
-    path = cache_root() / "jax-compilation"
-    path.mkdir(parents=True, exist_ok=True)
+    try:  # the fixture, oracle and program stores live beside it
+        path = writable_folder(writable_folder(cache_root()) / "jax-compilation")
+    except OutputPathError as exc:
+        raise ConfigurationError(f"the cache folder ({CACHE_ENV_VAR}, default <project>/.cache): {exc}") from None
     jax.config.update("jax_compilation_cache_dir", str(path))
     # Cache every program: interpret-mode kernels compile in well under a second each,
     # but there are many of them.

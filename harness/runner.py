@@ -26,8 +26,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 import jax
 
 from cases.branches import get_branch
-from cases.fixtures import make_fixture
+from cases.fixtures import fixture_elements, make_fixture
 from harness.compare import compare_leaves, status_row
+from harness.errors import ResourceError
 from harness.devices import Placement, PlacementError, path_placement, precision_label
 from harness.lowering import implementation_lowering_rows, lowering_rows
 from harness.metrics import MetricsMemo
@@ -60,6 +61,20 @@ def _no_step(case, step: str) -> None:
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the machine ran out of memory (host or device), not that the code failed."""
+    return isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc)
+
+
+def out_of_memory_error(case, where: str, exc: BaseException) -> ResourceError:
+    """A one-line ResourceError naming the case, its size and where memory ran out."""
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return ResourceError(
+        f"case {case.name} ({case.shape_name}, {fixture_elements(case):,} fixture elements) ran out of memory "
+        f"in {where}: {first_line}; run it on a machine with more memory, or select smaller cases"
+    )
 
 
 @dataclasses.dataclass
@@ -151,6 +166,8 @@ class Runner:
         except UnsupportedInputError as exc:
             return dataclasses.replace(self._classify_unsupported(path, case, exc), placement=placement)
         except Exception as exc:  # reported as an `error` row; the run goes on
+            if _out_of_memory(exc):  # the machine's limit, not the code's: the run stops (exit 2)
+                raise out_of_memory_error(case, path.name, exc) from exc
             return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root),
                                placement=placement)
         if expects_rejection:
@@ -201,6 +218,8 @@ class Runner:
                 yield from self._status_rows(case, path, paths, result)
             return
         except Exception as exc:
+            if _out_of_memory(exc):
+                raise out_of_memory_error(case, "its fixture or oracle", exc) from exc
             for path in paths:
                 yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
             return

@@ -26,13 +26,12 @@ from reports.baseline import write_baseline
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.environment import precision_conflicts, run_precision
 from reports.gate import GateResult, gate
-from reports.manifest import write_manifest
 from reports.markdown import gate_markdown
 from reports.ownership import default_baseline_path, implementation_rows, ownership_refusal, resolve_implementation
-from reports.outputs import OutputPathError, writable_file, writable_folder
-from reports.rows import ReportInputError
+from reports.outputs import OutputPathError, WriterLock, cannot_write, writable_file, writable_folder
+from reports.rows import ReportInputError, frame_to_json_records
 from reports.sources import load_run
-from reports.writers import write_all
+from reports.writers import write_all, write_run_folder
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Where `harness run` writes a run unless told otherwise (and where `baseline` looks).
@@ -236,7 +235,7 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
         try:
             markdown_path.write_text(gate_markdown(result), encoding="utf-8")
         except OSError as exc:
-            return _fail(f"--markdown: cannot write {markdown_path}: {exc.strerror or exc}")
+            return _fail(f"--markdown: {cannot_write(exc, markdown_path)}")
         print(f"gate: wrote {markdown_path}")
     return EXIT_OK if result.ok else EXIT_FAILED
 
@@ -293,14 +292,17 @@ def baseline_main(argv: Sequence[str] | None = None, *, prog: str = BASELINE_PRO
         print(f"{prog}: error: {run.source} has no rows{f' of {name!r}' if name else ''}; "
               f"refusing to write an empty baseline", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name)
+    except ReportInputError as exc:  # rows a baseline cannot hold, e.g. two with one row key
+        print(f"{prog}: error: {run.source}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"{prog}: error: {cannot_write(exc, target)}", file=sys.stderr)
+        return EXIT_USAGE
     failing = frame["verdict"].isin(("fail", "error")).sum()
     if failing:
         print(f"{prog}: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
-    try:
-        path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name)
-    except OSError as exc:
-        print(f"{prog}: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
     owner = f" of implementation {name!r}" if name else ""
     print(f"baseline written: {path} ({len(frame)} rows{owner})")
     return EXIT_OK
@@ -309,10 +311,23 @@ def baseline_main(argv: Sequence[str] | None = None, *, prog: str = BASELINE_PRO
 # ---------------------------------------------------------------------------- render
 
 
+def _render_metadata(path: str | None, own: dict) -> dict:
+    """The run metadata to render: the JSON object in `path`, else the run's own."""
+    if not path:
+        return own
+    try:
+        metadata = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportInputError(f"--metadata {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(metadata, dict):
+        raise ReportInputError(f"--metadata {path}: expected a JSON object, got a {type(metadata).__name__}")
+    return metadata
+
+
 def render_main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
     """`render --rows RUN --out DIR [--metadata META.json] [--baseline B]`; exit 0 or 2.
 
-    A rendered folder is a copy of the run: its reports and its manifest.
+    A rendered folder is a copy of the run: its manifest, row stream and reports.
     """
     parser = argparse.ArgumentParser(prog=prog, description="Write every report format again from a finished run.")
     parser.add_argument("--rows", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
@@ -324,14 +339,17 @@ def render_main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -
         return args
     try:
         run = load_run(args.rows)
-        metadata = run.metadata
-        if args.metadata:
-            metadata = json.loads(Path(args.metadata).read_text(encoding="utf-8"))
+        metadata = _render_metadata(args.metadata, run.metadata)
         out = writable_folder(args.out)
-        paths = write_all(run.frame, metadata, out, baseline=args.baseline, manifest=run.manifest)
-        if run.manifest is not None:
-            write_manifest(out, run.manifest)
-    except (ReportInputError, OutputPathError, OSError, json.JSONDecodeError) as exc:
+        if run.manifest is not None and out.resolve() == run.source.resolve().parent:
+            raise OutputPathError(f"{out} holds the run being rendered; render into another folder")
+        with WriterLock(out, f"render ({run.source})"):  # one writer per run folder
+            if run.manifest is None:
+                paths = write_all(run.frame, metadata, out, baseline=args.baseline)
+            else:  # a copy of the run: its manifest, stream and reports
+                records = frame_to_json_records(run.frame)
+                paths = write_run_folder(out, records, metadata, run.manifest, baseline=args.baseline)
+    except (ReportInputError, OutputPathError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(paths["html"])

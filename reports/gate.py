@@ -5,6 +5,9 @@ Rules (row identity = `reports.schema.row_key`: case, candidate, partner, leaf):
 Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
   failure        the current run has a `fail` or `error` verdict (any row, new or old);
   missing        a row of the baseline is absent from the current run;
+  baseline_gap   a current row absent from the baseline, of a case and candidate path
+                 the baseline has other rows of: the baseline lost it (or the path's
+                 leaves changed, which needs a refreshed baseline too);
   lost_coverage  a row that passed in the baseline is now `skip` or `unsupported`
                  (it still exists but no longer measures anything);
   new_nonfinite  nan_count or inf_count is > 0 now where the baseline row had 0;
@@ -17,7 +20,8 @@ Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
 Informational — listed, never failing:
   improvement    an error shrank by more than `growth_factor`, or a row that was
                  fail/error in the baseline passes now;
-  new_row        a row not in the baseline (its verdict still counts above).
+  new_row        a row of a case or candidate path the baseline has no row of (its
+                 verdict still counts above).
 
 The defaults suit bfloat16: with 8 significant bits the normalised max error of a
 well-behaved leaf is a few ulps, and re-running on other hardware or another XLA
@@ -59,7 +63,7 @@ from reports.text import format_number, format_text_table
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 # Finding categories, in the order they are printed.
-FAILING_CATEGORIES = ("failure", "missing", "lost_coverage", "new_nonfinite", "regression")
+FAILING_CATEGORIES = ("failure", "missing", "baseline_gap", "lost_coverage", "new_nonfinite", "regression")
 INFO_CATEGORIES = ("improvement", "new_row")
 
 
@@ -98,6 +102,7 @@ class GateResult:
 
     failures: tuple[GateFinding, ...]
     missing: tuple[GateFinding, ...]
+    baseline_gaps: tuple[GateFinding, ...]
     lost_coverage: tuple[GateFinding, ...]
     new_nonfinite: tuple[GateFinding, ...]
     regressions: tuple[GateFinding, ...]
@@ -121,6 +126,7 @@ class GateResult:
         field = {
             "failure": "failures",
             "missing": "missing",
+            "baseline_gap": "baseline_gaps",
             "lost_coverage": "lost_coverage",
             "new_nonfinite": "new_nonfinite",
             "regression": "regressions",
@@ -259,10 +265,18 @@ def gate(
         for key, row in sorted(base_rows.items())
         if key not in cur_rows
     )
+    covered = Counter(key[:2] for key in base_rows)  # rows per (case, candidate) in the baseline
+    unmatched = [(key, row) for key, row in sorted(cur_rows.items()) if key not in base_rows]
+    baseline_gaps = tuple(
+        _finding("baseline_gap", row, f"absent from the baseline, which has {covered[key[:2]]} other rows of "
+                                      f"this case and path ({row['verdict']} now)")
+        for key, row in unmatched
+        if key[:2] in covered
+    )
     new_rows = tuple(
         _finding("new_row", row, f"not in the baseline ({row['verdict']})")
-        for key, row in sorted(cur_rows.items())
-        if key not in base_rows
+        for key, row in unmatched
+        if key[:2] not in covered
     )
     lost_coverage = []
     new_nonfinite = []
@@ -303,6 +317,7 @@ def gate(
     return GateResult(
         failures=failures,
         missing=missing,
+        baseline_gaps=baseline_gaps,
         lost_coverage=tuple(lost_coverage),
         new_nonfinite=tuple(new_nonfinite),
         regressions=tuple(sorted(regressions, key=lambda f: -f.growth)),

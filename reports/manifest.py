@@ -2,12 +2,13 @@
 
 A run folder (`--out`) holds `manifest.json`, the row stream (`reports.store`) and, for a
 complete run only, the reports (`REPORT_FILES`). The runner writes the manifest first
-(state "running") before it touches anything else in the folder, updates its case count
-as cases finish, writes the reports, and finishes the manifest last ("complete"); Ctrl-C
-or SIGTERM finish it as "interrupted", and a kill -9 leaves "running". Whatever reads a
-run folder (`reports.sources.load_run`: the gate, `baseline --from`, `render`) accepts
-only a complete manifest whose report carries the same run id and row count, so a
-stale, partial or interrupted folder never passes.
+(state "running") before it touches anything else in the folder, records each case as it
+finishes (its row count and a digest of its rows, `CaseRecord`), writes the reports, and
+finishes the manifest last ("complete"); Ctrl-C or SIGTERM finish it as "interrupted", a
+full disk or exhausted memory as "failed", and a kill -9 leaves "running". Whatever reads
+a run folder (`reports.sources.load_run`: the gate, `baseline --from`, `render`) accepts
+only a complete manifest whose report carries the same run id and exactly the recorded
+rows, so a stale, partial, edited or interrupted folder never passes.
 
 The manifest records what was asked (`RunRequest`), what that selected (every case name
 in order, and `selection_digest` over the full case specs, so an edited case file is a
@@ -35,12 +36,14 @@ from typing import Any, Iterable, Mapping, Sequence
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mhc-parity-manifest"
-MANIFEST_VERSION = 1
+# Version 2 records each finished case's row count and digest (`CaseRecord`); a version-1
+# manifest cannot vouch for its rows and is refused.
+MANIFEST_VERSION = 2
 # The reports a complete run writes (the one list of their names: reports.writers uses it).
 REPORT_FILES = {"csv": "rows.csv", "json": "report.json", "html": "report.html", "markdown": "summary.md"}
 
-RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
-STATES = (RUNNING, COMPLETE, INTERRUPTED)
+RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
+STATES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)
 # Packages whose Python sources can change a number in a row.
 CODE_DIRS = ("mhc", "cases", "harness")
 SHORT_DIGEST = 12
@@ -154,6 +157,26 @@ class RunRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class CaseRecord:
+    """One finished case as the manifest vouches for it: its row count and `digest`, the
+    sha256 over its rows in canonical form (`reports.store.case_records`)."""
+
+    case: str
+    rows: int
+    digest: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CaseRecord":
+        record = cls(case=str(data["case"]), rows=data["rows"], digest=str(data["digest"]))
+        if isinstance(record.rows, bool) or not isinstance(record.rows, int) or record.rows < 0:
+            raise ValueError(f"case {record.case!r}: row count {record.rows!r} is not a count")
+        return record
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One run's manifest (see the module docstring).
 
@@ -161,8 +184,9 @@ class Manifest:
     `reason`). cases: every selected case name in run order; selection_digest: over their
     full specs. path_names: the path and lowering names the plan selects. code_files:
     (path, sha256) of every source under test; code_digest: their joint digest.
-    cases_done: cases finished so far; rows: the row count, set once complete; resumed:
-    when each --resume started. Times are ISO 8601 UTC.
+    case_records: each finished case's row count and digest, in the order they finished
+    (`cases_done` counts them); rows: the row count, set once complete; resumed: when each
+    --resume started. Times are ISO 8601 UTC.
     """
 
     run_id: str
@@ -180,7 +204,7 @@ class Manifest:
     updated: str
     finished: str = ""
     resumed: tuple[str, ...] = ()
-    cases_done: int = 0
+    case_records: tuple[CaseRecord, ...] = ()
     rows: int | None = None
     reason: str = ""
     # A `--shard K/N` run: "K/N", and the whole selection it is a share of (names in
@@ -217,8 +241,13 @@ class Manifest:
             resumed=self.resumed + (stamp,), rows=None, reason="",
         )
 
-    def progressed(self, cases_done: int) -> "Manifest":
-        return dataclasses.replace(self, cases_done=cases_done, updated=now_iso())
+    def with_case(self, record: CaseRecord) -> "Manifest":
+        """This run with one more finished case."""
+        return dataclasses.replace(self, case_records=self.case_records + (record,), updated=now_iso())
+
+    def with_cases(self, records: Iterable[CaseRecord]) -> "Manifest":
+        """This run with exactly `records` finished (a resume keeps those its stream still holds)."""
+        return dataclasses.replace(self, case_records=tuple(records), updated=now_iso())
 
     def completed(self, rows: int) -> "Manifest":
         stamp = now_iso()
@@ -227,11 +256,23 @@ class Manifest:
     def interrupted(self, reason: str) -> "Manifest":
         return dataclasses.replace(self, state=INTERRUPTED, reason=reason, updated=now_iso())
 
+    def failed(self, reason: str) -> "Manifest":
+        """Stopped by what the machine lacked (disk space, memory): resumable once it is there."""
+        return dataclasses.replace(self, state=FAILED, reason=reason, updated=now_iso())
+
     # -- checks ----------------------------------------------------------------------
 
     @property
+    def cases_done(self) -> int:
+        return len(self.case_records)
+
+    @property
     def is_complete(self) -> bool:
-        return self.state == COMPLETE and self.cases_done == len(self.cases) and self.rows is not None
+        return (
+            self.state == COMPLETE and self.rows is not None
+            and [r.case for r in self.case_records] == list(self.cases)
+            and sum(r.rows for r in self.case_records) == self.rows
+        )
 
     def progress_text(self) -> str:
         """e.g. "interrupted (SIGINT), 2 of 6 cases done"."""
@@ -250,10 +291,39 @@ class Manifest:
         """ManifestError (one line) unless the run finished."""
         if self.is_complete:
             return
+        if self.state == COMPLETE:
+            raise ManifestError(
+                f"{where}: its manifest says complete, but its rows ({self.rows}) and case records "
+                f"({self.cases_done} of {len(self.cases)} cases) do not add up (an edited manifest?); rerun it"
+            )
         raise ManifestError(
             f"{where} holds an unfinished run ({self.progress_text()}); its rows are partial. "
             f"Finish it with `{self.resume_command()}` or rerun it"
         )
+
+    def rows_problem(self, found: Mapping[str, CaseRecord], *, exact: bool = True) -> str:
+        """Why the rows `found` (per case, as `reports.store.case_records` counts them) are not
+        the ones this manifest recorded ("" if they are). With `exact`, cases it did not record
+        are a problem too; without, they are left for the caller to drop (a resume redoes them:
+        a kill can land between a case's rows and its record)."""
+        recorded = {r.case: r for r in self.case_records}
+        problems = []
+        for case, record in recorded.items():
+            seen = found.get(case)
+            if seen is None:
+                problems.append(f"case {case} ({record.rows} rows) is missing")
+            elif seen.rows != record.rows:
+                problems.append(f"case {case} has {seen.rows} rows, {record.rows} recorded")
+            elif seen.digest != record.digest:
+                problems.append(f"case {case}: its {seen.rows} rows differ from the recorded ones")
+        if exact:
+            strangers = [case for case in found if case not in recorded]
+            if strangers:
+                problems.append(f"rows of cases it did not record: {_few(strangers)}")
+        if not problems:
+            return ""
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return problems[0] + more
 
     def changed_project_files(self) -> list[str]:
         """Files under `CODE_DIRS` whose content differs now from when this run was made."""
@@ -298,6 +368,8 @@ class Manifest:
         data = dataclasses.asdict(self)
         data["request"] = self.request.to_json()
         data["code_files"] = dict(self.code_files)
+        data["case_records"] = [record.to_json() for record in self.case_records]
+        data["cases_done"] = self.cases_done  # for a reader of the file; derived from case_records
         return {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **data}
 
     @classmethod
@@ -305,18 +377,22 @@ class Manifest:
         """Parse a manifest document; ManifestError naming `where` if it is not one."""
         problem = format_problem(data, name=MANIFEST_FORMAT, version=MANIFEST_VERSION, what="manifest")
         if problem:
-            raise ManifestError(f"{where}: {problem}")
+            older = isinstance(data, dict) and data.get("format_version") == 1
+            hint = ": it records no per-case row digests, so its rows cannot be checked; rerun it" if older else ""
+            raise ManifestError(f"{where}: {problem}{hint}")
         try:
-            fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data or f.name not in _LATER}
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
             fields["request"] = RunRequest.from_json(fields["request"])
             for name in ("cases", "path_names", "resumed", "shard_of"):
-                if name not in fields:
-                    continue
                 fields[name] = tuple(str(v) for v in fields[name])
             fields["code_files"] = tuple(sorted((str(k), str(v)) for k, v in dict(fields["code_files"]).items()))
+            fields["case_records"] = tuple(CaseRecord.from_json(r) for r in fields["case_records"])
             manifest = cls(**fields)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
+        if data.get("cases_done", manifest.cases_done) != manifest.cases_done:
+            raise ManifestError(f"{where}: cases_done {data['cases_done']!r} disagrees with its "
+                                f"{manifest.cases_done} case records (an edited manifest?)")
         if manifest.state not in STATES:
             raise ManifestError(f"{where}: unknown run state {manifest.state!r} (expected one of {STATES})")
         return manifest
@@ -331,10 +407,6 @@ class Manifest:
             "code_digest": self.code_digest,
             **({"shard": self.shard} if self.shard else {}),
         }
-
-
-# Fields added after format version 1 was in use (with defaults): an older manifest lacks them.
-_LATER = frozenset({"shard", "shard_of", "shard_of_digest"})
 
 
 def format_problem(document: Any, *, name: str, version: int, what: str) -> str:

@@ -85,3 +85,9 @@ def writable_file(path: str | os.PathLike) -> pathlib.Path:
     if problem:
         raise OutputPathError(f"cannot write file {path} ({problem})")
     return path
+
+
+def cannot_write(exc: OSError, where: str | os.PathLike) -> str:
+    """One phrase for a failed write, e.g. "cannot write out/rows.jsonl: No space left on
+    device"; the file the error names, else `where`."""
+    return f"cannot write {exc.filename or where}: {exc.strerror or exc}"

@@ -15,6 +15,7 @@ from pathlib import Path
 from reports.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso, write_manifest
 from reports.rows import to_frame
 from reports.schema import empty_row
+from reports.store import case_records
 from reports.writers import OUTPUT_FILES, write_all, write_csv, write_json
 
 HOSTILE_CASE = "<script>alert(1)</script>"
@@ -117,7 +118,7 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
         selection_digest="sample", path_names=tuple(sorted({str(r["candidate"]) for r in rows})),
         policy_source="sample", policy_digest=policy_digest, code_digest=digest_of(files),
         code_files=tuple(files.items()), command_line="(hand-made sample run)", started=stamp, updated=stamp,
-        finished=stamp, cases_done=len(cases), rows=len(rows),
+        finished=stamp, case_records=tuple(case_records(rows, cases)[case] for case in cases), rows=len(rows),
     )
 
 

@@ -2,15 +2,16 @@
 
 `load_run` accepts:
   * a run folder: its `manifest.json` must say "complete" (`reports.manifest`), and its
-    `report.json` must carry the same run id and row count;
+    `report.json` must carry the same run id and exactly the rows the manifest recorded
+    (each case's row count and digest); so must its row stream, where it has one;
   * a `report.json` written by `reports.write_all` for a complete run: it carries the
     run's manifest; if a `manifest.json` sits next to it, it must be the same run (a
     newer run started in that folder makes the report stale);
   * a baseline CSV (recognised by its header line, see `reports.baseline`): a reviewed
     file with its own header, trusted as it is;
   * a `.jsonl` row stream or a full-schema `.csv` only inside a run folder whose
-    complete manifest records the same number of rows: a bare rows file carries no
-    manifest, so nothing says whether its run finished.
+    complete manifest recorded exactly its rows: a bare rows file carries no manifest,
+    so nothing says whether its run finished.
 
 An unfinished, interrupted or stale run raises `ReportInputError` with one line saying
 why and how to finish or redo it. With `require_current_code`, a run made by other code
@@ -27,7 +28,8 @@ import pandas as pd
 
 from reports.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
 from reports.baseline import is_baseline_file, load_baseline
-from reports.rows import ReportInputError, load_rows, to_frame
+from reports.rows import ReportInputError, frame_to_json_records, load_rows, to_frame
+from reports.store import RowStore, StoreError, case_records
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
@@ -102,16 +104,28 @@ def _complete_manifest_of(folder: Path) -> Manifest:
     return manifest
 
 
-def _check_rows_belong(frame: pd.DataFrame, manifest: Manifest, where: Path) -> None:
-    """The rows are the manifest's: same count, only its cases."""
-    if len(frame) != manifest.rows:
+def _check_rows_belong(rows, manifest: Manifest, where: Path) -> None:
+    """The rows (a frame, or a stream's finished cases) are exactly those the manifest recorded."""
+    found = case_records(frame_to_json_records(rows)) if isinstance(rows, pd.DataFrame) else rows
+    problem = manifest.rows_problem(found)
+    if problem:
         raise ReportInputError(
-            f"{where}: {len(frame)} rows, but the run {manifest.run_id} that finished there wrote "
-            f"{manifest.rows}: the file is not that run's (cut, edited or left from another run)"
+            f"{where}: its rows are not those the run {manifest.run_id} recorded ({problem}): "
+            f"the file was cut, edited or left from another run; rerun it"
         )
-    strangers = sorted(set(frame["case"]) - set(manifest.cases))
-    if strangers:
-        raise ReportInputError(f"{where}: rows of cases the run did not select: {', '.join(strangers[:4])}")
+
+
+def _check_stream(folder: Path, manifest: Manifest) -> None:
+    """The folder's row stream, where it has one, holds the rows the manifest recorded (as
+    `--resume` and `merge` require)."""
+    store = RowStore(folder)
+    if not store.has_rows():
+        return  # reports only (e.g. `reports.samples`): their rows were checked
+    try:
+        _, found = store.finished()
+    except StoreError as exc:
+        raise ReportInputError(str(exc)) from None
+    _check_rows_belong(found, manifest, store.rows_path)
 
 
 def _load_report(path: Path) -> LoadedRun:
@@ -133,6 +147,8 @@ def _load_report(path: Path) -> LoadedRun:
             f"{path}: the report and the {MANIFEST_FILE} beside it disagree about run {manifest.run_id}; rerun it"
         )
     _check_rows_belong(frame, manifest, path)
+    if beside is not None:
+        _check_stream(path.parent, manifest)
     return LoadedRun(frame, path, manifest.policy_digest, metadata, False, manifest)
 
 
@@ -145,6 +161,7 @@ def _load_rows_file(path: Path) -> LoadedRun:
         )
     manifest = _complete_manifest_of(path.parent)
     _check_rows_belong(frame, manifest, path)
+    _check_stream(path.parent, manifest)
     return LoadedRun(frame, path, manifest.policy_digest, {}, False, manifest)
 
 

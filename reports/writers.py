@@ -21,16 +21,17 @@ rows.csv stays plain CSV, trusted only next to its run's manifest (`reports.sour
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from reports.manifest import REPORT_FILES, Manifest
+from reports.manifest import REPORT_FILES, RUNNING, Manifest, write_manifest
 from reports.schema import ROW_COLUMNS
 
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
@@ -39,6 +40,8 @@ from reports.html import render_html
 from reports.markdown import render_markdown
 from reports.rows import frame_to_json_records, encode_float, to_frame, unwrap_run
 from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
+from reports.outputs import cannot_write
+from reports.store import RowStore
 from reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES
@@ -212,3 +215,35 @@ def write_all(
     return paths
 
 
+
+
+def write_run_folder(out: Path, rows: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any] | None,
+                     manifest: Manifest, **options) -> dict[str, Path]:
+    """`rows` of the complete run `manifest` as a run folder, as `harness run` leaves one:
+    the manifest (as running, with no case recorded) first, so that a kill from there on
+    leaves a folder no reader accepts; then the row stream case by case, the reports
+    (`write_all`, given `options`), and the complete manifest last. The caller holds the
+    folder's `reports.outputs.WriterLock`. ValueError if the rows are not those the
+    manifest recorded."""
+    out = Path(out)
+    unfinished = dataclasses.replace(manifest, state=RUNNING, finished="", rows=None, case_records=())
+    write_manifest(out, unfinished)
+    by_case: dict[str, list] = {case: [] for case in manifest.cases}
+    for row in rows:
+        by_case.setdefault(str(row["case"]), []).append(row)
+    try:
+        store = RowStore(out)
+        store.start_fresh()
+        written = {case: store.append_case(case, case_rows) for case, case_rows in by_case.items()}
+        problem = manifest.rows_problem(written)
+        if problem:
+            raise ValueError(f"the rows written to {out} are not those of run {manifest.run_id}: {problem}")
+        paths = write_all(list(rows), metadata, out, manifest=manifest, **options)
+    except OSError as exc:  # e.g. a full disk: say so in the folder if it still takes the manifest
+        try:
+            write_manifest(out, unfinished.failed(cannot_write(exc, out)))
+        except OSError:
+            pass  # left "running", which no reader trusts either
+        raise
+    write_manifest(out, manifest)  # last: the folder is now a complete run
+    return paths

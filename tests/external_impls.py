@@ -56,3 +56,19 @@ class DriftedOutput(WrappedReference):
 
 def drifted():
     return DriftedOutput()
+
+
+@dataclasses.dataclass(frozen=True)
+class ExhaustsMemory(WrappedReference):
+    """Fails as XLA does on a case too large for the device: RESOURCE_EXHAUSTED."""
+
+    name: str = "exhausts_memory"
+
+    def pre(self, x, weights, *, config):
+        import jax
+
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8589934592 bytes.")
+
+
+def exhausts_memory():
+    return ExhaustsMemory()

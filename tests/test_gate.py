@@ -247,6 +247,21 @@ def test_lost_coverage_fails_and_new_rows_are_information():
     assert gate(passing_rows(), current).ok  # a new row alone never fails
 
 
+def test_a_row_the_baseline_lost_from_a_case_and_path_it_covers_fails():
+    """A baseline that lost one row of a covered case and path (a hand-edited or old file)
+    would otherwise report it as a harmless new row while that row holds a regression."""
+    current = passing_rows()
+    lost = find(current, "f32_small", "out")
+    lost["cand_oracle_max_err"] *= 1000
+    baseline = [r for r in passing_rows() if row_key(r) != row_key(lost)]
+    result = gate(baseline, current)
+    assert [f.key for f in result.baseline_gaps] == [row_key(lost)] and result.new_rows == ()
+    assert not result.ok and "1 baseline gap" in result.summary_line()
+    other_case = [r for r in baseline if r["case"] != "f32_small"]
+    result = gate(other_case, current)  # a case the baseline has no row of: new rows only
+    assert result.baseline_gaps == () and {f.case for f in result.new_rows} == {"f32_small"}
+
+
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="growth_factor"):
         gate(passing_rows(), passing_rows(), growth_factor=1.0)
@@ -336,7 +351,7 @@ def test_cli_refuses_rows_that_no_complete_manifest_vouches_for(files, capsys):
     rows_csv = files["current"] / "rows.csv"
     rows_csv.write_text("".join(rows_csv.read_text().splitlines(keepends=True)[:-1]))  # a row lost
     code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", rows_csv)
-    assert code == 2 and "is not that run's" in err
+    assert code == 2 and "rows are not those the run" in err
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from cases.catalogue import make_case
 from reports.manifest import (
-    COMPLETE, INTERRUPTED, RUNNING, Manifest, ManifestError, RunRequest, read_manifest, write_manifest,
+    COMPLETE, INTERRUPTED, RUNNING, CaseRecord, Manifest, ManifestError, RunRequest, read_manifest, write_manifest,
 )
 from harness.policy import load_policy
 from reports import ReportInputError, load_run
@@ -30,7 +30,7 @@ def manifest(cases=CASES, **changes) -> Manifest:
 
 
 def test_a_manifest_round_trips_through_its_file(tmp_path):
-    made = manifest().progressed(1)
+    made = manifest().with_case(CaseRecord(CASES[0].name, 3, "ab" * 32))
     write_manifest(tmp_path, made)
     assert read_manifest(tmp_path) == made
     assert read_manifest(tmp_path / "elsewhere") is None
@@ -44,11 +44,11 @@ def test_states_running_interrupted_complete():
     assert running.state == RUNNING and not running.is_complete
     with pytest.raises(ManifestError, match=r"running, or killed, 0 of 2 cases done.*--out x --resume"):
         running.require_complete("out/parity")
-    stopped = running.progressed(1).interrupted("SIGINT")
+    stopped = running.with_case(CaseRecord(CASES[0].name, 3, "ab" * 32)).interrupted("SIGINT")
     assert stopped.state == INTERRUPTED
     with pytest.raises(ManifestError, match=r"interrupted \(SIGINT\), 1 of 2 cases done"):
         stopped.require_complete("out/parity")
-    done = running.progressed(2).completed(rows=40)
+    done = running.with_cases(CaseRecord(c.name, 20, "ab" * 32) for c in CASES).completed(rows=40)
     assert done.state == COMPLETE and done.is_complete and done.rows == 40
     done.require_complete("out/parity")
     again = done.resumed_as(manifest())
@@ -98,6 +98,14 @@ def test_a_complete_folder_loads_with_its_manifest(run_folder):
     assert run.manifest.is_complete and len(run) == run.manifest.rows
 
 
+def flip_a_digit(report):
+    """One digit of one metric changed in the report's rows; the manifest left as it was."""
+    document = json.loads(report.read_text())
+    row = next(r for r in document["rows"] if isinstance(r["cand_oracle_max_err"], float))
+    row["cand_oracle_max_err"] *= 1.5
+    report.write_text(json.dumps(document))
+
+
 @pytest.mark.parametrize("spoil, message", [
     (lambda folder: (folder / "manifest.json").unlink(), "no manifest.json"),
     (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), state=RUNNING)),
@@ -106,8 +114,9 @@ def test_a_complete_folder_loads_with_its_manifest(run_folder):
      "stale report"),
     (lambda folder: (folder / "report.json").unlink(), "report.json is missing"),
     (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), rows=1)),
-     "disagree about run"),
-], ids=["no-manifest", "running", "another-run", "no-report", "row-count"])
+     "do not add up"),
+    (lambda folder: flip_a_digit(folder / "report.json"), "rows are not those the run"),
+], ids=["no-manifest", "running", "another-run", "no-report", "row-count", "flipped-digit"])
 def test_a_folder_that_is_not_one_complete_run_is_refused(run_folder, spoil, message):
     spoil(run_folder)
     with pytest.raises(ReportInputError, match=message):

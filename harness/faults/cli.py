@@ -36,6 +36,7 @@ from typing import Sequence
 
 from cases import registry
 from cases.spec import CaseSpecError, normalize_dtype
+from harness.errors import ConfigurationError
 from harness.env import ensure_host_devices
 from harness.faults import kill_matrix
 from harness.faults.catalogue import CATALOGUE
@@ -211,7 +212,11 @@ def main(argv: Sequence[str] | None = None, *, faults: Sequence[Perturbation] = 
         print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if use_compilation_cache:
-        enable_compilation_cache()
+        try:
+            enable_compilation_cache()
+        except ConfigurationError as exc:
+            print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     if args.seeds is not None:
         return run_sweep(cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, impl_specs=args.impl,
                          quiet=args.quiet)

@@ -1,7 +1,5 @@
 """`python -m harness ...`: see harness.cli."""
 
-import sys
+from harness.cli import entry
 
-from harness.cli import main
-
-sys.exit(main())
+entry()

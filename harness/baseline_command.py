@@ -3,22 +3,28 @@
     baseline --from RUN --to PATH             the run's rows (`reports.commands.baseline_main`)
     baseline --from RUN --impl NAME [--to P]  only implementation NAME's rows, keyed by its name
     baseline --impl MODULE:FACTORY [--suite S] [--cases GLOB...] [--dtype D] [--case-file F]
-             [--out DIR] [--to PATH]          run the implementation first (`harness.api.run_parity`,
-                                              paths reference/* and <name>/*), into --out, then
-                                              write its baseline (default baselines/<name>.csv)
+             [--out DIR] [--to PATH] [--resume] [--quiet]
+                                              run the implementation first (as `harness run`
+                                              with paths reference/* and <name>/*, without
+                                              lowering rows), into --out, then write its
+                                              baseline (default baselines/<name>.csv)
 
-Exit codes: 0 written; 2 a usage or configuration error, one line on stderr. Only the
-third form loads JAX.
+The third form is `harness run` underneath: rows stream into --out case by case, Ctrl-C or
+SIGTERM stop it with a hint, and `--resume` finishes an interrupted run.
+
+Exit codes: 0 written; 2 a usage or configuration error, one line on stderr; 128 + the
+signal's number when stopped by one. Only the third form loads JAX.
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import shlex
 import sys
 from collections.abc import Sequence
 
-from reports.commands import BASELINE_PROG, DEFAULT_RUN_FOLDER, EXIT_USAGE, baseline_main
+from reports.commands import BASELINE_PROG, DEFAULT_RUN_FOLDER, EXIT_FAILED, EXIT_OK, EXIT_USAGE, baseline_main
 
 
 def run_baseline_parser() -> argparse.ArgumentParser:
@@ -32,7 +38,22 @@ def run_baseline_parser() -> argparse.ArgumentParser:
     p.add_argument("--case-file", action="append", default=[], type=pathlib.Path, help="TOML file of extra cases")
     p.add_argument("--out", type=pathlib.Path, default=DEFAULT_RUN_FOLDER, help="run folder to write")
     p.add_argument("--to", type=pathlib.Path, default=None, help="baseline CSV (default baselines/<name>.csv)")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out first")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def run_arguments(args, name: str) -> list[str]:
+    """The `harness run` arguments that make the run of `args` for implementation `name`."""
+    argv = ["--impl", args.impl, "--paths", "reference/*", f"{name}/*", "--no-lowering", "--out", str(args.out)]
+    for option, value in (("--suite", args.suite), ("--dtype", args.dtype)):
+        if value is not None:
+            argv += [option, value]
+    if args.cases is not None:
+        argv += ["--cases", *args.cases]
+    for case_file in args.case_file:
+        argv += ["--case-file", str(case_file)]
+    return argv + ["--resume"] * args.resume + ["--quiet"] * args.quiet
 
 
 def _given(argv: Sequence[str], option: str) -> bool:
@@ -48,14 +69,20 @@ def main(argv: Sequence[str]) -> int:
         args = run_baseline_parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    from harness.api import ParityError, run_parity  # loads JAX: only this form runs anything
+    from harness import run_command  # loads JAX: only this form runs anything
 
     try:
-        run = run_parity(args.impl, suite=args.suite, cases=args.cases, dtype=args.dtype,
-                         case_files=args.case_file, out=args.out)
-    except ParityError as exc:
+        names = [impl.name for impl in run_command.load_externals([args.impl])]
+    except run_command.ImplementationError as exc:
         print(f"{BASELINE_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"parity: {run.verdict} ({len(run.records)} rows); run folder {args.out}")
-    forwarded = ["--from", str(args.out), "--impl", run.implementations[0]]
+    if len(names) != 1:
+        print(f"{BASELINE_PROG}: error: {args.impl} gives {len(names)} implementations ({', '.join(names)}); "
+              f"run them with `harness run` and write each with `baseline --from RUN --impl NAME`", file=sys.stderr)
+        return EXIT_USAGE
+    code = run_command.main(run_arguments(args, names[0]),
+                            command_line="python -m harness baseline " + shlex.join(argv))
+    if code not in (EXIT_OK, EXIT_FAILED):  # a usage error, or stopped: the run said why
+        return code
+    forwarded = ["--from", str(args.out), "--impl", names[0]]
     return baseline_main(forwarded + (["--to", str(args.to)] if args.to else []))

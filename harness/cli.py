@@ -21,6 +21,7 @@ command.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from harness.env import ensure_host_devices, pace_garbage_collector
@@ -78,3 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         start_worker_server()
     module_name, _, function = COMMANDS[command][0].partition(":")
     return getattr(importlib.import_module(module_name), function)(rest)
+
+
+def entry() -> None:
+    """The process entry point (`python -m harness`, the `mhc-parity` script): exit with
+    `main()`'s code. After a signal stopped the command, exit at once: a thread stuck in the
+    code under test must not keep the process alive (Python would wait for it)."""
+    code = main()
+    if code > 128:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -24,6 +24,7 @@ import shlex
 import sys
 import uuid
 
+from harness.interrupts import SignalsInterrupt
 from harness.shards import parse_shard, shard_names
 from reports import ReportInputError
 from reports.manifest import ManifestError, Manifest, now_iso, read_manifest
@@ -216,11 +217,17 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     command_line = "python -m harness merge " + shlex.join(str(a) for a in argv)
+    signals = SignalsInterrupt()
     try:
-        paths = merge(args.out, list(args.shards), command_line)
+        with signals:
+            paths = merge(args.out, list(args.shards), command_line)
     except MergeError as exc:
         print(f"mhc-parity merge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # the shards are untouched; OUT holds no run a reader accepts
+        print(f"mhc-parity merge: interrupted ({signals.name}); {args.out} holds no usable run. "
+              f"Merge again with: {command_line}", file=sys.stderr)
+        return signals.exit_code
     print(f"merged {len(args.shards)} shard(s) into {args.out}")
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")

@@ -35,7 +35,9 @@ from harness.implementations import BUILTIN, load_externals
 from harness.plan import PathPlan
 from harness.run_info import enable_compilation_cache
 from harness.runner import TIMINGS, Runner, StepCallback
-from harness.worker_processes import adopt_environment, environment_of_this_process, peak_resident_bytes, worker_context
+from harness.worker_processes import (
+    adopt_environment, environment_of_this_process, exit_with, peak_resident_bytes, worker_context,
+)
 
 
 # Resident memory a worker may need: the largest worker of a cold default-suite run
@@ -85,6 +87,7 @@ class _WorkerSpec:
     path_globs: tuple[str, ...]
     lowering: bool
     environment: tuple[tuple[str, str], ...]  # the parent's os.environ
+    parent_pid: int  # the command's process: the worker ends with it
 
 
 _WORKER: dict = {}
@@ -94,6 +97,7 @@ def _start_worker(spec: _WorkerSpec) -> None:
     """A worker's initializer: the parent's environment, XLA flags before JAX starts, the
     collector paced, caches on, runner and plan built."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with(spec.parent_pid)
     if backend_started():  # forked from a process whose JAX runtime had started
         raise RuntimeError("a worker process began with a JAX backend already started; it must start none")
     adopt_environment(spec.environment)
@@ -126,6 +130,7 @@ def _spec(policy, plan: PathPlan) -> _WorkerSpec:
         path_globs=tuple(plan.path_globs),
         lowering=plan.lowering,
         environment=environment_of_this_process(),
+        parent_pid=os.getpid(),
     )
 
 

@@ -293,17 +293,25 @@ class ProgramCache:
 
     def prepare(self, paths, case, fixture) -> None:
         """Compile the programs `paths` will need for `case` concurrently, and wait for them."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS)
+        try:
             self.compile_ahead(pool, paths, case, fixture)
+            pool.shutdown(wait=True)
+        except BaseException:  # Ctrl-C above all: a thread stuck in the code under test is not waited for
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
-    def settle_pending(self) -> None:
-        """Keep the programs obtained ahead that no `run` took yet; drop those not (yet) done.
+    def settle_pending(self, *, grace_s: float = 0.0) -> None:
+        """Keep the programs obtained ahead that no `run` took yet, waiting at most `grace_s`
+        seconds for those still compiling; drop those not done by then.
 
         For the owner of a pool it is shutting down: a later `run` of a dropped key obtains
         its program itself.
         """
         with self._lock:
             pending, self._pending = self._pending, {}
+        if grace_s > 0 and pending:
+            concurrent.futures.wait(pending.values(), timeout=grace_s)
         for key, future in pending.items():
             if future.done() and not future.cancelled():
                 compiled, _, _ = future.result()

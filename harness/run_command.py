@@ -23,6 +23,7 @@ from cases.spec import CaseSpecError, normalize_dtype
 from cases.toml_cases import USER_SUITE, register_case_file
 from harness.run_info import enable_compilation_cache, run_metadata
 from harness.errors import ConfigurationError, ResourceError
+from harness.interrupts import SignalsInterrupt
 from harness.implementations import BUILTIN, ImplementationError, includes_external, load_externals
 from harness.plan import PathPlan, uncovered_judgements, unmatched_path_globs
 from harness.policy import PolicyError, load_policy
@@ -228,32 +229,6 @@ def _open_run(store, manifest, *, resume: bool):
     return manifest, [], set()
 
 
-class _SignalsInterrupt:
-    """While active, SIGINT (Ctrl-C) and SIGTERM interrupt the run; `signum` says which came.
-
-    Both handlers are installed here rather than relying on Python's default SIGINT
-    handler: a process started by a parent that ignores SIGINT inherits the ignoring
-    (seen under pytest-xdist: the run finished instead of stopping), and Ctrl-C must stop
-    the run whoever started it.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __enter__(self):
-        self.signum = signal.SIGINT
-        self._previous = {signum: signal.signal(signum, self._interrupt) for signum in self.SIGNALS}
-        return self
-
-    def _interrupt(self, signum, frame):
-        self.signum = signum
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc_info):
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        return False
-
-
 AUTO_JOBS = "auto"
 
 
@@ -278,7 +253,7 @@ def enable_cache() -> None:
         raise UsageError(str(exc)) from exc
 
 
-def _command_run(args, argv) -> int:
+def _command_run(args, argv, command_line: str | None = None) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
     args.jobs = parse_jobs(args.jobs)
@@ -289,7 +264,7 @@ def _command_run(args, argv) -> int:
         out = writable_folder(args.out)
     except OutputPathError as exc:
         raise UsageError(f"--out: {exc}") from exc
-    command_line = "python -m harness run " + shlex.join(argv)
+    command_line = command_line or "python -m harness run " + shlex.join(argv)
     manifest = new_manifest(args, command_line, policy, externals, cases, plan, selection)
     try:
         writer = WriterLock(out, command_line)  # one writer per run folder, for the run's life
@@ -316,7 +291,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
               else ParallelRunner(policy, jobs))
     progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
                         heartbeat_s=args.heartbeat)
-    signals = _SignalsInterrupt()
+    signals = SignalsInterrupt()
     running = []  # the case being run, for a message naming it
 
     def case_started(case):
@@ -338,14 +313,14 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
     except KeyboardInterrupt:
         progress.close()
-        name = signal.Signals(signals.signum).name
+        name = signals.name
         write_manifest(store.folder, manifest.interrupted(name))
         print(
             f"\nmhc-parity: interrupted ({name}) after {manifest.cases_done} of {len(cases)} cases; "
             f"finished cases are kept in {store.folder}. Finish the run with:\n  {manifest.resume_command()}",
             file=sys.stderr,
         )
-        return 128 + signals.signum
+        return signals.exit_code
     except PolicyError as exc:
         progress.close()
         write_manifest(store.folder, manifest.interrupted(f"configuration error: {exc}"))
@@ -432,14 +407,17 @@ def _conclude(rows, paths) -> int:
     return code
 
 
-def main(argv: list[str]) -> int:
-    """`run` with `argv` (the arguments after the command name); the exit code."""
+def main(argv: list[str], *, command_line: str | None = None) -> int:
+    """`run` with `argv` (the arguments after the command name); the exit code.
+
+    command_line: the command the manifest records, and a resume hint repeats, if it is not
+    `python -m harness run ARGV` (`baseline --impl` runs through here)."""
     try:
         args = run_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     try:
-        return _command_run(args, argv)
+        return _command_run(args, argv, command_line)
     except UsageError as exc:
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -53,6 +53,9 @@ TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s")
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
 COMPILE_AHEAD_CASES = 3
+# How long a run stopped early waits for the programs being compiled ahead before it drops
+# them: long enough for a normal compile to land, short enough for one Ctrl-C to feel prompt.
+STOP_GRACE_S = 5.0
 
 
 def _no_step(case, step: str) -> None:
@@ -319,6 +322,7 @@ class Runner:
             return
         started: dict[int, tuple[object, concurrent.futures.Future | None]] = {}
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="compile-ahead")
+        finished = False
         try:
             for index, case in enumerate(cases):
                 for ahead in range(index, min(index + 1 + COMPILE_AHEAD_CASES, len(cases))):
@@ -328,9 +332,13 @@ class Runner:
                     on_case_start(case)
                 fixture, oracle_ahead = started.pop(index)
                 yield case, list(self.run_case(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead))
+            finished = True
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            self.cache.settle_pending()
+            # Stopped early (Ctrl-C, an error, the caller): a pool thread may be stuck in the
+            # code under test, so programs being compiled get `STOP_GRACE_S`, not forever
+            # (the command abandons a stuck thread: harness.cli.entry).
+            pool.shutdown(wait=finished, cancel_futures=True)
+            self.cache.settle_pending(grace_s=0.0 if finished else STOP_GRACE_S)
 
     def _start_case(self, pool, case, plan: PathPlan) -> tuple[object, concurrent.futures.Future | None]:
         """Load `case`'s fixture and start its oracle answer, then its programs, in `pool`:

@@ -10,6 +10,11 @@ tests/test_import_graph.py), so a forked worker's JAX is as fresh as a spawned o
 sets its XLA flags before the backend starts, as before. A platform without forkserver
 (Windows) spawns.
 
+A worker ends when the command's process does, however that ends (`exit_with`): a kill -9
+runs no cleanup, and a worker blocked on its task queue would never see end-of-file (it
+holds a write end of that queue itself). The fork server and multiprocessing's resource
+tracker then end by themselves once no worker holds their pipes.
+
 A forked worker inherits the server's environment, from when the server started, not
 the parent's when the pool is made (multiprocessing hands it the parent's working folder
 and sys.path, not its environment), so the parent passes its os.environ — which holds the
@@ -24,7 +29,10 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
+import select
 import sys
+import threading
+import time
 
 try:
     import resource
@@ -64,6 +72,38 @@ def adopt_environment(environment: tuple[tuple[str, str], ...]) -> None:
     """
     os.environ.clear()
     os.environ.update(environment)
+
+
+# A worker's exit status when the command's process is gone.
+EXIT_PARENT_GONE = 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user: not ours, so ours is gone
+        return False
+    return True
+
+
+def exit_with(pid: int, *, poll_s: float = 1.0) -> threading.Thread:
+    """End this process (`os._exit`) as soon as process `pid` ends: a daemon thread waits on
+    a pidfd of it (Linux), else polls it every `poll_s` seconds."""
+    def watch():
+        try:
+            handle = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd here, or `pid` already gone
+            while _alive(pid):
+                time.sleep(poll_s)
+        else:
+            select.select([handle], [], [])  # readable once the process has ended
+        os._exit(EXIT_PARENT_GONE)
+
+    watcher = threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True)
+    watcher.start()
+    return watcher
 
 
 def peak_resident_bytes() -> int | None:

@@ -47,6 +47,8 @@ STATES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)
 # Packages whose Python sources can change a number in a row.
 CODE_DIRS = ("mhc", "cases", "harness")
 SHORT_DIGEST = 12
+# The commands that continue a run with --resume (a manifest records its command line).
+RESUMABLE_COMMANDS = ("python -m harness run ", "python -m harness baseline ")
 
 
 class ManifestError(ValueError):
@@ -283,9 +285,12 @@ class Manifest:
         return f"{state}, {self.cases_done} of {len(self.cases)} cases done"
 
     def resume_command(self) -> str:
-        """The command that finishes this run."""
+        """The command that finishes this run: its own, with --resume where it takes one
+        (`RESUMABLE_COMMANDS`); a merge or an API run is run again."""
         command = self.command_line
-        return command if "--resume" in command.split() else f"{command} --resume"
+        if not command.startswith(RESUMABLE_COMMANDS) or "--resume" in command.split():
+            return command
+        return f"{command} --resume"
 
     def require_complete(self, where: str) -> None:
         """ManifestError (one line) unless the run finished."""

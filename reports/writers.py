@@ -239,9 +239,11 @@ def write_run_folder(out: Path, rows: Sequence[Mapping[str, Any]], metadata: Map
         if problem:
             raise ValueError(f"the rows written to {out} are not those of run {manifest.run_id}: {problem}")
         paths = write_all(list(rows), metadata, out, manifest=manifest, **options)
-    except OSError as exc:  # e.g. a full disk: say so in the folder if it still takes the manifest
+    except (OSError, KeyboardInterrupt) as exc:  # a full disk, Ctrl-C: said in the folder if it takes it
+        stopped = (unfinished.failed(cannot_write(exc, out)) if isinstance(exc, OSError)
+                   else unfinished.interrupted(str(exc) or "SIGINT"))
         try:
-            write_manifest(out, unfinished.failed(cannot_write(exc, out)))
+            write_manifest(out, stopped)
         except OSError:
             pass  # left "running", which no reader trusts either
         raise

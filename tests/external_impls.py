@@ -72,3 +72,27 @@ class ExhaustsMemory(WrappedReference):
 
 def exhausts_memory():
     return ExhaustsMemory()
+
+
+@dataclasses.dataclass(frozen=True)
+class HangsOnce(WrappedReference):
+    """Stuck (as code in a native call is) the first time it sees bfloat16 input: it creates
+    the file named by $HANGS_MARKER and sleeps for an hour in whatever thread called it. Once
+    that file exists it is the reference, so a resumed run finishes."""
+
+    name: str = "hangs_once"
+
+    def pre(self, x, weights, *, config):
+        import os
+        import pathlib
+        import time
+
+        marker = pathlib.Path(os.environ["HANGS_MARKER"])
+        if x.dtype == "bfloat16" and not marker.exists():
+            marker.touch()
+            time.sleep(3600)
+        return super().pre(x, weights, config=config)
+
+
+def hangs_once():
+    return HangsOnce()

@@ -35,7 +35,7 @@ LAYERS = {
 DEFERRED_IMPORTS = {
     ("mhc/layer.py", "mhc.kernels"): "the reference path must not need Pallas",
     ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
-    ("harness/baseline_command.py", "harness.api"): "`baseline --from` must not load JAX; `--impl` runs",
+    ("harness/baseline_command.py", "harness.run_command"): "`baseline --from` must not load JAX; `--impl` runs",
     ("harness/pytest_plugin.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import weakref
 
 import jax
@@ -192,8 +193,8 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
 
 
 def test_a_run_left_early_stops_its_compile_threads():
-    """Leaving `Runner.run` after one case cancels what was not started, waits for the rest,
-    and keeps the finished programs (nothing stays pending, no compile thread lives on)."""
+    """Leaving `Runner.run` after one case cancels what was not started and keeps the
+    finished programs (nothing stays pending, no compile thread lives on)."""
     import threading
 
     from harness.policy import load_policy
@@ -202,7 +203,41 @@ def test_a_run_left_early_stops_its_compile_threads():
     runner = Runner(load_policy())
     run = runner.run(_ahead_cases(), _ahead_plan())
     next(run)
+    while not all(f.done() for f in list(runner.cache._pending.values())):  # the compiles started so far
+        time.sleep(0.05)
     run.close()
     assert not runner.cache._pending
-    assert not [t for t in threading.enumerate() if t.name.startswith("compile-ahead")]
+    for thread in [t for t in threading.enumerate() if t.name.startswith("compile-ahead")]:
+        thread.join(timeout=60)  # idle: each ends as soon as it sees the pool shut down
+        assert not thread.is_alive()
     assert len(runner.cache) >= 2
+
+
+def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
+    """A thread stuck in the code under test (here: a compile that never returns) does not
+    hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes."""
+    import threading
+
+    import harness.runner
+    from harness.policy import load_policy
+    from harness.runner import Runner
+
+    monkeypatch.setattr(harness.runner, "STOP_GRACE_S", 0.2)
+    runner = Runner(load_policy())
+    cases = _ahead_cases()
+    stuck = threading.Event()
+    obtain = runner.cache._obtain
+
+    def stuck_after_the_first_case(path, case, *rest):
+        if case.name == cases[0].name:
+            return obtain(path, case, *rest)
+        stuck.wait(120)
+        raise RuntimeError("a compile that was stuck")
+
+    monkeypatch.setattr(runner.cache, "_obtain", stuck_after_the_first_case)
+    run = runner.run(cases, _ahead_plan())
+    next(run)  # the first case ran; the later cases' compiles are stuck
+    start = time.perf_counter()
+    run.close()
+    assert time.perf_counter() - start < 30
+    stuck.set()

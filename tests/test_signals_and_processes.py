@@ -1,0 +1,146 @@
+"""Processes end with their command, and one signal stops any command that writes a run
+folder: a kill -9 of `run --jobs 2` leaves no worker, fork server or resource tracker
+behind; one Ctrl-C stops a run whose implementation hangs (the stuck thread is abandoned);
+`merge` and `baseline --impl` handle SIGINT and SIGTERM like `run`, and `baseline --impl`
+streams its rows and resumes.
+
+A hang is `tests.external_impls:hangs_once`: stuck in `pre` on its first bfloat16 input,
+the reference afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from reports.manifest import read_manifest
+from tests.cli_support import CASE_FILE, ROOT, harness_command, load_jsonl, run_cli
+
+HANGS = "tests.external_impls:hangs_once"
+
+
+@pytest.fixture(scope="module")
+def case_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cases") / "cases.toml"
+    path.write_text(CASE_FILE)
+    return path
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the processes whose environment holds `marker` (a command and all it started)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # ended meanwhile, or not ours to read
+                pass
+    return found
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def start(args, env_extra: dict) -> subprocess.Popen:
+    return subprocess.Popen(harness_command(*args), cwd=ROOT, env={**os.environ, **env_extra},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not pathlib.Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_kill_9_of_a_run_with_workers_leaves_no_process_behind(case_file, tmp_path):
+    marker = f"MHC_TEST_{uuid.uuid4().hex}"
+    hang = tmp_path / "hang-marker"
+    proc = start(["run", "--case-file", case_file, "--impl", HANGS, "--paths", "reference/*", "hangs_once/*",
+                  "--no-lowering", "--jobs", "2", "--quiet", "--out", tmp_path / "run"],
+                 {"HANGS_MARKER": str(hang), marker: "1"})
+    wait_for(hang.exists, 300, "a worker to be stuck in the implementation")
+    assert len(processes_with(marker)) >= 3  # the command, the fork server, the workers
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not processes_with(marker), 30, "the fork server, workers and resource tracker to end")
+
+
+@pytest.mark.slow
+def test_one_ctrl_c_stops_a_run_whose_implementation_hangs(case_file, tmp_path):
+    hang = tmp_path / "hang-marker"
+    out = tmp_path / "run"
+    proc = start(["run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--impl", HANGS,
+                  "--paths", "reference/*", "hangs_once/*", "--no-lowering", "--quiet", "--out", out],
+                 {"HANGS_MARKER": str(hang)})
+    wait_for(hang.exists, 300, "the implementation to hang")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and "--resume" in stderr
+    assert read_manifest(out).state == "interrupted"
+
+
+@pytest.mark.slow
+def test_baseline_impl_streams_stops_on_one_signal_and_resumes(case_file, tmp_path):
+    hang = tmp_path / "hang-marker"
+    out, baseline = tmp_path / "run", tmp_path / "hangs_once.csv"
+    args = ["baseline", "--impl", HANGS, "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--quiet",
+            "--out", out, "--to", baseline]
+    proc = start(args, {"HANGS_MARKER": str(hang)})
+    done = out / "cases-done.txt"
+    wait_for(lambda: hang.exists() and done.exists() and done.read_text().split(), 300,
+             "the float32 case to be streamed and the bfloat16 one to hang")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr and "python -m harness baseline --impl" in stderr and "--resume" in stderr
+    manifest = read_manifest(out)
+    assert manifest.state == "interrupted" and manifest.reason == "SIGTERM" and manifest.cases_done == 1
+    assert not baseline.exists()
+
+    resumed = run_cli(*args, "--resume", env_extra={"HANGS_MARKER": str(hang)})
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "baseline written" in resumed.stdout and baseline.exists()
+    assert read_manifest(out).is_complete and len(load_jsonl(out / "rows.jsonl")) == read_manifest(out).rows
+
+
+@pytest.fixture(scope="module")
+def shards(case_file, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    folders = [root / f"shard{k}" for k in (1, 2)]
+    for k, folder in enumerate(folders, 1):
+        proc = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--paths", "reference/*",
+                       "--no-lowering", "--quiet", "--shard", f"{k}/2", "--out", folder)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return folders
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_merge_is_one_line_and_the_hint_is_a_command_merge_takes(shards, tmp_path, monkeypatch,
+                                                                                   capsys, signum):
+    import reports.writers
+    from harness.merge_command import main as merge_main
+
+    def signalled(*args, **kwargs):  # the signal lands while the merged reports are written
+        os.kill(os.getpid(), signum)
+        time.sleep(5)
+        raise AssertionError("the signal did not interrupt the merge")
+
+    monkeypatch.setattr(reports.writers, "write_all", signalled)
+    merged = tmp_path / "merged"
+    code = merge_main([str(merged), *map(str, shards)])
+    err = capsys.readouterr().err
+    assert code == 128 + signum, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"interrupted ({signal.Signals(signum).name})" in err and "--resume" not in err
+    manifest = read_manifest(merged)
+    assert manifest.state == "interrupted" and "--resume" not in manifest.resume_command()

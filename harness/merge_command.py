@@ -146,8 +146,7 @@ def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Man
         path_names=tuple(sorted({name for s in shards for name in s.manifest.path_names})),
         command_line=command_line, started=min(s.manifest.started for s in shards), updated=stamp,
         finished=stamp, resumed=(), case_records=tuple(records[case] for case in first.shard_of), rows=rows,
-        reason="",
-        shard="", shard_of=(), shard_of_digest="",
+        reason="", shard="", shard_of=(), shard_of_digest="",
     )
 
 
@@ -206,6 +205,7 @@ def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) 
     rows = [row for case in selection for row in by_case.get(case, [])]
     manifest = merged_manifest(shards, len(rows), command_line)
     return write_run_folder(out, rows, merged_metadata(shards, command_line), manifest)
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mhc-parity merge",

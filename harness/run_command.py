@@ -219,11 +219,12 @@ def _open_run(store, manifest, *, resume: bool):
             # Finished cases the manifest did not record (killed before it was updated, or rows an
             # earlier run left) are redone.
             done = [record.case for record in previous.case_records]
-            rows = [row for row in rows if row["case"] in set(done)]
+            recorded = set(done)
+            rows = [row for row in rows if row["case"] in recorded]
             manifest = previous.resumed_as(manifest)
             write_manifest(store.folder, manifest)
             store.keep(rows, done)
-            return manifest, rows, set(done)
+            return manifest, rows, recorded
     write_manifest(store.folder, manifest)
     store.start_fresh()
     return manifest, [], set()
@@ -329,8 +330,9 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
         progress.close()
         reason = _shortage(exc, running)
         _record_failure(store.folder, manifest, reason)
+        kept = manifest.cases_done
         raise UsageError(
-            f"{reason}; the {manifest.cases_done} finished cases are kept in {store.folder}. "
+            f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
     return _conclude(rows, paths)

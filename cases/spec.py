@@ -23,6 +23,7 @@ from typing import Any
 
 from mhc.common import MhcDims
 from mhc.types import MhcConfig
+from reports import dtypes
 
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 WEIGHT_DTYPES = ("float32", "bfloat16")
@@ -42,13 +43,11 @@ MESH_AXES = ("data", "fsdp")
 # mirrors mhc.precision.MATMUL_PRECISIONS (checked by the tests); the first is the default
 MATMUL_PRECISIONS = ("highest", "default")
 
-# Short dtype spellings accepted wherever a user types a dtype (CLI, TOML, select()).
+# The activation dtypes' names and the short spellings accepted wherever a user types a
+# dtype (CLI, TOML, select()), from `reports.dtypes`.
 DTYPE_ALIASES = {
-    "float32": "float32",
-    "f32": "float32",
-    "fp32": "float32",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
+    spelling: name for spelling, name in ({n: n for n in dtypes.FLOAT_DTYPES} | dtypes.ALIASES).items()
+    if name in ACTIVATION_DTYPES
 }
 _DTYPE_SHORT = {"float32": "f32", "bfloat16": "bf16"}
 _WEIGHT_SHORT = {"float32": "w32", "bfloat16": "wbf16"}
@@ -58,21 +57,20 @@ REFERENCE_ONLY_TAG = "reference_only"  # run on the reference and oracle paths o
 MULTI_BLOCK_TAG = "multi_block"  # block sizes set so the kernels run several grid steps
 TPU_TAG = "tpu"  # only worth running with compiled (Mosaic) kernels
 
-# Fields that determine the fixture's arrays. Name, mesh, block sizes, matmul precision,
-# tags and the expectation do not: a sharded case and its unsharded twin see the same
-# data, and so do the precisions of one case.
-DATA_FIELDS = (
-    "batch",
-    "sequence",
-    "streams",
-    "embedding",
-    "dtype",
-    "weight_dtype",
-    "variant",
-    "branch",
-    "init",
-    "seed",
-)
+# What each field of a `Case` decides: the `ROLES` in its metadata, read by `fields_with`.
+# The fixture's key and a compiled program's key are derived from these marks, so a field
+# added to `Case` must say what it changes (tests/test_cases.py fails on an unmarked one).
+DATA = "data"  # the fixture's arrays, bit for bit
+PROGRAM = "program"  # the traced program (shapes, dtypes, kernel block sizes): `harness.paths`
+PLACEMENT = "placement"  # where and how precisely a path runs: its mesh (in the path's name), its matmul precision
+LABEL = "label"  # names and expectations: neither data nor program
+ROLES = "roles"
+
+
+def _marked(*roles: str, **field_options):
+    """A `Case` field with its roles (`DATA`, `PROGRAM`, `PLACEMENT`, `LABEL`)."""
+    return dataclasses.field(metadata={ROLES: frozenset(roles)}, **field_options)
+
 
 # Matched whole (`fullmatch`: `$` would also match before a trailing newline).
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")
@@ -184,25 +182,25 @@ class Case:
     Lists given for `mesh` or `tags` (e.g. from TOML) are normalised to tuples.
     """
 
-    name: str
-    batch: int
-    sequence: int
-    streams: int
-    embedding: int
-    dtype: str = "float32"
-    weight_dtype: str = "float32"
-    variant: str = "lite"
-    branch: str = "identity"
-    init: str = "default"
-    seed: int = 0
-    mesh: tuple[int, int] | None = None
-    block_tokens: int | None = None
-    block_tokens_bwd: int | None = None
-    block_features: int | None = None
-    matmul_precision: str = MATMUL_PRECISIONS[0]
-    tags: tuple[str, ...] = ()
-    expect: str = "supported"
-    expect_reason: str = ""
+    name: str = _marked(LABEL)
+    batch: int = _marked(DATA, PROGRAM)
+    sequence: int = _marked(DATA, PROGRAM)
+    streams: int = _marked(DATA, PROGRAM)
+    embedding: int = _marked(DATA, PROGRAM)
+    dtype: str = _marked(DATA, PROGRAM, default="float32")
+    weight_dtype: str = _marked(DATA, PROGRAM, default="float32")
+    variant: str = _marked(DATA, PROGRAM, default="lite")
+    branch: str = _marked(DATA, PROGRAM, default="identity")
+    init: str = _marked(DATA, default="default")
+    seed: int = _marked(DATA, default=0)
+    mesh: tuple[int, int] | None = _marked(PLACEMENT, default=None)
+    block_tokens: int | None = _marked(PROGRAM, default=None)
+    block_tokens_bwd: int | None = _marked(PROGRAM, default=None)
+    block_features: int | None = _marked(PROGRAM, default=None)
+    matmul_precision: str = _marked(PLACEMENT, default=MATMUL_PRECISIONS[0])
+    tags: tuple[str, ...] = _marked(LABEL, default=())
+    expect: str = _marked(LABEL, default="supported")
+    expect_reason: str = _marked(LABEL, default="")
 
     def __post_init__(self):
         if isinstance(self.mesh, list):
@@ -341,6 +339,10 @@ class Case:
         """The fields that determine the fixture's arrays (`DATA_FIELDS`), by name."""
         return {f: getattr(self, f) for f in DATA_FIELDS}
 
+    def program_fields(self) -> tuple:
+        """The values of the fields that shape the traced program (`PROGRAM_FIELDS`), in order."""
+        return tuple(getattr(self, f) for f in PROGRAM_FIELDS)
+
     @property
     def dims(self):
         """`mhc.common.MhcDims` (not validated: also built for expected-unsupported shapes)."""
@@ -382,3 +384,17 @@ class Case:
 def case_field_names() -> tuple[str, ...]:
     """Every `Case` field, in declaration order."""
     return tuple(f.name for f in dataclasses.fields(Case))
+
+
+def fields_with(role: str) -> tuple[str, ...]:
+    """The names of the `Case` fields marked with `role`, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(Case) if role in f.metadata.get(ROLES, ()))
+
+
+# The fields that determine the fixture's arrays: a sharded case and its unsharded twin see
+# the same data, and so do the precisions of one case.
+DATA_FIELDS = fields_with(DATA)
+# The fields that shape a compiled program; the effective matmul precision is added where
+# a path is placed (`harness.paths`).
+PROGRAM_FIELDS = fields_with(PROGRAM)
+

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reports import dtypes
 from harness.error_statistics import l2_norm, max_abs, safe_ratio, systematic_error, upcast
 
 __all__ = [
@@ -55,39 +56,24 @@ __all__ = [
     "ulp_spacing",
 ]
 
-# name -> (explicit mantissa bits, minimum normal exponent). eps = 2**-mantissa_bits;
-# smallest normal = 2**min_exponent; smallest subnormal = 2**(min_exponent - mantissa_bits).
+# name -> (explicit mantissa bits, minimum normal exponent), from `reports.dtypes`.
+# eps = 2**-mantissa_bits; smallest normal = 2**min_exponent; smallest subnormal =
+# 2**(min_exponent - mantissa_bits).
 DTYPE_FORMATS: dict[str, tuple[int, int]] = {
-    "float64": (52, -1022),
-    "float32": (23, -126),
-    "float16": (10, -14),
-    "bfloat16": (7, -126),
+    name: (dtypes.mantissa_bits(name), dtypes.min_normal_exponent(name)) for name in dtypes.FLOAT_DTYPES
 }
 
 
 def dtype_name(dtype) -> str:
-    """Canonical name of a supported float dtype.
-
-    Accepts a name ("float32", "bfloat16", ...), a NumPy dtype, a scalar type such as
-    `np.float32` or `ml_dtypes.bfloat16`, or a JAX dtype. Raises ValueError for
-    anything that is not one of `DTYPE_FORMATS`.
-    """
-    if isinstance(dtype, str):
-        name = dtype
-    else:
-        try:
-            name = np.dtype(dtype).name
-        except TypeError as exc:
-            raise ValueError(f"not a dtype: {dtype!r}") from exc
-    if name not in DTYPE_FORMATS:
-        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(DTYPE_FORMATS)}")
-    return name
+    """Canonical name of a supported float dtype (`reports.dtypes.canonical_name`): a name
+    or alias, a NumPy dtype, a scalar type such as `np.float32` or `ml_dtypes.bfloat16`, or
+    a JAX dtype. Raises ValueError for anything that is not one of `DTYPE_FORMATS`."""
+    return dtypes.canonical_name(dtype)
 
 
 def eps(dtype) -> float:
     """Machine epsilon of `dtype`: the spacing at 1.0 (bfloat16 2**-7, float32 2**-23)."""
-    mantissa_bits, _ = DTYPE_FORMATS[dtype_name(dtype)]
-    return math.ldexp(1.0, -mantissa_bits)
+    return dtypes.epsilon(dtype)
 
 
 def ulp_spacing(values, dtype) -> np.ndarray:

@@ -86,11 +86,9 @@ def effective_precision(case, placement: Placement) -> str:
 
 
 def _trace_signature(case, precision: str) -> tuple:
-    """Everything about a case that changes the compiled program (not its data)."""
-    return (
-        case.batch, case.sequence, case.streams, case.embedding, case.dtype, case.weight_dtype,
-        case.variant, case.branch, case.block_tokens, case.block_tokens_bwd, case.block_features, precision,
-    )
+    """Everything about a case that changes the compiled program (not its data): its
+    `PROGRAM_FIELDS` and the effective matmul precision (the mesh is in the path's name)."""
+    return (*case.program_fields(), precision)
 
 
 def _kernel_config(case, impl: Implementation):

@@ -37,6 +37,7 @@ from typing import Any
 
 import pandas as pd
 
+from reports import dtypes
 from reports.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
 
 from reports.rows import ReportInputError, coerce_row, frame_from_records, is_finite
@@ -69,17 +70,8 @@ assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= s
 DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_NOISE_FLOOR_ULPS = 2.0
 
-# Machine epsilon per dtype name (and the short spellings people use).
-DTYPE_EPSILON = {
-    "float64": 2.0**-52,
-    "f64": 2.0**-52,
-    "float32": 2.0**-23,
-    "f32": 2.0**-23,
-    "float16": 2.0**-10,
-    "f16": 2.0**-10,
-    "bfloat16": 2.0**-7,
-    "bf16": 2.0**-7,
-}
+# Machine epsilon per dtype name and the short spellings people use (`reports.dtypes`).
+DTYPE_EPSILON = {name: dtypes.epsilon(name) for name in (*dtypes.FLOAT_DTYPES, *dtypes.ALIASES)}
 # Used when a row's dtype is not a float dtype name (should not happen for measured rows).
 FALLBACK_EPSILON = DTYPE_EPSILON["float32"]
 

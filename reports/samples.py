@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from reports import dtypes
 from reports.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso, write_manifest
 from reports.rows import to_frame
 from reports.schema import empty_row
@@ -28,13 +29,12 @@ LEAVES = (
     ("d_pre_alpha", "weight_grad"),
     ("d_branch.w", "branch_grad"),
 )
-EPSILON = {"bfloat16": 2.0**-7, "float32": 2.0**-23}
 
 
 def measured_row(case: str, candidate: str, partner: str, comparison: str, leaf: str, leaf_kind: str,
                  dtype: str, scale: float, **overrides) -> dict:
     """A passing row whose errors are `scale` ulps-ish of `dtype` (oracle ratio ~1)."""
-    eps = EPSILON[dtype]
+    eps = dtypes.epsilon(dtype)
     partner_oracle = 0.0 if comparison == "vs_oracle" else 0.8 * scale * eps
     cand_oracle = scale * eps
     ratio = cand_oracle / partner_oracle if partner_oracle else math.inf

@@ -296,3 +296,33 @@ def test_a_name_longer_than_the_limit_is_refused_with_its_length():
     Case(**{**BASE, "name": "a" * MAX_NAME_LENGTH})
     with pytest.raises(CaseSpecError, match=rf"\(100000 characters\).*at most {MAX_NAME_LENGTH}"):
         Case(**{**BASE, "name": "a" * 100_000})
+
+
+def test_every_case_field_says_what_it_changes():
+    """The fixture key (`DATA_FIELDS`) and a compiled program's key (`PROGRAM_FIELDS`) are
+    derived from these marks: a field added unmarked would be in neither, and a program
+    compiled for one value would be reused for another."""
+    from cases.spec import DATA, LABEL, PLACEMENT, PROGRAM, ROLES
+
+    known = {DATA, PROGRAM, PLACEMENT, LABEL}
+    for field in dataclasses.fields(Case):
+        roles = field.metadata.get(ROLES)
+        assert roles and roles <= known, f"Case.{field.name} is not marked with what it changes ({sorted(known)})"
+        assert LABEL not in roles or roles == {LABEL}, f"Case.{field.name}: a label changes nothing else"
+
+
+def test_the_program_key_follows_the_program_fields_and_nothing_else():
+    from cases.spec import PROGRAM_FIELDS
+    from harness.paths import _trace_signature
+
+    case = catalogue.make_case(streams=4, embedding=128, batch=2, sequence=64)
+    signature = _trace_signature(case, "highest")
+    changed = {"batch": 1, "sequence": 32, "streams": 3, "embedding": 256, "dtype": "bfloat16",
+               "weight_dtype": "bfloat16", "variant": "sinkhorn", "branch": "tanh", "block_tokens": 32,
+               "block_tokens_bwd": 32, "block_features": 128}
+    assert set(changed) == set(PROGRAM_FIELDS)
+    for name, value in changed.items():
+        assert _trace_signature(dataclasses.replace(case, **{name: value}), "highest") != signature, name
+    for name, value in {"name": "other", "seed": 3, "init": "saturated_gates", "tags": ("x",)}.items():
+        assert _trace_signature(dataclasses.replace(case, **{name: value}), "highest") == signature, name
+    assert _trace_signature(case, "default") != signature

@@ -22,7 +22,7 @@ SEEDS      ?= 20
 PYTEST_ARGS ?=
 IMPL       ?=
 
-.PHONY: setup test test-fast parity parity-maxtext baseline gate faults sweep tolerances bench accelerator-check clean
+.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep tolerances bench accelerator-check clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ test: setup
 # The edit loop: the unit tests and the smoke matrix (every test not marked slow).
 test-fast: setup
 	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
+
+# ruff's linter and formatter, as configured in pyproject.toml (`ruff format .` applies the format).
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 parity: setup
 	$(PY) -m harness run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)

@@ -43,6 +43,7 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
 
+
 # The parity matrix as tests (see harness/pytest_plugin.py). The installed `pytest11` entry
 # point has the module's name, so this line is a no-op when it is active and loads the
 # plugin when it is not (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1).

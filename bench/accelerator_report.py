@@ -1,11 +1,11 @@
 """The summary lines of `bench/accelerator_check.sh` (run with the project's .venv python).
 
-  probe [EXPECTED]   one line: JAX's backend, devices and matmul precision record;
-                     exit 3 when EXPECTED ("tpu", "cuda" or "cuda13", the installed extra) is not
-                     what JAX sees, 0 otherwise
-  paths RUN_DIR      one line per candidate path of a parity run: verdict counts, the
-                     devices it ran on and its effective matmul precision; exit 1 if a
-                     row failed or errored
+probe [EXPECTED]   one line: JAX's backend, devices and matmul precision record;
+                   exit 3 when EXPECTED ("tpu", "cuda" or "cuda13", the installed extra) is not
+                   what JAX sees, 0 otherwise
+paths RUN_DIR      one line per candidate path of a parity run: verdict counts, the
+                   devices it ran on and its effective matmul precision; exit 1 if a
+                   row failed or errored
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ def probe(expected_extra: str = "") -> int:
     )
     wanted = EXTRA_PLATFORM.get(expected_extra)
     if wanted and jax.default_backend() != wanted:
-        print(f"error: the '{expected_extra}' extra is installed but JAX's default backend is "
-              f"{jax.default_backend()!r}, not {wanted!r}")
+        print(
+            f"error: the '{expected_extra}' extra is installed but JAX's default backend is "
+            f"{jax.default_backend()!r}, not {wanted!r}"
+        )
         return 3
     return 0
 

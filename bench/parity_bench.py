@@ -41,7 +41,6 @@ import json
 import math
 import os
 import pathlib
-import resource
 import shutil
 import subprocess
 import sys
@@ -119,11 +118,23 @@ def edited_copy(destination: pathlib.Path) -> pathlib.Path:
 def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, project: pathlib.Path = ROOT) -> dict:
     """One CLI run in a child process (from `project`'s sources); returns its figures."""
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
-    command = [sys.executable, "-m", "harness", "run", "--suite", suite, "--out", str(out), "--quiet", "--jobs",
-               str(jobs)]
+    command = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        "--suite",
+        suite,
+        "--out",
+        str(out),
+        "--quiet",
+        "--jobs",
+        str(jobs),
+    ]
     start, busy_start = time.perf_counter(), busy_cpu_seconds()
-    proc = subprocess.run([sys.executable, "-c", _USAGE_WRAPPER, *command], cwd=project, env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _USAGE_WRAPPER, *command], cwd=project, env=env, capture_output=True, text=True
+    )
     process_wall, busy_end = time.perf_counter() - start, busy_cpu_seconds()
     peak_kib, cpu_s = proc.stderr.strip().splitlines()[-1].removeprefix(_USAGE_PREFIX).split()
     if proc.returncode not in (0, 1):
@@ -177,20 +188,37 @@ def overhead_percent(figures: dict) -> float:
 def print_run(label: str, figures: dict) -> None:
     wall, jobs = figures["process_wall_s"], figures["jobs"]
     basis = wall if jobs == 1 else jobs * figures["runner_wall_s"]
-    print(f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
-          + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)"))
+    print(
+        f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
+        + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)")
+    )
     keys = ("paths_s", "oracle_s", "fixtures_s", "lowering_s", "overhead_s")
     body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / basis:.1f}%"] for key in keys]
     body.append(["  programs obtained", f"{figures['compile_s']:.1f} s", "loaded or compiled, mostly in threads ahead"])
     body.append(["  programs executed", f"{figures['execute_s']:.1f} s", "within paths"])
-    body.append(["startup_and_reports", f"{figures['startup_and_reports_s']:.1f} s",
-                 f"{100 * figures['startup_and_reports_s'] / wall:.1f}% of wall"])
+    body.append(
+        [
+            "startup_and_reports",
+            f"{figures['startup_and_reports_s']:.1f} s",
+            f"{100 * figures['startup_and_reports_s'] / wall:.1f}% of wall",
+        ]
+    )
     body.append(["CPU time", f"{figures['cpu_s']:.1f} s", "the machine's busy CPU during the run (every process)"])
     body.append(["peak memory", f"{figures['peak_rss_mib']:.0f} MiB", "largest process"])
-    body.append(["programs compiled / loaded", f"{figures['programs_compiled']} / {figures['programs_loaded']}",
-                 "XLA / JAX's persistent cache"])
-    body.append(["path programs loaded / missed", "{} / {}".format(*figures["programs_stored"]),
-                 "program store (a miss is traced, lowered and compiled)"])
+    body.append(
+        [
+            "programs compiled / loaded",
+            f"{figures['programs_compiled']} / {figures['programs_loaded']}",
+            "XLA / JAX's persistent cache",
+        ]
+    )
+    body.append(
+        [
+            "path programs loaded / missed",
+            "{} / {}".format(*figures["programs_stored"]),
+            "program store (a miss is traced, lowered and compiled)",
+        ]
+    )
     body.append(["TPU lowerings loaded / missed", "{} / {}".format(*figures["lowerings_stored"]), "lowering store"])
     body.append(["oracle computed / cached", f"{figures['oracle_computed']} / {figures['oracle_cached']}", "cases"])
     print(format_text_table(["where", "time", "share"], body, indent="  "))
@@ -199,15 +227,24 @@ def print_run(label: str, figures: dict) -> None:
 def print_sharpness(groups: list[dict]) -> None:
     """Bound usage of the passing rows per comparison x activation dtype (how sharp the bounds are)."""
     print("\nsharpness (bound usage of passing rows)")
-    body = [[g["comparison"], g["act_dtype"], g["passing"],
-             *(format_number(g[k]) for k in ("median_usage", "p90_usage", "max_usage"))] for g in groups]
+    body = [
+        [
+            g["comparison"],
+            g["act_dtype"],
+            g["passing"],
+            *(format_number(g[k]) for k in ("median_usage", "p90_usage", "max_usage")),
+        ]
+        for g in groups
+    ]
     print(format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  "))
 
 
 # Fixed single-threaded work for the speed probe: 0.11-0.18 s alone on an idle core of the
 # 2-core machine, ~0.35 s with one process per core at once.
-_PROBE_CODE = ("import time\nstart = time.perf_counter()\ntotal = 0\n"
-               "for value in range(2_000_000):\n    total += value * value\nprint(time.perf_counter() - start)")
+_PROBE_CODE = (
+    "import time\nstart = time.perf_counter()\ntotal = 0\n"
+    "for value in range(2_000_000):\n    total += value * value\nprint(time.perf_counter() - start)"
+)
 
 
 def speed_probe_seconds() -> float:
@@ -215,15 +252,19 @@ def speed_probe_seconds() -> float:
     multi-core speed just now. This shared VM ran the same code 20-30% slower in one bench
     run than in the next with nothing else running, so each run's walls come with the
     probe taken before it."""
-    probes = [subprocess.Popen([sys.executable, "-c", _PROBE_CODE], stdout=subprocess.PIPE, text=True)
-              for _ in range(os.cpu_count() or 1)]
+    probes = [
+        subprocess.Popen([sys.executable, "-c", _PROBE_CODE], stdout=subprocess.PIPE, text=True)
+        for _ in range(os.cpu_count() or 1)
+    ]
     return max(float(probe.communicate()[0]) for probe in probes)
 
 
 def load_note() -> str:
     one, five, fifteen = os.getloadavg()
-    return (f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} CPUs, "
-            f"speed probe {speed_probe_seconds():.3f} s")
+    return (
+        f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} CPUs, "
+        f"speed probe {speed_probe_seconds():.3f} s"
+    )
 
 
 def main(argv=None) -> int:
@@ -239,8 +280,9 @@ def main(argv=None) -> int:
             cache = tmp_path / f"cache-jobs{jobs}"
             for scenario in ("cold", "warm", "edit"):
                 loads.append(f"before {scenario} --jobs {jobs}: {load_note()}")
-                results[(scenario, jobs)] = run_once(args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs,
-                                                     project if scenario == "edit" else ROOT)
+                results[(scenario, jobs)] = run_once(
+                    args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs, project if scenario == "edit" else ROOT
+                )
                 # printed as it comes: a long benchmark's first figures are usable before it ends
                 print_run(f"{scenario} ({args.suite}, --jobs {jobs}; {loads[-1]})", results[(scenario, jobs)])
                 sys.stdout.flush()
@@ -251,10 +293,12 @@ def main(argv=None) -> int:
     print("\ntargets:")
     for (scenario, jobs), figures in results.items():
         wall, overhead = figures["process_wall_s"], overhead_percent(figures)
-        print(f"  {scenario:<5} --jobs {jobs}: {wall:6.1f} s, CPU {figures['cpu_s']:5.0f} s "
-              f"(target <= {TARGETS[scenario]:.0f} s: {'met' if wall <= TARGETS[scenario] else 'MISSED'}), "
-              f"harness overhead {overhead:.1f}% "
-              f"(< {OVERHEAD_TARGET_PERCENT:.0f}%: {'met' if overhead < OVERHEAD_TARGET_PERCENT else 'MISSED'})")
+        print(
+            f"  {scenario:<5} --jobs {jobs}: {wall:6.1f} s, CPU {figures['cpu_s']:5.0f} s "
+            f"(target <= {TARGETS[scenario]:.0f} s: {'met' if wall <= TARGETS[scenario] else 'MISSED'}), "
+            f"harness overhead {overhead:.1f}% "
+            f"(< {OVERHEAD_TARGET_PERCENT:.0f}%: {'met' if overhead < OVERHEAD_TARGET_PERCENT else 'MISSED'})"
+        )
     return 0
 
 

@@ -21,8 +21,21 @@ from cases.spec import CaseSpecError
 from cases.toml_cases import register_case_file
 from reports.text import format_text_table
 
-COLUMNS = ("name", "shape", "tokens", "dtype", "weights", "variant", "branch", "init", "mesh", "blocks",
-           "precision", "tags", "expect")
+COLUMNS = (
+    "name",
+    "shape",
+    "tokens",
+    "dtype",
+    "weights",
+    "variant",
+    "branch",
+    "init",
+    "mesh",
+    "blocks",
+    "precision",
+    "tags",
+    "expect",
+)
 
 
 def format_table(rows: list[dict[str, str]], columns=COLUMNS) -> str:

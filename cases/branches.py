@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -111,7 +111,9 @@ class Branch:
 
 
 BRANCHES: dict[str, Branch] = {
-    "identity": Branch("identity", identity_init, identity_apply, "h -> h (no parameters)", _no_params, elementwise=True),
+    "identity": Branch(
+        "identity", identity_init, identity_apply, "h -> h (no parameters)", _no_params, elementwise=True
+    ),
     "tanh": Branch("tanh", tanh_init, tanh_apply, "h -> tanh(h) (no parameters)", _no_params, elementwise=True),
     "mlp": Branch(
         "mlp",

@@ -14,7 +14,8 @@ sequence over "fsdp", so sharded cases have batch % data == sequence % fsdp == 0
 block_tokens to divide the per-shard tokens.
 
 Suites: smoke ⊂ default ⊂ full; tpu and maxtext are separate (large shapes; MaxText's
-kernel envelope); adversarial and sharded are derived — every case (of any suite) with a non-default init family / with a mesh.
+kernel envelope); adversarial and sharded are derived — every case (of any suite) with a
+non-default init family / with a mesh.
 Names are stable: changing a spec means a new name, never a reused one.
 """
 
@@ -67,9 +68,20 @@ def make_case(
     A non-empty `expect_reason` makes the case expect_unsupported.
     """
     fields = dict(
-        streams=streams, embedding=embedding, batch=batch, sequence=sequence, dtype=dtype,
-        weight_dtype=weight_dtype, variant=variant, branch=branch, init=init, seed=seed, mesh=mesh,
-        block_tokens=block_tokens, block_tokens_bwd=block_tokens_bwd, block_features=block_features,
+        streams=streams,
+        embedding=embedding,
+        batch=batch,
+        sequence=sequence,
+        dtype=dtype,
+        weight_dtype=weight_dtype,
+        variant=variant,
+        branch=branch,
+        init=init,
+        seed=seed,
+        mesh=mesh,
+        block_tokens=block_tokens,
+        block_tokens_bwd=block_tokens_bwd,
+        block_features=block_features,
         matmul_precision=matmul_precision,
     )
     extra = []
@@ -124,8 +136,7 @@ def default_only_cases() -> list[Case]:
         # token-sharded meshes; 64 tokens per shard
         make_case(batch=2, sequence=256, dtype=F32, mesh=(2, 4), block_tokens=64),
         make_case(batch=8, sequence=64, dtype=BF16, branch="mlp", mesh=(8, 1), block_tokens=64),
-        make_case(embedding=256, batch=1, sequence=512, dtype=BF16, weight_dtype=BF16, mesh=(1, 8),
-                  block_tokens=64),
+        make_case(embedding=256, batch=1, sequence=512, dtype=BF16, weight_dtype=BF16, mesh=(1, 8), block_tokens=64),
         # one or more case of every init family, at the base shape
         make_case(dtype=F32, init="saturated_gates"),
         make_case(dtype=BF16, init="peaky_permutation"),
@@ -152,8 +163,9 @@ def full_only_cases() -> list[Case]:
         make_case(embedding=512, batch=2, sequence=128, dtype=BF16, branch="mlp"),
         make_case(embedding=1024, batch=2, sequence=128, dtype=BF16, weight_dtype=BF16, branch="mlp"),
         make_case(batch=4, sequence=512, dtype=F32),
-        make_case(embedding=512, batch=2, sequence=128, dtype=F32, block_tokens=16, block_tokens_bwd=64,
-                  block_features=128),
+        make_case(
+            embedding=512, batch=2, sequence=128, dtype=F32, block_tokens=16, block_tokens_bwd=64, block_features=128
+        ),
         make_case(dtype=F32, seed=1),
         make_case(dtype=BF16, branch="mlp", seed=1),
         make_case(variant="sinkhorn", streams=2, dtype=BF16),
@@ -190,8 +202,9 @@ def tpu_cases() -> list[Case]:
         make_case(embedding=1024, batch=8, sequence=1024, dtype=BF16, branch="mlp", mesh=(2, 4), tags=tags),
         make_case(embedding=1024, batch=4, sequence=2048, dtype=BF16, init="bf16_inexact_gates", tags=tags),
         make_case(embedding=1024, batch=4, sequence=2048, dtype=BF16, init="large_magnitude", tags=tags),
-        make_case(embedding=1024, batch=4, sequence=2048, dtype=F32, branch="mlp", matmul_precision="default",
-                  tags=tags),
+        make_case(
+            embedding=1024, batch=4, sequence=2048, dtype=F32, branch="mlp", matmul_precision="default", tags=tags
+        ),
     ]
 
 
@@ -200,17 +213,49 @@ def maxtext_cases() -> list[Case]:
     envelope (`maxtext_parity.envelope`) with its layer's default blocks (256 forward, 128
     backward tokens) or explicit ones that divide the tokens each device holds."""
     return [
-        make_case(batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64,
-                  block_tokens_bwd=32),
+        make_case(batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64, block_tokens_bwd=32),
         make_case(embedding=256, batch=2, sequence=128, dtype=BF16, branch="mlp"),
-        make_case(embedding=384, batch=1, sequence=256, dtype=BF16, branch="mlp", init="saturated_gates",
-                  block_tokens=128, block_tokens_bwd=64),
-        make_case(embedding=1024, batch=1, sequence=256, dtype=BF16, weight_dtype=BF16, branch="mlp",
-                  block_tokens=128, block_tokens_bwd=64, block_features=512),
-        make_case(batch=2, sequence=256, dtype=BF16, init="bf16_inexact_gates", mesh=(2, 4), block_tokens=64,
-                  block_tokens_bwd=32),
-        make_case(embedding=256, batch=8, sequence=64, dtype=BF16, branch="mlp", init="peaky_permutation",
-                  mesh=(8, 1), block_tokens=64, block_tokens_bwd=32),
+        make_case(
+            embedding=384,
+            batch=1,
+            sequence=256,
+            dtype=BF16,
+            branch="mlp",
+            init="saturated_gates",
+            block_tokens=128,
+            block_tokens_bwd=64,
+        ),
+        make_case(
+            embedding=1024,
+            batch=1,
+            sequence=256,
+            dtype=BF16,
+            weight_dtype=BF16,
+            branch="mlp",
+            block_tokens=128,
+            block_tokens_bwd=64,
+            block_features=512,
+        ),
+        make_case(
+            batch=2,
+            sequence=256,
+            dtype=BF16,
+            init="bf16_inexact_gates",
+            mesh=(2, 4),
+            block_tokens=64,
+            block_tokens_bwd=32,
+        ),
+        make_case(
+            embedding=256,
+            batch=8,
+            sequence=64,
+            dtype=BF16,
+            branch="mlp",
+            init="peaky_permutation",
+            mesh=(8, 1),
+            block_tokens=64,
+            block_tokens_bwd=32,
+        ),
     ]
 
 

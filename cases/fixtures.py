@@ -119,7 +119,7 @@ class Fixture:
         """Branch parameters as jax arrays (weight dtype)."""
         return {k: jnp.asarray(v) for k, v in self.branch_params.items()}
 
-    def as_float64(self) -> "Fixture":
+    def as_float64(self) -> Fixture:
         """The same rounded values upcast to float64 (exact), e.g. for the oracle."""
         up = lambda a: a.astype(np.float64)  # noqa: E731
         return Fixture(
@@ -177,9 +177,7 @@ def fixture_from_masters(case: Case, masters: Masters) -> Fixture:
         case=case,
         x=_readonly(round_master(masters.x, case.dtype)),
         weights={k: _readonly(round_master(v, case.weight_dtype)) for k, v in masters.weights.items()},
-        branch_params={
-            k: _readonly(round_master(v, case.weight_dtype)) for k, v in masters.branch_params.items()
-        },
+        branch_params={k: _readonly(round_master(v, case.weight_dtype)) for k, v in masters.branch_params.items()},
         cotangent=_readonly(round_master(masters.cotangent, case.dtype)),
     )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -58,7 +58,7 @@ class Masters:
     weights: dict[str, np.ndarray]
     branch_params: dict[str, np.ndarray]
 
-    def with_changes(self, *, x=None, cotangent=None, weights=None, branch_params=None) -> "Masters":
+    def with_changes(self, *, x=None, cotangent=None, weights=None, branch_params=None) -> Masters:
         """A copy with the given arrays replaced; `weights`/`branch_params` are merged."""
         return Masters(
             x=self.x if x is None else x,
@@ -319,7 +319,8 @@ def mixed_signs_masters(case: Case, rs: RandomStreams) -> Masters:
         "pre_scale": -0.1 * base.weights["pre_scale"],  # small: h_pre nearly uniform over streams
         "res_scale": -base.weights["res_scale"],
         "pre_bias": rs.normal("mixed.pre_bias", (n,), std=0.01, mean=-1.0),
-        "post_bias": base.weights["post_bias"] * rs.signs("mixed.post_sign", (n,)) + 0.5 * rs.signs("mixed.post_shift", (n,)),
+        "post_bias": base.weights["post_bias"] * rs.signs("mixed.post_sign", (n,))
+        + 0.5 * rs.signs("mixed.post_shift", (n,)),
         "res_bias": base.weights["res_bias"] * rs.signs("mixed.res_sign", base.weights["res_bias"].shape),
     }
     return base.with_changes(x=x, weights=weights)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Mapping, TypeVar
-
-T = TypeVar("T")
+from collections.abc import Iterable, Mapping
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """"; did you mean 'a' or 'b'?" for close matches of `name`, else ""."""
+    """ "; did you mean 'a' or 'b'?" for close matches of `name`, else ""."""
     close = difflib.get_close_matches(str(name), list(known), n=3, cutoff=0.6)
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def lookup(table: Mapping[str, T], name: str, what: str) -> T:
+def lookup[T](table: Mapping[str, T], name: str, what: str) -> T:
     """table[name]; a KeyError naming `what`, the known names and close matches."""
     try:
         return table[name]

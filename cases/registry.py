@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from cases.catalogue import build_catalogue
 from cases.names import did_you_mean
 from cases.spec import Case, normalize_dtype
+
 
 class UnknownCaseError(KeyError):
     """An unknown case name, suite or pattern; str() is the full message."""
@@ -85,7 +86,7 @@ class Registry:
             self.get(name)  # validates
             self._suites[suite][name] = None
 
-    def copy(self) -> "Registry":
+    def copy(self) -> Registry:
         clone = Registry()
         clone._cases = dict(self._cases)
         clone._suites = {k: dict(v) for k, v in self._suites.items()}
@@ -125,8 +126,7 @@ class Registry:
         """The cases of one suite, in registration order."""
         if name not in self._suites:
             raise UnknownCaseError(
-                f"unknown suite {name!r}{did_you_mean(str(name), self._suites)} "
-                f"(known: {', '.join(self._suites)})"
+                f"unknown suite {name!r}{did_you_mean(str(name), self._suites)} (known: {', '.join(self._suites)})"
             )
         members = self._suites[name]
         return tuple(c for c in self._cases.values() if c.name in members)
@@ -158,7 +158,8 @@ class Registry:
             include = [t for t in wanted if not t.startswith("!")]
             exclude = [t[1:] for t in wanted if t.startswith("!")]
             candidates = [
-                c for c in candidates
+                c
+                for c in candidates
                 if all(t in c.all_tags for t in include) and not any(t in c.all_tags for t in exclude)
             ]
         if dtype is not None:

@@ -46,7 +46,8 @@ MATMUL_PRECISIONS = ("highest", "default")
 # The activation dtypes' names and the short spellings accepted wherever a user types a
 # dtype (CLI, TOML, select()), from `reports.dtypes`.
 DTYPE_ALIASES = {
-    spelling: name for spelling, name in ({n: n for n in dtypes.FLOAT_DTYPES} | dtypes.ALIASES).items()
+    spelling: name
+    for spelling, name in ({n: n for n in dtypes.FLOAT_DTYPES} | dtypes.ALIASES).items()
     if name in ACTIVATION_DTYPES
 }
 _DTYPE_SHORT = {"float32": "f32", "bfloat16": "bf16"}
@@ -81,7 +82,7 @@ _MAX_SEED = 2**63 - 1
 
 
 def mesh_label(mesh: tuple[int, ...] | None) -> str:
-    """"" for no mesh, else e.g. ``data=2,fsdp=4`` (row schema and path names)."""
+    """ "" for no mesh, else e.g. ``data=2,fsdp=4`` (row schema and path names)."""
     return "" if mesh is None else ",".join(f"{axis}={size}" for axis, size in zip(MESH_AXES, mesh))
 
 
@@ -220,8 +221,9 @@ class Case:
             return f"case {label!r}: field {field!r} {requirement}, got {getattr(self, field)!r}"
 
         if not isinstance(self.name, str) or not _NAME_PATTERN.fullmatch(self.name):
-            yield bad("name", "must be a non-empty string of letters, digits and _ . + = - "
-                      "(starting with a letter or digit)")
+            yield bad(
+                "name", "must be a non-empty string of letters, digits and _ . + = - (starting with a letter or digit)"
+            )
         elif len(self.name) > MAX_NAME_LENGTH:
             label = f"{self.name[:40]}...({len(self.name)} characters)"
             yield f"case {label!r}: field 'name' must be at most {MAX_NAME_LENGTH} characters"
@@ -264,8 +266,7 @@ class Case:
         if not isinstance(self.expect_reason, str):
             yield bad("expect_reason", "must be a string")
         elif self.expect == "unsupported" and not self.expect_reason.strip():
-            yield bad("expect_reason", "must name (a substring of) the expected error for an "
-                      "expect='unsupported' case")
+            yield bad("expect_reason", "must name (a substring of) the expected error for an expect='unsupported' case")
         elif self.expect == "supported" and self.expect_reason:
             yield bad("expect_reason", "must be empty for an expect='supported' case")
 
@@ -292,7 +293,7 @@ class Case:
 
     @property
     def mesh_name(self) -> str:
-        """"" when unsharded, else e.g. ``data=2,fsdp=4``."""
+        """ "" when unsharded, else e.g. ``data=2,fsdp=4``."""
         return mesh_label(self.mesh)
 
     @property
@@ -351,11 +352,13 @@ class Case:
     def mhc_config(self):
         """`mhc.types.MhcConfig` for the case; raises UnsupportedInputError for invalid dims."""
         return MhcConfig(
-            streams=self.streams, embedding=self.embedding, variant=self.variant,
+            streams=self.streams,
+            embedding=self.embedding,
+            variant=self.variant,
             matmul_precision=self.matmul_precision,
         )
 
-    def replace(self, **changes) -> "Case":
+    def replace(self, **changes) -> Case:
         """A copy with `changes` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -397,4 +400,3 @@ DATA_FIELDS = fields_with(DATA)
 # The fields that shape a compiled program; the effective matmul precision is added where
 # a path is placed (`harness.paths`).
 PROGRAM_FIELDS = fields_with(PROGRAM)
-

@@ -36,7 +36,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from cases.registry import DuplicateCaseError, Registry
 from cases.spec import Case, CaseSpecError, case_field_names, normalize_dtype
@@ -45,10 +45,27 @@ USER_SUITE = "user"
 TOP_LEVEL_KEYS = ("defaults", "case")
 EXTRA_CASE_KEYS = ("suites",)
 
-_INT_FIELDS = ("batch", "sequence", "streams", "embedding", "seed", "block_tokens", "block_tokens_bwd",
-               "block_features")
-_STR_FIELDS = ("name", "dtype", "weight_dtype", "variant", "branch", "init", "matmul_precision", "expect",
-               "expect_reason")
+_INT_FIELDS = (
+    "batch",
+    "sequence",
+    "streams",
+    "embedding",
+    "seed",
+    "block_tokens",
+    "block_tokens_bwd",
+    "block_features",
+)
+_STR_FIELDS = (
+    "name",
+    "dtype",
+    "weight_dtype",
+    "variant",
+    "branch",
+    "init",
+    "matmul_precision",
+    "expect",
+    "expect_reason",
+)
 _REQUIRED = ("name", "batch", "sequence", "streams", "embedding")
 
 
@@ -63,13 +80,12 @@ def _type_problem(field: str, value) -> str | None:
     if field in _STR_FIELDS and not isinstance(value, str):
         return f"must be a string, got {type(value).__name__} {value!r}"
     if field == "mesh" and not (
-        isinstance(value, list) and len(value) == 2
+        isinstance(value, list)
+        and len(value) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         return f"must be a [data, fsdp] pair of integers (omit it for unsharded), got {value!r}"
-    if field in ("tags", "suites") and not (
-        isinstance(value, list) and all(isinstance(v, str) for v in value)
-    ):
+    if field in ("tags", "suites") and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
         return f"must be a list of strings, got {value!r}"
     return None
 
@@ -82,15 +98,15 @@ def _check_keys(table: dict, allowed: Iterable[str], where: str, path: Path) -> 
         for key in unknown:
             close = difflib.get_close_matches(key, allowed, n=1)
             hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise CaseFileError(
-            f"{path}: {where}: unknown field(s) {', '.join(hints)}; allowed: {', '.join(allowed)}"
-        )
+        raise CaseFileError(f"{path}: {where}: unknown field(s) {', '.join(hints)}; allowed: {', '.join(allowed)}")
 
 
 def parse_case_table(table: dict, defaults: dict, *, path: Path, position: int) -> tuple[Case, tuple[str, ...]]:
     """One ``[[case]]`` table (merged over ``[defaults]``) -> (Case, suites)."""
-    label = f"case {table.get('name')!r} (entry {position})" if isinstance(table.get("name"), str) else (
-        f"case entry {position}"
+    label = (
+        f"case {table.get('name')!r} (entry {position})"
+        if isinstance(table.get("name"), str)
+        else (f"case entry {position}")
     )
     _check_keys(table, case_field_names() + EXTRA_CASE_KEYS, label, path)
     merged = dict(defaults)
@@ -138,8 +154,7 @@ def load_case_entries(path: str | Path) -> tuple[tuple[Case, tuple[str, ...]], .
     defaults = document.get("defaults", {})
     if not isinstance(defaults, dict):
         raise CaseFileError(f"{path}: [defaults] must be a table")
-    _check_keys(defaults, tuple(f for f in case_field_names() if f != "name") + EXTRA_CASE_KEYS,
-                "[defaults]", path)
+    _check_keys(defaults, tuple(f for f in case_field_names() if f != "name") + EXTRA_CASE_KEYS, "[defaults]", path)
     tables = document.get("case", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise CaseFileError(f"{path}: cases must be given as [[case]] tables")

@@ -38,7 +38,8 @@ from typing import Any, TypedDict, Unpack
 import pandas as pd
 
 from harness import run_command
-from harness.errors import BaselineError, ConfigurationError, ParityError, ReportError
+from harness.errors import BaselineError, ConfigurationError, ReportError
+from harness.errors import ParityError  # noqa: F401 - re-exported: `harness.ParityError`, the pytest plugin
 from harness.implementations import Implementation, load_externals
 from harness.policy import PolicyError
 from harness.run_info import enable_compilation_cache
@@ -84,7 +85,7 @@ class ParityRun:
 
     @property
     def verdict(self) -> str:
-        """"PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported)."""
+        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported)."""
         return run_verdict(self.records)
 
     @property
@@ -131,7 +132,9 @@ class ParityRun:
             raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
         return paths
 
-    def write_baseline(self, path: str | pathlib.Path | None = None, *, implementation: str | None = None) -> pathlib.Path:
+    def write_baseline(
+        self, path: str | pathlib.Path | None = None, *, implementation: str | None = None
+    ) -> pathlib.Path:
         """Write the rows of one external implementation (default: the run's only one) as its
         baseline, keyed by its name, to `path` (default baselines/<name>.csv). ReportError if
         the file cannot be written, ConfigurationError if the run has no such implementation."""
@@ -147,8 +150,9 @@ class ParityRun:
 
     def loaded(self) -> LoadedRun:
         """This run as `reports.load_run` would return it from its folder."""
-        return LoadedRun(self.rows, IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False,
-                         self.manifest)
+        return LoadedRun(
+            self.rows, IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False, self.manifest
+        )
 
     def _implementation(self, name: str | None) -> str:
         if name is not None:
@@ -211,8 +215,9 @@ class PreparedRun:
         records = tuple(dict(r) for r in records)
         manifest = self._manifest
         if cases is not None:
-            manifest = dataclasses.replace(manifest, cases=tuple(c.name for c in cases),
-                                           selection_digest=selection_digest(cases))
+            manifest = dataclasses.replace(
+                manifest, cases=tuple(c.name for c in cases), selection_digest=selection_digest(cases)
+            )
         manifest = manifest.with_cases(case_records(records, manifest.cases)[case] for case in manifest.cases)
         metadata = run_command.finished_metadata(
             manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started
@@ -252,8 +257,10 @@ def prepare(
     the cases inside every implementation's envelope (`harness run --inside-envelope`).
     Raises ConfigurationError (one line) for anything that cannot run.
     """
-    items = [] if implementation is None else (
-        list(implementation) if isinstance(implementation, (list, tuple)) else [implementation]
+    items = (
+        []
+        if implementation is None
+        else (list(implementation) if isinstance(implementation, (list, tuple)) else [implementation])
     )
     externals = load_externals(items)  # ImplementationError is a ConfigurationError
     if paths is None:
@@ -268,7 +275,8 @@ def prepare(
     args.no_lowering = not (lowering if lowering is not None else not externals)
     args.inside_envelope = inside_envelope
     shown = ", ".join(f"{k}={v!r}" for k, v in (("suite", suite), ("cases", cases), ("dtype", dtype)) if v)
-    command_line = f"run_parity({', '.join(impl.spec or impl.name for impl in externals)}{', ' if shown and externals else ''}{shown})"
+    arguments = [impl.spec or impl.name for impl in externals] + ([shown] if shown else [])
+    command_line = f"run_parity({', '.join(arguments)})"
     return PreparedRun(args, command_line)
 
 
@@ -348,7 +356,8 @@ def gate(
     if only_current_cases:
         baseline_frame = baseline_frame[baseline_frame["case"].isin(current_cases(current))]
     try:
-        return _gate_rows(baseline_frame, gated_frame(base, current), growth_factor=growth_factor,
-                          noise_floor_ulps=noise_floor_ulps)
+        return _gate_rows(
+            baseline_frame, gated_frame(base, current), growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps
+        )
     except ReportInputError as exc:
         raise BaselineError(f"unusable input: {exc}") from exc

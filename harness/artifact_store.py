@@ -62,14 +62,14 @@ def decode_entry(data: bytes, material: dict) -> bytes:
         raise CorruptEntry(f"truncated: {len(data)} bytes")
     length = int.from_bytes(data[:_LENGTH_BYTES], "little")
     try:
-        header = json.loads(data[_LENGTH_BYTES:_LENGTH_BYTES + length].decode())
+        header = json.loads(data[_LENGTH_BYTES : _LENGTH_BYTES + length].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CorruptEntry(f"unreadable header ({error})") from error
     if not isinstance(header, dict) or header.get("checksum") != header_checksum(header):
         raise CorruptEntry("header checksum mismatch")
     if header["key"] != json.loads(canonical_json(material)):
         raise CorruptEntry("stale: written for another key")
-    payload = data[_LENGTH_BYTES + length:]
+    payload = data[_LENGTH_BYTES + length :]
     if len(payload) != header["size"] or hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
         raise CorruptEntry(f"payload checksum mismatch ({len(payload)} bytes, header says {header['size']})")
     return payload

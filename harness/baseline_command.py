@@ -29,8 +29,9 @@ from reports.commands import BASELINE_PROG, DEFAULT_RUN_FOLDER, EXIT_FAILED, EXI
 
 def run_baseline_parser() -> argparse.ArgumentParser:
     """The arguments of `baseline --impl MODULE:FACTORY` without --from (a run first)."""
-    p = argparse.ArgumentParser(prog=BASELINE_PROG,
-                                description="Run an external implementation and write its baseline.")
+    p = argparse.ArgumentParser(
+        prog=BASELINE_PROG, description="Run an external implementation and write its baseline."
+    )
     p.add_argument("--impl", required=True, metavar="MODULE:FACTORY", help="the implementation to run")
     p.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
     p.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
@@ -77,11 +78,15 @@ def main(argv: Sequence[str]) -> int:
         print(f"{BASELINE_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if len(names) != 1:
-        print(f"{BASELINE_PROG}: error: {args.impl} gives {len(names)} implementations ({', '.join(names)}); "
-              f"run them with `harness run` and write each with `baseline --from RUN --impl NAME`", file=sys.stderr)
+        print(
+            f"{BASELINE_PROG}: error: {args.impl} gives {len(names)} implementations ({', '.join(names)}); "
+            f"run them with `harness run` and write each with `baseline --from RUN --impl NAME`",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    code = run_command.main(run_arguments(args, names[0]),
-                            command_line="python -m harness baseline " + shlex.join(argv))
+    code = run_command.main(
+        run_arguments(args, names[0]), command_line="python -m harness baseline " + shlex.join(argv)
+    )
     if code not in (EXIT_OK, EXIT_FAILED):  # a usage error, or stopped: the run said why
         return code
     forwarded = ["--from", str(args.out), "--impl", names[0]]

@@ -164,8 +164,9 @@ class UlpsPlusSensitivity(Bound):
     def judge(self, m: LeafMetrics, unit: float) -> Outcome:
         sensitivity = 0.0 if math.isnan(m.oracle_sensitivity_max) else m.oracle_sensitivity_max
         limit = self.max_rel_ulps * unit + self.ratio_sensitivity * sensitivity
-        text = (f"{self.max_rel_ulps:g}ulp+{self.ratio_sensitivity:g}*sensitivity({_number(sensitivity)})"
-                f"={_number(limit)}")
+        text = (
+            f"{self.max_rel_ulps:g}ulp+{self.ratio_sensitivity:g}*sensitivity({_number(sensitivity)})={_number(limit)}"
+        )
         return all_hold([Condition("max_rel_err", m.max_rel_err, limit, text)])
 
     def describe(self) -> str:
@@ -194,8 +195,7 @@ class Systematic:
 
     def usage(self, m: LeafMetrics, floor: float, floor_ulps: float) -> tuple[float, str]:
         """(usage, failure text): the smaller of the t bound's and the shift floor's usage."""
-        explained = max((t for t in (m.partner_systematic_t, m.oracle_systematic_t) if not math.isnan(t)),
-                        default=0.0)
+        explained = max((t for t in (m.partner_systematic_t, m.oracle_systematic_t) if not math.isnan(t)), default=0.0)
         t_limit = max(self.t_floor, self.ratio * explained)
         usage = min(usage_of(m.cand_systematic_t, t_limit), usage_of(m.cand_systematic_shift, floor))
         text = (
@@ -218,8 +218,13 @@ class OracleRatio(Bound):
     systematic: Systematic | None = None
     kind: ClassVar[str] = "oracle_ratio"
     numbers: ClassVar[dict[str, str]] = {"ratio": RATIO, "floor_ulps": ULPS, "direct_ulps": ULPS_OR_OFF}
-    reads: ClassVar[tuple[str, ...]] = ("cand_oracle_max_err", "partner_oracle_max_err", "cand_oracle_rms_err",
-                                        "partner_oracle_rms_err", "max_rel_err")
+    reads: ClassVar[tuple[str, ...]] = (
+        "cand_oracle_max_err",
+        "partner_oracle_max_err",
+        "cand_oracle_rms_err",
+        "partner_oracle_rms_err",
+        "max_rel_err",
+    )
     uses_oracle: ClassVar[bool] = True
 
     def judge(self, m: LeafMetrics, unit: float) -> Outcome:
@@ -236,8 +241,14 @@ class OracleRatio(Bound):
             what = f"partner_oracle_{name}_err({_number(partner)})"
             if not math.isnan(sensitivity):
                 what = f"max({what}, sensitivity({_number(sensitivity)}))"
-            conditions.append(Condition(f"cand_oracle_{name}_err", cand, limit,
-                                        f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}"))
+            conditions.append(
+                Condition(
+                    f"cand_oracle_{name}_err",
+                    cand,
+                    limit,
+                    f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}",
+                )
+            )
         ratio = all_hold(conditions)
         usage, reasons = ratio.usage, [ratio.reason] if ratio.reason else []
         if self.systematic is not None and not math.isnan(m.cand_systematic_t):
@@ -252,8 +263,10 @@ class OracleRatio(Bound):
             return Outcome(usage)
         reason = "; ".join(reasons)
         if self.direct_ulps:
-            reason += (f"; and not indistinguishable: max_rel_err={_number(m.max_rel_err)} > "
-                       f"direct {self.direct_ulps:g}ulp={_number(direct_limit)}")
+            reason += (
+                f"; and not indistinguishable: max_rel_err={_number(m.max_rel_err)} > "
+                f"direct {self.direct_ulps:g}ulp={_number(direct_limit)}"
+            )
         return Outcome(usage, reason)
 
     def describe(self) -> str:

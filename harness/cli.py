@@ -33,8 +33,10 @@ EXIT_USAGE = 2
 COMMANDS = {
     "run": ("harness.run_command:main", "run cases through every path and write reports"),
     "gate": ("reports.commands:gate_main", "compare a finished run against a baseline"),
-    "baseline": ("harness.baseline_command:main",
-                 "write a finished run as the baseline CSV (--impl: an implementation's, run first)"),
+    "baseline": (
+        "harness.baseline_command:main",
+        "write a finished run as the baseline CSV (--impl: an implementation's, run first)",
+    ),
     "render": ("reports.commands:render_main", "write every report format again from a finished run"),
     "policy": ("harness.policy_table:main", "check the tolerance policy; print every resolved bound"),
     "faults": ("harness.faults.cli:main", "the fault kill matrix, or with --seeds the false-positive sweep"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -25,11 +25,19 @@ def case_fields(case) -> dict:
     }
 
 
-def status_row(case, *, candidate: str, partner: str, comparison: str, verdict: str, reason: str, leaf: str = "*") -> dict:
+def status_row(
+    case, *, candidate: str, partner: str, comparison: str, verdict: str, reason: str, leaf: str = "*"
+) -> dict:
     """A row with no metrics: skip, unsupported, error, or a whole-path failure."""
     return empty_row(
-        **case_fields(case), candidate=candidate, partner=partner, comparison=comparison,
-        leaf=leaf, leaf_kind="", verdict=verdict, reason=reason,
+        **case_fields(case),
+        candidate=candidate,
+        partner=partner,
+        comparison=comparison,
+        leaf=leaf,
+        leaf_kind="",
+        verdict=verdict,
+        reason=reason,
     )
 
 
@@ -65,19 +73,36 @@ def compare_leaves(
         base = dict(case_fields(case), candidate=candidate, partner=partner, comparison=comparison, leaf=leaf)
         if leaf not in partner_leaves or leaf not in oracle_leaves:
             missing = partner if leaf not in partner_leaves else "oracle"
-            rows.append(status_row(case, candidate=candidate, partner=partner, comparison=comparison,
-                                   verdict="skip", reason=f"{missing} has no leaf {leaf}", leaf=leaf))
+            rows.append(
+                status_row(
+                    case,
+                    candidate=candidate,
+                    partner=partner,
+                    comparison=comparison,
+                    verdict="skip",
+                    reason=f"{missing} has no leaf {leaf}",
+                    leaf=leaf,
+                )
+            )
             continue
         kind = leaf_kind(leaf)
         dtype = np.dtype(cand.dtype)
         metrics = leaf_metrics(
-            cand, partner_leaves[leaf], oracle_leaves[leaf], dtype=dtype,
+            cand,
+            partner_leaves[leaf],
+            oracle_leaves[leaf],
+            dtype=dtype,
             sensitivity=None if oracle_sensitivity is None else oracle_sensitivity.get(leaf),
             token_axes=token_axes(leaf),
-            oracle_systematic_t=(oracle_systematic or {}).get(leaf), memo=memo,
+            oracle_systematic_t=(oracle_systematic or {}).get(leaf),
+            memo=memo,
         )
         judgement = policy.judge(
-            metrics, comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=case.dtype,
+            metrics,
+            comparison=comparison,
+            leaf_kind=kind,
+            dtype=dtype,
+            act_dtype=case.dtype,
             partitioning=partitioning,
         )
         rows.append(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -103,7 +103,7 @@ def path_placement(path) -> Placement:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def placement_mesh(devices: tuple, shape: tuple[int, int]):
     """A (data, fsdp) `jax.sharding.Mesh` over `devices` (cached: one object per placement)."""
     return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)

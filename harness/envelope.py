@@ -12,9 +12,9 @@ are often case settings): give a callable `case -> int` instead of an int.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Union
+from collections.abc import Callable
 
-IntOfCase = Union[int, Callable[[object], int]]
+IntOfCase = int | Callable[[object], int]
 
 
 def _value(rule: IntOfCase, case) -> int:

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from harness.envelope import Envelope
 from harness.errors import ConfigurationError
@@ -178,8 +179,12 @@ def load_implementations(spec: str) -> tuple[Implementation, ...]:
     if not objects:
         raise ImplementationError(f"--impl {spec!r}: the factory returned no implementation")
     return tuple(
-        wrap_external(item, spec=spec, default_name=f"{module_name}:{attr}" if len(objects) == 1 else "",
-                      source_file=getattr(module, "__file__", None) or "")
+        wrap_external(
+            item,
+            spec=spec,
+            default_name=f"{module_name}:{attr}" if len(objects) == 1 else "",
+            source_file=getattr(module, "__file__", None) or "",
+        )
         for item in objects
     )
 
@@ -198,7 +203,9 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
             raise ImplementationError(f"{label}: the factory's object has no callable {method}() (nor build())")
     envelope = getattr(obj, "envelope", None)
     if envelope is not None and not isinstance(envelope, Envelope):
-        raise ImplementationError(f"{label}: `envelope` must be a harness.envelope.Envelope, got {type(envelope).__name__}")
+        raise ImplementationError(
+            f"{label}: `envelope` must be a harness.envelope.Envelope, got {type(envelope).__name__}"
+        )
     lower = getattr(obj, "lower", None)
     if lower is not None and not callable(lower):
         raise ImplementationError(f"{label}: `lower` must be callable")
@@ -229,7 +236,7 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
     )
 
 
-def as_implementation(item: "str | Implementation | Any") -> Implementation:
+def as_implementation(item: str | Implementation | Any) -> Implementation:
     """A `module:factory` spec loaded, an `Implementation` as it is, an object with pre/post wrapped.
     ImplementationError for a spec whose factory returns several (`load_externals` takes those)."""
     if isinstance(item, Implementation):
@@ -248,15 +255,16 @@ def load_externals(specs) -> tuple[Implementation, ...]:
     if repeated:
         raise ImplementationError(f"--impl {repeated[0]!r} is given more than once")
     loaded = tuple(
-        impl for item in specs
+        impl
+        for item in specs
         for impl in (load_implementations(item) if isinstance(item, str) else (as_implementation(item),))
     )
     names: dict[str, str] = {}
     for impl in loaded:
         if impl.name in names:
             raise ImplementationError(
-                f"--impl {names[impl.name] or impl.name!r} and --impl {impl.spec or impl.name!r} are both named {impl.name!r}; "
-                f"give one a different `name` attribute"
+                f"--impl {names[impl.name] or impl.name!r} and --impl {impl.spec or impl.name!r} are both "
+                f"named {impl.name!r}; give one a different `name` attribute"
             )
         names[impl.name] = impl.spec
     for impl in loaded:

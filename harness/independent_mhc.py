@@ -87,7 +87,11 @@ def precision_of(config) -> jax.lax.Precision:
 def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
     """a (..., K) @ b (K, N) with float32 accumulation at `precision`."""
     return jax.lax.dot_general(
-        a, b, (((a.ndim - 1,), (0,)), ((), ())), precision=precision, preferred_element_type=F32,
+        a,
+        b,
+        (((a.ndim - 1,), (0,)), ((), ())),
+        precision=precision,
+        preferred_element_type=F32,
     )
 
 
@@ -174,8 +178,9 @@ class IndependentMhcLite:
         h_post = sigmoid_gate(post_logits, weights.post_scale, weights.post_bias, multiplier=2.0)
         h_res = residual_mix_matrix(res_logits, weights.res_scale, weights.res_bias, n)
         streams = x2.reshape(b * s, n, c).astype(F32)
-        layer_input = jnp.einsum("tn,tnc->tc", round_operand(h_pre, x.dtype), streams,
-                                 precision=jax.lax.Precision.HIGHEST)
+        layer_input = jnp.einsum(
+            "tn,tnc->tc", round_operand(h_pre, x.dtype), streams, precision=jax.lax.Precision.HIGHEST
+        )
         context = PostContext(x=x, h_post=h_post.reshape(b, s, n), h_res=h_res.reshape(b, s, n, n))
         return layer_input.astype(x.dtype).reshape(b, s, c), context
 
@@ -183,8 +188,9 @@ class IndependentMhcLite:
         """out[j] = Σ_i h_res[i, j] x[i] + h_post[j] · layer_output, in x.dtype: (B, S, n, C)."""
         x = context.x
         dtype = x.dtype
-        mixed = jnp.einsum("bsij,bsic->bsjc", round_operand(context.h_res, dtype), x.astype(F32),
-                           precision=jax.lax.Precision.HIGHEST)
+        mixed = jnp.einsum(
+            "bsij,bsic->bsjc", round_operand(context.h_res, dtype), x.astype(F32), precision=jax.lax.Precision.HIGHEST
+        )
         gated = round_operand(context.h_post, dtype)[..., None] * layer_output.astype(F32)[..., None, :]
         return (mixed + gated).astype(dtype)
 

@@ -11,7 +11,8 @@ the `devices` column stays empty.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+import functools
+from collections.abc import Iterator
 
 import jax.numpy as jnp
 
@@ -50,12 +51,23 @@ def lowering_rows(case, store=None) -> Iterator[dict]:
 
 
 def _lower(case, mesh, store) -> list:
-    arguments = dict(config=case.mhc_config(), batch=case.batch, seq=case.sequence, dtype=jnp.dtype(case.dtype),
-                     kernel=KernelConfig(**case.block_sizes), mesh_shape=mesh or ())
+    arguments = dict(
+        config=case.mhc_config(),
+        batch=case.batch,
+        seq=case.sequence,
+        dtype=jnp.dtype(case.dtype),
+        kernel=KernelConfig(**case.block_sizes),
+        mesh_shape=mesh or (),
+    )
     if store is None:
         return lower_kernel_programs(**arguments)
-    described = {**arguments, "config": dataclasses.asdict(arguments["config"]), "dtype": str(arguments["dtype"]),
-                 "kernel": dataclasses.asdict(arguments["kernel"]), "mesh_shape": list(arguments["mesh_shape"])}
+    described = {
+        **arguments,
+        "config": dataclasses.asdict(arguments["config"]),
+        "dtype": str(arguments["dtype"]),
+        "kernel": dataclasses.asdict(arguments["kernel"]),
+        "mesh_shape": list(arguments["mesh_shape"]),
+    }
     return store.lower(described, lambda: lower_kernel_programs(**arguments))
 
 
@@ -67,7 +79,7 @@ def case_meshes(case) -> list:
 def _rows(case, store) -> Iterator[dict]:
     skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
     for mesh in case_meshes(case):
-        yield from _program_rows(case, lowering_path_name(mesh), skip, lambda: _lower(case, mesh, store))
+        yield from _program_rows(case, lowering_path_name(mesh), skip, lambda mesh=mesh: _lower(case, mesh, store))
 
 
 def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: bool = True) -> Iterator[dict]:
@@ -80,15 +92,20 @@ def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: b
     judge = _verdict if expects_case_limits else (lambda _case, ok, error: ("pass", "") if ok else ("fail", error))
     try:
         results = lower()
-    except Exception as exc:  # the config itself is invalid: one row for the path
+    except Exception as exc:  # noqa: BLE001 - the config itself is invalid (any error): one row for the path
         verdict, reason = judge(case, False, f"{type(exc).__name__}: {exc}")
         yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict, reason=reason)
         return
     for result in results:
         verdict, reason = judge(case, result.ok, result.error)
         row = status_row(
-            case, candidate=candidate, partner="", comparison="lowering", verdict=verdict,
-            reason=reason, leaf=result.program,
+            case,
+            candidate=candidate,
+            partner="",
+            comparison="lowering",
+            verdict=verdict,
+            reason=reason,
+            leaf=result.program,
         )
         row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
         yield row
@@ -106,9 +123,16 @@ def implementation_lowering_rows(case, impl) -> Iterator[dict]:
         candidate = implementation_lowering_name(impl.name, mesh)
         skip, outside = impl.case_skip_reason(case), impl.envelope_reason(case, mesh)
         if skip or outside:
-            yield status_row(case, candidate=candidate, partner="", comparison="lowering",
-                             verdict="skip" if skip else "unsupported", reason=f"{impl.name}: {skip or outside}")
+            yield status_row(
+                case,
+                candidate=candidate,
+                partner="",
+                comparison="lowering",
+                verdict="skip" if skip else "unsupported",
+                reason=f"{impl.name}: {skip or outside}",
+            )
             continue
-        for row in _program_rows(case, candidate, "", lambda: impl.lower(case, mesh or ()), expects_case_limits=False):
+        lower = functools.partial(impl.lower, case, mesh or ())
+        for row in _program_rows(case, candidate, "", lower, expects_case_limits=False):
             row["matmul_precision"] = case.matmul_precision
             yield row

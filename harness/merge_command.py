@@ -35,13 +35,34 @@ from reports.writers import write_run_folder
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Report metadata that must agree between shards: where and with what the rows were made.
-ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", "host_cpu_devices", "matmul_precision",
-                    "jax_version", "jaxlib_version", "flax_version", "numpy_version")
+ENVIRONMENT_KEYS = (
+    "backend",
+    "device_kind",
+    "device_count",
+    "host_cpu_devices",
+    "matmul_precision",
+    "jax_version",
+    "jaxlib_version",
+    "flax_version",
+    "numpy_version",
+)
 # Metadata summed over the shards (seconds and counts of work done): the runner's timings
 # (`harness.runner.TIMINGS`; this module stays free of JAX) and its work counts.
-SUMMED_KEYS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s", "oracle_computed", "oracle_cached",
-               "programs_compiled", "programs_loaded", "programs_stored_loaded", "programs_stored_missed",
-               "lowerings_stored_loaded", "lowerings_stored_missed", "resumed_cases")
+SUMMED_KEYS = (
+    "fixtures_s",
+    "oracle_s",
+    "paths_s",
+    "lowering_s",
+    "oracle_computed",
+    "oracle_cached",
+    "programs_compiled",
+    "programs_loaded",
+    "programs_stored_loaded",
+    "programs_stored_missed",
+    "lowerings_stored_loaded",
+    "lowerings_stored_missed",
+    "resumed_cases",
+)
 # Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).
 MAXED_KEYS = ("worker_peak_rss_mib",)
 
@@ -94,8 +115,10 @@ def _agreement_problem(first: ShardRun, other: ShardRun) -> str:
     for what, mine, theirs in checks:
         if mine != theirs:
             theirs_shown, mine_shown = where_they_differ(str(theirs), str(mine))
-            return f"{other.folder} is not a shard of the run in {first.folder}: {what} differs " \
-                   f"({theirs_shown} vs {mine_shown})"
+            return (
+                f"{other.folder} is not a shard of the run in {first.folder}: {what} differs "
+                f"({theirs_shown} vs {mine_shown})"
+            )
     return ""
 
 
@@ -106,7 +129,7 @@ def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
     start = max(0, first - width // 3)
 
     def cut(text: str) -> str:
-        part = text[start:start + width]
+        part = text[start : start + width]
         return ("..." if start else "") + part + ("..." if start + width < len(text) else "")
 
     return cut(a), cut(b)
@@ -128,8 +151,10 @@ def check_shards(shards: list[ShardRun]) -> None:
         seen[index] = shard.folder
         expected = shard_names(first.manifest.shard_of, parse_shard(shard.manifest.shard))
         if set(shard.manifest.cases) != expected:
-            raise MergeError(f"{shard.folder}: holds cases {sorted(shard.manifest.cases)[:3]}..., not exactly "
-                             f"shard {shard.manifest.shard} of the selection")
+            raise MergeError(
+                f"{shard.folder}: holds cases {sorted(shard.manifest.cases)[:3]}..., not exactly "
+                f"shard {shard.manifest.shard} of the selection"
+            )
     missing = [f"{k}/{count}" for k in range(1, count + 1) if k not in seen]
     if missing:
         raise MergeError(f"shard(s) {', '.join(missing)} missing: {len(shards)} of {count} shards given")
@@ -141,12 +166,23 @@ def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Man
     records = {record.case: record for shard in shards for record in shard.manifest.case_records}
     stamp = now_iso()
     return dataclasses.replace(
-        first, run_id=uuid.uuid4().hex, state="complete", cases=first.shard_of,
+        first,
+        run_id=uuid.uuid4().hex,
+        state="complete",
+        cases=first.shard_of,
         selection_digest=first.shard_of_digest,
         path_names=tuple(sorted({name for s in shards for name in s.manifest.path_names})),
-        command_line=command_line, started=min(s.manifest.started for s in shards), updated=stamp,
-        finished=stamp, resumed=(), case_records=tuple(records[case] for case in first.shard_of), rows=rows,
-        reason="", shard="", shard_of=(), shard_of_digest="",
+        command_line=command_line,
+        started=min(s.manifest.started for s in shards),
+        updated=stamp,
+        finished=stamp,
+        resumed=(),
+        case_records=tuple(records[case] for case in first.shard_of),
+        rows=rows,
+        reason="",
+        shard="",
+        shard_of=(),
+        shard_of_digest="",
     )
 
 
@@ -161,8 +197,10 @@ def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
         end_time=max(s.metadata.get("end_time", "") for s in shards),
         wall_seconds=max(s.metadata.get("wall_seconds", 0.0) for s in shards),
         case_count=len(shards[0].manifest.shard_of),
-        merged_shards=", ".join(f"{s.manifest.shard} {s.manifest.run_id[:12]} ({s.metadata.get('platform', '')})"
-                                for s in sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)),
+        merged_shards=", ".join(
+            f"{s.manifest.shard} {s.manifest.run_id[:12]} ({s.metadata.get('platform', '')})"
+            for s in sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)
+        ),
     )
     for keys, combine in ((SUMMED_KEYS, lambda values: round(sum(values), 3)), (MAXED_KEYS, max)):
         for key in keys:
@@ -208,8 +246,9 @@ def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mhc-parity merge",
-                                     description="Join the run folders of `run --shard K/N` into one run.")
+    parser = argparse.ArgumentParser(
+        prog="mhc-parity merge", description="Join the run folders of `run --shard K/N` into one run."
+    )
     parser.add_argument("out", type=pathlib.Path, metavar="OUT", help="folder for the merged run")
     parser.add_argument("shards", type=pathlib.Path, nargs="+", metavar="DIR", help="the shards' run folders")
     try:
@@ -225,8 +264,11 @@ def main(argv: list[str]) -> int:
         print(f"mhc-parity merge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # the shards are untouched; OUT holds no run a reader accepts
-        print(f"mhc-parity merge: interrupted ({signals.name}); {args.out} holds no usable run. "
-              f"Merge again with: {command_line}", file=sys.stderr)
+        print(
+            f"mhc-parity merge: interrupted ({signals.name}); {args.out} holds no usable run. "
+            f"Merge again with: {command_line}",
+            file=sys.stderr,
+        )
         return signals.exit_code
     print(f"merged {len(args.shards)} shard(s) into {args.out}")
     for fmt, path in paths.items():

@@ -95,14 +95,15 @@ def ulp_spacing(values, dtype) -> np.ndarray:
     return _spacing_by_exponent(dtype_name(dtype))[biased_exponent]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _spacing_by_exponent(dtype: str) -> np.ndarray:
     """`ulp_spacing` for every float64 exponent field: a float64's binade is its exponent
     field − 1023 (field 0: zero and subnormals, below every dtype's smallest normal;
     field 2047: inf and NaN), so one lookup per element replaces frexp and ldexp."""
     mantissa_bits, min_exponent = DTYPE_FORMATS[dtype]
-    table = np.array([math.ldexp(1.0, max(field - 1023, min_exponent) - mantissa_bits) for field in range(2047)]
-                     + [math.nan])
+    table = np.array(
+        [math.ldexp(1.0, max(field - 1023, min_exponent) - mantissa_bits) for field in range(2047)] + [math.nan]
+    )
     table.flags.writeable = False
     return table
 
@@ -158,8 +159,9 @@ def _magnitudes(a: np.ndarray) -> tuple[float, float]:
     return largest, l2_norm(a, largest)
 
 
-def _rel_errors(actual: np.ndarray, expected: np.ndarray,
-                expected_magnitudes: tuple[float, float]) -> tuple[float, float, float]:
+def _rel_errors(
+    actual: np.ndarray, expected: np.ndarray, expected_magnitudes: tuple[float, float]
+) -> tuple[float, float, float]:
     """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape;
     expected_magnitudes: `_magnitudes(expected)`."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, by design
@@ -224,19 +226,32 @@ class MetricsMemo:
         return self._once(("counts",), (a,), lambda: _counts(a))
 
     def rel_errors(self, actual: np.ndarray, expected: np.ndarray) -> tuple[float, float, float]:
-        return self._once(("rel_errors",), (actual, expected),
-                          lambda: _rel_errors(actual, expected, self.magnitudes(expected)))
+        return self._once(
+            ("rel_errors",), (actual, expected), lambda: _rel_errors(actual, expected, self.magnitudes(expected))
+        )
 
     def ulp_spacing(self, a: np.ndarray, dtype: str) -> np.ndarray:
         return self._once(("ulp_spacing", dtype), (a,), lambda: ulp_spacing(a, dtype))
 
     def systematic_error(self, actual: np.ndarray, expected: np.ndarray, token_axes: int) -> tuple[float, float]:
-        return self._once(("systematic", token_axes), (actual, expected),
-                          lambda: systematic_error(actual, expected, token_axes=token_axes))
+        return self._once(
+            ("systematic", token_axes),
+            (actual, expected),
+            lambda: systematic_error(actual, expected, token_axes=token_axes),
+        )
 
 
-def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, token_axes: int = 0,
-                 oracle_systematic_t: float | None = None, memo: MetricsMemo | None = None) -> LeafMetrics:
+def leaf_metrics(
+    candidate,
+    partner,
+    oracle=None,
+    *,
+    dtype,
+    sensitivity=None,
+    token_axes: int = 0,
+    oracle_systematic_t: float | None = None,
+    memo: MetricsMemo | None = None,
+) -> LeafMetrics:
     """Every metric of one leaf.
 
     candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
@@ -258,9 +273,7 @@ def leaf_metrics(candidate, partner, oracle=None, *, dtype, sensitivity=None, to
     o = None if oracle is None else memo.upcast(oracle)
     if c.shape != p.shape or (o is not None and o.shape != c.shape):
         oracle_part = "" if o is None else f", oracle shape {o.shape}"
-        raise ValueError(
-            f"shape mismatch: candidate shape {c.shape} vs partner shape {p.shape}{oracle_part}"
-        )
+        raise ValueError(f"shape mismatch: candidate shape {c.shape} vs partner shape {p.shape}{oracle_part}")
 
     max_abs_err, max_rel, rel_rms = memo.rel_errors(c, p)
     if c.size == 0:

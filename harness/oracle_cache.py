@@ -30,7 +30,7 @@ import json
 import logging
 import pathlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jaxlib
@@ -50,8 +50,17 @@ ENTRY_FORMAT = 1
 # else runs, beyond cases/spec.py, whose values are key material): the float64 math, its
 # leaves, sensitivities and statistics, and the branch functions with the helpers they
 # call (the branches' matmul is mhc.common's).
-ORACLE_SOURCES = ("mhc/oracle.py", "harness/oracle_path.py", "harness/leaves.py", "harness/error_statistics.py",
-                  "cases/branches.py", "cases/names.py", "mhc/common.py", "mhc/precision.py", "mhc/types.py")
+ORACLE_SOURCES = (
+    "mhc/oracle.py",
+    "harness/oracle_path.py",
+    "harness/leaves.py",
+    "harness/error_statistics.py",
+    "cases/branches.py",
+    "cases/names.py",
+    "mhc/common.py",
+    "mhc/precision.py",
+    "mhc/types.py",
+)
 _HEADER = "__header__"
 _BITS = np.dtype("<u8")  # float64 leaves stored as their raw bits
 
@@ -146,9 +155,12 @@ class OracleCache(LookupCounts):
     gets answers ahead in its pool; `LookupCounts`).
     """
 
-    def __init__(self, folder: pathlib.Path | None = None,
-                 compute: Callable[[object, object], OracleOutputs] = run_oracle_path,
-                 source_root: pathlib.Path = PROJECT_ROOT):
+    def __init__(
+        self,
+        folder: pathlib.Path | None = None,
+        compute: Callable[[object, object], OracleOutputs] = run_oracle_path,
+        source_root: pathlib.Path = PROJECT_ROOT,
+    ):
         super().__init__()
         self.folder = pathlib.Path(folder) if folder is not None else default_folder()
         self.compute = compute

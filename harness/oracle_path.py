@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -62,8 +62,14 @@ def _named_leaves(result: oracle.OracleResult) -> dict[str, np.ndarray]:
 
 
 def _oracle_arguments(case, fixture) -> tuple:
-    return (fixture.x, fixture.weights, get_branch(case.branch).apply, fixture.branch_params, fixture.cotangent,
-            case.mhc_config())
+    return (
+        fixture.x,
+        fixture.weights,
+        get_branch(case.branch).apply,
+        fixture.branch_params,
+        fixture.cotangent,
+        case.mhc_config(),
+    )
 
 
 def noise_seeds(case) -> tuple[int, ...]:
@@ -110,7 +116,8 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     start = time.perf_counter()
     units = noise_units(case)
     exact_result, *draws = oracle.run_oracle_batch(
-        *_oracle_arguments(case, fixture), draws=[(0, None)] + [(seed, units) for seed in noise_seeds(case)])
+        *_oracle_arguments(case, fixture), draws=[(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+    )
     exact = _named_leaves(exact_result)
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
@@ -121,5 +128,6 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
                 systematic[name].append(systematic_error(value, exact[name])[0])
     rms = lambda values: float(np.sqrt(np.mean(np.square(values))))  # noqa: E731
     sensitivity = {name: tuple(rms(column) for column in zip(*devs)) for name, devs in deviations.items()}
-    return OracleOutputs(exact, sensitivity, time.perf_counter() - start,
-                         systematic={name: rms(ts) for name, ts in systematic.items()})
+    return OracleOutputs(
+        exact, sensitivity, time.perf_counter() - start, systematic={name: rms(ts) for name, ts in systematic.items()}
+    )

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import pathlib
 import signal
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import jax
 
@@ -36,7 +36,11 @@ from harness.plan import PathPlan
 from harness.run_info import enable_compilation_cache
 from harness.runner import TIMINGS, Runner, StepCallback
 from harness.worker_processes import (
-    adopt_environment, environment_of_this_process, exit_with, peak_resident_bytes, worker_context,
+    adopt_environment,
+    environment_of_this_process,
+    exit_with,
+    peak_resident_bytes,
+    worker_context,
 )
 
 
@@ -106,8 +110,9 @@ def _start_worker(spec: _WorkerSpec) -> None:
     enable_compilation_cache()
     externals = load_externals(spec.impl_specs)
     _WORKER["runner"] = Runner.with_disk_stores(spec.policy, externals=bool(externals))
-    _WORKER["plan"] = PathPlan(implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs,
-                               lowering=spec.lowering)
+    _WORKER["plan"] = PathPlan(
+        implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs, lowering=spec.lowering
+    )
 
 
 def _run_case(case) -> tuple[list[dict], dict, dict, int | None]:
@@ -152,8 +157,9 @@ class ParallelRunner:
         peak = {} if self._peak_bytes is None else {"worker_peak_rss_mib": round(self._peak_bytes / 2**20)}
         return {**self._counts, **peak}
 
-    def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,
-            on_step: StepCallback | None = None) -> Iterator[tuple[object, list[dict]]]:
+    def run(
+        self, cases: Iterable, plan: PathPlan, *, on_case_start=None, on_step: StepCallback | None = None
+    ) -> Iterator[tuple[object, list[dict]]]:
         """Yield (case, its rows) for each case in order; the work runs in the workers.
 
         on_case_start is told when the parent starts waiting for a case; per-step progress
@@ -165,8 +171,10 @@ class ParallelRunner:
         if not cases:
             return
         pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=min(self.jobs, len(cases)), mp_context=worker_context(),
-            initializer=_start_worker, initargs=(_spec(self.policy, plan),),
+            max_workers=min(self.jobs, len(cases)),
+            mp_context=worker_context(),
+            initializer=_start_worker,
+            initargs=(_spec(self.policy, plan),),
         )
         finished = False
         try:

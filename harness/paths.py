@@ -18,7 +18,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -60,7 +60,7 @@ class Path:
         return f"{self.impl.name}/sharded({mesh_label(self.mesh)}){suffix}"
 
     @property
-    def unsharded(self) -> "Path":
+    def unsharded(self) -> Path:
         """The same implementation unsharded, on the same backend."""
         return Path(self.impl, None, self.host)
 
@@ -110,10 +110,18 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
     # The layer's structure and parameter shapes only (`nnx.eval_shape`): the program takes
     # the fixture's weights as arguments, so computing initial parameters (small programs
     # compiled and run per shape, ~0.7 s a program) would be thrown away.
-    layer = nnx.eval_shape(lambda: ManifoldConstrainedHyperConnections(
-        case.streams, case.embedding, dtype=case.dtype, weight_dtype=case.weight_dtype,
-        variant=case.variant, matmul_precision=precision, rngs=nnx.Rngs(0), **options,
-    ))
+    layer = nnx.eval_shape(
+        lambda: ManifoldConstrainedHyperConnections(
+            case.streams,
+            case.embedding,
+            dtype=case.dtype,
+            weight_dtype=case.weight_dtype,
+            variant=case.variant,
+            matmul_precision=precision,
+            rngs=nnx.Rngs(0),
+            **options,
+        )
+    )
     graphdef, state = nnx.split(layer)
 
     def forward(x_, w_, p_):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from cases.branches import get_branch
 from cases.fixtures import expected_layout
@@ -139,8 +139,7 @@ def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
         if glob.split("/", 1)[0] == ORACLE_PATH:
             hint = "; the oracle is not a path: it always runs as every path's reference point"
         problems.append(
-            f"--paths {glob!r} selects no path of the selected cases{hint} "
-            f"(their paths: {', '.join(known)})"
+            f"--paths {glob!r} selects no path of the selected cases{hint} (their paths: {', '.join(known)})"
         )
     return problems
 
@@ -157,8 +156,13 @@ class JudgementKey:
 
     def resolve(self, policy: Policy):
         """The policy's `Resolved` bound for this key (PolicyError if it has none)."""
-        return policy.resolve(comparison=self.comparison, leaf_kind=self.leaf_kind, dtype=self.dtype,
-                              act_dtype=self.act_dtype, partitioning=self.partitioning)
+        return policy.resolve(
+            comparison=self.comparison,
+            leaf_kind=self.leaf_kind,
+            dtype=self.dtype,
+            act_dtype=self.act_dtype,
+            partitioning=self.partitioning,
+        )
 
 
 def planned_judgements(cases: Sequence, plan: PathPlan) -> list[JudgementKey]:

@@ -86,8 +86,10 @@ _ALLOWED = frozenset(MATCH_KEYS + ("kind", "rationale", "eps_dtype")) | _NUMBER_
 _TOP_LEVEL = frozenset({"version", "rule", "systematic"})
 _SYSTEMATIC_KEYS = frozenset({"leaf_kinds", "t_floor", "ratio", "rationale"})
 # What became of the fields of version 1 files.
-_VERSION_1_NOTE = ("version 1 files had ratio_max and ratio_rms (now one 'ratio', they were always equal) "
-                   "and the rel_bound kind (unused, removed)")
+_VERSION_1_NOTE = (
+    "version 1 files had ratio_max and ratio_rms (now one 'ratio', they were always equal) "
+    "and the rel_bound kind (unused, removed)"
+)
 
 
 class PolicyError(ValueError):
@@ -139,8 +141,11 @@ class Rule:
 
     def matches(self, comparison: str, dtype: str, act_dtype: str, leaf_kind: str, partitioning: str = "*") -> bool:
         wanted = {
-            "comparison": comparison, "partitioning": partitioning, "dtype": dtype,
-            "act_dtype": act_dtype, "leaf_kind": leaf_kind,
+            "comparison": comparison,
+            "partitioning": partitioning,
+            "dtype": dtype,
+            "act_dtype": act_dtype,
+            "leaf_kind": leaf_kind,
         }
         return all(getattr(self, k) in ("*", wanted[k]) for k in MATCH_KEYS)
 
@@ -207,9 +212,7 @@ class Policy:
         if not best:
             raise PolicyError(f"no tolerance rule in {self.source} matches {combo}")
         if len(best) > 1:
-            raise PolicyError(
-                f"ambiguous tolerance rules for {combo}: " + "; ".join(r.label for r in best)
-            )
+            raise PolicyError(f"ambiguous tolerance rules for {combo}: " + "; ".join(r.label for r in best))
         return best[0]
 
     def resolve(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Resolved:
@@ -245,7 +248,9 @@ class Policy:
         outcome = bound.judge(metrics, eps(resolved.unit_dtype))
         return Judgement("pass" if outcome.passed else "fail", description, outcome.usage, outcome.reason)
 
-    def uncovered(self, dtypes=("float32", "bfloat16"), act_dtypes=("float32", "bfloat16")) -> list[tuple[str, str, str, str]]:
+    def uncovered(
+        self, dtypes=("float32", "bfloat16"), act_dtypes=("float32", "bfloat16")
+    ) -> list[tuple[str, str, str, str]]:
         """Combinations (comparison, dtype, act_dtype, leaf_kind) some partitioning leaves unmatched."""
         return [
             combo
@@ -378,8 +383,12 @@ def _validate_rule(index: int, raw) -> Rule:
                 f"(a sub-ulp tolerance); restrict 'dtype' or use a coarser eps_dtype",
             )
     return Rule(
-        comparison=comparison, leaf_kind=leaf_kind, bound=kind(**numbers), rationale=raw["rationale"].strip(),
-        eps_dtype=eps_dtype, **fields,
+        comparison=comparison,
+        leaf_kind=leaf_kind,
+        bound=kind(**numbers),
+        rationale=raw["rationale"].strip(),
+        eps_dtype=eps_dtype,
+        **fields,
     )
 
 
@@ -416,9 +425,7 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
             raise PolicyError(f"{source}: field {key!r}: unknown top-level key (allowed: {sorted(_TOP_LEVEL)})")
     if data.get("version") != SUPPORTED_VERSION:
         note = f" ({_VERSION_1_NOTE})" if data.get("version") == 1 else ""
-        raise PolicyError(
-            f"{source}: field 'version': must be {SUPPORTED_VERSION}, got {data.get('version')!r}{note}"
-        )
+        raise PolicyError(f"{source}: field 'version': must be {SUPPORTED_VERSION}, got {data.get('version')!r}{note}")
     raw_rules = data.get("rule")
     if not isinstance(raw_rules, list) or not raw_rules:
         raise PolicyError(f"{source}: field 'rule': needs at least one [[rule]] table")

@@ -48,8 +48,16 @@ class TableLine:
 
     def cells(self) -> list[str]:
         k = self.key
-        return [k.comparison, ", ".join(self.partitionings), k.act_dtype, k.dtype, k.leaf_kind,
-                self.resolved.bound.describe(), self.resolved.unit_dtype, self.resolved.rule.pattern]
+        return [
+            k.comparison,
+            ", ".join(self.partitionings),
+            k.act_dtype,
+            k.dtype,
+            k.leaf_kind,
+            self.resolved.bound.describe(),
+            self.resolved.unit_dtype,
+            self.resolved.rule.pattern,
+        ]
 
 
 def matrix_judgements() -> list[JudgementKey]:
@@ -67,8 +75,12 @@ def table_lines(policy: Policy, judgements: Sequence[JudgementKey]) -> list[Tabl
     for key in judgements:
         group = (key.comparison, key.act_dtype, key.dtype, key.leaf_kind)
         groups.setdefault(group, []).append((key.partitioning, key.resolve(policy)))
-    order = lambda group: (POLICY_COMPARISONS.index(group[0]), group[1], group[2],  # noqa: E731
-                           POLICY_LEAF_KINDS.index(group[3]))
+    order = lambda group: (
+        POLICY_COMPARISONS.index(group[0]),
+        group[1],
+        group[2],  # noqa: E731
+        POLICY_LEAF_KINDS.index(group[3]),
+    )
     lines = []
     for group in sorted(groups, key=order):
         by_bound: dict[Resolved, list[str]] = {}
@@ -121,14 +133,24 @@ def markdown(policy: Policy, lines: Sequence[TableLine], *, source: str = "harne
     for rule in policy.rules:
         unit = rule.eps_dtype or "the leaf's dtype"
         note = "" if rule.index in used else " (resolves no judgement of the matrix)"
-        out += [f"### {_rule_heading(rule)}{note}", "",
-                f"`{rule.kind}`: {_numbers(rule.bound)} (ulps of {unit})", "",
-                *(f"> {text}" for text in rule.rationale.splitlines()), ""]
+        out += [
+            f"### {_rule_heading(rule)}{note}",
+            "",
+            f"`{rule.kind}`: {_numbers(rule.bound)} (ulps of {unit})",
+            "",
+            *(f"> {text}" for text in rule.rationale.splitlines()),
+            "",
+        ]
     if policy.systematic is not None:
         s = policy.systematic
-        out += ["## Systematic criterion", "",
-                f"On {', '.join(s.leaf_kinds)} leaves of oracle_ratio rules: t_floor = {s.t_floor:g}, ratio = {s.ratio:g}.", "",
-                *(f"> {text}" for text in s.rationale.splitlines()), ""]
+        out += [
+            "## Systematic criterion",
+            "",
+            f"On {', '.join(s.leaf_kinds)} leaves of oracle_ratio rules: t_floor = {s.t_floor:g}, ratio = {s.ratio:g}.",
+            "",
+            *(f"> {text}" for text in s.rationale.splitlines()),
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -156,8 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.markdown:
         print(markdown(policy, lines, source=_shown_source(args.policy)), end="")
     else:
-        print(f"policy {policy.source}: {len(policy.rules)} rules resolve all {len(judgements)} kinds of judgement "
-              f"the case matrix makes ({len(lines)} distinct bounds; sha256 {policy.digest[:12]})")
+        print(
+            f"policy {policy.source}: {len(policy.rules)} rules resolve all {len(judgements)} kinds of judgement "
+            f"the case matrix makes ({len(lines)} distinct bounds; sha256 {policy.digest[:12]})"
+        )
     return EXIT_OK
 
 

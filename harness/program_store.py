@@ -56,8 +56,14 @@ STORE_FORMAT = 2
 # (less `_NOT_TRACED`).
 PROGRAM_SOURCES = (
     "mhc/*.py",
-    "cases/branches.py", "cases/names.py", "cases/random_streams.py", "cases/spec.py",
-    "harness/paths.py", "harness/leaves.py", "harness/implementations.py", "harness/devices.py",
+    "cases/branches.py",
+    "cases/names.py",
+    "cases/random_streams.py",
+    "cases/spec.py",
+    "harness/paths.py",
+    "harness/leaves.py",
+    "harness/implementations.py",
+    "harness/devices.py",
 )
 # ... and, for the Pallas paths and the TPU lowering, the kernels.
 KERNEL_SOURCES = ("mhc/kernels/*.py",)
@@ -69,11 +75,15 @@ _NOT_TRACED = frozenset({"mhc/oracle.py"})
 # `ProgramStore.compile`).
 _FRESH_COMPILE_OPTIONS = {"xla_embed_ir_in_executable": False}
 # JAX settings that change what a traced program is.
-_JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_dtype_promotion",
-                 "jax_threefry_partitionable")
+_JAX_SETTINGS = (
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_numpy_dtype_promotion",
+    "jax_threefry_partitionable",
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def traced_sources_digest(patterns: tuple[str, ...]) -> str | None:
     """`reports.manifest.source_digest` of the project files matching `patterns` (less
     `_NOT_TRACED`), or None — with one warning — when they are not on disk (e.g. a zipped
@@ -89,8 +99,13 @@ def traced_sources_digest(patterns: tuple[str, ...]) -> str | None:
 def environment_material() -> dict:
     """Library versions, XLA flags, JAX settings and the host CPU: what else shapes a program."""
     return {
-        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-                     "numpy": np.__version__, "python": platform.python_version()},
+        "versions": {
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "flax": flax.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
         "jax_settings": {name: str(getattr(jax.config, name)) for name in _JAX_SETTINGS},
         **compiler_material(),
     }
@@ -130,17 +145,19 @@ class ProgramStore:
         sources = traced_sources_digest(PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ()))
         if sources is None:
             return None
-        return _jsonable({
-            "format": STORE_FORMAT,
-            "path": path.name,
-            "implementation": {"kernel": impl.kernel, "interpret": impl.interpret},
-            "signature": list(signature),
-            "arguments": _argument_material(args),
-            "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
-            "device_count": jax.device_count(),
-            "environment": environment_material(),
-            "sources": sources,
-        })
+        return _jsonable(
+            {
+                "format": STORE_FORMAT,
+                "path": path.name,
+                "implementation": {"kernel": impl.kernel, "interpret": impl.interpret},
+                "signature": list(signature),
+                "arguments": _argument_material(args),
+                "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
+                "device_count": jax.device_count(),
+                "environment": environment_material(),
+                "sources": sources,
+            }
+        )
 
     def load(self, material: dict, placement):
         """The stored executable (a `jax.stages.Compiled`) for `material`, or None.
@@ -161,9 +178,13 @@ class ProgramStore:
         try:
             serialized, in_tree, out_tree = content
             return serialize_executable.deserialize_and_load(
-                serialized, in_tree, out_tree, backend=placement.devices[0].client,
-                execution_devices=list(placement.devices))
-        except Exception as error:  # a verified entry this jaxlib cannot load: recompile
+                serialized,
+                in_tree,
+                out_tree,
+                backend=placement.devices[0].client,
+                execution_devices=list(placement.devices),
+            )
+        except Exception as error:  # noqa: BLE001 - a verified entry this jaxlib cannot load: recompile
             self.store.reject(material, f"{type(error).__name__}: {error}")
             return None
 
@@ -217,12 +238,14 @@ class LoweringStore:
         sources = traced_sources_digest(PROGRAM_SOURCES + KERNEL_SOURCES)
         if sources is None:
             return compute()
-        material = _jsonable({
-            "format": STORE_FORMAT,
-            "arguments": arguments,
-            "environment": environment_material(),
-            "sources": sources,
-        })
+        material = _jsonable(
+            {
+                "format": STORE_FORMAT,
+                "arguments": arguments,
+                "environment": environment_material(),
+                "sources": sources,
+            }
+        )
         payload = self.store.load(material)
         if payload is not None:
             stored = json.loads(payload)

@@ -22,8 +22,15 @@ TTY_REFRESH_S = 1.0
 class Progress:
     """Counts finished cases and shows what is running; `close()` stops the thread."""
 
-    def __init__(self, total: int, *, already_done: int = 0, enabled: bool = True, stream=None,
-                 heartbeat_s: float = DEFAULT_HEARTBEAT_S):
+    def __init__(
+        self,
+        total: int,
+        *,
+        already_done: int = 0,
+        enabled: bool = True,
+        stream=None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    ):
         self.total = total
         self.done = already_done
         self.enabled = enabled

@@ -67,7 +67,7 @@ class ParityCheck:
 
     case: object
     comparison: str
-    session: "ParitySession" = dataclasses.field(compare=False, repr=False)
+    session: ParitySession = dataclasses.field(compare=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -79,8 +79,12 @@ def pytest_addoption(parser):
     for name, help_text in OPTIONS.items():
         group.addoption(f"--parity-{name}", default=None, help=help_text)
         parser.addini(f"parity_{name}", help=help_text, default=None)
-    parser.addini("parity_builtin", type="bool", default=False,
-                  help="without parity_impl, run the matrix over mhc-parity's own paths (its own test suite)")
+    parser.addini(
+        "parity_builtin",
+        type="bool",
+        default=False,
+        help="without parity_impl, run the matrix over mhc-parity's own paths (its own test suite)",
+    )
 
 
 def _setting(config, name: str) -> str | None:
@@ -186,7 +190,7 @@ def pytest_configure(config):
     session = ParitySession(config)
     config.stash[STATE] = session
     if session.implementation:
-        session.prepared  # a bad --parity-impl is a usage error before collection
+        _ = session.prepared  # a bad --parity-impl is a usage error before collection
     config.addinivalue_line("markers", "sharded: runs token-sharded on the 8 simulated host devices")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistRows(session), "mhc-parity-xdist-rows")
@@ -237,8 +241,10 @@ def pytest_generate_tests(metafunc):
         return
     state = metafunc.config.stash.get(STATE, None)
     if state is None:
-        reason = ("mhc-parity: no implementation to check; pass --parity-impl MODULE:FACTORY "
-                  "(or set parity_impl in the pytest configuration)")
+        reason = (
+            "mhc-parity: no implementation to check; pass --parity-impl MODULE:FACTORY "
+            "(or set parity_impl in the pytest configuration)"
+        )
         metafunc.parametrize("parity_check", [pytest.param(None, id="off", marks=pytest.mark.skip(reason=reason))])
         return
     params = []
@@ -267,9 +273,6 @@ def check_parity(check: ParityCheck) -> None:
         pytest.skip(f"{check.case.name} makes no {check.comparison} comparison on this machine")
     bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
     if bad:
-        pytest.fail(
-            f"{len(bad)} of {len(rows)} rows of {check.id} failed:\n{leaf_table(bad)}", pytrace=False
-        )
+        pytest.fail(f"{len(bad)} of {len(rows)} rows of {check.id} failed:\n{leaf_table(bad)}", pytrace=False)
     if all(r["verdict"] == "skip" for r in rows):
         pytest.skip("; ".join(sorted({r["reason"] for r in rows}))[:300])
-

@@ -53,30 +53,56 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
     p.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
     p.add_argument("--tags", nargs="+", default=None, metavar="TAG", help="keep cases having all these tags")
-    p.add_argument("--paths", nargs="+", default=["*"], metavar="GLOB",
-                   help="path-name globs, e.g. 'interpret/*' 'reference/*' (oracle always runs)")
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        default=["*"],
+        metavar="GLOB",
+        help="path-name globs, e.g. 'interpret/*' 'reference/*' (oracle always runs)",
+    )
     p.add_argument("--dtype", default=None, help="activation dtype filter: float32|bfloat16 (f32, bf16)")
-    p.add_argument("--impl", action="append", default=[], metavar="MODULE:FACTORY",
-                   help="add an external implementation (repeatable)")
-    p.add_argument("--inside-envelope", action="store_true",
-                   help="keep only the cases inside every --impl implementation's declared envelope")
-    p.add_argument("--case-file", action="append", default=[], type=pathlib.Path,
-                   help="TOML file of extra cases (repeatable)")
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="MODULE:FACTORY",
+        help="add an external implementation (repeatable)",
+    )
+    p.add_argument(
+        "--inside-envelope",
+        action="store_true",
+        help="keep only the cases inside every --impl implementation's declared envelope",
+    )
+    p.add_argument(
+        "--case-file", action="append", default=[], type=pathlib.Path, help="TOML file of extra cases (repeatable)"
+    )
     p.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
     p.add_argument("--out", type=pathlib.Path, default=DEFAULT_RUN_FOLDER, help="output folder")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
     p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
     p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
-    p.add_argument("--jobs", default="1", metavar="N",
-                   help="run the cases in N worker processes (rows identical to one process); 'auto': one "
-                        "per CPU core as memory allows, on a CPU backend (1 on an accelerator)")
-    p.add_argument("--shard", default=None, metavar="K/N",
-                   help="run shard K of N of the selected cases (1 <= K <= N); `merge` joins the shards")
+    p.add_argument(
+        "--jobs",
+        default="1",
+        metavar="N",
+        help="run the cases in N worker processes (rows identical to one process); 'auto': one "
+        "per CPU core as memory allows, on a CPU backend (1 on an accelerator)",
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run shard K of N of the selected cases (1 <= K <= N); `merge` joins the shards",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--heartbeat", type=float, default=DEFAULT_HEARTBEAT_S, metavar="SECONDS",
-                   help="without a terminal, print the running case at least this often "
-                        f"(default {DEFAULT_HEARTBEAT_S:g})")
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT_S,
+        metavar="SECONDS",
+        help=f"without a terminal, print the running case at least this often (default {DEFAULT_HEARTBEAT_S:g})",
+    )
     return p
 
 
@@ -164,15 +190,25 @@ def new_manifest(args, command_line: str, policy, externals, cases, plan, select
     """The "running" manifest of the run `args` asks for (configured by `configure`);
     selection: the whole selection when `cases` is one --shard of it."""
     request = RunRequest(
-        suite=args.suite, case_globs=_tuple_or_none(args.cases), tags=_tuple_or_none(args.tags), dtype=args.dtype,
-        case_files=tuple(str(p) for p in args.case_file), seed=args.seed, paths=tuple(args.paths),
-        implementations=tuple((impl.name, impl.spec) for impl in externals), lowering=not args.no_lowering,
+        suite=args.suite,
+        case_globs=_tuple_or_none(args.cases),
+        tags=_tuple_or_none(args.tags),
+        dtype=args.dtype,
+        case_files=tuple(str(p) for p in args.case_file),
+        seed=args.seed,
+        paths=tuple(args.paths),
+        implementations=tuple((impl.name, impl.spec) for impl in externals),
+        lowering=not args.no_lowering,
     )
     return Manifest.new(
-        request=request, cases=cases, path_names=plan.selected_names(cases), policy=policy,
+        request=request,
+        cases=cases,
+        path_names=plan.selected_names(cases),
+        policy=policy,
         extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
         command_line=command_line,
-        shard=parse_shard(args.shard).label if selection else "", shard_of=selection,
+        shard=parse_shard(args.shard).label if selection else "",
+        shard_of=selection,
     )
 
 
@@ -202,7 +238,8 @@ def _open_run(store, manifest, *, resume: bool):
             differences = previous.differences(manifest)
             if differences:
                 raise UsageError(
-                    f"--resume: {store.folder} holds another run; " + "; ".join(differences)
+                    f"--resume: {store.folder} holds another run; "
+                    + "; ".join(differences)
                     + ". Run without --resume to start over (or use another --out)"
                 )
             try:
@@ -288,10 +325,14 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
     jobs = auto_jobs(len(todo)) if args.jobs == AUTO_JOBS else args.jobs
-    runner = (Runner.with_disk_stores(policy, externals=includes_external(plan.implementations)) if jobs == 1
-              else ParallelRunner(policy, jobs))
-    progress = Progress(len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet,
-                        heartbeat_s=args.heartbeat)
+    runner = (
+        Runner.with_disk_stores(policy, externals=includes_external(plan.implementations))
+        if jobs == 1
+        else ParallelRunner(policy, jobs)
+    )
+    progress = Progress(
+        len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet, heartbeat_s=args.heartbeat
+    )
     signals = SignalsInterrupt()
     running = []  # the case being run, for a message naming it
 
@@ -363,7 +404,7 @@ def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict
     metadata.update(
         command_line=manifest.command_line,
         start_time=manifest.started,
-        end_time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        end_time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         wall_seconds=round(time.perf_counter() - wall_start, 3),
         policy_file=str(policy.source),
         policy_hash=policy.digest,

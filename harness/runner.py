@@ -21,7 +21,7 @@ import concurrent.futures
 import dataclasses
 import time
 import traceback
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
 
@@ -104,8 +104,15 @@ def _environment_fields(case, placement: Placement | None) -> dict:
 class Runner:
     """Runs cases; holds the compiled-program cache shared across cases."""
 
-    def __init__(self, policy: Policy, *, fixture_loader: Callable | None = None, cache: ProgramCache | None = None,
-                 oracle: Callable | None = None, lowering_store: LoweringStore | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        fixture_loader: Callable | None = None,
+        cache: ProgramCache | None = None,
+        oracle: Callable | None = None,
+        lowering_store: LoweringStore | None = None,
+    ):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `cases.fixtures.make_fixture` and `harness.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
@@ -121,13 +128,16 @@ class Runner:
         self.timings = dict.fromkeys(TIMINGS, 0.0)
 
     @classmethod
-    def with_disk_stores(cls, policy: Policy, *, externals: bool = False) -> "Runner":
+    def with_disk_stores(cls, policy: Policy, *, externals: bool = False) -> Runner:
         """The runner of a parity run: compiled programs and TPU lowering results stored on
         disk by content (`harness.program_store`), besides the fixtures and oracle answers.
         externals: the process loaded an external implementation, whose import may have
         patched any module, so it reads the stores and writes nothing to them."""
-        return cls(policy, cache=ProgramCache(store=ProgramStore(writable=not externals)),
-                   lowering_store=LoweringStore(writable=not externals))
+        return cls(
+            policy,
+            cache=ProgramCache(store=ProgramStore(writable=not externals)),
+            lowering_store=LoweringStore(writable=not externals),
+        )
 
     def work_counts(self) -> dict:
         """Oracle answers computed and loaded from the disk cache by this runner, programs
@@ -171,11 +181,14 @@ class Runner:
         except Exception as exc:  # reported as an `error` row; the run goes on
             if _out_of_memory(exc):  # the machine's limit, not the code's: the run stops (exit 2)
                 raise out_of_memory_error(case, path.name, exc) from exc
-            return _PathResult(verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root),
-                               placement=placement)
+            return _PathResult(
+                verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root), placement=placement
+            )
         if expects_rejection:
             return _PathResult(
-                outputs=outputs, verdict="fail", placement=placement,
+                outputs=outputs,
+                verdict="fail",
+                placement=placement,
                 reason=f"{path.impl.name} accepted input the case expects it to reject ({case.expect_reason!r})",
             )
         return _PathResult(outputs=outputs, placement=placement)
@@ -193,8 +206,15 @@ class Runner:
 
     # -- one case ------------------------------------------------------------------
 
-    def run_case(self, case, plan: PathPlan, on_step: StepCallback = _no_step, *, fixture=None,
-                 oracle_ahead: concurrent.futures.Future | None = None) -> Iterator[dict]:
+    def run_case(
+        self,
+        case,
+        plan: PathPlan,
+        on_step: StepCallback = _no_step,
+        *,
+        fixture=None,
+        oracle_ahead: concurrent.futures.Future | None = None,
+    ) -> Iterator[dict]:
         """Yield every row of one case (see the module docstring for what is compared).
 
         fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
@@ -243,19 +263,30 @@ class Runner:
                     partner_result = results[partner]
                     if partner_result.outputs is None:
                         row = status_row(
-                            case, candidate=path.name, partner=partner, comparison=comparison, verdict="skip",
+                            case,
+                            candidate=path.name,
+                            partner=partner,
+                            comparison=comparison,
+                            verdict="skip",
                             reason=f"partner did not run ({partner_result.verdict}: {partner_result.reason})",
                         )
                         yield {**row, **environment}
                         continue
                     partner_leaves = partner_result.outputs.leaves
                 for row in compare_leaves(
-                    case, candidate=path.name, partner=partner, comparison=comparison,
-                    candidate_leaves=result.outputs.leaves, partner_leaves=partner_leaves,
-                    oracle_leaves=oracle.leaves, oracle_sensitivity=oracle.sensitivity,
+                    case,
+                    candidate=path.name,
+                    partner=partner,
+                    comparison=comparison,
+                    candidate_leaves=result.outputs.leaves,
+                    partner_leaves=partner_leaves,
+                    oracle_leaves=oracle.leaves,
+                    oracle_sensitivity=oracle.sensitivity,
                     oracle_systematic=oracle.systematic,
-                    policy=self.policy, timing=timing,
-                    partitioning=path.impl.partitioning(get_branch(case.branch).elementwise), memo=memo,
+                    policy=self.policy,
+                    timing=timing,
+                    partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
+                    memo=memo,
                 ):
                     yield {**row, **environment}
         if plan.lowering:
@@ -295,15 +326,20 @@ class Runner:
         environment = _environment_fields(case, result.placement)
         for comparison, partner in comparisons_of(path, paths):
             row = status_row(
-                case, candidate=path.name, partner=partner, comparison=comparison,
-                verdict=result.verdict, reason=result.reason,
+                case,
+                candidate=path.name,
+                partner=partner,
+                comparison=comparison,
+                verdict=result.verdict,
+                reason=result.reason,
             )
             yield {**row, **environment}
 
     # -- many cases ------------------------------------------------------------------
 
-    def run(self, cases: Iterable, plan: PathPlan, *, on_case_start=None,
-            on_step: StepCallback = _no_step) -> Iterator[tuple[object, list[dict]]]:
+    def run(
+        self, cases: Iterable, plan: PathPlan, *, on_case_start=None, on_step: StepCallback = _no_step
+    ) -> Iterator[tuple[object, list[dict]]]:
         """Yield (case, its rows) for each case in order.
 
         With a cache that can compile ahead (`ProgramCache.compile_ahead`), the oracle
@@ -366,6 +402,6 @@ def _last_frame(exc: BaseException, code_root: str = "") -> str:
         if inside:
             last = inside[-1]
             base = root.rstrip("/").rsplit("/", 1)[-1]
-            return f" (at {base}/{last.filename[len(root):]}:{last.lineno} in {last.name})"
+            return f" (at {base}/{last.filename[len(root) :]}:{last.lineno} in {last.name})"
     last = frames[-1]
     return f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"

@@ -14,7 +14,7 @@ WORST_ROWS = 12
 
 
 def run_verdict(rows) -> str:
-    """"FAIL" on any fail/error row, else "NOTHING COMPARED" when no row measured anything
+    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when no row measured anything
     (every row skip/unsupported, or no rows: a run that checked nothing never passes),
     else "PASS"."""
     if any(r["verdict"] not in OK_VERDICTS for r in rows):
@@ -37,10 +37,20 @@ def _usage_key(row) -> float:
 
 def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
     """Rows as a plain-text table: verdict, bound usage, case, candidate vs partner, leaf, reason or bound."""
-    body = [[r["verdict"], format_number(r["bound_usage"], nan="-"), r["case"], f"{r['candidate']} vs {r['partner']}",
-             r["leaf"], r["reason"] or r["bound"]] for r in rows]
-    return format_text_table(["verdict", "usage", "case", "compared", "leaf", "reason / bound"], body,
-                             indent=indent, limit=limit)
+    body = [
+        [
+            r["verdict"],
+            format_number(r["bound_usage"], nan="-"),
+            r["case"],
+            f"{r['candidate']} vs {r['partner']}",
+            r["leaf"],
+            r["reason"] or r["bound"],
+        ]
+        for r in rows
+    ]
+    return format_text_table(
+        ["verdict", "usage", "case", "compared", "leaf", "reason / bound"], body, indent=indent, limit=limit
+    )
 
 
 def format_summary(rows) -> str:
@@ -49,7 +59,9 @@ def format_summary(rows) -> str:
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
     total = Counter(r["verdict"] for r in rows)
-    counts = [[comparison, *(counts.get(v, 0) for v in VERDICTS)] for comparison, counts in sorted(by_comparison.items())]
+    counts = [
+        [comparison, *(counts.get(v, 0) for v in VERDICTS)] for comparison, counts in sorted(by_comparison.items())
+    ]
     lines = [format_text_table(["comparison", *VERDICTS], [*counts, ["total", *(total.get(v, 0) for v in VERDICTS)]])]
     bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
     if bad:
@@ -69,8 +81,15 @@ def sharpness_text(rows) -> str:
     table = sharpness(to_frame(list(rows), source="run rows")) if rows else None
     if table is None or not len(table):
         return "  (no bounded rows)"
-    body = [[r.comparison, r.act_dtype, r.passing, *(format_number(v, 2) for v in (r.median_usage, r.p90_usage, r.max_usage))]
-            for r in table.itertuples()]
+    body = [
+        [
+            r.comparison,
+            r.act_dtype,
+            r.passing,
+            *(format_number(v, 2) for v in (r.median_usage, r.p90_usage, r.max_usage)),
+        ]
+        for r in table.itertuples()
+    ]
     return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
 
 

@@ -91,6 +91,7 @@ def _alive(pid: int) -> bool:
 def exit_with(pid: int, *, poll_s: float = 1.0) -> threading.Thread:
     """End this process (`os._exit`) as soon as process `pid` ends: a daemon thread waits on
     a pidfd of it (Linux), else polls it every `poll_s` seconds."""
+
     def watch():
         try:
             handle = os.pidfd_open(pid)

@@ -24,8 +24,11 @@ LAYER_BLOCK_DEFAULTS = {"block_tokens": 256, "block_tokens_bwd": 128, "block_fea
 def api_block_defaults() -> dict[str, int]:
     """The kernel API's defaults, read from MaxText's `MhcKernelConfig()`."""
     config = api.MhcKernelConfig()
-    return {"block_tokens": config.block_size, "block_tokens_bwd": config.bwd_block_size,
-            "block_features": config.bwd_feature_block_size}
+    return {
+        "block_tokens": config.block_size,
+        "block_tokens_bwd": config.bwd_block_size,
+        "block_features": config.bwd_feature_block_size,
+    }
 
 
 def block_sizes(case, defaults: dict[str, int]) -> dict[str, int]:
@@ -44,8 +47,13 @@ def kernel_envelope(defaults: dict[str, int]) -> Envelope:
         feature_block = min(case.embedding, block_sizes(case, defaults)["block_features"])
         return math.lcm(128, feature_block)
 
-    return Envelope(act_dtypes=("bfloat16",), streams=(4,), variants=("lite",),
-                    embedding_multiple=embedding_multiple, token_multiple=token_multiple)
+    return Envelope(
+        act_dtypes=("bfloat16",),
+        streams=(4,),
+        variants=("lite",),
+        embedding_multiple=embedding_multiple,
+        token_multiple=token_multiple,
+    )
 
 
 REFERENCE_ENVELOPE = Envelope(variants=("lite",))

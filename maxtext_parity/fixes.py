@@ -89,7 +89,8 @@ class KernelCalls:
             return layer_input, tuple(context)
 
         layer_input, (x_context, h_post, residual) = run_token_sharded(
-            local, self._plan(), (x,), (weights,), (TOKENS, TOKENS), check_vma=False)
+            local, self._plan(), (x,), (weights,), (TOKENS, TOKENS), check_vma=False
+        )
         return layer_input, api.MhcContext(x=x_context, h_post=h_post, residual=residual, implementation="mosaic")
 
     def post(self, layer_output, context, *, config=common.MhcKernelConfig()):
@@ -201,8 +202,8 @@ KNOWN_DEFECTS = (
     KnownDefect(
         candidate="maxtext-layer-reference-fixed/",
         leaves=("d_pre_alpha", "d_post_alpha", "d_res_alpha"),
-        where="maxtext/layers/mhc.py:303, `h_concat = jnp.einsum(\"bsm,mn -> bsn\", norm_x, alpha_concat, ...)`: "
-              "a bfloat16 result, no preferred_element_type",
+        where='maxtext/layers/mhc.py:303, `h_concat = jnp.einsum("bsm,mn -> bsn", norm_x, alpha_concat, ...)`: '
+        "a bfloat16 result, no preferred_element_type",
         measured=(
             "Its VJP's d_alpha is a bfloat16 dot over the tokens. In lite-n4-c256-b2s128-bf16-w32-mlp-default "
             "d_pre/d_post/d_res_alpha are 0.035/0.030/0.026 of max|oracle| from the oracle (this project's "
@@ -215,7 +216,7 @@ KNOWN_DEFECTS = (
         candidate="maxtext-layer-reference-fixed/",
         leaves=("d_post_bias", "d_post_scale"),
         where="maxtext/layers/mhc.py:365, `post_out = jnp.expand_dims(layer_out, axis=2) * "
-              "jnp.expand_dims(post_mapping, axis=3)`: a bfloat16 broadcast product",
+        "jnp.expand_dims(post_mapping, axis=3)`: a bfloat16 broadcast product",
         measured=(
             "Its VJP reduces layer_out * d_out over the embedding in bfloat16: d_post_mapping, and from it the "
             "post gate's parameter gradients (bf16_inexact_gates, 2x128 tokens: d_post_bias rms 0.0064 of "

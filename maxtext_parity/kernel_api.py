@@ -23,8 +23,11 @@ from maxtext_parity.lowering import lower_programs
 from mhc.types import MhcWeights
 
 # Case block-size field -> MaxText's MhcKernelConfig field.
-CONFIG_FIELDS = {"block_tokens": "block_size", "block_tokens_bwd": "bwd_block_size",
-                 "block_features": "bwd_feature_block_size"}
+CONFIG_FIELDS = {
+    "block_tokens": "block_size",
+    "block_tokens_bwd": "bwd_block_size",
+    "block_features": "bwd_feature_block_size",
+}
 
 
 class KernelApi:
@@ -44,9 +47,12 @@ class KernelApi:
         """MaxText's `MhcKernelConfig` for `case`: its block sizes and this project's epsilons."""
         mhc_config = case.mhc_config()
         blocks = block_sizes(case, api_block_defaults())
-        return api.MhcKernelConfig(**{CONFIG_FIELDS[k]: v for k, v in blocks.items()},
-                                   rms_epsilon=mhc_config.rms_epsilon, pre_mapping_epsilon=mhc_config.pre_epsilon,
-                                   interpret=interpret)
+        return api.MhcKernelConfig(
+            **{CONFIG_FIELDS[k]: v for k, v in blocks.items()},
+            rms_epsilon=mhc_config.rms_epsilon,
+            pre_mapping_epsilon=mhc_config.pre_epsilon,
+            interpret=interpret,
+        )
 
     def build(self, case, *, matmul_precision: str, mesh):
         """forward(x, weights, branch_fn) -> (out, {layer_input, h_post, h_res})."""

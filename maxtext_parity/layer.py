@@ -58,10 +58,14 @@ def layer_config(case, *, kernel: bool, matmul_precision: str) -> types.SimpleNa
     """The config fields MaxText's layer reads, for `case` (mHC-lite, this project's epsilons)."""
     mhc_config = case.mhc_config()
     fields = dict(
-        mhc_expansion_rate=case.streams, dtype=jnp.dtype(case.dtype),
-        weight_dtype=jnp.dtype(case.weight_dtype), matmul_precision=matmul_precision,
-        enable_mhc_lite=case.variant == "lite", sinkhorn_iterations=mhc_config.sinkhorn_iterations,
-        normalization_layer_epsilon=mhc_config.rms_epsilon, use_mhc_pallas_kernel=kernel,
+        mhc_expansion_rate=case.streams,
+        dtype=jnp.dtype(case.dtype),
+        weight_dtype=jnp.dtype(case.weight_dtype),
+        matmul_precision=matmul_precision,
+        enable_mhc_lite=case.variant == "lite",
+        sinkhorn_iterations=mhc_config.sinkhorn_iterations,
+        normalization_layer_epsilon=mhc_config.rms_epsilon,
+        use_mhc_pallas_kernel=kernel,
     )
     fields.update({BLOCK_CONFIG_FIELDS[k]: v for k, v in case.block_sizes.items()})
     return types.SimpleNamespace(**fields)
@@ -92,8 +96,11 @@ class LayerPath:
         # Structure and shapes only: the parameters are the fixture's weights (arguments).
         abstract = nnx.eval_shape(lambda: layer_class(config, case.embedding, mesh, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
-        calls = KernelCalls(interpret=jax.default_backend() != "tpu", constant_permutations=self.fixed,
-                            mesh=mesh if self.fixed else None)
+        calls = KernelCalls(
+            interpret=jax.default_backend() != "tpu",
+            constant_permutations=self.fixed,
+            mesh=mesh if self.fixed else None,
+        )
 
         def forward(x, weights, branch_fn):
             values = jax.tree.map(lambda leaf: leaf, state)

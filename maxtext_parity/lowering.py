@@ -29,8 +29,9 @@ def lower_programs(kernel_api, case, mesh_shape: tuple[int, ...]) -> list:
     sharded = bool(mesh_shape)
     tokens = NamedSharding(mesh, PartitionSpec(*MESH_AXES[: len(mesh_shape)])) if sharded else None
     config = kernel_api.kernel_config(case, interpret=False)
-    calls = KernelCalls(interpret=False, constant_permutations=True,
-                        mesh=mesh if (sharded and kernel_api.fixed) else None)
+    calls = KernelCalls(
+        interpret=False, constant_permutations=True, mesh=mesh if (sharded and kernel_api.fixed) else None
+    )
     permutations = permutation_constant(case.streams)
     act = jnp.dtype(case.dtype)
     weights = api.MhcWeights(**weight_structs(case.mhc_config(), act, tokens))

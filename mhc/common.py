@@ -96,8 +96,7 @@ def validate_dims(dims: MhcDims) -> None:
         raise UnsupportedInputError(f"variant must be one of {VARIANTS}, got {dims.variant!r}")
     if dims.streams < 1 or dims.embedding < 1:
         raise UnsupportedInputError(
-            f"streams and embedding must be positive, got streams={dims.streams}, "
-            f"embedding={dims.embedding}"
+            f"streams and embedding must be positive, got streams={dims.streams}, embedding={dims.embedding}"
         )
     if dims.variant == "lite" and dims.streams > MAX_LITE_STREAMS:
         raise UnsupportedInputError(
@@ -110,18 +109,15 @@ def validate_activations(x: jax.Array, dims: MhcDims) -> None:
     """Check `x` is (batch, sequence, streams, embedding) in a supported dtype."""
     if x.ndim != 4:
         raise UnsupportedInputError(
-            f"x must have shape (batch, sequence, streams, embedding), got rank {x.ndim} "
-            f"shape {tuple(x.shape)}"
+            f"x must have shape (batch, sequence, streams, embedding), got rank {x.ndim} shape {tuple(x.shape)}"
         )
     if tuple(x.shape[2:]) != (dims.streams, dims.embedding):
         raise UnsupportedInputError(
-            f"x has (streams, embedding) {tuple(x.shape[2:])}, the layer expects "
-            f"({dims.streams}, {dims.embedding})"
+            f"x has (streams, embedding) {tuple(x.shape[2:])}, the layer expects ({dims.streams}, {dims.embedding})"
         )
     if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in SUPPORTED_ACTIVATION_DTYPES]:
         raise UnsupportedInputError(
-            f"activation dtype {jnp.dtype(x.dtype).name} is not supported "
-            f"(float32 or bfloat16)"
+            f"activation dtype {jnp.dtype(x.dtype).name} is not supported (float32 or bfloat16)"
         )
 
 
@@ -135,7 +131,7 @@ def validate_layer_output(layer_output: jax.Array, x: jax.Array) -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def permutation_matrices(n: int) -> np.ndarray:
     """All n! permutation matrices, `P_p = eye(n)[perm_p]`, in itertools order.
 
@@ -193,7 +189,9 @@ def matmul(a: jax.Array, b: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PR
     (float32 for float32/bfloat16 operands), which is the result's dtype.
     """
     return jax.lax.dot_general(
-        a, b.astype(a.dtype), (((a.ndim - 1,), (0,)), ((), ())),
+        a,
+        b.astype(a.dtype),
+        (((a.ndim - 1,), (0,)), ((), ())),
         precision=dot_precision(a.dtype, matmul_precision),
         preferred_element_type=accumulation_dtype(a.dtype),
     )
@@ -219,7 +217,9 @@ def split_projection(proj: jax.Array, dims: MhcDims) -> tuple[jax.Array, jax.Arr
 
 
 def permutation_mix(
-    weights: jax.Array, n: int, perms: jax.Array | None = None,
+    weights: jax.Array,
+    n: int,
+    perms: jax.Array | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> jax.Array:
     """`Σ_p weights[..., p] · P_p`: (..., n!) float32 -> (..., n, n) float32.
@@ -236,7 +236,11 @@ def permutation_mix(
 
 
 def lite_residual_matrix(
-    logits: jax.Array, scale: jax.Array, bias: jax.Array, n: int, perms: jax.Array | None = None,
+    logits: jax.Array,
+    scale: jax.Array,
+    bias: jax.Array,
+    n: int,
+    perms: jax.Array | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> jax.Array:
     """mHC-lite `h_res = Σ_p softmax(scale·logits + bias)_p P_p`, float32.

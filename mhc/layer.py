@@ -10,7 +10,8 @@ runs, `post` mixes the streams and adds the gated branch output. The reference p
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -162,8 +163,7 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
         validate_activations(x, self.config.dims)
         if x.dtype != self.dtype:
             raise UnsupportedInputError(
-                f"x has dtype {jnp.dtype(x.dtype).name}, the layer computes in {self.dtype.name}; "
-                f"cast explicitly"
+                f"x has dtype {jnp.dtype(x.dtype).name}, the layer computes in {self.dtype.name}; cast explicitly"
             )
         if self.implementation is not None:
             options = dict(config=self.config)

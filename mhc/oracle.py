@@ -22,7 +22,8 @@ import dataclasses
 import functools
 import itertools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -158,63 +159,76 @@ class RoundingSite:
 ROUNDING_SITES: Mapping[str, RoundingSite] = {
     # Inputs.
     "x": RoundingSite(
-        (), (ACTIVATION,),
+        (),
+        (ACTIVATION,),
         "the input streams are exact (every path receives the same activation-dtype values, "
         "and a matmul operand already in that dtype rounds to itself); d_x is stored in the "
-        "activation dtype"),
+        "activation dtype",
+    ),
     "cotangent": RoundingSite((), (), "the output cotangent is an exact input"),
     "matmul_weight": RoundingSite(
-        (OPERAND,), (OPERAND, WEIGHT),
+        (OPERAND,),
+        (OPERAND, WEIGHT),
         "norm_scale and the alphas: cast to the compute dtype for the projection matmul; "
-        "their gradients pass through that dtype and are stored in the weight dtype"),
+        "their gradients pass through that dtype and are stored in the weight dtype",
+    ),
     "gate_weight": RoundingSite(
-        (FLOAT32,), (FLOAT32, WEIGHT),
+        (FLOAT32,),
+        (FLOAT32, WEIGHT),
         "gate scales and biases: upcast to float32 before the gate, never rounded to the "
-        "activation dtype; gradients accumulated in float32, stored in the weight dtype"),
+        "activation dtype; gradients accumulated in float32, stored in the weight dtype",
+    ),
     "branch_param": RoundingSite(
-        (OPERAND,), (OPERAND, WEIGHT),
-        "branch parameters: cast to the activation dtype inside the branch"),
+        (OPERAND,), (OPERAND, WEIGHT), "branch parameters: cast to the activation dtype inside the branch"
+    ),
     # The coefficients: float32 arithmetic on an activation-dtype projection.
-    "rms_inverse": RoundingSite(
-        (FLOAT32,), (FLOAT32,), "the RMS statistic rsqrt(mean(v^2) + eps), float32"),
+    "rms_inverse": RoundingSite((FLOAT32,), (FLOAT32,), "the RMS statistic rsqrt(mean(v^2) + eps), float32"),
     "normed_operand": RoundingSite(
-        (OPERAND,), (OPERAND,),
+        (OPERAND,),
+        (OPERAND,),
         "x * rms^-1 * norm_scale as the projection's operand, for a path that normalises "
-        "the activations instead of folding the norm scale into the weights"),
+        "the activations instead of folding the norm scale into the weights",
+    ),
     "folded_weight": RoundingSite(
-        (OPERAND,), (OPERAND,),
+        (OPERAND,),
+        (OPERAND,),
         "the projection weights with the norm scale folded in, rounded once to the "
-        "activation dtype as the matmul operand (and their cotangent)"),
+        "activation dtype as the matmul operand (and their cotangent)",
+    ),
     "projection": RoundingSite(
-        (FLOAT32,), (OPERAND,),
+        (FLOAT32,),
+        (OPERAND,),
         "the projection accumulates in float32; its cotangent is an operand of the "
-        "backward matmuls (d_x, d_weights) and may be held in the activation dtype"),
-    "gate_logit": RoundingSite(
-        (FLOAT32,), (FLOAT32,), "scale * logit + bias, float32"),
+        "backward matmuls (d_x, d_weights) and may be held in the activation dtype",
+    ),
+    "gate_logit": RoundingSite((FLOAT32,), (FLOAT32,), "scale * logit + bias, float32"),
     "gate": RoundingSite(
-        (FLOAT32,), (FLOAT32,),
-        "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32"),
+        (FLOAT32,), (FLOAT32,), "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32"
+    ),
     "permutation_operand": RoundingSite(
-        (MATMUL,), (MATMUL,),
+        (MATMUL,),
+        (MATMUL,),
         "the softmax weights as the operand of the permutation mix (a dot): rounded only by "
-        "the backend's operand rounding at the case's matmul precision"),
+        "the backend's operand rounding at the case's matmul precision",
+    ),
     "softmax_inner_product": RoundingSite(
-        (FLOAT32,), (FLOAT32,),
-        "<a, g> in the softmax VJP a * (g - <a, g>), float32 (it cancels for a peaked softmax)"),
+        (FLOAT32,), (FLOAT32,), "<a, g> in the softmax VJP a * (g - <a, g>), float32 (it cancels for a peaked softmax)"
+    ),
     "coefficient_operand": RoundingSite(
-        (OPERAND,), (FLOAT32,),
+        (OPERAND,),
+        (FLOAT32,),
         "h_pre, h_post, h_res as operands of the collapse and the residual mix (MXU operands "
-        "in the activation dtype, float32 accumulation); their cotangents accumulate in float32"),
-    "layer_input": RoundingSite(
-        (ACTIVATION,), (ACTIVATION,), "the collapsed branch input and its cotangent, stored"),
+        "in the activation dtype, float32 accumulation); their cotangents accumulate in float32",
+    ),
+    "layer_input": RoundingSite((ACTIVATION,), (ACTIVATION,), "the collapsed branch input and its cotangent, stored"),
     "layer_output": RoundingSite(
-        (ACTIVATION, MATMUL), (ACTIVATION, MATMUL),
+        (ACTIVATION, MATMUL),
+        (ACTIVATION, MATMUL),
         "the branch output and its cotangent, stored; a branch's own matmuls round their "
-        "operands at the case's matmul precision"),
-    "residual_mix": RoundingSite(
-        (FLOAT32,), (FLOAT32,), "h_res^T x accumulated in float32"),
-    "out": RoundingSite(
-        (ACTIVATION,), (ACTIVATION,), "the layer output, stored in the activation dtype"),
+        "operands at the case's matmul precision",
+    ),
+    "residual_mix": RoundingSite((FLOAT32,), (FLOAT32,), "h_res^T x accumulated in float32"),
+    "out": RoundingSite((ACTIVATION,), (ACTIVATION,), "the layer output, stored in the activation dtype"),
 }
 
 
@@ -382,8 +396,7 @@ def _pre(x, w, config, r=_exact):
 
 def _post(layer_output, x, coeffs, r=_exact):
     _, h_post, h_res = coeffs
-    mixed = r(jnp.einsum("bsij,bsic->bsjc", r(h_res, "coefficient_operand"), x, precision=_PRECISION),
-              "residual_mix")
+    mixed = r(jnp.einsum("bsij,bsic->bsjc", r(h_res, "coefficient_operand"), x, precision=_PRECISION), "residual_mix")
     gated = r(h_post, "coefficient_operand")[..., None] * layer_output[..., None, :]
     return r(mixed + gated, "out")
 
@@ -420,8 +433,12 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply):
     _, post_pullback = jax.vjp(lambda y: _post(y, x, (h_pre, h_post, h_res)), layer_output)
     (d_layer_output,) = post_pullback(ct)
     forward = {
-        "out": out, "layer_input": layer_input, "h_pre": h_pre, "h_post": h_post,
-        "h_res": h_res, "layer_output": layer_output,
+        "out": out,
+        "layer_input": layer_input,
+        "h_pre": h_pre,
+        "h_post": h_post,
+        "h_res": h_res,
+        "layer_output": layer_output,
     }
     return forward, d_x, d_layer_output, d_w, d_p
 
@@ -531,12 +548,21 @@ def run_oracle_draws(
     """
     if not np.any(_units_vector(units)):
         raise ValueError("run_oracle_draws needs non-zero rounding units")
-    return run_oracle_batch(x, weights, branch_apply, branch_params, cotangent, config,
-                            draws=[(seed, units) for seed in seeds])
+    return run_oracle_batch(
+        x, weights, branch_apply, branch_params, cotangent, config, draws=[(seed, units) for seed in seeds]
+    )
 
 
-def run_oracle_batch(x, weights, branch_apply: BranchApply, branch_params: Mapping[str, Any], cotangent, config, *,
-                     draws: Sequence[tuple[int, Mapping[str, float] | float | None]]) -> list[OracleResult]:
+def run_oracle_batch(
+    x,
+    weights,
+    branch_apply: BranchApply,
+    branch_params: Mapping[str, Any],
+    cotangent,
+    config,
+    *,
+    draws: Sequence[tuple[int, Mapping[str, float] | float | None]],
+) -> list[OracleResult]:
     """Several draws of `run_oracle` in one run of one compiled program (`jax.vmap` over the draws).
 
     draws: (seed, units) per draw, units as for `run_oracle`'s rounding_noise (None or 0:
@@ -555,15 +581,17 @@ def run_oracle_batch(x, weights, branch_apply: BranchApply, branch_params: Mappi
         keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
         banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply)))(keys)
         program = _oracle_program(branch_apply, config)
-        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64),
-                               program(x64, w64, p64, ct64, banks, jnp.asarray(units)))
+        outputs = jax.tree.map(
+            lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, banks, jnp.asarray(units))
+        )
     return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(draws))]
 
 
 def _result(outputs) -> OracleResult:
     forward, d_x, d_layer_output, d_w, d_p = outputs
-    return OracleResult(forward=dict(forward), d_x=d_x, d_layer_output=d_layer_output, d_weights=dict(d_w),
-                        d_branch=dict(d_p))
+    return OracleResult(
+        forward=dict(forward), d_x=d_x, d_layer_output=d_layer_output, d_weights=dict(d_w), d_branch=dict(d_p)
+    )
 
 
 def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array], config) -> dict[str, np.ndarray]:

@@ -44,20 +44,14 @@ def compute_coefficients(
         x.reshape(batch, seq, n * c), folded, config.rms_epsilon, matmul_precision=config.matmul_precision
     )
     proj_pre, proj_post, proj_res = split_projection(proj, config.dims)
-    h_pre = compute_sigmoid_gate(
-        proj_pre, weights.pre_scale, weights.pre_bias, epsilon=config.pre_epsilon
-    )
-    h_post = compute_sigmoid_gate(
-        proj_post, weights.post_scale, weights.post_bias, multiplier=POST_GATE_MULTIPLIER
-    )
+    h_pre = compute_sigmoid_gate(proj_pre, weights.pre_scale, weights.pre_bias, epsilon=config.pre_epsilon)
+    h_post = compute_sigmoid_gate(proj_post, weights.post_scale, weights.post_bias, multiplier=POST_GATE_MULTIPLIER)
     if config.variant == "lite":
         h_res = lite_residual_matrix(
             proj_res, weights.res_scale, weights.res_bias, n, matmul_precision=config.matmul_precision
         )
     else:
-        h_res = sinkhorn_residual_matrix(
-            proj_res, weights.res_scale, weights.res_bias, n, config.sinkhorn_iterations
-        )
+        h_res = sinkhorn_residual_matrix(proj_res, weights.res_scale, weights.res_bias, n, config.sinkhorn_iterations)
     return h_pre, h_post, h_res
 
 

@@ -178,8 +178,9 @@ def token_sharding(mesh, axes: tuple[str, str] = DEFAULT_TOKEN_AXES) -> TokenSha
     return TokenSharding(mesh, batch_axis, seq_axis)
 
 
-def run_token_sharded(fn, plan: TokenSharding | None, activations: tuple, replicated: tuple, out_specs,
-                      *, check_vma: bool = True):
+def run_token_sharded(
+    fn, plan: TokenSharding | None, activations: tuple, replicated: tuple, out_specs, *, check_vma: bool = True
+):
     """Call `fn(*activations, *replicated)`, inside a token `shard_map` when `plan` is set.
 
     activations: pytrees whose array leaves are token-major (B, S, ...), split by

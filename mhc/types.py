@@ -63,7 +63,7 @@ class MhcWeights:
         return {name: getattr(self, name) for name in WEIGHT_FIELDS}
 
     @classmethod
-    def from_dict(cls, leaves: dict[str, Any]) -> "MhcWeights":
+    def from_dict(cls, leaves: dict[str, Any]) -> MhcWeights:
         """Build from a name -> array mapping; missing or unknown names are an error."""
         missing = [f for f in WEIGHT_FIELDS if f not in leaves]
         unknown = [k for k in leaves if k not in WEIGHT_FIELDS]
@@ -71,11 +71,9 @@ class MhcWeights:
             raise ValueError(f"MhcWeights fields: missing {missing}, unknown {unknown}")
         return cls(**{f: leaves[f] for f in WEIGHT_FIELDS})
 
-    def astype_for_compute(self, dtype) -> "MhcWeights":
+    def astype_for_compute(self, dtype) -> MhcWeights:
         """Matmul leaves cast to the compute `dtype`; gate scales and biases unchanged."""
-        return dataclasses.replace(
-            self, **{f: getattr(self, f).astype(dtype) for f in MATMUL_FIELDS}
-        )
+        return dataclasses.replace(self, **{f: getattr(self, f).astype(dtype) for f in MATMUL_FIELDS})
 
 
 @dataclasses.dataclass(frozen=True)

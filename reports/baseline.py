@@ -2,11 +2,12 @@
 
 File layout (UTF-8, "\\n" line endings):
 
-    # mhc-parity baseline format=2 policy_hash=<hash or -> backend=cpu device_kind=cpu matmul_precision=highest=float32 rows=<n> body_sha256=<hex>
+    # mhc-parity baseline format=2 policy_hash=<hash or -> backend=cpu device_kind=cpu ...
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
 
-The header's last two keys record the body (every byte after the header line): its row
+The header is one line; after the environment record (`... matmul_precision=highest=float32`)
+its last two keys, `rows=<n> body_sha256=<hex>`, record the body (every byte after the header line): its row
 count and SHA-256. A baseline cut at a row boundary or edited by hand is refused, and so
 is one whose lines have another field count, or whose compared row has a NaN, infinite or
 empty error. The file is written to a temporary file, flushed and renamed over the old
@@ -100,7 +101,9 @@ def format_cell(column: str, value: Any) -> str:
 
 
 def header_line(
-    policy_hash: str | None, environment: Mapping[str, str] | None = None, implementation: str | None = None,
+    policy_hash: str | None,
+    environment: Mapping[str, str] | None = None,
+    implementation: str | None = None,
     integrity: tuple[int, str] | None = None,
 ) -> str:
     """The baseline's first line (format version, policy hash, the `HEADER_KEYS` given, the
@@ -108,9 +111,7 @@ def header_line(
     values = {**{key: (environment or {}).get(key) for key in HEADER_KEYS}, IMPLEMENTATION_KEY: implementation}
     if integrity is not None:
         values.update({ROWS_KEY: str(integrity[0]), DIGEST_KEY: integrity[1]})
-    fields = "".join(
-        f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value
-    )
+    fields = "".join(f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value)
     return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} policy_hash={policy_hash or '-'}{fields}"
 
 
@@ -185,7 +186,7 @@ def parse_header(line: str) -> dict[str, str] | None:
     if not line.startswith(BASELINE_MAGIC):
         return None
     fields = {}
-    for token in line[len(BASELINE_MAGIC):].split():
+    for token in line[len(BASELINE_MAGIC) :].split():
         key, _, value = token.partition("=")
         fields[key] = urllib.parse.unquote(value)
     return fields
@@ -209,7 +210,7 @@ def is_baseline_file(path: str | Path) -> bool:
 def _body(path: Path) -> bytes:
     """Every byte of the file after its header line (what the header's digest covers)."""
     data = path.read_bytes()
-    return data[data.index(b"\n") + 1:] if b"\n" in data else b""
+    return data[data.index(b"\n") + 1 :] if b"\n" in data else b""
 
 
 def _check_integrity(path: Path, body: bytes, header: Mapping[str, str], rows: int) -> None:
@@ -272,9 +273,7 @@ def load_baseline(path: str | Path) -> Baseline:
         raise ReportInputError(f"{path}: no such baseline file")
     header = parse_header(read_first_line(path))
     if header is None:
-        raise ReportInputError(
-            f"{path}: not a baseline file (first line must start with {BASELINE_MAGIC!r})"
-        )
+        raise ReportInputError(f"{path}: not a baseline file (first line must start with {BASELINE_MAGIC!r})")
     version_text = header.get("format", "")
     if not version_text.isdigit():
         raise ReportInputError(f"{path}: baseline header has no valid format version")

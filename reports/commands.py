@@ -146,8 +146,9 @@ def _precision_refusal(baseline, current) -> str:
     )
 
 
-def comparability_refusal(baseline, current, *, allow_policy_change: bool = False,
-                          allow_precision_change: bool = False) -> str:
+def comparability_refusal(
+    baseline, current, *, allow_policy_change: bool = False, allow_precision_change: bool = False
+) -> str:
     """Why `baseline` cannot judge `current` (two `LoadedRun`s), one line, or "" if it can:
     it belongs to another implementation (`reports.ownership`), or was made under another
     tolerance policy or matmul precision (unless allowed)."""
@@ -200,7 +201,9 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
     if not len(current.frame):
         return _fail(f"current run {current.source} has no rows; did the run write anything?")
     refusal = comparability_refusal(
-        baseline, current, allow_policy_change=args.allow_policy_change,
+        baseline,
+        current,
+        allow_policy_change=args.allow_policy_change,
         allow_precision_change=args.allow_precision_change,
     )
     if refusal:
@@ -246,19 +249,37 @@ def gate_main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> in
 def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
     """The arguments of `baseline --from RUN` (`harness.baseline_command` adds the run of `--impl`)."""
     parser = argparse.ArgumentParser(
-        prog=prog, description="Write a finished parity run as the baseline CSV.",
+        prog=prog,
+        description="Write a finished parity run as the baseline CSV.",
         epilog="Without --from, --impl MODULE:FACTORY runs the implementation first: "
-               "[--suite S] [--cases GLOB...] [--dtype D] [--case-file F] [--out DIR] [--to PATH].",
+        "[--suite S] [--cases GLOB...] [--dtype D] [--case-file F] [--out DIR] [--to PATH].",
     )
-    parser.add_argument("--from", dest="source", type=Path, default=DEFAULT_RUN_FOLDER,
-                        help=f"folder or report.json of a finished run (default: {DEFAULT_RUN_FOLDER})")
-    parser.add_argument("--to", dest="target", type=Path, default=None,
-                        help="baseline CSV to write (required without --impl; with it default baselines/<name>.csv)")
-    parser.add_argument("--impl", default=None, metavar="NAME|MODULE:FACTORY",
-                        help="keep only this external implementation's rows, keyed by its name; without "
-                             "--from, `harness baseline` runs it first")
-    parser.add_argument("--allow-code-change", action="store_true",
-                        help="use the run even if this checkout's code changed since it was made")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        default=DEFAULT_RUN_FOLDER,
+        help=f"folder or report.json of a finished run (default: {DEFAULT_RUN_FOLDER})",
+    )
+    parser.add_argument(
+        "--to",
+        dest="target",
+        type=Path,
+        default=None,
+        help="baseline CSV to write (required without --impl; with it default baselines/<name>.csv)",
+    )
+    parser.add_argument(
+        "--impl",
+        default=None,
+        metavar="NAME|MODULE:FACTORY",
+        help="keep only this external implementation's rows, keyed by its name; without "
+        "--from, `harness baseline` runs it first",
+    )
+    parser.add_argument(
+        "--allow-code-change",
+        action="store_true",
+        help="use the run even if this checkout's code changed since it was made",
+    )
     return parser
 
 
@@ -289,8 +310,11 @@ def baseline_main(argv: Sequence[str] | None = None, *, prog: str = BASELINE_PRO
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not len(frame):
-        print(f"{prog}: error: {run.source} has no rows{f' of {name!r}' if name else ''}; "
-              f"refusing to write an empty baseline", file=sys.stderr)
+        print(
+            f"{prog}: error: {run.source} has no rows{f' of {name!r}' if name else ''}; "
+            f"refusing to write an empty baseline",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name)

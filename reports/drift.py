@@ -164,9 +164,7 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
     duplicated = frame.duplicated(list(IDENTITY_COLUMNS), keep=False)
     if duplicated.any():
         first = frame[duplicated].iloc[0]
-        raise ReportInputError(
-            f"{source}: {int(duplicated.sum())} rows share a row key, e.g. {row_key(first)}"
-        )
+        raise ReportInputError(f"{source}: {int(duplicated.sum())} rows share a row key, e.g. {row_key(first)}")
     return frame
 
 
@@ -264,9 +262,7 @@ def drift_frame(drifts: Iterable[RowDrift]) -> pd.DataFrame:
     records = []
     for drift in drifts:
         record = dict(zip(IDENTITY_COLUMNS, drift.key))
-        record.update(
-            {f.name: getattr(drift, f.name) for f in dataclasses.fields(drift) if f.name != "key"}
-        )
+        record.update({f.name: getattr(drift, f.name) for f in dataclasses.fields(drift) if f.name != "key"})
         records.append(record)
     columns = list(IDENTITY_COLUMNS) + [f.name for f in dataclasses.fields(RowDrift) if f.name != "key"]
     return pd.DataFrame(records, columns=columns)

@@ -36,7 +36,7 @@ def canonical_name(dtype) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _finfo(name: str):
     return ml_dtypes.finfo(np.dtype(name))  # importing ml_dtypes gives NumPy the name "bfloat16"
 

@@ -71,8 +71,11 @@ def precision_conflicts(first: str | None, second: str | None) -> list[str]:
     if first is None or second is None:
         return []
     a, b = parse_precision_record(first), parse_precision_record(second)
-    return [f"{setting}: {a[setting]} vs {b[setting]}" for setting in sorted(a.keys() & b.keys())
-            if a[setting] != b[setting]]
+    return [
+        f"{setting}: {a[setting]} vs {b[setting]}"
+        for setting in sorted(a.keys() & b.keys())
+        if a[setting] != b[setting]
+    ]
 
 
 def environment_of(rows: Any) -> dict[str, str]:

@@ -57,7 +57,7 @@ from reports.drift import (
     gate_frame,
     index_by_key,
 )
-from reports.rows import ReportInputError, unwrap_run
+from reports.rows import unwrap_run
 from reports.text import format_number, format_text_table
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
@@ -167,9 +167,11 @@ class GateResult:
             if not findings:
                 continue
             if category == "missing":  # per case and path; the rows too when they are few
-                lines += ["", self.missing_heading() + ":", format_text_table(
-                    ("case", "path", "missing rows"), self.missing_table_rows()
-                )]
+                lines += [
+                    "",
+                    self.missing_heading() + ":",
+                    format_text_table(("case", "path", "missing rows"), self.missing_table_rows()),
+                ]
                 if len(findings) <= max_info_rows:
                     lines += ["", _findings_table(findings)]
                 continue
@@ -226,9 +228,7 @@ def _growth_detail(drift: RowDrift) -> str:
         ("rms", drift.baseline_rms, drift.current_rms, drift.growth_rms),
     ):
         if not math.isnan(factor):
-            parts.append(
-                f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)})"
-            )
+            parts.append(f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)})")
     return "; ".join(parts)
 
 
@@ -268,8 +268,12 @@ def gate(
     covered = Counter(key[:2] for key in base_rows)  # rows per (case, candidate) in the baseline
     unmatched = [(key, row) for key, row in sorted(cur_rows.items()) if key not in base_rows]
     baseline_gaps = tuple(
-        _finding("baseline_gap", row, f"absent from the baseline, which has {covered[key[:2]]} other rows of "
-                                      f"this case and path ({row['verdict']} now)")
+        _finding(
+            "baseline_gap",
+            row,
+            f"absent from the baseline, which has {covered[key[:2]]} other rows of "
+            f"this case and path ({row['verdict']} now)",
+        )
         for key, row in unmatched
         if key[:2] in covered
     )
@@ -295,9 +299,7 @@ def gate(
         if before["verdict"] in ("fail", "error") and now["verdict"] == "pass":
             fixed.append(_finding("improvement", now, f"verdict {before['verdict']} -> pass"))
 
-    drifts = compare_runs(
-        baseline, current, growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps
-    )
+    drifts = compare_runs(baseline, current, growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps)
     regressions = tuple(
         _finding(
             "regression",
@@ -333,8 +335,9 @@ def gate(
     )
 
 
-def group_missing(missing: Sequence[GateFinding], baseline_keys: Iterable[tuple], current_keys: Iterable[tuple]
-                  ) -> tuple[MissingGroup, ...]:
+def group_missing(
+    missing: Sequence[GateFinding], baseline_keys: Iterable[tuple], current_keys: Iterable[tuple]
+) -> tuple[MissingGroup, ...]:
     """Missing findings counted per (case, candidate); one "*" group for a case absent from the current run."""
     per_group = Counter((k[0], k[1]) for k in baseline_keys)
     per_case = Counter(k[0] for k in baseline_keys)

@@ -30,8 +30,19 @@ WORST_CANDIDATE = "worst"  # the candidate label of an aggregated row
 LOG_RANGE = 2.0  # colour saturates at 10**±LOG_RANGE
 NO_VALUE_COLOUR = "#d9d9d9"
 # ColorBrewer's 11-class RdBu, blue (low) to red (high): the stops of the colour scale.
-_SCALE_STOPS = ("#053061", "#2166ac", "#4393c3", "#92c5de", "#d1e5f0", "#f7f7f7",
-                "#fddbc7", "#f4a582", "#d6604d", "#b2182b", "#67001f")
+_SCALE_STOPS = (
+    "#053061",
+    "#2166ac",
+    "#4393c3",
+    "#92c5de",
+    "#d1e5f0",
+    "#f7f7f7",
+    "#fddbc7",
+    "#f4a582",
+    "#d6604d",
+    "#b2182b",
+    "#67001f",
+)
 # Beyond this share of LOG_RANGE from 1 the background is dark enough for white text.
 _DARK_FROM = 0.6
 
@@ -64,8 +75,12 @@ def leaf_order(frame: pd.DataFrame) -> list[str]:
     """Leaves ordered by schema leaf kind, then by name."""
     kind_rank = {kind: i for i, kind in enumerate(LEAF_KINDS)}
     pairs = frame[["leaf", "leaf_kind"]].drop_duplicates("leaf")
-    return [leaf for _, leaf in sorted((kind_rank.get(kind, len(LEAF_KINDS)), leaf)
-                                       for leaf, kind in pairs.itertuples(index=False))]
+    return [
+        leaf
+        for _, leaf in sorted(
+            (kind_rank.get(kind, len(LEAF_KINDS)), leaf) for leaf, kind in pairs.itertuples(index=False)
+        )
+    ]
 
 
 def cell_values(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +120,9 @@ def heatmap(frame: pd.DataFrame, comparison: str) -> Heatmap | None:
         return pivot if fill is None else pivot.fillna(fill).infer_objects()
 
     return Heatmap(
-        comparison=comparison, rows=rows, leaves=tuple(leaves),
+        comparison=comparison,
+        rows=rows,
+        leaves=tuple(leaves),
         values=table(worst, "value").astype(float),
         fallback=table(cells, "fallback", "max", False).astype(bool),
         failing=table(cells, "failing", "max", False).astype(bool),
@@ -122,7 +139,7 @@ def heatmaps(frame: pd.DataFrame) -> dict[str, Heatmap]:
 
 
 # The stops as (red, green, blue) rows.
-_SCALE_RGB = np.array([[int(stop[i:i + 2], 16) for i in (1, 3, 5)] for stop in _SCALE_STOPS], dtype=float)
+_SCALE_RGB = np.array([[int(stop[i : i + 2], 16) for i in (1, 3, 5)] for stop in _SCALE_STOPS], dtype=float)
 
 
 def cell_colour(value: float) -> tuple[str, str]:

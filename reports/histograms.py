@@ -85,8 +85,15 @@ def histogram(frame: pd.DataFrame, dtype: str) -> Histogram | None:
             values = of_kind.loc[of_kind["comparison"] == comparison, "max_rel_err"].to_numpy(dtype=float)
             binned, _ = np.histogram(values[np.isfinite(values) & (values > 0)], bins=edges)
             counts[comparison] = tuple(int(n) for n in binned)
-        panels.append(Panel(kind, counts, rows=len(of_kind), zeros=int((kind_errors == 0).sum()),
-                            nonfinite=int((~np.isfinite(kind_errors)).sum())))
+        panels.append(
+            Panel(
+                kind,
+                counts,
+                rows=len(of_kind),
+                zeros=int((kind_errors == 0).sum()),
+                nonfinite=int((~np.isfinite(kind_errors)).sum()),
+            )
+        )
     return Histogram(dtype, tuple(float(e) for e in edges), comparisons, tuple(panels))
 
 
@@ -123,16 +130,21 @@ def _panel_svg(histogram: Histogram, panel: Panel, x0: float, y0: float) -> list
     parts = [f'<text class="title" x="{_number(x0 + _WIDTH / 2)}" y="{_number(y0 + 14)}">{escape(title)}</text>']
     for count in ticks:
         y = bottom - count * y_scale
-        parts.append(f'<line class="grid" x1="{_number(left)}" x2="{_number(left + plot_width)}" '
-                     f'y1="{_number(y)}" y2="{_number(y)}"/>')
+        parts.append(
+            f'<line class="grid" x1="{_number(left)}" x2="{_number(left + plot_width)}" '
+            f'y1="{_number(y)}" y2="{_number(y)}"/>'
+        )
         parts.append(f'<text class="count" x="{_number(left - 4)}" y="{_number(y + 3)}">{count}</text>')
     for decade in range(low, high + 1):
         x = x_of(10.0**decade)
-        parts.append(f'<line class="axis" x1="{_number(x)}" x2="{_number(x)}" y1="{_number(bottom)}" '
-                     f'y2="{_number(bottom + 4)}"/>')
+        parts.append(
+            f'<line class="axis" x1="{_number(x)}" x2="{_number(x)}" y1="{_number(bottom)}" '
+            f'y2="{_number(bottom + 4)}"/>'
+        )
         parts.append(f'<text class="decade" x="{_number(x)}" y="{_number(bottom + 15)}">1e{decade}</text>')
-    parts.append(f'<text class="label" x="{_number(left + plot_width / 2)}" y="{_number(bottom + 30)}">'
-                 "max_rel_err</text>")
+    parts.append(
+        f'<text class="label" x="{_number(left + plot_width / 2)}" y="{_number(bottom + 30)}">max_rel_err</text>'
+    )
     for i, (start, stop) in enumerate(zip(histogram.edges, histogram.edges[1:])):
         stacked = 0
         for comparison in histogram.comparisons:
@@ -144,11 +156,14 @@ def _panel_svg(histogram: Histogram, panel: Panel, x0: float, y0: float) -> list
             parts.append(
                 f'<rect x="{_number(x)}" y="{_number(y_top)}" width="{_number(width)}" '
                 f'height="{_number(count * y_scale)}" fill="{COMPARISON_COLOURS[comparison]}">'
-                f"<title>{escape(comparison)}: {count} rows with max_rel_err in [{start:.3g}, {stop:.3g})</title></rect>"
+                f"<title>{escape(comparison)}: {count} rows with max_rel_err in "
+                f"[{start:.3g}, {stop:.3g})</title></rect>"
             )
             stacked += count
-    parts.append(f'<line class="axis" x1="{_number(left)}" x2="{_number(left + plot_width)}" '
-                 f'y1="{_number(bottom)}" y2="{_number(bottom)}"/>')
+    parts.append(
+        f'<line class="axis" x1="{_number(left)}" x2="{_number(left + plot_width)}" '
+        f'y1="{_number(bottom)}" y2="{_number(bottom)}"/>'
+    )
     return parts
 
 

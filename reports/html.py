@@ -88,7 +88,8 @@ table.heatmap { font-size: .7rem; }
 table.heatmap th.leaf { vertical-align: bottom; }
 table.heatmap th.leaf span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
 table.heatmap td.row { white-space: nowrap; }
-table.heatmap td.hm { text-align: center; white-space: nowrap; padding: .1rem .3rem; font-variant-numeric: tabular-nums; }
+table.heatmap td.hm { text-align: center; white-space: nowrap; padding: .1rem .3rem;
+                      font-variant-numeric: tabular-nums; }
 table.heatmap td.none { font-style: italic; }
 table.heatmap td.failing { outline: 2px solid #000; outline-offset: -2px; }
 .heatmap-legend .swatch { display: inline-block; padding: .1rem .5rem; margin-left: .3rem; font-size: .75rem; }
@@ -145,9 +146,11 @@ def num(value: Any) -> str:
 
 def histogram_html(figure: Histogram) -> str:
     """One dtype's histogram (inline SVG) with its caption."""
-    caption = (f"max_rel_err of the measured rows of {figure.dtype} leaves, in log-spaced bins "
-               f"({BINS_PER_DECADE} per decade) stacked by comparison kind; hover a bar for its count. Exact "
-               "zeros and NaN/inf values cannot sit on a log axis: each panel's title counts them.")
+    caption = (
+        f"max_rel_err of the measured rows of {figure.dtype} leaves, in log-spaced bins "
+        f"({BINS_PER_DECADE} per decade) stacked by comparison kind; hover a bar for its count. Exact "
+        "zeros and NaN/inf values cannot sit on a log axis: each panel's title counts them."
+    )
     return (
         f'<figure class="histogram" id="histogram-{esc(figure.dtype)}">{histogram_svg(figure)}'
         f"<figcaption><b>Error histogram — {esc(figure.dtype)}.</b> {esc(caption)}</figcaption></figure>"
@@ -157,7 +160,7 @@ def histogram_html(figure: Histogram) -> str:
 # ----------------------------------------------------------------------------- sections
 
 
-def summary_section(summary: dict, gate_result: "GateResult | None") -> str:
+def summary_section(summary: dict, gate_result: GateResult | None) -> str:
     """The banner: overall status, verdict counts, worst leaf, gate line."""
     passed = summary["ok"] and (gate_result is None or gate_result.ok)
     status = "PASS" if passed else "FAIL"
@@ -177,9 +180,9 @@ def summary_section(summary: dict, gate_result: "GateResult | None") -> str:
     if worst:
         parts.append(
             f'<p id="worst-leaf">Worst leaf by bound usage: <b>{esc(worst["case"])}</b> · '
-            f'{esc(worst["candidate"])} vs {esc(worst["partner"])} · <b>{esc(worst["leaf"])}</b> '
-            f'({esc(worst["dtype"])}, {esc(worst["comparison"])}) — {fmt(worst["bound_usage"])} of its bound, '
-            f'{verdict_span(worst["verdict"])}. Bound: {esc(worst["bound"])}</p>'
+            f"{esc(worst['candidate'])} vs {esc(worst['partner'])} · <b>{esc(worst['leaf'])}</b> "
+            f"({esc(worst['dtype'])}, {esc(worst['comparison'])}) — {fmt(worst['bound_usage'])} of its bound, "
+            f"{verdict_span(worst['verdict'])}. Bound: {esc(worst['bound'])}</p>"
         )
     if gate_result is not None:
         parts.append(f'<p id="gate-line">{esc(gate_result.summary_line())}</p>')
@@ -200,12 +203,24 @@ def sharpness_section(frame: pd.DataFrame) -> str:
         parts.append('<p class="empty">No bounded rows.</p>')
     else:
         body = [
-            [td(esc(r.comparison)), td(esc(r.act_dtype)), num(r.passing), num(r.failing), num(r.median_usage),
-             num(r.p90_usage), num(r.max_usage)]
+            [
+                td(esc(r.comparison)),
+                td(esc(r.act_dtype)),
+                num(r.passing),
+                num(r.failing),
+                num(r.median_usage),
+                num(r.p90_usage),
+                num(r.max_usage),
+            ]
             for r in table_frame.itertuples()
         ]
-        parts.append(table(["comparison", "activation dtype", "passing", "failing", "median usage",
-                            "p90 usage", "max usage"], body, table_id="sharpness-table"))
+        parts.append(
+            table(
+                ["comparison", "activation dtype", "passing", "failing", "median usage", "p90 usage", "max usage"],
+                body,
+                table_id="sharpness-table",
+            )
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -213,7 +228,7 @@ def sharpness_section(frame: pd.DataFrame) -> str:
 def heatmap_legend() -> str:
     """The colour scale of the heatmaps, as swatches from 10**-LOG_RANGE to 10**LOG_RANGE."""
     swatches = []
-    for value in [10.0 ** power for power in range(-int(LOG_RANGE), int(LOG_RANGE) + 1)] + [math.nan]:
+    for value in [10.0**power for power in range(-int(LOG_RANGE), int(LOG_RANGE) + 1)] + [math.nan]:
         background, text = cell_colour(value)
         label = "no value" if math.isnan(value) else f"{value:g}"
         swatches.append(f'<span class="swatch" style="background:{background};color:{text}">{label}</span>')
@@ -222,8 +237,9 @@ def heatmap_legend() -> str:
 
 def heatmap_html(heatmap: Heatmap, anchors: dict[str, str]) -> str:
     """One comparison kind's heatmap: a table whose row labels link to the case's detail."""
-    head = '<th>case [candidate]</th>' + "".join(f'<th class="leaf"><span>{esc(leaf)}</span></th>'
-                                                 for leaf in heatmap.leaves)
+    head = "<th>case [candidate]</th>" + "".join(
+        f'<th class="leaf"><span>{esc(leaf)}</span></th>' for leaf in heatmap.leaves
+    )
     body = []
     for position, (case, candidate) in enumerate(heatmap.rows):
         cells = [f'<td class="row"><a href="#{anchors[case]}">{esc(case)}</a> [{esc(candidate)}]</td>']
@@ -240,17 +256,24 @@ def heatmap_html(heatmap: Heatmap, anchors: dict[str, str]) -> str:
                 text = format_number(value, 2) + ("*" if fallback else "")
                 measured = ("bound_usage " if fallback else "oracle_ratio_max ") + format_number(value)
             title = f"{case} [{candidate}] · {leaf}: {measured} ({verdict or 'no row'})"
-            cells.append(f'<td class="{css}" style="background:{background};color:{colour}" title="{esc(title)}">'
-                         f"{esc(text)}</td>")
+            cells.append(
+                f'<td class="{css}" style="background:{background};color:{colour}" title="{esc(title)}">'
+                f"{esc(text)}</td>"
+            )
         body.append("<tr>" + "".join(cells) + "</tr>")
-    aggregated = (f" More than {MAX_HEATMAP_ROWS} case × candidate pairs: one row per case, its worst candidate."
-                  if heatmap.aggregated else "")
-    caption = (f"{heatmap.comparison}: {len(heatmap.rows)} rows × {len(heatmap.leaves)} leaves.{aggregated} "
-               "Hover a cell for its exact value.")
+    aggregated = (
+        f" More than {MAX_HEATMAP_ROWS} case × candidate pairs: one row per case, its worst candidate."
+        if heatmap.aggregated
+        else ""
+    )
+    caption = (
+        f"{heatmap.comparison}: {len(heatmap.rows)} rows × {len(heatmap.leaves)} leaves.{aggregated} "
+        "Hover a cell for its exact value."
+    )
     return (
         f'<figure class="heatmap" id="heatmap-{esc(heatmap.comparison)}"><div class="scroll">'
         f'<table class="heatmap" id="heatmap-table-{esc(heatmap.comparison)}"><thead><tr>{head}</tr></thead>'
-        f'<tbody>{"".join(body)}</tbody></table></div>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
         f"<figcaption><b>Error ratio — {esc(heatmap.comparison)}.</b> {esc(caption)}</figcaption></figure>"
     )
 
@@ -295,38 +318,54 @@ def offenders_section(frame: pd.DataFrame, anchors: dict[str, str], limit: int) 
         parts.append('<p class="empty">No measured rows.</p></section>')
         return "\n".join(parts)
     shown = ranked.head(limit)
-    parts.append(
-        f"<p>Errors and failures first, then by bound usage; {len(shown)} of {len(ranked)} measured rows.</p>"
-    )
+    parts.append(f"<p>Errors and failures first, then by bound usage; {len(shown)} of {len(ranked)} measured rows.</p>")
     body = []
     for rank, row in enumerate(shown.to_dict(orient="records"), start=1):
-        body.append([
-            td(str(rank), "num"),
-            td(f'<a href="#{esc(anchors[row["case"]])}">{esc(row["case"])}</a>'),
-            td(esc(row["candidate"])),
-            td(esc(row["partner"])),
-            td(esc(row["leaf"])),
-            td(esc(row["dtype"])),
-            td(verdict_span(row["verdict"])),
-            num(row["bound_usage"]),
-            num(row["oracle_ratio_max"]),
-            num(row["max_rel_err"]),
-            num(row["max_ulp"]),
-            td(f'{row["nan_count"]}/{row["inf_count"]}', "num"),
-            td(esc(row["reason"]), "reason"),
-        ])
-    parts.append(table(
-        ("#", "case", "candidate", "partner", "leaf", "dtype", "verdict", "bound usage",
-         "oracle ratio", "max rel err", "max ulp", "nan/inf", "reason"),
-        body,
-        table_id="worst-offenders-table",
-    ))
+        body.append(
+            [
+                td(str(rank), "num"),
+                td(f'<a href="#{esc(anchors[row["case"]])}">{esc(row["case"])}</a>'),
+                td(esc(row["candidate"])),
+                td(esc(row["partner"])),
+                td(esc(row["leaf"])),
+                td(esc(row["dtype"])),
+                td(verdict_span(row["verdict"])),
+                num(row["bound_usage"]),
+                num(row["oracle_ratio_max"]),
+                num(row["max_rel_err"]),
+                num(row["max_ulp"]),
+                td(f"{row['nan_count']}/{row['inf_count']}", "num"),
+                td(esc(row["reason"]), "reason"),
+            ]
+        )
+    parts.append(
+        table(
+            (
+                "#",
+                "case",
+                "candidate",
+                "partner",
+                "leaf",
+                "dtype",
+                "verdict",
+                "bound usage",
+                "oracle ratio",
+                "max rel err",
+                "max ulp",
+                "nan/inf",
+                "reason",
+            ),
+            body,
+            table_id="worst-offenders-table",
+        )
+    )
     parts.append("</section>")
     return "\n".join(parts)
 
 
 def drift_section(gate_result: GateResult, anchors: dict[str, str], limit: int) -> str:
     """Gate findings and the per-row growth factors against the baseline."""
+
     def case_link(case: str) -> str:
         anchor = anchors.get(case)
         return f'<a href="#{esc(anchor)}">{esc(case)}</a>' if anchor else esc(case)
@@ -340,15 +379,23 @@ def drift_section(gate_result: GateResult, anchors: dict[str, str], limit: int) 
     ]
     findings = [f for c in FAILING_CATEGORIES + INFO_CATEGORIES for f in gate_result.by_category(c)]
     if findings:
-        parts.append(table(
-            ("finding", "case", "candidate", "partner", "leaf", "detail"),
-            (
-                [td(f'<span class="st-{esc(f.category)}">{esc(f.category)}</span>'), td(case_link(f.key[0])),
-                 td(esc(f.key[1])), td(esc(f.key[2])), td(esc(f.key[3])), td(esc(f.detail), "reason")]
-                for f in findings[:limit]
-            ),
-            table_id="gate-findings-table",
-        ))
+        parts.append(
+            table(
+                ("finding", "case", "candidate", "partner", "leaf", "detail"),
+                (
+                    [
+                        td(f'<span class="st-{esc(f.category)}">{esc(f.category)}</span>'),
+                        td(case_link(f.key[0])),
+                        td(esc(f.key[1])),
+                        td(esc(f.key[2])),
+                        td(esc(f.key[3])),
+                        td(esc(f.detail), "reason"),
+                    ]
+                    for f in findings[:limit]
+                ),
+                table_id="gate-findings-table",
+            )
+        )
         if len(findings) > limit:
             parts.append(f"<p>… and {len(findings) - limit} more findings.</p>")
     drifts = sorted(
@@ -356,19 +403,45 @@ def drift_section(gate_result: GateResult, anchors: dict[str, str], limit: int) 
         key=lambda d: (math.isnan(d.worst_growth), -(d.worst_growth if not math.isnan(d.worst_growth) else 0), d.key),
     )
     if drifts:
-        parts.append(f"<h3>Growth factors ({min(limit, len(drifts))} of {len(drifts)} matched rows, largest first)</h3>")
-        parts.append(table(
-            ("case", "candidate", "partner", "leaf", "dtype", "baseline max", "current max", "growth max",
-             "baseline rms", "current rms", "growth rms", "status"),
-            (
-                [td(case_link(d.key[0])), td(esc(d.key[1])), td(esc(d.key[2])), td(esc(d.key[3])),
-                 td(esc(d.dtype)), num(d.baseline_max), num(d.current_max), num(d.growth_max),
-                 num(d.baseline_rms), num(d.current_rms), num(d.growth_rms),
-                 td(f'<span class="st-{esc(d.status)}">{esc(d.status)}</span>')]
-                for d in drifts[:limit]
-            ),
-            table_id="drift-table",
-        ))
+        parts.append(
+            f"<h3>Growth factors ({min(limit, len(drifts))} of {len(drifts)} matched rows, largest first)</h3>"
+        )
+        parts.append(
+            table(
+                (
+                    "case",
+                    "candidate",
+                    "partner",
+                    "leaf",
+                    "dtype",
+                    "baseline max",
+                    "current max",
+                    "growth max",
+                    "baseline rms",
+                    "current rms",
+                    "growth rms",
+                    "status",
+                ),
+                (
+                    [
+                        td(case_link(d.key[0])),
+                        td(esc(d.key[1])),
+                        td(esc(d.key[2])),
+                        td(esc(d.key[3])),
+                        td(esc(d.dtype)),
+                        num(d.baseline_max),
+                        num(d.current_max),
+                        num(d.growth_max),
+                        num(d.baseline_rms),
+                        num(d.current_rms),
+                        num(d.growth_rms),
+                        td(f'<span class="st-{esc(d.status)}">{esc(d.status)}</span>'),
+                    ]
+                    for d in drifts[:limit]
+                ),
+                table_id="drift-table",
+            )
+        )
     else:
         parts.append('<p class="empty">No rows matched the baseline.</p>')
     parts.append("</section>")
@@ -388,13 +461,30 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
         first = rows.iloc[0]
         body = [
             [
-                td(esc(r["candidate"])), td(esc(r["partner"])), td(esc(r["comparison"])), td(esc(r["leaf"])),
-                td(esc(r["dtype"])), td(verdict_span(r["verdict"])), num(r["max_abs_err"]), num(r["max_rel_err"]),
-                num(r["rel_rms_err"]), num(r["max_ulp"]), num(r["p99_ulp"]), num(r["cosine"]),
-                td(f'{r["nan_count"]}/{r["inf_count"]}', "num"), num(r["cand_oracle_max_err"]),
-                num(r["partner_oracle_max_err"]), num(r["oracle_ratio_max"]), num(r["oracle_ratio_rms"]),
-                num(r["bound_usage"]), td(esc(r["bound"]), "reason"), td(esc(r["reason"]), "reason"),
-                num(r["compile_s"]), num(r["execute_s"]), td(esc(r["matmul_precision"])), td(esc(r["devices"])),
+                td(esc(r["candidate"])),
+                td(esc(r["partner"])),
+                td(esc(r["comparison"])),
+                td(esc(r["leaf"])),
+                td(esc(r["dtype"])),
+                td(verdict_span(r["verdict"])),
+                num(r["max_abs_err"]),
+                num(r["max_rel_err"]),
+                num(r["rel_rms_err"]),
+                num(r["max_ulp"]),
+                num(r["p99_ulp"]),
+                num(r["cosine"]),
+                td(f"{r['nan_count']}/{r['inf_count']}", "num"),
+                num(r["cand_oracle_max_err"]),
+                num(r["partner_oracle_max_err"]),
+                num(r["oracle_ratio_max"]),
+                num(r["oracle_ratio_rms"]),
+                num(r["bound_usage"]),
+                td(esc(r["bound"]), "reason"),
+                td(esc(r["reason"]), "reason"),
+                num(r["compile_s"]),
+                num(r["execute_s"]),
+                td(esc(r["matmul_precision"])),
+                td(esc(r["devices"])),
             ]
             for r in rows.to_dict(orient="records")
         ]
@@ -405,13 +495,37 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
             f"mesh {esc(first['mesh'] or 'unsharded')}, tags {esc(first['tags'] or '—')}</p>"
             f"<details{' open' if failing else ''}><summary>{len(rows)} rows: {esc(tally)}</summary>"
         )
-        parts.append(table(
-            ("candidate", "partner", "comparison", "leaf", "dtype", "verdict", "max abs", "max rel", "rel rms",
-             "max ulp", "p99 ulp", "cosine", "nan/inf", "cand↔oracle max", "partner↔oracle max",
-             "ratio max", "ratio rms", "bound usage", "bound", "reason", "compile s", "execute s",
-             "matmul precision", "devices"),
-            body,
-        ))
+        parts.append(
+            table(
+                (
+                    "candidate",
+                    "partner",
+                    "comparison",
+                    "leaf",
+                    "dtype",
+                    "verdict",
+                    "max abs",
+                    "max rel",
+                    "rel rms",
+                    "max ulp",
+                    "p99 ulp",
+                    "cosine",
+                    "nan/inf",
+                    "cand↔oracle max",
+                    "partner↔oracle max",
+                    "ratio max",
+                    "ratio rms",
+                    "bound usage",
+                    "bound",
+                    "reason",
+                    "compile s",
+                    "execute s",
+                    "matmul precision",
+                    "devices",
+                ),
+                body,
+            )
+        )
         parts.append("</details></section>")
     parts.append("</section>")
     return "\n".join(parts)
@@ -432,8 +546,13 @@ def environment_section(metadata: dict) -> str:
         return "\n".join(parts)
     keys = [k for k in PREFERRED_METADATA_KEYS if k in metadata]
     keys += sorted((k for k in metadata if k not in PREFERRED_METADATA_KEYS), key=str)
-    parts.append(table(("key", "value"), ([td(esc(k)), td(metadata_value_html(metadata[k]))] for k in keys),
-                       table_id="environment-table"))
+    parts.append(
+        table(
+            ("key", "value"),
+            ([td(esc(k)), td(metadata_value_html(metadata[k]))] for k in keys),
+            table_id="environment-table",
+        )
+    )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -442,7 +561,7 @@ def render_html(
     frame: pd.DataFrame,
     metadata: dict | None = None,
     *,
-    gate_result: "GateResult | None" = None,
+    gate_result: GateResult | None = None,
     max_offenders: int = MAX_OFFENDERS,
     max_drift_rows: int = MAX_DRIFT_ROWS,
 ) -> str:
@@ -456,9 +575,13 @@ def render_html(
     anchors = case_anchors(frame["case"])
     tables = heatmaps(frame) if len(frame) else {}
     figures = histograms(frame)
-    nav_items = [("summary", "Summary"), ("sharpness", "Sharpness"), ("heatmaps", "Heatmaps"),
-                 ("histograms", "Histograms"),
-                 ("worst-offenders", "Worst offenders")]
+    nav_items = [
+        ("summary", "Summary"),
+        ("sharpness", "Sharpness"),
+        ("heatmaps", "Heatmaps"),
+        ("histograms", "Histograms"),
+        ("worst-offenders", "Worst offenders"),
+    ]
     if gate_result is not None:
         nav_items.append(("drift", "Drift vs baseline"))
     nav_items += [("cases", "Cases"), ("environment", "Environment")]
@@ -476,7 +599,7 @@ def render_html(
         sections.append(drift_section(gate_result, anchors, max_drift_rows))
     sections += [case_sections(frame, anchors), environment_section(metadata)]
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{esc(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         + "\n".join(sections)

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from reports.markdown import md_table
 from reports.rows import encode_float
@@ -70,8 +70,10 @@ class Closest:
 
     @property
     def text(self) -> str:
-        return (f"{self.leaf} ({self.comparison}, {self.candidate}, {self.case}): usage "
-                f"{format_number(self.usage)} (clean {format_number(self.clean_usage)}) of {self.bound}")
+        return (
+            f"{self.leaf} ({self.comparison}, {self.candidate}, {self.case}): usage "
+            f"{format_number(self.usage)} (clean {format_number(self.clean_usage)}) of {self.bound}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +207,12 @@ def _usage_key(catch) -> float:
 
 def _table_rows(results: Sequence[PerturbationResult]):
     for r in results:
-        yield [r.name, r.status, *(r.slice(s).cell for s in DTYPE_SLICES),
-               *(_caught_by(r, c) for c in FAULT_COMPARISONS)]
+        yield [
+            r.name,
+            r.status,
+            *(r.slice(s).cell for s in DTYPE_SLICES),
+            *(_caught_by(r, c) for c in FAULT_COMPARISONS),
+        ]
 
 
 def _headers() -> list[str]:
@@ -261,8 +267,11 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
         *_not_caught_lines(variants, ("passes",)),
     ]
     if matrix.clean_failures:
-        lines += ["", f"**{len(matrix.clean_failures)} row(s) fail on the unmodified code**: a false positive "
-                  "of the rules (see clean_rows.csv); they cannot count as evidence against any fault."]
+        lines += [
+            "",
+            f"**{len(matrix.clean_failures)} row(s) fail on the unmodified code**: a false positive "
+            "of the rules (see clean_rows.csv); they cannot count as evidence against any fault.",
+        ]
     lines += ["", "## What each perturbation models", ""]
     lines += [f"- `{r.name}` — patches `{r.seams}`: {r.description}" for r in matrix.results]
     return "\n".join(lines) + "\n"
@@ -292,15 +301,22 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
 
     def slice_data(s):
         return {
-            "dtype_slice": s.dtype_slice, "status": s.status, "cases_run": list(s.cases_run),
-            "cases_caught": list(s.cases_caught), "margin": _json_number(s.margin),
+            "dtype_slice": s.dtype_slice,
+            "status": s.status,
+            "cases_run": list(s.cases_run),
+            "cases_caught": list(s.cases_caught),
+            "margin": _json_number(s.margin),
             "unkillable_reason": s.unkillable_reason,
-            "closest": None if s.closest is None else {
-                **dataclasses.asdict(s.closest), "usage": _json_number(s.closest.usage),
+            "closest": None
+            if s.closest is None
+            else {
+                **dataclasses.asdict(s.closest),
+                "usage": _json_number(s.closest.usage),
                 "clean_usage": _json_number(s.closest.clean_usage),
             },
-            "catches": [{**dataclasses.asdict(c), "max_bound_usage": _json_number(c.max_bound_usage)}
-                        for c in s.catches],
+            "catches": [
+                {**dataclasses.asdict(c), "max_bound_usage": _json_number(c.max_bound_usage)} for c in s.catches
+            ],
         }
 
     faults = [r for r in matrix.results if not r.legitimate]
@@ -316,9 +332,17 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
             for row in matrix.clean_failures
         ],
         "results": [
-            {"name": r.name, "seams": r.seams, "description": r.description, "legitimate": r.legitimate,
-             "status": r.status, "ok": r.ok, "ignored_clean_failures": r.ignored_clean_failures,
-             "seconds": round(r.seconds, 2), "slices": [slice_data(s) for s in r.slices]}
+            {
+                "name": r.name,
+                "seams": r.seams,
+                "description": r.description,
+                "legitimate": r.legitimate,
+                "status": r.status,
+                "ok": r.ok,
+                "ignored_clean_failures": r.ignored_clean_failures,
+                "seconds": round(r.seconds, 2),
+                "slices": [slice_data(s) for s in r.slices],
+            }
             for r in matrix.results
         ],
     }
@@ -330,23 +354,57 @@ def _catch_lines(matrix: KillMatrix):
             base = [r.name, "variant" if r.legitimate else "fault", s.dtype_slice, s.status]
             if not s.catches:
                 closest = s.closest
-                yield base + ["", "", "", 0, 0, 0, "", closest.usage if closest else "",
-                              closest.text if closest else ""]
+                yield base + [
+                    "",
+                    "",
+                    "",
+                    0,
+                    0,
+                    0,
+                    "",
+                    closest.usage if closest else "",
+                    closest.text if closest else "",
+                ]
             for c in s.catches:
-                yield base + [c.comparison, c.leaf, c.leaf_kind, c.rows, c.cases, c.errors, c.max_bound_usage, "",
-                              f"{c.worst_case} {c.worst_candidate}: {c.worst_reason}"]
+                yield base + [
+                    c.comparison,
+                    c.leaf,
+                    c.leaf_kind,
+                    c.rows,
+                    c.cases,
+                    c.errors,
+                    c.max_bound_usage,
+                    "",
+                    f"{c.worst_case} {c.worst_candidate}: {c.worst_reason}",
+                ]
 
 
-CATCH_HEADER = ("perturbation", "kind", "dtype_slice", "status", "comparison", "leaf", "leaf_kind", "rows_caught",
-                "cases_caught", "error_rows", "max_bound_usage", "closest_usage", "detail")
+CATCH_HEADER = (
+    "perturbation",
+    "kind",
+    "dtype_slice",
+    "status",
+    "comparison",
+    "leaf",
+    "leaf_kind",
+    "rows_caught",
+    "cases_caught",
+    "error_rows",
+    "max_bound_usage",
+    "closest_usage",
+    "detail",
+)
 
 
 def write_kill_matrix(matrix: KillMatrix, out: pathlib.Path, metadata: dict) -> dict[str, pathlib.Path]:
     """kill_matrix.csv / .md / .json, clean_rows.csv and perturbed_rows.csv into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {
-        "csv": out / "kill_matrix.csv", "markdown": out / "kill_matrix.md", "json": out / "kill_matrix.json",
-        "clean rows": out / "clean_rows.csv", "perturbed rows": out / "perturbed_rows.csv",
+        "csv": out / "kill_matrix.csv",
+        "markdown": out / "kill_matrix.md",
+        "json": out / "kill_matrix.json",
+        "clean rows": out / "clean_rows.csv",
+        "perturbed rows": out / "perturbed_rows.csv",
     }
     with paths["csv"].open("w", newline="") as handle:
         writer = csv.writer(handle)

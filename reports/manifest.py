@@ -30,7 +30,8 @@ import json
 import os
 import pathlib
 import uuid
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 # The project whose sources the manifest digests (and whose `.cache` holds fixtures).
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,7 +58,7 @@ class ManifestError(ValueError):
 
 def now_iso() -> str:
     """The current UTC time, ISO 8601 to the second."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def sha256_file(path: pathlib.Path) -> str:
@@ -97,8 +98,7 @@ def digest_of(files: Mapping[str, str]) -> str:
     return joint.hexdigest()
 
 
-def source_digest(patterns: Iterable[str], root: pathlib.Path = PROJECT_ROOT,
-                  exclude: Iterable[str] = ()) -> str:
+def source_digest(patterns: Iterable[str], root: pathlib.Path = PROJECT_ROOT, exclude: Iterable[str] = ()) -> str:
     """`digest_of` the files matching each glob pattern under `root`, less `exclude`
     (project-relative paths). FileNotFoundError if a pattern matches no file."""
     root, excluded = pathlib.Path(root), set(exclude)
@@ -141,7 +141,7 @@ class RunRequest:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RunRequest":
+    def from_json(cls, data: Mapping[str, Any]) -> RunRequest:
         def optional_tuple(value):
             return None if value is None else tuple(value)
 
@@ -171,7 +171,7 @@ class CaseRecord:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "CaseRecord":
+    def from_json(cls, data: Mapping[str, Any]) -> CaseRecord:
         record = cls(case=str(data["case"]), rows=data["rows"], digest=str(data["digest"]))
         if isinstance(record.rows, bool) or not isinstance(record.rows, int) or record.rows < 0:
             raise ValueError(f"case {record.case!r}: row count {record.rows!r} is not a count")
@@ -216,8 +216,18 @@ class Manifest:
     shard_of_digest: str = ""
 
     @classmethod
-    def new(cls, *, request: RunRequest, cases: Sequence, path_names: Iterable[str], policy, extra_code_files=(),
-            command_line: str, shard: str = "", shard_of: Sequence = ()) -> "Manifest":
+    def new(
+        cls,
+        *,
+        request: RunRequest,
+        cases: Sequence,
+        path_names: Iterable[str],
+        policy,
+        extra_code_files=(),
+        command_line: str,
+        shard: str = "",
+        shard_of: Sequence = (),
+    ) -> Manifest:
         """A fresh "running" manifest for `cases` (Case objects) under `policy`.
 
         shard: "K/N" when `cases` are shard K of N of the selection `shard_of` (Case objects).
@@ -225,40 +235,56 @@ class Manifest:
         files = code_files(extra_code_files)
         stamp = now_iso()
         return cls(
-            run_id=uuid.uuid4().hex, state=RUNNING, request=request, cases=tuple(c.name for c in cases),
-            selection_digest=selection_digest(cases), path_names=tuple(sorted(set(path_names))),
-            policy_source=str(policy.source), policy_digest=policy.digest, code_digest=digest_of(files),
-            code_files=tuple(files.items()), command_line=command_line, started=stamp, updated=stamp,
-            shard=shard, shard_of=tuple(c.name for c in shard_of),
+            run_id=uuid.uuid4().hex,
+            state=RUNNING,
+            request=request,
+            cases=tuple(c.name for c in cases),
+            selection_digest=selection_digest(cases),
+            path_names=tuple(sorted(set(path_names))),
+            policy_source=str(policy.source),
+            policy_digest=policy.digest,
+            code_digest=digest_of(files),
+            code_files=tuple(files.items()),
+            command_line=command_line,
+            started=stamp,
+            updated=stamp,
+            shard=shard,
+            shard_of=tuple(c.name for c in shard_of),
             shard_of_digest=selection_digest(shard_of) if shard else "",
         )
 
     # -- state transitions -----------------------------------------------------------
 
-    def resumed_as(self, new: "Manifest") -> "Manifest":
+    def resumed_as(self, new: Manifest) -> Manifest:
         """This run, running again under `new`'s command line (once `differences(new)` is empty)."""
         stamp = now_iso()
         return dataclasses.replace(
-            self, state=RUNNING, command_line=new.command_line, updated=stamp, finished="",
-            resumed=self.resumed + (stamp,), rows=None, reason="",
+            self,
+            state=RUNNING,
+            command_line=new.command_line,
+            updated=stamp,
+            finished="",
+            resumed=self.resumed + (stamp,),
+            rows=None,
+            reason="",
         )
 
-    def with_case(self, record: CaseRecord) -> "Manifest":
+    def with_case(self, record: CaseRecord) -> Manifest:
         """This run with one more finished case."""
         return dataclasses.replace(self, case_records=self.case_records + (record,), updated=now_iso())
 
-    def with_cases(self, records: Iterable[CaseRecord]) -> "Manifest":
+    def with_cases(self, records: Iterable[CaseRecord]) -> Manifest:
         """This run with exactly `records` finished (a resume keeps those its stream still holds)."""
         return dataclasses.replace(self, case_records=tuple(records), updated=now_iso())
 
-    def completed(self, rows: int) -> "Manifest":
+    def completed(self, rows: int) -> Manifest:
         stamp = now_iso()
         return dataclasses.replace(self, state=COMPLETE, rows=rows, updated=stamp, finished=stamp)
 
-    def interrupted(self, reason: str) -> "Manifest":
+    def interrupted(self, reason: str) -> Manifest:
         return dataclasses.replace(self, state=INTERRUPTED, reason=reason, updated=now_iso())
 
-    def failed(self, reason: str) -> "Manifest":
+    def failed(self, reason: str) -> Manifest:
         """Stopped by what the machine lacked (disk space, memory): resumable once it is there."""
         return dataclasses.replace(self, state=FAILED, reason=reason, updated=now_iso())
 
@@ -271,7 +297,8 @@ class Manifest:
     @property
     def is_complete(self) -> bool:
         return (
-            self.state == COMPLETE and self.rows is not None
+            self.state == COMPLETE
+            and self.rows is not None
             and [r.case for r in self.case_records] == list(self.cases)
             and sum(r.rows for r in self.case_records) == self.rows
         )
@@ -336,7 +363,7 @@ class Manifest:
         current = project_code_files()
         return sorted(k for k in recorded.keys() | current.keys() if recorded.get(k) != current.get(k))
 
-    def differences(self, other: "Manifest") -> list[str]:
+    def differences(self, other: Manifest) -> list[str]:
         """Why `other` (a new request) is not this run: one phrase per difference, [] if none."""
         found = []
         if self.cases != other.cases:
@@ -378,7 +405,7 @@ class Manifest:
         return {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **data}
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> "Manifest":
+    def from_json(cls, data: Any, where: str) -> Manifest:
         """Parse a manifest document; ManifestError naming `where` if it is not one."""
         problem = format_problem(data, name=MANIFEST_FORMAT, version=MANIFEST_VERSION, what="manifest")
         if problem:
@@ -396,8 +423,10 @@ class Manifest:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
         if data.get("cases_done", manifest.cases_done) != manifest.cases_done:
-            raise ManifestError(f"{where}: cases_done {data['cases_done']!r} disagrees with its "
-                                f"{manifest.cases_done} case records (an edited manifest?)")
+            raise ManifestError(
+                f"{where}: cases_done {data['cases_done']!r} disagrees with its "
+                f"{manifest.cases_done} case records (an edited manifest?)"
+            )
         if manifest.state not in STATES:
             raise ManifestError(f"{where}: unknown run state {manifest.state!r} (expected one of {STATES})")
         return manifest

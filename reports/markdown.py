@@ -23,8 +23,16 @@ DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
 # Metadata keys shown in the one-line environment footer, when present (run_* name the
 # run's manifest, see reports.manifest).
-ENVIRONMENT_KEYS = ("run_id", "run_state", "git_commit", "backend", "device_kind", "device_count",
-                    "matmul_precision", "jax_version")
+ENVIRONMENT_KEYS = (
+    "run_id",
+    "run_state",
+    "git_commit",
+    "backend",
+    "device_kind",
+    "device_count",
+    "matmul_precision",
+    "jax_version",
+)
 
 
 def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool = True) -> str:
@@ -40,8 +48,14 @@ def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool
     return text
 
 
-def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: Sequence[bool] | None = None,
-             limit: int | None = MAX_CELL_CHARS, escape_html: bool = True) -> str:
+def md_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    numeric: Sequence[bool] | None = None,
+    limit: int | None = MAX_CELL_CHARS,
+    escape_html: bool = True,
+) -> str:
     """A Markdown table; `numeric[i]` right-aligns column i; cells as `md_cell(limit, escape_html)`."""
     numeric = numeric or [False] * len(headers)
 
@@ -57,7 +71,7 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: 
 
 
 def _truncation_note(shown: int, total: int, where: str) -> list[str]:
-    return [f"", f"… and {total - shown} more ({where})."] if total > shown else []
+    return ["", f"… and {total - shown} more ({where})."] if total > shown else []
 
 
 def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
@@ -82,10 +96,12 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
             continue
         shown = findings[:max_rows]
         lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
-        lines.append(md_table(
-            ("case", "candidate", "partner", "leaf", "detail"),
-            [(*f.key, f.detail) for f in shown],
-        ))
+        lines.append(
+            md_table(
+                ("case", "candidate", "partner", "leaf", "detail"),
+                [(*f.key, f.detail) for f in shown],
+            )
+        )
         lines += _truncation_note(len(shown), len(findings), "see the gate output")
     return "\n".join(lines) + "\n"
 
@@ -135,19 +151,30 @@ def render_markdown(
     if len(failing):
         shown = failing.head(max_rows)
         lines += ["", f"### Failures ({len(failing)})", ""]
-        lines.append(md_table(
-            ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "reason"),
-            [
-                (r["case"], r["candidate"], r["partner"], r["leaf"], r["verdict"],
-                 format_number(r["bound_usage"]), r["reason"])
-                for r in shown.to_dict(orient="records")
-            ],
-        ))
+        lines.append(
+            md_table(
+                ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "reason"),
+                [
+                    (
+                        r["case"],
+                        r["candidate"],
+                        r["partner"],
+                        r["leaf"],
+                        r["verdict"],
+                        format_number(r["bound_usage"]),
+                        r["reason"],
+                    )
+                    for r in shown.to_dict(orient="records")
+                ],
+            )
+        )
         lines += _truncation_note(len(shown), len(failing), "see report.html")
     if gate_result is not None:
         lines += ["", gate_markdown(gate_result, max_rows=max_rows).rstrip("\n")]
     environment = [
-        f"{key}: {md_cell(metadata[key])}" for key in ENVIRONMENT_KEYS if metadata and metadata.get(key) not in (None, "")
+        f"{key}: {md_cell(metadata[key])}"
+        for key in ENVIRONMENT_KEYS
+        if metadata and metadata.get(key) not in (None, "")
     ]
     if environment:
         lines += ["", "<sub>" + " · ".join(environment) + "</sub>"]

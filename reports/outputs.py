@@ -47,7 +47,7 @@ class WriterLock:
             os.close(self._fd)
             raise
 
-    def __enter__(self) -> "WriterLock":
+    def __enter__(self) -> WriterLock:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -149,9 +149,7 @@ def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_
         vocabulary = _VOCABULARIES.get(column)
         if vocabulary is not None and coerced[column] not in vocabulary:
             allowed = [v for v in vocabulary if v]
-            raise ReportInputError(
-                f"{where}, column {column!r}: {coerced[column]!r} is not one of {allowed}"
-            )
+            raise ReportInputError(f"{where}, column {column!r}: {coerced[column]!r} is not one of {allowed}")
     return coerced
 
 
@@ -251,9 +249,7 @@ def read_csv_cells(path: Path, *, skip_lines: int = 0) -> pd.DataFrame:
         raise ReportInputError(f"{path}: not a readable CSV file ({exc})") from None
 
 
-def records_from_cells(
-    cells: pd.DataFrame, path: Path, columns: Sequence[str], *, first_data_line: int
-) -> list[dict]:
+def records_from_cells(cells: pd.DataFrame, path: Path, columns: Sequence[str], *, first_data_line: int) -> list[dict]:
     """Coerced records from an all-text frame; errors name the file line of each row (and
     column), then, if every cell parsed, a file whose last line was cut (`_check_not_cut`)."""
     _check_columns(cells.columns, str(path), columns)

@@ -31,24 +31,54 @@ LEAVES = (
 )
 
 
-def measured_row(case: str, candidate: str, partner: str, comparison: str, leaf: str, leaf_kind: str,
-                 dtype: str, scale: float, **overrides) -> dict:
+def measured_row(
+    case: str,
+    candidate: str,
+    partner: str,
+    comparison: str,
+    leaf: str,
+    leaf_kind: str,
+    dtype: str,
+    scale: float,
+    **overrides,
+) -> dict:
     """A passing row whose errors are `scale` ulps-ish of `dtype` (oracle ratio ~1)."""
     eps = dtypes.epsilon(dtype)
     partner_oracle = 0.0 if comparison == "vs_oracle" else 0.8 * scale * eps
     cand_oracle = scale * eps
     ratio = cand_oracle / partner_oracle if partner_oracle else math.inf
     row = empty_row(
-        case=case, candidate=candidate, partner=partner, leaf=leaf, comparison=comparison,
-        leaf_kind=leaf_kind, dtype=dtype, act_dtype=dtype, weight_dtype="float32", variant="lite",
-        shape="2x64x4x128", mesh="data=2,fsdp=4" if "sharded" in candidate else "",
-        tags="smoke " + dtype, verdict="pass", reason="",
-        max_abs_err=0.5 * scale * eps, max_rel_err=scale * eps * 0.9, rel_rms_err=scale * eps * 0.3,
-        max_ulp=scale, p99_ulp=max(scale / 2, 0.5), cosine=1.0 - scale * eps,
-        cand_oracle_max_err=cand_oracle, partner_oracle_max_err=partner_oracle, oracle_ratio_max=ratio,
-        cand_oracle_rms_err=0.3 * cand_oracle, partner_oracle_rms_err=0.3 * partner_oracle,
-        oracle_ratio_rms=ratio, bound=f"ratio <= 2 or <= 4 ulp ({dtype})",
-        bound_usage=min(scale / 4.0, 0.95), compile_s=0.12, execute_s=0.003,
+        case=case,
+        candidate=candidate,
+        partner=partner,
+        leaf=leaf,
+        comparison=comparison,
+        leaf_kind=leaf_kind,
+        dtype=dtype,
+        act_dtype=dtype,
+        weight_dtype="float32",
+        variant="lite",
+        shape="2x64x4x128",
+        mesh="data=2,fsdp=4" if "sharded" in candidate else "",
+        tags="smoke " + dtype,
+        verdict="pass",
+        reason="",
+        max_abs_err=0.5 * scale * eps,
+        max_rel_err=scale * eps * 0.9,
+        rel_rms_err=scale * eps * 0.3,
+        max_ulp=scale,
+        p99_ulp=max(scale / 2, 0.5),
+        cosine=1.0 - scale * eps,
+        cand_oracle_max_err=cand_oracle,
+        partner_oracle_max_err=partner_oracle,
+        oracle_ratio_max=ratio,
+        cand_oracle_rms_err=0.3 * cand_oracle,
+        partner_oracle_rms_err=0.3 * partner_oracle,
+        oracle_ratio_rms=ratio,
+        bound=f"ratio <= 2 or <= 4 ulp ({dtype})",
+        bound_usage=min(scale / 4.0, 0.95),
+        compile_s=0.12,
+        execute_s=0.003,
     )
     row.update(overrides)
     return row
@@ -69,39 +99,107 @@ def sample_rows() -> list[dict]:
     # A bf16 weight gradient past its bound.
     for row in rows:
         if (row["case"], row["leaf"], row["comparison"]) == ("bf16_small", "d_pre_alpha", "vs_reference"):
-            row.update(verdict="fail", bound_usage=1.7, oracle_ratio_max=3.4,
-                       reason="oracle ratio 3.4 > 2 and 7 ulp > 4 ulp")
+            row.update(
+                verdict="fail", bound_usage=1.7, oracle_ratio_max=3.4, reason="oracle ratio 3.4 > 2 and 7 ulp > 4 ulp"
+            )
     # NaN in the candidate where the oracle has none: always a failure.
-    rows.append(measured_row(
-        "bf16_nan", "interpret/unsharded", "reference/unsharded", "vs_reference", "out", "output", "bfloat16",
-        1.0, verdict="fail", nan_count=3, max_abs_err=math.nan, max_rel_err=math.nan, rel_rms_err=math.nan,
-        max_ulp=math.nan, p99_ulp=math.nan, cosine=math.nan, cand_oracle_max_err=math.nan,
-        oracle_ratio_max=math.nan, cand_oracle_rms_err=math.nan, oracle_ratio_rms=math.nan,
-        bound_usage=math.inf, reason="3 NaN in candidate, 0 in oracle",
-    ))
+    rows.append(
+        measured_row(
+            "bf16_nan",
+            "interpret/unsharded",
+            "reference/unsharded",
+            "vs_reference",
+            "out",
+            "output",
+            "bfloat16",
+            1.0,
+            verdict="fail",
+            nan_count=3,
+            max_abs_err=math.nan,
+            max_rel_err=math.nan,
+            rel_rms_err=math.nan,
+            max_ulp=math.nan,
+            p99_ulp=math.nan,
+            cosine=math.nan,
+            cand_oracle_max_err=math.nan,
+            oracle_ratio_max=math.nan,
+            cand_oracle_rms_err=math.nan,
+            oracle_ratio_rms=math.nan,
+            bound_usage=math.inf,
+            reason="3 NaN in candidate, 0 in oracle",
+        )
+    )
     # An exception: empty metrics, hostile text in the reason.
-    rows.append(empty_row(
-        case=HOSTILE_CASE, candidate="ext/unsharded", partner="reference/unsharded", leaf="out",
-        comparison="vs_reference", leaf_kind="output", dtype="float32", act_dtype="float32",
-        weight_dtype="float32", variant="lite", shape="2x64x4x128", verdict="error", reason=HOSTILE_REASON,
-    ))
+    rows.append(
+        empty_row(
+            case=HOSTILE_CASE,
+            candidate="ext/unsharded",
+            partner="reference/unsharded",
+            leaf="out",
+            comparison="vs_reference",
+            leaf_kind="output",
+            dtype="float32",
+            act_dtype="float32",
+            weight_dtype="float32",
+            variant="lite",
+            shape="2x64x4x128",
+            verdict="error",
+            reason=HOSTILE_REASON,
+        )
+    )
     # Mosaic off-TPU, an expected unsupported input, a lowering program.
-    rows.append(empty_row(
-        case="f32_small", candidate="mosaic/unsharded", partner="reference/unsharded", leaf="out",
-        comparison="vs_reference", leaf_kind="output", dtype="float32", act_dtype="float32",
-        weight_dtype="float32", variant="lite", shape="2x64x4x128", verdict="skip", reason="needs a TPU backend",
-    ))
-    rows.append(empty_row(
-        case="odd_streams", candidate="interpret/unsharded", partner="reference/unsharded", leaf="out",
-        comparison="vs_reference", leaf_kind="output", dtype="bfloat16", act_dtype="bfloat16",
-        weight_dtype="float32", variant="lite", shape="2x60x3x128", verdict="unsupported",
-        reason="UnsupportedInputError: sequence 60 not a multiple of block 64",
-    ))
-    rows.append(empty_row(
-        case="f32_small", candidate="lowering", partner="mosaic", leaf="pre_fwd", comparison="lowering",
-        leaf_kind="program", dtype="float32", act_dtype="float32", weight_dtype="float32", variant="lite",
-        shape="2x64x4x128", verdict="pass", bound="lowers to Mosaic", compile_s=0.8,
-    ))
+    rows.append(
+        empty_row(
+            case="f32_small",
+            candidate="mosaic/unsharded",
+            partner="reference/unsharded",
+            leaf="out",
+            comparison="vs_reference",
+            leaf_kind="output",
+            dtype="float32",
+            act_dtype="float32",
+            weight_dtype="float32",
+            variant="lite",
+            shape="2x64x4x128",
+            verdict="skip",
+            reason="needs a TPU backend",
+        )
+    )
+    rows.append(
+        empty_row(
+            case="odd_streams",
+            candidate="interpret/unsharded",
+            partner="reference/unsharded",
+            leaf="out",
+            comparison="vs_reference",
+            leaf_kind="output",
+            dtype="bfloat16",
+            act_dtype="bfloat16",
+            weight_dtype="float32",
+            variant="lite",
+            shape="2x60x3x128",
+            verdict="unsupported",
+            reason="UnsupportedInputError: sequence 60 not a multiple of block 64",
+        )
+    )
+    rows.append(
+        empty_row(
+            case="f32_small",
+            candidate="lowering",
+            partner="mosaic",
+            leaf="pre_fwd",
+            comparison="lowering",
+            leaf_kind="program",
+            dtype="float32",
+            act_dtype="float32",
+            weight_dtype="float32",
+            variant="lite",
+            shape="2x64x4x128",
+            verdict="pass",
+            bound="lowers to Mosaic",
+            compile_s=0.8,
+        )
+    )
     return rows
 
 
@@ -111,19 +209,40 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
     cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
     files = code_files()
     stamp = now_iso()
-    request = RunRequest(suite=None, case_globs=cases, tags=None, dtype=None, case_files=(), seed=None,
-                         paths=("*",), implementations=(), lowering=True)
+    request = RunRequest(
+        suite=None,
+        case_globs=cases,
+        tags=None,
+        dtype=None,
+        case_files=(),
+        seed=None,
+        paths=("*",),
+        implementations=(),
+        lowering=True,
+    )
     return Manifest(
-        run_id=f"sample-{len(rows)}-rows", state=COMPLETE, request=request, cases=cases,
-        selection_digest="sample", path_names=tuple(sorted({str(r["candidate"]) for r in rows})),
-        policy_source="sample", policy_digest=policy_digest, code_digest=digest_of(files),
-        code_files=tuple(files.items()), command_line="(hand-made sample run)", started=stamp, updated=stamp,
-        finished=stamp, case_records=tuple(case_records(rows, cases)[case] for case in cases), rows=len(rows),
+        run_id=f"sample-{len(rows)}-rows",
+        state=COMPLETE,
+        request=request,
+        cases=cases,
+        selection_digest="sample",
+        path_names=tuple(sorted({str(r["candidate"]) for r in rows})),
+        policy_source="sample",
+        policy_digest=policy_digest,
+        code_digest=digest_of(files),
+        code_files=tuple(files.items()),
+        command_line="(hand-made sample run)",
+        started=stamp,
+        updated=stamp,
+        finished=stamp,
+        case_records=tuple(case_records(rows, cases)[case] for case in cases),
+        rows=len(rows),
     )
 
 
-def write_sample_run(rows, folder, *, metadata=None, policy_digest: str = "sample-policy", rendered: bool = True,
-                     **options):
+def write_sample_run(
+    rows, folder, *, metadata=None, policy_digest: str = "sample-policy", rendered: bool = True, **options
+):
     """`rows` as a complete run folder (reports, then manifest.json), as `harness run` leaves one.
 
     Returns `reports.write_all`'s paths; `options` go to it (e.g. baseline=...). With
@@ -139,8 +258,9 @@ def write_sample_run(rows, folder, *, metadata=None, policy_digest: str = "sampl
         frame = to_frame(rows)
         paths = {
             "csv": write_csv(frame, folder / OUTPUT_FILES["csv"]),
-            "json": write_json(frame, dict(metadata or {}, **manifest.identity()), folder / OUTPUT_FILES["json"],
-                               manifest=manifest),
+            "json": write_json(
+                frame, dict(metadata or {}, **manifest.identity()), folder / OUTPUT_FILES["json"], manifest=manifest
+            ),
         }
     write_manifest(folder, manifest)
     return paths

@@ -34,7 +34,13 @@ COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
 #   branch_grad      d_branch.<branch parameter>
 #   program          a lowering row's program
 LEAF_KINDS = (
-    "output", "intermediate", "activation_grad", "weight_grad", "scale_grad", "branch_grad", "program",
+    "output",
+    "intermediate",
+    "activation_grad",
+    "weight_grad",
+    "scale_grad",
+    "branch_grad",
+    "program",
 )
 
 IDENTITY_COLUMNS = ("case", "candidate", "partner", "leaf")
@@ -109,8 +115,12 @@ ROW_COLUMNS = tuple(_COLUMN_TYPES)
 # Columns added after the first schema: a row file written before them lacks them and
 # is read with them empty (NaN for numbers; reports.rows), so older runs stay readable.
 LATER_COLUMNS = (
-    "cand_systematic_t", "cand_systematic_shift", "partner_systematic_t", "oracle_systematic_t",
-    "matmul_precision", "devices",
+    "cand_systematic_t",
+    "cand_systematic_shift",
+    "partner_systematic_t",
+    "oracle_systematic_t",
+    "matmul_precision",
+    "devices",
 )
 
 FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)

@@ -188,8 +188,14 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
         raise ReportInputError(f"{path}: no such file or folder")
     elif is_baseline_file(path):
         baseline = load_baseline(path)
-        return LoadedRun(baseline.frame, path, baseline.policy_hash, dict(baseline.environment), True,
-                         implementation=baseline.implementation)
+        return LoadedRun(
+            baseline.frame,
+            path,
+            baseline.policy_hash,
+            dict(baseline.environment),
+            True,
+            implementation=baseline.implementation,
+        )
     elif path.suffix.lower() == ".json":
         run = _load_report(path)
     else:

@@ -125,8 +125,10 @@ class RowStore:
         """Continue the run here with just `rows`, of the finished `cases`, in the stream
         (see `finished`); reports go."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        for path, text in ((self.rows_path, "".join(_encode(r) for r in rows)),
-                           (self.done_path, "".join(case + "\n" for case in cases))):
+        for path, text in (
+            (self.rows_path, "".join(_encode(r) for r in rows)),
+            (self.done_path, "".join(case + "\n" for case in cases)),
+        ):
             tmp = path.with_suffix(".tmp")
             tmp.write_text(text)
             os.replace(tmp, path)

@@ -65,10 +65,11 @@ def summarize(frame: pd.DataFrame) -> dict:
     never passes.
     """
     counts = verdict_counts(frame)
-    by_comparison = {
-        comparison: verdict_counts(group)
-        for comparison, group in frame.groupby("comparison", sort=True)
-    } if len(frame) else {}
+    by_comparison = (
+        {comparison: verdict_counts(group) for comparison, group in frame.groupby("comparison", sort=True)}
+        if len(frame)
+        else {}
+    )
     nonfinite = int(((frame["nan_count"] > 0) | (frame["inf_count"] > 0)).sum()) if len(frame) else 0
     compared = sum(counts[v] for v in COMPARED_VERDICTS)
     return {
@@ -87,8 +88,15 @@ def summarize(frame: pd.DataFrame) -> dict:
 # The comparisons a policy rule bounds (lowering rows carry no bound_usage).
 BOUNDED_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
 USAGE_GROUP_COLUMNS = (
-    "passing", "failing", "median_usage", "p90_usage", "max_usage",
-    "closest_case", "closest_candidate", "closest_leaf", "closest_bound",
+    "passing",
+    "failing",
+    "median_usage",
+    "p90_usage",
+    "max_usage",
+    "closest_case",
+    "closest_candidate",
+    "closest_leaf",
+    "closest_bound",
 )
 
 
@@ -108,18 +116,20 @@ def usage_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         passing = group[(group["verdict"] == "pass") & group["bound_usage"].notna()]
         usage = passing["bound_usage"].astype(float)
         closest = passing.loc[usage.idxmax()] if len(passing) else None
-        lines.append({
-            **dict(zip(keys, values)),
-            "passing": int((group["verdict"] == "pass").sum()),
-            "failing": int(group["verdict"].isin(FAILING_VERDICTS).sum()),
-            "median_usage": float(usage.median()) if len(usage) else math.nan,
-            "p90_usage": float(usage.quantile(0.9)) if len(usage) else math.nan,
-            "max_usage": float(usage.max()) if len(usage) else math.nan,
-            "closest_case": "" if closest is None else str(closest["case"]),
-            "closest_candidate": "" if closest is None else str(closest["candidate"]),
-            "closest_leaf": "" if closest is None else str(closest["leaf"]),
-            "closest_bound": "" if closest is None else str(closest["bound"]),
-        })
+        lines.append(
+            {
+                **dict(zip(keys, values)),
+                "passing": int((group["verdict"] == "pass").sum()),
+                "failing": int(group["verdict"].isin(FAILING_VERDICTS).sum()),
+                "median_usage": float(usage.median()) if len(usage) else math.nan,
+                "p90_usage": float(usage.quantile(0.9)) if len(usage) else math.nan,
+                "max_usage": float(usage.max()) if len(usage) else math.nan,
+                "closest_case": "" if closest is None else str(closest["case"]),
+                "closest_candidate": "" if closest is None else str(closest["candidate"]),
+                "closest_leaf": "" if closest is None else str(closest["leaf"]),
+                "closest_bound": "" if closest is None else str(closest["bound"]),
+            }
+        )
     return pd.DataFrame(lines, columns=[*keys, *USAGE_GROUP_COLUMNS])
 
 

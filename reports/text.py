@@ -38,8 +38,9 @@ def truncate(text: Any, limit: int | None = MAX_TEXT_CELL) -> str:
     return flat if limit is None or len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def format_text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str = "",
-                      limit: int | None = MAX_TEXT_CELL) -> str:
+def format_text_table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str = "", limit: int | None = MAX_TEXT_CELL
+) -> str:
     """A fixed-width plain-text table: header, dashes, one line per row.
 
     Cells are flattened to one line and cut to `limit` characters (None: never); floats go

@@ -115,8 +115,9 @@ def write_csv(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def write_rows_csv(path: Path, groups: Iterable[tuple[Any, Iterable[Mapping[str, Any]]]], *,
-                   label_column: str | None = None) -> Path:
+def write_rows_csv(
+    path: Path, groups: Iterable[tuple[Any, Iterable[Mapping[str, Any]]]], *, label_column: str | None = None
+) -> Path:
     """Groups of row dicts [(label, rows), ...] as one CSV of the schema's columns, written
     as they come (no frame is built), `label_column` (holding each group's label) first
     when given; numbers as in rows.csv."""
@@ -209,16 +210,13 @@ def write_all(
     write_csv(frame, paths["csv"])
     write_json(frame, metadata, paths["json"], gate_result, manifest)
     paths["html"].write_text(render_html(frame, metadata, gate_result=gate_result), encoding="utf-8")
-    paths["markdown"].write_text(
-        render_markdown(frame, metadata=metadata, gate_result=gate_result), encoding="utf-8"
-    )
+    paths["markdown"].write_text(render_markdown(frame, metadata=metadata, gate_result=gate_result), encoding="utf-8")
     return paths
 
 
-
-
-def write_run_folder(out: Path, rows: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any] | None,
-                     manifest: Manifest, **options) -> dict[str, Path]:
+def write_run_folder(
+    out: Path, rows: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any] | None, manifest: Manifest, **options
+) -> dict[str, Path]:
     """`rows` of the complete run `manifest` as a run folder, as `harness run` leaves one:
     the manifest (as running, with no case recorded) first, so that a kill from there on
     leaves a folder no reader accepts; then the row stream case by case, the reports
@@ -240,8 +238,11 @@ def write_run_folder(out: Path, rows: Sequence[Mapping[str, Any]], metadata: Map
             raise ValueError(f"the rows written to {out} are not those of run {manifest.run_id}: {problem}")
         paths = write_all(list(rows), metadata, out, manifest=manifest, **options)
     except (OSError, KeyboardInterrupt) as exc:  # a full disk, Ctrl-C: said in the folder if it takes it
-        stopped = (unfinished.failed(cannot_write(exc, out)) if isinstance(exc, OSError)
-                   else unfinished.interrupted(str(exc) or "SIGINT"))
+        stopped = (
+            unfinished.failed(cannot_write(exc, out))
+            if isinstance(exc, OSError)
+            else unfinished.interrupted(str(exc) or "SIGINT")
+        )
         try:
             write_manifest(out, stopped)
         except OSError:

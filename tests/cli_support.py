@@ -39,7 +39,15 @@ mesh = [2, 4]
 block_tokens = 8
 """
 CASE_NAMES = ("cli-a-f32", "cli-b-bf16", "cli-c-sharded")
+# The two unsharded cases through the reference paths only: the cheapest complete run.
+TWO_CASES_REFERENCE_ONLY = ("--cases", "cli-a-*", "cli-b-*", "--paths", "reference/*", "--no-lowering", "--quiet")
 TIMING_COLUMNS = ("compile_s", "execute_s")
+
+
+def cheap_run_args(case_file, out, *extra) -> list[str]:
+    """`run` arguments for `TWO_CASES_REFERENCE_ONLY` of `case_file` into `out`, then `extra`
+    (a later `--paths` wins)."""
+    return [str(a) for a in ("run", "--case-file", case_file, *TWO_CASES_REFERENCE_ONLY, "--out", out, *extra)]
 
 
 def harness_command(*args) -> list[str]:
@@ -49,8 +57,7 @@ def harness_command(*args) -> list[str]:
 def run_cli(*args, timeout=600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m harness ARGS` from the project root; its output captured."""
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(harness_command(*args), cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(harness_command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_python(code: str, *arguments: str, xla_flags: str | None = None) -> subprocess.CompletedProcess:
@@ -58,8 +65,9 @@ def run_python(code: str, *arguments: str, xla_flags: str | None = None) -> subp
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
-    return subprocess.run([sys.executable, "-c", code, *arguments], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *arguments], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def load_jsonl(path) -> list[dict]:
@@ -70,3 +78,16 @@ def without_timing(rows: list[dict]) -> list[dict]:
     """Rows with the timing columns dropped, sorted by identity: what two runs must agree on."""
     kept = [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
     return sorted(kept, key=lambda r: (r["case"], r["candidate"], r["partner"], r["leaf"]))
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Exit 2 and one line on stderr naming the problem (each of `fragments`), no traceback."""
+    assert_one_line(proc.returncode, proc.stderr, *fragments)
+
+
+def assert_one_line(code: int, stderr: str, *fragments: str) -> None:
+    """`assert_one_line_error` for a command run in this process (its exit code and stderr)."""
+    assert code == 2, (code, stderr[-3000:])
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in stderr, stderr

@@ -15,10 +15,19 @@ from cases.spec import Case
 
 PROBE_CASES = [
     Case(name="probe-f32", batch=2, sequence=64, streams=4, embedding=128, branch="mlp"),
-    Case(name="probe-bf16", batch=2, sequence=64, streams=3, embedding=128, dtype="bfloat16",
-         init="bf16_inexact_gates"),
-    Case(name="probe-sinkhorn", batch=1, sequence=128, streams=4, embedding=256, variant="sinkhorn",
-         weight_dtype="bfloat16", init="near_zero_rms"),
+    Case(
+        name="probe-bf16", batch=2, sequence=64, streams=3, embedding=128, dtype="bfloat16", init="bf16_inexact_gates"
+    ),
+    Case(
+        name="probe-sinkhorn",
+        batch=1,
+        sequence=128,
+        streams=4,
+        embedding=256,
+        variant="sinkhorn",
+        weight_dtype="bfloat16",
+        init="near_zero_rms",
+    ),
 ]
 
 

@@ -46,12 +46,12 @@ CASES = (
 CASE_PARAMS = (CASES[0], *(pytest.param(case, marks=pytest.mark.slow) for case in CASES[1:]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _runner() -> Runner:
     return Runner(load_policy())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def implementation_rows(implementation: Implementation, case) -> tuple[dict, ...]:
     """Every row of `case` whose candidate is `implementation` (its paths next to the reference's)."""
     implementations = (REFERENCE,) if implementation.name == REFERENCE.name else (REFERENCE, implementation)
@@ -104,8 +104,11 @@ class ImplementationChecks:
         check_rows(rows, leaf=lambda name: name == "d_x", comparisons=self.partners)
 
     def test_vjp_weight_gradients(self, rows, case):
-        weights = {name for name in planned_leaves(case) if name.startswith("d_") and not name.startswith("d_branch.")
-                   and name != "d_x"}
+        weights = {
+            name
+            for name in planned_leaves(case)
+            if name.startswith("d_") and not name.startswith("d_branch.") and name != "d_x"
+        }
         check_rows(rows, leaf=lambda name: name in weights, comparisons=self.partners)
         assert weights <= {r["leaf"] for r in rows}, "a weight gradient is missing"
 

@@ -12,7 +12,7 @@ A dot_general's `precision` param is None when the call stated none (and
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr

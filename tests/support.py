@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +37,9 @@ def random_activations(shape, seed: int = 1, dtype=jnp.float32) -> jax.Array:
 def tanh_mlp_branch(params, h):
     """A branch with parameters: tanh(h @ w) + b, matmul in h's dtype, f32 accumulate."""
     w = params["w"].astype(h.dtype)
-    acc = jax.lax.dot_general(h, w, (((h.ndim - 1,), (0,)), ((), ())), precision=dot_precision(h.dtype),
-                              preferred_element_type=jnp.float32)
+    acc = jax.lax.dot_general(
+        h, w, (((h.ndim - 1,), (0,)), ((), ())), precision=dot_precision(h.dtype), preferred_element_type=jnp.float32
+    )
     return (jnp.tanh(acc) + params["b"].astype(jnp.float32)).astype(h.dtype)
 
 
@@ -77,4 +78,4 @@ def project_files_run(function: Callable[[], object]) -> set[str]:
     finally:
         sys.setprofile(None)
     root = str(PROJECT_ROOT) + "/"
-    return {f[len(root):] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}
+    return {f[len(root) :] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}

@@ -19,8 +19,9 @@ import accelerator_report  # noqa: E402
 @pytest.mark.slow
 def test_the_check_reports_no_accelerator_and_what_it_still_checked(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path), EXTRAS="")
-    proc = subprocess.run(["bash", "bench/accelerator_check.sh"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", "bench/accelerator_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "accelerator check: extra 'none'" in out
@@ -38,19 +39,30 @@ def test_the_check_reports_no_accelerator_and_what_it_still_checked(tmp_path):
 def test_an_nvidia_driver_picks_the_cuda_plugin_it_supports(tmp_path, driver_cuda, extra):
     fake = tmp_path / "nvidia-smi"
     header = f"| NVIDIA-SMI 580.159.03   Driver Version: 580.159.03   CUDA Version: {driver_cuda}     |"
-    fake.write_text("#!/bin/sh\n" f"echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho '{header if driver_cuda else ''}'\n")
+    fake.write_text(f"#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho '{header if driver_cuda else ''}'\n")
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("EXTRAS", "TPU_ACCELERATOR_TYPE")}
     env["PATH"] = f"{tmp_path}{os.pathsep}{env['PATH']}"
-    proc = subprocess.run(["bash", "bench/accelerator_check.sh", "--print-extra"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", "bench/accelerator_check.sh", "--print-extra"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == extra
 
 
 def test_an_extra_the_backend_does_not_match_is_refused():
-    proc = subprocess.run([sys.executable, "bench/accelerator_report.py", "probe", "tpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "bench/accelerator_report.py", "probe", "tpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 3
     assert "the 'tpu' extra is installed but JAX's default backend is 'cpu', not 'tpu'" in proc.stdout
 

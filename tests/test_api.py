@@ -45,7 +45,9 @@ def test_run_parity_runs_the_implementation_and_its_reference_partner(good_run):
     assert set(good_run.rows["comparison"]) == {"vs_oracle", "vs_reference"}  # no lowering rows
     assert good_run.failures.empty and good_run.failure_table() == ""
     assert good_run.implementations == ("wrapped_reference",)
-    assert len(good_run.implementation_rows()) == len(good_run.rows[good_run.rows["candidate"].str.startswith("wrapped")])
+    assert len(good_run.implementation_rows()) == len(
+        good_run.rows[good_run.rows["candidate"].str.startswith("wrapped")]
+    )
 
 
 def test_a_broken_implementation_fails_with_its_leaf_table():
@@ -106,12 +108,15 @@ def test_gate_passes_the_same_code_and_flags_a_drift_beyond_the_growth_factor(go
     assert result.current_rows == result.baseline_rows  # only the implementation's rows are gated
 
 
-def test_harness_gate_flags_the_drift_of_an_external_run_against_its_own_baseline(good_run, drifted_run, tmp_path,
-                                                                                    capsys):
+def test_harness_gate_flags_the_drift_of_an_external_run_against_its_own_baseline(
+    good_run, drifted_run, tmp_path, capsys
+):
     good_run.write_reports(tmp_path / "good")
     drifted_run.write_reports(tmp_path / "drifted")
-    assert cli_main(["baseline", "--from", str(tmp_path / "good"), "--impl", GOOD,
-                     "--to", str(tmp_path / "base.csv")]) == 0
+    assert (
+        cli_main(["baseline", "--from", str(tmp_path / "good"), "--impl", GOOD, "--to", str(tmp_path / "base.csv")])
+        == 0
+    )
     assert cli_main(["gate", "--baseline", str(tmp_path / "base.csv"), "--current", str(tmp_path / "good")]) == 0
     capsys.readouterr()
     assert cli_main(["gate", "--baseline", str(tmp_path / "base.csv"), "--current", str(tmp_path / "drifted")]) == 1
@@ -132,8 +137,19 @@ def test_a_baseline_of_another_implementation_is_refused(good_run, tmp_path, cap
 
 
 def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(tmp_path, capsys):
-    code = cli_main(["baseline", "--impl", GOOD, "--cases", CASE, "--out", str(tmp_path / "run"),
-                     "--to", str(tmp_path / "mine.csv")])
+    code = cli_main(
+        [
+            "baseline",
+            "--impl",
+            GOOD,
+            "--cases",
+            CASE,
+            "--out",
+            str(tmp_path / "run"),
+            "--to",
+            str(tmp_path / "mine.csv"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert load_baseline(tmp_path / "mine.csv").implementation == "wrapped_reference"
     assert load_run(tmp_path / "run").manifest.request.paths == ("reference/*", "wrapped_reference/*")
@@ -142,6 +158,8 @@ def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(t
 
 
 def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
-    code = ("import sys, harness, harness.cli, harness.baseline_command, harness.pytest_plugin, reports.commands\n"
-            "assert 'jax' not in sys.modules, 'jax was imported'\n")
+    code = (
+        "import sys, harness, harness.cli, harness.baseline_command, harness.pytest_plugin, reports.commands\n"
+        "assert 'jax' not in sys.modules, 'jax was imported'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

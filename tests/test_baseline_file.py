@@ -100,8 +100,13 @@ def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path):
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
         "write_baseline(baseline, sys.argv[1])\n"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True,
-                            cwd=BASELINE.parent.parent, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(target)],
+        capture_output=True,
+        text=True,
+        cwd=BASELINE.parent.parent,
+        timeout=120,
+    )
     assert result.returncode != 0 and "File too large" in result.stderr, result.stderr[-1000:]
     assert target.read_bytes() == BASELINE.read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name != target.name]  # no temporary file left behind

@@ -100,12 +100,32 @@ def test_normalize_dtype_accepts_aliases_and_names_the_field():
 
 
 def test_standard_name_spells_out_the_spec():
-    name = standard_name(variant="lite", streams=4, embedding=256, batch=2, sequence=64, dtype="bfloat16",
-                         weight_dtype="float32", branch="mlp", init="default")
+    name = standard_name(
+        variant="lite",
+        streams=4,
+        embedding=256,
+        batch=2,
+        sequence=64,
+        dtype="bfloat16",
+        weight_dtype="float32",
+        branch="mlp",
+        init="default",
+    )
     assert name == "lite-n4-c256-b2s64-bf16-w32-mlp-default"
-    name = standard_name(variant="lite", streams=4, embedding=128, batch=2, sequence=256, dtype="float32",
-                         weight_dtype="bfloat16", branch="identity", init="default", mesh=(2, 4),
-                         block_tokens=64, seed=7)
+    name = standard_name(
+        variant="lite",
+        streams=4,
+        embedding=128,
+        batch=2,
+        sequence=256,
+        dtype="float32",
+        weight_dtype="bfloat16",
+        branch="identity",
+        init="default",
+        mesh=(2, 4),
+        block_tokens=64,
+        seed=7,
+    )
     assert name == "lite-n4-c128-b2s256-f32-wbf16-identity-default-m2x4-bt64-s7"
 
 
@@ -166,9 +186,26 @@ def reg() -> Registry:
 
 def test_catalogue_names_are_unique_standard_and_stable(reg):
     for case in reg:
-        fields = {f: getattr(case, f) for f in ("variant", "streams", "embedding", "batch", "sequence", "dtype",
-                                                "weight_dtype", "branch", "init", "mesh", "block_tokens",
-                                                "block_tokens_bwd", "block_features", "seed", "matmul_precision")}
+        fields = {
+            f: getattr(case, f)
+            for f in (
+                "variant",
+                "streams",
+                "embedding",
+                "batch",
+                "sequence",
+                "dtype",
+                "weight_dtype",
+                "branch",
+                "init",
+                "mesh",
+                "block_tokens",
+                "block_tokens_bwd",
+                "block_features",
+                "seed",
+                "matmul_precision",
+            )
+        }
         assert case.name == standard_name(**fields)
     # A few names pinned: they key stored baselines and must never change meaning.
     assert reg.get("lite-n4-c256-b2s64-bf16-w32-mlp-default").shape == (2, 64, 4, 256)
@@ -225,8 +262,10 @@ def test_supported_catalogue_cases_fit_the_kernel_constraints(reg):
         local_tokens = (case.batch // data) * (case.sequence // fsdp)
         if case.variant == "lite":
             assert case.embedding % LANES == 0, case.name
-            for requested in (case.block_tokens or defaults.block_tokens,
-                              case.block_tokens_bwd or defaults.block_tokens_bwd):
+            for requested in (
+                case.block_tokens or defaults.block_tokens,
+                case.block_tokens_bwd or defaults.block_tokens_bwd,
+            ):
                 block = min(requested, local_tokens)
                 assert block % SUBLANES == 0 and local_tokens % block == 0, case.name
                 unsharded = min(requested, case.tokens)
@@ -276,7 +315,10 @@ def test_cli_reports_usage_errors(capsys):
 def test_cli_runs_as_a_module():
     result = subprocess.run(
         [sys.executable, "-m", "cases", "list", "--suite", "sharded", "--dtype", "bf16"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "data=8,fsdp=1" in result.stdout
@@ -317,9 +359,19 @@ def test_the_program_key_follows_the_program_fields_and_nothing_else():
 
     case = catalogue.make_case(streams=4, embedding=128, batch=2, sequence=64)
     signature = _trace_signature(case, "highest")
-    changed = {"batch": 1, "sequence": 32, "streams": 3, "embedding": 256, "dtype": "bfloat16",
-               "weight_dtype": "bfloat16", "variant": "sinkhorn", "branch": "tanh", "block_tokens": 32,
-               "block_tokens_bwd": 32, "block_features": 128}
+    changed = {
+        "batch": 1,
+        "sequence": 32,
+        "streams": 3,
+        "embedding": 256,
+        "dtype": "bfloat16",
+        "weight_dtype": "bfloat16",
+        "variant": "sinkhorn",
+        "branch": "tanh",
+        "block_tokens": 32,
+        "block_tokens_bwd": 32,
+        "block_features": 128,
+    }
     assert set(changed) == set(PROGRAM_FIELDS)
     for name, value in changed.items():
         assert _trace_signature(dataclasses.replace(case, **{name: value}), "highest") != signature, name

@@ -64,9 +64,7 @@ def test_gate_does_not_round_float32_scale_and_bias_to_bfloat16():
     gate = np.asarray(compute_sigmoid_gate(logits, scale, bias))
     z = 0.7123456 * np.asarray(logits, np.float64) + 0.3337
     np.testing.assert_allclose(gate, 1 / (1 + np.exp(-z)), rtol=4e-7)
-    rounded = np.asarray(
-        compute_sigmoid_gate(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16))
-    )
+    rounded = np.asarray(compute_sigmoid_gate(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16)))
     # The test can fail: rounding the operands moves the gate by far more than f32 noise.
     assert np.max(np.abs(rounded - gate)) > 100 * np.finfo(np.float32).eps
 
@@ -87,9 +85,7 @@ def _random_logits(shape, scale, seed=0):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_lite_residual_matrix_is_doubly_stochastic(n):
     r = len(permutation_matrices(n))
-    h_res = np.asarray(
-        lite_residual_matrix(_random_logits((5, r), 3.0), jnp.ones((1,)), jnp.zeros((r,)), n)
-    )
+    h_res = np.asarray(lite_residual_matrix(_random_logits((5, r), 3.0), jnp.ones((1,)), jnp.zeros((r,)), n))
     assert h_res.shape == (5, n, n) and (h_res >= 0).all()
     np.testing.assert_allclose(h_res.sum(-1), 1.0, atol=2e-6)
     np.testing.assert_allclose(h_res.sum(-2), 1.0, atol=2e-6)
@@ -101,9 +97,7 @@ def test_sinkhorn_residual_matrix_is_doubly_stochastic(logit_scale, iterations):
     # wider ones need more (at logit_scale=2, 20 iterations leave ~1e-3 in the rows).
     n = 4
     logits = _random_logits((6, n * n), logit_scale)
-    h_res = np.asarray(
-        sinkhorn_residual_matrix(logits, jnp.ones((1,)), jnp.zeros((n, n)), n, iterations)
-    )
+    h_res = np.asarray(sinkhorn_residual_matrix(logits, jnp.ones((1,)), jnp.zeros((n, n)), n, iterations))
     assert (h_res >= 0).all()
     np.testing.assert_allclose(h_res.sum(-2), 1.0, atol=1e-6)
     np.testing.assert_allclose(h_res.sum(-1), 1.0, atol=1e-6)

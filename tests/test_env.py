@@ -19,12 +19,7 @@ def test_flags_set_after_importing_jax_take_effect_before_the_backend_starts():
 
 
 def test_a_backend_started_without_the_flags_is_an_error_not_other_numbers():
-    proc = run_python(
-        "import jax\n"
-        "jax.devices()\n"
-        "from harness.env import ensure_host_devices\n"
-        "ensure_host_devices()\n"
-    )
+    proc = run_python("import jax\njax.devices()\nfrom harness.env import ensure_host_devices\nensure_host_devices()\n")
     assert proc.returncode != 0
     assert "RuntimeError: the JAX backend started before XLA_FLAGS had" in proc.stderr
 

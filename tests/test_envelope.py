@@ -19,8 +19,13 @@ from harness.runner import Runner, _last_frame
 from harness.policy import load_policy
 
 BF16_CASE = make_case(batch=2, sequence=128, dtype="bfloat16", block_tokens=64, block_tokens_bwd=32)
-ENVELOPE = Envelope(act_dtypes=("bfloat16",), streams=(4,), variants=("lite",), embedding_multiple=128,
-                    token_multiple=lambda case: case.block_tokens or 256)
+ENVELOPE = Envelope(
+    act_dtypes=("bfloat16",),
+    streams=(4,),
+    variants=("lite",),
+    embedding_multiple=128,
+    token_multiple=lambda case: case.block_tokens or 256,
+)
 
 
 def test_an_envelope_names_what_is_outside_it():
@@ -90,8 +95,10 @@ def test_inside_envelope_keeps_the_cases_every_envelope_holds():
 
 
 def _factory_of_two():
-    return [types.SimpleNamespace(name="kern", partner="ref", build=lambda *a, **k: None),
-            types.SimpleNamespace(name="ref", build=lambda *a, **k: None)]
+    return [
+        types.SimpleNamespace(name="kern", partner="ref", build=lambda *a, **k: None),
+        types.SimpleNamespace(name="ref", build=lambda *a, **k: None),
+    ]
 
 
 def _factory_with_a_missing_partner():

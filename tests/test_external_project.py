@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "external_kernel"
 CASES = ("lite-n4-c128-b2s64-f32-w32-identity-default", "lite-n4-c128-b2s64-f32-w32-mlp-default")
 # A change to the kernel that scales `out` by 1 + 2**-12: far outside float32 parity.
-BROKEN_MODULE = '''
+BROKEN_MODULE = """
 import dataclasses
 from my_mhc.kernel import EinsumResidualMix
 
@@ -38,7 +38,7 @@ class ScaledOutput(EinsumResidualMix):
 
 def factory():
     return ScaledOutput()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +66,16 @@ def _pytest(project: pathlib.Path, *args: str, select: bool = True) -> subproces
 
 def test_the_copy_sees_the_installed_package_not_the_checkout(project):
     code = "import json, sys, harness.pytest_plugin; print(json.dumps(sys.path))"
-    found = subprocess.run([sys.executable, "-c", code], cwd=project, env=_env(), capture_output=True, text=True,
-                           check=True).stdout
+    found = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=_env(), capture_output=True, text=True, check=True
+    ).stdout
     assert str(ROOT) not in json.loads(found)  # harness comes from the installed distribution
-    assert subprocess.run([sys.executable, "-c", "import tests.external_impls"], cwd=project, env=_env(),
-                          capture_output=True).returncode != 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", "import tests.external_impls"], cwd=project, env=_env(), capture_output=True
+        ).returncode
+        != 0
+    )
 
 
 def test_the_plugin_is_the_installed_entry_point_registered_once(request):
@@ -93,8 +98,9 @@ def test_without_an_implementation_the_plugin_is_off(project):
 def test_the_baseline_loop_in_a_user_repository(project):
     report = project / "out" / "parity"
     # First run: no baseline yet; two cases on two xdist workers; the controller writes the reports.
-    first = _pytest(project, "-n", "2", "--dist", "loadscope", "-o", "parity_baseline=",
-                    "--parity-report", "out/parity")
+    first = _pytest(
+        project, "-n", "2", "--dist", "loadscope", "-o", "parity_baseline=", "--parity-report", "out/parity"
+    )
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     assert "4 passed" in first.stdout  # 2 cases x (vs_oracle, vs_reference)
     run = load_run(report)
@@ -103,8 +109,14 @@ def test_the_baseline_loop_in_a_user_repository(project):
     assert all((report / name).is_file() for name in ("report.html", "rows.csv", "summary.md", "manifest.json"))
 
     # Review, then commit the implementation's baseline (keyed by its name).
-    made = subprocess.run([sys.executable, "-m", "harness", "baseline", "--from", "out/parity", "--impl", "my_mhc"],
-                          cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [sys.executable, "-m", "harness", "baseline", "--from", "out/parity", "--impl", "my_mhc"],
+        cwd=project,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr
     assert load_baseline(project / "baselines" / "my_mhc.csv").implementation == "my_mhc"
 

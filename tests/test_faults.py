@@ -45,9 +45,11 @@ ALL = CATALOGUE + VARIANTS
 def _no_op(name="test.no_op", legitimate=False) -> Perturbation:
     """A perturbation that installs the original value: nothing can catch it."""
     return Perturbation(
-        name=name, description="test-only: patches the reference gate with itself",
+        name=name,
+        description="test-only: patches the reference gate with itself",
         patches=(Patch(Seam("mhc.reference", "compute_sigmoid_gate"), lambda original: original),),
-        implementations=("reference",), legitimate=legitimate,
+        implementations=("reference",),
+        legitimate=legitimate,
     )
 
 
@@ -61,10 +63,18 @@ def impls():
 
 def test_catalogue_covers_the_required_regressions():
     required = {
-        "reference.gate_params_bf16", "kernel.gate_params_bf16", "kernel.pre_epsilon_dropped",
-        "kernel.post_gate_factor_lost", "kernel.rms_stats_bf16", "kernel.permutation_order_changed",
-        "kernel.residual_contraction_transposed", "kernel.weight_grad_not_summed", "kernel.bias_grad_zeroed",
-        "kernel.token_block_skipped", "kernel.vjp_bias_grads_swapped", "independent.gate_params_bf16",
+        "reference.gate_params_bf16",
+        "kernel.gate_params_bf16",
+        "kernel.pre_epsilon_dropped",
+        "kernel.post_gate_factor_lost",
+        "kernel.rms_stats_bf16",
+        "kernel.permutation_order_changed",
+        "kernel.residual_contraction_transposed",
+        "kernel.weight_grad_not_summed",
+        "kernel.bias_grad_zeroed",
+        "kernel.token_block_skipped",
+        "kernel.vjp_bias_grads_swapped",
+        "independent.gate_params_bf16",
     }
     assert required <= set(FAULTS)
     assert len({p.name for p in ALL}) == len(ALL), "names must be unique across faults and variants"
@@ -77,14 +87,28 @@ def test_catalogue_covers_the_required_regressions():
 
 def test_exceptions_are_declared_for_slices_and_faults_only():
     listed = {(f.name, s) for f in CATALOGUE for s, _ in f.unkillable_in}
-    assert listed == {(f"{p}.{what}", "bfloat16") for p in ("reference", "kernel")
-                      for what in ("pre_epsilon_dropped", "rms_stats_bf16")}
+    assert listed == {
+        (f"{p}.{what}", "bfloat16")
+        for p in ("reference", "kernel")
+        for what in ("pre_epsilon_dropped", "rms_stats_bf16")
+    }
     with pytest.raises(ValueError, match="slices"):
-        Perturbation(name="x", description="d", patches=_no_op().patches, implementations=("reference",),
-                     unkillable_in=(("float16", "no such slice"),))
+        Perturbation(
+            name="x",
+            description="d",
+            patches=_no_op().patches,
+            implementations=("reference",),
+            unkillable_in=(("float16", "no such slice"),),
+        )
     with pytest.raises(ValueError, match="faults only"):
-        Perturbation(name="x", description="d", patches=_no_op().patches, implementations=("reference",),
-                     legitimate=True, unkillable_in=(("bfloat16", "why"),))
+        Perturbation(
+            name="x",
+            description="d",
+            patches=_no_op().patches,
+            implementations=("reference",),
+            legitimate=True,
+            unkillable_in=(("bfloat16", "why"),),
+        )
 
 
 @pytest.mark.parametrize("perturbation", ALL, ids=lambda p: p.name)
@@ -102,8 +126,12 @@ def test_perturbation_patches_its_seams_and_restores_them(perturbation):
 
 
 def test_missing_seam_is_reported_not_patched():
-    broken = Perturbation(name="test.missing", description="test", implementations=("reference",),
-                          patches=(Patch(Seam("mhc.reference", "no_such_helper"), lambda original: original),))
+    broken = Perturbation(
+        name="test.missing",
+        description="test",
+        implementations=("reference",),
+        patches=(Patch(Seam("mhc.reference", "no_such_helper"), lambda original: original),),
+    )
     with pytest.raises(SeamError, match="no_such_helper"):
         with broken.injected():
             pass
@@ -182,13 +210,13 @@ def test_perturbation_leaves_the_paths_it_does_not_name_bit_identical(perturbati
 # ------------------------------------------------------------------ kills on small cases
 
 REPRESENTATIVE = (
-    "reference.gate_params_bf16",     # reference path, forward numerics
-    "kernel.token_block_skipped",     # kernel forward
+    "reference.gate_params_bf16",  # reference path, forward numerics
+    "kernel.token_block_skipped",  # kernel forward
     "kernel.weight_grad_not_summed",  # token-sharded gradient reduction
     "kernel.vjp_bias_grads_swapped",  # custom VJP
-    "independent.gate_params_bf16",   # an external implementation without h_pre, bfloat16
+    "independent.gate_params_bf16",  # an external implementation without h_pre, bfloat16
     "kernel.coefficient_operands_rounded",  # legitimate: must pass
-    "independent.normalised_activations",   # legitimate: must pass
+    "independent.normalised_activations",  # legitimate: must pass
 )
 
 
@@ -212,8 +240,11 @@ def representative(impls):
 @pytest.mark.slow
 def test_unmodified_code_passes_every_row_on_the_small_cases(representative):
     clean_rows, _ = representative
-    failing = [(r["case"], r["candidate"], r["leaf"], r["reason"]) for r in clean_rows if r["verdict"] != "pass"
-               and r["verdict"] not in ("skip", "unsupported")]
+    failing = [
+        (r["case"], r["candidate"], r["leaf"], r["reason"])
+        for r in clean_rows
+        if r["verdict"] != "pass" and r["verdict"] not in ("skip", "unsupported")
+    ]
     assert not failing
     assert {r["candidate"] for r in clean_rows} >= {"independent/unsharded", "independent/sharded(data=2,fsdp=4)"}
 
@@ -267,9 +298,19 @@ def test_kills_land_on_the_leaves_the_fault_models(representative):
 
 
 def _row(verdict, usage=0.5, leaf="h_pre", comparison="vs_oracle", case=SMALL, candidate="reference/unsharded"):
-    return {"case": case.name, "candidate": candidate, "partner": "oracle", "leaf": leaf,
-            "comparison": comparison, "leaf_kind": "intermediate", "dtype": "float32", "verdict": verdict,
-            "bound_usage": usage, "reason": "", "bound": "b"}
+    return {
+        "case": case.name,
+        "candidate": candidate,
+        "partner": "oracle",
+        "leaf": leaf,
+        "comparison": comparison,
+        "leaf_kind": "intermediate",
+        "dtype": "float32",
+        "verdict": verdict,
+        "bound_usage": usage,
+        "reason": "",
+        "bound": "b",
+    }
 
 
 def test_rows_failing_on_clean_code_are_not_evidence():
@@ -295,8 +336,13 @@ def test_slices_are_judged_separately():
     result = kill_matrix.judge(fault, rows, clean, [SMALL, bf16_case], 0.0)
     assert result.slice("float32").status == "killed" and result.slice("bfloat16").status == "SURVIVED"
     assert not result.ok, "killed on float32 cases alone is not killed"
-    listed = Perturbation(name="t.listed", description="d", patches=fault.patches, implementations=("reference",),
-                          unkillable_in=(("bfloat16", "below the noise"),))
+    listed = Perturbation(
+        name="t.listed",
+        description="d",
+        patches=fault.patches,
+        implementations=("reference",),
+        unkillable_in=(("bfloat16", "below the noise"),),
+    )
     excused = kill_matrix.judge(listed, rows, clean, [SMALL, bf16_case], 0.0)
     assert excused.ok and excused.status == "killed (exception: bfloat16)"
     variant = kill_matrix.judge(_no_op(legitimate=True), rows, clean, [SMALL, bf16_case], 0.0)
@@ -305,8 +351,18 @@ def test_slices_are_judged_separately():
 
 def test_headroom_is_measured_per_group_over_passing_rows():
     def row(case, usage, verdict="pass"):
-        return measured_row(case, "reference/unsharded", "oracle", "vs_oracle", "h_pre", "intermediate",
-                            "float32", 1.0, bound_usage=usage, verdict=verdict)
+        return measured_row(
+            case,
+            "reference/unsharded",
+            "oracle",
+            "vs_oracle",
+            "h_pre",
+            "intermediate",
+            "float32",
+            1.0,
+            bound_usage=usage,
+            verdict=verdict,
+        )
 
     rows = [row("c", 0.2), row("c", 0.4), row("c", 0.7), row("d", 5.0, "fail")]
     table = headroom_table(rows)
@@ -330,8 +386,11 @@ def _main(argv, **kwargs):
 
 @pytest.mark.slow
 def test_cli_exits_1_when_a_fault_survives(tmp_path, capsys):
-    code = _main(["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"],
-                 faults=(_no_op(), FAULTS["reference.post_gate_factor_lost"]), variants=())
+    code = _main(
+        ["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"],
+        faults=(_no_op(), FAULTS["reference.post_gate_factor_lost"]),
+        variants=(),
+    )
     assert code == 1
     document = json.loads((tmp_path / "kill_matrix.json").read_text())
     assert document["survivors"] == ["test.no_op"] and document["faults_ok"] == 1
@@ -347,33 +406,51 @@ def test_cli_exits_1_when_a_fault_survives(tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_exits_1_on_a_false_positive(tmp_path):
     wrongly_legitimate = Perturbation(
-        name="reference.claims_to_be_fine", description="a fault mislabelled as legitimate",
-        patches=FAULTS["reference.post_gate_factor_lost"].patches, implementations=("reference",), legitimate=True)
-    code = _main(["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"],
-                 faults=(), variants=(wrongly_legitimate,))
+        name="reference.claims_to_be_fine",
+        description="a fault mislabelled as legitimate",
+        patches=FAULTS["reference.post_gate_factor_lost"].patches,
+        implementations=("reference",),
+        legitimate=True,
+    )
+    code = _main(
+        ["--cases", REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"], faults=(), variants=(wrongly_legitimate,)
+    )
     assert code == 1
     assert json.loads((tmp_path / "kill_matrix.json").read_text())["false_positives"] == ["reference.claims_to_be_fine"]
 
 
 @pytest.mark.slow
 def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
-    code = _main(["--cases", REFERENCE_ONLY_CASE, "--faults", "reference.post_gate_*", "reference.residual_*",
-                  "--out", str(tmp_path), "--quiet"])
+    code = _main(
+        [
+            "--cases",
+            REFERENCE_ONLY_CASE,
+            "--faults",
+            "reference.post_gate_*",
+            "reference.residual_*",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert code == 0
     document = json.loads((tmp_path / "kill_matrix.json").read_text())
     assert document["faults_ok"] == document["faults"] == 2 and document["ok"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["--faults", "kernel.no_such_fault"],
-    ["--variants", "kernel.no_such_variant"],
-    ["--cases", "no-such-case-*"],
-    ["--dtype", "float64"],
-    ["--seeds", "0"],
-    ["--seeds", "2", "--faults", "kernel.*"],
-    ["--impl", "not_a_spec"],
-    ["--no-such-option"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--faults", "kernel.no_such_fault"],
+        ["--variants", "kernel.no_such_variant"],
+        ["--cases", "no-such-case-*"],
+        ["--dtype", "float64"],
+        ["--seeds", "0"],
+        ["--seeds", "2", "--faults", "kernel.*"],
+        ["--impl", "not_a_spec"],
+        ["--no-such-option"],
+    ],
+)
 def test_cli_usage_errors_exit_2(argv, tmp_path):
     assert _main(argv + ["--out", str(tmp_path)]) == 2
 

@@ -26,14 +26,22 @@ from cases.spec import Case
 from mhc.types import WEIGHT_FIELDS, MhcWeights
 
 CASE = Case(name="fx", batch=2, sequence=64, streams=4, embedding=128, dtype="bfloat16", branch="mlp")
-SINKHORN = Case(name="fx-sk", batch=1, sequence=64, streams=3, embedding=128, variant="sinkhorn",
-                weight_dtype="bfloat16", init="peaky_permutation")
+SINKHORN = Case(
+    name="fx-sk",
+    batch=1,
+    sequence=64,
+    streams=3,
+    embedding=128,
+    variant="sinkhorn",
+    weight_dtype="bfloat16",
+    init="peaky_permutation",
+)
 
 
 def _subprocess_digests(cases: list[Case], env_extra: dict | None = None) -> list[str]:
     """Digests computed in a fresh interpreter (no cache)."""
     code = textwrap.dedent(
-        f"""
+        """
         import json, sys
         from cases.fixtures import generate_fixture
         from cases.spec import Case
@@ -43,8 +51,9 @@ def _subprocess_digests(cases: list[Case], env_extra: dict | None = None) -> lis
     )
     specs = json.dumps([{**c.__dict__, "mesh": c.mesh, "tags": list(c.tags)} for c in cases])
     env = {**os.environ, **(env_extra or {})}
-    result = subprocess.run([sys.executable, "-c", code, specs], cwd=PROJECT_ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code, specs], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -87,8 +96,15 @@ def test_fixture_is_independent_of_name_mesh_blocks_and_tags():
 
 @pytest.mark.parametrize(
     "change",
-    [dict(seed=1), dict(seed=2), dict(init="mixed_signs"), dict(branch="identity"), dict(dtype="float32"),
-     dict(sequence=32), dict(streams=3)],
+    [
+        dict(seed=1),
+        dict(seed=2),
+        dict(init="mixed_signs"),
+        dict(branch="identity"),
+        dict(dtype="float32"),
+        dict(sequence=32),
+        dict(streams=3),
+    ],
 )
 def test_distinct_data_fields_give_distinct_data(change):
     base, other = generate_fixture(CASE), generate_fixture(CASE.replace(**change))
@@ -123,9 +139,24 @@ def test_bit_identical_across_xdist_workers_sharing_one_cache(tmp_path):
     out.mkdir()
     env = {**os.environ, "FIXTURE_PROBE_CACHE": str(cache), "FIXTURE_PROBE_OUT": str(out)}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "each",
-         "tests/fixture_digest_probe.py"],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--dist",
+            "each",
+            "tests/fixture_digest_probe.py",
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     records = {p.name: p.read_text() for p in out.iterdir()}
@@ -135,8 +166,10 @@ def test_bit_identical_across_xdist_workers_sharing_one_cache(tmp_path):
     finally:
         sys.path.pop(0)
     for case in PROBE_CASES:
-        seen = {worker: d for worker, d in ((k.split("--")[0], v) for k, v in records.items()
-                                             if k.endswith("--" + case.name))}
+        seen = {
+            worker: d
+            for worker, d in ((k.split("--")[0], v) for k, v in records.items() if k.endswith("--" + case.name))
+        }
         assert set(seen) == {"gw0", "gw1"}, records
         assert set(seen.values()) == {generate_fixture(case).digest()}
         assert fixtures.load_cached_fixture(case, cache).digest() == seen["gw0"]
@@ -180,8 +213,15 @@ def _corrupt_wrong_shape(path):
 
 @pytest.mark.parametrize(
     "corrupt",
-    [_corrupt_truncate, _corrupt_flip_array_byte, _corrupt_replace_array, _corrupt_stale_header,
-     _corrupt_wrong_shape, lambda p: p.write_bytes(b""), lambda p: p.write_bytes(b"not a zip file")],
+    [
+        _corrupt_truncate,
+        _corrupt_flip_array_byte,
+        _corrupt_replace_array,
+        _corrupt_stale_header,
+        _corrupt_wrong_shape,
+        lambda p: p.write_bytes(b""),
+        lambda p: p.write_bytes(b"not a zip file"),
+    ],
     ids=["truncated", "flipped-byte", "swapped-array", "stale-header", "wrong-shape", "empty", "garbage"],
 )
 def test_corrupt_cache_entries_are_detected_and_regenerated(tmp_path, corrupt, caplog):

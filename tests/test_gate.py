@@ -29,11 +29,13 @@ def passing_rows() -> list[dict]:
     return [dict(r) for r in sample_rows() if r["verdict"] in ("pass", "skip", "unsupported")]
 
 
-def find(rows: list[dict], case: str, leaf: str, comparison: str = "vs_reference",
-         candidate: str = "interpret/unsharded") -> dict:
+def find(
+    rows: list[dict], case: str, leaf: str, comparison: str = "vs_reference", candidate: str = "interpret/unsharded"
+) -> dict:
     """The one row of `rows` with this identity (the sample set has one per combination)."""
     (row,) = [
-        r for r in rows
+        r
+        for r in rows
         if (r["case"], r["leaf"], r["comparison"], r["candidate"]) == (case, leaf, comparison, candidate)
     ]
     return row
@@ -79,8 +81,13 @@ def _scale_grad_runs(baseline_err: float, current_err: float, sensitivity: float
     baseline, current = passing_rows(), passing_rows()
     for rows, err in ((baseline, baseline_err), (current, current_err)):
         row = find(rows, "f32_small", "d_pre_alpha")
-        row.update(leaf_kind="scale_grad", cand_oracle_max_err=err, cand_oracle_rms_err=err,
-                   oracle_sensitivity_max=sensitivity, oracle_sensitivity_rms=sensitivity)
+        row.update(
+            leaf_kind="scale_grad",
+            cand_oracle_max_err=err,
+            cand_oracle_rms_err=err,
+            oracle_sensitivity_max=sensitivity,
+            oracle_sensitivity_rms=sensitivity,
+        )
     return baseline, current
 
 
@@ -106,7 +113,9 @@ def test_a_format_1_baseline_without_sensitivity_is_still_read(tmp_path):
 
     path = write_baseline(passing_rows(), tmp_path / "new.csv", policy_hash="p1")
     lines = path.read_text().splitlines()
-    assert lines[0].startswith(f"# mhc-parity baseline format={BASELINE_FORMAT_VERSION} ") and BASELINE_FORMAT_VERSION == 2
+    assert (
+        lines[0].startswith(f"# mhc-parity baseline format={BASELINE_FORMAT_VERSION} ") and BASELINE_FORMAT_VERSION == 2
+    )
     keep = [BASELINE_COLUMNS.index(c) for c in LEGACY_GATE_COLUMNS]
     old = tmp_path / "old.csv"
     with open(old, "w", newline="") as stream:  # the csv module: names like sharded(data=2,fsdp=4) are quoted
@@ -171,8 +180,11 @@ def test_missing_row_fails():
 def test_missing_rows_are_summarised_per_case_and_path():
     """A partial run misses whole cases and paths: one line per group, not one per row."""
     baseline = passing_rows()
-    current = [r for r in baseline if r["case"] != "bf16_small"
-               and not (r["case"] == "f32_small" and r["candidate"] == "interpret/unsharded")]
+    current = [
+        r
+        for r in baseline
+        if r["case"] != "bf16_small" and not (r["case"] == "f32_small" and r["candidate"] == "interpret/unsharded")
+    ]
     result = gate(baseline, current)
     groups = {(g.case, g.path): (g.missing, g.baseline_rows) for g in result.missing_groups}
     bf16 = sum(r["case"] == "bf16_small" for r in baseline)
@@ -215,9 +227,7 @@ def test_improvement_passes_but_is_listed():
 
 def test_a_fixed_failure_is_an_improvement_and_a_new_failure_fails():
     baseline = sample_rows()  # has a fail, a NaN fail and an error
-    current = passing_rows() + [
-        dict(find(sample_rows(), "bf16_small", "d_pre_alpha"), verdict="pass", bound_usage=0.9)
-    ]
+    current = passing_rows() + [dict(find(sample_rows(), "bf16_small", "d_pre_alpha"), verdict="pass", bound_usage=0.9)]
     result = gate(baseline, current)
     assert any("verdict fail -> pass" in f.detail for f in result.improvements)
     assert {f.key[0] for f in result.missing} == {"bf16_nan", "<script>alert(1)</script>"}
@@ -295,8 +305,12 @@ def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
     assert loaded.policy_hash == "sha256:1" and loaded.format_version == 2
     assert list(loaded.frame.columns) == list(BASELINE_COLUMNS)
     value = find(rows, "bf16_small", "out")["cand_oracle_rms_err"]
-    stored = loaded.frame.loc[loaded.frame["case"].eq("bf16_small") & loaded.frame["leaf"].eq("out")
-                              & loaded.frame["comparison"].eq("vs_reference"), "cand_oracle_rms_err"].item()
+    stored = loaded.frame.loc[
+        loaded.frame["case"].eq("bf16_small")
+        & loaded.frame["leaf"].eq("out")
+        & loaded.frame["comparison"].eq("vs_reference"),
+        "cand_oracle_rms_err",
+    ].item()
     assert stored == float(f"{value:.4g}")
     assert gate(loaded.frame, rows).ok
 
@@ -327,14 +341,16 @@ def test_cli_regression_exits_1_prints_table_and_writes_markdown(files, capsys):
     find(current, "bf16_small", "d_x")["cand_oracle_max_err"] *= 3.0
     write_run(files["current"], current)
     markdown = files["dir"] / "gate.md"
-    code, out, _ = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
-                            "--markdown", markdown)
+    code, out, _ = run_main(
+        capsys, "--baseline", files["baseline"], "--current", files["current"], "--markdown", markdown
+    )
     assert code == 1
     assert "gate FAIL" in out and "regression (1):" in out and "d_x" in out
     text = markdown.read_text()
     assert "### Baseline gate: ❌ FAIL" in text and "| bf16_small | interpret/unsharded |" in text
-    code, _, _ = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
-                          "--growth-factor", "5")
+    code, _, _ = run_main(
+        capsys, "--baseline", files["baseline"], "--current", files["current"], "--growth-factor", "5"
+    )
     assert code == 0
 
 
@@ -363,16 +379,41 @@ def test_cli_refuses_rows_that_no_complete_manifest_vouches_for(files, capsys):
         (render_baseline([], policy_hash="p1"), "has no rows"),
         (header_line("p1") + "\ncase,leaf\nx,y\n", "baseline columns do not match"),
         ("# mhc-parity baseline format=99 policy_hash=p1\n", "baseline format 99 is not supported"),
-        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,zero,0,1e-7,1e-8\n",
-         "line 3, column 'nan_count'"),
+        (
+            header_line("p1")
+            + "\n"
+            + ",".join(BASELINE_COLUMNS)
+            + "\nc,a,b,out,vs_reference,output,float32,pass,zero,0,1e-7,1e-8\n",
+            "line 3, column 'nan_count'",
+        ),
         (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + '\n"unterminated,a\n', "not a readable CSV file"),
-        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,0,0,1e-7,3.\n",
-         "line 3, column 'cand_oracle_rms_err': '3.' is not a complete number"),
-        (header_line("p1") + "\n" + ",".join(BASELINE_COLUMNS) + "\nc,a,b,out,vs_reference,output,float32,pass,0,0,1e-7,3.8",
-         "line 3: the file is cut"),
+        (
+            header_line("p1")
+            + "\n"
+            + ",".join(BASELINE_COLUMNS)
+            + "\nc,a,b,out,vs_reference,output,float32,pass,0,0,1e-7,3.\n",
+            "line 3, column 'cand_oracle_rms_err': '3.' is not a complete number",
+        ),
+        (
+            header_line("p1")
+            + "\n"
+            + ",".join(BASELINE_COLUMNS)
+            + "\nc,a,b,out,vs_reference,output,float32,pass,0,0,1e-7,3.8",
+            "line 3: the file is cut",
+        ),
     ],
-    ids=["empty", "binary", "no-columns", "no-rows", "wrong-columns", "future-format", "bad-cell", "truncated",
-         "cut-number", "cut-line"],
+    ids=[
+        "empty",
+        "binary",
+        "no-columns",
+        "no-rows",
+        "wrong-columns",
+        "future-format",
+        "bad-cell",
+        "truncated",
+        "cut-number",
+        "cut-line",
+    ],
 )
 def test_cli_corrupt_baseline_exits_2_with_a_message(files, capsys, content, message):
     path = files["dir"] / "corrupt.csv"
@@ -393,8 +434,9 @@ def test_cli_policy_mismatch_exits_2_unless_allowed(files, capsys):
 def test_cli_usage_and_input_errors_exit_2(files, capsys):
     assert run_main(capsys, "--baseline", files["baseline"])[0] == 2
     assert run_main(capsys, "--baseline", files["baseline"], "--current", files["dir"] / "absent.jsonl")[0] == 2
-    code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", files["current"],
-                            "--growth-factor", "0.5")
+    code, _, err = run_main(
+        capsys, "--baseline", files["baseline"], "--current", files["current"], "--growth-factor", "0.5"
+    )
     assert code == 2 and "--growth-factor" in err
     empty = write_run(files["dir"] / "empty", [])
     code, _, err = run_main(capsys, "--baseline", files["baseline"], "--current", empty)
@@ -410,13 +452,17 @@ def test_one_baseline_command_and_the_gate_as_a_user_runs_them(files, tmp_path):
     target = tmp_path / "new" / "baseline.csv"
     made = subprocess.run(
         [sys.executable, "-m", "harness", "baseline", "--from", str(files["current"]), "--to", str(target)],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert made.returncode == 0, made.stderr
     assert load_baseline(target).policy_hash == "p1"
     checked = subprocess.run(
         [sys.executable, "-m", "harness", "gate", "--baseline", str(target), "--current", str(files["current"])],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert checked.returncode == 0, checked.stderr
     assert "gate PASS" in checked.stdout
@@ -425,7 +471,7 @@ def test_one_baseline_command_and_the_gate_as_a_user_runs_them(files, tmp_path):
 
 def test_loaded_runs_and_baselines_are_accepted_everywhere(files, tmp_path):
     """What load_run / load_baseline return can be passed straight to write_baseline, gate and write_all."""
-    from reports import load_run, to_frame, write_all
+    from reports import load_run, write_all
 
     run_dir = write_run(tmp_path / "run", passing_rows(), policy_hash="p9")
     target = write_baseline(load_run(run_dir), tmp_path / "from-run.csv")

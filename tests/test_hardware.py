@@ -27,8 +27,18 @@ def _case(dtype: str, mesh: tuple[int, int] | None = None) -> Case:
     """A small MLP-branch case; sharded on `mesh` (data, fsdp) with one token block per shard."""
     batch = 2 if mesh is None else 2 * mesh[0]
     name = f"hardware-{dtype}-" + ("unsharded" if mesh is None else f"m{mesh[0]}x{mesh[1]}")
-    return Case(name=name, batch=batch, sequence=256, streams=4, embedding=256, dtype=dtype, branch="mlp",
-                mesh=mesh, block_tokens=128, block_tokens_bwd=128)
+    return Case(
+        name=name,
+        batch=batch,
+        sequence=256,
+        streams=4,
+        embedding=256,
+        dtype=dtype,
+        branch="mlp",
+        mesh=mesh,
+        block_tokens=128,
+        block_tokens_bwd=128,
+    )
 
 
 def _token_mesh() -> tuple[int, int]:

@@ -8,21 +8,27 @@ from harness.cli import main as cli_main
 from reports.schema import ROW_COLUMNS
 from reports.samples import write_sample_run
 from reports.store import RowStore
-from tests.cli_support import CASE_FILE, load_jsonl, run_cli
-
-
-@pytest.fixture(scope="module")
-def case_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cases") / "cli_cases.toml"
-    path.write_text(CASE_FILE)
-    return path
+from tests.cli_support import load_jsonl, run_cli
 
 
 @pytest.mark.slow
 def test_run_passes_writes_every_format_and_resume_adds_nothing(case_file, tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--out", out,
-                   "--paths", "reference/*", "interpret/*", "lowering/*", "--quiet")
+    proc = run_cli(
+        "run",
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "cli-b-*",
+        "--out",
+        out,
+        "--paths",
+        "reference/*",
+        "interpret/*",
+        "lowering/*",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("manifest.json", "rows.jsonl", "rows.csv", "report.json", "report.html", "summary.md"):
         assert (out / name).exists(), name
@@ -33,8 +39,22 @@ def test_run_passes_writes_every_format_and_resume_adds_nothing(case_file, tmp_p
     assert {r["comparison"] for r in rows} == {"vs_oracle", "vs_reference", "lowering"}
     assert (out / "cases-done.txt").read_text().split() == ["cli-a-f32", "cli-b-bf16"]
     # Resuming a finished run redoes nothing and keeps every row.
-    again = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--out", out,
-                    "--paths", "reference/*", "interpret/*", "lowering/*", "--quiet", "--resume")
+    again = run_cli(
+        "run",
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "cli-b-*",
+        "--out",
+        out,
+        "--paths",
+        "reference/*",
+        "interpret/*",
+        "lowering/*",
+        "--quiet",
+        "--resume",
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert load_jsonl(out / "rows.jsonl") == rows
 
@@ -42,9 +62,23 @@ def test_run_passes_writes_every_format_and_resume_adds_nothing(case_file, tmp_p
 @pytest.mark.slow
 def test_external_implementation_runs_through_the_matrix(case_file, tmp_path):
     out = tmp_path / "external"
-    proc = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "cli-c-*", "--out", out,
-                   "--impl", "tests.external_impls:good", "--paths", "reference/*", "wrapped_reference/*",
-                   "--no-lowering", "--quiet")
+    proc = run_cli(
+        "run",
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "cli-c-*",
+        "--out",
+        out,
+        "--impl",
+        "tests.external_impls:good",
+        "--paths",
+        "reference/*",
+        "wrapped_reference/*",
+        "--no-lowering",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = load_jsonl(out / "rows.jsonl")
     mine = [r for r in rows if r["candidate"].startswith("wrapped_reference/")]
@@ -57,9 +91,22 @@ def test_external_implementation_runs_through_the_matrix(case_file, tmp_path):
 @pytest.mark.slow
 def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path):
     out = tmp_path / "broken"
-    proc = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "--out", out,
-                   "--impl", "tests.external_impls:broken", "--paths", "reference/*", "loses_post_gate_factor/*",
-                   "--no-lowering", "--quiet")
+    proc = run_cli(
+        "run",
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "--out",
+        out,
+        "--impl",
+        "tests.external_impls:broken",
+        "--paths",
+        "reference/*",
+        "loses_post_gate_factor/*",
+        "--no-lowering",
+        "--quiet",
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     failed = {(r["comparison"], r["leaf"]) for r in load_jsonl(out / "rows.jsonl") if r["verdict"] == "fail"}
     assert ("vs_reference", "out") in failed and ("vs_oracle", "out") in failed
@@ -95,8 +142,10 @@ def test_resume_refuses_rows_without_a_manifest(tmp_path, capsys):
     store.start_fresh()
     (tmp_path / "rows.jsonl").write_text('{"not": "a row"}\n{"x": 1}\n')
     (tmp_path / "cases-done.txt").write_text("x\n")
-    assert cli_main(["run", "--cases", "lite-n4-c128-b2s64-f32-w32-identity-default", "--out", str(tmp_path),
-                     "--resume"]) == 2
+    assert (
+        cli_main(["run", "--cases", "lite-n4-c128-b2s64-f32-w32-identity-default", "--out", str(tmp_path), "--resume"])
+        == 2
+    )
     assert "holds rows but no manifest.json" in capsys.readouterr().err
 
 
@@ -119,11 +168,26 @@ def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp
 
     monkeypatch.setattr(harness.run_command, "uncovered_judgements", lambda policy, cases, plan: [])
     policy = tmp_path / "policy.toml"
-    policy.write_text('version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
-                      'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only outputs"\n')
+    policy.write_text(
+        'version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
+        'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only outputs"\n'
+    )
     out = tmp_path / "out"
-    code = cli_main(["run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet",
-                     "--policy", str(policy), "--out", str(out)])
+    code = cli_main(
+        [
+            "run",
+            "--cases",
+            REFERENCE_ONLY_CASE,
+            "--paths",
+            "reference/*",
+            "--no-lowering",
+            "--quiet",
+            "--policy",
+            str(policy),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 2
     assert "no tolerance rule" in capsys.readouterr().err
     manifest = read_manifest(out)
@@ -152,15 +216,17 @@ def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_
 
     out = tmp_path / "out"
     with WriterLock(out, "the first run"):
-        second = run_cli("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering",
-                         "--out", out, "--quiet")
+        second = run_cli(
+            "run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--out", out, "--quiet"
+        )
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
         assert "being written by another run (pid" in second.stderr and "the first run" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1
         assert not (out / "manifest.json").exists()  # refused before it wrote anything
     # Released (as it is when its process dies): the run goes ahead and records itself as the holder.
-    third = run_cli("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering",
-                    "--out", out, "--quiet")
+    third = run_cli(
+        "run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--out", out, "--quiet"
+    )
     assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
     assert "python -m harness run" in (out / WRITER_LOCK_FILE).read_text()
 

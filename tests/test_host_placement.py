@@ -133,9 +133,13 @@ def test_the_plan_moves_sharded_paths_to_the_host_with_their_unsharded_twins(mon
     paths = plan.paths_for(case)
     names = [p.name for p in paths]
     assert names == [
-        "reference/unsharded", "interpret/unsharded", "mosaic/unsharded",
-        "reference/unsharded@cpu", "interpret/unsharded@cpu",
-        "reference/sharded(data=2,fsdp=4)@cpu", "interpret/sharded(data=2,fsdp=4)@cpu",
+        "reference/unsharded",
+        "interpret/unsharded",
+        "mosaic/unsharded",
+        "reference/unsharded@cpu",
+        "interpret/unsharded@cpu",
+        "reference/sharded(data=2,fsdp=4)@cpu",
+        "interpret/sharded(data=2,fsdp=4)@cpu",
         "mosaic/sharded(data=2,fsdp=4)",
     ]
     by_name = {p.name: p for p in paths}

@@ -98,7 +98,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         state[node], _ = "open", stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:

@@ -32,12 +32,14 @@ def _gates(x, w, n, fold_dtype_round=lambda a: a, gate_round=lambda a: a):
     alphas = np.concatenate([np.asarray(w[k], np.float64) for k in ("pre_alpha", "post_alpha", "res_alpha")], -1)
     folded = fold_dtype_round(np.asarray(w["norm_scale"], np.float64)[:, None] * alphas)
     proj = rms_inv * (v @ folded)
-    g = {k: gate_round(np.asarray(w[k], np.float64)) for k in
-         ("pre_scale", "pre_bias", "post_scale", "post_bias", "res_scale", "res_bias")}
+    g = {
+        k: gate_round(np.asarray(w[k], np.float64))
+        for k in ("pre_scale", "pre_bias", "post_scale", "post_bias", "res_scale", "res_bias")
+    }
     sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
     h_pre = sigmoid(g["pre_scale"] * proj[:, :n] + g["pre_bias"])
-    h_post = 2.0 * sigmoid(g["post_scale"] * proj[:, n:2 * n] + g["post_bias"])
-    z = g["res_scale"] * proj[:, 2 * n:] + g["res_bias"]
+    h_post = 2.0 * sigmoid(g["post_scale"] * proj[:, n : 2 * n] + g["post_bias"])
+    z = g["res_scale"] * proj[:, 2 * n :] + g["res_bias"]
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     h_res = np.einsum("tp,pij->tij", p, permutation_matrices(n).astype(np.float64))
@@ -155,7 +157,8 @@ def test_branches_are_dtype_polymorphic(name):
     np.testing.assert_allclose(np.asarray(out32), np.asarray(out64), rtol=1e-4, atol=1e-5)
     if name == "mlp":  # every parameter has a non-trivial gradient
         grads = jax.grad(lambda p: jnp.sum(branch.apply(p, jnp.asarray(h, jnp.float32)) ** 2))(
-            {k: jnp.asarray(v, jnp.float32) for k, v in masters.items()})
+            {k: jnp.asarray(v, jnp.float32) for k, v in masters.items()}
+        )
         assert all(float(jnp.max(jnp.abs(g))) > 0 for g in grads.values())
     with pytest.raises(KeyError, match="did you mean"):
         get_branch("mpl")

@@ -12,7 +12,7 @@ from cases import registry
 from harness.merge_command import ShardRun, merged_metadata, where_they_differ
 from harness.shards import Shard, parse_shard, shard_cases
 from reports.manifest import read_manifest
-from tests.cli_support import CASE_FILE, CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
+from tests.cli_support import CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
 
 CHEAP_PATHS = ("--paths", "reference/*", "--no-lowering")
 
@@ -55,8 +55,10 @@ def test_jobs_is_a_count_or_auto(text, jobs):
     assert parse_jobs(text) == jobs
 
 
-@pytest.mark.parametrize("text, message", [("0", "at least 1"), ("-2", "at least 1"), ("two", "whole number or 'auto'"),
-                                           ("", "whole number or 'auto'")])
+@pytest.mark.parametrize(
+    "text, message",
+    [("0", "at least 1"), ("-2", "at least 1"), ("two", "whole number or 'auto'"), ("", "whole number or 'auto'")],
+)
 def test_a_bad_jobs_value_is_a_usage_error(text, message):
     from harness.run_command import UsageError, parse_jobs
 
@@ -91,13 +93,6 @@ def test_the_available_memory_is_read_on_linux():
 
 
 # ------------------------------------------------------------------ through the CLI
-
-
-@pytest.fixture(scope="module")
-def case_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cases") / "cases.toml"
-    path.write_text(CASE_FILE)
-    return path
 
 
 def _run(case_file, out, *extra):
@@ -154,8 +149,9 @@ def test_jobs_auto_runs_as_many_workers_as_auto_jobs_says(case_file, cheap_singl
 def test_jobs_2_ctrl_c_exits_130_and_the_run_resumes(case_file, cheap_single, tmp_path):
     out = tmp_path / "interrupted"
     args = ["run", "--case-file", case_file, *CHEAP_PATHS, "--out", out, "--quiet", "--jobs", "2"]
-    proc = subprocess.Popen(harness_command(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        harness_command(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not (out / "cases-done.txt").exists():
         time.sleep(0.02)
@@ -227,9 +223,14 @@ def test_merged_metadata_sums_work_and_keeps_the_largest_worker_peak():
         manifest = types.SimpleNamespace(shard=f"{index}/3", run_id=f"run{index}" * 4, shard_of=CASE_NAMES)
         return ShardRun(ROOT, manifest, {"platform": "linux", **metadata}, [])
 
-    merged = merged_metadata([shard(1, paths_s=1.5, oracle_computed=2),
-                              shard(2, paths_s=2.0, worker_peak_rss_mib=900, oracle_computed=1),
-                              shard(3, paths_s=0.25, worker_peak_rss_mib=1200)], "merge")
+    merged = merged_metadata(
+        [
+            shard(1, paths_s=1.5, oracle_computed=2),
+            shard(2, paths_s=2.0, worker_peak_rss_mib=900, oracle_computed=1),
+            shard(3, paths_s=0.25, worker_peak_rss_mib=1200),
+        ],
+        "merge",
+    )
     assert (merged["paths_s"], merged["oracle_computed"], merged["worker_peak_rss_mib"]) == (3.75, 3, 1200)
     # a key no shard has stays out; one the first shard alone has is that shard's
     assert "worker_peak_rss_mib" not in merged_metadata([shard(1), shard(2)], "merge")

@@ -51,8 +51,9 @@ def _run_pre(use_kernel, x, w, cotangents):
         fn = lambda x, w: pre(x, w, config=CONFIG, kernel=KERNEL)  # noqa: E731
     else:
         fn = lambda x, w: reference.pre(x, w, config=CONFIG)  # noqa: E731
-    d_ctx = MhcContext(x=cotangents["x"], h_pre=cotangents["h_pre"], h_post=cotangents["h_post"],
-                       h_res=cotangents["h_res"])
+    d_ctx = MhcContext(
+        x=cotangents["x"], h_pre=cotangents["h_pre"], h_post=cotangents["h_post"], h_res=cotangents["h_res"]
+    )
 
     def with_vjp(x, w):
         (li, ctx), vjp = jax.vjp(fn, x, w)
@@ -61,7 +62,9 @@ def _run_pre(use_kernel, x, w, cotangents):
     return jax.jit(with_vjp)(x, w)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)], ids=["f32", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)], ids=["f32", "bf16"]
+)
 def test_pre_vjp_of_a_cotangent_on_every_context_leaf_passes_the_policy(dtype):
     """The layer sends no cotangent to h_pre (nor, directly, to h_post and h_res); the
     kernel's `pre` backward must still handle one like the reference: each gradient is
@@ -78,8 +81,14 @@ def test_pre_vjp_of_a_cotangent_on_every_context_leaf_passes_the_policy(dtype):
     for leaf, kernel_grad, reference_grad, exact in leaves:
         leaf_dtype = np.dtype(kernel_grad.dtype)
         metrics = leaf_metrics(np.asarray(kernel_grad), np.asarray(reference_grad), exact, dtype=leaf_dtype)
-        judgement = policy.judge(metrics, comparison="vs_reference", leaf_kind=leaf_kind(leaf), dtype=leaf_dtype,
-                                 act_dtype=jnp.dtype(dtype), partitioning="manual")
+        judgement = policy.judge(
+            metrics,
+            comparison="vs_reference",
+            leaf_kind=leaf_kind(leaf),
+            dtype=leaf_dtype,
+            act_dtype=jnp.dtype(dtype),
+            partitioning="manual",
+        )
         assert judgement.verdict == "pass", (leaf, judgement)
 
 

@@ -68,7 +68,9 @@ def test_call_matches_the_reference_functions_and_is_differentiable():
     out, inter = layer.call_with_intermediates(jnp.tanh, x)
     layer_input, ctx = reference.pre(x, layer.weights(), config=layer.config)
     np.testing.assert_array_equal(np.asarray(inter["layer_input"]), np.asarray(layer_input))
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(reference.post(jnp.tanh(layer_input), ctx, config=layer.config)))
+    np.testing.assert_array_equal(
+        np.asarray(out), np.asarray(reference.post(jnp.tanh(layer_input), ctx, config=layer.config))
+    )
 
     graphdef, state = nnx.split(layer)
     grads = jax.grad(lambda s: jnp.sum(nnx.merge(graphdef, s)(jnp.tanh, x) ** 2))(state)

@@ -36,8 +36,7 @@ def test_token_sharded_programs_lower_for_tpu(mesh_shape):
 
 @pytest.mark.sharded
 def test_bare_kernels_on_sharded_inputs_fail_with_partitioning_error():
-    results = _by_name(lower_kernel_programs(CONFIG, batch=8, seq=128, kernel=KERNEL,
-                                             mesh_shape=(2, 4), bare=True))
+    results = _by_name(lower_kernel_programs(CONFIG, batch=8, seq=128, kernel=KERNEL, mesh_shape=(2, 4), bare=True))
     for name, r in results.items():
         assert not r.ok, name
         assert "Mosaic kernels cannot be automatically partitioned" in r.error, (name, r.error)
@@ -58,9 +57,14 @@ def test_block_shape_violation_is_caught_by_lowering():
     assert not r.ok
     assert "divisible by 8" in r.error, r.error
     # The same program with a legal block lowers: the failure is the block, not the setup.
-    ok = lower_for_tpu("pre_forward_block16", functools.partial(
-        lambda x2, folded, *g: forward.pre_forward(x2, folded, g, config=CONFIG, kernel=kernel, block=16)),
-        structs, abstract_tpu_mesh())
+    ok = lower_for_tpu(
+        "pre_forward_block16",
+        functools.partial(
+            lambda x2, folded, *g: forward.pre_forward(x2, folded, g, config=CONFIG, kernel=kernel, block=16)
+        ),
+        structs,
+        abstract_tpu_mesh(),
+    )
     assert ok.ok, ok.error
 
 

@@ -11,9 +11,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _make_venv(tmp_path, **env):
-    return subprocess.run(["sh", str(ROOT / "tools" / "make-venv"), str(tmp_path / "venv")],
-                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["sh", str(ROOT / "tools" / "make-venv"), str(tmp_path / "venv")],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_no_qualifying_python_is_one_line_naming_what_to_install(tmp_path):
@@ -22,8 +26,9 @@ def test_no_qualifying_python_is_one_line_naming_what_to_install(tmp_path):
     for name in ["python3"] + [f"python3.{n}" for n in range(12, 17)]:
         (fakes / name).write_text("#!/bin/sh\nexit 1\n")  # what a pyenv shim with no version does
         (fakes / name).chmod(0o755)
-    proc = _make_venv(tmp_path, PATH=f"{fakes}{os.pathsep}/usr/bin{os.pathsep}/bin",
-                      PYENV_ROOT=str(tmp_path / "no-pyenv"))
+    proc = _make_venv(
+        tmp_path, PATH=f"{fakes}{os.pathsep}/usr/bin{os.pathsep}/bin", PYENV_ROOT=str(tmp_path / "no-pyenv")
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "needs Python >= 3.12 and found none" in proc.stderr
     assert "pyenv install 3.12" in proc.stderr and "PYTHON=" in proc.stderr

@@ -9,7 +9,15 @@ import pytest
 
 from cases.catalogue import make_case
 from reports.manifest import (
-    COMPLETE, INTERRUPTED, RUNNING, CaseRecord, Manifest, ManifestError, RunRequest, read_manifest, write_manifest,
+    COMPLETE,
+    INTERRUPTED,
+    RUNNING,
+    CaseRecord,
+    Manifest,
+    ManifestError,
+    RunRequest,
+    read_manifest,
+    write_manifest,
 )
 from harness.policy import load_policy
 from reports import ReportInputError, load_run
@@ -19,14 +27,28 @@ CASES = [make_case(streams=3, batch=1, sequence=32), make_case(batch=2, sequence
 
 
 def request(**changes) -> RunRequest:
-    fields = dict(suite=None, case_globs=None, tags=None, dtype=None, case_files=(), seed=None, paths=("*",),
-                  implementations=(), lowering=True)
+    fields = dict(
+        suite=None,
+        case_globs=None,
+        tags=None,
+        dtype=None,
+        case_files=(),
+        seed=None,
+        paths=("*",),
+        implementations=(),
+        lowering=True,
+    )
     return RunRequest(**{**fields, **changes})
 
 
 def manifest(cases=CASES, **changes) -> Manifest:
-    return Manifest.new(request=request(**changes), cases=cases, path_names=["reference/unsharded"],
-                        policy=load_policy(), command_line="python -m harness run --out x")
+    return Manifest.new(
+        request=request(**changes),
+        cases=cases,
+        path_names=["reference/unsharded"],
+        policy=load_policy(),
+        command_line="python -m harness run --out x",
+    )
 
 
 def test_a_manifest_round_trips_through_its_file(tmp_path):
@@ -75,8 +97,9 @@ def test_differences_name_what_changed():
 def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
     module = tmp_path / "my_impl.py"
     module.write_text("x = 1\n")
-    with_external = Manifest.new(request=request(), cases=CASES, path_names=[], policy=load_policy(),
-                                 extra_code_files=[module], command_line="")
+    with_external = Manifest.new(
+        request=request(), cases=CASES, path_names=[], policy=load_policy(), extra_code_files=[module], command_line=""
+    )
     keys = dict(with_external.code_files)
     assert {"mhc/layer.py", "cases/spec.py", "harness/runner.py"} <= set(keys)
     assert module.resolve().as_posix() in keys
@@ -106,17 +129,24 @@ def flip_a_digit(report):
     report.write_text(json.dumps(document))
 
 
-@pytest.mark.parametrize("spoil, message", [
-    (lambda folder: (folder / "manifest.json").unlink(), "no manifest.json"),
-    (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), state=RUNNING)),
-     "unfinished run"),
-    (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), run_id="newer")),
-     "stale report"),
-    (lambda folder: (folder / "report.json").unlink(), "report.json is missing"),
-    (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), rows=1)),
-     "do not add up"),
-    (lambda folder: flip_a_digit(folder / "report.json"), "rows are not those the run"),
-], ids=["no-manifest", "running", "another-run", "no-report", "row-count", "flipped-digit"])
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (lambda folder: (folder / "manifest.json").unlink(), "no manifest.json"),
+        (
+            lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), state=RUNNING)),
+            "unfinished run",
+        ),
+        (
+            lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), run_id="newer")),
+            "stale report",
+        ),
+        (lambda folder: (folder / "report.json").unlink(), "report.json is missing"),
+        (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), rows=1)), "do not add up"),
+        (lambda folder: flip_a_digit(folder / "report.json"), "rows are not those the run"),
+    ],
+    ids=["no-manifest", "running", "another-run", "no-report", "row-count", "flipped-digit"],
+)
 def test_a_folder_that_is_not_one_complete_run_is_refused(run_folder, spoil, message):
     spoil(run_folder)
     with pytest.raises(ReportInputError, match=message):

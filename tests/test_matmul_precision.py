@@ -59,16 +59,16 @@ def _nested_program(precision):
         o_ref[...] = jnp.dot(a_ref[...], b_ref[...], precision=precision)
 
     def matmul(a, b):
-        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype),
-                              interpret=True)(a, b)
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype), interpret=True
+        )(a, b)
 
     @jax.custom_vjp
     def core(a, b):
         return matmul(a, b)
 
     core.defvjp(lambda a, b: (matmul(a, b), (a, b)), lambda res, g: (g @ res[1].T, res[0].T @ g))
-    return jax.shard_map(core, mesh=mesh, in_specs=(jax.P("data"), jax.P()), out_specs=jax.P("data"),
-                         check_vma=False)
+    return jax.shard_map(core, mesh=mesh, in_specs=(jax.P("data"), jax.P()), out_specs=jax.P("data"), check_vma=False)
 
 
 def test_the_walk_finds_an_implicit_dot_inside_jit_shard_map_custom_vjp_and_pallas_call():
@@ -91,10 +91,19 @@ def test_the_walk_fails_on_the_reference_program_when_a_helper_drops_its_precisi
 # ------------------------------------------------------------------ the real programs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(dtype: str, sharded: bool) -> Case:
-    return Case(name=f"precision-audit-{dtype}-{sharded}", batch=2, sequence=64, streams=4, embedding=128,
-                dtype=dtype, branch="mlp", mesh=(2, 4) if sharded else None, block_tokens=16)
+    return Case(
+        name=f"precision-audit-{dtype}-{sharded}",
+        batch=2,
+        sequence=64,
+        streams=4,
+        embedding=128,
+        dtype=dtype,
+        branch="mlp",
+        mesh=(2, 4) if sharded else None,
+        block_tokens=16,
+    )
 
 
 def _harness_program(impl, mesh, dtype: str, setting: str):
@@ -135,11 +144,14 @@ def test_the_kernels_custom_vjp_forward_states_its_precision(setting):
 def test_every_dot_of_the_mosaic_kernel_programs_states_its_precision(mesh_shape, dtype, setting):
     config = MhcConfig(4, 128, matmul_precision=setting)
     mesh = abstract_tpu_mesh(mesh_shape, ("data", "fsdp")[: len(mesh_shape)])
-    programs = kernel_programs(config, batch=2, seq=64, dtype=dtype, kernel=KernelConfig(block_tokens=16),
-                               mesh=mesh if mesh_shape else None)
+    programs = kernel_programs(
+        config, batch=2, seq=64, dtype=dtype, kernel=KernelConfig(block_tokens=16), mesh=mesh if mesh_shape else None
+    )
     with jax.sharding.use_abstract_mesh(mesh):
-        counts = {name: len(_assert_all_dots_state(trace(fn, *structs), setting, minimum=0))
-                  for name, (fn, structs) in programs.items()}
+        counts = {
+            name: len(_assert_all_dots_state(trace(fn, *structs), setting, minimum=0))
+            for name, (fn, structs) in programs.items()
+        }
     assert counts["pre_forward"] and counts["pre_backward"], counts
 
 

@@ -22,16 +22,34 @@ from tests.cli_support import run_cli
 
 pytestmark = pytest.mark.slow
 
-IMPLEMENTATIONS = ("maxtext-layer-reference", "maxtext-layer-kernel", "maxtext-kernel-api",
-                   "maxtext-layer-reference-fixed", "maxtext-layer-kernel-fixed", "maxtext-kernel-fwd-fixed")
+IMPLEMENTATIONS = (
+    "maxtext-layer-reference",
+    "maxtext-layer-kernel",
+    "maxtext-kernel-api",
+    "maxtext-layer-reference-fixed",
+    "maxtext-layer-kernel-fixed",
+    "maxtext-kernel-fwd-fixed",
+)
 GATE_GRADIENTS = {f"d_{gate}_{part}" for gate in ("pre", "post", "res") for part in ("bias", "scale")}
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> pd.DataFrame:
     out = tmp_path_factory.mktemp("parity-maxtext")
-    result = run_cli("run", "--suite", "maxtext", "--impl", "maxtext_parity:implementations",
-                     "--paths", "reference/*", "maxtext-*", "--out", out, "--quiet", timeout=1800)
+    result = run_cli(
+        "run",
+        "--suite",
+        "maxtext",
+        "--impl",
+        "maxtext_parity:implementations",
+        "--paths",
+        "reference/*",
+        "maxtext-*",
+        "--out",
+        out,
+        "--quiet",
+        timeout=1800,
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # released MaxText fails
     return pd.read_csv(out / "rows.csv", keep_default_na=False)
 
@@ -99,7 +117,8 @@ def test_the_fixed_reference_passes_but_its_known_defects(rows):
     fixed = _of(rows, "maxtext-layer-reference-fixed/*")
     bad = fixed[fixed["verdict"] != "pass"]
     unexplained = [
-        (r.case, r.candidate, r.partner, r.leaf) for r in bad.itertuples()
+        (r.case, r.candidate, r.partner, r.leaf)
+        for r in bad.itertuples()
         if not any(defect.explains(r.candidate, r.leaf) for defect in KNOWN_DEFECTS)
     ]
     assert not unexplained

@@ -19,10 +19,18 @@ def _inputs():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((1, 128, 4, 128)), jnp.bfloat16)
     small = lambda *shape: jnp.asarray(0.01 * rng.standard_normal(shape), jnp.float32)
-    weights = api.MhcWeights(norm_scale=jnp.ones(512, jnp.bfloat16), pre_alpha=small(512, 4).astype(jnp.bfloat16),
-                             pre_bias=small(4), pre_scale=small(1), post_alpha=small(512, 4).astype(jnp.bfloat16),
-                             post_bias=small(4), post_scale=small(1),
-                             res_alpha=small(512, 24).astype(jnp.bfloat16), res_bias=small(24), res_scale=small(1))
+    weights = api.MhcWeights(
+        norm_scale=jnp.ones(512, jnp.bfloat16),
+        pre_alpha=small(512, 4).astype(jnp.bfloat16),
+        pre_bias=small(4),
+        pre_scale=small(1),
+        post_alpha=small(512, 4).astype(jnp.bfloat16),
+        post_bias=small(4),
+        post_scale=small(1),
+        res_alpha=small(512, 24).astype(jnp.bfloat16),
+        res_bias=small(24),
+        res_scale=small(1),
+    )
     return x, weights
 
 

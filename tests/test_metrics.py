@@ -61,17 +61,13 @@ def test_ulp_spacing_is_distance_to_next_away_from_zero_bfloat16():
     mags = np.exp2(rng.uniform(-120, 120, size=2000))
     v = (mags * rng.choice([-1.0, 1.0], size=mags.size)).astype(BF16)
     away = np.nextafter(v, np.where(v > 0, np.inf, -np.inf).astype(BF16))
-    np.testing.assert_array_equal(
-        ulp_spacing(v, "bfloat16"), np.abs(away.astype(np.float64) - v.astype(np.float64))
-    )
+    np.testing.assert_array_equal(ulp_spacing(v, "bfloat16"), np.abs(away.astype(np.float64) - v.astype(np.float64)))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_ulp_spacing_matches_np_spacing(dtype):
     info = np.finfo(dtype)
-    v = np.array(
-        [1.0, 2.0, 3.0, 0.1, 1e-3, float(info.max) / 2, float(info.smallest_normal), 7.5], dtype=dtype
-    )
+    v = np.array([1.0, 2.0, 3.0, 0.1, 1e-3, float(info.max) / 2, float(info.smallest_normal), 7.5], dtype=dtype)
     np.testing.assert_array_equal(ulp_spacing(v, dtype), np.spacing(v).astype(np.float64))
     np.testing.assert_array_equal(ulp_spacing(-v, dtype), np.spacing(v).astype(np.float64))
     # at the largest finite value np.spacing says inf (the next value overflows); the
@@ -272,8 +268,14 @@ def test_oracle_counts_and_missing_oracle():
     assert math.isnan(m.cand_oracle_max_err)
     m = leaf_metrics(c, c, dtype="float32")
     assert (m.oracle_nan_count, m.oracle_inf_count) == (0, 0)
-    for f in ("cand_oracle_max_err", "partner_oracle_max_err", "oracle_ratio_max",
-              "cand_oracle_rms_err", "partner_oracle_rms_err", "oracle_ratio_rms"):
+    for f in (
+        "cand_oracle_max_err",
+        "partner_oracle_max_err",
+        "oracle_ratio_max",
+        "cand_oracle_rms_err",
+        "partner_oracle_rms_err",
+        "oracle_ratio_rms",
+    ):
         assert math.isnan(getattr(m, f)), f
 
 
@@ -397,8 +399,9 @@ def test_metrics_and_oracle_deviations_do_not_depend_on_blas_threads():
     outputs = []
     for threads in ("1", "2"):
         env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-        proc = subprocess.run([sys.executable, "-c", _BLAS_PROBE], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                              text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _BLAS_PROBE], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=True
+        )
         outputs.append(proc.stdout)
     assert outputs[0] == outputs[1]
 

@@ -188,4 +188,5 @@ def test_the_oracle_sources_cover_every_file_an_answer_is_computed_with():
     # cases/spec.py: key material; harness/run_info.py: JAX's compile-event listener (it
     # counts compiles) when another test of this process registered it.
     assert ran - {"cases/spec.py", "harness/run_info.py", "tests/test_oracle_cache.py"} <= set(ORACLE_SOURCES), (
-        f"the oracle ran code from {sorted(ran - set(ORACLE_SOURCES))}: add it to ORACLE_SOURCES")
+        f"the oracle ran code from {sorted(ran - set(ORACLE_SOURCES))}: add it to ORACLE_SOURCES"
+    )

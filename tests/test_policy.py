@@ -88,7 +88,11 @@ def small():
 
 def judge(policy, m, comparison, leaf_kind="output", dtype="float32", act_dtype=None, partitioning="manual"):
     return policy.judge(
-        m, comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype or dtype,
+        m,
+        comparison=comparison,
+        leaf_kind=leaf_kind,
+        dtype=dtype,
+        act_dtype=act_dtype or dtype,
         partitioning=partitioning,
     )
 
@@ -110,7 +114,10 @@ def test_packaged_policy_loads_and_covers_every_combination():
                 for kind in POLICY_LEAF_KINDS:
                     for partitioning in PARTITIONINGS:
                         policy.rule_for(
-                            comparison=comparison, leaf_kind=kind, dtype=dtype, act_dtype=act,
+                            comparison=comparison,
+                            leaf_kind=kind,
+                            dtype=dtype,
+                            act_dtype=act,
                             partitioning=partitioning,
                         )
 
@@ -136,7 +143,9 @@ def test_packaged_policy_intent():
     # vs_oracle rules scale with the oracle's sensitivity, which is measured in the
     # activation dtype's rounding: a float32 intermediate of a bfloat16 run and of a
     # float32 run fall under different rules
-    in_bf16_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="bfloat16")
+    in_bf16_run = policy.rule_for(
+        comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="bfloat16"
+    )
     in_f32_run = policy.rule_for(comparison="vs_oracle", leaf_kind="intermediate", dtype="float32", act_dtype="float32")
     assert in_bf16_run.kind == in_f32_run.kind == "oracle_ratio"
     assert in_bf16_run.act_dtype == "bfloat16" and in_f32_run.act_dtype == "float32"
@@ -307,12 +316,19 @@ def test_most_specific_rule_wins():
     assert ulps("bfloat16", "output", act="float32") == 5
     # rule order in the file does not matter
     reversed_policy = parse_policy(
-        policy_text(_ulps_rule("bfloat16", "output", 10), _ulps_rule("*", "output", 20), _ulps_rule("*", "*", 100),
-                    _ulps_rule("bfloat16", "*", 50))
+        policy_text(
+            _ulps_rule("bfloat16", "output", 10),
+            _ulps_rule("*", "output", 20),
+            _ulps_rule("*", "*", 100),
+            _ulps_rule("bfloat16", "*", 50),
+        )
     )
-    assert reversed_policy.rule_for(
-        comparison="vs_unsharded", leaf_kind="output", dtype="bfloat16", act_dtype="bfloat16"
-    ).bound.max_rel_ulps == 10
+    assert (
+        reversed_policy.rule_for(
+            comparison="vs_unsharded", leaf_kind="output", dtype="bfloat16", act_dtype="bfloat16"
+        ).bound.max_rel_ulps
+        == 10
+    )
 
 
 def test_incomparable_rules_are_rejected_at_load():
@@ -321,7 +337,10 @@ def test_incomparable_rules_are_rejected_at_load():
 
 
 def test_unmatched_combination_names_it(small):
-    with pytest.raises(PolicyError, match=r"comparison=vs_oracle, partitioning=manual, dtype=float32, act_dtype=float32, leaf_kind=output"):
+    with pytest.raises(
+        PolicyError,
+        match=r"comparison=vs_oracle, partitioning=manual, dtype=float32, act_dtype=float32, leaf_kind=output",
+    ):
         judge(small, metrics(), "vs_oracle", "output", "float32", "float32")
     with pytest.raises(PolicyError, match="lowering"):
         judge(small, metrics(), "lowering", "output")
@@ -345,8 +364,9 @@ def test_resolve_remembers_answers_never_errors(small):
 
 
 def test_judge_accepts_dtype_objects(small):
-    j = small.judge(metrics(), comparison="vs_oracle", leaf_kind="output", dtype=np.float32,
-                    act_dtype=ml_dtypes.bfloat16)
+    j = small.judge(
+        metrics(), comparison="vs_oracle", leaf_kind="output", dtype=np.float32, act_dtype=ml_dtypes.bfloat16
+    )
     assert j.verdict == "pass" and "bfloat16 eps" in j.bound
 
 
@@ -385,12 +405,22 @@ def test_ulps_of_max_end_to_end_on_bfloat16_arrays(small):
 
 def test_ulps_plus_sensitivity_in_another_dtypes_ulps(small):
     limit = 8 * BF16_EPS + 2 * 1e-3
-    ok = judge(small, metrics(max_rel_err=limit * BELOW, oracle_sensitivity_max=1e-3), "vs_oracle",
-               dtype="float32", act_dtype="bfloat16")
+    ok = judge(
+        small,
+        metrics(max_rel_err=limit * BELOW, oracle_sensitivity_max=1e-3),
+        "vs_oracle",
+        dtype="float32",
+        act_dtype="bfloat16",
+    )
     assert ok.verdict == "pass" and ok.bound_usage == pytest.approx(BELOW)
     assert ok.bound == "max_rel<=8ulp+2*sensitivity [ulp=bfloat16 eps; rule 3]"
-    bad = judge(small, metrics(max_rel_err=limit * ABOVE, oracle_sensitivity_max=1e-3), "vs_oracle",
-                dtype="bfloat16", act_dtype="bfloat16")
+    bad = judge(
+        small,
+        metrics(max_rel_err=limit * ABOVE, oracle_sensitivity_max=1e-3),
+        "vs_oracle",
+        dtype="bfloat16",
+        act_dtype="bfloat16",
+    )
     assert bad.verdict == "fail" and bad.reason.startswith("max_rel_err=") and "sensitivity(0.001)" in bad.reason
 
 
@@ -408,8 +438,13 @@ def test_every_rule_kind_is_a_class_the_packaged_policy_uses():
 
 
 def _ratio_metrics(cand_max, part_max, cand_rms, part_rms, direct):
-    return metrics(cand_oracle_max_err=cand_max, partner_oracle_max_err=part_max,
-                   cand_oracle_rms_err=cand_rms, partner_oracle_rms_err=part_rms, max_rel_err=direct)
+    return metrics(
+        cand_oracle_max_err=cand_max,
+        partner_oracle_max_err=part_max,
+        cand_oracle_rms_err=cand_rms,
+        partner_oracle_rms_err=part_rms,
+        max_rel_err=direct,
+    )
 
 
 def test_oracle_ratio_across_the_ratio_criterion(small):
@@ -477,8 +512,7 @@ def test_nan_in_candidate_always_fails(small, comparison, leaf_kind, dtype, act)
 def test_nan_metric_always_fails(small, comparison, leaf_kind, dtype, act):
     nan = float("nan")
     # NaN metrics with zero counts (cannot come from leaf_metrics, but a NaN is a NaN)
-    m = metrics(max_abs_err=nan, max_rel_err=nan, rel_rms_err=nan, cand_oracle_max_err=nan,
-                cand_oracle_rms_err=nan)
+    m = metrics(max_abs_err=nan, max_rel_err=nan, rel_rms_err=nan, cand_oracle_max_err=nan, cand_oracle_rms_err=nan)
     j = judge(small, m, comparison, leaf_kind, dtype, act)
     assert j.verdict == "fail" and j.bound_usage == math.inf and "NaN" in j.reason
 
@@ -514,8 +548,14 @@ def test_nan_end_to_end_on_arrays():
 
 
 def test_judgement_row_fields():
-    j = load_policy().judge(metrics(), comparison="vs_unsharded", leaf_kind="output", dtype="float32",
-                            act_dtype="float32", partitioning="manual")
+    j = load_policy().judge(
+        metrics(),
+        comparison="vs_unsharded",
+        leaf_kind="output",
+        dtype="float32",
+        act_dtype="float32",
+        partitioning="manual",
+    )
     fields = j.as_row_fields()
     assert set(fields) == {"verdict", "bound", "bound_usage", "reason"}
     schema.empty_row(**fields)
@@ -583,8 +623,13 @@ def with_systematic():
 
 
 def _systematic_metrics(t, shift, partner_t=1.0, oracle_t=1.0):
-    return metrics(cand_systematic_t=t, cand_systematic_shift=shift, partner_systematic_t=partner_t,
-                   oracle_systematic_t=oracle_t, max_rel_err=1.0)
+    return metrics(
+        cand_systematic_t=t,
+        cand_systematic_shift=shift,
+        partner_systematic_t=partner_t,
+        oracle_systematic_t=oracle_t,
+        max_rel_err=1.0,
+    )
 
 
 def test_systematic_criterion_fails_a_shift_shared_by_every_token(with_systematic):
@@ -600,12 +645,23 @@ def test_systematic_criterion_fails_a_shift_shared_by_every_token(with_systemati
 def test_systematic_criterion_scales_with_the_models_own_t_and_ignores_tiny_shifts(with_systematic):
     big_shift = 1000 * F32_EPS
     # activations with a mean: the rounding model shifts every token too (t = 10), so 3x is allowed
-    assert judge(with_systematic, _systematic_metrics(29, big_shift, oracle_t=10), "vs_reference",
-                 "intermediate").verdict == "pass"
-    assert judge(with_systematic, _systematic_metrics(29, big_shift, partner_t=10, oracle_t=float("nan")),
-                 "vs_reference", "intermediate").verdict == "pass"
-    assert judge(with_systematic, _systematic_metrics(31, big_shift, oracle_t=10), "vs_reference",
-                 "intermediate").verdict == "fail"
+    assert (
+        judge(with_systematic, _systematic_metrics(29, big_shift, oracle_t=10), "vs_reference", "intermediate").verdict
+        == "pass"
+    )
+    assert (
+        judge(
+            with_systematic,
+            _systematic_metrics(29, big_shift, partner_t=10, oracle_t=float("nan")),
+            "vs_reference",
+            "intermediate",
+        ).verdict
+        == "pass"
+    )
+    assert (
+        judge(with_systematic, _systematic_metrics(31, big_shift, oracle_t=10), "vs_reference", "intermediate").verdict
+        == "fail"
+    )
     # a shift within the rule's floor (4 ulps) passes whatever its t
     tiny = judge(with_systematic, _systematic_metrics(500, 4 * F32_EPS * BELOW), "vs_reference", "intermediate")
     assert tiny.verdict == "pass"
@@ -618,12 +674,15 @@ def test_systematic_criterion_applies_to_its_leaf_kinds_only(with_systematic):
     assert judge(with_systematic, unmeasured, "vs_reference", "intermediate").verdict == "pass"
 
 
-@pytest.mark.parametrize("table, field", [
-    ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 0.5\nratio = 3\nrationale = "x"\n', "t_floor"),
-    ('[systematic]\nleaf_kinds = ["no_such_kind"]\nt_floor = 7\nratio = 3\nrationale = "x"\n', "leaf_kinds"),
-    ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 7\nratio = 3\n', "missing"),
-    ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 7\nratio = 3\nrationale = " "\n', "rationale"),
-])
+@pytest.mark.parametrize(
+    "table, field",
+    [
+        ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 0.5\nratio = 3\nrationale = "x"\n', "t_floor"),
+        ('[systematic]\nleaf_kinds = ["no_such_kind"]\nt_floor = 7\nratio = 3\nrationale = "x"\n', "leaf_kinds"),
+        ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 7\nratio = 3\n', "missing"),
+        ('[systematic]\nleaf_kinds = ["intermediate"]\nt_floor = 7\nratio = 3\nrationale = " "\n', "rationale"),
+    ],
+)
 def test_malformed_systematic_table_is_rejected(table, field):
     with pytest.raises(PolicyError, match=field):
         parse_policy(policy_text(RATIO_RULE, header="version = 2\n" + table))

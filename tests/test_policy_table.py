@@ -24,18 +24,24 @@ def test_every_judgement_of_the_matrix_has_a_line_and_partitionings_share_one_on
     policy = load_policy()
     judgements = matrix_judgements()
     lines = table_lines(policy, judgements)
-    covered = {(line.key.comparison, p, line.key.act_dtype, line.key.dtype, line.key.leaf_kind)
-               for line in lines for p in line.partitionings}
+    covered = {
+        (line.key.comparison, p, line.key.act_dtype, line.key.dtype, line.key.leaf_kind)
+        for line in lines
+        for p in line.partitionings
+    }
     assert covered == {(k.comparison, k.partitioning, k.act_dtype, k.dtype, k.leaf_kind) for k in judgements}
     for line in lines:
-        bounds = {JudgementKey(line.key.comparison, p, line.key.act_dtype, line.key.dtype, line.key.leaf_kind)
-                  .resolve(policy) for p in line.partitionings}
+        bounds = {
+            JudgementKey(line.key.comparison, p, line.key.act_dtype, line.key.dtype, line.key.leaf_kind).resolve(policy)
+            for p in line.partitionings
+        }
         assert bounds == {line.resolved}
     # the matrix judges both partitionings, and the systematic criterion only on intermediates
     assert {p for line in lines for p in line.partitionings} == {"manual", "auto"}
     for line in lines:
         assert ("systematic" in line.resolved.bound.describe()) == (
-            line.key.leaf_kind == "intermediate" and line.resolved.rule.kind == "oracle_ratio"), line
+            line.key.leaf_kind == "intermediate" and line.resolved.rule.kind == "oracle_ratio"
+        ), line
 
 
 def test_policy_command_checks_prints_the_table_and_refuses_a_policy_with_gaps(tmp_path, capsys):
@@ -45,8 +51,10 @@ def test_policy_command_checks_prints_the_table_and_refuses_a_policy_with_gaps(t
     table = capsys.readouterr().out
     assert "vs_unsharded  manual        float32    float32     output           exact" in table
     gappy = tmp_path / "gappy.toml"
-    gappy.write_text('version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "*"\n'
-                     'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only vs_oracle"\n')
+    gappy.write_text(
+        'version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "*"\n'
+        'kind = "ulps_of_max"\nmax_rel_ulps = 4\nrationale = "only vs_oracle"\n'
+    )
     assert cli_main(["policy", "--table", "--policy", str(gappy)]) == 2
     assert "no tolerance rule" in capsys.readouterr().err
 
@@ -54,8 +62,9 @@ def test_policy_command_checks_prints_the_table_and_refuses_a_policy_with_gaps(t
 def test_a_changed_number_moves_its_lines():
     policy = load_policy()
     text = (ROOT / "harness" / "tolerances.toml").read_text(encoding="utf-8")
-    changed = parse_policy(text.replace("max_rel_ulps = 64\nratio_sensitivity = 16", "max_rel_ulps = 65\n"
-                                        "ratio_sensitivity = 16", 1))
+    changed = parse_policy(
+        text.replace("max_rel_ulps = 64\nratio_sensitivity = 16", "max_rel_ulps = 65\nratio_sensitivity = 16", 1)
+    )
     judgements = matrix_judgements()
     before, after = (markdown(p, table_lines(p, judgements)).splitlines() for p in (policy, changed))
     moved = [line for line in after if line not in before]

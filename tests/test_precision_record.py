@@ -94,8 +94,17 @@ def test_the_precision_is_an_optional_case_field_named_only_when_not_the_default
     assert twin.describe()["precision"] == "default"
     assert "matmul_default" in twin.all_tags and not any(t.startswith("matmul") for t in case.all_tags)
     assert cache_key(twin) == cache_key(case)  # the fixture's data key is unaffected
-    names = dict(variant="lite", streams=2, embedding=128, batch=1, sequence=16, dtype="float32",
-                 weight_dtype="float32", branch="mlp", init="default")
+    names = dict(
+        variant="lite",
+        streams=2,
+        embedding=128,
+        batch=1,
+        sequence=16,
+        dtype="float32",
+        weight_dtype="float32",
+        branch="mlp",
+        init="default",
+    )
     assert spec.standard_name(**names) == "lite-n2-c128-b1s16-f32-w32-mlp-default"
     assert spec.standard_name(**names, matmul_precision="default").endswith("-mlp-default-matmul_default")
     with pytest.raises(CaseSpecError, match="field 'matmul_precision' must be one of"):
@@ -106,7 +115,8 @@ def test_the_precision_is_an_optional_case_field_named_only_when_not_the_default
 
 def test_toml_case_files_accept_and_check_the_precision(tmp_path):
     good = tmp_path / "good.toml"
-    good.write_text(textwrap.dedent("""
+    good.write_text(
+        textwrap.dedent("""
         [[case]]
         name = "mine-default"
         batch = 1
@@ -114,7 +124,8 @@ def test_toml_case_files_accept_and_check_the_precision(tmp_path):
         streams = 2
         embedding = 128
         matmul_precision = "default"
-    """))
+    """)
+    )
     registry = Registry()
     register_case_file(good, registry)
     assert registry.get("mine-default").matmul_precision == "default"
@@ -138,7 +149,8 @@ def test_a_default_precision_case_runs_as_highest_on_the_cpu_and_says_so():
     rows = {c.matmul_precision: list(runner.run_case(c, plan)) for c in (highest, default)}
     assert {r["matmul_precision"] for r in rows["highest"]} == {"highest"}
     assert {r["matmul_precision"] for r in rows["default"]} == {
-        "highest (default requested; cpu default is full float32)"}
+        "highest (default requested; cpu default is full float32)"
+    }
     assert {r["devices"] for r in rows["default"]} == {"cpu:0"}
     assert {r["verdict"] for r in rows["default"]} == {"pass"}
     numbers = ["max_abs_err", "cand_oracle_max_err", "cand_oracle_rms_err"]
@@ -163,8 +175,10 @@ def test_the_oracles_rounding_model_takes_the_operand_rounding_of_the_paths_back
 
 def test_run_metadata_records_backend_device_and_precision():
     device = jax.devices()[0]
-    rounding = {s: operand_rounding(s, device.platform, precision.device_compute_capability(device)).name
-                for s in precision.MATMUL_PRECISIONS}
+    rounding = {
+        s: operand_rounding(s, device.platform, precision.device_compute_capability(device)).name
+        for s in precision.MATMUL_PRECISIONS
+    }
     plain = run_metadata()
     assert plain["backend"] == jax.default_backend() and plain["device_kind"] == device.device_kind
     assert plain["host_cpu_devices"] == 8
@@ -185,22 +199,33 @@ def _passing() -> list[dict]:
 
 def _report(tmp_path, name: str, **metadata):
     """A complete run folder of passing sample rows whose metadata records `metadata`."""
-    paths = write_sample_run(_passing(), tmp_path / name, metadata={"policy_hash": "p1", **metadata},
-                             policy_digest="p1", rendered=False)
+    paths = write_sample_run(
+        _passing(), tmp_path / name, metadata={"policy_hash": "p1", **metadata}, policy_digest="p1", rendered=False
+    )
     return paths["json"]
 
 
 def test_the_baseline_header_carries_backend_device_kind_and_precision(tmp_path):
-    source = _report(tmp_path, "tpu", backend="tpu", device_kind="TPU v5 lite",
-                     matmul_precision="default=bfloat16,highest=bfloat16x6")
+    source = _report(
+        tmp_path,
+        "tpu",
+        backend="tpu",
+        device_kind="TPU v5 lite",
+        matmul_precision="default=bfloat16,highest=bfloat16x6",
+    )
     baseline = write_baseline(load_run(source), tmp_path / "tpu.csv")
     header = baseline.read_text().splitlines()[0]
     # The environment keys, then the body's record (rows, digest).
-    assert " backend=tpu device_kind=TPU%20v5%20lite matmul_precision=default=bfloat16,highest=bfloat16x6 rows=" in header
+    assert (
+        " backend=tpu device_kind=TPU%20v5%20lite matmul_precision=default=bfloat16,highest=bfloat16x6 rows=" in header
+    )
     loaded = load_baseline(baseline)
     assert loaded.policy_hash == "p1"
-    assert dict(loaded.environment) == {"backend": "tpu", "device_kind": "TPU v5 lite",
-                                        "matmul_precision": "default=bfloat16,highest=bfloat16x6"}
+    assert dict(loaded.environment) == {
+        "backend": "tpu",
+        "device_kind": "TPU v5 lite",
+        "matmul_precision": "default=bfloat16,highest=bfloat16x6",
+    }
     assert run_precision(load_run(baseline)) == "default=bfloat16,highest=bfloat16x6"
 
 
@@ -212,13 +237,15 @@ def test_headers_without_the_precision_follow_the_legacy_rule(tmp_path):
     assert run_precision(load_run(old_tpu_report)) is None
     assert precision_conflicts("highest=float32", None) == []
     assert precision_conflicts("highest=float32", "default=bfloat16,highest=bfloat16x6") == [
-        "highest: float32 vs bfloat16x6"]
+        "highest: float32 vs bfloat16x6"
+    ]
     assert precision_conflicts("highest=float32", "default=bfloat16") == []
 
 
 def test_the_gate_refuses_another_precision_unless_allowed(tmp_path, capsys):
-    baseline = write_baseline(load_run(_report(tmp_path, "cpu", backend="cpu", matmul_precision="highest=float32")),
-                              tmp_path / "cpu.csv")
+    baseline = write_baseline(
+        load_run(_report(tmp_path, "cpu", backend="cpu", matmul_precision="highest=float32")), tmp_path / "cpu.csv"
+    )
     tpu = _report(tmp_path, "tpu", backend="tpu", matmul_precision="highest=bfloat16x6")
     code = gate_main(["--baseline", str(baseline), "--current", str(tpu)])
     err = capsys.readouterr().err
@@ -246,8 +273,9 @@ def test_rows_written_before_the_precision_and_devices_columns_stay_readable(tmp
     from reports.schema import LATER_COLUMNS, ROW_COLUMNS
 
     old = tmp_path / "old.jsonl"
-    old.write_text("".join(
-        pd.Series({k: v for k, v in r.items() if k not in LATER_COLUMNS}).to_json() + "\n" for r in _passing()))
+    old.write_text(
+        "".join(pd.Series({k: v for k, v in r.items() if k not in LATER_COLUMNS}).to_json() + "\n" for r in _passing())
+    )
     frame = load_rows(old)
     assert list(frame.columns) == list(ROW_COLUMNS)
     assert set(frame["matmul_precision"]) == set(frame["devices"]) == {""}

@@ -110,8 +110,15 @@ def _ahead_cases():
         Case(name="ahead-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),
         Case(name="ahead-b", batch=1, sequence=16, streams=2, embedding=128, branch="tanh", seed=1),
         Case(name="ahead-c", batch=2, sequence=16, streams=2, embedding=128, dtype="bfloat16", mesh=(2, 4)),
-        Case(name="ahead-d", batch=1, sequence=16, streams=2, embedding=96, expect="unsupported",
-             expect_reason="multiple of 128"),
+        Case(
+            name="ahead-d",
+            batch=1,
+            sequence=16,
+            streams=2,
+            embedding=96,
+            expect="unsupported",
+            expect_reason="multiple of 128",
+        ),
         Case(name="ahead-e", batch=1, sequence=16, streams=3, embedding=128),
     ]
 
@@ -125,8 +132,10 @@ def _ahead_plan():
 
 def _without_timing(rows) -> list[str]:
     """Each row as JSON without its timing columns (NaN cells compare equal as text)."""
-    return [json.dumps({k: v for k, v in row.items() if k not in ("compile_s", "execute_s")}, sort_keys=True)
-            for row in rows]
+    return [
+        json.dumps({k: v for k, v in row.items() if k not in ("compile_s", "execute_s")}, sort_keys=True)
+        for row in rows
+    ]
 
 
 def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
@@ -141,7 +150,7 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     ahead = Runner(load_policy())
     started = []
     rows = []
-    for case, case_rows in ahead.run(cases, plan, on_case_start=lambda case: started.append(len(ahead.cache))):
+    for _case, case_rows in ahead.run(cases, plan, on_case_start=lambda case: started.append(len(ahead.cache))):
         rows.extend(case_rows)
     # cases 0..3 have 2 + 0 (same signatures) + 4 + 2 distinct programs, none taken yet
     assert started[0] == 8

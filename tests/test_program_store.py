@@ -200,20 +200,28 @@ def _files_run_while_tracing(case, path) -> set[str]:
 
 
 def _declared(patterns) -> set[str]:
-    return {p.relative_to(PROJECT_ROOT).as_posix() for pattern in patterns for p in PROJECT_ROOT.glob(pattern)
-            } - program_store._NOT_TRACED
+    return {
+        p.relative_to(PROJECT_ROOT).as_posix() for pattern in patterns for p in PROJECT_ROOT.glob(pattern)
+    } - program_store._NOT_TRACED
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, path", [
-    (CASE, Path(REFERENCE)), (CASE, Path(INTERPRET)),
-    (SHARDED, Path(REFERENCE, mesh=(2, 1))), (SHARDED, Path(INTERPRET, mesh=(2, 1))),
-], ids=lambda v: getattr(v, "name", ""))
+@pytest.mark.parametrize(
+    "case, path",
+    [
+        (CASE, Path(REFERENCE)),
+        (CASE, Path(INTERPRET)),
+        (SHARDED, Path(REFERENCE, mesh=(2, 1))),
+        (SHARDED, Path(INTERPRET, mesh=(2, 1))),
+    ],
+    ids=lambda v: getattr(v, "name", ""),
+)
 def test_the_declared_sources_cover_every_file_a_program_is_traced_from(case, path):
     ran = _files_run_while_tracing(case, path)
     declared = _declared(PROGRAM_SOURCES + (KERNEL_SOURCES if path.impl.kernel else ()))
     assert ran - {"tests/test_program_store.py"} <= declared, (
-        f"{path.name}'s program ran code from {sorted(ran - declared)}: add it to harness/program_store.py's sources")
+        f"{path.name}'s program ran code from {sorted(ran - declared)}: add it to harness/program_store.py's sources"
+    )
     if path.impl.kernel:
         assert ran & _declared(KERNEL_SOURCES), "control: the profile sees the kernels' code"
     else:
@@ -264,15 +272,31 @@ def test_programs_stored_by_one_run_load_in_the_next_even_when_jax_cached_them_f
     store) must not leak into the store: an executable JAX loaded does not serialise whole
     on the pinned jaxlib and failed in the next process ("Function ... not found")."""
     case_file = tmp_path / "cases.toml"
-    case_file.write_text(CASE_FILE.split("[[case]]\nname = \"cli-c-sharded\"")[0])
+    case_file.write_text(CASE_FILE.split('[[case]]\nname = "cli-c-sharded"')[0])
     env = {"MHC_PARITY_CACHE": str(tmp_path / "cache")}
-    plain = subprocess.run([sys.executable, "-c", _PLAIN_COMPILES, str(case_file)], cwd=PROJECT_ROOT,
-                           env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    plain = subprocess.run(
+        [sys.executable, "-c", _PLAIN_COMPILES, str(case_file)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert plain.returncode == 0, plain.stderr[-3000:]
     runs = []
     for name in ("first", "second"):
-        result = run_cli("run", "--case-file", case_file, "--cases", "cli-*", "--no-lowering", "--quiet",
-                         "--out", tmp_path / name, env_extra=env)
+        result = run_cli(
+            "run",
+            "--case-file",
+            case_file,
+            "--cases",
+            "cli-*",
+            "--no-lowering",
+            "--quiet",
+            "--out",
+            tmp_path / name,
+            env_extra=env,
+        )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         runs.append(json.loads((tmp_path / name / "report.json").read_text())["metadata"])
     assert runs[0]["programs_stored_missed"] > 0 and runs[0]["programs_stored_loaded"] == 0
@@ -319,8 +343,10 @@ def test_a_process_that_loaded_an_external_implementation_stores_no_program(tmp_
     from tests.cli_support import REFERENCE_ONLY_CASE, run_cli
 
     (tmp_path / "patcher.py").write_text(PATCHING_IMPL)
-    env = {"MHC_PARITY_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "MHC_PARITY_CACHE": str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     common = ("--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet")
     patched = run_cli("run", *common, "--impl", "patcher:factory", "--out", tmp_path / "patched", env_extra=env)
     assert patched.returncode == 1, patched.stdout[-2000:] + patched.stderr[-2000:]  # the patch shows

@@ -32,13 +32,21 @@ def _reference_vjp(x, weights, params, cotangent, config):
     out, pullback, aux = jax.vjp(jax.jit(run), x, weights, params, has_aux=True)
     d_x, d_w, d_p = pullback(cotangent)
     forward = {"out": out, **aux}
-    grads = {"d_x": d_x, **{f"d_{k}": v for k, v in d_w.as_dict().items()}, **{f"d_branch.{k}": v for k, v in d_p.items()}}
+    grads = {
+        "d_x": d_x,
+        **{f"d_{k}": v for k, v in d_w.as_dict().items()},
+        **{f"d_branch.{k}": v for k, v in d_p.items()},
+    }
     return forward, grads
 
 
 def _oracle_leaves(x, weights, params, cotangent, config):
     res = oracle.run_oracle(x, weights, tanh_mlp_branch, params, cotangent, config)
-    grads = {"d_x": res.d_x, **{f"d_{k}": v for k, v in res.d_weights.items()}, **{f"d_branch.{k}": v for k, v in res.d_branch.items()}}
+    grads = {
+        "d_x": res.d_x,
+        **{f"d_{k}": v for k, v in res.d_weights.items()},
+        **{f"d_branch.{k}": v for k, v in res.d_branch.items()},
+    }
     return res.forward, grads
 
 
@@ -168,8 +176,10 @@ def test_the_random_banks_do_not_depend_on_the_optimisation_level():
     with jax.enable_x64(True):
         keys = jnp.stack([jax.random.key(seed) for seed in (0, 11, 2**31 - 1)])
         banks = np.asarray(oracle._bank_program(4099)(keys))
-        unoptimised = jax.jit(jax.vmap(lambda key: jax.random.uniform(key, (4099,), jnp.float64, -1.0, 1.0)),
-                              compiler_options=oracle._COMPILER_OPTIONS)
+        unoptimised = jax.jit(
+            jax.vmap(lambda key: jax.random.uniform(key, (4099,), jnp.float64, -1.0, 1.0)),
+            compiler_options=oracle._COMPILER_OPTIONS,
+        )
         assert banks.dtype == np.float64 and banks.shape == (3, 4099)
         assert np.array_equal(banks.view(np.uint64), np.asarray(unoptimised(keys)).view(np.uint64))
         assert np.all((banks >= -1.0) & (banks < 1.0)) and len(np.unique(banks)) > 12_000
@@ -259,6 +269,12 @@ def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
     for site in oracle.ROUNDING_SITES.values():
         assert set(site.forward) | set(site.backward) <= set(oracle.PRECISION_CLASSES) and site.why
     with pytest.raises(ValueError, match="precision classes"):
-        oracle.run_oracle(np.zeros(SHAPE), random_weights(MhcConfig(streams=4, embedding=128)), tanh_mlp_branch,
-                          mlp_params(SHAPE[-1]), np.zeros(SHAPE), MhcConfig(streams=4, embedding=128),
-                          rounding_noise=(0, {oracle.FLOAT32: 1e-7}))
+        oracle.run_oracle(
+            np.zeros(SHAPE),
+            random_weights(MhcConfig(streams=4, embedding=128)),
+            tanh_mlp_branch,
+            mlp_params(SHAPE[-1]),
+            np.zeros(SHAPE),
+            MhcConfig(streams=4, embedding=128),
+            rounding_noise=(0, {oracle.FLOAT32: 1e-7}),
+        )

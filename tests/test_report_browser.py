@@ -58,7 +58,9 @@ window.addEventListener("load", function () {
     summary: shown(document.querySelector("#summary")),
     summaryText: (document.querySelector("#summary") || {}).innerText || "",
     heatmaps: heatmaps.length,
-    heatmapsShown: heatmaps.filter(function (table) { return shown(table) && table.querySelectorAll("td.hm").length > 0; }).length,
+    heatmapsShown: heatmaps.filter(function (table) {
+      return shown(table) && table.querySelectorAll("td.hm").length > 0;
+    }).length,
     offenders: shown(offenders),
     offenderRows: offenders ? offenders.querySelectorAll("tbody tr").length : 0,
     firstOffenderCase: offenders ? offenders.querySelector("tbody tr a").textContent : "",
@@ -136,7 +138,9 @@ def test_summary_heatmaps_and_worst_offenders_are_rendered(chromium, report, tmp
     assert console_messages(stderr) == []
     match = re.search(r'<pre id="probe-result">(.*?)</pre>', dom, re.S)
     assert match, "the probe did not run"
-    result = json.loads(match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    result = json.loads(
+        match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    )
     assert result["scripts"] == 1  # only the probe: the report itself has none, and the case name stayed text
     assert result["summary"] and "mHC parity: FAIL" in result["summaryText"]
     assert "error 1" in " ".join(result["summaryText"].split())

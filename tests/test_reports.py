@@ -95,8 +95,9 @@ def rows() -> list[dict]:
 @pytest.fixture(scope="module")
 def written(rows, tmp_path_factory) -> dict[str, Path]:
     """The reports of a complete run folder (with its manifest) made of the sample rows."""
-    return write_sample_run(rows, tmp_path_factory.mktemp("report"), metadata=METADATA,
-                            policy_digest=METADATA["policy_hash"])
+    return write_sample_run(
+        rows, tmp_path_factory.mktemp("report"), metadata=METADATA, policy_digest=METADATA["policy_hash"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,9 @@ def test_csv_loads_in_plain_pandas_with_schema_columns_and_values(written, rows)
     frame = pd.read_csv(written["csv"])
     assert list(frame.columns) == list(ROW_COLUMNS)
     assert len(frame) == len(rows)
-    failed = frame[(frame["case"] == "bf16_small") & (frame["leaf"] == "d_pre_alpha") & (frame["comparison"] == "vs_reference")]
+    failed = frame[
+        (frame["case"] == "bf16_small") & (frame["leaf"] == "d_pre_alpha") & (frame["comparison"] == "vs_reference")
+    ]
     assert failed["verdict"].tolist() == ["fail"]
     assert failed["bound_usage"].tolist() == [1.7]
     nan_row = frame[frame["case"] == "bf16_nan"].iloc[0]
@@ -156,13 +159,17 @@ def test_every_file_writes_non_finite_numbers_one_way_and_older_forms_still_load
     assert "nan" in csv_cells and "inf" in csv_cells and "Infinity" not in csv_cells
     assert "nan" in baseline.read_text().replace("\n", ",").split(",")
     document = json.loads(written["json"].read_text())
-    cells = [row[c] for row in document["rows"] for c in FLOAT_COLUMNS] + [document["summary"]["worst_leaf"]["bound_usage"]]
+    cells = [row[c] for row in document["rows"] for c in FLOAT_COLUMNS] + [
+        document["summary"]["worst_leaf"]["bound_usage"]
+    ]
     assert {c for c in cells if not isinstance(c, float)} == {"nan", "inf"}
     streamed = to_frame(store.finished()[0])  # the stream reads back exactly
     pd.testing.assert_frame_equal(streamed, to_frame([r for case_rows in by_case.values() for r in case_rows]))
     old = [dict(row, max_abs_err=None, bound_usage="Infinity", cosine="") for row in rows[:2]]
     frame = to_frame(old)
-    assert frame["max_abs_err"].isna().all() and (frame["bound_usage"] == math.inf).all() and frame["cosine"].isna().all()
+    assert (
+        frame["max_abs_err"].isna().all() and (frame["bound_usage"] == math.inf).all() and frame["cosine"].isna().all()
+    )
 
 
 def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
@@ -277,14 +284,33 @@ def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page, rows
 
 
 def test_histogram_bins_each_measured_error_once_and_counts_what_a_log_axis_cannot_show():
-    frame = pd.DataFrame({
-        "dtype": ["float32"] * 7 + ["bfloat16"],
-        "verdict": ["pass", "pass", "fail", "pass", "error", "skip", "pass", "skip"],
-        "leaf_kind": ["output", "output", "output", "weight_grad", "weight_grad", "output", "weight_grad", "output"],
-        "comparison": ["vs_oracle", "vs_reference", "vs_oracle", "vs_oracle", "vs_oracle", "vs_oracle",
-                       "vs_reference", "vs_oracle"],
-        "max_rel_err": [2e-7, 3e-7, 0.5, 0.0, math.nan, 1e-3, 4e-5, 1e-3],
-    })
+    frame = pd.DataFrame(
+        {
+            "dtype": ["float32"] * 7 + ["bfloat16"],
+            "verdict": ["pass", "pass", "fail", "pass", "error", "skip", "pass", "skip"],
+            "leaf_kind": [
+                "output",
+                "output",
+                "output",
+                "weight_grad",
+                "weight_grad",
+                "output",
+                "weight_grad",
+                "output",
+            ],
+            "comparison": [
+                "vs_oracle",
+                "vs_reference",
+                "vs_oracle",
+                "vs_oracle",
+                "vs_oracle",
+                "vs_oracle",
+                "vs_reference",
+                "vs_oracle",
+            ],
+            "max_rel_err": [2e-7, 3e-7, 0.5, 0.0, math.nan, 1e-3, 4e-5, 1e-3],
+        }
+    )
     figure = histogram(frame, "float32")
     assert histogram(frame, "bfloat16") is None  # its one row was skipped: nothing measured
     assert figure.decades == (-7, 0) and len(figure.edges) == 4 * 7 + 1
@@ -306,15 +332,28 @@ def test_heatmap_cells_follow_the_value_rule():
     from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, WORST_CANDIDATE, cell_colour, heatmap
 
     def row(candidate, leaf, ratio, usage, verdict="pass", case="c"):
-        return {**empty_row(), "case": case, "candidate": candidate, "partner": "reference/unsharded",
-                "comparison": "vs_reference", "leaf": leaf, "leaf_kind": "output", "oracle_ratio_max": ratio,
-                "bound_usage": usage, "verdict": verdict}
+        return {
+            **empty_row(),
+            "case": case,
+            "candidate": candidate,
+            "partner": "reference/unsharded",
+            "comparison": "vs_reference",
+            "leaf": leaf,
+            "leaf_kind": "output",
+            "oracle_ratio_max": ratio,
+            "bound_usage": usage,
+            "verdict": verdict,
+        }
 
-    frame = to_frame([
-        row("k", "out", 2.0, 0.1), row("k", "h_pre", math.nan, 0.3),
-        row("j", "out", 0.5, 0.2, "fail"), row("j", "out", 4.0, 0.1, "pass"),  # two partners: one cell
-        row("i", "out", math.nan, math.nan, "skip"),
-    ])
+    frame = to_frame(
+        [
+            row("k", "out", 2.0, 0.1),
+            row("k", "h_pre", math.nan, 0.3),
+            row("j", "out", 0.5, 0.2, "fail"),
+            row("j", "out", 4.0, 0.1, "pass"),  # two partners: one cell
+            row("i", "out", math.nan, math.nan, "skip"),
+        ]
+    )
     table = heatmap(frame, "vs_reference")
     assert table.rows == (("c", "i"), ("c", "j"), ("c", "k")) and table.leaves == ("h_pre", "out")
     assert table.values.at[2, "out"] == 2.0 and not table.fallback.at[2, "out"]
@@ -375,8 +414,18 @@ def test_markdown_truncates_long_failure_lists():
     from reports import render_markdown
 
     failing = [
-        empty_row(case=f"c{i:02d}", candidate="a", partner="b", leaf="out", comparison="vs_reference",
-                  leaf_kind="output", dtype="float32", verdict="fail", reason="bad | pipe", bound_usage=2.0)
+        empty_row(
+            case=f"c{i:02d}",
+            candidate="a",
+            partner="b",
+            leaf="out",
+            comparison="vs_reference",
+            leaf_kind="output",
+            dtype="float32",
+            verdict="fail",
+            reason="bad | pipe",
+            bound_usage=2.0,
+        )
         for i in range(30)
     ]
     text = render_markdown(failing, max_rows=20)

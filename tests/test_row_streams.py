@@ -18,28 +18,16 @@ from harness.cli import main as cli_main
 from reports.manifest import read_manifest
 from reports.samples import sample_rows, write_sample_run
 from reports.store import RowStore, case_records
-from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
+from tests.cli_support import cheap_run_args, assert_one_line_error, load_jsonl, run_cli, without_timing
 
 SHARED = pytest.mark.xdist_group("row_streams")
-
-
-@pytest.fixture(scope="module")
-def case_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cases") / "cases.toml"
-    path.write_text(CASE_FILE)
-    return path
-
-
-def run_args(case_file, out, *extra) -> list:
-    return ["run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--paths", "reference/*",
-            "--no-lowering", "--quiet", "--out", out, *extra]
 
 
 @pytest.fixture(scope="module")
 def complete(case_file, tmp_path_factory):
     """A complete run of two cheap cases through the reference paths."""
     out = tmp_path_factory.mktemp("complete") / "run"
-    proc = run_cli(*run_args(case_file, out))
+    proc = run_cli(*cheap_run_args(case_file, out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return out
 
@@ -50,14 +38,6 @@ def used(complete, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(complete, out)
     return out
-
-
-def assert_refused(proc, *fragments) -> None:
-    """Exit 2 and one line naming the problem, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr, proc.stderr
 
 
 def flip_a_digit(stream) -> None:
@@ -83,18 +63,24 @@ def readers(out, tmp_path) -> dict:
 
 
 @SHARED
-@pytest.mark.parametrize("spoil, fragment", [
-    (flip_a_digit, "rows differ from the recorded ones"),
-    (lambda stream: stream.write_text(stream.read_text() + "".join(stream.read_text().splitlines(True)[:10])),
-     "recorded)"),
-    (lambda stream: stream.write_text("".join(stream.read_text().splitlines(True)[:-3])), "recorded)"),
-], ids=["flipped-digit", "ten-duplicated-lines", "cut"])
+@pytest.mark.parametrize(
+    "spoil, fragment",
+    [
+        (flip_a_digit, "rows differ from the recorded ones"),
+        (
+            lambda stream: stream.write_text(stream.read_text() + "".join(stream.read_text().splitlines(True)[:10])),
+            "recorded)",
+        ),
+        (lambda stream: stream.write_text("".join(stream.read_text().splitlines(True)[:-3])), "recorded)"),
+    ],
+    ids=["flipped-digit", "ten-duplicated-lines", "cut"],
+)
 def test_a_spoiled_stream_is_refused_by_resume_and_by_every_reader(case_file, used, tmp_path, spoil, fragment):
     spoil(used / "rows.jsonl")
-    resumed = run_cli(*run_args(case_file, used, "--resume"))
-    assert_refused(resumed, "its row stream does not match its manifest", fragment)
-    for command, proc in readers(used, tmp_path).items():
-        assert_refused(proc, "rows.jsonl: its rows are not those the run")
+    resumed = run_cli(*cheap_run_args(case_file, used, "--resume"))
+    assert_one_line_error(resumed, "its row stream does not match its manifest", fragment)
+    for proc in readers(used, tmp_path).values():
+        assert_one_line_error(proc, "rows.jsonl: its rows are not those the run")
     assert not (tmp_path / "b.csv").exists()
 
 
@@ -105,8 +91,8 @@ def test_a_flipped_digit_in_the_report_is_refused_though_the_stream_is_intact(us
     row = next(r for r in document["rows"] if isinstance(r["cand_oracle_max_err"], float))
     row["cand_oracle_max_err"] *= 1.25
     report.write_text(json.dumps(document))
-    for command, proc in readers(used, tmp_path).items():
-        assert_refused(proc, "report.json: its rows are not those the run")
+    for proc in readers(used, tmp_path).values():
+        assert_one_line_error(proc, "report.json: its rows are not those the run")
 
 
 class KilledHere(BaseException):
@@ -115,24 +101,25 @@ class KilledHere(BaseException):
 
 @SHARED
 def test_a_kill_between_the_new_manifest_and_the_old_streams_removal_leaves_nothing_to_trust(
-        case_file, complete, used, tmp_path, monkeypatch):
+    case_file, complete, used, tmp_path, monkeypatch
+):
     """The window of `RowStore.start_fresh`: a new run's manifest beside the old run's rows.
     `--resume` must redo every case, not keep the old run's rows as this run's."""
     fresh = tmp_path / "fresh"
-    assert run_cli(*run_args(case_file, fresh, "--seed", "7")).returncode == 0
+    assert run_cli(*cheap_run_args(case_file, fresh, "--seed", "7")).returncode == 0
 
     def killed(self):
         raise KilledHere
 
     monkeypatch.setattr(RowStore, "start_fresh", killed)
     with pytest.raises(KilledHere):
-        cli_main([str(a) for a in run_args(case_file, used, "--seed", "7")])
+        cli_main([str(a) for a in cheap_run_args(case_file, used, "--seed", "7")])
     monkeypatch.undo()
     assert read_manifest(used).cases_done == 0 and (used / "rows.jsonl").exists()
     gate = run_cli("gate", "--baseline", complete, "--current", used)
-    assert_refused(gate, "unfinished run")
+    assert_one_line_error(gate, "unfinished run")
 
-    resumed = run_cli(*run_args(case_file, used, "--seed", "7", "--resume"))
+    resumed = run_cli(*cheap_run_args(case_file, used, "--seed", "7", "--resume"))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     rows = without_timing(load_jsonl(used / "rows.jsonl"))
     assert rows == without_timing(load_jsonl(fresh / "rows.jsonl"))
@@ -146,7 +133,7 @@ def test_resume_redoes_a_finished_case_its_manifest_did_not_record(case_file, co
     from reports.manifest import write_manifest
 
     write_manifest(used, manifest.with_cases(manifest.case_records[:1]).interrupted("SIGKILL"))
-    resumed = run_cli(*run_args(case_file, used, "--resume"))
+    resumed = run_cli(*cheap_run_args(case_file, used, "--resume"))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert without_timing(load_jsonl(used / "rows.jsonl")) == without_timing(load_jsonl(complete / "rows.jsonl"))
     assert read_manifest(used).is_complete
@@ -156,7 +143,7 @@ def test_baseline_from_a_run_with_duplicated_row_keys_is_one_line(tmp_path):
     rows = sample_rows()
     write_sample_run(rows + rows[:2], tmp_path / "run", rendered=False)
     made = run_cli("baseline", "--from", tmp_path / "run", "--to", tmp_path / "b.csv")
-    assert_refused(made, "share a row key")
+    assert_one_line_error(made, "share a row key")
     assert not (tmp_path / "b.csv").exists()
 
 

@@ -23,18 +23,18 @@ import pytest
 from reports.baseline import BASELINE_COLUMNS
 from reports.manifest import read_manifest, write_manifest
 from tests.cli_support import (
-    CASE_FILE, CASE_NAMES, REFERENCE_ONLY_CASE, ROOT, harness_command, load_jsonl, run_cli, without_timing,
+    CASE_NAMES,
+    REFERENCE_ONLY_CASE,
+    ROOT,
+    assert_one_line_error,
+    harness_command,
+    load_jsonl,
+    run_cli,
+    without_timing,
 )
 
 SHARED = pytest.mark.xdist_group("finished_run")
 CHEAP_PATHS = ("--paths", "reference/*", "--no-lowering")
-
-
-@pytest.fixture(scope="module")
-def case_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cases") / "cases.toml"
-    path.write_text(CASE_FILE)
-    return path
 
 
 def run_args(case_file, out, *extra) -> list[str]:
@@ -53,15 +53,6 @@ def finished(case_file, tmp_path_factory):
     return {"out": out, "baseline": baseline, "stderr": proc.stderr, "rows": load_jsonl(out / "rows.jsonl")}
 
 
-def assert_one_line_error(proc, *fragments: str) -> None:
-    """Exit 2, one line on stderr naming the problem, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr, proc.stderr
-
-
 def start_run(case_file, out, cold_cache) -> subprocess.Popen:
     """A run to stop mid-way, started the way a parent that ignores SIGINT starts it (as
     pytest-xdist workers were seen to): the run must handle Ctrl-C itself. With the caches
@@ -69,8 +60,14 @@ def start_run(case_file, out, cold_cache) -> subprocess.Popen:
     the signal lands; an empty cache folder (`cold_cache`) makes each case compute its oracle."""
     env = {**os.environ, "MHC_PARITY_CACHE": str(cold_cache)}
     command = shlex.join(map(str, harness_command(*run_args(case_file, out, "--quiet"))))
-    return subprocess.Popen(["sh", "-c", f"trap '' INT; exec {command}"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["sh", "-c", f"trap '' INT; exec {command}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_finished_cases(proc: subprocess.Popen, out, since_ns: int, timeout: float = 300) -> None:
@@ -144,8 +141,17 @@ def test_a_mistyped_paths_glob_is_a_usage_error_with_a_hint(tmp_path):
 @pytest.mark.slow
 def test_a_run_that_compares_nothing_never_passes(tmp_path):
     # Off a TPU the mosaic path is a skip: every row is skip, nothing is compared.
-    proc = run_cli("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "mosaic/*", "--no-lowering", "--quiet",
-                   "--out", tmp_path / "out")
+    proc = run_cli(
+        "run",
+        "--cases",
+        REFERENCE_ONLY_CASE,
+        "--paths",
+        "mosaic/*",
+        "--no-lowering",
+        "--quiet",
+        "--out",
+        tmp_path / "out",
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "PASS" not in proc.stdout and "parity: NOTHING COMPARED" in proc.stdout
     assert "nothing was compared" in proc.stderr and "Traceback" not in proc.stderr
@@ -161,10 +167,31 @@ def test_resume_refuses_another_selection_policy_or_code(case_file, finished, tm
     shutil.copytree(finished["out"], out)
     policy = tmp_path / "policy.toml"
     policy.write_text((ROOT / "harness" / "tolerances.toml").read_text() + "\n# edited\n")
-    other = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "--paths", "reference/unsharded",
-                    "--no-lowering", "--seed", "5", "--policy", policy, "--out", out, "--resume")
-    assert_one_line_error(other, "holds another run", "cases: 3 -> 1 cases", "paths: ['reference/*'] -> "
-                          "['reference/unsharded']", "seed: None -> 5", "policy:")
+    other = run_cli(
+        "run",
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "--paths",
+        "reference/unsharded",
+        "--no-lowering",
+        "--seed",
+        "5",
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--resume",
+    )
+    assert_one_line_error(
+        other,
+        "holds another run",
+        "cases: 3 -> 1 cases",
+        "paths: ['reference/*'] -> ['reference/unsharded']",
+        "seed: None -> 5",
+        "policy:",
+    )
     assert load_jsonl(out / "rows.jsonl") == finished["rows"], "a refused resume changes nothing"
 
     # As if mhc/layer.py had been edited since the run: its recorded hash no longer matches.
@@ -207,11 +234,19 @@ rationale = "a policy that forgot every other leaf kind"
         (["run", "--impl", "raises_on_import:factory"], ["importing 'raises_on_import' failed: RuntimeError"]),
         (["run", "--policy", "{policy}"], ["cannot judge", "no tolerance rule", "leaf_kind=intermediate"]),
         (["run", "--seed", "-1"], ["--seed must be an integer in [0,"]),
-        (["run", "--impl", "tests.external_impls:good", "--impl", "tests.external_impls:good"],
-         ["given more than once"]),
+        (
+            ["run", "--impl", "tests.external_impls:good", "--impl", "tests.external_impls:good"],
+            ["given more than once"],
+        ),
     ],
-    ids=["unwritable-out", "impl-syntax-error", "impl-import-exception", "policy-without-rule", "negative-seed",
-         "duplicate-impl"],
+    ids=[
+        "unwritable-out",
+        "impl-syntax-error",
+        "impl-import-exception",
+        "policy-without-rule",
+        "negative-seed",
+        "duplicate-impl",
+    ],
 )
 @pytest.mark.slow
 def test_run_configuration_errors_exit_2_before_any_compute(argv, fragments, tmp_path):
@@ -223,8 +258,7 @@ def test_run_configuration_errors_exit_2_before_any_compute(argv, fragments, tmp
     argv = [a.format(file=tmp_path / "file", policy=tmp_path / "policy.toml") for a in argv]
     if "--out" not in argv:
         argv += ["--out", str(out)]
-    proc = run_cli(*argv, "--cases", REFERENCE_ONLY_CASE, *CHEAP_PATHS,
-                   env_extra={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    proc = run_cli(*argv, "--cases", REFERENCE_ONLY_CASE, *CHEAP_PATHS, env_extra={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
     assert_one_line_error(proc, *fragments)
     assert not (out / "manifest.json").exists(), "refused before the run started"
 
@@ -271,8 +305,9 @@ def test_a_baseline_cut_in_its_last_number_is_rejected(keep_line_ending, finishe
     number = last.rsplit(",", 1)[1]
     assert "." in number, number
     cut = tmp_path / "cut.csv"
-    cut.write_text(body + "\n" + last[: len(last) - len(number)] + number.split(".")[0] + "."
-                   + ("\n" if keep_line_ending else ""))
+    cut.write_text(
+        body + "\n" + last[: len(last) - len(number)] + number.split(".")[0] + "." + ("\n" if keep_line_ending else "")
+    )
     line = text.count("\n")
     gate = run_cli("gate", "--baseline", cut, "--current", finished["out"])
     assert_one_line_error(gate, f"line {line}, column {BASELINE_COLUMNS[-1]!r}", "is not a complete number")
@@ -283,11 +318,15 @@ def test_a_baseline_cut_in_its_last_number_is_rejected(keep_line_ending, finishe
 def test_without_a_terminal_a_heartbeat_names_the_running_case_and_path(case_file, tmp_path):
     # From an empty cache folder, so that a case takes longer than the 0.2 s heartbeat
     # (with stored programs and oracle answers a case can finish in milliseconds).
-    proc = run_cli(*run_args(case_file, tmp_path / "run", "--heartbeat", "0.2", "--cases", "cli-a-f32"),
-                   env_extra={"MHC_PARITY_CACHE": str(tmp_path / "cold-cache")})
+    proc = run_cli(
+        *run_args(case_file, tmp_path / "run", "--heartbeat", "0.2", "--cases", "cli-a-f32"),
+        env_extra={"MHC_PARITY_CACHE": str(tmp_path / "cold-cache")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     beats = [line for line in proc.stderr.splitlines() if line.startswith("... still running case ")]
     assert beats, proc.stderr[-2000:]
     step = r"(fixture|oracle|lowering|(reference|interpret)/unsharded)"
-    pattern = re.compile(rf"\.\.\. still running case cli-a-f32: {step} for \d+s \(0/1 cases done\)")
+    # Before the case reports its first step (a beat can land there under load), no step is named.
+    pattern = re.compile(rf"\.\.\. still running case cli-a-f32(: {step})? for \d+s \(0/1 cases done\)")
+    assert any(": " in line for line in beats), beats
     assert all(pattern.fullmatch(line) for line in beats), beats

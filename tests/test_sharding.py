@@ -56,7 +56,7 @@ def _run(mesh, x, w, y, g, kernel=KERNEL):
     return _compiled(mesh, kernel)(x, w, y, g)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(mesh, kernel):
     # One jitted program per mesh and kernel mode, so the per-block runs below compile once.
     def fwd(x, w, y):
@@ -71,7 +71,7 @@ def _compiled(mesh, kernel):
     return jax.jit(f)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _block_abs_sums_for(dtype_name):
     return _block_abs_sums(*_inputs(jnp.dtype(dtype_name)))
 
@@ -99,9 +99,12 @@ def _check(mesh_shape, dtype, abs_sums=None, kernel=KERNEL):
     mesh = _mesh(mesh_shape)
     (out_s, li_s, ctx_s), (dx_s, dw_s, dy_s) = _run(mesh, x, w, y, g, kernel)
     assert out_s.sharding.spec[:2] == PartitionSpec("data", "fsdp")[:2] or mesh_shape != (2, 4)
-    for name, a, b in [("out", out_s, out_u), ("layer_input", li_s, li_u), ("d_x", dx_s, dx_u),
-                       ("d_layer_output", dy_s, dy_u)] + [
-                          (f, getattr(ctx_s, f), getattr(ctx_u, f)) for f in ("h_pre", "h_post", "h_res")]:
+    for name, a, b in [
+        ("out", out_s, out_u),
+        ("layer_input", li_s, li_u),
+        ("d_x", dx_s, dx_u),
+        ("d_layer_output", dy_s, dy_u),
+    ] + [(f, getattr(ctx_s, f), getattr(ctx_u, f)) for f in ("h_pre", "h_post", "h_res")]:
         _assert_identical(a, b, name)
     if abs_sums is None:
         abs_sums = _block_abs_sums_for(jnp.dtype(dtype).name)
@@ -159,8 +162,10 @@ def test_bound_is_not_vacuous():
     for k in WEIGHT_FIELDS:
         # Dropping one shard's eighth of the tokens would change the gradient by ~1/8
         # of its magnitude; the bound must be well below that.
-        assert np.max(gamma * sums[k]) < 0.01 * np.max(np.abs(np.asarray(dw_u := getattr(dw, k)))) or \
-            np.max(np.abs(np.asarray(dw_u))) == 0, k
+        assert (
+            np.max(gamma * sums[k]) < 0.01 * np.max(np.abs(np.asarray(dw_u := getattr(dw, k))))
+            or np.max(np.abs(np.asarray(dw_u))) == 0
+        ), k
 
 
 def test_context_mesh_is_used_when_mesh_is_none():
@@ -204,8 +209,11 @@ def test_sharding_helpers_inside_check_vma_shard_map():
 
     x = jnp.arange(64.0).reshape(64, 1)
     w = jnp.ones((1,))
-    _, total = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, PartitionSpec()),
-                                     out_specs=(spec, PartitionSpec()), check_vma=True))(x, w)
+    _, total = jax.jit(
+        jax.shard_map(
+            body, mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=(spec, PartitionSpec()), check_vma=True
+        )
+    )(x, w)
     np.testing.assert_allclose(np.asarray(total), [np.sum(np.arange(64.0))])
 
 
@@ -223,7 +231,7 @@ LAYER_SHAPE = (2, 128, 4, 128)  # 256 tokens: 32 per shard on a (2, 4) mesh
 LAYER_TOKEN_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res", "d_x")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _layer_program(kernel: KernelConfig, mesh_shape, dtype_name):
     """jit(forward + VJP) of the mHC layer with a tanh branch, like harness.paths builds it."""
     from flax import nnx
@@ -232,8 +240,13 @@ def _layer_program(kernel: KernelConfig, mesh_shape, dtype_name):
 
     mesh = None if mesh_shape is None else _mesh(mesh_shape)
     layer = ManifoldConstrainedHyperConnections(
-        CONFIG.streams, CONFIG.embedding, dtype=jnp.dtype(dtype_name), use_pallas_kernel=True,
-        kernel_config=kernel, mesh=mesh, rngs=nnx.Rngs(0),
+        CONFIG.streams,
+        CONFIG.embedding,
+        dtype=jnp.dtype(dtype_name),
+        use_pallas_kernel=True,
+        kernel_config=kernel,
+        mesh=mesh,
+        rngs=nnx.Rngs(0),
     )
     graphdef, state = nnx.split(layer)
 
@@ -310,8 +323,14 @@ def test_two_streams_sharded_are_bit_identical_per_token(shape, blocks):
 
         (out, inner), vjp = jax.vjp(f, x, w)
         d_x, _ = vjp((g, jax.tree.map(jnp.zeros_like, inner)))
-        return {"out": out, "layer_input": inner[0], "h_pre": inner[1], "h_post": inner[2],
-                "h_res": inner[3], "d_x": d_x}
+        return {
+            "out": out,
+            "layer_input": inner[0],
+            "h_pre": inner[1],
+            "h_post": inner[2],
+            "h_res": inner[3],
+            "d_x": d_x,
+        }
 
     unsharded = jax.jit(functools.partial(run, None))(x, w)
     sharded = jax.jit(functools.partial(run, _mesh((2, 4))))(x, w)

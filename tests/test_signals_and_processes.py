@@ -20,16 +20,9 @@ import uuid
 import pytest
 
 from reports.manifest import read_manifest
-from tests.cli_support import CASE_FILE, ROOT, harness_command, load_jsonl, run_cli
+from tests.cli_support import cheap_run_args, ROOT, harness_command, load_jsonl, run_cli
 
 HANGS = "tests.external_impls:hangs_once"
-
-
-@pytest.fixture(scope="module")
-def case_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cases") / "cases.toml"
-    path.write_text(CASE_FILE)
-    return path
 
 
 def processes_with(marker: str) -> list[int]:
@@ -55,8 +48,14 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 
 def start(args, env_extra: dict) -> subprocess.Popen:
-    return subprocess.Popen(harness_command(*args), cwd=ROOT, env={**os.environ, **env_extra},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        harness_command(*args),
+        cwd=ROOT,
+        env={**os.environ, **env_extra},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -64,9 +63,25 @@ def start(args, env_extra: dict) -> subprocess.Popen:
 def test_kill_9_of_a_run_with_workers_leaves_no_process_behind(case_file, tmp_path):
     marker = f"MHC_TEST_{uuid.uuid4().hex}"
     hang = tmp_path / "hang-marker"
-    proc = start(["run", "--case-file", case_file, "--impl", HANGS, "--paths", "reference/*", "hangs_once/*",
-                  "--no-lowering", "--jobs", "2", "--quiet", "--out", tmp_path / "run"],
-                 {"HANGS_MARKER": str(hang), marker: "1"})
+    proc = start(
+        [
+            "run",
+            "--case-file",
+            case_file,
+            "--impl",
+            HANGS,
+            "--paths",
+            "reference/*",
+            "hangs_once/*",
+            "--no-lowering",
+            "--jobs",
+            "2",
+            "--quiet",
+            "--out",
+            tmp_path / "run",
+        ],
+        {"HANGS_MARKER": str(hang), marker: "1"},
+    )
     wait_for(hang.exists, 300, "a worker to be stuck in the implementation")
     assert len(processes_with(marker)) >= 3  # the command, the fork server, the workers
     proc.kill()
@@ -78,9 +93,26 @@ def test_kill_9_of_a_run_with_workers_leaves_no_process_behind(case_file, tmp_pa
 def test_one_ctrl_c_stops_a_run_whose_implementation_hangs(case_file, tmp_path):
     hang = tmp_path / "hang-marker"
     out = tmp_path / "run"
-    proc = start(["run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--impl", HANGS,
-                  "--paths", "reference/*", "hangs_once/*", "--no-lowering", "--quiet", "--out", out],
-                 {"HANGS_MARKER": str(hang)})
+    proc = start(
+        [
+            "run",
+            "--case-file",
+            case_file,
+            "--cases",
+            "cli-a-*",
+            "cli-b-*",
+            "--impl",
+            HANGS,
+            "--paths",
+            "reference/*",
+            "hangs_once/*",
+            "--no-lowering",
+            "--quiet",
+            "--out",
+            out,
+        ],
+        {"HANGS_MARKER": str(hang)},
+    )
     wait_for(hang.exists, 300, "the implementation to hang")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -93,12 +125,28 @@ def test_one_ctrl_c_stops_a_run_whose_implementation_hangs(case_file, tmp_path):
 def test_baseline_impl_streams_stops_on_one_signal_and_resumes(case_file, tmp_path):
     hang = tmp_path / "hang-marker"
     out, baseline = tmp_path / "run", tmp_path / "hangs_once.csv"
-    args = ["baseline", "--impl", HANGS, "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--quiet",
-            "--out", out, "--to", baseline]
+    args = [
+        "baseline",
+        "--impl",
+        HANGS,
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "cli-b-*",
+        "--quiet",
+        "--out",
+        out,
+        "--to",
+        baseline,
+    ]
     proc = start(args, {"HANGS_MARKER": str(hang)})
     done = out / "cases-done.txt"
-    wait_for(lambda: hang.exists() and done.exists() and done.read_text().split(), 300,
-             "the float32 case to be streamed and the bfloat16 one to hang")
+    wait_for(
+        lambda: hang.exists() and done.exists() and done.read_text().split(),
+        300,
+        "the float32 case to be streamed and the bfloat16 one to hang",
+    )
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
@@ -118,15 +166,15 @@ def shards(case_file, tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
     folders = [root / f"shard{k}" for k in (1, 2)]
     for k, folder in enumerate(folders, 1):
-        proc = run_cli("run", "--case-file", case_file, "--cases", "cli-a-*", "cli-b-*", "--paths", "reference/*",
-                       "--no-lowering", "--quiet", "--shard", f"{k}/2", "--out", folder)
+        proc = run_cli(*cheap_run_args(case_file, folder, "--shard", f"{k}/2"))
         assert proc.returncode == 0, proc.stderr[-2000:]
     return folders
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_during_merge_is_one_line_and_the_hint_is_a_command_merge_takes(shards, tmp_path, monkeypatch,
-                                                                                   capsys, signum):
+def test_a_signal_during_merge_is_one_line_and_the_hint_is_a_command_merge_takes(
+    shards, tmp_path, monkeypatch, capsys, signum
+):
     import reports.writers
     from harness.merge_command import main as merge_main
 

@@ -66,31 +66,58 @@ def test_good_file_loads_registers_and_is_selectable(tmp_path):
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\nbathc = 3',
-         ["case 'c1'", "unknown field(s) 'bathc'", "did you mean 'batch'"]),
-        ('name = "c1"\nbatch = "two"\nsequence = 8\nstreams = 4\nembedding = 128',
-         ["case 'c1'", "field 'batch'", "must be an integer"]),
-        ('name = "c1"\nbatch = true\nsequence = 8\nstreams = 4\nembedding = 128',
-         ["case 'c1'", "field 'batch'", "must be an integer"]),
-        ('name = "c1"\nbatch = 0\nsequence = 8\nstreams = 4\nembedding = 128',
-         ["case 'c1'", "field 'batch'", "positive"]),
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4',
-         ["case 'c1'", "missing required field(s) 'embedding'"]),
-        ('batch = 2\nsequence = 8\nstreams = 4\nembedding = 128',
-         ["case entry 1", "missing required field(s) 'name'"]),
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\ndtype = "float16"',
-         ["case 'c1'", "field 'dtype'"]),
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\nmesh = [2, 4, 1]',
-         ["case 'c1'", "field 'mesh'"]),
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\ninit = "saturated"',
-         ["case 'c1'", "field 'init'", "saturated_gates"]),
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\nexpect = "unsupported"',
-         ["case 'c1'", "field 'expect_reason'"]),
-        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\ntags = "a"',
-         ["case 'c1'", "field 'tags'", "list of strings"]),
+        (
+            'name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\nbathc = 3',
+            ["case 'c1'", "unknown field(s) 'bathc'", "did you mean 'batch'"],
+        ),
+        (
+            'name = "c1"\nbatch = "two"\nsequence = 8\nstreams = 4\nembedding = 128',
+            ["case 'c1'", "field 'batch'", "must be an integer"],
+        ),
+        (
+            'name = "c1"\nbatch = true\nsequence = 8\nstreams = 4\nembedding = 128',
+            ["case 'c1'", "field 'batch'", "must be an integer"],
+        ),
+        (
+            'name = "c1"\nbatch = 0\nsequence = 8\nstreams = 4\nembedding = 128',
+            ["case 'c1'", "field 'batch'", "positive"],
+        ),
+        ('name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4', ["case 'c1'", "missing required field(s) 'embedding'"]),
+        ("batch = 2\nsequence = 8\nstreams = 4\nembedding = 128", ["case entry 1", "missing required field(s) 'name'"]),
+        (
+            'name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\ndtype = "float16"',
+            ["case 'c1'", "field 'dtype'"],
+        ),
+        (
+            'name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\nmesh = [2, 4, 1]',
+            ["case 'c1'", "field 'mesh'"],
+        ),
+        (
+            'name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\ninit = "saturated"',
+            ["case 'c1'", "field 'init'", "saturated_gates"],
+        ),
+        (
+            'name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\nexpect = "unsupported"',
+            ["case 'c1'", "field 'expect_reason'"],
+        ),
+        (
+            'name = "c1"\nbatch = 2\nsequence = 8\nstreams = 4\nembedding = 128\ntags = "a"',
+            ["case 'c1'", "field 'tags'", "list of strings"],
+        ),
     ],
-    ids=["unknown-field", "string-int", "bool-int", "zero", "missing-field", "missing-name", "bad-dtype",
-         "bad-mesh", "bad-init", "reason-missing", "tags-not-list"],
+    ids=[
+        "unknown-field",
+        "string-int",
+        "bool-int",
+        "zero",
+        "missing-field",
+        "missing-name",
+        "bad-dtype",
+        "bad-mesh",
+        "bad-init",
+        "reason-missing",
+        "tags-not-list",
+    ],
 )
 def test_malformed_cases_name_the_file_case_and_field(tmp_path, body, expected):
     path = _write(tmp_path, "[[case]]\n" + body + "\n")
@@ -106,14 +133,21 @@ def test_malformed_cases_name_the_file_case_and_field(tmp_path, body, expected):
     "text, expected",
     [
         ("[[case]]\nname = \n", "not valid TOML"),
-        ("title = 'x'\n[[case]]\nname='a'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n",
-         "top level: unknown field(s) 'title'"),
-        ("[defaults]\nname = 'x'\n[[case]]\nname='a'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n",
-         "[defaults]: unknown field(s) 'name'"),
+        (
+            "title = 'x'\n[[case]]\nname='a'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n",
+            "top level: unknown field(s) 'title'",
+        ),
+        (
+            "[defaults]\nname = 'x'\n[[case]]\nname='a'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n",
+            "[defaults]: unknown field(s) 'name'",
+        ),
         ("[defaults]\nseed = 1\n", "no [[case]] tables"),
         ("[case]\nname = 'a'\n", "[[case]] tables"),
-        ("[[case]]\nname='a'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n"
-         "[[case]]\nname='a'\nbatch=2\nsequence=8\nstreams=2\nembedding=128\n", "duplicate name"),
+        (
+            "[[case]]\nname='a'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n"
+            "[[case]]\nname='a'\nbatch=2\nsequence=8\nstreams=2\nembedding=128\n",
+            "duplicate name",
+        ),
     ],
     ids=["syntax", "top-level-key", "defaults-name", "no-cases", "case-not-array", "duplicate-in-file"],
 )
@@ -126,8 +160,10 @@ def test_malformed_files_fail_clearly(tmp_path, text, expected):
 def test_missing_file_and_clash_with_the_catalogue(tmp_path):
     with pytest.raises(CaseFileError, match="not found"):
         load_case_file(tmp_path / "absent.toml")
-    clash = _write(tmp_path, "[[case]]\nname='lite-n4-c128-b2s64-f32-w32-identity-default'\n"
-                             "batch=1\nsequence=8\nstreams=2\nembedding=128\n")
+    clash = _write(
+        tmp_path,
+        "[[case]]\nname='lite-n4-c128-b2s64-f32-w32-identity-default'\nbatch=1\nsequence=8\nstreams=2\nembedding=128\n",
+    )
     registry = fresh_registry()
     size = len(registry)
     with pytest.raises(DuplicateCaseError, match="already registered"):

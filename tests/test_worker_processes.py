@@ -62,9 +62,7 @@ def test_a_worker_refuses_to_begin_with_a_started_jax_backend():
         "import jax\n"
         "from harness.env import ensure_host_devices\n"
         "ensure_host_devices()\n"
-        "jax.devices()\n"
-        + WORKER_SPEC +
-        "parallel._start_worker(spec)\n"
+        "jax.devices()\n" + WORKER_SPEC + "parallel._start_worker(spec)\n"
     )
     assert proc.returncode != 0
     assert "RuntimeError: a worker process began with a JAX backend already started" in proc.stderr
@@ -76,8 +74,9 @@ def test_a_worker_paces_the_garbage_collector():
         "import concurrent.futures, gc\n"
         "from harness.env import GC_THRESHOLDS\n"
         "from harness.worker_processes import worker_context\n"
-        + WORKER_SPEC +
-        "with concurrent.futures.ProcessPoolExecutor(1, mp_context=worker_context(), initializer=parallel._start_worker,\n"
+        + WORKER_SPEC
+        + "with concurrent.futures.ProcessPoolExecutor(1, mp_context=worker_context(),\n"
+        "                                            initializer=parallel._start_worker,\n"
         "                                            initargs=(spec,)) as pool:\n"
         "    print(pool.submit(gc.get_threshold).result() == GC_THRESHOLDS)\n"
     )
@@ -85,13 +84,16 @@ def test_a_worker_paces_the_garbage_collector():
     assert proc.stdout.strip() == "True"
 
 
-@pytest.mark.parametrize(("command", "arguments", "expected"), [
-    ("run", ["--suite", "smoke", "--jobs", "2"], True),
-    ("run", ["--jobs=auto"], True),
-    ("run", ["--jobs", "1"], False),
-    ("run", ["--jobs=1"], False),
-    ("run", ["--suite", "smoke"], False),  # --jobs defaults to 1
-    ("faults", ["--jobs", "2"], False),  # its workers spawn when its groups start
-])
+@pytest.mark.parametrize(
+    ("command", "arguments", "expected"),
+    [
+        ("run", ["--suite", "smoke", "--jobs", "2"], True),
+        ("run", ["--jobs=auto"], True),
+        ("run", ["--jobs", "1"], False),
+        ("run", ["--jobs=1"], False),
+        ("run", ["--suite", "smoke"], False),  # --jobs defaults to 1
+        ("faults", ["--jobs", "2"], False),  # its workers spawn when its groups start
+    ],
+)
 def test_the_command_line_starts_the_worker_server_only_for_a_run_with_workers(command, arguments, expected):
     assert requests_workers(command, arguments) is expected

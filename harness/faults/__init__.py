@@ -23,6 +23,15 @@ from harness.faults.variants import VARIANTS, VARIANTS_BY_NAME
 BY_NAME = {**FAULTS, **VARIANTS_BY_NAME}
 
 __all__ = [
-    "BY_NAME", "CATALOGUE", "DTYPE_SLICES", "FAULTS", "Patch", "Perturbation", "Seam", "SeamError",
-    "UnknownPerturbationError", "VARIANTS", "VARIANTS_BY_NAME",
+    "BY_NAME",
+    "CATALOGUE",
+    "DTYPE_SLICES",
+    "FAULTS",
+    "Patch",
+    "Perturbation",
+    "Seam",
+    "SeamError",
+    "UnknownPerturbationError",
+    "VARIANTS",
+    "VARIANTS_BY_NAME",
 ]

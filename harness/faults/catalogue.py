@@ -32,6 +32,7 @@ INDEPENDENT_IMPLEMENTATIONS = ("independent",)
 
 def _gate_with_bf16_params(original_gate):
     """The gate with scale and bias rounded to bfloat16 before the affine map."""
+
     def compute_sigmoid_gate_bf16_params(logits, scale, bias, **options):
         return original_gate(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), **options)
 
@@ -40,6 +41,7 @@ def _gate_with_bf16_params(original_gate):
 
 def _residual_matrix_with_bf16_params(original_matrix):
     """A residual-mix function `(logits, scale, bias, n)` with scale and bias rounded to bfloat16."""
+
     def residual_mix_matrix_bf16_params(logits, scale, bias, n):
         return original_matrix(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), n)
 
@@ -92,6 +94,7 @@ def _reversed_permutations(n: int):
 
 def _residual_matrix_with_reordered_permutations(original_residual_matrix):
     """`lite_residual_matrix` mixing with the permutations in reversed order."""
+
     def lite_residual_matrix_reordered(logits, scale, bias, n, perms=None, **options):
         del perms
         return original_residual_matrix(logits, scale, bias, n, jnp.asarray(_reversed_permutations(n)), **options)
@@ -107,6 +110,7 @@ def _permutation_operand_reordered(original_operand):
 
 def _expand_with_transposed_residual(original_expand):
     """`expand_streams` contracting h_res over its second stream index instead of its first."""
+
     def expand_streams_transposed(h_res, h_post, x, layer_output):
         return original_expand(jnp.swapaxes(h_res, -1, -2), h_post, x, layer_output)
 
@@ -124,6 +128,7 @@ def _psum_keeping_first_shard(original_psum):
     transpose sums the per-shard cotangents, and the zeros keep the first shard's alone.
     Outside shard_map it is the original.
     """
+
     def psum_to_primal_vma_first_shard_only(grad, primal):
         mesh = jax.sharding.get_abstract_mesh()
         manual = tuple(getattr(mesh, "manual_axes", ()) or ())
@@ -142,6 +147,7 @@ _PRE_BACKWARD_POST_BIAS = 5
 
 def _pre_backward_dropping_post_bias_grad(original_pre_backward):
     """`pre_backward` whose post_bias gradient accumulator is never written (stays zero)."""
+
     def pre_backward_without_post_bias_grad(*args, **kwargs):
         outputs = list(original_pre_backward(*args, **kwargs))
         outputs[_PRE_BACKWARD_POST_BIAS] = jnp.zeros_like(outputs[_PRE_BACKWARD_POST_BIAS])
@@ -157,6 +163,7 @@ def _launch_skipping_last_token_block(original_launch):
     the buffer held on a TPU) — an off-by-one in the grid or a tail guard that drops the
     final full block.
     """
+
     def launch_skipping_last_block(body, *, grid, **kwargs):
         last_step = grid[0] - 1
 
@@ -201,19 +208,29 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
 )
 
 
-def _reference_fault(name, attribute, description, replacement, variants=("lite", "sinkhorn"),
-                     unkillable_in=()) -> Perturbation:
+def _reference_fault(
+    name, attribute, description, replacement, variants=("lite", "sinkhorn"), unkillable_in=()
+) -> Perturbation:
     return Perturbation(
-        name=name, description=description, patches=(Patch(Seam("mhc.reference", attribute), replacement),),
-        implementations=REFERENCE_IMPLEMENTATIONS, variants=variants, unkillable_in=unkillable_in,
+        name=name,
+        description=description,
+        patches=(Patch(Seam("mhc.reference", attribute), replacement),),
+        implementations=REFERENCE_IMPLEMENTATIONS,
+        variants=variants,
+        unkillable_in=unkillable_in,
     )
 
 
-def _kernel_fault(name, module, attribute, description, replacement, *, sharded_only=False,
-                  unkillable_in=()) -> Perturbation:
+def _kernel_fault(
+    name, module, attribute, description, replacement, *, sharded_only=False, unkillable_in=()
+) -> Perturbation:
     return Perturbation(
-        name=name, description=description, patches=(Patch(Seam(module, attribute), replacement),),
-        implementations=KERNEL_IMPLEMENTATIONS, sharded_only=sharded_only, variants=("lite",),
+        name=name,
+        description=description,
+        patches=(Patch(Seam(module, attribute), replacement),),
+        implementations=KERNEL_IMPLEMENTATIONS,
+        sharded_only=sharded_only,
+        variants=("lite",),
         unkillable_in=unkillable_in,
     )
 
@@ -221,99 +238,129 @@ def _kernel_fault(name, module, attribute, description, replacement, *, sharded_
 CATALOGUE: tuple[Perturbation, ...] = (
     # --- reference path (plain JAX) ------------------------------------------------------
     _reference_fault(
-        "reference.gate_params_bf16", "compute_sigmoid_gate",
+        "reference.gate_params_bf16",
+        "compute_sigmoid_gate",
         "The reference casts the gate scale and bias to bfloat16 before the sigmoid (the "
         "upstream reference/kernel mismatch: weights cast to the compute dtype wholesale, "
         "rounding the un-rounded gate leaves).",
         _gate_with_bf16_params,
     ),
     _reference_fault(
-        "reference.pre_epsilon_dropped", "compute_sigmoid_gate",
+        "reference.pre_epsilon_dropped",
+        "compute_sigmoid_gate",
         "The reference's pre gate loses its additive epsilon (h_pre = sigmoid(...) instead of "
         "sigmoid(...) + pre_epsilon), e.g. a refactor that drops a keyword argument.",
-        _gate_without_epsilon, unkillable_in=(_EPSILON_BELOW_BFLOAT16,),
+        _gate_without_epsilon,
+        unkillable_in=(_EPSILON_BELOW_BFLOAT16,),
     ),
     _reference_fault(
-        "reference.post_gate_factor_lost", "POST_GATE_MULTIPLIER",
-        "The reference's post gate is sigmoid(...) instead of 2*sigmoid(...) (the factor 2 of "
-        "mHC's h_post lost).",
+        "reference.post_gate_factor_lost",
+        "POST_GATE_MULTIPLIER",
+        "The reference's post gate is sigmoid(...) instead of 2*sigmoid(...) (the factor 2 of mHC's h_post lost).",
         _post_gate_multiplier_of_one,
     ),
     _reference_fault(
-        "reference.rms_stats_bf16", "folded_rms_projection",
-        "The reference computes the RMS-norm statistic (mean of squares, rsqrt) in bfloat16 "
-        "instead of float32.",
-        _projection_with_bf16_rms, unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
+        "reference.rms_stats_bf16",
+        "folded_rms_projection",
+        "The reference computes the RMS-norm statistic (mean of squares, rsqrt) in bfloat16 instead of float32.",
+        _projection_with_bf16_rms,
+        unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
     ),
     _reference_fault(
-        "reference.permutation_order_changed", "lite_residual_matrix",
+        "reference.permutation_order_changed",
+        "lite_residual_matrix",
         "The reference mixes the n! permutation matrices in another order than the one the "
         "res_alpha/res_bias columns were trained for (reverse-lexicographic instead of "
         "itertools order).",
-        _residual_matrix_with_reordered_permutations, variants=("lite",),
+        _residual_matrix_with_reordered_permutations,
+        variants=("lite",),
     ),
     _reference_fault(
-        "reference.residual_contraction_transposed", "expand_streams",
+        "reference.residual_contraction_transposed",
+        "expand_streams",
         "The reference's residual mix contracts h_res over its second stream index "
         "(out = h_res @ x instead of h_res^T @ x).",
         _expand_with_transposed_residual,
     ),
     # --- Pallas kernels --------------------------------------------------------------------
     _kernel_fault(
-        "kernel.gate_params_bf16", "mhc.kernels.forward", "compute_sigmoid_gate",
+        "kernel.gate_params_bf16",
+        "mhc.kernels.forward",
+        "compute_sigmoid_gate",
         "The forward kernel casts the gate scale and bias to bfloat16 (e.g. loading the gate "
         "operands in the activation dtype) before the sigmoid.",
         _gate_with_bf16_params,
     ),
     _kernel_fault(
-        "kernel.pre_epsilon_dropped", "mhc.kernels.forward", "compute_sigmoid_gate",
+        "kernel.pre_epsilon_dropped",
+        "mhc.kernels.forward",
+        "compute_sigmoid_gate",
         "The forward kernel's pre gate loses its additive epsilon.",
-        _gate_without_epsilon, unkillable_in=(_EPSILON_BELOW_BFLOAT16,),
+        _gate_without_epsilon,
+        unkillable_in=(_EPSILON_BELOW_BFLOAT16,),
     ),
     _kernel_fault(
-        "kernel.post_gate_factor_lost", "mhc.kernels.forward", "POST_GATE_MULTIPLIER",
+        "kernel.post_gate_factor_lost",
+        "mhc.kernels.forward",
+        "POST_GATE_MULTIPLIER",
         "The forward kernel's post gate is sigmoid(...) instead of 2*sigmoid(...).",
         _post_gate_multiplier_of_one,
     ),
     _kernel_fault(
-        "kernel.rms_stats_bf16", "mhc.kernels.forward", "folded_rms_projection",
+        "kernel.rms_stats_bf16",
+        "mhc.kernels.forward",
+        "folded_rms_projection",
         "The forward kernel computes the RMS-norm statistic in bfloat16 (squares and mean in "
         "the narrow dtype) instead of float32.",
-        _projection_with_bf16_rms, unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
+        _projection_with_bf16_rms,
+        unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
     ),
     _kernel_fault(
-        "kernel.permutation_order_changed", "mhc.kernels.forward", "permutation_operand",
+        "kernel.permutation_order_changed",
+        "mhc.kernels.forward",
+        "permutation_operand",
         "The forward kernel's permutation-table operand is enumerated in another order than "
         "the reference's (reverse-lexicographic instead of itertools order).",
         _permutation_operand_reordered,
     ),
     _kernel_fault(
-        "kernel.residual_contraction_transposed", "mhc.kernels.forward", "expand_streams",
+        "kernel.residual_contraction_transposed",
+        "mhc.kernels.forward",
+        "expand_streams",
         "The post forward kernel contracts h_res over its second stream index (a transposed "
         "einsum / swapped BlockSpec axes).",
         _expand_with_transposed_residual,
     ),
     _kernel_fault(
-        "kernel.weight_grad_not_summed", "mhc.kernels.api", "psum_to_primal_vma",
+        "kernel.weight_grad_not_summed",
+        "mhc.kernels.api",
+        "psum_to_primal_vma",
         "Token-sharded weight gradients are not summed across shards: every device keeps one "
         "shard's local gradient (a forgotten all-reduce under a replicated out_spec), "
         "type-correct so it yields wrong numbers rather than a crash.",
-        _psum_keeping_first_shard, sharded_only=True,
+        _psum_keeping_first_shard,
+        sharded_only=True,
     ),
     _kernel_fault(
-        "kernel.bias_grad_zeroed", "mhc.kernels.backward", "pre_backward",
+        "kernel.bias_grad_zeroed",
+        "mhc.kernels.backward",
+        "pre_backward",
         "The pre backward kernel never accumulates the post_bias gradient (its accumulator "
         "stays at its zero initial value).",
         _pre_backward_dropping_post_bias_grad,
     ),
     _kernel_fault(
-        "kernel.token_block_skipped", "mhc.kernels.forward", "launch",
+        "kernel.token_block_skipped",
+        "mhc.kernels.forward",
+        "launch",
         "The forward kernels skip their last token block (off-by-one in the grid or a "
         "tail guard that drops the final full block); its outputs keep their initial values.",
         _launch_skipping_last_token_block,
     ),
     _kernel_fault(
-        "kernel.vjp_bias_grads_swapped", "mhc.kernels.api", "_pre_core.bwd",
+        "kernel.vjp_bias_grads_swapped",
+        "mhc.kernels.api",
+        "_pre_core.bwd",
         "The kernels' custom VJP returns the gradients of pre_bias and post_bias in each "
         "other's place (same shape, so nothing catches it but the numbers).",
         _vjp_swapping_bias_grads,
@@ -327,7 +374,8 @@ CATALOGUE: tuple[Perturbation, ...] = (
             Patch(Seam("harness.independent_mhc", "sigmoid_gate"), _gate_with_bf16_params),
             Patch(Seam("harness.independent_mhc", "residual_mix_matrix"), _residual_matrix_with_bf16_params),
         ),
-        implementations=INDEPENDENT_IMPLEMENTATIONS, variants=("lite",),
+        implementations=INDEPENDENT_IMPLEMENTATIONS,
+        variants=("lite",),
     ),
 )
 

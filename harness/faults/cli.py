@@ -32,7 +32,7 @@ import datetime
 import pathlib
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from cases import registry
 from cases.spec import CaseSpecError, normalize_dtype
@@ -66,20 +66,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
     parser.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
     parser.add_argument("--dtype", default=None, help="activation dtype filter: float32|bfloat16 (f32, bf16)")
-    parser.add_argument("--faults", nargs="+", default=None, metavar="GLOB",
-                        help="fault-name globs, e.g. 'kernel.*'")
-    parser.add_argument("--variants", nargs="+", default=None, metavar="GLOB",
-                        help="legitimate-variant-name globs (default: all, unless --faults is given)")
-    parser.add_argument("--impl", action="append", default=[], metavar="MODULE:FACTORY",
-                        help="add an external implementation to every pass (repeatable)")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help=f"output folder (default: {DEFAULT_FAULTS_OUT}, or {DEFAULT_SWEEP_OUT} with --seeds)")
-    parser.add_argument("--seeds", type=int, default=None, metavar="N",
-                        help="run the false-positive sweep instead: unmodified code, seeds 0..N-1")
+    parser.add_argument("--faults", nargs="+", default=None, metavar="GLOB", help="fault-name globs, e.g. 'kernel.*'")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        metavar="GLOB",
+        help="legitimate-variant-name globs (default: all, unless --faults is given)",
+    )
+    parser.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="MODULE:FACTORY",
+        help="add an external implementation to every pass (repeatable)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help=f"output folder (default: {DEFAULT_FAULTS_OUT}, or {DEFAULT_SWEEP_OUT} with --seeds)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the false-positive sweep instead: unmodified code, seeds 0..N-1",
+    )
     parser.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
     parser.add_argument("--list", action="store_true", help="print the faults and variants and exit")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="run the perturbations in N processes (each repeats the clean pass; catalogued only)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the perturbations in N processes (each repeats the clean pass; catalogued only)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-case progress lines")
     return parser
 
@@ -89,7 +112,8 @@ def select_cases(suite: str | None, globs: Sequence[str] | None, dtype: str | No
     try:
         wanted = normalize_dtype(dtype, field="--dtype") if dtype else None
         selected = registry.default_registry().select(
-            suite=suite or (None if globs else "default"), names=globs, dtype=wanted)
+            suite=suite or (None if globs else "default"), names=globs, dtype=wanted
+        )
     except (CaseSpecError, KeyError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     if not selected:
@@ -97,8 +121,9 @@ def select_cases(suite: str | None, globs: Sequence[str] | None, dtype: str | No
     return list(selected)
 
 
-def select_perturbations(fault_globs, variant_globs, faults: Sequence[Perturbation] = CATALOGUE,
-                         variants: Sequence[Perturbation] = VARIANTS) -> list[Perturbation]:
+def select_perturbations(
+    fault_globs, variant_globs, faults: Sequence[Perturbation] = CATALOGUE, variants: Sequence[Perturbation] = VARIANTS
+) -> list[Perturbation]:
     """The faults and variants to run: all, or only those the given globs select."""
     if fault_globs is None and variant_globs is None:
         return [*faults, *variants]
@@ -118,23 +143,44 @@ def print_catalogue(perturbations: Sequence[Perturbation]) -> None:
 def _metadata(policy, cases, started, wall, jobs, impls) -> dict:
     metadata = run_metadata()
     metadata.update(
-        command_line=" ".join(sys.argv), start_time=started.isoformat(timespec="seconds"),
-        wall_seconds=round(time.perf_counter() - wall, 1), policy_file=str(policy.source),
-        policy_hash=policy.digest, cases=[c.name for c in cases], jobs=jobs,
+        command_line=" ".join(sys.argv),
+        start_time=started.isoformat(timespec="seconds"),
+        wall_seconds=round(time.perf_counter() - wall, 1),
+        policy_file=str(policy.source),
+        policy_hash=policy.digest,
+        cases=[c.name for c in cases],
+        jobs=jobs,
         implementations=[i.name for i in impls],
     )
     return metadata
 
 
-def run_kill_matrix(perturbations: Sequence[Perturbation], cases, policy, out: pathlib.Path, *, impl_specs=(),
-                    quiet=False, jobs: int = 1, policy_path=None, use_compilation_cache=True) -> int:
+def run_kill_matrix(
+    perturbations: Sequence[Perturbation],
+    cases,
+    policy,
+    out: pathlib.Path,
+    *,
+    impl_specs=(),
+    quiet=False,
+    jobs: int = 1,
+    policy_path=None,
+    use_compilation_cache=True,
+) -> int:
     """Clean pass, one pass per perturbation (in `jobs` processes), reports; returns the exit code."""
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     wall = time.perf_counter()
     impls = kill_matrix.implementations(impl_specs)
     if jobs > 1 and len(perturbations) > 1:
-        matrix = kill_matrix.run_in_workers(perturbations, cases, policy_path, impl_specs, jobs, quiet=quiet,
-                                            use_compilation_cache=use_compilation_cache)
+        matrix = kill_matrix.run_in_workers(
+            perturbations,
+            cases,
+            policy_path,
+            impl_specs,
+            jobs,
+            quiet=quiet,
+            use_compilation_cache=use_compilation_cache,
+        )
     else:
         matrix = kill_matrix.run_in_process(perturbations, cases, policy, impls, quiet=quiet)
     paths = write_kill_matrix(matrix, out, _metadata(policy, cases, started, wall, jobs, impls))
@@ -143,9 +189,11 @@ def run_kill_matrix(perturbations: Sequence[Perturbation], cases, policy, out: p
     print()
     faults = [r for r in matrix.results if not r.legitimate]
     variants = [r for r in matrix.results if r.legitimate]
-    print(f"faults: {sum(r.ok for r in faults)}/{len(faults)} caught in every slice (or listed), "
-          f"{sum(r.ok for r in variants)}/{len(variants)} variants pass, "
-          f"{len(matrix.clean_failures)} clean row(s) fail ({time.perf_counter() - wall:.0f}s)")
+    print(
+        f"faults: {sum(r.ok for r in faults)}/{len(faults)} caught in every slice (or listed), "
+        f"{sum(r.ok for r in variants)}/{len(variants)} variants pass, "
+        f"{len(matrix.clean_failures)} clean row(s) fail ({time.perf_counter() - wall:.0f}s)"
+    )
     for r in matrix.results:
         if not r.ok:
             print(f"  NOT OK: {r.name}: {r.status}")
@@ -163,17 +211,26 @@ def run_sweep(cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), qu
     paths = write_sweep(table, rows, seeds, cases, out, time.perf_counter() - start)
     failing = int(table["failing"].sum()) if len(table) else 0
     print(sweep_text(table))
-    print(f"sweep: {len(rows)} rows over {len(cases) * seeds} seeded cases, {failing} failing "
-          f"({time.perf_counter() - start:.0f}s); reports in {out}")
+    print(
+        f"sweep: {len(rows)} rows over {len(cases) * seeds} seeded cases, {failing} failing "
+        f"({time.perf_counter() - start:.0f}s); reports in {out}"
+    )
     for row in [r for r in rows if r["verdict"] in ("fail", "error")][:12]:
-        print(f"  {row['verdict']}  {row['case']}  {row['candidate']} {row['comparison']}  {row['leaf']}  "
-              f"{str(row['reason'])[:120]}")
+        print(
+            f"  {row['verdict']}  {row['case']}  {row['candidate']} {row['comparison']}  {row['leaf']}  "
+            f"{str(row['reason'])[:120]}"
+        )
     del paths
     return EXIT_FAILED if failing else EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None, *, faults: Sequence[Perturbation] = CATALOGUE,
-         variants: Sequence[Perturbation] = VARIANTS, use_compilation_cache: bool = True) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    faults: Sequence[Perturbation] = CATALOGUE,
+    variants: Sequence[Perturbation] = VARIANTS,
+    use_compilation_cache: bool = True,
+) -> int:
     """Entry point of `python -m harness faults`.
 
     faults, variants: the catalogues to choose from (tests pass their own).
@@ -218,8 +275,17 @@ def main(argv: Sequence[str] | None = None, *, faults: Sequence[Perturbation] = 
             print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
     if args.seeds is not None:
-        return run_sweep(cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, impl_specs=args.impl,
-                         quiet=args.quiet)
-    return run_kill_matrix(chosen, cases, policy, args.out or DEFAULT_FAULTS_OUT, impl_specs=args.impl,
-                           quiet=args.quiet, jobs=args.jobs, policy_path=args.policy,
-                           use_compilation_cache=use_compilation_cache)
+        return run_sweep(
+            cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, impl_specs=args.impl, quiet=args.quiet
+        )
+    return run_kill_matrix(
+        chosen,
+        cases,
+        policy,
+        args.out or DEFAULT_FAULTS_OUT,
+        impl_specs=args.impl,
+        quiet=args.quiet,
+        jobs=args.jobs,
+        policy_path=args.policy,
+        use_compilation_cache=use_compilation_cache,
+    )

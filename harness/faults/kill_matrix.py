@@ -28,7 +28,7 @@ import math
 import multiprocessing
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 
@@ -57,6 +57,7 @@ from reports.kill_matrix import (
     usage_of,
 )
 from reports.schema import row_key
+
 # The external implementation every kill matrix runs, so faults can be injected into
 # code the harness knows only through the --impl interface.
 INDEPENDENT_IMPL = "harness.independent_mhc:factory"
@@ -170,8 +171,9 @@ def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls, *, qu
     return rows
 
 
-def run_perturbation_pass(perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict,
-                          impls) -> list[dict]:
+def run_perturbation_pass(
+    perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict, impls
+) -> list[dict]:
     """Rows of `cases` (those the perturbation can affect) with it injected."""
     rows: list[dict] = []
     with perturbation.injected():
@@ -194,14 +196,20 @@ def _catches(rows: Sequence[dict]) -> list[Catch]:
         judged = [r for r in group if r["verdict"] == "fail"]
         finite = [u for u in map(usage_of, judged) if not math.isnan(u)]
         worst = max(judged, key=lambda r: nan_low(usage_of(r))) if judged else group[0]
-        catches.append(Catch(
-            comparison=comparison, leaf=leaf, leaf_kind=str(group[0].get("leaf_kind", "")),
-            rows=len(group), cases=len({r["case"] for r in group}),
-            errors=sum(r["verdict"] == "error" for r in group),
-            max_bound_usage=max(finite) if finite else math.nan,
-            worst_case=str(worst["case"]), worst_candidate=str(worst["candidate"]),
-            worst_reason=str(worst.get("reason", ""))[:300],
-        ))
+        catches.append(
+            Catch(
+                comparison=comparison,
+                leaf=leaf,
+                leaf_kind=str(group[0].get("leaf_kind", "")),
+                rows=len(group),
+                cases=len({r["case"] for r in group}),
+                errors=sum(r["verdict"] == "error" for r in group),
+                max_bound_usage=max(finite) if finite else math.nan,
+                worst_case=str(worst["case"]),
+                worst_candidate=str(worst["candidate"]),
+                worst_reason=str(worst.get("reason", ""))[:300],
+            )
+        )
     order = {c: i for i, c in enumerate(FAULT_COMPARISONS)}
     catches.sort(key=lambda c: (order.get(c.comparison, 99), -nan_low(c.max_bound_usage), c.leaf))
     return catches
@@ -216,13 +224,20 @@ def _closest(rows: Sequence[dict], clean_usage: dict) -> Closest | None:
     if not candidates:
         return None
     row = max(candidates, key=usage_of)
-    return Closest(case=str(row["case"]), candidate=str(row["candidate"]), comparison=str(row["comparison"]),
-                   leaf=str(row["leaf"]), bound=str(row.get("bound", "")), usage=usage_of(row),
-                   clean_usage=clean_usage.get(row_key(row), math.nan))
+    return Closest(
+        case=str(row["case"]),
+        candidate=str(row["candidate"]),
+        comparison=str(row["comparison"]),
+        leaf=str(row["leaf"]),
+        bound=str(row.get("bound", "")),
+        usage=usage_of(row),
+        clean_usage=clean_usage.get(row_key(row), math.nan),
+    )
 
 
-def judge(perturbation: Perturbation, rows: Sequence[dict], clean_rows: Sequence[dict],
-          cases_run: Sequence, seconds: float) -> PerturbationResult:
+def judge(
+    perturbation: Perturbation, rows: Sequence[dict], clean_rows: Sequence[dict], cases_run: Sequence, seconds: float
+) -> PerturbationResult:
     """Which rows caught `perturbation`, per dtype slice (see the module docstring).
 
     rows: the rows under the perturbation; clean_rows: the clean pass's; cases_run: the
@@ -241,14 +256,24 @@ def judge(perturbation: Perturbation, rows: Sequence[dict], clean_rows: Sequence
                 continue
             (catching if row["verdict"] in CATCHING_VERDICTS else quiet).append(row)
         caught_cases = {r["case"] for r in catching}
-        slices.append(SliceVerdict(
-            dtype_slice=dtype_slice, legitimate=perturbation.legitimate, cases_run=names,
-            cases_caught=tuple(n for n in names if n in caught_cases), catches=tuple(_catches(catching)),
-            closest=_closest(quiet, clean_usage), unkillable_reason=perturbation.unkillable_reason(dtype_slice),
-        ))
+        slices.append(
+            SliceVerdict(
+                dtype_slice=dtype_slice,
+                legitimate=perturbation.legitimate,
+                cases_run=names,
+                cases_caught=tuple(n for n in names if n in caught_cases),
+                catches=tuple(_catches(catching)),
+                closest=_closest(quiet, clean_usage),
+                unkillable_reason=perturbation.unkillable_reason(dtype_slice),
+            )
+        )
     return PerturbationResult(
-        name=perturbation.name, seams=perturbation.seam_names, description=perturbation.description,
-        legitimate=perturbation.legitimate, slices=tuple(slices), ignored_clean_failures=ignored,
+        name=perturbation.name,
+        seams=perturbation.seam_names,
+        description=perturbation.description,
+        legitimate=perturbation.legitimate,
+        slices=tuple(slices),
+        ignored_clean_failures=ignored,
         seconds=seconds,
     )
 
@@ -275,16 +300,23 @@ def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, 
     return KillMatrix(tuple(clean_rows), tuple(results), tuple(perturbed))
 
 
-def _worker(names: Sequence[str], case_names: Sequence[str], policy_path, impl_specs: Sequence[str],
-            quiet: bool, use_compilation_cache: bool) -> KillMatrix:
+def _worker(
+    names: Sequence[str],
+    case_names: Sequence[str],
+    policy_path,
+    impl_specs: Sequence[str],
+    quiet: bool,
+    use_compilation_cache: bool,
+) -> KillMatrix:
     """One worker process (an entry point): catalogued perturbations by name, registry cases by name."""
     ensure_host_devices()
     pace_garbage_collector()
     if use_compilation_cache:
         enable_compilation_cache()
     cases = [registry.default_registry().get(name) for name in case_names]
-    return run_in_process([BY_NAME[n] for n in names], cases, load_policy(policy_path),
-                          implementations(impl_specs), quiet=quiet)
+    return run_in_process(
+        [BY_NAME[n] for n in names], cases, load_policy(policy_path), implementations(impl_specs), quiet=quiet
+    )
 
 
 def _deal(perturbations: Sequence[Perturbation], jobs: int) -> list[list[Perturbation]]:
@@ -296,15 +328,30 @@ def _deal(perturbations: Sequence[Perturbation], jobs: int) -> list[list[Perturb
     return groups
 
 
-def run_in_workers(perturbations: Sequence[Perturbation], cases, policy_path, impl_specs: Sequence[str],
-                   jobs: int, *, quiet=False, use_compilation_cache=True) -> KillMatrix:
+def run_in_workers(
+    perturbations: Sequence[Perturbation],
+    cases,
+    policy_path,
+    impl_specs: Sequence[str],
+    jobs: int,
+    *,
+    quiet=False,
+    use_compilation_cache=True,
+) -> KillMatrix:
     """`run_in_process` split over `jobs` spawned processes (each does its own clean pass)."""
     groups = _deal(perturbations, jobs)
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
         futures = [
-            pool.submit(_worker, [p.name for p in group], [c.name for c in cases], policy_path, tuple(impl_specs),
-                        quiet, use_compilation_cache)
+            pool.submit(
+                _worker,
+                [p.name for p in group],
+                [c.name for c in cases],
+                policy_path,
+                tuple(impl_specs),
+                quiet,
+                use_compilation_cache,
+            )
             for group in groups
         ]
         outcomes = [future.result() for future in futures]

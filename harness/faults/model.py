@@ -35,7 +35,8 @@ import contextlib
 import dataclasses
 import fnmatch
 import importlib
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
 
@@ -146,7 +147,7 @@ class Perturbation:
             seam.resolve()
 
     @contextlib.contextmanager
-    def injected(self) -> Iterator["Perturbation"]:
+    def injected(self) -> Iterator[Perturbation]:
         """Install every replacement for the duration of the block, then restore them all."""
         resolved = [(p, *p.seam.resolve()) for p in self.patches]
         originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in resolved]

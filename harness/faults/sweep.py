@@ -9,7 +9,7 @@ ones came to their bounds (`reports.sweep.headroom_table`).
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from harness.faults.kill_matrix import log
 from harness.plan import PathPlan
@@ -33,6 +33,9 @@ def run_sweep_rows(cases: Sequence, seeds: int, policy, impls, *, quiet=False) -
         case_rows = list(runner.run_case(case, plan))
         rows.extend(case_rows)
         bad = sum(r["verdict"] in CATCHING_VERDICTS for r in case_rows)
-        log(f"  sweep [{index}/{len(seeded)}] {case.name} ({time.perf_counter() - start:.1f}s"
-            f"{f', {bad} FAILING row(s)' if bad else ''})", quiet=quiet)
+        log(
+            f"  sweep [{index}/{len(seeded)}] {case.name} ({time.perf_counter() - start:.1f}s"
+            f"{f', {bad} FAILING row(s)' if bad else ''})",
+            quiet=quiet,
+        )
     return rows

@@ -32,6 +32,7 @@ PROJECTION_CHUNKS = 4
 
 def _collapse_with_rounded_weights(original_collapse):
     """`collapse_streams` with h_pre rounded to x's dtype first (the collapse's MXU operand)."""
+
     def collapse_streams_rounded_operand(h_pre, x):
         return original_collapse(round_operand(h_pre, x.dtype), x)
 
@@ -40,6 +41,7 @@ def _collapse_with_rounded_weights(original_collapse):
 
 def _expand_with_rounded_coefficients(original_expand):
     """`expand_streams` with h_res and h_post rounded to x's dtype first (MXU operands)."""
+
     def expand_streams_rounded_operands(h_res, h_post, x, layer_output):
         return original_expand(round_operand(h_res, x.dtype), round_operand(h_post, x.dtype), x, layer_output)
 
@@ -57,8 +59,10 @@ def _projection_in_chunks(original_projection):
     def folded_rms_projection_chunked(v, folded, epsilon, matmul_precision="highest"):
         k = v.shape[-1]
         step = k // PROJECTION_CHUNKS if k % PROJECTION_CHUNKS == 0 else k
-        partial_sums = [matmul(v[..., start : start + step], folded[start : start + step], matmul_precision)
-                        for start in range(0, k, step)]
+        partial_sums = [
+            matmul(v[..., start : start + step], folded[start : start + step], matmul_precision)
+            for start in range(0, k, step)
+        ]
         return rms_inverse(v, epsilon) * functools.reduce(operator.add, partial_sums)
 
     return folded_rms_projection_chunked
@@ -66,6 +70,7 @@ def _projection_in_chunks(original_projection):
 
 def _sigmoid_through_tanh(original_gate):
     """The gate with sigmoid(z) written as (1 + tanh(z / 2)) / 2: another float32 formula."""
+
     def compute_sigmoid_gate_tanh(logits, scale, bias, *, multiplier=1.0, epsilon=0.0):
         z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
         return multiplier * 0.5 * (1.0 + jnp.tanh(0.5 * z)) + epsilon
@@ -89,7 +94,8 @@ VARIANTS: tuple[Perturbation, ...] = (
             Patch(Seam("mhc.reference", "collapse_streams"), _collapse_with_rounded_weights),
             Patch(Seam("mhc.reference", "expand_streams"), _expand_with_rounded_coefficients),
         ),
-        implementations=REFERENCE_IMPLEMENTATIONS, legitimate=True,
+        implementations=REFERENCE_IMPLEMENTATIONS,
+        legitimate=True,
     ),
     Perturbation(
         name="kernel.coefficient_operands_rounded",
@@ -99,7 +105,9 @@ VARIANTS: tuple[Perturbation, ...] = (
             Patch(Seam("mhc.kernels.forward", "collapse_streams"), _collapse_with_rounded_weights),
             Patch(Seam("mhc.kernels.forward", "expand_streams"), _expand_with_rounded_coefficients),
         ),
-        implementations=KERNEL_IMPLEMENTATIONS, variants=("lite",), legitimate=True,
+        implementations=KERNEL_IMPLEMENTATIONS,
+        variants=("lite",),
+        legitimate=True,
     ),
     Perturbation(
         name="kernel.projection_accumulated_in_chunks",
@@ -107,14 +115,18 @@ VARIANTS: tuple[Perturbation, ...] = (
         f"{PROJECTION_CHUNKS} partial float32 sums (a K-tiled matmul): the same products, "
         f"another order.",
         patches=(Patch(Seam("mhc.kernels.forward", "folded_rms_projection"), _projection_in_chunks),),
-        implementations=KERNEL_IMPLEMENTATIONS, variants=("lite",), legitimate=True,
+        implementations=KERNEL_IMPLEMENTATIONS,
+        variants=("lite",),
+        legitimate=True,
     ),
     Perturbation(
         name="kernel.sigmoid_through_tanh",
         description="The forward kernel evaluates sigmoid(z) as (1 + tanh(z/2)) / 2 in float32 "
         "(a common EUP-friendly formula): float32 results an ulp or two apart.",
         patches=(Patch(Seam("mhc.kernels.forward", "compute_sigmoid_gate"), _sigmoid_through_tanh),),
-        implementations=KERNEL_IMPLEMENTATIONS, variants=("lite",), legitimate=True,
+        implementations=KERNEL_IMPLEMENTATIONS,
+        variants=("lite",),
+        legitimate=True,
     ),
     Perturbation(
         name="independent.normalised_activations",
@@ -122,7 +134,9 @@ VARIANTS: tuple[Perturbation, ...] = (
         "activation dtype and multiplies by the un-folded weights (instead of folding the norm "
         "scale into the weights).",
         patches=(Patch(Seam("harness.independent_mhc", "NORMALISE_ACTIVATIONS"), _true),),
-        implementations=INDEPENDENT_IMPLEMENTATIONS, variants=("lite",), legitimate=True,
+        implementations=INDEPENDENT_IMPLEMENTATIONS,
+        variants=("lite",),
+        legitimate=True,
     ),
 )
 

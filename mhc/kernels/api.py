@@ -57,9 +57,7 @@ def token_block(tokens: int, requested: int, what: str) -> int:
             f"{what}={block} must be a multiple of {SUBLANES} (or all {tokens} tokens of a shard)"
         )
     if tokens % block:
-        raise UnsupportedInputError(
-            f"tokens per shard (batch*sequence = {tokens}) must be divisible by {what}={block}"
-        )
+        raise UnsupportedInputError(f"tokens per shard (batch*sequence = {tokens}) must be divisible by {what}={block}")
     return block
 
 
@@ -68,8 +66,7 @@ def feature_block(embedding: int, requested: int) -> int:
     block = min(requested, embedding)
     if block < 1 or block % LANES or embedding % block:
         raise UnsupportedInputError(
-            f"block_features={requested} must be a positive multiple of {LANES} dividing "
-            f"embedding={embedding}"
+            f"block_features={requested} must be a positive multiple of {LANES} dividing embedding={embedding}"
         )
     return block
 
@@ -173,8 +170,12 @@ def _pre_core_fwd(config, kernel, x2, weights):
     t = x2.shape[0]
     block = _kernel_block(t, kernel.block_tokens, "block_tokens", kernel)
     outs = forward.pre_forward(
-        _pad_tokens(x2, block, zeros=False), folded, forward.gate_operands(weights),
-        config=config, kernel=kernel, block=block,
+        _pad_tokens(x2, block, zeros=False),
+        folded,
+        forward.gate_operands(weights),
+        config=config,
+        kernel=kernel,
+        block=block,
     )
     return tuple(o[:t] for o in outs), (x2, weights, folded)
 
@@ -185,9 +186,13 @@ def _pre_core_bwd(config, kernel, residuals, cotangents):
     t = x2.shape[0]
     block = _kernel_block(t, kernel.block_tokens_bwd, "block_tokens_bwd", kernel)
     d_x2, d_folded, *d_gates = backward.pre_backward(
-        _pad_tokens(x2, block, zeros=False), folded, forward.gate_operands(weights),
+        _pad_tokens(x2, block, zeros=False),
+        folded,
+        forward.gate_operands(weights),
         *(_pad_tokens(d, block, zeros=True) for d in (d_li, d_hpre, d_hpost, d_hres)),
-        config=config, kernel=kernel, block=block,
+        config=config,
+        kernel=kernel,
+        block=block,
     )
     d_x2 = d_x2[:t]
     # Per-shard sums -> whole-batch sums (before the fold VJP: one small all-reduce).
@@ -226,8 +231,7 @@ def _pre_local(config: MhcConfig, kernel: KernelConfig, x, weights):
     return li.reshape(b, s, c), context
 
 
-def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig,
-        kernel: KernelConfig = KernelConfig(), mesh=None):
+def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig, kernel: KernelConfig = KernelConfig(), mesh=None):
     """Kernel path of mHC `pre`: coefficients and the collapsed layer input.
 
     x: (B, S, n, C) float32 or bfloat16; weights: `MhcWeights` (matmul leaves in the
@@ -265,7 +269,9 @@ def _post_core_fwd(config, kernel, y2, x3, h_res, h_post):
     bf = feature_block(config.embedding, kernel.block_features)
     out = forward.post_forward(
         *(_pad_tokens(a, block, zeros=False) for a in (x3, h_res, h_post, y2)),
-        kernel=kernel, block=block, block_features=bf,
+        kernel=kernel,
+        block=block,
+        block_features=bf,
     )
     return out[:t], (y2, x3, h_res, h_post)
 
@@ -276,7 +282,9 @@ def _post_core_bwd(config, kernel, residuals, g):
     block = _kernel_block(t, kernel.block_tokens_bwd, "block_tokens_bwd", kernel)
     d_x3, d_hres, d_hpost, d_y2 = backward.post_backward(
         *(_pad_tokens(a, block, zeros=False) for a in (x3, h_res, h_post, y2)),
-        _pad_tokens(g, block, zeros=True), kernel=kernel, block=block,
+        _pad_tokens(g, block, zeros=True),
+        kernel=kernel,
+        block=block,
     )
     return d_y2[:t], d_x3[:t], d_hres[:t], d_hpost[:t]
 
@@ -287,7 +295,8 @@ _post_core.defvjp(_post_core_fwd, _post_core_bwd)
 def _post_local(config: MhcConfig, kernel: KernelConfig, layer_output, context: MhcContext):
     b, s, n, c = context.x.shape
     out = _post_core(
-        config, kernel,
+        config,
+        kernel,
         layer_output.reshape(b * s, c),
         context.x.reshape(b * s, n, c),
         context.h_res.reshape(b * s, n, n),
@@ -303,8 +312,12 @@ def pre_post_shapes_ok(layer_output, context: MhcContext, config: MhcConfig) -> 
     validate_layer_output(layer_output, x)
     b, s, n, c = x.shape
     expected = {"layer_output": (b, s, c), "h_pre": (b, s, n), "h_post": (b, s, n), "h_res": (b, s, n, n)}
-    got = {"layer_output": layer_output.shape, "h_pre": context.h_pre.shape,
-           "h_post": context.h_post.shape, "h_res": context.h_res.shape}
+    got = {
+        "layer_output": layer_output.shape,
+        "h_pre": context.h_pre.shape,
+        "h_post": context.h_post.shape,
+        "h_res": context.h_res.shape,
+    }
     for name, shape in expected.items():
         if tuple(got[name]) != shape:
             raise UnsupportedInputError(f"{name} has shape {tuple(got[name])}, expected {shape}")
@@ -317,8 +330,9 @@ def pre_post_shapes_ok(layer_output, context: MhcContext, config: MhcConfig) -> 
             raise UnsupportedInputError(f"context.{name} must be float32, got {getattr(context, name).dtype}")
 
 
-def post(layer_output: jax.Array, context: MhcContext, *, config: MhcConfig,
-         kernel: KernelConfig = KernelConfig(), mesh=None):
+def post(
+    layer_output: jax.Array, context: MhcContext, *, config: MhcConfig, kernel: KernelConfig = KernelConfig(), mesh=None
+):
     """Kernel path of mHC `post`: `out = h_resᵀ·x + h_post ⊗ layer_output` per token.
 
     layer_output: (B, S, C) float32/bfloat16; context: from `pre`. Returns (B, S, n, C)

@@ -48,9 +48,29 @@ def _coefficients(proj, gates, perms, config: MhcConfig):
 def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
     n = config.streams
 
-    def body(x_ref, f_ref, perm_ref, ps, pb, qs, qb, rs, rb,
-             dli_ref, dhpre_ref, dhpost_ref, dhres_ref,
-             dx_ref, df_ref, dps, dpb, dqs, dqb, drs, drb):
+    def body(
+        x_ref,
+        f_ref,
+        perm_ref,
+        ps,
+        pb,
+        qs,
+        qb,
+        rs,
+        rb,
+        dli_ref,
+        dhpre_ref,
+        dhpost_ref,
+        dhres_ref,
+        dx_ref,
+        df_ref,
+        dps,
+        dpb,
+        dqs,
+        dqb,
+        drs,
+        drb,
+    ):
         acc_refs = (df_ref, dps, dpb, dqs, dqb, drs, drb)
         zero_fill_at_first_step(kernel, acc_refs)
         # Float32 copies: bf16·bf16 products are exact in f32, so the recomputed
@@ -63,17 +83,14 @@ def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
 
         proj, proj_vjp = jax.vjp(
             lambda v, f: folded_rms_projection(v, f, config.rms_epsilon, matmul_precision=config.matmul_precision),
-            v32, f32,
+            v32,
+            f32,
         )
-        (h_pre, _, _), coef_vjp = jax.vjp(
-            lambda p, g: _coefficients(p, g, perms, config), proj, gates
-        )
+        (h_pre, _, _), coef_vjp = jax.vjp(lambda p, g: _coefficients(p, g, perms, config), proj, gates)
         x3 = split_streams(v32, n)
         _, collapse_vjp = jax.vjp(collapse_streams, h_pre, x3)
         d_hpre_collapse, d_x3 = collapse_vjp(dli_ref[...].astype(jnp.float32))
-        d_proj, d_gates = coef_vjp(
-            (dhpre_ref[...] + d_hpre_collapse, dhpost_ref[...], dhres_ref[...])
-        )
+        d_proj, d_gates = coef_vjp((dhpre_ref[...] + d_hpre_collapse, dhpost_ref[...], dhres_ref[...]))
         d_v, d_f = proj_vjp(d_proj)
         dx_ref[...] = (d_v + d_x3.reshape(d_v.shape)).astype(dx_ref.dtype)
         for ref, val in zip(acc_refs, (d_f, *d_gates)):
@@ -82,8 +99,9 @@ def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
     return body
 
 
-def pre_backward(x2, folded, gates, d_li, d_hpre, d_hpost, d_hres, *, config: MhcConfig,
-                 kernel: KernelConfig, block: int):
+def pre_backward(
+    x2, folded, gates, d_li, d_hpre, d_hpost, d_hres, *, config: MhcConfig, kernel: KernelConfig, block: int
+):
     """Cotangents of `forward.pre_forward` for T tokens.
 
     x2: (T, n·C); folded: (n·C, P); gates: `forward.gate_operands`; d_li: (T, C);
@@ -101,8 +119,13 @@ def pre_backward(x2, folded, gates, d_li, d_hpre, d_hpost, d_hres, *, config: Mh
     outputs = [Output((t, nc), x2.dtype, tok(nc)), Output(folded.shape, jnp.float32, full_block(folded.shape))]
     outputs += [Output(g.shape, jnp.float32, full_block(g.shape)) for g in gates]
     return launch(
-        _pre_backward_kernel(config, kernel), name="mhc_pre_backward", grid=(t // block,),
-        inputs=inputs, outputs=outputs, like=x2, kernel=kernel,
+        _pre_backward_kernel(config, kernel),
+        name="mhc_pre_backward",
+        grid=(t // block,),
+        inputs=inputs,
+        outputs=outputs,
+        like=x2,
+        kernel=kernel,
         # The weight-gradient accumulators carry across token steps: sequential.
         semantics=("arbitrary",),
     )
@@ -111,8 +134,10 @@ def pre_backward(x2, folded, gates, d_li, d_hpre, d_hpost, d_hres, *, config: Mh
 def _post_backward_body(x_ref, hres_ref, hpost_ref, y_ref, g_ref, dx_ref, dhres_ref, dhpost_ref, dy_ref):
     _, vjp = jax.vjp(
         expand_streams,
-        hres_ref[...], hpost_ref[...],
-        x_ref[...].astype(jnp.float32), y_ref[...].astype(jnp.float32),
+        hres_ref[...],
+        hpost_ref[...],
+        x_ref[...].astype(jnp.float32),
+        y_ref[...].astype(jnp.float32),
     )
     d_hres, d_hpost, d_x, d_y = vjp(g_ref[...].astype(jnp.float32))
     dx_ref[...] = d_x.astype(dx_ref.dtype)
@@ -138,6 +163,12 @@ def post_backward(x3, h_res, h_post, y, g, *, kernel: KernelConfig, block: int):
         Output((t, c), y.dtype, tok(c)),
     ]
     return launch(
-        _post_backward_body, name="mhc_post_backward", grid=(t // block,),
-        inputs=inputs, outputs=outputs, like=x3, kernel=kernel, semantics=("parallel",),
+        _post_backward_body,
+        name="mhc_post_backward",
+        grid=(t // block,),
+        inputs=inputs,
+        outputs=outputs,
+        like=x3,
+        kernel=kernel,
+        semantics=("parallel",),
     )

@@ -52,8 +52,12 @@ def gate_operands(weights) -> tuple[jax.Array, ...]:
     return tuple(
         a.reshape(1, -1)
         for a in (
-            weights.pre_scale, weights.pre_bias, weights.post_scale,
-            weights.post_bias, weights.res_scale, weights.res_bias,
+            weights.pre_scale,
+            weights.pre_bias,
+            weights.post_scale,
+            weights.post_bias,
+            weights.res_scale,
+            weights.res_bias,
         )
     )
 
@@ -112,8 +116,14 @@ def pre_forward(x2: jax.Array, folded: jax.Array, gates, *, config: MhcConfig, k
         Output((t, n, n), jnp.float32, tok(n, n)),
     ]
     return launch(
-        _pre_forward_kernel(config), name="mhc_pre_forward", grid=(t // block,),
-        inputs=inputs, outputs=outputs, like=x2, kernel=kernel, semantics=("parallel",),
+        _pre_forward_kernel(config),
+        name="mhc_pre_forward",
+        grid=(t // block,),
+        inputs=inputs,
+        outputs=outputs,
+        like=x2,
+        kernel=kernel,
+        semantics=("parallel",),
     )
 
 
@@ -137,7 +147,13 @@ def post_forward(x3, h_res, h_post, y, *, kernel: KernelConfig, block: int, bloc
     ]
     outputs = [Output((t, n, c), x3.dtype, pl.BlockSpec((block, n, bf), lambda i, j: (i, 0, j)))]
     (out,) = launch(
-        _post_forward_body, name="mhc_post_forward", grid=(t // block, c // bf),
-        inputs=inputs, outputs=outputs, like=x3, kernel=kernel, semantics=("parallel", "parallel"),
+        _post_forward_body,
+        name="mhc_post_forward",
+        grid=(t // block, c // bf),
+        inputs=inputs,
+        outputs=outputs,
+        like=x3,
+        kernel=kernel,
+        semantics=("parallel", "parallel"),
     )
     return out

@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -63,13 +63,16 @@ def launch(
     arrays = [to_varying(jnp.asarray(a), like) for a, _ in inputs]
     in_specs = [s for _, s in inputs]
     if not kernel.interpret:
-        compiler_params = pltpu.CompilerParams(
-            dimension_semantics=semantics, vmem_limit_bytes=kernel.vmem_limit_bytes
-        )
+        compiler_params = pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=kernel.vmem_limit_bytes)
         out_shape = [token_out_shape(o.shape, o.dtype, like) for o in outputs]
         return pl.pallas_call(
-            body, grid=grid, in_specs=in_specs, out_specs=[o.spec for o in outputs],
-            out_shape=out_shape, compiler_params=compiler_params, name=name,
+            body,
+            grid=grid,
+            in_specs=in_specs,
+            out_specs=[o.spec for o in outputs],
+            out_shape=out_shape,
+            compiler_params=compiler_params,
+            name=name,
             interpret=pltpu.InterpretParams() if kernel.tpu_interpreter else False,
         )(*arrays)
 
@@ -80,8 +83,7 @@ def launch(
     pad = lambda a, spec: _pad_single_step(a, spec, len(grid)) if single else a  # noqa: E731
     arrays = [pad(a, spec) for a, spec in zip(arrays, in_specs)]
     padded_outputs = [
-        dataclasses.replace(o, shape=pad(jax.ShapeDtypeStruct(o.shape, o.dtype), o.spec).shape)
-        for o in outputs
+        dataclasses.replace(o, shape=pad(jax.ShapeDtypeStruct(o.shape, o.dtype), o.spec).shape) for o in outputs
     ]
     out_shape = [token_out_shape(o.shape, o.dtype, like) for o in padded_outputs]
     out_specs = [o.spec for o in outputs]
@@ -89,7 +91,7 @@ def launch(
     zeros = [to_varying(jnp.zeros(o.shape, o.dtype), like) for o in padded_outputs]
 
     def kernel_fn(*refs):  # drop the alias inputs: the body sees only its own refs
-        body(*refs[:n_in], *refs[n_in + n_out:])
+        body(*refs[:n_in], *refs[n_in + n_out :])
 
     results = pl.pallas_call(
         kernel_fn,

@@ -52,8 +52,12 @@ def abstract_tpu_mesh(mesh_shape: tuple[int, ...] = (), axis_names: tuple[str, .
     size = 1
     for s in mesh_shape:
         size *= s
-    return AbstractMesh(tuple(mesh_shape), tuple(axis_names), axis_types=(AxisType.Auto,) * len(mesh_shape),
-                        abstract_device=AbstractDevice(TPU_DEVICE_KIND, size, "tpu"))
+    return AbstractMesh(
+        tuple(mesh_shape),
+        tuple(axis_names),
+        axis_types=(AxisType.Auto,) * len(mesh_shape),
+        abstract_device=AbstractDevice(TPU_DEVICE_KIND, size, "tpu"),
+    )
 
 
 def lower_for_tpu(program: str, fn, structs, mesh: AbstractMesh) -> LoweringResult:
@@ -68,8 +72,9 @@ def lower_for_tpu(program: str, fn, structs, mesh: AbstractMesh) -> LoweringResu
             lowered = jax.jit(fn).trace(*structs).lower(lowering_platforms=("tpu",))
             text = lowered.as_text()
         if "tpu_custom_call" not in text:
-            return LoweringResult(program, False, "no tpu_custom_call in the lowered module",
-                                  time.perf_counter() - start)
+            return LoweringResult(
+                program, False, "no tpu_custom_call in the lowered module", time.perf_counter() - start
+            )
         return LoweringResult(program, True, "", time.perf_counter() - start)
     except Exception as err:  # noqa: BLE001 - every failure becomes a row
         message = f"{type(err).__name__}: {err}"
@@ -93,14 +98,25 @@ def _structs(config: MhcConfig, batch: int, seq: int, dtype, sharding):
     weights = MhcWeights(**weight_structs(config, dtype, sharding))
     x = tok(batch, seq, n, c)
     y = tok(batch, seq, c)
-    context = MhcContext(x=x, h_pre=tok(batch, seq, n, dt=jnp.float32),
-                         h_post=tok(batch, seq, n, dt=jnp.float32),
-                         h_res=tok(batch, seq, n, n, dt=jnp.float32))
+    context = MhcContext(
+        x=x,
+        h_pre=tok(batch, seq, n, dt=jnp.float32),
+        h_post=tok(batch, seq, n, dt=jnp.float32),
+        h_res=tok(batch, seq, n, n, dt=jnp.float32),
+    )
     return x, weights, y, context
 
 
-def kernel_programs(config: MhcConfig, *, batch: int, seq: int, dtype, kernel: KernelConfig,
-                    mesh: AbstractMesh | None = None, bare: bool = False):
+def kernel_programs(
+    config: MhcConfig,
+    *,
+    batch: int,
+    seq: int,
+    dtype,
+    kernel: KernelConfig,
+    mesh: AbstractMesh | None = None,
+    bare: bool = False,
+):
     """{program name: (fn, structs)} for the four kernel programs, Mosaic mode.
 
     mesh: an abstract TPU mesh with token axes; the inputs are sharded on
@@ -114,6 +130,7 @@ def kernel_programs(config: MhcConfig, *, batch: int, seq: int, dtype, kernel: K
         sharding = NamedSharding(mesh, PartitionSpec(*axes))
     x, weights, y, context = _structs(config, batch, seq, dtype, sharding)
     if bare:
+
         def pre_fn(x, w):
             return api._pre_local(config, kernel, x, jax.tree.map(lambda a: a.astype(jnp.float32), w))
 
@@ -147,12 +164,18 @@ def _post(y, ctx, *, config, kernel, mesh):
     return api.post(y, ctx, config=config, kernel=kernel, mesh=mesh)
 
 
-def lower_kernel_programs(config: MhcConfig, *, batch: int, seq: int, dtype=jnp.float32,
-                          kernel: KernelConfig = KernelConfig(),
-                          mesh_shape: tuple[int, ...] = (),
-                          axis_names: tuple[str, ...] = DEFAULT_TOKEN_AXES,
-                          bare: bool = False, programs: tuple[str, ...] = PROGRAMS
-                          ) -> list[LoweringResult]:
+def lower_kernel_programs(
+    config: MhcConfig,
+    *,
+    batch: int,
+    seq: int,
+    dtype=jnp.float32,
+    kernel: KernelConfig = KernelConfig(),
+    mesh_shape: tuple[int, ...] = (),
+    axis_names: tuple[str, ...] = DEFAULT_TOKEN_AXES,
+    bare: bool = False,
+    programs: tuple[str, ...] = PROGRAMS,
+) -> list[LoweringResult]:
     """Lower the kernel programs for TPU from any host; one LoweringResult per program.
 
     mesh_shape: () for one device, else the abstract TPU mesh shape over `axis_names`
@@ -164,8 +187,9 @@ def lower_kernel_programs(config: MhcConfig, *, batch: int, seq: int, dtype=jnp.
     mesh = abstract_tpu_mesh(tuple(mesh_shape), tuple(names))
     results = []
     try:
-        built = kernel_programs(config, batch=batch, seq=seq, dtype=dtype, kernel=kernel,
-                                mesh=mesh if mesh_shape else None, bare=bare)
+        built = kernel_programs(
+            config, batch=batch, seq=seq, dtype=dtype, kernel=kernel, mesh=mesh if mesh_shape else None, bare=bare
+        )
     except Exception as err:  # noqa: BLE001
         return [LoweringResult(p, False, f"{type(err).__name__}: {err}") for p in programs]
     for name in programs:

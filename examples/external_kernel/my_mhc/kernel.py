@@ -33,8 +33,9 @@ class EinsumResidualMix:
     def post(self, layer_output, context, *, config):
         x32 = context.x.astype(jnp.float32)
         # out[j, d] = sum_i h_res[i, j] x[i, d] + h_post[j] layer_output[d], in float32
-        mixed = jnp.einsum("...ij,...id->...jd", context.h_res, x32,
-                           precision=dot_precision(jnp.float32, config.matmul_precision))
+        mixed = jnp.einsum(
+            "...ij,...id->...jd", context.h_res, x32, precision=dot_precision(jnp.float32, config.matmul_precision)
+        )
         out = mixed + context.h_post[..., None] * layer_output.astype(jnp.float32)[..., None, :]
         return out.astype(context.x.dtype)
 

@@ -126,7 +126,7 @@ def _argument_material(args) -> dict:
 class ProgramStore:
     """Compiled path programs on disk (``<cache>/programs``), for built-in implementations.
 
-    `load(...)` / `save(...)` take what `harness.paths.ProgramCache` knows of a program;
+    `load(...)` / `save(...)` take what `harness.program_cache.ProgramCache` knows of a program;
     `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...).
     """
 

@@ -33,7 +33,8 @@ from harness.devices import Placement, PlacementError, path_placement, precision
 from harness.lowering import implementation_lowering_rows, lowering_rows
 from harness.metrics import MetricsMemo
 from harness.oracle_cache import OracleCache
-from harness.paths import COMPILE_THREADS, ORACLE_PATH, Path, PathOutputs, ProgramCache
+from harness.paths import ORACLE_PATH, Path, PathOutputs
+from harness.program_cache import COMPILE_THREADS, ProgramCache
 from harness.plan import PathPlan, comparisons_of
 from harness.run_info import compile_counts
 from harness.policy import Policy

@@ -22,7 +22,8 @@ from harness.faults import cli as faults_cli
 from harness.faults import kill_matrix, sweep
 from harness.faults.model import UnknownPerturbationError, select
 from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path, ProgramCache
+from harness.paths import Path
+from harness.program_cache import ProgramCache
 from reports.samples import measured_row
 from reports.sweep import headroom_table
 

@@ -16,7 +16,8 @@ from harness import devices
 from harness.devices import PlacementError, choose_devices, device_label, needs_host, precision_label
 from harness.implementations import INTERPRET, MOSAIC, REFERENCE
 from harness.oracle_path import run_oracle_path
-from harness.paths import Path, ProgramCache
+from harness.paths import Path
+from harness.program_cache import ProgramCache
 from harness.plan import PathPlan, comparisons_of
 from mhc import oracle
 

@@ -1,7 +1,7 @@
 """The compiled-program cache keeps a bounded number of programs, least recently used out.
 
 Unbounded, a long run kept every XLA executable alive and a one-process kill matrix over
-the full suite ran out of memory mappings (harness/paths.py MAX_CACHED_PROGRAMS).
+the full suite ran out of memory mappings (harness/program_cache.py MAX_CACHED_PROGRAMS).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from harness.paths import MAX_CACHED_PROGRAMS, ProgramCache
+from harness.program_cache import MAX_CACHED_PROGRAMS, ProgramCache
 
 
 def _tiny_program(offset: float):

@@ -19,7 +19,8 @@ from harness import program_store
 from harness.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
 from harness.devices import path_placement
 from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path, ProgramCache, _build_program, _place, _trace_signature, effective_precision
+from harness.paths import Path, _build_program, _place, _trace_signature, effective_precision
+from harness.program_cache import ProgramCache
 from harness.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
@@ -257,7 +258,8 @@ ensure_host_devices()
 from cases.fixtures import make_fixture
 from cases.toml_cases import load_case_file
 from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path, ProgramCache
+from harness.paths import Path
+from harness.program_cache import ProgramCache
 from harness.run_info import enable_compilation_cache
 enable_compilation_cache()
 for case in load_case_file(sys.argv[1]):

@@ -39,7 +39,7 @@ from harness.faults import BY_NAME
 from harness.faults.model import Perturbation
 from harness.implementations import BUILTIN, load_external
 from harness.oracle_cache import OracleCache
-from harness.paths import ProgramCache
+from harness.program_cache import ProgramCache
 from harness.plan import PathPlan
 from harness.policy import load_policy
 from harness.run_info import enable_compilation_cache

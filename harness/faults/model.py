@@ -26,7 +26,7 @@ exception::
 
 `injected()` clears JAX's tracing caches on entry and exit, so a program traced before
 (or during) the patch is never reused on the other side of it. Compiled programs held
-elsewhere (e.g. a `harness.paths.ProgramCache`) are not affected: use a fresh cache.
+elsewhere (e.g. a `harness.program_cache.ProgramCache`) are not affected: use a fresh cache.
 """
 
 from __future__ import annotations

@@ -218,7 +218,8 @@ class PreparedRun:
             manifest = dataclasses.replace(
                 manifest, cases=tuple(c.name for c in cases), selection_digest=selection_digest(cases)
             )
-        manifest = manifest.with_cases(case_records(records, manifest.cases)[case] for case in manifest.cases)
+        found = case_records(records, manifest.cases)
+        manifest = manifest.with_cases(found[case] for case in manifest.cases)
         metadata = run_command.finished_metadata(
             manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started
         )

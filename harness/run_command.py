@@ -34,7 +34,15 @@ from harness.shards import parse_shard, shard_cases
 from harness.summary import exit_code, print_summary
 from reports import ReportInputError, load_baseline, write_all
 from reports.commands import DEFAULT_RUN_FOLDER
-from reports.manifest import MANIFEST_FILE, Manifest, ManifestError, RunRequest, read_manifest, write_manifest
+from reports.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    ManifestError,
+    RunRequest,
+    read_manifest,
+    record_stop,
+    write_manifest,
+)
 from reports.outputs import FolderInUseError, OutputPathError, WriterLock, cannot_write, writable_folder
 from reports.store import RowStore, StoreError
 
@@ -283,14 +291,6 @@ def parse_jobs(text) -> int | str:
     return jobs
 
 
-def enable_cache() -> None:
-    """`enable_compilation_cache`, its ConfigurationError as this command's UsageError."""
-    try:
-        enable_compilation_cache()
-    except ConfigurationError as exc:
-        raise UsageError(str(exc)) from exc
-
-
 def _command_run(args, argv, command_line: str | None = None) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
@@ -309,7 +309,7 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
     except FolderInUseError as exc:
         raise UsageError(f"--out: {exc}") from exc
     with writer:
-        enable_cache()  # before the folder changes: an unwritable cache is a usage error
+        enable_compilation_cache()  # before the folder changes: an unwritable cache is a usage error
         store = RowStore(out)
         manifest, rows, done = _open_run(store, manifest, resume=args.resume)
         return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
@@ -370,7 +370,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     except (OSError, MemoryError, ResourceError) as exc:  # what the machine lacked, not a parity failure
         progress.close()
         reason = _shortage(exc, running)
-        _record_failure(store.folder, manifest, reason)
+        record_stop(store.folder, manifest.failed(reason))
         kept = manifest.cases_done
         raise UsageError(
             f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
@@ -387,15 +387,6 @@ def _shortage(exc: BaseException, running: list) -> str:
     if isinstance(exc, OSError):
         return cannot_write(exc, "the run folder")
     return str(exc)
-
-
-def _record_failure(folder: pathlib.Path, manifest: Manifest, reason: str) -> None:
-    """Finish the manifest as failed if the disk still takes it; left "running" (which no
-    reader trusts either) if it does not."""
-    try:
-        write_manifest(folder, manifest.failed(reason))
-    except OSError:
-        pass
 
 
 def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
@@ -461,7 +452,7 @@ def main(argv: list[str], *, command_line: str | None = None) -> int:
         return int(exc.code or 0)
     try:
         return _command_run(args, argv, command_line)
-    except UsageError as exc:
+    except ConfigurationError as exc:  # UsageError included; e.g. an unwritable cache folder
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # before the run started computing (see _execute for after)

@@ -483,6 +483,15 @@ def write_manifest(folder: pathlib.Path, manifest: Manifest) -> pathlib.Path:
     return path
 
 
+def record_stop(folder: pathlib.Path, manifest: Manifest) -> None:
+    """Write the manifest of a run that stopped (failed, interrupted) if the disk still takes
+    it; a full disk leaves the one before ("running"), which no reader trusts either."""
+    try:
+        write_manifest(folder, manifest)
+    except OSError:
+        pass
+
+
 def read_manifest(folder: pathlib.Path) -> Manifest | None:
     """The folder's manifest, None if it has none; ManifestError if it cannot be read."""
     path = manifest_path(folder)

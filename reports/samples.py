@@ -220,6 +220,7 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
         implementations=(),
         lowering=True,
     )
+    records = case_records(rows, cases)
     return Manifest(
         run_id=f"sample-{len(rows)}-rows",
         state=COMPLETE,
@@ -235,7 +236,7 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
         started=stamp,
         updated=stamp,
         finished=stamp,
-        case_records=tuple(case_records(rows, cases)[case] for case in cases),
+        case_records=tuple(records[case] for case in cases),
         rows=len(rows),
     )
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from reports.manifest import REPORT_FILES, RUNNING, Manifest, write_manifest
+from reports.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write_manifest
 from reports.schema import ROW_COLUMNS
 
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
@@ -243,10 +243,7 @@ def write_run_folder(
             if isinstance(exc, OSError)
             else unfinished.interrupted(str(exc) or "SIGINT")
         )
-        try:
-            write_manifest(out, stopped)
-        except OSError:
-            pass  # left "running", which no reader trusts either
+        record_stop(out, stopped)
         raise
     write_manifest(out, manifest)  # last: the folder is now a complete run
     return paths

@@ -22,6 +22,7 @@ from reports.manifest import (
 from harness.policy import load_policy
 from reports import ReportInputError, load_run
 from reports.samples import sample_rows, write_sample_run
+from tests.cli_support import scale_one_metric_in_report
 
 CASES = [make_case(streams=3, batch=1, sequence=32), make_case(batch=2, sequence=64, mesh=(2, 4), block_tokens=8)]
 
@@ -121,14 +122,6 @@ def test_a_complete_folder_loads_with_its_manifest(run_folder):
     assert run.manifest.is_complete and len(run) == run.manifest.rows
 
 
-def flip_a_digit(report):
-    """One digit of one metric changed in the report's rows; the manifest left as it was."""
-    document = json.loads(report.read_text())
-    row = next(r for r in document["rows"] if isinstance(r["cand_oracle_max_err"], float))
-    row["cand_oracle_max_err"] *= 1.5
-    report.write_text(json.dumps(document))
-
-
 @pytest.mark.parametrize(
     "spoil, message",
     [
@@ -143,7 +136,7 @@ def flip_a_digit(report):
         ),
         (lambda folder: (folder / "report.json").unlink(), "report.json is missing"),
         (lambda folder: write_manifest(folder, dataclasses.replace(read_manifest(folder), rows=1)), "do not add up"),
-        (lambda folder: flip_a_digit(folder / "report.json"), "rows are not those the run"),
+        (lambda folder: scale_one_metric_in_report(folder / "report.json", 1.5), "rows are not those the run"),
     ],
     ids=["no-manifest", "running", "another-run", "no-report", "row-count", "flipped-digit"],
 )

@@ -18,7 +18,14 @@ from harness.cli import main as cli_main
 from reports.manifest import read_manifest
 from reports.samples import sample_rows, write_sample_run
 from reports.store import RowStore, case_records
-from tests.cli_support import cheap_run_args, assert_one_line_error, load_jsonl, run_cli, without_timing
+from tests.cli_support import (
+    cheap_run_args,
+    scale_one_metric_in_report,
+    assert_one_line_error,
+    load_jsonl,
+    run_cli,
+    without_timing,
+)
 
 SHARED = pytest.mark.xdist_group("row_streams")
 
@@ -86,11 +93,7 @@ def test_a_spoiled_stream_is_refused_by_resume_and_by_every_reader(case_file, us
 
 @SHARED
 def test_a_flipped_digit_in_the_report_is_refused_though_the_stream_is_intact(used, tmp_path):
-    report = used / "report.json"
-    document = json.loads(report.read_text())
-    row = next(r for r in document["rows"] if isinstance(r["cand_oracle_max_err"], float))
-    row["cand_oracle_max_err"] *= 1.25
-    report.write_text(json.dumps(document))
+    scale_one_metric_in_report(used / "report.json", 1.25)
     for proc in readers(used, tmp_path).values():
         assert_one_line_error(proc, "report.json: its rows are not those the run")
 

@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 OUT    ?= out/parity
 SUITE  ?= default
 # Worker processes of `make parity`: auto = one per CPU core as memory allows on a CPU
-# backend, 1 on an accelerator (harness/parallel.py auto_jobs; measured in `make bench`).
+# backend, 1 on an accelerator (harness/processes/parallel.py auto_jobs; measured in `make bench`).
 JOBS   ?= auto
 BASELINE ?= baselines/default.csv
 FAULTS_OUT ?= out/faults
@@ -83,7 +83,7 @@ sweep: setup
 	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT)
 
 # docs/tolerances.md: the bound every comparison of the case matrix resolves to (a test
-# fails until it is regenerated after a change of harness/tolerances.toml).
+# fails until it is regenerated after a change of harness/judging/tolerances.toml).
 tolerances: setup
 	$(PY) -m harness policy --markdown > docs/tolerances.md.tmp && mv docs/tolerances.md.tmp docs/tolerances.md
 

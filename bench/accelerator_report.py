@@ -23,7 +23,7 @@ ensure_host_devices()  # this script is an entry point: before anything computes
 
 import jax  # noqa: E402
 
-from harness.run_info import run_metadata  # noqa: E402
+from harness.engine.run_info import run_metadata  # noqa: E402
 from reports import load_run  # noqa: E402
 
 # The JAX platform an accelerator extra of pyproject.toml provides.

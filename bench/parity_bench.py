@@ -21,7 +21,7 @@ spent it: the paths (waiting for their programs and running them), the float64 o
 fixtures, TPU lowering, process start-up plus report writing, and the rest of the
 runner's time (metrics, policy, row I/O: harness overhead); with --jobs N > 1 these are
 summed over the workers and shown as a share of N x the runner's wall time (worker
-time). Programs compile in threads ahead of their case (`harness.runner.Runner.run`), so
+time). Programs compile in threads ahead of their case (`harness.engine.runner.Runner.run`), so
 the seconds the programs took to obtain (the rows' compile_s) overlap the rest: they are
 printed beside, with the programs' execution (execute_s), not as shares. Also: the CPU
 seconds the machine was busy during the run, peak resident memory (the largest single
@@ -50,7 +50,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reports.text import format_number, format_text_table  # noqa: E402 - after the project is on the path
+from records.text import format_number, format_text_table  # noqa: E402 - after the project is on the path
 
 # The sources a run imports (copied for the "edit" run) and the edit itself.
 SOURCE_DIRS = ("mhc", "cases", "harness", "reports")
@@ -79,7 +79,7 @@ def _row_seconds(rows: list[dict]) -> tuple[float, float]:
 # Runs the command given as arguments and prints the largest resident memory of the processes
 # it waited for (ru_maxrss of the waited-for descendants, KiB on Linux) and the CPU seconds
 # they used (user + system): one fresh wrapper per run, so each run's figures are its own.
-# Forked workers (harness.worker_processes) are not among them: their peak comes from the
+# Forked workers (harness.processes.worker_processes) are not among them: their peak comes from the
 # run's metadata and the CPU seconds from the machine's counters (`busy_cpu_seconds`).
 _USAGE_PREFIX = "bench-peak-kib-cpu-s "
 _USAGE_WRAPPER = (

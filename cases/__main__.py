@@ -19,7 +19,7 @@ from cases.init_families import INIT_FAMILIES
 from cases.registry import fresh_registry
 from cases.spec import CaseSpecError
 from cases.toml_cases import register_case_file
-from reports.text import format_text_table
+from records.text import format_text_table
 
 COLUMNS = (
     "name",

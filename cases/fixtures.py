@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -39,6 +38,7 @@ from cases.init_families import Masters, generate_masters
 from cases.spec import Case
 from mhc.common import UnsupportedInputError
 from mhc.types import WEIGHT_FIELDS, MhcWeights
+from records.files import array_sha256, atomic_write, digest_arrays
 
 # Bump whenever the arrays generated for an unchanged case could change (a family's
 # formula, the rounding, the random roles). Part of the cache key and of the digest.
@@ -135,21 +135,6 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     array = np.ascontiguousarray(array)
     array.setflags(write=False)
     return array
-
-
-def digest_arrays(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 (hex) over every array's role, dtype, shape and bytes, in the mapping's order."""
-    h = hashlib.sha256()
-    for role, array in arrays.items():
-        array = np.ascontiguousarray(array)
-        h.update(f"{role}|{array.dtype.name}|{array.shape}|".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()
-
-
-def array_sha256(array: np.ndarray) -> str:
-    """sha256 (hex) of one array's bytes (C order)."""
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 # -- generation ---------------------------------------------------------------------
@@ -283,25 +268,6 @@ def _deserialize(case: Case, path: Path) -> Fixture:
     if fixture.digest() != header.get("digest"):
         raise CorruptFixtureError("fixture digest mismatch")
     return fixture
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file renamed into place: readers (other
-    processes included) see the old file or the whole new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def load_cached_fixture(case: Case, cache_dir: str | os.PathLike | None = None) -> Fixture | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from mhc.common import MhcDims
 from mhc.types import MhcConfig
-from reports import dtypes
+from records import dtypes
 
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 WEIGHT_DTYPES = ("float32", "bfloat16")
@@ -44,7 +44,7 @@ MESH_AXES = ("data", "fsdp")
 MATMUL_PRECISIONS = ("highest", "default")
 
 # The activation dtypes' names and the short spellings accepted wherever a user types a
-# dtype (CLI, TOML, select()), from `reports.dtypes`.
+# dtype (CLI, TOML, select()), from `records.dtypes`.
 DTYPE_ALIASES = {
     spelling: name
     for spelling, name in ({n: n for n in dtypes.FLOAT_DTYPES} | dtypes.ALIASES).items()
@@ -62,7 +62,7 @@ TPU_TAG = "tpu"  # only worth running with compiled (Mosaic) kernels
 # The fixture's key and a compiled program's key are derived from these marks, so a field
 # added to `Case` must say what it changes (tests/test_cases.py fails on an unmarked one).
 DATA = "data"  # the fixture's arrays, bit for bit
-PROGRAM = "program"  # the traced program (shapes, dtypes, kernel block sizes): `harness.paths`
+PROGRAM = "program"  # the traced program (shapes, dtypes, kernel block sizes): `harness.engine.paths`
 PLACEMENT = "placement"  # where and how precisely a path runs: its mesh (in the path's name), its matmul precision
 LABEL = "label"  # names and expectations: neither data nor program
 ROLES = "roles"
@@ -398,5 +398,5 @@ def fields_with(role: str) -> tuple[str, ...]:
 # the same data, and so do the precisions of one case.
 DATA_FIELDS = fields_with(DATA)
 # The fields that shape a compiled program; the effective matmul precision is added where
-# a path is placed (`harness.paths`).
+# a path is placed (`harness.engine.paths`).
 PROGRAM_FIELDS = fields_with(PROGRAM)

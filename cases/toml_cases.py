@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import difflib
 import tomllib
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 
 from cases.registry import DuplicateCaseError, Registry
 from cases.spec import Case, CaseSpecError, case_field_names, normalize_dtype

@@ -4,7 +4,7 @@ gate it against a baseline. Re-exported by `harness` (`from harness import run_p
     run = run_parity("my_pkg.kernels:factory", suite="smoke", dtype="bf16")
     run.passed                     # True: every row passed or is an explained skip, something compared
     run.failures                   # DataFrame of the fail/error rows (empty when passed)
-    run.rows                       # DataFrame of every row (columns: reports.schema.ROW_COLUMNS)
+    run.rows                       # DataFrame of every row (columns: records.schema.ROW_COLUMNS)
     run.write_reports("out/mine")  # manifest.json, rows.jsonl, rows.csv, report.json/.html, summary.md
     run.write_baseline()           # baselines/<implementation name>.csv
     gate(run, "baselines/my_kernel.csv").ok
@@ -12,13 +12,13 @@ gate it against a baseline. Re-exported by `harness` (`from harness import run_p
 Stable names: `run_parity`, `prepare`, `gate`, `ParityRun`, `PreparedRun`, and the errors
 of `harness.errors` (`ParityError`, `ConfigurationError`, `BaselineError`,
 `ReportError`), each raised with a one-line message. The engine is the CLI's: the same
-selection and up-front checks (`harness.run_command.configure`), the same `Runner`,
+selection and up-front checks (`harness.commands.run.configure`), the same `Runner`,
 manifest, metadata and report writers, so a folder written here is a complete run
 that `harness gate`, `harness baseline --from` and `harness render` accept. What the
 CLI adds is the streaming, resumable run folder and the exit codes.
 
 An implementation is given as a `module:factory` spec, an `Implementation`
-(`harness.implementations`), or the object a factory returns (with `pre`/`post` and a
+(`harness.engine.implementations`), or the object a factory returns (with `pre`/`post` and a
 `name`): see "Writing an external implementation" in the README. With one, the run is of
 that implementation and the reference (its `vs_reference` partner): paths `reference/*`
 and `<name>/*`, no TPU-lowering rows (those are of this project's kernels); pass
@@ -37,26 +37,30 @@ from typing import Any, TypedDict, Unpack
 
 import pandas as pd
 
-from harness import run_command
-from harness.errors import BaselineError, ConfigurationError, ReportError
-from harness.errors import ParityError  # noqa: F401 - re-exported: `harness.ParityError`, the pytest plugin
-from harness.implementations import Implementation, load_externals
-from harness.policy import PolicyError
-from harness.run_info import enable_compilation_cache
-from harness.runner import Runner
-from harness.summary import format_summary, rows_table, run_verdict
+from harness.commands import run as run_command
+from harness.engine.implementations import Implementation, load_externals
+from harness.engine.run_info import enable_compilation_cache
+from harness.engine.runner import Runner
+from harness.errors import (
+    BaselineError,
+    ConfigurationError,
+    ParityError,  # noqa: F401 - re-exported: `harness.ParityError`, the pytest plugin
+    ReportError,
+)
+from harness.judging.policy import PolicyError
+from records.manifest import Manifest, selection_digest
+from records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
+from records.rows import ReportInputError, to_frame
+from records.schema import OK_VERDICTS
+from records.store import case_records
 from reports.baseline import write_baseline as _write_baseline_file
-from reports.commands import comparability_refusal, current_cases, gated_frame
+from reports.comparability import comparability_refusal, current_cases, gated_frame
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
 from reports.gate import gate as _gate_rows
-from reports.manifest import Manifest, selection_digest
-from reports.outputs import OutputPathError, WriterLock, writable_file, writable_folder
 from reports.ownership import default_baseline_path, implementation_rows
-from reports.rows import ReportInputError, to_frame
-from reports.schema import OK_VERDICTS
 from reports.sources import LoadedRun, load_run
-from reports.store import case_records
+from reports.terminal import format_summary, rows_table, run_verdict
 from reports.writers import write_run_folder
 
 ImplementationLike = str | Implementation | Any
@@ -68,7 +72,7 @@ IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
 class ParityRun:
     """A finished parity run: its rows, the run metadata and the complete manifest.
 
-    records: one dict per row (`reports.schema.ROW_COLUMNS`). implementations: the names
+    records: one dict per row (`records.schema.ROW_COLUMNS`). implementations: the names
     of the external implementations it ran (their paths are `<name>/...`).
     """
 
@@ -79,7 +83,7 @@ class ParityRun:
 
     @functools.cached_property
     def rows(self) -> pd.DataFrame:
-        """Every row as a typed DataFrame (columns in `reports.schema.ROW_COLUMNS` order); built
+        """Every row as a typed DataFrame (columns in `records.schema.ROW_COLUMNS` order); built
         once and shared, so copy it before changing it in place."""
         return to_frame(list(self.records), source="run rows")
 

@@ -1,16 +1,16 @@
 """`python -m harness` (also the `mhc-parity` script): the one command line of the project.
 
   run       cases x paths -> a run folder: manifest.json, rows.jsonl, and once complete
-            rows.csv, report.json, report.html, summary.md   (harness.run_command)
-  gate      a finished run against a stored baseline          (reports.commands)
+            rows.csv, report.json, report.html, summary.md   (harness.commands.run)
+  gate      a finished run against a stored baseline          (harness.commands.gate)
   baseline  a finished run written as the baseline CSV; with --impl an implementation's
-            rows keyed by its name, run first without --from  (harness.baseline_command)
-  render    every report format written again from a run     (reports.commands)
+            rows keyed by its name, run first without --from  (harness.commands.baseline)
+  render    every report format written again from a run     (harness.commands.render)
   policy    the tolerance policy, checked; --table / --markdown: every resolved bound
-                                                              (harness.policy_table)
-  faults    the kill matrix and the false-positive sweep     (harness.faults.cli)
+                                                              (harness.commands.policy)
+  faults    the kill matrix and the false-positive sweep     (harness.commands.faults)
   merge     the run folders of `run --shard K/N` joined into one run
-                                                              (harness.merge_command)
+                                                              (harness.commands.merge)
 
 Exit codes: 0 success; 1 a parity failure (a failing row, a failing gate, a surviving
 fault); 2 a usage or configuration error, one line on stderr naming the problem; 130
@@ -25,22 +25,22 @@ import os
 import sys
 
 from harness.env import ensure_host_devices, pace_garbage_collector
-from harness.worker_processes import start_worker_server
+from harness.processes.worker_processes import start_worker_server
 
 EXIT_USAGE = 2
 # command -> (module:function taking the remaining arguments, one-line help). A command
 # loads only its own module: gate, render and `baseline --from` never load JAX.
 COMMANDS = {
-    "run": ("harness.run_command:main", "run cases through every path and write reports"),
-    "gate": ("reports.commands:gate_main", "compare a finished run against a baseline"),
+    "run": ("harness.commands.run:main", "run cases through every path and write reports"),
+    "gate": ("harness.commands.gate:main", "compare a finished run against a baseline"),
     "baseline": (
-        "harness.baseline_command:main",
+        "harness.commands.baseline:main",
         "write a finished run as the baseline CSV (--impl: an implementation's, run first)",
     ),
-    "render": ("reports.commands:render_main", "write every report format again from a finished run"),
-    "policy": ("harness.policy_table:main", "check the tolerance policy; print every resolved bound"),
-    "faults": ("harness.faults.cli:main", "the fault kill matrix, or with --seeds the false-positive sweep"),
-    "merge": ("harness.merge_command:main", "join the run folders of `run --shard K/N` into one run"),
+    "render": ("harness.commands.render:main", "write every report format again from a finished run"),
+    "policy": ("harness.commands.policy:main", "check the tolerance policy; print every resolved bound"),
+    "faults": ("harness.commands.faults:main", "the fault kill matrix, or with --seeds the false-positive sweep"),
+    "merge": ("harness.commands.merge:main", "join the run folders of `run --shard K/N` into one run"),
 }
 
 
@@ -54,7 +54,7 @@ def usage() -> str:
 def requests_workers(command: str, arguments: list[str]) -> bool:
     """Whether `arguments` ask `run` for worker processes (`--jobs N` with N other than 1,
     or auto). A quick look, before the command's parser: a spelling it misses only means
-    the workers' server starts later (`harness.parallel`), never other rows."""
+    the workers' server starts later (`harness.processes.parallel`), never other rows."""
     if command != "run":
         return False
     for index, argument in enumerate(arguments):

@@ -6,7 +6,7 @@ XLA reads `XLA_FLAGS` once, when JAX creates its first backend (the first
 pinned jaxlib, docs/jax-notes.md: flags set after `import jax` but before any computation
 take effect; flags set after the backend started are ignored). So modules import JAX at the
 top, and each entry point calls `ensure_host_devices()` before it computes anything:
-`harness.cli.main`, `harness.faults.cli.main` and its worker processes, the root
+`harness.cli.main`, `harness.commands.faults.main` and its worker processes, the root
 conftest.py and the pytest plugin, and the scripts in bench/.
 """
 
@@ -20,7 +20,7 @@ import pathlib
 import platform
 import sys
 
-from reports.manifest import PROJECT_ROOT
+from records.manifest import PROJECT_ROOT
 
 HOST_DEVICE_COUNT = 8
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"

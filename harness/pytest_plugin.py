@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.env import ensure_host_devices
-from harness.summary import rows_table
-from reports.rows import parse_float
-from reports.schema import FLOAT_COLUMNS, OK_VERDICTS
+from records.rows import parse_float
+from records.schema import FLOAT_COLUMNS, OK_VERDICTS
+from reports.terminal import rows_table
 from reports.writers import json_ready
 
 if TYPE_CHECKING:

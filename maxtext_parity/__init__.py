@@ -1,7 +1,7 @@
 """MaxText's mHC (`maxtext==0.2.5` from PyPI) as implementations the harness runs.
 
 Everything MaxText-specific lives in this package; the engine (`harness`) knows only the
-implementation interface (`harness.implementations`). `python -m harness run --suite maxtext
+implementation interface (`harness.engine.implementations`). `python -m harness run --suite maxtext
 --impl maxtext_parity:implementations` (what `make parity-maxtext` runs) adds six:
 
   maxtext-layer-reference        the layer, use_mhc_pallas_kernel=False, as released

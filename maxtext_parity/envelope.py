@@ -1,4 +1,4 @@
-"""What MaxText 0.2.5's mHC supports, declared up front (`harness.envelope.Envelope`).
+"""What MaxText 0.2.5's mHC supports, declared up front (`harness.engine.envelope.Envelope`).
 
 The kernels' own checks (`maxtext/kernels/mhc/common.py validate_inputs`,
 `validate_token_block_size`, `validate_feature_block_size`): bfloat16 activations,
@@ -14,7 +14,7 @@ import math
 
 from maxtext.kernels.mhc import api
 
-from harness.envelope import Envelope
+from harness.engine.envelope import Envelope
 
 # The kernel API's block defaults are `MhcKernelConfig()`'s; the layer reads its own from
 # its config (`mhc_pallas_kernel_*_block_size`), falling back to these in its `__call__`.

@@ -74,7 +74,7 @@ def layer_config(case, *, kernel: bool, matmul_precision: str) -> types.SimpleNa
 class LayerPath:
     """One path of MaxText's layer: reference (`kernel=False`) or kernel, as released or fixed.
 
-    A whole-layer implementation (`harness.implementations`): `build` returns the forward
+    A whole-layer implementation (`harness.engine.implementations`): `build` returns the forward
     the harness differentiates.
     """
 

@@ -10,8 +10,8 @@ runs, `post` mixes the streams and adds the gated branch output. The reference p
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -22,8 +22,8 @@ import dataclasses
 import functools
 import itertools
 import math
-from typing import Any
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -29,11 +29,11 @@ Public entry points:
     ReportInputError                        any input that does not fit the schema
 """
 
+from records.rows import ReportInputError, load_rows, to_frame
 from reports import html as _html
 from reports import markdown as _markdown
 from reports.baseline import load_baseline, write_baseline
 from reports.gate import GateFinding, GateResult, gate
-from reports.rows import ReportInputError, load_rows, to_frame
 from reports.sources import load_run
 from reports.summary import summarize
 from reports.writers import OUTPUT_FILES, write_all

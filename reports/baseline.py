@@ -20,10 +20,10 @@ real change shows up as a few changed numbers. The header records the format ver
 and the hash of the tolerance policy the run used; the gate refuses (exit 2) a
 baseline in another format or, when both runs record one, under another policy.
 The header also records the run's backend, device kind and matmul precision
-(`reports.environment`; values URL-quoted, so a device kind may contain spaces); the
+(`records.environment`; values URL-quoted, so a device kind may contain spaces); the
 gate refuses a baseline made at another matmul precision. A header without the
 precision was written before it was recorded: see the legacy rule of
-`reports.environment`.
+`records.environment`.
 
 A baseline of one external implementation (`harness baseline --impl`) keeps only that
 implementation's rows and names it in the header (`implementation=<name>`, after the
@@ -47,11 +47,8 @@ from typing import Any
 
 import pandas as pd
 
-from reports.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
-
-from reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
-from reports.environment import HEADER_KEYS, environment_of
-from reports.rows import (
+from records.environment import HEADER_KEYS, environment_of
+from records.rows import (
     ReportInputError,
     encode_float,
     frame_from_records,
@@ -59,6 +56,8 @@ from reports.rows import (
     records_from_cells,
     unwrap_run,
 )
+from records.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+from reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
 
 BASELINE_COLUMNS = GATE_COLUMNS
 BASELINE_FORMAT_VERSION = 2

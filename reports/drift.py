@@ -1,6 +1,6 @@
 """Per-row drift between two runs: growth of the oracle-relative error, with a noise floor.
 
-Two runs are matched row by row on `reports.schema.row_key` (case, candidate,
+Two runs are matched row by row on `records.schema.row_key` (case, candidate,
 partner, leaf). For each matched row the *growth* of an oracle-relative error
 (`cand_oracle_max_err`, `cand_oracle_rms_err`) is
 
@@ -37,11 +37,10 @@ from typing import Any
 
 import pandas as pd
 
-from reports import dtypes
-from reports.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
-
-from reports.rows import ReportInputError, coerce_row, frame_from_records, is_finite
-from reports.text import format_number
+from records import dtypes
+from records.rows import ReportInputError, coerce_row, frame_from_records, is_finite
+from records.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
+from records.text import format_number
 
 # The columns the gate needs from each run; a baseline file keeps exactly these.
 GATE_COLUMNS = (
@@ -70,7 +69,7 @@ assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= s
 DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_NOISE_FLOOR_ULPS = 2.0
 
-# Machine epsilon per dtype name and the short spellings people use (`reports.dtypes`).
+# Machine epsilon per dtype name and the short spellings people use (`records.dtypes`).
 DTYPE_EPSILON = {name: dtypes.epsilon(name) for name in (*dtypes.FLOAT_DTYPES, *dtypes.ALIASES)}
 # Used when a row's dtype is not a float dtype name (should not happen for measured rows).
 FALLBACK_EPSILON = DTYPE_EPSILON["float32"]

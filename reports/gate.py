@@ -1,6 +1,6 @@
 """The PR gate: a current parity run against the committed baseline run.
 
-Rules (row identity = `reports.schema.row_key`: case, candidate, partner, leaf):
+Rules (row identity = `records.schema.row_key`: case, candidate, partner, leaf):
 
 Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
   failure        the current run has a `fail` or `error` verdict (any row, new or old);
@@ -33,7 +33,7 @@ one line per row. `--only-current-cases` gates only the baseline rows of the cas
 current run selected: a deliberately partial run (`--cases ...`) then passes on what it
 ran, while every other rule still applies to those cases.
 
-`python -m harness gate` (`reports.commands.gate_main`) loads the two runs, refuses runs
+`python -m harness gate` (`harness.commands.gate`) loads the two runs, refuses runs
 that cannot be compared, and exits 0 pass, 1 gate failure, 2 usage or input error.
 """
 
@@ -47,8 +47,9 @@ from typing import Any
 
 import pandas as pd
 
-from reports.schema import row_key
-
+from records.rows import unwrap_run
+from records.schema import row_key
+from records.text import format_number, format_text_table
 from reports.drift import (
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_NOISE_FLOOR_ULPS,
@@ -57,8 +58,6 @@ from reports.drift import (
     gate_frame,
     index_by_key,
 )
-from reports.rows import unwrap_run
-from reports.text import format_number, format_text_table
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 

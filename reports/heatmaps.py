@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.schema import COMPARISONS, LEAF_KINDS
+from records.schema import COMPARISONS, LEAF_KINDS
 
 MAX_HEATMAP_ROWS = 60  # above this many case × candidate pairs, rows are aggregated per case
 WORST_CANDIDATE = "worst"  # the candidate label of an aggregated row

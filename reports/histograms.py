@@ -18,7 +18,7 @@ from html import escape
 import numpy as np
 import pandas as pd
 
-from reports.schema import COMPARISONS, LEAF_KINDS
+from records.schema import COMPARISONS, LEAF_KINDS
 from reports.summary import UNMEASURED_VERDICTS
 
 HISTOGRAM_DTYPES = ("bfloat16", "float32")

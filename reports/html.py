@@ -23,13 +23,12 @@ from typing import Any
 
 import pandas as pd
 
-from reports.schema import VERDICTS
-
+from records.schema import VERDICTS
+from records.text import format_number
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
 from reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg, histograms
 from reports.summary import FAILING_VERDICTS, rank_offenders, sharpness, summarize
-from reports.text import format_number
 
 MAX_OFFENDERS = 25
 MAX_DRIFT_ROWS = 200
@@ -108,7 +107,7 @@ def esc(value: Any) -> str:
 
 
 def fmt(value: Any) -> str:
-    """A metric for a table cell (`reports.text.format_number`), "—" for NaN (not measured)."""
+    """A metric for a table cell (`records.text.format_number`), "—" for NaN (not measured)."""
     return esc(format_number(value, nan="—"))
 
 
@@ -567,7 +566,7 @@ def render_html(
 ) -> str:
     """The whole report as one HTML document (see the module docstring).
 
-    `frame` is a canonical row frame (`reports.rows.to_frame`); `gate_result`, when
+    `frame` is a canonical row frame (`records.rows.to_frame`); `gate_result`, when
     given, adds the drift section.
     """
     metadata = metadata or {}

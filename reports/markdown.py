@@ -13,16 +13,15 @@ from typing import Any
 
 import pandas as pd
 
-from reports.schema import VERDICTS
-
+from records.schema import VERDICTS
+from records.text import format_number
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
-from reports.text import format_number
 
 DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
 # Metadata keys shown in the one-line environment footer, when present (run_* name the
-# run's manifest, see reports.manifest).
+# run's manifest, see records.manifest).
 ENVIRONMENT_KEYS = (
     "run_id",
     "run_state",
@@ -115,7 +114,7 @@ def render_markdown(
 ) -> str:
     """The run summary: overall line, verdict counts, worst leaf, failures, gate section.
 
-    `frame` is a canonical row frame (see `reports.rows.to_frame`).
+    `frame` is a canonical row frame (see `records.rows.to_frame`).
     """
     summary = summarize(frame)
     counts = summary["verdicts"]

@@ -1,7 +1,7 @@
 """Which implementation a baseline belongs to, and the rows of one implementation.
 
 An external implementation's rows are those whose candidate path is one of its paths,
-`<name>/unsharded`, `<name>/sharded(...)` (`harness.paths`): every comparison it is
+`<name>/unsharded`, `<name>/sharded(...)` (`harness.engine.paths`): every comparison it is
 the candidate of (vs the oracle, vs the reference, vs itself unsharded). Its baseline
 (`harness baseline --impl`) keeps only those rows and names it in the header
 (`reports.baseline`), so one repository can hold a baseline per kernel, and the gate

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from reports import dtypes
-from reports.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso, write_manifest
-from reports.rows import to_frame
-from reports.schema import empty_row
-from reports.store import case_records
+from records import dtypes
+from records.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso, write_manifest
+from records.rows import to_frame
+from records.schema import empty_row
+from records.store import case_records
 from reports.writers import OUTPUT_FILES, write_all, write_csv, write_json
 
 HOSTILE_CASE = "<script>alert(1)</script>"
@@ -204,7 +204,7 @@ def sample_rows() -> list[dict]:
 
 
 def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
-    """A complete `reports.manifest.Manifest` for a hand-made row set, as if `harness run`
+    """A complete `records.manifest.Manifest` for a hand-made row set, as if `harness run`
     had made it with this checkout's code: its cases in first-seen order, its row count."""
     cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
     files = code_files()

@@ -1,7 +1,7 @@
 """Finding a run's rows on disk, and refusing rows that cannot be trusted.
 
 `load_run` accepts:
-  * a run folder: its `manifest.json` must say "complete" (`reports.manifest`), and its
+  * a run folder: its `manifest.json` must say "complete" (`records.manifest`), and its
     `report.json` must carry the same run id and exactly the rows the manifest recorded
     (each case's row count and digest); so must its row stream, where it has one;
   * a `report.json` written by `reports.write_all` for a complete run: it carries the
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
+from records.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
+from records.rows import ReportInputError, frame_to_json_records, load_rows, to_frame
+from records.store import RowStore, StoreError, case_records
 from reports.baseline import is_baseline_file, load_baseline
-from reports.rows import ReportInputError, frame_to_json_records, load_rows, to_frame
-from reports.store import RowStore, StoreError, case_records
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1

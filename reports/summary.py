@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from reports.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
+from records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
 
 # Verdicts that break a run (exit code 1 / gate failure).
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)

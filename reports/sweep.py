@@ -1,6 +1,6 @@
 """The false-positive sweep's headroom table and its files (CSV, Markdown, JSON) and terminal table.
 
-`harness.faults.sweep` runs the unmodified code over many seeds; this module measures,
+`harness.faults.seed_sweep` runs the unmodified code over many seeds; this module measures,
 per (comparison, dtype, leaf kind), how close the passing rows came to their bounds
 (`reports.summary.usage_groups`) and writes it.
 """
@@ -12,11 +12,11 @@ import math
 import pathlib
 from collections.abc import Sequence
 
-from reports.kill_matrix import CATCHING_VERDICTS
+from records.kill_records import CATCHING_VERDICTS
+from records.rows import encode_float, to_frame
+from records.text import format_number, format_text_table
 from reports.markdown import md_table
-from reports.rows import encode_float, to_frame
 from reports.summary import usage_groups
-from reports.text import format_number, format_text_table
 from reports.writers import json_ready, write_rows_csv
 
 HEADROOM_KEYS = ["comparison", "dtype", "leaf_kind"]

@@ -4,7 +4,7 @@ Files written (names fixed so CI and the runner can find them):
 
     rows.csv      one line per (case, candidate, partner, leaf), columns = ROW_COLUMNS
                   in schema order; floats at full precision (round-trip exact), NaN and
-                  infinities as nan/inf/-inf (`reports.rows.encode_float`, as in every
+                  infinities as nan/inf/-inf (`records.rows.encode_float`, as in every
                   file the harness writes). `reports.load_rows` reads it back with exact
                   types; plain `pandas.read_csv` works too.
     report.json   {"format": "mhc-parity-report", "format_version": 1,
@@ -31,17 +31,16 @@ from typing import Any
 
 import pandas as pd
 
-from reports.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write_manifest
-from reports.schema import ROW_COLUMNS
-
+from records.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write_manifest
+from records.outputs import cannot_write
+from records.rows import encode_float, frame_to_json_records, to_frame, unwrap_run
+from records.schema import ROW_COLUMNS
+from records.store import RowStore
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate
 from reports.html import render_html
 from reports.markdown import render_markdown
-from reports.rows import frame_to_json_records, encode_float, to_frame, unwrap_run
 from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
-from reports.outputs import cannot_write
-from reports.store import RowStore
 from reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES
@@ -221,7 +220,7 @@ def write_run_folder(
     the manifest (as running, with no case recorded) first, so that a kill from there on
     leaves a folder no reader accepts; then the row stream case by case, the reports
     (`write_all`, given `options`), and the complete manifest last. The caller holds the
-    folder's `reports.outputs.WriterLock`. ValueError if the rows are not those the
+    folder's `records.outputs.WriterLock`. ValueError if the rows are not those the
     manifest recorded."""
     out = Path(out)
     unfinished = dataclasses.replace(manifest, state=RUNNING, finished="", rows=None, case_records=())

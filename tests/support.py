@@ -64,7 +64,7 @@ def project_files_run(function: Callable[[], object]) -> set[str]:
     For the tests that check a cache key's declared sources cover the code a computation
     runs (the program store's, the oracle cache's). A function is seen when it is called.
     """
-    from reports.manifest import PROJECT_ROOT
+    from records.manifest import PROJECT_ROOT
 
     seen = set()
 

@@ -13,8 +13,8 @@ import pytest
 import harness
 from harness import api
 from harness.cli import main as cli_main
+from records.schema import ROW_COLUMNS
 from reports import load_baseline, load_run
-from reports.schema import ROW_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
@@ -126,7 +126,7 @@ def test_harness_gate_flags_the_drift_of_an_external_run_against_its_own_baselin
 
 def test_a_baseline_of_another_implementation_is_refused(good_run, tmp_path, capsys):
     good_run.write_reports(tmp_path / "good")
-    other = harness.run_parity("harness.independent_mhc:factory", cases=[CASE])
+    other = harness.run_parity("harness.faults.independent_mhc:factory", cases=[CASE])
     other_baseline = other.write_baseline(tmp_path / "independent.csv")
     with pytest.raises(harness.BaselineError, match="belongs to implementation 'independent'"):
         harness.gate(good_run, other_baseline)
@@ -159,7 +159,7 @@ def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(t
 
 def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
     code = (
-        "import sys, harness, harness.cli, harness.baseline_command, harness.pytest_plugin, reports.commands\n"
+        "import sys, harness, harness.cli, harness.commands.baseline, harness.pytest_plugin, harness.commands.gate\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -5,9 +5,9 @@ import pathlib
 import pytest
 
 from cases import registry
-from harness.policy import load_policy
+from harness.judging.policy import load_policy
+from records.rows import ReportInputError
 from reports import load_baseline
-from reports.rows import ReportInputError
 
 BASELINE = pathlib.Path(__file__).resolve().parent.parent / "baselines" / "default.csv"
 
@@ -16,7 +16,7 @@ def test_committed_baseline_was_made_under_the_current_policy():
     """A tolerance change must come with `make baseline` (the gate refuses a hash mismatch)."""
     baseline = load_baseline(BASELINE)
     assert baseline.policy_hash == load_policy().digest, (
-        "harness/tolerances.toml changed since baselines/default.csv was written: run `make baseline`"
+        "harness/judging/tolerances.toml changed since baselines/default.csv was written: run `make baseline`"
     )
 
 

@@ -355,7 +355,7 @@ def test_every_case_field_says_what_it_changes():
 
 def test_the_program_key_follows_the_program_fields_and_nothing_else():
     from cases.spec import PROGRAM_FIELDS
-    from harness.paths import _trace_signature
+    from harness.engine.paths import _trace_signature
 
     case = catalogue.make_case(streams=4, embedding=128, batch=2, sequence=64)
     signature = _trace_signature(case, "highest")

@@ -19,14 +19,14 @@ import sys
 import pytest
 
 from harness.cli import main as cli_main
-from harness.merge_command import main as merge_main
-from reports.manifest import read_manifest
-from reports.store import RowStore
+from harness.commands.merge import main as merge_main
+from records.manifest import read_manifest
+from records.store import RowStore
 from tests.cli_support import (
-    cheap_run_args,
     ROOT,
     assert_one_line,
     assert_one_line_error,
+    cheap_run_args,
     load_jsonl,
     run_cli,
     without_timing,

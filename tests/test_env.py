@@ -8,7 +8,7 @@ from tests.cli_support import run_python
 
 def test_flags_set_after_importing_jax_take_effect_before_the_backend_starts():
     proc = run_python(
-        "import jax, harness.paths\n"
+        "import jax, harness.engine.paths\n"
         "from harness.env import backend_started, ensure_host_devices\n"
         "assert not backend_started()\n"
         "ensure_host_devices()\n"

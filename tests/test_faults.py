@@ -17,13 +17,23 @@ import numpy as np
 import pytest
 
 from cases.catalogue import make_case
-from harness.faults import CATALOGUE, FAULTS, VARIANTS, VARIANTS_BY_NAME, Patch, Perturbation, Seam, SeamError
-from harness.faults import cli as faults_cli
-from harness.faults import kill_matrix, sweep
+from harness.commands import faults as faults_cli
+from harness.engine.implementations import INTERPRET, REFERENCE
+from harness.engine.paths import Path
+from harness.engine.program_cache import ProgramCache
+from harness.faults import (
+    CATALOGUE,
+    FAULTS,
+    VARIANTS,
+    VARIANTS_BY_NAME,
+    Patch,
+    Perturbation,
+    Seam,
+    SeamError,
+)
+from harness.faults import matrix as kill_matrix
+from harness.faults import seed_sweep as sweep
 from harness.faults.model import UnknownPerturbationError, select
-from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path
-from harness.program_cache import ProgramCache
 from reports.samples import measured_row
 from reports.sweep import headroom_table
 
@@ -223,7 +233,7 @@ REPRESENTATIVE = (
 
 @pytest.fixture(scope="module")
 def representative(impls):
-    from harness.policy import load_policy
+    from harness.judging.policy import load_policy
 
     policy = load_policy(None)
     shared, memo = kill_matrix.SharedInputs(), {}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from reports.schema import row_key
+from harness.commands.gate import main
+from records.schema import row_key
 from reports import ReportInputError, load_baseline, write_baseline
 from reports.baseline import BASELINE_COLUMNS, header_line, render_baseline
 from reports.drift import DTYPE_EPSILON, growth, noise_floor
-from reports.commands import gate_main as main
 from reports.gate import gate
 from reports.markdown import gate_markdown
 from reports.samples import sample_rows, write_sample_run

@@ -14,11 +14,11 @@ import jax
 import pytest
 
 from cases.spec import Case
-from harness.implementations import INTERPRET, MOSAIC, REFERENCE
-from harness.policy import load_policy
+from harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
+from harness.engine.runner import PathPlan, Runner
+from harness.judging.policy import load_policy
 from harness.pytest_plugin import leaf_table
-from harness.runner import PathPlan, Runner
-from reports.schema import OK_VERDICTS
+from records.schema import OK_VERDICTS
 
 DTYPES = ("float32", "bfloat16")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main as cli_main
-from reports.schema import ROW_COLUMNS
+from records.schema import ROW_COLUMNS
+from records.store import RowStore
 from reports.samples import write_sample_run
-from reports.store import RowStore
 from tests.cli_support import load_jsonl, run_cli
 
 
@@ -162,11 +162,11 @@ def test_resume_refuses_a_stream_that_is_not_rows(tmp_path):
 def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp_path, capsys, monkeypatch):
     """The backstop behind the up-front coverage check: judging a leaf without a rule
     stops the run with exit 2 and an interrupted manifest, never a traceback or exit 1."""
-    import harness.run_command
-    from reports.manifest import read_manifest
+    import harness.commands.run
+    from records.manifest import read_manifest
     from tests.cli_support import REFERENCE_ONLY_CASE
 
-    monkeypatch.setattr(harness.run_command, "uncovered_judgements", lambda policy, cases, plan: [])
+    monkeypatch.setattr(harness.commands.run, "uncovered_judgements", lambda policy, cases, plan: [])
     policy = tmp_path / "policy.toml"
     policy.write_text(
         'version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
@@ -211,7 +211,7 @@ def test_the_baseline_command_refuses_an_empty_run(tmp_path, capsys):
 
 
 def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_path):
-    from reports.outputs import WRITER_LOCK_FILE, WriterLock
+    from records.outputs import WRITER_LOCK_FILE, WriterLock
     from tests.cli_support import REFERENCE_ONLY_CASE
 
     out = tmp_path / "out"
@@ -234,7 +234,7 @@ def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_
 def test_the_api_refuses_to_write_reports_into_a_folder_being_written(tmp_path):
     from harness.api import ParityRun
     from harness.errors import ReportError
-    from reports.outputs import WriterLock
+    from records.outputs import WriterLock
 
     run = ParityRun.__new__(ParityRun)  # only write_reports' refusal is exercised: nothing is written
     object.__setattr__(run, "manifest", type("M", (), {"command_line": "test"})())

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.metrics import leaf_metrics
-from harness.leaves import weight_leaf, leaf_kind
-from harness.policy import load_policy
+from harness.engine.leaves import leaf_kind, weight_leaf
+from harness.judging.metrics import leaf_metrics
+from harness.judging.policy import load_policy
 from mhc import oracle, reference
 from mhc.common import UnsupportedInputError
 from mhc.kernels import KernelConfig, post, pre

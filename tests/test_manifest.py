@@ -1,4 +1,4 @@
-"""reports.manifest and what trusts it (reports.sources): states, differences, refusals."""
+"""records.manifest and what trusts it (reports.sources): states, differences, refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import pytest
 
 from cases.catalogue import make_case
-from reports.manifest import (
+from harness.judging.policy import load_policy
+from records.manifest import (
     COMPLETE,
     INTERRUPTED,
     RUNNING,
@@ -19,7 +20,6 @@ from reports.manifest import (
     read_manifest,
     write_manifest,
 )
-from harness.policy import load_policy
 from reports import ReportInputError, load_run
 from reports.samples import sample_rows, write_sample_run
 from tests.cli_support import scale_one_metric_in_report
@@ -102,7 +102,7 @@ def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
         request=request(), cases=CASES, path_names=[], policy=load_policy(), extra_code_files=[module], command_line=""
     )
     keys = dict(with_external.code_files)
-    assert {"mhc/layer.py", "cases/spec.py", "harness/runner.py"} <= set(keys)
+    assert {"mhc/layer.py", "cases/spec.py", "harness/engine/runner.py"} <= set(keys)
     assert module.resolve().as_posix() in keys
     assert with_external.code_digest != manifest().code_digest
 

@@ -18,20 +18,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+from jaxpr_audit import dot_sites, implicit_precision_dots, trace
+from support import random_activations, random_weights
 
 from cases.branches import BRANCHES
 from cases.fixtures import make_fixture
 from cases.spec import Case
-from harness.devices import host_fallback, path_placement
-from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path, _build_program, _place
-from jaxpr_audit import dot_sites, implicit_precision_dots, trace
+from harness.engine.devices import host_fallback, path_placement
+from harness.engine.implementations import INTERPRET, REFERENCE
+from harness.engine.paths import Path, _build_program, _place
 from mhc import kernels, oracle
 from mhc.kernels import KernelConfig
 from mhc.kernels.lowering import abstract_tpu_mesh, kernel_programs
 from mhc.precision import MATMUL_PRECISIONS, dot_precision
 from mhc.types import MhcConfig
-from support import random_activations, random_weights
 
 Precision = jax.lax.Precision
 PAIR = {"highest": (Precision.HIGHEST, Precision.HIGHEST), "default": (Precision.DEFAULT, Precision.DEFAULT)}

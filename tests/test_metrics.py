@@ -1,4 +1,4 @@
-"""harness.metrics on hand-made arrays: every metric, NaN/Inf/zeros, bfloat16 ULP edges."""
+"""harness.judging.metrics on hand-made arrays: every metric, NaN/Inf/zeros, bfloat16 ULP edges."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from reports import schema
-from reports.manifest import PROJECT_ROOT
-from harness.metrics import DTYPE_FORMATS, LeafMetrics, MetricsMemo, dtype_name, eps, leaf_metrics, ulp_spacing
+from harness.judging.metrics import DTYPE_FORMATS, LeafMetrics, MetricsMemo, dtype_name, eps, leaf_metrics, ulp_spacing
+from records import schema
+from records.manifest import PROJECT_ROOT
 
 BF16 = ml_dtypes.bfloat16
 F32_EPS = 2.0**-23
@@ -337,7 +337,7 @@ def test_row_fields_are_exactly_the_schema_metric_columns():
 
 
 def test_systematic_error_separates_a_shared_shift_from_per_token_noise():
-    from harness.metrics import systematic_error
+    from harness.judging.metrics import systematic_error
 
     rng = np.random.default_rng(0)
     expected = rng.normal(size=(4, 128, 3))
@@ -351,7 +351,7 @@ def test_systematic_error_separates_a_shared_shift_from_per_token_noise():
 
 
 def test_systematic_error_edge_cases():
-    from harness.metrics import systematic_error
+    from harness.judging.metrics import systematic_error
 
     ones = np.ones((8, 4))
     assert systematic_error(ones, ones) == (0.0, 0.0)
@@ -380,8 +380,8 @@ def test_leaf_metrics_record_systematic_error_only_for_token_major_leaves():
 _BLAS_PROBE = """
 import dataclasses, sys
 import numpy as np
-from harness.metrics import leaf_metrics
-from harness.oracle_path import _relative_deviation
+from harness.judging.metrics import leaf_metrics
+from harness.engine.oracle_path import _relative_deviation
 rng = np.random.default_rng(7)
 exact = rng.standard_normal(1 << 16)
 candidate = (exact + 1e-3 * rng.standard_normal(exact.size)).astype(np.float32)
@@ -414,7 +414,7 @@ def _fields(metrics: LeafMetrics) -> list[str]:
 
 
 def test_a_memo_gives_the_same_metrics_and_computes_each_piece_once(monkeypatch):
-    import harness.metrics as metrics_module
+    import harness.judging.metrics as metrics_module
 
     rng = np.random.default_rng(3)
     oracle = rng.standard_normal((4, 8, 3))

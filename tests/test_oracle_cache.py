@@ -11,10 +11,10 @@ import pytest
 
 from cases.fixtures import Fixture, make_fixture
 from cases.spec import Case
-from harness import oracle_cache
-from harness.oracle_cache import ORACLE_SOURCES, OracleCache
-from harness.oracle_path import OracleOutputs, run_oracle_path
-from reports.manifest import PROJECT_ROOT
+from harness.engine.oracle_path import OracleOutputs, run_oracle_path
+from harness.stores import oracle_cache
+from harness.stores.oracle_cache import ORACLE_SOURCES, OracleCache
+from records.manifest import PROJECT_ROOT
 from tests.support import project_files_run
 
 CASE = Case(name="oracle-cache-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
@@ -185,8 +185,8 @@ def test_the_oracle_sources_cover_every_file_an_answer_is_computed_with():
     fixture = make_fixture(case)
     ran = project_files_run(lambda: run_oracle_path(case, fixture))
     assert "mhc/oracle.py" in ran and "cases/branches.py" in ran  # control: the profile sees the oracle
-    # cases/spec.py: key material; harness/run_info.py: JAX's compile-event listener (it
+    # cases/spec.py: key material; harness/engine/run_info.py: JAX's compile-event listener (it
     # counts compiles) when another test of this process registered it.
-    assert ran - {"cases/spec.py", "harness/run_info.py", "tests/test_oracle_cache.py"} <= set(ORACLE_SOURCES), (
+    assert ran - {"cases/spec.py", "harness/engine/run_info.py", "tests/test_oracle_cache.py"} <= set(ORACLE_SOURCES), (
         f"the oracle ran code from {sorted(ran - set(ORACLE_SOURCES))}: add it to ORACLE_SOURCES"
     )

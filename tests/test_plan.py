@@ -1,4 +1,4 @@
-"""The planned matrix (harness.plan) and the progress heartbeat (harness.progress)."""
+"""The planned matrix (harness.engine.plan) and the progress heartbeat (harness.commands.progress)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 from cases import registry
 from cases.catalogue import make_case
-from harness.implementations import BUILTIN
-from harness.plan import PathPlan, planned_leaves, uncovered_judgements, unmatched_path_globs
-from harness.policy import load_policy, parse_policy
-from harness.progress import Progress
+from harness.commands.progress import Progress
+from harness.engine.implementations import BUILTIN
+from harness.engine.plan import PathPlan, planned_leaves, uncovered_judgements, unmatched_path_globs
+from harness.judging.policy import load_policy, parse_policy
 from reports import load_baseline
 from tests.cli_support import ROOT
 

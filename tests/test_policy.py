@@ -1,4 +1,4 @@
-"""harness.policy and harness.bounds: file validation, rule precedence, each rule kind across its bound, NaN."""
+"""harness.judging.policy and .bounds: file validation, rule precedence, each rule kind across its bound, NaN."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from reports import schema
-from harness.bounds import KINDS
-from harness.metrics import LeafMetrics, leaf_metrics
-from harness.policy import (
+from harness.judging.bounds import KINDS
+from harness.judging.metrics import LeafMetrics, leaf_metrics
+from harness.judging.policy import (
     DEFAULT_POLICY_PATH,
     PARTITIONINGS,
     POLICY_COMPARISONS,
@@ -24,6 +23,7 @@ from harness.policy import (
     load_policy,
     parse_policy,
 )
+from records import schema
 
 F32_EPS = 2.0**-23
 BF16_EPS = 2.0**-7
@@ -430,7 +430,7 @@ def test_version_1_files_are_refused_saying_what_changed():
 
 
 def test_every_rule_kind_is_a_class_the_packaged_policy_uses():
-    """No unused kinds: each kind of harness.bounds judges some rule of the packaged file."""
+    """No unused kinds: each kind of harness.judging.bounds judges some rule of the packaged file."""
     used = {rule.kind for rule in load_policy().rules}
     assert used == set(KINDS)
     for kind in KINDS.values():

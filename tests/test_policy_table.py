@@ -5,9 +5,9 @@ from __future__ import annotations
 import pathlib
 
 from harness.cli import main as cli_main
-from harness.plan import JudgementKey
-from harness.policy import load_policy, parse_policy
-from harness.policy_table import DOC_PATH, markdown, matrix_judgements, table_lines
+from harness.commands.policy import DOC_PATH, markdown, matrix_judgements, table_lines
+from harness.engine.plan import JudgementKey
+from harness.judging.policy import load_policy, parse_policy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_policy_command_checks_prints_the_table_and_refuses_a_policy_with_gaps(t
 
 def test_a_changed_number_moves_its_lines():
     policy = load_policy()
-    text = (ROOT / "harness" / "tolerances.toml").read_text(encoding="utf-8")
+    text = (ROOT / "harness" / "judging" / "tolerances.toml").read_text(encoding="utf-8")
     changed = parse_policy(
         text.replace("max_rel_ulps = 64\nratio_sensitivity = 16", "max_rel_ulps = 65\nratio_sensitivity = 16", 1)
     )

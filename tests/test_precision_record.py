@@ -19,21 +19,21 @@ from cases.fixtures import cache_key
 from cases.registry import Registry
 from cases.spec import Case, CaseSpecError
 from cases.toml_cases import CaseFileError, register_case_file
-from harness.run_info import run_metadata
-from harness.implementations import INTERPRET, REFERENCE
-from harness.policy import load_policy
-from harness.runner import PathPlan, Runner
+from harness.commands.gate import main as gate_main
+from harness.engine.implementations import INTERPRET, REFERENCE
+from harness.engine.run_info import run_metadata
+from harness.engine.runner import PathPlan, Runner
+from harness.judging.policy import load_policy
 from mhc import precision
 from mhc.precision import dot_precision, effective_matmul_precision, operand_rounding
 from mhc.types import MhcConfig
-from reports import load_baseline, load_rows, to_frame, write_baseline
-from reports.environment import (
+from records.environment import (
     LEGACY_MATMUL_PRECISION,
     format_precision_record,
     precision_conflicts,
     run_precision,
 )
-from reports.commands import gate_main
+from reports import load_baseline, load_rows, to_frame, write_baseline
 from reports.samples import sample_rows, write_sample_run
 from reports.sources import load_run
 
@@ -159,7 +159,7 @@ def test_a_default_precision_case_runs_as_highest_on_the_cpu_and_says_so():
 
 
 def test_the_oracles_rounding_model_takes_the_operand_rounding_of_the_paths_backend(monkeypatch):
-    from harness import oracle_path
+    from harness.engine import oracle_path
 
     highest = Case(name="prec-highest", **BASE)
     default = highest.replace(name="prec-default", matmul_precision="default")
@@ -270,7 +270,7 @@ def test_a_legacy_baseline_gates_a_cpu_run_but_refuses_a_tpu_one(tmp_path, capsy
 
 
 def test_rows_written_before_the_precision_and_devices_columns_stay_readable(tmp_path):
-    from reports.schema import LATER_COLUMNS, ROW_COLUMNS
+    from records.schema import LATER_COLUMNS, ROW_COLUMNS
 
     old = tmp_path / "old.jsonl"
     old.write_text(

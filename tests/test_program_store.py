@@ -15,16 +15,16 @@ import pytest
 
 from cases.fixtures import make_fixture
 from cases.spec import Case
-from harness import program_store
-from harness.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
-from harness.devices import path_placement
-from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path, _build_program, _place, _trace_signature, effective_precision
-from harness.program_cache import ProgramCache
-from harness.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore
+from harness.engine.devices import path_placement
+from harness.engine.implementations import INTERPRET, REFERENCE
+from harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
+from harness.engine.program_cache import ProgramCache
+from harness.stores import program_store
+from harness.stores.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
+from harness.stores.program_store import KERNEL_SOURCES, PROGRAM_SOURCES, LoweringStore, ProgramStore
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
-from reports.manifest import PROJECT_ROOT, source_digest
+from records.manifest import PROJECT_ROOT, source_digest
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
 from tests.support import project_files_run
 
@@ -123,12 +123,12 @@ def test_a_rejected_input_is_stored_and_raised_again_without_tracing(tmp_path, m
     case, path = dataclasses.replace(CASE, embedding=96), Path(INTERPRET)
     with pytest.raises(UnsupportedInputError) as first:
         _run(case, path, ProgramStore(tmp_path))
-    import harness.paths
+    import harness.engine.paths
 
     def no_tracing(*args, **kwargs):
         raise AssertionError("the stored rejection should have answered")
 
-    monkeypatch.setattr(harness.paths, "_build_program", no_tracing)
+    monkeypatch.setattr(harness.engine.paths, "_build_program", no_tracing)
     store = ProgramStore(tmp_path)
     with pytest.raises(UnsupportedInputError) as again:
         _run(case, path, store)
@@ -221,7 +221,7 @@ def test_the_declared_sources_cover_every_file_a_program_is_traced_from(case, pa
     ran = _files_run_while_tracing(case, path)
     declared = _declared(PROGRAM_SOURCES + (KERNEL_SOURCES if path.impl.kernel else ()))
     assert ran - {"tests/test_program_store.py"} <= declared, (
-        f"{path.name}'s program ran code from {sorted(ran - declared)}: add it to harness/program_store.py's sources"
+        f"{path.name}'s program ran code from {sorted(ran - declared)}: add it to the program store's sources"
     )
     if path.impl.kernel:
         assert ran & _declared(KERNEL_SOURCES), "control: the profile sees the kernels' code"
@@ -257,10 +257,10 @@ from harness.env import ensure_host_devices
 ensure_host_devices()
 from cases.fixtures import make_fixture
 from cases.toml_cases import load_case_file
-from harness.implementations import INTERPRET, REFERENCE
-from harness.paths import Path
-from harness.program_cache import ProgramCache
-from harness.run_info import enable_compilation_cache
+from harness.engine.implementations import INTERPRET, REFERENCE
+from harness.engine.paths import Path
+from harness.engine.program_cache import ProgramCache
+from harness.engine.run_info import enable_compilation_cache
 enable_compilation_cache()
 for case in load_case_file(sys.argv[1]):
     for impl in (REFERENCE, INTERPRET):

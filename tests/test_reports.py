@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 
 from harness.cli import main as cli_main
+from records.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
+from records.store import RowStore
 from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all, write_baseline
 from reports.histograms import histogram, histogram_svg
 from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
-from reports.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
-from reports.store import RowStore
 
 METADATA = {
     "jax_version": "0.12.0.1",
@@ -187,7 +187,7 @@ def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
     assert summary["verdicts"] == EXPECTED_COUNTS
     assert summary["total"] == len(rows) and summary["ok"] is False
     assert summary["worst_leaf"]["case"] == "bf16_nan"
-    assert summary["worst_leaf"]["bound_usage"] == "inf"  # non-finite numbers: reports.rows.encode_float
+    assert summary["worst_leaf"]["bound_usage"] == "inf"  # non-finite numbers: records.rows.encode_float
     assert len(document["rows"]) == len(rows)
     error_row = next(r for r in document["rows"] if r["verdict"] == "error")
     assert error_row["max_abs_err"] == "nan" and error_row["reason"] == HOSTILE_REASON

@@ -20,8 +20,8 @@ import time
 
 import pytest
 
+from records.manifest import read_manifest, write_manifest
 from reports.baseline import BASELINE_COLUMNS
-from reports.manifest import read_manifest, write_manifest
 from tests.cli_support import (
     CASE_NAMES,
     REFERENCE_ONLY_CASE,
@@ -166,7 +166,7 @@ def test_resume_refuses_another_selection_policy_or_code(case_file, finished, tm
     out = tmp_path / "resumed"
     shutil.copytree(finished["out"], out)
     policy = tmp_path / "policy.toml"
-    policy.write_text((ROOT / "harness" / "tolerances.toml").read_text() + "\n# edited\n")
+    policy.write_text((ROOT / "harness" / "judging" / "tolerances.toml").read_text() + "\n# edited\n")
     other = run_cli(
         "run",
         "--case-file",

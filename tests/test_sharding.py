@@ -233,7 +233,7 @@ LAYER_TOKEN_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res", "d_x")
 
 @functools.cache
 def _layer_program(kernel: KernelConfig, mesh_shape, dtype_name):
-    """jit(forward + VJP) of the mHC layer with a tanh branch, like harness.paths builds it."""
+    """jit(forward + VJP) of the mHC layer with a tanh branch, like harness.engine.paths builds it."""
     from flax import nnx
 
     from mhc.layer import ManifoldConstrainedHyperConnections

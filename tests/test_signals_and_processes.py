@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from reports.manifest import read_manifest
-from tests.cli_support import cheap_run_args, ROOT, harness_command, load_jsonl, run_cli
+from records.manifest import read_manifest
+from tests.cli_support import ROOT, cheap_run_args, harness_command, load_jsonl, run_cli
 
 HANGS = "tests.external_impls:hangs_once"
 
@@ -176,7 +176,7 @@ def test_a_signal_during_merge_is_one_line_and_the_hint_is_a_command_merge_takes
     shards, tmp_path, monkeypatch, capsys, signum
 ):
     import reports.writers
-    from harness.merge_command import main as merge_main
+    from harness.commands.merge import main as merge_main
 
     def signalled(*args, **kwargs):  # the signal lands while the merged reports are written
         os.kill(os.getpid(), signum)

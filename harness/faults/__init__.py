@@ -15,7 +15,7 @@ Their results are plain records written to files by `reports.kill_matrix` and
 `reports.sweep` (CSV, Markdown, JSON and the terminal tables).
 """
 
-from harness.faults.catalogue import CATALOGUE, FAULTS
+from harness.faults.fault_catalogue import CATALOGUE, FAULTS
 from harness.faults.model import DTYPE_SLICES, Patch, Perturbation, Seam, SeamError, UnknownPerturbationError
 from harness.faults.variants import VARIANTS, VARIANTS_BY_NAME
 

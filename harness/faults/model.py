@@ -16,7 +16,7 @@ import compute_sigmoid_gate``), so ``mhc.reference.compute_sigmoid_gate`` and
 ``mhc.kernels.forward.compute_sigmoid_gate`` are different seams: patching one changes
 one path and leaves the other (and the float64 oracle, which imports nothing from
 `mhc`) untouched. An external implementation's module attributes are seams too
-(`harness.independent_mhc`).
+(`harness.faults.independent_mhc`).
 
 Use a perturbation as a context manager; every seam is restored on exit, also on an
 exception::
@@ -26,7 +26,7 @@ exception::
 
 `injected()` clears JAX's tracing caches on entry and exit, so a program traced before
 (or during) the patch is never reused on the other side of it. Compiled programs held
-elsewhere (e.g. a `harness.program_cache.ProgramCache`) are not affected: use a fresh cache.
+elsewhere (e.g. a `harness.engine.program_cache.ProgramCache`) are not affected: use a fresh cache.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ import contextlib
 import dataclasses
 import fnmatch
 import importlib
-from typing import Any
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import jax
 
-from reports.kill_matrix import DTYPE_SLICES
+from records.kill_records import DTYPE_SLICES
 
 
 class SeamError(LookupError):
@@ -162,7 +162,7 @@ class Perturbation:
             jax.clear_caches()
 
     def affects_path(self, path) -> bool:
-        """True if the perturbation can change the results of `path` (a `harness.paths.Path`)."""
+        """True if the perturbation can change the results of `path` (a `harness.engine.paths.Path`)."""
         if path.impl.name not in self.implementations:
             return False
         return path.mesh is not None or not self.sharded_only

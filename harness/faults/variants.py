@@ -9,7 +9,7 @@ passes on the unmodified code fails under a variant.
 They keep the rounding model of `mhc.oracle` (`ROUNDING_SITES`) honest: every place a
 variant rounds must be a site the model rounds at the activation dtype, and every
 place the model holds in float32 must be one no variant needs to round. The
-independent implementation (`harness.independent_mhc`), run by the kill matrix as an
+independent implementation (`harness.faults.independent_mhc`), run by the kill matrix as an
 external implementation, is itself a bundle of such choices (folded projection rounded
 once, coefficient operands and backward-matmul operands in the activation dtype).
 """
@@ -21,9 +21,13 @@ import operator
 
 import jax.numpy as jnp
 
-from harness.faults.catalogue import INDEPENDENT_IMPLEMENTATIONS, KERNEL_IMPLEMENTATIONS, REFERENCE_IMPLEMENTATIONS
+from harness.faults.fault_catalogue import (
+    INDEPENDENT_IMPLEMENTATIONS,
+    KERNEL_IMPLEMENTATIONS,
+    REFERENCE_IMPLEMENTATIONS,
+)
+from harness.faults.independent_mhc import round_operand
 from harness.faults.model import Patch, Perturbation, Seam
-from harness.independent_mhc import round_operand
 from mhc.common import matmul, rms_inverse
 
 # Chunks of the projection's K = n·C reduction in `_projection_in_chunks`.
@@ -133,7 +137,7 @@ VARIANTS: tuple[Perturbation, ...] = (
         description="An external kernel RMS-normalises the activations, rounds them to the "
         "activation dtype and multiplies by the un-folded weights (instead of folding the norm "
         "scale into the weights).",
-        patches=(Patch(Seam("harness.independent_mhc", "NORMALISE_ACTIVATIONS"), _true),),
+        patches=(Patch(Seam("harness.faults.independent_mhc", "NORMALISE_ACTIVATIONS"), _true),),
         implementations=INDEPENDENT_IMPLEMENTATIONS,
         variants=("lite",),
         legitimate=True,

@@ -27,7 +27,6 @@ from mhc.kernels.config import LANES, SUBLANES, KernelConfig
 from mhc.sharding import TOKENS, psum_to_primal_vma, run_token_sharded, token_sharding
 from mhc.types import MhcConfig, MhcContext, MhcWeights, validate_weights
 
-
 # ----------------------------------------------------------------------------- checks
 
 

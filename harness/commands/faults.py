@@ -1,0 +1,291 @@
+"""`python -m harness faults`: the kill matrix, and the false-positive sweep.
+
+Kill matrix (default)::
+
+    python -m harness faults [--suite default] [--cases GLOB...] [--dtype bf16]
+        [--faults GLOB...] [--variants GLOB...] [--impl MODULE:FACTORY ...] [--out out/faults] [--jobs N]
+
+runs the clean pass and every selected fault and legitimate variant (all of both by
+default; giving --faults or --variants runs only what they select) over the cases,
+through the built-in paths, the independent external implementation and any --impl
+(see `harness.faults.matrix`; files: `reports.kill_matrix`). Writes kill_matrix.csv / .md / .json,
+clean_rows.csv and perturbed_rows.csv into --out and prints the matrix: per fault and
+dtype slice, killed (with the margin), a listed exception, or SURVIVED (with the
+closest row); per variant, passes or FALSE POSITIVE. Exit 0 when every fault is caught
+in every slice it runs in (or listed there), every variant passes and no clean row
+fails; 1 otherwise (a fault no selected case exercises counts as surviving); 2 on a
+usage error.
+
+False-positive sweep::
+
+    python -m harness faults --seeds N [--suite default] [--cases GLOB...] [--impl ...] [--out out/sweep]
+
+runs the UNMODIFIED code over the cases with seeds 0..N-1, writes headroom.csv /
+sweep.md / sweep.json / failures.csv, prints per (comparison, dtype, leaf kind) how close
+the passing rows came to their bounds, and exits 1 if any row fails or errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+
+from cases import registry
+from cases.spec import CaseSpecError, normalize_dtype
+from harness.engine.implementations import BUILTIN, ImplementationError, load_external
+from harness.engine.run_info import enable_compilation_cache, run_metadata
+from harness.env import ensure_host_devices
+from harness.errors import ConfigurationError
+from harness.faults import matrix as kill_matrix
+from harness.faults.fault_catalogue import CATALOGUE
+from harness.faults.model import Perturbation, SeamError, UnknownPerturbationError, select
+from harness.faults.seed_sweep import run_sweep_rows
+from harness.faults.variants import VARIANTS
+from harness.judging.policy import PolicyError, load_policy
+from reports.kill_matrix import kill_matrix_text, write_kill_matrix
+from reports.sweep import headroom_table, sweep_text, write_sweep
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_FAULTS_OUT = pathlib.Path("out/faults")
+DEFAULT_SWEEP_OUT = pathlib.Path("out/sweep")
+
+
+class UsageError(Exception):
+    """A bad argument; exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness faults",
+        description="Kill matrix of the faults and legitimate variants; with --seeds N, the false-positive sweep.",
+    )
+    parser.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
+    parser.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
+    parser.add_argument("--dtype", default=None, help="activation dtype filter: float32|bfloat16 (f32, bf16)")
+    parser.add_argument("--faults", nargs="+", default=None, metavar="GLOB", help="fault-name globs, e.g. 'kernel.*'")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        metavar="GLOB",
+        help="legitimate-variant-name globs (default: all, unless --faults is given)",
+    )
+    parser.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="MODULE:FACTORY",
+        help="add an external implementation to every pass (repeatable)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help=f"output folder (default: {DEFAULT_FAULTS_OUT}, or {DEFAULT_SWEEP_OUT} with --seeds)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the false-positive sweep instead: unmodified code, seeds 0..N-1",
+    )
+    parser.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
+    parser.add_argument("--list", action="store_true", help="print the faults and variants and exit")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the perturbations in N processes (each repeats the clean pass; catalogued only)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no per-case progress lines")
+    return parser
+
+
+def select_cases(suite: str | None, globs: Sequence[str] | None, dtype: str | None = None):
+    """The selected cases; UsageError for an unknown suite or dtype, or a glob matching nothing."""
+    try:
+        wanted = normalize_dtype(dtype, field="--dtype") if dtype else None
+        selected = registry.default_registry().select(
+            suite=suite or (None if globs else "default"), names=globs, dtype=wanted
+        )
+    except (CaseSpecError, KeyError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    if not selected:
+        raise UsageError("no case matches the selection")
+    return list(selected)
+
+
+def select_perturbations(
+    fault_globs, variant_globs, faults: Sequence[Perturbation] = CATALOGUE, variants: Sequence[Perturbation] = VARIANTS
+) -> list[Perturbation]:
+    """The faults and variants to run: all, or only those the given globs select."""
+    if fault_globs is None and variant_globs is None:
+        return [*faults, *variants]
+    chosen = select(fault_globs, faults, "fault") if fault_globs is not None else []
+    return chosen + (select(variant_globs, variants, "variant") if variant_globs is not None else [])
+
+
+def print_catalogue(perturbations: Sequence[Perturbation]) -> None:
+    for p in perturbations:
+        scope = "/".join(p.implementations) + (" (sharded only)" if p.sharded_only else "")
+        kind = "legitimate variant (must pass)" if p.legitimate else "fault (must be caught)"
+        print(f"{p.name}  [{kind}]\n    seams: {p.seam_names}\n    paths: {scope}\n    models: {p.description}")
+        for dtype_slice, why in p.unkillable_in:
+            print(f"    cannot be caught in {dtype_slice}: {why}")
+
+
+def _metadata(policy, cases, started, wall, jobs, impls) -> dict:
+    metadata = run_metadata()
+    metadata.update(
+        command_line=" ".join(sys.argv),
+        start_time=started.isoformat(timespec="seconds"),
+        wall_seconds=round(time.perf_counter() - wall, 1),
+        policy_file=str(policy.source),
+        policy_hash=policy.digest,
+        cases=[c.name for c in cases],
+        jobs=jobs,
+        implementations=[i.name for i in impls],
+    )
+    return metadata
+
+
+def run_kill_matrix(
+    perturbations: Sequence[Perturbation],
+    cases,
+    policy,
+    out: pathlib.Path,
+    *,
+    impl_specs=(),
+    quiet=False,
+    jobs: int = 1,
+    policy_path=None,
+    use_compilation_cache=True,
+) -> int:
+    """Clean pass, one pass per perturbation (in `jobs` processes), reports; returns the exit code."""
+    started = datetime.datetime.now(datetime.UTC)
+    wall = time.perf_counter()
+    impls = kill_matrix.implementations(impl_specs)
+    if jobs > 1 and len(perturbations) > 1:
+        matrix = kill_matrix.run_in_workers(
+            perturbations,
+            cases,
+            policy_path,
+            impl_specs,
+            jobs,
+            quiet=quiet,
+            use_compilation_cache=use_compilation_cache,
+        )
+    else:
+        matrix = kill_matrix.run_in_process(perturbations, cases, policy, impls, quiet=quiet)
+    paths = write_kill_matrix(matrix, out, _metadata(policy, cases, started, wall, jobs, impls))
+    print()
+    print(kill_matrix_text(matrix))
+    print()
+    faults = [r for r in matrix.results if not r.legitimate]
+    variants = [r for r in matrix.results if r.legitimate]
+    print(
+        f"faults: {sum(r.ok for r in faults)}/{len(faults)} caught in every slice (or listed), "
+        f"{sum(r.ok for r in variants)}/{len(variants)} variants pass, "
+        f"{len(matrix.clean_failures)} clean row(s) fail ({time.perf_counter() - wall:.0f}s)"
+    )
+    for r in matrix.results:
+        if not r.ok:
+            print(f"  NOT OK: {r.name}: {r.status}")
+    for fmt, path in paths.items():
+        print(f"{fmt:>14}: {path}")
+    return EXIT_OK if matrix.ok else EXIT_FAILED
+
+
+def run_sweep(cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), quiet=False) -> int:
+    """The false-positive sweep; returns the exit code (1 if any row fails or errors)."""
+    start = time.perf_counter()
+    impls = tuple(BUILTIN.values()) + tuple(load_external(s) for s in impl_specs)
+    rows = run_sweep_rows(cases, seeds, policy, impls, quiet=quiet)
+    table = headroom_table(rows)
+    paths = write_sweep(table, rows, seeds, cases, out, time.perf_counter() - start)
+    failing = int(table["failing"].sum()) if len(table) else 0
+    print(sweep_text(table))
+    print(
+        f"sweep: {len(rows)} rows over {len(cases) * seeds} seeded cases, {failing} failing "
+        f"({time.perf_counter() - start:.0f}s); reports in {out}"
+    )
+    for row in [r for r in rows if r["verdict"] in ("fail", "error")][:12]:
+        print(
+            f"  {row['verdict']}  {row['case']}  {row['candidate']} {row['comparison']}  {row['leaf']}  "
+            f"{str(row['reason'])[:120]}"
+        )
+    del paths
+    return EXIT_FAILED if failing else EXIT_OK
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    faults: Sequence[Perturbation] = CATALOGUE,
+    variants: Sequence[Perturbation] = VARIANTS,
+    use_compilation_cache: bool = True,
+) -> int:
+    """Entry point of `python -m harness faults`.
+
+    faults, variants: the catalogues to choose from (tests pass their own).
+    use_compilation_cache: turn on JAX's persistent compilation cache in the project cache
+    folder, as `python -m harness run` does (tests leave the process's configuration alone).
+    """
+    ensure_host_devices()
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # argparse: 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    try:
+        if args.list:
+            print_catalogue([*faults, *variants])
+            return EXIT_OK
+        if args.seeds is not None:
+            if args.seeds < 1:
+                raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
+            if args.faults or args.variants:
+                raise UsageError("--seeds runs the unmodified code; it cannot be combined with --faults/--variants")
+        if args.jobs < 1:
+            raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+        if args.jobs > 1 and (tuple(faults) != CATALOGUE or tuple(variants) != VARIANTS):
+            raise UsageError("--jobs > 1 runs the built-in catalogues only")
+        chosen = select_perturbations(args.faults, args.variants, faults, variants) if args.seeds is None else []
+        for perturbation in chosen:
+            perturbation.resolve()
+        try:
+            policy = load_policy(args.policy)
+            for spec in args.impl:
+                load_external(spec)
+        except (PolicyError, ImplementationError, OSError) as exc:
+            raise UsageError(str(exc)) from exc
+        cases = select_cases(args.suite, args.cases, args.dtype)
+    except (UsageError, UnknownPerturbationError, SeamError) as exc:
+        print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if use_compilation_cache:
+        try:
+            enable_compilation_cache()
+        except ConfigurationError as exc:
+            print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.seeds is not None:
+        return run_sweep(
+            cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, impl_specs=args.impl, quiet=args.quiet
+        )
+    return run_kill_matrix(
+        chosen,
+        cases,
+        policy,
+        args.out or DEFAULT_FAULTS_OUT,
+        impl_specs=args.impl,
+        quiet=args.quiet,
+        jobs=args.jobs,
+        policy_path=args.policy,
+        use_compilation_cache=use_compilation_cache,
+    )

@@ -1,0 +1,162 @@
+"""`python -m harness gate`: a current run against a baseline (the rules: `reports.gate`).
+
+Exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
+mismatched runs, including runs made under another tolerance policy or at another matmul
+precision, see `reports.comparability`, unless allowed; a current run that did not finish,
+or was made by other code than this checkout, see `reports.sources`; an unwritable
+--markdown path). Loads no JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
+from records.environment import run_precision
+from records.outputs import OutputPathError, cannot_write, writable_file
+from records.rows import ReportInputError
+from reports.comparability import comparability_refusal, current_cases, gated_frame
+from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from reports.gate import GateResult, gate
+from reports.markdown import gate_markdown
+from reports.sources import load_run
+
+GATE_PROG = "mhc-parity gate"
+
+
+def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
+    """The gate's argument parser."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Compare a parity run with the committed baseline; exit 0 pass, 1 fail, 2 input error.",
+    )
+    parser.add_argument("--baseline", required=True, help="baseline CSV (or any run: folder, report.json, rows file)")
+    parser.add_argument("--current", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
+    parser.add_argument(
+        "--growth-factor",
+        type=float,
+        default=DEFAULT_GROWTH_FACTOR,
+        help=f"fail when an oracle-relative error grows by more than this (default {DEFAULT_GROWTH_FACTOR:g})",
+    )
+    parser.add_argument(
+        "--noise-floor-ulps",
+        type=float,
+        default=DEFAULT_NOISE_FLOOR_ULPS,
+        help=f"errors below this many eps of the leaf dtype count as noise (default {DEFAULT_NOISE_FLOOR_ULPS:g})",
+    )
+    parser.add_argument("--markdown", metavar="OUT", help="also write the result as Markdown to OUT")
+    parser.add_argument(
+        "--allow-policy-change",
+        action="store_true",
+        help="compare even if the baseline was produced under a different tolerance policy",
+    )
+    parser.add_argument(
+        "--only-current-cases",
+        action="store_true",
+        help="gate only the baseline rows of the cases the current run selected (a partial run)",
+    )
+    parser.add_argument(
+        "--allow-code-change",
+        action="store_true",
+        help="gate a current run even if this checkout's code changed since it was made",
+    )
+    parser.add_argument(
+        "--allow-precision-change",
+        action="store_true",
+        help="compare even if the baseline ran its matmuls at another precision (or on a backend "
+        "where a precision setting means another rounding)",
+    )
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"gate: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _notes(result: GateResult, baseline, current, only_current: bool) -> list[str]:
+    """Hints for a gate that found missing rows: a partial run, a seeded run."""
+    if not result.missing:
+        return []
+    notes = []
+    ran, known = set(current_cases(current)), set(baseline.frame["case"])
+    if not only_current and known - ran:
+        notes.append(
+            f"note: the current run selected {len(ran & known)} of the baseline's {len(known)} cases; "
+            f"--only-current-cases gates just those"
+        )
+    seed = current.manifest.request.seed if current.manifest is not None else None
+    if seed is not None:
+        notes.append(
+            f"note: the current run used --seed {seed}, which renames every case (<name>-seed{seed}); "
+            f"gate it against a baseline made with the same --seed"
+        )
+    return notes
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
+    """`gate`: a current run against a baseline; exit 0 pass, 1 gate failure, 2 input error."""
+    parser = gate_parser(prog)
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    if not args.growth_factor > 1.0:
+        return _fail(f"--growth-factor must be > 1, got {args.growth_factor:g}")
+    if not args.noise_floor_ulps >= 0.0:
+        return _fail(f"--noise-floor-ulps must be >= 0, got {args.noise_floor_ulps:g}")
+    try:
+        markdown_path = writable_file(args.markdown) if args.markdown else None
+    except OutputPathError as exc:
+        return _fail(f"--markdown: {exc}")
+    try:
+        baseline = load_run(args.baseline)
+        current = load_run(args.current, require_current_code=not args.allow_code_change)
+    except ReportInputError as exc:
+        return _fail(f"cannot read input: {exc}")
+    if not len(baseline.frame):
+        return _fail(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
+    if not len(current.frame):
+        return _fail(f"current run {current.source} has no rows; did the run write anything?")
+    refusal = comparability_refusal(
+        baseline,
+        current,
+        allow_policy_change=args.allow_policy_change,
+        allow_precision_change=args.allow_precision_change,
+    )
+    if refusal:
+        return _fail(refusal)
+    if baseline.implementation:
+        print(f"gating implementation {baseline.implementation!r}: its rows only")
+    baseline_frame = baseline.frame
+    if args.only_current_cases:
+        cases = current_cases(current)
+        baseline_frame = baseline_frame[baseline_frame["case"].isin(cases)]
+        gated = baseline_frame["case"].nunique()
+        if not gated:
+            return _fail(f"--only-current-cases: none of the current run's {len(cases)} cases is in the baseline")
+        print(f"gating only the current run's cases: {gated} of {baseline.frame['case'].nunique()} baseline cases")
+    try:
+        result = gate(
+            baseline_frame,
+            gated_frame(baseline, current),
+            growth_factor=args.growth_factor,
+            noise_floor_ulps=args.noise_floor_ulps,
+        )
+    except ReportInputError as exc:
+        return _fail(f"unusable input: {exc}")
+    print(result.table())
+    for note in _notes(result, baseline, current, args.only_current_cases):
+        print(note)
+    if baseline.policy_hash is None or current.policy_hash is None:
+        print("(policy hash not recorded on both sides; policy match not checked)")
+    if run_precision(baseline) is None or run_precision(current) is None:
+        print("(matmul precision not recorded on both sides; precision match not checked)")
+    if markdown_path is not None:
+        try:
+            markdown_path.write_text(gate_markdown(result), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"--markdown: {cannot_write(exc, markdown_path)}")
+        print(f"gate: wrote {markdown_path}")
+    return EXIT_OK if result.ok else EXIT_FAILED

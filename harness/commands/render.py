@@ -1,0 +1,63 @@
+"""`python -m harness render`: every report format written again from a finished run's
+rows; a run folder's copy keeps its manifest and row stream. Exit 0 or 2; loads no JAX."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.commands.common import EXIT_OK, EXIT_USAGE, parse
+from records.outputs import OutputPathError, WriterLock, writable_folder
+from records.rows import ReportInputError, frame_to_json_records
+from reports.sources import load_run
+from reports.writers import write_all, write_run_folder
+
+RENDER_PROG = "mhc-parity render"
+
+
+def _render_metadata(path: str | None, own: dict) -> dict:
+    """The run metadata to render: the JSON object in `path`, else the run's own."""
+    if not path:
+        return own
+    try:
+        metadata = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportInputError(f"--metadata {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(metadata, dict):
+        raise ReportInputError(f"--metadata {path}: expected a JSON object, got a {type(metadata).__name__}")
+    return metadata
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
+    """`render --rows RUN --out DIR [--metadata META.json] [--baseline B]`; exit 0 or 2.
+
+    A rendered folder is a copy of the run: its manifest, row stream and reports.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description="Write every report format again from a finished run.")
+    parser.add_argument("--rows", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
+    parser.add_argument("--out", required=True, help="folder to write the reports into")
+    parser.add_argument("--metadata", help="JSON file with run metadata (default: the run's own, if any)")
+    parser.add_argument("--baseline", help="baseline to compute drift against")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        run = load_run(args.rows)
+        metadata = _render_metadata(args.metadata, run.metadata)
+        out = writable_folder(args.out)
+        if run.manifest is not None and out.resolve() == run.source.resolve().parent:
+            raise OutputPathError(f"{out} holds the run being rendered; render into another folder")
+        with WriterLock(out, f"render ({run.source})"):  # one writer per run folder
+            if run.manifest is None:
+                paths = write_all(run.frame, metadata, out, baseline=args.baseline)
+            else:  # a copy of the run: its manifest, stream and reports
+                records = frame_to_json_records(run.frame)
+                paths = write_run_folder(out, records, metadata, run.manifest, baseline=args.baseline)
+    except (ReportInputError, OutputPathError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(paths["html"])
+    return EXIT_OK

@@ -1,0 +1,460 @@
+"""`python -m harness run`: cases x paths -> a run folder (see `records.manifest`).
+
+Writes manifest.json first and rows.jsonl as cases finish; rows.csv, report.json,
+report.html and summary.md once the run is complete. Exit codes: 0 every row passed
+(or is an explained skip/unsupported) and some row compared something; 1 a parity
+failure or error row; 2 a usage or configuration error, one line on stderr naming the
+problem (also a run that compared nothing); 130 interrupted by Ctrl-C (143 by SIGTERM),
+with the command that finishes the run (`--resume`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import shlex
+import signal
+import sys
+import time
+
+from cases import registry
+from cases.spec import CaseSpecError, normalize_dtype
+from cases.toml_cases import USER_SUITE, register_case_file
+from harness.commands.common import DEFAULT_RUN_FOLDER
+from harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
+from harness.engine.implementations import BUILTIN, ImplementationError, includes_external, load_externals
+from harness.engine.plan import PathPlan, uncovered_judgements, unmatched_path_globs
+from harness.engine.run_info import enable_compilation_cache, run_metadata
+from harness.engine.runner import Runner, out_of_memory_error
+from harness.errors import ConfigurationError, ResourceError
+from harness.judging.policy import PolicyError, load_policy
+from harness.processes.interrupts import SignalsInterrupt
+from harness.processes.parallel import ParallelRunner, auto_jobs
+from harness.processes.shards import parse_shard, shard_cases
+from records.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    ManifestError,
+    RunRequest,
+    read_manifest,
+    record_stop,
+    write_manifest,
+)
+from records.outputs import FolderInUseError, OutputPathError, WriterLock, cannot_write, writable_folder
+from records.store import RowStore, StoreError
+from reports import ReportInputError, load_baseline, write_all
+from reports.terminal import exit_code, print_summary
+
+PROG = "mhc-parity run"
+EXIT_USAGE = 2
+MAX_SEED = 2**63 - 1  # cases.spec.Case.seed's range
+
+
+class UsageError(ConfigurationError):
+    """A bad argument or configuration; exit code 2 (a `harness.errors.ConfigurationError`)."""
+
+
+def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The arguments of `run`."""
+    p = argparse.ArgumentParser(prog=prog, description="Run cases through every path and write the reports.")
+    p.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
+    p.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
+    p.add_argument("--tags", nargs="+", default=None, metavar="TAG", help="keep cases having all these tags")
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        default=["*"],
+        metavar="GLOB",
+        help="path-name globs, e.g. 'interpret/*' 'reference/*' (oracle always runs)",
+    )
+    p.add_argument("--dtype", default=None, help="activation dtype filter: float32|bfloat16 (f32, bf16)")
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="MODULE:FACTORY",
+        help="add an external implementation (repeatable)",
+    )
+    p.add_argument(
+        "--inside-envelope",
+        action="store_true",
+        help="keep only the cases inside every --impl implementation's declared envelope",
+    )
+    p.add_argument(
+        "--case-file", action="append", default=[], type=pathlib.Path, help="TOML file of extra cases (repeatable)"
+    )
+    p.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
+    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_RUN_FOLDER, help="output folder")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
+    p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
+    p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
+    p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
+    p.add_argument(
+        "--jobs",
+        default="1",
+        metavar="N",
+        help="run the cases in N worker processes (rows identical to one process); 'auto': one "
+        "per CPU core as memory allows, on a CPU backend (1 on an accelerator)",
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run shard K of N of the selected cases (1 <= K <= N); `merge` joins the shards",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT_S,
+        metavar="SECONDS",
+        help=f"without a terminal, print the running case at least this often (default {DEFAULT_HEARTBEAT_S:g})",
+    )
+    return p
+
+
+def select_cases(args):
+    """The cases `args` asks for, with --seed applied; UsageError for unknown names.
+
+    Without --suite or --cases the default suite runs, or — when case files are given —
+    the cases of those files (suite "user").
+    """
+    reg = registry.fresh_registry()
+    try:
+        for path in args.case_file:
+            register_case_file(path, reg)
+        suite = args.suite
+        if suite is None and args.cases is None:
+            suite = USER_SUITE if args.case_file else "default"
+        dtype = normalize_dtype(args.dtype, field="--dtype") if args.dtype else None
+        selected = reg.select(suite=suite, names=args.cases, tags=args.tags, dtype=dtype)
+    except (CaseSpecError, KeyError, ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    if not selected:
+        raise UsageError("no case matches the selection")
+    if args.seed is not None:
+        if not 0 <= args.seed <= MAX_SEED:
+            raise UsageError(f"--seed must be an integer in [0, {MAX_SEED}], got {args.seed}")
+        selected = [c.replace(name=f"{c.name}-seed{args.seed}", seed=args.seed) for c in selected]
+    return selected
+
+
+def configure(args):
+    """(policy, external implementations, cases, plan) for `args`; UsageError for anything
+    wrong with them, found before any compute: a selection or `--paths` glob that selects
+    nothing, an `--impl` that does not load, a policy without a rule for a comparison the
+    run will make."""
+    try:
+        policy = load_policy(args.policy)
+        externals = load_externals(args.impl)
+    except (PolicyError, ImplementationError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    cases = select_cases(args)
+    if getattr(args, "inside_envelope", False):
+        cases = inside_envelopes(cases, externals)
+    plan = PathPlan(
+        implementations=tuple(BUILTIN.values()) + externals,
+        path_globs=tuple(args.paths),
+        lowering=not args.no_lowering,
+    )
+    unmatched = unmatched_path_globs(plan, cases)
+    if unmatched:
+        raise UsageError(unmatched[0])
+    uncovered = uncovered_judgements(policy, cases, plan)
+    if uncovered:
+        raise UsageError(
+            f"policy {policy.source} cannot judge {len(uncovered)} kind(s) of comparison this run "
+            f"makes; first: {uncovered[0]}"
+        )
+    return policy, externals, cases, plan
+
+
+def inside_envelopes(cases, externals) -> list:
+    """The cases inside the envelope of every implementation in `externals` (on every path of
+    the case: unsharded and on its mesh); UsageError when none is, or none declares one."""
+    declared = [impl for impl in externals if impl.envelope is not None]
+    if not declared:
+        raise UsageError("--inside-envelope: no --impl implementation declares an envelope")
+    kept = [case for case in cases if not any(impl.envelope.case_reason(case) for impl in declared)]
+    if not kept:
+        first = cases[0]
+        reason = next(impl.envelope.case_reason(first) for impl in declared if impl.envelope.case_reason(first))
+        raise UsageError(f"--inside-envelope: no selected case is inside every envelope (e.g. {first.name}: {reason})")
+    return kept
+
+
+def _take_shard(args, cases):
+    """(the cases this run makes, the whole selection if --shard took a share of it, else ())."""
+    if args.shard is None:
+        return cases, ()
+    try:
+        return shard_cases(cases, parse_shard(args.shard)), cases
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def new_manifest(args, command_line: str, policy, externals, cases, plan, selection=()):
+    """The "running" manifest of the run `args` asks for (configured by `configure`);
+    selection: the whole selection when `cases` is one --shard of it."""
+    request = RunRequest(
+        suite=args.suite,
+        case_globs=_tuple_or_none(args.cases),
+        tags=_tuple_or_none(args.tags),
+        dtype=args.dtype,
+        case_files=tuple(str(p) for p in args.case_file),
+        seed=args.seed,
+        paths=tuple(args.paths),
+        implementations=tuple((impl.name, impl.spec) for impl in externals),
+        lowering=not args.no_lowering,
+    )
+    return Manifest.new(
+        request=request,
+        cases=cases,
+        path_names=plan.selected_names(cases),
+        policy=policy,
+        extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
+        command_line=command_line,
+        shard=parse_shard(args.shard).label if selection else "",
+        shard_of=selection,
+    )
+
+
+def _tuple_or_none(values):
+    return None if values is None else tuple(values)
+
+
+def _open_run(store, manifest, *, resume: bool):
+    """(manifest, rows kept, cases done): a fresh run, or the run in the folder continued.
+
+    The manifest is written ("running") before the folder's stream or reports change, so a
+    kill from here on leaves a folder no reader accepts. --resume continues only the same
+    run: its manifest must not differ from `manifest` in cases, paths, implementations,
+    seed, policy or code.
+    """
+    if resume:
+        try:
+            previous = read_manifest(store.folder)
+        except ManifestError as exc:
+            raise UsageError(f"--resume: {exc}") from exc
+        if previous is None and store.has_rows():
+            raise UsageError(
+                f"--resume: {store.folder} holds rows but no {MANIFEST_FILE}, so nothing says they "
+                f"belong to this request; run without --resume"
+            )
+        if previous is not None:
+            differences = previous.differences(manifest)
+            if differences:
+                raise UsageError(
+                    f"--resume: {store.folder} holds another run; "
+                    + "; ".join(differences)
+                    + ". Run without --resume to start over (or use another --out)"
+                )
+            try:
+                rows, found = store.finished()
+            except StoreError as exc:
+                raise UsageError(f"--resume: {exc}") from exc
+            problem = previous.rows_problem(found, exact=previous.is_complete)
+            if problem:
+                # As merge checks a shard: the stream must hold the rows the manifest recorded.
+                raise UsageError(
+                    f"--resume: {store.folder}: its row stream does not match its manifest ({problem}): it was "
+                    f"cut, edited or left by another run. Run without --resume to start over"
+                )
+            # Finished cases the manifest did not record (killed before it was updated, or rows an
+            # earlier run left) are redone.
+            done = [record.case for record in previous.case_records]
+            recorded = set(done)
+            rows = [row for row in rows if row["case"] in recorded]
+            manifest = previous.resumed_as(manifest)
+            write_manifest(store.folder, manifest)
+            store.keep(rows, done)
+            return manifest, rows, recorded
+    write_manifest(store.folder, manifest)
+    store.start_fresh()
+    return manifest, [], set()
+
+
+AUTO_JOBS = "auto"
+
+
+def parse_jobs(text) -> int | str:
+    """`--jobs`: a count of at least 1, or "auto" (`harness.processes.parallel.auto_jobs`)."""
+    if str(text).strip().lower() == AUTO_JOBS:
+        return AUTO_JOBS
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise UsageError(f"--jobs must be a whole number or 'auto', got {text!r}") from None
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    return jobs
+
+
+def _command_run(args, argv, command_line: str | None = None) -> int:
+    if args.heartbeat <= 0:
+        raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
+    args.jobs = parse_jobs(args.jobs)
+    policy, externals, cases, plan = configure(args)
+    cases, selection = _take_shard(args, cases)
+    baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
+    try:
+        out = writable_folder(args.out)
+    except OutputPathError as exc:
+        raise UsageError(f"--out: {exc}") from exc
+    command_line = command_line or "python -m harness run " + shlex.join(argv)
+    manifest = new_manifest(args, command_line, policy, externals, cases, plan, selection)
+    try:
+        writer = WriterLock(out, command_line)  # one writer per run folder, for the run's life
+    except FolderInUseError as exc:
+        raise UsageError(f"--out: {exc}") from exc
+    with writer:
+        enable_compilation_cache()  # before the folder changes: an unwritable cache is a usage error
+        store = RowStore(out)
+        manifest, rows, done = _open_run(store, manifest, resume=args.resume)
+        return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
+
+
+def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:
+    """Run what is not done yet, then write the reports and finish the manifest.
+
+    Ctrl-C / SIGTERM finish the manifest as "interrupted" and say how to --resume; a
+    comparison the policy cannot judge (which the up-front check should have caught)
+    stops the run the same way and is a configuration error.
+    """
+    todo = [c for c in cases if c.name not in done]
+    wall_start = time.perf_counter()
+    jobs = auto_jobs(len(todo)) if args.jobs == AUTO_JOBS else args.jobs
+    runner = (
+        Runner.with_disk_stores(policy, externals=includes_external(plan.implementations))
+        if jobs == 1
+        else ParallelRunner(policy, jobs)
+    )
+    progress = Progress(
+        len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet, heartbeat_s=args.heartbeat
+    )
+    signals = SignalsInterrupt()
+    running = []  # the case being run, for a message naming it
+
+    def case_started(case):
+        running[:] = [case]
+        progress.start(case)
+
+    try:
+        with signals:
+            for case, case_rows in runner.run(todo, plan, on_case_start=case_started, on_step=progress.step):
+                record = store.append_case(case.name, case_rows)
+                rows.extend(case_rows)
+                manifest = manifest.with_case(record)
+                write_manifest(store.folder, manifest)
+                progress.finish(case, case_rows)
+            progress.close()
+            metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start)
+            finished = manifest.completed(len(rows))
+            paths = _write_reports(rows, metadata, store.folder, baseline, finished)
+            write_manifest(store.folder, finished)  # last: the folder is now a complete run
+    except KeyboardInterrupt:
+        progress.close()
+        name = signals.name
+        write_manifest(store.folder, manifest.interrupted(name))
+        print(
+            f"\nmhc-parity: interrupted ({name}) after {manifest.cases_done} of {len(cases)} cases; "
+            f"finished cases are kept in {store.folder}. Finish the run with:\n  {manifest.resume_command()}",
+            file=sys.stderr,
+        )
+        return signals.exit_code
+    except PolicyError as exc:
+        progress.close()
+        write_manifest(store.folder, manifest.interrupted(f"configuration error: {exc}"))
+        raise UsageError(f"{exc} (found while running; the run is stopped)") from exc
+    except (OSError, MemoryError, ResourceError) as exc:  # what the machine lacked, not a parity failure
+        progress.close()
+        reason = _shortage(exc, running)
+        record_stop(store.folder, manifest.failed(reason))
+        kept = manifest.cases_done
+        raise UsageError(
+            f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
+            f"Once that is mended, finish the run with `{manifest.resume_command()}`"
+        ) from exc
+    return _conclude(rows, paths)
+
+
+def _shortage(exc: BaseException, running: list) -> str:
+    """One phrase for what stopped the run: the file it could not write, or the case that
+    exhausted memory."""
+    if isinstance(exc, MemoryError):
+        return str(out_of_memory_error(running[0], "the comparisons", exc)) if running else "out of memory"
+    if isinstance(exc, OSError):
+        return cannot_write(exc, "the run folder")
+    return str(exc)
+
+
+def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
+    """The run metadata of the reports: the environment record, times, policy, suite, timings."""
+    metadata = run_metadata(cases)
+    metadata.update(
+        command_line=manifest.command_line,
+        start_time=manifest.started,
+        end_time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        wall_seconds=round(time.perf_counter() - wall_start, 3),
+        policy_file=str(policy.source),
+        policy_hash=policy.digest,
+        suite=manifest.request.suite or "",
+        case_count=len(cases),
+        resumed_cases=len(done),
+        jobs=getattr(runner, "jobs", 1),
+        **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
+        **runner.work_counts(),
+    )
+    return metadata
+
+
+def _load_baseline(path):
+    """The baseline to show drift against (None without --baseline); UsageError if unreadable."""
+    if path is None:
+        return None
+    try:
+        return load_baseline(path)
+    except (ReportInputError, OSError) as exc:
+        raise UsageError(f"baseline {path}: {exc}") from exc
+
+
+def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest) -> dict:
+    return write_all(rows, metadata, out, baseline=baseline, manifest=manifest)
+
+
+def _conclude(rows, paths) -> int:
+    """Print the summary and the report paths; the run's exit code."""
+    print_summary(rows)
+    for fmt, path in paths.items():
+        print(f"{fmt:>8}: {path}")
+    print(f"HTML report: {paths['html']}")
+    code = exit_code(rows)
+    if code == EXIT_USAGE:
+        reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
+        example = f" (e.g. {reasons[0]})" if reasons else ""
+        print(
+            f"mhc-parity: error: nothing was compared: all {len(rows)} rows are skip/unsupported{example}; "
+            f"select paths and cases that run on this machine",
+            file=sys.stderr,
+        )
+    return code
+
+
+def main(argv: list[str], *, command_line: str | None = None) -> int:
+    """`run` with `argv` (the arguments after the command name); the exit code.
+
+    command_line: the command the manifest records, and a resume hint repeats, if it is not
+    `python -m harness run ARGV` (`baseline --impl` runs through here)."""
+    try:
+        args = run_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    try:
+        return _command_run(args, argv, command_line)
+    except ConfigurationError as exc:  # UsageError included; e.g. an unwritable cache folder
+        print(f"mhc-parity: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # before the run started computing (see _execute for after)
+        print("\nmhc-parity: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT

@@ -1,0 +1,276 @@
+"""Implementations of the mHC layer the harness can run, built-in and external.
+
+Every implementation runs through the same `ManifoldConstrainedHyperConnections`
+layer, so the weights a path sees (`layer.weights()`) and the way the branch is wired
+are identical across paths; only the pre/post functions differ:
+
+  reference  the layer with `use_pallas_kernel=False` (plain JAX)
+  interpret  the layer with `use_pallas_kernel=True`, Pallas interpret mode
+  mosaic     the layer with `use_pallas_kernel=True`, Mosaic-compiled (TPU only)
+  external   the layer with `implementation=<object with pre/post>`, loaded by
+             import path (`--impl my_pkg.module:factory`)
+
+The external interface: `factory()` returns an object with
+  pre(x, weights: MhcWeights, *, config: MhcConfig) -> (layer_input, context)
+  post(layer_output, context, *, config: MhcConfig) -> out
+with x (B, S, n, C), layer_input (B, S, C), out like x, and `context` any pytree; if it
+has attributes h_pre, h_post, h_res they are compared as intermediates.
+
+A whole-layer implementation (a layer of another project, run through its own
+`__call__`) has instead of pre/post
+  build(case, *, matmul_precision, mesh) -> forward
+  forward(x, weights: dict[field, array], branch_fn) -> (out, intermediates: dict)
+with `weights` the fixture's leaves by `MhcWeights` field name (stored dtypes) and
+`branch_fn(layer_input) -> layer_output` the case's branch; gradients are taken through
+`forward` by the harness, so every weight leaf gets one.
+
+Optional attributes: `name` (defaults to the factory's module:function), `variants`
+(tuple of supported variants, default ("lite", "sinkhorn")), `expects_case_limits` (True
+if the case's expect/expect_reason applies to it, as to the kernels; default False),
+`envelope` (a `harness.engine.envelope.Envelope`: cases outside it are `unsupported` rows),
+`partner` (the name of another implementation of the run it is also compared with, as
+`vs_reference`: e.g. a kernel path and its own project's reference path),
+`lower(case, mesh_shape) -> [mhc.kernels.lowering.LoweringResult]` (lowering rows of its
+kernel programs, `mesh_shape` () or the case's mesh) and `code_root` (the folder of its
+code: an error row names the innermost frame there). A factory may return a list or
+tuple of such objects: each becomes an implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from harness.engine.envelope import Envelope
+from harness.errors import ConfigurationError
+from mhc.common import VARIANTS
+
+
+class ImplementationError(ConfigurationError):
+    """An implementation could not be loaded or is malformed (a configuration error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One way of computing the layer, and what the harness may expect of it.
+
+    name: stable path prefix (keys baselines). kernel: True for the Pallas kernels.
+    interpret: Pallas interpret mode (kernels only). variants: variants it implements;
+    other cases get a `skip` row. needs_backend: JAX backend required ("tpu"), else
+    `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
+    external: the object with pre/post passed to the layer as `implementation`.
+    spec, source_file: an external one's `module:factory` and its module's file (the
+    run manifest records both: the file is code under test). layer: a whole-layer
+    implementation's object with `build` (module docstring), used instead of this
+    project's layer. envelope: what it supports (`harness.engine.envelope.Envelope`; None: any
+    case). partner: the implementation it is also compared with (`vs_reference`).
+    lower: its kernel programs' lowering (module docstring). code_root: the folder whose
+    innermost frame an error row names.
+    """
+
+    name: str
+    kernel: bool = False
+    interpret: bool = True
+    variants: tuple[str, ...] = VARIANTS
+    needs_backend: str | None = None
+    case_limits: bool = False
+    external: Any = None
+    spec: str = ""
+    source_file: str = ""
+    layer: Any = None
+    envelope: Envelope | None = None
+    partner: str = ""
+    lower: Callable | None = dataclasses.field(default=None, compare=False)
+    code_root: str = ""
+
+    def case_skip_reason(self, case) -> str:
+        """Why this implementation does not run `case` at all ("" if it does)."""
+        if case.variant not in self.variants:
+            return f"{self.name} implements {'/'.join(self.variants)}, not the {case.variant} variant"
+        if self.kernel and "reference_only" in case.all_tags:
+            return "case is tagged reference_only"
+        return ""
+
+    def envelope_reason(self, case, mesh: tuple[int, int] | None = None) -> str:
+        """Why `case` on `mesh` is outside this implementation's envelope ("" if inside or it has none)."""
+        return self.envelope.reason(case, mesh) if self.envelope is not None else ""
+
+    @property
+    def runs_on_host(self) -> bool:
+        """True if it can run on the host CPU (everything but backend-specific code such as Mosaic)."""
+        return self.needs_backend is None
+
+    def partitioning(self, elementwise_branch: bool) -> str:
+        """How a token-sharded run of this implementation is split, for the policy.
+
+        "manual": every per-token computation runs per shard in code whose blocking does
+        not depend on the shard's token count (the kernels inside shard_map, around an
+        elementwise branch), so each token is bit-identical to the unsharded run.
+        "auto": some per-token work (the reference, an external implementation, or a
+        branch with matmuls) is partitioned by XLA, which may re-block a matmul for the
+        smaller per-shard row count and so reorder its sums.
+        """
+        return "manual" if self.kernel and elementwise_branch else "auto"
+
+    def layer_options(self) -> dict[str, Any]:
+        """Keyword arguments for `ManifoldConstrainedHyperConnections` (besides shapes)."""
+        if self.external is not None:
+            return {"implementation": self.external}
+        return {"use_pallas_kernel": self.kernel}
+
+
+REFERENCE = Implementation("reference")
+INTERPRET = Implementation("interpret", kernel=True, interpret=True, variants=("lite",), case_limits=True)
+MOSAIC = Implementation(
+    "mosaic", kernel=True, interpret=False, variants=("lite",), needs_backend="tpu", case_limits=True
+)
+BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
+# `lowering` and `oracle` are paths too but not layer implementations: see harness.engine.paths.
+RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
+
+
+def is_builtin(impl: Implementation) -> bool:
+    """True for this project's own `reference`, `interpret`, `mosaic` (not an external one under such a name)."""
+    return BUILTIN.get(impl.name) == impl
+
+
+def includes_external(implementations) -> bool:
+    """True if any of `implementations` is not built in: its code ran in this process."""
+    return not all(is_builtin(impl) for impl in implementations)
+
+
+def load_external(spec: str) -> Implementation:
+    """Load `module.path:factory`, whose factory returns one object, and wrap it
+    (ImplementationError if it returns several: see `load_implementations`)."""
+    loaded = load_implementations(spec)
+    if len(loaded) != 1:
+        raise ImplementationError(f"--impl {spec!r} gives {len(loaded)} implementations; expected one")
+    return loaded[0]
+
+
+def load_implementations(spec: str) -> tuple[Implementation, ...]:
+    """Load `module.path:factory` and wrap what the factory returns (one object, or a
+    list or tuple of them: one implementation each).
+
+    Raises ImplementationError naming the spec for a bad format, a missing module or
+    attribute, a factory that fails or returns nothing, or a malformed object (`wrap_external`).
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImplementationError(f"--impl {spec!r}: expected 'module.path:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImplementationError(f"--impl {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a syntax error or an exception raised while the module loads
+        raise ImplementationError(
+            f"--impl {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    factory: Callable[[], Any] | None = getattr(module, attr, None)
+    if not callable(factory):
+        raise ImplementationError(f"--impl {spec!r}: {module_name} has no callable {attr!r}")
+    try:
+        obj = factory()
+    except Exception as exc:  # the user's code: report, do not crash the CLI
+        raise ImplementationError(f"--impl {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    objects = obj if isinstance(obj, (list, tuple)) else (obj,)
+    if not objects:
+        raise ImplementationError(f"--impl {spec!r}: the factory returned no implementation")
+    return tuple(
+        wrap_external(
+            item,
+            spec=spec,
+            default_name=f"{module_name}:{attr}" if len(objects) == 1 else "",
+            source_file=getattr(module, "__file__", None) or "",
+        )
+        for item in objects
+    )
+
+
+def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_file: str = "") -> Implementation:
+    """An `Implementation` around an object with `pre`/`post` (what a factory returns).
+
+    Its name is `obj.name`, else `default_name`; ImplementationError for an object without
+    callable pre/post (or build, for a whole layer), with an envelope that is not an
+    `Envelope`, without a name, with a reserved name or unknown variants.
+    """
+    label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
+    whole_layer = callable(getattr(obj, "build", None))
+    for method in () if whole_layer else ("pre", "post"):
+        if not callable(getattr(obj, method, None)):
+            raise ImplementationError(f"{label}: the factory's object has no callable {method}() (nor build())")
+    envelope = getattr(obj, "envelope", None)
+    if envelope is not None and not isinstance(envelope, Envelope):
+        raise ImplementationError(
+            f"{label}: `envelope` must be a harness.engine.envelope.Envelope, got {type(envelope).__name__}"
+        )
+    lower = getattr(obj, "lower", None)
+    if lower is not None and not callable(lower):
+        raise ImplementationError(f"{label}: `lower` must be callable")
+    name = getattr(obj, "name", None) or default_name
+    if not name:
+        raise ImplementationError(f"{label}: give the object a `name` attribute (it keys rows and baselines)")
+    if name in RESERVED_NAMES or "/" in name:
+        raise ImplementationError(f"{label}: name {name!r} is reserved or contains '/'")
+    variants = tuple(getattr(obj, "variants", VARIANTS))
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ImplementationError(f"{label}: unknown variants {sorted(unknown)}")
+    if not source_file:
+        module = importlib.import_module(type(obj).__module__) if type(obj).__module__ else None
+        source_file = getattr(module, "__file__", None) or ""
+    return Implementation(
+        name=name,
+        variants=variants,
+        case_limits=bool(getattr(obj, "expects_case_limits", False)),
+        external=None if whole_layer else obj,
+        spec=spec,
+        source_file=source_file,
+        layer=obj if whole_layer else None,
+        envelope=envelope,
+        partner=str(getattr(obj, "partner", "") or ""),
+        lower=lower,
+        code_root=str(getattr(obj, "code_root", "") or ""),
+    )
+
+
+def as_implementation(item: str | Implementation | Any) -> Implementation:
+    """A `module:factory` spec loaded, an `Implementation` as it is, an object with pre/post wrapped.
+    ImplementationError for a spec whose factory returns several (`load_externals` takes those)."""
+    if isinstance(item, Implementation):
+        return item
+    if isinstance(item, str):
+        return load_external(item)
+    return wrap_external(item)
+
+
+def load_externals(specs) -> tuple[Implementation, ...]:
+    """`as_implementation` of each item (a spec, an Implementation, an object with pre/post);
+    ImplementationError for a spec given twice or two implementations with one name (their
+    rows would share keys)."""
+    specs = list(specs)
+    repeated = sorted({s for s in specs if isinstance(s, str) and specs.count(s) > 1})
+    if repeated:
+        raise ImplementationError(f"--impl {repeated[0]!r} is given more than once")
+    loaded = tuple(
+        impl
+        for item in specs
+        for impl in (load_implementations(item) if isinstance(item, str) else (as_implementation(item),))
+    )
+    names: dict[str, str] = {}
+    for impl in loaded:
+        if impl.name in names:
+            raise ImplementationError(
+                f"--impl {names[impl.name] or impl.name!r} and --impl {impl.spec or impl.name!r} are both "
+                f"named {impl.name!r}; give one a different `name` attribute"
+            )
+        names[impl.name] = impl.spec
+    for impl in loaded:
+        if impl.partner and impl.partner not in names:
+            raise ImplementationError(
+                f"implementation {impl.name!r} names partner {impl.partner!r}, which the run does not include "
+                f"(it includes: {', '.join(names)})"
+            )
+    return loaded

@@ -1,0 +1,133 @@
+"""The float64 oracle as a path: its leaves named like a path's, and their sensitivity.
+
+`run_oracle_path(case, fixture)` runs `mhc.oracle` once exactly and `NOISE_SAMPLES` times
+with simulated rounding (one batched program), and returns an `OracleOutputs`: the exact
+leaves, how far one rounding per operation moves each of them, and the systematic-error
+statistic of those draws. `harness.stores.oracle_cache` stores these answers by content; its key
+covers this module's sources, so edits elsewhere in the harness keep the cached answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+from cases.branches import get_branch
+from harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
+from harness.judging.error_statistics import l2_norm, max_abs, systematic_error
+from mhc import oracle
+from mhc.precision import device_compute_capability, operand_rounding
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleOutputs:
+    """The oracle's leaves, and how far one rounding per operation moves each of them.
+
+    sensitivity: leaf -> (max, rms) relative deviation of the noisy oracle from the
+    exact one (root-mean-square over `NOISE_SAMPLES` draws, normalised like the metrics:
+    by max|oracle| and ‖oracle‖₂). The noise is one simulated rounding of the case's
+    activation dtype on every input and intermediate (`mhc.oracle.run_oracle`'s
+    `rounding_noise`), so a leaf's sensitivity is the error that dtype's arithmetic
+    explains there — small for a well-conditioned leaf, large where the math itself
+    cancels (peaked softmax gradients, gate-scale sums).
+    """
+
+    leaves: Mapping[str, np.ndarray]
+    sensitivity: Mapping[str, tuple[float, float]]
+    execute_s: float
+    # token-major leaf -> the systematic-error t statistic of the noisy draws against the
+    # exact oracle (root-mean-square over the draws): how much of an error shared by every
+    # token the rounding model itself produces (e.g. rounded weights meeting activations
+    # whose mean is not zero).
+    systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+NOISE_SAMPLES = 4
+# Seeds the rounding noise together with the case seed: reproducible, and independent
+# of the fixture's own random streams.
+NOISE_STREAM = 0x5E45
+
+
+def _named_leaves(result: oracle.OracleResult) -> dict[str, np.ndarray]:
+    """An `OracleResult` as leaves named like a path's."""
+    leaves = {name: result.forward[name] for name in FORWARD_LEAVES}
+    leaves["d_x"] = result.d_x
+    leaves.update({weight_leaf(k): v for k, v in result.d_weights.items()})
+    leaves.update({branch_leaf(k): v for k, v in result.d_branch.items()})
+    return leaves
+
+
+def _oracle_arguments(case, fixture) -> tuple:
+    return (
+        fixture.x,
+        fixture.weights,
+        get_branch(case.branch).apply,
+        fixture.branch_params,
+        fixture.cotangent,
+        case.mhc_config(),
+    )
+
+
+def noise_seeds(case) -> tuple[int, ...]:
+    """The seeds of the case's `NOISE_SAMPLES` rounding draws."""
+    return tuple((case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31 for sample in range(NOISE_SAMPLES))
+
+
+def noise_units(case) -> dict[str, float]:
+    """The unit roundoff of every precision class of the case's rounding draws (`mhc.oracle.unit_roundoffs`)."""
+    return oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
+
+
+def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    diff = noisy - exact
+    scale_max, max_dev = max_abs(exact), max_abs(diff)
+    scale_l2, l2_dev = l2_norm(exact, scale_max), l2_norm(diff, max_dev)
+    return (
+        max_dev / scale_max if scale_max else max_dev,
+        l2_dev / scale_l2 if scale_l2 else l2_dev,
+    )
+
+
+def matmul_operand_roundoff(case) -> float:
+    """How much the dots of the case's paths round float32 operands, as a unit roundoff.
+
+    Asked of `mhc.precision.operand_rounding` for the case's matmul-precision setting on
+    the default backend (where the paths run; a path moved to the host CPU rounds no
+    more than that): 0 at "highest" and on a CPU.
+    """
+    device = jax.devices()[0]
+    return operand_rounding(case.matmul_precision, device.platform, device_compute_capability(device)).unit_roundoff
+
+
+def run_oracle_path(case, fixture) -> OracleOutputs:
+    """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
+
+    The sensitivity draws use the mixed-precision rounding model of `mhc.oracle`
+    (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
+    implementation may hold it in, for the case's activation and weight dtypes and the
+    operand rounding its matmul precision implies on this backend. The exact oracle and the
+    `NOISE_SAMPLES` draws are one run of one compiled program (`mhc.oracle.run_oracle_batch`,
+    vmapped over the draws; shared by every case of the same shapes, branch and config).
+    """
+    start = time.perf_counter()
+    units = noise_units(case)
+    exact_result, *draws = oracle.run_oracle_batch(
+        *_oracle_arguments(case, fixture), draws=[(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+    )
+    exact = _named_leaves(exact_result)
+    deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
+    systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
+    for draw in draws:
+        for name, value in _named_leaves(draw).items():
+            deviations[name].append(_relative_deviation(value, exact[name]))
+            if name in systematic:
+                systematic[name].append(systematic_error(value, exact[name])[0])
+    rms = lambda values: float(np.sqrt(np.mean(np.square(values))))  # noqa: E731
+    sensitivity = {name: tuple(rms(column) for column in zip(*devs)) for name, devs in deviations.items()}
+    return OracleOutputs(
+        exact, sensitivity, time.perf_counter() - start, systematic={name: rms(ts) for name, ts in systematic.items()}
+    )

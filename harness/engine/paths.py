@@ -1,0 +1,172 @@
+"""Paths (implementation × sharding) and the programs they run.
+
+A path runs one case's fixture through one implementation, unsharded or token-sharded
+on the case's mesh, on the devices `harness.engine.devices` places it on (a *host* path, named
+``...@cpu``, runs on the host CPU because the default accelerator has too few devices),
+at the case's matmul precision as effective there, and returns a flat mapping
+leaf-name -> NumPy array (the leaves of `harness.engine.leaves`) from one forward pass and one
+VJP seeded with the case's cotangent. Weights, inputs and the cotangent are the program's
+arguments, so cases that share shapes and dtypes share a program (`harness.engine.program_cache`
+keeps the compiled ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from cases.branches import get_branch
+from cases.spec import MESH_AXES, mesh_label
+from harness.engine.devices import HOST_SUFFIX, Placement, placement_mesh
+from harness.engine.implementations import Implementation
+from harness.engine.leaves import branch_leaf, weight_leaf
+from mhc.kernels import KernelConfig
+from mhc.layer import ManifoldConstrainedHyperConnections
+from mhc.precision import device_compute_capability, effective_matmul_precision
+from mhc.types import MhcWeights
+
+ORACLE_PATH = "oracle"
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh.
+
+    host: run on the host CPU's devices although the default backend is an accelerator
+    (see `harness.engine.devices`); False everywhere on a CPU machine.
+    """
+
+    impl: Implementation
+    mesh: tuple[int, int] | None = None
+    host: bool = False
+
+    @property
+    def name(self) -> str:
+        """Stable name, e.g. `reference/unsharded` or `interpret/sharded(data=2,fsdp=4)` (+`@cpu`)."""
+        suffix = HOST_SUFFIX if self.host else ""
+        if self.mesh is None:
+            return f"{self.impl.name}/unsharded{suffix}"
+        return f"{self.impl.name}/sharded({mesh_label(self.mesh)}){suffix}"
+
+    @property
+    def unsharded(self) -> Path:
+        """The same implementation unsharded, on the same backend."""
+        return Path(self.impl, None, self.host)
+
+
+@dataclasses.dataclass(frozen=True)
+class PathOutputs:
+    """What one path produced: leaves (name -> array) and its timing in seconds."""
+
+    leaves: Mapping[str, np.ndarray]
+    compile_s: float
+    execute_s: float
+
+
+def _path_mesh(path: Path, placement: Placement):
+    """The `jax.sharding.Mesh` a sharded path runs on (None when unsharded)."""
+    return None if path.mesh is None else placement_mesh(placement.devices, tuple(path.mesh))
+
+
+def effective_precision(case, placement: Placement) -> str:
+    """The matmul precision `case` runs at on `placement`'s backend (see `mhc.precision`)."""
+    device = placement.devices[0]
+    return effective_matmul_precision(case.matmul_precision, device.platform, device_compute_capability(device))
+
+
+def _trace_signature(case, precision: str) -> tuple:
+    """Everything about a case that changes the compiled program (not its data): its
+    `PROGRAM_FIELDS` and the effective matmul precision (the mesh is in the path's name)."""
+    return (*case.program_fields(), precision)
+
+
+def _kernel_config(case, impl: Implementation):
+    return KernelConfig(interpret=impl.interpret, **case.block_sizes)
+
+
+def _build_program(path: Path, case, placement: Placement, precision: str):
+    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`.
+
+    precision: the matmul precision of every dot of the layer and the branch.
+    """
+    branch = get_branch(case.branch)
+    if path.impl.layer is not None:
+        return _whole_layer_program(path, case, placement, precision, branch)
+    options = path.impl.layer_options()
+    if path.impl.kernel:
+        options["kernel_config"] = _kernel_config(case, path.impl)
+        options["mesh"] = _path_mesh(path, placement)
+    # The layer's structure and parameter shapes only (`nnx.eval_shape`): the program takes
+    # the fixture's weights as arguments, so computing initial parameters (small programs
+    # compiled and run per shape, ~0.7 s a program) would be thrown away.
+    layer = nnx.eval_shape(
+        lambda: ManifoldConstrainedHyperConnections(
+            case.streams,
+            case.embedding,
+            dtype=case.dtype,
+            weight_dtype=case.weight_dtype,
+            variant=case.variant,
+            matmul_precision=precision,
+            rngs=nnx.Rngs(0),
+            **options,
+        )
+    )
+    graphdef, state = nnx.split(layer)
+
+    def forward(x_, w_, p_):
+        # A fresh state holding the fixture's weights (traced arguments) in place of
+        # every abstract parameter.
+        weights_state = jax.tree.map(lambda leaf: leaf, state)
+        nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
+        module = nnx.merge(graphdef, weights_state)
+        return module.call_with_intermediates(lambda h: branch.apply(p_, h, precision), x_)
+
+    return _forward_and_vjp(forward)
+
+
+def _forward_and_vjp(forward):
+    """The program of `forward(x, weights, params) -> (out, intermediates)`: its forward
+    leaves and the gradient leaves of one VJP seeded with the cotangent."""
+
+    def program(x, weights, params, cotangent):
+        out, pullback, intermediates = jax.vjp(forward, x, weights, params, has_aux=True)
+        d_x, d_w, d_p = pullback(cotangent)
+        grads = {"d_x": d_x}
+        grads.update({weight_leaf(k): v for k, v in d_w.items()})
+        grads.update({branch_leaf(k): v for k, v in d_p.items()})
+        return {"out": out, **intermediates}, grads
+
+    return program
+
+
+def _whole_layer_program(path: Path, case, placement: Placement, precision: str, branch):
+    """`_build_program` for a whole-layer implementation (`Implementation.layer`): its own
+    layer runs, through its own call, on the fixture's weights and the case's branch."""
+    forward_of = path.impl.layer.build(case, matmul_precision=precision, mesh=_path_mesh(path, placement))
+
+    def forward(x_, w_, p_):
+        return forward_of(x_, dict(w_), lambda h: branch.apply(p_, h, precision))
+
+    return _forward_and_vjp(forward)
+
+
+def _place(fixture, path: Path, placement: Placement):
+    """Fixture arrays on the path's devices: activations token-sharded on its mesh, the rest replicated."""
+    arrays = (fixture.x, dict(fixture.weights), dict(fixture.branch_params), fixture.cotangent)
+    if path.mesh is None:
+        return jax.device_put(arrays, placement.devices[0])
+    mesh = _path_mesh(path, placement)
+    tokens = NamedSharding(mesh, PartitionSpec(*MESH_AXES))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    x, weights, params, cotangent = arrays
+    return (
+        jax.device_put(x, tokens),
+        jax.device_put(weights, replicated),
+        jax.device_put(params, replicated),
+        jax.device_put(cotangent, tokens),
+    )

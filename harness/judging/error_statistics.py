@@ -1,0 +1,84 @@
+"""The reductions the metrics and the oracle's sensitivities share, in float64.
+
+Kept apart from `harness.judging.metrics` on purpose: the oracle cache's key digests the sources
+the oracle's answers are computed with (`harness.stores.oracle_cache.ORACLE_SOURCES`), and its
+sensitivities and systematic statistics use only these. So an edit of the metrics does
+not recompute every oracle answer; an edit here does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def upcast(a) -> np.ndarray:
+    """Any float array-like (incl. ml_dtypes.bfloat16) -> float64 ndarray, same shape
+    (`a` itself when it is one already: nothing here writes to its inputs)."""
+    return np.asarray(a).astype(np.float64, copy=False)
+
+
+def safe_ratio(num: float, den: float) -> float:
+    """num / den for non-negative errors: 0/0 -> 0, x/0 -> inf, NaN or inf/inf -> NaN."""
+    if math.isnan(num) or math.isnan(den):
+        return math.nan
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    if math.isinf(num) and math.isinf(den):
+        return math.nan
+    return num / den
+
+
+def max_abs(a: np.ndarray) -> float:
+    """max |a| over all elements; NaN if any NaN; 0.0 for an empty array."""
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a)))  # np.max propagates NaN
+
+
+def l2_norm(a: np.ndarray, a_max_abs: float | None = None) -> float:
+    """‖a‖₂ of a float64 array, scaled by max|a| (`a_max_abs` if known) so squares cannot
+    overflow; NaN/inf propagate.
+
+    Sums with NumPy's pairwise summation, never BLAS (`np.dot`, `np.linalg.norm`): OpenBLAS
+    splits a long dot over its threads and picks a kernel per CPU model, so its last bits
+    change with the core count and the CPU (measured: 1 vs 2 threads from 20,000
+    elements, and the Haswell kernel against this machine's), while rows merged from
+    several machines must equal one machine's run. Its idle threads also spin on the
+    cores the compiles need (~9 CPU-s of a 100 CPU-s kernel-edit run).
+    """
+    scale = max_abs(a) if a_max_abs is None else a_max_abs
+    if scale == 0.0 or not math.isfinite(scale):
+        return scale
+    return scale * math.sqrt(float(np.sum(np.square(a / scale))))
+
+
+def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, float]:
+    """The largest error shared by every token: (t statistic, shift), float64.
+
+    actual, expected: array-likes of one shape whose first `token_axes` axes index
+    tokens (T of them) and whose remaining axes index G groups (a stream, a matrix
+    entry, a feature). Per group, the mean signed error over the tokens is measured
+    against its standard error: t = |mean(e)| / (std(e) / sqrt(T)). Rounding noise that
+    differs from token to token averages out (t of order one); a perturbation shared by
+    every token — a parameter rounded, a statistic computed in low precision — shifts
+    every token the same way, and its t grows like sqrt(T) while its RMS error need not
+    grow at all. Returns the largest t over the groups and that group's |mean(e)|
+    normalised by max|expected|. A group with zero spread has t = 0 when its mean is 0
+    and inf otherwise. NaN when there are no token axes or fewer than 2 tokens; NaN or
+    Inf inputs give NaN.
+    """
+    a, e = upcast(actual), upcast(expected)
+    if token_axes < 1 or a.ndim < token_axes:
+        return math.nan, math.nan
+    tokens = int(np.prod(a.shape[:token_axes]))
+    if tokens < 2 or a.size == 0 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
+        return math.nan, math.nan
+    error = (a - e).reshape(tokens, -1)
+    mean = error.mean(axis=0)
+    standard_error = error.std(axis=0, ddof=1) / math.sqrt(tokens)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(standard_error > 0, np.abs(mean) / standard_error, np.where(mean == 0, 0.0, np.inf))
+    worst = int(np.argmax(t))
+    return float(t[worst]), safe_ratio(float(abs(mean[worst])), max_abs(e))

@@ -1,0 +1,3 @@
+"""Processes: `parallel` (the runner over `--jobs N` worker processes), `worker_processes`
+(how they start and end), `shards` (`--shard K/N`), `interrupts` (SIGINT and SIGTERM as one
+KeyboardInterrupt)."""

@@ -1,0 +1,97 @@
+"""The one-screen summary printed at the end of a run, and the run's exit code."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from records.rows import to_frame
+from records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
+from records.text import format_number, format_text_table
+from reports.summary import sharpness
+
+WORST_ROWS = 12
+
+
+def run_verdict(rows) -> str:
+    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when no row measured anything
+    (every row skip/unsupported, or no rows: a run that checked nothing never passes),
+    else "PASS"."""
+    if any(r["verdict"] not in OK_VERDICTS for r in rows):
+        return "FAIL"
+    if not any(r["verdict"] in COMPARED_VERDICTS for r in rows):
+        return "NOTHING COMPARED"
+    return "PASS"
+
+
+def exit_code(rows) -> int:
+    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here is a
+    configuration error); see `run_verdict`."""
+    return {"PASS": 0, "FAIL": 1}.get(run_verdict(rows), 2)
+
+
+def _usage_key(row) -> float:
+    usage = row.get("bound_usage", math.nan)
+    return -1.0 if usage is None or (isinstance(usage, float) and math.isnan(usage)) else float(usage)
+
+
+def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
+    """Rows as a plain-text table: verdict, bound usage, case, candidate vs partner, leaf, reason or bound."""
+    body = [
+        [
+            r["verdict"],
+            format_number(r["bound_usage"], nan="-"),
+            r["case"],
+            f"{r['candidate']} vs {r['partner']}",
+            r["leaf"],
+            r["reason"] or r["bound"],
+        ]
+        for r in rows
+    ]
+    return format_text_table(
+        ["verdict", "usage", "case", "compared", "leaf", "reason / bound"], body, indent=indent, limit=limit
+    )
+
+
+def format_summary(rows) -> str:
+    """Verdict counts per comparison, then the failures or, if none, the rows closest to their bound."""
+    by_comparison: dict[str, Counter] = {}
+    for r in rows:
+        by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
+    total = Counter(r["verdict"] for r in rows)
+    counts = [
+        [comparison, *(counts.get(v, 0) for v in VERDICTS)] for comparison, counts in sorted(by_comparison.items())
+    ]
+    lines = [format_text_table(["comparison", *VERDICTS], [*counts, ["total", *(total.get(v, 0) for v in VERDICTS)]])]
+    bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
+    if bad:
+        lines += ["", f"{len(bad)} row(s) failed; first {min(len(bad), WORST_ROWS)}:"]
+        shown = bad[:WORST_ROWS]
+    else:
+        lines += ["", "closest to their bound:"]
+        shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
+    lines.append(rows_table(shown, indent="  "))
+    lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
+    lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)"]
+    return "\n".join(lines)
+
+
+def sharpness_text(rows) -> str:
+    """Per comparison x activation dtype: passing rows and the median / p90 / max bound usage."""
+    table = sharpness(to_frame(list(rows), source="run rows")) if rows else None
+    if table is None or not len(table):
+        return "  (no bounded rows)"
+    body = [
+        [
+            r.comparison,
+            r.act_dtype,
+            r.passing,
+            *(format_number(v, 2) for v in (r.median_usage, r.p90_usage, r.max_usage)),
+        ]
+        for r in table.itertuples()
+    ]
+    return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
+
+
+def print_summary(rows) -> None:
+    print(format_summary(rows))

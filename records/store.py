@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from records.manifest import REPORT_FILES, CaseRecord
 from records.rows import ReportInputError, coerce_row, encode_float, parse_float
-from records.schema import FLOAT_COLUMNS, ROW_COLUMNS
+from records.schema import FLOAT_COLUMNS, INT_COLUMNS, ROW_COLUMNS
 
 ROWS_FILE = "rows.jsonl"
 DONE_FILE = "cases-done.txt"
@@ -43,8 +43,16 @@ def _decode(row: dict) -> dict:
 def _canonical(row: Mapping) -> str:
     """A row as one line that does not depend on how it was stored: each cell coerced to
     its schema type (`records.rows.coerce_row`), columns in schema order."""
-    typed = coerce_row(row, f"row of case {row.get('case')!r}")
-    return json.dumps([encode_float(v) if isinstance(v, float) else v for v in typed.values()], allow_nan=False)
+    return _typed_line(coerce_row(row, f"row of case {row.get('case')!r}"))
+
+
+def _typed_line(typed: Mapping) -> str:
+    """`_canonical`'s line of a row whose cells have their schema types already."""
+    cells = [
+        encode_float(float(typed[c])) if c in FLOAT_COLUMNS else int(typed[c]) if c in INT_COLUMNS else typed[c]
+        for c in ROW_COLUMNS
+    ]
+    return json.dumps(cells, allow_nan=False)
 
 
 def case_records(rows: Iterable[Mapping], cases: Sequence[str] = ()) -> dict[str, CaseRecord]:
@@ -52,9 +60,21 @@ def case_records(rows: Iterable[Mapping], cases: Sequence[str] = ()) -> dict[str
     report that orders rows otherwise than the stream has the same digest). `cases` with no
     row get a record of 0 rows. Raises `records.rows.ReportInputError` for a row that does
     not fit the schema."""
+    return _records(((str(row["case"]), _canonical(row)) for row in rows), cases)
+
+
+def typed_case_records(typed_rows: Iterable[Mapping], cases: Sequence[str] = ()) -> dict[str, CaseRecord]:
+    """`case_records` of rows whose cells have their schema types already, every schema
+    column present: `coerce_row`'s records or a canonical frame's (`records.rows.to_frame`,
+    `frame.to_dict(orient="records")`), so they are not coerced again."""
+    return _records(((str(row["case"]), _typed_line(row)) for row in typed_rows), cases)
+
+
+def _records(lines_of_rows: Iterable[tuple[str, str]], cases: Sequence[str]) -> dict[str, CaseRecord]:
+    """Per case: its row count and digest, from (case, canonical line) pairs."""
     lines: dict[str, list[str]] = {case: [] for case in cases}
-    for row in rows:
-        lines.setdefault(str(row["case"]), []).append(_canonical(row))
+    for case, line in lines_of_rows:
+        lines.setdefault(case, []).append(line)
     records = {}
     for case, case_lines in lines.items():
         digest = hashlib.sha256("\n".join(sorted(case_lines)).encode()).hexdigest()
@@ -134,12 +154,17 @@ class RowStore:
             os.replace(tmp, path)
         self.remove_reports()
 
-    def append_case(self, case_name: str, rows: list[dict]) -> CaseRecord:
-        """Write one case's rows, then mark the case finished; the case's record."""
-        records = case_records(rows, [case_name])
-        if len(records) != 1:
-            raise ValueError(f"append_case({case_name!r}): rows of other cases {sorted(set(records) - {case_name})}")
-        record = records[case_name]
+    def append_case(self, case_name: str, rows: list[dict], *, record: CaseRecord | None = None) -> CaseRecord:
+        """Write one case's rows, then mark the case finished; the case's record: `record`
+        where the caller has it (`typed_case_records` of these rows), else computed here."""
+        if record is None:
+            records = case_records(rows, [case_name])
+            if len(records) != 1:
+                others = sorted(set(records) - {case_name})
+                raise ValueError(f"append_case({case_name!r}): rows of other cases {others}")
+            record = records[case_name]
+        elif record.case != case_name or record.rows != len(rows):
+            raise ValueError(f"append_case({case_name!r}): the record given is of other rows ({record})")
         with self.rows_path.open("a") as f:
             for row in rows:
                 f.write(_encode(row))

@@ -23,7 +23,7 @@ Public entry points:
     to_frame(rows) -> DataFrame             validate + type a list of dicts / a DataFrame
     write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {"csv","json","html","markdown": Path}
     summarize(frame) -> dict                verdict counts, worst leaf
-    render_html(frame, metadata) / render_markdown(frame)
+    render_html(frame, metadata, *, summary=None) / render_markdown(frame, *, summary=None)
     gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult
     write_baseline(rows, path, *, policy_hash=None) -> Path
     ReportInputError                        any input that does not fit the schema
@@ -40,12 +40,14 @@ from reports.writers import OUTPUT_FILES, write_all
 
 
 def render_html(frame, metadata=None, **options):
-    """The HTML report of a row set as a string (see `reports.html.render_html`)."""
+    """The HTML report of a row set as a string (see `reports.html.render_html`; a `summary=`
+    given in `options` is used, else the summary is computed)."""
     return _html.render_html(to_frame(frame), metadata, **options)
 
 
 def render_markdown(frame, **options):
-    """The Markdown summary of a row set as a string (see `reports.markdown.render_markdown`)."""
+    """The Markdown summary of a row set as a string (see `reports.markdown.render_markdown`; a
+    `summary=` given in `options` is used, else the summary is computed)."""
     return _markdown.render_markdown(to_frame(frame), **options)
 
 

@@ -159,7 +159,23 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
         if absent:
             raise ReportInputError(f"{source}, row {index}: missing columns {absent}")
         coerced.append(coerce_row(record, f"{source}, row {index}", kept))
-    frame = frame_from_records(coerced, kept)
+    return _unique_keys(frame_from_records(coerced, kept), source)
+
+
+def typed_gate_frame(frame: pd.DataFrame, *, source: str) -> pd.DataFrame:
+    """`gate_frame` of a frame whose cells have their schema types already: a canonical row
+    frame (`records.rows.to_frame`, `load_rows`) or a gate frame (a `Baseline`'s). Its gate
+    columns are selected, not coerced again; a missing gate column or duplicate row keys
+    raise `ReportInputError` as in `gate_frame`."""
+    missing = [c for c in GATE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ReportInputError(f"{source}: missing columns {missing}")
+    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in frame.columns]
+    return _unique_keys(frame[kept].reset_index(drop=True), source)
+
+
+def _unique_keys(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    """`frame`, or ReportInputError if rows share a row key: a run must have one row per key."""
     duplicated = frame.duplicated(list(IDENTITY_COLUMNS), keep=False)
     if duplicated.any():
         first = frame[duplicated].iloc[0]
@@ -281,4 +297,5 @@ __all__ = [
     "growth",
     "index_by_key",
     "noise_floor",
+    "typed_gate_frame",
 ]

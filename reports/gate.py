@@ -245,12 +245,31 @@ def gate(
     Raises `ReportInputError` for unusable input (missing columns, duplicate row
     keys) and ValueError for a growth factor <= 1 or a negative noise floor.
     """
+    _check_parameters(growth_factor, noise_floor_ulps)
+    baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
+    current = gate_frame(unwrap_run(current_rows)[0], source="current run")
+    return gate_frames(baseline, current, growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps)
+
+
+def _check_parameters(growth_factor: float, noise_floor_ulps: float) -> None:
     if not growth_factor > 1.0:
         raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
     if not noise_floor_ulps >= 0.0:
         raise ValueError(f"noise_floor_ulps must be >= 0, got {noise_floor_ulps!r}")
-    baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
-    current = gate_frame(unwrap_run(current_rows)[0], source="current run")
+
+
+def gate_frames(
+    baseline: pd.DataFrame,
+    current: pd.DataFrame,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+) -> GateResult:
+    """`gate` of two gate frames (`reports.drift.gate_frame` / `typed_gate_frame`, whose
+    cells are typed and row keys unique), read as they are. ValueError for a growth
+    factor <= 1 or a negative noise floor.
+    """
+    _check_parameters(growth_factor, noise_floor_ulps)
     base_rows = index_by_key(baseline)
     cur_rows = index_by_key(current)
 
@@ -361,4 +380,5 @@ __all__ = [
     "INFO_CATEGORIES",
     "MissingGroup",
     "gate",
+    "gate_frames",
 ]

@@ -28,7 +28,7 @@ from records.text import format_number
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
 from reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg, histograms
-from reports.summary import FAILING_VERDICTS, rank_offenders, sharpness, summarize
+from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
 
 MAX_OFFENDERS = 25
 MAX_DRIFT_ROWS = 200
@@ -189,29 +189,29 @@ def summary_section(summary: dict, gate_result: GateResult | None) -> str:
     return "\n".join(parts)
 
 
-def sharpness_section(frame: pd.DataFrame) -> str:
-    """Per comparison × activation dtype: how much of its bound a passing row uses."""
-    table_frame = sharpness(frame) if len(frame) else None
+def sharpness_section(lines: Sequence[dict]) -> str:
+    """Per comparison × activation dtype: how much of its bound a passing row uses; `lines`
+    are the summary's "sharpness" records (`reports.summary.sharpness`)."""
     parts = [
         '<section id="sharpness"><h2>Sharpness</h2>',
         "<p>Bound usage (measured / allowed) of the passing rows: the median and the 90th "
         "percentile say how much headroom a bug has to hide in; the largest, how close correct "
         "code came to a false alarm.</p>",
     ]
-    if table_frame is None or not len(table_frame):
+    if not lines:
         parts.append('<p class="empty">No bounded rows.</p>')
     else:
         body = [
             [
-                td(esc(r.comparison)),
-                td(esc(r.act_dtype)),
-                num(r.passing),
-                num(r.failing),
-                num(r.median_usage),
-                num(r.p90_usage),
-                num(r.max_usage),
+                td(esc(r["comparison"])),
+                td(esc(r["act_dtype"])),
+                num(r["passing"]),
+                num(r["failing"]),
+                num(r["median_usage"]),
+                num(r["p90_usage"]),
+                num(r["max_usage"]),
             ]
-            for r in table_frame.itertuples()
+            for r in lines
         ]
         parts.append(
             table(
@@ -560,17 +560,19 @@ def render_html(
     frame: pd.DataFrame,
     metadata: dict | None = None,
     *,
+    summary: dict | None = None,
     gate_result: GateResult | None = None,
     max_offenders: int = MAX_OFFENDERS,
     max_drift_rows: int = MAX_DRIFT_ROWS,
 ) -> str:
     """The whole report as one HTML document (see the module docstring).
 
-    `frame` is a canonical row frame (`records.rows.to_frame`); `gate_result`, when
-    given, adds the drift section.
+    `frame` is a canonical row frame (`records.rows.to_frame`); `summary` is
+    `reports.summary.summarize(frame)`, computed here when not given; `gate_result`,
+    when given, adds the drift section.
     """
     metadata = metadata or {}
-    summary = summarize(frame)
+    summary = summarize(frame) if summary is None else summary
     anchors = case_anchors(frame["case"])
     tables = heatmaps(frame) if len(frame) else {}
     figures = histograms(frame)
@@ -589,7 +591,7 @@ def render_html(
     sections = [
         summary_section(summary, gate_result),
         nav,
-        sharpness_section(frame),
+        sharpness_section(summary["sharpness"]),
         heatmap_section(tables, anchors),
         histogram_section(figures),
         offenders_section(frame, anchors, max_offenders),

@@ -108,15 +108,17 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
 def render_markdown(
     frame: pd.DataFrame,
     *,
+    summary: dict | None = None,
     metadata: dict | None = None,
     gate_result: GateResult | None = None,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> str:
     """The run summary: overall line, verdict counts, worst leaf, failures, gate section.
 
-    `frame` is a canonical row frame (see `records.rows.to_frame`).
+    `frame` is a canonical row frame (see `records.rows.to_frame`); `summary` is
+    `reports.summary.summarize(frame)`, computed here when not given.
     """
-    summary = summarize(frame)
+    summary = summarize(frame) if summary is None else summary
     counts = summary["verdicts"]
     if summary["ok"] and (gate_result is None or gate_result.ok):
         status = "✅ PASS"

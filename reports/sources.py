@@ -27,8 +27,8 @@ from pathlib import Path
 import pandas as pd
 
 from records.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
-from records.rows import ReportInputError, frame_to_json_records, load_rows, to_frame
-from records.store import RowStore, StoreError, case_records
+from records.rows import ReportInputError, load_rows, to_frame
+from records.store import RowStore, StoreError, typed_case_records
 from reports.baseline import is_baseline_file, load_baseline
 
 REPORT_FORMAT = "mhc-parity-report"
@@ -105,8 +105,10 @@ def _complete_manifest_of(folder: Path) -> Manifest:
 
 
 def _check_rows_belong(rows, manifest: Manifest, where: Path) -> None:
-    """The rows (a frame, or a stream's finished cases) are exactly those the manifest recorded."""
-    found = case_records(frame_to_json_records(rows)) if isinstance(rows, pd.DataFrame) else rows
+    """The rows (a canonical frame, `to_frame`'s or `load_rows`', or a stream's finished
+    cases' records) are exactly those the manifest recorded."""
+    # The frame's cells are typed already: its records are not coerced again.
+    found = typed_case_records(rows.to_dict(orient="records")) if isinstance(rows, pd.DataFrame) else rows
     problem = manifest.rows_problem(found)
     if problem:
         raise ReportInputError(

@@ -35,9 +35,9 @@ from records.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write
 from records.outputs import cannot_write
 from records.rows import encode_float, frame_to_json_records, to_frame, unwrap_run
 from records.schema import ROW_COLUMNS
-from records.store import RowStore
-from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate
+from records.store import RowStore, typed_case_records
+from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
+from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate_frames
 from reports.html import render_html
 from reports.markdown import render_markdown
 from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
@@ -134,15 +134,21 @@ def _csv_cell(value: Any) -> Any:
 
 
 def report_document(
-    frame: pd.DataFrame, metadata: Mapping[str, Any], gate_result: GateResult | None, manifest: Manifest | None = None
+    frame: pd.DataFrame,
+    metadata: Mapping[str, Any],
+    gate_result: GateResult | None,
+    manifest: Manifest | None = None,
+    *,
+    summary: dict | None = None,
 ) -> dict:
-    """The report.json document."""
+    """The report.json document of a canonical row frame (`records.rows.to_frame`);
+    `summary` is `summarize(frame)`, computed here when not given."""
     document = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_FORMAT_VERSION,
         "schema_columns": list(ROW_COLUMNS),
         "metadata": json_ready(dict(metadata)),
-        "summary": json_ready(summarize(frame)),
+        "summary": json_ready(summarize(frame) if summary is None else summary),
     }
     if gate_result is not None:
         document["gate"] = json_ready(gate_summary(gate_result))
@@ -158,19 +164,25 @@ def write_json(
     path: Path,
     gate_result: GateResult | None = None,
     manifest: Manifest | None = None,
+    *,
+    summary: dict | None = None,
 ) -> Path:
-    """report.json (strict JSON, see the module docstring)."""
-    document = report_document(frame, metadata, gate_result, manifest)
+    """report.json (strict JSON, see the module docstring) of a canonical row frame;
+    `summary` as in `report_document`."""
+    document = report_document(frame, metadata, gate_result, manifest, summary=summary)
     path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 
-def resolve_baseline(baseline: Any) -> pd.DataFrame | list:
-    """A baseline given as rows, as a loaded run/baseline, or as a path (see `load_run`)."""
+def resolve_baseline(baseline: Any) -> pd.DataFrame:
+    """The gate frame (`reports.drift.gate_frame`) of a baseline given as rows, as a loaded
+    run/baseline, or as a path (see `load_run`)."""
     if isinstance(baseline, (str, Path)):
-        return load_run(baseline).frame
-    baseline, _ = unwrap_run(baseline)
-    return baseline if isinstance(baseline, pd.DataFrame) else list(baseline)
+        baseline = load_run(baseline)
+    loaded = getattr(baseline, "frame", None)
+    if isinstance(loaded, pd.DataFrame):  # a LoadedRun's or Baseline's: typed when it was loaded
+        return typed_gate_frame(loaded, source="baseline")
+    return gate_frame(baseline if isinstance(baseline, pd.DataFrame) else list(baseline), source="baseline")
 
 
 def write_all(
@@ -191,25 +203,50 @@ def write_all(
     (the run's, finished) is embedded in report.json and named in the other reports.
     Returns {"csv", "json", "html", "markdown"} → path.
     """
-    frame = to_frame(unwrap_run(rows)[0])
+    return write_frame(
+        to_frame(unwrap_run(rows)[0]),
+        metadata,
+        out_dir,
+        baseline=baseline,
+        growth_factor=growth_factor,
+        noise_floor_ulps=noise_floor_ulps,
+        manifest=manifest,
+    )
+
+
+def write_frame(
+    frame: pd.DataFrame,
+    metadata: Mapping[str, Any] | None,
+    out_dir: str | Path,
+    *,
+    baseline: RowsInput | str | Path | None = None,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+    manifest: Manifest | None = None,
+) -> dict[str, Path]:
+    """`write_all` of a canonical row frame (`records.rows.to_frame`'s), read as it is:
+    its rows are not coerced again, and it is summarised once for every format."""
     metadata = dict(metadata or {})
     if manifest is not None:
         metadata.update(manifest.identity())
     gate_result = None
     if baseline is not None:
-        gate_result = gate(
+        gate_result = gate_frames(
             resolve_baseline(baseline),
-            frame,
+            typed_gate_frame(frame, source="current run"),
             growth_factor=growth_factor,
             noise_floor_ulps=noise_floor_ulps,
         )
+    summary = summarize(frame)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
     write_csv(frame, paths["csv"])
-    write_json(frame, metadata, paths["json"], gate_result, manifest)
-    paths["html"].write_text(render_html(frame, metadata, gate_result=gate_result), encoding="utf-8")
-    paths["markdown"].write_text(render_markdown(frame, metadata=metadata, gate_result=gate_result), encoding="utf-8")
+    write_json(frame, metadata, paths["json"], gate_result, manifest, summary=summary)
+    html = render_html(frame, metadata, summary=summary, gate_result=gate_result)
+    paths["html"].write_text(html, encoding="utf-8")
+    markdown = render_markdown(frame, summary=summary, metadata=metadata, gate_result=gate_result)
+    paths["markdown"].write_text(markdown, encoding="utf-8")
     return paths
 
 
@@ -219,9 +256,9 @@ def write_run_folder(
     """`rows` of the complete run `manifest` as a run folder, as `harness run` leaves one:
     the manifest (as running, with no case recorded) first, so that a kill from there on
     leaves a folder no reader accepts; then the row stream case by case, the reports
-    (`write_all`, given `options`), and the complete manifest last. The caller holds the
+    (`write_frame`, given `options`), and the complete manifest last. The caller holds the
     folder's `records.outputs.WriterLock`. ValueError if the rows are not those the
-    manifest recorded."""
+    manifest recorded; `records.rows.ReportInputError` if they do not fit the schema."""
     out = Path(out)
     unfinished = dataclasses.replace(manifest, state=RUNNING, finished="", rows=None, case_records=())
     write_manifest(out, unfinished)
@@ -231,11 +268,15 @@ def write_run_folder(
     try:
         store = RowStore(out)
         store.start_fresh()
-        written = {case: store.append_case(case, case_rows) for case, case_rows in by_case.items()}
+        frame = to_frame(list(rows))  # coerced once: the stream's records and every report read it
+        records = typed_case_records(frame.to_dict(orient="records"), list(by_case))
+        written = {
+            case: store.append_case(case, case_rows, record=records[case]) for case, case_rows in by_case.items()
+        }
         problem = manifest.rows_problem(written)
         if problem:
             raise ValueError(f"the rows written to {out} are not those of run {manifest.run_id}: {problem}")
-        paths = write_all(list(rows), metadata, out, manifest=manifest, **options)
+        paths = write_frame(frame, metadata, out, manifest=manifest, **options)
     except (OSError, KeyboardInterrupt) as exc:  # a full disk, Ctrl-C: said in the folder if it takes it
         stopped = (
             unfinished.failed(cannot_write(exc, out))

@@ -12,7 +12,8 @@ gate it against a baseline. Re-exported by `harness` (`from harness import run_p
 Stable names: `run_parity`, `prepare`, `gate`, `ParityRun`, `PreparedRun`, and the errors
 of `harness.errors` (`ParityError`, `ConfigurationError`, `BaselineError`,
 `ReportError`), each raised with a one-line message. The engine is the CLI's: the same
-selection and up-front checks (`harness.commands.run.configure`), the same `Runner`,
+selection and up-front checks (`harness.engine.selection`: the typed `RunSelection` the
+CLI's parser also produces, and `configure`), the same `Runner`,
 manifest, metadata and report writers, so a folder written here is a complete run
 that `harness gate`, `harness baseline --from` and `harness render` accept. What the
 CLI adds is the streaming, resumable run folder and the exit codes.
@@ -37,10 +38,10 @@ from typing import Any, TypedDict, Unpack
 
 import pandas as pd
 
-from harness.commands import run as run_command
 from harness.engine.implementations import Implementation, load_externals
 from harness.engine.run_info import enable_compilation_cache
 from harness.engine.runner import Runner
+from harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
 from harness.errors import (
     BaselineError,
     ConfigurationError,
@@ -179,17 +180,20 @@ class PreparedRun:
     runs cases one by one, per test); `run` runs them all; `result` assembles rows (e.g.
     gathered from pytest-xdist workers) into a `ParityRun`."""
 
-    def __init__(self, args, command_line: str):
-        self.args = args
-        self.policy, self.externals, cases, self.plan = run_command.configure(args)
-        self.cases = tuple(cases)
+    def __init__(self, selection: RunSelection, command_line: str):
+        self.selection = selection
+        self.configuration = configure(selection)
+        self.policy, self.externals, self.plan = (
+            self.configuration.policy,
+            self.configuration.externals,
+            self.configuration.plan,
+        )
+        self.cases = self.configuration.cases
         self.command_line = command_line
         enable_compilation_cache()  # as `harness run` does: compiled programs are reused across processes
         self.runner = Runner.with_disk_stores(self.policy, externals=bool(self.externals))
         self.started = time.perf_counter()
-        self._manifest = run_command.new_manifest(
-            args, command_line, self.policy, self.externals, self.cases, self.plan
-        )
+        self._manifest = new_manifest(selection, self.configuration, command_line)
 
     @property
     def implementation_names(self) -> tuple[str, ...]:
@@ -224,16 +228,14 @@ class PreparedRun:
             )
         found = case_records(records, manifest.cases)
         manifest = manifest.with_cases(found[case] for case in manifest.cases)
-        metadata = run_command.finished_metadata(
-            manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started
-        )
+        metadata = finished_metadata(manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started)
         return ParityRun(records, metadata, manifest.completed(len(records)), self.implementation_names)
 
 
-def _as_list(value: str | Sequence[str] | None) -> list[str] | None:
+def _as_tuple(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     if value is None:
         return None
-    return [value] if isinstance(value, str) else list(value)
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def prepare(
@@ -270,19 +272,23 @@ def prepare(
     externals = load_externals(items)  # ImplementationError is a ConfigurationError
     if paths is None:
         paths = ["*"] if not externals else ["reference/*", *(f"{impl.name}/*" for impl in externals)]
-    args = run_command.run_parser().parse_args([])
-    args.impl = list(externals)
-    args.suite, args.cases, args.tags, args.dtype = suite, _as_list(cases), _as_list(tags), dtype
-    args.paths = list(paths)
-    args.case_file = [pathlib.Path(p) for p in case_files]
-    args.seed = seed
-    args.policy = None if policy is None else pathlib.Path(policy)
-    args.no_lowering = not (lowering if lowering is not None else not externals)
-    args.inside_envelope = inside_envelope
+    selection = RunSelection(
+        implementations=externals,
+        suite=suite,
+        cases=_as_tuple(cases),
+        tags=_as_tuple(tags),
+        dtype=dtype,
+        case_files=tuple(pathlib.Path(p) for p in case_files),
+        seed=seed,
+        paths=tuple(paths),
+        policy=None if policy is None else pathlib.Path(policy),
+        lowering=lowering if lowering is not None else not externals,
+        inside_envelope=inside_envelope,
+    )
     shown = ", ".join(f"{k}={v!r}" for k, v in (("suite", suite), ("cases", cases), ("dtype", dtype)) if v)
     arguments = [impl.spec or impl.name for impl in externals] + ([shown] if shown else [])
     command_line = f"run_parity({', '.join(arguments)})"
-    return PreparedRun(args, command_line)
+    return PreparedRun(selection, command_line)
 
 
 class Selection(TypedDict, total=False):

@@ -38,10 +38,9 @@ _EXCESS_PRECISION_FLAG = "--xla_allow_excess_precision"
 # which has no FMA, every multiply-add rounds twice wherever it runs.
 _MAX_ISA_FLAG = "--xla_cpu_max_isa"
 _X86_64 = ("x86_64", "amd64")
-# Python's cycle collector at its default thresholds (700, 10, 10) ran ~1,650 times and took
-# 2.7-3.2 s, holding the GIL, of a one-process default-suite run after a kernel edit: tracing
-# allocates millions of short-lived objects. At these thresholds it ran 12 times and took
-# 0.3 s; the run's peak resident memory was 1.45-1.50 GB either way (three runs each).
+# Tracing allocates millions of short-lived objects: at its default thresholds Python's cycle
+# collector runs thousands of times a run, holding the GIL; at these it runs a few times,
+# for the same peak memory (bench/parity_bench.py's columns show both).
 GC_THRESHOLDS = (50_000, 20, 10)
 
 

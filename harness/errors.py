@@ -30,3 +30,7 @@ class ReportError(ParityError, OSError):
 class ResourceError(ParityError, RuntimeError):
     """The machine ran out of what a run needs (memory for a case, a worker process): not a
     parity failure. The message names the case; the cases finished before it are kept."""
+
+
+class UsageError(ConfigurationError):
+    """A bad argument or configuration, named as the command line spells it; exit code 2."""

@@ -3,7 +3,7 @@ as a parity failure): a full disk, a file-size limit, an unwritable cache, a cas
 exhausts memory; and a malformed input to `render` or `baseline`. After such an exit the
 manifest says "failed", never "running", and `--resume` finishes the run once mended.
 
-A full disk is a seam (`RowStore.append_case` or `reports.writers.write_all` raising
+A full disk is a seam (`RowStore.append_case` or `reports.writers.write_frame` raising
 ENOSPC); a file-size limit is real (`RLIMIT_FSIZE` in the child: Python ignores SIGXFSZ,
 so the write fails with EFBIG); memory is exhausted by an implementation that raises what
 XLA raises.
@@ -98,7 +98,7 @@ def test_a_full_disk_during_merge_is_one_line_and_the_folder_says_failed(
         assert proc.returncode == 0, proc.stderr[-2000:]
     import reports.writers
 
-    monkeypatch.setattr(reports.writers, "write_all", full_disk)
+    monkeypatch.setattr(reports.writers, "write_frame", full_disk)
     code = merge_main([str(tmp_path / "merged"), *map(str, shards)])
     assert_one_line(code, capsys.readouterr().err, "No space left on device")
     assert read_manifest(tmp_path / "merged").state == "failed"

@@ -10,12 +10,13 @@ import types
 import pytest
 
 from cases.catalogue import make_case
-from harness.commands.run import UsageError, inside_envelopes
 from harness.engine.envelope import Envelope
 from harness.engine.implementations import ImplementationError, load_externals, load_implementations, wrap_external
 from harness.engine.paths import Path
 from harness.engine.plan import PathPlan, comparisons_of
 from harness.engine.runner import Runner, _last_frame
+from harness.engine.selection import inside_envelopes
+from harness.errors import UsageError
 from harness.judging.policy import load_policy
 
 BF16_CASE = make_case(batch=2, sequence=128, dtype="bfloat16", block_tokens=64, block_tokens_bwd=32)

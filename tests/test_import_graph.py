@@ -2,11 +2,16 @@
 
 Layers (a package may import only the ones listed for it; docs/ARCHITECTURE.md):
 
-    mhc      the system under test               nothing of the project
-    reports  rows and run folders (no JAX)        nothing of the project
-    cases    cases, suites, fixtures              mhc, reports
-    harness  the engine and the command line      mhc, cases, reports
-    bench    scripts                              any
+    mhc      the system under test                      nothing of the project
+    records  row schema, manifests, row stores (no JAX)  nothing of the project
+    reports  the reports and the gate (no JAX)           records
+    cases    cases, suites, fixtures                     mhc, records
+    harness  the engine, the API, the command line       mhc, cases, records, reports
+    bench    scripts                                     any
+
+Inside `harness`, the engine (`ENGINE`: what plans, computes, judges, stores and runs
+processes) imports neither `reports` nor what sits above it (the API, the commands, the
+pytest plugin); the API and the plugin import no command.
 
 Every import counts, at a module's top or inside a function (`if TYPE_CHECKING:` blocks
 do not: they never run). XLA reads its flags when the JAX backend starts, not when jax is
@@ -32,11 +37,23 @@ LAYERS = {
     "maxtext_parity": {"mhc", "cases", "records", "harness"},
     "bench": {"mhc", "cases", "records", "harness", "reports"},
 }
+ENGINE = (
+    "harness.engine",
+    "harness.judging",
+    "harness.stores",
+    "harness.processes",
+    "harness.faults",
+    "harness.env",
+    "harness.errors",
+)
+ABOVE_ENGINE = ("reports", "harness.api", "harness.commands", "harness.cli", "harness.pytest_plugin", "harness")
+COMMANDS = ("harness.commands", "harness.cli")
 # Function-level imports that stay, and why (module path, imported module).
 DEFERRED_IMPORTS = {
     ("mhc/layer.py", "mhc.kernels"): "the reference path must not need Pallas",
     ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
     ("harness/commands/baseline.py", "harness.commands.run"): "`baseline --from` must not load JAX; `--impl` runs",
+    ("harness/commands/baseline.py", "harness.engine.implementations"): "as above: `--impl` loads the implementation",
     ("harness/pytest_plugin.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
 }
 
@@ -131,6 +148,32 @@ def test_packages_import_only_the_layers_below_them():
         for module, targets in import_graph().items()
         for target in targets
         if (package := module.split(".")[0]) != (other := target.split(".")[0]) and other not in LAYERS[package]
+    )
+    assert not wrong, wrong
+
+
+def _within(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_the_engine_imports_no_report_and_nothing_above_it():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if _within(module, ENGINE)
+        for target in targets
+        if _within(target, ABOVE_ENGINE) and not _within(target, ENGINE)
+    )
+    assert not wrong, wrong
+
+
+def test_the_api_and_the_plugin_import_no_command():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if module in ("harness.api", "harness.pytest_plugin")
+        for target in targets
+        if _within(target, COMMANDS)
     )
     assert not wrong, wrong
 

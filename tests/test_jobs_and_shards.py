@@ -60,7 +60,8 @@ def test_jobs_is_a_count_or_auto(text, jobs):
     [("0", "at least 1"), ("-2", "at least 1"), ("two", "whole number or 'auto'"), ("", "whole number or 'auto'")],
 )
 def test_a_bad_jobs_value_is_a_usage_error(text, message):
-    from harness.commands.run import UsageError, parse_jobs
+    from harness.commands.run import parse_jobs
+    from harness.errors import UsageError
 
     with pytest.raises(UsageError, match=message):
         parse_jobs(text)

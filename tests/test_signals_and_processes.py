@@ -183,7 +183,7 @@ def test_a_signal_during_merge_is_one_line_and_the_hint_is_a_command_merge_takes
         time.sleep(5)
         raise AssertionError("the signal did not interrupt the merge")
 
-    monkeypatch.setattr(reports.writers, "write_all", signalled)
+    monkeypatch.setattr(reports.writers, "write_frame", signalled)
     merged = tmp_path / "merged"
     code = merge_main([str(merged), *map(str, shards)])
     err = capsys.readouterr().err

@@ -127,10 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_then_write(args, argv: list[str]) -> int:
     """Run `args.impl` through `harness run`, then write its baseline from that run."""
     from harness.commands import run as run_command  # loads JAX: only this form runs anything
+    from harness.engine.implementations import ImplementationError, load_externals
 
     try:
-        names = [impl.name for impl in run_command.load_externals([args.impl])]
-    except run_command.ImplementationError as exc:
+        names = [impl.name for impl in load_externals([args.impl])]
+    except ImplementationError as exc:
         return _usage_error(str(exc))
     if len(names) != 1:
         return _usage_error(

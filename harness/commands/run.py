@@ -11,32 +11,26 @@ with the command that finishes the run (`--resume`).
 from __future__ import annotations
 
 import argparse
-import datetime
 import pathlib
 import shlex
 import signal
 import sys
 import time
 
-from cases import registry
-from cases.spec import CaseSpecError, normalize_dtype
-from cases.toml_cases import USER_SUITE, register_case_file
-from harness.commands.common import DEFAULT_RUN_FOLDER
+from harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE
 from harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
-from harness.engine.implementations import BUILTIN, ImplementationError, includes_external, load_externals
-from harness.engine.plan import PathPlan, uncovered_judgements, unmatched_path_globs
-from harness.engine.run_info import enable_compilation_cache, run_metadata
+from harness.engine.implementations import includes_external
+from harness.engine.run_info import enable_compilation_cache
 from harness.engine.runner import Runner, out_of_memory_error
-from harness.errors import ConfigurationError, ResourceError
-from harness.judging.policy import PolicyError, load_policy
+from harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
+from harness.errors import ConfigurationError, ResourceError, UsageError
+from harness.judging.policy import PolicyError
 from harness.processes.interrupts import SignalsInterrupt
 from harness.processes.parallel import ParallelRunner, auto_jobs
 from harness.processes.shards import parse_shard, shard_cases
 from records.manifest import (
     MANIFEST_FILE,
-    Manifest,
     ManifestError,
-    RunRequest,
     read_manifest,
     record_stop,
     write_manifest,
@@ -47,12 +41,6 @@ from reports import ReportInputError, load_baseline, write_all
 from reports.terminal import exit_code, print_summary
 
 PROG = "mhc-parity run"
-EXIT_USAGE = 2
-MAX_SEED = 2**63 - 1  # cases.spec.Case.seed's range
-
-
-class UsageError(ConfigurationError):
-    """A bad argument or configuration; exit code 2 (a `harness.errors.ConfigurationError`)."""
 
 
 def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -114,74 +102,21 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
-def select_cases(args):
-    """The cases `args` asks for, with --seed applied; UsageError for unknown names.
-
-    Without --suite or --cases the default suite runs, or — when case files are given —
-    the cases of those files (suite "user").
-    """
-    reg = registry.fresh_registry()
-    try:
-        for path in args.case_file:
-            register_case_file(path, reg)
-        suite = args.suite
-        if suite is None and args.cases is None:
-            suite = USER_SUITE if args.case_file else "default"
-        dtype = normalize_dtype(args.dtype, field="--dtype") if args.dtype else None
-        selected = reg.select(suite=suite, names=args.cases, tags=args.tags, dtype=dtype)
-    except (CaseSpecError, KeyError, ValueError, OSError) as exc:
-        raise UsageError(str(exc)) from exc
-    if not selected:
-        raise UsageError("no case matches the selection")
-    if args.seed is not None:
-        if not 0 <= args.seed <= MAX_SEED:
-            raise UsageError(f"--seed must be an integer in [0, {MAX_SEED}], got {args.seed}")
-        selected = [c.replace(name=f"{c.name}-seed{args.seed}", seed=args.seed) for c in selected]
-    return selected
-
-
-def configure(args):
-    """(policy, external implementations, cases, plan) for `args`; UsageError for anything
-    wrong with them, found before any compute: a selection or `--paths` glob that selects
-    nothing, an `--impl` that does not load, a policy without a rule for a comparison the
-    run will make."""
-    try:
-        policy = load_policy(args.policy)
-        externals = load_externals(args.impl)
-    except (PolicyError, ImplementationError, OSError) as exc:
-        raise UsageError(str(exc)) from exc
-    cases = select_cases(args)
-    if getattr(args, "inside_envelope", False):
-        cases = inside_envelopes(cases, externals)
-    plan = PathPlan(
-        implementations=tuple(BUILTIN.values()) + externals,
-        path_globs=tuple(args.paths),
+def selection_of(args) -> RunSelection:
+    """The typed request `run`'s parsed arguments make."""
+    return RunSelection(
+        implementations=tuple(args.impl),
+        suite=args.suite,
+        cases=None if args.cases is None else tuple(args.cases),
+        tags=None if args.tags is None else tuple(args.tags),
+        dtype=args.dtype,
+        case_files=tuple(args.case_file),
+        seed=args.seed,
+        paths=tuple(args.paths),
+        policy=args.policy,
         lowering=not args.no_lowering,
+        inside_envelope=args.inside_envelope,
     )
-    unmatched = unmatched_path_globs(plan, cases)
-    if unmatched:
-        raise UsageError(unmatched[0])
-    uncovered = uncovered_judgements(policy, cases, plan)
-    if uncovered:
-        raise UsageError(
-            f"policy {policy.source} cannot judge {len(uncovered)} kind(s) of comparison this run "
-            f"makes; first: {uncovered[0]}"
-        )
-    return policy, externals, cases, plan
-
-
-def inside_envelopes(cases, externals) -> list:
-    """The cases inside the envelope of every implementation in `externals` (on every path of
-    the case: unsharded and on its mesh); UsageError when none is, or none declares one."""
-    declared = [impl for impl in externals if impl.envelope is not None]
-    if not declared:
-        raise UsageError("--inside-envelope: no --impl implementation declares an envelope")
-    kept = [case for case in cases if not any(impl.envelope.case_reason(case) for impl in declared)]
-    if not kept:
-        first = cases[0]
-        reason = next(impl.envelope.case_reason(first) for impl in declared if impl.envelope.case_reason(first))
-        raise UsageError(f"--inside-envelope: no selected case is inside every envelope (e.g. {first.name}: {reason})")
-    return kept
 
 
 def _take_shard(args, cases):
@@ -192,36 +127,6 @@ def _take_shard(args, cases):
         return shard_cases(cases, parse_shard(args.shard)), cases
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-
-
-def new_manifest(args, command_line: str, policy, externals, cases, plan, selection=()):
-    """The "running" manifest of the run `args` asks for (configured by `configure`);
-    selection: the whole selection when `cases` is one --shard of it."""
-    request = RunRequest(
-        suite=args.suite,
-        case_globs=_tuple_or_none(args.cases),
-        tags=_tuple_or_none(args.tags),
-        dtype=args.dtype,
-        case_files=tuple(str(p) for p in args.case_file),
-        seed=args.seed,
-        paths=tuple(args.paths),
-        implementations=tuple((impl.name, impl.spec) for impl in externals),
-        lowering=not args.no_lowering,
-    )
-    return Manifest.new(
-        request=request,
-        cases=cases,
-        path_names=plan.selected_names(cases),
-        policy=policy,
-        extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
-        command_line=command_line,
-        shard=parse_shard(args.shard).label if selection else "",
-        shard_of=selection,
-    )
-
-
-def _tuple_or_none(values):
-    return None if values is None else tuple(values)
 
 
 def _open_run(store, manifest, *, resume: bool):
@@ -295,15 +200,20 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
     if args.heartbeat <= 0:
         raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
     args.jobs = parse_jobs(args.jobs)
-    policy, externals, cases, plan = configure(args)
-    cases, selection = _take_shard(args, cases)
+    selection = selection_of(args)
+    configuration = configure(selection)
+    policy, plan = configuration.policy, configuration.plan
+    cases, whole_selection = _take_shard(args, list(configuration.cases))
     baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
     try:
         out = writable_folder(args.out)
     except OutputPathError as exc:
         raise UsageError(f"--out: {exc}") from exc
     command_line = command_line or "python -m harness run " + shlex.join(argv)
-    manifest = new_manifest(args, command_line, policy, externals, cases, plan, selection)
+    shard_label = parse_shard(args.shard).label if whole_selection else ""
+    manifest = new_manifest(
+        selection, configuration, command_line, cases=cases, shard_label=shard_label, whole_selection=whole_selection
+    )
     try:
         writer = WriterLock(out, command_line)  # one writer per run folder, for the run's life
     except FolderInUseError as exc:
@@ -387,26 +297,6 @@ def _shortage(exc: BaseException, running: list) -> str:
     if isinstance(exc, OSError):
         return cannot_write(exc, "the run folder")
     return str(exc)
-
-
-def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
-    """The run metadata of the reports: the environment record, times, policy, suite, timings."""
-    metadata = run_metadata(cases)
-    metadata.update(
-        command_line=manifest.command_line,
-        start_time=manifest.started,
-        end_time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        wall_seconds=round(time.perf_counter() - wall_start, 3),
-        policy_file=str(policy.source),
-        policy_hash=policy.digest,
-        suite=manifest.request.suite or "",
-        case_count=len(cases),
-        resumed_cases=len(done),
-        jobs=getattr(runner, "jobs", 1),
-        **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
-        **runner.work_counts(),
-    )
-    return metadata
 
 
 def _load_baseline(path):

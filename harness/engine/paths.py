@@ -103,7 +103,7 @@ def _build_program(path: Path, case, placement: Placement, precision: str):
         options["mesh"] = _path_mesh(path, placement)
     # The layer's structure and parameter shapes only (`nnx.eval_shape`): the program takes
     # the fixture's weights as arguments, so computing initial parameters (small programs
-    # compiled and run per shape, ~0.7 s a program) would be thrown away.
+    # compiled and run per shape) would be work thrown away.
     layer = nnx.eval_shape(
         lambda: ManifoldConstrainedHyperConnections(
             case.streams,

@@ -191,8 +191,8 @@ class Policy:
     digest: str
     source: str
     systematic: Systematic | None = None
-    # resolve()'s answers by combination: a run judges ~1,800 leaves of a few dozen
-    # combinations, and finding the most specific rule scans every rule.
+    # resolve()'s answers by combination: a run judges every leaf, of few combinations,
+    # and finding the most specific rule scans every rule.
     _resolved: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Rule:

@@ -46,7 +46,7 @@ REPORT_FILES = {"csv": "rows.csv", "json": "report.json", "html": "report.html",
 RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
 STATES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)
 # Packages whose Python sources can change a number in a row.
-CODE_DIRS = ("mhc", "cases", "harness")
+CODE_DIRS = ("mhc", "cases", "records", "harness")
 SHORT_DIGEST = 12
 # The commands that continue a run with --resume (a manifest records its command line).
 RESUMABLE_COMMANDS = ("python -m harness run ", "python -m harness baseline ")

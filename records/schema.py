@@ -24,13 +24,14 @@ COMPARED_VERDICTS = ("pass", "fail")
 COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
 
 # Leaf kinds, the policy's second axis:
-#   output           the layer output `out`
-#   intermediate     layer_input, h_pre, h_post, h_res
+#   output           the operation's output, `out`
+#   intermediate     what a path materialises on the way (the operation's other forward
+#                    leaves, `harness.engine.operation`)
 #   activation_grad  d_x
-#   weight_grad      d_<MhcWeights field> (matrices, biases, norm scale)
-#   scale_grad       d_pre_scale, d_post_scale, d_res_scale: scalars that sum over every
-#                    token and stream with both signs, so cancellation amplifies their
-#                    relative error far beyond other weight gradients'
+#   weight_grad      d_<weight name> (matrices, biases, norm scale)
+#   scale_grad       the gradients of scalar scales that sum over every token and stream
+#                    with both signs, so cancellation amplifies their relative error far
+#                    beyond other weight gradients' (the operation says which weights)
 #   branch_grad      d_branch.<branch parameter>
 #   program          a lowering row's program
 LEAF_KINDS = (

@@ -1,8 +1,9 @@
-"""Implementations of the mHC layer the harness can run, built-in and external.
+"""Implementations of the operation under test the harness can run, built-in and external.
 
-Every implementation runs through the same `ManifoldConstrainedHyperConnections`
-layer, so the weights a path sees (`layer.weights()`) and the way the branch is wired
-are identical across paths; only the pre/post functions differ:
+Every implementation but a whole-layer one runs through the operation's layer
+(`harness.engine.operation`; for the mHC layer `ManifoldConstrainedHyperConnections`), so
+the weights a path sees and the way the branch is wired are identical across paths; only
+the pre/post functions (the operation's `EXTERNAL_HOOKS`) differ:
 
   reference  the layer with `use_pallas_kernel=False` (plain JAX)
   interpret  the layer with `use_pallas_kernel=True`, Pallas interpret mode
@@ -44,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.engine.envelope import Envelope
+from harness.engine.operation import OPERATION
 from harness.errors import ConfigurationError
 from mhc.common import VARIANTS
 
@@ -114,11 +116,13 @@ class Implementation:
         """
         return "manual" if self.kernel and elementwise_branch else "auto"
 
-    def layer_options(self) -> dict[str, Any]:
-        """Keyword arguments for `ManifoldConstrainedHyperConnections` (besides shapes)."""
-        if self.external is not None:
-            return {"implementation": self.external}
-        return {"use_pallas_kernel": self.kernel}
+    def layer_builder(self):
+        """What builds its paths' forward (`harness.engine.operation.LayerBuilder`): a
+        whole-layer implementation's own object, else the operation's layer on this
+        implementation (the reference, the kernels, or around the external pre/post)."""
+        if self.layer is not None:
+            return self.layer
+        return OPERATION.layer_builder(kernel=self.kernel, interpret=self.interpret, external=self.external)
 
 
 REFERENCE = Implementation("reference")
@@ -198,7 +202,7 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
     """
     label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
     whole_layer = callable(getattr(obj, "build", None))
-    for method in () if whole_layer else ("pre", "post"):
+    for method in () if whole_layer else OPERATION.EXTERNAL_HOOKS:
         if not callable(getattr(obj, method, None)):
             raise ImplementationError(f"{label}: the factory's object has no callable {method}() (nor build())")
     envelope = getattr(obj, "envelope", None)

@@ -1,23 +1,22 @@
 """The named leaves every path and the oracle produce, and what kind each one is.
 
-  forward leaves   out, layer_input, h_pre, h_post, h_res
-  gradient leaves  d_x, d_<MhcWeights field>, d_branch.<branch parameter>
+  forward leaves   the operation's (`harness.engine.operation`): the output, then its intermediates
+  gradient leaves  d_x, d_<weight name>, d_branch.<branch parameter>
 
-Kept apart from the paths (`harness.engine.paths`) and the oracle (`harness.engine.oracle_path`): both
-name their results with it, and the oracle cache and the program store key their entries
-on the sources each is made of.
+Kept apart from the paths (`harness.engine.paths`) and the oracle (`harness.engine.oracle_path`):
+both name their results with it.
 """
 
 from __future__ import annotations
 
-from mhc.types import WEIGHT_FIELDS
+from harness.engine.operation import OPERATION
 
-FORWARD_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res")
-INTERMEDIATE_LEAVES = ("layer_input", "h_pre", "h_post", "h_res")
+FORWARD_LEAVES = OPERATION.FORWARD_LEAVES
+INTERMEDIATE_LEAVES = tuple(leaf for leaf in FORWARD_LEAVES if OPERATION.forward_leaf_kind(leaf) == "intermediate")
 
 
-def weight_leaf(field: str) -> str:
-    return f"d_{field}"
+def weight_leaf(name: str) -> str:
+    return f"d_{name}"
 
 
 def branch_leaf(param: str) -> str:
@@ -26,16 +25,14 @@ def branch_leaf(param: str) -> str:
 
 def leaf_kind(leaf: str) -> str:
     """The policy's leaf kind of a leaf name (see records.schema.LEAF_KINDS)."""
-    if leaf == "out":
-        return "output"
-    if leaf in INTERMEDIATE_LEAVES:
-        return "intermediate"
+    if leaf in FORWARD_LEAVES:
+        return OPERATION.forward_leaf_kind(leaf)
     if leaf == "d_x":
         return "activation_grad"
     if leaf.startswith("d_branch."):
         return "branch_grad"
-    if leaf.startswith("d_") and leaf[2:] in WEIGHT_FIELDS:
-        return "scale_grad" if leaf.endswith("_scale") and leaf != "d_norm_scale" else "weight_grad"
+    if leaf.startswith("d_") and leaf[2:] in OPERATION.WEIGHT_NAMES:
+        return OPERATION.weight_kind(leaf[2:])
     raise KeyError(f"unknown leaf {leaf!r}")
 
 

@@ -1,10 +1,11 @@
 """The float64 oracle as a path: its leaves named like a path's, and their sensitivity.
 
-`run_oracle_path(case, fixture)` runs `mhc.oracle` once exactly and `NOISE_SAMPLES` times
-with simulated rounding (one batched program), and returns an `OracleOutputs`: the exact
-leaves, how far one rounding per operation moves each of them, and the systematic-error
-statistic of those draws. `harness.stores.oracle_cache` stores these answers by content; its key
-covers this module's sources, so edits elsewhere in the harness keep the cached answers.
+`run_oracle_path(case, fixture)` runs the operation's float64 oracle (`mhc.oracle`) once
+exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program), and
+returns an `OracleOutputs`: the exact leaves, how far one rounding per operation moves
+each of them, and the systematic-error statistic of those draws.
+`harness.stores.oracle_cache` stores these answers by content, keyed by the code they are
+computed from.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 
 from cases.branches import get_branch
 from harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
+from harness.engine.operation import OPERATION
 from harness.judging.error_statistics import l2_norm, max_abs, systematic_error
-from mhc import oracle
 from mhc.precision import device_compute_capability, operand_rounding
 
 
@@ -52,24 +53,13 @@ NOISE_SAMPLES = 4
 NOISE_STREAM = 0x5E45
 
 
-def _named_leaves(result: oracle.OracleResult) -> dict[str, np.ndarray]:
-    """An `OracleResult` as leaves named like a path's."""
-    leaves = {name: result.forward[name] for name in FORWARD_LEAVES}
-    leaves["d_x"] = result.d_x
-    leaves.update({weight_leaf(k): v for k, v in result.d_weights.items()})
-    leaves.update({branch_leaf(k): v for k, v in result.d_branch.items()})
+def _named_leaves(draw) -> dict[str, np.ndarray]:
+    """An oracle draw (`harness.engine.operation.OracleDraw`) as leaves named like a path's."""
+    leaves = {name: draw.forward[name] for name in FORWARD_LEAVES}
+    leaves["d_x"] = draw.d_x
+    leaves.update({weight_leaf(k): v for k, v in draw.d_weights.items()})
+    leaves.update({branch_leaf(k): v for k, v in draw.d_branch.items()})
     return leaves
-
-
-def _oracle_arguments(case, fixture) -> tuple:
-    return (
-        fixture.x,
-        fixture.weights,
-        get_branch(case.branch).apply,
-        fixture.branch_params,
-        fixture.cotangent,
-        case.mhc_config(),
-    )
 
 
 def noise_seeds(case) -> tuple[int, ...]:
@@ -78,8 +68,9 @@ def noise_seeds(case) -> tuple[int, ...]:
 
 
 def noise_units(case) -> dict[str, float]:
-    """The unit roundoff of every precision class of the case's rounding draws (`mhc.oracle.unit_roundoffs`)."""
-    return oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff(case))
+    """The unit roundoff of every precision class of the case's rounding draws (the operation's
+    rounding model: `mhc.oracle.unit_roundoffs` for the mHC layer)."""
+    return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case))
 
 
 def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
@@ -115,8 +106,8 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     """
     start = time.perf_counter()
     units = noise_units(case)
-    exact_result, *draws = oracle.run_oracle_batch(
-        *_oracle_arguments(case, fixture), draws=[(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+    exact_result, *draws = OPERATION.oracle_draws(
+        case, fixture, get_branch(case.branch).apply, [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
     )
     exact = _named_leaves(exact_result)
     deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}

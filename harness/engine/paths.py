@@ -17,7 +17,6 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from cases.branches import get_branch
@@ -25,10 +24,7 @@ from cases.spec import MESH_AXES, mesh_label
 from harness.engine.devices import HOST_SUFFIX, Placement, placement_mesh
 from harness.engine.implementations import Implementation
 from harness.engine.leaves import branch_leaf, weight_leaf
-from mhc.kernels import KernelConfig
-from mhc.layer import ManifoldConstrainedHyperConnections
 from mhc.precision import device_compute_capability, effective_matmul_precision
-from mhc.types import MhcWeights
 
 ORACLE_PATH = "oracle"
 
@@ -85,46 +81,18 @@ def _trace_signature(case, precision: str) -> tuple:
     return (*case.program_fields(), precision)
 
 
-def _kernel_config(case, impl: Implementation):
-    return KernelConfig(interpret=impl.interpret, **case.block_sizes)
-
-
 def _build_program(path: Path, case, placement: Placement, precision: str):
-    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`.
+    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`:
+    the implementation's layer (`Implementation.layer_builder`, this project's layer unless a
+    whole-layer implementation brings its own) on the fixture's weights and the case's branch.
 
     precision: the matmul precision of every dot of the layer and the branch.
     """
     branch = get_branch(case.branch)
-    if path.impl.layer is not None:
-        return _whole_layer_program(path, case, placement, precision, branch)
-    options = path.impl.layer_options()
-    if path.impl.kernel:
-        options["kernel_config"] = _kernel_config(case, path.impl)
-        options["mesh"] = _path_mesh(path, placement)
-    # The layer's structure and parameter shapes only (`nnx.eval_shape`): the program takes
-    # the fixture's weights as arguments, so computing initial parameters (small programs
-    # compiled and run per shape) would be work thrown away.
-    layer = nnx.eval_shape(
-        lambda: ManifoldConstrainedHyperConnections(
-            case.streams,
-            case.embedding,
-            dtype=case.dtype,
-            weight_dtype=case.weight_dtype,
-            variant=case.variant,
-            matmul_precision=precision,
-            rngs=nnx.Rngs(0),
-            **options,
-        )
-    )
-    graphdef, state = nnx.split(layer)
+    forward_of = path.impl.layer_builder().build(case, matmul_precision=precision, mesh=_path_mesh(path, placement))
 
     def forward(x_, w_, p_):
-        # A fresh state holding the fixture's weights (traced arguments) in place of
-        # every abstract parameter.
-        weights_state = jax.tree.map(lambda leaf: leaf, state)
-        nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(w_).as_dict())
-        module = nnx.merge(graphdef, weights_state)
-        return module.call_with_intermediates(lambda h: branch.apply(p_, h, precision), x_)
+        return forward_of(x_, dict(w_), lambda h: branch.apply(p_, h, precision))
 
     return _forward_and_vjp(forward)
 
@@ -142,17 +110,6 @@ def _forward_and_vjp(forward):
         return {"out": out, **intermediates}, grads
 
     return program
-
-
-def _whole_layer_program(path: Path, case, placement: Placement, precision: str, branch):
-    """`_build_program` for a whole-layer implementation (`Implementation.layer`): its own
-    layer runs, through its own call, on the fixture's weights and the case's branch."""
-    forward_of = path.impl.layer.build(case, matmul_precision=precision, mesh=_path_mesh(path, placement))
-
-    def forward(x_, w_, p_):
-        return forward_of(x_, dict(w_), lambda h: branch.apply(p_, h, precision))
-
-    return _forward_and_vjp(forward)
 
 
 def _place(fixture, path: Path, placement: Placement):

@@ -8,10 +8,10 @@ judge. The CLI checks that plan up front, so configuration errors cost no comput
                            (a typo), with a did-you-mean over the known path names;
   `uncovered_judgements`   a comparison the tolerance policy has no rule for.
 
-Leaf dtypes follow the layer's contract: `out`, `layer_input` and `d_x` in the
-activation dtype; the mixing coefficients `h_pre`, `h_post`, `h_res` in float32
-(`mhc.types.MhcContext`); every other gradient in the dtype of its primal (the weight
-dtype for weights and branch parameters, `cases.fixtures.expected_layout`).
+Leaf dtypes follow the operation's contract: the forward leaves' are the operation's
+(`harness.engine.operation`), `d_x` is in the activation dtype, every other gradient in
+the dtype of its primal (the weight dtype for weights and branch parameters,
+`cases.fixtures.expected_layout`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from cases.fixtures import expected_layout
 from cases.names import did_you_mean
 from harness.engine.devices import host_fallback
 from harness.engine.implementations import REFERENCE, Implementation
-from harness.engine.leaves import FORWARD_LEAVES, branch_leaf, leaf_kind, weight_leaf
+from harness.engine.leaves import branch_leaf, leaf_kind, weight_leaf
 from harness.engine.lowering_rows import case_meshes, implementation_lowering_name, lowering_path_name
+from harness.engine.operation import OPERATION
 from harness.engine.paths import ORACLE_PATH, Path
 from harness.judging.policy import Policy, PolicyError
-
-# The dtype of h_pre, h_post and h_res (mhc.types.MhcContext).
-MIXING_DTYPE = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +112,7 @@ def planned_leaves(case) -> dict[str, str]:
     """Leaf name -> dtype name of every leaf a path of `case` produces (module docstring)."""
     layout = expected_layout(case)
     act_dtype = layout["x"][0]
-    leaves = {name: act_dtype for name in FORWARD_LEAVES}
-    leaves.update({name: MIXING_DTYPE for name in FORWARD_LEAVES if name.startswith("h_")})
+    leaves = OPERATION.forward_leaf_dtypes(act_dtype)
     leaves["d_x"] = act_dtype
     for role, (dtype, _) in layout.items():
         group, _, name = role.partition(".")

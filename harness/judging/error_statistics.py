@@ -1,7 +1,7 @@
 """The reductions the metrics and the oracle's sensitivities share, in float64.
 
 Kept apart from `harness.judging.metrics` on purpose: the oracle cache's key digests the sources
-the oracle's answers are computed with (`harness.stores.oracle_cache.ORACLE_SOURCES`), and its
+the oracle's answers are computed with (`harness.stores.oracle_cache.oracle_sources`), and its
 sensitivities and systematic statistics use only these. So an edit of the metrics does
 not recompute every oracle answer; an edit here does.
 """

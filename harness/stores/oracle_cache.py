@@ -5,11 +5,13 @@ it, nothing else; a kernel edit cannot change it. So `OracleCache(case, fixture)
 the answer up under a key made of everything it depends on (`key_material`):
 
 - the fixture's digest (`cases.fixtures.Fixture.digest`: every input array's bits);
-- the digest of the oracle's sources (`ORACLE_SOURCES`: the float64 math, the code that
-  turns its results into leaves, sensitivities and systematic statistics, the branch
-  functions and the helpers they call), the JAX / jaxlib / NumPy versions that run it,
+- the digest of the oracle's sources (`oracle_sources`: the modules the code that computes
+  an answer imports — the float64 math, the code that turns its results into leaves,
+  sensitivities and systematic statistics, the branch functions and the helpers they
+  call — found from the imports), the JAX / jaxlib / NumPy versions that run it,
   and what XLA compiles it for: `XLA_FLAGS` and the host CPU (`harness.env.compiler_material`);
-- the case's branch, math configuration (`MhcConfig`) and dtypes;
+- the case's branch, the operation's key of it (`oracle_key`: for the mHC layer its math
+  configuration) and dtypes;
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
   the operand rounding the case's matmul precision means on this backend).
 
@@ -36,31 +38,20 @@ import jax
 import jaxlib
 import numpy as np
 
+from harness.engine.operation import OPERATION
 from harness.engine.oracle_path import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from harness.env import cache_root, compiler_material
 from harness.stores.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
+from records.code import closure_digest, import_closure
 from records.files import array_sha256, atomic_write
-from records.manifest import PROJECT_ROOT, source_digest
+from records.manifest import PROJECT_ROOT
 
 # Bump when the entry layout changes (part of the key).
 ENTRY_FORMAT = 1
-# The sources whose change can change an oracle answer: the float64 math, the code that
-# makes leaves, sensitivities and systematic statistics of it, and the branch functions.
-# The files whose code computes an answer (tests/test_oracle_cache.py checks that nothing
-# else runs, beyond cases/spec.py, whose values are key material): the float64 math, its
-# leaves, sensitivities and statistics, and the branch functions with the helpers they
-# call (the branches' matmul is mhc.common's).
-ORACLE_SOURCES = (
-    "mhc/oracle.py",
-    "harness/engine/oracle_path.py",
-    "harness/engine/leaves.py",
-    "harness/judging/error_statistics.py",
-    "cases/branches.py",
-    "cases/names.py",
-    "mhc/common.py",
-    "mhc/precision.py",
-    "mhc/types.py",
-)
+# The module that computes an oracle answer: its import closure, less the modules only a
+# path's program runs (`harness.engine.operation`), is the code an answer depends on
+# (tests/test_oracle_cache.py checks that computing one runs nothing else of the project).
+ORACLE_ENTRY = ("harness.engine.oracle_path",)
 _HEADER = "__header__"
 _BITS = np.dtype("<u8")  # float64 leaves stored as their raw bits
 
@@ -75,9 +66,14 @@ def default_folder() -> pathlib.Path:
     return cache_root() / "oracle"
 
 
+def oracle_sources(root: pathlib.Path = PROJECT_ROOT) -> tuple[str, ...]:
+    """Project files an oracle answer is computed from (`records.code.import_closure`)."""
+    return import_closure(ORACLE_ENTRY, OPERATION.PROGRAM_MODULES, root)
+
+
 def oracle_source_digest(root: pathlib.Path = PROJECT_ROOT) -> str:
-    """sha256 over the `ORACLE_SOURCES` files' contents."""
-    return source_digest(ORACLE_SOURCES, root)
+    """`records.code.closure_digest` of `oracle_sources`."""
+    return closure_digest(ORACLE_ENTRY, OPERATION.PROGRAM_MODULES, root)
 
 
 def key_material(case, fixture, source_digest: str) -> dict:
@@ -90,7 +86,7 @@ def key_material(case, fixture, source_digest: str) -> dict:
         # XLA compiles the float64 program for the host CPU under these flags (an FMA or not).
         "compiler": compiler_material(),
         "branch": case.branch,
-        "config": dataclasses.asdict(case.mhc_config()),
+        "config": OPERATION.oracle_key(case),
         "dtype": case.dtype,
         "weight_dtype": case.weight_dtype,
         "draws": {"samples": NOISE_SAMPLES, "seeds": list(noise_seeds(case)), "units": noise_units(case)},
@@ -148,7 +144,7 @@ class OracleCache(LookupCounts):
 
     folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
     oracle itself (default `harness.engine.oracle_path.run_oracle_path`); source_root: the project whose
-    `ORACLE_SOURCES` are digested. `hits`, `misses` and
+    `oracle_sources` are digested. `hits`, `misses` and
     `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
     `execute_s` is the time it took to load. If the folder is not writable the answer is
     still returned (and a warning logged). Safe to call from several threads (`Runner.run`

@@ -7,17 +7,19 @@ the code it is traced from, the case's trace signature, the arguments' shapes, d
 and shardings, the devices, the library versions and XLA flags — so a warm run loads a
 serialised executable (~0.03 s) without tracing anything.
 
-The code a program is made of is declared, per implementation: `PROGRAM_SOURCES` for
-every built-in path, plus `KERNEL_SOURCES` for the Pallas paths. So an edit to a kernel
-file misses only the kernel paths' programs; the reference programs still load.
-tests/test_program_store.py traces every built-in path and fails if code from a file
-outside its declared sources ran. External implementations (`--impl`) are never stored:
-their sources are not known; they go through JAX's own cache. And a process that loaded
+The code a program is made of is the import closure of the module that builds programs
+(`program_sources`, `records.code.import_closure` of `PROGRAM_ENTRY`), less the oracle's
+modules, and less the kernels' for a path that does not run them (the operation says
+which those are: `harness.engine.operation`). So an edit to a kernel misses only the
+kernel paths' programs; the reference programs still load. tests/test_program_store.py
+traces every built-in path and fails if code from a file outside its sources ran.
+External implementations (`--impl`) are never stored: their sources are not known; they
+go through JAX's own cache. And a process that loaded
 one stores nothing at all (`writable=False`): importing it may have patched any module,
-so a built-in program it traced is not vouched for by the declared sources; it still
+so a built-in program it traced is not vouched for by its sources; it still
 loads what clean processes stored.
 
-Trust: a stored program is only as current as these declarations. A process that
+Trust: a stored program is only as current as its sources. A process that
 patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
 not use the stores: `ProgramCache()` and `Runner(...)` use none unless given one
 (`harness run`, its workers and `harness.api` do).
@@ -42,34 +44,20 @@ from jax._src import config as jax_config  # the thread-local cache-write thresh
 from jax.experimental import serialize_executable
 
 from harness.engine.implementations import is_builtin
+from harness.engine.operation import OPERATION
 from harness.env import cache_root, compiler_material
 from harness.stores.artifact_store import ArtifactStore
 from mhc.common import UnsupportedInputError
 from mhc.kernels.lowering import LoweringResult
-from records.manifest import source_digest
+from records.code import closure_digest, import_closure
 
 log = logging.getLogger(__name__)
 
 # Bump when an entry's layout or its key material changes meaning.
 STORE_FORMAT = 2
-# Project files (globs from the project root) every built-in path's program is traced from
-# (less `_NOT_TRACED`).
-PROGRAM_SOURCES = (
-    "mhc/*.py",
-    "cases/branches.py",
-    "cases/names.py",
-    "cases/random_streams.py",
-    "cases/spec.py",
-    "harness/engine/paths.py",
-    "harness/engine/leaves.py",
-    "harness/engine/implementations.py",
-    "harness/engine/devices.py",
-)
-# ... and, for the Pallas paths and the TPU lowering, the kernels.
-KERNEL_SOURCES = ("mhc/kernels/*.py",)
-# The float64 oracle: no path's program runs it (the sources test checks), and an oracle
-# edit must not recompile every path.
-_NOT_TRACED = frozenset({"mhc/oracle.py"})
+# The module that builds every path's program, and the one that lowers the kernels for TPU.
+PROGRAM_ENTRY = ("harness.engine.paths",)
+LOWERING_ENTRY = (*PROGRAM_ENTRY, "mhc.kernels.lowering")
 # XLA's default value of a debugging option: the program is unchanged (tested bit for bit
 # against a plain compile), but JAX's persistent cache keys the compile apart (see
 # `ProgramStore.compile`).
@@ -83,14 +71,23 @@ _JAX_SETTINGS = (
 )
 
 
+def program_sources(kernel: bool) -> tuple[str, ...]:
+    """Project files a built-in path's program is traced from (`kernel`: a Pallas path)."""
+    return import_closure(PROGRAM_ENTRY, _not_traced(kernel))
+
+
+def _not_traced(kernel: bool) -> tuple[str, ...]:
+    return OPERATION.ORACLE_MODULES + (() if kernel else OPERATION.KERNEL_MODULES)
+
+
 @functools.cache
-def traced_sources_digest(patterns: tuple[str, ...]) -> str | None:
-    """`records.manifest.source_digest` of the project files matching `patterns` (less
-    `_NOT_TRACED`), or None — with one warning — when they are not on disk (e.g. a zipped
-    install): then nothing is stored. Cached per process: the run's code does not change
-    under it (and the manifest records what it was)."""
+def traced_sources_digest(entries: tuple[str, ...], exclude: tuple[str, ...]) -> str | None:
+    """`records.code.closure_digest` of `entries` less `exclude`, or None — with one warning
+    — when the sources are not on disk (e.g. a zipped install): then nothing is stored.
+    Cached per process: the run's code does not change under it (and the manifest records
+    what it was)."""
     try:
-        return source_digest(patterns, exclude=_NOT_TRACED)
+        return closure_digest(entries, exclude)
     except FileNotFoundError as error:
         log.warning("compiled programs and TPU lowerings are not stored: %s", error)
         return None
@@ -142,7 +139,7 @@ class ProgramStore:
         impl = path.impl
         if not is_builtin(impl):
             return None
-        sources = traced_sources_digest(PROGRAM_SOURCES + (KERNEL_SOURCES if impl.kernel else ()))
+        sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel))
         if sources is None:
             return None
         return _jsonable(
@@ -235,7 +232,7 @@ class LoweringStore:
 
     def lower(self, arguments: dict, compute):
         start = time.perf_counter()
-        sources = traced_sources_digest(PROGRAM_SOURCES + KERNEL_SOURCES)
+        sources = traced_sources_digest(LOWERING_ENTRY, _not_traced(kernel=True))
         if sources is None:
             return compute()
         material = _jsonable(

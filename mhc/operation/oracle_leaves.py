@@ -1,0 +1,37 @@
+"""The float64 oracle (`mhc.oracle`) run on a case's fixture, and its rounding units."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from mhc import oracle
+
+
+def oracle_draws(case, fixture, branch_apply: Callable, draws: Sequence[tuple]) -> list[oracle.OracleResult]:
+    """Each draw of the oracle on `fixture` (x, weights, branch_params, cotangent), in one
+    compiled program (`mhc.oracle.run_oracle_batch`): per draw its `forward` (forward leaf
+    -> float64 array), `d_x`, `d_weights` (weight name -> gradient) and `d_branch` (branch
+    parameter -> gradient). draws: (seed, units) per draw, (0, None) the exact one;
+    branch_apply: the case's branch."""
+    return oracle.run_oracle_batch(
+        fixture.x,
+        fixture.weights,
+        branch_apply,
+        fixture.branch_params,
+        fixture.cotangent,
+        case.mhc_config(),
+        draws=draws,
+    )
+
+
+def oracle_unit_roundoffs(case, matmul_operand_roundoff: float) -> dict[str, float]:
+    """The unit roundoff of every precision class of the oracle's rounding draws for `case`
+    (`mhc.oracle.unit_roundoffs`)."""
+    return oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff)
+
+
+def oracle_key(case) -> dict:
+    """What of `case` besides its fixture and branch the oracle's answer depends on: the math
+    configuration."""
+    return dataclasses.asdict(case.mhc_config())

@@ -1,4 +1,6 @@
-"""Parity engine: paths, metrics, tolerance policy, runner, CLI; and the public API.
+"""The parity harness: the engine (`engine/`: plan, paths, runner, the operation seam;
+`judging/`: metrics, tolerance policy; `stores/`; `processes/`; `faults/`), the public API
+(`harness.api`), the command line (`harness.cli`, `commands/`) and the pytest plugin.
 
     from harness import run_parity, gate
     run = run_parity("my_pkg.kernels:factory", suite="smoke")

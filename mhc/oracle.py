@@ -304,7 +304,7 @@ class _RoundingNoise:
 
     sites: the (site, shape) of every call in order (`_SiteRecorder`); bank: one uniform
     [-1, 1) float64 draw of two numbers per element of every site, sliced in call order
-    (one random-number generator call per draw: XLA compiled one per site in ~18 s);
+    (one random-number generator call per draw: one per site made XLA's compile slow);
     units: (len(PRECISION_CLASSES),) unit roundoffs, traced, so every unit setting
     (float32 and bfloat16 runs, the exact oracle's zeros) shares the program. With all
     units zero every δ is exactly 0 and the program computes the exact oracle.
@@ -467,8 +467,8 @@ def _bank_program(size: int):
 
     Compiled apart from `_oracle_program`, at XLA's default optimisation: the generator is
     integer arithmetic and an exact affine map, so its bits do not depend on the level,
-    and at -O0 it was ~85% of the oracle's run time and a third of its compile (measured
-    on the default suite's cases). One program serves every case whose draws are this size.
+    and unoptimised it would dominate the oracle's run time. One program serves every case
+    whose draws are this size.
     """
     return jax.jit(jax.vmap(lambda key: jax.random.uniform(key, (size,), jnp.float64, -1.0, 1.0)))
 

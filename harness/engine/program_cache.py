@@ -25,11 +25,10 @@ from harness.engine.paths import Path, PathOutputs
 from mhc.common import UnsupportedInputError
 
 # Compiled programs a ProgramCache keeps. Each XLA:CPU executable holds its own memory
-# mappings, and Linux caps a process at vm.max_map_count = 65,530 by default: with an
-# unbounded cache the kill matrix's clean pass over the full suite reached 29,000
-# mappings at 3.9 GB and failed near 7.9 GB ("LLVM compilation error: Cannot allocate
-# memory", then a segfault). Cases reuse a program only while their shape repeats, so
-# the most recent few dozen are the ones worth keeping.
+# mappings, and Linux caps a process at vm.max_map_count of them: an unbounded cache ran
+# the kill matrix's clean pass over the full suite out of mappings ("LLVM compilation
+# error: Cannot allocate memory", then a segfault). Cases reuse a program only while their
+# shape repeats, so the most recent few dozen are the ones worth keeping.
 MAX_CACHED_PROGRAMS = 48
 # Threads that obtain programs at once (`ProgramCache.compile_ahead`): XLA's compile uses
 # about one core each and releases the GIL.

@@ -46,7 +46,7 @@ def l2_norm(a: np.ndarray, a_max_abs: float | None = None) -> float:
     change with the core count and the CPU (measured: 1 vs 2 threads from 20,000
     elements, and the Haswell kernel against this machine's), while rows merged from
     several machines must equal one machine's run. Its idle threads also spin on the
-    cores the compiles need (~9 CPU-s of a 100 CPU-s kernel-edit run).
+    cores the compiles need.
     """
     scale = max_abs(a) if a_max_abs is None else a_max_abs
     if scale == 0.0 or not math.isfinite(scale):

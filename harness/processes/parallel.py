@@ -64,10 +64,8 @@ def auto_jobs(case_count: int) -> int:
     available memory holds (`WORKER_MEMORY_BYTES` each) or there are cases; 1 when the
     default backend is an accelerator, which one process owns.
 
-    Measured on the 2-core machine (`make bench`, three runs): two workers finished a cold
-    default suite from 11% later to 4% sooner than one process working ahead in threads
-    (whose metrics and lowering share one thread, and all its Python one GIL), a kernel
-    edit as soon to 23% sooner, a warm run 5-14% sooner.
+    Workers beat one process working ahead in threads, whose metrics and lowering share
+    one thread and all its Python one GIL (`make bench` measures both).
     """
     if jax.default_backend() != "cpu":
         return 1

@@ -1,7 +1,7 @@
 """How `harness run --jobs N` starts its worker processes: forked from a server that imported them.
 
-A spawned worker first imports JAX, Flax and the harness (~1.8 s on the 2-core machine),
-every worker of every run, before its first case. Instead the workers come from
+A spawned worker first imports JAX, Flax and the harness, every worker of every run,
+before its first case. Instead the workers come from
 multiprocessing's "forkserver": one server process per command imports `WORKER_MODULES`
 once, then forks each worker from itself. The command line starts the server before its
 own imports (`harness.cli`), so the two import at once and the workers are ready when

@@ -1,11 +1,11 @@
 """Disk stores of the compiled path programs and of the kernels' TPU lowering results.
 
 JAX's persistent compilation cache saves XLA's compile, but finding an entry there
-means tracing and lowering the program first: ~0.5 s of Python per program, ~30 s per
-warm default-suite run. These stores key a program by what it is *made of* instead —
+means tracing and lowering the program first, in Python, for every program of every
+run. These stores key a program by what it is *made of* instead —
 the code it is traced from, the case's trace signature, the arguments' shapes, dtypes
 and shardings, the devices, the library versions and XLA flags — so a warm run loads a
-serialised executable (~0.03 s) without tracing anything.
+serialised executable without tracing anything.
 
 The code a program is made of is the import closure of the module that builds programs
 (`program_sources`, `records.code.import_closure` of `PROGRAM_ENTRY`), less the oracle's

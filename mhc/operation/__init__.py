@@ -4,14 +4,14 @@ operation is a second package like this one).
 
     leaves        the leaves a run compares, their dtypes and kinds, the weight names
     layers        how a path's forward is built from this project's layer
-    oracle_leaves the float64 oracle run on a fixture, and its rounding model's units
+    oracle_draws  the float64 oracle run on a fixture, and its rounding model's units
 
 Imports nothing of the project outside `mhc`.
 """
 
 from mhc.operation.layers import layer_builder
 from mhc.operation.leaves import FORWARD_LEAVES, WEIGHT_NAMES, forward_leaf_dtypes, forward_leaf_kind, weight_kind
-from mhc.operation.oracle_leaves import oracle_draws, oracle_key, oracle_unit_roundoffs
+from mhc.operation.oracle_draws import oracle_draws, oracle_key, oracle_unit_roundoffs
 
 NAME = "mhc"
 # Where the code of each kind of answer lives, for the stores' keys (`records.code`): only

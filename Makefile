@@ -19,6 +19,10 @@ BASELINE ?= baselines/default.csv
 FAULTS_OUT ?= out/faults
 SWEEP_OUT  ?= out/sweep
 SEEDS      ?= 20
+# Processes of `make faults` (each repeats the clean pass), and where `make faults`,
+# `make sweep` and `make bench` write their figures, with date, commit and machine.
+FAULT_JOBS ?= 2
+RESULTS    ?= docs/results
 PYTEST_ARGS ?=
 IMPL       ?=
 
@@ -76,11 +80,11 @@ gate: setup
 
 # The kill matrix: every catalogued fault injected in turn; exits 1 if one survives.
 faults: setup
-	$(PY) -m harness faults --suite $(SUITE) --out $(FAULTS_OUT)
+	$(PY) -m harness faults --suite $(SUITE) --out $(FAULTS_OUT) --jobs $(FAULT_JOBS) --results $(RESULTS)/kill-matrix-$(SUITE).md
 
 # The false-positive sweep: the unmodified code over $(SEEDS) seeds; exits 1 on any failure.
 sweep: setup
-	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT)
+	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT) --results $(RESULTS)/sweep-$(SUITE).md
 
 # docs/tolerances.md: the bound every comparison of the case matrix resolves to (a test
 # fails until it is regenerated after a change of harness/judging/tolerances.toml).
@@ -91,7 +95,7 @@ tolerances: setup
 # compiling, executing, in the oracle and in harness overhead, peak memory, programs compiled
 # (targets on 2 cores: cold <= 120 s, warm <= 15 s, edit <= 45 s, overhead < 10%).
 bench: setup
-	$(PY) bench/parity_bench.py --suite $(SUITE)
+	$(PY) bench/parity_bench.py --suite $(SUITE) --results $(RESULTS)/bench-$(SUITE).md
 
 # On a TPU VM or GPU machine: install its extra, smoke suite + hardware tests, one line per path.
 accelerator-check:

@@ -28,19 +28,26 @@ seconds the machine was busy during the run, peak resident memory (the largest s
 process; workers report their own), the programs XLA compiled and those loaded
 from the persistent cache, the oracle answers computed and loaded, the sharpness of the
 bounds, and before each run the load average and a speed probe (fixed Python work on every
-core at once: this shared VM's speed drifts by 20% and more between runs). Targets (issue
-14, 2-core machine): warm <= 15 s, edit <= 45 s, cold <= 120 s, overhead (everything but
-the paths' compile and execution, the oracle and lowering) < 10% of each.
+core at once: a shared machine's speed drifts between runs). Targets (`TARGETS`, for the
+2-core CI machine; `OVERHEAD_TARGET_PERCENT` for everything but the paths' compile and
+execution, the oracle and lowering). With --results FILE (`make bench`:
+docs/results/bench-<suite>.md) the same report is also written there with its date,
+commit and machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import importlib.metadata
+import io
 import json
 import math
 import os
 import pathlib
+import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,10 +57,13 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from records.text import format_number, format_text_table  # noqa: E402 - after the project is on the path
+from harness.engine.run_info import git_commit  # noqa: E402 - after the project is on the path
+from harness.env import host_cpu  # noqa: E402
+from records.text import format_number, format_text_table  # noqa: E402
+from reports.results import write_results  # noqa: E402
 
 # The sources a run imports (copied for the "edit" run) and the edit itself.
-SOURCE_DIRS = ("mhc", "cases", "harness", "reports")
+SOURCE_DIRS = ("mhc", "cases", "records", "harness", "reports")
 EDITED_FILE = "mhc/kernels/forward.py"
 EDIT_FROM = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...])\n"
 EDIT_TO = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...]) * 1\n"
@@ -239,8 +249,7 @@ def print_sharpness(groups: list[dict]) -> None:
     print(format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  "))
 
 
-# Fixed single-threaded work for the speed probe: 0.11-0.18 s alone on an idle core of the
-# 2-core machine, ~0.35 s with one process per core at once.
+# Fixed single-threaded work for the speed probe: a fraction of a second on one core.
 _PROBE_CODE = (
     "import time\nstart = time.perf_counter()\ntotal = 0\n"
     "for value in range(2_000_000):\n    total += value * value\nprint(time.perf_counter() - start)"
@@ -249,9 +258,9 @@ _PROBE_CODE = (
 
 def speed_probe_seconds() -> float:
     """Seconds the slowest of one probe process per core took, all at once: the machine's
-    multi-core speed just now. This shared VM ran the same code 20-30% slower in one bench
-    run than in the next with nothing else running, so each run's walls come with the
-    probe taken before it."""
+    multi-core speed just now. A shared machine runs the same code slower in one bench run
+    than in the next with nothing else running, so each run's walls come with the probe
+    taken before it."""
     probes = [
         subprocess.Popen([sys.executable, "-c", _PROBE_CODE], stdout=subprocess.PIPE, text=True)
         for _ in range(os.cpu_count() or 1)
@@ -267,11 +276,47 @@ def load_note() -> str:
     )
 
 
+class _Tee(io.TextIOBase):
+    """Standard output that is also kept, for the results file."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.kept.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="default")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="--jobs values to measure (default 1 2)")
+    parser.add_argument("--results", type=pathlib.Path, default=None, metavar="FILE", help="also write the report here")
     args = parser.parse_args(argv)
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        code = _measure(args)
+    if args.results is not None:
+        command = "python bench/parity_bench.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+        markdown = (
+            f"# Benchmark of `harness run` on the {args.suite} suite\n\n```text\n{tee.kept.getvalue().strip()}\n```\n"
+        )
+        metadata = {
+            "git_commit": git_commit(),
+            "host_cpu": host_cpu(),
+            "platform": platform.platform(),
+            "jax_version": importlib.metadata.version("jax"),
+            "jaxlib_version": importlib.metadata.version("jaxlib"),
+            "numpy_version": importlib.metadata.version("numpy"),
+        }
+        print(f"results: {write_results(args.results, markdown, command, metadata)}")
+    return code
+
+
+def _measure(args) -> int:
     results, loads = {}, []
     with tempfile.TemporaryDirectory(prefix="mhc-bench-") as tmp:
         tmp_path = pathlib.Path(tmp)

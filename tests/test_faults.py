@@ -432,6 +432,7 @@ def test_cli_exits_1_on_a_false_positive(tmp_path):
 
 @pytest.mark.slow
 def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
+    results = tmp_path / "docs" / "kill-matrix.md"
     code = _main(
         [
             "--cases",
@@ -442,11 +443,17 @@ def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
             "--out",
             str(tmp_path),
             "--quiet",
+            "--results",
+            str(results),
         ]
     )
     assert code == 0
     document = json.loads((tmp_path / "kill_matrix.json").read_text())
     assert document["faults_ok"] == document["faults"] == 2 and document["ok"]
+    written = results.read_text().splitlines()
+    assert written[0] == "# Fault kill matrix" and written[2].startswith("Written by `python -m harness faults ")
+    assert "commit `" in written[2] and written[3].startswith("Machine: ")
+    assert (tmp_path / "kill_matrix.md").read_text().partition("\n")[2].strip() in results.read_text()
 
 
 @pytest.mark.parametrize(
@@ -460,6 +467,7 @@ def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
         ["--seeds", "2", "--faults", "kernel.*"],
         ["--impl", "not_a_spec"],
         ["--no-such-option"],
+        ["--results", "/proc/no-such-folder/results.md"],
     ],
 )
 def test_cli_usage_errors_exit_2(argv, tmp_path):
@@ -468,7 +476,8 @@ def test_cli_usage_errors_exit_2(argv, tmp_path):
 
 @pytest.mark.slow
 def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
-    code = _main(["--seeds", "2", "--cases", LITE_CASE, "--out", str(tmp_path), "--quiet"])
+    results = tmp_path / "sweep-results.md"
+    code = _main(["--seeds", "2", "--cases", LITE_CASE, "--out", str(tmp_path), "--quiet", "--results", str(results)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     document = json.loads((tmp_path / "sweep.json").read_text())
@@ -476,3 +485,4 @@ def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     usages = [h["max_usage"] for h in document["headroom"] if h["max_usage"] is not None]
     assert usages and all(u <= 1 for u in usages)
     assert (tmp_path / "headroom.csv").exists() and (tmp_path / "sweep.md").exists()
+    assert "Written by `python -m harness faults " in results.read_text()

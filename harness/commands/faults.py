@@ -30,32 +30,31 @@ from __future__ import annotations
 import argparse
 import datetime
 import pathlib
+import shlex
 import sys
 import time
 from collections.abc import Sequence
 
 from cases import registry
 from cases.spec import CaseSpecError, normalize_dtype
+from harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.engine.implementations import BUILTIN, ImplementationError, load_external
 from harness.engine.run_info import enable_compilation_cache, run_metadata
 from harness.env import ensure_host_devices
-from harness.errors import ConfigurationError
+from harness.errors import ConfigurationError, UsageError
 from harness.faults import matrix as kill_matrix
 from harness.faults.fault_catalogue import CATALOGUE
 from harness.faults.model import Perturbation, SeamError, UnknownPerturbationError, select
 from harness.faults.seed_sweep import run_sweep_rows
 from harness.faults.variants import VARIANTS
 from harness.judging.policy import PolicyError, load_policy
+from records.outputs import OutputPathError, writable_file
 from reports.kill_matrix import kill_matrix_text, write_kill_matrix
+from reports.results import write_results
 from reports.sweep import headroom_table, sweep_text, write_sweep
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_FAULTS_OUT = pathlib.Path("out/faults")
 DEFAULT_SWEEP_OUT = pathlib.Path("out/sweep")
-
-
-class UsageError(Exception):
-    """A bad argument; exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the perturbations in N processes (each repeats the clean pass; catalogued only)",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-case progress lines")
+    parser.add_argument(
+        "--results",
+        type=pathlib.Path,
+        default=None,
+        metavar="FILE",
+        help="also write the Markdown with its date, commit and machine (make faults / make sweep: docs/results/)",
+    )
     return parser
 
 
@@ -140,6 +146,11 @@ def print_catalogue(perturbations: Sequence[Perturbation]) -> None:
             print(f"    cannot be caught in {dtype_slice}: {why}")
 
 
+def _command() -> str:
+    """The command line, as the results files name it."""
+    return "python -m harness faults " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["faults"] else sys.argv[1:])
+
+
 def _metadata(policy, cases, started, wall, jobs, impls) -> dict:
     metadata = run_metadata()
     metadata.update(
@@ -166,8 +177,10 @@ def run_kill_matrix(
     jobs: int = 1,
     policy_path=None,
     use_compilation_cache=True,
+    results: pathlib.Path | None = None,
 ) -> int:
-    """Clean pass, one pass per perturbation (in `jobs` processes), reports; returns the exit code."""
+    """Clean pass, one pass per perturbation (in `jobs` processes), reports; returns the exit
+    code. results: also write the Markdown there, with its provenance (`reports.results`)."""
     started = datetime.datetime.now(datetime.UTC)
     wall = time.perf_counter()
     impls = kill_matrix.implementations(impl_specs)
@@ -183,7 +196,10 @@ def run_kill_matrix(
         )
     else:
         matrix = kill_matrix.run_in_process(perturbations, cases, policy, impls, quiet=quiet)
-    paths = write_kill_matrix(matrix, out, _metadata(policy, cases, started, wall, jobs, impls))
+    metadata = _metadata(policy, cases, started, wall, jobs, impls)
+    paths = write_kill_matrix(matrix, out, metadata)
+    if results is not None:
+        paths["results"] = write_results(results, paths["markdown"].read_text(encoding="utf-8"), _command(), metadata)
     print()
     print(kill_matrix_text(matrix))
     print()
@@ -202,13 +218,21 @@ def run_kill_matrix(
     return EXIT_OK if matrix.ok else EXIT_FAILED
 
 
-def run_sweep(cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), quiet=False) -> int:
-    """The false-positive sweep; returns the exit code (1 if any row fails or errors)."""
+def run_sweep(
+    cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), quiet=False, results: pathlib.Path | None = None
+) -> int:
+    """The false-positive sweep; returns the exit code (1 if any row fails or errors).
+    results: also write its Markdown there, with its provenance (`reports.results`)."""
     start = time.perf_counter()
     impls = tuple(BUILTIN.values()) + tuple(load_external(s) for s in impl_specs)
     rows = run_sweep_rows(cases, seeds, policy, impls, quiet=quiet)
     table = headroom_table(rows)
     paths = write_sweep(table, rows, seeds, cases, out, time.perf_counter() - start)
+    if results is not None:
+        markdown = paths["markdown"].read_text(encoding="utf-8")
+        paths["results"] = write_results(
+            results, markdown, _command(), {**run_metadata(cases), "policy_hash": policy.digest}
+        )
     failing = int(table["failing"].sum()) if len(table) else 0
     print(sweep_text(table))
     print(
@@ -220,7 +244,8 @@ def run_sweep(cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), qu
             f"  {row['verdict']}  {row['case']}  {row['candidate']} {row['comparison']}  {row['leaf']}  "
             f"{str(row['reason'])[:120]}"
         )
-    del paths
+    for fmt, path in paths.items():
+        print(f"{fmt:>14}: {path}")
     return EXIT_FAILED if failing else EXIT_OK
 
 
@@ -265,6 +290,11 @@ def main(
         except (PolicyError, ImplementationError, OSError) as exc:
             raise UsageError(str(exc)) from exc
         cases = select_cases(args.suite, args.cases, args.dtype)
+        if args.results is not None:
+            try:
+                writable_file(args.results)
+            except OutputPathError as exc:
+                raise UsageError(f"--results: {exc}") from exc
     except (UsageError, UnknownPerturbationError, SeamError) as exc:
         print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -276,7 +306,13 @@ def main(
             return EXIT_USAGE
     if args.seeds is not None:
         return run_sweep(
-            cases, args.seeds, policy, args.out or DEFAULT_SWEEP_OUT, impl_specs=args.impl, quiet=args.quiet
+            cases,
+            args.seeds,
+            policy,
+            args.out or DEFAULT_SWEEP_OUT,
+            impl_specs=args.impl,
+            quiet=args.quiet,
+            results=args.results,
         )
     return run_kill_matrix(
         chosen,
@@ -288,4 +324,5 @@ def main(
         jobs=args.jobs,
         policy_path=args.policy,
         use_compilation_cache=use_compilation_cache,
+        results=args.results,
     )

@@ -191,6 +191,61 @@ def parse_header(line: str) -> dict[str, str] | None:
     return fields
 
 
+# Header keys that describe the body rather than how it was made: a row change shows in the rows.
+BODY_KEYS = (ROWS_KEY, DIGEST_KEY)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineDiff:
+    """What a new baseline text changes against an old one, row by row (row identity:
+    case, candidate, partner, leaf), as cells the files hold (4 significant digits)."""
+
+    added: tuple[tuple[str, ...], ...]
+    removed: tuple[tuple[str, ...], ...]
+    # (row key, ((column, old cell, new cell), ...)) for each row whose cells changed
+    changed: tuple[tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]], ...]
+    # (header key, old value, new value) for each header field that changed, less the body's record
+    header: tuple[tuple[str, str, str], ...]
+    rows: int  # in the new text
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.header)
+
+
+def _rows_by_key(text: str) -> dict[tuple[str, ...], dict[str, str]]:
+    body = text.split("\n", 1)[1] if "\n" in text else ""
+    return {tuple(row[c] for c in IDENTITY_COLUMNS): row for row in csv.DictReader(io.StringIO(body))}
+
+
+def diff_baselines(old_text: str, new_text: str) -> BaselineDiff:
+    """The rows `new_text` adds, removes and changes against `old_text` (two baseline
+    files' texts; a column only one of them has compares as an empty cell), and the header
+    fields it changes (the row count and body digest aside)."""
+    old, new = _rows_by_key(old_text), _rows_by_key(new_text)
+    changed = []
+    for key in sorted(old.keys() & new.keys()):
+        columns = [c for c in BASELINE_COLUMNS if c not in IDENTITY_COLUMNS]
+        cells = tuple((c, old[key].get(c) or "", new[key].get(c) or "") for c in columns)
+        moved = tuple(cell for cell in cells if cell[1] != cell[2])
+        if moved:
+            changed.append((key, moved))
+    old_header = parse_header(old_text.split("\n", 1)[0]) or {}
+    new_header = parse_header(new_text.split("\n", 1)[0]) or {}
+    header = tuple(
+        (k, old_header.get(k, ""), new_header.get(k, ""))
+        for k in dict.fromkeys([*old_header, *new_header])
+        if k not in BODY_KEYS and old_header.get(k, "") != new_header.get(k, "")
+    )
+    return BaselineDiff(
+        added=tuple(sorted(new.keys() - old.keys())),
+        removed=tuple(sorted(old.keys() - new.keys())),
+        changed=tuple(changed),
+        header=header,
+        rows=len(new),
+    )
+
+
 def read_first_line(path: Path) -> str:
     """The first line of a text file without its line ending ("" for an empty file)."""
     try:

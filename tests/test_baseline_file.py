@@ -9,7 +9,10 @@ from harness.judging.policy import load_policy
 from records.rows import ReportInputError
 from reports import load_baseline
 
-BASELINE = pathlib.Path(__file__).resolve().parent.parent / "baselines" / "default.csv"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "baselines" / "default.csv"
+# The example repository's baseline (examples/external_kernel: parity_suite = "smoke").
+EXAMPLE_BASELINE = ROOT / "examples" / "external_kernel" / "baselines" / "my_mhc.csv"
 
 
 def test_committed_baseline_was_made_under_the_current_policy():
@@ -24,6 +27,18 @@ def test_committed_baseline_covers_the_default_suite_and_passes():
     frame = load_baseline(BASELINE).frame
     assert set(frame["case"]) == {case.name for case in registry.default_registry().select(suite="default")}
     assert set(frame["verdict"]) <= {"pass", "skip", "unsupported"}
+
+
+def test_the_example_baseline_is_my_mhcs_over_its_suite_under_the_current_policy():
+    """A tolerance change must also refresh it (`pytest --parity-update-baseline` in the example)."""
+    baseline = load_baseline(EXAMPLE_BASELINE)
+    assert baseline.policy_hash == load_policy().digest, (
+        "tolerances.toml changed since examples/external_kernel/baselines/my_mhc.csv was written: "
+        "run `pytest --parity-update-baseline` in a copy of the example and commit its baseline"
+    )
+    assert baseline.implementation == "my_mhc"
+    assert set(baseline.frame["case"]) == {case.name for case in registry.default_registry().select(suite="smoke")}
+    assert set(baseline.frame["verdict"]) == {"pass"}
 
 
 def _edited_baseline(tmp_path, edit) -> pathlib.Path:

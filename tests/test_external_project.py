@@ -1,5 +1,8 @@
 """examples/external_kernel as a user's repository: copied to a temporary folder outside
-the checkout and tested there with pytest, using only the documented lines.
+the checkout and tested there with pytest, using only the documented lines: it passes as
+shipped (gated on its committed baseline), and the baseline loop works there (a missing
+baseline is one usage error naming the command that writes it, `--parity-update-baseline`
+writes it, a regression fails its test naming the leaf, the growth and the bound).
 
 mhc-parity is installed in this project's venv (`make setup`: pip install -e, so its
 packages resolve through the installed distribution, not through the checkout being on
@@ -13,6 +16,8 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,15 +44,30 @@ class ScaledOutput(EinsumResidualMix):
 def factory():
     return ScaledOutput()
 """
+# The same change by 1 + 3 * 2**-22: inside the float32 policy's bounds vs the oracle, but
+# about 3x the error of the baseline's rows on several leaves (above its noise floor).
+DRIFTED_MODULE = BROKEN_MODULE.replace("(1 + 2.0**-12)", "(1 + 3 * 2.0**-22)")
+MISSING = "mhc-parity: baseline baselines/my_mhc.csv does not exist; create it with: pytest --parity-update-baseline"
+
+
+def _copy(folder: pathlib.Path) -> pathlib.Path:
+    """The example as a user's repository in `folder`, with the broken and drifted kernels beside its own."""
+    shutil.copytree(EXAMPLE, folder)
+    assert ROOT not in folder.resolve().parents
+    (folder / "my_mhc" / "broken.py").write_text(BROKEN_MODULE)
+    (folder / "my_mhc" / "drifted.py").write_text(DRIFTED_MODULE)
+    return folder
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> pathlib.Path:
-    folder = tmp_path_factory.mktemp("user-repo") / "my-mhc"
-    shutil.copytree(EXAMPLE, folder)
-    assert ROOT not in folder.resolve().parents
-    (folder / "my_mhc" / "broken.py").write_text(BROKEN_MODULE)
-    return folder
+    """The example as shipped (tests that change its files use `fresh_project`)."""
+    return _copy(tmp_path_factory.mktemp("user-repo") / "my-mhc")
+
+
+@pytest.fixture
+def fresh_project(tmp_path) -> pathlib.Path:
+    return _copy(tmp_path / "my-mhc")
 
 
 def _env() -> dict:
@@ -57,11 +77,35 @@ def _env() -> dict:
     return env
 
 
-def _pytest(project: pathlib.Path, *args: str, select: bool = True) -> subprocess.CompletedProcess:
-    """pytest in the project, on the parity tests of CASES (all tests without `select`)."""
+def _pytest(project: pathlib.Path, *args: str, select: bool = True, command=("pytest",)) -> subprocess.CompletedProcess:
+    """pytest in the project, on the parity tests of CASES (all tests without `select`);
+    `command`: the words a message gave, "pytest" first, run with this interpreter."""
     selection = ["-k", " or ".join(CASES)] if select else []
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *selection, *args]
-    return subprocess.run(command, cwd=project, env=_env(), capture_output=True, text=True, timeout=900)
+    words = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *command[1:], *selection, *args]
+    return subprocess.run(words, cwd=project, env=_env(), capture_output=True, text=True, timeout=900)
+
+
+def _output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def _verdict(proc: subprocess.CompletedProcess) -> str:
+    """pytest's last summary line; it must agree with the exit status (never "passed" alone with a failure)."""
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    failed = "failed" in last or "error" in last
+    if proc.returncode == pytest.ExitCode.OK:
+        assert " passed" in last and not failed, _output(proc)
+    elif proc.returncode == pytest.ExitCode.USAGE_ERROR:
+        assert " passed" not in proc.stdout, _output(proc)
+    else:
+        assert failed, _output(proc)
+    return last
+
+
+def _failures(proc: subprocess.CompletedProcess) -> str:
+    """pytest's FAILURES section: the tests' own messages, before the plugin's summary section."""
+    return proc.stdout.partition(" FAILURES ===")[2].partition(" mhc-parity ===")[0]
 
 
 def test_the_copy_sees_the_installed_package_not_the_checkout(project):
@@ -94,43 +138,98 @@ def test_without_an_implementation_the_plugin_is_off(project):
     assert "1 skipped" in proc.stdout and "no implementation to check" in proc.stdout
 
 
-@pytest.mark.slow
-def test_the_baseline_loop_in_a_user_repository(project):
-    report = project / "out" / "parity"
-    # First run: no baseline yet; two cases on two xdist workers; the controller writes the reports.
-    first = _pytest(
-        project, "-n", "2", "--dist", "loadscope", "-o", "parity_baseline=", "--parity-report", "out/parity"
+def test_the_example_passes_as_shipped_gated_on_its_committed_baseline(project):
+    proc = _pytest(project)
+    assert proc.returncode == 0, _output(proc)
+    assert "4 passed" in _verdict(proc)  # 2 cases x (vs_oracle, vs_reference)
+    gated = "mhc-parity: gate against baselines/my_mhc.csv: 4 tests gated, 72 rows matched, 0 failing findings"
+    assert gated in proc.stdout
+    assert "error" not in proc.stdout + proc.stderr
+
+
+def test_without_its_baseline_pytest_stops_with_one_line_naming_the_command(fresh_project):
+    (fresh_project / "baselines" / "my_mhc.csv").unlink()
+    proc = _pytest(fresh_project)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, _output(proc)
+    _verdict(proc)
+    assert proc.stderr.strip() == f"ERROR: {MISSING}"
+    # The command carries the parity options and ini overrides the run was given.
+    elsewhere = _pytest(fresh_project, "--parity-baseline", "mine/b.csv", "-o", "parity_dtype=f32")
+    assert elsewhere.returncode == pytest.ExitCode.USAGE_ERROR, _output(elsewhere)
+    assert elsewhere.stderr.strip() == (
+        "ERROR: mhc-parity: baseline mine/b.csv does not exist; create it with: "
+        "pytest --parity-baseline mine/b.csv -o parity_dtype=f32 --parity-update-baseline"
     )
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    assert "4 passed" in first.stdout  # 2 cases x (vs_oracle, vs_reference)
-    run = load_run(report)
-    assert set(run.frame["case"]) == set(CASES)
-    assert {"my_mhc/unsharded", "reference/unsharded"} == set(run.frame["candidate"])
+
+
+def _command_of(proc: subprocess.CompletedProcess) -> list[str]:
+    """The command a missing-baseline message names."""
+    return shlex.split(proc.stderr.strip().partition("create it with: ")[2])
+
+
+@pytest.mark.slow
+def test_the_baseline_loop_in_a_user_repository(fresh_project):
+    project, baseline = fresh_project, fresh_project / "baselines" / "my_mhc.csv"
+    baseline.unlink()
+    missing = _pytest(project)
+    assert missing.returncode == pytest.ExitCode.USAGE_ERROR and MISSING in missing.stderr, _output(missing)
+
+    # The command it names writes the baseline: here on two xdist workers, written once by
+    # the controller from both workers' rows, with the run folder beside it.
+    report = project / "out" / "parity"
+    made = _pytest(
+        project, "-n", "2", "--dist", "loadscope", "--parity-report", "out/parity", command=_command_of(missing)
+    )
+    assert made.returncode == 0, _output(made)
+    assert "4 passed" in _verdict(made)
+    created = "mhc-parity: created baseline baselines/my_mhc.csv: 72 rows of implementation 'my_mhc' in 2 cases"
+    assert created in made.stdout
+    written = load_baseline(baseline)
+    assert written.implementation == "my_mhc" and set(written.frame["case"]) == set(CASES)
+    assert set(load_run(report).frame["case"]) == set(CASES)
     assert all((report / name).is_file() for name in ("report.html", "rows.csv", "summary.md", "manifest.json"))
 
-    # Review, then commit the implementation's baseline (keyed by its name).
-    made = subprocess.run(
-        [sys.executable, "-m", "harness", "baseline", "--from", "out/parity", "--impl", "my_mhc"],
-        cwd=project,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert made.returncode == 0, made.stderr
-    assert load_baseline(project / "baselines" / "my_mhc.csv").implementation == "my_mhc"
-
-    # Every later run is gated on the committed baseline (the pyproject's parity_baseline).
+    # Every later run is gated on it (the pyproject's parity_baseline); an update without a change says so.
     gated = _pytest(project)
-    assert gated.returncode == 0, gated.stdout[-4000:] + gated.stderr[-2000:]
-    assert "gate PASS" in gated.stdout
+    assert gated.returncode == 0, _output(gated)
+    assert "4 passed" in _verdict(gated) and "4 tests gated, 72 rows matched, 0 failing findings" in gated.stdout
+    again = _pytest(project, "--parity-update-baseline", "-k", CASES[1], select=False)
+    assert again.returncode == 0, _output(again)
+    assert "mhc-parity: baseline baselines/my_mhc.csv is up to date (72 rows" in again.stdout
+    assert "kept the rows of 1 case this session did not run" in again.stdout
 
-    # A broken change of the kernel (same name): failing tests print the leaf table, and the gate fails.
+    # A broken change of the kernel (same name): every test fails, its message the failing
+    # rows' table and the gate's findings: the leaf, its growth and the allowed growth.
     broken = _pytest(project, "--parity-impl", "my_mhc.broken:factory")
-    assert broken.returncode == 1, broken.stdout[-4000:]
-    assert "rows of lite-n4-c128-b2s64-f32-w32-identity-default::vs_oracle failed" in broken.stdout
-    assert "verdict" in broken.stdout and "my_mhc/unsharded vs oracle" in broken.stdout
-    assert "gate FAIL" in broken.stdout and "regression" in broken.stdout
+    assert broken.returncode == pytest.ExitCode.TESTS_FAILED, _output(broken)
+    assert "4 failed" in _verdict(broken)
+    failures = _failures(broken)
+    assert "rows of lite-n4-c128-b2s64-f32-w32-identity-default::vs_oracle failed" in failures
+    assert "lite-n4-c128-b2s64-f32-w32-identity-default::vs_oracle: gate FAIL against baselines/my_mhc.csv" in failures
+    finding = r"regression +out +my_mhc/unsharded +oracle +max \S+ -> \S+ \(x[0-9.e+]+\); rms .* > allowed x2"
+    assert re.search(finding, failures), failures[-3000:]
+
+    # Refreshing the baseline from it names what changed, warns, and its tests still fail.
+    refreshed = _pytest(project, "--parity-impl", "my_mhc.broken:factory", "--parity-update-baseline")
+    assert refreshed.returncode == pytest.ExitCode.TESTS_FAILED, _output(refreshed)
+    assert "4 failed" in _verdict(refreshed)
+    updated = r"mhc-parity: updated baseline baselines/my_mhc.csv: 0 rows added, 0 removed, \d+ changed"
+    assert re.search(updated, refreshed.stdout)
+    assert re.search(r"changed: \S+::\S+ \(my_mhc/unsharded vs oracle\): verdict pass -> fail", refreshed.stdout)
+    assert re.search(r"mhc-parity: warning: \d+ rows are fail/error; the gate fails on them", refreshed.stdout)
+
+
+@pytest.mark.slow
+def test_a_drift_inside_the_policy_fails_its_test_naming_leaf_growth_and_bound(project):
+    """Rows that pass the policy but grew past the gate's factor: the test fails (it did not before)."""
+    proc = _pytest(project, "--parity-impl", "my_mhc.drifted:factory", "-k", f"{CASES[0]} and vs_oracle", select=False)
+    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, _output(proc)
+    assert "1 failed" in _verdict(proc)
+    failures = _failures(proc)
+    assert "rows of" not in failures  # every row is inside the policy's bounds
+    headline = rf"{CASES[0]}::vs_oracle: gate FAIL against baselines/my_mhc.csv: "
+    assert re.search(headline + r"leaf \S+ \(my_mhc/unsharded vs oracle\) grew x[0-9.]+ > allowed x2", failures)
+    assert re.search(r"regression +out +my_mhc/unsharded +oracle +max .* > allowed x2", failures), failures
 
 
 def test_the_options_select_the_suite_and_dtype_with_case_and_comparison_ids(project):

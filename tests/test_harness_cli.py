@@ -162,11 +162,11 @@ def test_resume_refuses_a_stream_that_is_not_rows(tmp_path):
 def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp_path, capsys, monkeypatch):
     """The backstop behind the up-front coverage check: judging a leaf without a rule
     stops the run with exit 2 and an interrupted manifest, never a traceback or exit 1."""
-    import harness.commands.run
+    import harness.engine.selection
     from records.manifest import read_manifest
     from tests.cli_support import REFERENCE_ONLY_CASE
 
-    monkeypatch.setattr(harness.commands.run, "uncovered_judgements", lambda policy, cases, plan: [])
+    monkeypatch.setattr(harness.engine.selection, "uncovered_judgements", lambda policy, cases, plan: [])
     policy = tmp_path / "policy.toml"
     policy.write_text(
         'version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'

@@ -1,13 +1,14 @@
 """Rows and run folders: the row schema, the files of a run, the reports and the PR gate.
 
-The layer under `harness`: plain Python and pandas, no
-JAX and nothing of `mhc`, `cases` or `harness` (tests/test_import_graph.py holds that).
+The layer under `harness`: plain Python and pandas (matplotlib draws the HTML report's
+plots), no JAX and nothing of `mhc`, `cases` or `harness` (tests/test_import_graph.py holds that).
 It owns every file a run writes, so whatever writes or reads one agrees on its format:
 
     schema      the row columns, verdicts, comparison and leaf kinds
     manifest    manifest.json: what a run asked, selected and whether it finished
     store       rows.jsonl while a run is in progress (resumable)
-    writers     rows.csv, report.json, report.html (html: heatmaps, histograms), summary.md (markdown)
+    writers     rows.csv, report.json, report.html (html: heatmaps, and histograms and bound_plots,
+                drawn by plots), summary.md (markdown)
     baseline    the committed baseline CSV
     sources     a finished run from a folder or file, refused unless a manifest vouches
     gate        a current run against a baseline (drift: the growth rule)

@@ -1,24 +1,27 @@
-"""max_rel_err histograms per leaf kind, one figure per dtype, drawn as inline SVG.
+"""max_rel_err histograms per leaf kind, one figure per dtype, drawn with matplotlib as inline SVG.
 
 `histogram(frame, dtype)` bins the measured rows of one dtype (log-spaced bins, four per
 decade, over the decades the positive errors span) per leaf kind and comparison;
-`histogram_svg` draws it: one panel per leaf kind, bars stacked by comparison in a
-colour that is the same in every panel, a log x axis with a tick per decade, and the
-exact count of every bar on hover. Exact zeros and NaN/inf cannot sit on a log axis:
-each panel's title counts them. Plain text, no plotting library (the HTML report stays
-one file and draws in a few milliseconds).
+`histogram_svg` draws it (`reports.plots`): one panel per leaf kind, bars stacked by
+comparison in a colour that is the same in every panel and figure, a shared log x axis
+with a tick per decade, count ticks, and a legend of the comparisons. Exact zeros and
+NaN/inf cannot sit on a log axis: each panel's title counts them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from html import escape
 
 import numpy as np
 import pandas as pd
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from records.schema import COMPARISONS, LEAF_KINDS
+from reports.plots import decade_label, inline_svg
 from reports.summary import UNMEASURED_VERDICTS
 
 HISTOGRAM_DTYPES = ("bfloat16", "float32")
@@ -26,11 +29,9 @@ BINS_PER_DECADE = 4
 # One colour per comparison, fixed, so a comparison looks the same in every panel and figure.
 COMPARISON_COLOURS = dict(zip(COMPARISONS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))
 PANEL_COLUMNS = 3
-# Panel geometry in SVG pixels: the plot area and the margins around it (title above;
-# tick labels and the axis label below; count labels left).
-_WIDTH, _HEIGHT = 340, 190
-_LEFT, _RIGHT, _TOP, _BOTTOM = 42, 12, 26, 38
-_LEGEND_HEIGHT = 22
+# Figure geometry in inches: one panel with its title and tick labels, the legend row above the panels.
+PANEL_WIDTH, PANEL_HEIGHT = 3.6, 2.0
+LEGEND_HEIGHT = 0.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,89 +103,68 @@ def histograms(frame: pd.DataFrame) -> dict[str, Histogram | None]:
     return {dtype: histogram(frame, dtype) for dtype in HISTOGRAM_DTYPES}
 
 
-def _number(value: float) -> str:
-    """A coordinate: two decimals, no trailing zeros (keeps the SVG small and stable)."""
-    return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def _count_ticks(top: int) -> list[int]:
-    """Up to five round counts from 0 to at least `top`."""
-    step = max(1, math.ceil(top / 4))
-    magnitude = 10 ** math.floor(math.log10(step))
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= step)
-    return list(range(0, top + step, step)) if top else [0, 1]
-
-
-def _panel_svg(histogram: Histogram, panel: Panel, x0: float, y0: float) -> list[str]:
-    low, high = histogram.decades
-    plot_width, plot_height = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
-    left, bottom = x0 + _LEFT, y0 + _HEIGHT - _BOTTOM
-
-    def x_of(value: float) -> float:
-        return left + plot_width * (math.log10(value) - low) / (high - low)
-
-    totals = [sum(panel.counts[c][i] for c in histogram.comparisons) for i in range(len(histogram.edges) - 1)]
-    ticks = _count_ticks(max(totals))
-    y_scale = plot_height / ticks[-1]
-    title = f"{panel.kind} (n={panel.rows}, zeros={panel.zeros}, nan/inf={panel.nonfinite})"
-    parts = [f'<text class="title" x="{_number(x0 + _WIDTH / 2)}" y="{_number(y0 + 14)}">{escape(title)}</text>']
-    for count in ticks:
-        y = bottom - count * y_scale
-        parts.append(
-            f'<line class="grid" x1="{_number(left)}" x2="{_number(left + plot_width)}" '
-            f'y1="{_number(y)}" y2="{_number(y)}"/>'
-        )
-        parts.append(f'<text class="count" x="{_number(left - 4)}" y="{_number(y + 3)}">{count}</text>')
-    for decade in range(low, high + 1):
-        x = x_of(10.0**decade)
-        parts.append(
-            f'<line class="axis" x1="{_number(x)}" x2="{_number(x)}" y1="{_number(bottom)}" '
-            f'y2="{_number(bottom + 4)}"/>'
-        )
-        parts.append(f'<text class="decade" x="{_number(x)}" y="{_number(bottom + 15)}">1e{decade}</text>')
-    parts.append(
-        f'<text class="label" x="{_number(left + plot_width / 2)}" y="{_number(bottom + 30)}">max_rel_err</text>'
-    )
-    for i, (start, stop) in enumerate(zip(histogram.edges, histogram.edges[1:])):
-        stacked = 0
-        for comparison in histogram.comparisons:
-            count = panel.counts[comparison][i]
-            if not count:
-                continue
-            x, width = x_of(start), x_of(stop) - x_of(start)
-            y_top = bottom - (stacked + count) * y_scale
-            parts.append(
-                f'<rect x="{_number(x)}" y="{_number(y_top)}" width="{_number(width)}" '
-                f'height="{_number(count * y_scale)}" fill="{COMPARISON_COLOURS[comparison]}">'
-                f"<title>{escape(comparison)}: {count} rows with max_rel_err in "
-                f"[{start:.3g}, {stop:.3g})</title></rect>"
-            )
-            stacked += count
-    parts.append(
-        f'<line class="axis" x1="{_number(left)}" x2="{_number(left + plot_width)}" '
-        f'y1="{_number(bottom)}" y2="{_number(bottom)}"/>'
-    )
-    return parts
-
-
 def histogram_svg(histogram: Histogram) -> str:
-    """The figure as one `<svg>` element for an HTML page (HTML puts it in the SVG namespace:
-    no xmlns, so the page names no URL): a legend row, then the panels in rows of
-    `PANEL_COLUMNS`."""
+    """The figure as one inline `<svg>` element (`reports.plots.inline_svg`): a panel per
+    leaf kind in rows of `PANEL_COLUMNS`, sharing one log x axis, and a legend of the
+    comparisons above them."""
     columns = min(PANEL_COLUMNS, len(histogram.panels))
     grid_rows = math.ceil(len(histogram.panels) / columns)
-    width, height = columns * _WIDTH, _LEGEND_HEIGHT + grid_rows * _HEIGHT
-    parts = [
-        f'<svg class="histogram" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="histogram of max_rel_err per leaf kind for {escape(histogram.dtype)}">'
-    ]
-    for index, comparison in enumerate(histogram.comparisons):
-        x = 12 + index * 120
-        parts.append(f'<rect x="{x}" y="6" width="12" height="10" fill="{COMPARISON_COLOURS[comparison]}"/>')
-        parts.append(f'<text class="legend" x="{x + 16}" y="15">{escape(comparison)}</text>')
-    for index, panel in enumerate(histogram.panels):
-        row, column = divmod(index, columns)
-        parts.extend(_panel_svg(histogram, panel, column * _WIDTH, _LEGEND_HEIGHT + row * _HEIGHT))
-    parts.append("</svg>")
-    return "".join(parts)
+    width, height = columns * PANEL_WIDTH, grid_rows * PANEL_HEIGHT + LEGEND_HEIGHT
+    edges = np.asarray(histogram.edges)
+
+    def draw(figure: Figure) -> None:
+        grid = figure.subplots(grid_rows, columns, sharex=True, squeeze=False)
+        for index, axes in enumerate(grid.flat):
+            if index >= len(histogram.panels):
+                axes.remove()
+                continue
+            panel = histogram.panels[index]
+            stacked = np.zeros(len(edges) - 1)
+            for comparison in histogram.comparisons:
+                counts = np.asarray(panel.counts[comparison])
+                bars = [  # each comparison's bars sit on the ones drawn before
+                    ((start, low), (start, low + n), (stop, low + n), (stop, low))
+                    for start, stop, low, n in zip(edges[:-1], edges[1:], stacked, counts)
+                    if n
+                ]
+                # the limits are set below: no autoscaling pass over the bars' vertices
+                axes.add_collection(PolyCollection(bars, color=COMPARISON_COLOURS[comparison]), autolim=False)
+                stacked = stacked + counts
+            axes.set_xscale("log")
+            axes.set_xlim(edges[0], edges[-1])
+            axes.set_ylim(0, max(1.0, stacked.max()) * 1.08)
+            axes.minorticks_off()  # a tick per decade: each minor tick would be one more artist to lay out and draw
+            axes.xaxis.set_major_formatter(FuncFormatter(decade_label))
+            axes.xaxis.set_major_locator(LogLocator(numticks=9))  # every decade, or every other past eight
+            axes.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+            axes.set_title(f"{panel.kind} (n={panel.rows}, zeros={panel.zeros}, nan/inf={panel.nonfinite})")
+            axes.grid(axis="y", color="#e6e6e6", linewidth=0.6)
+            axes.set_axisbelow(True)
+            if index % columns == 0:
+                axes.set_ylabel("rows")
+            if index + columns >= len(histogram.panels):  # the lowest panel of its column
+                axes.set_xlabel("max_rel_err")
+                axes.xaxis.set_tick_params(labelbottom=True)
+        binned = [c for c in histogram.comparisons if any(sum(p.counts[c]) for p in histogram.panels)]
+        figure.legend(
+            handles=[Patch(color=COMPARISON_COLOURS[c], label=c) for c in binned],
+            loc="upper center",
+            ncols=max(1, len(binned)),
+        )
+        # Margins in inches: the count labels left, the decades and the x label below, each
+        # panel's title above, the legend over the first row.
+        figure.subplots_adjust(
+            left=0.55 / width,
+            right=1 - 0.15 / width,
+            bottom=0.45 / height,
+            top=1 - (LEGEND_HEIGHT + 0.2) / height,
+            hspace=0.75,
+            wspace=0.28,
+        )
+
+    return inline_svg(
+        draw,
+        (width, height),
+        prefix=f"histogram-{histogram.dtype}",
+        label=f"histograms of max_rel_err per leaf kind for {histogram.dtype}",
+    )

@@ -1,15 +1,18 @@
 """The self-contained HTML report.
 
-One file, readable offline: inline CSS, the histograms as inline SVG and the heatmaps as
-HTML tables, no images, scripts, fonts or other external resources. Every
-piece of text that comes from a row, a case, an error message or the metadata is passed
-through `esc` (HTML escaping including quotes) before it reaches the page; anchors are
-generated ids (`case-<n>-<slug>`), never raw case names.
+One file, readable offline: inline CSS, the plots drawn by matplotlib as inline SVG
+(`reports.plots`) and the heatmaps as HTML tables, no images, scripts, fonts or other
+external resources. Every piece of text that comes from a row, a case, an error message
+or the metadata is passed through `esc` (HTML escaping including quotes) before it
+reaches the page; anchors are generated ids (`case-<n>-<slug>`), never raw case names.
 
-Sections: summary banner, error-ratio heatmaps (one table per comparison kind; the value
-rule is documented in `reports.heatmaps`), max_rel_err histograms per leaf kind for
-bfloat16 and float32, the worst-offenders table linking to per-case detail, drift
-against a baseline (when one is given), per-case detail, and the environment.
+Sections: summary banner, the failing and near-bound leaves (per case × candidate × partner
+pair with a failing row or one at `reports.bound_plots.NEAR_BOUND` or more of its bound, at
+most `MAX_BOUND_PANELS`: each leaf's error next to its bound, `reports.bound_plots`), sharpness,
+error-ratio heatmaps (one table per comparison kind; the value rule is documented in
+`reports.heatmaps`), max_rel_err histograms per leaf kind for bfloat16 and float32, the
+worst-offenders table linking to per-case detail, drift against a baseline (when one is
+given), per-case detail, and the environment.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import html
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,6 +29,7 @@ import pandas as pd
 
 from records.schema import VERDICTS
 from records.text import format_number
+from reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, BoundPanel, bound_panel_svg, bound_panels
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
 from reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg, histograms
@@ -76,13 +81,7 @@ td.reason { max-width: 40rem; overflow-wrap: anywhere; }
 .st-regression { color: #b3261e; font-weight: 700; }
 .st-improvement { color: #1e7b45; }
 figure { margin: 1rem 0; background: #fff; border: 1px solid #ddd; padding: .6rem; display: inline-block; }
-svg.histogram { max-width: 100%; height: auto; display: block; font-size: 10px; }
-svg.histogram text { fill: #333; }
-svg.histogram .title { text-anchor: middle; font-size: 11px; }
-svg.histogram .count { text-anchor: end; }
-svg.histogram .decade, svg.histogram .label { text-anchor: middle; }
-svg.histogram .grid { stroke: #eee; }
-svg.histogram .axis { stroke: #555; }
+svg.plot { max-width: 100%; height: auto; display: block; }
 table.heatmap { font-size: .7rem; }
 table.heatmap th.leaf { vertical-align: bottom; }
 table.heatmap th.leaf span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
@@ -146,13 +145,25 @@ def num(value: Any) -> str:
 def histogram_html(figure: Histogram) -> str:
     """One dtype's histogram (inline SVG) with its caption."""
     caption = (
-        f"max_rel_err of the measured rows of {figure.dtype} leaves, in log-spaced bins "
-        f"({BINS_PER_DECADE} per decade) stacked by comparison kind; hover a bar for its count. Exact "
-        "zeros and NaN/inf values cannot sit on a log axis: each panel's title counts them."
+        f"max_rel_err of the measured rows of {figure.dtype} leaves, one panel per leaf kind, in "
+        f"log-spaced bins ({BINS_PER_DECADE} per decade) stacked by comparison kind. Exact zeros and "
+        "NaN/inf values cannot sit on a log axis: each panel's title counts them."
     )
     return (
         f'<figure class="histogram" id="histogram-{esc(figure.dtype)}">{histogram_svg(figure)}'
         f"<figcaption><b>Error histogram — {esc(figure.dtype)}.</b> {esc(caption)}</figcaption></figure>"
+    )
+
+
+def bound_plot_html(panel: BoundPanel, index: int, anchors: dict[str, str]) -> str:
+    """One pair's leaves against their bounds (inline SVG) with a caption linking its case."""
+    usage = panel.worst_usage
+    tally = f"{panel.failing} of {len(panel.leaves)} leaves failing" if panel.failing else f"{len(panel.leaves)} leaves"
+    return (
+        f'<figure class="bound-plot" id="bound-plot-{index}">{bound_panel_svg(panel, index)}'
+        f'<figcaption><b><a href="#{anchors[panel.case]}">{esc(panel.case)}</a></b> · {esc(panel.candidate)} vs '
+        f"{esc(panel.partner)} ({esc(panel.comparison)}): {esc(tally)}; largest bound usage "
+        f"{fmt(usage)}.</figcaption></figure>"
     )
 
 
@@ -224,6 +235,34 @@ def sharpness_section(lines: Sequence[dict]) -> str:
     return "\n".join(parts)
 
 
+def bound_plot_section(panels: Sequence[BoundPanel], qualifying: int, anchors: dict[str, str]) -> str:
+    """The failing and near-bound pairs' plots: `panels` of the `qualifying` pairs (`bound_panels`)."""
+    parts = [
+        '<section id="bound-plots"><h2>Failing and near-bound leaves</h2>',
+        "<p>One plot per case × candidate × partner with a failing leaf or one at "
+        f"{esc(format_number(NEAR_BOUND))} or more of its bound (bound usage). Per leaf, log scale: the dot is "
+        "the candidate's error (<code>cand_oracle_max_err</code> against the float64 oracle; "
+        "<code>max_rel_err</code> against the unsharded run on vs_unsharded rows), red where the leaf fails, "
+        "orange where it passes near its bound; the bar is the error at which the leaf reaches its bound "
+        "(error ÷ bound usage: the gap between dot and bar is the usage); the cross is what the rounding model "
+        "explains (<code>oracle_sensitivity_max</code>); the diamond, the partner's own error against the "
+        "oracle. A non-finite error is a triangle on the top edge, an exact zero one on the bottom edge; failing "
+        "leaves' names are red. A row that errored has no numbers to draw: the worst offenders list it.</p>",
+    ]
+    if not panels:
+        parts.append(
+            f'<p class="empty">No leaf failed or used {esc(format_number(NEAR_BOUND))} or more of its bound.</p>'
+        )
+    elif qualifying > len(panels):
+        parts.append(
+            f"<p>The first {len(panels)} of {qualifying} pairs: failing pairs first, then by their largest bound "
+            f"usage (at most {MAX_BOUND_PANELS} are drawn; every row is in the per-case detail).</p>"
+        )
+    parts += [bound_plot_html(panel, index, anchors) for index, panel in enumerate(panels)]
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def heatmap_legend() -> str:
     """The colour scale of the heatmaps, as swatches from 10**-LOG_RANGE to 10**LOG_RANGE."""
     swatches = []
@@ -240,18 +279,21 @@ def heatmap_html(heatmap: Heatmap, anchors: dict[str, str]) -> str:
         f'<th class="leaf"><span>{esc(leaf)}</span></th>' for leaf in heatmap.leaves
     )
     body = []
+    # The tables' columns are the leaves, in order: read as arrays, not cell by cell.
+    values, verdicts = heatmap.values.to_numpy(dtype=float), heatmap.verdicts.to_numpy()
+    failing, fallbacks = heatmap.failing.to_numpy(dtype=bool), heatmap.fallback.to_numpy(dtype=bool)
     for position, (case, candidate) in enumerate(heatmap.rows):
         cells = [f'<td class="row"><a href="#{anchors[case]}">{esc(case)}</a> [{esc(candidate)}]</td>']
-        for leaf in heatmap.leaves:
-            value = float(heatmap.values.at[position, leaf])
-            verdict = str(heatmap.verdicts.at[position, leaf])
+        for column, leaf in enumerate(heatmap.leaves):
+            value = float(values[position, column])
+            verdict = str(verdicts[position, column])
             background, colour = cell_colour(value)
-            css = "hm failing" if heatmap.failing.at[position, leaf] else "hm"
+            css = "hm failing" if failing[position, column] else "hm"
             if math.isnan(value):  # no number: say why (its verdict)
                 text, css = VERDICT_ABBREVIATIONS.get(verdict, ""), css + " none"
                 measured = "no value"
             else:
-                fallback = bool(heatmap.fallback.at[position, leaf])
+                fallback = bool(fallbacks[position, column])
                 text = format_number(value, 2) + ("*" if fallback else "")
                 measured = ("bound_usage " if fallback else "oracle_ratio_max ") + format_number(value)
             title = f"{case} [{candidate}] · {leaf}: {measured} ({verdict or 'no row'})"
@@ -452,12 +494,15 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
     parts = ['<section id="cases"><h2>Per-case detail</h2>']
     if not len(frame):
         parts.append('<p class="empty">No cases.</p>')
+    by_case: dict[str, list[dict]] = {}
+    for record in frame.to_dict(orient="records"):  # one conversion for every case, in frame order
+        by_case.setdefault(record["case"], []).append(record)
     for case in sorted(anchors):
-        rows = frame[frame["case"] == case]
-        counts = rows["verdict"].value_counts()
-        tally = ", ".join(f"{int(counts[v])} {v}" for v in VERDICTS if v in counts)
-        failing = rows["verdict"].isin(FAILING_VERDICTS).any()
-        first = rows.iloc[0]
+        rows = by_case[case]
+        counts = Counter(r["verdict"] for r in rows)
+        tally = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+        failing = any(r["verdict"] in FAILING_VERDICTS for r in rows)
+        first = rows[0]
         body = [
             [
                 td(esc(r["candidate"])),
@@ -485,7 +530,7 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
                 td(esc(r["matmul_precision"])),
                 td(esc(r["devices"])),
             ]
-            for r in rows.to_dict(orient="records")
+            for r in rows
         ]
         parts.append(
             f'<section class="case" id="{esc(anchors[case])}"><h3>{esc(case)}</h3>'
@@ -576,8 +621,10 @@ def render_html(
     anchors = case_anchors(frame["case"])
     tables = heatmaps(frame) if len(frame) else {}
     figures = histograms(frame)
+    panels, qualifying = bound_panels(frame)
     nav_items = [
         ("summary", "Summary"),
+        ("bound-plots", "Failing and near-bound leaves"),
         ("sharpness", "Sharpness"),
         ("heatmaps", "Heatmaps"),
         ("histograms", "Histograms"),
@@ -591,6 +638,7 @@ def render_html(
     sections = [
         summary_section(summary, gate_result),
         nav,
+        bound_plot_section(panels, qualifying, anchors),
         sharpness_section(summary["sharpness"]),
         heatmap_section(tables, anchors),
         histogram_section(figures),

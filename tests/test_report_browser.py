@@ -4,8 +4,13 @@ Two loads of the same report: the page exactly as written (any console message �
 the page has no scripts, so a message means a failed load or a parse problem —
 fails the test), and a copy with a small probe script appended that records, after
 the load event, whether the summary, every heatmap table and the worst-offenders
-table are rendered with a non-zero size. Chromium's `--dump-dom` prints the DOM
-after the load event, so the probe's findings are read back from it.
+table are rendered with a non-zero size; which matplotlib figures are drawn (each
+histogram's and failing-leaves plot's SVG with its axes, tick marks and tick labels,
+every `<use>` and clip path resolving to an element of the page). The probed copy is
+served over HTTP on the loopback interface, so that whatever else the page asked for
+(an image, a font, a style sheet) would reach the server and the browser's resource
+timing: nothing does, it is one self-contained file. Chromium's `--dump-dom` prints
+the DOM after the load event, so the probe's findings are read back from it.
 
 Chromium is Debian's `chromium` package (`CHROMIUM` may point elsewhere). Without
 it the test is skipped locally, but fails when the `CI` environment variable is set.
@@ -13,16 +18,22 @@ it the test is skipped locally, but fails when the `CI` environment variable is 
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from reports import write_all
+from reports import to_frame, write_all
+from reports.bound_plots import bound_panels
+from reports.histograms import histograms
 from reports.samples import sample_rows
 
 pytestmark = pytest.mark.browser
@@ -52,7 +63,35 @@ window.addEventListener("load", function () {
     var box = element.getBoundingClientRect();
     return box.width > 0 && box.height > 0 && getComputedStyle(element).visibility !== "hidden";
   }
-  var heatmaps = Array.prototype.slice.call(document.querySelectorAll("#heatmaps figure.heatmap table"));
+  function all(root, selector) {
+    return Array.prototype.slice.call(root.querySelectorAll(selector));
+  }
+  function groups(svg, kind) {  // matplotlib's groups of one kind: ids "<figure prefix>-<kind>_<n>"
+    return all(svg, "g[id]").filter(function (g) { return new RegExp("-" + kind + "_[0-9]+$").test(g.id); });
+  }
+  function figure(element) {
+    var svg = element.querySelector("svg.plot");
+    if (!svg) return {id: element.id, shown: false, axes: 0, xticks: 0, yticks: 0, tickLabels: 0, resolved: false};
+    var resolved = all(element, "use").every(function (use) {
+      return document.getElementById((use.getAttribute("xlink:href") || use.getAttribute("href")).slice(1));
+    }) && all(element, "[clip-path]").every(function (clipped) {
+      return document.getElementById(clipped.getAttribute("clip-path").slice(5, -1));
+    });
+    var tickLabels = groups(svg, "xtick").concat(groups(svg, "ytick")).filter(function (tick) {
+      var text = tick.querySelector("text");
+      return text && text.textContent.trim() && text.getBBox().width > 0;
+    });
+    return {
+      id: element.id,
+      shown: shown(svg),
+      axes: groups(svg, "axes").length,
+      xticks: groups(svg, "xtick").length,
+      yticks: groups(svg, "ytick").length,
+      tickLabels: tickLabels.length,
+      resolved: resolved
+    };
+  }
+  var heatmaps = all(document, "#heatmaps figure.heatmap table");
   var offenders = document.querySelector("#worst-offenders-table");
   var result = {
     summary: shown(document.querySelector("#summary")),
@@ -64,6 +103,9 @@ window.addEventListener("load", function () {
     offenders: shown(offenders),
     offenderRows: offenders ? offenders.querySelectorAll("tbody tr").length : 0,
     firstOffenderCase: offenders ? offenders.querySelector("tbody tr a").textContent : "",
+    histograms: all(document, "#histograms figure.histogram").map(figure),
+    boundPlots: all(document, "#bound-plots figure.bound-plot").map(figure),
+    resources: performance.getEntriesByType("resource").map(function (entry) { return entry.name; }),
     scripts: document.scripts.length
   };
   var out = document.createElement("pre");
@@ -107,16 +149,58 @@ def report(tmp_path_factory) -> Path:
     return write_all(sample_rows(), metadata, folder, baseline=baseline)["html"]
 
 
-def load(chromium: str, page: Path, profile: Path) -> tuple[str, str]:
-    """(dumped DOM, stderr) of one headless load of `page`."""
+def load(chromium: str, page: Path | str, profile: Path) -> tuple[str, str]:
+    """(dumped DOM, stderr) of one headless load of `page` (a file, or a URL)."""
+    url = page if isinstance(page, str) else page.resolve().as_uri()
     completed = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()],
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     return completed.stdout, completed.stderr
+
+
+@contextlib.contextmanager
+def served(folder: Path) -> Iterator[tuple[str, list[str]]]:
+    """(base URL, the paths requested so far) of an HTTP server on 127.0.0.1 serving `folder`."""
+    requested: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self):
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):  # the requests are counted, not printed
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", requested
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def page_requests(requested: list[str]) -> list[str]:
+    """The requests a page made itself: the browser's own favicon request left out."""
+    return [path for path in requested if path != "/favicon.ico"]
+
+
+def probe_result(dom: str) -> dict:
+    """The probe's findings in a dumped DOM."""
+    match = re.search(r'<pre id="probe-result">(.*?)</pre>', dom, re.S)
+    assert match, "the probe did not run"
+    return json.loads(
+        match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    )
 
 
 def console_messages(stderr: str) -> list[str]:
@@ -131,22 +215,57 @@ def test_report_loads_without_console_messages(chromium, report, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # still text after the browser parsed it
 
 
-def test_summary_heatmaps_and_worst_offenders_are_rendered(chromium, report, tmp_path):
-    probed = tmp_path / "probed.html"
-    probed.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    dom, stderr = load(chromium, probed, tmp_path / "profile")
+@pytest.fixture(scope="module")
+def probed(chromium, report, tmp_path_factory) -> dict:
+    """What the probe found on the page, served over HTTP, and the paths the server was asked for ("requested")."""
+    folder = tmp_path_factory.mktemp("probed")
+    site = folder / "site"
+    site.mkdir()
+    page = site / "probed.html"
+    page.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    with served(site) as (url, requested):
+        dom, stderr = load(chromium, f"{url}/probed.html", folder / "profile")
     assert console_messages(stderr) == []
-    match = re.search(r'<pre id="probe-result">(.*?)</pre>', dom, re.S)
-    assert match, "the probe did not run"
-    result = json.loads(
-        match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-    )
+    return {**probe_result(dom), "requested": page_requests(requested)}
+
+
+def test_summary_heatmaps_and_worst_offenders_are_rendered(probed):
+    result = probed
     assert result["scripts"] == 1  # only the probe: the report itself has none, and the case name stayed text
     assert result["summary"] and "mHC parity: FAIL" in result["summaryText"]
     assert "error 1" in " ".join(result["summaryText"].split())
     assert result["heatmaps"] == 4 and result["heatmapsShown"] == 4
     assert result["offenders"] and result["offenderRows"] == 25
     assert result["firstOffenderCase"] == "<script>alert(1)</script>"
+
+
+def test_every_figure_is_drawn_with_axes_and_ticks_and_nothing_is_fetched(probed):
+    frame = to_frame(sample_rows())
+    expected = {f"histogram-{dtype}": len(h.panels) for dtype, h in histograms(frame).items() if h is not None}
+    assert {f["id"]: f["axes"] for f in probed["histograms"]} == expected  # a panel per leaf kind × dtype with data
+    panels, _ = bound_panels(frame)
+    assert [f["id"] for f in probed["boundPlots"]] == [f"bound-plot-{i}" for i in range(len(panels))]
+    assert panels and any(p.failing for p in panels)
+    for drawn, panel in zip(probed["boundPlots"], panels):
+        assert drawn["axes"] == 1 and drawn["xticks"] == len(panel.leaves)  # a tick per leaf
+    for drawn in probed["histograms"] + probed["boundPlots"]:
+        assert drawn["shown"] and drawn["resolved"], drawn
+        assert drawn["xticks"] >= drawn["axes"] and drawn["yticks"] >= 2 * drawn["axes"], drawn
+        assert drawn["tickLabels"] >= drawn["axes"] + 2, drawn  # labelled ticks, laid out with a width
+    assert probed["requested"] == ["/probed.html"]  # no image, font, style sheet or other request
+    assert probed["resources"] == []
+
+
+def test_request_detection_sees_a_fetched_image(chromium, tmp_path):
+    """A control: the same serving and probe see a page that loads an image."""
+    (tmp_path / "pixel.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>')
+    (tmp_path / "page.html").write_text(
+        '<!DOCTYPE html><html><body><img src="pixel.svg"><svg class="plot"></svg>' + PROBE + "</body></html>"
+    )
+    with served(tmp_path) as (url, requested):
+        dom, _ = load(chromium, f"{url}/page.html", tmp_path / "profile")
+    assert page_requests(requested) == ["/page.html", "/pixel.svg"]
+    assert probe_result(dom)["resources"] == [f"{url}/pixel.svg"]
 
 
 def test_console_detection_sees_errors(chromium, tmp_path):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -20,7 +22,17 @@ import pytest
 from harness.cli import main as cli_main
 from records.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
 from records.store import RowStore
-from reports import ReportInputError, load_rows, load_run, summarize, to_frame, write_all, write_baseline
+from reports import (
+    ReportInputError,
+    load_rows,
+    load_run,
+    render_html,
+    summarize,
+    to_frame,
+    write_all,
+    write_baseline,
+)
+from reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, bound_panels
 from reports.histograms import histogram, histogram_svg
 from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
 
@@ -48,13 +60,13 @@ class PageIndex(HTMLParser):
         self.ids: list[str] = []
         self.hrefs: list[str] = []
         self.images: list[tuple[str, str]] = []  # (src, id of the enclosing figure)
-        self.bars: dict[str, list[str]] = {}  # id of the enclosing figure -> the hover text of its SVG bars
+        self.svg_ids: dict[str, list[str]] = {}  # id of the enclosing figure -> the ids inside its SVG
         self.forbidden_tags: list[str] = []
         self.text: list[str] = []
         self.table_rows: dict[str, int] = {}
         self._figure = ""
         self._table = ""
-        self._bar: list[str] | None = None
+        self._svg_depth = 0
 
     def handle_starttag(self, tag, attrs):
         attributes = dict(attrs)
@@ -68,8 +80,10 @@ class PageIndex(HTMLParser):
             self._figure = attributes.get("id", "")
         if tag == "img":
             self.images.append((attributes.get("src", ""), self._figure))
-        if tag == "rect" and "height" in attributes:
-            self._bar = self.bars.setdefault(self._figure, [])
+        if tag == "svg" or self._svg_depth:
+            self._svg_depth += 1
+            if "id" in attributes:
+                self.svg_ids.setdefault(self._figure, []).append(attributes["id"])
         if tag == "table":
             self._table = attributes.get("id", "")
         if tag == "tr" and self._table:
@@ -78,13 +92,11 @@ class PageIndex(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "table":
             self._table = ""
-        if tag == "rect":
-            self._bar = None
+        if self._svg_depth:
+            self._svg_depth -= 1
 
     def handle_data(self, data):
         self.text.append(data)
-        if self._bar is not None:
-            self._bar.append(data)
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +245,14 @@ def test_sharpness_gives_the_bound_usage_of_passing_rows_per_comparison_and_dtyp
 def test_html_is_self_contained(page):
     text, index = page
     assert index.forbidden_tags == []
-    assert "http://" not in text and "https://" not in text
-    assert "@import" not in text and "url(" not in text
-    assert index.images == []  # the heatmaps are tables, the histograms inline SVG
+    assert "http://" not in text and "https://" not in text and "xmlns" not in text
+    assert "@import" not in text
+    references = re.findall(r"url\(([^)]*)\)|href=\"([^\"]*)\"", text)
+    targets = [url or href for url, href in references]
+    assert any(t.startswith("#case-") for t in targets) and any(t.startswith("#bound-plot-") for t in targets)
+    assert all(t.startswith("#") and t[1:] in index.ids for t in targets)  # every link and clip path is on the page
+    assert len(index.ids) == len(set(index.ids))  # each figure's SVG ids are its own
+    assert index.images == []  # the heatmaps are tables, the plots inline SVG
 
 
 def test_html_escapes_case_names_reasons_and_metadata(page):
@@ -276,11 +293,14 @@ def test_html_has_one_heatmap_per_comparison_and_histograms_per_dtype(page, rows
     for dtype in ("bfloat16", "float32"):
         figure = text.split(f'id="histogram-{dtype}"')[1].split("</figure>")[0]
         assert figure.count("<svg") == 1 and "Error histogram" in figure
-        # every measured row of the dtype with a positive finite error is in exactly one bar
+        # one matplotlib axes per leaf kind with measured rows of the dtype, each with its ticks
         measured = [r for r in rows if r["dtype"] == dtype and r["verdict"] not in ("skip", "unsupported")]
-        binned = sum(1 for r in measured if math.isfinite(r["max_rel_err"]) and r["max_rel_err"] > 0)
-        counts = [int(text.split(": ")[1].split(" rows")[0]) for text in index.bars[f"histogram-{dtype}"] if text]
-        assert binned and sum(counts) == binned
+        kinds = {r["leaf_kind"] for r in measured}
+        svg_ids = index.svg_ids[f"histogram-{dtype}"]
+        assert len([i for i in svg_ids if re.fullmatch(rf"histogram-{dtype}-axes_\d+", i)]) == len(kinds)
+        assert len([i for i in svg_ids if re.fullmatch(rf"histogram-{dtype}-xtick_\d+", i)]) >= len(kinds)
+        assert len([i for i in svg_ids if re.fullmatch(rf"histogram-{dtype}-ytick_\d+", i)]) >= 2 * len(kinds)
+        assert all(f"{kind} (n=" in figure for kind in kinds) and "max_rel_err" in figure
 
 
 def test_histogram_bins_each_measured_error_once_and_counts_what_a_log_axis_cannot_show():
@@ -321,9 +341,80 @@ def test_histogram_bins_each_measured_error_once_and_counts_what_a_log_axis_cann
     assert sum(output.counts["vs_oracle"]) == 2 and sum(output.counts["vs_reference"]) == 1
     assert sum(weight_grad.counts["vs_oracle"]) == 0 and sum(weight_grad.counts["vs_reference"]) == 1
     svg = histogram_svg(figure)
-    # output: 2e-7 (vs_oracle) and 3e-7 (vs_reference) stack in one bin, 0.5 has its own; weight_grad: 4e-5
-    assert svg.count("<rect") == 4 + len(figure.comparisons)  # four bar segments and the legend's swatches
-    assert "weight_grad (n=3, zeros=1, nan/inf=1)" in svg and "1e-7" in svg and "1e0" in svg
+    assert svg.startswith('<svg class="plot" role="img"') and svg.endswith("</svg>")
+    assert len(re.findall(r'id="histogram-float32-axes_\d+"', svg)) == 2
+    assert "weight_grad (n=3, zeros=1, nan/inf=1)" in svg and "max_rel_err" in svg
+    assert "10\u207b\u2077" in svg and "10\u2070" in svg  # the decade ticks at both ends of the axis: 10⁻⁷, 10⁰
+    assert "vs_reference" in svg and "vs_oracle" in svg  # the legend
+
+
+def test_two_writes_of_one_run_are_byte_identical(rows, tmp_path):
+    """The SVG's ids come from a fixed salt and it carries no date: one run, one page, here
+    and in another process (with another string hash seed)."""
+    first = write_all(rows, METADATA, tmp_path / "a")["html"].read_bytes()
+    second = write_all(rows, METADATA, tmp_path / "b")["html"].read_bytes()
+    code = (
+        "import json, sys\n"
+        "from reports import write_all\n"
+        "from reports.samples import sample_rows\n"
+        "write_all(sample_rows(), json.loads(sys.argv[1]), sys.argv[2])\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, json.dumps(METADATA), str(tmp_path / "c")],
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    assert first == second == (tmp_path / "c" / "report.html").read_bytes()
+    assert b"<metadata" not in first and b"<svg" in first and b"Matplotlib" not in first
+
+
+def test_bound_panels_pick_failing_and_near_bound_pairs_failing_first(rows):
+    frame = to_frame(rows)
+    panels, qualifying = bound_panels(frame, limit=100)
+    keys = [(p.case, p.candidate, p.partner) for p in panels]
+    flagged = {
+        (r["case"], r["candidate"], r["partner"])
+        for r in rows
+        if r["comparison"] != "lowering" and (r["verdict"] == "fail" or r["bound_usage"] >= NEAR_BOUND)
+    }
+    assert set(keys) == flagged and qualifying == len(flagged)
+    assert (HOSTILE_CASE, "ext/unsharded", "reference/unsharded") not in keys  # an error row alone: no numbers
+    failing = [p.failing > 0 for p in panels]
+    assert failing == sorted(failing, reverse=True) and failing[:2] == [True, True]
+    assert keys[0] == ("bf16_nan", "interpret/unsharded", "reference/unsharded")  # usage inf: the worst first
+    usages = [p.worst_usage for p in panels if not p.failing]
+    assert usages == sorted(usages, reverse=True)
+    small = next(p for p in panels if p.case == "bf16_small" and p.comparison == "vs_reference")
+    failing_leaf = small.leaves.index("d_pre_alpha")
+    assert small.verdicts[failing_leaf] == "fail" and small.usages[failing_leaf] == 1.7
+    assert small.bounds[failing_leaf] == pytest.approx(small.errors[failing_leaf] / 1.7)
+    assert small.error_column == "cand_oracle_max_err" and not math.isnan(small.partner_errors[0])
+    by_comparison = {p.comparison: p for p in panels}
+    assert by_comparison["vs_unsharded"].error_column == "max_rel_err"
+    assert all(math.isnan(e) for e in by_comparison["vs_unsharded"].partner_errors)
+    assert all(math.isnan(e) for e in by_comparison["vs_oracle"].partner_errors)  # the partner is the oracle
+    capped, _ = bound_panels(frame)
+    assert [(p.case, p.candidate, p.partner) for p in capped] == keys[:MAX_BOUND_PANELS]
+    assert bound_panels(frame.assign(bound_usage=0.1, verdict="pass")) == ([], 0)
+
+
+def test_html_draws_the_failing_and_near_bound_pairs(page, rows):
+    text, index = page
+    panels, qualifying = bound_panels(to_frame(rows))
+    section = text.split('<section id="bound-plots">')[1].split("</section>")[0]
+    assert section.count('<figure class="bound-plot"') == len(panels) == MAX_BOUND_PANELS < qualifying
+    assert f"The first {MAX_BOUND_PANELS} of {qualifying} pairs" in section
+    assert text.index('id="bound-plots"') < text.index('id="sharpness"')  # the first thing after the banner
+    for number, panel in enumerate(panels):
+        svg_ids = index.svg_ids[f"bound-plot-{number}"]
+        assert f"bound-plot-{number}-axes_1" in svg_ids
+        assert len([i for i in svg_ids if re.fullmatch(rf"bound-plot-{number}-xtick_\d+", i)]) == len(panel.leaves)
+        assert any(re.fullmatch(rf"bound-plot-{number}-ytick_\d+", i) for i in svg_ids)
+    first = section.split('<figure class="bound-plot" id="bound-plot-0">')[1].split("</figure>")[0]
+    assert "#d62728" in first and "bf16_nan" in first  # the failing leaf in red
+    calm = render_html(to_frame(rows).assign(bound_usage=0.1, verdict="pass"))
+    assert "No leaf failed or used 0.5 or more of its bound." in calm and 'class="bound-plot"' not in calm
 
 
 def test_heatmap_cells_follow_the_value_rule():

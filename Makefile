@@ -26,7 +26,7 @@ RESULTS    ?= docs/results
 PYTEST_ARGS ?=
 IMPL       ?=
 
-.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep tolerances bench accelerator-check clean
+.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep tolerances bench bench-reports accelerator-check clean
 
 setup: $(STAMP)
 
@@ -96,6 +96,10 @@ tolerances: setup
 # (targets on 2 cores: cold <= 120 s, warm <= 15 s, edit <= 45 s, overhead < 10%).
 bench: setup
 	$(PY) bench/parity_bench.py --suite $(SUITE) --results $(RESULTS)/bench-$(SUITE).md
+
+# Report writing alone (reports.write_all and `harness render`) on the run in $(OUT) (`make parity` first).
+bench-reports: setup
+	$(PY) bench/report_writing.py --rows $(OUT)
 
 # On a TPU VM or GPU machine: install its extra, smoke suite + hardware tests, one line per path.
 accelerator-check:

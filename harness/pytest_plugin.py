@@ -72,7 +72,7 @@ import pytest
 from harness.env import ensure_host_devices
 from records.environment import environment_of, run_precision
 from records.outputs import OutputPathError, cannot_write, writable_file
-from records.rows import ReportInputError, parse_float, to_frame
+from records.rows import ReportInputError, json_ready, parse_float, to_frame
 from records.schema import FLOAT_COLUMNS, OK_VERDICTS
 from records.text import format_number, format_text_table
 from reports.baseline import diff_baselines, render_baseline, write_baseline
@@ -82,7 +82,6 @@ from reports.gate import GateFinding, GateResult, gate_frames
 from reports.ownership import default_baseline_path, implementation_rows, ownership_refusal
 from reports.sources import LoadedRun, load_run
 from reports.terminal import rows_table
-from reports.writers import json_ready
 
 if TYPE_CHECKING:
     from harness.api import ParityRun, PreparedRun

@@ -17,6 +17,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,27 @@ def encode_float(value: float) -> float | str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
+
+
+def json_ready(value: Any) -> Any:
+    """`value` converted to strict-JSON-compatible Python (non-finite floats, paths, numpy scalars...)."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [json_ready(v) for v in items]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return encode_float(value)
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        try:
+            return json_ready(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
 
 
 def frame_to_json_records(frame: pd.DataFrame) -> list[dict]:

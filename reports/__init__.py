@@ -30,26 +30,35 @@ Public entry points:
     ReportInputError                        any input that does not fit the schema
 """
 
+import importlib
+
 from records.rows import ReportInputError, load_rows, to_frame
-from reports import html as _html
-from reports import markdown as _markdown
 from reports.baseline import load_baseline, write_baseline
 from reports.gate import GateFinding, GateResult, gate
 from reports.sources import load_run
 from reports.summary import summarize
-from reports.writers import OUTPUT_FILES, write_all
+
+# The report writers draw with matplotlib, which what only reads or gates rows (the pytest
+# plugin in every pytest run, `harness gate`) never needs: they load on first use.
+_WRITER_NAMES = {"OUTPUT_FILES": "reports.writers", "write_all": "reports.writers"}
+
+
+def __getattr__(name: str):
+    if name not in _WRITER_NAMES:
+        raise AttributeError(f"module 'reports' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WRITER_NAMES[name]), name)
 
 
 def render_html(frame, metadata=None, **options):
     """The HTML report of a row set as a string (see `reports.html.render_html`; a `summary=`
     given in `options` is used, else the summary is computed)."""
-    return _html.render_html(to_frame(frame), metadata, **options)
+    return importlib.import_module("reports.html").render_html(to_frame(frame), metadata, **options)
 
 
 def render_markdown(frame, **options):
     """The Markdown summary of a row set as a string (see `reports.markdown.render_markdown`; a
     `summary=` given in `options` is used, else the summary is computed)."""
-    return _markdown.render_markdown(to_frame(frame), **options)
+    return importlib.import_module("reports.markdown").render_markdown(to_frame(frame), **options)
 
 
 __all__ = [

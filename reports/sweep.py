@@ -13,11 +13,11 @@ import pathlib
 from collections.abc import Sequence
 
 from records.kill_records import CATCHING_VERDICTS
-from records.rows import encode_float, to_frame
+from records.rows import encode_float, json_ready, to_frame
 from records.text import format_number, format_text_table
 from reports.markdown import md_table
 from reports.summary import usage_groups
-from reports.writers import json_ready, write_rows_csv
+from reports.writers import write_rows_csv
 
 HEADROOM_KEYS = ["comparison", "dtype", "leaf_kind"]
 

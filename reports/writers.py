@@ -25,7 +25,6 @@ import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import pandas as pd
 
 from records.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write_manifest
 from records.outputs import cannot_write
-from records.rows import encode_float, frame_to_json_records, to_frame, unwrap_run
+from records.rows import encode_float, frame_to_json_records, json_ready, to_frame, unwrap_run
 from records.schema import ROW_COLUMNS
 from records.store import RowStore, typed_case_records
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
@@ -61,27 +60,6 @@ METADATA_KEYS = (
 )
 
 RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
-
-
-def json_ready(value: Any) -> Any:
-    """`value` converted to strict-JSON-compatible Python (non-finite floats, paths, numpy scalars...)."""
-    if isinstance(value, Mapping):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
-        return [json_ready(v) for v in items]
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
-        return value
-    if isinstance(value, float):
-        return encode_float(value)
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if hasattr(value, "item") and callable(value.item):  # numpy scalar
-        try:
-            return json_ready(value.item())
-        except (TypeError, ValueError):
-            pass
-    return str(value)
 
 
 def gate_summary(result: GateResult) -> dict:

@@ -158,8 +158,13 @@ def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(t
 
 
 def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
+    """Nor matplotlib: the plugin is imported by every pytest run of an environment that has
+    mhc-parity installed, and only the report writers draw."""
     code = (
         "import sys, harness, harness.cli, harness.commands.baseline, harness.pytest_plugin, harness.commands.gate\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'\n"
+        "import reports\n"
+        "assert reports.write_all is reports.writers.write_all and 'matplotlib' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

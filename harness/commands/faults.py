@@ -35,11 +35,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cases import registry
-from cases.spec import CaseSpecError, normalize_dtype
 from harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.engine.implementations import BUILTIN, ImplementationError, load_external
 from harness.engine.run_info import enable_compilation_cache, run_metadata
+from harness.engine.selection import RunSelection, select_cases
 from harness.env import ensure_host_devices
 from harness.errors import ConfigurationError, UsageError
 from harness.faults import matrix as kill_matrix
@@ -111,20 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the Markdown with its date, commit and machine (make faults / make sweep: docs/results/)",
     )
     return parser
-
-
-def select_cases(suite: str | None, globs: Sequence[str] | None, dtype: str | None = None):
-    """The selected cases; UsageError for an unknown suite or dtype, or a glob matching nothing."""
-    try:
-        wanted = normalize_dtype(dtype, field="--dtype") if dtype else None
-        selected = registry.default_registry().select(
-            suite=suite or (None if globs else "default"), names=globs, dtype=wanted
-        )
-    except (CaseSpecError, KeyError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
-    if not selected:
-        raise UsageError("no case matches the selection")
-    return list(selected)
 
 
 def select_perturbations(
@@ -289,7 +274,10 @@ def main(
                 load_external(spec)
         except (PolicyError, ImplementationError, OSError) as exc:
             raise UsageError(str(exc)) from exc
-        cases = select_cases(args.suite, args.cases, args.dtype)
+        selection = RunSelection(
+            suite=args.suite, cases=None if args.cases is None else tuple(args.cases), dtype=args.dtype
+        )
+        cases = select_cases(selection)
         if args.results is not None:
             try:
                 writable_file(args.results)

@@ -46,7 +46,9 @@ _WEIGHT_NAMES = (
 # Gate parameters (upcast to float32 by the gates) vs the projection's matmul weights.
 _GATE_NAMES = frozenset(name for name in _WEIGHT_NAMES if name.endswith(("_bias", "_scale")) and name != "norm_scale")
 
-BranchApply = Callable[[Mapping[str, Any], jax.Array], jax.Array]
+# branch_apply(params, h) or, for a branch that declares rounding sites of its own,
+# branch_apply(params, h, rounding=r): r(value, site) is where its values round.
+BranchApply = Callable[..., jax.Array]
 # Float64 on the host CPU: full precision, whatever a case's matmul_precision (that
 # enters only through the rounding model). What `mhc.precision.dot_precision` gives
 # float64; spelled out here because the oracle imports nothing from `mhc`.
@@ -232,6 +234,24 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
 }
 
 
+# A branch's own sites (`branch_sites`), as the oracle's programs take them: hashable.
+BranchSites = tuple[tuple[str, RoundingSite], ...]
+
+
+def _branch_site_tuple(branch_sites: Mapping[str, RoundingSite] | None) -> BranchSites:
+    """A branch's rounding sites as a sorted tuple; a name the layer's table has is an error."""
+    sites = tuple(sorted((branch_sites or {}).items()))
+    clashes = sorted(name for name, _ in sites if name in ROUNDING_SITES)
+    if clashes:
+        raise ValueError(f"branch rounding sites {clashes} clash with the layer's own (mhc.oracle.ROUNDING_SITES)")
+    for name, site in sites:
+        if not isinstance(site, RoundingSite):
+            raise TypeError(
+                f"branch rounding site {name!r} must be a mhc.oracle.RoundingSite, got {type(site).__name__}"
+            )
+    return sites
+
+
 def unit_roundoffs(activation_dtype, weight_dtype, matmul_operand_roundoff: float = 0.0) -> dict[str, float]:
     """Unit roundoff of every precision class for a run in these dtypes.
 
@@ -310,8 +330,9 @@ class _RoundingNoise:
     units zero every δ is exactly 0 and the program computes the exact oracle.
     """
 
-    def __init__(self, sites: Sequence[tuple[str, tuple[int, ...]]], bank, units):
+    def __init__(self, sites: Sequence[tuple[str, tuple[int, ...]]], bank, units, branch_sites: BranchSites = ()):
         self.sites, self.bank, self.units = list(sites), bank, units
+        self.rules = {**ROUNDING_SITES, **dict(branch_sites)}
         self.calls, self.offset = 0, 0
 
     def _unit(self, classes: tuple[str, ...]):
@@ -330,7 +351,7 @@ class _RoundingNoise:
             recorded = self.sites[self.calls] if self.calls < len(self.sites) else "nothing"
             raise AssertionError(f"rounding site {self.calls} is {(site, v.shape)}, the recording pass saw {recorded}")
         self.calls += 1
-        rule = ROUNDING_SITES[site]
+        rule = self.rules[site]
         forward_delta = self._unit(rule.forward) * self._take(v.shape)
         backward_delta = self._unit(rule.backward) * self._take(v.shape)
         return _round_both_ways(v, forward_delta.astype(v.dtype), backward_delta.astype(v.dtype))
@@ -414,15 +435,17 @@ def _units_vector(units: Mapping[str, float] | float | None) -> np.ndarray:
     return np.array([float(units[c]) for c in PRECISION_CLASSES])
 
 
-def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply):
-    """Forward values and gradients of one layer application, every site rounded through `r`."""
+def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sites: BranchSites = ()):
+    """Forward values and gradients of one layer application, every site rounded through `r`
+    (the branch's own sites too, where it declares any)."""
     x, ct = r(x, "x"), r(ct, "cotangent")
     w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight") for k, v in w.items()}
     p = {k: r(v, "branch_param") for k, v in p.items()}
 
     def whole(x_, w_, p_):
         layer_input, coeffs = _pre(x_, w_, config, r)
-        layer_output = r(branch_apply(p_, layer_input), "layer_output")
+        branch_output = branch_apply(p_, layer_input, rounding=r) if branch_sites else branch_apply(p_, layer_input)
+        layer_output = r(branch_output, "layer_output")
         out = _post(layer_output, x_, coeffs, r)
         return out, (layer_input, layer_output) + coeffs
 
@@ -449,10 +472,12 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply):
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
-def _recorded_sites(x, w, p, ct, config, branch_apply: BranchApply) -> list[tuple[str, tuple[int, ...]]]:
+def _recorded_sites(
+    x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = ()
+) -> list[tuple[str, tuple[int, ...]]]:
     """The (site, shape) of every rounding of one draw, in call order (an abstract trace)."""
     recorder = _SiteRecorder()
-    jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply), x, w, p, ct)
+    jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply, branch_sites), x, w, p, ct)
     return recorder.sites
 
 
@@ -477,8 +502,9 @@ def _bank_program(size: int):
 # mappings (a process has at most vm.max_map_count): keep the programs of the few most
 # recent branch/config combinations, not of every case a long run has seen.
 @functools.lru_cache(maxsize=8)
-def _oracle_program(branch_apply: BranchApply, config):
-    """The jitted float64 forward + VJP of a batch of draws, for one branch and config.
+def _oracle_program(branch_apply: BranchApply, config, branch_sites: BranchSites = ()):
+    """The jitted float64 forward + VJP of a batch of draws, for one branch (and its own
+    rounding sites) and config.
 
     program(x, w, p, ct, banks, units): banks (D, `_bank_size`) uniform [-1, 1) numbers
     (`_bank_program`) and units (D, classes) unit roundoffs, one row per draw
@@ -489,11 +515,11 @@ def _oracle_program(branch_apply: BranchApply, config):
     """
 
     def one_draw(x, w, p, ct, bank, units):
-        sites = _recorded_sites(x, w, p, ct, config, branch_apply)
+        sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
         if bank.shape != (_bank_size(sites),):
             raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
-        noise = _RoundingNoise(sites, bank, units)
-        outputs = _layer_and_vjp(x, w, p, ct, noise, config, branch_apply)
+        noise = _RoundingNoise(sites, bank, units, branch_sites)
+        outputs = _layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
         if noise.calls != len(sites):
             raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
         return outputs
@@ -511,6 +537,7 @@ def run_oracle(
     config,
     *,
     rounding_noise: tuple[int, Mapping[str, float] | float] | None = None,
+    branch_sites: Mapping[str, RoundingSite] | None = None,
 ) -> OracleResult:
     """Forward and VJP of `post(branch(pre(x)))` in float64.
 
@@ -523,9 +550,13 @@ def run_oracle(
     precision class (`ROUNDING_SITES`; units maps each of `PRECISION_CLASSES` to a unit
     roundoff, see `unit_roundoffs`; a single float applies to every class), to measure
     how far the rounding a correct implementation may make moves each leaf.
+    branch_sites: the branch's own rounding sites (name -> `RoundingSite`), for a branch
+    whose apply takes `rounding=r` and rounds its values through r(value, site).
     """
     seed, units = rounding_noise or (0, None)
-    (result,) = run_oracle_batch(x, weights, branch_apply, branch_params, cotangent, config, draws=[(seed, units)])
+    (result,) = run_oracle_batch(
+        x, weights, branch_apply, branch_params, cotangent, config, draws=[(seed, units)], branch_sites=branch_sites
+    )
     return result
 
 
@@ -539,6 +570,7 @@ def run_oracle_draws(
     *,
     seeds: Sequence[int],
     units: Mapping[str, float] | float,
+    branch_sites: Mapping[str, RoundingSite] | None = None,
 ) -> list[OracleResult]:
     """`run_oracle` with `rounding_noise=(seed, units)` for every seed, in one compiled program.
 
@@ -548,7 +580,14 @@ def run_oracle_draws(
     if not np.any(_units_vector(units)):
         raise ValueError("run_oracle_draws needs non-zero rounding units")
     return run_oracle_batch(
-        x, weights, branch_apply, branch_params, cotangent, config, draws=[(seed, units) for seed in seeds]
+        x,
+        weights,
+        branch_apply,
+        branch_params,
+        cotangent,
+        config,
+        draws=[(seed, units) for seed in seeds],
+        branch_sites=branch_sites,
     )
 
 
@@ -561,25 +600,27 @@ def run_oracle_batch(
     config,
     *,
     draws: Sequence[tuple[int, Mapping[str, float] | float | None]],
+    branch_sites: Mapping[str, RoundingSite] | None = None,
 ) -> list[OracleResult]:
     """Several draws of `run_oracle` in one run of one compiled program (`jax.vmap` over the draws).
 
     draws: (seed, units) per draw, units as for `run_oracle`'s rounding_noise (None or 0:
-    the exact oracle, whose seed is then irrelevant). Returns one `OracleResult` per
+    the exact oracle, whose seed is then irrelevant); branch_sites as for `run_oracle`. Returns one `OracleResult` per
     draw, in order; a draw's result does not depend on the other draws of the batch
     beyond a float64 reassociation of the contractions.
     """
     if not draws:
         raise ValueError("run_oracle_batch needs at least one draw")
     units = np.stack([_units_vector(u) for _, u in draws])
+    sites = _branch_site_tuple(branch_sites)
     with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
         p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(_as_f64(cotangent))
         keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
-        banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply)))(keys)
-        program = _oracle_program(branch_apply, config)
+        banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply, sites)))(keys)
+        program = _oracle_program(branch_apply, config, sites)
         outputs = jax.tree.map(
             lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, banks, jnp.asarray(units))
         )

@@ -91,6 +91,16 @@ _COLUMN_TYPES = {
     # leaf (same normalisations): the error the arithmetic explains at this leaf
     "oracle_sensitivity_max": _FLOAT,
     "oracle_sensitivity_rms": _FLOAT,
+    # the error's component along the oracle's own value, <c - o, o> / <o, o> (signed): a
+    # leaf scaled by 1 + g has gain g; and the rounding model's root-mean-square gain
+    "cand_oracle_gain": _FLOAT,
+    "partner_oracle_gain": _FLOAT,
+    "oracle_sensitivity_gain": _FLOAT,
+    # how well the sensitivity is known: the effective degrees of freedom of the squared max
+    # and RMS deviations, and how many rounding draws they come from
+    "oracle_sensitivity_dof_max": _FLOAT,
+    "oracle_sensitivity_dof_rms": _FLOAT,
+    "oracle_draws": _FLOAT,
     # an error shared by every token (token-major leaves, against the oracle): the largest
     # per-group t statistic |mean error| / standard error, that group's mean shift
     # (normalised by max|oracle|), the partner's t, and the t the rounding model produces
@@ -122,6 +132,12 @@ LATER_COLUMNS = (
     "oracle_systematic_t",
     "matmul_precision",
     "devices",
+    "cand_oracle_gain",
+    "partner_oracle_gain",
+    "oracle_sensitivity_gain",
+    "oracle_sensitivity_dof_max",
+    "oracle_sensitivity_dof_rms",
+    "oracle_draws",
 )
 
 FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)

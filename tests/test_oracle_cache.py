@@ -12,6 +12,7 @@ import pytest
 from cases.fixtures import Fixture, make_fixture
 from cases.spec import Case
 from harness.engine.oracle_path import OracleOutputs, run_oracle_path
+from harness.judging.confidence import Sensitivity
 from harness.stores import oracle_cache
 from harness.stores.oracle_cache import OracleCache
 from records.manifest import PROJECT_ROOT
@@ -31,7 +32,11 @@ class CountingOracle:
         x = fixture.x.astype(np.float64)
         return OracleOutputs(
             leaves={"out": x * 3.0, "d_x": -x, "h_pre": x[..., 0]},
-            sensitivity={"out": (1.5e-3, 2.5e-4), "d_x": (float("nan"), 0.0), "h_pre": (3e-7, 1e-7)},
+            sensitivity={
+                "out": Sensitivity(1.5e-3, 2.5e-4, 3e-6, 12.0, 300.5, 16),
+                "d_x": Sensitivity(float("nan"), 0.0, 0.0, 1.0, 1.0, 16),
+                "h_pre": Sensitivity(3e-7, 1e-7, 1e-9, 2.5, 7.0, 16),
+            },
             execute_s=1.0,
             systematic={"out": 1.25, "h_pre": 0.5},
         )
@@ -46,7 +51,9 @@ def _assert_same(a: OracleOutputs, b: OracleOutputs):
     assert a.leaves.keys() == b.leaves.keys()
     for name in a.leaves:
         np.testing.assert_array_equal(a.leaves[name], b.leaves[name])
-    np.testing.assert_equal(dict(a.sensitivity), dict(b.sensitivity))
+    np.testing.assert_equal(
+        {k: v.as_dict() for k, v in a.sensitivity.items()}, {k: v.as_dict() for k, v in b.sensitivity.items()}
+    )
     assert dict(a.systematic) == dict(b.systematic)
 
 
@@ -119,7 +126,7 @@ def _rewrite(path, edit):
 
 def _tamper_header(members):
     header = json.loads(bytes(members["__header__"]).decode())
-    header["sensitivity"]["out"][0] = 1.0  # a looser bound, if it were trusted
+    header["sensitivity"]["out"]["max"] = 1.0  # a looser bound, if it were trusted
     members["__header__"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from harness.judging.bounds import KINDS
+from harness.judging.confidence import Sensitivity
 from harness.judging.metrics import LeafMetrics, leaf_metrics
 from harness.judging.policy import (
     DEFAULT_POLICY_PATH,
@@ -570,6 +571,11 @@ def test_unknown_partitioning_is_rejected_naming_the_field():
         parse_policy(text)
 
 
+def _sensitivity(size: float) -> Sensitivity:
+    """A sensitivity of `size` (max, RMS and gain) over many degrees of freedom and draws."""
+    return Sensitivity(max=size, rms=size, gain=size, dof_max=1e6, dof_rms=1e6, draws=10**6)
+
+
 def test_oracle_ratio_scales_with_the_sensitivity_where_it_exceeds_the_partner():
     """An ill-conditioned leaf (large oracle sensitivity) gets the slack it explains,
     a well-conditioned one does not."""
@@ -577,8 +583,8 @@ def test_oracle_ratio_scales_with_the_sensitivity_where_it_exceeds_the_partner()
     rng = np.random.default_rng(3)
     oracle = rng.uniform(0.5, 1.0, size=256)
     candidate = oracle * (1 + 1000 * F32_EPS)  # 1000 ulps off
-    tight = leaf_metrics(candidate, oracle, oracle, dtype="float32", sensitivity=(F32_EPS, F32_EPS))
-    loose = leaf_metrics(candidate, oracle, oracle, dtype="float32", sensitivity=(500 * F32_EPS, 500 * F32_EPS))
+    tight = leaf_metrics(candidate, oracle, oracle, dtype="float32", sensitivity=_sensitivity(F32_EPS))
+    loose = leaf_metrics(candidate, oracle, oracle, dtype="float32", sensitivity=_sensitivity(500 * F32_EPS))
     failed = judge(policy, tight, "vs_oracle", "output")
     assert failed.verdict == "fail" and "sensitivity" in failed.reason
     assert judge(policy, loose, "vs_oracle", "output").verdict == "pass"
@@ -697,11 +703,11 @@ def test_packaged_policy_catches_a_bfloat16_gate_bias_by_its_systematic_shift():
     noise = 2e-4 * rng.normal(size=oracle.shape)
     clean = oracle + noise
     biased = clean + 1e-4  # a shared shift, half the per-token noise
-    sensitivity = (1e-3, 5e-4)
+    sensitivity = Sensitivity(max=1e-3, rms=5e-4, gain=5e-4 / math.sqrt(oracle.size), dof_max=50, dof_rms=2048, draws=16)
     kwargs = dict(dtype="float32", sensitivity=sensitivity, token_axes=2, oracle_systematic_t=1.0)
     good = leaf_metrics(clean, oracle, oracle, **kwargs)
     bad = leaf_metrics(biased, oracle, oracle, **kwargs)
     assert judge(policy, good, "vs_oracle", "intermediate", act_dtype="bfloat16").verdict == "pass"
     failed = judge(policy, bad, "vs_oracle", "intermediate", act_dtype="bfloat16")
     assert failed.verdict == "fail" and "shared by every token" in failed.reason
-    assert bad.cand_oracle_rms_err < 4 * sensitivity[1], "invisible to the RMS ratio alone"
+    assert bad.cand_oracle_rms_err < 2 * sensitivity.rms, "invisible to the RMS ratio alone"

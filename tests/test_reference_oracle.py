@@ -278,3 +278,42 @@ def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
             MhcConfig(streams=4, embedding=128),
             rounding_noise=(0, {oracle.FLOAT32: 1e-7}),
         )
+
+
+def test_a_branch_declares_its_own_rounding_sites():
+    """The MLP branch rounds its hidden activation (and that value's cotangent) through the
+    oracle's model: its parameter gradients move further than with the branch exact, and a
+    site that repeats one of the layer's names is refused."""
+    from cases.branches import BRANCHES, MLP_ROUNDING_SITES
+
+    mlp = BRANCHES["mlp"]
+    config = MhcConfig(streams=4, embedding=128)
+    x = random_activations(SHAPE, dtype=jnp.bfloat16)
+    weights = random_weights(config)
+    params = {k: jnp.asarray(v) for k, v in mlp.init(np.random.default_rng(0), SHAPE[-1]).items()}
+    ct = random_activations(SHAPE, seed=7, dtype=jnp.bfloat16)
+    units = oracle.unit_roundoffs("bfloat16", "float32")
+    sites = oracle._branch_site_tuple(MLP_ROUNDING_SITES)
+    x64 = jnp.asarray(np.asarray(x, np.float64))
+    with jax.enable_x64(True):
+        recorded = oracle._recorded_sites(
+            x64,
+            {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in weights.as_dict().items()},
+            {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()},
+            x64,
+            config,
+            mlp.apply,
+            sites,
+        )
+    assert {"mlp_hidden", "mlp_preactivation"} <= {site for site, _ in recorded}
+
+    def spread(branch_sites):
+        exact = oracle.run_oracle(x, weights, mlp.apply, params, ct, config, branch_sites=branch_sites)
+        draws = oracle.run_oracle_draws(
+            x, weights, mlp.apply, params, ct, config, seeds=range(8), units=units, branch_sites=branch_sites
+        )
+        return np.sqrt(np.mean([max_rel_err(d.d_branch["w_in"], exact.d_branch["w_in"]) ** 2 for d in draws]))
+
+    assert spread(MLP_ROUNDING_SITES) > 1.2 * spread(None)
+    with pytest.raises(ValueError, match="clash"):
+        oracle._branch_site_tuple({"layer_input": MLP_ROUNDING_SITES["mlp_hidden"]})

@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 
 from harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from harness.engine.implementations import BUILTIN, ImplementationError, load_external
+from harness.engine.implementations import ImplementationError, load_external
 from harness.engine.run_info import enable_compilation_cache, run_metadata
 from harness.engine.selection import RunSelection, select_cases
 from harness.env import ensure_host_devices
@@ -44,7 +44,7 @@ from harness.errors import ConfigurationError, UsageError
 from harness.faults import matrix as kill_matrix
 from harness.faults.fault_catalogue import CATALOGUE
 from harness.faults.model import Perturbation, SeamError, UnknownPerturbationError, select
-from harness.faults.seed_sweep import run_sweep_rows
+from harness.faults.seed_sweep import run_sweep_in_workers, run_sweep_rows, seeded_cases, sweep_implementations
 from harness.faults.variants import VARIANTS
 from harness.judging.policy import PolicyError, load_policy
 from records.outputs import OutputPathError, writable_file
@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="run the perturbations in N processes (each repeats the clean pass; catalogued only)",
+        help="run the perturbations in N processes (each repeats the clean pass; catalogued only); "
+        "with --seeds, deal the seeds to N processes",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-case progress lines")
     parser.add_argument(
@@ -204,15 +205,31 @@ def run_kill_matrix(
 
 
 def run_sweep(
-    cases, seeds: int, policy, out: pathlib.Path, *, impl_specs=(), quiet=False, results: pathlib.Path | None = None
+    cases,
+    seeds: int,
+    policy,
+    out: pathlib.Path,
+    *,
+    impl_specs=(),
+    quiet=False,
+    results: pathlib.Path | None = None,
+    jobs: int = 1,
+    policy_path=None,
 ) -> int:
-    """The false-positive sweep; returns the exit code (1 if any row fails or errors).
-    results: also write its Markdown there, with its provenance (`reports.results`)."""
+    """The false-positive sweep (seeds dealt to `jobs` processes); returns the exit code (1
+    if any row fails or errors). results: also write its Markdown there, with its
+    provenance (`reports.results`)."""
     start = time.perf_counter()
-    impls = tuple(BUILTIN.values()) + tuple(load_external(s) for s in impl_specs)
-    rows = run_sweep_rows(cases, seeds, policy, impls, quiet=quiet)
+    if jobs > 1 and seeds > 1:
+        rows = run_sweep_in_workers(cases, seeds, policy_path, impl_specs, jobs, quiet=quiet)
+    else:
+        rows = run_sweep_rows(cases, seeds, policy, sweep_implementations(impl_specs), quiet=quiet)
     table = headroom_table(rows)
-    paths = write_sweep(table, rows, seeds, cases, out, time.perf_counter() - start)
+    families = {seeded.name: seeded.init for seeded in seeded_cases(cases, seeds)}
+    rate = None if policy.confidence is None else policy.confidence.false_positive_rate
+    paths = write_sweep(
+        table, rows, seeds, cases, out, time.perf_counter() - start, families=families, false_positive_rate=rate
+    )
     if results is not None:
         markdown = paths["markdown"].read_text(encoding="utf-8")
         paths["results"] = write_results(
@@ -301,6 +318,8 @@ def main(
             impl_specs=args.impl,
             quiet=args.quiet,
             results=args.results,
+            jobs=args.jobs,
+            policy_path=args.policy,
         )
     return run_kill_matrix(
         chosen,

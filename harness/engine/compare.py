@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from harness.engine.leaves import leaf_kind, token_axes
+from harness.judging.confidence import Sensitivity
 from harness.judging.metrics import MetricsMemo, leaf_metrics
 from harness.judging.policy import Policy
 from records.schema import empty_row
@@ -51,7 +52,7 @@ def compare_leaves(
     partner_leaves: Mapping[str, np.ndarray],
     oracle_leaves: Mapping[str, np.ndarray],
     policy: Policy,
-    oracle_sensitivity: Mapping[str, tuple[float, float]] | None = None,
+    oracle_sensitivity: Mapping[str, Sensitivity] | None = None,
     oracle_systematic: Mapping[str, float] | None = None,
     partitioning: str,
     timing: tuple[float, float] = (0.0, 0.0),
@@ -59,7 +60,7 @@ def compare_leaves(
 ) -> list[dict]:
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
-    `oracle_sensitivity`: leaf -> (max, rms), the error the arithmetic explains there;
+    `oracle_sensitivity`: leaf -> its `Sensitivity`, the error the arithmetic explains there;
     `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces
     (both from `harness.engine.oracle_path.OracleOutputs`). A leaf the partner (or oracle) lacks gets a `skip`
     row saying so. `partitioning` is

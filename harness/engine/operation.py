@@ -46,7 +46,8 @@ class Operation(Protocol):
     "output" or "intermediate". weight_kind(name): the gradient's leaf kind, "weight_grad"
     or "scale_grad". layer_builder(kernel=, interpret=, external=): the `LayerBuilder` of a
     built-in path or of an external pre/post implementation. oracle_draws(case, fixture,
-    branch_apply, draws): the oracle's `OracleDraw`s, draws as (seed, units), (0, None)
+    branch, draws): the oracle's `OracleDraw`s for the case's branch (its apply and the
+    rounding sites it declares), draws as (seed, units), (0, None)
     exact. oracle_unit_roundoffs(case, operand_roundoff): the rounding model's units.
     oracle_key(case): what else of the case an oracle answer depends on (JSON-able).
     EXTERNAL_HOOKS: the methods an external implementation run inside the operation's layer
@@ -72,7 +73,7 @@ class Operation(Protocol):
 
     def layer_builder(self, *, kernel: bool, interpret: bool, external: Any = None) -> LayerBuilder: ...
 
-    def oracle_draws(self, case, fixture, branch_apply: Callable, draws: Sequence[tuple]) -> list[OracleDraw]: ...
+    def oracle_draws(self, case, fixture, branch, draws: Sequence[tuple]) -> list[OracleDraw]: ...
 
     def oracle_unit_roundoffs(self, case, matmul_operand_roundoff: float) -> dict[str, float]: ...
 

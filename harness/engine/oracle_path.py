@@ -20,7 +20,8 @@ import numpy as np
 from cases.branches import get_branch
 from harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from harness.engine.operation import OPERATION
-from harness.judging.error_statistics import l2_norm, max_abs, systematic_error
+from harness.judging.confidence import Sensitivity
+from harness.judging.error_statistics import effective_dof, gain, l2_norm, max_abs, statistic_dof, systematic_error
 from mhc.precision import device_compute_capability, operand_rounding
 
 
@@ -28,9 +29,11 @@ from mhc.precision import device_compute_capability, operand_rounding
 class OracleOutputs:
     """The oracle's leaves, and how far one rounding per operation moves each of them.
 
-    sensitivity: leaf -> (max, rms) relative deviation of the noisy oracle from the
-    exact one (root-mean-square over `NOISE_SAMPLES` draws, normalised like the metrics:
-    by max|oracle| and ‖oracle‖₂). The noise is one simulated rounding of the case's
+    sensitivity: leaf -> its `Sensitivity`: the relative deviation of the noisy oracle from
+    the exact one (root-mean-square over `NOISE_SAMPLES` draws, normalised like the
+    metrics: by max|oracle| and ‖oracle‖₂; and along the leaf itself), with the effective
+    degrees of freedom that say how well N draws estimate it
+    (`harness.judging.confidence`). The noise is one simulated rounding of the case's
     activation dtype on every input and intermediate (`mhc.oracle.run_oracle`'s
     `rounding_noise`), so a leaf's sensitivity is the error that dtype's arithmetic
     explains there — small for a well-conditioned leaf, large where the math itself
@@ -38,7 +41,7 @@ class OracleOutputs:
     """
 
     leaves: Mapping[str, np.ndarray]
-    sensitivity: Mapping[str, tuple[float, float]]
+    sensitivity: Mapping[str, Sensitivity]
     execute_s: float
     # token-major leaf -> the systematic-error t statistic of the noisy draws against the
     # exact oracle (root-mean-square over the draws): how much of an error shared by every
@@ -47,7 +50,11 @@ class OracleOutputs:
     systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
-NOISE_SAMPLES = 4
+# Enough draws that the sensitivity's own noise stays inside the bound for a leaf with one
+# error direction (`harness.judging.confidence.quantile`: the factor such a leaf needs at
+# the policy's rate falls steeply to 16 draws and slowly after); the draws run as one
+# vmapped program, so each costs execution, not compilation.
+NOISE_SAMPLES = 16
 # Seeds the rounding noise together with the case seed: reproducible, and independent
 # of the fixture's own random streams.
 NOISE_STREAM = 0x5E45
@@ -83,6 +90,24 @@ def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, fl
     )
 
 
+def _rms(values) -> float:
+    return float(np.sqrt(np.mean(np.square(values))))
+
+
+def leaf_sensitivity(noisy: list[np.ndarray], exact: np.ndarray) -> Sensitivity:
+    """The `Sensitivity` of one leaf from its noisy draws and the exact oracle (float64)."""
+    max_devs, rms_devs = zip(*(_relative_deviation(value, exact) for value in noisy))
+    dof_rms = effective_dof([value - exact for value in noisy])
+    return Sensitivity(
+        max=_rms(max_devs),
+        rms=_rms(rms_devs),
+        gain=_rms([gain(value, exact) for value in noisy]),
+        dof_max=statistic_dof(max_devs, dof_rms),
+        dof_rms=dof_rms,
+        draws=len(noisy),
+    )
+
+
 def matmul_operand_roundoff(case) -> float:
     """How much the dots of the case's paths round float32 operands, as a unit roundoff.
 
@@ -107,18 +132,17 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     start = time.perf_counter()
     units = noise_units(case)
     exact_result, *draws = OPERATION.oracle_draws(
-        case, fixture, get_branch(case.branch).apply, [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+        case, fixture, get_branch(case.branch), [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
     )
     exact = _named_leaves(exact_result)
-    deviations: dict[str, list[tuple[float, float]]] = {name: [] for name in exact}
+    noisy: dict[str, list[np.ndarray]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for draw in draws:
         for name, value in _named_leaves(draw).items():
-            deviations[name].append(_relative_deviation(value, exact[name]))
+            noisy[name].append(value)
             if name in systematic:
                 systematic[name].append(systematic_error(value, exact[name])[0])
-    rms = lambda values: float(np.sqrt(np.mean(np.square(values))))  # noqa: E731
-    sensitivity = {name: tuple(rms(column) for column in zip(*devs)) for name, devs in deviations.items()}
+    sensitivity = {name: leaf_sensitivity(values, exact[name]) for name, values in noisy.items()}
     return OracleOutputs(
-        exact, sensitivity, time.perf_counter() - start, systematic={name: rms(ts) for name, ts in systematic.items()}
+        exact, sensitivity, time.perf_counter() - start, systematic={name: _rms(ts) for name, ts in systematic.items()}
     )

@@ -48,6 +48,20 @@ def _residual_matrix_with_bf16_params(original_matrix):
     return residual_mix_matrix_bf16_params
 
 
+# The factor of `_collapse_scaled`: a 10% error in the collapsed branch input.
+COLLAPSE_SCALE = 1.1
+
+
+def _collapse_scaled(original_collapse):
+    """`collapse_streams` whose result is COLLAPSE_SCALE times too large (a lost or doubled
+    normalisation, a gate applied twice): the same in every token, in the output's dtype."""
+
+    def collapse_streams_scaled(h_pre, x):
+        return (original_collapse(h_pre, x).astype(jnp.float32) * COLLAPSE_SCALE).astype(x.dtype)
+
+    return collapse_streams_scaled
+
+
 def _gate_without_epsilon(original_gate):
     """The gate ignoring its additive epsilon (only the pre gate passes one)."""
 
@@ -265,6 +279,14 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "The reference computes the RMS-norm statistic (mean of squares, rsqrt) in bfloat16 instead of float32.",
         _projection_with_bf16_rms,
         unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
+    ),
+    _reference_fault(
+        "reference.layer_input_scaled",
+        "collapse_streams",
+        f"The reference's collapse returns {COLLAPSE_SCALE} times the stream mix (a normalisation "
+        f"lost or applied twice): every branch input {COLLAPSE_SCALE - 1:.0%} too large, which "
+        f"cancelling streams hide from the leaf's RMS error.",
+        _collapse_scaled,
     ),
     _reference_fault(
         "reference.permutation_order_changed",

@@ -129,7 +129,8 @@ def rms_inverse(v: jax.Array, epsilon: float) -> jax.Array:
 def sigmoid_gate(logits, scale, bias, *, multiplier: float = 1.0, epsilon: float = 0.0):
     """multiplier · sigmoid(scale · logits + bias) + epsilon in float32 (scale, bias upcast)."""
     z = scale.astype(F32) * logits + bias.astype(F32)
-    return multiplier / (1.0 + jnp.exp(-z)) + epsilon
+    # exp(-softplus(-z)): 1 / (1 + exp(-z)) overflows for z < -88 and its gradient is inf / inf.
+    return multiplier * jnp.exp(-jnp.logaddexp(0.0, -z)) + epsilon
 
 
 def permutations(n: int) -> np.ndarray:

@@ -8,21 +8,30 @@ ones came to their bounds (`reports.sweep.headroom_table`).
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import time
 from collections.abc import Sequence
 
+from cases import registry
+from harness.engine.implementations import BUILTIN, load_external
 from harness.engine.plan import PathPlan
+from harness.engine.run_info import enable_compilation_cache
 from harness.engine.runner import Runner
+from harness.env import ensure_host_devices, pace_garbage_collector
 from harness.faults.matrix import log
+from harness.judging.policy import load_policy
 from records.kill_records import CATCHING_VERDICTS
 
 
-def seeded_cases(cases: Sequence, seeds: int) -> list:
-    """Every case at seeds 0..seeds-1, named `<case>-seed<s>` (seed-major order)."""
-    return [case.replace(name=f"{case.name}-seed{s}", seed=s) for s in range(seeds) for case in cases]
+def seeded_cases(cases: Sequence, seeds: int | Sequence[int]) -> list:
+    """Every case at seeds 0..seeds-1 (or at the seeds listed), named `<case>-seed<s>`
+    (seed-major order)."""
+    values = range(seeds) if isinstance(seeds, int) else seeds
+    return [case.replace(name=f"{case.name}-seed{s}", seed=s) for s in values for case in cases]
 
 
-def run_sweep_rows(cases: Sequence, seeds: int, policy, impls, *, quiet=False) -> list[dict]:
+def run_sweep_rows(cases: Sequence, seeds: int | Sequence[int], policy, impls, *, quiet=False) -> list[dict]:
     """Rows of the unmodified code over the seeded cases (lowering rows excluded)."""
     seeded = seeded_cases(cases, seeds)
     runner = Runner(policy)
@@ -39,3 +48,39 @@ def run_sweep_rows(cases: Sequence, seeds: int, policy, impls, *, quiet=False) -
             quiet=quiet,
         )
     return rows
+
+
+def sweep_implementations(impl_specs: Sequence[str] = ()) -> tuple:
+    """What the sweep runs: the built-in implementations and any --impl (not the kill
+    matrix's independent one, which is evidence for the faults, not code under test)."""
+    return tuple(BUILTIN.values()) + tuple(load_external(spec) for spec in impl_specs)
+
+
+def _sweep_worker(seeds: Sequence[int], case_names: Sequence[str], policy_path, impl_specs: Sequence[str], quiet):
+    """One worker process (an entry point): the sweep's rows at `seeds`, registry cases by name."""
+    ensure_host_devices()
+    pace_garbage_collector()
+    enable_compilation_cache()
+    cases = [registry.default_registry().get(name) for name in case_names]
+    return run_sweep_rows(cases, seeds, load_policy(policy_path), sweep_implementations(impl_specs), quiet=quiet)
+
+
+def run_sweep_in_workers(
+    cases: Sequence, seeds: int, policy_path, impl_specs: Sequence[str], jobs: int, *, quiet=False
+) -> list[dict]:
+    """`run_sweep_rows` over seeds 0..seeds-1 dealt round-robin to `jobs` spawned processes;
+    the rows come back in the order one process would have made them (seed-major)."""
+    groups = [list(range(seeds))[start::jobs] for start in range(min(jobs, seeds))]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
+        futures = [
+            pool.submit(_sweep_worker, group, [c.name for c in cases], policy_path, tuple(impl_specs), quiet)
+            for group in groups
+        ]
+        by_seed: dict[int, list[dict]] = {}
+        for group, future in zip(groups, futures):
+            rows = future.result()
+            for seed in group:
+                suffix = f"-seed{seed}"
+                by_seed[seed] = [r for r in rows if str(r["case"]).endswith(suffix)]
+    return [row for seed in range(seeds) for row in by_seed[seed]]

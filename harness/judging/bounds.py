@@ -13,12 +13,17 @@ least k ulps of the largest compared value.
                          rounding, which is what the sensitivity measures
   oracle_ratio           the ratio criterion: for both the max and the RMS error,
                            cand_oracle_err <= ratio * E + floor_ulps * unit,
-                         with E = max(partner_oracle_err, S) (the partner's error against
-                         the oracle or, where larger, the error the arithmetic explains
-                         at the leaf; on vs_oracle rows the partner is the oracle, so E is
-                         S) and, where the policy adds it (`Systematic`), the systematic
-                         criterion — OR the direct criterion max_rel_err <= direct_ulps *
-                         unit (the two are indistinguishable; 0 switches it off)
+                         with E = max(partner_oracle_err, q * S) (the partner's error
+                         against the oracle or, where larger, the error the arithmetic
+                         explains at the leaf at the policy's stated confidence: q is
+                         `harness.judging.confidence.quantile` of the leaf's degrees of
+                         freedom, 1 without a `Confidence`; on vs_oracle rows the partner
+                         is the oracle, so E is q * S); where the policy adds them, the
+                         gain criterion (the same inequality for the error's component
+                         along the leaf's own value, one degree of freedom) and the
+                         systematic criterion — OR the direct criterion max_rel_err <=
+                         direct_ulps * unit (the two are indistinguishable; 0 switches it
+                         off)
 
 `judge` returns an `Outcome`: the bound usage, measured / allowed for the binding
 criterion (> 1 fails; the largest usage among conditions that must all hold, the
@@ -33,6 +38,7 @@ import dataclasses
 import math
 from typing import ClassVar
 
+from harness.judging.confidence import quantile
 from harness.judging.metrics import LeafMetrics
 from records.text import format_number
 
@@ -207,6 +213,24 @@ class Systematic:
 
 
 @dataclasses.dataclass(frozen=True)
+class Confidence:
+    """`at p=P`: the sensitivity S enters a bound as q·S, with q the quantile that a correct
+    implementation's error exceeds with probability P given the leaf's degrees of freedom
+    and the number of draws S averages (`harness.judging.confidence.quantile`); `gain` on
+    `gain_leaf_kinds` adds the criterion on the error's component along the leaf itself."""
+
+    false_positive_rate: float
+    gain_leaf_kinds: tuple[str, ...]
+    rationale: str = dataclasses.field(default="", compare=False)
+
+    def quantile(self, dof: float, draws: float) -> float:
+        return quantile(self.false_positive_rate, dof, draws)
+
+    def describe(self) -> str:
+        return f"at p={self.false_positive_rate:g}"
+
+
+@dataclasses.dataclass(frozen=True)
 class OracleRatio(Bound):
     """`ratio<=R +F ulp | direct<=D ulp`: the error against the float64 oracle (max and
     RMS) <= R x max(the partner's, S) + F ulps; or, where a D is shown, within D ulps of
@@ -216,6 +240,8 @@ class OracleRatio(Bound):
     floor_ulps: float
     direct_ulps: float
     systematic: Systematic | None = None
+    confidence: Confidence | None = None
+    gain: bool = False
     kind: ClassVar[str] = "oracle_ratio"
     numbers: ClassVar[dict[str, str]] = {"ratio": RATIO, "floor_ulps": ULPS, "direct_ulps": ULPS_OR_OFF}
     reads: ClassVar[tuple[str, ...]] = (
@@ -229,25 +255,46 @@ class OracleRatio(Bound):
 
     def judge(self, m: LeafMetrics, unit: float) -> Outcome:
         floor = self.floor_ulps * unit
+        criteria = [
+            (
+                "max",
+                m.cand_oracle_max_err,
+                m.partner_oracle_max_err,
+                m.oracle_sensitivity_max,
+                m.oracle_sensitivity_dof_max,
+            ),
+            (
+                "rms",
+                m.cand_oracle_rms_err,
+                m.partner_oracle_rms_err,
+                m.oracle_sensitivity_rms,
+                m.oracle_sensitivity_dof_rms,
+            ),
+        ]
+        if self.gain:
+            # One number per leaf: one degree of freedom.
+            criteria.append(
+                ("gain", abs(m.cand_oracle_gain), abs(m.partner_oracle_gain), m.oracle_sensitivity_gain, 1.0)
+            )
         conditions = []
-        for name, cand, partner, sensitivity in (
-            ("max", m.cand_oracle_max_err, m.partner_oracle_max_err, m.oracle_sensitivity_max),
-            ("rms", m.cand_oracle_rms_err, m.partner_oracle_rms_err, m.oracle_sensitivity_rms),
-        ):
+        for name, cand, partner, sensitivity, dof in criteria:
             # The error to be no worse than: the partner's, or, where larger, the error
-            # the arithmetic explains at this leaf (the oracle's sensitivity, if measured).
-            explained = partner if math.isnan(sensitivity) else max(partner, sensitivity)
+            # the arithmetic explains at this leaf (the oracle's sensitivity, if measured),
+            # at the policy's stated confidence.
+            q = 1.0 if self.confidence is None else self.confidence.quantile(dof, m.oracle_draws)
+            explained = partner if math.isnan(sensitivity) else max(partner, q * sensitivity)
             limit = math.nan if math.isnan(partner) else self.ratio * explained + floor
-            what = f"partner_oracle_{name}_err({_number(partner)})"
+            metric = f"cand_oracle_{name}" if name == "gain" else f"cand_oracle_{name}_err"
+            what = (
+                f"partner_oracle_{name}({_number(partner)})"
+                if name == "gain"
+                else f"partner_oracle_{name}_err({_number(partner)})"
+            )
             if not math.isnan(sensitivity):
-                what = f"max({what}, sensitivity({_number(sensitivity)}))"
+                scaled = f"{_number(q)}*sensitivity" if q != 1.0 else "sensitivity"
+                what = f"max({what}, {scaled}({_number(sensitivity)}))"
             conditions.append(
-                Condition(
-                    f"cand_oracle_{name}_err",
-                    cand,
-                    limit,
-                    f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}",
-                )
+                Condition(metric, cand, limit, f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}")
             )
         ratio = all_hold(conditions)
         usage, reasons = ratio.usage, [ratio.reason] if ratio.reason else []
@@ -271,6 +318,10 @@ class OracleRatio(Bound):
 
     def describe(self) -> str:
         text = f"ratio<={self.ratio:g} +{self.floor_ulps:g}ulp"
+        if self.confidence is not None:
+            text += f" {self.confidence.describe()}"
+        if self.gain:
+            text += " +gain"
         if self.direct_ulps:
             text += f" | direct<={self.direct_ulps:g}ulp"
         if self.systematic is not None:
@@ -283,4 +334,4 @@ KINDS: dict[str, type[Bound]] = {kind.kind: kind for kind in (Exact, UlpsOfMax, 
 
 def notation() -> list[str]:
     """How each kind's `describe` reads: the first paragraph of each class's docstring."""
-    return [" ".join(cls.__doc__.split("\n\n")[0].split()) for cls in (*KINDS.values(), Systematic)]
+    return [" ".join(cls.__doc__.split("\n\n")[0].split()) for cls in (*KINDS.values(), Confidence, Systematic)]

@@ -82,3 +82,73 @@ def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, f
         t = np.where(standard_error > 0, np.abs(mean) / standard_error, np.where(mean == 0, 0.0, np.inf))
     worst = int(np.argmax(t))
     return float(t[worst]), safe_ratio(float(abs(mean[worst])), max_abs(e))
+
+
+def _pairwise_sum(a: np.ndarray, b: np.ndarray) -> float:
+    """Σ a·b by NumPy's pairwise summation (never BLAS: see `l2_norm`)."""
+    return float(np.sum(a * b))
+
+
+def gain(actual, expected) -> float:
+    """The error's component along the expected value: ⟨a − e, e⟩ / ⟨e, e⟩, float64, signed.
+
+    A leaf scaled by (1 + g) has gain g exactly; rounding noise, uncorrelated with the value,
+    has a gain of order its RMS error over the square root of the leaf's degrees of freedom.
+    0 when both are all-zero, inf when only `expected` is; NaN or Inf inputs give NaN.
+    """
+    a, e = upcast(actual), upcast(expected)
+    if a.size == 0:
+        return 0.0
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
+        return math.nan
+    scale = max_abs(e)
+    if scale == 0.0:
+        return 0.0 if max_abs(a) == 0.0 else math.inf
+    unit = e / scale
+    return _pairwise_sum((a - e) / scale, unit) / _pairwise_sum(unit, unit)
+
+
+def effective_dof(deviations) -> float:
+    """The effective degrees of freedom of ‖d‖² over random draws d of one leaf's error.
+
+    deviations: N >= 2 arrays of one shape (draws of the same random error). Satterthwaite's
+    k = tr(Σ)² / tr(Σ²) of the draws' covariance Σ, from unbiased estimates over distinct
+    pairs: tr(Σ)² from ‖d_i‖²‖d_j‖², tr(Σ²) from (d_i·d_j)² (for Gaussian draws both are
+    unbiased when i ≠ j). ‖d‖² then behaves like tr(Σ)·χ²_k / k. One error direction gives
+    k = 1 exactly; independent errors on m elements give k ≈ m. Clipped to [1, size].
+    """
+    draws = np.stack([upcast(d).ravel() for d in deviations])
+    if len(draws) < 2:
+        raise ValueError(f"effective_dof needs at least 2 draws, got {len(draws)}")
+    size = draws.shape[1]
+    scale = max_abs(draws)
+    if size == 0 or scale == 0.0 or not math.isfinite(scale):
+        return 1.0
+    draws = draws / scale
+    # The draws' Gram matrix by einsum's own loops (never BLAS: see `l2_norm`).
+    gram = np.einsum("ik,jk->ij", draws, draws)
+    distinct = ~np.eye(len(draws), dtype=bool)
+    squared = np.diag(gram)
+    trace_squared = float(np.sum(np.outer(squared, squared)[distinct]))
+    trace_of_square = float(np.sum(np.square(gram)[distinct]))
+    if trace_of_square <= 0.0:
+        return float(size)
+    return float(min(max(trace_squared / trace_of_square, 1.0), size))
+
+
+def statistic_dof(values, ceiling: float) -> float:
+    """Degrees of freedom of a positive statistic X (e.g. a max error) whose square is
+    modelled as c·χ²_k / k, matched to the spread of its draws: k = 2 / CV²(X²).
+
+    values: N >= 2 draws of X. Clipped to [1, ceiling]; identical draws give `ceiling`.
+    """
+    squares = np.square(np.asarray(values, dtype=np.float64))
+    if squares.size < 2:
+        raise ValueError(f"statistic_dof needs at least 2 draws, got {squares.size}")
+    mean = float(np.mean(squares))
+    if mean == 0.0 or not math.isfinite(mean):
+        return float(ceiling)
+    variance = float(np.var(squares, ddof=1))
+    if variance == 0.0:
+        return float(ceiling)
+    return float(min(max(2.0 * mean * mean / variance, 1.0), ceiling))

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.judging.error_statistics import l2_norm, max_abs, safe_ratio, systematic_error, upcast
+from harness.judging.confidence import Sensitivity
+from harness.judging.error_statistics import gain, l2_norm, max_abs, safe_ratio, systematic_error, upcast
 from records import dtypes
 
 __all__ = [
@@ -136,6 +137,12 @@ class LeafMetrics:
     oracle_ratio_rms: float
     oracle_sensitivity_max: float
     oracle_sensitivity_rms: float
+    cand_oracle_gain: float
+    partner_oracle_gain: float
+    oracle_sensitivity_gain: float
+    oracle_sensitivity_dof_max: float
+    oracle_sensitivity_dof_rms: float
+    oracle_draws: float
     cand_systematic_t: float
     cand_systematic_shift: float
     partner_systematic_t: float
@@ -233,6 +240,9 @@ class MetricsMemo:
     def ulp_spacing(self, a: np.ndarray, dtype: str) -> np.ndarray:
         return self._once(("ulp_spacing", dtype), (a,), lambda: ulp_spacing(a, dtype))
 
+    def gain(self, actual: np.ndarray, expected: np.ndarray) -> float:
+        return self._once(("gain",), (actual, expected), lambda: gain(actual, expected))
+
     def systematic_error(self, actual: np.ndarray, expected: np.ndarray, token_axes: int) -> tuple[float, float]:
         return self._once(
             ("systematic", token_axes),
@@ -247,7 +257,7 @@ def leaf_metrics(
     oracle=None,
     *,
     dtype,
-    sensitivity=None,
+    sensitivity: Sensitivity | None = None,
     token_axes: int = 0,
     oracle_systematic_t: float | None = None,
     memo: MetricsMemo | None = None,
@@ -257,13 +267,15 @@ def leaf_metrics(
     candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
     ml_dtypes arrays). oracle: None or an array-like of the same shape (float64 in
     practice). dtype: the compared leaf's dtype, the unit of the ULP metrics.
-    sensitivity: None or the oracle's (max, rms) relative sensitivity to one rounding per
-    operation (`harness.engine.oracle_path.OracleOutputs`), recorded as oracle_sensitivity_*; NaN
-    when not given. token_axes: how many leading axes index tokens (0: the leaf has no
-    token axis); with an oracle, the candidate's and the partner's `systematic_error`
-    against it are recorded (NaN otherwise). oracle_systematic_t: the t statistic the
-    rounding model itself produces on this leaf (`OracleOutputs.systematic`). memo: a
-    `MetricsMemo` shared by the calls of one case (same results, less work).
+    sensitivity: None or the oracle's `Sensitivity` to one rounding per operation
+    (`harness.engine.oracle_path.OracleOutputs`), recorded as oracle_sensitivity_* and
+    oracle_draws; NaN when not given. With an oracle, each side's `gain` against it (its
+    error's component along the oracle's value) is recorded too. token_axes: how many
+    leading axes index tokens (0: the leaf has no token axis); with an oracle, the
+    candidate's and the partner's `systematic_error` against it are recorded (NaN
+    otherwise). oracle_systematic_t: the t statistic the rounding model itself produces
+    on this leaf (`OracleOutputs.systematic`). memo: a `MetricsMemo` shared by the calls
+    of one case (same results, less work).
     Raises ValueError if the shapes differ or `dtype` is unsupported.
     See the module docstring for every edge case.
     """
@@ -291,13 +303,14 @@ def leaf_metrics(
     nan_p, inf_p = memo.counts(p)
     if o is None:
         nan_o = inf_o = 0
-        c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = math.nan
+        c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = c_gain = p_gain = math.nan
     else:
         nan_o, inf_o = memo.counts(o)
         _, c_o_max, c_o_rms = memo.rel_errors(c, o)
         _, p_o_max, p_o_rms = memo.rel_errors(p, o)
         ratio_max = _error_ratio(c_o_max, p_o_max)
         ratio_rms = _error_ratio(c_o_rms, p_o_rms)
+        c_gain, p_gain = memo.gain(c, o), memo.gain(p, o)
     if o is None or not token_axes:
         c_t = c_shift = p_t = math.nan
     else:
@@ -322,8 +335,14 @@ def leaf_metrics(
         cand_oracle_rms_err=c_o_rms,
         partner_oracle_rms_err=p_o_rms,
         oracle_ratio_rms=ratio_rms,
-        oracle_sensitivity_max=math.nan if sensitivity is None else float(sensitivity[0]),
-        oracle_sensitivity_rms=math.nan if sensitivity is None else float(sensitivity[1]),
+        oracle_sensitivity_max=math.nan if sensitivity is None else sensitivity.max,
+        oracle_sensitivity_rms=math.nan if sensitivity is None else sensitivity.rms,
+        cand_oracle_gain=c_gain,
+        partner_oracle_gain=p_gain,
+        oracle_sensitivity_gain=math.nan if sensitivity is None else sensitivity.gain,
+        oracle_sensitivity_dof_max=math.nan if sensitivity is None else sensitivity.dof_max,
+        oracle_sensitivity_dof_rms=math.nan if sensitivity is None else sensitivity.dof_rms,
+        oracle_draws=math.nan if sensitivity is None else float(sensitivity.draws),
         cand_systematic_t=c_t,
         cand_systematic_shift=c_shift,
         partner_systematic_t=p_t,

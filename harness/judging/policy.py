@@ -18,6 +18,11 @@ bound is listed in docs/tolerances.md, `python -m harness policy --table`) holds
 
 `[systematic]` (`leaf_kinds`, `t_floor`, `ratio`, `rationale`) adds the systematic-error
 criterion (`harness.judging.bounds.Systematic`) to every oracle_ratio rule on those leaf kinds.
+`[confidence]` (`false_positive_rate`, `gain_leaf_kinds`, `rationale`) states the
+probability with which a correct implementation may exceed an oracle_ratio bound: the
+sensitivity enters every such bound through its quantile at that rate
+(`harness.judging.bounds.Confidence`), and the rules on `gain_leaf_kinds` also hold the
+error's component along the leaf itself.
 
 Validation rejects any tolerance below one ulp of the compared values: every ulps
 number must be >= 1 (a `direct_ulps` of 0 only switches the direct criterion off),
@@ -50,7 +55,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.judging.bounds import KINDS, RATIO, ULPS, ULPS_OR_OFF, Bound, OracleRatio, Systematic
+from harness.judging.bounds import KINDS, RATIO, ULPS, ULPS_OR_OFF, Bound, Confidence, OracleRatio, Systematic
 from harness.judging.metrics import LeafMetrics, dtype_name, eps
 from records.schema import COMPARISONS, LEAF_KINDS
 
@@ -83,7 +88,8 @@ SUPPORTED_VERSION = 2
 _REQUIRED = ("comparison", "dtype", "leaf_kind", "kind", "rationale")
 _NUMBER_FIELDS = frozenset(name for kind in KINDS.values() for name in kind.numbers)
 _ALLOWED = frozenset(MATCH_KEYS + ("kind", "rationale", "eps_dtype")) | _NUMBER_FIELDS
-_TOP_LEVEL = frozenset({"version", "rule", "systematic"})
+_TOP_LEVEL = frozenset({"version", "rule", "systematic", "confidence"})
+_CONFIDENCE_KEYS = frozenset({"false_positive_rate", "gain_leaf_kinds", "rationale"})
 _SYSTEMATIC_KEYS = frozenset({"leaf_kinds", "t_floor", "ratio", "rationale"})
 # What became of the fields of version 1 files.
 _VERSION_1_NOTE = (
@@ -191,6 +197,7 @@ class Policy:
     digest: str
     source: str
     systematic: Systematic | None = None
+    confidence: Confidence | None = None
     # resolve()'s answers by combination: a run judges every leaf, of few combinations,
     # and finding the most specific rule scans every rule.
     _resolved: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
@@ -227,6 +234,9 @@ class Policy:
             bound = rule.bound
             if isinstance(bound, OracleRatio) and self.systematic and leaf_kind in self.systematic.leaf_kinds:
                 bound = dataclasses.replace(bound, systematic=self.systematic)
+            if isinstance(bound, OracleRatio) and self.confidence:
+                gain = leaf_kind in self.confidence.gain_leaf_kinds
+                bound = dataclasses.replace(bound, confidence=self.confidence, gain=gain)
             resolved = self._resolved[combination] = Resolved(rule, bound, rule.eps_dtype or dtype)
         return resolved
 
@@ -414,6 +424,26 @@ def _validate_systematic(raw, source: str) -> Systematic:
     return Systematic(tuple(kinds), numbers["t_floor"], numbers["ratio"], raw["rationale"].strip())
 
 
+def _validate_confidence(raw, source: str) -> Confidence:
+    where = f"{source}: [confidence]"
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: must be a table")
+    unknown, missing = set(raw) - _CONFIDENCE_KEYS, _CONFIDENCE_KEYS - set(raw)
+    if unknown or missing:
+        raise PolicyError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    rate = raw["false_positive_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate < 0.5:
+        raise PolicyError(f"{where}: field 'false_positive_rate' must be a probability in (0, 0.5), got {rate!r}")
+    kinds = raw["gain_leaf_kinds"]
+    if not isinstance(kinds, list) or any(k not in POLICY_LEAF_KINDS for k in kinds):
+        raise PolicyError(
+            f"{where}: field 'gain_leaf_kinds' must list leaf kinds of {POLICY_LEAF_KINDS}, got {kinds!r}"
+        )
+    if not isinstance(raw["rationale"], str) or not raw["rationale"].strip():
+        raise PolicyError(f"{where}: field 'rationale' must explain the rate")
+    return Confidence(float(rate), tuple(kinds), raw["rationale"].strip())
+
+
 def parse_policy(text: str, *, source: str = "<string>") -> Policy:
     """Parse and validate policy TOML text. Raises PolicyError naming rule and field."""
     try:
@@ -431,6 +461,7 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
         raise PolicyError(f"{source}: field 'rule': needs at least one [[rule]] table")
     rules = tuple(_validate_rule(i, raw) for i, raw in enumerate(raw_rules))
     systematic = _validate_systematic(data["systematic"], source) if "systematic" in data else None
+    confidence = _validate_confidence(data["confidence"], source) if "confidence" in data else None
 
     seen: dict[tuple, Rule] = {}
     for rule in rules:
@@ -449,7 +480,7 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
                 + "; add a rule naming all of their keys"
             )
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return Policy(rules=rules, digest=digest, source=source, systematic=systematic)
+    return Policy(rules=rules, digest=digest, source=source, systematic=systematic, confidence=confidence)
 
 
 def load_policy(path=None) -> Policy:

@@ -41,13 +41,14 @@ import numpy as np
 from harness.engine.operation import OPERATION
 from harness.engine.oracle_path import NOISE_SAMPLES, OracleOutputs, noise_seeds, noise_units, run_oracle_path
 from harness.env import cache_root, compiler_material
+from harness.judging.confidence import Sensitivity
 from harness.stores.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
 from records.code import closure_digest, import_closure
 from records.files import array_sha256, atomic_write
 from records.manifest import PROJECT_ROOT
 
 # Bump when the entry layout changes (part of the key).
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2
 # The module that computes an oracle answer: its import closure, less the modules only a
 # path's program runs (`harness.engine.operation`), is the code an answer depends on
 # (tests/test_oracle_cache.py checks that computing one runs nothing else of the project).
@@ -99,7 +100,7 @@ def serialize(material: dict, outputs: OracleOutputs) -> bytes:
     header = {
         "key": material,
         "leaves": {name: {"shape": list(a.shape), "sha256": array_sha256(a)} for name, a in leaves.items()},
-        "sensitivity": {name: list(pair) for name, pair in outputs.sensitivity.items()},
+        "sensitivity": {name: value.as_dict() for name, value in outputs.sensitivity.items()},
         "systematic": dict(outputs.systematic),
     }
     header["checksum"] = header_checksum(header)
@@ -134,7 +135,10 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
             raise CorruptOracleEntry(f"{name}: checksum mismatch")
         value.setflags(write=False)
         leaves[name] = value
-    sensitivity = {name: (float(pair[0]), float(pair[1])) for name, pair in header["sensitivity"].items()}
+    try:
+        sensitivity = {name: Sensitivity.from_dict(raw) for name, raw in header["sensitivity"].items()}
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CorruptOracleEntry(f"sensitivity record unreadable ({error})") from error
     systematic = {name: float(t) for name, t in header["systematic"].items()}
     return OracleOutputs(leaves, sensitivity, 0.0, systematic=systematic)
 

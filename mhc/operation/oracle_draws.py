@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from mhc import oracle
 
 
-def oracle_draws(case, fixture, branch_apply: Callable, draws: Sequence[tuple]) -> list[oracle.OracleResult]:
+def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.OracleResult]:
     """Each draw of the oracle on `fixture` (x, weights, branch_params, cotangent), in one
     compiled program (`mhc.oracle.run_oracle_batch`): per draw its `forward` (forward leaf
     -> float64 array), `d_x`, `d_weights` (weight name -> gradient) and `d_branch` (branch
     parameter -> gradient). draws: (seed, units) per draw, (0, None) the exact one;
-    branch_apply: the case's branch."""
+    branch: the case's `cases.branches.Branch` (its apply and the rounding sites it
+    declares inside itself)."""
     return oracle.run_oracle_batch(
         fixture.x,
         fixture.weights,
-        branch_apply,
+        branch.apply,
         fixture.branch_params,
         fixture.cotangent,
         case.mhc_config(),
         draws=draws,
+        branch_sites=branch.rounding_sites,
     )
 
 

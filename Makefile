@@ -28,7 +28,7 @@ RESULTS    ?= docs/results
 PYTEST_ARGS ?=
 IMPL       ?=
 
-.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep tolerances bench bench-reports accelerator-check clean
+.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep audit tolerances bench bench-reports accelerator-check clean
 
 setup: $(STAMP)
 
@@ -88,6 +88,11 @@ faults: setup
 # calibration table holds every cell's tail against the policy's stated false-positive rate.
 sweep: setup
 	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT) --jobs $(SWEEP_JOBS) --results $(RESULTS)/sweep-$(SUITE).md
+
+# The rounding audit: every bfloat16 value the reference holds and the model's site for it, and
+# each site's share of the sensitivity; exits 1 on a value no site rounds.
+audit: setup
+	$(PY) -m harness faults --audit --out out/audit --results $(RESULTS)/rounding-audit.md
 
 # docs/tolerances.md: the bound every comparison of the case matrix resolves to (a test
 # fails until it is regenerated after a change of harness/judging/tolerances.toml).

@@ -330,9 +330,17 @@ class _RoundingNoise:
     units zero every δ is exactly 0 and the program computes the exact oracle.
     """
 
-    def __init__(self, sites: Sequence[tuple[str, tuple[int, ...]]], bank, units, branch_sites: BranchSites = ()):
+    def __init__(
+        self,
+        sites: Sequence[tuple[str, tuple[int, ...]]],
+        bank,
+        units,
+        branch_sites: BranchSites = (),
+        only_sites: frozenset[str] | None = None,
+    ):
         self.sites, self.bank, self.units = list(sites), bank, units
         self.rules = {**ROUNDING_SITES, **dict(branch_sites)}
+        self.only_sites = only_sites
         self.calls, self.offset = 0, 0
 
     def _unit(self, classes: tuple[str, ...]):
@@ -354,6 +362,9 @@ class _RoundingNoise:
         rule = self.rules[site]
         forward_delta = self._unit(rule.forward) * self._take(v.shape)
         backward_delta = self._unit(rule.backward) * self._take(v.shape)
+        if self.only_sites is not None and site not in self.only_sites:
+            # Its share of the bank is still taken, so the other sites keep their numbers.
+            forward_delta, backward_delta = 0.0 * forward_delta, 0.0 * backward_delta
         return _round_both_ways(v, forward_delta.astype(v.dtype), backward_delta.astype(v.dtype))
 
 
@@ -502,9 +513,12 @@ def _bank_program(size: int):
 # mappings (a process has at most vm.max_map_count): keep the programs of the few most
 # recent branch/config combinations, not of every case a long run has seen.
 @functools.lru_cache(maxsize=8)
-def _oracle_program(branch_apply: BranchApply, config, branch_sites: BranchSites = ()):
+def _oracle_program(
+    branch_apply: BranchApply, config, branch_sites: BranchSites = (), only_sites: frozenset[str] | None = None
+):
     """The jitted float64 forward + VJP of a batch of draws, for one branch (and its own
-    rounding sites) and config.
+    rounding sites) and config; with `only_sites`, every other site is held exact (the
+    share of the sensitivity those sites explain).
 
     program(x, w, p, ct, banks, units): banks (D, `_bank_size`) uniform [-1, 1) numbers
     (`_bank_program`) and units (D, classes) unit roundoffs, one row per draw
@@ -518,7 +532,7 @@ def _oracle_program(branch_apply: BranchApply, config, branch_sites: BranchSites
         sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
         if bank.shape != (_bank_size(sites),):
             raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
-        noise = _RoundingNoise(sites, bank, units, branch_sites)
+        noise = _RoundingNoise(sites, bank, units, branch_sites, only_sites)
         outputs = _layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
         if noise.calls != len(sites):
             raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
@@ -601,11 +615,14 @@ def run_oracle_batch(
     *,
     draws: Sequence[tuple[int, Mapping[str, float] | float | None]],
     branch_sites: Mapping[str, RoundingSite] | None = None,
+    only_sites: Sequence[str] | None = None,
 ) -> list[OracleResult]:
     """Several draws of `run_oracle` in one run of one compiled program (`jax.vmap` over the draws).
 
     draws: (seed, units) per draw, units as for `run_oracle`'s rounding_noise (None or 0:
-    the exact oracle, whose seed is then irrelevant); branch_sites as for `run_oracle`. Returns one `OracleResult` per
+    the exact oracle, whose seed is then irrelevant); branch_sites as for `run_oracle`;
+    only_sites: round only at these sites (each draw keeps the random numbers it has in a
+    draw of every site, so the shares add up to first order). Returns one `OracleResult` per
     draw, in order; a draw's result does not depend on the other draws of the batch
     beyond a float64 reassociation of the contractions.
     """
@@ -613,6 +630,9 @@ def run_oracle_batch(
         raise ValueError("run_oracle_batch needs at least one draw")
     units = np.stack([_units_vector(u) for _, u in draws])
     sites = _branch_site_tuple(branch_sites)
+    unknown = sorted(set(only_sites or ()) - set(ROUNDING_SITES) - {name for name, _ in sites})
+    if unknown:
+        raise ValueError(f"only_sites names no rounding site: {unknown}")
     with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
@@ -620,7 +640,7 @@ def run_oracle_batch(
         ct64 = jnp.asarray(_as_f64(cotangent))
         keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
         banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply, sites)))(keys)
-        program = _oracle_program(branch_apply, config, sites)
+        program = _oracle_program(branch_apply, config, sites, None if only_sites is None else frozenset(only_sites))
         outputs = jax.tree.map(
             lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, banks, jnp.asarray(units))
         )

@@ -35,7 +35,7 @@ from harness.faults import matrix as kill_matrix
 from harness.faults import seed_sweep as sweep
 from harness.faults.model import UnknownPerturbationError, select
 from reports.samples import measured_row
-from reports.sweep import headroom_table
+from reports.sweep import calibration_table, headroom_table
 
 # Registry cases the CLI tests select by name. The kernels reject embedding 96 before
 # compiling anything (an expected-unsupported case), so only the reference path (and
@@ -86,6 +86,7 @@ def test_catalogue_covers_the_required_regressions():
         "kernel.token_block_skipped",
         "kernel.vjp_bias_grads_swapped",
         "independent.gate_params_bf16",
+        "reference.layer_input_scaled",
     }
     assert required <= set(FAULTS)
     assert len({p.name for p in ALL}) == len(ALL), "names must be unique across faults and variants"
@@ -289,6 +290,35 @@ def test_representative_variant_passes(name, representative):
 
 
 @pytest.mark.slow
+def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impls):
+    """On mixed_signs the collapse cancels: a legitimate bfloat16 collapse operand moves
+    layer_input by a third of what a 10% scale error does in RMS, so the gain criterion
+    (the error along the leaf itself) is what fails the fault with a margin, and it must
+    pass the variant."""
+    from cases import registry
+    from harness.judging.policy import load_policy
+
+    case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
+    policy, shared, memo = load_policy(None), kill_matrix.SharedInputs(), {}
+    kill_matrix.run_clean_pass([case], policy, shared, memo, impls, quiet=True)
+
+    def layer_input_row(name):
+        perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
+        rows = kill_matrix.run_perturbation_pass(perturbation, [case], policy, shared, memo, impls)
+        (row,) = [
+            r
+            for r in rows
+            if r["leaf"] == "layer_input" and r["candidate"] == "reference/unsharded" and r["comparison"] == "vs_oracle"
+        ]
+        return row
+
+    fault = layer_input_row("reference.layer_input_scaled")
+    assert fault["verdict"] == "fail" and "cand_oracle_gain" in fault["reason"], fault["reason"]
+    variant = layer_input_row("reference.coefficient_operands_rounded")
+    assert variant["verdict"] == "pass" and variant["bound_usage"] < 0.5
+
+
+@pytest.mark.slow
 def test_kills_land_on_the_leaves_the_fault_models(representative):
     results = representative[1]
 
@@ -380,6 +410,34 @@ def test_headroom_is_measured_per_group_over_passing_rows():
     line = table.iloc[0]
     assert (line.passing, line.failing, line.max_usage, line.median_usage) == (3, 1, 0.7, 0.4)
     assert line.closest_case == "c"
+
+
+def test_calibration_holds_each_cell_against_the_stated_rate():
+    def row(case, usage, verdict="pass", leaf="h_pre"):
+        return measured_row(
+            case,
+            "reference/unsharded",
+            "oracle",
+            "vs_oracle",
+            leaf,
+            "intermediate",
+            "float32",
+            1.0,
+            bound_usage=usage,
+            verdict=verdict,
+        )
+
+    rows = [row(f"a-seed{s}", u) for s, u in enumerate((0.1, 0.2, 0.6, 0.9))]
+    rows += [row(f"b-seed{s}", 0.3) for s in range(3)] + [row("b-seed3", 1.5, "fail")]
+    families = {**{f"a-seed{s}": "default" for s in range(4)}, **{f"b-seed{s}": "mixed_signs" for s in range(4)}}
+    table = calibration_table(rows, families, 1e-5).set_index("init")
+    clean, failing = table.loc["default"], table.loc["mixed_signs"]
+    assert clean.rows == 4 and clean.max_usage == 0.9 and clean["above_0.5"] == 0.5 and clean["above_0.8"] == 0.25
+    assert clean["above_1"] == 0 and clean["tail"] == "consistent"
+    assert clean.expected_above_1 == pytest.approx(4e-5)
+    # One row above its bound in 4 is far beyond a 1e-5 rate.
+    assert failing["above_1"] == 0.25 and failing["tail"] == "above the stated rate"
+    assert calibration_table(rows, families, None).set_index("init").loc["default"]["tail"] == "-"
 
 
 def test_seeded_cases_are_renamed_and_reseeded():
@@ -486,3 +544,17 @@ def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     assert usages and all(u <= 1 for u in usages)
     assert (tmp_path / "headroom.csv").exists() and (tmp_path / "sweep.md").exists()
     assert "Written by `python -m harness faults " in results.read_text()
+
+
+def test_the_independent_gate_has_a_finite_gradient_where_it_saturates():
+    """Saturated gates (seed 5 of saturated_gates) reach logits below -88, where 1/(1 + exp(-z))
+    overflows in float32 and its gradient is inf/inf."""
+    import jax
+    import jax.numpy as jnp
+
+    from harness.faults import independent_mhc
+
+    z = jnp.asarray([-120.0, -90.0, 0.0, 90.0], jnp.float32)
+    one = jnp.ones((), jnp.float32)
+    values, grad = jax.value_and_grad(lambda l: independent_mhc.sigmoid_gate(l, one, 0 * one).sum())(z)
+    assert bool(jnp.all(jnp.isfinite(grad))) and float(values) == pytest.approx(1.5, abs=1e-6)

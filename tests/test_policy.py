@@ -703,7 +703,9 @@ def test_packaged_policy_catches_a_bfloat16_gate_bias_by_its_systematic_shift():
     noise = 2e-4 * rng.normal(size=oracle.shape)
     clean = oracle + noise
     biased = clean + 1e-4  # a shared shift, half the per-token noise
-    sensitivity = Sensitivity(max=1e-3, rms=5e-4, gain=5e-4 / math.sqrt(oracle.size), dof_max=50, dof_rms=2048, draws=16)
+    sensitivity = Sensitivity(
+        max=1e-3, rms=5e-4, gain=5e-4 / math.sqrt(oracle.size), dof_max=50, dof_rms=2048, draws=16
+    )
     kwargs = dict(dtype="float32", sensitivity=sensitivity, token_axes=2, oracle_systematic_t=1.0)
     good = leaf_metrics(clean, oracle, oracle, **kwargs)
     bad = leaf_metrics(biased, oracle, oracle, **kwargs)

@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from cases.fixtures import make_fixture
 from harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.engine.implementations import ImplementationError, load_external
 from harness.engine.run_info import enable_compilation_cache, run_metadata
@@ -44,6 +45,7 @@ from harness.errors import ConfigurationError, UsageError
 from harness.faults import matrix as kill_matrix
 from harness.faults.fault_catalogue import CATALOGUE
 from harness.faults.model import Perturbation, SeamError, UnknownPerturbationError, select
+from harness.faults.rounding_audit import AUDIT_CASES, audit_case, audit_markdown
 from harness.faults.seed_sweep import run_sweep_in_workers, run_sweep_rows, seeded_cases, sweep_implementations
 from harness.faults.variants import VARIANTS
 from harness.judging.policy import PolicyError, load_policy
@@ -54,6 +56,7 @@ from reports.sweep import headroom_table, sweep_text, write_sweep
 
 DEFAULT_FAULTS_OUT = pathlib.Path("out/faults")
 DEFAULT_SWEEP_OUT = pathlib.Path("out/sweep")
+DEFAULT_AUDIT_OUT = pathlib.Path("out/audit")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="run the false-positive sweep instead: unmodified code, seeds 0..N-1",
+    )
+    parser.add_argument(
+        "--audit",
+        action="store_true",
+        help="write the rounding audit instead: the reference's bfloat16 values and the model's site for each, "
+        "and each site's share of the sensitivity (default cases: harness.faults.rounding_audit.AUDIT_CASES)",
     )
     parser.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
     parser.add_argument("--list", action="store_true", help="print the faults and variants and exit")
@@ -251,6 +260,22 @@ def run_sweep(
     return EXIT_FAILED if failing else EXIT_OK
 
 
+def run_audit(cases, out: pathlib.Path, *, results: pathlib.Path | None = None) -> int:
+    """The rounding audit of `cases` into out/rounding_audit.md (and `results`); exit 1 when
+    the reference holds a bfloat16 value no site of the model rounds."""
+    audits = [audit_case(case, make_fixture(case)) for case in cases]
+    markdown = audit_markdown(audits)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "rounding_audit.md"
+    path.write_text(markdown, encoding="utf-8")
+    if results is not None:
+        write_results(results, markdown, _command(), run_metadata(cases))
+    missing = {v.function for audit in audits for v in audit.unmodelled}
+    print(markdown)
+    print(f"audit: {len(cases)} case(s), unmodelled bfloat16 values: {', '.join(sorted(missing)) or 'none'}; {path}")
+    return EXIT_FAILED if missing else EXIT_OK
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -273,6 +298,8 @@ def main(
         if args.list:
             print_catalogue([*faults, *variants])
             return EXIT_OK
+        if args.audit and (args.seeds is not None or args.faults or args.variants):
+            raise UsageError("--audit runs the oracle alone; it cannot be combined with --seeds/--faults/--variants")
         if args.seeds is not None:
             if args.seeds < 1:
                 raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
@@ -291,8 +318,9 @@ def main(
                 load_external(spec)
         except (PolicyError, ImplementationError, OSError) as exc:
             raise UsageError(str(exc)) from exc
+        case_globs = tuple(AUDIT_CASES) if args.audit and args.cases is None and args.suite is None else args.cases
         selection = RunSelection(
-            suite=args.suite, cases=None if args.cases is None else tuple(args.cases), dtype=args.dtype
+            suite=args.suite, cases=None if case_globs is None else tuple(case_globs), dtype=args.dtype
         )
         cases = select_cases(selection)
         if args.results is not None:
@@ -309,6 +337,8 @@ def main(
         except ConfigurationError as exc:
             print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    if args.audit:
+        return run_audit(cases, args.out or DEFAULT_AUDIT_OUT, results=args.results)
     if args.seeds is not None:
         return run_sweep(
             cases,

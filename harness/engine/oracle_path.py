@@ -60,7 +60,7 @@ NOISE_SAMPLES = 16
 NOISE_STREAM = 0x5E45
 
 
-def _named_leaves(draw) -> dict[str, np.ndarray]:
+def named_leaves(draw) -> dict[str, np.ndarray]:
     """An oracle draw (`harness.engine.operation.OracleDraw`) as leaves named like a path's."""
     leaves = {name: draw.forward[name] for name in FORWARD_LEAVES}
     leaves["d_x"] = draw.d_x
@@ -134,11 +134,11 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     exact_result, *draws = OPERATION.oracle_draws(
         case, fixture, get_branch(case.branch), [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
     )
-    exact = _named_leaves(exact_result)
+    exact = named_leaves(exact_result)
     noisy: dict[str, list[np.ndarray]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for draw in draws:
-        for name, value in _named_leaves(draw).items():
+        for name, value in named_leaves(draw).items():
             noisy[name].append(value)
             if name in systematic:
                 systematic[name].append(systematic_error(value, exact[name])[0])

@@ -216,8 +216,8 @@ class Systematic:
 class Confidence:
     """`at p=P`: the sensitivity S enters a bound as q·S, with q the quantile that a correct
     implementation's error exceeds with probability P given the leaf's degrees of freedom
-    and the number of draws S averages (`harness.judging.confidence.quantile`); `gain` on
-    `gain_leaf_kinds` adds the criterion on the error's component along the leaf itself."""
+    and the number of draws S averages (`harness.judging.confidence.quantile`); `+gain`
+    (on `gain_leaf_kinds`): the same criterion on the error's component along the leaf itself."""
 
     false_positive_rate: float
     gain_leaf_kinds: tuple[str, ...]
@@ -255,46 +255,29 @@ class OracleRatio(Bound):
 
     def judge(self, m: LeafMetrics, unit: float) -> Outcome:
         floor = self.floor_ulps * unit
+        # (candidate's metric, partner's metric, the sensitivity, its degrees of freedom)
         criteria = [
-            (
-                "max",
-                m.cand_oracle_max_err,
-                m.partner_oracle_max_err,
-                m.oracle_sensitivity_max,
-                m.oracle_sensitivity_dof_max,
-            ),
-            (
-                "rms",
-                m.cand_oracle_rms_err,
-                m.partner_oracle_rms_err,
-                m.oracle_sensitivity_rms,
-                m.oracle_sensitivity_dof_rms,
-            ),
+            ("cand_oracle_max_err", "partner_oracle_max_err", m.oracle_sensitivity_max, m.oracle_sensitivity_dof_max),
+            ("cand_oracle_rms_err", "partner_oracle_rms_err", m.oracle_sensitivity_rms, m.oracle_sensitivity_dof_rms),
         ]
-        if self.gain:
-            # One number per leaf: one degree of freedom.
-            criteria.append(
-                ("gain", abs(m.cand_oracle_gain), abs(m.partner_oracle_gain), m.oracle_sensitivity_gain, 1.0)
-            )
+        if self.gain:  # one number per leaf: one degree of freedom
+            criteria.append(("cand_oracle_gain", "partner_oracle_gain", m.oracle_sensitivity_gain, 1.0))
         conditions = []
-        for name, cand, partner, sensitivity, dof in criteria:
+        for cand_metric, partner_metric, sensitivity, dof in criteria:
+            # The gain is signed; the criterion holds its size.
+            cand, partner = abs(getattr(m, cand_metric)), abs(getattr(m, partner_metric))
             # The error to be no worse than: the partner's, or, where larger, the error
             # the arithmetic explains at this leaf (the oracle's sensitivity, if measured),
             # at the policy's stated confidence.
             q = 1.0 if self.confidence is None else self.confidence.quantile(dof, m.oracle_draws)
             explained = partner if math.isnan(sensitivity) else max(partner, q * sensitivity)
             limit = math.nan if math.isnan(partner) else self.ratio * explained + floor
-            metric = f"cand_oracle_{name}" if name == "gain" else f"cand_oracle_{name}_err"
-            what = (
-                f"partner_oracle_{name}({_number(partner)})"
-                if name == "gain"
-                else f"partner_oracle_{name}_err({_number(partner)})"
-            )
+            what = f"{partner_metric}({_number(partner)})"
             if not math.isnan(sensitivity):
-                scaled = f"{_number(q)}*sensitivity" if q != 1.0 else "sensitivity"
+                scaled = "sensitivity" if q == 1.0 else f"{_number(q)}*sensitivity"
                 what = f"max({what}, {scaled}({_number(sensitivity)}))"
             conditions.append(
-                Condition(metric, cand, limit, f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}")
+                Condition(cand_metric, cand, limit, f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}")
             )
         ratio = all_hold(conditions)
         usage, reasons = ratio.usage, [ratio.reason] if ratio.reason else []

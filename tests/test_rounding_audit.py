@@ -1,0 +1,60 @@
+"""harness.faults.rounding_audit: every bfloat16 value of the reference path has a site in the
+rounding model, and each site's share of a leaf's sensitivity."""
+
+from __future__ import annotations
+
+import pytest
+
+from cases import registry
+from cases.fixtures import make_fixture
+from harness.commands import faults as faults_cli
+from harness.faults import rounding_audit
+
+
+@pytest.fixture(scope="module")
+def mlp_case():
+    case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
+    return case, make_fixture(case)
+
+
+@pytest.mark.parametrize("name", rounding_audit.AUDIT_CASES)
+def test_every_bfloat16_value_of_the_reference_has_a_site(name):
+    case = registry.get(name)
+    values = rounding_audit.bfloat16_values(case, make_fixture(case))
+    assert values, "a bfloat16 case holds bfloat16 values"
+    assert not rounding_audit.unmodelled(values), [v.function for v in rounding_audit.unmodelled(values)]
+    functions = {v.function for v in values}
+    assert {"collapse_streams", "expand_streams", "fold_norm_into_projection"} <= functions
+
+
+def test_a_function_without_a_site_is_reported(mlp_case, monkeypatch):
+    modelled = {k: v for k, v in rounding_audit.MODELLED_BY.items() if k != "mlp_apply"}
+    monkeypatch.setattr(rounding_audit, "MODELLED_BY", modelled)
+    missing = rounding_audit.unmodelled(rounding_audit.bfloat16_values(*mlp_case))
+    assert [v.function for v in missing] == ["mlp_apply"]
+    assert "cases/branches.py" in missing[0].location
+
+
+@pytest.mark.slow
+def test_site_shares_name_what_a_leaf_rests_on(mlp_case):
+    shares = rounding_audit.site_shares(*mlp_case)
+    assert {"mlp_hidden", "mlp_preactivation", "coefficient_operand", "layer_input"} <= set(shares)
+    # The collapse cancels on mixed_signs: layer_input's sensitivity is its operand rounding.
+    assert shares["coefficient_operand"]["layer_input"] > 0.8
+    # The MLP's hidden activation moves its parameter gradients: what the model missed before.
+    assert shares["mlp_hidden"]["d_branch.w_out"] > 0.2
+    assert all(0.0 <= share < 1.5 for by_leaf in shares.values() for share in by_leaf.values())
+
+
+@pytest.mark.slow
+def test_the_audit_command_writes_its_tables(tmp_path, capsys):
+    code = faults_cli.main(
+        ["--audit", "--cases", "lite-n4-c128-b2s64-bf16-w32-identity-default", "--out", str(tmp_path)]
+    )
+    assert code == 0, capsys.readouterr().out
+    text = (tmp_path / "rounding_audit.md").read_text()
+    assert "Unmodelled: none." in text and "| `coefficient_operand` |" in text
+
+
+def test_audit_refuses_to_be_combined_with_a_sweep(tmp_path):
+    assert faults_cli.main(["--audit", "--seeds", "2", "--out", str(tmp_path)]) == 2

@@ -556,5 +556,5 @@ def test_the_independent_gate_has_a_finite_gradient_where_it_saturates():
 
     z = jnp.asarray([-120.0, -90.0, 0.0, 90.0], jnp.float32)
     one = jnp.ones((), jnp.float32)
-    values, grad = jax.value_and_grad(lambda l: independent_mhc.sigmoid_gate(l, one, 0 * one).sum())(z)
+    values, grad = jax.value_and_grad(lambda logits: independent_mhc.sigmoid_gate(logits, one, 0 * one).sum())(z)
     assert bool(jnp.all(jnp.isfinite(grad))) and float(values) == pytest.approx(1.5, abs=1e-6)

@@ -217,8 +217,8 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
     "bfloat16",
     "a bfloat16 RMS statistic (float32 accumulation) rounds each token's projection once, by "
     "the same relative amount as the bfloat16 operand roundings a correct path makes, and "
-    "not the same way for every token: measured at most 1.8x what the rounding model explains "
-    "(h_pre at 0.88 of a 2x bound), inside the headroom legitimate bfloat16 variants need",
+    "not the same way for every token: its closest row stays inside the headroom legitimate "
+    "bfloat16 variants need (the kill matrix gives its usage)",
 )
 
 

@@ -381,14 +381,15 @@ _BLAS_PROBE = """
 import dataclasses, sys
 import numpy as np
 from harness.judging.metrics import leaf_metrics
-from harness.engine.oracle_path import _relative_deviation
+from harness.engine.oracle_path import leaf_sensitivity
 rng = np.random.default_rng(7)
 exact = rng.standard_normal(1 << 16)
 candidate = (exact + 1e-3 * rng.standard_normal(exact.size)).astype(np.float32)
 partner = (exact + 1e-3 * rng.standard_normal(exact.size)).astype(np.float32)
 metrics = leaf_metrics(candidate, partner, exact, dtype="float32")
 print([float(v).hex() for v in dataclasses.astuple(metrics) if isinstance(v, float)])
-print([v.hex() for v in _relative_deviation(candidate.astype(np.float64), exact)])
+draws = [exact + 1e-3 * rng.standard_normal(exact.size) for _ in range(4)]
+print([float(v).hex() for v in dataclasses.astuple(leaf_sensitivity(draws, exact))])
 """
 
 

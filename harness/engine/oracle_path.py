@@ -21,7 +21,7 @@ from cases.branches import get_branch
 from harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from harness.engine.operation import OPERATION
 from harness.judging.confidence import Sensitivity
-from harness.judging.error_statistics import effective_dof, gain, l2_norm, max_abs, statistic_dof, systematic_error
+from harness.judging.error_statistics import draw_deviations, effective_dof, statistic_dof, systematic_error
 from mhc.precision import device_compute_capability, operand_rounding
 
 
@@ -80,28 +80,18 @@ def noise_units(case) -> dict[str, float]:
     return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case))
 
 
-def _relative_deviation(noisy: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
-    diff = noisy - exact
-    scale_max, max_dev = max_abs(exact), max_abs(diff)
-    scale_l2, l2_dev = l2_norm(exact, scale_max), l2_norm(diff, max_dev)
-    return (
-        max_dev / scale_max if scale_max else max_dev,
-        l2_dev / scale_l2 if scale_l2 else l2_dev,
-    )
-
-
 def _rms(values) -> float:
     return float(np.sqrt(np.mean(np.square(values))))
 
 
 def leaf_sensitivity(noisy: list[np.ndarray], exact: np.ndarray) -> Sensitivity:
     """The `Sensitivity` of one leaf from its noisy draws and the exact oracle (float64)."""
-    max_devs, rms_devs = zip(*(_relative_deviation(value, exact) for value in noisy))
-    dof_rms = effective_dof([value - exact for value in noisy])
+    max_devs, rms_devs, gains, deviations = draw_deviations(noisy, exact)
+    dof_rms = effective_dof(deviations)
     return Sensitivity(
         max=_rms(max_devs),
         rms=_rms(rms_devs),
-        gain=_rms([gain(value, exact) for value in noisy]),
+        gain=_rms(gains),
         dof_max=statistic_dof(max_devs, dof_rms),
         dof_rms=dof_rms,
         draws=len(noisy),

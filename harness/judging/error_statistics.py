@@ -108,6 +108,32 @@ def gain(actual, expected) -> float:
     return _pairwise_sum((a - e) / scale, unit) / _pairwise_sum(unit, unit)
 
 
+def draw_deviations(noisy, exact) -> tuple[list[float], list[float], list[float], list[np.ndarray]]:
+    """Per noisy draw of one leaf: its max and RMS deviation from `exact` (normalised by
+    max|exact| and ‖exact‖₂), its `gain` against `exact`, and the deviation itself.
+
+    noisy: draws of one shape, exact: that shape (float64). The same numbers as each draw's
+    own `max_abs`, `l2_norm` and `gain`, with what depends on `exact` alone computed once.
+    """
+    e = upcast(exact)
+    scale_max = max_abs(e)
+    scale_l2 = l2_norm(e, scale_max)
+    unit = e / scale_max if scale_max and math.isfinite(scale_max) else None
+    unit_norm = None if unit is None else _pairwise_sum(unit, unit)
+    max_devs, rms_devs, gains, diffs = [], [], [], []
+    for value in noisy:
+        a = upcast(value)
+        diff = a - e
+        max_dev = max_abs(diff)
+        l2_dev = l2_norm(diff, max_dev)
+        max_devs.append(max_dev / scale_max if scale_max else max_dev)
+        rms_devs.append(l2_dev / scale_l2 if scale_l2 else l2_dev)
+        finite = unit is not None and math.isfinite(max_dev) and bool(np.all(np.isfinite(a)))
+        gains.append(_pairwise_sum(diff / scale_max, unit) / unit_norm if finite else gain(a, e))
+        diffs.append(diff)
+    return max_devs, rms_devs, gains, diffs
+
+
 def effective_dof(deviations) -> float:
     """The effective degrees of freedom of ‖d‖² over random draws d of one leaf's error.
 
@@ -124,7 +150,7 @@ def effective_dof(deviations) -> float:
     scale = max_abs(draws)
     if size == 0 or scale == 0.0 or not math.isfinite(scale):
         return 1.0
-    draws = draws / scale
+    draws /= scale  # the stack is this function's own copy
     # The draws' Gram matrix by einsum's own loops (never BLAS: see `l2_norm`).
     gram = np.einsum("ik,jk->ij", draws, draws)
     distinct = ~np.eye(len(draws), dtype=bool)

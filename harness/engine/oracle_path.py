@@ -80,7 +80,8 @@ def noise_units(case) -> dict[str, float]:
     return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case))
 
 
-def _rms(values) -> float:
+def root_mean_square(values) -> float:
+    """sqrt(mean(values²)), float64: how draws of one statistic are combined."""
     return float(np.sqrt(np.mean(np.square(values))))
 
 
@@ -89,9 +90,9 @@ def leaf_sensitivity(noisy: list[np.ndarray], exact: np.ndarray) -> Sensitivity:
     max_devs, rms_devs, gains, deviations = draw_deviations(noisy, exact)
     dof_rms = effective_dof(deviations)
     return Sensitivity(
-        max=_rms(max_devs),
-        rms=_rms(rms_devs),
-        gain=_rms(gains),
+        max=root_mean_square(max_devs),
+        rms=root_mean_square(rms_devs),
+        gain=root_mean_square(gains),
         dof_max=statistic_dof(max_devs, dof_rms),
         dof_rms=dof_rms,
         draws=len(noisy),
@@ -134,5 +135,8 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
                 systematic[name].append(systematic_error(value, exact[name])[0])
     sensitivity = {name: leaf_sensitivity(values, exact[name]) for name, values in noisy.items()}
     return OracleOutputs(
-        exact, sensitivity, time.perf_counter() - start, systematic={name: _rms(ts) for name, ts in systematic.items()}
+        exact,
+        sensitivity,
+        time.perf_counter() - start,
+        systematic={name: root_mean_square(ts) for name, ts in systematic.items()},
     )

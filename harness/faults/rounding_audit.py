@@ -29,12 +29,12 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.source_info_util import summarize
 
 from cases.branches import get_branch
-from harness.engine.oracle_path import named_leaves, noise_seeds, noise_units
+from harness.engine.oracle_path import named_leaves, noise_seeds, noise_units, root_mean_square
+from harness.judging.error_statistics import draw_deviations
 from mhc import oracle, reference
 from records.manifest import PROJECT_ROOT
 
@@ -153,14 +153,12 @@ def site_shares(case, fixture, leaves: Sequence[str] | None = None) -> dict[str,
         exact, *noisy = oracle.run_oracle_batch(
             *arguments, draws=draws, branch_sites=branch.rounding_sites, only_sites=only_sites
         )
-        exact_leaves = named_leaves(exact)
-        names = leaves or list(exact_leaves)
-        out = {}
-        for name in names:
-            scale = float(np.sqrt(np.sum(np.square(exact_leaves[name])))) or 1.0
-            spread = [np.sum(np.square(named_leaves(d)[name] - exact_leaves[name])) for d in noisy]
-            out[name] = float(np.sqrt(np.mean(spread))) / scale
-        return out
+        exact_leaves, noisy_leaves = named_leaves(exact), [named_leaves(d) for d in noisy]
+        # The RMS deviation normalised as the sensitivity is (`draw_deviations`).
+        return {
+            name: root_mean_square(draw_deviations([d[name] for d in noisy_leaves], exact_leaves[name])[1])
+            for name in leaves or list(exact_leaves)
+        }
 
     total = deviations()
     shares = {}

@@ -28,7 +28,7 @@ RESULTS    ?= docs/results
 PYTEST_ARGS ?=
 IMPL       ?=
 
-.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep audit tolerances bench bench-reports accelerator-check clean
+.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep audit tolerances bench bench-causes bench-reports accelerator-check clean
 
 setup: $(STAMP)
 
@@ -104,6 +104,10 @@ tolerances: setup
 # (targets on 2 cores: cold <= 120 s, warm <= 15 s, edit <= 45 s, overhead < 10%).
 bench: setup
 	$(PY) bench/parity_bench.py --suite $(SUITE) --results $(RESULTS)/bench-$(SUITE).md
+
+# What naming a failing run's causes costs: the default suite with d_post_bias broken, cold and warm.
+bench-causes: setup
+	$(PY) bench/causes_bench.py --suite $(SUITE) --results $(RESULTS)/bench-causes-$(SUITE).md
 
 # Report writing alone (reports.write_all and `harness render`) on the run in $(OUT) (`make parity` first).
 bench-reports: setup

@@ -113,20 +113,31 @@ def busy_cpu_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def edited_copy(destination: pathlib.Path) -> pathlib.Path:
-    """A copy of the project's sources with the one-kernel-file edit applied."""
+def edited_copy(
+    destination: pathlib.Path, edited_file: str = EDITED_FILE, edit_from: str = EDIT_FROM, edit_to: str = EDIT_TO
+) -> pathlib.Path:
+    """A copy of the project's sources with a one-line edit of one file applied (by default the
+    exact kernel edit above)."""
     for folder in SOURCE_DIRS:
         shutil.copytree(ROOT / folder, destination / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    target = destination / EDITED_FILE
+    target = destination / edited_file
     text = target.read_text()
-    if text.count(EDIT_FROM) != 1:
-        raise SystemExit(f"bench: cannot apply the kernel edit: {EDITED_FILE} no longer has the line {EDIT_FROM!r}")
-    target.write_text(text.replace(EDIT_FROM, EDIT_TO))
+    if text.count(edit_from) != 1:
+        raise SystemExit(f"bench: cannot apply the edit: {edited_file} no longer has the line {edit_from!r}")
+    target.write_text(text.replace(edit_from, edit_to))
     return destination
 
 
-def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, project: pathlib.Path = ROOT) -> dict:
-    """One CLI run in a child process (from `project`'s sources); returns its figures."""
+def run_once(
+    suite: str,
+    cache: pathlib.Path,
+    out: pathlib.Path,
+    jobs: int,
+    project: pathlib.Path = ROOT,
+    edited_file: str = EDITED_FILE,
+) -> dict:
+    """One CLI run in a child process (from `project`'s sources, whose `edited_file` it checks
+    the run used); returns its figures."""
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
     command = [
         sys.executable,
@@ -151,14 +162,14 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
         raise SystemExit(f"harness run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     report = json.loads((out / "report.json").read_text())
     if project != ROOT:  # the run really used the edited copy
-        recorded = report["manifest"]["code_files"][EDITED_FILE]
-        if recorded != hashlib.sha256((project / EDITED_FILE).read_bytes()).hexdigest():
+        recorded = report["manifest"]["code_files"][edited_file]
+        if recorded != hashlib.sha256((project / edited_file).read_bytes()).hexdigest():
             raise SystemExit("bench: the edit run did not use the edited sources")
     meta = report["metadata"]
     compile_s, execute_s = _row_seconds(report["rows"])
     runner_wall = meta["wall_seconds"]
     worker_wall = jobs * runner_wall
-    accounted = meta["paths_s"] + meta["oracle_s"] + meta["fixtures_s"] + meta["lowering_s"]
+    accounted = meta["paths_s"] + meta["oracle_s"] + meta["fixtures_s"] + meta.get("causes_s", 0.0) + meta["lowering_s"]
     return {
         "jobs": jobs,
         "exit_code": proc.returncode,
@@ -170,6 +181,7 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
         "oracle_s": meta["oracle_s"],
         "fixtures_s": meta["fixtures_s"],
         "lowering_s": meta["lowering_s"],
+        "causes_s": meta.get("causes_s", 0.0),
         "overhead_s": max(worker_wall - accounted, 0.0),
         "startup_and_reports_s": process_wall - runner_wall,
         "peak_rss_mib": max(int(peak_kib) / 1024, meta.get("worker_peak_rss_mib", 0)),
@@ -182,6 +194,7 @@ def run_once(suite: str, cache: pathlib.Path, out: pathlib.Path, jobs: int, proj
         "oracle_cached": meta.get("oracle_cached"),
         "rows": len(report["rows"]),
         "sharpness": report["summary"].get("sharpness", []),
+        "causes": report["summary"].get("causes", []),
     }
 
 
@@ -202,7 +215,7 @@ def print_run(label: str, figures: dict) -> None:
         f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
         + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)")
     )
-    keys = ("paths_s", "oracle_s", "fixtures_s", "lowering_s", "overhead_s")
+    keys = ("paths_s", "oracle_s", "fixtures_s", "causes_s", "lowering_s", "overhead_s")
     body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / basis:.1f}%"] for key in keys]
     body.append(["  programs obtained", f"{figures['compile_s']:.1f} s", "loaded or compiled, mostly in threads ahead"])
     body.append(["  programs executed", f"{figures['execute_s']:.1f} s", "within paths"])
@@ -276,7 +289,7 @@ def load_note() -> str:
     )
 
 
-class _Tee(io.TextIOBase):
+class Tee(io.TextIOBase):
     """Standard output that is also kept, for the results file."""
 
     def __init__(self, stream):
@@ -290,13 +303,25 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
+def results_metadata() -> dict:
+    """The provenance of a benchmark's results file: commit, machine, versions."""
+    return {
+        "git_commit": git_commit(),
+        "host_cpu": host_cpu(),
+        "platform": platform.platform(),
+        "jax_version": importlib.metadata.version("jax"),
+        "jaxlib_version": importlib.metadata.version("jaxlib"),
+        "numpy_version": importlib.metadata.version("numpy"),
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="default")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="--jobs values to measure (default 1 2)")
     parser.add_argument("--results", type=pathlib.Path, default=None, metavar="FILE", help="also write the report here")
     args = parser.parse_args(argv)
-    tee = _Tee(sys.stdout)
+    tee = Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         code = _measure(args)
     if args.results is not None:
@@ -304,15 +329,7 @@ def main(argv=None) -> int:
         markdown = (
             f"# Benchmark of `harness run` on the {args.suite} suite\n\n```text\n{tee.kept.getvalue().strip()}\n```\n"
         )
-        metadata = {
-            "git_commit": git_commit(),
-            "host_cpu": host_cpu(),
-            "platform": platform.platform(),
-            "jax_version": importlib.metadata.version("jax"),
-            "jaxlib_version": importlib.metadata.version("jaxlib"),
-            "numpy_version": importlib.metadata.version("numpy"),
-        }
-        print(f"results: {write_results(args.results, markdown, command, metadata)}")
+        print(f"results: {write_results(args.results, markdown, command, results_metadata())}")
     return code
 
 

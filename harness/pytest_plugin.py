@@ -76,6 +76,7 @@ from records.rows import ReportInputError, json_ready, parse_float, to_frame
 from records.schema import FLOAT_COLUMNS, OK_VERDICTS
 from records.text import format_number, format_text_table
 from reports.baseline import diff_baselines, render_baseline, write_baseline
+from reports.causes import cause_groups
 from reports.comparability import precision_refusal
 from reports.drift import GATE_COLUMNS, typed_gate_frame
 from reports.gate import GateFinding, GateResult, gate_frames
@@ -586,6 +587,26 @@ def leaf_table(rows) -> str:
     return rows_table(rows, limit=None)
 
 
+def failed_rows_message(check: ParityCheck, bad: list[dict], total: int) -> str:
+    """A test's failing rows by cause (`reports.causes`): each cause's heading and its rows; a
+    cause whose every row's leaf also fails against the oracle is told once, by that test."""
+    oracle_failures = {
+        (r["candidate"], r["leaf"])
+        for r in check.session.case_rows(check.case)
+        if r["comparison"] == "vs_oracle" and r["verdict"] not in OK_VERDICTS
+    }
+    lines = [f"{len(bad)} of {total} rows of {check.id} failed:"]
+    for group in cause_groups(bad):
+        told = check.comparison != "vs_oracle" and all(
+            (r["candidate"], r["leaf"]) in oracle_failures for r in group.rows
+        )
+        if told:
+            lines.append(f"{group.heading()} (the leaves fail against the oracle too: {check.case.name}::vs_oracle)")
+        else:
+            lines += [group.heading(), leaf_table(list(group.rows))]
+    return "\n".join(lines)
+
+
 def _worst(finding: GateFinding, result: GateResult) -> str:
     """One finding in a phrase: a regression's leaf, growth and the allowed factor."""
     _, candidate, partner, leaf = finding.key
@@ -634,7 +655,7 @@ def check_parity(check: ParityCheck) -> None:
     elif session.baseline_run is not None:
         session.gate_counts[check.id] = dataclasses.astuple(GateTally(ungated=1))
     bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
-    parts = [f"{len(bad)} of {len(rows)} rows of {check.id} failed:\n{leaf_table(bad)}"] if bad else []
+    parts = [failed_rows_message(check, bad, len(rows))] if bad else []
     if findings:
         parts.append(gate_failure(check, findings, result))
     if parts:

@@ -2,12 +2,14 @@
 
 Everything MaxText-specific lives in this package; the engine (`harness`) knows only the
 implementation interface (`harness.engine.implementations`). `python -m harness run --suite maxtext
---impl maxtext_parity:implementations` (what `make parity-maxtext` runs) adds six:
+--impl maxtext_parity:implementations` (what `make parity-maxtext` runs) adds seven:
 
-  maxtext-layer-reference        the layer, use_mhc_pallas_kernel=False, as released
-  maxtext-layer-kernel           the layer, use_mhc_pallas_kernel=True, as released
-  maxtext-kernel-api             the public kernel API `maxtext.kernels.mhc.pre/post`, as released
-  ...-fixed (each of the three)  with the upstream fixes applied at run time (`maxtext_parity.fixes`)
+  maxtext-layer-reference              the layer, use_mhc_pallas_kernel=False, as released
+  maxtext-layer-kernel                 the layer, use_mhc_pallas_kernel=True, as released
+  maxtext-kernel-api                   the public kernel API `maxtext.kernels.mhc.pre/post`, as released
+  maxtext-layer-reference-upstream-pr  the reference with only the upstream PR's change (pre and post
+                                       gates in float32, the residual gate as released)
+  ...-fixed (each of the three)        with the upstream fixes applied at run time (`maxtext_parity.fixes`)
 
 Each layer runs through its own `__call__` with the case's branch as `branch_fn` and the
 fixture's weights in its parameters (`maxtext_parity.layer`). A kernel path is also compared
@@ -22,8 +24,8 @@ from maxtext_parity.layer import LayerPath
 
 
 def implementations() -> list:
-    """Every MaxText implementation, as released and fixed (the `--impl` factory)."""
-    return released() + fixed()
+    """Every MaxText implementation, as released, with the upstream PR alone, and fixed (the `--impl` factory)."""
+    return released() + [LayerPath(kernel=False, fixed=False, upstream_pr=True)] + fixed()
 
 
 def released() -> list:

@@ -6,6 +6,9 @@ Two kinds, kept apart:
   `MhcKernelConfig` without `interpret`, so on a machine without a TPU its kernels could
   not run at all; the harness sets `interpret=True` on the config of every kernel call:
   Pallas's interpret mode, as this project runs its own kernels on a CPU. Not a fix.
+* The upstream PR's change alone (`PreAndPostGatesInFloat32`, the `-upstream-pr` reference):
+  the pre and post gates in float32, the residual gate as released; what a release with
+  that PR merged computes.
 * The upstream fixes, in the `-fixed` implementations only:
   1. every gate scale and bias used in float32, as the kernels use them
      (`GatesInFloat32`: the layer's `mapping`, `res_mapping` and `_get_mhc_weights`
@@ -161,6 +164,15 @@ class _SeenInDtype:
 
     def __getattr__(self, name):
         return getattr(self._layer, name)
+
+
+class PreAndPostGatesInFloat32(ReleasedLayer):
+    """MaxText's layer with exactly the upstream PR's change: the pre and post gates' `mapping`
+    in float32, the residual gate's `res_mapping` as released (it casts its scale and bias too)."""
+
+    def mapping(self, h, alpha_scale, beta, scale, eps=0.0):
+        gate = ReleasedLayer.mapping(_SeenInDtype(self, jnp.float32), h, alpha_scale, beta, scale, eps)
+        return gate.astype(self.dtype)
 
 
 class GatesInFloat32(ReleasedLayer):

@@ -20,7 +20,14 @@ from maxtext.common.common_types import HyperConnectionType
 from maxtext.layers.mhc import ManifoldConstrainedHyperConnections
 
 from maxtext_parity.envelope import LAYER_BLOCK_DEFAULTS, REFERENCE_ENVELOPE, kernel_envelope
-from maxtext_parity.fixes import GatesInFloat32, KernelCalls, kernel_calls, maxtext_rejections, permutation_constant
+from maxtext_parity.fixes import (
+    GatesInFloat32,
+    KernelCalls,
+    PreAndPostGatesInFloat32,
+    kernel_calls,
+    maxtext_rejections,
+    permutation_constant,
+)
 
 # This project's weight field -> the parameter path in MaxText's layer.
 PARAMETERS = {
@@ -80,10 +87,15 @@ class LayerPath:
 
     variants = ("lite",)
 
-    def __init__(self, *, kernel: bool, fixed: bool):
+    def __init__(self, *, kernel: bool, fixed: bool, upstream_pr: bool = False):
+        """upstream_pr: the reference with only the upstream PR's change (`PreAndPostGatesInFloat32`)."""
+        if upstream_pr and (kernel or fixed):
+            raise ValueError("the upstream PR's variant is of the released reference path")
         self.kernel = kernel
         self.fixed = fixed
-        self.name = "maxtext-layer-" + ("kernel" if kernel else "reference") + ("-fixed" if fixed else "")
+        self.upstream_pr = upstream_pr
+        suffix = "-fixed" if fixed else "-upstream-pr" if upstream_pr else ""
+        self.name = "maxtext-layer-" + ("kernel" if kernel else "reference") + suffix
         self.partner = ("maxtext-layer-reference" + ("-fixed" if fixed else "")) if kernel else ""
         self.envelope = kernel_envelope(LAYER_BLOCK_DEFAULTS) if kernel else REFERENCE_ENVELOPE
         self.code_root = os.path.dirname(maxtext.__file__)
@@ -91,7 +103,13 @@ class LayerPath:
     def build(self, case, *, matmul_precision: str, mesh):
         """forward(x, weights, branch_fn) -> (out, {"layer_input": ...}) through the layer's `__call__`."""
         permutation_constant(case.streams)  # fills MaxText's cache of them with a value, before any trace
-        layer_class = GatesInFloat32 if self.fixed else ManifoldConstrainedHyperConnections
+        layer_class = (
+            GatesInFloat32
+            if self.fixed
+            else PreAndPostGatesInFloat32
+            if self.upstream_pr
+            else ManifoldConstrainedHyperConnections
+        )
         config = layer_config(case, kernel=self.kernel, matmul_precision=matmul_precision)
         # Structure and shapes only: the parameters are the fixture's weights (arguments).
         abstract = nnx.eval_shape(lambda: layer_class(config, case.embedding, mesh, rngs=nnx.Rngs(0)))

@@ -272,9 +272,9 @@ def unit_roundoffs(activation_dtype, weight_dtype, matmul_operand_roundoff: floa
     }
 
 
-def _exact(v, site: str):
+def _exact(v, site: str, part: str = ""):
     """The identity: the oracle without rounding noise."""
-    del site
+    del site, part
     return v
 
 
@@ -305,9 +305,11 @@ class _SiteRecorder:
 
     def __init__(self):
         self.sites: list[tuple[str, tuple[int, ...]]] = []
+        self.parts: list[str] = []  # which value of its site each call is ("" where one value is)
 
-    def __call__(self, v, site: str):
+    def __call__(self, v, site: str, part: str = ""):
         self.sites.append((site, tuple(v.shape)))
+        self.parts.append(part)
         return v
 
 
@@ -354,7 +356,8 @@ class _RoundingNoise:
         self.offset += size
         return part.reshape(shape)
 
-    def __call__(self, v, site: str):
+    def __call__(self, v, site: str, part: str = ""):
+        del part  # every value of a site rounds in its classes
         if self.calls >= len(self.sites) or self.sites[self.calls] != (site, tuple(v.shape)):
             recorded = self.sites[self.calls] if self.calls < len(self.sites) else "nothing"
             raise AssertionError(f"rounding site {self.calls} is {(site, v.shape)}, the recording pass saw {recorded}")
@@ -450,8 +453,9 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sit
     """Forward values and gradients of one layer application, every site rounded through `r`
     (the branch's own sites too, where it declares any)."""
     x, ct = r(x, "x"), r(ct, "cotangent")
-    w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight") for k, v in w.items()}
-    p = {k: r(v, "branch_param") for k, v in p.items()}
+    # Each weight names itself (`part`), so a hypothesis can round one gate's parameters.
+    w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight", part=k) for k, v in w.items()}
+    p = {k: r(v, "branch_param", part=k) for k, v in p.items()}
 
     def whole(x_, w_, p_):
         layer_input, coeffs = _pre(x_, w_, config, r)

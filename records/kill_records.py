@@ -78,10 +78,25 @@ class SliceVerdict:
     catches: tuple[Catch, ...]
     closest: Closest | None
     unkillable_reason: str = ""
+    # The cause most of the catching rows name (`cause` and `cause_id` of the rows), how
+    # many name it of how many name any, and whether it is the perturbation's own.
+    top_cause: str = ""
+    top_cause_id: str = ""
+    top_cause_rows: int = 0
+    cause_rows: int = 0
+    own_cause: bool = False
 
     @property
     def caught(self) -> bool:
         return bool(self.catches)
+
+    @property
+    def cause_cell(self) -> str:
+        """The top cause, its share of the rows with a cause, and whether it is the fault's own."""
+        if not self.cause_rows:
+            return "-"
+        mark = "own cause" if self.own_cause else "NOT its own cause"
+        return f"{self.top_cause} ({self.top_cause_rows}/{self.cause_rows} rows; {mark})"
 
     @property
     def status(self) -> str:
@@ -132,6 +147,7 @@ class PerturbationResult:
     slices: tuple[SliceVerdict, ...]
     ignored_clean_failures: int
     seconds: float
+    causes: tuple[str, ...] = ()  # a precision fault's own causes (hypothesis-name globs); () a logic fault
 
     def slice(self, dtype_slice: str) -> SliceVerdict:
         return next(s for s in self.slices if s.dtype_slice == dtype_slice)

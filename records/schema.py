@@ -45,6 +45,8 @@ LEAF_KINDS = (
 )
 
 IDENTITY_COLUMNS = ("case", "candidate", "partner", "leaf")
+# A failing row's `cause_id` when no hypothesis explains its error (harness.judging.attribution).
+UNEXPLAINED_CAUSE = "unexplained"
 
 _FLOAT, _INT, _TEXT = float, int, str  # the types of row values
 # Every row column, in order, with the type of its values.
@@ -111,6 +113,12 @@ _COLUMN_TYPES = {
     # the bound the row was held to
     "bound": _TEXT,  # human-readable description of the rule and its numbers
     "bound_usage": _FLOAT,  # measured / allowed for the binding rule; > 1 fails
+    # a failing row's most likely cause (harness.engine.causes; "" on other rows): in words,
+    # the names of its hypotheses ("+" between two; "unexplained" when none), and the
+    # fraction of the candidate's squared error against the oracle that it explains
+    "cause": _TEXT,
+    "cause_id": _TEXT,
+    "cause_explained": _FLOAT,
     # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
     "compile_s": _FLOAT,
     "execute_s": _FLOAT,
@@ -138,6 +146,9 @@ LATER_COLUMNS = (
     "oracle_sensitivity_dof_max",
     "oracle_sensitivity_dof_rms",
     "oracle_draws",
+    "cause",
+    "cause_id",
+    "cause_explained",
 )
 
 FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)

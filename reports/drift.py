@@ -62,7 +62,7 @@ LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLU
 # Leaf kind -> multiple of the oracle sensitivity below which growth is noise (module docstring).
 SENSITIVITY_FLOOR = {"scale_grad": 2.0}
 # Optional columns used for messages when the run provides them.
-GATE_OPTIONAL_COLUMNS = ("reason", "bound_usage")
+GATE_OPTIONAL_COLUMNS = ("reason", "bound_usage", "cause", "cause_id", "cause_explained")
 GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
 assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= set(ROW_COLUMNS)
 

@@ -50,6 +50,7 @@ import pandas as pd
 from records.rows import unwrap_run
 from records.schema import row_key
 from records.text import format_number, format_text_table
+from reports.causes import CauseGroup, cause_groups
 from reports.drift import (
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_NOISE_FLOOR_ULPS,
@@ -114,6 +115,8 @@ class GateResult:
     growth_factor: float
     noise_floor_ulps: float
     missing_groups: tuple[MissingGroup, ...] = ()
+    # the current run's failing and error rows grouped by cause (`reports.causes`)
+    failure_causes: tuple[CauseGroup, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -174,6 +177,13 @@ class GateResult:
                 if len(findings) <= max_info_rows:
                     lines += ["", _findings_table(findings)]
                 continue
+            if category == "failure" and self.failure_causes:  # one heading per cause, its rows under it
+                lines += ["", f"failure ({len(findings)} rows, from {len(self.failure_causes)} causes):"]
+                by_key = {f.key: f for f in findings}
+                for group in self.failure_causes:
+                    members = [by_key[row_key(r)] for r in group.rows if row_key(r) in by_key]
+                    lines += ["", f"  {group.heading()}", _findings_table(members, indent="    ")]
+                continue
             limit = None if category in FAILING_CATEGORIES else max_info_rows
             shown = findings if limit is None else findings[:limit]
             lines.append("")
@@ -200,8 +210,10 @@ class GateResult:
         ]
 
 
-def _findings_table(findings: Sequence[GateFinding]) -> str:
-    return format_text_table(("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings])
+def _findings_table(findings: Sequence[GateFinding], *, indent: str = "") -> str:
+    return format_text_table(
+        ("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings], indent=indent
+    )
 
 
 def _reason(row: Mapping[str, Any]) -> str:
@@ -350,6 +362,7 @@ def gate_frames(
         growth_factor=float(growth_factor),
         noise_floor_ulps=float(noise_floor_ulps),
         missing_groups=group_missing(missing, base_rows.keys(), cur_rows.keys()),
+        failure_causes=tuple(cause_groups(cur_rows[f.key] for f in failures)),
     )
 
 

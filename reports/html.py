@@ -17,12 +17,10 @@ given), per-case detail, and the environment.
 
 from __future__ import annotations
 
-import html
 import json
 import math
-import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -33,6 +31,8 @@ from reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, BoundPanel, bound_
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour, heatmaps
 from reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg, histograms
+from reports.html_elements import case_anchors, esc, fmt, num, table, td, verdict_span
+from reports.html_verdicts import implementations_section
 from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
 
 MAX_OFFENDERS = 25
@@ -98,48 +98,6 @@ figcaption { font-size: .8rem; color: #444; max-width: 70rem; margin-top: .4rem;
 pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
 .scroll { overflow-x: auto; }
 """
-
-
-def esc(value: Any) -> str:
-    """Text escaped for HTML element content and quoted attribute values."""
-    return html.escape(str(value), quote=True)
-
-
-def fmt(value: Any) -> str:
-    """A metric for a table cell (`records.text.format_number`), "—" for NaN (not measured)."""
-    return esc(format_number(value, nan="—"))
-
-
-def case_anchors(cases: Iterable[str]) -> dict[str, str]:
-    """A unique, URL-safe element id per case name (position + sanitised slug)."""
-    anchors = {}
-    for index, case in enumerate(sorted(set(cases))):
-        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", case).strip("-")[:40]
-        anchors[case] = f"case-{index}" + (f"-{slug}" if slug else "")
-    return anchors
-
-
-def verdict_span(verdict: str) -> str:
-    """A verdict with its colour class."""
-    return f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>'
-
-
-def table(headers: Sequence[str], body_rows: Iterable[Sequence[str]], *, table_id: str = "") -> str:
-    """An HTML table; header texts are escaped here, body cells must already be HTML."""
-    id_attr = f' id="{esc(table_id)}"' if table_id else ""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(body) + "</tr>" for body in body_rows)
-    return f'<div class="scroll"><table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
-
-
-def td(content: str, css: str = "") -> str:
-    """A table cell around already-escaped HTML."""
-    return f'<td class="{css}">{content}</td>' if css else f"<td>{content}</td>"
-
-
-def num(value: Any) -> str:
-    """A right-aligned numeric cell."""
-    return td(fmt(value), "num")
 
 
 def histogram_html(figure: Histogram) -> str:
@@ -624,6 +582,7 @@ def render_html(
     panels, qualifying = bound_panels(frame)
     nav_items = [
         ("summary", "Summary"),
+        ("implementations", "Verdict per implementation"),
         ("bound-plots", "Failing and near-bound leaves"),
         ("sharpness", "Sharpness"),
         ("heatmaps", "Heatmaps"),
@@ -637,6 +596,7 @@ def render_html(
     title = f"mHC parity report — {'PASS' if summary['ok'] and (gate_result is None or gate_result.ok) else 'FAIL'}"
     sections = [
         summary_section(summary, gate_result),
+        implementations_section(summary["implementations"], anchors),
         nav,
         bound_plot_section(panels, qualifying, anchors),
         sharpness_section(summary["sharpness"]),

@@ -65,6 +65,20 @@ def _not_caught_lines(results: Sequence[PerturbationResult], statuses: tuple[str
     return lines or ["none"]
 
 
+def _cause_lines(faults: Sequence[PerturbationResult]) -> list[str]:
+    """Per fault and slice with a named cause, the top cause; first, how many are the fault's own."""
+    pairs = [(r, s) for r in faults for s in r.slices if s.cause_rows]
+    lines = []
+    for kind, members in (
+        ("precision", [p for p in pairs if p[0].causes]),
+        ("logic", [p for p in pairs if not p[0].causes]),
+    ):
+        own = sum(s.own_cause for _, s in members)
+        lines.append(f"- {kind} faults: the top cause is the fault's own in {own}/{len(members)} (fault, slice) pairs")
+    rows = [[r.name, s.dtype_slice, s.cause_cell] for r, s in pairs]
+    return [*lines, "", md_table(["fault", "dtype slice", "top cause of its failing rows"], rows)]
+
+
 def kill_matrix_markdown(matrix: KillMatrix) -> str:
     """The kill matrix as a Markdown document."""
     faults = [r for r in matrix.results if not r.legitimate]
@@ -84,6 +98,13 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
         "## Faults",
         "",
         md_table(_headers(), _table_rows(faults)),
+        "",
+        "## Causes",
+        "",
+        "What the failing rows under each fault name as their most likely cause "
+        "(`harness.engine.causes`): a precision fault's own rounding, and for a logic fault no rounding.",
+        "",
+        *_cause_lines(faults),
         "",
         "## Exceptions (effect below what the arithmetic explains in that slice)",
         "",
@@ -142,6 +163,11 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
             "cases_caught": list(s.cases_caught),
             "margin": _json_number(s.margin),
             "unkillable_reason": s.unkillable_reason,
+            "top_cause": s.top_cause,
+            "top_cause_id": s.top_cause_id,
+            "top_cause_rows": s.top_cause_rows,
+            "cause_rows": s.cause_rows,
+            "own_cause": s.own_cause,
             "closest": None
             if s.closest is None
             else {
@@ -172,6 +198,7 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
                 "seams": r.seams,
                 "description": r.description,
                 "legitimate": r.legitimate,
+                "causes": list(r.causes),
                 "status": r.status,
                 "ok": r.ok,
                 "ignored_clean_failures": r.ignored_clean_failures,

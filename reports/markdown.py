@@ -15,6 +15,7 @@ import pandas as pd
 
 from records.schema import VERDICTS
 from records.text import format_number
+from reports.causes import format_heading
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
 
@@ -34,6 +35,10 @@ ENVIRONMENT_KEYS = (
 )
 
 
+# Causes listed per implementation; report.json has them all.
+MAX_CAUSES = 8
+
+
 def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool = True) -> str:
     """Text made safe for one GitHub Markdown table cell: one line, cut to `limit`
     characters (None: never), `|` and backticks escaped, and with `escape_html` the
@@ -45,6 +50,12 @@ def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool
     for raw, escaped in escapes:
         text = text.replace(raw, escaped)
     return text
+
+
+def markdown_heading(group: dict) -> str:
+    """A cause group's heading (`reports.causes.CauseGroup.as_dict`) in Markdown: names as
+    code spans (a backtick inside one dropped), the cause escaped."""
+    return format_heading(group, quote=lambda name: f"`{md_cell(name, None).replace(chr(92) + '`', '')}`", text=md_cell)
 
 
 def md_table(
@@ -95,6 +106,8 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
             continue
         shown = findings[:max_rows]
         lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
+        if category == "failure" and result.failure_causes:
+            lines += [f"- {markdown_heading(g.as_dict())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
         lines.append(
             md_table(
                 ("case", "candidate", "partner", "leaf", "detail"),
@@ -103,6 +116,17 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
         )
         lines += _truncation_note(len(shown), len(findings), "see the gate output")
     return "\n".join(lines) + "\n"
+
+
+def _implementation_lines(summary: dict) -> list[str]:
+    """One verdict per implementation, each failing one with its causes (largest first)."""
+    lines = ["", "### Verdict per implementation", ""]
+    for impl in summary.get("implementations", []):
+        lines.append(f"- **{md_cell(impl['name'])}**: {impl['verdict'].upper()}")
+        lines += [f"  - {markdown_heading(c)}" for c in impl["causes"][:MAX_CAUSES]]
+        if len(impl["causes"]) > MAX_CAUSES:
+            lines.append(f"  - ... and {len(impl['causes']) - MAX_CAUSES} more causes (see report.json)")
+    return lines
 
 
 def render_markdown(
@@ -147,6 +171,7 @@ def render_markdown(
             f"{md_cell(worst['partner'])} · {md_cell(worst['leaf'])} — "
             f"{format_number(worst['bound_usage'])} of its bound ({md_cell(worst['verdict'])}).",
         ]
+    lines += _implementation_lines(summary)
     failing = rank_offenders(frame)
     failing = failing[failing["verdict"].isin(("fail", "error"))]
     if len(failing):
@@ -154,7 +179,7 @@ def render_markdown(
         lines += ["", f"### Failures ({len(failing)})", ""]
         lines.append(
             md_table(
-                ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "reason"),
+                ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "cause", "reason"),
                 [
                     (
                         r["case"],
@@ -163,6 +188,7 @@ def render_markdown(
                         r["leaf"],
                         r["verdict"],
                         format_number(r["bound_usage"]),
+                        r["cause"],
                         r["reason"],
                     )
                     for r in shown.to_dict(orient="records")

@@ -100,7 +100,13 @@ def sample_rows() -> list[dict]:
     for row in rows:
         if (row["case"], row["leaf"], row["comparison"]) == ("bf16_small", "d_pre_alpha", "vs_reference"):
             row.update(
-                verdict="fail", bound_usage=1.7, oracle_ratio_max=3.4, reason="oracle ratio 3.4 > 2 and 7 ulp > 4 ulp"
+                verdict="fail",
+                bound_usage=1.7,
+                oracle_ratio_max=3.4,
+                reason="oracle ratio 3.4 > 2 and 7 ulp > 4 ulp",
+                cause="the pre gate's scale and bias rounded to bfloat16",
+                cause_id="round:gate_weight/pre_gate:forward:bfloat16",
+                cause_explained=0.97,
             )
     # NaN in the candidate where the oracle has none: always a failure.
     rows.append(

@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
+from reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts
 
 # Verdicts that break a run (exit code 1 / gate failure).
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
@@ -72,6 +73,10 @@ def summarize(frame: pd.DataFrame) -> dict:
     )
     nonfinite = int(((frame["nan_count"] > 0) | (frame["inf_count"] > 0)).sum()) if len(frame) else 0
     compared = sum(counts[v] for v in COMPARED_VERDICTS)
+    columns = [
+        c for c in ("case", "candidate", "leaf", "verdict", "reason", "bound_usage", *CAUSE_COLUMNS) if c in frame
+    ]
+    records = frame[columns].to_dict(orient="records") if len(frame) else []
     return {
         "total": int(len(frame)),
         "verdicts": counts,
@@ -82,6 +87,9 @@ def summarize(frame: pd.DataFrame) -> dict:
         "rows_with_nan_or_inf": nonfinite,
         "worst_leaf": worst_leaf(frame),
         "sharpness": sharpness(frame).to_dict(orient="records") if len(frame) else [],
+        # one verdict per implementation, with the causes of its failing rows (reports.causes)
+        "implementations": [v.as_dict() for v in implementation_verdicts(records)],
+        "causes": [g.as_dict() for g in cause_groups(records)],
     }
 
 

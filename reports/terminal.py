@@ -8,9 +8,13 @@ from collections import Counter
 from records.rows import to_frame
 from records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
 from records.text import format_number, format_text_table
+from reports.causes import ImplementationVerdict, cause_groups, cause_lines, implementation_verdicts
 from reports.summary import sharpness
 
 WORST_ROWS = 12
+# A failing run lists its causes, the largest first, each with its first few rows.
+MAX_CAUSES = 8
+ROWS_PER_CAUSE = 3
 
 
 def run_verdict(rows) -> str:
@@ -65,15 +69,26 @@ def format_summary(rows) -> str:
     lines = [format_text_table(["comparison", *VERDICTS], [*counts, ["total", *(total.get(v, 0) for v in VERDICTS)]])]
     bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
     if bad:
-        lines += ["", f"{len(bad)} row(s) failed; first {min(len(bad), WORST_ROWS)}:"]
-        shown = bad[:WORST_ROWS]
+        groups = cause_groups(bad)
+        lines += ["", f"{len(bad)} row(s) failed, from {len(groups)} cause(s):"]
+        for group in groups[:MAX_CAUSES]:
+            lines += ["", f"  {group.heading()}", rows_table(group.rows[:ROWS_PER_CAUSE], indent="    ")]
+        lines += cause_lines(groups, limit=MAX_CAUSES)[MAX_CAUSES:]
     else:
         lines += ["", "closest to their bound:"]
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
-    lines.append(rows_table(shown, indent="  "))
+        lines.append(rows_table(shown, indent="  "))
     lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
-    lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)"]
+    verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))
+    lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)" + (f": {verdicts}" if verdicts else "")]
     return "\n".join(lines)
+
+
+def implementation_line(verdict: ImplementationVerdict) -> str:
+    """e.g. "interpret FAIL (2 causes)", "reference pass"."""
+    if verdict.verdict in ("pass", "skip"):
+        return f"{verdict.name} {verdict.verdict}"
+    return f"{verdict.name} {verdict.verdict.upper()} ({len(verdict.groups)} cause{'s' * (len(verdict.groups) != 1)})"
 
 
 def sharpness_text(rows) -> str:

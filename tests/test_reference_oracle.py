@@ -255,9 +255,9 @@ def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
     used = []
     original = oracle._RoundingNoise.__call__
 
-    def recording(self, v, site):
+    def recording(self, v, site, part=""):
         used.append(site)
-        return original(self, v, site)
+        return original(self, v, site, part)
 
     monkeypatch.setattr(oracle._RoundingNoise, "__call__", recording)
     oracle._oracle_program.cache_clear()

@@ -52,6 +52,7 @@ SUMMED_KEYS = (
     "fixtures_s",
     "oracle_s",
     "paths_s",
+    "causes_s",
     "lowering_s",
     "oracle_computed",
     "oracle_cached",

@@ -36,6 +36,15 @@ class OracleDraw(Protocol):
     d_branch: Mapping[str, np.ndarray]
 
 
+class Hypothesis(Protocol):
+    """A candidate cause of a failing leaf: a stable `name`, its `label` in words, its `kind`
+    ("rounding": a rounding the model does not allow)."""
+
+    name: str
+    label: str
+    kind: str
+
+
 @runtime_checkable
 class Operation(Protocol):
     """What the engine asks of the operation under test.
@@ -50,6 +59,9 @@ class Operation(Protocol):
     rounding sites it declares), draws as (seed, units), (0, None)
     exact. oracle_unit_roundoffs(case, operand_roundoff): the rounding model's units.
     oracle_key(case): what else of the case an oracle answer depends on (JSON-able).
+    hypotheses(case, branch, units): the `Hypothesis`es of a failing leaf of the case, for
+    the model's units (`oracle_unit_roundoffs`); hypothesis_draws(case, fixture, branch,
+    hypotheses): one `OracleDraw` per hypothesis, the oracle computing what it would.
     EXTERNAL_HOOKS: the methods an external implementation run inside the operation's layer
     provides (`layer_builder(external=...)`).
     ORACLE_MODULES, PROGRAM_MODULES, KERNEL_MODULES: the modules (or packages) only the
@@ -78,6 +90,10 @@ class Operation(Protocol):
     def oracle_unit_roundoffs(self, case, matmul_operand_roundoff: float) -> dict[str, float]: ...
 
     def oracle_key(self, case) -> dict: ...
+
+    def hypotheses(self, case, branch, units: Mapping[str, float]) -> Sequence[Hypothesis]: ...
+
+    def hypothesis_draws(self, case, fixture, branch, hypotheses: Sequence) -> list[OracleDraw]: ...
 
 
 OPERATION: Operation = mhc_operation

@@ -27,6 +27,7 @@ import jax
 
 from cases.branches import get_branch
 from cases.fixtures import fixture_elements, make_fixture
+from harness.engine.causes import HypothesisOracle, annotate_causes
 from harness.engine.compare import compare_leaves, status_row
 from harness.engine.devices import Placement, PlacementError, path_placement, precision_label
 from harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
@@ -49,8 +50,8 @@ StepCallback = Callable[[object, str], None]
 
 # Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
 # loading fixtures, the oracle, the paths (waiting for their programs and running them),
-# the kernels' TPU lowering.
-TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "lowering_s")
+# the failing rows' causes, the kernels' TPU lowering.
+TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "causes_s", "lowering_s")
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
 COMPILE_AHEAD_CASES = 3
@@ -113,18 +114,22 @@ class Runner:
         cache: ProgramCache | None = None,
         oracle: Callable | None = None,
         lowering_store: LoweringStore | None = None,
+        hypotheses: HypothesisOracle | None = None,
     ):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `cases.fixtures.make_fixture` and `harness.stores.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
         for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
-        disk store); lowering_store: reuse TPU lowering results (default: none). See
-        `with_disk_stores` for the runner of a parity run."""
+        disk store); lowering_store: reuse TPU lowering results (default: none);
+        hypotheses: the failing rows' causes (`harness.engine.causes.HypothesisOracle`; the
+        kill matrix shares one across its passes). See `with_disk_stores` for the runner of a
+        parity run."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.oracle = oracle if oracle is not None else OracleCache()
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
+        self.hypotheses = hypotheses if hypotheses is not None else HypothesisOracle()
         # This thread's seconds per part of the run (`TIMINGS`), for the run's metadata and the benchmark.
         self.timings = dict.fromkeys(TIMINGS, 0.0)
 
@@ -249,6 +254,26 @@ class Runner:
             return
 
         results = self._run_paths(case, paths, fixture, on_step)
+        rows = list(self._compared_rows(case, paths, results, oracle))
+        start = time.perf_counter()
+        ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
+        rows = annotate_causes(
+            rows, case, fixture, oracle_leaves=oracle.leaves, candidate_leaves=ran, hypotheses=self.hypotheses
+        )
+        self.timings["causes_s"] += time.perf_counter() - start
+        yield from rows
+        if plan.lowering:
+            on_step(case, "lowering")
+            start = time.perf_counter()
+            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
+            for impl in plan.implementations:
+                if impl.lower is not None:
+                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
+            self.timings["lowering_s"] += time.perf_counter() - start
+            yield from rows
+
+    def _compared_rows(self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle) -> Iterator[dict]:
+        """Every path's rows of one case: its comparisons, or status rows where it did not run."""
         memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
         for path in paths:
             result = results[path.name]
@@ -290,15 +315,6 @@ class Runner:
                     memo=memo,
                 ):
                     yield {**row, **environment}
-        if plan.lowering:
-            on_step(case, "lowering")
-            start = time.perf_counter()
-            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
-            for impl in plan.implementations:
-                if impl.lower is not None:
-                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
-            self.timings["lowering_s"] += time.perf_counter() - start
-            yield from rows
 
     def _load_fixture(self, case):
         start = time.perf_counter()

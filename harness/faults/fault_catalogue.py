@@ -222,8 +222,14 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
 )
 
 
+# The precision faults' own causes (`mhc.operation.hypotheses` names): the gate parameters
+# rounded to bfloat16 (whichever gates a leaf depends on), the RMS statistic in bfloat16.
+_GATE_PARAMETERS_ROUNDED = ("round:gate_weight/*:forward:bfloat16",)
+_RMS_STATISTIC_ROUNDED = ("round:rms_inverse:forward:bfloat16",)
+
+
 def _reference_fault(
-    name, attribute, description, replacement, variants=("lite", "sinkhorn"), unkillable_in=()
+    name, attribute, description, replacement, variants=("lite", "sinkhorn"), unkillable_in=(), causes=()
 ) -> Perturbation:
     return Perturbation(
         name=name,
@@ -232,11 +238,12 @@ def _reference_fault(
         implementations=REFERENCE_IMPLEMENTATIONS,
         variants=variants,
         unkillable_in=unkillable_in,
+        causes=causes,
     )
 
 
 def _kernel_fault(
-    name, module, attribute, description, replacement, *, sharded_only=False, unkillable_in=()
+    name, module, attribute, description, replacement, *, sharded_only=False, unkillable_in=(), causes=()
 ) -> Perturbation:
     return Perturbation(
         name=name,
@@ -246,6 +253,7 @@ def _kernel_fault(
         sharded_only=sharded_only,
         variants=("lite",),
         unkillable_in=unkillable_in,
+        causes=causes,
     )
 
 
@@ -258,6 +266,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "upstream reference/kernel mismatch: weights cast to the compute dtype wholesale, "
         "rounding the un-rounded gate leaves).",
         _gate_with_bf16_params,
+        causes=_GATE_PARAMETERS_ROUNDED,
     ),
     _reference_fault(
         "reference.pre_epsilon_dropped",
@@ -279,6 +288,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "The reference computes the RMS-norm statistic (mean of squares, rsqrt) in bfloat16 instead of float32.",
         _projection_with_bf16_rms,
         unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
+        causes=_RMS_STATISTIC_ROUNDED,
     ),
     _reference_fault(
         "reference.layer_input_scaled",
@@ -312,6 +322,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "The forward kernel casts the gate scale and bias to bfloat16 (e.g. loading the gate "
         "operands in the activation dtype) before the sigmoid.",
         _gate_with_bf16_params,
+        causes=_GATE_PARAMETERS_ROUNDED,
     ),
     _kernel_fault(
         "kernel.pre_epsilon_dropped",
@@ -336,6 +347,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "the narrow dtype) instead of float32.",
         _projection_with_bf16_rms,
         unkillable_in=(_RMS_STATISTIC_IN_BFLOAT16_NOISE,),
+        causes=_RMS_STATISTIC_ROUNDED,
     ),
     _kernel_fault(
         "kernel.permutation_order_changed",
@@ -398,6 +410,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
         ),
         implementations=INDEPENDENT_IMPLEMENTATIONS,
         variants=("lite",),
+        causes=_GATE_PARAMETERS_ROUNDED,
     ),
 )
 

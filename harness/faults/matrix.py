@@ -23,6 +23,7 @@ deals the perturbations to N spawned processes, each repeating the clean pass.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import math
 import multiprocessing
@@ -34,6 +35,7 @@ import jax
 
 from cases import registry
 from cases.fixtures import make_fixture
+from harness.engine.causes import HypothesisOracle
 from harness.engine.implementations import BUILTIN, load_external
 from harness.engine.plan import PathPlan
 from harness.engine.program_cache import ProgramCache
@@ -141,6 +143,7 @@ class SharedInputs:
         self._fixtures: dict = {}
         self._oracles: dict = {}
         self._oracle_cache = OracleCache()
+        self.hypotheses = HypothesisOracle()
 
     def fixture(self, case):
         if case not in self._fixtures:
@@ -154,7 +157,9 @@ class SharedInputs:
 
 
 def _runner(policy, shared: SharedInputs, cache):
-    return Runner(policy, fixture_loader=shared.fixture, oracle=shared.oracle, cache=cache)
+    return Runner(
+        policy, fixture_loader=shared.fixture, oracle=shared.oracle, cache=cache, hypotheses=shared.hypotheses
+    )
 
 
 def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls, *, quiet=False) -> list[dict]:
@@ -215,6 +220,21 @@ def _catches(rows: Sequence[dict]) -> list[Catch]:
     return catches
 
 
+def _top_cause(perturbation: Perturbation, rows: Sequence[dict]) -> dict:
+    """The `SliceVerdict` cause fields of the catching rows: the cause most of them name."""
+    named = collections.Counter((r["cause_id"], r["cause"]) for r in rows if r.get("cause_id"))
+    if not named:
+        return {}
+    (cause_id, cause), count = named.most_common(1)[0]
+    return {
+        "top_cause": cause,
+        "top_cause_id": cause_id,
+        "top_cause_rows": count,
+        "cause_rows": sum(named.values()),
+        "own_cause": perturbation.names_its_cause(cause_id),
+    }
+
+
 def _closest(rows: Sequence[dict], clean_usage: dict) -> Closest | None:
     """The row with the largest bound_usage among those the perturbation moved (all rows
     if it moved none): how close it came to being caught, next to its clean usage."""
@@ -265,6 +285,7 @@ def judge(
                 catches=tuple(_catches(catching)),
                 closest=_closest(quiet, clean_usage),
                 unkillable_reason=perturbation.unkillable_reason(dtype_slice),
+                **_top_cause(perturbation, catching),
             )
         )
     return PerturbationResult(
@@ -275,6 +296,7 @@ def judge(
         slices=tuple(slices),
         ignored_clean_failures=ignored,
         seconds=seconds,
+        causes=perturbation.causes,
     )
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 
+from harness.judging.attribution import UNEXPLAINED_ID
 from records.kill_records import DTYPE_SLICES
 
 
@@ -110,6 +111,9 @@ class Perturbation:
     unkillable_in: ((dtype slice, why), ...) — slices of the kill matrix in which the
       fault's effect is below what the arithmetic explains, so it cannot be caught
       there without flagging correct code; the kill matrix reports the measured effect.
+    causes: for a precision fault, glob patterns of the hypothesis names that are its own
+      cause (`mhc.operation.hypotheses`); () for a logic fault, whose failing rows no
+      rounding may explain (`harness.judging.attribution.UNEXPLAINED_ID`).
     """
 
     name: str
@@ -120,6 +124,7 @@ class Perturbation:
     variants: tuple[str, ...] = ("lite", "sinkhorn")
     legitimate: bool = False
     unkillable_in: tuple[tuple[str, str], ...] = ()
+    causes: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.patches:
@@ -136,6 +141,13 @@ class Perturbation:
     def seam_names(self) -> str:
         """The patched seams, comma-separated."""
         return ", ".join(s.name for s in self.seams)
+
+    def names_its_cause(self, cause_id: str) -> bool:
+        """Whether a row's `cause_id` is this fault's own cause: one of its `causes` (every
+        hypothesis of a pair), or for a logic fault, no rounding."""
+        if not self.causes:
+            return cause_id == UNEXPLAINED_ID
+        return all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in cause_id.split("+"))
 
     def unkillable_reason(self, dtype_slice: str) -> str:
         """Why the fault cannot be caught in `dtype_slice` ("" if it must be)."""

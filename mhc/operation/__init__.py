@@ -5,10 +5,12 @@ operation is a second package like this one).
     leaves        the leaves a run compares, their dtypes and kinds, the weight names
     layers        how a path's forward is built from this project's layer
     oracle_draws  the float64 oracle run on a fixture, and its rounding model's units
+    hypotheses    roundings the model does not allow, through the oracle: a failing leaf's causes
 
 Imports nothing of the project outside `mhc`.
 """
 
+from mhc.operation.hypotheses import hypotheses, hypothesis_draws
 from mhc.operation.layers import layer_builder
 from mhc.operation.leaves import FORWARD_LEAVES, WEIGHT_NAMES, forward_leaf_dtypes, forward_leaf_kind, weight_kind
 from mhc.operation.oracle_draws import oracle_draws, oracle_key, oracle_unit_roundoffs
@@ -18,7 +20,7 @@ NAME = "mhc"
 # the oracle runs `ORACLE_MODULES`, only a path's program `PROGRAM_MODULES`, and only the
 # kernel paths `KERNEL_MODULES`; so an oracle edit keeps compiled programs, a layer edit
 # keeps oracle answers, a kernel edit keeps the reference's programs.
-ORACLE_MODULES = ("mhc.oracle",)
+ORACLE_MODULES = ("mhc.oracle", "mhc.oracle_roundings", "mhc.operation.hypotheses")
 # The methods of an external implementation run inside this project's layer (`mhc.layer`'s
 # `implementation`): `pre(x, weights, *, config)` and `post(layer_output, context, *, config)`.
 EXTERNAL_HOOKS = ("pre", "post")
@@ -35,6 +37,8 @@ __all__ = [
     "WEIGHT_NAMES",
     "forward_leaf_dtypes",
     "forward_leaf_kind",
+    "hypotheses",
+    "hypothesis_draws",
     "layer_builder",
     "oracle_key",
     "oracle_draws",

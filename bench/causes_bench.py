@@ -1,0 +1,72 @@
+"""What naming the causes of a failing run costs: `harness run` with one leaf broken, cold and warm.
+
+Usage (from the project root):
+    .venv/bin/python bench/causes_bench.py [--suite default] [--jobs 1]
+
+The break: a copy of the project's sources in a temporary folder in which the kernels'
+custom VJP multiplies the gradient of `post_bias` by 1.01 (`mhc/kernels/api.py`), a logic
+error no rounding explains. Two runs of the suite on it in one fresh cache folder: cold
+(nothing cached) and warm (the same again). For each: the wall time, the seconds the
+runner spent naming causes (`causes_s`: the hypotheses through the oracle and the
+attribution, only for cases with a failing row), the exit code and the cause headings.
+A passing run spends nothing there (`tests/test_attribution.py` pins that none of it runs).
+The target: causes add at most `TARGET_S` seconds to the failing run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import pathlib
+import shlex
+import sys
+import tempfile
+
+from parity_bench import Tee, edited_copy, results_metadata, run_once  # the same copy, run and figures
+
+from reports.results import write_results  # noqa: E402 - parity_bench puts the project on the path
+
+EDITED_FILE = "mhc/kernels/api.py"
+EDIT_FROM = "        grads[name] = psum_to_primal_vma(g, primal).reshape(primal.shape).astype(primal.dtype)\n"
+EDIT_TO = (
+    "        grads[name] = (psum_to_primal_vma(g, primal) * (1.01 if name == 'post_bias' else 1.0))"
+    ".reshape(primal.shape).astype(primal.dtype)\n"
+)
+TARGET_S = 30.0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", default="default")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--results", type=pathlib.Path, default=None, metavar="FILE", help="also write the report here")
+    args = parser.parse_args(argv)
+    tee = Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee), tempfile.TemporaryDirectory(prefix="mhc-causes-") as tmp:
+        tmp_path = pathlib.Path(tmp)
+        project = edited_copy(tmp_path / "broken-project", EDITED_FILE, EDIT_FROM, EDIT_TO)
+        for scenario in ("cold", "warm"):
+            figures = run_once(
+                args.suite, tmp_path / "cache", tmp_path / scenario, args.jobs, project, edited_file=EDITED_FILE
+            )
+            met = "met" if figures["causes_s"] <= TARGET_S else "MISSED"
+            print(
+                f"{scenario} ({args.suite}, --jobs {args.jobs}, d_post_bias x 1.01): exit {figures['exit_code']}, "
+                f"wall {figures['process_wall_s']:.1f} s, causes {figures['causes_s']:.1f} s "
+                f"(target <= {TARGET_S:.0f} s: {met}), {len(figures['causes'])} cause(s):"
+            )
+            for cause in figures["causes"]:
+                print(f"  {cause['rows']} rows in {cause['cases']} cases: {', '.join(cause['leaves'])} of "
+                      f"{', '.join(cause['candidates'])}: {cause['cause']}")  # fmt: skip
+            sys.stdout.flush()
+    if args.results is not None:
+        command = "python bench/causes_bench.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+        markdown = (
+            f"# What naming causes costs, on the {args.suite} suite\n\n```text\n{tee.kept.getvalue().strip()}\n```\n"
+        )
+        print(f"results: {write_results(args.results, markdown, command, results_metadata())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""A failing row's cause: the explained fraction and its choices (harness.judging.attribution),
+the oracle's deterministic roundings (mhc.oracle_roundings), the operation's hypotheses
+(mhc.operation.hypotheses), and the rows the runner annotates (harness.engine.causes)."""
+
+from __future__ import annotations
+
+import importlib
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cases import registry
+from cases.branches import get_branch
+from cases.fixtures import make_fixture
+from harness.engine.causes import HypothesisOracle, annotate_causes
+from harness.engine.oracle_path import noise_units
+from harness.judging.attribution import (
+    EXPLAINED_THRESHOLD,
+    UNEXPLAINED,
+    UNEXPLAINED_ID,
+    attribute_leaf,
+    explained_fraction,
+)
+from mhc import oracle
+from mhc.oracle_roundings import Rounding, rounding_codes, run_oracle_roundings
+from records.schema import empty_row
+
+hypotheses_module = importlib.import_module("mhc.operation.hypotheses")
+CASE = "lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms"
+BF16_CASE = "lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs"
+
+
+def _rng():
+    return np.random.default_rng(7)
+
+
+# ── the explained fraction and the choice of a cause ──────────────────────────────────
+
+
+def test_explained_fraction_is_one_for_the_same_error_and_zero_for_none():
+    e = _rng().normal(size=(4, 8))
+    assert explained_fraction(e, e) == 1.0
+    assert explained_fraction(e, np.zeros_like(e)) == 0.0
+    assert explained_fraction(e, 3 * e) == pytest.approx(-3.0)  # worse than no error at all
+    assert np.isnan(explained_fraction(np.zeros(3), np.ones(3)))
+
+
+def test_the_matching_hypothesis_is_named_among_unrelated_ones():
+    rng = _rng()
+    bug = rng.normal(size=256)
+    hypotheses = {f"h{i}": (f"unrelated {i}", rng.normal(size=256)) for i in range(6)}
+    hypotheses["bug"] = ("the bug", bug)
+    found = attribute_leaf(bug + 0.05 * rng.normal(size=256), hypotheses)
+    assert found.cause == "the bug" and found.names == ("bug",) and found.explained > 0.99
+
+
+def test_two_hypotheses_are_named_where_one_is_not_enough():
+    rng = _rng()
+    a, b = rng.normal(size=256), rng.normal(size=256)
+    found = attribute_leaf(a + b, {"a": ("rounding a", a), "b": ("rounding b", b), "c": ("c", rng.normal(size=256))})
+    assert set(found.names) == {"a", "b"} and found.cause_id in ("a+b", "b+a") and found.explained > 0.99
+
+
+def test_an_error_no_rounding_explains_is_unexplained_with_the_best_fraction():
+    rng = _rng()
+    e = rng.normal(size=256)
+    found = attribute_leaf(e, {"x": ("x", 0.3 * e + rng.normal(size=256)), "y": ("y", rng.normal(size=256))})
+    assert found.cause == UNEXPLAINED and found.cause_id == UNEXPLAINED_ID and found.names == ()
+    assert found.explained < EXPLAINED_THRESHOLD and found.best == "x"
+
+
+def test_a_tie_goes_to_the_preferred_hypothesis():
+    e = _rng().normal(size=64)
+    hypotheses = {"narrow": ("one gate", e), "broad": ("both gates", e)}
+    assert attribute_leaf(e, hypotheses).names == ("narrow",)
+    assert attribute_leaf(e, hypotheses, preferred=["broad"]).names == ("broad",)
+
+
+# ── the oracle's deterministic roundings ──────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def setting():
+    case = registry.get(CASE)
+    return case, make_fixture(case), get_branch(case.branch)
+
+
+def _run(setting, hypotheses, weights=None):
+    case, fixture, branch = setting
+    return run_oracle_roundings(
+        fixture.x,
+        fixture.weights if weights is None else weights,
+        branch.apply,
+        fixture.branch_params,
+        fixture.cotangent,
+        case.mhc_config(),
+        hypotheses=hypotheses,
+        branch_sites=branch.rounding_sites,
+    )
+
+
+def _exact(setting, weights=None):
+    case, fixture, branch = setting
+    return oracle.run_oracle(
+        fixture.x,
+        fixture.weights if weights is None else weights,
+        branch.apply,
+        fixture.branch_params,
+        fixture.cotangent,
+        case.mhc_config(),
+        branch_sites=branch.rounding_sites,
+    )
+
+
+def test_a_rounded_weight_is_the_oracle_on_that_weight_rounded(setting):
+    _, fixture, _ = setting
+    weights = dict(fixture.weights)
+    rounded = {**weights, "pre_bias": np.asarray(weights["pre_bias"]).astype(ml_dtypes.bfloat16)}
+    nothing, pre_bias = _run(setting, [(), (Rounding("gate_weight", "forward", "bfloat16", ("pre_bias",)),)])
+    exact, expected = _exact(setting), _exact(setting, rounded)
+    for leaf in ("out", "h_pre", "h_post"):
+        np.testing.assert_allclose(nothing.forward[leaf], exact.forward[leaf], rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(pre_bias.forward[leaf], expected.forward[leaf], rtol=1e-13, atol=1e-15)
+    assert np.abs(pre_bias.forward["h_pre"] - exact.forward["h_pre"]).max() > 1e-5  # it did round
+    np.testing.assert_array_equal(pre_bias.forward["h_post"], nothing.forward["h_post"])  # only the pre gate
+
+
+def test_a_rounded_cotangent_rounds_the_gradient_it_becomes(setting):
+    rounded, pre_alpha = _run(
+        setting, [(Rounding("x", "backward", "bfloat16"),), (Rounding("matmul_weight", "backward", "bfloat16"),)]
+    )
+    exact = _exact(setting)
+    grad = exact.d_weights["pre_alpha"]
+    np.testing.assert_array_equal(pre_alpha.d_weights["pre_alpha"], grad.astype(ml_dtypes.bfloat16).astype(np.float64))
+    expected = exact.d_x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    np.testing.assert_array_equal(rounded.d_x, expected)
+    np.testing.assert_allclose(rounded.forward["out"], exact.forward["out"], rtol=1e-13, atol=1e-15)
+
+
+def test_a_rounding_names_a_known_site_and_values_it_has():
+    calls = [("gate_weight", (1,), "pre_bias"), ("gate", (2,), "")]
+    with pytest.raises(ValueError, match="no rounding site"):
+        rounding_codes(calls, [(Rounding("nowhere", "forward", "bfloat16"),)], {"gate_weight", "gate"})
+    with pytest.raises(ValueError, match="no values named"):
+        rounding_codes(calls, [(Rounding("gate_weight", "forward", "bfloat16", ("res_bias",)),)], {"gate_weight"})
+    with pytest.raises(ValueError, match="direction"):
+        Rounding("gate", "sideways", "bfloat16")
+    codes = rounding_codes(calls, [(Rounding("gate", "backward", "float32"),)], {"gate_weight", "gate"})
+    assert codes.tolist() == [[[0, 0], [0, 3]]]
+
+
+# ── the operation's hypotheses ────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("name", [CASE, BF16_CASE])
+def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
+    case = registry.get(name)
+    branch = get_branch(case.branch)
+    units = noise_units(case)
+    found = hypotheses_module.hypotheses(case, branch, units)
+    assert len({h.name for h in found}) == len(found) and all(h.kind == "rounding" for h in found)
+    sites = {**oracle.ROUNDING_SITES, **dict(branch.rounding_sites)}
+    for h in found:
+        (rounding,) = h.roundings
+        site = sites[rounding.site]
+        classes = site.forward if rounding.direction == "forward" else site.backward
+        allowed = max((units[c] for c in classes), default=0.0)
+        assert float(jnp.finfo(rounding.dtype).eps) / 2 > allowed, h.name
+    names = {h.name for h in found}
+    assert "round:gate_weight/pre_gate:forward:bfloat16" in names
+    assert "round:gate_weight/residual_gate:forward:bfloat16" in names
+    # bfloat16 runs may round their stored values to bfloat16: no such hypothesis there.
+    assert ("round:layer_input:forward:bfloat16" in names) == (case.dtype == "float32")
+
+
+# ── the rows the runner annotates ─────────────────────────────────────────────────────
+
+
+class _CountingHypotheses(HypothesisOracle):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __call__(self, case, fixture):
+        self.calls += 1
+        return super().__call__(case, fixture)
+
+
+def _row(leaf, verdict, comparison="vs_oracle", usage=2.0):
+    return empty_row(
+        case=CASE, candidate="kernel/unsharded", partner="oracle", comparison=comparison, leaf=leaf, verdict=verdict,
+        bound_usage=usage,
+    )  # fmt: skip
+
+
+def test_failing_rows_get_the_rounding_that_made_them_and_passing_cases_compute_nothing(setting):
+    case, fixture, branch = setting
+    hypotheses = _CountingHypotheses()
+    (exact, rounded) = [
+        {**draw.forward, "d_x": draw.d_x}
+        for draw in _run(setting, [(), (Rounding("gate_weight", "forward", "bfloat16", ("post_scale", "post_bias")),)])
+    ]
+    exact_leaves = {"h_post": exact["h_post"], "d_x": exact["d_x"]}
+    candidate = {"kernel/unsharded": {"h_post": rounded["h_post"].astype(np.float32), "d_x": exact["d_x"]}}
+    passing = [_row("h_post", "pass", usage=0.3), _row("d_x", "pass", usage=0.2)]
+    assert (
+        annotate_causes(
+            passing, case, fixture, oracle_leaves=exact_leaves, candidate_leaves=candidate, hypotheses=hypotheses
+        )
+        == passing
+    )
+    assert hypotheses.calls == 0
+    rows = [_row("h_post", "fail"), _row("d_x", "pass", usage=0.2)]
+    annotated = annotate_causes(
+        rows, case, fixture, oracle_leaves=exact_leaves, candidate_leaves=candidate, hypotheses=hypotheses
+    )
+    assert hypotheses.calls == 1
+    assert annotated[0]["cause_id"] == "round:gate_weight/post_gate:forward:bfloat16"
+    assert annotated[0]["cause"] == "the post gate's scale and bias rounded to bfloat16"
+    assert annotated[0]["cause_explained"] > 0.99 and annotated[1]["cause"] == ""

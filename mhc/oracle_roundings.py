@@ -10,7 +10,7 @@ bug's error, value for value, with none of a real path's legitimate rounding on 
 
 `run_oracle_roundings` runs any number of such hypotheses (each a set of roundings) in one
 compiled program: the roundings are data (a code per site call and direction), so every
-hypothesis list of a shape, branch, config and length shares it. Written on `mhc.oracle`'s math
+hypothesis list of a shape, branch and config shares it (padded to one batch size). Written on `mhc.oracle`'s math
 (`_layer_and_vjp`), so it computes the same function; like that module it imports nothing
 that computes from `mhc`.
 """
@@ -28,6 +28,12 @@ import numpy as np
 
 from mhc import oracle
 
+# XLA:CPU's first optimisation level: the hypotheses' program compiles in about half the default
+# level's time and runs nearly as fast (the sensitivity draws' level 0 runs it several times slower).
+_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+# The batch a hypotheses program runs (more hypotheses: the next power of two): above the count
+# of a float32 case's (every site twice, the gates per gate), so bfloat16 and float32 cases share it.
+PADDED_HYPOTHESES = 64
 # The dtypes a hypothesis may round to; a rounding's code is its index here plus one (0: exact).
 ROUNDING_DTYPES = ("bfloat16", "float16", "float32")
 DIRECTIONS = ("forward", "backward")
@@ -134,8 +140,8 @@ def rounding_codes(
 def _roundings_program(branch_apply, config, branch_sites: oracle.BranchSites, dtypes: tuple[str, ...]):
     """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes)
     with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes`; every output gains a
-    leading H axis. Compiled at XLA's default optimisation: unlike the sensitivity draws' program,
-    it runs one forward + VJP per hypothesis, and its execution dominates."""
+    leading H axis. Compiled at `_COMPILER_OPTIONS`' level: it runs one forward + VJP per
+    hypothesis, so execution matters here as much as compilation (bench/causes_bench.py)."""
 
     def one_hypothesis(x, w, p, ct, codes):
         calls = _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites)
@@ -153,7 +159,7 @@ def _roundings_program(branch_apply, config, branch_sites: oracle.BranchSites, d
                 gradients[site][part] = _rounded(gradients[site][part], codes[index, 1], dtypes)
         return forward, gradients["x"][""], d_layer_output, d_w, d_p
 
-    return jax.jit(jax.vmap(one_hypothesis, in_axes=(None, None, None, None, 0)))
+    return jax.jit(jax.vmap(one_hypothesis, in_axes=(None, None, None, None, 0)), compiler_options=_COMPILER_OPTIONS)
 
 
 def run_oracle_roundings(
@@ -183,7 +189,12 @@ def run_oracle_roundings(
         p64 = {k: jnp.asarray(oracle._as_f64(v)) for k, v in branch_params.items()}
         ct64 = jnp.asarray(oracle._as_f64(cotangent))
         calls = _recorded_calls(x64, w64, p64, ct64, config, branch_apply, sites)
-        codes = jnp.asarray(rounding_codes(calls, hypotheses, known))
+        codes = rounding_codes(calls, hypotheses, known)
+        # Padded with exact rows to `PADDED_HYPOTHESES` (or the next power of two): cases of one
+        # shape, branch and config share the program whatever their dtypes' hypothesis count.
+        padded = np.zeros((max(PADDED_HYPOTHESES, 1 << (len(hypotheses) - 1).bit_length()), *codes.shape[1:]))
+        padded[: len(hypotheses)] = codes
+        codes = jnp.asarray(padded)
         dtypes = tuple(sorted({r.dtype for roundings in hypotheses for r in roundings}))
         program = _roundings_program(branch_apply, config, sites, dtypes)
         outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, codes))

@@ -335,6 +335,17 @@ def test_kills_land_on_the_leaves_the_fault_models(representative):
     assert "out" in caught("kernel.token_block_skipped", "vs_reference")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in REPRESENTATIVE if n in FAULTS])
+def test_each_representative_fault_names_its_own_cause(name, representative):
+    # A precision fault's rows name its own rounding; a logic fault's name no rounding.
+    result = representative[1][name]
+    named = [s for s in result.slices if s.cause_rows]
+    assert named, f"{name}: no failing row names a cause"
+    for verdict in named:
+        assert verdict.own_cause, (name, verdict.dtype_slice, verdict.top_cause)
+
+
 # -------------------------------------------------------------------- judging, headroom
 
 

@@ -26,6 +26,7 @@ IMPLEMENTATIONS = (
     "maxtext-layer-reference",
     "maxtext-layer-kernel",
     "maxtext-kernel-api",
+    "maxtext-layer-reference-upstream-pr",
     "maxtext-layer-reference-fixed",
     "maxtext-layer-kernel-fixed",
     "maxtext-kernel-fwd-fixed",
@@ -80,6 +81,25 @@ def test_the_released_reference_fails_on_the_gate_parameters(rows):
     assert rounded_only & set(vs_oracle["leaf"]), sorted(set(vs_oracle["leaf"]))
     fixed = _of(rows, "maxtext-layer-reference-fixed/*")
     assert set(fixed[fixed["leaf"].isin(rounded_only)]["verdict"]) == {"pass"}
+
+
+def _attributed(rows, impl: str) -> set[str]:
+    """The hypotheses the rounding-attributed failing rows of `impl` name."""
+    mine = _of(rows, f"{impl}/*")
+    causes = mine[(mine["verdict"] == "fail") & mine["cause_id"].str.startswith("round:")]["cause_id"]
+    return {name for cause in causes for name in cause.split("+")}
+
+
+def test_the_released_reference_is_attributed_to_its_gate_casts_and_the_upstream_pr_to_the_residual_gate(rows):
+    released = _attributed(rows, "maxtext-layer-reference")
+    assert any(name.startswith("round:gate_weight/") for name in released), released
+    # The upstream PR puts the pre and post gates in float32 and leaves `res_mapping`'s casts:
+    # what its rows are attributed to is the residual gate, never the pre or post gate.
+    pr = _attributed(rows, "maxtext-layer-reference-upstream-pr")
+    gates = {name for name in pr if name.startswith("round:gate_weight/")}
+    assert gates == {"round:gate_weight/residual_gate:forward:bfloat16"}, pr
+    fixed = _attributed(rows, "maxtext-layer-reference-fixed")
+    assert not any(name.startswith("round:gate_weight/") for name in fixed), fixed
 
 
 def test_the_released_kernel_paths_are_error_rows_naming_the_tracer_error(rows):

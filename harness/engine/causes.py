@@ -3,8 +3,9 @@
 For a case with a failing row, the operation's hypotheses (`Operation.hypotheses`: roundings
 its model does not allow) run once through the float64 oracle on the case's fixture
 (`Operation.hypothesis_draws`). Each failing (candidate, leaf) then gets the hypothesis whose
-error against the oracle best matches the candidate's (`harness.judging.attribution`), and
-the row its `cause` and `cause_explained`. A case without a failing row runs none of this.
+error against the oracle best matches the candidate's, on that leaf and without predicting an
+error on the leaves the candidate got right (`harness.judging.attribution`), and the row its
+`cause`, `cause_id` and `cause_explained`. A case without a failing row runs none of this.
 """
 
 from __future__ import annotations
@@ -16,12 +17,21 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from cases.branches import get_branch
+from cases.fixtures import fixture_elements
 from harness.engine.operation import OPERATION
 from harness.engine.oracle_path import named_leaves, noise_units
-from harness.judging.attribution import Attribution, attribute_leaf, consensus, explained_fractions
-from harness.judging.error_statistics import upcast
+from harness.judging.attribution import Attribution, HypothesisErrors, attribute_candidate, scaled_errors
+from harness.judging.confidence import Sensitivity
+from harness.judging.error_statistics import l2_norm, upcast
 from records.text import format_number
 
+# The largest case whose hypotheses run (fixture elements): every hypothesis holds all of a
+# case's leaves in float64, so above this a failing row says why it names no cause.
+MAX_ATTRIBUTED_ELEMENTS = 5_000_000
+NOT_ATTRIBUTED_ID = "not_attributed"
+NOT_ATTRIBUTED = (
+    "not attributed: the case's {elements:,} fixture elements are more than the hypotheses are run on ({limit:,})"
+)
 # Where a candidate fails against its partner but holds its own bound against the oracle.
 WITHIN_MODEL_ID = "within_model"
 WITHIN_MODEL = (
@@ -36,7 +46,7 @@ class HypothesisOracle:
     hypothesis, named like a path's leaves). Thread-safe.
     """
 
-    def __init__(self, keep: int = 2):
+    def __init__(self, keep: int = 1):
         self.keep = keep
         self._answers: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -62,36 +72,59 @@ def _needs_cause(row: dict, candidate_leaves: Mapping[str, Mapping], oracle_leav
     return row["verdict"] == "fail" and leaves is not None and row["leaf"] in leaves and row["leaf"] in oracle_leaves
 
 
+def _errors(leaves: Mapping[str, np.ndarray], oracle_leaves: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """leaf -> leaves[leaf] − oracle (float64), for the leaves the oracle has."""
+    return {leaf: upcast(value) - oracle_leaves[leaf] for leaf, value in leaves.items() if leaf in oracle_leaves}
+
+
+def leaf_scales(oracle_leaves: Mapping[str, np.ndarray], sensitivity: Mapping[str, Sensitivity]) -> dict[str, float]:
+    """leaf -> σ, the rounding model's RMS deviation of the leaf in absolute units (its
+    sensitivity's relative RMS times ‖oracle‖₂), where it is positive and finite."""
+    scales = {}
+    for leaf, exact in oracle_leaves.items():
+        s = sensitivity.get(leaf)
+        value = float("nan") if s is None else s.rms * l2_norm(upcast(exact))
+        if np.isfinite(value) and value > 0.0:
+            scales[leaf] = value
+    return scales
+
+
 def annotate_causes(
     rows: Sequence[dict],
     case,
     fixture,
     *,
     oracle_leaves: Mapping[str, np.ndarray],
+    oracle_sensitivity: Mapping[str, Sensitivity],
     candidate_leaves: Mapping[str, Mapping[str, np.ndarray]],
     hypotheses: HypothesisOracle,
 ) -> list[dict]:
-    """`rows` (one case's) with `cause` and `cause_explained` set on every failing row that
-    compared leaves. candidate_leaves: path name -> its leaves (the paths that ran)."""
+    """`rows` (one case's) with `cause`, `cause_id` and `cause_explained` set on every failing
+    row that compared leaves. candidate_leaves: path name -> its leaves (the paths that ran);
+    each candidate is attributed over all its leaves (`attribute_candidate`)."""
     rows = list(rows)
     failing = [i for i, row in enumerate(rows) if _needs_cause(row, candidate_leaves, oracle_leaves)]
     if not failing:
         return rows
+    elements = fixture_elements(case)
+    if elements > MAX_ATTRIBUTED_ELEMENTS:
+        cause = NOT_ATTRIBUTED.format(elements=elements, limit=MAX_ATTRIBUTED_ELEMENTS)
+        for i in failing:
+            rows[i] = {**rows[i], "cause": cause, "cause_id": NOT_ATTRIBUTED_ID, "cause_explained": float("nan")}
+        return rows
     chosen, hypothesis_leaves = hypotheses(case, fixture)
-    own_rows = {(r["candidate"], r["leaf"]): r for r in rows if r["comparison"] == "vs_oracle"}
-    errors, fractions = {}, {}
-    for key in dict.fromkeys((rows[i]["candidate"], rows[i]["leaf"]) for i in failing):
-        candidate, leaf = key
-        exact = oracle_leaves[leaf]
-        errors[key] = (
-            upcast(candidate_leaves[candidate][leaf]) - exact,
-            {h.name: (h.label, leaves[leaf] - exact) for h, leaves in zip(chosen, hypothesis_leaves)},
-        )
-        fractions[key] = explained_fractions(*errors[key])
+    scales = leaf_scales(oracle_leaves, oracle_sensitivity)
+    errors_of = [
+        HypothesisErrors(h.name, h.label, h.family, scaled_errors(_errors(leaves, oracle_leaves), scales))
+        for h, leaves in zip(chosen, hypothesis_leaves)
+    ]
     found: dict[tuple[str, str], Attribution] = {}
-    for key in errors:  # each candidate's leaves prefer the cause of most of its failing leaves
-        preferred = consensus([f for (candidate, _), f in fractions.items() if candidate == key[0]])
-        found[key] = attribute_leaf(*errors[key], fractions=fractions[key], preferred=preferred)
+    for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
+        errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
+        failing_leaves = list(dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate))
+        for leaf, attribution in attribute_candidate(errors, errors_of, failing_leaves).items():
+            found[(candidate, leaf)] = attribution
+    own_rows = {(r["candidate"], r["leaf"]): r for r in rows if r["comparison"] == "vs_oracle"}
     for i in failing:
         row = rows[i]
         key = (row["candidate"], row["leaf"])

@@ -38,11 +38,13 @@ class OracleDraw(Protocol):
 
 class Hypothesis(Protocol):
     """A candidate cause of a failing leaf: a stable `name`, its `label` in words, its `kind`
-    ("rounding": a rounding the model does not allow)."""
+    ("rounding": a rounding the model does not allow), its `family` (the place it changes:
+    two hypotheses of one family are never combined)."""
 
     name: str
     label: str
     kind: str
+    family: str
 
 
 @runtime_checkable

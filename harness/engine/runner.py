@@ -258,7 +258,13 @@ class Runner:
         start = time.perf_counter()
         ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
         rows = annotate_causes(
-            rows, case, fixture, oracle_leaves=oracle.leaves, candidate_leaves=ran, hypotheses=self.hypotheses
+            rows,
+            case,
+            fixture,
+            oracle_leaves=oracle.leaves,
+            oracle_sensitivity=oracle.sensitivity,
+            candidate_leaves=ran,
+            hypotheses=self.hypotheses,
         )
         self.timings["causes_s"] += time.perf_counter() - start
         yield from rows

@@ -1,22 +1,33 @@
-"""Which hypothesis explains a leaf's error: the numbers of a failing row's cause.
+"""Which hypothesis explains a candidate's errors: the numbers of a failing row's cause.
 
 A hypothesis (a rounding the model does not allow, run through the float64 oracle) has an
-error e_h = hypothesis − oracle, value for value. The candidate's error e_c = candidate −
-oracle is explained by it to the fraction
+error e_h = hypothesis − oracle on every leaf, value for value. On one leaf the candidate's
+error e_c = candidate − oracle is explained by it to the fraction
 
     explained(e_c, e_h) = 1 − ‖e_c − e_h‖² / ‖e_c‖²
 
-(1: the same error; 0: no better than no error at all; negative: worse). The candidate's
-own legitimate rounding is in e_c too, so a failing row's bug explains at least
-1 − (noise / error)², which its bound keeps near 1. A fraction below `EXPLAINED_THRESHOLD`
-names no rounding: the error is a logic error's, or a rounding outside the hypotheses.
-Pairs of hypotheses add to first order, so where one is not enough the best pair of the
-leading few is tried. docs/judging.md says why the thresholds are where they are.
+(1: the same error; 0: no better than no error at all; negative: worse). A leaf of a few
+numbers (a bias gradient of n, a scale gradient of one) is matched by chance by one of many
+hypotheses, so a hypothesis is also held to the candidate's other leaves: one that predicts
+an error on a leaf the candidate got right is not its cause. Each leaf's error is measured in
+units of its own sensitivity σ (the rounding model's RMS deviation there), and a failing
+leaf l's score is
+
+    score_l(h) = 1 − (‖z_c,l − z_h,l‖² + max(0, R_P(h) − T_P)) / ‖z_c,l‖²,   z = e / σ,
+
+where over the candidate's passing leaves P, T_P = Σ ‖z_c,p‖² and R_P(h) = Σ ‖z_c,p − z_h,p‖²:
+the penalty is what the hypothesis makes worse there than predicting no error. The
+candidate's own legitimate rounding is in e_c, so a failing leaf's bug scores about
+1 − (noise / error)², which its bound keeps near 1. Below `EXPLAINED_THRESHOLD` no rounding is
+named: the error is a logic error's, or a rounding outside the hypotheses. Pairs of
+hypotheses at different places add to first order, so where one is not enough the best pair
+of the leading few is tried. docs/judging.md says why the thresholds are where they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 
@@ -78,58 +89,112 @@ def explained_fraction(candidate_error: np.ndarray, hypothesis_error: np.ndarray
     return 1.0 - (l2_norm(e_c - e_h) / total) ** 2
 
 
-def explained_fractions(
-    candidate_error: np.ndarray, hypothesis_errors: Mapping[str, tuple[str, np.ndarray]]
-) -> dict[str, float]:
-    """name -> `explained_fraction` of each hypothesis (hypothesis_errors: name -> (words, error))."""
-    return {name: explained_fraction(candidate_error, error) for name, (_, error) in hypothesis_errors.items()}
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """⟨a, b⟩ in float64 by NumPy's own loop, not BLAS: the same bits on every machine."""
+    return float(np.einsum("i,i->", a.ravel(), b.ravel()))
 
 
-def consensus(fractions_per_leaf: Sequence[Mapping[str, float]]) -> list[str]:
-    """Hypothesis names, the one that explains most over several leaves first (the sum of each
-    leaf's fraction clipped to [0, 1]; ties keep the first leaf's listed order)."""
-    totals: dict[str, float] = {}
-    for fractions in fractions_per_leaf:
-        for name, fraction in fractions.items():
-            totals[name] = totals.get(name, 0.0) + (min(max(fraction, 0.0), 1.0) if np.isfinite(fraction) else 0.0)
-    return sorted(totals, key=lambda name: -totals[name])
+def scaled_errors(errors: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
+    """leaf -> error / σ (float64), for the leaves with a positive σ and a finite error."""
+    scaled = {}
+    for leaf, error in errors.items():
+        scale = scales.get(leaf, 0.0)
+        if scale > 0.0:
+            value = upcast(error) / scale
+            if np.all(np.isfinite(value)):
+                scaled[leaf] = value
+    return scaled
 
 
-def attribute_leaf(
-    candidate_error: np.ndarray,
-    hypothesis_errors: Mapping[str, tuple[str, np.ndarray]],
-    *,
-    fractions: Mapping[str, float] | None = None,
-    preferred: Sequence[str] = (),
-) -> Attribution:
-    """The hypothesis (or pair) that explains most of `candidate_error`.
+@dataclasses.dataclass(frozen=True)
+class HypothesisErrors:
+    """One hypothesis' errors against the oracle, in units of each leaf's sensitivity σ
+    (`scaled_errors`): name, words, family (hypotheses of one family round the same place and
+    are never paired), leaf -> z_h (float64)."""
 
-    candidate_error: candidate − oracle for one leaf, any shape; hypothesis_errors: name ->
-    (words, hypothesis − oracle of the same shape); fractions: their `explained_fractions`
-    if the caller has them; preferred: names in the order to choose among hypotheses within
-    `TIE` of the best (then the listed order).
+    name: str
+    words: str
+    family: str
+    errors: Mapping[str, np.ndarray]
+
+    @functools.cached_property
+    def norms(self) -> dict[str, float]:
+        """leaf -> ‖z_h‖², computed once for every candidate it is set beside."""
+        return {leaf: _dot(z, z) for leaf, z in self.errors.items()}
+
+
+class _Scores:
+    """The sums the scores need, in units of each leaf's σ: T_l = ‖z_c,l‖², ⟨z_c, z_h⟩ and ‖z_h‖²
+    per (hypothesis, leaf), and pairs' ⟨z_h1, z_h2⟩ on demand."""
+
+    def __init__(self, candidate_errors, hypotheses, failing):
+        self.leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in hypotheses)]
+        self.hypotheses = {h.name: h for h in hypotheses}
+        self.passing = [leaf for leaf in self.leaves if leaf not in set(failing)]
+        z_c = {leaf: candidate_errors[leaf] for leaf in self.leaves}
+        self.total = {leaf: _dot(z, z) for leaf, z in z_c.items()}
+        self.cross = {(h.name, leaf): _dot(z_c[leaf], h.errors[leaf]) for h in hypotheses for leaf in self.leaves}
+        self._excess: dict[tuple[str, ...], float] = {}
+
+    def _residual(self, names: Sequence[str], leaf: str) -> float:
+        """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two)."""
+        value = self.total[leaf] - 2 * sum(self.cross[(n, leaf)] for n in names)
+        value += sum(self.hypotheses[n].norms[leaf] for n in names)
+        if len(names) == 2:
+            a, b = (self.hypotheses[n].errors[leaf] for n in names)
+            value += 2 * _dot(a, b)
+        return value
+
+    def score(self, names: Sequence[str], leaf: str) -> float:
+        total = self.total[leaf]
+        if not total > 0:
+            return float("nan")
+        key = tuple(names)
+        if key not in self._excess:  # what the hypotheses make worse on the passing leaves
+            self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
+        return 1.0 - (self._residual(names, leaf) + self._excess[key]) / total
+
+
+def attribute_candidate(
+    candidate_errors: Mapping[str, np.ndarray], hypotheses: Sequence[HypothesisErrors], failing: Sequence[str]
+) -> dict[str, Attribution]:
+    """The most likely cause of each failing leaf of one candidate.
+
+    candidate_errors: leaf -> (candidate − oracle) / σ (`scaled_errors`; every leaf the
+    candidate has, passing ones too); hypotheses: their errors on the same leaves in the same
+    units (a leaf some lack takes no part); failing: the leaves to attribute. Among hypotheses within `TIE` of a leaf's
+    best score, the one with the highest total over the failing leaves is named (one bug,
+    one name). Returns leaf -> `Attribution` for every failing leaf.
     """
-    if fractions is None:
-        fractions = explained_fractions(candidate_error, hypothesis_errors)
-    rank = {name: i for i, name in enumerate(preferred)}
-    listed = {name: i for i, name in enumerate(hypothesis_errors)}
-    finite = [(f, name) for name, f in fractions.items() if np.isfinite(f)]
-    scored = sorted(finite, key=lambda item: (-item[0], listed[item[1]]))
-    if not scored:
-        return Attribution(UNEXPLAINED, float("nan"))
-    top = scored[0][0]
-    tied = [name for f, name in scored if f >= top - TIE]
-    name = min(tied, key=lambda n: (rank.get(n, len(rank)), listed[n]))
-    fraction, words = fractions[name], hypothesis_errors[name][0]
-    best = Attribution(words, fraction, (name,), words)
-    if fraction < PAIR_BELOW:
-        leading = [n for _, n in scored[:PAIR_CANDIDATES]]
-        for n1, n2 in itertools.combinations(leading, 2):
-            summed = upcast(hypothesis_errors[n1][1]) + upcast(hypothesis_errors[n2][1])
-            pair = explained_fraction(candidate_error, summed)
-            if pair >= best.explained + PAIR_GAIN:
-                words_pair = f"{hypothesis_errors[n1][0]} + {hypothesis_errors[n2][0]}"
-                best = Attribution(words_pair, pair, (n1, n2), words)
-    if best.explained < EXPLAINED_THRESHOLD:
-        return Attribution(UNEXPLAINED, best.explained, (), words)
-    return best
+    sums = _Scores(candidate_errors, hypotheses, failing)
+    order = {h.name: i for i, h in enumerate(hypotheses)}
+    targets = [leaf for leaf in failing if leaf in sums.total]
+    scores = {leaf: {h.name: sums.score((h.name,), leaf) for h in hypotheses} for leaf in targets}
+    totals = {
+        h.name: sum(min(max(scores[leaf][h.name], 0.0), 1.0) for leaf in targets if np.isfinite(scores[leaf][h.name]))
+        for h in hypotheses
+    }
+    found = {leaf: Attribution(UNEXPLAINED, float("nan")) for leaf in failing}
+    for leaf in targets:
+        ranked = sorted(
+            (n for n in scores[leaf] if np.isfinite(scores[leaf][n])), key=lambda n: (-scores[leaf][n], order[n])
+        )
+        if not ranked:
+            continue
+        top = scores[leaf][ranked[0]]
+        name = min((n for n in ranked if scores[leaf][n] >= top - TIE), key=lambda n: (-totals[n], order[n]))
+        words = sums.hypotheses[name].words
+        best = Attribution(words, scores[leaf][name], (name,), words)
+        if best.explained < PAIR_BELOW:
+            for n1, n2 in itertools.combinations(ranked[:PAIR_CANDIDATES], 2):
+                if sums.hypotheses[n1].family == sums.hypotheses[n2].family:
+                    continue  # rounding one place twice is rounding it once
+                pair = sums.score((n1, n2), leaf)
+                if pair >= best.explained + PAIR_GAIN:
+                    best = Attribution(
+                        f"{sums.hypotheses[n1].words} + {sums.hypotheses[n2].words}", pair, (n1, n2), words
+                    )
+        found[leaf] = (
+            best if best.explained >= EXPLAINED_THRESHOLD else Attribution(UNEXPLAINED, best.explained, (), words)
+        )
+    return found

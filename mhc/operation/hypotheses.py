@@ -55,12 +55,14 @@ class Hypothesis:
     """One candidate cause of a failing leaf.
 
     name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>"); label: the
-    cause in words; kind: "rounding"; roundings: what the oracle rounds to reproduce it.
+    cause in words; kind: "rounding"; family: the place it rounds ("<site>:<direction>"; two
+    of one family are never a pair); roundings: what the oracle rounds to reproduce it.
     """
 
     name: str
     label: str
     kind: str
+    family: str
     roundings: tuple[Rounding, ...]
 
 
@@ -79,7 +81,7 @@ def _words(site: str, direction: str, group: str = "") -> str:
         what = f"{group}' scales and biases" if group.endswith("gates") else f"{group}'s scale and bias"
     if direction == "backward":
         gradient = site in ("matmul_weight", "gate_weight", "branch_param")
-        return f"{'the gradient' if gradient else 'the cotangent'} of {what.removeprefix('the ')}"
+        return f"{'the gradient' if gradient else 'the cotangent'} of {what}"
     return what
 
 
@@ -97,9 +99,11 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
         groups = GATE_GROUPS if site_name == "gate_weight" else {"": ()}
         for direction in ("forward", "backward"):
             for dtype in dtypes:
-                # The exact inputs are already in the activation dtype: rounding them there is nothing.
+                # The exact inputs are already in the activation dtype: rounding them there is
+                # nothing; and nothing flows back through the output cotangent.
                 already = site_name in ("x", "cotangent") and direction == "forward" and dtype == case.dtype
-                if already or _unit_roundoff(dtype) <= _allowed_unit(site, direction, units):
+                inert = site_name == "cotangent" and direction == "backward"
+                if already or inert or _unit_roundoff(dtype) <= _allowed_unit(site, direction, units):
                     continue
                 for group, parts in groups.items():
                     tag = "/" + group.removeprefix("the ").replace(" ", "_") if group else ""
@@ -108,6 +112,7 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                             name=f"round:{site_name}{tag}:{direction}:{dtype}",
                             label=f"{_words(site_name, direction, group)} rounded to {dtype}",
                             kind="rounding",
+                            family=f"{site_name}:{direction}",
                             roundings=(Rounding(site_name, direction, dtype, parts),),
                         )
                     )

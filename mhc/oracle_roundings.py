@@ -10,9 +10,9 @@ bug's error, value for value, with none of a real path's legitimate rounding on 
 
 `run_oracle_roundings` runs any number of such hypotheses (each a set of roundings) in one
 compiled program: the roundings are data (a code per site call and direction), so every
-hypothesis list of a shape, branch and config shares it (padded to one batch size). Written on `mhc.oracle`'s math
-(`_layer_and_vjp`), so it computes the same function; like that module it imports nothing
-that computes from `mhc`.
+hypothesis list of a shape, branch and config shares it (padded to one batch size). Written
+on `mhc.oracle`'s math (`_layer_and_vjp`), so it computes the same function; like that
+module it imports nothing that computes from `mhc`.
 """
 
 from __future__ import annotations

@@ -55,3 +55,8 @@ def format_text_table(
         return (indent + "  ".join(v.ljust(w) for v, w in zip(values, widths))).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in cells)])
+
+
+def plural(n: int, word: str) -> str:
+    """ "1 row", "3 rows": a count and its noun (an English -s plural)."""
+    return f"{n} {word}{'s' * (n != 1)}"

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from records.text import format_number
+from records.text import format_number, plural
 
 # The row columns the groups read besides a row's identity, verdict, reason and usage.
 CAUSE_COLUMNS = ("cause", "cause_id", "cause_explained")
@@ -27,10 +27,6 @@ GROUPED_VERDICTS = ("error", "fail")
 def implementation_of(candidate: str) -> str:
     """The implementation of a path name ("interpret/sharded(...)" -> "interpret")."""
     return candidate.split("/", 1)[0]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' * (n != 1)}"
 
 
 def compress_paths(paths: Iterable[str]) -> list[str]:
@@ -142,7 +138,7 @@ def format_heading(
         what += (
             f" (the best rounding explains {share})" if group["cause_id"] == "unexplained" else f" (explains {share})"
         )
-    return f"{_plural(group['rows'], 'row')} in {_plural(group['cases'], 'case')}: {where} — {what}"
+    return f"{plural(group['rows'], 'row')} in {plural(group['cases'], 'case')}: {where} — {what}"
 
 
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
@@ -198,11 +194,3 @@ def implementation_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[Implement
         verdict = next((v for v in ("error", "fail") if v in seen), "pass" if "pass" in seen else "skip")
         verdicts.append(ImplementationVerdict(name, verdict, len(members), tuple(cause_groups(members))))
     return verdicts
-
-
-def cause_lines(groups: Sequence[CauseGroup], *, limit: int = 8) -> list[str]:
-    """The groups' headings, one line each (the first `limit`, then a count of the rest)."""
-    lines = [group.heading() for group in groups[:limit]]
-    if len(groups) > limit:
-        lines.append(f"... and {_plural(len(groups) - limit, 'more cause')}")
-    return lines

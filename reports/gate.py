@@ -49,7 +49,7 @@ import pandas as pd
 
 from records.rows import unwrap_run
 from records.schema import row_key
-from records.text import format_number, format_text_table
+from records.text import format_number, format_text_table, plural
 from reports.causes import CauseGroup, cause_groups
 from reports.drift import (
     DEFAULT_GROWTH_FACTOR,
@@ -178,7 +178,10 @@ class GateResult:
                     lines += ["", _findings_table(findings)]
                 continue
             if category == "failure" and self.failure_causes:  # one heading per cause, its rows under it
-                lines += ["", f"failure ({len(findings)} rows, from {len(self.failure_causes)} causes):"]
+                lines += [
+                    "",
+                    f"failure ({plural(len(findings), 'row')}, from {plural(len(self.failure_causes), 'cause')}):",
+                ]
                 by_key = {f.key: f for f in findings}
                 for group in self.failure_causes:
                     members = [by_key[row_key(r)] for r in group.rows if row_key(r) in by_key]

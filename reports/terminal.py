@@ -7,8 +7,8 @@ from collections import Counter
 
 from records.rows import to_frame
 from records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
-from records.text import format_number, format_text_table
-from reports.causes import ImplementationVerdict, cause_groups, cause_lines, implementation_verdicts
+from records.text import format_number, format_text_table, plural
+from reports.causes import ImplementationVerdict, cause_groups, implementation_verdicts
 from reports.summary import sharpness
 
 WORST_ROWS = 12
@@ -70,10 +70,11 @@ def format_summary(rows) -> str:
     bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
     if bad:
         groups = cause_groups(bad)
-        lines += ["", f"{len(bad)} row(s) failed, from {len(groups)} cause(s):"]
+        lines += ["", f"{plural(len(bad), 'row')} failed, from {plural(len(groups), 'cause')}:"]
         for group in groups[:MAX_CAUSES]:
             lines += ["", f"  {group.heading()}", rows_table(group.rows[:ROWS_PER_CAUSE], indent="    ")]
-        lines += cause_lines(groups, limit=MAX_CAUSES)[MAX_CAUSES:]
+        if len(groups) > MAX_CAUSES:
+            lines += ["", f"  ... and {plural(len(groups) - MAX_CAUSES, 'more cause')} (report.json has them all)"]
     else:
         lines += ["", "closest to their bound:"]
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
@@ -88,7 +89,7 @@ def implementation_line(verdict: ImplementationVerdict) -> str:
     """e.g. "interpret FAIL (2 causes)", "reference pass"."""
     if verdict.verdict in ("pass", "skip"):
         return f"{verdict.name} {verdict.verdict}"
-    return f"{verdict.name} {verdict.verdict.upper()} ({len(verdict.groups)} cause{'s' * (len(verdict.groups) != 1)})"
+    return f"{verdict.name} {verdict.verdict.upper()} ({plural(len(verdict.groups), 'cause')})"
 
 
 def sharpness_text(rows) -> str:

@@ -337,4 +337,4 @@ def test_a_broken_leaf_is_one_cause_heading_first_in_the_html_and_the_gate():
     assert "<code>d_post_bias</code> of <code>interpret/*</code>" in first_screen
     assert first_screen.count("<details>") == 1
     table = gate(clean, broken).table()
-    assert table.count(UNEXPLAINED) == 1 and f"failure ({len(failing)} rows, from 1 causes)" in table
+    assert table.count(UNEXPLAINED) == 1 and f"failure ({len(failing)} rows, from 1 cause)" in table

@@ -70,7 +70,7 @@ def test_each_implementation_gets_one_verdict_with_its_causes():
 
 def test_the_terminal_summary_lists_each_cause_once_with_its_first_rows():
     text = format_summary(_rows())
-    assert "8 row(s) failed, from 1 cause(s):" in text
+    assert "8 rows failed, from 1 cause:" in text
     assert text.count("`d_post_bias` of `interpret/*`") == 1
     assert text.rstrip().endswith(
         "parity: FAIL (" + str(len(_rows())) + " rows): reference pass · interpret FAIL (1 cause)"
@@ -81,7 +81,7 @@ def test_the_gate_groups_its_failures_by_cause():
     result = gate(_rows(broken=False), _rows())
     assert len(result.failure_causes) == 1 and not result.ok
     table = result.table()
-    assert "failure (8 rows, from 1 causes):" in table
+    assert "failure (8 rows, from 1 cause):" in table
     assert table.count(UNEXPLAINED) == 1
 
 

@@ -487,13 +487,29 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sit
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
+def _recorded(x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = ()) -> _SiteRecorder:
+    """A `_SiteRecorder` that saw every rounding of one draw, in call order (an abstract trace)."""
+    recorder = _SiteRecorder()
+    jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply, branch_sites), x, w, p, ct)
+    return recorder
+
+
 def _recorded_sites(
     x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = ()
 ) -> list[tuple[str, tuple[int, ...]]]:
     """The (site, shape) of every rounding of one draw, in call order (an abstract trace)."""
-    recorder = _SiteRecorder()
-    jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply, branch_sites), x, w, p, ct)
-    return recorder.sites
+    return _recorded(x, w, p, ct, config, branch_apply, branch_sites).sites
+
+
+def _float64_inputs(x, weights, branch_params: Mapping[str, Any], cotangent):
+    """(x, weight name -> array, branch parameter -> array, cotangent) as float64 JAX arrays
+    (call under `jax.enable_x64`)."""
+    return (
+        jnp.asarray(_as_f64(x)),
+        {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()},
+        {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()},
+        jnp.asarray(_as_f64(cotangent)),
+    )
 
 
 def _bank_size(sites) -> int:
@@ -638,10 +654,7 @@ def run_oracle_batch(
     if unknown:
         raise ValueError(f"only_sites names no rounding site: {unknown}")
     with jax.enable_x64(True), jax.default_device(oracle_device()):
-        x64 = jnp.asarray(_as_f64(x))
-        w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}
-        p64 = {k: jnp.asarray(_as_f64(v)) for k, v in branch_params.items()}
-        ct64 = jnp.asarray(_as_f64(cotangent))
+        x64, w64, p64, ct64 = _float64_inputs(x, weights, branch_params, cotangent)
         keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
         banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply, sites)))(keys)
         program = _oracle_program(branch_apply, config, sites, None if only_sites is None else frozenset(only_sites))

@@ -105,8 +105,7 @@ class _CodedRounding:
 
 def _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites) -> list[tuple[str, tuple[int, ...], str]]:
     """(site, shape, part) of every site call of one draw, in call order (an abstract trace)."""
-    recorder = oracle._SiteRecorder()
-    jax.eval_shape(lambda *a: oracle._layer_and_vjp(*a, recorder, config, branch_apply, branch_sites), x, w, p, ct)
+    recorder = oracle._recorded(x, w, p, ct, config, branch_apply, branch_sites)
     return [(site, shape, part) for (site, shape), part in zip(recorder.sites, recorder.parts)]
 
 
@@ -184,10 +183,7 @@ def run_oracle_roundings(
     sites = oracle._branch_site_tuple(branch_sites)
     known = set(oracle.ROUNDING_SITES) | {name for name, _ in sites}
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
-        x64 = jnp.asarray(oracle._as_f64(x))
-        w64 = {k: jnp.asarray(v) for k, v in oracle._weight_mapping(weights).items()}
-        p64 = {k: jnp.asarray(oracle._as_f64(v)) for k, v in branch_params.items()}
-        ct64 = jnp.asarray(oracle._as_f64(cotangent))
+        x64, w64, p64, ct64 = oracle._float64_inputs(x, weights, branch_params, cotangent)
         calls = _recorded_calls(x64, w64, p64, ct64, config, branch_apply, sites)
         codes = rounding_codes(calls, hypotheses, known)
         # Padded with exact rows to `PADDED_HYPOTHESES` (or the next power of two): cases of one

@@ -95,11 +95,11 @@ class CauseGroup:
 
     def heading(self, quote: Callable[[str], str] = _code, text: Callable[[str], str] = str) -> str:
         """e.g. "26 rows in 13 cases: `d_post_bias` of `interpret/*` — <cause> (explains 97%)"
-        (`format_heading` of `as_dict`)."""
-        return format_heading(self.as_dict(), quote, text)
+        (`format_heading` of `summary`)."""
+        return format_heading(self.summary(), quote, text)
 
-    def as_dict(self) -> dict:
-        """The group as plain JSON-able data (report.json)."""
+    def summary(self) -> dict:
+        """What the group's heading says, as plain JSON-able data."""
         return {
             "verdict": self.verdict,
             "cause": self.cause,
@@ -110,23 +110,27 @@ class CauseGroup:
             "candidates": self.candidates,
             "explained": self.explained,
             "worst_usage": self.worst_usage,
-            "members": [
-                {
-                    "case": r["case"],
-                    "candidate": r["candidate"],
-                    "partner": r.get("partner", ""),
-                    "leaf": r["leaf"],
-                    "usage": format_number(_float(r.get("bound_usage")), nan="-"),
-                }
-                for r in self.rows
-            ],
         }
+
+    def as_dict(self) -> dict:
+        """The group as plain JSON-able data (report.json): its `summary` and its rows."""
+        members = [
+            {
+                "case": r["case"],
+                "candidate": r["candidate"],
+                "partner": r.get("partner", ""),
+                "leaf": r["leaf"],
+                "usage": format_number(_float(r.get("bound_usage")), nan="-"),
+            }
+            for r in self.rows
+        ]
+        return {**self.summary(), "members": members}
 
 
 def format_heading(
     group: Mapping[str, Any], quote: Callable[[str], str] = _code, text: Callable[[str], str] = str
 ) -> str:
-    """A cause group's one-line heading from its data (`CauseGroup.as_dict`, as report.json has it).
+    """A cause group's one-line heading from its data (`CauseGroup.summary`; report.json's groups have it).
 
     quote: how a leaf or path name is written (a code span); text: how the cause is written
     (e.g. escaped for Markdown)."""

@@ -53,8 +53,8 @@ def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool
 
 
 def markdown_heading(group: dict) -> str:
-    """A cause group's heading (`reports.causes.CauseGroup.as_dict`) in Markdown: names as
-    code spans (a backtick inside one dropped), the cause escaped."""
+    """A cause group's heading (`reports.causes.CauseGroup.summary`, or a group of report.json)
+    in Markdown: names as code spans (a backtick inside one dropped), the cause escaped."""
     return format_heading(group, quote=lambda name: f"`{md_cell(name, None).replace(chr(92) + '`', '')}`", text=md_cell)
 
 
@@ -107,7 +107,7 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
         shown = findings[:max_rows]
         lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
         if category == "failure" and result.failure_causes:
-            lines += [f"- {markdown_heading(g.as_dict())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
+            lines += [f"- {markdown_heading(g.summary())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
         lines.append(
             md_table(
                 ("case", "candidate", "partner", "leaf", "detail"),

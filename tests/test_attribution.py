@@ -4,6 +4,7 @@ the oracle's deterministic roundings (mhc.oracle_roundings), the operation's hyp
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import jax.numpy as jnp
@@ -26,11 +27,11 @@ from harness.judging.attribution import (
     UNEXPLAINED_ID,
     HypothesisErrors,
     attribute_candidate,
-    explained_fraction,
 )
 from harness.judging.confidence import Sensitivity
 from harness.judging.policy import load_policy
 from mhc import oracle
+from mhc.operation.oracle_draws import on_fixture
 from mhc.oracle_roundings import Rounding, rounding_codes, run_oracle_roundings
 from records.rows import to_frame
 from records.schema import empty_row
@@ -51,20 +52,26 @@ def _rng():
 # ── the explained fraction and the choice of a cause ──────────────────────────────────
 
 
-def test_explained_fraction_is_one_for_the_same_error_and_zero_for_none():
-    e = _rng().normal(size=(4, 8))
-    assert explained_fraction(e, e) == 1.0
-    assert explained_fraction(e, np.zeros_like(e)) == 0.0
-    assert explained_fraction(e, 3 * e) == pytest.approx(-3.0)  # worse than no error at all
-    assert np.isnan(explained_fraction(np.zeros(3), np.ones(3)))
-
-
 def _hypothesis(name, errors, family=None):
     return HypothesisErrors(name, f"words of {name}", family or name, errors)
 
 
 def _attribute(candidate, hypotheses, failing=("leaf",)):
     return attribute_candidate(candidate, hypotheses, list(failing))
+
+
+def _fraction(candidate_error, hypothesis_error) -> float:
+    """The explained fraction of one hypothesis on a candidate's one leaf (no other leaves)."""
+    (found,) = _attribute({"leaf": candidate_error}, [_hypothesis("h", {"leaf": hypothesis_error})]).values()
+    return found.explained
+
+
+def test_explained_fraction_is_one_for_the_same_error_and_zero_for_none():
+    e = _rng().normal(size=(4, 8))
+    assert _fraction(e, e) == 1.0
+    assert _fraction(e, np.zeros_like(e)) == 0.0
+    assert _fraction(e, 3 * e) == pytest.approx(-3.0)  # worse than no error at all
+    assert np.isnan(_fraction(np.zeros(3), np.ones(3)))
 
 
 def test_the_matching_hypothesis_is_named_among_unrelated_ones():
@@ -133,31 +140,19 @@ def setting():
     return case, make_fixture(case), get_branch(case.branch)
 
 
-def _run(setting, hypotheses, weights=None):
+def _on_fixture(run, setting, weights=None, **options):
     case, fixture, branch = setting
-    return run_oracle_roundings(
-        fixture.x,
-        fixture.weights if weights is None else weights,
-        branch.apply,
-        fixture.branch_params,
-        fixture.cotangent,
-        case.mhc_config(),
-        hypotheses=hypotheses,
-        branch_sites=branch.rounding_sites,
-    )
+    if weights is not None:
+        fixture = dataclasses.replace(fixture, weights=weights)
+    return on_fixture(run, case, fixture, branch, **options)
+
+
+def _run(setting, hypotheses, weights=None):
+    return _on_fixture(run_oracle_roundings, setting, weights, hypotheses=hypotheses)
 
 
 def _exact(setting, weights=None):
-    case, fixture, branch = setting
-    return oracle.run_oracle(
-        fixture.x,
-        fixture.weights if weights is None else weights,
-        branch.apply,
-        fixture.branch_params,
-        fixture.cotangent,
-        case.mhc_config(),
-        branch_sites=branch.rounding_sites,
-    )
+    return _on_fixture(oracle.run_oracle, setting, weights)
 
 
 def test_a_rounded_weight_is_the_oracle_on_that_weight_rounded(setting):

@@ -10,7 +10,6 @@ error on the leaves the candidate got right (`harness.judging.attribution`), and
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -40,30 +39,27 @@ WITHIN_MODEL = (
 
 
 class HypothesisOracle:
-    """Each case's hypotheses and their oracle leaves, computed once and the `keep` most recent kept.
+    """Each case's hypotheses and their oracle leaves, the latest case's kept (a case's failing
+    rows ask once per case; every hypothesis holds all the case's leaves, so no more are kept).
 
     Called as (case, fixture) -> (hypotheses, one leaf -> float64 array mapping per
     hypothesis, named like a path's leaves). Thread-safe.
     """
 
-    def __init__(self, keep: int = 1):
-        self.keep = keep
-        self._answers: collections.OrderedDict = collections.OrderedDict()
+    def __init__(self):
+        self._latest: tuple | None = None  # (case, answer)
         self._lock = threading.Lock()
 
     def __call__(self, case, fixture) -> tuple[Sequence, list[dict[str, np.ndarray]]]:
         with self._lock:
-            if case in self._answers:
-                self._answers.move_to_end(case)
-                return self._answers[case]
+            if self._latest is not None and self._latest[0] == case:
+                return self._latest[1]
         branch = get_branch(case.branch)
         hypotheses = OPERATION.hypotheses(case, branch, noise_units(case))
         draws = OPERATION.hypothesis_draws(case, fixture, branch, hypotheses)
         answer = (hypotheses, [named_leaves(draw) for draw in draws])
         with self._lock:
-            self._answers[case] = answer
-            while len(self._answers) > self.keep:
-                self._answers.popitem(last=False)
+            self._latest = (case, answer)
         return answer
 
 

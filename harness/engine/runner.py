@@ -114,22 +114,20 @@ class Runner:
         cache: ProgramCache | None = None,
         oracle: Callable | None = None,
         lowering_store: LoweringStore | None = None,
-        hypotheses: HypothesisOracle | None = None,
     ):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `cases.fixtures.make_fixture` and `harness.stores.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
         for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
-        disk store); lowering_store: reuse TPU lowering results (default: none);
-        hypotheses: the failing rows' causes (`harness.engine.causes.HypothesisOracle`; the
-        kill matrix shares one across its passes). See `with_disk_stores` for the runner of a
-        parity run."""
+        disk store); lowering_store: reuse TPU lowering results (default: none). See
+        `with_disk_stores` for the runner of a parity run."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.oracle = oracle if oracle is not None else OracleCache()
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
-        self.hypotheses = hypotheses if hypotheses is not None else HypothesisOracle()
+        # The failing rows' causes: a case's hypotheses through the oracle, the latest case kept.
+        self.hypotheses = HypothesisOracle()
         # This thread's seconds per part of the run (`TIMINGS`), for the run's metadata and the benchmark.
         self.timings = dict.fromkeys(TIMINGS, 0.0)
 

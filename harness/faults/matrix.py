@@ -35,7 +35,6 @@ import jax
 
 from cases import registry
 from cases.fixtures import make_fixture
-from harness.engine.causes import HypothesisOracle
 from harness.engine.implementations import BUILTIN, load_external
 from harness.engine.plan import PathPlan
 from harness.engine.program_cache import ProgramCache
@@ -143,7 +142,6 @@ class SharedInputs:
         self._fixtures: dict = {}
         self._oracles: dict = {}
         self._oracle_cache = OracleCache()
-        self.hypotheses = HypothesisOracle()
 
     def fixture(self, case):
         if case not in self._fixtures:
@@ -157,9 +155,7 @@ class SharedInputs:
 
 
 def _runner(policy, shared: SharedInputs, cache):
-    return Runner(
-        policy, fixture_loader=shared.fixture, oracle=shared.oracle, cache=cache, hypotheses=shared.hypotheses
-    )
+    return Runner(policy, fixture_loader=shared.fixture, oracle=shared.oracle, cache=cache)
 
 
 def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls, *, quiet=False) -> list[dict]:

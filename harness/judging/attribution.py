@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from harness.judging.error_statistics import l2_norm, upcast
+from harness.judging.error_statistics import upcast
 from records.schema import UNEXPLAINED_CAUSE
 
 # Below this fraction no hypothesis is named: half the squared error is not a rounding's.
@@ -78,15 +78,6 @@ class Attribution:
 
     def as_row_fields(self) -> dict:
         return {"cause": self.cause, "cause_id": self.cause_id, "cause_explained": self.explained}
-
-
-def explained_fraction(candidate_error: np.ndarray, hypothesis_error: np.ndarray) -> float:
-    """1 − ‖e_c − e_h‖² / ‖e_c‖² (float64; NaN where the candidate has no error or a NaN)."""
-    e_c, e_h = upcast(candidate_error), upcast(hypothesis_error)
-    total = l2_norm(e_c)
-    if not np.isfinite(total) or total == 0.0:
-        return float("nan")
-    return 1.0 - (l2_norm(e_c - e_h) / total) ** 2
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:

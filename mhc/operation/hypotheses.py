@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import jax.numpy as jnp
 
 from mhc import oracle
+from mhc.operation.oracle_draws import on_fixture
 from mhc.oracle_roundings import Rounding, run_oracle_roundings
 
 # The values each site holds, in words (the backward direction is their cotangent).
@@ -122,13 +123,4 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
 def hypothesis_draws(case, fixture, branch, chosen: Sequence[Hypothesis]) -> list[oracle.OracleResult]:
     """The oracle on `fixture` once per hypothesis (`mhc.oracle_roundings.run_oracle_roundings`),
     in order: per draw its `forward`, `d_x`, `d_weights` and `d_branch`, NumPy float64."""
-    return run_oracle_roundings(
-        fixture.x,
-        fixture.weights,
-        branch.apply,
-        fixture.branch_params,
-        fixture.cotangent,
-        case.mhc_config(),
-        hypotheses=[h.roundings for h in chosen],
-        branch_sites=branch.rounding_sites,
-    )
+    return on_fixture(run_oracle_roundings, case, fixture, branch, hypotheses=[h.roundings for h in chosen])

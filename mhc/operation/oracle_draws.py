@@ -15,15 +15,22 @@ def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.O
     parameter -> gradient). draws: (seed, units) per draw, (0, None) the exact one;
     branch: the case's `cases.branches.Branch` (its apply and the rounding sites it
     declares inside itself)."""
-    return oracle.run_oracle_batch(
+    return on_fixture(oracle.run_oracle_batch, case, fixture, branch, draws=draws)
+
+
+def on_fixture(run, case, fixture, branch, **options):
+    """`run(x, weights, branch_apply, branch_params, cotangent, config, branch_sites=..., **options)`
+    (an oracle entry point: `mhc.oracle.run_oracle_batch`, `mhc.oracle_roundings.run_oracle_roundings`)
+    on the case's fixture, config and branch."""
+    return run(
         fixture.x,
         fixture.weights,
         branch.apply,
         fixture.branch_params,
         fixture.cotangent,
         case.mhc_config(),
-        draws=draws,
         branch_sites=branch.rounding_sites,
+        **options,
     )
 
 

@@ -234,6 +234,42 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Contraction:
+    """A sum over products in the layer's math, which a path accumulates in float32.
+
+    spec: its einsum over the operands in call order; words: what it computes; operands: the
+    words of each operand. Only the hypotheses' program (`mhc.oracle_roundings`) accumulates
+    one otherwise; here each is written as the oracle's own expression (`_contracted`).
+    """
+
+    spec: str
+    words: str
+    operands: tuple[str, str]
+
+
+CONTRACTIONS: Mapping[str, Contraction] = {
+    "mean_square": Contraction("bsk,bsk->bs", "the RMS statistic's sum of squares", ("x", "x")),
+    "projection": Contraction(
+        "bsk,km->bsm", "the projection", ("the normalised activations", "the folded projection weights")
+    ),
+    "permutation_mix": Contraction(
+        "bsp,pij->bsij", "the permutation mix", ("the softmax weights", "the permutation matrices")
+    ),
+    "collapse": Contraction("bsn,bsnc->bsc", "the stream collapse", ("h_pre", "x")),
+    "residual_mix": Contraction("bsij,bsic->bsjc", "the residual mix", ("h_res", "x")),
+    "post_gate": Contraction("bsn,bsc->bsnc", "the post gate's product", ("h_post", "the branch output")),
+}
+
+
+def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array]):
+    """Contraction `name` of a and b: `exact()`, the oracle's own expression of it, unless the
+    rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b)`, the
+    hypotheses' program). `exact` keeps the oracle's bits as written."""
+    contract = getattr(r, "contract", None)
+    return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b)
+
+
 # A branch's own sites (`branch_sites`), as the oracle's programs take them: hashable.
 BranchSites = tuple[tuple[str, RoundingSite], ...]
 
@@ -403,11 +439,14 @@ def _coefficients(x, w, config, r=_exact):
     n = config.streams
     batch, seq = x.shape[:2]
     v = x.reshape(batch, seq, -1)
-    inv_rms = r(1.0 / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + config.rms_epsilon), "rms_inverse")
+    sum_of_squares = _contracted(r, "mean_square", v, v, lambda: jnp.sum(v * v, axis=-1))
+    mean_square = sum_of_squares[..., None] / v.shape[-1]
+    inv_rms = r(1.0 / jnp.sqrt(mean_square + config.rms_epsilon), "rms_inverse")
     normed = r(v * inv_rms * w["norm_scale"], "normed_operand")
 
     def logits(name):
-        return jnp.matmul(normed, r(w[f"{name}_alpha"], "folded_weight"), precision=_PRECISION)
+        alpha = r(w[f"{name}_alpha"], "folded_weight")
+        return _contracted(r, "projection", normed, alpha, lambda: jnp.matmul(normed, alpha, precision=_PRECISION))
 
     h_pre = r(_sigmoid(_gate_logit(w, "pre", logits("pre"), r)) + config.pre_epsilon, "gate")
     h_post = r(2.0 * _sigmoid(_gate_logit(w, "post", logits("post"), r)), "gate")
@@ -415,7 +454,11 @@ def _coefficients(x, w, config, r=_exact):
     if config.variant == "lite":
         z = r(z_res + w["res_bias"], "gate_logit")
         a = r(r(_softmax(z, r), "gate"), "permutation_operand")
-        h_res = r(jnp.einsum("bsp,pij->bsij", a, jnp.asarray(oracle_permutations(n)), precision=_PRECISION), "gate")
+        perms = jnp.asarray(oracle_permutations(n))
+        mix = _contracted(
+            r, "permutation_mix", a, perms, lambda: jnp.einsum("bsp,pij->bsij", a, perms, precision=_PRECISION)
+        )
+        h_res = r(mix, "gate")
     else:
         z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"], "gate_logit")
         h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations), "gate")
@@ -424,15 +467,23 @@ def _coefficients(x, w, config, r=_exact):
 
 def _pre(x, w, config, r=_exact):
     h_pre, h_post, h_res = _coefficients(x, w, config, r)
-    collapse_weights = r(h_pre, "coefficient_operand")
-    layer_input = r(jnp.einsum("bsn,bsnc->bsc", collapse_weights, x, precision=_PRECISION), "layer_input")
+    weights = r(h_pre, "coefficient_operand")
+    collapsed = _contracted(
+        r, "collapse", weights, x, lambda: jnp.einsum("bsn,bsnc->bsc", weights, x, precision=_PRECISION)
+    )
+    layer_input = r(collapsed, "layer_input")
     return layer_input, (h_pre, h_post, h_res)
 
 
 def _post(layer_output, x, coeffs, r=_exact):
     _, h_post, h_res = coeffs
-    mixed = r(jnp.einsum("bsij,bsic->bsjc", r(h_res, "coefficient_operand"), x, precision=_PRECISION), "residual_mix")
-    gated = r(h_post, "coefficient_operand")[..., None] * layer_output[..., None, :]
+    mix = r(h_res, "coefficient_operand")
+    mixed = r(
+        _contracted(r, "residual_mix", mix, x, lambda: jnp.einsum("bsij,bsic->bsjc", mix, x, precision=_PRECISION)),
+        "residual_mix",
+    )
+    gate = r(h_post, "coefficient_operand")
+    gated = _contracted(r, "post_gate", gate, layer_output, lambda: gate[..., None] * layer_output[..., None, :])
     return r(mixed + gated, "out")
 
 
@@ -487,9 +538,12 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sit
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
-def _recorded(x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = ()) -> _SiteRecorder:
-    """A `_SiteRecorder` that saw every rounding of one draw, in call order (an abstract trace)."""
-    recorder = _SiteRecorder()
+def _recorded(
+    x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = (), recorder=None
+) -> _SiteRecorder:
+    """A `_SiteRecorder` (or `recorder`, one of its kind) that saw every rounding of one draw,
+    in call order (an abstract trace)."""
+    recorder = _SiteRecorder() if recorder is None else recorder
     jax.eval_shape(lambda *a: _layer_and_vjp(*a, recorder, config, branch_apply, branch_sites), x, w, p, ct)
     return recorder
 

@@ -8,11 +8,17 @@ cotangent flowing back through it) and a dtype; the program rounds exactly there
 nearest, and holds every other value in float64. Its error against the exact oracle is the
 bug's error, value for value, with none of a real path's legitimate rounding on top.
 
-`run_oracle_roundings` runs any number of such hypotheses (each a set of roundings) in one
-compiled program: the roundings are data (a code per site call and direction), so every
-hypothesis list of a shape, branch and config shares it (padded to one batch size). Written
-on `mhc.oracle`'s math (`_layer_and_vjp`), so it computes the same function; like that
-module it imports nothing that computes from `mhc`.
+An `Accumulation` is the other kind of precision bug: a contraction of the layer
+(`mhc.oracle.CONTRACTIONS`) whose sum runs in a narrow dtype, term by term or in blocks, for its
+value or for one operand's cotangent. Its error depends on the order of the sum, which a
+backend chooses, so it reproduces the size of such a bug's error, not its values.
+
+`run_oracle_roundings` runs any number of such hypotheses (each a set of roundings and
+accumulations) in one compiled program: they are data (a code per site call and direction, and
+per contraction call and output), so every hypothesis list of a shape, branch and config shares
+it (padded to one batch size). The hypotheses run one after another in a loop, so each computes
+only its own narrow sums. Written on `mhc.oracle`'s math (`_layer_and_vjp`), so it computes the
+same function; like that module it imports nothing that computes from `mhc`.
 """
 
 from __future__ import annotations
@@ -31,12 +37,15 @@ from mhc import oracle
 # XLA:CPU's first optimisation level: the hypotheses' program compiles in about half the default
 # level's time and runs nearly as fast (the sensitivity draws' level 0 runs it several times slower).
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-# The batch a hypotheses program runs (more hypotheses: the next power of two): above the count
+# The batch a hypotheses program holds (more hypotheses: the next power of two): above the count
 # of a float32 case's (every site twice, the gates per gate), so bfloat16 and float32 cases share it.
-PADDED_HYPOTHESES = 64
+PADDED_HYPOTHESES = 80
 # The dtypes a hypothesis may round to; a rounding's code is its index here plus one (0: exact).
 ROUNDING_DTYPES = ("bfloat16", "float16", "float32")
 DIRECTIONS = ("forward", "backward")
+# What of a contraction an accumulation sums narrowly: its value, or the cotangent of its first
+# or second operand (each a contraction of the cotangent with the other operand).
+OUTPUTS = ("value", "first_cotangent", "second_cotangent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +68,111 @@ class Rounding:
             raise ValueError(f"rounding direction {self.direction!r} is not one of {DIRECTIONS}")
         if self.dtype not in ROUNDING_DTYPES:
             raise ValueError(f"rounding dtype {self.dtype!r} is not one of {ROUNDING_DTYPES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulation:
+    """One contraction summed in a narrow dtype.
+
+    contraction: a name of `mhc.oracle.CONTRACTIONS` (every call of it); output: one of
+    `OUTPUTS`; dtype: one of `ROUNDING_DTYPES`, the running sum's; block: terms summed exactly
+    before each addition to the running sum (1: term by term, as a sequential loop; more: as a
+    kernel adding a tile's float32 partial sum to a narrow accumulator).
+    """
+
+    contraction: str
+    output: str
+    dtype: str
+    block: int = 1
+
+    def __post_init__(self):
+        if self.contraction not in oracle.CONTRACTIONS:
+            raise ValueError(f"{self.contraction!r} is not a contraction of mhc.oracle.CONTRACTIONS")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"accumulation output {self.output!r} is not one of {OUTPUTS}")
+        if self.dtype not in ROUNDING_DTYPES:
+            raise ValueError(f"accumulation dtype {self.dtype!r} is not one of {ROUNDING_DTYPES}")
+        if not (isinstance(self.block, int) and self.block >= 1):
+            raise ValueError(f"accumulation block {self.block!r} is not a positive int")
+
+
+def output_spec(spec: str, output: str) -> str:
+    """The einsum that computes `output` of the contraction `spec` ("ab,bc->ac"): the spec
+    itself, or the cotangent's contraction with the other operand."""
+    inputs, result = spec.split("->")
+    first, second = inputs.split(",")
+    return {
+        "value": spec,
+        "first_cotangent": f"{result},{second}->{first}",
+        "second_cotangent": f"{result},{first}->{second}",
+    }[output]
+
+
+def summed_letters(spec: str) -> str:
+    """The letters `spec` sums over: in both operands and not in its result."""
+    inputs, result = spec.split("->")
+    first, second = inputs.split(",")
+    return "".join(c for c in first if c in second and c not in result)
+
+
+def _narrow_sum(spec: str, a, b, dtype: str, block: int):
+    """einsum(spec, a, b) with its sum over `summed_letters(spec)` run `block` terms at a time,
+    each block's partial sum exact, the running sum rounded to nearest in `dtype` after each
+    addition (a spec that sums nothing: its products rounded once)."""
+    summed = summed_letters(spec)
+    if not summed:
+        return jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST).astype(dtype).astype(a.dtype)
+    inputs, result = spec.split("->")
+    letters = inputs.split(",")
+
+    def summed_first(v, names):
+        order = [names.index(c) for c in summed] + [i for i, c in enumerate(names) if c not in summed]
+        v = jnp.transpose(v, order)
+        v = v.reshape(-1, *v.shape[len(summed) :])
+        pad = -v.shape[0] % block
+        v = jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1))
+        return v.reshape(-1, block, *v.shape[1:])
+
+    term = next(c for c in "zyxwvutsrq" if c not in spec)
+    step_spec = ",".join(term + "".join(c for c in names if c not in summed) for names in letters) + "->" + result
+    blocks = (summed_first(a, letters[0]), summed_first(b, letters[1]))
+
+    def add_block(total, pair):
+        partial = jnp.einsum(step_spec, *pair, precision=jax.lax.Precision.HIGHEST)
+        return (total + partial).astype(dtype).astype(total.dtype), None
+
+    start = jnp.zeros(jax.eval_shape(lambda p: jnp.einsum(step_spec, *p), (blocks[0][0], blocks[1][0])).shape, a.dtype)
+    total, _ = jax.lax.scan(add_block, start, blocks)
+    return total
+
+
+def _coded_sum(spec: str, code, a, b, options: tuple[tuple[str, int], ...]):
+    """einsum(spec, a, b) exactly (code 0) or as `_narrow_sum` at options[code - 1]; code is a
+    traced scalar, and only the chosen sum runs."""
+    exact = lambda a_, b_: jnp.einsum(spec, a_, b_, precision=jax.lax.Precision.HIGHEST)  # noqa: E731
+    branches = [exact] + [functools.partial(_narrow_sum, spec, dtype=d, block=k) for d, k in options]
+    return jax.lax.switch(code, branches, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4))
+def _coded_contraction(spec, a, b, codes, options):
+    """einsum(spec, a, b) whose value and operand cotangents each sum as codes[0..2] say
+    (`_coded_sum`; codes (3,) int32, one per `OUTPUTS`)."""
+    return _coded_sum(spec, codes[0], a, b, options)
+
+
+def _coded_contraction_fwd(spec, a, b, codes, options):
+    return _coded_sum(spec, codes[0], a, b, options), (a, b, codes)
+
+
+def _coded_contraction_bwd(spec, options, residuals, g):
+    a, b, codes = residuals
+    d_a = _coded_sum(output_spec(spec, "first_cotangent"), codes[1], g, b, options)
+    d_b = _coded_sum(output_spec(spec, "second_cotangent"), codes[2], g, a, options)
+    return d_a, d_b, np.zeros(codes.shape, jax.dtypes.float0)
+
+
+_coded_contraction.defvjp(_coded_contraction_fwd, _coded_contraction_bwd)
 
 
 def _rounded(v, code, dtypes: tuple[str, ...]):
@@ -87,11 +201,38 @@ def _round_coded_bwd(dtypes, residuals, g):
 _round_coded.defvjp(_round_coded_fwd, _round_coded_bwd)
 
 
-class _CodedRounding:
-    """At the i-th site call, the value rounds by codes[i, 0] and its cotangent by codes[i, 1]."""
+class _ContractionRecorder(oracle._SiteRecorder):
+    """`mhc.oracle._SiteRecorder` that also notes each contraction call's name, in call order."""
 
-    def __init__(self, sites: Sequence[tuple[str, tuple[int, ...]]], codes, dtypes: tuple[str, ...]):
+    def __init__(self):
+        super().__init__()
+        self.contractions: list[str] = []
+
+    def contract(self, name: str, spec: str, a, b):
+        self.contractions.append(name)
+        return jnp.einsum(spec, a, b)
+
+
+class _CodedRounding:
+    """At the i-th site call, the value rounds by codes[i, 0] and its cotangent by codes[i, 1];
+    at the j-th contraction call, its outputs sum as sums[j] says (`_coded_contraction`)."""
+
+    def __init__(
+        self,
+        sites: Sequence[tuple[str, tuple[int, ...]]],
+        codes,
+        dtypes: tuple[str, ...],
+        sums=None,
+        options: tuple[tuple[str, int], ...] = (),
+    ):
         self.sites, self.codes, self.dtypes, self.calls = list(sites), codes, dtypes, 0
+        self.sums, self.options, self.contractions = sums, options, 0
+
+    def contract(self, name: str, spec: str, a, b):
+        del name
+        index = self.contractions
+        self.contractions += 1
+        return _coded_contraction(spec, a, b, self.sums[index], self.options)
 
     def __call__(self, v, site: str, part: str = ""):
         del part
@@ -103,14 +244,40 @@ class _CodedRounding:
         return _round_coded(v, codes[0], codes[1], self.dtypes)
 
 
-def _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites) -> list[tuple[str, tuple[int, ...], str]]:
-    """(site, shape, part) of every site call of one draw, in call order (an abstract trace)."""
-    recorder = oracle._recorded(x, w, p, ct, config, branch_apply, branch_sites)
-    return [(site, shape, part) for (site, shape), part in zip(recorder.sites, recorder.parts)]
+def _recorded_calls(
+    x, w, p, ct, config, branch_apply, branch_sites
+) -> tuple[list[tuple[str, tuple[int, ...], str]], list[str]]:
+    """(site, shape, part) of every site call of one draw, and the name of every contraction
+    call, each in call order (an abstract trace)."""
+    recorder = oracle._recorded(x, w, p, ct, config, branch_apply, branch_sites, _ContractionRecorder())
+    return [(site, shape, part) for (site, shape), part in zip(recorder.sites, recorder.parts)], recorder.contractions
+
+
+def accumulation_options(hypotheses: Sequence[Sequence]) -> tuple[tuple[str, int], ...]:
+    """The (dtype, block) pairs the hypotheses' accumulations use, sorted: a program's sums."""
+    return tuple(sorted({(a.dtype, a.block) for h in hypotheses for a in h if isinstance(a, Accumulation)}))
+
+
+def accumulation_codes(
+    contractions: Sequence[str], hypotheses: Sequence[Sequence], options: Sequence[tuple[str, int]]
+) -> np.ndarray:
+    """(H, contraction calls, 3) int32 codes: per hypothesis, contraction call and output
+    (`OUTPUTS`), 0 for the exact sum or 1 + the index of its (dtype, block) in `options`.
+    An accumulation naming a contraction the layer never calls is an error."""
+    codes = np.zeros((len(hypotheses), len(contractions), len(OUTPUTS)), np.int32)
+    for h, parts in enumerate(hypotheses):
+        for accumulation in (a for a in parts if isinstance(a, Accumulation)):
+            if accumulation.contraction not in contractions:
+                raise ValueError(f"a hypothesis accumulates {accumulation.contraction!r}, which the layer never calls")
+            code = 1 + list(options).index((accumulation.dtype, accumulation.block))
+            for j, name in enumerate(contractions):
+                if name == accumulation.contraction:
+                    codes[h, j, OUTPUTS.index(accumulation.output)] = code
+    return codes
 
 
 def rounding_codes(
-    calls: Sequence[tuple[str, tuple[int, ...], str]], hypotheses: Sequence[Sequence[Rounding]], known_sites
+    calls: Sequence[tuple[str, tuple[int, ...], str]], hypotheses: Sequence[Sequence], known_sites
 ) -> np.ndarray:
     """(H, calls, 2) float64 codes: per hypothesis, site call and direction, the dtype to round to.
 
@@ -120,8 +287,8 @@ def rounding_codes(
     for site, _, part in calls:
         parts_of.setdefault(site, set()).add(part)
     codes = np.zeros((len(hypotheses), len(calls), 2))
-    for h, roundings in enumerate(hypotheses):
-        for rounding in roundings:
+    for h, parts in enumerate(hypotheses):
+        for rounding in (r for r in parts if isinstance(r, Rounding)):
             if rounding.site not in known_sites:
                 raise ValueError(f"a hypothesis rounds at {rounding.site!r}, which is no rounding site")
             missing = set(rounding.parts) - parts_of.get(rounding.site, set())
@@ -136,15 +303,20 @@ def rounding_codes(
 
 
 @functools.lru_cache(maxsize=8)
-def _roundings_program(branch_apply, config, branch_sites: oracle.BranchSites, dtypes: tuple[str, ...]):
-    """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes)
-    with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes`; every output gains a
-    leading H axis. Compiled at `_COMPILER_OPTIONS`' level: it runs one forward + VJP per
-    hypothesis, so execution matters here as much as compilation (bench/causes_bench.py)."""
+def _roundings_program(
+    branch_apply, config, branch_sites: oracle.BranchSites, dtypes: tuple[str, ...], options: tuple[tuple[str, int], ...]
+):
+    """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes,
+    sums, count) with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes`, sums
+    (H, contraction calls, 3) (`accumulation_codes`) naming only `options`, and the first
+    `count` of the H rows run; every output gains a leading H axis (the rows past `count`
+    zero). The hypotheses run in a loop, not a `vmap`, so each runs only its own narrow sums.
+    Compiled at `_COMPILER_OPTIONS`' level: it runs one forward + VJP per hypothesis, so
+    execution matters here as much as compilation (bench/causes_bench.py)."""
 
-    def one_hypothesis(x, w, p, ct, codes):
-        calls = _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites)
-        rounding = _CodedRounding([(site, shape) for site, shape, _ in calls], codes, dtypes)
+    def one_hypothesis(x, w, p, ct, codes, sums):
+        calls, _ = _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites)
+        rounding = _CodedRounding([(site, shape) for site, shape, _ in calls], codes, dtypes, sums, options)
         forward, d_x, d_layer_output, d_w, d_p = oracle._layer_and_vjp(
             x, w, p, ct, rounding, config, branch_apply, branch_sites
         )
@@ -158,7 +330,17 @@ def _roundings_program(branch_apply, config, branch_sites: oracle.BranchSites, d
                 gradients[site][part] = _rounded(gradients[site][part], codes[index, 1], dtypes)
         return forward, gradients["x"][""], d_layer_output, d_w, d_p
 
-    return jax.jit(jax.vmap(one_hypothesis, in_axes=(None, None, None, None, 0)), compiler_options=_COMPILER_OPTIONS)
+    def program(x, w, p, ct, codes, sums, count):
+        shapes = jax.eval_shape(one_hypothesis, x, w, p, ct, codes[0], sums[0])
+        outputs = jax.tree.map(lambda s: jnp.zeros((codes.shape[0], *s.shape), s.dtype), shapes)
+
+        def run(h, outputs_):
+            answer = one_hypothesis(x, w, p, ct, codes[h], sums[h])
+            return jax.tree.map(lambda o, a: o.at[h].set(a), outputs_, answer)
+
+        return jax.lax.fori_loop(0, count, run, outputs)
+
+    return jax.jit(program, compiler_options=_COMPILER_OPTIONS)
 
 
 def run_oracle_roundings(
@@ -169,14 +351,16 @@ def run_oracle_roundings(
     cotangent,
     config,
     *,
-    hypotheses: Sequence[Sequence[Rounding]],
+    hypotheses: Sequence[Sequence[Rounding | Accumulation]],
     branch_sites: Mapping[str, oracle.RoundingSite] | None = None,
 ) -> list[oracle.OracleResult]:
-    """The oracle once per hypothesis, each rounding exactly where its `Rounding`s say.
+    """The oracle once per hypothesis, each rounding and summing exactly where its `Rounding`s
+    and `Accumulation`s say.
 
-    Arguments as for `mhc.oracle.run_oracle`; hypotheses: one sequence of `Rounding`s per
-    result (an empty one: the exact oracle). Returns one `OracleResult` per hypothesis, in
-    order, NumPy float64, from one compiled program (per shape, branch and config).
+    Arguments as for `mhc.oracle.run_oracle`; hypotheses: one sequence of `Rounding`s and
+    `Accumulation`s per result (an empty one: the exact oracle). Returns one `OracleResult` per
+    hypothesis, in order, NumPy float64, from one compiled program (per shape, branch and
+    config).
     """
     if not hypotheses:
         raise ValueError("run_oracle_roundings needs at least one hypothesis")
@@ -184,14 +368,21 @@ def run_oracle_roundings(
     known = set(oracle.ROUNDING_SITES) | {name for name, _ in sites}
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
         x64, w64, p64, ct64 = oracle._float64_inputs(x, weights, branch_params, cotangent)
-        calls = _recorded_calls(x64, w64, p64, ct64, config, branch_apply, sites)
-        codes = rounding_codes(calls, hypotheses, known)
-        # Padded with exact rows to `PADDED_HYPOTHESES` (or the next power of two): cases of one
-        # shape, branch and config share the program whatever their dtypes' hypothesis count.
-        padded = np.zeros((max(PADDED_HYPOTHESES, 1 << (len(hypotheses) - 1).bit_length()), *codes.shape[1:]))
-        padded[: len(hypotheses)] = codes
-        codes = jnp.asarray(padded)
-        dtypes = tuple(sorted({r.dtype for roundings in hypotheses for r in roundings}))
-        program = _roundings_program(branch_apply, config, sites, dtypes)
-        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, codes))
+        calls, contractions = _recorded_calls(x64, w64, p64, ct64, config, branch_apply, sites)
+        options = accumulation_options(hypotheses)
+        # Padded to `PADDED_HYPOTHESES` (or the next power of two) rows, which the loop skips: cases
+        # of one shape, branch and config share the program whatever their hypothesis count.
+        rows = max(PADDED_HYPOTHESES, 1 << (len(hypotheses) - 1).bit_length())
+
+        def padded(codes):
+            out = np.zeros((rows, *codes.shape[1:]), codes.dtype)
+            out[: len(hypotheses)] = codes
+            return jnp.asarray(out)
+
+        codes = padded(rounding_codes(calls, hypotheses, known))
+        sums = padded(accumulation_codes(contractions, hypotheses, options))
+        dtypes = tuple(sorted({r.dtype for parts in hypotheses for r in parts if isinstance(r, Rounding)}))
+        program = _roundings_program(branch_apply, config, sites, dtypes, options)
+        outputs = program(x64, w64, p64, ct64, codes, sums, len(hypotheses))
+        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
     return [oracle._result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(hypotheses))]

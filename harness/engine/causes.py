@@ -19,7 +19,13 @@ from cases.branches import get_branch
 from cases.fixtures import fixture_elements
 from harness.engine.operation import OPERATION
 from harness.engine.oracle_path import named_leaves, noise_units
-from harness.judging.attribution import Attribution, HypothesisErrors, attribute_candidate, scaled_errors
+from harness.judging.attribution import (
+    SIZE_MATCHED_KINDS,
+    Attribution,
+    HypothesisErrors,
+    attribute_candidate,
+    scaled_errors,
+)
 from harness.judging.confidence import Sensitivity
 from harness.judging.error_statistics import l2_norm, upcast
 from records.text import format_number
@@ -111,7 +117,13 @@ def annotate_causes(
     chosen, hypothesis_leaves = hypotheses(case, fixture)
     scales = leaf_scales(oracle_leaves, oracle_sensitivity)
     errors_of = [
-        HypothesisErrors(h.name, h.label, h.family, scaled_errors(_errors(leaves, oracle_leaves), scales))
+        HypothesisErrors(
+            h.name,
+            h.label,
+            h.family,
+            scaled_errors(_errors(leaves, oracle_leaves), scales),
+            by_size=h.kind in SIZE_MATCHED_KINDS,
+        )
         for h, leaves in zip(chosen, hypothesis_leaves)
     ]
     found: dict[tuple[str, str], Attribution] = {}

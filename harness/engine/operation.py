@@ -38,8 +38,9 @@ class OracleDraw(Protocol):
 
 class Hypothesis(Protocol):
     """A candidate cause of a failing leaf: a stable `name`, its `label` in words, its `kind`
-    ("rounding": a rounding the model does not allow), its `family` (the place it changes:
-    two hypotheses of one family are never combined)."""
+    ("rounding": a rounding the model does not allow, matched value for value; "accumulation":
+    an order-dependent narrow sum, matched by size, `harness.judging.attribution.SIZE_MATCHED_KINDS`),
+    its `family` (the place it changes: two hypotheses of one family are never combined)."""
 
     name: str
     label: str

@@ -22,6 +22,17 @@ candidate's own legitimate rounding is in e_c, so a failing leaf's bug scores ab
 named: the error is a logic error's, or a rounding outside the hypotheses. Pairs of
 hypotheses at different places add to first order, so where one is not enough the best pair
 of the leading few is tried. docs/judging.md says why the thresholds are where they are.
+
+A sum accumulated in a narrow dtype errs by an amount its order decides, and a backend's order
+is not the hypothesis' order: such a hypothesis (`HypothesisErrors.by_size`) predicts the size
+of the error on each leaf, not its values. Matched by size, a hypothesis' error is taken as
+aligned with the candidate's, ⟨z_c, z_h⟩ = ‖z_c‖·‖z_h‖, so a leaf's residual is (‖z_c‖ − ‖z_h‖)²;
+it is never paired (its values say nothing of another hypothesis'). A size is weaker evidence
+than values: among many hypotheses, one has any one leaf's error size by chance. So these are
+tried only on the leaves no hypothesis explains value for value, and jointly: one hypothesis
+must match the sizes on all those leaves at once, its score the same fraction summed over
+them, 1 − (Σ_l (‖z_c,l‖ − ‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²; the cause says it was
+matched by size.
 """
 
 from __future__ import annotations
@@ -49,7 +60,10 @@ PAIR_CANDIDATES = 4
 # gets one name across its leaves.
 TIE = 0.02
 UNEXPLAINED = "not explained by any rounding: look for a logic error"
+BY_SIZE = " (matched by the size of its error)"
 UNEXPLAINED_ID = UNEXPLAINED_CAUSE
+# The kinds of hypothesis matched by size (`HypothesisErrors.by_size`): an order-dependent sum.
+SIZE_MATCHED_KINDS = frozenset({"accumulation"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,12 +115,14 @@ def scaled_errors(errors: Mapping[str, np.ndarray], scales: Mapping[str, float])
 class HypothesisErrors:
     """One hypothesis' errors against the oracle, in units of each leaf's sensitivity σ
     (`scaled_errors`): name, words, family (hypotheses of one family round the same place and
-    are never paired), leaf -> z_h (float64)."""
+    are never paired), leaf -> z_h (float64); by_size: matched by the size of its error only
+    (module docstring; `SIZE_MATCHED_KINDS`)."""
 
     name: str
     words: str
     family: str
     errors: Mapping[str, np.ndarray]
+    by_size: bool = False
 
     @functools.cached_property
     def norms(self) -> dict[str, float]:
@@ -118,13 +134,17 @@ class _Scores:
     """The sums the scores need, in units of each leaf's σ: T_l = ‖z_c,l‖², ⟨z_c, z_h⟩ and ‖z_h‖²
     per (hypothesis, leaf), and pairs' ⟨z_h1, z_h2⟩ on demand."""
 
-    def __init__(self, candidate_errors, hypotheses, failing):
+    def __init__(self, candidate_errors, hypotheses, failing, by_size: bool = False):
         self.leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in hypotheses)]
         self.hypotheses = {h.name: h for h in hypotheses}
         self.passing = [leaf for leaf in self.leaves if leaf not in set(failing)]
         z_c = {leaf: candidate_errors[leaf] for leaf in self.leaves}
         self.total = {leaf: _dot(z, z) for leaf, z in z_c.items()}
-        self.cross = {(h.name, leaf): _dot(z_c[leaf], h.errors[leaf]) for h in hypotheses for leaf in self.leaves}
+        self.cross = {
+            (h.name, leaf): np.sqrt(self.total[leaf] * h.norms[leaf]) if by_size else _dot(z_c[leaf], h.errors[leaf])
+            for h in hypotheses
+            for leaf in self.leaves
+        }
         self._excess: dict[tuple[str, ...], float] = {}
 
     def _residual(self, names: Sequence[str], leaf: str) -> float:
@@ -136,14 +156,22 @@ class _Scores:
             value += 2 * _dot(a, b)
         return value
 
+    def excess(self, names: Sequence[str]) -> float:
+        """What the hypotheses make worse on the passing leaves than predicting no error."""
+        key = tuple(names)
+        if key not in self._excess:
+            self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
+        return self._excess[key]
+
+    def residual(self, names: Sequence[str], leaf: str) -> float:
+        """‖z_c − Σ z_h‖² on `leaf` (in the way of matching the sums were built for)."""
+        return self._residual(names, leaf)
+
     def score(self, names: Sequence[str], leaf: str) -> float:
         total = self.total[leaf]
         if not total > 0:
             return float("nan")
-        key = tuple(names)
-        if key not in self._excess:  # what the hypotheses make worse on the passing leaves
-            self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
-        return 1.0 - (self._residual(names, leaf) + self._excess[key]) / total
+        return 1.0 - (self._residual(names, leaf) + self.excess(names)) / total
 
 
 def attribute_candidate(
@@ -153,9 +181,42 @@ def attribute_candidate(
 
     candidate_errors: leaf -> (candidate − oracle) / σ (`scaled_errors`; every leaf the
     candidate has, passing ones too); hypotheses: their errors on the same leaves in the same
-    units (a leaf some lack takes no part); failing: the leaves to attribute. Among hypotheses within `TIE` of a leaf's
-    best score, the one with the highest total over the failing leaves is named (one bug,
-    one name). Returns leaf -> `Attribution` for every failing leaf.
+    units (a leaf some lack takes no part); failing: the leaves to attribute. Each leaf is
+    matched value for value by the hypotheses that have values, and where none explains it,
+    by size by the `by_size` ones (module docstring). Returns leaf -> `Attribution` for every
+    failing leaf.
+    """
+    by_values = _attribute_by_values(candidate_errors, [h for h in hypotheses if not h.by_size], failing)
+    unexplained = [leaf for leaf in failing if not by_values[leaf].is_rounding]
+    sized = [h for h in hypotheses if h.by_size]
+    if not (unexplained and sized):
+        return by_values
+    sums = _Scores(candidate_errors, sized, failing, by_size=True)
+    targets = [leaf for leaf in unexplained if leaf in sums.total]
+    total = sum(sums.total[leaf] for leaf in targets)
+    if not total > 0:
+        return by_values
+    joint = {
+        h.name: 1.0 - (sum(sums.residual((h.name,), leaf) for leaf in targets) + sums.excess((h.name,))) / total
+        for h in sized
+    }
+    name = max(sized, key=lambda h: joint[h.name]).name  # the first of equals: max keeps it
+    if joint[name] < EXPLAINED_THRESHOLD:
+        return by_values
+    words = sums.hypotheses[name].words
+    found = dict(by_values)
+    for leaf in targets:
+        found[leaf] = Attribution(words + BY_SIZE, joint[name], (name,), words)
+    return found
+
+
+def _attribute_by_values(
+    candidate_errors: Mapping[str, np.ndarray], hypotheses: Sequence[HypothesisErrors], failing: Sequence[str]
+) -> dict[str, Attribution]:
+    """`attribute_candidate`'s choice value for value, with pairs.
+
+    Among hypotheses within `TIE` of a leaf's best score, the one with the highest total over
+    the failing leaves is named (one bug, one name).
     """
     sums = _Scores(candidate_errors, hypotheses, failing)
     order = {h.name: i for i, h in enumerate(hypotheses)}

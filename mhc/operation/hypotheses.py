@@ -8,18 +8,26 @@ its forward value and its cotangent apart, held in the activation dtype and in b
 gate named apart, as the upstream bug rounds them). `hypothesis_draws` runs them through
 `mhc.oracle_roundings` on the case's fixture: each draw's error against the exact oracle is
 what that bug would compute.
+
+A correct path accumulates every contraction (`mhc.oracle.CONTRACTIONS`) in float32; each
+contraction's value and each operand's cotangent summed in a narrower dtype is a hypothesis
+too, term by term (a loop, or a backend's narrow reduction) and in blocks (a kernel adding a
+tile's partial sum to a narrow accumulator). Its error depends on the order of the sum, so it
+is matched by size (kind "accumulation"). The whole sum rounded once is a rounding (matched
+value for value), where the model has no site for it (the RMS statistic's sum of squares).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import jax.numpy as jnp
 
 from mhc import oracle
 from mhc.operation.oracle_draws import on_fixture
-from mhc.oracle_roundings import Rounding, run_oracle_roundings
+from mhc.oracle_roundings import OUTPUTS, Accumulation, Rounding, output_spec, run_oracle_roundings, summed_letters
 
 # The values each site holds, in words (the backward direction is their cotangent).
 SITE_WORDS: Mapping[str, str] = {
@@ -51,20 +59,27 @@ GATE_GROUPS: Mapping[str, tuple[str, ...]] = {
 }
 
 
+# The blocks an accumulation hypothesis sums exactly before each narrow addition: 1 (term by
+# term) and a kernel's tile along the lanes.
+ACCUMULATION_BLOCKS = (1, 128)
+
+
 @dataclasses.dataclass(frozen=True)
 class Hypothesis:
     """One candidate cause of a failing leaf.
 
-    name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>"); label: the
-    cause in words; kind: "rounding"; family: the place it rounds ("<site>:<direction>"; two
-    of one family are never a pair); roundings: what the oracle rounds to reproduce it.
+    name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>", or
+    "accumulate:<contraction>:<output>:<dtype>:<block>"); label: the cause in words; kind:
+    "rounding" (matched value for value) or "accumulation" (matched by size); family: the
+    place it rounds ("<site>:<direction>"; two of one family are never a pair); roundings:
+    what the oracle rounds and sums narrowly to reproduce it.
     """
 
     name: str
     label: str
     kind: str
     family: str
-    roundings: tuple[Rounding, ...]
+    roundings: tuple[Rounding | Accumulation, ...]
 
 
 def _unit_roundoff(dtype: str) -> float:
@@ -115,6 +130,57 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                             kind="rounding",
                             family=f"{site_name}:{direction}",
                             roundings=(Rounding(site_name, direction, dtype, parts),),
+                        )
+                    )
+    return found + accumulation_hypotheses(case)
+
+
+def _letter_sizes(case) -> dict[str, int]:
+    """The length of each letter of `mhc.oracle.CONTRACTIONS`' specs for `case`."""
+    n = case.streams
+    mixes = math.factorial(n) if case.variant == "lite" else n * n
+    sizes = dict(b=case.batch, s=case.sequence, k=n * case.embedding, c=case.embedding, n=n, i=n, j=n)
+    return {**sizes, "m": 2 * n + mixes, "p": math.factorial(n)}
+
+
+def _summed_words(contraction: oracle.Contraction, output: str) -> str:
+    if output == "value":
+        return contraction.words
+    operand = contraction.operands[OUTPUTS.index(output) - 1]
+    return f"the cotangent of {operand} in {contraction.words}"
+
+
+def accumulation_hypotheses(case) -> list[Hypothesis]:
+    """Each contraction's value and operand cotangents summed in a dtype narrower than float32
+    (the activation dtype, and bfloat16), term by term and in `ACCUMULATION_BLOCKS`, and summed
+    exactly then rounded once there (kind "rounding"); a sum of one term, a block as long as
+    the sum, and the constant permutation matrices' cotangent left out."""
+    sizes = _letter_sizes(case)
+    wide = _unit_roundoff("float32")
+    dtypes = [d for d in dict.fromkeys([case.dtype, "bfloat16"]) if _unit_roundoff(d) > wide]
+    found = []
+    for name, contraction in oracle.CONTRACTIONS.items():
+        if name == "permutation_mix" and case.variant != "lite":
+            continue
+        for output in OUTPUTS:
+            if (name, output) == ("permutation_mix", "second_cotangent"):
+                continue
+            length = math.prod(sizes[c] for c in summed_letters(output_spec(contraction.spec, output)))
+            if length <= 1:
+                continue
+            words = _summed_words(contraction, output)
+            for dtype in dtypes:
+                blocks = [b for b in ACCUMULATION_BLOCKS if b < length] + [length]
+                for block in blocks:
+                    once = block == length
+                    how = "term by term" if block == 1 else f"in blocks of {block}"
+                    found.append(
+                        Hypothesis(
+                            name=f"accumulate:{name}:{output}:{dtype}:{block}",
+                            label=f"{words} rounded to {dtype} once summed" if once else f"{words} summed in {dtype} {how}",
+                            kind="rounding" if once else "accumulation",
+                            family=f"accumulate:{name}:{output}",
+                            roundings=(Accumulation(name, output, dtype, block),),
                         )
                     )
     return found

@@ -304,7 +304,11 @@ def rounding_codes(
 
 @functools.lru_cache(maxsize=8)
 def _roundings_program(
-    branch_apply, config, branch_sites: oracle.BranchSites, dtypes: tuple[str, ...], options: tuple[tuple[str, int], ...]
+    branch_apply,
+    config,
+    branch_sites: oracle.BranchSites,
+    dtypes: tuple[str, ...],
+    options: tuple[tuple[str, int], ...],
 ):
     """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes,
     sums, count) with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes`, sums

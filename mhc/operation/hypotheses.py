@@ -177,7 +177,9 @@ def accumulation_hypotheses(case) -> list[Hypothesis]:
                     found.append(
                         Hypothesis(
                             name=f"accumulate:{name}:{output}:{dtype}:{block}",
-                            label=f"{words} rounded to {dtype} once summed" if once else f"{words} summed in {dtype} {how}",
+                            label=f"{words} rounded to {dtype} once summed"
+                            if once
+                            else f"{words} summed in {dtype} {how}",
                             kind="rounding" if once else "accumulation",
                             family=f"accumulate:{name}:{output}",
                             roundings=(Accumulation(name, output, dtype, block),),

@@ -228,7 +228,9 @@ class PreparedRun:
             )
         found = case_records(records, manifest.cases)
         manifest = manifest.with_cases(found[case] for case in manifest.cases)
-        metadata = finished_metadata(manifest, self.policy, list(cases or self.cases), set(), self.runner, self.started)
+        cases = list(cases or self.cases)
+        implementations = self.plan.implementations
+        metadata = finished_metadata(manifest, self.policy, cases, set(), self.runner, self.started, implementations)
         return ParityRun(records, metadata, manifest.completed(len(records)), self.implementation_names)
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from maxtext.kernels.mhc import api, common, mhc_kernels_fwd
 from maxtext.layers import mhc as maxtext_layer
 
+from harness.engine.precision_choices import PrecisionChoice
 from mhc.common import UnsupportedInputError
 from mhc.sharding import TOKENS, run_token_sharded, token_sharding
 from mhc.types import MATMUL_FIELDS
@@ -190,50 +191,24 @@ class GatesInFloat32(ReleasedLayer):
         return dataclasses.replace(weights, **{f: getattr(weights, f).astype(self.dtype) for f in MATMUL_FIELDS})
 
 
-@dataclasses.dataclass(frozen=True)
-class KnownDefect:
-    """A measured defect of MaxText's code that the fixed variants leave as it is, and the rows it explains.
-
-    candidate: a path-name prefix; leaves: the leaves it moves; where: the line of MaxText's
-    code; measured: what was measured, and how.
-    """
-
-    candidate: str
-    leaves: tuple[str, ...]
-    where: str
-    measured: str
-
-    def explains(self, candidate: str, leaf: str) -> bool:
-        return candidate.startswith(self.candidate) and leaf in self.leaves
-
-
-# Both are reductions MaxText's reference leaves in bfloat16: it asks for a bfloat16 result and
-# leaves the accumulation to the backend, and XLA:CPU accumulates these VJPs in bfloat16
-# (tests/test_maxtext_defects.py measures each op on its own). Not measured on a TPU.
-KNOWN_DEFECTS = (
-    KnownDefect(
-        candidate="maxtext-layer-reference-fixed/",
-        leaves=("d_pre_alpha", "d_post_alpha", "d_res_alpha"),
-        where='maxtext/layers/mhc.py:303, `h_concat = jnp.einsum("bsm,mn -> bsn", norm_x, alpha_concat, ...)`: '
-        "a bfloat16 result, no preferred_element_type",
-        measured=(
-            "Its VJP's d_alpha is a bfloat16 dot over the tokens. In lite-n4-c256-b2s128-bf16-w32-mlp-default "
-            "d_pre/d_post/d_res_alpha are 0.035/0.030/0.026 of max|oracle| from the oracle (this project's "
-            "reference: 0.0056/0.0065/0.0047); with the einsum at preferred_element_type=float32 and its result "
-            "cast to bfloat16 (a probe, not shipped) 0.0080/0.011/0.0036. Token-sharded, each shard's partial "
-            "sum is rounded to bfloat16 before they are added (the vs_unsharded rows)."
-        ),
+# The sums MaxText's reference leaves to the backend: it asks for a bfloat16 result and no
+# accumulation dtype, so a backend that accumulates these layouts in bfloat16 (XLA:CPU: the
+# backend probe, tests/test_maxtext_defects.py on each op alone) computes them so. Declared
+# choices of the reference's (every release state's: the fixes leave them), not bugs of the
+# kernels: the fixed kernels accumulate in float32 and match their reference within its bound.
+REFERENCE_PRECISION_CHOICES = (
+    PrecisionChoice(
+        "accumulate:projection:second_cotangent:bfloat16:1",
+        'maxtext/layers/mhc.py:303, `h_concat = jnp.einsum("bsm,mn -> bsn", norm_x, alpha_concat, ...)`: '
+        "a bfloat16 result, no preferred_element_type; its VJP's alpha gradients sum over the tokens "
+        "as the backend accumulates a transposed bfloat16 dot",
+        probe="dot_vjp_weights",
     ),
-    KnownDefect(
-        candidate="maxtext-layer-reference-fixed/",
-        leaves=("d_post_bias", "d_post_scale"),
-        where="maxtext/layers/mhc.py:365, `post_out = jnp.expand_dims(layer_out, axis=2) * "
-        "jnp.expand_dims(post_mapping, axis=3)`: a bfloat16 broadcast product",
-        measured=(
-            "Its VJP reduces layer_out * d_out over the embedding in bfloat16: d_post_mapping, and from it the "
-            "post gate's parameter gradients (bf16_inexact_gates, 2x128 tokens: d_post_bias rms 0.0064 of "
-            "max|oracle| against this project's reference's 0.00084). Measured on the op alone, not probed in "
-            "the layer."
-        ),
+    PrecisionChoice(
+        "accumulate:post_gate:first_cotangent:bfloat16:1",
+        "maxtext/layers/mhc.py:365, `post_out = jnp.expand_dims(layer_out, axis=2) * "
+        "jnp.expand_dims(post_mapping, axis=3)`: a bfloat16 broadcast product; its VJP reduces "
+        "layer_out * d_out over the embedding as the backend accumulates that reduction",
+        probe="product_vjp",
     ),
 )

@@ -21,6 +21,7 @@ from maxtext.layers.mhc import ManifoldConstrainedHyperConnections
 
 from maxtext_parity.envelope import LAYER_BLOCK_DEFAULTS, REFERENCE_ENVELOPE, kernel_envelope
 from maxtext_parity.fixes import (
+    REFERENCE_PRECISION_CHOICES,
     GatesInFloat32,
     KernelCalls,
     PreAndPostGatesInFloat32,
@@ -99,6 +100,7 @@ class LayerPath:
         self.partner = ("maxtext-layer-reference" + ("-fixed" if fixed else "")) if kernel else ""
         self.envelope = kernel_envelope(LAYER_BLOCK_DEFAULTS) if kernel else REFERENCE_ENVELOPE
         self.code_root = os.path.dirname(maxtext.__file__)
+        self.precision_choices = () if kernel else REFERENCE_PRECISION_CHOICES
 
     def build(self, case, *, matmul_precision: str, mesh):
         """forward(x, weights, branch_fn) -> (out, {"layer_input": ...}) through the layer's `__call__`."""

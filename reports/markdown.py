@@ -129,6 +129,21 @@ def _implementation_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _declared_choice_lines(metadata: dict | None) -> list[str]:
+    """Each implementation's declared precision choices (`harness.engine.precision_choices`),
+    with the backend probe they rest on; nothing where none are declared."""
+    declared = (metadata or {}).get("precision_choices") or {}
+    if not declared:
+        return []
+    lines = ["", "### Declared precision choices", ""]
+    for name, choices in declared.items():
+        lines.append(f"- **{md_cell(name)}**")
+        lines += [f"  - {md_cell(choice, None)}" for choice in choices]
+    if metadata.get("backend_probe"):
+        lines += ["", f"Backend probe: {md_cell(metadata['backend_probe'], None)}"]
+    return lines
+
+
 def render_markdown(
     frame: pd.DataFrame,
     *,
@@ -172,6 +187,7 @@ def render_markdown(
             f"{format_number(worst['bound_usage'])} of its bound ({md_cell(worst['verdict'])}).",
         ]
     lines += _implementation_lines(summary)
+    lines += _declared_choice_lines(metadata)
     failing = rank_offenders(frame)
     failing = failing[failing["verdict"].isin(("fail", "error"))]
     if len(failing):

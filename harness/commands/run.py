@@ -259,7 +259,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
                 write_manifest(store.folder, manifest)
                 progress.finish(case, case_rows)
             progress.close()
-            metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start)
+            metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start, plan.implementations)
             finished = manifest.completed(len(rows))
             paths = _write_reports(rows, metadata, store.folder, baseline, finished)
             write_manifest(store.folder, finished)  # last: the folder is now a complete run

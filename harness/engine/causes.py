@@ -25,6 +25,7 @@ from harness.judging.attribution import (
     HypothesisErrors,
     attribute_candidate,
     scaled_errors,
+    size_ranges,
 )
 from harness.judging.confidence import Sensitivity
 from harness.judging.error_statistics import l2_norm, upcast
@@ -116,16 +117,18 @@ def annotate_causes(
         return rows
     chosen, hypothesis_leaves = hypotheses(case, fixture)
     scales = leaf_scales(oracle_leaves, oracle_sensitivity)
-    errors_of = [
-        HypothesisErrors(
-            h.name,
-            h.label,
-            h.family,
-            scaled_errors(_errors(leaves, oracle_leaves), scales),
-            by_size=h.kind in SIZE_MATCHED_KINDS,
-        )
-        for h, leaves in zip(chosen, hypothesis_leaves)
-    ]
+    errors_of = size_ranges(
+        [
+            HypothesisErrors(
+                h.name,
+                h.label,
+                h.family,
+                scaled_errors(_errors(leaves, oracle_leaves), scales),
+                by_size=h.kind in SIZE_MATCHED_KINDS,
+            )
+            for h, leaves in zip(chosen, hypothesis_leaves)
+        ]
+    )
     found: dict[tuple[str, str], Attribution] = {}
     for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)

@@ -57,6 +57,7 @@ def compare_leaves(
     partitioning: str,
     timing: tuple[float, float] = (0.0, 0.0),
     memo: MetricsMemo | None = None,
+    declared: Mapping[str, float] | None = None,
 ) -> list[dict]:
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
@@ -67,7 +68,9 @@ def compare_leaves(
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
     candidate's (compile_s, execute_s), recorded on every row of the comparison. `memo`:
     one `harness.judging.metrics.MetricsMemo` for all comparisons of the case (optional; it saves
-    recomputing what several comparisons share, the rows are the same).
+    recomputing what several comparisons share, the rows are the same). `declared`: leaf ->
+    the candidate's declared precision choices' largest deviation there
+    (`harness.engine.precision_choices.DeclaredEffects.max`; its sensitivity is already widened).
     """
     rows = []
     for leaf, cand in candidate_leaves.items():
@@ -105,6 +108,7 @@ def compare_leaves(
             dtype=dtype,
             act_dtype=case.dtype,
             partitioning=partitioning,
+            declared=(declared or {}).get(leaf, 0.0),
         )
         rows.append(
             empty_row(

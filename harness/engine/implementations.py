@@ -32,9 +32,11 @@ if the case's expect/expect_reason applies to it, as to the kernels; default Fal
 `partner` (the name of another implementation of the run it is also compared with, as
 `vs_reference`: e.g. a kernel path and its own project's reference path),
 `lower(case, mesh_shape) -> [mhc.kernels.lowering.LoweringResult]` (lowering rows of its
-kernel programs, `mesh_shape` () or the case's mesh) and `code_root` (the folder of its
-code: an error row names the innermost frame there). A factory may return a list or
-tuple of such objects: each becomes an implementation.
+kernel programs, `mesh_shape` () or the case's mesh), `code_root` (the folder of its
+code: an error row names the innermost frame there) and `precision_choices` (the roundings
+and narrow sums it makes on purpose, `harness.engine.precision_choices.PrecisionChoice`s:
+they join its own rounding model). A factory may return a list or tuple of such objects:
+each becomes an implementation.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 
 from harness.engine.envelope import Envelope
 from harness.engine.operation import OPERATION
+from harness.engine.precision_choices import PrecisionChoice, declared_choices
 from harness.errors import ConfigurationError
 from mhc.common import VARIANTS
 
@@ -69,7 +72,8 @@ class Implementation:
     project's layer. envelope: what it supports (`harness.engine.envelope.Envelope`; None: any
     case). partner: the implementation it is also compared with (`vs_reference`).
     lower: its kernel programs' lowering (module docstring). code_root: the folder whose
-    innermost frame an error row names.
+    innermost frame an error row names. precision_choices: what it rounds or sums narrowly
+    on purpose (`harness.engine.precision_choices`).
     """
 
     name: str
@@ -86,6 +90,7 @@ class Implementation:
     partner: str = ""
     lower: Callable | None = dataclasses.field(default=None, compare=False)
     code_root: str = ""
+    precision_choices: tuple[PrecisionChoice, ...] = ()
 
     def case_skip_reason(self, case) -> str:
         """Why this implementation does not run `case` at all ("" if it does)."""
@@ -237,6 +242,7 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         partner=str(getattr(obj, "partner", "") or ""),
         lower=lower,
         code_root=str(getattr(obj, "code_root", "") or ""),
+        precision_choices=declared_choices(obj, label),
     )
 
 

@@ -27,12 +27,14 @@ import jax
 
 from cases.branches import get_branch
 from cases.fixtures import fixture_elements, make_fixture
+from harness.engine.backend_probe import probe_backend
 from harness.engine.causes import HypothesisOracle, annotate_causes
 from harness.engine.compare import compare_leaves, status_row
 from harness.engine.devices import Placement, PlacementError, path_placement, precision_label
 from harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from harness.engine.paths import ORACLE_PATH, Path, PathOutputs
 from harness.engine.plan import PathPlan, comparisons_of
+from harness.engine.precision_choices import DeclaredEffects, choice_effects, declared_effects
 from harness.engine.program_cache import COMPILE_THREADS, ProgramCache
 from harness.engine.run_info import compile_counts
 from harness.errors import ResourceError
@@ -252,7 +254,7 @@ class Runner:
             return
 
         results = self._run_paths(case, paths, fixture, on_step)
-        rows = list(self._compared_rows(case, paths, results, oracle))
+        rows = list(self._compared_rows(case, paths, results, oracle, fixture))
         start = time.perf_counter()
         ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
         rows = annotate_causes(
@@ -276,7 +278,18 @@ class Runner:
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
 
-    def _compared_rows(self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle) -> Iterator[dict]:
+    def _declared_effects(self, impl, case, fixture, oracle) -> DeclaredEffects:
+        """What the precision choices `impl` declares and this backend makes move, leaf by leaf
+        (`harness.engine.precision_choices`): its rows' bounds widen by them."""
+        made = [c for c in impl.precision_choices if c.made(probe_backend() if c.probe else None)]
+        if not made:
+            return DeclaredEffects()
+        hypotheses, hypothesis_leaves = self.hypotheses(case, fixture)
+        return declared_effects(oracle.leaves, choice_effects(made, hypotheses, hypothesis_leaves))
+
+    def _compared_rows(
+        self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle, fixture
+    ) -> Iterator[dict]:
         """Every path's rows of one case: its comparisons, or status rows where it did not run."""
         memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
         for path in paths:
@@ -286,6 +299,7 @@ class Runner:
                 yield from self._status_rows(case, path, paths, result)
                 continue
             timing = (result.outputs.compile_s, result.outputs.execute_s)
+            declared = self._declared_effects(path.impl, case, fixture, oracle)
             for comparison, partner in comparisons_of(path, paths):
                 if partner == ORACLE_PATH:
                     partner_leaves = oracle.leaves
@@ -311,8 +325,9 @@ class Runner:
                     candidate_leaves=result.outputs.leaves,
                     partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves,
-                    oracle_sensitivity=oracle.sensitivity,
+                    oracle_sensitivity=declared.widened(oracle.sensitivity),
                     oracle_systematic=oracle.systematic,
+                    declared=declared.max,
                     policy=self.policy,
                     timing=timing,
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),

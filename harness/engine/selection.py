@@ -20,6 +20,7 @@ from cases.spec import Case, CaseSpecError, normalize_dtype
 from cases.toml_cases import USER_SUITE, register_case_file
 from harness.engine.implementations import BUILTIN, Implementation, ImplementationError, load_externals
 from harness.engine.plan import PathPlan, uncovered_judgements, unmatched_path_globs
+from harness.engine.precision_choices import precision_record
 from harness.engine.run_info import run_metadata
 from harness.errors import UsageError
 from harness.judging.policy import Policy, PolicyError, load_policy
@@ -168,9 +169,11 @@ def new_manifest(
     )
 
 
-def finished_metadata(manifest, policy, cases, done, runner, wall_start) -> dict:
-    """The run metadata of the reports: the environment record, times, policy, suite, timings."""
+def finished_metadata(manifest, policy, cases, done, runner, wall_start, implementations=()) -> dict:
+    """The run metadata of the reports: the environment record, times, policy, suite, timings,
+    and the implementations' declared precision choices (`precision_record`)."""
     metadata = run_metadata(cases)
+    metadata.update(precision_record(implementations))
     metadata.update(
         command_line=manifest.command_line,
         start_time=manifest.started,

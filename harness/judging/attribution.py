@@ -31,8 +31,9 @@ it is never paired (its values say nothing of another hypothesis'). A size is we
 than values: among many hypotheses, one has any one leaf's error size by chance. So these are
 tried only on the leaves no hypothesis explains value for value, and jointly: one hypothesis
 must match the sizes on all those leaves at once, its score the same fraction summed over
-them, 1 − (Σ_l (‖z_c,l‖ − ‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²; the cause says it was
-matched by size.
+them, 1 − (Σ_l (‖z_c,l‖ − a‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²; the cause says it was
+matched by size. The factor a fits the sizes best within the range the same sum spans in the
+orders the hypotheses try (term by term to blocks: `size_ranges`), 1 where only one is tried.
 """
 
 from __future__ import annotations
@@ -116,13 +117,15 @@ class HypothesisErrors:
     """One hypothesis' errors against the oracle, in units of each leaf's sensitivity σ
     (`scaled_errors`): name, words, family (hypotheses of one family round the same place and
     are never paired), leaf -> z_h (float64); by_size: matched by the size of its error only
-    (module docstring; `SIZE_MATCHED_KINDS`)."""
+    (module docstring; `SIZE_MATCHED_KINDS`); scale_range: the factors its size may be off by
+    (`size_ranges`: the same sum in another order)."""
 
     name: str
     words: str
     family: str
     errors: Mapping[str, np.ndarray]
     by_size: bool = False
+    scale_range: tuple[float, float] = (1.0, 1.0)
 
     @functools.cached_property
     def norms(self) -> dict[str, float]:
@@ -130,21 +133,39 @@ class HypothesisErrors:
         return {leaf: _dot(z, z) for leaf, z in self.errors.items()}
 
 
+def size_ranges(hypotheses: Sequence[HypothesisErrors]) -> list[HypothesisErrors]:
+    """`hypotheses` with each by-size one's `scale_range` spanning its family's by-size sizes.
+
+    The by-size hypotheses of one family are the same sum in different orders (term by term,
+    in blocks), and a backend's order lies anywhere between: each may be scaled to the size of
+    any of its family's (the total ‖z_h‖² over the leaves), and no further.
+    """
+    totals = {h.name: sum(h.norms.values()) for h in hypotheses if h.by_size}
+    family_totals: dict[str, list[float]] = {}
+    for h in hypotheses:
+        if h.by_size and totals[h.name] > 0:
+            family_totals.setdefault(h.family, []).append(totals[h.name])
+    ranged = []
+    for h in hypotheses:
+        known = family_totals.get(h.family) if h.by_size else None
+        if known and totals[h.name] > 0:
+            low, high = np.sqrt(min(known) / totals[h.name]), np.sqrt(max(known) / totals[h.name])
+            h = dataclasses.replace(h, scale_range=(float(low), float(high)))
+        ranged.append(h)
+    return ranged
+
+
 class _Scores:
     """The sums the scores need, in units of each leaf's σ: T_l = ‖z_c,l‖², ⟨z_c, z_h⟩ and ‖z_h‖²
     per (hypothesis, leaf), and pairs' ⟨z_h1, z_h2⟩ on demand."""
 
-    def __init__(self, candidate_errors, hypotheses, failing, by_size: bool = False):
+    def __init__(self, candidate_errors, hypotheses, failing):
         self.leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in hypotheses)]
         self.hypotheses = {h.name: h for h in hypotheses}
         self.passing = [leaf for leaf in self.leaves if leaf not in set(failing)]
         z_c = {leaf: candidate_errors[leaf] for leaf in self.leaves}
         self.total = {leaf: _dot(z, z) for leaf, z in z_c.items()}
-        self.cross = {
-            (h.name, leaf): np.sqrt(self.total[leaf] * h.norms[leaf]) if by_size else _dot(z_c[leaf], h.errors[leaf])
-            for h in hypotheses
-            for leaf in self.leaves
-        }
+        self.cross = {(h.name, leaf): _dot(z_c[leaf], h.errors[leaf]) for h in hypotheses for leaf in self.leaves}
         self._excess: dict[tuple[str, ...], float] = {}
 
     def _residual(self, names: Sequence[str], leaf: str) -> float:
@@ -162,10 +183,6 @@ class _Scores:
         if key not in self._excess:
             self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
         return self._excess[key]
-
-    def residual(self, names: Sequence[str], leaf: str) -> float:
-        """‖z_c − Σ z_h‖² on `leaf` (in the way of matching the sums were built for)."""
-        return self._residual(names, leaf)
 
     def score(self, names: Sequence[str], leaf: str) -> float:
         total = self.total[leaf]
@@ -191,23 +208,36 @@ def attribute_candidate(
     sized = [h for h in hypotheses if h.by_size]
     if not (unexplained and sized):
         return by_values
-    sums = _Scores(candidate_errors, sized, failing, by_size=True)
-    targets = [leaf for leaf in unexplained if leaf in sums.total]
-    total = sum(sums.total[leaf] for leaf in targets)
-    if not total > 0:
+    leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in sized)]
+    sizes = {leaf: _dot(candidate_errors[leaf], candidate_errors[leaf]) for leaf in leaves}
+    targets = [leaf for leaf in unexplained if leaf in sizes]
+    passing = [leaf for leaf in leaves if leaf not in set(failing)]
+    if not sum(sizes[leaf] for leaf in targets) > 0:
         return by_values
-    joint = {
-        h.name: 1.0 - (sum(sums.residual((h.name,), leaf) for leaf in targets) + sums.excess((h.name,))) / total
-        for h in sized
-    }
-    name = max(sized, key=lambda h: joint[h.name]).name  # the first of equals: max keeps it
-    if joint[name] < EXPLAINED_THRESHOLD:
+    joint = {h.name: _size_score(h, sizes, targets, passing) for h in sized}
+    best = max(sized, key=lambda h: joint[h.name])  # the first of equals: max keeps it
+    if joint[best.name] < EXPLAINED_THRESHOLD:
         return by_values
-    words = sums.hypotheses[name].words
     found = dict(by_values)
     for leaf in targets:
-        found[leaf] = Attribution(words + BY_SIZE, joint[name], (name,), words)
+        found[leaf] = Attribution(best.words + BY_SIZE, joint[best.name], (best.name,), best.words)
     return found
+
+
+def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequence[str], passing: Sequence[str]):
+    """The joint size score of `h` on the `targets` (module docstring), its error scaled by the
+    factor in `h.scale_range` that fits the sizes best; sizes: leaf -> ‖z_c‖²."""
+    root_t = {leaf: np.sqrt(sizes[leaf]) for leaf in sizes}
+    root_h = {leaf: np.sqrt(h.norms[leaf]) for leaf in sizes}
+    across = sum(h.norms[leaf] for leaf in targets)
+    fit = sum(root_t[leaf] * root_h[leaf] for leaf in targets) / across if across > 0 else 1.0
+    scale = min(max(fit, h.scale_range[0]), h.scale_range[1])
+
+    def residual(leaf):
+        return (root_t[leaf] - scale * root_h[leaf]) ** 2
+
+    excess = max(0.0, sum(residual(p) - sizes[p] for p in passing))
+    return 1.0 - (sum(residual(leaf) for leaf in targets) + excess) / sum(sizes[leaf] for leaf in targets)
 
 
 def _attribute_by_values(

@@ -102,6 +102,11 @@ def all_hold(conditions: list[Condition]) -> Outcome:
     return Outcome(worst.usage, "" if worst.usage <= 1.0 else worst.reason)
 
 
+def _declared_text(declared: float) -> str:
+    """The declared choices' share of an ulps limit, for its reason ("" without any)."""
+    return f"+2*declared({_number(declared)})" if declared > 0 else ""
+
+
 class Bound:
     """A rule kind. Subclasses are frozen dataclasses whose fields are the rule's numbers.
 
@@ -116,7 +121,12 @@ class Bound:
     reads: ClassVar[tuple[str, ...]]
     uses_oracle: ClassVar[bool] = False
 
-    def judge(self, m: LeafMetrics, unit: float) -> Outcome:
+    def judge(self, m: LeafMetrics, unit: float, declared: float = 0.0) -> Outcome:
+        """The outcome for metrics `m` in units `unit`. declared: the largest deviation the
+        candidate's declared precision choices make on the leaf (`max|e|/max|oracle|`,
+        `harness.engine.precision_choices`); a bound between two runs of one implementation
+        (the ulps kinds) allows twice it, two orders of a declared narrow sum; the oracle's
+        kinds get those choices through the sensitivity instead."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -132,7 +142,7 @@ class Exact(Bound):
     numbers: ClassVar[dict[str, str]] = {}
     reads: ClassVar[tuple[str, ...]] = ("max_abs_err",)
 
-    def judge(self, m: LeafMetrics, unit: float) -> Outcome:
+    def judge(self, m: LeafMetrics, unit: float, declared: float = 0.0) -> Outcome:
         return all_hold([Condition("max_abs_err", m.max_abs_err, 0.0, "0 (bit-identical)")])
 
     def describe(self) -> str:
@@ -148,9 +158,10 @@ class UlpsOfMax(Bound):
     numbers: ClassVar[dict[str, str]] = {"max_rel_ulps": ULPS}
     reads: ClassVar[tuple[str, ...]] = ("max_rel_err",)
 
-    def judge(self, m: LeafMetrics, unit: float) -> Outcome:
-        limit = self.max_rel_ulps * unit
-        return all_hold([Condition("max_rel_err", m.max_rel_err, limit, f"{self.max_rel_ulps:g}ulp={_number(limit)}")])
+    def judge(self, m: LeafMetrics, unit: float, declared: float = 0.0) -> Outcome:
+        limit = self.max_rel_ulps * unit + 2 * declared
+        text = f"{self.max_rel_ulps:g}ulp{_declared_text(declared)}={_number(limit)}"
+        return all_hold([Condition("max_rel_err", m.max_rel_err, limit, text)])
 
     def describe(self) -> str:
         return f"max_rel<={self.max_rel_ulps:g}ulp"
@@ -167,11 +178,12 @@ class UlpsPlusSensitivity(Bound):
     numbers: ClassVar[dict[str, str]] = {"max_rel_ulps": ULPS, "ratio_sensitivity": RATIO}
     reads: ClassVar[tuple[str, ...]] = ("max_rel_err",)
 
-    def judge(self, m: LeafMetrics, unit: float) -> Outcome:
+    def judge(self, m: LeafMetrics, unit: float, declared: float = 0.0) -> Outcome:
         sensitivity = 0.0 if math.isnan(m.oracle_sensitivity_max) else m.oracle_sensitivity_max
-        limit = self.max_rel_ulps * unit + self.ratio_sensitivity * sensitivity
+        limit = self.max_rel_ulps * unit + self.ratio_sensitivity * sensitivity + 2 * declared
         text = (
-            f"{self.max_rel_ulps:g}ulp+{self.ratio_sensitivity:g}*sensitivity({_number(sensitivity)})={_number(limit)}"
+            f"{self.max_rel_ulps:g}ulp+{self.ratio_sensitivity:g}*sensitivity({_number(sensitivity)})"
+            f"{_declared_text(declared)}={_number(limit)}"
         )
         return all_hold([Condition("max_rel_err", m.max_rel_err, limit, text)])
 
@@ -253,7 +265,7 @@ class OracleRatio(Bound):
     )
     uses_oracle: ClassVar[bool] = True
 
-    def judge(self, m: LeafMetrics, unit: float) -> Outcome:
+    def judge(self, m: LeafMetrics, unit: float, declared: float = 0.0) -> Outcome:
         floor = self.floor_ulps * unit
         # (candidate's metric, partner's metric, the sensitivity, its degrees of freedom)
         criteria = [

@@ -241,12 +241,22 @@ class Policy:
         return resolved
 
     def judge(
-        self, metrics: LeafMetrics, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*"
+        self,
+        metrics: LeafMetrics,
+        *,
+        comparison: str,
+        leaf_kind: str,
+        dtype,
+        act_dtype,
+        partitioning: str = "*",
+        declared: float = 0.0,
     ) -> Judgement:
         """Verdict of one leaf's metrics under the bound for this combination.
 
         dtype: the compared leaf's dtype; act_dtype: the case's activation dtype (names
-        or dtypes). Raises PolicyError for an uncovered or invalid combination.
+        or dtypes); declared: the candidate's declared precision choices' deviation on the
+        leaf (`harness.judging.bounds.Bound.judge`). Raises PolicyError for an uncovered or
+        invalid combination.
         """
         resolved = self.resolve(
             comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
@@ -255,7 +265,7 @@ class Policy:
         unusable = _unusable_metrics(metrics, bound, resolved.rule)
         if unusable:
             return Judgement("fail", description, math.inf, unusable)
-        outcome = bound.judge(metrics, eps(resolved.unit_dtype))
+        outcome = bound.judge(metrics, eps(resolved.unit_dtype), declared)
         return Judgement("pass" if outcome.passed else "fail", description, outcome.usage, outcome.reason)
 
     def uncovered(

@@ -69,7 +69,7 @@ class Hypothesis:
     """One candidate cause of a failing leaf.
 
     name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>", or
-    "accumulate:<contraction>:<output>:<dtype>:<block>"); label: the cause in words; kind:
+    "accumulate:<contraction>:<output>:<dtype>:<block | once>"); label: the cause in words; kind:
     "rounding" (matched value for value) or "accumulation" (matched by size); family: the
     place it rounds ("<site>:<direction>"; two of one family are never a pair); roundings:
     what the oracle rounds and sums narrowly to reproduce it.
@@ -176,7 +176,7 @@ def accumulation_hypotheses(case) -> list[Hypothesis]:
                     how = "term by term" if block == 1 else f"in blocks of {block}"
                     found.append(
                         Hypothesis(
-                            name=f"accumulate:{name}:{output}:{dtype}:{block}",
+                            name=f"accumulate:{name}:{output}:{dtype}:{'once' if once else block}",
                             label=f"{words} rounded to {dtype} once summed"
                             if once
                             else f"{words} summed in {dtype} {how}",

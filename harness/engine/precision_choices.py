@@ -1,0 +1,148 @@
+"""Precision choices an implementation makes on purpose, joined to its own rounding model.
+
+An implementation may declare roundings and narrow sums it makes by design (`precision_choices`
+on its factory's object): each a hypothesis of the operation (`Operation.hypotheses`, by name)
+with where and why. A declared choice is not a bug of that implementation, so it joins that
+implementation's rounding model, and only its: the sensitivity its rows are judged with grows
+by the choice's own effect on each leaf, the size of the hypothesis' error against the oracle
+(`DeclaredEffects.widened`). A bug on top of the choice still fails: the bound grows by what the
+choice explains, not more. A bound between two runs of the implementation (sharded and
+unsharded: an ulps bound) allows twice the choice's largest deviation, two orders of its sum.
+
+A choice that depends on the backend (a dot whose bfloat16 accumulation the backend decides)
+names the probe layout (`harness.engine.backend_probe.LAYOUTS`) that shows it: it is made only
+where the probe measures that layout accumulated narrowly, and the probe is its evidence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from harness.engine.backend_probe import LAYOUTS, LayoutSum, probe_backend, probe_record
+from harness.errors import ConfigurationError
+from harness.judging.confidence import Sensitivity
+from harness.judging.error_statistics import l2_norm, upcast
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionChoice:
+    """One rounding or narrow sum an implementation makes on purpose.
+
+    hypothesis: the name of the operation's hypothesis that computes it (for mHC
+    `mhc.operation.hypotheses`, e.g. "accumulate:projection:second_cotangent:bfloat16:1");
+    why: where in the implementation's code and why, in words; probe: "" (always made), or
+    a `backend_probe.LAYOUTS` name: made only where the backend accumulates that layout
+    narrowly.
+    """
+
+    hypothesis: str
+    why: str
+    probe: str = ""
+
+    def __post_init__(self):
+        if not (isinstance(self.hypothesis, str) and self.hypothesis):
+            raise ConfigurationError(f"a precision choice names a hypothesis, got {self.hypothesis!r}")
+        if not (isinstance(self.why, str) and self.why.strip()):
+            raise ConfigurationError(f"precision choice {self.hypothesis!r} says where and why it is made")
+        if self.probe and self.probe not in LAYOUTS:
+            raise ConfigurationError(
+                f"precision choice {self.hypothesis!r}: probe {self.probe!r} is not one of {sorted(LAYOUTS)}"
+            )
+
+    def made(self, probe: Mapping[str, LayoutSum] | None) -> bool:
+        """Whether the choice is made on this backend (`probe`: its measurement; needed when `self.probe`)."""
+        return not self.probe or bool(probe and probe[self.probe].narrow)
+
+    def describe(self, probe: Mapping[str, LayoutSum] | None, label: str = "") -> str:
+        """The choice in words, with its evidence and whether it is made here."""
+        words = f"{label or self.hypothesis}: {self.why}"
+        if not self.probe:
+            return words
+        evidence = probe[self.probe].evidence() if probe else f"{self.probe} not probed"
+        return f"{words} [{'made' if self.made(probe) else 'not made'} on this backend: {evidence}]"
+
+
+def declared_choices(obj, label: str) -> tuple[PrecisionChoice, ...]:
+    """An implementation object's `precision_choices` (absent: none); ConfigurationError for
+    anything but `PrecisionChoice`s."""
+    raw = getattr(obj, "precision_choices", ()) or ()
+    choices = tuple(raw)
+    for choice in choices:
+        if not isinstance(choice, PrecisionChoice):
+            raise ConfigurationError(
+                f"{label}: `precision_choices` holds harness.engine.precision_choices.PrecisionChoice, "
+                f"got {type(choice).__name__}"
+            )
+    return choices
+
+
+def choice_effects(
+    choices: Sequence[PrecisionChoice], hypotheses: Sequence, hypothesis_leaves: Sequence[Mapping[str, np.ndarray]]
+) -> list[Mapping[str, np.ndarray]]:
+    """Each made choice's leaves as its hypothesis computes them, for the case's `hypotheses`
+    (names) and their oracle leaves (`harness.engine.causes.HypothesisOracle`). A choice whose
+    hypothesis the case does not have (a sum of one term, a dtype no narrower) changes nothing."""
+    by_name = {h.name: leaves for h, leaves in zip(hypotheses, hypothesis_leaves)}
+    return [by_name[c.hypothesis] for c in choices if c.hypothesis in by_name]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredEffects:
+    """What an implementation's made choices move, per leaf: rms (‖e‖₂/‖oracle‖₂) and max
+    (max|e|/max|oracle|) of their deviations from the oracle, each summed over the choices in
+    quadrature. Empty for an implementation without any."""
+
+    rms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    max: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def widened(self, sensitivity: Mapping[str, Sensitivity]) -> dict[str, Sensitivity]:
+        """leaf -> the sensitivity with these deviations added in quadrature, as one more
+        independent term of the model (degrees of freedom and gain stay the model's)."""
+        widened = dict(sensitivity)
+        for leaf, s in sensitivity.items():
+            if self.rms.get(leaf, 0.0) or self.max.get(leaf, 0.0):
+                widened[leaf] = dataclasses.replace(
+                    s, rms=math.hypot(s.rms, self.rms.get(leaf, 0.0)), max=math.hypot(s.max, self.max.get(leaf, 0.0))
+                )
+        return widened
+
+
+def declared_effects(
+    oracle_leaves: Mapping[str, np.ndarray], effects: Sequence[Mapping[str, np.ndarray]]
+) -> DeclaredEffects:
+    """The `DeclaredEffects` of the choices' leaves `effects` (`choice_effects`) against the oracle."""
+    rms: dict[str, float] = {}
+    peak_of: dict[str, float] = {}
+    for leaf, exact in oracle_leaves.items():
+        exact = upcast(exact)
+        norm = l2_norm(exact)
+        peak = float(np.max(np.abs(exact))) if exact.size else 0.0
+        if not (norm > 0 and peak > 0):
+            continue
+        squares = [0.0, 0.0]
+        for leaves in effects:
+            if leaf in leaves:
+                deviation = upcast(leaves[leaf]) - exact
+                squares[0] += (l2_norm(deviation) / norm) ** 2
+                squares[1] += (float(np.max(np.abs(deviation))) / peak) ** 2
+        if squares[0] or squares[1]:
+            rms[leaf], peak_of[leaf] = math.sqrt(squares[0]), math.sqrt(squares[1])
+    return DeclaredEffects(rms, peak_of)
+
+
+def precision_record(implementations) -> dict:
+    """The run's record of declared choices: `precision_choices` (implementation -> each
+    choice in words, with its evidence) and, where a choice rests on it, `backend_probe`.
+    Empty where no implementation declares any."""
+    declared = {impl.name: impl.precision_choices for impl in implementations if impl.precision_choices}
+    if not declared:
+        return {}
+    probe = probe_backend() if any(c.probe for choices in declared.values() for c in choices) else None
+    record: dict = {"precision_choices": {name: [c.describe(probe) for c in cs] for name, cs in declared.items()}}
+    if probe is not None:
+        record["backend_probe"] = probe_record(probe)
+    return record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.engine.precision_choices import PrecisionChoice
 from mhc import reference
 
 
@@ -96,3 +97,54 @@ class HangsOnce(WrappedReference):
 
 def hangs_once():
     return HangsOnce()
+
+
+@dataclasses.dataclass(frozen=True)
+class PostGateInBfloat16(WrappedReference):
+    """A precision choice made on purpose: the post gate's scale and bias used in bfloat16."""
+
+    name: str = "post_gate_in_bfloat16"
+
+    def pre(self, x, weights, *, config):
+        rounded = {f: getattr(weights, f).astype("bfloat16").astype(getattr(weights, f).dtype) for f in _POST_GATE}
+        return reference.pre(x, dataclasses.replace(weights, **rounded), config=config)
+
+
+_POST_GATE = ("post_scale", "post_bias")
+# The post gate stored in bfloat16 rounds its parameters and, through the cast's transpose, their gradients.
+POST_GATE_CHOICES = tuple(
+    PrecisionChoice(f"round:gate_weight/post_gate:{direction}:bfloat16", "tests/external_impls.py: stored in bfloat16")
+    for direction in ("forward", "backward")
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaresPostGateInBfloat16(PostGateInBfloat16):
+    """The same, declared (`precision_choices`): it joins this implementation's rounding model."""
+
+    name: str = "declares_post_gate_in_bfloat16"
+    precision_choices: tuple = POST_GATE_CHOICES
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredChoiceAndDrift(DeclaresPostGateInBfloat16):
+    """The declared choice, and a bug on top of it: the branch input scaled by (1 + 2**-12)
+    (a leaf the post gate does not move, whose bound the choice leaves as it is)."""
+
+    name: str = "declared_choice_and_drift"
+
+    def pre(self, x, weights, *, config):
+        layer_input, context = super().pre(x, weights, config=config)
+        return (layer_input.astype("float32") * (1 + 2.0**-12)).astype(layer_input.dtype), context
+
+
+def post_gate_in_bfloat16():
+    return PostGateInBfloat16()
+
+
+def declares_post_gate_in_bfloat16():
+    return DeclaresPostGateInBfloat16()
+
+
+def declared_choice_and_drift():
+    return DeclaredChoiceAndDrift()

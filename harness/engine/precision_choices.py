@@ -11,7 +11,10 @@ unsharded: an ulps bound) allows twice the choice's largest deviation, two order
 
 A choice that depends on the backend (a dot whose bfloat16 accumulation the backend decides)
 names the probe layout (`harness.engine.backend_probe.LAYOUTS`) that shows it: it is made only
-where the probe measures that layout accumulated narrowly, and the probe is its evidence.
+where the probe measures that layout accumulated narrowly, and the probe is its evidence. Its
+hypothesis may leave the order of the sum open (`{block}` in its name, `blocks` to choose
+from): the probe's own sum picks the block that reproduces it best, since a sum's error grows
+steeply as its blocks shrink (term by term overstates a blocked backend many times over).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from harness.engine.backend_probe import LAYOUTS, LayoutSum, probe_backend, probe_record
+from harness.engine.leaves import token_axes
 from harness.errors import ConfigurationError
 from harness.judging.confidence import Sensitivity
-from harness.judging.error_statistics import l2_norm, upcast
+from harness.judging.error_statistics import gain, l2_norm, systematic_error, upcast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,15 +37,17 @@ class PrecisionChoice:
     """One rounding or narrow sum an implementation makes on purpose.
 
     hypothesis: the name of the operation's hypothesis that computes it (for mHC
-    `mhc.operation.hypotheses`, e.g. "accumulate:projection:second_cotangent:bfloat16:1");
-    why: where in the implementation's code and why, in words; probe: "" (always made), or
-    a `backend_probe.LAYOUTS` name: made only where the backend accumulates that layout
+    `mhc.operation.hypotheses`, e.g. "accumulate:projection:second_cotangent:bfloat16:1"), or
+    with "{block}" for the block the probe picks of `blocks`; why: where in the
+    implementation's code and why, in words; probe: "" (always made), or a
+    `backend_probe.LAYOUTS` name: made only where the backend accumulates that layout
     narrowly.
     """
 
     hypothesis: str
     why: str
     probe: str = ""
+    blocks: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not (isinstance(self.hypothesis, str) and self.hypothesis):
@@ -52,18 +58,30 @@ class PrecisionChoice:
             raise ConfigurationError(
                 f"precision choice {self.hypothesis!r}: probe {self.probe!r} is not one of {sorted(LAYOUTS)}"
             )
+        if ("{block}" in self.hypothesis) != bool(self.blocks) or (self.blocks and not self.probe):
+            raise ConfigurationError(
+                f"precision choice {self.hypothesis!r}: a '{{block}}' in the name needs `blocks` and a `probe` "
+                "to choose among them, and `blocks` needs the '{block}'"
+            )
 
     def made(self, probe: Mapping[str, LayoutSum] | None) -> bool:
         """Whether the choice is made on this backend (`probe`: its measurement; needed when `self.probe`)."""
         return not self.probe or bool(probe and probe[self.probe].narrow)
 
-    def describe(self, probe: Mapping[str, LayoutSum] | None, label: str = "") -> str:
+    def resolved(self, probe: Mapping[str, LayoutSum] | None) -> str:
+        """The hypothesis' name, its block the one the probe's sum picks (`LayoutSum.nearest_block`)."""
+        if not self.blocks:
+            return self.hypothesis
+        return self.hypothesis.format(block=probe[self.probe].nearest_block(self.blocks))
+
+    def describe(self, probe: Mapping[str, LayoutSum] | None) -> str:
         """The choice in words, with its evidence and whether it is made here."""
-        words = f"{label or self.hypothesis}: {self.why}"
         if not self.probe:
-            return words
-        evidence = probe[self.probe].evidence() if probe else f"{self.probe} not probed"
-        return f"{words} [{'made' if self.made(probe) else 'not made'} on this backend: {evidence}]"
+            return f"{self.hypothesis}: {self.why}"
+        if not probe:
+            return f"{self.hypothesis}: {self.why} [{self.probe} not probed]"
+        made = "made" if self.made(probe) else "not made"
+        return f"{self.resolved(probe)}: {self.why} [{made} on this backend: {probe[self.probe].evidence()}]"
 
 
 def declared_choices(obj, label: str) -> tuple[PrecisionChoice, ...]:
@@ -81,57 +99,75 @@ def declared_choices(obj, label: str) -> tuple[PrecisionChoice, ...]:
 
 
 def choice_effects(
-    choices: Sequence[PrecisionChoice], hypotheses: Sequence, hypothesis_leaves: Sequence[Mapping[str, np.ndarray]]
+    names: Sequence[str], hypotheses: Sequence, hypothesis_leaves: Sequence[Mapping[str, np.ndarray]]
 ) -> list[Mapping[str, np.ndarray]]:
-    """Each made choice's leaves as its hypothesis computes them, for the case's `hypotheses`
-    (names) and their oracle leaves (`harness.engine.causes.HypothesisOracle`). A choice whose
-    hypothesis the case does not have (a sum of one term, a dtype no narrower) changes nothing."""
+    """The leaves of each made choice's hypothesis (`names`: `PrecisionChoice.resolved`), from
+    the case's `hypotheses` and their oracle leaves (`harness.engine.causes.HypothesisOracle`).
+    A hypothesis the case does not have (a sum of one term, a dtype no narrower) changes nothing."""
     by_name = {h.name: leaves for h, leaves in zip(hypotheses, hypothesis_leaves)}
-    return [by_name[c.hypothesis] for c in choices if c.hypothesis in by_name]
+    return [by_name[name] for name in names if name in by_name]
 
 
 @dataclasses.dataclass(frozen=True)
 class DeclaredEffects:
-    """What an implementation's made choices move, per leaf: rms (‖e‖₂/‖oracle‖₂) and max
-    (max|e|/max|oracle|) of their deviations from the oracle, each summed over the choices in
-    quadrature. Empty for an implementation without any."""
+    """What an implementation's made choices move, per leaf: rms (‖e‖₂/‖oracle‖₂), max
+    (max|e|/max|oracle|) and gain (the component along the leaf, `error_statistics.gain`) of
+    their deviations from the oracle, each summed over the choices in quadrature, and for a
+    token-major leaf the largest systematic t among them (`error_statistics.systematic_error`).
+    Empty for an implementation without any."""
 
     rms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     max: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    gain: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def widened(self, sensitivity: Mapping[str, Sensitivity]) -> dict[str, Sensitivity]:
         """leaf -> the sensitivity with these deviations added in quadrature, as one more
-        independent term of the model (degrees of freedom and gain stay the model's)."""
+        independent term of the model (its degrees of freedom stay the model's)."""
         widened = dict(sensitivity)
         for leaf, s in sensitivity.items():
-            if self.rms.get(leaf, 0.0) or self.max.get(leaf, 0.0):
+            if leaf in self.rms:
                 widened[leaf] = dataclasses.replace(
-                    s, rms=math.hypot(s.rms, self.rms.get(leaf, 0.0)), max=math.hypot(s.max, self.max.get(leaf, 0.0))
+                    s,
+                    rms=math.hypot(s.rms, self.rms[leaf]),
+                    max=math.hypot(s.max, self.max[leaf]),
+                    gain=math.hypot(s.gain, self.gain[leaf]),
                 )
         return widened
+
+    def widened_systematic(self, systematic: Mapping[str, float]) -> dict[str, float]:
+        """leaf -> the model's systematic t, or a choice's where it is larger: a rounded
+        parameter shifts every token alike, as the choice says it may."""
+        return {leaf: max(t, self.systematic.get(leaf, 0.0)) for leaf, t in systematic.items()}
 
 
 def declared_effects(
     oracle_leaves: Mapping[str, np.ndarray], effects: Sequence[Mapping[str, np.ndarray]]
 ) -> DeclaredEffects:
     """The `DeclaredEffects` of the choices' leaves `effects` (`choice_effects`) against the oracle."""
-    rms: dict[str, float] = {}
-    peak_of: dict[str, float] = {}
+    found: dict[str, dict[str, float]] = {"rms": {}, "max": {}, "gain": {}, "systematic": {}}
     for leaf, exact in oracle_leaves.items():
         exact = upcast(exact)
         norm = l2_norm(exact)
         peak = float(np.max(np.abs(exact))) if exact.size else 0.0
         if not (norm > 0 and peak > 0):
             continue
-        squares = [0.0, 0.0]
+        squares, largest_t = {"rms": 0.0, "max": 0.0, "gain": 0.0}, 0.0
         for leaves in effects:
             if leaf in leaves:
-                deviation = upcast(leaves[leaf]) - exact
-                squares[0] += (l2_norm(deviation) / norm) ** 2
-                squares[1] += (float(np.max(np.abs(deviation))) / peak) ** 2
-        if squares[0] or squares[1]:
-            rms[leaf], peak_of[leaf] = math.sqrt(squares[0]), math.sqrt(squares[1])
-    return DeclaredEffects(rms, peak_of)
+                value = upcast(leaves[leaf])
+                deviation = value - exact
+                squares["rms"] += (l2_norm(deviation) / norm) ** 2
+                squares["max"] += (float(np.max(np.abs(deviation))) / peak) ** 2
+                squares["gain"] += gain(value, exact) ** 2
+                if token_axes(leaf):
+                    largest_t = max(largest_t, systematic_error(value, exact)[0])
+        if squares["rms"] or squares["max"]:
+            for key, square in squares.items():
+                found[key][leaf] = math.sqrt(square)
+            if largest_t:
+                found["systematic"][leaf] = largest_t
+    return DeclaredEffects(**found)
 
 
 def precision_record(implementations) -> dict:

@@ -281,7 +281,8 @@ class Runner:
     def _declared_effects(self, impl, case, fixture, oracle) -> DeclaredEffects:
         """What the precision choices `impl` declares and this backend makes move, leaf by leaf
         (`harness.engine.precision_choices`): its rows' bounds widen by them."""
-        made = [c for c in impl.precision_choices if c.made(probe_backend() if c.probe else None)]
+        probes = [probe_backend() if c.probe else None for c in impl.precision_choices]
+        made = [c.resolved(p) for c, p in zip(impl.precision_choices, probes) if c.made(p)]
         if not made:
             return DeclaredEffects()
         hypotheses, hypothesis_leaves = self.hypotheses(case, fixture)
@@ -326,7 +327,7 @@ class Runner:
                     partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves,
                     oracle_sensitivity=declared.widened(oracle.sensitivity),
-                    oracle_systematic=oracle.systematic,
+                    oracle_systematic=declared.widened_systematic(oracle.systematic),
                     declared=declared.max,
                     policy=self.policy,
                     timing=timing,

@@ -1,0 +1,96 @@
+"""Declared precision choices (harness.engine.precision_choices) and the backend probe they
+may rest on (harness.engine.backend_probe): a choice joins its own implementation's rounding
+model, so it widens that implementation's bounds by what it explains, and no one else's."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import numpy as np
+import pytest
+
+from harness.engine.backend_probe import EXACT_SUM, PROBE_TERMS, LayoutSum, probe_backend, probe_record
+from harness.engine.implementations import load_external, wrap_external
+from harness.engine.precision_choices import PrecisionChoice, declared_effects, precision_record
+from harness.errors import ConfigurationError
+from harness.judging.bounds import UlpsOfMax
+from harness.judging.confidence import Sensitivity
+from tests import external_impls
+from tests.implementation_base import CASES, implementation_rows
+
+
+def test_xla_cpu_accumulates_the_transposed_dot_of_a_bfloat16_vjp_in_bfloat16():
+    probe = probe_backend()
+    assert set(probe) == {"dot_forward", "dot_vjp_weights", "dot_vjp_inputs", "product_vjp"}
+    # The forward dot sums in float32 (its one rounding is the bfloat16 result's); the weight
+    # gradient's transposed dot and the broadcast product's reduction do not.
+    assert not probe["dot_forward"].narrow and probe["dot_forward"].total == EXACT_SUM
+    assert probe["dot_vjp_weights"].narrow and probe["product_vjp"].narrow
+    assert f"{PROBE_TERMS} bfloat16 terms" in probe_record(probe)
+
+
+def test_a_choice_names_a_hypothesis_says_why_and_probes_a_known_layout():
+    with pytest.raises(ConfigurationError, match="where and why"):
+        PrecisionChoice("round:gate:forward:bfloat16", " ")
+    with pytest.raises(ConfigurationError, match="probe 'nowhere'"):
+        PrecisionChoice("round:gate:forward:bfloat16", "why", probe="nowhere")
+    backend = PrecisionChoice("accumulate:projection:second_cotangent:bfloat16:1", "why", probe="dot_vjp_weights")
+    wide = {"dot_vjp_weights": LayoutSum("dot_vjp_weights", EXACT_SUM)}
+    narrow = {"dot_vjp_weights": LayoutSum("dot_vjp_weights", EXACT_SUM - 80)}
+    assert not backend.made(wide) and backend.made(narrow)
+    assert "not made on this backend" in backend.describe(wide) and "[made on this backend" in backend.describe(narrow)
+    assert PrecisionChoice("round:gate:forward:bfloat16", "why").made(None)
+
+
+def test_an_implementation_declares_precision_choices_not_strings():
+    bad = dataclasses.replace(external_impls.WrappedReference(), name="bad")
+    object.__setattr__(bad, "precision_choices", ("round:gate:forward:bfloat16",))
+    with pytest.raises(ConfigurationError, match="PrecisionChoice, got str"):
+        wrap_external(bad)
+    declared = wrap_external(external_impls.DeclaresPostGateInBfloat16())
+    assert declared.precision_choices == external_impls.POST_GATE_CHOICES
+
+
+def test_a_choice_widens_the_sensitivity_by_its_own_deviation_in_quadrature():
+    exact = {"leaf": np.array([3.0, -4.0]), "other": np.array([1.0])}
+    moved = {"leaf": np.array([3.0, -4.0 + 0.5]), "other": np.array([1.0])}
+    effects = declared_effects(exact, [moved])
+    assert effects.rms["leaf"] == pytest.approx(0.5 / 5.0) and effects.max["leaf"] == pytest.approx(0.5 / 4.0)
+    assert "other" not in effects.rms
+    s = Sensitivity(max=0.01, rms=0.02, gain=0.0, dof_max=3.0, dof_rms=2.0, draws=16)
+    widened = effects.widened({"leaf": s, "other": s})
+    assert widened["other"] == s
+    assert widened["leaf"].rms == pytest.approx(math.hypot(0.02, 0.1)) and widened["leaf"].dof_rms == 2.0
+
+
+def test_an_ulps_bound_between_two_runs_allows_twice_the_declared_deviation():
+    metrics = types.SimpleNamespace(max_rel_err=0.02)  # all an ulps bound reads
+    bound = UlpsOfMax(max_rel_ulps=2)
+    unit = 2.0**-8
+    assert not bound.judge(metrics, unit).passed
+    judged = bound.judge(metrics, unit, declared=0.01)
+    assert judged.passed and judged.usage == pytest.approx(0.02 / (2 * unit + 0.02))
+
+
+@pytest.mark.slow
+def test_a_declared_choice_passes_its_implementation_only_and_a_bug_on_top_still_fails():
+    case = CASES[0]  # float32: a bfloat16 post gate is far outside its rounding model
+    undeclared = implementation_rows(load_external("tests.external_impls:post_gate_in_bfloat16"), case)
+    declared_impl = load_external("tests.external_impls:declares_post_gate_in_bfloat16")
+    declared = implementation_rows(declared_impl, case)
+    assert any(r["verdict"] == "fail" for r in undeclared)
+    failing = [(r["leaf"], r["comparison"], r["bound"]) for r in declared if r["verdict"] not in ("pass", "skip")]
+    assert not failing, failing
+    # Only the leaves the post gate moves got wider bounds: the pre side's stay the model's.
+    by_leaf = {(r["leaf"], r["comparison"]): r for r in undeclared}
+    for row in declared:
+        twin = by_leaf[(row["leaf"], row["comparison"])]
+        if row["leaf"] in ("h_pre", "h_res", "layer_input") and row["comparison"] == "vs_oracle":
+            assert row["bound_usage"] == twin["bound_usage"], row["leaf"]
+    drifted = implementation_rows(load_external("tests.external_impls:declared_choice_and_drift"), case)
+    assert {r["leaf"] for r in drifted if r["verdict"] == "fail"} >= {"layer_input"}
+    assert precision_record([declared_impl])["precision_choices"][declared_impl.name][0].startswith(
+        "round:gate_weight/post_gate:forward:bfloat16: tests/external_impls.py"
+    )

@@ -44,7 +44,6 @@ from maxtext.layers import mhc as maxtext_layer
 
 from harness.engine.precision_choices import PrecisionChoice
 from mhc.common import UnsupportedInputError
-from mhc.operation.hypotheses import ACCUMULATION_BLOCKS
 from mhc.sharding import TOKENS, run_token_sharded, token_sharding
 from mhc.types import MATMUL_FIELDS
 
@@ -199,19 +198,17 @@ class GatesInFloat32(ReleasedLayer):
 # kernels: the fixed kernels accumulate in float32 and match their reference within its bound.
 REFERENCE_PRECISION_CHOICES = (
     PrecisionChoice(
-        "accumulate:projection:second_cotangent:bfloat16:{block}",
+        "accumulate:projection:second_cotangent:bfloat16:1",
         'maxtext/layers/mhc.py:303, `h_concat = jnp.einsum("bsm,mn -> bsn", norm_x, alpha_concat, ...)`: '
         "a bfloat16 result, no preferred_element_type; its VJP's alpha gradients sum over the tokens "
         "as the backend accumulates a transposed bfloat16 dot",
         probe="dot_vjp_weights",
-        blocks=ACCUMULATION_BLOCKS,
     ),
     PrecisionChoice(
-        "accumulate:post_gate:first_cotangent:bfloat16:{block}",
+        "accumulate:post_gate:first_cotangent:bfloat16:1",
         "maxtext/layers/mhc.py:365, `post_out = jnp.expand_dims(layer_out, axis=2) * "
         "jnp.expand_dims(post_mapping, axis=3)`: a bfloat16 broadcast product; its VJP reduces "
         "layer_out * d_out over the embedding as the backend accumulates that reduction",
         probe="product_vjp",
-        blocks=ACCUMULATION_BLOCKS,
     ),
 )

@@ -54,15 +54,15 @@ def test_an_implementation_declares_precision_choices_not_strings():
 
 
 def test_a_choice_widens_the_sensitivity_by_its_own_deviation_in_quadrature():
-    exact = {"leaf": np.array([3.0, -4.0]), "other": np.array([1.0])}
-    moved = {"leaf": np.array([3.0, -4.0 + 0.5]), "other": np.array([1.0])}
+    exact = {"d_pre_bias": np.array([3.0, -4.0]), "d_pre_scale": np.array([1.0])}
+    moved = {"d_pre_bias": np.array([3.0, -4.0 + 0.5]), "d_pre_scale": np.array([1.0])}
     effects = declared_effects(exact, [moved])
-    assert effects.rms["leaf"] == pytest.approx(0.5 / 5.0) and effects.max["leaf"] == pytest.approx(0.5 / 4.0)
-    assert "other" not in effects.rms
+    assert effects.rms["d_pre_bias"] == pytest.approx(0.5 / 5.0) and effects.max["d_pre_bias"] == pytest.approx(0.5 / 4.0)
+    assert "d_pre_scale" not in effects.rms
     s = Sensitivity(max=0.01, rms=0.02, gain=0.0, dof_max=3.0, dof_rms=2.0, draws=16)
-    widened = effects.widened({"leaf": s, "other": s})
-    assert widened["other"] == s
-    assert widened["leaf"].rms == pytest.approx(math.hypot(0.02, 0.1)) and widened["leaf"].dof_rms == 2.0
+    widened = effects.widened({"d_pre_bias": s, "d_pre_scale": s})
+    assert widened["d_pre_scale"] == s
+    assert widened["d_pre_bias"].rms == pytest.approx(math.hypot(0.02, 0.1)) and widened["d_pre_bias"].dof_rms == 2.0
 
 
 def test_an_ulps_bound_between_two_runs_allows_twice_the_declared_deviation():

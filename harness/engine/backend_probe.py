@@ -75,16 +75,6 @@ def _operands(shapes, alternating):
     return operands
 
 
-def narrow_sum(block: int) -> float:
-    """The probe's terms summed in bfloat16 `block` at a time (each block exact, the running
-    sum rounded after each addition; 1: term by term): what a backend summing so returns."""
-    terms = np.where(np.arange(PROBE_TERMS) % 2 == 0, 1.0, _THIRD)
-    total = np.float64(0.0)
-    for start in range(0, PROBE_TERMS, block):
-        total = np.float64(total + terms[start : start + block].sum()).astype(ml_dtypes.bfloat16).astype(np.float64)
-    return float(total)
-
-
 @dataclasses.dataclass(frozen=True)
 class LayoutSum:
     """One layout's sum of the probe's `PROBE_TERMS` bfloat16 terms on this backend (`exact`
@@ -98,11 +88,6 @@ class LayoutSum:
     def narrow(self) -> bool:
         """Whether the backend's running sum was rounded to a narrow dtype (it strayed)."""
         return self.total != self.exact
-
-    def nearest_block(self, blocks) -> int:
-        """Of `blocks`, the one whose `narrow_sum` is nearest this layout's sum: the order of the
-        backend's narrow sum, as near as those blocks model it (the first of equals)."""
-        return min(blocks, key=lambda b: abs(narrow_sum(b) - self.total))
 
     def evidence(self) -> str:
         wide = f"accumulated in float32: {self.exact:g}"

@@ -101,10 +101,13 @@ def annotate_causes(
     oracle_sensitivity: Mapping[str, Sensitivity],
     candidate_leaves: Mapping[str, Mapping[str, np.ndarray]],
     hypotheses: HypothesisOracle,
+    candidate_sensitivity: Mapping[str, Mapping[str, Sensitivity]] | None = None,
 ) -> list[dict]:
     """`rows` (one case's) with `cause`, `cause_id` and `cause_explained` set on every failing
     row that compared leaves. candidate_leaves: path name -> its leaves (the paths that ran);
-    each candidate is attributed over all its leaves (`attribute_candidate`)."""
+    each candidate is attributed over all its leaves (`attribute_candidate`), in units of its
+    own sensitivity: the oracle's, or where `candidate_sensitivity` has one (a path whose
+    declared precision choices widen its model), that."""
     rows = list(rows)
     failing = [i for i, row in enumerate(rows) if _needs_cause(row, candidate_leaves, oracle_leaves)]
     if not failing:
@@ -116,21 +119,25 @@ def annotate_causes(
             rows[i] = {**rows[i], "cause": cause, "cause_id": NOT_ATTRIBUTED_ID, "cause_explained": float("nan")}
         return rows
     chosen, hypothesis_leaves = hypotheses(case, fixture)
-    scales = leaf_scales(oracle_leaves, oracle_sensitivity)
-    errors_of = size_ranges(
-        [
-            HypothesisErrors(
-                h.name,
-                h.label,
-                h.family,
-                scaled_errors(_errors(leaves, oracle_leaves), scales),
-                by_size=h.kind in SIZE_MATCHED_KINDS,
-            )
-            for h, leaves in zip(chosen, hypothesis_leaves)
-        ]
-    )
+    deviations = [_errors(leaves, oracle_leaves) for leaves in hypothesis_leaves]
+
+    def in_units(scales):
+        return size_ranges(
+            [
+                HypothesisErrors(
+                    h.name, h.label, h.family, scaled_errors(e, scales), by_size=h.kind in SIZE_MATCHED_KINDS
+                )
+                for h, e in zip(chosen, deviations)
+            ]
+        )
+
+    model_scales = leaf_scales(oracle_leaves, oracle_sensitivity)
+    model_errors = in_units(model_scales)
     found: dict[tuple[str, str], Attribution] = {}
     for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
+        own = (candidate_sensitivity or {}).get(candidate)
+        scales = model_scales if own is None else leaf_scales(oracle_leaves, own)
+        errors_of = model_errors if own is None else in_units(scales)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
         failing_leaves = list(dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate))
         for leaf, attribution in attribute_candidate(errors, errors_of, failing_leaves).items():

@@ -11,10 +11,7 @@ unsharded: an ulps bound) allows twice the choice's largest deviation, two order
 
 A choice that depends on the backend (a dot whose bfloat16 accumulation the backend decides)
 names the probe layout (`harness.engine.backend_probe.LAYOUTS`) that shows it: it is made only
-where the probe measures that layout accumulated narrowly, and the probe is its evidence. Its
-hypothesis may leave the order of the sum open (`{block}` in its name, `blocks` to choose
-from): the probe's own sum picks the block that reproduces it best, since a sum's error grows
-steeply as its blocks shrink (term by term overstates a blocked backend many times over).
+where the probe measures that layout accumulated narrowly, and the probe is its evidence.
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ class PrecisionChoice:
     """One rounding or narrow sum an implementation makes on purpose.
 
     hypothesis: the name of the operation's hypothesis that computes it (for mHC
-    `mhc.operation.hypotheses`, e.g. "accumulate:projection:second_cotangent:bfloat16:1"), or
-    with "{block}" for the block the probe picks of `blocks`; why: where in the
-    implementation's code and why, in words; probe: "" (always made), or a
+    `mhc.operation.hypotheses`, e.g. "accumulate:projection:second_cotangent:bfloat16:1");
+    why: where in the implementation's code and why, in words; probe: "" (always made), or a
     `backend_probe.LAYOUTS` name: made only where the backend accumulates that layout
     narrowly.
     """
@@ -47,7 +43,6 @@ class PrecisionChoice:
     hypothesis: str
     why: str
     probe: str = ""
-    blocks: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not (isinstance(self.hypothesis, str) and self.hypothesis):
@@ -58,21 +53,10 @@ class PrecisionChoice:
             raise ConfigurationError(
                 f"precision choice {self.hypothesis!r}: probe {self.probe!r} is not one of {sorted(LAYOUTS)}"
             )
-        if ("{block}" in self.hypothesis) != bool(self.blocks) or (self.blocks and not self.probe):
-            raise ConfigurationError(
-                f"precision choice {self.hypothesis!r}: a '{{block}}' in the name needs `blocks` and a `probe` "
-                "to choose among them, and `blocks` needs the '{block}'"
-            )
 
     def made(self, probe: Mapping[str, LayoutSum] | None) -> bool:
         """Whether the choice is made on this backend (`probe`: its measurement; needed when `self.probe`)."""
         return not self.probe or bool(probe and probe[self.probe].narrow)
-
-    def resolved(self, probe: Mapping[str, LayoutSum] | None) -> str:
-        """The hypothesis' name, its block the one the probe's sum picks (`LayoutSum.nearest_block`)."""
-        if not self.blocks:
-            return self.hypothesis
-        return self.hypothesis.format(block=probe[self.probe].nearest_block(self.blocks))
 
     def describe(self, probe: Mapping[str, LayoutSum] | None) -> str:
         """The choice in words, with its evidence and whether it is made here."""
@@ -81,7 +65,7 @@ class PrecisionChoice:
         if not probe:
             return f"{self.hypothesis}: {self.why} [{self.probe} not probed]"
         made = "made" if self.made(probe) else "not made"
-        return f"{self.resolved(probe)}: {self.why} [{made} on this backend: {probe[self.probe].evidence()}]"
+        return f"{self.hypothesis}: {self.why} [{made} on this backend: {probe[self.probe].evidence()}]"
 
 
 def declared_choices(obj, label: str) -> tuple[PrecisionChoice, ...]:
@@ -101,7 +85,7 @@ def declared_choices(obj, label: str) -> tuple[PrecisionChoice, ...]:
 def choice_effects(
     names: Sequence[str], hypotheses: Sequence, hypothesis_leaves: Sequence[Mapping[str, np.ndarray]]
 ) -> list[Mapping[str, np.ndarray]]:
-    """The leaves of each made choice's hypothesis (`names`: `PrecisionChoice.resolved`), from
+    """The leaves of each made choice's hypothesis (`names`), from
     the case's `hypotheses` and their oracle leaves (`harness.engine.causes.HypothesisOracle`).
     A hypothesis the case does not have (a sum of one term, a dtype no narrower) changes nothing."""
     by_name = {h.name: leaves for h, leaves in zip(hypotheses, hypothesis_leaves)}

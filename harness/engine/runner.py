@@ -254,7 +254,8 @@ class Runner:
             return
 
         results = self._run_paths(case, paths, fixture, on_step)
-        rows = list(self._compared_rows(case, paths, results, oracle, fixture))
+        declared = {path.name: self._declared_effects(path.impl, case, fixture, oracle) for path in paths}
+        rows = list(self._compared_rows(case, paths, results, oracle, declared))
         start = time.perf_counter()
         ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
         rows = annotate_causes(
@@ -265,6 +266,9 @@ class Runner:
             oracle_sensitivity=oracle.sensitivity,
             candidate_leaves=ran,
             hypotheses=self.hypotheses,
+            candidate_sensitivity={
+                name: effects.widened(oracle.sensitivity) for name, effects in declared.items() if effects.rms
+            },
         )
         self.timings["causes_s"] += time.perf_counter() - start
         yield from rows
@@ -282,16 +286,17 @@ class Runner:
         """What the precision choices `impl` declares and this backend makes move, leaf by leaf
         (`harness.engine.precision_choices`): its rows' bounds widen by them."""
         probes = [probe_backend() if c.probe else None for c in impl.precision_choices]
-        made = [c.resolved(p) for c, p in zip(impl.precision_choices, probes) if c.made(p)]
+        made = [c.hypothesis for c, p in zip(impl.precision_choices, probes) if c.made(p)]
         if not made:
             return DeclaredEffects()
         hypotheses, hypothesis_leaves = self.hypotheses(case, fixture)
         return declared_effects(oracle.leaves, choice_effects(made, hypotheses, hypothesis_leaves))
 
     def _compared_rows(
-        self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle, fixture
+        self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle, declared: dict
     ) -> Iterator[dict]:
-        """Every path's rows of one case: its comparisons, or status rows where it did not run."""
+        """Every path's rows of one case: its comparisons, or status rows where it did not run.
+        declared: path name -> its `DeclaredEffects` (`_declared_effects`)."""
         memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
         for path in paths:
             result = results[path.name]
@@ -300,7 +305,6 @@ class Runner:
                 yield from self._status_rows(case, path, paths, result)
                 continue
             timing = (result.outputs.compile_s, result.outputs.execute_s)
-            declared = self._declared_effects(path.impl, case, fixture, oracle)
             for comparison, partner in comparisons_of(path, paths):
                 if partner == ORACLE_PATH:
                     partner_leaves = oracle.leaves
@@ -326,9 +330,9 @@ class Runner:
                     candidate_leaves=result.outputs.leaves,
                     partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves,
-                    oracle_sensitivity=declared.widened(oracle.sensitivity),
-                    oracle_systematic=declared.widened_systematic(oracle.systematic),
-                    declared=declared.max,
+                    oracle_sensitivity=declared[path.name].widened(oracle.sensitivity),
+                    oracle_systematic=declared[path.name].widened_systematic(oracle.systematic),
+                    declared=declared[path.name].max,
                     policy=self.policy,
                     timing=timing,
                     partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),

@@ -29,6 +29,7 @@ from harness.judging.attribution import (
     UNEXPLAINED_ID,
     HypothesisErrors,
     attribute_candidate,
+    size_ranges,
 )
 from harness.judging.confidence import Sensitivity
 from harness.judging.policy import load_policy
@@ -231,6 +232,16 @@ def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
     assert len(found) <= PADDED_HYPOTHESES  # float32 and bfloat16 cases share one program
 
 
+def test_the_orders_of_one_sum_span_each_others_sizes():
+    small = HypothesisErrors("blocks", "w", "sum", {"a": np.full(4, 1.0)}, by_size=True)
+    large = HypothesisErrors("terms", "w", "sum", {"a": np.full(4, 3.0)}, by_size=True)
+    alone = HypothesisErrors("other", "w", "other", {"a": np.full(4, 2.0)}, by_size=True)
+    by_name = {h.name: h for h in size_ranges([small, large, alone, _hypothesis("value", {"a": np.ones(4)})])}
+    assert by_name["blocks"].scale_range == pytest.approx((1.0, 3.0))
+    assert by_name["terms"].scale_range == pytest.approx((1 / 3, 1.0))
+    assert by_name["other"].scale_range == by_name["value"].scale_range == (1.0, 1.0)
+
+
 def _bf16(values):
     return np.asarray(values, np.float64).astype(ml_dtypes.bfloat16).astype(np.float64)
 
@@ -285,6 +296,14 @@ def test_a_sum_is_matched_by_its_size_on_every_unexplained_leaf_at_once():
     # One leaf's size matched by chance is not enough: the sizes must hold on every leaf.
     shuffled = [HypothesisErrors("sum", "the sum", "sum", other_sizes, by_size=True)]
     assert {f.cause_id for f in attribute_candidate(candidate, shuffled, list(sizes)).values()} == {UNEXPLAINED_ID}
+    # One unexplained leaf is not enough to match sizes on: any leaf's size is some sum's by chance.
+    one = attribute_candidate({"a": candidate["a"]}, hypotheses[:1], ["a"])
+    assert one["a"].cause_id == UNEXPLAINED_ID
+    # The same sum in another order may be off by the factor its orders span, and no more.
+    fifth = [dataclasses.replace(hypotheses[0], errors={k: v / 5 for k, v in same_sizes.items()})]
+    assert {f.cause_id for f in attribute_candidate(candidate, fifth, list(sizes)).values()} == {UNEXPLAINED_ID}
+    ranged = [dataclasses.replace(fifth[0], scale_range=(1.0, 6.0))]
+    assert all(f.explained > 0.9 for f in attribute_candidate(candidate, ranged, list(sizes)).values())
     # A hypothesis explained value for value comes first.
     exact = [*hypotheses, _hypothesis("rounding", candidate)]
     assert {f.cause_id for f in attribute_candidate(candidate, exact, list(sizes)).values()} == {"rounding"}

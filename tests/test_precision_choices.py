@@ -57,7 +57,9 @@ def test_a_choice_widens_the_sensitivity_by_its_own_deviation_in_quadrature():
     exact = {"d_pre_bias": np.array([3.0, -4.0]), "d_pre_scale": np.array([1.0])}
     moved = {"d_pre_bias": np.array([3.0, -4.0 + 0.5]), "d_pre_scale": np.array([1.0])}
     effects = declared_effects(exact, [moved])
-    assert effects.rms["d_pre_bias"] == pytest.approx(0.5 / 5.0) and effects.max["d_pre_bias"] == pytest.approx(0.5 / 4.0)
+    assert effects.rms["d_pre_bias"] == pytest.approx(0.5 / 5.0) and effects.max["d_pre_bias"] == pytest.approx(
+        0.5 / 4.0
+    )
     assert "d_pre_scale" not in effects.rms
     s = Sensitivity(max=0.01, rms=0.02, gain=0.0, dof_max=3.0, dof_rms=2.0, draws=16)
     widened = effects.widened({"d_pre_bias": s, "d_pre_scale": s})

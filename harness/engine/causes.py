@@ -135,9 +135,9 @@ def annotate_causes(
     model_errors = in_units(model_scales)
     found: dict[tuple[str, str], Attribution] = {}
     for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
-        own = (candidate_sensitivity or {}).get(candidate)
-        scales = model_scales if own is None else leaf_scales(oracle_leaves, own)
-        errors_of = model_errors if own is None else in_units(scales)
+        widened = (candidate_sensitivity or {}).get(candidate)
+        scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
+        errors_of = model_errors if widened is None else in_units(scales)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
         failing_leaves = list(dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate))
         for leaf, attribution in attribute_candidate(errors, errors_of, failing_leaves).items():

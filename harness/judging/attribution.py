@@ -29,11 +29,15 @@ of the error on each leaf, not its values. Matched by size, a hypothesis' error 
 aligned with the candidate's, ⟨z_c, z_h⟩ = ‖z_c‖·‖z_h‖, so a leaf's residual is (‖z_c‖ − ‖z_h‖)²;
 it is never paired (its values say nothing of another hypothesis'). A size is weaker evidence
 than values: among many hypotheses, one has any one leaf's error size by chance. So these are
-tried only on the leaves no hypothesis explains value for value, and jointly: one hypothesis
-must match the sizes on all those leaves at once, its score the same fraction summed over
-them, 1 − (Σ_l (‖z_c,l‖ − a‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²; the cause says it was
-matched by size. The factor a fits the sizes best within the range the same sum spans in the
-orders the hypotheses try (term by term to blocks: `size_ranges`), 1 where only one is tried.
+tried only on the leaves no hypothesis explains value for value, where there are at least
+`MIN_SIZE_LEAVES` of them, and jointly: one hypothesis must match the sizes on all those
+leaves at once, its score the same fraction summed over them,
+
+    1 − (Σ_l (‖z_c,l‖ − a‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²,
+
+and the cause says it was matched by size. The factor a fits the sizes best within the range
+the same sum spans in the orders the hypotheses try (term by term to blocks: `size_ranges`),
+1 where only one is tried.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ BY_SIZE = " (matched by the size of its error)"
 UNEXPLAINED_ID = UNEXPLAINED_CAUSE
 # The kinds of hypothesis matched by size (`HypothesisErrors.by_size`): an order-dependent sum.
 SIZE_MATCHED_KINDS = frozenset({"accumulation"})
+# Sizes are matched only across this many unexplained leaves: one leaf's size (a bias gradient
+# of four numbers) is matched by one of the sums by chance.
+MIN_SIZE_LEAVES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +219,7 @@ def attribute_candidate(
     sizes = {leaf: _dot(candidate_errors[leaf], candidate_errors[leaf]) for leaf in leaves}
     targets = [leaf for leaf in unexplained if leaf in sizes]
     passing = [leaf for leaf in leaves if leaf not in set(failing)]
-    if not sum(sizes[leaf] for leaf in targets) > 0:
+    if len(targets) < MIN_SIZE_LEAVES or not sum(sizes[leaf] for leaf in targets) > 0:
         return by_values
     joint = {h.name: _size_score(h, sizes, targets, passing) for h in sized}
     best = max(sized, key=lambda h: joint[h.name])  # the first of equals: max keeps it

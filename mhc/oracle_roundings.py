@@ -14,11 +14,13 @@ value or for one operand's cotangent. Its error depends on the order of the sum,
 backend chooses, so it reproduces the size of such a bug's error, not its values.
 
 `run_oracle_roundings` runs any number of such hypotheses (each a set of roundings and
-accumulations) in one compiled program: they are data (a code per site call and direction, and
+accumulations) in two compiled programs: they are data (a code per site call and direction, and
 per contraction call and output), so every hypothesis list of a shape, branch and config shares
-it (padded to one batch size). The hypotheses run one after another in a loop, so each computes
-only its own narrow sums. Written on `mhc.oracle`'s math (`_layer_and_vjp`), so it computes the
-same function; like that module it imports nothing that computes from `mhc`.
+them (each padded to one batch size). The hypotheses run one after another in a loop, each
+computing only its own narrow sum; those with none run apart, in a program with no choice of
+sums at all (every switch between sums costs each hypothesis that runs through it). Written
+on `mhc.oracle`'s math (`_layer_and_vjp`), so it computes the same function; like that module
+it imports nothing that computes from `mhc`.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ from mhc import oracle
 # XLA:CPU's first optimisation level: the hypotheses' program compiles in about half the default
 # level's time and runs nearly as fast (the sensitivity draws' level 0 runs it several times slower).
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-# The batch a hypotheses program holds (more hypotheses: the next power of two): above the count
-# of a float32 case's (every site twice, the gates per gate), so bfloat16 and float32 cases share it.
-PADDED_HYPOTHESES = 80
+# The batch each hypotheses program holds (more hypotheses: the next power of two): above the
+# count of a float32 case's roundings (every site twice, the gates per gate) and of its narrow
+# sums, so bfloat16 and float32 cases share each program.
+PADDED_HYPOTHESES = 64
+PADDED_SUMS = 32
 # The dtypes a hypothesis may round to; a rounding's code is its index here plus one (0: exact).
 ROUNDING_DTYPES = ("bfloat16", "float16", "float32")
 DIRECTIONS = ("forward", "backward")
@@ -146,6 +150,11 @@ def _narrow_sum(spec: str, a, b, dtype: str, block: int):
     return total
 
 
+# Per contraction, per output (`OUTPUTS`), the (dtype, block) sums some hypothesis asks for:
+# each call's switch holds only its own, so a program runs no branch it does not need.
+SumOptions = tuple[tuple[str, tuple[tuple[tuple[str, int], ...], ...]], ...]
+
+
 def _coded_sum(spec: str, code, a, b, options: tuple[tuple[str, int], ...]):
     """einsum(spec, a, b) exactly (code 0) or as `_narrow_sum` at options[code - 1]; code is a
     traced scalar, and only the chosen sum runs."""
@@ -157,18 +166,18 @@ def _coded_sum(spec: str, code, a, b, options: tuple[tuple[str, int], ...]):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4))
 def _coded_contraction(spec, a, b, codes, options):
     """einsum(spec, a, b) whose value and operand cotangents each sum as codes[0..2] say
-    (`_coded_sum`; codes (3,) int32, one per `OUTPUTS`)."""
-    return _coded_sum(spec, codes[0], a, b, options)
+    (`_coded_sum`; codes (3,) int32, one per `OUTPUTS`; options: the sums of each output)."""
+    return _coded_sum(spec, codes[0], a, b, options[0])
 
 
 def _coded_contraction_fwd(spec, a, b, codes, options):
-    return _coded_sum(spec, codes[0], a, b, options), (a, b, codes)
+    return _coded_sum(spec, codes[0], a, b, options[0]), (a, b, codes)
 
 
 def _coded_contraction_bwd(spec, options, residuals, g):
     a, b, codes = residuals
-    d_a = _coded_sum(output_spec(spec, "first_cotangent"), codes[1], g, b, options)
-    d_b = _coded_sum(output_spec(spec, "second_cotangent"), codes[2], g, a, options)
+    d_a = _coded_sum(output_spec(spec, "first_cotangent"), codes[1], g, b, options[1])
+    d_b = _coded_sum(output_spec(spec, "second_cotangent"), codes[2], g, a, options[2])
     return d_a, d_b, np.zeros(codes.shape, jax.dtypes.float0)
 
 
@@ -223,16 +232,15 @@ class _CodedRounding:
         codes,
         dtypes: tuple[str, ...],
         sums=None,
-        options: tuple[tuple[str, int], ...] = (),
+        options: SumOptions = (),
     ):
         self.sites, self.codes, self.dtypes, self.calls = list(sites), codes, dtypes, 0
         self.sums, self.options, self.contractions = sums, options, 0
 
     def contract(self, name: str, spec: str, a, b):
-        del name
         index = self.contractions
         self.contractions += 1
-        return _coded_contraction(spec, a, b, self.sums[index], self.options)
+        return _coded_contraction(spec, a, b, self.sums[index], dict(self.options).get(name, ((), (), ())))
 
     def __call__(self, v, site: str, part: str = ""):
         del part
@@ -253,26 +261,31 @@ def _recorded_calls(
     return [(site, shape, part) for (site, shape), part in zip(recorder.sites, recorder.parts)], recorder.contractions
 
 
-def accumulation_options(hypotheses: Sequence[Sequence]) -> tuple[tuple[str, int], ...]:
-    """The (dtype, block) pairs the hypotheses' accumulations use, sorted: a program's sums."""
-    return tuple(sorted({(a.dtype, a.block) for h in hypotheses for a in h if isinstance(a, Accumulation)}))
+def accumulation_options(hypotheses: Sequence[Sequence]) -> SumOptions:
+    """Per contraction the hypotheses sum narrowly, per output, the (dtype, block) pairs they
+    use, sorted: a program's sums (`SumOptions`)."""
+    used: dict[str, list[set]] = {}
+    for parts in hypotheses:
+        for a in (p for p in parts if isinstance(p, Accumulation)):
+            used.setdefault(a.contraction, [set() for _ in OUTPUTS])[OUTPUTS.index(a.output)].add((a.dtype, a.block))
+    return tuple((name, tuple(tuple(sorted(s)) for s in sets)) for name, sets in sorted(used.items()))
 
 
-def accumulation_codes(
-    contractions: Sequence[str], hypotheses: Sequence[Sequence], options: Sequence[tuple[str, int]]
-) -> np.ndarray:
+def accumulation_codes(contractions: Sequence[str], hypotheses: Sequence[Sequence], options: SumOptions) -> np.ndarray:
     """(H, contraction calls, 3) int32 codes: per hypothesis, contraction call and output
-    (`OUTPUTS`), 0 for the exact sum or 1 + the index of its (dtype, block) in `options`.
+    (`OUTPUTS`), 0 for the exact sum or 1 + the index of its (dtype, block) among that
+    contraction's and output's `options`.
     An accumulation naming a contraction the layer never calls is an error."""
     codes = np.zeros((len(hypotheses), len(contractions), len(OUTPUTS)), np.int32)
     for h, parts in enumerate(hypotheses):
         for accumulation in (a for a in parts if isinstance(a, Accumulation)):
             if accumulation.contraction not in contractions:
                 raise ValueError(f"a hypothesis accumulates {accumulation.contraction!r}, which the layer never calls")
-            code = 1 + list(options).index((accumulation.dtype, accumulation.block))
+            output = OUTPUTS.index(accumulation.output)
+            code = 1 + dict(options)[accumulation.contraction][output].index((accumulation.dtype, accumulation.block))
             for j, name in enumerate(contractions):
                 if name == accumulation.contraction:
-                    codes[h, j, OUTPUTS.index(accumulation.output)] = code
+                    codes[h, j, output] = code
     return codes
 
 
@@ -308,13 +321,14 @@ def _roundings_program(
     config,
     branch_sites: oracle.BranchSites,
     dtypes: tuple[str, ...],
-    options: tuple[tuple[str, int], ...],
+    options: SumOptions,
 ):
     """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes,
     sums, count) with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes`, sums
     (H, contraction calls, 3) (`accumulation_codes`) naming only `options`, and the first
     `count` of the H rows run; every output gains a leading H axis (the rows past `count`
-    zero). The hypotheses run in a loop, not a `vmap`, so each runs only its own narrow sums.
+    zero). The rows run in a loop, not a `vmap`: a batched switch would run every branch, and a
+    loop skips the padding rows (`vmap` ran them all, which cost more than the batching saved).
     Compiled at `_COMPILER_OPTIONS`' level: it runs one forward + VJP per hypothesis, so
     execution matters here as much as compilation (bench/causes_bench.py)."""
 
@@ -347,6 +361,13 @@ def _roundings_program(
     return jax.jit(program, compiler_options=_COMPILER_OPTIONS)
 
 
+def _padded(codes: np.ndarray, rows: int):
+    """codes with zero rows (exact: the loop skips them) appended up to `rows`, as a JAX array."""
+    out = np.zeros((rows, *codes.shape[1:]), codes.dtype)
+    out[: len(codes)] = codes
+    return jnp.asarray(out)
+
+
 def run_oracle_roundings(
     x,
     weights,
@@ -363,30 +384,33 @@ def run_oracle_roundings(
 
     Arguments as for `mhc.oracle.run_oracle`; hypotheses: one sequence of `Rounding`s and
     `Accumulation`s per result (an empty one: the exact oracle). Returns one `OracleResult` per
-    hypothesis, in order, NumPy float64, from one compiled program (per shape, branch and
-    config).
+    hypothesis, in order, NumPy float64: those of roundings alone from one compiled program,
+    those with a narrow sum from another (each per shape, branch and config).
     """
     if not hypotheses:
         raise ValueError("run_oracle_roundings needs at least one hypothesis")
     sites = oracle._branch_site_tuple(branch_sites)
     known = set(oracle.ROUNDING_SITES) | {name for name, _ in sites}
+    summed = [i for i, parts in enumerate(hypotheses) if any(isinstance(p, Accumulation) for p in parts)]
+    plain = [i for i in range(len(hypotheses)) if i not in set(summed)]
+    results: dict[int, oracle.OracleResult] = {}
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
         x64, w64, p64, ct64 = oracle._float64_inputs(x, weights, branch_params, cotangent)
         calls, contractions = _recorded_calls(x64, w64, p64, ct64, config, branch_apply, sites)
-        options = accumulation_options(hypotheses)
-        # Padded to `PADDED_HYPOTHESES` (or the next power of two) rows, which the loop skips: cases
-        # of one shape, branch and config share the program whatever their hypothesis count.
-        rows = max(PADDED_HYPOTHESES, 1 << (len(hypotheses) - 1).bit_length())
-
-        def padded(codes):
-            out = np.zeros((rows, *codes.shape[1:]), codes.dtype)
-            out[: len(hypotheses)] = codes
-            return jnp.asarray(out)
-
-        codes = padded(rounding_codes(calls, hypotheses, known))
-        sums = padded(accumulation_codes(contractions, hypotheses, options))
-        dtypes = tuple(sorted({r.dtype for parts in hypotheses for r in parts if isinstance(r, Rounding)}))
-        program = _roundings_program(branch_apply, config, sites, dtypes, options)
-        outputs = program(x64, w64, p64, ct64, codes, sums, len(hypotheses))
-        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
-    return [oracle._result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(hypotheses))]
+        for indices, batch in ((plain, PADDED_HYPOTHESES), (summed, PADDED_SUMS)):
+            if not indices:
+                continue
+            group = [hypotheses[i] for i in indices]
+            options = accumulation_options(group)
+            # Padded to `batch` (or the next power of two) rows: cases of one shape, branch and
+            # config share the program whatever their hypothesis count.
+            rows = max(batch, 1 << (len(group) - 1).bit_length())
+            codes = _padded(rounding_codes(calls, group, known), rows)
+            sums = _padded(accumulation_codes(contractions, group, options), rows)
+            dtypes = tuple(sorted({r.dtype for parts in group for r in parts if isinstance(r, Rounding)}))
+            program = _roundings_program(branch_apply, config, sites, dtypes, options)
+            outputs = program(x64, w64, p64, ct64, codes, sums, len(group))
+            outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
+            for row, i in enumerate(indices):
+                results[i] = oracle._result(jax.tree.map(lambda a, row=row: a[row], outputs))
+    return [results[i] for i in range(len(hypotheses))]

@@ -28,7 +28,7 @@ import jax
 from cases.branches import get_branch
 from cases.fixtures import fixture_elements, make_fixture
 from harness.engine.backend_probe import probe_backend
-from harness.engine.causes import HypothesisOracle, annotate_causes
+from harness.engine.causes import MAX_ATTRIBUTED_ELEMENTS, HypothesisOracle, annotate_causes
 from harness.engine.compare import compare_leaves, status_row
 from harness.engine.devices import Placement, PlacementError, path_placement, precision_label
 from harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
@@ -284,10 +284,11 @@ class Runner:
 
     def _declared_effects(self, impl, case, fixture, oracle) -> DeclaredEffects:
         """What the precision choices `impl` declares and this backend makes move, leaf by leaf
-        (`harness.engine.precision_choices`): its rows' bounds widen by them."""
+        (`harness.engine.precision_choices`): its rows' bounds widen by them. A case too large
+        for the hypotheses (`MAX_ATTRIBUTED_ELEMENTS`) is judged without them: stricter, never laxer."""
         probes = [probe_backend() if c.probe else None for c in impl.precision_choices]
         made = [c.hypothesis for c, p in zip(impl.precision_choices, probes) if c.made(p)]
-        if not made:
+        if not made or fixture_elements(case) > MAX_ATTRIBUTED_ELEMENTS:
             return DeclaredEffects()
         hypotheses, hypothesis_leaves = self.hypotheses(case, fixture)
         return declared_effects(oracle.leaves, choice_effects(made, hypotheses, hypothesis_leaves))

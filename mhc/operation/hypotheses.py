@@ -153,8 +153,8 @@ def _summed_words(contraction: oracle.Contraction, output: str) -> str:
 def accumulation_hypotheses(case) -> list[Hypothesis]:
     """Each contraction's value and operand cotangents summed in a dtype narrower than float32
     (the activation dtype, and bfloat16), term by term and in `ACCUMULATION_BLOCKS`, and summed
-    exactly then rounded once there (kind "rounding"); a sum of one term, a block as long as
-    the sum, and the constant permutation matrices' cotangent left out."""
+    exactly then rounded once there (kind "rounding", the block as long as the sum); a sum of
+    one term and the constant permutation matrices' cotangent left out."""
     sizes = _letter_sizes(case)
     wide = _unit_roundoff("float32")
     dtypes = [d for d in dict.fromkeys([case.dtype, "bfloat16"]) if _unit_roundoff(d) > wide]

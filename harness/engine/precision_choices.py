@@ -26,7 +26,7 @@ from harness.engine.backend_probe import LAYOUTS, LayoutSum, probe_backend, prob
 from harness.engine.leaves import token_axes
 from harness.errors import ConfigurationError
 from harness.judging.confidence import Sensitivity
-from harness.judging.error_statistics import gain, l2_norm, systematic_error, upcast
+from harness.judging.error_statistics import draw_deviations, l2_norm, systematic_error, upcast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,25 +132,20 @@ def declared_effects(
     found: dict[str, dict[str, float]] = {"rms": {}, "max": {}, "gain": {}, "systematic": {}}
     for leaf, exact in oracle_leaves.items():
         exact = upcast(exact)
-        norm = l2_norm(exact)
-        peak = float(np.max(np.abs(exact))) if exact.size else 0.0
-        if not (norm > 0 and peak > 0):
+        values = [leaves[leaf] for leaves in effects if leaf in leaves]
+        if not (values and l2_norm(exact) > 0):
             continue
-        squares, largest_t = {"rms": 0.0, "max": 0.0, "gain": 0.0}, 0.0
-        for leaves in effects:
-            if leaf in leaves:
-                value = upcast(leaves[leaf])
-                deviation = value - exact
-                squares["rms"] += (l2_norm(deviation) / norm) ** 2
-                squares["max"] += (float(np.max(np.abs(deviation))) / peak) ** 2
-                squares["gain"] += gain(value, exact) ** 2
-                if token_axes(leaf):
-                    largest_t = max(largest_t, systematic_error(value, exact)[0])
-        if squares["rms"] or squares["max"]:
-            for key, square in squares.items():
-                found[key][leaf] = math.sqrt(square)
-            if largest_t:
-                found["systematic"][leaf] = largest_t
+        max_devs, rms_devs, gains, _ = draw_deviations(values, exact)  # as the sensitivity's draws
+        if not (any(rms_devs) or any(max_devs)):
+            continue
+        found["rms"][leaf], found["max"][leaf], found["gain"][leaf] = (
+            math.hypot(*rms_devs),
+            math.hypot(*max_devs),
+            math.hypot(*gains),
+        )
+        largest_t = max(systematic_error(value, exact)[0] for value in values) if token_axes(leaf) else 0.0
+        if largest_t:
+            found["systematic"][leaf] = largest_t
     return DeclaredEffects(**found)
 
 

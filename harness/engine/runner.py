@@ -254,7 +254,10 @@ class Runner:
             return
 
         results = self._run_paths(case, paths, fixture, on_step)
-        declared = {path.name: self._declared_effects(path.impl, case, fixture, oracle) for path in paths}
+        # Once per implementation: its sharded and unsharded paths make the same choices.
+        implementations = {path.impl.name: path.impl for path in paths}
+        effects = {name: self._declared_effects(impl, case, fixture, oracle) for name, impl in implementations.items()}
+        declared = {path.name: effects[path.impl.name] for path in paths}
         rows = list(self._compared_rows(case, paths, results, oracle, declared))
         start = time.perf_counter()
         ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}

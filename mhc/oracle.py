@@ -259,15 +259,20 @@ CONTRACTIONS: Mapping[str, Contraction] = {
     "collapse": Contraction("bsn,bsnc->bsc", "the stream collapse", ("h_pre", "x")),
     "residual_mix": Contraction("bsij,bsic->bsjc", "the residual mix", ("h_res", "x")),
     "post_gate": Contraction("bsn,bsc->bsnc", "the post gate's product", ("h_post", "the branch output")),
+    # A gate's scale times its logits, and its bias broadcast over the tokens: no sum forward,
+    # but the scale's and the bias's gradients sum over every token (one call per gate: `part`).
+    "gate_scale": Contraction(",bsm->bsm", "the gate's scaled logits", ("the gate's scale", "the logits")),
+    "gate_bias": Contraction("m,bs->bsm", "the gate's bias over the tokens", ("the gate's bias", "the tokens")),
 }
 
 
-def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array]):
+def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array], part: str = ""):
     """Contraction `name` of a and b: `exact()`, the oracle's own expression of it, unless the
-    rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b)`, the
-    hypotheses' program). `exact` keeps the oracle's bits as written."""
+    rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b, part)`,
+    the hypotheses' program; part: which call it is where one contraction has several, e.g.
+    the gate's name). `exact` keeps the oracle's bits as written."""
     contract = getattr(r, "contract", None)
-    return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b)
+    return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b, part)
 
 
 # A branch's own sites (`branch_sites`), as the oracle's programs take them: hashable.
@@ -415,13 +420,16 @@ def _softmax(z, r):
     amplified by 1 / (1 − max a). Float64 autodiff of exp/sum would not show it.
     """
 
-    @jax.custom_vjp
-    def softmax(z_):
+    def plain(z_):
         e = jnp.exp(z_ - jnp.max(z_, axis=-1, keepdims=True))
         return e / jnp.sum(e, axis=-1, keepdims=True)
 
+    softmax = jax.custom_vjp(plain)
+
     def forward(z_):
-        a = softmax(z_)
+        # The plain expression, not `softmax` again: a forward-mode derivative of the VJP
+        # (`mhc.oracle_fits`) passes through this rule, and a custom_vjp has none.
+        a = plain(z_)
         return a, a
 
     def backward(a, g):
@@ -431,8 +439,21 @@ def _softmax(z, r):
     return softmax(z)
 
 
+def _scaled(w, name, logits, r):
+    """The gate's scale (one number) times its logits (B, S, M)."""
+    scale = w[f"{name}_scale"].reshape(())
+    return _contracted(r, "gate_scale", scale, logits, lambda: scale * logits, part=name)
+
+
+def _biased(w, name, z, r):
+    """z (B, S, M) plus the gate's bias (M,; flattened where it is a matrix) on every token."""
+    bias = w[f"{name}_bias"].reshape(-1)
+    tokens = jnp.ones(z.shape[:2], z.dtype)
+    return z + _contracted(r, "gate_bias", bias, tokens, lambda: bias, part=name)
+
+
 def _gate_logit(w, name, logits, r):
-    return r(w[f"{name}_scale"] * r(logits, "projection") + w[f"{name}_bias"], "gate_logit")
+    return r(_biased(w, name, _scaled(w, name, r(logits, "projection"), r), r), "gate_logit")
 
 
 def _coefficients(x, w, config, r=_exact):
@@ -450,9 +471,9 @@ def _coefficients(x, w, config, r=_exact):
 
     h_pre = r(_sigmoid(_gate_logit(w, "pre", logits("pre"), r)) + config.pre_epsilon, "gate")
     h_post = r(2.0 * _sigmoid(_gate_logit(w, "post", logits("post"), r)), "gate")
-    z_res = r(w["res_scale"] * r(logits("res"), "projection"), "gate_logit")
+    z_res = r(_scaled(w, "res", r(logits("res"), "projection"), r), "gate_logit")
     if config.variant == "lite":
-        z = r(z_res + w["res_bias"], "gate_logit")
+        z = r(_biased(w, "res", z_res, r), "gate_logit")
         a = r(r(_softmax(z, r), "gate"), "permutation_operand")
         perms = jnp.asarray(oracle_permutations(n))
         mix = _contracted(
@@ -460,7 +481,7 @@ def _coefficients(x, w, config, r=_exact):
         )
         h_res = r(mix, "gate")
     else:
-        z = r(z_res.reshape(batch, seq, n, n) + w["res_bias"], "gate_logit")
+        z = r(_biased(w, "res", z_res, r).reshape(batch, seq, n, n), "gate_logit")
         h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations), "gate")
     return h_pre, h_post, h_res
 
@@ -500,9 +521,11 @@ def _units_vector(units: Mapping[str, float] | float | None) -> np.ndarray:
     return np.array([float(units[c]) for c in PRECISION_CLASSES])
 
 
-def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sites: BranchSites = ()):
+def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sites: BranchSites = (), pre_offsets=None):
     """Forward values and gradients of one layer application, every site rounded through `r`
-    (the branch's own sites too, where it declares any)."""
+    (the branch's own sites too, where it declares any). pre_offsets: None, or what to add to
+    the pre's outputs (layer_input, h_pre, h_post, h_res) after it, its VJP left exact (a pre
+    whose backward recomputes it: `mhc.oracle_fits`)."""
     x, ct = r(x, "x"), r(ct, "cotangent")
     # Each weight names itself (`part`), so a hypothesis can round one gate's parameters.
     w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight", part=k) for k, v in w.items()}
@@ -510,6 +533,9 @@ def _layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sit
 
     def whole(x_, w_, p_):
         layer_input, coeffs = _pre(x_, w_, config, r)
+        if pre_offsets is not None:
+            layer_input = layer_input + pre_offsets[0]
+            coeffs = tuple(c + o for c, o in zip(coeffs, pre_offsets[1:]))
         branch_output = branch_apply(p_, layer_input, rounding=r) if branch_sites else branch_apply(p_, layer_input)
         layer_output = r(branch_output, "layer_output")
         out = _post(layer_output, x_, coeffs, r)

@@ -50,6 +50,10 @@ DIRECTIONS = ("forward", "backward")
 # What of a contraction an accumulation sums narrowly: its value, or the cotangent of its first
 # or second operand (each a contraction of the cotangent with the other operand).
 OUTPUTS = ("value", "first_cotangent", "second_cotangent")
+# The block of an accumulation the backend sums itself: each term rounded to the narrow dtype,
+# then reduced there by XLA in its own order (an order the oracle cannot spell out, but the one
+# a path's narrow reduction of the same shape gets on this backend).
+BACKEND_ORDER = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +82,18 @@ class Rounding:
 class Accumulation:
     """One contraction summed in a narrow dtype.
 
-    contraction: a name of `mhc.oracle.CONTRACTIONS` (every call of it); output: one of
-    `OUTPUTS`; dtype: one of `ROUNDING_DTYPES`, the running sum's; block: terms summed exactly
-    before each addition to the running sum (1: term by term, as a sequential loop; more: as a
-    kernel adding a tile's float32 partial sum to a narrow accumulator).
+    contraction: a name of `mhc.oracle.CONTRACTIONS`; output: one of `OUTPUTS`; dtype: one of
+    `ROUNDING_DTYPES`, the running sum's; block: terms summed exactly before each addition to
+    the running sum (1: term by term, as a sequential loop; more: as a kernel adding a tile's
+    float32 partial sum to a narrow accumulator; `BACKEND_ORDER`: the backend's own narrow
+    reduction); parts: only the contraction's calls of these parts (a gate's name), () all.
     """
 
     contraction: str
     output: str
     dtype: str
     block: int = 1
+    parts: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.contraction not in oracle.CONTRACTIONS:
@@ -96,8 +102,8 @@ class Accumulation:
             raise ValueError(f"accumulation output {self.output!r} is not one of {OUTPUTS}")
         if self.dtype not in ROUNDING_DTYPES:
             raise ValueError(f"accumulation dtype {self.dtype!r} is not one of {ROUNDING_DTYPES}")
-        if not (isinstance(self.block, int) and self.block >= 1):
-            raise ValueError(f"accumulation block {self.block!r} is not a positive int")
+        if not (isinstance(self.block, int) and self.block >= BACKEND_ORDER):
+            raise ValueError(f"accumulation block {self.block!r} is not a positive int or BACKEND_ORDER")
 
 
 def output_spec(spec: str, output: str) -> str:
@@ -128,6 +134,12 @@ def _narrow_sum(spec: str, a, b, dtype: str, block: int):
         return jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST).astype(dtype).astype(a.dtype)
     inputs, result = spec.split("->")
     letters = inputs.split(",")
+    if block == BACKEND_ORDER:
+        every = "".join(dict.fromkeys(letters[0] + letters[1]))
+        terms = jnp.einsum(f"{inputs}->{every}", a, b, precision=jax.lax.Precision.HIGHEST).astype(dtype)
+        total = jnp.sum(terms, axis=tuple(every.index(c) for c in summed), dtype=dtype)
+        kept = "".join(c for c in every if c not in summed)
+        return jnp.einsum(f"{kept}->{result}", total.astype(a.dtype))
 
     def summed_first(v, names):
         order = [names.index(c) for c in summed] + [i for i, c in enumerate(names) if c not in summed]
@@ -215,10 +227,10 @@ class _ContractionRecorder(oracle._SiteRecorder):
 
     def __init__(self):
         super().__init__()
-        self.contractions: list[str] = []
+        self.contractions: list[tuple[str, str]] = []  # (name, part) per call
 
-    def contract(self, name: str, spec: str, a, b):
-        self.contractions.append(name)
+    def contract(self, name: str, spec: str, a, b, part: str = ""):
+        self.contractions.append((name, part))
         return jnp.einsum(spec, a, b)
 
 
@@ -237,7 +249,8 @@ class _CodedRounding:
         self.sites, self.codes, self.dtypes, self.calls = list(sites), codes, dtypes, 0
         self.sums, self.options, self.contractions = sums, options, 0
 
-    def contract(self, name: str, spec: str, a, b):
+    def contract(self, name: str, spec: str, a, b, part: str = ""):
+        del part  # the codes name each call
         index = self.contractions
         self.contractions += 1
         return _coded_contraction(spec, a, b, self.sums[index], dict(self.options).get(name, ((), (), ())))
@@ -254,9 +267,9 @@ class _CodedRounding:
 
 def _recorded_calls(
     x, w, p, ct, config, branch_apply, branch_sites
-) -> tuple[list[tuple[str, tuple[int, ...], str]], list[str]]:
-    """(site, shape, part) of every site call of one draw, and the name of every contraction
-    call, each in call order (an abstract trace)."""
+) -> tuple[list[tuple[str, tuple[int, ...], str]], list[tuple[str, str]]]:
+    """(site, shape, part) of every site call of one draw, and the (name, part) of every
+    contraction call, each in call order (an abstract trace)."""
     recorder = oracle._recorded(x, w, p, ct, config, branch_apply, branch_sites, _ContractionRecorder())
     return [(site, shape, part) for (site, shape), part in zip(recorder.sites, recorder.parts)], recorder.contractions
 
@@ -271,20 +284,28 @@ def accumulation_options(hypotheses: Sequence[Sequence]) -> SumOptions:
     return tuple((name, tuple(tuple(sorted(s)) for s in sets)) for name, sets in sorted(used.items()))
 
 
-def accumulation_codes(contractions: Sequence[str], hypotheses: Sequence[Sequence], options: SumOptions) -> np.ndarray:
-    """(H, contraction calls, 3) int32 codes: per hypothesis, contraction call and output
-    (`OUTPUTS`), 0 for the exact sum or 1 + the index of its (dtype, block) among that
-    contraction's and output's `options`.
-    An accumulation naming a contraction the layer never calls is an error."""
+def accumulation_codes(
+    contractions: Sequence[tuple[str, str]], hypotheses: Sequence[Sequence], options: SumOptions
+) -> np.ndarray:
+    """(H, contraction calls, 3) int32 codes: per hypothesis, contraction call ((name, part), in
+    call order) and output (`OUTPUTS`), 0 for the exact sum or 1 + the index of its (dtype,
+    block) among that contraction's and output's `options`.
+    An accumulation naming a contraction, or parts of one, the layer never calls is an error."""
     codes = np.zeros((len(hypotheses), len(contractions), len(OUTPUTS)), np.int32)
+    parts_of: dict[str, set[str]] = {}
+    for name, part in contractions:
+        parts_of.setdefault(name, set()).add(part)
     for h, parts in enumerate(hypotheses):
         for accumulation in (a for a in parts if isinstance(a, Accumulation)):
-            if accumulation.contraction not in contractions:
+            if accumulation.contraction not in parts_of:
                 raise ValueError(f"a hypothesis accumulates {accumulation.contraction!r}, which the layer never calls")
+            missing = set(accumulation.parts) - parts_of[accumulation.contraction]
+            if missing:
+                raise ValueError(f"contraction {accumulation.contraction!r} has no calls named {sorted(missing)}")
             output = OUTPUTS.index(accumulation.output)
             code = 1 + dict(options)[accumulation.contraction][output].index((accumulation.dtype, accumulation.block))
-            for j, name in enumerate(contractions):
-                if name == accumulation.contraction:
+            for j, (name, part) in enumerate(contractions):
+                if name == accumulation.contraction and (not accumulation.parts or part in accumulation.parts):
                     codes[h, j, output] = code
     return codes
 

@@ -10,6 +10,7 @@ accepted or rejected input against the case's expectation) by their reason.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import statistics
@@ -148,6 +149,7 @@ def format_heading(
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
     """The run's failing and error rows grouped by implementation and cause: the largest group first."""
     grouped: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
+    words: dict[tuple[str, str, str, str], list[str]] = {}
     for row in rows:
         verdict = str(row["verdict"])
         if verdict not in GROUPED_VERDICTS:
@@ -158,12 +160,17 @@ def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
         else:  # a row without leaves to attribute: its reason's first line names it
             reason = str(row.get("reason") or "").strip().splitlines()
             cause = reason[0][:200] if reason else "(no reason given)"
-        # One implementation's rows per group: the same words in two implementations are two bugs.
-        grouped.setdefault((implementation_of(str(row["candidate"])), verdict, cause_id, cause), []).append(row)
-    groups = [
-        CauseGroup(verdict, cause, cause_id, tuple(members))
-        for (_, verdict, cause_id, cause), members in grouped.items()
-    ]
+        # One implementation's rows per group: the same words in two implementations are two
+        # bugs. Rows with one cause_id are one cause whatever their words add (a usage, the
+        # path it was named on); rows without one, one per reason.
+        key = (implementation_of(str(row["candidate"])), verdict, cause_id, "" if cause_id else cause)
+        grouped.setdefault(key, []).append(row)
+        words.setdefault(key, []).append(cause)
+    groups = []
+    for key, members in grouped.items():
+        _, verdict, cause_id, _ = key
+        cause = collections.Counter(words[key]).most_common(1)[0][0]  # the words most of its rows say
+        groups.append(CauseGroup(verdict, cause, cause_id, tuple(members)))
     order = {v: i for i, v in enumerate(GROUPED_VERDICTS)}
     return sorted(groups, key=lambda g: (-len(g.rows), order[g.verdict], g.cause))
 

@@ -35,7 +35,9 @@ from harness.judging.confidence import Sensitivity
 from harness.judging.policy import load_policy
 from mhc import oracle
 from mhc.operation.oracle_draws import on_fixture
+from mhc.oracle_fits import FITTED_SITES
 from mhc.oracle_roundings import (
+    BACKEND_ORDER,
     PADDED_HYPOTHESES,
     PADDED_SUMS,
     Accumulation,
@@ -215,12 +217,22 @@ def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
     assert len({h.name for h in found}) == len(found)
     sites = {**oracle.ROUNDING_SITES, **dict(branch.rounding_sites)}
     for h in found:
-        (rounding,) = h.roundings
+        if h.kind == "fitted":
+            assert not h.roundings and h.site in FITTED_SITES, h.name
+            continue
+        if h.name.endswith(":backend_sums"):
+            # The gate parameters held narrow: rounded, and their gradients summed narrowly.
+            rounding, *sums = h.roundings
+            assert {s.contraction for s in sums} == set(hypotheses_module.GATE_CONTRACTIONS), h.name
+            assert all(s.block == BACKEND_ORDER and s.dtype == rounding.dtype for s in sums), h.name
+            assert {p.split("_")[0] for p in rounding.parts} == {g for s in sums for g in s.parts}, h.name
+        else:
+            (rounding,) = h.roundings
         if isinstance(rounding, Accumulation):
             # Summed narrower than the float32 a correct path accumulates in; a whole sum
             # rounded once is matched value for value, a running narrow sum by size.
             assert float(jnp.finfo(rounding.dtype).eps) > float(jnp.finfo("float32").eps), h.name
-            same_sum = [g.roundings[0] for g in found if g.family == h.family]
+            same_sum = [g.roundings[0] for g in found if g.family == h.family and g.kind != "fitted"]
             widest = max(r.block for r in same_sum if r.dtype == rounding.dtype)
             assert h.kind == ("rounding" if rounding.block == widest else "accumulation"), h.name
             continue
@@ -236,9 +248,14 @@ def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
     assert ("round:layer_input:forward:bfloat16" in names) == (case.dtype == "float32")
     assert "accumulate:projection:second_cotangent:bfloat16:1" in names  # a weight gradient over the tokens
     assert not any(n.startswith("accumulate:permutation_mix:second_cotangent") for n in names)  # a constant
+    assert not any(n.startswith("round:gate_weight/all") for n in names)  # a pair of the gates, named apart
+    residual, pre = (next(h for h in found if h.name == n) for n in ("round:gate_weight/residual_gate:forward:bfloat16",
+                                                                     "round:gate_weight/pre_gate:forward:bfloat16"))
+    assert residual.family != pre.family  # so they may pair
     # float32 and bfloat16 cases share each program: the roundings' and the narrow sums'
-    summed = [h for h in found if isinstance(h.roundings[0], Accumulation)]
-    assert len(found) - len(summed) <= PADDED_HYPOTHESES and len(summed) <= PADDED_SUMS
+    drawn = [h for h in found if h.kind != "fitted"]
+    summed = [h for h in drawn if any(isinstance(r, Accumulation) for r in h.roundings)]
+    assert len(drawn) - len(summed) <= PADDED_HYPOTHESES and len(summed) <= PADDED_SUMS
 
 
 def test_the_orders_of_one_sum_span_each_others_sizes():

@@ -36,6 +36,19 @@ def test_a_choice_names_a_hypothesis_says_why_and_probes_a_known_layout():
         PrecisionChoice("round:gate:forward:bfloat16", " ")
     with pytest.raises(ConfigurationError, match="probe 'nowhere'"):
         PrecisionChoice("round:gate:forward:bfloat16", "why", probe="nowhere")
+    # A misspelt hypothesis would change nothing: it is refused, saying what the names look like.
+    for typo, says in (
+        ("accumulate:projection:second_cotangnet:bfloat16:1", "an output of"),
+        ("accumulate:projection:value:bfloat16:0", "positive number"),
+        ("round:gate_weight/res_gate:forward:bfloat16", "gate group"),
+        ("round:gate:forward:bfloat17", "dtype"),
+        ("fit:gate:recomputed", "fitted site"),
+        ("rounded:gate", "no hypothesis name"),
+    ):
+        with pytest.raises(ConfigurationError, match=says):
+            PrecisionChoice(typo, "why")
+    PrecisionChoice("round:gate_weight/residual_gate:forward:bfloat16:backend_sums", "why")
+    PrecisionChoice("fit:rms_inverse:recomputed", "why")
     backend = PrecisionChoice("accumulate:projection:second_cotangent:bfloat16:1", "why", probe="dot_vjp_weights")
     wide = {"dot_vjp_weights": LayoutSum("dot_vjp_weights", EXACT_SUM)}
     narrow = {"dot_vjp_weights": LayoutSum("dot_vjp_weights", EXACT_SUM - 80)}

@@ -5,7 +5,9 @@ its model does not allow) run once through the float64 oracle on the case's fixt
 (`Operation.hypothesis_draws`). Each failing (candidate, leaf) then gets the hypothesis whose
 error against the oracle best matches the candidate's, on that leaf and without predicting an
 error on the leaves the candidate got right (`harness.judging.attribution`), and the row its
-`cause`, `cause_id` and `cause_explained`. A case without a failing row runs none of this.
+`cause`, `cause_id` and `cause_explained`. A fitted hypothesis (an error of any size per token
+at one place) has no draw: the oracle's linear response there is fitted to each candidate's
+errors instead. A case without a failing row runs none of this.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import numpy as np
 from cases.branches import get_branch
 from cases.fixtures import fixture_elements
 from harness.engine.operation import OPERATION
-from harness.engine.oracle_path import named_leaves, noise_units
+from harness.engine.oracle_path import leaves_as_draw, named_leaves, noise_units
 from harness.judging.attribution import (
+    FITTED_KIND,
     SIZE_MATCHED_KINDS,
     Attribution,
+    FittedHypothesis,
     HypothesisErrors,
     attribute_candidate,
     scaled_errors,
@@ -38,6 +42,8 @@ NOT_ATTRIBUTED_ID = "not_attributed"
 NOT_ATTRIBUTED = (
     "not attributed: the case's {elements:,} fixture elements are more than the hypotheses are run on ({limit:,})"
 )
+# Where two paths differ by the order of a sum their partner's leaf is named by.
+IN_ANOTHER_ORDER = " (named on {partner}, which sums it in another order)"
 # Where a candidate fails against its partner but holds its own bound against the oracle.
 WITHIN_MODEL_ID = "within_model"
 WITHIN_MODEL = (
@@ -58,16 +64,40 @@ class HypothesisOracle:
         self._lock = threading.Lock()
 
     def __call__(self, case, fixture) -> tuple[Sequence, list[dict[str, np.ndarray]]]:
+        """The case's drawn hypotheses (every kind but `FITTED_KIND`) and their leaves."""
+        return self._answer(case, fixture)[:2]
+
+    def fitted(self, case, fixture) -> list[tuple]:
+        """The case's fitted hypotheses, each with the oracle's response to an error at its
+        place (`Operation.hypothesis_responses`)."""
+        return self._answer(case, fixture)[2]
+
+    def _answer(self, case, fixture):
         with self._lock:
             if self._latest is not None and self._latest[0] == case:
                 return self._latest[1]
         branch = get_branch(case.branch)
-        hypotheses = OPERATION.hypotheses(case, branch, noise_units(case))
-        draws = OPERATION.hypothesis_draws(case, fixture, branch, hypotheses)
-        answer = (hypotheses, [named_leaves(draw) for draw in draws])
+        every = OPERATION.hypotheses(case, branch, noise_units(case))
+        drawn = [h for h in every if h.kind != FITTED_KIND]
+        fitted = [h for h in every if h.kind == FITTED_KIND]
+        draws = OPERATION.hypothesis_draws(case, fixture, branch, drawn)
+        responses = OPERATION.hypothesis_responses(case, fixture, branch, fitted) if fitted else []
+        answer = (drawn, [named_leaves(draw) for draw in draws], list(zip(fitted, responses)))
         with self._lock:
             self._latest = (case, answer)
         return answer
+
+
+def _fitted_in_units(hypothesis, response, scales: Mapping[str, float]) -> FittedHypothesis:
+    """A fitted hypothesis' response with every leaf in units of its σ (`scales`)."""
+
+    def apply(p):
+        return scaled_errors(named_leaves(response.apply(p)), scales)
+
+    def transpose(z):
+        return response.transpose(leaves_as_draw({leaf: v / scales[leaf] for leaf, v in z.items()}))
+
+    return FittedHypothesis(hypothesis.name, hypothesis.label, hypothesis.family, response.shape, apply, transpose)
 
 
 def _needs_cause(row: dict, candidate_leaves: Mapping[str, Mapping], oracle_leaves: Mapping) -> bool:
@@ -131,17 +161,24 @@ def annotate_causes(
             ]
         )
 
+    fitted = hypotheses.fitted(case, fixture)
     model_scales = leaf_scales(oracle_leaves, oracle_sensitivity)
     model_errors = in_units(model_scales)
-    found: dict[tuple[str, str], Attribution] = {}
-    for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
+
+    def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
+        """The causes of a path's `leaves`, in units of its own σ."""
         widened = (candidate_sensitivity or {}).get(candidate)
         scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
         errors_of = model_errors if widened is None else in_units(scales)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
-        failing_leaves = list(dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate))
-        for leaf, attribution in attribute_candidate(errors, errors_of, failing_leaves).items():
-            found[(candidate, leaf)] = attribution
+        fits = [_fitted_in_units(h, response, scales) for h, response in fitted]
+        return attribute_candidate(errors, errors_of, list(leaves), fits)
+
+    ordered = {h.name for h in chosen if h.ordered}
+    found: dict[tuple[str, str], Attribution] = {}
+    for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
+        failing_leaves = dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate)
+        found.update({(candidate, leaf): a for leaf, a in attribute(candidate, failing_leaves).items()})
     own_rows = {(r["candidate"], r["leaf"]): r for r in rows if r["comparison"] == "vs_oracle"}
     for i in failing:
         row = rows[i]
@@ -150,5 +187,21 @@ def annotate_causes(
         own = own_rows.get(key)
         if not found[key].is_rounding and own is not None and own["verdict"] == "pass":
             fields.update(cause=WITHIN_MODEL.format(usage=format_number(own["bound_usage"])), cause_id=WITHIN_MODEL_ID)
+            fields = _ordered_sum_of_partner(row, candidate_leaves, ordered, attribute) or fields
         rows[i] = {**row, **fields}
     return rows
+
+
+def _ordered_sum_of_partner(row: dict, candidate_leaves, ordered: set[str], attribute) -> dict | None:
+    """The cause of a row between two paths that each lie within their own model (its partner
+    another path that ran): a sum whose value depends on its order (`ordered` hypotheses) that
+    explains the partner's leaf value for value makes the two differ, each summing in its own
+    order (a sharded path sums its shards apart). The row's cause fields, or None where the
+    partner's leaf names no such sum. attribute(path, leaves): leaf -> `Attribution`."""
+    partner = str(row.get("partner", ""))
+    if partner not in candidate_leaves or partner == row["candidate"]:
+        return None
+    on_partner = attribute(partner, [row["leaf"]])[row["leaf"]]
+    if not (on_partner.names and set(on_partner.names) <= ordered):
+        return None
+    return {**on_partner.as_row_fields(), "cause": on_partner.cause + IN_ANOTHER_ORDER.format(partner=partner)}

@@ -39,13 +39,17 @@ class OracleDraw(Protocol):
 class Hypothesis(Protocol):
     """A candidate cause of a failing leaf: a stable `name`, its `label` in words, its `kind`
     ("rounding": a rounding the model does not allow, matched value for value; "accumulation":
-    an order-dependent narrow sum, matched by size, `harness.judging.attribution.SIZE_MATCHED_KINDS`),
-    its `family` (the place it changes: two hypotheses of one family are never combined)."""
+    an order-dependent narrow sum, matched by size, `harness.judging.attribution.SIZE_MATCHED_KINDS`;
+    "fitted": an error of any size per token at one place, `harness.judging.attribution.FITTED_KIND`),
+    its `family` (the place it changes: two hypotheses of one family are never combined), and
+    whether it is `ordered` (its error depends on the order of a sum: two paths that sum in
+    different orders differ by it)."""
 
     name: str
     label: str
     kind: str
     family: str
+    ordered: bool
 
 
 @runtime_checkable
@@ -64,7 +68,11 @@ class Operation(Protocol):
     oracle_key(case): what else of the case an oracle answer depends on (JSON-able).
     hypotheses(case, branch, units): the `Hypothesis`es of a failing leaf of the case, for
     the model's units (`oracle_unit_roundoffs`); hypothesis_draws(case, fixture, branch,
-    hypotheses): one `OracleDraw` per hypothesis, the oracle computing what it would.
+    hypotheses): one `OracleDraw` per hypothesis, the oracle computing what it would (fitted
+    ones aside); hypothesis_responses(case, fixture, branch, hypotheses): per fitted hypothesis,
+    the oracle's linear response to an error at its place, `apply(p) -> OracleDraw` of the
+    leaves' changes and `transpose(draw) -> p` (an `OracleDraw` of leaf cotangents).
+    name_problem(name): what is wrong with `name` as one of its hypotheses' names ("" if nothing).
     EXTERNAL_HOOKS: the methods an external implementation run inside the operation's layer
     provides (`layer_builder(external=...)`).
     ORACLE_MODULES, PROGRAM_MODULES, KERNEL_MODULES: the modules (or packages) only the
@@ -97,6 +105,10 @@ class Operation(Protocol):
     def hypotheses(self, case, branch, units: Mapping[str, float]) -> Sequence[Hypothesis]: ...
 
     def hypothesis_draws(self, case, fixture, branch, hypotheses: Sequence) -> list[OracleDraw]: ...
+
+    def hypothesis_responses(self, case, fixture, branch, hypotheses: Sequence) -> list: ...
+
+    def name_problem(self, name: str) -> str: ...
 
 
 OPERATION: Operation = mhc_operation

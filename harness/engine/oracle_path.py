@@ -69,6 +69,29 @@ def named_leaves(draw) -> dict[str, np.ndarray]:
     return leaves
 
 
+@dataclasses.dataclass(frozen=True)
+class LeafDraw:
+    """Leaves named like a path's as an `harness.engine.operation.OracleDraw` (`leaves_as_draw`)."""
+
+    forward: Mapping[str, np.ndarray]
+    d_x: np.ndarray | None
+    d_weights: Mapping[str, np.ndarray]
+    d_branch: Mapping[str, np.ndarray]
+    d_layer_output: np.ndarray | None = None
+
+
+def leaves_as_draw(leaves: Mapping[str, np.ndarray]) -> LeafDraw:
+    """The inverse of `named_leaves`: leaf -> array as a draw (a leaf not given is absent, d_x None)."""
+    weights = {name: leaves[weight_leaf(name)] for name in OPERATION.WEIGHT_NAMES if weight_leaf(name) in leaves}
+    prefix = branch_leaf("")
+    return LeafDraw(
+        forward={name: leaves[name] for name in FORWARD_LEAVES if name in leaves},
+        d_x=leaves.get("d_x"),
+        d_weights=weights,
+        d_branch={leaf.removeprefix(prefix): v for leaf, v in leaves.items() if leaf.startswith(prefix)},
+    )
+
+
 def noise_seeds(case) -> tuple[int, ...]:
     """The seeds of the case's `NOISE_SAMPLES` rounding draws."""
     return tuple((case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31 for sample in range(NOISE_SAMPLES))

@@ -24,6 +24,7 @@ import numpy as np
 
 from harness.engine.backend_probe import LAYOUTS, LayoutSum, probe_backend, probe_record
 from harness.engine.leaves import token_axes
+from harness.engine.operation import OPERATION
 from harness.errors import ConfigurationError
 from harness.judging.confidence import Sensitivity
 from harness.judging.error_statistics import draw_deviations, l2_norm, systematic_error, upcast
@@ -49,6 +50,9 @@ class PrecisionChoice:
             raise ConfigurationError(f"a precision choice names a hypothesis, got {self.hypothesis!r}")
         if not (isinstance(self.why, str) and self.why.strip()):
             raise ConfigurationError(f"precision choice {self.hypothesis!r} says where and why it is made")
+        problem = OPERATION.name_problem(self.hypothesis)
+        if problem:
+            raise ConfigurationError(f"precision choice {self.hypothesis!r}: {problem}")
         if self.probe and self.probe not in LAYOUTS:
             raise ConfigurationError(
                 f"precision choice {self.hypothesis!r}: probe {self.probe!r} is not one of {sorted(LAYOUTS)}"

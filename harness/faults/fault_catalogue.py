@@ -224,9 +224,13 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
 
 # The precision faults' own causes (`mhc.operation.hypotheses` names): the gate parameters
 # rounded to bfloat16 (whichever gates a leaf depends on), the RMS statistic in bfloat16 (its
-# value rounded, or its sum of squares accumulated there).
+# value rounded, its sum of squares accumulated there, or its error fitted per token).
 _GATE_PARAMETERS_ROUNDED = ("round:gate_weight/*:forward:bfloat16",)
-_RMS_STATISTIC_ROUNDED = ("round:rms_inverse:forward:bfloat16", "accumulate:mean_square:value:bfloat16:*")
+_RMS_STATISTIC_ROUNDED = (
+    "round:rms_inverse:forward:bfloat16",
+    "accumulate:mean_square:value:bfloat16:*",
+    "fit:rms_inverse:*",
+)
 
 
 def _reference_fault(

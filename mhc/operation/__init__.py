@@ -10,7 +10,7 @@ operation is a second package like this one).
 Imports nothing of the project outside `mhc`.
 """
 
-from mhc.operation.hypotheses import hypotheses, hypothesis_draws
+from mhc.operation.hypotheses import hypotheses, hypothesis_draws, hypothesis_responses, name_problem
 from mhc.operation.layers import layer_builder
 from mhc.operation.leaves import FORWARD_LEAVES, WEIGHT_NAMES, forward_leaf_dtypes, forward_leaf_kind, weight_kind
 from mhc.operation.oracle_draws import oracle_draws, oracle_key, oracle_unit_roundoffs
@@ -20,7 +20,7 @@ NAME = "mhc"
 # the oracle runs `ORACLE_MODULES`, only a path's program `PROGRAM_MODULES`, and only the
 # kernel paths `KERNEL_MODULES`; so an oracle edit keeps compiled programs, a layer edit
 # keeps oracle answers, a kernel edit keeps the reference's programs.
-ORACLE_MODULES = ("mhc.oracle", "mhc.oracle_roundings", "mhc.operation.hypotheses")
+ORACLE_MODULES = ("mhc.oracle", "mhc.oracle_roundings", "mhc.oracle_fits", "mhc.operation.hypotheses")
 # The methods of an external implementation run inside this project's layer (`mhc.layer`'s
 # `implementation`): `pre(x, weights, *, config)` and `post(layer_output, context, *, config)`.
 EXTERNAL_HOOKS = ("pre", "post")
@@ -39,7 +39,9 @@ __all__ = [
     "forward_leaf_kind",
     "hypotheses",
     "hypothesis_draws",
+    "hypothesis_responses",
     "layer_builder",
+    "name_problem",
     "oracle_key",
     "oracle_draws",
     "oracle_unit_roundoffs",

@@ -268,11 +268,11 @@ CONTRACTIONS: Mapping[str, Contraction] = {
 
 def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array], part: str = ""):
     """Contraction `name` of a and b: `exact()`, the oracle's own expression of it, unless the
-    rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b, part)`,
-    the hypotheses' program; part: which call it is where one contraction has several, e.g.
-    the gate's name). `exact` keeps the oracle's bits as written."""
+    rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b, part,
+    exact)`, the hypotheses' program; part: which call it is where one contraction has several,
+    e.g. the gate's name). `exact` keeps the oracle's bits as written."""
     contract = getattr(r, "contract", None)
-    return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b, part)
+    return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b, part, exact)
 
 
 # A branch's own sites (`branch_sites`), as the oracle's programs take them: hashable.

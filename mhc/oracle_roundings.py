@@ -229,7 +229,7 @@ class _ContractionRecorder(oracle._SiteRecorder):
         super().__init__()
         self.contractions: list[tuple[str, str]] = []  # (name, part) per call
 
-    def contract(self, name: str, spec: str, a, b, part: str = ""):
+    def contract(self, name: str, spec: str, a, b, part: str = "", exact=None):
         self.contractions.append((name, part))
         return jnp.einsum(spec, a, b)
 
@@ -245,15 +245,20 @@ class _CodedRounding:
         dtypes: tuple[str, ...],
         sums=None,
         options: SumOptions = (),
+        coded_sites: frozenset[str] | None = None,
     ):
         self.sites, self.codes, self.dtypes, self.calls = list(sites), codes, dtypes, 0
         self.sums, self.options, self.contractions = sums, options, 0
+        self.coded_sites = coded_sites
 
-    def contract(self, name: str, spec: str, a, b, part: str = ""):
+    def contract(self, name: str, spec: str, a, b, part: str = "", exact=None):
         del part  # the codes name each call
         index = self.contractions
         self.contractions += 1
-        return _coded_contraction(spec, a, b, self.sums[index], dict(self.options).get(name, ((), (), ())))
+        options = dict(self.options).get(name, ((), (), ()))
+        if exact is not None and not any(options):
+            return exact()  # no hypothesis of the batch sums it narrowly: the oracle's own expression
+        return _coded_contraction(spec, a, b, self.sums[index], options)
 
     def __call__(self, v, site: str, part: str = ""):
         del part
@@ -261,6 +266,8 @@ class _CodedRounding:
             raise AssertionError(f"rounding site {self.calls} is {(site, v.shape)}, the recording pass differs")
         index = self.calls
         self.calls += 1
+        if not self.dtypes or (self.coded_sites is not None and site not in self.coded_sites):
+            return v  # no hypothesis of the batch rounds here
         codes = self.codes[index].astype(v.dtype)
         return _round_coded(v, codes[0], codes[1], self.dtypes)
 
@@ -343,10 +350,12 @@ def _roundings_program(
     branch_sites: oracle.BranchSites,
     dtypes: tuple[str, ...],
     options: SumOptions,
+    coded_sites: frozenset[str] | None = None,
 ):
     """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes,
-    sums, count) with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes`, sums
-    (H, contraction calls, 3) (`accumulation_codes`) naming only `options`, and the first
+    sums, count) with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes` (and only at
+    `coded_sites`, None: every site), sums (H, contraction calls, 3) (`accumulation_codes`)
+    naming only `options`, and the first
     `count` of the H rows run; every output gains a leading H axis (the rows past `count`
     zero). The rows run in a loop, not a `vmap`: a batched switch would run every branch, and a
     loop skips the padding rows (`vmap` ran them all, which cost more than the batching saved).
@@ -355,7 +364,9 @@ def _roundings_program(
 
     def one_hypothesis(x, w, p, ct, codes, sums):
         calls, _ = _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites)
-        rounding = _CodedRounding([(site, shape) for site, shape, _ in calls], codes, dtypes, sums, options)
+        rounding = _CodedRounding(
+            [(site, shape) for site, shape, _ in calls], codes, dtypes, sums, options, coded_sites
+        )
         forward, d_x, d_layer_output, d_w, d_p = oracle._layer_and_vjp(
             x, w, p, ct, rounding, config, branch_apply, branch_sites
         )
@@ -365,7 +376,7 @@ def _roundings_program(
         # its gradient, is rounded here: a stored d_x or weight gradient.
         gradients = {"x": {"": d_x}, "gate_weight": d_w, "matmul_weight": d_w, "branch_param": d_p}
         for index, (site, _, part) in enumerate(calls):
-            if site in gradients and part in gradients[site]:
+            if site in gradients and part in gradients[site] and (coded_sites is None or site in coded_sites):
                 gradients[site][part] = _rounded(gradients[site][part], codes[index, 1], dtypes)
         return forward, gradients["x"][""], d_layer_output, d_w, d_p
 
@@ -418,7 +429,7 @@ def run_oracle_roundings(
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
         x64, w64, p64, ct64 = oracle._float64_inputs(x, weights, branch_params, cotangent)
         calls, contractions = _recorded_calls(x64, w64, p64, ct64, config, branch_apply, sites)
-        for indices, batch in ((plain, PADDED_HYPOTHESES), (summed, PADDED_SUMS)):
+        for indices, batch, every_site in ((plain, PADDED_HYPOTHESES, True), (summed, PADDED_SUMS, False)):
             if not indices:
                 continue
             group = [hypotheses[i] for i in indices]
@@ -428,8 +439,13 @@ def run_oracle_roundings(
             rows = max(batch, 1 << (len(group) - 1).bit_length())
             codes = _padded(rounding_codes(calls, group, known), rows)
             sums = _padded(accumulation_codes(contractions, group, options), rows)
-            dtypes = tuple(sorted({r.dtype for parts in group for r in parts if isinstance(r, Rounding)}))
-            program = _roundings_program(branch_apply, config, sites, dtypes, options)
+            roundings = [r for parts in group for r in parts if isinstance(r, Rounding)]
+            dtypes = tuple(sorted({r.dtype for r in roundings}))
+            # The sums' program codes only the few sites its hypotheses round (a code at every
+            # site costs each hypothesis a choice there); the roundings' program codes every
+            # site, so float32 and bfloat16 cases of one shape share it.
+            coded = None if every_site else frozenset(r.site for r in roundings)
+            program = _roundings_program(branch_apply, config, sites, dtypes, options, coded)
             outputs = program(x64, w64, p64, ct64, codes, sums, len(group))
             outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
             for row, i in enumerate(indices):

@@ -160,7 +160,8 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                             roundings=(rounding,),
                         )
                     )
-                    if group and direction == "forward":
+                    if group and direction == "forward" and dtype == case.dtype:
+                        # Held in the activation dtype, the gate's affine runs there too.
                         found.append(_gate_held_narrow(group, tag, rounding))
     return found + accumulation_hypotheses(case) + fitted_hypotheses()
 

@@ -249,8 +249,10 @@ def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
     assert "accumulate:projection:second_cotangent:bfloat16:1" in names  # a weight gradient over the tokens
     assert not any(n.startswith("accumulate:permutation_mix:second_cotangent") for n in names)  # a constant
     assert not any(n.startswith("round:gate_weight/all") for n in names)  # a pair of the gates, named apart
-    residual, pre = (next(h for h in found if h.name == n) for n in ("round:gate_weight/residual_gate:forward:bfloat16",
-                                                                     "round:gate_weight/pre_gate:forward:bfloat16"))
+    residual, pre = (
+        next(h for h in found if h.name == n)
+        for n in ("round:gate_weight/residual_gate:forward:bfloat16", "round:gate_weight/pre_gate:forward:bfloat16")
+    )
     assert residual.family != pre.family  # so they may pair
     # float32 and bfloat16 cases share each program: the roundings' and the narrow sums'
     drawn = [h for h in found if h.kind != "fitted"]

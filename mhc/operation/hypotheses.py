@@ -182,8 +182,7 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
     reduction (MaxText 0.2.5's reference casts them so)."""
     gates = tuple(dict.fromkeys(p.split("_")[0] for p in rounding.parts))
     sums = tuple(
-        Accumulation(name, "first_cotangent", rounding.dtype, BACKEND_ORDER, parts=gates)
-        for name in GATE_CONTRACTIONS
+        Accumulation(name, "first_cotangent", rounding.dtype, BACKEND_ORDER, parts=gates) for name in GATE_CONTRACTIONS
     )
     return Hypothesis(
         name=f"round:gate_weight{tag}:forward:{rounding.dtype}:{BACKEND_SUMS}",

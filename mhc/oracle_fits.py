@@ -117,9 +117,9 @@ def _as_outputs(result, template) -> tuple:
     )
 
 
-def _forward_only(outputs: tuple) -> oracle.OracleResult:
-    """An `OracleResult` of `_layer_and_vjp`'s outputs holding only their forward leaves."""
-    return oracle.OracleResult(forward=dict(outputs[0]), d_x=None, d_layer_output=None, d_weights={}, d_branch={})
+def _forward_only(forward: Mapping) -> oracle.OracleResult:
+    """An `OracleResult` holding only forward leaves (name -> array)."""
+    return oracle.OracleResult(forward=dict(forward), d_x=None, d_layer_output=None, d_weights={}, d_branch={})
 
 
 def site_response(
@@ -177,7 +177,7 @@ def site_response(
             if backward == "recomputed":  # Jᵀ = J_siteᵀ restricted to the pre's outputs, after J_preᵀ
                 pre_like = tuple(jnp.zeros(template(site_forward, like)[0][k].shape, jnp.float64) for k in PRE_OUTPUTS)
                 on_offsets = pre_backward(*inputs, pre_like, _as_outputs(result, template(pre_forward, pre_like)))
-                result = _forward_only((dict(zip(PRE_OUTPUTS, on_offsets)),))
+                result = _forward_only(dict(zip(PRE_OUTPUTS, on_offsets)))
             outputs = _as_outputs(result, template(site_forward, like))
             return np.asarray(site_backward(*inputs, like, outputs), np.float64)
 

@@ -251,6 +251,10 @@ class _CodedRounding:
         self.sums, self.options, self.contractions = sums, options, 0
         self.coded_sites = coded_sites
 
+    def rounds_at(self, site: str) -> bool:
+        """Whether some hypothesis of the batch may round at `site` (else its calls pass as they are)."""
+        return bool(self.dtypes) and (self.coded_sites is None or site in self.coded_sites)
+
     def contract(self, name: str, spec: str, a, b, part: str = "", exact=None):
         del part  # the codes name each call
         index = self.contractions
@@ -266,8 +270,8 @@ class _CodedRounding:
             raise AssertionError(f"rounding site {self.calls} is {(site, v.shape)}, the recording pass differs")
         index = self.calls
         self.calls += 1
-        if not self.dtypes or (self.coded_sites is not None and site not in self.coded_sites):
-            return v  # no hypothesis of the batch rounds here
+        if not self.rounds_at(site):
+            return v
         codes = self.codes[index].astype(v.dtype)
         return _round_coded(v, codes[0], codes[1], self.dtypes)
 
@@ -376,7 +380,7 @@ def _roundings_program(
         # its gradient, is rounded here: a stored d_x or weight gradient.
         gradients = {"x": {"": d_x}, "gate_weight": d_w, "matmul_weight": d_w, "branch_param": d_p}
         for index, (site, _, part) in enumerate(calls):
-            if site in gradients and part in gradients[site] and (coded_sites is None or site in coded_sites):
+            if site in gradients and part in gradients[site] and rounding.rounds_at(site):
                 gradients[site][part] = _rounded(gradients[site][part], codes[index, 1], dtypes)
         return forward, gradients["x"][""], d_layer_output, d_w, d_p
 

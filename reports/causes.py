@@ -149,7 +149,6 @@ def format_heading(
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
     """The run's failing and error rows grouped by implementation and cause: the largest group first."""
     grouped: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
-    words: dict[tuple[str, str, str, str], list[str]] = {}
     for row in rows:
         verdict = str(row["verdict"])
         if verdict not in GROUPED_VERDICTS:
@@ -165,11 +164,10 @@ def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
         # path it was named on); rows without one, one per reason.
         key = (implementation_of(str(row["candidate"])), verdict, cause_id, "" if cause_id else cause)
         grouped.setdefault(key, []).append(row)
-        words.setdefault(key, []).append(cause)
     groups = []
-    for key, members in grouped.items():
-        _, verdict, cause_id, _ = key
-        cause = collections.Counter(words[key]).most_common(1)[0][0]  # the words most of its rows say
+    for (_, verdict, cause_id, reason), members in grouped.items():
+        # A cause's group says the words most of its rows say; a reason's group, the reason.
+        cause = reason or collections.Counter(str(r.get("cause") or "") for r in members).most_common(1)[0][0]
         groups.append(CauseGroup(verdict, cause, cause_id, tuple(members)))
     order = {v: i for i, v in enumerate(GROUPED_VERDICTS)}
     return sorted(groups, key=lambda g: (-len(g.rows), order[g.verdict], g.cause))

@@ -12,6 +12,7 @@ errors instead. A case without a failing row runs none of this.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -165,13 +166,19 @@ def annotate_causes(
     model_scales = leaf_scales(oracle_leaves, oracle_sensitivity)
     model_errors = in_units(model_scales)
 
-    def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
-        """The causes of a path's `leaves`, in units of its own σ."""
+    @functools.cache
+    def in_units_of(candidate: str):
+        """A path's errors, the hypotheses' and the fitted ones, in units of its own σ (once per
+        path: a within-model row asks again for its partner)."""
         widened = (candidate_sensitivity or {}).get(candidate)
         scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
         errors_of = model_errors if widened is None else in_units(scales)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
-        fits = [_fitted_in_units(h, response, scales) for h, response in fitted]
+        return errors, errors_of, [_fitted_in_units(h, response, scales) for h, response in fitted]
+
+    def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
+        """The causes of a path's `leaves`."""
+        errors, errors_of, fits = in_units_of(candidate)
         return attribute_candidate(errors, errors_of, list(leaves), fits)
 
     ordered = {h.name for h in chosen if h.ordered}

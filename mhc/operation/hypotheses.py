@@ -149,7 +149,7 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                 if already or inert or _unit_roundoff(dtype) <= _allowed_unit(site, direction, units):
                     continue
                 for group, parts in groups.items():
-                    tag = "/" + group.removeprefix("the ").replace(" ", "_") if group else ""
+                    tag = "/" + _group_tag(group) if group else ""
                     rounding = Rounding(site_name, direction, dtype, parts)
                     found.append(
                         Hypothesis(
@@ -166,12 +166,22 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
     return found + accumulation_hypotheses(case) + fitted_hypotheses()
 
 
+def _group_tag(group: str) -> str:
+    """A `GATE_GROUPS` group as a hypothesis name writes it ("the pre gate" -> "pre_gate")."""
+    return group.removeprefix("the ").replace(" ", "_")
+
+
+def _gate(part: str) -> str:
+    """The gate a gate parameter belongs to ("res_bias" -> "res", the oracle's call `part`)."""
+    return part.split("_")[0]
+
+
 def _family(site: str, direction: str, parts: tuple[str, ...]) -> str:
     """The place a rounding changes: its site and direction, and for gate parameters, which of
     the pre/post gates and the residual gate they belong to."""
     if not parts:
         return f"{site}:{direction}"
-    gates = "residual" if all(p.startswith("res_") for p in parts) else "pre_post"
+    gates = "residual" if {_gate(p) for p in parts} == {"res"} else "pre_post"
     return f"{site}/{gates}:{direction}"
 
 
@@ -180,7 +190,7 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
     parameters rounded (`rounding`), and so their gradients, the scaled logits' and the biased
     logits' cotangents summed over the tokens, summed in that dtype by the backend's own
     reduction (MaxText 0.2.5's reference casts them so)."""
-    gates = tuple(dict.fromkeys(p.split("_")[0] for p in rounding.parts))
+    gates = tuple(dict.fromkeys(_gate(p) for p in rounding.parts))
     sums = tuple(
         Accumulation(name, "first_cotangent", rounding.dtype, BACKEND_ORDER, parts=gates) for name in GATE_CONTRACTIONS
     )
@@ -284,7 +294,7 @@ def name_problem(name: str) -> str:
     kind = fields[0]
     if kind == "round" and len(fields) in (4, 5):
         site, _, group = fields[1].partition("/")
-        groups = {g.removeprefix("the ").replace(" ", "_") for g in GATE_GROUPS}
+        groups = {_group_tag(g) for g in GATE_GROUPS}
         if group and (site != "gate_weight" or group not in groups):
             return f"{name!r}: gate group {group!r} is not one of {sorted(groups)}"
         if not site.isidentifier():

@@ -10,7 +10,7 @@ Quick tour::
 mhc's shapes and weight names and nothing of the harness.
 """
 
-from cases.fixtures import GENERATOR_VERSION, Fixture, make_fixture
+from cases.fixtures import Fixture, make_fixture
 from cases.spec import Case, CaseSpecError
 
-__all__ = ["GENERATOR_VERSION", "Case", "CaseSpecError", "Fixture", "make_fixture"]
+__all__ = ["Case", "CaseSpecError", "Fixture", "make_fixture"]

@@ -7,7 +7,8 @@
 `list` prints one row per selected case (name, shape, dtypes, variant, branch, init,
 mesh, blocks, matmul precision, tags, expectation) and the count; `suites` prints every suite with its
 case count and description; `families` prints each init family and what it stresses.
-Exit status 2 on a usage error (unknown suite/case, malformed case file).
+Exit status 2 on a usage error (unknown suite/case, malformed case file); 141, quietly,
+when stdout's reader went away (`| head`), as in `python -m harness`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from cases.init_families import INIT_FAMILIES
 from cases.registry import fresh_registry
 from cases.spec import CaseSpecError
 from cases.toml_cases import register_case_file
+from records.outputs import exit_code_through_closed_stdout
 from records.text import format_text_table
 
 COLUMNS = (
@@ -73,13 +75,16 @@ def main(argv=None) -> int:
                 {"suite": name, "cases": str(len(registry.suite(name))), "description": description}
                 for name, description in registry.suites().items()
             ]
-            print(format_table(rows, ("suite", "cases", "description")))
-            return 0
-        selected = registry.select(suite=args.suite, names=args.cases, tags=args.tags, dtype=args.dtype)
+        else:
+            selected = registry.select(suite=args.suite, names=args.cases, tags=args.tags, dtype=args.dtype)
     except (CaseSpecError, KeyError, ValueError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"error: {message}", file=sys.stderr)
         return 2
+    # Printed outside the try: a closed stdout (BrokenPipeError, an OSError) is no usage error.
+    if args.command == "suites":
+        print(format_table(rows, ("suite", "cases", "description")))
+        return 0
     print(format_table([case.describe() for case in selected]))
     what = f"suite {args.suite!r}" if args.suite else "the catalogue"
     print(f"\n{len(selected)} case(s) from {what}")
@@ -87,4 +92,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_through_closed_stdout(main))

@@ -9,7 +9,8 @@ case's dtypes require. A CPU laptop and a TPU VM therefore feed bit-identical in
 
 Disk cache: one ``fixture-<key>.npz`` per data key in ``$MHC_PARITY_CACHE/fixtures``
 (default ``<project>/.cache/fixtures``), where key = sha256 of the data fields, the
-`GENERATOR_VERSION` and the NumPy/ml_dtypes versions. Every array is stored as its raw
+digest of the generator's code (`generator_digest`: every module `cases.fixtures` imports)
+and the NumPy/ml_dtypes versions. Every array is stored as its raw
 bits with a sha256 in an embedded JSON header; on load the header, every shape, dtype
 and checksum is verified against the case, and any mismatch or read error (truncated,
 corrupt, stale) regenerates the entry, never uses it. Writes go to a temporary file
@@ -38,12 +39,13 @@ from cases.init_families import Masters, generate_masters
 from cases.spec import Case
 from mhc.common import UnsupportedInputError
 from mhc.types import WEIGHT_FIELDS, MhcWeights
+from records.code import closure_digest
 from records.files import array_sha256, atomic_write, digest_arrays
+from records.foreign_code import stores_writable
 
-# Bump whenever the arrays generated for an unchanged case could change (a family's
-# formula, the rounding, the random roles). Part of the cache key and of the digest.
-GENERATOR_VERSION = 2
-
+# The module that generates fixtures: its import closure is the code a fixture depends on
+# (part of the cache key, so an edited generator misses without a version to bump by hand).
+GENERATOR_ENTRY = ("cases.fixtures",)
 CACHE_ENV_VAR = "MHC_PARITY_CACHE"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Fixture arrays beyond this many elements are refused (e.g. mHC-lite with n = 9 has
@@ -192,10 +194,16 @@ def default_cache_dir() -> Path:
     return (Path(root) if root else PROJECT_ROOT / ".cache") / "fixtures"
 
 
+@functools.cache
+def generator_digest() -> str:
+    """`records.code.closure_digest` of the fixture generator's code (once per process)."""
+    return closure_digest(GENERATOR_ENTRY)
+
+
 def cache_key_material(case: Case) -> dict:
     """Everything the cached arrays depend on."""
     return {
-        "generator_version": GENERATOR_VERSION,
+        "generator": generator_digest(),
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
         "data": case.data_fields(),
@@ -242,7 +250,7 @@ def _deserialize(case: Case, path: Path) -> Fixture:
     except Exception as error:  # truncated zip, bad CRC, bad JSON, ...
         raise CorruptFixtureError(f"unreadable ({type(error).__name__}: {error})") from error
     if header.get("key") != json.loads(json.dumps(cache_key_material(case), sort_keys=True)):
-        raise CorruptFixtureError("stale: written for different data fields or generator version")
+        raise CorruptFixtureError("stale: written for different data fields or generator code")
     layout = expected_layout(case)
     if set(raw) != set(layout) or set(header.get("arrays", {})) != set(layout):
         raise CorruptFixtureError(f"holds arrays {sorted(raw)}, expected {sorted(layout)}")
@@ -283,7 +291,8 @@ def make_fixture(case: Case, cache_dir: str | os.PathLike | None = None, *, use_
 
     cache_dir: folder of the cache (default `default_cache_dir()`). use_cache=False
     generates without reading or writing the cache. A corrupt, truncated or stale entry
-    is logged, regenerated and atomically replaced. If the cache folder is not writable
+    is logged, regenerated and atomically replaced; a process that loaded an external
+    implementation reads the cache and writes nothing (`records.foreign_code`). If the cache folder is not writable
     the fixture is still returned (and a warning logged).
     """
     if not use_cache:
@@ -296,6 +305,8 @@ def make_fixture(case: Case, cache_dir: str | os.PathLike | None = None, *, use_
     except CorruptFixtureError as error:
         log.warning("fixture cache entry %s for case %r is invalid (%s); regenerating", path, case.name, error)
     fixture = generate_fixture(case)
+    if not stores_writable():  # a process that loaded foreign code writes no store
+        return fixture
     try:
         atomic_write(path, _serialize(fixture))
     except OSError as error:

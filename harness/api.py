@@ -60,7 +60,7 @@ from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
 from reports.gate import gate as _gate_rows
 from reports.ownership import default_baseline_path, implementation_rows
-from reports.sources import LoadedRun, load_run
+from reports.sources import LoadedRun, load_baseline_or_run, load_run
 from reports.terminal import format_summary, rows_table, run_verdict
 from reports.writers import write_run_folder
 
@@ -110,8 +110,9 @@ class ParityRun:
         return rows_table(bad, limit=None) if bad else ""
 
     def summary(self) -> str:
-        """The one-screen summary `harness run` prints (verdict counts, failures or closest rows)."""
-        return format_summary(list(self.records))
+        """The one-screen summary `harness run` prints (verdict counts, failures or closest rows,
+        the policy when it is not the packaged one)."""
+        return format_summary(list(self.records), self.metadata)
 
     def implementation_rows(self, name: str | None = None) -> pd.DataFrame:
         """The rows of external implementation `name` (default: the run's only one)."""
@@ -150,7 +151,7 @@ class ParityRun:
         try:
             target = writable_file(path or default_baseline_path(name))
             return _write_baseline_file(dataclasses.replace(self.loaded(), frame=frame), target, implementation=name)
-        except (OutputPathError, OSError) as exc:
+        except (OutputPathError, OSError, ReportInputError) as exc:  # ReportInputError: a run folder's own file
             raise ReportError(f"cannot write baseline {path or default_baseline_path(name)}: {exc}") from exc
 
     def loaded(self) -> LoadedRun:
@@ -342,6 +343,7 @@ def gate(
     allow_policy_change: bool = False,
     allow_precision_change: bool = False,
     only_current_cases: bool = False,
+    allow_legacy_baseline: bool = False,
 ) -> GateResult:
     """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
     CSV or a finished run), with the rules of `harness gate` (`reports.gate`).
@@ -352,12 +354,17 @@ def gate(
     unreadable, of another implementation, under another policy or matmul precision
     (unless allowed). only_current_cases: gate only the baseline rows of the cases the run
     selected (a deliberately partial run), as `harness gate --only-current-cases`.
+    `run` must be a run, never a baseline file (BaselineError). allow_legacy_baseline: read a
+    baseline in a legacy format, whose header or rows no digest covers, as `harness gate
+    --allow-legacy-baseline` (refused otherwise).
     """
     if not growth_factor > 1.0:
         raise ConfigurationError(f"growth_factor must be > 1, got {growth_factor:g}")
     try:
         current = run.loaded() if isinstance(run, ParityRun) else load_run(run)
-        base = load_run(baseline)
+        base = load_baseline_or_run(
+            baseline, allow_legacy=allow_legacy_baseline, legacy_option="allow_legacy_baseline=True"
+        )
     except ReportInputError as exc:
         raise BaselineError(f"cannot read input: {exc}") from exc
     refusal = comparability_refusal(

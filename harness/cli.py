@@ -14,8 +14,8 @@
 
 Exit codes: 0 success; 1 a parity failure (a failing row, a failing gate, a surviving
 fault); 2 a usage or configuration error, one line on stderr naming the problem; 130
-interrupted by Ctrl-C (143 by SIGTERM). `python -m harness COMMAND --help` describes a
-command.
+interrupted by Ctrl-C (143 by SIGTERM); 141 stdout's reader went away (`| head`), quietly,
+whatever the verdict was. `python -m harness COMMAND --help` describes a command.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 
 from harness.env import ensure_host_devices, pace_garbage_collector
 from harness.processes.worker_processes import start_worker_server
+from records.outputs import exit_code_through_closed_stdout
 
 EXIT_USAGE = 2
 # command -> (module:function taking the remaining arguments, one-line help). A command
@@ -83,12 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     return getattr(importlib.import_module(module_name), function)(rest)
 
 
+def _threads_still_working() -> bool:
+    """Whether a thread other than this one that Python would wait for at exit is alive."""
+    return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread())
+
+
 def entry() -> None:
     """The process entry point (`python -m harness`, the `mhc-parity` script): exit with
-    `main()`'s code. After a signal stopped the command, exit at once: a thread stuck in the
-    code under test must not keep the process alive (Python would wait for it)."""
-    code = main()
-    if code > 128:
+    `main()`'s code, or EXIT_CLOSED_PIPE (141) without a traceback when stdout's reader went
+    away, in every command (`records.outputs.exit_code_through_closed_stdout`). After a
+    signal stopped the command, or a closed pipe, exit at once: a thread stuck in the code
+    under test must not keep the process alive (Python would wait for it). So does any exit
+    that leaves a worker thread running: a run stopped by a shortage (exit 2) would otherwise
+    wait for the programs still compiling ahead before its process ends."""
+    code = exit_code_through_closed_stdout(main)
+    if code > 128 or _threads_still_working():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -9,18 +9,20 @@ off) never registers it twice. It does nothing unless asked:
 
     pytest --parity-impl my_pkg.kernels:factory [--parity-suite smoke] [--parity-dtype bf16]
            [--parity-report DIR] [--parity-baseline FILE] [--parity-update-baseline]
+           [--parity-allow-legacy-baseline]
 
-(each but the last also an ini option: `parity_impl`, `parity_suite`, ... in
-`[tool.pytest.ini_options]`, paths relative to the ini file's folder; the command line
-wins). This repository sets `parity_builtin = true` instead: the built-in paths, as
-`harness run` without `--impl`. A test that asks for the `parity_check` fixture is
-parametrised over the cases of the suite (default: $MHC_PARITY_SUITE, else `smoke`) and
-the comparisons each case makes; test ids are `<case name>::<comparison>`, so `pytest -k
-bf16` or `-k vs_unsharded` select as expected, and pytest-xdist's `--dist loadscope`
-keeps a case's tests on one worker (the scope of a test id ends at its last "::"). With
-an implementation, a test judges that implementation's rows (`<name>/...` candidates);
-the reference runs as its `vs_reference` partner. Each case runs once per process,
-through `harness.api.PreparedRun` (the engine of `harness run`).
+(each but --parity-update-baseline also an ini option: `parity_impl`, `parity_suite`,
+..., `parity_allow_legacy_baseline = true` in `[tool.pytest.ini_options]`, paths
+relative to the ini file's folder; the command line wins). This repository sets
+`parity_builtin = true` instead: the built-in paths, as `harness run` without `--impl`.
+A test that asks for the `parity_check` fixture is parametrised over the cases of the
+suite (default: $MHC_PARITY_SUITE, else `smoke`) and the comparisons each case makes;
+test ids are `<case name>::<comparison>`, so `pytest -k bf16` or `-k vs_unsharded`
+select as expected, and pytest-xdist's `--dist loadscope` keeps a case's tests on one
+worker (the scope of a test id ends at its last "::"). With an implementation, a test
+judges that implementation's rows (`<name>/...` candidates); the reference runs as its
+`vs_reference` partner. Each case runs once per process, through
+`harness.api.PreparedRun` (the engine of `harness run`).
 
 The baseline loop (as pytest-regressions' `--force-regen` or syrupy's `--snapshot-update`):
 
@@ -48,7 +50,10 @@ The baseline loop (as pytest-regressions' `--force-regen` or syrupy's `--snapsho
 - A configured baseline that does not exist, cannot be read, or cannot judge the run
   (another implementation's, another tolerance policy's or matmul precision's:
   `reports.comparability`) stops pytest before any test with a one-line usage error
-  naming the command that writes it.
+  naming the command that writes it. So does a baseline in a legacy format, whose header
+  or rows no digest covers (`reports.baseline`), unless `--parity-allow-legacy-baseline`
+  lets it judge the session: the summary then says what went unverified. An update never
+  keeps a legacy file's rows: it replaces the file whole.
 
 With `--parity-report DIR` the session writes the run folder `harness run --out DIR`
 writes (manifest, rows, CSV, JSON, HTML, Markdown) for the cases it ran; under
@@ -81,7 +86,7 @@ from reports.comparability import precision_refusal
 from reports.drift import GATE_COLUMNS, typed_gate_frame
 from reports.gate import GateFinding, GateResult, gate_frames
 from reports.ownership import default_baseline_path, implementation_rows, ownership_refusal
-from reports.sources import LoadedRun, load_run
+from reports.sources import LoadedRun, load_baseline_or_run
 from reports.terminal import rows_table
 
 if TYPE_CHECKING:
@@ -95,6 +100,9 @@ GATE_PROPERTY = "mhc_parity_gate"
 # The key of pytest's summary-line count of what failed at the end of the session (a write).
 SESSION_ERROR_STAT = "mhc-parity error"
 UPDATE_OPTION = "--parity-update-baseline"
+# `reports.baseline.LEGACY_OPTION` of the plugin: a flag, and the bool ini option `parity_allow_legacy_baseline`.
+LEGACY_OPTION = "--parity-allow-legacy-baseline"
+LEGACY_INI = "parity_allow_legacy_baseline"
 OPTIONS = {  # name: help; each is `--parity-<name>` on the command line and `parity_<name>` in the ini file
     "impl": "MODULE:FACTORY of the implementation whose parity the parity_check tests check",
     "suite": "case suite the parity-matrix tests run (default: $MHC_PARITY_SUITE or smoke)",
@@ -156,6 +164,18 @@ def pytest_addoption(parser):
         action="store_true",
         default=False,
         help="write the baseline (parity_baseline, else baselines/<name>.csv) from this run's rows instead of gating",
+    )
+    group.addoption(
+        LEGACY_OPTION,
+        action="store_true",
+        default=False,
+        help="let a baseline in a legacy format (whose header or rows no digest covers) judge the session",
+    )
+    parser.addini(
+        LEGACY_INI,
+        type="bool",
+        default=False,
+        help="as --parity-allow-legacy-baseline: let a legacy-format baseline judge the session",
     )
     parser.addini(
         "parity_builtin",
@@ -248,6 +268,7 @@ class ParitySession:
         self.report = _setting(config, "report")
         self.baseline = _setting(config, "baseline")
         self.update = bool(config.getoption(UPDATE_OPTION))
+        self.allow_legacy = bool(config.getoption(LEGACY_OPTION) or config.getini(LEGACY_INI))
         self.update_command = update_command(config)
         self.started_in = config.invocation_params.dir
         self.baseline_run: LoadedRun | None = None  # loaded once per process when the session is gated
@@ -307,7 +328,9 @@ class ParitySession:
                 f"mhc-parity: baseline {self.baseline_shown} does not exist; create it with: {self.update_command}"
             )
         try:
-            baseline = load_run(self.baseline)
+            baseline = load_baseline_or_run(
+                self.baseline, allow_legacy=self.allow_legacy, legacy_option=f"{LEGACY_OPTION} (or {LEGACY_INI} = true)"
+            )
         except ReportInputError as exc:
             problem = str(exc).removesuffix("; regenerate it with `make baseline`")
             raise pytest.UsageError(f"mhc-parity: {problem}; recreate it with: {self.update_command}") from None
@@ -318,6 +341,8 @@ class ParitySession:
                 f"refresh it with: {self.update_command}"
             )
         self.baseline_run = baseline
+        if baseline.note:
+            self.summary_lines.append(f"mhc-parity: {baseline.note}")
 
     def refusal(self, baseline: LoadedRun, current: LoadedRun) -> str:
         """Why `baseline` cannot judge `current` (`reports.comparability`'s refusals, in this
@@ -420,8 +445,9 @@ class ParitySession:
         replaced, kept = "", None
         if old_text is not None:
             try:
-                old = load_run(path)
-                replaced = self.refusal(old, current)
+                # A legacy file is replaced whole: no digest vouches for the rows it would keep.
+                old = load_baseline_or_run(path, allow_legacy=True)
+                replaced = self.refusal(old, current) or old.note.removeprefix("note: ")
             except ReportInputError as exc:
                 replaced = f"it could not be read ({exc})"
             if not replaced and len(cases) < len(self.prepared.cases):  # a part of the selection ran

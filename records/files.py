@@ -3,6 +3,7 @@ oracle cache, the program and lowering stores)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -26,20 +27,44 @@ def array_sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
+def _new_file_mode() -> int:
+    """The mode `open()` gives a new file here: 0o666 less the process's umask (read from
+    /proc where it can be, so the umask is never changed, even for an instant)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file renamed into place: readers (other
-    processes included) see the old file or the whole new one, never a partial one."""
+    processes included) see the old file or the whole new one, never a partial one.
+
+    The temporary file has a name of its own (writers do not share one) and is removed
+    whatever stops the write (a full disk at the write, the flush, the fsync or the close; a
+    signal): it never stays behind, and the error raised is the write's. The file gets the
+    mode `open()` would give it (mkstemp's is private to the user).
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):  # POSIX
+            os.fchmod(handle, _new_file_mode())
         with os.fdopen(handle, "wb") as stream:
+            handle = -1  # the stream closes it now
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
-        try:
+        if handle != -1:
+            os.close(handle)
+        with contextlib.suppress(OSError):
             os.unlink(temporary)
-        except FileNotFoundError:
-            pass
         raise

@@ -14,7 +14,8 @@ The manifest records what was asked (`RunRequest`), what that selected (every ca
 in order, and `selection_digest` over the full case specs, so an edited case file is a
 different selection), the planned path names, the tolerance policy (source and sha256),
 and the code under test: the sha256 of every Python source that can change a number
-(`CODE_DIRS` and each external implementation's module file), and their joint digest.
+(`CODE_DIRS`, and each external implementation's modules and the installed distributions
+they import: `records.code.external_code_files`), and their joint digest.
 `--resume` refuses a request whose manifest `differences` are not empty. The full case
 list and the digests make shards of one selection easy to check and merge.
 
@@ -27,11 +28,15 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import os
 import pathlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
+
+from records.distributions import distribution_sha256, is_distribution_key
+from records.files import atomic_write
+from records.space_reserve import release_reserve
 
 # The project whose sources the manifest digests (and whose `.cache` holds fixtures).
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -65,7 +70,7 @@ def sha256_file(path: pathlib.Path) -> str:
     return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
 
 
-def _code_key(path: pathlib.Path) -> str:
+def code_key(path: pathlib.Path) -> str:
     """A file's key in `code_files`: relative to the project when inside it, else absolute."""
     resolved = pathlib.Path(path).resolve()
     try:
@@ -83,11 +88,21 @@ def project_code_files(root: pathlib.Path = PROJECT_ROOT) -> dict[str, str]:
     return files
 
 
-def code_files(extra: Iterable[pathlib.Path] = ()) -> dict[str, str]:
-    """`project_code_files()` plus the given files (external implementations' modules)."""
+def code_files(extra: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
+    """`project_code_files()` plus `extra` (key -> sha256: external implementations' code,
+    `records.code.external_code_files`), in key order."""
     files = project_code_files()
-    files.update({_code_key(path): sha256_file(path) for path in extra})
+    files.update(extra)
     return dict(sorted(files.items()))
+
+
+def current_sha256(key: str, root: pathlib.Path = PROJECT_ROOT) -> str:
+    """The sha256 a code-file `key` has now: its file's (project-relative or absolute) or its
+    distribution's (`records.distributions`); "" if it no longer exists."""
+    if is_distribution_key(key):
+        return distribution_sha256(key)
+    path = pathlib.Path(key) if pathlib.Path(key).is_absolute() else root / key
+    return sha256_file(path) if path.is_file() else ""
 
 
 def digest_of(files: Mapping[str, str]) -> str:
@@ -223,7 +238,7 @@ class Manifest:
         cases: Sequence,
         path_names: Iterable[str],
         policy,
-        extra_code_files=(),
+        extra_code_files: Mapping[str, str] = MappingProxyType({}),
         command_line: str,
         shard: str = "",
         shard_of: Sequence = (),
@@ -231,6 +246,7 @@ class Manifest:
         """A fresh "running" manifest for `cases` (Case objects) under `policy`.
 
         shard: "K/N" when `cases` are shard K of N of the selection `shard_of` (Case objects).
+        extra_code_files: the external implementations' code (`code_files`).
         """
         files = code_files(extra_code_files)
         stamp = now_iso()
@@ -357,11 +373,16 @@ class Manifest:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         return problems[0] + more
 
-    def changed_project_files(self) -> list[str]:
-        """Files under `CODE_DIRS` whose content differs now from when this run was made."""
-        recorded = {k: v for k, v in self.code_files if k.split("/", 1)[0] in CODE_DIRS}
+    def changed_code_files(self) -> list[str]:
+        """The code under test that differs now from when this run was made: files under
+        `CODE_DIRS` edited, added or removed, and every other recorded file (an external
+        implementation's) or installed distribution that changed or is gone."""
+        recorded = dict(self.code_files)
+        project = {k: v for k, v in recorded.items() if k.split("/", 1)[0] in CODE_DIRS}
         current = project_code_files()
-        return sorted(k for k in recorded.keys() | current.keys() if recorded.get(k) != current.get(k))
+        changed = {k for k in project.keys() | current.keys() if project.get(k) != current.get(k)}
+        changed |= {k for k, v in recorded.items() if k not in project and current_sha256(k) != v}
+        return sorted(changed)
 
     def differences(self, other: Manifest) -> list[str]:
         """Why `other` (a new request) is not this run: one phrase per difference, [] if none."""
@@ -471,21 +492,18 @@ def manifest_path(folder: pathlib.Path) -> pathlib.Path:
 
 
 def write_manifest(folder: pathlib.Path, manifest: Manifest) -> pathlib.Path:
-    """Write `folder/manifest.json` atomically (a reader sees the old or the new one)."""
+    """Write `folder/manifest.json` atomically (a reader sees the old or the new one; a failed
+    write leaves no temporary file: `records.files.atomic_write`)."""
     path = manifest_path(folder)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(manifest.to_json(), handle, indent=1)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(manifest.to_json(), indent=1) + "\n").encode("utf-8"))
     return path
 
 
 def record_stop(folder: pathlib.Path, manifest: Manifest) -> None:
-    """Write the manifest of a run that stopped (failed, interrupted) if the disk still takes
-    it; a full disk leaves the one before ("running"), which no reader trusts either."""
+    """Write the manifest of a run that stopped (failed, interrupted), in the room the run's
+    space reserve gave back (`records.space_reserve`), so a full disk does not leave the one
+    before ("running"); if even that fails, the one before stays, which no reader trusts either."""
+    release_reserve(folder)
     try:
         write_manifest(folder, manifest)
     except OSError:

@@ -12,12 +12,14 @@ cut, duplicated or edited line, or rows an earlier run left behind, do not match
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 
+from records.files import atomic_write
 from records.manifest import REPORT_FILES, CaseRecord
 from records.rows import ReportInputError, coerce_row, encode_float, parse_float
 from records.schema import FLOAT_COLUMNS, INT_COLUMNS, ROW_COLUMNS
@@ -149,9 +151,7 @@ class RowStore:
             (self.rows_path, "".join(_encode(r) for r in rows)),
             (self.done_path, "".join(case + "\n" for case in cases)),
         ):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            atomic_write(path, text.encode())
         self.remove_reports()
 
     def append_case(self, case_name: str, rows: list[dict], *, record: CaseRecord | None = None) -> CaseRecord:
@@ -165,11 +165,26 @@ class RowStore:
             record = records[case_name]
         elif record.case != case_name or record.rows != len(rows):
             raise ValueError(f"append_case({case_name!r}): the record given is of other rows ({record})")
-        with self.rows_path.open("a") as f:
-            for row in rows:
-                f.write(_encode(row))
-            f.flush()
-            os.fsync(f.fileno())
-        with self.done_path.open("a") as f:
-            f.write(case_name + "\n")
+        with _whole_or_nothing(self.rows_path):
+            with self.rows_path.open("a") as f:
+                for row in rows:
+                    f.write(_encode(row))
+                f.flush()
+                os.fsync(f.fileno())
+        with _whole_or_nothing(self.done_path):
+            with self.done_path.open("a") as f:
+                f.write(case_name + "\n")
         return record
+
+
+@contextlib.contextmanager
+def _whole_or_nothing(path: pathlib.Path):
+    """Appending to `path`: if the append fails (a full disk), the file is cut back to where it
+    ended, so it holds no torn line a resume would have to refuse."""
+    size = path.stat().st_size if path.exists() else 0
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.truncate(path, size)
+        raise

@@ -19,8 +19,10 @@ It owns every file a run writes, so whatever writes or reads one agrees on its f
 Public entry points:
 
     load_rows(path) -> DataFrame            .jsonl / .csv row files, validated
-    load_run(path) -> LoadedRun             a finished run (folder, report.json, baseline CSV);
-                                            refused unless its manifest says complete
+    load_run(path) -> LoadedRun             a finished run (folder, report.json); refused unless
+                                            its manifest says complete, and for a baseline file
+    load_baseline(path, *, allow_legacy=False) -> Baseline   a baseline file, every check done
+                                            (reports.sources.load_baseline_or_run: a baseline or a run)
     to_frame(rows) -> DataFrame             validate + type a list of dicts / a DataFrame
     write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {"csv","json","html","markdown": Path}
     summarize(frame) -> dict                verdict counts, worst leaf

@@ -2,23 +2,33 @@
 
 File layout (UTF-8, "\\n" line endings):
 
-    # mhc-parity baseline format=2 policy_hash=<hash or -> backend=cpu device_kind=cpu ...
+    # mhc-parity baseline format=3 policy_hash=<hash> backend=cpu device_kind=cpu ... rows=<n> sha256=<hex>
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
 
 The header is one line; after the environment record (`... matmul_precision=highest=float32`)
-its last two keys, `rows=<n> body_sha256=<hex>`, record the body (every byte after the header line): its row
-count and SHA-256. A baseline cut at a row boundary or edited by hand is refused, and so
-is one whose lines have another field count, or whose compared row has a NaN, infinite or
-empty error. The file is written to a temporary file, flushed and renamed over the old
-one, so a failed write (a full disk, a file-size limit) leaves the old baseline whole.
+and the implementation, `rows=<n>` records the row count and the last key, `sha256=<hex>`,
+the SHA-256 of the whole file without that last field: every header field a verdict
+depends on (format, policy hash, backend, device kind, matmul precision, implementation) is
+inside the digest with the rows, so an edited header is refused like an edited row. So is
+a baseline cut at a row boundary, one whose lines have another field count, whose compared
+row has a NaN, infinite or empty error, or whose header names no tolerance policy. The
+file is written to a temporary file, flushed and renamed over the old one, so a failed
+write (a full disk, a file-size limit) leaves the old baseline whole, and never over a file
+of a run folder (`run_folder_refusal`): a baseline there would stand in for the run.
+
+Older formats left part of the file outside any digest: format 2's `body_sha256` covers
+the rows but not the header, format 1 has no digest (and no oracle sensitivity columns,
+read as NaN). A reader takes them only when asked to (`allow_legacy`, the commands'
+`--allow-legacy-baseline`), and `Baseline.note` then says what was not verified: otherwise
+a file downgraded to `format=1` would carry edited rows or an edited policy past the gate.
 
 Only `BASELINE_COLUMNS` are kept (no timings, no free text), errors are rounded to 4
 significant digits (a rounding of at most 0.05 %, far below any growth factor the
 gate uses), so regenerating a baseline on the same machine gives an empty diff and a
 real change shows up as a few changed numbers. The header records the format version
 and the hash of the tolerance policy the run used; the gate refuses (exit 2) a
-baseline in another format or, when both runs record one, under another policy.
+baseline in another format or under another policy.
 The header also records the run's backend, device kind and matmul precision
 (`records.environment`; values URL-quoted, so a device kind may contain spaces); the
 gate refuses a baseline made at another matmul precision. A header without the
@@ -39,6 +49,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -48,6 +59,7 @@ from typing import Any
 import pandas as pd
 
 from records.environment import HEADER_KEYS, environment_of
+from records.manifest import MANIFEST_FILE, REPORT_FILES
 from records.rows import (
     ReportInputError,
     encode_float,
@@ -57,20 +69,36 @@ from records.rows import (
     unwrap_run,
 )
 from records.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+from records.store import DONE_FILE, ROWS_FILE
 from reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
 
 BASELINE_COLUMNS = GATE_COLUMNS
-BASELINE_FORMAT_VERSION = 2
-# Format 1 lacked the oracle sensitivity (`reports.drift`); it is still read, as NaN.
-COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
+BASELINE_FORMAT_VERSION = 3
+# Format 1 lacked the oracle sensitivity (`reports.drift`); it is read (as NaN) as a legacy format.
+COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, 2: BASELINE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
+# The formats read only when the reader allows legacy baselines, and what each leaves unverified.
+LEGACY_FORMATS = {
+    1: "its rows and header are covered by no digest",
+    2: "its digest covers the rows but not the header: policy hash, implementation, backend, matmul precision",
+}
+# The command-line option that lets a legacy baseline be read (`gate`, `render`; the plugin and the API name theirs).
+LEGACY_OPTION = "--allow-legacy-baseline"
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
-# The header's record of its body: row count and SHA-256 (of every byte after the header line).
+POLICY_KEY = "policy_hash"
+# What a header written without a policy said (format 1 and 2 only: format 3 refuses it).
+NO_POLICY = "-"
+# The header's record of the file: its row count, and the SHA-256 of the file without the
+# digest field itself (the header line's last field).
 ROWS_KEY = "rows"
-DIGEST_KEY = "body_sha256"
-# Format 1 baselines were written before the row count and digest: read unverified.
-INTEGRITY_SINCE_FORMAT = 2
+DIGEST_KEY = "sha256"
+# Format 2's digest: of the body alone (every byte after the header line).
+BODY_DIGEST_KEY = "body_sha256"
+HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+# The files of a run folder that its manifest vouches for (`records.manifest`, `records.store`):
+# a baseline written over one of them would be read as that run's.
+RUN_FOLDER_FILES = (MANIFEST_FILE, ROWS_FILE, DONE_FILE, *REPORT_FILES.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +113,23 @@ class Baseline:
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # the external implementation whose rows it keeps (None: the built-in paths' baseline)
     implementation: str | None = None
+
+    @property
+    def unverified(self) -> str:
+        """What reading the file could not verify ("" for the current format, whose digest
+        covers every header field and row): a legacy format read because the reader allowed it."""
+        parts = [LEGACY_FORMATS[self.format_version]] if self.format_version in LEGACY_FORMATS else []
+        if self.policy_hash is None:
+            parts.append("it records no tolerance policy, so the policy was not checked")
+        return "; ".join(parts)
+
+    @property
+    def note(self) -> str:
+        """The line a verdict against this baseline prints beside it ("" when nothing went
+        unverified): a legacy baseline's verdict rests on what no digest vouched for."""
+        if not self.unverified:
+            return ""
+        return f"note: baseline {self.path} is in legacy format {self.format_version}: {self.unverified}"
 
 
 def format_cell(column: str, value: Any) -> str:
@@ -103,15 +148,28 @@ def header_line(
     policy_hash: str | None,
     environment: Mapping[str, str] | None = None,
     implementation: str | None = None,
-    integrity: tuple[int, str] | None = None,
+    rows: int | None = None,
 ) -> str:
-    """The baseline's first line (format version, policy hash, the `HEADER_KEYS` given, the
-    implementation it belongs to, and `integrity`: the body's row count and SHA-256)."""
+    """The baseline's first line up to its digest (format version, policy hash, the
+    `HEADER_KEYS` given, the implementation it belongs to, and the row count): what
+    `sealed` completes with the file's SHA-256."""
     values = {**{key: (environment or {}).get(key) for key in HEADER_KEYS}, IMPLEMENTATION_KEY: implementation}
-    if integrity is not None:
-        values.update({ROWS_KEY: str(integrity[0]), DIGEST_KEY: integrity[1]})
+    if rows is not None:
+        values[ROWS_KEY] = str(rows)
     fields = "".join(f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value)
-    return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} policy_hash={policy_hash or '-'}{fields}"
+    return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} {POLICY_KEY}={policy_hash or NO_POLICY}{fields}"
+
+
+def file_digest(header: bytes, body: bytes) -> str:
+    """The SHA-256 a format-3 header records: of the header line without its digest field,
+    its line ending and the body, i.e. of every byte of the file but ` sha256=<hex>`."""
+    return hashlib.sha256(header + b"\n" + body).hexdigest()
+
+
+def sealed(header: str, body: str) -> str:
+    """The file's text: `header` (a `header_line`) completed with the digest of it and `body`."""
+    digest = file_digest(header.encode("utf-8"), body.encode("utf-8"))
+    return f"{header} {DIGEST_KEY}={digest}\n{body}"
 
 
 def render_baseline(
@@ -122,7 +180,14 @@ def render_baseline(
     implementation: str | None = None,
 ) -> str:
     """The baseline file's text for a row set (full rows or gate columns); with
-    `implementation`, the header names the implementation the rows belong to."""
+    `implementation`, the header names the implementation the rows belong to.
+    ReportInputError without a `policy_hash`: a baseline that names no tolerance policy is
+    refused by every reader, since a policy change could then not be noticed."""
+    if not policy_hash or policy_hash == NO_POLICY:
+        raise ReportInputError(
+            "a baseline records the tolerance policy its rows were judged under, and none was given "
+            "(pass policy_hash=, or write it from a run)"
+        )
     frame = gate_frame(rows, source="baseline rows")
     frame = frame.sort_values(list(IDENTITY_COLUMNS), kind="mergesort")
     body = io.StringIO()
@@ -130,13 +195,26 @@ def render_baseline(
     writer.writerow(BASELINE_COLUMNS)
     for record in frame.to_dict(orient="records"):
         writer.writerow([format_cell(c, record[c]) for c in BASELINE_COLUMNS])
-    integrity = (len(frame), body_digest(body.getvalue().encode("utf-8")))
-    return header_line(policy_hash, environment, implementation, integrity) + "\n" + body.getvalue()
+    return sealed(header_line(policy_hash, environment, implementation, rows=len(frame)), body.getvalue())
 
 
 def body_digest(body: bytes) -> str:
-    """The SHA-256 the header records of everything after the header line."""
+    """The SHA-256 a format-2 header records: of everything after the header line."""
     return hashlib.sha256(body).hexdigest()
+
+
+def run_folder_refusal(path: str | Path) -> str:
+    """Why a baseline must not be written at `path` ("" if it may): `path` is one of the files
+    a run folder's manifest vouches for (`RUN_FOLDER_FILES`, in a folder holding a
+    manifest). A baseline written over the run's rows.csv would replace the run's rows with
+    rows no manifest vouches for."""
+    path = Path(path).resolve()
+    if path.name not in RUN_FOLDER_FILES or not (path.parent / MANIFEST_FILE).exists():
+        return ""
+    return (
+        f"{path} is the {path.name} of the run folder {path.parent}; a baseline must not replace a "
+        f"run's own file: write it outside the run folder (e.g. baselines/<name>.csv)"
+    )
 
 
 def write_baseline(
@@ -152,9 +230,14 @@ def write_baseline(
     recorded policy hash is then used unless `policy_hash` is given, and its recorded
     backend, device kind and matmul precision go into the header. `implementation`
     names the external implementation the rows belong to (the caller keeps only its
-    rows: `reports.ownership.implementation_rows`).
+    rows: `reports.ownership.implementation_rows`). ReportInputError for a `path` inside a
+    run folder that is one of the run's own files (`run_folder_refusal`), and for rows
+    without a policy hash (`render_baseline`).
     """
     path = Path(path)
+    refusal = run_folder_refusal(path)
+    if refusal:
+        raise ReportInputError(refusal)
     environment = environment_of(rows)
     rows, recorded_hash = unwrap_run(rows)
     text = render_baseline(
@@ -192,7 +275,7 @@ def parse_header(line: str) -> dict[str, str] | None:
 
 
 # Header keys that describe the body rather than how it was made: a row change shows in the rows.
-BODY_KEYS = (ROWS_KEY, DIGEST_KEY)
+BODY_KEYS = (ROWS_KEY, DIGEST_KEY, BODY_DIGEST_KEY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,26 +344,52 @@ def is_baseline_file(path: str | Path) -> bool:
     return path.is_file() and parse_header(read_first_line(path)) is not None
 
 
-def _body(path: Path) -> bytes:
-    """Every byte of the file after its header line (what the header's digest covers)."""
+def _split(path: Path) -> tuple[bytes, bytes]:
+    """The file's header line (without its line ending) and every byte after it."""
     data = path.read_bytes()
-    return data[data.index(b"\n") + 1 :] if b"\n" in data else b""
+    head, _, body = data.partition(b"\n")
+    return head, body
 
 
-def _check_integrity(path: Path, body: bytes, header: Mapping[str, str], rows: int) -> None:
-    """ReportInputError unless the header's row count and body digest match the file: a
-    baseline cut at a row boundary, or edited by hand, is not the one the writer wrote."""
-    recorded_rows, recorded_digest = header.get(ROWS_KEY, ""), header.get(DIGEST_KEY, "")
+def _check_row_count(path: Path, header: Mapping[str, str], rows: int) -> None:
+    """ReportInputError unless the header's row count is the file's: a baseline cut at a row
+    boundary is named as such before its digest is checked."""
+    recorded = header.get(ROWS_KEY, "")
+    if recorded.isdigit() and int(recorded) != rows:
+        raise ReportInputError(
+            f"{path}: the header records {recorded} rows, the file holds {rows} (cut or edited); "
+            f"regenerate it with `make baseline`"
+        )
+
+
+def _check_sealed(path: Path, head: bytes, body: bytes, header: Mapping[str, str], rows: int) -> None:
+    """ReportInputError unless the header's row count and digest (`file_digest`) match the
+    file: a baseline cut, or edited by hand (a row, or a header field: its policy, its
+    implementation, its environment), is not the one the writer wrote."""
+    covered, sep, digest = head.rpartition(f" {DIGEST_KEY}=".encode())
+    if not sep or not HEX_DIGEST.fullmatch(digest.decode("ascii", "replace")) or not header.get(ROWS_KEY, "").isdigit():
+        raise ReportInputError(
+            f"{path}: the baseline header does not end in its row count and `{DIGEST_KEY}=` digest (edited?); "
+            f"regenerate it with `make baseline`"
+        )
+    _check_row_count(path, header, rows)
+    if file_digest(covered, body) != digest.decode("ascii"):
+        raise ReportInputError(
+            f"{path}: the file does not match the header's digest (its header or rows were edited since "
+            f"it was written); regenerate it with `make baseline`"
+        )
+
+
+def _check_body_digest(path: Path, body: bytes, header: Mapping[str, str], rows: int) -> None:
+    """Format 2's check: the header's row count and body digest match the rows (its header
+    fields are not covered: the format is read only as a legacy one)."""
+    recorded_rows, recorded_digest = header.get(ROWS_KEY, ""), header.get(BODY_DIGEST_KEY, "")
     if not recorded_rows.isdigit() or not recorded_digest:
         raise ReportInputError(
             f"{path}: the baseline header records no row count and body digest (written by an older "
             f"harness, or edited); regenerate it with `make baseline`"
         )
-    if int(recorded_rows) != rows:
-        raise ReportInputError(
-            f"{path}: the header records {recorded_rows} rows, the file holds {rows} (cut or edited); "
-            f"regenerate it with `make baseline`"
-        )
+    _check_row_count(path, header, rows)
     if body_digest(body) != recorded_digest:
         raise ReportInputError(
             f"{path}: the rows do not match the header's digest (edited since it was written); "
@@ -315,12 +424,29 @@ def _check_compared_metrics(records, path: Path) -> None:
                 )
 
 
-def load_baseline(path: str | Path) -> Baseline:
+def _policy_of(path: Path, header: Mapping[str, str], version: int) -> str | None:
+    """The header's policy hash; ReportInputError when a current-format header names none
+    (only a legacy file may lack it, and `Baseline.note` then says the policy went unchecked)."""
+    policy_hash = header.get(POLICY_KEY) or NO_POLICY
+    if policy_hash != NO_POLICY:
+        return policy_hash
+    if version in LEGACY_FORMATS:
+        return None
+    raise ReportInputError(
+        f"{path}: the baseline header records no tolerance policy ({POLICY_KEY}={NO_POLICY}), so a policy change "
+        f"could not be noticed; regenerate it with `make baseline`"
+    )
+
+
+def load_baseline(path: str | Path, *, allow_legacy: bool = False, legacy_option: str = LEGACY_OPTION) -> Baseline:
     """Load and validate a baseline file; `ReportInputError` on any problem.
 
-    Checks the header (present, known format version), the columns (exactly
-    `BASELINE_COLUMNS`), every line's field count, every cell's type, a finite error on
-    every compared row, the header's row count and body digest, and that row keys are unique.
+    Checks the header (present, known format version, a policy hash), the columns (exactly
+    those of its format), every line's field count, every cell's type, a finite error on
+    every compared row, the header's row count and digest (of the header's fields and the
+    rows), and that row keys are unique. A legacy format (`LEGACY_FORMATS`) is refused
+    unless `allow_legacy`, naming `legacy_option` (the reader's option that allows it);
+    then its format-2 body digest is still checked, and `Baseline.note` says what was not.
     """
     path = Path(path)
     if not path.is_file():
@@ -337,6 +463,11 @@ def load_baseline(path: str | Path) -> Baseline:
             f"{path}: baseline format {version} is not supported (expected one of "
             f"{sorted(COLUMNS_OF_FORMAT)}); regenerate it with `make baseline`"
         )
+    if version in LEGACY_FORMATS and not allow_legacy:
+        raise ReportInputError(
+            f"{path}: baseline format {version} is a legacy format ({LEGACY_FORMATS[version]}), read only with "
+            f"{legacy_option}; regenerate it with `make baseline`"
+        )
     columns = COLUMNS_OF_FORMAT[version]
     cells = read_csv_cells(path, skip_lines=1)
     if list(cells.columns) != list(columns):
@@ -348,17 +479,19 @@ def load_baseline(path: str | Path) -> Baseline:
         )
     # Line 1 is the header comment, line 2 the column names.
     records = records_from_cells(cells, path, columns, first_data_line=3)  # a bad cell names itself first
-    body = _body(path)
+    head, body = _split(path)
     _check_row_widths(path, body, len(columns))
     _check_compared_metrics(records, path)
-    if version >= INTEGRITY_SINCE_FORMAT:
-        _check_integrity(path, body, header, len(records))
+    if version == BASELINE_FORMAT_VERSION:
+        _check_sealed(path, head, body, header, len(records))
+    elif version == 2:
+        _check_body_digest(path, body, header, len(records))
+    policy_hash = _policy_of(path, header, version)
     frame = gate_frame(frame_from_records(records, columns), source=str(path))
-    policy_hash = header.get("policy_hash") or None
     return Baseline(
         frame=frame,
         format_version=version,
-        policy_hash=None if policy_hash == "-" else policy_hash,
+        policy_hash=policy_hash,
         path=path,
         environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
         implementation=header.get(IMPLEMENTATION_KEY) or None,

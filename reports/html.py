@@ -33,7 +33,7 @@ from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS,
 from reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg, histograms
 from reports.html_elements import case_anchors, esc, fmt, num, table, td, verdict_span
 from reports.html_verdicts import implementations_section
-from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
+from reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
 
 MAX_OFFENDERS = 25
 MAX_DRIFT_ROWS = 200
@@ -55,6 +55,7 @@ PREFERRED_METADATA_KEYS = (
     "flax_version",
     "policy_file",
     "policy_hash",
+    "policy_is_default",
 )
 
 STYLE = """
@@ -128,8 +129,9 @@ def bound_plot_html(panel: BoundPanel, index: int, anchors: dict[str, str]) -> s
 # ----------------------------------------------------------------------------- sections
 
 
-def summary_section(summary: dict, gate_result: GateResult | None) -> str:
-    """The banner: overall status, verdict counts, worst leaf, gate line."""
+def summary_section(summary: dict, gate_result: GateResult | None, metadata: dict | None = None) -> str:
+    """The banner: overall status, verdict counts, the policy when it is not the packaged one
+    (`reports.summary.policy_note` of `metadata`), worst leaf, gate line."""
     passed = summary["ok"] and (gate_result is None or gate_result.ok)
     status = "PASS" if passed else "FAIL"
     counts = "".join(
@@ -142,6 +144,9 @@ def summary_section(summary: dict, gate_result: GateResult | None) -> str:
         f"<h1>mHC parity: {status}</h1>",
         f'<ul class="counts">{counts}</ul>',
     ]
+    note = policy_note(metadata)
+    if note:
+        parts.append(f'<p id="policy-note"><b>{esc(note)}</b></p>')
     if not summary["total"]:
         parts.append('<p class="empty">No rows were produced.</p>')
     worst = summary["worst_leaf"]
@@ -595,7 +600,7 @@ def render_html(
     nav = "<nav><ul>" + "".join(f'<li><a href="#{i}">{esc(t)}</a></li>' for i, t in nav_items) + "</ul></nav>"
     title = f"mHC parity report — {'PASS' if summary['ok'] and (gate_result is None or gate_result.ok) else 'FAIL'}"
     sections = [
-        summary_section(summary, gate_result),
+        summary_section(summary, gate_result, metadata),
         implementations_section(summary["implementations"], anchors),
         nav,
         bound_plot_section(panels, qualifying, anchors),

@@ -17,7 +17,7 @@ from records.schema import VERDICTS
 from records.text import format_number
 from reports.causes import format_heading
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
-from reports.summary import FAILING_VERDICTS, rank_offenders, summarize
+from reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
 
 DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
@@ -152,7 +152,8 @@ def render_markdown(
     gate_result: GateResult | None = None,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> str:
-    """The run summary: overall line, verdict counts, worst leaf, failures, gate section.
+    """The run summary: overall line, a note when another policy than the packaged one
+    judged (`reports.summary.policy_note`), verdict counts, worst leaf, failures, gate section.
 
     `frame` is a canonical row frame (see `records.rows.to_frame`); `summary` is
     `reports.summary.summarize(frame)`, computed here when not given.
@@ -166,6 +167,9 @@ def render_markdown(
     else:
         status = "❌ FAIL"
     lines = [f"## mHC parity: {status}", ""]
+    note = policy_note(metadata)
+    if note:
+        lines += [f"> ⚠️ {md_cell(note, None)}", ""]
     if not summary["total"]:
         lines.append("No rows were produced.")
     else:

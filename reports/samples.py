@@ -248,15 +248,23 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
 
 
 def write_sample_run(
-    rows, folder, *, metadata=None, policy_digest: str = "sample-policy", rendered: bool = True, **options
+    rows,
+    folder,
+    *,
+    metadata=None,
+    policy_digest: str = "sample-policy",
+    rendered: bool = True,
+    manifest=None,
+    **options,
 ):
     """`rows` as a complete run folder (reports, then manifest.json), as `harness run` leaves one.
 
     Returns `reports.write_all`'s paths; `options` go to it (e.g. baseline=...). With
     `rendered=False` only what readers of runs load is written (rows.csv, report.json),
-    skipping the slow HTML and Markdown.
+    skipping the slow HTML and Markdown. `manifest`: the run's, when not `sample_manifest`'s
+    (e.g. that of one shard of a run).
     """
-    manifest = sample_manifest(rows, policy_digest=policy_digest)
+    manifest = manifest or sample_manifest(rows, policy_digest=policy_digest)
     folder = Path(folder)
     if rendered:
         paths = write_all(rows, metadata, folder, manifest=manifest, **options)

@@ -7,15 +7,18 @@
   * a `report.json` written by `reports.write_all` for a complete run: it carries the
     run's manifest; if a `manifest.json` sits next to it, it must be the same run (a
     newer run started in that folder makes the report stale);
-  * a baseline CSV (recognised by its header line, see `reports.baseline`): a reviewed
-    file with its own header, trusted as it is;
   * a `.jsonl` row stream or a full-schema `.csv` only inside a run folder whose
     complete manifest recorded exactly its rows: a bare rows file carries no manifest,
     so nothing says whether its run finished.
 
+A baseline CSV (recognised by its header line, see `reports.baseline`) is not a run: no
+manifest says what code made its rows, so `load_run` refuses it, naming what to pass
+instead. Where a baseline is what is asked for (`gate --baseline`, drift in the reports,
+the pytest plugin), `load_baseline_or_run` reads a baseline file, or a run as above.
+
 An unfinished, interrupted or stale run raises `ReportInputError` with one line saying
 why and how to finish or redo it. With `require_current_code`, a run made by other code
-than this checkout (`Manifest.changed_project_files`) is refused too.
+than this checkout (`Manifest.changed_code_files`) is refused too.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pandas as pd
 from records.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
 from records.rows import ReportInputError, load_rows, to_frame
 from records.store import RowStore, StoreError, typed_case_records
-from reports.baseline import is_baseline_file, load_baseline
+from reports.baseline import LEGACY_OPTION, is_baseline_file, load_baseline
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
@@ -54,6 +57,8 @@ class LoadedRun:
     manifest: Manifest | None = None
     # a baseline file's implementation (`reports.ownership`); None for runs and built-in baselines
     implementation: str | None = None
+    # what a legacy baseline's digest did not vouch for, as a line to print (`Baseline.note`); "" if nothing
+    note: str = ""
 
     def __len__(self) -> int:
         """The number of rows."""
@@ -168,7 +173,7 @@ def _load_rows_file(path: Path) -> LoadedRun:
 
 
 def _check_code(run: LoadedRun) -> None:
-    changed = run.manifest.changed_project_files() if run.manifest is not None else []
+    changed = run.manifest.changed_code_files() if run.manifest is not None else []
     if changed:
         shown = ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
         raise ReportInputError(
@@ -178,7 +183,9 @@ def _check_code(run: LoadedRun) -> None:
 
 
 def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedRun:
-    """Load a run (folder or file, see the module docstring); `ReportInputError` on failure."""
+    """Load a run (folder or file, see the module docstring); `ReportInputError` on failure,
+    and for a baseline file: it is not a run, and taking it as one would skip every check
+    of its manifest and code."""
     path = Path(path)
     if path.is_dir():
         _complete_manifest_of(path)
@@ -189,14 +196,9 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
     elif not path.is_file():
         raise ReportInputError(f"{path}: no such file or folder")
     elif is_baseline_file(path):
-        baseline = load_baseline(path)
-        return LoadedRun(
-            baseline.frame,
-            path,
-            baseline.policy_hash,
-            dict(baseline.environment),
-            True,
-            implementation=baseline.implementation,
+        raise ReportInputError(
+            f"{path} is a baseline file, not a run: pass the run's folder (the --out of `harness run`) "
+            f"or its {REPORT_FILES['json']}"
         )
     elif path.suffix.lower() == ".json":
         run = _load_report(path)
@@ -205,3 +207,24 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
     if require_current_code:
         _check_code(run)
     return run
+
+
+def load_baseline_or_run(
+    path: str | Path, *, allow_legacy: bool = False, legacy_option: str = LEGACY_OPTION
+) -> LoadedRun:
+    """What a gate judges against: a baseline file (`reports.baseline.load_baseline`; a legacy
+    format only with `allow_legacy`, else refused naming `legacy_option`), or a finished run
+    as `load_run` reads one. `ReportInputError` on failure."""
+    path = Path(path)
+    if not is_baseline_file(path):
+        return load_run(path)
+    baseline = load_baseline(path, allow_legacy=allow_legacy, legacy_option=legacy_option)
+    return LoadedRun(
+        baseline.frame,
+        path,
+        baseline.policy_hash,
+        dict(baseline.environment),
+        True,
+        implementation=baseline.implementation,
+        note=baseline.note,
+    )

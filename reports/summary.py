@@ -13,6 +13,22 @@ from reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
 # Verdicts with no measurement behind them.
 UNMEASURED_VERDICTS = ("skip", "unsupported")
+# The run metadata key recording whether the packaged tolerance policy judged the run (True)
+# or another file (False); runs recorded before it have none.
+POLICY_IS_DEFAULT_KEY = "policy_is_default"
+
+
+def policy_note(metadata) -> str:
+    """One sentence for the top of every summary when another policy than the packaged one
+    judged the run: a PASS under loosened bounds must not read as a PASS under the defaults.
+    "" for the packaged policy, and for a run that did not record which it was."""
+    if not metadata or metadata.get(POLICY_IS_DEFAULT_KEY) is not False:
+        return ""
+    return (
+        f"Tolerance policy {metadata.get('policy_file') or '(file not recorded)'} "
+        f"(sha256 {metadata.get('policy_hash') or 'not recorded'}) is not the packaged default: "
+        "the bounds that judged this run differ from the defaults."
+    )
 
 
 def verdict_counts(frame: pd.DataFrame) -> dict[str, int]:

@@ -9,7 +9,7 @@ from records.rows import to_frame
 from records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
 from records.text import format_number, format_text_table, plural
 from reports.causes import ImplementationVerdict, cause_groups, implementation_verdicts
-from reports.summary import sharpness
+from reports.summary import policy_note, sharpness
 
 WORST_ROWS = 12
 # A failing run lists its causes, the largest first, each with its first few rows.
@@ -57,8 +57,10 @@ def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
     )
 
 
-def format_summary(rows) -> str:
-    """Verdict counts per comparison, then the failures or, if none, the rows closest to their bound."""
+def format_summary(rows, metadata=None) -> str:
+    """Verdict counts per comparison, then the failures or, if none, the rows closest to their
+    bound; last the verdict, after the policy that judged when it is not the packaged one
+    (`reports.summary.policy_note` of the run's `metadata`)."""
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
@@ -80,6 +82,9 @@ def format_summary(rows) -> str:
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
         lines.append(rows_table(shown, indent="  "))
     lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
+    note = policy_note(metadata)
+    if note:
+        lines += ["", note]
     verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))
     lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)" + (f": {verdicts}" if verdicts else "")]
     return "\n".join(lines)
@@ -109,5 +114,5 @@ def sharpness_text(rows) -> str:
     return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
 
 
-def print_summary(rows) -> None:
-    print(format_summary(rows))
+def print_summary(rows, metadata=None) -> None:
+    print(format_summary(rows, metadata))

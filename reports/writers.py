@@ -39,7 +39,7 @@ from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate_frames
 from reports.html import render_html
 from reports.markdown import render_markdown
-from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_run
+from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_baseline_or_run
 from reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES
@@ -57,6 +57,7 @@ METADATA_KEYS = (
     "end_time",
     "policy_file",
     "policy_hash",  # also checked by the gate against a baseline's header
+    "policy_is_default",  # False: the summaries say another policy judged (reports.summary.policy_note)
 )
 
 RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
@@ -154,9 +155,10 @@ def write_json(
 
 def resolve_baseline(baseline: Any) -> pd.DataFrame:
     """The gate frame (`reports.drift.gate_frame`) of a baseline given as rows, as a loaded
-    run/baseline, or as a path (see `load_run`)."""
+    run/baseline, or as a path (see `load_baseline_or_run`: a legacy-format baseline is
+    refused; load it with `allow_legacy` and pass what that returns)."""
     if isinstance(baseline, (str, Path)):
-        baseline = load_run(baseline)
+        baseline = load_baseline_or_run(baseline)
     loaded = getattr(baseline, "frame", None)
     if isinstance(loaded, pd.DataFrame):  # a LoadedRun's or Baseline's: typed when it was loaded
         return typed_gate_frame(loaded, source="baseline")
@@ -176,7 +178,7 @@ def write_all(
     """Write rows.csv, report.json, report.html and summary.md into `out_dir`.
 
     `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
-    With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_run` understands) the
+    With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_baseline_or_run` reads) the
     gate is evaluated and its drift and findings are added to every format. `manifest`
     (the run's, finished) is embedded in report.json and named in the other reports.
     Returns {"csv", "json", "html", "markdown"} → path.

@@ -1,12 +1,18 @@
-"""Running the parity CLI in a subprocess, as a user does, on the cheapest cases."""
+"""Running the parity CLI in a subprocess, as a user does, on the cheapest cases; and the hand
+edits of its files a user who wants a stale file taken would make."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+
+from reports.baseline import BASELINE_FORMAT_VERSION
+from reports.drift import LEGACY_GATE_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -100,3 +106,22 @@ def scale_one_metric_in_report(report: pathlib.Path, factor: float) -> None:
     row = next(r for r in document["rows"] if isinstance(r["cand_oracle_max_err"], float))
     row["cand_oracle_max_err"] *= factor
     report.write_text(json.dumps(document))
+
+
+def as_format_1(
+    baseline: pathlib.Path, target: pathlib.Path, edit=lambda row: row, policy_hash: str = ""
+) -> pathlib.Path:
+    """`baseline` downgraded by hand to format 1, as a user who wants a stale file read would:
+    the header's format field set to 1 (its digest left as it was; `policy_hash`, if given,
+    put in the header), the oracle sensitivity columns dropped, each row (a dict of its
+    cells) through `edit`."""
+    lines = baseline.read_text().splitlines()
+    header = lines[0].replace(f"format={BASELINE_FORMAT_VERSION} ", "format=1 ")
+    if policy_hash:
+        header = re.sub(r"policy_hash=\S*", f"policy_hash={policy_hash}", header)
+    with open(target, "w", newline="") as stream:  # the csv module: names like sharded(data=2,fsdp=4) are quoted
+        stream.write(header + "\n")
+        writer = csv.DictWriter(stream, LEGACY_GATE_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(edit(row) for row in csv.DictReader(lines[1:]))
+    return target

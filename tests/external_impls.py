@@ -148,3 +148,71 @@ def declares_post_gate_in_bfloat16():
 
 def declared_choice_and_drift():
     return DeclaredChoiceAndDrift()
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemoryDispatching(WrappedReference):
+    """Fails as XLA:CPU does when a program's buffers do not fit in the host's memory: an
+    INTERNAL error that says so (the message the cold float64 oracle of an 8x512x4x1024 case
+    gave on a 23 GiB machine)."""
+
+    name: str = "dispatch_out_of_memory"
+
+    def pre(self, x, weights, *, config):
+        import jax
+
+        raise jax.errors.JaxRuntimeError(
+            "INTERNAL: Error dispatching computation: Out of memory allocating 25378366768 bytes."
+        )
+
+
+def dispatch_out_of_memory():
+    return OutOfMemoryDispatching()
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementExhaustsMemory(WrappedReference):
+    """The reference under another name whose inputs do not fit on its device: placing them
+    (`harness.engine.paths._place`, patched by the factory for this implementation's paths
+    only) raises what XLA raises then."""
+
+    name: str = "placement_exhausts_memory"
+
+
+def placement_exhausts_memory():
+    import jax
+
+    import harness.engine.paths as paths
+
+    place = paths._place
+
+    def exhausted(fixture, path, placement):
+        if path.impl.name == PlacementExhaustsMemory.name:
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 536870912 bytes.")
+        return place(fixture, path, placement)
+
+    paths._place = exhausted
+    return PlacementExhaustsMemory()
+
+
+@dataclasses.dataclass(frozen=True)
+class BlocksHoldingTheGil(WrappedReference):
+    """Stuck in native code that keeps the GIL, as a C extension that does not release it is:
+    each call touches the file named by $BLOCKS_MARKER, then sleeps 60 s in libc through
+    `ctypes.PyDLL` (which holds the GIL through the call). Meanwhile no other thread of its
+    process runs Python: not the signal handlers, not a watcher thread."""
+
+    name: str = "blocks_holding_the_gil"
+
+    def pre(self, x, weights, *, config):
+        import ctypes
+        import os
+        import pathlib
+
+        pathlib.Path(os.environ["BLOCKS_MARKER"]).touch()
+        ctypes.PyDLL(None).sleep(60)
+        return super().pre(x, weights, config=config)
+
+
+def blocks_holding_the_gil():
+    return BlocksHoldingTheGil()

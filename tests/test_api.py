@@ -136,6 +136,22 @@ def test_a_baseline_of_another_implementation_is_refused(good_run, tmp_path, cap
         harness.gate(good_run, ROOT / "baselines" / "default.csv")
 
 
+def test_gate_takes_a_run_never_a_baseline_and_a_legacy_baseline_only_when_allowed(good_run, tmp_path):
+    from tests.cli_support import as_format_1
+
+    baseline = good_run.write_baseline(tmp_path / "good.csv")
+    with pytest.raises(harness.BaselineError, match=r"good.csv is a baseline file, not a run: pass the run's folder"):
+        harness.gate(baseline, baseline)
+    legacy = as_format_1(baseline, tmp_path / "legacy.csv")
+    with pytest.raises(harness.BaselineError, match=r"format 1 is a legacy format .* allow_legacy_baseline=True"):
+        harness.gate(good_run, legacy)
+    assert harness.gate(good_run, legacy, allow_legacy_baseline=True).ok
+    folder = tmp_path / "run"
+    good_run.write_reports(folder)
+    with pytest.raises(harness.ReportError, match="is the rows.csv of the run folder"):
+        good_run.write_baseline(folder / "rows.csv")
+
+
 def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(tmp_path, capsys):
     code = cli_main(
         [

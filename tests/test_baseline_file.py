@@ -95,7 +95,7 @@ def test_a_hand_edited_baseline_is_refused(tmp_path):
         fields[column] = repr(float(fields[column]) * 1000)
         return fields
 
-    with pytest.raises(ReportInputError, match="do not match the header's digest"):
+    with pytest.raises(ReportInputError, match="does not match the header's digest"):
         load_baseline(_edited_baseline(tmp_path, times_1000))
 
 

@@ -199,7 +199,7 @@ def _corrupt_stale_header(path):
     with np.load(path) as archive:
         payload = {k: archive[k] for k in archive.files}
     header = json.loads(bytes(payload["__header__"]).decode())
-    header["key"]["generator_version"] = -1
+    header["key"]["generator"] = "0" * 64
     payload["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
     np.savez(path, **payload)
 

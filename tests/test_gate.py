@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import json
 import math
 import subprocess
@@ -19,6 +19,7 @@ from reports.drift import DTYPE_EPSILON, growth, noise_floor
 from reports.gate import gate
 from reports.markdown import gate_markdown
 from reports.samples import sample_rows, write_sample_run
+from tests.cli_support import as_format_1
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = DTYPE_EPSILON["bfloat16"]
@@ -107,25 +108,19 @@ def test_scale_gradient_drift_within_twice_its_sensitivity_is_noise():
     assert len(gate(baseline, current).regressions) == 1
 
 
-def test_a_format_1_baseline_without_sensitivity_is_still_read(tmp_path):
-    from reports.baseline import BASELINE_FORMAT_VERSION
-    from reports.drift import LEGACY_GATE_COLUMNS
-
+def test_a_format_1_baseline_is_read_only_when_legacy_baselines_are_allowed(tmp_path):
+    """Format 1 has no digest: read (its sensitivities as NaN) only when the reader asks for it."""
     path = write_baseline(passing_rows(), tmp_path / "new.csv", policy_hash="p1")
-    lines = path.read_text().splitlines()
-    assert (
-        lines[0].startswith(f"# mhc-parity baseline format={BASELINE_FORMAT_VERSION} ") and BASELINE_FORMAT_VERSION == 2
-    )
-    keep = [BASELINE_COLUMNS.index(c) for c in LEGACY_GATE_COLUMNS]
-    old = tmp_path / "old.csv"
-    with open(old, "w", newline="") as stream:  # the csv module: names like sharded(data=2,fsdp=4) are quoted
-        stream.write(lines[0].replace("format=2", "format=1") + "\n")
-        writer = csv.writer(stream, lineterminator="\n")
-        for fields in csv.reader(lines[1:]):
-            writer.writerow([fields[i] for i in keep])
-    frame = load_baseline(old).frame
-    assert frame["oracle_sensitivity_max"].isna().all() and len(frame) == len(passing_rows())
-    assert gate(frame, passing_rows()).ok
+    assert path.read_text().startswith("# mhc-parity baseline format=3 policy_hash=p1 rows=")
+    old = as_format_1(path, tmp_path / "old.csv")
+    with pytest.raises(
+        ReportInputError, match=r"format 1 is a legacy format .* read only with --allow-legacy-baseline"
+    ):
+        load_baseline(old)
+    loaded = load_baseline(old, allow_legacy=True)
+    assert loaded.frame["oracle_sensitivity_max"].isna().all() and len(loaded.frame) == len(passing_rows())
+    assert loaded.note.endswith("is in legacy format 1: its rows and header are covered by no digest")
+    assert gate(loaded.frame, passing_rows()).ok
 
 
 def test_rms_growth_alone_is_a_regression():
@@ -297,12 +292,12 @@ def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
     second = write_baseline(list(reversed(rows)), tmp_path / "b.csv", policy_hash="sha256:1")
     assert first.read_bytes() == second.read_bytes()
     lines = first.read_text().splitlines()
-    assert lines[0].startswith(header_line("sha256:1") + f" rows={len(rows)} body_sha256=")
+    assert lines[0].startswith(header_line("sha256:1", rows=len(rows)) + " sha256=")
     assert lines[1] == ",".join(BASELINE_COLUMNS)
     keys = [tuple(line.split(",")[:4]) for line in lines[2:]]
     assert keys == sorted(keys) and len(keys) == len(rows)
     loaded = load_baseline(first)
-    assert loaded.policy_hash == "sha256:1" and loaded.format_version == 2
+    assert loaded.policy_hash == "sha256:1" and loaded.format_version == 3
     assert list(loaded.frame.columns) == list(BASELINE_COLUMNS)
     value = find(rows, "bf16_small", "out")["cand_oracle_rms_err"]
     stored = loaded.frame.loc[
@@ -480,3 +475,160 @@ def test_loaded_runs_and_baselines_are_accepted_everywhere(files, tmp_path):
     assert gate(baseline, load_run(run_dir)).ok
     paths = write_all(load_run(run_dir), {}, tmp_path / "out", baseline=baseline)
     assert json.loads(paths["json"].read_text())["gate"]["ok"] is True
+
+
+# ----------------------------------------------------------------------------- what the gate trusts
+
+
+def regressed_run(files) -> Path:
+    """The current run of `files` with one leaf's oracle error grown 3x: the gate fails it."""
+    current = passing_rows()
+    find(current, "bf16_small", "d_x")["cand_oracle_max_err"] *= 3.0
+    return write_run(files["current"], current)
+
+
+def grown_d_x(row: dict) -> dict:
+    """A baseline row with the regressed leaf's error grown as well: the stale body a user
+    would give the gate so that the regressed run passes."""
+    if (row["case"], row["leaf"], row["comparison"]) == ("bf16_small", "d_x", "vs_reference"):
+        row["cand_oracle_max_err"] = repr(float(row["cand_oracle_max_err"]) * 3.0)
+    return row
+
+
+def baseline_main(*argv) -> int:
+    from harness.commands.baseline import main as baseline_command
+
+    return baseline_command([str(a) for a in argv])
+
+
+def test_a_baseline_file_is_not_a_current_run(files, capsys):
+    """A baseline carries no manifest, so taken as --current it skipped the manifest and code
+    checks: `gate --baseline B --current B` passed in any checkout."""
+    from harness.commands.render import main as render_main
+    from tests.cli_support import assert_one_line
+
+    for command in (
+        lambda: main(["--baseline", str(files["baseline"]), "--current", str(files["baseline"])]),
+        lambda: render_main(["--rows", str(files["baseline"]), "--out", str(files["dir"] / "rendered")]),
+        lambda: baseline_main("--from", files["baseline"], "--to", files["dir"] / "copy.csv"),
+    ):
+        code = command()
+        out, err = capsys.readouterr()
+        assert_one_line(code, err, f"{files['baseline']} is a baseline file, not a run", "report.json")
+        assert "gate PASS" not in out
+    assert not (files["dir"] / "copy.csv").exists()
+
+
+def test_a_baseline_in_a_run_folder_is_not_that_run(files, capsys):
+    """`baseline --to RUN/rows.csv` replaced the run's rows with a baseline, which `--current
+    RUN/rows.csv` then took without its manifest's check: refused at both ends."""
+    from tests.cli_support import assert_one_line
+
+    run = regressed_run(files)
+    for name in ("rows.csv", "report.json", "manifest.json"):
+        before = (run / name).read_bytes()
+        code = baseline_main("--from", files["current"], "--to", run / name, "--allow-code-change")
+        assert_one_line(code, capsys.readouterr().err, f"is the {name} of the run folder", "outside the run folder")
+        assert (run / name).read_bytes() == before
+    (run / "rows.csv").write_bytes(files["baseline"].read_bytes())  # put there by hand
+    code = main(["--baseline", str(files["baseline"]), "--current", str(run / "rows.csv")])
+    assert_one_line(code, capsys.readouterr().err, "is a baseline file, not a run")
+    assert main(["--baseline", str(files["baseline"]), "--current", str(run)]) == 1  # the run's own rows
+    assert baseline_main("--from", run, "--to", files["dir"] / "elsewhere" / "rows.csv") == 0  # not a run folder
+
+
+def test_baseline_from_refuses_one_shard_of_a_run(files, capsys):
+    """`run --shard 1/2` then `baseline --from` wrote half the rows as the baseline, against
+    which a regression in the other half passed: a shard must be merged first."""
+    from records.manifest import read_manifest
+    from reports.samples import sample_manifest
+    from tests.cli_support import assert_one_line
+
+    rows = [r for r in passing_rows() if r["case"] == "bf16_small"]
+    whole = read_manifest(files["current"]).cases
+    shard = dataclasses.replace(sample_manifest(rows), shard="1/2", shard_of=whole, shard_of_digest="sample")
+    write_sample_run(rows, files["dir"] / "shard1", manifest=shard, rendered=False)
+    code = baseline_main("--from", files["dir"] / "shard1", "--to", files["dir"] / "shard1.csv")
+    assert_one_line(code, capsys.readouterr().err, "is shard 1/2 of a run", "merge the shards first", "harness merge")
+    assert not (files["dir"] / "shard1.csv").exists()
+    unfinished = dataclasses.replace(sample_manifest(rows), state="interrupted", reason="SIGINT")
+    write_sample_run(rows, files["dir"] / "stopped", manifest=unfinished, rendered=False)
+    code = baseline_main("--from", files["dir"] / "stopped", "--to", files["dir"] / "stopped.csv")
+    assert_one_line(code, capsys.readouterr().err, "holds an unfinished run")
+
+
+def test_a_baseline_downgraded_to_format_1_needs_the_legacy_flag(files, capsys):
+    """Set to format=1 with its sensitivity columns dropped, an edited baseline's stale digest
+    was ignored and a regressed run gated 0."""
+    from tests.cli_support import assert_one_line
+
+    run = regressed_run(files)
+    assert main(["--baseline", str(files["baseline"]), "--current", str(run)]) == 1
+    capsys.readouterr()
+    downgraded = as_format_1(files["baseline"], files["dir"] / "downgraded.csv", grown_d_x)
+    code = main(["--baseline", str(downgraded), "--current", str(run)])
+    assert_one_line(code, capsys.readouterr().err, "baseline format 1 is a legacy format", "--allow-legacy-baseline")
+    code = main(["--baseline", str(downgraded), "--current", str(run), "--allow-legacy-baseline"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"note: baseline {downgraded} is in legacy format 1: its rows and header" in out
+
+
+def test_a_legacy_baseline_without_a_policy_says_the_policy_was_not_checked(files, capsys):
+    legacy = as_format_1(files["baseline"], files["dir"] / "legacy.csv", policy_hash="-")
+    other_policy = write_run(files["dir"] / "p2", passing_rows(), policy_hash="p2")
+    code = main(["--baseline", str(legacy), "--current", str(other_policy), "--allow-legacy-baseline"])
+    out = capsys.readouterr().out
+    assert code == 0 and "it records no tolerance policy, so the policy was not checked" in out
+
+
+HEADER_EDITS = {
+    "policy_hash": lambda header: header.replace("policy_hash=p1", "policy_hash=p2"),
+    "implementation": lambda header: header.replace(" rows=", " implementation=my_mhc rows="),
+    "matmul_precision": lambda header: header.replace(" rows=", " matmul_precision=default=bfloat16 rows="),
+    "backend": lambda header: header.replace(" rows=", " backend=tpu rows="),
+    "format": lambda header: header.replace("format=3", "format=2").replace(" sha256=", " body_sha256="),
+}
+
+
+@pytest.mark.parametrize("field", sorted(HEADER_EDITS))
+def test_every_header_field_a_verdict_depends_on_is_inside_the_digest(files, capsys, field):
+    """A header edited by hand (another policy, implementation, precision or backend than the
+    rows were made under) is refused like an edited row."""
+    from tests.cli_support import assert_one_line
+
+    lines = files["baseline"].read_text().splitlines(keepends=True)
+    edited = files["dir"] / "edited.csv"
+    edited.write_text(HEADER_EDITS[field](lines[0]) + "".join(lines[1:]))
+    with pytest.raises(ReportInputError, match="does not match the header's digest|format 2 is a legacy format"):
+        load_baseline(edited)
+    assert_one_line(main(["--baseline", str(edited), "--current", str(files["current"])]), capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("policy", ["policy_hash=-", "policy_hash=", ""], ids=["dash", "empty", "missing"])
+def test_a_current_format_baseline_without_a_policy_is_refused(files, capsys, policy):
+    """`policy_hash=-` disabled the policy check with only a note; a baseline now always names
+    its policy (sealed anew here, as a writer that left it out would)."""
+    from reports.baseline import sealed
+    from tests.cli_support import assert_one_line
+
+    lines = files["baseline"].read_text().splitlines(keepends=True)
+    header = lines[0].rstrip("\n").rsplit(" sha256=", 1)[0].replace(" policy_hash=p1", f" {policy}".rstrip())
+    unsigned = files["dir"] / "unsigned.csv"
+    unsigned.write_text(sealed(header, "".join(lines[1:])))
+    other_policy = write_run(files["dir"] / "p2", passing_rows(), policy_hash="p2")
+    code = main(["--baseline", str(unsigned), "--current", str(other_policy)])
+    assert_one_line(code, capsys.readouterr().err, "records no tolerance policy", "make baseline")
+    with pytest.raises(ReportInputError, match="records the tolerance policy"):
+        write_baseline(passing_rows(), files["dir"] / "no-policy.csv")
+
+
+def test_run_reads_a_legacy_baseline_only_with_the_legacy_flag(files, capsys):
+    """`run --baseline` refuses a legacy file before any compute, naming the flag it accepts."""
+    from harness.commands.run import main as run_main
+    from harness.commands.run import run_parser
+    from tests.cli_support import REFERENCE_ONLY_CASE, assert_one_line
+
+    downgraded = as_format_1(files["baseline"], files["dir"] / "legacy-for-run.csv", grown_d_x)
+    code = run_main(["--cases", REFERENCE_ONLY_CASE, "--baseline", str(downgraded), "--out", str(files["dir"] / "r")])
+    assert_one_line(code, capsys.readouterr().err, "legacy format", "--allow-legacy-baseline")
+    assert run_parser().parse_args(["--allow-legacy-baseline"]).allow_legacy_baseline

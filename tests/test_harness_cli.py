@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from harness.cli import main as cli_main
@@ -125,7 +129,9 @@ def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path)
         (["run", "--policy", "no/such/policy.toml"], "policy.toml"),
         (["run", "--case-file", "no/such/cases.toml"], "cases.toml"),
         (["run", "--baseline", "no/such/baseline.csv"], "baseline.csv"),
-        (["run", "--heartbeat", "0"], "--heartbeat must be > 0"),
+        (["run", "--heartbeat", "0"], "--heartbeat: must be a finite number of seconds > 0"),
+        (["run", "--heartbeat", "inf"], "--heartbeat: must be a finite number of seconds > 0"),
+        (["run", "--heartbeat", "nan"], "--heartbeat: must be a finite number of seconds > 0"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(argv, message, tmp_path, capsys):
@@ -255,3 +261,101 @@ def test_resume_of_a_complete_run_refuses_a_stream_its_manifest_did_not_count(tm
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 2, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "its row stream does not match its manifest" in resumed.stderr
+
+
+# ----------------------------------------------------- hostile inputs: the lock, --heartbeat, a closed pipe
+
+
+def _planted_lock(out, target, how: str) -> None:
+    """`out`'s writer lock made a link to `target` (or a file of someone else's), as a hostile
+    folder could hold."""
+    from records.outputs import WRITER_LOCK_FILE
+
+    out.mkdir()
+    lock = out / WRITER_LOCK_FILE
+    if how == "symlink":
+        lock.symlink_to(target)
+    elif how == "hard link":
+        os.link(target, lock)
+    else:  # a regular file with content no writer lock has
+        lock.write_text(target.read_text())
+
+
+@pytest.mark.parametrize("how", ["symlink", "hard link", "foreign content"])
+def test_a_writer_lock_that_is_not_ours_is_refused_and_its_target_untouched(tmp_path, capsys, how):
+    from records.outputs import WRITER_LOCK_FILE
+    from tests.cli_support import REFERENCE_ONLY_CASE, assert_one_line
+
+    target = tmp_path / "precious.txt"
+    target.write_text("someone's notes\n")
+    out = tmp_path / "out"
+    _planted_lock(out, target, how)
+    code = cli_main(
+        ["run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet", "--out", str(out)]
+    )
+    assert_one_line(code, capsys.readouterr().err, WRITER_LOCK_FILE)
+    assert target.read_text() == "someone's notes\n"
+    assert not (out / "manifest.json").exists()  # refused before the folder changed
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1", "twenty"])
+def test_heartbeat_must_be_a_finite_positive_number_of_seconds(value, capsys):
+    from harness.commands.run import run_parser
+
+    with pytest.raises(SystemExit) as stopped:
+        run_parser().parse_args([f"--heartbeat={value}"])  # with "=": argparse reads "-inf" as an option
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == [
+        f"mhc-parity run: error: argument --heartbeat: must be a finite number of seconds > 0, got {value!r}"
+    ]
+    assert run_parser().parse_args(["--heartbeat", "0.5"]).heartbeat == 0.5
+
+
+def _closed_stdout_run(command: list[str]):
+    """`command` run with a stdout pipe whose reader is gone before it writes a byte (what
+    `| head -1` leaves a long output); stderr captured."""
+    from tests.cli_support import ROOT
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(command, cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+
+
+@pytest.fixture
+def failing_gate(tmp_path) -> list[str]:
+    """`gate` arguments whose verdict is FAIL: one leaf's oracle error tripled since the baseline."""
+    from reports import write_baseline
+    from reports.samples import sample_rows
+
+    passing = [dict(r) for r in sample_rows() if r["verdict"] in ("pass", "skip", "unsupported")]
+    baseline = write_baseline(passing, tmp_path / "baseline.csv", policy_hash="p1")
+    (grown,) = [  # 3 eps in the baseline: tripled, well past the noise floor
+        r
+        for r in passing
+        if (r["case"], r["leaf"], r["comparison"], r["candidate"])
+        == ("bf16_small", "d_x", "vs_reference", "interpret/unsharded")
+    ]
+    grown["cand_oracle_max_err"] *= 3.0
+    write_sample_run(passing, tmp_path / "run", metadata={"policy_hash": "p1"}, policy_digest="p1", rendered=False)
+    arguments = ["gate", "--baseline", str(baseline), "--current", str(tmp_path / "run")]
+    assert cli_main(arguments) == 1  # through an open stdout: the gate fails
+    return arguments
+
+
+@pytest.mark.parametrize("command", ["gate FAIL", "policy --table", "cases list", "--help"])
+def test_a_closed_stdout_pipe_ends_quietly_with_141_never_0(command, failing_gate):
+    from tests.cli_support import harness_command
+
+    arguments = {"gate FAIL": failing_gate, "policy --table": ["policy", "--table"], "--help": ["--help"]}
+    if command == "cases list":
+        argv = [sys.executable, "-m", "cases", "list", "--suite", "default"]
+    else:
+        argv = harness_command(*arguments[command])
+    proc = _closed_stdout_run(argv)
+    assert proc.returncode == 141, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr and "Exception ignored" not in proc.stderr

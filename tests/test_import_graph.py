@@ -55,6 +55,7 @@ DEFERRED_IMPORTS = {
     ("harness/commands/baseline.py", "harness.commands.run"): "`baseline --from` must not load JAX; `--impl` runs",
     ("harness/commands/baseline.py", "harness.engine.implementations"): "as above: `--impl` loads the implementation",
     ("harness/pytest_plugin.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
+    ("harness/processes/watchdog.py", "records.manifest"): "a watchdog starts with each run; a stuck one needs it",
 }
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from cases.catalogue import make_case
 from harness.judging.policy import load_policy
+from records.code import external_code_files
 from records.manifest import (
     COMPLETE,
     INTERRUPTED,
@@ -91,15 +92,20 @@ def test_differences_name_what_changed():
     files["mhc/layer.py"] = "0" * 64
     changed = dataclasses.replace(base, code_files=tuple(files.items()), code_digest="x")
     assert base.differences(changed) == ["code under test: mhc/layer.py changed"]
-    assert changed.changed_project_files() == ["mhc/layer.py"]
-    assert base.changed_project_files() == []
+    assert changed.changed_code_files() == ["mhc/layer.py"]
+    assert base.changed_code_files() == []
 
 
 def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
     module = tmp_path / "my_impl.py"
     module.write_text("x = 1\n")
     with_external = Manifest.new(
-        request=request(), cases=CASES, path_names=[], policy=load_policy(), extra_code_files=[module], command_line=""
+        request=request(),
+        cases=CASES,
+        path_names=[],
+        policy=load_policy(),
+        extra_code_files=external_code_files("my_impl", module),
+        command_line="",
     )
     keys = dict(with_external.code_files)
     assert {"mhc/layer.py", "cases/spec.py", "harness/engine/runner.py"} <= set(keys)

@@ -35,7 +35,7 @@ from records.environment import (
 )
 from reports import load_baseline, load_rows, to_frame, write_baseline
 from reports.samples import sample_rows, write_sample_run
-from reports.sources import load_run
+from reports.sources import load_baseline_or_run, load_run
 
 Precision = jax.lax.Precision
 BASE = dict(batch=1, sequence=16, streams=2, embedding=128)
@@ -226,13 +226,13 @@ def test_the_baseline_header_carries_backend_device_kind_and_precision(tmp_path)
         "device_kind": "TPU v5 lite",
         "matmul_precision": "default=bfloat16,highest=bfloat16x6",
     }
-    assert run_precision(load_run(baseline)) == "default=bfloat16,highest=bfloat16x6"
+    assert run_precision(load_baseline_or_run(baseline)) == "default=bfloat16,highest=bfloat16x6"
 
 
 def test_headers_without_the_precision_follow_the_legacy_rule(tmp_path):
     legacy = write_baseline(_passing(), tmp_path / "legacy.csv", policy_hash="p1")
     assert "matmul_precision" not in legacy.read_text().splitlines()[0]
-    assert run_precision(load_run(legacy)) == LEGACY_MATMUL_PRECISION
+    assert run_precision(load_baseline_or_run(legacy)) == LEGACY_MATMUL_PRECISION
     old_tpu_report = _report(tmp_path, "old-tpu", backend="tpu")
     assert run_precision(load_run(old_tpu_report)) is None
     assert precision_conflicts("highest=float32", None) == []

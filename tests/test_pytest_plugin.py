@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 import types
 
+import pandas as pd
 import pytest
 
 from harness.pytest_plugin import _ini_overrides, update_command
@@ -60,3 +61,38 @@ def test_a_baseline_diff_names_rows_added_removed_changed_and_the_header(rows):
     assert diff.header == (("policy_hash", "p1", "p2"),)  # the row count and body digest are the rows' own
     assert diff.rows == len(rows) - 1 and not diff.unchanged
     assert diff_baselines(old, old).unchanged
+
+
+def test_a_legacy_baseline_stops_the_session_unless_the_plugin_option_allows_it(tmp_path, rows):
+    """The plugin took a baseline set by hand to format 1 (no digest) as the gate did: now it
+    is a usage error naming the plugin's option, and with the option the summary says what
+    went unverified."""
+    from harness.pytest_plugin import LEGACY_INI, LEGACY_OPTION, ParitySession
+    from reports.baseline import write_baseline
+    from reports.sources import LoadedRun
+    from tests.cli_support import as_format_1
+
+    passing = [r for r in rows if r["verdict"] in ("pass", "skip", "unsupported")]
+    legacy = as_format_1(write_baseline(passing, tmp_path / "new.csv", policy_hash="p1"), tmp_path / "old.csv")
+    options = {"--parity-baseline": str(legacy)}
+    session = ParitySession(_config(options, rootpath=tmp_path))
+    refused = (
+        rf"{legacy}: baseline format 1 is a legacy format .* read only with {LEGACY_OPTION} \(or {LEGACY_INI} = true\)"
+    )
+    with pytest.raises(pytest.UsageError, match=refused + "; recreate it with: pytest "):
+        session.settle_baseline(tmp_path)
+    current = LoadedRun(pd.DataFrame(passing), pathlib.Path("<session>"), "p1", {}, False)
+    prepared = types.SimpleNamespace(
+        implementation_names=(), result=lambda records: types.SimpleNamespace(loaded=lambda: current)
+    )
+    for config in (
+        _config({**options, LEGACY_OPTION: True}, rootpath=tmp_path),
+        _config(options, {LEGACY_INI: True}, rootpath=tmp_path),
+    ):
+        session = ParitySession(config)
+        session._prepared = prepared  # what `prepare` gives, without loading the engine
+        session.settle_baseline(tmp_path)
+        assert len(session.baseline_run.frame) == len(passing)
+        assert session.summary_lines == [
+            f"mhc-parity: note: baseline {legacy} is in legacy format 1: its rows and header are covered by no digest"
+        ]

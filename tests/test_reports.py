@@ -7,6 +7,7 @@ a lowering row; every format is rendered once per module and inspected.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -164,7 +165,7 @@ def test_every_file_writes_non_finite_numbers_one_way_and_older_forms_still_load
     by_case = {case: [r for r in rows if r["case"] == case] for case in dict.fromkeys(r["case"] for r in rows)}
     for case, case_rows in by_case.items():
         store.append_case(case, case_rows)
-    baseline = write_baseline(rows, tmp_path / "baseline.csv")
+    baseline = write_baseline(rows, tmp_path / "baseline.csv", policy_hash="p1")
     stream = store.rows_path.read_text()
     assert '"nan"' in stream and '"inf"' in stream and "null" not in stream and "Infinity" not in stream
     csv_cells = written["csv"].read_text().replace("\n", ",").split(",")
@@ -532,6 +533,32 @@ def test_markdown_pass_line_when_nothing_fails(rows):
     passing = [r for r in rows if r["verdict"] in ("pass", "skip", "unsupported")]
     text = render_markdown(passing)
     assert text.startswith("## mHC parity: ✅ PASS") and "Failures" not in text
+
+
+@pytest.mark.slow
+def test_a_run_under_another_policy_says_so_at_the_top_of_every_summary(tmp_path, capsys, rows):
+    from harness.judging.policy import DEFAULT_POLICY_PATH
+    from reports import render_markdown
+    from tests.cli_support import REFERENCE_ONLY_CASE
+
+    default = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")
+    assert "floor_ulps = 4\n" in default
+    policy = tmp_path / "looser.toml"
+    policy.write_text(default.replace("floor_ulps = 4\n", "floor_ulps = 40\n", 1), encoding="utf-8")
+    digest = hashlib.sha256(policy.read_bytes()).hexdigest()
+    out = tmp_path / "run"
+    argv = ["run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet"]
+    code = cli_main([*argv, "--policy", str(policy), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed[-3000:]
+    head = "\n".join((out / "summary.md").read_text(encoding="utf-8").splitlines()[:4])
+    banner = (out / "report.html").read_text(encoding="utf-8").split("</header>")[0]
+    for shown in (head, banner, printed):
+        assert str(policy) in shown and digest in shown and "not the packaged default" in shown, shown[-2000:]
+    # The packaged policy goes unremarked, as does a run that did not record which policy it had.
+    packaged = {"policy_file": str(DEFAULT_POLICY_PATH), "policy_hash": "p", "policy_is_default": True}
+    for metadata in (packaged, METADATA):
+        assert "packaged default" not in render_markdown(rows, metadata=metadata)
 
 
 # ----------------------------------------------------------------------------- edge cases

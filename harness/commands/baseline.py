@@ -12,6 +12,9 @@
 The third form is `harness run` underneath: rows stream into --out case by case, Ctrl-C or
 SIGTERM stop it with a hint, and `--resume` finishes an interrupted run.
 
+RUN is a whole, complete run: never a baseline file, an unfinished run or one shard of a
+run (merge the shards first); PATH is never one of a run folder's own files.
+
 Exit codes: 0 written; 2 a usage or configuration error, one line on stderr; 128 + the
 signal's number when stopped by one. Only the third form loads JAX.
 """
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 from harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
 from records.outputs import OutputPathError, cannot_write, writable_file
 from records.rows import ReportInputError
-from reports.baseline import write_baseline
+from reports.baseline import run_folder_refusal, write_baseline
 from reports.ownership import default_baseline_path, implementation_rows, resolve_implementation
 from reports.sources import load_run
 
@@ -151,10 +154,11 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
 
     With `impl`, only that external implementation's rows (the run must have them), with
     its name in the header, by default to baselines/<name>.csv. Exit 0 written; 2 when the
-    target cannot be written, or the run cannot be used: unreadable, unfinished, empty,
-    without the implementation, or (unless `allow_code_change`) made by other code than
-    this checkout (see `reports.sources.load_run`). A run with fail/error rows is written
-    anyway, with a warning: the gate still fails on those rows.
+    target cannot be written or is a run folder's own file (`run_folder_refusal`), or the
+    run cannot be used: unreadable, unfinished, a baseline file, one shard of a run
+    (`shard_refusal`), empty, without the implementation, or (unless `allow_code_change`)
+    made by other code than this checkout (see `reports.sources.load_run`). A run with
+    fail/error rows is written anyway, with a warning: the gate still fails on those rows.
     """
     if target is None and impl is None:
         return _usage_error("give --to PATH (or --impl NAME for an implementation's baseline)")
@@ -165,6 +169,9 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
             name = resolve_implementation(run, impl)
             frame = implementation_rows(run.frame, name)
         target = writable_file(target or default_baseline_path(name))
+        refusal = shard_refusal(run) or run_folder_refusal(target)
+        if refusal:
+            raise ReportInputError(refusal)
     except (ReportInputError, OutputPathError, ValueError) as exc:
         return _usage_error(str(exc))
     if not len(frame):
@@ -183,3 +190,18 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
     owner = f" of implementation {name!r}" if name else ""
     print(f"baseline written: {path} ({len(frame)} rows{owner})")
     return EXIT_OK
+
+
+def shard_refusal(run) -> str:
+    """Why `run` (a `LoadedRun`) cannot be a baseline because it is one shard of a run
+    (`run --shard K/N`), or "": its rows are part of the selection, and a baseline of them
+    would let a regression in the other shards' cases pass the gate unseen."""
+    manifest = run.manifest
+    if manifest is None or not manifest.shard:
+        return ""
+    count = manifest.shard.partition("/")[2]
+    return (
+        f"{run.source} is shard {manifest.shard} of a run ({len(manifest.cases)} of its {len(manifest.shard_of)} "
+        f"cases); merge the shards first: python -m harness merge OUT SHARD_1 ... SHARD_{count}, "
+        f"then baseline --from OUT"
+    )

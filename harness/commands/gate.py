@@ -3,8 +3,9 @@
 Exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
 mismatched runs, including runs made under another tolerance policy or at another matmul
 precision, see `reports.comparability`, unless allowed; a current run that did not finish,
-or was made by other code than this checkout, see `reports.sources`; an unwritable
---markdown path). Loads no JAX.
+or was made by other code than this checkout, see `reports.sources`; a baseline file given
+as --current; a legacy-format baseline without --allow-legacy-baseline, see
+`reports.baseline`; an unwritable --markdown path). Loads no JAX.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
 from records.environment import run_precision
 from records.outputs import OutputPathError, cannot_write, writable_file
 from records.rows import ReportInputError
+from reports.baseline import LEGACY_OPTION
 from reports.comparability import comparability_refusal, current_cases, gated_frame
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult, gate
 from reports.markdown import gate_markdown
-from reports.sources import load_run
+from reports.sources import load_baseline_or_run, load_run
 
 GATE_PROG = "mhc-parity gate"
 
@@ -33,7 +35,12 @@ def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
         description="Compare a parity run with the committed baseline; exit 0 pass, 1 fail, 2 input error.",
     )
     parser.add_argument("--baseline", required=True, help="baseline CSV (or any run: folder, report.json, rows file)")
-    parser.add_argument("--current", required=True, help="run folder, report.json, rows.jsonl or rows.csv")
+    parser.add_argument(
+        "--current",
+        required=True,
+        help="the run to judge: its folder or report.json (or its rows.jsonl/rows.csv beside its manifest); "
+        "never a baseline file",
+    )
     parser.add_argument(
         "--growth-factor",
         type=float,
@@ -67,6 +74,12 @@ def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
         action="store_true",
         help="compare even if the baseline ran its matmuls at another precision (or on a backend "
         "where a precision setting means another rounding)",
+    )
+    parser.add_argument(
+        LEGACY_OPTION,
+        action="store_true",
+        help="read a baseline in a legacy format (1 or 2), whose header or rows no digest covers; "
+        "the gate says what went unverified",
     )
     return parser
 
@@ -111,7 +124,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
     except OutputPathError as exc:
         return _fail(f"--markdown: {exc}")
     try:
-        baseline = load_run(args.baseline)
+        baseline = load_baseline_or_run(args.baseline, allow_legacy=args.allow_legacy_baseline)
         current = load_run(args.current, require_current_code=not args.allow_code_change)
     except ReportInputError as exc:
         return _fail(f"cannot read input: {exc}")
@@ -149,6 +162,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
     print(result.table())
     for note in _notes(result, baseline, current, args.only_current_cases):
         print(note)
+    if baseline.note:
+        print(baseline.note)
     if baseline.policy_hash is None or current.policy_hash is None:
         print("(policy hash not recorded on both sides; policy match not checked)")
     if run_precision(baseline) is None or run_precision(current) is None:

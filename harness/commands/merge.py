@@ -27,7 +27,7 @@ import uuid
 from harness.processes.interrupts import SignalsInterrupt
 from harness.processes.shards import parse_shard, shard_names
 from records.manifest import Manifest, ManifestError, now_iso, read_manifest
-from records.outputs import FolderInUseError, OutputPathError, WriterLock, cannot_write, writable_folder
+from records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from records.store import RowStore, StoreError
 from reports import ReportInputError
 from reports.sources import load_run
@@ -225,7 +225,7 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
         raise MergeError(f"OUT: {exc}") from None
     try:
         writer = WriterLock(out, command_line)  # one writer per run folder
-    except FolderInUseError as exc:
+    except OutputPathError as exc:  # held by another writer, or not a lock of ours
         raise MergeError(f"OUT: {exc}") from None
     with writer:
         try:

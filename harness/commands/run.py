@@ -11,23 +11,25 @@ with the command that finishes the run (`--resume`).
 from __future__ import annotations
 
 import argparse
+import math
 import pathlib
 import shlex
-import signal
 import sys
 import time
 
 from harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE
 from harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
+from harness.engine.case_memory import first_too_large
 from harness.engine.implementations import includes_external
 from harness.engine.run_info import enable_compilation_cache
-from harness.engine.runner import Runner, out_of_memory_error
+from harness.engine.runner import Runner, out_of_memory
 from harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
 from harness.errors import ConfigurationError, ResourceError, UsageError
 from harness.judging.policy import PolicyError
-from harness.processes.interrupts import SignalsInterrupt
+from harness.processes.interrupts import SignalsInterrupt, interruption_message
 from harness.processes.parallel import ParallelRunner, auto_jobs
 from harness.processes.shards import parse_shard, shard_cases
+from harness.processes.watchdog import Watchdog
 from records.manifest import (
     MANIFEST_FILE,
     ManifestError,
@@ -35,7 +37,8 @@ from records.manifest import (
     record_stop,
     write_manifest,
 )
-from records.outputs import FolderInUseError, OutputPathError, WriterLock, cannot_write, writable_folder
+from records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
+from records.space_reserve import SpaceReserve, release_reserve, reserve_bytes
 from records.store import RowStore, StoreError
 from reports import ReportInputError, load_baseline, write_all
 from reports.terminal import exit_code, print_summary
@@ -77,6 +80,11 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
     p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
+    p.add_argument(
+        "--allow-legacy-baseline",
+        action="store_true",
+        help="read a --baseline of an older format (its header is not inside its digest)",
+    )
     p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
     p.add_argument(
         "--jobs",
@@ -94,12 +102,26 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--heartbeat",
-        type=float,
+        type=heartbeat_seconds,
         default=DEFAULT_HEARTBEAT_S,
         metavar="SECONDS",
-        help=f"without a terminal, print the running case at least this often (default {DEFAULT_HEARTBEAT_S:g})",
+        help="without a terminal, print the running case at least this often: a finite number of seconds > 0 "
+        f"(default {DEFAULT_HEARTBEAT_S:g}; --quiet prints no progress at all)",
     )
     return p
+
+
+def heartbeat_seconds(text: str) -> float:
+    """`--heartbeat`: a finite number of seconds > 0, checked by the parser (a usage error,
+    exit 2) because the heartbeat thread waits that long: inf overflows its wait, nan never
+    compares, and 0 or less would print without pause. There is no "off" value: --quiet is."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return seconds
 
 
 def selection_of(args) -> RunSelection:
@@ -197,14 +219,15 @@ def parse_jobs(text) -> int | str:
 
 
 def _command_run(args, argv, command_line: str | None = None) -> int:
-    if args.heartbeat <= 0:
-        raise UsageError(f"--heartbeat must be > 0 seconds, got {args.heartbeat:g}")
     args.jobs = parse_jobs(args.jobs)
     selection = selection_of(args)
     configuration = configure(selection)
     policy, plan = configuration.policy, configuration.plan
     cases, whole_selection = _take_shard(args, list(configuration.cases))
-    baseline = _load_baseline(args.baseline)  # before the run: a bad path wastes no time
+    too_large = first_too_large(cases)  # before the folder changes: a case that cannot fit is refused with its size
+    if too_large:
+        raise UsageError(too_large)
+    baseline = _load_baseline(args.baseline, args.allow_legacy_baseline)  # before the run: a bad path wastes no time
     try:
         out = writable_folder(args.out)
     except OutputPathError as exc:
@@ -216,13 +239,18 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
     )
     try:
         writer = WriterLock(out, command_line)  # one writer per run folder, for the run's life
-    except FolderInUseError as exc:
+    except OutputPathError as exc:  # held by another run (FolderInUseError), or not a lock of ours
         raise UsageError(f"--out: {exc}") from exc
     with writer:
         enable_compilation_cache()  # before the folder changes: an unwritable cache is a usage error
-        store = RowStore(out)
-        manifest, rows, done = _open_run(store, manifest, resume=args.resume)
-        return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
+        try:  # room for the final manifest, however full the disk gets (records.space_reserve)
+            reserve = SpaceReserve(out, reserve_bytes(manifest.to_json(), len(cases)))
+        except OSError as exc:
+            raise UsageError(f"--out: {cannot_write(exc, out)}") from exc
+        with reserve:
+            store = RowStore(out)
+            manifest, rows, done = _open_run(store, manifest, resume=args.resume)
+            return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
 
 
 def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:
@@ -234,25 +262,14 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     """
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
-    jobs = auto_jobs(len(todo)) if args.jobs == AUTO_JOBS else args.jobs
-    runner = (
-        Runner.with_disk_stores(policy, externals=includes_external(plan.implementations))
-        if jobs == 1
-        else ParallelRunner(policy, jobs)
-    )
     progress = Progress(
         len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet, heartbeat_s=args.heartbeat
     )
-    signals = SignalsInterrupt()
-    running = []  # the case being run, for a message naming it
-
-    def case_started(case):
-        running[:] = [case]
-        progress.start(case)
-
+    signals = SignalsInterrupt(Watchdog(store.folder))  # stops the run if code under test holds the handlers off
     try:
         with signals:
-            for case, case_rows in runner.run(todo, plan, on_case_start=case_started, on_step=progress.step):
+            runner = _runner(args, policy, plan, len(todo))  # in here: a signal while workers start is caught
+            for case, case_rows in runner.run(todo, plan, on_case_start=progress.start, on_step=progress.step):
                 record = store.append_case(case.name, case_rows)
                 rows.extend(case_rows)
                 manifest = manifest.with_case(record)
@@ -262,16 +279,13 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start, plan.implementations)
             finished = manifest.completed(len(rows))
             paths = _write_reports(rows, metadata, store.folder, baseline, finished)
+            release_reserve(store.folder)  # its room is for this last write
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
     except KeyboardInterrupt:
         progress.close()
         name = signals.name
-        write_manifest(store.folder, manifest.interrupted(name))
-        print(
-            f"\nmhc-parity: interrupted ({name}) after {manifest.cases_done} of {len(cases)} cases; "
-            f"finished cases are kept in {store.folder}. Finish the run with:\n  {manifest.resume_command()}",
-            file=sys.stderr,
-        )
+        record_stop(store.folder, manifest.interrupted(name))
+        print("\n" + interruption_message(manifest, name, store.folder), file=sys.stderr)
         return signals.exit_code
     except PolicyError as exc:
         progress.close()
@@ -279,43 +293,57 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
         raise UsageError(f"{exc} (found while running; the run is stopped)") from exc
     except (OSError, MemoryError, ResourceError) as exc:  # what the machine lacked, not a parity failure
         progress.close()
-        reason = _shortage(exc, running)
+        reason = _shortage(exc)
         record_stop(store.folder, manifest.failed(reason))
         kept = manifest.cases_done
         raise UsageError(
             f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
-    return _conclude(rows, paths)
+    return _conclude(rows, paths, metadata)
 
 
-def _shortage(exc: BaseException, running: list) -> str:
-    """One phrase for what stopped the run: the file it could not write, or the case that
-    exhausted memory."""
-    if isinstance(exc, MemoryError):
-        return str(out_of_memory_error(running[0], "the comparisons", exc)) if running else "out of memory"
-    if isinstance(exc, OSError):
-        return cannot_write(exc, "the run folder")
-    return str(exc)
+def _runner(args, policy, plan, cases: int):
+    """The runner of `cases` cases: in this process for one job, else worker processes."""
+    jobs = auto_jobs(cases) if args.jobs == AUTO_JOBS else args.jobs
+    if jobs == 1:
+        return Runner.with_disk_stores(policy, externals=includes_external(plan.implementations))
+    return ParallelRunner(policy, jobs)
 
 
-def _load_baseline(path):
-    """The baseline to show drift against (None without --baseline); UsageError if unreadable."""
+def _shortage(exc: BaseException) -> str:
+    """One phrase for what stopped the run: the case that exhausted memory (the runner's
+    ResourceError names it), memory exhausted outside a case, or the file it could not write."""
+    if isinstance(exc, ResourceError):
+        return str(exc)
+    if out_of_memory(exc):  # outside a case's computations: the rows, the manifest, the reports
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return f"out of memory while writing the run's records or reports ({first_line or type(exc).__name__})"
+    return cannot_write(exc, "the run folder")
+
+
+def _load_baseline(path, allow_legacy: bool):
+    """The baseline to show drift against (None without --baseline); UsageError if unreadable
+    (or of a legacy format without `allow_legacy`). A legacy one's note says what was not checked."""
     if path is None:
         return None
     try:
-        return load_baseline(path)
+        baseline = load_baseline(path, allow_legacy=allow_legacy)
     except (ReportInputError, OSError) as exc:
         raise UsageError(f"baseline {path}: {exc}") from exc
+    if baseline.note:
+        print(baseline.note, file=sys.stderr)
+    return baseline
 
 
 def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest) -> dict:
     return write_all(rows, metadata, out, baseline=baseline, manifest=manifest)
 
 
-def _conclude(rows, paths) -> int:
-    """Print the summary and the report paths; the run's exit code."""
-    print_summary(rows)
+def _conclude(rows, paths, metadata) -> int:
+    """Print the summary (`metadata`: the reports', e.g. which policy judged) and the report
+    paths; the run's exit code."""
+    print_summary(rows, metadata)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")
@@ -340,11 +368,15 @@ def main(argv: list[str], *, command_line: str | None = None) -> int:
         args = run_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
+    # From here on, before any --impl is imported: a process started with SIGINT ignored
+    # (nohup, a CI runner) would otherwise ignore Ctrl-C through the import.
+    signals = SignalsInterrupt()
     try:
-        return _command_run(args, argv, command_line)
+        with signals:
+            return _command_run(args, argv, command_line)
     except ConfigurationError as exc:  # UsageError included; e.g. an unwritable cache folder
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # before the run started computing (see _execute for after)
-        print("\nmhc-parity: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+        print(f"\nmhc-parity: interrupted ({signals.name})", file=sys.stderr)
+        return signals.exit_code

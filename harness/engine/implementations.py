@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ from harness.engine.operation import OPERATION
 from harness.engine.precision_choices import PrecisionChoice, declared_choices
 from harness.errors import ConfigurationError
 from mhc.common import VARIANTS
+from records.foreign_code import note_foreign_code
 
 
 class ImplementationError(ConfigurationError):
@@ -66,8 +68,8 @@ class Implementation:
     other cases get a `skip` row. needs_backend: JAX backend required ("tpu"), else
     `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
     external: the object with pre/post passed to the layer as `implementation`.
-    spec, source_file: an external one's `module:factory` and its module's file (the
-    run manifest records both: the file is code under test). layer: a whole-layer
+    spec, source_file, module: an external one's `module:factory`, its module's file and
+    name (the run manifest records the spec and, as code under test, what the module imports). layer: a whole-layer
     implementation's object with `build` (module docstring), used instead of this
     project's layer. envelope: what it supports (`harness.engine.envelope.Envelope`; None: any
     case). partner: the implementation it is also compared with (`vs_reference`).
@@ -85,6 +87,7 @@ class Implementation:
     external: Any = None
     spec: str = ""
     source_file: str = ""
+    module: str = ""
     layer: Any = None
     envelope: Envelope | None = None
     partner: str = ""
@@ -169,6 +172,7 @@ def load_implementations(spec: str) -> tuple[Implementation, ...]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ImplementationError(f"--impl {spec!r}: expected 'module.path:factory'")
+    note_foreign_code(spec, module_name)  # before the import: it may patch anything
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -177,6 +181,7 @@ def load_implementations(spec: str) -> tuple[Implementation, ...]:
         raise ImplementationError(
             f"--impl {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
+    note_foreign_code(spec, module_name, getattr(module, "__file__", None))  # a project name, a file elsewhere?
     factory: Callable[[], Any] | None = getattr(module, attr, None)
     if not callable(factory):
         raise ImplementationError(f"--impl {spec!r}: {module_name} has no callable {attr!r}")
@@ -206,6 +211,8 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
     `Envelope`, without a name, with a reserved name or unknown variants.
     """
     label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
+    kind = type(obj)
+    note_foreign_code(spec or f"{kind.__module__}.{kind.__qualname__}", kind.__module__, _module_file(kind.__module__))
     whole_layer = callable(getattr(obj, "build", None))
     for method in () if whole_layer else OPERATION.EXTERNAL_HOOKS:
         if not callable(getattr(obj, method, None)):
@@ -227,8 +234,9 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise ImplementationError(f"{label}: unknown variants {sorted(unknown)}")
+    module_name = spec.partition(":")[0] or type(obj).__module__ or ""
     if not source_file:
-        module = importlib.import_module(type(obj).__module__) if type(obj).__module__ else None
+        module = importlib.import_module(module_name) if module_name else None
         source_file = getattr(module, "__file__", None) or ""
     return Implementation(
         name=name,
@@ -237,6 +245,7 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         external=None if whole_layer else obj,
         spec=spec,
         source_file=source_file,
+        module=module_name,
         layer=obj if whole_layer else None,
         envelope=envelope,
         partner=str(getattr(obj, "partner", "") or ""),
@@ -244,6 +253,11 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         code_root=str(getattr(obj, "code_root", "") or ""),
         precision_choices=declared_choices(obj, label),
     )
+
+
+def _module_file(name: str) -> str | None:
+    module = sys.modules.get(name)
+    return getattr(module, "__file__", None)
 
 
 def as_implementation(item: str | Implementation | Any) -> Implementation:

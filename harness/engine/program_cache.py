@@ -128,8 +128,9 @@ class ProgramCache:
 
         Each task loads, or traces, lowers and compiles, one program (XLA compiles with the
         GIL released, so a pool of `COMPILE_THREADS` keeps the cores busy while the caller
-        goes on). A path that cannot be placed is left for `run` to report; a program that
-        fails to build raises its error from `run`.
+        goes on). A path that cannot be placed, or whose inputs cannot be put on its devices
+        (e.g. out of their memory), is left for `run` to report; a program that fails to build
+        raises its error from `run`.
         """
         for path in paths:
             try:
@@ -139,7 +140,10 @@ class ProgramCache:
             with self._lock:
                 if key in self._compiled or key in self._pending:
                     continue
-                args = path_programs._place(fixture, path, placement)
+                try:
+                    args = path_programs._place(fixture, path, placement)
+                except Exception:  # noqa: BLE001 - `run` places them again and reports what it meets
+                    continue
                 self._pending[key] = pool.submit(_timed, self._obtain, path, case, key, placement, precision, args)
 
     def prepare(self, paths, case, fixture) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -70,9 +71,22 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def _out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` says the machine ran out of memory (host or device), not that the code failed."""
-    return isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc)
+# What an XLA runtime error says when an allocation failed, besides its RESOURCE_EXHAUSTED status:
+# XLA:CPU wraps it ("INTERNAL: Error dispatching computation: Out of memory allocating N bytes.",
+# seen from a cold float64 oracle too large for the host), and LLVM reports a mapping it could not make.
+_XLA_OUT_OF_MEMORY = ("out of memory", "cannot allocate memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the machine ran out of memory (host or device), not that the code
+    failed: a MemoryError, an OSError ENOMEM, an error with XLA's RESOURCE_EXHAUSTED status,
+    or an XLA runtime error that says it ran out of memory (`_XLA_OUT_OF_MEMORY`)."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return True
+    text = str(exc)
+    if "RESOURCE_EXHAUSTED" in text:
+        return True
+    return isinstance(exc, jax.errors.JaxRuntimeError) and any(mark in text.lower() for mark in _XLA_OUT_OF_MEMORY)
 
 
 def out_of_memory_error(case, where: str, exc: BaseException) -> ResourceError:
@@ -185,7 +199,7 @@ class Runner:
         except UnsupportedInputError as exc:
             return dataclasses.replace(self._classify_unsupported(path, case, exc), placement=placement)
         except Exception as exc:  # reported as an `error` row; the run goes on
-            if _out_of_memory(exc):  # the machine's limit, not the code's: the run stops (exit 2)
+            if out_of_memory(exc):  # the machine's limit, not the code's: the run stops (exit 2)
                 raise out_of_memory_error(case, path.name, exc) from exc
             return _PathResult(
                 verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root), placement=placement
@@ -226,7 +240,25 @@ class Runner:
         fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
         oracle_ahead: the future of its oracle answer if the caller started it (`run`), else
         the answer is computed here; its error, if it raised one, is met here as if computed here.
+
+        Memory running out at any stage of the case (`out_of_memory`: its fixture, oracle, a
+        path's placement, compile or execution, the comparisons and causes, the lowering) is
+        the machine's limit, not a row: a `ResourceError` naming the case and the stage.
         """
+        stage = ["its fixture or oracle"]  # where the case is, for that error
+        try:
+            yield from self._case_rows(case, plan, on_step, fixture, oracle_ahead, stage)
+        except ResourceError:
+            raise
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise out_of_memory_error(case, stage[0], exc) from exc
+            raise
+
+    def _case_rows(
+        self, case, plan: PathPlan, on_step: StepCallback, fixture, oracle_ahead, stage: list
+    ) -> Iterator[dict]:
+        """`run_case`'s rows; `stage[0]` names the stage the case is in."""
         paths = plan.paths_for(case)
         try:
             on_step(case, "fixture")
@@ -247,13 +279,15 @@ class Runner:
                 yield from self._status_rows(case, path, paths, result)
             return
         except Exception as exc:
-            if _out_of_memory(exc):
+            if out_of_memory(exc):
                 raise out_of_memory_error(case, "its fixture or oracle", exc) from exc
             for path in paths:
                 yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
             return
 
+        stage[0] = "its paths"
         results = self._run_paths(case, paths, fixture, on_step)
+        stage[0] = "the comparisons and causes"
         # Once per implementation: its sharded and unsharded paths make the same choices.
         implementations = {path.impl.name: path.impl for path in paths}
         effects = {name: self._declared_effects(impl, case, fixture, oracle) for name, impl in implementations.items()}
@@ -276,6 +310,7 @@ class Runner:
         self.timings["causes_s"] += time.perf_counter() - start
         yield from rows
         if plan.lowering:
+            stage[0] = "the TPU lowering"
             on_step(case, "lowering")
             start = time.perf_counter()
             rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]

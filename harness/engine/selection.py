@@ -23,7 +23,8 @@ from harness.engine.plan import PathPlan, uncovered_judgements, unmatched_path_g
 from harness.engine.precision_choices import precision_record
 from harness.engine.run_info import run_metadata
 from harness.errors import UsageError
-from harness.judging.policy import Policy, PolicyError, load_policy
+from harness.judging.policy import Policy, PolicyError, is_packaged_default, load_policy
+from records.code import external_code_files
 from records.manifest import Manifest, RunRequest
 
 MAX_SEED = 2**63 - 1  # cases.spec.Case.seed's range
@@ -162,11 +163,22 @@ def new_manifest(
         cases=cases,
         path_names=configuration.plan.selected_names(cases),
         policy=configuration.policy,
-        extra_code_files=[pathlib.Path(impl.source_file) for impl in externals if impl.source_file],
+        extra_code_files=implementations_code(externals),
         command_line=command_line,
         shard=shard_label if whole_selection else "",
         shard_of=whole_selection,
     )
+
+
+def implementations_code(externals) -> dict[str, str]:
+    """The external implementations' code as manifest code files (`records.code.external_code_files`
+    of each one's module: its spec's module, else its object's)."""
+    files: dict[str, str] = {}
+    for impl in externals:
+        if impl.source_file:
+            module = impl.spec.partition(":")[0] or impl.module
+            files.update(external_code_files(module, impl.source_file))
+    return files
 
 
 def finished_metadata(manifest, policy, cases, done, runner, wall_start, implementations=()) -> dict:
@@ -181,6 +193,7 @@ def finished_metadata(manifest, policy, cases, done, runner, wall_start, impleme
         wall_seconds=round(time.perf_counter() - wall_start, 3),
         policy_file=str(policy.source),
         policy_hash=policy.digest,
+        policy_is_default=is_packaged_default(policy),  # the reports say so when it is not
         suite=manifest.request.suite or "",
         case_count=len(cases),
         resumed_cases=len(done),

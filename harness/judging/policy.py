@@ -48,6 +48,7 @@ this policy; the file may not mention them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import math
@@ -70,6 +71,7 @@ __all__ = [
     "PolicyError",
     "Resolved",
     "Rule",
+    "is_packaged_default",
     "load_policy",
     "parse_policy",
 ]
@@ -491,6 +493,17 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
             )
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return Policy(rules=rules, digest=digest, source=source, systematic=systematic, confidence=confidence)
+
+
+def is_packaged_default(policy: Policy) -> bool:
+    """Whether `policy` is the packaged tolerances.toml, byte for byte (wherever it was read
+    from): the reports say so when it is not, since its bounds then differ from the defaults."""
+    return policy.digest == _packaged_digest()
+
+
+@functools.cache
+def _packaged_digest() -> str:
+    return hashlib.sha256(DEFAULT_POLICY_PATH.read_bytes()).hexdigest()
 
 
 def load_policy(path=None) -> Policy:

@@ -1,6 +1,8 @@
-"""Ctrl-C and SIGTERM as one exception for the commands that write a run folder.
+"""Ctrl-C and SIGTERM as one exception for the commands that write a run folder, and the
+message a stopped run prints.
 
-Light on purpose (no JAX): `merge` uses it too.
+Light on purpose (no JAX): `merge` uses it too, and so does a run's watchdog process
+(`harness.processes.watchdog`), which ends a run whose handlers cannot run.
 """
 
 from __future__ import annotations
@@ -15,18 +17,30 @@ class SignalsInterrupt:
     Both handlers are installed here rather than relying on Python's default SIGINT
     handler: a process started by a parent that ignores SIGINT inherits the ignoring
     (seen under pytest-xdist: the run finished instead of stopping), and Ctrl-C must stop
-    the run whoever started it.
+    the run whoever started it. `harness run` installs them before it imports any `--impl`
+    module, whose import may take long.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    signum = signal.SIGINT  # until a signal comes (also for a KeyboardInterrupt raised before __enter__)
+
+    def __init__(self, watchdog=None):
+        """watchdog: a `harness.processes.watchdog.Watchdog`, armed while these handlers are in
+        place and told each time one runs: it stops the process for them when they cannot run
+        (code under test holding the GIL)."""
+        self.watchdog = watchdog
 
     def __enter__(self):
         self.signum = signal.SIGINT
         self._previous = {signum: signal.signal(signum, self._interrupt) for signum in self.SIGNALS}
+        if self.watchdog is not None:
+            self.watchdog.arm(self.SIGNALS)
         return self
 
     def _interrupt(self, signum, frame):
         self.signum = signum
+        if self.watchdog is not None:
+            self.watchdog.acknowledge()
         raise KeyboardInterrupt(self.name)
 
     @property
@@ -42,4 +56,15 @@ class SignalsInterrupt:
     def __exit__(self, *exc_info):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if self.watchdog is not None:
+            self.watchdog.disarm()
         return False
+
+
+def interruption_message(manifest, signal_name: str, folder) -> str:
+    """What a stopped run says (two lines): the signal, the cases kept in `folder`, and the
+    command that finishes the run (`records.manifest.Manifest.resume_command`)."""
+    return (
+        f"mhc-parity: interrupted ({signal_name}) after {manifest.cases_done} of {len(manifest.cases)} cases; "
+        f"finished cases are kept in {folder}. Finish the run with:\n  {manifest.resume_command()}"
+    )

@@ -15,7 +15,8 @@ take on the parent's environment, call
 `harness.env.ensure_host_devices()` before JAX starts, then turn on the persistent
 compilation cache, so workers share compiled programs, fixtures and oracle answers
 through the cache folder. They ignore SIGINT: the parent handles Ctrl-C (and SIGTERM) as
-a single-process run does and terminates them.
+a single-process run does and terminates them. They end with the parent however it ends,
+whatever they run then (`worker_processes.end_with_parent`).
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from harness.env import backend_started, ensure_host_devices, pace_garbage_colle
 from harness.errors import ResourceError
 from harness.processes.worker_processes import (
     adopt_environment,
+    end_with_parent,
     environment_of_this_process,
     exit_with,
     peak_resident_bytes,
+    start_worker_server,
     worker_context,
 )
 
@@ -98,7 +101,8 @@ def _start_worker(spec: _WorkerSpec) -> None:
     """A worker's initializer: the parent's environment, XLA flags before JAX starts, the
     collector paced, caches on, runner and plan built."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with(spec.parent_pid)
+    end_with_parent()  # the fork server: killed when the command ends, whatever this worker runs then
+    exit_with(spec.parent_pid)  # where the kernel cannot see to it, and if the command ended already
     if backend_started():  # forked from a process whose JAX runtime had started
         raise RuntimeError("a worker process began with a JAX backend already started; it must start none")
     adopt_environment(spec.environment)
@@ -167,6 +171,7 @@ class ParallelRunner:
         cases = list(cases)
         if not cases:
             return
+        start_worker_server()  # if the command line did not: the server must be one that ends with this process
         pool = concurrent.futures.ProcessPoolExecutor(
             max_workers=min(self.jobs, len(cases)),
             mp_context=worker_context(),

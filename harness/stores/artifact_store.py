@@ -24,6 +24,7 @@ import pathlib
 import threading
 
 from records.files import atomic_write
+from records.foreign_code import stores_writable
 
 log = logging.getLogger(__name__)
 _LENGTH_BYTES = 8
@@ -124,7 +125,10 @@ class ArtifactStore(LookupCounts):
         log.warning("%s entry %s is unusable (%s); recomputing", self.prefix, self.entry_path(material), why)
 
     def save(self, material: dict, payload: bytes) -> None:
-        """Store `payload` under `material` (a warning, not an error, if the folder is not writable)."""
+        """Store `payload` under `material` (a warning, not an error, if the folder is not
+        writable; nothing in a process that loaded foreign code: `records.foreign_code`)."""
+        if not stores_writable():
+            return
         path = self.entry_path(material)
         try:
             atomic_write(path, encode_entry(material, payload))

@@ -1,0 +1,182 @@
+"""Every store and every run a verdict rests on is vouched for by the code that made it.
+
+Issue 34's reproductions: an `--impl` that patches the fixture generator at import poisoned
+the fixture cache for every later run; a fixture generator edited without a version bump
+was served from the cache; a run whose `--impl` module (or a module it imports) changed was
+still gated and made into a baseline. Each test here drives what a user did, and checks the
+stores hold nothing such a process made and that `gate` / `baseline --from` name the file.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cases import registry
+from cases.fixtures import cache_key, cache_path, make_fixture
+from harness.engine.implementations import load_external
+from harness.engine.oracle_path import OracleOutputs
+from harness.stores.artifact_store import ArtifactStore
+from harness.stores.oracle_cache import OracleCache
+from records import foreign_code
+from records.code import external_code_files
+from records.distributions import distribution_key, distributions_of
+from records.manifest import read_manifest
+from tests.cli_support import ROOT, assert_one_line_error, cheap_run_args, run_cli
+
+CASE = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
+
+# An --impl whose import replaces the fixture generator by one that zeroes every input:
+# the project's reference behind it, so the run itself is cheap and passes.
+POISONING_IMPL = """
+import cases.fixtures as fixtures
+from tests.external_impls import good
+
+_generate = fixtures.generate_fixture
+
+
+def _zeroed(case):
+    fixture = _generate(case)
+    zero = lambda a: a * 0
+    return fixtures.Fixture(
+        case=case,
+        x=zero(fixture.x),
+        weights=dict(fixture.weights),
+        branch_params={k: zero(v) for k, v in fixture.branch_params.items()},
+        cotangent=zero(fixture.cotangent),
+    )
+
+
+fixtures.generate_fixture = _zeroed
+factory = good
+"""
+
+
+def _stored_entries(cache: pathlib.Path) -> list[str]:
+    return sorted(
+        p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file() and "jax-compilation" not in p.parts
+    )
+
+
+def test_a_process_that_loaded_an_impl_writes_no_store(case_file, tmp_path):
+    module_dir = tmp_path / "impls"
+    module_dir.mkdir()
+    (module_dir / "poisoner.py").write_text(POISONING_IMPL)
+    cache = tmp_path / "cache"
+    env = {"MHC_PARITY_CACHE": str(cache), "PYTHONPATH": f"{module_dir}:{ROOT}"}
+    proc = run_cli(*cheap_run_args(case_file, tmp_path / "run", "--impl", "poisoner:factory"), env_extra=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert _stored_entries(cache) == [], "a process that loaded foreign code wrote to the stores"
+    # A clean run on that cache then stores its own, correct, fixtures.
+    clean = run_cli(*cheap_run_args(case_file, tmp_path / "clean"), env_extra={"MHC_PARITY_CACHE": str(cache)})
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    stored = [p for p in _stored_entries(cache) if p.startswith("fixtures/")]
+    assert stored, "the clean run stores its fixtures"
+
+
+def test_only_code_from_outside_the_project_counts_as_foreign():
+    load_external("harness.faults.independent_mhc:factory")  # the project's own: vouched for
+    assert foreign_code.stores_writable()
+    load_external("tests.external_impls:good")
+    assert foreign_code.foreign_code() == ("tests.external_impls:good",)
+    assert not foreign_code.stores_writable()
+
+
+def test_each_store_writes_nothing_once_foreign_code_was_loaded(tmp_path):
+    foreign_code.note_foreign_code("my.kernel:factory", "my.kernel")
+    fixture = make_fixture(CASE, tmp_path / "fixtures")
+    assert not cache_path(CASE, tmp_path / "fixtures").exists()
+    answer = OracleOutputs(leaves={"out": np.zeros(3)}, sensitivity={}, execute_s=0.0)
+    oracle = OracleCache(tmp_path / "oracle", compute=lambda case, fixture: answer)
+    assert oracle(CASE, fixture).leaves is answer.leaves
+    assert not (tmp_path / "oracle").exists() or not any((tmp_path / "oracle").iterdir())
+    store = ArtifactStore(tmp_path / "programs", "program")
+    store.save({"key": 1}, b"payload")
+    assert store.load({"key": 1}) is None
+
+
+def test_an_edited_fixture_generator_is_a_cache_miss(tmp_path):
+    """The fixture key holds the digest of the generator's code: in a copy of the project, one
+    added line in cases/init_families.py keys the same case's fixture anew (no version to bump)."""
+    copy = tmp_path / "project"
+    for folder in ("cases", "mhc", "records"):
+        shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    code = f"from cases import registry, fixtures; print(fixtures.cache_key(registry.get({CASE.name!r})))"
+
+    def key_in_copy() -> str:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip()
+
+    before = key_in_copy()
+    assert before == cache_key(CASE)
+    families = copy / "cases" / "init_families.py"
+    families.write_text(families.read_text() + "\nEDITED = True\n")
+    assert key_in_copy() != before
+
+
+# --------------------------------------------------------------- the code a run records
+
+
+SIBLING_IMPL = """
+from tests.external_impls import good
+
+
+def factory():
+    from myk import tuning  # imported when called: still code under test
+
+    return good()
+"""
+
+
+def _external_package(tmp_path) -> pathlib.Path:
+    root = tmp_path / "ext"
+    (root / "myk").mkdir(parents=True)
+    (root / "myk" / "__init__.py").write_text("")
+    (root / "myk" / "kernel.py").write_text(SIBLING_IMPL)
+    (root / "myk" / "tuning.py").write_text("import numpy\nSCALE = 1.0\n")
+    return root
+
+
+def test_external_code_covers_the_modules_it_imports_and_their_distributions(tmp_path):
+    root = _external_package(tmp_path)
+    files = external_code_files("myk.kernel", root / "myk" / "kernel.py")
+    for name in ("myk/__init__.py", "myk/kernel.py", "myk/tuning.py"):
+        assert (root / name).resolve().as_posix() in files
+    assert distribution_key("numpy") in files and files[distribution_key("numpy")]
+    assert all(not key.startswith("distribution:mhc") for key in files), "the project records itself by file"
+    assert distributions_of(["no_such_module_anywhere"]) == []
+
+
+@pytest.mark.slow
+def test_gate_and_baseline_refuse_a_run_whose_impl_code_changed(case_file, tmp_path):
+    root = _external_package(tmp_path)
+    env = {"PYTHONPATH": f"{root}:{ROOT}"}
+    out, baseline = tmp_path / "run", tmp_path / "baseline.csv"
+    proc = run_cli(
+        *cheap_run_args(
+            case_file, out, "--impl", "myk.kernel:factory", "--paths", "reference/*", "wrapped_reference/*"
+        ),
+        env_extra=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    recorded = dict(read_manifest(out).code_files)
+    assert (root / "myk" / "tuning.py").resolve().as_posix() in recorded
+    made = run_cli("baseline", "--from", out, "--to", baseline, "--impl", "myk.kernel:factory", env_extra=env)
+    assert made.returncode == 0, made.stderr
+    # The module the factory imports inside a function changes after the run.
+    (root / "myk" / "tuning.py").write_text("import numpy\nSCALE = 1.0 + 3e-6\n")
+    gate = run_cli("gate", "--baseline", baseline, "--current", out, env_extra=env)
+    assert_one_line_error(gate, "other code than this checkout", "myk/tuning.py")
+    again = run_cli(
+        "baseline", "--from", out, "--to", tmp_path / "again.csv", "--impl", "myk.kernel:factory", env_extra=env
+    )
+    assert_one_line_error(again, "other code than this checkout", "myk/tuning.py")
+    report = json.loads((out / "report.json").read_text())
+    assert report["manifest"]["code_files"] == recorded, "the report carries the same record"

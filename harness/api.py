@@ -55,10 +55,9 @@ from records.rows import ReportInputError, to_frame
 from records.schema import OK_VERDICTS
 from records.store import case_records
 from reports.baseline import write_baseline as _write_baseline_file
-from reports.comparability import comparability_refusal, current_cases, gated_frame
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from reports.gate import GateResult
-from reports.gate import gate as _gate_rows
+from reports.judgement import judge
 from reports.ownership import default_baseline_path, implementation_rows
 from reports.sources import LoadedRun, load_baseline_or_run, load_run
 from reports.terminal import format_summary, rows_table, run_verdict
@@ -346,12 +345,13 @@ def gate(
     allow_legacy_baseline: bool = False,
 ) -> GateResult:
     """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
-    CSV or a finished run), with the rules of `harness gate` (`reports.gate`).
+    CSV or a finished run), with the rules and refusals of `harness gate` (one judgement:
+    `reports.judgement.judge`).
 
     A baseline of one implementation (`ParityRun.write_baseline`, `harness baseline
     --impl`) judges that implementation's rows only. Returns the `GateResult` (`.ok`,
     `.table()`); raises BaselineError (one line) for a baseline that cannot judge the run:
-    unreadable, of another implementation, under another policy or matmul precision
+    unreadable, empty, of another implementation, under another policy or matmul precision
     (unless allowed). only_current_cases: gate only the baseline rows of the cases the run
     selected (a deliberately partial run), as `harness gate --only-current-cases`.
     `run` must be a run, never a baseline file (BaselineError). allow_legacy_baseline: read a
@@ -367,17 +367,15 @@ def gate(
         )
     except ReportInputError as exc:
         raise BaselineError(f"cannot read input: {exc}") from exc
-    refusal = comparability_refusal(
-        base, current, allow_policy_change=allow_policy_change, allow_precision_change=allow_precision_change
+    judgement = judge(
+        base,
+        current,
+        growth_factor=growth_factor,
+        noise_floor_ulps=noise_floor_ulps,
+        allow_policy_change=allow_policy_change,
+        allow_precision_change=allow_precision_change,
+        only_current_cases=only_current_cases,
     )
-    if refusal:
-        raise BaselineError(refusal)
-    baseline_frame = base.frame
-    if only_current_cases:
-        baseline_frame = baseline_frame[baseline_frame["case"].isin(current_cases(current))]
-    try:
-        return _gate_rows(
-            baseline_frame, gated_frame(base, current), growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps
-        )
-    except ReportInputError as exc:
-        raise BaselineError(f"unusable input: {exc}") from exc
+    if judgement.result is None:
+        raise BaselineError(judgement.refusal)
+    return judgement.result

@@ -15,21 +15,29 @@
 Exit codes: 0 success; 1 a parity failure (a failing row, a failing gate, a surviving
 fault); 2 a usage or configuration error, one line on stderr naming the problem; 130
 interrupted by Ctrl-C (143 by SIGTERM); 141 stdout's reader went away (`| head`), quietly,
-whatever the verdict was. `python -m harness COMMAND --help` describes a command.
+whatever the verdict was. `python -m harness COMMAND --help` describes a command;
+`--version` prints the project's version.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
+import pathlib
 import sys
 import threading
+import tomllib
 
 from harness.env import ensure_host_devices, pace_garbage_collector
 from harness.processes.worker_processes import start_worker_server
 from records.outputs import exit_code_through_closed_stdout
 
 EXIT_USAGE = 2
+# The distribution `pip install` records (pyproject.toml's [project] name), and the file a
+# checkout that was never installed reads its version from.
+DISTRIBUTION = "mhc-parity"
+PYPROJECT = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
 # command -> (module:function taking the remaining arguments, one-line help). A command
 # loads only its own module: gate, render and `baseline --from` never load JAX.
 COMMANDS = {
@@ -50,7 +58,29 @@ def usage() -> str:
     """The top-level help: the commands and what they do."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-    return "usage: mhc-parity COMMAND [options]   (python -m harness COMMAND --help)\n\ncommands:\n" + "\n".join(lines)
+    return (
+        "usage: mhc-parity COMMAND [options]   (python -m harness COMMAND --help; --version)\n\ncommands:\n"
+        + "\n".join(lines)
+    )
+
+
+def version() -> str:
+    """The project's version as installed (the distribution's metadata: what a bug report
+    should quote, the code pip put in place), else that of the checkout's pyproject.toml, for
+    a checkout run without installing it (`python -m harness` from its root)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return pyproject_version(PYPROJECT)
+
+
+def pyproject_version(path: pathlib.Path) -> str:
+    """[project] version of a pyproject.toml; "unknown" where the file or the key is missing."""
+    try:
+        project = tomllib.loads(path.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return "unknown"
+    return str(project.get("version", "unknown"))
 
 
 def requests_workers(command: str, arguments: list[str]) -> bool:
@@ -73,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else EXIT_USAGE
+    if argv[0] in ("-V", "--version"):
+        print(f"mhc-parity {version()}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"mhc-parity: error: unknown command {command!r}\n{usage()}", file=sys.stderr)

@@ -113,6 +113,11 @@ _COLUMN_TYPES = {
     # the bound the row was held to
     "bound": _TEXT,  # human-readable description of the rule and its numbers
     "bound_usage": _FLOAT,  # measured / allowed for the binding rule; > 1 fails
+    # that binding criterion's limit as a number, and the column it holds (its size, for the
+    # signed cand_oracle_gain): bound_usage = |row[bound_metric]| / allowed_error. NaN and ""
+    # where no bound was applied (skip, unsupported, error, lowering and non-finite rows)
+    "allowed_error": _FLOAT,
+    "bound_metric": _TEXT,
     # a failing row's most likely cause (harness.engine.causes; "" on other rows): in words,
     # the names of its hypotheses ("+" between two; "unexplained" when none), and the
     # fraction of the candidate's squared error against the oracle that it explains
@@ -149,6 +154,8 @@ LATER_COLUMNS = (
     "cause",
     "cause_id",
     "cause_explained",
+    "allowed_error",
+    "bound_metric",
 )
 
 FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)

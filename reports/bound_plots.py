@@ -48,12 +48,19 @@ ERROR_COLUMNS = {
     "vs_reference": "cand_oracle_max_err",
     "vs_unsharded": "max_rel_err",
 }
+# The y axis of each error column, in words and its unit: the errors are relative, the
+# largest elementwise difference divided by the largest magnitude of the value compared with.
+ERROR_AXIS_LABELS = {
+    "cand_oracle_max_err": "error against the float64 oracle\n(largest |difference| ÷ largest |oracle|)",
+    "max_rel_err": "error against the unsharded run\n(largest |difference| ÷ largest |unsharded|)",
+}
+assert set(ERROR_AXIS_LABELS) == set(ERROR_COLUMNS.values())
 FAILING_COLOUR, NEAR_COLOUR, PASSING_COLOUR, MODEL_COLOUR = "#d62728", "#ff7f0e", "#1f77b4", "#555555"
 # Geometry in inches: the width a leaf takes and the smallest figure width; the plot's
 # height; a character of a rotated leaf name; the margins (tick labels left, up to three
 # rows of legend above).
 LEAF_WIDTH, MIN_WIDTH, PLOT_HEIGHT, NAME_WIDTH = 0.3, 4.2, 2.0, 0.05
-_LEFT, _RIGHT, _TOP = 0.6, 0.15, 0.6
+_LEFT, _RIGHT, _TOP = 0.8, 0.15, 0.6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +224,7 @@ def bound_panel_svg(panel: BoundPanel, index: int) -> str:
         for label, fails in zip(axes.get_xticklabels(), failing):
             if fails:
                 label.set_color(FAILING_COLOUR)
-        axes.set_ylabel(panel.error_column)
+        axes.set_ylabel(ERROR_AXIS_LABELS[panel.error_column])
         axes.legend(
             handles=handles,
             loc="lower left",
@@ -235,5 +242,6 @@ def bound_panel_svg(panel: BoundPanel, index: int) -> str:
         draw,
         (width, height),
         prefix=f"bound-plot-{index}",
-        label=f"{panel.error_column} and its bound per leaf: {panel.case}, {panel.candidate} vs {panel.partner}",
+        label=f"{ERROR_AXIS_LABELS[panel.error_column].splitlines()[0]} and its bound per leaf: "
+        f"{panel.case}, {panel.candidate} vs {panel.partner}",
     )

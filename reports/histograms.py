@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from records.schema import COMPARISONS, LEAF_KINDS
-from reports.plots import decade_label, inline_svg
+from reports.plots import RC, decade_label, inline_svg
 from reports.summary import UNMEASURED_VERDICTS
 
 HISTOGRAM_DTYPES = ("bfloat16", "float32")
@@ -32,6 +32,10 @@ PANEL_COLUMNS = 3
 # Figure geometry in inches: one panel with its title and tick labels, the legend row above the panels.
 PANEL_WIDTH, PANEL_HEIGHT = 3.6, 2.0
 LEGEND_HEIGHT = 0.3
+# The axes in words and their units (max_rel_err is relative: the largest elementwise
+# difference divided by the largest magnitude of the partner's value).
+X_LABEL = "error against the partner (largest |difference| ÷ largest |partner|)"
+Y_LABEL = "rows (count)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,9 +145,8 @@ def histogram_svg(histogram: Histogram) -> str:
             axes.grid(axis="y", color="#e6e6e6", linewidth=0.6)
             axes.set_axisbelow(True)
             if index % columns == 0:
-                axes.set_ylabel("rows")
+                axes.set_ylabel(Y_LABEL)
             if index + columns >= len(histogram.panels):  # the lowest panel of its column
-                axes.set_xlabel("max_rel_err")
                 axes.xaxis.set_tick_params(labelbottom=True)
         binned = [c for c in histogram.comparisons if any(sum(p.counts[c]) for p in histogram.panels)]
         figure.legend(
@@ -151,12 +154,14 @@ def histogram_svg(histogram: Histogram) -> str:
             loc="upper center",
             ncols=max(1, len(binned)),
         )
+        # once for every panel (the axis is shared), at the panels' label size (not figure.labelsize)
+        figure.supxlabel(X_LABEL, fontsize=RC["axes.labelsize"])
         # Margins in inches: the count labels left, the decades and the x label below, each
         # panel's title above, the legend over the first row.
         figure.subplots_adjust(
             left=0.55 / width,
             right=1 - 0.15 / width,
-            bottom=0.45 / height,
+            bottom=0.55 / height,
             top=1 - (LEGEND_HEIGHT + 0.2) / height,
             hspace=0.75,
             wspace=0.28,
@@ -166,5 +171,5 @@ def histogram_svg(histogram: Histogram) -> str:
         draw,
         (width, height),
         prefix=f"histogram-{histogram.dtype}",
-        label=f"histograms of max_rel_err per leaf kind for {histogram.dtype}",
+        label=f"histograms of the error against the partner per leaf kind for {histogram.dtype}",
     )

@@ -33,6 +33,13 @@ def case_anchors(cases: Iterable[str]) -> dict[str, str]:
     return anchors
 
 
+def case_link(case: str, anchors: dict[str, str]) -> str:
+    """A case name linking to its detail section, or plain text for a case the page has no
+    section of (a baseline row the run lacks)."""
+    anchor = anchors.get(case)
+    return f'<a href="#{esc(anchor)}">{esc(case)}</a>' if anchor else esc(case)
+
+
 def verdict_span(verdict: str) -> str:
     """A verdict with its colour class."""
     return f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>'

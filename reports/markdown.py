@@ -17,6 +17,7 @@ from records.schema import VERDICTS
 from records.text import format_number
 from reports.causes import format_heading
 from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
+from reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
 from reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
 
 DEFAULT_MAX_ROWS = 20
@@ -118,6 +119,41 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
     return "\n".join(lines) + "\n"
 
 
+VERDICT_MARKS = {PASS: "✅", FAIL: "❌"}  # a refused baseline: ⚠️
+
+
+def first_screen_gate_lines(judgement: Judgement) -> list[str]:
+    """The gate's verdict for the top of the summary: its headline (`reports.judgement`), what
+    it judged, and the first failing findings, the rows that grew past the factor first."""
+    mark = VERDICT_MARKS.get(judgement.verdict, "⚠️")
+    lines = [f"{mark} **{md_cell(headline(judgement), None)}**"]
+    lines += [f"- {md_cell(line, None)}" for line in (*judgement.scope, *([judgement.note] if judgement.note else ()))]
+    result = judgement.result
+    if result is None or result.ok:
+        return lines
+    lines += [
+        "",
+        md_table(
+            ("finding", "case", "candidate", "partner", "leaf", "detail"),
+            [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)],
+        ),
+    ]
+    more = hidden_findings(result)
+    return lines + (["", f"… and {more} more failing findings (see the baseline gate below)."] if more else [])
+
+
+def judgement_markdown(judgement: Judgement, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+    """The gate section at the foot of the summary: `gate_markdown` of its result, or why the
+    gate refuses the baseline."""
+    if judgement.result is not None:
+        return gate_markdown(judgement.result, max_rows=max_rows)
+    return (
+        "### Baseline gate: ⚠️ NOT JUDGED\n\n"
+        f"The gate refuses to judge this run against {md_cell(judgement.baseline, None)}: "
+        f"{md_cell(judgement.refusal, None)} (`mhc-parity gate` exits 2 on it).\n"
+    )
+
+
 def _implementation_lines(summary: dict) -> list[str]:
     """One verdict per implementation, each failing one with its causes (largest first)."""
     lines = ["", "### Verdict per implementation", ""]
@@ -149,18 +185,19 @@ def render_markdown(
     *,
     summary: dict | None = None,
     metadata: dict | None = None,
-    gate_result: GateResult | None = None,
+    judgement: Judgement | None = None,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> str:
     """The run summary: overall line, a note when another policy than the packaged one
-    judged (`reports.summary.policy_note`), verdict counts, worst leaf, failures, gate section.
+    judged (`reports.summary.policy_note`), the gate's verdict against the baseline (with
+    `judgement`: `reports.judgement`), verdict counts, worst leaf, failures, gate section.
 
     `frame` is a canonical row frame (see `records.rows.to_frame`); `summary` is
     `reports.summary.summarize(frame)`, computed here when not given.
     """
     summary = summarize(frame) if summary is None else summary
     counts = summary["verdicts"]
-    if summary["ok"] and (gate_result is None or gate_result.ok):
+    if summary["ok"] and (judgement is None or not judgement.failed):
         status = "✅ PASS"
     elif not summary["compared"] and not any(counts[v] for v in FAILING_VERDICTS):
         status = "⚠️ NOTHING COMPARED"  # every row skip/unsupported: never a pass
@@ -170,6 +207,8 @@ def render_markdown(
     note = policy_note(metadata)
     if note:
         lines += [f"> ⚠️ {md_cell(note, None)}", ""]
+    if judgement is not None:
+        lines += [*first_screen_gate_lines(judgement), ""]
     if not summary["total"]:
         lines.append("No rows were produced.")
     else:
@@ -216,8 +255,8 @@ def render_markdown(
             )
         )
         lines += _truncation_note(len(shown), len(failing), "see report.html")
-    if gate_result is not None:
-        lines += ["", gate_markdown(gate_result, max_rows=max_rows).rstrip("\n")]
+    if judgement is not None:
+        lines += ["", judgement_markdown(judgement, max_rows=max_rows).rstrip("\n")]
     environment = [
         f"{key}: {md_cell(metadata[key])}"
         for key in ENVIRONMENT_KEYS

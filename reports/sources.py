@@ -32,7 +32,7 @@ import pandas as pd
 from records.manifest import MANIFEST_FILE, REPORT_FILES, Manifest, ManifestError, format_problem, read_manifest
 from records.rows import ReportInputError, load_rows, to_frame
 from records.store import RowStore, StoreError, typed_case_records
-from reports.baseline import LEGACY_OPTION, is_baseline_file, load_baseline
+from reports.baseline import LEGACY_OPTION, Baseline, is_baseline_file, load_baseline
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
@@ -218,10 +218,15 @@ def load_baseline_or_run(
     path = Path(path)
     if not is_baseline_file(path):
         return load_run(path)
-    baseline = load_baseline(path, allow_legacy=allow_legacy, legacy_option=legacy_option)
+    return baseline_as_run(load_baseline(path, allow_legacy=allow_legacy, legacy_option=legacy_option))
+
+
+def baseline_as_run(baseline: Baseline) -> LoadedRun:
+    """A loaded baseline file as the `LoadedRun` a gate judges against: its header's
+    policy, environment and implementation, and the note on what went unverified."""
     return LoadedRun(
         baseline.frame,
-        path,
+        baseline.path,
         baseline.policy_hash,
         dict(baseline.environment),
         True,

@@ -1,4 +1,10 @@
-"""The one-screen summary printed at the end of a run, and the run's exit code."""
+"""The one-screen summary printed at the end of a run, and the run's exit code.
+
+With a baseline, the gate's verdict against it (`reports.judgement`, the verdict `harness
+gate` exits with) is printed last, under the run's own verdict, with the first rows that
+grew past the growth factor; and a failing gate fails the run (exit 1): `run --baseline`
+alone is then a gate a CI job can trust, whatever its bound let pass.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from records.rows import to_frame
 from records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
 from records.text import format_number, format_text_table, plural
 from reports.causes import ImplementationVerdict, cause_groups, implementation_verdicts
+from reports.judgement import Judgement, first_findings, headline, hidden_findings
 from reports.summary import policy_note, sharpness
 
 WORST_ROWS = 12
@@ -28,10 +35,16 @@ def run_verdict(rows) -> str:
     return "PASS"
 
 
-def exit_code(rows) -> int:
+def exit_code(rows, judgement: Judgement | None = None) -> int:
     """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here is a
-    configuration error); see `run_verdict`."""
-    return {"PASS": 0, "FAIL": 1}.get(run_verdict(rows), 2)
+    configuration error); see `run_verdict`. A passing run that the gate fails against its
+    baseline (`judgement`) exits 1: a leaf that grew past the growth factor inside its bound
+    is a failure. A baseline the gate refuses to judge leaves the code to the run (the
+    gate itself exits 2 on it, and the summary says why)."""
+    code = {"PASS": 0, "FAIL": 1}.get(run_verdict(rows), 2)
+    if code == 0 and judgement is not None and judgement.failed:
+        return 1
+    return code
 
 
 def _usage_key(row) -> float:
@@ -57,10 +70,11 @@ def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
     )
 
 
-def format_summary(rows, metadata=None) -> str:
+def format_summary(rows, metadata=None, judgement: Judgement | None = None) -> str:
     """Verdict counts per comparison, then the failures or, if none, the rows closest to their
-    bound; last the verdict, after the policy that judged when it is not the packaged one
-    (`reports.summary.policy_note` of the run's `metadata`)."""
+    bound; then the verdict, after the policy that judged when it is not the packaged one
+    (`reports.summary.policy_note` of the run's `metadata`); last, with a baseline, the gate's
+    verdict against it (`gate_lines`)."""
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
@@ -87,7 +101,27 @@ def format_summary(rows, metadata=None) -> str:
         lines += ["", note]
     verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))
     lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)" + (f": {verdicts}" if verdicts else "")]
+    if judgement is not None:
+        lines += gate_lines(judgement)
     return "\n".join(lines)
+
+
+def gate_lines(judgement: Judgement) -> list[str]:
+    """The gate's verdict against the baseline (`reports.judgement.headline`), what it judged,
+    and its first failing findings, the rows that grew past the factor first."""
+    lines = [headline(judgement), *(f"  {line}" for line in judgement.scope)]
+    if judgement.note:
+        lines.append(f"  {judgement.note}")
+    result = judgement.result
+    if result is not None and not result.ok:
+        body = [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)]
+        lines.append(
+            format_text_table(("finding", "case", "candidate", "partner", "leaf", "detail"), body, indent="  ")
+        )
+        more = hidden_findings(result)
+        if more:
+            lines.append(f"  ... and {more} more failing findings (report.html, `mhc-parity gate`)")
+    return lines
 
 
 def implementation_line(verdict: ImplementationVerdict) -> str:
@@ -114,5 +148,5 @@ def sharpness_text(rows) -> str:
     return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
 
 
-def print_summary(rows, metadata=None) -> None:
-    print(format_summary(rows, metadata))
+def print_summary(rows, metadata=None, judgement: Judgement | None = None) -> None:
+    print(format_summary(rows, metadata, judgement))

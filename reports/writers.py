@@ -9,7 +9,8 @@ Files written (names fixed so CI and the runner can find them):
                   types; plain `pandas.read_csv` works too.
     report.json   {"format": "mhc-parity-report", "format_version": 1,
                    "schema_columns": [...], "metadata": {...}, "summary": {...},
-                   "gate": {...} (only with a baseline), "rows": [...]}.
+                   "gate": {...} (only with a baseline: its verdict, or why the gate
+                   refuses it), "rows": [...]}.
                   Strict JSON: NaN and infinities are the strings "nan", "inf", "-inf".
     report.html   the self-contained report (`reports.html`).
     summary.md    the short Markdown summary (`reports.markdown`).
@@ -35,11 +36,12 @@ from records.outputs import cannot_write
 from records.rows import encode_float, frame_to_json_records, json_ready, to_frame, unwrap_run
 from records.schema import ROW_COLUMNS
 from records.store import RowStore, typed_case_records
-from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
-from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, gate_frames
+from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
 from reports.html import render_html
+from reports.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
 from reports.markdown import render_markdown
-from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION, load_baseline_or_run
+from reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION
 from reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES
@@ -63,8 +65,13 @@ METADATA_KEYS = (
 RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 
-def gate_summary(result: GateResult) -> dict:
-    """The gate result as plain data for report.json."""
+def gate_summary(judgement: Judgement) -> dict:
+    """The gate's judgement as plain data for report.json: the baseline, the verdict (PASS,
+    FAIL or REFUSED) and why it refused, and when it judged, its counts and findings."""
+    document = {"baseline": judgement.baseline, "verdict": judgement.verdict, "refusal": judgement.refusal}
+    result = judgement.result
+    if result is None:
+        return {**document, "ok": False}
     findings = [
         {
             "category": f.category,
@@ -76,7 +83,9 @@ def gate_summary(result: GateResult) -> dict:
         for f in result.by_category(category)
     ]
     return {
+        **document,
         "ok": result.ok,
+        "scope": list(judgement.scope),
         "growth_factor": result.growth_factor,
         "noise_floor_ulps": result.noise_floor_ulps,
         "baseline_rows": result.baseline_rows,
@@ -115,7 +124,7 @@ def _csv_cell(value: Any) -> Any:
 def report_document(
     frame: pd.DataFrame,
     metadata: Mapping[str, Any],
-    gate_result: GateResult | None,
+    judgement: Judgement | None,
     manifest: Manifest | None = None,
     *,
     summary: dict | None = None,
@@ -129,8 +138,8 @@ def report_document(
         "metadata": json_ready(dict(metadata)),
         "summary": json_ready(summarize(frame) if summary is None else summary),
     }
-    if gate_result is not None:
-        document["gate"] = json_ready(gate_summary(gate_result))
+    if judgement is not None:
+        document["gate"] = json_ready(gate_summary(judgement))
     if manifest is not None:
         document[MANIFEST_KEY] = manifest.to_json()
     document["rows"] = frame_to_json_records(frame)
@@ -141,28 +150,40 @@ def write_json(
     frame: pd.DataFrame,
     metadata: Mapping[str, Any],
     path: Path,
-    gate_result: GateResult | None = None,
+    judgement: Judgement | None = None,
     manifest: Manifest | None = None,
     *,
     summary: dict | None = None,
 ) -> Path:
     """report.json (strict JSON, see the module docstring) of a canonical row frame;
     `summary` as in `report_document`."""
-    document = report_document(frame, metadata, gate_result, manifest, summary=summary)
+    document = report_document(frame, metadata, judgement, manifest, summary=summary)
     path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 
-def resolve_baseline(baseline: Any) -> pd.DataFrame:
-    """The gate frame (`reports.drift.gate_frame`) of a baseline given as rows, as a loaded
-    run/baseline, or as a path (see `load_baseline_or_run`: a legacy-format baseline is
-    refused; load it with `allow_legacy` and pass what that returns)."""
-    if isinstance(baseline, (str, Path)):
-        baseline = load_baseline_or_run(baseline)
-    loaded = getattr(baseline, "frame", None)
-    if isinstance(loaded, pd.DataFrame):  # a LoadedRun's or Baseline's: typed when it was loaded
-        return typed_gate_frame(loaded, source="baseline")
-    return gate_frame(baseline if isinstance(baseline, pd.DataFrame) else list(baseline), source="baseline")
+def judge_frame(
+    frame: pd.DataFrame,
+    metadata: Mapping[str, Any],
+    baseline: Any,
+    manifest: Manifest | None,
+    source: str | Path,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+) -> Judgement:
+    """The gate's judgement of the run a report is written for (a canonical row frame, its
+    metadata and manifest, to be read back from `source`) against `baseline` (see
+    `reports.judgement.as_baseline`): what `harness gate --baseline B --current RUN` will say
+    of it, with `--only-current-cases` for a run that selected part of its suite
+    (`reports.judgement.judges_own_cases`)."""
+    return judge(
+        as_baseline(baseline),
+        written_run(frame, metadata, manifest, source),
+        growth_factor=growth_factor,
+        noise_floor_ulps=noise_floor_ulps,
+        only_current_cases=judges_own_cases(manifest),
+    )
 
 
 def write_all(
@@ -174,14 +195,16 @@ def write_all(
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
     manifest: Manifest | None = None,
+    judgement: Judgement | None = None,
 ) -> dict[str, Path]:
     """Write rows.csv, report.json, report.html and summary.md into `out_dir`.
 
     `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
     With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_baseline_or_run` reads) the
-    gate is evaluated and its drift and findings are added to every format. `manifest`
-    (the run's, finished) is embedded in report.json and named in the other reports.
-    Returns {"csv", "json", "html", "markdown"} → path.
+    gate judges the run (`judge_frame`: the judgement `harness gate` makes), and its verdict
+    heads every format, its drift and findings below; `judgement`, one made already, is
+    used instead. `manifest` (the run's, finished) is embedded in report.json and named in
+    the other reports. Returns {"csv", "json", "html", "markdown"} → path.
     """
     return write_frame(
         to_frame(unwrap_run(rows)[0]),
@@ -191,6 +214,7 @@ def write_all(
         growth_factor=growth_factor,
         noise_floor_ulps=noise_floor_ulps,
         manifest=manifest,
+        judgement=judgement,
     )
 
 
@@ -203,29 +227,32 @@ def write_frame(
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
     manifest: Manifest | None = None,
+    judgement: Judgement | None = None,
 ) -> dict[str, Path]:
     """`write_all` of a canonical row frame (`records.rows.to_frame`'s), read as it is:
     its rows are not coerced again, and it is summarised once for every format."""
     metadata = dict(metadata or {})
     if manifest is not None:
         metadata.update(manifest.identity())
-    gate_result = None
-    if baseline is not None:
-        gate_result = gate_frames(
-            resolve_baseline(baseline),
-            typed_gate_frame(frame, source="current run"),
+    out = Path(out_dir)
+    paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
+    if judgement is None and baseline is not None:
+        judgement = judge_frame(
+            frame,
+            metadata,
+            baseline,
+            manifest,
+            paths["json"],
             growth_factor=growth_factor,
             noise_floor_ulps=noise_floor_ulps,
         )
     summary = summarize(frame)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
     write_csv(frame, paths["csv"])
-    write_json(frame, metadata, paths["json"], gate_result, manifest, summary=summary)
-    html = render_html(frame, metadata, summary=summary, gate_result=gate_result)
+    write_json(frame, metadata, paths["json"], judgement, manifest, summary=summary)
+    html = render_html(frame, metadata, summary=summary, judgement=judgement)
     paths["html"].write_text(html, encoding="utf-8")
-    markdown = render_markdown(frame, summary=summary, metadata=metadata, gate_result=gate_result)
+    markdown = render_markdown(frame, summary=summary, metadata=metadata, judgement=judgement)
     paths["markdown"].write_text(markdown, encoding="utf-8")
     return paths
 

@@ -48,6 +48,18 @@ CASE_NAMES = ("cli-a-f32", "cli-b-bf16", "cli-c-sharded")
 # The two unsharded cases through the reference paths only: the cheapest complete run.
 TWO_CASES_REFERENCE_ONLY = ("--cases", "cli-a-*", "cli-b-*", "--paths", "reference/*", "--no-lowering", "--quiet")
 TIMING_COLUMNS = ("compile_s", "execute_s")
+# One cheap case through an external implementation that drops a gate factor: a run that fails.
+BROKEN_IMPL_RUN = (
+    "--cases",
+    "cli-a-*",
+    "--impl",
+    "tests.external_impls:broken",
+    "--paths",
+    "reference/*",
+    "loses_post_gate_factor/*",
+    "--no-lowering",
+    "--quiet",
+)
 
 
 def cheap_run_args(case_file, out, *extra) -> list[str]:

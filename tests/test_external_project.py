@@ -198,21 +198,28 @@ def test_the_baseline_loop_in_a_user_repository(fresh_project):
     assert "mhc-parity: baseline baselines/my_mhc.csv is up to date (72 rows" in again.stdout
     assert "kept the rows of 1 case this session did not run" in again.stdout
 
-    # A broken change of the kernel (same name): every test fails, its message the failing
-    # rows' table and the gate's findings: the leaf, its growth and the allowed growth.
-    broken = _pytest(project, "--parity-impl", "my_mhc.broken:factory")
+    # A broken change of the kernel (same name): one failure per case, not one per comparison
+    # (its leaves fail against the oracle and the reference alike): the vs_oracle test's
+    # message has both comparisons' failing rows and the gate's findings (the leaf, its
+    # growth and the allowed growth); the vs_reference test is skipped, naming it.
+    broken = _pytest(project, "--parity-impl", "my_mhc.broken:factory", "-rs")
     assert broken.returncode == pytest.ExitCode.TESTS_FAILED, _output(broken)
-    assert "4 failed" in _verdict(broken)
+    assert "2 failed, 2 skipped" in _verdict(broken)
     failures = _failures(broken)
-    assert "rows of lite-n4-c128-b2s64-f32-w32-identity-default::vs_oracle failed" in failures
-    assert "lite-n4-c128-b2s64-f32-w32-identity-default::vs_oracle: gate FAIL against baselines/my_mhc.csv" in failures
-    finding = r"regression +out +my_mhc/unsharded +oracle +max \S+ -> \S+ \(x[0-9.e+]+\); rms .* > allowed x2"
-    assert re.search(finding, failures), failures[-3000:]
+    assert re.search(rf"{CASES[0]}::vs_oracle: \d+ leaves failed, seen by vs_oracle and vs_reference", failures)
+    assert re.search(rf"\d+ failing rows of {CASES[0]} \(\d+ of \d+ vs_oracle, \d+ of \d+ vs_reference\)", failures)
+    assert f"{CASES[0]}::vs_oracle: gate FAIL against baselines/my_mhc.csv" in failures
+    for comparison, partner in (("vs_oracle", "oracle"), ("vs_reference", "reference/unsharded")):
+        finding = rf"regression +out +my_mhc/unsharded +{comparison} +{partner} +max \S+ -> \S+ \(x[0-9.e+]+\); rms "
+        finding += r".* > allowed x2"
+        assert re.search(finding, failures), failures[-3000:]
+    assert f"{CASES[0]}::vs_reference: its failing leaves are reported by {CASES[0]}::vs_oracle" in broken.stdout
+    assert "mhc-parity: 2 parity tests skipped: each leaf failing there fails the first selected test" in broken.stdout
 
     # Refreshing the baseline from it names what changed, warns, and its tests still fail.
     refreshed = _pytest(project, "--parity-impl", "my_mhc.broken:factory", "--parity-update-baseline")
     assert refreshed.returncode == pytest.ExitCode.TESTS_FAILED, _output(refreshed)
-    assert "4 failed" in _verdict(refreshed)
+    assert "2 failed, 2 skipped" in _verdict(refreshed)
     updated = r"mhc-parity: updated baseline baselines/my_mhc.csv: 0 rows added, 0 removed, \d+ changed"
     assert re.search(updated, refreshed.stdout)
     assert re.search(r"changed: \S+::\S+ \(my_mhc/unsharded vs oracle\): verdict pass -> fail", refreshed.stdout)
@@ -221,15 +228,19 @@ def test_the_baseline_loop_in_a_user_repository(fresh_project):
 
 @pytest.mark.slow
 def test_a_drift_inside_the_policy_fails_its_test_naming_leaf_growth_and_bound(project):
-    """Rows that pass the policy but grew past the gate's factor: the test fails (it did not before)."""
+    """Rows that pass the policy against the oracle but grew past the gate's factor: the
+    test fails (it did not before). Its message has every comparison that saw those leaves,
+    the deselected vs_reference test's too (the gate's findings there, and its rows, which
+    fail against the reference)."""
     proc = _pytest(project, "--parity-impl", "my_mhc.drifted:factory", "-k", f"{CASES[0]} and vs_oracle", select=False)
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED, _output(proc)
     assert "1 failed" in _verdict(proc)
     failures = _failures(proc)
-    assert "rows of" not in failures  # every row is inside the policy's bounds
+    assert not re.search(r"\d+ of \d+ vs_oracle", failures)  # every vs_oracle row is inside the policy's bounds
     headline = rf"{CASES[0]}::vs_oracle: gate FAIL against baselines/my_mhc.csv: "
     assert re.search(headline + r"leaf \S+ \(my_mhc/unsharded vs oracle\) grew x[0-9.]+ > allowed x2", failures)
-    assert re.search(r"regression +out +my_mhc/unsharded +oracle +max .* > allowed x2", failures), failures
+    assert re.search(r"regression +out +my_mhc/unsharded +vs_oracle +oracle +max .* > allowed x2", failures), failures
+    assert re.search(r"regression +out +my_mhc/unsharded +vs_reference +reference/unsharded +max .*", failures)
 
 
 def test_the_options_select_the_suite_and_dtype_with_case_and_comparison_ids(project):

@@ -12,7 +12,7 @@ from harness.cli import main as cli_main
 from records.schema import ROW_COLUMNS
 from records.store import RowStore
 from reports.samples import write_sample_run
-from tests.cli_support import load_jsonl, run_cli
+from tests.cli_support import BROKEN_IMPL_RUN, load_jsonl, run_cli
 
 
 @pytest.mark.slow
@@ -99,17 +99,9 @@ def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path)
         "run",
         "--case-file",
         case_file,
-        "--cases",
-        "cli-a-*",
         "--out",
         out,
-        "--impl",
-        "tests.external_impls:broken",
-        "--paths",
-        "reference/*",
-        "loses_post_gate_factor/*",
-        "--no-lowering",
-        "--quiet",
+        *BROKEN_IMPL_RUN,
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     failed = {(r["comparison"], r["leaf"]) for r in load_jsonl(out / "rows.jsonl") if r["verdict"] == "fail"}
@@ -359,3 +351,36 @@ def test_a_closed_stdout_pipe_ends_quietly_with_141_never_0(command, failing_gat
     proc = _closed_stdout_run(argv)
     assert proc.returncode == 141, (proc.returncode, proc.stderr[-3000:])
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    import importlib.metadata
+    import pathlib
+
+    from tests.cli_support import harness_command
+
+    expected = f"mhc-parity {importlib.metadata.version('mhc-parity')}\n"
+    assert cli_main(["--version"]) == 0
+    assert capsys.readouterr().out == expected
+    script = pathlib.Path(sys.executable).with_name("mhc-parity")  # the console script, where installed
+    for argv in (harness_command("--version"), [str(script), "--version"] if script.exists() else None):
+        if argv is not None:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            assert (proc.returncode, proc.stdout) == (0, expected), proc.stderr[-2000:]
+
+
+def test_version_falls_back_to_the_checkout_s_pyproject_when_not_installed(monkeypatch, tmp_path):
+    import importlib.metadata
+    import tomllib
+
+    from harness import cli
+    from tests.cli_support import ROOT
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert pyproject["name"] == cli.DISTRIBUTION
+    assert cli.version() == pyproject["version"]
+    assert cli.pyproject_version(tmp_path / "pyproject.toml") == "unknown"

@@ -46,7 +46,15 @@ ENGINE = (
     "harness.env",
     "harness.errors",
 )
-ABOVE_ENGINE = ("reports", "harness.api", "harness.commands", "harness.cli", "harness.pytest_plugin", "harness")
+ABOVE_ENGINE = (
+    "reports",
+    "harness.api",
+    "harness.commands",
+    "harness.cli",
+    "harness.pytest_plugin",
+    "harness.plugin",
+    "harness",
+)
 COMMANDS = ("harness.commands", "harness.cli")
 # Function-level imports that stay, and why (module path, imported module).
 DEFERRED_IMPORTS = {
@@ -54,7 +62,7 @@ DEFERRED_IMPORTS = {
     ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
     ("harness/commands/baseline.py", "harness.commands.run"): "`baseline --from` must not load JAX; `--impl` runs",
     ("harness/commands/baseline.py", "harness.engine.implementations"): "as above: `--impl` loads the implementation",
-    ("harness/pytest_plugin.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
+    ("harness/plugin/session.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
     ("harness/processes/watchdog.py", "records.manifest"): "a watchdog starts with each run; a stuck one needs it",
 }
 
@@ -172,7 +180,7 @@ def test_the_api_and_the_plugin_import_no_command():
     wrong = sorted(
         f"{module} imports {target}"
         for module, targets in import_graph().items()
-        if module in ("harness.api", "harness.pytest_plugin")
+        if module in ("harness.api", "harness.pytest_plugin") or _within(module, ("harness.plugin",))
         for target in targets
         if _within(target, COMMANDS)
     )

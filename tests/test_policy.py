@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.judging.bounds import KINDS
+from harness.judging.bounds import KINDS, usage_of
 from harness.judging.confidence import Sensitivity
 from harness.judging.metrics import LeafMetrics, leaf_metrics
 from harness.judging.policy import (
@@ -25,6 +25,7 @@ from harness.judging.policy import (
     parse_policy,
 )
 from records import schema
+from records.text import format_number
 
 F32_EPS = 2.0**-23
 BF16_EPS = 2.0**-7
@@ -548,6 +549,73 @@ def test_nan_end_to_end_on_arrays():
         assert j.verdict == "fail" and "1 NaN" in j.reason, (comparison, j)
 
 
+# (comparison, leaf_kind, act_dtype, metrics, the binding metric, its limit) on `small`: each
+# rule kind, and each criterion of the oracle ratio binding in turn.
+BINDING = {
+    "exact, identical": ("vs_unsharded", "output", "float32", metrics(), "max_abs_err", 0.0),
+    "exact, differs": ("vs_unsharded", "output", "float32", metrics(max_abs_err=1e-7), "max_abs_err", 0.0),
+    "ulps": ("vs_unsharded", "weight_grad", "float32", metrics(max_rel_err=80 * F32_EPS), "max_rel_err", 64 * F32_EPS),
+    "ulps+sensitivity": (
+        "vs_oracle",
+        "output",
+        "bfloat16",
+        metrics(max_rel_err=0.01, oracle_sensitivity_max=0.003),
+        "max_rel_err",
+        8 * BF16_EPS + 2 * 0.003,
+    ),
+    "ratio, max": (
+        "vs_reference",
+        "output",
+        "float32",
+        metrics(cand_oracle_max_err=3e-6, partner_oracle_max_err=1e-6, max_rel_err=1.0),
+        "cand_oracle_max_err",
+        2 * 1e-6 + 4 * F32_EPS,
+    ),
+    "ratio, rms": (
+        "vs_reference",
+        "output",
+        "float32",
+        metrics(cand_oracle_rms_err=3e-6, partner_oracle_rms_err=1e-6, max_rel_err=1.0),
+        "cand_oracle_rms_err",
+        2 * 1e-6 + 4 * F32_EPS,
+    ),
+    "ratio, direct": (
+        "vs_reference",
+        "output",
+        "float32",
+        metrics(cand_oracle_max_err=1e-3, partner_oracle_max_err=1e-6, max_rel_err=3 * F32_EPS),
+        "max_rel_err",
+        2 * F32_EPS,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BINDING))
+def test_a_judgement_carries_the_limit_its_usage_divides(small, name):
+    """allowed_error is the binding criterion's own limit, not one recomputed beside it: the
+    usage is |measured| / allowed_error, and a failure's reason shows the same number."""
+    comparison, kind, act_dtype, m, metric, allowed = BINDING[name]
+    j = judge(small, m, comparison, kind, act_dtype=act_dtype)
+    assert (j.bound_metric, j.allowed_error) == (metric, pytest.approx(allowed, rel=1e-12))
+    assert j.bound_usage == usage_of(abs(getattr(m, metric)), j.allowed_error)
+    if j.verdict == "fail":
+        assert format_number(j.allowed_error, 4) in j.reason
+
+
+def test_the_systematic_criterion_s_binding_limit_is_a_t_or_a_shift(with_systematic):
+    t_binds = judge(with_systematic, _systematic_metrics(26.8, 1000 * F32_EPS), "vs_reference", "intermediate")
+    assert (t_binds.bound_metric, t_binds.allowed_error, t_binds.verdict) == ("cand_systematic_t", 7.0, "fail")
+    shift_binds = judge(with_systematic, _systematic_metrics(500, 2 * F32_EPS), "vs_reference", "intermediate")
+    assert (shift_binds.bound_metric, shift_binds.allowed_error) == ("cand_systematic_shift", 4 * F32_EPS)
+    assert shift_binds.bound_usage == pytest.approx(0.5)
+
+
+def test_a_judgement_without_a_bound_applied_has_no_allowed_error(small):
+    j = judge(small, metrics(nan_count=1), "vs_reference")
+    assert j.verdict == "fail" and math.isinf(j.bound_usage)
+    assert math.isnan(j.allowed_error) and j.bound_metric == ""
+
+
 def test_judgement_row_fields():
     j = load_policy().judge(
         metrics(),
@@ -558,7 +626,7 @@ def test_judgement_row_fields():
         partitioning="manual",
     )
     fields = j.as_row_fields()
-    assert set(fields) == {"verdict", "bound", "bound_usage", "reason"}
+    assert set(fields) == {"verdict", "bound", "bound_usage", "allowed_error", "bound_metric", "reason"}
     schema.empty_row(**fields)
     assert isinstance(j, Judgement) and j.verdict in schema.VERDICTS
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -1,18 +1,25 @@
-"""The pytest plugin's baseline loop in pieces: the command a missing baseline names, and
-what an update says changed (`reports.baseline.diff_baselines`). The loop itself runs in a
+"""The pytest plugin in pieces: the command a missing baseline names, what an update says
+changed (`reports.baseline.diff_baselines`), and one failure per regression (an inner
+pytest run of the plugin over made-up rows, `pytester`). The baseline loop itself runs in a
 user's repository in tests/test_external_project.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+import re
 import types
 
 import pandas as pd
 import pytest
 
-from harness.pytest_plugin import _ini_overrides, update_command
+from harness.plugin.options import ini_overrides
+from harness.pytest_plugin import ParitySession, update_command
 from reports.baseline import diff_baselines, render_baseline
-from reports.samples import sample_rows
+from reports.samples import measured_row, sample_rows
+from reports.sources import LoadedRun
+
+pytest_plugins = ["pytester"]  # the inner pytest runs of the plugin
 
 
 def _config(options=None, ini=None, args=(), rootpath=pathlib.Path("/repo")):
@@ -40,7 +47,7 @@ def test_the_update_command_carries_the_parity_options_overrides_and_environment
         "-o parity_x=1 -o parity_y=2 --parity-suite default --parity-update-baseline"
     )
     monkeypatch.delenv("MHC_PARITY_SUITE")
-    assert _ini_overrides(["--override-ini", "parity_z=", "-p", "no:cacheprovider"]) == ["-o", "parity_z="]
+    assert ini_overrides(["--override-ini", "parity_z=", "-p", "no:cacheprovider"]) == ["-o", "parity_z="]
 
 
 @pytest.fixture
@@ -67,7 +74,7 @@ def test_a_legacy_baseline_stops_the_session_unless_the_plugin_option_allows_it(
     """The plugin took a baseline set by hand to format 1 (no digest) as the gate did: now it
     is a usage error naming the plugin's option, and with the option the summary says what
     went unverified."""
-    from harness.pytest_plugin import LEGACY_INI, LEGACY_OPTION, ParitySession
+    from harness.pytest_plugin import LEGACY_INI, LEGACY_OPTION
     from reports.baseline import write_baseline
     from reports.sources import LoadedRun
     from tests.cli_support import as_format_1
@@ -96,3 +103,230 @@ def test_a_legacy_baseline_stops_the_session_unless_the_plugin_option_allows_it(
         assert session.summary_lines == [
             f"mhc-parity: note: baseline {legacy} is in legacy format 1: its rows and header are covered by no digest"
         ]
+
+
+# --- One failure per regression -------------------------------------------------------------
+
+IMPL = "my_mhc"
+BOTH, ONE = "lite-n4-c128-b2s64-f32-w32-identity-default", "lite-n4-c128-b2s64-f32-w32-mlp-default"
+LOGIC_ERROR = "not explained by any rounding: look for a logic error"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    name: str
+    mesh: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """What `harness.api.prepare` gives the plugin, with the rows of each case made up."""
+
+    rows: dict
+    implementation_names: tuple = (IMPL,)
+
+    @property
+    def plan(self):
+        return types.SimpleNamespace(lowering=False)
+
+    @property
+    def cases(self):
+        return tuple(_Case(name) for name in self.rows)
+
+    def run_case(self, case):
+        return [dict(r) for r in self.rows[case.name]]
+
+    def result(self, records):
+        """The session's run as `settle_baseline` reads it: every row, under policy "p1"."""
+        frame = pd.DataFrame([r for rows in self.rows.values() for r in rows])
+        return types.SimpleNamespace(loaded=lambda: LoadedRun(frame, pathlib.Path("<session>"), "p1", {}, False))
+
+
+def _failing(row: dict, usage: float, cause: str, cause_id: str) -> dict:
+    reason = f"cand_oracle_max_err={usage * 1e-6:.3g} > 2*max(...)={1e-6:.3g}"
+    return {**row, "verdict": "fail", "bound_usage": usage, "reason": reason, "cause": cause, "cause_id": cause_id}
+
+
+def _case_rows(case: str, failing: dict) -> list[dict]:
+    """A float32 case's rows of IMPL vs the oracle and vs the reference; `failing`: (leaf,
+    comparison) -> (usage, cause, cause_id) of the rows that fail."""
+    rows = []
+    for index, (leaf, kind) in enumerate((("out", "output"), ("h_pre", "intermediate"), ("d_x", "activation_grad"))):
+        for partner, comparison in (("oracle", "vs_oracle"), ("reference/unsharded", "vs_reference")):
+            row = measured_row(case, f"{IMPL}/unsharded", partner, comparison, leaf, kind, "float32", 1.0 + index)
+            if (leaf, comparison) in failing:
+                row = _failing(row, *failing[leaf, comparison])
+            rows.append(row)
+    return rows
+
+
+def _inner_run(pytester, monkeypatch, rows: dict, ini: str = ""):
+    """An inner pytest project whose plugin checks IMPL over `rows` (case -> its rows): a
+    function of the extra pytest arguments giving its `inline_run` recorder."""
+    # What `prepare` gives, without loading the engine (the session's property calls it).
+    monkeypatch.setattr(ParitySession, "prepared", property(lambda session: _Prepared(rows)))
+    pytester.makeini(f"[pytest]\nparity_impl = {IMPL}.kernel:factory\n{ini}")
+    pytester.makepyfile(
+        test_parity="from harness.pytest_plugin import check_parity\n\n"
+        "def test_parity(parity_check):\n    check_parity(parity_check)\n"
+    )
+    return lambda *args: pytester.inline_run("-p", "no:cacheprovider", "-p", "no:xdist", *args)
+
+
+@pytest.fixture
+def made_up_run(pytester, monkeypatch):
+    """An inner run over made-up rows: in BOTH, `out` fails against the oracle and against
+    the reference (one regression); in ONE, `h_pre` fails against the reference only."""
+    rows = {
+        BOTH: _case_rows(
+            BOTH,
+            {
+                ("out", c): (3.5 if c == "vs_oracle" else 2.5, LOGIC_ERROR, "unexplained")
+                for c in ("vs_oracle", "vs_reference")
+            },
+        ),
+        ONE: _case_rows(ONE, {("h_pre", "vs_reference"): (1.5, "within its rounding model", "within_model")}),
+    }
+    return _inner_run(pytester, monkeypatch, rows)
+
+
+def _outcomes(recorder) -> dict[str, str]:
+    """test id (`<case>::<comparison>`) -> its outcome."""
+    return {
+        r.nodeid.partition("[")[2].rstrip("]"): r.outcome
+        for r in recorder.getreports("pytest_runtest_logreport")
+        if r.when == "call"
+    }
+
+
+def _message(recorder, test_id: str) -> str:
+    (report,) = [
+        r
+        for r in recorder.getreports("pytest_runtest_logreport")
+        if r.nodeid.endswith(f"[{test_id}]") and r.when == "call"
+    ]
+    return report.longreprtext
+
+
+def test_a_leaf_failing_in_two_comparisons_is_one_failure_naming_both(made_up_run):
+    """The vs_oracle and vs_reference tests of a case used to fail both, with the same leaf:
+    now the first comparison that saw it fails, listing every comparison with its numbers and
+    bound and the cause once; the other test is skipped, naming it."""
+    recorder = made_up_run()
+    assert _outcomes(recorder) == {
+        f"{BOTH}::vs_oracle": "failed",
+        f"{BOTH}::vs_reference": "skipped",
+        f"{ONE}::vs_oracle": "passed",
+        f"{ONE}::vs_reference": "failed",  # a row failing in one comparison only still fails
+    }
+    message = _message(recorder, f"{BOTH}::vs_oracle")
+    table = [line.split() for line in message.splitlines() if line.split()[:1] == ["out"]]
+    assert [(words[2], words[3]) for words in table] == [
+        ("vs_oracle", "oracle"),
+        ("vs_reference", "reference/unsharded"),
+    ]
+    assert "cand_oracle_max_err=3.5e-06" in message and "cand_oracle_max_err=2.5e-06" in message
+    assert message.count(LOGIC_ERROR) == 1 and message.count("ratio <= 2 or <= 4 ulp (float32)") == 2
+    skipped = recorder.getreports("pytest_runtest_logreport")
+    reason = next(r for r in skipped if r.nodeid.endswith(f"[{BOTH}::vs_reference]") and r.when == "call").longrepr[2]
+    assert f"reported by {BOTH}::vs_oracle" in reason and "out of my_mhc/unsharded" in reason
+    assert "h_pre" in _message(recorder, f"{ONE}::vs_reference")
+
+
+def test_the_first_selected_comparison_reports_the_regression(made_up_run):
+    """With only the vs_reference tests selected, the leaf fails there, still naming vs_oracle's rows."""
+    recorder = made_up_run("-k", "vs_reference")
+    assert _outcomes(recorder) == {f"{BOTH}::vs_reference": "failed", f"{ONE}::vs_reference": "failed"}
+    message = _message(recorder, f"{BOTH}::vs_reference")
+    assert "vs_oracle" in message and "cand_oracle_max_err=3.5e-06" in message and message.count(LOGIC_ERROR) == 1
+
+
+def test_a_passing_session_shows_every_comparison_as_its_own_test(pytester, monkeypatch):
+    run = _inner_run(pytester, monkeypatch, {BOTH: _case_rows(BOTH, {}), ONE: _case_rows(ONE, {})})
+    recorder = run()
+    assert _outcomes(recorder) == {f"{c}::{k}": "passed" for c in (BOTH, ONE) for k in ("vs_oracle", "vs_reference")}
+
+
+def _grown(rows: list[dict], leaf: str, factor: float) -> list[dict]:
+    """`rows` with `leaf`'s error against the oracle `factor` times larger, in every comparison (still passing)."""
+    grown = lambda r: {k: r[k] * factor for k in ("cand_oracle_max_err", "cand_oracle_rms_err")}  # noqa: E731
+    return [{**r, **grown(r)} if r["leaf"] == leaf else r for r in rows]
+
+
+def test_a_gate_regression_seen_in_two_comparisons_is_one_failure(pytester, monkeypatch, tmp_path):
+    """A leaf grown 3x against the oracle is the same number on its vs_oracle and
+    vs_reference rows: one failure, its gate table naming both comparisons."""
+    from reports.baseline import write_baseline
+
+    committed = [{**r, "cand_oracle_max_err": 1e-5, "cand_oracle_rms_err": 3e-6} for r in _case_rows(BOTH, {})]
+    write_baseline(committed, tmp_path / "b.csv", policy_hash="p1", implementation=IMPL)
+    run = _inner_run(
+        pytester, monkeypatch, {BOTH: _grown(committed, "out", 3.0)}, f"parity_baseline = {tmp_path / 'b.csv'}\n"
+    )
+    recorder = run()
+    assert _outcomes(recorder) == {f"{BOTH}::vs_oracle": "failed", f"{BOTH}::vs_reference": "skipped"}
+    message = _message(recorder, f"{BOTH}::vs_oracle")
+    assert "failing row" not in message  # every row is inside its bound
+    assert re.search(
+        rf"{BOTH}::vs_oracle: gate FAIL against \S+: leaf out \({IMPL}/unsharded vs oracle\) grew x3", message
+    )
+    assert "1 regression, seen by vs_oracle and vs_reference (growth factor x2" in message
+    table = [line.split()[:5] for line in message.splitlines() if line.split()[:1] == ["regression"]]
+    assert table == [
+        ["regression", "out", f"{IMPL}/unsharded", "vs_oracle", "oracle"],
+        ["regression", "out", f"{IMPL}/unsharded", "vs_reference", "reference/unsharded"],
+    ]
+
+
+def _row(candidate: str, partner: str, comparison: str, leaf: str = "out", **fields) -> dict:
+    return measured_row(BOTH, candidate, partner, comparison, leaf, "output", "float32", 1.0, **fields)
+
+
+def test_a_regression_is_one_leaf_of_one_path_in_every_comparison_that_saw_it():
+    """A sharded path's `out` failing against the oracle, the reference and its unsharded run
+    is one regression; its error rows (leaf `*`) another; a leaf that fails once is its own."""
+    from harness.plugin.regressions import find_regressions
+
+    sharded, unsharded = f"{IMPL}/sharded(data=2,fsdp=4)", f"{IMPL}/unsharded"
+    error = {"verdict": "error", "reason": "ValueError: boom"}
+    rows = [
+        _row(sharded, f"{IMPL}/unsharded", "vs_unsharded", verdict="fail"),
+        _row(sharded, "reference/sharded(data=2,fsdp=4)", "vs_reference", verdict="fail"),
+        _row(sharded, "oracle", "vs_oracle", verdict="fail"),
+        _row(sharded, "oracle", "vs_oracle", leaf="d_x"),
+        _row(unsharded, "oracle", "vs_oracle", leaf="*", **error),
+        _row(unsharded, "reference/unsharded", "vs_reference", leaf="*", **error),
+        _row(unsharded, "oracle", "vs_oracle", leaf="h_pre", verdict="fail"),
+    ]
+    found = find_regressions(rows)
+    assert [(g.candidate, g.leaf, g.comparisons) for g in found] == [
+        (sharded, "out", ("vs_oracle", "vs_reference", "vs_unsharded")),
+        (unsharded, "*", ("vs_oracle", "vs_reference")),
+        (unsharded, "h_pre", ("vs_oracle",)),
+    ]
+    assert [r["comparison"] for r in found[0].rows] == ["vs_oracle", "vs_reference", "vs_unsharded"]
+    # The first selected comparison that saw it reports it; none when none of them is selected.
+    assert found[0].reporter({"vs_reference", "vs_unsharded"}) == "vs_reference"
+    assert found[0].reporter({"lowering"}) is None
+
+
+def test_a_path_within_its_model_failing_against_a_broken_partner_is_the_partners_regression():
+    """The kernel holds its bound against the oracle, the reference does not: the kernel's
+    failing row against the reference (cause `within_model`) is the reference's regression.
+    Where the partner holds its own bound, the row is a regression of its own."""
+    from harness.engine.causes import WITHIN_MODEL_ID
+    from harness.plugin import regressions
+
+    assert regressions.WITHIN_MODEL_ID == WITHIN_MODEL_ID  # the plugin's copy of the engine's name
+    within = {"verdict": "fail", "cause_id": WITHIN_MODEL_ID}
+    rows = [
+        _row("reference/unsharded", "oracle", "vs_oracle", verdict="fail", cause_id="unexplained"),
+        _row("interpret/unsharded", "oracle", "vs_oracle"),
+        _row("interpret/unsharded", "reference/unsharded", "vs_reference", **within),
+        _row("interpret/unsharded", "reference/unsharded", "vs_reference", leaf="d_x", **within),
+    ]
+    found = regressions.find_regressions(rows)
+    assert [(g.candidate, g.leaf, g.comparisons, len(g.rows)) for g in found] == [
+        ("reference/unsharded", "out", ("vs_oracle", "vs_reference"), 2),
+        ("interpret/unsharded", "d_x", ("vs_reference",), 1),
+    ]

@@ -6,7 +6,9 @@ fails the test), and a copy with a small probe script appended that records, aft
 the load event, whether the summary, every heatmap table and the worst-offenders
 table are rendered with a non-zero size; which matplotlib figures are drawn (each
 histogram's and failing-leaves plot's SVG with its axes, tick marks and tick labels,
-every `<use>` and clip path resolving to an element of the page). The probed copy is
+every `<use>` and clip path resolving to an element of the page); where the gate's verdict
+against the baseline sits (on the first screen of a 1400 × 1000 window); and whether the
+page is wider than that window (it must never scroll sideways). The probed copy is
 served over HTTP on the loopback interface, so that whatever else the page asked for
 (an image, a font, a style sheet) would reach the server and the browser's resource
 timing: nothing does, it is one self-contained file. Chromium's `--dump-dom` prints
@@ -92,6 +94,7 @@ window.addEventListener("load", function () {
     };
   }
   var heatmaps = all(document, "#heatmaps figure.heatmap table");
+  var gateVerdict = document.querySelector("#gate-verdict");
   var offenders = document.querySelector("#worst-offenders-table");
   var result = {
     summary: shown(document.querySelector("#summary")),
@@ -105,6 +108,12 @@ window.addEventListener("load", function () {
     firstOffenderCase: offenders ? offenders.querySelector("tbody tr a").textContent : "",
     histograms: all(document, "#histograms figure.histogram").map(figure),
     boundPlots: all(document, "#bound-plots figure.bound-plot").map(figure),
+    gateVerdictBottom: gateVerdict ? gateVerdict.getBoundingClientRect().bottom : null,
+    gateVerdictText: gateVerdict ? gateVerdict.innerText : "",
+    windowWidth: window.innerWidth,
+    windowHeight: window.innerHeight,
+    pageWidth: document.documentElement.scrollWidth,
+    viewportWidth: document.documentElement.clientWidth,
     resources: performance.getEntriesByType("resource").map(function (entry) { return entry.name; }),
     scripts: document.scripts.length
   };
@@ -218,7 +227,11 @@ def test_report_loads_without_console_messages(chromium, report, tmp_path):
 @pytest.fixture(scope="module")
 def probed(chromium, report, tmp_path_factory) -> dict:
     """What the probe found on the page, served over HTTP, and the paths the server was asked for ("requested")."""
-    folder = tmp_path_factory.mktemp("probed")
+    return probe_page(chromium, report, tmp_path_factory.mktemp("probed"))
+
+
+def probe_page(chromium: str, report: Path, folder: Path) -> dict:
+    """The probe's findings on `report`, served over HTTP from `folder`, with the paths requested."""
     site = folder / "site"
     site.mkdir()
     page = site / "probed.html"
@@ -254,6 +267,32 @@ def test_every_figure_is_drawn_with_axes_and_ticks_and_nothing_is_fetched(probed
         assert drawn["tickLabels"] >= drawn["axes"] + 2, drawn  # labelled ticks, laid out with a width
     assert probed["requested"] == ["/probed.html"]  # no image, font, style sheet or other request
     assert probed["resources"] == []
+
+
+def test_the_gates_verdict_is_on_the_first_screen(probed):
+    """The gate's verdict against the baseline is in the banner, on the
+    window's first screen (headless Chromium's 1400 × 1000 window shows about 860 pixels of
+    page), not at the foot of the page."""
+    assert probed["gateVerdictBottom"] is not None, "no gate verdict on the page"
+    assert 0 < probed["gateVerdictBottom"] <= probed["windowHeight"], probed["gateVerdictBottom"]
+    assert "Gate against the baseline rows: FAIL" in probed["gateVerdictText"]
+
+
+@pytest.fixture(scope="module")
+def wide_report(tmp_path_factory) -> Path:
+    """The sample report with one more case under a long name (a case file names its cases
+    freely): its heatmap rows are wider than a 1400-pixel window."""
+    long_name = "lite-n4-c128-b2s64-f32-w32-identity-default-" * 6
+    rows = sample_rows()
+    rows += [dict(r, case=long_name) for r in rows if r["case"] == "f32_small"]
+    return write_all(rows, {}, tmp_path_factory.mktemp("wide-report"))["html"]
+
+
+def test_the_page_never_scrolls_sideways_in_a_1400_pixel_window(chromium, wide_report, tmp_path):
+    """A table or figure wider than the window scrolls inside its own box; the page does not."""
+    probed = probe_page(chromium, wide_report, tmp_path)
+    assert probed["windowWidth"] == 1400
+    assert probed["pageWidth"] <= probed["viewportWidth"], (probed["pageWidth"], probed["viewportWidth"])
 
 
 def test_request_detection_sees_a_fetched_image(chromium, tmp_path):

@@ -344,7 +344,7 @@ def test_histogram_bins_each_measured_error_once_and_counts_what_a_log_axis_cann
     svg = histogram_svg(figure)
     assert svg.startswith('<svg class="plot" role="img"') and svg.endswith("</svg>")
     assert len(re.findall(r'id="histogram-float32-axes_\d+"', svg)) == 2
-    assert "weight_grad (n=3, zeros=1, nan/inf=1)" in svg and "max_rel_err" in svg
+    assert "weight_grad (n=3, zeros=1, nan/inf=1)" in svg and "error against the partner" in svg  # the x axis, in words
     assert "10\u207b\u2077" in svg and "10\u2070" in svg  # the decade ticks at both ends of the axis: 10⁻⁷, 10⁰
     assert "vs_reference" in svg and "vs_oracle" in svg  # the legend
 

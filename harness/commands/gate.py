@@ -1,4 +1,5 @@
-"""`python -m harness gate`: a current run against a baseline (the rules: `reports.gate`).
+"""`python -m harness gate`: a current run against a baseline (the rules: `reports.gate`; the
+judgement, which the reports of `run --baseline` share: `reports.judgement`).
 
 Exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
 mismatched runs, including runs made under another tolerance policy or at another matmul
@@ -19,9 +20,10 @@ from records.environment import run_precision
 from records.outputs import OutputPathError, cannot_write, writable_file
 from records.rows import ReportInputError
 from reports.baseline import LEGACY_OPTION
-from reports.comparability import comparability_refusal, current_cases, gated_frame
+from reports.comparability import current_cases
 from reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from reports.gate import GateResult, gate
+from reports.gate import GateResult
+from reports.judgement import judge
 from reports.markdown import gate_markdown
 from reports.sources import load_baseline_or_run, load_run
 
@@ -128,37 +130,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
         current = load_run(args.current, require_current_code=not args.allow_code_change)
     except ReportInputError as exc:
         return _fail(f"cannot read input: {exc}")
-    if not len(baseline.frame):
-        return _fail(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
-    if not len(current.frame):
-        return _fail(f"current run {current.source} has no rows; did the run write anything?")
-    refusal = comparability_refusal(
+    judgement = judge(
         baseline,
         current,
+        growth_factor=args.growth_factor,
+        noise_floor_ulps=args.noise_floor_ulps,
         allow_policy_change=args.allow_policy_change,
         allow_precision_change=args.allow_precision_change,
+        only_current_cases=args.only_current_cases,
     )
-    if refusal:
-        return _fail(refusal)
-    if baseline.implementation:
-        print(f"gating implementation {baseline.implementation!r}: its rows only")
-    baseline_frame = baseline.frame
-    if args.only_current_cases:
-        cases = current_cases(current)
-        baseline_frame = baseline_frame[baseline_frame["case"].isin(cases)]
-        gated = baseline_frame["case"].nunique()
-        if not gated:
-            return _fail(f"--only-current-cases: none of the current run's {len(cases)} cases is in the baseline")
-        print(f"gating only the current run's cases: {gated} of {baseline.frame['case'].nunique()} baseline cases")
-    try:
-        result = gate(
-            baseline_frame,
-            gated_frame(baseline, current),
-            growth_factor=args.growth_factor,
-            noise_floor_ulps=args.noise_floor_ulps,
-        )
-    except ReportInputError as exc:
-        return _fail(f"unusable input: {exc}")
+    if judgement.result is None:
+        return _fail(judgement.refusal)
+    result = judgement.result
+    for line in judgement.scope:
+        print(line)
     print(result.table())
     for note in _notes(result, baseline, current, args.only_current_cases):
         print(note)

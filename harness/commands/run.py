@@ -1,11 +1,15 @@
 """`python -m harness run`: cases x paths -> a run folder (see `records.manifest`).
 
 Writes manifest.json first and rows.jsonl as cases finish; rows.csv, report.json,
-report.html and summary.md once the run is complete. Exit codes: 0 every row passed
-(or is an explained skip/unsupported) and some row compared something; 1 a parity
-failure or error row; 2 a usage or configuration error, one line on stderr naming the
-problem (also a run that compared nothing); 130 interrupted by Ctrl-C (143 by SIGTERM),
-with the command that finishes the run (`--resume`).
+report.html and summary.md once the run is complete. With `--baseline`, every report and
+the terminal summary show first the gate's verdict against it (`reports.judgement`: what
+`harness gate` says of the finished run). Exit codes: 0 every row passed (or is an
+explained skip/unsupported), some row compared something, and the gate did not fail the
+run against `--baseline`; 1 a parity failure or error row, or that gate's failure (a leaf
+that grew past the growth factor, a missing row, ...; a baseline the gate refuses to judge
+leaves the code to the rows); 2 a usage or configuration error, one line on stderr naming
+the problem (also a run that compared nothing); 130 interrupted by Ctrl-C (143 by
+SIGTERM), with the command that finishes the run (`--resume`).
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from records.manifest import (
     write_manifest,
 )
 from records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
+from records.rows import to_frame
 from records.space_reserve import SpaceReserve, release_reserve, reserve_bytes
 from records.store import RowStore, StoreError
-from reports import ReportInputError, load_baseline, write_all
+from reports import ReportInputError, load_baseline, writers
+from reports.sources import baseline_as_run
 from reports.terminal import exit_code, print_summary
 
 PROG = "mhc-parity run"
@@ -79,7 +85,13 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--out", type=pathlib.Path, default=DEFAULT_RUN_FOLDER, help="output folder")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--seed", type=int, default=None, help="override every selected case's seed")
-    p.add_argument("--baseline", type=pathlib.Path, default=None, help="baseline CSV to show drift against")
+    p.add_argument(
+        "--baseline",
+        type=pathlib.Path,
+        default=None,
+        help="baseline CSV to judge the run against as `gate` does: its verdict and drift head every "
+        "report, and a gate failure exits 1",
+    )
     p.add_argument(
         "--allow-legacy-baseline",
         action="store_true",
@@ -278,7 +290,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             progress.close()
             metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start, plan.implementations)
             finished = manifest.completed(len(rows))
-            paths = _write_reports(rows, metadata, store.folder, baseline, finished)
+            paths, judgement = _write_reports(rows, metadata, store.folder, baseline, finished)
             release_reserve(store.folder)  # its room is for this last write
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
     except KeyboardInterrupt:
@@ -300,7 +312,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
-    return _conclude(rows, paths, metadata)
+    return _conclude(rows, paths, metadata, judgement)
 
 
 def _runner(args, policy, plan, cases: int):
@@ -323,8 +335,10 @@ def _shortage(exc: BaseException) -> str:
 
 
 def _load_baseline(path, allow_legacy: bool):
-    """The baseline to show drift against (None without --baseline); UsageError if unreadable
-    (or of a legacy format without `allow_legacy`). A legacy one's note says what was not checked."""
+    """The baseline to judge the run against, as the gate reads one (`LoadedRun`; None
+    without --baseline); UsageError if unreadable (or of a legacy format without
+    `allow_legacy`), before the run: a bad path wastes no time. A legacy one's note says
+    what was not checked."""
     if path is None:
         return None
     try:
@@ -333,21 +347,27 @@ def _load_baseline(path, allow_legacy: bool):
         raise UsageError(f"baseline {path}: {exc}") from exc
     if baseline.note:
         print(baseline.note, file=sys.stderr)
-    return baseline
+    return baseline_as_run(baseline)
 
 
-def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest) -> dict:
-    return write_all(rows, metadata, out, baseline=baseline, manifest=manifest)
+def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest):
+    """(the report paths, the gate's judgement against `baseline` or None): the rows coerced
+    once, judged as `harness gate` will judge the finished folder, every format written."""
+    frame = to_frame(rows)
+    judgement = None
+    if baseline is not None:
+        judgement = writers.judge_frame(frame, metadata, baseline, manifest, out / writers.OUTPUT_FILES["json"])
+    return writers.write_frame(frame, metadata, out, manifest=manifest, judgement=judgement), judgement
 
 
-def _conclude(rows, paths, metadata) -> int:
-    """Print the summary (`metadata`: the reports', e.g. which policy judged) and the report
-    paths; the run's exit code."""
-    print_summary(rows, metadata)
+def _conclude(rows, paths, metadata, judgement=None) -> int:
+    """Print the summary (`metadata`: the reports', e.g. which policy judged; `judgement`: the
+    gate's against --baseline, printed last) and the report paths; the run's exit code."""
+    print_summary(rows, metadata, judgement)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")
-    code = exit_code(rows)
+    code = exit_code(rows, judgement)
     if code == EXIT_USAGE:
         reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
         example = f" (e.g. {reasons[0]})" if reasons else ""

@@ -27,9 +27,10 @@ least k ulps of the largest compared value.
 
 `judge` returns an `Outcome`: the bound usage, measured / allowed for the binding
 criterion (> 1 fails; the largest usage among conditions that must all hold, the
-smaller of two alternatives), and the reason of a failure. A NaN measurement or limit
-is usage inf: NaN never passes. The non-finite checks that come before any bound are
-`harness.judging.policy.Policy.judge`'s.
+smaller of two alternatives), that criterion itself (its metric, measured value and
+limit: a row's `bound_metric` and `allowed_error`, the very numbers the usage divides),
+and the reason of a failure. A NaN measurement or limit is usage inf: NaN never passes.
+The non-finite checks that come before any bound are `harness.judging.policy.Policy.judge`'s.
 """
 
 from __future__ import annotations
@@ -86,20 +87,33 @@ class Condition:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A bound's verdict on one leaf: usage (> 1 fails) and, on a failure, why."""
+    """A bound's verdict on one leaf: usage (> 1 fails), the binding condition whose usage it
+    is (so a row can show the limit as a number, not only inside a sentence) and, on a
+    failure, why."""
 
     usage: float
     reason: str = ""
+    binding: Condition | None = None
 
     @property
     def passed(self) -> bool:
         return self.usage <= 1.0
 
+    @property
+    def allowed(self) -> float:
+        """The binding condition's limit (NaN without one)."""
+        return math.nan if self.binding is None else self.binding.allowed
+
+    @property
+    def metric(self) -> str:
+        """The metric the binding condition measures ("" without one)."""
+        return "" if self.binding is None else self.binding.metric
+
 
 def all_hold(conditions: list[Condition]) -> Outcome:
-    """Every condition must hold: the usage and reason of the worst one."""
+    """Every condition must hold: the usage, condition and reason of the worst one."""
     worst = max(conditions, key=lambda c: c.usage)
-    return Outcome(worst.usage, "" if worst.usage <= 1.0 else worst.reason)
+    return Outcome(worst.usage, "" if worst.usage <= 1.0 else worst.reason, worst)
 
 
 def _declared_text(declared: float) -> str:
@@ -211,17 +225,22 @@ class Systematic:
     def describe(self) -> str:
         return f"systematic t<={self.t_floor:g} or {self.ratio:g}x"
 
-    def usage(self, m: LeafMetrics, floor: float, floor_ulps: float) -> tuple[float, str]:
-        """(usage, failure text): the smaller of the t bound's and the shift floor's usage."""
+    def condition(self, m: LeafMetrics, floor: float, floor_ulps: float) -> tuple[Condition, str]:
+        """(the binding condition, failure text): of the t bound and the shift floor, the one
+        with the smaller usage (either passing passes the criterion)."""
         explained = max((t for t in (m.partner_systematic_t, m.oracle_systematic_t) if not math.isnan(t)), default=0.0)
         t_limit = max(self.t_floor, self.ratio * explained)
-        usage = min(usage_of(m.cand_systematic_t, t_limit), usage_of(m.cand_systematic_shift, floor))
+        t_text = f"max({self.t_floor:g}, {self.ratio:g}*{_number(explained)})={_number(t_limit)}"
+        shift_text = f"{floor_ulps:g}ulp={_number(floor)}"
+        alternatives = [
+            Condition("cand_systematic_t", m.cand_systematic_t, t_limit, t_text),
+            Condition("cand_systematic_shift", m.cand_systematic_shift, floor, shift_text),
+        ]
         text = (
-            f"cand_systematic_t={_number(m.cand_systematic_t)} > max({self.t_floor:g}, "
-            f"{self.ratio:g}*{_number(explained)})={_number(t_limit)} with shift "
-            f"{_number(m.cand_systematic_shift)} > {floor_ulps:g}ulp={_number(floor)}: an error shared by every token"
+            f"cand_systematic_t={_number(m.cand_systematic_t)} > {t_text} with shift "
+            f"{_number(m.cand_systematic_shift)} > {shift_text}: an error shared by every token"
         )
-        return usage, text
+        return min(alternatives, key=lambda c: c.usage), text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,24 +311,25 @@ class OracleRatio(Bound):
                 Condition(cand_metric, cand, limit, f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}")
             )
         ratio = all_hold(conditions)
-        usage, reasons = ratio.usage, [ratio.reason] if ratio.reason else []
+        binding, reasons = ratio.binding, [ratio.reason] if ratio.reason else []
         if self.systematic is not None and not math.isnan(m.cand_systematic_t):
-            systematic_usage, text = self.systematic.usage(m, floor, self.floor_ulps)
-            if systematic_usage > 1.0:
+            systematic, text = self.systematic.condition(m, floor, self.floor_ulps)
+            if systematic.usage > 1.0:
                 reasons.append(text)
-            usage = max(usage, systematic_usage)
+            binding = max(binding, systematic, key=lambda c: c.usage)
         direct_limit = self.direct_ulps * unit
-        direct_usage = usage_of(m.max_rel_err, direct_limit) if self.direct_ulps else math.inf
-        usage = min(usage, direct_usage)
-        if usage <= 1.0:
-            return Outcome(usage)
+        if self.direct_ulps:
+            direct = Condition("max_rel_err", m.max_rel_err, direct_limit, f"direct {self.direct_ulps:g}ulp")
+            binding = min(binding, direct, key=lambda c: c.usage)
+        if binding.usage <= 1.0:
+            return Outcome(binding.usage, binding=binding)
         reason = "; ".join(reasons)
         if self.direct_ulps:
             reason += (
                 f"; and not indistinguishable: max_rel_err={_number(m.max_rel_err)} > "
                 f"direct {self.direct_ulps:g}ulp={_number(direct_limit)}"
             )
-        return Outcome(usage, reason)
+        return Outcome(binding.usage, reason, binding)
 
     def describe(self) -> str:
         text = f"ratio<={self.ratio:g} +{self.floor_ulps:g}ulp"

@@ -179,16 +179,28 @@ class Judgement:
 
     verdict: "pass" or "fail"; bound: the rule and its numbers; bound_usage:
     measured/allowed for the binding criterion (>1 fails; inf for non-finite
-    failures); reason: why it failed, naming metric, value and limit ("" on pass).
+    failures); reason: why it failed, naming metric, value and limit ("" on pass);
+    allowed_error, bound_metric: the binding criterion's limit and the metric it holds
+    (`harness.judging.bounds.Outcome`), the numbers bound_usage divides, so a row states its
+    limit as a number; NaN and "" where no bound was applied (non-finite values).
     """
 
     verdict: str
     bound: str
     bound_usage: float
     reason: str
+    allowed_error: float = math.nan
+    bound_metric: str = ""
 
     def as_row_fields(self) -> dict:
-        return {"verdict": self.verdict, "bound": self.bound, "bound_usage": self.bound_usage, "reason": self.reason}
+        return {
+            "verdict": self.verdict,
+            "bound": self.bound,
+            "bound_usage": self.bound_usage,
+            "allowed_error": self.allowed_error,
+            "bound_metric": self.bound_metric,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -268,7 +280,8 @@ class Policy:
         if unusable:
             return Judgement("fail", description, math.inf, unusable)
         outcome = bound.judge(metrics, eps(resolved.unit_dtype), declared)
-        return Judgement("pass" if outcome.passed else "fail", description, outcome.usage, outcome.reason)
+        verdict = "pass" if outcome.passed else "fail"
+        return Judgement(verdict, description, outcome.usage, outcome.reason, outcome.allowed, outcome.metric)
 
     def uncovered(
         self, dtypes=("float32", "bfloat16"), act_dtypes=("float32", "bfloat16")

@@ -1,0 +1,144 @@
+"""The exit codes of the `mhc-parity` command as CI sees them, measured through the console
+script itself (the README's exit table is this command's; make turns any failing recipe into
+its own exit 2, so CI that tells 1 from 2 calls the command directly).
+
+    2  a usage error, before anything is computed or written;
+    1  a parity failure (a fail row), and a leaf that grew past the gate's growth factor
+       against `--baseline` while inside its bound: the run fails as `mhc-parity gate`
+       fails it, and says so first;
+    0  a run that passes, against a baseline of its own rows too.
+
+The README's and docs/gate.md's CI recipes call the command, not make. The runs are the
+cheapest the CLI tests use (tests/cli_support.py): two tiny cases through
+the reference path, and one through a kernel that drops a factor (`tests.external_impls`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports import load_run, write_baseline
+from reports.drift import SENSITIVITY_FLOOR, noise_floor
+from tests.cli_support import BROKEN_IMPL_RUN, ROOT, TWO_CASES_REFERENCE_ONLY
+
+COMMAND = Path(sys.executable).with_name("mhc-parity")  # the console script beside this Python
+
+
+def mhc_parity(*arguments) -> subprocess.CompletedProcess:
+    """`mhc-parity ARGUMENTS` from the project root, as CI runs it; this checkout's `tests`
+    package importable (the console script does not put the working folder on sys.path)."""
+    assert COMMAND.is_file(), f"{COMMAND}: the console script is not installed (pip install -e .)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [str(COMMAND), *map(str, arguments)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [(["--no-such-option"], "unrecognized arguments"), (["--suite", "no-such-suite"], "unknown suite")],
+    ids=["unknown-option", "unknown-suite"],
+)
+def test_a_usage_error_exits_2_before_anything_is_written(tmp_path, arguments, fragment):
+    out = tmp_path / "run"
+    proc = mhc_parity("run", *arguments, "--out", out)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    # the last line names the problem (argparse puts the usage above it), never a traceback
+    assert fragment in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_parity_failure_exits_1(case_file, tmp_path):
+    proc = mhc_parity(
+        "run",
+        "--case-file",
+        case_file,
+        *BROKEN_IMPL_RUN,
+        "--out",
+        tmp_path / "broken",
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "parity: FAIL" in proc.stdout
+
+
+def cheap_run(case_file, out, *extra) -> subprocess.CompletedProcess:
+    return mhc_parity("run", "--case-file", case_file, *TWO_CASES_REFERENCE_ONLY, "--out", out, *extra)
+
+
+def clearest_row(frame):
+    """The index of the passing row whose oracle error stands furthest above the gate's noise
+    floor (a leaf kind whose floor follows its sensitivity left out): shrunk 4x in a
+    baseline, it grows past the factor of 2 whatever the floor."""
+    plain = frame[(frame["verdict"] == "pass") & ~frame["leaf_kind"].isin(list(SENSITIVITY_FLOOR))]
+    above = plain["cand_oracle_max_err"] / plain["dtype"].map(noise_floor)
+    assert above.max() > 2.0, "no row of the cheap run stands far enough above the noise floor"
+    return above.idxmax()
+
+
+@pytest.fixture(scope="module")
+def baselines(case_file, tmp_path_factory) -> dict:
+    """A cheap run, its own baseline ("clean"), and one where a leaf's error was 4x smaller
+    ("shrunk"): against it, the same code's leaf grew 4x, inside its bound."""
+    root = tmp_path_factory.mktemp("exit-codes")
+    made = cheap_run(case_file, root / "made")
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    run = load_run(root / "made")
+    frame = run.frame.copy()
+    row = clearest_row(frame)
+    frame.loc[row, "cand_oracle_max_err"] /= 4.0
+    key = tuple(frame.loc[row, ["case", "candidate", "partner", "leaf"]])
+    return {
+        "clean": write_baseline(run, root / "clean.csv"),
+        "shrunk": write_baseline(dataclasses.replace(run, frame=frame), root / "shrunk.csv"),
+        "key": key,
+    }
+
+
+@pytest.mark.slow
+def test_run_against_its_own_baseline_passes_and_says_so(case_file, baselines, tmp_path):
+    proc = cheap_run(case_file, tmp_path / "run", "--baseline", baselines["clean"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"Gate against {baselines['clean']}: PASS" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_leaf_grown_inside_its_bound_fails_the_run_as_the_gate_fails_it(case_file, baselines, tmp_path):
+    out = tmp_path / "run"
+    proc = cheap_run(case_file, out, "--baseline", baselines["shrunk"])
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    case, candidate, partner, leaf = baselines["key"]
+    assert "parity: PASS" in proc.stdout  # every row inside its bound
+    gate_lines = proc.stdout.split("parity: PASS", 1)[1]
+    assert f"Gate against {baselines['shrunk']}: FAIL: 1 row grew more than ×2" in gate_lines
+    assert leaf in gate_lines and "regression" in gate_lines
+    banner = (out / "report.html").read_text().split("</header>", 1)[0]
+    assert f"<b>{leaf}</b>" in banner and "grew more than ×2" in banner
+    gate = mhc_parity("gate", "--baseline", baselines["shrunk"], "--current", out)
+    assert gate.returncode == 1, gate.stdout[-3000:] + gate.stderr[-3000:]
+    assert "regression (1):" in gate.stdout and leaf in gate.stdout.split("regression (1):", 1)[1]
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def test_the_documented_ci_recipes_call_the_command_and_say_what_make_does():
+    """A CI recipe through make would read every failure as exit 2: the README's and
+    docs/gate.md's recipes call `mhc-parity run` and `mhc-parity gate` themselves, run the
+    gate whatever the run's code, and the README says what make does to the codes."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    gating = readme.split("## Gating a pull request", 1)[1].split("\n## ", 1)[0]
+    guide = (ROOT / "docs" / "gate.md").read_text(encoding="utf-8")
+    for text in (gating, guide):
+        (recipe,) = [block for block in code_blocks(text) if "mhc-parity run" in block]
+        assert "mhc-parity gate" in recipe and "make " not in recipe and "&&" not in recipe, recipe
+    assert all("&& make gate" not in block for block in code_blocks(readme) + code_blocks(guide))
+    assert "make exits 2" in " ".join(readme.split())

@@ -118,7 +118,7 @@ def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
     libraries: set[str] = set()
     closure = import_closure((module,), root=root, anywhere=True, outside=libraries)
     files = {code_key(root / name): sha256_file(root / name) for name in closure}
-    own = {d for d in distributions_of(CODE_DIRS)}
+    own = set(distributions_of(CODE_DIRS))
     for name in distributions_of(libraries):
         if name not in own:
             key = distribution_key(name)

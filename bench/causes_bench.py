@@ -1,7 +1,7 @@
 """What naming the causes of a failing run costs: `mhc-parity run` with one leaf broken, cold and warm.
 
 Usage (from the project root):
-    .venv/bin/python bench/causes_bench.py [--suite default] [--jobs 1]
+    .venv/bin/python bench/causes_bench.py [--suite default] [--jobs auto]
 
 The break: a copy of the project's sources in a temporary folder in which the kernels'
 custom VJP multiplies the gradient of `post_bias` by 1.01 (`mhc_parity/mhc/kernels/api.py`), a logic
@@ -30,7 +30,9 @@ import tempfile
 
 from parity_bench import Tee, edited_copy, results_metadata, run_once  # the same copy, run and figures
 
-from mhc_parity.reports.results import write_results  # noqa: E402 - parity_bench puts the project on the path
+from mhc_parity.cases import registry  # noqa: E402 - parity_bench puts the project on the path
+from mhc_parity.harness.processes.parallel import auto_jobs  # noqa: E402
+from mhc_parity.reports.results import write_results  # noqa: E402
 
 EDITED_FILE = "mhc_parity/mhc/kernels/api.py"
 EDIT_FROM = "        grads[name] = psum_to_primal_vma(g, primal).reshape(primal.shape).astype(primal.dtype)\n"
@@ -44,10 +46,12 @@ TARGET_S = 30.0
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="default")
-    parser.add_argument("--jobs", type=int, default=1)
+    # A failing default run is `make parity`'s, whose JOBS is auto: what that gives here is measured.
+    parser.add_argument("--jobs", default="auto", help="worker processes: a count, or auto (make parity's)")
     parser.add_argument("--rounds", type=int, default=2, help="repeat the four runs; each scenario's least time counts")
     parser.add_argument("--results", type=pathlib.Path, default=None, metavar="FILE", help="also write the report here")
     args = parser.parse_args(argv)
+    args.jobs = auto_jobs(len(registry.select(suite=args.suite))) if args.jobs == "auto" else int(args.jobs)
     tee = Tee(sys.stdout)
     with contextlib.redirect_stdout(tee), tempfile.TemporaryDirectory(prefix="mhc-causes-") as tmp:
         tmp_path = pathlib.Path(tmp)

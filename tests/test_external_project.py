@@ -1,13 +1,16 @@
 """examples/external_kernel as a user's repository: copied to a temporary folder outside
-the checkout and tested there with pytest, using only the documented lines: it passes as
+the checkout and tested there with pytest, using only the documented lines: its README's two
+commands install it and mhc-parity into a new virtual environment and pass there; it passes as
 shipped (gated on its committed baseline), and the baseline loop works there (a missing
 baseline is one usage error naming the command that writes it, `--parity-update-baseline`
 writes it, a regression fails its test naming the leaf, the growth and the bound).
 
-mhc-parity is installed in this project's venv (`make setup`: pip install -e, so its
-packages resolve through the installed distribution, not through the checkout being on
-sys.path; the `pytest11` entry point comes from that installation). Each pytest run is
-a subprocess started in the copy, whose sys.path holds the copy and site-packages only.
+The README's commands run in a scratch venv (`tests.scratch_venv`: this venv's packages but
+mhc-parity, which they install from a copy of the checkout). The other tests use mhc-parity as
+installed in this project's venv (`make setup`: pip install -e, so its packages resolve
+through the installed distribution, not through the checkout being on sys.path; the
+`pytest11` entry point comes from that installation). Each pytest run is a subprocess
+started in the copy, whose sys.path holds the copy and site-packages only.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ import sys
 import pytest
 
 from mhc_parity.reports import load_baseline, load_run
+from tests import scratch_venv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "external_kernel"
+# The README section whose sh block is the two commands a copy is installed and tested with.
+README_SECTION = "## Install and test"
 CASES = ("lite-n4-c128-b2s64-f32-w32-identity-default", "lite-n4-c128-b2s64-f32-w32-mlp-default")
 # A change to the kernel that scales `out` by 1 + 2**-12: far outside float32 parity.
 BROKEN_MODULE = """
@@ -120,6 +126,53 @@ def test_the_copy_sees_the_installed_package_not_the_checkout(project):
         ).returncode
         != 0
     )
+
+
+def readme_commands() -> tuple[str, str]:
+    """The example README's install and test commands: the sh block of its README_SECTION."""
+    text = (EXAMPLE / "README.md").read_text(encoding="utf-8").partition(README_SECTION + "\n")[2]
+    block = re.search(r"^```sh\n(.*?)^```", text, flags=re.M | re.S)
+    assert block, f"examples/external_kernel/README.md has no sh block under {README_SECTION!r}"
+    install, test = block.group(1).splitlines()
+    return install, test
+
+
+# What the scratch venv says of its mhc-parity: where its distribution and pytest11 entry point are.
+WHERE_CODE = """
+import importlib.metadata as m, json
+(plugin,) = [e for e in m.entry_points(group="pytest11") if e.dist.name == "mhc-parity"]
+print(json.dumps([str(m.distribution("mhc-parity").locate_file("")), plugin.load().__file__]))
+"""
+
+
+@pytest.mark.slow  # about 30 s: two builds (pip's build isolation) and a pytest that loads JAX
+def test_the_readme_s_two_commands_install_a_copy_in_a_new_venv_and_pass_there(tmp_path):
+    """The README's commands, word for word, in a copy of the example outside the checkout:
+    `pip install "$MHC_PARITY" -e '.[test]'` with MHC_PARITY a copy of this checkout, then
+    `pytest` (on one case, to keep this quick). The scratch venv has no mhc-parity but the one
+    the first command installs: its CLI, its distribution and its pytest plugin are there."""
+    install, test = readme_commands()
+    assert install.startswith("pip install ") and "$MHC_PARITY" in install and test.split()[0] == "pytest"
+    venv = scratch_venv.create(tmp_path / "venv", replacing=("mhc-parity",))
+    source = scratch_venv.source_copy(ROOT, tmp_path / "mhc-parity")
+    project = tmp_path / "my-mhc"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns(*scratch_venv.BUILD_OUTPUTS))
+
+    installed = venv.run(install, project, MHC_PARITY=str(source))
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    where = venv.run(f"python -c '{WHERE_CODE}'", project)
+    assert where.returncode == 0, where.stderr[-3000:]
+    distribution, plugin = map(pathlib.Path, json.loads(where.stdout))
+    assert distribution == venv.site_packages and plugin.is_relative_to(venv.site_packages)
+    version = venv.run("mhc-parity --version", project)
+    ours = importlib.metadata.version("mhc-parity")
+    assert version.returncode == 0 and ours in version.stdout, version.stdout + version.stderr
+
+    passed = venv.run(f"{test} -p no:cacheprovider -k {CASES[0]}", project)
+    assert passed.returncode == 0, _output(passed)
+    assert "2 passed" in _verdict(passed)  # one case x (vs_oracle, vs_reference)
+    gated = r"mhc-parity: gate against baselines/my_mhc.csv: 2 tests gated, \d+ rows matched, 0 failing findings"
+    assert re.search(gated, passed.stdout), _output(passed)
 
 
 def test_the_plugin_is_the_installed_entry_point_registered_once(request):

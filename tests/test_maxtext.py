@@ -116,9 +116,20 @@ def test_the_residual_gate_s_gradients_are_summed_in_bfloat16_in_the_backend_s_o
     vs_oracle = failed[failed["comparison"] == "vs_oracle"]
     assert len(vs_oracle) and set(vs_oracle["cause_id"]) == {summed}, vs_oracle[["leaf", "cause_id"]]
     assert (vs_oracle["cause_explained"].astype(float) > 0.8).all()
-    # Between its shardings, a row is named by the sum where the unsharded path's leaf names it.
+    # Between its shardings, a row is named by the sum where the unsharded path's leaf names it,
+    # and where no value match does, by both shardings holding the leaf in bfloat16.
     between = failed[failed["comparison"] == "vs_unsharded"]
     assert (between["cause_id"] == summed).any() and between["cause"].str.contains("another order").any()
+    held = between[between["cause"].str.contains("both hold it in bfloat16")]
+    assert len(held) and set(held["cause_id"]) == {summed}, between[["case", "leaf", "cause"]]
+
+
+def test_every_failing_maxtext_row_of_compared_leaves_names_a_cause(rows):
+    # (The lowering rows' reason names the missing shard_map: pinned below.)
+    failed = _of(rows, "maxtext-*")
+    failed = failed[(failed["verdict"] == "fail") & (failed["comparison"] != "lowering")]
+    vague = failed[failed["cause_id"].isin(["within_model", "unexplained", ""])]
+    assert vague.empty, vague[["case", "candidate", "leaf", "cause"]]
 
 
 def test_the_released_kernel_paths_are_error_rows_naming_the_tracer_error(rows):

@@ -6,18 +6,23 @@ user's repository in tests/test_external_project.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
+import subprocess
+import sys
 import types
 
 import pandas as pd
 import pytest
 
+from mhc_parity.harness import pytest_plugin
 from mhc_parity.harness.plugin.options import ini_overrides
-from mhc_parity.harness.pytest_plugin import ParitySession, update_command
+from mhc_parity.harness.pytest_plugin import UPDATE_OPTION, ParitySession, update_command
 from mhc_parity.reports.baseline import diff_baselines, render_baseline
 from mhc_parity.reports.samples import measured_row, sample_rows
 from mhc_parity.reports.sources import LoadedRun
+from tests.cli_support import ROOT
 
 pytest_plugins = ["pytester"]  # the inner pytest runs of the plugin
 
@@ -147,24 +152,25 @@ def _failing(row: dict, usage: float, cause: str, cause_id: str) -> dict:
     return {**row, "verdict": "fail", "bound_usage": usage, "reason": reason, "cause": cause, "cause_id": cause_id}
 
 
-def _case_rows(case: str, failing: dict) -> list[dict]:
-    """A float32 case's rows of IMPL vs the oracle and vs the reference; `failing`: (leaf,
+def _case_rows(case: str, failing: dict, impl: str = IMPL) -> list[dict]:
+    """A float32 case's rows of `impl` vs the oracle and vs the reference; `failing`: (leaf,
     comparison) -> (usage, cause, cause_id) of the rows that fail."""
     rows = []
     for index, (leaf, kind) in enumerate((("out", "output"), ("h_pre", "intermediate"), ("d_x", "activation_grad"))):
         for partner, comparison in (("oracle", "vs_oracle"), ("reference/unsharded", "vs_reference")):
-            row = measured_row(case, f"{IMPL}/unsharded", partner, comparison, leaf, kind, "float32", 1.0 + index)
+            row = measured_row(case, f"{impl}/unsharded", partner, comparison, leaf, kind, "float32", 1.0 + index)
             if (leaf, comparison) in failing:
                 row = _failing(row, *failing[leaf, comparison])
             rows.append(row)
     return rows
 
 
-def _inner_run(pytester, monkeypatch, rows: dict, ini: str = ""):
+def _inner_run(pytester, monkeypatch, rows: dict, ini: str = "", names: tuple = (IMPL,)):
     """An inner pytest project whose plugin checks IMPL over `rows` (case -> its rows): a
-    function of the extra pytest arguments giving its `inline_run` recorder."""
+    function of the extra pytest arguments giving its `inline_run` recorder. `names`: the
+    implementations the factory gives."""
     # What `prepare` gives, without loading the engine (the session's property calls it).
-    monkeypatch.setattr(ParitySession, "prepared", property(lambda session: _Prepared(rows)))
+    monkeypatch.setattr(ParitySession, "prepared", property(lambda session: _Prepared(rows, names)))
     pytester.makeini(f"[pytest]\nparity_impl = {IMPL}.kernel:factory\n{ini}")
     pytester.makepyfile(
         test_parity="from mhc_parity.harness.pytest_plugin import check_parity\n\n"
@@ -245,6 +251,72 @@ def test_a_passing_session_shows_every_comparison_as_its_own_test(pytester, monk
     run = _inner_run(pytester, monkeypatch, {BOTH: _case_rows(BOTH, {}), ONE: _case_rows(ONE, {})})
     recorder = run()
     assert _outcomes(recorder) == {f"{c}::{k}": "passed" for c in (BOTH, ONE) for k in ("vs_oracle", "vs_reference")}
+
+
+def test_every_implementation_of_a_factory_of_several_is_judged(pytester, monkeypatch):
+    """A factory that gives two implementations (`mhc_parity.maxtext_parity:fixed` gives three): the
+    second's failing row fails its test, as the first's would (only the first's were judged)."""
+    rows = {BOTH: _case_rows(BOTH, {}) + _case_rows(BOTH, {("out", "vs_oracle"): (3.0, LOGIC_ERROR, "x")}, "second")}
+    recorder = _inner_run(pytester, monkeypatch, rows, names=(IMPL, "second"))()
+    assert _outcomes(recorder) == {f"{BOTH}::vs_oracle": "failed", f"{BOTH}::vs_reference": "passed"}
+    assert re.search(r"out +second/unsharded +vs_oracle +oracle +fail", _message(recorder, f"{BOTH}::vs_oracle"))
+
+
+def test_a_baseline_of_a_factory_of_several_is_a_usage_error(tmp_path):
+    """A baseline file holds one implementation's rows: gating or writing one for a factory of
+    several stops the session before any test, naming them."""
+    prepared = _Prepared({BOTH: _case_rows(BOTH, {})}, (IMPL, "second"))
+    impl = {"--parity-impl": "pkg.k:both"}
+    gated, update = {**impl, "--parity-baseline": str(tmp_path / "b.csv")}, {**impl, UPDATE_OPTION: True}
+    for config in (_config(gated, rootpath=tmp_path), _config(update, rootpath=tmp_path)):
+        session = ParitySession(config)
+        session._prepared = prepared
+        with pytest.raises(pytest.UsageError, match=rf"pkg.k:both gives 2 \({IMPL}, second\): name a factory of one"):
+            session.settle_baseline(tmp_path)
+
+
+# What the inner project's conftest.py saw of the XLA flags when it was imported (as
+# MaxText's tests/conftest.py starts JAX's backend there); the plugin's recorder sets it.
+FLAGS_SEEN = "MHC_PARITY_TEST_FLAGS_SEEN"
+CONFTEST = f"import os\nos.environ[{FLAGS_SEEN!r} + '_AT_CONFTEST'] = os.environ.get({FLAGS_SEEN!r}, 'unset')\n"
+
+
+def test_the_xla_flags_are_set_before_the_repository_s_conftest_is_imported(pytester, monkeypatch):
+    """On: set by `pytest_load_initial_conftests`, before a conftest that would start JAX's
+    backend. Off (no implementation): never set, in any hook."""
+    monkeypatch.setattr(pytest_plugin, "ensure_host_devices", lambda: os.environ.__setitem__(FLAGS_SEEN, "set"))
+    for ini, seen in (f"parity_impl = {IMPL}.kernel:factory", "set"), ("", "unset"):
+        monkeypatch.delenv(FLAGS_SEEN, raising=False)
+        pytester.makeini(f"[pytest]\n{ini}\n")
+        pytester.makeconftest(CONFTEST)
+        pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+        monkeypatch.setattr(ParitySession, "prepared", property(lambda session: _Prepared({})))
+        pytester.inline_run("-p", "no:cacheprovider", "-p", "no:xdist")
+        assert os.environ.pop(FLAGS_SEEN + "_AT_CONFTEST") == seen
+        assert os.environ.get(FLAGS_SEEN, "unset") == seen
+
+
+def test_without_pytest_xdist_its_mark_is_declared_for_strict_markers(tmp_path):
+    """The parity tests carry pytest-xdist's `xdist_group` mark: a repository with
+    --strict-markers (MaxText's) and no pytest-xdist collects them all the same. A pytest of
+    its own (in this process, `pytest.mark` remembers the marks this session declared)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nparity_impl = tests.external_impls:good\nparity_dtype = f32\n")
+    (tmp_path / "test_parity.py").write_text("def test_parity(parity_check):\n    parity_check.check()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's plugin and its tests.external_impls
+    words = ["-p", "no:cacheprovider", "-p", "no:xdist", "--strict-markers", "--collect-only", "-q"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *words], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"^\d+ tests collected", proc.stdout, flags=re.M), proc.stdout[-3000:]
+
+
+def test_a_test_module_that_imports_nothing_calls_the_check_it_is_given(pytester, monkeypatch):
+    """`parity_check.check()` is `check_parity(parity_check)`: a failing row fails the test."""
+    run = _inner_run(pytester, monkeypatch, {BOTH: _case_rows(BOTH, {("out", "vs_oracle"): (3.0, LOGIC_ERROR, "x")})})
+    pytester.makepyfile(test_parity="def test_parity(parity_check):\n    parity_check.check()\n")
+    assert _outcomes(run()) == {f"{BOTH}::vs_oracle": "failed", f"{BOTH}::vs_reference": "passed"}
 
 
 def _grown(rows: list[dict], leaf: str, factor: float) -> list[dict]:

@@ -19,10 +19,14 @@ A test that asks for the `parity_check` fixture is parametrised over the cases o
 suite (default: $MHC_PARITY_SUITE, else `smoke`) and the comparisons each case makes;
 test ids are `<case name>::<comparison>`, so `pytest -k bf16` or `-k vs_unsharded`
 select as expected, and pytest-xdist's `--dist loadscope` keeps a case's tests on one
-worker (the scope of a test id ends at its last "::"). With an implementation, a test
-judges that implementation's rows (`<name>/...` candidates); the reference runs as its
-`vs_reference` partner. Each case runs once per process, through
-`mhc_parity.harness.api.PreparedRun` (the engine of `mhc-parity run`).
+worker (the scope of a test id ends at its last "::"). The test's body is
+`check_parity(parity_check)`, or `parity_check.check()`, which imports nothing. With an
+implementation, a test judges that implementation's rows (`<name>/...` candidates; each
+implementation's, when the factory gives several, which then cannot have a baseline); the
+reference runs as its `vs_reference` partner. Each case runs once per process, through
+`mhc_parity.harness.api.PreparedRun` (the engine of `mhc-parity run`). When the plugin is on it sets the
+XLA flags (`mhc_parity.harness.env.ensure_host_devices`) before the repository's conftest.py files are
+imported, which may start JAX's backend.
 
 One regression is one failure: a leaf of a path that fails in several comparisons (against
 the oracle and against the reference, say; `mhc_parity.harness.plugin.regressions`) fails the test of
@@ -80,6 +84,7 @@ from mhc_parity.harness.plugin.options import (
     UPDATE_OPTION,
     add_options,
     enabled,
+    enabled_early,
     update_command,
 )
 from mhc_parity.harness.plugin.session import ParitySession
@@ -111,6 +116,17 @@ def pytest_addoption(parser):
     add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """The XLA flags, when the plugin is on, before the repository's conftest.py files are
+    imported: a conftest that starts JAX's backend at import (MaxText's tests/conftest.py asks
+    `jax.devices()` whether a TPU is there) would otherwise leave XLA without them, and
+    `pytest_configure` could then only refuse the session. An installed plugin that is off
+    sets nothing: the flags change how every program of the process computes."""
+    if enabled_early(early_config):
+        ensure_host_devices()
+
+
 def pytest_configure(config):
     if not enabled(config):
         if config.getoption(UPDATE_OPTION):
@@ -126,6 +142,11 @@ def pytest_configure(config):
     session.settle_baseline(config.rootpath)
     config.stash[STATE] = session
     config.addinivalue_line("markers", "sharded: runs token-sharded on the 8 simulated host devices")
+    if not config.pluginmanager.hasplugin("xdist"):
+        # The parity tests carry xdist_group marks (`check_params`); without pytest-xdist nobody
+        # declares that mark, and a repository's --strict-markers (MaxText's pytest.ini) would
+        # make each of them a collection error.
+        config.addinivalue_line("markers", "xdist_group(name): the parity tests of one case (pytest-xdist's mark)")
     config.pluginmanager.register(_ReportTally(session), "mhc-parity-gate-tally")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistRows(session), "mhc-parity-xdist-rows")

@@ -11,6 +11,9 @@ implementation interface (`mhc_parity.harness.engine.implementations`). `mhc-par
                                        gates in float32, the residual gate as released)
   ...-fixed (each of the three)        with the upstream fixes applied at run time (`mhc_parity.maxtext_parity.fixes`)
 
+`mhc_parity.maxtext_parity:released` and `mhc_parity.maxtext_parity:fixed` give those three paths each;
+`mhc_parity.maxtext_parity:layer_reference` and `:layer_reference_fixed` the layer's reference path alone.
+
 Each layer runs through its own `__call__` with the case's branch as `branch_fn` and the
 fixture's weights in its parameters (`mhc_parity.maxtext_parity.layer`). A kernel path is also compared
 with its own layer's reference path of the same release state (its `partner`). Nothing
@@ -42,3 +45,14 @@ def released() -> list:
 def fixed() -> list:
     """The same three with the upstream fixes applied at run time."""
     return [LayerPath(kernel=False, fixed=True), LayerPath(kernel=True, fixed=True), KernelApi(fixed=True)]
+
+
+def layer_reference() -> LayerPath:
+    """The layer's reference path alone, as released: the quickest of them to run on a CPU
+    (no kernel in Pallas's interpret mode), and one implementation, so it can have a baseline."""
+    return LayerPath(kernel=False, fixed=False)
+
+
+def layer_reference_fixed() -> LayerPath:
+    """The layer's reference path alone, with the upstream fixes applied at run time."""
+    return LayerPath(kernel=False, fixed=True)

@@ -7,7 +7,10 @@ error against the oracle best matches the candidate's, on that leaf and without 
 error on the leaves the candidate got right (`mhc_parity.harness.judging.attribution`), and the row its
 `cause`, `cause_id` and `cause_explained`. A fitted hypothesis (an error of any size per token
 at one place) has no draw: the oracle's linear response there is fitted to each candidate's
-errors instead. A case without a failing row runs none of this.
+errors instead. A row between two paths that each lie within their model is named by a narrow
+sum in another order: one that explains the partner's leaf, or one that holds the leaf in the
+narrow dtype both paths hold it in (`mhc_parity.harness.judging.held_precision`). A case without a failing
+row runs none of this.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from mhc_parity.harness.judging.attribution import (
 )
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.error_statistics import l2_norm, upcast
+from mhc_parity.harness.judging.held_precision import HeldDraw, ordered_sum_holding
 from mhc_parity.records.text import format_number
 
 # The largest case whose hypotheses run (fixture elements): every hypothesis holds all of a
@@ -45,6 +49,11 @@ NOT_ATTRIBUTED = (
 )
 # Where two paths differ by the order of a sum their partner's leaf is named by.
 IN_ANOTHER_ORDER = " (named on {partner}, which sums it in another order)"
+# Where both hold the leaf in a dtype the model does not allow and no value match names the sum.
+HELD_IN_ANOTHER_ORDER = (
+    " (this path and {partner} both hold it in {dtype}, which the rounding model does not allow; "
+    "each sums it in its own order)"
+)
 # Where a candidate fails against its partner but holds its own bound against the oracle.
 WITHIN_MODEL_ID = "within_model"
 WITHIN_MODEL = (
@@ -182,6 +191,8 @@ def annotate_causes(
         return attribute_candidate(errors, errors_of, list(leaves), fits)
 
     ordered = {h.name for h in chosen if h.ordered}
+    labels = {h.name: h.label for h in chosen}
+    draws = [HeldDraw(h.name, h.ordered, leaves) for h, leaves in zip(chosen, hypothesis_leaves)]
     found: dict[tuple[str, str], Attribution] = {}
     for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
         failing_leaves = dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate)
@@ -194,7 +205,11 @@ def annotate_causes(
         own = own_rows.get(key)
         if not found[key].is_rounding and own is not None and own["verdict"] == "pass":
             fields.update(cause=WITHIN_MODEL.format(usage=format_number(own["bound_usage"])), cause_id=WITHIN_MODEL_ID)
-            fields = _ordered_sum_of_partner(row, candidate_leaves, ordered, attribute) or fields
+            fields = (
+                _ordered_sum_of_partner(row, candidate_leaves, ordered, attribute)
+                or _held_sum_of_pair(row, candidate_leaves, oracle_leaves, draws, labels)
+                or fields
+            )
         rows[i] = {**row, **fields}
     return rows
 
@@ -205,10 +220,34 @@ def _ordered_sum_of_partner(row: dict, candidate_leaves, ordered: set[str], attr
     explains the partner's leaf value for value makes the two differ, each summing in its own
     order (a sharded path sums its shards apart). The row's cause fields, or None where the
     partner's leaf names no such sum. attribute(path, leaves): leaf -> `Attribution`."""
-    partner = str(row.get("partner", ""))
-    if partner not in candidate_leaves or partner == row["candidate"]:
+    partner = _path_partner(row, candidate_leaves)
+    if partner is None:
         return None
     on_partner = attribute(partner, [row["leaf"]])[row["leaf"]]
     if not (on_partner.names and set(on_partner.names) <= ordered):
         return None
     return {**on_partner.as_row_fields(), "cause": on_partner.cause + IN_ANOTHER_ORDER.format(partner=partner)}
+
+
+def _held_sum_of_pair(row: dict, candidate_leaves, oracle_leaves, draws, labels: Mapping[str, str]) -> dict | None:
+    """The cause of a row between two paths that each lie within their own model, where both
+    hold its leaf in a narrow dtype the model does not allow and one order-dependent hypothesis
+    holds it there (`mhc_parity.harness.judging.held_precision.ordered_sum_holding`): the two differ by the
+    order of that narrow sum. No share of the error is claimed (`cause_explained` NaN): the
+    evidence is the dtype, not the values. None where that does not hold."""
+    partner = _path_partner(row, candidate_leaves)
+    if partner is None:
+        return None
+    pair = [candidate_leaves[row["candidate"]], candidate_leaves[partner]]
+    found = ordered_sum_holding(row["leaf"], pair, oracle_leaves, draws)
+    if found is None:
+        return None
+    name, dtype = found
+    cause = labels[name] + HELD_IN_ANOTHER_ORDER.format(partner=partner, dtype=dtype)
+    return {"cause": cause, "cause_id": name, "cause_explained": float("nan")}
+
+
+def _path_partner(row: dict, candidate_leaves) -> str | None:
+    """The row's partner where it is another path that ran (not the oracle, not the row's own)."""
+    partner = str(row.get("partner", ""))
+    return partner if partner in candidate_leaves and partner != row["candidate"] else None

@@ -74,6 +74,15 @@ def enabled(config) -> bool:
     return bool(setting(config, "impl") or config.getini(BUILTIN_INI))
 
 
+def enabled_early(early_config) -> bool:
+    """`enabled`, asked before pytest has parsed its whole command line (in
+    `pytest_load_initial_conftests`): `config.getoption` has no values yet, so the option
+    comes from the arguments pytest has read so far (`known_args_namespace`); the ini file
+    is read by then."""
+    impl = getattr(early_config.known_args_namespace, "parity_impl", None)
+    return bool(impl or early_config.getini("parity_impl") or early_config.getini(BUILTIN_INI))
+
+
 def ini_overrides(args) -> list[str]:
     """The `-o parity_...=VALUE` arguments of a pytest command line, as `-o` pairs."""
     found, args, index = [], [str(a) for a in args], 0

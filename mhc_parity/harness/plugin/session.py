@@ -127,9 +127,15 @@ class ParitySession:
         return self._prepared
 
     @property
+    def externals(self) -> tuple[str, ...]:
+        """The names of the implementations under test: every one the factory gives (none: the built-in paths)."""
+        return self.prepared.implementation_names
+
+    @property
     def external(self) -> str | None:
-        """The name of the implementation under test (None: the built-in paths)."""
-        names = self.prepared.implementation_names
+        """The implementation a baseline holds the rows of (None: the built-in paths); a
+        session of several has no baseline (`settle_baseline` refuses one)."""
+        names = self.externals
         return names[0] if names else None
 
     @property
@@ -140,6 +146,14 @@ class ParitySession:
         """Check the baseline before any test: in an update session, where it goes (it can
         be written); otherwise that it exists and can judge this run, loaded. pytest.UsageError
         (one line, with the command that writes it) when not."""
+        if (self.update or self.baseline) and len(self.externals) > 1:
+            # A baseline file holds one implementation's rows (its name in the header), as
+            # `mhc-parity baseline --impl` writes it.
+            raise pytest.UsageError(
+                f"mhc-parity: a baseline holds the rows of one implementation; {self.implementation} gives "
+                f"{len(self.externals)} ({', '.join(self.externals)}): name a factory of one, or run without "
+                "a baseline"
+            )
         if self.update:
             if not self.baseline:
                 if not self.external:
@@ -200,11 +214,12 @@ class ParitySession:
         return self.rows_by_case[case.name]
 
     def judged_rows(self, case) -> list[dict]:
-        """The rows of one case the session's tests judge: with an implementation, its own
-        (the reference runs as its partner, not under test); else every row."""
+        """The rows of one case the session's tests judge: with implementations, theirs, every
+        one the factory gave (the reference runs as their partner, not under test); else every row."""
         rows = self.case_rows(case)
-        if self.external:
-            rows = [r for r in rows if r["candidate"].startswith(f"{self.external}/")]
+        if self.externals:
+            under_test = set(self.externals)
+            rows = [r for r in rows if r["candidate"].partition("/")[0] in under_test]
         return rows
 
     def select(self, tests) -> None:

@@ -14,8 +14,6 @@ import pytest
 
 from mhc_parity.cases import fixtures
 from mhc_parity.cases.fixtures import (
-    CACHE_ENV_VAR,
-    PROJECT_ROOT,
     cache_path,
     default_cache_dir,
     generate_fixture,
@@ -24,6 +22,8 @@ from mhc_parity.cases.fixtures import (
 from mhc_parity.cases.init_families import generate_masters
 from mhc_parity.cases.spec import Case
 from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcWeights
+from mhc_parity.records.cache_root import CACHE_ENV_VAR
+from mhc_parity.records.manifest import PROJECT_ROOT
 
 CASE = Case(name="fx", batch=2, sequence=64, streams=4, embedding=128, dtype="bfloat16", branch="mlp")
 SINKHORN = Case(
@@ -244,6 +244,21 @@ def test_default_cache_folder_and_environment_override(tmp_path, monkeypatch):
     assert default_cache_dir() == tmp_path / "fixtures"
     make_fixture(SINKHORN)
     assert cache_path(SINKHORN).parent == tmp_path / "fixtures" and cache_path(SINKHORN).exists()
+
+
+def test_an_installed_copy_caches_in_the_user_s_cache_folder_not_in_site_packages(tmp_path, monkeypatch):
+    # A checkout's root holds pyproject.toml; the folder an installed copy lives in does not.
+    from mhc_parity.records import cache_root as where
+
+    monkeypatch.delenv(CACHE_ENV_VAR, raising=False)
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(where, "PROJECT_ROOT", site)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert where.cache_root() == tmp_path / "xdg" / "mhc-parity"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "mhc-parity" / "fixtures"
 
 
 def test_unwritable_cache_still_returns_the_fixture(tmp_path):

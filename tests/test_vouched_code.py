@@ -171,6 +171,33 @@ def test_external_code_covers_the_modules_it_imports_and_their_distributions(tmp
     assert distributions_of(["no_such_module_anywhere"]) == []
 
 
+def test_an_implementation_installed_in_site_packages_records_the_libraries_beside_it_as_distributions(
+    tmp_path, monkeypatch
+):
+    # An install folder: distributions' metadata, the implementation's package and a library
+    # beside it. The library is recorded by its distribution, not read file by file (reading
+    # every library of a site-packages folder cost seconds per run start).
+    site = _external_package(tmp_path)
+    (site / "myk-1.0.dist-info").mkdir()
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text("import numpy.core\n")
+    (site / "numpy" / "core.py").write_text("")
+    providers = {"myk": ["myk"], "numpy": ["numpy"]}
+    monkeypatch.setattr(
+        "mhc_parity.records.code.distributions_of",
+        lambda tops: sorted({d for top in tops for d in providers.get(top, ())}),
+    )
+    files = external_code_files("myk.kernel", site / "myk" / "kernel.py")
+    assert (site / "myk" / "tuning.py").resolve().as_posix() in files
+    assert not any("numpy/" in key for key in files), sorted(files)
+    assert distribution_key("numpy") in files
+    # Outside an install folder (a repository) every module under the root is followed.
+    (site / "myk-1.0.dist-info").rmdir()
+    assert (site / "numpy" / "core.py").resolve().as_posix() in external_code_files(
+        "myk.kernel", site / "myk" / "kernel.py"
+    )
+
+
 @pytest.mark.slow
 def test_gate_and_baseline_refuse_a_run_whose_impl_code_changed(case_file, tmp_path):
     root = _external_package(tmp_path)

@@ -39,15 +39,14 @@ from mhc_parity.cases.init_families import Masters, generate_masters
 from mhc_parity.cases.spec import Case
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcWeights
+from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest
 from mhc_parity.records.files import array_sha256, atomic_write, digest_arrays
 from mhc_parity.records.foreign_code import stores_writable
-from mhc_parity.records.manifest import PROJECT_ROOT
 
 # The module that generates fixtures: its import closure is the code a fixture depends on
 # (part of the cache key, so an edited generator misses without a version to bump by hand).
 GENERATOR_ENTRY = ("mhc_parity.cases.fixtures",)
-CACHE_ENV_VAR = "MHC_PARITY_CACHE"
 # Fixture arrays beyond this many elements are refused (e.g. mHC-lite with n = 9 has
 # 9! = 362880 residual columns): the case is not constructible on an ordinary machine.
 MAX_FIXTURE_ELEMENTS = 1 << 29
@@ -189,9 +188,8 @@ def generate_fixture(case: Case) -> Fixture:
 
 
 def default_cache_dir() -> Path:
-    """``$MHC_PARITY_CACHE/fixtures`` if the variable is set, else ``<project>/.cache/fixtures``."""
-    root = os.environ.get(CACHE_ENV_VAR, "").strip()
-    return (Path(root) if root else PROJECT_ROOT / ".cache") / "fixtures"
+    """``fixtures`` in the cache folder (`mhc_parity.records.cache_root.cache_root`)."""
+    return cache_root() / "fixtures"
 
 
 @functools.cache

@@ -20,8 +20,6 @@ import pathlib
 import platform
 import sys
 
-from mhc_parity.records.manifest import PROJECT_ROOT
-
 HOST_DEVICE_COUNT = 8
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # XLA may otherwise keep a bfloat16 intermediate in float32 when it fuses the producer
@@ -91,11 +89,6 @@ def pace_garbage_collector() -> None:
     traces and compiles programs. Memory is still freed by reference counting at once;
     only garbage held in reference cycles waits longer."""
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def cache_root() -> pathlib.Path:
-    """The project cache folder (`MHC_PARITY_CACHE` overrides `<project>/.cache`)."""
-    return pathlib.Path(os.environ.get("MHC_PARITY_CACHE", PROJECT_ROOT / ".cache"))
 
 
 def compiler_material() -> dict:

@@ -63,13 +63,16 @@ def import_closure(
     *,
     anywhere: bool = False,
     outside: set[str] | None = None,
+    libraries: frozenset[str] | set[str] = frozenset(),
 ) -> tuple[str, ...]:
     """Project-relative paths of the files `entries` (module names) import at import time,
     transitively, with their packages' __init__ files; modules under `exclude` (module or
     package names) are neither included nor followed. Names that are not project files
     (libraries, attributes) are ignored. FileNotFoundError if an entry is not a file under
     `root`. anywhere: follow imports inside functions too; outside: a set that receives the
-    top-level names of the imported modules that are not files under `root` (libraries)."""
+    top-level names of the imported modules that are not files under `root`, or are named in
+    `libraries` (top-level names not followed though their files are under `root`: installed
+    packages beside an implementation installed in site-packages)."""
     root = pathlib.Path(root)
     found: dict[str, pathlib.Path] = {}
     todo = list(entries)
@@ -80,10 +83,11 @@ def import_closure(
         name = todo.pop()
         if name in found or _within(name, exclude):
             continue
-        path = _module_file(name, root)
+        top = name.split(".")[0]
+        path = None if top in libraries else _module_file(name, root)
         if path is None:
-            if outside is not None and _module_file(name.split(".")[0], root) is None:
-                outside.add(name.split(".")[0])
+            if outside is not None and (top in libraries or _module_file(top, root) is None):
+                outside.add(top)
             continue
         found[name] = path
         parts = name.split(".")
@@ -117,7 +121,9 @@ def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
     if _module_file(module, root) != pathlib.Path(file).resolve():  # a script run as __main__
         return {code_key(pathlib.Path(file)): sha256_file(pathlib.Path(file))}
     libraries: set[str] = set()
-    closure = import_closure((module,), root=root, anywhere=True, outside=libraries)
+    closure = import_closure(
+        (module,), root=root, anywhere=True, outside=libraries, libraries=_installed_beside(module, root)
+    )
     files = {code_key(root / name): sha256_file(root / name) for name in closure}
     own = set(distributions_of((NAMESPACE,)))
     for name in distributions_of(libraries):
@@ -125,3 +131,15 @@ def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
             key = distribution_key(name)
             files[key] = distribution_sha256(key)
     return files
+
+
+def _installed_beside(module: str, root: pathlib.Path) -> frozenset[str]:
+    """The top-level modules under `root` that installed distributions other than `module`'s
+    own provide, where `root` is an install folder (it holds distributions' metadata: the
+    implementation is itself installed, in site-packages): the libraries beside it, recorded
+    as distributions rather than read file by file."""
+    if not any(root.glob("*.dist-info")):  # a checkout or a repository: nothing is installed there
+        return frozenset()
+    own = set(distributions_of((module.split(".")[0],)))
+    tops = {path.stem if path.suffix == ".py" else path.name for path in root.iterdir()}
+    return frozenset(top for top in tops if (found := set(distributions_of((top,)))) and not found & own)

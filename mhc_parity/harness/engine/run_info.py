@@ -13,7 +13,7 @@ import jaxlib
 import numpy
 
 from mhc_parity.cases.fixtures import CACHE_ENV_VAR
-from mhc_parity.harness.env import cache_root, host_cpu
+from mhc_parity.harness.env import host_cpu
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.mhc.precision import (
     DEFAULT_MATMUL_PRECISION,
@@ -21,6 +21,7 @@ from mhc_parity.mhc.precision import (
     effective_matmul_precision,
     operand_rounding,
 )
+from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.environment import format_precision_record
 from mhc_parity.records.manifest import PROJECT_ROOT
 from mhc_parity.records.outputs import OutputPathError, writable_folder

@@ -64,6 +64,25 @@ Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 # Finding categories, in the order they are printed.
 FAILING_CATEGORIES = ("failure", "missing", "baseline_gap", "lost_coverage", "new_nonfinite", "regression")
+# How each failing category is counted in words, one table for every place that counts them:
+# the finding's noun (singular, plural: "2 regressions", the pytest plugin), and the rows'
+# noun with what is said of them ("3 rows grew more than ×2", the report's first screen).
+FINDING_NOUNS = {
+    "failure": ("failure", "failures"),
+    "missing": ("missing row", "missing rows"),
+    "baseline_gap": ("baseline gap", "baseline gaps"),
+    "lost_coverage": ("lost coverage", "lost coverage"),
+    "new_nonfinite": ("new non-finite", "new non-finite"),
+    "regression": ("regression", "regressions"),
+}
+ROW_COUNT_WORDS = {
+    "regression": ("row", "grew more than ×{factor:g}"),
+    "new_nonfinite": ("row", "with a new NaN/Inf"),
+    "lost_coverage": ("passing row", "no longer measured"),
+    "missing": ("baseline row", "missing"),
+    "baseline_gap": ("row", "the baseline lacks"),
+    "failure": ("fail/error row", ""),
+}
 INFO_CATEGORIES = ("improvement", "new_row")
 
 

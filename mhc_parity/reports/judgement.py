@@ -32,7 +32,7 @@ from mhc_parity.records.text import plural
 from mhc_parity.reports.baseline import Baseline
 from mhc_parity.reports.comparability import comparability_refusal, current_cases, gated_frame
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
-from mhc_parity.reports.gate import GateFinding, GateResult, gate_frames
+from mhc_parity.reports.gate import ROW_COUNT_WORDS, GateFinding, GateResult, gate_frames
 from mhc_parity.reports.sources import POLICY_HASH_KEY, LoadedRun, baseline_as_run, load_baseline_or_run
 
 # Findings the first screen lists before pointing at the drift section for the rest.
@@ -41,15 +41,6 @@ FIRST_SCREEN_FINDINGS = 5
 # lists them: the drift first (what a parity verdict cannot show), the run's own failing
 # rows last (its verdict per implementation shows them already).
 FIRST_SCREEN_CATEGORIES = ("regression", "new_nonfinite", "lost_coverage", "missing", "baseline_gap", "failure")
-# (noun, what is said of it) per category: "3 rows grew more than ×2".
-_COUNT_WORDS = {
-    "regression": ("row", "grew more than ×{factor:g}"),
-    "new_nonfinite": ("row", "with a new NaN/Inf"),
-    "lost_coverage": ("passing row", "no longer measured"),
-    "missing": ("baseline row", "missing"),
-    "baseline_gap": ("row", "the baseline lacks"),
-    "failure": ("fail/error row", ""),
-}
 PASS, FAIL, REFUSED = "PASS", "FAIL", "REFUSED"
 
 
@@ -169,7 +160,7 @@ def judges_own_cases(manifest: Manifest | None) -> bool:
 
 def headline(judgement: Judgement) -> str:
     """One line for the first screen: the gate's verdict against the baseline, and what
-    makes it fail (counts worded as `_COUNT_WORDS`), or why it refuses to judge."""
+    makes it fail (counts worded as `mhc_parity.reports.gate.ROW_COUNT_WORDS`), or why it refuses to judge."""
     where = f"Gate against {judgement.baseline}"
     result = judgement.result
     if result is None:
@@ -185,7 +176,7 @@ def headline(judgement: Judgement) -> str:
 
 
 def _count_phrase(category: str, count: int, growth_factor: float) -> str:
-    noun, said = _COUNT_WORDS[category]
+    noun, said = ROW_COUNT_WORDS[category]
     return f"{plural(count, noun)} {said.format(factor=growth_factor)}".rstrip()
 
 

@@ -12,7 +12,6 @@ import jax
 import jaxlib
 import numpy
 
-from mhc_parity.cases.fixtures import CACHE_ENV_VAR
 from mhc_parity.harness.env import host_cpu
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.mhc.precision import (
@@ -21,7 +20,7 @@ from mhc_parity.mhc.precision import (
     effective_matmul_precision,
     operand_rounding,
 )
-from mhc_parity.records.cache_root import cache_root
+from mhc_parity.records.cache_root import CACHE_ENV_VAR, cache_root
 from mhc_parity.records.environment import format_precision_record
 from mhc_parity.records.manifest import PROJECT_ROOT
 from mhc_parity.records.outputs import OutputPathError, writable_folder
@@ -58,7 +57,7 @@ def enable_compilation_cache() -> pathlib.Path:
     try:  # the fixture, oracle and program stores live beside it
         path = writable_folder(writable_folder(cache_root()) / "jax-compilation")
     except OutputPathError as exc:
-        raise ConfigurationError(f"the cache folder ({CACHE_ENV_VAR}, default <project>/.cache): {exc}") from None
+        raise ConfigurationError(f"the cache folder ({CACHE_ENV_VAR} names another): {exc}") from None
     jax.config.update("jax_compilation_cache_dir", str(path))
     # Cache every program: interpret-mode kernels compile in well under a second each,
     # but there are many of them.

@@ -22,21 +22,12 @@ from mhc_parity.harness.plugin.regressions import Regression, comparison_rank, f
 from mhc_parity.harness.plugin.session import GateTally
 from mhc_parity.records.text import format_number, format_text_table, plural
 from mhc_parity.reports.causes import cause_groups
-from mhc_parity.reports.gate import FAILING_CATEGORIES, GateFinding, GateResult
+from mhc_parity.reports.gate import FAILING_CATEGORIES, FINDING_NOUNS, GateFinding, GateResult
 from mhc_parity.reports.terminal import rows_table
 
 if TYPE_CHECKING:
     from mhc_parity.harness.plugin.session import ParitySession
 
-# A gate finding's category (`mhc_parity.reports.gate.FAILING_CATEGORIES`) as a noun: (one, several).
-FINDING_NOUNS = {
-    "failure": ("failure", "failures"),
-    "missing": ("missing row", "missing rows"),
-    "baseline_gap": ("baseline gap", "baseline gaps"),
-    "lost_coverage": ("lost coverage", "lost coverage"),
-    "new_nonfinite": ("new non-finite", "new non-finite"),
-    "regression": ("regression", "regressions"),
-}
 # At most this many regressions are named in the reason of a test skipped for them.
 NAMED_ELSEWHERE = 4
 

@@ -3,6 +3,9 @@
 # GPU: the CUDA 12 or CUDA 13 plugin of JAX).
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# The documented command line: the console script the install puts in the venv (the exit codes
+# README.md lists are its own; `$(PY) -m mhc_parity.harness` is the same program).
+MHC_PARITY := $(VENV)/bin/mhc-parity
 EXTRAS ?=
 comma  := ,
 ifneq ($(filter-out tpu cuda cuda13,$(subst $(comma), ,$(EXTRAS))),)
@@ -13,7 +16,7 @@ STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 OUT    ?= out/parity
 SUITE  ?= default
 # Worker processes of `make parity`: auto = one per CPU core as memory allows on a CPU
-# backend, 1 on an accelerator (harness/processes/parallel.py auto_jobs; measured in `make bench`).
+# backend, 1 on an accelerator (mhc_parity/harness/processes/parallel.py auto_jobs; measured in `make bench`).
 JOBS   ?= auto
 # The reviewed baseline of the default suite: what `make gate` judges against, and what `make
 # parity` draws drift against (BASELINE=... on the command line names another, for any suite).
@@ -23,7 +26,7 @@ BASELINE ?= $(DEFAULT_BASELINE)
 # command line, else the default suite's own, for the default suite only and when it exists
 # (another suite's run against it would be all missing and new rows).
 PARITY_BASELINE := $(if $(filter command line,$(origin BASELINE)),$(BASELINE),$(if $(filter default,$(SUITE)),$(wildcard $(DEFAULT_BASELINE))))
-PARITY_RUN  = $(PY) -m harness run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)
+PARITY_RUN  = $(MHC_PARITY) run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)
 FAULTS_OUT ?= out/faults
 SWEEP_OUT  ?= out/sweep
 SEEDS      ?= 50
@@ -70,13 +73,13 @@ parity: setup
 	$(PARITY_RUN)$(if $(PARITY_BASELINE), --baseline $(PARITY_BASELINE))
 
 # MaxText 0.2.5 (the `maxtext` extra): its layer's two paths and its kernel API, as released and
-# with the upstream fixes applied at run time, beside this project's reference (maxtext_parity/).
+# with the upstream fixes applied at run time, beside this project's reference (mhc_parity/maxtext_parity/).
 # MAXTEXT=fixed runs only the fixed variants (exit 0: they pass), MAXTEXT=released only the
 # released ones (exit 1, their causes first); the default runs all of them.
 MAXTEXT ?= implementations
 MAXTEXT_OUT ?= out/parity-maxtext$(if $(filter-out implementations,$(MAXTEXT)),-$(MAXTEXT))
 parity-maxtext: setup
-	$(PY) -m harness run --suite maxtext --impl maxtext_parity:$(MAXTEXT) --paths 'reference/*' 'maxtext-*' \
+	$(MHC_PARITY) run --suite maxtext --impl mhc_parity.maxtext_parity:$(MAXTEXT) --paths 'reference/*' 'maxtext-*' \
 		--out $(MAXTEXT_OUT) --jobs $(JOBS)
 
 # Run the suite and store it as the reviewed baseline the gate uses. The run is not judged
@@ -87,34 +90,34 @@ parity-maxtext: setup
 ifeq ($(IMPL),)
 baseline: setup
 	$(PARITY_RUN)
-	$(PY) -m harness baseline --from $(OUT) --to $(BASELINE)
+	$(MHC_PARITY) baseline --from $(OUT) --to $(BASELINE)
 else
 baseline: setup
-	$(PY) -m harness baseline --impl $(IMPL) --suite $(SUITE) --out $(OUT)$(if $(filter command line,$(origin BASELINE)), --to $(BASELINE))
+	$(MHC_PARITY) baseline --impl $(IMPL) --suite $(SUITE) --out $(OUT)$(if $(filter command line,$(origin BASELINE)), --to $(BASELINE))
 endif
 
 # Gate the last run in $(OUT) against the baseline (run `make parity` first).
 gate: setup
-	$(PY) -m harness gate --baseline $(BASELINE) --current $(OUT)
+	$(MHC_PARITY) gate --baseline $(BASELINE) --current $(OUT)
 
 # The kill matrix: every catalogued fault injected in turn; exits 1 if one survives.
 faults: setup
-	$(PY) -m harness faults --suite $(SUITE) --out $(FAULTS_OUT) --jobs $(FAULT_JOBS) --results $(RESULTS)/kill-matrix-$(SUITE).md
+	$(MHC_PARITY) faults --suite $(SUITE) --out $(FAULTS_OUT) --jobs $(FAULT_JOBS) --results $(RESULTS)/kill-matrix-$(SUITE).md
 
 # The false-positive sweep: the unmodified code over $(SEEDS) seeds; exits 1 on any failure. Its
 # calibration table holds every cell's tail against the policy's stated false-positive rate.
 sweep: setup
-	$(PY) -m harness faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT) --jobs $(SWEEP_JOBS) --results $(RESULTS)/sweep-$(SUITE).md
+	$(MHC_PARITY) faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT) --jobs $(SWEEP_JOBS) --results $(RESULTS)/sweep-$(SUITE).md
 
 # The rounding audit: every bfloat16 value the reference holds and the model's site for it, and
 # each site's share of the sensitivity; exits 1 on a value no site rounds.
 audit: setup
-	$(PY) -m harness faults --audit --out out/audit --results $(RESULTS)/rounding-audit.md
+	$(MHC_PARITY) faults --audit --out out/audit --results $(RESULTS)/rounding-audit.md
 
 # docs/tolerances.md: the bound every comparison of the case matrix resolves to (a test
-# fails until it is regenerated after a change of harness/judging/tolerances.toml).
+# fails until it is regenerated after a change of mhc_parity/harness/judging/tolerances.toml).
 tolerances: setup
-	$(PY) -m harness policy --markdown > docs/tolerances.md.tmp && mv docs/tolerances.md.tmp docs/tolerances.md
+	$(MHC_PARITY) policy --markdown > docs/tolerances.md.tmp && mv docs/tolerances.md.tmp docs/tolerances.md
 
 # Cold, warm and after-a-kernel-edit timing of the suite with --jobs 1 and 2: the shares spent
 # compiling, executing, in the oracle and in harness overhead, peak memory, programs compiled
@@ -126,7 +129,7 @@ bench: setup
 bench-causes: setup
 	$(PY) bench/causes_bench.py --suite $(SUITE) --results $(RESULTS)/bench-causes-$(SUITE).md
 
-# Report writing alone (reports.write_all and `harness render`) on the run in $(OUT) (`make parity` first).
+# Report writing alone (mhc_parity.reports.write_all and `mhc-parity render`) on the run in $(OUT) (`make parity` first).
 bench-reports: setup
 	$(PY) bench/report_writing.py --rows $(OUT)
 

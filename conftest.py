@@ -1,6 +1,6 @@
 """Root pytest configuration.
 
-The XLA flags of `harness.env` (8 simulated host devices, so token-sharded paths run
+The XLA flags of `mhc_parity.harness.env` (8 simulated host devices, so token-sharded paths run
 on a CPU; no excess precision) must be in the environment before the JAX backend
 starts; pytest imports this module before any test module.
 """
@@ -8,10 +8,10 @@ starts; pytest imports this module before any test module.
 import jax
 import pytest
 
-from harness.env import ensure_host_devices
+from mhc_parity.harness.env import ensure_host_devices
 
 # 8 simulated devices and no excess precision, before any test computes (XLA reads its
-# flags when the backend starts, not when jax is imported: harness.env).
+# flags when the backend starts, not when jax is imported: mhc_parity.harness.env).
 ensure_host_devices()
 
 # One marker per kind of hardware: such a test is skipped, with the reason, unless JAX's
@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-# The parity matrix as tests (see harness/pytest_plugin.py). The installed `pytest11` entry
+# The parity matrix as tests (see mhc_parity/harness/pytest_plugin.py). The installed `pytest11` entry
 # point has the module's name, so this line is a no-op when it is active and loads the
 # plugin when it is not (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1).
-pytest_plugins = ["harness.pytest_plugin"]
+pytest_plugins = ["mhc_parity.harness.pytest_plugin"]

@@ -24,6 +24,8 @@ SUITE=${SUITE:-smoke}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-300}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-240}
 PY=.venv/bin/python
+# The documented command line (the console script `make setup` installs).
+CLI=.venv/bin/mhc-parity
 START=$SECONDS
 mkdir -p "$OUT"
 
@@ -54,7 +56,7 @@ if [ "$probe" -ne 0 ]; then
   echo "accelerator check: FAIL: backend does not match the installed extra"
   exit "$probe"
 fi
-BACKEND=$("$PY" -c 'from harness.env import ensure_host_devices; ensure_host_devices(); import jax; print(jax.default_backend())')
+BACKEND=$("$PY" -c 'from mhc_parity.harness.env import ensure_host_devices; ensure_host_devices(); import jax; print(jax.default_backend())')
 
 status=0
 TESTS=(tests/test_matmul_precision.py tests/test_host_placement.py tests/test_hardware.py)
@@ -63,7 +65,7 @@ if [ "$BACKEND" = cpu ]; then
   echo "still checked: explicit matmul precision (jaxpr audit) and that the tpu/gpu tests skip with their reason"
   TESTS=(tests/test_matmul_precision.py tests/test_hardware.py)
 else
-  if timeout "$SUITE_TIMEOUT" "$PY" -m harness run --suite "$SUITE" --out "$OUT/$SUITE" --quiet \
+  if timeout "$SUITE_TIMEOUT" "$CLI" run --suite "$SUITE" --out "$OUT/$SUITE" --quiet \
        >"$OUT/suite.log" 2>&1; then
     echo "smoke suite: pass"
   else

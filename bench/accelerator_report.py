@@ -17,14 +17,14 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.env import ensure_host_devices  # noqa: E402 - after the project is on the path
+from mhc_parity.harness.env import ensure_host_devices  # noqa: E402 - after the project is on the path
 
 ensure_host_devices()  # this script is an entry point: before anything computes
 
 import jax  # noqa: E402
 
-from harness.engine.run_info import run_metadata  # noqa: E402
-from reports import load_run  # noqa: E402
+from mhc_parity.harness.engine.run_info import run_metadata  # noqa: E402
+from mhc_parity.reports import load_run  # noqa: E402
 
 # The JAX platform an accelerator extra of pyproject.toml provides.
 EXTRA_PLATFORM = {"tpu": "tpu", "cuda": "gpu", "cuda13": "gpu"}

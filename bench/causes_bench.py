@@ -1,10 +1,10 @@
-"""What naming the causes of a failing run costs: `harness run` with one leaf broken, cold and warm.
+"""What naming the causes of a failing run costs: `mhc-parity run` with one leaf broken, cold and warm.
 
 Usage (from the project root):
     .venv/bin/python bench/causes_bench.py [--suite default] [--jobs auto]
 
 The break: a copy of the project's sources in a temporary folder in which the kernels'
-custom VJP multiplies the gradient of `post_bias` by 1.01 (`mhc/kernels/api.py`), a logic
+custom VJP multiplies the gradient of `post_bias` by 1.01 (`mhc_parity/mhc/kernels/api.py`), a logic
 error no rounding explains. Four runs of the suite: the unmodified code cold and warm (it
 passes and names no cause) in one fresh cache folder, then the break cold and warm in another.
 For each: the wall time, the seconds the runner's thread spent naming causes (`causes_s`: the
@@ -30,11 +30,11 @@ import tempfile
 
 from parity_bench import Tee, edited_copy, results_metadata, run_once  # the same copy, run and figures
 
-from cases import registry  # noqa: E402 - parity_bench puts the project on the path
-from harness.processes.parallel import auto_jobs  # noqa: E402
-from reports.results import write_results  # noqa: E402
+from mhc_parity.cases import registry  # noqa: E402 - parity_bench puts the project on the path
+from mhc_parity.harness.processes.parallel import auto_jobs  # noqa: E402
+from mhc_parity.reports.results import write_results  # noqa: E402
 
-EDITED_FILE = "mhc/kernels/api.py"
+EDITED_FILE = "mhc_parity/mhc/kernels/api.py"
 EDIT_FROM = "        grads[name] = psum_to_primal_vma(g, primal).reshape(primal.shape).astype(primal.dtype)\n"
 EDIT_TO = (
     "        grads[name] = (psum_to_primal_vma(g, primal) * (1.01 if name == 'post_bias' else 1.0))"

@@ -1,4 +1,4 @@
-"""Benchmark `python -m harness run` on a suite: cold, warm and after a kernel edit, where the time goes.
+"""Benchmark `mhc-parity run` on a suite: cold, warm and after a kernel edit, where the time goes.
 
 Usage (from the project root):
     .venv/bin/python bench/parity_bench.py [--suite default] [--jobs 1 2]
@@ -9,7 +9,7 @@ For each --jobs value, three CLI runs in subprocesses share one fresh cache fold
   cold   nothing cached;
   warm   the same suite again, nothing changed;
   edit   one kernel file changed: a copy of the project's sources in a temporary folder
-         in which `mhc/kernels/forward.py`'s post-forward kernel body multiplies its
+         in which `mhc_parity/mhc/kernels/forward.py`'s post-forward kernel body multiplies its
          output by 1 (exact, so no number moves, but the program text changes). A comment
          would not do: JAX keys its cache on the program with debug information stripped,
          so a comment edit recompiles nothing. Every program that contains the
@@ -21,7 +21,7 @@ spent it: the paths (waiting for their programs and running them), the float64 o
 fixtures, TPU lowering, process start-up plus report writing, and the rest of the
 runner's time (metrics, policy, row I/O: harness overhead); with --jobs N > 1 these are
 summed over the workers and shown as a share of N x the runner's wall time (worker
-time). Programs compile in threads ahead of their case (`harness.engine.runner.Runner.run`), so
+time). Programs compile in threads ahead of their case (`mhc_parity.harness.engine.runner.Runner.run`), so
 the seconds the programs took to obtain (the rows' compile_s) overlap the rest: they are
 printed beside, with the programs' execution (execute_s), not as shares. Also: the CPU
 seconds the machine was busy during the run, peak resident memory (the largest single
@@ -57,14 +57,14 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.engine.run_info import git_commit  # noqa: E402 - after the project is on the path
-from harness.env import host_cpu  # noqa: E402
-from records.text import format_number, format_text_table  # noqa: E402
-from reports.results import write_results  # noqa: E402
+from mhc_parity.harness.engine.run_info import git_commit  # noqa: E402 - after the project is on the path
+from mhc_parity.harness.env import host_cpu  # noqa: E402
+from mhc_parity.records.text import format_number, format_text_table  # noqa: E402
+from mhc_parity.reports.results import write_results  # noqa: E402
 
-# The sources a run imports (copied for the "edit" run) and the edit itself.
-SOURCE_DIRS = ("mhc", "cases", "records", "harness", "reports")
-EDITED_FILE = "mhc/kernels/forward.py"
+# The sources a run imports (the package, copied for the "edit" run) and the edit itself.
+SOURCE_DIRS = ("mhc_parity",)
+EDITED_FILE = "mhc_parity/mhc/kernels/forward.py"
 EDIT_FROM = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...])\n"
 EDIT_TO = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...]) * 1\n"
 TARGETS = {"cold": 120.0, "warm": 15.0, "edit": 45.0}
@@ -89,7 +89,7 @@ def _row_seconds(rows: list[dict]) -> tuple[float, float]:
 # Runs the command given as arguments and prints the largest resident memory of the processes
 # it waited for (ru_maxrss of the waited-for descendants, KiB on Linux) and the CPU seconds
 # they used (user + system): one fresh wrapper per run, so each run's figures are its own.
-# Forked workers (harness.processes.worker_processes) are not among them: their peak comes from the
+# Forked workers (mhc_parity.harness.processes.worker_processes) are not among them: their peak comes from the
 # run's metadata and the CPU seconds from the machine's counters (`busy_cpu_seconds`).
 _USAGE_PREFIX = "bench-peak-kib-cpu-s "
 _USAGE_WRAPPER = (
@@ -142,7 +142,7 @@ def run_once(
     command = [
         sys.executable,
         "-m",
-        "harness",
+        "mhc_parity.harness",
         "run",
         "--suite",
         suite,
@@ -159,7 +159,7 @@ def run_once(
     process_wall, busy_end = time.perf_counter() - start, busy_cpu_seconds()
     peak_kib, cpu_s = proc.stderr.strip().splitlines()[-1].removeprefix(_USAGE_PREFIX).split()
     if proc.returncode not in (0, 1):
-        raise SystemExit(f"harness run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"mhc-parity run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     report = json.loads((out / "report.json").read_text())
     if project != ROOT:  # the run really used the edited copy
         recorded = report["manifest"]["code_files"][edited_file]
@@ -326,9 +326,8 @@ def main(argv=None) -> int:
         code = _measure(args)
     if args.results is not None:
         command = "python bench/parity_bench.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-        markdown = (
-            f"# Benchmark of `harness run` on the {args.suite} suite\n\n```text\n{tee.kept.getvalue().strip()}\n```\n"
-        )
+        title = f"# Benchmark of `mhc-parity run` on the {args.suite} suite"
+        markdown = f"{title}\n\n```text\n{tee.kept.getvalue().strip()}\n```\n"
         print(f"results: {write_results(args.results, markdown, command, results_metadata())}")
     return code
 

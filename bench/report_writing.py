@@ -1,17 +1,17 @@
-"""Time report writing on a finished run: `reports.write_all` in this process, and `python -m harness render`.
+"""Time report writing on a finished run: `mhc_parity.reports.write_all` in this process, and `mhc-parity render`.
 
 Usage (from the project root):
     .venv/bin/python bench/report_writing.py --rows RUN [--repeat 3]
 
-RUN is a finished run folder (or anything `reports.load_run` reads), e.g. one
+RUN is a finished run folder (or anything `mhc_parity.reports.load_run` reads), e.g. one
 `make parity` left. Two measurements, each repeated and reported as the first, best and
 median wall time, and the best CPU time (on a machine shared with other work the CPU
 seconds move less than the wall time):
 
-  write_all   `reports.write_all(rows, metadata, out)` of the run's rows, in this
+  write_all   `mhc_parity.reports.write_all(rows, metadata, out)` of the run's rows, in this
               process, into a fresh folder each time (the first write also pays for
               whatever a report draws lazily, such as the plotting library's font set-up);
-  render      `python -m harness render --rows RUN --out OUT` in a fresh process each
+  render      `mhc-parity render --rows RUN --out OUT` in a fresh process each
               time: interpreter start, imports, loading the run and writing a full copy
               of the folder (manifest, row stream, every report).
 
@@ -32,8 +32,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from records.text import format_text_table  # noqa: E402 - after the project is on the path
-from reports import ReportInputError, load_run, write_all  # noqa: E402
+from mhc_parity.records.text import format_text_table  # noqa: E402 - after the project is on the path
+from mhc_parity.reports import ReportInputError, load_run, write_all  # noqa: E402
 
 
 def time_write_all(run_path: str, repeat: int, scratch: pathlib.Path) -> list[tuple[float, float]]:
@@ -53,10 +53,19 @@ def _children_cpu() -> float:
 
 
 def time_render(run_path: str, repeat: int, scratch: pathlib.Path) -> list[tuple[float, float]]:
-    """(wall, CPU) seconds of each of `repeat` `python -m harness render` processes on `run_path`."""
+    """(wall, CPU) seconds of each of `repeat` `mhc-parity render` processes on `run_path`."""
     seconds = []
     for index in range(repeat):
-        command = [sys.executable, "-m", "harness", "render", "--rows", run_path, "--out", str(scratch / f"r{index}")]
+        command = [
+            sys.executable,
+            "-m",
+            "mhc_parity.harness",
+            "render",
+            "--rows",
+            run_path,
+            "--out",
+            str(scratch / f"r{index}"),
+        ]
         wall, cpu = time.perf_counter(), _children_cpu()
         subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         seconds.append((time.perf_counter() - wall, _children_cpu() - cpu))

@@ -11,8 +11,8 @@ import re
 import subprocess
 import sys
 
-from reports.baseline import BASELINE_FORMAT_VERSION
-from reports.drift import LEGACY_GATE_COLUMNS
+from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
+from mhc_parity.reports.drift import LEGACY_GATE_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -69,11 +69,11 @@ def cheap_run_args(case_file, out, *extra) -> list[str]:
 
 
 def harness_command(*args) -> list[str]:
-    return [sys.executable, "-m", "harness", *map(str, args)]
+    return [sys.executable, "-m", "mhc_parity.harness", *map(str, args)]
 
 
 def run_cli(*args, timeout=600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m harness ARGS` from the project root; its output captured."""
+    """`mhc-parity ARGS` from the project root; its output captured."""
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(harness_command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

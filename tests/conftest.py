@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from records import foreign_code
+from mhc_parity.records import foreign_code
 from tests.cli_support import CASE_FILE
 
 
 @pytest.fixture(autouse=True)
 def no_foreign_code_record(monkeypatch):
-    """Each test starts with no external implementation on record (`records.foreign_code`):
+    """Each test starts with no external implementation on record (`mhc_parity.records.foreign_code`):
     the tests' own implementations patch nothing, and one test loading them must not turn off
     the stores' writes for the next tests of its worker; a test of the guard loads one itself."""
     monkeypatch.setattr(foreign_code, "_LOADED", [])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.engine.precision_choices import PrecisionChoice
-from mhc import reference
+from mhc_parity.harness.engine.precision_choices import PrecisionChoice
+from mhc_parity.mhc import reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +173,7 @@ def dispatch_out_of_memory():
 @dataclasses.dataclass(frozen=True)
 class PlacementExhaustsMemory(WrappedReference):
     """The reference under another name whose inputs do not fit on its device: placing them
-    (`harness.engine.paths._place`, patched by the factory for this implementation's paths
+    (`mhc_parity.harness.engine.paths._place`, patched by the factory for this implementation's paths
     only) raises what XLA raises then."""
 
     name: str = "placement_exhausts_memory"
@@ -182,7 +182,7 @@ class PlacementExhaustsMemory(WrappedReference):
 def placement_exhausts_memory():
     import jax
 
-    import harness.engine.paths as paths
+    import mhc_parity.harness.engine.paths as paths
 
     place = paths._place
 

@@ -10,8 +10,8 @@ import pathlib
 
 import pytest
 
-from cases.fixtures import make_fixture
-from cases.spec import Case
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import Case
 
 PROBE_CASES = [
     Case(name="probe-f32", batch=2, sequence=64, streams=4, embedding=128, branch="mlp"),

@@ -6,12 +6,12 @@ A subclass of `ImplementationChecks` names one implementation and inherits every
     class TestMyKernel(ImplementationChecks):
         implementation = load_external("my_package.module:factory")
 
-Each check runs the implementation in the layer, forward and VJP, exactly as `harness
-run` does (`harness.engine.runner.Runner`), on a few small cases: float32 with a
+Each check runs the implementation in the layer, forward and VJP, exactly as
+`mhc-parity run` does (`mhc_parity.harness.engine.runner.Runner`), on a few small cases: float32 with a
 parameterised branch, bfloat16, and float32 token-sharded over the 8 host devices. Its
 leaves are judged against the float64 oracle and, for every implementation but the
 reference itself, against the reference path, token-sharded against unsharded; every
-bound comes from the tolerance policy (harness/judging/tolerances.toml, docs/tolerances.md):
+bound comes from the tolerance policy (mhc_parity/harness/judging/tolerances.toml, docs/tolerances.md):
 nothing here has a tolerance of its own. A failure prints the rows that failed.
 
 The run of one (implementation, case) is computed once per process, and pytest-xdist's
@@ -25,14 +25,14 @@ from typing import ClassVar
 
 import pytest
 
-from cases.catalogue import make_case
-from harness.engine.implementations import REFERENCE, Implementation
-from harness.engine.leaves import INTERMEDIATE_LEAVES
-from harness.engine.paths import ORACLE_PATH
-from harness.engine.plan import PathPlan, planned_leaves
-from harness.engine.runner import Runner
-from harness.judging.policy import load_policy
-from reports.terminal import rows_table
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.harness.engine.implementations import REFERENCE, Implementation
+from mhc_parity.harness.engine.leaves import INTERMEDIATE_LEAVES
+from mhc_parity.harness.engine.paths import ORACLE_PATH
+from mhc_parity.harness.engine.plan import PathPlan, planned_leaves
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.reports.terminal import rows_table
 
 # Small cases, one per kind of check: float32 with a branch that has parameters (and
 # gradients), bfloat16, and float32 token-sharded 2x4 with 8 tokens per shard.

@@ -25,7 +25,7 @@ import sys
 import sysconfig
 import venv
 
-from harness.env import cache_root
+from mhc_parity.records.cache_root import cache_root
 
 # What a checkout holds that is not its source: pip builds the copy, never these (a stale
 # build/lib would be packed into the wheel).

@@ -1,16 +1,18 @@
-"""Small, self-contained inputs for the mhc/ unit tests (the harness uses cases/)."""
+"""Small, self-contained inputs for the mhc_parity/mhc/ unit tests (the harness uses mhc_parity/cases/)."""
 
 from __future__ import annotations
 
+import pathlib
+import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc.precision import dot_precision
-from mhc.types import MhcConfig, MhcWeights
+from mhc_parity.mhc.precision import dot_precision
+from mhc_parity.mhc.types import MhcConfig, MhcWeights
 
 
 def random_weights(config: MhcConfig, seed: int = 0, dtype=jnp.float32) -> MhcWeights:
@@ -64,7 +66,7 @@ def project_files_run(function: Callable[[], object]) -> set[str]:
     For the tests that check a cache key's declared sources cover the code a computation
     runs (the program store's, the oracle cache's). A function is seen when it is called.
     """
-    from records.manifest import PROJECT_ROOT
+    from mhc_parity.records.manifest import PROJECT_ROOT
 
     seen = set()
 
@@ -79,3 +81,18 @@ def project_files_run(function: Callable[[], object]) -> set[str]:
         sys.setprofile(None)
     root = str(PROJECT_ROOT) + "/"
     return {f[len(root) :] for f in seen if f.startswith(root) and "/.venv/" not in f and "/site-packages/" not in f}
+
+
+def copy_project(destination: pathlib.Path, subpackages: Iterable[str]) -> pathlib.Path:
+    """A copy of the project's sources in `destination` (made if needed): the `mhc_parity`
+    namespace's own modules and its named `subpackages` (e.g. "mhc"), without bytecode
+    caches; returns `destination`. Run from there, Python imports the copy."""
+    from mhc_parity.records.manifest import NAMESPACE, PROJECT_ROOT
+
+    package = pathlib.Path(destination) / NAMESPACE
+    package.mkdir(parents=True, exist_ok=True)
+    for module in (PROJECT_ROOT / NAMESPACE).glob("*.py"):
+        shutil.copy(module, package / module.name)
+    for name in subpackages:
+        shutil.copytree(PROJECT_ROOT / NAMESPACE / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return pathlib.Path(destination)

@@ -2,7 +2,7 @@
 
 The `bound` column names the rule in words and a failing row's `reason` shows the limit
 inside a sentence; `allowed_error` (with `bound_metric`, the column it limits) carries the
-very limit `harness.judging.bounds` computed, so bound_usage = |row[bound_metric]| /
+very limit `mhc_parity.harness.judging.bounds` computed, so bound_usage = |row[bound_metric]| /
 allowed_error holds on every judged row of a real run, in rows.csv and report.json alike,
 and rows no bound judged (skip, unsupported, error, lowering) have NaN and "". Files
 written before the columns existed still load, with the columns empty.
@@ -16,11 +16,11 @@ import math
 import pandas as pd
 import pytest
 
-import harness
-from harness.judging.bounds import usage_of
-from records.rows import load_rows, to_frame
-from records.schema import LATER_COLUMNS, ROW_COLUMNS
-from reports.sources import load_report_json
+import mhc_parity.harness
+from mhc_parity.harness.judging.bounds import usage_of
+from mhc_parity.records.rows import load_rows, to_frame
+from mhc_parity.records.schema import LATER_COLUMNS, ROW_COLUMNS
+from mhc_parity.reports.sources import load_report_json
 from tests.cli_support import CASE_NAMES
 
 NEW_COLUMNS = ("allowed_error", "bound_metric")
@@ -34,7 +34,9 @@ def run_folder(case_file, tmp_path_factory):
     Mosaic path skipped on a CPU, the lowering rows."""
     out = tmp_path_factory.mktemp("allowed-error")
     paths = ["reference/*", "interpret/*", "mosaic/*", "lowering/*"]
-    harness.run_parity(case_files=[case_file], cases=list(CASE_NAMES[:2]), paths=paths, lowering=True, out=out)
+    mhc_parity.harness.run_parity(
+        case_files=[case_file], cases=list(CASE_NAMES[:2]), paths=paths, lowering=True, out=out
+    )
     return out
 
 

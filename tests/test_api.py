@@ -1,4 +1,4 @@
-"""The public API (`harness.api`, re-exported by `harness`): one test per entry point,
+"""The public API (`mhc_parity.harness.api`, re-exported by `mhc_parity.harness`): one test per entry point,
 on one small float32 case through an external implementation and the reference."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import sys
 import pandas as pd
 import pytest
 
-import harness
-from harness import api
-from harness.cli import main as cli_main
-from records.schema import ROW_COLUMNS
-from reports import load_baseline, load_run
+import mhc_parity.harness
+from mhc_parity.harness import api
+from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.records.schema import ROW_COLUMNS
+from mhc_parity.reports import load_baseline, load_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
@@ -23,19 +23,19 @@ GOOD = "tests.external_impls:good"
 
 @pytest.fixture(scope="module")
 def good_run() -> api.ParityRun:
-    return harness.run_parity(GOOD, cases=[CASE])
+    return mhc_parity.harness.run_parity(GOOD, cases=[CASE])
 
 
 @pytest.fixture(scope="module")
 def drifted_run() -> api.ParityRun:
-    return harness.run_parity("tests.external_impls:drifted", cases=[CASE])
+    return mhc_parity.harness.run_parity("tests.external_impls:drifted", cases=[CASE])
 
 
 def test_the_package_exports_the_api_names():
-    assert set(harness.__all__) <= set(dir(api))
-    assert harness.run_parity is api.run_parity and harness.gate is api.gate
+    assert set(mhc_parity.harness.__all__) <= set(dir(api))
+    assert mhc_parity.harness.run_parity is api.run_parity and mhc_parity.harness.gate is api.gate
     with pytest.raises(AttributeError):
-        harness.no_such_name  # noqa: B018
+        mhc_parity.harness.no_such_name  # noqa: B018
 
 
 def test_run_parity_runs_the_implementation_and_its_reference_partner(good_run):
@@ -51,33 +51,33 @@ def test_run_parity_runs_the_implementation_and_its_reference_partner(good_run):
 
 
 def test_a_broken_implementation_fails_with_its_leaf_table():
-    run = harness.run_parity("tests.external_impls:broken", cases=[CASE])
+    run = mhc_parity.harness.run_parity("tests.external_impls:broken", cases=[CASE])
     assert not run.passed and run.verdict == "FAIL"
     assert set(run.failures["candidate"]) == {"loses_post_gate_factor/unsharded"}
     assert "loses_post_gate_factor/unsharded vs oracle" in run.failure_table()
 
 
 def test_prepare_checks_everything_before_computing():
-    prepared = harness.prepare(GOOD, suite="smoke", dtype="bf16")
+    prepared = mhc_parity.harness.prepare(GOOD, suite="smoke", dtype="bf16")
     assert prepared.implementation_names == ("wrapped_reference",)
     assert prepared.cases and all(c.dtype == "bfloat16" for c in prepared.cases)
     assert not prepared.plan.lowering
-    with pytest.raises(harness.ConfigurationError, match="matches no registered case"):
-        harness.prepare(GOOD, cases=["no-such-case*"])
-    with pytest.raises(harness.ConfigurationError, match="cannot import"):
-        harness.prepare("no_such_module:factory")
-    with pytest.raises(harness.ConfigurationError, match="did you mean"):
-        harness.prepare(GOOD, cases=[CASE], paths=["wrapped_referense/*"])
+    with pytest.raises(mhc_parity.harness.ConfigurationError, match="matches no registered case"):
+        mhc_parity.harness.prepare(GOOD, cases=["no-such-case*"])
+    with pytest.raises(mhc_parity.harness.ConfigurationError, match="cannot import"):
+        mhc_parity.harness.prepare("no_such_module:factory")
+    with pytest.raises(mhc_parity.harness.ConfigurationError, match="did you mean"):
+        mhc_parity.harness.prepare(GOOD, cases=[CASE], paths=["wrapped_referense/*"])
 
 
 def test_errors_are_typed_and_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(harness.ReportError) as caught:
-        harness.run_parity(GOOD, cases=[CASE], out=blocker / "out")
+    with pytest.raises(mhc_parity.harness.ReportError) as caught:
+        mhc_parity.harness.run_parity(GOOD, cases=[CASE], out=blocker / "out")
     assert "\n" not in str(caught.value)
-    assert issubclass(harness.ConfigurationError, harness.ParityError)
-    assert issubclass(harness.BaselineError, harness.ParityError)
+    assert issubclass(mhc_parity.harness.ConfigurationError, mhc_parity.harness.ParityError)
+    assert issubclass(mhc_parity.harness.BaselineError, mhc_parity.harness.ParityError)
 
 
 def test_write_reports_writes_a_run_folder_the_cli_accepts(good_run, tmp_path):
@@ -100,8 +100,8 @@ def test_write_baseline_keeps_the_implementations_rows_under_its_name(good_run, 
 
 def test_gate_passes_the_same_code_and_flags_a_drift_beyond_the_growth_factor(good_run, drifted_run, tmp_path):
     baseline = good_run.write_baseline(tmp_path / "wrapped.csv")
-    assert harness.gate(good_run, baseline).ok
-    result = harness.gate(drifted_run, baseline)
+    assert mhc_parity.harness.gate(good_run, baseline).ok
+    result = mhc_parity.harness.gate(drifted_run, baseline)
     assert not result.ok
     drifted = {f.key[3] for f in result.regressions}
     assert "out" in drifted and all(f.growth > 2 for f in result.regressions)
@@ -126,29 +126,33 @@ def test_harness_gate_flags_the_drift_of_an_external_run_against_its_own_baselin
 
 def test_a_baseline_of_another_implementation_is_refused(good_run, tmp_path, capsys):
     good_run.write_reports(tmp_path / "good")
-    other = harness.run_parity("harness.faults.independent_mhc:factory", cases=[CASE])
+    other = mhc_parity.harness.run_parity("mhc_parity.harness.faults.independent_mhc:factory", cases=[CASE])
     other_baseline = other.write_baseline(tmp_path / "independent.csv")
-    with pytest.raises(harness.BaselineError, match="belongs to implementation 'independent'"):
-        harness.gate(good_run, other_baseline)
+    with pytest.raises(mhc_parity.harness.BaselineError, match="belongs to implementation 'independent'"):
+        mhc_parity.harness.gate(good_run, other_baseline)
     assert cli_main(["gate", "--baseline", str(other_baseline), "--current", str(tmp_path / "good")]) == 2
     assert "belongs to implementation 'independent'" in capsys.readouterr().err
-    with pytest.raises(harness.BaselineError, match="built-in paths' baseline"):
-        harness.gate(good_run, ROOT / "baselines" / "default.csv")
+    with pytest.raises(mhc_parity.harness.BaselineError, match="built-in paths' baseline"):
+        mhc_parity.harness.gate(good_run, ROOT / "baselines" / "default.csv")
 
 
 def test_gate_takes_a_run_never_a_baseline_and_a_legacy_baseline_only_when_allowed(good_run, tmp_path):
     from tests.cli_support import as_format_1
 
     baseline = good_run.write_baseline(tmp_path / "good.csv")
-    with pytest.raises(harness.BaselineError, match=r"good.csv is a baseline file, not a run: pass the run's folder"):
-        harness.gate(baseline, baseline)
+    with pytest.raises(
+        mhc_parity.harness.BaselineError, match=r"good.csv is a baseline file, not a run: pass the run's folder"
+    ):
+        mhc_parity.harness.gate(baseline, baseline)
     legacy = as_format_1(baseline, tmp_path / "legacy.csv")
-    with pytest.raises(harness.BaselineError, match=r"format 1 is a legacy format .* allow_legacy_baseline=True"):
-        harness.gate(good_run, legacy)
-    assert harness.gate(good_run, legacy, allow_legacy_baseline=True).ok
+    with pytest.raises(
+        mhc_parity.harness.BaselineError, match=r"format 1 is a legacy format .* allow_legacy_baseline=True"
+    ):
+        mhc_parity.harness.gate(good_run, legacy)
+    assert mhc_parity.harness.gate(good_run, legacy, allow_legacy_baseline=True).ok
     folder = tmp_path / "run"
     good_run.write_reports(folder)
-    with pytest.raises(harness.ReportError, match="is the rows.csv of the run folder"):
+    with pytest.raises(mhc_parity.harness.ReportError, match="is the rows.csv of the run folder"):
         good_run.write_baseline(folder / "rows.csv")
 
 
@@ -177,10 +181,11 @@ def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
     """Nor matplotlib: the plugin is imported by every pytest run of an environment that has
     mhc-parity installed, and only the report writers draw."""
     code = (
-        "import sys, harness, harness.cli, harness.commands.baseline, harness.pytest_plugin, harness.commands.gate\n"
+        "import sys, mhc_parity.harness, mhc_parity.harness.cli, mhc_parity.harness.commands.baseline\n"
+        "import mhc_parity.harness.pytest_plugin, mhc_parity.harness.commands.gate\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'\n"
-        "import reports\n"
-        "assert reports.write_all is reports.writers.write_all and 'matplotlib' in sys.modules\n"
+        "import mhc_parity.reports\n"
+        "assert mhc_parity.reports.write_all is mhc_parity.reports.writers.write_all and 'matplotlib' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

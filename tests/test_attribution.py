@@ -1,6 +1,6 @@
-"""A failing row's cause: the explained fraction and its choices (harness.judging.attribution),
-the oracle's deterministic roundings (mhc.oracle_roundings), the operation's hypotheses
-(mhc.operation.hypotheses), and the rows the runner annotates (harness.engine.causes)."""
+"""A failing row's cause: the explained fraction and its choices (mhc_parity.harness.judging.attribution),
+the oracle's deterministic roundings (mhc_parity.mhc.oracle_roundings), the operation's hypotheses
+(mhc_parity.mhc.operation.hypotheses), and the rows the runner annotates (mhc_parity.harness.engine.causes)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cases import registry
-from cases.branches import get_branch
-from cases.fixtures import make_fixture
-from harness.engine.causes import HypothesisOracle, annotate_causes
-from harness.engine.implementations import BUILTIN
-from harness.engine.oracle_path import noise_units
-from harness.engine.plan import PathPlan
-from harness.engine.runner import Runner
-from harness.faults.model import Patch, Perturbation, Seam
-from harness.judging.attribution import (
+from mhc_parity.cases import registry
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.engine.oracle_path import noise_units
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.faults.model import Patch, Perturbation, Seam
+from mhc_parity.harness.judging.attribution import (
     BY_SIZE,
     EXPLAINED_THRESHOLD,
     UNEXPLAINED,
@@ -31,12 +31,12 @@ from harness.judging.attribution import (
     attribute_candidate,
     size_ranges,
 )
-from harness.judging.confidence import Sensitivity
-from harness.judging.policy import load_policy
-from mhc import oracle
-from mhc.operation.oracle_draws import on_fixture
-from mhc.oracle_fits import FITTED_SITES
-from mhc.oracle_roundings import (
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.mhc import oracle
+from mhc_parity.mhc.operation.oracle_draws import on_fixture
+from mhc_parity.mhc.oracle_fits import FITTED_SITES
+from mhc_parity.mhc.oracle_roundings import (
     BACKEND_ORDER,
     PADDED_HYPOTHESES,
     PADDED_SUMS,
@@ -45,15 +45,15 @@ from mhc.oracle_roundings import (
     rounding_codes,
     run_oracle_roundings,
 )
-from records.rows import to_frame
-from records.schema import empty_row
-from reports import render_html
-from reports.causes import cause_groups
-from reports.gate import gate
+from mhc_parity.records.rows import to_frame
+from mhc_parity.records.schema import empty_row
+from mhc_parity.reports import render_html
+from mhc_parity.reports.causes import cause_groups
+from mhc_parity.reports.gate import gate
 
-hypotheses_module = importlib.import_module("mhc.operation.hypotheses")
-causes_module = importlib.import_module("harness.engine.causes")
-oracle_roundings = importlib.import_module("mhc.oracle_roundings")
+hypotheses_module = importlib.import_module("mhc_parity.mhc.operation.hypotheses")
+causes_module = importlib.import_module("mhc_parity.harness.engine.causes")
+oracle_roundings = importlib.import_module("mhc_parity.mhc.oracle_roundings")
 CASE = "lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms"
 BF16_CASE = "lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs"
 
@@ -436,7 +436,7 @@ def test_a_broken_leaf_is_one_cause_heading_first_in_the_html_and_the_gate():
     break_ = Perturbation(
         name="kernel.post_bias_grad_scaled",
         description="d_post_bias x 1.01",
-        patches=(Patch(Seam("mhc.kernels.api", "_pre_core.bwd"), _post_bias_grad_scaled),),
+        patches=(Patch(Seam("mhc_parity.mhc.kernels.api", "_pre_core.bwd"), _post_bias_grad_scaled),),
         implementations=("interpret",),
     )
     plan = PathPlan(implementations=tuple(BUILTIN[n] for n in ("reference", "interpret")), lowering=False)

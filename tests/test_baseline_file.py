@@ -4,10 +4,10 @@ import pathlib
 
 import pytest
 
-from cases import registry
-from harness.judging.policy import load_policy
-from records.rows import ReportInputError
-from reports import load_baseline
+from mhc_parity.cases import registry
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.records.rows import ReportInputError
+from mhc_parity.reports import load_baseline
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "baselines" / "default.csv"
@@ -19,7 +19,8 @@ def test_committed_baseline_was_made_under_the_current_policy():
     """A tolerance change must come with `make baseline` (the gate refuses a hash mismatch)."""
     baseline = load_baseline(BASELINE)
     assert baseline.policy_hash == load_policy().digest, (
-        "harness/judging/tolerances.toml changed since baselines/default.csv was written: run `make baseline`"
+        "mhc_parity/harness/judging/tolerances.toml changed since baselines/default.csv was written: "
+        "run `make baseline`"
     )
 
 
@@ -72,7 +73,7 @@ def test_a_row_cut_short_is_refused_naming_its_line(tmp_path):
 
 
 def test_the_gate_exits_2_on_such_a_baseline(tmp_path):
-    from reports.samples import write_sample_run
+    from mhc_parity.reports.samples import write_sample_run
     from tests.cli_support import run_cli
 
     write_sample_run([], tmp_path / "run", rendered=False)
@@ -109,7 +110,7 @@ def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path):
     shutil.copy(BASELINE, target)
     code = (
         "import resource, signal, sys\n"
-        "from reports.baseline import load_baseline, write_baseline\n"
+        "from mhc_parity.reports.baseline import load_baseline, write_baseline\n"
         "baseline = load_baseline(sys.argv[1])\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"

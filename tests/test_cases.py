@@ -1,4 +1,4 @@
-"""cases.spec, cases.registry, cases.catalogue and `python -m cases`: specs, selection, coverage."""
+"""mhc_parity.cases.spec, .registry, .catalogue and `python -m mhc_parity.cases`: specs, selection, coverage."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from cases import catalogue, registry
-from cases.__main__ import main as cases_main
-from cases.branches import BRANCHES
-from cases.fixtures import PROJECT_ROOT
-from cases.init_families import INIT_FAMILIES
-from cases.registry import DuplicateCaseError, Registry, UnknownCaseError
-from cases.spec import (
+from mhc_parity.cases import catalogue, registry
+from mhc_parity.cases.__main__ import main as cases_main
+from mhc_parity.cases.branches import BRANCHES
+from mhc_parity.cases.fixtures import PROJECT_ROOT
+from mhc_parity.cases.init_families import INIT_FAMILIES
+from mhc_parity.cases.registry import DuplicateCaseError, Registry, UnknownCaseError
+from mhc_parity.cases.spec import (
     BRANCH_NAMES,
     INIT_FAMILY_NAMES,
     REFERENCE_ONLY_TAG,
@@ -50,11 +50,11 @@ def test_case_is_frozen_hashable_and_derives_its_properties():
 
 
 def test_registries_of_names_agree_with_the_implementations():
-    from mhc.common import VARIANTS
+    from mhc_parity.mhc.common import VARIANTS
 
     assert set(BRANCH_NAMES) == set(BRANCHES)
     assert set(INIT_FAMILY_NAMES) == set(INIT_FAMILIES)
-    from cases import spec
+    from mhc_parity.cases import spec
 
     assert spec.VARIANTS == VARIANTS
 
@@ -250,8 +250,8 @@ def test_default_suite_covers_the_required_matrix(reg):
 
 
 def test_supported_catalogue_cases_fit_the_kernel_constraints(reg):
-    """Shapes the kernels must accept (mhc.kernels block rules) for every expect='supported' case."""
-    from mhc.kernels.config import LANES, SUBLANES, KernelConfig
+    """Shapes the kernels must accept (mhc_parity.mhc.kernels block rules) for every expect='supported' case."""
+    from mhc_parity.mhc.kernels.config import LANES, SUBLANES, KernelConfig
 
     defaults = KernelConfig()
     for case in reg:
@@ -278,8 +278,8 @@ def test_supported_catalogue_cases_fit_the_kernel_constraints(reg):
 
 def test_expected_unsupported_cases_are_rejected_with_their_reason(reg):
     """Each expect_reason is a substring of what mhc actually raises for that shape."""
-    from mhc.common import UnsupportedInputError
-    from mhc.kernels.api import _check_config, token_block
+    from mhc_parity.mhc.common import UnsupportedInputError
+    from mhc_parity.mhc.kernels.api import _check_config, token_block
 
     for case in reg:
         if not case.expects_unsupported:
@@ -291,7 +291,7 @@ def test_expected_unsupported_cases_are_rejected_with_their_reason(reg):
         assert case.expect_reason in str(info.value), (case.name, str(info.value))
 
 
-# -- python -m cases ----------------------------------------------------------------
+# -- python -m mhc_parity.cases ----------------------------------------------------------------
 
 
 def test_cli_list_prints_the_selection(capsys):
@@ -314,7 +314,7 @@ def test_cli_reports_usage_errors(capsys):
 
 def test_cli_runs_as_a_module():
     result = subprocess.run(
-        [sys.executable, "-m", "cases", "list", "--suite", "sharded", "--dtype", "bf16"],
+        [sys.executable, "-m", "mhc_parity.cases", "list", "--suite", "sharded", "--dtype", "bf16"],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -333,7 +333,7 @@ def test_a_name_or_tag_with_a_trailing_newline_is_refused():
 
 
 def test_a_name_longer_than_the_limit_is_refused_with_its_length():
-    from cases.spec import MAX_NAME_LENGTH
+    from mhc_parity.cases.spec import MAX_NAME_LENGTH
 
     Case(**{**BASE, "name": "a" * MAX_NAME_LENGTH})
     with pytest.raises(CaseSpecError, match=rf"\(100000 characters\).*at most {MAX_NAME_LENGTH}"):
@@ -344,7 +344,7 @@ def test_every_case_field_says_what_it_changes():
     """The fixture key (`DATA_FIELDS`) and a compiled program's key (`PROGRAM_FIELDS`) are
     derived from these marks: a field added unmarked would be in neither, and a program
     compiled for one value would be reused for another."""
-    from cases.spec import DATA, LABEL, PLACEMENT, PROGRAM, ROLES
+    from mhc_parity.cases.spec import DATA, LABEL, PLACEMENT, PROGRAM, ROLES
 
     known = {DATA, PROGRAM, PLACEMENT, LABEL}
     for field in dataclasses.fields(Case):
@@ -354,8 +354,8 @@ def test_every_case_field_says_what_it_changes():
 
 
 def test_the_program_key_follows_the_program_fields_and_nothing_else():
-    from cases.spec import PROGRAM_FIELDS
-    from harness.engine.paths import _trace_signature
+    from mhc_parity.cases.spec import PROGRAM_FIELDS
+    from mhc_parity.harness.engine.paths import _trace_signature
 
     case = catalogue.make_case(streams=4, embedding=128, batch=2, sequence=64)
     signature = _trace_signature(case, "highest")

@@ -1,4 +1,4 @@
-"""Failing rows grouped by cause in every report (reports.causes): the terminal summary, the
+"""Failing rows grouped by cause in every report (mhc_parity.reports.causes): the terminal summary, the
 gate, summary.md, report.json, the HTML's first section and the pytest message."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from records.rows import to_frame
-from reports import render_html, render_markdown
-from reports.causes import cause_groups, compress_paths, implementation_verdicts
-from reports.gate import gate
-from reports.samples import measured_row
-from reports.summary import summarize
-from reports.terminal import format_summary
+from mhc_parity.records.rows import to_frame
+from mhc_parity.reports import render_html, render_markdown
+from mhc_parity.reports.causes import cause_groups, compress_paths, implementation_verdicts
+from mhc_parity.reports.gate import gate
+from mhc_parity.reports.samples import measured_row
+from mhc_parity.reports.summary import summarize
+from mhc_parity.reports.terminal import format_summary
 
 UNEXPLAINED = "not explained by any rounding: look for a logic error"
 PATHS = ("interpret/unsharded", "interpret/sharded(data=2,fsdp=4)")

@@ -3,7 +3,7 @@ as a parity failure): a full disk, a file-size limit, an unwritable cache, a cas
 exhausts memory; and a malformed input to `render` or `baseline`. After such an exit the
 manifest says "failed", never "running", and `--resume` finishes the run once mended.
 
-A full disk is a seam (`RowStore.append_case` or `reports.writers.write_frame` raising
+A full disk is a seam (`RowStore.append_case` or `mhc_parity.reports.writers.write_frame` raising
 ENOSPC), a double of a small disk (`FullDisk`: writes past its capacity go to /dev/full),
 or a real 200K tmpfs where the user may mount one in a namespace of its own; a file-size
 limit is real (`RLIMIT_FSIZE` in the child: Python ignores SIGXFSZ, so the write fails with
@@ -25,10 +25,10 @@ import sys
 
 import pytest
 
-from harness.cli import main as cli_main
-from harness.commands.merge import main as merge_main
-from records.manifest import read_manifest
-from records.store import RowStore
+from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.harness.commands.merge import main as merge_main
+from mhc_parity.records.manifest import read_manifest
+from mhc_parity.records.store import RowStore
 from tests.cli_support import (
     ROOT,
     assert_one_line,
@@ -81,7 +81,7 @@ def test_a_file_size_limit_while_writing_reports_fails_the_run(case_file, comple
     limited = (
         "import os, resource, sys; "
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({REPORT_SIZE_LIMIT}, {REPORT_SIZE_LIMIT})); "
-        "os.execv(sys.executable, [sys.executable, '-m', 'harness', *sys.argv[1:]])"
+        "os.execv(sys.executable, [sys.executable, '-m', 'mhc_parity.harness', *sys.argv[1:]])"
     )
     proc = subprocess.run(
         [sys.executable, "-c", limited, *cheap_run_args(case_file, out)],
@@ -103,9 +103,9 @@ def test_a_full_disk_during_merge_is_one_line_and_the_folder_says_failed(
     for k, folder in enumerate(shards, 1):
         proc = run_cli(*cheap_run_args(case_file, folder, "--shard", f"{k}/2"))
         assert proc.returncode == 0, proc.stderr[-2000:]
-    import reports.writers
+    import mhc_parity.reports.writers
 
-    monkeypatch.setattr(reports.writers, "write_frame", full_disk)
+    monkeypatch.setattr(mhc_parity.reports.writers, "write_frame", full_disk)
     code = merge_main([str(tmp_path / "merged"), *map(str, shards)])
     assert_one_line(code, capsys.readouterr().err, "No space left on device")
     assert read_manifest(tmp_path / "merged").state == "failed"
@@ -211,11 +211,11 @@ sequence = 1048576
 streams = 4
 embedding = 128
 """
-# `python -c ADDRESS_SPACE_LIMITED ARGS...` runs `python -m harness ARGS...` under `ulimit -v` 6 GiB.
+# `python -c ADDRESS_SPACE_LIMITED ARGS...` runs `mhc-parity ARGS...` under `ulimit -v` 6 GiB.
 ADDRESS_SPACE_LIMITED = (
     "import os, resource, sys; "
     "resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'harness', *sys.argv[1:]])"
+    "os.execv(sys.executable, [sys.executable, '-m', 'mhc_parity.harness', *sys.argv[1:]])"
 )
 
 
@@ -332,7 +332,9 @@ def test_a_200k_tmpfs_as_out_ends_the_run_failed_and_resume_finishes_it(case_fil
     temporary file; copied out, the folder resumes."""
     mount, copy = tmp_path / "mnt", tmp_path / "copy"
     mount.mkdir()
-    run = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "harness", *cheap_run_args(case_file, mount / "run")])
+    run = " ".join(
+        shlex.quote(a) for a in [sys.executable, "-m", "mhc_parity.harness", *cheap_run_args(case_file, mount / "run")]
+    )
     script = (
         f"mount -t tmpfs -o size=200k tmpfs {shlex.quote(str(mount))} || exit 99; {run}; code=$?; "
         f"cp -a {shlex.quote(str(mount / 'run'))} {shlex.quote(str(copy))}; exit $code"
@@ -353,9 +355,9 @@ def _no_space(*args, **kwargs):
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch, writer, failing):
     """The writer of the manifest once left `manifest.json.tmp` behind when its write failed
     (0 bytes on the issue's full tmpfs), and so did the row stream's `keep`."""
-    from records.files import atomic_write
-    from records.manifest import manifest_path, write_manifest
-    from reports.samples import sample_manifest, sample_rows
+    from mhc_parity.records.files import atomic_write
+    from mhc_parity.records.manifest import manifest_path, write_manifest
+    from mhc_parity.reports.samples import sample_manifest, sample_rows
 
     if writer == "atomic_write":
         target, write = tmp_path / "file.json", lambda: atomic_write(tmp_path / "file.json", b"new")

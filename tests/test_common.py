@@ -1,4 +1,4 @@
-"""The shared numerics of mhc.common: permutations, the gate, the residual matrices."""
+"""The shared numerics of mhc_parity.mhc.common: permutations, the gate, the residual matrices."""
 
 import itertools
 
@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mhc import common
-from mhc.common import (
+from mhc_parity.mhc import common
+from mhc_parity.mhc.common import (
     MhcDims,
     UnsupportedInputError,
     compute_sigmoid_gate,

@@ -1,4 +1,4 @@
-"""Bounds with a stated false-positive rate: harness.judging.confidence, the draws' statistics
+"""Bounds with a stated false-positive rate: mhc_parity.harness.judging.confidence, the draws' statistics
 (error_statistics.effective_dof / statistic_dof / gain) and the policy's [confidence]."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.judging.confidence import Sensitivity, quantile
-from harness.judging.error_statistics import effective_dof, gain, statistic_dof
-from harness.judging.metrics import leaf_metrics
-from harness.judging.policy import PolicyError, load_policy, parse_policy
+from mhc_parity.harness.judging.confidence import Sensitivity, quantile
+from mhc_parity.harness.judging.error_statistics import effective_dof, gain, statistic_dof
+from mhc_parity.harness.judging.metrics import leaf_metrics
+from mhc_parity.harness.judging.policy import PolicyError, load_policy, parse_policy
 
 F32_EPS = 2.0**-23
 

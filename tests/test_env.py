@@ -1,15 +1,15 @@
-"""harness.env: the XLA flags take effect until the JAX backend starts, and never silently after."""
+"""mhc_parity.harness.env: the XLA flags take effect until the JAX backend starts, and never silently after."""
 
 from __future__ import annotations
 
-from harness.env import required_xla_flags
+from mhc_parity.harness.env import required_xla_flags
 from tests.cli_support import run_python
 
 
 def test_flags_set_after_importing_jax_take_effect_before_the_backend_starts():
     proc = run_python(
-        "import jax, harness.engine.paths\n"
-        "from harness.env import backend_started, ensure_host_devices\n"
+        "import jax, mhc_parity.harness.engine.paths\n"
+        "from mhc_parity.harness.env import backend_started, ensure_host_devices\n"
         "assert not backend_started()\n"
         "ensure_host_devices()\n"
         "print(len(jax.devices('cpu')), backend_started())\n"
@@ -19,7 +19,9 @@ def test_flags_set_after_importing_jax_take_effect_before_the_backend_starts():
 
 
 def test_a_backend_started_without_the_flags_is_an_error_not_other_numbers():
-    proc = run_python("import jax\njax.devices()\nfrom harness.env import ensure_host_devices\nensure_host_devices()\n")
+    proc = run_python(
+        "import jax\njax.devices()\nfrom mhc_parity.harness.env import ensure_host_devices\nensure_host_devices()\n"
+    )
     assert proc.returncode != 0
     assert "RuntimeError: the JAX backend started before XLA_FLAGS had" in proc.stderr
 
@@ -30,7 +32,7 @@ def test_flags_the_user_set_are_kept():
         flags += " --xla_cpu_max_isa=AVX2"
     proc = run_python(
         "import os, jax\n"
-        "from harness.env import ensure_host_devices\n"
+        "from mhc_parity.harness.env import ensure_host_devices\n"
         "ensure_host_devices()\n"
         "print(len(jax.devices('cpu')), os.environ['XLA_FLAGS'])\n",
         xla_flags=flags,
@@ -41,12 +43,12 @@ def test_flags_the_user_set_are_kept():
 
 def test_the_command_line_paces_the_garbage_collector():
     """Tracing allocates millions of short-lived objects: at Python's default thresholds the
-    cycle collector held the GIL for seconds of a run (harness.env.GC_THRESHOLDS). The
+    cycle collector held the GIL for seconds of a run (mhc_parity.harness.env.GC_THRESHOLDS). The
     workers: tests/test_worker_processes.py."""
     proc = run_python(
         "import contextlib, gc, io\n"
-        "from harness import cli\n"
-        "from harness.env import GC_THRESHOLDS\n"
+        "from mhc_parity.harness import cli\n"
+        "from mhc_parity.harness.env import GC_THRESHOLDS\n"
         "assert gc.get_threshold() != GC_THRESHOLDS\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    assert cli.main(['policy']) == 0\n"

@@ -9,15 +9,20 @@ import types
 
 import pytest
 
-from cases.catalogue import make_case
-from harness.engine.envelope import Envelope
-from harness.engine.implementations import ImplementationError, load_externals, load_implementations, wrap_external
-from harness.engine.paths import Path
-from harness.engine.plan import PathPlan, comparisons_of
-from harness.engine.runner import Runner, _last_frame
-from harness.engine.selection import inside_envelopes
-from harness.errors import UsageError
-from harness.judging.policy import load_policy
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.harness.engine.envelope import Envelope
+from mhc_parity.harness.engine.implementations import (
+    ImplementationError,
+    load_externals,
+    load_implementations,
+    wrap_external,
+)
+from mhc_parity.harness.engine.paths import Path
+from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
+from mhc_parity.harness.engine.runner import Runner, _last_frame
+from mhc_parity.harness.engine.selection import inside_envelopes
+from mhc_parity.harness.errors import UsageError
+from mhc_parity.harness.judging.policy import load_policy
 
 BF16_CASE = make_case(batch=2, sequence=128, dtype="bfloat16", block_tokens=64, block_tokens_bwd=32)
 ENVELOPE = Envelope(
@@ -73,7 +78,7 @@ def test_a_case_outside_the_envelope_is_unsupported_rows_and_never_runs():
 
 
 def test_a_rejection_inside_the_envelope_fails():
-    from mhc.common import UnsupportedInputError
+    from mhc_parity.mhc.common import UnsupportedInputError
 
     class Rejecting(_WholeLayer):
         def build(self, case, *, matmul_precision, mesh):
@@ -131,7 +136,7 @@ def test_an_error_row_names_the_innermost_frame_of_the_implementation_code(tmp_p
 
 
 def test_the_api_filters_a_suite_to_the_envelope():
-    from harness.api import prepare
+    from mhc_parity.harness.api import prepare
 
     prepared = prepare(_WholeLayer(), suite="default", inside_envelope=True)
     assert prepared.cases and all(ENVELOPE.case_reason(case) == "" for case in prepared.cases)

@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from reports import load_baseline, load_run
+from mhc_parity.reports import load_baseline, load_run
 from tests import scratch_venv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def _failures(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_the_copy_sees_the_installed_package_not_the_checkout(project):
-    code = "import json, sys, harness.pytest_plugin; print(json.dumps(sys.path))"
+    code = "import json, sys, mhc_parity.harness.pytest_plugin; print(json.dumps(sys.path))"
     found = subprocess.run(
         [sys.executable, "-c", code], cwd=project, env=_env(), capture_output=True, text=True, check=True
     ).stdout
@@ -176,13 +176,13 @@ def test_the_readme_s_two_commands_install_a_copy_in_a_new_venv_and_pass_there(t
 
 
 def test_the_plugin_is_the_installed_entry_point_registered_once(request):
-    import harness.pytest_plugin as plugin
+    import mhc_parity.harness.pytest_plugin as plugin
 
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
-    assert names.get("harness.pytest_plugin") == "harness.pytest_plugin"
+    assert names.get("mhc_parity.harness.pytest_plugin") == "mhc_parity.harness.pytest_plugin"
     manager = request.config.pluginmanager
     registered = [name for name, p in manager.list_name_plugin() if p is plugin]
-    assert registered == ["harness.pytest_plugin"]  # the conftest.py line did not register it again
+    assert registered == ["mhc_parity.harness.pytest_plugin"]  # the conftest.py line did not register it again
 
 
 def test_without_an_implementation_the_plugin_is_off(project):

@@ -1,4 +1,4 @@
-"""Faults, legitimate variants and `python -m harness faults` (kill matrix, sweep).
+"""Faults, legitimate variants and `mhc-parity faults` (kill matrix, sweep).
 
 Fast by design: the full catalogue on the default suite is `make faults`; here every
 perturbation is checked to patch and restore exactly its seams and to leave the paths
@@ -16,12 +16,12 @@ import math
 import numpy as np
 import pytest
 
-from cases.catalogue import make_case
-from harness.commands import faults as faults_cli
-from harness.engine.implementations import INTERPRET, REFERENCE
-from harness.engine.paths import Path
-from harness.engine.program_cache import ProgramCache
-from harness.faults import (
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.harness.commands import faults as faults_cli
+from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+from mhc_parity.harness.engine.paths import Path
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.faults import (
     CATALOGUE,
     FAULTS,
     VARIANTS,
@@ -31,11 +31,11 @@ from harness.faults import (
     Seam,
     SeamError,
 )
-from harness.faults import matrix as kill_matrix
-from harness.faults import seed_sweep as sweep
-from harness.faults.model import UnknownPerturbationError, select
-from reports.samples import measured_row
-from reports.sweep import calibration_table, headroom_table
+from mhc_parity.harness.faults import matrix as kill_matrix
+from mhc_parity.harness.faults import seed_sweep as sweep
+from mhc_parity.harness.faults.model import UnknownPerturbationError, select
+from mhc_parity.reports.samples import measured_row
+from mhc_parity.reports.sweep import calibration_table, headroom_table
 
 # Registry cases the CLI tests select by name. The kernels reject embedding 96 before
 # compiling anything (an expected-unsupported case), so only the reference path (and
@@ -58,7 +58,7 @@ def _no_op(name="test.no_op", legitimate=False) -> Perturbation:
     return Perturbation(
         name=name,
         description="test-only: patches the reference gate with itself",
-        patches=(Patch(Seam("mhc.reference", "compute_sigmoid_gate"), lambda original: original),),
+        patches=(Patch(Seam("mhc_parity.mhc.reference", "compute_sigmoid_gate"), lambda original: original),),
         implementations=("reference",),
         legitimate=legitimate,
     )
@@ -142,7 +142,7 @@ def test_missing_seam_is_reported_not_patched():
         name="test.missing",
         description="test",
         implementations=("reference",),
-        patches=(Patch(Seam("mhc.reference", "no_such_helper"), lambda original: original),),
+        patches=(Patch(Seam("mhc_parity.mhc.reference", "no_such_helper"), lambda original: original),),
     )
     with pytest.raises(SeamError, match="no_such_helper"):
         with broken.injected():
@@ -183,7 +183,7 @@ def test_scope_by_path_and_case(impls):
 @pytest.fixture(scope="module")
 def clean_outputs():
     """Leaves of the unmodified code: SMALL on both unsharded paths, SMALL_SHARDED on interpret."""
-    from cases.fixtures import make_fixture
+    from mhc_parity.cases.fixtures import make_fixture
 
     cache = ProgramCache()
     runs = {
@@ -205,7 +205,7 @@ def _assert_bit_identical(leaves, expected, what):
 def test_perturbation_leaves_the_paths_it_does_not_name_bit_identical(perturbation, clean_outputs):
     """A reference fault must not change the kernels, a kernel fault not the reference,
     a sharded-only fault not the unsharded kernel path, an external one neither."""
-    from cases.fixtures import make_fixture
+    from mhc_parity.cases.fixtures import make_fixture
 
     if perturbation.sharded_only:
         path, case, key = Path(INTERPRET, None), SMALL_SHARDED, "interpret_unsharded_big"
@@ -234,7 +234,7 @@ REPRESENTATIVE = (
 
 @pytest.fixture(scope="module")
 def representative(impls):
-    from harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy import load_policy
 
     policy = load_policy(None)
     shared, memo = kill_matrix.SharedInputs(), {}
@@ -295,8 +295,8 @@ def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impl
     layer_input by a third of what a 10% scale error does in RMS, so the gain criterion
     (the error along the leaf itself) is what fails the fault with a margin, and it must
     pass the variant."""
-    from cases import registry
-    from harness.judging.policy import load_policy
+    from mhc_parity.cases import registry
+    from mhc_parity.harness.judging.policy import load_policy
 
     case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
     policy, shared, memo = load_policy(None), kill_matrix.SharedInputs(), {}
@@ -520,7 +520,7 @@ def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
     document = json.loads((tmp_path / "kill_matrix.json").read_text())
     assert document["faults_ok"] == document["faults"] == 2 and document["ok"]
     written = results.read_text().splitlines()
-    assert written[0] == "# Fault kill matrix" and written[2].startswith("Written by `python -m harness faults ")
+    assert written[0] == "# Fault kill matrix" and written[2].startswith("Written by `mhc-parity faults ")
     assert "commit `" in written[2] and written[3].startswith("Machine: ")
     assert (tmp_path / "kill_matrix.md").read_text().partition("\n")[2].strip() in results.read_text()
 
@@ -554,7 +554,7 @@ def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     usages = [h["max_usage"] for h in document["headroom"] if h["max_usage"] is not None]
     assert usages and all(u <= 1 for u in usages)
     assert (tmp_path / "headroom.csv").exists() and (tmp_path / "sweep.md").exists()
-    assert "Written by `python -m harness faults " in results.read_text()
+    assert "Written by `mhc-parity faults " in results.read_text()
 
 
 def test_the_independent_gate_has_a_finite_gradient_where_it_saturates():
@@ -563,7 +563,7 @@ def test_the_independent_gate_has_a_finite_gradient_where_it_saturates():
     import jax
     import jax.numpy as jnp
 
-    from harness.faults import independent_mhc
+    from mhc_parity.harness.faults import independent_mhc
 
     z = jnp.asarray([-120.0, -90.0, 0.0, 90.0], jnp.float32)
     one = jnp.ones((), jnp.float32)

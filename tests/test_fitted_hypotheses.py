@@ -1,5 +1,5 @@
-"""Fitted hypotheses (an error of any size per token at one place, `mhc.oracle_fits`) and the
-narrow sums the backend orders itself (`mhc.oracle_roundings.BACKEND_ORDER`)."""
+"""Fitted hypotheses (an error of any size per token at one place, `mhc_parity.mhc.oracle_fits`) and the
+narrow sums the backend orders itself (`mhc_parity.mhc.oracle_roundings.BACKEND_ORDER`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cases import registry
-from cases.branches import get_branch
-from cases.fixtures import make_fixture
-from harness.engine.causes import HypothesisOracle, _fitted_in_units
-from harness.engine.oracle_path import leaves_as_draw, named_leaves
-from harness.judging.attribution import (
+from mhc_parity.cases import registry
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.causes import HypothesisOracle, _fitted_in_units
+from mhc_parity.harness.engine.oracle_path import leaves_as_draw, named_leaves
+from mhc_parity.harness.judging.attribution import (
     FIT_STEPS,
     FittedHypothesis,
     HypothesisErrors,
@@ -23,14 +23,14 @@ from harness.judging.attribution import (
     fitted_errors,
     scaled_errors,
 )
-from mhc import oracle
-from mhc.operation.oracle_draws import on_fixture
-from mhc.oracle_fits import BACKWARDS, site_response
-from mhc.oracle_roundings import BACKEND_ORDER, Accumulation, accumulation_codes
-from records.schema import UNEXPLAINED_CAUSE
+from mhc_parity.mhc import oracle
+from mhc_parity.mhc.operation.oracle_draws import on_fixture
+from mhc_parity.mhc.oracle_fits import BACKWARDS, site_response
+from mhc_parity.mhc.oracle_roundings import BACKEND_ORDER, Accumulation, accumulation_codes
+from mhc_parity.records.schema import UNEXPLAINED_CAUSE
 
-oracle_fits = importlib.import_module("mhc.oracle_fits")
-oracle_roundings = importlib.import_module("mhc.oracle_roundings")
+oracle_fits = importlib.import_module("mhc_parity.mhc.oracle_fits")
+oracle_roundings = importlib.import_module("mhc_parity.mhc.oracle_roundings")
 CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"  # a smooth branch: central differences hold
 
 

@@ -1,4 +1,4 @@
-"""cases.fixtures: bit-identical fixtures across processes, workers and the cache; cache safety."""
+"""mhc_parity.cases.fixtures: bit-identical fixtures across processes, workers and the cache; cache safety."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cases import fixtures
-from cases.fixtures import (
-    CACHE_ENV_VAR,
-    PROJECT_ROOT,
+from mhc_parity.cases import fixtures
+from mhc_parity.cases.fixtures import (
     cache_path,
     default_cache_dir,
     generate_fixture,
     make_fixture,
 )
-from cases.init_families import generate_masters
-from cases.spec import Case
-from mhc.types import WEIGHT_FIELDS, MhcWeights
+from mhc_parity.cases.init_families import generate_masters
+from mhc_parity.cases.spec import Case
+from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcWeights
+from mhc_parity.records.cache_root import CACHE_ENV_VAR
+from mhc_parity.records.manifest import PROJECT_ROOT
 
 CASE = Case(name="fx", batch=2, sequence=64, streams=4, embedding=128, dtype="bfloat16", branch="mlp")
 SINKHORN = Case(
@@ -43,8 +43,8 @@ def _subprocess_digests(cases: list[Case], env_extra: dict | None = None) -> lis
     code = textwrap.dedent(
         """
         import json, sys
-        from cases.fixtures import generate_fixture
-        from cases.spec import Case
+        from mhc_parity.cases.fixtures import generate_fixture
+        from mhc_parity.cases.spec import Case
         specs = json.loads(sys.argv[1])
         print(json.dumps([generate_fixture(Case(**s)).digest() for s in specs]))
         """
@@ -231,7 +231,7 @@ def test_corrupt_cache_entries_are_detected_and_regenerated(tmp_path, corrupt, c
     corrupt(path)
     with pytest.raises(fixtures.CorruptFixtureError):
         fixtures.load_cached_fixture(CASE, tmp_path)
-    with caplog.at_level("WARNING", logger="cases.fixtures"):
+    with caplog.at_level("WARNING", logger="mhc_parity.cases.fixtures"):
         assert make_fixture(CASE, cache_dir=tmp_path).digest() == expected
     assert "regenerating" in caplog.text
     assert fixtures.load_cached_fixture(CASE, tmp_path).digest() == expected  # rewritten, valid again
@@ -246,6 +246,21 @@ def test_default_cache_folder_and_environment_override(tmp_path, monkeypatch):
     assert cache_path(SINKHORN).parent == tmp_path / "fixtures" and cache_path(SINKHORN).exists()
 
 
+def test_an_installed_copy_caches_in_the_user_s_cache_folder_not_in_site_packages(tmp_path, monkeypatch):
+    # A checkout's root holds pyproject.toml; the folder an installed copy lives in does not.
+    from mhc_parity.records import cache_root as where
+
+    monkeypatch.delenv(CACHE_ENV_VAR, raising=False)
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(where, "PROJECT_ROOT", site)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert where.cache_root() == tmp_path / "xdg" / "mhc-parity"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "mhc-parity" / "fixtures"
+
+
 def test_unwritable_cache_still_returns_the_fixture(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -253,7 +268,7 @@ def test_unwritable_cache_still_returns_the_fixture(tmp_path):
 
 
 def test_expected_unsupported_shapes_still_get_fixtures():
-    from cases import registry
+    from mhc_parity.cases import registry
 
     for case in registry.default_registry():
         if case.expects_unsupported:
@@ -263,7 +278,7 @@ def test_expected_unsupported_shapes_still_get_fixtures():
 
 
 def test_unconstructible_shapes_raise_unsupported():
-    from mhc.common import UnsupportedInputError
+    from mhc_parity.mhc.common import UnsupportedInputError
 
     with pytest.raises(UnsupportedInputError, match="elements"):
         generate_fixture(Case(name="huge", batch=1, sequence=8, streams=9, embedding=1024))

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.gate import main
-from records.schema import row_key
-from reports import ReportInputError, load_baseline, write_baseline
-from reports.baseline import BASELINE_COLUMNS, header_line, render_baseline
-from reports.drift import DTYPE_EPSILON, growth, noise_floor
-from reports.gate import gate
-from reports.markdown import gate_markdown
-from reports.samples import sample_rows, write_sample_run
+from mhc_parity.harness.commands.gate import main
+from mhc_parity.records.schema import row_key
+from mhc_parity.reports import ReportInputError, load_baseline, write_baseline
+from mhc_parity.reports.baseline import BASELINE_COLUMNS, header_line, render_baseline
+from mhc_parity.reports.drift import DTYPE_EPSILON, growth, noise_floor
+from mhc_parity.reports.gate import gate
+from mhc_parity.reports.markdown import gate_markdown
+from mhc_parity.reports.samples import sample_rows, write_sample_run
 from tests.cli_support import as_format_1
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def write_run(folder: Path, rows: list[dict], policy_hash: str = "p1") -> Path:
-    """`rows` as a complete run folder, as `harness run` leaves one."""
+    """`rows` as a complete run folder, as `mhc-parity run` leaves one."""
     write_sample_run(rows, folder, metadata={"policy_hash": policy_hash}, policy_digest=policy_hash, rendered=False)
     return folder
 
@@ -443,10 +443,10 @@ def test_cli_usage_and_input_errors_exit_2(files, capsys):
 
 @pytest.mark.slow
 def test_one_baseline_command_and_the_gate_as_a_user_runs_them(files, tmp_path):
-    """`python -m harness baseline` is the one baseline command; `python -m reports` is no command."""
+    """`mhc-parity baseline` is the one baseline command; `python -m mhc_parity.reports` is no command."""
     target = tmp_path / "new" / "baseline.csv"
     made = subprocess.run(
-        [sys.executable, "-m", "harness", "baseline", "--from", str(files["current"]), "--to", str(target)],
+        [sys.executable, "-m", "mhc_parity.harness", "baseline", "--from", str(files["current"]), "--to", str(target)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -454,19 +454,28 @@ def test_one_baseline_command_and_the_gate_as_a_user_runs_them(files, tmp_path):
     assert made.returncode == 0, made.stderr
     assert load_baseline(target).policy_hash == "p1"
     checked = subprocess.run(
-        [sys.executable, "-m", "harness", "gate", "--baseline", str(target), "--current", str(files["current"])],
+        [
+            sys.executable,
+            "-m",
+            "mhc_parity.harness",
+            "gate",
+            "--baseline",
+            str(target),
+            "--current",
+            str(files["current"]),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
     )
     assert checked.returncode == 0, checked.stderr
     assert "gate PASS" in checked.stdout
-    assert subprocess.run([sys.executable, "-m", "reports"], cwd=REPO, capture_output=True).returncode != 0
+    assert subprocess.run([sys.executable, "-m", "mhc_parity.reports"], cwd=REPO, capture_output=True).returncode != 0
 
 
 def test_loaded_runs_and_baselines_are_accepted_everywhere(files, tmp_path):
     """What load_run / load_baseline return can be passed straight to write_baseline, gate and write_all."""
-    from reports import load_run, write_all
+    from mhc_parity.reports import load_run, write_all
 
     run_dir = write_run(tmp_path / "run", passing_rows(), policy_hash="p9")
     target = write_baseline(load_run(run_dir), tmp_path / "from-run.csv")
@@ -496,7 +505,7 @@ def grown_d_x(row: dict) -> dict:
 
 
 def baseline_main(*argv) -> int:
-    from harness.commands.baseline import main as baseline_command
+    from mhc_parity.harness.commands.baseline import main as baseline_command
 
     return baseline_command([str(a) for a in argv])
 
@@ -504,7 +513,7 @@ def baseline_main(*argv) -> int:
 def test_a_baseline_file_is_not_a_current_run(files, capsys):
     """A baseline carries no manifest, so taken as --current it skipped the manifest and code
     checks: `gate --baseline B --current B` passed in any checkout."""
-    from harness.commands.render import main as render_main
+    from mhc_parity.harness.commands.render import main as render_main
     from tests.cli_support import assert_one_line
 
     for command in (
@@ -540,8 +549,8 @@ def test_a_baseline_in_a_run_folder_is_not_that_run(files, capsys):
 def test_baseline_from_refuses_one_shard_of_a_run(files, capsys):
     """`run --shard 1/2` then `baseline --from` wrote half the rows as the baseline, against
     which a regression in the other half passed: a shard must be merged first."""
-    from records.manifest import read_manifest
-    from reports.samples import sample_manifest
+    from mhc_parity.records.manifest import read_manifest
+    from mhc_parity.reports.samples import sample_manifest
     from tests.cli_support import assert_one_line
 
     rows = [r for r in passing_rows() if r["case"] == "bf16_small"]
@@ -549,7 +558,9 @@ def test_baseline_from_refuses_one_shard_of_a_run(files, capsys):
     shard = dataclasses.replace(sample_manifest(rows), shard="1/2", shard_of=whole, shard_of_digest="sample")
     write_sample_run(rows, files["dir"] / "shard1", manifest=shard, rendered=False)
     code = baseline_main("--from", files["dir"] / "shard1", "--to", files["dir"] / "shard1.csv")
-    assert_one_line(code, capsys.readouterr().err, "is shard 1/2 of a run", "merge the shards first", "harness merge")
+    assert_one_line(
+        code, capsys.readouterr().err, "is shard 1/2 of a run", "merge the shards first", "mhc-parity merge"
+    )
     assert not (files["dir"] / "shard1.csv").exists()
     unfinished = dataclasses.replace(sample_manifest(rows), state="interrupted", reason="SIGINT")
     write_sample_run(rows, files["dir"] / "stopped", manifest=unfinished, rendered=False)
@@ -608,7 +619,7 @@ def test_every_header_field_a_verdict_depends_on_is_inside_the_digest(files, cap
 def test_a_current_format_baseline_without_a_policy_is_refused(files, capsys, policy):
     """`policy_hash=-` disabled the policy check with only a note; a baseline now always names
     its policy (sealed anew here, as a writer that left it out would)."""
-    from reports.baseline import sealed
+    from mhc_parity.reports.baseline import sealed
     from tests.cli_support import assert_one_line
 
     lines = files["baseline"].read_text().splitlines(keepends=True)
@@ -624,8 +635,8 @@ def test_a_current_format_baseline_without_a_policy_is_refused(files, capsys, po
 
 def test_run_reads_a_legacy_baseline_only_with_the_legacy_flag(files, capsys):
     """`run --baseline` refuses a legacy file before any compute, naming the flag it accepts."""
-    from harness.commands.run import main as run_main
-    from harness.commands.run import run_parser
+    from mhc_parity.harness.commands.run import main as run_main
+    from mhc_parity.harness.commands.run import run_parser
     from tests.cli_support import REFERENCE_ONLY_CASE, assert_one_line
 
     downgraded = as_format_1(files["baseline"], files["dir"] / "legacy-for-run.csv", grown_d_x)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import jax
 import pytest
 
-from cases.spec import Case
-from harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
-from harness.engine.runner import PathPlan, Runner
-from harness.judging.policy import load_policy
-from harness.pytest_plugin import leaf_table
-from records.schema import OK_VERDICTS
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
+from mhc_parity.harness.engine.runner import PathPlan, Runner
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.pytest_plugin import leaf_table
+from mhc_parity.records.schema import OK_VERDICTS
 
 DTYPES = ("float32", "bfloat16")
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from harness.cli import main as cli_main
-from records.schema import ROW_COLUMNS
-from records.store import RowStore
-from reports.samples import write_sample_run
+from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.records.schema import ROW_COLUMNS
+from mhc_parity.records.store import RowStore
+from mhc_parity.reports.samples import write_sample_run
 from tests.cli_support import BROKEN_IMPL_RUN, load_jsonl, run_cli
 
 
@@ -160,11 +160,11 @@ def test_resume_refuses_a_stream_that_is_not_rows(tmp_path):
 def test_a_policy_gap_the_plan_missed_stops_the_run_as_a_configuration_error(tmp_path, capsys, monkeypatch):
     """The backstop behind the up-front coverage check: judging a leaf without a rule
     stops the run with exit 2 and an interrupted manifest, never a traceback or exit 1."""
-    import harness.engine.selection
-    from records.manifest import read_manifest
+    import mhc_parity.harness.engine.selection
+    from mhc_parity.records.manifest import read_manifest
     from tests.cli_support import REFERENCE_ONLY_CASE
 
-    monkeypatch.setattr(harness.engine.selection, "uncovered_judgements", lambda policy, cases, plan: [])
+    monkeypatch.setattr(mhc_parity.harness.engine.selection, "uncovered_judgements", lambda policy, cases, plan: [])
     policy = tmp_path / "policy.toml"
     policy.write_text(
         'version = 2\n[[rule]]\ncomparison = "vs_oracle"\ndtype = "*"\nleaf_kind = "output"\n'
@@ -209,7 +209,7 @@ def test_the_baseline_command_refuses_an_empty_run(tmp_path, capsys):
 
 
 def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_path):
-    from records.outputs import WRITER_LOCK_FILE, WriterLock
+    from mhc_parity.records.outputs import WRITER_LOCK_FILE, WriterLock
     from tests.cli_support import REFERENCE_ONLY_CASE
 
     out = tmp_path / "out"
@@ -226,13 +226,13 @@ def test_a_second_run_into_a_folder_being_written_exits_2_naming_the_holder(tmp_
         "run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--out", out, "--quiet"
     )
     assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
-    assert "python -m harness run" in (out / WRITER_LOCK_FILE).read_text()
+    assert "mhc-parity run" in (out / WRITER_LOCK_FILE).read_text()
 
 
 def test_the_api_refuses_to_write_reports_into_a_folder_being_written(tmp_path):
-    from harness.api import ParityRun
-    from harness.errors import ReportError
-    from records.outputs import WriterLock
+    from mhc_parity.harness.api import ParityRun
+    from mhc_parity.harness.errors import ReportError
+    from mhc_parity.records.outputs import WriterLock
 
     run = ParityRun.__new__(ParityRun)  # only write_reports' refusal is exercised: nothing is written
     object.__setattr__(run, "manifest", type("M", (), {"command_line": "test"})())
@@ -261,7 +261,7 @@ def test_resume_of_a_complete_run_refuses_a_stream_its_manifest_did_not_count(tm
 def _planted_lock(out, target, how: str) -> None:
     """`out`'s writer lock made a link to `target` (or a file of someone else's), as a hostile
     folder could hold."""
-    from records.outputs import WRITER_LOCK_FILE
+    from mhc_parity.records.outputs import WRITER_LOCK_FILE
 
     out.mkdir()
     lock = out / WRITER_LOCK_FILE
@@ -275,7 +275,7 @@ def _planted_lock(out, target, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["symlink", "hard link", "foreign content"])
 def test_a_writer_lock_that_is_not_ours_is_refused_and_its_target_untouched(tmp_path, capsys, how):
-    from records.outputs import WRITER_LOCK_FILE
+    from mhc_parity.records.outputs import WRITER_LOCK_FILE
     from tests.cli_support import REFERENCE_ONLY_CASE, assert_one_line
 
     target = tmp_path / "precious.txt"
@@ -292,7 +292,7 @@ def test_a_writer_lock_that_is_not_ours_is_refused_and_its_target_untouched(tmp_
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1", "twenty"])
 def test_heartbeat_must_be_a_finite_positive_number_of_seconds(value, capsys):
-    from harness.commands.run import run_parser
+    from mhc_parity.harness.commands.run import run_parser
 
     with pytest.raises(SystemExit) as stopped:
         run_parser().parse_args([f"--heartbeat={value}"])  # with "=": argparse reads "-inf" as an option
@@ -321,8 +321,8 @@ def _closed_stdout_run(command: list[str]):
 @pytest.fixture
 def failing_gate(tmp_path) -> list[str]:
     """`gate` arguments whose verdict is FAIL: one leaf's oracle error tripled since the baseline."""
-    from reports import write_baseline
-    from reports.samples import sample_rows
+    from mhc_parity.reports import write_baseline
+    from mhc_parity.reports.samples import sample_rows
 
     passing = [dict(r) for r in sample_rows() if r["verdict"] in ("pass", "skip", "unsupported")]
     baseline = write_baseline(passing, tmp_path / "baseline.csv", policy_hash="p1")
@@ -345,7 +345,7 @@ def test_a_closed_stdout_pipe_ends_quietly_with_141_never_0(command, failing_gat
 
     arguments = {"gate FAIL": failing_gate, "policy --table": ["policy", "--table"], "--help": ["--help"]}
     if command == "cases list":
-        argv = [sys.executable, "-m", "cases", "list", "--suite", "default"]
+        argv = [sys.executable, "-m", "mhc_parity.cases", "list", "--suite", "default"]
     else:
         argv = harness_command(*arguments[command])
     proc = _closed_stdout_run(argv)
@@ -357,11 +357,13 @@ def test_version_prints_the_installed_version_and_exits_0(capsys):
     import importlib.metadata
     import pathlib
 
+    import mhc_parity
     from tests.cli_support import harness_command
 
     expected = f"mhc-parity {importlib.metadata.version('mhc-parity')}\n"
     assert cli_main(["--version"]) == 0
     assert capsys.readouterr().out == expected
+    assert f"mhc-parity {mhc_parity.__version__}\n" == expected
     script = pathlib.Path(sys.executable).with_name("mhc-parity")  # the console script, where installed
     for argv in (harness_command("--version"), [str(script), "--version"] if script.exists() else None):
         if argv is not None:
@@ -373,7 +375,8 @@ def test_version_falls_back_to_the_checkout_s_pyproject_when_not_installed(monke
     import importlib.metadata
     import tomllib
 
-    from harness import cli
+    import mhc_parity
+    from mhc_parity import version
     from tests.cli_support import ROOT
 
     def not_installed(name):
@@ -381,6 +384,30 @@ def test_version_falls_back_to_the_checkout_s_pyproject_when_not_installed(monke
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert pyproject["name"] == cli.DISTRIBUTION
-    assert cli.version() == pyproject["version"]
-    assert cli.pyproject_version(tmp_path / "pyproject.toml") == "unknown"
+    assert pyproject["name"] == version.DISTRIBUTION
+    assert version.PYPROJECT == ROOT / "pyproject.toml"
+    assert version.version() == mhc_parity.__version__ == pyproject["version"]
+    assert version.pyproject_version(tmp_path / "pyproject.toml") == "unknown"
+
+
+def test_the_command_imports_from_the_working_directory_first_as_python_m_does(monkeypatch, tmp_path):
+    """The `mhc-parity` script's sys.path starts with its bin folder, not the working directory:
+    `--impl my_module:factory` from the repository holding `my_module` needs it put there."""
+    import os
+    import types
+
+    from mhc_parity.harness import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or os.curdir) != str(tmp_path)])
+    cli.import_from_working_directory()
+    assert sys.path[0] == str(tmp_path)
+    cli.import_from_working_directory()
+    assert sys.path.count(str(tmp_path)) == 1, "already there: not added again"
+    monkeypatch.setattr(sys, "path", [""] + sys.path[1:])  # `python -c`'s spelling of the working directory
+    cli.import_from_working_directory()
+    assert str(tmp_path) not in sys.path
+    monkeypatch.setattr(sys, "path", sys.path[1:])
+    monkeypatch.setattr(sys, "flags", types.SimpleNamespace(safe_path=True))  # python -P: left off, as for -m
+    cli.import_from_working_directory()
+    assert str(tmp_path) not in sys.path and "" not in sys.path

@@ -1,4 +1,4 @@
-"""The dtype a path holds a leaf in, as evidence of a narrow sum (`harness.judging.held_precision`).
+"""The dtype a path holds a leaf in, as evidence of a narrow sum (`mhc_parity.harness.judging.held_precision`).
 
 Where two paths each lie within their rounding model but differ by more than their comparison
 allows, both holding the leaf in bfloat16 (which the model does not allow) names the one
@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.judging.held_precision import HeldDraw, held_in, ordered_sum_holding
+from mhc_parity.harness.judging.held_precision import HeldDraw, held_in, ordered_sum_holding
 
 BF16_VALUES = np.array([0.5, -1.25, 3.0, 0.0], dtype=np.float32)  # every one a bfloat16 number
 RESIDUAL_SUMS = "round:gate_weight/residual_gate:forward:bfloat16:backend_sums"
@@ -104,8 +104,8 @@ def maxtext_leaves():
     runner hands them to `annotate_causes` (this project's reference, MaxText's released and fixed
     reference paths, unsharded and sharded)."""
     pytest.importorskip("maxtext")
-    import harness.engine.runner as runner
-    from harness.api import run_parity
+    import mhc_parity.harness.engine.runner as runner
+    from mhc_parity.harness.api import run_parity
 
     seen = {}
     original = runner.annotate_causes
@@ -118,7 +118,7 @@ def maxtext_leaves():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "annotate_causes", capturing)
         run = run_parity(
-            "maxtext_parity:implementations",
+            "mhc_parity.maxtext_parity:implementations",
             suite="maxtext",
             cases=[MAXTEXT_CASE],
             paths=["reference/*", "maxtext-layer-reference/*", "maxtext-layer-reference-fixed/*"],

@@ -9,17 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cases.branches import get_branch
-from cases.fixtures import make_fixture
-from cases.spec import Case
-from harness.engine import devices
-from harness.engine.devices import PlacementError, choose_devices, device_label, needs_host, precision_label
-from harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
-from harness.engine.oracle_path import run_oracle_path
-from harness.engine.paths import Path
-from harness.engine.plan import PathPlan, comparisons_of
-from harness.engine.program_cache import ProgramCache
-from mhc import oracle
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine import devices
+from mhc_parity.harness.engine.devices import PlacementError, choose_devices, device_label, needs_host, precision_label
+from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
+from mhc_parity.harness.engine.oracle_path import run_oracle_path
+from mhc_parity.harness.engine.paths import Path
+from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.mhc import oracle
 
 SMALL = Case(name="placement-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
 
@@ -128,9 +128,9 @@ def test_a_cpu_backend_never_falls_back_and_too_few_devices_is_a_skip_reason():
 def test_the_plan_moves_sharded_paths_to_the_host_with_their_unsharded_twins(monkeypatch):
     case = Case(name="placement-sharded", batch=2, sequence=64, streams=4, embedding=128, mesh=(2, 4))
     plan = PathPlan((REFERENCE, INTERPRET, MOSAIC))
-    monkeypatch.setattr("harness.engine.plan.host_fallback", lambda needed: False)
+    monkeypatch.setattr("mhc_parity.harness.engine.plan.host_fallback", lambda needed: False)
     assert "@cpu" not in " ".join(p.name for p in plan.paths_for(case))
-    monkeypatch.setattr("harness.engine.plan.host_fallback", lambda needed: True)
+    monkeypatch.setattr("mhc_parity.harness.engine.plan.host_fallback", lambda needed: True)
     paths = plan.paths_for(case)
     names = [p.name for p in paths]
     assert names == [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE, load_external
+from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE, load_external
 from tests.implementation_base import CASES, ImplementationChecks, check_rows, implementation_rows
 
 
@@ -29,7 +29,7 @@ class TestMosaic(ImplementationChecks):
 class TestIndependentExternal(ImplementationChecks):
     """An external implementation whose context has no h_pre: its other leaves are judged."""
 
-    implementation = load_external("harness.faults.independent_mhc:factory")
+    implementation = load_external("mhc_parity.harness.faults.independent_mhc:factory")
 
 
 @pytest.mark.slow

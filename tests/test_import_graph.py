@@ -1,6 +1,7 @@
 """The imports form a DAG, the packages are layered, and modules import at the top.
 
-Layers (a package may import only the ones listed for it; docs/ARCHITECTURE.md):
+Layers (a package may import only the ones listed for it; docs/ARCHITECTURE.md), each a
+subpackage of `mhc_parity` but `bench`:
 
     mhc      the system under test                      nothing of the project
     records  row schema, manifests, row stores (no JAX)  nothing of the project
@@ -9,13 +10,16 @@ Layers (a package may import only the ones listed for it; docs/ARCHITECTURE.md):
     harness  the engine, the API, the command line       mhc, cases, records, reports
     bench    scripts                                     any
 
+The namespace's own modules (`mhc_parity/__init__.py`, `mhc_parity/version.py`) import
+nothing of the subpackages, and any package may import them.
+
 Inside `harness`, the engine (`ENGINE`: what plans, computes, judges, stores and runs
 processes) imports neither `reports` nor what sits above it (the API, the commands, the
 pytest plugin); the API and the plugin import no command.
 
 Every import counts, at a module's top or inside a function (`if TYPE_CHECKING:` blocks
 do not: they never run). XLA reads its flags when the JAX backend starts, not when jax is
-imported (harness.env), so modules import at the top and importing them starts nothing.
+imported (mhc_parity.harness.env), so modules import at the top and importing them starts nothing.
 """
 
 from __future__ import annotations
@@ -28,42 +32,63 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LAYERS = {
+NAMESPACE = "mhc_parity"
+_SUBPACKAGES = {
     "mhc": set(),
     "records": set(),
     "reports": {"records"},
     "cases": {"mhc", "records"},
     "harness": {"mhc", "cases", "records", "reports"},
     "maxtext_parity": {"mhc", "cases", "records", "harness"},
-    "bench": {"mhc", "cases", "records", "harness", "reports"},
+}
+# Package (module name) -> the packages it may import, besides the namespace's own modules.
+LAYERS = {
+    NAMESPACE: set(),
+    **{f"{NAMESPACE}.{name}": {f"{NAMESPACE}.{below}" for below in imports} for name, imports in _SUBPACKAGES.items()},
+    "bench": {f"{NAMESPACE}.{name}" for name in ("mhc", "cases", "records", "harness", "reports")},
 }
 ENGINE = (
-    "harness.engine",
-    "harness.judging",
-    "harness.stores",
-    "harness.processes",
-    "harness.faults",
-    "harness.env",
-    "harness.errors",
+    "mhc_parity.harness.engine",
+    "mhc_parity.harness.judging",
+    "mhc_parity.harness.stores",
+    "mhc_parity.harness.processes",
+    "mhc_parity.harness.faults",
+    "mhc_parity.harness.env",
+    "mhc_parity.harness.errors",
 )
 ABOVE_ENGINE = (
-    "reports",
-    "harness.api",
-    "harness.commands",
-    "harness.cli",
-    "harness.pytest_plugin",
-    "harness.plugin",
-    "harness",
+    "mhc_parity.reports",
+    "mhc_parity.harness.api",
+    "mhc_parity.harness.commands",
+    "mhc_parity.harness.cli",
+    "mhc_parity.harness.pytest_plugin",
+    "mhc_parity.harness.plugin",
+    "mhc_parity.harness",
 )
-COMMANDS = ("harness.commands", "harness.cli")
+COMMANDS = ("mhc_parity.harness.commands", "mhc_parity.harness.cli")
 # Function-level imports that stay, and why (module path, imported module).
 DEFERRED_IMPORTS = {
-    ("mhc/layer.py", "mhc.kernels"): "the reference path must not need Pallas",
-    ("harness/__init__.py", "harness.api"): "`python -m harness gate|render` import the package, not JAX",
-    ("harness/commands/baseline.py", "harness.commands.run"): "`baseline --from` must not load JAX; `--impl` runs",
-    ("harness/commands/baseline.py", "harness.engine.implementations"): "as above: `--impl` loads the implementation",
-    ("harness/plugin/session.py", "harness.api"): "installed in every pytest run, off unless asked: no JAX",
-    ("harness/processes/watchdog.py", "records.manifest"): "a watchdog starts with each run; a stuck one needs it",
+    ("mhc_parity/mhc/layer.py", "mhc_parity.mhc.kernels"): "the reference path must not need Pallas",
+    (
+        "mhc_parity/harness/__init__.py",
+        "mhc_parity.harness.api",
+    ): "`mhc-parity gate|render` import the package, not JAX",
+    (
+        "mhc_parity/harness/commands/baseline.py",
+        "mhc_parity.harness.commands.run",
+    ): "`baseline --from` must not load JAX; `--impl` runs",
+    (
+        "mhc_parity/harness/commands/baseline.py",
+        "mhc_parity.harness.engine.implementations",
+    ): "as above: `--impl` loads the implementation",
+    (
+        "mhc_parity/harness/plugin/session.py",
+        "mhc_parity.harness.api",
+    ): "installed in every pytest run, off unless asked: no JAX",
+    (
+        "mhc_parity/harness/processes/watchdog.py",
+        "mhc_parity.records.manifest",
+    ): "a watchdog starts with each run; a stuck one needs it",
 }
 
 
@@ -71,11 +96,18 @@ def project_modules() -> dict[str, pathlib.Path]:
     """Module name -> file of every module of the layered packages."""
     modules = {}
     for package in LAYERS:
-        for path in sorted((ROOT / package).rglob("*.py")):
+        folder = ROOT.joinpath(*package.split("."))
+        # The namespace's own modules are its top-level files; its folders are the subpackages.
+        for path in sorted(folder.glob("*.py") if package == NAMESPACE else folder.rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             modules[name] = path
     return modules
+
+
+def package_of(module: str) -> str:
+    """The layer `module` belongs to: the innermost package of `LAYERS` holding it."""
+    return max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
 
 
 def _runtime_nodes(tree: ast.AST):
@@ -156,7 +188,8 @@ def test_packages_import_only_the_layers_below_them():
         f"{module} imports {target}"
         for module, targets in import_graph().items()
         for target in targets
-        if (package := module.split(".")[0]) != (other := target.split(".")[0]) and other not in LAYERS[package]
+        if (package := package_of(module)) != (other := package_of(target))
+        and other not in LAYERS[package] | {NAMESPACE}
     )
     assert not wrong, wrong
 
@@ -180,7 +213,8 @@ def test_the_api_and_the_plugin_import_no_command():
     wrong = sorted(
         f"{module} imports {target}"
         for module, targets in import_graph().items()
-        if module in ("harness.api", "harness.pytest_plugin") or _within(module, ("harness.plugin",))
+        if module in ("mhc_parity.harness.api", "mhc_parity.harness.pytest_plugin")
+        or _within(module, ("mhc_parity.harness.plugin",))
         for target in targets
         if _within(target, COMMANDS)
     )
@@ -196,20 +230,20 @@ def test_modules_import_at_the_top():
         if not at_top
     )
     unexplained = [entry for entry in deferred if entry not in DEFERRED_IMPORTS]
-    assert not unexplained, f"imports inside functions: {unexplained} (import at the top, see harness.env)"
+    assert not unexplained, f"imports inside functions: {unexplained} (import at the top, see mhc_parity.harness.env)"
     assert set(deferred) == set(DEFERRED_IMPORTS), "DEFERRED_IMPORTS names an import that is gone"
 
 
 @pytest.mark.slow
 def test_importing_every_module_starts_no_jax_backend():
-    """So any entry point may set the XLA flags after its imports (harness.env)."""
+    """So any entry point may set the XLA flags after its imports (mhc_parity.harness.env)."""
     names = sorted(name for name in project_modules() if not name.endswith("__main__") and not name.startswith("bench"))
     code = (
         "import importlib, os, sys\n"
         "os.environ.pop('XLA_FLAGS', None)\n"
         f"for name in {names!r}:\n"
         "    importlib.import_module(name)\n"
-        "from harness.env import backend_started\n"
+        "from mhc_parity.harness.env import backend_started\n"
         "assert 'jax' in sys.modules and not backend_started(), 'a module started the JAX backend on import'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

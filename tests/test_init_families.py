@@ -1,4 +1,4 @@
-"""cases.init_families and cases.branches: each family does what its docstring claims."""
+"""mhc_parity.cases.init_families and mhc_parity.cases.branches: each family does what its docstring claims."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cases.branches import BRANCHES, get_branch
-from cases.fixtures import generate_fixture
-from cases.init_families import INIT_FAMILIES, generate_masters, get_init_family
-from cases.spec import Case
-from mhc.common import DEFAULT_RMS_EPSILON, permutation_matrices
+from mhc_parity.cases.branches import BRANCHES, get_branch
+from mhc_parity.cases.fixtures import generate_fixture
+from mhc_parity.cases.init_families import INIT_FAMILIES, generate_masters, get_init_family
+from mhc_parity.cases.spec import Case
+from mhc_parity.mhc.common import DEFAULT_RMS_EPSILON, permutation_matrices
 
 
 def _case(**changes) -> Case:

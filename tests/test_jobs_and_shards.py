@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from cases import registry
-from harness.commands.merge import ShardRun, merged_metadata, where_they_differ
-from harness.processes.shards import Shard, parse_shard, shard_cases
-from records.manifest import read_manifest
+from mhc_parity.cases import registry
+from mhc_parity.harness.commands.merge import ShardRun, merged_metadata, where_they_differ
+from mhc_parity.harness.processes.shards import Shard, parse_shard, shard_cases
+from mhc_parity.records.manifest import read_manifest
 from tests.cli_support import CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
 
 CHEAP_PATHS = ("--paths", "reference/*", "--no-lowering")
@@ -50,7 +50,7 @@ def test_a_malformed_shard_is_refused(text):
 
 @pytest.mark.parametrize("text, jobs", [("1", 1), ("3", 3), ("auto", "auto"), (" AUTO ", "auto")])
 def test_jobs_is_a_count_or_auto(text, jobs):
-    from harness.commands.run import parse_jobs
+    from mhc_parity.harness.commands.run import parse_jobs
 
     assert parse_jobs(text) == jobs
 
@@ -60,8 +60,8 @@ def test_jobs_is_a_count_or_auto(text, jobs):
     [("0", "at least 1"), ("-2", "at least 1"), ("two", "whole number or 'auto'"), ("", "whole number or 'auto'")],
 )
 def test_a_bad_jobs_value_is_a_usage_error(text, message):
-    from harness.commands.run import parse_jobs
-    from harness.errors import UsageError
+    from mhc_parity.harness.commands.run import parse_jobs
+    from mhc_parity.harness.errors import UsageError
 
     with pytest.raises(UsageError, match=message):
         parse_jobs(text)
@@ -70,7 +70,7 @@ def test_a_bad_jobs_value_is_a_usage_error(text, message):
 def test_auto_jobs_is_a_worker_per_core_within_memory_and_cases(monkeypatch):
     import jax
 
-    from harness.processes import parallel
+    from mhc_parity.harness.processes import parallel
 
     monkeypatch.setattr(parallel.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(parallel, "available_memory_bytes", lambda: 100 * parallel.WORKER_MEMORY_BYTES)
@@ -87,7 +87,7 @@ def test_auto_jobs_is_a_worker_per_core_within_memory_and_cases(monkeypatch):
 
 
 def test_the_available_memory_is_read_on_linux():
-    from harness.processes.parallel import available_memory_bytes
+    from mhc_parity.harness.processes.parallel import available_memory_bytes
 
     memory = available_memory_bytes()
     assert memory is None or memory > 0
@@ -137,7 +137,7 @@ def test_jobs_2_gives_the_rows_of_one_process_in_the_same_order(case_file, tmp_p
 def test_jobs_auto_runs_as_many_workers_as_auto_jobs_says(case_file, cheap_single, tmp_path):
     import json
 
-    from harness.processes.parallel import auto_jobs
+    from mhc_parity.harness.processes.parallel import auto_jobs
 
     out = tmp_path / "auto"
     _run(case_file, out, *CHEAP_PATHS, "--jobs", "auto")

@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.engine.leaves import leaf_kind, weight_leaf
-from harness.judging.metrics import leaf_metrics
-from harness.judging.policy import load_policy
-from mhc import oracle, reference
-from mhc.common import UnsupportedInputError
-from mhc.kernels import KernelConfig, post, pre
-from mhc.types import WEIGHT_FIELDS, MhcConfig, MhcContext
+from mhc_parity.harness.engine.leaves import leaf_kind, weight_leaf
+from mhc_parity.harness.judging.metrics import leaf_metrics
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.mhc import oracle, reference
+from mhc_parity.mhc.common import UnsupportedInputError
+from mhc_parity.mhc.kernels import KernelConfig, post, pre
+from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcConfig, MhcContext
 from tests.support import random_activations, random_weights
 
 CONFIG = MhcConfig(4, 128)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mhc import reference
-from mhc.common import UnsupportedInputError
-from mhc.layer import IDENTITY_BIAS_LOGIT, INITIAL_GATE_SCALE, ManifoldConstrainedHyperConnections
-from mhc.types import GATE_FIELDS, MATMUL_FIELDS, WEIGHT_FIELDS, MhcWeights
+from mhc_parity.mhc import reference
+from mhc_parity.mhc.common import UnsupportedInputError
+from mhc_parity.mhc.layer import IDENTITY_BIAS_LOGIT, INITIAL_GATE_SCALE, ManifoldConstrainedHyperConnections
+from mhc_parity.mhc.types import GATE_FIELDS, MATMUL_FIELDS, WEIGHT_FIELDS, MhcWeights
 from tests.support import random_activations, random_weights
 
 

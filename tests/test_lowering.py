@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mhc.kernels import KernelConfig, forward
-from mhc.kernels.lowering import PROGRAMS, abstract_tpu_mesh, lower_for_tpu, lower_kernel_programs
-from mhc.types import MhcConfig
+from mhc_parity.mhc.kernels import KernelConfig, forward
+from mhc_parity.mhc.kernels.lowering import PROGRAMS, abstract_tpu_mesh, lower_for_tpu, lower_kernel_programs
+from mhc_parity.mhc.types import MhcConfig
 
 CONFIG = MhcConfig(4, 256)
 KERNEL = KernelConfig(block_tokens=64, block_tokens_bwd=32, block_features=128)

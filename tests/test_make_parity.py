@@ -21,14 +21,15 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def planned_run(*arguments: str, target: str = "parity") -> str:
-    """The `harness run` command line `make -n TARGET ARGUMENTS` prints (SUITE and BASELINE
+    """The `mhc-parity run` command line `make -n TARGET ARGUMENTS` prints (SUITE and BASELINE
     taken from the arguments only, not from this process's environment)."""
     env = {k: v for k, v in os.environ.items() if k not in ("SUITE", "BASELINE", "OUT", "JOBS")}
     printed = subprocess.run(
         ["make", "-n", target, *arguments], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert printed.returncode == 0, printed.stderr
-    (line,) = [line for line in printed.stdout.splitlines() if " -m harness run " in line]
+    (line,) = [line for line in printed.stdout.splitlines() if " run " in line and "mhc-parity" in line]
+    assert line.startswith(".venv/bin/mhc-parity run "), line  # the documented command, the console script
     return line
 
 

@@ -1,4 +1,4 @@
-"""records.manifest and what trusts it (reports.sources): states, differences, refusals."""
+"""mhc_parity.records.manifest and what trusts it (mhc_parity.reports.sources): states, differences, refusals."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from cases.catalogue import make_case
-from harness.judging.policy import load_policy
-from records.code import external_code_files
-from records.manifest import (
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.records.code import external_code_files
+from mhc_parity.records.manifest import (
     COMPLETE,
     INTERRUPTED,
     RUNNING,
@@ -18,11 +18,12 @@ from records.manifest import (
     Manifest,
     ManifestError,
     RunRequest,
+    in_code_dirs,
     read_manifest,
     write_manifest,
 )
-from reports import ReportInputError, load_run
-from reports.samples import sample_rows, write_sample_run
+from mhc_parity.reports import ReportInputError, load_run
+from mhc_parity.reports.samples import sample_rows, write_sample_run
 from tests.cli_support import scale_one_metric_in_report
 
 CASES = [make_case(streams=3, batch=1, sequence=32), make_case(batch=2, sequence=64, mesh=(2, 4), block_tokens=8)]
@@ -49,7 +50,7 @@ def manifest(cases=CASES, **changes) -> Manifest:
         cases=cases,
         path_names=["reference/unsharded"],
         policy=load_policy(),
-        command_line="python -m harness run --out x",
+        command_line="mhc-parity run --out x",
     )
 
 
@@ -89,11 +90,26 @@ def test_differences_name_what_changed():
     edited = [dataclasses.replace(CASES[0], batch=2), CASES[1]]  # same name, another spec
     assert base.differences(manifest(cases=edited)) == ["case specs differ under the same names (an edited case file?)"]
     files = dict(base.code_files)
-    files["mhc/layer.py"] = "0" * 64
+    files["mhc_parity/mhc/layer.py"] = "0" * 64
     changed = dataclasses.replace(base, code_files=tuple(files.items()), code_digest="x")
-    assert base.differences(changed) == ["code under test: mhc/layer.py changed"]
-    assert changed.changed_code_files() == ["mhc/layer.py"]
+    assert base.differences(changed) == ["code under test: mhc_parity/mhc/layer.py changed"]
+    assert changed.changed_code_files() == ["mhc_parity/mhc/layer.py"]
     assert base.changed_code_files() == []
+
+
+def test_code_files_are_the_namespace_s_code_packages_by_project_relative_path():
+    """Module `mhc_parity.harness.x` is the file `mhc_parity/harness/x.py`: a manifest keys the
+    project's sources so, and a run recorded before the packages moved under `mhc_parity/`
+    (with top-level keys) has all its recorded project files changed, never matched."""
+    keys = set(dict(manifest().code_files))
+    assert {key.split("/")[1] for key in keys} == {"mhc", "cases", "records", "harness"}
+    assert all(key.startswith("mhc_parity/") and in_code_dirs(key) for key in keys)
+    old_top = "harness"  # the package's top-level name before the move
+    assert not in_code_dirs("mhc_parity/reports/gate.py") and not in_code_dirs(f"{old_top}/cli.py")
+    assert not in_code_dirs("mhc_parity/harness.py"), "a folder's name, not a prefix of a file's"
+    files = {key.removeprefix("mhc_parity/"): sha for key, sha in manifest().code_files}
+    before_the_move = dataclasses.replace(manifest(), code_files=tuple(files.items()))
+    assert f"{old_top}/cli.py" in files and set(before_the_move.changed_code_files()) >= set(files)
 
 
 def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
@@ -108,12 +124,12 @@ def test_code_digest_covers_the_packages_and_external_modules(tmp_path):
         command_line="",
     )
     keys = dict(with_external.code_files)
-    assert {"mhc/layer.py", "cases/spec.py", "harness/engine/runner.py"} <= set(keys)
+    assert {"mhc_parity/mhc/layer.py", "mhc_parity/cases/spec.py", "mhc_parity/harness/engine/runner.py"} <= set(keys)
     assert module.resolve().as_posix() in keys
     assert with_external.code_digest != manifest().code_digest
 
 
-# ----------------------------------------------------------------------------- reports.sources
+# ----------------------------------------------------------------------------- mhc_parity.reports.sources
 
 
 @pytest.fixture

@@ -21,17 +21,17 @@ from jax.experimental import pallas as pl
 from jaxpr_audit import dot_sites, implicit_precision_dots, trace
 from support import random_activations, random_weights
 
-from cases.branches import BRANCHES
-from cases.fixtures import make_fixture
-from cases.spec import Case
-from harness.engine.devices import host_fallback, path_placement
-from harness.engine.implementations import INTERPRET, REFERENCE
-from harness.engine.paths import Path, _build_program, _place
-from mhc import kernels, oracle
-from mhc.kernels import KernelConfig
-from mhc.kernels.lowering import abstract_tpu_mesh, kernel_programs
-from mhc.precision import MATMUL_PRECISIONS, dot_precision
-from mhc.types import MhcConfig
+from mhc_parity.cases.branches import BRANCHES
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine.devices import host_fallback, path_placement
+from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+from mhc_parity.harness.engine.paths import Path, _build_program, _place
+from mhc_parity.mhc import kernels, oracle
+from mhc_parity.mhc.kernels import KernelConfig
+from mhc_parity.mhc.kernels.lowering import abstract_tpu_mesh, kernel_programs
+from mhc_parity.mhc.precision import MATMUL_PRECISIONS, dot_precision
+from mhc_parity.mhc.types import MhcConfig
 
 Precision = jax.lax.Precision
 PAIR = {"highest": (Precision.HIGHEST, Precision.HIGHEST), "default": (Precision.DEFAULT, Precision.DEFAULT)}
@@ -82,7 +82,7 @@ def test_the_walk_finds_an_implicit_dot_inside_jit_shard_map_custom_vjp_and_pall
 
 
 def test_the_walk_fails_on_the_reference_program_when_a_helper_drops_its_precision(monkeypatch):
-    monkeypatch.setattr("mhc.common.dot_precision", lambda dtype, setting="highest": None)
+    monkeypatch.setattr("mhc_parity.mhc.common.dot_precision", lambda dtype, setting="highest": None)
     jaxpr = trace(*_harness_program(REFERENCE, None, "float32", "highest"))
     with pytest.raises(AssertionError, match="without an explicit precision"):
         _assert_all_dots_state(jaxpr, "highest")

@@ -6,7 +6,7 @@ fails on the gate parameters' gradients (their scales and biases rounded to bflo
 its kernel path and the public kernel API are `error` rows naming the tracer error, the
 kernels' token-sharded lowering fails naming the missing shard_map. With the upstream
 fixes applied at run time, every row passes: the reference path's two sums MaxText leaves
-to the backend are its declared precision choices (`maxtext_parity.fixes.
+to the backend are its declared precision choices (`mhc_parity.maxtext_parity.fixes.
 REFERENCE_PRECISION_CHOICES`, made where the backend probe finds them narrow;
 tests/test_maxtext_defects.py measures each op on its own).
 """
@@ -19,7 +19,7 @@ import json
 import pandas as pd
 import pytest
 
-from maxtext_parity.fixes import REFERENCE_PRECISION_CHOICES
+from mhc_parity.maxtext_parity.fixes import REFERENCE_PRECISION_CHOICES
 from tests.cli_support import run_cli
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def rows(tmp_path_factory) -> pd.DataFrame:
         "--suite",
         "maxtext",
         "--impl",
-        "maxtext_parity:implementations",
+        "mhc_parity.maxtext_parity:implementations",
         "--paths",
         "reference/*",
         "maxtext-*",

@@ -1,4 +1,4 @@
-"""The two sums `maxtext_parity.fixes.REFERENCE_PRECISION_CHOICES` declares, each measured on its own op.
+"""The two sums `mhc_parity.maxtext_parity.fixes.REFERENCE_PRECISION_CHOICES` declares, each measured on its own op.
 
 MaxText's reference asks for a bfloat16 result of the fused projection (an einsum) and of
 the post-gate broadcast product, leaving the accumulation to the backend; the VJP of

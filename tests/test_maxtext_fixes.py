@@ -1,4 +1,4 @@
-"""`maxtext_parity.fixes`: the run-time changes apply only while this thread traces a fixed path."""
+"""`mhc_parity.maxtext_parity.fixes`: the run-time changes apply only while this thread traces a fixed path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from maxtext.kernels.mhc import api
 
-from maxtext_parity.fixes import KernelCalls, kernel_calls, permutation_constant
+from mhc_parity.maxtext_parity.fixes import KernelCalls, kernel_calls, permutation_constant
 
 CONFIG = api.MhcKernelConfig(block_size=128, bwd_block_size=32)
 

@@ -1,5 +1,5 @@
 """MaxText's known import noise stays off stdout, and nothing else it prints is lost
-(`maxtext_parity.import_noise`, a run-time accommodation)."""
+(`mhc_parity.maxtext_parity.import_noise`, a run-time accommodation)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from maxtext_parity.import_noise import KNOWN_NOISE, NOISY_MODULE, import_quietly, without_known_noise
+from mhc_parity.maxtext_parity.import_noise import KNOWN_NOISE, NOISY_MODULE, import_quietly, without_known_noise
 from tests.cli_support import ROOT
 
 
@@ -30,7 +30,7 @@ def test_the_installed_maxtext_prints_the_known_line_at_import():
 
 @pytest.mark.slow
 def test_importing_the_adapter_prints_no_no_op_line():
-    printed = _stdout_of_importing("maxtext_parity")
+    printed = _stdout_of_importing("mhc_parity.maxtext_parity")
     assert "[NO-OP]" not in printed, printed
 
 

@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "maxtext.md"
 SECTION = "## From MaxText's own pytest"
 CASE = "lite-n4-c128-b2s128-bf16-w32-identity-bf16_inexact_gates-bt64-btb32"
-QUICK = ("--parity-impl", "maxtext_parity:layer_reference_fixed", "-k", CASE)
+QUICK = ("--parity-impl", "mhc_parity.maxtext_parity:layer_reference_fixed", "-k", CASE)
 # The lines of MaxText's pytest.ini (its repository's root) that change how pytest loads a
 # test module and its marks; the recipe's lines go below them.
 MAXTEXT_PYTEST_INI = """[pytest]

@@ -1,4 +1,4 @@
-"""harness.judging.metrics on hand-made arrays: every metric, NaN/Inf/zeros, bfloat16 ULP edges."""
+"""mhc_parity.harness.judging.metrics on hand-made arrays: every metric, NaN/Inf/zeros, bfloat16 ULP edges."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.judging.metrics import DTYPE_FORMATS, LeafMetrics, MetricsMemo, dtype_name, eps, leaf_metrics, ulp_spacing
-from records import schema
-from records.manifest import PROJECT_ROOT
+from mhc_parity.harness.judging.metrics import (
+    DTYPE_FORMATS,
+    LeafMetrics,
+    MetricsMemo,
+    dtype_name,
+    eps,
+    leaf_metrics,
+    ulp_spacing,
+)
+from mhc_parity.records import schema
+from mhc_parity.records.manifest import PROJECT_ROOT
 
 BF16 = ml_dtypes.bfloat16
 F32_EPS = 2.0**-23
@@ -338,7 +346,7 @@ def test_row_fields_are_exactly_the_schema_metric_columns():
 
 
 def test_systematic_error_separates_a_shared_shift_from_per_token_noise():
-    from harness.judging.metrics import systematic_error
+    from mhc_parity.harness.judging.metrics import systematic_error
 
     rng = np.random.default_rng(0)
     expected = rng.normal(size=(4, 128, 3))
@@ -352,7 +360,7 @@ def test_systematic_error_separates_a_shared_shift_from_per_token_noise():
 
 
 def test_systematic_error_edge_cases():
-    from harness.judging.metrics import systematic_error
+    from mhc_parity.harness.judging.metrics import systematic_error
 
     ones = np.ones((8, 4))
     assert systematic_error(ones, ones) == (0.0, 0.0)
@@ -381,8 +389,8 @@ def test_leaf_metrics_record_systematic_error_only_for_token_major_leaves():
 _BLAS_PROBE = """
 import dataclasses, sys
 import numpy as np
-from harness.judging.metrics import leaf_metrics
-from harness.engine.oracle_path import leaf_sensitivity
+from mhc_parity.harness.judging.metrics import leaf_metrics
+from mhc_parity.harness.engine.oracle_path import leaf_sensitivity
 rng = np.random.default_rng(7)
 exact = rng.standard_normal(1 << 16)
 candidate = (exact + 1e-3 * rng.standard_normal(exact.size)).astype(np.float32)
@@ -416,7 +424,7 @@ def _fields(metrics: LeafMetrics) -> list[str]:
 
 
 def test_a_memo_gives_the_same_metrics_and_computes_each_piece_once(monkeypatch):
-    import harness.judging.metrics as metrics_module
+    import mhc_parity.harness.judging.metrics as metrics_module
 
     rng = np.random.default_rng(3)
     oracle = rng.standard_normal((4, 8, 3))

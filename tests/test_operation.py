@@ -1,6 +1,6 @@
-"""The seam between the engine and the operation under test (harness.engine.operation).
+"""The seam between the engine and the operation under test (mhc_parity.harness.engine.operation).
 
-The mHC layer serves the interface from `mhc.operation`; the engine, the judging, the
+The mHC layer serves the interface from `mhc_parity.mhc.operation`; the engine, the judging, the
 stores, the processes, the records and the reports name none of its leaves or weights
 (outside docstrings and comments), so what is mHC-specific has one home.
 """
@@ -14,18 +14,25 @@ import types
 import numpy as np
 import pytest
 
-from cases.catalogue import make_case
-from cases.fixtures import make_fixture
-from harness.engine.leaves import FORWARD_LEAVES, INTERMEDIATE_LEAVES, leaf_kind
-from harness.engine.operation import OPERATION, Operation
-from harness.engine.oracle_path import run_oracle_path
-from mhc.types import WEIGHT_FIELDS
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, INTERMEDIATE_LEAVES, leaf_kind
+from mhc_parity.harness.engine.operation import OPERATION, Operation
+from mhc_parity.harness.engine.oracle_path import run_oracle_path
+from mhc_parity.mhc.types import WEIGHT_FIELDS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The code that must not know the operation: every module of these folders.
-OPERATION_FREE = ("harness/engine", "harness/judging", "harness/stores", "harness/processes", "records", "reports")
+OPERATION_FREE = (
+    "mhc_parity/harness/engine",
+    "mhc_parity/harness/judging",
+    "mhc_parity/harness/stores",
+    "mhc_parity/harness/processes",
+    "mhc_parity/records",
+    "mhc_parity/reports",
+)
 # A hand-made row set for tests, made to look like a real run's rows.
-SAMPLE_DATA = {"reports/samples.py"}
+SAMPLE_DATA = {"mhc_parity/reports/samples.py"}
 MHC_NAMES = (
     {"h_pre", "h_post", "h_res", "layer_input", "MhcWeights", "MhcConfig", "MhcContext"}
     | {"ManifoldConstrainedHyperConnections"}
@@ -84,7 +91,7 @@ def test_the_engine_judging_stores_records_and_reports_name_no_mhc_leaf_or_weigh
     files = [p for folder in OPERATION_FREE for p in sorted((ROOT / folder).rglob("*.py"))]
     assert len(files) > 40, "control: the folders were read"
     found = [hit for p in files if p.relative_to(ROOT).as_posix() not in SAMPLE_DATA for hit in _named_in_code(p)]
-    assert not found, f"mHC names outside the operation (harness.engine.operation is the seam): {found}"
+    assert not found, f"mHC names outside the operation (mhc_parity.harness.engine.operation is the seam): {found}"
 
 
 def test_the_name_finder_sees_a_name_in_code(tmp_path):

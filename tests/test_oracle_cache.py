@@ -9,13 +9,13 @@ import shutil
 import numpy as np
 import pytest
 
-from cases.fixtures import Fixture, make_fixture
-from cases.spec import Case
-from harness.engine.oracle_path import OracleOutputs, run_oracle_path
-from harness.judging.confidence import Sensitivity
-from harness.stores import oracle_cache
-from harness.stores.oracle_cache import OracleCache
-from records.manifest import PROJECT_ROOT
+from mhc_parity.cases.fixtures import Fixture, make_fixture
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine.oracle_path import OracleOutputs, run_oracle_path
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.stores import oracle_cache
+from mhc_parity.harness.stores.oracle_cache import OracleCache
+from mhc_parity.records.manifest import PROJECT_ROOT
 from tests.support import project_files_run
 
 CASE = Case(name="oracle-cache-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
@@ -80,7 +80,7 @@ def test_a_changed_oracle_source_misses(tmp_path, fixture):
         (edited / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(PROJECT_ROOT / name, edited / name)
     assert oracle_cache.oracle_source_digest(edited) == oracle_cache.oracle_source_digest()
-    with (edited / "mhc/oracle.py").open("a") as handle:
+    with (edited / "mhc_parity/mhc/oracle.py").open("a") as handle:
         handle.write("\n# an edit\n")
     cache = OracleCache(tmp_path / "oracle", compute, source_root=edited)
     cache(CASE, fixture)
@@ -185,17 +185,22 @@ def test_the_real_oracle_round_trips_bit_for_bit(tmp_path, fixture):
 
 def test_the_oracle_sources_cover_every_file_an_answer_is_computed_with():
     """Tracing and running the oracle (a shape no other test uses, so it is traced here)
-    runs project code only from `oracle_sources()`, besides cases/spec.py, whose values
+    runs project code only from `oracle_sources()`, besides mhc_parity/cases/spec.py, whose values
     (dtypes, math configuration) are key material: an edit anywhere else cannot change an
     answer, so the cache may keep it."""
     case = Case(name="oracle-sources", batch=1, sequence=12, streams=3, embedding=40, branch="mlp", seed=5)
     fixture = make_fixture(case)
     ran = project_files_run(lambda: run_oracle_path(case, fixture))
-    assert "mhc/oracle.py" in ran and "cases/branches.py" in ran  # control: the profile sees the oracle
-    # cases/spec.py: key material; harness/engine/run_info.py: JAX's compile-event listener (it
+    assert (
+        "mhc_parity/mhc/oracle.py" in ran and "mhc_parity/cases/branches.py" in ran
+    )  # control: the profile sees the oracle
+    # mhc_parity/cases/spec.py: key material; mhc_parity/harness/engine/run_info.py: JAX's compile-event listener (it
     # counts compiles) when another test of this process registered it.
     sources = set(oracle_cache.oracle_sources())
-    assert ran - {"cases/spec.py", "harness/engine/run_info.py", "tests/test_oracle_cache.py"} <= sources, (
-        f"the oracle ran code from {sorted(ran - sources)}, which harness.engine.oracle_path does not import "
-        f"at import time (or the operation lists as a program's only: PROGRAM_MODULES)"
+    assert (
+        ran - {"mhc_parity/cases/spec.py", "mhc_parity/harness/engine/run_info.py", "tests/test_oracle_cache.py"}
+        <= sources
+    ), (
+        f"the oracle ran code from {sorted(ran - sources)}, which mhc_parity.harness.engine.oracle_path "
+        f"does not import at import time (or the operation lists as a program's only: PROGRAM_MODULES)"
     )

@@ -3,7 +3,7 @@
 Run a different suite with `pytest --parity-suite default tests/test_parity_matrix.py`.
 """
 
-from harness.pytest_plugin import check_parity
+from mhc_parity.harness.pytest_plugin import check_parity
 
 
 def test_parity(parity_check):

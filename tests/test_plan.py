@@ -1,4 +1,4 @@
-"""The planned matrix (harness.engine.plan) and the progress heartbeat (harness.commands.progress)."""
+"""The planned matrix (mhc_parity.harness.engine.plan) and the progress heartbeat (commands.progress)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from cases import registry
-from cases.catalogue import make_case
-from harness.commands.progress import Progress
-from harness.engine.implementations import BUILTIN
-from harness.engine.plan import PathPlan, planned_leaves, uncovered_judgements, unmatched_path_globs
-from harness.judging.policy import load_policy, parse_policy
-from reports import load_baseline
+from mhc_parity.cases import registry
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.harness.commands.progress import Progress
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.engine.plan import PathPlan, planned_leaves, uncovered_judgements, unmatched_path_globs
+from mhc_parity.harness.judging.policy import load_policy, parse_policy
+from mhc_parity.reports import load_baseline
 from tests.cli_support import ROOT
 
 PLAN = PathPlan(implementations=tuple(BUILTIN.values()))

@@ -1,4 +1,4 @@
-"""harness.judging.policy and .bounds: file validation, rule precedence, each rule kind across its bound, NaN."""
+"""mhc_parity.harness.judging.policy and .bounds: file validation, rule precedence, each rule kind, NaN."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.judging.bounds import KINDS, usage_of
-from harness.judging.confidence import Sensitivity
-from harness.judging.metrics import LeafMetrics, leaf_metrics
-from harness.judging.policy import (
+from mhc_parity.harness.judging.bounds import KINDS, usage_of
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.judging.metrics import LeafMetrics, leaf_metrics
+from mhc_parity.harness.judging.policy import (
     DEFAULT_POLICY_PATH,
     PARTITIONINGS,
     POLICY_COMPARISONS,
@@ -24,8 +24,8 @@ from harness.judging.policy import (
     load_policy,
     parse_policy,
 )
-from records import schema
-from records.text import format_number
+from mhc_parity.records import schema
+from mhc_parity.records.text import format_number
 
 F32_EPS = 2.0**-23
 BF16_EPS = 2.0**-7
@@ -432,7 +432,7 @@ def test_version_1_files_are_refused_saying_what_changed():
 
 
 def test_every_rule_kind_is_a_class_the_packaged_policy_uses():
-    """No unused kinds: each kind of harness.judging.bounds judges some rule of the packaged file."""
+    """No unused kinds: each kind of mhc_parity.harness.judging.bounds judges some rule of the packaged file."""
     used = {rule.kind for rule in load_policy().rules}
     assert used == set(KINDS)
     for kind in KINDS.values():

@@ -1,13 +1,13 @@
-"""`python -m harness policy`: every resolved bound as a table, and docs/tolerances.md kept current."""
+"""`mhc-parity policy`: every resolved bound as a table, and docs/tolerances.md kept current."""
 
 from __future__ import annotations
 
 import pathlib
 
-from harness.cli import main as cli_main
-from harness.commands.policy import DOC_PATH, markdown, matrix_judgements, table_lines
-from harness.engine.plan import JudgementKey
-from harness.judging.policy import load_policy, parse_policy
+from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.harness.commands.policy import DOC_PATH, markdown, matrix_judgements, table_lines
+from mhc_parity.harness.engine.plan import JudgementKey
+from mhc_parity.harness.judging.policy import load_policy, parse_policy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_policy_command_checks_prints_the_table_and_refuses_a_policy_with_gaps(t
 
 def test_a_changed_number_moves_its_lines():
     policy = load_policy()
-    text = (ROOT / "harness" / "judging" / "tolerances.toml").read_text(encoding="utf-8")
+    text = (ROOT / "mhc_parity" / "harness" / "judging" / "tolerances.toml").read_text(encoding="utf-8")
     changed = parse_policy(
         text.replace("max_rel_ulps = 64\nratio_sensitivity = 16", "max_rel_ulps = 65\nratio_sensitivity = 16", 1)
     )

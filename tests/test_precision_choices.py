@@ -1,5 +1,5 @@
-"""Declared precision choices (harness.engine.precision_choices) and the backend probe they
-may rest on (harness.engine.backend_probe): a choice joins its own implementation's rounding
+"""Declared precision choices (mhc_parity.harness.engine.precision_choices) and the backend probe they
+may rest on (mhc_parity.harness.engine.backend_probe): a choice joins its own implementation's rounding
 model, so it widens that implementation's bounds by what it explains, and no one else's."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import types
 import numpy as np
 import pytest
 
-from harness.engine.backend_probe import EXACT_SUM, PROBE_TERMS, LayoutSum, probe_backend, probe_record
-from harness.engine.implementations import load_external, wrap_external
-from harness.engine.precision_choices import PrecisionChoice, declared_effects, precision_record
-from harness.errors import ConfigurationError
-from harness.judging.bounds import UlpsOfMax
-from harness.judging.confidence import Sensitivity
+from mhc_parity.harness.engine.backend_probe import EXACT_SUM, PROBE_TERMS, LayoutSum, probe_backend, probe_record
+from mhc_parity.harness.engine.implementations import load_external, wrap_external
+from mhc_parity.harness.engine.precision_choices import PrecisionChoice, declared_effects, precision_record
+from mhc_parity.harness.errors import ConfigurationError
+from mhc_parity.harness.judging.bounds import UlpsOfMax
+from mhc_parity.harness.judging.confidence import Sensitivity
 from tests import external_impls
 from tests.implementation_base import CASES, implementation_rows
 

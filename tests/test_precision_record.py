@@ -1,6 +1,6 @@
 """The matmul precision as a case axis and as part of a run's record.
 
-mhc.precision's rules; Case / TOML / MhcConfig fields; the effective precision of a
+mhc_parity.mhc.precision's rules; Case / TOML / MhcConfig fields; the effective precision of a
 "default" case on this CPU (rows, metadata); the baseline header and the gate's refusal
 to compare runs made at different precisions.
 """
@@ -14,34 +14,34 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cases import spec
-from cases.fixtures import cache_key
-from cases.registry import Registry
-from cases.spec import Case, CaseSpecError
-from cases.toml_cases import CaseFileError, register_case_file
-from harness.commands.gate import main as gate_main
-from harness.engine.implementations import INTERPRET, REFERENCE
-from harness.engine.run_info import run_metadata
-from harness.engine.runner import PathPlan, Runner
-from harness.judging.policy import load_policy
-from mhc import precision
-from mhc.precision import dot_precision, effective_matmul_precision, operand_rounding
-from mhc.types import MhcConfig
-from records.environment import (
+from mhc_parity.cases import spec
+from mhc_parity.cases.fixtures import cache_key
+from mhc_parity.cases.registry import Registry
+from mhc_parity.cases.spec import Case, CaseSpecError
+from mhc_parity.cases.toml_cases import CaseFileError, register_case_file
+from mhc_parity.harness.commands.gate import main as gate_main
+from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+from mhc_parity.harness.engine.run_info import run_metadata
+from mhc_parity.harness.engine.runner import PathPlan, Runner
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.mhc import precision
+from mhc_parity.mhc.precision import dot_precision, effective_matmul_precision, operand_rounding
+from mhc_parity.mhc.types import MhcConfig
+from mhc_parity.records.environment import (
     LEGACY_MATMUL_PRECISION,
     format_precision_record,
     precision_conflicts,
     run_precision,
 )
-from reports import load_baseline, load_rows, to_frame, write_baseline
-from reports.samples import sample_rows, write_sample_run
-from reports.sources import load_baseline_or_run, load_run
+from mhc_parity.reports import load_baseline, load_rows, to_frame, write_baseline
+from mhc_parity.reports.samples import sample_rows, write_sample_run
+from mhc_parity.reports.sources import load_baseline_or_run, load_run
 
 Precision = jax.lax.Precision
 BASE = dict(batch=1, sequence=16, streams=2, embedding=128)
 
 
-# ------------------------------------------------------------------------ mhc.precision
+# ------------------------------------------------------------------------ mhc_parity.mhc.precision
 
 
 def test_dot_precision_follows_the_setting_for_float32_and_bfloat16_and_is_highest_for_float64():
@@ -159,7 +159,7 @@ def test_a_default_precision_case_runs_as_highest_on_the_cpu_and_says_so():
 
 
 def test_the_oracles_rounding_model_takes_the_operand_rounding_of_the_paths_backend(monkeypatch):
-    from harness.engine import oracle_path
+    from mhc_parity.harness.engine import oracle_path
 
     highest = Case(name="prec-highest", **BASE)
     default = highest.replace(name="prec-default", matmul_precision="default")
@@ -270,7 +270,7 @@ def test_a_legacy_baseline_gates_a_cpu_run_but_refuses_a_tpu_one(tmp_path, capsy
 
 
 def test_rows_written_before_the_precision_and_devices_columns_stay_readable(tmp_path):
-    from records.schema import LATER_COLUMNS, ROW_COLUMNS
+    from mhc_parity.records.schema import LATER_COLUMNS, ROW_COLUMNS
 
     old = tmp_path / "old.jsonl"
     old.write_text(

@@ -1,7 +1,7 @@
 """The compiled-program cache keeps a bounded number of programs, least recently used out.
 
 Unbounded, a long run kept every XLA executable alive and a one-process kill matrix over
-the full suite ran out of memory mappings (harness/engine/program_cache.py MAX_CACHED_PROGRAMS).
+the full suite ran out of memory mappings (mhc_parity/harness/engine/program_cache.py MAX_CACHED_PROGRAMS).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from harness.engine.program_cache import MAX_CACHED_PROGRAMS, ProgramCache
+from mhc_parity.harness.engine.program_cache import MAX_CACHED_PROGRAMS, ProgramCache
 
 
 def _tiny_program(offset: float):
@@ -55,10 +55,10 @@ def test_prepared_programs_run_as_if_compiled_on_first_use_and_report_their_comp
     """`prepare` compiles a case's programs concurrently; each `run` then reports the time
     its program took and computes what a program compiled on first use computes. A path
     that cannot run is left for `run` to report."""
-    from cases.fixtures import make_fixture
-    from cases.spec import Case
-    from harness.engine.implementations import INTERPRET, REFERENCE
-    from harness.engine.paths import Path
+    from mhc_parity.cases.fixtures import make_fixture
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+    from mhc_parity.harness.engine.paths import Path
 
     case = Case(name="prepare-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
     fixture = make_fixture(case)
@@ -80,10 +80,10 @@ def test_prepared_programs_run_as_if_compiled_on_first_use_and_report_their_comp
 def test_a_program_that_fails_to_build_ahead_raises_its_error_from_run_without_building_again(monkeypatch):
     """The error of a program obtained ahead reaches `run` as it was raised in the pool
     thread; the program is not traced a second time to meet it again."""
-    import harness.engine.paths as paths
-    from cases.fixtures import make_fixture
-    from cases.spec import Case
-    from harness.engine.implementations import REFERENCE
+    import mhc_parity.harness.engine.paths as paths
+    from mhc_parity.cases.fixtures import make_fixture
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine.implementations import REFERENCE
 
     case = Case(name="prepare-fails", batch=1, sequence=16, streams=2, embedding=128)
     builds = []
@@ -104,7 +104,7 @@ def test_a_program_that_fails_to_build_ahead_raises_its_error_from_run_without_b
 # a sharded one, and one the kernels reject (the rejection comes from a program obtained
 # ahead, in a pool thread).
 def _ahead_cases():
-    from cases.spec import Case
+    from mhc_parity.cases.spec import Case
 
     return [
         Case(name="ahead-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),
@@ -124,8 +124,8 @@ def _ahead_cases():
 
 
 def _ahead_plan():
-    from harness.engine.implementations import INTERPRET, REFERENCE
-    from harness.engine.plan import PathPlan
+    from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+    from mhc_parity.harness.engine.plan import PathPlan
 
     return PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
 
@@ -142,8 +142,8 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     """`Runner.run` starts the programs of the next cases in a thread pool before their turn
     (all of cases 0..COMPILE_AHEAD_CASES when case 0 starts); its rows equal those of
     `run_case` called case by case, rejections and sharded paths included."""
-    from harness.engine.runner import COMPILE_AHEAD_CASES, Runner
-    from harness.judging.policy import load_policy
+    from mhc_parity.harness.engine.runner import COMPILE_AHEAD_CASES, Runner
+    from mhc_parity.harness.judging.policy import load_policy
 
     cases, plan = _ahead_cases(), _ahead_plan()
     assert COMPILE_AHEAD_CASES + 1 < len(cases)  # the last case is started only later
@@ -169,9 +169,9 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
     raised is reported by the case's rows exactly as `run_case` reports it."""
     import threading
 
-    from harness.engine.runner import Runner
-    from harness.judging.policy import load_policy
-    from harness.stores.oracle_cache import OracleCache
+    from mhc_parity.harness.engine.runner import Runner
+    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.stores.oracle_cache import OracleCache
 
     cases, plan = _ahead_cases(), _ahead_plan()
     calls, lock = [], threading.Lock()
@@ -206,8 +206,8 @@ def test_a_run_left_early_stops_its_compile_threads():
     finished programs (nothing stays pending, no compile thread lives on)."""
     import threading
 
-    from harness.engine.runner import Runner
-    from harness.judging.policy import load_policy
+    from mhc_parity.harness.engine.runner import Runner
+    from mhc_parity.harness.judging.policy import load_policy
 
     runner = Runner(load_policy())
     run = runner.run(_ahead_cases(), _ahead_plan())
@@ -227,11 +227,11 @@ def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
     hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes."""
     import threading
 
-    import harness.engine.runner
-    from harness.engine.runner import Runner
-    from harness.judging.policy import load_policy
+    import mhc_parity.harness.engine.runner
+    from mhc_parity.harness.engine.runner import Runner
+    from mhc_parity.harness.judging.policy import load_policy
 
-    monkeypatch.setattr(harness.engine.runner, "STOP_GRACE_S", 0.2)
+    monkeypatch.setattr(mhc_parity.harness.engine.runner, "STOP_GRACE_S", 0.2)
     runner = Runner(load_policy())
     cases = _ahead_cases()
     stuck = threading.Event()

@@ -13,21 +13,21 @@ import jax
 import numpy as np
 import pytest
 
-from cases.fixtures import make_fixture
-from cases.spec import Case
-from harness.engine.devices import path_placement
-from harness.engine.implementations import INTERPRET, REFERENCE
-from harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
-from harness.engine.program_cache import ProgramCache
-from harness.stores import program_store
-from harness.stores.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
-from harness.stores.program_store import LoweringStore, ProgramStore
-from mhc.common import UnsupportedInputError
-from mhc.kernels.lowering import LoweringResult
-from records.code import closure_digest, import_closure
-from records.manifest import PROJECT_ROOT
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine.devices import path_placement
+from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.stores import program_store
+from mhc_parity.harness.stores.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
+from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
+from mhc_parity.mhc.common import UnsupportedInputError
+from mhc_parity.mhc.kernels.lowering import LoweringResult
+from mhc_parity.records.code import closure_digest, import_closure
+from mhc_parity.records.manifest import PROJECT_ROOT
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
-from tests.support import project_files_run
+from tests.support import copy_project, project_files_run
 
 CASE = Case(name="program-store-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
 SHARDED = Case(name="program-store-sharded", batch=2, sequence=16, streams=2, embedding=128, branch="mlp", mesh=(2, 1))
@@ -124,12 +124,12 @@ def test_a_rejected_input_is_stored_and_raised_again_without_tracing(tmp_path, m
     case, path = dataclasses.replace(CASE, embedding=96), Path(INTERPRET)
     with pytest.raises(UnsupportedInputError) as first:
         _run(case, path, ProgramStore(tmp_path))
-    import harness.engine.paths
+    import mhc_parity.harness.engine.paths
 
     def no_tracing(*args, **kwargs):
         raise AssertionError("the stored rejection should have answered")
 
-    monkeypatch.setattr(harness.engine.paths, "_build_program", no_tracing)
+    monkeypatch.setattr(mhc_parity.harness.engine.paths, "_build_program", no_tracing)
     store = ProgramStore(tmp_path)
     with pytest.raises(UnsupportedInputError) as again:
         _run(case, path, store)
@@ -154,7 +154,7 @@ def test_the_key_changes_with_shapes_dtypes_and_devices_and_external_paths_are_n
 
 def test_without_readable_sources_programs_are_compiled_and_not_stored(tmp_path, monkeypatch):
     def unreadable(*args, **kwargs):
-        raise FileNotFoundError("no source file for module 'harness.engine.paths'")
+        raise FileNotFoundError("no source file for module 'mhc_parity.harness.engine.paths'")
 
     monkeypatch.setattr(program_store, "closure_digest", unreadable)
     program_store.traced_sources_digest.cache_clear()
@@ -167,8 +167,7 @@ def test_without_readable_sources_programs_are_compiled_and_not_stored(tmp_path,
 
 
 def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
-    for folder in ("mhc", "cases", "records", "harness"):
-        shutil.copytree(PROJECT_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_project(tmp_path, ("mhc", "cases", "records", "harness"))
 
     def digest(kernel: bool) -> str:
         return closure_digest(program_store.PROGRAM_ENTRY, program_store._not_traced(kernel), tmp_path)
@@ -177,14 +176,14 @@ def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
     assert before[True] == program_store.traced_sources_digest(
         program_store.PROGRAM_ENTRY, program_store._not_traced(True)
     ), "the copy is the project's code"
-    kernel_file = tmp_path / "mhc/kernels/forward.py"
+    kernel_file = tmp_path / "mhc_parity/mhc/kernels/forward.py"
     kernel_file.write_text(kernel_file.read_text() + "\n# edited\n")
     assert digest(False) == before[False]
     assert digest(True) != before[True]
-    oracle_file = tmp_path / "mhc/oracle.py"
+    oracle_file = tmp_path / "mhc_parity/mhc/oracle.py"
     oracle_file.write_text(oracle_file.read_text() + "\n# edited\n")
     assert digest(False) == before[False], "the oracle is not traced"
-    common = tmp_path / "mhc/common.py"
+    common = tmp_path / "mhc_parity/mhc/common.py"
     common.write_text(common.read_text() + "\n# edited\n")
     assert digest(False) != before[False]
 
@@ -192,15 +191,14 @@ def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
 def test_a_new_module_a_program_imports_joins_its_key_without_a_declaration(tmp_path):
     """The sources are the imports' closure: a module split out of one the paths import is
     covered with no list to update."""
-    for folder in ("mhc", "cases", "records", "harness"):
-        shutil.copytree(PROJECT_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_project(tmp_path, ("mhc", "cases", "records", "harness"))
     before = closure_digest(program_store.PROGRAM_ENTRY, program_store._not_traced(False), tmp_path)
-    (tmp_path / "mhc/split_out.py").write_text("SCALE = 1.0\n")
-    common = tmp_path / "mhc/common.py"
-    common.write_text("from mhc.split_out import SCALE  # noqa: F401\n" + common.read_text())
+    (tmp_path / "mhc_parity/mhc/split_out.py").write_text("SCALE = 1.0\n")
+    common = tmp_path / "mhc_parity/mhc/common.py"
+    common.write_text("from mhc_parity.mhc.split_out import SCALE  # noqa: F401\n" + common.read_text())
     files = import_closure(program_store.PROGRAM_ENTRY, program_store._not_traced(False), tmp_path)
-    assert "mhc/split_out.py" in files
-    (tmp_path / "mhc/split_out.py").write_text("SCALE = 2.0\n")
+    assert "mhc_parity/mhc/split_out.py" in files
+    (tmp_path / "mhc_parity/mhc/split_out.py").write_text("SCALE = 2.0\n")
     assert closure_digest(program_store.PROGRAM_ENTRY, program_store._not_traced(False), tmp_path) != before
 
 
@@ -233,7 +231,7 @@ def test_the_sources_cover_every_file_a_program_is_traced_from(case, path):
     sources = set(program_store.program_sources(path.impl.kernel))
     assert ran - {"tests/test_program_store.py"} <= sources, (
         f"{path.name}'s program ran code from {sorted(ran - sources)}, which the module that builds "
-        f"programs does not import at import time: import it at the top (harness.engine.paths' closure)"
+        f"programs does not import at import time: import it at the top (mhc_parity.harness.engine.paths' closure)"
     )
     kernels = set(program_store.program_sources(True)) - set(program_store.program_sources(False))
     if path.impl.kernel:
@@ -266,14 +264,14 @@ def test_a_stored_lowering_is_not_recomputed_and_other_arguments_miss(tmp_path):
 
 _PLAIN_COMPILES = """
 import sys
-from harness.env import ensure_host_devices
+from mhc_parity.harness.env import ensure_host_devices
 ensure_host_devices()
-from cases.fixtures import make_fixture
-from cases.toml_cases import load_case_file
-from harness.engine.implementations import INTERPRET, REFERENCE
-from harness.engine.paths import Path
-from harness.engine.program_cache import ProgramCache
-from harness.engine.run_info import enable_compilation_cache
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.toml_cases import load_case_file
+from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+from mhc_parity.harness.engine.paths import Path
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.run_info import enable_compilation_cache
 enable_compilation_cache()
 for case in load_case_file(sys.argv[1]):
     for impl in (REFERENCE, INTERPRET):
@@ -324,7 +322,7 @@ def test_programs_stored_by_one_run_load_in_the_next_even_when_jax_cached_them_f
 
 PATCHING_IMPL = '''
 """An external implementation whose import patches this project's reference path."""
-import mhc.reference as reference
+import mhc_parity.mhc.reference as reference
 
 _original_pre = reference.pre
 

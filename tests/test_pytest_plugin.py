@@ -1,5 +1,5 @@
 """The pytest plugin in pieces: the command a missing baseline names, what an update says
-changed (`reports.baseline.diff_baselines`), and one failure per regression (an inner
+changed (`mhc_parity.reports.baseline.diff_baselines`), and one failure per regression (an inner
 pytest run of the plugin over made-up rows, `pytester`). The baseline loop itself runs in a
 user's repository in tests/test_external_project.py."""
 
@@ -16,12 +16,12 @@ import types
 import pandas as pd
 import pytest
 
-from harness import pytest_plugin
-from harness.plugin.options import ini_overrides
-from harness.pytest_plugin import UPDATE_OPTION, ParitySession, update_command
-from reports.baseline import diff_baselines, render_baseline
-from reports.samples import measured_row, sample_rows
-from reports.sources import LoadedRun
+from mhc_parity.harness import pytest_plugin
+from mhc_parity.harness.plugin.options import ini_overrides
+from mhc_parity.harness.pytest_plugin import UPDATE_OPTION, ParitySession, update_command
+from mhc_parity.reports.baseline import diff_baselines, render_baseline
+from mhc_parity.reports.samples import measured_row, sample_rows
+from mhc_parity.reports.sources import LoadedRun
 from tests.cli_support import ROOT
 
 pytest_plugins = ["pytester"]  # the inner pytest runs of the plugin
@@ -79,9 +79,9 @@ def test_a_legacy_baseline_stops_the_session_unless_the_plugin_option_allows_it(
     """The plugin took a baseline set by hand to format 1 (no digest) as the gate did: now it
     is a usage error naming the plugin's option, and with the option the summary says what
     went unverified."""
-    from harness.pytest_plugin import LEGACY_INI, LEGACY_OPTION
-    from reports.baseline import write_baseline
-    from reports.sources import LoadedRun
+    from mhc_parity.harness.pytest_plugin import LEGACY_INI, LEGACY_OPTION
+    from mhc_parity.reports.baseline import write_baseline
+    from mhc_parity.reports.sources import LoadedRun
     from tests.cli_support import as_format_1
 
     passing = [r for r in rows if r["verdict"] in ("pass", "skip", "unsupported")]
@@ -125,7 +125,7 @@ class _Case:
 
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
-    """What `harness.api.prepare` gives the plugin, with the rows of each case made up."""
+    """What `mhc_parity.harness.api.prepare` gives the plugin, with the rows of each case made up."""
 
     rows: dict
     implementation_names: tuple = (IMPL,)
@@ -173,7 +173,7 @@ def _inner_run(pytester, monkeypatch, rows: dict, ini: str = "", names: tuple = 
     monkeypatch.setattr(ParitySession, "prepared", property(lambda session: _Prepared(rows, names)))
     pytester.makeini(f"[pytest]\nparity_impl = {IMPL}.kernel:factory\n{ini}")
     pytester.makepyfile(
-        test_parity="from harness.pytest_plugin import check_parity\n\n"
+        test_parity="from mhc_parity.harness.pytest_plugin import check_parity\n\n"
         "def test_parity(parity_check):\n    check_parity(parity_check)\n"
     )
     return lambda *args: pytester.inline_run("-p", "no:cacheprovider", "-p", "no:xdist", *args)
@@ -254,7 +254,7 @@ def test_a_passing_session_shows_every_comparison_as_its_own_test(pytester, monk
 
 
 def test_every_implementation_of_a_factory_of_several_is_judged(pytester, monkeypatch):
-    """A factory that gives two implementations (`maxtext_parity:fixed` gives three): the
+    """A factory that gives two implementations (`mhc_parity.maxtext_parity:fixed` gives three): the
     second's failing row fails its test, as the first's would (only the first's were judged)."""
     rows = {BOTH: _case_rows(BOTH, {}) + _case_rows(BOTH, {("out", "vs_oracle"): (3.0, LOGIC_ERROR, "x")}, "second")}
     recorder = _inner_run(pytester, monkeypatch, rows, names=(IMPL, "second"))()
@@ -328,7 +328,7 @@ def _grown(rows: list[dict], leaf: str, factor: float) -> list[dict]:
 def test_a_gate_regression_seen_in_two_comparisons_is_one_failure(pytester, monkeypatch, tmp_path):
     """A leaf grown 3x against the oracle is the same number on its vs_oracle and
     vs_reference rows: one failure, its gate table naming both comparisons."""
-    from reports.baseline import write_baseline
+    from mhc_parity.reports.baseline import write_baseline
 
     committed = [{**r, "cand_oracle_max_err": 1e-5, "cand_oracle_rms_err": 3e-6} for r in _case_rows(BOTH, {})]
     write_baseline(committed, tmp_path / "b.csv", policy_hash="p1", implementation=IMPL)
@@ -357,7 +357,7 @@ def _row(candidate: str, partner: str, comparison: str, leaf: str = "out", **fie
 def test_a_regression_is_one_leaf_of_one_path_in_every_comparison_that_saw_it():
     """A sharded path's `out` failing against the oracle, the reference and its unsharded run
     is one regression; its error rows (leaf `*`) another; a leaf that fails once is its own."""
-    from harness.plugin.regressions import find_regressions
+    from mhc_parity.harness.plugin.regressions import find_regressions
 
     sharded, unsharded = f"{IMPL}/sharded(data=2,fsdp=4)", f"{IMPL}/unsharded"
     error = {"verdict": "error", "reason": "ValueError: boom"}
@@ -386,8 +386,8 @@ def test_a_path_within_its_model_failing_against_a_broken_partner_is_the_partner
     """The kernel holds its bound against the oracle, the reference does not: the kernel's
     failing row against the reference (cause `within_model`) is the reference's regression.
     Where the partner holds its own bound, the row is a regression of its own."""
-    from harness.engine.causes import WITHIN_MODEL_ID
-    from harness.plugin import regressions
+    from mhc_parity.harness.engine.causes import WITHIN_MODEL_ID
+    from mhc_parity.harness.plugin import regressions
 
     assert regressions.WITHIN_MODEL_ID == WITHIN_MODEL_ID  # the plugin's copy of the engine's name
     within = {"verdict": "fail", "cause_id": WITHIN_MODEL_ID}

@@ -3,7 +3,7 @@
 A newcomer reads the README without a glossary: its Terms name every verdict, its
 "Reading rows.csv" part lists every comparison and every leaf name a row can hold (from
 the operation's leaves, the branches' parameters and the lowered programs), and its
-"Cases and their names" part reads a case name as `cases.spec.standard_name` builds it:
+"Cases and their names" part reads a case name as `mhc_parity.cases.spec.standard_name` builds it:
 every built-in case's name is decoded by that grammar back to its spec, and the examples'
 words match their specs.
 """
@@ -13,19 +13,19 @@ from __future__ import annotations
 import ast
 import re
 
-from cases import registry
-from cases.branches import BRANCHES
-from cases.spec import BRANCH_NAMES, INIT_FAMILY_NAMES, mesh_label
-from harness.engine.leaves import branch_leaf, weight_leaf
-from harness.engine.operation import OPERATION
-from mhc.kernels.lowering import PROGRAMS
-from records.schema import COMPARISONS, VERDICTS
+from mhc_parity.cases import registry
+from mhc_parity.cases.branches import BRANCHES
+from mhc_parity.cases.spec import BRANCH_NAMES, INIT_FAMILY_NAMES, mesh_label
+from mhc_parity.harness.engine.leaves import branch_leaf, weight_leaf
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.mhc.kernels.lowering import PROGRAMS
+from mhc_parity.records.schema import COMPARISONS, VERDICTS
 from tests.cli_support import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-# What a row about a whole path, not one of its leaves, has as its leaf (harness.engine.compare.status_row).
+# What a row about a whole path, not one of its leaves, has as its leaf (mhc_parity.harness.engine.compare.status_row).
 WHOLE_PATH_LEAF = "*"
-# The program names of an implementation that lowers its own kernels (maxtext_parity.lowering: ENTRY).
+# The program names of an implementation that lowers its own kernels (mhc_parity.maxtext_parity.lowering: ENTRY).
 MAXTEXT_ENTRY = "mhc_kernels_fwd"
 
 
@@ -58,8 +58,8 @@ def emitted_leaves() -> set[str]:
 
 
 def test_maxtext_s_program_names_are_those_the_readme_lists():
-    """maxtext_parity.lowering's ENTRY, read from its source (importing it imports MaxText)."""
-    tree = ast.parse((ROOT / "maxtext_parity" / "lowering.py").read_text(encoding="utf-8"))
+    """mhc_parity.maxtext_parity.lowering's ENTRY, read from its source (importing it imports MaxText)."""
+    tree = ast.parse((ROOT / "mhc_parity" / "maxtext_parity" / "lowering.py").read_text(encoding="utf-8"))
     entries = [
         node.value.value
         for node in tree.body

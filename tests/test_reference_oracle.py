@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mhc import oracle, reference
-from mhc.types import WEIGHT_FIELDS, MhcConfig, MhcWeights
+from mhc_parity.mhc import oracle, reference
+from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcConfig, MhcWeights
 from tests.support import max_rel_err, mlp_params, random_activations, random_weights, tanh_mlp_branch
 
 SHAPE = (2, 16, 4, 128)
@@ -94,7 +94,7 @@ def test_oracle_catches_a_lost_post_gate_factor():
 
 
 def test_oracle_is_independent_of_the_shared_helpers():
-    """A bug in mhc.common must not be reproduced by the ground truth."""
+    """A bug in mhc_parity.mhc.common must not be reproduced by the ground truth."""
     source = pathlib.Path(oracle.__file__).read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
@@ -102,7 +102,7 @@ def test_oracle_is_independent_of_the_shared_helpers():
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module or "")
-    assert not {m for m in imported if m == "mhc" or m.startswith("mhc.")}, imported
+    assert not {m for m in imported if m == "mhc_parity.mhc" or m.startswith("mhc_parity.mhc.")}, imported
 
 
 def test_oracle_permutations_follow_itertools_order():
@@ -284,7 +284,7 @@ def test_a_branch_declares_its_own_rounding_sites():
     """The MLP branch rounds its hidden activation (and that value's cotangent) through the
     oracle's model: its parameter gradients move further than with the branch exact, and a
     site that repeats one of the layer's names is refused."""
-    from cases.branches import BRANCHES, MLP_ROUNDING_SITES
+    from mhc_parity.cases.branches import BRANCHES, MLP_ROUNDING_SITES
 
     mlp = BRANCHES["mlp"]
     config = MhcConfig(streams=4, embedding=128)

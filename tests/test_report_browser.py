@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pytest
 
-from reports import to_frame, write_all
-from reports.bound_plots import bound_panels
-from reports.histograms import histograms
-from reports.samples import sample_rows
+from mhc_parity.reports import to_frame, write_all
+from mhc_parity.reports.bound_plots import bound_panels
+from mhc_parity.reports.histograms import histograms
+from mhc_parity.reports.samples import sample_rows
 
 pytestmark = pytest.mark.browser
 

@@ -2,7 +2,7 @@
 
 With a baseline, the HTML banner, the top of summary.md and the end of the terminal summary
 carry the gate's verdict (pass, or the rows that grew past the growth factor) from the one
-judgement `harness gate` makes (`reports.judgement`), so the report and the gate cannot
+judgement `mhc-parity gate` makes (`mhc_parity.reports.judgement`), so the report and the gate cannot
 disagree; a baseline the gate refuses is said to be refused, in both. A zero count is drawn
 neutral, and the plots' axes are labelled in words with their units, not column names.
 """
@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.gate import main as gate_main
-from records.schema import ROW_COLUMNS, row_key
-from reports import load_baseline, load_run, to_frame, write_all, write_baseline
-from reports.bound_plots import bound_panel_svg, bound_panels
-from reports.histograms import histogram_svg, histograms
-from reports.html import render_html
-from reports.judgement import judge
-from reports.samples import sample_rows, write_sample_run
-from reports.sources import baseline_as_run
-from reports.terminal import exit_code, format_summary
-from reports.writers import judge_frame
+from mhc_parity.harness.commands.gate import main as gate_main
+from mhc_parity.records.schema import ROW_COLUMNS, row_key
+from mhc_parity.reports import load_baseline, load_run, to_frame, write_all, write_baseline
+from mhc_parity.reports.bound_plots import bound_panel_svg, bound_panels
+from mhc_parity.reports.histograms import histogram_svg, histograms
+from mhc_parity.reports.html import render_html
+from mhc_parity.reports.judgement import judge
+from mhc_parity.reports.samples import sample_rows, write_sample_run
+from mhc_parity.reports.sources import baseline_as_run
+from mhc_parity.reports.terminal import exit_code, format_summary
+from mhc_parity.reports.writers import judge_frame
 
 # A bfloat16 activation gradient of 3 eps, grown x3 over its baseline: far inside its bound,
 # past the gate's growth factor of 2 (above its 2-eps noise floor).
@@ -89,13 +89,13 @@ def test_a_passing_gate_says_so_on_the_first_screen(tmp_path):
 
 
 def write_run(folder: Path, rows: list[dict], policy_hash: str = "p1") -> Path:
-    """`rows` as a complete run folder, as `harness run` leaves one (reports not written)."""
+    """`rows` as a complete run folder, as `mhc-parity run` leaves one (reports not written)."""
     write_sample_run(rows, folder, metadata={"policy_hash": policy_hash}, policy_digest=policy_hash, rendered=False)
     return folder
 
 
 def report_of(run_folder: Path, baseline: Path, out: Path) -> dict:
-    """The reports of the run in `run_folder` against `baseline`, written as `harness run
+    """The reports of the run in `run_folder` against `baseline`, written as `mhc-parity run
     --baseline` writes them; report.json's "gate"."""
     run = load_run(run_folder)
     write_all(run, run.metadata, out, baseline=load_baseline(baseline), manifest=run.manifest)

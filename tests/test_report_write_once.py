@@ -1,7 +1,7 @@
 """One report write validates its rows once and summarises them once.
 
-`write_all` coerces the rows into the canonical frame (`records.rows.coerce_row` per
-row) and summarises that frame (`reports.summary.summarize`) once; report.json, the
+`write_all` coerces the rows into the canonical frame (`mhc_parity.records.rows.coerce_row` per
+row) and summarises that frame (`mhc_parity.reports.summary.summarize`) once; report.json, the
 HTML and the Markdown all read that one summary, and the gate reads the frame without
 coercing it again. Counted by wrapping both functions wherever a records or reports module binds them.
 """
@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-import reports
-from records.rows import coerce_row
-from reports import load_run, to_frame, write_all
-from reports.samples import sample_manifest, sample_rows, write_sample_run
-from reports.summary import summarize
-from reports.writers import write_run_folder
+import mhc_parity.reports
+from mhc_parity.records.rows import coerce_row
+from mhc_parity.reports import load_run, to_frame, write_all
+from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
+from mhc_parity.reports.summary import summarize
+from mhc_parity.reports.writers import write_run_folder
 
 
 def counted(monkeypatch, function) -> list[tuple]:
@@ -29,7 +29,8 @@ def counted(monkeypatch, function) -> list[tuple]:
         return function(*args, **kwargs)
 
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] in ("records", "reports") and getattr(module, function.__name__, None) is function:
+        in_layers = any(name == p or name.startswith(p + ".") for p in ("mhc_parity.records", "mhc_parity.reports"))
+        if in_layers and getattr(module, function.__name__, None) is function:
             monkeypatch.setattr(module, function.__name__, counting)
     return calls
 
@@ -78,7 +79,10 @@ def test_the_public_renderers_summarize_unless_given_the_summary(rows, calls):
     frame = to_frame(rows)
     summary = summarize(frame)
     calls["summarize"].clear()
-    given = reports.render_html(frame, summary=summary), reports.render_markdown(frame, summary=summary)
+    given = (
+        mhc_parity.reports.render_html(frame, summary=summary),
+        mhc_parity.reports.render_markdown(frame, summary=summary),
+    )
     assert calls["summarize"] == []
-    assert (reports.render_html(frame), reports.render_markdown(frame)) == given
+    assert (mhc_parity.reports.render_html(frame), mhc_parity.reports.render_markdown(frame)) == given
     assert len(calls["summarize"]) == 2

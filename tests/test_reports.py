@@ -1,6 +1,6 @@
 """The report formats rendered from a hand-made row set, checked for content.
 
-The row set (`reports.samples.sample_rows`) has passes, a failure past its bound, a
+The row set (`mhc_parity.reports.samples.sample_rows`) has passes, a failure past its bound, a
 failure with NaN output, an error with hostile text, a skip, an unsupported row and
 a lowering row; every format is rendered once per module and inspected.
 """
@@ -20,10 +20,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.cli import main as cli_main
-from records.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
-from records.store import RowStore
-from reports import (
+from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, VERDICTS, empty_row
+from mhc_parity.records.store import RowStore
+from mhc_parity.reports import (
     ReportInputError,
     load_rows,
     load_run,
@@ -33,9 +33,9 @@ from reports import (
     write_all,
     write_baseline,
 )
-from reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, bound_panels
-from reports.histograms import histogram, histogram_svg
-from reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
+from mhc_parity.reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, bound_panels
+from mhc_parity.reports.histograms import histogram, histogram_svg
+from mhc_parity.reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
 
 METADATA = {
     "jax_version": "0.12.0.1",
@@ -45,7 +45,7 @@ METADATA = {
     "device_kind": "cpu",
     "device_count": 8,
     "git_commit": "0123abcd",
-    "command_line": "python -m harness run --suite default --note '<b>bold</b>'",
+    "command_line": "mhc-parity run --suite default --note '<b>bold</b>'",
     "start_time": "2025-01-01T00:00:00+00:00",
     "end_time": "2025-01-01T00:01:00+00:00",
     "policy_hash": "sha256:feedface",
@@ -200,7 +200,7 @@ def test_json_report_has_metadata_summary_and_strict_json_rows(written, rows):
     assert summary["verdicts"] == EXPECTED_COUNTS
     assert summary["total"] == len(rows) and summary["ok"] is False
     assert summary["worst_leaf"]["case"] == "bf16_nan"
-    assert summary["worst_leaf"]["bound_usage"] == "inf"  # non-finite numbers: records.rows.encode_float
+    assert summary["worst_leaf"]["bound_usage"] == "inf"  # non-finite numbers: mhc_parity.records.rows.encode_float
     assert len(document["rows"]) == len(rows)
     error_row = next(r for r in document["rows"] if r["verdict"] == "error")
     assert error_row["max_abs_err"] == "nan" and error_row["reason"] == HOSTILE_REASON
@@ -224,7 +224,7 @@ def test_summary_counts_every_verdict_and_picks_the_worst_leaf(rows):
 
 
 def test_sharpness_gives_the_bound_usage_of_passing_rows_per_comparison_and_dtype(rows):
-    from reports.summary import sharpness
+    from mhc_parity.reports.summary import sharpness
 
     frame = to_frame(rows)
     table = sharpness(frame)
@@ -356,8 +356,8 @@ def test_two_writes_of_one_run_are_byte_identical(rows, tmp_path):
     second = write_all(rows, METADATA, tmp_path / "b")["html"].read_bytes()
     code = (
         "import json, sys\n"
-        "from reports import write_all\n"
-        "from reports.samples import sample_rows\n"
+        "from mhc_parity.reports import write_all\n"
+        "from mhc_parity.reports.samples import sample_rows\n"
         "write_all(sample_rows(), json.loads(sys.argv[1]), sys.argv[2])\n"
     )
     subprocess.run(
@@ -421,7 +421,7 @@ def test_html_draws_the_failing_and_near_bound_pairs(page, rows):
 def test_heatmap_cells_follow_the_value_rule():
     """A finite oracle ratio is the value; else bound_usage, marked as a fallback; the
     largest value, the most severe verdict and any failing row win a shared cell."""
-    from reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, WORST_CANDIDATE, cell_colour, heatmap
+    from mhc_parity.reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, WORST_CANDIDATE, cell_colour, heatmap
 
     def row(candidate, leaf, ratio, usage, verdict="pass", case="c"):
         return {
@@ -503,7 +503,7 @@ def test_markdown_has_counts_status_and_failure_lines(written):
 
 
 def test_markdown_truncates_long_failure_lists():
-    from reports import render_markdown
+    from mhc_parity.reports import render_markdown
 
     failing = [
         empty_row(
@@ -528,7 +528,7 @@ def test_markdown_truncates_long_failure_lists():
 
 
 def test_markdown_pass_line_when_nothing_fails(rows):
-    from reports import render_markdown
+    from mhc_parity.reports import render_markdown
 
     passing = [r for r in rows if r["verdict"] in ("pass", "skip", "unsupported")]
     text = render_markdown(passing)
@@ -537,8 +537,8 @@ def test_markdown_pass_line_when_nothing_fails(rows):
 
 @pytest.mark.slow
 def test_a_run_under_another_policy_says_so_at_the_top_of_every_summary(tmp_path, capsys, rows):
-    from harness.judging.policy import DEFAULT_POLICY_PATH
-    from reports import render_markdown
+    from mhc_parity.harness.judging.policy import DEFAULT_POLICY_PATH
+    from mhc_parity.reports import render_markdown
     from tests.cli_support import REFERENCE_ONLY_CASE
 
     default = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")
@@ -657,7 +657,8 @@ def test_missing_empty_and_unknown_files(tmp_path):
 
 def test_reports_package_never_imports_jax():
     code = (
-        "import sys, reports, reports.gate, reports.baseline, reports.html, reports.histograms, reports.markdown\n"
+        "import sys, mhc_parity.reports, mhc_parity.reports.gate, mhc_parity.reports.baseline\n"
+        "import mhc_parity.reports.html, mhc_parity.reports.histograms, mhc_parity.reports.markdown\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax')))\n"
         "assert not bad, bad\n"
     )

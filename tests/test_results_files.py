@@ -1,8 +1,8 @@
-"""docs/results/*.md: a command's Markdown with its provenance (reports.results)."""
+"""docs/results/*.md: a command's Markdown with its provenance (mhc_parity.reports.results)."""
 
 from __future__ import annotations
 
-from reports.results import provenance_lines, write_results
+from mhc_parity.reports.results import provenance_lines, write_results
 
 METADATA = {
     "git_commit": "0123abc",

@@ -1,14 +1,14 @@
-"""harness.faults.rounding_audit: every bfloat16 value of the reference path has a site in the
+"""mhc_parity.harness.faults.rounding_audit: every bfloat16 value of the reference path has a site in the
 rounding model, and each site's share of a leaf's sensitivity."""
 
 from __future__ import annotations
 
 import pytest
 
-from cases import registry
-from cases.fixtures import make_fixture
-from harness.commands import faults as faults_cli
-from harness.faults import rounding_audit
+from mhc_parity.cases import registry
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.commands import faults as faults_cli
+from mhc_parity.harness.faults import rounding_audit
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_a_function_without_a_site_is_reported(mlp_case, monkeypatch):
     monkeypatch.setattr(rounding_audit, "MODELLED_BY", modelled)
     missing = rounding_audit.unmodelled(rounding_audit.bfloat16_values(*mlp_case))
     assert [v.function for v in missing] == ["mlp_apply"]
-    assert "cases/branches.py" in missing[0].location
+    assert "mhc_parity/cases/branches.py" in missing[0].location
 
 
 @pytest.mark.slow

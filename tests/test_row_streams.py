@@ -1,5 +1,5 @@
 """A run folder's rows are bound to its manifest: each finished case's row count and digest
-(`records.store.case_records`) are recorded, and `--resume`, `gate`, `render` and
+(`mhc_parity.records.store.case_records`) are recorded, and `--resume`, `gate`, `render` and
 `baseline --from` refuse a stream or report whose rows are not the recorded ones.
 
 Each hostile edit is one a careless or hostile user was seen to make: a cut stream, ten
@@ -14,10 +14,10 @@ import shutil
 
 import pytest
 
-from harness.cli import main as cli_main
-from records.manifest import read_manifest
-from records.store import RowStore, case_records
-from reports.samples import sample_rows, write_sample_run
+from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.records.manifest import read_manifest
+from mhc_parity.records.store import RowStore, case_records
+from mhc_parity.reports.samples import sample_rows, write_sample_run
 from tests.cli_support import (
     assert_one_line_error,
     cheap_run_args,
@@ -133,7 +133,7 @@ def test_a_kill_between_the_new_manifest_and_the_old_streams_removal_leaves_noth
 def test_resume_redoes_a_finished_case_its_manifest_did_not_record(case_file, complete, used):
     """A kill after a case's rows were written and before the manifest recorded it."""
     manifest = read_manifest(used)
-    from records.manifest import write_manifest
+    from mhc_parity.records.manifest import write_manifest
 
     write_manifest(used, manifest.with_cases(manifest.case_records[:1]).interrupted("SIGKILL"))
     resumed = run_cli(*cheap_run_args(case_file, used, "--resume"))

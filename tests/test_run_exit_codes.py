@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import load_run, write_baseline
-from reports.drift import SENSITIVITY_FLOOR, noise_floor
+from mhc_parity.reports import load_run, write_baseline
+from mhc_parity.reports.drift import SENSITIVITY_FLOOR, noise_floor
 from tests.cli_support import BROKEN_IMPL_RUN, ROOT, TWO_CASES_REFERENCE_ONLY
 
 COMMAND = Path(sys.executable).with_name("mhc-parity")  # the console script beside this Python

@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from records.manifest import read_manifest, write_manifest
-from reports.baseline import BASELINE_COLUMNS
+from mhc_parity.records.manifest import read_manifest, write_manifest
+from mhc_parity.reports.baseline import BASELINE_COLUMNS
 from tests.cli_support import (
     CASE_NAMES,
     REFERENCE_ONLY_CASE,
@@ -166,7 +166,7 @@ def test_resume_refuses_another_selection_policy_or_code(case_file, finished, tm
     out = tmp_path / "resumed"
     shutil.copytree(finished["out"], out)
     policy = tmp_path / "policy.toml"
-    policy.write_text((ROOT / "harness" / "judging" / "tolerances.toml").read_text() + "\n# edited\n")
+    policy.write_text((ROOT / "mhc_parity" / "harness" / "judging" / "tolerances.toml").read_text() + "\n# edited\n")
     other = run_cli(
         "run",
         "--case-file",
@@ -194,19 +194,19 @@ def test_resume_refuses_another_selection_policy_or_code(case_file, finished, tm
     )
     assert load_jsonl(out / "rows.jsonl") == finished["rows"], "a refused resume changes nothing"
 
-    # As if mhc/layer.py had been edited since the run: its recorded hash no longer matches.
+    # As if mhc_parity/mhc/layer.py had been edited since the run: its recorded hash no longer matches.
     manifest = read_manifest(out)
-    files = dict(manifest.code_files, **{"mhc/layer.py": "0" * 64})
+    files = dict(manifest.code_files, **{"mhc_parity/mhc/layer.py": "0" * 64})
     edited_manifest = dataclasses.replace(manifest, code_files=tuple(files.items()), code_digest="edited")
     write_manifest(out, edited_manifest)
     report = json.loads((out / "report.json").read_text())
     report["manifest"] = edited_manifest.to_json()
     (out / "report.json").write_text(json.dumps(report))
     edited = run_cli(*run_args(case_file, out, "--resume"))
-    assert_one_line_error(edited, "code under test: mhc/layer.py changed")
+    assert_one_line_error(edited, "code under test: mhc_parity/mhc/layer.py changed")
     # The same stale run no longer passes the gate either (the code it measured is gone).
     gate = run_cli("gate", "--baseline", finished["baseline"], "--current", out)
-    assert_one_line_error(gate, "other code than this checkout", "mhc/layer.py")
+    assert_one_line_error(gate, "other code than this checkout", "mhc_parity/mhc/layer.py")
     allowed = run_cli("gate", "--baseline", finished["baseline"], "--current", out, "--allow-code-change")
     assert allowed.returncode == 0, allowed.stderr
 

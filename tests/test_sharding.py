@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 
-from mhc.kernels import KernelConfig, post, pre
-from mhc.sharding import psum_to_primal_vma, token_out_shape, token_sharding
-from mhc.types import WEIGHT_FIELDS, MhcConfig
+from mhc_parity.mhc.kernels import KernelConfig, post, pre
+from mhc_parity.mhc.sharding import psum_to_primal_vma, token_out_shape, token_sharding
+from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcConfig
 from tests.support import random_activations, random_weights
 
 pytestmark = pytest.mark.sharded
@@ -188,7 +188,7 @@ def test_explicit_axis_mesh_is_resharded():
 
 
 def test_batch_not_divisible_by_mesh_axis_is_unsupported():
-    from mhc.common import UnsupportedInputError
+    from mhc_parity.mhc.common import UnsupportedInputError
 
     x = random_activations((4, 16, 4, 128))
     w = random_weights(CONFIG)
@@ -233,10 +233,10 @@ LAYER_TOKEN_LEAVES = ("out", "layer_input", "h_pre", "h_post", "h_res", "d_x")
 
 @functools.cache
 def _layer_program(kernel: KernelConfig, mesh_shape, dtype_name):
-    """jit(forward + VJP) of the mHC layer with a tanh branch, like harness.engine.paths builds it."""
+    """jit(forward + VJP) of the mHC layer with a tanh branch, like mhc_parity.harness.engine.paths builds it."""
     from flax import nnx
 
-    from mhc.layer import ManifoldConstrainedHyperConnections
+    from mhc_parity.mhc.layer import ManifoldConstrainedHyperConnections
 
     mesh = None if mesh_shape is None else _mesh(mesh_shape)
     layer = ManifoldConstrainedHyperConnections(
@@ -308,7 +308,7 @@ def test_layer_program_sharded_is_bit_identical_per_token(block_tokens, block_to
 def test_two_streams_sharded_are_bit_identical_per_token(shape, blocks):
     # Two streams read 2 of the projection's 6 columns per gate: with FMA code XLA's CPU
     # loop over a block's rows rounded the last rows' multiply-adds once and the others
-    # twice, so these shards moved by an ulp (harness.env's --xla_cpu_max_isa).
+    # twice, so these shards moved by an ulp (mhc_parity.harness.env's --xla_cpu_max_isa).
     config = MhcConfig(2, 128)
     kernel = KernelConfig(block_tokens=blocks[0], block_tokens_bwd=blocks[1], block_features=128)
     x = random_activations(shape, seed=21)

@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from records.manifest import read_manifest
+from mhc_parity.records.manifest import read_manifest
 from tests.cli_support import ROOT, cheap_run_args, harness_command, load_jsonl, run_cli
 
 HANGS = "tests.external_impls:hangs_once"
@@ -152,7 +152,7 @@ def test_baseline_impl_streams_stops_on_one_signal_and_resumes(case_file, tmp_pa
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
-    assert "Traceback" not in stderr and "python -m harness baseline --impl" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr and "mhc-parity baseline --impl" in stderr and "--resume" in stderr
     manifest = read_manifest(out)
     assert manifest.state == "interrupted" and manifest.reason == "SIGTERM" and manifest.cases_done == 1
     assert not baseline.exists()
@@ -177,15 +177,15 @@ def shards(case_file, tmp_path_factory):
 def test_a_signal_during_merge_is_one_line_and_the_hint_is_a_command_merge_takes(
     shards, tmp_path, monkeypatch, capsys, signum
 ):
-    import reports.writers
-    from harness.commands.merge import main as merge_main
+    import mhc_parity.reports.writers
+    from mhc_parity.harness.commands.merge import main as merge_main
 
     def signalled(*args, **kwargs):  # the signal lands while the merged reports are written
         os.kill(os.getpid(), signum)
         time.sleep(5)
         raise AssertionError("the signal did not interrupt the merge")
 
-    monkeypatch.setattr(reports.writers, "write_frame", signalled)
+    monkeypatch.setattr(mhc_parity.reports.writers, "write_frame", signalled)
     merged = tmp_path / "merged"
     code = merge_main([str(merged), *map(str, shards)])
     err = capsys.readouterr().err

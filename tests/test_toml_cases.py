@@ -1,4 +1,4 @@
-"""cases.toml_cases: user case files load, register and select; malformed ones fail clearly."""
+"""mhc_parity.cases.toml_cases: user case files load, register and select; malformed ones fail clearly."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from cases.registry import DuplicateCaseError, Registry, fresh_registry
-from cases.toml_cases import CaseFileError, load_case_file, register_case_file
+from mhc_parity.cases.registry import DuplicateCaseError, Registry, fresh_registry
+from mhc_parity.cases.toml_cases import CaseFileError, load_case_file, register_case_file
 
 GOOD = """
 [defaults]
@@ -172,7 +172,7 @@ def test_missing_file_and_clash_with_the_catalogue(tmp_path):
 
 
 def test_cli_lists_a_case_file(tmp_path, capsys):
-    from cases.__main__ import main
+    from mhc_parity.cases.__main__ import main
 
     path = _write(tmp_path, GOOD)
     assert main(["list", "--case-file", str(path), "--suite", "user"]) == 0

@@ -11,31 +11,31 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from cases import registry
-from cases.fixtures import cache_key, cache_path, make_fixture
-from harness.engine.implementations import load_external
-from harness.engine.oracle_path import OracleOutputs
-from harness.stores.artifact_store import ArtifactStore
-from harness.stores.oracle_cache import OracleCache
-from records import foreign_code
-from records.code import external_code_files
-from records.distributions import distribution_key, distributions_of
-from records.manifest import read_manifest
+from mhc_parity.cases import registry
+from mhc_parity.cases.fixtures import cache_key, cache_path, make_fixture
+from mhc_parity.harness.engine.implementations import load_external
+from mhc_parity.harness.engine.oracle_path import OracleOutputs
+from mhc_parity.harness.stores.artifact_store import ArtifactStore
+from mhc_parity.harness.stores.oracle_cache import OracleCache
+from mhc_parity.records import foreign_code
+from mhc_parity.records.code import external_code_files, import_closure
+from mhc_parity.records.distributions import distribution_key, distributions_of
+from mhc_parity.records.manifest import read_manifest
 from tests.cli_support import ROOT, assert_one_line_error, cheap_run_args, run_cli
+from tests.support import copy_project
 
 CASE = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
 
 # An --impl whose import replaces the fixture generator by one that zeroes every input:
 # the project's reference behind it, so the run itself is cheap and passes.
 POISONING_IMPL = """
-import cases.fixtures as fixtures
+import mhc_parity.cases.fixtures as fixtures
 from tests.external_impls import good
 
 _generate = fixtures.generate_fixture
@@ -81,11 +81,30 @@ def test_a_process_that_loaded_an_impl_writes_no_store(case_file, tmp_path):
 
 
 def test_only_code_from_outside_the_project_counts_as_foreign():
-    load_external("harness.faults.independent_mhc:factory")  # the project's own: vouched for
+    load_external("mhc_parity.harness.faults.independent_mhc:factory")  # the project's own: vouched for
     assert foreign_code.stores_writable()
     load_external("tests.external_impls:good")
     assert foreign_code.foreign_code() == ("tests.external_impls:good",)
     assert not foreign_code.stores_writable()
+
+
+def test_a_module_is_the_project_s_own_by_its_full_name_and_its_file():
+    """Only the namespace's code packages are the project's: a user's own `harness` package,
+    a copy of this project's module elsewhere, or its `reports` (no number comes from it) are not."""
+    harness_file = ROOT / "mhc_parity" / "harness" / "faults" / "independent_mhc.py"
+    assert foreign_code.is_project_module("mhc_parity.harness.faults.independent_mhc", str(harness_file))
+    assert foreign_code.is_project_module("mhc_parity.mhc", None)
+    old_top = "harness"  # a user's own package of this name, as the project's was before the move
+    assert not foreign_code.is_project_module(f"{old_top}.faults.independent_mhc", str(harness_file))
+    assert not foreign_code.is_project_module("mhc_parity.harness.faults.independent_mhc", "/elsewhere/x.py")
+    assert not foreign_code.is_project_module("mhc_parity.reports.gate", None)
+    assert not foreign_code.is_project_module("mhc_parity_extra.harness", None)
+
+
+def test_the_import_closure_maps_module_names_to_the_namespace_s_files():
+    files = import_closure(("mhc_parity.records.manifest",))
+    assert {"mhc_parity/__init__.py", "mhc_parity/version.py", "mhc_parity/records/__init__.py"} <= set(files)
+    assert "mhc_parity/records/manifest.py" in files and all(f.startswith("mhc_parity/") for f in files)
 
 
 def test_each_store_writes_nothing_once_foreign_code_was_loaded(tmp_path):
@@ -103,11 +122,9 @@ def test_each_store_writes_nothing_once_foreign_code_was_loaded(tmp_path):
 
 def test_an_edited_fixture_generator_is_a_cache_miss(tmp_path):
     """The fixture key holds the digest of the generator's code: in a copy of the project, one
-    added line in cases/init_families.py keys the same case's fixture anew (no version to bump)."""
-    copy = tmp_path / "project"
-    for folder in ("cases", "mhc", "records"):
-        shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    code = f"from cases import registry, fixtures; print(fixtures.cache_key(registry.get({CASE.name!r})))"
+    added line in mhc_parity/cases/init_families.py keys the same case's fixture anew (no version to bump)."""
+    copy = copy_project(tmp_path / "project", ("cases", "mhc", "records"))
+    code = f"from mhc_parity.cases import registry, fixtures; print(fixtures.cache_key(registry.get({CASE.name!r})))"
 
     def key_in_copy() -> str:
         proc = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=120)
@@ -116,7 +133,7 @@ def test_an_edited_fixture_generator_is_a_cache_miss(tmp_path):
 
     before = key_in_copy()
     assert before == cache_key(CASE)
-    families = copy / "cases" / "init_families.py"
+    families = copy / "mhc_parity" / "cases" / "init_families.py"
     families.write_text(families.read_text() + "\nEDITED = True\n")
     assert key_in_copy() != before
 
@@ -152,6 +169,33 @@ def test_external_code_covers_the_modules_it_imports_and_their_distributions(tmp
     assert distribution_key("numpy") in files and files[distribution_key("numpy")]
     assert all(not key.startswith("distribution:mhc") for key in files), "the project records itself by file"
     assert distributions_of(["no_such_module_anywhere"]) == []
+
+
+def test_an_implementation_installed_in_site_packages_records_the_libraries_beside_it_as_distributions(
+    tmp_path, monkeypatch
+):
+    # An install folder: distributions' metadata, the implementation's package and a library
+    # beside it. The library is recorded by its distribution, not read file by file (reading
+    # every library of a site-packages folder cost seconds per run start).
+    site = _external_package(tmp_path)
+    (site / "myk-1.0.dist-info").mkdir()
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text("import numpy.core\n")
+    (site / "numpy" / "core.py").write_text("")
+    providers = {"myk": ["myk"], "numpy": ["numpy"]}
+    monkeypatch.setattr(
+        "mhc_parity.records.code.distributions_of",
+        lambda tops: sorted({d for top in tops for d in providers.get(top, ())}),
+    )
+    files = external_code_files("myk.kernel", site / "myk" / "kernel.py")
+    assert (site / "myk" / "tuning.py").resolve().as_posix() in files
+    assert not any("numpy/" in key for key in files), sorted(files)
+    assert distribution_key("numpy") in files
+    # Outside an install folder (a repository) every module under the root is followed.
+    (site / "myk-1.0.dist-info").rmdir()
+    assert (site / "numpy" / "core.py").resolve().as_posix() in external_code_files(
+        "myk.kernel", site / "myk" / "kernel.py"
+    )
 
 
 @pytest.mark.slow

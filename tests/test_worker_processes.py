@@ -1,4 +1,5 @@
-"""harness.processes.worker_processes: workers forked from a server started early still see their parent as it is."""
+"""mhc_parity.harness.processes.worker_processes: workers forked from a server started early still
+see their parent as it is."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ import sys
 
 import pytest
 
-from harness.cli import requests_workers
+from mhc_parity.harness.cli import requests_workers
 from tests.cli_support import run_python
 
 # A worker's start-up spec for the built-in implementations, as `ParallelRunner` makes it.
 WORKER_SPEC = (
-    "from harness.processes import parallel\n"
-    "from harness.engine.implementations import BUILTIN\n"
-    "from harness.engine.plan import PathPlan\n"
-    "from harness.judging.policy import load_policy\n"
+    "from mhc_parity.harness.processes import parallel\n"
+    "from mhc_parity.harness.engine.implementations import BUILTIN\n"
+    "from mhc_parity.harness.engine.plan import PathPlan\n"
+    "from mhc_parity.harness.judging.policy import load_policy\n"
     "spec = parallel._spec(load_policy(), PathPlan(implementations=tuple(BUILTIN.values())))\n"
 )
 
@@ -24,7 +25,7 @@ def test_a_worker_sees_the_parent_as_it_is_when_the_pool_is_made_not_at_the_serv
     probe.write_text("")
     proc = run_python(
         "import concurrent.futures, importlib.util, os, sys\n"
-        "from harness.processes import worker_processes\n"
+        "from mhc_parity.harness.processes import worker_processes\n"
         "worker_processes.start_worker_server()  # the server starts with this process as it is now\n"
         "os.environ['MHC_PARITY_PROBE'] = 'set later'\n"
         "os.chdir(sys.argv[1])\n"
@@ -46,7 +47,7 @@ def test_a_worker_sees_the_parent_as_it_is_when_the_pool_is_made_not_at_the_serv
 def test_adopting_an_environment_replaces_it_whole():
     proc = run_python(
         "import os\n"
-        "from harness.processes.worker_processes import adopt_environment, environment_of_this_process\n"
+        "from mhc_parity.harness.processes.worker_processes import adopt_environment, environment_of_this_process\n"
         "parent = environment_of_this_process()\n"
         "os.environ['MHC_PARITY_PROBE'] = 'worker only'\n"
         "adopt_environment(parent)\n"
@@ -60,7 +61,7 @@ def test_a_worker_refuses_to_begin_with_a_started_jax_backend():
     """What forking after the backend started would give (a forked XLA runtime is unsafe)."""
     proc = run_python(
         "import jax\n"
-        "from harness.env import ensure_host_devices\n"
+        "from mhc_parity.harness.env import ensure_host_devices\n"
         "ensure_host_devices()\n"
         "jax.devices()\n" + WORKER_SPEC + "parallel._start_worker(spec)\n"
     )
@@ -72,8 +73,8 @@ def test_a_worker_paces_the_garbage_collector():
     """As the command line does (tests/test_env.py): a worker traces and compiles its cases."""
     proc = run_python(
         "import concurrent.futures, gc\n"
-        "from harness.env import GC_THRESHOLDS\n"
-        "from harness.processes.worker_processes import worker_context\n"
+        "from mhc_parity.harness.env import GC_THRESHOLDS\n"
+        "from mhc_parity.harness.processes.worker_processes import worker_context\n"
         + WORKER_SPEC
         + "with concurrent.futures.ProcessPoolExecutor(1, mp_context=worker_context(),\n"
         "                                            initializer=parallel._start_worker,\n"

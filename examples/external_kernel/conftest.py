@@ -1,3 +1,3 @@
 # Only needed when pytest's plugin autoload is off (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1);
 # otherwise the installed mhc-parity registers the plugin itself (this line is then a no-op).
-pytest_plugins = ["harness.pytest_plugin"]
+pytest_plugins = ["mhc_parity.harness.pytest_plugin"]

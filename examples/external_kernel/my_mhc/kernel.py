@@ -16,8 +16,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from mhc import reference
-from mhc.precision import dot_precision
+from mhc_parity.mhc import reference
+from mhc_parity.mhc.precision import dot_precision
 
 
 @dataclasses.dataclass(frozen=True)

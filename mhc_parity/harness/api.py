@@ -1,0 +1,381 @@
+"""The public Python API: run the parity matrix on an implementation, write its reports,
+gate it against a baseline. Re-exported by `mhc_parity.harness` (`from mhc_parity.harness import run_parity`).
+
+    run = run_parity("my_pkg.kernels:factory", suite="smoke", dtype="bf16")
+    run.passed                     # True: every row passed or is an explained skip, something compared
+    run.failures                   # DataFrame of the fail/error rows (empty when passed)
+    run.rows                       # DataFrame of every row (columns: mhc_parity.records.schema.ROW_COLUMNS)
+    run.write_reports("out/mine")  # manifest.json, rows.jsonl, rows.csv, report.json/.html, summary.md
+    run.write_baseline()           # baselines/<implementation name>.csv
+    gate(run, "baselines/my_kernel.csv").ok
+
+Stable names: `run_parity`, `prepare`, `gate`, `ParityRun`, `PreparedRun`, and the errors
+of `mhc_parity.harness.errors` (`ParityError`, `ConfigurationError`, `BaselineError`,
+`ReportError`), each raised with a one-line message. The engine is the CLI's: the same
+selection and up-front checks (`mhc_parity.harness.engine.selection`: the typed `RunSelection` the
+CLI's parser also produces, and `configure`), the same `Runner`,
+manifest, metadata and report writers, so a folder written here is a complete run
+that `mhc-parity gate`, `mhc-parity baseline --from` and `mhc-parity render` accept. What the
+CLI adds is the streaming, resumable run folder and the exit codes.
+
+An implementation is given as a `module:factory` spec, an `Implementation`
+(`mhc_parity.harness.engine.implementations`), or the object a factory returns (with `pre`/`post` and a
+`name`): see "Writing an external implementation" in the README. With one, the run is of
+that implementation and the reference (its `vs_reference` partner): paths `reference/*`
+and `<name>/*`, no TPU-lowering rows (those are of this project's kernels); pass
+`paths=` / `lowering=` to change that. Without one, the built-in paths run, as
+`mhc-parity run` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypedDict, Unpack
+
+import pandas as pd
+
+from mhc_parity.harness.engine.implementations import Implementation, load_externals
+from mhc_parity.harness.engine.run_info import enable_compilation_cache
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
+from mhc_parity.harness.errors import (
+    BaselineError,
+    ConfigurationError,
+    ParityError,  # noqa: F401 - re-exported: `mhc_parity.harness.ParityError`, the pytest plugin
+    ReportError,
+)
+from mhc_parity.harness.judging.policy import PolicyError
+from mhc_parity.records.manifest import Manifest, selection_digest
+from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
+from mhc_parity.records.rows import ReportInputError, to_frame
+from mhc_parity.records.schema import OK_VERDICTS
+from mhc_parity.records.store import case_records
+from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
+from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from mhc_parity.reports.gate import GateResult
+from mhc_parity.reports.judgement import judge
+from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
+from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run, load_run
+from mhc_parity.reports.terminal import format_summary, rows_table, run_verdict
+from mhc_parity.reports.writers import write_run_folder
+
+ImplementationLike = str | Implementation | Any
+# What an in-memory run is called where a file name would be (messages, LoadedRun.source).
+IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ParityRun:
+    """A finished parity run: its rows, the run metadata and the complete manifest.
+
+    records: one dict per row (`mhc_parity.records.schema.ROW_COLUMNS`). implementations: the names
+    of the external implementations it ran (their paths are `<name>/...`).
+    """
+
+    records: tuple[dict, ...]
+    metadata: Mapping[str, Any]
+    manifest: Manifest
+    implementations: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def rows(self) -> pd.DataFrame:
+        """Every row as a typed DataFrame (columns in `mhc_parity.records.schema.ROW_COLUMNS` order); built
+        once and shared, so copy it before changing it in place."""
+        return to_frame(list(self.records), source="run rows")
+
+    @property
+    def verdict(self) -> str:
+        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported)."""
+        return run_verdict(self.records)
+
+    @property
+    def passed(self) -> bool:
+        """True when every row passed or is an explained skip/unsupported, and some row compared."""
+        return self.verdict == "PASS"
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        """The fail/error rows (an empty DataFrame when none)."""
+        frame = self.rows
+        return frame[~frame["verdict"].isin(OK_VERDICTS)]
+
+    def failure_table(self) -> str:
+        """The fail/error rows as a plain-text leaf table ("" when none)."""
+        bad = [r for r in self.records if r["verdict"] not in OK_VERDICTS]
+        return rows_table(bad, limit=None) if bad else ""
+
+    def summary(self) -> str:
+        """The one-screen summary `mhc-parity run` prints (verdict counts, failures or closest rows,
+        the policy when it is not the packaged one)."""
+        return format_summary(list(self.records), self.metadata)
+
+    def implementation_rows(self, name: str | None = None) -> pd.DataFrame:
+        """The rows of external implementation `name` (default: the run's only one)."""
+        return implementation_rows(self.rows, self._implementation(name))
+
+    def write_reports(self, folder: str | pathlib.Path) -> dict[str, pathlib.Path]:
+        """Write the run into `folder` as `mhc-parity run --out` does: manifest.json, rows.jsonl,
+        cases-done.txt, rows.csv, report.json, report.html, summary.md. Returns
+        {"csv", "json", "html", "markdown": path}. Anything an earlier run left there is
+        replaced. ReportError if the folder cannot be written."""
+        try:
+            out = writable_folder(folder)
+            writer = WriterLock(out, f"ParityRun.write_reports ({self.manifest.command_line})")
+        except OutputPathError as exc:  # FolderInUseError included: one writer per run folder
+            raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
+        with writer:
+            return self._write_reports(out, folder)
+
+    def _write_reports(self, out: pathlib.Path, folder) -> dict[str, pathlib.Path]:
+        try:
+            paths = write_run_folder(out, list(self.records), dict(self.metadata), self.manifest)
+        except (OutputPathError, OSError) as exc:
+            raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
+        return paths
+
+    def write_baseline(
+        self, path: str | pathlib.Path | None = None, *, implementation: str | None = None
+    ) -> pathlib.Path:
+        """Write the rows of one external implementation (default: the run's only one) as its
+        baseline, keyed by its name, to `path` (default baselines/<name>.csv). ReportError if
+        the file cannot be written, ConfigurationError if the run has no such implementation."""
+        name = self._implementation(implementation)
+        frame = implementation_rows(self.rows, name)
+        if not len(frame):
+            raise ConfigurationError(f"the run has no rows of implementation {name!r}; refusing an empty baseline")
+        try:
+            target = writable_file(path or default_baseline_path(name))
+            return _write_baseline_file(dataclasses.replace(self.loaded(), frame=frame), target, implementation=name)
+        except (OutputPathError, OSError, ReportInputError) as exc:  # ReportInputError: a run folder's own file
+            raise ReportError(f"cannot write baseline {path or default_baseline_path(name)}: {exc}") from exc
+
+    def loaded(self) -> LoadedRun:
+        """This run as `mhc_parity.reports.load_run` would return it from its folder."""
+        return LoadedRun(
+            self.rows, IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False, self.manifest
+        )
+
+    def _implementation(self, name: str | None) -> str:
+        if name is not None:
+            if name not in self.implementations:
+                raise ConfigurationError(
+                    f"the run has no implementation {name!r} (it ran: {', '.join(self.implementations) or 'none'})"
+                )
+            return name
+        if len(self.implementations) != 1:
+            raise ConfigurationError(
+                f"the run has {len(self.implementations)} external implementations "
+                f"({', '.join(self.implementations) or 'none'}); name one"
+            )
+        return self.implementations[0]
+
+
+class PreparedRun:
+    """A checked run configuration: the cases, the path plan and the policy, loaded and
+    validated before any compute (`prepare`). `run_case` runs one case (the pytest plugin
+    runs cases one by one, per test); `run` runs them all; `result` assembles rows (e.g.
+    gathered from pytest-xdist workers) into a `ParityRun`."""
+
+    def __init__(self, selection: RunSelection, command_line: str):
+        self.selection = selection
+        self.configuration = configure(selection)
+        self.policy, self.externals, self.plan = (
+            self.configuration.policy,
+            self.configuration.externals,
+            self.configuration.plan,
+        )
+        self.cases = self.configuration.cases
+        self.command_line = command_line
+        enable_compilation_cache()  # as `mhc-parity run` does: compiled programs are reused across processes
+        self.runner = Runner.with_disk_stores(self.policy, externals=bool(self.externals))
+        self.started = time.perf_counter()
+        self._manifest = new_manifest(selection, self.configuration, command_line)
+
+    @property
+    def implementation_names(self) -> tuple[str, ...]:
+        """The names of the external implementations this run includes."""
+        return tuple(impl.name for impl in self.externals)
+
+    def run_case(self, case) -> list[dict]:
+        """Every row of one of `self.cases`. ConfigurationError if the policy cannot judge a
+        comparison (the up-front check should have caught it)."""
+        try:
+            return list(self.runner.run_case(case, self.plan))
+        except PolicyError as exc:
+            raise ConfigurationError(f"{exc} (found while running {case.name})") from exc
+
+    def run(self, *, on_case: Callable[[Any, list[dict]], None] | None = None) -> ParityRun:
+        """Run every case in order (`on_case(case, rows)` after each) into a `ParityRun`."""
+        records: list[dict] = []
+        for case in self.cases:
+            rows = self.run_case(case)
+            records.extend(rows)
+            if on_case is not None:
+                on_case(case, rows)
+        return self.result(records)
+
+    def result(self, records: Iterable[Mapping[str, Any]], *, cases: Sequence | None = None) -> ParityRun:
+        """A `ParityRun` of `records`, the rows of `cases` (default: every prepared case)."""
+        records = tuple(dict(r) for r in records)
+        manifest = self._manifest
+        if cases is not None:
+            manifest = dataclasses.replace(
+                manifest, cases=tuple(c.name for c in cases), selection_digest=selection_digest(cases)
+            )
+        found = case_records(records, manifest.cases)
+        manifest = manifest.with_cases(found[case] for case in manifest.cases)
+        cases = list(cases or self.cases)
+        implementations = self.plan.implementations
+        metadata = finished_metadata(manifest, self.policy, cases, set(), self.runner, self.started, implementations)
+        return ParityRun(records, metadata, manifest.completed(len(records)), self.implementation_names)
+
+
+def _as_tuple(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def prepare(
+    implementation: ImplementationLike | Sequence[ImplementationLike] | None = None,
+    *,
+    suite: str | None = None,
+    cases: str | Sequence[str] | None = None,
+    tags: str | Sequence[str] | None = None,
+    dtype: str | None = None,
+    paths: Sequence[str] | None = None,
+    case_files: Sequence[str | pathlib.Path] = (),
+    seed: int | None = None,
+    policy: str | pathlib.Path | None = None,
+    lowering: bool | None = None,
+    inside_envelope: bool = False,
+) -> PreparedRun:
+    """Load and check a run configuration without computing anything.
+
+    implementation: a `module:factory` spec, an `Implementation`, an object with
+    pre/post/name, a list of those, or None (the built-in paths). suite / cases / tags /
+    dtype select cases as `mhc-parity run --suite/--cases/--tags/--dtype` do (without suite
+    and cases: the "default" suite, or the cases of `case_files`). paths: path-name globs
+    (default with an implementation: "reference/*" and "<name>/*"; without: every path).
+    lowering: the TPU-lowering rows of the project's kernels (default: only without an
+    implementation) and of implementations that lower their own. inside_envelope: keep only
+    the cases inside every implementation's envelope (`mhc-parity run --inside-envelope`).
+    Raises ConfigurationError (one line) for anything that cannot run.
+    """
+    items = (
+        []
+        if implementation is None
+        else (list(implementation) if isinstance(implementation, (list, tuple)) else [implementation])
+    )
+    externals = load_externals(items)  # ImplementationError is a ConfigurationError
+    if paths is None:
+        paths = ["*"] if not externals else ["reference/*", *(f"{impl.name}/*" for impl in externals)]
+    selection = RunSelection(
+        implementations=externals,
+        suite=suite,
+        cases=_as_tuple(cases),
+        tags=_as_tuple(tags),
+        dtype=dtype,
+        case_files=tuple(pathlib.Path(p) for p in case_files),
+        seed=seed,
+        paths=tuple(paths),
+        policy=None if policy is None else pathlib.Path(policy),
+        lowering=lowering if lowering is not None else not externals,
+        inside_envelope=inside_envelope,
+    )
+    shown = ", ".join(f"{k}={v!r}" for k, v in (("suite", suite), ("cases", cases), ("dtype", dtype)) if v)
+    arguments = [impl.spec or impl.name for impl in externals] + ([shown] if shown else [])
+    command_line = f"run_parity({', '.join(arguments)})"
+    return PreparedRun(selection, command_line)
+
+
+class Selection(TypedDict, total=False):
+    """The keyword arguments of `run_parity` that select what runs: those of `prepare`."""
+
+    suite: str | None
+    cases: str | Sequence[str] | None
+    tags: str | Sequence[str] | None
+    dtype: str | None
+    paths: Sequence[str] | None
+    case_files: Sequence[str | pathlib.Path]
+    seed: int | None
+    policy: str | pathlib.Path | None
+    lowering: bool | None
+    inside_envelope: bool
+
+
+def run_parity(
+    implementation: ImplementationLike | Sequence[ImplementationLike] | None = None,
+    *,
+    out: str | pathlib.Path | None = None,
+    **selection: Unpack[Selection],
+) -> ParityRun:
+    """Run the parity matrix and return the `ParityRun`.
+
+    implementation and `selection` (suite, cases, tags, dtype, paths, case_files, seed,
+    policy, lowering, inside_envelope) as `prepare`. out: also write the run folder there
+    (`ParityRun.write_reports`). Raises ConfigurationError before any compute for a
+    selection or implementation that cannot run, ReportError if `out` cannot be written
+    (checked first). A failing row is not an exception: look at `.passed` / `.failures`.
+    """
+    if out is not None:
+        try:
+            writable_folder(out)
+        except OutputPathError as exc:
+            raise ReportError(f"out: {exc}") from exc
+    run = prepare(implementation, **selection).run()
+    if out is not None:
+        run.write_reports(out)
+    return run
+
+
+def gate(
+    run: ParityRun | str | pathlib.Path,
+    baseline: str | pathlib.Path,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+    allow_policy_change: bool = False,
+    allow_precision_change: bool = False,
+    only_current_cases: bool = False,
+    allow_legacy_baseline: bool = False,
+) -> GateResult:
+    """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
+    CSV or a finished run), with the rules and refusals of `mhc-parity gate` (one judgement:
+    `mhc_parity.reports.judgement.judge`).
+
+    A baseline of one implementation (`ParityRun.write_baseline`, `mhc-parity baseline
+    --impl`) judges that implementation's rows only. Returns the `GateResult` (`.ok`,
+    `.table()`); raises BaselineError (one line) for a baseline that cannot judge the run:
+    unreadable, empty, of another implementation, under another policy or matmul precision
+    (unless allowed). only_current_cases: gate only the baseline rows of the cases the run
+    selected (a deliberately partial run), as `mhc-parity gate --only-current-cases`.
+    `run` must be a run, never a baseline file (BaselineError). allow_legacy_baseline: read a
+    baseline in a legacy format, whose header or rows no digest covers, as `mhc-parity gate
+    --allow-legacy-baseline` (refused otherwise).
+    """
+    if not growth_factor > 1.0:
+        raise ConfigurationError(f"growth_factor must be > 1, got {growth_factor:g}")
+    try:
+        current = run.loaded() if isinstance(run, ParityRun) else load_run(run)
+        base = load_baseline_or_run(
+            baseline, allow_legacy=allow_legacy_baseline, legacy_option="allow_legacy_baseline=True"
+        )
+    except ReportInputError as exc:
+        raise BaselineError(f"cannot read input: {exc}") from exc
+    judgement = judge(
+        base,
+        current,
+        growth_factor=growth_factor,
+        noise_floor_ulps=noise_floor_ulps,
+        allow_policy_change=allow_policy_change,
+        allow_precision_change=allow_precision_change,
+        only_current_cases=only_current_cases,
+    )
+    if judgement.result is None:
+        raise BaselineError(judgement.refusal)
+    return judgement.result

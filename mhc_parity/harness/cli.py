@@ -1,0 +1,134 @@
+"""`mhc-parity` (also `python -m mhc_parity.harness`): the one command line of the project.
+
+Each command is a module of `mhc_parity.harness.commands`:
+
+  run       cases x paths -> a run folder: manifest.json, rows.jsonl, and once complete
+            rows.csv, report.json, report.html, summary.md                    (commands.run)
+  gate      a finished run against a stored baseline                         (commands.gate)
+  baseline  a finished run written as the baseline CSV; with --impl an implementation's
+            rows keyed by its name, run first without --from             (commands.baseline)
+  render    every report format written again from a run                   (commands.render)
+  policy    the tolerance policy, checked; --table / --markdown: every resolved bound
+                                                                           (commands.policy)
+  faults    the kill matrix and the false-positive sweep                   (commands.faults)
+  merge     the run folders of `run --shard K/N` joined into one run        (commands.merge)
+
+Exit codes: 0 success; 1 a parity failure (a failing row, a failing gate, a surviving
+fault); 2 a usage or configuration error, one line on stderr naming the problem; 130
+interrupted by Ctrl-C (143 by SIGTERM); 141 stdout's reader went away (`| head`), quietly,
+whatever the verdict was. `mhc-parity COMMAND --help` describes a command;
+`--version` prints the project's version.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+
+from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
+from mhc_parity.harness.processes.worker_processes import start_worker_server
+from mhc_parity.records.outputs import exit_code_through_closed_stdout
+from mhc_parity.version import version
+
+EXIT_USAGE = 2
+# command -> (module:function taking the remaining arguments, one-line help). A command
+# loads only its own module: gate, render and `baseline --from` never load JAX.
+COMMANDS = {
+    "run": ("mhc_parity.harness.commands.run:main", "run cases through every path and write reports"),
+    "gate": ("mhc_parity.harness.commands.gate:main", "compare a finished run against a baseline"),
+    "baseline": (
+        "mhc_parity.harness.commands.baseline:main",
+        "write a finished run as the baseline CSV (--impl: an implementation's, run first)",
+    ),
+    "render": ("mhc_parity.harness.commands.render:main", "write every report format again from a finished run"),
+    "policy": ("mhc_parity.harness.commands.policy:main", "check the tolerance policy; print every resolved bound"),
+    "faults": (
+        "mhc_parity.harness.commands.faults:main",
+        "the fault kill matrix, or with --seeds the false-positive sweep",
+    ),
+    "merge": ("mhc_parity.harness.commands.merge:main", "join the run folders of `run --shard K/N` into one run"),
+}
+
+
+def usage() -> str:
+    """The top-level help: the commands and what they do."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "usage: mhc-parity COMMAND [options]   (mhc-parity COMMAND --help; --version)\n\ncommands:\n" + "\n".join(
+        lines
+    )
+
+
+def requests_workers(command: str, arguments: list[str]) -> bool:
+    """Whether `arguments` ask `run` for worker processes (`--jobs N` with N other than 1,
+    or auto). A quick look, before the command's parser: a spelling it misses only means
+    the workers' server starts later (`mhc_parity.harness.processes.parallel`), never other rows."""
+    if command != "run":
+        return False
+    for index, argument in enumerate(arguments):
+        if argument.startswith("--jobs="):
+            return argument.partition("=")[2] != "1"
+        if argument == "--jobs" and index + 1 < len(arguments):
+            return arguments[index + 1] != "1"
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else EXIT_USAGE
+    if argv[0] in ("-V", "--version"):
+        print(f"mhc-parity {version()}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"mhc-parity: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
+        return EXIT_USAGE
+    ensure_host_devices()  # before any command computes: XLA reads its flags once
+    pace_garbage_collector()
+    if requests_workers(command, rest):  # it imports what workers need while this process imports the command
+        start_worker_server()
+    module_name, _, function = COMMANDS[command][0].partition(":")
+    return getattr(importlib.import_module(module_name), function)(rest)
+
+
+def import_from_working_directory() -> None:
+    """Put the working directory first on sys.path, where no entry names it, as `python -m`
+    does: the `mhc-parity` script's sys.path starts with its own bin folder instead, so
+    `--impl my_module:factory` run from the repository that holds `my_module` would not import
+    it. Nothing under Python's safe-path mode (-P, PYTHONSAFEPATH), as for `python -m`."""
+    if sys.flags.safe_path:
+        return
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a working directory removed under the process: nothing to import from it
+        return
+    if not any(os.path.abspath(entry or os.curdir) == cwd for entry in sys.path):
+        sys.path.insert(0, cwd)
+
+
+def _threads_still_working() -> bool:
+    """Whether a thread other than this one that Python would wait for at exit is alive."""
+    return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread())
+
+
+def entry() -> None:
+    """The process entry point (the `mhc-parity` script, `python -m mhc_parity.harness`): exit with
+    `main()`'s code, or EXIT_CLOSED_PIPE (141) without a traceback when stdout's reader went
+    away, in every command (`mhc_parity.records.outputs.exit_code_through_closed_stdout`). After a
+    signal stopped the command, or a closed pipe, exit at once: a thread stuck in the code
+    under test must not keep the process alive (Python would wait for it). So does any exit
+    that leaves a worker thread running: a run stopped by a shortage (exit 2) would otherwise
+    wait for the programs still compiling ahead before its process ends. Modules import from
+    the working directory first (`import_from_working_directory`), before any worker starts."""
+    import_from_working_directory()
+    code = exit_code_through_closed_stdout(main)
+    if code > 128 or _threads_still_working():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,277 @@
+"""`mhc-parity merge OUT DIR...`: the run folders of `run --shard K/N` joined into one run.
+
+Every DIR must hold a complete shard run (`mhc_parity.records.manifest`), and the shards must be of
+one run: the same selection (names and spec digest), request (suite, globs, paths,
+implementations, seed, lowering), policy and code digests, and environment (backend,
+device kind, host devices, matmul-precision record, JAX / jaxlib / Flax / NumPy
+versions); their shard numbers must cover 1..N exactly once, and each must hold exactly
+its share of the selection (`mhc_parity.harness.processes.shards`). Anything else is a usage error: one line
+naming the problem, exit 2, and OUT is not touched.
+
+OUT then gets what one run of the whole selection writes: a complete manifest, the row
+stream, rows.csv, report.json, report.html and summary.md, rows in the selection's case
+order — so `gate`, `baseline` and `render` accept it like any run, and its rows.csv is
+the single run's apart from the timing columns. Exit 0 (merged; the parity verdict is the
+gate's or the reports' business, as for `render`). Never loads JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import shlex
+import sys
+import uuid
+
+from mhc_parity.harness.processes.interrupts import SignalsInterrupt
+from mhc_parity.harness.processes.shards import parse_shard, shard_names
+from mhc_parity.records.manifest import Manifest, ManifestError, now_iso, read_manifest
+from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
+from mhc_parity.records.store import RowStore, StoreError
+from mhc_parity.reports import ReportInputError
+from mhc_parity.reports.sources import load_run
+from mhc_parity.reports.writers import write_run_folder
+
+EXIT_OK, EXIT_USAGE = 0, 2
+# Report metadata that must agree between shards: where and with what the rows were made.
+ENVIRONMENT_KEYS = (
+    "backend",
+    "device_kind",
+    "device_count",
+    "host_cpu_devices",
+    "matmul_precision",
+    "jax_version",
+    "jaxlib_version",
+    "flax_version",
+    "numpy_version",
+)
+# Metadata summed over the shards (seconds and counts of work done): the runner's timings
+# (`mhc_parity.harness.engine.runner.TIMINGS`; this module stays free of JAX) and its work counts.
+SUMMED_KEYS = (
+    "fixtures_s",
+    "oracle_s",
+    "paths_s",
+    "causes_s",
+    "lowering_s",
+    "oracle_computed",
+    "oracle_cached",
+    "programs_compiled",
+    "programs_loaded",
+    "programs_stored_loaded",
+    "programs_stored_missed",
+    "lowerings_stored_loaded",
+    "lowerings_stored_missed",
+    "resumed_cases",
+)
+# Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).
+MAXED_KEYS = ("worker_peak_rss_mib",)
+
+
+class MergeError(Exception):
+    """Shards that cannot be merged; the message is the one line printed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRun:
+    """One shard's folder: its manifest, report metadata and rows (in run order)."""
+
+    folder: pathlib.Path
+    manifest: Manifest
+    metadata: dict
+    rows: list
+
+
+def read_shard(folder: pathlib.Path) -> ShardRun:
+    """A complete shard run from `folder`; MergeError naming the folder otherwise."""
+    try:
+        manifest = read_manifest(folder)
+        if manifest is None:
+            raise MergeError(f"{folder}: no manifest.json (not a run folder)")
+        manifest.require_complete(str(folder))
+        metadata = load_run(folder).metadata
+        rows, found = RowStore(folder).finished()
+    except (ManifestError, ReportInputError, StoreError, OSError) as exc:
+        raise MergeError(str(exc)) from None
+    if not manifest.shard:
+        raise MergeError(f"{folder}: a whole run, not a shard (made without --shard K/N)")
+    problem = manifest.rows_problem(found)
+    if problem:
+        raise MergeError(f"{folder}: its row stream does not match its manifest ({problem})")
+    return ShardRun(folder, manifest, metadata, rows)
+
+
+def _agreement_problem(first: ShardRun, other: ShardRun) -> str:
+    """Why `other` is not a shard of the same run as `first` ("" if it is)."""
+    a, b = first.manifest, other.manifest
+    checks = (
+        ("shard count", a.shard.split("/")[1], b.shard.split("/")[1]),
+        ("selection", a.shard_of, b.shard_of),
+        ("selection digest (case specs)", a.shard_of_digest, b.shard_of_digest),
+        ("request", a.request, b.request),
+        ("policy digest", a.policy_digest, b.policy_digest),
+        ("code digest", a.code_digest, b.code_digest),
+        *((f"environment {key}", first.metadata.get(key), other.metadata.get(key)) for key in ENVIRONMENT_KEYS),
+    )
+    for what, mine, theirs in checks:
+        if mine != theirs:
+            theirs_shown, mine_shown = where_they_differ(str(theirs), str(mine))
+            return (
+                f"{other.folder} is not a shard of the run in {first.folder}: {what} differs "
+                f"({theirs_shown} vs {mine_shown})"
+            )
+    return ""
+
+
+def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
+    """`a` and `b` cut to `width` characters around their first difference ("..." where cut),
+    so two long values that share a prefix do not print alike."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, first - width // 3)
+
+    def cut(text: str) -> str:
+        part = text[start : start + width]
+        return ("..." if start else "") + part + ("..." if start + width < len(text) else "")
+
+    return cut(a), cut(b)
+
+
+def check_shards(shards: list[ShardRun]) -> None:
+    """MergeError unless the shards are of one run and cover its selection exactly once."""
+    first = shards[0]
+    for other in shards[1:]:
+        problem = _agreement_problem(first, other)
+        if problem:
+            raise MergeError(problem)
+    count = int(first.manifest.shard.split("/")[1])
+    seen: dict[int, pathlib.Path] = {}
+    for shard in shards:
+        index = parse_shard(shard.manifest.shard).index
+        if index in seen:
+            raise MergeError(f"shard {shard.manifest.shard} given twice: {seen[index]} and {shard.folder}")
+        seen[index] = shard.folder
+        expected = shard_names(first.manifest.shard_of, parse_shard(shard.manifest.shard))
+        if set(shard.manifest.cases) != expected:
+            raise MergeError(
+                f"{shard.folder}: holds cases {sorted(shard.manifest.cases)[:3]}..., not exactly "
+                f"shard {shard.manifest.shard} of the selection"
+            )
+    missing = [f"{k}/{count}" for k in range(1, count + 1) if k not in seen]
+    if missing:
+        raise MergeError(f"shard(s) {', '.join(missing)} missing: {len(shards)} of {count} shards given")
+
+
+def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Manifest:
+    """The complete manifest of the whole selection, as one run of it would have."""
+    first = shards[0].manifest
+    records = {record.case: record for shard in shards for record in shard.manifest.case_records}
+    stamp = now_iso()
+    return dataclasses.replace(
+        first,
+        run_id=uuid.uuid4().hex,
+        state="complete",
+        cases=first.shard_of,
+        selection_digest=first.shard_of_digest,
+        path_names=tuple(sorted({name for s in shards for name in s.manifest.path_names})),
+        command_line=command_line,
+        started=min(s.manifest.started for s in shards),
+        updated=stamp,
+        finished=stamp,
+        resumed=(),
+        case_records=tuple(records[case] for case in first.shard_of),
+        rows=rows,
+        reason="",
+        shard="",
+        shard_of=(),
+        shard_of_digest="",
+    )
+
+
+def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
+    """The first shard's metadata with the times, sums and case count of the whole."""
+    metadata = dict(shards[0].metadata)
+    for key in ("run_id", "run_state", "run_cases", "selection_digest", "code_digest", "shard"):
+        metadata.pop(key, None)  # the merged manifest's identity replaces these
+    metadata.update(
+        command_line=command_line,
+        start_time=min(s.metadata.get("start_time", "") for s in shards),
+        end_time=max(s.metadata.get("end_time", "") for s in shards),
+        wall_seconds=max(s.metadata.get("wall_seconds", 0.0) for s in shards),
+        case_count=len(shards[0].manifest.shard_of),
+        merged_shards=", ".join(
+            f"{s.manifest.shard} {s.manifest.run_id[:12]} ({s.metadata.get('platform', '')})"
+            for s in sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)
+        ),
+    )
+    for keys, combine in ((SUMMED_KEYS, lambda values: round(sum(values), 3)), (MAXED_KEYS, max)):
+        for key in keys:
+            values = [s.metadata[key] for s in shards if key in s.metadata]
+            metadata.pop(key, None)
+            if values:
+                metadata[key] = combine(values)
+    return metadata
+
+
+def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> dict:
+    """Check the shards in `folders` and write the merged run into `out`; the report paths."""
+    resolved = {f.resolve() for f in folders}
+    if out.resolve() in resolved:
+        raise MergeError(f"OUT {out} is one of the shard folders; merge into another folder")
+    shards = [read_shard(folder) for folder in folders]
+    check_shards(shards)
+    try:
+        out = writable_folder(out)
+    except OutputPathError as exc:
+        raise MergeError(f"OUT: {exc}") from None
+    try:
+        writer = WriterLock(out, command_line)  # one writer per run folder
+    except OutputPathError as exc:  # held by another writer, or not a lock of ours
+        raise MergeError(f"OUT: {exc}") from None
+    with writer:
+        try:
+            return _write_merged(out, shards, command_line)
+        except OSError as exc:  # a full disk: the folder's manifest says failed (mhc_parity.reports.writers)
+            raise MergeError(f"OUT: {cannot_write(exc, out)}") from None
+
+
+def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) -> dict:
+    """Write the merged run of `shards` into `out` (checked, and held by this process)."""
+    by_case: dict[str, list] = {}
+    for shard in shards:
+        for row in shard.rows:
+            by_case.setdefault(row["case"], []).append(row)
+    selection = shards[0].manifest.shard_of
+    rows = [row for case in selection for row in by_case.get(case, [])]
+    manifest = merged_manifest(shards, len(rows), command_line)
+    return write_run_folder(out, rows, merged_metadata(shards, command_line), manifest)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mhc-parity merge", description="Join the run folders of `run --shard K/N` into one run."
+    )
+    parser.add_argument("out", type=pathlib.Path, metavar="OUT", help="folder for the merged run")
+    parser.add_argument("shards", type=pathlib.Path, nargs="+", metavar="DIR", help="the shards' run folders")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    command_line = "mhc-parity merge " + shlex.join(str(a) for a in argv)
+    signals = SignalsInterrupt()
+    try:
+        with signals:
+            paths = merge(args.out, list(args.shards), command_line)
+    except MergeError as exc:
+        print(f"mhc-parity merge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # the shards are untouched; OUT holds no run a reader accepts
+        print(
+            f"mhc-parity merge: interrupted ({signals.name}); {args.out} holds no usable run. "
+            f"Merge again with: {command_line}",
+            file=sys.stderr,
+        )
+        return signals.exit_code
+    print(f"merged {len(args.shards)} shard(s) into {args.out}")
+    for fmt, path in paths.items():
+        print(f"{fmt:>8}: {path}")
+    return EXIT_OK

@@ -1,0 +1,253 @@
+"""A failing row's most likely cause, from the operation's hypotheses run through the oracle.
+
+For a case with a failing row, the operation's hypotheses (`Operation.hypotheses`: roundings
+its model does not allow) run once through the float64 oracle on the case's fixture
+(`Operation.hypothesis_draws`). Each failing (candidate, leaf) then gets the hypothesis whose
+error against the oracle best matches the candidate's, on that leaf and without predicting an
+error on the leaves the candidate got right (`mhc_parity.harness.judging.attribution`), and the row its
+`cause`, `cause_id` and `cause_explained`. A fitted hypothesis (an error of any size per token
+at one place) has no draw: the oracle's linear response there is fitted to each candidate's
+errors instead. A row between two paths that each lie within their model is named by a narrow
+sum in another order: one that explains the partner's leaf, or one that holds the leaf in the
+narrow dtype both paths hold it in (`mhc_parity.harness.judging.held_precision`). A case without a failing
+row runs none of this.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import fixture_elements
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.oracle_path import leaves_as_draw, named_leaves, noise_units
+from mhc_parity.harness.judging.attribution import (
+    FITTED_KIND,
+    SIZE_MATCHED_KINDS,
+    Attribution,
+    FittedHypothesis,
+    HypothesisErrors,
+    attribute_candidate,
+    scaled_errors,
+    size_ranges,
+)
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.judging.error_statistics import l2_norm, upcast
+from mhc_parity.harness.judging.held_precision import HeldDraw, ordered_sum_holding
+from mhc_parity.records.text import format_number
+
+# The largest case whose hypotheses run (fixture elements): every hypothesis holds all of a
+# case's leaves in float64, so above this a failing row says why it names no cause.
+MAX_ATTRIBUTED_ELEMENTS = 5_000_000
+NOT_ATTRIBUTED_ID = "not_attributed"
+NOT_ATTRIBUTED = (
+    "not attributed: the case's {elements:,} fixture elements are more than the hypotheses are run on ({limit:,})"
+)
+# Where two paths differ by the order of a sum their partner's leaf is named by.
+IN_ANOTHER_ORDER = " (named on {partner}, which sums it in another order)"
+# Where both hold the leaf in a dtype the model does not allow and no value match names the sum.
+HELD_IN_ANOTHER_ORDER = (
+    " (this path and {partner} both hold it in {dtype}, which the rounding model does not allow; "
+    "each sums it in its own order)"
+)
+# Where a candidate fails against its partner but holds its own bound against the oracle.
+WITHIN_MODEL_ID = "within_model"
+WITHIN_MODEL = (
+    "within its rounding model against the oracle (usage {usage}): the partner is closer than the bound allows"
+)
+
+
+class HypothesisOracle:
+    """Each case's hypotheses and their oracle leaves, the latest case's kept (a case's failing
+    rows ask once per case; every hypothesis holds all the case's leaves, so no more are kept).
+
+    Called as (case, fixture) -> (hypotheses, one leaf -> float64 array mapping per
+    hypothesis, named like a path's leaves). Thread-safe.
+    """
+
+    def __init__(self):
+        self._latest: tuple | None = None  # (case, answer)
+        self._lock = threading.Lock()
+
+    def __call__(self, case, fixture) -> tuple[Sequence, list[dict[str, np.ndarray]]]:
+        """The case's drawn hypotheses (every kind but `FITTED_KIND`) and their leaves."""
+        return self._answer(case, fixture)[:2]
+
+    def fitted(self, case, fixture) -> list[tuple]:
+        """The case's fitted hypotheses, each with the oracle's response to an error at its
+        place (`Operation.hypothesis_responses`)."""
+        return self._answer(case, fixture)[2]
+
+    def _answer(self, case, fixture):
+        with self._lock:
+            if self._latest is not None and self._latest[0] == case:
+                return self._latest[1]
+        branch = get_branch(case.branch)
+        every = OPERATION.hypotheses(case, branch, noise_units(case))
+        drawn = [h for h in every if h.kind != FITTED_KIND]
+        fitted = [h for h in every if h.kind == FITTED_KIND]
+        draws = OPERATION.hypothesis_draws(case, fixture, branch, drawn)
+        responses = OPERATION.hypothesis_responses(case, fixture, branch, fitted) if fitted else []
+        answer = (drawn, [named_leaves(draw) for draw in draws], list(zip(fitted, responses)))
+        with self._lock:
+            self._latest = (case, answer)
+        return answer
+
+
+def _fitted_in_units(hypothesis, response, scales: Mapping[str, float]) -> FittedHypothesis:
+    """A fitted hypothesis' response with every leaf in units of its σ (`scales`)."""
+
+    def apply(p):
+        return scaled_errors(named_leaves(response.apply(p)), scales)
+
+    def transpose(z):
+        return response.transpose(leaves_as_draw({leaf: v / scales[leaf] for leaf, v in z.items()}))
+
+    return FittedHypothesis(hypothesis.name, hypothesis.label, hypothesis.family, response.shape, apply, transpose)
+
+
+def _needs_cause(row: dict, candidate_leaves: Mapping[str, Mapping], oracle_leaves: Mapping) -> bool:
+    leaves = candidate_leaves.get(row["candidate"])
+    return row["verdict"] == "fail" and leaves is not None and row["leaf"] in leaves and row["leaf"] in oracle_leaves
+
+
+def _errors(leaves: Mapping[str, np.ndarray], oracle_leaves: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """leaf -> leaves[leaf] − oracle (float64), for the leaves the oracle has."""
+    return {leaf: upcast(value) - oracle_leaves[leaf] for leaf, value in leaves.items() if leaf in oracle_leaves}
+
+
+def leaf_scales(oracle_leaves: Mapping[str, np.ndarray], sensitivity: Mapping[str, Sensitivity]) -> dict[str, float]:
+    """leaf -> σ, the rounding model's RMS deviation of the leaf in absolute units (its
+    sensitivity's relative RMS times ‖oracle‖₂), where it is positive and finite."""
+    scales = {}
+    for leaf, exact in oracle_leaves.items():
+        s = sensitivity.get(leaf)
+        value = float("nan") if s is None else s.rms * l2_norm(upcast(exact))
+        if np.isfinite(value) and value > 0.0:
+            scales[leaf] = value
+    return scales
+
+
+def annotate_causes(
+    rows: Sequence[dict],
+    case,
+    fixture,
+    *,
+    oracle_leaves: Mapping[str, np.ndarray],
+    oracle_sensitivity: Mapping[str, Sensitivity],
+    candidate_leaves: Mapping[str, Mapping[str, np.ndarray]],
+    hypotheses: HypothesisOracle,
+    candidate_sensitivity: Mapping[str, Mapping[str, Sensitivity]] | None = None,
+) -> list[dict]:
+    """`rows` (one case's) with `cause`, `cause_id` and `cause_explained` set on every failing
+    row that compared leaves. candidate_leaves: path name -> its leaves (the paths that ran);
+    each candidate is attributed over all its leaves (`attribute_candidate`), in units of its
+    own sensitivity: the oracle's, or where `candidate_sensitivity` has one (a path whose
+    declared precision choices widen its model), that."""
+    rows = list(rows)
+    failing = [i for i, row in enumerate(rows) if _needs_cause(row, candidate_leaves, oracle_leaves)]
+    if not failing:
+        return rows
+    elements = fixture_elements(case)
+    if elements > MAX_ATTRIBUTED_ELEMENTS:
+        cause = NOT_ATTRIBUTED.format(elements=elements, limit=MAX_ATTRIBUTED_ELEMENTS)
+        for i in failing:
+            rows[i] = {**rows[i], "cause": cause, "cause_id": NOT_ATTRIBUTED_ID, "cause_explained": float("nan")}
+        return rows
+    chosen, hypothesis_leaves = hypotheses(case, fixture)
+    deviations = [_errors(leaves, oracle_leaves) for leaves in hypothesis_leaves]
+
+    def in_units(scales):
+        return size_ranges(
+            [
+                HypothesisErrors(
+                    h.name, h.label, h.family, scaled_errors(e, scales), by_size=h.kind in SIZE_MATCHED_KINDS
+                )
+                for h, e in zip(chosen, deviations)
+            ]
+        )
+
+    fitted = hypotheses.fitted(case, fixture)
+    model_scales = leaf_scales(oracle_leaves, oracle_sensitivity)
+    model_errors = in_units(model_scales)
+
+    @functools.cache
+    def in_units_of(candidate: str):
+        """A path's errors, the hypotheses' and the fitted ones, in units of its own σ (once per
+        path: a within-model row asks again for its partner)."""
+        widened = (candidate_sensitivity or {}).get(candidate)
+        scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
+        errors_of = model_errors if widened is None else in_units(scales)
+        errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
+        return errors, errors_of, [_fitted_in_units(h, response, scales) for h, response in fitted]
+
+    def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
+        """The causes of a path's `leaves`."""
+        errors, errors_of, fits = in_units_of(candidate)
+        return attribute_candidate(errors, errors_of, list(leaves), fits)
+
+    ordered = {h.name for h in chosen if h.ordered}
+    labels = {h.name: h.label for h in chosen}
+    draws = [HeldDraw(h.name, h.ordered, leaves) for h, leaves in zip(chosen, hypothesis_leaves)]
+    found: dict[tuple[str, str], Attribution] = {}
+    for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
+        failing_leaves = dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate)
+        found.update({(candidate, leaf): a for leaf, a in attribute(candidate, failing_leaves).items()})
+    own_rows = {(r["candidate"], r["leaf"]): r for r in rows if r["comparison"] == "vs_oracle"}
+    for i in failing:
+        row = rows[i]
+        key = (row["candidate"], row["leaf"])
+        fields = found[key].as_row_fields()
+        own = own_rows.get(key)
+        if not found[key].is_rounding and own is not None and own["verdict"] == "pass":
+            fields.update(cause=WITHIN_MODEL.format(usage=format_number(own["bound_usage"])), cause_id=WITHIN_MODEL_ID)
+            fields = (
+                _ordered_sum_of_partner(row, candidate_leaves, ordered, attribute)
+                or _held_sum_of_pair(row, candidate_leaves, oracle_leaves, draws, labels)
+                or fields
+            )
+        rows[i] = {**row, **fields}
+    return rows
+
+
+def _ordered_sum_of_partner(row: dict, candidate_leaves, ordered: set[str], attribute) -> dict | None:
+    """The cause of a row between two paths that each lie within their own model (its partner
+    another path that ran): a sum whose value depends on its order (`ordered` hypotheses) that
+    explains the partner's leaf value for value makes the two differ, each summing in its own
+    order (a sharded path sums its shards apart). The row's cause fields, or None where the
+    partner's leaf names no such sum. attribute(path, leaves): leaf -> `Attribution`."""
+    partner = _path_partner(row, candidate_leaves)
+    if partner is None:
+        return None
+    on_partner = attribute(partner, [row["leaf"]])[row["leaf"]]
+    if not (on_partner.names and set(on_partner.names) <= ordered):
+        return None
+    return {**on_partner.as_row_fields(), "cause": on_partner.cause + IN_ANOTHER_ORDER.format(partner=partner)}
+
+
+def _held_sum_of_pair(row: dict, candidate_leaves, oracle_leaves, draws, labels: Mapping[str, str]) -> dict | None:
+    """The cause of a row between two paths that each lie within their own model, where both
+    hold its leaf in a narrow dtype the model does not allow and one order-dependent hypothesis
+    holds it there (`mhc_parity.harness.judging.held_precision.ordered_sum_holding`): the two differ by the
+    order of that narrow sum. No share of the error is claimed (`cause_explained` NaN): the
+    evidence is the dtype, not the values. None where that does not hold."""
+    partner = _path_partner(row, candidate_leaves)
+    if partner is None:
+        return None
+    pair = [candidate_leaves[row["candidate"]], candidate_leaves[partner]]
+    found = ordered_sum_holding(row["leaf"], pair, oracle_leaves, draws)
+    if found is None:
+        return None
+    name, dtype = found
+    cause = labels[name] + HELD_IN_ANOTHER_ORDER.format(partner=partner, dtype=dtype)
+    return {"cause": cause, "cause_id": name, "cause_explained": float("nan")}
+
+
+def _path_partner(row: dict, candidate_leaves) -> str | None:
+    """The row's partner where it is another path that ran (not the oracle, not the row's own)."""
+    partner = str(row.get("partner", ""))
+    return partner if partner in candidate_leaves and partner != row["candidate"] else None

@@ -1,0 +1,124 @@
+"""Turn two paths' leaves (plus the oracle's) into judged rows of the schema."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from mhc_parity.harness.engine.leaves import leaf_kind, token_axes
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.judging.metrics import MetricsMemo, leaf_metrics
+from mhc_parity.harness.judging.policy import Policy
+from mhc_parity.records.schema import empty_row
+
+
+def case_fields(case) -> dict:
+    """The row columns that describe the case."""
+    return {
+        "case": case.name,
+        "act_dtype": case.dtype,
+        "weight_dtype": case.weight_dtype,
+        "variant": case.variant,
+        "shape": case.shape_name,
+        "mesh": case.mesh_name,
+        "tags": " ".join(case.all_tags),
+    }
+
+
+def status_row(
+    case, *, candidate: str, partner: str, comparison: str, verdict: str, reason: str, leaf: str = "*"
+) -> dict:
+    """A row with no metrics: skip, unsupported, error, or a whole-path failure."""
+    return empty_row(
+        **case_fields(case),
+        candidate=candidate,
+        partner=partner,
+        comparison=comparison,
+        leaf=leaf,
+        leaf_kind="",
+        verdict=verdict,
+        reason=reason,
+    )
+
+
+def compare_leaves(
+    case,
+    *,
+    candidate: str,
+    partner: str,
+    comparison: str,
+    candidate_leaves: Mapping[str, np.ndarray],
+    partner_leaves: Mapping[str, np.ndarray],
+    oracle_leaves: Mapping[str, np.ndarray],
+    policy: Policy,
+    oracle_sensitivity: Mapping[str, Sensitivity] | None = None,
+    oracle_systematic: Mapping[str, float] | None = None,
+    partitioning: str,
+    timing: tuple[float, float] = (0.0, 0.0),
+    memo: MetricsMemo | None = None,
+    declared: Mapping[str, float] | None = None,
+) -> list[dict]:
+    """One judged row per leaf of the candidate, in the candidate's leaf order.
+
+    `oracle_sensitivity`: leaf -> its `Sensitivity`, the error the arithmetic explains there;
+    `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces
+    (both from `mhc_parity.harness.engine.oracle_path.OracleOutputs`). A leaf the partner (or
+    oracle) lacks gets a `skip` row saying so. `partitioning` is
+    the candidate implementation's (see `Implementation.partitioning`). `timing` is the
+    candidate's (compile_s, execute_s), recorded on every row of the comparison. `memo`:
+    one `mhc_parity.harness.judging.metrics.MetricsMemo` for all comparisons of the case (optional; it saves
+    recomputing what several comparisons share, the rows are the same). `declared`: leaf ->
+    the candidate's declared precision choices' largest deviation there
+    (`mhc_parity.harness.engine.precision_choices.DeclaredEffects.max`; its sensitivity is already widened).
+    """
+    rows = []
+    for leaf, cand in candidate_leaves.items():
+        base = dict(case_fields(case), candidate=candidate, partner=partner, comparison=comparison, leaf=leaf)
+        if leaf not in partner_leaves or leaf not in oracle_leaves:
+            missing = partner if leaf not in partner_leaves else "oracle"
+            rows.append(
+                status_row(
+                    case,
+                    candidate=candidate,
+                    partner=partner,
+                    comparison=comparison,
+                    verdict="skip",
+                    reason=f"{missing} has no leaf {leaf}",
+                    leaf=leaf,
+                )
+            )
+            continue
+        kind = leaf_kind(leaf)
+        dtype = np.dtype(cand.dtype)
+        metrics = leaf_metrics(
+            cand,
+            partner_leaves[leaf],
+            oracle_leaves[leaf],
+            dtype=dtype,
+            sensitivity=None if oracle_sensitivity is None else oracle_sensitivity.get(leaf),
+            token_axes=token_axes(leaf),
+            oracle_systematic_t=(oracle_systematic or {}).get(leaf),
+            memo=memo,
+        )
+        judgement = policy.judge(
+            metrics,
+            comparison=comparison,
+            leaf_kind=kind,
+            dtype=dtype,
+            act_dtype=case.dtype,
+            partitioning=partitioning,
+            declared=(declared or {}).get(leaf, 0.0),
+        )
+        rows.append(
+            empty_row(
+                **base,
+                leaf_kind=kind,
+                dtype=dtype.name,
+                **metrics.as_row_fields(),
+                **judgement.as_row_fields(),
+                compile_s=timing[0],
+                execute_s=timing[1],
+            )
+        )
+    return rows

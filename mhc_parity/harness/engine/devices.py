@@ -1,0 +1,121 @@
+"""Which devices a path runs on, and how that is reported.
+
+Rules (never a silent downgrade — a row's `devices` column names the devices):
+
+* an unsharded path runs on the default backend's first device;
+* a token-sharded path needing N = data·fsdp devices runs on the default backend's first
+  N devices when it has that many;
+* otherwise, when the default backend is an accelerator with too few devices (a
+  single-chip TPU or GPU machine), implementations that run anywhere (not Mosaic) run
+  their sharded paths on the host CPU's first N devices (the 8 simulated ones of
+  `mhc_parity.harness.env`). Such a path is a *host* path: its name ends in ``@cpu`` and its
+  `vs_unsharded` partner is the same implementation unsharded on the host CPU (also
+  ``@cpu``), so a sharded/unsharded comparison never crosses backends;
+* a path that cannot be placed is skipped with the reason.
+
+`choose_devices` is the pure rule (tested with stand-in devices); `path_placement`
+applies it to this process's devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from mhc_parity.cases.spec import MESH_AXES
+from mhc_parity.mhc.precision import effective_matmul_precision
+
+HOST_PLATFORM = "cpu"
+HOST_SUFFIX = "@cpu"
+
+
+class PlacementError(RuntimeError):
+    """A path cannot be placed on this machine's devices; the message is the skip reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """The devices one path runs on (mesh order), and why they are not the default's."""
+
+    devices: tuple
+    note: str = ""
+
+    @property
+    def platform(self) -> str:
+        return self.devices[0].platform
+
+    @property
+    def label(self) -> str:
+        """For the row's `devices` column, e.g. ``cpu:0-7`` or ``cpu:0-7 (host: tpu has 1 device)``."""
+        text = device_label(self.devices)
+        return f"{text} ({self.note})" if self.note else text
+
+
+def device_label(devices: Sequence) -> str:
+    """``<platform>:<ids>`` with consecutive ids as ranges, e.g. ``tpu:0``, ``cpu:0-3,6``."""
+    platform = devices[0].platform
+    ids = sorted(d.id for d in devices)
+    spans: list[list[int]] = []
+    for i in ids:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"{platform}:{text}"
+
+
+def needs_host(needed: int, default_devices: Sequence) -> bool:
+    """True when a mesh of `needed` devices must run on the host CPU instead of the default backend."""
+    return len(default_devices) < needed and default_devices[0].platform != HOST_PLATFORM
+
+
+def choose_devices(needed: int, *, host: bool, default_devices: Sequence, host_devices: Sequence) -> Placement:
+    """The first `needed` devices of the default backend, or of the host CPU when `host`.
+
+    Raises PlacementError (the skip reason) when the chosen backend has fewer.
+    """
+    pool = host_devices if host else default_devices
+    if len(pool) >= needed:
+        note = ""
+        if host:
+            count = len(default_devices)
+            note = f"host: {default_devices[0].platform} has {count} device{'s' if count != 1 else ''}"
+        return Placement(tuple(pool[:needed]), note)
+    where = "the host cpu" if host else f"the default backend ({default_devices[0].platform})"
+    raise PlacementError(f"mesh needs {needed} devices, {where} has {len(pool)}")
+
+
+def host_fallback(needed: int) -> bool:
+    """`needs_host` for this process's default devices."""
+    return needs_host(needed, jax.devices())
+
+
+def path_placement(path) -> Placement:
+    """Where `path` (a `mhc_parity.harness.engine.paths.Path`) runs in this process; PlacementError if nowhere."""
+    needed = 1 if path.mesh is None else path.mesh[0] * path.mesh[1]
+    return choose_devices(
+        needed, host=path.host, default_devices=jax.devices(), host_devices=jax.devices(HOST_PLATFORM)
+    )
+
+
+@functools.cache
+def placement_mesh(devices: tuple, shape: tuple[int, int]):
+    """A (data, fsdp) `jax.sharding.Mesh` over `devices` (cached: one object per placement)."""
+    return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+
+
+def precision_label(setting: str, platform: str, compute_capability=None) -> str:
+    """The row's `matmul_precision`: the effective setting, and why when it differs.
+
+    e.g. ``highest``, ``default`` (on a TPU), or ``highest (default requested; cpu
+    default is full float32)``.
+    """
+    effective = effective_matmul_precision(setting, platform, compute_capability)
+    if effective == setting:
+        return effective
+    return f"{effective} (default requested; {platform} default is full float32)"

@@ -1,0 +1,300 @@
+"""Implementations of the operation under test the harness can run, built-in and external.
+
+Every implementation but a whole-layer one runs through the operation's layer
+(`mhc_parity.harness.engine.operation`; for the mHC layer `ManifoldConstrainedHyperConnections`), so
+the weights a path sees and the way the branch is wired are identical across paths; only
+the pre/post functions (the operation's `EXTERNAL_HOOKS`) differ:
+
+  reference  the layer with `use_pallas_kernel=False` (plain JAX)
+  interpret  the layer with `use_pallas_kernel=True`, Pallas interpret mode
+  mosaic     the layer with `use_pallas_kernel=True`, Mosaic-compiled (TPU only)
+  external   the layer with `implementation=<object with pre/post>`, loaded by
+             import path (`--impl my_pkg.module:factory`)
+
+The external interface: `factory()` returns an object with
+  pre(x, weights: MhcWeights, *, config: MhcConfig) -> (layer_input, context)
+  post(layer_output, context, *, config: MhcConfig) -> out
+with x (B, S, n, C), layer_input (B, S, C), out like x, and `context` any pytree; if it
+has attributes h_pre, h_post, h_res they are compared as intermediates.
+
+A whole-layer implementation (a layer of another project, run through its own
+`__call__`) has instead of pre/post
+  build(case, *, matmul_precision, mesh) -> forward
+  forward(x, weights: dict[field, array], branch_fn) -> (out, intermediates: dict)
+with `weights` the fixture's leaves by `MhcWeights` field name (stored dtypes) and
+`branch_fn(layer_input) -> layer_output` the case's branch; gradients are taken through
+`forward` by the harness, so every weight leaf gets one.
+
+Optional attributes: `name` (defaults to the factory's module:function), `variants`
+(tuple of supported variants, default ("lite", "sinkhorn")), `expects_case_limits` (True
+if the case's expect/expect_reason applies to it, as to the kernels; default False),
+`envelope` (a `mhc_parity.harness.engine.envelope.Envelope`: cases outside it are `unsupported` rows),
+`partner` (the name of another implementation of the run it is also compared with, as
+`vs_reference`: e.g. a kernel path and its own project's reference path),
+`lower(case, mesh_shape) -> [mhc_parity.mhc.kernels.lowering.LoweringResult]` (lowering rows of its
+kernel programs, `mesh_shape` () or the case's mesh), `code_root` (the folder of its
+code: an error row names the innermost frame there) and `precision_choices` (the roundings
+and narrow sums it makes on purpose, `mhc_parity.harness.engine.precision_choices.PrecisionChoice`s:
+they join its own rounding model). A factory may return a list or tuple of such objects:
+each becomes an implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mhc_parity.harness.engine.envelope import Envelope
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.precision_choices import PrecisionChoice, declared_choices
+from mhc_parity.harness.errors import ConfigurationError
+from mhc_parity.mhc.common import VARIANTS
+from mhc_parity.records.foreign_code import note_foreign_code
+
+
+class ImplementationError(ConfigurationError):
+    """An implementation could not be loaded or is malformed (a configuration error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One way of computing the layer, and what the harness may expect of it.
+
+    name: stable path prefix (keys baselines). kernel: True for the Pallas kernels.
+    interpret: Pallas interpret mode (kernels only). variants: variants it implements;
+    other cases get a `skip` row. needs_backend: JAX backend required ("tpu"), else
+    `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
+    external: the object with pre/post passed to the layer as `implementation`.
+    spec, source_file, module: an external one's `module:factory`, its module's file and
+    name (the run manifest records the spec and, as code under test, what the module imports). layer: a whole-layer
+    implementation's object with `build` (module docstring), used instead of this
+    project's layer. envelope: what it supports (`mhc_parity.harness.engine.envelope.Envelope`; None: any
+    case). partner: the implementation it is also compared with (`vs_reference`).
+    lower: its kernel programs' lowering (module docstring). code_root: the folder whose
+    innermost frame an error row names. precision_choices: what it rounds or sums narrowly
+    on purpose (`mhc_parity.harness.engine.precision_choices`).
+    """
+
+    name: str
+    kernel: bool = False
+    interpret: bool = True
+    variants: tuple[str, ...] = VARIANTS
+    needs_backend: str | None = None
+    case_limits: bool = False
+    external: Any = None
+    spec: str = ""
+    source_file: str = ""
+    module: str = ""
+    layer: Any = None
+    envelope: Envelope | None = None
+    partner: str = ""
+    lower: Callable | None = dataclasses.field(default=None, compare=False)
+    code_root: str = ""
+    precision_choices: tuple[PrecisionChoice, ...] = ()
+
+    def case_skip_reason(self, case) -> str:
+        """Why this implementation does not run `case` at all ("" if it does)."""
+        if case.variant not in self.variants:
+            return f"{self.name} implements {'/'.join(self.variants)}, not the {case.variant} variant"
+        if self.kernel and "reference_only" in case.all_tags:
+            return "case is tagged reference_only"
+        return ""
+
+    def envelope_reason(self, case, mesh: tuple[int, int] | None = None) -> str:
+        """Why `case` on `mesh` is outside this implementation's envelope ("" if inside or it has none)."""
+        return self.envelope.reason(case, mesh) if self.envelope is not None else ""
+
+    @property
+    def runs_on_host(self) -> bool:
+        """True if it can run on the host CPU (everything but backend-specific code such as Mosaic)."""
+        return self.needs_backend is None
+
+    def partitioning(self, elementwise_branch: bool) -> str:
+        """How a token-sharded run of this implementation is split, for the policy.
+
+        "manual": every per-token computation runs per shard in code whose blocking does
+        not depend on the shard's token count (the kernels inside shard_map, around an
+        elementwise branch), so each token is bit-identical to the unsharded run.
+        "auto": some per-token work (the reference, an external implementation, or a
+        branch with matmuls) is partitioned by XLA, which may re-block a matmul for the
+        smaller per-shard row count and so reorder its sums.
+        """
+        return "manual" if self.kernel and elementwise_branch else "auto"
+
+    def layer_builder(self):
+        """What builds its paths' forward (`mhc_parity.harness.engine.operation.LayerBuilder`): a
+        whole-layer implementation's own object, else the operation's layer on this
+        implementation (the reference, the kernels, or around the external pre/post)."""
+        if self.layer is not None:
+            return self.layer
+        return OPERATION.layer_builder(kernel=self.kernel, interpret=self.interpret, external=self.external)
+
+
+REFERENCE = Implementation("reference")
+INTERPRET = Implementation("interpret", kernel=True, interpret=True, variants=("lite",), case_limits=True)
+MOSAIC = Implementation(
+    "mosaic", kernel=True, interpret=False, variants=("lite",), needs_backend="tpu", case_limits=True
+)
+BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
+# `lowering` and `oracle` are paths too but not layer implementations: see mhc_parity.harness.engine.paths.
+RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
+
+
+def is_builtin(impl: Implementation) -> bool:
+    """True for this project's own `reference`, `interpret`, `mosaic` (not an external one under such a name)."""
+    return BUILTIN.get(impl.name) == impl
+
+
+def includes_external(implementations) -> bool:
+    """True if any of `implementations` is not built in: its code ran in this process."""
+    return not all(is_builtin(impl) for impl in implementations)
+
+
+def load_external(spec: str) -> Implementation:
+    """Load `module.path:factory`, whose factory returns one object, and wrap it
+    (ImplementationError if it returns several: see `load_implementations`)."""
+    loaded = load_implementations(spec)
+    if len(loaded) != 1:
+        raise ImplementationError(f"--impl {spec!r} gives {len(loaded)} implementations; expected one")
+    return loaded[0]
+
+
+def load_implementations(spec: str) -> tuple[Implementation, ...]:
+    """Load `module.path:factory` and wrap what the factory returns (one object, or a
+    list or tuple of them: one implementation each).
+
+    Raises ImplementationError naming the spec for a bad format, a missing module or
+    attribute, a factory that fails or returns nothing, or a malformed object (`wrap_external`).
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImplementationError(f"--impl {spec!r}: expected 'module.path:factory'")
+    note_foreign_code(spec, module_name)  # before the import: it may patch anything
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImplementationError(f"--impl {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a syntax error or an exception raised while the module loads
+        raise ImplementationError(
+            f"--impl {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    note_foreign_code(spec, module_name, getattr(module, "__file__", None))  # a project name, a file elsewhere?
+    factory: Callable[[], Any] | None = getattr(module, attr, None)
+    if not callable(factory):
+        raise ImplementationError(f"--impl {spec!r}: {module_name} has no callable {attr!r}")
+    try:
+        obj = factory()
+    except Exception as exc:  # the user's code: report, do not crash the CLI
+        raise ImplementationError(f"--impl {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    objects = obj if isinstance(obj, (list, tuple)) else (obj,)
+    if not objects:
+        raise ImplementationError(f"--impl {spec!r}: the factory returned no implementation")
+    return tuple(
+        wrap_external(
+            item,
+            spec=spec,
+            default_name=f"{module_name}:{attr}" if len(objects) == 1 else "",
+            source_file=getattr(module, "__file__", None) or "",
+        )
+        for item in objects
+    )
+
+
+def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_file: str = "") -> Implementation:
+    """An `Implementation` around an object with `pre`/`post` (what a factory returns).
+
+    Its name is `obj.name`, else `default_name`; ImplementationError for an object without
+    callable pre/post (or build, for a whole layer), with an envelope that is not an
+    `Envelope`, without a name, with a reserved name or unknown variants.
+    """
+    label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
+    kind = type(obj)
+    note_foreign_code(spec or f"{kind.__module__}.{kind.__qualname__}", kind.__module__, _module_file(kind.__module__))
+    whole_layer = callable(getattr(obj, "build", None))
+    for method in () if whole_layer else OPERATION.EXTERNAL_HOOKS:
+        if not callable(getattr(obj, method, None)):
+            raise ImplementationError(f"{label}: the factory's object has no callable {method}() (nor build())")
+    envelope = getattr(obj, "envelope", None)
+    if envelope is not None and not isinstance(envelope, Envelope):
+        raise ImplementationError(
+            f"{label}: `envelope` must be a mhc_parity.harness.engine.envelope.Envelope, got {type(envelope).__name__}"
+        )
+    lower = getattr(obj, "lower", None)
+    if lower is not None and not callable(lower):
+        raise ImplementationError(f"{label}: `lower` must be callable")
+    name = getattr(obj, "name", None) or default_name
+    if not name:
+        raise ImplementationError(f"{label}: give the object a `name` attribute (it keys rows and baselines)")
+    if name in RESERVED_NAMES or "/" in name:
+        raise ImplementationError(f"{label}: name {name!r} is reserved or contains '/'")
+    variants = tuple(getattr(obj, "variants", VARIANTS))
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ImplementationError(f"{label}: unknown variants {sorted(unknown)}")
+    module_name = spec.partition(":")[0] or type(obj).__module__ or ""
+    if not source_file:
+        module = importlib.import_module(module_name) if module_name else None
+        source_file = getattr(module, "__file__", None) or ""
+    return Implementation(
+        name=name,
+        variants=variants,
+        case_limits=bool(getattr(obj, "expects_case_limits", False)),
+        external=None if whole_layer else obj,
+        spec=spec,
+        source_file=source_file,
+        module=module_name,
+        layer=obj if whole_layer else None,
+        envelope=envelope,
+        partner=str(getattr(obj, "partner", "") or ""),
+        lower=lower,
+        code_root=str(getattr(obj, "code_root", "") or ""),
+        precision_choices=declared_choices(obj, label),
+    )
+
+
+def _module_file(name: str) -> str | None:
+    module = sys.modules.get(name)
+    return getattr(module, "__file__", None)
+
+
+def as_implementation(item: str | Implementation | Any) -> Implementation:
+    """A `module:factory` spec loaded, an `Implementation` as it is, an object with pre/post wrapped.
+    ImplementationError for a spec whose factory returns several (`load_externals` takes those)."""
+    if isinstance(item, Implementation):
+        return item
+    if isinstance(item, str):
+        return load_external(item)
+    return wrap_external(item)
+
+
+def load_externals(specs) -> tuple[Implementation, ...]:
+    """`as_implementation` of each item (a spec, an Implementation, an object with pre/post);
+    ImplementationError for a spec given twice or two implementations with one name (their
+    rows would share keys)."""
+    specs = list(specs)
+    repeated = sorted({s for s in specs if isinstance(s, str) and specs.count(s) > 1})
+    if repeated:
+        raise ImplementationError(f"--impl {repeated[0]!r} is given more than once")
+    loaded = tuple(
+        impl
+        for item in specs
+        for impl in (load_implementations(item) if isinstance(item, str) else (as_implementation(item),))
+    )
+    names: dict[str, str] = {}
+    for impl in loaded:
+        if impl.name in names:
+            raise ImplementationError(
+                f"--impl {names[impl.name] or impl.name!r} and --impl {impl.spec or impl.name!r} are both "
+                f"named {impl.name!r}; give one a different `name` attribute"
+            )
+        names[impl.name] = impl.spec
+    for impl in loaded:
+        if impl.partner and impl.partner not in names:
+            raise ImplementationError(
+                f"implementation {impl.name!r} names partner {impl.partner!r}, which the run does not include "
+                f"(it includes: {', '.join(names)})"
+            )
+    return loaded

@@ -1,0 +1,138 @@
+"""Lowering rows: the kernels' Mosaic (TPU) lowering checked from any machine.
+
+One row per kernel program (`pre_forward`, `post_forward`, `pre_backward`,
+`post_backward`), unsharded and — when the case has a mesh — token-sharded on an
+abstract TPU mesh of the case's shape, at the case's requested matmul precision (the
+TPU's meaning of it). The row's leaf is the program name; `pass` means the program
+lowered to a Mosaic custom call, `fail` carries the lowering error. Nothing runs, so
+the `devices` column stays empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+
+import jax.numpy as jnp
+
+from mhc_parity.cases.spec import mesh_label
+from mhc_parity.harness.engine.compare import status_row
+from mhc_parity.harness.engine.implementations import MOSAIC
+from mhc_parity.mhc.kernels import KernelConfig
+from mhc_parity.mhc.kernels.lowering import lower_kernel_programs
+
+LOWERING_IMPL = "lowering"
+
+
+def lowering_path_name(mesh: tuple[int, int] | None) -> str:
+    return f"{LOWERING_IMPL}/unsharded" if mesh is None else f"{LOWERING_IMPL}/sharded({mesh_label(mesh)})"
+
+
+def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
+    if case.expects_unsupported:
+        if not ok:
+            if "UnsupportedInputError" in error and case.expect_reason in error:
+                return "unsupported", error
+            return "fail", f"rejected for another reason than {case.expect_reason!r}: {error}"
+        return "fail", f"lowered input the case expects the kernels to reject ({case.expect_reason!r})"
+    return ("pass", "") if ok else ("fail", error)
+
+
+def lowering_rows(case, store=None) -> Iterator[dict]:
+    """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded.
+
+    store: a `mhc_parity.harness.stores.program_store.LoweringStore` to reuse earlier results of the same
+    lowering (None: lower every program).
+    """
+    for row in _rows(case, store):
+        row["matmul_precision"] = case.matmul_precision  # the precision the programs were lowered at
+        yield row
+
+
+def _lower(case, mesh, store) -> list:
+    arguments = dict(
+        config=case.mhc_config(),
+        batch=case.batch,
+        seq=case.sequence,
+        dtype=jnp.dtype(case.dtype),
+        kernel=KernelConfig(**case.block_sizes),
+        mesh_shape=mesh or (),
+    )
+    if store is None:
+        return lower_kernel_programs(**arguments)
+    described = {
+        **arguments,
+        "config": dataclasses.asdict(arguments["config"]),
+        "dtype": str(arguments["dtype"]),
+        "kernel": dataclasses.asdict(arguments["kernel"]),
+        "mesh_shape": list(arguments["mesh_shape"]),
+    }
+    return store.lower(described, lambda: lower_kernel_programs(**arguments))
+
+
+def case_meshes(case) -> list:
+    """The meshes a case's lowering rows are for: None (unsharded), then its mesh if it has one."""
+    return [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
+
+
+def _rows(case, store) -> Iterator[dict]:
+    skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
+    for mesh in case_meshes(case):
+        yield from _program_rows(case, lowering_path_name(mesh), skip, lambda mesh=mesh: _lower(case, mesh, store))
+
+
+def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: bool = True) -> Iterator[dict]:
+    """One row per program `lower()` returns (`LoweringResult`s), a `skip` row if `skip`,
+    one row for the path if `lower` raises. expects_case_limits: the case's expected
+    rejection applies to these programs (this project's kernels)."""
+    if skip:
+        yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
+        return
+    judge = _verdict if expects_case_limits else (lambda _case, ok, error: ("pass", "") if ok else ("fail", error))
+    try:
+        results = lower()
+    except Exception as exc:  # noqa: BLE001 - the config itself is invalid (any error): one row for the path
+        verdict, reason = judge(case, False, f"{type(exc).__name__}: {exc}")
+        yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict=verdict, reason=reason)
+        return
+    for result in results:
+        verdict, reason = judge(case, result.ok, result.error)
+        row = status_row(
+            case,
+            candidate=candidate,
+            partner="",
+            comparison="lowering",
+            verdict=verdict,
+            reason=reason,
+            leaf=result.program,
+        )
+        row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
+        yield row
+
+
+def implementation_lowering_name(impl_name: str, mesh: tuple[int, int] | None) -> str:
+    """The lowering rows' path of an implementation with its own kernels (`Implementation.lower`)."""
+    return f"{impl_name}/lowering-unsharded" if mesh is None else f"{impl_name}/lowering-sharded({mesh_label(mesh)})"
+
+
+def implementation_lowering_rows(case, impl) -> Iterator[dict]:
+    """Rows for the kernel programs an implementation lowers itself (`impl.lower(case, mesh_shape)`),
+    unsharded and (with a mesh) token-sharded; a case outside its envelope gives `unsupported` rows."""
+    for mesh in case_meshes(case):
+        candidate = implementation_lowering_name(impl.name, mesh)
+        skip, outside = impl.case_skip_reason(case), impl.envelope_reason(case, mesh)
+        if skip or outside:
+            yield status_row(
+                case,
+                candidate=candidate,
+                partner="",
+                comparison="lowering",
+                verdict="skip" if skip else "unsupported",
+                reason=f"{impl.name}: {skip or outside}",
+            )
+            continue
+        lower = functools.partial(impl.lower, case, mesh or ())
+        for row in _program_rows(case, candidate, "", lower, expects_case_limits=False):
+            row["matmul_precision"] = case.matmul_precision
+            yield row

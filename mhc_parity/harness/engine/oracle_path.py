@@ -1,0 +1,165 @@
+"""The float64 oracle as a path: its leaves named like a path's, and their sensitivity.
+
+`run_oracle_path(case, fixture)` runs the operation's float64 oracle (`mhc_parity.mhc.oracle`) once
+exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program), and
+returns an `OracleOutputs`: the exact leaves, how far one rounding per operation moves
+each of them, and the systematic-error statistic of those draws.
+`mhc_parity.harness.stores.oracle_cache` stores these answers by content, keyed by the code they are
+computed from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.judging.error_statistics import draw_deviations, effective_dof, statistic_dof, systematic_error
+from mhc_parity.mhc.precision import device_compute_capability, operand_rounding
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleOutputs:
+    """The oracle's leaves, and how far one rounding per operation moves each of them.
+
+    sensitivity: leaf -> its `Sensitivity`: the relative deviation of the noisy oracle from
+    the exact one (root-mean-square over `NOISE_SAMPLES` draws, normalised like the
+    metrics: by max|oracle| and ‖oracle‖₂; and along the leaf itself), with the effective
+    degrees of freedom that say how well N draws estimate it
+    (`mhc_parity.harness.judging.confidence`). The noise is one simulated rounding of the case's
+    activation dtype on every input and intermediate (`mhc_parity.mhc.oracle.run_oracle`'s
+    `rounding_noise`), so a leaf's sensitivity is the error that dtype's arithmetic
+    explains there — small for a well-conditioned leaf, large where the math itself
+    cancels (peaked softmax gradients, gate-scale sums).
+    """
+
+    leaves: Mapping[str, np.ndarray]
+    sensitivity: Mapping[str, Sensitivity]
+    execute_s: float
+    # token-major leaf -> the systematic-error t statistic of the noisy draws against the
+    # exact oracle (root-mean-square over the draws): how much of an error shared by every
+    # token the rounding model itself produces (e.g. rounded weights meeting activations
+    # whose mean is not zero).
+    systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+# Enough draws that the sensitivity's own noise stays inside the bound for a leaf with one
+# error direction (`mhc_parity.harness.judging.confidence.quantile`: the factor such a leaf needs at
+# the policy's rate falls steeply to 16 draws and slowly after); the draws run as one
+# vmapped program, so each costs execution, not compilation.
+NOISE_SAMPLES = 16
+# Seeds the rounding noise together with the case seed: reproducible, and independent
+# of the fixture's own random streams.
+NOISE_STREAM = 0x5E45
+
+
+def named_leaves(draw) -> dict[str, np.ndarray]:
+    """An oracle draw (`mhc_parity.harness.engine.operation.OracleDraw`) as leaves named like a path's."""
+    leaves = {name: draw.forward[name] for name in FORWARD_LEAVES}
+    leaves["d_x"] = draw.d_x
+    leaves.update({weight_leaf(k): v for k, v in draw.d_weights.items()})
+    leaves.update({branch_leaf(k): v for k, v in draw.d_branch.items()})
+    return leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafDraw:
+    """Leaves named like a path's as an `mhc_parity.harness.engine.operation.OracleDraw` (`leaves_as_draw`)."""
+
+    forward: Mapping[str, np.ndarray]
+    d_x: np.ndarray | None
+    d_weights: Mapping[str, np.ndarray]
+    d_branch: Mapping[str, np.ndarray]
+    d_layer_output: np.ndarray | None = None
+
+
+def leaves_as_draw(leaves: Mapping[str, np.ndarray]) -> LeafDraw:
+    """The inverse of `named_leaves`: leaf -> array as a draw (a leaf not given is absent, d_x None)."""
+    weights = {name: leaves[weight_leaf(name)] for name in OPERATION.WEIGHT_NAMES if weight_leaf(name) in leaves}
+    prefix = branch_leaf("")
+    return LeafDraw(
+        forward={name: leaves[name] for name in FORWARD_LEAVES if name in leaves},
+        d_x=leaves.get("d_x"),
+        d_weights=weights,
+        d_branch={leaf.removeprefix(prefix): v for leaf, v in leaves.items() if leaf.startswith(prefix)},
+    )
+
+
+def noise_seeds(case) -> tuple[int, ...]:
+    """The seeds of the case's `NOISE_SAMPLES` rounding draws."""
+    return tuple((case.seed * 1_000_003 + NOISE_STREAM * 16 + sample) % 2**31 for sample in range(NOISE_SAMPLES))
+
+
+def noise_units(case) -> dict[str, float]:
+    """The unit roundoff of every precision class of the case's rounding draws (the operation's
+    rounding model: `mhc_parity.mhc.oracle.unit_roundoffs` for the mHC layer)."""
+    return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case))
+
+
+def root_mean_square(values) -> float:
+    """sqrt(mean(values²)), float64: how draws of one statistic are combined."""
+    return float(np.sqrt(np.mean(np.square(values))))
+
+
+def leaf_sensitivity(noisy: list[np.ndarray], exact: np.ndarray) -> Sensitivity:
+    """The `Sensitivity` of one leaf from its noisy draws and the exact oracle (float64)."""
+    max_devs, rms_devs, gains, deviations = draw_deviations(noisy, exact)
+    dof_rms = effective_dof(deviations)
+    return Sensitivity(
+        max=root_mean_square(max_devs),
+        rms=root_mean_square(rms_devs),
+        gain=root_mean_square(gains),
+        dof_max=statistic_dof(max_devs, dof_rms),
+        dof_rms=dof_rms,
+        draws=len(noisy),
+    )
+
+
+def matmul_operand_roundoff(case) -> float:
+    """How much the dots of the case's paths round float32 operands, as a unit roundoff.
+
+    Asked of `mhc_parity.mhc.precision.operand_rounding` for the case's matmul-precision setting on
+    the default backend (where the paths run; a path moved to the host CPU rounds no
+    more than that): 0 at "highest" and on a CPU.
+    """
+    device = jax.devices()[0]
+    return operand_rounding(case.matmul_precision, device.platform, device_compute_capability(device)).unit_roundoff
+
+
+def run_oracle_path(case, fixture) -> OracleOutputs:
+    """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
+
+    The sensitivity draws use the mixed-precision rounding model of `mhc_parity.mhc.oracle`
+    (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
+    implementation may hold it in, for the case's activation and weight dtypes and the
+    operand rounding its matmul precision implies on this backend. The exact oracle and the
+    `NOISE_SAMPLES` draws are one run of one compiled program (`mhc_parity.mhc.oracle.run_oracle_batch`,
+    vmapped over the draws; shared by every case of the same shapes, branch and config).
+    """
+    start = time.perf_counter()
+    units = noise_units(case)
+    exact_result, *draws = OPERATION.oracle_draws(
+        case, fixture, get_branch(case.branch), [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+    )
+    exact = named_leaves(exact_result)
+    noisy: dict[str, list[np.ndarray]] = {name: [] for name in exact}
+    systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
+    for draw in draws:
+        for name, value in named_leaves(draw).items():
+            noisy[name].append(value)
+            if name in systematic:
+                systematic[name].append(systematic_error(value, exact[name])[0])
+    sensitivity = {name: leaf_sensitivity(values, exact[name]) for name, values in noisy.items()}
+    return OracleOutputs(
+        exact,
+        sensitivity,
+        time.perf_counter() - start,
+        systematic={name: root_mean_square(ts) for name, ts in systematic.items()},
+    )

@@ -1,0 +1,129 @@
+"""Paths (implementation × sharding) and the programs they run.
+
+A path runs one case's fixture through one implementation, unsharded or token-sharded
+on the case's mesh, on the devices `mhc_parity.harness.engine.devices` places it on (a *host* path, named
+``...@cpu``, runs on the host CPU because the default accelerator has too few devices),
+at the case's matmul precision as effective there, and returns a flat mapping
+leaf-name -> NumPy array (the leaves of `mhc_parity.harness.engine.leaves`) from one forward pass and one
+VJP seeded with the case's cotangent. Weights, inputs and the cotangent are the program's
+arguments, so cases that share shapes and dtypes share a program (`mhc_parity.harness.engine.program_cache`
+keeps the compiled ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.spec import MESH_AXES, mesh_label
+from mhc_parity.harness.engine.devices import HOST_SUFFIX, Placement, placement_mesh
+from mhc_parity.harness.engine.implementations import Implementation
+from mhc_parity.harness.engine.leaves import branch_leaf, weight_leaf
+from mhc_parity.mhc.precision import device_compute_capability, effective_matmul_precision
+
+ORACLE_PATH = "oracle"
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh.
+
+    host: run on the host CPU's devices although the default backend is an accelerator
+    (see `mhc_parity.harness.engine.devices`); False everywhere on a CPU machine.
+    """
+
+    impl: Implementation
+    mesh: tuple[int, int] | None = None
+    host: bool = False
+
+    @property
+    def name(self) -> str:
+        """Stable name, e.g. `reference/unsharded` or `interpret/sharded(data=2,fsdp=4)` (+`@cpu`)."""
+        suffix = HOST_SUFFIX if self.host else ""
+        if self.mesh is None:
+            return f"{self.impl.name}/unsharded{suffix}"
+        return f"{self.impl.name}/sharded({mesh_label(self.mesh)}){suffix}"
+
+    @property
+    def unsharded(self) -> Path:
+        """The same implementation unsharded, on the same backend."""
+        return Path(self.impl, None, self.host)
+
+
+@dataclasses.dataclass(frozen=True)
+class PathOutputs:
+    """What one path produced: leaves (name -> array) and its timing in seconds."""
+
+    leaves: Mapping[str, np.ndarray]
+    compile_s: float
+    execute_s: float
+
+
+def _path_mesh(path: Path, placement: Placement):
+    """The `jax.sharding.Mesh` a sharded path runs on (None when unsharded)."""
+    return None if path.mesh is None else placement_mesh(placement.devices, tuple(path.mesh))
+
+
+def effective_precision(case, placement: Placement) -> str:
+    """The matmul precision `case` runs at on `placement`'s backend (see `mhc_parity.mhc.precision`)."""
+    device = placement.devices[0]
+    return effective_matmul_precision(case.matmul_precision, device.platform, device_compute_capability(device))
+
+
+def _trace_signature(case, precision: str) -> tuple:
+    """Everything about a case that changes the compiled program (not its data): its
+    `PROGRAM_FIELDS` and the effective matmul precision (the mesh is in the path's name)."""
+    return (*case.program_fields(), precision)
+
+
+def _build_program(path: Path, case, placement: Placement, precision: str):
+    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`:
+    the implementation's layer (`Implementation.layer_builder`, this project's layer unless a
+    whole-layer implementation brings its own) on the fixture's weights and the case's branch.
+
+    precision: the matmul precision of every dot of the layer and the branch.
+    """
+    branch = get_branch(case.branch)
+    forward_of = path.impl.layer_builder().build(case, matmul_precision=precision, mesh=_path_mesh(path, placement))
+
+    def forward(x_, w_, p_):
+        return forward_of(x_, dict(w_), lambda h: branch.apply(p_, h, precision))
+
+    return _forward_and_vjp(forward)
+
+
+def _forward_and_vjp(forward):
+    """The program of `forward(x, weights, params) -> (out, intermediates)`: its forward
+    leaves and the gradient leaves of one VJP seeded with the cotangent."""
+
+    def program(x, weights, params, cotangent):
+        out, pullback, intermediates = jax.vjp(forward, x, weights, params, has_aux=True)
+        d_x, d_w, d_p = pullback(cotangent)
+        grads = {"d_x": d_x}
+        grads.update({weight_leaf(k): v for k, v in d_w.items()})
+        grads.update({branch_leaf(k): v for k, v in d_p.items()})
+        return {"out": out, **intermediates}, grads
+
+    return program
+
+
+def _place(fixture, path: Path, placement: Placement):
+    """Fixture arrays on the path's devices: activations token-sharded on its mesh, the rest replicated."""
+    arrays = (fixture.x, dict(fixture.weights), dict(fixture.branch_params), fixture.cotangent)
+    if path.mesh is None:
+        return jax.device_put(arrays, placement.devices[0])
+    mesh = _path_mesh(path, placement)
+    tokens = NamedSharding(mesh, PartitionSpec(*MESH_AXES))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    x, weights, params, cotangent = arrays
+    return (
+        jax.device_put(x, tokens),
+        jax.device_put(weights, replicated),
+        jax.device_put(params, replicated),
+        jax.device_put(cotangent, tokens),
+    )

@@ -1,0 +1,195 @@
+"""The matrix a run will make, known before anything is computed.
+
+`PathPlan` says which implementations and path-name globs run; from it and the selected
+cases follow every path, every comparison and every leaf (with its dtype) the run will
+judge. The CLI checks that plan up front, so configuration errors cost no compute:
+
+  `unmatched_path_globs`   a `--paths` glob that selects no path of the selection
+                           (a typo), with a did-you-mean over the known path names;
+  `uncovered_judgements`   a comparison the tolerance policy has no rule for.
+
+Leaf dtypes follow the operation's contract: the forward leaves' are the operation's
+(`mhc_parity.harness.engine.operation`), `d_x` is in the activation dtype, every other gradient in
+the dtype of its primal (the weight dtype for weights and branch parameters,
+`mhc_parity.cases.fixtures.expected_layout`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import expected_layout
+from mhc_parity.cases.names import did_you_mean
+from mhc_parity.harness.engine.devices import host_fallback
+from mhc_parity.harness.engine.implementations import REFERENCE, Implementation
+from mhc_parity.harness.engine.leaves import branch_leaf, leaf_kind, weight_leaf
+from mhc_parity.harness.engine.lowering_rows import case_meshes, implementation_lowering_name, lowering_path_name
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.paths import ORACLE_PATH, Path
+from mhc_parity.harness.judging.policy import Policy, PolicyError
+
+
+@dataclasses.dataclass(frozen=True)
+class PathPlan:
+    """Which implementations and paths run: implementations in order, path-name globs."""
+
+    implementations: tuple[Implementation, ...]
+    path_globs: tuple[str, ...] = ("*",)
+    lowering: bool = True
+
+    def selects(self, path_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(path_name, g) for g in self.path_globs)
+
+    def all_paths_for(self, case) -> list[Path]:
+        """Every path of the case, selected or not: each implementation unsharded, then sharded.
+
+        When the default backend is an accelerator with fewer devices than the mesh, the
+        sharded paths of implementations that run anywhere move to the host CPU and
+        bring their unsharded host twin as the `vs_unsharded` partner (see
+        `mhc_parity.harness.engine.devices`); Mosaic's sharded path stays and is skipped with the reason.
+        """
+        paths = [Path(impl, None) for impl in self.implementations]
+        if case.mesh is not None:
+            mesh = tuple(case.mesh)
+            if host_fallback(mesh[0] * mesh[1]):
+                paths += [Path(impl, None, host=True) for impl in self.implementations if impl.runs_on_host]
+                paths += [Path(impl, mesh, host=impl.runs_on_host) for impl in self.implementations]
+            else:
+                paths += [Path(impl, mesh) for impl in self.implementations]
+        return paths
+
+    def paths_for(self, case) -> list[Path]:
+        """The case's selected paths (see `all_paths_for`)."""
+        return [p for p in self.all_paths_for(case) if self.selects(p.name)]
+
+    def lowering_names_for(self, case) -> list[str]:
+        """The case's lowering row candidates, selected or not (none without lowering): this
+        project's kernels', then those of each implementation that lowers its own."""
+        if not self.lowering:
+            return []
+        meshes = case_meshes(case)
+        names = [lowering_path_name(mesh) for mesh in meshes]
+        for impl in self.implementations:
+            if impl.lower is not None:
+                names += [implementation_lowering_name(impl.name, mesh) for mesh in meshes]
+        return names
+
+    def known_names(self, cases: Iterable) -> list[str]:
+        """Every path and lowering name the cases could produce, in first-seen order."""
+        names: dict[str, None] = {}
+        for case in cases:
+            names.update(dict.fromkeys(p.name for p in self.all_paths_for(case)))
+            names.update(dict.fromkeys(self.lowering_names_for(case)))
+        return list(names)
+
+    def selected_names(self, cases: Iterable) -> list[str]:
+        """The path and lowering names this plan runs for the cases."""
+        return [name for name in self.known_names(cases) if self.selects(name)]
+
+
+def comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]:
+    """(comparison, partner name) pairs `path` is the candidate of, among `planned` paths:
+    the oracle; this project's reference; the implementation's own `partner` (also a
+    `vs_reference` row, told apart by its partner column); itself unsharded."""
+    names = {p.name for p in planned}
+    pairs = [("vs_oracle", ORACLE_PATH)]
+    reference = Path(REFERENCE, path.mesh, path.host)
+    if path.impl.name != REFERENCE.name and reference.name in names:
+        pairs.append(("vs_reference", reference.name))
+    if path.impl.partner:  # its own project's reference, judged like this project's
+        partner = Path(Implementation(path.impl.partner), path.mesh, path.host)
+        if partner.name in names:
+            pairs.append(("vs_reference", partner.name))
+    if path.mesh is not None and path.unsharded.name in names:
+        pairs.append(("vs_unsharded", path.unsharded.name))
+    return pairs
+
+
+def planned_leaves(case) -> dict[str, str]:
+    """Leaf name -> dtype name of every leaf a path of `case` produces (module docstring)."""
+    layout = expected_layout(case)
+    act_dtype = layout["x"][0]
+    leaves = OPERATION.forward_leaf_dtypes(act_dtype)
+    leaves["d_x"] = act_dtype
+    for role, (dtype, _) in layout.items():
+        group, _, name = role.partition(".")
+        if group == "weights":
+            leaves[weight_leaf(name)] = dtype
+        elif group == "branch":
+            leaves[branch_leaf(name)] = dtype
+    return leaves
+
+
+def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
+    """One message per `--paths` glob that selects no path of `cases` (with a hint)."""
+    known = plan.known_names(cases)
+    # Hints also offer "impl/*", the usual way to pick one implementation.
+    suggestions = known + list(dict.fromkeys(name.split("/", 1)[0] + "/*" for name in known))
+    problems = []
+    for glob in plan.path_globs:
+        if any(fnmatch.fnmatchcase(name, glob) for name in known):
+            continue
+        hint = did_you_mean(glob, suggestions)
+        if glob.split("/", 1)[0] == ORACLE_PATH:
+            hint = "; the oracle is not a path: it always runs as every path's reference point"
+        problems.append(
+            f"--paths {glob!r} selects no path of the selected cases{hint} (their paths: {', '.join(known)})"
+        )
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgementKey:
+    """One kind of judgement a run makes: what the policy is asked to resolve."""
+
+    comparison: str
+    partitioning: str
+    act_dtype: str
+    dtype: str
+    leaf_kind: str
+
+    def resolve(self, policy: Policy):
+        """The policy's `Resolved` bound for this key (PolicyError if it has none)."""
+        return policy.resolve(
+            comparison=self.comparison,
+            leaf_kind=self.leaf_kind,
+            dtype=self.dtype,
+            act_dtype=self.act_dtype,
+            partitioning=self.partitioning,
+        )
+
+
+def planned_judgements(cases: Sequence, plan: PathPlan) -> list[JudgementKey]:
+    """Every kind of judgement the plan makes for `cases`, in first-seen order.
+
+    Paths an implementation skips for a case (another variant, a reference_only case, a
+    case outside its envelope) are left out; paths skipped for the machine (mosaic off a TPU) are kept, so what is
+    planned here is the same on every machine.
+    """
+    keys: dict[JudgementKey, None] = {}
+    for case in cases:
+        paths = plan.paths_for(case)
+        leaves = planned_leaves(case)
+        elementwise = get_branch(case.branch).elementwise
+        for path in paths:
+            if path.impl.case_skip_reason(case) or path.impl.envelope_reason(case, path.mesh):
+                continue
+            partitioning = path.impl.partitioning(elementwise)
+            for comparison, _ in comparisons_of(path, paths):
+                for leaf, dtype in leaves.items():
+                    keys[JudgementKey(comparison, partitioning, case.dtype, dtype, leaf_kind(leaf))] = None
+    return list(keys)
+
+
+def uncovered_judgements(policy: Policy, cases: Sequence, plan: PathPlan) -> list[str]:
+    """One message per kind of judgement the run would make that `policy` has no unique rule for."""
+    problems = []
+    for key in planned_judgements(cases, plan):
+        try:
+            key.resolve(policy)
+        except PolicyError as exc:
+            problems.append(str(exc))
+    return problems

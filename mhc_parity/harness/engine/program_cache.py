@@ -1,0 +1,222 @@
+"""The cache of compiled path programs (`mhc_parity.harness.engine.paths` builds them).
+
+Programs are keyed by (path name, trace signature): everything that shapes the program,
+not the data, so cases that share shapes and dtypes reuse them. The most recently used
+are kept in memory; a `mhc_parity.harness.stores.program_store.ProgramStore` keeps them across processes.
+The builders are reached through the `mhc_parity.harness.engine.paths` module (`path_programs`), so that
+what patches them there (a test, a fault seam) patches what this cache calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import threading
+import time
+
+import jax
+import numpy as np
+
+import mhc_parity.harness.engine.paths as path_programs
+from mhc_parity.cases.spec import mesh_label
+from mhc_parity.harness.engine.devices import path_placement
+from mhc_parity.harness.engine.paths import Path, PathOutputs
+from mhc_parity.mhc.common import UnsupportedInputError
+
+# Compiled programs a ProgramCache keeps. Each XLA:CPU executable holds its own memory
+# mappings, and Linux caps a process at vm.max_map_count of them: an unbounded cache ran
+# the kill matrix's clean pass over the full suite out of mappings ("LLVM compilation
+# error: Cannot allocate memory", then a segfault). Cases reuse a program only while their
+# shape repeats, so the most recent few dozen are the ones worth keeping.
+MAX_CACHED_PROGRAMS = 48
+# Threads that obtain programs at once (`ProgramCache.compile_ahead`): XLA's compile uses
+# about one core each and releases the GIL.
+COMPILE_THREADS = max(1, os.cpu_count() or 1)
+
+
+class ProgramCache:
+    """Compiled path programs keyed by (path name, trace signature); content-keyed only.
+
+    Keeps the `max_programs` most recently used; an evicted program is compiled again
+    (or loaded) if its signature comes back. store: a `mhc_parity.harness.stores.program_store.ProgramStore`
+    to load built-in paths' programs from and save them to (None: compile every program
+    this process needs; JAX's persistent cache, when enabled, still saves XLA's work).
+
+    Programs can be obtained ahead of their use in a thread pool (`compile_ahead`); `run`
+    then waits for the one it needs. The cache itself is safe to use from several threads.
+    """
+
+    def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS, store=None):
+        if max_programs < 1:
+            raise ValueError(f"max_programs must be at least 1, got {max_programs}")
+        self.max_programs = max_programs
+        self.store = store
+        self._lock = threading.Lock()
+        self._compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        # key -> future of `_timed(self._obtain, ...)` (program, error, seconds), from
+        # `compile_ahead`; the first `run` of the key takes it.
+        self._pending: dict[tuple, concurrent.futures.Future] = {}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._compiled.clear()
+            self._pending.clear()
+
+    def __len__(self) -> int:
+        """Programs kept, and those obtained ahead (or under way) that no `run` took yet."""
+        with self._lock:
+            return len(self._compiled) + len(self._pending)
+
+    def lookup(self, key: tuple) -> object | None:
+        """The compiled program of `key` (now the most recently used), or None."""
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+            return compiled
+
+    def remember(self, key: tuple, compiled: object) -> None:
+        """Keep `compiled` under `key`, dropping the least recently used beyond `max_programs`."""
+        with self._lock:
+            self._compiled[key] = compiled
+            self._compiled.move_to_end(key)
+            while len(self._compiled) > self.max_programs:
+                self._compiled.popitem(last=False)
+
+    def _resolve(self, path: Path, case):
+        """(cache key, placement, precision) of `path` running `case`; the fixture is placed
+        (`_place`) only where a program is obtained or run."""
+        if path.mesh is not None:
+            batch, sequence = case.batch, case.sequence
+            if batch % path.mesh[0] or sequence % path.mesh[1]:
+                raise ValueError(
+                    f"case {case.name}: batch {batch} / sequence {sequence} not divisible by mesh "
+                    f"{mesh_label(path.mesh)}"
+                )
+        placement = path_placement(path)
+        precision = path_programs.effective_precision(case, placement)
+        return (path.name, path_programs._trace_signature(case, precision)), placement, precision
+
+    def _obtain(self, path: Path, case, key, placement, precision, args):
+        """The compiled program: loaded from the store, or traced, lowered and compiled (and stored).
+
+        Raises `UnsupportedInputError` if the program rejects its input (stored too).
+        """
+        material = self.store.material(path, key[1], args, placement) if self.store else None
+        if material is not None:
+            compiled = self.store.load(material, placement)
+            if compiled is not None:
+                return compiled
+        # Anything the tracing builds eagerly lands on the path's device.
+        with jax.default_device(placement.devices[0]):
+            try:
+                lowered = jax.jit(path_programs._build_program(path, case, placement, precision)).lower(*args)
+            except UnsupportedInputError as error:  # the next run rejects without tracing
+                if material is not None:
+                    self.store.save_rejection(material, error)
+                raise
+        if material is None:
+            return lowered.compile()
+        compiled = self.store.compile(lowered)
+        self.store.save(material, compiled)
+        return compiled
+
+    def compile_ahead(self, pool: concurrent.futures.Executor, paths, case, fixture) -> None:
+        """Start obtaining in `pool` the programs `paths` need for `case` that are neither
+        compiled nor under way, without waiting for them.
+
+        Each task loads, or traces, lowers and compiles, one program (XLA compiles with the
+        GIL released, so a pool of `COMPILE_THREADS` keeps the cores busy while the caller
+        goes on). A path that cannot be placed, or whose inputs cannot be put on its devices
+        (e.g. out of their memory), is left for `run` to report; a program that fails to build
+        raises its error from `run`.
+        """
+        for path in paths:
+            try:
+                key, placement, precision = self._resolve(path, case)
+            except Exception:  # noqa: BLE001 - reported when the path runs
+                continue
+            with self._lock:
+                if key in self._compiled or key in self._pending:
+                    continue
+                try:
+                    args = path_programs._place(fixture, path, placement)
+                except Exception:  # noqa: BLE001 - `run` places them again and reports what it meets
+                    continue
+                self._pending[key] = pool.submit(_timed, self._obtain, path, case, key, placement, precision, args)
+
+    def prepare(self, paths, case, fixture) -> None:
+        """Compile the programs `paths` will need for `case` concurrently, and wait for them."""
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS)
+        try:
+            self.compile_ahead(pool, paths, case, fixture)
+            pool.shutdown(wait=True)
+        except BaseException:  # Ctrl-C above all: a thread stuck in the code under test is not waited for
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    def settle_pending(self, *, grace_s: float = 0.0) -> None:
+        """Keep the programs obtained ahead that no `run` took yet, waiting at most `grace_s`
+        seconds for those still compiling; drop those not done by then.
+
+        For the owner of a pool it is shutting down: a later `run` of a dropped key obtains
+        its program itself.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if grace_s > 0 and pending:
+            concurrent.futures.wait(pending.values(), timeout=grace_s)
+        for key, future in pending.items():
+            if future.done() and not future.cancelled():
+                compiled, _, _ = future.result()
+                if compiled is not None:
+                    self.remember(key, compiled)
+
+    def _take_pending(self, key) -> tuple[object | None, BaseException | None, float]:
+        """(program, error, seconds) obtained ahead for `key`, waiting for it; (None, None, 0)
+        if nothing was (or a shut-down pool cancelled it)."""
+        with self._lock:
+            future = self._pending.pop(key, None)
+        if future is None:
+            return None, None, 0.0
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            return None, None, 0.0
+
+    def run(self, path: Path, case, fixture) -> PathOutputs:
+        """Run `case`'s fixture through `path`; compile on first use of the signature.
+
+        compile_s: the seconds obtaining the program took (in a pool thread if it was
+        obtained ahead, where it overlapped other work), reported by its first run only.
+        Raises `mhc_parity.harness.engine.devices.PlacementError` when the path has no devices here.
+        """
+        key, placement, precision = self._resolve(path, case)
+        args = path_programs._place(fixture, path, placement)
+        compiled, error, compile_s = self._take_pending(key)
+        if error is not None:
+            raise error
+        if compiled is None:
+            compiled, compile_s = self.lookup(key), 0.0
+        if compiled is None:
+            start = time.perf_counter()
+            compiled = self._obtain(path, case, key, placement, precision, args)
+            compile_s = time.perf_counter() - start
+        self.remember(key, compiled)
+        with jax.default_device(placement.devices[0]):
+            start = time.perf_counter()
+            forward, grads = jax.block_until_ready(compiled(*args))
+            execute_s = time.perf_counter() - start
+        leaves = {name: np.asarray(value) for name, value in {**forward, **grads}.items()}
+        return PathOutputs(leaves, compile_s, execute_s)
+
+
+def _timed(function, *args):
+    """(function(*args), None, seconds), or (None, the exception, seconds) if it raised."""
+    start = time.perf_counter()
+    try:
+        result, error = function(*args), None
+    except Exception as exc:  # noqa: BLE001 - raised again by the `run` that takes it
+        result, error = None, exc
+    return result, error, time.perf_counter() - start

@@ -1,0 +1,131 @@
+"""This process's environment record (versions, backend, devices, matmul precision) and
+JAX's persistent compilation cache."""
+
+from __future__ import annotations
+
+import pathlib
+import platform
+import subprocess
+
+import flax
+import jax
+import jaxlib
+import numpy
+
+from mhc_parity.harness.env import host_cpu
+from mhc_parity.harness.errors import ConfigurationError
+from mhc_parity.mhc.precision import (
+    DEFAULT_MATMUL_PRECISION,
+    device_compute_capability,
+    effective_matmul_precision,
+    operand_rounding,
+)
+from mhc_parity.records.cache_root import CACHE_ENV_VAR, cache_root
+from mhc_parity.records.environment import format_precision_record
+from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.outputs import OutputPathError, writable_folder
+
+# JAX's events for a program looked up in the persistent cache: found (loaded, not
+# compiled) or not (compiled by XLA, then stored).
+_COMPILE_EVENTS = {
+    "/jax/compilation_cache/cache_misses": "programs_compiled",
+    "/jax/compilation_cache/cache_hits": "programs_loaded",
+}
+_compile_counts = dict.fromkeys(_COMPILE_EVENTS.values(), 0)
+_counting = []  # non-empty once the listener is registered (once per process)
+
+
+def _count_compile_event(event: str, **kwargs) -> None:
+    name = _COMPILE_EVENTS.get(event)
+    if name is not None:
+        _compile_counts[name] += 1
+
+
+def compile_counts() -> dict[str, int]:
+    """Programs this process compiled with XLA and loaded from the persistent cache so far
+    (counted once `enable_compilation_cache` has run)."""
+    return dict(_compile_counts)
+
+
+def enable_compilation_cache() -> pathlib.Path:
+    """Turn on JAX's persistent compilation cache in the project cache folder (and count
+    what it compiles and loads: `compile_counts`). ConfigurationError if the cache folder
+    cannot be written."""
+    if not _counting:
+        jax.monitoring.register_event_listener(_count_compile_event)
+        _counting.append(True)
+    try:  # the fixture, oracle and program stores live beside it
+        path = writable_folder(writable_folder(cache_root()) / "jax-compilation")
+    except OutputPathError as exc:
+        raise ConfigurationError(f"the cache folder ({CACHE_ENV_VAR} names another): {exc}") from None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    # Cache every program: interpret-mode kernels compile in well under a second each,
+    # but there are many of them.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def git_commit() -> str:
+    """The checked-out commit (with `+dirty` if the tree has changes), or "" outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return commit + ("+dirty" if dirty else "")
+
+
+def precision_metadata(settings, device) -> dict:
+    """The run's matmul precision record, and a note when a setting ran as another.
+
+    settings: the matmul-precision settings the run's cases request; device: a device
+    of the default backend. `matmul_precision` maps each setting to the operand rounding
+    it means there (`mhc_parity.records.environment`); `matmul_precision_note` (only when needed)
+    says which settings ran as another, e.g. "default" as "highest" on a CPU.
+    """
+    capability = device_compute_capability(device)
+    roundings = {s: operand_rounding(s, device.platform, capability).name for s in settings}
+    record = {"matmul_precision": format_precision_record(roundings)}
+    ran_as = {s: effective_matmul_precision(s, device.platform, capability) for s in sorted(settings)}
+    changed = [f"{s} ran as {e}" for s, e in ran_as.items() if e != s]
+    if changed:
+        record["matmul_precision_note"] = (
+            f"{'; '.join(changed)}: on {device.platform} ({device.device_kind}) the default precision is full float32"
+        )
+    return record
+
+
+def run_metadata(cases=None) -> dict:
+    """Versions, backend, devices and matmul precision of this process, for the report's environment block.
+
+    cases: the run's cases (their matmul-precision settings are recorded); None records
+    the default setting.
+    """
+    devices = jax.devices()
+    settings = {c.matmul_precision for c in cases} if cases else {DEFAULT_MATMUL_PRECISION}
+    capability = device_compute_capability(devices[0])
+    return {
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib.__version__,
+        "flax_version": flax.__version__,
+        "numpy_version": numpy.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "host_cpu": host_cpu(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        **({"compute_capability": capability} if capability else {}),
+        "host_cpu_devices": len(jax.devices("cpu")),
+        **precision_metadata(settings, devices[0]),
+        "git_commit": git_commit(),
+    }

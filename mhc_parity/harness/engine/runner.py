@@ -1,0 +1,487 @@
+"""Run cases through paths and yield judged rows.
+
+For one case the runner builds the fixture, runs the float64 oracle and every
+planned path, then makes these comparisons (each leaf a row):
+
+  every path                  vs the oracle         (comparison "vs_oracle")
+  every non-reference path    vs reference, same sharding ("vs_reference")
+  every token-sharded path    vs itself unsharded   ("vs_unsharded")
+  the kernels' TPU lowering   one row per program   ("lowering")
+
+A path that cannot run yields status rows instead (one per comparison it would have
+been the candidate of): `skip` (variant not implemented, backend or devices missing),
+`unsupported` (an UnsupportedInputError the case expects), `fail` (a kernel-like path
+accepting input the case expects it to reject, or rejecting a supported case), or
+`error` (any other exception, with its message; the run goes on).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import errno
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import jax
+
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import fixture_elements, make_fixture
+from mhc_parity.harness.engine.backend_probe import probe_backend
+from mhc_parity.harness.engine.causes import MAX_ATTRIBUTED_ELEMENTS, HypothesisOracle, annotate_causes
+from mhc_parity.harness.engine.compare import compare_leaves, status_row
+from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
+from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
+from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
+from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
+from mhc_parity.harness.engine.precision_choices import DeclaredEffects, choice_effects, declared_effects
+from mhc_parity.harness.engine.program_cache import COMPILE_THREADS, ProgramCache
+from mhc_parity.harness.engine.run_info import compile_counts
+from mhc_parity.harness.errors import ResourceError
+from mhc_parity.harness.judging.metrics import MetricsMemo
+from mhc_parity.harness.judging.policy import Policy
+from mhc_parity.harness.stores.oracle_cache import OracleCache
+from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
+from mhc_parity.mhc.common import UnsupportedInputError
+from mhc_parity.mhc.precision import device_compute_capability
+
+__all__ = ["PathPlan", "Runner", "StepCallback"]
+
+# Told (case, step) as a case moves on: "fixture", "oracle", a path name, "lowering".
+StepCallback = Callable[[object, str], None]
+
+# Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
+# loading fixtures, the oracle, the paths (waiting for their programs and running them),
+# the failing rows' causes, the kernels' TPU lowering.
+TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "causes_s", "lowering_s")
+# Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
+# keep the compile threads busy while a case's oracle and comparisons run.
+COMPILE_AHEAD_CASES = 3
+# How long a run stopped early waits for the programs being compiled ahead before it drops
+# them: long enough for a normal compile to land, short enough for one Ctrl-C to feel prompt.
+STOP_GRACE_S = 5.0
+
+
+def _no_step(case, step: str) -> None:
+    pass
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+# What an XLA runtime error says when an allocation failed, besides its RESOURCE_EXHAUSTED status:
+# XLA:CPU wraps it ("INTERNAL: Error dispatching computation: Out of memory allocating N bytes.",
+# seen from a cold float64 oracle too large for the host), and LLVM reports a mapping it could not make.
+_XLA_OUT_OF_MEMORY = ("out of memory", "cannot allocate memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the machine ran out of memory (host or device), not that the code
+    failed: a MemoryError, an OSError ENOMEM, an error with XLA's RESOURCE_EXHAUSTED status,
+    or an XLA runtime error that says it ran out of memory (`_XLA_OUT_OF_MEMORY`)."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return True
+    text = str(exc)
+    if "RESOURCE_EXHAUSTED" in text:
+        return True
+    return isinstance(exc, jax.errors.JaxRuntimeError) and any(mark in text.lower() for mark in _XLA_OUT_OF_MEMORY)
+
+
+def out_of_memory_error(case, where: str, exc: BaseException) -> ResourceError:
+    """A one-line ResourceError naming the case, its size and where memory ran out."""
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return ResourceError(
+        f"case {case.name} ({case.shape_name}, {fixture_elements(case):,} fixture elements) ran out of memory "
+        f"in {where}: {first_line}; run it on a machine with more memory, or select smaller cases"
+    )
+
+
+@dataclasses.dataclass
+class _PathResult:
+    outputs: PathOutputs | None = None
+    verdict: str = ""  # set when the path did not produce outputs (or must fail anyway)
+    reason: str = ""
+    placement: Placement | None = None  # where it ran (None if it could not be placed)
+
+
+def _environment_fields(case, placement: Placement | None) -> dict:
+    """The `matmul_precision` and `devices` columns of a path's rows.
+
+    A path that ran reports the precision it effectively ran at on its devices; one
+    that could not be placed reports the case's requested precision and no devices.
+    """
+    if placement is None:
+        return {"matmul_precision": case.matmul_precision, "devices": ""}
+    device = placement.devices[0]
+    precision = precision_label(case.matmul_precision, device.platform, device_compute_capability(device))
+    return {"matmul_precision": precision, "devices": placement.label}
+
+
+class Runner:
+    """Runs cases; holds the compiled-program cache shared across cases."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        fixture_loader: Callable | None = None,
+        cache: ProgramCache | None = None,
+        oracle: Callable | None = None,
+        lowering_store: LoweringStore | None = None,
+    ):
+        """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
+        `mhc_parity.cases.fixtures.make_fixture` and `mhc_parity.harness.stores.oracle_cache.OracleCache()` (both cached
+        on disk by content); the kill matrix passes loaders that also keep each in memory
+        for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
+        disk store); lowering_store: reuse TPU lowering results (default: none). See
+        `with_disk_stores` for the runner of a parity run."""
+        self.policy = policy
+        self.fixture_loader = fixture_loader or make_fixture
+        self.oracle = oracle if oracle is not None else OracleCache()
+        self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
+        self.lowering_store = lowering_store
+        # The failing rows' causes: a case's hypotheses through the oracle, the latest case kept.
+        self.hypotheses = HypothesisOracle()
+        # This thread's seconds per part of the run (`TIMINGS`), for the run's metadata and the benchmark.
+        self.timings = dict.fromkeys(TIMINGS, 0.0)
+
+    @classmethod
+    def with_disk_stores(cls, policy: Policy, *, externals: bool = False) -> Runner:
+        """The runner of a parity run: compiled programs and TPU lowering results stored on
+        disk by content (`mhc_parity.harness.stores.program_store`), besides the fixtures and oracle answers.
+        externals: the process loaded an external implementation, whose import may have
+        patched any module, so it reads the stores and writes nothing to them."""
+        return cls(
+            policy,
+            cache=ProgramCache(store=ProgramStore(writable=not externals)),
+            lowering_store=LoweringStore(writable=not externals),
+        )
+
+    def work_counts(self) -> dict:
+        """Oracle answers computed and loaded from the disk cache by this runner, programs
+        this process compiled and loaded (`mhc_parity.harness.engine.run_info.compile_counts`: XLA's and JAX's
+        persistent cache), and what the program and lowering stores loaded and missed."""
+        counts = compile_counts()
+        if hasattr(self.oracle, "misses"):
+            counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
+        for store in (self.cache.store, self.lowering_store):
+            if store is not None:
+                counts.update(store.counts())
+        return counts
+
+    # -- one path ------------------------------------------------------------------
+
+    def _skip_reason(self, path: Path, case) -> str:
+        impl = path.impl
+        reason = impl.case_skip_reason(case)
+        if reason:
+            return reason
+        if impl.needs_backend and jax.default_backend() != impl.needs_backend:
+            return f"{impl.name} needs a {impl.needs_backend} backend; this process runs on {jax.default_backend()}"
+        return ""
+
+    def _run_path(self, path: Path, case, fixture) -> _PathResult:
+        skip = self._skip_reason(path, case)
+        if skip:
+            return _PathResult(verdict="skip", reason=skip)
+        outside = path.impl.envelope_reason(case, path.mesh)
+        if outside:  # declared up front: the implementation is not called
+            return _PathResult(verdict="unsupported", reason=f"{path.impl.name}: {outside}")
+        try:
+            placement = path_placement(path)
+        except PlacementError as exc:
+            return _PathResult(verdict="skip", reason=str(exc))
+        expects_rejection = case.expects_unsupported and path.impl.case_limits
+        try:
+            outputs = self.cache.run(path, case, fixture)
+        except UnsupportedInputError as exc:
+            return dataclasses.replace(self._classify_unsupported(path, case, exc), placement=placement)
+        except Exception as exc:  # reported as an `error` row; the run goes on
+            if out_of_memory(exc):  # the machine's limit, not the code's: the run stops (exit 2)
+                raise out_of_memory_error(case, path.name, exc) from exc
+            return _PathResult(
+                verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root), placement=placement
+            )
+        if expects_rejection:
+            return _PathResult(
+                outputs=outputs,
+                verdict="fail",
+                placement=placement,
+                reason=f"{path.impl.name} accepted input the case expects it to reject ({case.expect_reason!r})",
+            )
+        return _PathResult(outputs=outputs, placement=placement)
+
+    @staticmethod
+    def _classify_unsupported(path: Path, case, exc: UnsupportedInputError) -> _PathResult:
+        message = str(exc)
+        if case.expects_unsupported and case.expect_reason in message:
+            return _PathResult(verdict="unsupported", reason=message)
+        if case.expects_unsupported:
+            return _PathResult(
+                verdict="fail", reason=f"rejected for another reason than {case.expect_reason!r}: {message}"
+            )
+        return _PathResult(verdict="fail", reason=f"{path.impl.name} rejected a supported case: {message}")
+
+    # -- one case ------------------------------------------------------------------
+
+    def run_case(
+        self,
+        case,
+        plan: PathPlan,
+        on_step: StepCallback = _no_step,
+        *,
+        fixture=None,
+        oracle_ahead: concurrent.futures.Future | None = None,
+    ) -> Iterator[dict]:
+        """Yield every row of one case (see the module docstring for what is compared).
+
+        fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
+        oracle_ahead: the future of its oracle answer if the caller started it (`run`), else
+        the answer is computed here; its error, if it raised one, is met here as if computed here.
+
+        Memory running out at any stage of the case (`out_of_memory`: its fixture, oracle, a
+        path's placement, compile or execution, the comparisons and causes, the lowering) is
+        the machine's limit, not a row: a `ResourceError` naming the case and the stage.
+        """
+        stage = ["its fixture or oracle"]  # where the case is, for that error
+        try:
+            yield from self._case_rows(case, plan, on_step, fixture, oracle_ahead, stage)
+        except ResourceError:
+            raise
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise out_of_memory_error(case, stage[0], exc) from exc
+            raise
+
+    def _case_rows(
+        self, case, plan: PathPlan, on_step: StepCallback, fixture, oracle_ahead, stage: list
+    ) -> Iterator[dict]:
+        """`run_case`'s rows; `stage[0]` names the stage the case is in."""
+        paths = plan.paths_for(case)
+        try:
+            on_step(case, "fixture")
+            if fixture is None:
+                fixture = self._load_fixture(case)
+            on_step(case, "oracle")
+            if oracle_ahead is None:
+                oracle = self.oracle(case, fixture)
+                self.timings["oracle_s"] += oracle.execute_s
+            else:  # computed in a pool thread, overlapping other work: count this thread's wait
+                start = time.perf_counter()
+                oracle = oracle_ahead.result()
+                self.timings["oracle_s"] += time.perf_counter() - start
+        except UnsupportedInputError as exc:
+            # The math itself rejects the case (e.g. too many streams for mHC-lite).
+            for path in paths:
+                result = self._classify_unsupported(path, case, exc)
+                yield from self._status_rows(case, path, paths, result)
+            return
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise out_of_memory_error(case, "its fixture or oracle", exc) from exc
+            for path in paths:
+                yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
+            return
+
+        stage[0] = "its paths"
+        results = self._run_paths(case, paths, fixture, on_step)
+        stage[0] = "the comparisons and causes"
+        # Once per implementation: its sharded and unsharded paths make the same choices.
+        implementations = {path.impl.name: path.impl for path in paths}
+        effects = {name: self._declared_effects(impl, case, fixture, oracle) for name, impl in implementations.items()}
+        declared = {path.name: effects[path.impl.name] for path in paths}
+        rows = list(self._compared_rows(case, paths, results, oracle, declared))
+        start = time.perf_counter()
+        ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
+        rows = annotate_causes(
+            rows,
+            case,
+            fixture,
+            oracle_leaves=oracle.leaves,
+            oracle_sensitivity=oracle.sensitivity,
+            candidate_leaves=ran,
+            hypotheses=self.hypotheses,
+            candidate_sensitivity={
+                name: effects.widened(oracle.sensitivity) for name, effects in declared.items() if effects.rms
+            },
+        )
+        self.timings["causes_s"] += time.perf_counter() - start
+        yield from rows
+        if plan.lowering:
+            stage[0] = "the TPU lowering"
+            on_step(case, "lowering")
+            start = time.perf_counter()
+            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
+            for impl in plan.implementations:
+                if impl.lower is not None:
+                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
+            self.timings["lowering_s"] += time.perf_counter() - start
+            yield from rows
+
+    def _declared_effects(self, impl, case, fixture, oracle) -> DeclaredEffects:
+        """What the precision choices `impl` declares and this backend makes move, leaf by leaf
+        (`mhc_parity.harness.engine.precision_choices`): its rows' bounds widen by them. A case too large
+        for the hypotheses (`MAX_ATTRIBUTED_ELEMENTS`) is judged without them: stricter, never laxer."""
+        probes = [probe_backend() if c.probe else None for c in impl.precision_choices]
+        made = [c.hypothesis for c, p in zip(impl.precision_choices, probes) if c.made(p)]
+        if not made or fixture_elements(case) > MAX_ATTRIBUTED_ELEMENTS:
+            return DeclaredEffects()
+        hypotheses, hypothesis_leaves = self.hypotheses(case, fixture)
+        return declared_effects(oracle.leaves, choice_effects(made, hypotheses, hypothesis_leaves))
+
+    def _compared_rows(
+        self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle, declared: dict
+    ) -> Iterator[dict]:
+        """Every path's rows of one case: its comparisons, or status rows where it did not run.
+        declared: path name -> its `DeclaredEffects` (`_declared_effects`)."""
+        memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
+        for path in paths:
+            result = results[path.name]
+            environment = _environment_fields(case, result.placement)
+            if result.outputs is None or result.verdict == "fail":
+                yield from self._status_rows(case, path, paths, result)
+                continue
+            timing = (result.outputs.compile_s, result.outputs.execute_s)
+            for comparison, partner in comparisons_of(path, paths):
+                if partner == ORACLE_PATH:
+                    partner_leaves = oracle.leaves
+                else:
+                    partner_result = results[partner]
+                    if partner_result.outputs is None:
+                        row = status_row(
+                            case,
+                            candidate=path.name,
+                            partner=partner,
+                            comparison=comparison,
+                            verdict="skip",
+                            reason=f"partner did not run ({partner_result.verdict}: {partner_result.reason})",
+                        )
+                        yield {**row, **environment}
+                        continue
+                    partner_leaves = partner_result.outputs.leaves
+                for row in compare_leaves(
+                    case,
+                    candidate=path.name,
+                    partner=partner,
+                    comparison=comparison,
+                    candidate_leaves=result.outputs.leaves,
+                    partner_leaves=partner_leaves,
+                    oracle_leaves=oracle.leaves,
+                    oracle_sensitivity=declared[path.name].widened(oracle.sensitivity),
+                    oracle_systematic=declared[path.name].widened_systematic(oracle.systematic),
+                    declared=declared[path.name].max,
+                    policy=self.policy,
+                    timing=timing,
+                    partitioning=path.impl.partitioning(get_branch(case.branch).elementwise),
+                    memo=memo,
+                ):
+                    yield {**row, **environment}
+
+    def _load_fixture(self, case):
+        start = time.perf_counter()
+        try:
+            return self.fixture_loader(case)
+        finally:
+            self.timings["fixtures_s"] += time.perf_counter() - start
+
+    def _runnable(self, paths: Sequence[Path], case) -> list[Path]:
+        """The paths that do not skip `case` and hold it in their envelope (whose programs are worth compiling)."""
+        return [p for p in paths if not self._skip_reason(p, case) and not p.impl.envelope_reason(case, p.mesh)]
+
+    def _run_paths(self, case, paths: Sequence[Path], fixture, on_step: StepCallback) -> dict[str, _PathResult]:
+        """Every path's result (name -> `_PathResult`): the programs the case needs are
+        compiled at once (on all cores; `run` started them cases ahead), then run in turn."""
+        start = time.perf_counter()
+        self.cache.prepare(self._runnable(paths, case), case, fixture)
+        results = {}
+        for path in paths:
+            on_step(case, path.name)
+            results[path.name] = self._run_path(path, case, fixture)
+        self.timings["paths_s"] += time.perf_counter() - start
+        return results
+
+    def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
+        environment = _environment_fields(case, result.placement)
+        for comparison, partner in comparisons_of(path, paths):
+            row = status_row(
+                case,
+                candidate=path.name,
+                partner=partner,
+                comparison=comparison,
+                verdict=result.verdict,
+                reason=result.reason,
+            )
+            yield {**row, **environment}
+
+    # -- many cases ------------------------------------------------------------------
+
+    def run(
+        self, cases: Iterable, plan: PathPlan, *, on_case_start=None, on_step: StepCallback = _no_step
+    ) -> Iterator[tuple[object, list[dict]]]:
+        """Yield (case, its rows) for each case in order.
+
+        With a cache that can compile ahead (`ProgramCache.compile_ahead`), the oracle
+        answers and the programs of the next `COMPILE_AHEAD_CASES` cases are obtained in a
+        pool of `COMPILE_THREADS` threads while this thread runs a case's paths and
+        comparisons (the oracle callable must then be safe to call from a pool thread, as
+        `OracleCache` is). The rows are the same either way: an answer or a program is the
+        same whichever thread computed it.
+        """
+        cases = list(cases)
+        if not hasattr(self.cache, "compile_ahead"):  # e.g. the kill matrix's recording caches
+            for case in cases:
+                if on_case_start is not None:
+                    on_case_start(case)
+                yield case, list(self.run_case(case, plan, on_step))
+            return
+        started: dict[int, tuple[object, concurrent.futures.Future | None]] = {}
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="compile-ahead")
+        finished = False
+        try:
+            for index, case in enumerate(cases):
+                for ahead in range(index, min(index + 1 + COMPILE_AHEAD_CASES, len(cases))):
+                    if ahead not in started:
+                        started[ahead] = self._start_case(pool, cases[ahead], plan)
+                if on_case_start is not None:
+                    on_case_start(case)
+                fixture, oracle_ahead = started.pop(index)
+                yield case, list(self.run_case(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead))
+            finished = True
+        finally:
+            # Stopped early (Ctrl-C, an error, the caller): a pool thread may be stuck in the
+            # code under test, so programs being compiled get `STOP_GRACE_S`, not forever
+            # (the command abandons a stuck thread: mhc_parity.harness.cli.entry).
+            pool.shutdown(wait=finished, cancel_futures=True)
+            self.cache.settle_pending(grace_s=0.0 if finished else STOP_GRACE_S)
+
+    def _start_case(self, pool, case, plan: PathPlan) -> tuple[object, concurrent.futures.Future | None]:
+        """Load `case`'s fixture and start its oracle answer, then its programs, in `pool`:
+        (fixture, the answer's future), or (None, None) if loading the fixture failed
+        (`run_case` then meets the error again and reports it)."""
+        try:
+            fixture = self._load_fixture(case)
+        except Exception:  # noqa: BLE001 - reported by run_case
+            return None, None
+        oracle = pool.submit(self.oracle, case, fixture)  # first: the case needs it before its paths
+        self.cache.compile_ahead(pool, self._runnable(plan.paths_for(case), case), case, fixture)
+        return fixture, oracle
+
+
+def _last_frame(exc: BaseException, code_root: str = "") -> str:
+    """' (at file:line)' of the innermost frame, so an error row points somewhere; with
+    `code_root`, of the innermost frame in a file under that folder (named from there
+    on: an implementation's own code), if the traceback has one."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    if code_root:
+        root = code_root.rstrip("/") + "/"
+        inside = [f for f in frames if f.filename.startswith(root)]
+        if inside:
+            last = inside[-1]
+            base = root.rstrip("/").rsplit("/", 1)[-1]
+            return f" (at {base}/{last.filename[len(root) :]}:{last.lineno} in {last.name})"
+    last = frames[-1]
+    return f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"

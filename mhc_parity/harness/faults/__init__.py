@@ -1,0 +1,37 @@
+"""Faults and legitimate variants, the kill matrix that injects them, and the false-positive sweep.
+
+Modules, in the order data flows through them:
+
+* `model` — `Seam`, `Patch`, `Perturbation` (a fault or a legitimate variant) and its
+  reversible injection;
+* `catalogue` — the faults (`CATALOGUE`, `FAULTS`);
+* `variants` — the legitimate variants (`VARIANTS`);
+* `kill_matrix` — the clean pass, one pass per perturbation (the runner gets the shared
+  fixtures and oracle results as arguments), judged per dtype slice;
+* `sweep` — the unmodified code over many seeds;
+* `cli` — `mhc-parity faults`.
+
+Their results are plain records written to files by `mhc_parity.reports.kill_matrix` and
+`mhc_parity.reports.sweep` (CSV, Markdown, JSON and the terminal tables).
+"""
+
+from mhc_parity.harness.faults.fault_catalogue import CATALOGUE, FAULTS
+from mhc_parity.harness.faults.model import DTYPE_SLICES, Patch, Perturbation, Seam, SeamError, UnknownPerturbationError
+from mhc_parity.harness.faults.variants import VARIANTS, VARIANTS_BY_NAME
+
+# Every catalogued perturbation by name (the `--jobs` workers look them up here).
+BY_NAME = {**FAULTS, **VARIANTS_BY_NAME}
+
+__all__ = [
+    "BY_NAME",
+    "CATALOGUE",
+    "DTYPE_SLICES",
+    "FAULTS",
+    "Patch",
+    "Perturbation",
+    "Seam",
+    "SeamError",
+    "UnknownPerturbationError",
+    "VARIANTS",
+    "VARIANTS_BY_NAME",
+]

@@ -1,0 +1,213 @@
+"""Perturbations: small, reversible patches of one path's seams — faults and legitimate variants.
+
+A harness is judged by what it misses and by what it wrongly flags, so it is checked
+from both sides with the same machinery:
+
+* a **fault** models a regression a kernel author could merge; the kill matrix must
+  see some row fail under it (per dtype slice, or the fault lists why it cannot be
+  seen in a slice);
+* a **legitimate variant** models a precision choice production kernels make (an
+  operand rounded to the activation dtype, a reassociated sum); every row must still
+  pass under it, or the rules flag correct code.
+
+Each perturbation patches one or more *seams*: module attributes a path looks up at
+trace time. The consumers of `mhc_parity.mhc.common` bind its helpers by name (``from mhc_parity.mhc.common
+import compute_sigmoid_gate``), so ``mhc_parity.mhc.reference.compute_sigmoid_gate`` and
+``mhc_parity.mhc.kernels.forward.compute_sigmoid_gate`` are different seams: patching one changes
+one path and leaves the other (and the float64 oracle, which imports nothing from
+`mhc`) untouched. An external implementation's module attributes are seams too
+(`mhc_parity.harness.faults.independent_mhc`).
+
+Use a perturbation as a context manager; every seam is restored on exit, also on an
+exception::
+
+    with FAULTS["kernel.gate_params_bf16"].injected():
+        ...  # build and compile programs here: the patch acts at trace time
+
+`injected()` clears JAX's tracing caches on entry and exit, so a program traced before
+(or during) the patch is never reused on the other side of it. Compiled programs held
+elsewhere (e.g. a `mhc_parity.harness.engine.program_cache.ProgramCache`) are not affected: use a fresh cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+
+from mhc_parity.harness.judging.attribution import UNEXPLAINED_ID
+from mhc_parity.records.kill_records import DTYPE_SLICES
+
+
+class SeamError(LookupError):
+    """A seam does not exist (renamed or moved): the perturbation cannot be injected."""
+
+
+class UnknownPerturbationError(KeyError):
+    """A name glob matched nothing; str() is the full message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Seam:
+    """One patchable attribute: `module` and a dotted `attribute` path inside it.
+
+    e.g. Seam("mhc_parity.mhc.kernels.forward", "compute_sigmoid_gate") or
+    Seam("mhc_parity.mhc.kernels.api", "_pre_core.bwd") (the backward rule of a custom VJP).
+    """
+
+    module: str
+    attribute: str
+
+    @property
+    def name(self) -> str:
+        """`module.attribute`, e.g. ``mhc_parity.mhc.reference.compute_sigmoid_gate``."""
+        return f"{self.module}.{self.attribute}"
+
+    def resolve(self) -> tuple[Any, str]:
+        """(object owning the final attribute, its name); SeamError if any part is missing."""
+        try:
+            owner: Any = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise SeamError(f"seam {self.name}: cannot import {self.module}: {exc}") from exc
+        *parents, leaf = self.attribute.split(".")
+        for part in parents:
+            if not hasattr(owner, part):
+                raise SeamError(f"seam {self.name}: {part!r} not found")
+            owner = getattr(owner, part)
+        if not hasattr(owner, leaf):
+            raise SeamError(f"seam {self.name}: attribute {leaf!r} not found")
+        return owner, leaf
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One seam and how to replace it: original value -> the value to install."""
+
+    seam: Seam
+    make_replacement: Callable[[Any], Any] = dataclasses.field(repr=False, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Perturbation:
+    """A fault (must be caught) or a legitimate variant (must pass).
+
+    name: stable identifier, ``<path>.<what>`` (``reference.*``, ``kernel.*``,
+      ``independent.*``).
+    description: the real-world regression or precision choice it models.
+    patches: the seams it replaces, together.
+    implementations: names of the implementations whose results it can change (other
+      paths are unaffected and need not be re-run).
+    sharded_only: it only acts on token-sharded paths (cross-shard reductions).
+    variants: mHC variants whose computation goes through the seams.
+    legitimate: True for a variant that must pass, False for a fault.
+    unkillable_in: ((dtype slice, why), ...) — slices of the kill matrix in which the
+      fault's effect is below what the arithmetic explains, so it cannot be caught
+      there without flagging correct code; the kill matrix reports the measured effect.
+    causes: for a precision fault, glob patterns of the hypothesis names that are its own
+      cause (`mhc_parity.mhc.operation.hypotheses`); () for a logic fault, whose failing rows no
+      rounding may explain (`mhc_parity.harness.judging.attribution.UNEXPLAINED_ID`).
+    """
+
+    name: str
+    description: str
+    patches: tuple[Patch, ...]
+    implementations: tuple[str, ...]
+    sharded_only: bool = False
+    variants: tuple[str, ...] = ("lite", "sinkhorn")
+    legitimate: bool = False
+    unkillable_in: tuple[tuple[str, str], ...] = ()
+    causes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.patches:
+            raise ValueError(f"{self.name}: a perturbation patches at least one seam")
+        unknown = {s for s, _ in self.unkillable_in} - set(DTYPE_SLICES)
+        if unknown or (self.legitimate and self.unkillable_in):
+            raise ValueError(f"{self.name}: unkillable_in names slices of {DTYPE_SLICES}, faults only")
+
+    @property
+    def seams(self) -> tuple[Seam, ...]:
+        return tuple(p.seam for p in self.patches)
+
+    @property
+    def seam_names(self) -> str:
+        """The patched seams, comma-separated."""
+        return ", ".join(s.name for s in self.seams)
+
+    def names_its_cause(self, cause_id: str) -> bool:
+        """Whether a row's `cause_id` is this fault's own cause: one of its `causes` (every
+        hypothesis of a pair), or for a logic fault, no rounding."""
+        if not self.causes:
+            return cause_id == UNEXPLAINED_ID
+        return all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in cause_id.split("+"))
+
+    def unkillable_reason(self, dtype_slice: str) -> str:
+        """Why the fault cannot be caught in `dtype_slice` ("" if it must be)."""
+        return dict(self.unkillable_in).get(dtype_slice, "")
+
+    def resolve(self) -> None:
+        """Raise SeamError if any seam is missing."""
+        for seam in self.seams:
+            seam.resolve()
+
+    @contextlib.contextmanager
+    def injected(self) -> Iterator[Perturbation]:
+        """Install every replacement for the duration of the block, then restore them all."""
+        resolved = [(p, *p.seam.resolve()) for p in self.patches]
+        originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in resolved]
+        jax.clear_caches()
+        try:
+            for (patch, owner, attribute), (_, _, original) in zip(resolved, originals):
+                setattr(owner, attribute, patch.make_replacement(original))
+            yield self
+        finally:
+            for owner, attribute, original in reversed(originals):
+                setattr(owner, attribute, original)
+            jax.clear_caches()
+
+    def affects_path(self, path) -> bool:
+        """True if the perturbation can change the results of `path` (a `mhc_parity.harness.engine.paths.Path`)."""
+        if path.impl.name not in self.implementations:
+            return False
+        return path.mesh is not None or not self.sharded_only
+
+    def affects_case(self, case, implementations: Sequence) -> bool:
+        """True if some implementation of `implementations` it patches runs `case`.
+
+        An implementation does not run a case it skips (another variant, a
+        reference_only case for the kernels) or one it is expected to reject; a
+        sharded-only perturbation needs a case with a mesh.
+        """
+        if case.variant not in self.variants:
+            return False
+        if self.sharded_only and case.mesh is None:
+            return False
+        return any(
+            impl.name in self.implementations
+            and not impl.case_skip_reason(case)
+            and not (impl.case_limits and case.expects_unsupported)
+            for impl in implementations
+        )
+
+
+def select(globs: Iterable[str] | None, catalogue: Sequence[Perturbation], what: str) -> list[Perturbation]:
+    """Members of `catalogue` whose names match any glob (all when None/empty), in order.
+
+    Raises UnknownPerturbationError naming a glob that matches nothing.
+    """
+    patterns = list(globs or [])
+    if not patterns:
+        return list(catalogue)
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(p.name, pattern) for p in catalogue):
+            known = ", ".join(p.name for p in catalogue)
+            raise UnknownPerturbationError(f"no {what} matches {pattern!r} (known: {known})")
+    return [p for p in catalogue if any(fnmatch.fnmatchcase(p.name, g) for g in patterns)]

@@ -1,0 +1,224 @@
+"""The rounding audit: every bfloat16 value the reference path holds, and the model's site for it.
+
+A bound is only as sharp as the rounding model under it (`mhc_parity.mhc.oracle.ROUNDING_SITES` and
+the branches' own `rounding_sites`): a value a correct bfloat16 path must round that the
+model holds exact leaves a correct implementation's error unexplained (the sweep's false
+failures on an MLP case's bias gradients came from the MLP's hidden activation). The
+audit has two halves:
+
+- `bfloat16_values(case)`: the reference path's forward and VJP program traced (not
+  run), and every equation whose result is bfloat16, by the function that makes it.
+  `MODELLED_BY` names, for each such function, the model's sites that round what it
+  holds; `unmodelled` is what the model misses (a test keeps it empty on the audited
+  cases, so a new bfloat16 value in the reference fails until a site models it).
+- `site_shares(case, fixture)`: per site, the share of each leaf's sensitivity that site
+  explains alone (the oracle's draws with only that site rounding, the same random numbers
+  as the full draws, so first-order shares add up): which rounding a leaf's bound rests on.
+
+`mhc-parity faults --audit` writes both for the audited cases (`make audit`:
+docs/results/rounding-audit-default.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.source_info_util import summarize
+
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.harness.engine.oracle_path import named_leaves, noise_seeds, noise_units, root_mean_square
+from mhc_parity.harness.judging.error_statistics import draw_deviations
+from mhc_parity.mhc import oracle, reference
+from mhc_parity.records.manifest import PROJECT_ROOT
+
+# The functions of the reference path (and of the branches) that hold a bfloat16 value, and
+# the model's sites that round it: the value itself, or the cotangent its VJP hands back.
+MODELLED_BY: Mapping[str, tuple[str, ...]] = {
+    "MhcWeights.astype_for_compute": ("matmul_weight",),
+    "fold_norm_into_projection": ("folded_weight", "matmul_weight"),
+    "matmul": ("folded_weight", "branch_param", "projection", "layer_input", "mlp_hidden", "mlp_preactivation"),
+    "rms_inverse": ("x",),
+    "compute_coefficients": ("x",),
+    "collapse_streams": ("layer_input", "x"),
+    "expand_streams": ("out", "layer_output", "x"),
+    "mlp_apply": ("branch_param", "mlp_hidden", "layer_output"),
+    "tanh_apply": ("layer_output",),
+}
+# The cases the audit covers: bfloat16 runs of each branch with parameters, and the
+# cancelling init family.
+AUDIT_CASES = (
+    "lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs",
+    "lite-n4-c256-b2s64-bf16-w32-mlp-default",
+    "lite-n4-c128-b2s64-bf16-w32-identity-default",
+)
+
+
+_SUMMARY = re.compile(r"^(.*):(\d+):\d+ \((.*)\)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class BfloatValue:
+    """The bfloat16 results one function of the reference path makes: where, how many
+    equations, which primitives, and the model's sites for them ("" when none)."""
+
+    function: str
+    location: str
+    equations: int
+    primitives: tuple[str, ...]
+    sites: tuple[str, ...]
+
+
+def _walk(jaxpr, found: collections.defaultdict) -> None:
+    if isinstance(jaxpr, ClosedJaxpr):
+        jaxpr = jaxpr.jaxpr
+    for eqn in jaxpr.eqns:
+        if any(str(v.aval.dtype) == "bfloat16" for v in eqn.outvars):
+            # "file:line:column (function)", JAX's public summary of where an equation was made.
+            where = _SUMMARY.match(summarize(eqn.source_info))
+            if where is not None:
+                file_name, line, function = where.groups()
+                found[(function, file_name, int(line))].append(eqn.primitive.name)
+        for value in eqn.params.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, (ClosedJaxpr, Jaxpr)):
+                    _walk(item, found)
+
+
+def bfloat16_values(case, fixture) -> list[BfloatValue]:
+    """Every function of the reference path's forward + VJP that makes a bfloat16 value, for
+    `case` (traced on the fixture's shapes and dtypes, not run), with the model's sites for it."""
+    config, branch = case.mhc_config(), get_branch(case.branch)
+
+    def layer(x, weights, params):
+        layer_input, context = reference.pre(x, weights, config=config)
+        return reference.post(branch.apply(params, layer_input), context, config=config)
+
+    def forward_and_vjp(x, weights, params, cotangent):
+        out, pullback = jax.vjp(layer, x, weights, params)
+        return out, pullback(cotangent)
+
+    params = {k: jnp.asarray(v) for k, v in fixture.branch_params.items()}
+    jaxpr = jax.make_jaxpr(forward_and_vjp)(fixture.x, fixture.mhc_weights(), params, fixture.cotangent)
+    found: collections.defaultdict = collections.defaultdict(list)
+    _walk(jaxpr, found)
+    by_function: dict[str, list] = collections.defaultdict(list)
+    for (function, file_name, line), primitives in found.items():
+        by_function[function].append((file_name, line, primitives))
+    values = []
+    for function, places in sorted(by_function.items()):
+        locations = sorted({f"{_relative(f)}:{line}" for f, line, _ in places})
+        primitives = tuple(sorted({p for _, _, prims in places for p in prims}))
+        values.append(
+            BfloatValue(
+                function,
+                ", ".join(locations),
+                sum(len(prims) for _, _, prims in places),
+                primitives,
+                MODELLED_BY.get(function, ()),
+            )
+        )
+    return values
+
+
+def _relative(file_name: str) -> str:
+    try:
+        return str(pathlib.Path(file_name).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return pathlib.Path(file_name).name
+
+
+def unmodelled(values: Sequence[BfloatValue]) -> list[BfloatValue]:
+    """The bfloat16 values no site of the model rounds."""
+    return [v for v in values if not v.sites]
+
+
+def site_shares(case, fixture, leaves: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """Per rounding site (the layer's and the branch's), per leaf: the RMS deviation of the
+    oracle's draws with only that site rounding, over the RMS deviation with every site
+    (the share of the leaf's sensitivity the site explains; shares of independent sites
+    add up in squares). leaves: which leaves (default all)."""
+    branch = get_branch(case.branch)
+    units = noise_units(case)
+    draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+    arguments = (fixture.x, fixture.weights, branch.apply, fixture.branch_params, fixture.cotangent, case.mhc_config())
+
+    def deviations(only_sites=None) -> dict[str, float]:
+        exact, *noisy = oracle.run_oracle_batch(
+            *arguments, draws=draws, branch_sites=branch.rounding_sites, only_sites=only_sites
+        )
+        exact_leaves, noisy_leaves = named_leaves(exact), [named_leaves(d) for d in noisy]
+        # The RMS deviation normalised as the sensitivity is (`draw_deviations`).
+        return {
+            name: root_mean_square(draw_deviations([d[name] for d in noisy_leaves], exact_leaves[name])[1])
+            for name in leaves or list(exact_leaves)
+        }
+
+    total = deviations()
+    shares = {}
+    for site in [*oracle.ROUNDING_SITES, *branch.rounding_sites]:
+        alone = deviations((site,))
+        shares[site] = {name: (alone[name] / total[name] if total[name] else 0.0) for name in total}
+    return shares
+
+
+# The leaves the share table shows (one per kind, and the ones the bounds rest on most).
+SHARE_LEAVES = ("out", "layer_input", "h_pre", "d_x", "d_pre_bias", "d_post_alpha", "d_res_scale", "d_branch.w_in")
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseAudit:
+    """One case's audit: the reference's bfloat16 values and each site's shares."""
+
+    case: str
+    values: tuple[BfloatValue, ...]
+    shares: Mapping[str, Mapping[str, float]]
+
+    @property
+    def unmodelled(self) -> list[BfloatValue]:
+        return unmodelled(self.values)
+
+
+def audit_case(case, fixture) -> CaseAudit:
+    """`bfloat16_values` and `site_shares` of one case."""
+    return CaseAudit(case.name, tuple(bfloat16_values(case, fixture)), site_shares(case, fixture))
+
+
+def audit_markdown(audits: Sequence[CaseAudit]) -> str:
+    """The audits as Markdown: per case the reference's bfloat16 values with their sites (and
+    any the model misses), then each site's share of the shown leaves' sensitivity."""
+    lines = [
+        "# Rounding audit",
+        "",
+        "Every bfloat16 value the reference path's forward and VJP hold, by the function that makes it, and the "
+        "rounding model's sites for it; then, per site, the share of each leaf's sensitivity that site explains "
+        "alone (RMS over the oracle's draws with only that site rounding, over the RMS with every site). "
+        "A leaf whose bound rests on one site is as sharp as that site's precision class is right.",
+        "",
+    ]
+    for audit in audits:
+        lines += [
+            f"## `{audit.case}`",
+            "",
+            "| function | where | bfloat16 results | model sites |",
+            "|---|---|---:|---|",
+        ]
+        lines += [
+            f"| `{v.function}` | {v.location} | {v.equations} | {', '.join(v.sites) or '**none: unmodelled**'} |"
+            for v in audit.values
+        ]
+        missing = audit.unmodelled
+        lines += ["", f"Unmodelled: {', '.join(v.function for v in missing) if missing else 'none'}.", ""]
+        shown = [leaf for leaf in SHARE_LEAVES if leaf in next(iter(audit.shares.values()))]
+        lines += ["| site | " + " | ".join(f"`{leaf}`" for leaf in shown) + " |", "|---|" + "---:|" * len(shown)]
+        for site, by_leaf in audit.shares.items():
+            if any(by_leaf[leaf] >= 0.005 for leaf in shown):
+                lines.append(f"| `{site}` | " + " | ".join(f"{by_leaf[leaf]:.3f}" for leaf in shown) + " |")
+        lines += ["", "Sites below 0.005 of every shown leaf are left out.", ""]
+    return "\n".join(lines) + "\n"

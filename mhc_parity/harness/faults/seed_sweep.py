@@ -1,0 +1,86 @@
+"""The false-positive sweep: the unmodified code over many seeds must never fail a row.
+
+`run_sweep(cases, seeds, ...)` runs every case at seeds 0..seeds-1 (renamed
+``<case>-seed<s>``) through every built-in path (and any --impl), and reports per
+(comparison, dtype, leaf kind) the passing and failing rows and how close the passing
+ones came to their bounds (`mhc_parity.reports.sweep.headroom_table`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import time
+from collections.abc import Sequence
+
+from mhc_parity.cases import registry
+from mhc_parity.harness.engine.implementations import BUILTIN, load_external
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.run_info import enable_compilation_cache
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
+from mhc_parity.harness.faults.matrix import log
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.records.kill_records import CATCHING_VERDICTS
+
+
+def seeded_cases(cases: Sequence, seeds: int | Sequence[int]) -> list:
+    """Every case at seeds 0..seeds-1 (or at the seeds listed), named `<case>-seed<s>`
+    (seed-major order)."""
+    values = range(seeds) if isinstance(seeds, int) else seeds
+    return [case.replace(name=f"{case.name}-seed{s}", seed=s) for s in values for case in cases]
+
+
+def run_sweep_rows(cases: Sequence, seeds: int | Sequence[int], policy, impls, *, quiet=False) -> list[dict]:
+    """Rows of the unmodified code over the seeded cases (lowering rows excluded)."""
+    seeded = seeded_cases(cases, seeds)
+    runner = Runner(policy)
+    plan = PathPlan(implementations=tuple(impls), lowering=False)
+    rows: list[dict] = []
+    for index, case in enumerate(seeded, 1):
+        start = time.perf_counter()
+        case_rows = list(runner.run_case(case, plan))
+        rows.extend(case_rows)
+        bad = sum(r["verdict"] in CATCHING_VERDICTS for r in case_rows)
+        log(
+            f"  sweep [{index}/{len(seeded)}] {case.name} ({time.perf_counter() - start:.1f}s"
+            f"{f', {bad} FAILING row(s)' if bad else ''})",
+            quiet=quiet,
+        )
+    return rows
+
+
+def sweep_implementations(impl_specs: Sequence[str] = ()) -> tuple:
+    """What the sweep runs: the built-in implementations and any --impl (not the kill
+    matrix's independent one, which is evidence for the faults, not code under test)."""
+    return tuple(BUILTIN.values()) + tuple(load_external(spec) for spec in impl_specs)
+
+
+def _sweep_worker(seeds: Sequence[int], case_names: Sequence[str], policy_path, impl_specs: Sequence[str], quiet):
+    """One worker process (an entry point): the sweep's rows at `seeds`, registry cases by name."""
+    ensure_host_devices()
+    pace_garbage_collector()
+    enable_compilation_cache()
+    cases = [registry.default_registry().get(name) for name in case_names]
+    return run_sweep_rows(cases, seeds, load_policy(policy_path), sweep_implementations(impl_specs), quiet=quiet)
+
+
+def run_sweep_in_workers(
+    cases: Sequence, seeds: int, policy_path, impl_specs: Sequence[str], jobs: int, *, quiet=False
+) -> list[dict]:
+    """`run_sweep_rows` over seeds 0..seeds-1 dealt round-robin to `jobs` spawned processes;
+    the rows come back in the order one process would have made them (seed-major)."""
+    groups = [list(range(seeds))[start::jobs] for start in range(min(jobs, seeds))]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
+        futures = [
+            pool.submit(_sweep_worker, group, [c.name for c in cases], policy_path, tuple(impl_specs), quiet)
+            for group in groups
+        ]
+        by_seed: dict[int, list[dict]] = {}
+        for group, future in zip(groups, futures):
+            rows = future.result()
+            for seed in group:
+                suffix = f"-seed{seed}"
+                by_seed[seed] = [r for r in rows if str(r["case"]).endswith(suffix)]
+    return [row for seed in range(seeds) for row in by_seed[seed]]

@@ -1,0 +1,367 @@
+"""Which hypothesis explains a candidate's errors: the numbers of a failing row's cause.
+
+A hypothesis (a rounding the model does not allow, run through the float64 oracle) has an
+error e_h = hypothesis − oracle on every leaf, value for value. On one leaf the candidate's
+error e_c = candidate − oracle is explained by it to the fraction
+
+    explained(e_c, e_h) = 1 − ‖e_c − e_h‖² / ‖e_c‖²
+
+(1: the same error; 0: no better than no error at all; negative: worse). A leaf of a few
+numbers (a bias gradient of n, a scale gradient of one) is matched by chance by one of many
+hypotheses, so a hypothesis is also held to the candidate's other leaves: one that predicts
+an error on a leaf the candidate got right is not its cause. Each leaf's error is measured in
+units of its own sensitivity σ (the rounding model's RMS deviation there), and a failing
+leaf l's score is
+
+    score_l(h) = 1 − (‖z_c,l − z_h,l‖² + max(0, R_P(h) − T_P)) / ‖z_c,l‖²,   z = e / σ,
+
+where over the candidate's passing leaves P, T_P = Σ ‖z_c,p‖² and R_P(h) = Σ ‖z_c,p − z_h,p‖²:
+the penalty is what the hypothesis makes worse there than predicting no error. The
+candidate's own legitimate rounding is in e_c, so a failing leaf's bug scores about
+1 − (noise / error)², which its bound keeps near 1. Below `EXPLAINED_THRESHOLD` no rounding is
+named: the error is a logic error's, or a rounding outside the hypotheses. Pairs of
+hypotheses at different places add to first order, so where one is not enough the best pair
+of the leading few is tried. docs/judging.md says why the thresholds are where they are.
+
+A sum accumulated in a narrow dtype errs by an amount its order decides, and a backend's order
+is not the hypothesis' order: such a hypothesis (`HypothesisErrors.by_size`) predicts the size
+of the error on each leaf, not its values. Matched by size, a hypothesis' error is taken as
+aligned with the candidate's, ⟨z_c, z_h⟩ = ‖z_c‖·‖z_h‖, so a leaf's residual is (‖z_c‖ − ‖z_h‖)²;
+it is never paired (its values say nothing of another hypothesis'). A size is weaker evidence
+than values: among many hypotheses, one has any one leaf's error size by chance. So these are
+tried only on the leaves no hypothesis explains value for value, where there are at least
+`MIN_SIZE_LEAVES` of them, and jointly: one hypothesis must match the sizes on all those
+leaves at once, its score the same fraction summed over them,
+
+    1 − (Σ_l (‖z_c,l‖ − a‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²,
+
+and the cause says it was matched by size. The factor a fits the sizes best within the range
+the same sum spans in the orders the hypotheses try (term by term to blocks: `size_ranges`),
+1 where only one is tried.
+
+A place that holds one value per token (the RMS statistic) may be off by any amount per token,
+where a bug computes it in a narrow dtype of its own. Such a hypothesis (`FittedHypothesis`) is
+the oracle's linear response J to an error p there; the p that best explains the candidate,
+min_p Σ_l ‖z_c,l − (J p)_l‖² over all its leaves (passing ones too), is fitted by conjugate
+gradients (`fitted_errors`), and J p̂ is then scored value for value like a rounding. It is tried
+after the roundings, on the leaves none explains, and before the sizes, and only where those
+leaves hold `FIT_EVIDENCE` numbers per free number of the fit (the place's tokens): matching
+values is evidence only where there are far more values than freedom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from mhc_parity.harness.judging.error_statistics import upcast
+from mhc_parity.records.schema import UNEXPLAINED_CAUSE
+
+# Below this fraction no hypothesis is named: half the squared error is not a rounding's.
+EXPLAINED_THRESHOLD = 0.5
+# A pair is named only where the best single hypothesis leaves this much unexplained and
+# the pair explains `PAIR_GAIN` more: otherwise one cause is the simpler answer.
+PAIR_BELOW = 0.9
+PAIR_GAIN = 0.1
+# Pairs are tried among the best few single hypotheses only (pairs of weak ones explain nothing).
+PAIR_CANDIDATES = 4
+# Hypotheses within this much of the best one explain a leaf equally well; the one the
+# caller prefers (the cause of the candidate's other failing leaves) is named, so one bug
+# gets one name across its leaves.
+TIE = 0.02
+UNEXPLAINED = "not explained by any rounding: look for a logic error"
+BY_SIZE = " (matched by the size of its error)"
+UNEXPLAINED_ID = UNEXPLAINED_CAUSE
+# The kinds of hypothesis matched by size (`HypothesisErrors.by_size`): an order-dependent sum.
+SIZE_MATCHED_KINDS = frozenset({"accumulation"})
+# Sizes are matched only across this many unexplained leaves: one leaf's size (a bias gradient
+# of four numbers) is matched by one of the sums by chance.
+MIN_SIZE_LEAVES = 2
+# The kind of hypothesis whose per-token error is fitted (`FittedHypothesis`).
+FITTED_KIND = "fitted"
+# A fit is tried only where the unexplained failing leaves hold this many numbers per free
+# number of the fit: with more freedom than evidence it "explains" a lone leaf (a 1% error of a
+# four-number bias gradient was fitted by the 128 tokens' statistic errors).
+FIT_EVIDENCE = 4
+# A fit's conjugate-gradient steps at most, and the share of the candidate's squared error a
+# step must still remove to go on (an error outside the place's reach stops it in a few).
+FIT_STEPS = 40
+FIT_PROGRESS = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """The most likely cause of one leaf's error.
+
+    cause: the hypothesis' words (two joined by " + " for a pair), or `UNEXPLAINED`;
+    explained: the fraction of the squared error it explains (for `UNEXPLAINED`, the best
+    hypothesis' fraction, which fell below the threshold); names: the hypotheses' names
+    (() when unexplained); best: the best hypothesis' words even when unexplained.
+    """
+
+    cause: str
+    explained: float
+    names: tuple[str, ...] = ()
+    best: str = ""
+
+    @property
+    def is_rounding(self) -> bool:
+        return bool(self.names)
+
+    @property
+    def cause_id(self) -> str:
+        """The hypotheses' names joined by "+", or `UNEXPLAINED_ID`."""
+        return "+".join(self.names) or UNEXPLAINED_ID
+
+    def as_row_fields(self) -> dict:
+        return {"cause": self.cause, "cause_id": self.cause_id, "cause_explained": self.explained}
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """⟨a, b⟩ in float64 by NumPy's own loop, not BLAS: the same bits on every machine."""
+    return float(np.einsum("i,i->", a.ravel(), b.ravel()))
+
+
+def scaled_errors(errors: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
+    """leaf -> error / σ (float64), for the leaves with a positive σ and a finite error."""
+    scaled = {}
+    for leaf, error in errors.items():
+        scale = scales.get(leaf, 0.0)
+        if scale > 0.0:
+            value = upcast(error) / scale
+            if np.all(np.isfinite(value)):
+                scaled[leaf] = value
+    return scaled
+
+
+@dataclasses.dataclass(frozen=True)
+class HypothesisErrors:
+    """One hypothesis' errors against the oracle, in units of each leaf's sensitivity σ
+    (`scaled_errors`): name, words, family (hypotheses of one family round the same place and
+    are never paired), leaf -> z_h (float64); by_size: matched by the size of its error only
+    (module docstring; `SIZE_MATCHED_KINDS`); scale_range: the factors its size may be off by
+    (`size_ranges`: the same sum in another order)."""
+
+    name: str
+    words: str
+    family: str
+    errors: Mapping[str, np.ndarray]
+    by_size: bool = False
+    scale_range: tuple[float, float] = (1.0, 1.0)
+
+    @functools.cached_property
+    def norms(self) -> dict[str, float]:
+        """leaf -> ‖z_h‖², computed once for every candidate it is set beside."""
+        return {leaf: _dot(z, z) for leaf, z in self.errors.items()}
+
+
+def size_ranges(hypotheses: Sequence[HypothesisErrors]) -> list[HypothesisErrors]:
+    """`hypotheses` with each by-size one's `scale_range` spanning its family's by-size sizes.
+
+    The by-size hypotheses of one family are the same sum in different orders (term by term,
+    in blocks), and a backend's order lies anywhere between: each may be scaled to the size of
+    any of its family's (the total ‖z_h‖² over the leaves), and no further.
+    """
+    totals = {h.name: sum(h.norms.values()) for h in hypotheses if h.by_size}
+    family_totals: dict[str, list[float]] = {}
+    for h in hypotheses:
+        if h.by_size and totals[h.name] > 0:
+            family_totals.setdefault(h.family, []).append(totals[h.name])
+    ranged = []
+    for h in hypotheses:
+        known = family_totals.get(h.family) if h.by_size else None
+        if known and totals[h.name] > 0:
+            low, high = np.sqrt(min(known) / totals[h.name]), np.sqrt(max(known) / totals[h.name])
+            h = dataclasses.replace(h, scale_range=(float(low), float(high)))
+        ranged.append(h)
+    return ranged
+
+
+@dataclasses.dataclass(frozen=True)
+class FittedHypothesis:
+    """A hypothesis of an error of any size per token at one place: apply(p) -> leaf -> the
+    leaves' first-order change in units of σ for the place's error p (float64, `shape`);
+    transpose(leaf -> z) -> p, its adjoint (leaves it is not given count as zero). name, words
+    and family as for `HypothesisErrors`."""
+
+    name: str
+    words: str
+    family: str
+    shape: tuple[int, ...]
+    apply: Callable[[np.ndarray], Mapping[str, np.ndarray]]
+    transpose: Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> HypothesisErrors:
+    """h's errors at the p that best explains `candidate_errors` (leaf -> z_c, every leaf of the
+    candidate): least squares over all leaves both have, by conjugate gradients on the normal
+    equations (CGLS), at most `FIT_STEPS` steps, stopping once a step removes less than
+    `FIT_PROGRESS` of Σ‖z_c‖²."""
+    p = np.zeros(h.shape, np.float64)
+    leaves = [leaf for leaf in h.apply(p) if leaf in candidate_errors]
+    residual = {leaf: np.array(candidate_errors[leaf], np.float64) for leaf in leaves}
+    total = sum(_dot(z, z) for z in residual.values())
+    gradient = h.transpose(residual)
+    direction = gradient.copy()
+    gamma = _dot(gradient, gradient)
+    for _ in range(FIT_STEPS):
+        if not (gamma > 0 and total > 0):
+            break
+        change = {leaf: v for leaf, v in h.apply(direction).items() if leaf in residual}
+        curvature = sum(_dot(v, v) for v in change.values())
+        if not curvature > 0:
+            break
+        alpha = gamma / curvature
+        p += alpha * direction
+        for leaf, v in change.items():
+            residual[leaf] = residual[leaf] - alpha * v
+        if alpha * gamma < FIT_PROGRESS * total:  # the step removed alpha·gamma of the squared error
+            break
+        gradient = h.transpose(residual)
+        gamma, previous = _dot(gradient, gradient), gamma
+        direction = gradient + (gamma / previous) * direction
+    fit = {leaf: np.asarray(v, np.float64) for leaf, v in h.apply(p).items() if leaf in residual}
+    return HypothesisErrors(h.name, h.words, h.family, fit)
+
+
+class _Scores:
+    """The sums the scores need, in units of each leaf's σ: T_l = ‖z_c,l‖², ⟨z_c, z_h⟩ and ‖z_h‖²
+    per (hypothesis, leaf), and pairs' ⟨z_h1, z_h2⟩ on demand."""
+
+    def __init__(self, candidate_errors, hypotheses, failing):
+        self.leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in hypotheses)]
+        self.hypotheses = {h.name: h for h in hypotheses}
+        self.passing = [leaf for leaf in self.leaves if leaf not in set(failing)]
+        z_c = {leaf: candidate_errors[leaf] for leaf in self.leaves}
+        self.total = {leaf: _dot(z, z) for leaf, z in z_c.items()}
+        self.cross = {(h.name, leaf): _dot(z_c[leaf], h.errors[leaf]) for h in hypotheses for leaf in self.leaves}
+        self._excess: dict[tuple[str, ...], float] = {}
+
+    def _residual(self, names: Sequence[str], leaf: str) -> float:
+        """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two)."""
+        value = self.total[leaf] - 2 * sum(self.cross[(n, leaf)] for n in names)
+        value += sum(self.hypotheses[n].norms[leaf] for n in names)
+        if len(names) == 2:
+            a, b = (self.hypotheses[n].errors[leaf] for n in names)
+            value += 2 * _dot(a, b)
+        return value
+
+    def excess(self, names: Sequence[str]) -> float:
+        """What the hypotheses make worse on the passing leaves than predicting no error."""
+        key = tuple(names)
+        if key not in self._excess:
+            self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
+        return self._excess[key]
+
+    def score(self, names: Sequence[str], leaf: str) -> float:
+        total = self.total[leaf]
+        if not total > 0:
+            return float("nan")
+        return 1.0 - (self._residual(names, leaf) + self.excess(names)) / total
+
+
+def attribute_candidate(
+    candidate_errors: Mapping[str, np.ndarray],
+    hypotheses: Sequence[HypothesisErrors],
+    failing: Sequence[str],
+    fitted: Sequence[FittedHypothesis] = (),
+) -> dict[str, Attribution]:
+    """The most likely cause of each failing leaf of one candidate.
+
+    candidate_errors: leaf -> (candidate − oracle) / σ (`scaled_errors`; every leaf the
+    candidate has, passing ones too); hypotheses: their errors on the same leaves in the same
+    units (a leaf some lack takes no part); failing: the leaves to attribute; fitted: the
+    `FittedHypothesis`es, in the same units. Each leaf is matched value for value by the
+    hypotheses that have values; where none explains it, by the fitted ones' best fits; where
+    none of those does, by size by the `by_size` ones (module docstring). Returns leaf ->
+    `Attribution` for every failing leaf.
+    """
+    by_values = _attribute_by_values(candidate_errors, [h for h in hypotheses if not h.by_size], failing)
+    unexplained = [leaf for leaf in failing if not by_values[leaf].is_rounding]
+    for h in fitted if unexplained else ():
+        evidence = sum(np.size(candidate_errors[leaf]) for leaf in unexplained if leaf in candidate_errors)
+        if evidence < FIT_EVIDENCE * math.prod(h.shape):
+            continue
+        by_fit = _attribute_by_values(candidate_errors, [fitted_errors(h, candidate_errors)], failing)
+        by_values = {**by_values, **{leaf: by_fit[leaf] for leaf in unexplained if by_fit[leaf].is_rounding}}
+        unexplained = [leaf for leaf in unexplained if not by_values[leaf].is_rounding]
+    sized = [h for h in hypotheses if h.by_size]
+    if not (unexplained and sized):
+        return by_values
+    leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in sized)]
+    sizes = {leaf: _dot(candidate_errors[leaf], candidate_errors[leaf]) for leaf in leaves}
+    targets = [leaf for leaf in unexplained if leaf in sizes]
+    passing = [leaf for leaf in leaves if leaf not in set(failing)]
+    if len(targets) < MIN_SIZE_LEAVES or not sum(sizes[leaf] for leaf in targets) > 0:
+        return by_values
+    joint = {h.name: _size_score(h, sizes, targets, passing) for h in sized}
+    best = max(sized, key=lambda h: joint[h.name])  # the first of equals: max keeps it
+    if joint[best.name] < EXPLAINED_THRESHOLD:
+        return by_values
+    found = dict(by_values)
+    for leaf in targets:
+        found[leaf] = Attribution(best.words + BY_SIZE, joint[best.name], (best.name,), best.words)
+    return found
+
+
+def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequence[str], passing: Sequence[str]):
+    """The joint size score of `h` on the `targets` (module docstring), its error scaled by the
+    factor in `h.scale_range` that fits the sizes best; sizes: leaf -> ‖z_c‖²."""
+    root_t = {leaf: np.sqrt(sizes[leaf]) for leaf in sizes}
+    root_h = {leaf: np.sqrt(h.norms[leaf]) for leaf in sizes}
+    across = sum(h.norms[leaf] for leaf in targets)
+    fit = sum(root_t[leaf] * root_h[leaf] for leaf in targets) / across if across > 0 else 1.0
+    scale = min(max(fit, h.scale_range[0]), h.scale_range[1])
+
+    def residual(leaf):
+        return (root_t[leaf] - scale * root_h[leaf]) ** 2
+
+    excess = max(0.0, sum(residual(p) - sizes[p] for p in passing))
+    return 1.0 - (sum(residual(leaf) for leaf in targets) + excess) / sum(sizes[leaf] for leaf in targets)
+
+
+def _attribute_by_values(
+    candidate_errors: Mapping[str, np.ndarray], hypotheses: Sequence[HypothesisErrors], failing: Sequence[str]
+) -> dict[str, Attribution]:
+    """`attribute_candidate`'s choice value for value, with pairs.
+
+    Among hypotheses within `TIE` of a leaf's best score, the one with the highest total over
+    the failing leaves is named (one bug, one name).
+    """
+    sums = _Scores(candidate_errors, hypotheses, failing)
+    order = {h.name: i for i, h in enumerate(hypotheses)}
+    targets = [leaf for leaf in failing if leaf in sums.total]
+    scores = {leaf: {h.name: sums.score((h.name,), leaf) for h in hypotheses} for leaf in targets}
+    totals = {
+        h.name: sum(min(max(scores[leaf][h.name], 0.0), 1.0) for leaf in targets if np.isfinite(scores[leaf][h.name]))
+        for h in hypotheses
+    }
+    found = {leaf: Attribution(UNEXPLAINED, float("nan")) for leaf in failing}
+    for leaf in targets:
+        ranked = sorted(
+            (n for n in scores[leaf] if np.isfinite(scores[leaf][n])), key=lambda n: (-scores[leaf][n], order[n])
+        )
+        if not ranked:
+            continue
+        top = scores[leaf][ranked[0]]
+        name = min((n for n in ranked if scores[leaf][n] >= top - TIE), key=lambda n: (-totals[n], order[n]))
+        words = sums.hypotheses[name].words
+        best = Attribution(words, scores[leaf][name], (name,), words)
+        if best.explained < PAIR_BELOW:
+            for n1, n2 in itertools.combinations(ranked[:PAIR_CANDIDATES], 2):
+                if sums.hypotheses[n1].family == sums.hypotheses[n2].family:
+                    continue  # rounding one place twice is rounding it once
+                pair = sums.score((n1, n2), leaf)
+                if pair >= best.explained + PAIR_GAIN:
+                    best = Attribution(
+                        f"{sums.hypotheses[n1].words} + {sums.hypotheses[n2].words}", pair, (n1, n2), words
+                    )
+        found[leaf] = (
+            best if best.explained >= EXPLAINED_THRESHOLD else Attribution(UNEXPLAINED, best.explained, (), words)
+        )
+    return found

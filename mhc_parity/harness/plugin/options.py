@@ -1,0 +1,114 @@
+"""The plugin's options: `--parity-<name>` on the command line, `parity_<name>` in the ini
+file (the command line wins; ini paths are relative to the ini file's folder), and the
+pytest command that writes a session's baseline, which usage errors name."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+UPDATE_OPTION = "--parity-update-baseline"
+# `mhc_parity.reports.baseline.LEGACY_OPTION` of the plugin: a flag, and the bool ini option
+# `parity_allow_legacy_baseline`.
+LEGACY_OPTION = "--parity-allow-legacy-baseline"
+LEGACY_INI = "parity_allow_legacy_baseline"
+BUILTIN_INI = "parity_builtin"
+OPTIONS = {  # name: help; each is `--parity-<name>` on the command line and `parity_<name>` in the ini file
+    "impl": "MODULE:FACTORY of the implementation whose parity the parity_check tests check",
+    "suite": "case suite the parity-matrix tests run (default: $MHC_PARITY_SUITE or smoke)",
+    "dtype": "keep the cases of this activation dtype only: float32|bfloat16 (f32, bf16)",
+    "report": "write the run folder (manifest, rows, CSV/JSON/HTML/Markdown reports) here",
+    "baseline": f"gate each parity test against this baseline file (which {UPDATE_OPTION} writes)",
+}
+# Options whose ini value is a path, taken relative to the ini file's folder.
+PATH_OPTIONS = ("report", "baseline")
+# The options an update command repeats (the others do not change which rows it writes).
+UPDATE_COMMAND_OPTIONS = ("impl", "suite", "dtype", "baseline")
+
+
+def add_options(parser) -> None:
+    """Register the options (pytest_addoption)."""
+    group = parser.getgroup("mhc-parity", "numerical parity of an mHC implementation (mhc-parity)")
+    for name, help_text in OPTIONS.items():
+        group.addoption(f"--parity-{name}", default=None, help=help_text)
+        parser.addini(f"parity_{name}", help=help_text, default=None)
+    group.addoption(
+        UPDATE_OPTION,
+        action="store_true",
+        default=False,
+        help="write the baseline (parity_baseline, else baselines/<name>.csv) from this run's rows instead of gating",
+    )
+    group.addoption(
+        LEGACY_OPTION,
+        action="store_true",
+        default=False,
+        help="let a baseline in a legacy format (whose header or rows no digest covers) judge the session",
+    )
+    parser.addini(
+        LEGACY_INI,
+        type="bool",
+        default=False,
+        help="as --parity-allow-legacy-baseline: let a legacy-format baseline judge the session",
+    )
+    parser.addini(
+        BUILTIN_INI,
+        type="bool",
+        default=False,
+        help="without parity_impl, run the matrix over mhc-parity's own paths (its own test suite)",
+    )
+
+
+def setting(config, name: str) -> str | None:
+    """`--parity-<name>`, else the ini's `parity_<name>` (paths relative to the ini file's folder)."""
+    value = config.getoption(f"--parity-{name}")
+    if value:
+        return value
+    value = config.getini(f"parity_{name}")
+    if value and name in PATH_OPTIONS:
+        return str(config.rootpath / value)
+    return value or None
+
+
+def enabled(config) -> bool:
+    """Whether the session checks anything: an implementation, or this project's own paths."""
+    return bool(setting(config, "impl") or config.getini(BUILTIN_INI))
+
+
+def enabled_early(early_config) -> bool:
+    """`enabled`, asked before pytest has parsed its whole command line (in
+    `pytest_load_initial_conftests`): `config.getoption` has no values yet, so the option
+    comes from the arguments pytest has read so far (`known_args_namespace`); the ini file
+    is read by then."""
+    impl = getattr(early_config.known_args_namespace, "parity_impl", None)
+    return bool(impl or early_config.getini("parity_impl") or early_config.getini(BUILTIN_INI))
+
+
+def ini_overrides(args) -> list[str]:
+    """The `-o parity_...=VALUE` arguments of a pytest command line, as `-o` pairs."""
+    found, args, index = [], [str(a) for a in args], 0
+    while index < len(args):
+        arg, value = args[index], None
+        if arg in ("-o", "--override-ini") and index + 1 < len(args):
+            value, index = args[index + 1], index + 1
+        elif arg.startswith("--override-ini="):
+            value = arg.partition("=")[2]
+        elif arg.startswith("-o") and not arg.startswith("--"):
+            value = arg[2:]
+        if value and value.startswith("parity_"):
+            found += ["-o", value]
+        index += 1
+    return found
+
+
+def update_command(config) -> str:
+    """The pytest command that writes this session's baseline: the parity options and ini
+    overrides of its command line, the suite it took from $MHC_PARITY_SUITE, and the update flag."""
+    words = ["pytest"]
+    for name in UPDATE_COMMAND_OPTIONS:
+        value = config.getoption(f"--parity-{name}")
+        if value:
+            words += [f"--parity-{name}", value]
+    words += ini_overrides(config.invocation_params.args)
+    if not setting(config, "suite") and os.environ.get("MHC_PARITY_SUITE"):
+        words += ["--parity-suite", os.environ["MHC_PARITY_SUITE"]]
+    return shlex.join([*words, UPDATE_OPTION])

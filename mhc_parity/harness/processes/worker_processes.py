@@ -1,0 +1,167 @@
+"""How `mhc-parity run --jobs N` starts its worker processes: forked from a server that imported them.
+
+A spawned worker first imports JAX, Flax and the harness, every worker of every run,
+before its first case. Instead the workers come from
+multiprocessing's "forkserver": one server process per command imports `WORKER_MODULES`
+once, then forks each worker from itself. The command line starts the server before its
+own imports (`mhc_parity.harness.cli`), so the two import at once and the workers are ready when
+the parent is. The server never starts a JAX backend (importing a module starts none:
+tests/test_import_graph.py), so a forked worker's JAX is as fresh as a spawned one's and
+sets its XLA flags before the backend starts, as before. A platform without forkserver
+(Windows) spawns.
+
+A worker ends when the command's process does, however that ends: a kill -9 runs no
+cleanup, and a worker blocked on its task queue would never see end-of-file (it holds a
+write end of that queue itself). On Linux the kernel sees to it, whatever the worker runs
+(`end_with_parent`, PR_SET_PDEATHSIG): the fork server is killed when the command ends, and
+each worker when the fork server does. A watcher thread (`exit_with`) does it elsewhere,
+but a thread needs the GIL, which code under test blocked in native code may hold. The
+resource tracker then ends by itself once no process holds its pipe.
+
+A forked worker inherits the server's environment, from when the server started, not
+the parent's when the pool is made (multiprocessing hands it the parent's working folder
+and sys.path, not its environment), so the parent passes its os.environ — which holds the
+cache folder and XLA_FLAGS — and the worker adopts it first (`adopt_environment`).
+
+Light on purpose: this module imports neither JAX nor anything that does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+import os
+import select
+import signal
+import sys
+import threading
+import time
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+# What a worker needs imported: mhc_parity.harness.processes.parallel brings JAX, Flax, mhc and the runner.
+# This module first: importing it, the fork server ends itself with the command (`_SERVER_OF`).
+WORKER_MODULES = (__name__, "mhc_parity.harness.processes.parallel")
+# Set, to the command's pid, in the environment the fork server starts with (and only there:
+# `start_worker_server`), so that the server, and no other process, knows itself at import.
+_SERVER_OF = "MHC_PARITY_FORK_SERVER_OF"
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context workers start in: forkserver, preloading `WORKER_MODULES`, or spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_MODULES))
+    return context
+
+
+def start_worker_server() -> None:
+    """Start the fork server now (it imports `WORKER_MODULES` in the background); a no-op
+    where workers are spawned, or when this process's server already runs. Call it from the
+    thread that lives as long as the command (the main thread): the server ends with it
+    (`end_with_parent`), and the one `ParallelRunner` uses is the one started here."""
+    if worker_context().get_start_method() != "forkserver":
+        return
+    previous = os.environ.get(_SERVER_OF)
+    os.environ[_SERVER_OF] = str(os.getpid())
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if previous is None:
+            os.environ.pop(_SERVER_OF, None)
+        else:
+            os.environ[_SERVER_OF] = previous
+
+
+def environment_of_this_process() -> tuple[tuple[str, str], ...]:
+    """os.environ as it is now, to hand a worker (`adopt_environment`)."""
+    return tuple(os.environ.items())
+
+
+def adopt_environment(environment: tuple[tuple[str, str], ...]) -> None:
+    """Make this (worker) process's os.environ exactly `environment`: the parent's.
+
+    Not JAX's configuration: JAX reads its JAX_* variables when it is imported, which for
+    a forked worker happened in the server. Set them before the first run with workers.
+    """
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+# A worker's exit status when the command's process is gone.
+EXIT_PARENT_GONE = 1
+# prctl(2): the signal this process gets when its parent ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent() -> bool:
+    """Have the kernel SIGKILL this process when its parent ends (Linux's PR_SET_PDEATHSIG),
+    whatever it runs then; exit at once if the parent ended already. False where the kernel
+    cannot be asked (not Linux).
+
+    The parent is the thread that started this process: the process ends when that thread
+    does, so a process started this way must be started from a thread that lives as long
+    as its process (`start_worker_server`)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(EXIT_PARENT_GONE)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user: not ours, so ours is gone
+        return False
+    return True
+
+
+def exit_with(pid: int, *, poll_s: float = 1.0) -> threading.Thread:
+    """End this process (`os._exit`) as soon as process `pid` ends: a daemon thread waits on
+    a pidfd of it (Linux), else polls it every `poll_s` seconds."""
+
+    def watch():
+        try:
+            handle = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd here, or `pid` already gone
+            while _alive(pid):
+                time.sleep(poll_s)
+        else:
+            select.select([handle], [], [])  # readable once the process has ended
+        os._exit(EXIT_PARENT_GONE)
+
+    watcher = threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True)
+    watcher.start()
+    return watcher
+
+
+def peak_resident_bytes() -> int | None:
+    """This process's peak resident memory so far, in bytes (None where `resource` is missing).
+
+    A forked worker is not a child of the command's process, so that process's
+    RUSAGE_CHILDREN never sees it: workers report their own peak with their rows.
+    """
+    if resource is None:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+if os.environ.get(_SERVER_OF) == str(os.getppid()):  # this is the fork server the command started
+    end_with_parent()

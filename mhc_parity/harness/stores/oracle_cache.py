@@ -1,0 +1,198 @@
+"""A content-addressed disk cache of the float64 oracle's answers
+(`mhc_parity.harness.engine.oracle_path.OracleOutputs`).
+
+The oracle's answer for a case is a function of its inputs and of the code that computes
+it, nothing else; a kernel edit cannot change it. So `OracleCache(case, fixture)` looks
+the answer up under a key made of everything it depends on (`key_material`):
+
+- the fixture's digest (`mhc_parity.cases.fixtures.Fixture.digest`: every input array's bits);
+- the digest of the oracle's sources (`oracle_sources`: the modules the code that computes
+  an answer imports — the float64 math, the code that turns its results into leaves,
+  sensitivities and systematic statistics, the branch functions and the helpers they
+  call — found from the imports), the JAX / jaxlib / NumPy versions that run it,
+  and what XLA compiles it for: `XLA_FLAGS` and the host CPU (`mhc_parity.harness.env.compiler_material`);
+- the case's branch, the operation's key of it (`oracle_key`: for the mHC layer its math
+  configuration) and dtypes;
+- the rounding draws: their seeds and each precision class's unit roundoff (which holds
+  the operand rounding the case's matmul precision means on this backend).
+
+An entry is one ``oracle-<key>.npz`` in ``<cache>/oracle`` (`mhc_parity.harness.env.cache_root`):
+the exact leaves as raw float64 bits, and a JSON header with the key material, the
+sensitivities, the systematic statistics, every array's sha256 and a checksum of the
+header itself. On load every one of these is verified; an unreadable, truncated, stale
+or tampered entry is logged and recomputed (and replaced), never used. Entries are
+written through `mhc_parity.records.files.atomic_write`, so concurrent workers never read a
+partial file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import pathlib
+import time
+from collections.abc import Callable
+
+import jax
+import jaxlib
+import numpy as np
+
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.oracle_path import (
+    NOISE_SAMPLES,
+    OracleOutputs,
+    noise_seeds,
+    noise_units,
+    run_oracle_path,
+)
+from mhc_parity.harness.env import compiler_material
+from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.stores.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
+from mhc_parity.records.cache_root import cache_root
+from mhc_parity.records.code import closure_digest, import_closure
+from mhc_parity.records.files import array_sha256, atomic_write
+from mhc_parity.records.foreign_code import stores_writable
+from mhc_parity.records.manifest import PROJECT_ROOT
+
+# Bump when the entry layout changes (part of the key).
+ENTRY_FORMAT = 2
+# The module that computes an oracle answer: its import closure, less the modules only a
+# path's program runs (`mhc_parity.harness.engine.operation`), is the code an answer depends on
+# (tests/test_oracle_cache.py checks that computing one runs nothing else of the project).
+ORACLE_ENTRY = ("mhc_parity.harness.engine.oracle_path",)
+_HEADER = "__header__"
+_BITS = np.dtype("<u8")  # float64 leaves stored as their raw bits
+
+log = logging.getLogger(__name__)
+
+
+class CorruptOracleEntry(ValueError):
+    """A cache entry failed verification; the message says why."""
+
+
+def default_folder() -> pathlib.Path:
+    return cache_root() / "oracle"
+
+
+def oracle_sources(root: pathlib.Path = PROJECT_ROOT) -> tuple[str, ...]:
+    """Project files an oracle answer is computed from (`mhc_parity.records.code.import_closure`)."""
+    return import_closure(ORACLE_ENTRY, OPERATION.PROGRAM_MODULES, root)
+
+
+def oracle_source_digest(root: pathlib.Path = PROJECT_ROOT) -> str:
+    """`mhc_parity.records.code.closure_digest` of `oracle_sources`."""
+    return closure_digest(ORACLE_ENTRY, OPERATION.PROGRAM_MODULES, root)
+
+
+def key_material(case, fixture, source_digest: str) -> dict:
+    """Everything the oracle's answer for `case` on `fixture` depends on (JSON-able)."""
+    return {
+        "format": ENTRY_FORMAT,
+        "fixture": fixture.digest(),
+        "oracle_sources": source_digest,
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
+        # XLA compiles the float64 program for the host CPU under these flags (an FMA or not).
+        "compiler": compiler_material(),
+        "branch": case.branch,
+        "config": OPERATION.oracle_key(case),
+        "dtype": case.dtype,
+        "weight_dtype": case.weight_dtype,
+        "draws": {"samples": NOISE_SAMPLES, "seeds": list(noise_seeds(case)), "units": noise_units(case)},
+    }
+
+
+def serialize(material: dict, outputs: OracleOutputs) -> bytes:
+    """One entry's bytes: the leaves' float64 bits and a checksummed JSON header."""
+    leaves = {name: np.ascontiguousarray(value, dtype=np.float64) for name, value in outputs.leaves.items()}
+    header = {
+        "key": material,
+        "leaves": {name: {"shape": list(a.shape), "sha256": array_sha256(a)} for name, a in leaves.items()},
+        "sensitivity": {name: value.as_dict() for name, value in outputs.sensitivity.items()},
+        "systematic": dict(outputs.systematic),
+    }
+    header["checksum"] = header_checksum(header)
+    payload = {f"leaf.{name}": a.view(_BITS) for name, a in leaves.items()}
+    payload[_HEADER] = np.frombuffer(canonical_json(header), np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **payload)
+    return buffer.getvalue()
+
+
+def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
+    """A verified entry (execute_s 0); CorruptOracleEntry on any mismatch or read error."""
+    try:
+        with np.load(data_path, allow_pickle=False) as archive:
+            header = json.loads(bytes(archive[_HEADER]).decode())
+            raw = {name.removeprefix("leaf."): archive[name] for name in archive.files if name != _HEADER}
+    except Exception as error:  # truncated zip, bad CRC, bad JSON, missing member, ...
+        raise CorruptOracleEntry(f"unreadable ({type(error).__name__}: {error})") from error
+    if not isinstance(header, dict) or header.get("checksum") != header_checksum(header):
+        raise CorruptOracleEntry("header checksum mismatch")
+    if header["key"] != json.loads(canonical_json(material)):
+        raise CorruptOracleEntry("stale: written for other inputs, code or draws")
+    if set(raw) != set(header["leaves"]) or set(raw) != set(header["sensitivity"]):
+        raise CorruptOracleEntry(f"holds leaves {sorted(raw)}, header lists {sorted(header['leaves'])}")
+    leaves = {}
+    for name, bits in raw.items():
+        meta = header["leaves"][name]
+        if bits.dtype != _BITS or list(bits.shape) != meta["shape"]:
+            raise CorruptOracleEntry(f"{name}: stored {bits.dtype} {bits.shape}, header says {meta['shape']}")
+        value = bits.view(np.float64)
+        if array_sha256(value) != meta["sha256"]:
+            raise CorruptOracleEntry(f"{name}: checksum mismatch")
+        value.setflags(write=False)
+        leaves[name] = value
+    try:
+        sensitivity = {name: Sensitivity.from_dict(raw) for name, raw in header["sensitivity"].items()}
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CorruptOracleEntry(f"sensitivity record unreadable ({error})") from error
+    systematic = {name: float(t) for name, t in header["systematic"].items()}
+    return OracleOutputs(leaves, sensitivity, 0.0, systematic=systematic)
+
+
+class OracleCache(LookupCounts):
+    """`oracle(case, fixture) -> OracleOutputs`, from the disk cache when a verified entry exists.
+
+    folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
+    oracle itself (default `mhc_parity.harness.engine.oracle_path.run_oracle_path`); source_root: the project whose
+    `oracle_sources` are digested. `hits`, `misses` and
+    `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
+    `execute_s` is the time it took to load. If the folder is not writable the answer is
+    still returned (and a warning logged). Safe to call from several threads (`Runner.run`
+    gets answers ahead in its pool; `LookupCounts`).
+    """
+
+    def __init__(
+        self,
+        folder: pathlib.Path | None = None,
+        compute: Callable[[object, object], OracleOutputs] = run_oracle_path,
+        source_root: pathlib.Path = PROJECT_ROOT,
+    ):
+        super().__init__()
+        self.folder = pathlib.Path(folder) if folder is not None else default_folder()
+        self.compute = compute
+        self.source_digest = oracle_source_digest(source_root)
+
+    def __call__(self, case, fixture) -> OracleOutputs:
+        start = time.perf_counter()
+        material = key_material(case, fixture, self.source_digest)
+        path = self.folder / f"oracle-{key_digest(material)}.npz"
+        if path.exists():
+            try:
+                outputs = deserialize(path, material)
+                self._count(hits=1)
+                return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+            except CorruptOracleEntry as error:
+                self._count(rejected=1)
+                log.warning("oracle cache entry %s for case %r is invalid (%s); recomputing", path, case.name, error)
+        self._count(misses=1)
+        outputs = self.compute(case, fixture)
+        if not stores_writable():  # a process that loaded foreign code writes no store
+            return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+        try:
+            atomic_write(path, serialize(material, outputs))
+        except OSError as error:
+            log.warning("could not write oracle cache entry %s: %s", path, error)
+        return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)

@@ -1,0 +1,76 @@
+"""MaxText's public mHC kernel API (`maxtext.kernels.mhc.pre/post`) around the case's branch.
+
+As released (`maxtext-kernel-api`) its `pre` cannot run under `jit` + `vjp`; fixed
+(`maxtext-kernel-fwd-fixed`) the call enters at `mhc_kernels_fwd.pre`, the entry point below
+it, with the permutations a NumPy constant, and `api.post` as released (both token-sharded).
+
+Weights go in as this project's kernels take them: matmul leaves in the activation dtype,
+gate scales and biases as stored. The context exposes `h_post` and the residual mix
+(`h_res`, the same orientation as this project's: contracted over its first stream index).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import maxtext
+from maxtext.kernels.mhc import api
+
+from mhc_parity.maxtext_parity.envelope import api_block_defaults, block_sizes, kernel_envelope
+from mhc_parity.maxtext_parity.fixes import KernelCalls, maxtext_rejections, permutation_constant
+from mhc_parity.maxtext_parity.lowering import lower_programs
+from mhc_parity.mhc.types import MhcWeights
+
+# Case block-size field -> MaxText's MhcKernelConfig field.
+CONFIG_FIELDS = {
+    "block_tokens": "block_size",
+    "block_tokens_bwd": "bwd_block_size",
+    "block_features": "bwd_feature_block_size",
+}
+
+
+class KernelApi:
+    """MaxText's kernel API, as released (`api.pre`) or fixed (module `mhc_parity.maxtext_parity.fixes`)."""
+
+    variants = ("lite",)
+
+    def __init__(self, *, fixed: bool):
+        self.fixed = fixed
+        # Fixed, the calls enter one level below the public `pre` (see mhc_parity.maxtext_parity.fixes):
+        # the name says so.
+        self.name = "maxtext-kernel-fwd-fixed" if fixed else "maxtext-kernel-api"
+        self.partner = "maxtext-layer-reference" + ("-fixed" if fixed else "")
+        self.envelope = kernel_envelope(api_block_defaults())
+        self.code_root = os.path.dirname(maxtext.__file__)
+
+    def kernel_config(self, case, *, interpret: bool):
+        """MaxText's `MhcKernelConfig` for `case`: its block sizes and this project's epsilons."""
+        mhc_config = case.mhc_config()
+        blocks = block_sizes(case, api_block_defaults())
+        return api.MhcKernelConfig(
+            **{CONFIG_FIELDS[k]: v for k, v in blocks.items()},
+            rms_epsilon=mhc_config.rms_epsilon,
+            pre_mapping_epsilon=mhc_config.pre_epsilon,
+            interpret=interpret,
+        )
+
+    def build(self, case, *, matmul_precision: str, mesh):
+        """forward(x, weights, branch_fn) -> (out, {layer_input, h_post, h_res})."""
+        interpret = jax.default_backend() != "tpu"
+        config = self.kernel_config(case, interpret=interpret)
+        calls = KernelCalls(interpret=interpret, constant_permutations=self.fixed, mesh=mesh if self.fixed else None)
+        permutations = permutation_constant(case.streams)
+
+        def forward(x, weights, branch_fn):
+            kernel_weights = api.MhcWeights(**MhcWeights.from_dict(weights).astype_for_compute(x.dtype).as_dict())
+            with maxtext_rejections():
+                layer_input, context = calls.pre(x, kernel_weights, permutations, config=config)
+                out = calls.post(branch_fn(layer_input), context, config=config)
+            return out, {"layer_input": layer_input, "h_post": context.h_post, "h_res": context.residual}
+
+        return forward
+
+    def lower(self, case, mesh_shape: tuple[int, ...]):
+        """Its kernel programs lowered for TPU (`mhc_parity.maxtext_parity.lowering`)."""
+        return lower_programs(self, case, mesh_shape)

@@ -1,0 +1,340 @@
+"""What may have caused a failing leaf: roundings the model does not allow, run through the oracle.
+
+A correct path rounds each value of the layer in the precision class its site names
+(`mhc_parity.mhc.oracle.ROUNDING_SITES`). A precision bug rounds one of them more coarsely. For a case,
+`hypotheses` lists every such rounding the rounding model does not already allow: each site,
+its forward value and its cotangent apart, held in the activation dtype and in bfloat16
+(round to nearest), and the gate parameters per gate (the pre/post gates and the residual
+gate named apart, as the upstream bug rounds them). `hypothesis_draws` runs them through
+`mhc_parity.mhc.oracle_roundings` on the case's fixture: each draw's error against the exact oracle is
+what that bug would compute.
+
+A correct path accumulates every contraction (`mhc_parity.mhc.oracle.CONTRACTIONS`) in float32; each
+contraction's value and each operand's cotangent summed in a narrower dtype is a hypothesis
+too, term by term (a loop, or a backend's narrow reduction) and in blocks (a kernel adding a
+tile's partial sum to a narrow accumulator). Its error depends on the order of the sum, so it
+is matched by size (kind "accumulation"). The whole sum rounded once is a rounding (matched
+value for value), where the model has no site for it (the RMS statistic's sum of squares).
+
+A site of one value per token (`mhc_parity.mhc.oracle_fits.FITTED_SITES`: the RMS statistic) may be off by
+any amount per token, where a bug computes it in a narrow dtype: several roundings and a sum in
+an order of its own. Such a hypothesis (kind "fitted") is the oracle's linear response to an error
+there (`hypothesis_responses`), whose per-token sizes are fitted to the candidate's error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax.numpy as jnp
+
+from mhc_parity.mhc import oracle
+from mhc_parity.mhc.operation.oracle_draws import on_fixture
+from mhc_parity.mhc.oracle_fits import FITTED_SITES, SiteResponse, site_response
+from mhc_parity.mhc.oracle_roundings import (
+    BACKEND_ORDER,
+    DIRECTIONS,
+    OUTPUTS,
+    ROUNDING_DTYPES,
+    Accumulation,
+    Rounding,
+    output_spec,
+    run_oracle_roundings,
+    summed_letters,
+)
+
+# The values each site holds, in words (the backward direction is their cotangent).
+SITE_WORDS: Mapping[str, str] = {
+    "x": "the input x",
+    "matmul_weight": "the projection weights (norm scale, alphas)",
+    "gate_weight": "the gate scales and biases",
+    "branch_param": "the branch parameters",
+    "rms_inverse": "the RMS statistic",
+    "normed_operand": "the normalised activations",
+    "folded_weight": "the folded projection weights",
+    "projection": "the projection",
+    "gate_logit": "the gate logits",
+    "gate": "the gates (h_pre, h_post, h_res)",
+    "permutation_operand": "the softmax weights as the permutation mix's operand",
+    "softmax_inner_product": "the softmax VJP's inner product",
+    "coefficient_operand": "h_pre, h_post, h_res as contraction operands",
+    "layer_input": "the branch input",
+    "layer_output": "the branch output",
+    "residual_mix": "the residual mix",
+    "out": "the layer output",
+}
+# The gate parameters by gate: the pre and post gates and the residual gate apart. A rounding
+# of the pre/post gates and one of the residual gate may pair (they are different places).
+GATE_GROUPS: Mapping[str, tuple[str, ...]] = {
+    "the pre gate": ("pre_scale", "pre_bias"),
+    "the post gate": ("post_scale", "post_bias"),
+    "the pre and post gates": ("pre_scale", "pre_bias", "post_scale", "post_bias"),
+    "the residual gate": ("res_scale", "res_bias"),
+}
+
+
+# The blocks an accumulation hypothesis sums exactly before each narrow addition: 1 (term by
+# term) and a kernel's tile along the lanes.
+ACCUMULATION_BLOCKS = (1, 128)
+# The contractions of a gate's parameters (`mhc_parity.mhc.oracle.CONTRACTIONS`): their gradients sum over
+# the tokens, narrowly only where the parameters are held narrow (`_gate_held_narrow`).
+GATE_CONTRACTIONS = ("gate_scale", "gate_bias")
+# The suffix of a gate hypothesis whose gradients the backend sums narrowly.
+BACKEND_SUMS = "backend_sums"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    """One candidate cause of a failing leaf.
+
+    name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>", or
+    "accumulate:<contraction>:<output>:<dtype>:<block | once>", or "fit:<site>:<backward>");
+    label: the cause in words; kind: "rounding" (matched value for value), "accumulation"
+    (matched by size) or "fitted" (its per-token sizes fitted); family: the place it rounds
+    ("<site>:<direction>"; two of one family are never a pair); roundings: what the oracle
+    rounds and sums narrowly to reproduce it; site, backward: a fitted hypothesis' site and how
+    its gradients see the error (`mhc_parity.mhc.oracle_fits.site_response`); ordered: its error depends
+    on the order of a narrow sum (a sharded path sums in another order).
+    """
+
+    name: str
+    label: str
+    kind: str
+    family: str
+    roundings: tuple[Rounding | Accumulation, ...]
+    site: str = ""
+    backward: str = ""
+    ordered: bool = False
+
+
+def _unit_roundoff(dtype: str) -> float:
+    return float(jnp.finfo(dtype).eps) / 2
+
+
+def _allowed_unit(site: oracle.RoundingSite, direction: str, units: Mapping[str, float]) -> float:
+    classes = site.forward if direction == "forward" else site.backward
+    return max((units[c] for c in classes), default=0.0)
+
+
+def _words(site: str, direction: str, group: str = "") -> str:
+    what = SITE_WORDS.get(site, f"the branch's {site.replace('_', ' ')}")
+    if group:
+        what = f"{group}' scales and biases" if group.endswith("gates") else f"{group}'s scale and bias"
+    if direction == "backward":
+        gradient = site in ("matmul_weight", "gate_weight", "branch_param")
+        return f"{'the gradient' if gradient else 'the cotangent'} of {what}"
+    return what
+
+
+def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
+    """The roundings the rounding model does not allow for `case`, as `Hypothesis`es.
+
+    branch: the case's `mhc_parity.cases.branches.Branch` (its own sites join the layer's); units: the
+    model's unit roundoff per precision class (`mhc_parity.mhc.oracle.unit_roundoffs`). A rounding to a
+    dtype whose unit roundoff is not above the site's allowed one is legitimate and left out.
+    """
+    sites = {**oracle.ROUNDING_SITES, **dict(branch.rounding_sites)}
+    dtypes = list(dict.fromkeys([case.dtype, "bfloat16"]))
+    found = []
+    for site_name, site in sites.items():
+        groups = GATE_GROUPS if site_name == "gate_weight" else {"": ()}
+        for direction in ("forward", "backward"):
+            for dtype in dtypes:
+                # The exact inputs are already in the activation dtype: rounding them there is
+                # nothing; and nothing flows back through the output cotangent.
+                already = site_name in ("x", "cotangent") and direction == "forward" and dtype == case.dtype
+                inert = site_name == "cotangent" and direction == "backward"
+                if already or inert or _unit_roundoff(dtype) <= _allowed_unit(site, direction, units):
+                    continue
+                for group, parts in groups.items():
+                    tag = "/" + _group_tag(group) if group else ""
+                    rounding = Rounding(site_name, direction, dtype, parts)
+                    found.append(
+                        Hypothesis(
+                            name=f"round:{site_name}{tag}:{direction}:{dtype}",
+                            label=f"{_words(site_name, direction, group)} rounded to {dtype}",
+                            kind="rounding",
+                            family=_family(site_name, direction, parts),
+                            roundings=(rounding,),
+                        )
+                    )
+                    if group and direction == "forward" and dtype == case.dtype:
+                        # Held in the activation dtype, the gate's affine runs there too.
+                        found.append(_gate_held_narrow(group, tag, rounding))
+    return found + accumulation_hypotheses(case) + fitted_hypotheses()
+
+
+def _group_tag(group: str) -> str:
+    """A `GATE_GROUPS` group as a hypothesis name writes it ("the pre gate" -> "pre_gate")."""
+    return group.removeprefix("the ").replace(" ", "_")
+
+
+def _gate(part: str) -> str:
+    """The gate a gate parameter belongs to ("res_bias" -> "res", the oracle's call `part`)."""
+    return part.split("_")[0]
+
+
+def _family(site: str, direction: str, parts: tuple[str, ...]) -> str:
+    """The place a rounding changes: its site and direction, and for gate parameters, which of
+    the pre/post gates and the residual gate they belong to."""
+    if not parts:
+        return f"{site}:{direction}"
+    gates = "residual" if {_gate(p) for p in parts} == {"res"} else "pre_post"
+    return f"{site}/{gates}:{direction}"
+
+
+def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
+    """The gate parameters of `group` held in `rounding`'s dtype where the gate is computed: the
+    parameters rounded (`rounding`), and so their gradients, the scaled logits' and the biased
+    logits' cotangents summed over the tokens, summed in that dtype by the backend's own
+    reduction (MaxText 0.2.5's reference casts them so)."""
+    gates = tuple(dict.fromkeys(_gate(p) for p in rounding.parts))
+    sums = tuple(
+        Accumulation(name, "first_cotangent", rounding.dtype, BACKEND_ORDER, parts=gates) for name in GATE_CONTRACTIONS
+    )
+    return Hypothesis(
+        name=f"round:gate_weight{tag}:forward:{rounding.dtype}:{BACKEND_SUMS}",
+        label=f"{_words('gate_weight', 'forward', group)} rounded to {rounding.dtype}, their gradients "
+        f"summed in {rounding.dtype} by the backend",
+        kind="rounding",
+        family=_family("gate_weight", "forward", rounding.parts),
+        roundings=(rounding, *sums),
+        ordered=True,
+    )
+
+
+# How each way a fitted site's error reaches the gradients reads (`mhc_parity.mhc.oracle_fits.BACKWARDS`).
+FITTED_BACKWARD_WORDS: Mapping[str, str] = {
+    "differentiated": "",
+    "recomputed": " in the forward pass, the backward recomputing it",
+}
+
+
+def fitted_hypotheses() -> list[Hypothesis]:
+    """A per-token error of any size at each of `mhc_parity.mhc.oracle_fits.FITTED_SITES`' forward values,
+    its gradients each of `FITTED_BACKWARD_WORDS`' ways."""
+    return [
+        Hypothesis(
+            name=f"fit:{site}:{backward}",
+            label=f"{SITE_WORDS[site]} computed in a narrow dtype{words} (its error fitted per token)",
+            kind="fitted",
+            family=f"{site}:forward",
+            roundings=(),
+            site=site,
+            backward=backward,
+        )
+        for site in FITTED_SITES
+        for backward, words in FITTED_BACKWARD_WORDS.items()
+    ]
+
+
+def _letter_sizes(case) -> dict[str, int]:
+    """The length of each letter of `mhc_parity.mhc.oracle.CONTRACTIONS`' specs for `case`."""
+    n = case.streams
+    mixes = math.factorial(n) if case.variant == "lite" else n * n
+    sizes = dict(b=case.batch, s=case.sequence, k=n * case.embedding, c=case.embedding, n=n, i=n, j=n)
+    return {**sizes, "m": 2 * n + mixes, "p": math.factorial(n)}
+
+
+def _summed_words(contraction: oracle.Contraction, output: str) -> str:
+    if output == "value":
+        return contraction.words
+    operand = contraction.operands[OUTPUTS.index(output) - 1]
+    return f"the cotangent of {operand} in {contraction.words}"
+
+
+def accumulation_hypotheses(case) -> list[Hypothesis]:
+    """Each contraction's value and operand cotangents summed in a dtype narrower than float32
+    (the activation dtype, and bfloat16), term by term and in `ACCUMULATION_BLOCKS`, and summed
+    exactly then rounded once there (kind "rounding", the block as long as the sum); a sum of
+    one term, the constant permutation matrices' cotangent and the gate parameters' gradients
+    (`GATE_CONTRACTIONS`: summed narrowly with the parameters held narrow) left out."""
+    sizes = _letter_sizes(case)
+    wide = _unit_roundoff("float32")
+    dtypes = [d for d in dict.fromkeys([case.dtype, "bfloat16"]) if _unit_roundoff(d) > wide]
+    found = []
+    for name, contraction in oracle.CONTRACTIONS.items():
+        if (name == "permutation_mix" and case.variant != "lite") or name in GATE_CONTRACTIONS:
+            continue
+        for output in OUTPUTS:
+            if (name, output) == ("permutation_mix", "second_cotangent"):
+                continue
+            length = math.prod(sizes[c] for c in summed_letters(output_spec(contraction.spec, output)))
+            if length <= 1:
+                continue
+            words = _summed_words(contraction, output)
+            for dtype in dtypes:
+                blocks = [b for b in ACCUMULATION_BLOCKS if b < length] + [length]
+                for block in blocks:
+                    once = block == length
+                    how = "term by term" if block == 1 else f"in blocks of {block}"
+                    found.append(
+                        Hypothesis(
+                            name=f"accumulate:{name}:{output}:{dtype}:{'once' if once else block}",
+                            label=f"{words} rounded to {dtype} once summed"
+                            if once
+                            else f"{words} summed in {dtype} {how}",
+                            kind="rounding" if once else "accumulation",
+                            family=f"accumulate:{name}:{output}",
+                            roundings=(Accumulation(name, output, dtype, block),),
+                            ordered=not once,
+                        )
+                    )
+    return found
+
+
+def name_problem(name: str) -> str:
+    """What is wrong with `name` as a hypothesis name of this operation ("" when it is one the
+    grammar of `Hypothesis.name` allows: a known contraction, output, dtype, gate group and
+    direction; a rounding site of the layer or of a branch). A precision choice naming a
+    hypothesis is checked with it: a typo would otherwise change nothing."""
+    fields = name.split(":")
+    kind = fields[0]
+    if kind == "round" and len(fields) in (4, 5):
+        site, _, group = fields[1].partition("/")
+        groups = {_group_tag(g) for g in GATE_GROUPS}
+        if group and (site != "gate_weight" or group not in groups):
+            return f"{name!r}: gate group {group!r} is not one of {sorted(groups)}"
+        if not site.isidentifier():
+            return f"{name!r}: {site!r} is not a site name"
+        if fields[2] not in DIRECTIONS or fields[3] not in ROUNDING_DTYPES:
+            return f"{name!r}: direction and dtype are one of {DIRECTIONS} and one of {ROUNDING_DTYPES}"
+        if len(fields) == 5 and (fields[4] != BACKEND_SUMS or not group or fields[2] != "forward"):
+            return f"{name!r}: only a gate group's forward rounding ends in ':{BACKEND_SUMS}'"
+        return ""
+    if kind == "accumulate" and len(fields) == 5:
+        contraction, output, dtype, block = fields[1:]
+        if contraction not in oracle.CONTRACTIONS or output not in OUTPUTS or dtype not in ROUNDING_DTYPES:
+            return (
+                f"{name!r}: a contraction of {sorted(oracle.CONTRACTIONS)}, an output of {OUTPUTS} "
+                f"and a dtype of {ROUNDING_DTYPES}"
+            )
+        if not (block == "once" or (block.isdigit() and int(block) >= 1)):
+            return f"{name!r}: the block is a positive number or 'once'"
+        return ""
+    if kind == "fit" and len(fields) == 3:
+        if fields[1] not in FITTED_SITES or fields[2] not in FITTED_BACKWARD_WORDS:
+            return f"{name!r}: a fitted site of {FITTED_SITES} and a backward of {tuple(FITTED_BACKWARD_WORDS)}"
+        return ""
+    return (
+        f"{name!r} is no hypothesis name: 'round:<site>[/<gate group>]:<direction>:<dtype>', "
+        f"'accumulate:<contraction>:<output>:<dtype>:<block|once>' or 'fit:<site>:<backward>'"
+    )
+
+
+def hypothesis_draws(case, fixture, branch, chosen: Sequence[Hypothesis]) -> list[oracle.OracleResult]:
+    """The oracle on `fixture` once per hypothesis (`mhc_parity.mhc.oracle_roundings.run_oracle_roundings`),
+    in order: per draw its `forward`, `d_x`, `d_weights` and `d_branch`, NumPy float64. A fitted
+    hypothesis has no draw (`hypothesis_responses`)."""
+    fitted = [h.name for h in chosen if h.kind == "fitted"]
+    if fitted:
+        raise ValueError(f"fitted hypotheses have responses, not draws: {fitted}")
+    return on_fixture(run_oracle_roundings, case, fixture, branch, hypotheses=[h.roundings for h in chosen])
+
+
+def hypothesis_responses(case, fixture, branch, chosen: Sequence[Hypothesis]) -> list[SiteResponse]:
+    """Each fitted hypothesis' `mhc_parity.mhc.oracle_fits.SiteResponse` on `fixture`, in order: the leaves'
+    first-order change for a relative error of its site's value (J·p) and its transpose."""
+    return [on_fixture(site_response, case, fixture, branch, site=h.site, backward=h.backward) for h in chosen]

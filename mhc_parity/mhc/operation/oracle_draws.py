@@ -1,0 +1,46 @@
+"""The float64 oracle (`mhc_parity.mhc.oracle`) run on a case's fixture, and its rounding units."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from mhc_parity.mhc import oracle
+
+
+def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.OracleResult]:
+    """Each draw of the oracle on `fixture` (x, weights, branch_params, cotangent), in one
+    compiled program (`mhc_parity.mhc.oracle.run_oracle_batch`): per draw its `forward` (forward leaf
+    -> float64 array), `d_x`, `d_weights` (weight name -> gradient) and `d_branch` (branch
+    parameter -> gradient). draws: (seed, units) per draw, (0, None) the exact one;
+    branch: the case's `mhc_parity.cases.branches.Branch` (its apply and the rounding sites it
+    declares inside itself)."""
+    return on_fixture(oracle.run_oracle_batch, case, fixture, branch, draws=draws)
+
+
+def on_fixture(run, case, fixture, branch, **options):
+    """`run(x, weights, branch_apply, branch_params, cotangent, config, branch_sites=..., **options)`
+    (an oracle entry point: `mhc_parity.mhc.oracle.run_oracle_batch`,
+    `mhc_parity.mhc.oracle_roundings.run_oracle_roundings`) on the case's fixture, config and branch."""
+    return run(
+        fixture.x,
+        fixture.weights,
+        branch.apply,
+        fixture.branch_params,
+        fixture.cotangent,
+        case.mhc_config(),
+        branch_sites=branch.rounding_sites,
+        **options,
+    )
+
+
+def oracle_unit_roundoffs(case, matmul_operand_roundoff: float) -> dict[str, float]:
+    """The unit roundoff of every precision class of the oracle's rounding draws for `case`
+    (`mhc_parity.mhc.oracle.unit_roundoffs`)."""
+    return oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff)
+
+
+def oracle_key(case) -> dict:
+    """What of `case` besides its fixture and branch the oracle's answer depends on: the math
+    configuration."""
+    return dataclasses.asdict(case.mhc_config())

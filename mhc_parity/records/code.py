@@ -1,0 +1,145 @@
+"""The project's code as cache-key material: the modules an entry module imports.
+
+A stored answer (an oracle answer, a compiled program) is keyed by the code it is computed
+from. `import_closure` finds that code from the imports themselves — every project module
+an entry module imports at import time, transitively, with the packages each belongs to —
+so a module added, split or moved is covered without a list to keep; the tests that trace
+what actually runs check that the closure covers it.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+from collections.abc import Iterable
+
+from mhc_parity.records.distributions import distribution_key, distribution_sha256, distributions_of
+from mhc_parity.records.manifest import NAMESPACE, PROJECT_ROOT, code_key, digest_of, sha256_file
+
+
+def _module_file(name: str, root: pathlib.Path) -> pathlib.Path | None:
+    """The file of project module `name` under `root` (a package's __init__.py), or None."""
+    base = root.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _import_time_nodes(tree: ast.AST):
+    """The nodes that run when the module is imported: not function bodies, not `if
+    TYPE_CHECKING:` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        yield node
+        yield from _import_time_nodes(node)
+
+
+def _imported_names(path: pathlib.Path, *, anywhere: bool = False) -> list[str]:
+    """Every absolute module name `path` imports at import time (`from a import b`: a.b and a);
+    anywhere: also those imported inside functions (what a call may import)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in ast.walk(tree) if anywhere else _import_time_nodes(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+    return names
+
+
+def _within(name: str, packages: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def import_closure(
+    entries: tuple[str, ...],
+    exclude: tuple[str, ...] = (),
+    root: pathlib.Path = PROJECT_ROOT,
+    *,
+    anywhere: bool = False,
+    outside: set[str] | None = None,
+    libraries: frozenset[str] | set[str] = frozenset(),
+) -> tuple[str, ...]:
+    """Project-relative paths of the files `entries` (module names) import at import time,
+    transitively, with their packages' __init__ files; modules under `exclude` (module or
+    package names) are neither included nor followed. Names that are not project files
+    (libraries, attributes) are ignored. FileNotFoundError if an entry is not a file under
+    `root`. anywhere: follow imports inside functions too; outside: a set that receives the
+    top-level names of the imported modules that are not files under `root`, or are named in
+    `libraries` (top-level names not followed though their files are under `root`: installed
+    packages beside an implementation installed in site-packages)."""
+    root = pathlib.Path(root)
+    found: dict[str, pathlib.Path] = {}
+    todo = list(entries)
+    for entry in entries:
+        if _module_file(entry, root) is None:
+            raise FileNotFoundError(f"no source file for module {entry!r} under {root}")
+    while todo:
+        name = todo.pop()
+        if name in found or _within(name, exclude):
+            continue
+        top = name.split(".")[0]
+        path = None if top in libraries else _module_file(name, root)
+        if path is None:
+            if outside is not None and (top in libraries or _module_file(top, root) is None):
+                outside.add(top)
+            continue
+        found[name] = path
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # importing a.b.c runs a and a.b
+        todo += _imported_names(path, anywhere=anywhere)
+    return tuple(sorted(path.relative_to(root).as_posix() for path in found.values()))
+
+
+def closure_digest(entries: tuple[str, ...], exclude: tuple[str, ...] = (), root: pathlib.Path = PROJECT_ROOT) -> str:
+    """`mhc_parity.records.manifest.digest_of` the files of `import_closure(entries, exclude, root)`."""
+    root = pathlib.Path(root)
+    return digest_of({name: sha256_file(root / name) for name in import_closure(entries, exclude, root)})
+
+
+def module_root(module: str, file: str | os.PathLike) -> pathlib.Path:
+    """The folder `module` (a dotted name) was imported from, given its file: "pkg.mod" in
+    <root>/pkg/mod.py (or <root>/pkg/mod/__init__.py) has <root>."""
+    file = pathlib.Path(file).resolve()
+    base = file.parent if file.name == "__init__.py" else file.with_suffix("")
+    return base.parents[len(module.split(".")) - 1]
+
+
+def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
+    """The code an external implementation's `module` (its file `file`) can run, as manifest
+    code files: sha256 of every file under its root (`module_root`) that it imports, inside
+    functions too, transitively, keyed by absolute path (project-relative inside this project),
+    and `mhc_parity.records.distributions` entries for the installed packages those files import (this
+    project's own distribution, the one providing `mhc_parity`, excluded: its files are recorded as
+    sources, `mhc_parity.records.manifest.CODE_DIRS`)."""
+    root = module_root(module, file)
+    if _module_file(module, root) != pathlib.Path(file).resolve():  # a script run as __main__
+        return {code_key(pathlib.Path(file)): sha256_file(pathlib.Path(file))}
+    libraries: set[str] = set()
+    closure = import_closure(
+        (module,), root=root, anywhere=True, outside=libraries, libraries=_installed_beside(module, root)
+    )
+    files = {code_key(root / name): sha256_file(root / name) for name in closure}
+    own = set(distributions_of((NAMESPACE,)))
+    for name in distributions_of(libraries):
+        if name not in own:
+            key = distribution_key(name)
+            files[key] = distribution_sha256(key)
+    return files
+
+
+def _installed_beside(module: str, root: pathlib.Path) -> frozenset[str]:
+    """The top-level modules under `root` that installed distributions other than `module`'s
+    own provide, where `root` is an install folder (it holds distributions' metadata: the
+    implementation is itself installed, in site-packages): the libraries beside it, recorded
+    as distributions rather than read file by file."""
+    if not any(root.glob("*.dist-info")):  # a checkout or a repository: nothing is installed there
+        return frozenset()
+    own = set(distributions_of((module.split(".")[0],)))
+    tops = {path.stem if path.suffix == ".py" else path.name for path in root.iterdir()}
+    return frozenset(top for top in tops if (found := set(distributions_of((top,)))) and not found & own)

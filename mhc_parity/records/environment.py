@@ -1,0 +1,84 @@
+"""What a run's environment record says about comparing it with another run.
+
+A run records (`mhc_parity.harness.engine.run_info.run_metadata`; a baseline's header keeps the same keys):
+
+  backend           the default JAX backend ("cpu", "tpu", "gpu")
+  device_kind       e.g. "cpu", "TPU v5 lite", "NVIDIA A100-SXM4-40GB"
+  matmul_precision  per matmul-precision setting the run's cases used, the operand
+                    rounding it meant on that backend (`mhc_parity.mhc.precision.operand_rounding`),
+                    e.g. "highest=float32" on a CPU, "default=bfloat16,highest=bfloat16x6"
+                    on a TPU
+
+Two runs are comparable only if every setting both used meant the same rounding
+(`precision_conflicts`): a float32 program and its TPU default-precision twin are
+different programs. Plain Python (no JAX): the gate runs without it.
+
+Legacy rule: a record without `matmul_precision` (a baseline or report written before
+it was recorded) whose backend is "cpu" or unrecorded reads as
+`LEGACY_MATMUL_PRECISION`: until then the harness had only run on CPUs, where a dot
+without a stated precision is full float32. With another backend it is unknown (None),
+and so are bare row files, which carry no record at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mhc_parity.records.rows import ReportInputError
+
+PRECISION_KEY = "matmul_precision"
+# The keys a baseline header carries besides its format and policy hash.
+HEADER_KEYS = ("backend", "device_kind", PRECISION_KEY)
+LEGACY_MATMUL_PRECISION = "highest=float32"
+
+
+def format_precision_record(roundings: Mapping[str, str]) -> str:
+    """``setting=rounding`` pairs sorted by setting and joined by commas."""
+    return ",".join(f"{setting}={roundings[setting]}" for setting in sorted(roundings))
+
+
+def parse_precision_record(text: str) -> dict[str, str]:
+    """The setting -> rounding mapping of a record; ReportInputError if malformed."""
+    pairs = {}
+    for item in str(text).split(","):
+        setting, sep, rounding = item.partition("=")
+        if not sep or not setting or not rounding:
+            raise ReportInputError(f"malformed matmul_precision record {text!r} (expected setting=rounding,...)")
+        pairs[setting] = rounding
+    return pairs
+
+
+def precision_of(fields: Mapping[str, Any]) -> str | None:
+    """A record's matmul precision, with the legacy rule of the module docstring."""
+    value = fields.get(PRECISION_KEY)
+    if value not in (None, ""):
+        return str(value)
+    if str(fields.get("backend") or "cpu") == "cpu":
+        return LEGACY_MATMUL_PRECISION
+    return None
+
+
+def run_precision(run) -> str | None:
+    """The matmul precision of a loaded run (`mhc_parity.reports.sources.LoadedRun`), None if unknown."""
+    if not run.is_baseline and not run.metadata:
+        return None  # a bare row file: nothing was recorded
+    return precision_of(run.metadata)
+
+
+def precision_conflicts(first: str | None, second: str | None) -> list[str]:
+    """Settings both records used with different roundings, as "setting: a vs b" (empty if none or unknown)."""
+    if first is None or second is None:
+        return []
+    a, b = parse_precision_record(first), parse_precision_record(second)
+    return [
+        f"{setting}: {a[setting]} vs {b[setting]}"
+        for setting in sorted(a.keys() & b.keys())
+        if a[setting] != b[setting]
+    ]
+
+
+def environment_of(rows: Any) -> dict[str, str]:
+    """The `HEADER_KEYS` a loaded run or baseline recorded ({} for plain rows)."""
+    fields = getattr(rows, "metadata", None) or getattr(rows, "environment", None) or {}
+    return {key: str(fields[key]) for key in HEADER_KEYS if fields.get(key) not in (None, "")}

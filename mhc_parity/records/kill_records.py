@@ -1,0 +1,196 @@
+"""The kill matrix's records: what a fault or legitimate variant did to the rows, per dtype
+slice (`Catch`, `Closest`, `SliceVerdict`, `PerturbationResult`, `KillMatrix`). Plain
+data: `mhc_parity.harness.faults.matrix` judges its passes into these, `mhc_parity.reports.kill_matrix` writes
+them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mhc_parity.records.text import format_number
+
+# The dtype slices of the kill matrix: a fault must be caught by the cases of each
+# activation dtype alone (many production kernels support only bfloat16).
+DTYPE_SLICES = ("bfloat16", "float32")
+# Verdicts of a row that catch a perturbation (a row failing on clean code catches nothing).
+CATCHING_VERDICTS = ("fail", "error")
+FAULT_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
+
+
+def usage_of(row: dict) -> float:
+    """A row's bound_usage as a float (NaN when absent or not a number)."""
+    try:
+        return float(row.get("bound_usage"))
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def nan_low(value: float) -> float:
+    """Sort key: NaN below everything."""
+    return -math.inf if math.isnan(value) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Catch:
+    """The rows of one (comparison, leaf) that caught a perturbation in one dtype slice."""
+
+    comparison: str
+    leaf: str
+    leaf_kind: str
+    rows: int
+    cases: int
+    errors: int
+    max_bound_usage: float  # NaN when every catching row is an error row
+    worst_case: str
+    worst_candidate: str
+    worst_reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Closest:
+    """The row that came closest to its bound under a perturbation without catching it."""
+
+    case: str
+    candidate: str
+    comparison: str
+    leaf: str
+    bound: str
+    usage: float  # bound_usage under the perturbation
+    clean_usage: float  # the same row's bound_usage on the unmodified code
+
+    @property
+    def text(self) -> str:
+        return (
+            f"{self.leaf} ({self.comparison}, {self.candidate}, {self.case}): usage "
+            f"{format_number(self.usage)} (clean {format_number(self.clean_usage)}) of {self.bound}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceVerdict:
+    """A perturbation's outcome on the cases of one activation dtype."""
+
+    dtype_slice: str
+    legitimate: bool
+    cases_run: tuple[str, ...]
+    cases_caught: tuple[str, ...]
+    catches: tuple[Catch, ...]
+    closest: Closest | None
+    unkillable_reason: str = ""
+    # The cause most of the catching rows name (`cause` and `cause_id` of the rows), how
+    # many name it of how many name any, and whether it is the perturbation's own.
+    top_cause: str = ""
+    top_cause_id: str = ""
+    top_cause_rows: int = 0
+    cause_rows: int = 0
+    own_cause: bool = False
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.catches)
+
+    @property
+    def cause_cell(self) -> str:
+        """The top cause, its share of the rows with a cause, and whether it is the fault's own."""
+        if not self.cause_rows:
+            return "-"
+        mark = "own cause" if self.own_cause else "NOT its own cause"
+        return f"{self.top_cause} ({self.top_cause_rows}/{self.cause_rows} rows; {mark})"
+
+    @property
+    def status(self) -> str:
+        """killed | exception | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised."""
+        if not self.cases_run:
+            return "not exercised"
+        if self.legitimate:
+            return "FALSE POSITIVE" if self.caught else "passes"
+        if self.caught:
+            return "killed"
+        return "exception" if self.unkillable_reason else "SURVIVED"
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("killed", "exception", "passes", "not exercised")
+
+    @property
+    def margin(self) -> float:
+        """Largest bound_usage among the catching rows (NaN when none, or all are errors)."""
+        values = [c.max_bound_usage for c in self.catches if not math.isnan(c.max_bound_usage)]
+        return max(values) if values else math.nan
+
+    @property
+    def only_errors(self) -> bool:
+        return self.caught and all(c.errors == c.rows for c in self.catches)
+
+    @property
+    def cell(self) -> str:
+        """One table cell: status, cases and margin or closest usage."""
+        if not self.cases_run:
+            return "-"
+        counts = f"{len(self.cases_caught)}/{len(self.cases_run)}"
+        if self.caught:
+            margin = "error" if self.only_errors else f"{format_number(self.margin)}x"
+            return f"{self.status} {counts} ({margin})"
+        closest = f"closest {format_number(self.closest.usage)}" if self.closest else "no rows"
+        return f"{self.status} ({closest})"
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbationResult:
+    """One perturbation's line of the kill matrix: a verdict per dtype slice."""
+
+    name: str
+    seams: str
+    description: str
+    legitimate: bool
+    slices: tuple[SliceVerdict, ...]
+    ignored_clean_failures: int
+    seconds: float
+    causes: tuple[str, ...] = ()  # a precision fault's own causes (hypothesis-name globs); () a logic fault
+
+    def slice(self, dtype_slice: str) -> SliceVerdict:
+        return next(s for s in self.slices if s.dtype_slice == dtype_slice)
+
+    @property
+    def exercised(self) -> bool:
+        return any(s.cases_run for s in self.slices)
+
+    @property
+    def ok(self) -> bool:
+        """Faults: caught (or a listed exception) in every slice they ran in; variants: caught nowhere."""
+        return self.exercised and all(s.ok for s in self.slices)
+
+    @property
+    def status(self) -> str:
+        if not self.exercised:
+            return "not exercised"
+        bad = [s for s in self.slices if not s.ok]
+        if bad:
+            return "; ".join(f"{s.status} in {s.dtype_slice}" for s in bad)
+        if self.legitimate:
+            return "passes"
+        exceptions = [s.dtype_slice for s in self.slices if s.status == "exception"]
+        return "killed" + (f" (exception: {', '.join(exceptions)})" if exceptions else "")
+
+    @property
+    def catches(self) -> tuple[Catch, ...]:
+        return tuple(c for s in self.slices for c in s.catches)
+
+
+@dataclasses.dataclass(frozen=True)
+class KillMatrix:
+    """The clean pass's rows and every perturbation's result, with the rows under each."""
+
+    clean_rows: tuple[dict, ...]
+    results: tuple[PerturbationResult, ...]
+    perturbed_rows: tuple[tuple[str, tuple[dict, ...]], ...]
+
+    @property
+    def clean_failures(self) -> list[dict]:
+        """Clean rows that fail: the rules flag the unmodified code (a false positive)."""
+        return [r for r in self.clean_rows if r["verdict"] in CATCHING_VERDICTS]
+
+    @property
+    def ok(self) -> bool:
+        return not self.clean_failures and all(r.ok for r in self.results)

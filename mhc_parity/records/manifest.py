@@ -1,0 +1,534 @@
+"""The run manifest: what a run folder holds and whether it can be trusted.
+
+A run folder (`--out`) holds `manifest.json`, the row stream (`mhc_parity.records.store`) and, for a
+complete run only, the reports (`REPORT_FILES`). The runner writes the manifest first
+(state "running") before it touches anything else in the folder, records each case as it
+finishes (its row count and a digest of its rows, `CaseRecord`), writes the reports, and
+finishes the manifest last ("complete"); Ctrl-C or SIGTERM finish it as "interrupted", a
+full disk or exhausted memory as "failed", and a kill -9 leaves "running". Whatever reads
+a run folder (`mhc_parity.reports.sources.load_run`: the gate, `baseline --from`, `render`) accepts
+only a complete manifest whose report carries the same run id and exactly the recorded
+rows, so a stale, partial, edited or interrupted folder never passes.
+
+The manifest records what was asked (`RunRequest`), what that selected (every case name
+in order, and `selection_digest` over the full case specs, so an edited case file is a
+different selection), the planned path names, the tolerance policy (source and sha256),
+and the code under test: the sha256 of every Python source that can change a number
+(`CODE_DIRS`, and each external implementation's modules and the installed distributions
+they import: `mhc_parity.records.code.external_code_files`), and their joint digest.
+`--resume` refuses a request whose manifest `differences` are not empty. The full case
+list and the digests make shards of one selection easy to check and merge.
+
+Plain Python (no JAX, no pandas): `mhc_parity/reports/` reads manifests too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import pathlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from mhc_parity.records.distributions import distribution_sha256, is_distribution_key
+from mhc_parity.records.files import atomic_write
+from mhc_parity.records.space_reserve import release_reserve
+
+# The project whose sources the manifest digests (and whose `.cache` holds fixtures): the
+# folder holding the `mhc_parity` package (a checkout's root; site-packages once installed).
+# Module `mhc_parity.harness.x` is its file `mhc_parity/harness/x.py`, the key a manifest
+# records it under.
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
+NAMESPACE = "mhc_parity"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "mhc-parity-manifest"
+# Version 2 records each finished case's row count and digest (`CaseRecord`); a version-1
+# manifest cannot vouch for its rows and is refused.
+MANIFEST_VERSION = 2
+# The reports a complete run writes (the one list of their names: mhc_parity.reports.writers uses it).
+REPORT_FILES = {"csv": "rows.csv", "json": "report.json", "html": "report.html", "markdown": "summary.md"}
+
+RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
+STATES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)
+# Packages whose Python sources can change a number in a row, by module name and as folders
+# under PROJECT_ROOT. `reports` only renders rows; `maxtext_parity` is loaded as an `--impl`,
+# whose code is recorded as an external implementation's.
+CODE_PACKAGES = tuple(f"{NAMESPACE}.{name}" for name in ("mhc", "cases", "records", "harness"))
+CODE_DIRS = tuple(package.replace(".", "/") for package in CODE_PACKAGES)
+SHORT_DIGEST = 12
+# The commands that continue a run with --resume (a manifest records its command line).
+RESUMABLE_COMMANDS = ("mhc-parity run ", "mhc-parity baseline ")
+
+
+class ManifestError(ValueError):
+    """A run folder without a usable manifest, or with one that is not complete."""
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def sha256_file(path: pathlib.Path) -> str:
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def code_key(path: pathlib.Path) -> str:
+    """A file's key in `code_files`: relative to the project when inside it, else absolute."""
+    resolved = pathlib.Path(path).resolve()
+    try:
+        return resolved.relative_to(PROJECT_ROOT).as_posix()
+    except ValueError:
+        return resolved.as_posix()
+
+
+def in_code_dirs(key: str) -> bool:
+    """Whether a code-file key (a project-relative path) is under one of `CODE_DIRS`."""
+    return any(key.startswith(folder + "/") for folder in CODE_DIRS)
+
+
+def project_code_files(root: pathlib.Path = PROJECT_ROOT) -> dict[str, str]:
+    """sha256 of every Python source under `CODE_DIRS`, keyed by project-relative path."""
+    files = {}
+    for folder in CODE_DIRS:
+        for path in sorted((root / folder).rglob("*.py")):
+            files[path.relative_to(root).as_posix()] = sha256_file(path)
+    return files
+
+
+def code_files(extra: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
+    """`project_code_files()` plus `extra` (key -> sha256: external implementations' code,
+    `mhc_parity.records.code.external_code_files`), in key order."""
+    files = project_code_files()
+    files.update(extra)
+    return dict(sorted(files.items()))
+
+
+def current_sha256(key: str, root: pathlib.Path = PROJECT_ROOT) -> str:
+    """The sha256 a code-file `key` has now: its file's (project-relative or absolute) or its
+    distribution's (`mhc_parity.records.distributions`); "" if it no longer exists."""
+    if is_distribution_key(key):
+        return distribution_sha256(key)
+    path = pathlib.Path(key) if pathlib.Path(key).is_absolute() else root / key
+    return sha256_file(path) if path.is_file() else ""
+
+
+def digest_of(files: Mapping[str, str]) -> str:
+    """One sha256 over (path, sha256) pairs in path order."""
+    joint = hashlib.sha256()
+    for key in sorted(files):
+        joint.update(f"{key}\0{files[key]}\n".encode())
+    return joint.hexdigest()
+
+
+def source_digest(patterns: Iterable[str], root: pathlib.Path = PROJECT_ROOT, exclude: Iterable[str] = ()) -> str:
+    """`digest_of` the files matching each glob pattern under `root`, less `exclude`
+    (project-relative paths). FileNotFoundError if a pattern matches no file."""
+    root, excluded = pathlib.Path(root), set(exclude)
+    files = {}
+    for pattern in patterns:
+        matched = {path.relative_to(root).as_posix(): path for path in root.glob(pattern) if path.is_file()}
+        if not matched:
+            raise FileNotFoundError(f"no source file matches {pattern!r} under {root}")
+        files.update({name: sha256_file(path) for name, path in matched.items() if name not in excluded})
+    return digest_of(files)
+
+
+def selection_digest(cases: Sequence) -> str:
+    """sha256 over the full specs of the selected cases, in order (frozen dataclasses)."""
+    specs = [dataclasses.asdict(case) for case in cases]
+    return hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """What `mhc-parity run` was asked (as given; the manifest also keeps what it selected).
+
+    implementations: (name, MODULE:FACTORY) of each external `--impl`, in order.
+    """
+
+    suite: str | None
+    case_globs: tuple[str, ...] | None
+    tags: tuple[str, ...] | None
+    dtype: str | None
+    case_files: tuple[str, ...]
+    seed: int | None
+    paths: tuple[str, ...]
+    implementations: tuple[tuple[str, str], ...]
+    lowering: bool
+
+    def to_json(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "implementations": [{"name": name, "spec": spec} for name, spec in self.implementations],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunRequest:
+        def optional_tuple(value):
+            return None if value is None else tuple(value)
+
+        return cls(
+            suite=data["suite"],
+            case_globs=optional_tuple(data["case_globs"]),
+            tags=optional_tuple(data["tags"]),
+            dtype=data["dtype"],
+            case_files=tuple(data["case_files"]),
+            seed=data["seed"],
+            paths=tuple(data["paths"]),
+            implementations=tuple((i["name"], i["spec"]) for i in data["implementations"]),
+            lowering=bool(data["lowering"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseRecord:
+    """One finished case as the manifest vouches for it: its row count and `digest`, the
+    sha256 over its rows in canonical form (`mhc_parity.records.store.case_records`)."""
+
+    case: str
+    rows: int
+    digest: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CaseRecord:
+        record = cls(case=str(data["case"]), rows=data["rows"], digest=str(data["digest"]))
+        if isinstance(record.rows, bool) or not isinstance(record.rows, int) or record.rows < 0:
+            raise ValueError(f"case {record.case!r}: row count {record.rows!r} is not a count")
+        return record
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """One run's manifest (see the module docstring).
+
+    run_id: random, kept across --resume. state: RUNNING, COMPLETE or INTERRUPTED (with
+    `reason`). cases: every selected case name in run order; selection_digest: over their
+    full specs. path_names: the path and lowering names the plan selects. code_files:
+    (path, sha256) of every source under test; code_digest: their joint digest.
+    case_records: each finished case's row count and digest, in the order they finished
+    (`cases_done` counts them); rows: the row count, set once complete; resumed: when each
+    --resume started. Times are ISO 8601 UTC.
+    """
+
+    run_id: str
+    state: str
+    request: RunRequest
+    cases: tuple[str, ...]
+    selection_digest: str
+    path_names: tuple[str, ...]
+    policy_source: str
+    policy_digest: str
+    code_digest: str
+    code_files: tuple[tuple[str, str], ...]
+    command_line: str
+    started: str
+    updated: str
+    finished: str = ""
+    resumed: tuple[str, ...] = ()
+    case_records: tuple[CaseRecord, ...] = ()
+    rows: int | None = None
+    reason: str = ""
+    # A `--shard K/N` run: "K/N", and the whole selection it is a share of (names in
+    # order, and their selection digest); "" and () for a whole run.
+    shard: str = ""
+    shard_of: tuple[str, ...] = ()
+    shard_of_digest: str = ""
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        request: RunRequest,
+        cases: Sequence,
+        path_names: Iterable[str],
+        policy,
+        extra_code_files: Mapping[str, str] = MappingProxyType({}),
+        command_line: str,
+        shard: str = "",
+        shard_of: Sequence = (),
+    ) -> Manifest:
+        """A fresh "running" manifest for `cases` (Case objects) under `policy`.
+
+        shard: "K/N" when `cases` are shard K of N of the selection `shard_of` (Case objects).
+        extra_code_files: the external implementations' code (`code_files`).
+        """
+        files = code_files(extra_code_files)
+        stamp = now_iso()
+        return cls(
+            run_id=uuid.uuid4().hex,
+            state=RUNNING,
+            request=request,
+            cases=tuple(c.name for c in cases),
+            selection_digest=selection_digest(cases),
+            path_names=tuple(sorted(set(path_names))),
+            policy_source=str(policy.source),
+            policy_digest=policy.digest,
+            code_digest=digest_of(files),
+            code_files=tuple(files.items()),
+            command_line=command_line,
+            started=stamp,
+            updated=stamp,
+            shard=shard,
+            shard_of=tuple(c.name for c in shard_of),
+            shard_of_digest=selection_digest(shard_of) if shard else "",
+        )
+
+    # -- state transitions -----------------------------------------------------------
+
+    def resumed_as(self, new: Manifest) -> Manifest:
+        """This run, running again under `new`'s command line (once `differences(new)` is empty)."""
+        stamp = now_iso()
+        return dataclasses.replace(
+            self,
+            state=RUNNING,
+            command_line=new.command_line,
+            updated=stamp,
+            finished="",
+            resumed=self.resumed + (stamp,),
+            rows=None,
+            reason="",
+        )
+
+    def with_case(self, record: CaseRecord) -> Manifest:
+        """This run with one more finished case."""
+        return dataclasses.replace(self, case_records=self.case_records + (record,), updated=now_iso())
+
+    def with_cases(self, records: Iterable[CaseRecord]) -> Manifest:
+        """This run with exactly `records` finished (a resume keeps those its stream still holds)."""
+        return dataclasses.replace(self, case_records=tuple(records), updated=now_iso())
+
+    def completed(self, rows: int) -> Manifest:
+        stamp = now_iso()
+        return dataclasses.replace(self, state=COMPLETE, rows=rows, updated=stamp, finished=stamp)
+
+    def interrupted(self, reason: str) -> Manifest:
+        return dataclasses.replace(self, state=INTERRUPTED, reason=reason, updated=now_iso())
+
+    def failed(self, reason: str) -> Manifest:
+        """Stopped by what the machine lacked (disk space, memory): resumable once it is there."""
+        return dataclasses.replace(self, state=FAILED, reason=reason, updated=now_iso())
+
+    # -- checks ----------------------------------------------------------------------
+
+    @property
+    def cases_done(self) -> int:
+        return len(self.case_records)
+
+    @property
+    def is_complete(self) -> bool:
+        return (
+            self.state == COMPLETE
+            and self.rows is not None
+            and [r.case for r in self.case_records] == list(self.cases)
+            and sum(r.rows for r in self.case_records) == self.rows
+        )
+
+    def progress_text(self) -> str:
+        """e.g. "interrupted (SIGINT), 2 of 6 cases done"."""
+        if self.state == RUNNING:
+            state = "running, or killed"  # a kill -9 cannot update the manifest
+        else:
+            state = self.state + (f" ({self.reason})" if self.reason else "")
+        return f"{state}, {self.cases_done} of {len(self.cases)} cases done"
+
+    def resume_command(self) -> str:
+        """The command that finishes this run: its own, with --resume where it takes one
+        (`RESUMABLE_COMMANDS`); a merge or an API run is run again."""
+        command = self.command_line
+        if not command.startswith(RESUMABLE_COMMANDS) or "--resume" in command.split():
+            return command
+        return f"{command} --resume"
+
+    def require_complete(self, where: str) -> None:
+        """ManifestError (one line) unless the run finished."""
+        if self.is_complete:
+            return
+        if self.state == COMPLETE:
+            raise ManifestError(
+                f"{where}: its manifest says complete, but its rows ({self.rows}) and case records "
+                f"({self.cases_done} of {len(self.cases)} cases) do not add up (an edited manifest?); rerun it"
+            )
+        raise ManifestError(
+            f"{where} holds an unfinished run ({self.progress_text()}); its rows are partial. "
+            f"Finish it with `{self.resume_command()}` or rerun it"
+        )
+
+    def rows_problem(self, found: Mapping[str, CaseRecord], *, exact: bool = True) -> str:
+        """Why the rows `found` (per case, as `mhc_parity.records.store.case_records` counts them) are not
+        the ones this manifest recorded ("" if they are). With `exact`, cases it did not record
+        are a problem too; without, they are left for the caller to drop (a resume redoes them:
+        a kill can land between a case's rows and its record)."""
+        recorded = {r.case: r for r in self.case_records}
+        problems = []
+        for case, record in recorded.items():
+            seen = found.get(case)
+            if seen is None:
+                problems.append(f"case {case} ({record.rows} rows) is missing")
+            elif seen.rows != record.rows:
+                problems.append(f"case {case} has {seen.rows} rows, {record.rows} recorded")
+            elif seen.digest != record.digest:
+                problems.append(f"case {case}: its {seen.rows} rows differ from the recorded ones")
+        if exact:
+            strangers = [case for case in found if case not in recorded]
+            if strangers:
+                problems.append(f"rows of cases it did not record: {_few(strangers)}")
+        if not problems:
+            return ""
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return problems[0] + more
+
+    def changed_code_files(self) -> list[str]:
+        """The code under test that differs now from when this run was made: files under
+        `CODE_DIRS` edited, added or removed, and every other recorded file (an external
+        implementation's) or installed distribution that changed or is gone."""
+        recorded = dict(self.code_files)
+        project = {k: v for k, v in recorded.items() if in_code_dirs(k)}
+        current = project_code_files()
+        changed = {k for k in project.keys() | current.keys() if project.get(k) != current.get(k)}
+        changed |= {k for k, v in recorded.items() if k not in project and current_sha256(k) != v}
+        return sorted(changed)
+
+    def differences(self, other: Manifest) -> list[str]:
+        """Why `other` (a new request) is not this run: one phrase per difference, [] if none."""
+        found = []
+        if self.cases != other.cases:
+            removed = [c for c in self.cases if c not in other.cases]
+            added = [c for c in other.cases if c not in self.cases]
+            parts = [f"{len(self.cases)} -> {len(other.cases)} cases"]
+            parts += [f"{label} {_few(names)}" for label, names in (("dropped", removed), ("added", added)) if names]
+            if not removed and not added:
+                parts.append("same cases in another order")
+            found.append("cases: " + ", ".join(parts))
+        elif self.selection_digest != other.selection_digest:
+            found.append("case specs differ under the same names (an edited case file?)")
+        if self.shard != other.shard:
+            found.append(f"shard: {self.shard or 'none'} -> {other.shard or 'none'}")
+        request_fields = ("seed", "paths", "implementations", "lowering")
+        for name in request_fields:
+            before, after = getattr(self.request, name), getattr(other.request, name)
+            if before != after:
+                found.append(f"{name}: {_show(before)} -> {_show(after)}")
+        if self.policy_digest != other.policy_digest:
+            found.append(
+                f"policy: {self.policy_source} ({self.policy_digest[:SHORT_DIGEST]}) -> "
+                f"{other.policy_source} ({other.policy_digest[:SHORT_DIGEST]})"
+            )
+        if self.code_digest != other.code_digest:
+            before, after = dict(self.code_files), dict(other.code_files)
+            changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+            found.append(f"code under test: {_few(changed)} changed")
+        return found
+
+    # -- JSON ------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["request"] = self.request.to_json()
+        data["code_files"] = dict(self.code_files)
+        data["case_records"] = [record.to_json() for record in self.case_records]
+        data["cases_done"] = self.cases_done  # for a reader of the file; derived from case_records
+        return {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **data}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Manifest:
+        """Parse a manifest document; ManifestError naming `where` if it is not one."""
+        problem = format_problem(data, name=MANIFEST_FORMAT, version=MANIFEST_VERSION, what="manifest")
+        if problem:
+            older = isinstance(data, dict) and data.get("format_version") == 1
+            hint = ": it records no per-case row digests, so its rows cannot be checked; rerun it" if older else ""
+            raise ManifestError(f"{where}: {problem}{hint}")
+        try:
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+            fields["request"] = RunRequest.from_json(fields["request"])
+            for name in ("cases", "path_names", "resumed", "shard_of"):
+                fields[name] = tuple(str(v) for v in fields[name])
+            fields["code_files"] = tuple(sorted((str(k), str(v)) for k, v in dict(fields["code_files"]).items()))
+            fields["case_records"] = tuple(CaseRecord.from_json(r) for r in fields["case_records"])
+            manifest = cls(**fields)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
+        if data.get("cases_done", manifest.cases_done) != manifest.cases_done:
+            raise ManifestError(
+                f"{where}: cases_done {data['cases_done']!r} disagrees with its "
+                f"{manifest.cases_done} case records (an edited manifest?)"
+            )
+        if manifest.state not in STATES:
+            raise ManifestError(f"{where}: unknown run state {manifest.state!r} (expected one of {STATES})")
+        return manifest
+
+    def identity(self) -> dict:
+        """A few flat fields naming this run, for the reports' environment block."""
+        return {
+            "run_id": self.run_id,
+            "run_state": self.state,
+            "run_cases": len(self.cases),
+            "selection_digest": self.selection_digest,
+            "code_digest": self.code_digest,
+            **({"shard": self.shard} if self.shard else {}),
+        }
+
+
+def format_problem(document: Any, *, name: str, version: int, what: str) -> str:
+    """Why `document` is not a JSON document of format `name`, `version` ("" if it is one)."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        return f"not an mhc-parity {what} (no format={name!r})"
+    if document.get("format_version") != version:
+        return f"{what} format version {document.get('format_version')!r} is not supported (expected {version})"
+    return ""
+
+
+def _few(names: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return repr(value)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def manifest_path(folder: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(folder) / MANIFEST_FILE
+
+
+def write_manifest(folder: pathlib.Path, manifest: Manifest) -> pathlib.Path:
+    """Write `folder/manifest.json` atomically (a reader sees the old or the new one; a failed
+    write leaves no temporary file: `mhc_parity.records.files.atomic_write`)."""
+    path = manifest_path(folder)
+    atomic_write(path, (json.dumps(manifest.to_json(), indent=1) + "\n").encode("utf-8"))
+    return path
+
+
+def record_stop(folder: pathlib.Path, manifest: Manifest) -> None:
+    """Write the manifest of a run that stopped (failed, interrupted), in the room the run's
+    space reserve gave back (`mhc_parity.records.space_reserve`), so a full disk does not leave the one
+    before ("running"); if even that fails, the one before stays, which no reader trusts either."""
+    release_reserve(folder)
+    try:
+        write_manifest(folder, manifest)
+    except OSError:
+        pass
+
+
+def read_manifest(folder: pathlib.Path) -> Manifest | None:
+    """The folder's manifest, None if it has none; ManifestError if it cannot be read."""
+    path = manifest_path(folder)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: unreadable manifest ({exc})") from None
+    return Manifest.from_json(data, str(path))

@@ -1,0 +1,339 @@
+"""Row sets in and out: validation, type coercion and file loading.
+
+Every report and the gate work on a pandas DataFrame whose columns are exactly
+`mhc_parity.records.schema.ROW_COLUMNS`, in schema order, with float columns as float64 (NaN
+where a metric does not apply), count columns as int64 and text columns as str.
+`to_frame` builds that frame from a list of row dicts or an existing DataFrame;
+`load_rows` builds it from a file the runner streamed (`.jsonl`) or a `rows.csv`
+written by `mhc_parity.reports.write_all`.
+
+Anything that does not fit the schema raises `ReportInputError`, whose message
+names the source (file or "rows") and the offending line or column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mhc_parity.records.schema import (
+    COMPARISONS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    LATER_COLUMNS,
+    LEAF_KINDS,
+    ROW_COLUMNS,
+    VERDICTS,
+)
+
+# Text columns whose values are restricted to a schema vocabulary. The empty string
+# is accepted for comparison and leaf_kind: an error row raised before the leaf was
+# known may not have them.
+_VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "verdict": VERDICTS,
+    "comparison": COMPARISONS + ("",),
+    "leaf_kind": LEAF_KINDS + ("",),
+}
+
+
+class ReportInputError(ValueError):
+    """A row set or row file that does not match the schema (message names where)."""
+
+
+# ----------------------------------------------------------------------------- values
+
+
+# A complete decimal number: digits after a decimal point and after an exponent.
+# Python's float() also takes "3." and "1_0", so "3.802e-07" cut to "3." would parse.
+_COMPLETE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NON_FINITE = frozenset({"nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
+def _number_text(text: str) -> float:
+    """float(text) for a complete number or a non-finite name; ValueError naming the text."""
+    if _COMPLETE_NUMBER.fullmatch(text) or text.lower() in _NON_FINITE:
+        return float(text)
+    raise ValueError(f"{text!r} is not a complete number")
+
+
+def parse_float(value: Any) -> float:
+    """A float from a JSON/CSV cell: None and "" are NaN; "inf"/"Infinity"/"nan" parse.
+
+    Text must be a complete number (see `_COMPLETE_NUMBER`): "3." or "1e" — a file cut
+    mid-number — raise ValueError, as does anything else that is not a number
+    (booleans included).
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    if text == "":
+        return math.nan
+    return _number_text(text)
+
+
+def parse_count(value: Any) -> int:
+    """A non-negative integer count from a JSON/CSV cell (an integral float is accepted)."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"expected a count, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        as_float = _number_text(str(value).strip()) if not isinstance(value, float) else value
+        if not math.isfinite(as_float) or as_float != int(as_float):
+            raise ValueError(f"expected a whole number, got {value!r}")
+        number = int(as_float)
+    if number < 0:
+        raise ValueError(f"expected a non-negative count, got {value!r}")
+    return number
+
+
+def parse_text(value: Any) -> str:
+    """A text cell: None becomes ""; anything else its str()."""
+    return "" if value is None else str(value)
+
+
+def is_finite(value: Any) -> bool:
+    """True for a real, finite number (NaN, inf, None and text are not)."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] = ROW_COLUMNS) -> None:
+    present = list(columns)
+    duplicated = sorted({c for c in present if present.count(c) > 1})
+    missing = [c for c in expected if c not in present and c not in LATER_COLUMNS]
+    unknown = [c for c in present if c not in expected]
+    problems = []
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if unknown:
+        problems.append(f"unknown columns {unknown}")
+    if duplicated:
+        problems.append(f"duplicated columns {duplicated}")
+    if problems:
+        raise ReportInputError(f"{where}: " + "; ".join(problems))
+
+
+def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_COLUMNS) -> dict:
+    """One row with every cell converted to its schema type; errors name `where` and the column.
+
+    A `LATER_COLUMNS` column the row lacks (written before it existed) is empty.
+    """
+    coerced: dict[str, Any] = {}
+    for column in columns:
+        value = row.get(column, "") if column in LATER_COLUMNS else row[column]
+        try:
+            if column in FLOAT_COLUMNS:
+                coerced[column] = parse_float(value)
+            elif column in INT_COLUMNS:
+                coerced[column] = parse_count(value)
+            else:
+                coerced[column] = parse_text(value)
+        except (TypeError, ValueError) as exc:
+            raise ReportInputError(f"{where}, column {column!r}: {exc}") from None
+        vocabulary = _VOCABULARIES.get(column)
+        if vocabulary is not None and coerced[column] not in vocabulary:
+            allowed = [v for v in vocabulary if v]
+            raise ReportInputError(f"{where}, column {column!r}: {coerced[column]!r} is not one of {allowed}")
+    return coerced
+
+
+def frame_from_records(records: Sequence[dict], columns: Sequence[str] = ROW_COLUMNS) -> pd.DataFrame:
+    """A typed DataFrame from already-coerced records (float64 / int64 / str columns)."""
+    data: dict[str, pd.Series] = {}
+    for column in columns:
+        values = [record[column] for record in records]
+        if column in FLOAT_COLUMNS:
+            data[column] = pd.Series(values, dtype="float64")
+        elif column in INT_COLUMNS:
+            data[column] = pd.Series(values, dtype="int64")
+        else:
+            data[column] = pd.Series(values, dtype="object").astype("str")
+    return pd.DataFrame(data, columns=list(columns))
+
+
+def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = "rows") -> pd.DataFrame:
+    """The canonical typed frame for a row set (a DataFrame or an iterable of row dicts).
+
+    Columns must be exactly `ROW_COLUMNS` (any order in; schema order out; the
+    `LATER_COLUMNS` may be absent, see `mhc_parity.records.schema`). Raises
+    `ReportInputError` naming the row index and column of the first bad cell.
+    """
+    if isinstance(rows, pd.DataFrame):
+        _check_columns(rows.columns, source)
+        records = rows.to_dict(orient="records")
+        coerced = [coerce_row(r, f"{source}, row {i}") for i, r in enumerate(records)]
+        return frame_from_records(coerced)
+    coerced = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise ReportInputError(f"{source}, row {index}: expected a dict, got {type(row).__name__}")
+        _check_columns(row.keys(), f"{source}, row {index}")
+        coerced.append(coerce_row(row, f"{source}, row {index}"))
+    return frame_from_records(coerced)
+
+
+def unwrap_run(rows: Any) -> tuple[Any, str | None]:
+    """(rows, policy_hash) from a loaded run (`LoadedRun`, `Baseline`) or plain rows.
+
+    Lets every entry point take what `load_run` / `load_baseline` return as well as
+    a DataFrame or a list of dicts; plain rows carry no policy hash.
+    """
+    frame = getattr(rows, "frame", None)
+    if isinstance(frame, pd.DataFrame):
+        return frame, getattr(rows, "policy_hash", None)
+    return rows, None
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _load_jsonl(path: Path) -> pd.DataFrame:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ReportInputError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ReportInputError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            _check_columns(row.keys(), where)
+            records.append(coerce_row(row, where))
+    return frame_from_records(records)
+
+
+def _check_not_cut(path: Path) -> None:
+    """ReportInputError if the file's last line has no line ending: the writers end every
+    line with one, so a file without it was cut (mid-number, perhaps)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ReportInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if data and not data.endswith(b"\n"):
+        last_line = data.count(b"\n") + 1
+        raise ReportInputError(f"{path}, line {last_line}: the file is cut (its last line has no line ending)")
+
+
+def read_csv_cells(path: Path, *, skip_lines: int = 0) -> pd.DataFrame:
+    """A CSV file as an all-text DataFrame (no NA guessing), or ReportInputError."""
+    try:
+        return pd.read_csv(
+            path,
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            skiprows=skip_lines,
+        )
+    except pd.errors.EmptyDataError:
+        raise ReportInputError(f"{path}: empty file (no header line)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ReportInputError(f"{path}: not a readable CSV file ({exc})") from None
+
+
+def records_from_cells(cells: pd.DataFrame, path: Path, columns: Sequence[str], *, first_data_line: int) -> list[dict]:
+    """Coerced records from an all-text frame; errors name the file line of each row (and
+    column), then, if every cell parsed, a file whose last line was cut (`_check_not_cut`)."""
+    _check_columns(cells.columns, str(path), columns)
+    records = [
+        coerce_row(row, f"{path}, line {first_data_line + index}", columns)
+        for index, row in enumerate(cells.to_dict(orient="records"))
+    ]
+    _check_not_cut(path)
+    return records
+
+
+def _load_csv(path: Path) -> pd.DataFrame:
+    cells = read_csv_cells(path)
+    # Line 1 is the header, so data row i sits on line i + 2 (quoted newlines aside).
+    return frame_from_records(records_from_cells(cells, path, ROW_COLUMNS, first_data_line=2))
+
+
+def load_rows(path: str | Path) -> pd.DataFrame:
+    """Load a row file: `.jsonl` (the runner's stream) or `.csv` (a `rows.csv`).
+
+    Blank JSONL lines are ignored. A missing file, an unparsable line, a row with
+    missing or unknown columns or a cell of the wrong type raises `ReportInputError`
+    naming the file and the line or column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ReportInputError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _load_jsonl(path)
+    if suffix == ".csv":
+        return _load_csv(path)
+    raise ReportInputError(f"{path}: unsupported row file type {suffix!r} (expected .jsonl or .csv)")
+
+
+# ----------------------------------------------------------------------------- writing numbers
+
+
+def encode_float(value: float) -> float | str:
+    """A float as every file the harness writes holds it: finite numbers as they are,
+    NaN as "nan", infinities as "inf" / "-inf" (JSON has no literal for them; in a CSV
+    cell the same text). `parse_float` reads these back, and also the forms of files
+    written before this encoding: null or an empty cell for NaN, "Infinity"/"-Infinity".
+    """
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def json_ready(value: Any) -> Any:
+    """`value` converted to strict-JSON-compatible Python (non-finite floats, paths, numpy scalars...)."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [json_ready(v) for v in items]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return encode_float(value)
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        try:
+            return json_ready(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def frame_to_json_records(frame: pd.DataFrame) -> list[dict]:
+    """Rows as plain-Python dicts safe for strict JSON (non-finite floats: `encode_float`)."""
+    records = []
+    for row in frame.to_dict(orient="records"):
+        record = {}
+        for column, value in row.items():
+            if column in FLOAT_COLUMNS:
+                record[column] = encode_float(float(value))
+            elif column in INT_COLUMNS:
+                record[column] = int(value)
+            else:
+                record[column] = str(value)
+        records.append(record)
+    return records

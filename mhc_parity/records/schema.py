@@ -1,0 +1,180 @@
+"""The row schema: one row per (case, candidate path, partner path, leaf).
+
+This module is the single source of the column names shared by the runner (which
+writes rows), the gate (which compares two row sets) and `mhc_parity/reports/` (which renders
+them). It is plain Python on purpose: `mhc_parity/reports/` imports it without loading JAX.
+
+A row is a flat dict with exactly `ROW_COLUMNS` as keys. Metric columns hold floats
+(NaN where a metric does not apply, e.g. on skip/error rows); count columns hold ints.
+"""
+
+from __future__ import annotations
+
+VERDICTS = ("pass", "fail", "skip", "unsupported", "error")
+# Verdicts that do not break a run (exit code 0).
+OK_VERDICTS = ("pass", "skip", "unsupported")
+# Verdicts of rows that measured something; a run with none of them checked nothing.
+COMPARED_VERDICTS = ("pass", "fail")
+
+# How a candidate path is compared:
+#   vs_reference  kernel/external path vs the reference path, same sharding
+#   vs_unsharded  a token-sharded path vs the same implementation unsharded
+#   vs_oracle     any path vs the float64 oracle
+#   lowering      the Mosaic-lowering check (one row per program, leaf = program name)
+COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
+
+# Leaf kinds, the policy's second axis:
+#   output           the operation's output, `out`
+#   intermediate     what a path materialises on the way (the operation's other forward
+#                    leaves, `mhc_parity.harness.engine.operation`)
+#   activation_grad  d_x
+#   weight_grad      d_<weight name> (matrices, biases, norm scale)
+#   scale_grad       the gradients of scalar scales that sum over every token and stream
+#                    with both signs, so cancellation amplifies their relative error far
+#                    beyond other weight gradients' (the operation says which weights)
+#   branch_grad      d_branch.<branch parameter>
+#   program          a lowering row's program
+LEAF_KINDS = (
+    "output",
+    "intermediate",
+    "activation_grad",
+    "weight_grad",
+    "scale_grad",
+    "branch_grad",
+    "program",
+)
+
+IDENTITY_COLUMNS = ("case", "candidate", "partner", "leaf")
+# A failing row's `cause_id` when no hypothesis explains its error (mhc_parity.harness.judging.attribution).
+UNEXPLAINED_CAUSE = "unexplained"
+
+_FLOAT, _INT, _TEXT = float, int, str  # the types of row values
+# Every row column, in order, with the type of its values.
+_COLUMN_TYPES = {
+    # identity: the key a baseline row is matched on is IDENTITY_COLUMNS
+    "case": _TEXT,
+    "candidate": _TEXT,
+    "partner": _TEXT,
+    "leaf": _TEXT,
+    "comparison": _TEXT,
+    "leaf_kind": _TEXT,
+    # what was compared
+    "dtype": _TEXT,  # dtype of the compared leaf (the candidate's)
+    "act_dtype": _TEXT,
+    "weight_dtype": _TEXT,
+    "variant": _TEXT,
+    "shape": _TEXT,  # e.g. "2x64x4x128"
+    "mesh": _TEXT,  # "" unsharded, else "data=2,fsdp=4"
+    "tags": _TEXT,  # space-separated
+    # verdict
+    "verdict": _TEXT,
+    "reason": _TEXT,  # why it failed / skipped / errored; "" on a clean pass
+    # candidate vs partner
+    "max_abs_err": _FLOAT,
+    "max_rel_err": _FLOAT,  # max |c - p| / max |p|
+    "rel_rms_err": _FLOAT,  # ||c - p||_2 / ||p||_2
+    "max_ulp": _FLOAT,  # in ulps of the leaf's dtype at the partner's values
+    "p99_ulp": _FLOAT,
+    "cosine": _FLOAT,
+    "nan_count": _INT,  # in the candidate
+    "inf_count": _INT,
+    "partner_nan_count": _INT,
+    "partner_inf_count": _INT,
+    "oracle_nan_count": _INT,
+    "oracle_inf_count": _INT,
+    # each side against the float64 oracle (same normalisation as max_rel_err / rel_rms_err)
+    "cand_oracle_max_err": _FLOAT,
+    "partner_oracle_max_err": _FLOAT,
+    "oracle_ratio_max": _FLOAT,  # cand_oracle_max_err / partner_oracle_max_err
+    "cand_oracle_rms_err": _FLOAT,
+    "partner_oracle_rms_err": _FLOAT,
+    "oracle_ratio_rms": _FLOAT,
+    # how far one rounding of the activation dtype at every operation moves the oracle's
+    # leaf (same normalisations): the error the arithmetic explains at this leaf
+    "oracle_sensitivity_max": _FLOAT,
+    "oracle_sensitivity_rms": _FLOAT,
+    # the error's component along the oracle's own value, <c - o, o> / <o, o> (signed): a
+    # leaf scaled by 1 + g has gain g; and the rounding model's root-mean-square gain
+    "cand_oracle_gain": _FLOAT,
+    "partner_oracle_gain": _FLOAT,
+    "oracle_sensitivity_gain": _FLOAT,
+    # how well the sensitivity is known: the effective degrees of freedom of the squared max
+    # and RMS deviations, and how many rounding draws they come from
+    "oracle_sensitivity_dof_max": _FLOAT,
+    "oracle_sensitivity_dof_rms": _FLOAT,
+    "oracle_draws": _FLOAT,
+    # an error shared by every token (token-major leaves, against the oracle): the largest
+    # per-group t statistic |mean error| / standard error, that group's mean shift
+    # (normalised by max|oracle|), the partner's t, and the t the rounding model produces
+    "cand_systematic_t": _FLOAT,
+    "cand_systematic_shift": _FLOAT,
+    "partner_systematic_t": _FLOAT,
+    "oracle_systematic_t": _FLOAT,
+    # the bound the row was held to
+    "bound": _TEXT,  # human-readable description of the rule and its numbers
+    "bound_usage": _FLOAT,  # measured / allowed for the binding rule; > 1 fails
+    # that binding criterion's limit as a number, and the column it holds (its size, for the
+    # signed cand_oracle_gain): bound_usage = |row[bound_metric]| / allowed_error. NaN and ""
+    # where no bound was applied (skip, unsupported, error, lowering and non-finite rows)
+    "allowed_error": _FLOAT,
+    "bound_metric": _TEXT,
+    # a failing row's most likely cause (mhc_parity.harness.engine.causes; "" on other rows): in words,
+    # the names of its hypotheses ("+" between two; "unexplained" when none), and the
+    # fraction of the candidate's squared error against the oracle that it explains
+    "cause": _TEXT,
+    "cause_id": _TEXT,
+    "cause_explained": _FLOAT,
+    # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
+    "compile_s": _FLOAT,
+    "execute_s": _FLOAT,
+    # where and how the candidate ran: the matmul precision it effectively ran at (see
+    # mhc_parity.mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
+    # and its devices (e.g. "cpu:0-7"; "" if it did not run; see mhc_parity.harness.engine.devices)
+    "matmul_precision": _TEXT,
+    "devices": _TEXT,
+}
+
+ROW_COLUMNS = tuple(_COLUMN_TYPES)
+
+# Columns added after the first schema: a row file written before them lacks them and
+# is read with them empty (NaN for numbers; mhc_parity.records.rows), so older runs stay readable.
+LATER_COLUMNS = (
+    "cand_systematic_t",
+    "cand_systematic_shift",
+    "partner_systematic_t",
+    "oracle_systematic_t",
+    "matmul_precision",
+    "devices",
+    "cand_oracle_gain",
+    "partner_oracle_gain",
+    "oracle_sensitivity_gain",
+    "oracle_sensitivity_dof_max",
+    "oracle_sensitivity_dof_rms",
+    "oracle_draws",
+    "cause",
+    "cause_id",
+    "cause_explained",
+    "allowed_error",
+    "bound_metric",
+)
+
+FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)
+INT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _INT)
+TEXT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _TEXT)
+
+
+def row_key(row: dict) -> tuple[str, str, str, str]:
+    """The identity of a row across runs: (case, candidate, partner, leaf)."""
+    return tuple(str(row[c]) for c in IDENTITY_COLUMNS)  # type: ignore[return-value]
+
+
+def empty_row(**fields) -> dict:
+    """A row with every column present: NaN metrics, zero counts, empty text, then `fields`."""
+    unknown = set(fields) - set(ROW_COLUMNS)
+    if unknown:
+        raise KeyError(f"unknown row columns: {sorted(unknown)}")
+    row: dict = {c: "" for c in TEXT_COLUMNS}
+    row.update({c: float("nan") for c in FLOAT_COLUMNS})
+    row.update({c: 0 for c in INT_COLUMNS})
+    row.update(fields)
+    return row

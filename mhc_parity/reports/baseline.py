@@ -1,0 +1,498 @@
+"""The committed baseline: a small, reviewable CSV of the columns the gate needs.
+
+File layout (UTF-8, "\\n" line endings):
+
+    # mhc-parity baseline format=3 policy_hash=<hash> backend=cpu device_kind=cpu ... rows=<n> sha256=<hex>
+    case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
+    <one line per row, sorted by (case, candidate, partner, leaf)>
+
+The header is one line; after the environment record (`... matmul_precision=highest=float32`)
+and the implementation, `rows=<n>` records the row count and the last key, `sha256=<hex>`,
+the SHA-256 of the whole file without that last field: every header field a verdict
+depends on (format, policy hash, backend, device kind, matmul precision, implementation) is
+inside the digest with the rows, so an edited header is refused like an edited row. So is
+a baseline cut at a row boundary, one whose lines have another field count, whose compared
+row has a NaN, infinite or empty error, or whose header names no tolerance policy. The
+file is written to a temporary file, flushed and renamed over the old one, so a failed
+write (a full disk, a file-size limit) leaves the old baseline whole, and never over a file
+of a run folder (`run_folder_refusal`): a baseline there would stand in for the run.
+
+Older formats left part of the file outside any digest: format 2's `body_sha256` covers
+the rows but not the header, format 1 has no digest (and no oracle sensitivity columns,
+read as NaN). A reader takes them only when asked to (`allow_legacy`, the commands'
+`--allow-legacy-baseline`), and `Baseline.note` then says what was not verified: otherwise
+a file downgraded to `format=1` would carry edited rows or an edited policy past the gate.
+
+Only `BASELINE_COLUMNS` are kept (no timings, no free text), errors are rounded to 4
+significant digits (a rounding of at most 0.05 %, far below any growth factor the
+gate uses), so regenerating a baseline on the same machine gives an empty diff and a
+real change shows up as a few changed numbers. The header records the format version
+and the hash of the tolerance policy the run used; the gate refuses (exit 2) a
+baseline in another format or under another policy.
+The header also records the run's backend, device kind and matmul precision
+(`mhc_parity.records.environment`; values URL-quoted, so a device kind may contain spaces); the
+gate refuses a baseline made at another matmul precision. A header without the
+precision was written before it was recorded: see the legacy rule of
+`mhc_parity.records.environment`.
+
+A baseline of one external implementation (`mhc-parity baseline --impl`) keeps only that
+implementation's rows and names it in the header (`implementation=<name>`, after the
+environment keys); the gate then judges only that implementation's rows and refuses a
+run without them (`mhc_parity.reports.ownership`).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import math
+import os
+import re
+import tempfile
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mhc_parity.records.environment import HEADER_KEYS, environment_of
+from mhc_parity.records.manifest import MANIFEST_FILE, REPORT_FILES
+from mhc_parity.records.rows import (
+    ReportInputError,
+    encode_float,
+    frame_from_records,
+    read_csv_cells,
+    records_from_cells,
+    unwrap_run,
+)
+from mhc_parity.records.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+from mhc_parity.records.store import DONE_FILE, ROWS_FILE
+from mhc_parity.reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
+
+BASELINE_COLUMNS = GATE_COLUMNS
+BASELINE_FORMAT_VERSION = 3
+# Format 1 lacked the oracle sensitivity (`mhc_parity.reports.drift`); it is read (as NaN) as a legacy format.
+COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, 2: BASELINE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
+# The formats read only when the reader allows legacy baselines, and what each leaves unverified.
+LEGACY_FORMATS = {
+    1: "its rows and header are covered by no digest",
+    2: "its digest covers the rows but not the header: policy hash, implementation, backend, matmul precision",
+}
+# The command-line option that lets a legacy baseline be read (`gate`, `render`; the plugin and the API name theirs).
+LEGACY_OPTION = "--allow-legacy-baseline"
+BASELINE_MAGIC = "# mhc-parity baseline"
+SIGNIFICANT_DIGITS = 4
+IMPLEMENTATION_KEY = "implementation"
+POLICY_KEY = "policy_hash"
+# What a header written without a policy said (format 1 and 2 only: format 3 refuses it).
+NO_POLICY = "-"
+# The header's record of the file: its row count, and the SHA-256 of the file without the
+# digest field itself (the header line's last field).
+ROWS_KEY = "rows"
+DIGEST_KEY = "sha256"
+# Format 2's digest: of the body alone (every byte after the header line).
+BODY_DIGEST_KEY = "body_sha256"
+HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+# The files of a run folder that its manifest vouches for (`mhc_parity.records.manifest`, `mhc_parity.records.store`):
+# a baseline written over one of them would be read as that run's.
+RUN_FOLDER_FILES = (MANIFEST_FILE, ROWS_FILE, DONE_FILE, *REPORT_FILES.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """A loaded baseline file: its rows (gate frame) and what its header records."""
+
+    frame: pd.DataFrame
+    format_version: int
+    policy_hash: str | None
+    path: Path
+    # backend, device_kind, matmul_precision as far as the header records them
+    environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # the external implementation whose rows it keeps (None: the built-in paths' baseline)
+    implementation: str | None = None
+
+    @property
+    def unverified(self) -> str:
+        """What reading the file could not verify ("" for the current format, whose digest
+        covers every header field and row): a legacy format read because the reader allowed it."""
+        parts = [LEGACY_FORMATS[self.format_version]] if self.format_version in LEGACY_FORMATS else []
+        if self.policy_hash is None:
+            parts.append("it records no tolerance policy, so the policy was not checked")
+        return "; ".join(parts)
+
+    @property
+    def note(self) -> str:
+        """The line a verdict against this baseline prints beside it ("" when nothing went
+        unverified): a legacy baseline's verdict rests on what no digest vouched for."""
+        if not self.unverified:
+            return ""
+        return f"note: baseline {self.path} is in legacy format {self.format_version}: {self.unverified}"
+
+
+def format_cell(column: str, value: Any) -> str:
+    """One CSV cell of a baseline: floats to 4 significant digits, counts as ints."""
+    if column in FLOAT_COLUMNS:
+        number = float(value)
+        if not math.isfinite(number):
+            return str(encode_float(number))
+        return f"{number:.{SIGNIFICANT_DIGITS}g}"
+    if column in INT_COLUMNS:
+        return str(int(value))
+    return str(value)
+
+
+def header_line(
+    policy_hash: str | None,
+    environment: Mapping[str, str] | None = None,
+    implementation: str | None = None,
+    rows: int | None = None,
+) -> str:
+    """The baseline's first line up to its digest (format version, policy hash, the
+    `HEADER_KEYS` given, the implementation it belongs to, and the row count): what
+    `sealed` completes with the file's SHA-256."""
+    values = {**{key: (environment or {}).get(key) for key in HEADER_KEYS}, IMPLEMENTATION_KEY: implementation}
+    if rows is not None:
+        values[ROWS_KEY] = str(rows)
+    fields = "".join(f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value)
+    return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} {POLICY_KEY}={policy_hash or NO_POLICY}{fields}"
+
+
+def file_digest(header: bytes, body: bytes) -> str:
+    """The SHA-256 a format-3 header records: of the header line without its digest field,
+    its line ending and the body, i.e. of every byte of the file but ` sha256=<hex>`."""
+    return hashlib.sha256(header + b"\n" + body).hexdigest()
+
+
+def sealed(header: str, body: str) -> str:
+    """The file's text: `header` (a `header_line`) completed with the digest of it and `body`."""
+    digest = file_digest(header.encode("utf-8"), body.encode("utf-8"))
+    return f"{header} {DIGEST_KEY}={digest}\n{body}"
+
+
+def render_baseline(
+    rows: pd.DataFrame | Iterable[Mapping[str, Any]],
+    *,
+    policy_hash: str | None = None,
+    environment: Mapping[str, str] | None = None,
+    implementation: str | None = None,
+) -> str:
+    """The baseline file's text for a row set (full rows or gate columns); with
+    `implementation`, the header names the implementation the rows belong to.
+    ReportInputError without a `policy_hash`: a baseline that names no tolerance policy is
+    refused by every reader, since a policy change could then not be noticed."""
+    if not policy_hash or policy_hash == NO_POLICY:
+        raise ReportInputError(
+            "a baseline records the tolerance policy its rows were judged under, and none was given "
+            "(pass policy_hash=, or write it from a run)"
+        )
+    frame = gate_frame(rows, source="baseline rows")
+    frame = frame.sort_values(list(IDENTITY_COLUMNS), kind="mergesort")
+    body = io.StringIO()
+    writer = csv.writer(body, lineterminator="\n")
+    writer.writerow(BASELINE_COLUMNS)
+    for record in frame.to_dict(orient="records"):
+        writer.writerow([format_cell(c, record[c]) for c in BASELINE_COLUMNS])
+    return sealed(header_line(policy_hash, environment, implementation, rows=len(frame)), body.getvalue())
+
+
+def body_digest(body: bytes) -> str:
+    """The SHA-256 a format-2 header records: of everything after the header line."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def run_folder_refusal(path: str | Path) -> str:
+    """Why a baseline must not be written at `path` ("" if it may): `path` is one of the files
+    a run folder's manifest vouches for (`RUN_FOLDER_FILES`, in a folder holding a
+    manifest). A baseline written over the run's rows.csv would replace the run's rows with
+    rows no manifest vouches for."""
+    path = Path(path).resolve()
+    if path.name not in RUN_FOLDER_FILES or not (path.parent / MANIFEST_FILE).exists():
+        return ""
+    return (
+        f"{path} is the {path.name} of the run folder {path.parent}; a baseline must not replace a "
+        f"run's own file: write it outside the run folder (e.g. baselines/<name>.csv)"
+    )
+
+
+def write_baseline(
+    rows: pd.DataFrame | Iterable[Mapping[str, Any]],
+    path: str | Path,
+    *,
+    policy_hash: str | None = None,
+    implementation: str | None = None,
+) -> Path:
+    """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
+
+    `rows` may also be what `mhc_parity.reports.load_run` or `load_baseline` returns; its
+    recorded policy hash is then used unless `policy_hash` is given, and its recorded
+    backend, device kind and matmul precision go into the header. `implementation`
+    names the external implementation the rows belong to (the caller keeps only its
+    rows: `mhc_parity.reports.ownership.implementation_rows`). ReportInputError for a `path` inside a
+    run folder that is one of the run's own files (`run_folder_refusal`), and for rows
+    without a policy hash (`render_baseline`).
+    """
+    path = Path(path)
+    refusal = run_folder_refusal(path)
+    if refusal:
+        raise ReportInputError(refusal)
+    environment = environment_of(rows)
+    rows, recorded_hash = unwrap_run(rows)
+    text = render_baseline(
+        rows, policy_hash=policy_hash or recorded_hash, environment=environment, implementation=implementation
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace_atomically(path, text.encode("utf-8"))
+    return path
+
+
+def _replace_atomically(path: Path, data: bytes) -> None:
+    """`path` holds `data` or, if writing fails (a full disk, a file-size limit), what it held
+    before: written to a temporary file beside it, flushed to disk, then renamed over it."""
+    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def parse_header(line: str) -> dict[str, str] | None:
+    """The key=value fields of a baseline header line, or None if `line` is not one."""
+    if not line.startswith(BASELINE_MAGIC):
+        return None
+    fields = {}
+    for token in line[len(BASELINE_MAGIC) :].split():
+        key, _, value = token.partition("=")
+        fields[key] = urllib.parse.unquote(value)
+    return fields
+
+
+# Header keys that describe the body rather than how it was made: a row change shows in the rows.
+BODY_KEYS = (ROWS_KEY, DIGEST_KEY, BODY_DIGEST_KEY)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineDiff:
+    """What a new baseline text changes against an old one, row by row (row identity:
+    case, candidate, partner, leaf), as cells the files hold (4 significant digits)."""
+
+    added: tuple[tuple[str, ...], ...]
+    removed: tuple[tuple[str, ...], ...]
+    # (row key, ((column, old cell, new cell), ...)) for each row whose cells changed
+    changed: tuple[tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]], ...]
+    # (header key, old value, new value) for each header field that changed, less the body's record
+    header: tuple[tuple[str, str, str], ...]
+    rows: int  # in the new text
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.header)
+
+
+def _rows_by_key(text: str) -> dict[tuple[str, ...], dict[str, str]]:
+    body = text.split("\n", 1)[1] if "\n" in text else ""
+    return {tuple(row[c] for c in IDENTITY_COLUMNS): row for row in csv.DictReader(io.StringIO(body))}
+
+
+def diff_baselines(old_text: str, new_text: str) -> BaselineDiff:
+    """The rows `new_text` adds, removes and changes against `old_text` (two baseline
+    files' texts; a column only one of them has compares as an empty cell), and the header
+    fields it changes (the row count and body digest aside)."""
+    old, new = _rows_by_key(old_text), _rows_by_key(new_text)
+    changed = []
+    for key in sorted(old.keys() & new.keys()):
+        columns = [c for c in BASELINE_COLUMNS if c not in IDENTITY_COLUMNS]
+        cells = tuple((c, old[key].get(c) or "", new[key].get(c) or "") for c in columns)
+        moved = tuple(cell for cell in cells if cell[1] != cell[2])
+        if moved:
+            changed.append((key, moved))
+    old_header = parse_header(old_text.split("\n", 1)[0]) or {}
+    new_header = parse_header(new_text.split("\n", 1)[0]) or {}
+    header = tuple(
+        (k, old_header.get(k, ""), new_header.get(k, ""))
+        for k in dict.fromkeys([*old_header, *new_header])
+        if k not in BODY_KEYS and old_header.get(k, "") != new_header.get(k, "")
+    )
+    return BaselineDiff(
+        added=tuple(sorted(new.keys() - old.keys())),
+        removed=tuple(sorted(old.keys() - new.keys())),
+        changed=tuple(changed),
+        header=header,
+        rows=len(new),
+    )
+
+
+def read_first_line(path: Path) -> str:
+    """The first line of a text file without its line ending ("" for an empty file)."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return handle.readline().rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ReportInputError(f"{path}: not a UTF-8 text file") from None
+
+
+def is_baseline_file(path: str | Path) -> bool:
+    """True when `path` starts with a baseline header line."""
+    path = Path(path)
+    return path.is_file() and parse_header(read_first_line(path)) is not None
+
+
+def _split(path: Path) -> tuple[bytes, bytes]:
+    """The file's header line (without its line ending) and every byte after it."""
+    data = path.read_bytes()
+    head, _, body = data.partition(b"\n")
+    return head, body
+
+
+def _check_row_count(path: Path, header: Mapping[str, str], rows: int) -> None:
+    """ReportInputError unless the header's row count is the file's: a baseline cut at a row
+    boundary is named as such before its digest is checked."""
+    recorded = header.get(ROWS_KEY, "")
+    if recorded.isdigit() and int(recorded) != rows:
+        raise ReportInputError(
+            f"{path}: the header records {recorded} rows, the file holds {rows} (cut or edited); "
+            f"regenerate it with `make baseline`"
+        )
+
+
+def _check_sealed(path: Path, head: bytes, body: bytes, header: Mapping[str, str], rows: int) -> None:
+    """ReportInputError unless the header's row count and digest (`file_digest`) match the
+    file: a baseline cut, or edited by hand (a row, or a header field: its policy, its
+    implementation, its environment), is not the one the writer wrote."""
+    covered, sep, digest = head.rpartition(f" {DIGEST_KEY}=".encode())
+    if not sep or not HEX_DIGEST.fullmatch(digest.decode("ascii", "replace")) or not header.get(ROWS_KEY, "").isdigit():
+        raise ReportInputError(
+            f"{path}: the baseline header does not end in its row count and `{DIGEST_KEY}=` digest (edited?); "
+            f"regenerate it with `make baseline`"
+        )
+    _check_row_count(path, header, rows)
+    if file_digest(covered, body) != digest.decode("ascii"):
+        raise ReportInputError(
+            f"{path}: the file does not match the header's digest (its header or rows were edited since "
+            f"it was written); regenerate it with `make baseline`"
+        )
+
+
+def _check_body_digest(path: Path, body: bytes, header: Mapping[str, str], rows: int) -> None:
+    """Format 2's check: the header's row count and body digest match the rows (its header
+    fields are not covered: the format is read only as a legacy one)."""
+    recorded_rows, recorded_digest = header.get(ROWS_KEY, ""), header.get(BODY_DIGEST_KEY, "")
+    if not recorded_rows.isdigit() or not recorded_digest:
+        raise ReportInputError(
+            f"{path}: the baseline header records no row count and body digest (written by an older "
+            f"harness, or edited); regenerate it with `make baseline`"
+        )
+    _check_row_count(path, header, rows)
+    if body_digest(body) != recorded_digest:
+        raise ReportInputError(
+            f"{path}: the rows do not match the header's digest (edited since it was written); "
+            f"regenerate it with `make baseline`"
+        )
+
+
+def _check_row_widths(path: Path, body: bytes, width: int) -> None:
+    """ReportInputError naming the first line whose field count is not the header's (a
+    row cut short or run on: the CSV reader would fill or drop its cells silently)."""
+    for number, fields in enumerate(csv.reader(io.StringIO(body.decode("utf-8"), newline="")), start=2):
+        if fields and len(fields) != width:
+            raise ReportInputError(
+                f"{path}, line {number}: {len(fields)} fields, the baseline's columns are {width}; "
+                f"regenerate it with `make baseline`"
+            )
+
+
+def _check_compared_metrics(records, path: Path) -> None:
+    """ReportInputError for a compared row (pass/fail, not a lowering row: those measure
+    nothing) whose error metrics are not finite numbers >= 0: the gate measures growth from
+    them, and NaN would compare as no growth."""
+    for number, record in enumerate(records, start=3):
+        if record["verdict"] not in COMPARED_VERDICTS or record["comparison"] == "lowering":
+            continue
+        for column in GROWTH_METRICS:
+            value = record[column]
+            if not (math.isfinite(value) and value >= 0):
+                raise ReportInputError(
+                    f"{path}, line {number}, column {column!r}: a {record['verdict']} row needs a finite "
+                    f"error >= 0, got {encode_float(value) or 'an empty cell'}; regenerate it with `make baseline`"
+                )
+
+
+def _policy_of(path: Path, header: Mapping[str, str], version: int) -> str | None:
+    """The header's policy hash; ReportInputError when a current-format header names none
+    (only a legacy file may lack it, and `Baseline.note` then says the policy went unchecked)."""
+    policy_hash = header.get(POLICY_KEY) or NO_POLICY
+    if policy_hash != NO_POLICY:
+        return policy_hash
+    if version in LEGACY_FORMATS:
+        return None
+    raise ReportInputError(
+        f"{path}: the baseline header records no tolerance policy ({POLICY_KEY}={NO_POLICY}), so a policy change "
+        f"could not be noticed; regenerate it with `make baseline`"
+    )
+
+
+def load_baseline(path: str | Path, *, allow_legacy: bool = False, legacy_option: str = LEGACY_OPTION) -> Baseline:
+    """Load and validate a baseline file; `ReportInputError` on any problem.
+
+    Checks the header (present, known format version, a policy hash), the columns (exactly
+    those of its format), every line's field count, every cell's type, a finite error on
+    every compared row, the header's row count and digest (of the header's fields and the
+    rows), and that row keys are unique. A legacy format (`LEGACY_FORMATS`) is refused
+    unless `allow_legacy`, naming `legacy_option` (the reader's option that allows it);
+    then its format-2 body digest is still checked, and `Baseline.note` says what was not.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ReportInputError(f"{path}: no such baseline file")
+    header = parse_header(read_first_line(path))
+    if header is None:
+        raise ReportInputError(f"{path}: not a baseline file (first line must start with {BASELINE_MAGIC!r})")
+    version_text = header.get("format", "")
+    if not version_text.isdigit():
+        raise ReportInputError(f"{path}: baseline header has no valid format version")
+    version = int(version_text)
+    if version not in COLUMNS_OF_FORMAT:
+        raise ReportInputError(
+            f"{path}: baseline format {version} is not supported (expected one of "
+            f"{sorted(COLUMNS_OF_FORMAT)}); regenerate it with `make baseline`"
+        )
+    if version in LEGACY_FORMATS and not allow_legacy:
+        raise ReportInputError(
+            f"{path}: baseline format {version} is a legacy format ({LEGACY_FORMATS[version]}), read only with "
+            f"{legacy_option}; regenerate it with `make baseline`"
+        )
+    columns = COLUMNS_OF_FORMAT[version]
+    cells = read_csv_cells(path, skip_lines=1)
+    if list(cells.columns) != list(columns):
+        missing = [c for c in columns if c not in cells.columns]
+        unknown = [c for c in cells.columns if c not in columns]
+        raise ReportInputError(
+            f"{path}: baseline columns do not match format {version} (missing {missing}, unknown {unknown}; "
+            f"order must be {list(columns)}); regenerate it with `make baseline`"
+        )
+    # Line 1 is the header comment, line 2 the column names.
+    records = records_from_cells(cells, path, columns, first_data_line=3)  # a bad cell names itself first
+    head, body = _split(path)
+    _check_row_widths(path, body, len(columns))
+    _check_compared_metrics(records, path)
+    if version == BASELINE_FORMAT_VERSION:
+        _check_sealed(path, head, body, header, len(records))
+    elif version == 2:
+        _check_body_digest(path, body, header, len(records))
+    policy_hash = _policy_of(path, header, version)
+    frame = gate_frame(frame_from_records(records, columns), source=str(path))
+    return Baseline(
+        frame=frame,
+        format_version=version,
+        policy_hash=policy_hash,
+        path=path,
+        environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
+        implementation=header.get(IMPLEMENTATION_KEY) or None,
+    )

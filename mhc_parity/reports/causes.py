@@ -1,0 +1,205 @@
+"""A run's failing rows grouped by cause, and one verdict per implementation.
+
+One bug breaks many rows: a leaf fails against the oracle and against the reference, on
+every case and path that computes it. The rows carry the cause the engine found
+(`cause`, `cause_id`, `cause_explained`: `mhc_parity.harness.engine.causes`), so the reports show
+one heading per cause with the rows it explains, and one verdict per implementation with
+its causes. Error rows group by their message, failing rows without a cause (a path that
+accepted or rejected input against the case's expectation) by their reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from mhc_parity.records.text import format_number, plural
+
+# The row columns the groups read besides a row's identity, verdict, reason and usage.
+CAUSE_COLUMNS = ("cause", "cause_id", "cause_explained")
+# Verdicts a group collects, worst first.
+GROUPED_VERDICTS = ("error", "fail")
+
+
+def implementation_of(candidate: str) -> str:
+    """The implementation of a path name ("interpret/sharded(...)" -> "interpret")."""
+    return candidate.split("/", 1)[0]
+
+
+def compress_paths(paths: Iterable[str]) -> list[str]:
+    """Path names, those of one implementation written `impl/*` where there are several."""
+    by_impl: dict[str, list[str]] = {}
+    for path in dict.fromkeys(paths):
+        by_impl.setdefault(implementation_of(path), []).append(path)
+    return [members[0] if len(members) == 1 else f"{impl}/*" for impl, members in by_impl.items()]
+
+
+def _code(name: str) -> str:
+    return f"`{name}`"
+
+
+def _listed(names: Sequence[str], quote: Callable[[str], str], limit: int = 4) -> str:
+    shown = ", ".join(quote(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class CauseGroup:
+    """The failing (or error) rows that share one cause.
+
+    verdict: "fail" or "error"; cause: in words (for rows without a cause, their reason);
+    cause_id: the hypotheses' names, "unexplained", or "" for a reason; rows: the rows.
+    """
+
+    verdict: str
+    cause: str
+    cause_id: str
+    rows: tuple[Mapping[str, Any], ...]
+
+    @property
+    def leaves(self) -> list[str]:
+        return list(dict.fromkeys(str(r["leaf"]) for r in self.rows))
+
+    @property
+    def candidates(self) -> list[str]:
+        return compress_paths(str(r["candidate"]) for r in self.rows)
+
+    @property
+    def implementations(self) -> list[str]:
+        return list(dict.fromkeys(implementation_of(str(r["candidate"])) for r in self.rows))
+
+    @property
+    def cases(self) -> int:
+        return len({r["case"] for r in self.rows})
+
+    @property
+    def explained(self) -> float:
+        """The median fraction of the rows' error their cause explains (NaN without one)."""
+        values = [v for v in (_float(r.get("cause_explained")) for r in self.rows) if math.isfinite(v)]
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def worst_usage(self) -> float:
+        values = [v for v in (_float(r.get("bound_usage")) for r in self.rows) if math.isfinite(v)]
+        return max(values) if values else math.nan
+
+    def heading(self, quote: Callable[[str], str] = _code, text: Callable[[str], str] = str) -> str:
+        """e.g. "26 rows in 13 cases: `d_post_bias` of `interpret/*` — <cause> (explains 97%)"
+        (`format_heading` of `summary`)."""
+        return format_heading(self.summary(), quote, text)
+
+    def summary(self) -> dict:
+        """What the group's heading says, as plain JSON-able data."""
+        return {
+            "verdict": self.verdict,
+            "cause": self.cause,
+            "cause_id": self.cause_id,
+            "rows": len(self.rows),
+            "cases": self.cases,
+            "leaves": self.leaves,
+            "candidates": self.candidates,
+            "explained": self.explained,
+            "worst_usage": self.worst_usage,
+        }
+
+    def as_dict(self) -> dict:
+        """The group as plain JSON-able data (report.json): its `summary` and its rows."""
+        members = [
+            {
+                "case": r["case"],
+                "candidate": r["candidate"],
+                "partner": r.get("partner", ""),
+                "leaf": r["leaf"],
+                "usage": format_number(_float(r.get("bound_usage")), nan="-"),
+            }
+            for r in self.rows
+        ]
+        return {**self.summary(), "members": members}
+
+
+def format_heading(
+    group: Mapping[str, Any], quote: Callable[[str], str] = _code, text: Callable[[str], str] = str
+) -> str:
+    """A cause group's one-line heading from its data (`CauseGroup.summary`; report.json's groups have it).
+
+    quote: how a leaf or path name is written (a code span); text: how the cause is written
+    (e.g. escaped for Markdown)."""
+    where = f"{_listed(group['leaves'], quote)} of {_listed(group['candidates'], quote)}"
+    what = text(group["cause"]) if group["verdict"] == "fail" else f"error: {text(group['cause'])}"
+    explained = _float(group["explained"])
+    if group["cause_id"] and math.isfinite(explained):
+        share = f"{max(explained, 0.0):.0%}"
+        what += (
+            f" (the best rounding explains {share})" if group["cause_id"] == "unexplained" else f" (explains {share})"
+        )
+    return f"{plural(group['rows'], 'row')} in {plural(group['cases'], 'case')}: {where} — {what}"
+
+
+def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
+    """The run's failing and error rows grouped by implementation and cause: the largest group first."""
+    grouped: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        verdict = str(row["verdict"])
+        if verdict not in GROUPED_VERDICTS:
+            continue
+        cause_id = str(row.get("cause_id") or "")
+        if cause_id:
+            cause = str(row.get("cause") or "")
+        else:  # a row without leaves to attribute: its reason's first line names it
+            reason = str(row.get("reason") or "").strip().splitlines()
+            cause = reason[0][:200] if reason else "(no reason given)"
+        # One implementation's rows per group: the same words in two implementations are two
+        # bugs. Rows with one cause_id are one cause whatever their words add (a usage, the
+        # path it was named on); rows without one, one per reason.
+        key = (implementation_of(str(row["candidate"])), verdict, cause_id, "" if cause_id else cause)
+        grouped.setdefault(key, []).append(row)
+    groups = []
+    for (_, verdict, cause_id, reason), members in grouped.items():
+        # A cause's group says the words most of its rows say; a reason's group, the reason.
+        cause = reason or collections.Counter(str(r.get("cause") or "") for r in members).most_common(1)[0][0]
+        groups.append(CauseGroup(verdict, cause, cause_id, tuple(members)))
+    order = {v: i for i, v in enumerate(GROUPED_VERDICTS)}
+    return sorted(groups, key=lambda g: (-len(g.rows), order[g.verdict], g.cause))
+
+
+@dataclasses.dataclass(frozen=True)
+class ImplementationVerdict:
+    """One implementation's verdict over its rows: "pass", "fail", "error" or "skip" (nothing
+    compared), with the cause groups of its failing and error rows."""
+
+    name: str
+    verdict: str
+    rows: int
+    groups: tuple[CauseGroup, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "rows": self.rows,
+            "causes": [g.as_dict() for g in self.groups],
+        }
+
+
+def implementation_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[ImplementationVerdict]:
+    """Per implementation (in the rows' order): its verdict and the causes of its failures."""
+    by_impl: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_impl.setdefault(implementation_of(str(row["candidate"])), []).append(row)
+    verdicts = []
+    for name, members in by_impl.items():
+        seen = {str(r["verdict"]) for r in members}
+        verdict = next((v for v in ("error", "fail") if v in seen), "pass" if "pass" in seen else "skip")
+        verdicts.append(ImplementationVerdict(name, verdict, len(members), tuple(cause_groups(members))))
+    return verdicts

@@ -1,0 +1,419 @@
+"""The PR gate: a current parity run against the committed baseline run.
+
+Rules (row identity = `mhc_parity.records.schema.row_key`: case, candidate, partner, leaf):
+
+Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
+  failure        the current run has a `fail` or `error` verdict (any row, new or old);
+  missing        a row of the baseline is absent from the current run;
+  baseline_gap   a current row absent from the baseline, of a case and candidate path
+                 the baseline has other rows of: the baseline lost it (or the path's
+                 leaves changed, which needs a refreshed baseline too);
+  lost_coverage  a row that passed in the baseline is now `skip` or `unsupported`
+                 (it still exists but no longer measures anything);
+  new_nonfinite  nan_count or inf_count is > 0 now where the baseline row had 0;
+  regression     cand_oracle_max_err or cand_oracle_rms_err grew by more than
+                 `growth_factor` (default 2.0), measured above a noise floor of
+                 `noise_floor_ulps` (default 2) × eps of the leaf's dtype — see
+                 `mhc_parity.reports.drift` for the exact formula. Rows that are skip,
+                 unsupported or error in either run are not compared.
+
+Informational — listed, never failing:
+  improvement    an error shrank by more than `growth_factor`, or a row that was
+                 fail/error in the baseline passes now;
+  new_row        a row of a case or candidate path the baseline has no row of (its
+                 verdict still counts above).
+
+The defaults suit bfloat16: with 8 significant bits the normalised max error of a
+well-behaved leaf is a few ulps, and re-running on other hardware or another XLA
+version moves it by about one ulp; a floor of 2 ulps and a factor of 2 tolerate that
+but catch "bfloat16 gradients became 3× worse" even while inside the policy bound.
+
+Missing rows are reported per case and path (a partial run misses whole groups), not
+one line per row. `--only-current-cases` gates only the baseline rows of the cases the
+current run selected: a deliberately partial run (`--cases ...`) then passes on what it
+ran, while every other rule still applies to those cases.
+
+`mhc-parity gate` (`mhc_parity.harness.commands.gate`) loads the two runs, refuses runs
+that cannot be compared, and exits 0 pass, 1 gate failure, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from mhc_parity.records.rows import unwrap_run
+from mhc_parity.records.schema import row_key
+from mhc_parity.records.text import format_number, format_text_table, plural
+from mhc_parity.reports.causes import CauseGroup, cause_groups
+from mhc_parity.reports.drift import (
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_NOISE_FLOOR_ULPS,
+    RowDrift,
+    compare_runs,
+    gate_frame,
+    index_by_key,
+)
+
+Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
+
+# Finding categories, in the order they are printed.
+FAILING_CATEGORIES = ("failure", "missing", "baseline_gap", "lost_coverage", "new_nonfinite", "regression")
+# How each failing category is counted in words, one table for every place that counts them:
+# the finding's noun (singular, plural: "2 regressions", the pytest plugin), and the rows'
+# noun with what is said of them ("3 rows grew more than ×2", the report's first screen).
+FINDING_NOUNS = {
+    "failure": ("failure", "failures"),
+    "missing": ("missing row", "missing rows"),
+    "baseline_gap": ("baseline gap", "baseline gaps"),
+    "lost_coverage": ("lost coverage", "lost coverage"),
+    "new_nonfinite": ("new non-finite", "new non-finite"),
+    "regression": ("regression", "regressions"),
+}
+ROW_COUNT_WORDS = {
+    "regression": ("row", "grew more than ×{factor:g}"),
+    "new_nonfinite": ("row", "with a new NaN/Inf"),
+    "lost_coverage": ("passing row", "no longer measured"),
+    "missing": ("baseline row", "missing"),
+    "baseline_gap": ("row", "the baseline lacks"),
+    "failure": ("fail/error row", ""),
+}
+INFO_CATEGORIES = ("improvement", "new_row")
+
+
+@dataclasses.dataclass(frozen=True)
+class GateFinding:
+    """One reason the gate noticed a row: its category, identity and a short explanation."""
+
+    category: str
+    key: tuple[str, str, str, str]
+    detail: str
+    comparison: str = ""
+    dtype: str = ""
+    growth: float = math.nan
+
+    @property
+    def case(self) -> str:
+        return self.key[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingGroup:
+    """Baseline rows absent from the current run, for one case and one candidate path.
+
+    path is "*" when the current run has no row of the case at all (every path missing).
+    """
+
+    case: str
+    path: str
+    missing: int
+    baseline_rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GateResult:
+    """Everything the gate found, grouped by category; `ok` is False if any failing group is non-empty."""
+
+    failures: tuple[GateFinding, ...]
+    missing: tuple[GateFinding, ...]
+    baseline_gaps: tuple[GateFinding, ...]
+    lost_coverage: tuple[GateFinding, ...]
+    new_nonfinite: tuple[GateFinding, ...]
+    regressions: tuple[GateFinding, ...]
+    improvements: tuple[GateFinding, ...]
+    new_rows: tuple[GateFinding, ...]
+    drifts: tuple[RowDrift, ...]
+    baseline_rows: int
+    current_rows: int
+    matched_rows: int
+    growth_factor: float
+    noise_floor_ulps: float
+    missing_groups: tuple[MissingGroup, ...] = ()
+    # the current run's failing and error rows grouped by cause (`mhc_parity.reports.causes`)
+    failure_causes: tuple[CauseGroup, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failing was found."""
+        return not self.failing_findings()
+
+    def by_category(self, category: str) -> tuple[GateFinding, ...]:
+        """The findings of one category (see FAILING_CATEGORIES and INFO_CATEGORIES)."""
+        field = {
+            "failure": "failures",
+            "missing": "missing",
+            "baseline_gap": "baseline_gaps",
+            "lost_coverage": "lost_coverage",
+            "new_nonfinite": "new_nonfinite",
+            "regression": "regressions",
+            "improvement": "improvements",
+            "new_row": "new_rows",
+        }[category]
+        return getattr(self, field)
+
+    def failing_findings(self) -> tuple[GateFinding, ...]:
+        """Every failing finding, grouped in FAILING_CATEGORIES order."""
+        return tuple(f for c in FAILING_CATEGORIES for f in self.by_category(c))
+
+    def counts(self) -> dict[str, int]:
+        """Findings per category."""
+        return {c: len(self.by_category(c)) for c in FAILING_CATEGORIES + INFO_CATEGORIES}
+
+    def summary_line(self) -> str:
+        """One line: PASS/FAIL and the counts that matter."""
+        counts = self.counts()
+        parts = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in counts.items() if n)
+        verdict = "PASS" if self.ok else "FAIL"
+        return (
+            f"gate {verdict}: {self.current_rows} current rows vs {self.baseline_rows} baseline rows "
+            f"({self.matched_rows} matched; growth factor x{self.growth_factor:g}, "
+            f"noise floor {self.noise_floor_ulps:g} ulps)" + (f": {parts}" if parts else "")
+        )
+
+    def table(self, *, max_info_rows: int = 20) -> str:
+        """A printable report: the summary line, every failing finding, then the info lists.
+
+        Failing findings are never truncated; improvements and new rows are cut
+        after `max_info_rows` each with a count of the rest. Missing rows are counted per
+        case and path, and listed one by one only when there are at most `max_info_rows`.
+        """
+        lines = [self.summary_line()]
+        for category in FAILING_CATEGORIES + INFO_CATEGORIES:
+            findings = self.by_category(category)
+            if not findings:
+                continue
+            if category == "missing":  # per case and path; the rows too when they are few
+                lines += [
+                    "",
+                    self.missing_heading() + ":",
+                    format_text_table(("case", "path", "missing rows"), self.missing_table_rows()),
+                ]
+                if len(findings) <= max_info_rows:
+                    lines += ["", _findings_table(findings)]
+                continue
+            if category == "failure" and self.failure_causes:  # one heading per cause, its rows under it
+                lines += [
+                    "",
+                    f"failure ({plural(len(findings), 'row')}, from {plural(len(self.failure_causes), 'cause')}):",
+                ]
+                by_key = {f.key: f for f in findings}
+                for group in self.failure_causes:
+                    members = [by_key[row_key(r)] for r in group.rows if row_key(r) in by_key]
+                    lines += ["", f"  {group.heading()}", _findings_table(members, indent="    ")]
+                continue
+            limit = None if category in FAILING_CATEGORIES else max_info_rows
+            shown = findings if limit is None else findings[:limit]
+            lines.append("")
+            lines.append(f"{category.replace('_', ' ')} ({len(findings)}):")
+            lines.append(_findings_table(shown))
+            if len(shown) < len(findings):
+                lines.append(f"... and {len(findings) - len(shown)} more")
+        return "\n".join(lines)
+
+    def missing_heading(self) -> str:
+        """e.g. "missing (1516 rows in 3 cases, 24 case/path groups)"."""
+        cases = len({g.case for g in self.missing_groups})
+        return (
+            f"missing ({len(self.missing)} row{'s' * (len(self.missing) != 1)} in {cases} "
+            f"case{'s' * (cases != 1)}, {len(self.missing_groups)} case/path "
+            f"group{'s' * (len(self.missing_groups) != 1)})"
+        )
+
+    def missing_table_rows(self) -> list[tuple[str, str, str]]:
+        """(case, path, "n of m") per missing group; path "(every path)" for a case not run at all."""
+        return [
+            (g.case, "(every path)" if g.path == "*" else g.path, f"{g.missing} of {g.baseline_rows}")
+            for g in self.missing_groups
+        ]
+
+
+def _findings_table(findings: Sequence[GateFinding], *, indent: str = "") -> str:
+    return format_text_table(
+        ("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings], indent=indent
+    )
+
+
+def _reason(row: Mapping[str, Any]) -> str:
+    reason = str(row.get("reason", "") or "")
+    return f": {reason}" if reason else ""
+
+
+def _finding(category: str, row: Mapping[str, Any], detail: str, growth: float = math.nan) -> GateFinding:
+    return GateFinding(
+        category=category,
+        key=row_key(row),
+        detail=detail,
+        comparison=str(row.get("comparison", "")),
+        dtype=str(row.get("dtype", "")),
+        growth=growth,
+    )
+
+
+def _growth_detail(drift: RowDrift) -> str:
+    parts = []
+    for label, before, after, factor in (
+        ("max", drift.baseline_max, drift.current_max, drift.growth_max),
+        ("rms", drift.baseline_rms, drift.current_rms, drift.growth_rms),
+    ):
+        if not math.isnan(factor):
+            parts.append(f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)})")
+    return "; ".join(parts)
+
+
+def gate(
+    baseline_rows: Rows,
+    current_rows: Rows,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+) -> GateResult:
+    """Compare a current run with a baseline run under the rules in this module's docstring.
+
+    Both inputs are full row sets or baseline-column row sets (DataFrame, dicts, or
+    what `mhc_parity.reports.load_run` / `mhc_parity.reports.load_baseline` return).
+    Raises `ReportInputError` for unusable input (missing columns, duplicate row
+    keys) and ValueError for a growth factor <= 1 or a negative noise floor.
+    """
+    _check_parameters(growth_factor, noise_floor_ulps)
+    baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
+    current = gate_frame(unwrap_run(current_rows)[0], source="current run")
+    return gate_frames(baseline, current, growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps)
+
+
+def _check_parameters(growth_factor: float, noise_floor_ulps: float) -> None:
+    if not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
+    if not noise_floor_ulps >= 0.0:
+        raise ValueError(f"noise_floor_ulps must be >= 0, got {noise_floor_ulps!r}")
+
+
+def gate_frames(
+    baseline: pd.DataFrame,
+    current: pd.DataFrame,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+) -> GateResult:
+    """`gate` of two gate frames (`mhc_parity.reports.drift.gate_frame` / `typed_gate_frame`, whose
+    cells are typed and row keys unique), read as they are. ValueError for a growth
+    factor <= 1 or a negative noise floor.
+    """
+    _check_parameters(growth_factor, noise_floor_ulps)
+    base_rows = index_by_key(baseline)
+    cur_rows = index_by_key(current)
+
+    failures = tuple(
+        _finding("failure", row, f"{row['verdict']}{_reason(row)}")
+        for key, row in sorted(cur_rows.items())
+        if row["verdict"] in ("fail", "error")
+    )
+    missing = tuple(
+        _finding("missing", row, f"in the baseline ({row['verdict']}), absent now")
+        for key, row in sorted(base_rows.items())
+        if key not in cur_rows
+    )
+    covered = Counter(key[:2] for key in base_rows)  # rows per (case, candidate) in the baseline
+    unmatched = [(key, row) for key, row in sorted(cur_rows.items()) if key not in base_rows]
+    baseline_gaps = tuple(
+        _finding(
+            "baseline_gap",
+            row,
+            f"absent from the baseline, which has {covered[key[:2]]} other rows of "
+            f"this case and path ({row['verdict']} now)",
+        )
+        for key, row in unmatched
+        if key[:2] in covered
+    )
+    new_rows = tuple(
+        _finding("new_row", row, f"not in the baseline ({row['verdict']})")
+        for key, row in unmatched
+        if key[:2] not in covered
+    )
+    lost_coverage = []
+    new_nonfinite = []
+    fixed = []
+    for key in sorted(base_rows.keys() & cur_rows.keys()):
+        before, now = base_rows[key], cur_rows[key]
+        if before["verdict"] == "pass" and now["verdict"] in ("skip", "unsupported"):
+            lost_coverage.append(_finding("lost_coverage", now, f"pass -> {now['verdict']}{_reason(now)}"))
+        grown = [
+            f"{column} {before[column]} -> {now[column]}"
+            for column in ("nan_count", "inf_count")
+            if now[column] > 0 and before[column] == 0
+        ]
+        if grown:
+            new_nonfinite.append(_finding("new_nonfinite", now, "; ".join(grown)))
+        if before["verdict"] in ("fail", "error") and now["verdict"] == "pass":
+            fixed.append(_finding("improvement", now, f"verdict {before['verdict']} -> pass"))
+
+    drifts = compare_runs(baseline, current, growth_factor=growth_factor, noise_floor_ulps=noise_floor_ulps)
+    regressions = tuple(
+        _finding(
+            "regression",
+            cur_rows[d.key],
+            f"{_growth_detail(d)} > allowed x{growth_factor:g}",
+            d.worst_growth,
+        )
+        for d in drifts
+        if d.status == "regression"
+    )
+    shrunk = [
+        _finding("improvement", cur_rows[d.key], _growth_detail(d), d.worst_growth)
+        for d in drifts
+        if d.status == "improvement"
+    ]
+    improvements = tuple(sorted(fixed + shrunk, key=lambda f: f.key))
+    return GateResult(
+        failures=failures,
+        missing=missing,
+        baseline_gaps=baseline_gaps,
+        lost_coverage=tuple(lost_coverage),
+        new_nonfinite=tuple(new_nonfinite),
+        regressions=tuple(sorted(regressions, key=lambda f: -f.growth)),
+        improvements=improvements,
+        new_rows=new_rows,
+        drifts=drifts,
+        baseline_rows=len(baseline),
+        current_rows=len(current),
+        matched_rows=len(base_rows.keys() & cur_rows.keys()),
+        growth_factor=float(growth_factor),
+        noise_floor_ulps=float(noise_floor_ulps),
+        missing_groups=group_missing(missing, base_rows.keys(), cur_rows.keys()),
+        failure_causes=tuple(cause_groups(cur_rows[f.key] for f in failures)),
+    )
+
+
+def group_missing(
+    missing: Sequence[GateFinding], baseline_keys: Iterable[tuple], current_keys: Iterable[tuple]
+) -> tuple[MissingGroup, ...]:
+    """Missing findings counted per (case, candidate); one "*" group for a case absent from the current run."""
+    per_group = Counter((k[0], k[1]) for k in baseline_keys)
+    per_case = Counter(k[0] for k in baseline_keys)
+    current_cases = {k[0] for k in current_keys}
+    counted = Counter((f.key[0], f.key[1]) for f in missing)
+    groups: dict[tuple[str, str], MissingGroup] = {}
+    for (case, path), n in sorted(counted.items()):
+        if case not in current_cases:
+            previous = groups.get((case, "*"))
+            groups[(case, "*")] = MissingGroup(case, "*", n + (previous.missing if previous else 0), per_case[case])
+        else:
+            groups[(case, path)] = MissingGroup(case, path, n, per_group[(case, path)])
+    return tuple(groups.values())
+
+
+__all__ = [
+    "DEFAULT_GROWTH_FACTOR",
+    "DEFAULT_NOISE_FLOOR_ULPS",
+    "FAILING_CATEGORIES",
+    "GateFinding",
+    "GateResult",
+    "INFO_CATEGORIES",
+    "MissingGroup",
+    "gate",
+    "gate_frames",
+]

@@ -1,0 +1,157 @@
+"""The self-contained HTML report: the page's layout, its style sheet and the order of its sections.
+
+One file, readable offline: inline CSS, the plots drawn by matplotlib as inline SVG
+(`mhc_parity.reports.plots`) and the heatmaps as HTML tables, no images, scripts, fonts or other
+external resources. Every piece of text that comes from a row, a case, an error message
+or the metadata is passed through `esc` (HTML escaping including quotes) before it
+reaches the page; anchors are generated ids (`case-<n>-<slug>`), never raw case names.
+
+Sections, in page order: the banner (`mhc_parity.reports.html_banner`: the verdict, its counts and,
+with a baseline, the gate's verdict against it — the first screen), the verdict per
+implementation (`mhc_parity.reports.html_verdicts`), the failing and near-bound leaves (per case ×
+candidate × partner pair with a failing row or one at `mhc_parity.reports.bound_plots.NEAR_BOUND` or
+more of its bound, at most `MAX_BOUND_PANELS`), sharpness, error-ratio heatmaps (one table
+per comparison kind; the value rule is documented in `mhc_parity.reports.heatmaps`), max_rel_err
+histograms per leaf kind for bfloat16 and float32 (the figures: `mhc_parity.reports.html_figures`),
+the worst-offenders table linking to per-case detail, drift against the baseline (when one
+is given), per-case detail, and the environment (the tables: `mhc_parity.reports.html_tables`).
+
+The page fits its window: no element is wider than the body, so a 1400-pixel window never
+scrolls sideways; a table or figure too wide for it scrolls inside its own box (`.scroll`).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mhc_parity.reports.bound_plots import MAX_BOUND_PANELS, bound_panels
+from mhc_parity.reports.heatmaps import heatmaps
+from mhc_parity.reports.histograms import histograms
+from mhc_parity.reports.html_banner import page_passed, summary_section
+from mhc_parity.reports.html_elements import case_anchors, esc
+from mhc_parity.reports.html_figures import bound_plot_section, heatmap_section, histogram_section
+from mhc_parity.reports.html_tables import (
+    case_sections,
+    drift_section,
+    environment_section,
+    offenders_section,
+    sharpness_section,
+)
+from mhc_parity.reports.html_verdicts import implementations_section
+from mhc_parity.reports.judgement import Judgement
+from mhc_parity.reports.summary import summarize
+
+MAX_OFFENDERS = 25
+MAX_DRIFT_ROWS = 200
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1500px;
+       padding: 0 1.2rem 3rem; color: #1b1b1b; background: #fafafa; }
+h1 { margin: 0 0 .4rem; font-size: 1.6rem; }
+h2 { border-bottom: 2px solid #ddd; padding-bottom: .2rem; margin-top: 2.2rem; }
+.banner { padding: 1rem 1.2rem; border-radius: 6px; margin-top: 1rem; border: 2px solid; }
+.banner.pass { background: #e8f6ec; border-color: #2e8b57; }
+.banner.fail { background: #fdecea; border-color: #c0392b; }
+.counts { list-style: none; padding: 0; margin: .4rem 0; display: flex; gap: .6rem; flex-wrap: wrap; }
+.counts li { padding: .25rem .7rem; border-radius: 4px; background: #fff; border: 1px solid #ccc; }
+.counts li.zero { color: #666; }
+.counts b { font-size: 1.15rem; }
+.gate { margin-top: .6rem; padding: .4rem .8rem; border-radius: 4px; background: #fff; border: 1px solid #ccc;
+        border-left-width: 6px; }
+.gate.pass { border-left-color: #2e8b57; }
+.gate.fail { border-left-color: #c0392b; }
+.gate.refused { border-left-color: #888; }
+.gate p { margin: .3rem 0; }
+nav ul { display: flex; gap: 1rem; flex-wrap: wrap; padding: 0; list-style: none; }
+table { border-collapse: collapse; font-size: .82rem; margin: .5rem 0; background: #fff; }
+th, td { border: 1px solid #ddd; padding: .2rem .45rem; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; position: sticky; top: 0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.reason { max-width: 40rem; overflow-wrap: anywhere; }
+.v-pass { color: #1e7b45; font-weight: 600; }
+.v-fail { color: #b3261e; font-weight: 700; }
+.v-error { color: #fff; background: #b3261e; font-weight: 700; }
+.v-skip, .v-unsupported { color: #666; }
+.st-regression { color: #b3261e; font-weight: 700; }
+.st-improvement { color: #1e7b45; }
+figure { margin: 1rem 0; background: #fff; border: 1px solid #ddd; padding: .6rem; display: inline-block;
+         max-width: 100%; box-sizing: border-box; vertical-align: top; }
+svg.plot { max-width: 100%; height: auto; display: block; }
+table.heatmap { font-size: .7rem; }
+table.heatmap th.leaf { vertical-align: bottom; }
+table.heatmap th.leaf span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
+table.heatmap td.row { white-space: nowrap; }
+table.heatmap td.hm { text-align: center; white-space: nowrap; padding: .1rem .3rem;
+                      font-variant-numeric: tabular-nums; }
+table.heatmap td.none { font-style: italic; }
+table.heatmap td.failing { outline: 2px solid #000; outline-offset: -2px; }
+.heatmap-legend .swatch { display: inline-block; padding: .1rem .5rem; margin-left: .3rem; font-size: .75rem; }
+figcaption { font-size: .8rem; color: #444; max-width: 70rem; margin-top: .4rem; }
+.empty { color: #666; font-style: italic; }
+.case { margin: 1.2rem 0; }
+.case h3 { margin-bottom: .3rem; overflow-wrap: anywhere; }
+pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; max-width: 100%; }
+"""
+
+
+def navigation(with_drift: bool) -> str:
+    """The links to the sections under the banner (drift only when a baseline was given)."""
+    items = [
+        ("summary", "Summary"),
+        ("implementations", "Verdict per implementation"),
+        ("bound-plots", "Failing and near-bound leaves"),
+        ("sharpness", "Sharpness"),
+        ("heatmaps", "Heatmaps"),
+        ("histograms", "Histograms"),
+        ("worst-offenders", "Worst offenders"),
+    ]
+    if with_drift:
+        items.append(("drift", "Drift vs baseline"))
+    items += [("cases", "Cases"), ("environment", "Environment")]
+    return "<nav><ul>" + "".join(f'<li><a href="#{i}">{esc(t)}</a></li>' for i, t in items) + "</ul></nav>"
+
+
+def render_html(
+    frame: pd.DataFrame,
+    metadata: dict | None = None,
+    *,
+    summary: dict | None = None,
+    judgement: Judgement | None = None,
+    max_offenders: int = MAX_OFFENDERS,
+    max_drift_rows: int = MAX_DRIFT_ROWS,
+) -> str:
+    """The whole report as one HTML document (see the module docstring).
+
+    `frame` is a canonical row frame (`mhc_parity.records.rows.to_frame`); `summary` is
+    `mhc_parity.reports.summary.summarize(frame)`, computed here when not given; `judgement`, the
+    gate's against a baseline (`mhc_parity.reports.judgement.judge`), when given, heads the page in
+    the banner and adds the drift section.
+    """
+    metadata = metadata or {}
+    summary = summarize(frame) if summary is None else summary
+    anchors = case_anchors(frame["case"])
+    tables = heatmaps(frame) if len(frame) else {}
+    figures = histograms(frame)
+    panels, qualifying = bound_panels(frame, MAX_BOUND_PANELS)
+    title = f"mHC parity report — {'PASS' if page_passed(summary, judgement) else 'FAIL'}"
+    sections = [
+        summary_section(summary, judgement, metadata, anchors),
+        implementations_section(summary["implementations"], anchors),
+        navigation(judgement is not None),
+        bound_plot_section(panels, qualifying, anchors),
+        sharpness_section(summary["sharpness"]),
+        heatmap_section(tables, anchors),
+        histogram_section(figures),
+        offenders_section(frame, anchors, max_offenders),
+    ]
+    if judgement is not None:
+        sections.append(drift_section(judgement, anchors, max_drift_rows))
+    sections += [case_sections(frame, anchors), environment_section(metadata)]
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        + "\n".join(sections)
+        + "\n</body>\n</html>\n"
+    )

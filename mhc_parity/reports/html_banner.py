@@ -1,0 +1,103 @@
+"""The HTML report's first screen: the banner with the run's verdict, its counts, the policy
+note, the worst leaf and, with a baseline, the gate's verdict against it.
+
+The gate's verdict is `mhc_parity.reports.judgement`'s, the one `mhc-parity gate` exits with: pass, or the
+rows that grew past the growth factor (and its other failing findings), the first few
+listed here and every one in the drift section; or why the gate refuses the baseline.
+"""
+
+from __future__ import annotations
+
+from mhc_parity.records.schema import VERDICTS
+from mhc_parity.reports.gate import GateFinding
+from mhc_parity.reports.html_elements import case_link, esc, fmt, table, td, verdict_span
+from mhc_parity.reports.judgement import REFUSED, Judgement, first_findings, headline, hidden_findings
+from mhc_parity.reports.summary import policy_note
+
+
+def page_passed(summary: dict, judgement: Judgement | None) -> bool:
+    """The page's verdict: the run passed and, with a baseline, the gate did not fail it (a
+    refused baseline leaves the verdict to the run: it says nothing of the code)."""
+    return summary["ok"] and (judgement is None or not judgement.failed)
+
+
+def count_item(verdict: str, count: int) -> str:
+    """One verdict's count in the banner; a zero is drawn neutral, never in its verdict's
+    alarm colour: "error 0" on a passing run must not look like an error."""
+    label = f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>' if count else f"<span>{esc(verdict)}</span>"
+    zero = " zero" if not count else ""
+    return f'<li class="count-{esc(verdict)}{zero}">{label} <b>{count}</b></li>'
+
+
+def _finding_row(finding: GateFinding, anchors: dict[str, str]) -> list[str]:
+    return [
+        td(f'<span class="st-{esc(finding.category)}">{esc(finding.category.replace("_", " "))}</span>'),
+        td(case_link(finding.key[0], anchors)),
+        td(esc(finding.key[1])),
+        td(esc(finding.key[2])),
+        td(f"<b>{esc(finding.key[3])}</b>"),
+        td(esc(finding.detail), "reason"),
+    ]
+
+
+def gate_verdict_html(judgement: Judgement, anchors: dict[str, str]) -> str:
+    """The gate's verdict against the baseline for the banner: its headline, the first
+    failing findings (rows that grew past the factor first), and a link to the rest."""
+    css = {REFUSED: "refused"}.get(judgement.verdict, judgement.verdict.lower())
+    parts = [
+        f'<div id="gate-verdict" class="gate {css}">',
+        f'<p class="gate-headline"><b>{esc(headline(judgement))}</b></p>',
+    ]
+    parts += [f'<p class="gate-scope">{esc(line)}</p>' for line in judgement.scope]
+    if judgement.note:
+        parts.append(f'<p class="gate-scope">{esc(judgement.note)}</p>')
+    result = judgement.result
+    if result is not None and not result.ok:
+        parts.append(
+            table(
+                ("finding", "case", "candidate", "partner", "leaf", "detail"),
+                (_finding_row(f, anchors) for f in first_findings(result)),
+                table_id="gate-first-findings",
+            )
+        )
+        more = hidden_findings(result)
+        rest = f"… and {more} more failing findings; " if more else ""
+        parts.append(f'<p>{esc(rest)}<a href="#drift">every finding and growth factor</a></p>')
+    elif result is not None:
+        parts.append('<p><a href="#drift">the growth factor of every matched row</a></p>')
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def summary_section(
+    summary: dict, judgement: Judgement | None, metadata: dict | None = None, anchors: dict[str, str] | None = None
+) -> str:
+    """The banner: overall status, verdict counts, the policy when it is not the packaged one
+    (`mhc_parity.reports.summary.policy_note` of `metadata`), worst leaf, the gate's verdict (its cases
+    linked through `anchors`, `mhc_parity.reports.html_elements.case_anchors`)."""
+    passed = page_passed(summary, judgement)
+    status = "PASS" if passed else "FAIL"
+    counts = "".join(count_item(v, summary["verdicts"][v]) for v in VERDICTS)
+    counts += f'<li class="count-total">total <b>{summary["total"]}</b></li>'
+    parts = [
+        f'<header id="summary" class="banner {"pass" if passed else "fail"}">',
+        f"<h1>mHC parity: {status}</h1>",
+        f'<ul class="counts">{counts}</ul>',
+    ]
+    note = policy_note(metadata)
+    if note:
+        parts.append(f'<p id="policy-note"><b>{esc(note)}</b></p>')
+    if not summary["total"]:
+        parts.append('<p class="empty">No rows were produced.</p>')
+    worst = summary["worst_leaf"]
+    if worst:
+        parts.append(
+            f'<p id="worst-leaf">Worst leaf by bound usage: <b>{esc(worst["case"])}</b> · '
+            f"{esc(worst['candidate'])} vs {esc(worst['partner'])} · <b>{esc(worst['leaf'])}</b> "
+            f"({esc(worst['dtype'])}, {esc(worst['comparison'])}) — {fmt(worst['bound_usage'])} of its bound, "
+            f"{verdict_span(worst['verdict'])}. Bound: {esc(worst['bound'])}</p>"
+        )
+    if judgement is not None:
+        parts.append(gate_verdict_html(judgement, anchors or {}))
+    parts.append("</header>")
+    return "\n".join(parts)

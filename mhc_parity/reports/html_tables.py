@@ -1,0 +1,332 @@
+"""The HTML report's tables: sharpness, the worst offenders, drift against the baseline, the
+per-case detail and the environment. Every text from a row, a case or the metadata goes
+through `esc`; case names link to their detail through generated anchors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from mhc_parity.records.schema import VERDICTS
+from mhc_parity.records.text import format_number
+from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
+from mhc_parity.reports.html_elements import case_link, esc, num, table, td, verdict_span
+from mhc_parity.reports.judgement import Judgement
+from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders
+
+# Metadata keys shown first in the environment block (the rest follow, sorted).
+PREFERRED_METADATA_KEYS = (
+    "git_commit",
+    "command_line",
+    "start_time",
+    "end_time",
+    "wall_seconds",
+    "suite",
+    "backend",
+    "device_kind",
+    "device_count",
+    "matmul_precision",
+    "matmul_precision_note",
+    "jax_version",
+    "jaxlib_version",
+    "flax_version",
+    "policy_file",
+    "policy_hash",
+    "policy_is_default",
+)
+
+
+def sharpness_section(lines: Sequence[dict]) -> str:
+    """Per comparison × activation dtype: how much of its bound a passing row uses; `lines`
+    are the summary's "sharpness" records (`mhc_parity.reports.summary.sharpness`)."""
+    parts = [
+        '<section id="sharpness"><h2>Sharpness</h2>',
+        "<p>Bound usage (measured / allowed) of the passing rows: the median and the 90th "
+        "percentile say how much headroom a bug has to hide in; the largest, how close correct "
+        "code came to a false alarm.</p>",
+    ]
+    if not lines:
+        parts.append('<p class="empty">No bounded rows.</p>')
+    else:
+        body = [
+            [
+                td(esc(r["comparison"])),
+                td(esc(r["act_dtype"])),
+                num(r["passing"]),
+                num(r["failing"]),
+                num(r["median_usage"]),
+                num(r["p90_usage"]),
+                num(r["max_usage"]),
+            ]
+            for r in lines
+        ]
+        parts.append(
+            table(
+                ["comparison", "activation dtype", "passing", "failing", "median usage", "p90 usage", "max usage"],
+                body,
+                table_id="sharpness-table",
+            )
+        )
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def offenders_section(frame: pd.DataFrame, anchors: dict[str, str], limit: int) -> str:
+    """The worst rows (errors, fails, then highest bound usage) linking to their case."""
+    ranked = rank_offenders(frame)
+    parts = ['<section id="worst-offenders"><h2>Worst offenders</h2>']
+    if not len(ranked):
+        parts.append('<p class="empty">No measured rows.</p></section>')
+        return "\n".join(parts)
+    shown = ranked.head(limit)
+    parts.append(f"<p>Errors and failures first, then by bound usage; {len(shown)} of {len(ranked)} measured rows.</p>")
+    body = []
+    for rank, row in enumerate(shown.to_dict(orient="records"), start=1):
+        body.append(
+            [
+                td(str(rank), "num"),
+                td(f'<a href="#{esc(anchors[row["case"]])}">{esc(row["case"])}</a>'),
+                td(esc(row["candidate"])),
+                td(esc(row["partner"])),
+                td(esc(row["leaf"])),
+                td(esc(row["dtype"])),
+                td(verdict_span(row["verdict"])),
+                num(row["bound_usage"]),
+                num(row["oracle_ratio_max"]),
+                num(row["max_rel_err"]),
+                num(row["max_ulp"]),
+                td(f"{row['nan_count']}/{row['inf_count']}", "num"),
+                td(esc(row["reason"]), "reason"),
+            ]
+        )
+    parts.append(
+        table(
+            (
+                "#",
+                "case",
+                "candidate",
+                "partner",
+                "leaf",
+                "dtype",
+                "verdict",
+                "bound usage",
+                "oracle ratio",
+                "max rel err",
+                "max ulp",
+                "nan/inf",
+                "reason",
+            ),
+            body,
+            table_id="worst-offenders-table",
+        )
+    )
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def drift_section(judgement: Judgement, anchors: dict[str, str], limit: int) -> str:
+    """The gate's judgement in full: every finding and the per-row growth factors against the
+    baseline, or why the gate refuses the baseline."""
+    parts = ['<section id="drift"><h2>Drift against the baseline</h2>']
+    gate_result = judgement.result
+    if gate_result is None:
+        parts += [
+            f"<p>The gate refuses to judge this run against {esc(judgement.baseline)}: "
+            f"{esc(judgement.refusal)}. <code>mhc-parity gate</code> exits 2 on it; no drift is drawn.</p>",
+            "</section>",
+        ]
+        return "\n".join(parts)
+    parts += [f"<p>{esc(line)}</p>" for line in judgement.scope]
+    parts += [
+        f"<p>{esc(gate_result.summary_line())}</p>",
+        "<p>Growth = current ÷ baseline oracle-relative error, both clamped below at "
+        f"{esc(format_number(gate_result.noise_floor_ulps))} × eps of the leaf dtype (rounding noise); "
+        f"growth above ×{esc(format_number(gate_result.growth_factor))} fails the gate.</p>",
+    ]
+    findings = [f for c in FAILING_CATEGORIES + INFO_CATEGORIES for f in gate_result.by_category(c)]
+    if findings:
+        parts.append(
+            table(
+                ("finding", "case", "candidate", "partner", "leaf", "detail"),
+                (
+                    [
+                        td(f'<span class="st-{esc(f.category)}">{esc(f.category)}</span>'),
+                        td(case_link(f.key[0], anchors)),
+                        td(esc(f.key[1])),
+                        td(esc(f.key[2])),
+                        td(esc(f.key[3])),
+                        td(esc(f.detail), "reason"),
+                    ]
+                    for f in findings[:limit]
+                ),
+                table_id="gate-findings-table",
+            )
+        )
+        if len(findings) > limit:
+            parts.append(f"<p>… and {len(findings) - limit} more findings.</p>")
+    drifts = sorted(
+        gate_result.drifts,
+        key=lambda d: (math.isnan(d.worst_growth), -(d.worst_growth if not math.isnan(d.worst_growth) else 0), d.key),
+    )
+    if drifts:
+        parts.append(
+            f"<h3>Growth factors ({min(limit, len(drifts))} of {len(drifts)} matched rows, largest first)</h3>"
+        )
+        parts.append(
+            table(
+                (
+                    "case",
+                    "candidate",
+                    "partner",
+                    "leaf",
+                    "dtype",
+                    "baseline max",
+                    "current max",
+                    "growth max",
+                    "baseline rms",
+                    "current rms",
+                    "growth rms",
+                    "status",
+                ),
+                (
+                    [
+                        td(case_link(d.key[0], anchors)),
+                        td(esc(d.key[1])),
+                        td(esc(d.key[2])),
+                        td(esc(d.key[3])),
+                        td(esc(d.dtype)),
+                        num(d.baseline_max),
+                        num(d.current_max),
+                        num(d.growth_max),
+                        num(d.baseline_rms),
+                        num(d.current_rms),
+                        num(d.growth_rms),
+                        td(f'<span class="st-{esc(d.status)}">{esc(d.status)}</span>'),
+                    ]
+                    for d in drifts[:limit]
+                ),
+                table_id="drift-table",
+            )
+        )
+    else:
+        parts.append('<p class="empty">No rows matched the baseline.</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
+    """One section per case with every row of that case (open when it has failures)."""
+    parts = ['<section id="cases"><h2>Per-case detail</h2>']
+    if not len(frame):
+        parts.append('<p class="empty">No cases.</p>')
+    by_case: dict[str, list[dict]] = {}
+    for record in frame.to_dict(orient="records"):  # one conversion for every case, in frame order
+        by_case.setdefault(record["case"], []).append(record)
+    for case in sorted(anchors):
+        rows = by_case[case]
+        counts = Counter(r["verdict"] for r in rows)
+        tally = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+        failing = any(r["verdict"] in FAILING_VERDICTS for r in rows)
+        first = rows[0]
+        body = [
+            [
+                td(esc(r["candidate"])),
+                td(esc(r["partner"])),
+                td(esc(r["comparison"])),
+                td(esc(r["leaf"])),
+                td(esc(r["dtype"])),
+                td(verdict_span(r["verdict"])),
+                num(r["max_abs_err"]),
+                num(r["max_rel_err"]),
+                num(r["rel_rms_err"]),
+                num(r["max_ulp"]),
+                num(r["p99_ulp"]),
+                num(r["cosine"]),
+                td(f"{r['nan_count']}/{r['inf_count']}", "num"),
+                num(r["cand_oracle_max_err"]),
+                num(r["partner_oracle_max_err"]),
+                num(r["oracle_ratio_max"]),
+                num(r["oracle_ratio_rms"]),
+                num(r["bound_usage"]),
+                td(esc(r["bound"]), "reason"),
+                td(esc(r["reason"]), "reason"),
+                num(r["compile_s"]),
+                num(r["execute_s"]),
+                td(esc(r["matmul_precision"])),
+                td(esc(r["devices"])),
+            ]
+            for r in rows
+        ]
+        parts.append(
+            f'<section class="case" id="{esc(anchors[case])}"><h3>{esc(case)}</h3>'
+            f"<p>{esc(first['act_dtype'])} activations, {esc(first['weight_dtype'])} weights, "
+            f"variant {esc(first['variant'])}, shape {esc(first['shape'])}, "
+            f"mesh {esc(first['mesh'] or 'unsharded')}, tags {esc(first['tags'] or '—')}</p>"
+            f"<details{' open' if failing else ''}><summary>{len(rows)} rows: {esc(tally)}</summary>"
+        )
+        parts.append(
+            table(
+                (
+                    "candidate",
+                    "partner",
+                    "comparison",
+                    "leaf",
+                    "dtype",
+                    "verdict",
+                    "max abs",
+                    "max rel",
+                    "rel rms",
+                    "max ulp",
+                    "p99 ulp",
+                    "cosine",
+                    "nan/inf",
+                    "cand↔oracle max",
+                    "partner↔oracle max",
+                    "ratio max",
+                    "ratio rms",
+                    "bound usage",
+                    "bound",
+                    "reason",
+                    "compile s",
+                    "execute s",
+                    "matmul precision",
+                    "devices",
+                ),
+                body,
+            )
+        )
+        parts.append("</details></section>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def metadata_value_html(value: Any) -> str:
+    """A metadata value: scalars as text, containers as pretty JSON."""
+    if isinstance(value, (dict, list, tuple)):
+        return f"<pre>{esc(json.dumps(value, indent=2, sort_keys=True, default=str))}</pre>"
+    return esc(value)
+
+
+def environment_section(metadata: dict) -> str:
+    """The run metadata (versions, backend, commit, command line, times, policy hash)."""
+    parts = ['<section id="environment"><h2>Environment</h2>']
+    if not metadata:
+        parts.append('<p class="empty">No metadata was recorded.</p></section>')
+        return "\n".join(parts)
+    keys = [k for k in PREFERRED_METADATA_KEYS if k in metadata]
+    keys += sorted((k for k in metadata if k not in PREFERRED_METADATA_KEYS), key=str)
+    parts.append(
+        table(
+            ("key", "value"),
+            ([td(esc(k)), td(metadata_value_html(metadata[k]))] for k in keys),
+            table_id="environment-table",
+        )
+    )
+    parts.append("</section>")
+    return "\n".join(parts)

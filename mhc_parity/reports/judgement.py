@@ -1,0 +1,209 @@
+"""The gate's judgement of a run against a baseline, made in one place.
+
+`mhc-parity gate`, `mhc_parity.harness.gate` and the reports of `mhc-parity run --baseline` (and `render
+--baseline`) all call `judge`, so the verdict a report shows on its first screen is the
+verdict `make gate` exits with: they cannot disagree. A `Judgement` is either the gate's
+result (`mhc_parity.reports.gate.GateResult`: pass, or its failing findings) or the one line saying
+why the gate refuses to judge (`mhc-parity gate` exits 2 on it): an empty side, a baseline of
+another implementation, tolerance policy or matmul precision (`mhc_parity.reports.comparability`), a
+partial gate that leaves no baseline case, or input the rules cannot read.
+
+What the judgement does not cover is where the two runs come from: `mhc-parity gate` also
+refuses a run that did not finish or was made by other code than the checkout
+(`mhc_parity.reports.sources.load_run`); a report written by the run itself is of neither kind.
+
+The first-screen helpers (`headline`, `first_findings`) are what the HTML banner, the top
+of summary.md and the end of the terminal summary show: pass, or the rows that grew past
+the growth factor first, then the gate's other failing findings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mhc_parity.records.manifest import Manifest
+from mhc_parity.records.rows import ReportInputError
+from mhc_parity.records.text import plural
+from mhc_parity.reports.baseline import Baseline
+from mhc_parity.reports.comparability import comparability_refusal, current_cases, gated_frame
+from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
+from mhc_parity.reports.gate import ROW_COUNT_WORDS, GateFinding, GateResult, gate_frames
+from mhc_parity.reports.sources import POLICY_HASH_KEY, LoadedRun, baseline_as_run, load_baseline_or_run
+
+# Findings the first screen lists before pointing at the drift section for the rest.
+FIRST_SCREEN_FINDINGS = 5
+# The gate's failing categories as the first screen words their counts, in the order it
+# lists them: the drift first (what a parity verdict cannot show), the run's own failing
+# rows last (its verdict per implementation shows them already).
+FIRST_SCREEN_CATEGORIES = ("regression", "new_nonfinite", "lost_coverage", "missing", "baseline_gap", "failure")
+PASS, FAIL, REFUSED = "PASS", "FAIL", "REFUSED"
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """The gate's verdict on one run against one baseline.
+
+    baseline: the baseline as named (its path); result: the gate's result, None when it
+    refuses; refusal: why it refuses (one line, "" when it judged); scope: what it judged
+    when not every row, as lines to print before its table; note: what a legacy baseline's
+    digest did not vouch for ("" if nothing).
+    """
+
+    baseline: str
+    result: GateResult | None
+    refusal: str = ""
+    scope: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL, or REFUSED (the gate cannot judge the run against this baseline)."""
+        if self.result is None:
+            return REFUSED
+        return PASS if self.result.ok else FAIL
+
+    @property
+    def failed(self) -> bool:
+        """True when the gate judged and found something failing (a refusal is not a failure)."""
+        return self.verdict == FAIL
+
+
+def judge(
+    baseline: LoadedRun,
+    current: LoadedRun,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+    allow_policy_change: bool = False,
+    allow_precision_change: bool = False,
+    only_current_cases: bool = False,
+) -> Judgement:
+    """The gate's judgement of `current` against `baseline` (two loaded runs, frames typed as
+    their loaders leave them); see the module docstring. only_current_cases: judge only the
+    baseline rows of the cases the current run selected (a deliberately partial run), as
+    `mhc-parity gate --only-current-cases`. ValueError for a growth factor <= 1 or a
+    negative noise floor, as `mhc_parity.reports.gate.gate`."""
+
+    def refused(reason: str) -> Judgement:
+        return Judgement(str(baseline.source), None, refusal=reason, note=baseline.note)
+
+    if not len(baseline.frame):
+        return refused(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
+    if not len(current.frame):
+        return refused(f"current run {current.source} has no rows; did the run write anything?")
+    refusal = comparability_refusal(
+        baseline, current, allow_policy_change=allow_policy_change, allow_precision_change=allow_precision_change
+    )
+    if refusal:
+        return refused(refusal)
+    scope = [f"gating implementation {baseline.implementation!r}: its rows only"] if baseline.implementation else []
+    judged = baseline.frame
+    if only_current_cases:
+        cases = current_cases(current)
+        judged = judged[judged["case"].isin(cases)]
+        kept = judged["case"].nunique()
+        if not kept:
+            return refused(f"--only-current-cases: none of the current run's {len(cases)} cases is in the baseline")
+        scope.append(
+            f"gating only the current run's cases: {kept} of {baseline.frame['case'].nunique()} baseline cases"
+        )
+    try:
+        result = gate_frames(
+            typed_gate_frame(judged, source="baseline"),
+            typed_gate_frame(gated_frame(baseline, current), source="current run"),
+            growth_factor=growth_factor,
+            noise_floor_ulps=noise_floor_ulps,
+        )
+    except ReportInputError as exc:
+        return refused(f"unusable input: {exc}")
+    return Judgement(str(baseline.source), result, scope=tuple(scope), note=baseline.note)
+
+
+def as_baseline(baseline: Any) -> LoadedRun:
+    """What a report is asked to draw drift against, as the loaded run `judge` takes: a
+    loaded run or baseline as it is, a path read by `load_baseline_or_run` (a legacy format
+    refused: load it with `allow_legacy` and pass what that returns), plain rows (a
+    DataFrame or dicts) as a baseline that records no policy, precision or implementation."""
+    if isinstance(baseline, LoadedRun):
+        return baseline
+    if isinstance(baseline, Baseline):
+        return baseline_as_run(baseline)
+    if isinstance(baseline, (str, Path)):
+        return load_baseline_or_run(baseline)
+    rows = baseline if isinstance(baseline, pd.DataFrame) else list(baseline)
+    return LoadedRun(gate_frame(rows, source="baseline"), Path("the baseline rows"), None, {}, True)
+
+
+def written_run(
+    frame: pd.DataFrame, metadata: Mapping[str, Any], manifest: Manifest | None, source: str | Path
+) -> LoadedRun:
+    """The run a report is written for, as `load_run` will read it back from `source`: its
+    canonical frame, its metadata, and its manifest's policy (or the metadata's, without one)."""
+    policy_hash = manifest.policy_digest if manifest is not None else metadata.get(POLICY_HASH_KEY) or None
+    return LoadedRun(frame, Path(source), policy_hash, dict(metadata), False, manifest)
+
+
+def judges_own_cases(manifest: Manifest | None) -> bool:
+    """Whether a run selected part of its suite (case globs, tags, a dtype, one shard): its
+    report then judges only its own cases, as `gate --only-current-cases` does, since every
+    other baseline case would be "missing" from a run that never meant to run it."""
+    if manifest is None:
+        return False
+    request = manifest.request
+    return any(value is not None for value in (request.case_globs, request.tags, request.dtype)) or bool(manifest.shard)
+
+
+def headline(judgement: Judgement) -> str:
+    """One line for the first screen: the gate's verdict against the baseline, and what
+    makes it fail (counts worded as `mhc_parity.reports.gate.ROW_COUNT_WORDS`), or why it refuses to judge."""
+    where = f"Gate against {judgement.baseline}"
+    result = judgement.result
+    if result is None:
+        return f"{where}: not judged: {judgement.refusal} (`mhc-parity gate` refuses it too, with exit 2)"
+    if result.ok:
+        return (
+            f"{where}: PASS: {result.matched_rows} rows matched, no oracle error grew more than "
+            f"×{result.growth_factor:g} over its baseline (above a {result.noise_floor_ulps:g}-ulp noise floor)"
+        )
+    counts = result.counts()
+    parts = [_count_phrase(c, counts[c], result.growth_factor) for c in FIRST_SCREEN_CATEGORIES if counts[c]]
+    return f"{where}: FAIL: " + ", ".join(parts) + f" ({result.matched_rows} rows matched)"
+
+
+def _count_phrase(category: str, count: int, growth_factor: float) -> str:
+    noun, said = ROW_COUNT_WORDS[category]
+    return f"{plural(count, noun)} {said.format(factor=growth_factor)}".rstrip()
+
+
+def first_findings(result: GateResult, limit: int = FIRST_SCREEN_FINDINGS) -> tuple[GateFinding, ...]:
+    """The failing findings the first screen lists, at most `limit`: the rows that grew past
+    the growth factor, largest growth first (the gate's order), then the others in
+    `FIRST_SCREEN_CATEGORIES` order."""
+    ordered = [f for category in FIRST_SCREEN_CATEGORIES for f in result.by_category(category)]
+    return tuple(ordered[:limit])
+
+
+def hidden_findings(result: GateResult, limit: int = FIRST_SCREEN_FINDINGS) -> int:
+    """How many failing findings `first_findings` leaves out."""
+    return max(0, len(result.failing_findings()) - limit)
+
+
+__all__ = [
+    "FAIL",
+    "FIRST_SCREEN_FINDINGS",
+    "Judgement",
+    "PASS",
+    "REFUSED",
+    "as_baseline",
+    "first_findings",
+    "headline",
+    "hidden_findings",
+    "judge",
+    "judges_own_cases",
+    "written_run",
+]

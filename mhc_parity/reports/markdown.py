@@ -1,0 +1,267 @@
+"""Markdown summaries for a PR comment or a CI step summary (GitHub-flavoured tables).
+
+Every cell that comes from a row (case names, reasons, ...) goes through `md_cell`:
+flattened to one line, truncated, with `|`, backticks and HTML-significant
+characters escaped so a hostile case name can neither break the table nor inject
+markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from mhc_parity.records.schema import VERDICTS
+from mhc_parity.records.text import format_number
+from mhc_parity.reports.causes import format_heading
+from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
+from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
+from mhc_parity.reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
+
+DEFAULT_MAX_ROWS = 20
+MAX_CELL_CHARS = 100
+# Metadata keys shown in the one-line environment footer, when present (run_* name the
+# run's manifest, see mhc_parity.records.manifest).
+ENVIRONMENT_KEYS = (
+    "run_id",
+    "run_state",
+    "git_commit",
+    "backend",
+    "device_kind",
+    "device_count",
+    "matmul_precision",
+    "jax_version",
+)
+
+
+# Causes listed per implementation; report.json has them all.
+MAX_CAUSES = 8
+
+
+def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool = True) -> str:
+    """Text made safe for one GitHub Markdown table cell: one line, cut to `limit`
+    characters (None: never), `|` and backticks escaped, and with `escape_html` the
+    HTML-significant characters too (text from rows; trusted text may keep its `<`)."""
+    text = " ".join(str(value).split())
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    escapes = ((("&", "&amp;"), ("<", "&lt;"), (">", "&gt;")) if escape_html else ()) + (("|", "\\|"), ("`", "\\`"))
+    for raw, escaped in escapes:
+        text = text.replace(raw, escaped)
+    return text
+
+
+def markdown_heading(group: dict) -> str:
+    """A cause group's heading (`mhc_parity.reports.causes.CauseGroup.summary`, or a group of report.json)
+    in Markdown: names as code spans (a backtick inside one dropped), the cause escaped."""
+    return format_heading(group, quote=lambda name: f"`{md_cell(name, None).replace(chr(92) + '`', '')}`", text=md_cell)
+
+
+def md_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    numeric: Sequence[bool] | None = None,
+    limit: int | None = MAX_CELL_CHARS,
+    escape_html: bool = True,
+) -> str:
+    """A Markdown table; `numeric[i]` right-aligns column i; cells as `md_cell(limit, escape_html)`."""
+    numeric = numeric or [False] * len(headers)
+
+    def cell(value: Any) -> str:
+        return md_cell(value, limit, escape_html=escape_html)
+
+    lines = [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
+    lines.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _truncation_note(shown: int, total: int, where: str) -> list[str]:
+    return ["", f"… and {total - shown} more ({where})."] if total > shown else []
+
+
+def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+    """The gate result as Markdown: a status line, then one table per non-empty category."""
+    status = "✅ PASS" if result.ok else "❌ FAIL"
+    lines = [
+        f"### Baseline gate: {status}",
+        "",
+        f"{result.current_rows} current rows vs {result.baseline_rows} baseline rows "
+        f"({result.matched_rows} matched); fails when an oracle-relative error grows by more than "
+        f"×{result.growth_factor:g} above a noise floor of {result.noise_floor_ulps:g} ulps.",
+    ]
+    for category in FAILING_CATEGORIES + INFO_CATEGORIES:
+        findings = result.by_category(category)
+        if not findings:
+            continue
+        if category == "missing":  # per case and path: a partial run misses whole groups
+            groups = result.missing_table_rows()
+            lines += ["", f"**{result.missing_heading()}**", ""]
+            lines.append(md_table(("case", "path", "missing rows"), groups[:max_rows]))
+            lines += _truncation_note(min(len(groups), max_rows), len(groups), "see the gate output")
+            continue
+        shown = findings[:max_rows]
+        lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
+        if category == "failure" and result.failure_causes:
+            lines += [f"- {markdown_heading(g.summary())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
+        lines.append(
+            md_table(
+                ("case", "candidate", "partner", "leaf", "detail"),
+                [(*f.key, f.detail) for f in shown],
+            )
+        )
+        lines += _truncation_note(len(shown), len(findings), "see the gate output")
+    return "\n".join(lines) + "\n"
+
+
+VERDICT_MARKS = {PASS: "✅", FAIL: "❌"}  # a refused baseline: ⚠️
+
+
+def first_screen_gate_lines(judgement: Judgement) -> list[str]:
+    """The gate's verdict for the top of the summary: its headline (`mhc_parity.reports.judgement`), what
+    it judged, and the first failing findings, the rows that grew past the factor first."""
+    mark = VERDICT_MARKS.get(judgement.verdict, "⚠️")
+    lines = [f"{mark} **{md_cell(headline(judgement), None)}**"]
+    lines += [f"- {md_cell(line, None)}" for line in (*judgement.scope, *([judgement.note] if judgement.note else ()))]
+    result = judgement.result
+    if result is None or result.ok:
+        return lines
+    lines += [
+        "",
+        md_table(
+            ("finding", "case", "candidate", "partner", "leaf", "detail"),
+            [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)],
+        ),
+    ]
+    more = hidden_findings(result)
+    return lines + (["", f"… and {more} more failing findings (see the baseline gate below)."] if more else [])
+
+
+def judgement_markdown(judgement: Judgement, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+    """The gate section at the foot of the summary: `gate_markdown` of its result, or why the
+    gate refuses the baseline."""
+    if judgement.result is not None:
+        return gate_markdown(judgement.result, max_rows=max_rows)
+    return (
+        "### Baseline gate: ⚠️ NOT JUDGED\n\n"
+        f"The gate refuses to judge this run against {md_cell(judgement.baseline, None)}: "
+        f"{md_cell(judgement.refusal, None)} (`mhc-parity gate` exits 2 on it).\n"
+    )
+
+
+def _implementation_lines(summary: dict) -> list[str]:
+    """One verdict per implementation, each failing one with its causes (largest first)."""
+    lines = ["", "### Verdict per implementation", ""]
+    for impl in summary.get("implementations", []):
+        lines.append(f"- **{md_cell(impl['name'])}**: {impl['verdict'].upper()}")
+        lines += [f"  - {markdown_heading(c)}" for c in impl["causes"][:MAX_CAUSES]]
+        if len(impl["causes"]) > MAX_CAUSES:
+            lines.append(f"  - ... and {len(impl['causes']) - MAX_CAUSES} more causes (see report.json)")
+    return lines
+
+
+def _declared_choice_lines(metadata: dict | None) -> list[str]:
+    """Each implementation's declared precision choices (`mhc_parity.harness.engine.precision_choices`),
+    with the backend probe they rest on; nothing where none are declared."""
+    declared = (metadata or {}).get("precision_choices") or {}
+    if not declared:
+        return []
+    lines = ["", "### Declared precision choices", ""]
+    for name, choices in declared.items():
+        lines.append(f"- **{md_cell(name)}**")
+        lines += [f"  - {md_cell(choice, None)}" for choice in choices]
+    if metadata.get("backend_probe"):
+        lines += ["", f"Backend probe: {md_cell(metadata['backend_probe'], None)}"]
+    return lines
+
+
+def render_markdown(
+    frame: pd.DataFrame,
+    *,
+    summary: dict | None = None,
+    metadata: dict | None = None,
+    judgement: Judgement | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> str:
+    """The run summary: overall line, a note when another policy than the packaged one
+    judged (`mhc_parity.reports.summary.policy_note`), the gate's verdict against the baseline (with
+    `judgement`: `mhc_parity.reports.judgement`), verdict counts, worst leaf, failures, gate section.
+
+    `frame` is a canonical row frame (see `mhc_parity.records.rows.to_frame`); `summary` is
+    `mhc_parity.reports.summary.summarize(frame)`, computed here when not given.
+    """
+    summary = summarize(frame) if summary is None else summary
+    counts = summary["verdicts"]
+    if summary["ok"] and (judgement is None or not judgement.failed):
+        status = "✅ PASS"
+    elif not summary["compared"] and not any(counts[v] for v in FAILING_VERDICTS):
+        status = "⚠️ NOTHING COMPARED"  # every row skip/unsupported: never a pass
+    else:
+        status = "❌ FAIL"
+    lines = [f"## mHC parity: {status}", ""]
+    note = policy_note(metadata)
+    if note:
+        lines += [f"> ⚠️ {md_cell(note, None)}", ""]
+    if judgement is not None:
+        lines += [*first_screen_gate_lines(judgement), ""]
+    if not summary["total"]:
+        lines.append("No rows were produced.")
+    else:
+        lines.append(f"{summary['total']} rows over {summary['cases']} cases.")
+    lines += [
+        "",
+        md_table(
+            (*VERDICTS, "total"),
+            [(*(counts[v] for v in VERDICTS), summary["total"])],
+            numeric=[True] * (len(VERDICTS) + 1),
+        ),
+    ]
+    worst = summary["worst_leaf"]
+    if worst:
+        lines += [
+            "",
+            f"Worst leaf by bound usage: {md_cell(worst['case'])} · {md_cell(worst['candidate'])} vs "
+            f"{md_cell(worst['partner'])} · {md_cell(worst['leaf'])} — "
+            f"{format_number(worst['bound_usage'])} of its bound ({md_cell(worst['verdict'])}).",
+        ]
+    lines += _implementation_lines(summary)
+    lines += _declared_choice_lines(metadata)
+    failing = rank_offenders(frame)
+    failing = failing[failing["verdict"].isin(("fail", "error"))]
+    if len(failing):
+        shown = failing.head(max_rows)
+        lines += ["", f"### Failures ({len(failing)})", ""]
+        lines.append(
+            md_table(
+                ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "cause", "reason"),
+                [
+                    (
+                        r["case"],
+                        r["candidate"],
+                        r["partner"],
+                        r["leaf"],
+                        r["verdict"],
+                        format_number(r["bound_usage"]),
+                        r["cause"],
+                        r["reason"],
+                    )
+                    for r in shown.to_dict(orient="records")
+                ],
+            )
+        )
+        lines += _truncation_note(len(shown), len(failing), "see report.html")
+    if judgement is not None:
+        lines += ["", judgement_markdown(judgement, max_rows=max_rows).rstrip("\n")]
+    environment = [
+        f"{key}: {md_cell(metadata[key])}"
+        for key in ENVIRONMENT_KEYS
+        if metadata and metadata.get(key) not in (None, "")
+    ]
+    if environment:
+        lines += ["", "<sub>" + " · ".join(environment) + "</sub>"]
+    return "\n".join(lines) + "\n"

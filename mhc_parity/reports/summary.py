@@ -1,0 +1,162 @@
+"""Run summaries: verdict counts, the worst leaf and the worst-offenders ordering."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from mhc_parity.records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
+from mhc_parity.reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts
+
+# Verdicts that break a run (exit code 1 / gate failure).
+FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
+# Verdicts with no measurement behind them.
+UNMEASURED_VERDICTS = ("skip", "unsupported")
+# The run metadata key recording whether the packaged tolerance policy judged the run (True)
+# or another file (False); runs recorded before it have none.
+POLICY_IS_DEFAULT_KEY = "policy_is_default"
+
+
+def policy_note(metadata) -> str:
+    """One sentence for the top of every summary when another policy than the packaged one
+    judged the run: a PASS under loosened bounds must not read as a PASS under the defaults.
+    "" for the packaged policy, and for a run that did not record which it was."""
+    if not metadata or metadata.get(POLICY_IS_DEFAULT_KEY) is not False:
+        return ""
+    return (
+        f"Tolerance policy {metadata.get('policy_file') or '(file not recorded)'} "
+        f"(sha256 {metadata.get('policy_hash') or 'not recorded'}) is not the packaged default: "
+        "the bounds that judged this run differ from the defaults."
+    )
+
+
+def verdict_counts(frame: pd.DataFrame) -> dict[str, int]:
+    """Rows per verdict, every verdict of the schema present (zeros included), in schema order."""
+    counts = frame["verdict"].value_counts() if len(frame) else pd.Series(dtype="int64")
+    return {verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}
+
+
+def rank_offenders(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows, worst first: error, then fail, then by bound_usage descending.
+
+    Skip and unsupported rows (no measurement) are left out. NaN bound_usage sorts
+    after every number within its verdict group; +inf sorts first.
+    """
+    measured = frame[~frame["verdict"].isin(UNMEASURED_VERDICTS)].copy()
+    severity = {"error": 0, "fail": 1}
+    measured["_severity"] = measured["verdict"].map(lambda v: severity.get(v, 2))
+    measured["_usage"] = measured["bound_usage"].fillna(-math.inf)
+    ordered = measured.sort_values(
+        ["_severity", "_usage", *IDENTITY_COLUMNS],
+        ascending=[True, False, True, True, True, True],
+        kind="mergesort",
+    )
+    return ordered.drop(columns=["_severity", "_usage"])
+
+
+def worst_leaf(frame: pd.DataFrame) -> dict | None:
+    """The row with the largest bound_usage (NaN ignored) as a small dict, or None."""
+    usage = frame["bound_usage"]
+    if not len(frame) or usage.isna().all():
+        return None
+    row = frame.loc[usage.fillna(-math.inf).idxmax()]
+    return {
+        "case": row["case"],
+        "candidate": row["candidate"],
+        "partner": row["partner"],
+        "leaf": row["leaf"],
+        "comparison": row["comparison"],
+        "dtype": row["dtype"],
+        "verdict": row["verdict"],
+        "bound_usage": float(row["bound_usage"]),
+        "bound": row["bound"],
+    }
+
+
+def summarize(frame: pd.DataFrame) -> dict:
+    """The run's summary: totals, verdict counts (overall and per comparison), worst leaf.
+
+    `ok` is True when no row has a failing verdict (fail or error) and at least one row
+    compared something (`compared`: pass and fail rows): a run that checked nothing
+    never passes.
+    """
+    counts = verdict_counts(frame)
+    by_comparison = (
+        {comparison: verdict_counts(group) for comparison, group in frame.groupby("comparison", sort=True)}
+        if len(frame)
+        else {}
+    )
+    nonfinite = int(((frame["nan_count"] > 0) | (frame["inf_count"] > 0)).sum()) if len(frame) else 0
+    compared = sum(counts[v] for v in COMPARED_VERDICTS)
+    columns = [
+        c for c in ("case", "candidate", "leaf", "verdict", "reason", "bound_usage", *CAUSE_COLUMNS) if c in frame
+    ]
+    records = frame[columns].to_dict(orient="records") if len(frame) else []
+    return {
+        "total": int(len(frame)),
+        "verdicts": counts,
+        "compared": compared,
+        "ok": all(counts[v] == 0 for v in FAILING_VERDICTS) and compared > 0,
+        "cases": int(frame["case"].nunique()) if len(frame) else 0,
+        "by_comparison": by_comparison,
+        "rows_with_nan_or_inf": nonfinite,
+        "worst_leaf": worst_leaf(frame),
+        "sharpness": sharpness(frame).to_dict(orient="records") if len(frame) else [],
+        # one verdict per implementation, with the causes of its failing rows (mhc_parity.reports.causes)
+        "implementations": [v.as_dict() for v in implementation_verdicts(records)],
+        "causes": [g.as_dict() for g in cause_groups(records)],
+    }
+
+
+# The comparisons a policy rule bounds (lowering rows carry no bound_usage).
+BOUNDED_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
+USAGE_GROUP_COLUMNS = (
+    "passing",
+    "failing",
+    "median_usage",
+    "p90_usage",
+    "max_usage",
+    "closest_case",
+    "closest_candidate",
+    "closest_leaf",
+    "closest_bound",
+)
+
+
+def usage_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """How close the rows of each group came to their bounds, one line per group of `keys`.
+
+    Over the bounded comparisons: `passing` and `failing` (fail or error) row counts, the
+    median, 90th-percentile and largest bound_usage of the passing rows (NaN without any),
+    and the identity and bound of the passing row closest to its bound. The median and
+    the 90th percentile say how much headroom a bug has to hide in; the maximum, how close
+    correct code comes to a false alarm.
+    """
+    bounded = frame[frame["comparison"].isin(BOUNDED_COMPARISONS) & frame["verdict"].isin(["pass", *FAILING_VERDICTS])]
+    lines = []
+    for values, group in bounded.groupby(keys, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        passing = group[(group["verdict"] == "pass") & group["bound_usage"].notna()]
+        usage = passing["bound_usage"].astype(float)
+        closest = passing.loc[usage.idxmax()] if len(passing) else None
+        lines.append(
+            {
+                **dict(zip(keys, values)),
+                "passing": int((group["verdict"] == "pass").sum()),
+                "failing": int(group["verdict"].isin(FAILING_VERDICTS).sum()),
+                "median_usage": float(usage.median()) if len(usage) else math.nan,
+                "p90_usage": float(usage.quantile(0.9)) if len(usage) else math.nan,
+                "max_usage": float(usage.max()) if len(usage) else math.nan,
+                "closest_case": "" if closest is None else str(closest["case"]),
+                "closest_candidate": "" if closest is None else str(closest["candidate"]),
+                "closest_leaf": "" if closest is None else str(closest["leaf"]),
+                "closest_bound": "" if closest is None else str(closest["bound"]),
+            }
+        )
+    return pd.DataFrame(lines, columns=[*keys, *USAGE_GROUP_COLUMNS])
+
+
+def sharpness(frame: pd.DataFrame) -> pd.DataFrame:
+    """`usage_groups` per comparison × activation dtype: the run's sharpness figures."""
+    return usage_groups(frame, ["comparison", "act_dtype"])

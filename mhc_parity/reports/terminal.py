@@ -1,0 +1,152 @@
+"""The one-screen summary printed at the end of a run, and the run's exit code.
+
+With a baseline, the gate's verdict against it (`mhc_parity.reports.judgement`, the verdict
+`mhc-parity gate` exits with) is printed last, under the run's own verdict, with the first rows that
+grew past the growth factor; and a failing gate fails the run (exit 1): `run --baseline`
+alone is then a gate a CI job can trust, whatever its bound let pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from mhc_parity.records.rows import to_frame
+from mhc_parity.records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
+from mhc_parity.records.text import format_number, format_text_table, plural
+from mhc_parity.reports.causes import ImplementationVerdict, cause_groups, implementation_verdicts
+from mhc_parity.reports.judgement import Judgement, first_findings, headline, hidden_findings
+from mhc_parity.reports.summary import policy_note, sharpness
+
+WORST_ROWS = 12
+# A failing run lists its causes, the largest first, each with its first few rows.
+MAX_CAUSES = 8
+ROWS_PER_CAUSE = 3
+
+
+def run_verdict(rows) -> str:
+    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when no row measured anything
+    (every row skip/unsupported, or no rows: a run that checked nothing never passes),
+    else "PASS"."""
+    if any(r["verdict"] not in OK_VERDICTS for r in rows):
+        return "FAIL"
+    if not any(r["verdict"] in COMPARED_VERDICTS for r in rows):
+        return "NOTHING COMPARED"
+    return "PASS"
+
+
+def exit_code(rows, judgement: Judgement | None = None) -> int:
+    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here is a
+    configuration error); see `run_verdict`. A passing run that the gate fails against its
+    baseline (`judgement`) exits 1: a leaf that grew past the growth factor inside its bound
+    is a failure. A baseline the gate refuses to judge leaves the code to the run (the
+    gate itself exits 2 on it, and the summary says why)."""
+    code = {"PASS": 0, "FAIL": 1}.get(run_verdict(rows), 2)
+    if code == 0 and judgement is not None and judgement.failed:
+        return 1
+    return code
+
+
+def _usage_key(row) -> float:
+    usage = row.get("bound_usage", math.nan)
+    return -1.0 if usage is None or (isinstance(usage, float) and math.isnan(usage)) else float(usage)
+
+
+def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
+    """Rows as a plain-text table: verdict, bound usage, case, candidate vs partner, leaf, reason or bound."""
+    body = [
+        [
+            r["verdict"],
+            format_number(r["bound_usage"], nan="-"),
+            r["case"],
+            f"{r['candidate']} vs {r['partner']}",
+            r["leaf"],
+            r["reason"] or r["bound"],
+        ]
+        for r in rows
+    ]
+    return format_text_table(
+        ["verdict", "usage", "case", "compared", "leaf", "reason / bound"], body, indent=indent, limit=limit
+    )
+
+
+def format_summary(rows, metadata=None, judgement: Judgement | None = None) -> str:
+    """Verdict counts per comparison, then the failures or, if none, the rows closest to their
+    bound; then the verdict, after the policy that judged when it is not the packaged one
+    (`mhc_parity.reports.summary.policy_note` of the run's `metadata`); last, with a baseline, the gate's
+    verdict against it (`gate_lines`)."""
+    by_comparison: dict[str, Counter] = {}
+    for r in rows:
+        by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
+    total = Counter(r["verdict"] for r in rows)
+    counts = [
+        [comparison, *(counts.get(v, 0) for v in VERDICTS)] for comparison, counts in sorted(by_comparison.items())
+    ]
+    lines = [format_text_table(["comparison", *VERDICTS], [*counts, ["total", *(total.get(v, 0) for v in VERDICTS)]])]
+    bad = [r for r in rows if r["verdict"] not in OK_VERDICTS]
+    if bad:
+        groups = cause_groups(bad)
+        lines += ["", f"{plural(len(bad), 'row')} failed, from {plural(len(groups), 'cause')}:"]
+        for group in groups[:MAX_CAUSES]:
+            lines += ["", f"  {group.heading()}", rows_table(group.rows[:ROWS_PER_CAUSE], indent="    ")]
+        if len(groups) > MAX_CAUSES:
+            lines += ["", f"  ... and {plural(len(groups) - MAX_CAUSES, 'more cause')} (report.json has them all)"]
+    else:
+        lines += ["", "closest to their bound:"]
+        shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
+        lines.append(rows_table(shown, indent="  "))
+    lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
+    note = policy_note(metadata)
+    if note:
+        lines += ["", note]
+    verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))
+    lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)" + (f": {verdicts}" if verdicts else "")]
+    if judgement is not None:
+        lines += gate_lines(judgement)
+    return "\n".join(lines)
+
+
+def gate_lines(judgement: Judgement) -> list[str]:
+    """The gate's verdict against the baseline (`mhc_parity.reports.judgement.headline`), what it judged,
+    and its first failing findings, the rows that grew past the factor first."""
+    lines = [headline(judgement), *(f"  {line}" for line in judgement.scope)]
+    if judgement.note:
+        lines.append(f"  {judgement.note}")
+    result = judgement.result
+    if result is not None and not result.ok:
+        body = [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)]
+        lines.append(
+            format_text_table(("finding", "case", "candidate", "partner", "leaf", "detail"), body, indent="  ")
+        )
+        more = hidden_findings(result)
+        if more:
+            lines.append(f"  ... and {more} more failing findings (report.html, `mhc-parity gate`)")
+    return lines
+
+
+def implementation_line(verdict: ImplementationVerdict) -> str:
+    """e.g. "interpret FAIL (2 causes)", "reference pass"."""
+    if verdict.verdict in ("pass", "skip"):
+        return f"{verdict.name} {verdict.verdict}"
+    return f"{verdict.name} {verdict.verdict.upper()} ({plural(len(verdict.groups), 'cause')})"
+
+
+def sharpness_text(rows) -> str:
+    """Per comparison x activation dtype: passing rows and the median / p90 / max bound usage."""
+    table = sharpness(to_frame(list(rows), source="run rows")) if rows else None
+    if table is None or not len(table):
+        return "  (no bounded rows)"
+    body = [
+        [
+            r.comparison,
+            r.act_dtype,
+            r.passing,
+            *(format_number(v, 2) for v in (r.median_usage, r.p90_usage, r.max_usage)),
+        ]
+        for r in table.itertuples()
+    ]
+    return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
+
+
+def print_summary(rows, metadata=None, judgement: Judgement | None = None) -> None:
+    print(format_summary(rows, metadata, judgement))

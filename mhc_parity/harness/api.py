@@ -191,7 +191,7 @@ class PreparedRun:
         self.cases = self.configuration.cases
         self.command_line = command_line
         enable_compilation_cache()  # as `mhc-parity run` does: compiled programs are reused across processes
-        self.runner = Runner.with_disk_stores(self.policy, externals=bool(self.externals))
+        self.runner = Runner.with_disk_stores(self.policy)
         self.started = time.perf_counter()
         self._manifest = new_manifest(selection, self.configuration, command_line)
 

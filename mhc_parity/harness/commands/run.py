@@ -24,7 +24,6 @@ import time
 from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE
 from mhc_parity.harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
 from mhc_parity.harness.engine.case_memory import first_too_large
-from mhc_parity.harness.engine.implementations import includes_external
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.engine.runner import Runner, out_of_memory
 from mhc_parity.harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
@@ -319,7 +318,7 @@ def _runner(args, policy, plan, cases: int):
     """The runner of `cases` cases: in this process for one job, else worker processes."""
     jobs = auto_jobs(cases) if args.jobs == AUTO_JOBS else args.jobs
     if jobs == 1:
-        return Runner.with_disk_stores(policy, externals=includes_external(plan.implementations))
+        return Runner.with_disk_stores(policy)
     return ParallelRunner(policy, jobs)
 
 

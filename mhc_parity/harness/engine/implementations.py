@@ -148,11 +148,6 @@ def is_builtin(impl: Implementation) -> bool:
     return BUILTIN.get(impl.name) == impl
 
 
-def includes_external(implementations) -> bool:
-    """True if any of `implementations` is not built in: its code ran in this process."""
-    return not all(is_builtin(impl) for impl in implementations)
-
-
 def load_external(spec: str) -> Implementation:
     """Load `module.path:factory`, whose factory returns one object, and wrap it
     (ImplementationError if it returns several: see `load_implementations`)."""

@@ -148,16 +148,12 @@ class Runner:
         self.timings = dict.fromkeys(TIMINGS, 0.0)
 
     @classmethod
-    def with_disk_stores(cls, policy: Policy, *, externals: bool = False) -> Runner:
+    def with_disk_stores(cls, policy: Policy) -> Runner:
         """The runner of a parity run: compiled programs and TPU lowering results stored on
-        disk by content (`mhc_parity.harness.stores.program_store`), besides the fixtures and oracle answers.
-        externals: the process loaded an external implementation, whose import may have
-        patched any module, so it reads the stores and writes nothing to them."""
-        return cls(
-            policy,
-            cache=ProgramCache(store=ProgramStore(writable=not externals)),
-            lowering_store=LoweringStore(writable=not externals),
-        )
+        disk by content (`mhc_parity.harness.stores.program_store`), besides the fixtures and
+        oracle answers. A process that loaded an external implementation reads the stores and
+        writes nothing to them (`mhc_parity.records.foreign_code`)."""
+        return cls(policy, cache=ProgramCache(store=ProgramStore()), lowering_store=LoweringStore())
 
     def work_counts(self) -> dict:
         """Oracle answers computed and loaded from the disk cache by this runner, programs

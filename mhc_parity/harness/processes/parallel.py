@@ -110,7 +110,7 @@ def _start_worker(spec: _WorkerSpec) -> None:
     pace_garbage_collector()
     enable_compilation_cache()
     externals = load_externals(spec.impl_specs)
-    _WORKER["runner"] = Runner.with_disk_stores(spec.policy, externals=bool(externals))
+    _WORKER["runner"] = Runner.with_disk_stores(spec.policy)
     _WORKER["plan"] = PathPlan(
         implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs, lowering=spec.lowering
     )

@@ -15,9 +15,9 @@ kernel paths' programs; the reference programs still load. tests/test_program_st
 traces every built-in path and fails if code from a file outside its sources ran.
 External implementations (`--impl`) are never stored: their sources are not known; they
 go through JAX's own cache. And a process that loaded
-one stores nothing at all (`writable=False`): importing it may have patched any module,
-so a built-in program it traced is not vouched for by its sources; it still
-loads what clean processes stored.
+one stores nothing at all (`mhc_parity.records.foreign_code`, which every store's write asks):
+importing it may have patched any module, so a built-in program it traced is not vouched for
+by its sources; it still loads what clean processes stored.
 
 Trust: a stored program is only as current as its sources. A process that
 patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
@@ -128,11 +128,8 @@ class ProgramStore:
     `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...).
     """
 
-    def __init__(self, folder=None, *, writable: bool = True):
-        """writable: False in a process that loaded an external implementation, which may have
-        patched any module: it may read what clean processes stored, and stores nothing."""
+    def __init__(self, folder=None):
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "programs", "program")
-        self.writable = writable
 
     @staticmethod
     def material(path, signature: tuple, args, placement) -> dict | None:
@@ -200,8 +197,6 @@ class ProgramStore:
 
     def save(self, material: dict, compiled) -> None:
         """Store `compiled`; programs JAX cannot serialise (closed-over constants) are left out."""
-        if not self.writable:
-            return
         try:
             payload = pickle.dumps(("program", *serialize_executable.serialize(compiled)))
         except (ValueError, NotImplementedError):
@@ -210,8 +205,6 @@ class ProgramStore:
 
     def save_rejection(self, material: dict, error: UnsupportedInputError) -> None:
         """Store that tracing the program rejected its input, with the error's message."""
-        if not self.writable:
-            return
         self.store.save(material, pickle.dumps(("rejected", str(error))))
 
     def counts(self) -> dict[str, int]:
@@ -226,10 +219,8 @@ class LoweringStore:
     returns the stored results with `seconds` = this lookup's share of its load time.
     """
 
-    def __init__(self, folder=None, *, writable: bool = True):
-        """writable: as for `ProgramStore`."""
+    def __init__(self, folder=None):
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "lowering", "lowering")
-        self.writable = writable
 
     def lower(self, arguments: dict, compute):
         start = time.perf_counter()
@@ -250,8 +241,7 @@ class LoweringStore:
             share = (time.perf_counter() - start) / max(len(stored), 1)
             return [LoweringResult(r["program"], r["ok"], r["error"], share) for r in stored]
         results = compute()
-        if self.writable:
-            self.store.save(material, json.dumps([dataclasses.asdict(r) for r in results]).encode())
+        self.store.save(material, json.dumps([dataclasses.asdict(r) for r in results]).encode())
         return results
 
     def counts(self) -> dict[str, int]:

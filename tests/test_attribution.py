@@ -33,7 +33,7 @@ from mhc_parity.harness.judging.attribution import (
 )
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.policy import load_policy
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, rounding_model
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
 from mhc_parity.mhc.oracle_fits import FITTED_SITES
 from mhc_parity.mhc.oracle_roundings import (
@@ -215,7 +215,7 @@ def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
     units = noise_units(case)
     found = hypotheses_module.hypotheses(case, branch, units)
     assert len({h.name for h in found}) == len(found)
-    sites = {**oracle.ROUNDING_SITES, **dict(branch.rounding_sites)}
+    sites = {**rounding_model.ROUNDING_SITES, **dict(branch.rounding_sites)}
     for h in found:
         if h.kind == "fitted":
             assert not h.roundings and h.site in FITTED_SITES, h.name

@@ -11,7 +11,6 @@ import pytest
 from mhc_parity.cases import catalogue, registry
 from mhc_parity.cases.__main__ import main as cases_main
 from mhc_parity.cases.branches import BRANCHES
-from mhc_parity.cases.fixtures import PROJECT_ROOT
 from mhc_parity.cases.init_families import INIT_FAMILIES
 from mhc_parity.cases.registry import DuplicateCaseError, Registry, UnknownCaseError
 from mhc_parity.cases.spec import (
@@ -23,6 +22,7 @@ from mhc_parity.cases.spec import (
     normalize_dtype,
     standard_name,
 )
+from mhc_parity.records.manifest import PROJECT_ROOT
 
 BASE = dict(name="t", batch=2, sequence=64, streams=4, embedding=128)
 

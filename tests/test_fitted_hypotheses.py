@@ -23,7 +23,7 @@ from mhc_parity.harness.judging.attribution import (
     fitted_errors,
     scaled_errors,
 )
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, rounding_model
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
 from mhc_parity.mhc.oracle_fits import BACKWARDS, site_response
 from mhc_parity.mhc.oracle_roundings import BACKEND_ORDER, Accumulation, accumulation_codes
@@ -46,7 +46,7 @@ def _leaves(setting, statistic_error=None, pre_offsets=None) -> dict[str, np.nda
     case, fixture, branch = setting
     with jax.enable_x64(True):
         inputs = oracle._float64_inputs(fixture.x, fixture.weights, fixture.branch_params, fixture.cotangent)
-        sites = oracle._branch_site_tuple(branch.rounding_sites)
+        sites = rounding_model.branch_site_tuple(branch.rounding_sites)
         r = oracle._exact
         if statistic_error is not None:
             r = oracle_fits._Perturbed("rms_inverse", jnp.asarray(statistic_error, jnp.float64))

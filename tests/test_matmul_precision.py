@@ -27,7 +27,7 @@ from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine.devices import host_fallback, path_placement
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.paths import Path, _build_program, _place
-from mhc_parity.mhc import kernels, oracle
+from mhc_parity.mhc import kernels, oracle, rounding_model
 from mhc_parity.mhc.kernels import KernelConfig
 from mhc_parity.mhc.kernels.lowering import abstract_tpu_mesh, kernel_programs
 from mhc_parity.mhc.precision import MATMUL_PRECISIONS, dot_precision
@@ -174,7 +174,7 @@ def test_every_dot_of_a_branch_states_its_precision(branch, dtype, setting):
 @pytest.mark.parametrize("units", [None, "bfloat16"], ids=["exact", "noisy"])
 def test_every_dot_of_the_oracle_is_at_highest_precision(units):
     config = MhcConfig(4, 128)
-    units = oracle._units_vector(None if units is None else oracle.unit_roundoffs(units, "float32"))[None]
+    units = oracle._units_vector(None if units is None else rounding_model.unit_roundoffs(units, "float32"))[None]
     with jax.enable_x64(True):
         x = jnp.ones((2, 8, 4, 128), jnp.float64)
         w = {k: jnp.asarray(v, jnp.float64) for k, v in random_weights(config).as_dict().items()}

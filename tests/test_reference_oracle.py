@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mhc_parity.mhc import oracle, reference
+from mhc_parity.mhc import oracle, reference, rounding_model
 from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcConfig, MhcWeights
 from tests.support import max_rel_err, mlp_params, random_activations, random_weights, tanh_mlp_branch
 
@@ -93,16 +93,22 @@ def test_oracle_catches_a_lost_post_gate_factor():
     assert max_rel_err(broken, truth) > 1e3 * F32_LEAF_BOUND
 
 
-def test_oracle_is_independent_of_the_shared_helpers():
-    """A bug in mhc_parity.mhc.common must not be reproduced by the ground truth."""
-    source = pathlib.Path(oracle.__file__).read_text()
+def _imported_modules(module) -> set[str]:
     imported = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(pathlib.Path(module.__file__).read_text())):
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module or "")
-    assert not {m for m in imported if m == "mhc_parity.mhc" or m.startswith("mhc_parity.mhc.")}, imported
+    return imported
+
+
+def test_oracle_is_independent_of_the_shared_helpers():
+    """A bug in mhc_parity.mhc.common must not be reproduced by the ground truth: the oracle
+    imports nothing of `mhc` but its rounding model's declarations, which import nothing of it."""
+    from_mhc = {m for m in _imported_modules(oracle) if m == "mhc_parity.mhc" or m.startswith("mhc_parity.mhc.")}
+    assert from_mhc == {"mhc_parity.mhc.rounding_model"}, from_mhc
+    assert not {m for m in _imported_modules(rounding_model) if m.startswith("mhc_parity")}
 
 
 def test_oracle_permutations_follow_itertools_order():
@@ -150,7 +156,7 @@ def test_batched_draws_equal_single_draws_to_float64_rounding():
     x = random_activations(SHAPE, dtype=jnp.bfloat16)
     weights, params = random_weights(config), mlp_params(SHAPE[-1])
     ct = random_activations(SHAPE, seed=7, dtype=jnp.bfloat16)
-    units = oracle.unit_roundoffs("bfloat16", "float32")
+    units = rounding_model.unit_roundoffs("bfloat16", "float32")
     seeds = (11, 12, 13)
     batched = oracle.run_oracle_draws(x, weights, tanh_mlp_branch, params, ct, config, seeds=seeds, units=units)
     assert len(batched) == len(seeds)
@@ -192,7 +198,7 @@ def test_a_bank_of_the_wrong_size_is_refused():
         w = {k: jnp.asarray(v, jnp.float64) for k, v in random_weights(config).as_dict().items()}
         params = {k: jnp.asarray(v, jnp.float64) for k, v in mlp_params(128).items()}
         program = oracle._oracle_program(tanh_mlp_branch, config)
-        units = jnp.zeros((1, len(oracle.PRECISION_CLASSES)), jnp.float64)
+        units = jnp.zeros((1, len(rounding_model.PRECISION_CLASSES)), jnp.float64)
         with pytest.raises(ValueError, match="bank holds"):
             program(x, w, params, x, jnp.zeros((1, 5), jnp.float64), units)
 
@@ -225,18 +231,24 @@ def _sensitivity(units, leaf="h_post", dtype=jnp.bfloat16, seed=3):
 def test_rounding_model_holds_the_coefficients_in_float32_in_bfloat16_runs():
     """The coefficients of a bfloat16 run are float32 arithmetic on a bfloat16 projection:
     rounding every value at bfloat16 would explain away a bfloat16 gate bias (the upstream bug)."""
-    mixed = oracle.unit_roundoffs("bfloat16", "float32")
-    uniform = {c: mixed[oracle.ACTIVATION] for c in oracle.PRECISION_CLASSES}
-    assert mixed[oracle.FLOAT32] == 2.0**-24 and mixed[oracle.ACTIVATION] == mixed[oracle.OPERAND] == 2.0**-8
-    assert mixed[oracle.WEIGHT] == 2.0**-24 and oracle.unit_roundoffs("bfloat16", "bfloat16")[oracle.WEIGHT] == 2.0**-8
-    assert mixed[oracle.MATMUL] == 0.0, "at highest precision a dot rounds no operand"
-    tpu_default = oracle.unit_roundoffs("float32", "float32", matmul_operand_roundoff=2.0**-8)
-    assert tpu_default[oracle.OPERAND] == tpu_default[oracle.MATMUL] == 2.0**-8
-    assert tpu_default[oracle.ACTIVATION] == tpu_default[oracle.FLOAT32] == 2.0**-24
+    mixed = rounding_model.unit_roundoffs("bfloat16", "float32")
+    uniform = {c: mixed[rounding_model.ACTIVATION] for c in rounding_model.PRECISION_CLASSES}
+    assert (
+        mixed[rounding_model.FLOAT32] == 2.0**-24
+        and mixed[rounding_model.ACTIVATION] == mixed[rounding_model.OPERAND] == 2.0**-8
+    )
+    assert (
+        mixed[rounding_model.WEIGHT] == 2.0**-24
+        and rounding_model.unit_roundoffs("bfloat16", "bfloat16")[rounding_model.WEIGHT] == 2.0**-8
+    )
+    assert mixed[rounding_model.MATMUL] == 0.0, "at highest precision a dot rounds no operand"
+    tpu_default = rounding_model.unit_roundoffs("float32", "float32", matmul_operand_roundoff=2.0**-8)
+    assert tpu_default[rounding_model.OPERAND] == tpu_default[rounding_model.MATMUL] == 2.0**-8
+    assert tpu_default[rounding_model.ACTIVATION] == tpu_default[rounding_model.FLOAT32] == 2.0**-24
     for leaf in ("h_post", "h_pre", "h_res"):
         assert _sensitivity(mixed, leaf) < _sensitivity(uniform, leaf) / 4, leaf
     # ...while the bfloat16 roundings a correct path makes still move them: far above float32 noise.
-    float32_only = {c: (2.0**-24 if c == oracle.FLOAT32 else 0.0) for c in oracle.PRECISION_CLASSES}
+    float32_only = {c: (2.0**-24 if c == rounding_model.FLOAT32 else 0.0) for c in rounding_model.PRECISION_CLASSES}
     assert _sensitivity(mixed) > 100 * _sensitivity(float32_only)
 
 
@@ -244,7 +256,7 @@ def test_rounding_model_explains_the_reference_bfloat16_error():
     """What a correct bfloat16 path does must be inside what the model explains (RMS over draws)."""
     config = MhcConfig(streams=4, embedding=128)
     errors = _leaf_errors(config, jnp.bfloat16, jnp.float32, _gate_dominated_weights(config))
-    units = oracle.unit_roundoffs("bfloat16", "float32")
+    units = rounding_model.unit_roundoffs("bfloat16", "float32")
     for leaf in ("h_post", "h_pre", "h_res", "out", "layer_input"):
         spread = np.sqrt(np.mean([_sensitivity(units, leaf, seed=s) ** 2 for s in range(4)]))
         assert errors[leaf] < 3 * spread, (leaf, errors[leaf], spread)
@@ -262,12 +274,12 @@ def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
     monkeypatch.setattr(oracle._RoundingNoise, "__call__", recording)
     oracle._oracle_program.cache_clear()
     try:
-        _sensitivity(oracle.unit_roundoffs("bfloat16", "float32"))
+        _sensitivity(rounding_model.unit_roundoffs("bfloat16", "float32"))
     finally:
         oracle._oracle_program.cache_clear()
-    assert set(used) == set(oracle.ROUNDING_SITES)
-    for site in oracle.ROUNDING_SITES.values():
-        assert set(site.forward) | set(site.backward) <= set(oracle.PRECISION_CLASSES) and site.why
+    assert set(used) == set(rounding_model.ROUNDING_SITES)
+    for site in rounding_model.ROUNDING_SITES.values():
+        assert set(site.forward) | set(site.backward) <= set(rounding_model.PRECISION_CLASSES) and site.why
     with pytest.raises(ValueError, match="precision classes"):
         oracle.run_oracle(
             np.zeros(SHAPE),
@@ -276,7 +288,7 @@ def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
             mlp_params(SHAPE[-1]),
             np.zeros(SHAPE),
             MhcConfig(streams=4, embedding=128),
-            rounding_noise=(0, {oracle.FLOAT32: 1e-7}),
+            rounding_noise=(0, {rounding_model.FLOAT32: 1e-7}),
         )
 
 
@@ -292,8 +304,8 @@ def test_a_branch_declares_its_own_rounding_sites():
     weights = random_weights(config)
     params = {k: jnp.asarray(v) for k, v in mlp.init(np.random.default_rng(0), SHAPE[-1]).items()}
     ct = random_activations(SHAPE, seed=7, dtype=jnp.bfloat16)
-    units = oracle.unit_roundoffs("bfloat16", "float32")
-    sites = oracle._branch_site_tuple(MLP_ROUNDING_SITES)
+    units = rounding_model.unit_roundoffs("bfloat16", "float32")
+    sites = rounding_model.branch_site_tuple(MLP_ROUNDING_SITES)
     with jax.enable_x64(True):
         x64 = jnp.asarray(np.asarray(x, np.float64))
         recorded = oracle._recorded_sites(
@@ -331,4 +343,4 @@ def test_a_branch_declares_its_own_rounding_sites():
     with pytest.raises(ValueError, match="only_sites names no rounding site"):
         spread(None, only_sites=tuple(MLP_ROUNDING_SITES))
     with pytest.raises(ValueError, match="clash"):
-        oracle._branch_site_tuple({"layer_input": MLP_ROUNDING_SITES["mlp_hidden"]})
+        rounding_model.branch_site_tuple({"layer_input": MLP_ROUNDING_SITES["mlp_hidden"]})

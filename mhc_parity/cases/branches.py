@@ -14,7 +14,7 @@ shape and dtype. Each branch has
   oracle therefore runs the very same function on float64 arrays, and a branch
   parameter's gradient is a leaf like any weight.
 - ``rounding_sites``: where the branch holds a value in a lower precision than float64
-  (`mhc_parity.mhc.oracle.RoundingSite`s). The oracle's rounding model passes ``rounding=r`` and
+  (`mhc_parity.mhc.rounding_model.RoundingSite`s). The oracle's rounding model passes ``rounding=r`` and
   the branch routes each such value through ``r(value, site)``, so a correct path's
   roundings inside the branch are part of the error the arithmetic explains; the paths
   pass nothing and ``r`` is the identity.
@@ -33,8 +33,8 @@ import numpy as np
 from mhc_parity.cases.names import lookup
 from mhc_parity.cases.random_streams import normalish
 from mhc_parity.mhc.common import matmul
-from mhc_parity.mhc.oracle import ACTIVATION, FLOAT32, MATMUL, OPERAND, RoundingSite
 from mhc_parity.mhc.precision import DEFAULT_MATMUL_PRECISION, accumulation_dtype
+from mhc_parity.mhc.rounding_model import ACTIVATION, FLOAT32, MATMUL, OPERAND, RoundingSite
 
 # Hidden width of the MLP branch relative to the embedding.
 MLP_HIDDEN_RATIO = 1

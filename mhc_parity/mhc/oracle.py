@@ -29,6 +29,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhc_parity.mhc.rounding_model import (
+    CONTRACTIONS,
+    PRECISION_CLASSES,
+    ROUNDING_SITES,
+    BranchSites,
+    RoundingSite,
+    branch_site_tuple,
+)
+
 # The weight leaf names, spelled out again on purpose (see the module docstring).
 _WEIGHT_NAMES = (
     "norm_scale",
@@ -114,158 +123,6 @@ def _sinkhorn_linear(z, iterations: int):
     return m
 
 
-# ------------------------------------------------------------- the rounding model
-#
-# With `rounding_noise`, every value of the computation below, and the cotangent that
-# flows back through it, carries one simulated rounding: it is multiplied by (1 + delta)
-# with delta uniform in [-u, u]. The spread this causes over a few draws is a leaf's
-# *sensitivity*: the error that finite-precision arithmetic explains there.
-#
-# The unit roundoff u of each value is that of the precision in which a CORRECT
-# implementation may hold it: a correct bfloat16 path rounds to bfloat16 at a few places
-# (matmul operands, stored outputs) and computes the rest in float32. A model that
-# rounded everything at the activation dtype would explain away real bugs (a gate's bias
-# rounded to bfloat16 moves h_post by exactly as much as a bfloat16 rounding of the gate
-# logit), so each site names its precision class below, for its forward value and for
-# its cotangent. The table is kept honest by the legitimate-variant catalogue
-# (mhc_parity/harness/variants.py): each variant is a precision choice production kernels make,
-# and each must pass under bounds built from this model.
-
-# The precision classes of a site; the harness maps each to a unit roundoff per case
-# (see `unit_roundoffs`). A site listing several classes takes the coarsest.
-ACTIVATION = "activation"  # stored in the activation dtype: inputs, outputs, their cotangents
-OPERAND = "operand"  # a contraction operand a correct path may round to the activation dtype
-FLOAT32 = "float32"  # computed and held in float32
-WEIGHT = "weight"  # stored in the weights' dtype: weight leaves and their gradients
-# The float32 operands of a dot at the case's matmul-precision setting on the backend
-# that runs the paths: 0 at "highest" (and on a CPU), bfloat16 on a TPU at "default",
-# TensorFloat-32 on a recent NVIDIA GPU at "default" (`mhc_parity.mhc.precision.operand_rounding`).
-MATMUL = "matmul"
-PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT, MATMUL)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundingSite:
-    """Where one value of the computation may be rounded by a correct implementation.
-
-    forward: precision classes of the value; backward: of the cotangent flowing back
-    through it (the coarsest class of each tuple applies; an empty tuple: exact, never
-    rounded); why: the reason.
-    """
-
-    forward: tuple[str, ...]
-    backward: tuple[str, ...]
-    why: str
-
-
-ROUNDING_SITES: Mapping[str, RoundingSite] = {
-    # Inputs.
-    "x": RoundingSite(
-        (),
-        (ACTIVATION,),
-        "the input streams are exact (every path receives the same activation-dtype values, "
-        "and a matmul operand already in that dtype rounds to itself); d_x is stored in the "
-        "activation dtype",
-    ),
-    "cotangent": RoundingSite((), (), "the output cotangent is an exact input"),
-    "matmul_weight": RoundingSite(
-        (OPERAND,),
-        (OPERAND, WEIGHT),
-        "norm_scale and the alphas: cast to the compute dtype for the projection matmul; "
-        "their gradients pass through that dtype and are stored in the weight dtype",
-    ),
-    "gate_weight": RoundingSite(
-        (FLOAT32,),
-        (FLOAT32, WEIGHT),
-        "gate scales and biases: upcast to float32 before the gate, never rounded to the "
-        "activation dtype; gradients accumulated in float32, stored in the weight dtype",
-    ),
-    "branch_param": RoundingSite(
-        (OPERAND,), (OPERAND, WEIGHT), "branch parameters: cast to the activation dtype inside the branch"
-    ),
-    # The coefficients: float32 arithmetic on an activation-dtype projection.
-    "rms_inverse": RoundingSite((FLOAT32,), (FLOAT32,), "the RMS statistic rsqrt(mean(v^2) + eps), float32"),
-    "normed_operand": RoundingSite(
-        (OPERAND,),
-        (OPERAND,),
-        "x * rms^-1 * norm_scale as the projection's operand, for a path that normalises "
-        "the activations instead of folding the norm scale into the weights",
-    ),
-    "folded_weight": RoundingSite(
-        (OPERAND,),
-        (OPERAND,),
-        "the projection weights with the norm scale folded in, rounded once to the "
-        "activation dtype as the matmul operand (and their cotangent)",
-    ),
-    "projection": RoundingSite(
-        (FLOAT32,),
-        (OPERAND,),
-        "the projection accumulates in float32; its cotangent is an operand of the "
-        "backward matmuls (d_x, d_weights) and may be held in the activation dtype",
-    ),
-    "gate_logit": RoundingSite((FLOAT32,), (FLOAT32,), "scale * logit + bias, float32"),
-    "gate": RoundingSite(
-        (FLOAT32,), (FLOAT32,), "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32"
-    ),
-    "permutation_operand": RoundingSite(
-        (MATMUL,),
-        (MATMUL,),
-        "the softmax weights as the operand of the permutation mix (a dot): rounded only by "
-        "the backend's operand rounding at the case's matmul precision",
-    ),
-    "softmax_inner_product": RoundingSite(
-        (FLOAT32,), (FLOAT32,), "<a, g> in the softmax VJP a * (g - <a, g>), float32 (it cancels for a peaked softmax)"
-    ),
-    "coefficient_operand": RoundingSite(
-        (OPERAND,),
-        (FLOAT32,),
-        "h_pre, h_post, h_res as operands of the collapse and the residual mix (MXU operands "
-        "in the activation dtype, float32 accumulation); their cotangents accumulate in float32",
-    ),
-    "layer_input": RoundingSite((ACTIVATION,), (ACTIVATION,), "the collapsed branch input and its cotangent, stored"),
-    "layer_output": RoundingSite(
-        (ACTIVATION, MATMUL),
-        (ACTIVATION, MATMUL),
-        "the branch output and its cotangent, stored; a branch's own matmuls round their "
-        "operands at the case's matmul precision",
-    ),
-    "residual_mix": RoundingSite((FLOAT32,), (FLOAT32,), "h_res^T x accumulated in float32"),
-    "out": RoundingSite((ACTIVATION,), (ACTIVATION,), "the layer output, stored in the activation dtype"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Contraction:
-    """A sum over products in the layer's math, which a path accumulates in float32.
-
-    spec: its einsum over the operands in call order; words: what it computes; operands: the
-    words of each operand. Only the hypotheses' program (`mhc_parity.mhc.oracle_roundings`) accumulates
-    one otherwise; here each is written as the oracle's own expression (`_contracted`).
-    """
-
-    spec: str
-    words: str
-    operands: tuple[str, str]
-
-
-CONTRACTIONS: Mapping[str, Contraction] = {
-    "mean_square": Contraction("bsk,bsk->bs", "the RMS statistic's sum of squares", ("x", "x")),
-    "projection": Contraction(
-        "bsk,km->bsm", "the projection", ("the normalised activations", "the folded projection weights")
-    ),
-    "permutation_mix": Contraction(
-        "bsp,pij->bsij", "the permutation mix", ("the softmax weights", "the permutation matrices")
-    ),
-    "collapse": Contraction("bsn,bsnc->bsc", "the stream collapse", ("h_pre", "x")),
-    "residual_mix": Contraction("bsij,bsic->bsjc", "the residual mix", ("h_res", "x")),
-    "post_gate": Contraction("bsn,bsc->bsnc", "the post gate's product", ("h_post", "the branch output")),
-    # A gate's scale times its logits, and its bias broadcast over the tokens: no sum forward,
-    # but the scale's and the bias's gradients sum over every token (one call per gate: `part`).
-    "gate_scale": Contraction(",bsm->bsm", "the gate's scaled logits", ("the gate's scale", "the logits")),
-    "gate_bias": Contraction("m,bs->bsm", "the gate's bias over the tokens", ("the gate's bias", "the tokens")),
-}
-
-
 def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array], part: str = ""):
     """Contraction `name` of a and b: `exact()`, the oracle's own expression of it, unless the
     rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b, part,
@@ -273,46 +130,6 @@ def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array], part: str = 
     e.g. the gate's name). `exact` keeps the oracle's bits as written."""
     contract = getattr(r, "contract", None)
     return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b, part, exact)
-
-
-# A branch's own sites (`branch_sites`), as the oracle's programs take them: hashable.
-BranchSites = tuple[tuple[str, RoundingSite], ...]
-
-
-def _branch_site_tuple(branch_sites: Mapping[str, RoundingSite] | None) -> BranchSites:
-    """A branch's rounding sites as a sorted tuple; a name the layer's table has is an error."""
-    sites = tuple(sorted((branch_sites or {}).items()))
-    clashes = sorted(name for name, _ in sites if name in ROUNDING_SITES)
-    if clashes:
-        raise ValueError(
-            f"branch rounding sites {clashes} clash with the layer's own (mhc_parity.mhc.oracle.ROUNDING_SITES)"
-        )
-    for name, site in sites:
-        if not isinstance(site, RoundingSite):
-            raise TypeError(
-                f"branch rounding site {name!r} must be a mhc_parity.mhc.oracle.RoundingSite, got {type(site).__name__}"
-            )
-    return sites
-
-
-def unit_roundoffs(activation_dtype, weight_dtype, matmul_operand_roundoff: float = 0.0) -> dict[str, float]:
-    """Unit roundoff of every precision class for a run in these dtypes.
-
-    activation_dtype, weight_dtype: dtype names or dtypes ("float32", "bfloat16").
-    matmul_operand_roundoff: how much a dot rounds its float32 operands at the case's
-    matmul precision on the backend that runs the paths (0 at "highest"; see
-    `mhc_parity.mhc.precision.operand_rounding`). Returns {class: u} with u = eps / 2 (round to
-    nearest); a contraction operand rounds at the coarser of the activation dtype and
-    the dot's own operand rounding.
-    """
-    act = float(jnp.finfo(activation_dtype).eps) / 2
-    return {
-        ACTIVATION: act,
-        OPERAND: max(act, matmul_operand_roundoff),
-        FLOAT32: float(jnp.finfo(jnp.float32).eps) / 2,
-        WEIGHT: float(jnp.finfo(weight_dtype).eps) / 2,
-        MATMUL: float(matmul_operand_roundoff),
-    }
 
 
 def _exact(v, site: str, part: str = ""):
@@ -731,7 +548,7 @@ def run_oracle_batch(
     if not draws:
         raise ValueError("run_oracle_batch needs at least one draw")
     units = np.stack([_units_vector(u) for _, u in draws])
-    sites = _branch_site_tuple(branch_sites)
+    sites = branch_site_tuple(branch_sites)
     unknown = sorted(set(only_sites or ()) - set(ROUNDING_SITES) - {name for name, _ in sites})
     if unknown:
         raise ValueError(f"only_sites names no rounding site: {unknown}")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, rounding_model
 
 # XLA:CPU's first optimisation level: at level 0 (the sensitivity draws' level) the forward-mode
 # derivative of the softmax's VJP comes out NaN (docs/jax-notes.md); level 1 computes it.
@@ -78,7 +78,7 @@ def _linear_programs(leaves):
 
 
 @functools.cache
-def _site_programs(branch_apply, config, branch_sites: oracle.BranchSites, site: str):
+def _site_programs(branch_apply, config, branch_sites: rounding_model.BranchSites, site: str):
     """J·p and Jᵀ·g of a relative error p of `site`'s value, differentiated through (cached per
     branch, config and site; per shape by jit)."""
 
@@ -89,7 +89,7 @@ def _site_programs(branch_apply, config, branch_sites: oracle.BranchSites, site:
 
 
 @functools.cache
-def _pre_output_programs(branch_apply, config, branch_sites: oracle.BranchSites):
+def _pre_output_programs(branch_apply, config, branch_sites: rounding_model.BranchSites):
     """J·o and Jᵀ·g of offsets o of the pre's outputs (`PRE_OUTPUTS`), the pre's VJP exact."""
 
     def leaves(x, w, p, ct, offsets):
@@ -132,7 +132,7 @@ def site_response(
     *,
     site: str,
     backward: str = "differentiated",
-    branch_sites: Mapping[str, oracle.RoundingSite] | None = None,
+    branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
 ) -> SiteResponse:
     """The oracle's first-order response to a relative error of `site`'s forward value (one of
     `FITTED_SITES`), on this fixture. Arguments as for `mhc_parity.mhc.oracle.run_oracle`. backward: one of
@@ -144,7 +144,7 @@ def site_response(
         raise ValueError(f"site {site!r} is not fitted; fitted sites: {', '.join(FITTED_SITES)}")
     if backward not in BACKWARDS:
         raise ValueError(f"backward {backward!r} is not one of {', '.join(BACKWARDS)}")
-    sites = oracle._branch_site_tuple(branch_sites)
+    sites = rounding_model.branch_site_tuple(branch_sites)
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
         inputs = oracle._float64_inputs(x, weights, branch_params, cotangent)
         shapes = [shape for name, shape in oracle._recorded_sites(*inputs, config, branch_apply, sites) if name == site]

@@ -3,13 +3,13 @@
 A precision bug is a rounding at the wrong place: a gate bias held in bfloat16, a cotangent
 stored before its reduction, an intermediate kept in the activation dtype where a correct
 path keeps float32. Each `Rounding` names one rounding site of the oracle's model
-(`mhc_parity.mhc.oracle.ROUNDING_SITES`, and a branch's own sites), a direction (the value, or the
+(`mhc_parity.mhc.rounding_model.ROUNDING_SITES`, and a branch's own sites), a direction (the value, or the
 cotangent flowing back through it) and a dtype; the program rounds exactly there, to
 nearest, and holds every other value in float64. Its error against the exact oracle is the
 bug's error, value for value, with none of a real path's legitimate rounding on top.
 
 An `Accumulation` is the other kind of precision bug: a contraction of the layer
-(`mhc_parity.mhc.oracle.CONTRACTIONS`) whose sum runs in a narrow dtype, term by term or in blocks, for its
+(`mhc_parity.mhc.rounding_model.CONTRACTIONS`) whose sum runs in a narrow dtype, term by term or in blocks, for its
 value or for one operand's cotangent. Its error depends on the order of the sum, which a
 backend chooses, so it reproduces the size of such a bug's error, not its values.
 
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, rounding_model
 
 # XLA:CPU's first optimisation level: the hypotheses' program compiles in about half the default
 # level's time and runs nearly as fast (the sensitivity draws' level 0 runs it several times slower).
@@ -60,7 +60,7 @@ BACKEND_ORDER = 0
 class Rounding:
     """One deterministic round-to-nearest in the oracle.
 
-    site: a rounding site (`mhc_parity.mhc.oracle.ROUNDING_SITES` or the branch's own); direction:
+    site: a rounding site (`mhc_parity.mhc.rounding_model.ROUNDING_SITES` or the branch's own); direction:
     "forward" (the value) or "backward" (the cotangent flowing back through it); dtype: one
     of `ROUNDING_DTYPES`; parts: only the site's values with these names (the weights of
     "gate_weight", "matmul_weight" and "branch_param" are named by their field), () all.
@@ -82,7 +82,7 @@ class Rounding:
 class Accumulation:
     """One contraction summed in a narrow dtype.
 
-    contraction: a name of `mhc_parity.mhc.oracle.CONTRACTIONS`; output: one of `OUTPUTS`; dtype: one of
+    contraction: a name of `mhc_parity.mhc.rounding_model.CONTRACTIONS`; output: one of `OUTPUTS`; dtype: one of
     `ROUNDING_DTYPES`, the running sum's; block: terms summed exactly before each addition to
     the running sum (1: term by term, as a sequential loop; more: as a kernel adding a tile's
     float32 partial sum to a narrow accumulator; `BACKEND_ORDER`: the backend's own narrow
@@ -96,8 +96,8 @@ class Accumulation:
     parts: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.contraction not in oracle.CONTRACTIONS:
-            raise ValueError(f"{self.contraction!r} is not a contraction of mhc_parity.mhc.oracle.CONTRACTIONS")
+        if self.contraction not in rounding_model.CONTRACTIONS:
+            raise ValueError(f"{self.contraction!r} is not a contraction of mhc_parity.mhc.rounding_model.CONTRACTIONS")
         if self.output not in OUTPUTS:
             raise ValueError(f"accumulation output {self.output!r} is not one of {OUTPUTS}")
         if self.dtype not in ROUNDING_DTYPES:
@@ -351,7 +351,7 @@ def rounding_codes(
 def _roundings_program(
     branch_apply,
     config,
-    branch_sites: oracle.BranchSites,
+    branch_sites: rounding_model.BranchSites,
     dtypes: tuple[str, ...],
     options: SumOptions,
     coded_sites: frozenset[str] | None = None,
@@ -413,7 +413,7 @@ def run_oracle_roundings(
     config,
     *,
     hypotheses: Sequence[Sequence[Rounding | Accumulation]],
-    branch_sites: Mapping[str, oracle.RoundingSite] | None = None,
+    branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
 ) -> list[oracle.OracleResult]:
     """The oracle once per hypothesis, each rounding and summing exactly where its `Rounding`s
     and `Accumulation`s say.
@@ -425,8 +425,8 @@ def run_oracle_roundings(
     """
     if not hypotheses:
         raise ValueError("run_oracle_roundings needs at least one hypothesis")
-    sites = oracle._branch_site_tuple(branch_sites)
-    known = set(oracle.ROUNDING_SITES) | {name for name, _ in sites}
+    sites = rounding_model.branch_site_tuple(branch_sites)
+    known = set(rounding_model.ROUNDING_SITES) | {name for name, _ in sites}
     summed = [i for i, parts in enumerate(hypotheses) if any(isinstance(p, Accumulation) for p in parts)]
     plain = [i for i in range(len(hypotheses)) if i not in set(summed)]
     results: dict[int, oracle.OracleResult] = {}

@@ -99,7 +99,7 @@ def noise_seeds(case) -> tuple[int, ...]:
 
 def noise_units(case) -> dict[str, float]:
     """The unit roundoff of every precision class of the case's rounding draws (the operation's
-    rounding model: `mhc_parity.mhc.oracle.unit_roundoffs` for the mHC layer)."""
+    rounding model: `mhc_parity.mhc.rounding_model.unit_roundoffs` for the mHC layer)."""
     return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case))
 
 

@@ -1,6 +1,6 @@
 """The rounding audit: every bfloat16 value the reference path holds, and the model's site for it.
 
-A bound is only as sharp as the rounding model under it (`mhc_parity.mhc.oracle.ROUNDING_SITES` and
+A bound is only as sharp as the rounding model under it (`mhc_parity.mhc.rounding_model.ROUNDING_SITES` and
 the branches' own `rounding_sites`): a value a correct bfloat16 path must round that the
 model holds exact leaves a correct implementation's error unexplained (the sweep's false
 failures on an MLP case's bias gradients came from the MLP's hidden activation). The
@@ -35,7 +35,7 @@ from jax.extend.source_info_util import summarize
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.harness.engine.oracle_path import named_leaves, noise_seeds, noise_units, root_mean_square
 from mhc_parity.harness.judging.error_statistics import draw_deviations
-from mhc_parity.mhc import oracle, reference
+from mhc_parity.mhc import oracle, reference, rounding_model
 from mhc_parity.records.manifest import PROJECT_ROOT
 
 # The functions of the reference path (and of the branches) that hold a bfloat16 value, and
@@ -162,7 +162,7 @@ def site_shares(case, fixture, leaves: Sequence[str] | None = None) -> dict[str,
 
     total = deviations()
     shares = {}
-    for site in [*oracle.ROUNDING_SITES, *branch.rounding_sites]:
+    for site in [*rounding_model.ROUNDING_SITES, *branch.rounding_sites]:
         alone = deviations((site,))
         shares[site] = {name: (alone[name] / total[name] if total[name] else 0.0) for name in total}
     return shares

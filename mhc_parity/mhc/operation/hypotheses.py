@@ -1,7 +1,7 @@
 """What may have caused a failing leaf: roundings the model does not allow, run through the oracle.
 
 A correct path rounds each value of the layer in the precision class its site names
-(`mhc_parity.mhc.oracle.ROUNDING_SITES`). A precision bug rounds one of them more coarsely. For a case,
+(`mhc_parity.mhc.rounding_model.ROUNDING_SITES`). A precision bug rounds one of them more coarsely. For a case,
 `hypotheses` lists every such rounding the rounding model does not already allow: each site,
 its forward value and its cotangent apart, held in the activation dtype and in bfloat16
 (round to nearest), and the gate parameters per gate (the pre/post gates and the residual
@@ -9,7 +9,7 @@ gate named apart, as the upstream bug rounds them). `hypothesis_draws` runs them
 `mhc_parity.mhc.oracle_roundings` on the case's fixture: each draw's error against the exact oracle is
 what that bug would compute.
 
-A correct path accumulates every contraction (`mhc_parity.mhc.oracle.CONTRACTIONS`) in float32; each
+A correct path accumulates every contraction (`mhc_parity.mhc.rounding_model.CONTRACTIONS`) in float32; each
 contraction's value and each operand's cotangent summed in a narrower dtype is a hypothesis
 too, term by term (a loop, or a backend's narrow reduction) and in blocks (a kernel adding a
 tile's partial sum to a narrow accumulator). Its error depends on the order of the sum, so it
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import jax.numpy as jnp
 
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, rounding_model
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
 from mhc_parity.mhc.oracle_fits import FITTED_SITES, SiteResponse, site_response
 from mhc_parity.mhc.oracle_roundings import (
@@ -78,7 +78,7 @@ GATE_GROUPS: Mapping[str, tuple[str, ...]] = {
 # The blocks an accumulation hypothesis sums exactly before each narrow addition: 1 (term by
 # term) and a kernel's tile along the lanes.
 ACCUMULATION_BLOCKS = (1, 128)
-# The contractions of a gate's parameters (`mhc_parity.mhc.oracle.CONTRACTIONS`): their gradients sum over
+# The contractions of a gate's parameters (`mhc_parity.mhc.rounding_model.CONTRACTIONS`): their gradients sum over
 # the tokens, narrowly only where the parameters are held narrow (`_gate_held_narrow`).
 GATE_CONTRACTIONS = ("gate_scale", "gate_bias")
 # The suffix of a gate hypothesis whose gradients the backend sums narrowly.
@@ -113,7 +113,7 @@ def _unit_roundoff(dtype: str) -> float:
     return float(jnp.finfo(dtype).eps) / 2
 
 
-def _allowed_unit(site: oracle.RoundingSite, direction: str, units: Mapping[str, float]) -> float:
+def _allowed_unit(site: rounding_model.RoundingSite, direction: str, units: Mapping[str, float]) -> float:
     classes = site.forward if direction == "forward" else site.backward
     return max((units[c] for c in classes), default=0.0)
 
@@ -132,10 +132,10 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
     """The roundings the rounding model does not allow for `case`, as `Hypothesis`es.
 
     branch: the case's `mhc_parity.cases.branches.Branch` (its own sites join the layer's); units: the
-    model's unit roundoff per precision class (`mhc_parity.mhc.oracle.unit_roundoffs`). A rounding to a
+    model's unit roundoff per precision class (`mhc_parity.mhc.rounding_model.unit_roundoffs`). A rounding to a
     dtype whose unit roundoff is not above the site's allowed one is legitimate and left out.
     """
-    sites = {**oracle.ROUNDING_SITES, **dict(branch.rounding_sites)}
+    sites = {**rounding_model.ROUNDING_SITES, **dict(branch.rounding_sites)}
     dtypes = list(dict.fromkeys([case.dtype, "bfloat16"]))
     found = []
     for site_name, site in sites.items():
@@ -231,14 +231,14 @@ def fitted_hypotheses() -> list[Hypothesis]:
 
 
 def _letter_sizes(case) -> dict[str, int]:
-    """The length of each letter of `mhc_parity.mhc.oracle.CONTRACTIONS`' specs for `case`."""
+    """The length of each letter of `mhc_parity.mhc.rounding_model.CONTRACTIONS`' specs for `case`."""
     n = case.streams
     mixes = math.factorial(n) if case.variant == "lite" else n * n
     sizes = dict(b=case.batch, s=case.sequence, k=n * case.embedding, c=case.embedding, n=n, i=n, j=n)
     return {**sizes, "m": 2 * n + mixes, "p": math.factorial(n)}
 
 
-def _summed_words(contraction: oracle.Contraction, output: str) -> str:
+def _summed_words(contraction: rounding_model.Contraction, output: str) -> str:
     if output == "value":
         return contraction.words
     operand = contraction.operands[OUTPUTS.index(output) - 1]
@@ -255,7 +255,7 @@ def accumulation_hypotheses(case) -> list[Hypothesis]:
     wide = _unit_roundoff("float32")
     dtypes = [d for d in dict.fromkeys([case.dtype, "bfloat16"]) if _unit_roundoff(d) > wide]
     found = []
-    for name, contraction in oracle.CONTRACTIONS.items():
+    for name, contraction in rounding_model.CONTRACTIONS.items():
         if (name == "permutation_mix" and case.variant != "lite") or name in GATE_CONTRACTIONS:
             continue
         for output in OUTPUTS:
@@ -306,9 +306,9 @@ def name_problem(name: str) -> str:
         return ""
     if kind == "accumulate" and len(fields) == 5:
         contraction, output, dtype, block = fields[1:]
-        if contraction not in oracle.CONTRACTIONS or output not in OUTPUTS or dtype not in ROUNDING_DTYPES:
+        if contraction not in rounding_model.CONTRACTIONS or output not in OUTPUTS or dtype not in ROUNDING_DTYPES:
             return (
-                f"{name!r}: a contraction of {sorted(oracle.CONTRACTIONS)}, an output of {OUTPUTS} "
+                f"{name!r}: a contraction of {sorted(rounding_model.CONTRACTIONS)}, an output of {OUTPUTS} "
                 f"and a dtype of {ROUNDING_DTYPES}"
             )
         if not (block == "once" or (block.isdigit() and int(block) >= 1)):

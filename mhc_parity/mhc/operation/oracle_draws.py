@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, rounding_model
 
 
 def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.OracleResult]:
@@ -36,8 +36,8 @@ def on_fixture(run, case, fixture, branch, **options):
 
 def oracle_unit_roundoffs(case, matmul_operand_roundoff: float) -> dict[str, float]:
     """The unit roundoff of every precision class of the oracle's rounding draws for `case`
-    (`mhc_parity.mhc.oracle.unit_roundoffs`)."""
-    return oracle.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff)
+    (`mhc_parity.mhc.rounding_model.unit_roundoffs`)."""
+    return rounding_model.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff)
 
 
 def oracle_key(case) -> dict:

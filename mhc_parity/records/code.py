@@ -52,7 +52,8 @@ def _imported_names(path: pathlib.Path, *, anywhere: bool = False) -> list[str]:
     return names
 
 
-def _within(name: str, packages: Iterable[str]) -> bool:
+def within_packages(name: str, packages: Iterable[str]) -> bool:
+    """Whether module `name` is one of `packages` (module names) or inside one."""
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
@@ -81,7 +82,7 @@ def import_closure(
             raise FileNotFoundError(f"no source file for module {entry!r} under {root}")
     while todo:
         name = todo.pop()
-        if name in found or _within(name, exclude):
+        if name in found or within_packages(name, exclude):
             continue
         top = name.split(".")[0]
         path = None if top in libraries else _module_file(name, root)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pathlib
 
+from mhc_parity.records.code import within_packages
 from mhc_parity.records.manifest import CODE_DIRS, CODE_PACKAGES, PROJECT_ROOT
 
 _LOADED: list[str] = []
@@ -24,7 +25,7 @@ def is_project_module(name: str, file: str | None = None) -> bool:
     """True for a module of this project's `CODE_PACKAGES` (its code is what the stores are
     keyed by): `name` is one of them or inside one and, where `file` is known, that file is
     under `CODE_DIRS` (a module of that name loaded from anywhere else is foreign code)."""
-    if not any(name == package or name.startswith(package + ".") for package in CODE_PACKAGES):
+    if not within_packages(name, CODE_PACKAGES):
         return False
     if file is None:
         return True

@@ -20,10 +20,10 @@ from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
 from mhc_parity.harness.engine.program_cache import ProgramCache
 from mhc_parity.harness.stores import program_store
-from mhc_parity.harness.stores.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
 from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
+from mhc_parity.records.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
 from mhc_parity.records.code import closure_digest, import_closure
 from mhc_parity.records.manifest import PROJECT_ROOT
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing

@@ -18,8 +18,10 @@ import pytest
 from mhc_parity.harness.commands.gate import main as gate_main
 from mhc_parity.records.schema import ROW_COLUMNS, row_key
 from mhc_parity.reports import load_baseline, load_run, to_frame, write_all, write_baseline
-from mhc_parity.reports.bound_plots import bound_panel_svg, bound_panels
-from mhc_parity.reports.histograms import histogram_svg, histograms
+from mhc_parity.reports.bound_plot_svg import bound_panel_svg
+from mhc_parity.reports.bound_plots import bound_panels
+from mhc_parity.reports.histogram_svg import histogram_svg
+from mhc_parity.reports.histograms import histograms
 from mhc_parity.reports.html import render_html
 from mhc_parity.reports.judgement import judge
 from mhc_parity.reports.samples import sample_rows, write_sample_run

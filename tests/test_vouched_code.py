@@ -21,9 +21,9 @@ from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import cache_key, cache_path, make_fixture
 from mhc_parity.harness.engine.implementations import load_external
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
-from mhc_parity.harness.stores.artifact_store import ArtifactStore
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records import foreign_code
+from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.code import external_code_files, import_closure
 from mhc_parity.records.distributions import distribution_key, distributions_of
 from mhc_parity.records.manifest import read_manifest

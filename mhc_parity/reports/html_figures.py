@@ -1,7 +1,8 @@
 """The HTML report's figures: the failing and near-bound leaves' plots (`mhc_parity.reports.bound_plots`),
 the error-ratio heatmaps (`mhc_parity.reports.heatmaps`, HTML tables) and the max_rel_err histograms
 (`mhc_parity.reports.histograms`), each with its section and caption. The plots are inline SVG drawn by
-matplotlib (`mhc_parity.reports.plots`); every text from a row goes through `esc`.
+matplotlib, or loaded where that drawing of those numbers is stored (`mhc_parity.reports.figure_store`);
+every text from a row goes through `esc`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import math
 from collections.abc import Sequence
 
 from mhc_parity.records.text import format_number
-from mhc_parity.reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, BoundPanel, bound_panel_svg
+from mhc_parity.reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, BoundPanel
+from mhc_parity.reports.figure_store import figure_svg
 from mhc_parity.reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, VERDICT_ABBREVIATIONS, Heatmap, cell_colour
-from mhc_parity.reports.histograms import BINS_PER_DECADE, Histogram, histogram_svg
+from mhc_parity.reports.histograms import BINS_PER_DECADE, Histogram
 from mhc_parity.reports.html_elements import esc, fmt
 
 
@@ -24,7 +26,7 @@ def histogram_html(figure: Histogram) -> str:
         "NaN/inf values cannot sit on a log axis: each panel's title counts them."
     )
     return (
-        f'<figure class="histogram" id="histogram-{esc(figure.dtype)}">{histogram_svg(figure)}'
+        f'<figure class="histogram" id="histogram-{esc(figure.dtype)}">{figure_svg("histogram", figure)}'
         f"<figcaption><b>Error histogram — {esc(figure.dtype)}.</b> {esc(caption)}</figcaption></figure>"
     )
 
@@ -34,7 +36,7 @@ def bound_plot_html(panel: BoundPanel, index: int, anchors: dict[str, str]) -> s
     usage = panel.worst_usage
     tally = f"{panel.failing} of {len(panel.leaves)} leaves failing" if panel.failing else f"{len(panel.leaves)} leaves"
     return (
-        f'<figure class="bound-plot" id="bound-plot-{index}">{bound_panel_svg(panel, index)}'
+        f'<figure class="bound-plot" id="bound-plot-{index}">{figure_svg("bound_panel", panel, index)}'
         f'<figcaption><b><a href="#{anchors[panel.case]}">{esc(panel.case)}</a></b> · {esc(panel.candidate)} vs '
         f"{esc(panel.partner)} ({esc(panel.comparison)}): {esc(tally)}; largest bound usage "
         f"{fmt(usage)}.</figcaption></figure>"

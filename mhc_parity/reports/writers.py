@@ -158,8 +158,19 @@ def write_json(
     """report.json (strict JSON, see the module docstring) of a canonical row frame;
     `summary` as in `report_document`."""
     document = report_document(frame, metadata, judgement, manifest, summary=summary)
-    path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    path.write_text(report_json_text(document), encoding="utf-8")
     return path
+
+
+def report_json_text(document: Mapping[str, Any]) -> str:
+    """`document` (a `report_document`, "rows" its last key) as indented JSON with each row
+    on one line: json indents only in pure Python, which was most of a report's write time,
+    while its C encoder writes each row. `json.loads` of it equals the document."""
+    rows = document["rows"]
+    head = json.dumps({key: value for key, value in document.items() if key != "rows"}, indent=1, allow_nan=False)
+    body = ",\n  ".join(json.dumps(row, allow_nan=False) for row in rows)
+    rows_text = f"[\n  {body}\n ]" if rows else "[]"
+    return head.removesuffix("\n}") + f',\n "rows": {rows_text}\n}}\n'
 
 
 def judge_frame(

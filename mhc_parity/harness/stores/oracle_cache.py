@@ -49,7 +49,7 @@ from mhc_parity.harness.engine.oracle_path import (
 )
 from mhc_parity.harness.env import compiler_material
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.stores.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
+from mhc_parity.records.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
 from mhc_parity.records.files import array_sha256, atomic_write

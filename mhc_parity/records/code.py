@@ -10,6 +10,7 @@ what actually runs check that the closure covers it.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pathlib
 from collections.abc import Iterable
@@ -39,17 +40,24 @@ def _import_time_nodes(tree: ast.AST):
         yield from _import_time_nodes(node)
 
 
-def _imported_names(path: pathlib.Path, *, anywhere: bool = False) -> list[str]:
+def _imported_names(path: pathlib.Path, *, anywhere: bool = False) -> tuple[str, ...]:
     """Every absolute module name `path` imports at import time (`from a import b`: a.b and a);
     anywhere: also those imported inside functions (what a call may import)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return _names_imported_by(path.read_text(encoding="utf-8"), anywhere)
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_imported_by(source: str, anywhere: bool) -> tuple[str, ...]:
+    """`_imported_names` of a module's source text: parsed once per process and text (the
+    closures of a run's stores share most of their modules, and a file's names follow from its text alone)."""
+    tree = ast.parse(source)
     names = []
     for node in ast.walk(tree) if anywhere else _import_time_nodes(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names += [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-    return names
+    return tuple(names)
 
 
 def within_packages(name: str, packages: Iterable[str]) -> bool:

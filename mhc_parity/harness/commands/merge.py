@@ -62,6 +62,8 @@ SUMMED_KEYS = (
     "programs_stored_missed",
     "lowerings_stored_loaded",
     "lowerings_stored_missed",
+    "comparisons_stored_loaded",
+    "comparisons_stored_missed",
     "resumed_cases",
 )
 # Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).

@@ -41,6 +41,7 @@ from mhc_parity.harness.engine.run_info import compile_counts
 from mhc_parity.harness.errors import ResourceError
 from mhc_parity.harness.judging.metrics import MetricsMemo
 from mhc_parity.harness.judging.policy import Policy
+from mhc_parity.harness.stores.comparison_store import ComparisonStore, key_material, path_material
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
@@ -130,18 +131,21 @@ class Runner:
         cache: ProgramCache | None = None,
         oracle: Callable | None = None,
         lowering_store: LoweringStore | None = None,
+        comparison_store: ComparisonStore | None = None,
     ):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `mhc_parity.cases.fixtures.make_fixture` and `mhc_parity.harness.stores.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
         for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
-        disk store); lowering_store: reuse TPU lowering results (default: none). See
+        disk store); lowering_store: reuse TPU lowering results (default: none);
+        comparison_store: reuse the judged rows of outputs judged before (default: none). See
         `with_disk_stores` for the runner of a parity run."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.oracle = oracle if oracle is not None else OracleCache()
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
+        self.comparison_store = comparison_store
         # The failing rows' causes: a case's hypotheses through the oracle, the latest case kept.
         self.hypotheses = HypothesisOracle()
         # This thread's seconds per part of the run (`TIMINGS`), for the run's metadata and the benchmark.
@@ -150,10 +154,16 @@ class Runner:
     @classmethod
     def with_disk_stores(cls, policy: Policy) -> Runner:
         """The runner of a parity run: compiled programs and TPU lowering results stored on
-        disk by content (`mhc_parity.harness.stores.program_store`), besides the fixtures and
-        oracle answers. A process that loaded an external implementation reads the stores and
-        writes nothing to them (`mhc_parity.records.foreign_code`)."""
-        return cls(policy, cache=ProgramCache(store=ProgramStore()), lowering_store=LoweringStore())
+        disk by content (`mhc_parity.harness.stores.program_store`), and the judged rows of a
+        case by what they were judged from (`mhc_parity.harness.stores.comparison_store`), besides
+        the fixtures and oracle answers. A process that loaded an external implementation
+        reads the program stores and writes nothing to them (`mhc_parity.records.foreign_code`)."""
+        return cls(
+            policy,
+            cache=ProgramCache(store=ProgramStore()),
+            lowering_store=LoweringStore(),
+            comparison_store=ComparisonStore(),
+        )
 
     def work_counts(self) -> dict:
         """Oracle answers computed and loaded from the disk cache by this runner, programs
@@ -162,7 +172,7 @@ class Runner:
         counts = compile_counts()
         if hasattr(self.oracle, "misses"):
             counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
-        for store in (self.cache.store, self.lowering_store):
+        for store in (self.cache.store, self.lowering_store, self.comparison_store):
             if store is not None:
                 counts.update(store.counts())
         return counts
@@ -284,6 +294,51 @@ class Runner:
         stage[0] = "its paths"
         results = self._run_paths(case, paths, fixture, on_step)
         stage[0] = "the comparisons and causes"
+        timings = {
+            name: (result.outputs.compile_s, result.outputs.execute_s)
+            for name, result in results.items()
+            if result.outputs is not None
+        }
+        material = self._comparison_key(case, fixture, paths, results)
+        rows = None if material is None else self.comparison_store.load(material, timings)
+        if rows is None:
+            rows = self._judged_rows(case, paths, results, fixture, oracle)
+            if material is not None:
+                self.comparison_store.save(material, rows, timings)
+        yield from rows
+        if plan.lowering:
+            stage[0] = "the TPU lowering"
+            on_step(case, "lowering")
+            start = time.perf_counter()
+            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
+            for impl in plan.implementations:
+                if impl.lower is not None:
+                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
+            self.timings["lowering_s"] += time.perf_counter() - start
+            yield from rows
+
+    def _comparison_key(self, case, fixture, paths: Sequence[Path], results: dict[str, _PathResult]) -> dict | None:
+        """The key of the case's judged rows in the comparison store (None without one)."""
+        if self.comparison_store is None:
+            return None
+        return key_material(
+            case,
+            fixture,
+            self.policy.digest,
+            [
+                path_material(
+                    path.name,
+                    verdict=results[path.name].verdict,
+                    reason=results[path.name].reason,
+                    devices=_environment_fields(case, results[path.name].placement)["devices"],
+                    leaves=None if results[path.name].outputs is None else results[path.name].outputs.leaves,
+                )
+                for path in paths
+            ],
+        )
+
+    def _judged_rows(self, case, paths: Sequence[Path], results: dict[str, _PathResult], fixture, oracle) -> list:
+        """The case's comparison and status rows, their bounds and verdicts, and the failing rows' causes."""
         # Once per implementation: its sharded and unsharded paths make the same choices.
         implementations = {path.impl.name: path.impl for path in paths}
         effects = {name: self._declared_effects(impl, case, fixture, oracle) for name, impl in implementations.items()}
@@ -304,17 +359,7 @@ class Runner:
             },
         )
         self.timings["causes_s"] += time.perf_counter() - start
-        yield from rows
-        if plan.lowering:
-            stage[0] = "the TPU lowering"
-            on_step(case, "lowering")
-            start = time.perf_counter()
-            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
-            for impl in plan.implementations:
-                if impl.lower is not None:
-                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
-            self.timings["lowering_s"] += time.perf_counter() - start
-            yield from rows
+        return rows
 
     def _declared_effects(self, impl, case, fixture, oracle) -> DeclaredEffects:
         """What the precision choices `impl` declares and this backend makes move, leaf by leaf

@@ -46,9 +46,9 @@ from jax.experimental import serialize_executable
 from mhc_parity.harness.engine.implementations import is_builtin
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.env import compiler_material
-from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
+from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
 

@@ -1,0 +1,131 @@
+"""A case's judged rows are stored by everything they were judged from (`mhc_parity.harness.stores.comparison_store`).
+
+A second run of the same outputs loads the rows it judged (its programs still run), and they
+are the rows judging them again gives, cell for cell, with this run's timings; one bit of
+one output, the policy, the case, the fixture or the code is another key; a damaged entry is
+judged again; and a process that loaded foreign code neither reads nor writes the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from mhc_parity.cases.catalogue import make_case
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.stores import comparison_store
+from mhc_parity.harness.stores.comparison_store import (
+    TIMING_COLUMNS,
+    ComparisonStore,
+    key_material,
+    path_material,
+    with_timings,
+)
+from mhc_parity.records import foreign_code
+
+CASE = make_case(dtype="bfloat16")
+PLAN = PathPlan(implementations=tuple(BUILTIN.values()), path_globs=("reference/unsharded", "interpret/unsharded"))
+PROGRAMS = ProgramCache()  # compiled once for the module's runs (in memory: no store is written)
+
+
+def _rows(store: ComparisonStore | None) -> list[dict]:
+    runner = Runner(load_policy(), cache=PROGRAMS, comparison_store=store)
+    return [row for row in runner.run_case(CASE, PLAN) if row["comparison"] != "lowering"]
+
+
+def _without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in rows]
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    """Cell for cell, NaN equal to NaN."""
+    return len(a) == len(b) and all(
+        x.keys() == y.keys()
+        and all(
+            (isinstance(x[k], float) and isinstance(y[k], float) and math.isnan(x[k]) and math.isnan(y[k]))
+            or x[k] == y[k]
+            for k in x
+        )
+        for x, y in zip(a, b)
+    )
+
+
+@pytest.fixture(scope="module")
+def judged():
+    """The case's rows judged without a store."""
+    return _rows(None)
+
+
+def test_a_second_run_loads_the_rows_it_judged_with_its_own_timings(tmp_path, judged):
+    store = ComparisonStore(tmp_path)
+    first = _rows(store)
+    assert store.counts() == {"comparisons_stored_loaded": 0, "comparisons_stored_missed": 1}
+    second = _rows(store)
+    assert store.counts() == {"comparisons_stored_loaded": 1, "comparisons_stored_missed": 1}
+    assert _same(_without_timing(first), _without_timing(judged))
+    assert _same(_without_timing(second), _without_timing(judged))
+    timed = [row for row in second if row["verdict"] not in ("skip", "unsupported")]
+    assert timed and all(row["compile_s"] >= 0 and row["execute_s"] >= 0 for row in timed)
+
+
+def test_with_timings_retimes_timed_rows_and_leaves_status_rows():
+    rows = [
+        {"candidate": "a", "compile_s": 1.0, "execute_s": 2.0},
+        {"candidate": "a", "compile_s": math.nan, "execute_s": math.nan},  # a status row
+        {"candidate": "b", "compile_s": math.nan, "execute_s": math.nan},  # a path that did not run
+    ]
+    retimed = with_timings(rows, {"a": (1.0, 2.0)}, {"a": (0.5, 0.25)})
+    assert retimed[0] == {"candidate": "a", "compile_s": 0.5, "execute_s": 0.25}
+    assert retimed[1:] == rows[1:] and rows[0]["compile_s"] == 1.0  # the stored rows are not changed
+
+
+def test_every_input_of_the_judgement_is_in_the_key(monkeypatch):
+    fixture = make_fixture(CASE)
+    leaves = {"out": np.arange(8, dtype=np.float32), "d_x": np.ones(4, dtype=np.float32)}
+    moved = dict(leaves, out=np.nextafter(leaves["out"], np.float32(np.inf)))
+
+    def key(case=CASE, fix=fixture, policy="p", outputs=leaves, verdict=""):
+        paths = [path_material("reference/unsharded", verdict=verdict, reason="", devices="cpu:0", leaves=outputs)]
+        return key_material(case, fix, policy, paths)
+
+    base = key()
+    assert key() == base
+    other_case = dataclasses.replace(CASE, seed=CASE.seed + 1)
+    variants = [
+        key(outputs=moved),
+        key(outputs=None, verdict="error"),
+        key(policy="q"),
+        key(case=other_case),
+        key(fix=make_fixture(other_case)),
+    ]
+    monkeypatch.setattr(comparison_store, "project_code_digest", lambda: "edited")
+    variants.append(key())
+    assert all(variant != base for variant in variants)
+
+
+def test_a_damaged_entry_is_judged_again(tmp_path, judged):
+    store = ComparisonStore(tmp_path)
+    _rows(store)
+    (entry,) = tmp_path.iterdir()
+    entry.write_bytes(entry.read_bytes()[:-5])
+    assert _same(_without_timing(_rows(store)), _without_timing(judged))
+    assert store.store.rejected == 1
+
+
+def test_a_process_that_loaded_foreign_code_neither_reads_nor_writes(tmp_path, monkeypatch, judged):
+    store = ComparisonStore(tmp_path)
+    _rows(store)
+    monkeypatch.setattr(foreign_code, "_LOADED", ["some_module:factory"])
+    _rows(store)
+    assert store.counts()["comparisons_stored_loaded"] == 0
+    other = ComparisonStore(tmp_path / "other")
+    _rows(other)
+    assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())

@@ -13,6 +13,7 @@ names the source (file or "rows") and the offending line or column.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -116,6 +117,8 @@ def is_finite(value: Any) -> bool:
 
 def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] = ROW_COLUMNS) -> None:
     present = list(columns)
+    if _columns_fit(tuple(present), tuple(expected)):
+        return
     duplicated = sorted({c for c in present if present.count(c) > 1})
     missing = [c for c in expected if c not in present and c not in LATER_COLUMNS]
     unknown = [c for c in present if c not in expected]
@@ -128,6 +131,14 @@ def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] =
         problems.append(f"duplicated columns {duplicated}")
     if problems:
         raise ReportInputError(f"{where}: " + "; ".join(problems))
+
+
+@functools.lru_cache(maxsize=64)
+def _columns_fit(present: tuple[str, ...], expected: tuple[str, ...]) -> bool:
+    """Whether `present` are `expected`, each once, but for `LATER_COLUMNS` it may lack: once
+    per column set, not once per row (every row of a run has the same)."""
+    names = set(present)
+    return len(names) == len(present) and names <= set(expected) and set(expected) - names <= set(LATER_COLUMNS)
 
 
 def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_COLUMNS) -> dict:

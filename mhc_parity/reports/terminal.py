@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import pandas as pd
+
 from mhc_parity.records.rows import to_frame
 from mhc_parity.records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
 from mhc_parity.records.text import format_number, format_text_table, plural
@@ -70,11 +72,13 @@ def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
     )
 
 
-def format_summary(rows, metadata=None, judgement: Judgement | None = None) -> str:
+def format_summary(
+    rows, metadata=None, judgement: Judgement | None = None, *, frame: pd.DataFrame | None = None
+) -> str:
     """Verdict counts per comparison, then the failures or, if none, the rows closest to their
     bound; then the verdict, after the policy that judged when it is not the packaged one
     (`mhc_parity.reports.summary.policy_note` of the run's `metadata`); last, with a baseline, the gate's
-    verdict against it (`gate_lines`)."""
+    verdict against it (`gate_lines`). `frame`: the rows' canonical frame, where the caller made one."""
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
@@ -95,7 +99,7 @@ def format_summary(rows, metadata=None, judgement: Judgement | None = None) -> s
         lines += ["", "closest to their bound:"]
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
         lines.append(rows_table(shown, indent="  "))
-    lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows)]
+    lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows, frame)]
     note = policy_note(metadata)
     if note:
         lines += ["", note]
@@ -131,9 +135,12 @@ def implementation_line(verdict: ImplementationVerdict) -> str:
     return f"{verdict.name} {verdict.verdict.upper()} ({plural(len(verdict.groups), 'cause')})"
 
 
-def sharpness_text(rows) -> str:
-    """Per comparison x activation dtype: passing rows and the median / p90 / max bound usage."""
-    table = sharpness(to_frame(list(rows), source="run rows")) if rows else None
+def sharpness_text(rows, frame: pd.DataFrame | None = None) -> str:
+    """Per comparison x activation dtype: passing rows and the median / p90 / max bound usage;
+    `frame`: the rows' canonical frame (`to_frame`) where the caller has it."""
+    if frame is None and rows:
+        frame = to_frame(list(rows), source="run rows")
+    table = sharpness(frame) if frame is not None else None
     if table is None or not len(table):
         return "  (no bounded rows)"
     body = [
@@ -148,5 +155,7 @@ def sharpness_text(rows) -> str:
     return format_text_table(["comparison", "act dtype", "passing", "median", "p90", "max"], body, indent="  ")
 
 
-def print_summary(rows, metadata=None, judgement: Judgement | None = None) -> None:
-    print(format_summary(rows, metadata, judgement))
+def print_summary(
+    rows, metadata=None, judgement: Judgement | None = None, *, frame: pd.DataFrame | None = None
+) -> None:
+    print(format_summary(rows, metadata, judgement, frame=frame))

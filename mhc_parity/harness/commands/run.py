@@ -289,7 +289,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             progress.close()
             metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start, plan.implementations)
             finished = manifest.completed(len(rows))
-            paths, judgement = _write_reports(rows, metadata, store.folder, baseline, finished)
+            paths, judgement, frame = _write_reports(rows, metadata, store.folder, baseline, finished)
             release_reserve(store.folder)  # its room is for this last write
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
     except KeyboardInterrupt:
@@ -311,7 +311,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
-    return _conclude(rows, paths, metadata, judgement)
+    return _conclude(rows, paths, metadata, judgement, frame)
 
 
 def _runner(args, policy, plan, cases: int):
@@ -350,19 +350,20 @@ def _load_baseline(path, allow_legacy: bool):
 
 
 def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest):
-    """(the report paths, the gate's judgement against `baseline` or None): the rows coerced
-    once, judged as `mhc-parity gate` will judge the finished folder, every format written."""
+    """(the report paths, the gate's judgement against `baseline` or None, the rows' frame): the
+    rows coerced once, judged as `mhc-parity gate` will judge the finished folder, every format written."""
     frame = to_frame(rows)
     judgement = None
     if baseline is not None:
         judgement = writers.judge_frame(frame, metadata, baseline, manifest, out / writers.OUTPUT_FILES["json"])
-    return writers.write_frame(frame, metadata, out, manifest=manifest, judgement=judgement), judgement
+    return writers.write_frame(frame, metadata, out, manifest=manifest, judgement=judgement), judgement, frame
 
 
-def _conclude(rows, paths, metadata, judgement=None) -> int:
+def _conclude(rows, paths, metadata, judgement=None, frame=None) -> int:
     """Print the summary (`metadata`: the reports', e.g. which policy judged; `judgement`: the
-    gate's against --baseline, printed last) and the report paths; the run's exit code."""
-    print_summary(rows, metadata, judgement)
+    gate's against --baseline, printed last; `frame`: the rows' canonical frame) and the report
+    paths; the run's exit code."""
+    print_summary(rows, metadata, judgement, frame=frame)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mhc_parity.records.rows import ReportInputError
+from mhc_parity.records.schema import ReportInputError
 
 PRECISION_KEY = "matmul_precision"
 # The keys a baseline header carries besides its format and policy hash.

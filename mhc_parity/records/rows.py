@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from mhc_parity.records.schema import (
+from mhc_parity.records.schema import (  # ReportInputError: read from here by every reader
     COMPARISONS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -32,6 +32,7 @@ from mhc_parity.records.schema import (
     LEAF_KINDS,
     ROW_COLUMNS,
     VERDICTS,
+    ReportInputError,
 )
 
 # Text columns whose values are restricted to a schema vocabulary. The empty string
@@ -42,10 +43,6 @@ _VOCABULARIES: dict[str, tuple[str, ...]] = {
     "comparison": COMPARISONS + ("",),
     "leaf_kind": LEAF_KINDS + ("",),
 }
-
-
-class ReportInputError(ValueError):
-    """A row set or row file that does not match the schema (message names where)."""
 
 
 # ----------------------------------------------------------------------------- values

@@ -10,6 +10,11 @@ A row is a flat dict with exactly `ROW_COLUMNS` as keys. Metric columns hold flo
 
 from __future__ import annotations
 
+
+class ReportInputError(ValueError):
+    """A row set or row file that does not match the schema (message names where)."""
+
+
 VERDICTS = ("pass", "fail", "skip", "unsupported", "error")
 # Verdicts that do not break a run (exit code 0).
 OK_VERDICTS = ("pass", "skip", "unsupported")

@@ -151,8 +151,8 @@ class Runner:
     def with_disk_stores(cls, policy: Policy) -> Runner:
         """The runner of a parity run: compiled programs and TPU lowering results stored on
         disk by content (`mhc_parity.harness.stores.program_store`), besides the fixtures and
-        oracle answers. A process that loaded an external implementation reads the stores and
-        writes nothing to them (`mhc_parity.records.foreign_code`)."""
+        oracle answers. A process that loaded an external implementation writes them under keys
+        that also cover its code (`mhc_parity.records.foreign_code`)."""
         return cls(policy, cache=ProgramCache(store=ProgramStore()), lowering_store=LoweringStore())
 
     def work_counts(self) -> dict:
@@ -309,10 +309,10 @@ class Runner:
             stage[0] = "the TPU lowering"
             on_step(case, "lowering")
             start = time.perf_counter()
-            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
+            rows = list(lowering_rows(case, self.lowering_store, plan.selects))
             for impl in plan.implementations:
                 if impl.lower is not None:
-                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
+                    rows += implementation_lowering_rows(case, impl, self.lowering_store, plan.selects)
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
 

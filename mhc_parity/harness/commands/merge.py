@@ -52,6 +52,7 @@ SUMMED_KEYS = (
     "fixtures_s",
     "oracle_s",
     "paths_s",
+    "effects_s",
     "causes_s",
     "lowering_s",
     "oracle_computed",
@@ -62,6 +63,8 @@ SUMMED_KEYS = (
     "programs_stored_missed",
     "lowerings_stored_loaded",
     "lowerings_stored_missed",
+    "causes_stored_loaded",
+    "causes_stored_missed",
     "resumed_cases",
 )
 # Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).

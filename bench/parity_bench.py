@@ -1,10 +1,12 @@
 """Benchmark `mhc-parity run` on a suite: cold, warm and after a kernel edit, where the time goes.
 
 Usage (from the project root):
-    .venv/bin/python bench/parity_bench.py [--suite default] [--jobs 1 2]
+    .venv/bin/python bench/parity_bench.py [--suite default|maxtext] [--jobs 1 2 | auto]
 
-For each --jobs value, three CLI runs in subprocesses share one fresh cache folder
-(MHC_PARITY_CACHE: fixtures, oracle answers, JAX's persistent compilation cache):
+For each --jobs value (a number, or `auto`: what `make parity` and `make parity-maxtext`
+pass), CLI runs in subprocesses share one fresh cache folder (MHC_PARITY_CACHE: fixtures,
+oracle answers, programs, JAX's persistent compilation cache). The default suite (`--jobs 1 2`
+unless given) runs three:
 
   cold   nothing cached;
   warm   the same suite again, nothing changed;
@@ -15,6 +17,13 @@ For each --jobs value, three CLI runs in subprocesses share one fresh cache fold
          so a comment edit recompiles nothing. Every program that contains the
          post-forward kernel (the interpret paths and their TPU lowering) recompiles; the
          reference programs, fixtures and oracle answers come from the cache.
+
+The maxtext suite runs what `make parity-maxtext` runs (`SUITES`: MaxText's implementations
+beside this project's reference, `--jobs auto` unless given), cold and warm only: an edit of a
+MaxText file or of `mhc_parity/maxtext_parity/` misses every store entry of the run (they are
+keyed by all the foreign code the process loaded: `mhc_parity.records.foreign_code`), so it
+would measure a cold run again, with JAX's persistent cache warm; the installed MaxText copy is
+not edited.
 
 For each run it prints the process wall time and its shares, as the runner's own thread
 spent it: the paths (waiting for their programs and running them), the float64 oracle,
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import importlib.metadata
 import io
@@ -67,8 +77,33 @@ SOURCE_DIRS = ("mhc_parity",)
 EDITED_FILE = "mhc_parity/mhc/kernels/forward.py"
 EDIT_FROM = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...])\n"
 EDIT_TO = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...]) * 1\n"
-TARGETS = {"cold": 120.0, "warm": 15.0, "edit": 45.0}
 OVERHEAD_TARGET_PERCENT = 10.0
+# The runner's timed parts (`mhc_parity.harness.engine.runner.TIMINGS`), summed over the workers.
+_TIMED = ("paths_s", "oracle_s", "fixtures_s", "effects_s", "causes_s", "lowering_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteRuns:
+    """How a suite is benchmarked: the run's arguments beyond `--suite`, its scenarios, the
+    --jobs values measured unless given, and the wall-time target of each scenario (seconds,
+    on the 2-core CI machine)."""
+
+    arguments: tuple[str, ...]
+    scenarios: tuple[str, ...]
+    jobs: tuple[str, ...]
+    targets: dict[str, float]
+
+
+SUITES = {
+    "default": SuiteRuns((), ("cold", "warm", "edit"), ("1", "2"), {"cold": 120.0, "warm": 15.0, "edit": 45.0}),
+    # `make parity-maxtext`'s command line (the Makefile's parity-maxtext target).
+    "maxtext": SuiteRuns(
+        ("--impl", "mhc_parity.maxtext_parity:implementations", "--paths", "reference/*", "maxtext-*"),
+        ("cold", "warm"),
+        ("auto",),
+        {"cold": 150.0, "warm": 15.0},
+    ),
+}
 
 
 def _seconds(value) -> float:
@@ -132,12 +167,13 @@ def run_once(
     suite: str,
     cache: pathlib.Path,
     out: pathlib.Path,
-    jobs: int,
+    jobs: str,
     project: pathlib.Path = ROOT,
     edited_file: str = EDITED_FILE,
 ) -> dict:
     """One CLI run in a child process (from `project`'s sources, whose `edited_file` it checks
-    the run used); returns its figures."""
+    the run used), with the suite's own arguments (`SUITES`) and `--jobs jobs` (a number or
+    "auto", which the run resolves: its metadata says to what); returns its figures."""
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
     command = [
         sys.executable,
@@ -146,6 +182,7 @@ def run_once(
         "run",
         "--suite",
         suite,
+        *SUITES[suite].arguments,
         "--out",
         str(out),
         "--quiet",
@@ -168,8 +205,9 @@ def run_once(
     meta = report["metadata"]
     compile_s, execute_s = _row_seconds(report["rows"])
     runner_wall = meta["wall_seconds"]
+    jobs = int(meta.get("jobs", 1))  # "auto" resolved
     worker_wall = jobs * runner_wall
-    accounted = meta["paths_s"] + meta["oracle_s"] + meta["fixtures_s"] + meta.get("causes_s", 0.0) + meta["lowering_s"]
+    accounted = sum(meta.get(key, 0.0) for key in _TIMED)
     return {
         "jobs": jobs,
         "exit_code": proc.returncode,
@@ -181,6 +219,7 @@ def run_once(
         "oracle_s": meta["oracle_s"],
         "fixtures_s": meta["fixtures_s"],
         "lowering_s": meta["lowering_s"],
+        "effects_s": meta.get("effects_s", 0.0),
         "causes_s": meta.get("causes_s", 0.0),
         "overhead_s": max(worker_wall - accounted, 0.0),
         "startup_and_reports_s": process_wall - runner_wall,
@@ -190,6 +229,7 @@ def run_once(
         "programs_loaded": meta.get("programs_loaded"),
         "programs_stored": (meta.get("programs_stored_loaded", 0), meta.get("programs_stored_missed", 0)),
         "lowerings_stored": (meta.get("lowerings_stored_loaded", 0), meta.get("lowerings_stored_missed", 0)),
+        "causes_stored": (meta.get("causes_stored_loaded", 0), meta.get("causes_stored_missed", 0)),
         "oracle_computed": meta.get("oracle_computed"),
         "oracle_cached": meta.get("oracle_cached"),
         "rows": len(report["rows"]),
@@ -215,7 +255,7 @@ def print_run(label: str, figures: dict) -> None:
         f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
         + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)")
     )
-    keys = ("paths_s", "oracle_s", "fixtures_s", "causes_s", "lowering_s", "overhead_s")
+    keys = (*_TIMED, "overhead_s")
     body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / basis:.1f}%"] for key in keys]
     body.append(["  programs obtained", f"{figures['compile_s']:.1f} s", "loaded or compiled, mostly in threads ahead"])
     body.append(["  programs executed", f"{figures['execute_s']:.1f} s", "within paths"])
@@ -243,6 +283,13 @@ def print_run(label: str, figures: dict) -> None:
         ]
     )
     body.append(["TPU lowerings loaded / missed", "{} / {}".format(*figures["lowerings_stored"]), "lowering store"])
+    body.append(
+        [
+            "causes / effects loaded / missed",
+            "{} / {}".format(*figures["causes_stored"]),
+            "cause store (failing rows' causes, declared choices' effects)",
+        ]
+    )
     body.append(["oracle computed / cached", f"{figures['oracle_computed']} / {figures['oracle_cached']}", "cases"])
     print(format_text_table(["where", "time", "share"], body, indent="  "))
 
@@ -317,8 +364,10 @@ def results_metadata() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="default")
-    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="--jobs values to measure (default 1 2)")
+    parser.add_argument("--suite", default="default", choices=sorted(SUITES))
+    parser.add_argument(
+        "--jobs", nargs="+", default=None, help="--jobs values to measure, numbers or auto (default: the suite's)"
+    )
     parser.add_argument("--results", type=pathlib.Path, default=None, metavar="FILE", help="also write the report here")
     args = parser.parse_args(argv)
     tee = Tee(sys.stdout)
@@ -334,12 +383,14 @@ def main(argv=None) -> int:
 
 def _measure(args) -> int:
     results, loads = {}, []
+    runs = SUITES[args.suite]
+    job_values = list(args.jobs or runs.jobs)
     with tempfile.TemporaryDirectory(prefix="mhc-bench-") as tmp:
         tmp_path = pathlib.Path(tmp)
-        project = edited_copy(tmp_path / "edited-project")
-        for jobs in args.jobs:
+        project = edited_copy(tmp_path / "edited-project") if "edit" in runs.scenarios else ROOT
+        for jobs in job_values:
             cache = tmp_path / f"cache-jobs{jobs}"
-            for scenario in ("cold", "warm", "edit"):
+            for scenario in runs.scenarios:
                 loads.append(f"before {scenario} --jobs {jobs}: {load_note()}")
                 results[(scenario, jobs)] = run_once(
                     args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs, project if scenario == "edit" else ROOT
@@ -347,7 +398,7 @@ def _measure(args) -> int:
                 # printed as it comes: a long benchmark's first figures are usable before it ends
                 print_run(f"{scenario} ({args.suite}, --jobs {jobs}; {loads[-1]})", results[(scenario, jobs)])
                 sys.stdout.flush()
-    print_sharpness(results[("warm", args.jobs[0])]["sharpness"])
+    print_sharpness(results[("warm", job_values[0])]["sharpness"])
     print("\nmachine load while measuring (the walls are only comparable on a quiet machine):")
     for line in loads:
         print(f"  {line}")
@@ -356,7 +407,7 @@ def _measure(args) -> int:
         wall, overhead = figures["process_wall_s"], overhead_percent(figures)
         print(
             f"  {scenario:<5} --jobs {jobs}: {wall:6.1f} s, CPU {figures['cpu_s']:5.0f} s "
-            f"(target <= {TARGETS[scenario]:.0f} s: {'met' if wall <= TARGETS[scenario] else 'MISSED'}), "
+            f"(target <= {runs.targets[scenario]:.0f} s: {'met' if wall <= runs.targets[scenario] else 'MISSED'}), "
             f"harness overhead {overhead:.1f}% "
             f"(< {OVERHEAD_TARGET_PERCENT:.0f}%: {'met' if overhead < OVERHEAD_TARGET_PERCENT else 'MISSED'})"
         )

@@ -122,6 +122,8 @@ tolerances: setup
 # Cold, warm and after-a-kernel-edit timing of the suite with --jobs 1 and 2: the shares spent
 # compiling, executing, in the oracle and in harness overhead, peak memory, programs compiled
 # (targets on 2 cores: warm <= 5 s wall with the harness's own time <= 2 s; edit <= 90 and cold <= 200 CPU-s).
+# SUITE=maxtext: `make parity-maxtext`'s run (--jobs auto), cold and warm (targets 150 s, 15 s),
+# into docs/results/bench-maxtext.md.
 bench: setup
 	$(PY) bench/parity_bench.py --suite $(SUITE) --results $(RESULTS)/bench-$(SUITE).md
 

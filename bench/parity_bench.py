@@ -1,10 +1,12 @@
 """Benchmark `mhc-parity run` on a suite: cold, warm and after a kernel edit, where the time goes.
 
 Usage (from the project root):
-    .venv/bin/python bench/parity_bench.py [--suite default] [--jobs 1 2]
+    .venv/bin/python bench/parity_bench.py [--suite default|maxtext] [--jobs 1 2 | auto]
 
-For each --jobs value, three CLI runs in subprocesses share one fresh cache folder
-(MHC_PARITY_CACHE: fixtures, oracle answers, JAX's persistent compilation cache):
+For each --jobs value (a number, or `auto`: what `make parity` and `make parity-maxtext`
+pass), CLI runs in subprocesses share one fresh cache folder (MHC_PARITY_CACHE: fixtures,
+oracle answers, programs, JAX's persistent compilation cache). The default suite (`--jobs 1 2`
+unless given) runs three:
 
   cold   nothing cached;
   warm   the same suite again, nothing changed;
@@ -15,6 +17,13 @@ For each --jobs value, three CLI runs in subprocesses share one fresh cache fold
          so a comment edit recompiles nothing. Every program that contains the
          post-forward kernel (the interpret paths and their TPU lowering) recompiles; the
          reference programs, fixtures and oracle answers come from the cache.
+
+The maxtext suite runs what `make parity-maxtext` runs (`SUITES`: MaxText's implementations
+beside this project's reference, `--jobs auto` unless given), cold and warm only: an edit of a
+MaxText file or of `mhc_parity/maxtext_parity/` misses every store entry of the run (they are
+keyed by all the foreign code the process loaded: `mhc_parity.records.foreign_code`), so it
+would measure a cold run again, with JAX's persistent cache warm; the installed MaxText copy is
+not edited.
 
 For each run it prints the process wall time and its shares, as the runner's own thread
 spent it: the paths (waiting for their programs and running them), the float64 oracle,
@@ -30,9 +39,8 @@ from the persistent cache, the oracle answers computed and loaded, the sharpness
 bounds, and before each run the load average and a speed probe (fixed Python work on every
 core at once: a shared machine's speed drifts between runs). The harness's own time is
 start-up, report writing and the runner's overhead (scaled to the wall: ÷ N workers).
-Targets for the 2-core CI machine (`WALL_TARGETS`, `CPU_TARGETS`, `OWN_TARGETS`: a warm run
-near the time its programs take to run, an edit and a cold run in CPU seconds, which a busy
-machine moves less than walls). With --results FILE (`make bench`:
+Targets for the 2-core CI machine per suite (`SUITES`: wall, CPU and own seconds). With
+--results FILE (`make bench`:
 docs/results/bench-<suite>.md) the same report is also written there with its date,
 commit and machine.
 """
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import importlib.metadata
 import io
@@ -69,9 +78,38 @@ SOURCE_DIRS = ("mhc_parity",)
 EDITED_FILE = "mhc_parity/mhc/kernels/forward.py"
 EDIT_FROM = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...])\n"
 EDIT_TO = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...]) * 1\n"
-WALL_TARGETS = {"warm": 5.0}
-CPU_TARGETS = {"cold": 200.0, "edit": 90.0}
-OWN_TARGETS = {"warm": 2.0}
+# The runner's timed parts (`mhc_parity.harness.engine.runner.TIMINGS`), summed over the workers.
+_TIMED = ("paths_s", "oracle_s", "fixtures_s", "effects_s", "causes_s", "lowering_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteRuns:
+    """How a suite is benchmarked: the run's arguments beyond `--suite`, its scenarios, the
+    --jobs values measured unless given, and each scenario's targets on the 2-core CI machine:
+    process wall seconds, CPU seconds (which a busy machine moves less than walls) and the
+    harness's own seconds (`own_seconds`)."""
+
+    arguments: tuple[str, ...]
+    scenarios: tuple[str, ...]
+    jobs: tuple[str, ...]
+    wall_targets: dict[str, float]
+    cpu_targets: dict[str, float] = dataclasses.field(default_factory=dict)
+    own_targets: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+SUITES = {
+    # A warm run near the time its programs take to run; an edit and a cold run in CPU seconds.
+    "default": SuiteRuns(
+        (), ("cold", "warm", "edit"), ("1", "2"), {"warm": 5.0}, {"cold": 200.0, "edit": 90.0}, {"warm": 2.0}
+    ),
+    # `make parity-maxtext`'s command line (the Makefile's parity-maxtext target).
+    "maxtext": SuiteRuns(
+        ("--impl", "mhc_parity.maxtext_parity:implementations", "--paths", "reference/*", "maxtext-*"),
+        ("cold", "warm"),
+        ("auto",),
+        {"cold": 150.0, "warm": 15.0},
+    ),
+}
 
 
 def _seconds(value) -> float:
@@ -135,12 +173,13 @@ def run_once(
     suite: str,
     cache: pathlib.Path,
     out: pathlib.Path,
-    jobs: int,
+    jobs: str,
     project: pathlib.Path = ROOT,
     edited_file: str = EDITED_FILE,
 ) -> dict:
     """One CLI run in a child process (from `project`'s sources, whose `edited_file` it checks
-    the run used); returns its figures."""
+    the run used), with the suite's own arguments (`SUITES`) and `--jobs jobs` (a number or
+    "auto", which the run resolves: its metadata says to what); returns its figures."""
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
     command = [
         sys.executable,
@@ -149,6 +188,7 @@ def run_once(
         "run",
         "--suite",
         suite,
+        *SUITES[suite].arguments,
         "--out",
         str(out),
         "--quiet",
@@ -171,8 +211,9 @@ def run_once(
     meta = report["metadata"]
     compile_s, execute_s = _row_seconds(report["rows"])
     runner_wall = meta["wall_seconds"]
+    jobs = int(meta.get("jobs", 1))  # "auto" resolved
     worker_wall = jobs * runner_wall
-    accounted = meta["paths_s"] + meta["oracle_s"] + meta["fixtures_s"] + meta.get("causes_s", 0.0) + meta["lowering_s"]
+    accounted = sum(meta.get(key, 0.0) for key in _TIMED)
     return {
         "jobs": jobs,
         "exit_code": proc.returncode,
@@ -184,6 +225,7 @@ def run_once(
         "oracle_s": meta["oracle_s"],
         "fixtures_s": meta["fixtures_s"],
         "lowering_s": meta["lowering_s"],
+        "effects_s": meta.get("effects_s", 0.0),
         "causes_s": meta.get("causes_s", 0.0),
         "overhead_s": max(worker_wall - accounted, 0.0),
         "startup_and_reports_s": process_wall - runner_wall,
@@ -193,6 +235,7 @@ def run_once(
         "programs_loaded": meta.get("programs_loaded"),
         "programs_stored": (meta.get("programs_stored_loaded", 0), meta.get("programs_stored_missed", 0)),
         "lowerings_stored": (meta.get("lowerings_stored_loaded", 0), meta.get("lowerings_stored_missed", 0)),
+        "causes_stored": (meta.get("causes_stored_loaded", 0), meta.get("causes_stored_missed", 0)),
         "comparisons_stored": (meta.get("comparisons_stored_loaded", 0), meta.get("comparisons_stored_missed", 0)),
         "oracle_computed": meta.get("oracle_computed"),
         "oracle_cached": meta.get("oracle_cached"),
@@ -219,7 +262,7 @@ def print_run(label: str, figures: dict) -> None:
         f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
         + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)")
     )
-    keys = ("paths_s", "oracle_s", "fixtures_s", "causes_s", "lowering_s", "overhead_s")
+    keys = (*_TIMED, "overhead_s")
     body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / basis:.1f}%"] for key in keys]
     body.append(["  programs obtained", f"{figures['compile_s']:.1f} s", "loaded or compiled, mostly in threads ahead"])
     body.append(["  programs executed", f"{figures['execute_s']:.1f} s", "within paths"])
@@ -248,6 +291,13 @@ def print_run(label: str, figures: dict) -> None:
         ]
     )
     body.append(["TPU lowerings loaded / missed", "{} / {}".format(*figures["lowerings_stored"]), "lowering store"])
+    body.append(
+        [
+            "causes / effects loaded / missed",
+            "{} / {}".format(*figures["causes_stored"]),
+            "cause store (failing rows' causes, declared choices' effects)",
+        ]
+    )
     body.append(["oracle computed / cached", f"{figures['oracle_computed']} / {figures['oracle_cached']}", "cases"])
     body.append(
         [
@@ -329,8 +379,10 @@ def results_metadata() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="default")
-    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="--jobs values to measure (default 1 2)")
+    parser.add_argument("--suite", default="default", choices=sorted(SUITES))
+    parser.add_argument(
+        "--jobs", nargs="+", default=None, help="--jobs values to measure, numbers or auto (default: the suite's)"
+    )
     parser.add_argument("--results", type=pathlib.Path, default=None, metavar="FILE", help="also write the report here")
     args = parser.parse_args(argv)
     tee = Tee(sys.stdout)
@@ -346,12 +398,14 @@ def main(argv=None) -> int:
 
 def _measure(args) -> int:
     results, loads = {}, []
+    runs = SUITES[args.suite]
+    job_values = list(args.jobs or runs.jobs)
     with tempfile.TemporaryDirectory(prefix="mhc-bench-") as tmp:
         tmp_path = pathlib.Path(tmp)
-        project = edited_copy(tmp_path / "edited-project")
-        for jobs in args.jobs:
+        project = edited_copy(tmp_path / "edited-project") if "edit" in runs.scenarios else ROOT
+        for jobs in job_values:
             cache = tmp_path / f"cache-jobs{jobs}"
-            for scenario in ("cold", "warm", "edit"):
+            for scenario in runs.scenarios:
                 loads.append(f"before {scenario} --jobs {jobs}: {load_note()}")
                 results[(scenario, jobs)] = run_once(
                     args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs, project if scenario == "edit" else ROOT
@@ -359,7 +413,7 @@ def _measure(args) -> int:
                 # printed as it comes: a long benchmark's first figures are usable before it ends
                 print_run(f"{scenario} ({args.suite}, --jobs {jobs}; {loads[-1]})", results[(scenario, jobs)])
                 sys.stdout.flush()
-    print_sharpness(results[("warm", args.jobs[0])]["sharpness"])
+    print_sharpness(results[("warm", job_values[0])]["sharpness"])
     print("\nmachine load while measuring (the walls are only comparable on a quiet machine):")
     for line in loads:
         print(f"  {line}")
@@ -367,9 +421,9 @@ def _measure(args) -> int:
     for (scenario, jobs), figures in results.items():
         wall, cpu, own = figures["process_wall_s"], figures["cpu_s"], own_seconds(figures)
         print(
-            f"  {scenario:<5} --jobs {jobs}: wall {wall:.1f} s{_verdict(wall, WALL_TARGETS.get(scenario))}, "
-            f"CPU {cpu:.0f} s{_verdict(cpu, CPU_TARGETS.get(scenario))}, "
-            f"harness's own {own:.1f} s{_verdict(own, OWN_TARGETS.get(scenario))}"
+            f"  {scenario:<5} --jobs {jobs}: wall {wall:.1f} s{_verdict(wall, runs.wall_targets.get(scenario))}, "
+            f"CPU {cpu:.0f} s{_verdict(cpu, runs.cpu_targets.get(scenario))}, "
+            f"harness's own {own:.1f} s{_verdict(own, runs.own_targets.get(scenario))}"
         )
     return 0
 

@@ -14,6 +14,8 @@ def no_foreign_code_record(monkeypatch):
     the tests' own implementations patch nothing, and one test loading them must not turn off
     the stores' writes for the next tests of its worker; a test of the guard loads one itself."""
     monkeypatch.setattr(foreign_code, "_LOADED", [])
+    monkeypatch.setattr(foreign_code, "_RECORDS", {})  # a test's scratch module may be edited and read again
+    monkeypatch.setattr(foreign_code, "_INSTALLED", [])
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,13 @@
 A second run of the same outputs loads the rows it judged (its programs still run), and they
 are the rows judging them again gives, cell for cell, with this run's timings; one bit of
 one output, the policy, the case, the fixture or the code is another key; a damaged entry is
-judged again; and a process that loaded foreign code neither reads nor writes the store.
+judged again; and a process that loaded foreign code keys its rows by that code too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -120,12 +121,18 @@ def test_a_damaged_entry_is_judged_again(tmp_path, judged):
     assert store.store.rejected == 1
 
 
-def test_a_process_that_loaded_foreign_code_neither_reads_nor_writes(tmp_path, monkeypatch, judged):
-    store = ComparisonStore(tmp_path)
+def test_a_process_that_loaded_foreign_code_keys_its_rows_by_that_code(tmp_path, monkeypatch, judged):
+    module = tmp_path / "patching_module.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("patching_module")
+    store = ComparisonStore(tmp_path / "store")
+    monkeypatch.setattr(foreign_code, "_LOADED", [("patching_module:factory", "patching_module")])
+    assert _same(_without_timing(_rows(store)), _without_timing(judged))
+    (entry,) = (tmp_path / "store").iterdir()
+    data = entry.read_bytes()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    assert header["key"][foreign_code.FOREIGN_KEY]["loaded"] == ["patching_module:factory"]
+    monkeypatch.setattr(foreign_code, "_LOADED", [])  # the project's own process does not read it
     _rows(store)
-    monkeypatch.setattr(foreign_code, "_LOADED", ["some_module:factory"])
-    _rows(store)
-    assert store.counts()["comparisons_stored_loaded"] == 0
-    other = ComparisonStore(tmp_path / "other")
-    _rows(other)
-    assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())
+    assert store.counts() == {"comparisons_stored_loaded": 0, "comparisons_stored_missed": 2}

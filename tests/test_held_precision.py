@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mhc_parity.harness.judging.held_precision import HeldDraw, held_in, ordered_sum_holding
+from mhc_parity.harness.stores.cause_store import CauseStore
 
 BF16_VALUES = np.array([0.5, -1.25, 3.0, 0.0], dtype=np.float32)  # every one a bfloat16 number
 RESIDUAL_SUMS = "round:gate_weight/residual_gate:forward:bfloat16:backend_sums"
@@ -115,8 +116,12 @@ def maxtext_leaves():
         seen.update(inputs, draws=[HeldDraw(h.name, h.ordered, d) for h, d in zip(chosen, leaves)])
         return original(rows, case, fixture, **inputs)
 
+    def computed(self, rows, case, fixture, oracle, candidate_leaves, candidate_sensitivity, compute):
+        return compute()  # never a stored answer: the capture must see the inputs
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "annotate_causes", capturing)
+        patch.setattr(CauseStore, "causes", computed)
         run = run_parity(
             "mhc_parity.maxtext_parity:implementations",
             suite="maxtext",

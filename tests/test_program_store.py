@@ -142,13 +142,15 @@ def _material(case, path):
     return ProgramStore.material(path, _trace_signature(case, effective_precision(case, placement)), args, placement)
 
 
-def test_the_key_changes_with_shapes_dtypes_and_devices_and_external_paths_are_not_stored():
+def test_the_key_changes_with_shapes_dtypes_and_devices_and_unreadable_external_code_is_not_stored():
     base = _material(CASE, Path(REFERENCE))
     assert _material(CASE, Path(REFERENCE)) == base
     assert _material(dataclasses.replace(CASE, sequence=32), Path(REFERENCE)) != base
     assert _material(dataclasses.replace(CASE, dtype="bfloat16"), Path(REFERENCE)) != base
     assert _material(CASE, Path(INTERPRET))["sources"] != base["sources"]
-    external = dataclasses.replace(REFERENCE, name="mine", spec="pkg.mod:factory")
+    # An external implementation's programs are keyed by its code (tests/test_foreign_program_store.py);
+    # one whose module has no file to read is not stored.
+    external = dataclasses.replace(REFERENCE, name="mine", spec="pkg.mod:factory", module="pkg.mod")
     assert _material(CASE, Path(external)) is None
 
 
@@ -351,8 +353,10 @@ def factory():
 
 
 @pytest.mark.slow
-def test_a_process_that_loaded_an_external_implementation_stores_no_program(tmp_path):
-    """Its import may patch any module: a built-in program it traced must not reach later runs."""
+def test_a_process_that_loaded_an_external_implementation_cannot_poison_the_program_store(tmp_path):
+    """Its import may patch any module: a built-in program it traced is stored only under a key
+    that covers its code (`mhc_parity.records.foreign_code`), so it never reaches a later run
+    without that code, which traces its own."""
     from tests.cli_support import REFERENCE_ONLY_CASE, run_cli
 
     (tmp_path / "patcher.py").write_text(PATCHING_IMPL)
@@ -363,5 +367,13 @@ def test_a_process_that_loaded_an_external_implementation_stores_no_program(tmp_
     common = ("--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--quiet")
     patched = run_cli("run", *common, "--impl", "patcher:factory", "--out", tmp_path / "patched", env_extra=env)
     assert patched.returncode == 1, patched.stdout[-2000:] + patched.stderr[-2000:]  # the patch shows
+    stored = list((tmp_path / "cache" / "programs").glob("program-*.bin"))
+    assert stored, "the patched process stores its programs, under its own keys"
+    for entry in stored:
+        data = entry.read_bytes()
+        key = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")].decode())["key"]
+        assert key["foreign_code"]["loaded"] == ["patcher:factory"], key
     clean = run_cli("run", *common, "--out", tmp_path / "clean", env_extra=env)
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+    metadata = json.loads((tmp_path / "clean" / "report.json").read_text())["metadata"]
+    assert metadata["programs_stored_loaded"] == 0 and metadata["programs_stored_missed"] > 0

@@ -17,10 +17,11 @@ import sys
 import numpy as np
 import pytest
 
-from mhc_parity.cases import registry
+from mhc_parity.cases import fixtures, registry
 from mhc_parity.cases.fixtures import cache_key, cache_path, make_fixture
 from mhc_parity.harness.engine.implementations import load_external
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
+from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records import foreign_code
 from mhc_parity.records.artifact_store import ArtifactStore
@@ -64,7 +65,17 @@ def _stored_entries(cache: pathlib.Path) -> list[str]:
     )
 
 
-def test_a_process_that_loaded_an_impl_writes_no_store(case_file, tmp_path):
+def _entry_key(path: pathlib.Path) -> dict:
+    """The key material a store entry was written under (its header's `key`)."""
+    if path.suffix == ".npz":  # a fixture or an oracle answer
+        with np.load(path, allow_pickle=False) as archive:
+            return json.loads(bytes(archive["__header__"]).decode())["key"]
+    data = path.read_bytes()  # a program or a lowering (`mhc_parity.records.artifact_store`)
+    length = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + length].decode())["key"]
+
+
+def test_a_process_that_loaded_an_impl_writes_only_under_keys_that_cover_it(case_file, tmp_path):
     module_dir = tmp_path / "impls"
     module_dir.mkdir()
     (module_dir / "poisoner.py").write_text(POISONING_IMPL)
@@ -72,20 +83,30 @@ def test_a_process_that_loaded_an_impl_writes_no_store(case_file, tmp_path):
     env = {"MHC_PARITY_CACHE": str(cache), "PYTHONPATH": f"{module_dir}:{ROOT}"}
     proc = run_cli(*cheap_run_args(case_file, tmp_path / "run", "--impl", "poisoner:factory"), env_extra=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert _stored_entries(cache) == [], "a process that loaded foreign code wrote to the stores"
-    # A clean run on that cache then stores its own, correct, fixtures.
+    poisoned = _stored_entries(cache)
+    assert any(p.startswith("fixtures/") for p in poisoned), "its fixtures are stored, under its own key"
+    for entry in poisoned:
+        key = _entry_key(cache / entry)
+        record = key[foreign_code.FOREIGN_KEY]
+        assert record["loaded"] == ["poisoner:factory"] and set(record["modules"]) == {"poisoner"}, (entry, key)
+    # A clean run on that cache reads none of it and stores its own, correct, fixtures.
     clean = run_cli(*cheap_run_args(case_file, tmp_path / "clean"), env_extra={"MHC_PARITY_CACHE": str(cache)})
     assert clean.returncode == 0, clean.stderr[-2000:]
-    stored = [p for p in _stored_entries(cache) if p.startswith("fixtures/")]
+    metadata = json.loads((tmp_path / "clean" / "report.json").read_text())["metadata"]
+    assert metadata["programs_stored_loaded"] == 0 and metadata["oracle_cached"] == 0, metadata
+    stored = [p for p in _stored_entries(cache) if p.startswith("fixtures/") and p not in poisoned]
     assert stored, "the clean run stores its fixtures"
+    assert all(foreign_code.FOREIGN_KEY not in _entry_key(cache / p) for p in stored)
 
 
 def test_only_code_from_outside_the_project_counts_as_foreign():
     load_external("mhc_parity.harness.faults.independent_mhc:factory")  # the project's own: vouched for
-    assert foreign_code.stores_writable()
+    assert foreign_code.write_key({"k": 1}) == {"k": 1}
     load_external("tests.external_impls:good")
     assert foreign_code.foreign_code() == ("tests.external_impls:good",)
-    assert not foreign_code.stores_writable()
+    written = foreign_code.write_key({"k": 1})
+    assert written["k"] == 1 and written[foreign_code.FOREIGN_KEY]["loaded"] == ["tests.external_impls:good"]
+    assert foreign_code.read_keys({"k": 1}) == ({"k": 1}, written), "the project's own entries are read first"
 
 
 def test_a_module_is_the_project_s_own_by_its_full_name_and_its_file():
@@ -107,8 +128,8 @@ def test_the_import_closure_maps_module_names_to_the_namespace_s_files():
     assert "mhc_parity/records/manifest.py" in files and all(f.startswith("mhc_parity/") for f in files)
 
 
-def test_each_store_writes_nothing_once_foreign_code_was_loaded(tmp_path):
-    foreign_code.note_foreign_code("my.kernel:factory", "my.kernel")
+def test_each_store_writes_nothing_once_foreign_code_it_cannot_read_was_loaded(tmp_path):
+    foreign_code.note_foreign_code("my.kernel:factory", "my.kernel")  # no such module: no file to record
     fixture = make_fixture(CASE, tmp_path / "fixtures")
     assert not cache_path(CASE, tmp_path / "fixtures").exists()
     answer = OracleOutputs(leaves={"out": np.zeros(3)}, sensitivity={}, execute_s=0.0)
@@ -118,6 +139,35 @@ def test_each_store_writes_nothing_once_foreign_code_was_loaded(tmp_path):
     store = ArtifactStore(tmp_path / "programs", "program")
     store.save({"key": 1}, b"payload")
     assert store.load({"key": 1}) is None
+    assert not any(tmp_path.rglob("*.npz")) and not any(tmp_path.rglob("*.bin"))
+
+
+def test_each_store_keys_what_a_process_with_foreign_code_writes_by_that_code(tmp_path, monkeypatch):
+    """Fixtures, oracle answers and artifact entries a process that loaded foreign code computes are
+    stored under keys that cover it: it reads them back; a process without it does not see them."""
+    module_dir = tmp_path / "impls"
+    module_dir.mkdir()
+    (module_dir / "recorded.py").write_text("from tests.external_impls import good as factory\n")
+    monkeypatch.syspath_prepend(str(module_dir))
+    load_external("recorded:factory")
+    answer = OracleOutputs(
+        leaves={"out": np.zeros(3)}, sensitivity={"out": Sensitivity(1e-3, 1e-4, 1e-6, 12.0, 300.0, 16)}, execute_s=0.0
+    )
+    oracle = OracleCache(tmp_path / "oracle", compute=lambda case, fixture: answer)
+    store = ArtifactStore(tmp_path / "programs", "program")
+    fixture = make_fixture(CASE, tmp_path / "fixtures")
+    oracle(CASE, fixture)
+    store.save({"key": 1}, b"payload")
+    assert not cache_path(CASE, tmp_path / "fixtures").exists(), "not under the project's own key"
+    assert fixtures.load_cached_fixture(CASE, tmp_path / "fixtures").digest() == fixture.digest()
+    assert oracle(CASE, fixture) is not None and (oracle.hits, oracle.misses) == (1, 1)
+    assert store.load({"key": 1}) == b"payload"
+    monkeypatch.setattr(foreign_code, "_LOADED", [])  # a process without it
+    assert fixtures.load_cached_fixture(CASE, tmp_path / "fixtures") is None
+    clean = OracleCache(tmp_path / "oracle", compute=lambda case, fixture: answer)
+    clean(CASE, fixture)
+    assert (clean.hits, clean.misses) == (0, 1)
+    assert ArtifactStore(tmp_path / "programs", "program").load({"key": 1}) is None
 
 
 def test_an_edited_fixture_generator_is_a_cache_miss(tmp_path):

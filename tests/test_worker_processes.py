@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from mhc_parity.harness.cli import requests_workers
+from mhc_parity.harness.cli import impl_modules, requests_workers
+from mhc_parity.harness.processes.worker_processes import project_modules
 from tests.cli_support import run_python
 
 # A worker's start-up spec for the built-in implementations, as `ParallelRunner` makes it.
@@ -98,3 +99,15 @@ def test_a_worker_paces_the_garbage_collector():
 )
 def test_the_command_line_starts_the_worker_server_only_for_a_run_with_workers(command, arguments, expected):
     assert requests_workers(command, arguments) is expected
+
+
+def test_the_worker_server_imports_only_the_project_s_own_impl_modules():
+    """`make parity-maxtext`'s workers start with MaxText imported by their server; a user's
+    module (which might start a JAX backend on import) is imported by each worker itself."""
+    arguments = ["--impl", "mhc_parity.maxtext_parity:implementations", "--impl=my.kernel:factory", "--jobs", "2"]
+    modules = impl_modules(arguments)
+    assert modules == ("mhc_parity.maxtext_parity", "my.kernel")
+    assert project_modules((*modules, "mhc_parity_extra.kernel", "mhc_parity")) == [
+        "mhc_parity.maxtext_parity",
+        "mhc_parity",
+    ]

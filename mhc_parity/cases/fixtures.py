@@ -10,7 +10,8 @@ case's dtypes require. A CPU laptop and a TPU VM therefore feed bit-identical in
 Disk cache: one ``fixture-<key>.npz`` per data key in ``$MHC_PARITY_CACHE/fixtures``
 (default ``<project>/.cache/fixtures``), where key = sha256 of the data fields, the
 digest of the generator's code (`generator_digest`: every module `mhc_parity.cases.fixtures` imports)
-and the NumPy/ml_dtypes versions. Every array is stored as its raw
+and the NumPy/ml_dtypes versions (in a process that loaded foreign code, with that code's
+record: `mhc_parity.records.foreign_code.write_key`). Every array is stored as its raw
 bits with a sha256 in an embedded JSON header; on load the header, every shape, dtype
 and checksum is verified against the case, and any mismatch or read error (truncated,
 corrupt, stale) regenerates the entry, never uses it. Writes go to a temporary file
@@ -42,7 +43,7 @@ from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcWeights
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest
 from mhc_parity.records.files import array_sha256, atomic_write, digest_arrays
-from mhc_parity.records.foreign_code import stores_writable
+from mhc_parity.records.foreign_code import read_keys, write_key
 
 # The module that generates fixtures: its import closure is the code a fixture depends on
 # (part of the cache key, so an edited generator misses without a version to bump by hand).
@@ -210,20 +211,24 @@ def cache_key_material(case: Case) -> dict:
 
 def cache_key(case: Case) -> str:
     """Content hash naming the case's cache entry (cases with equal data share it)."""
-    material = json.dumps(cache_key_material(case), sort_keys=True)
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
+    return _key_name(cache_key_material(case))
 
 
-def cache_path(case: Case, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the case's fixture is (or would be) cached."""
+def _key_name(material: dict) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cache_path(case: Case, cache_dir: str | os.PathLike | None = None, material: dict | None = None) -> Path:
+    """Where the case's fixture is (or would be) cached; material: the key it is stored under
+    (default the project's own, `cache_key_material`)."""
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return folder / f"fixture-{cache_key(case)}.npz"
+    return folder / f"fixture-{_key_name(cache_key_material(case) if material is None else material)}.npz"
 
 
-def _serialize(fixture: Fixture) -> bytes:
+def _serialize(fixture: Fixture, material: dict) -> bytes:
     arrays = fixture.arrays()
     header = {
-        "key": cache_key_material(fixture.case),
+        "key": material,
         "digest": fixture.digest(),
         "arrays": {
             role: {"dtype": a.dtype.name, "shape": list(a.shape), "sha256": array_sha256(a)}
@@ -237,8 +242,8 @@ def _serialize(fixture: Fixture) -> bytes:
     return buffer.getvalue()
 
 
-def _deserialize(case: Case, path: Path) -> Fixture:
-    """Load and verify a cache entry; raise CorruptFixtureError on any problem."""
+def _deserialize(case: Case, path: Path, material: dict) -> Fixture:
+    """Load and verify a cache entry written under key `material`; raise CorruptFixtureError on any problem."""
     try:
         with np.load(path, allow_pickle=False) as archive:
             header = json.loads(bytes(archive[_HEADER_KEY]).decode())
@@ -247,7 +252,7 @@ def _deserialize(case: Case, path: Path) -> Fixture:
         raise
     except Exception as error:  # truncated zip, bad CRC, bad JSON, ...
         raise CorruptFixtureError(f"unreadable ({type(error).__name__}: {error})") from error
-    if header.get("key") != json.loads(json.dumps(cache_key_material(case), sort_keys=True)):
+    if header.get("key") != json.loads(json.dumps(material, sort_keys=True)):
         raise CorruptFixtureError("stale: written for different data fields or generator code")
     layout = expected_layout(case)
     if set(raw) != set(layout) or set(header.get("arrays", {})) != set(layout):
@@ -277,11 +282,22 @@ def _deserialize(case: Case, path: Path) -> Fixture:
 
 
 def load_cached_fixture(case: Case, cache_dir: str | os.PathLike | None = None) -> Fixture | None:
-    """The verified cached fixture, None if there is no entry; CorruptFixtureError if bad."""
-    path = cache_path(case, cache_dir)
-    if not path.exists():
-        return None
-    return _deserialize(case, path)
+    """The verified cached fixture, None if there is no entry; CorruptFixtureError if bad.
+
+    Looked up under each key this process reads (`mhc_parity.records.foreign_code.read_keys`: the
+    project's own, then the one a process that loaded foreign code writes)."""
+    error = None
+    for material in read_keys(cache_key_material(case)):
+        path = cache_path(case, cache_dir, material)
+        if not path.exists():
+            continue
+        try:
+            return _deserialize(case, path, material)
+        except CorruptFixtureError as invalid:
+            error = error or invalid
+    if error is not None:
+        raise error
+    return None
 
 
 def make_fixture(case: Case, cache_dir: str | os.PathLike | None = None, *, use_cache: bool = True) -> Fixture:
@@ -290,23 +306,25 @@ def make_fixture(case: Case, cache_dir: str | os.PathLike | None = None, *, use_
     cache_dir: folder of the cache (default `default_cache_dir()`). use_cache=False
     generates without reading or writing the cache. A corrupt, truncated or stale entry
     is logged, regenerated and atomically replaced; a process that loaded an external
-    implementation reads the cache and writes nothing (`mhc_parity.records.foreign_code`). If
-    the cache folder is not writable the fixture is still returned (and a warning logged).
+    implementation writes its entries under a key that also covers that code
+    (`mhc_parity.records.foreign_code.write_key`). If the cache folder is not writable the
+    fixture is still returned (and a warning logged).
     """
     if not use_cache:
         return generate_fixture(case)
-    path = cache_path(case, cache_dir)
     try:
         cached = load_cached_fixture(case, cache_dir)
         if cached is not None:
             return cached
     except CorruptFixtureError as error:
-        log.warning("fixture cache entry %s for case %r is invalid (%s); regenerating", path, case.name, error)
+        log.warning("fixture cache entry for case %r is invalid (%s); regenerating", case.name, error)
     fixture = generate_fixture(case)
-    if not stores_writable():  # a process that loaded foreign code writes no store
+    material = write_key(cache_key_material(case))
+    if material is None:  # foreign code this process cannot record: nothing is stored
         return fixture
+    path = cache_path(case, cache_dir, material)
     try:
-        atomic_write(path, _serialize(fixture))
+        atomic_write(path, _serialize(fixture, material))
     except OSError as error:
         log.warning("could not write fixture cache entry %s: %s", path, error)
     return fixture

@@ -76,6 +76,19 @@ def requests_workers(command: str, arguments: list[str]) -> bool:
     return False
 
 
+def impl_modules(arguments: list[str]) -> tuple[str, ...]:
+    """The modules of the `--impl MODULE:FACTORY` arguments, by a quick look before the command's
+    parser (for the workers' server to import: a spelling it misses only means each worker
+    imports that module itself)."""
+    found = []
+    for index, argument in enumerate(arguments):
+        if argument.startswith("--impl="):
+            found.append(argument.partition("=")[2])
+        elif argument == "--impl" and index + 1 < len(arguments):
+            found.append(arguments[index + 1])
+    return tuple(spec.partition(":")[0] for spec in found if spec.partition(":")[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -92,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure_host_devices()  # before any command computes: XLA reads its flags once
     pace_garbage_collector()
     if requests_workers(command, rest):  # it imports what workers need while this process imports the command
-        start_worker_server()
+        start_worker_server(impl_modules(rest))
     module_name, _, function = COMMANDS[command][0].partition(":")
     return getattr(importlib.import_module(module_name), function)(rest)
 

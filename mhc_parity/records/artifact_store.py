@@ -12,7 +12,9 @@ the payload's sha256 match, and the header's key material equals `material` (a d
 collision or a file copied under another name is rejected, not used). An invalid entry
 is logged, counted in `rejected`, and reported as a miss, so the caller recomputes and
 `save`s over it. Writes go through `mhc_parity.records.files.atomic_write`: concurrent workers
-never read a partial file.
+never read a partial file. Which keys a process reads and writes is
+`mhc_parity.records.foreign_code`'s rule (a process that loaded foreign code writes under keys that
+cover it).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pathlib
 import threading
 
 from mhc_parity.records.files import atomic_write
-from mhc_parity.records.foreign_code import stores_writable
+from mhc_parity.records.foreign_code import read_keys, write_key
 
 log = logging.getLogger(__name__)
 _LENGTH_BYTES = 8
@@ -103,34 +105,45 @@ class ArtifactStore(LookupCounts):
         return self.folder / f"{self.prefix}-{key_digest(material)}.bin"
 
     def load(self, material: dict) -> bytes | None:
-        """The stored payload for `material`, or None (no entry, or an invalid one: logged)."""
-        path = self.entry_path(material)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            self._count(misses=1)
-            return None
-        try:
-            payload = decode_entry(data, material)
-        except CorruptEntry as error:
-            self._count(misses=1, rejected=1)
-            log.warning("%s entry %s is invalid (%s); recomputing", self.prefix, path, error)
-            return None
-        self._count(hits=1)
-        return payload
+        """The stored payload for `material`, or None (no entry, or an invalid one: logged).
+
+        Looked up under each key this process may read (`mhc_parity.records.foreign_code.read_keys`:
+        the project's own, then the one a process that loaded foreign code writes); one lookup
+        counts one hit or one miss.
+        """
+        for key in read_keys(material):
+            path = self.entry_path(key)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            try:
+                payload = decode_entry(data, key)
+            except CorruptEntry as error:
+                self._count(rejected=1)
+                log.warning("%s entry %s is invalid (%s); recomputing", self.prefix, path, error)
+                continue
+            self._count(hits=1)
+            return payload
+        self._count(misses=1)
+        return None
 
     def reject(self, material: dict, why: str) -> None:
         """Count a verified entry the caller could not use (e.g. it fails to deserialise) as a miss."""
         self._count(hits=-1, misses=1, rejected=1)
-        log.warning("%s entry %s is unusable (%s); recomputing", self.prefix, self.entry_path(material), why)
+        paths = [self.entry_path(key) for key in read_keys(material)]
+        path = next((p for p in paths if p.exists()), paths[0])
+        log.warning("%s entry %s is unusable (%s); recomputing", self.prefix, path, why)
 
     def save(self, material: dict, payload: bytes) -> None:
-        """Store `payload` under `material` (a warning, not an error, if the folder is not
-        writable; nothing in a process that loaded foreign code: `mhc_parity.records.foreign_code`)."""
-        if not stores_writable():
+        """Store `payload` under `material`'s write key (`mhc_parity.records.foreign_code.write_key`:
+        in a process that loaded foreign code, a key that also covers that code; nothing where
+        that code cannot be recorded); a warning, not an error, if the folder is not writable."""
+        key = write_key(material)
+        if key is None:
             return
-        path = self.entry_path(material)
+        path = self.entry_path(key)
         try:
-            atomic_write(path, encode_entry(material, payload))
+            atomic_write(path, encode_entry(key, payload))
         except OSError as error:
             log.warning("could not write %s entry %s: %s", self.prefix, path, error)

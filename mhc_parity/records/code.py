@@ -10,10 +10,11 @@ what actually runs check that the closure covers it.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import os
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from mhc_parity.records.distributions import distribution_key, distribution_sha256, distributions_of
 from mhc_parity.records.manifest import NAMESPACE, PROJECT_ROOT, code_key, digest_of, sha256_file
@@ -119,16 +120,32 @@ def module_root(module: str, file: str | os.PathLike) -> pathlib.Path:
     return base.parents[len(module.split(".")) - 1]
 
 
-def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
-    """The code an external implementation's `module` (its file `file`) can run, as manifest
-    code files: sha256 of every file under its root (`module_root`) that it imports, inside
-    functions too, transitively, keyed by absolute path (project-relative inside this project),
-    and `mhc_parity.records.distributions` entries for the installed packages those files import (this
-    project's own distribution, the one providing `mhc_parity`, excluded: its files are recorded as
-    sources, `mhc_parity.records.manifest.CODE_DIRS`)."""
+@dataclasses.dataclass(frozen=True)
+class ExternalCode:
+    """An external implementation's module as code under test (`external_code`).
+
+    files: code-file key -> sha256 (manifest code files: its root's files by content, the
+    installed packages they import by `mhc_parity.records.distributions` entries); libraries:
+    the top-level names those files import that are not files under its root (the standard
+    library's too), sorted.
+    """
+
+    files: Mapping[str, str]
+    libraries: tuple[str, ...]
+
+
+def external_code(module: str, file: str | os.PathLike) -> ExternalCode:
+    """The code an external implementation's `module` (its file `file`) can run: every file
+    under its root (`module_root`) that it imports, inside functions too, transitively, keyed
+    by absolute path (project-relative inside this project), and `mhc_parity.records.distributions`
+    entries for the installed packages those files import (this project's own distribution, the
+    one providing `mhc_parity`, excluded: its files are recorded as sources,
+    `mhc_parity.records.manifest.CODE_DIRS`); with the libraries they import."""
     root = module_root(module, file)
     if _module_file(module, root) != pathlib.Path(file).resolve():  # a script run as __main__
-        return {code_key(pathlib.Path(file)): sha256_file(pathlib.Path(file))}
+        script = pathlib.Path(file)
+        imported = {name.split(".")[0] for name in _imported_names(script, anywhere=True)}
+        return ExternalCode({code_key(script): sha256_file(script)}, tuple(sorted(imported)))
     libraries: set[str] = set()
     closure = import_closure(
         (module,), root=root, anywhere=True, outside=libraries, libraries=_installed_beside(module, root)
@@ -139,7 +156,12 @@ def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
         if name not in own:
             key = distribution_key(name)
             files[key] = distribution_sha256(key)
-    return files
+    return ExternalCode(files, tuple(sorted(libraries)))
+
+
+def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
+    """`external_code(module, file).files`: the manifest's record of an external implementation's code."""
+    return dict(external_code(module, file).files)
 
 
 def _installed_beside(module: str, root: pathlib.Path) -> frozenset[str]:

@@ -8,7 +8,8 @@ the digest of the drawing module's import closure (the drawing and what it calls
 `mhc_parity.records.code.closure_digest`) and the matplotlib version. On a miss it imports the
 drawing module — the one import of matplotlib a report makes, deferred so that a report whose
 figures are all stored neither imports matplotlib nor lays out a glyph — draws and stores it.
-A process that loaded foreign code stores nothing (`mhc_parity.records.foreign_code`).
+A process that loaded foreign code stores under a key that also covers that code, as every
+store does (`mhc_parity.records.foreign_code.write_key`).
 """
 
 from __future__ import annotations

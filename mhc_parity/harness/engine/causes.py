@@ -115,6 +115,13 @@ def _needs_cause(row: dict, candidate_leaves: Mapping[str, Mapping], oracle_leav
     return row["verdict"] == "fail" and leaves is not None and row["leaf"] in leaves and row["leaf"] in oracle_leaves
 
 
+def rows_needing_causes(
+    rows: Sequence[dict], candidate_leaves: Mapping[str, Mapping], oracle_leaves: Mapping
+) -> list[int]:
+    """The indices of the rows `annotate_causes` names a cause for: failing rows that compared leaves."""
+    return [i for i, row in enumerate(rows) if _needs_cause(row, candidate_leaves, oracle_leaves)]
+
+
 def _errors(leaves: Mapping[str, np.ndarray], oracle_leaves: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """leaf -> leaves[leaf] − oracle (float64), for the leaves the oracle has."""
     return {leaf: upcast(value) - oracle_leaves[leaf] for leaf, value in leaves.items() if leaf in oracle_leaves}
@@ -149,7 +156,7 @@ def annotate_causes(
     own sensitivity: the oracle's, or where `candidate_sensitivity` has one (a path whose
     declared precision choices widen its model), that."""
     rows = list(rows)
-    failing = [i for i, row in enumerate(rows) if _needs_cause(row, candidate_leaves, oracle_leaves)]
+    failing = rows_needing_causes(rows, candidate_leaves, oracle_leaves)
     if not failing:
         return rows
     elements = fixture_elements(case)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax.numpy as jnp
 
@@ -23,6 +23,10 @@ from mhc_parity.mhc.kernels import KernelConfig
 from mhc_parity.mhc.kernels.lowering import lower_kernel_programs
 
 LOWERING_IMPL = "lowering"
+
+
+def _every(path_name: str) -> bool:
+    return True
 
 
 def lowering_path_name(mesh: tuple[int, int] | None) -> str:
@@ -39,13 +43,14 @@ def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
     return ("pass", "") if ok else ("fail", error)
 
 
-def lowering_rows(case, store=None) -> Iterator[dict]:
+def lowering_rows(case, store=None, selects: Callable[[str], bool] = _every) -> Iterator[dict]:
     """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded.
 
     store: a `mhc_parity.harness.stores.program_store.LoweringStore` to reuse earlier results of the same
-    lowering (None: lower every program).
+    lowering (None: lower every program); selects(path name): whether a path's rows are wanted
+    (a path not selected is not lowered at all).
     """
-    for row in _rows(case, store):
+    for row in _rows(case, store, selects):
         row["matmul_precision"] = case.matmul_precision  # the precision the programs were lowered at
         yield row
 
@@ -76,9 +81,11 @@ def case_meshes(case) -> list:
     return [None] + ([tuple(case.mesh)] if case.mesh is not None else [])
 
 
-def _rows(case, store) -> Iterator[dict]:
+def _rows(case, store, selects) -> Iterator[dict]:
     skip = MOSAIC.case_skip_reason(case)  # the lowered programs are the Mosaic kernels
     for mesh in case_meshes(case):
+        if not selects(lowering_path_name(mesh)):
+            continue
         yield from _program_rows(case, lowering_path_name(mesh), skip, lambda mesh=mesh: _lower(case, mesh, store))
 
 
@@ -116,11 +123,14 @@ def implementation_lowering_name(impl_name: str, mesh: tuple[int, int] | None) -
     return f"{impl_name}/lowering-unsharded" if mesh is None else f"{impl_name}/lowering-sharded({mesh_label(mesh)})"
 
 
-def implementation_lowering_rows(case, impl) -> Iterator[dict]:
+def implementation_lowering_rows(case, impl, store=None, selects: Callable[[str], bool] = _every) -> Iterator[dict]:
     """Rows for the kernel programs an implementation lowers itself (`impl.lower(case, mesh_shape)`),
-    unsharded and (with a mesh) token-sharded; a case outside its envelope gives `unsupported` rows."""
+    unsharded and (with a mesh) token-sharded; a case outside its envelope gives `unsupported` rows.
+    store, selects: as for `lowering_rows` (`LoweringStore.lower_implementation` keys the results)."""
     for mesh in case_meshes(case):
         candidate = implementation_lowering_name(impl.name, mesh)
+        if not selects(candidate):
+            continue
         skip, outside = impl.case_skip_reason(case), impl.envelope_reason(case, mesh)
         if skip or outside:
             yield status_row(
@@ -133,6 +143,8 @@ def implementation_lowering_rows(case, impl) -> Iterator[dict]:
             )
             continue
         lower = functools.partial(impl.lower, case, mesh or ())
+        if store is not None:
+            lower = functools.partial(store.lower_implementation, impl, case, mesh or (), lower)
         for row in _program_rows(case, candidate, "", lower, expects_case_limits=False):
             row["matmul_precision"] = case.matmul_precision
             yield row

@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from mhc_parity.cases.fixtures import fixture_elements
 from mhc_parity.harness.engine.backend_probe import LAYOUTS, LayoutSum, probe_backend, probe_record
+from mhc_parity.harness.engine.causes import MAX_ATTRIBUTED_ELEMENTS
 from mhc_parity.harness.engine.leaves import token_axes
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.errors import ConfigurationError
@@ -151,6 +153,20 @@ def declared_effects(
         if largest_t:
             found["systematic"][leaf] = largest_t
     return DeclaredEffects(**found)
+
+
+def measured_effects(choices: Sequence[PrecisionChoice], case, fixture, oracle_leaves, hypotheses) -> DeclaredEffects:
+    """What the `choices` an implementation declares and this backend makes move on `case`, leaf
+    by leaf (its rows' bounds widen by them): the made choices' hypotheses through the oracle
+    (`hypotheses`, a `mhc_parity.harness.engine.causes.HypothesisOracle`) against the oracle's leaves. A
+    case too large for the hypotheses (`MAX_ATTRIBUTED_ELEMENTS`) is judged without them:
+    stricter, never laxer."""
+    probes = [probe_backend() if c.probe else None for c in choices]
+    made = [c.hypothesis for c, p in zip(choices, probes) if c.made(p)]
+    if not made or fixture_elements(case) > MAX_ATTRIBUTED_ELEMENTS:
+        return DeclaredEffects()
+    drawn, drawn_leaves = hypotheses(case, fixture)
+    return declared_effects(oracle_leaves, choice_effects(made, drawn, drawn_leaves))
 
 
 def precision_record(implementations) -> dict:

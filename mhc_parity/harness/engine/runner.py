@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import errno
+import functools
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,19 +29,19 @@ import jax
 
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import fixture_elements, make_fixture
-from mhc_parity.harness.engine.backend_probe import probe_backend
-from mhc_parity.harness.engine.causes import MAX_ATTRIBUTED_ELEMENTS, HypothesisOracle, annotate_causes
+from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
 from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
-from mhc_parity.harness.engine.precision_choices import DeclaredEffects, choice_effects, declared_effects
+from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.program_cache import COMPILE_THREADS, ProgramCache
 from mhc_parity.harness.engine.run_info import compile_counts
 from mhc_parity.harness.errors import ResourceError
 from mhc_parity.harness.judging.metrics import MetricsMemo
 from mhc_parity.harness.judging.policy import Policy
+from mhc_parity.harness.stores.cause_store import CauseStore
 from mhc_parity.harness.stores.comparison_store import ComparisonStore, key_material, path_material
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
@@ -53,9 +54,9 @@ __all__ = ["PathPlan", "Runner", "StepCallback"]
 StepCallback = Callable[[object, str], None]
 
 # Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
-# loading fixtures, the oracle, the paths (waiting for their programs and running them),
-# the failing rows' causes, the kernels' TPU lowering.
-TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "causes_s", "lowering_s")
+# loading fixtures, the oracle, the paths (waiting for their programs and running them), the
+# declared precision choices' effects, the failing rows' causes, the kernels' TPU lowering.
+TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "causes_s", "lowering_s")
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
 COMPILE_AHEAD_CASES = 3
@@ -131,13 +132,15 @@ class Runner:
         cache: ProgramCache | None = None,
         oracle: Callable | None = None,
         lowering_store: LoweringStore | None = None,
+        cause_store: CauseStore | None = None,
         comparison_store: ComparisonStore | None = None,
     ):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `mhc_parity.cases.fixtures.make_fixture` and `mhc_parity.harness.stores.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
         for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
-        disk store); lowering_store: reuse TPU lowering results (default: none);
+        disk store); lowering_store: reuse TPU lowering results (default: none); cause_store:
+        reuse failing rows' causes and declared precision choices' effects (default: none);
         comparison_store: reuse the judged rows of outputs judged before (default: none). See
         `with_disk_stores` for the runner of a parity run."""
         self.policy = policy
@@ -145,6 +148,7 @@ class Runner:
         self.oracle = oracle if oracle is not None else OracleCache()
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
+        self.cause_store = cause_store
         self.comparison_store = comparison_store
         # The failing rows' causes: a case's hypotheses through the oracle, the latest case kept.
         self.hypotheses = HypothesisOracle()
@@ -153,15 +157,17 @@ class Runner:
 
     @classmethod
     def with_disk_stores(cls, policy: Policy) -> Runner:
-        """The runner of a parity run: compiled programs and TPU lowering results stored on
-        disk by content (`mhc_parity.harness.stores.program_store`), and the judged rows of a
-        case by what they were judged from (`mhc_parity.harness.stores.comparison_store`), besides
-        the fixtures and oracle answers. A process that loaded an external implementation
-        reads the program stores and writes nothing to them (`mhc_parity.records.foreign_code`)."""
+        """The runner of a parity run: compiled programs and TPU lowering results
+        (`mhc_parity.harness.stores.program_store`), causes and declared effects
+        (`mhc_parity.harness.stores.cause_store`) and a case's judged rows by what they were judged
+        from (`mhc_parity.harness.stores.comparison_store`) stored on disk by content, besides the
+        fixtures and oracle answers. A process that loaded an external implementation writes them
+        under keys that also cover its code (`mhc_parity.records.foreign_code`)."""
         return cls(
             policy,
             cache=ProgramCache(store=ProgramStore()),
             lowering_store=LoweringStore(),
+            cause_store=CauseStore(),
             comparison_store=ComparisonStore(),
         )
 
@@ -172,7 +178,7 @@ class Runner:
         counts = compile_counts()
         if hasattr(self.oracle, "misses"):
             counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
-        for store in (self.cache.store, self.lowering_store, self.comparison_store):
+        for store in (self.cache.store, self.lowering_store, self.cause_store, self.comparison_store):
             if store is not None:
                 counts.update(store.counts())
         return counts
@@ -310,10 +316,10 @@ class Runner:
             stage[0] = "the TPU lowering"
             on_step(case, "lowering")
             start = time.perf_counter()
-            rows = [row for row in lowering_rows(case, self.lowering_store) if plan.selects(row["candidate"])]
+            rows = list(lowering_rows(case, self.lowering_store, plan.selects))
             for impl in plan.implementations:
                 if impl.lower is not None:
-                    rows += [row for row in implementation_lowering_rows(case, impl) if plan.selects(row["candidate"])]
+                    rows += implementation_lowering_rows(case, impl, self.lowering_store, plan.selects)
             self.timings["lowering_s"] += time.perf_counter() - start
             yield from rows
 
@@ -341,12 +347,16 @@ class Runner:
         """The case's comparison and status rows, their bounds and verdicts, and the failing rows' causes."""
         # Once per implementation: its sharded and unsharded paths make the same choices.
         implementations = {path.impl.name: path.impl for path in paths}
-        effects = {name: self._declared_effects(impl, case, fixture, oracle) for name, impl in implementations.items()}
+        start = time.perf_counter()
+        effects = {name: self._effects_of(impl, case, fixture, oracle) for name, impl in implementations.items()}
         declared = {path.name: effects[path.impl.name] for path in paths}
+        self.timings["effects_s"] += time.perf_counter() - start
         rows = list(self._compared_rows(case, paths, results, oracle, declared))
         start = time.perf_counter()
         ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
-        rows = annotate_causes(
+        widened = {name: effects.widened(oracle.sensitivity) for name, effects in declared.items() if effects.rms}
+        annotate = functools.partial(
+            annotate_causes,
             rows,
             case,
             fixture,
@@ -354,29 +364,32 @@ class Runner:
             oracle_sensitivity=oracle.sensitivity,
             candidate_leaves=ran,
             hypotheses=self.hypotheses,
-            candidate_sensitivity={
-                name: effects.widened(oracle.sensitivity) for name, effects in declared.items() if effects.rms
-            },
+            candidate_sensitivity=widened,
         )
+        if self.cause_store is None:
+            rows = annotate()
+        else:
+            rows = self.cause_store.causes(rows, case, fixture, oracle, ran, widened, annotate)
         self.timings["causes_s"] += time.perf_counter() - start
         return rows
 
-    def _declared_effects(self, impl, case, fixture, oracle) -> DeclaredEffects:
+    def _effects_of(self, impl, case, fixture, oracle) -> DeclaredEffects:
         """What the precision choices `impl` declares and this backend makes move, leaf by leaf
-        (`mhc_parity.harness.engine.precision_choices`): its rows' bounds widen by them. A case too large
-        for the hypotheses (`MAX_ATTRIBUTED_ELEMENTS`) is judged without them: stricter, never laxer."""
-        probes = [probe_backend() if c.probe else None for c in impl.precision_choices]
-        made = [c.hypothesis for c, p in zip(impl.precision_choices, probes) if c.made(p)]
-        if not made or fixture_elements(case) > MAX_ATTRIBUTED_ELEMENTS:
-            return DeclaredEffects()
-        hypotheses, hypothesis_leaves = self.hypotheses(case, fixture)
-        return declared_effects(oracle.leaves, choice_effects(made, hypotheses, hypothesis_leaves))
+        (`mhc_parity.harness.engine.precision_choices.measured_effects`): its rows' bounds widen by
+        them. From the cause store where the runner has one and `impl` declares choices."""
+
+        def measure():
+            return measured_effects(impl.precision_choices, case, fixture, oracle.leaves, self.hypotheses)
+
+        if self.cause_store is None or not impl.precision_choices:
+            return measure()
+        return self.cause_store.declared_effects(impl.precision_choices, case, fixture, oracle, measure)
 
     def _compared_rows(
         self, case, paths: Sequence[Path], results: dict[str, _PathResult], oracle, declared: dict
     ) -> Iterator[dict]:
         """Every path's rows of one case: its comparisons, or status rows where it did not run.
-        declared: path name -> its `DeclaredEffects` (`_declared_effects`)."""
+        declared: path name -> its `DeclaredEffects` (`_effects_of`)."""
         memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
         for path in paths:
             result = results[path.name]

@@ -24,7 +24,7 @@ from mhc_parity.harness.engine.precision_choices import precision_record
 from mhc_parity.harness.engine.run_info import run_metadata
 from mhc_parity.harness.errors import UsageError
 from mhc_parity.harness.judging.policy import Policy, PolicyError, is_packaged_default, load_policy
-from mhc_parity.records.code import external_code_files
+from mhc_parity.records.foreign_code import FOREIGN_KEY, code_record, foreign_material
 from mhc_parity.records.manifest import Manifest, RunRequest
 
 MAX_SEED = 2**63 - 1  # mhc_parity.cases.spec.Case.seed's range
@@ -172,18 +172,24 @@ def new_manifest(
 
 def implementations_code(externals) -> dict[str, str]:
     """The external implementations' code as manifest code files (`mhc_parity.records.code.external_code_files`
-    of each one's module: its spec's module, else its object's)."""
+    of each one's module: its spec's module, else its object's), read once per process
+    (`mhc_parity.records.foreign_code.code_record`: the stores' keys hold the same record)."""
     files: dict[str, str] = {}
     for impl in externals:
         if impl.source_file:
             module = impl.spec.partition(":")[0] or impl.module
-            files.update(external_code_files(module, impl.source_file))
+            record = code_record(module, impl.source_file)
+            if record is not None:
+                files.update(record.files)
     return files
 
 
 def finished_metadata(manifest, policy, cases, done, runner, wall_start, implementations=()) -> dict:
     """The run metadata of the reports: the environment record, times, policy, suite, timings,
-    and the implementations' declared precision choices (`precision_record`)."""
+    what the stores loaded and missed, the record of foreign code their entries were keyed by
+    (`stores_keyed_by_foreign_code`: None in a process that loaded none,
+    `mhc_parity.records.foreign_code.foreign_material`), and the implementations' declared
+    precision choices (`precision_record`)."""
     metadata = run_metadata(cases)
     metadata.update(precision_record(implementations))
     metadata.update(
@@ -200,5 +206,6 @@ def finished_metadata(manifest, policy, cases, done, runner, wall_start, impleme
         jobs=getattr(runner, "jobs", 1),
         **{name: round(seconds, 3) for name, seconds in runner.timings.items()},
         **runner.work_counts(),
+        stores_keyed_by_foreign_code=(foreign_material() or {}).get(FOREIGN_KEY),
     )
     return metadata

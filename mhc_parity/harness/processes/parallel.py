@@ -45,6 +45,7 @@ from mhc_parity.harness.processes.worker_processes import (
     start_worker_server,
     worker_context,
 )
+from mhc_parity.records.foreign_code import adopt_records, known_records
 
 # Resident memory a worker may need: the largest worker of a cold default-suite run
 # (`make bench`, --jobs 2, the peak memory line), with a quarter more for margin.
@@ -92,6 +93,9 @@ class _WorkerSpec:
     lowering: bool
     environment: tuple[tuple[str, str], ...]  # the parent's os.environ
     parent_pid: int  # the command's process: the worker ends with it
+    # The parent's records of the external code (`mhc_parity.records.foreign_code.known_records`):
+    # read once, for the manifest; the workers' store keys hold the same.
+    code_records: tuple = ({}, [])
 
 
 _WORKER: dict = {}
@@ -110,6 +114,7 @@ def _start_worker(spec: _WorkerSpec) -> None:
     pace_garbage_collector()
     enable_compilation_cache()
     externals = load_externals(spec.impl_specs)
+    adopt_records(spec.code_records)
     _WORKER["runner"] = Runner.with_disk_stores(spec.policy)
     _WORKER["plan"] = PathPlan(
         implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs, lowering=spec.lowering
@@ -137,6 +142,7 @@ def _spec(policy, plan: PathPlan) -> _WorkerSpec:
         lowering=plan.lowering,
         environment=environment_of_this_process(),
         parent_pid=os.getpid(),
+        code_records=known_records(),
     )
 
 

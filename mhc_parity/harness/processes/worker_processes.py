@@ -50,23 +50,38 @@ WORKER_MODULES = (__name__, "mhc_parity.harness.processes.parallel")
 # Set, to the command's pid, in the environment the fork server starts with (and only there:
 # `start_worker_server`), so that the server, and no other process, knows itself at import.
 _SERVER_OF = "MHC_PARITY_FORK_SERVER_OF"
+# The project's import namespace (`mhc_parity.records.manifest.NAMESPACE`; this module imports
+# nothing of the project, so the fork server's first import stays light).
+_NAMESPACE = __name__.split(".")[0]
 
 
-def worker_context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context workers start in: forkserver, preloading `WORKER_MODULES`, or spawn."""
+def worker_context(preload: tuple[str, ...] = ()) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context workers start in: forkserver, preloading `WORKER_MODULES`
+    (and `project_modules(preload)`, when it starts the server), or spawn."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(WORKER_MODULES))
+    context.set_forkserver_preload(list(WORKER_MODULES) + project_modules(preload))
     return context
 
 
-def start_worker_server() -> None:
-    """Start the fork server now (it imports `WORKER_MODULES` in the background); a no-op
-    where workers are spawned, or when this process's server already runs. Call it from the
-    thread that lives as long as the command (the main thread): the server ends with it
-    (`end_with_parent`), and the one `ParallelRunner` uses is the one started here."""
-    if worker_context().get_start_method() != "forkserver":
+def project_modules(modules) -> list[str]:
+    """The names among `modules` inside this project's namespace: an `--impl` of one of its own
+    modules (`mhc_parity.maxtext_parity` above all: importing MaxText takes seconds) can be
+    imported by the fork server, so that every worker starts with it imported. The project's
+    modules start no JAX backend when imported (tests/test_import_graph.py), which a forked
+    worker must not inherit; a user's module might, so it is imported by each worker itself.
+    A module that cannot be imported is left for the worker to report (the server skips it)."""
+    return [name for name in dict.fromkeys(modules) if name == _NAMESPACE or name.startswith(_NAMESPACE + ".")]
+
+
+def start_worker_server(preload: tuple[str, ...] = ()) -> None:
+    """Start the fork server now (it imports `WORKER_MODULES` in the background, then the
+    project's modules among `preload`: `project_modules`); a no-op where workers are spawned,
+    or when this process's server already runs. Call it from the thread that lives as long as
+    the command (the main thread): the server ends with it (`end_with_parent`), and the one
+    `ParallelRunner` uses is the one started here."""
+    if worker_context(preload).get_start_method() != "forkserver":
         return
     previous = os.environ.get(_SERVER_OF)
     os.environ[_SERVER_OF] = str(os.getpid())

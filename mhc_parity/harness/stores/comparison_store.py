@@ -20,8 +20,8 @@ So a run still executes every program — a path whose outputs moved by one bit 
 again — and only the metrics, bounds and causes of outputs already judged are not computed
 again. The rows' timing columns are this run's (`with_timings`). A process that patches code
 at run time (the kill matrix, tests with monkeypatch) is given no store; a process that loaded
-foreign code neither reads nor writes it (`mhc_parity.records.foreign_code`: its rows are
-judged by whatever it imported, which no key here covers).
+foreign code keys its entries by that code too, as every store does
+(`mhc_parity.records.foreign_code.write_key`: its import may have patched what judges its rows).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from mhc_parity.harness.stores.program_store import environment_material
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.files import digest_arrays
-from mhc_parity.records.foreign_code import stores_writable
 from mhc_parity.records.manifest import digest_of, project_code_files
 
 # Bump when an entry's layout or its key material changes meaning.
@@ -95,9 +94,7 @@ class ComparisonStore:
 
     def load(self, material: dict, timings: Mapping[str, tuple]) -> list[dict] | None:
         """The rows stored under `material` with this run's `timings` (path name -> (compile_s,
-        execute_s) of each path that ran), or None: none stored, an invalid entry, or foreign code loaded."""
-        if not stores_writable():
-            return None
+        execute_s) of each path that ran), or None: none stored, or an invalid entry."""
         payload = self.store.load(material)
         if payload is None:
             return None

@@ -14,7 +14,9 @@ the answer up under a key made of everything it depends on (`key_material`):
 - the case's branch, the operation's key of it (`oracle_key`: for the mHC layer its math
   configuration) and dtypes;
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
-  the operand rounding the case's matmul precision means on this backend).
+  the operand rounding the case's matmul precision means on this backend);
+- in a process that loaded foreign code, that code's record (`mhc_parity.records.foreign_code`:
+  its import may patch the oracle); such a process reads the project's own answers first.
 
 An entry is one ``oracle-<key>.npz`` in ``<cache>/oracle`` (`mhc_parity.harness.env.cache_root`):
 the exact leaves as raw float64 bits, and a JSON header with the key material, the
@@ -53,7 +55,7 @@ from mhc_parity.records.artifact_store import LookupCounts, canonical_json, head
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
 from mhc_parity.records.files import array_sha256, atomic_write
-from mhc_parity.records.foreign_code import stores_writable
+from mhc_parity.records.foreign_code import read_keys, write_key
 from mhc_parity.records.manifest import PROJECT_ROOT
 
 # Bump when the entry layout changes (part of the key).
@@ -178,10 +180,12 @@ class OracleCache(LookupCounts):
     def __call__(self, case, fixture) -> OracleOutputs:
         start = time.perf_counter()
         material = key_material(case, fixture, self.source_digest)
-        path = self.folder / f"oracle-{key_digest(material)}.npz"
-        if path.exists():
+        for key in read_keys(material):  # the project's own entry, then this process's (foreign code)
+            path = self._entry_path(key)
+            if not path.exists():
+                continue
             try:
-                outputs = deserialize(path, material)
+                outputs = deserialize(path, key)
                 self._count(hits=1)
                 return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
             except CorruptOracleEntry as error:
@@ -189,10 +193,15 @@ class OracleCache(LookupCounts):
                 log.warning("oracle cache entry %s for case %r is invalid (%s); recomputing", path, case.name, error)
         self._count(misses=1)
         outputs = self.compute(case, fixture)
-        if not stores_writable():  # a process that loaded foreign code writes no store
+        key = write_key(material)  # keyed by the foreign code too in a process that loaded some
+        if key is None:
             return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+        path = self._entry_path(key)
         try:
-            atomic_write(path, serialize(material, outputs))
+            atomic_write(path, serialize(key, outputs))
         except OSError as error:
             log.warning("could not write oracle cache entry %s: %s", path, error)
         return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+
+    def _entry_path(self, key: dict) -> pathlib.Path:
+        return self.folder / f"oracle-{key_digest(key)}.npz"

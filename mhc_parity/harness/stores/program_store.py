@@ -13,11 +13,14 @@ modules, and less the kernels' for a path that does not run them (the operation 
 which those are: `mhc_parity.harness.engine.operation`). So an edit to a kernel misses only the
 kernel paths' programs; the reference programs still load. tests/test_program_store.py
 traces every built-in path and fails if code from a file outside its sources ran.
-External implementations (`--impl`) are never stored: their sources are not known; they
-go through JAX's own cache. And a process that loaded
-one stores nothing at all (`mhc_parity.records.foreign_code`, which every store's write asks):
-importing it may have patched any module, so a built-in program it traced is not vouched for
-by its sources; it still loads what clean processes stored.
+An external implementation's program (`--impl`, MaxText's) is keyed by its code too: its name,
+spec, object type and the `mhc_parity.records.foreign_code.CodeRecord` of its module (the files it
+imports, the libraries it imports by version or by content; `implementation_material`), with all
+of the program builder's sources. And a process that loaded foreign code stores every entry
+under a key that also covers that code (`mhc_parity.records.foreign_code.write_key`, through
+`ArtifactStore`): importing it may have patched any module, so a built-in program it traced
+is vouched for only by the project's sources and that code together; it still loads what
+processes without foreign code stored first.
 
 Trust: a stored program is only as current as its sources. A process that
 patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
@@ -43,6 +46,7 @@ import numpy as np
 from jax._src import config as jax_config  # the thread-local cache-write threshold; no public handle
 from jax.experimental import serialize_executable
 
+from mhc_parity.cases.spec import LABEL, case_field_names, fields_with
 from mhc_parity.harness.engine.implementations import is_builtin
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.env import compiler_material
@@ -51,6 +55,7 @@ from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
+from mhc_parity.records.foreign_code import code_record
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +126,31 @@ def _argument_material(args) -> dict:
     }
 
 
+def implementation_material(impl) -> dict | None:
+    """What a path's implementation adds to its program's key: for a built-in one its kernel
+    switches (its code is the sources'); for an external one also its name, spec, object type
+    and the `mhc_parity.records.foreign_code.CodeRecord` digest of its module (the files it can
+    run: an `--impl` of a project module is not foreign code, yet its file is no program
+    source). None where that module's code cannot be read."""
+    described = {"kernel": impl.kernel, "interpret": impl.interpret}
+    if is_builtin(impl):
+        return described
+    record = code_record(impl.module, impl.source_file or None) if impl.module else None
+    if record is None:
+        return None
+    obj = impl.layer if impl.layer is not None else impl.external
+    kind = type(obj)
+    return {
+        **described,
+        "name": impl.name,
+        "spec": impl.spec,
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "code": record.digest(),
+    }
+
+
 class ProgramStore:
-    """Compiled path programs on disk (``<cache>/programs``), for built-in implementations.
+    """Compiled path programs on disk (``<cache>/programs``).
 
     `load(...)` / `save(...)` take what `mhc_parity.harness.engine.program_cache.ProgramCache` knows of a program;
     `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...).
@@ -133,18 +161,18 @@ class ProgramStore:
 
     @staticmethod
     def material(path, signature: tuple, args, placement) -> dict | None:
-        """The key material of a path's program, or None if it must not be stored (external)."""
+        """The key material of a path's program, or None if it must not be stored (its code
+        cannot be read)."""
         impl = path.impl
-        if not is_builtin(impl):
-            return None
-        sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel))
-        if sources is None:
+        implementation = implementation_material(impl)
+        sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel or not is_builtin(impl)))
+        if sources is None or implementation is None:
             return None
         return _jsonable(
             {
                 "format": STORE_FORMAT,
                 "path": path.name,
-                "implementation": {"kernel": impl.kernel, "interpret": impl.interpret},
+                "implementation": implementation,
                 "signature": list(signature),
                 "arguments": _argument_material(args),
                 "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
@@ -243,6 +271,18 @@ class LoweringStore:
         results = compute()
         self.store.save(material, json.dumps([dataclasses.asdict(r) for r in results]).encode())
         return results
+
+    def lower_implementation(self, impl, case, mesh_shape: tuple[int, ...], compute):
+        """`lower` for the kernel programs an implementation lowers itself (`Implementation.lower`
+        of `case` on `mesh_shape`): keyed by what it is (`implementation_material`) and every
+        field of the case but its labels (what `impl.lower` is given); computed, not stored,
+        where its code cannot be read."""
+        implementation = implementation_material(impl)
+        if implementation is None:
+            return compute()
+        labels = fields_with(LABEL)
+        fields = {name: getattr(case, name) for name in case_field_names() if name not in labels}
+        return self.lower({"implementation": implementation, "case": fields, "mesh_shape": list(mesh_shape)}, compute)
 
     def counts(self) -> dict[str, int]:
         return {"lowerings_stored_loaded": self.store.hits, "lowerings_stored_missed": self.store.misses}

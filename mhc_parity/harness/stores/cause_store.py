@@ -1,0 +1,187 @@
+"""Disk store of what a case's judgement computes beyond its metrics: causes and declared effects.
+
+A case with a failing row runs the operation's hypotheses through the float64 oracle
+(`mhc_parity.harness.engine.causes.HypothesisOracle`) to name each failing row's cause, and an
+implementation that declares precision choices has their effects measured the same way
+(`mhc_parity.harness.engine.precision_choices`): seconds per case, of tracing and of float64
+arithmetic, and far more data than their answer (the hypotheses' leaves of a large case are
+gigabytes). So the store keeps the answers, which are small: the cause fields of each failing
+row, and an implementation's `DeclaredEffects`. Each is keyed by everything it is computed from:
+
+- the code that computes it (`cause_sources`: the import closure of `CAUSE_ENTRY`; a test
+  checks that computing both runs no other project file), the environment a program is made
+  for (`mhc_parity.harness.stores.program_store.environment_material`: versions, XLA flags, JAX
+  settings, the host CPU) and the default backend (what the backend probe measures);
+- every field of the case, its fixture's digest and the oracle's answer (its leaves' bits,
+  sensitivities and systematic statistics);
+- for the causes, every row of the case but its timing columns and every leaf of every path
+  that ran, by its bits (the errors the hypotheses are matched to), with the paths' widened
+  sensitivities; for the declared effects, the choices as declared.
+
+A process that loaded foreign code stores under keys that also cover it
+(`mhc_parity.records.foreign_code`, through `ArtifactStore`). Entries are JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from mhc_parity.harness.engine.causes import rows_needing_causes
+from mhc_parity.harness.engine.precision_choices import DeclaredEffects
+from mhc_parity.harness.stores.program_store import environment_material, traced_sources_digest
+from mhc_parity.records.artifact_store import ArtifactStore
+from mhc_parity.records.cache_root import cache_root
+from mhc_parity.records.code import import_closure
+from mhc_parity.records.files import digest_arrays
+
+# Bump when an entry's layout or its key material changes meaning.
+CAUSE_STORE_FORMAT = 1
+# The modules that name causes and measure declared effects (the hypotheses, the oracle and
+# the attribution are what they import).
+CAUSE_ENTRY = ("mhc_parity.harness.engine.causes", "mhc_parity.harness.engine.precision_choices")
+# The fields `annotate_causes` sets on a failing row, and the row columns that are timing only.
+CAUSE_FIELDS = ("cause", "cause_id", "cause_explained")
+TIMING_COLUMNS = ("compile_s", "execute_s")
+
+
+def cause_sources() -> tuple[str, ...]:
+    """Project files a case's causes and declared effects are computed from."""
+    return import_closure(CAUSE_ENTRY)
+
+
+def _jsonable(value):
+    """`value` as JSON would read it back (NumPy scalars as numbers, NaN kept; sets and the like as text)."""
+    return json.loads(json.dumps(value, default=_plain))
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+def _leaves_digest(leaves: Mapping[str, np.ndarray]) -> str:
+    return digest_arrays({name: np.asarray(leaves[name]) for name in sorted(leaves)})
+
+
+def _oracle_material(oracle) -> dict:
+    """The oracle's answer (`OracleOutputs`): its leaves by their bits, its statistics by value."""
+    return {
+        "leaves": _leaves_digest(oracle.leaves),
+        "sensitivity": {leaf: oracle.sensitivity[leaf].as_dict() for leaf in sorted(oracle.sensitivity)},
+        "systematic": {leaf: oracle.systematic[leaf] for leaf in sorted(oracle.systematic)},
+    }
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN (a row's missing numbers)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+class CauseStore:
+    """Causes and declared effects on disk (``<cache>/causes``); `hits`, `misses` and
+    `rejected` count this object's lookups (`store.hits` ...)."""
+
+    def __init__(self, folder=None):
+        self.store = ArtifactStore(folder if folder is not None else cache_root() / "causes", "causes")
+
+    @staticmethod
+    def _material(kind: str, case, fixture, oracle, **specific) -> dict | None:
+        sources = traced_sources_digest(CAUSE_ENTRY, ())
+        if sources is None:
+            return None
+        return _jsonable(
+            {
+                "format": CAUSE_STORE_FORMAT,
+                "kind": kind,
+                "sources": sources,
+                "environment": environment_material(),
+                "backend": [jax.default_backend(), jax.devices()[0].device_kind],
+                "case": dataclasses.asdict(case),
+                "fixture": fixture.digest(),
+                "oracle": _oracle_material(oracle),
+                **specific,
+            }
+        )
+
+    def declared_effects(self, choices: Sequence, case, fixture, oracle, compute: Callable[[], DeclaredEffects]):
+        """`compute()` (an implementation's `DeclaredEffects` of `choices` on `case`), or its stored answer."""
+        material = self._material(
+            "declared_effects", case, fixture, oracle, choices=[dataclasses.asdict(c) for c in choices]
+        )
+        if material is None:
+            return compute()
+        payload = self.store.load(material)
+        if payload is not None:
+            return DeclaredEffects(**json.loads(payload))
+        effects = compute()
+        self.store.save(material, json.dumps(dataclasses.asdict(effects)).encode())
+        return effects
+
+    def causes(
+        self,
+        rows: Sequence[dict],
+        case,
+        fixture,
+        oracle,
+        candidate_leaves: Mapping[str, Mapping[str, np.ndarray]],
+        candidate_sensitivity: Mapping[str, Mapping],
+        compute: Callable[[], list[dict]],
+    ) -> list[dict]:
+        """`compute()` (`annotate_causes` of `rows`), or `rows` with the stored cause fields set.
+
+        A case without a row that needs a cause is computed (nothing to compute), not looked up.
+        """
+        if not rows_needing_causes(rows, candidate_leaves, oracle.leaves):
+            return compute()
+        material = self._material(
+            "causes",
+            case,
+            fixture,
+            oracle,
+            rows=[{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in rows],
+            candidates={path: _leaves_digest(leaves) for path, leaves in sorted(candidate_leaves.items())},
+            candidate_sensitivity={
+                path: {leaf: s.as_dict() for leaf, s in sorted(widened.items())}
+                for path, widened in sorted(candidate_sensitivity.items())
+            },
+        )
+        if material is None:
+            return compute()
+        payload = self.store.load(material)
+        if payload is not None:
+            annotated = list(rows)
+            for index, fields in json.loads(payload):
+                annotated[index] = {**annotated[index], **fields}
+            return annotated
+        annotated = compute()
+        changes = self._changes(rows, annotated)
+        if changes is not None:
+            self.store.save(material, json.dumps(changes).encode())
+        return annotated
+
+    @staticmethod
+    def _changes(rows: Sequence[dict], annotated: Sequence[dict]) -> list | None:
+        """[[row index, its cause fields], ...] for the rows `annotated` changed, or None where it
+        changed anything else (then nothing is stored: the answer would not be the fields alone)."""
+        if len(rows) != len(annotated):
+            return None
+        changes = []
+        for index, (before, after) in enumerate(zip(rows, annotated)):
+            if after is before:
+                continue
+            if any(not _same(before.get(k), after.get(k)) for k in set(before) | set(after) if k not in CAUSE_FIELDS):
+                return None
+            changes.append([index, {k: _jsonable(after[k]) for k in CAUSE_FIELDS if k in after}])
+        return changes
+
+    def counts(self) -> dict[str, int]:
+        return {"causes_stored_loaded": self.store.hits, "causes_stored_missed": self.store.misses}

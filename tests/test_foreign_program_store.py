@@ -1,0 +1,244 @@
+"""Programs of external implementations in the program store: keyed by the code they can run.
+
+A process that loaded an external implementation (an `--impl` module, MaxText's) stores its
+programs under a key that also covers that code (`mhc_parity.records.foreign_code`): the files of
+the module and of what it imports under its root, by content; the installed distributions it
+imports, by version and installed-files record; the sources of the libraries it imports that
+the project does not pin, by content; every installed distribution's version. So the next run
+of the same command loads them without tracing anything, and an edited module, an edited
+library file or another version of a library is a miss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+import jax
+import pytest
+
+from mhc_parity.cases import registry
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.devices import path_placement
+from mhc_parity.harness.engine.implementations import REFERENCE, load_external, load_implementations
+from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
+from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
+from mhc_parity.harness.stores import program_store
+from mhc_parity.harness.stores.program_store import ProgramStore
+from mhc_parity.records import distributions, foreign_code
+from tests.cli_support import ROOT, load_jsonl, run_cli, without_timing
+from tests.support import project_files_run
+
+CASE = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
+
+# A scratch external implementation: this project's reference under another name, beside a
+# helper module it imports and a library installed beside it (a distribution of its own).
+KERNEL = """
+import fakelib
+from scratch import tuning
+from tests.external_impls import WrappedReference
+
+
+def factory():
+    return WrappedReference(name="scratch_reference")
+"""
+
+
+def _scratch_code(tmp_path: pathlib.Path, version: str = "1.0") -> pathlib.Path:
+    """A folder holding the package `scratch` (its `kernel` and `tuning`) and the installed
+    distribution `fakelib` `version` (its module and its metadata), for sys.path."""
+    root = tmp_path / "code"
+    (root / "scratch").mkdir(parents=True, exist_ok=True)
+    (root / "scratch" / "__init__.py").write_text("")
+    (root / "scratch" / "kernel.py").write_text(KERNEL)
+    (root / "scratch" / "tuning.py").write_text("SCALE = 1.0\n")
+    (root / "fakelib").mkdir(exist_ok=True)
+    (root / "fakelib" / "__init__.py").write_text("VALUE = 1\n")
+    _install_fakelib(root, version)
+    return root
+
+
+def _install_fakelib(root: pathlib.Path, version: str) -> None:
+    for old in root.glob("fakelib-*.dist-info"):
+        for file in old.iterdir():
+            file.unlink()
+        old.rmdir()
+    info = root / f"fakelib-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakelib\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"fakelib/__init__.py,,\nfakelib-{version}.dist-info/METADATA,,\n")
+    (info / "top_level.txt").write_text("fakelib\n")
+
+
+def _new_process(monkeypatch) -> None:
+    """What a new process starts with: no records of code read, no distribution map."""
+    monkeypatch.setattr(foreign_code, "_RECORDS", {})
+    monkeypatch.setattr(foreign_code, "_INSTALLED", [])
+    distributions._distributions_of_modules.cache_clear()
+
+
+def _key(impl) -> dict:
+    """The program store's key of `impl`'s unsharded program for `CASE`, as this process writes it."""
+    path = Path(impl)
+    placement = path_placement(path)
+    args = _place(make_fixture(CASE), path, placement)
+    signature = _trace_signature(CASE, effective_precision(CASE, placement))
+    return foreign_code.write_key(ProgramStore.material(path, signature, args, placement))
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """The scratch implementation loaded from a fresh folder on sys.path (the distribution map
+    cleared around it)."""
+    root = _scratch_code(tmp_path)
+    monkeypatch.syspath_prepend(str(root))
+    _new_process(monkeypatch)
+    for name in [n for n in sys.modules if n.split(".")[0] in ("scratch", "fakelib")]:  # another test's copy
+        monkeypatch.delitem(sys.modules, name)
+    yield root, load_external("scratch.kernel:factory")
+    distributions._distributions_of_modules.cache_clear()
+    for name in [n for n in sys.modules if n.split(".")[0] in ("scratch", "fakelib")]:
+        del sys.modules[name]
+
+
+def test_an_external_program_s_key_covers_its_module_its_imports_and_their_libraries(scratch, monkeypatch):
+    root, impl = scratch
+    key = _key(impl)
+    record = foreign_code.code_record("scratch.kernel")
+    assert (root / "scratch" / "tuning.py").resolve().as_posix() in record.files, "a module it imports, by content"
+    assert "distribution:fakelib" in record.files and record.libraries["fakelib"], "its library: version and files"
+    assert "jax" not in record.libraries, "a library the project pins is keyed by its version"
+    assert key["implementation"]["code"] == record.digest()
+    assert key["implementation"]["spec"] == "scratch.kernel:factory"
+    assert key[foreign_code.FOREIGN_KEY]["loaded"] == ["scratch.kernel:factory"]
+    _new_process(monkeypatch)
+    assert _key(impl) == key, "the same code, the same key"
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["edit its module", "edit a module it imports", "edit its library in place", "another version of its library"],
+)
+def test_a_change_of_the_code_an_external_program_can_run_is_a_miss(scratch, monkeypatch, change):
+    root, impl = scratch
+    before = _key(impl)
+    if change == "edit its module":
+        (root / "scratch" / "kernel.py").write_text(KERNEL + "# edited\n")
+    elif change == "edit a module it imports":
+        (root / "scratch" / "tuning.py").write_text("SCALE = 1.0 + 3e-6\n")
+    elif change == "edit its library in place":
+        (root / "fakelib" / "__init__.py").write_text("VALUE = 2\n")
+    else:
+        _install_fakelib(root, "1.1")
+    _new_process(monkeypatch)  # the next run reads the code anew
+    after = _key(impl)
+    assert after != before
+    assert after["implementation"]["code"] != before["implementation"]["code"]
+
+
+def test_a_built_in_program_of_a_process_with_foreign_code_is_keyed_by_that_code_too(scratch):
+    path = Path(REFERENCE)
+    placement = path_placement(path)
+    args = _place(make_fixture(CASE), path, placement)
+    signature = _trace_signature(CASE, effective_precision(CASE, placement))
+    material = ProgramStore.material(path, signature, args, placement)
+    assert foreign_code.read_keys(material)[0] == material, "the project's own entry is read first"
+    assert foreign_code.write_key(material) != material, "it writes only under its foreign code's key"
+
+
+def test_an_external_implementation_whose_code_cannot_be_read_is_not_stored():
+    unreadable = dataclasses.replace(REFERENCE, name="mine", spec="pkg.mod:factory", module="pkg.mod")
+    path = Path(unreadable)
+    placement = path_placement(path)
+    args = _place(make_fixture(CASE), path, placement)
+    assert ProgramStore.material(path, _trace_signature(CASE, "highest"), args, placement) is None
+
+
+# ------------------------------------------------------------------ across processes
+
+
+def _metadata(out: pathlib.Path) -> dict:
+    return json.loads((out / "report.json").read_text())["metadata"]
+
+
+@pytest.mark.slow
+def test_a_stored_external_program_is_loaded_by_the_next_run_and_an_edit_misses(case_file, tmp_path):
+    root = _scratch_code(tmp_path)
+    env = {"MHC_PARITY_CACHE": str(tmp_path / "cache"), "PYTHONPATH": f"{root}:{ROOT}"}
+    arguments = (
+        "run",
+        "--case-file",
+        case_file,
+        "--cases",
+        "cli-a-*",
+        "cli-b-*",
+        "--impl",
+        "scratch.kernel:factory",
+        "--paths",
+        "reference/*",
+        "scratch_reference/*",
+        "--no-lowering",
+        "--quiet",
+    )
+    runs = {}
+    for name in ("first", "second", "edited"):
+        if name == "edited":
+            (root / "scratch" / "tuning.py").write_text("SCALE = 1.0  # edited\n")
+        proc = run_cli(*arguments, "--out", tmp_path / name, env_extra=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        runs[name] = _metadata(tmp_path / name)
+    first, second, edited = runs["first"], runs["second"], runs["edited"]
+    assert first["programs_stored_missed"] == 4 and first["programs_stored_loaded"] == 0
+    assert second["programs_stored_loaded"] == 4 and second["programs_stored_missed"] == 0
+    assert second["programs_compiled"] == 0, "nothing traced or compiled"
+    assert second["oracle_cached"] == 2 and second["oracle_computed"] == 0
+    assert edited["programs_stored_loaded"] == 0 and edited["programs_stored_missed"] == 4, "its code changed"
+    rows = [without_timing(load_jsonl(tmp_path / name / "rows.jsonl")) for name in runs]
+    assert rows[0] == rows[1] == rows[2]
+
+
+# ------------------------------------------------------------------ MaxText's programs
+
+MAXTEXT_CASE = "lite-n4-c128-b2s128-bf16-w32-identity-bf16_inexact_gates-bt64-btb32"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["maxtext-layer-reference-fixed", "maxtext-layer-kernel-fixed"])
+def test_maxtext_programs_run_no_project_file_outside_their_key(name):
+    """Tracing a MaxText path runs project code only from its key's files: the built-in
+    program sources and the files `mhc_parity.maxtext_parity` imports (its `CodeRecord`); its
+    MaxText files are all in the key (the library's sources, by content)."""
+    pytest.importorskip("maxtext")
+    impl = next(i for i in load_implementations("mhc_parity.maxtext_parity:implementations") if i.name == name)
+    case = registry.get(MAXTEXT_CASE)
+    path = Path(impl)
+    placement = path_placement(path)
+    args = _place(make_fixture(case), path, placement)
+
+    def lower():
+        program = _build_program(path, case, placement, effective_precision(case, placement))
+        with jax.default_device(placement.devices[0]):
+            jax.jit(program).lower(*args)
+
+    ran = project_files_run(lower) - {"tests/test_foreign_program_store.py"}
+    record = foreign_code.code_record(impl.module, impl.source_file)
+    covered = set(program_store.program_sources(True)) | set(record.files)
+    assert ran <= covered, sorted(ran - covered)
+    assert "maxtext" in record.libraries and record.libraries["maxtext"]
+
+
+def test_a_lowering_path_the_plan_does_not_select_is_not_lowered():
+    """`--paths 'reference/*' 'maxtext-*'` (make parity-maxtext) selects no `lowering/*` path:
+    this project's kernels are not lowered for it (the rows were dropped after lowering before)."""
+
+    class Store:
+        def lower(self, arguments, compute):
+            raise AssertionError("lowered a path the plan does not select")
+
+        lower_implementation = lower
+
+    impl = dataclasses.replace(REFERENCE, name="mine", lower=lambda case, mesh: pytest.fail("lowered"))
+    assert list(lowering_rows(CASE, Store(), lambda name: False)) == []
+    assert list(implementation_lowering_rows(CASE, impl, Store(), lambda name: not name.startswith("mine/"))) == []

@@ -21,12 +21,16 @@ by its sources; it still loads what clean processes stored.
 
 Trust: a stored program is only as current as its sources. A process that
 patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
-not use the stores: `ProgramCache()` and `Runner(...)` use none unless given one
-(`mhc-parity run`, its workers and `mhc_parity.harness.api` do).
+not use the stores while the patch is in: `ProgramCache()` and `Runner(...)` use none
+unless given one (`mhc-parity run`, its workers and `mhc_parity.harness.api` do), and
+while a block of `code_patched()` runs (every `mhc_parity.harness.faults.model.Perturbation`
+injection is one) no store loads or saves anything, whoever asks: the kill matrix's clean
+passes load their programs, its perturbed passes never see a stored one, nor store theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -34,7 +38,9 @@ import logging
 import math
 import pickle
 import platform
+import threading
 import time
+from collections.abc import Iterator
 
 import flax
 import jax
@@ -70,6 +76,31 @@ _JAX_SETTINGS = (
     "jax_numpy_dtype_promotion",
     "jax_threefry_partitionable",
 )
+
+
+# Blocks of `code_patched` open in this process (any thread): while one is, the stores are shut.
+_patched = 0
+_patched_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def code_patched() -> Iterator[None]:
+    """Shut the program and lowering stores for the block: code in this process is patched at
+    run time (a fault injected), so a stored program is not the one its trace would make, and
+    one it makes is not its sources'. Blocks nest; the stores open when the last one ends."""
+    global _patched
+    with _patched_lock:
+        _patched += 1
+    try:
+        yield
+    finally:
+        with _patched_lock:
+            _patched -= 1
+
+
+def stores_open() -> bool:
+    """False while a `code_patched` block runs in this process."""
+    return _patched == 0
 
 
 def program_sources(kernel: bool) -> tuple[str, ...]:
@@ -133,9 +164,10 @@ class ProgramStore:
 
     @staticmethod
     def material(path, signature: tuple, args, placement) -> dict | None:
-        """The key material of a path's program, or None if it must not be stored (external)."""
+        """The key material of a path's program, or None if it must be neither loaded nor stored
+        (an external implementation's, or one traced while code is patched: `code_patched`)."""
         impl = path.impl
-        if not is_builtin(impl):
+        if not is_builtin(impl) or not stores_open():
             return None
         sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel))
         if sources is None:
@@ -223,6 +255,8 @@ class LoweringStore:
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "lowering", "lowering")
 
     def lower(self, arguments: dict, compute):
+        if not stores_open():  # code is patched: neither a stored result nor this one is its sources'
+            return compute()
         start = time.perf_counter()
         sources = traced_sources_digest(LOWERING_ENTRY, _not_traced(kernel=True))
         if sources is None:

@@ -541,6 +541,17 @@ def test_seeded_cases_are_renamed_and_reseeded():
     assert [c.name for c in seeded] == [f"{SMALL.name}-seed{s}" for s in range(3)]
 
 
+def test_the_sweep_runs_a_cases_seeds_together_and_reports_them_seed_major():
+    """A case's seeds share its programs (same shapes), so they run one after the other; the
+    rows are reported in the seed-major order of `seeded_cases`."""
+    seeded, run = sweep.seeded_cases([SMALL, SMALL_BF16], [3, 5]), sweep.case_major([SMALL, SMALL_BF16], [3, 5])
+    assert [(c.name, c.seed) for c in seeded] == [
+        (f"{SMALL.name}-seed3", 3), (f"{SMALL_BF16.name}-seed3", 3),
+        (f"{SMALL.name}-seed5", 5), (f"{SMALL_BF16.name}-seed5", 5),
+    ]  # fmt: skip
+    assert run == [seeded[0], seeded[2], seeded[1], seeded[3]]
+
+
 # ------------------------------------------------------------------------------- the CLI
 
 
@@ -630,7 +641,8 @@ def test_cli_usage_errors_exit_2(argv, tmp_path):
 @pytest.mark.slow
 def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     results = tmp_path / "sweep-results.md"
-    code = _main(["--seeds", "2", "--cases", LITE_CASE, "--out", str(tmp_path), "--quiet", "--results", str(results)])
+    argv = ["--seeds", "2", "--cases", LITE_CASE, REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"]
+    code = _main([*argv, "--results", str(results)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     document = json.loads((tmp_path / "sweep.json").read_text())
@@ -639,6 +651,10 @@ def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     assert usages and all(u <= 1 for u in usages)
     assert (tmp_path / "headroom.csv").exists() and (tmp_path / "sweep.md").exists()
     assert "Written by `mhc-parity faults " in results.read_text()
+    cases = list(dict.fromkeys(row["case"] for row in csv.DictReader((tmp_path / "rows.csv").open())))
+    first, second = (name.removesuffix("-seed0") for name in cases[:2])
+    assert {first, second} == {LITE_CASE, REFERENCE_ONLY_CASE}
+    assert cases == [f"{first}-seed0", f"{second}-seed0", f"{first}-seed1", f"{second}-seed1"], "seed-major"
 
 
 def test_the_independent_gate_has_a_finite_gradient_where_it_saturates():

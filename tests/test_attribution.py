@@ -34,6 +34,7 @@ from mhc_parity.harness.judging.attribution import (
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.policy import load_policy
 from mhc_parity.mhc import oracle, rounding_model
+from mhc_parity.mhc.operation.hypotheses import Hypothesis
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
 from mhc_parity.mhc.oracle_fits import FITTED_SITES
 from mhc_parity.mhc.oracle_roundings import (
@@ -395,6 +396,52 @@ def test_failing_rows_get_the_rounding_that_made_them_and_passing_cases_compute_
     assert annotated[0]["cause_id"] == "round:gate_weight/post_gate:forward:bfloat16"
     assert annotated[0]["cause"] == "the post gate's scale and bias rounded to bfloat16"
     assert annotated[0]["cause_explained"] > 0.99 and annotated[1]["cause"] == ""
+
+
+class _StubHypotheses(HypothesisOracle):
+    """Two drawn hypotheses with made-up leaves (no oracle runs), answered per case."""
+
+    def __init__(self):
+        super().__init__()
+        self.answers = 0
+
+    def _answer(self, case, fixture):
+        with self._lock:
+            if self._latest is not None and self._latest[0] == case:
+                return self._latest[1]
+        self.answers += 1
+        drawn = [
+            Hypothesis(f"round:{site}:forward:bfloat16", site, "rounding", f"{site}:forward", ())
+            for site in ("one", "two")
+        ]
+        leaves = [{"out": np.full(4, 1.0 + i), "d_x": np.full(3, 2.0 + i)} for i in range(2)]
+        answer = (drawn, leaves, [])
+        with self._lock:
+            if self._latest is None or self._latest[0] != case:
+                self._units.clear()
+            self._latest = (case, answer)
+        return answer
+
+
+def test_the_hypotheses_errors_in_units_are_kept_for_a_cases_runs():
+    """The kill matrix's passes of a case share one `HypothesisOracle`: its hypotheses' errors
+    against the oracle answer, in units of the σ a candidate is judged in, are computed once per
+    case, answer and scales, and never served for another answer or case."""
+    hypotheses, oracle_leaves = _StubHypotheses(), {"out": np.zeros(4), "d_x": np.ones(3)}
+    scales = {"out": 0.5, "d_x": 2.0}
+    first = hypotheses.in_units("case-a", None, oracle_leaves, scales)
+    assert [h.name for h in first] == ["round:one:forward:bfloat16", "round:two:forward:bfloat16"]
+    np.testing.assert_array_equal(first[1].errors["out"], np.full(4, 4.0))  # (2 - 0) / 0.5
+    np.testing.assert_array_equal(first[0].errors["d_x"], np.full(3, 0.5))  # (2 - 1) / 2
+    assert hypotheses.in_units("case-a", None, oracle_leaves, dict(scales)) is first
+    widened = hypotheses.in_units("case-a", None, oracle_leaves, {"out": 1.0, "d_x": 2.0})
+    assert widened is not first and widened[1].errors["out"][0] == 2.0
+    other_answer = {"out": np.ones(4), "d_x": np.ones(3)}  # another object: computed against it
+    assert hypotheses.in_units("case-a", None, other_answer, scales)[1].errors["out"][0] == 2.0
+    assert hypotheses.answers == 1
+    again = hypotheses.in_units("case-b", None, oracle_leaves, scales)  # a new case drops the old one's
+    assert again is not first and hypotheses.answers == 2
+    assert hypotheses.in_units("case-a", None, oracle_leaves, scales) is not first
 
 
 def test_a_case_too_large_for_the_hypotheses_says_so(setting, monkeypatch):

@@ -10,8 +10,11 @@ and the CLI's exit codes are pinned.
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -30,6 +33,7 @@ from mhc_parity.harness.faults import (
     Perturbation,
     Seam,
     SeamError,
+    passes,
 )
 from mhc_parity.harness.faults import matrix as kill_matrix
 from mhc_parity.harness.faults import seed_sweep as sweep
@@ -237,21 +241,22 @@ def representative(impls):
     from mhc_parity.harness.judging.policy import load_policy
 
     policy = load_policy(None)
-    shared, memo = kill_matrix.SharedInputs(), {}
+    shared, memo = passes.SharedInputs(), {}
     cases = [SMALL, SMALL_SHARDED, SMALL_BF16]
-    clean_rows = kill_matrix.run_clean_pass(cases, policy, shared, memo, impls, quiet=True)
-    results = {}
+    clean_rows = passes.run_clean_pass(cases, policy, shared, memo, impls)
+    results, rows_of = {}, {}
     for name in REPRESENTATIVE:
         perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
-        rows = kill_matrix.run_perturbation_pass(perturbation, targets, policy, shared, memo, impls)
+        rows = passes.run_perturbation_pass(perturbation, targets, policy, shared, memo, impls)
         results[name] = kill_matrix.judge(perturbation, rows, clean_rows, targets, 0.0)
-    return clean_rows, results
+        rows_of[name] = rows
+    return clean_rows, results, rows_of
 
 
 @pytest.mark.slow
 def test_unmodified_code_passes_every_row_on_the_small_cases(representative):
-    clean_rows, _ = representative
+    clean_rows, _, _ = representative
     failing = [
         (r["case"], r["candidate"], r["leaf"], r["reason"])
         for r in clean_rows
@@ -289,6 +294,85 @@ def test_representative_variant_passes(name, representative):
     assert any(s.closest is not None for s in result.slices)
 
 
+def _untimed(rows) -> list[str]:
+    """Rows as canonical JSON, less the columns that time them (NaN compares equal as text)."""
+    timing = ("compile_s", "execute_s")
+    return [json.dumps({k: v for k, v in r.items() if k not in timing}, sort_keys=True) for r in rows]
+
+
+@pytest.mark.slow
+def test_case_by_case_passes_give_the_rows_of_one_pass_at_a_time(representative, impls):
+    """The kill matrix runs each case's clean pass and then every perturbation on it, the case's
+    fixture, oracle answer, hypotheses and clean programs (from the program store) shared by its
+    passes (`mhc_parity.harness.faults.passes.CaseRunner`): the rows and verdicts are those of one
+    pass at a time over every case, each pass with its own runner."""
+    from mhc_parity.harness.judging.policy import load_policy
+
+    clean_rows, results, rows_of = representative
+    chosen = [FAULTS.get(name) or VARIANTS_BY_NAME[name] for name in REPRESENTATIVE]
+    cases = [SMALL, SMALL_SHARDED, SMALL_BF16]
+    matrix = kill_matrix.run_in_process(chosen, cases, load_policy(None), impls, quiet=True)
+    assert _untimed(matrix.clean_rows) == _untimed(clean_rows)
+    assert [name for name, _ in matrix.perturbed_rows] == list(REPRESENTATIVE)
+    for name, rows in matrix.perturbed_rows:
+        assert _untimed(rows) == _untimed(rows_of[name]), name
+    for result in matrix.results:
+        assert repr(dataclasses.replace(result, seconds=0.0)) == repr(results[result.name]), result.name
+
+
+@pytest.mark.slow
+def test_cases_dealt_to_workers_give_the_one_process_matrix(tmp_path):
+    """`--jobs 2` deals the cases to two processes (the costliest first) and assembles the matrix
+    in the selection's order: every file is the one-process run's but for timing."""
+    argv = ["--cases", REFERENCE_ONLY_CASE, LITE_CASE, "--faults", "reference.post_gate_*", "kernel.bias_grad_zeroed"]
+    argv += ["--variants", "independent.*", "--quiet"]
+    assert _main([*argv, "--out", str(tmp_path / "one")]) == 0
+    assert _main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    documents = []
+    for run in ("one", "two"):
+        document = json.loads((tmp_path / run / "kill_matrix.json").read_text())
+        del document["metadata"]
+        for result in document["results"]:
+            del result["seconds"]
+        documents.append(document)
+    assert documents[0] == documents[1]
+    for name in ("clean_rows.csv", "perturbed_rows.csv"):
+        one, two = (_untimed(csv.DictReader((tmp_path / run / name).open())) for run in ("one", "two"))
+        assert one == two and one, name
+    assert (tmp_path / "one" / "kill_matrix.md").read_text() == (tmp_path / "two" / "kill_matrix.md").read_text()
+
+
+def test_the_costliest_cases_are_dealt_first(impls):
+    """Each worker takes the next case when it is done, so the costliest go first: more passes,
+    more elements and a mesh (its sharded paths) each cost more."""
+    bigger = make_case(streams=3, batch=4, sequence=32, dtype="float32")
+    assert kill_matrix.estimated_cost(SMALL, 5) > kill_matrix.estimated_cost(SMALL, 2)
+    assert kill_matrix.estimated_cost(bigger, 5) > kill_matrix.estimated_cost(SMALL, 5)
+    unsharded = make_case(batch=2, sequence=64, dtype="float32", block_tokens=8)
+    assert kill_matrix.estimated_cost(SMALL_SHARDED, 5) > kill_matrix.estimated_cost(unsharded, 5)
+    by_case = kill_matrix.perturbations_by_case(ALL, [SMALL, SMALL_SHARDED], impls)
+    assert by_case[SMALL.name] == [p for p in ALL if p.affects_case(SMALL, impls)]
+    assert FAULTS["kernel.weight_grad_not_summed"] in by_case[SMALL_SHARDED.name]
+    assert FAULTS["kernel.weight_grad_not_summed"] not in by_case[SMALL.name]
+
+
+def test_no_seam_is_in_the_code_a_cases_passes_share():
+    """A case's passes share its fixture, oracle answer and hypotheses: sound while no
+    perturbation patches a module the fixtures or the oracle are computed from."""
+    import importlib.util
+
+    from mhc_parity.cases.fixtures import GENERATOR_ENTRY
+    from mhc_parity.harness.stores.oracle_cache import oracle_sources
+    from mhc_parity.records.code import import_closure
+    from mhc_parity.records.manifest import PROJECT_ROOT
+
+    shared = set(oracle_sources()) | set(import_closure(GENERATOR_ENTRY))
+    for perturbation in ALL:
+        for seam in perturbation.seams:
+            origin = importlib.util.find_spec(seam.module).origin
+            assert str(pathlib.Path(origin).relative_to(PROJECT_ROOT)) not in shared, (perturbation.name, seam.name)
+
+
 @pytest.mark.slow
 def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impls):
     """On mixed_signs the collapse cancels: a legitimate bfloat16 collapse operand moves
@@ -299,12 +383,12 @@ def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impl
     from mhc_parity.harness.judging.policy import load_policy
 
     case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
-    policy, shared, memo = load_policy(None), kill_matrix.SharedInputs(), {}
-    kill_matrix.run_clean_pass([case], policy, shared, memo, impls, quiet=True)
+    policy, shared, memo = load_policy(None), passes.SharedInputs(), {}
+    passes.run_clean_pass([case], policy, shared, memo, impls)
 
     def layer_input_row(name):
         perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
-        rows = kill_matrix.run_perturbation_pass(perturbation, [case], policy, shared, memo, impls)
+        rows = passes.run_perturbation_pass(perturbation, [case], policy, shared, memo, impls)
         (row,) = [
             r
             for r in rows
@@ -457,6 +541,17 @@ def test_seeded_cases_are_renamed_and_reseeded():
     assert [c.name for c in seeded] == [f"{SMALL.name}-seed{s}" for s in range(3)]
 
 
+def test_the_sweep_runs_a_cases_seeds_together_and_reports_them_seed_major():
+    """A case's seeds share its programs (same shapes), so they run one after the other; the
+    rows are reported in the seed-major order of `seeded_cases`."""
+    seeded, run = sweep.seeded_cases([SMALL, SMALL_BF16], [3, 5]), sweep.case_major([SMALL, SMALL_BF16], [3, 5])
+    assert [(c.name, c.seed) for c in seeded] == [
+        (f"{SMALL.name}-seed3", 3), (f"{SMALL_BF16.name}-seed3", 3),
+        (f"{SMALL.name}-seed5", 5), (f"{SMALL_BF16.name}-seed5", 5),
+    ]  # fmt: skip
+    assert run == [seeded[0], seeded[2], seeded[1], seeded[3]]
+
+
 # ------------------------------------------------------------------------------- the CLI
 
 
@@ -546,7 +641,8 @@ def test_cli_usage_errors_exit_2(argv, tmp_path):
 @pytest.mark.slow
 def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     results = tmp_path / "sweep-results.md"
-    code = _main(["--seeds", "2", "--cases", LITE_CASE, "--out", str(tmp_path), "--quiet", "--results", str(results)])
+    argv = ["--seeds", "2", "--cases", LITE_CASE, REFERENCE_ONLY_CASE, "--out", str(tmp_path), "--quiet"]
+    code = _main([*argv, "--results", str(results)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     document = json.loads((tmp_path / "sweep.json").read_text())
@@ -555,6 +651,10 @@ def test_unmodified_code_passes_a_two_seed_sweep(tmp_path, capsys):
     assert usages and all(u <= 1 for u in usages)
     assert (tmp_path / "headroom.csv").exists() and (tmp_path / "sweep.md").exists()
     assert "Written by `mhc-parity faults " in results.read_text()
+    cases = list(dict.fromkeys(row["case"] for row in csv.DictReader((tmp_path / "rows.csv").open())))
+    first, second = (name.removesuffix("-seed0") for name in cases[:2])
+    assert {first, second} == {LITE_CASE, REFERENCE_ONLY_CASE}
+    assert cases == [f"{first}-seed0", f"{second}-seed0", f"{first}-seed1", f"{second}-seed1"], "seed-major"
 
 
 def test_the_independent_gate_has_a_finite_gradient_where_it_saturates():

@@ -23,6 +23,7 @@ from mhc_parity.harness.stores import program_store
 from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
+from mhc_parity.records import foreign_code
 from mhc_parity.records.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
 from mhc_parity.records.code import closure_digest, import_closure
 from mhc_parity.records.manifest import PROJECT_ROOT
@@ -377,3 +378,41 @@ def test_a_process_that_loaded_an_external_implementation_cannot_poison_the_prog
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     metadata = json.loads((tmp_path / "clean" / "report.json").read_text())["metadata"]
     assert metadata["programs_stored_loaded"] == 0 and metadata["programs_stored_missed"] > 0
+
+
+def _entries(folder) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.glob("program-*"))}
+
+
+def test_while_a_fault_is_injected_no_program_is_loaded_or_stored(tmp_path):
+    """The kill matrix's clean passes use the store, its perturbed passes must not: a program
+    traced under a fault is not stored (it would pass for the clean code's), and a stored clean
+    program is not loaded for patched code (the fault would vanish). An injection shuts the store
+    (`mhc_parity.records.foreign_code.code_patched`) for whoever asks, and it opens again afterwards."""
+    from mhc_parity.harness.faults import FAULTS
+
+    fault, path = FAULTS["reference.post_gate_factor_lost"], Path(REFERENCE, None)
+    with fault.injected():  # an empty store first: nothing the patch traces lands in it
+        patched_store = ProgramStore(tmp_path)
+        patched = _run(CASE, path, patched_store).leaves
+    assert not _entries(tmp_path) and (patched_store.store.hits, patched_store.store.misses) == (0, 0)
+    assert foreign_code.stores_open()
+
+    clean_store = ProgramStore(tmp_path)
+    clean = _run(CASE, path, clean_store).leaves
+    stored = _entries(tmp_path)
+    assert len(stored) == 1 and clean_store.store.misses == 1
+    assert any(not np.array_equal(clean[leaf], patched[leaf]) for leaf in clean), "the fault changes the leaves"
+    plain = ProgramCache().run(path, CASE, make_fixture(CASE)).leaves
+    for leaf, value in clean.items():
+        np.testing.assert_array_equal(value, plain[leaf], err_msg=leaf)
+
+    with fault.injected():  # the clean program is stored now: the patched run must not load it
+        again_store = ProgramStore(tmp_path)
+        again = _run(CASE, path, again_store).leaves
+    assert (again_store.store.hits, again_store.store.misses) == (0, 0) and _entries(tmp_path) == stored
+    for leaf, value in patched.items():
+        np.testing.assert_array_equal(again[leaf], value, err_msg=leaf)
+    reopened = ProgramStore(tmp_path)
+    _run(CASE, path, reopened)
+    assert reopened.store.hits == 1

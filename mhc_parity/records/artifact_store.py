@@ -14,7 +14,7 @@ is logged, counted in `rejected`, and reported as a miss, so the caller recomput
 `save`s over it. Writes go through `mhc_parity.records.files.atomic_write`: concurrent workers
 never read a partial file. Which keys a process reads and writes is
 `mhc_parity.records.foreign_code`'s rule (a process that loaded foreign code writes under keys that
-cover it).
+cover it; while code is patched at run time, `code_patched`, nothing is read or written).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pathlib
 import threading
 
 from mhc_parity.records.files import atomic_write
-from mhc_parity.records.foreign_code import read_keys, write_key
+from mhc_parity.records.foreign_code import read_keys, stores_open, write_key
 
 log = logging.getLogger(__name__)
 _LENGTH_BYTES = 8
@@ -111,6 +111,8 @@ class ArtifactStore(LookupCounts):
         the project's own, then the one a process that loaded foreign code writes); one lookup
         counts one hit or one miss.
         """
+        if not stores_open():  # code is patched in this process: no entry is its code's
+            return None
         for key in read_keys(material):
             path = self.entry_path(key)
             try:
@@ -139,7 +141,7 @@ class ArtifactStore(LookupCounts):
         """Store `payload` under `material`'s write key (`mhc_parity.records.foreign_code.write_key`:
         in a process that loaded foreign code, a key that also covers that code; nothing where
         that code cannot be recorded); a warning, not an error, if the folder is not writable."""
-        key = write_key(material)
+        key = None if not stores_open() else write_key(material)
         if key is None:
             return
         path = self.entry_path(key)

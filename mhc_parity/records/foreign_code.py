@@ -27,10 +27,12 @@ Plain Python (no JAX): `cases` writes fixtures through it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 
 from mhc_parity.records.code import external_code, within_packages
 from mhc_parity.records.distributions import (
@@ -175,3 +177,28 @@ def adopt_records(records: tuple[dict, list[str]]) -> None:
         _RECORDS.setdefault(memo, record)
     if installed and not _INSTALLED:
         _INSTALLED.extend(installed)
+
+
+# Blocks of `code_patched` open in this process (any thread): while one is, the stores are shut.
+_patched = [0]
+_patched_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def code_patched() -> Iterator[None]:
+    """Shut every store for the block (`stores_open`): code in this process is patched at run
+    time (a fault injected), so a stored entry is not what the patched code would compute, and
+    one it computes is not its sources'. Blocks nest; the stores open when the last one ends."""
+    with _patched_lock:
+        _patched[0] += 1
+    try:
+        yield
+    finally:
+        with _patched_lock:
+            _patched[0] -= 1
+
+
+def stores_open() -> bool:
+    """False while a `code_patched` block runs in this process: then no store loads or saves
+    anything (`mhc_parity.records.artifact_store.ArtifactStore` asks), whoever asks."""
+    return _patched[0] == 0

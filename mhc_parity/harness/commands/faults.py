@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="run the perturbations in N processes (each repeats the clean pass; catalogued only); "
+        help="deal the cases to N processes (a case's clean pass and perturbations run in one; catalogued only); "
         "with --seeds, deal the seeds to N processes",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-case progress lines")
@@ -180,12 +180,13 @@ def run_kill_matrix(
     use_compilation_cache=True,
     results: pathlib.Path | None = None,
 ) -> int:
-    """Clean pass, one pass per perturbation (in `jobs` processes), reports; returns the exit
-    code. results: also write the Markdown there, with its provenance (`mhc_parity.reports.results`)."""
+    """Each case's clean pass and perturbation passes (cases dealt to `jobs` processes), reports;
+    returns the exit code. results: also write the Markdown there, with its provenance
+    (`mhc_parity.reports.results`)."""
     started = datetime.datetime.now(datetime.UTC)
     wall = time.perf_counter()
     impls = kill_matrix.implementations(impl_specs)
-    if jobs > 1 and len(perturbations) > 1:
+    if jobs > 1 and len(cases) > 1:
         matrix = kill_matrix.run_in_workers(
             perturbations,
             cases,

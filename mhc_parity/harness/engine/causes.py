@@ -15,6 +15,7 @@ row runs none of this.
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 from collections.abc import Mapping, Sequence
@@ -61,17 +62,27 @@ WITHIN_MODEL = (
 )
 
 
+# Scalings of a case's hypothesis errors `HypothesisOracle.in_units` keeps: the oracle's own,
+# and one a path's declared precision choices widen (each holds every hypothesis' leaves).
+KEPT_UNITS = 2
+
+
 class HypothesisOracle:
     """Each case's hypotheses and their oracle leaves, the latest case's kept (a case's failing
     rows ask once per case; every hypothesis holds all the case's leaves, so no more are kept).
 
     Called as (case, fixture) -> (hypotheses, one leaf -> float64 array mapping per
-    hypothesis, named like a path's leaves). Thread-safe.
+    hypothesis, named like a path's leaves). Thread-safe. One object serves every run of a
+    case (the kill matrix shares one across a case's passes): the answers are the oracle's
+    alone, whatever the paths computed.
     """
 
     def __init__(self):
         self._latest: tuple | None = None  # (case, answer)
         self._lock = threading.Lock()
+        # The latest case's hypothesis errors in units (`in_units`): (id of the oracle
+        # leaves, scales) -> (those leaves, the errors), the most recent last.
+        self._units: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
 
     def __call__(self, case, fixture) -> tuple[Sequence, list[dict[str, np.ndarray]]]:
         """The case's drawn hypotheses (every kind but `FITTED_KIND`) and their leaves."""
@@ -94,8 +105,42 @@ class HypothesisOracle:
         responses = OPERATION.hypothesis_responses(case, fixture, branch, fitted) if fitted else []
         answer = (drawn, [named_leaves(draw) for draw in draws], list(zip(fitted, responses)))
         with self._lock:
+            if self._latest is None or self._latest[0] != case:
+                self._units.clear()
             self._latest = (case, answer)
         return answer
+
+    def in_units(self, case, fixture, oracle_leaves: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> list:
+        """The drawn hypotheses' errors against `oracle_leaves` in units of `scales` (leaf -> σ),
+        with their size ranges (`HypothesisErrors`, in `__call__`'s order): what a candidate's
+        errors are matched against. Computed once per case, oracle answer (the same object)
+        and scales, for the last `KEPT_UNITS` of them."""
+        chosen, hypothesis_leaves = self._answer(case, fixture)[:2]
+        key = (id(oracle_leaves), tuple(sorted(scales.items())))
+        with self._lock:
+            kept = self._units.get(key)
+            if kept is not None and kept[0] is oracle_leaves and self._latest[0] == case:
+                self._units.move_to_end(key)
+                return kept[1]
+        errors = size_ranges(
+            [
+                HypothesisErrors(
+                    h.name,
+                    h.label,
+                    h.family,
+                    scaled_errors(_errors(leaves, oracle_leaves), scales),
+                    by_size=h.kind in SIZE_MATCHED_KINDS,
+                )
+                for h, leaves in zip(chosen, hypothesis_leaves)
+            ]
+        )
+        with self._lock:
+            if self._latest is not None and self._latest[0] == case:
+                # The leaves are held with the errors, so their id names no other object meanwhile.
+                self._units[key] = (oracle_leaves, errors)
+                while len(self._units) > KEPT_UNITS:
+                    self._units.popitem(last=False)
+        return errors
 
 
 def _fitted_in_units(hypothesis, response, scales: Mapping[str, float]) -> FittedHypothesis:
@@ -166,17 +211,9 @@ def annotate_causes(
             rows[i] = {**rows[i], "cause": cause, "cause_id": NOT_ATTRIBUTED_ID, "cause_explained": float("nan")}
         return rows
     chosen, hypothesis_leaves = hypotheses(case, fixture)
-    deviations = [_errors(leaves, oracle_leaves) for leaves in hypothesis_leaves]
 
     def in_units(scales):
-        return size_ranges(
-            [
-                HypothesisErrors(
-                    h.name, h.label, h.family, scaled_errors(e, scales), by_size=h.kind in SIZE_MATCHED_KINDS
-                )
-                for h, e in zip(chosen, deviations)
-            ]
-        )
+        return hypotheses.in_units(case, fixture, oracle_leaves, scales)
 
     fitted = hypotheses.fitted(case, fixture)
     model_scales = leaf_scales(oracle_leaves, oracle_sensitivity)

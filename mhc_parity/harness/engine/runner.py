@@ -52,6 +52,10 @@ __all__ = ["PathPlan", "Runner", "StepCallback"]
 
 # Told (case, step) as a case moves on: "fixture", "oracle", a path name, "lowering".
 StepCallback = Callable[[object, str], None]
+# Asked (case, candidate path, comparison, partner path or None for the oracle) before a
+# comparison is made: the rows another run of the case made for it, if they are this run's
+# too (the kill matrix's clean rows, where a perturbation changes neither path), else None.
+RecordedRows = Callable[[object, Path, str, Path | None], Sequence[dict] | None]
 
 # Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
 # loading fixtures, the oracle, the paths (waiting for their programs and running them), the
@@ -134,6 +138,8 @@ class Runner:
         lowering_store: LoweringStore | None = None,
         cause_store: CauseStore | None = None,
         comparison_store: ComparisonStore | None = None,
+        hypotheses: HypothesisOracle | None = None,
+        recorded_rows: RecordedRows | None = None,
     ):
         """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
         `mhc_parity.cases.fixtures.make_fixture` and `mhc_parity.harness.stores.oracle_cache.OracleCache()` (both cached
@@ -141,8 +147,12 @@ class Runner:
         for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
         disk store); lowering_store: reuse TPU lowering results (default: none); cause_store:
         reuse failing rows' causes and declared precision choices' effects (default: none);
-        comparison_store: reuse the judged rows of outputs judged before (default: none). See
-        `with_disk_stores` for the runner of a parity run."""
+        comparison_store: reuse the judged rows of outputs judged before (default: none);
+        hypotheses: the failing rows' causes' hypotheses (default: this runner's own; the kill
+        matrix shares one across the passes of a case, which the oracle answers alone decide);
+        recorded_rows: rows of comparisons another run made that this one would make alike
+        (`RecordedRows`; default: every comparison is made). See `with_disk_stores` for the
+        runner of a parity run."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.oracle = oracle if oracle is not None else OracleCache()
@@ -151,7 +161,8 @@ class Runner:
         self.cause_store = cause_store
         self.comparison_store = comparison_store
         # The failing rows' causes: a case's hypotheses through the oracle, the latest case kept.
-        self.hypotheses = HypothesisOracle()
+        self.hypotheses = hypotheses if hypotheses is not None else HypothesisOracle()
+        self.recorded_rows = recorded_rows
         # This thread's seconds per part of the run (`TIMINGS`), for the run's metadata and the benchmark.
         self.timings = dict.fromkeys(TIMINGS, 0.0)
 
@@ -391,6 +402,7 @@ class Runner:
         """Every path's rows of one case: its comparisons, or status rows where it did not run.
         declared: path name -> its `DeclaredEffects` (`_effects_of`)."""
         memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
+        by_name = {path.name: path for path in paths}
         for path in paths:
             result = results[path.name]
             environment = _environment_fields(case, result.placement)
@@ -415,6 +427,10 @@ class Runner:
                         yield {**row, **environment}
                         continue
                     partner_leaves = partner_result.outputs.leaves
+                recorded = self._recorded(case, path, comparison, None if partner == ORACLE_PATH else by_name[partner])
+                if recorded is not None:
+                    yield from (dict(row) for row in recorded)
+                    continue
                 for row in compare_leaves(
                     case,
                     candidate=path.name,
@@ -432,6 +448,10 @@ class Runner:
                     memo=memo,
                 ):
                     yield {**row, **environment}
+
+    def _recorded(self, case, path: Path, comparison: str, partner: Path | None) -> Sequence[dict] | None:
+        """The rows `recorded_rows` has for this comparison (partner None: the oracle), or None."""
+        return None if self.recorded_rows is None else self.recorded_rows(case, path, comparison, partner)
 
     def _load_fixture(self, case):
         start = time.perf_counter()

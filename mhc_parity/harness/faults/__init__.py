@@ -4,12 +4,15 @@ Modules, in the order data flows through them:
 
 * `model` — `Seam`, `Patch`, `Perturbation` (a fault or a legitimate variant) and its
   reversible injection;
-* `catalogue` — the faults (`CATALOGUE`, `FAULTS`);
+* `fault_catalogue` — the faults (`CATALOGUE`, `FAULTS`);
 * `variants` — the legitimate variants (`VARIANTS`);
-* `kill_matrix` — the clean pass, one pass per perturbation (the runner gets the shared
-  fixtures and oracle results as arguments), judged per dtype slice;
-* `sweep` — the unmodified code over many seeds;
-* `cli` — `mhc-parity faults`.
+* `passes` — a case's clean pass and its perturbation passes, sharing what no
+  perturbation changes (fixtures, oracle answers, the causes' hypotheses, the outputs of
+  the paths it does not affect, the clean programs);
+* `matrix` — the kill matrix: the cases' passes in one process or dealt to workers,
+  judged per dtype slice;
+* `seed_sweep` — the unmodified code over many seeds;
+* `mhc_parity.harness.commands.faults` — `mhc-parity faults`.
 
 Their results are plain records written to files by `mhc_parity.reports.kill_matrix` and
 `mhc_parity.reports.sweep` (CSV, Markdown, JSON and the terminal tables).

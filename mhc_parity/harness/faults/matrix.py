@@ -3,12 +3,14 @@
 1. A clean pass runs the selected cases through every path of the unmodified code —
    the built-in implementations, the independent external implementation
    (`mhc_parity.harness.faults.independent_mhc`) and any `--impl` — lowering rows excluded (no
-   perturbation touches them). Its rows are the reference verdicts; every path's outputs
-   are kept in memory. A clean row that fails is a false positive of the rules.
+   perturbation touches them). Its rows are the reference verdicts. A clean row that fails
+   is a false positive of the rules.
 2. For each perturbation: inject it, then, with a fresh program cache (JAX caches are
    cleared by the injection), run the cases it can affect. Paths it cannot change are
-   not re-run: their clean outputs are reused, and so are fixtures and float64 oracle
-   results (no perturbation touches `mhc_parity/cases/` or the oracle).
+   not re-run: their clean outputs are reused, and so are fixtures, float64 oracle
+   results and the causes' hypotheses (no perturbation touches `mhc_parity/cases/` or the
+   oracle). The work is done case by case (`mhc_parity.harness.faults.passes`): a case's
+   clean pass, then every perturbation that affects it.
 3. A row *catches* the perturbation when its verdict is fail or error under it while the
    same row (case, candidate, partner, leaf) did not fail in the clean pass. Catches are
    judged per dtype slice (the cases of one activation dtype alone): a fault must be
@@ -17,8 +19,11 @@
    closest row (largest bound_usage among the rows the perturbation moved) is reported,
    with its usage on clean code.
 
-Each pass is single-threaded (XLA compilation dominates), so `run_kill_matrix(jobs=N)`
-deals the perturbations to N spawned processes, each repeating the clean pass.
+A case's passes run in one process, so `run_in_workers(jobs=N)` deals the cases to N
+spawned processes, the costliest first, each taking the next case when it is done: each
+case's clean pass and hypotheses are computed once in the whole matrix. The matrix is
+assembled and judged in the calling process from the cases' rows, in the selection's
+order, so it is the one-process matrix whatever the dealing.
 """
 
 from __future__ import annotations
@@ -28,23 +33,17 @@ import concurrent.futures
 import math
 import multiprocessing
 import sys
-import time
-from collections.abc import Sequence
-
-import jax
+from collections.abc import Mapping, Sequence
 
 from mhc_parity.cases import registry
-from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.fixtures import fixture_elements
 from mhc_parity.harness.engine.implementations import BUILTIN, load_external
-from mhc_parity.harness.engine.plan import PathPlan
-from mhc_parity.harness.engine.program_cache import ProgramCache
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
-from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.faults import BY_NAME
 from mhc_parity.harness.faults.model import Perturbation
+from mhc_parity.harness.faults.passes import CasePasses, CaseRunner
 from mhc_parity.harness.judging.policy import load_policy
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records.kill_records import (
     CATCHING_VERDICTS,
     DTYPE_SLICES,
@@ -80,109 +79,6 @@ def implementations(extra_specs: Sequence[str] = ()) -> tuple:
     """
     externals = [load_external(spec) for spec in (INDEPENDENT_IMPL, *extra_specs)]
     return tuple(BUILTIN.values()) + tuple(externals)
-
-
-def _plan(impls):
-    return PathPlan(implementations=tuple(impls), lowering=False)
-
-
-class _RecordingProgramCache:
-    """A `ProgramCache` that remembers each (case, path)'s outputs — or exception — in `memo`."""
-
-    def __init__(self, memo: dict):
-        self._cache = ProgramCache()
-        self.memo = memo
-
-    def prepare(self, paths, case, fixture) -> None:
-        self._cache.prepare(paths, case, fixture)
-
-    def run(self, path, case, fixture):
-        key = (case.name, path.name)
-        try:
-            outputs = self._cache.run(path, case, fixture)
-        except Exception as exc:
-            self.memo[key] = exc
-            raise
-        self.memo[key] = outputs
-        return outputs
-
-
-class _PerturbationScopedProgramCache:
-    """A fresh `ProgramCache` for the paths `perturbation` affects; recorded clean results for the rest."""
-
-    def __init__(self, memo: dict, perturbation: Perturbation):
-        self._cache = ProgramCache()
-        self.memo = memo
-        self.perturbation = perturbation
-
-    def _recorded(self, path, case) -> bool:
-        return not self.perturbation.affects_path(path) and (case.name, path.name) in self.memo
-
-    def prepare(self, paths, case, fixture) -> None:
-        self._cache.prepare([p for p in paths if not self._recorded(p, case)], case, fixture)
-
-    def run(self, path, case, fixture):
-        if self._recorded(path, case):
-            recorded = self.memo[(case.name, path.name)]
-            if isinstance(recorded, BaseException):
-                raise recorded
-            return recorded
-        return self._cache.run(path, case, fixture)
-
-
-class SharedInputs:
-    """Fixtures and float64 oracle results, computed once per case for every pass.
-
-    Neither depends on the paths (`mhc_parity/cases/` and the oracle import nothing a perturbation
-    patches), so no perturbation can change them. The oracle comes from the disk cache
-    (`mhc_parity.harness.stores.oracle_cache`) when an earlier run computed it.
-    """
-
-    def __init__(self):
-        self._fixtures: dict = {}
-        self._oracles: dict = {}
-        self._oracle_cache = OracleCache()
-
-    def fixture(self, case):
-        if case not in self._fixtures:
-            self._fixtures[case] = make_fixture(case)
-        return self._fixtures[case]
-
-    def oracle(self, case, fixture):
-        if case not in self._oracles:
-            self._oracles[case] = self._oracle_cache(case, fixture)
-        return self._oracles[case]
-
-
-def _runner(policy, shared: SharedInputs, cache):
-    return Runner(policy, fixture_loader=shared.fixture, oracle=shared.oracle, cache=cache)
-
-
-def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls, *, quiet=False) -> list[dict]:
-    """Rows of the unmodified code over `cases`; every path's outputs recorded in `memo`."""
-    runner = _runner(policy, shared, _RecordingProgramCache(memo))
-    rows: list[dict] = []
-    for index, case in enumerate(cases, 1):
-        start = time.perf_counter()
-        case_rows = list(runner.run_case(case, _plan(impls)))
-        rows.extend(case_rows)
-        bad = sum(r["verdict"] in CATCHING_VERDICTS for r in case_rows)
-        note = f", {bad} FAILING row(s)" if bad else ""
-        log(f"  clean [{index}/{len(cases)}] {case.name} ({time.perf_counter() - start:.1f}s{note})", quiet=quiet)
-    return rows
-
-
-def run_perturbation_pass(
-    perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict, impls
-) -> list[dict]:
-    """Rows of `cases` (those the perturbation can affect) with it injected."""
-    rows: list[dict] = []
-    with perturbation.injected():
-        runner = _runner(policy, shared, _PerturbationScopedProgramCache(memo, perturbation))
-        for case in cases:
-            rows.extend(runner.run_case(case, _plan(impls)))
-    jax.clear_caches()
-    return rows
 
 
 # ----------------------------------------------------------------------------- judging
@@ -298,52 +194,84 @@ def judge(
 
 # ------------------------------------------------------------------------- whole runs
 
+# `estimated_cost`'s weights, fitted to the default suite's seconds per case on a 2-core
+# machine: the fixture elements a pass costs besides its size (tracing and compiling the
+# affected paths, the fixed part of the causes' fits), how much more a case with a mesh
+# costs (its sharded paths, and their fits), and a variant's factor (Sinkhorn's iterations
+# make each of its oracle runs, hypotheses and fits, costlier than mHC-lite's).
+PASS_OVERHEAD_ELEMENTS = 300_000
+SHARDED_FACTOR = 1.5
+VARIANT_FACTORS = {"sinkhorn": 2.5}
 
-def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, *, quiet=False) -> KillMatrix:
-    """Clean pass, then one pass per perturbation, in this process."""
-    shared, memo = SharedInputs(), {}
-    log(f"faults: clean pass over {len(cases)} case(s)")
-    clean_rows = run_clean_pass(cases, policy, shared, memo, impls, quiet=quiet)
+
+def perturbations_by_case(perturbations: Sequence[Perturbation], cases, impls) -> dict[str, list[Perturbation]]:
+    """case name -> the perturbations that affect it (`Perturbation.affects_case`), in order."""
+    return {case.name: [p for p in perturbations if p.affects_case(case, impls)] for case in cases}
+
+
+def estimated_cost(case, perturbation_count: int) -> float:
+    """A case's relative cost in the kill matrix, to deal the costliest first: its passes
+    (clean, and one per perturbation) times its size, a sharded case's and a costlier
+    variant's more. Only the order it gives matters (the rows do not depend on it)."""
+    size = fixture_elements(case) + PASS_OVERHEAD_ELEMENTS
+    factor = (SHARDED_FACTOR if case.mesh is not None else 1.0) * VARIANT_FACTORS.get(case.variant, 1.0)
+    return (1 + perturbation_count) * size * factor
+
+
+def _case_line(index: int, total: int, passes: CasePasses) -> str:
+    bad = sum(r["verdict"] in CATCHING_VERDICTS for r in passes.clean_rows)
+    note = f", {bad} FAILING clean row(s)" if bad else ""
+    return (
+        f"  [{index}/{total}] {passes.case}: clean pass and {len(passes.perturbed)} perturbation(s) "
+        f"({passes.seconds:.1f}s{note})"
+    )
+
+
+def assemble(perturbations: Sequence[Perturbation], cases, impls, outcomes: Mapping[str, CasePasses]) -> KillMatrix:
+    """The kill matrix from each case's passes (`outcomes`: case name -> `CasePasses`): clean rows
+    and each perturbation's rows in the selection's order, each perturbation judged."""
+    clean_rows = tuple(row for case in cases for row in outcomes[case.name].clean_rows)
     results, perturbed = [], []
     for perturbation in perturbations:
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
-        start = time.perf_counter()
-        log(f"faults: {perturbation.name} on {len(targets)} case(s) ...")
-        rows = run_perturbation_pass(perturbation, targets, policy, shared, memo, impls) if targets else []
-        result = judge(perturbation, rows, clean_rows, targets, time.perf_counter() - start)
+        rows = tuple(row for c in targets for row in outcomes[c.name].rows_of(perturbation.name))
+        seconds = sum(outcomes[c.name].seconds_of(perturbation.name) for c in targets)
+        result = judge(perturbation, rows, clean_rows, targets, seconds)
         results.append(result)
-        perturbed.append((perturbation.name, tuple(rows)))
+        perturbed.append((perturbation.name, rows))
         cells = ", ".join(f"{s.dtype_slice}: {s.cell}" for s in result.slices if s.cases_run)
         log(f"faults: {perturbation.name}: {result.status} [{cells}] ({result.seconds:.0f}s)")
-    return KillMatrix(tuple(clean_rows), tuple(results), tuple(perturbed))
+    return KillMatrix(clean_rows, tuple(results), tuple(perturbed))
 
 
-def _worker(
-    names: Sequence[str],
-    case_names: Sequence[str],
-    policy_path,
-    impl_specs: Sequence[str],
-    quiet: bool,
-    use_compilation_cache: bool,
-) -> KillMatrix:
-    """One worker process (an entry point): catalogued perturbations by name, registry cases by name."""
+def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, *, quiet=False) -> KillMatrix:
+    """Each case's clean pass and perturbations, case by case in this process."""
+    by_case = perturbations_by_case(perturbations, cases, impls)
+    log(f"faults: {len(cases)} case(s), {len(perturbations)} perturbation(s), case by case")
+    runner, outcomes = CaseRunner(policy, impls), {}
+    for index, case in enumerate(cases, 1):
+        outcomes[case.name] = runner.run(case, by_case[case.name])
+        log(_case_line(index, len(cases), outcomes[case.name]), quiet=quiet)
+    return assemble(perturbations, cases, impls, outcomes)
+
+
+# The worker process's `CaseRunner` (`_start_worker`): kept across the cases it is dealt.
+_worker_runner: CaseRunner | None = None
+
+
+def _start_worker(policy_path, impl_specs: Sequence[str], use_compilation_cache: bool) -> None:
+    """A worker process's set-up (the pool's initializer)."""
+    global _worker_runner
     ensure_host_devices()
     pace_garbage_collector()
     if use_compilation_cache:
         enable_compilation_cache()
-    cases = [registry.default_registry().get(name) for name in case_names]
-    return run_in_process(
-        [BY_NAME[n] for n in names], cases, load_policy(policy_path), implementations(impl_specs), quiet=quiet
-    )
+    _worker_runner = CaseRunner(load_policy(policy_path), implementations(impl_specs))
 
 
-def _deal(perturbations: Sequence[Perturbation], jobs: int) -> list[list[Perturbation]]:
-    """Perturbations dealt round-robin into `jobs` groups (kernel ones cost more; dealing mixes them)."""
-    ordered = sorted(perturbations, key=lambda p: (p.implementations == ("reference",), p.sharded_only))
-    groups: list[list[Perturbation]] = [[] for _ in range(min(jobs, len(ordered)))]
-    for index, perturbation in enumerate(ordered):
-        groups[index % len(groups)].append(perturbation)
-    return groups
+def _run_case(case_name: str, names: Sequence[str]) -> CasePasses:
+    """One case's passes in a worker (an entry point): a registry case and catalogued perturbations, by name."""
+    return _worker_runner.run(registry.default_registry().get(case_name), [BY_NAME[n] for n in names])
 
 
 def run_in_workers(
@@ -356,27 +284,23 @@ def run_in_workers(
     quiet=False,
     use_compilation_cache=True,
 ) -> KillMatrix:
-    """`run_in_process` split over `jobs` spawned processes (each does its own clean pass)."""
-    groups = _deal(perturbations, jobs)
+    """`run_in_process` with the cases dealt to `jobs` spawned processes, the costliest first
+    (`estimated_cost`), each process taking the next case when it is done."""
+    impls = implementations(impl_specs)
+    by_case = perturbations_by_case(perturbations, cases, impls)
+    order = sorted(cases, key=lambda c: -estimated_cost(c, len(by_case[c.name])))
+    log(f"faults: {len(cases)} case(s), {len(perturbations)} perturbation(s), dealt to {jobs} processes")
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
-        futures = [
-            pool.submit(
-                _worker,
-                [p.name for p in group],
-                [c.name for c in cases],
-                policy_path,
-                tuple(impl_specs),
-                quiet,
-                use_compilation_cache,
-            )
-            for group in groups
-        ]
-        outcomes = [future.result() for future in futures]
-    results = {r.name: r for outcome in outcomes for r in outcome.results}
-    rows = {name: rows for outcome in outcomes for name, rows in outcome.perturbed_rows}
-    return KillMatrix(
-        clean_rows=outcomes[0].clean_rows,
-        results=tuple(results[p.name] for p in perturbations),
-        perturbed_rows=tuple((p.name, rows[p.name]) for p in perturbations),
-    )
+    outcomes: dict[str, CasePasses] = {}
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(jobs, len(cases)),
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(policy_path, tuple(impl_specs), use_compilation_cache),
+    ) as pool:
+        futures = [pool.submit(_run_case, case.name, [p.name for p in by_case[case.name]]) for case in order]
+        for index, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            passes = future.result()
+            outcomes[passes.case] = passes
+            log(_case_line(index, len(cases), passes), quiet=quiet)
+    return assemble(perturbations, cases, impls, outcomes)

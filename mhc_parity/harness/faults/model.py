@@ -25,8 +25,10 @@ exception::
         ...  # build and compile programs here: the patch acts at trace time
 
 `injected()` clears JAX's tracing caches on entry and exit, so a program traced before
-(or during) the patch is never reused on the other side of it. Compiled programs held
-elsewhere (e.g. a `mhc_parity.harness.engine.program_cache.ProgramCache`) are not affected: use a fresh cache.
+(or during) the patch is never reused on the other side of it, and shuts the disk stores
+of compiled programs for its duration (`mhc_parity.records.foreign_code.code_patched`):
+none is loaded for patched code or stored from it. Compiled programs held elsewhere (e.g.
+a `mhc_parity.harness.engine.program_cache.ProgramCache`) are not affected: use a fresh cache.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 import jax
 
 from mhc_parity.harness.judging.attribution import UNEXPLAINED_ID
+from mhc_parity.records.foreign_code import code_patched
 from mhc_parity.records.kill_records import DTYPE_SLICES
 
 
@@ -165,12 +168,15 @@ class Perturbation:
         originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in resolved]
         jax.clear_caches()
         try:
-            for (patch, owner, attribute), (_, _, original) in zip(resolved, originals):
-                setattr(owner, attribute, patch.make_replacement(original))
-            yield self
+            with code_patched():  # no stored program for patched code, none stored from it
+                try:
+                    for (patch, owner, attribute), (_, _, original) in zip(resolved, originals):
+                        setattr(owner, attribute, patch.make_replacement(original))
+                    yield self
+                finally:
+                    for owner, attribute, original in reversed(originals):
+                        setattr(owner, attribute, original)
         finally:
-            for owner, attribute, original in reversed(originals):
-                setattr(owner, attribute, original)
             jax.clear_caches()
 
     def affects_path(self, path) -> bool:

@@ -4,6 +4,14 @@
 ``<case>-seed<s>``) through every built-in path (and any --impl), and reports per
 (comparison, dtype, leaf kind) the passing and failing rows and how close the passing
 ones came to their bounds (`mhc_parity.reports.sweep.headroom_table`).
+
+A seed changes a case's data, not its shapes, so its programs are those of every other
+seed: the sweep runs like `mhc-parity run` (`Runner.with_disk_stores`: programs loaded from
+the program store, or compiled once and stored; fixtures and oracle answers from their
+disk caches; the next cases' oracle answers and programs obtained ahead in threads), a
+case's seeds one after the other (`case_major`), so each program is obtained once per
+process and stays in its cache while it is used. The rows come back in seed-major order
+(`seeded_cases`), the order they always had.
 """
 
 from __future__ import annotations
@@ -24,30 +32,44 @@ from mhc_parity.harness.judging.policy import load_policy
 from mhc_parity.records.kill_records import CATCHING_VERDICTS
 
 
+def _seed_values(seeds: int | Sequence[int]) -> Sequence[int]:
+    return range(seeds) if isinstance(seeds, int) else seeds
+
+
+def _seeded(case, seed: int):
+    return case.replace(name=f"{case.name}-seed{seed}", seed=seed)
+
+
 def seeded_cases(cases: Sequence, seeds: int | Sequence[int]) -> list:
     """Every case at seeds 0..seeds-1 (or at the seeds listed), named `<case>-seed<s>`
     (seed-major order)."""
-    values = range(seeds) if isinstance(seeds, int) else seeds
-    return [case.replace(name=f"{case.name}-seed{s}", seed=s) for s in values for case in cases]
+    return [_seeded(case, s) for s in _seed_values(seeds) for case in cases]
+
+
+def case_major(cases: Sequence, seeds: int | Sequence[int]) -> list:
+    """`seeded_cases` with each case's seeds together: the order the sweep runs them in, so a
+    case's programs serve all its seeds in a row."""
+    return [_seeded(case, s) for case in cases for s in _seed_values(seeds)]
 
 
 def run_sweep_rows(cases: Sequence, seeds: int | Sequence[int], policy, impls, *, quiet=False) -> list[dict]:
-    """Rows of the unmodified code over the seeded cases (lowering rows excluded)."""
+    """Rows of the unmodified code over the seeded cases (lowering rows excluded), in
+    `seeded_cases`' order; run in `case_major` order."""
     seeded = seeded_cases(cases, seeds)
-    runner = Runner(policy)
+    runner = Runner.with_disk_stores(policy)
     plan = PathPlan(implementations=tuple(impls), lowering=False)
-    rows: list[dict] = []
-    for index, case in enumerate(seeded, 1):
-        start = time.perf_counter()
-        case_rows = list(runner.run_case(case, plan))
-        rows.extend(case_rows)
+    by_name: dict[str, list[dict]] = {}
+    start = time.perf_counter()
+    for index, (case, case_rows) in enumerate(runner.run(case_major(cases, seeds), plan), 1):
+        by_name[case.name] = case_rows
         bad = sum(r["verdict"] in CATCHING_VERDICTS for r in case_rows)
         log(
             f"  sweep [{index}/{len(seeded)}] {case.name} ({time.perf_counter() - start:.1f}s"
             f"{f', {bad} FAILING row(s)' if bad else ''})",
             quiet=quiet,
         )
-    return rows
+        start = time.perf_counter()
+    return [row for case in seeded for row in by_name[case.name]]
 
 
 def sweep_implementations(impl_specs: Sequence[str] = ()) -> tuple:

@@ -24,8 +24,12 @@ processes without foreign code stored first.
 
 Trust: a stored program is only as current as its sources. A process that
 patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
-not use the stores: `ProgramCache()` and `Runner(...)` use none unless given one
-(`mhc-parity run`, its workers and `mhc_parity.harness.api` do).
+not use the stores while the patch is in: `ProgramCache()` and `Runner(...)` use none
+unless given one (`mhc-parity run`, its workers and `mhc_parity.harness.api` do), and
+while a block of `mhc_parity.records.foreign_code.code_patched()` runs (every
+`mhc_parity.harness.faults.model.Perturbation` injection is one) no store loads or saves
+anything, whoever asks: the kill matrix's clean passes load their programs, its perturbed
+passes never see a stored one, nor store theirs.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
-from mhc_parity.records.foreign_code import code_record
+from mhc_parity.records.foreign_code import code_record, stores_open
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +165,12 @@ class ProgramStore:
 
     @staticmethod
     def material(path, signature: tuple, args, placement) -> dict | None:
-        """The key material of a path's program, or None if it must not be stored (its code
-        cannot be read)."""
+        """The key material of a path's program, or None if it must be neither loaded nor stored
+        (its code cannot be read, or it is traced while code is patched: `code_patched`)."""
         impl = path.impl
         implementation = implementation_material(impl)
+        if not stores_open():
+            return None
         sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel or not is_builtin(impl)))
         if sources is None or implementation is None:
             return None
@@ -251,6 +257,8 @@ class LoweringStore:
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "lowering", "lowering")
 
     def lower(self, arguments: dict, compute):
+        if not stores_open():  # code is patched: neither a stored result nor this one is its sources'
+            return compute()
         start = time.perf_counter()
         sources = traced_sources_digest(LOWERING_ENTRY, _not_traced(kernel=True))
         if sources is None:

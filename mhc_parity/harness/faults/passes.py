@@ -1,0 +1,242 @@
+"""The kill matrix's passes: the unmodified code, then each perturbation injected, case by case.
+
+A case's passes share everything a perturbation cannot change (`CaseRunner.run`):
+
+- its fixture and float64 oracle answer, loaded once (no seam is in `mhc_parity/cases/`
+  or the oracle's sources; tests/test_faults.py checks it);
+- its causes' hypotheses (`mhc_parity.harness.engine.causes.HypothesisOracle`: the oracle
+  under roundings, the most costly part of a failing case), computed by the first pass
+  with a failing row and kept for the case's other passes;
+- the outputs of the paths a perturbation does not affect (`Perturbation.affects_path`),
+  recorded by the clean pass and reused: only the affected paths run again, traced
+  afresh under the patch; and the clean rows of the comparisons between such paths (or
+  such a path and the oracle), which are made of the same arrays;
+- the clean pass's compiled programs, loaded from (and saved to) the program store
+  (`mhc_parity.harness.stores.program_store`): it runs unpatched code, before the case's
+  first injection, and every injection shuts the stores (`code_patched`), so no program a
+  patch traced is stored or reused for clean code.
+
+So a case, not a perturbation, is the unit of work: its hypotheses are computed once in
+the whole matrix and no clean pass is repeated. `run_clean_pass` and
+`run_perturbation_pass` run the same passes over many cases, one pass at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.causes import HypothesisOracle
+from mhc_parity.harness.engine.paths import ORACLE_PATH
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.faults.model import Perturbation
+from mhc_parity.harness.stores.oracle_cache import OracleCache
+from mhc_parity.harness.stores.program_store import ProgramStore
+
+
+def _plan(impls) -> PathPlan:
+    return PathPlan(implementations=tuple(impls), lowering=False)
+
+
+class _RecordingProgramCache:
+    """A `ProgramCache` (`cache`, default a fresh one) that remembers each (case, path)'s
+    outputs — or exception — in `memo`."""
+
+    def __init__(self, memo: dict, cache: ProgramCache | None = None):
+        self._cache = cache if cache is not None else ProgramCache()
+        self.memo = memo
+
+    def prepare(self, paths, case, fixture) -> None:
+        self._cache.prepare(paths, case, fixture)
+
+    def run(self, path, case, fixture):
+        key = (case.name, path.name)
+        try:
+            outputs = self._cache.run(path, case, fixture)
+        except Exception as exc:
+            self.memo[key] = exc
+            raise
+        self.memo[key] = outputs
+        return outputs
+
+
+class _PerturbationScopedProgramCache:
+    """A fresh `ProgramCache` for the paths `perturbation` affects; recorded clean results for the rest."""
+
+    def __init__(self, memo: dict, perturbation: Perturbation):
+        self._cache = ProgramCache()
+        self.memo = memo
+        self.perturbation = perturbation
+
+    def recorded(self, path, case) -> bool:
+        """Whether `path`'s outputs on `case` are the clean pass's (it is not affected, and ran there)."""
+        return not self.perturbation.affects_path(path) and (case.name, path.name) in self.memo
+
+    def prepare(self, paths, case, fixture) -> None:
+        self._cache.prepare([p for p in paths if not self.recorded(p, case)], case, fixture)
+
+    def run(self, path, case, fixture):
+        if self.recorded(path, case):
+            recorded = self.memo[(case.name, path.name)]
+            if isinstance(recorded, BaseException):
+                raise recorded
+            return recorded
+        return self._cache.run(path, case, fixture)
+
+
+class _CleanComparisons:
+    """The clean pass's rows by (case, candidate, comparison, partner), handed to a
+    perturbed pass's runner (`Runner(recorded_rows=...)`) for the comparisons whose candidate
+    and partner both keep their clean outputs (`cache.recorded`; the oracle always does): the
+    same leaves against the same oracle answer make the same rows, timing columns included."""
+
+    def __init__(self, clean_rows, cache: _PerturbationScopedProgramCache):
+        self._rows: dict[tuple[str, str, str, str], list[dict]] = {}
+        for row in clean_rows:
+            key = (row["case"], row["candidate"], row["comparison"], row["partner"])
+            self._rows.setdefault(key, []).append(row)
+        self._cache = cache
+
+    def __call__(self, case, candidate, comparison: str, partner):
+        if not self._cache.recorded(candidate, case) or (
+            partner is not None and not self._cache.recorded(partner, case)
+        ):
+            return None
+        partner_name = ORACLE_PATH if partner is None else partner.name
+        return self._rows.get((case.name, candidate.name, comparison, partner_name))
+
+
+class SharedInputs:
+    """Fixtures, float64 oracle results and the causes' hypotheses, computed once per case for
+    every pass.
+
+    None depends on the paths (`mhc_parity/cases/` and the oracle import nothing a perturbation
+    patches), so no perturbation can change them. The oracle comes from the disk cache
+    (`mhc_parity.harness.stores.oracle_cache`) when an earlier run computed it; the hypotheses
+    keep the latest case's (each is up to a few GB of float64 leaves).
+    """
+
+    def __init__(self, oracle_cache: OracleCache | None = None):
+        self._fixtures: dict = {}
+        self._oracles: dict = {}
+        self._oracle_cache = oracle_cache if oracle_cache is not None else OracleCache()
+        self.hypotheses = HypothesisOracle()
+
+    def fixture(self, case):
+        if case not in self._fixtures:
+            self._fixtures[case] = make_fixture(case)
+        return self._fixtures[case]
+
+    def oracle(self, case, fixture):
+        if case not in self._oracles:
+            self._oracles[case] = self._oracle_cache(case, fixture)
+        return self._oracles[case]
+
+
+def _runner(policy, shared: SharedInputs, cache, recorded_rows=None) -> Runner:
+    return Runner(
+        policy,
+        fixture_loader=shared.fixture,
+        oracle=shared.oracle,
+        cache=cache,
+        hypotheses=shared.hypotheses,
+        recorded_rows=recorded_rows,
+    )
+
+
+def clean_rows_of(case, policy, shared: SharedInputs, memo: dict, impls, programs: ProgramCache | None = None):
+    """Rows of the unmodified code on `case`; every path's outputs recorded in `memo`.
+    programs: the clean programs' cache (default: a fresh one, no store)."""
+    return list(_runner(policy, shared, _RecordingProgramCache(memo, programs)).run_case(case, _plan(impls)))
+
+
+def perturbed_rows_of(
+    perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict, impls, clean_rows=None
+):
+    """Rows of `cases` with `perturbation` injected: the paths it affects traced afresh, the
+    others' outputs from `memo` (the clean pass's). clean_rows: the clean pass's rows of
+    `cases`, whose comparisons the perturbation cannot change are taken as they are (None:
+    every comparison is made again)."""
+    rows: list[dict] = []
+    with perturbation.injected():
+        cache = _PerturbationScopedProgramCache(memo, perturbation)
+        recorded = None if clean_rows is None else _CleanComparisons(clean_rows, cache)
+        runner = _runner(policy, shared, cache, recorded)
+        for case in cases:
+            rows.extend(runner.run_case(case, _plan(impls)))
+    jax.clear_caches()
+    return rows
+
+
+def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls) -> list[dict]:
+    """Rows of the unmodified code over `cases`; every path's outputs recorded in `memo`."""
+    programs = ProgramCache()
+    return [row for case in cases for row in clean_rows_of(case, policy, shared, memo, impls, programs)]
+
+
+def run_perturbation_pass(
+    perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict, impls
+) -> list[dict]:
+    """Rows of `cases` (those the perturbation can affect) with it injected."""
+    return perturbed_rows_of(perturbation, cases, policy, shared, memo, impls)
+
+
+@dataclasses.dataclass(frozen=True)
+class CasePasses:
+    """One case's rows in the kill matrix.
+
+    case: its name; clean_rows: the unmodified code's rows; perturbed: (perturbation name,
+    its rows, seconds) for each perturbation run on the case, in the order asked; seconds:
+    the case's whole time (clean pass included).
+    """
+
+    case: str
+    clean_rows: tuple[dict, ...]
+    perturbed: tuple[tuple[str, tuple[dict, ...], float], ...]
+    seconds: float
+
+    def rows_of(self, name: str) -> tuple[dict, ...]:
+        """The rows under perturbation `name`; KeyError if it did not run on the case."""
+        return self._entry(name)[1]
+
+    def seconds_of(self, name: str) -> float:
+        """The seconds perturbation `name`'s pass took on the case; KeyError if it did not run."""
+        return self._entry(name)[2]
+
+    def _entry(self, name: str) -> tuple[str, tuple[dict, ...], float]:
+        for entry in self.perturbed:
+            if entry[0] == name:
+                return entry
+        raise KeyError(f"{name} did not run on {self.case}")
+
+
+class CaseRunner:
+    """Runs cases' passes in one process, keeping what outlives a case: the clean programs
+    (in memory and in the program store: cases of one shape share them) and the oracle cache.
+
+    policy: the tolerance policy; impls: the implementations of every pass.
+    """
+
+    def __init__(self, policy, impls):
+        self.policy = policy
+        self.impls = tuple(impls)
+        self.clean_programs = ProgramCache(store=ProgramStore())
+        self.oracle_cache = OracleCache()
+
+    def run(self, case, perturbations: Sequence[Perturbation]) -> CasePasses:
+        """The clean pass over `case`, then each of `perturbations` (those that affect it) injected in turn."""
+        start = time.perf_counter()
+        shared, memo = SharedInputs(self.oracle_cache), {}
+        clean = clean_rows_of(case, self.policy, shared, memo, self.impls, self.clean_programs)
+        perturbed = []
+        for perturbation in perturbations:
+            begun = time.perf_counter()
+            rows = perturbed_rows_of(perturbation, [case], self.policy, shared, memo, self.impls, clean)
+            perturbed.append((perturbation.name, tuple(rows), time.perf_counter() - begun))
+        return CasePasses(case.name, tuple(clean), tuple(perturbed), time.perf_counter() - start)

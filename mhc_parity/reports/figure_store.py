@@ -17,13 +17,10 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-import logging
 
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest
-
-log = logging.getLogger(__name__)
 
 # Bump when an entry's layout or its key material changes meaning.
 FIGURE_FORMAT = 1

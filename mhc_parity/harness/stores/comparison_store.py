@@ -19,7 +19,8 @@ all of these (`key_material`):
 So a run still executes every program — a path whose outputs moved by one bit is judged
 again — and only the metrics, bounds and causes of outputs already judged are not computed
 again. The rows' timing columns are this run's (`with_timings`). A process that patches code
-at run time (the kill matrix, tests with monkeypatch) is given no store; a process that loaded
+at run time is given no store (the kill matrix, tests with monkeypatch), and while a fault is
+injected no store reads or writes (`mhc_parity.records.foreign_code.code_patched`); a process that loaded
 foreign code keys its entries by that code too, as every store does
 (`mhc_parity.records.foreign_code.write_key`: its import may have patched what judges its rows).
 """

@@ -28,7 +28,7 @@ from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace
 from mhc_parity.harness.stores import program_store
 from mhc_parity.harness.stores.program_store import ProgramStore
 from mhc_parity.records import distributions, foreign_code
-from tests.cli_support import ROOT, load_jsonl, run_cli, without_timing
+from tests.cli_support import ROOT, cheap_run_args, load_jsonl, run_cli, without_timing
 from tests.support import project_files_run
 
 CASE = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
@@ -167,26 +167,12 @@ def _metadata(out: pathlib.Path) -> dict:
 def test_a_stored_external_program_is_loaded_by_the_next_run_and_an_edit_misses(case_file, tmp_path):
     root = _scratch_code(tmp_path)
     env = {"MHC_PARITY_CACHE": str(tmp_path / "cache"), "PYTHONPATH": f"{root}:{ROOT}"}
-    arguments = (
-        "run",
-        "--case-file",
-        case_file,
-        "--cases",
-        "cli-a-*",
-        "cli-b-*",
-        "--impl",
-        "scratch.kernel:factory",
-        "--paths",
-        "reference/*",
-        "scratch_reference/*",
-        "--no-lowering",
-        "--quiet",
-    )
+    extra = ("--impl", "scratch.kernel:factory", "--paths", "reference/*", "scratch_reference/*")
     runs = {}
     for name in ("first", "second", "edited"):
         if name == "edited":
             (root / "scratch" / "tuning.py").write_text("SCALE = 1.0  # edited\n")
-        proc = run_cli(*arguments, "--out", tmp_path / name, env_extra=env)
+        proc = run_cli(*cheap_run_args(case_file, tmp_path / name, *extra), env_extra=env)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         runs[name] = _metadata(tmp_path / name)
     first, second, edited = runs["first"], runs["second"], runs["edited"]

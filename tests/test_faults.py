@@ -357,16 +357,18 @@ def test_the_costliest_cases_are_dealt_first(impls):
 
 
 def test_no_seam_is_in_the_code_a_cases_passes_share():
-    """A case's passes share its fixture, oracle answer and hypotheses: sound while no
-    perturbation patches a module the fixtures or the oracle are computed from."""
+    """A case's passes share its fixture, oracle answer and hypotheses, and store the fits of
+    its failing candidates: sound while no perturbation patches a module the fixtures, the
+    oracle or a fit are computed from."""
     import importlib.util
 
     from mhc_parity.cases.fixtures import GENERATOR_ENTRY
+    from mhc_parity.harness.stores.fit_store import fit_sources
     from mhc_parity.harness.stores.oracle_cache import oracle_sources
     from mhc_parity.records.code import import_closure
     from mhc_parity.records.manifest import PROJECT_ROOT
 
-    shared = set(oracle_sources()) | set(import_closure(GENERATOR_ENTRY))
+    shared = set(oracle_sources()) | set(import_closure(GENERATOR_ENTRY)) | set(fit_sources())
     for perturbation in ALL:
         for seam in perturbation.seams:
             origin = importlib.util.find_spec(seam.module).origin

@@ -14,7 +14,8 @@ is logged, counted in `rejected`, and reported as a miss, so the caller recomput
 `save`s over it. Writes go through `mhc_parity.records.files.atomic_write`: concurrent workers
 never read a partial file. Which keys a process reads and writes is
 `mhc_parity.records.foreign_code`'s rule (a process that loaded foreign code writes under keys that
-cover it; while code is patched at run time, `code_patched`, nothing is read or written).
+cover it; while code is patched at run time, `code_patched`, nothing is read or written, but
+by a store whose entries no patch can reach: `open_while_code_patched`).
 """
 
 from __future__ import annotations
@@ -95,11 +96,19 @@ class LookupCounts:
 
 class ArtifactStore(LookupCounts):
     """Entries named ``<prefix>-<digest>.bin`` in `folder`; counts `hits`, `misses`, `rejected`
-    (`LookupCounts`: safe to use from several threads)."""
+    (`LookupCounts`: safe to use from several threads).
 
-    def __init__(self, folder: pathlib.Path, prefix: str):
+    open_while_code_patched: the entries are computed only from files no run-time patch
+    replaces (the caller's test checks that), so `code_patched` leaves this store open.
+    """
+
+    def __init__(self, folder: pathlib.Path, prefix: str, open_while_code_patched: bool = False):
         super().__init__()
         self.folder, self.prefix = pathlib.Path(folder), prefix
+        self.open_while_code_patched = open_while_code_patched
+
+    def _open(self) -> bool:
+        return self.open_while_code_patched or stores_open()
 
     def entry_path(self, material: dict) -> pathlib.Path:
         return self.folder / f"{self.prefix}-{key_digest(material)}.bin"
@@ -111,7 +120,7 @@ class ArtifactStore(LookupCounts):
         the project's own, then the one a process that loaded foreign code writes); one lookup
         counts one hit or one miss.
         """
-        if not stores_open():  # code is patched in this process: no entry is its code's
+        if not self._open():  # code is patched in this process: no entry is its code's
             return None
         for key in read_keys(material):
             path = self.entry_path(key)
@@ -141,7 +150,7 @@ class ArtifactStore(LookupCounts):
         """Store `payload` under `material`'s write key (`mhc_parity.records.foreign_code.write_key`:
         in a process that loaded foreign code, a key that also covers that code; nothing where
         that code cannot be recorded); a warning, not an error, if the folder is not writable."""
-        key = None if not stores_open() else write_key(material)
+        key = write_key(material) if self._open() else None
         if key is None:
             return
         path = self.entry_path(key)

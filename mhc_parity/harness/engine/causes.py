@@ -74,10 +74,12 @@ class HypothesisOracle:
     Called as (case, fixture) -> (hypotheses, one leaf -> float64 array mapping per
     hypothesis, named like a path's leaves). Thread-safe. One object serves every run of a
     case (the kill matrix shares one across a case's passes): the answers are the oracle's
-    alone, whatever the paths computed.
+    alone, whatever the paths computed. fits: a store of the fitted hypotheses' solutions
+    (`mhc_parity.harness.stores.fit_store.FitStore`), or None: every fit is solved.
     """
 
-    def __init__(self):
+    def __init__(self, fits=None):
+        self.fits = fits
         self._latest: tuple | None = None  # (case, answer)
         self._lock = threading.Lock()
         # The latest case's hypothesis errors in units (`in_units`): (id of the oracle
@@ -109,6 +111,13 @@ class HypothesisOracle:
                 self._units.clear()
             self._latest = (case, answer)
         return answer
+
+    def fit_solutions(self, case, fixture, hypothesis, response, scales: Mapping[str, float]):
+        """Where the solutions of a fitted `hypothesis` (its oracle `response`) on `case` in
+        units of `scales` are kept (`FittedHypothesis.solutions`), or None without a store."""
+        if self.fits is None:
+            return None
+        return self.fits.solutions(case, fixture, hypothesis.name, response.shape, scales)
 
     def in_units(self, case, fixture, oracle_leaves: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> list:
         """The drawn hypotheses' errors against `oracle_leaves` in units of `scales` (leaf -> σ),
@@ -143,8 +152,9 @@ class HypothesisOracle:
         return errors
 
 
-def _fitted_in_units(hypothesis, response, scales: Mapping[str, float]) -> FittedHypothesis:
-    """A fitted hypothesis' response with every leaf in units of its σ (`scales`)."""
+def _fitted_in_units(hypothesis, response, scales: Mapping[str, float], solutions=None) -> FittedHypothesis:
+    """A fitted hypothesis' response with every leaf in units of its σ (`scales`); solutions:
+    where its fits' solutions are kept (`HypothesisOracle.fit_solutions`)."""
 
     def apply(p):
         return scaled_errors(named_leaves(response.apply(p)), scales)
@@ -152,7 +162,9 @@ def _fitted_in_units(hypothesis, response, scales: Mapping[str, float]) -> Fitte
     def transpose(z):
         return response.transpose(leaves_as_draw({leaf: v / scales[leaf] for leaf, v in z.items()}))
 
-    return FittedHypothesis(hypothesis.name, hypothesis.label, hypothesis.family, response.shape, apply, transpose)
+    return FittedHypothesis(
+        hypothesis.name, hypothesis.label, hypothesis.family, response.shape, apply, transpose, solutions
+    )
 
 
 def _needs_cause(row: dict, candidate_leaves: Mapping[str, Mapping], oracle_leaves: Mapping) -> bool:
@@ -227,7 +239,11 @@ def annotate_causes(
         scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
         errors_of = model_errors if widened is None else in_units(scales)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
-        return errors, errors_of, [_fitted_in_units(h, response, scales) for h, response in fitted]
+        fits = [
+            _fitted_in_units(h, response, scales, hypotheses.fit_solutions(case, fixture, h, response, scales))
+            for h, response in fitted
+        ]
+        return errors, errors_of, fits
 
     def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
         """The causes of a path's `leaves`."""

@@ -5,8 +5,10 @@ A case's passes share everything a perturbation cannot change (`CaseRunner.run`)
 - its fixture and float64 oracle answer, loaded once (no seam is in `mhc_parity/cases/`
   or the oracle's sources; tests/test_faults.py checks it);
 - its causes' hypotheses (`mhc_parity.harness.engine.causes.HypothesisOracle`: the oracle
-  under roundings, the most costly part of a failing case), computed by the first pass
-  with a failing row and kept for the case's other passes;
+  under roundings), computed by the first pass with a failing row and kept for the case's
+  other passes; the fits of its fitted hypotheses, the costliest part of a failing pass,
+  are solved once for a candidate's errors and kept on disk by what they are computed from
+  (`mhc_parity.harness.stores.fit_store`), so a rerun loads them;
 - the outputs of the paths a perturbation does not affect (`Perturbation.affects_path`),
   recorded by the clean pass and reused: only the affected paths run again, traced
   afresh under the patch; and the clean rows of the comparisons between such paths (or
@@ -36,6 +38,7 @@ from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.faults.model import Perturbation
+from mhc_parity.harness.stores.fit_store import FitStore
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.harness.stores.program_store import ProgramStore
 
@@ -119,14 +122,15 @@ class SharedInputs:
     None depends on the paths (`mhc_parity/cases/` and the oracle import nothing a perturbation
     patches), so no perturbation can change them. The oracle comes from the disk cache
     (`mhc_parity.harness.stores.oracle_cache`) when an earlier run computed it; the hypotheses
-    keep the latest case's (each is up to a few GB of float64 leaves).
+    keep the latest case's (each is up to a few GB of float64 leaves), and their fits'
+    solutions come from `fits` (a `mhc_parity.harness.stores.fit_store.FitStore`; None: solved).
     """
 
-    def __init__(self, oracle_cache: OracleCache | None = None):
+    def __init__(self, oracle_cache: OracleCache | None = None, fits: FitStore | None = None):
         self._fixtures: dict = {}
         self._oracles: dict = {}
         self._oracle_cache = oracle_cache if oracle_cache is not None else OracleCache()
-        self.hypotheses = HypothesisOracle()
+        self.hypotheses = HypothesisOracle(fits=fits)
 
     def fixture(self, case):
         if case not in self._fixtures:
@@ -218,7 +222,8 @@ class CasePasses:
 
 class CaseRunner:
     """Runs cases' passes in one process, keeping what outlives a case: the clean programs
-    (in memory and in the program store: cases of one shape share them) and the oracle cache.
+    (in memory and in the program store: cases of one shape share them), the oracle cache and
+    the fits' store.
 
     policy: the tolerance policy; impls: the implementations of every pass.
     """
@@ -228,11 +233,12 @@ class CaseRunner:
         self.impls = tuple(impls)
         self.clean_programs = ProgramCache(store=ProgramStore())
         self.oracle_cache = OracleCache()
+        self.fits = FitStore()
 
     def run(self, case, perturbations: Sequence[Perturbation]) -> CasePasses:
         """The clean pass over `case`, then each of `perturbations` (those that affect it) injected in turn."""
         start = time.perf_counter()
-        shared, memo = SharedInputs(self.oracle_cache), {}
+        shared, memo = SharedInputs(self.oracle_cache, self.fits), {}
         clean = clean_rows_of(case, self.policy, shared, memo, self.impls, self.clean_programs)
         perturbed = []
         for perturbation in perturbations:

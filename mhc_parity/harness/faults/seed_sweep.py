@@ -6,12 +6,14 @@
 ones came to their bounds (`mhc_parity.reports.sweep.headroom_table`).
 
 A seed changes a case's data, not its shapes, so its programs are those of every other
-seed: the sweep runs like `mhc-parity run` (`Runner.with_disk_stores`: programs loaded from
-the program store, or compiled once and stored; fixtures and oracle answers from their
-disk caches; the next cases' oracle answers and programs obtained ahead in threads), a
-case's seeds one after the other (`case_major`), so each program is obtained once per
-process and stays in its cache while it is used. The rows come back in seed-major order
-(`seeded_cases`), the order they always had.
+seed: the sweep's runner keeps its programs on disk like `mhc-parity run`'s
+(`Runner.with_disk_stores`: loaded from the program store, or compiled once and stored),
+and runs a case's seeds one after the other (`case_major`), so each program is obtained
+once per process and stays in its cache while the case's seeds use it (seed-major, the
+suite's ~80 programs cycled through the cache every seed and were traced again each
+time). Cases run one at a time, not with `Runner.run`'s answers ahead: a case's seeds are
+the same size, so two of the largest float64 oracles would be held at once. The rows
+come back in seed-major order (`seeded_cases`), the order they always had.
 """
 
 from __future__ import annotations
@@ -59,16 +61,15 @@ def run_sweep_rows(cases: Sequence, seeds: int | Sequence[int], policy, impls, *
     runner = Runner.with_disk_stores(policy)
     plan = PathPlan(implementations=tuple(impls), lowering=False)
     by_name: dict[str, list[dict]] = {}
-    start = time.perf_counter()
-    for index, (case, case_rows) in enumerate(runner.run(case_major(cases, seeds), plan), 1):
-        by_name[case.name] = case_rows
+    for index, case in enumerate(case_major(cases, seeds), 1):
+        start = time.perf_counter()
+        by_name[case.name] = case_rows = list(runner.run_case(case, plan))
         bad = sum(r["verdict"] in CATCHING_VERDICTS for r in case_rows)
         log(
             f"  sweep [{index}/{len(seeded)}] {case.name} ({time.perf_counter() - start:.1f}s"
             f"{f', {bad} FAILING row(s)' if bad else ''})",
             quiet=quiet,
         )
-        start = time.perf_counter()
     return [row for case in seeded for row in by_name[case.name]]
 
 

@@ -187,7 +187,9 @@ class FittedHypothesis:
     """A hypothesis of an error of any size per token at one place: apply(p) -> leaf -> the
     leaves' first-order change in units of σ for the place's error p (float64, `shape`);
     transpose(leaf -> z) -> p, its adjoint (leaves it is not given count as zero). name, words
-    and family as for `HypothesisErrors`."""
+    and family as for `HypothesisErrors`. solutions: where the fits' solutions are kept
+    (`get(errors) -> (p, leaves) | None`, `put(errors, p, leaves)`: the fit store,
+    `mhc_parity.harness.stores.fit_store`), or None."""
 
     name: str
     words: str
@@ -195,13 +197,29 @@ class FittedHypothesis:
     shape: tuple[int, ...]
     apply: Callable[[np.ndarray], Mapping[str, np.ndarray]]
     transpose: Callable[[Mapping[str, np.ndarray]], np.ndarray]
+    solutions: object | None = dataclasses.field(default=None, compare=False)
 
 
 def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> HypothesisErrors:
     """h's errors at the p that best explains `candidate_errors` (leaf -> z_c, every leaf of the
     candidate): least squares over all leaves both have, by conjugate gradients on the normal
     equations (CGLS), at most `FIT_STEPS` steps, stopping once a step removes less than
-    `FIT_PROGRESS` of Σ‖z_c‖²."""
+    `FIT_PROGRESS` of Σ‖z_c‖². A solution `h.solutions` holds is taken instead of solving (the
+    same p and leaves give the same errors), and one solved is given to it."""
+    solved = h.solutions.get(candidate_errors) if h.solutions is not None else None
+    if solved is None:
+        p, leaves = _solve(h, candidate_errors)
+        if h.solutions is not None:
+            h.solutions.put(candidate_errors, p, leaves)
+    else:
+        p, leaves = solved
+    fitted = set(leaves)
+    fit = {leaf: np.asarray(v, np.float64) for leaf, v in h.apply(p).items() if leaf in fitted}
+    return HypothesisErrors(h.name, h.words, h.family, fit)
+
+
+def _solve(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """`fitted_errors`' CGLS: (p, the leaves fitted over)."""
     p = np.zeros(h.shape, np.float64)
     leaves = [leaf for leaf in h.apply(p) if leaf in candidate_errors]
     residual = {leaf: np.array(candidate_errors[leaf], np.float64) for leaf in leaves}
@@ -225,8 +243,7 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
         gradient = h.transpose(residual)
         gamma, previous = _dot(gradient, gradient), gamma
         direction = gradient + (gamma / previous) * direction
-    fit = {leaf: np.asarray(v, np.float64) for leaf, v in h.apply(p).items() if leaf in residual}
-    return HypothesisErrors(h.name, h.words, h.family, fit)
+    return p, leaves
 
 
 class _Scores:

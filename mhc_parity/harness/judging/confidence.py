@@ -26,8 +26,6 @@ import dataclasses
 import functools
 import math
 
-from scipy import special
-
 
 @dataclasses.dataclass(frozen=True)
 class Sensitivity:
@@ -71,4 +69,8 @@ def quantile(false_positive_rate: float, dof: float, draws: int) -> float:
     if not 0.0 < false_positive_rate < 1.0:
         raise ValueError(f"a false-positive rate lies in (0, 1), got {false_positive_rate!r}")
     dof = max(float(dof), 1.0)
+    # Imported here: scipy.special's import costs more than a warm run's judging, which loads
+    # its judged rows (`mhc_parity.harness.stores.comparison_store`) and computes no bound.
+    from scipy import special
+
     return math.sqrt(float(special.fdtri(dof, draws * dof, 1.0 - false_positive_rate)))

@@ -89,12 +89,17 @@ def import_closure(
     for entry in entries:
         if _module_file(entry, root) is None:
             raise FileNotFoundError(f"no source file for module {entry!r} under {root}")
+    # Whether each top-level name is a module or package under `root`: most names imported are
+    # of libraries, and none of theirs is looked for file by file.
+    tops: dict[str, bool] = {}
     while todo:
         name = todo.pop()
         if name in found or within_packages(name, exclude):
             continue
         top = name.split(".")[0]
-        path = None if top in libraries else _module_file(name, root)
+        if top not in tops:
+            tops[top] = top not in libraries and ((root / top).is_dir() or (root / f"{top}.py").is_file())
+        path = _module_file(name, root) if tops[top] else None
         if path is None:
             if outside is not None and (top in libraries or _module_file(top, root) is None):
                 outside.add(top)

@@ -188,13 +188,20 @@ def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = 
         records = rows.to_dict(orient="records")
         coerced = [coerce_row(r, f"{source}, row {i}") for i, r in enumerate(records)]
         return frame_from_records(coerced)
+    return frame_from_records(typed_rows(rows, source=source))
+
+
+def typed_rows(rows: Iterable[Mapping[str, Any]], *, source: str = "rows") -> list[dict]:
+    """Row dicts with every cell of its schema type (`coerce_row`), checked as `to_frame` checks
+    them: `frame_from_records` of these is `to_frame(rows)`, so a caller that needs the typed
+    rows before the frame (a run's case records as each case ends) coerces each row once."""
     coerced = []
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise ReportInputError(f"{source}, row {index}: expected a dict, got {type(row).__name__}")
         _check_columns(row.keys(), f"{source}, row {index}")
         coerced.append(coerce_row(row, f"{source}, row {index}"))
-    return frame_from_records(coerced)
+    return coerced
 
 
 def unwrap_run(rows: Any) -> tuple[Any, str | None]:

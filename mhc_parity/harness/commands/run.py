@@ -41,9 +41,9 @@ from mhc_parity.records.manifest import (
     write_manifest,
 )
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
-from mhc_parity.records.rows import to_frame
+from mhc_parity.records.rows import frame_from_records, typed_rows
 from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, reserve_bytes
-from mhc_parity.records.store import RowStore, StoreError
+from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
 from mhc_parity.reports.sources import baseline_as_run
 from mhc_parity.reports.terminal import exit_code, print_summary
@@ -277,19 +277,25 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
         len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet, heartbeat_s=args.heartbeat
     )
     signals = SignalsInterrupt(Watchdog(store.folder))  # stops the run if code under test holds the handlers off
+    typed = typed_rows(rows, source="rows kept")  # each row coerced once: its case's record, then the reports' frame
     try:
         with signals:
             runner = _runner(args, policy, plan, len(todo))  # in here: a signal while workers start is caught
             for case, case_rows in runner.run(todo, plan, on_case_start=progress.start, on_step=progress.step):
-                record = store.append_case(case.name, case_rows)
+                case_typed = typed_rows(case_rows, source=f"rows of case {case.name}")
+                records = typed_case_records(case_typed, [case.name])
+                # Rows of another case among them: append_case computes the records and names it.
+                record = records[case.name] if len(records) == 1 else None
+                record = store.append_case(case.name, case_rows, record=record)
                 rows.extend(case_rows)
+                typed.extend(case_typed)
                 manifest = manifest.with_case(record)
                 write_manifest(store.folder, manifest)
                 progress.finish(case, case_rows)
             progress.close()
             metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start, plan.implementations)
             finished = manifest.completed(len(rows))
-            paths, judgement, frame = _write_reports(rows, metadata, store.folder, baseline, finished)
+            paths, judgement, frame = _write_reports(typed, metadata, store.folder, baseline, finished)
             release_reserve(store.folder)  # its room is for this last write
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
     except KeyboardInterrupt:
@@ -349,10 +355,11 @@ def _load_baseline(path, allow_legacy: bool):
     return baseline_as_run(baseline)
 
 
-def _write_reports(rows, metadata, out: pathlib.Path, baseline, manifest):
+def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest):
     """(the report paths, the gate's judgement against `baseline` or None, the rows' frame): the
-    rows coerced once, judged as `mhc-parity gate` will judge the finished folder, every format written."""
-    frame = to_frame(rows)
+    rows (`typed`: `mhc_parity.records.rows.typed_rows`) judged as `mhc-parity gate` will judge
+    the finished folder, every format written."""
+    frame = frame_from_records(typed)
     judgement = None
     if baseline is not None:
         judgement = writers.judge_frame(frame, metadata, baseline, manifest, out / writers.OUTPUT_FILES["json"])

@@ -1,6 +1,7 @@
 """`run --jobs N`, `run --shard K/N` and `merge`: the same rows as one run in one process."""
 
 import csv
+import dataclasses
 import signal
 import subprocess
 import time
@@ -10,6 +11,7 @@ import pytest
 
 from mhc_parity.cases import registry
 from mhc_parity.harness.commands.merge import ShardRun, merged_metadata, where_they_differ
+from mhc_parity.harness.engine.case_cost import costliest_first
 from mhc_parity.harness.processes.shards import Shard, parse_shard, shard_cases
 from mhc_parity.records.manifest import read_manifest
 from tests.cli_support import CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
@@ -112,6 +114,20 @@ def _csv_without_timing(path) -> list[list[str]]:
 
 def _jsonl_without_timing(path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in load_jsonl(path)]
+
+
+def test_workers_are_dealt_the_costliest_cases_first_and_equal_ones_in_order():
+    """A costly case dealt last keeps one worker busy while the others wait: the larger case,
+    then the sharded one of the same shape, first (the rows are still read in the cases' order:
+    `test_jobs_2_gives_the_rows_of_one_process_in_the_same_order`, whose sharded case is last)."""
+    small = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
+    twin = registry.get("lite-n4-c128-b2s64-bf16-w32-identity-default")
+    large = registry.get("lite-n4-c1024-b1s128-f32-w32-identity-default")
+    sharded = registry.get("lite-n4-c128-b2s256-f32-w32-identity-default-m2x4-bt64")
+    unsharded = dataclasses.replace(sharded, mesh=None)
+    assert costliest_first([small, large]) == [large, small]
+    assert costliest_first([unsharded, sharded]) == [sharded, unsharded]
+    assert costliest_first([small, twin]) == [small, twin] and costliest_first([twin, small]) == [twin, small]
 
 
 @pytest.fixture(scope="module")

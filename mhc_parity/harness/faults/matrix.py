@@ -36,7 +36,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from mhc_parity.cases import registry
-from mhc_parity.cases.fixtures import fixture_elements
+from mhc_parity.harness.engine.case_cost import costliest_first, pass_cost
 from mhc_parity.harness.engine.implementations import BUILTIN, load_external
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
@@ -194,15 +194,6 @@ def judge(
 
 # ------------------------------------------------------------------------- whole runs
 
-# `estimated_cost`'s weights, fitted to the default suite's seconds per case on a 2-core
-# machine: the fixture elements a pass costs besides its size (tracing and compiling the
-# affected paths, the fixed part of the causes' fits), how much more a case with a mesh
-# costs (its sharded paths, and their fits), and a variant's factor (Sinkhorn's iterations
-# make each of its oracle runs, hypotheses and fits, costlier than mHC-lite's).
-PASS_OVERHEAD_ELEMENTS = 300_000
-SHARDED_FACTOR = 1.5
-VARIANT_FACTORS = {"sinkhorn": 2.5}
-
 
 def perturbations_by_case(perturbations: Sequence[Perturbation], cases, impls) -> dict[str, list[Perturbation]]:
     """case name -> the perturbations that affect it (`Perturbation.affects_case`), in order."""
@@ -211,11 +202,8 @@ def perturbations_by_case(perturbations: Sequence[Perturbation], cases, impls) -
 
 def estimated_cost(case, perturbation_count: int) -> float:
     """A case's relative cost in the kill matrix, to deal the costliest first: its passes
-    (clean, and one per perturbation) times its size, a sharded case's and a costlier
-    variant's more. Only the order it gives matters (the rows do not depend on it)."""
-    size = fixture_elements(case) + PASS_OVERHEAD_ELEMENTS
-    factor = (SHARDED_FACTOR if case.mesh is not None else 1.0) * VARIANT_FACTORS.get(case.variant, 1.0)
-    return (1 + perturbation_count) * size * factor
+    (clean, and one per perturbation) times a pass's (`case_cost.pass_cost`)."""
+    return (1 + perturbation_count) * pass_cost(case)
 
 
 def _case_line(index: int, total: int, passes: CasePasses) -> str:
@@ -288,7 +276,7 @@ def run_in_workers(
     (`estimated_cost`), each process taking the next case when it is done."""
     impls = implementations(impl_specs)
     by_case = perturbations_by_case(perturbations, cases, impls)
-    order = sorted(cases, key=lambda c: -estimated_cost(c, len(by_case[c.name])))
+    order = costliest_first(cases, lambda c: estimated_cost(c, len(by_case[c.name])))
     log(f"faults: {len(cases)} case(s), {len(perturbations)} perturbation(s), dealt to {jobs} processes")
     context = multiprocessing.get_context("spawn")
     outcomes: dict[str, CasePasses] = {}

@@ -6,7 +6,8 @@
 Ctrl-C — is the single-process run's. Each case goes to the next free worker; its rows
 are what a single process would make (every row is a function of the case, its fixture,
 the oracle and the compiled programs, none of which depend on the process), and they are
-yielded in selection order, so the row stream and the reports are identical apart from
+yielded in selection order (the cases are handed out the costliest first:
+`mhc_parity.harness.engine.case_cost`), so the row stream and the reports are identical apart from
 the timing columns.
 
 Workers fork from a server process that imported their modules but never started JAX
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Iterator
 
 import jax
 
+from mhc_parity.harness.engine.case_cost import costliest_first
 from mhc_parity.harness.engine.implementations import BUILTIN, load_externals
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
@@ -186,7 +188,9 @@ class ParallelRunner:
         )
         finished = False
         try:
-            futures = [pool.submit(_run_case, case) for case in cases]
+            # Submitted the costliest first (a pool takes them in that order), read in the cases' order.
+            submitted = {id(case): pool.submit(_run_case, case) for case in costliest_first(cases)}
+            futures = [submitted[id(case)] for case in cases]
             for case, future in zip(cases, futures):
                 if on_case_start is not None:
                     on_case_start(case)

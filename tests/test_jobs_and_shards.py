@@ -117,8 +117,8 @@ def _jsonl_without_timing(path) -> list[dict]:
 
 
 def test_workers_are_dealt_the_costliest_cases_first_and_equal_ones_in_order():
-    """A costly case dealt last keeps one worker busy while the others wait: the larger case,
-    then the sharded one of the same shape, first (the rows are still read in the cases' order:
+    """A costly case dealt last keeps one worker busy while the others wait: the larger case goes
+    first, and of two of one shape the sharded one (the rows are still read in the cases' order:
     `test_jobs_2_gives_the_rows_of_one_process_in_the_same_order`, whose sharded case is last)."""
     small = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
     twin = registry.get("lite-n4-c128-b2s64-bf16-w32-identity-default")

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 
 import jax
 
-from mhc_parity.harness.engine.case_cost import costliest_first
+from mhc_parity.harness.engine.case_cost import costliest_first, pass_cost
 from mhc_parity.harness.engine.implementations import BUILTIN, load_externals
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
@@ -189,8 +189,9 @@ class ParallelRunner:
         finished = False
         try:
             # Submitted the costliest first (a pool takes them in that order), read in the cases' order.
-            submitted = {id(case): pool.submit(_run_case, case) for case in costliest_first(cases)}
-            futures = [submitted[id(case)] for case in cases]
+            order = costliest_first(range(len(cases)), lambda index: pass_cost(cases[index]))
+            submitted = {index: pool.submit(_run_case, cases[index]) for index in order}
+            futures = [submitted[index] for index in range(len(cases))]
             for case, future in zip(cases, futures):
                 if on_case_start is not None:
                     on_case_start(case)

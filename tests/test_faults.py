@@ -248,7 +248,7 @@ def representative(impls):
     for name in REPRESENTATIVE:
         perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
-        rows = passes.run_perturbation_pass(perturbation, targets, policy, shared, memo, impls)
+        rows = passes.perturbed_rows_of(perturbation, targets, policy, shared, memo, impls)
         results[name] = kill_matrix.judge(perturbation, rows, clean_rows, targets, 0.0)
         rows_of[name] = rows
     return clean_rows, results, rows_of
@@ -390,7 +390,7 @@ def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impl
 
     def layer_input_row(name):
         perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
-        rows = passes.run_perturbation_pass(perturbation, [case], policy, shared, memo, impls)
+        rows = passes.perturbed_rows_of(perturbation, [case], policy, shared, memo, impls)
         (row,) = [
             r
             for r in rows

@@ -140,6 +140,8 @@ _COLUMN_TYPES = {
 }
 
 ROW_COLUMNS = tuple(_COLUMN_TYPES)
+# The columns two runs of the same rows may differ in: how long this run took.
+TIMING_COLUMNS = ("compile_s", "execute_s")
 
 # Columns added after the first schema: a row file written before them lacks them and
 # is read with them empty (NaN for numbers; mhc_parity.records.rows), so older runs stay readable.

@@ -26,8 +26,8 @@ exception::
 
 `injected()` clears JAX's tracing caches on entry and exit, so a program traced before
 (or during) the patch is never reused on the other side of it, and shuts the disk stores
-of compiled programs for its duration (`mhc_parity.records.foreign_code.code_patched`):
-none is loaded for patched code or stored from it. Compiled programs held elsewhere (e.g.
+for its duration (`mhc_parity.records.foreign_code.code_patched`; all but the fits', which
+no seam reaches): no entry is loaded for patched code or stored from it. Compiled programs held elsewhere (e.g.
 a `mhc_parity.harness.engine.program_cache.ProgramCache`) are not affected: use a fresh cache.
 """
 

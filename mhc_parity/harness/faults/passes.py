@@ -19,8 +19,8 @@ A case's passes share everything a perturbation cannot change (`CaseRunner.run`)
   patch traced is stored or reused for clean code.
 
 So a case, not a perturbation, is the unit of work: its hypotheses are computed once in
-the whole matrix and no clean pass is repeated. `run_clean_pass` and
-`run_perturbation_pass` run the same passes over many cases, one pass at a time.
+the whole matrix and no clean pass is repeated. `run_clean_pass` and `perturbed_rows_of`
+run the same passes over many cases, one pass at a time.
 """
 
 from __future__ import annotations
@@ -182,13 +182,6 @@ def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls) -> li
     """Rows of the unmodified code over `cases`; every path's outputs recorded in `memo`."""
     programs = ProgramCache()
     return [row for case in cases for row in clean_rows_of(case, policy, shared, memo, impls, programs)]
-
-
-def run_perturbation_pass(
-    perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict, impls
-) -> list[dict]:
-    """Rows of `cases` (those the perturbation can affect) with it injected."""
-    return perturbed_rows_of(perturbation, cases, policy, shared, memo, impls)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,15 +39,15 @@ from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import import_closure
 from mhc_parity.records.files import digest_arrays
+from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning.
 CAUSE_STORE_FORMAT = 1
 # The modules that name causes and measure declared effects (the hypotheses, the oracle and
 # the attribution are what they import).
 CAUSE_ENTRY = ("mhc_parity.harness.engine.causes", "mhc_parity.harness.engine.precision_choices")
-# The fields `annotate_causes` sets on a failing row, and the row columns that are timing only.
+# The fields `annotate_causes` sets on a failing row.
 CAUSE_FIELDS = ("cause", "cause_id", "cause_explained")
-TIMING_COLUMNS = ("compile_s", "execute_s")
 
 
 def cause_sources() -> tuple[str, ...]:

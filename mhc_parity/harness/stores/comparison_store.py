@@ -41,10 +41,10 @@ from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.files import digest_arrays
 from mhc_parity.records.manifest import digest_of, project_code_files
+from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning.
 COMPARISON_FORMAT = 1
-TIMING_COLUMNS = ("compile_s", "execute_s")
 
 
 @functools.cache

@@ -10,22 +10,23 @@ is one number per token, a function of nothing but
   jaxlib / NumPy versions, `XLA_FLAGS` and the host CPU (`oracle_cache.key_material`);
 - the hypothesis (its site and how the gradients see it: its name) and p's shape;
 - the σ per leaf the errors are measured in (their float64 bits);
-- the candidate's scaled errors (the sha256 of every leaf's name, dtype, shape and bytes);
+- the candidate's scaled errors (`mhc_parity.records.files.digest_arrays`: every leaf's name,
+  dtype, shape and bytes);
 - the fit's own code: `FIT_ENTRY`'s import closure less the operation's program modules
   (`fit_sources`: the oracle's sources, the attribution and the causes; a test checks a fit
   runs no other project file), so a kernel edit keeps every entry whose errors it keeps.
 
 Under a key of all of these an entry holds p and the leaves it was fitted over; the fit's
 errors are then J·p from it, the very bits the solve ends with (`fitted_errors`). Entries are
-verified when read (`ArtifactStore`), and a process that loaded foreign code writes none
-(`mhc_parity.records.foreign_code`). A fit runs no patched code whatever is injected (no seam is
-in `fit_sources`: tests/test_faults.py), so the kill matrix stores and loads them under faults.
-"""
+verified when read (`ArtifactStore`), and a process that loaded foreign code writes them under
+keys that also cover that code, as every store does (`mhc_parity.records.foreign_code.write_key`).
+A fit runs no patched code whatever is injected (no seam is in `fit_sources`:
+tests/test_faults.py), so the kill matrix stores and loads them under faults
+(`ArtifactStore(open_while_code_patched=True)`)."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,7 @@ from mhc_parity.harness.stores.oracle_cache import key_material, oracle_source_d
 from mhc_parity.records.artifact_store import ArtifactStore, canonical_json
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
+from mhc_parity.records.files import digest_arrays
 
 # Bump when an entry's layout or its key material changes meaning.
 FIT_FORMAT = 1
@@ -49,16 +51,6 @@ def fit_sources() -> tuple[str, ...]:
     return import_closure(FIT_ENTRY, OPERATION.PROGRAM_MODULES)
 
 
-def errors_digest(errors: Mapping[str, np.ndarray]) -> str:
-    """sha256 (hex) of every leaf's name, dtype, shape and bytes: equal iff bit-identical."""
-    digest = hashlib.sha256()
-    for leaf in sorted(errors):
-        value = np.ascontiguousarray(errors[leaf])
-        digest.update(canonical_json([leaf, str(value.dtype), list(value.shape)]))
-        digest.update(value.tobytes())
-    return digest.hexdigest()
-
-
 class FitSolutions:
     """The stored solutions of one fitted hypothesis on one case, in one set of units
     (`FitStore.solutions`): get(errors) -> (p, leaves) or None; put(errors, p, leaves)."""
@@ -67,7 +59,7 @@ class FitSolutions:
         self._store, self._material = store, material
 
     def _key(self, errors: Mapping[str, np.ndarray]) -> dict:
-        return {**self._material, "errors": errors_digest(errors)}
+        return {**self._material, "errors": digest_arrays({leaf: errors[leaf] for leaf in sorted(errors)})}
 
     def get(self, errors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]] | None:
         """The solution p (float64, the hypothesis' shape) and the leaves fitted over, or None."""

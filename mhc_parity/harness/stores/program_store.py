@@ -167,10 +167,10 @@ class ProgramStore:
     def material(path, signature: tuple, args, placement) -> dict | None:
         """The key material of a path's program, or None if it must be neither loaded nor stored
         (its code cannot be read, or it is traced while code is patched: `code_patched`)."""
-        impl = path.impl
-        implementation = implementation_material(impl)
         if not stores_open():
             return None
+        impl = path.impl
+        implementation = implementation_material(impl)
         sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel or not is_builtin(impl)))
         if sources is None or implementation is None:
             return None

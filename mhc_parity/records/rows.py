@@ -22,6 +22,7 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from mhc_parity.records.schema import (  # ReportInputError: read from here by every reader
@@ -339,16 +340,17 @@ def json_ready(value: Any) -> Any:
 
 
 def frame_to_json_records(frame: pd.DataFrame) -> list[dict]:
-    """Rows as plain-Python dicts safe for strict JSON (non-finite floats: `encode_float`)."""
-    records = []
-    for row in frame.to_dict(orient="records"):
-        record = {}
-        for column, value in row.items():
-            if column in FLOAT_COLUMNS:
-                record[column] = encode_float(float(value))
-            elif column in INT_COLUMNS:
-                record[column] = int(value)
-            else:
-                record[column] = str(value)
-        records.append(record)
-    return records
+    """Rows as plain-Python dicts safe for strict JSON (non-finite floats: `encode_float`).
+    Converted a column at a time (NumPy's `tolist` gives Python floats and ints), then zipped
+    into rows: per cell, a type test and a call were most of a report's JSON time."""
+    columns = list(frame.columns)
+    converted = [_json_column(column, frame[column]) for column in columns]
+    return [dict(zip(columns, values)) for values in zip(*converted)]
+
+
+def _json_column(column: str, values: pd.Series) -> list:
+    if column in FLOAT_COLUMNS:
+        return [encode_float(v) for v in values.to_numpy(dtype=np.float64).tolist()]
+    if column in INT_COLUMNS:
+        return values.to_numpy(dtype=np.int64).tolist()
+    return [str(v) for v in values.tolist()]

@@ -23,7 +23,7 @@ from mhc_parity.harness.judging.attribution import (
     fitted_errors,
     scaled_errors,
 )
-from mhc_parity.mhc import oracle, rounding_model
+from mhc_parity.mhc import oracle, oracle_math, rounding_model
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
 from mhc_parity.mhc.oracle_fits import BACKWARDS, site_response
 from mhc_parity.mhc.oracle_roundings import BACKEND_ORDER, Accumulation, accumulation_codes
@@ -47,12 +47,12 @@ def _leaves(setting, statistic_error=None, pre_offsets=None) -> dict[str, np.nda
     with jax.enable_x64(True):
         inputs = oracle._float64_inputs(fixture.x, fixture.weights, fixture.branch_params, fixture.cotangent)
         sites = rounding_model.branch_site_tuple(branch.rounding_sites)
-        r = oracle._exact
+        r = oracle_math.unrounded
         if statistic_error is not None:
             r = oracle_fits._Perturbed("rms_inverse", jnp.asarray(statistic_error, jnp.float64))
         if pre_offsets is not None:
             pre_offsets = tuple(jnp.asarray(o, jnp.float64) for o in pre_offsets)
-        outputs = oracle._layer_and_vjp(*inputs, r, case.mhc_config(), branch.apply, sites, pre_offsets=pre_offsets)
+        outputs = oracle_math.layer_and_vjp(*inputs, r, case.mhc_config(), branch.apply, sites, pre_offsets=pre_offsets)
         return named_leaves(oracle._result(jax.tree.map(lambda a: np.asarray(a, np.float64), outputs)))
 
 

@@ -27,7 +27,7 @@ from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine.devices import host_fallback, path_placement
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.paths import Path, _build_program, _place
-from mhc_parity.mhc import kernels, oracle, rounding_model
+from mhc_parity.mhc import kernels, oracle, oracle_math, rounding_model
 from mhc_parity.mhc.kernels import KernelConfig
 from mhc_parity.mhc.kernels.lowering import abstract_tpu_mesh, kernel_programs
 from mhc_parity.mhc.precision import MATMUL_PRECISIONS, dot_precision
@@ -186,5 +186,5 @@ def test_every_dot_of_the_oracle_is_at_highest_precision(units):
         banks = jnp.zeros((1, oracle._bank_size(sites)), jnp.float64)
         jaxpr = trace(program, x, w, params, x, banks, jnp.asarray(units))
     sites = _assert_all_dots_state(jaxpr, "highest", minimum=10)
-    assert oracle._PRECISION == dot_precision(np.float64, "default") == Precision.HIGHEST
+    assert oracle_math.PRECISION == dot_precision(np.float64, "default") == Precision.HIGHEST
     assert all(s.operand_dtypes == ("float64", "float64") for s in sites)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc_parity.mhc import oracle, rounding_model
+from mhc_parity.mhc import oracle, oracle_math, rounding_model
 
 # XLA:CPU's first optimisation level: at level 0 (the sensitivity draws' level) the forward-mode
 # derivative of the softmax's VJP comes out NaN (docs/jax-notes.md); level 1 computes it.
@@ -36,7 +36,7 @@ _COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 FITTED_SITES = ("rms_inverse",)
 # How the gradients see a fitted site's error (`site_response`).
 BACKWARDS = ("differentiated", "recomputed")
-# The pre's outputs, in `mhc_parity.mhc.oracle._layer_and_vjp`'s `pre_offsets` order (forward leaves by name).
+# The pre's outputs, in `mhc_parity.mhc.oracle_math.layer_and_vjp`'s `pre_offsets` order (forward leaves by name).
 PRE_OUTPUTS = ("layer_input", "h_pre", "h_post", "h_res")
 
 
@@ -83,7 +83,7 @@ def _site_programs(branch_apply, config, branch_sites: rounding_model.BranchSite
     branch, config and site; per shape by jit)."""
 
     def leaves(x, w, p, ct, offset):
-        return oracle._layer_and_vjp(x, w, p, ct, _Perturbed(site, offset), config, branch_apply, branch_sites)
+        return oracle_math.layer_and_vjp(x, w, p, ct, _Perturbed(site, offset), config, branch_apply, branch_sites)
 
     return _linear_programs(leaves)
 
@@ -93,8 +93,8 @@ def _pre_output_programs(branch_apply, config, branch_sites: rounding_model.Bran
     """J·o and Jᵀ·g of offsets o of the pre's outputs (`PRE_OUTPUTS`), the pre's VJP exact."""
 
     def leaves(x, w, p, ct, offsets):
-        return oracle._layer_and_vjp(
-            x, w, p, ct, oracle._exact, config, branch_apply, branch_sites, pre_offsets=offsets
+        return oracle_math.layer_and_vjp(
+            x, w, p, ct, oracle_math.unrounded, config, branch_apply, branch_sites, pre_offsets=offsets
         )
 
     return _linear_programs(leaves)
@@ -102,7 +102,7 @@ def _pre_output_programs(branch_apply, config, branch_sites: rounding_model.Bran
 
 def _as_outputs(result, template) -> tuple:
     """`result` (an `OracleResult`, or any object with its fields) in the structure of
-    `_layer_and_vjp`'s outputs (`template`'s), zeros where it has no entry."""
+    `layer_and_vjp`'s outputs (`template`'s), zeros where it has no entry."""
     forward, d_x, d_layer_output, d_w, d_p = template
 
     def entry(value, like):
@@ -125,7 +125,7 @@ def _forward_only(forward: Mapping) -> oracle.OracleResult:
 def site_response(
     x,
     weights,
-    branch_apply: oracle.BranchApply,
+    branch_apply: oracle_math.BranchApply,
     branch_params: Mapping[str, Any],
     cotangent,
     config,

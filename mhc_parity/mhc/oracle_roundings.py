@@ -19,7 +19,7 @@ per contraction call and output), so every hypothesis list of a shape, branch an
 them (each padded to one batch size). The hypotheses run one after another in a loop, each
 computing only its own narrow sum; those with none run apart, in a program with no choice of
 sums at all (every switch between sums costs each hypothesis that runs through it). Written
-on `mhc_parity.mhc.oracle`'s math (`_layer_and_vjp`), so it computes the same function; like that module
+on the oracle's math (`mhc_parity.mhc.oracle_math.layer_and_vjp`), so it computes the same function; like that module
 it imports nothing that computes from `mhc`.
 """
 
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc_parity.mhc import oracle, rounding_model
+from mhc_parity.mhc import oracle, oracle_math, rounding_model
 
 # XLA:CPU's first optimisation level: the hypotheses' program compiles in about half the default
 # level's time and runs nearly as fast (the sensitivity draws' level 0 runs it several times slower).
@@ -222,8 +222,8 @@ def _round_coded_bwd(dtypes, residuals, g):
 _round_coded.defvjp(_round_coded_fwd, _round_coded_bwd)
 
 
-class _ContractionRecorder(oracle._SiteRecorder):
-    """`mhc_parity.mhc.oracle._SiteRecorder` that also notes each contraction call's name, in call order."""
+class _ContractionRecorder(oracle_math.SiteRecorder):
+    """`mhc_parity.mhc.oracle_math.SiteRecorder` that also notes each contraction call's name, in call order."""
 
     def __init__(self):
         super().__init__()
@@ -371,7 +371,7 @@ def _roundings_program(
         rounding = _CodedRounding(
             [(site, shape) for site, shape, _ in calls], codes, dtypes, sums, options, coded_sites
         )
-        forward, d_x, d_layer_output, d_w, d_p = oracle._layer_and_vjp(
+        forward, d_x, d_layer_output, d_w, d_p = oracle_math.layer_and_vjp(
             x, w, p, ct, rounding, config, branch_apply, branch_sites
         )
         if rounding.calls != len(calls):
@@ -407,7 +407,7 @@ def _padded(codes: np.ndarray, rows: int):
 def run_oracle_roundings(
     x,
     weights,
-    branch_apply: oracle.BranchApply,
+    branch_apply: oracle_math.BranchApply,
     branch_params: Mapping[str, Any],
     cotangent,
     config,

@@ -140,7 +140,7 @@ class Contraction:
 
     spec: its einsum over the operands in call order; words: what it computes; operands: the
     words of each operand. Only the hypotheses' program (`mhc_parity.mhc.oracle_roundings`) accumulates
-    one otherwise; here each is written as the oracle's own expression (`_contracted`).
+    one otherwise; here each is written as the oracle's own expression (`mhc_parity.mhc.oracle_math._contracted`).
     """
 
     spec: str

@@ -28,6 +28,7 @@ NAME = "mhc"
 # keeps oracle answers, a kernel edit keeps the reference's programs.
 ORACLE_MODULES = (
     "mhc_parity.mhc.oracle",
+    "mhc_parity.mhc.oracle_math",
     "mhc_parity.mhc.oracle_roundings",
     "mhc_parity.mhc.oracle_fits",
     "mhc_parity.mhc.operation.hypotheses",

@@ -27,7 +27,7 @@ from mhc_parity.mhc.rounding_model import (
     BranchSites,
 )
 
-# The weight leaf names, spelled out again on purpose (see the module docstring).
+# The weight leaf names, spelled out again on purpose (`mhc_parity.mhc.oracle`'s docstring: no shared helper).
 WEIGHT_NAMES = (
     "norm_scale",
     "pre_alpha",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from mhc_parity.harness.env import required_xla_flags
 from tests.cli_support import run_python
 
@@ -56,3 +58,32 @@ def test_the_command_line_paces_the_garbage_collector():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+def test_imports_run_with_the_collector_off_and_only_the_command_process_freezes_them():
+    """`collector_paused_for_imports`: the collector is off inside and as it was after; with
+    freeze, what exists then is in the permanent generation; without, nothing is frozen. The
+    command line in a process of its own freezes (`entry`); `cli.main` called in a process that
+    goes on (a test, a notebook) does not."""
+    proc = run_python(
+        "import contextlib, gc, io, json\n"
+        "from mhc_parity.harness import cli\n"
+        "from mhc_parity.harness.env import collector_paused_for_imports\n"
+        "seen, permanent = {}, gc.get_freeze_count()\n"
+        "with collector_paused_for_imports(freeze=False):\n"
+        "    seen['off_inside'] = not gc.isenabled()\n"
+        "seen['on_after'] = gc.isenabled()\n"
+        "seen['unfrozen'] = gc.get_freeze_count() == permanent\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert cli.main(['policy']) == 0\n"
+        "seen['main_unfrozen'] = gc.get_freeze_count() == permanent\n"
+        "gc.disable()\n"
+        "with collector_paused_for_imports(freeze=True):\n"
+        "    import mhc_parity.reports.html\n"
+        "seen['stays_off'] = not gc.isenabled()\n"
+        "seen['frozen'] = gc.get_freeze_count() > permanent\n"
+        "print(json.dumps(seen))\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert all(seen.values()), seen

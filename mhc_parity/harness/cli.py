@@ -23,12 +23,13 @@ whatever the verdict was. `mhc-parity COMMAND --help` describes a command;
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import sys
 import threading
 
-from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
+from mhc_parity.harness.env import collector_paused_for_imports, ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.processes.worker_processes import start_worker_server
 from mhc_parity.records.outputs import exit_code_through_closed_stdout
 from mhc_parity.version import version
@@ -89,8 +90,12 @@ def impl_modules(arguments: list[str]) -> tuple[str, ...]:
     return tuple(spec.partition(":")[0] for spec in found if spec.partition(":")[0])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code."""
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+    """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code.
+
+    own_process: the process ends with the command (`entry`): the objects importing the
+    command built are frozen out of the cycle collector's sight
+    (`mhc_parity.harness.env.collector_paused_for_imports`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
@@ -107,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if requests_workers(command, rest):  # it imports what workers need while this process imports the command
         start_worker_server(impl_modules(rest))
     module_name, _, function = COMMANDS[command][0].partition(":")
-    return getattr(importlib.import_module(module_name), function)(rest)
+    with collector_paused_for_imports(freeze=own_process):
+        module = importlib.import_module(module_name)
+    return getattr(module, function)(rest)
 
 
 def import_from_working_directory() -> None:
@@ -141,7 +148,7 @@ def entry() -> None:
     the exit handlers and skips only the interpreter's teardown (`_exit_after_handlers`). Modules
     import from the working directory first (`import_from_working_directory`), before any worker starts."""
     import_from_working_directory()
-    code = exit_code_through_closed_stdout(main)
+    code = exit_code_through_closed_stdout(functools.partial(main, own_process=True))
     if code > 128 or _threads_still_working():
         sys.stdout.flush()
         sys.stderr.flush()

@@ -12,6 +12,7 @@ conftest.py and the pytest plugin, and the scripts in bench/.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -89,6 +90,25 @@ def pace_garbage_collector() -> None:
     traces and compiles programs. Memory is still freed by reference counting at once;
     only garbage held in reference cycles waits longer."""
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+@contextlib.contextmanager
+def collector_paused_for_imports(*, freeze: bool):
+    """Import modules inside with the cycle collector off: what an import builds (modules,
+    classes, functions) lives as long as the process, so a collection during it frees
+    nothing and only walks it. With `freeze`, everything alive afterwards moves to the
+    collector's permanent generation (`gc.freeze`), which no later collection walks: for a
+    process the command owns (`mhc_parity.harness.cli.entry`), since garbage cycles alive at
+    that moment are never freed. The collector is on again after, as it was before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def compiler_material() -> dict:

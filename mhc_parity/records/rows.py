@@ -145,22 +145,32 @@ def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_
     A `LATER_COLUMNS` column the row lacks (written before it existed) is empty.
     """
     coerced: dict[str, Any] = {}
-    for column in columns:
-        value = row.get(column, "") if column in LATER_COLUMNS else row[column]
+    for column, later, parse, vocabulary in _coercion_plan(tuple(columns)):
+        value = row.get(column, "") if later else row[column]
         try:
-            if column in FLOAT_COLUMNS:
-                coerced[column] = parse_float(value)
-            elif column in INT_COLUMNS:
-                coerced[column] = parse_count(value)
-            else:
-                coerced[column] = parse_text(value)
+            cell = parse(value)
         except (TypeError, ValueError) as exc:
             raise ReportInputError(f"{where}, column {column!r}: {exc}") from None
-        vocabulary = _VOCABULARIES.get(column)
-        if vocabulary is not None and coerced[column] not in vocabulary:
+        if vocabulary is not None and cell not in vocabulary:
             allowed = [v for v in vocabulary if v]
-            raise ReportInputError(f"{where}, column {column!r}: {coerced[column]!r} is not one of {allowed}")
+            raise ReportInputError(f"{where}, column {column!r}: {cell!r} is not one of {allowed}")
+        coerced[column] = cell
     return coerced
+
+
+@functools.lru_cache(maxsize=8)
+def _coercion_plan(columns: tuple[str, ...]) -> tuple[tuple[str, bool, Any, tuple[str, ...] | None], ...]:
+    """Per column of `columns`: (name, whether a row may lack it, its cell parser, its
+    vocabulary or None): worked out once per column set, not once per cell."""
+    return tuple(
+        (
+            column,
+            column in LATER_COLUMNS,
+            parse_float if column in FLOAT_COLUMNS else parse_count if column in INT_COLUMNS else parse_text,
+            _VOCABULARIES.get(column),
+        )
+        for column in columns
+    )
 
 
 def frame_from_records(records: Sequence[dict], columns: Sequence[str] = ROW_COLUMNS) -> pd.DataFrame:

@@ -48,13 +48,22 @@ def _canonical(row: Mapping) -> str:
     return _typed_line(coerce_row(row, f"row of case {row.get('case')!r}"))
 
 
+# Each schema column with how its cell is written in a canonical line ("float", "int" or "text").
+_LINE_CELLS = tuple(
+    (column, "float" if column in FLOAT_COLUMNS else "int" if column in INT_COLUMNS else "text")
+    for column in ROW_COLUMNS
+)
+# json.dumps(..., allow_nan=False) makes an encoder per call; one does for every line.
+_LINE_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
 def _typed_line(typed: Mapping) -> str:
     """`_canonical`'s line of a row whose cells have their schema types already."""
     cells = [
-        encode_float(float(typed[c])) if c in FLOAT_COLUMNS else int(typed[c]) if c in INT_COLUMNS else typed[c]
-        for c in ROW_COLUMNS
+        encode_float(float(typed[c])) if kind == "float" else int(typed[c]) if kind == "int" else typed[c]
+        for c, kind in _LINE_CELLS
     ]
-    return json.dumps(cells, allow_nan=False)
+    return _LINE_ENCODER.encode(cells)
 
 
 def case_records(rows: Iterable[Mapping], cases: Sequence[str] = ()) -> dict[str, CaseRecord]:

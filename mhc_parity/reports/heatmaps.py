@@ -91,9 +91,13 @@ def cell_values(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(finite, ratio, usage), ~finite  # usage may be NaN (no value) or inf (saturated)
 
 
+# The row columns a heatmap reads: its rows and columns, the cell values, the verdicts.
+_CELL_COLUMNS = ["case", "candidate", "leaf", "leaf_kind", "verdict", "oracle_ratio_max", "bound_usage"]
+
+
 def heatmap(frame: pd.DataFrame, comparison: str) -> Heatmap | None:
     """The heatmap of one comparison kind, or None when it has no rows."""
-    cells = frame[frame["comparison"] == comparison].copy()
+    cells = frame.loc[frame["comparison"] == comparison, _CELL_COLUMNS].copy()  # only what a cell is made of
     if not len(cells):
         return None
     cells["value"], cells["fallback"] = cell_values(cells)

@@ -11,6 +11,7 @@ import pytest
 
 from mhc_parity.cases.catalogue import make_case
 from mhc_parity.harness.engine.envelope import Envelope
+from mhc_parity.harness.engine.failures import last_frame
 from mhc_parity.harness.engine.implementations import (
     ImplementationError,
     load_externals,
@@ -19,7 +20,7 @@ from mhc_parity.harness.engine.implementations import (
 )
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
-from mhc_parity.harness.engine.runner import Runner, _last_frame
+from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.selection import inside_envelopes
 from mhc_parity.harness.errors import UsageError
 from mhc_parity.harness.judging.policy import load_policy
@@ -131,8 +132,8 @@ def test_an_error_row_names_the_innermost_frame_of_the_implementation_code(tmp_p
     try:
         namespace["boom"]()
     except RuntimeError as exc:
-        assert _last_frame(exc, str(tmp_path / "pkg")) == " (at pkg/inner.py:2 in boom)"
-        assert _last_frame(exc) == " (at inner.py:2)"
+        assert last_frame(exc, str(tmp_path / "pkg")) == " (at pkg/inner.py:2 in boom)"
+        assert last_frame(exc) == " (at inner.py:2)"
 
 
 def test_the_api_filters_a_suite_to_the_envelope():

@@ -24,8 +24,9 @@ import time
 from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE
 from mhc_parity.harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
 from mhc_parity.harness.engine.case_memory import first_too_large
+from mhc_parity.harness.engine.failures import out_of_memory
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
-from mhc_parity.harness.engine.runner import Runner, out_of_memory
+from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
 from mhc_parity.harness.errors import ConfigurationError, ResourceError, UsageError
 from mhc_parity.harness.judging.policy import PolicyError

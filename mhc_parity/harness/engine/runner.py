@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import errno
 import functools
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
 
 from mhc_parity.cases.branches import get_branch
-from mhc_parity.cases.fixtures import fixture_elements, make_fixture
+from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
 from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
+from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
@@ -71,37 +70,6 @@ STOP_GRACE_S = 5.0
 
 def _no_step(case, step: str) -> None:
     pass
-
-
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()
-
-
-# What an XLA runtime error says when an allocation failed, besides its RESOURCE_EXHAUSTED status:
-# XLA:CPU wraps it ("INTERNAL: Error dispatching computation: Out of memory allocating N bytes.",
-# seen from a cold float64 oracle too large for the host), and LLVM reports a mapping it could not make.
-_XLA_OUT_OF_MEMORY = ("out of memory", "cannot allocate memory")
-
-
-def out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` says the machine ran out of memory (host or device), not that the code
-    failed: a MemoryError, an OSError ENOMEM, an error with XLA's RESOURCE_EXHAUSTED status,
-    or an XLA runtime error that says it ran out of memory (`_XLA_OUT_OF_MEMORY`)."""
-    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
-        return True
-    text = str(exc)
-    if "RESOURCE_EXHAUSTED" in text:
-        return True
-    return isinstance(exc, jax.errors.JaxRuntimeError) and any(mark in text.lower() for mark in _XLA_OUT_OF_MEMORY)
-
-
-def out_of_memory_error(case, where: str, exc: BaseException) -> ResourceError:
-    """A one-line ResourceError naming the case, its size and where memory ran out."""
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-    return ResourceError(
-        f"case {case.name} ({case.shape_name}, {fixture_elements(case):,} fixture elements) ran out of memory "
-        f"in {where}: {first_line}; run it on a machine with more memory, or select smaller cases"
-    )
 
 
 @dataclasses.dataclass
@@ -225,7 +193,7 @@ class Runner:
             if out_of_memory(exc):  # the machine's limit, not the code's: the run stops (exit 2)
                 raise out_of_memory_error(case, path.name, exc) from exc
             return _PathResult(
-                verdict="error", reason=_error_text(exc) + _last_frame(exc, path.impl.code_root), placement=placement
+                verdict="error", reason=error_text(exc) + last_frame(exc, path.impl.code_root), placement=placement
             )
         if expects_rejection:
             return _PathResult(
@@ -305,7 +273,7 @@ class Runner:
             if out_of_memory(exc):
                 raise out_of_memory_error(case, "its fixture or oracle", exc) from exc
             for path in paths:
-                yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=_error_text(exc)))
+                yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=error_text(exc)))
             return
 
         stage[0] = "its paths"
@@ -541,21 +509,3 @@ class Runner:
         oracle = pool.submit(self.oracle, case, fixture)  # first: the case needs it before its paths
         self.cache.compile_ahead(pool, self._runnable(plan.paths_for(case), case), case, fixture)
         return fixture, oracle
-
-
-def _last_frame(exc: BaseException, code_root: str = "") -> str:
-    """' (at file:line)' of the innermost frame, so an error row points somewhere; with
-    `code_root`, of the innermost frame in a file under that folder (named from there
-    on: an implementation's own code), if the traceback has one."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    if code_root:
-        root = code_root.rstrip("/") + "/"
-        inside = [f for f in frames if f.filename.startswith(root)]
-        if inside:
-            last = inside[-1]
-            base = root.rstrip("/").rsplit("/", 1)[-1]
-            return f" (at {base}/{last.filename[len(root) :]}:{last.lineno} in {last.name})"
-    last = frames[-1]
-    return f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"

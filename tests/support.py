@@ -66,7 +66,7 @@ def project_files_run(function: Callable[[], object]) -> set[str]:
     For the tests that check a cache key's declared sources cover the code a computation
     runs (the program store's, the oracle cache's). A function is seen when it is called.
     """
-    from mhc_parity.records.manifest import PROJECT_ROOT
+    from mhc_parity.records.project_code import PROJECT_ROOT
 
     seen = set()
 
@@ -87,7 +87,7 @@ def copy_project(destination: pathlib.Path, subpackages: Iterable[str]) -> pathl
     """A copy of the project's sources in `destination` (made if needed): the `mhc_parity`
     namespace's own modules and its named `subpackages` (e.g. "mhc"), without bytecode
     caches; returns `destination`. Run from there, Python imports the copy."""
-    from mhc_parity.records.manifest import NAMESPACE, PROJECT_ROOT
+    from mhc_parity.records.project_code import NAMESPACE, PROJECT_ROOT
 
     package = pathlib.Path(destination) / NAMESPACE
     package.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from mhc_parity.cases.spec import (
     normalize_dtype,
     standard_name,
 )
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 BASE = dict(name="t", batch=2, sequence=64, streams=4, embedding=128)
 

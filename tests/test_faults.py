@@ -366,7 +366,7 @@ def test_no_seam_is_in_the_code_a_cases_passes_share():
     from mhc_parity.harness.stores.fit_store import fit_sources
     from mhc_parity.harness.stores.oracle_cache import oracle_sources
     from mhc_parity.records.code import import_closure
-    from mhc_parity.records.manifest import PROJECT_ROOT
+    from mhc_parity.records.project_code import PROJECT_ROOT
 
     shared = set(oracle_sources()) | set(import_closure(GENERATOR_ENTRY)) | set(fit_sources())
     for perturbation in ALL:

@@ -23,7 +23,7 @@ from mhc_parity.cases.init_families import generate_masters
 from mhc_parity.cases.spec import Case
 from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcWeights
 from mhc_parity.records.cache_root import CACHE_ENV_VAR
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 CASE = Case(name="fx", batch=2, sequence=64, streams=4, embedding=128, dtype="bfloat16", branch="mlp")
 SINKHORN = Case(

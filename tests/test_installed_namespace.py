@@ -24,7 +24,7 @@ import textwrap
 
 import pytest
 
-from mhc_parity.records.manifest import NAMESPACE
+from mhc_parity.records.project_code import NAMESPACE
 from mhc_parity.version import version
 from tests.cli_support import REFERENCE_ONLY_CASE, ROOT
 

@@ -18,10 +18,10 @@ from mhc_parity.records.manifest import (
     Manifest,
     ManifestError,
     RunRequest,
-    in_code_dirs,
     read_manifest,
     write_manifest,
 )
+from mhc_parity.records.project_code import in_code_dirs
 from mhc_parity.reports import ReportInputError, load_run
 from mhc_parity.reports.samples import sample_rows, write_sample_run
 from tests.cli_support import scale_one_metric_in_report

@@ -22,7 +22,7 @@ from mhc_parity.harness.judging.metrics import (
     ulp_spacing,
 )
 from mhc_parity.records import schema
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 BF16 = ml_dtypes.bfloat16
 F32_EPS = 2.0**-23

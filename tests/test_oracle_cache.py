@@ -15,7 +15,7 @@ from mhc_parity.harness.engine.oracle_path import OracleOutputs, run_oracle_path
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.stores import oracle_cache
 from mhc_parity.harness.stores.oracle_cache import OracleCache
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 from tests.support import project_files_run
 
 CASE = Case(name="oracle-cache-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")

@@ -26,7 +26,7 @@ from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records import foreign_code
 from mhc_parity.records.artifact_store import ArtifactStore, CorruptEntry, decode_entry, encode_entry
 from mhc_parity.records.code import closure_digest, import_closure
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 from tests.cli_support import CASE_FILE, load_jsonl, run_cli, without_timing
 from tests.support import copy_project, project_files_run
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 CACHE_ENV_VAR = "MHC_PARITY_CACHE"
 CACHE_NAME = "mhc-parity"

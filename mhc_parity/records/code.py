@@ -17,7 +17,7 @@ import pathlib
 from collections.abc import Iterable, Mapping
 
 from mhc_parity.records.distributions import distribution_key, distribution_sha256, distributions_of
-from mhc_parity.records.manifest import NAMESPACE, PROJECT_ROOT, code_key, digest_of, sha256_file
+from mhc_parity.records.project_code import NAMESPACE, PROJECT_ROOT, code_key, digest_of, sha256_file
 
 
 def _module_file(name: str, root: pathlib.Path) -> pathlib.Path | None:
@@ -112,7 +112,7 @@ def import_closure(
 
 
 def closure_digest(entries: tuple[str, ...], exclude: tuple[str, ...] = (), root: pathlib.Path = PROJECT_ROOT) -> str:
-    """`mhc_parity.records.manifest.digest_of` the files of `import_closure(entries, exclude, root)`."""
+    """`mhc_parity.records.project_code.digest_of` the files of `import_closure(entries, exclude, root)`."""
     root = pathlib.Path(root)
     return digest_of({name: sha256_file(root / name) for name in import_closure(entries, exclude, root)})
 
@@ -145,7 +145,7 @@ def external_code(module: str, file: str | os.PathLike) -> ExternalCode:
     by absolute path (project-relative inside this project), and `mhc_parity.records.distributions`
     entries for the installed packages those files import (this project's own distribution, the
     one providing `mhc_parity`, excluded: its files are recorded as sources,
-    `mhc_parity.records.manifest.CODE_DIRS`); with the libraries they import."""
+    `mhc_parity.records.project_code.CODE_DIRS`); with the libraries they import."""
     root = module_root(module, file)
     if _module_file(module, root) != pathlib.Path(file).resolve():  # a script run as __main__
         script = pathlib.Path(file)

@@ -41,7 +41,7 @@ from mhc_parity.records.distributions import (
     pinned_by,
     provided_by_only,
 )
-from mhc_parity.records.manifest import CODE_DIRS, CODE_PACKAGES, PROJECT_ROOT, digest_of
+from mhc_parity.records.project_code import CODE_DIRS, CODE_PACKAGES, PROJECT_ROOT, digest_of
 
 # The key a foreign process's record takes in a store's key material.
 FOREIGN_KEY = "foreign_code"

@@ -14,8 +14,9 @@ The manifest records what was asked (`RunRequest`), what that selected (every ca
 in order, and `selection_digest` over the full case specs, so an edited case file is a
 different selection), the planned path names, the tolerance policy (source and sha256),
 and the code under test: the sha256 of every Python source that can change a number
-(`CODE_DIRS`, and each external implementation's modules and the installed distributions
-they import: `mhc_parity.records.code.external_code_files`), and their joint digest.
+(`mhc_parity.records.project_code.CODE_DIRS`, and each external implementation's modules
+and the installed distributions they import: `mhc_parity.records.code.external_code_files`),
+and their joint digest.
 `--resume` refuses a request whose manifest `differences` are not empty. The full case
 list and the digests make shards of one selection easy to check and merge.
 
@@ -34,16 +35,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from mhc_parity.records.distributions import distribution_sha256, is_distribution_key
 from mhc_parity.records.files import atomic_write
+from mhc_parity.records.project_code import code_files, current_sha256, digest_of, in_code_dirs, project_code_files
 from mhc_parity.records.space_reserve import release_reserve
 
-# The project whose sources the manifest digests (and whose `.cache` holds fixtures): the
-# folder holding the `mhc_parity` package (a checkout's root; site-packages once installed).
-# Module `mhc_parity.harness.x` is its file `mhc_parity/harness/x.py`, the key a manifest
-# records it under.
-PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
-NAMESPACE = "mhc_parity"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mhc-parity-manifest"
 # Version 2 records each finished case's row count and digest (`CaseRecord`); a version-1
@@ -54,11 +49,6 @@ REPORT_FILES = {"csv": "rows.csv", "json": "report.json", "html": "report.html",
 
 RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
 STATES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)
-# Packages whose Python sources can change a number in a row, by module name and as folders
-# under PROJECT_ROOT. `reports` only renders rows; `maxtext_parity` is loaded as an `--impl`,
-# whose code is recorded as an external implementation's.
-CODE_PACKAGES = tuple(f"{NAMESPACE}.{name}" for name in ("mhc", "cases", "records", "harness"))
-CODE_DIRS = tuple(package.replace(".", "/") for package in CODE_PACKAGES)
 SHORT_DIGEST = 12
 # The commands that continue a run with --resume (a manifest records its command line).
 RESUMABLE_COMMANDS = ("mhc-parity run ", "mhc-parity baseline ")
@@ -71,71 +61,6 @@ class ManifestError(ValueError):
 def now_iso() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
-
-
-def code_key(path: pathlib.Path) -> str:
-    """A file's key in `code_files`: relative to the project when inside it, else absolute."""
-    resolved = pathlib.Path(path).resolve()
-    try:
-        return resolved.relative_to(PROJECT_ROOT).as_posix()
-    except ValueError:
-        return resolved.as_posix()
-
-
-def in_code_dirs(key: str) -> bool:
-    """Whether a code-file key (a project-relative path) is under one of `CODE_DIRS`."""
-    return any(key.startswith(folder + "/") for folder in CODE_DIRS)
-
-
-def project_code_files(root: pathlib.Path = PROJECT_ROOT) -> dict[str, str]:
-    """sha256 of every Python source under `CODE_DIRS`, keyed by project-relative path."""
-    files = {}
-    for folder in CODE_DIRS:
-        for path in sorted((root / folder).rglob("*.py")):
-            files[path.relative_to(root).as_posix()] = sha256_file(path)
-    return files
-
-
-def code_files(extra: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
-    """`project_code_files()` plus `extra` (key -> sha256: external implementations' code,
-    `mhc_parity.records.code.external_code_files`), in key order."""
-    files = project_code_files()
-    files.update(extra)
-    return dict(sorted(files.items()))
-
-
-def current_sha256(key: str, root: pathlib.Path = PROJECT_ROOT) -> str:
-    """The sha256 a code-file `key` has now: its file's (project-relative or absolute) or its
-    distribution's (`mhc_parity.records.distributions`); "" if it no longer exists."""
-    if is_distribution_key(key):
-        return distribution_sha256(key)
-    path = pathlib.Path(key) if pathlib.Path(key).is_absolute() else root / key
-    return sha256_file(path) if path.is_file() else ""
-
-
-def digest_of(files: Mapping[str, str]) -> str:
-    """One sha256 over (path, sha256) pairs in path order."""
-    joint = hashlib.sha256()
-    for key in sorted(files):
-        joint.update(f"{key}\0{files[key]}\n".encode())
-    return joint.hexdigest()
-
-
-def source_digest(patterns: Iterable[str], root: pathlib.Path = PROJECT_ROOT, exclude: Iterable[str] = ()) -> str:
-    """`digest_of` the files matching each glob pattern under `root`, less `exclude`
-    (project-relative paths). FileNotFoundError if a pattern matches no file."""
-    root, excluded = pathlib.Path(root), set(exclude)
-    files = {}
-    for pattern in patterns:
-        matched = {path.relative_to(root).as_posix(): path for path in root.glob(pattern) if path.is_file()}
-        if not matched:
-            raise FileNotFoundError(f"no source file matches {pattern!r} under {root}")
-        files.update({name: sha256_file(path) for name, path in matched.items() if name not in excluded})
-    return digest_of(files)
 
 
 def selection_digest(cases: Sequence) -> str:

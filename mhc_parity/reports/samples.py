@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 
 from mhc_parity.records import dtypes
-from mhc_parity.records.manifest import COMPLETE, Manifest, RunRequest, code_files, digest_of, now_iso, write_manifest
+from mhc_parity.records.manifest import COMPLETE, Manifest, RunRequest, now_iso, write_manifest
+from mhc_parity.records.project_code import code_files, digest_of
 from mhc_parity.records.rows import to_frame
 from mhc_parity.records.schema import empty_row
 from mhc_parity.records.store import case_records

@@ -22,8 +22,8 @@ from mhc_parity.mhc.precision import (
 )
 from mhc_parity.records.cache_root import CACHE_ENV_VAR, cache_root
 from mhc_parity.records.environment import format_precision_record
-from mhc_parity.records.manifest import PROJECT_ROOT
 from mhc_parity.records.outputs import OutputPathError, writable_folder
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 # JAX's events for a program looked up in the persistent cache: found (loaded, not
 # compiled) or not (compiled by XLA, then stored).

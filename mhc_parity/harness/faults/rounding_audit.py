@@ -36,7 +36,7 @@ from mhc_parity.cases.branches import get_branch
 from mhc_parity.harness.engine.oracle_path import named_leaves, noise_seeds, noise_units, root_mean_square
 from mhc_parity.harness.judging.error_statistics import draw_deviations
 from mhc_parity.mhc import oracle, reference, rounding_model
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 # The functions of the reference path (and of the branches) that hold a bfloat16 value, and
 # the model's sites that round it: the value itself, or the cotangent its VJP hands back.

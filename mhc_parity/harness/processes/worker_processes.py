@@ -50,7 +50,7 @@ WORKER_MODULES = (__name__, "mhc_parity.harness.processes.parallel")
 # Set, to the command's pid, in the environment the fork server starts with (and only there:
 # `start_worker_server`), so that the server, and no other process, knows itself at import.
 _SERVER_OF = "MHC_PARITY_FORK_SERVER_OF"
-# The project's import namespace (`mhc_parity.records.manifest.NAMESPACE`; this module imports
+# The project's import namespace (`mhc_parity.records.project_code.NAMESPACE`; this module imports
 # nothing of the project, so the fork server's first import stays light).
 _NAMESPACE = __name__.split(".")[0]
 

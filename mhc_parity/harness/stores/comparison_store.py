@@ -7,7 +7,7 @@ policy and the project's code, on this machine's libraries. `ComparisonStore` ke
 ``<cache>/comparisons`` (`mhc_parity.records.artifact_store`: verified when read) under a key of
 all of these (`key_material`):
 
-- every project source file (`mhc_parity.records.manifest.project_code_files`: the metrics, the
+- every project source file (`mhc_parity.records.project_code.project_code_files`: the metrics, the
   bounds, the causes, the oracle and everything else the manifest's code digest covers);
 - the policy's digest; the case's full spec; the fixture's digest, every input bit (the
   oracle's answer is a function of it, the code and the environment below);
@@ -40,7 +40,7 @@ from mhc_parity.harness.stores.program_store import environment_material
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.files import digest_arrays
-from mhc_parity.records.manifest import digest_of, project_code_files
+from mhc_parity.records.project_code import digest_of, project_code_files
 from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning.

@@ -56,7 +56,7 @@ from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
 from mhc_parity.records.files import array_sha256, atomic_write
 from mhc_parity.records.foreign_code import read_keys, write_key
-from mhc_parity.records.manifest import PROJECT_ROOT
+from mhc_parity.records.project_code import PROJECT_ROOT
 
 # Bump when the entry layout changes (part of the key).
 ENTRY_FORMAT = 2

@@ -9,7 +9,8 @@ oracle answers, programs, JAX's persistent compilation cache). The default suite
 unless given) runs three:
 
   cold   nothing cached;
-  warm   the same suite again, nothing changed;
+  warm   the same suite again, nothing changed (`WARM_REPEATS` times: the run of median
+         wall is reported, the others beside it);
   edit   one kernel file changed: a copy of the project's sources in a temporary folder
          in which `mhc_parity/mhc/kernels/forward.py`'s post-forward kernel body multiplies its
          output by 1 (exact, so no number moves, but the program text changes). A comment
@@ -79,6 +80,10 @@ EDITED_FILE = "mhc_parity/mhc/kernels/forward.py"
 EDIT_FROM = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...])\n"
 EDIT_TO = "    out_ref[...] = expand_streams(hres_ref[...], hpost_ref[...], x_ref[...], y_ref[...]) * 1\n"
 # The runner's timed parts (`mhc_parity.harness.engine.runner.TIMINGS`), summed over the workers.
+# A warm run lasts seconds, and a shared machine's speed drifts by tenths of one between runs:
+# the warm scenario runs this many times and the run of median wall stands for them (the
+# others' walls and own times are printed beside it).
+WARM_REPEATS = 3
 _TIMED = ("paths_s", "oracle_s", "fixtures_s", "effects_s", "causes_s", "lowering_s")
 
 
@@ -245,6 +250,15 @@ def run_once(
     }
 
 
+def median_run(tries: list[dict]) -> dict:
+    """The figures of the run of median process wall among `tries` (one run's figures, not a
+    mix); with more than one, each run's wall and own seconds under "repeats", in run order."""
+    figures = dict(sorted(tries, key=lambda run: run["process_wall_s"])[len(tries) // 2])
+    if len(tries) > 1:
+        figures["repeats"] = [(run["process_wall_s"], own_seconds(run)) for run in tries]
+    return figures
+
+
 def own_seconds(figures: dict) -> float:
     """The harness's own seconds of the wall: start-up, reports and the runner's overhead
     (worker time with jobs > 1, so scaled back to the wall by 1/jobs)."""
@@ -262,6 +276,10 @@ def print_run(label: str, figures: dict) -> None:
         f"\n{label}: {wall:.1f} s process wall ({figures['rows']} rows, exit {figures['exit_code']})"
         + ("" if jobs == 1 else f"; component shares are of worker time ({jobs} x {figures['runner_wall_s']:.1f} s)")
     )
+    if "repeats" in figures:
+        walls = " / ".join(f"{wall:.1f}" for wall, _ in figures["repeats"])
+        owns = " / ".join(f"{own:.1f}" for _, own in figures["repeats"])
+        print(f"  the median of {len(figures['repeats'])} runs: walls {walls} s, harness's own {owns} s")
     keys = (*_TIMED, "overhead_s")
     body = [[key[:-2], f"{figures[key]:.1f} s", f"{100 * figures[key] / basis:.1f}%"] for key in keys]
     body.append(["  programs obtained", f"{figures['compile_s']:.1f} s", "loaded or compiled, mostly in threads ahead"])
@@ -407,9 +425,17 @@ def _measure(args) -> int:
             cache = tmp_path / f"cache-jobs{jobs}"
             for scenario in runs.scenarios:
                 loads.append(f"before {scenario} --jobs {jobs}: {load_note()}")
-                results[(scenario, jobs)] = run_once(
-                    args.suite, cache, tmp_path / f"{scenario}-{jobs}", jobs, project if scenario == "edit" else ROOT
-                )
+                tries = [
+                    run_once(
+                        args.suite,
+                        cache,
+                        tmp_path / f"{scenario}-{jobs}-{attempt}",
+                        jobs,
+                        project if scenario == "edit" else ROOT,
+                    )
+                    for attempt in range(WARM_REPEATS if scenario == "warm" else 1)
+                ]
+                results[(scenario, jobs)] = median_run(tries)
                 # printed as it comes: a long benchmark's first figures are usable before it ends
                 print_run(f"{scenario} ({args.suite}, --jobs {jobs}; {loads[-1]})", results[(scenario, jobs)])
                 sys.stdout.flush()

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from mhc_parity.records.schema import (  # ReportInputError: read from here by every reader
+    COLUMN_TYPES,
     COMPARISONS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -158,6 +159,10 @@ def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_
     return coerced
 
 
+# The parser of a cell of each schema type (`mhc_parity.records.schema.COLUMN_TYPES`).
+_CELL_PARSERS = {float: parse_float, int: parse_count, str: parse_text}
+
+
 @functools.lru_cache(maxsize=8)
 def _coercion_plan(columns: tuple[str, ...]) -> tuple[tuple[str, bool, Any, tuple[str, ...] | None], ...]:
     """Per column of `columns`: (name, whether a row may lack it, its cell parser, its
@@ -166,7 +171,7 @@ def _coercion_plan(columns: tuple[str, ...]) -> tuple[tuple[str, bool, Any, tupl
         (
             column,
             column in LATER_COLUMNS,
-            parse_float if column in FLOAT_COLUMNS else parse_count if column in INT_COLUMNS else parse_text,
+            _CELL_PARSERS[COLUMN_TYPES.get(column, str)],
             _VOCABULARIES.get(column),
         )
         for column in columns

@@ -10,6 +10,8 @@ A row is a flat dict with exactly `ROW_COLUMNS` as keys. Metric columns hold flo
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 
 class ReportInputError(ValueError):
     """A row set or row file that does not match the schema (message names where)."""
@@ -165,6 +167,8 @@ LATER_COLUMNS = (
     "bound_metric",
 )
 
+# Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.
+COLUMN_TYPES = MappingProxyType(_COLUMN_TYPES)
 FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)
 INT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _INT)
 TEXT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _TEXT)

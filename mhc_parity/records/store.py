@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.manifest import REPORT_FILES, CaseRecord
 from mhc_parity.records.rows import ReportInputError, coerce_row, encode_float, parse_float
-from mhc_parity.records.schema import FLOAT_COLUMNS, INT_COLUMNS, ROW_COLUMNS
+from mhc_parity.records.schema import COLUMN_TYPES, FLOAT_COLUMNS, ROW_COLUMNS
 
 ROWS_FILE = "rows.jsonl"
 DONE_FILE = "cases-done.txt"
@@ -48,11 +48,8 @@ def _canonical(row: Mapping) -> str:
     return _typed_line(coerce_row(row, f"row of case {row.get('case')!r}"))
 
 
-# Each schema column with how its cell is written in a canonical line ("float", "int" or "text").
-_LINE_CELLS = tuple(
-    (column, "float" if column in FLOAT_COLUMNS else "int" if column in INT_COLUMNS else "text")
-    for column in ROW_COLUMNS
-)
+# Each schema column with its cell type, which decides how a canonical line writes the cell.
+_LINE_CELLS = tuple(COLUMN_TYPES.items())
 # json.dumps(..., allow_nan=False) makes an encoder per call; one does for every line.
 _LINE_ENCODER = json.JSONEncoder(allow_nan=False)
 
@@ -60,7 +57,7 @@ _LINE_ENCODER = json.JSONEncoder(allow_nan=False)
 def _typed_line(typed: Mapping) -> str:
     """`_canonical`'s line of a row whose cells have their schema types already."""
     cells = [
-        encode_float(float(typed[c])) if kind == "float" else int(typed[c]) if kind == "int" else typed[c]
+        encode_float(float(typed[c])) if kind is float else int(typed[c]) if kind is int else typed[c]
         for c, kind in _LINE_CELLS
     ]
     return _LINE_ENCODER.encode(cells)

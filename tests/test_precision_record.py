@@ -44,10 +44,15 @@ BASE = dict(batch=1, sequence=16, streams=2, embedding=128)
 # ------------------------------------------------------------------------ mhc_parity.mhc.precision
 
 
-def test_dot_precision_follows_the_setting_for_float32_and_bfloat16_and_is_highest_for_float64():
-    for dtype in (np.float32, jax.numpy.bfloat16):
-        assert dot_precision(dtype) == dot_precision(dtype, "highest") == Precision.HIGHEST
-        assert dot_precision(dtype, "default") == Precision.DEFAULT
+def test_dot_precision_follows_the_setting_for_float32_is_default_for_bfloat16_and_highest_for_float64():
+    assert dot_precision(np.float32) == dot_precision(np.float32, "highest") == Precision.HIGHEST
+    assert dot_precision(np.float32, "default") == Precision.DEFAULT
+    # Two bfloat16 operands: exact products, float32 accumulation; Mosaic rejects HIGHEST for them.
+    bf16 = jax.numpy.bfloat16
+    assert dot_precision(bf16, "highest") == dot_precision(bf16, "default") == Precision.DEFAULT
+    # Their transposes multiply the float32 cotangent: the float32 rule.
+    assert precision.cotangent_dot_precision(bf16, "highest") == Precision.HIGHEST
+    assert precision.cotangent_dot_precision(bf16, "default") == Precision.DEFAULT
     assert dot_precision(np.float64, "default") == Precision.HIGHEST
     assert precision.accumulation_dtype(jax.numpy.bfloat16) == np.float32
     assert precision.accumulation_dtype(np.float64) == np.float64

@@ -25,7 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc_parity.mhc.precision import DEFAULT_MATMUL_PRECISION, accumulation_dtype, dot_precision
+from mhc_parity.mhc.precision import (
+    DEFAULT_MATMUL_PRECISION,
+    accumulation_dtype,
+    cotangent_dot_precision,
+    dot_precision,
+)
 
 VARIANTS = ("lite", "sinkhorn")
 SUPPORTED_ACTIVATION_DTYPES = (jnp.float32, jnp.bfloat16)
@@ -186,15 +191,44 @@ def matmul(a: jax.Array, b: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PR
     """`a (..., K) @ b (K, N)` in a's dtype at the precision `mhc_parity.mhc.precision` gives it.
 
     b is cast to a's dtype; products accumulate in `accumulation_dtype(a.dtype)`
-    (float32 for float32/bfloat16 operands), which is the result's dtype.
+    (float32 for float32/bfloat16 operands), which is the result's dtype. The VJP's dots
+    multiply the float32 cotangent at `cotangent_dot_precision`: where that differs from
+    the forward's (bfloat16 operands at "highest") the two are stated by a custom VJP
+    whose backward is autodiff's own transposes at the cotangents' precision.
     """
+    b = b.astype(a.dtype)
+    forward = dot_precision(a.dtype, matmul_precision)
+    backward = cotangent_dot_precision(a.dtype, matmul_precision)
+    if forward == backward:
+        return _dot(a, b, forward)
+    return _dot_with_cotangent_precision(forward, backward, a, b)
+
+
+def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
     return jax.lax.dot_general(
-        a,
-        b.astype(a.dtype),
-        (((a.ndim - 1,), (0,)), ((), ())),
-        precision=dot_precision(a.dtype, matmul_precision),
-        preferred_element_type=accumulation_dtype(a.dtype),
+        a, b, (((a.ndim - 1,), (0,)), ((), ())), precision=precision, preferred_element_type=accumulation_dtype(a.dtype)
     )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _dot_with_cotangent_precision(forward, backward, a, b):
+    return _dot(a, b, forward)
+
+
+def _dot_with_cotangent_precision_fwd(forward, backward, a, b):
+    return _dot(a, b, forward), (a, b)
+
+
+def _dot_with_cotangent_precision_bwd(forward, backward, residuals, g):
+    # Autodiff's own transposes of the dot, stated at `backward`; linear_transpose traces
+    # no forward dot (jax.vjp would trace one at `backward`, which Mosaic rejects).
+    a, b = residuals
+    (d_a,) = jax.linear_transpose(lambda a_: _dot(a_, b, backward), a)(g)
+    (d_b,) = jax.linear_transpose(lambda b_: _dot(a, b_, backward), b)(g)
+    return d_a, d_b
+
+
+_dot_with_cotangent_precision.defvjp(_dot_with_cotangent_precision_fwd, _dot_with_cotangent_precision_bwd)
 
 
 def folded_rms_projection(

@@ -9,11 +9,15 @@ dot in `mhc_parity/mhc/` (reference, shared helpers, kernels) and in the case br
 
 Settings (a case's `matmul_precision`):
 
-  "highest"  `Precision.HIGHEST` for every dot: float32 operands at full float32;
-             bfloat16 operands multiply exactly (a bfloat16 product fits in float32)
-             and accumulate in float32, and the float32 cotangents of their autodiff
-             transposes, which inherit the dot's precision, stay full float32 — the
-             program a CPU runs, on every backend.
+  "highest"  float32 operands at `Precision.HIGHEST`, full float32. Two bfloat16
+             operands at `Precision.DEFAULT`: a bfloat16 product is exact in float32
+             and it accumulates in float32, so DEFAULT is the same arithmetic, and
+             Mosaic rejects HIGHEST (an fp32 contract precision) for bfloat16 operands
+             ("Bad lhs type", measured on TPU v5e and by libtpu's compiler for v5e,
+             v6e and v5p). The float32 cotangents of such a dot's transposes are
+             float32 operands and stay at HIGHEST (`cotangent_dot_precision`;
+             `mhc_parity.mhc.common.matmul` states both) — the program a CPU runs, on
+             every backend.
   "default"  `Precision.DEFAULT`: the backend's own default, the precision a model
              trained without a precision setting actually runs at.
 
@@ -23,7 +27,8 @@ default precision, TensorFloat-32 on an Ampere-or-newer NVIDIA GPU). The oracle'
 rounding model and the run metadata both ask it; nothing else encodes that fact.
 
 The Pallas TPU (Mosaic) lowering accepts only `DEFAULT` and `HIGHEST`, the same for both
-operands, so the settings map onto exactly those two.
+operands, so the settings map onto exactly those two; its compiler accepts `HIGHEST` only
+for float32 operands.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ MATMUL_PRECISIONS = (HIGHEST, DEFAULT)
 DEFAULT_MATMUL_PRECISION = HIGHEST
 
 _LAX_PRECISION = {HIGHEST: jax.lax.Precision.HIGHEST, DEFAULT: jax.lax.Precision.DEFAULT}
-_MATMUL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float64))
+_BFLOAT16 = np.dtype(jnp.bfloat16)
+_MATMUL_DTYPES = (np.dtype(np.float32), _BFLOAT16, np.dtype(np.float64))
 # NVIDIA GPUs of this compute capability and newer run a default-precision float32
 # dot with TensorFloat-32 operands (Ampere and later).
 TF32_MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -53,11 +59,12 @@ def check_matmul_precision(setting: str) -> str:
 
 
 def dot_precision(dtype, setting: str = DEFAULT_MATMUL_PRECISION) -> jax.lax.Precision:
-    """The `precision=` argument of a dot whose operands are `dtype`, under `setting`.
+    """The `precision=` argument of a dot whose operands are both `dtype`, under `setting`.
 
-    dtype: float32, bfloat16 (the setting applies) or float64 (the oracle: always
-    HIGHEST; float64 runs only on the host CPU). Raises ValueError for another dtype
-    or an unknown setting.
+    dtype: float32 (the setting applies), bfloat16 (DEFAULT at either setting: its
+    products are exact in float32, see the module docstring) or float64 (the oracle:
+    always HIGHEST; float64 runs only on the host CPU). Raises ValueError for another
+    dtype or an unknown setting.
     """
     check_matmul_precision(setting)
     dtype = np.dtype(dtype)
@@ -65,7 +72,19 @@ def dot_precision(dtype, setting: str = DEFAULT_MATMUL_PRECISION) -> jax.lax.Pre
         raise ValueError(f"no matmul precision rule for operand dtype {dtype.name}")
     if dtype == np.float64:
         return jax.lax.Precision.HIGHEST
+    if dtype == _BFLOAT16:
+        return jax.lax.Precision.DEFAULT
     return _LAX_PRECISION[setting]
+
+
+def cotangent_dot_precision(dtype, setting: str = DEFAULT_MATMUL_PRECISION) -> jax.lax.Precision:
+    """The `precision=` of the transposes (VJP dots) of a dot of two `dtype` operands.
+
+    A transpose multiplies the float32 cotangent (`accumulation_dtype(dtype)`) by the
+    other operand, so it follows the float32 rule: HIGHEST at "highest" also for a
+    bfloat16 dot, whose forward runs at DEFAULT.
+    """
+    return dot_precision(accumulation_dtype(dtype), setting)
 
 
 def accumulation_dtype(dtype) -> np.dtype:

@@ -24,6 +24,7 @@ from mhc_parity.mhc.common import (
 )
 from mhc_parity.mhc.kernels import backward, forward
 from mhc_parity.mhc.kernels.config import LANES, SUBLANES, KernelConfig
+from mhc_parity.mhc.kernels.vmem import fit_blocks
 from mhc_parity.mhc.sharding import TOKENS, psum_to_primal_vma, run_token_sharded, token_sharding
 from mhc_parity.mhc.types import MhcConfig, MhcContext, MhcWeights, validate_weights
 
@@ -88,10 +89,12 @@ def _local_tokens(plan, batch: int, seq: int) -> int:
     return b * s
 
 
-def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int) -> KernelConfig:
+def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int, config: MhcConfig, dtype) -> KernelConfig:
     """`kernel` with the token blocks the per-shard kernels run; validates them.
 
-    Mosaic: each block is clamped to the tokens of a shard (`token_block`).
+    Mosaic: each block is clamped to the tokens of a shard (`token_block`), then halved
+    until a grid step fits the scoped VMEM limit (`mhc_parity.mhc.kernels.vmem.fit_blocks`;
+    dtype: the activation dtype).
     Interpret mode: each block is clamped to the tokens of the *whole* batch, i.e. it is
     the block the unsharded program runs, also in every shard. XLA CPU compiles a token
     block differently for different block shapes (fusion and YNNPACK choices depend on
@@ -111,7 +114,8 @@ def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int) -> KernelC
         if block <= local:
             token_block(local, block, field)
         resolved[field] = block
-    return dataclasses.replace(kernel, **resolved)
+    resolved = dataclasses.replace(kernel, **resolved)
+    return resolved if kernel.interpret else fit_blocks(resolved, config, dtype, local)
 
 
 def _kernel_block(tokens: int, requested: int, what: str, kernel: KernelConfig) -> int:
@@ -244,7 +248,7 @@ def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig, kernel: KernelC
     validate_activations(x, config.dims)
     validate_weights(weights, config)
     plan = token_sharding(mesh)
-    kernel = _resolve_blocks(kernel, plan, x.shape[0], x.shape[1])
+    kernel = _resolve_blocks(kernel, plan, x.shape[0], x.shape[1], config, x.dtype)
     # Every weight leaf enters the kernels' custom VJP as float32 (exact), so each
     # shard's weight gradient stays float32 until the cross-shard sum; autodiff of this
     # cast rounds the summed gradient to the stored dtype once, at the end.
@@ -341,7 +345,7 @@ def post(
     _check_config(config)
     pre_post_shapes_ok(layer_output, context, config)
     plan = token_sharding(mesh)
-    kernel = _resolve_blocks(kernel, plan, context.x.shape[0], context.x.shape[1])
+    kernel = _resolve_blocks(kernel, plan, context.x.shape[0], context.x.shape[1], config, context.x.dtype)
     feature_block(config.embedding, kernel.block_features)
     fn = functools.partial(_post_local, config, kernel)
     return run_token_sharded(fn, plan, (layer_output, context), (), out_specs=TOKENS, check_vma=_check_vma(kernel))

@@ -12,9 +12,10 @@ The estimate (`step_bytes`) counts each block at its VMEM tile size (the last tw
 rounded up to the (sublanes, 128 lanes) tile of its dtype), twice for double buffering, plus
 the body's float32 working values (`_WORKING_COPIES` per kernel: the float32 copies and
 products of its widest block that the body holds at once). It is meant to be an upper
-bound: checked against libtpu's compiler for every `tpu` suite case on v5e, v6e and v5p
-(tests/test_vmem.py), where the compiler's figure of a failing step (post_forward, float32,
-embedding 1024, 512 tokens x 512 features: 33.51 MiB) is below the estimate (35 MiB).
+bound, and errs high: libtpu 0.0.50.1's compiler asked 33.51 MiB for the step it refused
+(post_forward, float32, embedding 1024, 512 tokens x 512 features, v5e), where this estimate
+says 46.5 MiB; with the fitted blocks every `tpu` suite case's four programs compile for
+v5e, v6e and v5p (`mhc-parity run --suite tpu`; tests/test_vmem.py compiles one).
 Only Mosaic blocks are fitted: the interpret path's blocks are the case's own (its numbers
 must not depend on a TPU's memory), and a fitted block changes no token's arithmetic, only
 the order in which the backward kernels sum weight gradients over token blocks.

@@ -20,7 +20,7 @@ CLI adds is the streaming, resumable run folder and the exit codes.
 
 An implementation is given as a `module:factory` spec, an `Implementation`
 (`mhc_parity.harness.engine.implementations`), or the object a factory returns (with `pre`/`post` and a
-`name`): see "Writing an external implementation" in the README. With one, the run is of
+`name`): see "Writing an external implementation" in docs/external-implementations.md. With one, the run is of
 that implementation and the reference (its `vs_reference` partner): paths `reference/*`
 and `<name>/*`, no TPU-lowering rows (those are of this project's kernels); pass
 `paths=` / `lowering=` to change that. Without one, the built-in paths run, as

@@ -5,8 +5,9 @@ einsum contraction instead of a broadcast-and-sum. The same arithmetic summed in
 another order, a correct variant: its rows must pass, and its drift is gated against
 its own baseline (baselines/my_mhc.csv).
 
-The interface (README "Writing an external implementation"): `factory()` returns an
-object with `pre(x, weights, *, config) -> (layer_input, context)` and
+The interface ("Writing an external implementation" in mhc-parity's
+docs/external-implementations.md): `factory()` returns an object with
+`pre(x, weights, *, config) -> (layer_input, context)` and
 `post(layer_output, context, *, config) -> out`; `name` keys its rows and its baseline.
 """
 

@@ -114,4 +114,4 @@ def _isa_text(record: Mapping[str, str]) -> str:
     if not any(record.values()):
         return "on an unrecorded instruction set"
     code, host = record["xla_cpu_isa"] or "?", record["host_cpu_isa"] or "?"
-    return f"at {code} on a {host} host"
+    return f"at {code} (host {host})"

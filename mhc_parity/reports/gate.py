@@ -259,18 +259,21 @@ def _finding(category: str, row: Mapping[str, Any], detail: str, growth: float =
     )
 
 
-def _growth_detail(drift: RowDrift, *, allowance: bool = False) -> str:
-    """Each compared error's baseline -> current value and growth; with `allowance`, the
-    largest current value the gate allows it (`mhc_parity.reports.drift.allowed_error`)."""
+def _growth_detail(drift: RowDrift) -> str:
     parts = []
-    for label, before, after, factor, allowed in (
-        ("max", drift.baseline_max, drift.current_max, drift.growth_max, drift.allowed_max),
-        ("rms", drift.baseline_rms, drift.current_rms, drift.growth_rms, drift.allowed_rms),
+    for label, before, after, factor in (
+        ("max", drift.baseline_max, drift.current_max, drift.growth_max),
+        ("rms", drift.baseline_rms, drift.current_rms, drift.growth_rms),
     ):
         if not math.isnan(factor):
-            limit = f" limit {format_number(allowed)}" if allowance and not math.isnan(allowed) else ""
-            parts.append(f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)}){limit}")
+            parts.append(f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)})")
     return "; ".join(parts)
+
+
+def _limits(drift: RowDrift) -> str:
+    """The largest current value the gate allows each compared error (`mhc_parity.reports.drift.allowed_error`)."""
+    limits = [(label, value) for label, value in (("max", drift.allowed_max), ("rms", drift.allowed_rms))]
+    return "; ".join(f"{label} limit {format_number(value)}" for label, value in limits if not math.isnan(value))
 
 
 def gate(
@@ -364,7 +367,7 @@ def gate_frames(
         _finding(
             "regression",
             cur_rows[d.key],
-            f"{_growth_detail(d, allowance=True)} > allowed x{growth_factor:g} and the rounding spread",
+            f"{_growth_detail(d)} > allowed x{growth_factor:g} and the rounding spread ({_limits(d)})",
             d.worst_growth,
         )
         for d in drifts

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mhc_parity.harness.judging.bounds import KINDS, usage_of
-from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.harness.judging.confidence import Sensitivity, quantile
 from mhc_parity.harness.judging.metrics import LeafMetrics, leaf_metrics
 from mhc_parity.harness.judging.policy import (
     DEFAULT_POLICY_PATH,
@@ -626,7 +626,16 @@ def test_judgement_row_fields():
         partitioning="manual",
     )
     fields = j.as_row_fields()
-    assert set(fields) == {"verdict", "bound", "bound_usage", "allowed_error", "bound_metric", "reason"}
+    assert set(fields) == {
+        "verdict",
+        "bound",
+        "bound_usage",
+        "allowed_error",
+        "bound_metric",
+        "reason",
+        "oracle_quantile_max",
+        "oracle_quantile_rms",
+    }
     schema.empty_row(**fields)
     assert isinstance(j, Judgement) and j.verdict in schema.VERDICTS
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -781,3 +790,31 @@ def test_packaged_policy_catches_a_bfloat16_gate_bias_by_its_systematic_shift():
     failed = judge(policy, bad, "vs_oracle", "intermediate", act_dtype="bfloat16")
     assert failed.verdict == "fail" and "shared by every token" in failed.reason
     assert bad.cand_oracle_rms_err < 2 * sensitivity.rms, "invisible to the RMS ratio alone"
+
+
+def test_every_judged_row_records_the_quantile_its_sensitivity_is_scaled_by():
+    """The gate's growth rule (mhc_parity.reports.drift) reads q from the row: the bounds' own
+    quantile of the policy's stated rate for the leaf's degrees of freedom and draws, whatever
+    the rule, and on a row whose values no bound can judge; 1 under a policy stating no rate."""
+    policy = load_policy()
+    leaf = metrics(oracle_sensitivity_dof_max=1.0, oracle_sensitivity_dof_rms=64.0, oracle_draws=16.0)
+    rate = policy.confidence.false_positive_rate
+    expected = (quantile(rate, 1.0, 16), quantile(rate, 64.0, 16))
+    assert expected[0] == pytest.approx(6.3, abs=0.1) and expected[1] == pytest.approx(1.4, abs=0.05)
+    for comparison, partitioning, values in (
+        ("vs_oracle", "*", leaf),
+        ("vs_unsharded", "manual", leaf),
+        ("vs_oracle", "*", dataclasses.replace(leaf, nan_count=1)),
+    ):
+        j = policy.judge(
+            values,
+            comparison=comparison,
+            leaf_kind="weight_grad",
+            dtype="float32",
+            act_dtype="float32",
+            partitioning=partitioning,
+        )
+        assert (j.quantile_max, j.quantile_rms) == expected, comparison
+    without_rate = parse_policy(policy_text(RATIO_RULE, EXACT_RULE))
+    j = judge(without_rate, leaf, "vs_reference")
+    assert (j.quantile_max, j.quantile_rms) == (1.0, 1.0)

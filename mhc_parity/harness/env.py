@@ -111,6 +111,25 @@ def collector_paused_for_imports(*, freeze: bool):
             gc.enable()
 
 
+# XLA:CPU's instruction-set levels, oldest first, by the names `--xla_cpu_max_isa` takes, each
+# with the /proc/cpuinfo flag that introduces it. XLA (xla/backends/cpu/codegen/cpu_features.cc
+# in the pinned jaxlib's XLA) turns off every host feature of the levels above the cap and keeps
+# the host's others, so the code it generates targets the lower of the cap and the host's level;
+# an unknown name is ignored with a warning (no cap). The names are upper-cased there too.
+X86_ISA_LEVELS = (
+    ("SSE4_2", "sse4_2"),
+    ("AVX", "avx"),
+    ("AVX2", "avx2"),
+    ("AVX512", "avx512f"),
+    ("AVX512_VNNI", "avx512_vnni"),
+    ("AVX512_BF16", "avx512_bf16"),
+    ("AMX", "amx_bf16"),
+    ("AMX_FP16", "amx_fp16"),
+    ("AMX_FP8", "amx_fp8"),
+)
+AARCH64_ISA_LEVELS = (("NEON", "asimd"), ("SVE", "sve"), ("SVE2", "sve2"))
+
+
 def compiler_material() -> dict:
     """What XLA compiles this process's CPU programs for: `XLA_FLAGS` and the host CPU (cache keys)."""
     return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "host_cpu": host_cpu()}
@@ -124,12 +143,87 @@ def host_cpu() -> str:
     float32 sum's blocking) may differ between machines that report the same versions.
     Read from /proc/cpuinfo on Linux; elsewhere the platform's processor name.
     """
-    try:
-        info = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
+    fields = _cpuinfo_fields()
+    if not fields:
         return platform.processor() or platform.machine()
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
     model = fields.get("model name") or fields.get("Processor") or platform.machine()
     flags = fields.get("flags") or fields.get("Features") or ""
     return f"{model} (isa {hashlib.sha256(flags.encode()).hexdigest()[:12]})"
+
+
+def _cpuinfo_fields() -> dict[str, str]:
+    """The fields of /proc/cpuinfo, the last processor's where they repeat ({} where there is
+    none: not Linux)."""
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    pairs = (line.split(":", 1) for line in info.splitlines() if ":" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def isa_levels(machine: str | None = None) -> tuple[tuple[str, str], ...]:
+    """XLA's instruction-set levels for `machine` (default: this one), oldest first; () elsewhere."""
+    machine = (machine or platform.machine()).lower()
+    if machine in _X86_64:
+        return X86_ISA_LEVELS
+    if machine in ("aarch64", "arm64"):
+        return AARCH64_ISA_LEVELS
+    return ()
+
+
+def highest_isa(cpu_flags: str, levels: tuple[tuple[str, str], ...]) -> str:
+    """The newest of `levels` whose flag `cpu_flags` (space-separated, /proc/cpuinfo's) has; "" if none.
+
+    x86 and AArch64 CPUs keep every older level's instructions, so the newest flag present names the level.
+    """
+    present = set(cpu_flags.split())
+    found = [name for name, flag in levels if flag in present]
+    return found[-1] if found else ""
+
+
+def isa_cap(xla_flags: str) -> str:
+    """The `--xla_cpu_max_isa` value in `xla_flags`, upper-cased as XLA reads it ("" if not
+    given; the last one counts)."""
+    values = [token.split("=", 1)[1] for token in xla_flags.split() if token.startswith(f"{_MAX_ISA_FLAG}=")]
+    return values[-1].strip().upper() if values else ""
+
+
+def effective_isa(cap: str, host: str, levels: tuple[tuple[str, str], ...]) -> str:
+    """The level XLA:CPU generates code for: the lower of `cap` and the `host`'s level.
+
+    An unknown cap is ignored, as XLA ignores it; an unknown host level leaves the cap; "" when neither is known.
+    """
+    order = [name for name, _ in levels]
+    if cap not in order:
+        return host
+    if host not in order:
+        return cap
+    return order[min(order.index(cap), order.index(host))]
+
+
+@functools.lru_cache(maxsize=1)
+def host_isa() -> str:
+    """This host's newest instruction-set level in XLA's names (`highest_isa` of /proc/cpuinfo's flags);
+    "" where it cannot be read (not Linux) or XLA names no level (not x86-64 or AArch64)."""
+    fields = _cpuinfo_fields()
+    return highest_isa(fields.get("flags") or fields.get("Features") or "", isa_levels())
+
+
+def isa_record() -> dict[str, str]:
+    """What the run's float32 arithmetic was compiled for, for the run's record and a baseline's header:
+
+    xla_cpu_isa   the level XLA:CPU generates code for (`effective_isa` of `XLA_FLAGS`'s
+                  `--xla_cpu_max_isa`, which `ensure_host_devices` sets or leaves as the user set it,
+                  and of `host_isa`);
+    host_cpu_isa  the host's own level (`host_isa`): the libraries XLA calls (its oneDNN matmuls)
+                  choose their code by it, whatever the cap.
+
+    Two runs whose records differ may round float32 sums differently (FMA or not, vector width,
+    blocking), by a few ulps (docs/gate.md). Empty values where unknown.
+    """
+    host = host_isa()
+    return {
+        "xla_cpu_isa": effective_isa(isa_cap(os.environ.get("XLA_FLAGS", "")), host, isa_levels()),
+        "host_cpu_isa": host,
+    }

@@ -8,10 +8,17 @@ A run records (`mhc_parity.harness.engine.run_info.run_metadata`; a baseline's h
                     rounding it meant on that backend (`mhc_parity.mhc.precision.operand_rounding`),
                     e.g. "highest=float32" on a CPU, "default=bfloat16,highest=bfloat16x6"
                     on a TPU
+  xla_cpu_isa       the instruction set XLA:CPU generated code for, e.g. "AVX"
+                    (`mhc_parity.harness.env.isa_record`: `--xla_cpu_max_isa` capped by the host's)
+  host_cpu_isa      the host's own newest instruction set, e.g. "AVX512_BF16", which the
+                    libraries XLA calls choose their code by
 
 Two runs are comparable only if every setting both used meant the same rounding
 (`precision_conflicts`): a float32 program and its TPU default-precision twin are
-different programs. Plain Python (no JAX): the gate runs without it.
+different programs. Runs on two instruction sets are comparable, but their float32 sums may
+round differently by a few ulps: `isa_difference` says so, for the gate's report to print
+(the gate's growth rule allows what the rounding model explains, docs/gate.md). Plain
+Python (no JAX): the gate runs without it.
 
 Legacy rule: a record without `matmul_precision` (a baseline or report written before
 it was recorded) whose backend is "cpu" or unrecorded reads as
@@ -28,8 +35,10 @@ from typing import Any
 from mhc_parity.records.schema import ReportInputError
 
 PRECISION_KEY = "matmul_precision"
+# The CPU instruction sets a run's XLA code targets and its host has (module docstring).
+ISA_KEYS = ("xla_cpu_isa", "host_cpu_isa")
 # The keys a baseline header carries besides its format and policy hash.
-HEADER_KEYS = ("backend", "device_kind", PRECISION_KEY)
+HEADER_KEYS = ("backend", "device_kind", PRECISION_KEY, *ISA_KEYS)
 LEGACY_MATMUL_PRECISION = "highest=float32"
 
 
@@ -82,3 +91,27 @@ def environment_of(rows: Any) -> dict[str, str]:
     """The `HEADER_KEYS` a loaded run or baseline recorded ({} for plain rows)."""
     fields = getattr(rows, "metadata", None) or getattr(rows, "environment", None) or {}
     return {key: str(fields[key]) for key in HEADER_KEYS if fields.get(key) not in (None, "")}
+
+
+def isa_difference(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """One line saying how the baseline's and the run's recorded instruction sets (`ISA_KEYS`)
+    differ, "" when they agree or neither side records them (a bare row file, a legacy run).
+
+    baseline, current: an environment record each (a run's metadata, a baseline's header).
+    """
+    recorded = [{key: str(fields.get(key) or "") for key in ISA_KEYS} for fields in (baseline, current)]
+    if recorded[0] == recorded[1] or not any(any(r.values()) for r in recorded):
+        return ""
+    base, run = (_isa_text(r) for r in recorded)
+    return (
+        f"instruction set: the baseline's XLA:CPU code ran {base}, this run's {run}: float32 sums may "
+        f"round differently by a few ulps, which the growth rule allows as far as the rounding model "
+        f"explains it (docs/gate.md)"
+    )
+
+
+def _isa_text(record: Mapping[str, str]) -> str:
+    if not any(record.values()):
+        return "on an unrecorded instruction set"
+    code, host = record["xla_cpu_isa"] or "?", record["host_cpu_isa"] or "?"
+    return f"at {code} (host {host})"

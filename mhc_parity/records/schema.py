@@ -110,6 +110,12 @@ _COLUMN_TYPES = {
     "oracle_sensitivity_dof_max": _FLOAT,
     "oracle_sensitivity_dof_rms": _FLOAT,
     "oracle_draws": _FLOAT,
+    # q of the policy's stated false-positive rate p for those degrees of freedom and draws
+    # (mhc_parity.harness.judging.confidence.quantile; 1 under a policy that states no rate):
+    # a correct path's error exceeds q x the sensitivity with probability p. The gate's
+    # growth rule reads them (mhc_parity.reports.drift)
+    "oracle_quantile_max": _FLOAT,
+    "oracle_quantile_rms": _FLOAT,
     # an error shared by every token (token-major leaves, against the oracle): the largest
     # per-group t statistic |mean error| / standard error, that group's mean shift
     # (normalised by max|oracle|), the partner's t, and the t the rounding model produces
@@ -165,6 +171,8 @@ LATER_COLUMNS = (
     "cause_explained",
     "allowed_error",
     "bound_metric",
+    "oracle_quantile_max",
+    "oracle_quantile_rms",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

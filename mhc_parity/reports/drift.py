@@ -1,8 +1,8 @@
-"""Per-row drift between two runs: growth of the oracle-relative error, with a noise floor.
+"""Per-row drift between two runs: growth of the oracle-relative error, and what it may grow by.
 
 Two runs are matched row by row on `mhc_parity.records.schema.row_key` (case, candidate,
-partner, leaf). For each matched row the *growth* of an oracle-relative error
-(`cand_oracle_max_err`, `cand_oracle_rms_err`) is
+partner, leaf). For each matched row and each oracle-relative error (`cand_oracle_max_err`,
+`cand_oracle_rms_err`), the *growth* is
 
     growth = max(current, floor) / max(baseline, floor)
     floor  = noise_floor_ulps × eps(dtype)
@@ -14,18 +14,36 @@ same units as eps. Clamping both sides to the floor means: growth while both err
 stay below the floor is 1 (pure rounding noise, ignored); growth from below the floor
 to above it is measured from the floor, never from an accidental near-zero baseline.
 
-For the leaf kinds of `SENSITIVITY_FLOOR` the floor is also at least that multiple of
-the leaf's oracle sensitivity (`oracle_sensitivity_max` / `_rms`, the larger of the two
-runs'): a gate-scale gradient is one sum over every token and stream with heavy
-cancellation, so its error depends on the reduction order by its condition number, and
-the order differs between machines. Measured: the same code's float32
-large_magnitude d_res_scale error was 0.25x its sensitivity on the machine that made
-the first committed baseline and 2.9x on another CPU — the only rows (3 of 1784, all
-scale gradients) whose error moved by more than 2x between the two machines.
+A row *regressed* when an error exceeds what it may reach:
+
+    allowed = max(growth_factor × max(baseline, floor),  baseline + spread)
+    spread  = √2 × q × S
+
+S is the leaf's oracle sensitivity (`oracle_sensitivity_max` / `_rms`, the larger of the two
+runs'): the root-mean-square of the rounding model's draws, the error a correct path's
+rounding explains at this leaf. q is the quantile of the policy's stated false-positive rate
+p for the leaf's degrees of freedom and draws (`oracle_quantile_max` / `_rms`, which the
+judging writes into the run's rows: `mhc_parity.harness.judging.confidence.quantile`, the q
+every `oracle_ratio` bound multiplies S by). Why: the same code on another machine (another
+instruction set, so FMA or not, another vector width and blocking) rounds its float32 sums
+differently, so each run's error vector is the code's own error plus one draw of the rounding.
+The norms obey |‖d_now‖ − ‖d_then‖| ≤ ‖d_now − d_then‖ (the max error is a norm too), and
+the difference of two independent draws has √2 the spread of one, so
+‖d_now − d_then‖² / (2 S²) follows the same F(k, N·k) as a bound's ‖e‖² / S² (docs/judging.md):
+a correct run's error exceeds the baseline's by more than √2·q·S with probability at most
+p. Whatever error the code has in common on both machines cancels in the difference.
+Measured (docs/gate.md): a float32 scale gradient of a one-direction leaf (q = 6.3) moved
+from 2.15e-07 to 1.05e-06 between two CPUs, ×4.9, and used 0.48 of its spread.
+
+An *improvement* (listed, never failing) is the same rule read the other way: the baseline's
+error past what the current one would allow.
+
+Without a spread (a run written before the quantile columns, rows given without them, a leaf
+with no sensitivity) the row is held to the growth factor alone.
 
 A row is compared only when both runs measured it (neither verdict is skip,
 unsupported or error) and its baseline error is finite. A finite baseline error that
-is NaN/inf now counts as infinite growth.
+is NaN/inf now counts as infinite growth, always a regression.
 """
 
 from __future__ import annotations
@@ -59,11 +77,15 @@ GATE_COLUMNS = (
 # Baselines of format 1 were written before the sensitivity was kept (read as NaN).
 SENSITIVITY_COLUMNS = ("oracle_sensitivity_max", "oracle_sensitivity_rms")
 LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS)
-# Leaf kind -> multiple of the oracle sensitivity below which growth is noise (module docstring).
-SENSITIVITY_FLOOR = {"scale_grad": 2.0}
-# Optional columns used for messages when the run provides them.
-GATE_OPTIONAL_COLUMNS = ("reason", "bound_usage", "cause", "cause_id", "cause_explained")
+# The quantile of the stated false-positive rate for each sensitivity (module docstring): read
+# from the run, which judged its rows under the policy the gate checks both sides share; a
+# baseline file does not keep them.
+QUANTILE_COLUMNS = ("oracle_quantile_max", "oracle_quantile_rms")
+# Optional columns used when the run provides them: for messages, and the quantiles.
+GATE_OPTIONAL_COLUMNS = ("reason", "bound_usage", "cause", "cause_id", "cause_explained", *QUANTILE_COLUMNS)
 GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
+# The spread of the difference of two independent rounding draws, in units of one draw's.
+TWO_RUNS_SPREAD = math.sqrt(2.0)
 assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= set(ROW_COLUMNS)
 
 DEFAULT_GROWTH_FACTOR = 2.0
@@ -80,6 +102,24 @@ UNCOMPARED_VERDICTS = ("skip", "unsupported", "error")
 def noise_floor(dtype: str, noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS) -> float:
     """The error below which drift is treated as rounding noise for `dtype`."""
     return noise_floor_ulps * DTYPE_EPSILON.get(str(dtype).strip().lower(), FALLBACK_EPSILON)
+
+
+def spread(sensitivity: float, quantile: float) -> float:
+    """How far a correct run's error may exceed another correct run's at the stated rate:
+    √2 × q × S (module docstring); NaN when either is unknown (not finite) or S is negative."""
+    if not (is_finite(sensitivity) and is_finite(quantile)) or sensitivity < 0.0:
+        return math.nan
+    return TWO_RUNS_SPREAD * float(quantile) * float(sensitivity)
+
+
+def allowed_error(baseline: float, floor: float, spread_: float, growth_factor: float) -> float:
+    """The largest current error that is not a regression: growth_factor × max(baseline, floor),
+    or baseline + spread where that is larger (a NaN spread adds nothing). NaN for a
+    baseline that is not finite (nothing to compare against)."""
+    if not is_finite(baseline):
+        return math.nan
+    by_factor = growth_factor * max(float(baseline), floor)
+    return by_factor if math.isnan(spread_) else max(by_factor, float(baseline) + spread_)
 
 
 def growth(baseline: float, current: float, floor: float) -> float:
@@ -115,8 +155,13 @@ class RowDrift:
     baseline_rms: float
     current_rms: float
     growth_rms: float
-    noise_floor: float  # of cand_oracle_max_err
-    noise_floor_rms: float  # of cand_oracle_rms_err
+    noise_floor: float
+    # √2·q·S of each error (NaN: unknown, the growth factor alone holds it) and the largest
+    # current error each may reach (`allowed_error`; NaN where not compared)
+    spread_max: float
+    spread_rms: float
+    allowed_max: float
+    allowed_rms: float
     # "regression" | "improvement" | "steady" | "not_compared"
     status: str
     note: str
@@ -197,9 +242,9 @@ def compare_row(
 ) -> RowDrift:
     """The drift of one matched row (see the module docstring for the rule)."""
     floor = noise_floor(current["dtype"] or baseline["dtype"], noise_floor_ulps)
-    floor_max, floor_rms = (
-        _sensitivity_floor(floor, current["leaf_kind"], baseline.get(column), current.get(column))
-        for column in SENSITIVITY_COLUMNS
+    spread_max, spread_rms = (
+        spread(_larger(baseline.get(sensitivity), current.get(sensitivity)), _first(current, baseline, quantile))
+        for sensitivity, quantile in zip(SENSITIVITY_COLUMNS, QUANTILE_COLUMNS)
     )
     base_max, cur_max = float(baseline["cand_oracle_max_err"]), float(current["cand_oracle_max_err"])
     base_rms, cur_rms = float(baseline["cand_oracle_rms_err"]), float(current["cand_oracle_rms_err"])
@@ -214,8 +259,9 @@ def compare_row(
         current_max=cur_max,
         baseline_rms=base_rms,
         current_rms=cur_rms,
-        noise_floor=floor_max,
-        noise_floor_rms=floor_rms,
+        noise_floor=floor,
+        spread_max=spread_max,
+        spread_rms=spread_rms,
     )
     unmeasured = [v for v in (baseline["verdict"], current["verdict"]) if v in UNCOMPARED_VERDICTS]
     if unmeasured:
@@ -223,18 +269,37 @@ def compare_row(
             **fields,
             growth_max=math.nan,
             growth_rms=math.nan,
+            allowed_max=math.nan,
+            allowed_rms=math.nan,
             status="not_compared",
             note=f"verdict {baseline['verdict']} -> {current['verdict']}",
         )
-    growth_max = growth(base_max, cur_max, floor_max)
-    growth_rms = growth(base_rms, cur_rms, floor_rms)
+    growth_max = growth(base_max, cur_max, floor)
+    growth_rms = growth(base_rms, cur_rms, floor)
+    allowed_max = allowed_error(base_max, floor, spread_max, growth_factor)
+    allowed_rms = allowed_error(base_rms, floor, spread_rms, growth_factor)
+    fields.update(allowed_max=allowed_max, allowed_rms=allowed_rms)
+    metrics = (
+        ("max", base_max, cur_max, allowed_max, spread_max),
+        ("rms", base_rms, cur_rms, allowed_rms, spread_rms),
+    )
+    # an error past its allowance (NaN or infinite now: always), and one the same rule, read
+    # the other way, says shrank
+    grown = [(label, allowed) for label, _, now, allowed, _ in metrics if _exceeds(now, allowed)]
+    shrunk = [
+        label
+        for label, then, now, allowed, spread_ in metrics
+        if not math.isnan(allowed) and is_finite(now) and then > allowed_error(now, floor, spread_, growth_factor)
+    ]
     compared = [g for g in (growth_max, growth_rms) if not math.isnan(g)]
     if not compared:
         status, note = "not_compared", "no finite oracle error in the baseline"
-    elif max(compared) > growth_factor:
+    elif grown:
         status = "regression"
-        note = f"error grew x{format_number(max(compared))} (allowed x{growth_factor:g})"
-    elif min(compared) < 1.0 / growth_factor:
+        note = f"error grew x{format_number(max(compared))}, past " + "; ".join(
+            f"{label} allowed {format_number(allowed)}" for label, allowed in grown
+        )
+    elif shrunk:
         status = "improvement"
         note = f"error shrank x{format_number(min(compared))}"
     else:
@@ -242,13 +307,26 @@ def compare_row(
     return RowDrift(**fields, growth_max=growth_max, growth_rms=growth_rms, status=status, note=note)
 
 
-def _sensitivity_floor(floor: float, leaf_kind: str, *sensitivities) -> float:
-    """`floor`, raised to SENSITIVITY_FLOOR[leaf_kind] x the larger finite sensitivity."""
-    factor = SENSITIVITY_FLOOR.get(str(leaf_kind))
-    measured = [float(s) for s in sensitivities if is_finite(s)]
-    if factor is None or not measured:
-        return floor
-    return max(floor, factor * max(measured))
+def _exceeds(current: float, allowed: float) -> bool:
+    """Whether `current` is past `allowed` (a NaN or infinite current always is); False when
+    nothing is allowed to compare with (NaN: the baseline error was not finite)."""
+    if math.isnan(allowed):
+        return False
+    return not (is_finite(current) and current <= allowed)
+
+
+def _larger(*values) -> float:
+    """The largest finite value (NaN if none): a sensitivity either run measured."""
+    finite = [float(v) for v in values if is_finite(v)]
+    return max(finite) if finite else math.nan
+
+
+def _first(current: Mapping[str, Any], baseline: Mapping[str, Any], column: str) -> float:
+    """The current row's `column`, else the baseline row's (NaN where neither is finite)."""
+    for row in (current, baseline):
+        if is_finite(row.get(column)):
+            return float(row[column])
+    return math.nan
 
 
 def compare_runs(
@@ -288,8 +366,10 @@ __all__ = [
     "DEFAULT_NOISE_FLOOR_ULPS",
     "DTYPE_EPSILON",
     "GATE_COLUMNS",
+    "QUANTILE_COLUMNS",
     "GROWTH_METRICS",
     "RowDrift",
+    "allowed_error",
     "compare_row",
     "compare_runs",
     "drift_frame",
@@ -297,5 +377,6 @@ __all__ = [
     "growth",
     "index_by_key",
     "noise_floor",
+    "spread",
     "typed_gate_frame",
 ]

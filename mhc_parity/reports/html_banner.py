@@ -48,9 +48,7 @@ def gate_verdict_html(judgement: Judgement, anchors: dict[str, str]) -> str:
         f'<div id="gate-verdict" class="gate {css}">',
         f'<p class="gate-headline"><b>{esc(headline(judgement))}</b></p>',
     ]
-    parts += [f'<p class="gate-scope">{esc(line)}</p>' for line in judgement.scope]
-    if judgement.note:
-        parts.append(f'<p class="gate-scope">{esc(judgement.note)}</p>')
+    parts += [f'<p class="gate-scope">{esc(line)}</p>' for line in (*judgement.scope, *judgement.remarks)]
     result = judgement.result
     if result is not None and not result.ok:
         parts.append(

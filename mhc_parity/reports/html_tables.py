@@ -142,12 +142,14 @@ def drift_section(judgement: Judgement, anchors: dict[str, str], limit: int) -> 
             "</section>",
         ]
         return "\n".join(parts)
-    parts += [f"<p>{esc(line)}</p>" for line in judgement.scope]
+    parts += [f"<p>{esc(line)}</p>" for line in (*judgement.scope, *judgement.remarks)]
     parts += [
         f"<p>{esc(gate_result.summary_line())}</p>",
         "<p>Growth = current ÷ baseline oracle-relative error, both clamped below at "
-        f"{esc(format_number(gate_result.noise_floor_ulps))} × eps of the leaf dtype (rounding noise); "
-        f"growth above ×{esc(format_number(gate_result.growth_factor))} fails the gate.</p>",
+        f"{esc(format_number(gate_result.noise_floor_ulps))} × eps of the leaf dtype (rounding noise). "
+        f"An error fails the gate past its allowance: ×{esc(format_number(gate_result.growth_factor))} "
+        "its baseline, or where larger the baseline plus the rounding model's spread of two correct "
+        "runs at the policy's stated false-positive rate (√2·q·S; docs/gate.md).</p>",
     ]
     findings = [f for c in FAILING_CATEGORIES + INFO_CATEGORIES for f in gate_result.by_category(c)]
     if findings:

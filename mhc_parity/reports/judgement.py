@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from mhc_parity.records.environment import isa_difference
 from mhc_parity.records.manifest import Manifest
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.text import plural
@@ -51,7 +52,8 @@ class Judgement:
     baseline: the baseline as named (its path); result: the gate's result, None when it
     refuses; refusal: why it refuses (one line, "" when it judged); scope: what it judged
     when not every row, as lines to print before its table; note: what a legacy baseline's
-    digest did not vouch for ("" if nothing).
+    digest did not vouch for ("" if nothing); isa_note: how the baseline's and the run's CPU
+    instruction sets differ (`mhc_parity.records.environment.isa_difference`; "" if they do not).
     """
 
     baseline: str
@@ -59,6 +61,13 @@ class Judgement:
     refusal: str = ""
     scope: tuple[str, ...] = ()
     note: str = ""
+    isa_note: str = ""
+
+    @property
+    def remarks(self) -> tuple[str, ...]:
+        """The lines every report prints under the verdict besides its scope: the legacy note
+        and the instruction-set note, those that are not empty."""
+        return tuple(line for line in (self.note, self.isa_note) if line)
 
     @property
     def verdict(self) -> str:
@@ -89,8 +98,10 @@ def judge(
     `mhc-parity gate --only-current-cases`. ValueError for a growth factor <= 1 or a
     negative noise floor, as `mhc_parity.reports.gate.gate`."""
 
+    isa_note = isa_difference(baseline.metadata, current.metadata)
+
     def refused(reason: str) -> Judgement:
-        return Judgement(str(baseline.source), None, refusal=reason, note=baseline.note)
+        return Judgement(str(baseline.source), None, refusal=reason, note=baseline.note, isa_note=isa_note)
 
     if not len(baseline.frame):
         return refused(f"baseline {baseline.source} has no rows; regenerate it with `make baseline`")
@@ -121,7 +132,7 @@ def judge(
         )
     except ReportInputError as exc:
         return refused(f"unusable input: {exc}")
-    return Judgement(str(baseline.source), result, scope=tuple(scope), note=baseline.note)
+    return Judgement(str(baseline.source), result, scope=tuple(scope), note=baseline.note, isa_note=isa_note)
 
 
 def as_baseline(baseline: Any) -> LoadedRun:
@@ -168,7 +179,8 @@ def headline(judgement: Judgement) -> str:
     if result.ok:
         return (
             f"{where}: PASS: {result.matched_rows} rows matched, no oracle error grew more than "
-            f"×{result.growth_factor:g} over its baseline (above a {result.noise_floor_ulps:g}-ulp noise floor)"
+            f"×{result.growth_factor:g} over its baseline and past the rounding spread "
+            f"(above a {result.noise_floor_ulps:g}-ulp noise floor)"
         )
     counts = result.counts()
     parts = [_count_phrase(c, counts[c], result.growth_factor) for c in FIRST_SCREEN_CATEGORIES if counts[c]]

@@ -127,7 +127,7 @@ def first_screen_gate_lines(judgement: Judgement) -> list[str]:
     it judged, and the first failing findings, the rows that grew past the factor first."""
     mark = VERDICT_MARKS.get(judgement.verdict, "⚠️")
     lines = [f"{mark} **{md_cell(headline(judgement), None)}**"]
-    lines += [f"- {md_cell(line, None)}" for line in (*judgement.scope, *([judgement.note] if judgement.note else ()))]
+    lines += [f"- {md_cell(line, None)}" for line in (*judgement.scope, *judgement.remarks)]
     result = judgement.result
     if result is None or result.ok:
         return lines

@@ -113,9 +113,7 @@ def format_summary(
 def gate_lines(judgement: Judgement) -> list[str]:
     """The gate's verdict against the baseline (`mhc_parity.reports.judgement.headline`), what it judged,
     and its first failing findings, the rows that grew past the factor first."""
-    lines = [headline(judgement), *(f"  {line}" for line in judgement.scope)]
-    if judgement.note:
-        lines.append(f"  {judgement.note}")
+    lines = [headline(judgement), *(f"  {line}" for line in (*judgement.scope, *judgement.remarks))]
     result = judgement.result
     if result is not None and not result.ok:
         body = [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)]

@@ -67,8 +67,14 @@ RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 def gate_summary(judgement: Judgement) -> dict:
     """The gate's judgement as plain data for report.json: the baseline, the verdict (PASS,
-    FAIL or REFUSED) and why it refused, and when it judged, its counts and findings."""
-    document = {"baseline": judgement.baseline, "verdict": judgement.verdict, "refusal": judgement.refusal}
+    FAIL or REFUSED) and why it refused, how the two instruction sets differ ("" if not), and
+    when it judged, its counts and findings."""
+    document = {
+        "baseline": judgement.baseline,
+        "verdict": judgement.verdict,
+        "refusal": judgement.refusal,
+        "isa_note": judgement.isa_note,
+    }
     result = judgement.result
     if result is None:
         return {**document, "ok": False}

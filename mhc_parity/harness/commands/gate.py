@@ -149,6 +149,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
         print(note)
     if baseline.note:
         print(baseline.note)
+    if judgement.isa_note:
+        print(judgement.isa_note)
     if baseline.policy_hash is None or current.policy_hash is None:
         print("(policy hash not recorded on both sides; policy match not checked)")
     if run_precision(baseline) is None or run_precision(current) is None:

@@ -26,6 +26,7 @@ import uuid
 
 from mhc_parity.harness.processes.interrupts import SignalsInterrupt
 from mhc_parity.harness.processes.shards import parse_shard, shard_names
+from mhc_parity.records.environment import ISA_KEYS
 from mhc_parity.records.manifest import Manifest, ManifestError, now_iso, read_manifest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from mhc_parity.records.store import RowStore, StoreError
@@ -41,6 +42,7 @@ ENVIRONMENT_KEYS = (
     "device_count",
     "host_cpu_devices",
     "matmul_precision",
+    *ISA_KEYS,
     "jax_version",
     "jaxlib_version",
     "flax_version",

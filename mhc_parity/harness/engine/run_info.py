@@ -12,7 +12,7 @@ import jax
 import jaxlib
 import numpy
 
-from mhc_parity.harness.env import host_cpu
+from mhc_parity.harness.env import host_cpu, isa_record
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.mhc.precision import (
     DEFAULT_MATMUL_PRECISION,
@@ -105,7 +105,8 @@ def precision_metadata(settings, device) -> dict:
 
 
 def run_metadata(cases=None) -> dict:
-    """Versions, backend, devices and matmul precision of this process, for the report's environment block.
+    """Versions, backend, devices and matmul precision of this process, for the report's environment block,
+    and the CPU instruction set its XLA code targets (`mhc_parity.harness.env.isa_record`).
 
     cases: the run's cases (their matmul-precision settings are recorded); None records
     the default setting.
@@ -121,6 +122,7 @@ def run_metadata(cases=None) -> dict:
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "host_cpu": host_cpu(),
+        **isa_record(),
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),

@@ -192,6 +192,8 @@ class Judgement:
     allowed_error, bound_metric: the binding criterion's limit and the metric it holds
     (`mhc_parity.harness.judging.bounds.Outcome`), the numbers bound_usage divides, so a row states its
     limit as a number; NaN and "" where no bound was applied (non-finite values).
+    quantile_max, quantile_rms: q of the policy's stated rate for the leaf's max and RMS
+    sensitivity (`Policy.quantiles`), what the gate's growth rule scales the sensitivity by.
     """
 
     verdict: str
@@ -200,6 +202,8 @@ class Judgement:
     reason: str
     allowed_error: float = math.nan
     bound_metric: str = ""
+    quantile_max: float = math.nan
+    quantile_rms: float = math.nan
 
     def as_row_fields(self) -> dict:
         return {
@@ -209,6 +213,8 @@ class Judgement:
             "allowed_error": self.allowed_error,
             "bound_metric": self.bound_metric,
             "reason": self.reason,
+            "oracle_quantile_max": self.quantile_max,
+            "oracle_quantile_rms": self.quantile_rms,
         }
 
 
@@ -285,12 +291,27 @@ class Policy:
             comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
         )
         bound, description = resolved.bound, resolved.description
+        quantiles = self.quantiles(metrics)
         unusable = _unusable_metrics(metrics, bound, resolved.rule)
         if unusable:
-            return Judgement("fail", description, math.inf, unusable)
+            return Judgement("fail", description, math.inf, unusable, *(math.nan, ""), *quantiles)
         outcome = bound.judge(metrics, eps(resolved.unit_dtype), declared)
         verdict = "pass" if outcome.passed else "fail"
-        return Judgement(verdict, description, outcome.usage, outcome.reason, outcome.allowed, outcome.metric)
+        return Judgement(
+            verdict, description, outcome.usage, outcome.reason, outcome.allowed, outcome.metric, *quantiles
+        )
+
+    def quantiles(self, metrics: LeafMetrics) -> tuple[float, float]:
+        """q for the leaf's max and RMS sensitivity at the policy's stated false-positive rate
+        (`mhc_parity.harness.judging.confidence.quantile` of their degrees of freedom and draws),
+        as every `oracle_ratio` bound scales the sensitivity; 1 for a policy that states no
+        rate, as those bounds take it."""
+        if self.confidence is None:
+            return 1.0, 1.0
+        return (
+            self.confidence.quantile(metrics.oracle_sensitivity_dof_max, metrics.oracle_draws),
+            self.confidence.quantile(metrics.oracle_sensitivity_dof_rms, metrics.oracle_draws),
+        )
 
     def uncovered(
         self, dtypes=("float32", "bfloat16"), act_dtypes=("float32", "bfloat16")

@@ -103,7 +103,7 @@ def _worst(finding: GateFinding, result: GateResult) -> str:
     if finding.category == "regression":
         return (
             f"leaf {leaf} ({candidate} vs {partner}) grew x{format_number(finding.growth)} "
-            f"> allowed x{result.growth_factor:g}"
+            f"> allowed x{result.growth_factor:g} and the rounding spread"
         )
     return f"{finding.category.replace('_', ' ')} leaf {leaf} ({candidate} vs {partner}): {finding.detail}"
 

@@ -85,6 +85,8 @@ from mhc_parity.harness.plugin.options import (
     add_options,
     enabled,
     enabled_early,
+    refuse_options_without_implementation,
+    refuse_value_taken_as_path,
     update_command,
 )
 from mhc_parity.harness.plugin.session import ParitySession
@@ -122,18 +124,17 @@ def pytest_load_initial_conftests(early_config, parser, args):
     imported: a conftest that starts JAX's backend at import (MaxText's tests/conftest.py asks
     `jax.devices()` whether a TPU is there) would otherwise leave XLA without them, and
     `pytest_configure` could then only refuse the session. An installed plugin that is off
-    sets nothing: the flags change how every program of the process computes."""
+    sets nothing: the flags change how every program of the process computes. First, a
+    `--parity-<name> VALUE` whose value pytest took for a test path when it chose its
+    configuration file is refused (`refuse_value_taken_as_path`)."""
+    refuse_value_taken_as_path(early_config, parser)
     if enabled_early(early_config):
         ensure_host_devices()
 
 
 def pytest_configure(config):
     if not enabled(config):
-        if config.getoption(UPDATE_OPTION):
-            raise pytest.UsageError(
-                f"mhc-parity: {UPDATE_OPTION}: no implementation to check; pass --parity-impl MODULE:FACTORY "
-                "(or set parity_impl in the pytest configuration)"
-            )
+        refuse_options_without_implementation(config)  # a --parity-* option of a session that checks nothing
         return
     ensure_host_devices()
     session = ParitySession(config)

@@ -13,8 +13,10 @@ import pytest
 import mhc_parity.harness
 from mhc_parity.harness import api
 from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.harness.commands.baseline import baseline_parser, run_arguments
 from mhc_parity.records.schema import ROW_COLUMNS
 from mhc_parity.reports import load_baseline, load_run
+from tests.external_impls import WrappedReference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
@@ -190,3 +192,14 @@ def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
         "assert 'matplotlib' not in sys.modules, 'the report writers imported matplotlib before drawing'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_an_implementation_name_with_glob_characters_selects_its_own_paths():
+    """The default path globs take an implementation's name literally: built unescaped, a kernel
+    named `[r]eference` selected the reference's paths only (its own never ran, and the run
+    passed), and one named `kern[v2]` selected nothing (a usage error the user never caused)."""
+    for name in ("[r]eference", "kern[v2]", "k*?"):
+        prepared = mhc_parity.harness.prepare(WrappedReference(name=name), cases=[CASE])
+        assert prepared.plan.selected_names(prepared.cases) == ["reference/unsharded", f"{name}/unsharded"]
+    args = baseline_parser().parse_args(["--impl", "pkg:kern"])
+    assert run_arguments(args, "kern[v2]")[2:5] == ["--paths", "reference/*", "kern[[]v2]/*"]

@@ -38,7 +38,7 @@ from typing import Any, TypedDict, Unpack
 
 import pandas as pd
 
-from mhc_parity.harness.engine.implementations import Implementation, load_externals
+from mhc_parity.harness.engine.implementations import REFERENCE, Implementation, load_externals
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
@@ -51,6 +51,7 @@ from mhc_parity.harness.errors import (
 from mhc_parity.harness.judging.policy import PolicyError
 from mhc_parity.records.manifest import Manifest, selection_digest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
+from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError, to_frame
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.records.store import case_records
@@ -273,7 +274,7 @@ def prepare(
     )
     externals = load_externals(items)  # ImplementationError is a ConfigurationError
     if paths is None:
-        paths = ["*"] if not externals else ["reference/*", *(f"{impl.name}/*" for impl in externals)]
+        paths = ["*"] if not externals else [implementation_glob(impl.name) for impl in (REFERENCE, *externals)]
     selection = RunSelection(
         implementations=externals,
         suite=suite,

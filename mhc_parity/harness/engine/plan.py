@@ -30,6 +30,7 @@ from mhc_parity.harness.engine.lowering_rows import case_meshes, implementation_
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path
 from mhc_parity.harness.judging.policy import Policy, PolicyError
+from mhc_parity.records.path_names import implementation_glob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +128,7 @@ def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
     """One message per `--paths` glob that selects no path of `cases` (with a hint)."""
     known = plan.known_names(cases)
     # Hints also offer "impl/*", the usual way to pick one implementation.
-    suggestions = known + list(dict.fromkeys(name.split("/", 1)[0] + "/*" for name in known))
+    suggestions = known + list(dict.fromkeys(implementation_glob(name.split("/", 1)[0]) for name in known))
     problems = []
     for glob in plan.path_globs:
         if any(fnmatch.fnmatchcase(name, glob) for name in known):

@@ -203,3 +203,15 @@ def test_an_implementation_name_with_glob_characters_selects_its_own_paths():
         assert prepared.plan.selected_names(prepared.cases) == ["reference/unsharded", f"{name}/unsharded"]
     args = baseline_parser().parse_args(["--impl", "pkg:kern"])
     assert run_arguments(args, "kern[v2]")[2:5] == ["--paths", "reference/*", "kern[[]v2]/*"]
+
+
+def test_write_reports_refuses_a_folder_of_files_that_is_not_a_run(good_run, tmp_path):
+    """`ParityRun.write_reports` (and `run_parity(out=...)`, checked before it computes) into a
+    folder holding files but no run manifest: ReportError, the files untouched."""
+    (tmp_path / "summary.md").write_text("my notes\n")
+    with pytest.raises(mhc_parity.harness.ReportError, match="holds files .summary.md. but no run manifest"):
+        good_run.write_reports(tmp_path)
+    with pytest.raises(mhc_parity.harness.ReportError, match="holds files .summary.md. but no run manifest"):
+        mhc_parity.harness.run_parity(GOOD, cases=["no-such-case"], out=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
+    assert (tmp_path / "summary.md").read_text() == "my notes\n"

@@ -49,7 +49,7 @@ from mhc_parity.harness.errors import (
     ReportError,
 )
 from mhc_parity.harness.judging.policy import PolicyError
-from mhc_parity.records.manifest import Manifest, selection_digest
+from mhc_parity.records.manifest import Manifest, foreign_folder_problem, selection_digest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
 from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError, to_frame
@@ -124,7 +124,7 @@ class ParityRun:
         {"csv", "json", "html", "markdown": path}. Anything an earlier run left there is
         replaced. ReportError if the folder cannot be written."""
         try:
-            out = writable_folder(folder)
+            out = _run_folder(folder)
             writer = WriterLock(out, f"ParityRun.write_reports ({self.manifest.command_line})")
         except OutputPathError as exc:  # FolderInUseError included: one writer per run folder
             raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
@@ -173,6 +173,16 @@ class ParityRun:
                 f"({', '.join(self.implementations) or 'none'}); name one"
             )
         return self.implementations[0]
+
+
+def _run_folder(folder: str | pathlib.Path) -> pathlib.Path:
+    """`folder` as a run folder to write (`writable_folder`); OutputPathError also for one
+    holding files but no run manifest, which a run would replace (`foreign_folder_problem`)."""
+    out = writable_folder(folder)
+    problem = foreign_folder_problem(out)
+    if problem:
+        raise OutputPathError(problem)
+    return out
 
 
 class PreparedRun:
@@ -325,7 +335,7 @@ def run_parity(
     """
     if out is not None:
         try:
-            writable_folder(out)
+            _run_folder(out)
         except OutputPathError as exc:
             raise ReportError(f"out: {exc}") from exc
     run = prepare(implementation, **selection).run()

@@ -141,6 +141,7 @@ def pytest_configure(config):
     if session.implementation or session.baseline or session.update:
         _ = session.prepared  # a bad --parity-impl is a usage error before collection
     session.settle_baseline(config.rootpath)
+    session.settle_report()
     config.stash[STATE] = session
     config.addinivalue_line("markers", "sharded: runs token-sharded on the 8 simulated host devices")
     if not config.pluginmanager.hasplugin("xdist"):

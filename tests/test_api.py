@@ -3,6 +3,7 @@ on one small float32 case through an external implementation and the reference."
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -215,3 +216,19 @@ def test_write_reports_refuses_a_folder_of_files_that_is_not_a_run(good_run, tmp
         mhc_parity.harness.run_parity(GOOD, cases=["no-such-case"], out=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
     assert (tmp_path / "summary.md").read_text() == "my notes\n"
+
+
+def test_a_run_s_records_are_read_only_and_exactly_its_manifest_s(good_run):
+    """A verdict flipped in memory made `passed` say what never ran (and `write_reports` then
+    raised a bare ValueError): the records are read-only, a run built of other records than
+    its manifest's is refused, and changing the `rows` frame changes nothing of the run."""
+    with pytest.raises(TypeError):
+        good_run.records[0]["verdict"] = "fail"
+    with pytest.raises(TypeError):
+        good_run.metadata["policy_is_default"] = False
+    flipped = [{**r, "verdict": "fail"} if i == 0 else r for i, r in enumerate(good_run.records)]
+    with pytest.raises(mhc_parity.harness.ReportError, match="not those run .* recorded"):
+        dataclasses.replace(good_run, records=tuple(flipped))
+    frame = good_run.rows
+    frame.loc[frame.index[0], "verdict"] = "fail"
+    assert good_run.passed and good_run.failures.empty and (good_run.rows["verdict"] != "fail").all()

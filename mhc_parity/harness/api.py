@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import pathlib
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
@@ -73,20 +74,34 @@ IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
 class ParityRun:
     """A finished parity run: its rows, the run metadata and the complete manifest.
 
-    records: one dict per row (`mhc_parity.records.schema.ROW_COLUMNS`). implementations: the names
-    of the external implementations it ran (their paths are `<name>/...`).
+    records: one read-only mapping per row (`mhc_parity.records.schema.ROW_COLUMNS`), exactly
+    the rows the manifest recorded (ReportError otherwise), so `passed` and every report say
+    what ran: a verdict flipped in memory cannot make a failing run pass. implementations: the
+    names of the external implementations it ran (their paths are `<name>/...`).
     """
 
-    records: tuple[dict, ...]
+    records: tuple[Mapping[str, Any], ...]
     metadata: Mapping[str, Any]
     manifest: Manifest
     implementations: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        records = tuple(types.MappingProxyType(dict(r)) for r in self.records)
+        problem = self.manifest.rows_problem(case_records(records, self.manifest.cases))
+        if problem:
+            raise ReportError(f"the records are not those run {self.manifest.run_id} recorded: {problem}")
+        object.__setattr__(self, "records", records)
+        object.__setattr__(self, "metadata", types.MappingProxyType(dict(self.metadata)))
+
     @functools.cached_property
+    def _frame(self) -> pd.DataFrame:
+        return to_frame([dict(r) for r in self.records], source="run rows")
+
+    @property
     def rows(self) -> pd.DataFrame:
-        """Every row as a typed DataFrame (columns in `mhc_parity.records.schema.ROW_COLUMNS` order); built
-        once and shared, so copy it before changing it in place."""
-        return to_frame(list(self.records), source="run rows")
+        """Every row as a typed DataFrame (columns in `mhc_parity.records.schema.ROW_COLUMNS`
+        order): a copy, so changing it changes nothing the run says."""
+        return self._frame.copy()
 
     @property
     def verdict(self) -> str:
@@ -101,8 +116,8 @@ class ParityRun:
     @property
     def failures(self) -> pd.DataFrame:
         """The fail/error rows (an empty DataFrame when none)."""
-        frame = self.rows
-        return frame[~frame["verdict"].isin(OK_VERDICTS)]
+        frame = self._frame
+        return frame[~frame["verdict"].isin(OK_VERDICTS)].copy()
 
     def failure_table(self) -> str:
         """The fail/error rows as a plain-text leaf table ("" when none)."""
@@ -112,7 +127,7 @@ class ParityRun:
     def summary(self) -> str:
         """The one-screen summary `mhc-parity run` prints (verdict counts, failures or closest rows,
         the policy when it is not the packaged one)."""
-        return format_summary(list(self.records), self.metadata)
+        return format_summary([dict(r) for r in self.records], dict(self.metadata))
 
     def implementation_rows(self, name: str | None = None) -> pd.DataFrame:
         """The rows of external implementation `name` (default: the run's only one)."""
@@ -133,7 +148,7 @@ class ParityRun:
 
     def _write_reports(self, out: pathlib.Path, folder) -> dict[str, pathlib.Path]:
         try:
-            paths = write_run_folder(out, list(self.records), dict(self.metadata), self.manifest)
+            paths = write_run_folder(out, [dict(r) for r in self.records], dict(self.metadata), self.manifest)
         except (OutputPathError, OSError) as exc:
             raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
         return paths
@@ -157,7 +172,7 @@ class ParityRun:
     def loaded(self) -> LoadedRun:
         """This run as `mhc_parity.reports.load_run` would return it from its folder."""
         return LoadedRun(
-            self.rows, IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False, self.manifest
+            self._frame.copy(), IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False, self.manifest
         )
 
     def _implementation(self, name: str | None) -> str:

@@ -232,3 +232,11 @@ def test_a_run_s_records_are_read_only_and_exactly_its_manifest_s(good_run):
     frame = good_run.rows
     frame.loc[frame.index[0], "verdict"] = "fail"
     assert good_run.passed and good_run.failures.empty and (good_run.rows["verdict"] != "fail").all()
+
+
+def test_the_api_gate_refuses_an_infinite_growth_factor_or_noise_floor(tmp_path):
+    """As `mhc-parity gate --growth-factor/--noise-floor-ulps`: an infinite value would switch
+    the growth check off; refused before anything is read."""
+    for keyword in ("growth_factor", "noise_floor_ulps"):
+        with pytest.raises(mhc_parity.harness.ConfigurationError, match=f"{keyword} must be a finite number"):
+            mhc_parity.harness.gate(tmp_path / "run", tmp_path / "b.csv", **{keyword: float("inf")})

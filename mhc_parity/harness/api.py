@@ -59,6 +59,7 @@ from mhc_parity.records.store import case_records
 from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
+from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem
 from mhc_parity.reports.judgement import judge
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
 from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run, load_run
@@ -384,8 +385,12 @@ def gate(
     baseline in a legacy format, whose header or rows no digest covers, as `mhc-parity gate
     --allow-legacy-baseline` (refused otherwise).
     """
-    if not growth_factor > 1.0:
-        raise ConfigurationError(f"growth_factor must be > 1, got {growth_factor:g}")
+    for name, problem in (
+        ("growth_factor", growth_factor_problem(growth_factor)),
+        ("noise_floor_ulps", noise_floor_problem(noise_floor_ulps)),
+    ):
+        if problem:
+            raise ConfigurationError(f"{name} {problem}")
     try:
         current = run.loaded() if isinstance(run, ParityRun) else load_run(run)
         base = load_baseline_or_run(

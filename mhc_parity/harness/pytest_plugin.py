@@ -8,8 +8,12 @@ installed gets it; it is named like its module, so a `pytest_plugins =
 off) never registers it twice. It does nothing unless asked:
 
     pytest --parity-impl my_pkg.kernels:factory [--parity-suite smoke] [--parity-dtype bf16]
-           [--parity-report DIR] [--parity-baseline FILE] [--parity-update-baseline]
+           [--parity-report=DIR] [--parity-baseline=FILE] [--parity-update-baseline]
            [--parity-allow-legacy-baseline]
+
+(a value after "=": pytest chooses its rootdir before it loads plugins, and a value written as
+a separate word that moved it is a usage error, `refuse_value_taken_as_path`; so is any
+`--parity-*` option of a session with no implementation to check)
 
 (each but --parity-update-baseline also an ini option: `parity_impl`, `parity_suite`,
 ..., `parity_allow_legacy_baseline = true` in `[tool.pytest.ini_options]`, paths

@@ -3,6 +3,7 @@ on one small float32 case through an external implementation and the reference."
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -13,8 +14,10 @@ import pytest
 import mhc_parity.harness
 from mhc_parity.harness import api
 from mhc_parity.harness.cli import main as cli_main
+from mhc_parity.harness.commands.baseline import baseline_parser, run_arguments
 from mhc_parity.records.schema import ROW_COLUMNS
 from mhc_parity.reports import load_baseline, load_run
+from tests.external_impls import WrappedReference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
@@ -190,3 +193,50 @@ def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
         "assert 'matplotlib' not in sys.modules, 'the report writers imported matplotlib before drawing'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_an_implementation_name_with_glob_characters_selects_its_own_paths():
+    """The default path globs take an implementation's name literally: built unescaped, a kernel
+    named `[r]eference` selected the reference's paths only (its own never ran, and the run
+    passed), and one named `kern[v2]` selected nothing (a usage error the user never caused)."""
+    for name in ("[r]eference", "kern[v2]", "k*?"):
+        prepared = mhc_parity.harness.prepare(WrappedReference(name=name), cases=[CASE])
+        assert prepared.plan.selected_names(prepared.cases) == ["reference/unsharded", f"{name}/unsharded"]
+    args = baseline_parser().parse_args(["--impl", "pkg:kern"])
+    assert run_arguments(args, "kern[v2]")[2:5] == ["--paths", "reference/*", "kern[[]v2]/*"]
+
+
+def test_write_reports_refuses_a_folder_of_files_that_is_not_a_run(good_run, tmp_path):
+    """`ParityRun.write_reports` (and `run_parity(out=...)`, checked before it computes) into a
+    folder holding files but no run manifest: ReportError, the files untouched."""
+    (tmp_path / "summary.md").write_text("my notes\n")
+    with pytest.raises(mhc_parity.harness.ReportError, match="holds files .summary.md. but no run manifest"):
+        good_run.write_reports(tmp_path)
+    with pytest.raises(mhc_parity.harness.ReportError, match="holds files .summary.md. but no run manifest"):
+        mhc_parity.harness.run_parity(GOOD, cases=["no-such-case"], out=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
+    assert (tmp_path / "summary.md").read_text() == "my notes\n"
+
+
+def test_a_run_s_records_are_read_only_and_exactly_its_manifest_s(good_run):
+    """A verdict flipped in memory made `passed` say what never ran (and `write_reports` then
+    raised a bare ValueError): the records are read-only, a run built of other records than
+    its manifest's is refused, and changing the `rows` frame changes nothing of the run."""
+    with pytest.raises(TypeError):
+        good_run.records[0]["verdict"] = "fail"
+    with pytest.raises(TypeError):
+        good_run.metadata["policy_is_default"] = False
+    flipped = [{**r, "verdict": "fail"} if i == 0 else r for i, r in enumerate(good_run.records)]
+    with pytest.raises(mhc_parity.harness.ReportError, match="not those run .* recorded"):
+        dataclasses.replace(good_run, records=tuple(flipped))
+    frame = good_run.rows
+    frame.loc[frame.index[0], "verdict"] = "fail"
+    assert good_run.passed and good_run.failures.empty and (good_run.rows["verdict"] != "fail").all()
+
+
+def test_the_api_gate_refuses_an_infinite_growth_factor_or_noise_floor(tmp_path):
+    """As `mhc-parity gate --growth-factor/--noise-floor-ulps`: an infinite value would switch
+    the growth check off; refused before anything is read."""
+    for keyword in ("growth_factor", "noise_floor_ulps"):
+        with pytest.raises(mhc_parity.harness.ConfigurationError, match=f"{keyword} must be a finite number"):
+            mhc_parity.harness.gate(tmp_path / "run", tmp_path / "b.csv", **{keyword: float("inf")})

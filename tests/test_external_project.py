@@ -211,7 +211,7 @@ def test_without_its_baseline_pytest_stops_with_one_line_naming_the_command(fres
     assert elsewhere.returncode == pytest.ExitCode.USAGE_ERROR, _output(elsewhere)
     assert elsewhere.stderr.strip() == (
         "ERROR: mhc-parity: baseline mine/b.csv does not exist; create it with: "
-        "pytest --parity-baseline mine/b.csv -o parity_dtype=f32 --parity-update-baseline"
+        "pytest --parity-baseline=mine/b.csv -o parity_dtype=f32 --parity-update-baseline"
     )
 
 

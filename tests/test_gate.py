@@ -612,3 +612,25 @@ def test_run_reads_a_legacy_baseline_only_with_the_legacy_flag(files, capsys):
     code = run_main(["--cases", REFERENCE_ONLY_CASE, "--baseline", str(downgraded), "--out", str(files["dir"] / "r")])
     assert_one_line(code, capsys.readouterr().err, "legacy format", "--allow-legacy-baseline")
     assert run_parser().parse_args(["--allow-legacy-baseline"]).allow_legacy_baseline
+
+
+def test_an_infinite_growth_factor_or_noise_floor_is_refused_and_a_non_default_one_named(files, capsys):
+    """`--growth-factor inf` or `--noise-floor-ulps inf` switched the growth check off without a
+    word: each must be finite (exit 2 naming it); a value other than the default opens every
+    summary of the gate (its terminal output and Markdown; the HTML report's drift section)."""
+    inputs = ("--baseline", files["baseline"], "--current", files["current"])
+    for option in ("--growth-factor", "--noise-floor-ulps"):
+        for value in ("inf", "nan"):
+            code, _, err = run_main(capsys, *inputs, option, value)
+            assert code == 2 and f"argument {option}: must be a finite number" in err.strip().splitlines()[-1], err
+    markdown = files["dir"] / "gate.md"
+    argv = (*inputs, "--markdown", markdown)
+    code, out, _ = run_main(capsys, *argv, "--growth-factor", "5", "--noise-floor-ulps", "0")
+    note = (
+        "The gate judged drift with growth factor ×5 (default ×2) and noise floor 0 ulps (default 2 ulps), "
+        "not its defaults."
+    )
+    assert code == 0 and out.splitlines()[0] == note
+    assert f"> {note}" in markdown.read_text()
+    code, out, _ = run_main(capsys, *argv)
+    assert code == 0 and "not its defaults" not in out + markdown.read_text()

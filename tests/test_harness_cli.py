@@ -411,3 +411,20 @@ def test_the_command_imports_from_the_working_directory_first_as_python_m_does(m
     monkeypatch.setattr(sys, "flags", types.SimpleNamespace(safe_path=True))  # python -P: left off, as for -m
     cli.import_from_working_directory()
     assert str(tmp_path) not in sys.path and "" not in sys.path
+
+
+def test_out_refuses_a_folder_of_files_that_is_not_a_run(tmp_path, capsys):
+    """`--out` into a folder that holds the user's own files but no run manifest stops before
+    anything is written (exit 2, one line): a run would replace its summary.md and rows.csv."""
+    mine = {"summary.md": "my notes\n", "rows.csv": "a,b\n1,2\n"}
+    for name, text in mine.items():
+        (tmp_path / name).write_text(text)
+    argv = ["run", "--cases", "lite-n4-c128-b2s64-f32-w32-identity-default", "--paths", "reference/*"]
+    assert cli_main([*argv, "--no-lowering", "--quiet", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"mhc-parity: error: --out: {tmp_path} holds files (rows.csv, summary.md) but no run manifest "
+        "(manifest.json of mhc-parity), so a run would replace them; choose a new or empty folder"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(mine)  # not even a lock file left
+    assert all((tmp_path / name).read_text() == text for name, text in mine.items())

@@ -173,3 +173,21 @@ def test_branch_apply_defaults_to_the_highest_precision():
     params = {k: jnp.asarray(v, jnp.float32) for k, v in spec.init(np.random.default_rng(0), 128).items()}
     h = jnp.ones((1, 4, 128), jnp.float32)
     np.testing.assert_array_equal(spec.apply(params, h), spec.apply(params, h, "highest"))
+
+
+def test_a_process_short_of_cpu_devices_for_a_sharded_path_lacks_them_where_the_path_runs_on_the_cpu():
+    """`cpu_devices_lacking`: a sharded path placed on the CPU (a CPU backend, or the host
+    fallback of a single-chip accelerator) lacks what XLA_FLAGS' device count leaves short,
+    which `configure` makes a usage error instead of a skipped path; Mosaic (no CPU) and an
+    accelerator's own chip count lack nothing there: those stay skips with their reasons."""
+    cpu4 = CPU8[:4]
+    mesh = (2, 4)
+    for default, host in ((CPU8, False), (TPU1, True)):
+        for impl in (REFERENCE, INTERPRET):
+            path = Path(impl, mesh, host=host)
+            assert devices.cpu_devices_lacking(path, default_devices=default, host_devices=cpu4) == 4
+            assert devices.cpu_devices_lacking(path, default_devices=default, host_devices=CPU8) == 0
+    assert devices.cpu_devices_lacking(Path(MOSAIC, mesh), default_devices=CPU8, host_devices=cpu4) == 0
+    assert devices.cpu_devices_lacking(Path(MOSAIC, mesh), default_devices=TPU1, host_devices=cpu4) == 0
+    assert devices.cpu_devices_lacking(Path(INTERPRET, mesh), default_devices=TPU8, host_devices=cpu4) == 0
+    assert devices.cpu_devices_lacking(Path(INTERPRET, None), default_devices=CPU8, host_devices=cpu4[:1]) == 0

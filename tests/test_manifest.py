@@ -18,6 +18,7 @@ from mhc_parity.records.manifest import (
     Manifest,
     ManifestError,
     RunRequest,
+    foreign_folder_problem,
     read_manifest,
     write_manifest,
 )
@@ -177,3 +178,41 @@ def test_a_report_json_carries_its_manifest_and_is_refused_without_one(run_folde
     copied.write_text(json.dumps(document))
     with pytest.raises(ReportInputError, match="carries no run manifest"):
         load_run(copied)
+
+
+def test_only_a_new_empty_or_run_folder_may_take_a_run(tmp_path):
+    """`foreign_folder_problem`: a folder holding files but no run manifest is someone's own
+    (a run would replace its summary.md and rows.csv without a word); a missing or empty
+    folder (a writer's lock and space reserve aside) and a run folder of any state are not."""
+    assert foreign_folder_problem(tmp_path / "new") == ""
+    (tmp_path / ".writer.lock").write_text("")
+    assert foreign_folder_problem(tmp_path) == ""
+    write_manifest(tmp_path, manifest())  # "running": an unfinished run folder
+    (tmp_path / "summary.md").write_text("mine\n")
+    assert foreign_folder_problem(tmp_path) == ""
+    for content in ('{"format": "web-app"}', "not json"):
+        (tmp_path / "manifest.json").write_text(content)
+        assert foreign_folder_problem(tmp_path) == (
+            f"{tmp_path} holds files (manifest.json, summary.md) but no run manifest (manifest.json of "
+            "mhc-parity), so a run would replace them; choose a new or empty folder"
+        )
+
+
+def test_an_unfinished_copied_folder_names_itself_in_the_command_that_finishes_it(tmp_path):
+    """The hint of an unfinished run read from a folder it was copied to names that folder as
+    `--out`: the recorded command would resume (or clobber) the original instead."""
+    made = Manifest.new(
+        request=request(),
+        cases=CASES,
+        path_names=["reference/unsharded"],
+        policy=load_policy(),
+        command_line="mhc-parity run --suite smoke --out out/parity --quiet",
+    )
+    copy = tmp_path / "my copy"
+    write_manifest(copy, made)
+    with pytest.raises(ReportInputError) as caught:
+        load_run(copy)
+    assert f"Finish it with `mhc-parity run --suite smoke --out '{copy}' --quiet --resume`" in str(caught.value)
+    assert made.resume_command() == "mhc-parity run --suite smoke --out out/parity --quiet --resume"
+    defaulted = dataclasses.replace(made, command_line="mhc-parity baseline --impl k:f --resume")
+    assert defaulted.resume_command(copy) == f"mhc-parity baseline --impl k:f --resume --out '{copy}'"

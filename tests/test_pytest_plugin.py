@@ -48,8 +48,8 @@ def test_the_update_command_carries_the_parity_options_overrides_and_environment
     options = {"--parity-impl": "pkg.k:factory", "--parity-baseline": "my dir/b.csv", "--parity-report": "out"}
     args = ["-k", "f32", "-o", "parity_dtype=bf16", "-oparity_x=1", "--override-ini=parity_y=2", "-o", "other=3"]
     assert update_command(_config(options, args=args)) == (
-        "pytest --parity-impl pkg.k:factory --parity-baseline 'my dir/b.csv' -o parity_dtype=bf16 "
-        "-o parity_x=1 -o parity_y=2 --parity-suite default --parity-update-baseline"
+        "pytest --parity-impl=pkg.k:factory '--parity-baseline=my dir/b.csv' -o parity_dtype=bf16 "
+        "-o parity_x=1 -o parity_y=2 --parity-suite=default --parity-update-baseline"
     )
     monkeypatch.delenv("MHC_PARITY_SUITE")
     assert ini_overrides(["--override-ini", "parity_z=", "-p", "no:cacheprovider"]) == ["-o", "parity_z="]
@@ -402,3 +402,49 @@ def test_a_path_within_its_model_failing_against_a_broken_partner_is_the_partner
         ("reference/unsharded", "out", ("vs_oracle", "vs_reference"), 2),
         ("interpret/unsharded", "d_x", ("vs_reference",), 1),
     ]
+
+
+def _project(pytester, ini: str) -> pathlib.Path:
+    """An inner project in a folder of its own (`project`), its pytest.ini holding `ini`."""
+    project = pytester.mkdir("project")
+    (project / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
+    (project / "test_parity.py").write_text("def test_parity(parity_check):\n    parity_check.check()\n")
+    return project
+
+
+def test_a_parity_option_value_taken_for_a_test_path_is_a_usage_error(pytester, monkeypatch):
+    """pytest chooses its rootdir and configuration file before it loads plugins, so the value
+    of `--parity-baseline PATH` (a separate word naming a file outside the project) counted as a
+    test path there: the rootdir moved, the project's parity_impl was never read and the session
+    skipped its one test (exit 0). It is a usage error naming the `=` form, which gates."""
+    monkeypatch.setattr(ParitySession, "prepared", property(lambda session: _Prepared({BOTH: _case_rows(BOTH, {})})))
+    settled = []
+    monkeypatch.setattr(ParitySession, "settle_baseline", lambda session, root: settled.append(session.baseline))
+    project = _project(pytester, f"parity_impl = {IMPL}.kernel:factory")
+    baseline = pytester.path / "b.csv"
+    baseline.write_text("made up\n")
+    monkeypatch.chdir(project)
+    words = ("-p", "no:cacheprovider", "-p", "no:xdist")
+    for value in ("../b.csv", str(baseline)):
+        result = pytester.runpytest_inprocess(*words, "--parity-baseline", value)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+        (line,) = [line for line in result.stderr.lines if line.strip()]
+        assert line.startswith("ERROR: mhc-parity: pytest took the value of --parity-baseline"), line
+        assert line.endswith(f"write --parity-baseline={value}"), line
+        assert str(project / "pytest.ini") in line
+    result = pytester.runpytest_inprocess(*words, "--parity-baseline=../b.csv")
+    result.assert_outcomes(passed=2)  # the project's configuration read: one case x two comparisons
+    assert settled == ["../b.csv"]
+
+
+def test_a_parity_option_without_an_implementation_to_check_is_a_usage_error(pytester, monkeypatch):
+    """Each `--parity-*` option given to a session that checks nothing stops pytest (exit 4)
+    naming it, instead of a skipped test and exit 0."""
+    monkeypatch.chdir(_project(pytester, ""))
+    for option in ("--parity-suite=smoke", "--parity-baseline=b.csv", "--parity-report=out", UPDATE_OPTION):
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", option)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+        name = option.partition("=")[0]
+        assert f"ERROR: mhc-parity: {name}: no implementation to check" in result.stderr.str()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-rs")
+    result.assert_outcomes(skipped=1)  # nothing asked: the plugin stays off

@@ -29,11 +29,13 @@ from tests.cli_support import BROKEN_IMPL_RUN, ROOT, TWO_CASES_REFERENCE_ONLY
 COMMAND = Path(sys.executable).with_name("mhc-parity")  # the console script beside this Python
 
 
-def mhc_parity(*arguments) -> subprocess.CompletedProcess:
+def mhc_parity(*arguments, environment: dict | None = None) -> subprocess.CompletedProcess:
     """`mhc-parity ARGUMENTS` from the project root, as CI runs it; this checkout's `tests`
-    package importable (the console script does not put the working folder on sys.path)."""
+    package importable (the console script does not put the working folder on sys.path);
+    `environment`: variables set besides."""
     assert COMMAND.is_file(), f"{COMMAND}: the console script is not installed (pip install -e .)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.update(environment or {})
     return subprocess.run(
         [str(COMMAND), *map(str, arguments)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
@@ -50,6 +52,33 @@ def test_a_usage_error_exits_2_before_anything_is_written(tmp_path, arguments, f
     assert proc.returncode == 2, proc.stderr[-3000:]
     # the last line names the problem (argparse puts the usage above it), never a traceback
     assert fragment in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "environment, fragment",
+    [
+        ({"JAX_PLATFORMS": "bogus"}, "JAX cannot start its backend (JAX_PLATFORMS='bogus'): Unable to initialize"),
+        (
+            {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+            "reference/sharded(data=2,fsdp=4) needs 8 devices; this process has 4 CPU devices",
+        ),
+    ],
+    ids=["backend-that-cannot-start", "too-few-cpu-devices"],
+)
+def test_a_backend_or_device_count_the_process_lacks_exits_2_before_anything_is_written(
+    tmp_path, environment, fragment
+):
+    """A backend JAX cannot start was a 60-line traceback and exit 1 (a parity failure's code)
+    with the manifest left `running`; four simulated CPU devices turned each 8-device sharded
+    path into a `skip` and the run passed on the rest. Both are usage errors, before the
+    run folder exists."""
+    out = tmp_path / "run"
+    sharded = "lite-n4-c128-b2s256-f32-w32-identity-default-m2x4-bt64"
+    proc = mhc_parity("run", "--cases", sharded, "--jobs", "1", "--quiet", "--out", out, environment=environment)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert fragment in proc.stderr
     assert not out.exists()
 
 

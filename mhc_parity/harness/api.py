@@ -33,12 +33,13 @@ import dataclasses
 import functools
 import pathlib
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
 import pandas as pd
 
-from mhc_parity.harness.engine.implementations import Implementation, load_externals
+from mhc_parity.harness.engine.implementations import REFERENCE, Implementation, load_externals
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
@@ -49,14 +50,16 @@ from mhc_parity.harness.errors import (
     ReportError,
 )
 from mhc_parity.harness.judging.policy import PolicyError
-from mhc_parity.records.manifest import Manifest, selection_digest
+from mhc_parity.records.manifest import Manifest, foreign_folder_problem, selection_digest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
+from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError, to_frame
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.records.store import case_records
 from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
+from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem
 from mhc_parity.reports.judgement import judge
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
 from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run, load_run
@@ -72,20 +75,34 @@ IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
 class ParityRun:
     """A finished parity run: its rows, the run metadata and the complete manifest.
 
-    records: one dict per row (`mhc_parity.records.schema.ROW_COLUMNS`). implementations: the names
-    of the external implementations it ran (their paths are `<name>/...`).
+    records: one read-only mapping per row (`mhc_parity.records.schema.ROW_COLUMNS`), exactly
+    the rows the manifest recorded (ReportError otherwise), so `passed` and every report say
+    what ran: a verdict flipped in memory cannot make a failing run pass. implementations: the
+    names of the external implementations it ran (their paths are `<name>/...`).
     """
 
-    records: tuple[dict, ...]
+    records: tuple[Mapping[str, Any], ...]
     metadata: Mapping[str, Any]
     manifest: Manifest
     implementations: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        records = tuple(types.MappingProxyType(dict(r)) for r in self.records)
+        problem = self.manifest.rows_problem(case_records(records, self.manifest.cases))
+        if problem:
+            raise ReportError(f"the records are not those run {self.manifest.run_id} recorded: {problem}")
+        object.__setattr__(self, "records", records)
+        object.__setattr__(self, "metadata", types.MappingProxyType(dict(self.metadata)))
+
     @functools.cached_property
+    def _frame(self) -> pd.DataFrame:
+        return to_frame([dict(r) for r in self.records], source="run rows")
+
+    @property
     def rows(self) -> pd.DataFrame:
-        """Every row as a typed DataFrame (columns in `mhc_parity.records.schema.ROW_COLUMNS` order); built
-        once and shared, so copy it before changing it in place."""
-        return to_frame(list(self.records), source="run rows")
+        """Every row as a typed DataFrame (columns in `mhc_parity.records.schema.ROW_COLUMNS`
+        order): a copy, so changing it changes nothing the run says."""
+        return self._frame.copy()
 
     @property
     def verdict(self) -> str:
@@ -100,8 +117,8 @@ class ParityRun:
     @property
     def failures(self) -> pd.DataFrame:
         """The fail/error rows (an empty DataFrame when none)."""
-        frame = self.rows
-        return frame[~frame["verdict"].isin(OK_VERDICTS)]
+        frame = self._frame
+        return frame[~frame["verdict"].isin(OK_VERDICTS)].copy()
 
     def failure_table(self) -> str:
         """The fail/error rows as a plain-text leaf table ("" when none)."""
@@ -111,7 +128,7 @@ class ParityRun:
     def summary(self) -> str:
         """The one-screen summary `mhc-parity run` prints (verdict counts, failures or closest rows,
         the policy when it is not the packaged one)."""
-        return format_summary(list(self.records), self.metadata)
+        return format_summary([dict(r) for r in self.records], dict(self.metadata))
 
     def implementation_rows(self, name: str | None = None) -> pd.DataFrame:
         """The rows of external implementation `name` (default: the run's only one)."""
@@ -123,7 +140,7 @@ class ParityRun:
         {"csv", "json", "html", "markdown": path}. Anything an earlier run left there is
         replaced. ReportError if the folder cannot be written."""
         try:
-            out = writable_folder(folder)
+            out = _run_folder(folder)
             writer = WriterLock(out, f"ParityRun.write_reports ({self.manifest.command_line})")
         except OutputPathError as exc:  # FolderInUseError included: one writer per run folder
             raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
@@ -132,7 +149,7 @@ class ParityRun:
 
     def _write_reports(self, out: pathlib.Path, folder) -> dict[str, pathlib.Path]:
         try:
-            paths = write_run_folder(out, list(self.records), dict(self.metadata), self.manifest)
+            paths = write_run_folder(out, [dict(r) for r in self.records], dict(self.metadata), self.manifest)
         except (OutputPathError, OSError) as exc:
             raise ReportError(f"cannot write reports to {folder}: {exc}") from exc
         return paths
@@ -156,7 +173,7 @@ class ParityRun:
     def loaded(self) -> LoadedRun:
         """This run as `mhc_parity.reports.load_run` would return it from its folder."""
         return LoadedRun(
-            self.rows, IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False, self.manifest
+            self._frame.copy(), IN_MEMORY_SOURCE, self.manifest.policy_digest, dict(self.metadata), False, self.manifest
         )
 
     def _implementation(self, name: str | None) -> str:
@@ -172,6 +189,16 @@ class ParityRun:
                 f"({', '.join(self.implementations) or 'none'}); name one"
             )
         return self.implementations[0]
+
+
+def _run_folder(folder: str | pathlib.Path) -> pathlib.Path:
+    """`folder` as a run folder to write (`writable_folder`); OutputPathError also for one
+    holding files but no run manifest, which a run would replace (`foreign_folder_problem`)."""
+    out = writable_folder(folder)
+    problem = foreign_folder_problem(out)
+    if problem:
+        raise OutputPathError(problem)
+    return out
 
 
 class PreparedRun:
@@ -273,7 +300,7 @@ def prepare(
     )
     externals = load_externals(items)  # ImplementationError is a ConfigurationError
     if paths is None:
-        paths = ["*"] if not externals else ["reference/*", *(f"{impl.name}/*" for impl in externals)]
+        paths = ["*"] if not externals else [implementation_glob(impl.name) for impl in (REFERENCE, *externals)]
     selection = RunSelection(
         implementations=externals,
         suite=suite,
@@ -324,7 +351,7 @@ def run_parity(
     """
     if out is not None:
         try:
-            writable_folder(out)
+            _run_folder(out)
         except OutputPathError as exc:
             raise ReportError(f"out: {exc}") from exc
     run = prepare(implementation, **selection).run()
@@ -358,8 +385,12 @@ def gate(
     baseline in a legacy format, whose header or rows no digest covers, as `mhc-parity gate
     --allow-legacy-baseline` (refused otherwise).
     """
-    if not growth_factor > 1.0:
-        raise ConfigurationError(f"growth_factor must be > 1, got {growth_factor:g}")
+    for name, problem in (
+        ("growth_factor", growth_factor_problem(growth_factor)),
+        ("noise_floor_ulps", noise_floor_problem(noise_floor_ulps)),
+    ):
+        if problem:
+            raise ConfigurationError(f"{name} {problem}")
     try:
         current = run.loaded() if isinstance(run, ParityRun) else load_run(run)
         base = load_baseline_or_run(

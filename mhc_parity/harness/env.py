@@ -51,6 +51,14 @@ def required_xla_flags(count: int = HOST_DEVICE_COUNT) -> dict[str, str]:
     return flags
 
 
+def device_count_advice(needed: int, have: int) -> str:
+    """What a process with `have` simulated CPU devices, short of a mesh's `needed`, should change."""
+    return (
+        f"this process has {have} CPU devices ({_DEVICE_FLAG} in XLA_FLAGS); set it to at least {needed}, "
+        f"or leave it out (mhc-parity sets {HOST_DEVICE_COUNT})"
+    )
+
+
 def backend_started() -> bool:
     """True once this process's JAX backend exists (and has read XLA_FLAGS).
 

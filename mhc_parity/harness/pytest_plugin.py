@@ -8,8 +8,12 @@ installed gets it; it is named like its module, so a `pytest_plugins =
 off) never registers it twice. It does nothing unless asked:
 
     pytest --parity-impl my_pkg.kernels:factory [--parity-suite smoke] [--parity-dtype bf16]
-           [--parity-report DIR] [--parity-baseline FILE] [--parity-update-baseline]
+           [--parity-report=DIR] [--parity-baseline=FILE] [--parity-update-baseline]
            [--parity-allow-legacy-baseline]
+
+(a value after "=": pytest chooses its rootdir before it loads plugins, and a value written as
+a separate word that moved it is a usage error, `refuse_value_taken_as_path`; so is any
+`--parity-*` option of a session with no implementation to check)
 
 (each but --parity-update-baseline also an ini option: `parity_impl`, `parity_suite`,
 ..., `parity_allow_legacy_baseline = true` in `[tool.pytest.ini_options]`, paths
@@ -85,6 +89,8 @@ from mhc_parity.harness.plugin.options import (
     add_options,
     enabled,
     enabled_early,
+    refuse_options_without_implementation,
+    refuse_value_taken_as_path,
     update_command,
 )
 from mhc_parity.harness.plugin.session import ParitySession
@@ -122,24 +128,24 @@ def pytest_load_initial_conftests(early_config, parser, args):
     imported: a conftest that starts JAX's backend at import (MaxText's tests/conftest.py asks
     `jax.devices()` whether a TPU is there) would otherwise leave XLA without them, and
     `pytest_configure` could then only refuse the session. An installed plugin that is off
-    sets nothing: the flags change how every program of the process computes."""
+    sets nothing: the flags change how every program of the process computes. First, a
+    `--parity-<name> VALUE` whose value pytest took for a test path when it chose its
+    configuration file is refused (`refuse_value_taken_as_path`)."""
+    refuse_value_taken_as_path(early_config, parser)
     if enabled_early(early_config):
         ensure_host_devices()
 
 
 def pytest_configure(config):
     if not enabled(config):
-        if config.getoption(UPDATE_OPTION):
-            raise pytest.UsageError(
-                f"mhc-parity: {UPDATE_OPTION}: no implementation to check; pass --parity-impl MODULE:FACTORY "
-                "(or set parity_impl in the pytest configuration)"
-            )
+        refuse_options_without_implementation(config)  # a --parity-* option of a session that checks nothing
         return
     ensure_host_devices()
     session = ParitySession(config)
     if session.implementation or session.baseline or session.update:
         _ = session.prepared  # a bad --parity-impl is a usage error before collection
     session.settle_baseline(config.rootpath)
+    session.settle_report()
     config.stash[STATE] = session
     config.addinivalue_line("markers", "sharded: runs token-sharded on the 8 simulated host devices")
     if not config.pluginmanager.hasplugin("xdist"):

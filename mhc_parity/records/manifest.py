@@ -25,19 +25,22 @@ Plain Python (no JAX, no pandas): `mhc_parity/reports/` reads manifests too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
 import pathlib
+import shlex
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from mhc_parity.records.files import atomic_write
+from mhc_parity.records.outputs import WRITER_LOCK_FILE
 from mhc_parity.records.project_code import code_files, current_sha256, digest_of, in_code_dirs, project_code_files
-from mhc_parity.records.space_reserve import release_reserve
+from mhc_parity.records.space_reserve import RESERVE_FILE, release_reserve
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "mhc-parity-manifest"
@@ -264,16 +267,20 @@ class Manifest:
             state = self.state + (f" ({self.reason})" if self.reason else "")
         return f"{state}, {self.cases_done} of {len(self.cases)} cases done"
 
-    def resume_command(self) -> str:
+    def resume_command(self, folder: str | pathlib.Path | None = None) -> str:
         """The command that finishes this run: its own, with --resume where it takes one
-        (`RESUMABLE_COMMANDS`); a merge or an API run is run again."""
+        (`RESUMABLE_COMMANDS`); a merge or an API run is run again. folder: where the run is
+        now (a copied or moved folder), named as its `--out` in place of the one it was made in."""
         command = self.command_line
-        if not command.startswith(RESUMABLE_COMMANDS) or "--resume" in command.split():
+        if not command.startswith(RESUMABLE_COMMANDS):
             return command
-        return f"{command} --resume"
+        with contextlib.suppress(ValueError):  # unbalanced quotes (an edited manifest): as recorded
+            command = command if folder is None else shlex.join(_with_out(shlex.split(command), str(folder)))
+        return command if "--resume" in command.split() else f"{command} --resume"
 
-    def require_complete(self, where: str) -> None:
-        """ManifestError (one line) unless the run finished."""
+    def require_complete(self, where: str, folder: str | pathlib.Path | None = None) -> None:
+        """ManifestError (one line) unless the run finished; folder: the run's folder, which the
+        command it names to finish the run writes (default: the one the run was made in)."""
         if self.is_complete:
             return
         if self.state == COMPLETE:
@@ -283,7 +290,7 @@ class Manifest:
             )
         raise ManifestError(
             f"{where} holds an unfinished run ({self.progress_text()}); its rows are partial. "
-            f"Finish it with `{self.resume_command()}` or rerun it"
+            f"Finish it with `{self.resume_command(folder)}` or rerun it"
         )
 
     def rows_problem(self, found: Mapping[str, CaseRecord], *, exact: bool = True) -> str:
@@ -410,6 +417,14 @@ def format_problem(document: Any, *, name: str, version: int, what: str) -> str:
     return ""
 
 
+def _with_out(words: list[str], folder: str) -> list[str]:
+    """A command's words with its `--out` naming `folder` (added where it had none: the default)."""
+    for index, word in enumerate(words):
+        if word == "--out" or word.startswith("--out="):
+            return [*words[:index], "--out", folder, *words[index + 1 + (word == "--out") :]]
+    return [*words, "--out", folder]
+
+
 def _few(names: Sequence[str], limit: int = 4) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
@@ -457,3 +472,27 @@ def read_manifest(folder: pathlib.Path) -> Manifest | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{path}: unreadable manifest ({exc})") from None
     return Manifest.from_json(data, str(path))
+
+
+def foreign_folder_problem(folder: str | pathlib.Path) -> str:
+    """Why a run must not be written into `folder` ("" when it may): it holds files but no run
+    manifest, so the run would replace what may be its owner's own `summary.md` or `rows.csv`.
+    A folder that does not exist yet, an empty one (a writer's lock and space reserve aside)
+    and a run folder (a manifest of any format version, finished or not) may be written."""
+    folder = pathlib.Path(folder)
+    try:
+        entries = sorted(e.name for e in folder.iterdir() if e.name not in (WRITER_LOCK_FILE, RESERVE_FILE))
+    except OSError:  # absent (created by the run), or no folder: `outputs.writable_folder` says so
+        return ""
+    if not entries:
+        return ""
+    try:
+        document = json.loads(manifest_path(folder).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        document = None
+    if isinstance(document, dict) and document.get("format") == MANIFEST_FORMAT:
+        return ""
+    return (
+        f"{folder} holds files ({_few(entries, 3)}) but no run manifest ({MANIFEST_FILE} of mhc-parity), "
+        "so a run would replace them; choose a new or empty folder"
+    )

@@ -16,6 +16,7 @@ import pandas as pd
 from mhc_parity.records.schema import VERDICTS
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
+from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.html_elements import case_link, esc, num, table, td, verdict_span
 from mhc_parity.reports.judgement import Judgement
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders
@@ -142,7 +143,8 @@ def drift_section(judgement: Judgement, anchors: dict[str, str], limit: int) -> 
             "</section>",
         ]
         return "\n".join(parts)
-    parts += [f"<p>{esc(line)}</p>" for line in (*judgement.scope, *judgement.remarks)]
+    note = settings_note(gate_result.growth_factor, gate_result.noise_floor_ulps)
+    parts += [f"<p>{esc(line)}</p>" for line in ([note] if note else []) + [*judgement.scope, *judgement.remarks]]
     parts += [
         f"<p>{esc(gate_result.summary_line())}</p>",
         "<p>Growth = current ÷ baseline oracle-relative error, both clamped below at "

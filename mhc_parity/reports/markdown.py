@@ -17,6 +17,7 @@ from mhc_parity.records.schema import VERDICTS
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.causes import format_heading
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
+from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
 from mhc_parity.reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
 
@@ -95,6 +96,9 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
         f"({result.matched_rows} matched); fails when an oracle-relative error grows by more than "
         f"×{result.growth_factor:g} above a noise floor of {result.noise_floor_ulps:g} ulps.",
     ]
+    note = settings_note(result.growth_factor, result.noise_floor_ulps)
+    if note:
+        lines[1:1] = ["", f"> {note}"]
     for category in FAILING_CATEGORIES + INFO_CATEGORIES:
         findings = result.by_category(category)
         if not findings:

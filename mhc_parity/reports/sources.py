@@ -112,7 +112,7 @@ def _complete_manifest_of(folder: Path) -> Manifest:
             f"{folder}: no {MANIFEST_FILE}, so nothing says its run finished (a folder not written by "
             f"`mhc-parity run`, or by a version before manifests); rerun it"
         )
-    _checked(lambda: manifest.require_complete(str(folder)))
+    _checked(lambda: manifest.require_complete(str(folder), folder))
     return manifest
 
 
@@ -149,7 +149,7 @@ def _load_report(path: Path) -> LoadedRun:
             f"{path}: the report carries no run manifest (written before manifests, or not by "
             f"`mhc-parity run`), so nothing says its run finished; rerun it"
         )
-    _checked(lambda: manifest.require_complete(str(path)))
+    _checked(lambda: manifest.require_complete(str(path), path.parent))
     beside = _checked(lambda: read_manifest(path.parent))
     if beside is not None and (beside.run_id != manifest.run_id or not beside.is_complete):
         raise ReportInputError(

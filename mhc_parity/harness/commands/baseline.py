@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
+from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.reports.baseline import run_folder_refusal, write_baseline
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, resolve_implementation
@@ -95,7 +96,8 @@ def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
 def run_arguments(args, name: str) -> list[str]:
     """The `mhc-parity run` arguments that make the run of `args` for implementation `name`."""
     out = args.out or DEFAULT_RUN_FOLDER
-    argv = ["--impl", args.impl, "--paths", "reference/*", f"{name}/*", "--no-lowering", "--out", str(out)]
+    paths = ["reference/*", implementation_glob(name)]
+    argv = ["--impl", args.impl, "--paths", *paths, "--no-lowering", "--out", str(out)]
     for option, value in (("--suite", args.suite), ("--dtype", args.dtype)):
         if value is not None:
             argv += [option, value]

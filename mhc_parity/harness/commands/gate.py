@@ -23,6 +23,7 @@ from mhc_parity.reports.baseline import LEGACY_OPTION
 from mhc_parity.reports.comparability import current_cases
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
+from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem, settings_note
 from mhc_parity.reports.judgement import judge
 from mhc_parity.reports.markdown import gate_markdown
 from mhc_parity.reports.sources import load_baseline_or_run, load_run
@@ -45,13 +46,13 @@ def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--growth-factor",
-        type=float,
+        type=_checked(growth_factor_problem),
         default=DEFAULT_GROWTH_FACTOR,
         help=f"fail when an oracle-relative error grows by more than this (default {DEFAULT_GROWTH_FACTOR:g})",
     )
     parser.add_argument(
         "--noise-floor-ulps",
-        type=float,
+        type=_checked(noise_floor_problem),
         default=DEFAULT_NOISE_FLOOR_ULPS,
         help=f"errors below this many eps of the leaf dtype count as noise (default {DEFAULT_NOISE_FLOOR_ULPS:g})",
     )
@@ -86,6 +87,21 @@ def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
     return parser
 
 
+def _checked(problem):
+    """An argparse type: a float that `problem` finds nothing wrong with (one line otherwise)."""
+
+    def parse_value(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if problem(value):
+            raise argparse.ArgumentTypeError(problem(value))
+        return value
+
+    return parse_value
+
+
 def _fail(message: str) -> int:
     print(f"gate: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -117,10 +133,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
-    if not args.growth_factor > 1.0:
-        return _fail(f"--growth-factor must be > 1, got {args.growth_factor:g}")
-    if not args.noise_floor_ulps >= 0.0:
-        return _fail(f"--noise-floor-ulps must be >= 0, got {args.noise_floor_ulps:g}")
     try:
         markdown_path = writable_file(args.markdown) if args.markdown else None
     except OutputPathError as exc:
@@ -142,7 +154,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
     if judgement.result is None:
         return _fail(judgement.refusal)
     result = judgement.result
-    for line in judgement.scope:
+    note = settings_note(args.growth_factor, args.noise_floor_ulps)
+    for line in ([note] if note else []) + list(judgement.scope):
         print(line)
     print(result.table())
     for note in _notes(result, baseline, current, args.only_current_cases):

@@ -27,7 +27,7 @@ import uuid
 from mhc_parity.harness.processes.interrupts import SignalsInterrupt
 from mhc_parity.harness.processes.shards import parse_shard, shard_names
 from mhc_parity.records.environment import ISA_KEYS
-from mhc_parity.records.manifest import Manifest, ManifestError, now_iso, read_manifest
+from mhc_parity.records.manifest import Manifest, ManifestError, foreign_folder_problem, now_iso, read_manifest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from mhc_parity.records.store import RowStore, StoreError
 from mhc_parity.reports import ReportInputError
@@ -95,7 +95,7 @@ def read_shard(folder: pathlib.Path) -> ShardRun:
         manifest = read_manifest(folder)
         if manifest is None:
             raise MergeError(f"{folder}: no manifest.json (not a run folder)")
-        manifest.require_complete(str(folder))
+        manifest.require_complete(str(folder), folder)
         metadata = load_run(folder).metadata
         rows, found = RowStore(folder).finished()
     except (ManifestError, ReportInputError, StoreError, OSError) as exc:
@@ -230,6 +230,9 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
         out = writable_folder(out)
     except OutputPathError as exc:
         raise MergeError(f"OUT: {exc}") from None
+    problem = foreign_folder_problem(out)
+    if problem:
+        raise MergeError(f"OUT: {problem}")
     try:
         writer = WriterLock(out, command_line)  # one writer per run folder
     except OutputPathError as exc:  # held by another writer, or not a lock of ours

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mhc_parity.harness.commands.common import EXIT_OK, EXIT_USAGE, parse
+from mhc_parity.records.manifest import foreign_folder_problem
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_folder
 from mhc_parity.records.rows import ReportInputError, frame_to_json_records
 from mhc_parity.reports.baseline import LEGACY_OPTION
@@ -59,6 +60,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
         out = writable_folder(args.out)
         if out.resolve() == run.source.resolve().parent:
             raise OutputPathError(f"{out} holds the run being rendered; render into another folder")
+        problem = foreign_folder_problem(out)  # files but no run manifest: a render would replace them
+        if problem:
+            raise OutputPathError(problem)
         with WriterLock(out, f"render ({run.source})"):  # one writer per run folder
             # A copy of the run: its manifest, stream and reports (every run `load_run` reads has a manifest).
             records = frame_to_json_records(run.frame)

@@ -37,6 +37,7 @@ from mhc_parity.harness.processes.watchdog import Watchdog
 from mhc_parity.records.manifest import (
     MANIFEST_FILE,
     ManifestError,
+    foreign_folder_problem,
     read_manifest,
     record_stop,
     write_manifest,
@@ -244,6 +245,7 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
         out = writable_folder(args.out)
     except OutputPathError as exc:
         raise UsageError(f"--out: {exc}") from exc
+    _refuse_foreign_folder(out, resume=args.resume)
     command_line = command_line or "mhc-parity run " + shlex.join(argv)
     shard_label = parse_shard(args.shard).label if whole_selection else ""
     manifest = new_manifest(
@@ -263,6 +265,16 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
             store = RowStore(out)
             manifest, rows, done = _open_run(store, manifest, resume=args.resume)
             return _execute(args, store, manifest, rows, done, cases, plan, policy, baseline)
+
+
+def _refuse_foreign_folder(out: pathlib.Path, *, resume: bool) -> None:
+    """UsageError for an --out folder that holds files but no run manifest, before the run
+    puts anything there (`foreign_folder_problem`: a fresh run would replace them). Rows
+    without a manifest under --resume are left to `_open_run`, which says why it cannot
+    continue them."""
+    problem = foreign_folder_problem(out)
+    if problem and not (resume and RowStore(out).has_rows()):
+        raise UsageError(f"--out: {problem}")
 
 
 def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
 
 import jax
@@ -35,6 +36,22 @@ HOST_SUFFIX = "@cpu"
 
 class PlacementError(RuntimeError):
     """A path cannot be placed on this machine's devices; the message is the skip reason."""
+
+
+class BackendError(RuntimeError):
+    """JAX cannot start the backend this process asks for (e.g. JAX_PLATFORMS names one the
+    machine lacks); the message is one line."""
+
+
+def default_devices() -> list:
+    """`jax.devices()`: the default backend's devices; BackendError (one line) when it cannot start."""
+    try:
+        return jax.devices()
+    except RuntimeError as exc:  # jax raises RuntimeError for a backend it cannot initialise
+        shown = os.environ.get("JAX_PLATFORMS", "")
+        raise BackendError(
+            f"JAX cannot start its backend (JAX_PLATFORMS={shown!r}): {str(exc).splitlines()[0]}"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,15 +109,38 @@ def choose_devices(needed: int, *, host: bool, default_devices: Sequence, host_d
 
 def host_fallback(needed: int) -> bool:
     """`needs_host` for this process's default devices."""
-    return needs_host(needed, jax.devices())
+    return needs_host(needed, default_devices())
+
+
+def mesh_size(path) -> int:
+    """How many devices `path` (a `mhc_parity.harness.engine.paths.Path`) runs on."""
+    return 1 if path.mesh is None else path.mesh[0] * path.mesh[1]
 
 
 def path_placement(path) -> Placement:
     """Where `path` (a `mhc_parity.harness.engine.paths.Path`) runs in this process; PlacementError if nowhere."""
-    needed = 1 if path.mesh is None else path.mesh[0] * path.mesh[1]
     return choose_devices(
-        needed, host=path.host, default_devices=jax.devices(), host_devices=jax.devices(HOST_PLATFORM)
+        mesh_size(path), host=path.host, default_devices=default_devices(), host_devices=jax.devices(HOST_PLATFORM)
     )
+
+
+def cpu_devices_lacking(path, *, default_devices: Sequence, host_devices: Sequence) -> int:
+    """How many CPU devices `path` needs that the process lacks (0 when none), with
+    `path_placement`'s devices: a path that runs on the host CPU (the host fallback, or a CPU
+    backend) needs its mesh's devices there, and the simulated ones are as many as XLA_FLAGS
+    says (`mhc_parity.harness.env`), so a shortfall is the process's setting, not its machine,
+    and the path would be skipped for it. A path that cannot run on a CPU (Mosaic), or that
+    runs on an accelerator (too few chips is the machine's), lacks nothing here: it is skipped
+    with its reason, as on a single-chip TPU."""
+    on_host = path.host or default_devices[0].platform == HOST_PLATFORM
+    if path.mesh is None or not on_host or not path.impl.runs_on_host:
+        return 0
+    return max(0, mesh_size(path) - len(host_devices))
+
+
+def host_device_shortfall(path) -> int:
+    """`cpu_devices_lacking` in this process."""
+    return cpu_devices_lacking(path, default_devices=default_devices(), host_devices=jax.devices(HOST_PLATFORM))
 
 
 @functools.cache

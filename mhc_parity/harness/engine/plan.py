@@ -23,13 +23,15 @@ from collections.abc import Iterable, Sequence
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import expected_layout
 from mhc_parity.cases.names import did_you_mean
-from mhc_parity.harness.engine.devices import host_fallback
+from mhc_parity.harness.engine.devices import host_device_shortfall, host_fallback, mesh_size
 from mhc_parity.harness.engine.implementations import REFERENCE, Implementation
 from mhc_parity.harness.engine.leaves import branch_leaf, leaf_kind, weight_leaf
 from mhc_parity.harness.engine.lowering_rows import case_meshes, implementation_lowering_name, lowering_path_name
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path
+from mhc_parity.harness.env import device_count_advice
 from mhc_parity.harness.judging.policy import Policy, PolicyError
+from mhc_parity.records.path_names import implementation_glob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +129,7 @@ def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
     """One message per `--paths` glob that selects no path of `cases` (with a hint)."""
     known = plan.known_names(cases)
     # Hints also offer "impl/*", the usual way to pick one implementation.
-    suggestions = known + list(dict.fromkeys(name.split("/", 1)[0] + "/*" for name in known))
+    suggestions = known + list(dict.fromkeys(implementation_glob(name.split("/", 1)[0]) for name in known))
     problems = []
     for glob in plan.path_globs:
         if any(fnmatch.fnmatchcase(name, glob) for name in known):
@@ -138,6 +140,22 @@ def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
         problems.append(
             f"--paths {glob!r} selects no path of the selected cases{hint} (their paths: {', '.join(known)})"
         )
+    return problems
+
+
+def device_shortfalls(plan: PathPlan, cases: Sequence) -> list[str]:
+    """One message per selected path of `cases` this process lacks the CPU devices for
+    (`mhc_parity.harness.engine.devices.host_device_shortfall`): its runner would skip it, and a
+    run of fewer rows must not pass for a whole one."""
+    problems = []
+    for case in cases:
+        for path in plan.paths_for(case):
+            lacking = host_device_shortfall(path)
+            if lacking:
+                needed = mesh_size(path)
+                problems.append(
+                    f"{case.name}: {path.name} needs {needed} devices; {device_count_advice(needed, needed - lacking)}"
+                )
     return problems
 
 

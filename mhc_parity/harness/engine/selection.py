@@ -18,14 +18,16 @@ from typing import Any
 from mhc_parity.cases import registry
 from mhc_parity.cases.spec import Case, CaseSpecError, normalize_dtype
 from mhc_parity.cases.toml_cases import USER_SUITE, register_case_file
+from mhc_parity.harness.engine.devices import BackendError, default_devices
 from mhc_parity.harness.engine.implementations import BUILTIN, Implementation, ImplementationError, load_externals
-from mhc_parity.harness.engine.plan import PathPlan, uncovered_judgements, unmatched_path_globs
+from mhc_parity.harness.engine.plan import PathPlan, device_shortfalls, uncovered_judgements, unmatched_path_globs
 from mhc_parity.harness.engine.precision_choices import precision_record
 from mhc_parity.harness.engine.run_info import run_metadata
 from mhc_parity.harness.errors import UsageError
 from mhc_parity.harness.judging.policy import Policy, PolicyError, is_packaged_default, load_policy
 from mhc_parity.records.foreign_code import FOREIGN_KEY, code_record, foreign_material
 from mhc_parity.records.manifest import Manifest, RunRequest
+from mhc_parity.records.text import plural
 
 MAX_SEED = 2**63 - 1  # mhc_parity.cases.spec.Case.seed's range
 
@@ -91,9 +93,14 @@ def select_cases(selection: RunSelection) -> list[Case]:
 
 
 def configure(selection: RunSelection) -> Configuration:
-    """`selection` checked before any compute; UsageError for a selection or path glob that
-    selects nothing, an implementation that does not load, a policy without a rule for a
-    comparison the run will make."""
+    """`selection` checked before any compute; UsageError for a JAX backend that cannot start,
+    a selection or path glob that selects nothing, a token-sharded path this process lacks the
+    CPU devices for (`device_shortfalls`: it would be skipped), an implementation that does not
+    load, a policy without a rule for a comparison the run will make."""
+    try:
+        default_devices()  # a backend that cannot start (JAX_PLATFORMS) is a usage error, before any run folder
+    except BackendError as exc:
+        raise UsageError(str(exc)) from None
     try:
         policy = load_policy(selection.policy)
         externals = load_externals(list(selection.implementations))
@@ -110,6 +117,10 @@ def configure(selection: RunSelection) -> Configuration:
     unmatched = unmatched_path_globs(plan, cases)
     if unmatched:
         raise UsageError(unmatched[0])
+    short = device_shortfalls(plan, cases)
+    if short:
+        more = f" (and {plural(len(short) - 1, 'more path')})" if len(short) > 1 else ""
+        raise UsageError(f"{short[0]}{more}")
     uncovered = uncovered_judgements(policy, cases, plan)
     if uncovered:
         raise UsageError(

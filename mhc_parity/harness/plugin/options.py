@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import shlex
 
+import pytest
+from _pytest.config.findpaths import determine_setup
+
 UPDATE_OPTION = "--parity-update-baseline"
 # `mhc_parity.reports.baseline.LEGACY_OPTION` of the plugin: a flag, and the bool ini option
 # `parity_allow_legacy_baseline`.
@@ -20,6 +23,8 @@ OPTIONS = {  # name: help; each is `--parity-<name>` on the command line and `pa
     "report": "write the run folder (manifest, rows, CSV/JSON/HTML/Markdown reports) here",
     "baseline": f"gate each parity test against this baseline file (which {UPDATE_OPTION} writes)",
 }
+# The command-line options that take a value (a separate word, or after "=").
+VALUE_OPTIONS = tuple(f"--parity-{name}" for name in OPTIONS)
 # Options whose ini value is a path, taken relative to the ini file's folder.
 PATH_OPTIONS = ("report", "baseline")
 # The options an update command repeats (the others do not change which rows it writes).
@@ -74,6 +79,58 @@ def enabled(config) -> bool:
     return bool(setting(config, "impl") or config.getini(BUILTIN_INI))
 
 
+def given_options(config) -> list[str]:
+    """The `--parity-*` options given on the command line (those not at their defaults)."""
+    names = [f"--parity-{name}" for name in OPTIONS] + [UPDATE_OPTION, LEGACY_OPTION]
+    return [name for name in names if config.getoption(name)]
+
+
+def refuse_options_without_implementation(config) -> None:
+    """pytest.UsageError naming the `--parity-*` options given to a session that checks
+    nothing: an option of a plugin that is off would otherwise do nothing, and a gate asked
+    for but never run reads as a pass."""
+    given = given_options(config)
+    if given:
+        raise pytest.UsageError(
+            f"mhc-parity: {', '.join(given)}: no implementation to check; pass --parity-impl MODULE:FACTORY "
+            "(or set parity_impl in the pytest configuration)"
+        )
+
+
+def refuse_value_taken_as_path(early_config, parser) -> None:
+    """pytest.UsageError when pytest took the value of a `--parity-<name> VALUE` for a test
+    path while it chose its rootdir and configuration file.
+
+    pytest decides those (`determine_setup`) from the arguments it parsed before it loaded
+    any plugin (pytest 9.2, `Config.parse`), so the value of a plugin's option written as a
+    separate word counts there as a path when one exists: `--parity-baseline ../b.csv` moves
+    the rootdir to the common ancestor and the project's configuration (its `parity_impl`)
+    is never read, which would switch the plugin off without a word. Here, once the options
+    are known (`pytest_load_initial_conftests`), the choice is made again from the arguments
+    as they parse now; a different rootdir or configuration file is refused, naming the
+    `=` form, which pytest never takes for a path."""
+    words = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *map(str, early_config.invocation_params.args)]
+    separate = [(word, value) for word, value in zip(words, words[1:]) if word in VALUE_OPTIONS]
+    if not separate:
+        return
+    namespace = parser.parse_known_args(words)
+    rootpath, inipath, _, _ = determine_setup(
+        inifile=namespace.inifilename,
+        override_ini=namespace.override_ini,
+        args=namespace.file_or_dir,
+        rootdir_cmd_arg=namespace.rootdir or None,
+        invocation_dir=early_config.invocation_params.dir,
+    )
+    if (rootpath, inipath) == (early_config.rootpath, early_config.inipath):
+        return
+    option, value = next(((o, v) for o, v in separate if os.path.exists(v)), separate[0])
+    read = early_config.inipath or f"no configuration file (rootdir {early_config.rootpath})"
+    raise pytest.UsageError(
+        f"mhc-parity: pytest took the value of {option} {value} for a test path and read {read} "
+        f"instead of {inipath or rootpath}; write {shlex.quote(f'{option}={value}')}"
+    )
+
+
 def enabled_early(early_config) -> bool:
     """`enabled`, asked before pytest has parsed its whole command line (in
     `pytest_load_initial_conftests`): `config.getoption` has no values yet, so the option
@@ -106,9 +163,9 @@ def update_command(config) -> str:
     words = ["pytest"]
     for name in UPDATE_COMMAND_OPTIONS:
         value = config.getoption(f"--parity-{name}")
-        if value:
-            words += [f"--parity-{name}", value]
+        if value:  # one word: pytest takes the value of `--parity-<name> VALUE` for a test path
+            words.append(f"--parity-{name}={value}")
     words += ini_overrides(config.invocation_params.args)
     if not setting(config, "suite") and os.environ.get("MHC_PARITY_SUITE"):
-        words += ["--parity-suite", os.environ["MHC_PARITY_SUITE"]]
+        words.append(f"--parity-suite={os.environ['MHC_PARITY_SUITE']}")
     return shlex.join([*words, UPDATE_OPTION])

@@ -16,6 +16,7 @@ import pytest
 
 from mhc_parity.harness.plugin.options import LEGACY_INI, LEGACY_OPTION, UPDATE_OPTION, setting, update_command
 from mhc_parity.records.environment import environment_of, run_precision
+from mhc_parity.records.manifest import foreign_folder_problem
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
 from mhc_parity.records.rows import ReportInputError, json_ready, parse_float, to_frame
 from mhc_parity.records.schema import FLOAT_COLUMNS
@@ -189,6 +190,13 @@ class ParitySession:
         self.baseline_run = baseline
         if baseline.note:
             self.summary_lines.append(f"mhc-parity: {baseline.note}")
+
+    def settle_report(self) -> None:
+        """Refuse a report folder that holds files but no run (`foreign_folder_problem`) before
+        any test, rather than at the session's end: writing it would replace them."""
+        problem = foreign_folder_problem(self.report) if self.report else ""
+        if problem:
+            raise pytest.UsageError(f"mhc-parity: --parity-report: {problem}")
 
     def refusal(self, baseline: LoadedRun, current: LoadedRun) -> str:
         """Why `baseline` cannot judge `current` (`mhc_parity.reports.comparability`'s refusals, in this

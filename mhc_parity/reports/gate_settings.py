@@ -1,0 +1,36 @@
+"""The gate's two settings a user may change, `--growth-factor` and `--noise-floor-ulps`
+(`mhc_parity.reports.drift`'s defaults): which values can judge, and the sentence every gate
+summary (terminal, Markdown, HTML) opens with when they are not the defaults, as a tolerance
+policy other than the packaged one is named (`mhc_parity.reports.summary.policy_note`). An
+infinite growth factor or noise floor switches the growth check off; a PASS under it must not
+read as a PASS under the defaults."""
+
+from __future__ import annotations
+
+import math
+
+from mhc_parity.records.text import format_number
+from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+
+
+def growth_factor_problem(value: float) -> str:
+    """Why `value` cannot be the gate's growth factor ("" if it can): finite and above 1."""
+    return "" if math.isfinite(value) and value > 1.0 else f"must be a finite number above 1, got {value:g}"
+
+
+def noise_floor_problem(value: float) -> str:
+    """Why `value` cannot be the gate's noise floor in ulps ("" if it can): finite, 0 or more."""
+    return "" if math.isfinite(value) and value >= 0.0 else f"must be a finite number, 0 or more, got {value:g}"
+
+
+def settings_note(growth_factor: float, noise_floor_ulps: float) -> str:
+    """One sentence naming the settings that are not the defaults ("" when both are)."""
+    changed = [
+        f"{label} {shown(value)} (default {shown(default)})"
+        for label, value, default, shown in (
+            ("growth factor", growth_factor, DEFAULT_GROWTH_FACTOR, lambda v: f"×{format_number(v)}"),
+            ("noise floor", noise_floor_ulps, DEFAULT_NOISE_FLOOR_ULPS, lambda v: f"{format_number(v)} ulps"),
+        )
+        if value != default
+    ]
+    return f"The gate judged drift with {' and '.join(changed)}, not its defaults." if changed else ""

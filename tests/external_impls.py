@@ -216,3 +216,26 @@ class BlocksHoldingTheGil(WrappedReference):
 
 def blocks_holding_the_gil():
     return BlocksHoldingTheGil()
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledKernel(WrappedReference):
+    """`out` times `scale` (1.0: the reference's): one code, one program per scale."""
+
+    name: str = "scaled_kernel"
+    scale: float = 1.0
+
+    def post(self, layer_output, context, *, config):
+        out = reference.post(layer_output, context, config=config)
+        return (out.astype("float32") * self.scale).astype(out.dtype)
+
+
+# The environment variable `scaled_by_environment` reads its scale from (a tuning knob).
+SCALE_VARIABLE = "MHC_PARITY_TEST_SCALE"
+
+
+def scaled_by_environment():
+    """`ScaledKernel` with its scale read from $MHC_PARITY_TEST_SCALE (default 1.0)."""
+    import os
+
+    return ScaledKernel(scale=float(os.environ.get(SCALE_VARIABLE, "1.0")))

@@ -57,9 +57,9 @@ from mhc_parity.records.store import case_records
 from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
-from mhc_parity.reports.judgement import judge
+from mhc_parity.reports.judgement import gate_run
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
-from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run, load_run
+from mhc_parity.reports.sources import LoadedRun
 from mhc_parity.reports.terminal import format_summary, rows_table, run_verdict
 from mhc_parity.reports.writers import write_run_folder
 
@@ -342,40 +342,41 @@ def gate(
     allow_policy_change: bool = False,
     allow_precision_change: bool = False,
     only_current_cases: bool = False,
+    allow_code_change: bool = False,
     allow_legacy_baseline: bool = False,
 ) -> GateResult:
     """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
-    CSV or a finished run), with the rules and refusals of `mhc-parity gate` (one judgement:
-    `mhc_parity.reports.judgement.judge`).
+    CSV or a finished run): `mhc-parity gate` itself (`mhc_parity.reports.judgement.gate_run`,
+    the path the command takes), its rules and refusals.
 
     A baseline of one implementation (`ParityRun.write_baseline`, `mhc-parity baseline
     --impl`) judges that implementation's rows only. Returns the `GateResult` (`.ok`,
-    `.table()`); raises BaselineError (one line) for a baseline that cannot judge the run:
-    unreadable, empty, of another implementation, under another policy or matmul precision
-    (unless allowed). only_current_cases: gate only the baseline rows of the cases the run
-    selected (a deliberately partial run), as `mhc-parity gate --only-current-cases`.
-    `run` must be a run, never a baseline file (BaselineError). allow_legacy_baseline: read a
-    baseline in a legacy format, whose header or rows no digest covers, as `mhc-parity gate
-    --allow-legacy-baseline` (refused otherwise).
+    `.table()`); raises BaselineError (one line) where the command exits 2: a baseline that
+    cannot judge the run (unreadable, empty, of another implementation, under another policy
+    or matmul precision unless allowed), a run that did not finish or was made by other code
+    than this checkout (the project's or its implementations' files changed since, in memory
+    or on disk; allow_code_change=True judges it anyway, as `--allow-code-change`), a baseline
+    file given as `run`; ConfigurationError for a growth factor <= 1 or a negative noise
+    floor. only_current_cases: gate only the baseline rows of the cases the run selected (a
+    deliberately partial run), as `--only-current-cases`. allow_legacy_baseline: read a
+    baseline in a legacy format, whose header or rows no digest covers, as
+    `--allow-legacy-baseline` (refused otherwise).
     """
-    if not growth_factor > 1.0:
-        raise ConfigurationError(f"growth_factor must be > 1, got {growth_factor:g}")
-    try:
-        current = run.loaded() if isinstance(run, ParityRun) else load_run(run)
-        base = load_baseline_or_run(
-            baseline, allow_legacy=allow_legacy_baseline, legacy_option="allow_legacy_baseline=True"
-        )
-    except ReportInputError as exc:
-        raise BaselineError(f"cannot read input: {exc}") from exc
-    judgement = judge(
-        base,
-        current,
+    gated = gate_run(
+        baseline,
+        run.loaded() if isinstance(run, ParityRun) else run,
         growth_factor=growth_factor,
         noise_floor_ulps=noise_floor_ulps,
         allow_policy_change=allow_policy_change,
         allow_precision_change=allow_precision_change,
         only_current_cases=only_current_cases,
+        allow_code_change=allow_code_change,
+        allow_legacy=allow_legacy_baseline,
+        legacy_option="allow_legacy_baseline=True",
+        code_change_option="allow_code_change=True",
     )
-    if judgement.result is None:
-        raise BaselineError(judgement.refusal)
-    return judgement.result
+    if gated.problem == "parameters":
+        raise ConfigurationError(gated.judgement.refusal)
+    if gated.judgement.result is None:
+        raise BaselineError(gated.judgement.refusal)
+    return gated.judgement.result

@@ -239,3 +239,30 @@ def scaled_by_environment():
     import os
 
     return ScaledKernel(scale=float(os.environ.get(SCALE_VARIABLE, "1.0")))
+
+
+@dataclasses.dataclass(frozen=True)
+class NeverRuns(WrappedReference):
+    """A wrong kernel (`out` x1.5) whose envelope fits no smoke case (C a multiple of 256):
+    every row of it is `unsupported`, so nothing of it is ever compared."""
+
+    name: str = "never_runs"
+
+    @property
+    def envelope(self):
+        from mhc_parity.harness.engine.envelope import Envelope
+
+        return Envelope(embedding_multiple=256)
+
+    def post(self, layer_output, context, *, config):
+        out = reference.post(layer_output, context, config=config)
+        return (out.astype("float32") * 1.5).astype(out.dtype)
+
+
+def never_runs():
+    return NeverRuns()
+
+
+def serves_no_variant():
+    """The same wrong kernel serving no variant (`variants = ()`): none of its paths runs."""
+    return dataclasses.replace(NeverRuns(name="serves_no_variant"), variants=())

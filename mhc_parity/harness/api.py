@@ -2,7 +2,8 @@
 gate it against a baseline. Re-exported by `mhc_parity.harness` (`from mhc_parity.harness import run_parity`).
 
     run = run_parity("my_pkg.kernels:factory", suite="smoke", dtype="bf16")
-    run.passed                     # True: every row passed or is an explained skip, something compared
+    run.passed                     # True: every row passed or is an explained skip, something of it compared
+    run.reason                     # why not, in one line ("" when passed)
     run.failures                   # DataFrame of the fail/error rows (empty when passed)
     run.rows                       # DataFrame of every row (columns: mhc_parity.records.schema.ROW_COLUMNS)
     run.write_reports("out/mine")  # manifest.json, rows.jsonl, rows.csv, report.json/.html, summary.md
@@ -60,7 +61,7 @@ from mhc_parity.reports.gate import GateResult
 from mhc_parity.reports.judgement import gate_run
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
 from mhc_parity.reports.sources import LoadedRun
-from mhc_parity.reports.terminal import format_summary, rows_table, run_verdict
+from mhc_parity.reports.terminal import format_summary, nothing_compared_message, rows_table, run_verdict
 from mhc_parity.reports.writers import write_run_folder
 
 ImplementationLike = str | Implementation | Any
@@ -89,13 +90,26 @@ class ParityRun:
 
     @property
     def verdict(self) -> str:
-        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported)."""
-        return run_verdict(self.records)
+        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported,
+        or every row of an implementation under test: `mhc_parity.reports.terminal.run_verdict`,
+        the verdict `mhc-parity run` exits with)."""
+        return run_verdict(self.records, self.implementations)
 
     @property
     def passed(self) -> bool:
-        """True when every row passed or is an explained skip/unsupported, and some row compared."""
+        """True when every row passed or is an explained skip/unsupported, and something of every
+        implementation under test compared (`reason` says why not)."""
         return self.verdict == "PASS"
+
+    @property
+    def reason(self) -> str:
+        """Why the run did not pass, in one line ("" when it passed)."""
+        verdict = self.verdict
+        if verdict == "NOTHING COMPARED":
+            return nothing_compared_message(self.records, self.implementations)
+        if verdict == "FAIL":
+            return f"{len(self.failures)} of {len(self.records)} rows are fail/error (`failures`, `failure_table()`)"
+        return ""
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -111,7 +125,7 @@ class ParityRun:
     def summary(self) -> str:
         """The one-screen summary `mhc-parity run` prints (verdict counts, failures or closest rows,
         the policy when it is not the packaged one)."""
-        return format_summary(list(self.records), self.metadata)
+        return format_summary(list(self.records), self.metadata, implementations=self.implementations)
 
     def implementation_rows(self, name: str | None = None) -> pd.DataFrame:
         """The rows of external implementation `name` (default: the run's only one)."""

@@ -51,8 +51,8 @@ def test_the_api_gate_refuses_a_run_of_code_changed_since_as_the_cli_does(scratc
 
 def test_the_api_gate_checks_its_parameters_as_the_cli_does(tmp_path, capsys):
     """A negative noise floor: the CLI exits 2, the API raises ConfigurationError (it judged before)."""
-    with pytest.raises(mhc_parity.harness.ConfigurationError, match="noise floor must be >= 0"):
+    with pytest.raises(mhc_parity.harness.ConfigurationError, match="noise_floor_ulps must be >= 0"):
         mhc_parity.harness.gate(tmp_path / "run", tmp_path / "base.csv", noise_floor_ulps=-1.0)
     args = ["gate", "--baseline", str(tmp_path / "base.csv"), "--current", str(tmp_path / "run")]
     assert cli_main([*args, "--noise-floor-ulps", "-1"]) == 2
-    assert "noise floor must be >= 0" in capsys.readouterr().err
+    assert "--noise-floor-ulps must be >= 0" in capsys.readouterr().err

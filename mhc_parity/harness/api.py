@@ -388,6 +388,7 @@ def gate(
         allow_legacy=allow_legacy_baseline,
         legacy_option="allow_legacy_baseline=True",
         code_change_option="allow_code_change=True",
+        parameter_names=("growth_factor", "noise_floor_ulps"),
     )
     if gated.problem == "parameters":
         raise ConfigurationError(gated.judgement.refusal)

@@ -146,12 +146,16 @@ class GateRun:
     problem: str = ""
 
 
-def parameter_problem(growth_factor: float, noise_floor_ulps: float) -> str:
-    """Why the gate cannot judge with these parameters (one line), or ""."""
+# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
+PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
+
+
+def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
+    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
     if not growth_factor > 1.0:
-        return f"the growth factor must be > 1, got {growth_factor:g}"
+        return f"{names[0]} must be > 1, got {growth_factor:g}"
     if not noise_floor_ulps >= 0.0:
-        return f"the noise floor must be >= 0 ulps, got {noise_floor_ulps:g}"
+        return f"{names[1]} must be >= 0, got {noise_floor_ulps:g}"
     return ""
 
 
@@ -168,6 +172,7 @@ def gate_run(
     allow_legacy: bool = False,
     legacy_option: str = LEGACY_OPTION,
     code_change_option: str = CODE_CHANGE_OPTION,
+    parameter_names: tuple[str, str] = PARAMETER_NAMES,
 ) -> GateRun:
     """`mhc-parity gate`, which `mhc_parity.harness.gate` calls too: the parameters checked
     (`parameter_problem`), `baseline` read as a baseline file or a finished run
@@ -175,12 +180,13 @@ def gate_run(
     `legacy_option`), `current` read as a finished run (`load_run`: a folder or report; a
     `LoadedRun` is a run held in memory) and refused when made by other code than this
     checkout unless `allow_code_change` (`check_current_code`, naming `code_change_option`),
-    then `judge`d with the rest. Never raises for bad input: a refusal is the judgement's."""
+    then `judge`d with the rest; the parameters named as `parameter_names` in a refusal.
+    Never raises for bad input: a refusal is the judgement's."""
 
     def refused(problem: str, reason: str, base=None, run=None) -> GateRun:
         return GateRun(Judgement(str(baseline), None, refusal=reason), base, run, problem)
 
-    reason = parameter_problem(growth_factor, noise_floor_ulps)
+    reason = parameter_problem(growth_factor, noise_floor_ulps, parameter_names)
     if reason:
         return refused("parameters", reason)
     try:

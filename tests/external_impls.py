@@ -216,3 +216,53 @@ class BlocksHoldingTheGil(WrappedReference):
 
 def blocks_holding_the_gil():
     return BlocksHoldingTheGil()
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledKernel(WrappedReference):
+    """`out` times `scale` (1.0: the reference's): one code, one program per scale."""
+
+    name: str = "scaled_kernel"
+    scale: float = 1.0
+
+    def post(self, layer_output, context, *, config):
+        out = reference.post(layer_output, context, config=config)
+        return (out.astype("float32") * self.scale).astype(out.dtype)
+
+
+# The environment variable `scaled_by_environment` reads its scale from (a tuning knob).
+SCALE_VARIABLE = "MHC_PARITY_TEST_SCALE"
+
+
+def scaled_by_environment():
+    """`ScaledKernel` with its scale read from $MHC_PARITY_TEST_SCALE (default 1.0)."""
+    import os
+
+    return ScaledKernel(scale=float(os.environ.get(SCALE_VARIABLE, "1.0")))
+
+
+@dataclasses.dataclass(frozen=True)
+class NeverRuns(WrappedReference):
+    """A wrong kernel (`out` x1.5) whose envelope fits no smoke case (C a multiple of 256):
+    every row of it is `unsupported`, so nothing of it is ever compared."""
+
+    name: str = "never_runs"
+
+    @property
+    def envelope(self):
+        from mhc_parity.harness.engine.envelope import Envelope
+
+        return Envelope(embedding_multiple=256)
+
+    def post(self, layer_output, context, *, config):
+        out = reference.post(layer_output, context, config=config)
+        return (out.astype("float32") * 1.5).astype(out.dtype)
+
+
+def never_runs():
+    return NeverRuns()
+
+
+def serves_no_variant():
+    """The same wrong kernel serving no variant (`variants = ()`): none of its paths runs."""
+    return dataclasses.replace(NeverRuns(name="serves_no_variant"), variants=())

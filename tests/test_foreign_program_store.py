@@ -1,12 +1,14 @@
-"""Programs of external implementations in the program store: keyed by the code they can run.
+"""Programs of external implementations in the program store: keyed by what they compute.
 
-A process that loaded an external implementation (an `--impl` module, MaxText's) stores its
-programs under a key that also covers that code (`mhc_parity.records.foreign_code`): the files of
-the module and of what it imports under its root, by content; the installed distributions it
-imports, by version and installed-files record; the sources of the libraries it imports that
-the project does not pin, by content; every installed distribution's version. So the next run
-of the same command loads them without tracing anything, and an edited module, an edited
-library file or another version of a library is a miss.
+An external implementation's program is keyed by its lowered program
+(`mhc_parity.harness.stores.program_store.program_digest`), and a process that loaded one (an
+`--impl` module, MaxText's) stores its programs under a key that also covers that code
+(`mhc_parity.records.foreign_code`): the files of the module and of what it imports under its
+root, by content; the installed distributions it imports, by version and installed-files
+record; the sources of the libraries it imports that the project does not pin, by content;
+every installed distribution's version. So the next run of the same command loads them
+without compiling anything, and an edited module, an edited library file or another version
+of a library is a miss; what the code reads besides its files is tests/test_program_keys.py's.
 """
 
 from __future__ import annotations
@@ -33,16 +35,17 @@ from tests.support import project_files_run
 
 CASE = registry.get("lite-n4-c128-b2s64-f32-w32-identity-default")
 
-# A scratch external implementation: this project's reference under another name, beside a
-# helper module it imports and a library installed beside it (a distribution of its own).
+# A scratch external implementation: this project's reference under another name (times 1.0,
+# so that its program is not the reference's own: the store would serve one for the other),
+# beside a helper module it imports and a library installed beside it (a distribution of its own).
 KERNEL = """
 import fakelib
 from scratch import tuning
-from tests.external_impls import WrappedReference
+from tests.external_impls import ScaledKernel
 
 
 def factory():
-    return WrappedReference(name="scratch_reference")
+    return ScaledKernel(name="scratch_reference", scale=1.0)
 """
 
 
@@ -79,13 +82,21 @@ def _new_process(monkeypatch) -> None:
     distributions._distributions_of_modules.cache_clear()
 
 
-def _key(impl) -> dict:
-    """The program store's key of `impl`'s unsharded program for `CASE`, as this process writes it."""
+def _material(impl) -> dict | None:
+    """The program store's key material of `impl`'s unsharded program for `CASE`, the program
+    lowered as `mhc_parity.harness.engine.program_cache.ProgramCache` lowers it to look it up."""
     path = Path(impl)
     placement = path_placement(path)
     args = _place(make_fixture(CASE), path, placement)
-    signature = _trace_signature(CASE, effective_precision(CASE, placement))
-    return foreign_code.write_key(ProgramStore.material(path, signature, args, placement))
+    precision = effective_precision(CASE, placement)
+    with jax.default_device(placement.devices[0]):
+        lowered = jax.jit(_build_program(path, CASE, placement, precision)).lower(*args)
+    return ProgramStore.material(path, _trace_signature(CASE, precision), args, placement, lowered)
+
+
+def _key(impl) -> dict:
+    """The program store's key of `impl`'s unsharded program for `CASE`, as this process writes it."""
+    return foreign_code.write_key(_material(impl))
 
 
 @pytest.fixture
@@ -110,8 +121,8 @@ def test_an_external_program_s_key_covers_its_module_its_imports_and_their_libra
     assert (root / "scratch" / "tuning.py").resolve().as_posix() in record.files, "a module it imports, by content"
     assert "distribution:fakelib" in record.files and record.libraries["fakelib"], "its library: version and files"
     assert "jax" not in record.libraries, "a library the project pins is keyed by its version"
-    assert key["implementation"]["code"] == record.digest()
-    assert key["implementation"]["spec"] == "scratch.kernel:factory"
+    assert key[foreign_code.FOREIGN_KEY]["modules"]["scratch.kernel"] == record.digest()
+    assert key["program"] == _material(impl)["program"], "what it computes: its lowered program"
     assert key[foreign_code.FOREIGN_KEY]["loaded"] == ["scratch.kernel:factory"]
     _new_process(monkeypatch)
     assert _key(impl) == key, "the same code, the same key"
@@ -135,25 +146,26 @@ def test_a_change_of_the_code_an_external_program_can_run_is_a_miss(scratch, mon
     _new_process(monkeypatch)  # the next run reads the code anew
     after = _key(impl)
     assert after != before
-    assert after["implementation"]["code"] != before["implementation"]["code"]
+    assert after[foreign_code.FOREIGN_KEY]["modules"] != before[foreign_code.FOREIGN_KEY]["modules"]
+    assert after["program"] == before["program"], "the program it computes is the same"
 
 
 def test_a_built_in_program_of_a_process_with_foreign_code_is_keyed_by_that_code_too(scratch):
-    path = Path(REFERENCE)
-    placement = path_placement(path)
-    args = _place(make_fixture(CASE), path, placement)
-    signature = _trace_signature(CASE, effective_precision(CASE, placement))
-    material = ProgramStore.material(path, signature, args, placement)
+    material = _material(REFERENCE)
+    assert "program" in material, "foreign code may have patched it: keyed by what it computes"
     assert foreign_code.read_keys(material)[0] == material, "the project's own entry is read first"
     assert foreign_code.write_key(material) != material, "it writes only under its foreign code's key"
 
 
-def test_an_external_implementation_whose_code_cannot_be_read_is_not_stored():
+def test_an_external_implementation_whose_code_cannot_be_read_is_not_stored(monkeypatch):
     unreadable = dataclasses.replace(REFERENCE, name="mine", spec="pkg.mod:factory", module="pkg.mod")
     path = Path(unreadable)
     placement = path_placement(path)
     args = _place(make_fixture(CASE), path, placement)
-    assert ProgramStore.material(path, _trace_signature(CASE, "highest"), args, placement) is None
+    assert ProgramStore.material(path, _trace_signature(CASE, "highest"), args, placement) is None, "not lowered"
+    material = _material(unreadable)  # keyed by its program, which covers what it computes ...
+    monkeypatch.setattr(foreign_code, "_LOADED", [("pkg.mod:factory", "pkg.mod")])
+    assert foreign_code.write_key(material) is None, "... but a process that loaded it writes nothing"
 
 
 # ------------------------------------------------------------------ across processes

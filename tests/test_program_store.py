@@ -149,8 +149,8 @@ def test_the_key_changes_with_shapes_dtypes_and_devices_and_unreadable_external_
     assert _material(dataclasses.replace(CASE, sequence=32), Path(REFERENCE)) != base
     assert _material(dataclasses.replace(CASE, dtype="bfloat16"), Path(REFERENCE)) != base
     assert _material(CASE, Path(INTERPRET))["sources"] != base["sources"]
-    # An external implementation's programs are keyed by its code (tests/test_foreign_program_store.py);
-    # one whose module has no file to read is not stored.
+    # An external implementation's programs are keyed by what they compute, their lowering
+    # (tests/test_foreign_program_store.py, tests/test_program_keys.py): not lowered, not stored.
     external = dataclasses.replace(REFERENCE, name="mine", spec="pkg.mod:factory", module="pkg.mod")
     assert _material(CASE, Path(external)) is None
 

@@ -2,7 +2,8 @@
 gate it against a baseline. Re-exported by `mhc_parity.harness` (`from mhc_parity.harness import run_parity`).
 
     run = run_parity("my_pkg.kernels:factory", suite="smoke", dtype="bf16")
-    run.passed                     # True: every row passed or is an explained skip, something compared
+    run.passed                     # True: every row passed or is an explained skip, something of it compared
+    run.reason                     # why not, in one line ("" when passed)
     run.failures                   # DataFrame of the fail/error rows (empty when passed)
     run.rows                       # DataFrame of every row (columns: mhc_parity.records.schema.ROW_COLUMNS)
     run.write_reports("out/mine")  # manifest.json, rows.jsonl, rows.csv, report.json/.html, summary.md
@@ -59,11 +60,10 @@ from mhc_parity.records.store import case_records
 from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
-from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem
-from mhc_parity.reports.judgement import judge
+from mhc_parity.reports.judgement import gate_run
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
-from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run, load_run
-from mhc_parity.reports.terminal import format_summary, rows_table, run_verdict
+from mhc_parity.reports.sources import LoadedRun
+from mhc_parity.reports.terminal import format_summary, nothing_compared_message, rows_table, run_verdict
 from mhc_parity.reports.writers import write_run_folder
 
 ImplementationLike = str | Implementation | Any
@@ -106,13 +106,26 @@ class ParityRun:
 
     @property
     def verdict(self) -> str:
-        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported)."""
-        return run_verdict(self.records)
+        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported,
+        or every row of an implementation under test: `mhc_parity.reports.terminal.run_verdict`,
+        the verdict `mhc-parity run` exits with)."""
+        return run_verdict(self.records, self.implementations)
 
     @property
     def passed(self) -> bool:
-        """True when every row passed or is an explained skip/unsupported, and some row compared."""
+        """True when every row passed or is an explained skip/unsupported, and something of every
+        implementation under test compared (`reason` says why not)."""
         return self.verdict == "PASS"
+
+    @property
+    def reason(self) -> str:
+        """Why the run did not pass, in one line ("" when it passed)."""
+        verdict = self.verdict
+        if verdict == "NOTHING COMPARED":
+            return nothing_compared_message(self.records, self.implementations)
+        if verdict == "FAIL":
+            return f"{len(self.failures)} of {len(self.records)} rows are fail/error (`failures`, `failure_table()`)"
+        return ""
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -128,7 +141,9 @@ class ParityRun:
     def summary(self) -> str:
         """The one-screen summary `mhc-parity run` prints (verdict counts, failures or closest rows,
         the policy when it is not the packaged one)."""
-        return format_summary([dict(r) for r in self.records], dict(self.metadata))
+        return format_summary(
+            [dict(r) for r in self.records], dict(self.metadata), implementations=self.implementations
+        )
 
     def implementation_rows(self, name: str | None = None) -> pd.DataFrame:
         """The rows of external implementation `name` (default: the run's only one)."""
@@ -369,44 +384,42 @@ def gate(
     allow_policy_change: bool = False,
     allow_precision_change: bool = False,
     only_current_cases: bool = False,
+    allow_code_change: bool = False,
     allow_legacy_baseline: bool = False,
 ) -> GateResult:
     """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
-    CSV or a finished run), with the rules and refusals of `mhc-parity gate` (one judgement:
-    `mhc_parity.reports.judgement.judge`).
+    CSV or a finished run): `mhc-parity gate` itself (`mhc_parity.reports.judgement.gate_run`,
+    the path the command takes), its rules and refusals.
 
     A baseline of one implementation (`ParityRun.write_baseline`, `mhc-parity baseline
     --impl`) judges that implementation's rows only. Returns the `GateResult` (`.ok`,
-    `.table()`); raises BaselineError (one line) for a baseline that cannot judge the run:
-    unreadable, empty, of another implementation, under another policy or matmul precision
-    (unless allowed). only_current_cases: gate only the baseline rows of the cases the run
-    selected (a deliberately partial run), as `mhc-parity gate --only-current-cases`.
-    `run` must be a run, never a baseline file (BaselineError). allow_legacy_baseline: read a
-    baseline in a legacy format, whose header or rows no digest covers, as `mhc-parity gate
-    --allow-legacy-baseline` (refused otherwise).
+    `.table()`); raises BaselineError (one line) where the command exits 2: a baseline that
+    cannot judge the run (unreadable, empty, of another implementation, under another policy
+    or matmul precision unless allowed), a run that did not finish or was made by other code
+    than this checkout (the project's or its implementations' files changed since, in memory
+    or on disk; allow_code_change=True judges it anyway, as `--allow-code-change`), a baseline
+    file given as `run`; ConfigurationError for a growth factor <= 1 or a negative noise
+    floor. only_current_cases: gate only the baseline rows of the cases the run selected (a
+    deliberately partial run), as `--only-current-cases`. allow_legacy_baseline: read a
+    baseline in a legacy format, whose header or rows no digest covers, as
+    `--allow-legacy-baseline` (refused otherwise).
     """
-    for name, problem in (
-        ("growth_factor", growth_factor_problem(growth_factor)),
-        ("noise_floor_ulps", noise_floor_problem(noise_floor_ulps)),
-    ):
-        if problem:
-            raise ConfigurationError(f"{name} {problem}")
-    try:
-        current = run.loaded() if isinstance(run, ParityRun) else load_run(run)
-        base = load_baseline_or_run(
-            baseline, allow_legacy=allow_legacy_baseline, legacy_option="allow_legacy_baseline=True"
-        )
-    except ReportInputError as exc:
-        raise BaselineError(f"cannot read input: {exc}") from exc
-    judgement = judge(
-        base,
-        current,
+    gated = gate_run(
+        baseline,
+        run.loaded() if isinstance(run, ParityRun) else run,
         growth_factor=growth_factor,
         noise_floor_ulps=noise_floor_ulps,
         allow_policy_change=allow_policy_change,
         allow_precision_change=allow_precision_change,
         only_current_cases=only_current_cases,
+        allow_code_change=allow_code_change,
+        allow_legacy=allow_legacy_baseline,
+        legacy_option="allow_legacy_baseline=True",
+        code_change_option="allow_code_change=True",
+        parameter_names=("growth_factor", "noise_floor_ulps"),
     )
-    if judgement.result is None:
-        raise BaselineError(judgement.refusal)
-    return judgement.result
+    if gated.problem == "parameters":
+        raise ConfigurationError(gated.judgement.refusal)
+    if gated.judgement.result is None:
+        raise BaselineError(gated.judgement.refusal)
+    return gated.judgement.result

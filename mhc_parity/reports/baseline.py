@@ -70,6 +70,7 @@ from mhc_parity.records.rows import (
 )
 from mhc_parity.records.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
 from mhc_parity.records.store import DONE_FILE, ROWS_FILE
+from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
 
 BASELINE_COLUMNS = GATE_COLUMNS
@@ -217,6 +218,22 @@ def run_folder_refusal(path: str | Path) -> str:
     )
 
 
+def nothing_compared_refusal(rows: pd.DataFrame | Iterable[Mapping[str, Any]], implementation: str | None) -> str:
+    """Why `rows` cannot be a baseline (of `implementation`, or of the built-in paths): none of
+    them compared anything of it (`mhc_parity.reports.causes.uncompared`: every row of it
+    skip/unsupported, or none); "" when some did."""
+    records = rows.to_dict(orient="records") if isinstance(rows, pd.DataFrame) else list(rows)
+    if not uncompared(records, [implementation] if implementation else []):
+        return ""
+    owner = f"implementation {implementation!r}" if implementation else "the run"
+    reasons = list(dict.fromkeys(r["reason"] for r in records if isinstance(r.get("reason"), str) and r["reason"]))
+    example = f" (e.g. {reasons[0]})" if reasons else ""
+    return (
+        f"no row of {owner} compared anything: its {len(records)} rows are skip/unsupported{example}; "
+        "refusing a baseline that would gate nothing"
+    )
+
+
 def write_baseline(
     rows: pd.DataFrame | Iterable[Mapping[str, Any]],
     path: str | Path,
@@ -231,8 +248,10 @@ def write_baseline(
     backend, device kind and matmul precision go into the header. `implementation`
     names the external implementation the rows belong to (the caller keeps only its
     rows: `mhc_parity.reports.ownership.implementation_rows`). ReportInputError for a `path` inside a
-    run folder that is one of the run's own files (`run_folder_refusal`), and for rows
-    without a policy hash (`render_baseline`).
+    run folder that is one of the run's own files (`run_folder_refusal`), for rows
+    without a policy hash (`render_baseline`), and for rows that compared nothing of what the
+    baseline would hold (`nothing_compared_refusal`): a baseline of only skip/unsupported rows
+    gates nothing, and a gate against it passes.
     """
     path = Path(path)
     refusal = run_folder_refusal(path)
@@ -240,6 +259,10 @@ def write_baseline(
         raise ReportInputError(refusal)
     environment = environment_of(rows)
     rows, recorded_hash = unwrap_run(rows)
+    rows = rows if isinstance(rows, pd.DataFrame) else list(rows)
+    refusal = nothing_compared_refusal(rows, implementation)
+    if refusal:
+        raise ReportInputError(refusal)
     text = render_baseline(
         rows, policy_hash=policy_hash or recorded_hash, environment=environment, implementation=implementation
     )

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from mhc_parity.records.schema import COMPARED_VERDICTS
 from mhc_parity.records.text import format_number, plural
 
 # The row columns the groups read besides a row's identity, verdict, reason and usage.
@@ -28,6 +29,18 @@ GROUPED_VERDICTS = ("error", "fail")
 def implementation_of(candidate: str) -> str:
     """The implementation of a path name ("interpret/sharded(...)" -> "interpret")."""
     return candidate.split("/", 1)[0]
+
+
+def uncompared(rows: Iterable[Mapping[str, Any]], implementations: Sequence[str] = ()) -> list[str]:
+    """What a run compared nothing of: ["the run"] when no row compared (pass or fail: every
+    row skip/unsupported, or none), else each of `implementations` (the names of those under
+    test) that is the candidate of no compared row: its envelope fits no case, it serves no
+    variant, or its paths were not selected. [] when everything under test compared
+    something. A run that compared nothing of what it tests never passes."""
+    compared = {implementation_of(str(r["candidate"])) for r in rows if r["verdict"] in COMPARED_VERDICTS}
+    if not compared:
+        return ["the run"]
+    return [name for name in implementations if name not in compared]
 
 
 def compress_paths(paths: Iterable[str]) -> list[str]:

@@ -8,9 +8,11 @@ why the gate refuses to judge (`mhc-parity gate` exits 2 on it): an empty side, 
 another implementation, tolerance policy or matmul precision (`mhc_parity.reports.comparability`), a
 partial gate that leaves no baseline case, or input the rules cannot read.
 
-What the judgement does not cover is where the two runs come from: `mhc-parity gate` also
+What the judgement does not cover is where the two runs come from: `gate_run`, the one path
+of `mhc-parity gate` and `mhc_parity.harness.gate`, also checks the gate's parameters and
 refuses a run that did not finish or was made by other code than the checkout
-(`mhc_parity.reports.sources.load_run`); a report written by the run itself is of neither kind.
+(`mhc_parity.reports.sources.load_run`, `check_current_code`); a report written by the run
+itself is of neither kind.
 
 The first-screen helpers (`headline`, `first_findings`) are what the HTML banner, the top
 of summary.md and the end of the terminal summary show: pass, or the rows that grew past
@@ -30,11 +32,20 @@ from mhc_parity.records.environment import isa_difference
 from mhc_parity.records.manifest import Manifest
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.text import plural
-from mhc_parity.reports.baseline import Baseline
+from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
 from mhc_parity.reports.comparability import comparability_refusal, current_cases, gated_frame
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
 from mhc_parity.reports.gate import ROW_COUNT_WORDS, GateFinding, GateResult, gate_frames
-from mhc_parity.reports.sources import POLICY_HASH_KEY, LoadedRun, baseline_as_run, load_baseline_or_run
+from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem
+from mhc_parity.reports.sources import (
+    CODE_CHANGE_OPTION,
+    POLICY_HASH_KEY,
+    LoadedRun,
+    baseline_as_run,
+    check_current_code,
+    load_baseline_or_run,
+    load_run,
+)
 
 # Findings the first screen lists before pointing at the drift section for the rest.
 FIRST_SCREEN_FINDINGS = 5
@@ -133,6 +144,80 @@ def judge(
     except ReportInputError as exc:
         return refused(f"unusable input: {exc}")
     return Judgement(str(baseline.source), result, scope=tuple(scope), note=baseline.note, isa_note=isa_note)
+
+
+@dataclasses.dataclass(frozen=True)
+class GateRun:
+    """What `gate_run` did: the judgement (its refusal when it could not judge, `problem`
+    then saying which kind), and the two sides as read (None where reading failed)."""
+
+    judgement: Judgement
+    baseline: LoadedRun | None = None
+    current: LoadedRun | None = None
+    # "" when judged; "parameters" or "input" when refused before judging; "judgement" when `judge` refused
+    problem: str = ""
+
+
+# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
+PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
+
+
+def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
+    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""
+    (`mhc_parity.reports.gate_settings`: finite, a factor above 1, a floor of 0 or more)."""
+    for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
+        if problem:
+            return f"{name} {problem}"
+    return ""
+
+
+def gate_run(
+    baseline: str | Path,
+    current: str | Path | LoadedRun,
+    *,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+    allow_policy_change: bool = False,
+    allow_precision_change: bool = False,
+    only_current_cases: bool = False,
+    allow_code_change: bool = False,
+    allow_legacy: bool = False,
+    legacy_option: str = LEGACY_OPTION,
+    code_change_option: str = CODE_CHANGE_OPTION,
+    parameter_names: tuple[str, str] = PARAMETER_NAMES,
+) -> GateRun:
+    """`mhc-parity gate`, which `mhc_parity.harness.gate` calls too: the parameters checked
+    (`parameter_problem`), `baseline` read as a baseline file or a finished run
+    (`load_baseline_or_run`; a legacy format only with `allow_legacy`, else refused naming
+    `legacy_option`), `current` read as a finished run (`load_run`: a folder or report; a
+    `LoadedRun` is a run held in memory) and refused when made by other code than this
+    checkout unless `allow_code_change` (`check_current_code`, naming `code_change_option`),
+    then `judge`d with the rest; the parameters named as `parameter_names` in a refusal.
+    Never raises for bad input: a refusal is the judgement's."""
+
+    def refused(problem: str, reason: str, base=None, run=None) -> GateRun:
+        return GateRun(Judgement(str(baseline), None, refusal=reason), base, run, problem)
+
+    reason = parameter_problem(growth_factor, noise_floor_ulps, parameter_names)
+    if reason:
+        return refused("parameters", reason)
+    try:
+        base = load_baseline_or_run(baseline, allow_legacy=allow_legacy, legacy_option=legacy_option)
+        run = current if isinstance(current, LoadedRun) else load_run(current)
+        if not allow_code_change:
+            check_current_code(run, code_change_option)
+    except ReportInputError as exc:
+        return refused("input", f"cannot read input: {exc}")
+    judgement = judge(
+        base,
+        run,
+        growth_factor=growth_factor,
+        noise_floor_ulps=noise_floor_ulps,
+        allow_policy_change=allow_policy_change,
+        allow_precision_change=allow_precision_change,
+        only_current_cases=only_current_cases,
+    )
+    return GateRun(judgement, base, run, "judgement" if judgement.result is None else "")
 
 
 def as_baseline(baseline: Any) -> LoadedRun:

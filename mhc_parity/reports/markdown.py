@@ -203,8 +203,8 @@ def render_markdown(
     counts = summary["verdicts"]
     if summary["ok"] and (judgement is None or not judgement.failed):
         status = "✅ PASS"
-    elif not summary["compared"] and not any(counts[v] for v in FAILING_VERDICTS):
-        status = "⚠️ NOTHING COMPARED"  # every row skip/unsupported: never a pass
+    elif summary["uncompared"] and not any(counts[v] for v in FAILING_VERDICTS):
+        status = "⚠️ NOTHING COMPARED"  # nothing of the run, or of an implementation, compared: never a pass
     else:
         status = "❌ FAIL"
     lines = [f"## mHC parity: {status}", ""]

@@ -47,6 +47,8 @@ REPORT_FORMAT_VERSION = 1
 POLICY_HASH_KEY = "policy_hash"
 # The report.json key holding the run's manifest.
 MANIFEST_KEY = "manifest"
+# The option of `mhc-parity gate` that lets a run made by other code be judged.
+CODE_CHANGE_OPTION = "--allow-code-change"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,13 +181,16 @@ def _load_rows_file(path: Path) -> LoadedRun:
     return LoadedRun(frame, path, manifest.policy_digest, {}, False, manifest)
 
 
-def _check_code(run: LoadedRun) -> None:
+def check_current_code(run: LoadedRun, option: str = CODE_CHANGE_OPTION) -> None:
+    """`ReportInputError` (one line, naming `option`, which lets it through) when `run` was
+    made by other code than this checkout (`Manifest.changed_code_files`: the project's and
+    its external implementations' files); a run loaded from disk or held in memory alike."""
     changed = run.manifest.changed_code_files() if run.manifest is not None else []
     if changed:
         shown = ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
         raise ReportInputError(
             f"{run.source}: the run was made by other code than this checkout (changed since: {shown}); "
-            f"rerun it, or pass --allow-code-change to use it anyway"
+            f"rerun it, or pass {option} to use it anyway"
         )
 
 
@@ -212,7 +217,7 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
     else:
         run = _load_rows_file(path)
     if require_current_code:
-        _check_code(run)
+        check_current_code(run)
     return run
 
 

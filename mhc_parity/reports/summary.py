@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pandas as pd
 
 from mhc_parity.records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
-from mhc_parity.reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts
+from mhc_parity.reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts, uncompared
 
 # Verdicts that break a run (exit code 1 / gate failure).
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
@@ -74,12 +75,13 @@ def worst_leaf(frame: pd.DataFrame) -> dict | None:
     }
 
 
-def summarize(frame: pd.DataFrame) -> dict:
+def summarize(frame: pd.DataFrame, implementations: Sequence[str] = ()) -> dict:
     """The run's summary: totals, verdict counts (overall and per comparison), worst leaf.
 
-    `ok` is True when no row has a failing verdict (fail or error) and at least one row
-    compared something (`compared`: pass and fail rows): a run that checked nothing
-    never passes.
+    `ok` is True when no row has a failing verdict (fail or error) and the run compared
+    something of everything it tests (`compared`: pass and fail rows; `uncompared`: what it
+    compared nothing of, `mhc_parity.reports.causes.uncompared` of the `implementations` under
+    test): a run that checked nothing, or nothing of an implementation, never passes.
     """
     counts = verdict_counts(frame)
     by_comparison = (
@@ -93,11 +95,13 @@ def summarize(frame: pd.DataFrame) -> dict:
         c for c in ("case", "candidate", "leaf", "verdict", "reason", "bound_usage", *CAUSE_COLUMNS) if c in frame
     ]
     records = frame[columns].to_dict(orient="records") if len(frame) else []
+    missing = uncompared(records, implementations)
     return {
         "total": int(len(frame)),
         "verdicts": counts,
         "compared": compared,
-        "ok": all(counts[v] == 0 for v in FAILING_VERDICTS) and compared > 0,
+        "uncompared": missing,
+        "ok": all(counts[v] == 0 for v in FAILING_VERDICTS) and not missing,
         "cases": int(frame["case"].nunique()) if len(frame) else 0,
         "by_comparison": by_comparison,
         "rows_with_nan_or_inf": nonfinite,

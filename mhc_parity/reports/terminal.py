@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 import pandas as pd
 
 from mhc_parity.records.rows import to_frame
-from mhc_parity.records.schema import COMPARED_VERDICTS, OK_VERDICTS, VERDICTS
+from mhc_parity.records.schema import OK_VERDICTS, VERDICTS
 from mhc_parity.records.text import format_number, format_text_table, plural
-from mhc_parity.reports.causes import ImplementationVerdict, cause_groups, implementation_verdicts
+from mhc_parity.reports.causes import (
+    ImplementationVerdict,
+    cause_groups,
+    implementation_of,
+    implementation_verdicts,
+    uncompared,
+)
 from mhc_parity.reports.judgement import Judgement, first_findings, headline, hidden_findings
 from mhc_parity.reports.summary import policy_note, sharpness
 
@@ -26,27 +33,51 @@ MAX_CAUSES = 8
 ROWS_PER_CAUSE = 3
 
 
-def run_verdict(rows) -> str:
-    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when no row measured anything
-    (every row skip/unsupported, or no rows: a run that checked nothing never passes),
-    else "PASS"."""
+def run_verdict(rows, implementations: Sequence[str] = ()) -> str:
+    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when the run compared nothing of
+    what it tests (`mhc_parity.reports.causes.uncompared`: no row measured anything, or an
+    implementation under test, of `implementations`, measured nothing: a run that checked
+    nothing never passes), else "PASS"."""
     if any(r["verdict"] not in OK_VERDICTS for r in rows):
         return "FAIL"
-    if not any(r["verdict"] in COMPARED_VERDICTS for r in rows):
+    if uncompared(rows, implementations):
         return "NOTHING COMPARED"
     return "PASS"
 
 
-def exit_code(rows, judgement: Judgement | None = None) -> int:
-    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here is a
-    configuration error); see `run_verdict`. A passing run that the gate fails against its
-    baseline (`judgement`) exits 1: a leaf that grew past the growth factor inside its bound
-    is a failure. A baseline the gate refuses to judge leaves the code to the run (the
-    gate itself exits 2 on it, and the summary says why)."""
-    code = {"PASS": 0, "FAIL": 1}.get(run_verdict(rows), 2)
+def exit_code(rows, judgement: Judgement | None = None, implementations: Sequence[str] = ()) -> int:
+    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here, or nothing of
+    an implementation under test, of `implementations`, is a configuration error); see
+    `run_verdict`. A passing run that the gate fails against its baseline (`judgement`) exits
+    1: a leaf that grew past the growth factor inside its bound is a failure. A baseline the
+    gate refuses to judge leaves the code to the run (the gate itself exits 2 on it, and the
+    summary says why)."""
+    code = {"PASS": 0, "FAIL": 1}.get(run_verdict(rows, implementations), 2)
     if code == 0 and judgement is not None and judgement.failed:
         return 1
     return code
+
+
+def nothing_compared_message(rows, implementations: Sequence[str] = ()) -> str:
+    """The one line a run that compared nothing of what it tests (`uncompared`) ends with."""
+    missing = uncompared(rows, implementations)
+    if missing == ["the run"]:
+        reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
+        example = f" (e.g. {reasons[0]})" if reasons else ""
+        return (
+            f"nothing was compared: all {len(rows)} rows are skip/unsupported{example}; "
+            "select paths and cases that run on this machine"
+        )
+    name = missing[0]
+    own = [r for r in rows if implementation_of(str(r["candidate"])) == name]
+    reasons = list(dict.fromkeys(r["reason"] for r in own if r["reason"]))
+    what = f"its {len(own)} rows are skip/unsupported" if own else "it has no rows (no variant or path of it ran)"
+    example = f" (e.g. {reasons[0]})" if reasons else ""
+    more = f" (nor of {', '.join(map(repr, missing[1:]))})" if len(missing) > 1 else ""
+    return (
+        f"nothing was compared of implementation {name!r}{more}: {what}{example}; "
+        "select cases inside its envelope and variants it serves"
+    )
 
 
 def _usage_key(row) -> float:
@@ -73,12 +104,18 @@ def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
 
 
 def format_summary(
-    rows, metadata=None, judgement: Judgement | None = None, *, frame: pd.DataFrame | None = None
+    rows,
+    metadata=None,
+    judgement: Judgement | None = None,
+    *,
+    frame: pd.DataFrame | None = None,
+    implementations: Sequence[str] = (),
 ) -> str:
     """Verdict counts per comparison, then the failures or, if none, the rows closest to their
-    bound; then the verdict, after the policy that judged when it is not the packaged one
-    (`mhc_parity.reports.summary.policy_note` of the run's `metadata`); last, with a baseline, the gate's
-    verdict against it (`gate_lines`). `frame`: the rows' canonical frame, where the caller made one."""
+    bound; then the verdict (`run_verdict` with the `implementations` under test), after the
+    policy that judged when it is not the packaged one (`mhc_parity.reports.summary.policy_note`
+    of the run's `metadata`); last, with a baseline, the gate's verdict against it
+    (`gate_lines`). `frame`: the rows' canonical frame, where the caller made one."""
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
@@ -104,7 +141,8 @@ def format_summary(
     if note:
         lines += ["", note]
     verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))
-    lines += ["", f"parity: {run_verdict(rows)} ({len(rows)} rows)" + (f": {verdicts}" if verdicts else "")]
+    verdict = run_verdict(rows, implementations)
+    lines += ["", f"parity: {verdict} ({len(rows)} rows)" + (f": {verdicts}" if verdicts else "")]
     if judgement is not None:
         lines += gate_lines(judgement)
     return "\n".join(lines)
@@ -154,6 +192,11 @@ def sharpness_text(rows, frame: pd.DataFrame | None = None) -> str:
 
 
 def print_summary(
-    rows, metadata=None, judgement: Judgement | None = None, *, frame: pd.DataFrame | None = None
+    rows,
+    metadata=None,
+    judgement: Judgement | None = None,
+    *,
+    frame: pd.DataFrame | None = None,
+    implementations: Sequence[str] = (),
 ) -> None:
-    print(format_summary(rows, metadata, judgement, frame=frame))
+    print(format_summary(rows, metadata, judgement, frame=frame, implementations=implementations))

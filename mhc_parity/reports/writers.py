@@ -127,6 +127,11 @@ def _csv_cell(value: Any) -> Any:
     return encode_float(value) if isinstance(value, float) else value
 
 
+def tested_implementations(manifest: Manifest | None) -> list[str]:
+    """The names of the external implementations a run tests (its manifest's request)."""
+    return [name for name, _ in manifest.request.implementations] if manifest is not None else []
+
+
 def report_document(
     frame: pd.DataFrame,
     metadata: Mapping[str, Any],
@@ -142,7 +147,7 @@ def report_document(
         "format_version": REPORT_FORMAT_VERSION,
         "schema_columns": list(ROW_COLUMNS),
         "metadata": json_ready(dict(metadata)),
-        "summary": json_ready(summarize(frame) if summary is None else summary),
+        "summary": json_ready(summarize(frame, tested_implementations(manifest)) if summary is None else summary),
     }
     if judgement is not None:
         document["gate"] = json_ready(gate_summary(judgement))
@@ -263,7 +268,7 @@ def write_frame(
             growth_factor=growth_factor,
             noise_floor_ulps=noise_floor_ulps,
         )
-    summary = summarize(frame)
+    summary = summarize(frame, tested_implementations(manifest))
     out.mkdir(parents=True, exist_ok=True)
     write_csv(frame, paths["csv"])
     write_json(frame, metadata, paths["json"], judgement, manifest, summary=summary)

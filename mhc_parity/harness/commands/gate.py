@@ -18,15 +18,13 @@ from collections.abc import Sequence
 from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
 from mhc_parity.records.environment import run_precision
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
-from mhc_parity.records.rows import ReportInputError
 from mhc_parity.reports.baseline import LEGACY_OPTION
 from mhc_parity.reports.comparability import current_cases
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
 from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem, settings_note
-from mhc_parity.reports.judgement import judge
+from mhc_parity.reports.judgement import gate_run
 from mhc_parity.reports.markdown import gate_markdown
-from mhc_parity.reports.sources import load_baseline_or_run, load_run
 
 GATE_PROG = "mhc-parity gate"
 
@@ -137,20 +135,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
         markdown_path = writable_file(args.markdown) if args.markdown else None
     except OutputPathError as exc:
         return _fail(f"--markdown: {exc}")
-    try:
-        baseline = load_baseline_or_run(args.baseline, allow_legacy=args.allow_legacy_baseline)
-        current = load_run(args.current, require_current_code=not args.allow_code_change)
-    except ReportInputError as exc:
-        return _fail(f"cannot read input: {exc}")
-    judgement = judge(
-        baseline,
-        current,
+    gated = gate_run(
+        args.baseline,
+        args.current,
         growth_factor=args.growth_factor,
         noise_floor_ulps=args.noise_floor_ulps,
         allow_policy_change=args.allow_policy_change,
         allow_precision_change=args.allow_precision_change,
         only_current_cases=args.only_current_cases,
+        allow_code_change=args.allow_code_change,
+        allow_legacy=args.allow_legacy_baseline,
     )
+    judgement, baseline, current = gated.judgement, gated.baseline, gated.current
     if judgement.result is None:
         return _fail(judgement.refusal)
     result = judgement.result

@@ -48,7 +48,7 @@ from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, rese
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
 from mhc_parity.reports.sources import baseline_as_run
-from mhc_parity.reports.terminal import exit_code, print_summary
+from mhc_parity.reports.terminal import exit_code, nothing_compared_message, print_summary
 
 PROG = "mhc-parity run"
 
@@ -330,7 +330,7 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
-    return _conclude(rows, paths, metadata, judgement, frame)
+    return _conclude(rows, paths, metadata, judgement, frame, [name for name, _ in finished.request.implementations])
 
 
 def _runner(args, policy, plan, cases: int):
@@ -379,23 +379,18 @@ def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest):
     return writers.write_frame(frame, metadata, out, manifest=manifest, judgement=judgement), judgement, frame
 
 
-def _conclude(rows, paths, metadata, judgement=None, frame=None) -> int:
+def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations=()) -> int:
     """Print the summary (`metadata`: the reports', e.g. which policy judged; `judgement`: the
-    gate's against --baseline, printed last; `frame`: the rows' canonical frame) and the report
-    paths; the run's exit code."""
-    print_summary(rows, metadata, judgement, frame=frame)
+    gate's against --baseline, printed last; `frame`: the rows' canonical frame;
+    `implementations`: the names of the external ones under test) and the report paths; the
+    run's exit code."""
+    print_summary(rows, metadata, judgement, frame=frame, implementations=implementations)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")
-    code = exit_code(rows, judgement)
+    code = exit_code(rows, judgement, implementations)
     if code == EXIT_USAGE:
-        reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
-        example = f" (e.g. {reasons[0]})" if reasons else ""
-        print(
-            f"mhc-parity: error: nothing was compared: all {len(rows)} rows are skip/unsupported{example}; "
-            f"select paths and cases that run on this machine",
-            file=sys.stderr,
-        )
+        print(f"mhc-parity: error: {nothing_compared_message(rows, implementations)}", file=sys.stderr)
     return code
 
 

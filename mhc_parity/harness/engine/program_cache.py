@@ -22,6 +22,7 @@ import mhc_parity.harness.engine.paths as path_programs
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.paths import Path, PathOutputs
+from mhc_parity.harness.stores.program_store import keyed_by_program
 from mhc_parity.mhc.common import UnsupportedInputError
 
 # Compiled programs a ProgramCache keeps. Each XLA:CPU executable holds its own memory
@@ -101,17 +102,22 @@ class ProgramCache:
     def _obtain(self, path: Path, case, key, placement, precision, args):
         """The compiled program: loaded from the store, or traced, lowered and compiled (and stored).
 
-        Raises `UnsupportedInputError` if the program rejects its input (stored too).
+        A program the store keys by what it computes (`keyed_by_program`: external code may
+        have shaped it) is lowered first, once, and the lowering both keys the lookup and is
+        compiled on a miss. Raises `UnsupportedInputError` if the program rejects its input
+        (stored too, for a program keyed by its sources: one keyed by its lowering has none).
         """
-        material = self.store.material(path, key[1], args, placement) if self.store else None
+        lowered = None
+        if self.store is not None and keyed_by_program(path.impl):
+            lowered = self._lower(path, case, placement, precision, args)
+        material = self.store.material(path, key[1], args, placement, lowered) if self.store else None
         if material is not None:
             compiled = self.store.load(material, placement)
             if compiled is not None:
                 return compiled
-        # Anything the tracing builds eagerly lands on the path's device.
-        with jax.default_device(placement.devices[0]):
+        if lowered is None:
             try:
-                lowered = jax.jit(path_programs._build_program(path, case, placement, precision)).lower(*args)
+                lowered = self._lower(path, case, placement, precision, args)
             except UnsupportedInputError as error:  # the next run rejects without tracing
                 if material is not None:
                     self.store.save_rejection(material, error)
@@ -121,6 +127,13 @@ class ProgramCache:
         compiled = self.store.compile(lowered)
         self.store.save(material, compiled)
         return compiled
+
+    @staticmethod
+    def _lower(path: Path, case, placement, precision, args):
+        """`path`'s program for `case` traced and lowered (`jax.stages.Lowered`) on `args`."""
+        # Anything the tracing builds eagerly lands on the path's device.
+        with jax.default_device(placement.devices[0]):
+            return jax.jit(path_programs._build_program(path, case, placement, precision)).lower(*args)
 
     def compile_ahead(self, pool: concurrent.futures.Executor, paths, case, fixture) -> None:
         """Start obtaining in `pool` the programs `paths` need for `case` that are neither

@@ -22,11 +22,13 @@ from mhc_parity.records.rows import ReportInputError, json_ready, parse_float, t
 from mhc_parity.records.schema import FLOAT_COLUMNS
 from mhc_parity.records.text import plural
 from mhc_parity.reports.baseline import diff_baselines, render_baseline, write_baseline
+from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.comparability import precision_refusal
 from mhc_parity.reports.drift import GATE_COLUMNS, typed_gate_frame
 from mhc_parity.reports.gate import GateResult, gate_frames
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, ownership_refusal
 from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run
+from mhc_parity.reports.terminal import nothing_compared_message
 
 if TYPE_CHECKING:
     from mhc_parity.harness.api import ParityRun, PreparedRun
@@ -279,19 +281,32 @@ class ParitySession:
     def worker_payload(self) -> str:
         return json.dumps(json_ready(self.rows_by_case))
 
+    def nothing_compared(self) -> str:
+        """The error line of a session whose cases compared nothing of what it tests (`mhc-parity
+        run` exits 2 on it: `mhc_parity.reports.terminal.run_verdict`): every row of an
+        implementation under test skip/unsupported, or none, or every row of the built-in
+        paths; "" when something of each compared, or no case ran."""
+        rows = [r for case_rows in self.rows_by_case.values() for r in case_rows]
+        if not rows or not uncompared(rows, self.externals):
+            return ""
+        return f"mhc-parity: error: {nothing_compared_message(rows, self.externals)}"
+
     def finish(self, interrupted: bool = False) -> list[str]:
         """Write the report folder and the baseline, as asked, from the rows of the cases
-        run (no baseline after an interruption); the problems, one line each."""
+        run (no baseline after an interruption); the problems, one line each, the first
+        whether the session compared nothing of what it tests (`nothing_compared`): its tests
+        passed or were skipped, and the session fails."""
         if self.update and interrupted:
             self.summary_lines.append(f"mhc-parity: interrupted; baseline {self.baseline_shown} not written")
             return []
+        nothing = "" if interrupted else self.nothing_compared()  # an interrupted session compared only some
+        problems = [nothing] if nothing else []
         if not self.rows_by_case or not (self.report or self.update):
-            return []
+            return problems
         from mhc_parity.harness.api import ParityError  # loaded already: `prepared` imported it
 
         cases = [c for c in self.prepared.cases if c.name in self.rows_by_case]
         run = self.prepared.result([r for c in cases for r in self.rows_by_case[c.name]], cases=cases)
-        problems = []
         if self.report:
             try:
                 self.report_paths = run.write_reports(self.report)

@@ -7,19 +7,25 @@ the code it is traced from, the case's trace signature, the arguments' shapes, d
 and shardings, the devices, the library versions and XLA flags — so a warm run loads a
 serialised executable without tracing anything.
 
-The code a program is made of is the import closure of the module that builds programs
+The code a built-in program is made of is the import closure of the module that builds programs
 (`program_sources`, `mhc_parity.records.code.import_closure` of `PROGRAM_ENTRY`), less the oracle's
 modules, and less the kernels' for a path that does not run them (the operation says
 which those are: `mhc_parity.harness.engine.operation`). So an edit to a kernel misses only the
 kernel paths' programs; the reference programs still load. tests/test_program_store.py
 traces every built-in path and fails if code from a file outside its sources ran.
-An external implementation's program (`--impl`, MaxText's) is keyed by its code too: its name,
-spec, object type and the `mhc_parity.records.foreign_code.CodeRecord` of its module (the files it
-imports, the libraries it imports by version or by content; `implementation_material`), with all
-of the program builder's sources. And a process that loaded foreign code stores every entry
-under a key that also covers that code (`mhc_parity.records.foreign_code.write_key`, through
-`ArtifactStore`): importing it may have patched any module, so a built-in program it traced
-is vouched for only by the project's sources and that code together; it still loads what
+
+Code from outside the project is not a function of its files: it may read a tuning table,
+an environment variable or the clock while it is traced. So a program that such code may
+have shaped — an external implementation's (`--impl`, MaxText's, an object handed to the
+API), and any program of a process that loaded foreign code (its import may have patched any
+module: `mhc_parity.records.foreign_code`) — is keyed by what it computes, never by who wrote
+it: the digest of its lowered program (`program_digest`: the StableHLO text, constants
+included, and its argument and result trees), with the arguments, devices, library versions,
+XLA flags and host as for every program. A warm run lowers such a program once (tracing and
+lowering, not XLA's compile) to look it up; a program that calls back into Python, whose
+callback's code is not in its text, is never stored. And a process that loaded foreign code
+still stores every entry under a key that also covers that code
+(`mhc_parity.records.foreign_code.write_key`, through `ArtifactStore`); it still loads what
 processes without foreign code stored first.
 
 Trust: a stored program is only as current as its sources. A process that
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -59,7 +66,7 @@ from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
-from mhc_parity.records.foreign_code import code_record, stores_open
+from mhc_parity.records.foreign_code import code_record, foreign_code, stores_open
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +137,28 @@ def _argument_material(args) -> dict:
     }
 
 
+def keyed_by_program(impl) -> bool:
+    """True where a program of `impl` is keyed by its lowered program (`program_digest`), not
+    by the project's sources: an external implementation's, or any in a process that loaded
+    foreign code (module docstring)."""
+    return not is_builtin(impl) or bool(foreign_code())
+
+
+def program_digest(lowered) -> str | None:
+    """What a lowered program (`jax.stages.Lowered`) computes, as a sha256: its StableHLO text
+    without source locations (every constant written out: MLIR prints large ones whole) and
+    its argument and result trees. None for a program that calls back into Python (a
+    `jax.pure_callback`, `jax.debug.print`): the text names its callback by index, not its
+    code, so its results are no function of the text."""
+    # `compile_args` is JAX's private record of what the lowering hands XLA; no public handle
+    # says whether a program has host callbacks (docs/jax-notes.md).
+    if getattr(lowered._lowering, "compile_args", {}).get("host_callbacks"):
+        return None
+    digest = hashlib.sha256(lowered.as_text(debug_info=False).encode())
+    digest.update(f"\n{lowered.in_tree}\n{lowered.out_tree}".encode())
+    return digest.hexdigest()
+
+
 def implementation_material(impl) -> dict | None:
     """What a path's implementation adds to its program's key: for a built-in one its kernel
     switches (its code is the sources'); for an external one also its name, spec, object type
@@ -164,26 +193,34 @@ class ProgramStore:
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "programs", "program")
 
     @staticmethod
-    def material(path, signature: tuple, args, placement) -> dict | None:
+    def material(path, signature: tuple, args, placement, lowered=None) -> dict | None:
         """The key material of a path's program, or None if it must be neither loaded nor stored
-        (its code cannot be read, or it is traced while code is patched: `code_patched`)."""
+        (its code cannot be read, it calls back into Python, or it is traced while code is
+        patched: `code_patched`). lowered: the program lowered (`jax.stages.Lowered`), which a
+        path `keyed_by_program` is keyed by (None there: nothing is stored); unused otherwise."""
         if not stores_open():
             return None
         impl = path.impl
+        common = {
+            "format": STORE_FORMAT,
+            "arguments": _argument_material(args),
+            "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
+            "device_count": jax.device_count(),
+            "environment": environment_material(),
+        }
+        if keyed_by_program(impl):
+            program = program_digest(lowered) if lowered is not None else None
+            return None if program is None else _jsonable({**common, "program": program})
         implementation = implementation_material(impl)
-        sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel or not is_builtin(impl)))
+        sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel))
         if sources is None or implementation is None:
             return None
         return _jsonable(
             {
-                "format": STORE_FORMAT,
+                **common,
                 "path": path.name,
                 "implementation": implementation,
                 "signature": list(signature),
-                "arguments": _argument_material(args),
-                "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
-                "device_count": jax.device_count(),
-                "environment": environment_material(),
                 "sources": sources,
             }
         )
@@ -230,10 +267,11 @@ class ProgramStore:
             return lowered.compile(compiler_options=_FRESH_COMPILE_OPTIONS)
 
     def save(self, material: dict, compiled) -> None:
-        """Store `compiled`; programs JAX cannot serialise (closed-over constants) are left out."""
+        """Store `compiled`; programs JAX cannot serialise (closed-over constants, a callback's
+        local function: AttributeError from pickle) are left out."""
         try:
             payload = pickle.dumps(("program", *serialize_executable.serialize(compiled)))
-        except (ValueError, NotImplementedError):
+        except (ValueError, NotImplementedError, AttributeError, pickle.PicklingError):
             return
         self.store.save(material, payload)
 

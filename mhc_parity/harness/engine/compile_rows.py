@@ -227,8 +227,13 @@ def compile_rows(case, store=None, selects: Callable[[str], bool] = _every, impl
     """The compile rows of `case` (none unless `compiles_case`): this project's kernels on every
     target and mesh, then each implementation's with `kernel_programs`. store: a
     `CompileStore` (None: compile everything); selects(path name): whether a path is wanted."""
-    if not compiles_case(case):
-        return
+    if compiles_case(case):
+        yield from case_compile_rows(case, store, selects, implementations)
+
+
+def case_compile_rows(case, store=None, selects: Callable[[str], bool] = _every, implementations=()) -> Iterator[dict]:
+    """`compile_rows` for any case, whether the suites give it compile rows or not (the
+    compile faults' cases, `mhc_parity.harness.faults.compile_faults`)."""
     missing = compiler_missing()
     missing = missing and f"{missing}: the kernels were only lowered (lowering rows)"
     skip = MOSAIC.case_skip_reason(case)

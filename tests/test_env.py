@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 
-from mhc_parity.harness.env import required_xla_flags
+import pytest
+
+from mhc_parity.harness.env import COMPILE_ONLY_LIBTPU_ENV, quiet_compile_only_libtpu, required_xla_flags, tpu_host
 from tests.cli_support import run_python
 
 
@@ -87,3 +93,69 @@ def test_imports_run_with_the_collector_off_and_only_the_command_process_freezes
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert all(seen.values()), seen
+
+
+def _without_libtpu_settings() -> dict:
+    drop = set(COMPILE_ONLY_LIBTPU_ENV) | {"XLA_FLAGS", "JAX_PLATFORMS"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed here")
+@pytest.mark.skipif(tpu_host(), reason="a TPU host: libtpu finds its chips, and its settings are left alone")
+def test_libtpu_is_quiet_and_jax_stays_on_the_cpu_of_a_host_without_tpus():
+    # Without the entry point's set-up, libtpu prints warnings as soon as JAX tries its
+    # plugin; with it, nothing, the default backend is the CPU, and two processes can both
+    # make compile-only TPU devices (libtpu's lockfile lets one only, unless told otherwise).
+    code = (
+        "import jax\n"
+        "from mhc_parity.harness.env import ensure_host_devices\n"
+        "ensure_host_devices()\n"
+        "from jax.experimental import topologies\n"
+        "print(jax.default_backend(), len(topologies.get_topology_desc('v5e=2x4', platform='tpu').devices))\n"
+    )
+    bare = subprocess.run(  # past the lockfile (another process may hold it), with no other setting
+        [sys.executable, "-c", "import jax; jax.devices()"],
+        env={**_without_libtpu_settings(), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "TPU_ACCELERATOR_TYPE" in bare.stderr  # the noise the set-up exists to silence
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=_without_libtpu_settings(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert out.split() == ["cpu", "8"]
+        assert err == ""
+
+
+def test_a_tpu_host_is_told_by_its_devices_or_by_jax_platforms(tmp_path):
+    assert not tpu_host(tmp_path, {})
+    assert tpu_host(tmp_path, {"JAX_PLATFORMS": "tpu,cpu"})
+    (tmp_path / "vfio").mkdir()
+    (tmp_path / "vfio" / "vfio").touch()  # the VFIO control node alone is no TPU
+    assert not tpu_host(tmp_path, {})
+    (tmp_path / "vfio" / "0").touch()
+    assert tpu_host(tmp_path, {})
+    (tmp_path / "vfio" / "0").unlink()
+    (tmp_path / "accel0").touch()
+    assert tpu_host(tmp_path, {})
+
+
+def test_libtpu_settings_are_set_only_off_a_tpu_host_and_never_override_the_user(tmp_path):
+    environ = {"TPU_WORKER_HOSTNAMES": "mine"}
+    quiet_compile_only_libtpu(tmp_path, environ)
+    assert environ == {**COMPILE_ONLY_LIBTPU_ENV, "TPU_WORKER_HOSTNAMES": "mine"}
+    (tmp_path / "accel0").touch()
+    on_a_tpu = {}
+    quiet_compile_only_libtpu(tmp_path, on_a_tpu)
+    assert on_a_tpu == {}

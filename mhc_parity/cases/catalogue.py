@@ -259,6 +259,18 @@ def maxtext_cases() -> list[Case]:
     ]
 
 
+# The default-suite cases that get compile rows besides the `tpu` suite's
+# (`mhc_parity.harness.engine.tpu_targets.compiles_case`): the cheapest with a token mesh in each
+# activation dtype, so every (TPU target, one chip / 8 chips, float32 / bfloat16) is compiled
+# once for about a second a program. Which shapes fit VMEM is the `tpu` suite's question.
+COMPILED_DEFAULT_CASES = frozenset(
+    make_case(**fields).name
+    for fields in (
+        dict(batch=2, sequence=256, dtype=F32, mesh=(2, 4), block_tokens=64),
+        dict(batch=8, sequence=64, dtype=BF16, branch="mlp", mesh=(8, 1), block_tokens=64),
+    )
+)
+
 # The default-suite case the maxtext suite shares (8 forward / 16 backward token blocks).
 MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32)
 

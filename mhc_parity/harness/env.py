@@ -70,16 +70,55 @@ def backend_started() -> bool:
     return jax is not None and jax._src.xla_bridge.backends_are_initialized()
 
 
+# libtpu (installed with the project on x86-64 Linux, for its compiler: compile rows) reads
+# these when JAX initialises its TPU plugin: on a host without TPU chips it cannot find
+# out its accelerator type and worker names and prints several lines of warnings (also when
+# JAX merely tries the plugin for `jax.devices()`), and a second process that loads it fails
+# on its lockfile (/tmp/libtpu_lockfile) unless told that several may load it. Set to
+# these values only on a host without TPU chips (`tpu_host`): a TPU VM's own are left alone.
+# The accelerator type named does not limit the compile targets: a topology named to
+# `jax.experimental.topologies.get_topology_desc` is compiled for as named (checked:
+# v5e, v6e and v5p topologies under this setting).
+COMPILE_ONLY_LIBTPU_ENV = {
+    "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+def tpu_host(dev: pathlib.Path = pathlib.Path("/dev"), environ=os.environ) -> bool:
+    """True on a machine with TPU chips (a TPU VM: /dev/accel*, or /dev/vfio/<n> on v5e and
+    later) or one where the user asked JAX for TPUs (`JAX_PLATFORMS` naming tpu)."""
+    if "tpu" in environ.get("JAX_PLATFORMS", "").lower():
+        return True
+    vfio = dev / "vfio"
+    groups = vfio.is_dir() and any(entry.name.isdigit() for entry in vfio.iterdir())
+    return groups or any(dev.glob("accel*"))
+
+
+def quiet_compile_only_libtpu(dev: pathlib.Path = pathlib.Path("/dev"), environ=os.environ) -> None:
+    """On a host without TPU chips, give libtpu `COMPILE_ONLY_LIBTPU_ENV` (values the user set
+    are kept): no warnings on the terminal, JAX's default backend stays the CPU (the TPU plugin
+    finds no chip and is passed over), and every worker process can compile for TPUs. A TPU
+    host's environment is left as it is."""
+    if tpu_host(dev, environ):
+        return
+    for name, value in COMPILE_ONLY_LIBTPU_ENV.items():
+        environ.setdefault(name, value)
+
+
 def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
     """Set the XLA flags parity runs need before the JAX backend starts (`required_xla_flags`).
 
     `count` simulated CPU devices let token-sharded paths run on a CPU, excess precision
     is turned off so bfloat16 rounding is a property of the program, and on x86-64 the CPU
-    code has no FMA, so a value's rounding does not depend on its place in a loop. Flags the
+    code has no FMA, so a value's rounding does not depend on its place in a loop. On a host
+    without TPU chips libtpu is set up to compile quietly (`quiet_compile_only_libtpu`). Flags the
     user already set (with any value) are left as they are. Raises RuntimeError if the
     backend already started without them: XLA has read its flags, and results would
     silently depend on it.
     """
+    quiet_compile_only_libtpu()
     flags = os.environ.get("XLA_FLAGS", "")
     missing = {k: v for k, v in required_xla_flags(count).items() if k not in flags}
     if not missing:

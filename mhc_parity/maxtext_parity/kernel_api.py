@@ -17,9 +17,9 @@ import jax
 import maxtext
 from maxtext.kernels.mhc import api
 
+from mhc_parity.maxtext_parity import lowering
 from mhc_parity.maxtext_parity.envelope import api_block_defaults, block_sizes, kernel_envelope
 from mhc_parity.maxtext_parity.fixes import KernelCalls, maxtext_rejections, permutation_constant
-from mhc_parity.maxtext_parity.lowering import lower_programs
 from mhc_parity.mhc.types import MhcWeights
 
 # Case block-size field -> MaxText's MhcKernelConfig field.
@@ -73,4 +73,9 @@ class KernelApi:
 
     def lower(self, case, mesh_shape: tuple[int, ...]):
         """Its kernel programs lowered for TPU (`mhc_parity.maxtext_parity.lowering`)."""
-        return lower_programs(self, case, mesh_shape)
+        return lowering.lower_programs(self, case, mesh_shape)
+
+    def kernel_programs(self, case, mesh):
+        """Its kernel programs on `mesh` (compile-only TPU devices), for the compile rows
+        (`mhc_parity.maxtext_parity.lowering.kernel_programs`)."""
+        return lowering.kernel_programs(self, case, mesh)

@@ -28,7 +28,11 @@ COMPARED_VERDICTS = ("pass", "fail")
 #   vs_unsharded  a token-sharded path vs the same implementation unsharded
 #   vs_oracle     any path vs the float64 oracle
 #   lowering      the Mosaic-lowering check (one row per program, leaf = program name)
-COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
+#   compile       the TPU compiler's check, for a named TPU target (one row per program)
+COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering", "compile")
+# Comparisons judged by the toolchain itself (a program lowers / compiles or not), one row per
+# program (leaf kind "program"): no tolerance rule, no error metrics.
+PROGRAM_COMPARISONS = ("lowering", "compile")
 
 # Leaf kinds, the policy's second axis:
 #   output           the operation's output, `out`
@@ -40,7 +44,7 @@ COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering")
 #                    with both signs, so cancellation amplifies their relative error far
 #                    beyond other weight gradients' (the operation says which weights)
 #   branch_grad      d_branch.<branch parameter>
-#   program          a lowering row's program
+#   program          a lowering or compile row's program
 LEAF_KINDS = (
     "output",
     "intermediate",
@@ -145,6 +149,18 @@ _COLUMN_TYPES = {
     # and its devices (e.g. "cpu:0-7"; "" if it did not run; see mhc_parity.harness.engine.devices)
     "matmul_precision": _TEXT,
     "devices": _TEXT,
+    # compile rows (comparison "compile", mhc_parity.harness.engine.compile_rows): the TPU target
+    # compiled for (e.g. "v5e (v5e=2x4)"), a failure's cause class ("precision", "vmem",
+    # "partitioning", "unsupported op", "other"), a VMEM overflow's bytes asked and allowed,
+    # and the compiled program's memory figures in bytes; "" / NaN on every other row
+    "target": _TEXT,
+    "compile_cause": _TEXT,
+    "vmem_asked_bytes": _FLOAT,
+    "vmem_allowed_bytes": _FLOAT,
+    "code_bytes": _FLOAT,
+    "argument_bytes": _FLOAT,
+    "output_bytes": _FLOAT,
+    "temp_bytes": _FLOAT,
 }
 
 ROW_COLUMNS = tuple(_COLUMN_TYPES)
@@ -173,6 +189,14 @@ LATER_COLUMNS = (
     "bound_metric",
     "oracle_quantile_max",
     "oracle_quantile_rms",
+    "target",
+    "compile_cause",
+    "vmem_asked_bytes",
+    "vmem_allowed_bytes",
+    "code_bytes",
+    "argument_bytes",
+    "output_bytes",
+    "temp_bytes",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

@@ -68,7 +68,13 @@ from mhc_parity.records.rows import (
     records_from_cells,
     unwrap_run,
 )
-from mhc_parity.records.schema import COMPARED_VERDICTS, FLOAT_COLUMNS, IDENTITY_COLUMNS, INT_COLUMNS
+from mhc_parity.records.schema import (
+    COMPARED_VERDICTS,
+    FLOAT_COLUMNS,
+    IDENTITY_COLUMNS,
+    INT_COLUMNS,
+    PROGRAM_COMPARISONS,
+)
 from mhc_parity.records.store import DONE_FILE, ROWS_FILE
 from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.drift import GATE_COLUMNS, GROWTH_METRICS, LEGACY_GATE_COLUMNS, gate_frame
@@ -432,11 +438,11 @@ def _check_row_widths(path: Path, body: bytes, width: int) -> None:
 
 
 def _check_compared_metrics(records, path: Path) -> None:
-    """ReportInputError for a compared row (pass/fail, not a lowering row: those measure
+    """ReportInputError for a compared row (pass/fail, not a lowering or compile row: those measure
     nothing) whose error metrics are not finite numbers >= 0: the gate measures growth from
     them, and NaN would compare as no growth."""
     for number, record in enumerate(records, start=3):
-        if record["verdict"] not in COMPARED_VERDICTS or record["comparison"] == "lowering":
+        if record["verdict"] not in COMPARED_VERDICTS or record["comparison"] in PROGRAM_COMPARISONS:
             continue
         for column in GROWTH_METRICS:
             value = record[column]

@@ -19,7 +19,7 @@ from mhc_parity.reports.histograms import Histogram
 from mhc_parity.reports.plots import RC, decade_label, inline_svg
 
 # One colour per comparison, fixed, so a comparison looks the same in every panel and figure.
-COMPARISON_COLOURS = dict(zip(COMPARISONS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))
+COMPARISON_COLOURS = dict(zip(COMPARISONS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))
 PANEL_COLUMNS = 3
 # Figure geometry in inches: one panel with its title and tick labels, the legend row above the panels.
 PANEL_WIDTH, PANEL_HEIGHT = 3.6, 2.0

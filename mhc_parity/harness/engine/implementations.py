@@ -32,7 +32,10 @@ if the case's expect/expect_reason applies to it, as to the kernels; default Fal
 `partner` (the name of another implementation of the run it is also compared with, as
 `vs_reference`: e.g. a kernel path and its own project's reference path),
 `lower(case, mesh_shape) -> [mhc_parity.mhc.kernels.lowering.LoweringResult]` (lowering rows of its
-kernel programs, `mesh_shape` () or the case's mesh), `code_root` (the folder of its
+kernel programs, `mesh_shape` () or the case's mesh), `kernel_programs(case, mesh) -> {name: (fn,
+structs)}` (its kernel programs in Mosaic mode on `mesh`, a `jax.sharding.Mesh` of compile-only
+TPU devices over ("data", "fsdp"), token-sharded where it has more than one device: the compile
+rows compile them for every TPU target, `mhc_parity.harness.engine.compile_rows`), `code_root` (the folder of its
 code: an error row names the innermost frame there) and `precision_choices` (the roundings
 and narrow sums it makes on purpose, `mhc_parity.harness.engine.precision_choices.PrecisionChoice`s:
 they join its own rounding model). A factory may return a list or tuple of such objects:
@@ -73,7 +76,8 @@ class Implementation:
     implementation's object with `build` (module docstring), used instead of this
     project's layer. envelope: what it supports (`mhc_parity.harness.engine.envelope.Envelope`; None: any
     case). partner: the implementation it is also compared with (`vs_reference`).
-    lower: its kernel programs' lowering (module docstring). code_root: the folder whose
+    lower: its kernel programs' lowering (module docstring). kernel_programs: its kernel programs
+    to compile for TPUs (module docstring). code_root: the folder whose
     innermost frame an error row names. precision_choices: what it rounds or sums narrowly
     on purpose (`mhc_parity.harness.engine.precision_choices`).
     """
@@ -92,6 +96,7 @@ class Implementation:
     envelope: Envelope | None = None
     partner: str = ""
     lower: Callable | None = dataclasses.field(default=None, compare=False)
+    kernel_programs: Callable | None = dataclasses.field(default=None, compare=False)
     code_root: str = ""
     precision_choices: tuple[PrecisionChoice, ...] = ()
 
@@ -139,8 +144,9 @@ MOSAIC = Implementation(
     "mosaic", kernel=True, interpret=False, variants=("lite",), needs_backend="tpu", case_limits=True
 )
 BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
-# `lowering` and `oracle` are paths too but not layer implementations: see mhc_parity.harness.engine.paths.
-RESERVED_NAMES = set(BUILTIN) | {"lowering", "oracle"}
+# `lowering`, `compile` and `oracle` are paths too but not layer implementations: see
+# mhc_parity.harness.engine.paths and mhc_parity.harness.engine.compile_rows.
+RESERVED_NAMES = set(BUILTIN) | {"lowering", "compile", "oracle"}
 
 
 def is_builtin(impl: Implementation) -> bool:
@@ -217,9 +223,10 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         raise ImplementationError(
             f"{label}: `envelope` must be a mhc_parity.harness.engine.envelope.Envelope, got {type(envelope).__name__}"
         )
-    lower = getattr(obj, "lower", None)
-    if lower is not None and not callable(lower):
-        raise ImplementationError(f"{label}: `lower` must be callable")
+    lower, programs = getattr(obj, "lower", None), getattr(obj, "kernel_programs", None)
+    for attribute, value in (("lower", lower), ("kernel_programs", programs)):
+        if value is not None and not callable(value):
+            raise ImplementationError(f"{label}: `{attribute}` must be callable")
     name = getattr(obj, "name", None) or default_name
     if not name:
         raise ImplementationError(f"{label}: give the object a `name` attribute (it keys rows and baselines)")
@@ -245,6 +252,7 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         envelope=envelope,
         partner=str(getattr(obj, "partner", "") or ""),
         lower=lower,
+        kernel_programs=programs,
         code_root=str(getattr(obj, "code_root", "") or ""),
         precision_choices=declared_choices(obj, label),
     )

@@ -33,7 +33,7 @@ def lowering_path_name(mesh: tuple[int, int] | None) -> str:
     return f"{LOWERING_IMPL}/unsharded" if mesh is None else f"{LOWERING_IMPL}/sharded({mesh_label(mesh)})"
 
 
-def _verdict(case, ok: bool, error: str) -> tuple[str, str]:
+def lowering_verdict(case, ok: bool, error: str) -> tuple[str, str]:
     if case.expects_unsupported:
         if not ok:
             if "UnsupportedInputError" in error and case.expect_reason in error:
@@ -89,6 +89,10 @@ def _rows(case, store, selects) -> Iterator[dict]:
         yield from _program_rows(case, lowering_path_name(mesh), skip, lambda mesh=mesh: _lower(case, mesh, store))
 
 
+def _judged_by_the_lowering(case, ok: bool, error: str) -> tuple[str, str]:
+    return ("pass", "") if ok else ("fail", error)
+
+
 def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: bool = True) -> Iterator[dict]:
     """One row per program `lower()` returns (`LoweringResult`s), a `skip` row if `skip`,
     one row for the path if `lower` raises. expects_case_limits: the case's expected
@@ -96,7 +100,7 @@ def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: b
     if skip:
         yield status_row(case, candidate=candidate, partner="", comparison="lowering", verdict="skip", reason=skip)
         return
-    judge = _verdict if expects_case_limits else (lambda _case, ok, error: ("pass", "") if ok else ("fail", error))
+    judge = lowering_verdict if expects_case_limits else _judged_by_the_lowering
     try:
         results = lower()
     except Exception as exc:  # noqa: BLE001 - the config itself is invalid (any error): one row for the path

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import expected_layout
 from mhc_parity.cases.names import did_you_mean
+from mhc_parity.harness.engine.compile_rows import compile_names_for
 from mhc_parity.harness.engine.devices import host_device_shortfall, host_fallback, mesh_size
 from mhc_parity.harness.engine.implementations import REFERENCE, Implementation
 from mhc_parity.harness.engine.leaves import branch_leaf, leaf_kind, weight_leaf
@@ -68,8 +69,10 @@ class PathPlan:
         return [p for p in self.all_paths_for(case) if self.selects(p.name)]
 
     def lowering_names_for(self, case) -> list[str]:
-        """The case's lowering row candidates, selected or not (none without lowering): this
-        project's kernels', then those of each implementation that lowers its own."""
+        """The case's lowering and compile row candidates, selected or not (none without
+        lowering): this project's kernels', then those of each implementation that lowers its
+        own; then the compile rows' (`mhc_parity.harness.engine.compile_rows`), which the same
+        switch turns on and off."""
         if not self.lowering:
             return []
         meshes = case_meshes(case)
@@ -77,7 +80,11 @@ class PathPlan:
         for impl in self.implementations:
             if impl.lower is not None:
                 names += [implementation_lowering_name(impl.name, mesh) for mesh in meshes]
-        return names
+        return names + compile_names_for(case, self.implementations)
+
+    def compiles(self, case) -> bool:
+        """Whether the case gets compile rows in this plan (`mhc_parity.harness.engine.compile_rows`)."""
+        return self.lowering and bool(compile_names_for(case))
 
     def known_names(self, cases: Iterable) -> list[str]:
         """Every path and lowering name the cases could produce, in first-seen order."""

@@ -7,6 +7,8 @@ planned path, then makes these comparisons (each leaf a row):
   every non-reference path    vs reference, same sharding ("vs_reference")
   every token-sharded path    vs itself unsharded   ("vs_unsharded")
   the kernels' TPU lowering   one row per program   ("lowering")
+  the kernels' TPU compile    one row per program, target and mesh ("compile"; some cases,
+                              `mhc_parity.harness.engine.compile_rows`)
 
 A path that cannot run yields status rows instead (one per comparison it would have
 been the candidate of): `skip` (variant not implemented, backend or devices missing),
@@ -29,6 +31,7 @@ from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
+from mhc_parity.harness.engine.compile_rows import compile_rows
 from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
 from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
@@ -42,6 +45,7 @@ from mhc_parity.harness.judging.metrics import MetricsMemo
 from mhc_parity.harness.judging.policy import Policy
 from mhc_parity.harness.stores.cause_store import CauseStore
 from mhc_parity.harness.stores.comparison_store import ComparisonStore, key_material, path_material
+from mhc_parity.harness.stores.compile_store import CompileStore
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
@@ -58,8 +62,9 @@ RecordedRows = Callable[[object, Path, str, Path | None], Sequence[dict] | None]
 
 # Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
 # loading fixtures, the oracle, the paths (waiting for their programs and running them), the
-# declared precision choices' effects, the failing rows' causes, the kernels' TPU lowering.
-TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "causes_s", "lowering_s")
+# declared precision choices' effects, the failing rows' causes, the kernels' TPU lowering and
+# their TPU compiles.
+TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "causes_s", "lowering_s", "compile_s")
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
 COMPILE_AHEAD_CASES = 3
@@ -104,6 +109,7 @@ class Runner:
         cache: ProgramCache | None = None,
         oracle: Callable | None = None,
         lowering_store: LoweringStore | None = None,
+        compile_store: CompileStore | None = None,
         cause_store: CauseStore | None = None,
         comparison_store: ComparisonStore | None = None,
         hypotheses: HypothesisOracle | None = None,
@@ -113,7 +119,8 @@ class Runner:
         `mhc_parity.cases.fixtures.make_fixture` and `mhc_parity.harness.stores.oracle_cache.OracleCache()` (both cached
         on disk by content); the kill matrix passes loaders that also keep each in memory
         for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
-        disk store); lowering_store: reuse TPU lowering results (default: none); cause_store:
+        disk store); lowering_store: reuse TPU lowering results (default: none); compile_store:
+        reuse TPU compile results (default: none); cause_store:
         reuse failing rows' causes and declared precision choices' effects (default: none);
         comparison_store: reuse the judged rows of outputs judged before (default: none);
         hypotheses: the failing rows' causes' hypotheses (default: this runner's own; the kill
@@ -126,6 +133,7 @@ class Runner:
         self.oracle = oracle if oracle is not None else OracleCache()
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
+        self.compile_store = compile_store
         self.cause_store = cause_store
         self.comparison_store = comparison_store
         # The failing rows' causes: a case's hypotheses through the oracle, the latest case kept.
@@ -146,6 +154,7 @@ class Runner:
             policy,
             cache=ProgramCache(store=ProgramStore()),
             lowering_store=LoweringStore(),
+            compile_store=CompileStore(),
             cause_store=CauseStore(),
             comparison_store=ComparisonStore(),
         )
@@ -157,7 +166,8 @@ class Runner:
         counts = compile_counts()
         if hasattr(self.oracle, "misses"):
             counts.update(oracle_computed=self.oracle.misses, oracle_cached=self.oracle.hits)
-        for store in (self.cache.store, self.lowering_store, self.cause_store, self.comparison_store):
+        stores = (self.cache.store, self.lowering_store, self.compile_store, self.cause_store, self.comparison_store)
+        for store in stores:
             if store is not None:
                 counts.update(store.counts())
         return counts
@@ -300,6 +310,12 @@ class Runner:
                 if impl.lower is not None:
                     rows += implementation_lowering_rows(case, impl, self.lowering_store, plan.selects)
             self.timings["lowering_s"] += time.perf_counter() - start
+            yield from rows
+            stage[0] = "the TPU compile"
+            on_step(case, "compile")
+            start = time.perf_counter()
+            rows = list(compile_rows(case, self.compile_store, plan.selects, plan.implementations))
+            self.timings["compile_s"] += time.perf_counter() - start
             yield from rows
 
     def _comparison_key(self, case, fixture, paths: Sequence[Path], results: dict[str, _PathResult]) -> dict | None:

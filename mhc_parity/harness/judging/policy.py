@@ -41,8 +41,8 @@ oracle, given metrics measured without one (all four oracle errors NaN, inputs f
 raises ValueError: a harness bug, recorded as an `error` row. `bound_usage` and the
 rest: `mhc_parity.harness.judging.bounds`. Non-finite failures report usage inf.
 
-"lowering" rows (leaf kind "program") are judged by the lowering check itself, not by
-this policy; the file may not mention them.
+"lowering" and "compile" rows (leaf kind "program", `PROGRAM_COMPARISONS`) are judged by
+the lowering or the compile itself, not by this policy; the file may not mention them.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from mhc_parity.harness.judging.bounds import (
     Systematic,
 )
 from mhc_parity.harness.judging.metrics import LeafMetrics, dtype_name, eps
-from mhc_parity.records.schema import COMPARISONS, LEAF_KINDS
+from mhc_parity.records.schema import COMPARISONS, LEAF_KINDS, PROGRAM_COMPARISONS
 
 __all__ = [
     "DEFAULT_POLICY_PATH",
@@ -87,7 +87,7 @@ __all__ = [
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("tolerances.toml")
 
-POLICY_COMPARISONS = tuple(c for c in COMPARISONS if c != "lowering")
+POLICY_COMPARISONS = tuple(c for c in COMPARISONS if c not in PROGRAM_COMPARISONS)
 POLICY_LEAF_KINDS = tuple(k for k in LEAF_KINDS if k != "program")
 DTYPES = ("float32", "bfloat16", "float16")
 MATCH_KEYS = ("comparison", "partitioning", "dtype", "act_dtype", "leaf_kind")
@@ -407,7 +407,8 @@ def _validate_rule(index: int, raw) -> Rule:
             raise err(key, f"must be a string, got {raw[key]!r}")
     comparison = raw["comparison"]
     if comparison not in POLICY_COMPARISONS:
-        hint = " (lowering rows are judged by the lowering check)" if comparison == "lowering" else ""
+        judged_itself = comparison in PROGRAM_COMPARISONS
+        hint = f" ({comparison} rows are judged by the {comparison} itself)" if judged_itself else ""
         raise err("comparison", f"unknown comparison {comparison!r}; expected one of {POLICY_COMPARISONS}{hint}")
     leaf_kind = raw["leaf_kind"]
     if leaf_kind != "*" and leaf_kind not in POLICY_LEAF_KINDS:

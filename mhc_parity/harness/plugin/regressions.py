@@ -32,7 +32,7 @@ from mhc_parity.reports.gate import GateFinding
 
 # The order in which a regression's comparisons claim it: the oracle, which judges each path
 # alone, first (`ParitySession.comparisons_for` lists a case's tests in this order).
-COMPARISON_ORDER = ("vs_oracle", "vs_reference", "vs_unsharded", "lowering")
+COMPARISON_ORDER = ("vs_oracle", "vs_reference", "vs_unsharded", "lowering", "compile")
 # `mhc_parity.harness.engine.causes.WITHIN_MODEL_ID` (a test checks they agree): that module loads
 # the engine, which an idle plugin must not.
 WITHIN_MODEL_ID = "within_model"

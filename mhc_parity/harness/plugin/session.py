@@ -270,6 +270,8 @@ class ParitySession:
             kinds.append("vs_unsharded")
         if self.prepared.plan.lowering:
             kinds.append("lowering")
+            if self.prepared.plan.compiles(case):
+                kinds.append("compile")
         return tuple(kinds)
 
     def add_worker_rows(self, payload: str) -> None:

@@ -1,0 +1,96 @@
+"""The TPUs the kernels are compiled for, on any host: the one table of compile targets.
+
+With libtpu installed (the default install on x86-64 Linux), `jax.experimental.topologies
+.get_topology_desc(name, platform="tpu")` gives compile-only devices of a named TPU slice on a
+machine without TPUs, and `jax.jit(f).trace(*structs).lower().compile()` on them runs Mosaic's
+compiler and XLA's TPU partitioner for that generation (docs/jax-notes.md). Each target names
+the topology of one chip and of an 8-chip slice, the slice the token meshes of the cases
+(2×4, 8×1, 1×8) are laid on.
+
+Which cases get compile rows is a stated choice (`compiles_case`): every case of the `tpu`
+suite (`mhc_parity.cases.spec.TPU_TAG`) and, in the default suite, the cheapest cases that cover
+each (dtype, mesh) once (`mhc_parity.cases.catalogue.COMPILED_DEFAULT_CASES`): a compile costs
+about a second at those shapes, and each program is compiled for every target, one chip and the
+case's mesh (docs/accelerators.md gives the cold cost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import importlib.util
+
+import jaxlib
+import numpy as np
+from jax.experimental import topologies
+from jax.sharding import AxisType, Mesh
+
+from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES
+from mhc_parity.cases.spec import MESH_AXES, TPU_TAG
+
+# The chips of each target's slice topology: the largest token mesh a case may ask for.
+SLICE_CHIPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTarget:
+    """A TPU generation compiled for: `name` (in row names), the topology of one chip and of
+    an 8-chip slice (`jax.experimental.topologies` names), and the device kind they report."""
+
+    name: str
+    chip: str
+    slice: str
+    device_kind: str
+
+
+TARGETS: tuple[TpuTarget, ...] = (
+    TpuTarget("v5e", chip="v5e=1x1", slice="v5e=2x4", device_kind="TPU v5 lite"),
+    TpuTarget("v6e", chip="v6e=1x1", slice="v6e=2x4", device_kind="TPU v6 lite"),
+    # v5p's chips are a 3-D torus: its 8 chips (2x2x2) are laid out as the case's 2-D mesh.
+    TpuTarget("v5p", chip="v5p=1x1x1", slice="v5p=2x2x2", device_kind="TPU v5"),
+)
+
+
+def compiles_case(case) -> bool:
+    """Whether `case` gets compile rows (module docstring)."""
+    return TPU_TAG in case.all_tags or case.name in COMPILED_DEFAULT_CASES
+
+
+def compiler_missing() -> str:
+    """Why the TPU compiler cannot run here ("" where it can): libtpu not installed."""
+    if importlib.util.find_spec("libtpu") is None:
+        return "no TPU compiler on this host (libtpu is not installed: wheels exist for x86-64 Linux)"
+    return ""
+
+
+@functools.cache
+def compiler_versions() -> dict[str, str]:
+    """The versions of what compiles a TPU program: libtpu (Mosaic, XLA:TPU) and jaxlib."""
+    return {"libtpu": importlib.metadata.version("libtpu"), "jaxlib": jaxlib.__version__}
+
+
+@functools.cache
+def topology_devices(topology: str) -> tuple:
+    """The compile-only devices of a named topology (e.g. "v5e=2x4"), in JAX's order."""
+    return tuple(topologies.get_topology_desc(topology, platform="tpu").devices)
+
+
+def target_mesh(target: TpuTarget, mesh_shape: tuple[int, int] | None) -> Mesh:
+    """A mesh of `target`'s compile-only devices over ("data", "fsdp"), `Auto` axes as a
+    training mesh has: 1×1 of one chip for an unsharded program, else the first
+    data×fsdp chips of its slice. ValueError for a mesh larger than the slice."""
+    if mesh_shape is None:
+        devices, shape = topology_devices(target.chip)[:1], (1, 1)
+    else:
+        shape = tuple(mesh_shape)
+        size = shape[0] * shape[1]
+        if size > SLICE_CHIPS:
+            raise ValueError(f"a {shape[0]}x{shape[1]} mesh needs {size} chips; the targets' slices have {SLICE_CHIPS}")
+        devices = topology_devices(target.slice)[:size]
+    return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def target_label(target: TpuTarget, mesh_shape: tuple[int, int] | None) -> str:
+    """The `target` column: the generation and the topology compiled for."""
+    return f"{target.name} ({target.chip if mesh_shape is None else target.slice})"

@@ -1,0 +1,135 @@
+"""TPU compile results on disk: a warm run compiles nothing, and lowers nothing either.
+
+Two stores, one inside the other:
+
+- `compiled(text, target, compute)` (``<cache>/tpu_compiles``): one program's `CompileResult`,
+  keyed by what the compiler is given — a digest of the lowered module's text
+  (`jax.stages.Lowered.as_text()`, which holds every Mosaic kernel serialised in its custom
+  call), the target (generation, topology, mesh), the compiler's versions (libtpu, jaxlib) and
+  the settings it reads (`XLA_FLAGS`, `LIBTPU_INIT_ARGS`). The key is the program's content,
+  not the code that made it, so an edit that leaves a module unchanged compiles nothing, and
+  the store stays open while code is patched (a fault's program is its text too).
+- `results(arguments, compute)` (``<cache>/tpu_compile_runs``): the results of every program of
+  one (case, target, mesh), keyed like the TPU lowering results
+  (`mhc_parity.harness.stores.program_store.LoweringStore`: what the programs are built from,
+  the sources they are traced from, the environment) and the compiler's versions: a hit skips
+  tracing and lowering, which a warm `make parity` cannot afford for every program. Closed
+  while code is patched, as every sources-keyed store is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+from mhc_parity.cases.spec import LABEL, case_field_names, fields_with
+from mhc_parity.harness.engine.compile_rows import CompileResult
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.tpu_targets import compiler_versions
+from mhc_parity.harness.stores.program_store import (
+    LOWERING_ENTRY,
+    STORE_FORMAT,
+    environment_material,
+    implementation_material,
+    traced_sources_digest,
+)
+from mhc_parity.records.artifact_store import ArtifactStore
+from mhc_parity.records.cache_root import cache_root
+from mhc_parity.records.foreign_code import stores_open
+
+# The programs' code and what compiles them into rows.
+COMPILE_ENTRY = (*LOWERING_ENTRY, "mhc_parity.harness.engine.compile_rows")
+# Environment variables the TPU compiler reads.
+_COMPILER_SETTINGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+
+
+def compiler_material() -> dict:
+    """The TPU compiler's versions and the settings it reads."""
+    settings = {name: os.environ.get(name, "") for name in _COMPILER_SETTINGS}
+    return {"versions": compiler_versions(), "settings": settings}
+
+
+def _encode(results: list[CompileResult]) -> bytes:
+    return json.dumps([dataclasses.asdict(r) for r in results]).encode()
+
+
+def _decode(payload: bytes) -> list[CompileResult]:
+    return [CompileResult(**fields) for fields in json.loads(payload)]
+
+
+class CompileStore:
+    """TPU compile results (module docstring); `counts()` for the run's metadata."""
+
+    def __init__(self, folder=None):
+        root = folder if folder is not None else cache_root()
+        self.programs = ArtifactStore(root / "tpu_compiles", "tpu-compile", open_while_code_patched=True)
+        self.runs = ArtifactStore(root / "tpu_compile_runs", "tpu-compile-run")
+
+    def compiled(self, text: str, target: dict, compute) -> CompileResult:
+        """The result of compiling the module `text` for `target` (`compile_rows.target_key`);
+        `compute()` compiles it on a miss."""
+        material = {
+            "format": STORE_FORMAT,
+            "module": hashlib.sha256(text.encode()).hexdigest(),
+            "target": target,
+            "compiler": compiler_material(),
+        }
+        payload = self.programs.load(material)
+        if payload is not None:
+            (stored,) = _decode(payload)
+            return dataclasses.replace(stored, seconds=0.0)
+        result = compute()
+        self.programs.save(material, _encode([result]))
+        return result
+
+    def results(self, arguments: dict, compute) -> list[CompileResult]:
+        """Every program's result for the JSON-able `arguments` they are built from; `compute()`
+        lowers and compiles them (through `compiled`) on a miss. A hit's `seconds` is this
+        lookup's share of the load time."""
+        if not stores_open():
+            return compute()
+        start = time.perf_counter()
+        sources = traced_sources_digest(COMPILE_ENTRY, OPERATION.ORACLE_MODULES)
+        if sources is None:
+            return compute()
+        material = json.loads(
+            json.dumps(
+                {
+                    "format": STORE_FORMAT,
+                    "arguments": arguments,
+                    "environment": environment_material(),
+                    "compiler": compiler_material(),
+                    "sources": sources,
+                },
+                default=str,
+            )
+        )
+        payload = self.runs.load(material)
+        if payload is not None:
+            stored = _decode(payload)
+            share = (time.perf_counter() - start) / max(len(stored), 1)
+            return [dataclasses.replace(r, seconds=share) for r in stored]
+        results = compute()
+        self.runs.save(material, _encode(results))
+        return results
+
+    def implementation_results(self, impl, case, target: dict, compute) -> list[CompileResult]:
+        """`results` for an implementation's own programs (`kernel_programs`), keyed by what it is
+        (`implementation_material`) and the case; computed, not stored, where its code cannot be read."""
+        implementation = implementation_material(impl)
+        if implementation is None:
+            return compute()
+        labels = fields_with(LABEL)
+        fields = {name: getattr(case, name) for name in case_field_names() if name not in labels}
+        return self.results({"implementation": implementation, "case": fields, **target}, compute)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "tpu_compiles_stored_loaded": self.programs.hits,
+            "tpu_compiles_stored_missed": self.programs.misses,
+            "tpu_compile_runs_stored_loaded": self.runs.hits,
+            "tpu_compile_runs_stored_missed": self.runs.misses,
+        }

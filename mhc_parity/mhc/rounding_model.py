@@ -245,7 +245,10 @@ def branch_site_tuple(branch_sites: Mapping[str, RoundingSite] | None) -> Branch
 
 
 def unit_roundoffs(
-    activation_dtype, weight_dtype, matmul_operand_roundoff: float = 0.0, backend_terms: Mapping[str, float] | None = None
+    activation_dtype,
+    weight_dtype,
+    matmul_operand_roundoff: float = 0.0,
+    backend_terms: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Unit roundoff of every precision class for a run in these dtypes.
 

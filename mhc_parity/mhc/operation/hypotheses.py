@@ -386,9 +386,7 @@ def hypothesis_draws(case, fixture, branch, chosen: Sequence[Hypothesis]) -> lis
         draws.update(zip(others, found))
     if backend:
         sets = [frozenset(chosen[i].primitives) for i in backend]
-        found = on_fixture(
-            run_oracle_backend, case, fixture, branch, primitives=sets, evaluator=backend_evaluator()
-        )
+        found = on_fixture(run_oracle_backend, case, fixture, branch, primitives=sets, evaluator=backend_evaluator())
         draws.update(zip(backend, found))
     return [draws[i] for i in range(len(chosen))]
 

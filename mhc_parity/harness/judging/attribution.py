@@ -47,8 +47,9 @@ gradients (`fitted_errors`), and J p̂ is then scored value for value like a rou
 after the roundings, on the leaves none explains, and before the sizes, and only where those
 leaves hold `FIT_EVIDENCE` numbers per free number of the fit (the place's tokens): matching
 values is evidence only where there are far more values than freedom. And it is named only where
-it explains those leaves' error jointly (`_joint_fraction`, at least `EXPLAINED_THRESHOLD`): a fit
-matched a TPU tanh's error in four-number bias gradients (91%) and none of it elsewhere.
+it explains those leaves' errors on average, each leaf counted once (`_joint_fraction`, at least
+`EXPLAINED_THRESHOLD`): a fit matched a TPU tanh's error in four-number bias gradients (91%) and
+none of it elsewhere.
 """
 
 from __future__ import annotations
@@ -334,16 +335,15 @@ def attribute_candidate(
 def _joint_fraction(
     candidate_errors: Mapping[str, np.ndarray], h: HypothesisErrors, targets: Sequence[str], failing: Sequence[str]
 ) -> float:
-    """The fraction of the candidate's squared error on all the `targets` at once that h explains
-    value for value, less what it makes worse on the passing leaves (module docstring): a fit
-    has freedom per token, and a leaf of a few numbers (a bias gradient) is a few linear
-    functionals of it, fitted by chance; the error it names must be the whole error's."""
+    """The mean over the `targets` of the fraction of each leaf's error h explains value for value
+    (its score, clipped to [0, 1], less what it makes worse on the passing leaves): a fit has
+    freedom per token, and a leaf of a few numbers (a bias gradient) is a few linear functionals
+    of it, fitted by chance; the error it names must be every failing leaf's. Each leaf counts
+    once: in units of σ a bias gradient's squared error outweighs the whole output's."""
     sums = _Scores(candidate_errors, [h], failing)
-    leaves = [leaf for leaf in targets if leaf in sums.total]
-    total = sum(sums.total[leaf] for leaf in leaves)
-    if not total > 0:
-        return 0.0
-    return 1.0 - (sum(sums._residual((h.name,), leaf) for leaf in leaves) + sums.excess((h.name,))) / total
+    scores = [sums.score((h.name,), leaf) for leaf in targets if leaf in sums.total]
+    scores = [min(max(s, 0.0), 1.0) for s in scores if np.isfinite(s)]
+    return float(np.mean(scores)) if scores else 0.0
 
 
 def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequence[str], passing: Sequence[str]):

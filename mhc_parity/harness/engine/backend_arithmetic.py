@@ -23,6 +23,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from mhc_parity.records.cache_root import cache_root
@@ -256,8 +257,6 @@ def _spec_digest(samples: int) -> str:
 def backend_key(device, samples: int = SAMPLES) -> tuple[tuple[str, str], ...]:
     """What the table depends on: the backend kind, device kind, JAX, jaxlib and libtpu versions,
     and the probe's own definition."""
-    import jaxlib  # noqa: PLC0415 - only for its version
-
     key = {
         "backend": device.platform,
         "device_kind": device.device_kind,

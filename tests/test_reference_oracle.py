@@ -220,8 +220,8 @@ def _gate_dominated_weights(config):
     return MhcWeights.from_dict(weights)
 
 
-def _sensitivity(units, leaf="h_post", dtype=jnp.bfloat16, seed=3):
-    config = MhcConfig(streams=4, embedding=128)
+def _sensitivity(units, leaf="h_post", dtype=jnp.bfloat16, seed=3, variant="lite"):
+    config = MhcConfig(streams=4, embedding=128, variant=variant)
     x = random_activations(SHAPE, dtype=dtype)
     weights = _gate_dominated_weights(config)
     params = mlp_params(SHAPE[-1])
@@ -280,6 +280,8 @@ def test_every_rounding_site_is_used_and_every_class_is_known(monkeypatch):
     oracle._oracle_program.cache_clear()
     try:
         _sensitivity(rounding_model.unit_roundoffs("bfloat16", "float32"))
+        # The Sinkhorn's sums and logs (the backend's exp and log) are in its variant only.
+        _sensitivity(rounding_model.unit_roundoffs("bfloat16", "float32"), leaf="h_res", variant="sinkhorn")
     finally:
         oracle._oracle_program.cache_clear()
     assert set(used) == set(rounding_model.ROUNDING_SITES)

@@ -34,7 +34,7 @@ from mhc_parity.cases.names import lookup
 from mhc_parity.cases.random_streams import normalish
 from mhc_parity.mhc.common import matmul
 from mhc_parity.mhc.precision import DEFAULT_MATMUL_PRECISION, accumulation_dtype
-from mhc_parity.mhc.rounding_model import ACTIVATION, FLOAT32, MATMUL, OPERAND, RoundingSite
+from mhc_parity.mhc.rounding_model import ACTIVATION, FLOAT32, MATMUL, OPERAND, RoundingSite, evaluated
 
 # Hidden width of the MLP branch relative to the embedding.
 MLP_HIDDEN_RATIO = 1
@@ -61,9 +61,21 @@ def tanh_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]
     return {}
 
 
-def tanh_apply(params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> jax.Array:
-    """tanh(h) evaluated in the accumulation dtype, cast back: (..., C) -> (..., C)."""
-    return jnp.tanh(h.astype(accumulation_dtype(h.dtype))).astype(h.dtype)
+# tanh's output: exact, but where the backend's tanh errs past the model (a TPU's).
+TANH_ROUNDING_SITES = {
+    "tanh_output": RoundingSite(
+        (), (), "the backend's float32 tanh (exact where it is within the model)", primitives=(("", ("tanh",)),)
+    ),
+}
+
+
+def tanh_apply(
+    params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION, rounding=None
+) -> jax.Array:
+    """tanh(h) evaluated in the accumulation dtype, cast back: (..., C) -> (..., C). rounding: the
+    oracle's r(value, site) at `TANH_ROUNDING_SITES` (None on a path: the identity)."""
+    r = rounding or _unrounded
+    return r(evaluated(r, "tanh", jnp.tanh, h.astype(accumulation_dtype(h.dtype))), "tanh_output").astype(h.dtype)
 
 
 def mlp_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
@@ -103,7 +115,9 @@ MLP_ROUNDING_SITES = {
         (ACTIVATION, MATMUL),
         (ACTIVATION, MATMUL),
         "the hidden activation is cast to the activation dtype before the second matmul, and its "
-        "cotangent comes back from that matmul's VJP in the same dtype",
+        "cotangent comes back from that matmul's VJP in the same dtype; silu's sigmoid is the "
+        "backend's logistic",
+        primitives=(("", ("logistic",)),),
     ),
 }
 
@@ -121,7 +135,7 @@ def mlp_apply(params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL
     accumulate = accumulation_dtype(h.dtype)
     hidden = matmul(h, params["w_in"], matmul_precision) + params["b_in"].astype(h.dtype).astype(accumulate)
     hidden = r(hidden, "mlp_preactivation")
-    hidden = r((hidden * jax.nn.sigmoid(hidden)).astype(h.dtype), "mlp_hidden")
+    hidden = r((hidden * evaluated(r, "logistic", jax.nn.sigmoid, hidden)).astype(h.dtype), "mlp_hidden")
     out = matmul(hidden, params["w_out"], matmul_precision) + params["b_out"].astype(h.dtype).astype(accumulate)
     return out.astype(h.dtype)
 
@@ -148,7 +162,15 @@ BRANCHES: dict[str, Branch] = {
     "identity": Branch(
         "identity", identity_init, identity_apply, "h -> h (no parameters)", _no_params, elementwise=True
     ),
-    "tanh": Branch("tanh", tanh_init, tanh_apply, "h -> tanh(h) (no parameters)", _no_params, elementwise=True),
+    "tanh": Branch(
+        "tanh",
+        tanh_init,
+        tanh_apply,
+        "h -> tanh(h) (no parameters)",
+        _no_params,
+        rounding_sites=TANH_ROUNDING_SITES,
+        elementwise=True,
+    ),
     "mlp": Branch(
         "mlp",
         mlp_init,

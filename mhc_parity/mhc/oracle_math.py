@@ -21,10 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhc_parity.mhc.rounding_model import (
+    BACKEND_CLASSES,
     CONTRACTIONS,
     PRECISION_CLASSES,
     ROUNDING_SITES,
     BranchSites,
+    evaluated,
 )
 
 # The weight leaf names, spelled out again on purpose (`mhc_parity.mhc.oracle`'s docstring: no shared helper).
@@ -63,17 +65,39 @@ def oracle_permutations(n: int) -> np.ndarray:
     return mats
 
 
-def _sigmoid(z):
-    return 1.0 / (1.0 + jnp.exp(-z))
+def _sigmoid(z, r):
+    """The logistic function, written out; the backend's own where `r` evaluates primitives."""
+    return evaluated(r, "logistic", lambda v: 1.0 / (1.0 + jnp.exp(-v)), z)
 
 
-def _sinkhorn_linear(z, iterations: int):
-    """Sinkhorn–Knopp on exp(z) in linear space (z shifted by its max for range)."""
+def _sinkhorn(z, iterations: int, r):
+    """Sinkhorn–Knopp on exp(z) in linear space (z shifted by its max for range); each row and
+    column sum passes the sites of the backend's exp and log (`sinkhorn_sum`, `sinkhorn_log`:
+    a log-space path's step errs as its sum would, off by those relative amounts). Where `r`
+    evaluates primitives (the backend's own, `mhc_parity.mhc.oracle_backend`), the log-space
+    iteration the paths run (`_sinkhorn_log`)."""
+    if getattr(r, "primitive", None) is not None:
+        return _sinkhorn_log(z, iterations, r)
     m = jnp.exp(z - jnp.max(z, axis=(-2, -1), keepdims=True))
     for _ in range(iterations):
-        m = m / jnp.sum(m, axis=-1, keepdims=True)
-        m = m / jnp.sum(m, axis=-2, keepdims=True)
+        m = m / r(r(jnp.sum(m, axis=-1, keepdims=True), "sinkhorn_sum"), "sinkhorn_log")
+        m = m / r(r(jnp.sum(m, axis=-2, keepdims=True), "sinkhorn_sum"), "sinkhorn_log")
     return m
+
+
+def _sinkhorn_log(z, iterations: int, r):
+    """The paths' log-space Sinkhorn, z - logsumexp(z) by rows then columns, exp at the end, its
+    exp and log through `r`'s primitives (in float64: the linear form's value to rounding)."""
+
+    def logsumexp(v, axis):
+        top = jax.lax.stop_gradient(jnp.max(v, axis=axis, keepdims=True))
+        terms = evaluated(r, "exp", jnp.exp, v - top)
+        return top + evaluated(r, "log", jnp.log, jnp.sum(terms, axis=axis, keepdims=True))
+
+    for _ in range(iterations):
+        z = z - logsumexp(z, -1)
+        z = z - logsumexp(z, -2)
+    return evaluated(r, "exp", jnp.exp, z)
 
 
 def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array], part: str = ""):
@@ -156,28 +180,38 @@ class RoundingNoise:
         self.sites, self.bank, self.units = list(sites), bank, units
         self.rules = {**ROUNDING_SITES, **dict(branch_sites)}
         self.only_sites = only_sites
-        self.calls, self.offset = 0, 0
+        self.calls = 0
+        # A backend-only site's numbers come after every other site's, so the others keep the
+        # numbers they had before those sites existed (a longer bank's prefix is the shorter
+        # bank: JAX's partitionable threefry, tested), and a CPU's draws are unchanged.
+        self.offset = 0
+        self.backend_offset = 2 * sum(math.prod(shape) for s, shape in self.sites if not self.rules[s].backend_only)
 
     def _unit(self, classes: tuple[str, ...]):
         if not classes:
             return 0.0
         return jnp.max(jnp.stack([self.units[PRECISION_CLASSES.index(c)] for c in classes]))
 
-    def _take(self, shape: tuple[int, ...]):
+    def _take(self, shape: tuple[int, ...], backend_only: bool = False):
         size = math.prod(shape)
-        part = jax.lax.slice_in_dim(self.bank, self.offset, self.offset + size)
-        self.offset += size
+        start = self.backend_offset if backend_only else self.offset
+        part = jax.lax.slice_in_dim(self.bank, start, start + size)
+        if backend_only:
+            self.backend_offset += size
+        else:
+            self.offset += size
         return part.reshape(shape)
 
     def __call__(self, v, site: str, part: str = ""):
-        del part  # every value of a site rounds in its classes
         if self.calls >= len(self.sites) or self.sites[self.calls] != (site, tuple(v.shape)):
             recorded = self.sites[self.calls] if self.calls < len(self.sites) else "nothing"
             raise AssertionError(f"rounding site {self.calls} is {(site, v.shape)}, the recording pass saw {recorded}")
         self.calls += 1
         rule = self.rules[site]
-        forward_delta = self._unit(rule.forward) * self._take(v.shape)
-        backward_delta = self._unit(rule.backward) * self._take(v.shape)
+        # The value rounds in its site's classes, and as the output of the backend's primitives.
+        backend = tuple(BACKEND_CLASSES[p] for p in rule.primitives_at(part))
+        forward_delta = self._unit(rule.forward + backend) * self._take(v.shape, rule.backend_only)
+        backward_delta = self._unit(rule.backward + backend) * self._take(v.shape, rule.backend_only)
         if self.only_sites is not None and site not in self.only_sites:
             # Its share of the bank is still taken, so the other sites keep their numbers.
             forward_delta, backward_delta = 0.0 * forward_delta, 0.0 * backward_delta
@@ -193,8 +227,8 @@ def _softmax(z, r):
     """
 
     def plain(z_):
-        e = jnp.exp(z_ - jnp.max(z_, axis=-1, keepdims=True))
-        return e / jnp.sum(e, axis=-1, keepdims=True)
+        e = evaluated(r, "exp", jnp.exp, z_ - jnp.max(z_, axis=-1, keepdims=True))
+        return evaluated(r, "divide", jnp.divide, e, jnp.sum(e, axis=-1, keepdims=True))
 
     softmax = jax.custom_vjp(plain)
 
@@ -234,19 +268,19 @@ def _coefficients(x, w, config, r=unrounded):
     v = x.reshape(batch, seq, -1)
     sum_of_squares = _contracted(r, "mean_square", v, v, lambda: jnp.sum(v * v, axis=-1))
     mean_square = sum_of_squares[..., None] / v.shape[-1]
-    inv_rms = r(1.0 / jnp.sqrt(mean_square + config.rms_epsilon), "rms_inverse")
+    inv_rms = r(evaluated(r, "rsqrt", lambda v_: 1.0 / jnp.sqrt(v_), mean_square + config.rms_epsilon), "rms_inverse")
     normed = r(v * inv_rms * w["norm_scale"], "normed_operand")
 
     def logits(name):
         alpha = r(w[f"{name}_alpha"], "folded_weight")
         return _contracted(r, "projection", normed, alpha, lambda: jnp.matmul(normed, alpha, precision=PRECISION))
 
-    h_pre = r(_sigmoid(_gate_logit(w, "pre", logits("pre"), r)) + config.pre_epsilon, "gate")
-    h_post = r(2.0 * _sigmoid(_gate_logit(w, "post", logits("post"), r)), "gate")
+    h_pre = r(_sigmoid(_gate_logit(w, "pre", logits("pre"), r), r) + config.pre_epsilon, "gate", part="pre")
+    h_post = r(2.0 * _sigmoid(_gate_logit(w, "post", logits("post"), r), r), "gate", part="post")
     z_res = r(_scaled(w, "res", r(logits("res"), "projection"), r), "gate_logit")
     if config.variant == "lite":
         z = r(_biased(w, "res", z_res, r), "gate_logit")
-        a = r(r(_softmax(z, r), "gate"), "permutation_operand")
+        a = r(r(_softmax(z, r), "gate", part="softmax"), "permutation_operand")
         perms = jnp.asarray(oracle_permutations(n))
         mix = _contracted(
             r, "permutation_mix", a, perms, lambda: jnp.einsum("bsp,pij->bsij", a, perms, precision=PRECISION)
@@ -254,7 +288,7 @@ def _coefficients(x, w, config, r=unrounded):
         h_res = r(mix, "gate")
     else:
         z = r(_biased(w, "res", z_res, r).reshape(batch, seq, n, n), "gate_logit")
-        h_res = r(_sinkhorn_linear(z, config.sinkhorn_iterations), "gate")
+        h_res = r(_sinkhorn(z, config.sinkhorn_iterations, r), "gate", part="sinkhorn")
     return h_pre, h_post, h_res
 
 

@@ -41,7 +41,14 @@ WEIGHT = "weight"  # stored in the weights' dtype: weight leaves and their gradi
 # that runs the paths: 0 at "highest" (and on a CPU), bfloat16 on a TPU at "default",
 # TensorFloat-32 on a recent NVIDIA GPU at "default" (`mhc_parity.mhc.precision.operand_rounding`).
 MATMUL = "matmul"
-PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT, MATMUL)
+# The float32 primitives whose outputs the oracle marks (`RoundingSite.primitives`): on a backend
+# whose primitive errs past what the model assumes (measured by
+# `mhc_parity.harness.engine.backend_arithmetic`; a TPU's exp, logistic, tanh, log), the outputs
+# of that primitive round at its measured relative error, and nothing else widens. Each is the
+# class "backend_<primitive>", 0 where the backend's primitive is within the model (the CPU).
+BACKEND_PRIMITIVES = ("exp", "log", "logistic", "tanh", "rsqrt", "divide")
+BACKEND_CLASSES = {primitive: f"backend_{primitive}" for primitive in BACKEND_PRIMITIVES}
+PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT, MATMUL, *BACKEND_CLASSES.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +57,26 @@ class RoundingSite:
 
     forward: precision classes of the value; backward: of the cotangent flowing back
     through it (the coarsest class of each tuple applies; an empty tuple: exact, never
-    rounded); why: the reason.
+    rounded); why: the reason. primitives: per call `part` ("" every call), the
+    `BACKEND_PRIMITIVES` whose output the value is: both directions also round at their
+    classes (the backward of exp, tanh and logistic uses their outputs; a log's error is a
+    relative error of its argument). A site with primitives and no class of its own is
+    `backend_only`: exact wherever the backend's primitives are within the model.
     """
 
     forward: tuple[str, ...]
     backward: tuple[str, ...]
     why: str
+    primitives: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def primitives_at(self, part: str) -> tuple[str, ...]:
+        """The primitives whose output a call of this site with `part` is."""
+        found = dict(self.primitives)
+        return found.get(part, found.get("", ()))
+
+    @property
+    def backend_only(self) -> bool:
+        return bool(self.primitives) and not (self.forward or self.backward)
 
 
 ROUNDING_SITES: Mapping[str, RoundingSite] = {
@@ -84,7 +105,9 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
         (OPERAND,), (OPERAND, WEIGHT), "branch parameters: cast to the activation dtype inside the branch"
     ),
     # The coefficients: float32 arithmetic on an activation-dtype projection.
-    "rms_inverse": RoundingSite((FLOAT32,), (FLOAT32,), "the RMS statistic rsqrt(mean(v^2) + eps), float32"),
+    "rms_inverse": RoundingSite(
+        (FLOAT32,), (FLOAT32,), "the RMS statistic rsqrt(mean(v^2) + eps), float32", primitives=(("", ("rsqrt",)),)
+    ),
     "normed_operand": RoundingSite(
         (OPERAND,),
         (OPERAND,),
@@ -105,7 +128,33 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
     ),
     "gate_logit": RoundingSite((FLOAT32,), (FLOAT32,), "scale * logit + bias, float32"),
     "gate": RoundingSite(
-        (FLOAT32,), (FLOAT32,), "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32"
+        (FLOAT32,),
+        (FLOAT32,),
+        "sigmoid and softmax outputs, h_pre / h_post / h_res as the layer returns them: float32; the "
+        "sigmoid gates are the backend's logistic, the softmax its exp and division, the Sinkhorn "
+        "matrix the exp of its log-space iterate",
+        primitives=(
+            ("pre", ("logistic",)),
+            ("post", ("logistic",)),
+            ("softmax", ("exp", "divide")),
+            ("sinkhorn", ("exp",)),
+        ),
+    ),
+    # The paths' Sinkhorn runs in log space (z - logsumexp z, float32); the oracle's in linear
+    # space (m / sum m). A log-space step's exp errs in each term of its sum, and its log by an
+    # absolute amount: the same as the linear step's sum off by those relative amounts.
+    "sinkhorn_sum": RoundingSite(
+        (),
+        (),
+        "a Sinkhorn row or column sum: the backend's exp of each term (exact where it is within the model)",
+        primitives=(("", ("exp",)),),
+    ),
+    "sinkhorn_log": RoundingSite(
+        (),
+        (),
+        "a Sinkhorn row or column sum's log: the backend's log, whose absolute error is a relative "
+        "error of the sum (exact where it is within the model)",
+        primitives=(("", ("log",)),),
     ),
     "permutation_operand": RoundingSite(
         (MATMUL,),
@@ -170,6 +219,14 @@ CONTRACTIONS: Mapping[str, Contraction] = {
 BranchSites = tuple[tuple[str, RoundingSite], ...]
 
 
+def evaluated(r, primitive: str, function, *operands):
+    """function(*operands), the value of one of `BACKEND_PRIMITIVES`, unless the rounding hook `r`
+    evaluates primitives itself (`r.primitive(name, function, *operands)`: the oracle with a
+    backend's own float32 primitive, `mhc_parity.mhc.oracle_backend`)."""
+    hook = getattr(r, "primitive", None)
+    return function(*operands) if hook is None else hook(primitive, function, *operands)
+
+
 def branch_site_tuple(branch_sites: Mapping[str, RoundingSite] | None) -> BranchSites:
     """A branch's rounding sites as a sorted tuple; a name the layer's table has is an error."""
     sites = tuple(sorted((branch_sites or {}).items()))
@@ -187,21 +244,32 @@ def branch_site_tuple(branch_sites: Mapping[str, RoundingSite] | None) -> Branch
     return sites
 
 
-def unit_roundoffs(activation_dtype, weight_dtype, matmul_operand_roundoff: float = 0.0) -> dict[str, float]:
+def unit_roundoffs(
+    activation_dtype,
+    weight_dtype,
+    matmul_operand_roundoff: float = 0.0,
+    backend_terms: Mapping[str, float] | None = None,
+) -> dict[str, float]:
     """Unit roundoff of every precision class for a run in these dtypes.
 
     activation_dtype, weight_dtype: dtype names or dtypes ("float32", "bfloat16").
     matmul_operand_roundoff: how much a dot rounds its float32 operands at the case's
     matmul precision on the backend that runs the paths (0 at "highest"; see
-    `mhc_parity.mhc.precision.operand_rounding`). Returns {class: u} with u = eps / 2 (round to
-    nearest); a contraction operand rounds at the coarser of the activation dtype and
+    `mhc_parity.mhc.precision.operand_rounding`). backend_terms: primitive -> the relative error
+    its outputs carry on that backend past what this model assumes (0 or absent: none;
+    `mhc_parity.harness.engine.backend_arithmetic.model_terms`). Returns {class: u} with u = eps / 2
+    (round to nearest); a contraction operand rounds at the coarser of the activation dtype and
     the dot's own operand rounding.
     """
+    # The probe measures more primitives than the model has sites for: those widen nothing.
+    terms = dict(backend_terms or {})
     act = float(jnp.finfo(activation_dtype).eps) / 2
+    backend = {BACKEND_CLASSES[p]: float(terms.get(p, 0.0)) for p in BACKEND_PRIMITIVES}
     return {
         ACTIVATION: act,
         OPERAND: max(act, matmul_operand_roundoff),
         FLOAT32: float(jnp.finfo(jnp.float32).eps) / 2,
         WEIGHT: float(jnp.finfo(weight_dtype).eps) / 2,
         MATMUL: float(matmul_operand_roundoff),
+        **backend,
     }

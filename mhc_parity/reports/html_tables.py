@@ -34,6 +34,8 @@ PREFERRED_METADATA_KEYS = (
     "device_count",
     "matmul_precision",
     "matmul_precision_note",
+    "backend_arithmetic_terms",
+    "backend_arithmetic",
     "jax_version",
     "jaxlib_version",
     "flax_version",

@@ -64,7 +64,8 @@ class Operation(Protocol):
     built-in path or of an external pre/post implementation. oracle_draws(case, fixture,
     branch, draws): the oracle's `OracleDraw`s for the case's branch (its apply and the
     rounding sites it declares), draws as (seed, units), (0, None)
-    exact. oracle_unit_roundoffs(case, operand_roundoff): the rounding model's units.
+    exact. oracle_unit_roundoffs(case, operand_roundoff, backend_terms): the rounding model's
+    units (backend_terms: primitive -> its measured error on the backend, past the model's).
     oracle_key(case): what else of the case an oracle answer depends on (JSON-able).
     hypotheses(case, branch, units): the `Hypothesis`es of a failing leaf of the case, for
     the model's units (`oracle_unit_roundoffs`); hypothesis_draws(case, fixture, branch,
@@ -98,7 +99,9 @@ class Operation(Protocol):
 
     def oracle_draws(self, case, fixture, branch, draws: Sequence[tuple]) -> list[OracleDraw]: ...
 
-    def oracle_unit_roundoffs(self, case, matmul_operand_roundoff: float) -> dict[str, float]: ...
+    def oracle_unit_roundoffs(
+        self, case, matmul_operand_roundoff: float, backend_terms: Mapping[str, float] | None = None
+    ) -> dict[str, float]: ...
 
     def oracle_key(self, case) -> dict: ...
 

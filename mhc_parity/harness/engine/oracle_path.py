@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from mhc_parity.cases.branches import get_branch
+from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, model_terms
 from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.judging.confidence import Sensitivity
@@ -100,7 +101,14 @@ def noise_seeds(case) -> tuple[int, ...]:
 def noise_units(case) -> dict[str, float]:
     """The unit roundoff of every precision class of the case's rounding draws (the operation's
     rounding model: `mhc_parity.mhc.rounding_model.unit_roundoffs` for the mHC layer)."""
-    return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case))
+    return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case), backend_terms())
+
+
+def backend_terms() -> dict[str, float]:
+    """primitive -> the relative error its outputs carry on the default backend past what the
+    rounding model assumes (`mhc_parity.harness.engine.backend_arithmetic.model_terms`: all 0 on
+    a CPU), from the probe's table of this backend (measured once, cached)."""
+    return model_terms(measured_arithmetic())
 
 
 def root_mean_square(values) -> float:

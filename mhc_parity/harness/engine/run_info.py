@@ -12,6 +12,7 @@ import jax
 import jaxlib
 import numpy
 
+from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, model_terms
 from mhc_parity.harness.env import host_cpu, isa_record
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.mhc.precision import (
@@ -104,6 +105,16 @@ def precision_metadata(settings, device) -> dict:
     return record
 
 
+def arithmetic_metadata() -> dict:
+    """The backend's float32 primitives as the probe measured them (`backend_arithmetic`: one line
+    of the table) and the terms the rounding model gives them here ("none" where every primitive
+    is within the model, as on a CPU)."""
+    table = measured_arithmetic()
+    terms = {name: term for name, term in model_terms(table).items() if term}
+    widened = ", ".join(f"{name} {term:.3g}" for name, term in terms.items()) or "none"
+    return {"backend_arithmetic": table.record(), "backend_arithmetic_terms": widened}
+
+
 def run_metadata(cases=None) -> dict:
     """Versions, backend, devices and matmul precision of this process, for the report's environment block,
     and the CPU instruction set its XLA code targets (`mhc_parity.harness.env.isa_record`).
@@ -129,5 +140,6 @@ def run_metadata(cases=None) -> dict:
         **({"compute_capability": capability} if capability else {}),
         "host_cpu_devices": len(jax.devices("cpu")),
         **precision_metadata(settings, devices[0]),
+        **arithmetic_metadata(),
         "git_commit": git_commit(),
     }

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from mhc_parity.mhc import oracle, rounding_model
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
+from mhc_parity.mhc.oracle_backend import REPLAYED, backend_evaluator, run_oracle_backend
 from mhc_parity.mhc.oracle_fits import FITTED_SITES, SiteResponse, site_response
 from mhc_parity.mhc.oracle_roundings import (
     BACKEND_ORDER,
@@ -90,13 +91,16 @@ class Hypothesis:
     """One candidate cause of a failing leaf.
 
     name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>", or
-    "accumulate:<contraction>:<output>:<dtype>:<block | once>", or "fit:<site>:<backward>");
+    "accumulate:<contraction>:<output>:<dtype>:<block | once>", or "fit:<site>:<backward>", or
+    "backend:<primitive>[+<primitive>...]:float32");
     label: the cause in words; kind: "rounding" (matched value for value), "accumulation"
-    (matched by size) or "fitted" (its per-token sizes fitted); family: the place it rounds
+    (matched by size), "fitted" (its per-token sizes fitted) or "backend" (the backend's own
+    float32 primitives, matched value for value); family: the place it rounds
     ("<site>:<direction>"; two of one family are never a pair); roundings: what the oracle
     rounds and sums narrowly to reproduce it; site, backward: a fitted hypothesis' site and how
     its gradients see the error (`mhc_parity.mhc.oracle_fits.site_response`); ordered: its error depends
-    on the order of a narrow sum (a sharded path sums in another order).
+    on the order of a narrow sum (a sharded path sums in another order); primitives: a backend
+    hypothesis' primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`).
     """
 
     name: str
@@ -107,6 +111,7 @@ class Hypothesis:
     site: str = ""
     backward: str = ""
     ordered: bool = False
+    primitives: tuple[str, ...] = ()
 
 
 def _unit_roundoff(dtype: str) -> float:
@@ -139,6 +144,8 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
     dtypes = list(dict.fromkeys([case.dtype, "bfloat16"]))
     found = []
     for site_name, site in sites.items():
+        if site.backend_only:
+            continue  # the output of a backend primitive: `backend_hypotheses` name that
         groups = GATE_GROUPS if site_name == "gate_weight" else {"": ()}
         for direction in ("forward", "backward"):
             for dtype in dtypes:
@@ -163,7 +170,39 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                     if group and direction == "forward" and dtype == case.dtype:
                         # Held in the activation dtype, the gate's affine runs there too.
                         found.append(_gate_held_narrow(group, tag, rounding))
-    return found + accumulation_hypotheses(case) + fitted_hypotheses()
+    return found + accumulation_hypotheses(case) + fitted_hypotheses() + backend_hypotheses(case, branch)
+
+
+BACKEND_KIND = "backend"
+# The primitives the layer itself evaluates, per variant (its branch's: the branch's sites).
+LAYER_PRIMITIVES = {"lite": ("logistic", "rsqrt", "exp"), "sinkhorn": ("logistic", "rsqrt", "exp", "log")}
+
+
+def case_primitives(case, branch) -> tuple[str, ...]:
+    """The replayable primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`) the case's layer and
+    branch evaluate, in `REPLAYED` order."""
+    used = set(LAYER_PRIMITIVES[case.variant])
+    for site in branch.rounding_sites.values():
+        used.update(p for _, primitives in site.primitives for p in primitives)
+    return tuple(p for p in REPLAYED if p in used)
+
+
+def backend_hypotheses(case, branch) -> list[Hypothesis]:
+    """The backend's own float32 primitives: each the case uses, alone, and all of them at once
+    (kind "backend", matched value for value; each alone its own family, so two may pair)."""
+    used = case_primitives(case, branch)
+    sets = [(p,) for p in used] + ([used] if len(used) > 1 else [])
+    return [
+        Hypothesis(
+            name=f"backend:{'+'.join(chosen)}:float32",
+            label=f"the backend's own float32 {' and '.join(chosen)}",
+            kind=BACKEND_KIND,
+            family=f"backend:{'+'.join(chosen)}",
+            roundings=(),
+            primitives=chosen,
+        )
+        for chosen in sets
+    ]
 
 
 def _group_tag(group: str) -> str:
@@ -314,13 +353,19 @@ def name_problem(name: str) -> str:
         if not (block == "once" or (block.isdigit() and int(block) >= 1)):
             return f"{name!r}: the block is a positive number or 'once'"
         return ""
+    if kind == "backend" and len(fields) == 3:
+        unknown = sorted(set(fields[1].split("+")) - set(REPLAYED))
+        if unknown or fields[2] != "float32":
+            return f"{name!r}: primitives of {tuple(REPLAYED)} joined by '+', then ':float32'"
+        return ""
     if kind == "fit" and len(fields) == 3:
         if fields[1] not in FITTED_SITES or fields[2] not in FITTED_BACKWARD_WORDS:
             return f"{name!r}: a fitted site of {FITTED_SITES} and a backward of {tuple(FITTED_BACKWARD_WORDS)}"
         return ""
     return (
         f"{name!r} is no hypothesis name: 'round:<site>[/<gate group>]:<direction>:<dtype>', "
-        f"'accumulate:<contraction>:<output>:<dtype>:<block|once>' or 'fit:<site>:<backward>'"
+        f"'accumulate:<contraction>:<output>:<dtype>:<block|once>', 'fit:<site>:<backward>' or "
+        f"'backend:<primitive>[+<primitive>]:float32'"
     )
 
 
@@ -331,7 +376,19 @@ def hypothesis_draws(case, fixture, branch, chosen: Sequence[Hypothesis]) -> lis
     fitted = [h.name for h in chosen if h.kind == "fitted"]
     if fitted:
         raise ValueError(f"fitted hypotheses have responses, not draws: {fitted}")
-    return on_fixture(run_oracle_roundings, case, fixture, branch, hypotheses=[h.roundings for h in chosen])
+    backend = [i for i, h in enumerate(chosen) if h.kind == BACKEND_KIND]
+    others = [i for i in range(len(chosen)) if i not in set(backend)]
+    draws = {}
+    if others:
+        found = on_fixture(
+            run_oracle_roundings, case, fixture, branch, hypotheses=[chosen[i].roundings for i in others]
+        )
+        draws.update(zip(others, found))
+    if backend:
+        sets = [frozenset(chosen[i].primitives) for i in backend]
+        found = on_fixture(run_oracle_backend, case, fixture, branch, primitives=sets, evaluator=backend_evaluator())
+        draws.update(zip(backend, found))
+    return [draws[i] for i in range(len(chosen))]
 
 
 def hypothesis_responses(case, fixture, branch, chosen: Sequence[Hypothesis]) -> list[SiteResponse]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mhc_parity.mhc import oracle, rounding_model
 
@@ -34,10 +34,13 @@ def on_fixture(run, case, fixture, branch, **options):
     )
 
 
-def oracle_unit_roundoffs(case, matmul_operand_roundoff: float) -> dict[str, float]:
+def oracle_unit_roundoffs(
+    case, matmul_operand_roundoff: float, backend_terms: Mapping[str, float] | None = None
+) -> dict[str, float]:
     """The unit roundoff of every precision class of the oracle's rounding draws for `case`
-    (`mhc_parity.mhc.rounding_model.unit_roundoffs`)."""
-    return rounding_model.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff)
+    (`mhc_parity.mhc.rounding_model.unit_roundoffs`; backend_terms: primitive -> the relative
+    error its outputs carry on the backend that runs the paths, past what the model assumes)."""
+    return rounding_model.unit_roundoffs(case.dtype, case.weight_dtype, matmul_operand_roundoff, backend_terms)
 
 
 def oracle_key(case) -> dict:

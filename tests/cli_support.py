@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+from mhc_parity.records.schema import TIMING_COLUMNS
 from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
 from mhc_parity.reports.drift import LEGACY_GATE_COLUMNS
 
@@ -47,7 +48,6 @@ block_tokens = 8
 CASE_NAMES = ("cli-a-f32", "cli-b-bf16", "cli-c-sharded")
 # The two unsharded cases through the reference paths only: the cheapest complete run.
 TWO_CASES_REFERENCE_ONLY = ("--cases", "cli-a-*", "cli-b-*", "--paths", "reference/*", "--no-lowering", "--quiet")
-TIMING_COLUMNS = ("compile_s", "execute_s")
 # One cheap case through an external implementation that drops a gate factor: a run that fails.
 BROKEN_IMPL_RUN = (
     "--cases",

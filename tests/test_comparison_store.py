@@ -78,13 +78,15 @@ def test_a_second_run_loads_the_rows_it_judged_with_its_own_timings(tmp_path, ju
 
 
 def test_with_timings_retimes_timed_rows_and_leaves_status_rows():
+    untimed = dict.fromkeys(TIMING_COLUMNS, math.nan)
+    stored, current = (1.0, 2.0, 3.0, 5.0), (0.5, 0.25, 0.75, 5.0)
     rows = [
-        {"candidate": "a", "compile_s": 1.0, "execute_s": 2.0},
-        {"candidate": "a", "compile_s": math.nan, "execute_s": math.nan},  # a status row
-        {"candidate": "b", "compile_s": math.nan, "execute_s": math.nan},  # a path that did not run
+        {"candidate": "a", **dict(zip(TIMING_COLUMNS, stored))},
+        {"candidate": "a", **untimed},  # a status row
+        {"candidate": "b", **untimed},  # a path that did not run
     ]
-    retimed = with_timings(rows, {"a": (1.0, 2.0)}, {"a": (0.5, 0.25)})
-    assert retimed[0] == {"candidate": "a", "compile_s": 0.5, "execute_s": 0.25}
+    retimed = with_timings(rows, {"a": stored}, {"a": current})
+    assert retimed[0] == {"candidate": "a", **dict(zip(TIMING_COLUMNS, current))}
     assert retimed[1:] == rows[1:] and rows[0]["compile_s"] == 1.0  # the stored rows are not changed
 
 

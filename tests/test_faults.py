@@ -38,6 +38,7 @@ from mhc_parity.harness.faults import (
 from mhc_parity.harness.faults import matrix as kill_matrix
 from mhc_parity.harness.faults import seed_sweep as sweep
 from mhc_parity.harness.faults.model import UnknownPerturbationError, select
+from mhc_parity.records.schema import TIMING_COLUMNS
 from mhc_parity.reports.samples import measured_row
 from mhc_parity.reports.sweep import calibration_table, headroom_table
 
@@ -296,8 +297,7 @@ def test_representative_variant_passes(name, representative):
 
 def _untimed(rows) -> list[str]:
     """Rows as canonical JSON, less the columns that time them (NaN compares equal as text)."""
-    timing = ("compile_s", "execute_s")
-    return [json.dumps({k: v for k, v in r.items() if k not in timing}, sort_keys=True) for r in rows]
+    return [json.dumps({k: v for k, v in r.items() if k not in TIMING_COLUMNS}, sort_keys=True) for r in rows]
 
 
 @pytest.mark.slow

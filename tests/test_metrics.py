@@ -330,7 +330,7 @@ def test_row_fields_are_exactly_the_schema_metric_columns():
     m = leaf_metrics(np.ones(3, np.float32), np.ones(3, np.float32), np.ones(3), dtype="float32")
     fields = m.as_row_fields()
     # Judging's columns (bound, quantiles, cause), timings, and a compile row's program figures.
-    not_metrics = {"bound_usage", "allowed_error", "compile_s", "execute_s", "cause_explained"}
+    not_metrics = {"bound_usage", "allowed_error", *schema.TIMING_COLUMNS, "cause_explained"}
     not_metrics |= {"oracle_quantile_max", "oracle_quantile_rms"}
     not_metrics |= {"vmem_asked_bytes", "vmem_allowed_bytes", "code_bytes", "argument_bytes", "output_bytes", "temp_bytes"}
     metric_columns = set(schema.FLOAT_COLUMNS + schema.INT_COLUMNS) - not_metrics

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 from mhc_parity.harness.engine.program_cache import MAX_CACHED_PROGRAMS, ProgramCache
+from mhc_parity.records.schema import TIMING_COLUMNS
 
 
 def _tiny_program(offset: float):
@@ -132,10 +133,7 @@ def _ahead_plan():
 
 def _without_timing(rows) -> list[str]:
     """Each row as JSON without its timing columns (NaN cells compare equal as text)."""
-    return [
-        json.dumps({k: v for k, v in row.items() if k not in ("compile_s", "execute_s")}, sort_keys=True)
-        for row in rows
-    ]
+    return [json.dumps({k: v for k, v in row.items() if k not in TIMING_COLUMNS}, sort_keys=True) for row in rows]
 
 
 def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():

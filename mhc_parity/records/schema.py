@@ -141,9 +141,14 @@ _COLUMN_TYPES = {
     "cause": _TEXT,
     "cause_id": _TEXT,
     "cause_explained": _FLOAT,
-    # timing (seconds; the candidate's compile and execute, summed over forward+VJP)
+    # timing (seconds) of the candidate's one program, forward and VJP together: obtaining it
+    # (compile or load), and running it. On the host CPU the program runs once and execute_s
+    # is that run; on an accelerator execute_s is the median of `execute_runs` runs after the
+    # first (mhc_parity.harness.engine.execution_timing), whose time is execute_first_s
     "compile_s": _FLOAT,
     "execute_s": _FLOAT,
+    "execute_first_s": _FLOAT,
+    "execute_runs": _FLOAT,  # a count; NaN where the candidate did not run (or before the column)
     # where and how the candidate ran: the matmul precision it effectively ran at (see
     # mhc_parity.mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
     # and its devices (e.g. "cpu:0-7"; "" if it did not run; see mhc_parity.harness.engine.devices)
@@ -164,8 +169,9 @@ _COLUMN_TYPES = {
 }
 
 ROW_COLUMNS = tuple(_COLUMN_TYPES)
-# The columns two runs of the same rows may differ in: how long this run took.
-TIMING_COLUMNS = ("compile_s", "execute_s")
+# The columns two runs of the same rows may differ in: how long this run took, and how it
+# was timed (the repeats depend on the device the path ran on, not on what it computed).
+TIMING_COLUMNS = ("compile_s", "execute_s", "execute_first_s", "execute_runs")
 
 # Columns added after the first schema: a row file written before them lacks them and
 # is read with them empty (NaN for numbers; mhc_parity.records.rows), so older runs stay readable.
@@ -197,6 +203,8 @@ LATER_COLUMNS = (
     "argument_bytes",
     "output_bytes",
     "temp_bytes",
+    "execute_first_s",
+    "execute_runs",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

@@ -14,7 +14,8 @@ more of its bound, at most `MAX_BOUND_PANELS`), sharpness, error-ratio heatmaps 
 per comparison kind; the value rule is documented in `mhc_parity.reports.heatmaps`), max_rel_err
 histograms per leaf kind for bfloat16 and float32 (the figures: `mhc_parity.reports.html_figures`),
 the worst-offenders table linking to per-case detail, drift against the baseline (when one
-is given), per-case detail, and the environment (the tables: `mhc_parity.reports.html_tables`).
+is given), the paths' speed against the reference (`mhc_parity.reports.speed`), per-case detail,
+and the environment (the tables: `mhc_parity.reports.html_tables`).
 
 The page fits its window: no element is wider than the body, so a 1400-pixel window never
 scrolls sideways; a table or figure too wide for it scrolls inside its own box (`.scroll`).
@@ -36,6 +37,7 @@ from mhc_parity.reports.html_tables import (
     environment_section,
     offenders_section,
     sharpness_section,
+    speed_section,
 )
 from mhc_parity.reports.html_verdicts import implementations_section
 from mhc_parity.reports.judgement import Judgement
@@ -88,6 +90,7 @@ table.heatmap td.failing { outline: 2px solid #000; outline-offset: -2px; }
 .heatmap-legend .swatch { display: inline-block; padding: .1rem .5rem; margin-left: .3rem; font-size: .75rem; }
 figcaption { font-size: .8rem; color: #444; max-width: 70rem; margin-top: .4rem; }
 .empty { color: #666; font-style: italic; }
+td.unmeasured { color: #666; font-style: italic; }
 .case { margin: 1.2rem 0; }
 .case h3 { margin-bottom: .3rem; overflow-wrap: anywhere; }
 pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
@@ -108,7 +111,7 @@ def navigation(with_drift: bool) -> str:
     ]
     if with_drift:
         items.append(("drift", "Drift vs baseline"))
-    items += [("cases", "Cases"), ("environment", "Environment")]
+    items += [("speed", "Speed"), ("cases", "Cases"), ("environment", "Environment")]
     return "<nav><ul>" + "".join(f'<li><a href="#{i}">{esc(t)}</a></li>' for i, t in items) + "</ul></nav>"
 
 
@@ -147,7 +150,7 @@ def render_html(
     ]
     if judgement is not None:
         sections.append(drift_section(judgement, anchors, max_drift_rows))
-    sections += [case_sections(frame, anchors), environment_section(metadata)]
+    sections += [speed_section(frame, anchors), case_sections(frame, anchors), environment_section(metadata)]
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

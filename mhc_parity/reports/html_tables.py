@@ -1,6 +1,7 @@
 """The HTML report's tables: sharpness, the worst offenders, drift against the baseline, the
-per-case detail and the environment. Every text from a row, a case or the metadata goes
-through `esc`; case names link to their detail through generated anchors.
+paths' speed against the reference, the per-case detail and the environment. Every text from
+a row, a case or the metadata goes through `esc`; case names link to their detail through
+generated anchors.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
 from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.html_elements import case_link, esc, num, table, td, verdict_span
 from mhc_parity.reports.judgement import Judgement
+from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders
 
 # Metadata keys shown first in the environment block (the rest follow, sorted).
@@ -308,6 +310,34 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
             )
         )
         parts.append("</details></section>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def speed_section(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
+    """Each path's execution time beside its reference's, per case (`mhc_parity.reports.speed`):
+    the median speed-up per path, then every case; times on the CPU greyed and labelled."""
+    lines = speed_lines(frame)
+    parts = ['<section id="speed"><h2>Speed</h2>', f"<p>{esc(SPEED_NOTE)}</p>"]
+    if not lines:
+        parts.append('<p class="empty">No path ran beside a reference path with both timed.</p></section>')
+        return "\n".join(parts)
+    parts.append("<ul>" + "".join(f"<li>{esc(s.text)}</li>" for s in speed_summaries(lines)) + "</ul>")
+    body = [
+        [
+            td(case_link(line.case, anchors)),
+            td(esc(line.candidate)),
+            td(esc(line.reference)),
+            td(esc(line.devices)),
+            num(line.candidate_s),
+            num(line.reference_s),
+            num(line.speedup),
+            td(esc(line.label), "" if line.measured else "unmeasured"),
+        ]
+        for line in lines
+    ]
+    headers = ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is")
+    parts.append(table(headers, body, table_id="speed-table"))
     parts.append("</section>")
     return "\n".join(parts)
 

@@ -19,6 +19,7 @@ from mhc_parity.reports.causes import format_heading
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
+from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
 from mhc_parity.reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
 
 DEFAULT_MAX_ROWS = 20
@@ -184,6 +185,38 @@ def _declared_choice_lines(metadata: dict | None) -> list[str]:
     return lines
 
 
+def _speed_lines(frame: pd.DataFrame, max_rows: int) -> list[str]:
+    """The Speed section (`mhc_parity.reports.speed`): the median speed-up per path, then the
+    first `max_rows` cases' times; nothing where no path ran beside a timed reference."""
+    lines = speed_lines(frame)
+    if not lines:
+        return []
+    shown = lines[:max_rows]
+    out = ["", "### Speed", "", md_cell(SPEED_NOTE, None), ""]
+    out += [f"- {md_cell(summary.text, None)}" for summary in speed_summaries(lines)]
+    out += [
+        "",
+        md_table(
+            ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is"),
+            [
+                (
+                    line.case,
+                    line.candidate,
+                    line.reference,
+                    line.devices,
+                    format_number(line.candidate_s),
+                    format_number(line.reference_s),
+                    format_number(line.speedup, nan="—"),
+                    line.label,
+                )
+                for line in shown
+            ],
+            numeric=(False, False, False, False, True, True, True, False),
+        ),
+    ]
+    return out + _truncation_note(len(shown), len(lines), "see report.html")
+
+
 def render_markdown(
     frame: pd.DataFrame,
     *,
@@ -194,7 +227,8 @@ def render_markdown(
 ) -> str:
     """The run summary: overall line, a note when another policy than the packaged one
     judged (`mhc_parity.reports.summary.policy_note`), the gate's verdict against the baseline (with
-    `judgement`: `mhc_parity.reports.judgement`), verdict counts, worst leaf, failures, gate section.
+    `judgement`: `mhc_parity.reports.judgement`), verdict counts, worst leaf, failures, the paths'
+    speed against the reference, gate section.
 
     `frame` is a canonical row frame (see `mhc_parity.records.rows.to_frame`); `summary` is
     `mhc_parity.reports.summary.summarize(frame)`, computed here when not given.
@@ -259,6 +293,7 @@ def render_markdown(
             )
         )
         lines += _truncation_note(len(shown), len(failing), "see report.html")
+    lines += _speed_lines(frame, max_rows)
     if judgement is not None:
         lines += ["", judgement_markdown(judgement, max_rows=max_rows).rstrip("\n")]
     environment = [

@@ -10,7 +10,7 @@ from mhc_parity.harness.engine.leaves import leaf_kind, token_axes
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.metrics import MetricsMemo, leaf_metrics
 from mhc_parity.harness.judging.policy import Policy
-from mhc_parity.records.schema import empty_row
+from mhc_parity.records.schema import TIMING_COLUMNS, empty_row
 
 
 def case_fields(case) -> dict:
@@ -55,7 +55,7 @@ def compare_leaves(
     oracle_sensitivity: Mapping[str, Sensitivity] | None = None,
     oracle_systematic: Mapping[str, float] | None = None,
     partitioning: str,
-    timing: tuple[float, float] = (0.0, 0.0),
+    timing: tuple[float, ...] | None = None,
     memo: MetricsMemo | None = None,
     declared: Mapping[str, float] | None = None,
 ) -> list[dict]:
@@ -66,7 +66,8 @@ def compare_leaves(
     (both from `mhc_parity.harness.engine.oracle_path.OracleOutputs`). A leaf the partner (or
     oracle) lacks gets a `skip` row saying so. `partitioning` is
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
-    candidate's (compile_s, execute_s), recorded on every row of the comparison. `memo`:
+    candidate's `TIMING_COLUMNS` cells (`PathOutputs.timing`), recorded on every row of the
+    comparison (none given: NaN). `memo`:
     one `mhc_parity.harness.judging.metrics.MetricsMemo` for all comparisons of the case (optional; it saves
     recomputing what several comparisons share, the rows are the same). `declared`: leaf ->
     the candidate's declared precision choices' largest deviation there
@@ -117,8 +118,7 @@ def compare_leaves(
                 dtype=dtype.name,
                 **metrics.as_row_fields(),
                 **judgement.as_row_fields(),
-                compile_s=timing[0],
-                execute_s=timing[1],
+                **({} if timing is None else dict(zip(TIMING_COLUMNS, timing, strict=True))),
             )
         )
     return rows

@@ -57,11 +57,23 @@ class Path:
 
 @dataclasses.dataclass(frozen=True)
 class PathOutputs:
-    """What one path produced: leaves (name -> array) and its timing in seconds."""
+    """What one path produced: leaves (name -> array) and its timing in seconds.
+
+    compile_s: obtaining its program (0 where an earlier run of the signature did).
+    execute_s, execute_first_s, execute_runs: `mhc_parity.harness.engine.execution_timing`'s
+    median, first call and the runs the median is taken from (forward and VJP together).
+    """
 
     leaves: Mapping[str, np.ndarray]
     compile_s: float
     execute_s: float
+    execute_first_s: float
+    execute_runs: int
+
+    @property
+    def timing(self) -> tuple[float, ...]:
+        """The rows' `mhc_parity.records.schema.TIMING_COLUMNS` cells, in that order."""
+        return (self.compile_s, self.execute_s, self.execute_first_s, float(self.execute_runs))
 
 
 def _path_mesh(path: Path, placement: Placement):

@@ -21,6 +21,7 @@ import numpy as np
 import mhc_parity.harness.engine.paths as path_programs
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.devices import path_placement
+from mhc_parity.harness.engine.execution_timing import repeats_for, timed_execution
 from mhc_parity.harness.engine.paths import Path, PathOutputs
 from mhc_parity.harness.stores.program_store import keyed_by_program
 from mhc_parity.mhc.common import UnsupportedInputError
@@ -203,6 +204,8 @@ class ProgramCache:
 
         compile_s: the seconds obtaining the program took (in a pool thread if it was
         obtained ahead, where it overlapped other work), reported by its first run only.
+        The program runs once on the host CPU, and more times on an accelerator, whose
+        median is its execution time (`mhc_parity.harness.engine.execution_timing`).
         Raises `mhc_parity.harness.engine.devices.PlacementError` when the path has no devices here.
         """
         key, placement, precision = self._resolve(path, case)
@@ -218,11 +221,16 @@ class ProgramCache:
             compile_s = time.perf_counter() - start
         self.remember(key, compiled)
         with jax.default_device(placement.devices[0]):
-            start = time.perf_counter()
-            forward, grads = jax.block_until_ready(compiled(*args))
-            execute_s = time.perf_counter() - start
-        leaves = {name: np.asarray(value) for name, value in {**forward, **grads}.items()}
-        return PathOutputs(leaves, compile_s, execute_s)
+            leaves, timing = timed_execution(
+                lambda: jax.block_until_ready(compiled(*args)), _host_leaves, repeats=repeats_for(placement.platform)
+            )
+        return PathOutputs(leaves, compile_s, timing.median_s, timing.first_s, timing.runs)
+
+
+def _host_leaves(outputs) -> dict[str, np.ndarray]:
+    """A program's (forward leaves, gradient leaves) as one mapping of host arrays."""
+    forward, grads = outputs
+    return {name: np.asarray(value) for name, value in {**forward, **grads}.items()}
 
 
 def _timed(function, *args):

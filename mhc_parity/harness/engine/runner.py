@@ -289,11 +289,7 @@ class Runner:
         stage[0] = "its paths"
         results = self._run_paths(case, paths, fixture, on_step)
         stage[0] = "the comparisons and causes"
-        timings = {
-            name: (result.outputs.compile_s, result.outputs.execute_s)
-            for name, result in results.items()
-            if result.outputs is not None
-        }
+        timings = {name: result.outputs.timing for name, result in results.items() if result.outputs is not None}
         material = self._comparison_key(case, fixture, paths, results)
         rows = None if material is None else self.comparison_store.load(material, timings)
         if rows is None:
@@ -393,7 +389,7 @@ class Runner:
             if result.outputs is None or result.verdict == "fail":
                 yield from self._status_rows(case, path, paths, result)
                 continue
-            timing = (result.outputs.compile_s, result.outputs.execute_s)
+            timing = result.outputs.timing
             for comparison, partner in comparisons_of(path, paths):
                 if partner == ORACLE_PATH:
                     partner_leaves = oracle.leaves

@@ -43,8 +43,9 @@ from mhc_parity.records.files import digest_arrays
 from mhc_parity.records.project_code import digest_of, project_code_files
 from mhc_parity.records.schema import TIMING_COLUMNS
 
-# Bump when an entry's layout or its key material changes meaning.
-COMPARISON_FORMAT = 1
+# Bump when an entry's layout or its key material changes meaning. 2: a path's stored timing
+# is its `TIMING_COLUMNS` cells (execute_first_s, execute_runs added).
+COMPARISON_FORMAT = 2
 
 
 @functools.cache
@@ -75,7 +76,7 @@ def key_material(case, fixture, policy_digest: str, paths: Sequence[list]) -> di
 
 def with_timings(rows: Sequence[dict], stored: Mapping[str, tuple], current: Mapping[str, tuple]) -> list[dict]:
     """`rows` judged in an earlier run, their timing columns this run's: a row timed there
-    (its cells are its candidate's `stored` (compile_s, execute_s)) gets its candidate's
+    (its cells are its candidate's `stored` `TIMING_COLUMNS` cells) gets its candidate's
     `current` timing; status rows (no timing) are as they were."""
     timed = []
     for row in rows:
@@ -94,8 +95,8 @@ class ComparisonStore:
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "comparisons", "comparison")
 
     def load(self, material: dict, timings: Mapping[str, tuple]) -> list[dict] | None:
-        """The rows stored under `material` with this run's `timings` (path name -> (compile_s,
-        execute_s) of each path that ran), or None: none stored, or an invalid entry."""
+        """The rows stored under `material` with this run's `timings` (path name -> the
+        `TIMING_COLUMNS` cells of each path that ran), or None: none stored, or an invalid entry."""
         payload = self.store.load(material)
         if payload is None:
             return None

@@ -1,0 +1,159 @@
+"""The kernels' speed against the reference, read from a run's rows (the report's Speed section).
+
+A kernel exists to be faster than the plain-JAX reference it must agree with. Every path's
+rows carry its program's execution time (`execute_s`, forward and VJP together; the median
+of `execute_runs` runs after the first on an accelerator, one run on the host CPU:
+`mhc_parity.harness.engine.execution_timing`). A candidate with a `vs_reference` row is
+compared there with the reference path on the same sharding and the same backend
+(`mhc_parity.harness.engine.plan.comparisons_of`), so each `SpeedLine` sets one path's time
+beside its reference's, as measured in the same run.
+
+Only times measured on an accelerator are speed measurements. On the CPU a Pallas kernel runs
+in interpret mode, the kernel emulated by ordinary XLA operations, and a one-off run's time
+includes what a first call pays: those lines are shown, labelled as not a speed measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import pandas as pd
+
+from mhc_parity.records.text import format_number
+
+# A `devices` cell's platform on the host CPU ("cpu:0-7 ..."): JAX's name, which the engine's
+# `mhc_parity.harness.engine.devices.HOST_PLATFORM` also reads (reports load no harness).
+HOST_PLATFORM = "cpu"
+
+NOT_MEASURED_ON_CPU = "CPU: not a speed measurement"
+# The section's explanation, one source for the HTML page and the Markdown summary.
+SPEED_NOTE = (
+    "Each path's program (forward and VJP together) beside the reference path's on the same "
+    "sharding and devices, from the same run; speed-up = reference time / path time (above 1: "
+    "faster than the reference). On an accelerator a time is the median of several runs after "
+    "the first; on the CPU the program ran once. A time on the CPU is not a speed measurement: "
+    "there a Pallas kernel runs in interpret mode, which emulates the kernel with ordinary XLA "
+    "operations. The interpret path does so on any device; the Mosaic path is the compiled kernel."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedLine:
+    """One path of one case beside its reference path: seconds of each (forward + VJP).
+
+    runs: how many runs the path's time is the median of (NaN: not recorded, a run
+    written before the column). devices: the path's `devices` cell, reference_devices its
+    reference's (the same wherever the rows come from one run of the harness).
+    """
+
+    case: str
+    candidate: str
+    reference: str
+    devices: str
+    reference_devices: str
+    candidate_s: float
+    reference_s: float
+    runs: float
+
+    @property
+    def platform(self) -> str:
+        return self.devices.split(":", 1)[0]
+
+    @property
+    def comparable(self) -> bool:
+        """Both ran on the same devices (a ratio across devices says nothing about the code)."""
+        return self.devices == self.reference_devices
+
+    @property
+    def speedup(self) -> float:
+        """reference_s / candidate_s (above 1: the path is faster); NaN where not comparable."""
+        if not self.comparable or not self.candidate_s > 0:
+            return math.nan
+        return self.reference_s / self.candidate_s
+
+    @property
+    def measured(self) -> bool:
+        """A speed measurement: on an accelerator, and both on the same devices."""
+        return self.comparable and self.platform != HOST_PLATFORM
+
+    @property
+    def label(self) -> str:
+        """What the figure is, in a few words."""
+        if not self.comparable:
+            return f"not comparable: the reference ran on {self.reference_devices}"
+        if self.platform == HOST_PLATFORM:
+            return NOT_MEASURED_ON_CPU
+        if math.isnan(self.runs):
+            return f"{self.platform}: timing runs not recorded"
+        runs = int(self.runs)
+        return f"{self.platform}: median of {runs} runs" if runs > 1 else f"{self.platform}: one run"
+
+
+def _path_times(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float, str]]:
+    """(case, path) -> (execute_s, execute_runs, devices) of each path that ran (a row with a
+    finite `execute_s`; every row of a path in a case carries the same timing)."""
+    timed = frame[frame["execute_s"].map(math.isfinite)]
+    timed = timed.drop_duplicates(["case", "candidate"])
+    return {
+        (r["case"], r["candidate"]): (r["execute_s"], r["execute_runs"], r["devices"])
+        for r in timed[["case", "candidate", "execute_s", "execute_runs", "devices"]].to_dict(orient="records")
+    }
+
+
+def speed_lines(frame: pd.DataFrame) -> list[SpeedLine]:
+    """A line per (case, path, reference) of a `vs_reference` comparison where both paths ran
+    and were timed, in the frame's order; `frame` is a canonical row frame
+    (`mhc_parity.records.rows.to_frame`)."""
+    if not len(frame):
+        return []
+    times = _path_times(frame)
+    pairs = frame.loc[frame["comparison"] == "vs_reference", ["case", "candidate", "partner"]].drop_duplicates()
+    lines = []
+    for case, candidate, reference in pairs.itertuples(index=False):
+        mine, theirs = times.get((case, candidate)), times.get((case, reference))
+        if mine is None or theirs is None:
+            continue
+        lines.append(SpeedLine(case, candidate, reference, mine[2], theirs[2], mine[0], theirs[0], mine[1]))
+    return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedSummary:
+    """One path name's lines over the cases: the median speed-up and how many cases it is of."""
+
+    candidate: str
+    reference: str
+    platform: str
+    cases: int
+    median_speedup: float
+    measured: bool
+
+    @property
+    def text(self) -> str:
+        """e.g. "mosaic/unsharded vs reference/unsharded on tpu: median speed-up 3.1 over 12 cases"."""
+        head = f"{self.candidate} vs {self.reference} on {self.platform}: median speed-up"
+        tail = f"{format_number(self.median_speedup, nan='—')} over {self.cases} case{'s' if self.cases != 1 else ''}"
+        return f"{head} {tail}" + ("" if self.measured else f" ({NOT_MEASURED_ON_CPU})")
+
+
+def speed_summaries(lines: list[SpeedLine]) -> list[SpeedSummary]:
+    """Per (path, reference, platform), in first-seen order: the median of its comparable lines' speed-ups."""
+    groups: dict[tuple[str, str, str], list[SpeedLine]] = {}
+    for line in lines:
+        groups.setdefault((line.candidate, line.reference, line.platform), []).append(line)
+    summaries = []
+    for (candidate, reference, platform), members in groups.items():
+        ratios = [line.speedup for line in members if math.isfinite(line.speedup)]
+        summaries.append(
+            SpeedSummary(
+                candidate,
+                reference,
+                platform,
+                len(ratios),
+                statistics.median(ratios) if ratios else math.nan,
+                all(line.measured for line in members),
+            )
+        )
+    return summaries

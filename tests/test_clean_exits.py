@@ -40,8 +40,10 @@ from tests.cli_support import (
 )
 
 SHARED = pytest.mark.xdist_group("clean_exits")
-# Fits the manifest and the row stream of `run_args`' two cases, not report.json.
-REPORT_SIZE_LIMIT = 60_000
+# A per-file size limit that fits the manifest (16 KB) and the row stream (66 KB) of
+# `run_args`' two cases, not report.json (88 KB; measured with the compile-row, quantile and
+# timing columns).
+REPORT_SIZE_LIMIT = 80_000
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ import jaxlib
 import numpy as np
 
 from mhc_parity.records.cache_root import cache_root
+from mhc_parity.records.foreign_code import foreign_material
 
 # Inputs per primitive: a float32 grid spread evenly over its range (the TPU figures of
 # docs/judging.md were measured over 2^20).
@@ -278,8 +279,9 @@ def probe_arithmetic(device=None, samples: int = SAMPLES) -> BackendArithmetic:
 STORE_FOLDER = "backend-arithmetic"
 
 
-def _store_path(key) -> pathlib.Path:
-    digest = hashlib.sha256(json.dumps(dict(key), sort_keys=True).encode()).hexdigest()[:24]
+def _store_path(key, foreign: dict) -> pathlib.Path:
+    material = {**dict(key), **foreign}
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
     return cache_root() / STORE_FOLDER / f"{digest}.json"
 
 
@@ -287,10 +289,16 @@ def _store_path(key) -> pathlib.Path:
 def measured_arithmetic() -> BackendArithmetic:
     """The default backend's table: read from the cache folder (`MHC_PARITY_CACHE`) where this
     backend, device kind and versions were probed before, else measured and stored there. Once
-    per process."""
+    per process. A process that loaded foreign code (an `--impl`, which could patch the very
+    primitives measured) reads and writes only tables keyed by that code
+    (`mhc_parity.records.foreign_code.foreign_material`, as every store does), and none where
+    its code cannot be recorded."""
     device = jax.devices()[0]
     key = backend_key(device)
-    path = _store_path(key)
+    foreign = foreign_material()
+    if foreign is None:
+        return probe_arithmetic(device)
+    path = _store_path(key, foreign)
     if path.is_file():
         try:
             table = BackendArithmetic.from_json(json.loads(path.read_text()))
@@ -302,7 +310,7 @@ def measured_arithmetic() -> BackendArithmetic:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{id(table)}.tmp")
-        tmp.write_text(json.dumps(table.to_json(), indent=1))
+        tmp.write_text(json.dumps({**table.to_json(), **foreign}, indent=1))
         tmp.replace(path)
     except OSError:
         pass  # a read-only cache: measured each process

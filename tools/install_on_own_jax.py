@@ -9,7 +9,9 @@ machine's packages), this installs the project without touching what is there:
 2. every distribution this Python already has is written, at its installed version, to a
    constraints file in the venv (`kept-packages.txt`): nothing pip installs next may upgrade,
    downgrade or replace one (a package that needs another version fails, naming both);
-3. the project itself, without its pinned dependencies (`pip install --no-deps -e .`);
+3. the project itself, without its pinned dependencies (`pip install --no-deps -e .`); pip
+   builds it in an isolated environment with the build backend (setuptools >= 68) from the
+   same sources: Python 3.11.7's own setuptools 65.5.0, without `wheel`, cannot build it;
 4. its dependencies and the `dev` extra by name, unpinned, from whatever index pip is
    configured with, under those constraints (and each `--constraint FILE` given);
 5. the `maxtext` extra as pyproject.toml pins it (`mhc_parity.maxtext_parity` patches that

@@ -18,7 +18,8 @@ def test_the_dependencies_go_by_name_and_maxtext_as_pinned():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     required, optional = tool.project_requirements(pyproject)
     assert {"jax", "jaxlib", "flax", "numpy", "scipy", "pandas", "pytest", "pytest-xdist"} <= set(required)
-    assert not any(mark in name for name in required for mark in "=<>~!; ")
+    assert not any(mark in r for r in required if r != "setuptools>=68" for mark in "=<>~!; ")
+    assert "setuptools>=68" in required  # the build backend, as [build-system] requires it
     assert optional == pyproject["project"]["optional-dependencies"]["maxtext"]
     assert "maxtext==0.2.5" in optional
 
@@ -40,5 +41,8 @@ def test_what_is_installed_is_kept_at_the_version_python_imports():
         _dist("mhc_parity", "0.1.0"),  # the project itself is installed again, editable
         _dist("ml-dtypes", "0.5.4"),  # further down the path (the system's, under the venv's): not imported
         _dist("libtpu", "0.0.42.1"),
+        _dist("setuptools", "65.5.0"),  # Python 3.11.7's own: cannot build the project
     ]
-    assert tool.kept_packages(dists) == ["jax==0.10.2", "libtpu==0.0.42.1", "ml_dtypes==0.6.0"]
+    kept = ["jax==0.10.2", "libtpu==0.0.42.1", "ml_dtypes==0.6.0"]
+    assert tool.kept_packages(dists, frozenset({"setuptools"})) == kept
+    assert tool.kept_packages(dists) == [*kept, "setuptools==65.5.0"]

@@ -8,12 +8,15 @@ machine's packages), this installs the project without touching what is there:
 1. jax and jaxlib must be installed at a supported release (`mhc_parity.jax_support`);
 2. every distribution this Python already has is written, at its installed version, to a
    constraints file in the venv (`kept-packages.txt`): nothing pip installs next may upgrade,
-   downgrade or replace one (a package that needs another version fails, naming both);
+   downgrade or replace one (a package that needs another version fails, naming both). But
+   the build backend: pyproject.toml's [build-system] requires (setuptools >= 68) is installed
+   into the venv as written, since the tests build the project with it (`--no-build-isolation`)
+   and Python 3.11.7's own setuptools 65.5.0, without `wheel`, cannot;
 3. the project itself, without its pinned dependencies (`pip install --no-deps -e .`); pip
-   builds it in an isolated environment with the build backend (setuptools >= 68) from the
-   same sources: Python 3.11.7's own setuptools 65.5.0, without `wheel`, cannot build it;
-4. its dependencies and the `dev` extra by name, unpinned, from whatever index pip is
-   configured with, under those constraints (and each `--constraint FILE` given);
+   builds it in an isolated environment with that build backend, from the same sources;
+4. its dependencies and the `dev` extra by name, unpinned, and the build backend, from
+   whatever index pip is configured with, under those constraints (and each `--constraint
+   FILE` given);
 5. the `maxtext` extra as pyproject.toml pins it (`mhc_parity.maxtext_parity` patches that
    release). Where it cannot install (MaxText 0.2.5 has no wheel for Python 3.11; an index
    without it) the install goes on without it and says why: the MaxText tests skip and
@@ -58,21 +61,27 @@ def unpinned(requirement: str) -> str:
     return match.group(1) + (match.group(2) or "") + (f"; {marker.strip()}" if semicolon else "")
 
 
+def build_requirements(pyproject: dict) -> list[str]:
+    """[build-system] requires, as written (the build backend: "setuptools>=68")."""
+    return list(pyproject.get("build-system", {}).get("requires", ()))
+
+
 def project_requirements(pyproject: dict) -> tuple[list[str], list[str]]:
-    """(the dependencies and required extras, unpinned; the optional extra's requirements as pinned)."""
+    """(the dependencies and required extras, unpinned, and the build backend as written; the
+    optional extra's requirements as pinned)."""
     project = pyproject["project"]
     extras = project.get("optional-dependencies", {})
     required = [*project["dependencies"], *(r for extra in REQUIRED_EXTRAS for r in extras[extra])]
-    return [unpinned(r) for r in required], list(extras.get(OPTIONAL_EXTRA, ()))
+    return [*(unpinned(r) for r in required), *build_requirements(pyproject)], list(extras.get(OPTIONAL_EXTRA, ()))
 
 
-def kept_packages(distributions) -> list[str]:
-    """`name==version` for each installed distribution but this project, first on the path first
-    (the one Python imports), sorted by name."""
+def kept_packages(distributions, replaceable: frozenset[str] = frozenset()) -> list[str]:
+    """`name==version` for each installed distribution but this project and the `replaceable`
+    names (normalized), first on the path first (the one Python imports), sorted by name."""
     kept: dict[str, str] = {}
     for dist in distributions:
         name = dist.metadata["Name"]
-        if not name or normalized(name) == DISTRIBUTION:
+        if not name or normalized(name) in {DISTRIBUTION, *replaceable}:
             continue
         kept.setdefault(normalized(name), f"{name}=={dist.version}")
     return sorted(kept.values(), key=str.lower)
@@ -96,10 +105,12 @@ def main(argv: list[str]) -> int:
     if reason:
         print(f"install_on_own_jax: {sys.executable}: {reason}", file=sys.stderr)
         return 2
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    required, optional = project_requirements(pyproject)
+    build_tools = frozenset(normalized(unpinned(r)) for r in build_requirements(pyproject))
     kept = pathlib.Path(sys.prefix) / "kept-packages.txt"
-    kept.write_text("".join(f"{line}\n" for line in kept_packages(importlib.metadata.distributions())))
+    kept.write_text("".join(f"{line}\n" for line in kept_packages(importlib.metadata.distributions(), build_tools)))
     constraints = [arg for path in [kept, *args.constraint] for arg in ("--constraint", str(path))]
-    required, optional = project_requirements(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8")))
     for what, pip_args in (
         ("the project", ["--no-deps", "--editable", str(ROOT)]),
         ("its dependencies", [*constraints, *required]),

@@ -1,7 +1,18 @@
 # The two commands a user needs are `make parity` and `make test`; both bootstrap .venv.
 # On an accelerator add its extra: `make parity EXTRAS=tpu` (TPU VM), EXTRAS=cuda or cuda13 (NVIDIA
 # GPU: the CUDA 12 or CUDA 13 plugin of JAX).
+# On a machine that brings its own JAX (a TPU VM image, perhaps without a registry): SYSTEM_JAX=1,
+# a venv of its python3 (PYTHON=... to name another) that sees its jax, jaxlib and libtpu, with
+# the rest installed from whatever index pip is configured with (tools/install_on_own_jax.py).
+SYSTEM_JAX ?=
+ifneq ($(filter-out 0 1,$(SYSTEM_JAX)),)
+$(error SYSTEM_JAX must be empty, 0 or 1, got '$(SYSTEM_JAX)')
+endif
+ifeq ($(SYSTEM_JAX),1)
+VENV   := .venv-system
+else
 VENV   := .venv
+endif
 PY     := $(VENV)/bin/python
 # The documented command line: the console script the install puts in the venv (the exit codes
 # README.md lists are its own; `$(PY) -m mhc_parity.harness` is the same program).
@@ -43,6 +54,17 @@ IMPL       ?=
 
 setup: $(STAMP)
 
+ifeq ($(SYSTEM_JAX),1)
+ifneq ($(EXTRAS),)
+$(error SYSTEM_JAX=1 uses the machine's own jax and its plugins (libtpu, CUDA): leave EXTRAS empty)
+endif
+# The machine's own JAX (checked against the supported releases, mhc_parity/jax_support.py),
+# kept as it is; no pip upgrade (an image's index may not have one).
+$(STAMP): pyproject.toml tools/make-venv tools/install_on_own_jax.py
+	@PYTHON=$(or $(PYTHON),python3) tools/make-venv --system-site-packages $(VENV)
+	$(PY) tools/install_on_own_jax.py
+	touch $(STAMP)
+else
 # Reinstall whenever the pinned dependency list (or EXTRAS) changes. Extras only add
 # packages: installing without them later does not remove an accelerator's plugin.
 # tools/make-venv finds a Python that meets requires-python (PYTHON=... to name one) and
@@ -52,6 +74,7 @@ $(STAMP): pyproject.toml tools/make-venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,maxtext$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)
+endif
 
 # The whole suite: what CI runs.
 test: setup
@@ -60,6 +83,21 @@ test: setup
 # The edit loop: the unit tests and the smoke matrix (every test not marked slow).
 test-fast: setup
 	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
+
+# The not-slow tests on the oldest supported Python and JAX (a TPU VM image's own: Python 3.11,
+# jax 0.10.2; tools/oldest-supported.txt pins it), in .venv-compat, installed as
+# SYSTEM_JAX=1 installs on such an image.
+.PHONY: test-compat print-venv
+COMPAT_VENV := .venv-compat
+COMPAT_PY   := $(COMPAT_VENV)/bin/python
+$(COMPAT_VENV)/.installed: pyproject.toml tools/make-venv tools/install_on_own_jax.py tools/oldest-supported.txt
+	@tools/make-venv --oldest $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet -r tools/oldest-supported.txt
+	$(COMPAT_PY) tools/install_on_own_jax.py --constraint tools/oldest-supported.txt
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	$(COMPAT_PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
 
 # ruff's linter and formatter, as configured in pyproject.toml (`ruff format .` applies the format).
 lint: setup
@@ -135,9 +173,14 @@ bench-causes: setup
 bench-reports: setup
 	$(PY) bench/report_writing.py --rows $(OUT)
 
-# On a TPU VM or GPU machine: install its extra, smoke suite + hardware tests, one line per path.
+# On a TPU VM or GPU machine: install its extra, smoke suite + hardware tests, one line per path
+# (SYSTEM_JAX=1: on the machine's own JAX).
 accelerator-check:
-	$(if $(EXTRAS),EXTRAS=$(EXTRAS) )bench/accelerator_check.sh
+	$(if $(EXTRAS),EXTRAS=$(EXTRAS) )$(if $(SYSTEM_JAX),SYSTEM_JAX=$(SYSTEM_JAX) )bench/accelerator_check.sh
+
+# The venv this configuration uses (for bench/accelerator_check.sh).
+print-venv:
+	@echo $(VENV)
 
 clean:
 	rm -rf $(VENV) out .cache .pytest_cache

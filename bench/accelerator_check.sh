@@ -4,8 +4,10 @@
 #   bench/accelerator_check.sh            # detects the accelerator and installs its extra
 #   EXTRAS=tpu bench/accelerator_check.sh # or name it (tpu | cuda | cuda13; "" for none)
 #   bench/accelerator_check.sh --print-extra   # only print the extra it would install
+#   SYSTEM_JAX=1 bench/accelerator_check.sh    # a TPU VM image's own jax, jaxlib and libtpu
 #
-# Steps: install .venv with the accelerator's extra (make setup EXTRAS=...); report what
+# Steps: install .venv with the accelerator's extra (make setup EXTRAS=...; with SYSTEM_JAX=1,
+# .venv-system on the machine's own JAX: make setup SYSTEM_JAX=1); report what
 # JAX sees; run the smoke suite through every path (reference, interpret, mosaic on a
 # TPU; the oracle on the host CPU); run the hardware-marked tests (tests/test_hardware.py:
 # Mosaic-compiled kernels on a TPU, interpret kernels on a GPU, against the reference)
@@ -23,9 +25,11 @@ OUT=${OUT:-out/accelerator-check}
 SUITE=${SUITE:-smoke}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-300}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-240}
-PY=.venv/bin/python
+SYSTEM_JAX=${SYSTEM_JAX:-}
+VENV=$(make -s --no-print-directory print-venv SYSTEM_JAX="$SYSTEM_JAX" EXTRAS=) || exit 2
+PY=$VENV/bin/python
 # The documented command line (the console script `make setup` installs).
-CLI=.venv/bin/mhc-parity
+CLI=$VENV/bin/mhc-parity
 START=$SECONDS
 mkdir -p "$OUT"
 
@@ -44,10 +48,20 @@ detect_extra() {
 
 EXTRA=$(detect_extra)
 if [ "${1:-}" = --print-extra ]; then echo "$EXTRA"; exit 0; fi
-echo "accelerator check: extra '${EXTRA:-none}' (set EXTRAS= to override)"
-if ! make setup EXTRAS="$EXTRA" >"$OUT/setup.log" 2>&1; then
+if [ "$SYSTEM_JAX" = 1 ]; then
+  # The machine's JAX brings its own plugin: the extra only names the backend expected.
+  echo "accelerator check: the machine's own JAX (SYSTEM_JAX=1), expecting '${EXTRA:-none}' (set EXTRAS= to override)"
+  SETUP=(make setup SYSTEM_JAX=1 EXTRAS=)
+else
+  echo "accelerator check: extra '${EXTRA:-none}' (set EXTRAS= to override)"
+  SETUP=(make setup EXTRAS="$EXTRA")
+fi
+if ! "${SETUP[@]}" >"$OUT/setup.log" 2>&1; then
   tail -n 20 "$OUT/setup.log"
-  echo "accelerator check: FAIL: make setup EXTRAS=$EXTRA failed (log: $OUT/setup.log)"
+  echo "accelerator check: FAIL: ${SETUP[*]} failed (log: $OUT/setup.log)"
+  if [ "$SYSTEM_JAX" != 1 ] && python3 -c 'import jax' >/dev/null 2>&1; then
+    echo "python3 has its own jax: SYSTEM_JAX=1 bench/accelerator_check.sh uses it (docs/accelerators.md)"
+  fi
   exit 2
 fi
 "$PY" bench/accelerator_report.py probe "$EXTRA"

@@ -77,3 +77,19 @@ def test_one_summary_line_per_path():
         "path interpret/unsharded: 1 pass, 1 fail [tpu:0 at highest]",
         "path mosaic/sharded(data=2,fsdp=4): 1 skip [did not run]",
     ]
+
+
+def _make(*args):
+    env = {k: v for k, v in os.environ.items() if k not in ("EXTRAS", "SYSTEM_JAX")}
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_the_machines_own_jax_has_its_own_venv_and_no_extra():
+    assert _make("print-venv").stdout.strip() == ".venv"
+    assert _make("print-venv", "SYSTEM_JAX=1").stdout.strip() == ".venv-system"
+    assert _make("print-venv", "SYSTEM_JAX=0").stdout.strip() == ".venv"
+    refused = _make("print-venv", "SYSTEM_JAX=1", "EXTRAS=tpu")
+    assert refused.returncode == 2 and "SYSTEM_JAX=1 uses the machine's own jax" in refused.stderr
+    assert "SYSTEM_JAX must be empty, 0 or 1, got 'yes'" in _make("print-venv", "SYSTEM_JAX=yes").stderr

@@ -1,4 +1,4 @@
-"""tools/make-venv: a Python older than requires-python is never used, and the error says what to install."""
+"""tools/make-venv: a Python older than the install needs is never used, and the error says what to install."""
 
 from __future__ import annotations
 
@@ -6,13 +6,22 @@ import os
 import pathlib
 import subprocess
 import sys
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PINNED_PYTHON = tuple(
+    int(p)
+    for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mhc-parity"]["pinned-python"].split(".")
+)
 
 
 def _make_venv(tmp_path, **env):
+    return _make_venv_with(tmp_path, **env)
+
+
+def _make_venv_with(tmp_path, *options, **env):
     return subprocess.run(
-        ["sh", str(ROOT / "tools" / "make-venv"), str(tmp_path / "venv")],
+        ["sh", str(ROOT / "tools" / "make-venv"), *options, str(tmp_path / "venv")],
         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env},
         capture_output=True,
         text=True,
@@ -47,7 +56,29 @@ def test_a_named_python_that_is_too_old_is_refused(tmp_path):
 def test_a_venv_that_qualifies_is_kept(tmp_path):
     venv_python = tmp_path / "venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
-    venv_python.symlink_to(sys.executable)  # this test's own Python meets requires-python
-    proc = _make_venv(tmp_path)
+    venv_python.symlink_to(sys.executable)  # this test's own Python: the pinned set's, or the oldest (test-compat)
+    proc = _make_venv_with(tmp_path, *(() if sys.version_info >= PINNED_PYTHON else ("--oldest",)))
     assert proc.returncode == 0, proc.stderr
     assert venv_python.is_symlink() and proc.stderr == ""
+
+
+def test_the_compat_venv_takes_exactly_the_oldest_python_requires_python_allows(tmp_path):
+    newer = tmp_path / "python-3.12"  # this test's Python, saying it is 3.12 to make-venv's check (`-c CODE`)
+    newer.write_text(
+        f'#!/bin/sh\nexec {sys.executable} -c "import sys; sys.version_info = (3, 12, 1); exec(sys.argv[1])" "$2"\n'
+    )
+    newer.chmod(0o755)
+    proc = _make_venv_with(tmp_path, "--oldest", PYTHON=str(newer))
+    assert proc.returncode == 2
+    assert f"PYTHON={newer} is not a Python == 3.11 that runs" in proc.stderr
+
+
+def test_a_system_site_venv_replaces_one_that_does_not_see_the_system_packages(tmp_path):
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)  # a venv without the system's packages (no pyvenv.cfg says so)
+    proc = _make_venv_with(tmp_path, "--system-site-packages", PYTHON=sys.executable)
+    assert proc.returncode == 0, proc.stderr
+    assert "system site packages: false); this install needs >= 3.11 (system site packages: true)" in proc.stderr
+    config = (tmp_path / "venv" / "pyvenv.cfg").read_text()
+    assert "include-system-site-packages = true" in config

@@ -19,8 +19,10 @@ import json
 import pandas as pd
 import pytest
 
-from mhc_parity.maxtext_parity.fixes import REFERENCE_PRECISION_CHOICES
-from tests.cli_support import run_cli
+pytest.importorskip("maxtext")  # the `maxtext` extra, where it installs (docs/accelerators.md)
+
+from mhc_parity.maxtext_parity.fixes import REFERENCE_PRECISION_CHOICES  # noqa: E402 - after the skip
+from tests.cli_support import run_cli  # noqa: E402 - after the skip
 
 pytestmark = pytest.mark.slow
 

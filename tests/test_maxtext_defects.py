@@ -4,7 +4,10 @@ MaxText's reference asks for a bfloat16 result of the fused projection (an einsu
 the post-gate broadcast product, leaving the accumulation to the backend; the VJP of
 each reduces over many terms, and XLA:CPU accumulates those reductions in bfloat16. One
 rounding of an exact result would be at most 2^-9 of it; these tests pin that the VJPs
-are several times worse, and that asking for a float32 result removes it.
+are several times worse, and that asking for a float32 result removes it. The projection's
+weight gradient is that bad where the backend probe finds its layout narrow
+(`mhc_parity.harness.engine.backend_probe`, `dot_vjp_weights`: jaxlib 0.12.0.1's XLA:CPU;
+0.10.2's sums it in float32, tests/test_precision_choices.py), within one rounding elsewhere.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from mhc_parity.harness.engine.backend_probe import probe_backend
 
 ONE_ROUNDING = 2.0**-8  # bfloat16 unit roundoff: half its spacing at 1
 
@@ -24,7 +29,7 @@ def _bf16(rng, shape):
     return jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
 
 
-def test_the_projection_vjp_accumulates_its_weight_gradient_in_bfloat16():
+def test_the_projection_vjp_accumulates_its_weight_gradient_as_the_backend_probe_says():
     rng = np.random.default_rng(0)
     normed, alpha, cotangent = _bf16(rng, (2, 128, 1024)), _bf16(rng, (1024, 32)), _bf16(rng, (2, 128, 32))
     exact = np.einsum("bsm,bsn->mn", np.asarray(normed, np.float64), np.asarray(cotangent, np.float64))
@@ -39,7 +44,10 @@ def test_the_projection_vjp_accumulates_its_weight_gradient_in_bfloat16():
         _, pullback = jax.vjp(projection, alpha)
         return jax.jit(lambda g: pullback(g)[0])(cotangent)
 
-    assert _relative_error(d_alpha(None), exact) > 4 * ONE_ROUNDING
+    if probe_backend()["dot_vjp_weights"].narrow:
+        assert _relative_error(d_alpha(None), exact) > 4 * ONE_ROUNDING
+    else:
+        assert _relative_error(d_alpha(None), exact) <= ONE_ROUNDING
     assert _relative_error(d_alpha(jnp.float32), exact) <= ONE_ROUNDING
 
 

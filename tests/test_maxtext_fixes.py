@@ -8,9 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from maxtext.kernels.mhc import api
 
-from mhc_parity.maxtext_parity.fixes import KernelCalls, kernel_calls, permutation_constant
+pytest.importorskip("maxtext")  # the `maxtext` extra, where it installs (docs/accelerators.md)
+
+from maxtext.kernels.mhc import api  # noqa: E402 - after the skip
+
+from mhc_parity.maxtext_parity.fixes import KernelCalls, kernel_calls, permutation_constant  # noqa: E402 - after the skip
 
 CONFIG = api.MhcKernelConfig(block_size=128, bwd_block_size=32)
 

@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from mhc_parity.maxtext_parity.import_noise import KNOWN_NOISE, NOISY_MODULE, import_quietly, without_known_noise
-from tests.cli_support import ROOT
+pytest.importorskip("maxtext")  # the `maxtext` extra, where it installs (docs/accelerators.md)
+
+from mhc_parity.maxtext_parity.import_noise import KNOWN_NOISE, NOISY_MODULE, import_quietly, without_known_noise  # noqa: E402 - after the skip
+from tests.cli_support import ROOT  # noqa: E402 - after the skip
 
 
 def _stdout_of_importing(module: str) -> str:

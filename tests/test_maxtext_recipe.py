@@ -24,7 +24,9 @@ import shutil
 
 import pytest
 
-from tests import scratch_venv
+pytest.importorskip("maxtext")  # the `maxtext` extra, where it installs (docs/accelerators.md)
+
+from tests import scratch_venv  # noqa: E402 - after the skip
 
 pytestmark = pytest.mark.slow
 

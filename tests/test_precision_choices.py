@@ -8,6 +8,7 @@ import dataclasses
 import math
 import types
 
+import jaxlib
 import numpy as np
 import pytest
 
@@ -17,17 +18,28 @@ from mhc_parity.harness.engine.precision_choices import PrecisionChoice, declare
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.judging.bounds import UlpsOfMax
 from mhc_parity.harness.judging.confidence import Sensitivity
+from mhc_parity.jax_support import release
 from tests import external_impls
 from tests.implementation_base import CASES, implementation_rows
+
+# Whether XLA:CPU sums the weight gradient's transposed dot of a bfloat16 einsum in bfloat16,
+# by jaxlib release, as measured (2,048 pairs of 1 + bfloat16(1/3), exactly 2736): jaxlib
+# 0.12.0.1 strays to 2656; jaxlib 0.10.2 (Python 3.11.7, `make test-compat`) returns 2736,
+# a float32 accumulation. The broadcast product's reduction strays to 2704 on both.
+NARROW_DOT_VJP_WEIGHTS = {(0, 10, 2): False, (0, 12, 0, 1): True}
 
 
 def test_xla_cpu_accumulates_the_transposed_dot_of_a_bfloat16_vjp_in_bfloat16():
     probe = probe_backend()
     assert set(probe) == {"dot_forward", "dot_vjp_weights", "dot_vjp_inputs", "product_vjp"}
-    # The forward dot sums in float32 (its one rounding is the bfloat16 result's); the weight
-    # gradient's transposed dot and the broadcast product's reduction do not.
+    # The forward dot sums in float32 (its one rounding is the bfloat16 result's); the broadcast
+    # product's reduction does not, nor (on the pinned jaxlib) the weight gradient's transposed dot.
     assert not probe["dot_forward"].narrow and probe["dot_forward"].total == EXACT_SUM
-    assert probe["dot_vjp_weights"].narrow and probe["product_vjp"].narrow
+    assert probe["product_vjp"].narrow and probe["product_vjp"].total == 2704
+    jaxlib_release = release(jaxlib.__version__)
+    assert jaxlib_release in NARROW_DOT_VJP_WEIGHTS, f"jaxlib {jaxlib.__version__}: not measured here, add it"
+    assert probe["dot_vjp_weights"].narrow is NARROW_DOT_VJP_WEIGHTS[jaxlib_release]
+    assert probe["dot_vjp_weights"].total == (2656 if NARROW_DOT_VJP_WEIGHTS[jaxlib_release] else EXACT_SUM)
     assert f"{PROBE_TERMS} bfloat16 terms" in probe_record(probe)
 
 

@@ -3,6 +3,8 @@ rounding model, and each site's share of a leaf's sensitivity."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from mhc_parity.cases import registry
@@ -33,6 +35,20 @@ def test_a_function_without_a_site_is_reported(mlp_case, monkeypatch):
     missing = rounding_audit.unmodelled(rounding_audit.bfloat16_values(*mlp_case))
     assert [v.function for v in missing] == ["mlp_apply"]
     assert "mhc_parity/cases/branches.py" in missing[0].location
+
+
+def test_a_value_made_in_a_comprehension_is_its_functions():
+    # Python 3.11 runs every comprehension in a frame of its own (3.12 still does for a
+    # generator expression): the audit names the function the comprehension is written in,
+    # as MODELLED_BY does ("MhcWeights.astype_for_compute" holds a dict comprehension).
+    def narrow_each(leaves):
+        by_name = {name: leaf.astype(jnp.bfloat16) for name, leaf in leaves.items()}
+        return tuple(leaf * 2 for leaf in by_name.values())
+
+    found = rounding_audit.bfloat16_equations(jax.make_jaxpr(narrow_each)({"a": jnp.ones(3)}))
+    functions = {function for function, _, _ in found}
+    assert functions == {f"{test_a_value_made_in_a_comprehension_is_its_functions.__name__}.<locals>.narrow_each"}
+    assert sorted(p for primitives in found.values() for p in primitives) == ["convert_element_type", "mul"]
 
 
 @pytest.mark.slow

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+# A TypeVar, not PEP 695's `def lookup[T]`: that syntax is Python 3.12's, and the package
+# runs on 3.11 (a TPU VM image's Python, docs/accelerators.md).
+T = TypeVar("T")
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -12,7 +17,7 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def lookup[T](table: Mapping[str, T], name: str, what: str) -> T:
+def lookup(table: Mapping[str, T], name: str, what: str) -> T:
     """table[name]; a KeyError naming `what`, the known names and close matches."""
     try:
         return table[name]

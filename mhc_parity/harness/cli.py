@@ -31,6 +31,7 @@ import threading
 
 from mhc_parity.harness.env import collector_paused_for_imports, ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.processes.worker_processes import start_worker_server
+from mhc_parity.jax_support import UnsupportedJaxError
 from mhc_parity.records.outputs import exit_code_through_closed_stdout
 from mhc_parity.version import version
 
@@ -107,7 +108,11 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
     if command not in COMMANDS:
         print(f"mhc-parity: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
         return EXIT_USAGE
-    ensure_host_devices()  # before any command computes: XLA reads its flags once
+    try:
+        ensure_host_devices()  # before any command computes: XLA reads its flags once
+    except UnsupportedJaxError as exc:
+        print(f"mhc-parity: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     pace_garbage_collector()
     if requests_workers(command, rest):  # it imports what workers need while this process imports the command
         start_worker_server(impl_modules(rest))

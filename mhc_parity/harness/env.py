@@ -1,5 +1,5 @@
-"""Process set-up of an entry point: XLA flags before the JAX backend starts, the cache
-folder, the garbage collector's pace.
+"""Process set-up of an entry point: a supported JAX (`mhc_parity.jax_support`), XLA flags
+before the JAX backend starts, the cache folder, the garbage collector's pace.
 
 XLA reads `XLA_FLAGS` once, when JAX creates its first backend (the first
 `jax.devices()`, array or compilation), not when `jax` is imported (checked on the
@@ -20,6 +20,8 @@ import os
 import pathlib
 import platform
 import sys
+
+from mhc_parity.jax_support import check_jax_versions
 
 HOST_DEVICE_COUNT = 8
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -107,8 +109,17 @@ def quiet_compile_only_libtpu(dev: pathlib.Path = pathlib.Path("/dev"), environ=
         environ.setdefault(name, value)
 
 
+@functools.cache
+def _jax_supported() -> None:
+    check_jax_versions()  # once a process: the metadata does not change under it
+
+
 def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
-    """Set the XLA flags parity runs need before the JAX backend starts (`required_xla_flags`).
+    """Check the installed JAX, and set the XLA flags parity runs need before its backend starts
+    (`required_xla_flags`).
+
+    Raises `mhc_parity.jax_support.UnsupportedJaxError` (one line) when jax or jaxlib is
+    missing or outside the supported releases: the entry points refuse to start on them.
 
     `count` simulated CPU devices let token-sharded paths run on a CPU, excess precision
     is turned off so bfloat16 rounding is a property of the program, and on x86-64 the CPU
@@ -118,6 +129,7 @@ def ensure_host_devices(count: int = HOST_DEVICE_COUNT) -> None:
     backend already started without them: XLA has read its flags, and results would
     silently depend on it.
     """
+    _jax_supported()
     quiet_compile_only_libtpu()
     flags = os.environ.get("XLA_FLAGS", "")
     missing = {k: v for k, v in required_xla_flags(count).items() if k not in flags}

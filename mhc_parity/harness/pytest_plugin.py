@@ -94,6 +94,7 @@ from mhc_parity.harness.plugin.options import (
     update_command,
 )
 from mhc_parity.harness.plugin.session import ParitySession
+from mhc_parity.jax_support import UnsupportedJaxError
 
 # What tests, docs and users' test modules import from here (the entry point).
 __all__ = [
@@ -118,6 +119,14 @@ SESSION_ERROR_STAT = "mhc-parity error"
 STATE = pytest.StashKey[ParitySession]()
 
 
+def _set_up_process() -> None:
+    """`ensure_host_devices`, an unsupported JAX a usage error (one line, no traceback)."""
+    try:
+        ensure_host_devices()
+    except UnsupportedJaxError as exc:
+        raise pytest.UsageError(f"mhc-parity: {exc}") from None
+
+
 def pytest_addoption(parser):
     add_options(parser)
 
@@ -133,14 +142,14 @@ def pytest_load_initial_conftests(early_config, parser, args):
     configuration file is refused (`refuse_value_taken_as_path`)."""
     refuse_value_taken_as_path(early_config, parser)
     if enabled_early(early_config):
-        ensure_host_devices()
+        _set_up_process()
 
 
 def pytest_configure(config):
     if not enabled(config):
         refuse_options_without_implementation(config)  # a --parity-* option of a session that checks nothing
         return
-    ensure_host_devices()
+    _set_up_process()
     session = ParitySession(config)
     if session.implementation or session.baseline or session.update:
         _ = session.prepared  # a bad --parity-impl is a usage error before collection

@@ -14,10 +14,18 @@ import dataclasses
 import functools
 import os
 import pathlib
+import threading
 from collections.abc import Iterable, Mapping
 
 from mhc_parity.records.distributions import distribution_key, distribution_sha256, distributions_of
 from mhc_parity.records.project_code import NAMESPACE, PROJECT_ROOT, code_key, digest_of, sha256_file
+
+# Python 3.11's AST constructor counts its recursion depth in state all threads share: a parse
+# that hands the GIL to another thread's parse midway (a garbage collection running a callback
+# or a finalizer's Python code does) ends in "SystemError: AST constructor recursion depth
+# mismatch" (an implementation's rows errored so in `make test-compat`; tests/test_code_record.py
+# reproduces it on 3.11.7, not on 3.12.1). Stores key their entries from threads: one parse at a time.
+_PARSE_LOCK = threading.Lock()
 
 
 def _module_file(name: str, root: pathlib.Path) -> pathlib.Path | None:
@@ -51,7 +59,8 @@ def _imported_names(path: pathlib.Path, *, anywhere: bool = False) -> tuple[str,
 def _names_imported_by(source: str, anywhere: bool) -> tuple[str, ...]:
     """`_imported_names` of a module's source text: parsed once per process and text (the
     closures of a run's stores share most of their modules, and a file's names follow from its text alone)."""
-    tree = ast.parse(source)
+    with _PARSE_LOCK:
+        tree = ast.parse(source)
     names = []
     for node in ast.walk(tree) if anywhere else _import_time_nodes(tree):
         if isinstance(node, ast.Import):

@@ -61,6 +61,11 @@ AUDIT_CASES = (
 
 
 _SUMMARY = re.compile(r"^(.*):(\d+):\d+ \((.*)\)$")
+# A comprehension's own frame, as its code object's qualified name ends: Python 3.11 runs every
+# comprehension in a frame of its own ("MhcWeights.astype_for_compute.<locals>.<dictcomp>"),
+# 3.12 inlines list, dict and set comprehensions (PEP 709) but not generator expressions. The
+# value is the enclosing function's on either.
+_COMPREHENSION_FRAME = re.compile(r"(?:\.<locals>\.<(?:listcomp|dictcomp|setcomp|genexpr)>)+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +89,21 @@ def _walk(jaxpr, found: collections.defaultdict) -> None:
             where = _SUMMARY.match(summarize(eqn.source_info))
             if where is not None:
                 file_name, line, function = where.groups()
+                function = _COMPREHENSION_FRAME.sub("", function)
                 found[(function, file_name, int(line))].append(eqn.primitive.name)
         for value in eqn.params.values():
             for item in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(item, (ClosedJaxpr, Jaxpr)):
                     _walk(item, found)
+
+
+def bfloat16_equations(jaxpr) -> dict[tuple[str, str, int], list[str]]:
+    """(function, file, line) -> the primitives of the equations there whose result is bfloat16,
+    over `jaxpr` (a ClosedJaxpr or Jaxpr) and the jaxprs inside its equations. A comprehension's
+    equations are its enclosing function's, on every Python."""
+    found: collections.defaultdict = collections.defaultdict(list)
+    _walk(jaxpr, found)
+    return dict(found)
 
 
 def bfloat16_values(case, fixture) -> list[BfloatValue]:
@@ -106,8 +121,7 @@ def bfloat16_values(case, fixture) -> list[BfloatValue]:
 
     params = {k: jnp.asarray(v) for k, v in fixture.branch_params.items()}
     jaxpr = jax.make_jaxpr(forward_and_vjp)(fixture.x, fixture.mhc_weights(), params, fixture.cotangent)
-    found: collections.defaultdict = collections.defaultdict(list)
-    _walk(jaxpr, found)
+    found = bfloat16_equations(jaxpr)
     by_function: dict[str, list] = collections.defaultdict(list)
     for (function, file_name, line), primitives in found.items():
         by_function[function].append((file_name, line, primitives))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -130,3 +133,20 @@ def test_the_bare_kernel_fault_is_the_partitioner_s_refusal_and_the_shard_mapped
     assert [r["verdict"] for r in clean] == ["pass"] * 4, [r["reason"] for r in clean]
     faulty = compile_fault_rows(fault, CompileStore(tmp_path))
     assert all(r["verdict"] == "fail" and "shard_map" in r["reason"] for r in faulty)
+
+
+@needs_compiler
+def test_one_chip_targets_are_laid_out_whatever_the_tpu_host_s_own_host_bounds():
+    """On the lent TPU v5e (libtpu 0.0.42.1) the machine's TPU_CHIPS_PER_HOST_BOUNDS=2,2,1 made
+    every one-chip topology fail ('not divisible by ... chips_per_host_bounds "2x2x1"'): the
+    one-chip targets say their own host bounds."""
+    probe = (
+        "from mhc_parity.harness.engine.tpu_targets import TARGETS, topology_devices\n"
+        "print([len(topology_devices(t.chip)) for t in TARGETS])"
+    )
+    env = {**os.environ, "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1", "TPU_HOST_BOUNDS": "1,1,1", "JAX_PLATFORMS": "cpu"}
+    env.update(
+        {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "localhost"}
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == str([1] * len(TARGETS)), proc.stderr[-2000:]

@@ -70,10 +70,19 @@ def compiler_versions() -> dict[str, str]:
     return {"libtpu": importlib.metadata.version("libtpu"), "jaxlib": jaxlib.__version__}
 
 
+# A one-chip topology is one host of one chip. Said explicitly: on a TPU VM libtpu otherwise
+# takes the machine's own TPU_CHIPS_PER_HOST_BOUNDS (2,2,1 on the lent v5e, libtpu 0.0.42.1)
+# and refuses the slice ('Topology layout "v5e=1x1" is not divisible by the given (or
+# default) chips_per_host_bounds "2x2x1"'); 8-chip slices compiled there with its default.
+ONE_CHIP_HOST_BOUNDS = (1, 1, 1)
+
+
 @functools.cache
 def topology_devices(topology: str) -> tuple:
     """The compile-only devices of a named topology (e.g. "v5e=2x4"), in JAX's order."""
-    return tuple(topologies.get_topology_desc(topology, platform="tpu").devices)
+    chips = int(np.prod([int(d) for d in topology.partition("=")[2].split("x")]))
+    options = {"chips_per_host_bounds": ONE_CHIP_HOST_BOUNDS} if chips == 1 else {}
+    return tuple(topologies.get_topology_desc(topology, platform="tpu", **options).devices)
 
 
 def target_mesh(target: TpuTarget, mesh_shape: tuple[int, int] | None) -> Mesh:

@@ -4,7 +4,7 @@ One run of the `maxtext` suite (the command `make parity-maxtext` runs, one proc
 shared by the module; each test reads its rows. As released: the layer's reference path
 fails on the gate parameters' gradients (their scales and biases rounded to bfloat16),
 its kernel path and the public kernel API are `error` rows naming the tracer error, the
-kernels' token-sharded lowering fails naming the missing shard_map. With the upstream
+kernels' token-sharded lowering and compile rows fail naming the missing shard_map. With the upstream
 fixes applied at run time, every row passes: the reference path's two sums MaxText leaves
 to the backend are its declared precision choices (`mhc_parity.maxtext_parity.fixes.
 REFERENCE_PRECISION_CHOICES`, made where the backend probe finds them narrow;
@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("maxtext")  # the `maxtext` extra, where it installs (docs/accelerators.md)
 
+from mhc_parity.cases.catalogue import COMPILED_MAXTEXT_CASES  # noqa: E402 - after the skip
 from mhc_parity.maxtext_parity.fixes import REFERENCE_PRECISION_CHOICES  # noqa: E402 - after the skip
 from tests.cli_support import run_cli  # noqa: E402 - after the skip
 
@@ -127,9 +128,9 @@ def test_the_residual_gate_s_gradients_are_summed_in_bfloat16_in_the_backend_s_o
 
 
 def test_every_failing_maxtext_row_of_compared_leaves_names_a_cause(rows):
-    # (The lowering rows' reason names the missing shard_map: pinned below.)
+    # (The lowering and compile rows' reason names the missing shard_map: pinned below.)
     failed = _of(rows, "maxtext-*")
-    failed = failed[(failed["verdict"] == "fail") & (failed["comparison"] != "lowering")]
+    failed = failed[(failed["verdict"] == "fail") & ~failed["comparison"].isin(["lowering", "compile"])]
     vague = failed[failed["cause_id"].isin(["within_model", "unexplained", ""])]
     assert vague.empty, vague[["case", "candidate", "leaf", "cause"]]
 
@@ -137,7 +138,7 @@ def test_every_failing_maxtext_row_of_compared_leaves_names_a_cause(rows):
 def test_the_released_kernel_paths_are_error_rows_naming_the_tracer_error(rows):
     for impl in ("maxtext-layer-kernel", "maxtext-kernel-api"):
         mine = _of(rows, f"{impl}/*")
-        mine = mine[mine["comparison"] != "lowering"]
+        mine = mine[~mine["comparison"].isin(["lowering", "compile"])]
         assert set(mine["verdict"]) == {"error"}, impl
         assert mine["reason"].str.contains("UnexpectedTracerError").all()
         assert mine["reason"].str.contains(r"\(at maxtext/kernels/mhc/").all()
@@ -153,6 +154,19 @@ def test_the_released_sharded_lowering_fails_naming_the_missing_shard_map(rows):
     assert lowering["leaf"].str.endswith("(mhc_kernels_fwd)").all()  # the entry point the programs use
     fixed = _of(rows, "maxtext-kernel-fwd-fixed/lowering-*")
     assert fixed["candidate"].str.contains("sharded\\(").any() and set(fixed["verdict"]) == {"pass"}
+
+
+def test_the_released_kernels_fail_their_2x4_compile_rows_naming_the_shard_map_and_the_fixed_compile(rows):
+    compiled = rows[rows["comparison"] == "compile"]
+    assert set(compiled["case"]) == set(COMPILED_MAXTEXT_CASES)
+    assert set(compiled["candidate"].str.split("/").str[0]) == {"maxtext-kernel-api", "maxtext-kernel-fwd-fixed"}
+    bare = _of(compiled, "maxtext-kernel-api/compile-*-sharded(*")
+    assert len(bare) == 3 * 4 and set(bare["verdict"]) == {"fail"}  # 3 targets x 4 programs
+    assert set(bare["compile_cause"]) == {"partitioning"}
+    assert bare["reason"].str.contains("cannot be automatically partitioned. Please wrap the call in a shard_map").all()
+    rest = compiled.drop(bare.index)
+    assert len(rest) and set(rest["verdict"]) == {"pass"}, rest[rest["verdict"] != "pass"][["case", "candidate"]]
+    assert _of(rest, "maxtext-kernel-fwd-fixed/compile-*-sharded(*")["candidate"].nunique() == 3
 
 
 def test_the_fixed_kernel_paths_pass_unsharded_and_sharded(rows):

@@ -271,6 +271,27 @@ COMPILED_DEFAULT_CASES = frozenset(
     )
 )
 
+# The maxtext-suite cases that get compile rows (`compiles_case`), for the implementations with
+# kernel programs (MaxText's kernel API, as released and fixed) and this project's kernels: the
+# 2x4 token mesh, where the released kernels, called bare, meet XLA's partitioner, and the
+# smallest unsharded case. About 72 compiles of half a second each (3 targets, 4 programs,
+# 2 implementations); the suite's other cases add shapes, not compiler checks.
+COMPILED_MAXTEXT_CASES = frozenset(
+    make_case(**fields).name
+    for fields in (
+        dict(
+            batch=2,
+            sequence=256,
+            dtype=BF16,
+            init="bf16_inexact_gates",
+            mesh=(2, 4),
+            block_tokens=64,
+            block_tokens_bwd=32,
+        ),
+        dict(batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64, block_tokens_bwd=32),
+    )
+)
+
 # The default-suite case the maxtext suite shares (8 forward / 16 backward token blocks).
 MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32)
 

@@ -237,7 +237,8 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
     configuration = configure(selection)
     policy, plan = configuration.policy, configuration.plan
     cases, whole_selection = _take_shard(args, list(configuration.cases))
-    too_large = first_too_large(cases)  # before the folder changes: a case that cannot fit is refused with its size
+    # Before the folder changes: a case whose numbers would run and cannot fit is refused with its size.
+    too_large = first_too_large(case for case in cases if plan.needs_numbers(case))
     if too_large:
         raise UsageError(too_large)
     baseline = _load_baseline(args.baseline, args.allow_legacy_baseline)  # before the run: a bad path wastes no time

@@ -79,7 +79,12 @@ PRIMITIVES: tuple[Primitive, ...] = (
         "the sigmoid gates and the MLP branch's silu; past 16 a gate is within 1.1e-7 of 0 or 1 and its "
         "relative error moves no leaf (XLA:CPU's is 5110 ulps of outputs near 1e-13 at -30)",
     ),
-    Primitive("softplus", ((-20.0, 20.0),), RELATIVE, "not used by the layer; measured for a branch that would"),
+    Primitive(
+        "softplus",
+        ((-20.0, 20.0),),
+        ABSOLUTE,
+        "a sigmoid computed as exp(-softplus(-z)) (`SIGMOID_ROUTES`) errs relatively by softplus's absolute error",
+    ),
     Primitive("rsqrt", ((1e-3, 1e3),), RELATIVE, "the RMS statistic rsqrt(mean(x^2) + eps)"),
     Primitive("sqrt", ((1e-3, 1e3),), RELATIVE, "not used by the layer's paths (the oracle's route to rsqrt)"),
     Primitive("divide", ((0.0, 1.0), (1.0, 128.0)), RELATIVE, "the softmax's normalisation e / sum(e)"),
@@ -234,10 +239,23 @@ class BackendArithmetic:
         return f"float32 primitives on {where} against float64: " + "; ".join(p.describe() for p in self.primitives)
 
 
+# The ways a correct path computes a sigmoid: the backend's logistic, (1 + tanh(z/2)) / 2 (the
+# legitimate variant `kernel.sigmoid_through_tanh`) and exp(-softplus(-z)) (the fault
+# catalogue's independent implementation). Each errs by its primitive's figure, relative to the
+# sigmoid, so the model's sigmoid outputs are held to the least accurate route on the backend:
+# on the TPU v5e, with the logistic's term alone, the kill matrix flagged the variant (1.98x its
+# bound at h_pre) and failed 54 clean rows of the independent implementation (smoke suite,
+# float32).
+SIGMOID_ROUTES = ("logistic", "tanh", "softplus")
+
+
 def model_terms(table: BackendArithmetic) -> dict[str, float]:
     """primitive -> the relative error the rounding model gives its outputs on this backend:
-    its `figure` where it errs past `ALLOWED_ULPS`, 0 where it is within what the model assumes."""
-    return {p.name: (p.figure if p.max_ulps > ALLOWED_ULPS else 0.0) for p in table.primitives}
+    its `figure` where it errs past `ALLOWED_ULPS`, 0 where it is within what the model assumes;
+    the logistic's is the largest of `SIGMOID_ROUTES`'."""
+    terms = {p.name: (p.figure if p.max_ulps > ALLOWED_ULPS else 0.0) for p in table.primitives}
+    terms["logistic"] = max(terms.get(route, 0.0) for route in SIGMOID_ROUTES)
+    return terms
 
 
 def _libtpu_version() -> str:

@@ -8,6 +8,10 @@ judge. The CLI checks that plan up front, so configuration errors cost no comput
                            (a typo), with a did-you-mean over the known path names;
   `uncovered_judgements`   a comparison the tolerance policy has no rule for.
 
+What this machine will not compute is known up front too: a `tpu`-tagged case's numbers off a
+TPU (`numbers_refusal`; its paths are `skip` rows saying why, its compile rows are made), and
+so whether a case needs its fixture and oracle at all (`PathPlan.needs_numbers`).
+
 Leaf dtypes follow the operation's contract: the forward leaves' are the operation's
 (`mhc_parity.harness.engine.operation`), `d_x` is in the activation dtype, every other gradient in
 the dtype of its primal (the weight dtype for weights and branch parameters,
@@ -20,9 +24,12 @@ import dataclasses
 import fnmatch
 from collections.abc import Iterable, Sequence
 
+import jax
+
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import expected_layout
 from mhc_parity.cases.names import did_you_mean
+from mhc_parity.cases.spec import TPU_TAG
 from mhc_parity.harness.engine.compile_rows import compile_names_for
 from mhc_parity.harness.engine.devices import host_device_shortfall, host_fallback, mesh_size
 from mhc_parity.harness.engine.implementations import REFERENCE, Implementation
@@ -68,6 +75,12 @@ class PathPlan:
         """The case's selected paths (see `all_paths_for`)."""
         return [p for p in self.all_paths_for(case) if self.selects(p.name)]
 
+    def needs_numbers(self, case) -> bool:
+        """Whether the case's rows need its fixture, its oracle answer and their memory: some
+        selected path (not only lowering and compile rows) that this machine does not refuse
+        (`numbers_refusal`)."""
+        return bool(self.paths_for(case)) and not numbers_refusal(case)
+
     def lowering_names_for(self, case) -> list[str]:
         """The case's lowering and compile row candidates, selected or not (none without
         lowering): this project's kernels', then those of each implementation that lowers its
@@ -97,6 +110,23 @@ class PathPlan:
     def selected_names(self, cases: Iterable) -> list[str]:
         """The path and lowering names this plan runs for the cases."""
         return [name for name in self.known_names(cases) if self.selects(name)]
+
+
+def numbers_refusal(case) -> str:
+    """Why this process computes none of `case`'s numbers ("" where it does): a case tagged
+    `tpu` (`mhc_parity.cases.spec.TPU_TAG`: large shapes only worth running with compiled
+    kernels) on a default backend that is not a TPU, where its paths would run in Pallas's
+    interpret mode and its float64 oracle would need tens of GiB. Its paths are then `skip` rows
+    with this reason; its lowering and compile rows are made on any host."""
+    if TPU_TAG not in case.all_tags:
+        return ""
+    backend = jax.default_backend()
+    if backend == "tpu":
+        return ""
+    return (
+        f"case is tagged {TPU_TAG!r} (only worth running with compiled kernels): its numbers are computed on a TPU, "
+        f"and this process runs on {backend}; its lowering and compile rows are made here"
+    )
 
 
 def comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]:
@@ -153,10 +183,11 @@ def unmatched_path_globs(plan: PathPlan, cases: Sequence) -> list[str]:
 def device_shortfalls(plan: PathPlan, cases: Sequence) -> list[str]:
     """One message per selected path of `cases` this process lacks the CPU devices for
     (`mhc_parity.harness.engine.devices.host_device_shortfall`): its runner would skip it, and a
-    run of fewer rows must not pass for a whole one."""
+    run of fewer rows must not pass for a whole one. A case whose numbers this machine refuses
+    (`numbers_refusal`) runs no path, so it lacks nothing."""
     problems = []
     for case in cases:
-        for path in plan.paths_for(case):
+        for path in plan.paths_for(case) if plan.needs_numbers(case) else ():
             lacking = host_device_shortfall(path)
             if lacking:
                 needed = mesh_size(path)

@@ -15,6 +15,10 @@ been the candidate of): `skip` (variant not implemented, backend or devices miss
 `unsupported` (an UnsupportedInputError the case expects), `fail` (a kernel-like path
 accepting input the case expects it to reject, or rejecting a supported case), or
 `error` (any other exception, with its message; the run goes on).
+
+A case whose selected paths need no numbers (only lowering and compile rows selected, or its
+numbers refused on this machine: `mhc_parity.harness.engine.plan.numbers_refusal`) gets no
+fixture and no oracle: its refused paths are `skip` rows with the reason.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 
 import jax
 
@@ -36,7 +40,7 @@ from mhc_parity.harness.engine.devices import Placement, PlacementError, path_pl
 from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
-from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
+from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, numbers_refusal
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.program_cache import COMPILE_THREADS, ProgramCache
 from mhc_parity.harness.engine.run_info import compile_counts
@@ -261,6 +265,37 @@ class Runner:
     ) -> Iterator[dict]:
         """`run_case`'s rows; `stage[0]` names the stage the case is in."""
         paths = plan.paths_for(case)
+        if plan.needs_numbers(case):
+            compared = yield from self._numeric_rows(case, paths, on_step, fixture, oracle_ahead, stage)
+            if not compared:  # the fixture or the oracle failed: the case ends with its paths' status rows
+                return
+        else:  # no fixture, no oracle: the refused paths' skip rows (no paths selected: none)
+            refused = _PathResult(verdict="skip", reason=numbers_refusal(case))
+            for path in paths:
+                yield from self._status_rows(case, path, paths, refused)
+        if plan.lowering:
+            stage[0] = "the TPU lowering"
+            on_step(case, "lowering")
+            start = time.perf_counter()
+            rows = list(lowering_rows(case, self.lowering_store, plan.selects))
+            for impl in plan.implementations:
+                if impl.lower is not None:
+                    rows += implementation_lowering_rows(case, impl, self.lowering_store, plan.selects)
+            self.timings["lowering_s"] += time.perf_counter() - start
+            yield from rows
+            stage[0] = "the TPU compile"
+            on_step(case, "compile")
+            start = time.perf_counter()
+            rows = list(compile_rows(case, self.compile_store, plan.selects, plan.implementations))
+            self.timings["compile_s"] += time.perf_counter() - start
+            yield from rows
+
+    def _numeric_rows(
+        self, case, paths: Sequence[Path], on_step: StepCallback, fixture, oracle_ahead, stage: list
+    ) -> Generator[dict, None, bool]:
+        """The rows of the case's paths, from its fixture and oracle answer (`run_case`'s
+        arguments); returns (a generator's return) False when the fixture or the oracle failed
+        and the case's rows end with its paths' status rows, else True."""
         try:
             on_step(case, "fixture")
             if fixture is None:
@@ -278,13 +313,13 @@ class Runner:
             for path in paths:
                 result = self._classify_unsupported(path, case, exc)
                 yield from self._status_rows(case, path, paths, result)
-            return
+            return False
         except Exception as exc:
             if out_of_memory(exc):
                 raise out_of_memory_error(case, "its fixture or oracle", exc) from exc
             for path in paths:
                 yield from self._status_rows(case, path, paths, _PathResult(verdict="error", reason=error_text(exc)))
-            return
+            return False
 
         stage[0] = "its paths"
         results = self._run_paths(case, paths, fixture, on_step)
@@ -297,22 +332,7 @@ class Runner:
             if material is not None:
                 self.comparison_store.save(material, rows, timings)
         yield from rows
-        if plan.lowering:
-            stage[0] = "the TPU lowering"
-            on_step(case, "lowering")
-            start = time.perf_counter()
-            rows = list(lowering_rows(case, self.lowering_store, plan.selects))
-            for impl in plan.implementations:
-                if impl.lower is not None:
-                    rows += implementation_lowering_rows(case, impl, self.lowering_store, plan.selects)
-            self.timings["lowering_s"] += time.perf_counter() - start
-            yield from rows
-            stage[0] = "the TPU compile"
-            on_step(case, "compile")
-            start = time.perf_counter()
-            rows = list(compile_rows(case, self.compile_store, plan.selects, plan.implementations))
-            self.timings["compile_s"] += time.perf_counter() - start
-            yield from rows
+        return True
 
     def _comparison_key(self, case, fixture, paths: Sequence[Path], results: dict[str, _PathResult]) -> dict | None:
         """The key of the case's judged rows in the comparison store (None without one)."""
@@ -513,7 +533,10 @@ class Runner:
     def _start_case(self, pool, case, plan: PathPlan) -> tuple[object, concurrent.futures.Future | None]:
         """Load `case`'s fixture and start its oracle answer, then its programs, in `pool`:
         (fixture, the answer's future), or (None, None) if loading the fixture failed
-        (`run_case` then meets the error again and reports it)."""
+        (`run_case` then meets the error again and reports it) or the case needs no numbers
+        (`PathPlan.needs_numbers`)."""
+        if not plan.needs_numbers(case):
+            return None, None
         try:
             fixture = self._load_fixture(case)
         except Exception:  # noqa: BLE001 - reported by run_case

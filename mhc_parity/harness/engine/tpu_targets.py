@@ -8,8 +8,9 @@ the topology of one chip and of an 8-chip slice, the slice the token meshes of t
 (2×4, 8×1, 1×8) are laid on.
 
 Which cases get compile rows is a stated choice (`compiles_case`): every case of the `tpu`
-suite (`mhc_parity.cases.spec.TPU_TAG`) and, in the default suite, the cheapest cases that cover
-each (dtype, mesh) once (`mhc_parity.cases.catalogue.COMPILED_DEFAULT_CASES`): a compile costs
+suite (`mhc_parity.cases.spec.TPU_TAG`); in the default suite, the cheapest cases that cover
+each (dtype, mesh) once (`mhc_parity.cases.catalogue.COMPILED_DEFAULT_CASES`); in the maxtext
+suite, its 2x4 case and its smallest unsharded one (`COMPILED_MAXTEXT_CASES`): a compile costs
 about a second at those shapes, and each program is compiled for every target, one chip and the
 case's mesh (docs/accelerators.md gives the cold cost).
 """
@@ -26,7 +27,7 @@ import numpy as np
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh
 
-from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES
+from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES, COMPILED_MAXTEXT_CASES
 from mhc_parity.cases.spec import MESH_AXES, TPU_TAG
 
 # The chips of each target's slice topology: the largest token mesh a case may ask for.
@@ -54,7 +55,7 @@ TARGETS: tuple[TpuTarget, ...] = (
 
 def compiles_case(case) -> bool:
     """Whether `case` gets compile rows (module docstring)."""
-    return TPU_TAG in case.all_tags or case.name in COMPILED_DEFAULT_CASES
+    return TPU_TAG in case.all_tags or case.name in COMPILED_DEFAULT_CASES | COMPILED_MAXTEXT_CASES
 
 
 def compiler_missing() -> str:

@@ -31,7 +31,12 @@ SUITE  ?= default
 JOBS   ?= auto
 # The reviewed baseline of the default suite: what `make gate` judges against, and what `make
 # parity` draws drift against (BASELINE=... on the command line names another, for any suite).
-DEFAULT_BASELINE := baselines/default.csv
+# On a TPU VM (its chips as /dev/accel* or /dev/vfio/<n>, as mhc_parity.harness.env.tpu_host
+# reads them) the reviewed baseline is the one made on the lent TPU v5e with the image's own JAX
+# (a CPU baseline is refused there: its matmuls ran at another precision); another TPU
+# generation makes its own with `make baseline BASELINE=baselines/tpu-<generation>.csv`.
+TPU_HOST := $(wildcard /dev/accel* /dev/vfio/[0-9]*)
+DEFAULT_BASELINE := $(if $(TPU_HOST),baselines/tpu-v5e.csv,baselines/default.csv)
 BASELINE ?= $(DEFAULT_BASELINE)
 # The baseline `make parity` is judged against, as `make gate` judges it: one named on the
 # command line, else the default suite's own, for the default suite only and when it exists

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -248,3 +250,24 @@ def test_a_tpu_s_exp_and_log_widen_the_sinkhorn_matrix_and_nothing_upstream_of_i
     assert deviation(on_tpu, "h_res") > 1e-5 > 100 * deviation(on_cpu, "h_res")
     for leaf in ("layer_input", "h_pre", "h_post"):  # computed before the Sinkhorn: the same draws
         np.testing.assert_array_equal(on_tpu.forward[leaf], on_cpu.forward[leaf], err_msg=leaf)
+
+
+# The probe's table as it ran on the lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1):
+# `python bench/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
+TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
+
+
+def test_the_tpu_v5e_s_measured_table_widens_its_transcendentals_and_nothing_else():
+    measured = json.loads(TPU_V5E_PROBE.read_text())
+    table = BackendArithmetic.from_json(measured["device"])
+    assert dict(table.key)["device_kind"] == "TPU v5 lite"
+    terms = backend_arithmetic.model_terms(table)
+    assert all(terms[p] > 1e-6 for p in ("exp", "log", "tanh", "logistic")), terms
+    assert all(terms[p] == 0.0 for p in ("rsqrt", "sqrt", "divide", "reciprocal", "dot_highest")), terms
+    # A sigmoid is held to its least accurate route there: exp(-softplus(-z)), not the logistic.
+    figures = {p.name: p.figure for p in table.primitives}
+    assert terms["logistic"] == max(figures[route] for route in backend_arithmetic.SIGMOID_ROUTES)
+    assert terms["logistic"] > 10 * figures["logistic"]
+    # The replay the backend hypotheses use explains the chip's Sinkhorn error: its exp and log.
+    assert measured["replay"]["fraction_explained"]["exp+log"] > 0.999
+    assert measured["replay"]["fraction_explained"]["log"] > 0.99 > measured["replay"]["fraction_explained"]["exp"]

@@ -208,12 +208,22 @@ def tpu_cases() -> list[Case]:
     ]
 
 
+# Two maxtext-suite cases the compile rows name too (`COMPILED_MAXTEXT_CASES`): its smallest
+# unsharded case and its 2x4 token mesh.
+MAXTEXT_SMALLEST = dict(
+    batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64, block_tokens_bwd=32
+)
+MAXTEXT_2X4 = dict(
+    batch=2, sequence=256, dtype=BF16, init="bf16_inexact_gates", mesh=(2, 4), block_tokens=64, block_tokens_bwd=32
+)
+
+
 def maxtext_cases() -> list[Case]:
     """The `maxtext` suite beyond the default case it shares: every case inside MaxText's kernel
     envelope (`mhc_parity.maxtext_parity.envelope`) with its layer's default blocks (256 forward, 128
     backward tokens) or explicit ones that divide the tokens each device holds."""
     return [
-        make_case(batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64, block_tokens_bwd=32),
+        make_case(**MAXTEXT_SMALLEST),
         make_case(embedding=256, batch=2, sequence=128, dtype=BF16, branch="mlp"),
         make_case(
             embedding=384,
@@ -236,15 +246,7 @@ def maxtext_cases() -> list[Case]:
             block_tokens_bwd=64,
             block_features=512,
         ),
-        make_case(
-            batch=2,
-            sequence=256,
-            dtype=BF16,
-            init="bf16_inexact_gates",
-            mesh=(2, 4),
-            block_tokens=64,
-            block_tokens_bwd=32,
-        ),
+        make_case(**MAXTEXT_2X4),
         make_case(
             embedding=256,
             batch=8,
@@ -276,21 +278,7 @@ COMPILED_DEFAULT_CASES = frozenset(
 # 2x4 token mesh, where the released kernels, called bare, meet XLA's partitioner, and the
 # smallest unsharded case. About 72 compiles of half a second each (3 targets, 4 programs,
 # 2 implementations); the suite's other cases add shapes, not compiler checks.
-COMPILED_MAXTEXT_CASES = frozenset(
-    make_case(**fields).name
-    for fields in (
-        dict(
-            batch=2,
-            sequence=256,
-            dtype=BF16,
-            init="bf16_inexact_gates",
-            mesh=(2, 4),
-            block_tokens=64,
-            block_tokens_bwd=32,
-        ),
-        dict(batch=2, sequence=128, dtype=BF16, init="bf16_inexact_gates", block_tokens=64, block_tokens_bwd=32),
-    )
-)
+COMPILED_MAXTEXT_CASES = frozenset(make_case(**fields).name for fields in (MAXTEXT_2X4, MAXTEXT_SMALLEST))
 
 # The default-suite case the maxtext suite shares (8 forward / 16 backward token blocks).
 MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32)

@@ -35,7 +35,7 @@ from jax._src import config as jax_config  # the thread-local cache-write thresh
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.compare import status_row
 from mhc_parity.harness.engine.implementations import MOSAIC
-from mhc_parity.harness.engine.lowering_rows import case_meshes, lowering_verdict
+from mhc_parity.harness.engine.lowering_rows import case_meshes, lowering_verdict, program_row
 from mhc_parity.harness.engine.tpu_targets import (
     TARGETS,
     TpuTarget,
@@ -308,17 +308,13 @@ def _rows(case, candidate: str, target: TpuTarget, mesh, skip: str, compute, jud
         return
     for result in compute():
         verdict, reason = judge(case, result.ok, result.first_line)
-        row = status_row(
+        row = program_row(
             case,
-            candidate=candidate,
-            partner="",
-            comparison="compile",
-            verdict=verdict,
-            reason=reason,
-            leaf=result.program,
-        )
-        row.update(
-            leaf_kind="program",
+            candidate,
+            "compile",
+            result.program,
+            verdict,
+            reason,
             bound=f"compiles for {target.device_kind} ({'one chip' if mesh is None else mesh_label(mesh)})",
             compile_s=result.seconds,
             compile_cause=result.cause,

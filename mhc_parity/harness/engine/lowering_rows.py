@@ -109,17 +109,26 @@ def _program_rows(case, candidate: str, skip: str, lower, expects_case_limits: b
         return
     for result in results:
         verdict, reason = judge(case, result.ok, result.error)
-        row = status_row(
+        yield program_row(
             case,
-            candidate=candidate,
-            partner="",
-            comparison="lowering",
-            verdict=verdict,
-            reason=reason,
-            leaf=result.program,
+            candidate,
+            "lowering",
+            result.program,
+            verdict,
+            reason,
+            bound="lowers to a Mosaic tpu_custom_call",
+            compile_s=result.seconds,
         )
-        row.update(leaf_kind="program", bound="lowers to a Mosaic tpu_custom_call", compile_s=result.seconds)
-        yield row
+
+
+def program_row(case, candidate: str, comparison: str, program: str, verdict: str, reason: str, **columns) -> dict:
+    """The row of one kernel program's lowering or compile check (leaf: the program; no
+    partner), with the check's own `columns` (its bound in words, seconds, figures)."""
+    row = status_row(
+        case, candidate=candidate, partner="", comparison=comparison, verdict=verdict, reason=reason, leaf=program
+    )
+    row.update(leaf_kind="program", **columns)
+    return row
 
 
 def implementation_lowering_name(impl_name: str, mesh: tuple[int, int] | None) -> str:

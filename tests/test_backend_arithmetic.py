@@ -21,6 +21,7 @@ import pytest
 from mhc_parity.cases import branches, registry
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine import backend_arithmetic, oracle_path
+from mhc_parity.harness.engine import leaves as leaves_module
 from mhc_parity.harness.engine.backend_arithmetic import (
     ALLOWED_ULPS,
     PRIMITIVES,
@@ -274,3 +275,25 @@ def test_the_tpu_v5e_s_measured_table_widens_its_transcendentals_and_nothing_els
     # The replay the backend hypotheses use explains the chip's Sinkhorn error: its exp and log.
     assert measured["replay"]["fraction_explained"]["exp+log"] > 0.999
     assert measured["replay"]["fraction_explained"]["log"] > 0.99 > measured["replay"]["fraction_explained"]["exp"]
+
+
+@pytest.mark.slow
+def test_the_shift_the_backend_s_primitives_may_share_is_their_term_on_their_outputs(simulated_backend):
+    """A primitive's error is a fixed function of its input, so tokens that feed it alike share
+    it: the oracle with every backend term applied the same way on every token measures that
+    shift per leaf (the sigmoid gates: the logistic's term, tanh's here); none on this CPU."""
+    case = registry.get(CASE)
+    fixture = make_fixture(case)
+    assert oracle_path.backend_shift_units(case) is None
+    assert oracle_path.run_oracle_path(case, fixture).backend_shift == {}
+    terms = simulated_backend()
+    shift = oracle_path.run_oracle_path(case, fixture).backend_shift
+    h_post = oracle.run_oracle(
+        fixture.x, fixture.weights, branches.BRANCHES["tanh"].apply, {}, fixture.cotangent, case.mhc_config()
+    ).forward["h_post"]
+    # h_post = 2 sigmoid(z): every value off by the logistic's term, its per-stream mean over
+    # the tokens off by the same fraction (normalised by the largest value).
+    expected = terms["logistic"] * np.max(np.mean(h_post.reshape(-1, h_post.shape[-1]), axis=0)) / np.max(h_post)
+    assert shift["h_post"] == pytest.approx(expected, rel=1e-6)
+    assert shift["h_pre"] > 0.5 * terms["logistic"]
+    assert set(shift) == {name for name in shift if leaves_module.token_axes(name)}

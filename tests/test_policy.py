@@ -750,6 +750,22 @@ def test_systematic_criterion_scales_with_the_models_own_t_and_ignores_tiny_shif
     assert tiny.verdict == "pass"
 
 
+def test_systematic_criterion_allows_the_shift_the_backend_s_primitives_may_share(with_systematic):
+    """The TPU v5e's sigmoid through softplus shifted h_post by 5.7e-5 on every token (t = 51):
+    within its backend shift it passes, past it it fails; no backend term, no allowance."""
+    shift, backend = 5.708e-5, 1.07e-4
+    on_tpu = dataclasses.replace(_systematic_metrics(51.4, shift), oracle_backend_shift=backend)
+    passed = judge(with_systematic, on_tpu, "vs_reference", "intermediate")
+    assert passed.verdict == "pass"
+    assert passed.bound_usage == pytest.approx(shift / (4 * F32_EPS + backend))
+    pushed = dataclasses.replace(on_tpu, cand_systematic_shift=2 * (4 * F32_EPS + backend))
+    failed = judge(with_systematic, pushed, "vs_reference", "intermediate")
+    assert failed.verdict == "fail" and "4ulp+backend shift(" in failed.reason
+    for none in (0.0, float("nan")):
+        plain = dataclasses.replace(on_tpu, oracle_backend_shift=none)
+        assert judge(with_systematic, plain, "vs_reference", "intermediate").verdict == "fail"
+
+
 def test_systematic_criterion_applies_to_its_leaf_kinds_only(with_systematic):
     m = _systematic_metrics(500, 1.0)
     assert judge(with_systematic, m, "vs_reference", "output").verdict == "pass"

@@ -261,7 +261,10 @@ def run_oracle_batch(
     """Several draws of `run_oracle` in one run of one compiled program (`jax.vmap` over the draws).
 
     draws: (seed, units) per draw, units as for `run_oracle`'s rounding_noise (None or 0:
-    the exact oracle, whose seed is then irrelevant); branch_sites as for `run_oracle`;
+    the exact oracle, whose seed is then irrelevant); seed None: no random draw, every δ is
+    +u (each value moved by its classes' whole unit roundoff, the same way on every token:
+    the shift an error that is a fixed function of the value would share);
+    branch_sites as for `run_oracle`;
     only_sites: round only at these sites (each draw keeps the random numbers it has in a
     draw of every site, so the shares add up to first order). Returns one `OracleResult` per
     draw, in order; a draw's result does not depend on the other draws of the batch
@@ -276,8 +279,10 @@ def run_oracle_batch(
         raise ValueError(f"only_sites names no rounding site: {unknown}")
     with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64, w64, p64, ct64 = _float64_inputs(x, weights, branch_params, cotangent)
-        keys = jnp.stack([jax.random.key(seed) for seed, _ in draws])
+        keys = jnp.stack([jax.random.key(0 if seed is None else seed) for seed, _ in draws])
         banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply, sites)))(keys)
+        shifted = jnp.asarray([seed is None for seed, _ in draws])[:, None]
+        banks = jnp.where(shifted, jnp.ones_like(banks), banks)
         program = _oracle_program(branch_apply, config, sites, None if only_sites is None else frozenset(only_sites))
         outputs = jax.tree.map(
             lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, banks, jnp.asarray(units))

@@ -122,11 +122,14 @@ _COLUMN_TYPES = {
     "oracle_quantile_rms": _FLOAT,
     # an error shared by every token (token-major leaves, against the oracle): the largest
     # per-group t statistic |mean error| / standard error, that group's mean shift
-    # (normalised by max|oracle|), the partner's t, and the t the rounding model produces
+    # (normalised by max|oracle|), the partner's t, and the t the rounding model produces;
+    # the shift the backend's own primitives may share (every one off by its whole model
+    # term, the same way on every token; NaN where the backend has no term, as on a CPU)
     "cand_systematic_t": _FLOAT,
     "cand_systematic_shift": _FLOAT,
     "partner_systematic_t": _FLOAT,
     "oracle_systematic_t": _FLOAT,
+    "oracle_backend_shift": _FLOAT,
     # the bound the row was held to
     "bound": _TEXT,  # human-readable description of the rule and its numbers
     "bound_usage": _FLOAT,  # measured / allowed for the binding rule; > 1 fails
@@ -205,6 +208,7 @@ LATER_COLUMNS = (
     "temp_bytes",
     "execute_first_s",
     "execute_runs",
+    "oracle_backend_shift",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

@@ -54,6 +54,7 @@ def compare_leaves(
     policy: Policy,
     oracle_sensitivity: Mapping[str, Sensitivity] | None = None,
     oracle_systematic: Mapping[str, float] | None = None,
+    oracle_backend_shift: Mapping[str, float] | None = None,
     partitioning: str,
     timing: tuple[float, ...] | None = None,
     memo: MetricsMemo | None = None,
@@ -62,8 +63,9 @@ def compare_leaves(
     """One judged row per leaf of the candidate, in the candidate's leaf order.
 
     `oracle_sensitivity`: leaf -> its `Sensitivity`, the error the arithmetic explains there;
-    `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces
-    (both from `mhc_parity.harness.engine.oracle_path.OracleOutputs`). A leaf the partner (or
+    `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces;
+    `oracle_backend_shift`: token-major leaf -> the shift the backend's primitives may share
+    (all from `mhc_parity.harness.engine.oracle_path.OracleOutputs`). A leaf the partner (or
     oracle) lacks gets a `skip` row saying so. `partitioning` is
     the candidate implementation's (see `Implementation.partitioning`). `timing` is the
     candidate's `TIMING_COLUMNS` cells (`PathOutputs.timing`), recorded on every row of the
@@ -100,6 +102,7 @@ def compare_leaves(
             sensitivity=None if oracle_sensitivity is None else oracle_sensitivity.get(leaf),
             token_axes=token_axes(leaf),
             oracle_systematic_t=(oracle_systematic or {}).get(leaf),
+            oracle_backend_shift=(oracle_backend_shift or {}).get(leaf),
             memo=memo,
         )
         judgement = policy.judge(

@@ -22,7 +22,13 @@ from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, mo
 from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.judging.error_statistics import draw_deviations, effective_dof, statistic_dof, systematic_error
+from mhc_parity.harness.judging.error_statistics import (
+    draw_deviations,
+    effective_dof,
+    shared_shift,
+    statistic_dof,
+    systematic_error,
+)
 from mhc_parity.mhc.precision import device_compute_capability, operand_rounding
 
 
@@ -49,6 +55,11 @@ class OracleOutputs:
     # token the rounding model itself produces (e.g. rounded weights meeting activations
     # whose mean is not zero).
     systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # token-major leaf -> the largest error shared by every token (`shared_shift`) when each
+    # backend primitive's output is off by its whole model term the same way on every token:
+    # a primitive's error is a fixed function of its input, so tokens that feed it alike share
+    # it. Empty where the backend has no term (a CPU).
+    backend_shift: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 # Enough draws that the sensitivity's own noise stays inside the bound for a leaf with one
@@ -104,6 +115,15 @@ def noise_units(case) -> dict[str, float]:
     return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case), backend_terms())
 
 
+def backend_shift_units(case) -> dict[str, float] | None:
+    """`noise_units` with only the backend's terms left (the classes that are 0 without them),
+    or None where the backend has no term."""
+    units = noise_units(case)
+    without = OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case), {})
+    shift = {name: 0.0 if without[name] else unit for name, unit in units.items()}
+    return shift if any(shift.values()) else None
+
+
 def backend_terms() -> dict[str, float]:
     """primitive -> the relative error its outputs carry on the default backend past what the
     rounding model assumes (`mhc_parity.harness.engine.backend_arithmetic.model_terms`: all 0 on
@@ -152,10 +172,15 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     vmapped over the draws; shared by every case of the same shapes, branch and config).
     """
     start = time.perf_counter()
-    units = noise_units(case)
+    units, shift_units = noise_units(case), backend_shift_units(case)
+    shifted_draw = [] if shift_units is None else [(None, shift_units)]
     exact_result, *draws = OPERATION.oracle_draws(
-        case, fixture, get_branch(case.branch), [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
+        case,
+        fixture,
+        get_branch(case.branch),
+        [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw,
     )
+    shifted = named_leaves(draws.pop()) if shifted_draw else {}
     exact = named_leaves(exact_result)
     noisy: dict[str, list[np.ndarray]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
@@ -170,4 +195,7 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
         sensitivity,
         time.perf_counter() - start,
         systematic={name: root_mean_square(ts) for name, ts in systematic.items()},
+        backend_shift={
+            name: shared_shift(shifted[name], exact[name], token_axes=token_axes(name)) for name in systematic if shifted
+        },
     )

@@ -441,6 +441,7 @@ class Runner:
                     oracle_leaves=oracle.leaves,
                     oracle_sensitivity=declared[path.name].widened(oracle.sensitivity),
                     oracle_systematic=declared[path.name].widened_systematic(oracle.systematic),
+                    oracle_backend_shift=oracle.backend_shift,
                     declared=declared[path.name].max,
                     policy=self.policy,
                     timing=timing,

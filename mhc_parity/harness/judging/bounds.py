@@ -213,8 +213,10 @@ class Systematic:
     A leaf passes it when cand_systematic_t <= max(t_floor, ratio * E_t), with E_t the
     larger of the partner's t and the t the rounding model itself produces
     (oracle_systematic_t), or when that group's shift is at most the rule's floor
-    (floor_ulps ulps): an error shared by every token, larger than rounding explains and
-    than a few ulps, fails even when the leaf's max and RMS errors are within their ratio.
+    (floor_ulps ulps) plus the shift the backend's own primitives may share there
+    (oracle_backend_shift: 0 on a CPU): an error shared by every token, larger than rounding
+    explains and than a few ulps, fails even when the leaf's max and RMS errors are within
+    their ratio.
     """
 
     leaf_kinds: tuple[str, ...]
@@ -232,6 +234,11 @@ class Systematic:
         t_limit = max(self.t_floor, self.ratio * explained)
         t_text = f"max({self.t_floor:g}, {self.ratio:g}*{_number(explained)})={_number(t_limit)}"
         shift_text = f"{floor_ulps:g}ulp={_number(floor)}"
+        if not math.isnan(m.oracle_backend_shift) and m.oracle_backend_shift > 0.0:
+            # A backend primitive's error is a fixed function of its input: tokens that feed it
+            # alike share it (TPU v5e, the sigmoid through softplus: 5.7e-5 on every token).
+            floor += m.oracle_backend_shift
+            shift_text = f"{floor_ulps:g}ulp+backend shift({_number(m.oracle_backend_shift)})={_number(floor)}"
         alternatives = [
             Condition("cand_systematic_t", m.cand_systematic_t, t_limit, t_text),
             Condition("cand_systematic_shift", m.cand_systematic_shift, floor, shift_text),

@@ -84,6 +84,20 @@ def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, f
     return float(t[worst]), safe_ratio(float(abs(mean[worst])), max_abs(e))
 
 
+def shared_shift(actual, expected, *, token_axes: int = 2) -> float:
+    """The largest error shared by every token, whatever its spread: max over the groups of
+    |mean(actual - expected)| over the tokens, normalised by max|expected|, float64 (axes as
+    for `systematic_error`). NaN when there are no token axes, no values, or non-finite ones."""
+    a, e = upcast(actual), upcast(expected)
+    if token_axes < 1 or a.ndim < token_axes or a.size == 0:
+        return math.nan
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
+        return math.nan
+    tokens = int(np.prod(a.shape[:token_axes]))
+    mean = (a - e).reshape(tokens, -1).mean(axis=0)
+    return safe_ratio(float(np.max(np.abs(mean))), max_abs(e))
+
+
 def _pairwise_sum(a: np.ndarray, b: np.ndarray) -> float:
     """Σ a·b by NumPy's pairwise summation (never BLAS: see `l2_norm`)."""
     return float(np.sum(a * b))

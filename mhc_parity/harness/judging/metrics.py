@@ -147,6 +147,7 @@ class LeafMetrics:
     cand_systematic_shift: float
     partner_systematic_t: float
     oracle_systematic_t: float
+    oracle_backend_shift: float
 
     def as_row_fields(self) -> dict:
         """The fields as a {column: value} dict, ready to merge into a schema row."""
@@ -260,6 +261,7 @@ def leaf_metrics(
     sensitivity: Sensitivity | None = None,
     token_axes: int = 0,
     oracle_systematic_t: float | None = None,
+    oracle_backend_shift: float | None = None,
     memo: MetricsMemo | None = None,
 ) -> LeafMetrics:
     """Every metric of one leaf.
@@ -274,7 +276,8 @@ def leaf_metrics(
     leading axes index tokens (0: the leaf has no token axis); with an oracle, the
     candidate's and the partner's `systematic_error` against it are recorded (NaN
     otherwise). oracle_systematic_t: the t statistic the rounding model itself produces
-    on this leaf (`OracleOutputs.systematic`). memo: a `MetricsMemo` shared by the calls
+    on this leaf (`OracleOutputs.systematic`). oracle_backend_shift: the shift the backend's
+    own primitives may share on this leaf (`OracleOutputs.backend_shift`). memo: a `MetricsMemo` shared by the calls
     of one case (same results, less work).
     Raises ValueError if the shapes differ or `dtype` is unsupported.
     See the module docstring for every edge case.
@@ -347,4 +350,5 @@ def leaf_metrics(
         cand_systematic_shift=c_shift,
         partner_systematic_t=p_t,
         oracle_systematic_t=math.nan if oracle_systematic_t is None else float(oracle_systematic_t),
+        oracle_backend_shift=math.nan if oracle_backend_shift is None else float(oracle_backend_shift),
     )

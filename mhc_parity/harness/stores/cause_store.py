@@ -76,6 +76,7 @@ def _oracle_material(oracle) -> dict:
         "leaves": _leaves_digest(oracle.leaves),
         "sensitivity": {leaf: oracle.sensitivity[leaf].as_dict() for leaf in sorted(oracle.sensitivity)},
         "systematic": {leaf: oracle.systematic[leaf] for leaf in sorted(oracle.systematic)},
+        "backend_shift": {leaf: oracle.backend_shift[leaf] for leaf in sorted(oracle.backend_shift)},
     }
 
 

@@ -59,7 +59,7 @@ from mhc_parity.records.foreign_code import read_keys, write_key
 from mhc_parity.records.project_code import PROJECT_ROOT
 
 # Bump when the entry layout changes (part of the key).
-ENTRY_FORMAT = 2
+ENTRY_FORMAT = 3
 # The module that computes an oracle answer: its import closure, less the modules only a
 # path's program runs (`mhc_parity.harness.engine.operation`), is the code an answer depends on
 # (tests/test_oracle_cache.py checks that computing one runs nothing else of the project).
@@ -113,6 +113,7 @@ def serialize(material: dict, outputs: OracleOutputs) -> bytes:
         "leaves": {name: {"shape": list(a.shape), "sha256": array_sha256(a)} for name, a in leaves.items()},
         "sensitivity": {name: value.as_dict() for name, value in outputs.sensitivity.items()},
         "systematic": dict(outputs.systematic),
+        "backend_shift": dict(outputs.backend_shift),
     }
     header["checksum"] = header_checksum(header)
     payload = {f"leaf.{name}": a.view(_BITS) for name, a in leaves.items()}
@@ -150,8 +151,12 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
         sensitivity = {name: Sensitivity.from_dict(raw) for name, raw in header["sensitivity"].items()}
     except (TypeError, ValueError, AttributeError) as error:
         raise CorruptOracleEntry(f"sensitivity record unreadable ({error})") from error
-    systematic = {name: float(t) for name, t in header["systematic"].items()}
-    return OracleOutputs(leaves, sensitivity, 0.0, systematic=systematic)
+    try:
+        systematic = {name: float(t) for name, t in header["systematic"].items()}
+        backend_shift = {name: float(shift) for name, shift in header["backend_shift"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CorruptOracleEntry(f"systematic record unreadable ({error!r})") from error
+    return OracleOutputs(leaves, sensitivity, 0.0, systematic=systematic, backend_shift=backend_shift)
 
 
 class OracleCache(LookupCounts):

@@ -196,6 +196,8 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
         time.perf_counter() - start,
         systematic={name: root_mean_square(ts) for name, ts in systematic.items()},
         backend_shift={
-            name: shared_shift(shifted[name], exact[name], token_axes=token_axes(name)) for name in systematic if shifted
+            name: shared_shift(shifted[name], exact[name], token_axes=token_axes(name))
+            for name in systematic
+            if shifted
         },
     )

@@ -37,7 +37,7 @@ from mhc_parity.harness.faults import (
 )
 from mhc_parity.harness.faults import matrix as kill_matrix
 from mhc_parity.harness.faults import seed_sweep as sweep
-from mhc_parity.harness.faults.model import UnknownPerturbationError, select
+from mhc_parity.harness.faults.model import BelowBackendShift, UnknownPerturbationError, select
 from mhc_parity.records.schema import TIMING_COLUMNS
 from mhc_parity.reports.samples import measured_row
 from mhc_parity.reports.sweep import calibration_table, headroom_table
@@ -485,6 +485,34 @@ def test_slices_are_judged_separately():
     assert excused.ok and excused.status == "killed (exception: bfloat16)"
     variant = kill_matrix.judge(_no_op(legitimate=True), rows, clean, [SMALL, bf16_case], 0.0)
     assert variant.slice("float32").status == "FALSE POSITIVE" and not variant.ok
+
+
+def test_a_fault_below_the_backend_s_own_shift_is_listed_only_where_the_clean_rows_show_it():
+    """The epsilon faults on the TPU v5e: a correct sigmoid there shifts h_pre on every token by
+    ~1e-4 of its size, the dropped 1e-6 epsilon by ~2e-6; on a CPU (no backend shift) they must
+    be caught."""
+    below = BelowBackendShift("float32", "h_pre", 1e-6, "the backend's sigmoid")
+    listed = Perturbation(
+        name="t.below",
+        description="d",
+        patches=_no_op().patches,
+        implementations=("reference",),
+        below_backend_shift=(below,),
+    )
+
+    def clean_row(shift, leaf="h_pre"):  # h_pre's largest value 0.5: the epsilon is 2e-6 of it
+        return {**_row("pass", 0.2, leaf=leaf), "oracle_backend_shift": shift, "max_abs_err": 1e-7, "max_rel_err": 2e-7}
+
+    survived = [_row("pass", 0.3)]
+    on_tpu = kill_matrix.judge(listed, survived, [clean_row(1e-4), clean_row(math.nan, "h_post")], [SMALL], 0.0)
+    assert on_tpu.ok and on_tpu.status == "killed (exception: float32)"
+    assert "h_pre shifted by at least 0.0001" in on_tpu.slice("float32").unkillable_reason
+    assert "the fault by at most 2e-06" in on_tpu.slice("float32").unkillable_reason
+    for clean in ([clean_row(math.nan)], [clean_row(1e-6)], [clean_row(1e-4), clean_row(math.nan)], []):
+        result = kill_matrix.judge(listed, survived, clean, [SMALL], 0.0)
+        assert result.status == "SURVIVED in float32" and not result.ok, clean
+    with pytest.raises(ValueError, match="slices"):
+        dataclasses.replace(listed, below_backend_shift=(dataclasses.replace(below, dtype_slice="float16"),))
 
 
 def test_headroom_is_measured_per_group_over_passing_rows():

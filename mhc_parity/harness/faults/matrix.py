@@ -176,7 +176,9 @@ def judge(
                 cases_caught=tuple(n for n in names if n in caught_cases),
                 catches=tuple(_catches(catching)),
                 closest=_closest(quiet, clean_usage),
-                unkillable_reason=perturbation.unkillable_reason(dtype_slice),
+                unkillable_reason=perturbation.unkillable_reason(
+                    dtype_slice, [r for r in clean_rows if r["case"] in set(names)]
+                ),
                 **_top_cause(perturbation, catching),
             )
         )

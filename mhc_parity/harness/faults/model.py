@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import importlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -99,6 +100,47 @@ class Patch:
 
 
 @dataclasses.dataclass(frozen=True)
+class BelowBackendShift:
+    """A fault that moves `leaf` by `absolute_effect` on every token, listed as unkillable in
+    `dtype_slice` on a backend whose own primitives may shift that leaf alike on every token by
+    more (the clean vs_oracle rows' `oracle_backend_shift`, against the effect relative to the
+    leaf's largest value): no bound that passes a correct program there can see it. Where the
+    backend has no such term (a CPU: the column is NaN) it must be caught."""
+
+    dtype_slice: str
+    leaf: str
+    absolute_effect: float
+    why: str
+
+    def reason(self, clean_rows: Sequence[dict]) -> str:
+        """The listing's reason with the figures, or "" unless every clean vs_oracle row of the
+        leaf (at least one) has a backend shift larger than the effect."""
+        pairs = []
+        for row in clean_rows:
+            if row.get("leaf") != self.leaf or row.get("comparison") != "vs_oracle":
+                continue
+            shift, absolute, relative = (
+                _number(row.get(k)) for k in ("oracle_backend_shift", "max_abs_err", "max_rel_err")
+            )
+            largest = absolute / relative if relative > 0.0 else math.nan  # the oracle's max|leaf|
+            pairs.append((shift, self.absolute_effect / largest))
+        if not pairs or not all(shift > effect for shift, effect in pairs):  # NaN compares False
+            return ""
+        return (
+            f"{self.why} (on this backend: {self.leaf} shifted by at least {min(s for s, _ in pairs):.3g} "
+            f"of its largest value by correct code, the fault by at most {max(e for _, e in pairs):.3g})"
+        )
+
+
+def _number(value) -> float:
+    """A row's numeric cell as a float (NaN where empty or missing)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@dataclasses.dataclass(frozen=True)
 class Perturbation:
     """A fault (must be caught) or a legitimate variant (must pass).
 
@@ -114,6 +156,8 @@ class Perturbation:
     unkillable_in: ((dtype slice, why), ...) — slices of the kill matrix in which the
       fault's effect is below what the arithmetic explains, so it cannot be caught
       there without flagging correct code; the kill matrix reports the measured effect.
+    below_backend_shift: `BelowBackendShift`s — the same, only on a backend whose own
+      primitives explain more than the fault's effect (measured in the clean rows).
     causes: for a precision fault, glob patterns of the hypothesis names that are its own
       cause (`mhc_parity.mhc.operation.hypotheses`); () for a logic fault, whose failing rows no
       rounding may explain (`mhc_parity.harness.judging.attribution.UNEXPLAINED_ID`).
@@ -127,13 +171,14 @@ class Perturbation:
     variants: tuple[str, ...] = ("lite", "sinkhorn")
     legitimate: bool = False
     unkillable_in: tuple[tuple[str, str], ...] = ()
+    below_backend_shift: tuple[BelowBackendShift, ...] = ()
     causes: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.patches:
             raise ValueError(f"{self.name}: a perturbation patches at least one seam")
-        unknown = {s for s, _ in self.unkillable_in} - set(DTYPE_SLICES)
-        if unknown or (self.legitimate and self.unkillable_in):
+        listed = {s for s, _ in self.unkillable_in} | {b.dtype_slice for b in self.below_backend_shift}
+        if listed - set(DTYPE_SLICES) or (self.legitimate and listed):
             raise ValueError(f"{self.name}: unkillable_in names slices of {DTYPE_SLICES}, faults only")
 
     @property
@@ -152,9 +197,12 @@ class Perturbation:
             return cause_id == UNEXPLAINED_ID
         return all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in cause_id.split("+"))
 
-    def unkillable_reason(self, dtype_slice: str) -> str:
-        """Why the fault cannot be caught in `dtype_slice` ("" if it must be)."""
-        return dict(self.unkillable_in).get(dtype_slice, "")
+    def unkillable_reason(self, dtype_slice: str, clean_rows: Sequence[dict] = ()) -> str:
+        """Why the fault cannot be caught in `dtype_slice` ("" if it must be); clean_rows: the
+        clean pass's rows of that slice (what `below_backend_shift` reads)."""
+        static = dict(self.unkillable_in).get(dtype_slice, "")
+        measured = (b.reason(clean_rows) for b in self.below_backend_shift if b.dtype_slice == dtype_slice)
+        return static or next((why for why in measured if why), "")
 
     def resolve(self) -> None:
         """Raise SeamError if any seam is missing."""

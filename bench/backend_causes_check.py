@@ -39,7 +39,7 @@ from mhc_parity.harness.engine import oracle_path  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN  # noqa: E402
 from mhc_parity.harness.engine.plan import PathPlan  # noqa: E402
 from mhc_parity.harness.engine.runner import Runner  # noqa: E402
-from mhc_parity.harness.judging.policy import load_policy  # noqa: E402
+from mhc_parity.harness.judging.policy_file import load_policy  # noqa: E402
 
 CASES = ("sinkhorn-n4-c128-b2s64-f32-w32-identity-default", "lite-n4-c128-b2s64-f32-w32-tanh-default")
 BACKEND_CAUSE = "backend:"

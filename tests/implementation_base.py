@@ -31,7 +31,7 @@ from mhc_parity.harness.engine.leaves import INTERMEDIATE_LEAVES
 from mhc_parity.harness.engine.paths import ORACLE_PATH
 from mhc_parity.harness.engine.plan import PathPlan, planned_leaves
 from mhc_parity.harness.engine.runner import Runner
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.reports.terminal import rows_table
 
 # Small cases, one per kind of check: float32 with a branch that has parameters (and

@@ -32,7 +32,7 @@ from mhc_parity.harness.judging.attribution import (
     size_ranges,
 )
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc import oracle, rounding_model
 from mhc_parity.mhc.operation.hypotheses import Hypothesis
 from mhc_parity.mhc.operation.oracle_draws import on_fixture

@@ -33,7 +33,7 @@ from mhc_parity.harness.engine.backend_arithmetic import (
 from mhc_parity.harness.engine.implementations import REFERENCE
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.runner import Runner
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc import oracle, rounding_model
 from mhc_parity.mhc.oracle_backend import REPLAYED
 from mhc_parity.mhc.precision import accumulation_dtype

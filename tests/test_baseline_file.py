@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from mhc_parity.cases import registry
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.reports import load_baseline
 
@@ -110,7 +110,8 @@ def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path):
     shutil.copy(BASELINE, target)
     code = (
         "import resource, signal, sys\n"
-        "from mhc_parity.reports.baseline import load_baseline, write_baseline\n"
+        "from mhc_parity.reports.baseline import write_baseline\n"
+        "from mhc_parity.reports.baseline_load import load_baseline\n"
         "baseline = load_baseline(sys.argv[1])\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"

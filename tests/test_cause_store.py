@@ -19,7 +19,7 @@ from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.harness.stores import cause_store
 from mhc_parity.harness.stores.cause_store import CauseStore
 from mhc_parity.harness.stores.oracle_cache import OracleCache

@@ -21,7 +21,7 @@ from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
 from mhc_parity.harness.engine.runner import Runner
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.harness.stores import comparison_store
 from mhc_parity.harness.stores.comparison_store import (
     TIMING_COLUMNS,

@@ -12,7 +12,8 @@ from scipy import stats
 from mhc_parity.harness.judging.confidence import Sensitivity, quantile
 from mhc_parity.harness.judging.error_statistics import effective_dof, gain, statistic_dof
 from mhc_parity.harness.judging.metrics import leaf_metrics
-from mhc_parity.harness.judging.policy import PolicyError, load_policy, parse_policy
+from mhc_parity.harness.judging.policy import PolicyError
+from mhc_parity.harness.judging.policy_file import load_policy, parse_policy
 
 F32_EPS = 2.0**-23
 

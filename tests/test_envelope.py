@@ -23,7 +23,7 @@ from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.selection import inside_envelopes
 from mhc_parity.harness.errors import UsageError
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 
 BF16_CASE = make_case(batch=2, sequence=128, dtype="bfloat16", block_tokens=64, block_tokens_bwd=32)
 ENVELOPE = Envelope(

@@ -239,7 +239,7 @@ REPRESENTATIVE = (
 
 @pytest.fixture(scope="module")
 def representative(impls):
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
 
     policy = load_policy(None)
     shared, memo = passes.SharedInputs(), {}
@@ -306,7 +306,7 @@ def test_case_by_case_passes_give_the_rows_of_one_pass_at_a_time(representative,
     fixture, oracle answer, hypotheses and clean programs (from the program store) shared by its
     passes (`mhc_parity.harness.faults.passes.CaseRunner`): the rows and verdicts are those of one
     pass at a time over every case, each pass with its own runner."""
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
 
     clean_rows, results, rows_of = representative
     chosen = [FAULTS.get(name) or VARIANTS_BY_NAME[name] for name in REPRESENTATIVE]
@@ -382,7 +382,7 @@ def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impl
     (the error along the leaf itself) is what fails the fault with a margin, and it must
     pass the variant."""
     from mhc_parity.cases import registry
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
 
     case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
     policy, shared, memo = load_policy(None), passes.SharedInputs(), {}

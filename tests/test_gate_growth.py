@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.harness.judging.confidence import quantile
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import load_baseline
 from mhc_parity.reports.drift import (

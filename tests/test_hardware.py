@@ -16,7 +16,7 @@ import pytest
 from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
 from mhc_parity.harness.engine.runner import PathPlan, Runner
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.harness.pytest_plugin import leaf_table
 from mhc_parity.records.schema import OK_VERDICTS
 

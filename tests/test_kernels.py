@@ -15,7 +15,7 @@ import pytest
 
 from mhc_parity.harness.engine.leaves import leaf_kind, weight_leaf
 from mhc_parity.harness.judging.metrics import leaf_metrics
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc import oracle, reference
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels import KernelConfig, post, pre

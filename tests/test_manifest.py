@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mhc_parity.cases.catalogue import make_case
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.code import external_code_files
 from mhc_parity.records.manifest import (
     COMPLETE,

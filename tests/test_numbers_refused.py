@@ -18,7 +18,7 @@ from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, device_shortfalls, numbers_refusal
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.tpu_targets import compiler_missing
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from tests.cli_support import run_cli
 
 # The `tpu` suite's case with a token mesh, and its cheapest case to compile.

@@ -13,7 +13,7 @@ from mhc_parity.cases.catalogue import make_case
 from mhc_parity.harness.commands.progress import Progress
 from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.engine.plan import PathPlan, planned_leaves, uncovered_judgements, unmatched_path_globs
-from mhc_parity.harness.judging.policy import load_policy, parse_policy
+from mhc_parity.harness.judging.policy_file import load_policy, parse_policy
 from mhc_parity.records.schema import PROGRAM_COMPARISONS
 from mhc_parity.reports import load_baseline
 from tests.cli_support import ROOT

@@ -15,15 +15,13 @@ from mhc_parity.harness.judging.bounds import KINDS, usage_of
 from mhc_parity.harness.judging.confidence import Sensitivity, quantile
 from mhc_parity.harness.judging.metrics import LeafMetrics, leaf_metrics
 from mhc_parity.harness.judging.policy import (
-    DEFAULT_POLICY_PATH,
     PARTITIONINGS,
     POLICY_COMPARISONS,
     POLICY_LEAF_KINDS,
     Judgement,
     PolicyError,
-    load_policy,
-    parse_policy,
 )
+from mhc_parity.harness.judging.policy_file import DEFAULT_POLICY_PATH, load_policy, parse_policy
 from mhc_parity.records import schema
 from mhc_parity.records.text import format_number
 

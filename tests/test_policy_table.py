@@ -7,7 +7,7 @@ import pathlib
 from mhc_parity.harness.cli import main as cli_main
 from mhc_parity.harness.commands.policy import DOC_PATH, markdown, matrix_judgements, table_lines
 from mhc_parity.harness.engine.plan import JudgementKey
-from mhc_parity.harness.judging.policy import load_policy, parse_policy
+from mhc_parity.harness.judging.policy_file import load_policy, parse_policy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from mhc_parity.harness.commands.gate import main as gate_main
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.run_info import run_metadata
 from mhc_parity.harness.engine.runner import PathPlan, Runner
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc import precision
 from mhc_parity.mhc.precision import dot_precision, effective_matmul_precision, operand_rounding
 from mhc_parity.mhc.types import MhcConfig

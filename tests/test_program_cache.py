@@ -141,7 +141,7 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     (all of cases 0..COMPILE_AHEAD_CASES when case 0 starts); its rows equal those of
     `run_case` called case by case, rejections and sharded paths included."""
     from mhc_parity.harness.engine.runner import COMPILE_AHEAD_CASES, Runner
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
 
     cases, plan = _ahead_cases(), _ahead_plan()
     assert COMPILE_AHEAD_CASES + 1 < len(cases)  # the last case is started only later
@@ -168,7 +168,7 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
     import threading
 
     from mhc_parity.harness.engine.runner import Runner
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
     from mhc_parity.harness.stores.oracle_cache import OracleCache
 
     cases, plan = _ahead_cases(), _ahead_plan()
@@ -205,7 +205,7 @@ def test_a_run_left_early_stops_its_compile_threads():
     import threading
 
     from mhc_parity.harness.engine.runner import Runner
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
 
     runner = Runner(load_policy())
     run = runner.run(_ahead_cases(), _ahead_plan())
@@ -227,7 +227,7 @@ def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
 
     import mhc_parity.harness.engine.runner
     from mhc_parity.harness.engine.runner import Runner
-    from mhc_parity.harness.judging.policy import load_policy
+    from mhc_parity.harness.judging.policy_file import load_policy
 
     monkeypatch.setattr(mhc_parity.harness.engine.runner, "STOP_GRACE_S", 0.2)
     runner = Runner(load_policy())

@@ -538,7 +538,7 @@ def test_markdown_pass_line_when_nothing_fails(rows):
 
 @pytest.mark.slow
 def test_a_run_under_another_policy_says_so_at_the_top_of_every_summary(tmp_path, capsys, rows):
-    from mhc_parity.harness.judging.policy import DEFAULT_POLICY_PATH
+    from mhc_parity.harness.judging.policy_file import DEFAULT_POLICY_PATH
     from mhc_parity.reports import render_markdown
     from tests.cli_support import REFERENCE_ONLY_CASE
 

@@ -16,7 +16,7 @@ WORKER_SPEC = (
     "from mhc_parity.harness.processes import parallel\n"
     "from mhc_parity.harness.engine.implementations import BUILTIN\n"
     "from mhc_parity.harness.engine.plan import PathPlan\n"
-    "from mhc_parity.harness.judging.policy import load_policy\n"
+    "from mhc_parity.harness.judging.policy_file import load_policy\n"
     "spec = parallel._spec(load_policy(), PathPlan(implementations=tuple(BUILTIN.values())))\n"
 )
 

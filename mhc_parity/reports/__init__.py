@@ -35,7 +35,8 @@ Public entry points:
 import importlib
 
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
-from mhc_parity.reports.baseline import load_baseline, write_baseline
+from mhc_parity.reports.baseline import write_baseline
+from mhc_parity.reports.baseline_load import load_baseline
 from mhc_parity.reports.gate import GateFinding, GateResult, gate
 from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.summary import summarize

@@ -39,7 +39,8 @@ from mhc_parity.records.manifest import (
 )
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
-from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline, is_baseline_file, load_baseline
+from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
+from mhc_parity.reports.baseline_load import is_baseline_file, load_baseline
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
@@ -224,7 +225,7 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
 def load_baseline_or_run(
     path: str | Path, *, allow_legacy: bool = False, legacy_option: str = LEGACY_OPTION
 ) -> LoadedRun:
-    """What a gate judges against: a baseline file (`mhc_parity.reports.baseline.load_baseline`; a legacy
+    """What a gate judges against: a baseline file (`mhc_parity.reports.baseline_load.load_baseline`; a legacy
     format only with `allow_legacy`, else refused naming `legacy_option`), or a finished run
     as `load_run` reads one. `ReportInputError` on failure."""
     path = Path(path)

@@ -53,7 +53,8 @@ from mhc_parity.harness.faults.seed_sweep import (
     sweep_implementations,
 )
 from mhc_parity.harness.faults.variants import VARIANTS
-from mhc_parity.harness.judging.policy import PolicyError, load_policy
+from mhc_parity.harness.judging.policy import PolicyError
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.outputs import OutputPathError, writable_file
 from mhc_parity.reports.kill_matrix import kill_matrix_text, write_kill_matrix
 from mhc_parity.reports.results import write_results

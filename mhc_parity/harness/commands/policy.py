@@ -25,14 +25,8 @@ from mhc_parity.harness.engine.implementations import BUILTIN, Implementation
 from mhc_parity.harness.engine.plan import JudgementKey, PathPlan, planned_judgements
 from mhc_parity.harness.judging.bounds import notation
 from mhc_parity.harness.judging.metrics import eps
-from mhc_parity.harness.judging.policy import (
-    POLICY_COMPARISONS,
-    POLICY_LEAF_KINDS,
-    Policy,
-    PolicyError,
-    Resolved,
-    load_policy,
-)
+from mhc_parity.harness.judging.policy import POLICY_COMPARISONS, POLICY_LEAF_KINDS, Policy, PolicyError, Resolved
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.text import format_number, format_text_table
 from mhc_parity.reports.markdown import md_table
 

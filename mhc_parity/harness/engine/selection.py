@@ -24,7 +24,8 @@ from mhc_parity.harness.engine.plan import PathPlan, device_shortfalls, uncovere
 from mhc_parity.harness.engine.precision_choices import precision_record
 from mhc_parity.harness.engine.run_info import run_metadata
 from mhc_parity.harness.errors import UsageError
-from mhc_parity.harness.judging.policy import Policy, PolicyError, is_packaged_default, load_policy
+from mhc_parity.harness.judging.policy import Policy, PolicyError
+from mhc_parity.harness.judging.policy_file import is_packaged_default, load_policy
 from mhc_parity.records.foreign_code import FOREIGN_KEY, code_record, foreign_material
 from mhc_parity.records.manifest import Manifest, RunRequest
 from mhc_parity.records.text import plural

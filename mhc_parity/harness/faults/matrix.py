@@ -43,7 +43,7 @@ from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.faults import BY_NAME
 from mhc_parity.harness.faults.model import Perturbation
 from mhc_parity.harness.faults.passes import CasePasses, CaseRunner
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.kill_records import (
     CATCHING_VERDICTS,
     DTYPE_SLICES,

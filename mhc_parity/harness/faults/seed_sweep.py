@@ -30,7 +30,7 @@ from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.env import ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.faults.matrix import log
-from mhc_parity.harness.judging.policy import load_policy
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.kill_records import CATCHING_VERDICTS
 
 

@@ -195,7 +195,7 @@ def backend_hypotheses(case, branch) -> list[Hypothesis]:
     return [
         Hypothesis(
             name=f"backend:{'+'.join(chosen)}:float32",
-            label=f"the backend's own float32 {' and '.join(chosen)}",
+            label=f"the backend's own float32 {_listed(chosen)}",
             kind=BACKEND_KIND,
             family=f"backend:{'+'.join(chosen)}",
             roundings=(),
@@ -203,6 +203,11 @@ def backend_hypotheses(case, branch) -> list[Hypothesis]:
         )
         for chosen in sets
     ]
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    """("exp", "log", "tanh") -> "exp, log and tanh"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _group_tag(group: str) -> str:

@@ -18,12 +18,17 @@ CATCHING_VERDICTS = ("fail", "error")
 FAULT_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
 
 
-def usage_of(row: dict) -> float:
-    """A row's bound_usage as a float (NaN when absent or not a number)."""
+def cell_float(row: dict, column: str) -> float:
+    """A row's numeric cell as a float (NaN when absent, empty or not a number)."""
     try:
-        return float(row.get("bound_usage"))
+        return float(row.get(column))
     except (TypeError, ValueError):
         return math.nan
+
+
+def usage_of(row: dict) -> float:
+    """A row's bound_usage as a float (NaN when absent or not a number)."""
+    return cell_float(row, "bound_usage")
 
 
 def nan_low(value: float) -> float:

@@ -45,7 +45,7 @@ import jax
 
 from mhc_parity.harness.judging.attribution import UNEXPLAINED_ID
 from mhc_parity.records.foreign_code import code_patched
-from mhc_parity.records.kill_records import DTYPE_SLICES
+from mhc_parity.records.kill_records import DTYPE_SLICES, cell_float
 
 
 class SeamError(LookupError):
@@ -120,7 +120,7 @@ class BelowBackendShift:
             if row.get("leaf") != self.leaf or row.get("comparison") != "vs_oracle":
                 continue
             shift, absolute, relative = (
-                _number(row.get(k)) for k in ("oracle_backend_shift", "max_abs_err", "max_rel_err")
+                cell_float(row, k) for k in ("oracle_backend_shift", "max_abs_err", "max_rel_err")
             )
             largest = absolute / relative if relative > 0.0 else math.nan  # the oracle's max|leaf|
             pairs.append((shift, self.absolute_effect / largest))
@@ -130,14 +130,6 @@ class BelowBackendShift:
             f"{self.why} (on this backend: {self.leaf} shifted by at least {min(s for s, _ in pairs):.3g} "
             f"of its largest value by correct code, the fault by at most {max(e for _, e in pairs):.3g})"
         )
-
-
-def _number(value) -> float:
-    """A row's numeric cell as a float (NaN where empty or missing)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 @dataclasses.dataclass(frozen=True)

@@ -284,7 +284,7 @@ def test_the_shift_the_backend_s_primitives_may_share_is_their_term_on_their_out
     shift per leaf (the sigmoid gates: the logistic's term, tanh's here); none on this CPU."""
     case = registry.get(CASE)
     fixture = make_fixture(case)
-    assert oracle_path.backend_shift_units(case) is None
+    assert oracle_path.backend_shift_units(case, oracle_path.noise_units(case)) is None
     assert oracle_path.run_oracle_path(case, fixture).backend_shift == {}
     terms = simulated_backend()
     shift = oracle_path.run_oracle_path(case, fixture).backend_shift

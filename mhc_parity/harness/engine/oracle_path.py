@@ -115,10 +115,9 @@ def noise_units(case) -> dict[str, float]:
     return OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case), backend_terms())
 
 
-def backend_shift_units(case) -> dict[str, float] | None:
-    """`noise_units` with only the backend's terms left (the classes that are 0 without them),
-    or None where the backend has no term."""
-    units = noise_units(case)
+def backend_shift_units(case, units: Mapping[str, float]) -> dict[str, float] | None:
+    """The case's `noise_units` with only the backend's terms left (the classes that are 0
+    without them), or None where the backend has no term."""
     without = OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case), {})
     shift = {name: 0.0 if without[name] else unit for name, unit in units.items()}
     return shift if any(shift.values()) else None
@@ -172,7 +171,8 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     vmapped over the draws; shared by every case of the same shapes, branch and config).
     """
     start = time.perf_counter()
-    units, shift_units = noise_units(case), backend_shift_units(case)
+    units = noise_units(case)
+    shift_units = backend_shift_units(case, units)
     shifted_draw = [] if shift_units is None else [(None, shift_units)]
     exact_result, *draws = OPERATION.oracle_draws(
         case,

@@ -234,7 +234,7 @@ class Systematic:
         t_limit = max(self.t_floor, self.ratio * explained)
         t_text = f"max({self.t_floor:g}, {self.ratio:g}*{_number(explained)})={_number(t_limit)}"
         shift_text = f"{floor_ulps:g}ulp={_number(floor)}"
-        if not math.isnan(m.oracle_backend_shift) and m.oracle_backend_shift > 0.0:
+        if m.oracle_backend_shift > 0.0:  # NaN (no backend term) compares False
             # A backend primitive's error is a fixed function of its input: tokens that feed it
             # alike share it (TPU v5e, the sigmoid through softplus: 5.7e-5 on every token).
             floor += m.oracle_backend_shift

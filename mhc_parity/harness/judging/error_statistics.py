@@ -69,13 +69,11 @@ def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, f
     and inf otherwise. NaN when there are no token axes or fewer than 2 tokens; NaN or
     Inf inputs give NaN.
     """
-    a, e = upcast(actual), upcast(expected)
-    if token_axes < 1 or a.ndim < token_axes:
+    errors = _token_errors(actual, expected, token_axes)
+    if errors is None or errors[0].shape[0] < 2:
         return math.nan, math.nan
-    tokens = int(np.prod(a.shape[:token_axes]))
-    if tokens < 2 or a.size == 0 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
-        return math.nan, math.nan
-    error = (a - e).reshape(tokens, -1)
+    error, e = errors
+    tokens = error.shape[0]
     mean = error.mean(axis=0)
     standard_error = error.std(axis=0, ddof=1) / math.sqrt(tokens)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -88,14 +86,22 @@ def shared_shift(actual, expected, *, token_axes: int = 2) -> float:
     """The largest error shared by every token, whatever its spread: max over the groups of
     |mean(actual - expected)| over the tokens, normalised by max|expected|, float64 (axes as
     for `systematic_error`). NaN when there are no token axes, no values, or non-finite ones."""
+    errors = _token_errors(actual, expected, token_axes)
+    if errors is None:
+        return math.nan
+    error, e = errors
+    return safe_ratio(float(np.max(np.abs(error.mean(axis=0)))), max_abs(e))
+
+
+def _token_errors(actual, expected, token_axes: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """((T, G) signed errors actual - expected, tokens by groups; expected upcast), float64;
+    None when there are no token axes, no values, or non-finite ones."""
     a, e = upcast(actual), upcast(expected)
     if token_axes < 1 or a.ndim < token_axes or a.size == 0:
-        return math.nan
+        return None
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
-        return math.nan
-    tokens = int(np.prod(a.shape[:token_axes]))
-    mean = (a - e).reshape(tokens, -1).mean(axis=0)
-    return safe_ratio(float(np.max(np.abs(mean))), max_abs(e))
+        return None
+    return (a - e).reshape(int(np.prod(a.shape[:token_axes])), -1), e
 
 
 def _pairwise_sum(a: np.ndarray, b: np.ndarray) -> float:

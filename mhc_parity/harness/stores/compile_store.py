@@ -25,7 +25,6 @@ import json
 import os
 import time
 
-from mhc_parity.cases.spec import LABEL, case_field_names, fields_with
 from mhc_parity.harness.engine.compile_rows import CompileResult
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.engine.tpu_targets import compiler_versions
@@ -33,7 +32,8 @@ from mhc_parity.harness.stores.program_store import (
     LOWERING_ENTRY,
     STORE_FORMAT,
     environment_material,
-    implementation_material,
+    implementation_case_material,
+    jsonable,
     traced_sources_digest,
 )
 from mhc_parity.records.artifact_store import ArtifactStore
@@ -95,17 +95,14 @@ class CompileStore:
         sources = traced_sources_digest(COMPILE_ENTRY, OPERATION.ORACLE_MODULES)
         if sources is None:
             return compute()
-        material = json.loads(
-            json.dumps(
-                {
-                    "format": STORE_FORMAT,
-                    "arguments": arguments,
-                    "environment": environment_material(),
-                    "compiler": compiler_material(),
-                    "sources": sources,
-                },
-                default=str,
-            )
+        material = jsonable(
+            {
+                "format": STORE_FORMAT,
+                "arguments": arguments,
+                "environment": environment_material(),
+                "compiler": compiler_material(),
+                "sources": sources,
+            }
         )
         payload = self.runs.load(material)
         if payload is not None:
@@ -119,12 +116,10 @@ class CompileStore:
     def implementation_results(self, impl, case, target: dict, compute) -> list[CompileResult]:
         """`results` for an implementation's own programs (`kernel_programs`), keyed by what it is
         (`implementation_material`) and the case; computed, not stored, where its code cannot be read."""
-        implementation = implementation_material(impl)
-        if implementation is None:
+        material = implementation_case_material(impl, case)
+        if material is None:
             return compute()
-        labels = fields_with(LABEL)
-        fields = {name: getattr(case, name) for name in case_field_names() if name not in labels}
-        return self.results({"implementation": implementation, "case": fields, **target}, compute)
+        return self.results({**material, **target}, compute)
 
     def counts(self) -> dict[str, int]:
         return {

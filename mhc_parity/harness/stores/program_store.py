@@ -125,8 +125,23 @@ def environment_material() -> dict:
     }
 
 
-def _jsonable(value):
+def jsonable(value):
+    """`value` as it reads back from JSON (anything else as its str): a key's material."""
     return json.loads(json.dumps(value, default=str))
+
+
+def implementation_case_material(impl, case) -> dict | None:
+    """What an implementation's own kernel programs of `case` are built from: what it is
+    (`implementation_material`) and every field of the case but its labels; None where its
+    code cannot be read (then nothing is stored)."""
+    implementation = implementation_material(impl)
+    if implementation is None:
+        return None
+    labels = fields_with(LABEL)
+    return {
+        "implementation": implementation,
+        "case": {n: getattr(case, n) for n in case_field_names() if n not in labels},
+    }
 
 
 def _argument_material(args) -> dict:
@@ -210,12 +225,12 @@ class ProgramStore:
         }
         if keyed_by_program(impl):
             program = program_digest(lowered) if lowered is not None else None
-            return None if program is None else _jsonable({**common, "program": program})
+            return None if program is None else jsonable({**common, "program": program})
         implementation = implementation_material(impl)
         sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel))
         if sources is None or implementation is None:
             return None
-        return _jsonable(
+        return jsonable(
             {
                 **common,
                 "path": path.name,
@@ -301,7 +316,7 @@ class LoweringStore:
         sources = traced_sources_digest(LOWERING_ENTRY, _not_traced(kernel=True))
         if sources is None:
             return compute()
-        material = _jsonable(
+        material = jsonable(
             {
                 "format": STORE_FORMAT,
                 "arguments": arguments,
@@ -323,12 +338,10 @@ class LoweringStore:
         of `case` on `mesh_shape`): keyed by what it is (`implementation_material`) and every
         field of the case but its labels (what `impl.lower` is given); computed, not stored,
         where its code cannot be read."""
-        implementation = implementation_material(impl)
-        if implementation is None:
+        material = implementation_case_material(impl, case)
+        if material is None:
             return compute()
-        labels = fields_with(LABEL)
-        fields = {name: getattr(case, name) for name in case_field_names() if name not in labels}
-        return self.lower({"implementation": implementation, "case": fields, "mesh_shape": list(mesh_shape)}, compute)
+        return self.lower({**material, "mesh_shape": list(mesh_shape)}, compute)
 
     def counts(self) -> dict[str, int]:
         return {"lowerings_stored_loaded": self.store.hits, "lowerings_stored_missed": self.store.misses}

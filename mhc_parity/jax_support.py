@@ -58,6 +58,16 @@ def installed_versions() -> dict[str, str | None]:
     return found
 
 
+def libtpu_version() -> str:
+    """The installed libtpu's version (its nightly's where that is what is installed); "" where none is."""
+    for name in ("libtpu", "libtpu-nightly"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
 def unsupported_reason(versions: dict[str, str | None]) -> str:
     """ "" when every checked distribution is installed at a supported version, else one line saying which is not."""
     missing = [name for name, version in versions.items() if version is None]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import json
 import pathlib
 
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
+from mhc_parity.jax_support import libtpu_version
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.foreign_code import foreign_material
 
@@ -258,15 +258,6 @@ def model_terms(table: BackendArithmetic) -> dict[str, float]:
     return terms
 
 
-def _libtpu_version() -> str:
-    for name in ("libtpu", "libtpu-nightly"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return ""
-
-
 def _spec_digest(samples: int) -> str:
     """What the probe measures, digested: a change of a range or the sample count is a new table."""
     spec = repr([(p.name, p.ranges, p.error) for p in PRIMITIVES] + [samples, _SUM_TERMS, ALLOWED_ULPS])
@@ -281,7 +272,7 @@ def backend_key(device, samples: int = SAMPLES) -> tuple[tuple[str, str], ...]:
         "device_kind": device.device_kind,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
-        "libtpu": _libtpu_version(),
+        "libtpu": libtpu_version(),
         "probe": _spec_digest(samples),
     }
     return tuple(sorted(key.items()))

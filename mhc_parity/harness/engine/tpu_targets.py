@@ -29,6 +29,7 @@ from jax.sharding import AxisType, Mesh
 
 from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES, COMPILED_MAXTEXT_CASES
 from mhc_parity.cases.spec import MESH_AXES, TPU_TAG
+from mhc_parity.jax_support import libtpu_version
 
 # The chips of each target's slice topology: the largest token mesh a case may ask for.
 SLICE_CHIPS = 8
@@ -68,7 +69,7 @@ def compiler_missing() -> str:
 @functools.cache
 def compiler_versions() -> dict[str, str]:
     """The versions of what compiles a TPU program: libtpu (Mosaic, XLA:TPU) and jaxlib."""
-    return {"libtpu": importlib.metadata.version("libtpu"), "jaxlib": jaxlib.__version__}
+    return {"libtpu": libtpu_version(), "jaxlib": jaxlib.__version__}
 
 
 # A one-chip topology is one host of one chip. Said explicitly: on a TPU VM libtpu otherwise

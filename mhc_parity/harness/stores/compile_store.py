@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import time
 
 from mhc_parity.harness.engine.compile_rows import CompileResult
 from mhc_parity.harness.engine.operation import OPERATION
@@ -31,14 +30,11 @@ from mhc_parity.harness.engine.tpu_targets import compiler_versions
 from mhc_parity.harness.stores.program_store import (
     LOWERING_ENTRY,
     STORE_FORMAT,
-    environment_material,
     implementation_case_material,
-    jsonable,
-    traced_sources_digest,
+    stored_results,
 )
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
-from mhc_parity.records.foreign_code import stores_open
 
 # The programs' code and what compiles them into rows.
 COMPILE_ENTRY = (*LOWERING_ENTRY, "mhc_parity.harness.engine.compile_rows")
@@ -89,29 +85,9 @@ class CompileStore:
         """Every program's result for the JSON-able `arguments` they are built from; `compute()`
         lowers and compiles them (through `compiled`) on a miss. A hit's `seconds` is this
         lookup's share of the load time."""
-        if not stores_open():
-            return compute()
-        start = time.perf_counter()
-        sources = traced_sources_digest(COMPILE_ENTRY, OPERATION.ORACLE_MODULES)
-        if sources is None:
-            return compute()
-        material = jsonable(
-            {
-                "format": STORE_FORMAT,
-                "arguments": arguments,
-                "environment": environment_material(),
-                "compiler": compiler_material(),
-                "sources": sources,
-            }
-        )
-        payload = self.runs.load(material)
-        if payload is not None:
-            stored = _decode(payload)
-            share = (time.perf_counter() - start) / max(len(stored), 1)
-            return [dataclasses.replace(r, seconds=share) for r in stored]
-        results = compute()
-        self.runs.save(material, _encode(results))
-        return results
+        material = {"arguments": arguments, "compiler": compiler_material()}
+        traced = (COMPILE_ENTRY, OPERATION.ORACLE_MODULES)
+        return stored_results(self.runs, material, traced, CompileResult, compute)
 
     def implementation_results(self, impl, case, target: dict, compute) -> list[CompileResult]:
         """`results` for an implementation's own programs (`kernel_programs`), keyed by what it is

@@ -130,6 +130,29 @@ def jsonable(value):
     return json.loads(json.dumps(value, default=str))
 
 
+def stored_results(store: ArtifactStore, material: dict, traced: tuple, result_type, compute) -> list:
+    """`compute()`'s list of `result_type` records (dataclasses with `seconds`) through `store`,
+    keyed by `material` (JSON-able: what they are made from), the stores' format, the environment
+    and the sources traced from `traced` = (entries, modules left out); computed and not stored
+    while code is patched (neither a stored result nor this one is its sources') or where the
+    sources cannot be read. A hit's `seconds` is this lookup's share of its load time."""
+    if not stores_open():
+        return compute()
+    start = time.perf_counter()
+    sources = traced_sources_digest(*traced)
+    if sources is None:
+        return compute()
+    key = jsonable({"format": STORE_FORMAT, **material, "environment": environment_material(), "sources": sources})
+    payload = store.load(key)
+    if payload is not None:
+        stored = json.loads(payload)
+        share = (time.perf_counter() - start) / max(len(stored), 1)
+        return [result_type(**{**fields, "seconds": share}) for fields in stored]
+    results = compute()
+    store.save(key, json.dumps([dataclasses.asdict(r) for r in results]).encode())
+    return results
+
+
 def implementation_case_material(impl, case) -> dict | None:
     """What an implementation's own kernel programs of `case` are built from: what it is
     (`implementation_material`) and every field of the case but its labels; None where its
@@ -310,28 +333,9 @@ class LoweringStore:
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "lowering", "lowering")
 
     def lower(self, arguments: dict, compute):
-        if not stores_open():  # code is patched: neither a stored result nor this one is its sources'
-            return compute()
-        start = time.perf_counter()
-        sources = traced_sources_digest(LOWERING_ENTRY, _not_traced(kernel=True))
-        if sources is None:
-            return compute()
-        material = jsonable(
-            {
-                "format": STORE_FORMAT,
-                "arguments": arguments,
-                "environment": environment_material(),
-                "sources": sources,
-            }
+        return stored_results(
+            self.store, {"arguments": arguments}, (LOWERING_ENTRY, _not_traced(kernel=True)), LoweringResult, compute
         )
-        payload = self.store.load(material)
-        if payload is not None:
-            stored = json.loads(payload)
-            share = (time.perf_counter() - start) / max(len(stored), 1)
-            return [LoweringResult(r["program"], r["ok"], r["error"], share) for r in stored]
-        results = compute()
-        self.store.save(material, json.dumps([dataclasses.asdict(r) for r in results]).encode())
-        return results
 
     def lower_implementation(self, impl, case, mesh_shape: tuple[int, ...], compute):
         """`lower` for the kernel programs an implementation lowers itself (`Implementation.lower`

@@ -48,3 +48,17 @@ def test_what_is_installed_is_kept_at_the_version_python_imports():
     kept = ["jax==0.10.2", "libtpu==0.0.42.1", "ml_dtypes==0.6.0"]
     assert tool.kept_packages(dists, frozenset({"setuptools"})) == kept
     assert tool.kept_packages(dists) == [*kept, "setuptools==65.5.0"]
+
+
+def test_on_an_older_python_maxtext_goes_without_its_gate_and_with_what_it_imports():
+    """On Python 3.11 the `maxtext` extra installs as pinned, without MaxText's Python gate or the
+    dependencies its packages declare, plus the measured list of what its mHC code imports;
+    never jax, jaxlib, numpy or libtpu (the machine's own)."""
+    optional = ["maxtext==0.2.5", "qwix==0.1.8"]
+    assert tool.optional_install_args(optional, (3, 12)) == optional
+    older = tool.optional_install_args(optional, (3, 11))
+    assert older[:2] == ["--no-deps", "--ignore-requires-python"] and older[2:4] == optional
+    imports = older[4:]
+    assert {"fastapi", "pydantic", "uvicorn"} <= set(imports)  # pathwaysutils imports them at import
+    assert not {"jax", "jaxlib", "numpy", "libtpu", "scipy"} & {tool.normalized(n) for n in imports}
+    assert tool.listed_names("# a comment\n\nfastapi\n  # indented comment\nuvloop\n") == ["fastapi", "uvloop"]

@@ -18,8 +18,12 @@ machine's packages), this installs the project without touching what is there:
    whatever index pip is configured with, under those constraints (and each `--constraint
    FILE` given);
 5. the `maxtext` extra as pyproject.toml pins it (`mhc_parity.maxtext_parity` patches that
-   release). Where it cannot install (MaxText 0.2.5 has no wheel for Python 3.11; an index
-   without it) the install goes on without it and says why: the MaxText tests skip and
+   release). On a Python older than MaxText's 3.12 (a TPU image's 3.11): that extra without
+   MaxText's Python gate and without the dependencies its packages declare, plus what its mHC
+   layer and kernels import (`tools/maxtext-imports.txt`, measured), each from the configured
+   index or `PIP_FIND_LINKS`; its two PEP 695 aliases are read by
+   `mhc_parity/maxtext_parity/type_aliases.py`. Where it cannot install (an index without it)
+   the install goes on without it and says why: the MaxText tests skip and
    `make parity-maxtext` refuses, each naming the missing module.
 
 Exit 2, with one line, when jax is missing or unsupported or a required install fails.
@@ -44,6 +48,10 @@ DISTRIBUTION = "mhc-parity"
 # The extra installed with the dependencies, and the one installed only where it can be.
 REQUIRED_EXTRAS = ("dev",)
 OPTIONAL_EXTRA = "maxtext"
+# What the optional extra's code imports, installed with it where Python is older than it asks.
+OPTIONAL_IMPORTS = ROOT / "tools" / "maxtext-imports.txt"
+# MaxText's own Requires-Python (>=3.12): its PEP 695 aliases are the only 3.12 syntax its mHC uses.
+OPTIONAL_PYTHON = (3, 12)
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?")
 
 
@@ -87,6 +95,20 @@ def kept_packages(distributions, replaceable: frozenset[str] = frozenset()) -> l
     return sorted(kept.values(), key=str.lower)
 
 
+def listed_names(text: str) -> list[str]:
+    """The requirement lines of a list file: blank lines and `#` comments dropped."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def optional_install_args(optional: list[str], python: tuple[int, ...] = tuple(sys.version_info[:2])) -> list[str]:
+    """pip's arguments for the optional extra on this Python: as pinned, or, on a Python older
+    than MaxText's, without its Python gate or declared dependencies, with what it imports."""
+    if tuple(python) >= OPTIONAL_PYTHON:
+        return optional
+    imports = listed_names(OPTIONAL_IMPORTS.read_text(encoding="utf-8"))
+    return ["--no-deps", "--ignore-requires-python", *optional, *imports]
+
+
 def _pip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True)
 
@@ -120,7 +142,7 @@ def main(argv: list[str]) -> int:
             print(proc.stderr, file=sys.stderr, end="")
             print(f"install_on_own_jax: installing {what} failed: {_last_error(proc)}", file=sys.stderr)
             return 2
-    proc = _pip(*constraints, *optional)
+    proc = _pip(*constraints, *optional_install_args(optional))
     if proc.returncode != 0:
         print(
             f"install_on_own_jax: the {OPTIONAL_EXTRA!r} extra is not installed ({_last_error(proc)}): "

@@ -22,8 +22,12 @@ outside this package imports it, so the rest of the project never needs MaxText.
 
 from __future__ import annotations
 
+from mhc_parity.maxtext_parity import type_aliases
 from mhc_parity.maxtext_parity.import_noise import import_quietly
 
+# Before any MaxText import: on a Python older than 3.12, MaxText's PEP 695 aliases are read as
+# assignments (a stated accommodation, `mhc_parity.maxtext_parity.type_aliases`).
+type_aliases.install()
 # Before any other MaxText import: the one that prints a known line of noise at import, with
 # that line dropped (a run-time accommodation, `mhc_parity.maxtext_parity.import_noise`).
 import_quietly()

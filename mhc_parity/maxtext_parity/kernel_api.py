@@ -17,7 +17,7 @@ import jax
 import maxtext
 from maxtext.kernels.mhc import api
 
-from mhc_parity.maxtext_parity import lowering
+from mhc_parity.maxtext_parity import lowering, type_aliases
 from mhc_parity.maxtext_parity.envelope import api_block_defaults, block_sizes, kernel_envelope
 from mhc_parity.maxtext_parity.fixes import KernelCalls, maxtext_rejections, permutation_constant
 from mhc_parity.mhc.types import MhcWeights
@@ -34,6 +34,8 @@ class KernelApi:
     """MaxText's kernel API, as released (`api.pre`) or fixed (module `mhc_parity.maxtext_parity.fixes`)."""
 
     variants = ("lite",)
+    # How MaxText's code was read other than as written, for the run's environment record.
+    source_accommodations = property(lambda self: type_aliases.accommodations())
 
     def __init__(self, *, fixed: bool):
         self.fixed = fixed

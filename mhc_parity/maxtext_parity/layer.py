@@ -19,6 +19,7 @@ from flax import nnx
 from maxtext.common.common_types import HyperConnectionType
 from maxtext.layers.mhc import ManifoldConstrainedHyperConnections
 
+from mhc_parity.maxtext_parity import type_aliases
 from mhc_parity.maxtext_parity.envelope import LAYER_BLOCK_DEFAULTS, REFERENCE_ENVELOPE, kernel_envelope
 from mhc_parity.maxtext_parity.fixes import (
     REFERENCE_PRECISION_CHOICES,
@@ -87,6 +88,8 @@ class LayerPath:
     """
 
     variants = ("lite",)
+    # How MaxText's code was read other than as written, for the run's environment record.
+    source_accommodations = property(lambda self: type_aliases.accommodations())
 
     def __init__(self, *, kernel: bool, fixed: bool, upstream_pr: bool = False):
         """upstream_pr: the reference with only the upstream PR's change (`PreAndPostGatesInFloat32`)."""

@@ -41,6 +41,7 @@ PREFERRED_METADATA_KEYS = (
     "jax_version",
     "jaxlib_version",
     "flax_version",
+    "source_accommodations",
     "policy_file",
     "policy_hash",
     "policy_is_default",

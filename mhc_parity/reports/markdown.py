@@ -185,6 +185,15 @@ def _declared_choice_lines(metadata: dict | None) -> list[str]:
     return lines
 
 
+def _accommodation_lines(metadata: dict | None) -> list[str]:
+    """The implementations' code read other than as written
+    (`mhc_parity.harness.engine.implementations.accommodation_record`); nothing where none was."""
+    record = (metadata or {}).get("source_accommodations")
+    if not record:
+        return []
+    return ["", f"**Source accommodation applied**: {md_cell(record, None)}"]
+
+
 def _speed_lines(frame: pd.DataFrame, max_rows: int) -> list[str]:
     """The Speed section (`mhc_parity.reports.speed`): the median speed-up per path, then the
     first `max_rows` cases' times; nothing where no path ran beside a timed reference."""
@@ -269,6 +278,7 @@ def render_markdown(
         ]
     lines += _implementation_lines(summary)
     lines += _declared_choice_lines(metadata)
+    lines += _accommodation_lines(metadata)
     failing = rank_offenders(frame)
     failing = failing[failing["verdict"].isin(("fail", "error"))]
     if len(failing):

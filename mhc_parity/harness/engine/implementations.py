@@ -38,7 +38,9 @@ TPU devices over ("data", "fsdp"), token-sharded where it has more than one devi
 rows compile them for every TPU target, `mhc_parity.harness.engine.compile_rows`), `code_root` (the folder of its
 code: an error row names the innermost frame there) and `precision_choices` (the roundings
 and narrow sums it makes on purpose, `mhc_parity.harness.engine.precision_choices.PrecisionChoice`s:
-they join its own rounding model). A factory may return a list or tuple of such objects:
+they join its own rounding model), and `source_accommodations` (lines saying how its code was read
+other than as written, e.g. newer syntax read on an older Python: the run's environment record and
+its reports show them). A factory may return a list or tuple of such objects:
 each becomes an implementation.
 """
 
@@ -99,6 +101,7 @@ class Implementation:
     kernel_programs: Callable | None = dataclasses.field(default=None, compare=False)
     code_root: str = ""
     precision_choices: tuple[PrecisionChoice, ...] = ()
+    source_accommodations: tuple[str, ...] = ()
 
     def case_skip_reason(self, case) -> str:
         """Why this implementation does not run `case` at all ("" if it does)."""
@@ -147,6 +150,23 @@ BUILTIN = {impl.name: impl for impl in (REFERENCE, INTERPRET, MOSAIC)}
 # `lowering`, `compile` and `oracle` are paths too but not layer implementations: see
 # mhc_parity.harness.engine.paths and mhc_parity.harness.engine.compile_rows.
 RESERVED_NAMES = set(BUILTIN) | {"lowering", "compile", "oracle"}
+
+
+def declared_accommodations(obj: Any, label: str) -> tuple[str, ...]:
+    """An implementation object's `source_accommodations`: each a line saying how its code was
+    read other than as written (absent: none); ImplementationError for anything but strings."""
+    raw = getattr(obj, "source_accommodations", ()) or ()
+    lines = (raw,) if isinstance(raw, str) else tuple(raw)
+    if not all(isinstance(line, str) and line for line in lines):
+        raise ImplementationError(f"{label}: `source_accommodations` must be non-empty strings")
+    return lines
+
+
+def accommodation_record(implementations) -> dict:
+    """The run's environment record of source accommodations (`source_accommodations`: each
+    distinct line, "; "-joined); empty where no implementation declares one."""
+    lines = sorted({line for impl in implementations for line in impl.source_accommodations})
+    return {"source_accommodations": "; ".join(lines)} if lines else {}
 
 
 def is_builtin(impl: Implementation) -> bool:
@@ -255,6 +275,7 @@ def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_fi
         kernel_programs=programs,
         code_root=str(getattr(obj, "code_root", "") or ""),
         precision_choices=declared_choices(obj, label),
+        source_accommodations=declared_accommodations(obj, label),
     )
 
 

@@ -19,7 +19,13 @@ from mhc_parity.cases import registry
 from mhc_parity.cases.spec import Case, CaseSpecError, normalize_dtype
 from mhc_parity.cases.toml_cases import USER_SUITE, register_case_file
 from mhc_parity.harness.engine.devices import BackendError, default_devices
-from mhc_parity.harness.engine.implementations import BUILTIN, Implementation, ImplementationError, load_externals
+from mhc_parity.harness.engine.implementations import (
+    BUILTIN,
+    Implementation,
+    ImplementationError,
+    accommodation_record,
+    load_externals,
+)
 from mhc_parity.harness.engine.plan import PathPlan, device_shortfalls, uncovered_judgements, unmatched_path_globs
 from mhc_parity.harness.engine.precision_choices import precision_record
 from mhc_parity.harness.engine.run_info import run_metadata
@@ -201,9 +207,11 @@ def finished_metadata(manifest, policy, cases, done, runner, wall_start, impleme
     what the stores loaded and missed, the record of foreign code their entries were keyed by
     (`stores_keyed_by_foreign_code`: None in a process that loaded none,
     `mhc_parity.records.foreign_code.foreign_material`), and the implementations' declared
-    precision choices (`precision_record`)."""
+    precision choices (`precision_record`) and how their code was read other than as written
+    (`accommodation_record`)."""
     metadata = run_metadata(cases)
     metadata.update(precision_record(implementations))
+    metadata.update(accommodation_record(implementations))
     metadata.update(
         command_line=manifest.command_line,
         start_time=manifest.started,

@@ -54,6 +54,30 @@ TARGETS: tuple[TpuTarget, ...] = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class ChipPeaks:
+    """What one chip can do at most: HBM bytes per second and dense bfloat16 FLOP per second."""
+
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
+
+
+# Per chip, as Google Cloud's TPU pages state them (v5e: 819 GB/s, 197 TFLOP/s; v6e: 1640 GB/s,
+# 918 TFLOP/s; v5p: 2765 GB/s, 459 TFLOP/s), by the device kind JAX reports. The speed bench
+# (bench/device_speed.py) sets a program's bytes and FLOPs per second against them; on the lent
+# v5e a large bfloat16 matmul ran at 167 TFLOP/s (docs/results).
+PEAKS = {
+    "TPU v5 lite": ChipPeaks(819e9, 197e12),
+    "TPU v6 lite": ChipPeaks(1640e9, 918e12),
+    "TPU v5": ChipPeaks(2765e9, 459e12),
+}
+
+
+def peaks_of(device_kind: str) -> ChipPeaks | None:
+    """The peaks of a device kind (`jax.Device.device_kind`); None for one not in `PEAKS` (a CPU)."""
+    return PEAKS.get(device_kind)
+
+
 def compiles_case(case) -> bool:
     """Whether `case` gets compile rows (module docstring)."""
     return TPU_TAG in case.all_tags or case.name in COMPILED_DEFAULT_CASES | COMPILED_MAXTEXT_CASES

@@ -24,6 +24,22 @@ $(error EXTRAS must be empty, tpu, cuda or cuda13 (the accelerator extras of pyp
 endif
 # One stamp per set of extras, so a different EXTRAS installs again.
 STAMP  := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
+
+# The variables that choose what runs or where its results are written come from make's command
+# line only (`make parity SUITE=smoke`), never from the environment: an OUT or SUITE exported
+# for something else would otherwise change the suite, drop `make parity`'s gate, or make
+# `make baseline` write one suite's rows over another's baseline, with nothing said. One found
+# in the environment is dropped (`make -e` does not bring it back), with a warning when a
+# goal other than setting up runs. JOBS, FAULT_JOBS and SWEEP_JOBS (how many processes, not
+# what they compute) and the set-up's EXTRAS, SYSTEM_JAX and PYTHON are still read from the
+# environment too.
+COMMAND_LINE_ONLY := SUITE BASELINE IMPL OUT MAXTEXT MAXTEXT_OUT FAULTS_OUT SWEEP_OUT RESULTS SEEDS PYTEST_ARGS
+FROM_ENVIRONMENT  := $(foreach v,$(COMMAND_LINE_ONLY),$(if $(filter environment,$(origin $(v))),$(v)))
+ifneq ($(filter-out setup print-venv clean lint,$(MAKECMDGOALS)),)
+$(foreach v,$(FROM_ENVIRONMENT),$(warning $(v)=$($(v)) in the environment is ignored: make takes $(v) from its command line only (make $(MAKECMDGOALS) $(v)=$($(v)))))
+endif
+$(foreach v,$(FROM_ENVIRONMENT),$(eval override undefine $(v)))
+
 OUT    ?= out/parity
 SUITE  ?= default
 # Worker processes of `make parity`: auto = one per CPU core as memory allows on a CPU
@@ -43,6 +59,11 @@ BASELINE ?= $(DEFAULT_BASELINE)
 # (another suite's run against it would be all missing and new rows).
 PARITY_BASELINE := $(if $(filter command line,$(origin BASELINE)),$(BASELINE),$(if $(filter default,$(SUITE)),$(wildcard $(DEFAULT_BASELINE))))
 PARITY_RUN  = $(MHC_PARITY) run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)
+# mhc-parity's usage errors (exit 2: a folder it will not write into, a file it cannot read)
+# name its options (--out, --baseline), which a make user gave as variables:
+# `cmd $(call options_from,--out is OUT; ...)` says which is which after such an error,
+# keeping the command's exit status.
+options_from = || { status=$$?; test $$status -ne 2 || echo "make $@: mhc-parity's options came from make's variables: $(1)" >&2; exit $$status; }
 FAULTS_OUT ?= out/faults
 SWEEP_OUT  ?= out/sweep
 SEEDS      ?= 50
@@ -113,7 +134,7 @@ lint: setup
 # against it, and a gate failure (a leaf grown past x2 inside its bound) fails the run, exit 1.
 # make itself exits 2 whenever a recipe fails: CI that tells 1 from 2 calls `mhc-parity run`.
 parity: setup
-	$(PARITY_RUN)$(if $(PARITY_BASELINE), --baseline $(PARITY_BASELINE))
+	$(PARITY_RUN)$(if $(PARITY_BASELINE), --baseline $(PARITY_BASELINE)) $(call options_from,--suite is SUITE; --out is OUT; --jobs is JOBS; --baseline is BASELINE)
 
 # MaxText 0.2.5 (the `maxtext` extra): its layer's two paths and its kernel API, as released and
 # with the upstream fixes applied at run time, beside this project's reference (mhc_parity/maxtext_parity/).
@@ -123,34 +144,48 @@ MAXTEXT ?= implementations
 MAXTEXT_OUT ?= out/parity-maxtext$(if $(filter-out implementations,$(MAXTEXT)),-$(MAXTEXT))
 parity-maxtext: setup
 	$(MHC_PARITY) run --suite maxtext --impl mhc_parity.maxtext_parity:$(MAXTEXT) --paths 'reference/*' 'maxtext-*' \
-		--out $(MAXTEXT_OUT) --jobs $(JOBS)
+		--out $(MAXTEXT_OUT) --jobs $(JOBS) $(call options_from,--impl is MAXTEXT; --out is MAXTEXT_OUT; --jobs is JOBS)
 
 # Run the suite and store it as the reviewed baseline the gate uses. The run is not judged
 # against the old baseline: after a deliberate numerical change its drift must not stop its
 # own replacement (a fail or error row still does). With IMPL=MODULE:FACTORY:
 # run that external implementation (and the reference) and write its own baseline, keyed by
 # its name: baselines/<name>.csv (BASELINE=... on the command line to choose the file).
+# Its default file is the default suite's: another SUITE writes only to a BASELINE named on the
+# command line (its rows over the default suite's file would drop every case that suite lacks,
+# and the gate would pass their regressions as rows the baseline does not hold). `mhc-parity
+# baseline` refuses the same on its own: a baseline's header records its suite.
+ifneq ($(filter baseline,$(MAKECMDGOALS)),)
+ifneq ($(SUITE),default)
+ifneq ($(origin BASELINE),command line)
+$(error make baseline SUITE=$(SUITE) would write the $(SUITE) suite's rows over the default suite's baseline: name the file on the command line, e.g. make baseline SUITE=$(SUITE) BASELINE=baselines/$(SUITE)$(if $(IMPL),-<implementation>).csv)
+endif
+endif
+endif
 ifeq ($(IMPL),)
 baseline: setup
-	$(PARITY_RUN)
-	$(MHC_PARITY) baseline --from $(OUT) --to $(BASELINE)
+	$(PARITY_RUN) $(call options_from,--suite is SUITE; --out is OUT; --jobs is JOBS)
+	$(MHC_PARITY) baseline --from $(OUT) --to $(BASELINE) $(call options_from,--from is OUT; --to is BASELINE)
 else
 baseline: setup
-	$(MHC_PARITY) baseline --impl $(IMPL) --suite $(SUITE) --out $(OUT)$(if $(filter command line,$(origin BASELINE)), --to $(BASELINE))
+	$(MHC_PARITY) baseline --impl $(IMPL) --suite $(SUITE) --out $(OUT)$(if $(filter command line,$(origin BASELINE)), --to $(BASELINE)) \
+		$(call options_from,--impl is IMPL; --suite is SUITE; --out is OUT; --to is BASELINE)
 endif
 
 # Gate the last run in $(OUT) against the baseline (run `make parity` first).
 gate: setup
-	$(MHC_PARITY) gate --baseline $(BASELINE) --current $(OUT)
+	$(MHC_PARITY) gate --baseline $(BASELINE) --current $(OUT) $(call options_from,--baseline is BASELINE; --current is OUT)
 
 # The kill matrix: every catalogued fault injected in turn; exits 1 if one survives.
 faults: setup
-	$(MHC_PARITY) faults --suite $(SUITE) --out $(FAULTS_OUT) --jobs $(FAULT_JOBS) --results $(RESULTS)/kill-matrix-$(SUITE).md
+	$(MHC_PARITY) faults --suite $(SUITE) --out $(FAULTS_OUT) --jobs $(FAULT_JOBS) --results $(RESULTS)/kill-matrix-$(SUITE).md \
+		$(call options_from,--suite is SUITE; --out is FAULTS_OUT; --jobs is FAULT_JOBS; --results is under RESULTS)
 
 # The false-positive sweep: the unmodified code over $(SEEDS) seeds; exits 1 on any failure. Its
 # calibration table holds every cell's tail against the policy's stated false-positive rate.
 sweep: setup
-	$(MHC_PARITY) faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT) --jobs $(SWEEP_JOBS) --results $(RESULTS)/sweep-$(SUITE).md
+	$(MHC_PARITY) faults --seeds $(SEEDS) --suite $(SUITE) --out $(SWEEP_OUT) --jobs $(SWEEP_JOBS) --results $(RESULTS)/sweep-$(SUITE).md \
+		$(call options_from,--seeds is SEEDS; --suite is SUITE; --out is SWEEP_OUT; --jobs is SWEEP_JOBS; --results is under RESULTS)
 
 # The rounding audit: every bfloat16 value the reference holds and the model's site for it, and
 # each site's share of the sensitivity; exits 1 on a value no site rounds.

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from mhc_parity.cases.registry import DuplicateCaseError, Registry
 from mhc_parity.cases.spec import Case, CaseSpecError, case_field_names, normalize_dtype
+from mhc_parity.records.run_suite import USER_SUITE
 
-USER_SUITE = "user"
 TOP_LEVEL_KEYS = ("defaults", "case")
 EXTRA_CASE_KEYS = ("suites",)
 

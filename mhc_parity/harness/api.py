@@ -55,9 +55,11 @@ from mhc_parity.records.manifest import Manifest, foreign_folder_problem, select
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
 from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError, to_frame
+from mhc_parity.records.run_suite import run_suite
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.records.store import case_records
 from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
+from mhc_parity.reports.baseline_suite import overwrite_refusal
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
 from mhc_parity.reports.judgement import gate_run
@@ -173,15 +175,21 @@ class ParityRun:
         self, path: str | pathlib.Path | None = None, *, implementation: str | None = None
     ) -> pathlib.Path:
         """Write the rows of one external implementation (default: the run's only one) as its
-        baseline, keyed by its name, to `path` (default baselines/<name>.csv). ReportError if
-        the file cannot be written, ConfigurationError if the run has no such implementation."""
+        baseline, keyed by its name, to `path` (default baselines/<name>.csv), recording the
+        run's suite. ReportError if the file cannot be written or is a baseline of another suite
+        (`mhc_parity.reports.baseline_suite`), ConfigurationError if the run has no such implementation."""
         name = self._implementation(implementation)
         frame = implementation_rows(self.rows, name)
         if not len(frame):
             raise ConfigurationError(f"the run has no rows of implementation {name!r}; refusing an empty baseline")
         try:
             target = writable_file(path or default_baseline_path(name))
-            return _write_baseline_file(dataclasses.replace(self.loaded(), frame=frame), target, implementation=name)
+            suite = run_suite(self.manifest.request)
+            refusal = overwrite_refusal(target, suite, frame["case"], elsewhere="write them to another path")
+            if refusal:
+                raise ReportInputError(refusal)
+            loaded = dataclasses.replace(self.loaded(), frame=frame)
+            return _write_baseline_file(loaded, target, implementation=name, suite=suite)
         except (OutputPathError, OSError, ReportInputError) as exc:  # ReportInputError: a run folder's own file
             raise ReportError(f"cannot write baseline {path or default_baseline_path(name)}: {exc}") from exc
 

@@ -39,6 +39,12 @@ A baseline of one external implementation (`mhc-parity baseline --impl`) keeps o
 implementation's rows and names it in the header (`implementation=<name>`, after the
 environment keys); the gate then judges only that implementation's rows and refuses a
 run without them (`mhc_parity.reports.ownership`).
+
+A baseline written by `mhc-parity baseline` records the suite its rows were selected from
+(`suite=default`, or the selection that narrowed it: `mhc_parity.records.run_suite`), after the
+implementation; `baseline` refuses to write one suite's rows over a file that records another
+(`mhc_parity.reports.baseline_suite`). A header without it (older files, the pytest plugin's)
+records no suite.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ LEGACY_OPTION = "--allow-legacy-baseline"
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
+SUITE_KEY = "suite"
 POLICY_KEY = "policy_hash"
 # What a header written without a policy said (format 1 and 2 only: format 3 refuses it).
 NO_POLICY = "-"
@@ -115,6 +122,8 @@ class Baseline:
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # the external implementation whose rows it keeps (None: the built-in paths' baseline)
     implementation: str | None = None
+    # the suite its rows were selected from (`mhc_parity.records.run_suite`); None: not recorded
+    suite: str | None = None
 
     @property
     def unverified(self) -> str:
@@ -151,11 +160,16 @@ def header_line(
     environment: Mapping[str, str] | None = None,
     implementation: str | None = None,
     rows: int | None = None,
+    suite: str | None = None,
 ) -> str:
     """The baseline's first line up to its digest (format version, policy hash, the
-    `HEADER_KEYS` given, the implementation it belongs to, and the row count): what
-    `sealed` completes with the file's SHA-256."""
-    values = {**{key: (environment or {}).get(key) for key in HEADER_KEYS}, IMPLEMENTATION_KEY: implementation}
+    `HEADER_KEYS` given, the implementation it belongs to, the suite its rows come from and
+    the row count): what `sealed` completes with the file's SHA-256."""
+    values = {
+        **{key: (environment or {}).get(key) for key in HEADER_KEYS},
+        IMPLEMENTATION_KEY: implementation,
+        SUITE_KEY: suite,
+    }
     if rows is not None:
         values[ROWS_KEY] = str(rows)
     fields = "".join(f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value)
@@ -180,9 +194,11 @@ def render_baseline(
     policy_hash: str | None = None,
     environment: Mapping[str, str] | None = None,
     implementation: str | None = None,
+    suite: str | None = None,
 ) -> str:
     """The baseline file's text for a row set (full rows or gate columns); with
-    `implementation`, the header names the implementation the rows belong to.
+    `implementation`, the header names the implementation the rows belong to, with `suite`
+    the suite they were selected from (`mhc_parity.records.run_suite`).
     ReportInputError without a `policy_hash`: a baseline that names no tolerance policy is
     refused by every reader, since a policy change could then not be noticed."""
     if not policy_hash or policy_hash == NO_POLICY:
@@ -197,7 +213,8 @@ def render_baseline(
     writer.writerow(BASELINE_COLUMNS)
     for record in frame.to_dict(orient="records"):
         writer.writerow([format_cell(c, record[c]) for c in BASELINE_COLUMNS])
-    return sealed(header_line(policy_hash, environment, implementation, rows=len(frame)), body.getvalue())
+    header = header_line(policy_hash, environment, implementation, rows=len(frame), suite=suite)
+    return sealed(header, body.getvalue())
 
 
 def body_digest(body: bytes) -> str:
@@ -241,6 +258,7 @@ def write_baseline(
     *,
     policy_hash: str | None = None,
     implementation: str | None = None,
+    suite: str | None = None,
 ) -> Path:
     """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
 
@@ -248,7 +266,8 @@ def write_baseline(
     recorded policy hash is then used unless `policy_hash` is given, and its recorded
     backend, device kind and matmul precision go into the header. `implementation`
     names the external implementation the rows belong to (the caller keeps only its
-    rows: `mhc_parity.reports.ownership.implementation_rows`). ReportInputError for a `path` inside a
+    rows: `mhc_parity.reports.ownership.implementation_rows`); `suite` the suite they were selected
+    from, for the header (`mhc_parity.records.run_suite`). ReportInputError for a `path` inside a
     run folder that is one of the run's own files (`run_folder_refusal`), for rows
     without a policy hash (`render_baseline`), and for rows that compared nothing of what the
     baseline would hold (`nothing_compared_refusal`): a baseline of only skip/unsupported rows
@@ -265,7 +284,11 @@ def write_baseline(
     if refusal:
         raise ReportInputError(refusal)
     text = render_baseline(
-        rows, policy_hash=policy_hash or recorded_hash, environment=environment, implementation=implementation
+        rows,
+        policy_hash=policy_hash or recorded_hash,
+        environment=environment,
+        implementation=implementation,
+        suite=suite,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     _replace_atomically(path, text.encode("utf-8"))

@@ -37,6 +37,7 @@ from mhc_parity.reports.baseline import (
     NO_POLICY,
     POLICY_KEY,
     ROWS_KEY,
+    SUITE_KEY,
     Baseline,
     body_digest,
     file_digest,
@@ -213,4 +214,5 @@ def load_baseline(path: str | Path, *, allow_legacy: bool = False, legacy_option
         path=path,
         environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
         implementation=header.get(IMPLEMENTATION_KEY) or None,
+        suite=header.get(SUITE_KEY) or None,
     )

@@ -13,7 +13,8 @@ The third form is `mhc-parity run` underneath: rows stream into --out case by ca
 SIGTERM stop it with a hint, and `--resume` finishes an interrupted run.
 
 RUN is a whole, complete run: never a baseline file, an unfinished run or one shard of a
-run (merge the shards first); PATH is never one of a run folder's own files.
+run (merge the shards first); PATH is never one of a run folder's own files, nor a baseline
+of another suite than RUN's (`mhc_parity.reports.baseline_suite`: the header records the suite).
 
 Exit codes: 0 written; 2 a usage or configuration error, one line on stderr; 128 + the
 signal's number when stopped by one. Only the third form loads JAX.
@@ -32,7 +33,9 @@ from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_FAILED, 
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
 from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError
+from mhc_parity.records.run_suite import run_suite
 from mhc_parity.reports.baseline import run_folder_refusal, write_baseline
+from mhc_parity.reports.baseline_suite import overwrite_refusal
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, resolve_implementation
 from mhc_parity.reports.sources import load_run
 
@@ -154,7 +157,8 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
 
     With `impl`, only that external implementation's rows (the run must have them), with
     its name in the header, by default to baselines/<name>.csv. Exit 0 written; 2 when the
-    target cannot be written or is a run folder's own file (`run_folder_refusal`), or the
+    target cannot be written, is a run folder's own file (`run_folder_refusal`) or a baseline
+    of another suite (`overwrite_refusal`: the header records the run's suite), or the
     run cannot be used: unreadable, unfinished, a baseline file, one shard of a run
     (`shard_refusal`), empty, without the implementation, or (unless `allow_code_change`)
     made by other code than this checkout (see `mhc_parity.reports.sources.load_run`). A run with
@@ -169,7 +173,8 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
             name = resolve_implementation(run, impl)
             frame = implementation_rows(run.frame, name)
         target = writable_file(target or default_baseline_path(name))
-        refusal = shard_refusal(run) or run_folder_refusal(target)
+        suite = run_suite(run.manifest.request if run.manifest else None)
+        refusal = shard_refusal(run) or run_folder_refusal(target) or overwrite_refusal(target, suite, frame["case"])
         if refusal:
             raise ReportInputError(refusal)
     except (ReportInputError, OutputPathError, ValueError) as exc:
@@ -179,7 +184,7 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
             f"{run.source} has no rows{f' of {name!r}' if name else ''}; refusing to write an empty baseline"
         )
     try:
-        path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name)
+        path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name, suite=suite)
     except ReportInputError as exc:  # rows a baseline cannot hold, e.g. two with one row key
         return _usage_error(f"{run.source}: {exc}")
     except OSError as exc:

@@ -34,6 +34,7 @@ from mhc_parity.harness.judging.policy import Policy, PolicyError
 from mhc_parity.harness.judging.policy_file import is_packaged_default, load_policy
 from mhc_parity.records.foreign_code import FOREIGN_KEY, code_record, foreign_material
 from mhc_parity.records.manifest import Manifest, RunRequest
+from mhc_parity.records.run_suite import DEFAULT_SUITE
 from mhc_parity.records.text import plural
 
 MAX_SEED = 2**63 - 1  # mhc_parity.cases.spec.Case.seed's range
@@ -80,7 +81,7 @@ def select_cases(selection: RunSelection) -> list[Case]:
             register_case_file(path, reg)
         suite = selection.suite
         if suite is None and selection.cases is None:
-            suite = USER_SUITE if selection.case_files else "default"
+            suite = USER_SUITE if selection.case_files else DEFAULT_SUITE
         dtype = normalize_dtype(selection.dtype, field="--dtype") if selection.dtype else None
         selected = reg.select(
             suite=suite,

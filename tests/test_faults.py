@@ -38,7 +38,9 @@ from mhc_parity.harness.faults import (
 from mhc_parity.harness.faults import matrix as kill_matrix
 from mhc_parity.harness.faults import seed_sweep as sweep
 from mhc_parity.harness.faults.model import BelowBackendShift, UnknownPerturbationError, select
+from mhc_parity.records.kill_records import BELOW_BACKEND_SHIFT, BELOW_ROUNDING, KillMatrix, fault_counts
 from mhc_parity.records.schema import TIMING_COLUMNS
+from mhc_parity.reports.kill_matrix import kill_matrix_document, kill_matrix_markdown
 from mhc_parity.reports.samples import measured_row
 from mhc_parity.reports.sweep import calibration_table, headroom_table
 
@@ -482,7 +484,8 @@ def test_slices_are_judged_separately():
         unkillable_in=(("bfloat16", "below the noise"),),
     )
     excused = kill_matrix.judge(listed, rows, clean, [SMALL, bf16_case], 0.0)
-    assert excused.ok and excused.status == "killed (exception: bfloat16)"
+    assert excused.ok and excused.status == "killed in float32; listed in bfloat16 (not seen)"
+    assert excused.outcome == "caught in part" and excused.slice("bfloat16").listed_by == BELOW_ROUNDING
     variant = kill_matrix.judge(_no_op(legitimate=True), rows, clean, [SMALL, bf16_case], 0.0)
     assert variant.slice("float32").status == "FALSE POSITIVE" and not variant.ok
 
@@ -505,7 +508,8 @@ def test_a_fault_below_the_backend_s_own_shift_is_listed_only_where_the_clean_ro
 
     survived = [_row("pass", 0.3)]
     on_tpu = kill_matrix.judge(listed, survived, [clean_row(1e-4), clean_row(math.nan, "h_post")], [SMALL], 0.0)
-    assert on_tpu.ok and on_tpu.status == "killed (exception: float32)"
+    assert on_tpu.ok and on_tpu.status == "listed in float32 (not seen)" and on_tpu.outcome == "listed"
+    assert on_tpu.slice("float32").listed_by == BELOW_BACKEND_SHIFT
     assert "h_pre shifted by at least 0.0001" in on_tpu.slice("float32").unkillable_reason
     assert "the fault by at most 2e-06" in on_tpu.slice("float32").unkillable_reason
     for clean in ([clean_row(math.nan)], [clean_row(1e-6)], [clean_row(1e-4), clean_row(math.nan)], []):
@@ -513,6 +517,60 @@ def test_a_fault_below_the_backend_s_own_shift_is_listed_only_where_the_clean_ro
         assert result.status == "SURVIVED in float32" and not result.ok, clean
     with pytest.raises(ValueError, match="slices"):
         dataclasses.replace(listed, below_backend_shift=(dataclasses.replace(below, dtype_slice="float16"),))
+
+
+def test_listed_faults_are_counted_apart_from_caught_ones_in_the_headline_and_every_slice():
+    """The smoke kill matrix in float32 with the TPU v5e's terms read "17/18 caught (or listed)"
+    while both epsilon faults were never seen: a listed slice is counted as listed, never caught."""
+    bf16_case = make_case(dtype="bfloat16")
+    clean = [
+        {**_row("pass", 0.1), "oracle_backend_shift": 1e-4, "max_abs_err": 1e-7, "max_rel_err": 2e-7},
+        _row("pass", 0.2, case=bf16_case),
+    ]
+
+    def fault(name, **listing):
+        return dataclasses.replace(_no_op(name), **listing)
+
+    below = BelowBackendShift("float32", "h_pre", 1e-6, "the backend's sigmoid")
+    caught_rows = [_row("fail", 5.0), _row("fail", 3.0, case=bf16_case)]
+    quiet_rows = [_row("pass", 0.3), _row("pass", 0.4, case=bf16_case)]
+    results = (
+        kill_matrix.judge(fault("t.caught"), caught_rows, clean, [SMALL, bf16_case], 0.0),
+        kill_matrix.judge(fault("t.epsilon", below_backend_shift=(below,)), [quiet_rows[0]], clean, [SMALL], 0.0),
+        kill_matrix.judge(
+            fault("t.rms", unkillable_in=(("bfloat16", "noise"),)),
+            [caught_rows[0], quiet_rows[1]],
+            clean,
+            [SMALL, bf16_case],
+            0.0,
+        ),
+        kill_matrix.judge(fault("t.sharded"), [], clean, [], 0.0),
+        kill_matrix.judge(_no_op("t.variant", legitimate=True), quiet_rows, clean, [SMALL, bf16_case], 0.0),
+    )
+    everything = fault_counts(results)
+    assert everything.text == (
+        "1 caught, 1 caught in some slices and listed in the others, "
+        "1 listed (not seen: below the backend shift), 1 not exercised of 4"
+    )
+    assert fault_counts(results, "float32").text == (
+        "2 caught, 1 listed (not seen: below the backend shift), 1 not exercised of 4"
+    )
+    assert fault_counts(results, "bfloat16").text == (
+        "1 caught, 1 listed (not seen: below the slice's own rounding), 2 not exercised of 4"
+    )
+    matrix = KillMatrix(tuple(clean), results, ())
+    markdown = kill_matrix_markdown(matrix)
+    assert f"Faults: {everything.text}." in markdown and "or listed" not in markdown
+    assert f"- float32: {fault_counts(results, 'float32').text}." in markdown
+    assert "`t.epsilon`, float32 (1 cases): closest row" in markdown.partition("## Listed, not seen")[2]
+    document = kill_matrix_document(matrix, {})
+    assert document["fault_outcomes"]["caught"] == 1 and document["fault_outcomes"]["listed"] == 1
+    assert document["slice_outcomes"]["float32"]["listed_by"][BELOW_BACKEND_SHIFT] == 1
+    assert [(x["name"], x["dtype_slice"]) for x in document["listed"]] == [
+        ("t.epsilon", "float32"),
+        ("t.rms", "bfloat16"),
+    ]
+    assert document["faults_ok"] == 3, "listed faults do not fail the run; the one not exercised does"
 
 
 def test_headroom_is_measured_per_group_over_passing_rows():

@@ -16,6 +16,13 @@ DTYPE_SLICES = ("bfloat16", "float32")
 # Verdicts of a row that catch a perturbation (a row failing on clean code catches nothing).
 CATCHING_VERDICTS = ("fail", "error")
 FAULT_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
+# Why a fault is listed (not seen, and not failing the run) in a slice: its effect is below what a
+# correct path's own rounding in that dtype moves (`Perturbation.unkillable_in`), or below the
+# shift the backend's own primitives may put on every token, as the clean rows measure it
+# (`BelowBackendShift`). A listed slice is never counted as caught.
+BELOW_ROUNDING = "below the slice's own rounding"
+BELOW_BACKEND_SHIFT = "below the backend shift"
+LISTING_KINDS = (BELOW_ROUNDING, BELOW_BACKEND_SHIFT)
 
 
 def cell_float(row: dict, column: str) -> float:
@@ -83,6 +90,7 @@ class SliceVerdict:
     catches: tuple[Catch, ...]
     closest: Closest | None
     unkillable_reason: str = ""
+    listed_by: str = ""  # one of `LISTING_KINDS` where `unkillable_reason` lists the slice
     # The cause most of the catching rows name (`cause` and `cause_id` of the rows), how
     # many name it of how many name any, and whether it is the perturbation's own.
     top_cause: str = ""
@@ -105,18 +113,21 @@ class SliceVerdict:
 
     @property
     def status(self) -> str:
-        """killed | exception | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised."""
+        """killed | listed | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised.
+        listed: nothing caught it, and the catalogue lists the slice (`unkillable_reason`): not
+        seen, and not failing the run."""
         if not self.cases_run:
             return "not exercised"
         if self.legitimate:
             return "FALSE POSITIVE" if self.caught else "passes"
         if self.caught:
             return "killed"
-        return "exception" if self.unkillable_reason else "SURVIVED"
+        return "listed" if self.unkillable_reason else "SURVIVED"
 
     @property
     def ok(self) -> bool:
-        return self.status in ("killed", "exception", "passes", "not exercised")
+        """Whether the slice lets the run pass: a listed slice does (it is reported apart)."""
+        return self.status in ("killed", "listed", "passes", "not exercised")
 
     @property
     def margin(self) -> float:
@@ -163,8 +174,28 @@ class PerturbationResult:
 
     @property
     def ok(self) -> bool:
-        """Faults: caught (or a listed exception) in every slice they ran in; variants: caught nowhere."""
+        """Whether it lets the run pass. Faults: caught or listed in every slice they ran in
+        (`outcome` tells the two apart); variants: caught nowhere."""
         return self.exercised and all(s.ok for s in self.slices)
+
+    @property
+    def listed_slices(self) -> tuple[SliceVerdict, ...]:
+        return tuple(s for s in self.slices if s.status == "listed")
+
+    @property
+    def outcome(self) -> str:
+        """A fault's line of the headline (`OUTCOMES`): caught in every slice it ran in, caught
+        in some and listed in the others, listed in every one (never seen), survived in some,
+        or not exercised. A variant's: passes or FALSE POSITIVE."""
+        if not self.exercised:
+            return NOT_EXERCISED
+        if self.legitimate:
+            return "passes" if self.ok else "FALSE POSITIVE"
+        ran = [s for s in self.slices if s.cases_run]
+        if any(s.status == "SURVIVED" for s in ran):
+            return SURVIVED
+        listed = sum(s.status == "listed" for s in ran)
+        return CAUGHT if not listed else LISTED if listed == len(ran) else CAUGHT_IN_PART
 
     @property
     def status(self) -> str:
@@ -175,12 +206,79 @@ class PerturbationResult:
             return "; ".join(f"{s.status} in {s.dtype_slice}" for s in bad)
         if self.legitimate:
             return "passes"
-        exceptions = [s.dtype_slice for s in self.slices if s.status == "exception"]
-        return "killed" + (f" (exception: {', '.join(exceptions)})" if exceptions else "")
+        killed = [s.dtype_slice for s in self.slices if s.status == "killed"]
+        listed = [s.dtype_slice for s in self.listed_slices]
+        if not listed:
+            return "killed"
+        listing = f"listed in {', '.join(listed)} (not seen)"
+        return f"killed in {', '.join(killed)}; {listing}" if killed else listing
 
     @property
     def catches(self) -> tuple[Catch, ...]:
         return tuple(c for s in self.slices for c in s.catches)
+
+
+# A fault's outcome (`PerturbationResult.outcome`), in the headline's order.
+CAUGHT, CAUGHT_IN_PART, LISTED, SURVIVED, NOT_EXERCISED = (
+    "caught",
+    "caught in part",
+    "listed",
+    "survived",
+    "not exercised",
+)
+OUTCOMES = (CAUGHT, CAUGHT_IN_PART, LISTED, SURVIVED, NOT_EXERCISED)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultCounts:
+    """How many faults each outcome has, over the whole matrix or in one dtype slice.
+
+    counts: outcome -> faults (`OUTCOMES`; in a slice, a fault is caught, listed, survived or
+    not exercised there); listed_by: listing kind (`LISTING_KINDS`) -> the listed (never seen)
+    faults listed for it (one listed for both kinds in two slices counts under each); total:
+    the faults.
+    """
+
+    counts: tuple[tuple[str, int], ...]
+    listed_by: tuple[tuple[str, int], ...]
+    total: int
+
+    def count(self, outcome: str) -> int:
+        return dict(self.counts).get(outcome, 0)
+
+    @property
+    def text(self) -> str:
+        """e.g. "15 caught, 2 listed (not seen: below the backend shift), 1 not exercised of 18":
+        caught always, the other outcomes where any fault has them."""
+        parts = [f"{self.count(CAUGHT)} caught"]
+        if self.count(CAUGHT_IN_PART):
+            parts.append(f"{self.count(CAUGHT_IN_PART)} caught in some slices and listed in the others")
+        if self.count(LISTED):
+            kinds = [(kind, n) for kind, n in self.listed_by if n]
+            why = kinds[0][0] if len(kinds) == 1 else ", ".join(f"{n} {kind}" for kind, n in kinds)
+            parts.append(f"{self.count(LISTED)} listed (not seen: {why})")
+        parts += [f"{self.count(o)} {o}" for o in (SURVIVED, NOT_EXERCISED) if self.count(o)]
+        return f"{', '.join(parts)} of {self.total}"
+
+
+def fault_counts(results, dtype_slice: str | None = None) -> FaultCounts:
+    """The faults of `results` (`PerturbationResult`s; variants are left out) counted by outcome:
+    over every slice (`PerturbationResult.outcome`), or in `dtype_slice` alone."""
+    faults = [r for r in results if not r.legitimate]
+    if dtype_slice is None:
+        outcomes = [r.outcome for r in faults]
+        # Each fault never seen counts once under each kind it is listed for.
+        listings = [kind for r in faults if r.outcome == LISTED for kind in {s.listed_by for s in r.listed_slices}]
+    else:
+        slices = [r.slice(dtype_slice) for r in faults]
+        by_status = {"killed": CAUGHT, "listed": LISTED, "SURVIVED": SURVIVED, "not exercised": NOT_EXERCISED}
+        outcomes = [by_status[s.status] for s in slices]
+        listings = [s.listed_by for s in slices if s.status == "listed"]
+    return FaultCounts(
+        counts=tuple((o, outcomes.count(o)) for o in OUTCOMES),
+        listed_by=tuple((kind, listings.count(kind)) for kind in LISTING_KINDS),
+        total=len(faults),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

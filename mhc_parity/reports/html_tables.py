@@ -38,6 +38,7 @@ PREFERRED_METADATA_KEYS = (
     "matmul_precision_note",
     "backend_arithmetic_terms",
     "backend_arithmetic",
+    "kernel_primitives",
     "jax_version",
     "jaxlib_version",
     "flax_version",

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from mhc_parity.records.kill_records import (
     DTYPE_SLICES,
     FAULT_COMPARISONS,
+    FaultCounts,
     KillMatrix,
     PerturbationResult,
+    fault_counts,
 )
 from mhc_parity.records.rows import encode_float
 from mhc_parity.records.text import format_number, format_text_table
@@ -54,12 +56,19 @@ def _headers() -> list[str]:
     return ["perturbation", "status", *(f"{s} cases" for s in DTYPE_SLICES), *FAULT_COMPARISONS]
 
 
+def headline_counts(matrix: KillMatrix) -> list[tuple[str, FaultCounts]]:
+    """The faults counted by outcome over the matrix (label "all"), then in each dtype slice that
+    ran a case (labelled by it): caught apart from listed (not seen), survived and not exercised."""
+    slices = [s for s in DTYPE_SLICES if any(r.slice(s).cases_run for r in matrix.results)]
+    return [("all", fault_counts(matrix.results)), *((s, fault_counts(matrix.results, s)) for s in slices)]
+
+
 def _not_caught_lines(results: Sequence[PerturbationResult], statuses: tuple[str, ...]) -> list[str]:
     lines = []
     for r in results:
         for s in r.slices:
             if s.status in statuses:
-                why = f" — {s.unkillable_reason}" if s.unkillable_reason else ""
+                why = f" — {s.listed_by}: {s.unkillable_reason}" if s.unkillable_reason else ""
                 closest = s.closest.text if s.closest else "no measured row"
                 lines.append(f"- `{r.name}`, {s.dtype_slice} ({len(s.cases_run)} cases): closest row {closest}{why}")
     return lines or ["none"]
@@ -83,17 +92,23 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
     """The kill matrix as a Markdown document."""
     faults = [r for r in matrix.results if not r.legitimate]
     variants = [r for r in matrix.results if r.legitimate]
-    ok_faults = sum(r.ok for r in faults)
     lines = [
         "# Fault kill matrix",
         "",
-        f"{ok_faults}/{len(faults)} faults caught in every dtype slice they run in (or listed as "
-        f"exceptions there); {sum(r.ok for r in variants)}/{len(variants)} legitimate variants pass; "
+        *(
+            f"Faults: {counts.text}." if label == "all" else f"- {label}: {counts.text}."
+            for label, counts in headline_counts(matrix)
+        ),
+        "",
+        f"{sum(r.ok for r in variants)}/{len(variants)} legitimate variants pass; "
         f"{len(matrix.clean_failures)} row(s) fail on the unmodified code.",
         "",
-        "A slice cell: status, cases caught/run, and the largest bound_usage of a catching row "
-        "(measured/allowed; >1 fails) or, where nothing caught, of the closest row. A comparison "
-        "cell: the leaves whose rows caught the fault, worst first.",
+        "A fault is caught in a slice when a row of that slice's cases fails under it; listed when "
+        "nothing caught it there and the catalogue lists the slice (its effect is below what the "
+        "arithmetic explains there): not seen, and not failing the run. A slice cell: status, cases "
+        "caught/run, and the largest bound_usage of a catching row (measured/allowed; >1 fails) or, "
+        "where nothing caught, of the closest row. A comparison cell: the leaves whose rows caught "
+        "the fault, worst first.",
         "",
         "## Faults",
         "",
@@ -106,9 +121,9 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
         "",
         *_cause_lines(faults),
         "",
-        "## Exceptions (effect below what the arithmetic explains in that slice)",
+        "## Listed, not seen (effect below what the arithmetic explains in that slice)",
         "",
-        *_not_caught_lines(faults, ("exception",)),
+        *_not_caught_lines(faults, ("listed",)),
         "",
         "## Surviving faults",
         "",
@@ -163,6 +178,7 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
             "cases_caught": list(s.cases_caught),
             "margin": _json_number(s.margin),
             "unkillable_reason": s.unkillable_reason,
+            "listed_by": s.listed_by,
             "top_cause": s.top_cause,
             "top_cause_id": s.top_cause_id,
             "top_cause_rows": s.top_cause_rows,
@@ -181,11 +197,25 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
         }
 
     faults = [r for r in matrix.results if not r.legitimate]
+
+    def counts(dtype_slice=None):
+        found = fault_counts(matrix.results, dtype_slice)
+        return {"of": found.total, **dict(found.counts), "listed_by": dict(found.listed_by)}
+
     return {
         "metadata": metadata,
         "ok": matrix.ok,
         "faults": len(faults),
+        # Faults that let the run pass: caught or listed in every slice they ran in.
         "faults_ok": sum(r.ok for r in faults),
+        # By outcome (`kill_records.OUTCOMES`): caught apart from listed (not seen), over the matrix and per slice.
+        "fault_outcomes": counts(),
+        "slice_outcomes": {s: counts(s) for s in DTYPE_SLICES},
+        "listed": [
+            {"name": r.name, "dtype_slice": s.dtype_slice, "listed_by": s.listed_by, "reason": s.unkillable_reason}
+            for r in faults
+            for s in r.listed_slices
+        ],
         "survivors": [r.name for r in faults if not r.ok],
         "false_positives": [r.name for r in matrix.results if r.legitimate and not r.ok],
         "clean_failures": [
@@ -200,6 +230,7 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
                 "legitimate": r.legitimate,
                 "causes": list(r.causes),
                 "status": r.status,
+                "outcome": r.outcome,
                 "ok": r.ok,
                 "ignored_clean_failures": r.ignored_clean_failures,
                 "seconds": round(r.seconds, 2),
@@ -225,7 +256,8 @@ def _catch_lines(matrix: KillMatrix):
                     0,
                     "",
                     closest.usage if closest else "",
-                    closest.text if closest else "",
+                    (closest.text if closest else "")
+                    + (f" — listed, {s.listed_by}: {s.unkillable_reason}" if s.status == "listed" else ""),
                 ]
             for c in s.catches:
                 yield base + [

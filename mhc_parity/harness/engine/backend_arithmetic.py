@@ -188,8 +188,15 @@ def measure_primitive(primitive: Primitive, device, samples: int = SAMPLES) -> P
     """`primitive` evaluated in float32 on `device` (a JAX device) against float64 on the host."""
     operands = _operands(primitive, samples)
     on_device = [jax.device_put(o, device) for o in operands]
-    result = np.asarray(jax.jit(_backend_function(primitive.name))(*on_device), np.float64)
+    return primitive_error(primitive, operands, jax.jit(_backend_function(primitive.name))(*on_device))
+
+
+def primitive_error(primitive: Primitive, operands: list[np.ndarray], result) -> PrimitiveError:
+    """What `result` (float32, however computed: `primitive` of `operands`, `_operands`'s grids)
+    errs against float64 on the host."""
+    samples = operands[0].size
     exact, magnitude = _float64_reference(primitive.name, [o.astype(np.float64) for o in operands])
+    result = np.asarray(result, np.float64).reshape(exact.shape)
     error = np.abs(result - exact)
     nonzero = magnitude > 0
     relative = error[nonzero] / magnitude[nonzero]

@@ -19,6 +19,7 @@ import numpy as np
 
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, model_terms
+from mhc_parity.harness.engine.kernel_primitives import measured_kernel_primitives, narrowed_terms
 from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.judging.confidence import Sensitivity
@@ -60,6 +61,19 @@ class OracleOutputs:
     # a primitive's error is a fixed function of its input, so tokens that feed it alike share
     # it. Empty where the backend has no term (a CPU).
     backend_shift: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # The same statistics with only the backend terms a Mosaic kernel and XLA compute
+    # differently (`kernel_pair_units`), for the comparisons of such a pair on the backend;
+    # None where those are all the terms (a CPU, or no Mosaic table: every term widens).
+    kernel_pair: PairStatistics | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PairStatistics:
+    """`OracleOutputs`' sensitivity, systematic t and backend shift under other noise units."""
+
+    sensitivity: Mapping[str, Sensitivity]
+    systematic: Mapping[str, float]
+    backend_shift: Mapping[str, float]
 
 
 # Enough draws that the sensitivity's own noise stays inside the bound for a leaf with one
@@ -130,6 +144,19 @@ def backend_terms() -> dict[str, float]:
     return model_terms(measured_arithmetic())
 
 
+def kernel_pair_units(case) -> dict[str, float] | None:
+    """The case's `noise_units` for a comparison of a Mosaic kernel path with an XLA path on the
+    default backend: only the backend terms whose primitives the two compile differently
+    (`mhc_parity.harness.engine.kernel_primitives.narrowed_terms`), or None where that is every
+    term (no Mosaic table for this backend, or no term to drop)."""
+    terms = backend_terms()
+    narrowed = narrowed_terms(terms, measured_kernel_primitives())
+    if narrowed == terms:
+        return None
+    units = OPERATION.oracle_unit_roundoffs(case, matmul_operand_roundoff(case), narrowed)
+    return None if units == noise_units(case) else units
+
+
 def root_mean_square(values) -> float:
     """sqrt(mean(values²)), float64: how draws of one statistic are combined."""
     return float(np.sqrt(np.mean(np.square(values))))
@@ -169,19 +196,42 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
     operand rounding its matmul precision implies on this backend. The exact oracle and the
     `NOISE_SAMPLES` draws are one run of one compiled program (`mhc_parity.mhc.oracle.run_oracle_batch`,
     vmapped over the draws; shared by every case of the same shapes, branch and config).
+    Where a Mosaic kernel and XLA compute some of the backend terms' primitives alike on this
+    backend (`kernel_pair_units`), a second batch of draws without those terms gives
+    `kernel_pair`, for the comparisons of such a pair.
     """
     start = time.perf_counter()
-    units = noise_units(case)
-    shift_units = backend_shift_units(case, units)
-    shifted_draw = [] if shift_units is None else [(None, shift_units)]
-    exact_result, *draws = OPERATION.oracle_draws(
-        case,
-        fixture,
-        get_branch(case.branch),
-        [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw,
-    )
-    shifted = named_leaves(draws.pop()) if shifted_draw else {}
+    branch = get_branch(case.branch)
+    units, pair_units = noise_units(case), kernel_pair_units(case)
+    exact_result, *draws = OPERATION.oracle_draws(case, fixture, branch, [(0, None)] + _noise_draws(case, units))
     exact = named_leaves(exact_result)
+    main = _draw_statistics(case, units, draws, exact)
+    return OracleOutputs(
+        exact,
+        main.sensitivity,
+        time.perf_counter() - start,
+        systematic=main.systematic,
+        backend_shift=main.backend_shift,
+        kernel_pair=None
+        if pair_units is None
+        else _draw_statistics(
+            case, pair_units, OPERATION.oracle_draws(case, fixture, branch, _noise_draws(case, pair_units)), exact
+        ),
+    )
+
+
+def _noise_draws(case, units: Mapping[str, float]) -> list:
+    """The (seed, units) of the case's `NOISE_SAMPLES` rounding draws at `units`, then the draw
+    with only the backend's terms applied alike on every token (where there are any)."""
+    shift_units = backend_shift_units(case, units)
+    return [(seed, units) for seed in noise_seeds(case)] + ([] if shift_units is None else [(None, shift_units)])
+
+
+def _draw_statistics(case, units: Mapping[str, float], draws: list, exact: Mapping[str, np.ndarray]) -> PairStatistics:
+    """The sensitivity, systematic t and backend shift of `draws` (`_noise_draws(case, units)`'s,
+    computed) around the `exact` leaves."""
+    draws = list(draws)
+    shifted = named_leaves(draws.pop()) if backend_shift_units(case, units) is not None else {}
     noisy: dict[str, list[np.ndarray]] = {name: [] for name in exact}
     systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
     for draw in draws:
@@ -189,11 +239,8 @@ def run_oracle_path(case, fixture) -> OracleOutputs:
             noisy[name].append(value)
             if name in systematic:
                 systematic[name].append(systematic_error(value, exact[name])[0])
-    sensitivity = {name: leaf_sensitivity(values, exact[name]) for name, values in noisy.items()}
-    return OracleOutputs(
-        exact,
-        sensitivity,
-        time.perf_counter() - start,
+    return PairStatistics(
+        sensitivity={name: leaf_sensitivity(values, exact[name]) for name, values in noisy.items()},
         systematic={name: root_mean_square(ts) for name, ts in systematic.items()},
         backend_shift={
             name: shared_shift(shifted[name], exact[name], token_axes=token_axes(name))

@@ -32,7 +32,7 @@ from mhc_parity.cases.names import did_you_mean
 from mhc_parity.cases.spec import TPU_TAG
 from mhc_parity.harness.engine.compile_rows import compile_names_for
 from mhc_parity.harness.engine.devices import host_device_shortfall, host_fallback, mesh_size
-from mhc_parity.harness.engine.implementations import REFERENCE, Implementation
+from mhc_parity.harness.engine.implementations import REFERENCE, Implementation, is_builtin
 from mhc_parity.harness.engine.leaves import branch_leaf, leaf_kind, weight_leaf
 from mhc_parity.harness.engine.lowering_rows import case_meshes, implementation_lowering_name, lowering_path_name
 from mhc_parity.harness.engine.operation import OPERATION
@@ -145,6 +145,25 @@ def comparisons_of(path: Path, planned: Sequence[Path]) -> list[tuple[str, str]]
     if path.mesh is not None and path.unsharded.name in names:
         pairs.append(("vs_unsharded", path.unsharded.name))
     return pairs
+
+
+def compiler_of(path: Path) -> str:
+    """Who compiles the path's primitives: "mosaic" (this project's kernels compiled for the
+    accelerator), "xla" (the reference, or the kernels in interpret mode, on the default backend),
+    "host" (a path moved to the host CPU) or "unknown" (an external implementation: whether it
+    runs Pallas kernels, and how, is its own)."""
+    if path.host:
+        return "host"
+    if not is_builtin(path.impl):
+        return "unknown"
+    return "mosaic" if path.impl.kernel and not path.impl.interpret else "xla"
+
+
+def mosaic_xla_pair(candidate: Path, partner: Path | None) -> bool:
+    """Whether a comparison sets a Mosaic kernel path against an XLA path on the same backend, which
+    differ only by the primitives the two compile differently
+    (`mhc_parity.harness.engine.oracle_path.OracleOutputs.kernel_pair`). partner None: the oracle."""
+    return partner is not None and {compiler_of(candidate), compiler_of(partner)} == {"mosaic", "xla"}
 
 
 def planned_leaves(case) -> dict[str, str]:

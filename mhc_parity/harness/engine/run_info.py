@@ -13,6 +13,7 @@ import jaxlib
 import numpy
 
 from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, model_terms
+from mhc_parity.harness.engine.kernel_primitives import measured_kernel_primitives, narrowing_note
 from mhc_parity.harness.env import host_cpu, isa_record
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.mhc.precision import (
@@ -115,6 +116,16 @@ def arithmetic_metadata() -> dict:
     return {"backend_arithmetic": table.record(), "backend_arithmetic_terms": widened}
 
 
+def kernel_primitive_metadata() -> dict:
+    """How the backend's terms judge a Mosaic kernel against XLA here (`kernel_primitives`: the
+    measured table, and what the comparison is widened by), where any term widens; {} on a CPU."""
+    table = measured_kernel_primitives()
+    note = narrowing_note(model_terms(measured_arithmetic()), table)
+    if not note:
+        return {}
+    return {"kernel_primitives": note + ("" if table is None else f". {table.record()}")}
+
+
 def run_metadata(cases=None) -> dict:
     """Versions, backend, devices and matmul precision of this process, for the report's environment block,
     and the CPU instruction set its XLA code targets (`mhc_parity.harness.env.isa_record`).
@@ -141,5 +152,6 @@ def run_metadata(cases=None) -> dict:
         "host_cpu_devices": len(jax.devices("cpu")),
         **precision_metadata(settings, devices[0]),
         **arithmetic_metadata(),
+        **kernel_primitive_metadata(),
         "git_commit": git_commit(),
     }

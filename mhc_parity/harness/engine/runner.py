@@ -40,7 +40,7 @@ from mhc_parity.harness.engine.devices import Placement, PlacementError, path_pl
 from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
-from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, numbers_refusal
+from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, mosaic_xla_pair, numbers_refusal
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.program_cache import COMPILE_THREADS, ProgramCache
 from mhc_parity.harness.engine.run_info import compile_counts
@@ -427,10 +427,14 @@ class Runner:
                         yield {**row, **environment}
                         continue
                     partner_leaves = partner_result.outputs.leaves
-                recorded = self._recorded(case, path, comparison, None if partner == ORACLE_PATH else by_name[partner])
+                partner_path = None if partner == ORACLE_PATH else by_name[partner]
+                recorded = self._recorded(case, path, comparison, partner_path)
                 if recorded is not None:
                     yield from (dict(row) for row in recorded)
                     continue
+                # A Mosaic kernel against XLA on the same backend: only the terms the two compute differently.
+                pair = oracle.kernel_pair if mosaic_xla_pair(path, partner_path) else None
+                statistics = oracle if pair is None else pair
                 for row in compare_leaves(
                     case,
                     candidate=path.name,
@@ -439,9 +443,9 @@ class Runner:
                     candidate_leaves=result.outputs.leaves,
                     partner_leaves=partner_leaves,
                     oracle_leaves=oracle.leaves,
-                    oracle_sensitivity=declared[path.name].widened(oracle.sensitivity),
-                    oracle_systematic=declared[path.name].widened_systematic(oracle.systematic),
-                    oracle_backend_shift=oracle.backend_shift,
+                    oracle_sensitivity=declared[path.name].widened(statistics.sensitivity),
+                    oracle_systematic=declared[path.name].widened_systematic(statistics.systematic),
+                    oracle_backend_shift=statistics.backend_shift,
                     declared=declared[path.name].max,
                     policy=self.policy,
                     timing=timing,

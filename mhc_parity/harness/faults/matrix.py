@@ -14,8 +14,10 @@
 3. A row *catches* the perturbation when its verdict is fail or error under it while the
    same row (case, candidate, partner, leaf) did not fail in the clean pass. Catches are
    judged per dtype slice (the cases of one activation dtype alone): a fault must be
-   caught in every slice it runs in, unless it names the slice in `unkillable_in`; a
-   legitimate variant must be caught nowhere. For a slice where nothing catches, the
+   caught in every slice it runs in, unless the catalogue lists the slice (`unkillable_in`,
+   or a `BelowBackendShift` the clean rows show): a listed slice does not fail the run, and
+   is counted apart from the caught ones, never as caught; a legitimate variant must be
+   caught nowhere. For a slice where nothing catches, the
    closest row (largest bound_usage among the rows the perturbation moved) is reported,
    with its usage on clean code.
 
@@ -168,6 +170,7 @@ def judge(
                 continue
             (catching if row["verdict"] in CATCHING_VERDICTS else quiet).append(row)
         caught_cases = {r["case"] for r in catching}
+        listed_by, reason = perturbation.listing(dtype_slice, [r for r in clean_rows if r["case"] in set(names)])
         slices.append(
             SliceVerdict(
                 dtype_slice=dtype_slice,
@@ -176,9 +179,8 @@ def judge(
                 cases_caught=tuple(n for n in names if n in caught_cases),
                 catches=tuple(_catches(catching)),
                 closest=_closest(quiet, clean_usage),
-                unkillable_reason=perturbation.unkillable_reason(
-                    dtype_slice, [r for r in clean_rows if r["case"] in set(names)]
-                ),
+                unkillable_reason=reason,
+                listed_by=listed_by,
                 **_top_cause(perturbation, catching),
             )
         )

@@ -45,7 +45,7 @@ import jax
 
 from mhc_parity.harness.judging.attribution import UNEXPLAINED_ID
 from mhc_parity.records.foreign_code import code_patched
-from mhc_parity.records.kill_records import DTYPE_SLICES, cell_float
+from mhc_parity.records.kill_records import BELOW_BACKEND_SHIFT, BELOW_ROUNDING, DTYPE_SLICES, cell_float
 
 
 class SeamError(LookupError):
@@ -189,12 +189,16 @@ class Perturbation:
             return cause_id == UNEXPLAINED_ID
         return all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in cause_id.split("+"))
 
-    def unkillable_reason(self, dtype_slice: str, clean_rows: Sequence[dict] = ()) -> str:
-        """Why the fault cannot be caught in `dtype_slice` ("" if it must be); clean_rows: the
-        clean pass's rows of that slice (what `below_backend_shift` reads)."""
+    def listing(self, dtype_slice: str, clean_rows: Sequence[dict] = ()) -> tuple[str, str]:
+        """(kind, reason): why the fault cannot be caught in `dtype_slice`, ("", "") if it must
+        be. kind: `BELOW_ROUNDING` (`unkillable_in`) or `BELOW_BACKEND_SHIFT` (a
+        `below_backend_shift` the clean pass's rows of that slice, `clean_rows`, show)."""
         static = dict(self.unkillable_in).get(dtype_slice, "")
+        if static:
+            return BELOW_ROUNDING, static
         measured = (b.reason(clean_rows) for b in self.below_backend_shift if b.dtype_slice == dtype_slice)
-        return static or next((why for why in measured if why), "")
+        why = next((why for why in measured if why), "")
+        return (BELOW_BACKEND_SHIFT, why) if why else ("", "")
 
     def resolve(self) -> None:
         """Raise SeamError if any seam is missing."""

@@ -14,7 +14,8 @@ the answer up under a key made of everything it depends on (`key_material`):
 - the case's branch, the operation's key of it (`oracle_key`: for the mHC layer its math
   configuration) and dtypes;
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
-  the operand rounding the case's matmul precision means on this backend);
+  the operand rounding the case's matmul precision means on this backend), and where a Mosaic
+  kernel is compared with XLA without some backend terms, those units too (`kernel_pair_units`);
 - in a process that loaded foreign code, that code's record (`mhc_parity.records.foreign_code`:
   its import may patch the oracle); such a process reads the project's own answers first.
 
@@ -45,6 +46,8 @@ from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.engine.oracle_path import (
     NOISE_SAMPLES,
     OracleOutputs,
+    PairStatistics,
+    kernel_pair_units,
     noise_seeds,
     noise_units,
     run_oracle_path,
@@ -90,7 +93,7 @@ def oracle_source_digest(root: pathlib.Path = PROJECT_ROOT) -> str:
 
 def key_material(case, fixture, source_digest: str) -> dict:
     """Everything the oracle's answer for `case` on `fixture` depends on (JSON-able)."""
-    return {
+    material = {
         "format": ENTRY_FORMAT,
         "fixture": fixture.digest(),
         "oracle_sources": source_digest,
@@ -103,6 +106,10 @@ def key_material(case, fixture, source_digest: str) -> dict:
         "weight_dtype": case.weight_dtype,
         "draws": {"samples": NOISE_SAMPLES, "seeds": list(noise_seeds(case)), "units": noise_units(case)},
     }
+    pair_units = kernel_pair_units(case)
+    if pair_units is not None:  # absent where there is no pair (a CPU): those keys are as they were
+        material["draws"]["kernel_pair_units"] = pair_units
+    return material
 
 
 def serialize(material: dict, outputs: OracleOutputs) -> bytes:
@@ -115,6 +122,13 @@ def serialize(material: dict, outputs: OracleOutputs) -> bytes:
         "systematic": dict(outputs.systematic),
         "backend_shift": dict(outputs.backend_shift),
     }
+    if outputs.kernel_pair is not None:
+        pair = outputs.kernel_pair
+        header["kernel_pair"] = {
+            "sensitivity": {name: value.as_dict() for name, value in pair.sensitivity.items()},
+            "systematic": dict(pair.systematic),
+            "backend_shift": dict(pair.backend_shift),
+        }
     header["checksum"] = header_checksum(header)
     payload = {f"leaf.{name}": a.view(_BITS) for name, a in leaves.items()}
     payload[_HEADER] = np.frombuffer(canonical_json(header), np.uint8)
@@ -147,16 +161,32 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
             raise CorruptOracleEntry(f"{name}: checksum mismatch")
         value.setflags(write=False)
         leaves[name] = value
+    main = _statistics(header)
+    if ("kernel_pair" in header) != ("kernel_pair_units" in header["key"]["draws"]):
+        raise CorruptOracleEntry("kernel_pair statistics do not match the key's draws")
+    pair = _statistics(header["kernel_pair"]) if "kernel_pair" in header else None
+    return OracleOutputs(
+        leaves,
+        main.sensitivity,
+        0.0,
+        systematic=main.systematic,
+        backend_shift=main.backend_shift,
+        kernel_pair=pair,
+    )
+
+
+def _statistics(record: dict) -> PairStatistics:
+    """The sensitivity, systematic and backend-shift records of a header (or its kernel_pair)."""
     try:
-        sensitivity = {name: Sensitivity.from_dict(raw) for name, raw in header["sensitivity"].items()}
-    except (TypeError, ValueError, AttributeError) as error:
-        raise CorruptOracleEntry(f"sensitivity record unreadable ({error})") from error
+        sensitivity = {name: Sensitivity.from_dict(raw) for name, raw in record["sensitivity"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CorruptOracleEntry(f"sensitivity record unreadable ({error!r})") from error
     try:
-        systematic = {name: float(t) for name, t in header["systematic"].items()}
-        backend_shift = {name: float(shift) for name, shift in header["backend_shift"].items()}
+        systematic = {name: float(t) for name, t in record["systematic"].items()}
+        backend_shift = {name: float(shift) for name, shift in record["backend_shift"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CorruptOracleEntry(f"systematic record unreadable ({error!r})") from error
-    return OracleOutputs(leaves, sensitivity, 0.0, systematic=systematic, backend_shift=backend_shift)
+    return PairStatistics(sensitivity, systematic, backend_shift)
 
 
 class OracleCache(LookupCounts):

@@ -142,9 +142,14 @@ parity: setup
 # released ones (exit 1, their causes first); the default runs all of them.
 MAXTEXT ?= implementations
 MAXTEXT_OUT ?= out/parity-maxtext$(if $(filter-out implementations,$(MAXTEXT)),-$(MAXTEXT))
+# On a TPU host the run is judged against the baseline made on the lent v5e for that selection
+# (baselines/tpu-v5e-maxtext.csv, -fixed.csv, -released.csv: bench/tpu_maxtext_check.sh makes them),
+# where it exists; a CPU run has none (its numbers are interpret mode's and the compile rows).
+MAXTEXT_BASELINE := $(if $(TPU_HOST),$(wildcard baselines/tpu-v5e-maxtext$(if $(filter-out implementations,$(MAXTEXT)),-$(MAXTEXT)).csv))
 parity-maxtext: setup
 	$(MHC_PARITY) run --suite maxtext --impl mhc_parity.maxtext_parity:$(MAXTEXT) --paths 'reference/*' 'maxtext-*' \
-		--out $(MAXTEXT_OUT) --jobs $(JOBS) $(call options_from,--impl is MAXTEXT; --out is MAXTEXT_OUT; --jobs is JOBS)
+		--out $(MAXTEXT_OUT) --jobs $(JOBS)$(if $(MAXTEXT_BASELINE), --baseline $(MAXTEXT_BASELINE)) \
+		$(call options_from,--impl is MAXTEXT; --out is MAXTEXT_OUT; --jobs is JOBS)
 
 # Run the suite and store it as the reviewed baseline the gate uses. The run is not judged
 # against the old baseline: after a deliberate numerical change its drift must not stop its

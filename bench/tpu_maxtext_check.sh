@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# MaxText's mHC on a TPU VM image with its own JAX (Python 3.11, no registry): the set-up, `make
+# parity-maxtext` as released and fixed, the suite's TPU baselines, and the speed table, from the
+# checkout, in two parts that each fit a 10-minute device call (issue 54; docs/maxtext.md).
+#
+#   tools/tpu-wheels                               # here, where pip reaches a registry: .whl-tpu
+#   bench/tpu_maxtext_check.sh run DIR             # on the TPU VM: set-up, the kernel-primitive probe,
+#                                                  #   make parity-maxtext SYSTEM_JAX=1 (every variant)
+#   bench/tpu_maxtext_check.sh fixed-speed DIR     # then: MAXTEXT=fixed, the baselines, the speed table
+#
+# Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs, the
+# run folders' summaries and rows and the new baselines are packed into DIR/<part>.tgz. The image's index is
+# file:///opt/pypi/simple (PIP_INDEX_URL) and the carried wheels .whl-tpu (PIP_FIND_LINKS).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: bench/tpu_maxtext_check.sh run|fixed-speed DIR}
+out=${2:?usage: bench/tpu_maxtext_check.sh run|fixed-speed DIR}
+mkdir -p "$out/logs"
+export PIP_INDEX_URL=${PIP_INDEX_URL:-file:///opt/pypi/simple}
+export PIP_FIND_LINKS=${PIP_FIND_LINKS:-$PWD/.whl-tpu}
+export PYTHONUNBUFFERED=1
+CLI=.venv-system/bin/mhc-parity
+PY=.venv-system/bin/python
+
+step() {  # step NAME COMMAND...: its output in DIR/NAME.log, one line in DIR/steps.txt
+  local name=$1 start=$SECONDS rc
+  shift
+  "$@" >"$out/logs/$name.log" 2>&1
+  rc=$?
+  echo "$name: exit $rc in $((SECONDS - start)) s: $*" | tee -a "$out/steps.txt"
+  return $rc
+}
+
+case $part in
+  run)
+    step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
+    step versions "$PY" -c 'import sys, jax, jaxlib, maxtext; print(sys.version); print(jax.__version__, jaxlib.__version__, maxtext.__file__); print(jax.devices())'
+    step kernel-primitives "$PY" bench/tpu_kernel_primitive_probe.py --out "$out/kernel-primitives"
+    step parity-maxtext make parity-maxtext SYSTEM_JAX=1 MAXTEXT_OUT=out/tpu-maxtext
+    tar czf "$out/run.tgz" out/tpu-maxtext/summary.md out/tpu-maxtext/rows.csv "$out/logs" "$out/kernel-primitives"
+    ;;
+  fixed-speed)
+    step parity-maxtext-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed
+    step baseline "$CLI" baseline --from out/tpu-maxtext --to baselines/tpu-v5e-maxtext.csv
+    step baseline-fixed "$CLI" baseline --from out/tpu-maxtext-fixed --to baselines/tpu-v5e-maxtext-fixed.csv
+    step gate-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed-gated
+    step speed "$PY" bench/device_speed.py --suite maxtext --impl mhc_parity.maxtext_parity:implementations \
+      --paths reference mosaic 'maxtext-*' --out "$out/speed"
+    tar czf "$out/fixed-speed.tgz" out/tpu-maxtext-fixed/summary.md out/tpu-maxtext-fixed/rows.csv \
+      out/tpu-maxtext-fixed-gated/summary.md baselines/tpu-v5e-maxtext*.csv "$out/speed" "$out/logs"
+    ;;
+  *)
+    echo "bench/tpu_maxtext_check.sh: unknown part '$part' (run or fixed-speed)" >&2
+    exit 2
+    ;;
+esac

@@ -17,7 +17,8 @@ part=${1:?usage: bench/tpu_maxtext_check.sh run|fixed-speed DIR}
 out=${2:?usage: bench/tpu_maxtext_check.sh run|fixed-speed DIR}
 mkdir -p "$out/logs"
 export PIP_INDEX_URL=${PIP_INDEX_URL:-file:///opt/pypi/simple}
-export PIP_FIND_LINKS=${PIP_FIND_LINKS:-$PWD/.whl-tpu}
+# The image sets PIP_FIND_LINKS (its own wheel folder) already: the carried wheels join it.
+export PIP_FIND_LINKS="$PWD/.whl-tpu${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
 export PYTHONUNBUFFERED=1
 CLI=.venv-system/bin/mhc-parity
 PY=.venv-system/bin/python

@@ -19,6 +19,8 @@ mkdir -p "$out/logs"
 export PIP_INDEX_URL=${PIP_INDEX_URL:-file:///opt/pypi/simple}
 # The image sets PIP_FIND_LINKS (its own wheel folder) already: the carried wheels join it.
 export PIP_FIND_LINKS="$PWD/.whl-tpu${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
+# The carried wheels' versions (tools/tpu-wheels resolved them against the image's packages).
+export PIP_CONSTRAINT="$PWD/.whl-tpu/constraints.txt${PIP_CONSTRAINT:+ $PIP_CONSTRAINT}"
 export PYTHONUNBUFFERED=1
 CLI=.venv-system/bin/mhc-parity
 PY=.venv-system/bin/python

@@ -142,7 +142,7 @@ def _table(records: list[dict], device_kind: str) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", default="maxtext")
+    parser.add_argument("--suite", nargs="+", default=["maxtext"], help="the suites whose cases are selected")
     parser.add_argument("--cases", nargs="*", default=None, help="case-name globs (default: every case of the suite)")
     parser.add_argument("--impl", action="append", default=[], help="MODULE:FACTORY of more implementations")
     parser.add_argument("--paths", nargs="*", default=["reference", "mosaic"], help="implementation-name globs")
@@ -153,7 +153,8 @@ def main(argv: list[str]) -> int:
     impls = [i for i in impls if any(fnmatch.fnmatch(i.name, g) for g in args.paths)]
     cases = [
         c
-        for c in registry.select(suite=args.suite)
+        for suite in args.suite
+        for c in registry.select(suite=suite)
         if args.cases is None or any(fnmatch.fnmatch(c.name, g) for g in args.cases)
     ]
     backend = jax.default_backend()

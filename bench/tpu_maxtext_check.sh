@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # MaxText's mHC on a TPU VM image with its own JAX (Python 3.11, no registry): the set-up, `make
 # parity-maxtext` as released and fixed, the suite's TPU baselines, and the speed table, from the
-# checkout, in two parts that each fit a 10-minute device call (issue 54; docs/maxtext.md).
+# checkout, in three parts that each fit a 10-minute device call (issue 54; docs/maxtext.md).
 #
 #   tools/tpu-wheels                               # here, where pip reaches a registry: .whl-tpu
-#   bench/tpu_maxtext_check.sh run DIR             # on the TPU VM: set-up, the kernel-primitive probe,
-#                                                  #   make parity-maxtext SYSTEM_JAX=1 (every variant)
-#   bench/tpu_maxtext_check.sh fixed-speed DIR     # then: MAXTEXT=fixed, the baselines, the speed table
+#   bench/tpu_maxtext_check.sh run DIR     # on the TPU VM: set-up, the kernel-primitive probe, make
+#                                          #   parity-maxtext SYSTEM_JAX=1 (every variant), its baseline
+#   bench/tpu_maxtext_check.sh fixed DIR   # MAXTEXT=fixed, its baseline, the run again against it
+#   bench/tpu_maxtext_check.sh speed DIR   # the speed table (bench/device_speed.py)
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs, the
 # run folders' summaries and rows and the new baselines are packed into DIR/<part>.tgz. The image's index is
 # file:///opt/pypi/simple (PIP_INDEX_URL) and the carried wheels .whl-tpu (PIP_FIND_LINKS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: bench/tpu_maxtext_check.sh run|fixed-speed DIR}
-out=${2:?usage: bench/tpu_maxtext_check.sh run|fixed-speed DIR}
+part=${1:?usage: bench/tpu_maxtext_check.sh run|fixed|speed DIR}
+out=${2:?usage: bench/tpu_maxtext_check.sh run|fixed|speed DIR}
 mkdir -p "$out/logs"
 export PIP_INDEX_URL=${PIP_INDEX_URL:-file:///opt/pypi/simple}
 # The image sets PIP_FIND_LINKS (its own wheel folder) already: the carried wheels join it.
@@ -34,26 +35,36 @@ step() {  # step NAME COMMAND...: its output in DIR/NAME.log, one line in DIR/st
   return $rc
 }
 
+# The largest cases of the speed table: the maxtext suite's largest and the tpu suite's bfloat16
+# ones (real sizes: no oracle is needed to time a program).
+SPEED_CASES=("lite-n4-c1024-b1s256-*" "lite-n4-c1024-b4s2048-bf16-w32-mlp-default"
+  "lite-n4-c2048-b2s1024-bf16-w32-identity-default" "lite-n4-c4096-b1s1024-bf16-wbf16-identity-default")
+
 case $part in
-  run)
+  run)  # every variant: the released ones fail (exit 1)
     step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
-    step versions "$PY" -c 'import sys, jax, jaxlib, maxtext; print(sys.version); print(jax.__version__, jaxlib.__version__, maxtext.__file__); print(jax.devices())'
     step kernel-primitives "$PY" bench/tpu_kernel_primitive_probe.py --out "$out/kernel-primitives"
     step parity-maxtext make parity-maxtext SYSTEM_JAX=1 MAXTEXT_OUT=out/tpu-maxtext
-    tar czf "$out/run.tgz" out/tpu-maxtext/summary.md out/tpu-maxtext/rows.csv "$out/logs" "$out/kernel-primitives"
-    ;;
-  fixed-speed)
-    step parity-maxtext-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed
     step baseline "$CLI" baseline --from out/tpu-maxtext --to baselines/tpu-v5e-maxtext.csv
+    tar czf "$out/run.tgz" out/tpu-maxtext/summary.md out/tpu-maxtext/rows.csv baselines/tpu-v5e-maxtext.csv \
+      "$out/logs" "$out/kernel-primitives"
+    ;;
+  fixed)  # the fixed variants (exit 0), their baseline, and the run again judged against it
+    step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
+    step parity-maxtext-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed
     step baseline-fixed "$CLI" baseline --from out/tpu-maxtext-fixed --to baselines/tpu-v5e-maxtext-fixed.csv
     step gate-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed-gated
-    step speed "$PY" bench/device_speed.py --suite maxtext --impl mhc_parity.maxtext_parity:implementations \
-      --paths reference mosaic 'maxtext-*' --out "$out/speed"
-    tar czf "$out/fixed-speed.tgz" out/tpu-maxtext-fixed/summary.md out/tpu-maxtext-fixed/rows.csv \
-      out/tpu-maxtext-fixed-gated/summary.md baselines/tpu-v5e-maxtext*.csv "$out/speed" "$out/logs"
+    tar czf "$out/fixed.tgz" out/tpu-maxtext-fixed/summary.md out/tpu-maxtext-fixed/rows.csv \
+      out/tpu-maxtext-fixed-gated/summary.md baselines/tpu-v5e-maxtext-fixed.csv "$out/logs"
+    ;;
+  speed)  # this project's kernels, the XLA reference and MaxText's, side by side
+    step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
+    step speed "$PY" bench/device_speed.py --suite maxtext tpu --impl mhc_parity.maxtext_parity:implementations \
+      --paths reference mosaic 'maxtext-*' --cases "${SPEED_CASES[@]}" --runs 20 --out "$out/speed"
+    tar czf "$out/speed.tgz" "$out/speed" "$out/logs"
     ;;
   *)
-    echo "bench/tpu_maxtext_check.sh: unknown part '$part' (run or fixed-speed)" >&2
+    echo "bench/tpu_maxtext_check.sh: unknown part '$part' (run, fixed or speed)" >&2
     exit 2
     ;;
 esac

@@ -74,3 +74,38 @@ def test_another_threads_kernel_calls_do_not_leak_into_this_one():
     finally:
         leave.set()
         thread.join()
+
+
+def _permutation_mix_precisions(calls):
+    """The precision of every dot in MaxText's permutation mix, as traced under `calls`."""
+    from maxtext.kernels.mhc import common
+
+    dims = common.MhcDims(tokens=8, streams=4, embedding=128)
+    args = (
+        jnp.zeros((8, 24), jnp.float32),
+        jnp.ones((1,), jnp.float32),
+        jnp.zeros((24,), jnp.float32),
+        jnp.zeros((24, 4, 4), jnp.float32),
+    )
+    with kernel_calls(calls):
+        jaxpr = jax.make_jaxpr(lambda *a: common.compute_residual_permutations(*a, dims))(*args)
+    return [e.params["precision"] for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+
+
+def test_the_fixed_kernels_mix_the_permutations_at_full_float32_precision():
+    """Fix 4: Mosaic runs a dot of no stated precision with bfloat16 operands on a TPU v5e, so the
+    fixed kernels trace MaxText's permutation mix at HIGHEST; as released it states none."""
+    released = _permutation_mix_precisions(KernelCalls(interpret=True))
+    fixed = _permutation_mix_precisions(KernelCalls(interpret=True, float32_permutation_mix=True))
+    assert released and all(p is None or p == (jax.lax.Precision.DEFAULT,) * 2 for p in released), released
+    assert fixed and all(p == (jax.lax.Precision.HIGHEST,) * 2 for p in fixed), fixed
+
+
+def test_kernels_run_interpreted_where_their_devices_are_not_tpus():
+    """A sharded path laid on the host's CPU devices beside a chip (`...@cpu`) runs MaxText's
+    kernels in interpret mode: Mosaic cannot run on a CPU ("Only interpret mode is supported")."""
+    from mhc_parity.maxtext_parity.fixes import runs_interpreted
+
+    cpu_mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "fsdp"))
+    assert runs_interpreted(cpu_mesh)
+    assert runs_interpreted(None) == (jax.default_backend() != "tpu")

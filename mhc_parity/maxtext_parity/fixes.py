@@ -22,7 +22,13 @@ Two kinds, kept apart:
   3. token sharding (`KernelCalls.mesh`): each kernel call runs in a token `shard_map`
      with the weights replicated (`mhc_parity.mhc.sharding.run_token_sharded`), whose transpose sums
      the per-shard weight gradients. `check_vma=False`: MaxText's `pallas_call` out_shapes
-     carry no manual axes, and typing them would mean editing its kernel code.
+     carry no manual axes, and typing them would mean editing its kernel code;
+  4. the permutation mix at full float32 precision (`KernelCalls.float32_permutation_mix`):
+     inside its kernels `common.compute_residual_permutations` mixes the permutation matrices
+     with the float32 softmax weights by a `jnp.dot` of no stated precision, which Mosaic runs
+     at its default, bfloat16 operands, on a TPU v5e (measured: `h_res` 5.6 times its bound;
+     interpret mode on a CPU computes it in float32). The fixed call traces that function under
+     `jax.default_matmul_precision("highest")`, which reaches that dot alone.
 
 The layer calls `maxtext.kernels.mhc.api.pre/post` by module attribute; while a path traces
 MaxText (`kernel_calls`), those attributes forward to this thread's `KernelCalls`. Outside
@@ -71,11 +77,13 @@ class KernelCalls:
 
     interpret: Pallas interpret mode (no TPU). constant_permutations: fix 2. mesh: a
     `jax.sharding.Mesh` (or abstract mesh) to token-shard over (fix 3); None: bare calls.
+    float32_permutation_mix: fix 4.
     """
 
     interpret: bool
     constant_permutations: bool = False
     mesh: Any = None
+    float32_permutation_mix: bool = False
 
     def _plan(self):
         """The token sharding of `mesh`; None (bare calls, as released) without one, whatever
@@ -83,6 +91,10 @@ class KernelCalls:
         return None if self.mesh is None else token_sharding(self.mesh)
 
     def pre(self, x, weights, permutations, *, config=common.MhcKernelConfig(), implementation=None):
+        with kernel_calls(self):  # this thread's kernels see fix 4 whoever called (the layer, the API path)
+            return self._pre(x, weights, permutations, config=config, implementation=implementation)
+
+    def _pre(self, x, weights, permutations, *, config, implementation):
         config = dataclasses.replace(config, interpret=self.interpret)
         if not self.constant_permutations:
             return RELEASED_PRE(x, weights, permutations, config=config, implementation=implementation)
@@ -98,6 +110,10 @@ class KernelCalls:
         return layer_input, api.MhcContext(x=x_context, h_post=h_post, residual=residual, implementation="mosaic")
 
     def post(self, layer_output, context, *, config=common.MhcKernelConfig()):
+        with kernel_calls(self):
+            return self._post(layer_output, context, config=config)
+
+    def _post(self, layer_output, context, *, config):
         config = dataclasses.replace(config, interpret=self.interpret)
         plan = self._plan()
         if plan is None:
@@ -119,6 +135,25 @@ def _constant(permutations) -> np.ndarray:
     return permutation_constant(permutations.shape[-1]).astype(permutations.dtype)
 
 
+RELEASED_PERMUTATION_MIX = common.compute_residual_permutations
+
+
+def _dispatch_permutation_mix(*args, **kwargs):
+    calls = getattr(_active, "calls", None)
+    if calls is None or not calls.float32_permutation_mix:
+        return RELEASED_PERMUTATION_MIX(*args, **kwargs)
+    with jax.default_matmul_precision("highest"):
+        return RELEASED_PERMUTATION_MIX(*args, **kwargs)
+
+
+def runs_interpreted(mesh) -> bool:
+    """Whether MaxText's kernels run in Pallas interpret mode on `mesh`'s devices (None: the
+    default device's): wherever they are not TPUs, so also a sharded path laid on the host
+    CPU's devices beside a single chip (`...@cpu`), where Mosaic cannot run."""
+    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+    return platform != "tpu"
+
+
 def _dispatch_pre(x, weights, permutations, *, config=common.MhcKernelConfig(), implementation=None):
     calls = getattr(_active, "calls", None)
     if calls is None:
@@ -135,9 +170,11 @@ def _dispatch_post(layer_output, context, *, config=common.MhcKernelConfig()):
 
 @contextlib.contextmanager
 def kernel_calls(calls: KernelCalls):
-    """MaxText's `api.pre/post`, as the layer calls them, run as `calls` says in this thread."""
+    """MaxText's `api.pre/post` (as the layer calls them) and its kernels' permutation mix, run
+    as `calls` says in this thread."""
     with _install_lock:
         api.pre, api.post = _dispatch_pre, _dispatch_post
+        common.compute_residual_permutations = _dispatch_permutation_mix
     previous = getattr(_active, "calls", None)
     _active.calls = calls
     try:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 
-import jax
 import maxtext
 from maxtext.kernels.mhc import api
 
 from mhc_parity.maxtext_parity import lowering, type_aliases
 from mhc_parity.maxtext_parity.envelope import api_block_defaults, block_sizes, kernel_envelope
-from mhc_parity.maxtext_parity.fixes import KernelCalls, maxtext_rejections, permutation_constant
+from mhc_parity.maxtext_parity.fixes import KernelCalls, maxtext_rejections, permutation_constant, runs_interpreted
 from mhc_parity.mhc.types import MhcWeights
 
 # Case block-size field -> MaxText's MhcKernelConfig field.
@@ -59,9 +58,14 @@ class KernelApi:
 
     def build(self, case, *, matmul_precision: str, mesh):
         """forward(x, weights, branch_fn) -> (out, {layer_input, h_post, h_res})."""
-        interpret = jax.default_backend() != "tpu"
+        interpret = runs_interpreted(mesh)
         config = self.kernel_config(case, interpret=interpret)
-        calls = KernelCalls(interpret=interpret, constant_permutations=self.fixed, mesh=mesh if self.fixed else None)
+        calls = KernelCalls(
+            interpret=interpret,
+            constant_permutations=self.fixed,
+            mesh=mesh if self.fixed else None,
+            float32_permutation_mix=self.fixed,
+        )
         permutations = permutation_constant(case.streams)
 
         def forward(x, weights, branch_fn):

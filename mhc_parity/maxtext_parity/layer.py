@@ -29,6 +29,7 @@ from mhc_parity.maxtext_parity.fixes import (
     kernel_calls,
     maxtext_rejections,
     permutation_constant,
+    runs_interpreted,
 )
 
 # This project's weight field -> the parameter path in MaxText's layer.
@@ -120,9 +121,10 @@ class LayerPath:
         abstract = nnx.eval_shape(lambda: layer_class(config, case.embedding, mesh, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
         calls = KernelCalls(
-            interpret=jax.default_backend() != "tpu",
+            interpret=runs_interpreted(mesh),
             constant_permutations=self.fixed,
             mesh=mesh if self.fixed else None,
+            float32_permutation_mix=self.fixed,
         )
 
         def forward(x, weights, branch_fn):

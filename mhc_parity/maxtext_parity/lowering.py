@@ -42,7 +42,10 @@ def kernel_programs(kernel_api, case, mesh) -> dict:
     )
     config = kernel_api.kernel_config(case, interpret=False)
     calls = KernelCalls(
-        interpret=False, constant_permutations=True, mesh=mesh if (sharded and kernel_api.fixed) else None
+        interpret=False,
+        constant_permutations=True,
+        mesh=mesh if (sharded and kernel_api.fixed) else None,
+        float32_permutation_mix=kernel_api.fixed,
     )
     permutations = permutation_constant(case.streams)
     act = jnp.dtype(case.dtype)

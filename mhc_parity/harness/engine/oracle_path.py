@@ -130,6 +130,17 @@ def backend_terms() -> dict[str, float]:
     return model_terms(measured_arithmetic())
 
 
+def arithmetic_material(case) -> dict:
+    """What a case's bounds and causes rest on besides its code, fixture and outputs, as store
+    key material: the backend's terms (`backend_terms`) and the case's `noise_units` (which
+    hold them, and the operand rounding of its matmul precision here). A stored judgement
+    made under other terms (another backend's table, or an edited one) is not this run's."""
+    return {
+        "backend_terms": dict(sorted(backend_terms().items())),
+        "noise_units": dict(sorted(noise_units(case).items())),
+    }
+
+
 def root_mean_square(values) -> float:
     """sqrt(mean(values²)), float64: how draws of one statistic are combined."""
     return float(np.sqrt(np.mean(np.square(values))))

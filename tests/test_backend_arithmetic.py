@@ -297,3 +297,56 @@ def test_the_shift_the_backend_s_primitives_may_share_is_their_term_on_their_out
     assert shift["h_post"] == pytest.approx(expected, rel=1e-6)
     assert shift["h_pre"] > 0.5 * terms["logistic"]
     assert set(shift) == {name for name in shift if leaves_module.token_axes(name)}
+
+
+@pytest.fixture
+def fresh_probe_store(tmp_path, monkeypatch):
+    """A private cache folder for the probe's table, a probe of 2^12 samples a primitive (the
+    table's key is the full probe's: only the measuring is cut), and `measured_arithmetic`
+    forgotten before and after; returns the list of measured tables (one per probe run)."""
+    monkeypatch.setenv("MHC_PARITY_CACHE", str(tmp_path))
+    measure = backend_arithmetic.measure_primitive
+    probes = []
+    real_probe = backend_arithmetic.probe_arithmetic
+
+    def counted_probe(device=None, samples=backend_arithmetic.SAMPLES):
+        probes.append(real_probe(device, samples))
+        return probes[-1]
+
+    monkeypatch.setattr(backend_arithmetic, "measure_primitive", lambda p, device, samples: measure(p, device, 2**12))
+    monkeypatch.setattr(backend_arithmetic, "probe_arithmetic", counted_probe)
+    measured_arithmetic.cache_clear()
+    yield probes
+    measured_arithmetic.cache_clear()
+
+
+def test_a_probe_table_whose_numbers_were_edited_is_measured_again(fresh_probe_store, tmp_path):
+    """Issue 56, item 1: the TPU v5e's numbers pasted into this CPU's stored table, its key kept,
+    gave every run here the TPU's terms (a failing run passed). The table is checksummed as every
+    store's entries are: an edited one is measured again and overwritten, never used."""
+    first = measured_arithmetic()
+    (path,) = (tmp_path / backend_arithmetic.STORE_FOLDER).glob("*.json")
+    assert first.source == f"measured in this process, stored as probe table {path}"
+    measured_arithmetic.cache_clear()
+    assert measured_arithmetic() == first and measured_arithmetic().source == f"probe table {path}"
+    assert len(fresh_probe_store) == 1
+
+    document = json.loads(path.read_text())
+    tpu = {p["name"]: p for p in json.loads(TPU_V5E_PROBE.read_text())["device"]["primitives"]}
+    document["primitives"] = [tpu[p["name"]] for p in document["primitives"]]
+    assert set(model_terms(BackendArithmetic.from_json(document)).values()) != {0.0}
+    path.write_text(json.dumps(document, indent=1))
+    measured_arithmetic.cache_clear()
+    again = measured_arithmetic()
+    assert len(fresh_probe_store) == 2 and again.source.startswith("measured in this process")
+    assert set(model_terms(again).values()) == {0.0} and again == first
+    assert backend_arithmetic.read_stored_table(path, first.key) == (first, "")  # overwritten, whole
+
+    # A table stored before tables were checksummed is not trusted either.
+    document = json.loads(path.read_text())
+    del document[backend_arithmetic.CHECKSUM_FIELD]
+    path.write_text(json.dumps(document))
+    assert backend_arithmetic.read_stored_table(path, first.key)[0] is None
+    measured_arithmetic.cache_clear()
+    measured_arithmetic()
+    assert len(fresh_probe_store) == 3

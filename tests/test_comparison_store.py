@@ -2,8 +2,9 @@
 
 A second run of the same outputs loads the rows it judged (its programs still run), and they
 are the rows judging them again gives, cell for cell, with this run's timings; one bit of
-one output, the policy, the case, the fixture or the code is another key; a damaged entry is
-judged again; and a process that loaded foreign code keys its rows by that code too.
+one output, the policy, the case, the fixture, the code or the backend's arithmetic terms is
+another key; a damaged entry is judged again; and a process that loaded foreign code keys its
+rows by that code too.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
 
 from mhc_parity.cases.catalogue import make_case
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine import oracle_path
+from mhc_parity.harness.engine.backend_arithmetic import BackendArithmetic, model_terms
 from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
@@ -35,6 +39,13 @@ from mhc_parity.records import foreign_code
 CASE = make_case(dtype="bfloat16")
 PLAN = PathPlan(implementations=tuple(BUILTIN.values()), path_globs=("reference/unsharded", "interpret/unsharded"))
 PROGRAMS = ProgramCache()  # compiled once for the module's runs (in memory: no store is written)
+# The TPU v5e's probe table, as committed (docs/backend-arithmetic.md).
+TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
+
+
+def _tpu_terms() -> dict[str, float]:
+    """The rounding model's terms for the TPU v5e's measured primitives (exp, log, tanh, ...)."""
+    return model_terms(BackendArithmetic.from_json(json.loads(TPU_V5E_PROBE.read_text())["device"]))
 
 
 def _rows(store: ComparisonStore | None) -> list[dict]:
@@ -112,6 +123,43 @@ def test_every_input_of_the_judgement_is_in_the_key(monkeypatch):
     monkeypatch.setattr(comparison_store, "project_code_digest", lambda: "edited")
     variants.append(key())
     assert all(variant != base for variant in variants)
+
+
+def test_the_backend_terms_and_noise_units_are_in_the_key(monkeypatch):
+    fixture = make_fixture(CASE)
+    paths = [path_material("reference/unsharded", verdict="", reason="", devices="cpu:0", leaves=None)]
+    on_this_cpu = key_material(CASE, fixture, "p", paths)
+    assert set(on_this_cpu["arithmetic"]["backend_terms"].values()) == {0.0}
+    monkeypatch.setattr(oracle_path, "backend_terms", _tpu_terms)
+    on_the_tpu = key_material(CASE, fixture, "p", paths)
+    assert on_the_tpu != on_this_cpu
+    assert on_the_tpu["arithmetic"]["noise_units"] != on_this_cpu["arithmetic"]["noise_units"]
+    # One term moved by one part in 10^6: another key (the rows' bounds moved with it).
+    nudged = dict(_tpu_terms(), exp=_tpu_terms()["exp"] * (1 + 1e-6))
+    monkeypatch.setattr(oracle_path, "backend_terms", lambda: nudged)
+    assert key_material(CASE, fixture, "p", paths) != on_the_tpu
+
+
+def test_rows_judged_under_another_backend_s_terms_are_never_replayed(tmp_path, monkeypatch, judged):
+    """Issue 56, item 1: rows judged while the probe table held the TPU's terms were replayed
+    after the CPU's table was put back (and the other way round)."""
+    store = ComparisonStore(tmp_path / "cpu-first")
+    _rows(store)  # judged under this CPU's terms (all 0)
+    with monkeypatch.context() as patched:
+        patched.setattr(oracle_path, "backend_terms", _tpu_terms)
+        wide = _rows(store)
+    assert store.counts() == {"comparisons_stored_loaded": 0, "comparisons_stored_missed": 2}
+    # The TPU's terms judged other bounds: replaying either for the other would be wrong.
+    assert not _same(_without_timing(wide), _without_timing(judged))
+    assert _same(_without_timing(_rows(store)), _without_timing(judged))
+    assert store.counts()["comparisons_stored_loaded"] == 1  # this CPU's own rows, as stored
+
+    store = ComparisonStore(tmp_path / "tpu-first")
+    with monkeypatch.context() as patched:
+        patched.setattr(oracle_path, "backend_terms", _tpu_terms)
+        _rows(store)
+    assert _same(_without_timing(_rows(store)), _without_timing(judged))
+    assert store.counts() == {"comparisons_stored_loaded": 0, "comparisons_stored_missed": 2}
 
 
 def test_a_damaged_entry_is_judged_again(tmp_path, judged):

@@ -86,3 +86,66 @@ def test_the_command_line_exits_2_with_one_line_on_an_unsupported_jax(tmp_path):
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
         "mhc-parity: error: unsupported JAX: found jaxlib 0.9.2; "
     )
+
+
+@pytest.mark.parametrize(("jax", "jaxlib"), [("0.10.2", "0.12.0.1"), ("0.12.0.1", "0.11.2"), ("0.12.0", "0.12.0.1")])
+def test_jax_and_jaxlib_of_two_releases_are_refused(jax, jaxlib):
+    # Issue 56, item 3: each was checked against the range alone, though the message says "of one release".
+    reason = jax_support.unsupported_reason({"jax": jax, "jaxlib": jaxlib})
+    assert f"jax {jax} and jaxlib {jaxlib} are not one release" in reason and "\n" not in reason
+
+
+def _not_installed(name):
+    raise jax_support.importlib.metadata.PackageNotFoundError(name)
+
+
+def test_a_libtpu_given_through_tpu_library_path_has_an_identity_of_its_own(tmp_path, monkeypatch):
+    # Issue 56, item 3: a libtpu given through TPU_LIBRARY_PATH read as "" (or as the package's
+    # version, which is not what JAX loads), so the stored probe table outlived an upgrade.
+    stamped, bare = tmp_path / "stamped.so", tmp_path / "bare.so"
+    stamped.write_bytes(b"\x7fELF" + b"\x00" * 1000 + b"Built on Jan  2 2026 03:04:05 (1767323045)\x00tail")
+    bare.write_bytes(b"\x7fELF" + b"\x01" * 1000)
+    monkeypatch.setattr(jax_support.importlib.metadata, "version", _not_installed)  # no libtpu package
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    assert jax_support.libtpu_version() == ""
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(stamped))
+    found = jax_support.libtpu_version()
+    assert found.startswith("built Jan  2 2026 03:04:05 (1767323045), sha256:"), found
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(bare))
+    assert re.fullmatch(r"sha256:[0-9a-f]{24}", jax_support.libtpu_version())
+    before = jax_support.libtpu_version()
+    bare.write_bytes(b"\x7fELF" + b"\x02" * 1001)  # an upgrade in place
+    assert jax_support.libtpu_version() not in (before, "")
+
+
+@pytest.mark.skipif(jax_support.importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed here")
+def test_the_package_s_own_library_reads_as_the_package_s_version(tmp_path, monkeypatch):
+    # libtpu's import points TPU_LIBRARY_PATH at its own library: that is the package's version.
+    package = pathlib.Path(jax_support.importlib.util.find_spec("libtpu").submodule_search_locations[0])
+    version = jax_support.importlib.metadata.version("libtpu")
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(package / "libtpu.so"))
+    assert jax_support.libtpu_version() == version
+    other = tmp_path / "libtpu.so"
+    other.write_bytes(b"another build")
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(other))
+    assert jax_support.libtpu_version() not in (version, "")
+
+
+def test_the_probe_and_compile_keys_and_the_environment_record_hold_a_given_libtpu(tmp_path, monkeypatch):
+    import jax
+
+    from mhc_parity.harness.engine import backend_arithmetic, run_info, tpu_targets
+    from mhc_parity.harness.stores import compile_store
+
+    library = tmp_path / "libtpu.so"
+    library.write_bytes(b"a libtpu build")
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))
+    tpu_targets.compiler_versions.cache_clear()
+    try:
+        given = jax_support.libtpu_version()
+        assert given.startswith("sha256:")
+        assert dict(backend_arithmetic.backend_key(jax.devices()[0]))["libtpu"] == given
+        assert compile_store.compiler_material()["versions"]["libtpu"] == given
+        assert run_info.run_metadata()["libtpu_version"] == given
+    finally:
+        tpu_targets.compiler_versions.cache_clear()

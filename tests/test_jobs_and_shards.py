@@ -10,9 +10,10 @@ import types
 import pytest
 
 from mhc_parity.cases import registry
+from mhc_parity.harness.commands import merge
 from mhc_parity.harness.commands.merge import ShardRun, merged_metadata, where_they_differ
 from mhc_parity.harness.engine.case_cost import costliest_first
-from mhc_parity.harness.processes.shards import Shard, parse_shard, shard_cases
+from mhc_parity.harness.processes.shards import Shard, parse_shard, shard_cases, shard_names
 from mhc_parity.records.manifest import read_manifest
 from tests.cli_support import CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
 
@@ -259,3 +260,55 @@ def test_a_differs_message_shows_where_two_long_values_part():
     theirs, mine = where_they_differ(common + "theirs-tail", common + "mine-tail")
     assert theirs != mine and "theirs" in theirs and "mine" in mine and theirs.startswith("...")
     assert where_they_differ("short", "shorter") == ("short", "shorter")
+
+
+# What two shards of one run on this CPU record of where their rows were judged (`run_metadata`).
+SHARD_ENVIRONMENT = {
+    "backend": "cpu",
+    "device_kind": "cpu",
+    "jax_version": "0.12.0.1",
+    "jaxlib_version": "0.12.0.1",
+    "libtpu_version": "0.0.50.1",
+    "backend_arithmetic_terms": "none",
+    "backend_arithmetic_digest": "9d1c0f3a5b7e2468",
+}
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"backend_arithmetic_terms": "exp 5.6e-06, log 0.000107", "backend_arithmetic_digest": "1"}, "terms"),
+        ({"backend_arithmetic_digest": "0123456789abcdef"}, "backend_arithmetic_digest"),  # alike when rounded
+        ({"libtpu_version": "0.0.42.1"}, "libtpu_version"),
+        ({"libtpu_version": "sha256:0123456789abcdef01234567"}, "libtpu_version"),
+    ],
+)
+def test_merge_refuses_shards_judged_under_other_arithmetic(changed, named, tmp_path, monkeypatch, capsys):
+    """Issue 56, item 3: a shard judged under the TPU's terms merged with one judged under the
+    CPU's (the merged metadata claiming the first's for every row), and shards from two libtpu
+    builds merged: neither was among the environment merge compares."""
+
+    def shard(index: int, metadata: dict) -> ShardRun:
+        manifest = types.SimpleNamespace(
+            shard=f"{index}/2",
+            run_id=f"run{index}" * 4,
+            shard_of=CASE_NAMES,
+            shard_of_digest="selection",
+            request={"suite": "default"},
+            policy_digest="policy",
+            code_digest="code",
+            cases=tuple(sorted(shard_names(CASE_NAMES, parse_shard(f"{index}/2")))),
+        )
+        return ShardRun(tmp_path / f"shard{index}", manifest, metadata, [])
+
+    shards = {
+        tmp_path / "shard1": shard(1, SHARD_ENVIRONMENT),
+        tmp_path / "shard2": shard(2, {**SHARD_ENVIRONMENT, **changed}),
+    }
+    monkeypatch.setattr(merge, "read_shard", lambda folder: shards[folder])
+    merge.check_shards([shards[tmp_path / "shard1"], shard(2, SHARD_ENVIRONMENT)])  # alike: they would merge
+    out = tmp_path / "merged"
+    assert merge.main([str(out), *map(str, shards)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "environment" in error and named in error, error
+    assert not out.exists()

@@ -562,6 +562,29 @@ def test_a_run_under_another_policy_says_so_at_the_top_of_every_summary(tmp_path
         assert "packaged default" not in render_markdown(rows, metadata=metadata)
 
 
+def test_a_run_judged_under_backend_terms_says_so_at_the_top_of_every_summary(tmp_path, rows):
+    """Issue 56, item 1: a CPU probe table given the TPU's terms turned a failing run green, and
+    neither the terminal nor summary.md said that non-zero terms had judged it."""
+    from mhc_parity.reports import render_markdown
+    from mhc_parity.reports.terminal import format_summary
+
+    source = "probe table /cache/backend-arithmetic/0123.json"
+    widened = {
+        **METADATA,
+        "backend_arithmetic_terms": "exp 5.6e-06, log 0.000107",
+        "backend_arithmetic_source": source,
+    }
+    paths = write_all(rows, widened, tmp_path)
+    head = "\n".join(paths["markdown"].read_text(encoding="utf-8").splitlines()[:4])
+    banner = paths["html"].read_text(encoding="utf-8").split("</header>")[0]
+    for shown in (head, banner, format_summary(rows, widened)):
+        assert "exp 5.6e-06, log 0.000107 on cpu (cpu)" in shown and source in shown, shown[-2000:]
+    # A run with no term, or one that recorded none, goes unremarked.
+    for metadata in ({**METADATA, "backend_arithmetic_terms": "none", "backend_arithmetic_source": source}, METADATA):
+        assert "Backend arithmetic terms" not in render_markdown(rows, metadata=metadata)
+        assert "Backend arithmetic terms" not in format_summary(rows, metadata)
+
+
 # ----------------------------------------------------------------------------- edge cases
 
 

@@ -12,6 +12,12 @@ A run records (`mhc_parity.harness.engine.run_info.run_metadata`; a baseline's h
                     (`mhc_parity.harness.env.isa_record`: `--xla_cpu_max_isa` capped by the host's)
   host_cpu_isa      the host's own newest instruction set, e.g. "AVX512_BF16", which the
                     libraries XLA calls choose their code by
+  libtpu_version    the libtpu JAX loads (`mhc_parity.jax_support.libtpu_version`): its
+                    package's version, or for a library given through TPU_LIBRARY_PATH its
+                    build stamp and sha256; "" where there is none
+  backend_arithmetic_terms   the terms the rounding model gives the backend's float32
+                    primitives ("none" on a CPU), with backend_arithmetic_source (the probe
+                    table they came from) and backend_arithmetic_digest (of the exact terms)
 
 Two runs are comparable only if every setting both used meant the same rounding
 (`precision_conflicts`): a float32 program and its TPU default-precision twin are
@@ -40,6 +46,14 @@ ISA_KEYS = ("xla_cpu_isa", "host_cpu_isa")
 # The keys a baseline header carries besides its format and policy hash.
 HEADER_KEYS = ("backend", "device_kind", PRECISION_KEY, *ISA_KEYS)
 LEGACY_MATMUL_PRECISION = "highest=float32"
+LIBTPU_KEY = "libtpu_version"
+# The backend's arithmetic as the rounding model used it (module docstring): the terms as shown,
+# where they came from, and a digest of the exact terms.
+BACKEND_TERMS_KEY = "backend_arithmetic_terms"
+BACKEND_SOURCE_KEY = "backend_arithmetic_source"
+BACKEND_DIGEST_KEY = "backend_arithmetic_digest"
+# `BACKEND_TERMS_KEY`'s value where the model widened nothing (every primitive within it).
+NO_BACKEND_TERMS = "none"
 
 
 def format_precision_record(roundings: Mapping[str, str]) -> str:

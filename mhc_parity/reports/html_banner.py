@@ -12,7 +12,7 @@ from mhc_parity.records.schema import VERDICTS
 from mhc_parity.reports.gate import GateFinding
 from mhc_parity.reports.html_elements import case_link, esc, fmt, table, td, verdict_span
 from mhc_parity.reports.judgement import REFUSED, Judgement, first_findings, headline, hidden_findings
-from mhc_parity.reports.summary import policy_note
+from mhc_parity.reports.summary import backend_terms_note, policy_note
 
 
 def page_passed(summary: dict, judgement: Judgement | None) -> bool:
@@ -71,7 +71,8 @@ def summary_section(
     summary: dict, judgement: Judgement | None, metadata: dict | None = None, anchors: dict[str, str] | None = None
 ) -> str:
     """The banner: overall status, verdict counts, the policy when it is not the packaged one
-    (`mhc_parity.reports.summary.policy_note` of `metadata`), worst leaf, the gate's verdict (its cases
+    and the backend terms when any widened the bounds (`mhc_parity.reports.summary.policy_note`,
+    `backend_terms_note` of `metadata`), worst leaf, the gate's verdict (its cases
     linked through `anchors`, `mhc_parity.reports.html_elements.case_anchors`)."""
     passed = page_passed(summary, judgement)
     status = "PASS" if passed else "FAIL"
@@ -82,9 +83,9 @@ def summary_section(
         f"<h1>mHC parity: {status}</h1>",
         f'<ul class="counts">{counts}</ul>',
     ]
-    note = policy_note(metadata)
-    if note:
-        parts.append(f'<p id="policy-note"><b>{esc(note)}</b></p>')
+    for anchor, note in (("policy-note", policy_note(metadata)), ("backend-terms-note", backend_terms_note(metadata))):
+        if note:
+            parts.append(f'<p id="{anchor}"><b>{esc(note)}</b></p>')
     if not summary["total"]:
         parts.append('<p class="empty">No rows were produced.</p>')
     worst = summary["worst_leaf"]

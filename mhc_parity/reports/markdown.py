@@ -20,7 +20,7 @@ from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateRes
 from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
 from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
-from mhc_parity.reports.summary import FAILING_VERDICTS, policy_note, rank_offenders, summarize
+from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
 
 DEFAULT_MAX_ROWS = 20
 MAX_CELL_CHARS = 100
@@ -235,9 +235,9 @@ def render_markdown(
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> str:
     """The run summary: overall line, a note when another policy than the packaged one
-    judged (`mhc_parity.reports.summary.policy_note`), the gate's verdict against the baseline (with
-    `judgement`: `mhc_parity.reports.judgement`), verdict counts, worst leaf, failures, the paths'
-    speed against the reference, gate section.
+    judged or backend terms widened the bounds (`mhc_parity.reports.summary.summary_notes`), the
+    gate's verdict against the baseline (with `judgement`: `mhc_parity.reports.judgement`),
+    verdict counts, worst leaf, failures, the paths' speed against the reference, gate section.
 
     `frame` is a canonical row frame (see `mhc_parity.records.rows.to_frame`); `summary` is
     `mhc_parity.reports.summary.summarize(frame)`, computed here when not given.
@@ -251,8 +251,7 @@ def render_markdown(
     else:
         status = "❌ FAIL"
     lines = [f"## mHC parity: {status}", ""]
-    note = policy_note(metadata)
-    if note:
+    for note in summary_notes(metadata):
         lines += [f"> ⚠️ {md_cell(note, None)}", ""]
     if judgement is not None:
         lines += [*first_screen_gate_lines(judgement), ""]

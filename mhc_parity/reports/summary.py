@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from mhc_parity.records.environment import BACKEND_SOURCE_KEY, BACKEND_TERMS_KEY, NO_BACKEND_TERMS
 from mhc_parity.records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
 from mhc_parity.reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts, uncompared
 
@@ -30,6 +31,30 @@ def policy_note(metadata) -> str:
         f"(sha256 {metadata.get('policy_hash') or 'not recorded'}) is not the packaged default: "
         "the bounds that judged this run differ from the defaults."
     )
+
+
+def backend_terms_note(metadata) -> str:
+    """One sentence for the top of every summary when non-zero backend arithmetic terms judged the
+    run (`mhc_parity.harness.engine.run_info.arithmetic_metadata`): which backend, the terms and
+    where they came from. Its bounds are wider than a CPU's, where every term is 0: a PASS under
+    them must not read as a PASS on a CPU (issue 56: a CPU probe table given a TPU's terms turned
+    a failing run green, and nothing said so). "" where no term widened, or none was recorded."""
+    terms = (metadata or {}).get(BACKEND_TERMS_KEY)
+    if not terms or terms == NO_BACKEND_TERMS:
+        return ""
+    backend = f"{metadata.get('backend') or 'unrecorded backend'} ({metadata.get('device_kind') or '?'})"
+    source = metadata.get(BACKEND_SOURCE_KEY) or "a probe table not recorded"
+    return (
+        f"Backend arithmetic terms widened this run's bounds: {terms} on {backend}, from {source}. "
+        "XLA:CPU's primitives get none: an error within these terms passes here and fails a CPU's "
+        "bounds (docs/backend-arithmetic.md)."
+    )
+
+
+def summary_notes(metadata) -> list[str]:
+    """The sentences every summary (terminal, Markdown, HTML) opens with: the policy when it is
+    not the packaged one (`policy_note`), the backend terms when any widened (`backend_terms_note`)."""
+    return [note for note in (policy_note(metadata), backend_terms_note(metadata)) if note]
 
 
 def verdict_counts(frame: pd.DataFrame) -> dict[str, int]:

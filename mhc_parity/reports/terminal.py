@@ -25,7 +25,7 @@ from mhc_parity.reports.causes import (
     uncompared,
 )
 from mhc_parity.reports.judgement import Judgement, first_findings, headline, hidden_findings
-from mhc_parity.reports.summary import policy_note, sharpness
+from mhc_parity.reports.summary import sharpness, summary_notes
 
 WORST_ROWS = 12
 # A failing run lists its causes, the largest first, each with its first few rows.
@@ -113,9 +113,10 @@ def format_summary(
 ) -> str:
     """Verdict counts per comparison, then the failures or, if none, the rows closest to their
     bound; then the verdict (`run_verdict` with the `implementations` under test), after the
-    policy that judged when it is not the packaged one (`mhc_parity.reports.summary.policy_note`
-    of the run's `metadata`); last, with a baseline, the gate's verdict against it
-    (`gate_lines`). `frame`: the rows' canonical frame, where the caller made one."""
+    policy that judged when it is not the packaged one and the backend terms when any widened
+    the bounds (`mhc_parity.reports.summary.summary_notes` of the run's `metadata`); last, with a
+    baseline, the gate's verdict against it (`gate_lines`). `frame`: the rows' canonical frame,
+    where the caller made one."""
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
@@ -137,8 +138,7 @@ def format_summary(
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
         lines.append(rows_table(shown, indent="  "))
     lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows, frame)]
-    note = policy_note(metadata)
-    if note:
+    for note in summary_notes(metadata):
         lines += ["", note]
     verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))
     verdict = run_verdict(rows, implementations)

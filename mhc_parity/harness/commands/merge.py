@@ -3,8 +3,9 @@
 Every DIR must hold a complete shard run (`mhc_parity.records.manifest`), and the shards must be of
 one run: the same selection (names and spec digest), request (suite, globs, paths,
 implementations, seed, lowering), policy and code digests, and environment (backend,
-device kind, host devices, matmul-precision record, JAX / jaxlib / Flax / NumPy
-versions); their shard numbers must cover 1..N exactly once, and each must hold exactly
+device kind, host devices, matmul-precision record, JAX / jaxlib / Flax / NumPy / libtpu
+versions, and the backend arithmetic terms the bounds were widened by: shards judged under
+different terms judged different bounds); their shard numbers must cover 1..N exactly once, and each must hold exactly
 its share of the selection (`mhc_parity.harness.processes.shards`). Anything else is a usage error: one line
 naming the problem, exit 2, and OUT is not touched.
 
@@ -26,7 +27,7 @@ import uuid
 
 from mhc_parity.harness.processes.interrupts import SignalsInterrupt
 from mhc_parity.harness.processes.shards import parse_shard, shard_names
-from mhc_parity.records.environment import ISA_KEYS
+from mhc_parity.records.environment import BACKEND_DIGEST_KEY, BACKEND_TERMS_KEY, ISA_KEYS, LIBTPU_KEY
 from mhc_parity.records.manifest import Manifest, ManifestError, foreign_folder_problem, now_iso, read_manifest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from mhc_parity.records.store import RowStore, StoreError
@@ -47,6 +48,10 @@ ENVIRONMENT_KEYS = (
     "jaxlib_version",
     "flax_version",
     "numpy_version",
+    LIBTPU_KEY,
+    # The terms as shown first (a readable difference), then their exact digest.
+    BACKEND_TERMS_KEY,
+    BACKEND_DIGEST_KEY,
 )
 # Metadata summed over the shards (seconds and counts of work done): the runner's timings
 # (`mhc_parity.harness.engine.runner.TIMINGS`; this module stays free of JAX) and its work counts.

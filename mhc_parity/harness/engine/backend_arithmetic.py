@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import pathlib
 
 import jax
@@ -26,8 +27,11 @@ import jaxlib
 import numpy as np
 
 from mhc_parity.jax_support import libtpu_version
+from mhc_parity.records.artifact_store import header_checksum
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.foreign_code import foreign_material
+
+log = logging.getLogger(__name__)
 
 # Inputs per primitive: a float32 grid spread evenly over its range (the TPU figures of
 # docs/judging.md were measured over 2^20).
@@ -216,10 +220,12 @@ def primitive_error(primitive: Primitive, operands: list[np.ndarray], result) ->
 @dataclasses.dataclass(frozen=True)
 class BackendArithmetic:
     """The probe's table for one backend: key (backend, device kind, versions; `backend_key`) and
-    each primitive's `PrimitiveError`, in `PRIMITIVES` order."""
+    each primitive's `PrimitiveError`, in `PRIMITIVES` order; source: where this process got it
+    (`measured_arithmetic`: the stored table's path, or measured here), not part of the table."""
 
     key: tuple[tuple[str, str], ...]
     primitives: tuple[PrimitiveError, ...]
+    source: str = dataclasses.field(default="", compare=False)
 
     def get(self, name: str) -> PrimitiveError:
         return next(p for p in self.primitives if p.name == name)
@@ -293,6 +299,11 @@ def probe_arithmetic(device=None, samples: int = SAMPLES) -> BackendArithmetic:
 
 
 STORE_FOLDER = "backend-arithmetic"
+# The stored table's own checksum (`mhc_parity.records.artifact_store.header_checksum`: sha256 of
+# the document without this field), as every store verifies its entries: a table whose numbers
+# were edited is measured again, never trusted (issue 56: TPU terms pasted into the CPU's table
+# turned a failing run green).
+CHECKSUM_FIELD = "checksum"
 
 
 def _store_path(key, foreign: dict) -> pathlib.Path:
@@ -301,33 +312,60 @@ def _store_path(key, foreign: dict) -> pathlib.Path:
     return cache_root() / STORE_FOLDER / f"{digest}.json"
 
 
+def stored_document(table: BackendArithmetic, foreign: dict) -> dict:
+    """The JSON document a table is stored as: `to_json`, the foreign-code record it is keyed
+    by, and `CHECKSUM_FIELD` over all of them."""
+    document = {**table.to_json(), **foreign}
+    return {**document, CHECKSUM_FIELD: header_checksum(document)}
+
+
+def read_stored_table(path: pathlib.Path, key) -> tuple[BackendArithmetic | None, str]:
+    """(the table stored at `path`, "") if it is whole and of `key`, else (None, why not)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"unreadable ({error})"
+    if not isinstance(document, dict) or CHECKSUM_FIELD not in document:
+        return None, "no checksum (written before tables were checksummed, or not a table)"
+    if document[CHECKSUM_FIELD] != header_checksum(document):
+        return None, "checksum mismatch: its contents were changed after it was measured"
+    try:
+        table = BackendArithmetic.from_json(document)
+    except ValueError as error:
+        return None, str(error)
+    if table.key != key:
+        return None, "stale: measured for another backend, version or probe"
+    if [p.name for p in table.primitives] != [p.name for p in PRIMITIVES]:
+        return None, "stale: another probe's primitives"
+    return table, ""
+
+
 @functools.cache
 def measured_arithmetic() -> BackendArithmetic:
     """The default backend's table: read from the cache folder (`MHC_PARITY_CACHE`) where this
-    backend, device kind and versions were probed before, else measured and stored there. Once
-    per process. A process that loaded foreign code (an `--impl`, which could patch the very
-    primitives measured) reads and writes only tables keyed by that code
-    (`mhc_parity.records.foreign_code.foreign_material`, as every store does), and none where
-    its code cannot be recorded."""
+    backend, device kind and versions were probed before and the stored table verifies
+    (`read_stored_table`: checksum, key, primitives), else measured and stored there; its
+    `source` says which. Once per process. A process that loaded foreign code (an `--impl`,
+    which could patch the very primitives measured) reads and writes only tables keyed by that
+    code (`mhc_parity.records.foreign_code.foreign_material`, as every store does), and none
+    where its code cannot be recorded."""
     device = jax.devices()[0]
     key = backend_key(device)
     foreign = foreign_material()
     if foreign is None:
-        return probe_arithmetic(device)
+        return dataclasses.replace(probe_arithmetic(device), source="measured in this process (not stored)")
     path = _store_path(key, foreign)
     if path.is_file():
-        try:
-            table = BackendArithmetic.from_json(json.loads(path.read_text()))
-            if table.key == key and [p.name for p in table.primitives] == [p.name for p in PRIMITIVES]:
-                return table
-        except (OSError, ValueError):
-            pass  # unreadable or foreign: measured again below
+        table, problem = read_stored_table(path, key)
+        if table is not None:
+            return dataclasses.replace(table, source=f"probe table {path}")
+        log.warning("backend arithmetic table %s is invalid (%s); measuring again", path, problem)
     table = probe_arithmetic(device)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{id(table)}.tmp")
-        tmp.write_text(json.dumps({**table.to_json(), **foreign}, indent=1))
+        tmp.write_text(json.dumps(stored_document(table, foreign), indent=1))
         tmp.replace(path)
     except OSError:
-        pass  # a read-only cache: measured each process
-    return table
+        return dataclasses.replace(table, source="measured in this process (the cache is not writable)")
+    return dataclasses.replace(table, source=f"measured in this process, stored as probe table {path}")

@@ -157,6 +157,20 @@ def kernel_pair_units(case) -> dict[str, float] | None:
     return None if units == noise_units(case) else units
 
 
+def arithmetic_material(case) -> dict:
+    """What a case's bounds and causes rest on besides its code, fixture and outputs, as store
+    key material: the backend's terms (`backend_terms`), the case's `noise_units` (which hold
+    them, and the operand rounding of its matmul precision here) and the units of a Mosaic-vs-XLA
+    pair where they differ (`kernel_pair_units`). A stored judgement made under other terms
+    (another backend's table, or an edited one) is not this run's."""
+    pair_units = kernel_pair_units(case)
+    return {
+        "backend_terms": dict(sorted(backend_terms().items())),
+        "noise_units": dict(sorted(noise_units(case).items())),
+        **({"kernel_pair_units": dict(sorted(pair_units.items()))} if pair_units is not None else {}),
+    }
+
+
 def root_mean_square(values) -> float:
     """sqrt(mean(values²)), float64: how draws of one statistic are combined."""
     return float(np.sqrt(np.mean(np.square(values))))

@@ -3,6 +3,8 @@ JAX's persistent compilation cache."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pathlib
 import platform
 import subprocess
@@ -16,6 +18,7 @@ from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, mo
 from mhc_parity.harness.engine.kernel_primitives import measured_kernel_primitives, narrowing_note
 from mhc_parity.harness.env import host_cpu, isa_record
 from mhc_parity.harness.errors import ConfigurationError
+from mhc_parity.jax_support import libtpu_version
 from mhc_parity.mhc.precision import (
     DEFAULT_MATMUL_PRECISION,
     device_compute_capability,
@@ -23,7 +26,14 @@ from mhc_parity.mhc.precision import (
     operand_rounding,
 )
 from mhc_parity.records.cache_root import CACHE_ENV_VAR, cache_root
-from mhc_parity.records.environment import format_precision_record
+from mhc_parity.records.environment import (
+    BACKEND_DIGEST_KEY,
+    BACKEND_SOURCE_KEY,
+    BACKEND_TERMS_KEY,
+    LIBTPU_KEY,
+    NO_BACKEND_TERMS,
+    format_precision_record,
+)
 from mhc_parity.records.outputs import OutputPathError, writable_folder
 from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -108,12 +118,21 @@ def precision_metadata(settings, device) -> dict:
 
 def arithmetic_metadata() -> dict:
     """The backend's float32 primitives as the probe measured them (`backend_arithmetic`: one line
-    of the table) and the terms the rounding model gives them here ("none" where every primitive
-    is within the model, as on a CPU)."""
+    of the table), the terms the rounding model gives them here ("none" where every primitive
+    is within the model, as on a CPU), where the table came from (`BackendArithmetic.source`)
+    and a digest of the exact terms (the shown ones are rounded): `merge` refuses shards whose
+    terms differ, and the summaries name non-zero terms (`mhc_parity.reports.summary.backend_terms_note`)."""
     table = measured_arithmetic()
-    terms = {name: term for name, term in model_terms(table).items() if term}
-    widened = ", ".join(f"{name} {term:.3g}" for name, term in terms.items()) or "none"
-    return {"backend_arithmetic": table.record(), "backend_arithmetic_terms": widened}
+    exact = model_terms(table)
+    terms = {name: term for name, term in exact.items() if term}
+    widened = ", ".join(f"{name} {term:.3g}" for name, term in terms.items()) or NO_BACKEND_TERMS
+    digest = hashlib.sha256(json.dumps(exact, sort_keys=True).encode()).hexdigest()[:16]
+    return {
+        "backend_arithmetic": table.record(),
+        BACKEND_TERMS_KEY: widened,
+        BACKEND_SOURCE_KEY: table.source,
+        BACKEND_DIGEST_KEY: digest,
+    }
 
 
 def kernel_primitive_metadata() -> dict:
@@ -139,6 +158,7 @@ def run_metadata(cases=None) -> dict:
     return {
         "jax_version": jax.__version__,
         "jaxlib_version": jaxlib.__version__,
+        LIBTPU_KEY: libtpu_version(),
         "flax_version": flax.__version__,
         "numpy_version": numpy.__version__,
         "python_version": platform.python_version(),

@@ -29,7 +29,7 @@ from jax.sharding import AxisType, Mesh
 
 from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES, COMPILED_MAXTEXT_CASES
 from mhc_parity.cases.spec import MESH_AXES, TPU_TAG
-from mhc_parity.jax_support import libtpu_version
+from mhc_parity.jax_support import given_libtpu_library, libtpu_version
 
 # The chips of each target's slice topology: the largest token mesh a case may ask for.
 SLICE_CHIPS = 8
@@ -84,8 +84,9 @@ def compiles_case(case) -> bool:
 
 
 def compiler_missing() -> str:
-    """Why the TPU compiler cannot run here ("" where it can): libtpu not installed."""
-    if importlib.util.find_spec("libtpu") is None:
+    """Why the TPU compiler cannot run here ("" where it can): libtpu not installed, nor given
+    through TPU_LIBRARY_PATH (which JAX loads it from: `mhc_parity.jax_support.given_libtpu_library`)."""
+    if importlib.util.find_spec("libtpu") is None and given_libtpu_library() is None:
         return "no TPU compiler on this host (libtpu is not installed: wheels exist for x86-64 Linux)"
     return ""
 

@@ -11,7 +11,9 @@ row, and an implementation's `DeclaredEffects`. Each is keyed by everything it i
 - the code that computes it (`cause_sources`: the import closure of `CAUSE_ENTRY`; a test
   checks that computing both runs no other project file), the environment a program is made
   for (`mhc_parity.harness.stores.program_store.environment_material`: versions, XLA flags, JAX
-  settings, the host CPU) and the default backend (what the backend probe measures);
+  settings, the host CPU) and the default backend (what the backend probe measures), with the
+  backend's terms and the case's noise units (`mhc_parity.harness.engine.oracle_path.arithmetic_material`:
+  the hypotheses are drawn at those units);
 - every field of the case, its fixture's digest and the oracle's answer (its leaves' bits,
   sensitivities and systematic statistics);
 - for the causes, every row of the case but its timing columns and every leaf of every path
@@ -33,6 +35,7 @@ import jax
 import numpy as np
 
 from mhc_parity.harness.engine.causes import rows_needing_causes
+from mhc_parity.harness.engine.oracle_path import arithmetic_material
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects
 from mhc_parity.harness.stores.program_store import environment_material, traced_sources_digest
 from mhc_parity.records.artifact_store import ArtifactStore
@@ -106,6 +109,7 @@ class CauseStore:
                 "sources": sources,
                 "environment": environment_material(),
                 "backend": [jax.default_backend(), jax.devices()[0].device_kind],
+                "arithmetic": arithmetic_material(case),
                 "case": dataclasses.asdict(case),
                 "fixture": fixture.digest(),
                 "oracle": _oracle_material(oracle),

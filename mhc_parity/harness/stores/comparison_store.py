@@ -14,7 +14,10 @@ all of these (`key_material`):
 - per path of the case, in order: its name, its verdict and reason where it gave no outputs,
   its devices, and the digest of every output leaf's name, dtype, shape and bytes;
 - NumPy, ml_dtypes, JAX, jaxlib, Flax and Python versions, JAX settings, `XLA_FLAGS` and the
-  host CPU (`mhc_parity.harness.stores.program_store.environment_material`).
+  host CPU (`mhc_parity.harness.stores.program_store.environment_material`);
+- the backend's arithmetic terms and the case's noise units
+  (`mhc_parity.harness.engine.oracle_path.arithmetic_material`): the bounds widen with both, so
+  rows judged under another backend's (or an edited) probe table are not replayed.
 
 So a run still executes every program — a path whose outputs moved by one bit is judged
 again — and only the metrics, bounds and causes of outputs already judged are not computed
@@ -36,6 +39,7 @@ from collections.abc import Mapping, Sequence
 
 import ml_dtypes
 
+from mhc_parity.harness.engine import oracle_path
 from mhc_parity.harness.stores.program_store import environment_material
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
@@ -44,8 +48,9 @@ from mhc_parity.records.project_code import digest_of, project_code_files
 from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning. 2: a path's stored timing
-# is its `TIMING_COLUMNS` cells (execute_first_s, execute_runs added).
-COMPARISON_FORMAT = 2
+# is its `TIMING_COLUMNS` cells (execute_first_s, execute_runs added). 3: the backend terms and
+# noise units are in the key (`arithmetic`).
+COMPARISON_FORMAT = 3
 
 
 @functools.cache
@@ -71,6 +76,7 @@ def key_material(case, fixture, policy_digest: str, paths: Sequence[list]) -> di
         "fixture": fixture.digest(),
         "paths": list(paths),
         "environment": {**environment_material(), "ml_dtypes": ml_dtypes.__version__},
+        "arithmetic": oracle_path.arithmetic_material(case),
     }
 
 

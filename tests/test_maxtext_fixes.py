@@ -101,7 +101,7 @@ def test_the_fixed_kernels_mix_the_permutations_at_full_float32_precision():
     assert fixed and all(p == (jax.lax.Precision.HIGHEST,) * 2 for p in fixed), fixed
 
 
-def test_kernels_run_interpreted_where_their_devices_are_not_tpus():
+def test_kernels_run_interpreted_where_their_devices_are_not_tpus(monkeypatch):
     """A sharded path laid on the host's CPU devices beside a chip (`...@cpu`) runs MaxText's
     kernels in interpret mode: Mosaic cannot run on a CPU ("Only interpret mode is supported")."""
     from mhc_parity.maxtext_parity.fixes import runs_interpreted
@@ -109,3 +109,10 @@ def test_kernels_run_interpreted_where_their_devices_are_not_tpus():
     cpu_mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "fsdp"))
     assert runs_interpreted(cpu_mesh)
     assert runs_interpreted(None) == (jax.default_backend() != "tpu")
+    # Beside a chip (its default backend a TPU), an unsharded path on the host (the `vs_unsharded`
+    # partner of a sharded `@cpu` path) is traced with the host's device as the default
+    # (program_cache._lower): interpreted; the chip's own unsharded path compiled by Mosaic.
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert not runs_interpreted(None)
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert runs_interpreted(None)

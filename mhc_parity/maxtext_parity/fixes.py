@@ -148,9 +148,14 @@ def _dispatch_permutation_mix(*args, **kwargs):
 
 def runs_interpreted(mesh) -> bool:
     """Whether MaxText's kernels run in Pallas interpret mode on `mesh`'s devices (None: the
-    default device's): wherever they are not TPUs, so also a sharded path laid on the host
-    CPU's devices beside a single chip (`...@cpu`), where Mosaic cannot run."""
-    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+    device the program is traced for, which the harness makes the default while it traces a
+    path, else the default backend's): wherever they are not TPUs, so also a path laid on the
+    host CPU's devices beside a single chip (`...@cpu`), where Mosaic cannot run."""
+    if mesh is not None:
+        platform = mesh.devices.flat[0].platform
+    else:
+        device = jax.config.jax_default_device
+        platform = jax.default_backend() if device is None else getattr(device, "platform", device)
     return platform != "tpu"
 
 

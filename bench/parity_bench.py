@@ -239,6 +239,7 @@ def run_once(
         "programs_compiled": meta.get("programs_compiled"),
         "programs_loaded": meta.get("programs_loaded"),
         "programs_stored": (meta.get("programs_stored_loaded", 0), meta.get("programs_stored_missed", 0)),
+        "programs_lowered_to_key": (meta.get("programs_lowered_to_key", 0), meta.get("program_keys_s", 0.0)),
         "lowerings_stored": (meta.get("lowerings_stored_loaded", 0), meta.get("lowerings_stored_missed", 0)),
         "causes_stored": (meta.get("causes_stored_loaded", 0), meta.get("causes_stored_missed", 0)),
         "comparisons_stored": (meta.get("comparisons_stored_loaded", 0), meta.get("comparisons_stored_missed", 0)),
@@ -306,6 +307,13 @@ def print_run(label: str, figures: dict) -> None:
             "path programs loaded / missed",
             "{} / {}".format(*figures["programs_stored"]),
             "program store (a miss is traced, lowered and compiled)",
+        ]
+    )
+    body.append(
+        [
+            "programs lowered to key",
+            "{} / {:.1f} s".format(*figures["programs_lowered_to_key"]),
+            "traced and lowered to compute their key, within paths (keyed by what they compute)",
         ]
     )
     body.append(["TPU lowerings loaded / missed", "{} / {}".format(*figures["lowerings_stored"]), "lowering store"])

@@ -27,6 +27,7 @@ from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.implementations import REFERENCE, load_external, load_implementations
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
+from mhc_parity.harness.engine.program_cache import ProgramCache
 from mhc_parity.harness.stores import program_store
 from mhc_parity.harness.stores.program_store import ProgramStore
 from mhc_parity.records import distributions, foreign_code
@@ -166,6 +167,32 @@ def test_an_external_implementation_whose_code_cannot_be_read_is_not_stored(monk
     material = _material(unreadable)  # keyed by its program, which covers what it computes ...
     monkeypatch.setattr(foreign_code, "_LOADED", [("pkg.mod:factory", "pkg.mod")])
     assert foreign_code.write_key(material) is None, "... but a process that loaded it writes nothing"
+
+
+def test_a_program_keyed_by_what_it_computes_is_lowered_once_a_lookup_and_counted(scratch, tmp_path):
+    """A warm lookup of a program keyed by its lowered program traces and lowers it once (then
+    loads it), and the store says how many it lowered to key and in how many seconds: the work a
+    warm run of external code costs, which `paths_s` alone hid (issue 56, 8)."""
+    _, impl = scratch
+    path, fixture = Path(impl), make_fixture(CASE)
+    counts = []
+    for _ in ("cold", "warm"):
+        store = ProgramStore(tmp_path / "programs")
+        cache = ProgramCache(store=store)
+        cache.run(path, CASE, fixture)
+        cache.run(path, CASE, fixture)  # the same program again: neither lowered nor loaded again
+        counts.append(store.counts())
+    cold, warm = counts
+    assert cold["programs_stored_missed"] == 1 and warm["programs_stored_loaded"] == 1
+    assert cold["programs_lowered_to_key"] == warm["programs_lowered_to_key"] == 1
+    assert warm["program_keys_s"] > 0
+
+
+def test_a_program_keyed_by_its_sources_is_not_lowered_to_key(tmp_path):
+    """In a process without foreign code a built-in program is looked up without tracing it."""
+    store = ProgramStore(tmp_path / "programs")
+    ProgramCache(store=store).run(Path(REFERENCE), CASE, make_fixture(CASE))
+    assert store.counts()["programs_lowered_to_key"] == 0 and store.counts()["program_keys_s"] == 0
 
 
 # ------------------------------------------------------------------ across processes

@@ -69,6 +69,8 @@ SUMMED_KEYS = (
     "programs_loaded",
     "programs_stored_loaded",
     "programs_stored_missed",
+    "programs_lowered_to_key",
+    "program_keys_s",
     "lowerings_stored_loaded",
     "lowerings_stored_missed",
     "tpu_compiles_stored_loaded",

@@ -110,7 +110,11 @@ class ProgramCache:
         """
         lowered = None
         if self.store is not None and keyed_by_program(path.impl):
-            lowered = self._lower(path, case, placement, precision, args)
+            start = time.perf_counter()
+            try:
+                lowered = self._lower(path, case, placement, precision, args)
+            finally:  # a program whose tracing raises cost its seconds too
+                self.store.lowered_to_key(time.perf_counter() - start)
         material = self.store.material(path, key[1], args, placement, lowered) if self.store else None
         if material is not None:
             compiled = self.store.load(material, placement)

@@ -48,6 +48,7 @@ import logging
 import math
 import pickle
 import platform
+import threading
 import time
 
 import flax
@@ -224,11 +225,21 @@ class ProgramStore:
     """Compiled path programs on disk (``<cache>/programs``).
 
     `load(...)` / `save(...)` take what `mhc_parity.harness.engine.program_cache.ProgramCache` knows of a program;
-    `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...).
+    `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...); `lowered_to_key`
+    the programs traced and lowered to compute their key (`keyed_by_program`) and their seconds.
     """
 
     def __init__(self, folder=None):
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "programs", "program")
+        self._keyed = [0, 0.0]  # programs lowered to key them, their seconds (from any thread)
+        self._keyed_lock = threading.Lock()
+
+    def lowered_to_key(self, seconds: float) -> None:
+        """Count one program traced and lowered (in `seconds`) to compute its key: on a warm run
+        that is all the work a program keyed by what it computes costs before it loads."""
+        with self._keyed_lock:
+            self._keyed[0] += 1
+            self._keyed[1] += seconds
 
     @staticmethod
     def material(path, signature: tuple, args, placement, lowered=None) -> dict | None:
@@ -317,8 +328,15 @@ class ProgramStore:
         """Store that tracing the program rejected its input, with the error's message."""
         self.store.save(material, pickle.dumps(("rejected", str(error))))
 
-    def counts(self) -> dict[str, int]:
-        return {"programs_stored_loaded": self.store.hits, "programs_stored_missed": self.store.misses}
+    def counts(self) -> dict[str, int | float]:
+        with self._keyed_lock:
+            keyed, keyed_s = self._keyed
+        return {
+            "programs_stored_loaded": self.store.hits,
+            "programs_stored_missed": self.store.misses,
+            "programs_lowered_to_key": keyed,
+            "program_keys_s": round(keyed_s, 3),
+        }
 
 
 class LoweringStore:

@@ -9,7 +9,9 @@
 # Steps: install .venv with the accelerator's extra (make setup EXTRAS=...; with SYSTEM_JAX=1,
 # .venv-system on the machine's own JAX: make setup SYSTEM_JAX=1); report what
 # JAX sees; run the smoke suite through every path (reference, interpret, mosaic on a
-# TPU; the oracle on the host CPU); run the hardware-marked tests (tests/test_hardware.py:
+# TPU; the oracle on the host CPU; one- and multi-block cases of each dtype and the epsilon-
+# and gate-stressing init families, docs/running.md "The quick check" says what it cannot
+# see); run the hardware-marked tests (tests/test_hardware.py:
 # Mosaic-compiled kernels on a TPU, interpret kernels on a GPU, against the reference)
 # with the explicit-precision audit and the host-placement tests; print one summary line
 # per path and a final PASS/FAIL line. Each step has a time limit so the whole check

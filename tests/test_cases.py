@@ -215,7 +215,9 @@ def test_catalogue_names_are_unique_standard_and_stable(reg):
 def test_suites_hold_what_they_claim(reg):
     smoke, default, full = (set(reg.suite(s)) for s in ("smoke", "default", "full"))
     tpu = set(reg.suite("tpu"))
-    assert 3 <= len(smoke) <= 8 and smoke <= default <= full
+    # At most 10: one block of each dtype, the multi-block and stressing cases of
+    # `test_the_quick_check_reaches_past_one_block_and_into_the_hard_inputs`.
+    assert 3 <= len(smoke) <= 10 and smoke <= default <= full
     assert 20 <= len(default) <= 32
     assert not tpu & full and all("tpu" in c.tags for c in tpu)
     assert set(reg.suite("adversarial")) == {c for c in reg if c.init != "default"}
@@ -223,6 +225,29 @@ def test_suites_hold_what_they_claim(reg):
     assert all(c.tokens * c.embedding * c.streams <= 4 * 128 * 1024 for c in smoke)
     # every case lives in at least one suite
     assert all(reg.suites_of(c.name) for c in reg)
+
+
+def _grid_steps(case) -> tuple[int, int, int]:
+    """(forward token blocks, backward token blocks, feature blocks) of the unsharded kernels
+    at the case's blocks (the kernel defaults where unset; Mosaic may only halve them)."""
+    from mhc_parity.mhc.kernels.config import KernelConfig
+
+    default = KernelConfig()
+    fwd = min(case.block_tokens or default.block_tokens, case.tokens)
+    bwd = min(case.block_tokens_bwd or default.block_tokens_bwd, case.tokens)
+    features = min(case.block_features or default.block_features, case.embedding)
+    return case.tokens // fwd, case.tokens // bwd, case.embedding // features
+
+
+def test_the_quick_check_reaches_past_one_block_and_into_the_hard_inputs(reg):
+    """A kernel that errs only after its first grid step, or only where an epsilon or a
+    saturated gate decides, must fail the smoke suite (what accelerator_check.sh runs)."""
+    kernel_cases = [c for c in reg.suite("smoke") if c.variant == "lite" and not c.expects_unsupported]
+    for dtype in ("float32", "bfloat16"):
+        steps = [_grid_steps(c) for c in kernel_cases if c.dtype == dtype]
+        assert any(fwd > 1 and bwd > 1 for fwd, bwd, _ in steps), dtype
+    assert any(features > 1 for *_, features in map(_grid_steps, kernel_cases))
+    assert {"near_zero_rms", "saturated_gates", "bf16_inexact_gates"} <= {c.init for c in kernel_cases}
 
 
 def test_default_suite_covers_the_required_matrix(reg):

@@ -30,7 +30,8 @@ REASON_LITE_STREAMS = "at most 5 streams"
 
 # The standard suites and what they promise. The catalogue fills them.
 STANDARD_SUITES = {
-    "smoke": "a handful of small cases that run in seconds",
+    "smoke": "the quick check: one token block of each dtype, a multi-block case of each dtype and the "
+    "gate- and epsilon-stressing init families",
     "default": "what `make parity` runs: every dtype, branch, variant, mesh and init family, "
     "kept small enough for interpret mode on a 2-core CPU",
     "full": "the default suite plus more shapes and combinations (CPU, slower)",
@@ -100,9 +101,20 @@ def make_case(
 
 F32, BF16 = "float32", "bfloat16"
 
+# The smoke (and default) case the maxtext suite shares (8 forward / 16 backward token blocks).
+MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32)
+
 
 def smoke_cases() -> list[Case]:
-    """A handful of small cases that run in seconds (all also in `default`)."""
+    """A handful of small cases that run in seconds (all also in `default`).
+
+    Besides one block of each dtype, the quick check holds what a kernel can get wrong only
+    past one grid step or only on hard inputs: a multi-block case in each activation dtype
+    (float32: 8 forward token blocks x 2 feature blocks, 2 backward token blocks; bfloat16:
+    8 forward, 16 backward token blocks) and the init families that stress the RMS epsilon
+    (`near_zero_rms`) and the gates (`saturated_gates`, where h_pre is its epsilon;
+    `bf16_inexact_gates`). The init-family cases share a compiled program with a plain case.
+    """
     return [
         make_case(dtype=F32),
         make_case(dtype=BF16),
@@ -110,6 +122,12 @@ def smoke_cases() -> list[Case]:
         make_case(dtype=BF16, init="bf16_inexact_gates"),
         make_case(variant="sinkhorn", dtype=F32),
         make_case(embedding=96, expect_reason=REASON_EMBEDDING),
+        # several kernel blocks: 8 token blocks and 2 feature blocks; 8 fwd / 16 bwd blocks
+        make_case(embedding=256, batch=2, sequence=128, dtype=F32, block_tokens=32, block_features=128),
+        make_case(**MAXTEXT_SHARED_DEFAULT),
+        # the epsilons and the gates
+        make_case(dtype=F32, init="saturated_gates"),
+        make_case(dtype=F32, branch="mlp", init="near_zero_rms"),
     ]
 
 
@@ -128,9 +146,6 @@ def default_only_cases() -> list[Case]:
         # wide embedding, few tokens
         make_case(embedding=1024, batch=1, sequence=128, dtype=F32),
         make_case(embedding=1024, batch=1, sequence=128, dtype=BF16, branch="mlp"),
-        # several kernel blocks: 8 token blocks and 2 feature blocks; 8 fwd / 16 bwd blocks
-        make_case(embedding=256, batch=2, sequence=128, dtype=F32, block_tokens=32, block_features=128),
-        make_case(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32),
         # Sinkhorn (reference and oracle only)
         make_case(variant="sinkhorn", embedding=256, dtype=BF16, branch="mlp"),
         # token-sharded meshes; 64 tokens per shard
@@ -138,9 +153,7 @@ def default_only_cases() -> list[Case]:
         make_case(batch=8, sequence=64, dtype=BF16, branch="mlp", mesh=(8, 1), block_tokens=64),
         make_case(embedding=256, batch=1, sequence=512, dtype=BF16, weight_dtype=BF16, mesh=(1, 8), block_tokens=64),
         # one or more case of every init family, at the base shape
-        make_case(dtype=F32, init="saturated_gates"),
         make_case(dtype=BF16, init="peaky_permutation"),
-        make_case(dtype=F32, branch="mlp", init="near_zero_rms"),
         make_case(dtype=F32, init="large_magnitude"),
         make_case(dtype=BF16, init="large_magnitude"),
         make_case(dtype=BF16, branch="mlp", init="mixed_signs"),
@@ -279,9 +292,6 @@ COMPILED_DEFAULT_CASES = frozenset(
 # smallest unsharded case. About 72 compiles of half a second each (3 targets, 4 programs,
 # 2 implementations); the suite's other cases add shapes, not compiler checks.
 COMPILED_MAXTEXT_CASES = frozenset(make_case(**fields).name for fields in (MAXTEXT_2X4, MAXTEXT_SMALLEST))
-
-# The default-suite case the maxtext suite shares (8 forward / 16 backward token blocks).
-MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", block_tokens=64, block_tokens_bwd=32)
 
 
 def build_catalogue(registry):

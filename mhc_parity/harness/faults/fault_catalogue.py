@@ -191,6 +191,24 @@ def _launch_skipping_last_token_block(original_launch):
     return launch_skipping_last_block
 
 
+def _zero_fill_at_every_step(original_zero_fill):
+    """`zero_fill_at_first_step` that zeroes the accumulators at every step of the token grid
+    (its `pl.when(program_id == 0)` guard lost), in interpret mode as on a TPU.
+
+    Each step then overwrites what the earlier steps summed: the weight gradients are the last
+    token block's alone. With one token block that is the right sum, so only a grid of two or
+    more backward token blocks shows it.
+    """
+    del original_zero_fill
+
+    def zero_fill_at_every_step(kernel, refs, axis=0):
+        del kernel, axis
+        for r in refs:
+            r[...] = jnp.zeros(r.shape, r.dtype)
+
+    return zero_fill_at_every_step
+
+
 def _vjp_swapping_bias_grads(original_bwd):
     """The pre custom VJP's backward rule returning pre_bias's gradient for post_bias and vice versa."""
 
@@ -425,6 +443,16 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "The forward kernels skip their last token block (off-by-one in the grid or a "
         "tail guard that drops the final full block); its outputs keep their initial values.",
         _launch_skipping_last_token_block,
+    ),
+    _kernel_fault(
+        "kernel.accumulators_reset_every_block",
+        "mhc_parity.mhc.kernels.backward",
+        "zero_fill_at_first_step",
+        "The pre backward kernel zeroes its weight-gradient accumulators at every token block "
+        "instead of only the first (the zero-fill's `pl.when(program_id == 0)` guard lost): "
+        "every weight gradient is its last token block's. It errs only after the first token "
+        "block, so a case whose backward grid is one block cannot see it.",
+        _zero_fill_at_every_step,
     ),
     _kernel_fault(
         "kernel.vjp_bias_grads_swapped",

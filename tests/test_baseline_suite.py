@@ -15,31 +15,15 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.harness.commands.baseline import main as baseline_main
-from mhc_parity.records.manifest import RunRequest
 from mhc_parity.records.run_suite import run_suite
 from mhc_parity.reports.baseline import write_baseline
 from mhc_parity.reports.baseline_load import load_baseline
+from mhc_parity.reports.samples import run_request as request
 from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
 
 
 def passing_rows() -> list[dict]:
     return [dict(r) for r in sample_rows() if r["verdict"] in ("pass", "skip", "unsupported")]
-
-
-def request(**given) -> RunRequest:
-    """A `run` request as the command line without options makes it, with `given` changed."""
-    fields = dict(
-        suite=None,
-        case_globs=None,
-        tags=None,
-        dtype=None,
-        case_files=(),
-        seed=None,
-        paths=("*",),
-        implementations=(),
-        lowering=True,
-    )
-    return RunRequest(**{**fields, **given})
 
 
 def write_run(folder: Path, rows: list[dict], **given) -> Path:

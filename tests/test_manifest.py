@@ -17,32 +17,17 @@ from mhc_parity.records.manifest import (
     CaseRecord,
     Manifest,
     ManifestError,
-    RunRequest,
     foreign_folder_problem,
     read_manifest,
     write_manifest,
 )
 from mhc_parity.records.project_code import in_code_dirs
 from mhc_parity.reports import ReportInputError, load_run
+from mhc_parity.reports.samples import run_request as request
 from mhc_parity.reports.samples import sample_rows, write_sample_run
 from tests.cli_support import scale_one_metric_in_report
 
 CASES = [make_case(streams=3, batch=1, sequence=32), make_case(batch=2, sequence=64, mesh=(2, 4), block_tokens=8)]
-
-
-def request(**changes) -> RunRequest:
-    fields = dict(
-        suite=None,
-        case_globs=None,
-        tags=None,
-        dtype=None,
-        case_files=(),
-        seed=None,
-        paths=("*",),
-        implementations=(),
-        lowering=True,
-    )
-    return RunRequest(**{**fields, **changes})
 
 
 def manifest(cases=CASES, **changes) -> Manifest:

@@ -210,15 +210,11 @@ def sample_rows() -> list[dict]:
     return rows
 
 
-def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
-    """A complete `mhc_parity.records.manifest.Manifest` for a hand-made row set, as if `mhc-parity run`
-    had made it with this checkout's code: its cases in first-seen order, its row count."""
-    cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
-    files = code_files()
-    stamp = now_iso()
-    request = RunRequest(
+def run_request(**changes) -> RunRequest:
+    """A `run` request as the command line without options makes it, with `changes`."""
+    fields = dict(
         suite=None,
-        case_globs=cases,
+        case_globs=None,
         tags=None,
         dtype=None,
         case_files=(),
@@ -227,6 +223,16 @@ def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
         implementations=(),
         lowering=True,
     )
+    return RunRequest(**{**fields, **changes})
+
+
+def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
+    """A complete `mhc_parity.records.manifest.Manifest` for a hand-made row set, as if `mhc-parity run`
+    had made it with this checkout's code: its cases in first-seen order, its row count."""
+    cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
+    files = code_files()
+    stamp = now_iso()
+    request = run_request(case_globs=cases)
     records = case_records(rows, cases)
     return Manifest(
         run_id=f"sample-{len(rows)}-rows",

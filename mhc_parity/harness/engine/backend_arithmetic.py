@@ -277,18 +277,23 @@ def _spec_digest(samples: int) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
-def backend_key(device, samples: int = SAMPLES) -> tuple[tuple[str, str], ...]:
-    """What the table depends on: the backend kind, device kind, JAX, jaxlib and libtpu versions,
-    and the probe's own definition."""
+def device_probe_key(device, probe_digest: str) -> tuple[tuple[str, str], ...]:
+    """What a probe's table of `device` depends on: the backend kind, device kind, JAX, jaxlib
+    and libtpu versions, and the probe's own definition (`probe_digest`)."""
     key = {
         "backend": device.platform,
         "device_kind": device.device_kind,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "libtpu": libtpu_version(),
-        "probe": _spec_digest(samples),
+        "probe": probe_digest,
     }
     return tuple(sorted(key.items()))
+
+
+def backend_key(device, samples: int = SAMPLES) -> tuple[tuple[str, str], ...]:
+    """This probe's `device_probe_key`."""
+    return device_probe_key(device, _spec_digest(samples))
 
 
 def probe_arithmetic(device=None, samples: int = SAMPLES) -> BackendArithmetic:

@@ -32,7 +32,6 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 
 from mhc_parity.harness.engine.backend_arithmetic import (
@@ -42,9 +41,9 @@ from mhc_parity.harness.engine.backend_arithmetic import (
     Primitive,
     _backend_function,
     _operands,
+    device_probe_key,
     primitive_error,
 )
-from mhc_parity.jax_support import libtpu_version
 from mhc_parity.records.artifact_store import ArtifactStore, CorruptEntry
 from mhc_parity.records.cache_root import cache_root
 
@@ -200,16 +199,9 @@ def _spec_digest(samples: int) -> str:
 
 
 def kernel_probe_key(device, samples: int = SAMPLES) -> tuple[tuple[str, str], ...]:
-    """What the table depends on: backend, device kind, JAX, jaxlib and libtpu versions, the probe's definition."""
-    key = {
-        "backend": device.platform,
-        "device_kind": device.device_kind,
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "libtpu": libtpu_version(),
-        "probe": _spec_digest(samples),
-    }
-    return tuple(sorted(key.items()))
+    """What the table depends on: backend, device kind, JAX, jaxlib and libtpu versions, the
+    comparison's definition (`backend_arithmetic.device_probe_key`)."""
+    return device_probe_key(device, _spec_digest(samples))
 
 
 def compare_primitives(device=None, samples: int = SAMPLES, interpret: bool | None = None) -> KernelPrimitiveTable:

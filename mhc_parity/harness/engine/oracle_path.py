@@ -1,9 +1,10 @@
 """The float64 oracle as a path: its leaves named like a path's, and their sensitivity.
 
 `run_oracle_path(case, fixture)` runs the operation's float64 oracle (`mhc_parity.mhc.oracle`) once
-exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program), and
-returns an `OracleOutputs`: the exact leaves, how far one rounding per operation moves
-each of them, and the systematic-error statistic of those draws.
+exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program, a chunk of
+tokens at a time: `mhc_parity.mhc.oracle_chunks`), and returns an `OracleOutputs`: the exact
+leaves, how far one rounding per operation moves each of them, and the systematic-error
+statistic of those draws.
 `mhc_parity.harness.stores.oracle_cache` stores these answers by content, keyed by the code they are
 computed from.
 """
@@ -65,10 +66,10 @@ class OracleOutputs:
 # vmapped program, so each costs execution, not compilation.
 NOISE_SAMPLES = 16
 # Activation elements (tokens x the per-token elements of x) each chunk of the oracle holds: its
-# working set (the draws' intermediates, gradients and random numbers over those tokens) is
-# about `mhc_parity.harness.engine.case_memory.ORACLE_BYTES_PER_CHUNK_ELEMENT` per element. The
-# default suite's largest cases (128 tokens of 4 x 1024, 512 of 4 x 256) hold exactly this many,
-# so each runs in one chunk: the one-shot program, bit for bit.
+# working set (the draws' intermediates, gradients and random numbers over those tokens) is about
+# 4 KiB per element (`mhc_parity.harness.engine.case_memory.oracle_memory_bytes`), 2 GiB a chunk.
+# The default suite's largest cases (128 tokens of 4 x 1024, 512 of 4 x 256) hold exactly this
+# many, so each runs in one chunk: the one-shot program, bit for bit.
 ORACLE_CHUNK_ELEMENTS = 1 << 19
 CHUNK_TOKENS_ENV_VAR = "MHC_PARITY_ORACLE_CHUNK_TOKENS"
 # Seeds the rounding noise together with the case seed: reproducible, and independent

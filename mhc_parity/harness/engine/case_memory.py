@@ -72,7 +72,7 @@ ORACLE_LEAF_COPIES = 3
 # master and the temporaries of its draw (`mhc_parity.cases.random_streams.normalish`).
 FIXTURE_MASTER_BYTES = 32
 # The refusal's floor is this fraction of the oracle's budget: measured peaks came to 0.53-0.82
-# of it (bench/oracle_memory.py, eleven cases and chunks, the tpu suite's smallest case at 0.82), so
+# of it (bench/oracle_memory.py, twelve cases and chunks, the tpu suite's smallest case at 0.82), so
 # a case refused would not have fitted.
 FLOOR_FRACTION = 0.5
 

@@ -241,7 +241,7 @@ def run_oracle_path(case, fixture, chunk_tokens: int | None = None) -> OracleOut
             backend_shift[name] = found["shift"]
     return OracleOutputs(
         exact,
-        sensitivity,
+        {name: sensitivity[name] for name in exact},  # in the leaves' order
         time.perf_counter() - start,
         systematic=systematic,
         backend_shift=backend_shift,

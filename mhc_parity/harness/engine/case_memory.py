@@ -1,13 +1,28 @@
 """The memory a case needs, known from its shapes: a case that cannot fit is refused before
 the run starts, with its size, instead of exhausting memory hours in (`mhc-parity run`, exit 2).
 
-The float64 oracle dominates a cold case: it runs the exact answer and the rounding draws
-(`mhc_parity.harness.engine.oracle_path.NOISE_SAMPLES`) as one vmapped program, every draw holding the
-inputs, intermediates and gradients in float64, with its banks of random numbers. Its peak
-grows with the fixture (`mhc_parity.cases.fixtures.fixture_elements`): cold runs of the reference paths
-peaked at 8.4 GiB resident for 4.3 M fixture elements and 16.2 GiB for 8.5 M, about 1.9 KiB
-per element. `BYTES_PER_FIXTURE_ELEMENT` is about half that, a floor: a case refused would
-not have fitted, and one admitted may still run out (then the runner says so, exit 2 too).
+The float64 oracle was the larger part of a cold case: run over every token at once, each of
+its draws held the inputs, intermediates, gradients and random numbers of every token in float64
+(cold runs of the reference paths peaked at about 1.9 KiB per fixture element: 8.4 GiB for
+4.3 M elements, 16.2 GiB for 8.5 M). It now runs a chunk of tokens at a time
+(`mhc_parity.mhc.oracle_chunks`), so `oracle_memory_bytes` states its budget from the case's
+shapes and its chunk:
+
+- `ORACLE_PROCESS_BYTES`: the process itself, JAX's runtime and the oracle's compiled programs;
+- the fixture, and every token's exact leaves in float64 with the temporaries the statistics
+  of the largest take at the end (`ORACLE_LEAF_COPIES` of each);
+- one chunk's working set: each draw's float64 values per token of the chunk (per element of
+  x, of the branch's hidden layer, per permutation or Sinkhorn entry), and per element of the
+  weights and branch parameters (each draw rounds them and holds their gradients whatever the
+  chunk: the draws of a chunk run together, so these do not shrink with it), measured by
+  `bench/oracle_memory.py` with about a fifth more for margin;
+- or, where it is larger, what making the fixture holds (its float64 masters before rounding).
+
+A measured peak confirms it (tests/test_oracle_chunks.py, `bench/oracle_memory.py`).
+`case_memory_bytes`, the refusal's figure, is a floor: `FLOOR_FRACTION` of that budget, below
+every measured peak. The oracle runs in every case that computes numbers, so a case whose
+oracle cannot fit cannot run; the paths' own memory (on a CPU they run on the host too) comes on
+top, so one admitted may still run out (then the runner says so, exit 2 too).
 
 A case larger than `mhc_parity.cases.fixtures.MAX_FIXTURE_ELEMENTS` is refused whatever the machine, as
 fixture generation would refuse it; a case whose dimensions the math rejects
@@ -16,10 +31,13 @@ fixture generation would refuse it; a case whose dimensions the math rejects
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Iterable
 
-from mhc_parity.cases.fixtures import MAX_FIXTURE_ELEMENTS, fixture_elements
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import MAX_FIXTURE_ELEMENTS, expected_layout, fixture_elements, numpy_dtype
+from mhc_parity.harness.engine.oracle_path import NOISE_SAMPLES, oracle_chunk_tokens
 from mhc_parity.harness.processes.parallel import available_memory_bytes
 from mhc_parity.mhc.common import UnsupportedInputError, validate_dims
 
@@ -28,14 +46,71 @@ try:
 except ImportError:  # Windows
     resource = None
 
-# A floor on the bytes a cold case needs per fixture element (see the module docstring).
-BYTES_PER_FIXTURE_ELEMENT = 1024
+# The oracle's budget (module docstring). The process, its runtime and compiled programs: the
+# measured peaks less their chunks' and leaves' shares came to 0.66-0.81 GB.
+ORACLE_PROCESS_BYTES = 1 << 30
+# Draws each chunk runs: the exact one, the noisy ones and the backend-shift one (on a backend
+# with model terms; a CPU runs one fewer).
+ORACLE_DRAWS = NOISE_SAMPLES + 2
+# Float64 values a draw of a chunk holds per token: per element of x, per element of the branch's
+# hidden layer (by branch; one not named here counts as the largest), per permutation of the
+# lite variant's softmax, per entry of h_res per Sinkhorn iteration; and per element of the
+# weights and branch parameters (each draw rounds them, and holds their gradients, whatever the
+# chunk). The slopes of the measured peak against the chunk (bench/oracle_memory.py, this
+# project's 2-core CPU, n = 4: 29 per element of x at C = 256 and 1024, 82 per hidden element
+# of the MLP, 54 per permutation, 48 per Sinkhorn entry; 9.4 per weight element), each with
+# about a fifth more.
+ORACLE_VALUES_PER_ACTIVATION = 36
+ORACLE_VALUES_PER_HIDDEN = {"identity": 0, "tanh": 24, "mlp": 100}
+ORACLE_VALUES_PER_PERMUTATION = 64
+ORACLE_VALUES_PER_SINKHORN_ENTRY = 60
+ORACLE_VALUES_PER_WEIGHT = 12
+# Copies of each exact token-major leaf the oracle holds at its peak: the leaf, and the
+# temporaries its statistics take at the end (`mhc_parity.harness.judging.token_statistics`).
+ORACLE_LEAF_COPIES = 3
+# Float64 bytes making the fixture holds per element of x and of the cotangent: the float64
+# master and the temporaries of its draw (`mhc_parity.cases.random_streams.normalish`).
+FIXTURE_MASTER_BYTES = 32
+# The refusal's floor is this fraction of the oracle's budget: measured peaks came to 0.53-0.82
+# of it (bench/oracle_memory.py, twelve cases and chunks, the tpu suite's smallest case at 0.82), so
+# a case refused would not have fitted.
+FLOOR_FRACTION = 0.5
+
+
+def _hidden_values(case) -> int:
+    """Float64 values per token a draw holds for the branch: `ORACLE_VALUES_PER_HIDDEN` times the
+    width of its hidden layer (the MLP's first parameter's columns; C for a parameter-free branch)."""
+    shapes = get_branch(case.branch).param_shapes(case.embedding)
+    width = max([case.embedding] + [shape[-1] for shape in shapes.values() if len(shape) == 2])
+    return ORACLE_VALUES_PER_HIDDEN.get(case.branch, max(ORACLE_VALUES_PER_HIDDEN.values())) * width
+
+
+def oracle_memory_bytes(case, chunk_tokens: int | None = None) -> int:
+    """The host memory (bytes) the chunked float64 oracle of `case` needs, fixture included, in
+    chunks of `chunk_tokens` tokens (default `oracle_chunk_tokens`): the module docstring's sum."""
+    batch, sequence, streams, embedding = case.shape
+    tokens = batch * sequence
+    chunk = min(tokens, oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens)
+    layout = expected_layout(case)
+    fixture = sum(math.prod(shape) * numpy_dtype(dtype).itemsize for dtype, shape in layout.values())
+    per_token = streams * embedding
+    weights = sum(math.prod(shape) for role, (_, shape) in layout.items() if role not in ("x", "cotangent"))
+    # out and d_x (n·C), layer_input and layer_output (C), h_pre and h_post (n), h_res (n²)
+    leaves = 8 * ORACLE_LEAF_COPIES * tokens * (2 * per_token + 2 * embedding + 2 * streams + streams**2)
+    values = ORACLE_VALUES_PER_ACTIVATION * per_token + _hidden_values(case)
+    if case.variant == "sinkhorn":
+        values += ORACLE_VALUES_PER_SINKHORN_ENTRY * streams**2 * case.mhc_config().sinkhorn_iterations
+    else:
+        values += ORACLE_VALUES_PER_PERMUTATION * math.factorial(streams)
+    working = 8 * ORACLE_DRAWS * (chunk * values + ORACLE_VALUES_PER_WEIGHT * weights)
+    making = FIXTURE_MASTER_BYTES * 2 * tokens * per_token
+    return ORACLE_PROCESS_BYTES + max(making, fixture + leaves + working)
 
 
 def case_memory_bytes(case) -> int:
-    """The least memory (bytes) a cold run of `case` needs: `BYTES_PER_FIXTURE_ELEMENT` per
-    element of its fixture."""
-    return fixture_elements(case) * BYTES_PER_FIXTURE_ELEMENT
+    """The least memory (bytes) a cold run of `case` needs: `FLOOR_FRACTION` of its oracle's
+    budget (`oracle_memory_bytes`), which every case that computes numbers runs."""
+    return int(FLOOR_FRACTION * oracle_memory_bytes(case))
 
 
 def _address_space_left() -> int | None:

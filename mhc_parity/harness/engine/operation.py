@@ -10,7 +10,7 @@ one more package serving `Operation`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -64,8 +64,13 @@ class Operation(Protocol):
     built-in path or of an external pre/post implementation. oracle_draws(case, fixture,
     branch, draws): the oracle's `OracleDraw`s for the case's branch (its apply and the
     rounding sites it declares), draws as (seed, units), (0, None)
-    exact. oracle_unit_roundoffs(case, operand_roundoff, backend_terms): the rounding model's
-    units (backend_terms: primitive -> its measured error on the backend, past the model's).
+    exact. oracle_chunks(case, fixture, branch, draws, chunk_tokens): the same draws run
+    `chunk_tokens` tokens at a time, an iterator of chunks, each with its `start` and `stop`
+    (a range of the flattened token axes) and its `results`: per draw an `OracleDraw` of the
+    chunk's token-major leaves (tokens first) and its share of every gradient summed over
+    tokens (the caller sums the chunks'). oracle_unit_roundoffs(case, operand_roundoff,
+    backend_terms): the rounding model's units (backend_terms: primitive -> its measured
+    error on the backend, past the model's).
     oracle_key(case): what else of the case an oracle answer depends on (JSON-able).
     hypotheses(case, branch, units): the `Hypothesis`es of a failing leaf of the case, for
     the model's units (`oracle_unit_roundoffs`); hypothesis_draws(case, fixture, branch,
@@ -98,6 +103,8 @@ class Operation(Protocol):
     def layer_builder(self, *, kernel: bool, interpret: bool, external: Any = None) -> LayerBuilder: ...
 
     def oracle_draws(self, case, fixture, branch, draws: Sequence[tuple]) -> list[OracleDraw]: ...
+
+    def oracle_chunks(self, case, fixture, branch, draws: Sequence[tuple], chunk_tokens: int) -> Iterator: ...
 
     def oracle_unit_roundoffs(
         self, case, matmul_operand_roundoff: float, backend_terms: Mapping[str, float] | None = None

@@ -1,9 +1,10 @@
 """The float64 oracle as a path: its leaves named like a path's, and their sensitivity.
 
 `run_oracle_path(case, fixture)` runs the operation's float64 oracle (`mhc_parity.mhc.oracle`) once
-exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program), and
-returns an `OracleOutputs`: the exact leaves, how far one rounding per operation moves
-each of them, and the systematic-error statistic of those draws.
+exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program, a chunk of
+tokens at a time: `mhc_parity.mhc.oracle_chunks`), and returns an `OracleOutputs`: the exact
+leaves, how far one rounding per operation moves each of them, and the systematic-error
+statistic of those draws.
 `mhc_parity.harness.stores.oracle_cache` stores these answers by content, keyed by the code they are
 computed from.
 """
@@ -11,6 +12,8 @@ computed from.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import time
 from collections.abc import Mapping
 
@@ -23,13 +26,8 @@ from mhc_parity.harness.engine.kernel_primitives import measured_kernel_primitiv
 from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.judging.error_statistics import (
-    draw_deviations,
-    effective_dof,
-    shared_shift,
-    statistic_dof,
-    systematic_error,
-)
+from mhc_parity.harness.judging.error_statistics import draw_deviations, effective_dof, statistic_dof
+from mhc_parity.harness.judging.token_statistics import TokenLeafDraws
 from mhc_parity.mhc.precision import device_compute_capability, operand_rounding
 
 
@@ -81,6 +79,13 @@ class PairStatistics:
 # the policy's rate falls steeply to 16 draws and slowly after); the draws run as one
 # vmapped program, so each costs execution, not compilation.
 NOISE_SAMPLES = 16
+# Activation elements (tokens x the per-token elements of x) each chunk of the oracle holds: its
+# working set (the draws' intermediates, gradients and random numbers over those tokens) is about
+# 4 KiB per element (`mhc_parity.harness.engine.case_memory.oracle_memory_bytes`), 2 GiB a chunk.
+# The default suite's largest cases (128 tokens of 4 x 1024, 512 of 4 x 256) hold exactly this
+# many, so each runs in one chunk: the one-shot program, bit for bit.
+ORACLE_CHUNK_ELEMENTS = 1 << 19
+CHUNK_TOKENS_ENV_VAR = "MHC_PARITY_ORACLE_CHUNK_TOKENS"
 # Seeds the rounding noise together with the case seed: reproducible, and independent
 # of the fixture's own random streams.
 NOISE_STREAM = 0x5E45
@@ -179,14 +184,18 @@ def root_mean_square(values) -> float:
 def leaf_sensitivity(noisy: list[np.ndarray], exact: np.ndarray) -> Sensitivity:
     """The `Sensitivity` of one leaf from its noisy draws and the exact oracle (float64)."""
     max_devs, rms_devs, gains, deviations = draw_deviations(noisy, exact)
-    dof_rms = effective_dof(deviations)
+    return _sensitivity(max_devs, rms_devs, gains, effective_dof(deviations))
+
+
+def _sensitivity(max_devs, rms_devs, gains, dof_rms: float) -> Sensitivity:
+    """The `Sensitivity` of per-draw max and RMS deviations and gains, and their `effective_dof`."""
     return Sensitivity(
         max=root_mean_square(max_devs),
         rms=root_mean_square(rms_devs),
         gain=root_mean_square(gains),
         dof_max=statistic_dof(max_devs, dof_rms),
         dof_rms=dof_rms,
-        draws=len(noisy),
+        draws=len(max_devs),
     )
 
 
@@ -201,64 +210,96 @@ def matmul_operand_roundoff(case) -> float:
     return operand_rounding(case.matmul_precision, device.platform, device_compute_capability(device)).unit_roundoff
 
 
-def run_oracle_path(case, fixture) -> OracleOutputs:
+def oracle_chunk_tokens(case) -> int:
+    """How many tokens each chunk of the case's oracle holds (`mhc_parity.mhc.oracle_chunks`):
+    `ORACLE_CHUNK_ELEMENTS` activation elements' worth (at least one token), or
+    `$MHC_PARITY_ORACLE_CHUNK_TOKENS` where set (a positive integer: a smaller chunk bounds the
+    memory further; tests force chunks with it). Part of the oracle cache's key: the chunks
+    reassociate the sums over tokens."""
+    raw = os.environ.get(CHUNK_TOKENS_ENV_VAR, "").strip()
+    if raw:
+        try:
+            tokens = int(raw)
+        except ValueError:
+            tokens = 0
+        if tokens < 1:
+            raise ValueError(f"${CHUNK_TOKENS_ENV_VAR} must be a positive integer, got {raw!r}")
+        return tokens
+    return max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
+
+
+def run_oracle_path(case, fixture, chunk_tokens: int | None = None) -> OracleOutputs:
     """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
 
     The sensitivity draws use the mixed-precision rounding model of `mhc_parity.mhc.oracle`
     (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
     implementation may hold it in, for the case's activation and weight dtypes and the
     operand rounding its matmul precision implies on this backend. The exact oracle and the
-    `NOISE_SAMPLES` draws are one run of one compiled program (`mhc_parity.mhc.oracle.run_oracle_batch`,
-    vmapped over the draws; shared by every case of the same shapes, branch and config).
-    Where a Mosaic kernel and XLA compute some of the backend terms' primitives alike on this
-    backend (`kernel_pair_units`), a second batch of draws without those terms gives
-    `kernel_pair`, for the comparisons of such a pair.
+    `NOISE_SAMPLES` draws run together (one program, vmapped over the draws: shared by every
+    case of the same shapes, branch and config), `chunk_tokens` tokens at a time (default
+    `oracle_chunk_tokens`; `mhc_parity.mhc.oracle_chunks`): the host holds the fixture, the
+    exact leaves, every draw's weight gradients and one chunk's draws, and the statistics of
+    the token-major leaves are accumulated chunk by chunk
+    (`mhc_parity.harness.judging.token_statistics`). Where a Mosaic kernel and XLA compute some
+    of the backend terms' primitives alike on this backend (`kernel_pair_units`), a second batch
+    of draws without those terms gives `kernel_pair`, for the comparisons of such a pair.
     """
     start = time.perf_counter()
     branch = get_branch(case.branch)
+    chunk_tokens = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens
     units, pair_units = noise_units(case), kernel_pair_units(case)
-    exact_result, *draws = OPERATION.oracle_draws(case, fixture, branch, [(0, None)] + _noise_draws(case, units))
-    exact = named_leaves(exact_result)
-    main = _draw_statistics(case, units, draws, exact)
+    exact, main = _chunked_statistics(case, fixture, branch, units, chunk_tokens)
+    kernel_pair = None
+    if pair_units is not None:
+        kernel_pair = _chunked_statistics(case, fixture, branch, pair_units, chunk_tokens)[1]
     return OracleOutputs(
         exact,
         main.sensitivity,
         time.perf_counter() - start,
         systematic=main.systematic,
         backend_shift=main.backend_shift,
-        kernel_pair=None
-        if pair_units is None
-        else _draw_statistics(
-            case, pair_units, OPERATION.oracle_draws(case, fixture, branch, _noise_draws(case, pair_units)), exact
-        ),
+        kernel_pair=kernel_pair,
     )
 
 
-def _noise_draws(case, units: Mapping[str, float]) -> list:
-    """The (seed, units) of the case's `NOISE_SAMPLES` rounding draws at `units`, then the draw
-    with only the backend's terms applied alike on every token (where there are any)."""
+def _chunked_statistics(case, fixture, branch, units: Mapping[str, float], chunk_tokens: int):
+    """(the exact leaves, their `PairStatistics`) from the exact oracle, the case's
+    `NOISE_SAMPLES` draws at `units` and, where the backend has terms, the draw with only those
+    applied alike on every token, run `chunk_tokens` tokens at a time."""
     shift_units = backend_shift_units(case, units)
-    return [(seed, units) for seed in noise_seeds(case)] + ([] if shift_units is None else [(None, shift_units)])
-
-
-def _draw_statistics(case, units: Mapping[str, float], draws: list, exact: Mapping[str, np.ndarray]) -> PairStatistics:
-    """The sensitivity, systematic t and backend shift of `draws` (`_noise_draws(case, units)`'s,
-    computed) around the `exact` leaves."""
-    draws = list(draws)
-    shifted = named_leaves(draws.pop()) if backend_shift_units(case, units) is not None else {}
-    noisy: dict[str, list[np.ndarray]] = {name: [] for name in exact}
-    systematic: dict[str, list[float]] = {name: [] for name in exact if token_axes(name)}
-    for draw in draws:
-        for name, value in named_leaves(draw).items():
-            noisy[name].append(value)
-            if name in systematic:
-                systematic[name].append(systematic_error(value, exact[name])[0])
-    return PairStatistics(
-        sensitivity={name: leaf_sensitivity(values, exact[name]) for name, values in noisy.items()},
-        systematic={name: root_mean_square(ts) for name, ts in systematic.items()},
-        backend_shift={
-            name: shared_shift(shifted[name], exact[name], token_axes=token_axes(name))
-            for name in systematic
-            if shifted
-        },
-    )
+    shifted_draw = [] if shift_units is None else [(None, shift_units)]
+    draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw
+    chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens)
+    token_shape = tuple(case.shape[:2])
+    exact: dict[str, np.ndarray] = {}
+    # Per leaf summed over tokens: every draw's sum over the chunks so far (float64).
+    sums: dict[str, list[np.ndarray]] = {}
+    statistics: dict[str, TokenLeafDraws] = {}
+    for chunk in chunks:
+        leaves = [named_leaves(result) for result in chunk.results]
+        for name, value in leaves[0].items():
+            if token_axes(name):
+                if name not in exact:
+                    exact[name] = np.empty((math.prod(token_shape), *value.shape[1:]), np.float64)
+                    statistics[name] = TokenLeafDraws(NOISE_SAMPLES, shifted=bool(shifted_draw))
+                exact[name][chunk.start : chunk.stop] = value
+                noisy = [draw[name] for draw in leaves[1 : 1 + NOISE_SAMPLES]]
+                statistics[name].add(value, noisy, leaves[-1][name] if shifted_draw else None)
+            elif name in sums:
+                for total, draw in zip(sums[name], leaves):
+                    total += draw[name]
+            else:
+                sums[name] = [np.array(draw[name], np.float64) for draw in leaves]
+    sensitivity, systematic, backend_shift = {}, {}, {}
+    for name, values in sums.items():
+        exact[name] = values[0]
+        sensitivity[name] = leaf_sensitivity(values[1 : 1 + NOISE_SAMPLES], values[0])
+    for name, accumulated in statistics.items():
+        exact[name] = exact[name].reshape(token_shape + exact[name].shape[1:])
+        found = accumulated.finish(exact[name])
+        sensitivity[name] = _sensitivity(found["max_devs"], found["rms_devs"], found["gains"], found["dof_rms"])
+        systematic[name] = root_mean_square(found["systematic"])
+        if shifted_draw:
+            backend_shift[name] = found["shift"]
+    ordered = {name: sensitivity[name] for name in exact}  # in the leaves' order
+    return exact, PairStatistics(sensitivity=ordered, systematic=systematic, backend_shift=backend_shift)

@@ -16,6 +16,7 @@ the answer up under a key made of everything it depends on (`key_material`):
 - the rounding draws: their seeds and each precision class's unit roundoff (which holds
   the operand rounding the case's matmul precision means on this backend), and where a Mosaic
   kernel is compared with XLA without some backend terms, those units too (`kernel_pair_units`);
+- the tokens each chunk of the oracle holds (`mhc_parity.harness.engine.oracle_path.oracle_chunk_tokens`);
 - in a process that loaded foreign code, that code's record (`mhc_parity.records.foreign_code`:
   its import may patch the oracle); such a process reads the project's own answers first.
 
@@ -34,6 +35,7 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import pathlib
 import time
 from collections.abc import Callable
@@ -50,6 +52,7 @@ from mhc_parity.harness.engine.oracle_path import (
     kernel_pair_units,
     noise_seeds,
     noise_units,
+    oracle_chunk_tokens,
     run_oracle_path,
 )
 from mhc_parity.harness.env import compiler_material
@@ -61,8 +64,8 @@ from mhc_parity.records.files import array_sha256, atomic_write
 from mhc_parity.records.foreign_code import read_keys, write_key
 from mhc_parity.records.project_code import PROJECT_ROOT
 
-# Bump when the entry layout changes (part of the key).
-ENTRY_FORMAT = 3
+# Bump when the entry layout changes (part of the key). 4: the key names the oracle's token chunk.
+ENTRY_FORMAT = 4
 # The module that computes an oracle answer: its import closure, less the modules only a
 # path's program runs (`mhc_parity.harness.engine.operation`), is the code an answer depends on
 # (tests/test_oracle_cache.py checks that computing one runs nothing else of the project).
@@ -105,6 +108,9 @@ def key_material(case, fixture, source_digest: str) -> dict:
         "dtype": case.dtype,
         "weight_dtype": case.weight_dtype,
         "draws": {"samples": NOISE_SAMPLES, "seeds": list(noise_seeds(case)), "units": noise_units(case)},
+        # The tokens each chunk of the oracle holds (one chunk: every token): chunks reassociate
+        # the sums over tokens, so an answer's last bits follow them.
+        "chunk_tokens": min(oracle_chunk_tokens(case), math.prod(case.shape[:2])),
     }
     pair_units = kernel_pair_units(case)
     if pair_units is not None:  # absent where there is no pair (a CPU): those keys are as they were

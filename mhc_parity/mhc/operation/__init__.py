@@ -19,7 +19,7 @@ from mhc_parity.mhc.operation.leaves import (
     forward_leaf_kind,
     weight_kind,
 )
-from mhc_parity.mhc.operation.oracle_draws import oracle_draws, oracle_key, oracle_unit_roundoffs
+from mhc_parity.mhc.operation.oracle_draws import oracle_chunks, oracle_draws, oracle_key, oracle_unit_roundoffs
 
 NAME = "mhc"
 # Where the code of each kind of answer lives, for the stores' keys (`mhc_parity.records.code`): only
@@ -28,6 +28,7 @@ NAME = "mhc"
 # keeps oracle answers, a kernel edit keeps the reference's programs.
 ORACLE_MODULES = (
     "mhc_parity.mhc.oracle",
+    "mhc_parity.mhc.oracle_chunks",
     "mhc_parity.mhc.oracle_math",
     "mhc_parity.mhc.oracle_roundings",
     "mhc_parity.mhc.oracle_fits",
@@ -54,6 +55,7 @@ __all__ = [
     "hypothesis_responses",
     "layer_builder",
     "name_problem",
+    "oracle_chunks",
     "oracle_key",
     "oracle_draws",
     "oracle_unit_roundoffs",

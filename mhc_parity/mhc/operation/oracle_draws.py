@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from mhc_parity.mhc import oracle, rounding_model
+from mhc_parity.mhc.oracle_chunks import run_oracle_chunks
 
 
 def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.OracleResult]:
@@ -16,6 +17,14 @@ def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.O
     branch: the case's `mhc_parity.cases.branches.Branch` (its apply and the rounding sites it
     declares inside itself)."""
     return on_fixture(oracle.run_oracle_batch, case, fixture, branch, draws=draws)
+
+
+def oracle_chunks(case, fixture, branch, draws: Sequence[tuple], chunk_tokens: int):
+    """`oracle_draws`, `chunk_tokens` tokens at a time (`mhc_parity.mhc.oracle_chunks.run_oracle_chunks`):
+    an iterator of `OracleChunk`s, each with its token range [start, stop) of the flattened
+    (batch · sequence) tokens and per draw the chunk's token-major leaves (tokens first) and
+    its share of the weight and branch gradients."""
+    return on_fixture(run_oracle_chunks, case, fixture, branch, draws=draws, chunk_tokens=chunk_tokens)
 
 
 def on_fixture(run, case, fixture, branch, **options):

@@ -22,6 +22,17 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
+
+ensure_host_devices()
+
+from mhc_parity.cases import registry  # noqa: E402
+from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
+from mhc_parity.cases.toml_cases import load_case_file  # noqa: E402
+from mhc_parity.harness.engine.case_memory import oracle_memory_bytes  # noqa: E402
+from mhc_parity.harness.engine.oracle_path import oracle_chunk_tokens, run_oracle_path  # noqa: E402
 
 
 def _peak_bytes() -> int:
@@ -31,12 +42,6 @@ def _peak_bytes() -> int:
 
 def measure(name: str, chunk_tokens: int | None, case_files: list[str]) -> dict:
     """Run the oracle of case `name` in this process and return its figures (the child's side)."""
-    from mhc_parity.cases import registry
-    from mhc_parity.cases.fixtures import make_fixture
-    from mhc_parity.cases.toml_cases import load_case_file
-    from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
-    from mhc_parity.harness.engine.oracle_path import oracle_chunk_tokens, run_oracle_path
-
     cases = {case.name: case for path in case_files for case in load_case_file(path)}
     case = cases[name] if name in cases else registry.get(name)
     fixture = make_fixture(case, use_cache=False)

@@ -24,7 +24,7 @@ from tests.implementation_base import CASES, implementation_rows
 
 # Whether XLA:CPU sums the weight gradient's transposed dot of a bfloat16 einsum in bfloat16,
 # by jaxlib release, as measured (2,048 pairs of 1 + bfloat16(1/3), exactly 2736): jaxlib
-# 0.12.0.1 strays to 2656; jaxlib 0.10.2 (Python 3.11.7, `make test-compat`) returns 2736,
+# 0.12.0.1 strays (to 2656 or 1920, by host); jaxlib 0.10.2 (Python 3.11.7, `make test-compat`) returns 2736,
 # a float32 accumulation. The broadcast product's reduction strays to 2704 on both.
 NARROW_DOT_VJP_WEIGHTS = {(0, 10, 2): False, (0, 12, 0, 1): True}
 
@@ -38,8 +38,15 @@ def test_xla_cpu_accumulates_the_transposed_dot_of_a_bfloat16_vjp_in_bfloat16():
     assert probe["product_vjp"].narrow and probe["product_vjp"].total == 2704
     jaxlib_release = release(jaxlib.__version__)
     assert jaxlib_release in NARROW_DOT_VJP_WEIGHTS, f"jaxlib {jaxlib.__version__}: not measured here, add it"
-    assert probe["dot_vjp_weights"].narrow is NARROW_DOT_VJP_WEIGHTS[jaxlib_release]
-    assert probe["dot_vjp_weights"].total == (2656 if NARROW_DOT_VJP_WEIGHTS[jaxlib_release] else EXACT_SUM)
+    narrow = NARROW_DOT_VJP_WEIGHTS[jaxlib_release]
+    assert probe["dot_vjp_weights"].narrow is narrow
+    # How far a narrow sum strays depends on the host, under the same --xla_cpu_max_isa=AVX:
+    # 2656 on an earlier CI host, 1920 on an AMD EPYC with AVX512_BF16 (2026-12-06). Narrow or
+    # not is the release's; the total is the host's.
+    if narrow:
+        assert probe["dot_vjp_weights"].total < EXACT_SUM
+    else:
+        assert probe["dot_vjp_weights"].total == EXACT_SUM
     assert f"{PROBE_TERMS} bfloat16 terms" in probe_record(probe)
 
 

@@ -22,6 +22,7 @@ from mhc_parity.reports.drift import (
     DTYPE_EPSILON,
     TWO_RUNS_SPREAD,
     allowed_gain_shift,
+    baseline_gain_note,
     compare_row,
     gain_quantile,
     noise_floor,
@@ -135,6 +136,9 @@ def test_a_baseline_without_the_gain_is_judged_without_the_rule_and_says_so():
     assert result.gain_note.startswith("note: the systematic-shift rule was not applied")
     assert "format 4" in result.gain_note and "\n" not in result.gain_note
     assert result.gain_note in result.table().splitlines()
+    # the pytest plugin, which gates case by case, says it once of the baseline
+    assert baseline_gain_note(baseline.frame) == result.gain_note
+    assert baseline_gain_note(load_baseline(REPO / "baselines" / "default.csv").frame) == ""
     # a baseline given as rows without the columns reads alike
     bare = [{k: v for k, v in row(0.0).items() if k not in ("cand_oracle_gain", "oracle_sensitivity_gain")}]
     assert gate(bare, [row(10 * spread_of_gain())]).gain_note == result.gain_note

@@ -109,7 +109,7 @@ SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
 SUITE_KEY = "suite"
 POLICY_KEY = "policy_hash"
-# What a header written without a policy said (format 1 and 2 only: format 3 refuses it).
+# What a header written without a policy said (format 1 and 2 only: formats 3 and 4 refuse it).
 NO_POLICY = "-"
 # The header's record of the file: its row count, and the SHA-256 of the file without the
 # digest field itself (the header line's last field).
@@ -190,7 +190,7 @@ def header_line(
 
 
 def file_digest(header: bytes, body: bytes) -> str:
-    """The SHA-256 a format-3 header records: of the header line without its digest field,
+    """The SHA-256 a format-3 or -4 header records: of the header line without its digest field,
     its line ending and the body, i.e. of every byte of the file but ` sha256=<hex>`."""
     return hashlib.sha256(header + b"\n" + body).hexdigest()
 

@@ -411,6 +411,20 @@ def allowed_gain_shift(sensitivity_gain: float, quantile_gain: float, floor: flo
     return math.nan if math.isnan(spread_) else max(spread_, floor)
 
 
+# What the gate says of a baseline that keeps no gain (`gain_rule_note`, `baseline_gain_note`).
+NO_GAIN_NOTE = (
+    "note: the systematic-shift rule was not applied: the baseline keeps no oracle gain "
+    "(cand_oracle_gain: written before baseline format 4; regenerate it)"
+)
+
+
+def baseline_gain_note(frame: pd.DataFrame) -> str:
+    """`NO_GAIN_NOTE` for a baseline gate frame with no finite `cand_oracle_gain` ("" when it
+    has some): said once by a reader that gates case by case (the pytest plugin)."""
+    gains = frame["cand_oracle_gain"] if "cand_oracle_gain" in frame.columns else ()
+    return "" if any(is_finite(g) for g in gains) else NO_GAIN_NOTE
+
+
 def gain_rule_note(drifts: Iterable[RowDrift]) -> str:
     """One line when the systematic-shift rule applied to none of the compared rows ("" when
     it applied to some, or nothing was compared): the baseline keeps no gain (a file written
@@ -419,7 +433,7 @@ def gain_rule_note(drifts: Iterable[RowDrift]) -> str:
     if not compared or any(not math.isnan(d.allowed_gain_shift) and is_finite(d.baseline_gain) for d in compared):
         return ""
     if not any(is_finite(d.baseline_gain) for d in compared):
-        why = "the baseline keeps no oracle gain (cand_oracle_gain: written before baseline format 4; regenerate it)"
+        return NO_GAIN_NOTE
     else:
         why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
     return f"note: the systematic-shift rule was not applied: {why}"
@@ -493,9 +507,11 @@ __all__ = [
     "PRE_GAIN_GATE_COLUMNS",
     "QUANTILE_COLUMNS",
     "GROWTH_METRICS",
+    "NO_GAIN_NOTE",
     "RowDrift",
     "allowed_error",
     "allowed_gain_shift",
+    "baseline_gain_note",
     "compare_row",
     "compare_runs",
     "drift_frame",

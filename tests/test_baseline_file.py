@@ -68,7 +68,7 @@ def test_a_compared_row_with_a_non_finite_or_empty_error_is_refused(tmp_path, ce
 
 
 def test_a_row_cut_short_is_refused_naming_its_line(tmp_path):
-    with pytest.raises(ReportInputError, match=r"line 3: 10 fields, the baseline's columns are 14"):
+    with pytest.raises(ReportInputError, match=r"line 3: 10 fields, the baseline's columns are 16"):
         load_baseline(_edited_baseline(tmp_path, lambda columns, fields: fields[:10]))
 
 

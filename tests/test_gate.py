@@ -80,7 +80,7 @@ def test_injected_regression_fails_and_is_printed():
 def test_a_format_1_baseline_is_read_only_when_legacy_baselines_are_allowed(tmp_path):
     """Format 1 has no digest: read (its sensitivities as NaN) only when the reader asks for it."""
     path = write_baseline(passing_rows(), tmp_path / "new.csv", policy_hash="p1")
-    assert path.read_text().startswith("# mhc-parity baseline format=3 policy_hash=p1 rows=")
+    assert path.read_text().startswith("# mhc-parity baseline format=4 policy_hash=p1 rows=")
     old = as_format_1(path, tmp_path / "old.csv")
     with pytest.raises(
         ReportInputError, match=r"format 1 is a legacy format .* read only with --allow-legacy-baseline"
@@ -266,7 +266,7 @@ def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
     keys = [tuple(line.split(",")[:4]) for line in lines[2:]]
     assert keys == sorted(keys) and len(keys) == len(rows)
     loaded = load_baseline(first)
-    assert loaded.policy_hash == "sha256:1" and loaded.format_version == 3
+    assert loaded.policy_hash == "sha256:1" and loaded.format_version == 4
     assert list(loaded.frame.columns) == list(BASELINE_COLUMNS)
     value = find(rows, "bf16_small", "out")["cand_oracle_rms_err"]
     stored = loaded.frame.loc[
@@ -566,7 +566,9 @@ HEADER_EDITS = {
     "implementation": lambda header: header.replace(" rows=", " implementation=my_mhc rows="),
     "matmul_precision": lambda header: header.replace(" rows=", " matmul_precision=default=bfloat16 rows="),
     "backend": lambda header: header.replace(" rows=", " backend=tpu rows="),
-    "format": lambda header: header.replace("format=3", "format=2").replace(" sha256=", " body_sha256="),
+    "format": lambda header: header.replace("format=4", "format=2").replace(" sha256=", " body_sha256="),
+    # format 3 is still read (sealed alike, without the gain columns): the columns then do not match
+    "format_3": lambda header: header.replace("format=4", "format=3"),
 }
 
 
@@ -579,7 +581,8 @@ def test_every_header_field_a_verdict_depends_on_is_inside_the_digest(files, cap
     lines = files["baseline"].read_text().splitlines(keepends=True)
     edited = files["dir"] / "edited.csv"
     edited.write_text(HEADER_EDITS[field](lines[0]) + "".join(lines[1:]))
-    with pytest.raises(ReportInputError, match="does not match the header's digest|format 2 is a legacy format"):
+    refusal = "does not match the header's digest|format 2 is a legacy format|columns do not match format 3"
+    with pytest.raises(ReportInputError, match=refusal):
         load_baseline(edited)
     assert_one_line(main(["--baseline", str(edited), "--current", str(files["current"])]), capsys.readouterr().err)
 

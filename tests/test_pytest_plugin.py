@@ -20,6 +20,7 @@ from mhc_parity.harness import pytest_plugin
 from mhc_parity.harness.plugin.options import ini_overrides
 from mhc_parity.harness.pytest_plugin import UPDATE_OPTION, ParitySession, update_command
 from mhc_parity.reports.baseline import diff_baselines, render_baseline
+from mhc_parity.reports.drift import NO_GAIN_NOTE
 from mhc_parity.reports.samples import measured_row, sample_rows
 from mhc_parity.reports.sources import LoadedRun
 from tests.cli_support import ROOT
@@ -106,7 +107,8 @@ def test_a_legacy_baseline_stops_the_session_unless_the_plugin_option_allows_it(
         session.settle_baseline(tmp_path)
         assert len(session.baseline_run.frame) == len(passing)
         assert session.summary_lines == [
-            f"mhc-parity: note: baseline {legacy} is in legacy format 1: its rows and header are covered by no digest"
+            f"mhc-parity: note: baseline {legacy} is in legacy format 1: its rows and header are covered by no digest",
+            f"mhc-parity: {NO_GAIN_NOTE}",  # format 1 keeps no gain either
         ]
 
 

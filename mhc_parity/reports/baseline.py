@@ -2,7 +2,7 @@
 
 File layout (UTF-8, "\\n" line endings):
 
-    # mhc-parity baseline format=3 policy_hash=<hash> backend=cpu device_kind=cpu ... rows=<n> sha256=<hex>
+    # mhc-parity baseline format=4 policy_hash=<hash> backend=cpu device_kind=cpu ... rows=<n> sha256=<hex>
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
 
@@ -16,6 +16,10 @@ row has a NaN, infinite or empty error, or whose header names no tolerance polic
 file is written to a temporary file, flushed and renamed over the old one, so a failed
 write (a full disk, a file-size limit) leaves the old baseline whole, and never over a file
 of a run folder (`run_folder_refusal`): a baseline there would stand in for the run.
+
+Format 4 adds the oracle gain (`cand_oracle_gain`, `oracle_sensitivity_gain`), which the
+gate's systematic-shift rule reads (`mhc_parity.reports.drift`); a format-3 file, sealed the
+same way, is still read, judged without that rule, and the gate says so in one line.
 
 Older formats left part of the file outside any digest: format 2's `body_sha256` covers
 the rows but not the header, format 1 has no digest (and no oracle sensitivity columns,
@@ -78,12 +82,21 @@ from mhc_parity.records.schema import (
 )
 from mhc_parity.records.store import DONE_FILE, ROWS_FILE
 from mhc_parity.reports.causes import uncompared
-from mhc_parity.reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, gate_frame
+from mhc_parity.reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, PRE_GAIN_GATE_COLUMNS, gate_frame
 
 BASELINE_COLUMNS = GATE_COLUMNS
-BASELINE_FORMAT_VERSION = 3
+BASELINE_FORMAT_VERSION = 4
 # Format 1 lacked the oracle sensitivity (`mhc_parity.reports.drift`); it is read (as NaN) as a legacy format.
-COLUMNS_OF_FORMAT = {1: LEGACY_GATE_COLUMNS, 2: BASELINE_COLUMNS, BASELINE_FORMAT_VERSION: BASELINE_COLUMNS}
+# Formats 2 and 3 lack the oracle gain (`mhc_parity.reports.drift.GAIN_COLUMNS`), read as NaN: format 3
+# (sealed like format 4) is still current, judged without the systematic-shift rule, and the gate says so.
+COLUMNS_OF_FORMAT = {
+    1: LEGACY_GATE_COLUMNS,
+    2: PRE_GAIN_GATE_COLUMNS,
+    3: PRE_GAIN_GATE_COLUMNS,
+    BASELINE_FORMAT_VERSION: BASELINE_COLUMNS,
+}
+# The formats whose header digest covers every header field and row (`file_digest`).
+SEALED_FORMATS = (3, BASELINE_FORMAT_VERSION)
 # The formats read only when the reader allows legacy baselines, and what each leaves unverified.
 LEGACY_FORMATS = {
     1: "its rows and header are covered by no digest",
@@ -96,7 +109,7 @@ SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
 SUITE_KEY = "suite"
 POLICY_KEY = "policy_hash"
-# What a header written without a policy said (format 1 and 2 only: format 3 refuses it).
+# What a header written without a policy said (format 1 and 2 only: formats 3 and 4 refuse it).
 NO_POLICY = "-"
 # The header's record of the file: its row count, and the SHA-256 of the file without the
 # digest field itself (the header line's last field).
@@ -177,7 +190,7 @@ def header_line(
 
 
 def file_digest(header: bytes, body: bytes) -> str:
-    """The SHA-256 a format-3 header records: of the header line without its digest field,
+    """The SHA-256 a format-3 or -4 header records: of the header line without its digest field,
     its line ending and the body, i.e. of every byte of the file but ` sha256=<hex>`."""
     return hashlib.sha256(header + b"\n" + body).hexdigest()
 

@@ -25,7 +25,6 @@ from mhc_parity.records.rows import (
 )
 from mhc_parity.records.schema import COMPARED_VERDICTS, PROGRAM_COMPARISONS
 from mhc_parity.reports.baseline import (
-    BASELINE_FORMAT_VERSION,
     BASELINE_MAGIC,
     BODY_DIGEST_KEY,
     COLUMNS_OF_FORMAT,
@@ -37,6 +36,7 @@ from mhc_parity.reports.baseline import (
     NO_POLICY,
     POLICY_KEY,
     ROWS_KEY,
+    SEALED_FORMATS,
     SUITE_KEY,
     Baseline,
     body_digest,
@@ -201,7 +201,7 @@ def load_baseline(path: str | Path, *, allow_legacy: bool = False, legacy_option
     head, body = _split(path)
     _check_row_widths(path, body, len(columns))
     _check_compared_metrics(records, path)
-    if version == BASELINE_FORMAT_VERSION:
+    if version in SEALED_FORMATS:
         _check_sealed(path, head, body, header, len(records))
     elif version == 2:
         _check_body_digest(path, body, header, len(records))

@@ -41,6 +41,23 @@ error past what the current one would allow.
 Without a spread (a run written before the quantile columns, rows given without them, a leaf
 with no sensitivity) the row is held to the growth factor alone.
 
+A row also regressed, whatever its growth, when its error moved *along the leaf* (issue 56,
+docs/gate.md): a systematic change (the same scale on every token of a sum, a weight or bias
+gradient) moves the error's signed component along the leaf's own value, `cand_oracle_gain`,
+by the same amount on any machine, while another machine's rounding moves it by one draw of
+the rounding model's spread of that component, `oracle_sensitivity_gain` (S_gain). So
+
+    systematic  when  |gain_now − gain_then| > max(√2 × q_gain × S_gain,  floor)
+
+q_gain is the quantile of the same stated rate p for one degree of freedom (the gain is one
+number per leaf; the judging's gain criterion uses the same q): p is read back from the run's
+own `oracle_quantile_max` (`gain_quantile`), so it is the rate the policy states and the run
+was judged at, with no second copy of it. The floor (the 2-ulp noise floor above) keeps a
+shift inside the dtype's rounding noise from failing. The rule is not conditioned on growth:
+measured, the ×1.0000004 kernel change it is built for grew the errors it moves ×1.0 to
+×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
+`GAIN_COLUMNS`) the rule is not applied, and the gate says so (`gain_rule_note`).
+
 A row is compared only when both runs measured it (neither verdict is skip,
 unsupported or error) and its baseline error is finite. A finite baseline error that
 is NaN/inf now counts as infinite growth, always a regression.
@@ -73,16 +90,33 @@ GATE_COLUMNS = (
     "cand_oracle_rms_err",
     "oracle_sensitivity_max",
     "oracle_sensitivity_rms",
+    "cand_oracle_gain",
+    "oracle_sensitivity_gain",
 )
+# The systematic-shift rule's columns (module docstring): absent from baselines before format 4,
+# read as NaN, and the rule is then not applied.
+GAIN_COLUMNS = ("cand_oracle_gain", "oracle_sensitivity_gain")
 # Baselines of format 1 were written before the sensitivity was kept (read as NaN).
 SENSITIVITY_COLUMNS = ("oracle_sensitivity_max", "oracle_sensitivity_rms")
-LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS)
+LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS + GAIN_COLUMNS)
+# Baselines of formats 2 and 3 keep the sensitivity but not the gain.
+PRE_GAIN_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in GAIN_COLUMNS)
 # The quantile of the stated false-positive rate for each sensitivity (module docstring): read
 # from the run, which judged its rows under the policy the gate checks both sides share; a
 # baseline file does not keep them.
 QUANTILE_COLUMNS = ("oracle_quantile_max", "oracle_quantile_rms")
 # Optional columns used when the run provides them: for messages, and the quantiles.
-GATE_OPTIONAL_COLUMNS = ("reason", "bound_usage", "cause", "cause_id", "cause_explained", *QUANTILE_COLUMNS)
+# The degrees of freedom and draws q_max was computed for: `gain_quantile` reads the stated rate back from them.
+RATE_COLUMNS = ("oracle_sensitivity_dof_max", "oracle_draws")
+GATE_OPTIONAL_COLUMNS = (
+    "reason",
+    "bound_usage",
+    "cause",
+    "cause_id",
+    "cause_explained",
+    *QUANTILE_COLUMNS,
+    *RATE_COLUMNS,
+)
 GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
 # The spread of the difference of two independent rounding draws, in units of one draw's.
 TWO_RUNS_SPREAD = math.sqrt(2.0)
@@ -165,6 +199,18 @@ class RowDrift:
     # "regression" | "improvement" | "steady" | "not_compared"
     status: str
     note: str
+    # the error's signed component along the leaf in both runs, and how far it may move:
+    # max(√2·q_gain·S_gain, floor) (NaN: not measured in a run, the systematic rule not applied)
+    baseline_gain: float = math.nan
+    current_gain: float = math.nan
+    allowed_gain_shift: float = math.nan
+    # True when the gain moved past allowed_gain_shift (a regression whatever the growth)
+    systematic: bool = False
+
+    @property
+    def gain_shift(self) -> float:
+        """|current_gain − baseline_gain| (NaN where either is unknown)."""
+        return abs(self.current_gain - self.baseline_gain)
 
     @property
     def worst_growth(self) -> float:
@@ -177,7 +223,7 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
     """A typed frame with the gate's columns (plus reason/bound_usage when present).
 
     Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; the
-    sensitivity columns may be absent and are then NaN); any column outside the schema,
+    sensitivity and gain columns may be absent and are then NaN); any column outside the schema,
     or a missing gate column, raises `ReportInputError`.
     Duplicate row keys raise too: a run must have one row per key.
     """
@@ -199,7 +245,7 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
     kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in columns]
     coerced = []
     for index, record in enumerate(records):
-        record = {**{c: math.nan for c in SENSITIVITY_COLUMNS}, **record}
+        record = {**{c: math.nan for c in SENSITIVITY_COLUMNS + GAIN_COLUMNS}, **record}
         absent = [c for c in kept if c not in record]
         if absent:
             raise ReportInputError(f"{source}, row {index}: missing columns {absent}")
@@ -292,19 +338,110 @@ def compare_row(
         if not math.isnan(allowed) and is_finite(now) and then > allowed_error(now, floor, spread_, growth_factor)
     ]
     compared = [g for g in (growth_max, growth_rms) if not math.isnan(g)]
+    base_gain, cur_gain = _float(baseline.get("cand_oracle_gain")), _float(current.get("cand_oracle_gain"))
+    allowed_shift = allowed_gain_shift(
+        _larger(baseline.get("oracle_sensitivity_gain"), current.get("oracle_sensitivity_gain")),
+        gain_quantile(*(_first(current, baseline, c) for c in ("oracle_quantile_max", *RATE_COLUMNS))),
+        floor,
+    )
+    fields.update(baseline_gain=base_gain, current_gain=cur_gain, allowed_gain_shift=allowed_shift)
+    shift = abs(cur_gain - base_gain)
+    systematic = bool(compared) and is_finite(shift) and not math.isnan(allowed_shift) and shift > allowed_shift
     if not compared:
         status, note = "not_compared", "no finite oracle error in the baseline"
-    elif grown:
+    elif grown or systematic:
         status = "regression"
-        note = f"error grew x{format_number(max(compared))}, past " + "; ".join(
-            f"{label} allowed {format_number(allowed)}" for label, allowed in grown
-        )
+        notes = []
+        if grown:
+            notes.append(
+                f"error grew x{format_number(max(compared))}, past "
+                + "; ".join(f"{label} allowed {format_number(allowed)}" for label, allowed in grown)
+            )
+        if systematic:
+            notes.append(systematic_note(base_gain, cur_gain, allowed_shift))
+        note = "; ".join(notes)
     elif shrunk:
         status = "improvement"
         note = f"error shrank x{format_number(min(compared))}"
     else:
         status, note = "steady", ""
-    return RowDrift(**fields, growth_max=growth_max, growth_rms=growth_rms, status=status, note=note)
+    return RowDrift(
+        **fields, growth_max=growth_max, growth_rms=growth_rms, status=status, note=note, systematic=systematic
+    )
+
+
+def systematic_note(baseline_gain: float, current_gain: float, allowed_shift: float) -> str:
+    """The systematic-shift finding in words: the gain's move and the largest move allowed."""
+    return (
+        f"systematic: the error along the leaf moved {format_number(baseline_gain)} -> "
+        f"{format_number(current_gain)} (by {format_number(abs(current_gain - baseline_gain))}), "
+        f"past the rounding spread {format_number(allowed_shift)}"
+    )
+
+
+def gain_quantile(quantile_max: float, dof_max: float, draws: float) -> float:
+    """q_gain: the quantile of the rate q_max was computed at, for one degree of freedom.
+
+    q_max = √F⁻¹(1 − p; dof, draws·dof) (`mhc_parity.harness.judging.confidence.quantile`, with
+    dof clamped to >= 1 as there), so p = P(F(dof, draws·dof) > q_max²) reads the policy's stated
+    rate back from the row, and q_gain = quantile(p, 1, draws), the q the judging's own gain
+    criterion uses. At p = 1e-5 and 16 draws: q_gain = 6.33. A q_max of exactly 1 is a policy
+    that states no rate (its bounds take q = 1): q_gain is 1 too. NaN when any input is not
+    finite (the rule is then not applied)."""
+    if not (is_finite(quantile_max) and is_finite(dof_max) and is_finite(draws)) or draws < 1:
+        return math.nan
+    if float(quantile_max) == 1.0:
+        return 1.0
+    # Imported here, as `confidence.quantile` does: scipy.special's import is slow.
+    from scipy import special
+
+    from mhc_parity.harness.judging.confidence import quantile
+
+    dof = max(float(dof_max), 1.0)
+    rate = float(special.fdtrc(dof, float(draws) * dof, float(quantile_max) ** 2))
+    if not 0.0 < rate < 1.0:
+        return math.nan
+    return quantile(rate, 1.0, int(draws))
+
+
+def allowed_gain_shift(sensitivity_gain: float, quantile_gain: float, floor: float) -> float:
+    """How far the gain may move between two correct runs: max(√2·q_gain·S_gain, floor), NaN
+    when the spread is unknown (no gain sensitivity in either run, or no q_gain)."""
+    spread_ = spread(sensitivity_gain, quantile_gain)
+    return math.nan if math.isnan(spread_) else max(spread_, floor)
+
+
+# What the gate says of a baseline that keeps no gain (`gain_rule_note`, `baseline_gain_note`).
+NO_GAIN_NOTE = (
+    "note: the systematic-shift rule was not applied: the baseline keeps no oracle gain "
+    "(cand_oracle_gain: written before baseline format 4; regenerate it)"
+)
+
+
+def baseline_gain_note(frame: pd.DataFrame) -> str:
+    """`NO_GAIN_NOTE` for a baseline gate frame with no finite `cand_oracle_gain` ("" when it
+    has some): said once by a reader that gates case by case (the pytest plugin)."""
+    gains = frame["cand_oracle_gain"] if "cand_oracle_gain" in frame.columns else ()
+    return "" if any(is_finite(g) for g in gains) else NO_GAIN_NOTE
+
+
+def gain_rule_note(drifts: Iterable[RowDrift]) -> str:
+    """One line when the systematic-shift rule applied to none of the compared rows ("" when
+    it applied to some, or nothing was compared): the baseline keeps no gain (a file written
+    before format 4), or no row has the gain's spread."""
+    compared = [d for d in drifts if d.status != "not_compared"]
+    if not compared or any(not math.isnan(d.allowed_gain_shift) and is_finite(d.baseline_gain) for d in compared):
+        return ""
+    if not any(is_finite(d.baseline_gain) for d in compared):
+        return NO_GAIN_NOTE
+    else:
+        why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
+    return f"note: the systematic-shift rule was not applied: {why}"
+
+
+def _float(value: Any) -> float:
+    """`value` as a float, NaN where it is absent or not a number."""
+    return float(value) if is_finite(value) else math.nan
 
 
 def _exceeds(current: float, allowed: float) -> bool:
@@ -365,14 +502,21 @@ __all__ = [
     "DEFAULT_GROWTH_FACTOR",
     "DEFAULT_NOISE_FLOOR_ULPS",
     "DTYPE_EPSILON",
+    "GAIN_COLUMNS",
     "GATE_COLUMNS",
+    "PRE_GAIN_GATE_COLUMNS",
     "QUANTILE_COLUMNS",
     "GROWTH_METRICS",
+    "NO_GAIN_NOTE",
     "RowDrift",
     "allowed_error",
+    "allowed_gain_shift",
+    "baseline_gain_note",
     "compare_row",
     "compare_runs",
     "drift_frame",
+    "gain_quantile",
+    "gain_rule_note",
     "gate_frame",
     "growth",
     "index_by_key",

@@ -16,8 +16,12 @@ Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
                  `noise_floor_ulps` (default 2) × eps of the leaf's dtype, AND by more
                  than the rounding model's spread of two correct runs at the policy's
                  stated false-positive rate (√2·q·S) — see `mhc_parity.reports.drift` for
-                 the exact formula. Rows that are skip, unsupported or error in either
-                 run are not compared.
+                 the exact formula; or, whatever its growth, the error's component along
+                 the leaf (`cand_oracle_gain`) moved past √2·q·S_gain and the noise floor
+                 (a systematic shift: the detail starts "systematic:"). Rows that are skip,
+                 unsupported or error in either run are not compared. A baseline without
+                 the gain (format 3 and older) is judged without that rule, and
+                 `GateResult.gain_note` says so.
 
 Informational — listed, never failing:
   improvement    an error shrank by the same rule read the other way, or a row that
@@ -61,8 +65,10 @@ from mhc_parity.reports.drift import (
     DEFAULT_NOISE_FLOOR_ULPS,
     RowDrift,
     compare_runs,
+    gain_rule_note,
     gate_frame,
     index_by_key,
+    systematic_note,
 )
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
@@ -81,7 +87,7 @@ FINDING_NOUNS = {
     "regression": ("regression", "regressions"),
 }
 ROW_COUNT_WORDS = {
-    "regression": ("row", "grew more than ×{factor:g} and past the rounding spread"),
+    "regression": ("row", "grew more than ×{factor:g} or shifted along the leaf, past the rounding spread"),
     "new_nonfinite": ("row", "with a new NaN/Inf"),
     "lost_coverage": ("passing row", "no longer measured"),
     "missing": ("baseline row", "missing"),
@@ -141,6 +147,8 @@ class GateResult:
     missing_groups: tuple[MissingGroup, ...] = ()
     # the current run's failing and error rows grouped by cause (`mhc_parity.reports.causes`)
     failure_causes: tuple[CauseGroup, ...] = ()
+    # one line when the systematic-shift rule could not be applied (`mhc_parity.reports.drift.gain_rule_note`)
+    gain_note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -187,7 +195,7 @@ class GateResult:
         after `max_info_rows` each with a count of the rest. Missing rows are counted per
         case and path, and listed one by one only when there are at most `max_info_rows`.
         """
-        lines = [self.summary_line()]
+        lines = [self.summary_line(), *([self.gain_note] if self.gain_note else [])]
         for category in FAILING_CATEGORIES + INFO_CATEGORIES:
             findings = self.by_category(category)
             if not findings:
@@ -267,6 +275,19 @@ def _growth_detail(drift: RowDrift) -> str:
     ):
         if not math.isnan(factor):
             parts.append(f"{label} {format_number(before)} -> {format_number(after)} (x{format_number(factor)})")
+    return "; ".join(parts)
+
+
+def _regression_detail(drift: RowDrift, growth_factor: float) -> str:
+    """A regression's detail: the growth past its limits, or the systematic shift (or both)."""
+    grown = any(
+        not math.isnan(allowed) and not current <= allowed
+        for current, allowed in ((drift.current_max, drift.allowed_max), (drift.current_rms, drift.allowed_rms))
+    )
+    parts = [f"{_growth_detail(drift)} > allowed x{growth_factor:g} and the rounding spread ({_limits(drift)})"]
+    if drift.systematic:
+        shift = systematic_note(drift.baseline_gain, drift.current_gain, drift.allowed_gain_shift)
+        parts = [shift, *parts] if grown else [shift, _growth_detail(drift)]
     return "; ".join(parts)
 
 
@@ -367,7 +388,7 @@ def gate_frames(
         _finding(
             "regression",
             cur_rows[d.key],
-            f"{_growth_detail(d)} > allowed x{growth_factor:g} and the rounding spread ({_limits(d)})",
+            _regression_detail(d, growth_factor),
             d.worst_growth,
         )
         for d in drifts
@@ -396,6 +417,7 @@ def gate_frames(
         noise_floor_ulps=float(noise_floor_ulps),
         missing_groups=group_missing(missing, base_rows.keys(), cur_rows.keys()),
         failure_causes=tuple(cause_groups(cur_rows[f.key] for f in failures)),
+        gain_note=gain_rule_note(drifts),
     )
 
 

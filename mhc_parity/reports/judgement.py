@@ -76,9 +76,11 @@ class Judgement:
 
     @property
     def remarks(self) -> tuple[str, ...]:
-        """The lines every report prints under the verdict besides its scope: the legacy note
-        and the instruction-set note, those that are not empty."""
-        return tuple(line for line in (self.note, self.isa_note) if line)
+        """The lines every report prints under the verdict besides its scope: the legacy note,
+        the instruction-set note and the note of a systematic-shift rule not applied, those
+        that are not empty."""
+        gain_note = self.result.gain_note if self.result is not None else ""
+        return tuple(line for line in (self.note, self.isa_note, gain_note) if line)
 
     @property
     def verdict(self) -> str:

@@ -78,6 +78,8 @@ def gate_summary(judgement: Judgement) -> dict:
     result = judgement.result
     if result is None:
         return {**document, "ok": False}
+    # the systematic-shift rule not applied ("" when it was): `mhc_parity.reports.drift.gain_rule_note`
+    document["gain_note"] = result.gain_note
     findings = [
         {
             "category": f.category,

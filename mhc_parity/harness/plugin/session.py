@@ -24,7 +24,7 @@ from mhc_parity.records.text import plural
 from mhc_parity.reports.baseline import diff_baselines, render_baseline, write_baseline
 from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.comparability import precision_refusal
-from mhc_parity.reports.drift import GATE_COLUMNS, typed_gate_frame
+from mhc_parity.reports.drift import GATE_COLUMNS, baseline_gain_note, typed_gate_frame
 from mhc_parity.reports.gate import GateResult, gate_frames
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, ownership_refusal
 from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run
@@ -192,6 +192,9 @@ class ParitySession:
         self.baseline_run = baseline
         if baseline.note:
             self.summary_lines.append(f"mhc-parity: {baseline.note}")
+        gain_note = baseline_gain_note(baseline.frame)  # a format-3 baseline: gated without the gain rule
+        if gain_note:
+            self.summary_lines.append(f"mhc-parity: {gain_note}")
 
     def settle_report(self) -> None:
         """Refuse a report folder that holds files but no run (`foreign_folder_problem`) before

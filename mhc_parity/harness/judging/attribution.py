@@ -17,11 +17,6 @@ leaf l's score is
 
 where over the candidate's passing leaves P, T_P = Σ ‖z_c,p‖² and R_P(h) = Σ ‖z_c,p − z_h,p‖²:
 the penalty is what the hypothesis makes worse there than predicting no error. The
-candidate's other failing leaves o ≠ l are held to it too, each apart: the score also loses
-Σ_o max(0, ‖z_c,o − z_h,o‖² − ‖z_c,o‖²), an error the hypothesis predicts there that the
-candidate does not have. A hypothesis that explains one failing leaf by chance and predicts
-another's error wrongly explains no part of the bug (issue 56, 7); one whose error the other
-leaf carries under a second bug's loses nothing there. The
 candidate's own legitimate rounding is in e_c, so a failing leaf's bug scores about
 1 − (noise / error)², which its bound keeps near 1. Below `EXPLAINED_THRESHOLD` no rounding is
 named: the error is a logic error's, or a rounding outside the hypotheses. Pairs of
@@ -40,12 +35,7 @@ leaves at once, its score the same fraction summed over them,
 
     1 − (Σ_l (‖z_c,l‖ − a‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²,
 
-(the failing leaves explained value for value charged as other failing leaves are above), and
-leaf by leaf: the mean over those leaves of each one's fraction must reach the threshold too.
-In units of σ a weight gradient's error can be thousands of σ and an output's a few, so the
-joint score alone is decided by the largest leaf: a sum matching its size "explained" a
-backward-kernel logic fault's whole error on the TPU v5e at 0.82 (issue 56, 7). The cause
-says it was matched by size. The factor a fits the sizes best within the range
+and the cause says it was matched by size. The factor a fits the sizes best within the range
 the same sum spans in the orders the hypotheses try (term by term to blocks: `size_ranges`),
 1 where only one is tried.
 
@@ -267,12 +257,10 @@ class _Scores:
         self.leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in hypotheses)]
         self.hypotheses = {h.name: h for h in hypotheses}
         self.passing = [leaf for leaf in self.leaves if leaf not in set(failing)]
-        self.failing = [leaf for leaf in self.leaves if leaf in set(failing)]
         z_c = {leaf: candidate_errors[leaf] for leaf in self.leaves}
         self.total = {leaf: _dot(z, z) for leaf, z in z_c.items()}
         self.cross = {(h.name, leaf): _dot(z_c[leaf], h.errors[leaf]) for h in hypotheses for leaf in self.leaves}
         self._excess: dict[tuple[str, ...], float] = {}
-        self._worse: dict[tuple[tuple[str, ...], str], float] = {}
 
     def _residual(self, names: Sequence[str], leaf: str) -> float:
         """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two)."""
@@ -290,23 +278,11 @@ class _Scores:
             self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
         return self._excess[key]
 
-    def contradicted(self, names: Sequence[str], leaf: str) -> float:
-        """What the hypotheses make worse than predicting no error on each failing leaf but
-        `leaf`, summed: an error they predict there that the candidate does not have. Each leaf
-        apart, so one they explain cannot pay for another they contradict; an error the
-        candidate has on top of theirs (a second bug) contradicts nothing."""
-        key = (tuple(names), leaf)
-        if key not in self._worse:
-            others = (o for o in self.failing if o != leaf)
-            self._worse[key] = sum(max(0.0, self._residual(names, o) - self.total[o]) for o in others)
-        return self._worse[key]
-
     def score(self, names: Sequence[str], leaf: str) -> float:
         total = self.total[leaf]
         if not total > 0:
             return float("nan")
-        penalty = self.excess(names) + self.contradicted(names, leaf)
-        return 1.0 - (self._residual(names, leaf) + penalty) / total
+        return 1.0 - (self._residual(names, leaf) + self.excess(names)) / total
 
 
 def attribute_candidate(
@@ -344,12 +320,9 @@ def attribute_candidate(
     sizes = {leaf: _dot(candidate_errors[leaf], candidate_errors[leaf]) for leaf in leaves}
     targets = [leaf for leaf in unexplained if leaf in sizes]
     passing = [leaf for leaf in leaves if leaf not in set(failing)]
-    explained = [leaf for leaf in leaves if leaf in set(failing) and leaf not in set(targets)]
     if len(targets) < MIN_SIZE_LEAVES or not sum(sizes[leaf] for leaf in targets) > 0:
         return by_values
-    scores = {h.name: _size_scores(h, sizes, targets, passing, explained) for h in sized}
-    # Named only where it matches the sizes jointly and leaf by leaf (`_size_scores`).
-    joint = {name: score if each >= EXPLAINED_THRESHOLD else -math.inf for name, (score, each) in scores.items()}
+    joint = {h.name: _size_score(h, sizes, targets, passing) for h in sized}
     best = max(sized, key=lambda h: joint[h.name])  # the first of equals: max keeps it
     if joint[best.name] < EXPLAINED_THRESHOLD:
         return by_values
@@ -373,23 +346,9 @@ def _joint_fraction(
     return float(np.mean(scores)) if scores else 0.0
 
 
-def _size_scores(
-    h: HypothesisErrors,
-    sizes: Mapping[str, float],
-    targets: Sequence[str],
-    passing: Sequence[str],
-    explained: Sequence[str] = (),
-) -> tuple[float, float]:
-    """(the joint size score of `h` on the `targets`, the mean of its leaf by leaf fractions
-    there), its error scaled by the factor in `h.scale_range` that fits the sizes best (module
-    docstring); sizes: leaf -> ‖z_c‖². explained: the failing leaves other hypotheses explain
-    value for value, where a size `h` predicts past the candidate's is charged, each apart, as
-    on another failing leaf (`_Scores.contradicted`).
-
-    The joint score weighs each leaf by its squared error in units of σ, so a weight gradient
-    thousands of σ off decides it alone, and one sum matching that leaf's size "explained" an
-    output a hundred times off (issue 56, 7: a backward-kernel logic fault on the TPU v5e,
-    0.82); the mean counts each leaf once, as `_joint_fraction` does for a fit."""
+def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequence[str], passing: Sequence[str]):
+    """The joint size score of `h` on the `targets` (module docstring), its error scaled by the
+    factor in `h.scale_range` that fits the sizes best; sizes: leaf -> ‖z_c‖²."""
     root_t = {leaf: np.sqrt(sizes[leaf]) for leaf in sizes}
     root_h = {leaf: np.sqrt(h.norms[leaf]) for leaf in sizes}
     across = sum(h.norms[leaf] for leaf in targets)
@@ -400,10 +359,7 @@ def _size_scores(
         return (root_t[leaf] - scale * root_h[leaf]) ** 2
 
     excess = max(0.0, sum(residual(p) - sizes[p] for p in passing))
-    excess += sum(max(0.0, residual(o) - sizes[o]) for o in explained)
-    joint = 1.0 - (sum(residual(leaf) for leaf in targets) + excess) / sum(sizes[leaf] for leaf in targets)
-    each = [min(max(1.0 - (residual(leaf) + excess) / sizes[leaf], 0.0), 1.0) for leaf in targets if sizes[leaf] > 0]
-    return joint, float(np.mean(each)) if each else 0.0
+    return 1.0 - (sum(residual(leaf) for leaf in targets) + excess) / sum(sizes[leaf] for leaf in targets)
 
 
 def _attribute_by_values(

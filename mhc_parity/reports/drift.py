@@ -56,7 +56,7 @@ was judged at, with no second copy of it. The floor (the 2-ulp noise floor above
 shift inside the dtype's rounding noise from failing. The rule is not conditioned on growth:
 measured, the ×1.0000004 kernel change it is built for grew the errors it moves ×1.0 to
 ×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
-`GAIN_COLUMNS`) the rule is not applied, and the gate says so (`gain_rule_note`).
+`GAIN_COLUMNS`) the rule is not applied, and the gate says so (`mhc_parity.reports.gain_shift.gain_rule_note`).
 
 A row is compared only when both runs measured it (neither verdict is skip,
 unsupported or error) and its baseline error is finite. A finite baseline error that
@@ -76,6 +76,13 @@ from mhc_parity.records import dtypes
 from mhc_parity.records.rows import ReportInputError, coerce_row, frame_from_records, is_finite
 from mhc_parity.records.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
 from mhc_parity.records.text import format_number
+from mhc_parity.reports.gain_shift import (
+    NO_GAIN_NOTE,
+    baseline_gain_note,
+    gain_quantile,
+    gain_rule_note,
+    systematic_note,
+)
 
 # The columns the gate needs from each run; a baseline file keeps exactly these.
 GATE_COLUMNS = (
@@ -370,73 +377,11 @@ def compare_row(
     )
 
 
-def systematic_note(baseline_gain: float, current_gain: float, allowed_shift: float) -> str:
-    """The systematic-shift finding in words: the gain's move and the largest move allowed."""
-    return (
-        f"systematic: the error along the leaf moved {format_number(baseline_gain)} -> "
-        f"{format_number(current_gain)} (by {format_number(abs(current_gain - baseline_gain))}), "
-        f"past the rounding spread {format_number(allowed_shift)}"
-    )
-
-
-def gain_quantile(quantile_max: float, dof_max: float, draws: float) -> float:
-    """q_gain: the quantile of the rate q_max was computed at, for one degree of freedom.
-
-    q_max = √F⁻¹(1 − p; dof, draws·dof) (`mhc_parity.harness.judging.confidence.quantile`, with
-    dof clamped to >= 1 as there), so p = P(F(dof, draws·dof) > q_max²) reads the policy's stated
-    rate back from the row, and q_gain = quantile(p, 1, draws), the q the judging's own gain
-    criterion uses. At p = 1e-5 and 16 draws: q_gain = 6.33. A q_max of exactly 1 is a policy
-    that states no rate (its bounds take q = 1): q_gain is 1 too. NaN when any input is not
-    finite (the rule is then not applied)."""
-    if not (is_finite(quantile_max) and is_finite(dof_max) and is_finite(draws)) or draws < 1:
-        return math.nan
-    if float(quantile_max) == 1.0:
-        return 1.0
-    # Imported here, as `confidence.quantile` does: scipy.special's import is slow.
-    from scipy import special
-
-    from mhc_parity.harness.judging.confidence import quantile
-
-    dof = max(float(dof_max), 1.0)
-    rate = float(special.fdtrc(dof, float(draws) * dof, float(quantile_max) ** 2))
-    if not 0.0 < rate < 1.0:
-        return math.nan
-    return quantile(rate, 1.0, int(draws))
-
-
 def allowed_gain_shift(sensitivity_gain: float, quantile_gain: float, floor: float) -> float:
     """How far the gain may move between two correct runs: max(√2·q_gain·S_gain, floor), NaN
     when the spread is unknown (no gain sensitivity in either run, or no q_gain)."""
     spread_ = spread(sensitivity_gain, quantile_gain)
     return math.nan if math.isnan(spread_) else max(spread_, floor)
-
-
-# What the gate says of a baseline that keeps no gain (`gain_rule_note`, `baseline_gain_note`).
-NO_GAIN_NOTE = (
-    "note: the systematic-shift rule was not applied: the baseline keeps no oracle gain "
-    "(cand_oracle_gain: written before baseline format 4; regenerate it)"
-)
-
-
-def baseline_gain_note(frame: pd.DataFrame) -> str:
-    """`NO_GAIN_NOTE` for a baseline gate frame with no finite `cand_oracle_gain` ("" when it
-    has some): said once by a reader that gates case by case (the pytest plugin)."""
-    gains = frame["cand_oracle_gain"] if "cand_oracle_gain" in frame.columns else ()
-    return "" if any(is_finite(g) for g in gains) else NO_GAIN_NOTE
-
-
-def gain_rule_note(drifts: Iterable[RowDrift]) -> str:
-    """One line when the systematic-shift rule applied to none of the compared rows ("" when
-    it applied to some, or nothing was compared): the baseline keeps no gain (a file written
-    before format 4), or no row has the gain's spread."""
-    compared = [d for d in drifts if d.status != "not_compared"]
-    if not compared or any(not math.isnan(d.allowed_gain_shift) and is_finite(d.baseline_gain) for d in compared):
-        return ""
-    if not any(is_finite(d.baseline_gain) for d in compared):
-        return NO_GAIN_NOTE
-    else:
-        why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
-    return f"note: the systematic-shift rule was not applied: {why}"
 
 
 def _float(value: Any) -> float:

@@ -147,7 +147,7 @@ class GateResult:
     missing_groups: tuple[MissingGroup, ...] = ()
     # the current run's failing and error rows grouped by cause (`mhc_parity.reports.causes`)
     failure_causes: tuple[CauseGroup, ...] = ()
-    # one line when the systematic-shift rule could not be applied (`mhc_parity.reports.drift.gain_rule_note`)
+    # one line when the systematic-shift rule could not be applied (`mhc_parity.reports.gain_shift.gain_rule_note`)
     gain_note: str = ""
 
     @property

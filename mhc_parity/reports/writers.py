@@ -78,7 +78,7 @@ def gate_summary(judgement: Judgement) -> dict:
     result = judgement.result
     if result is None:
         return {**document, "ok": False}
-    # the systematic-shift rule not applied ("" when it was): `mhc_parity.reports.drift.gain_rule_note`
+    # the systematic-shift rule not applied ("" when it was): `mhc_parity.reports.gain_shift.gain_rule_note`
     document["gain_note"] = result.gain_note
     findings = [
         {

@@ -23,8 +23,10 @@ docs/judging.md derives it; `make sweep` measures the tail.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
+
+# The F quantile lives below the harness and the reports, which both read it (the gate reads a
+# run's rate back from its q: `mhc_parity.reports.gain_shift`).
+from mhc_parity.records.rate_quantiles import quantile  # noqa: F401 - this module's public name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,23 +56,3 @@ class Sensitivity:
         if set(raw) != fields:
             raise ValueError(f"a sensitivity holds {sorted(fields)}, got {sorted(raw)}")
         return cls(**{k: (int(v) if k == "draws" else float(v)) for k, v in raw.items()})
-
-
-@functools.lru_cache(maxsize=4096)
-def quantile(false_positive_rate: float, dof: float, draws: int) -> float:
-    """q with P(‖e‖ > q·S) = false_positive_rate when ‖e‖² / S² ~ F(dof, draws·dof).
-
-    dof: the leaf's effective degrees of freedom (>= 1); draws: how many draws S averages.
-    NaN dof or draws (no sensitivity measured) give 1.0: the bound is then the rule's ratio
-    alone, as without a stated rate.
-    """
-    if math.isnan(dof) or math.isnan(draws) or draws < 1:
-        return 1.0
-    if not 0.0 < false_positive_rate < 1.0:
-        raise ValueError(f"a false-positive rate lies in (0, 1), got {false_positive_rate!r}")
-    dof = max(float(dof), 1.0)
-    # Imported here: scipy.special's import costs more than a warm run's judging, which loads
-    # its judged rows (`mhc_parity.harness.stores.comparison_store`) and computes no bound.
-    from scipy import special
-
-    return math.sqrt(float(special.fdtri(dof, draws * dof, 1.0 - false_positive_rate)))

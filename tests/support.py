@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc.precision import dot_precision
 from mhc_parity.mhc.types import MhcConfig, MhcWeights
 
@@ -96,3 +97,8 @@ def copy_project(destination: pathlib.Path, subpackages: Iterable[str]) -> pathl
     for name in subpackages:
         shutil.copytree(PROJECT_ROOT / NAMESPACE / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
     return pathlib.Path(destination)
+
+
+def policy_rate() -> float:
+    """The false-positive rate the packaged policy states (`[confidence]` of tolerances.toml)."""
+    return load_policy().confidence.false_positive_rate

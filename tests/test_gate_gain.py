@@ -28,6 +28,7 @@ from mhc_parity.reports.drift import (
     noise_floor,
 )
 from mhc_parity.reports.gate import gate
+from tests.support import policy_rate
 
 REPO = Path(__file__).resolve().parents[1]
 F32 = DTYPE_EPSILON["float32"]
@@ -37,10 +38,6 @@ DRAWS = 16
 ERROR = 1.9 * noise_floor("float32")
 S_GAIN = 3.97e-07 / (TWO_RUNS_SPREAD * 6.33)
 DOF_MAX = 1.0
-
-
-def rate() -> float:
-    return load_policy().confidence.false_positive_rate
 
 
 def row(gain: float, *, error: float = ERROR, s_gain: float = S_GAIN, dtype: str = "float32") -> dict:
@@ -62,23 +59,23 @@ def row(gain: float, *, error: float = ERROR, s_gain: float = S_GAIN, dtype: str
         "oracle_sensitivity_rms": error / 4,
         "cand_oracle_gain": gain,
         "oracle_sensitivity_gain": s_gain,
-        "oracle_quantile_max": quantile(rate(), DOF_MAX, DRAWS),
-        "oracle_quantile_rms": quantile(rate(), DOF_MAX, DRAWS),
+        "oracle_quantile_max": quantile(policy_rate(), DOF_MAX, DRAWS),
+        "oracle_quantile_rms": quantile(policy_rate(), DOF_MAX, DRAWS),
         "oracle_sensitivity_dof_max": DOF_MAX,
         "oracle_draws": float(DRAWS),
     }
 
 
 def spread_of_gain() -> float:
-    return TWO_RUNS_SPREAD * quantile(rate(), 1.0, DRAWS) * S_GAIN
+    return TWO_RUNS_SPREAD * quantile(policy_rate(), 1.0, DRAWS) * S_GAIN
 
 
 def test_q_gain_is_the_policy_rate_s_quantile_for_one_degree_of_freedom():
     """Read back from a row's q_max (any dof), q_gain is the quantile of the policy's own rate
     for one degree of freedom: 6.33 at 1e-5 and 16 draws; a policy with no rate gives 1."""
     for dof in (1.0, 3.1, 40.0):
-        q_max = quantile(rate(), dof, DRAWS)
-        assert gain_quantile(q_max, dof, DRAWS) == pytest.approx(quantile(rate(), 1.0, DRAWS), rel=1e-9)
+        q_max = quantile(policy_rate(), dof, DRAWS)
+        assert gain_quantile(q_max, dof, DRAWS) == pytest.approx(quantile(policy_rate(), 1.0, DRAWS), rel=1e-9)
     assert gain_quantile(quantile(1e-5, 2.0, 16), 2.0, 16) == pytest.approx(6.33, abs=0.01)
     assert gain_quantile(1.0, 3.0, DRAWS) == 1.0
     assert math.isnan(gain_quantile(math.nan, 1.0, DRAWS))

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.harness.judging.confidence import quantile
-from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import load_baseline
 from mhc_parity.reports.drift import (
@@ -27,6 +26,7 @@ from mhc_parity.reports.drift import (
     spread,
 )
 from mhc_parity.reports.gate import gate
+from tests.support import policy_rate
 
 REPO = Path(__file__).resolve().parents[1]
 F32 = DTYPE_EPSILON["float32"]
@@ -41,10 +41,6 @@ XEON_ROWS = (
 )
 
 
-def rate() -> float:
-    return load_policy().confidence.false_positive_rate
-
-
 def committed_run_of(cases) -> tuple[list[dict], list[dict]]:
     """The committed baseline's rows of `cases`, and a copy of them as a current run's rows."""
     baseline = load_baseline(REPO / "baselines" / "default.csv").frame
@@ -55,7 +51,8 @@ def committed_run_of(cases) -> tuple[list[dict], list[dict]]:
 def with_quantiles(row: dict, dof_max: float, dof_rms: float) -> dict:
     """`row` with the quantiles a run's judging writes (the policy's rate, 16 draws)."""
     row.update(
-        oracle_quantile_max=quantile(rate(), dof_max, DRAWS), oracle_quantile_rms=quantile(rate(), dof_rms, DRAWS)
+        oracle_quantile_max=quantile(policy_rate(), dof_max, DRAWS),
+        oracle_quantile_rms=quantile(policy_rate(), dof_rms, DRAWS),
     )
     return row
 
@@ -134,7 +131,7 @@ def one_row(error: float, sensitivity: float, q: float, *, dtype: str = "float32
 def test_a_well_known_leaf_still_fails_a_threefold_growth():
     """A leaf of many independent errors has q near 1 (1.05 at 4096 degrees of freedom): its
     spread is 1.5 S, so an error of S that triples fails as under the factor alone."""
-    q = quantile(rate(), 4096.0, DRAWS)
+    q = quantile(policy_rate(), 4096.0, DRAWS)
     assert q == pytest.approx(1.05, abs=0.01)
     sensitivity = 40 * F32
     drift = compare_row(one_row(sensitivity, sensitivity, q), one_row(3 * sensitivity, sensitivity, q))
@@ -180,7 +177,7 @@ def test_non_finite_errors_always_regress_and_shrinking_reads_the_rule_the_other
 def test_a_scale_gradient_that_moved_between_two_cpus_is_noise():
     """The same code's float32 large_magnitude d_res_scale error was 0.25x its sensitivity on
     one machine and 2.9x on another (a one-direction leaf: q = 6.3): within the spread."""
-    sensitivity, q = 1.76e-6, quantile(rate(), 1.0, DRAWS)
+    sensitivity, q = 1.76e-6, quantile(policy_rate(), 1.0, DRAWS)
     assert compare_row(one_row(4.4e-7, sensitivity, q), one_row(5.1e-6, sensitivity, q)).status == "steady"
     assert compare_row(one_row(4.4e-7, sensitivity, q), one_row(2.2e-5, sensitivity, q)).status == "regression"
 

@@ -70,6 +70,5 @@ def gain_rule_note(drifts: Iterable) -> str:
         return ""
     if not any(is_finite(d.baseline_gain) for d in compared):
         return NO_GAIN_NOTE
-    else:
-        why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
+    why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
     return f"note: the systematic-shift rule was not applied: {why}"

@@ -6,34 +6,17 @@
 #   tools/tpu-wheels                               # here, where pip reaches a registry: .whl-tpu
 #   bench/tpu_maxtext_check.sh run DIR     # on the TPU VM: set-up, the kernel-primitive probe, make
 #                                          #   parity-maxtext SYSTEM_JAX=1 (every variant), its baseline
-#   bench/tpu_maxtext_check.sh fixed DIR   # MAXTEXT=fixed, its baseline, the run again against it
+#   bench/tpu_maxtext_check.sh fixed DIR   # MAXTEXT=fixed, its baseline, the run gated against it
 #   bench/tpu_maxtext_check.sh speed DIR   # the speed table (bench/device_speed.py)
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs, the
-# run folders' summaries and rows and the new baselines are packed into DIR/<part>.tgz. The image's index is
-# file:///opt/pypi/simple (PIP_INDEX_URL) and the carried wheels .whl-tpu (PIP_FIND_LINKS).
+# run folders' summaries and rows and the new baselines are packed into DIR/<part>.tgz. The
+# environment (the image's index, the carried wheels) is bench/tpu_common.sh's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: bench/tpu_maxtext_check.sh run|fixed|speed DIR}
 out=${2:?usage: bench/tpu_maxtext_check.sh run|fixed|speed DIR}
-mkdir -p "$out/logs"
-export PIP_INDEX_URL=${PIP_INDEX_URL:-file:///opt/pypi/simple}
-# The image sets PIP_FIND_LINKS (its own wheel folder) already: the carried wheels join it.
-export PIP_FIND_LINKS="$PWD/.whl-tpu${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
-# The carried wheels' versions (tools/tpu-wheels resolved them against the image's packages).
-export PIP_CONSTRAINT="$PWD/.whl-tpu/constraints.txt${PIP_CONSTRAINT:+ $PIP_CONSTRAINT}"
-export PYTHONUNBUFFERED=1
-CLI=.venv-system/bin/mhc-parity
-PY=.venv-system/bin/python
-
-step() {  # step NAME COMMAND...: its output in DIR/NAME.log, one line in DIR/steps.txt
-  local name=$1 start=$SECONDS rc
-  shift
-  "$@" >"$out/logs/$name.log" 2>&1
-  rc=$?
-  echo "$name: exit $rc in $((SECONDS - start)) s: $*" | tee -a "$out/steps.txt"
-  return $rc
-}
+source bench/tpu_common.sh
 
 # The largest cases of the speed table: the maxtext suite's largest and the tpu suite's bfloat16
 # ones (real sizes: no oracle is needed to time a program).
@@ -42,23 +25,23 @@ SPEED_CASES=("lite-n4-c1024-b1s256-*" "lite-n4-c1024-b4s2048-bf16-w32-mlp-defaul
 
 case $part in
   run)  # every variant: the released ones fail (exit 1)
-    step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
+    setup_or_exit
     step kernel-primitives "$PY" bench/tpu_kernel_primitive_probe.py --out "$out/kernel-primitives"
     step parity-maxtext make parity-maxtext SYSTEM_JAX=1 MAXTEXT_OUT=out/tpu-maxtext
     step baseline "$CLI" baseline --from out/tpu-maxtext --to baselines/tpu-v5e-maxtext.csv
     tar czf "$out/run.tgz" out/tpu-maxtext/summary.md out/tpu-maxtext/rows.csv baselines/tpu-v5e-maxtext.csv \
       "$out/logs" "$out/kernel-primitives"
     ;;
-  fixed)  # the fixed variants (exit 0), their baseline, and the run again judged against it
-    step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
+  fixed)  # the fixed variants (exit 0), their baseline, and the run gated against it
+    setup_or_exit
     step parity-maxtext-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed
     step baseline-fixed "$CLI" baseline --from out/tpu-maxtext-fixed --to baselines/tpu-v5e-maxtext-fixed.csv
-    step gate-fixed make parity-maxtext SYSTEM_JAX=1 MAXTEXT=fixed MAXTEXT_OUT=out/tpu-maxtext-fixed-gated
+    step gate-fixed "$CLI" gate --baseline baselines/tpu-v5e-maxtext-fixed.csv --current out/tpu-maxtext-fixed
     tar czf "$out/fixed.tgz" out/tpu-maxtext-fixed/summary.md out/tpu-maxtext-fixed/rows.csv \
-      out/tpu-maxtext-fixed-gated/summary.md baselines/tpu-v5e-maxtext-fixed.csv "$out/logs"
+      baselines/tpu-v5e-maxtext-fixed.csv "$out/logs"
     ;;
   speed)  # this project's kernels, the XLA reference and MaxText's, side by side
-    step setup make setup SYSTEM_JAX=1 || { tail -30 "$out/logs/setup.log"; exit 2; }
+    setup_or_exit
     step speed "$PY" bench/device_speed.py --suite maxtext tpu --impl mhc_parity.maxtext_parity:implementations \
       --paths reference mosaic 'maxtext-*' --cases "${SPEED_CASES[@]}" --runs 20 --out "$out/speed"
     tar czf "$out/speed.tgz" "$out/speed" "$out/logs"

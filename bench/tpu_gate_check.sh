@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The gate's chip checks on a TPU VM image with its own JAX (issue 56), from the checkout, each
+# part one 10-minute device call (carry .whl-tpu, made by tools/tpu-wheels, as for
+# bench/tpu_maxtext_check.sh):
+#
+#   bench/tpu_gate_check.sh smoke DIR    # the quick check's teeth: the smoke suite kills a kernel
+#                                        #   fault that errs only after the first token block, in
+#                                        #   both dtypes; the smoke suite passes unchanged code
+#   bench/tpu_gate_check.sh default DIR  # the default suite judged against baselines/tpu-v5e.csv
+#                                        #   (expect PASS), written as that baseline again (this
+#                                        #   baseline format), and gated against the new one
+#
+# Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs and
+# the runs' summaries, rows and the new baseline are packed into DIR/<part>.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: bench/tpu_gate_check.sh smoke|default DIR}
+out=${2:?usage: bench/tpu_gate_check.sh smoke|default DIR}
+source bench/tpu_common.sh
+
+case $part in
+  smoke)
+    setup_or_exit
+    step smoke-fault "$CLI" faults --suite smoke --faults kernel.accumulators_reset_every_block --jobs 1 \
+      --out out/tpu-smoke-fault --quiet
+    step smoke "$CLI" run --suite smoke --out out/tpu-smoke --jobs 1 --quiet
+    tar czf "$out/smoke.tgz" out/tpu-smoke-fault out/tpu-smoke/summary.md out/tpu-smoke/rows.csv "$out/logs"
+    ;;
+  default)
+    setup_or_exit
+    step default "$CLI" run --suite default --out out/tpu --jobs 1 --quiet --baseline baselines/tpu-v5e.csv
+    step baseline "$CLI" baseline --from out/tpu --to baselines/tpu-v5e.csv
+    step gate "$CLI" gate --baseline baselines/tpu-v5e.csv --current out/tpu
+    tar czf "$out/default.tgz" out/tpu/summary.md out/tpu/rows.csv baselines/tpu-v5e.csv "$out/logs"
+    ;;
+  *)
+    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke or default)" >&2
+    exit 2
+    ;;
+esac

@@ -42,6 +42,30 @@ def test_the_example_baseline_is_my_mhcs_over_its_suite_under_the_current_policy
     assert set(baseline.frame["verdict"]) == {"pass"}
 
 
+# The baselines made on the lent TPU v5e (bench/tpu_gate_check.sh, bench/tpu_maxtext_check.sh): what
+# `make parity` and `make parity-maxtext` gate against on a TPU host. Only the chip can remake them.
+CHIP_BASELINES = {
+    "tpu-v5e.csv": ("default", {"pass", "skip", "unsupported"}),
+    "tpu-v5e-maxtext-fixed.csv": ("maxtext", {"pass", "skip", "unsupported"}),
+    # the released MaxText variants fail and error on the chip (docs/results/maxtext-tpu-v5e.md)
+    "tpu-v5e-maxtext.csv": ("maxtext", {"pass", "skip", "unsupported", "fail", "error"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHIP_BASELINES))
+def test_the_chip_baselines_are_whole_and_made_under_the_current_policy(name):
+    """A tolerance change makes every TPU baseline unusable there (the gate refuses a policy
+    mismatch): this fails first, here, so the change comes with a chip run to remake them."""
+    baseline = load_baseline(ROOT / "baselines" / name)
+    suite, verdicts = CHIP_BASELINES[name]
+    assert baseline.policy_hash == load_policy().digest, (
+        f"tolerances.toml changed since baselines/{name} was made on the TPU v5e: remake it there "
+        "(bench/tpu_gate_check.sh default, bench/tpu_maxtext_check.sh run|fixed)"
+    )
+    assert baseline.environment.get("backend") == "tpu" and baseline.suite == suite
+    assert set(baseline.frame["verdict"]) <= verdicts
+
+
 def _edited_baseline(tmp_path, edit) -> pathlib.Path:
     """The committed baseline with `edit(fields)` applied to its first compared, measured row."""
     lines = BASELINE.read_text().splitlines(keepends=True)

@@ -9,6 +9,8 @@ perturbed rows against the clean ones of the same machine.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from pathlib import Path
 
@@ -18,8 +20,10 @@ import pytest
 from mhc_parity.harness.judging.confidence import quantile
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.reports import load_baseline
+from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION, DIGEST_KEY, sealed
 from mhc_parity.reports.drift import (
     DTYPE_EPSILON,
+    GAIN_COLUMNS,
     TWO_RUNS_SPREAD,
     allowed_gain_shift,
     baseline_gain_note,
@@ -121,10 +125,23 @@ def test_a_gain_shift_inside_the_noise_floor_passes():
     assert not bf16.systematic and bf16.allowed_gain_shift == noise_floor("bfloat16")
 
 
-def test_a_baseline_without_the_gain_is_judged_without_the_rule_and_says_so():
-    """The committed TPU baseline (format 3) keeps no gain and cannot be regenerated here: it is
-    still read, the gain rule is not applied to it, and the gate says so in one line."""
-    baseline = load_baseline(REPO / "baselines" / "tpu-v5e.csv")
+def _format_3_copy(source: Path, target: Path) -> Path:
+    """`source` (a format-4 baseline) written as format 3 wrote it: no gain columns, sealed alike."""
+    lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+    header = lines[0].split(f" {DIGEST_KEY}=")[0].replace(f"format={BASELINE_FORMAT_VERSION} ", "format=3 ", 1)
+    rows = list(csv.reader(lines[1:]))
+    keep = [i for i, name in enumerate(rows[0]) if name not in GAIN_COLUMNS]
+    body = io.StringIO()
+    csv.writer(body, lineterminator="\n").writerows([[row[i] for i in keep] for row in rows])
+    target.write_text(sealed(header, body.getvalue()), encoding="utf-8")
+    return target
+
+
+def test_a_baseline_without_the_gain_is_judged_without_the_rule_and_says_so(tmp_path):
+    """A format-3 baseline (sealed, without the gain: the committed TPU baselines before the
+    chip run of issue 56) is still read, the gain rule is not applied to it, and the gate says
+    so in one line."""
+    baseline = load_baseline(_format_3_copy(REPO / "baselines" / "tpu-v5e.csv", tmp_path / "tpu-v5e.csv"))
     assert baseline.format_version == 3 and baseline.frame["cand_oracle_gain"].isna().all()
     rows = baseline.frame.to_dict(orient="records")
     current = [dict(r, cand_oracle_gain=1.0, oracle_sensitivity_gain=1e-12) for r in rows]
@@ -135,7 +152,8 @@ def test_a_baseline_without_the_gain_is_judged_without_the_rule_and_says_so():
     assert result.gain_note in result.table().splitlines()
     # the pytest plugin, which gates case by case, says it once of the baseline
     assert baseline_gain_note(baseline.frame) == result.gain_note
-    assert baseline_gain_note(load_baseline(REPO / "baselines" / "default.csv").frame) == ""
+    for committed in ("default.csv", "tpu-v5e.csv"):
+        assert baseline_gain_note(load_baseline(REPO / "baselines" / committed).frame) == ""
     # a baseline given as rows without the columns reads alike
     bare = [{k: v for k, v in row(0.0).items() if k not in ("cand_oracle_gain", "oracle_sensitivity_gain")}]
     assert gate(bare, [row(10 * spread_of_gain())]).gain_note == result.gain_note

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import MAX_FIXTURE_ELEMENTS, expected_layout, fixture_elements, numpy_dtype
 from mhc_parity.harness.engine.oracle_path import NOISE_SAMPLES, oracle_chunk_tokens
-from mhc_parity.harness.processes.parallel import available_memory_bytes
+from mhc_parity.harness.processes.worker_processes import available_memory_bytes
 from mhc_parity.mhc.common import UnsupportedInputError, validate_dims
 
 try:

@@ -78,7 +78,7 @@ def test_only_the_tpu_suites_cases_go_apart_unless_told(monkeypatch):
         oracle_process.own_process(CASE)
 
 
-def test_a_child_killed_for_memory_is_out_of_memory_not_an_error_row(monkeypatch, tmp_path):
+def test_a_child_killed_for_memory_is_out_of_memory_and_one_that_fails_falls_back(monkeypatch, tmp_path):
     def killed(*args, **kwargs):
         return subprocess.CompletedProcess(args, -9, b"", b"")
 
@@ -92,6 +92,9 @@ def test_a_child_killed_for_memory_is_out_of_memory_not_an_error_row(monkeypatch
     monkeypatch.setattr(oracle_process.subprocess, "run", failed)
     with pytest.raises(RuntimeError, match="no such branch"):
         oracle_process.compute_in_own_process(CASE, {"chunk_tokens": 16}, None, tmp_path / "entry.npz")
+    # a child that cannot run: the answer is computed in the run's process instead (the numbers first)
+    monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "always")
+    assert oracle_process.compute_apart(CASE, {"chunk_tokens": 16}, tmp_path / "entry.npz") is False
 
 
 def test_children_start_in_order_and_together_only_within_the_memory(monkeypatch):

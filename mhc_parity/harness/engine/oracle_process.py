@@ -14,6 +14,9 @@ stored in the entry's header and stated in the case's rows (`oracle_peak_bytes` 
 `oracle_budget_bytes`) and the summary. A case computed inside the run's process has no such
 figure: there its memory mixes with the paths', the comparisons' and other cases'.
 
+A child that fails (other than killed for memory) is logged, and the run computes that answer
+in its own process, as for any other case: its rows then state no peak.
+
 The child never starts the parent's accelerator (`JAX_PLATFORMS=cpu`; the oracle runs on the host
 CPU whatever the backend): the parent hands it the draws' units (`oracle_path.OracleUnits`, which
 hold the accelerator's measured terms) and the entry's key, so the answer is the one the run's
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import pathlib
 import pickle
@@ -51,6 +55,8 @@ from mhc_parity.records.project_code import PROJECT_ROOT
 OWN_PROCESS_ENV_VAR = "MHC_PARITY_ORACLE_PROCESS"
 # The share of the memory available when the first child started that children may hold together.
 ADMITTED_FRACTION = 0.85
+
+log = logging.getLogger(__name__)
 
 
 def own_process(case) -> bool:
@@ -149,7 +155,11 @@ def compute_apart(case, key: dict, entry: pathlib.Path) -> bool:
     else False, and the cache computes it in this process."""
     if not own_process(case):
         return False
-    compute_in_own_process(case, key, oracle_units(case), entry)
+    try:
+        compute_in_own_process(case, key, oracle_units(case), entry)
+    except RuntimeError as error:  # the child could not run here: the numbers matter more than its figure
+        log.warning("%s; computing it in the run's process instead (no peak memory figure)", error)
+        return False
     return True
 
 

@@ -47,6 +47,7 @@ from mhc_parity.harness.engine.case_memory import memory_for_a_case, oracle_memo
 from mhc_parity.harness.engine.oracle_path import oracle_units, run_oracle_path
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.env import ensure_host_devices
+from mhc_parity.harness.processes.worker_processes import end_with_parent
 from mhc_parity.harness.stores.oracle_cache import serialize
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.project_code import PROJECT_ROOT
@@ -186,4 +187,7 @@ def child_main(request: dict) -> dict:
 
 
 if __name__ == "__main__":
+    # Ends with the run (a call's time limit, Ctrl-C): an oracle nobody waits for must not hold
+    # gigabytes and cores beside the run that resumes it (started from a thread that waits for it).
+    end_with_parent()
     print(json.dumps(child_main(pickle.loads(sys.stdin.buffer.read()))))

@@ -312,3 +312,45 @@ def test_merge_refuses_shards_judged_under_other_arithmetic(changed, named, tmp_
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "environment" in error and named in error, error
     assert not out.exists()
+
+
+def test_shards_of_two_device_calls_on_one_image_merge_and_another_jax_does_not(tmp_path):
+    """Issue 55: the tpu suite runs one shard per device call, each maybe on a fresh machine of the
+    same image: what differs between calls (times, run ids, the machine's name in `platform`, the
+    work each did, the oracle's memory) must not refuse the merge; another JAX or libtpu must."""
+
+    def shard(index: int, metadata: dict) -> ShardRun:
+        manifest = types.SimpleNamespace(
+            shard=f"{index}/2",
+            run_id=f"run{index}" * 4,
+            shard_of=CASE_NAMES,
+            shard_of_digest="selection",
+            request={"suite": "tpu"},
+            policy_digest="policy",
+            code_digest="code",
+            cases=tuple(sorted(shard_names(CASE_NAMES, parse_shard(f"{index}/2")))),
+        )
+        return ShardRun(tmp_path / f"shard{index}", manifest, metadata, [])
+
+    first = {
+        **SHARD_ENVIRONMENT,
+        "platform": "Linux-6.1.0-vm-1-x86_64",
+        "start_time": "2026-12-06T08:00:00+00:00",
+        "wall_seconds": 412.0,
+        "oracle_s": 380.5,
+        "oracle_computed": 2,
+    }
+    second = {
+        **SHARD_ENVIRONMENT,
+        "platform": "Linux-6.1.0-vm-2-x86_64",
+        "start_time": "2026-12-06T08:12:00+00:00",
+        "wall_seconds": 398.0,
+        "oracle_s": 350.0,
+        "oracle_computed": 2,
+    }
+    merge.check_shards([shard(1, first), shard(2, second)])
+    merged = merged_metadata([shard(1, first), shard(2, second)], "merge")
+    assert (merged["oracle_s"], merged["oracle_computed"]) == (730.5, 4)
+    for key, other in (("jax_version", "0.10.2"), ("jaxlib_version", "0.10.2"), ("libtpu_version", "0.0.42.1")):
+        with pytest.raises(merge.MergeError, match=key):
+            merge.check_shards([shard(1, first), shard(2, {**second, key: other})])

@@ -209,6 +209,20 @@ def test_the_chunked_oracle_path_gives_the_one_shot_answer():
     )
 
 
+def test_a_second_batch_given_the_exact_leaves_gives_the_same_statistics_without_a_copy():
+    """The `kernel_pair` batch reuses the first batch's exact leaves (the exact draw has no units):
+    the same statistics as gathering its own, and its token-major leaves are the first batch's
+    arrays, not a second float64 copy (issue 55: the oracle's peak on a TPU, two batches)."""
+    case = LITE.replace(dtype="bfloat16")
+    fixture, branch = make_fixture(case), get_branch(case.branch)
+    units = oracle_path.noise_units(case)
+    exact, own = oracle_path._chunked_statistics(case, fixture, branch, units, None, 4)
+    reused_exact, reused = oracle_path._chunked_statistics(case, fixture, branch, units, None, 4, exact_known=exact)
+    assert reused == own
+    token_major = [name for name in exact if token_axes(name)]
+    assert token_major and all(reused_exact[name] is exact[name] for name in token_major)
+
+
 def test_the_chunk_is_part_of_the_oracle_cache_key(monkeypatch):
     case = LITE
     fixture = make_fixture(case)

@@ -157,6 +157,18 @@ _COLUMN_TYPES = {
     # and its devices (e.g. "cpu:0-7"; "" if it did not run; see mhc_parity.harness.engine.devices)
     "matmul_precision": _TEXT,
     "devices": _TEXT,
+    # the blocks this project's kernels ran (interpret and mosaic paths, lowering and compile
+    # rows), as the kernels resolve them for one shard of the tokens (Mosaic's fitted to the
+    # scoped VMEM limit), e.g. "block_tokens=128 block_tokens_bwd=64 block_features=512"; ""
+    # on every other row (mhc_parity.harness.engine.kernel_blocks)
+    "kernel_blocks": _TEXT,
+    # the case's float64 oracle: the peak resident memory (bytes) of the process that computed
+    # its answer alone (a case large enough to get a process of its own,
+    # mhc_parity.harness.engine.oracle_process; NaN where the run's own process computed it, and
+    # on lowering and compile rows), and the budget the case-memory estimate gives it
+    # (mhc_parity.harness.engine.case_memory.oracle_memory_bytes)
+    "oracle_peak_bytes": _FLOAT,
+    "oracle_budget_bytes": _FLOAT,
     # compile rows (comparison "compile", mhc_parity.harness.engine.compile_rows): the TPU target
     # compiled for (e.g. "v5e (v5e=2x4)"), a failure's cause class ("precision", "vmem",
     # "partitioning", "unsupported op", "other"), a VMEM overflow's bytes asked and allowed,
@@ -209,6 +221,9 @@ LATER_COLUMNS = (
     "execute_first_s",
     "execute_runs",
     "oracle_backend_shift",
+    "kernel_blocks",
+    "oracle_peak_bytes",
+    "oracle_budget_bytes",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

@@ -18,6 +18,7 @@ from mhc_parity.records.text import format_number
 from mhc_parity.reports.causes import format_heading
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
 from mhc_parity.reports.gate_settings import settings_note
+from mhc_parity.reports.host_memory import case_memories, memory_line, memory_table_rows
 from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
 from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
@@ -226,6 +227,29 @@ def _speed_lines(frame: pd.DataFrame, max_rows: int) -> list[str]:
     return out + _truncation_note(len(shown), len(lines), "see report.html")
 
 
+def _memory_lines(frame: pd.DataFrame) -> list[str]:
+    """The Host memory section (`mhc_parity.reports.host_memory`): each case whose oracle's peak
+    was measured, against its budget; nothing where none was."""
+    columns = ("case", "oracle_peak_bytes", "oracle_budget_bytes")
+    if not set(columns) <= set(frame.columns):
+        return []
+    memories = case_memories(frame[list(columns)].to_dict(orient="records"))
+    if not memories:
+        return []
+    return [
+        "",
+        "### Host memory",
+        "",
+        md_cell(memory_line(memories), None),
+        "",
+        md_table(
+            ("case", "oracle peak", "budget", "share", "within"),
+            memory_table_rows(memories),
+            numeric=(False, True, True, True, False),
+        ),
+    ]
+
+
 def render_markdown(
     frame: pd.DataFrame,
     *,
@@ -303,6 +327,7 @@ def render_markdown(
         )
         lines += _truncation_note(len(shown), len(failing), "see report.html")
     lines += _speed_lines(frame, max_rows)
+    lines += _memory_lines(frame)
     if judgement is not None:
         lines += ["", judgement_markdown(judgement, max_rows=max_rows).rstrip("\n")]
     environment = [

@@ -24,6 +24,7 @@ from mhc_parity.reports.causes import (
     implementation_verdicts,
     uncompared,
 )
+from mhc_parity.reports.host_memory import case_memories, memory_line
 from mhc_parity.reports.judgement import Judgement, first_findings, headline, hidden_findings
 from mhc_parity.reports.summary import sharpness, summary_notes
 
@@ -138,6 +139,9 @@ def format_summary(
         shown = sorted((r for r in rows if r["verdict"] == "pass"), key=_usage_key, reverse=True)[:WORST_ROWS]
         lines.append(rows_table(shown, indent="  "))
     lines += ["", "sharpness (bound usage of passing rows; 1.0 = at the bound):", sharpness_text(rows, frame)]
+    memory = memory_line(case_memories(rows))
+    if memory:
+        lines += ["", memory]
     for note in summary_notes(metadata):
         lines += ["", note]
     verdicts = " · ".join(implementation_line(v) for v in implementation_verdicts(rows))

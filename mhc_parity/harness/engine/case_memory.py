@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import MAX_FIXTURE_ELEMENTS, expected_layout, fixture_elements, numpy_dtype
 from mhc_parity.harness.engine.oracle_path import NOISE_SAMPLES, oracle_chunk_tokens
-from mhc_parity.harness.processes.parallel import available_memory_bytes
+from mhc_parity.harness.processes.worker_processes import available_memory_bytes
 from mhc_parity.mhc.common import UnsupportedInputError, validate_dims
 
 try:
@@ -73,7 +73,10 @@ ORACLE_LEAF_COPIES = 3
 FIXTURE_MASTER_BYTES = 32
 # The refusal's floor is this fraction of the oracle's budget: measured peaks came to 0.53-0.82
 # of it (bench/oracle_memory.py, twelve cases and chunks, the tpu suite's smallest case at 0.82), so
-# a case refused would not have fitted.
+# a case refused would not have fitted. The same smallest case measured again on 2026-12-06 (the
+# machine loaded ~7x over its 2 cores): 5.08 GB, 0.95 of its budget, and 4.90 GB in a run's
+# oracle process (0.92); the largest share seen. A TPU runs the 18th draw the budget counts
+# (a CPU 17): the chip's figure (`oracle_peak_bytes`) will say whether it stays within.
 FLOOR_FRACTION = 0.5
 
 

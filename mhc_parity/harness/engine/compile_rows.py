@@ -35,7 +35,7 @@ from jax._src import config as jax_config  # the thread-local cache-write thresh
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.compare import status_row
 from mhc_parity.harness.engine.implementations import MOSAIC
-from mhc_parity.harness.engine.lowering_rows import case_meshes, lowering_verdict, program_row
+from mhc_parity.harness.engine.lowering_rows import case_meshes, lowering_verdict, program_row, with_blocks
 from mhc_parity.harness.engine.tpu_targets import (
     TARGETS,
     TpuTarget,
@@ -242,7 +242,8 @@ def case_compile_rows(case, store=None, selects: Callable[[str], bool] = _every,
             candidate = compile_path_name(target, mesh)
             if selects(candidate):
                 compute = functools.partial(_project_results, case, target, mesh, store)
-                yield from _rows(case, candidate, target, mesh, skip or missing, compute, lowering_verdict)
+                rows = _rows(case, candidate, target, mesh, skip or missing, compute, lowering_verdict)
+                yield from with_blocks(rows, case, mesh)
     for impl in implementations:
         if impl.kernel_programs is None:
             continue

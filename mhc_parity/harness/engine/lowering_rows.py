@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import jax.numpy as jnp
 
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.compare import status_row
 from mhc_parity.harness.engine.implementations import MOSAIC
+from mhc_parity.harness.engine.kernel_blocks import blocks_label
 from mhc_parity.mhc.kernels import KernelConfig
 from mhc_parity.mhc.kernels.lowering import lower_kernel_programs
 
@@ -86,7 +87,18 @@ def _rows(case, store, selects) -> Iterator[dict]:
     for mesh in case_meshes(case):
         if not selects(lowering_path_name(mesh)):
             continue
-        yield from _program_rows(case, lowering_path_name(mesh), skip, lambda mesh=mesh: _lower(case, mesh, store))
+        rows = _program_rows(case, lowering_path_name(mesh), skip, lambda mesh=mesh: _lower(case, mesh, store))
+        yield from with_blocks(rows, case, mesh)
+
+
+def with_blocks(rows: Iterable[dict], case, mesh) -> Iterator[dict]:
+    """`rows` of this project's Mosaic programs for `case` on `mesh` (lowered or compiled), each
+    but a skip row with the blocks those programs hold (`kernel_blocks`: fitted as on the chip)."""
+    blocks = blocks_label(case, interpret=False, mesh=mesh)
+    for row in rows:
+        if row["verdict"] != "skip":
+            row["kernel_blocks"] = blocks
+        yield row
 
 
 def _judged_by_the_lowering(case, ok: bool, error: str) -> tuple[str, str]:

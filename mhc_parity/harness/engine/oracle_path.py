@@ -63,6 +63,10 @@ class OracleOutputs:
     # differently (`kernel_pair_units`), for the comparisons of such a pair on the backend;
     # None where those are all the terms (a CPU, or no Mosaic table: every term widens).
     kernel_pair: PairStatistics | None = None
+    # The peak resident memory (bytes) of the process that computed this answer alone: a case
+    # whose oracle runs in a process of its own (`mhc_parity.harness.engine.oracle_process`); None
+    # where it was computed inside a run's process, among other work.
+    peak_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +166,27 @@ def kernel_pair_units(case) -> dict[str, float] | None:
     return None if units == noise_units(case) else units
 
 
+@dataclasses.dataclass(frozen=True)
+class OracleUnits:
+    """The unit roundoffs a case's oracle draws at (`oracle_units`): the noisy draws' (`noise`),
+    the backend-shift draw's (`shift`, None without backend terms) and, for a Mosaic-vs-XLA pair,
+    both again (`pair`, `pair_shift`; None where there is no pair)."""
+
+    noise: Mapping[str, float]
+    shift: Mapping[str, float] | None
+    pair: Mapping[str, float] | None
+    pair_shift: Mapping[str, float] | None
+
+
+def oracle_units(case) -> OracleUnits:
+    """The case's `OracleUnits` on this process's default backend (they hold its measured terms
+    and its matmul operand rounding): what a process without that backend needs to compute the
+    same answer (`mhc_parity.harness.engine.oracle_process`)."""
+    units, pair = noise_units(case), kernel_pair_units(case)
+    pair_shift = None if pair is None else backend_shift_units(case, pair)
+    return OracleUnits(units, backend_shift_units(case, units), pair, pair_shift)
+
+
 def arithmetic_material(case) -> dict:
     """What a case's bounds and causes rest on besides its code, fixture and outputs, as store
     key material: the backend's terms (`backend_terms`), the case's `noise_units` (which hold
@@ -228,7 +253,7 @@ def oracle_chunk_tokens(case) -> int:
     return max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
 
 
-def run_oracle_path(case, fixture, chunk_tokens: int | None = None) -> OracleOutputs:
+def run_oracle_path(case, fixture, chunk_tokens: int | None = None, units: OracleUnits | None = None) -> OracleOutputs:
     """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
 
     The sensitivity draws use the mixed-precision rounding model of `mhc_parity.mhc.oracle`
@@ -243,15 +268,18 @@ def run_oracle_path(case, fixture, chunk_tokens: int | None = None) -> OracleOut
     (`mhc_parity.harness.judging.token_statistics`). Where a Mosaic kernel and XLA compute some
     of the backend terms' primitives alike on this backend (`kernel_pair_units`), a second batch
     of draws without those terms gives `kernel_pair`, for the comparisons of such a pair.
+    units: the draws' `OracleUnits` (default `oracle_units(case)`, this backend's).
     """
     start = time.perf_counter()
     branch = get_branch(case.branch)
     chunk_tokens = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens
-    units, pair_units = noise_units(case), kernel_pair_units(case)
-    exact, main = _chunked_statistics(case, fixture, branch, units, chunk_tokens)
+    units = oracle_units(case) if units is None else units
+    exact, main = _chunked_statistics(case, fixture, branch, units.noise, units.shift, chunk_tokens)
     kernel_pair = None
-    if pair_units is not None:
-        kernel_pair = _chunked_statistics(case, fixture, branch, pair_units, chunk_tokens)[1]
+    if units.pair is not None:
+        kernel_pair = _chunked_statistics(
+            case, fixture, branch, units.pair, units.pair_shift, chunk_tokens, exact_known=exact
+        )[1]
     return OracleOutputs(
         exact,
         main.sensitivity,
@@ -262,16 +290,21 @@ def run_oracle_path(case, fixture, chunk_tokens: int | None = None) -> OracleOut
     )
 
 
-def _chunked_statistics(case, fixture, branch, units: Mapping[str, float], chunk_tokens: int):
+def _chunked_statistics(
+    case, fixture, branch, units: Mapping[str, float], shift_units, chunk_tokens: int, exact_known=None
+):
     """(the exact leaves, their `PairStatistics`) from the exact oracle, the case's
     `NOISE_SAMPLES` draws at `units` and, where the backend has terms, the draw with only those
-    applied alike on every token, run `chunk_tokens` tokens at a time."""
-    shift_units = backend_shift_units(case, units)
+    applied alike on every token (`shift_units`: `backend_shift_units` of `units`, None without
+    terms), run `chunk_tokens` tokens at a time. exact_known: the exact leaves an earlier batch
+    of the same case returned (the exact draw has no units: the same bits in every batch); given,
+    the token-major ones are not gathered again, so a second batch (`kernel_pair`) holds no
+    second copy of them."""
     shifted_draw = [] if shift_units is None else [(None, shift_units)]
     draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw
     chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens)
     token_shape = tuple(case.shape[:2])
-    exact: dict[str, np.ndarray] = {}
+    exact: dict[str, np.ndarray] = {} if exact_known is None else dict(exact_known)
     # Per leaf summed over tokens: every draw's sum over the chunks so far (float64).
     sums: dict[str, list[np.ndarray]] = {}
     statistics: dict[str, TokenLeafDraws] = {}
@@ -279,10 +312,12 @@ def _chunked_statistics(case, fixture, branch, units: Mapping[str, float], chunk
         leaves = [named_leaves(result) for result in chunk.results]
         for name, value in leaves[0].items():
             if token_axes(name):
-                if name not in exact:
-                    exact[name] = np.empty((math.prod(token_shape), *value.shape[1:]), np.float64)
+                if name not in statistics:
+                    if exact_known is None:
+                        exact[name] = np.empty((math.prod(token_shape), *value.shape[1:]), np.float64)
                     statistics[name] = TokenLeafDraws(NOISE_SAMPLES, shifted=bool(shifted_draw))
-                exact[name][chunk.start : chunk.stop] = value
+                if exact_known is None:
+                    exact[name][chunk.start : chunk.stop] = value
                 noisy = [draw[name] for draw in leaves[1 : 1 + NOISE_SAMPLES]]
                 statistics[name].add(value, noisy, leaves[-1][name] if shifted_draw else None)
             elif name in sums:
@@ -295,7 +330,8 @@ def _chunked_statistics(case, fixture, branch, units: Mapping[str, float], chunk
         exact[name] = values[0]
         sensitivity[name] = leaf_sensitivity(values[1 : 1 + NOISE_SAMPLES], values[0])
     for name, accumulated in statistics.items():
-        exact[name] = exact[name].reshape(token_shape + exact[name].shape[1:])
+        if exact_known is None:
+            exact[name] = exact[name].reshape(token_shape + exact[name].shape[1:])
         found = accumulated.finish(exact[name])
         sensitivity[name] = _sensitivity(found["max_devs"], found["rms_devs"], found["gains"], found["dof_rms"])
         systematic[name] = root_mean_square(found["systematic"])

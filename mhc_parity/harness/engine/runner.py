@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 
@@ -33,12 +34,16 @@ import jax
 
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
 from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
 from mhc_parity.harness.engine.compile_rows import compile_rows
 from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
 from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
+from mhc_parity.harness.engine.interpret_cost import interpret_refusal
+from mhc_parity.harness.engine.kernel_blocks import path_blocks
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
+from mhc_parity.harness.engine.oracle_process import compute_apart
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, mosaic_xla_pair, numbers_refusal
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
@@ -89,17 +94,31 @@ class _PathResult:
     placement: Placement | None = None  # where it ran (None if it could not be placed)
 
 
-def _environment_fields(case, placement: Placement | None) -> dict:
-    """The `matmul_precision` and `devices` columns of a path's rows.
+def oracle_memory_fields(case, oracle) -> dict:
+    """The `oracle_peak_bytes` and `oracle_budget_bytes` columns of a case's rows: the peak
+    resident memory of the process that computed its oracle answer alone
+    (`mhc_parity.harness.engine.oracle_process`; NaN where it was computed inside the run's
+    process), and the budget `mhc_parity.harness.engine.case_memory.oracle_memory_bytes` gives it."""
+    peak = getattr(oracle, "peak_bytes", None)
+    return {
+        "oracle_peak_bytes": math.nan if peak is None else float(peak),
+        "oracle_budget_bytes": float(oracle_memory_bytes(case)),
+    }
 
-    A path that ran reports the precision it effectively ran at on its devices; one
-    that could not be placed reports the case's requested precision and no devices.
+
+def _environment_fields(case, path: Path, placement: Placement | None) -> dict:
+    """The `matmul_precision`, `devices` and `kernel_blocks` columns of a path's rows.
+
+    A path that ran reports the precision it effectively ran at on its devices and the
+    blocks its kernels ran (`mhc_parity.harness.engine.kernel_blocks`); one that could not be
+    placed reports the case's requested precision, no devices and no blocks.
     """
     if placement is None:
-        return {"matmul_precision": case.matmul_precision, "devices": ""}
+        return {"matmul_precision": case.matmul_precision, "devices": "", "kernel_blocks": ""}
     device = placement.devices[0]
     precision = precision_label(case.matmul_precision, device.platform, device_compute_capability(device))
-    return {"matmul_precision": precision, "devices": placement.label}
+    blocks = path_blocks(case, path.impl, path.mesh)
+    return {"matmul_precision": precision, "devices": placement.label, "kernel_blocks": blocks}
 
 
 class Runner:
@@ -134,7 +153,7 @@ class Runner:
         runner of a parity run."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
-        self.oracle = oracle if oracle is not None else OracleCache()
+        self.oracle = oracle if oracle is not None else OracleCache(apart=compute_apart)
         self.cache = cache if cache is not None else ProgramCache()  # an empty cache is falsy (len 0)
         self.lowering_store = lowering_store
         self.compile_store = compile_store
@@ -185,7 +204,7 @@ class Runner:
             return reason
         if impl.needs_backend and jax.default_backend() != impl.needs_backend:
             return f"{impl.name} needs a {impl.needs_backend} backend; this process runs on {jax.default_backend()}"
-        return ""
+        return interpret_refusal(case, path)  # interpret mode at a size too costly to run
 
     def _run_path(self, path: Path, case, fixture) -> _PathResult:
         skip = self._skip_reason(path, case)
@@ -322,6 +341,7 @@ class Runner:
             return False
 
         stage[0] = "its paths"
+        memory = oracle_memory_fields(case, oracle)
         results = self._run_paths(case, paths, fixture, on_step)
         stage[0] = "the comparisons and causes"
         timings = {name: result.outputs.timing for name, result in results.items() if result.outputs is not None}
@@ -331,7 +351,7 @@ class Runner:
             rows = self._judged_rows(case, paths, results, fixture, oracle)
             if material is not None:
                 self.comparison_store.save(material, rows, timings)
-        yield from rows
+        yield from ({**row, **memory} for row in rows)
         return True
 
     def _comparison_key(self, case, fixture, paths: Sequence[Path], results: dict[str, _PathResult]) -> dict | None:
@@ -347,7 +367,7 @@ class Runner:
                     path.name,
                     verdict=results[path.name].verdict,
                     reason=results[path.name].reason,
-                    devices=_environment_fields(case, results[path.name].placement)["devices"],
+                    devices=_environment_fields(case, path, results[path.name].placement)["devices"],
                     leaves=None if results[path.name].outputs is None else results[path.name].outputs.leaves,
                 )
                 for path in paths
@@ -405,7 +425,7 @@ class Runner:
         by_name = {path.name: path for path in paths}
         for path in paths:
             result = results[path.name]
-            environment = _environment_fields(case, result.placement)
+            environment = _environment_fields(case, path, result.placement)
             if result.outputs is None or result.verdict == "fail":
                 yield from self._status_rows(case, path, paths, result)
                 continue
@@ -482,7 +502,7 @@ class Runner:
         return results
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
-        environment = _environment_fields(case, result.placement)
+        environment = _environment_fields(case, path, result.placement)
         for comparison, partner in comparisons_of(path, paths):
             row = status_row(
                 case,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import pathlib
 import signal
 from collections.abc import Iterable, Iterator
 
@@ -40,6 +39,7 @@ from mhc_parity.harness.env import backend_started, ensure_host_devices, pace_ga
 from mhc_parity.harness.errors import ResourceError
 from mhc_parity.harness.processes.worker_processes import (
     adopt_environment,
+    available_memory_bytes,
     end_with_parent,
     environment_of_this_process,
     exit_with,
@@ -52,17 +52,6 @@ from mhc_parity.records.foreign_code import adopt_records, known_records
 # Resident memory a worker may need: the largest worker of a cold default-suite run
 # (`make bench`, --jobs 2, the peak memory line), with a quarter more for margin.
 WORKER_MEMORY_BYTES = int(3.0 * 2**30)
-
-
-def available_memory_bytes() -> int | None:
-    """The memory the system can give new processes (Linux's MemAvailable), or None if unknown."""
-    try:
-        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def auto_jobs(case_count: int) -> int:

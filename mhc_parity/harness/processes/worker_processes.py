@@ -33,6 +33,7 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
+import pathlib
 import select
 import signal
 import sys
@@ -176,6 +177,17 @@ def peak_resident_bytes() -> int | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the system can give new processes (Linux's MemAvailable), or None if unknown."""
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 if os.environ.get(_SERVER_OF) == str(os.getppid()):  # this is the fork server the command started

@@ -118,8 +118,10 @@ def key_material(case, fixture, source_digest: str) -> dict:
     return material
 
 
-def serialize(material: dict, outputs: OracleOutputs) -> bytes:
-    """One entry's bytes: the leaves' float64 bits and a checksummed JSON header."""
+def serialize(material: dict, outputs: OracleOutputs, peak_bytes: int | None = None) -> bytes:
+    """One entry's bytes: the leaves' float64 bits and a checksummed JSON header (with the
+    computing process's peak resident memory where it was measured: `peak_bytes`, else the
+    outputs')."""
     leaves = {name: np.ascontiguousarray(value, dtype=np.float64) for name, value in outputs.leaves.items()}
     header = {
         "key": material,
@@ -128,6 +130,9 @@ def serialize(material: dict, outputs: OracleOutputs) -> bytes:
         "systematic": dict(outputs.systematic),
         "backend_shift": dict(outputs.backend_shift),
     }
+    peak_bytes = outputs.peak_bytes if peak_bytes is None else peak_bytes
+    if peak_bytes is not None:
+        header["peak_bytes"] = int(peak_bytes)
     if outputs.kernel_pair is not None:
         pair = outputs.kernel_pair
         header["kernel_pair"] = {
@@ -171,6 +176,9 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
     if ("kernel_pair" in header) != ("kernel_pair_units" in header["key"]["draws"]):
         raise CorruptOracleEntry("kernel_pair statistics do not match the key's draws")
     pair = _statistics(header["kernel_pair"]) if "kernel_pair" in header else None
+    peak = header.get("peak_bytes")
+    if peak is not None and (not isinstance(peak, int) or peak <= 0):
+        raise CorruptOracleEntry(f"peak_bytes {peak!r} is not a positive count of bytes")
     return OracleOutputs(
         leaves,
         main.sensitivity,
@@ -178,6 +186,7 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
         systematic=main.systematic,
         backend_shift=main.backend_shift,
         kernel_pair=pair,
+        peak_bytes=peak,
     )
 
 
@@ -200,7 +209,10 @@ class OracleCache(LookupCounts):
 
     folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
     oracle itself (default `mhc_parity.harness.engine.oracle_path.run_oracle_path`); source_root: the project whose
-    `oracle_sources` are digested. `hits`, `misses` and
+    `oracle_sources` are digested; apart(case, key, entry): where it answers True, it computed a
+    missing answer elsewhere and wrote it to `entry` under `key`
+    (`mhc_parity.harness.engine.oracle_process.compute_apart`: a large case in a process of its
+    own, its peak memory measured), which is then read like any entry. `hits`, `misses` and
     `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
     `execute_s` is the time it took to load. If the folder is not writable the answer is
     still returned (and a warning logged). Safe to call from several threads (`Runner.run`
@@ -212,11 +224,13 @@ class OracleCache(LookupCounts):
         folder: pathlib.Path | None = None,
         compute: Callable[[object, object], OracleOutputs] = run_oracle_path,
         source_root: pathlib.Path = PROJECT_ROOT,
+        apart: Callable[[object, dict, pathlib.Path], bool] | None = None,
     ):
         super().__init__()
         self.folder = pathlib.Path(folder) if folder is not None else default_folder()
         self.compute = compute
         self.source_digest = oracle_source_digest(source_root)
+        self.apart = apart
 
     def __call__(self, case, fixture) -> OracleOutputs:
         start = time.perf_counter()
@@ -233,8 +247,15 @@ class OracleCache(LookupCounts):
                 self._count(rejected=1)
                 log.warning("oracle cache entry %s for case %r is invalid (%s); recomputing", path, case.name, error)
         self._count(misses=1)
-        outputs = self.compute(case, fixture)
         key = write_key(material)  # keyed by the foreign code too in a process that loaded some
+        # In a process of its own (the answer written to its entry there, with its peak memory):
+        # only this project's oracle, in a process whose code nothing patched or added to.
+        if self.apart is not None and key == material and self.compute is run_oracle_path:
+            path = self._entry_path(key)
+            if self.apart(case, key, path):
+                outputs = deserialize(path, key)
+                return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+        outputs = self.compute(case, fixture)
         if key is None:
             return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
         path = self._entry_path(key)

@@ -89,6 +89,20 @@ def _local_tokens(plan, batch: int, seq: int) -> int:
     return b * s
 
 
+def resolved_blocks(
+    kernel: KernelConfig, config: MhcConfig, dtype, batch: int, seq: int, shards: tuple[int, int] = (1, 1)
+) -> KernelConfig:
+    """The blocks the kernels run on (batch, seq) tokens split into `shards` = (batch shards,
+    sequence shards), as `pre` and `post` resolve them (`_resolve_blocks`; Mosaic's fitted to
+    `kernel.vmem_limit_bytes`), with the feature block clamped to the embedding. No array is
+    made: a row can say which blocks ran. UnsupportedInputError as the kernels would raise it."""
+    if batch % shards[0] or seq % shards[1]:
+        raise UnsupportedInputError(f"{batch}x{seq} tokens do not split into {shards[0]}x{shards[1]} shards")
+    local = (batch // shards[0]) * (seq // shards[1])
+    resolved = _resolve_blocks_for(kernel, local, batch * seq, config, dtype)
+    return dataclasses.replace(resolved, block_features=feature_block(config.embedding, resolved.block_features))
+
+
 def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int, config: MhcConfig, dtype) -> KernelConfig:
     """`kernel` with the token blocks the per-shard kernels run; validates them.
 
@@ -103,14 +117,18 @@ def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int, config: Mh
     `_pad_tokens`) instead of a smaller block; that keeps the sharded path bit-identical
     per token to the unsharded one, at the cost of computing the padding rows.
     """
-    local = _local_tokens(plan, batch, seq)
+    return _resolve_blocks_for(kernel, _local_tokens(plan, batch, seq), batch * seq, config, dtype)
+
+
+def _resolve_blocks_for(kernel: KernelConfig, local: int, tokens: int, config: MhcConfig, dtype) -> KernelConfig:
+    """`_resolve_blocks` for `local` tokens a shard of the `tokens` of the whole batch."""
     resolved = {}
     for field in ("block_tokens", "block_tokens_bwd"):
         requested = getattr(kernel, field)
         if not kernel.interpret:
             resolved[field] = token_block(local, requested, field)
             continue
-        block = token_block(batch * seq, requested, field)
+        block = token_block(tokens, requested, field)
         if block <= local:
             token_block(local, block, field)
         resolved[field] = block

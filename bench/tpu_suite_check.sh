@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The `tpu` suite's numbers on a TPU VM image with its own JAX (issue 55), from the checkout, in
+# shards that each fit a 10-minute device call (carry .whl-tpu, made by tools/tpu-wheels, as for
+# bench/tpu_maxtext_check.sh), then merged and made the suite's TPU baseline:
+#
+#   bench/tpu_suite_check.sh shard K N DIR  # on the TPU VM: set-up, then shard K of N of
+#                                           #   `mhc-parity run --suite tpu` into out/tpu-suite-K,
+#                                           #   the whole run folder packed into DIR/shard-K.tgz
+#   bench/tpu_suite_check.sh merge DIR      # where the shards' packs are (DIR/shard-*.tgz): unpack
+#                                           #   them in DIR/unpacked, merge into out/tpu-suite
+#                                           #   (MERGED), write its baseline baselines/tpu-v5e-tpu.csv
+#                                           #   (BASELINE), gate the merged run against it; packed
+#                                           #   into DIR/merge.tgz
+#
+# N = 4 (two cases a shard) is the plan of docs/accelerators.md ("The tpu suite on the chip"). A
+# shard cut by the part's budget (PART_BUDGET_S, bench/tpu_common.sh) is packed as far as it got;
+# run the same shard again on the same machine (its out/ and cache kept between calls) and it
+# resumes: its finished cases and oracle answers are not computed again. The lowering and compile
+# rows (checked on any host with libtpu) are left out unless LOWERING=1: single-threaded they cost
+# about 100 s a case on the chip. Merge on any machine with the project installed: it loads no JAX.
+# Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+usage="usage: bench/tpu_suite_check.sh shard K N DIR | merge DIR"
+part=${1:?$usage}
+BASELINE=${BASELINE:-baselines/tpu-v5e-tpu.csv}
+MERGED=${MERGED:-out/tpu-suite}
+
+case $part in
+  shard)
+    k=${2:?$usage}
+    n=${3:?$usage}
+    out=${4:?$usage}
+    source bench/tpu_common.sh
+    run=out/tpu-suite-$k
+    lowering=(--no-lowering)
+    [ "${LOWERING:-0}" = 1 ] && lowering=()
+    setup_or_exit
+    resume=()
+    # An earlier call's unfinished shard (same request): continue it.
+    [ -f "$run/manifest.json" ] && resume=(--resume)
+    step "shard-$k" "$CLI" run --suite tpu --shard "$k/$n" --out "$run" --jobs 1 --quiet "${lowering[@]}" "${resume[@]}"
+    free -g >"$out/logs/memory-after-shard-$k.txt" 2>&1
+    tar czf "$out/shard-$k.tgz" "$run" "$out/logs" "$out/steps.txt"
+    ;;
+  merge)
+    out=${2:?$usage}
+    mkdir -p "$out/logs"
+    CLI=${CLI:-.venv/bin/mhc-parity}
+    [ -x "$CLI" ] || CLI=.venv-system/bin/mhc-parity
+    shards=()
+    unpacked=$out/unpacked
+    rm -rf "$unpacked" "$MERGED"
+    mkdir -p "$unpacked"
+    shopt -s nullglob
+    for pack in "$out"/shard-*.tgz; do  # each pack's own run folder, unpacked beside the packs
+      folder=$(tar tzf "$pack" | grep -o '^out/tpu-suite-[0-9]*/' | sort -u | head -n 1)
+      [ -n "$folder" ] || { echo "$pack holds no out/tpu-suite-K folder" >&2; exit 2; }
+      tar xzf "$pack" -C "$unpacked" "$folder" || exit 2
+      shards+=("$unpacked/${folder%/}")
+    done
+    [ ${#shards[@]} -gt 0 ] || { echo "no $out/shard-*.tgz to merge" >&2; exit 2; }
+    step() {  # as bench/tpu_common.sh's, without its device-call budget
+      local name=$1 start=$SECONDS rc
+      shift
+      "$@" >"$out/logs/$name.log" 2>&1
+      rc=$?
+      echo "$name: exit $rc in $((SECONDS - start)) s: $*" | tee -a "$out/steps.txt"
+      return $rc
+    }
+    step merge "$CLI" merge "$MERGED" "${shards[@]}" || { cat "$out/logs/merge.log"; exit 2; }
+    step baseline "$CLI" baseline --from "$MERGED" --to "$BASELINE"
+    step gate "$CLI" gate --baseline "$BASELINE" --current "$MERGED"
+    tar czf "$out/merge.tgz" "$MERGED/summary.md" "$MERGED/rows.csv" "$BASELINE" "$out/logs"
+    ;;
+  *)
+    echo "bench/tpu_suite_check.sh: unknown part '$part' (shard or merge)" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,193 @@
+"""The float64 oracle of a large case in a process of its own, its peak host memory measured.
+
+A case at real sizes (tagged `tpu`, `mhc_parity.cases.spec.TPU_TAG`: the `tpu` suite's, whose
+oracle takes minutes and a budget of 5–12 GB, `mhc_parity.harness.engine.case_memory.oracle_memory_bytes`;
+a child's start costs seconds, which a default-suite case's oracle would not repay) computes its
+answer in a child process
+(`python -m mhc_parity.harness.engine.oracle_process`) that loads the fixture from the fixture
+cache, runs `mhc_parity.harness.engine.oracle_path.run_oracle_path` and writes the oracle cache's
+entry, which the run then reads as any cached answer (`mhc_parity.harness.stores.oracle_cache`).
+The child's peak resident memory when its oracle has run (`ru_maxrss`: the interpreter, JAX's
+CPU runtime, the oracle's programs, the fixture and the oracle, nothing of the run) is what the
+budget estimates, as `bench/oracle_memory.py` measures it; it is the answer's `peak_bytes`,
+stored in the entry's header and stated in the case's rows (`oracle_peak_bytes` beside
+`oracle_budget_bytes`) and the summary. A case computed inside the run's process has no such
+figure: there its memory mixes with the paths', the comparisons' and other cases'.
+
+A child that fails (other than killed for memory) is logged, and the run computes that answer
+in its own process, as for any other case: its rows then state no peak.
+
+The child never starts the parent's accelerator (`JAX_PLATFORMS=cpu`; the oracle runs on the host
+CPU whatever the backend): the parent hands it the draws' units (`oracle_path.OracleUnits`, which
+hold the accelerator's measured terms) and the entry's key, so the answer is the one the run's
+process would have computed, bit for bit (tests/test_oracle_process.py).
+
+Children run side by side only as far as the memory allows: each is admitted, in the order asked,
+while the budgets of those running and its own fit what was available when the first was
+(`_Admission`); one alone is always admitted (a case that cannot fit was refused before the run).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import pathlib
+import pickle
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import TPU_TAG
+from mhc_parity.harness.engine.case_memory import memory_for_a_case, oracle_memory_bytes
+from mhc_parity.harness.engine.oracle_path import oracle_units, run_oracle_path
+from mhc_parity.harness.engine.run_info import enable_compilation_cache
+from mhc_parity.harness.env import ensure_host_devices
+from mhc_parity.harness.processes.worker_processes import end_with_parent
+from mhc_parity.harness.stores.oracle_cache import serialize
+from mhc_parity.records.files import atomic_write
+from mhc_parity.records.project_code import PROJECT_ROOT
+
+# "always" / "never" override the tag (tests; a machine where a child cannot start).
+OWN_PROCESS_ENV_VAR = "MHC_PARITY_ORACLE_PROCESS"
+# The share of the memory available when the first child started that children may hold together.
+ADMITTED_FRACTION = 0.85
+
+log = logging.getLogger(__name__)
+
+
+def own_process(case) -> bool:
+    """Whether `case`'s oracle is computed in a process of its own (module docstring)."""
+    setting = os.environ.get(OWN_PROCESS_ENV_VAR, "").strip().lower()
+    if setting in ("always", "never"):
+        return setting == "always"
+    if setting:
+        raise ValueError(f"${OWN_PROCESS_ENV_VAR} must be 'always' or 'never' (or unset), got {setting!r}")
+    return TPU_TAG in case.all_tags
+
+
+class _Admission:
+    """First come, first admitted: a child starts when it is first in line and the budgets of
+    the children running and its own fit `capacity` (taken when the first asks), or none runs."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._line: collections.deque = collections.deque()
+        self._held = 0
+        self._running = 0
+        self.capacity: int | None = None
+
+    def acquire(self, need: int) -> None:
+        with self._condition:
+            if self.capacity is None:
+                available = memory_for_a_case()
+                self.capacity = None if available is None else int(ADMITTED_FRACTION * available)
+            ticket = object()
+            self._line.append(ticket)
+            while self._line[0] is not ticket or (
+                self._running and self.capacity is not None and self._held + need > self.capacity
+            ):
+                self._condition.wait()
+            self._line.popleft()
+            self._held += need
+            self._running += 1
+            self._condition.notify_all()
+
+    def release(self, need: int) -> None:
+        with self._condition:
+            self._held -= need
+            self._running -= 1
+            self._condition.notify_all()
+
+
+ADMISSION = _Admission()
+
+
+def child_environment() -> dict[str, str]:
+    """The parent's environment, the CPU its only JAX platform, this project first on the path."""
+    environment = dict(os.environ)
+    environment["JAX_PLATFORMS"] = "cpu"
+    path = environment.get("PYTHONPATH", "")
+    environment["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
+    return environment
+
+
+def compute_in_own_process(case, key: dict, units, entry: pathlib.Path) -> int:
+    """Compute `case`'s oracle answer in a child process, which writes it to the cache entry
+    `entry` under `key` (its `oracle_cache.key_material`); returns the child's peak resident
+    memory (bytes) once its oracle had run. units: the draws' `oracle_path.OracleUnits`.
+
+    MemoryError where the child was killed (the system's out-of-memory killer sends SIGKILL);
+    RuntimeError with its last words where it failed otherwise."""
+    budget = oracle_memory_bytes(case, key["chunk_tokens"])
+    request = {"case": case, "key": key, "units": units, "entry": str(entry)}
+    ADMISSION.acquire(budget)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__],
+            input=pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL),
+            capture_output=True,
+            env=child_environment(),
+            check=False,
+        )
+    finally:
+        ADMISSION.release(budget)
+    words = done.stderr.decode(errors="replace").strip().splitlines()
+    if done.returncode < 0 or done.returncode == 137:
+        raise MemoryError(
+            f"the oracle's own process for case {case.name} was killed (exit {done.returncode}), as the "
+            f"system does when memory runs out; its budget is {budget / 2**30:.1f} GiB"
+        )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the oracle's own process for case {case.name} failed (exit {done.returncode}): "
+            + (" | ".join(words[-3:]) or "no message")
+        )
+    return int(json.loads(done.stdout.decode().strip().splitlines()[-1])["peak_bytes"])
+
+
+def compute_apart(case, key: dict, entry: pathlib.Path) -> bool:
+    """`mhc_parity.harness.stores.oracle_cache.OracleCache`'s hook for an answer it lacks: where
+    `case` is for a process of its own (`own_process`), compute it there into `entry` (True);
+    else False, and the cache computes it in this process."""
+    if not own_process(case):
+        return False
+    try:
+        compute_in_own_process(case, key, oracle_units(case), entry)
+    except RuntimeError as error:  # the child could not run here: the numbers matter more than its figure
+        log.warning("%s; computing it in the run's process instead (no peak memory figure)", error)
+        return False
+    return True
+
+
+def _peak_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def child_main(request: dict) -> dict:
+    """The child's work: the fixture from its cache, the oracle at the parent's units, the entry
+    written; returns its figures (peak bytes once the oracle had run, its seconds)."""
+    ensure_host_devices()  # an entry point: the flags before JAX's backend starts
+    enable_compilation_cache()
+    case, key = request["case"], request["key"]
+    fixture = make_fixture(case)
+    if fixture.digest() != key["fixture"]:
+        raise RuntimeError(f"case {case.name}: the fixture cache holds another fixture than the run's")
+    start = time.perf_counter()
+    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=request["units"])
+    seconds = time.perf_counter() - start
+    peak = _peak_bytes()  # before the entry is encoded: the oracle's peak, as the budget counts it
+    atomic_write(pathlib.Path(request["entry"]), serialize(key, outputs, peak_bytes=peak))
+    return {"peak_bytes": peak, "oracle_s": round(seconds, 3)}
+
+
+if __name__ == "__main__":
+    # Ends with the run (a call's time limit, Ctrl-C): an oracle nobody waits for must not hold
+    # gigabytes and cores beside the run that resumes it (started from a thread that waits for it).
+    end_with_parent()
+    print(json.dumps(child_main(pickle.loads(sys.stdin.buffer.read()))))

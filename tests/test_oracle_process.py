@@ -1,0 +1,128 @@
+"""A large case's oracle in a process of its own (issue 55: every case's peak host memory stated
+beside its case-memory estimate): the answer is the run's own bit for bit, its peak is measured
+and kept with it, and children run side by side only as far as the memory allows."""
+
+import math
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mhc_parity.cases import registry
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine import oracle_process
+from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
+from mhc_parity.harness.engine.implementations import REFERENCE
+from mhc_parity.harness.engine.oracle_path import run_oracle_path
+from mhc_parity.harness.engine.runner import PathPlan, Runner
+from mhc_parity.harness.judging.policy_file import load_policy
+from mhc_parity.harness.stores.oracle_cache import OracleCache
+from mhc_parity.records.rows import to_frame
+from mhc_parity.reports.host_memory import case_memories, memory_line
+from mhc_parity.reports.markdown import render_markdown
+
+CASE = Case(name="oracle-process-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private cache folder (the child finds the fixture there) and every oracle apart."""
+    monkeypatch.setenv("MHC_PARITY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "always")
+    return tmp_path / "cache"
+
+
+@pytest.mark.slow
+def test_an_answer_computed_apart_is_the_runs_own_bit_for_bit_and_keeps_its_peak(cache):
+    fixture = make_fixture(CASE)
+    oracle = OracleCache(cache / "oracle", apart=oracle_process.compute_apart)
+    apart = oracle(CASE, fixture)
+    here = run_oracle_path(CASE, fixture)
+    assert apart.leaves.keys() == here.leaves.keys()
+    for name in here.leaves:
+        np.testing.assert_array_equal(apart.leaves[name], here.leaves[name])
+    np.testing.assert_equal(
+        {k: v.as_dict() for k, v in apart.sensitivity.items()}, {k: v.as_dict() for k, v in here.sensitivity.items()}
+    )
+    assert here.peak_bytes is None  # computed among other work: no figure
+    # the child's whole process at its peak: more than the interpreter alone, within the budget
+    assert 100e6 < apart.peak_bytes <= oracle_memory_bytes(CASE)
+    again = OracleCache(cache / "oracle", apart=oracle_process.compute_apart)
+    assert again(CASE, fixture).peak_bytes == apart.peak_bytes and again.hits == 1  # the header keeps it
+
+
+@pytest.mark.slow
+def test_a_case_computed_apart_states_its_peak_and_budget_in_rows_and_summaries(cache):
+    runner = Runner(load_policy())  # the default oracle: the cache with its apart hook
+    rows = list(runner.run_case(CASE, PathPlan((REFERENCE,), lowering=False)))
+    assert rows and all(row["oracle_budget_bytes"] == oracle_memory_bytes(CASE) for row in rows)
+    peaks = {row["oracle_peak_bytes"] for row in rows}
+    assert len(peaks) == 1 and math.isfinite(peaks.pop())
+    memories = case_memories(rows)
+    assert [m.case for m in memories] == [CASE.name] and memories[0].within
+    assert "each within its case-memory estimate" in memory_line(memories)
+    assert "### Host memory" in render_markdown(to_frame(rows))
+
+
+def test_only_the_tpu_suites_cases_go_apart_unless_told(monkeypatch):
+    monkeypatch.delenv(oracle_process.OWN_PROCESS_ENV_VAR, raising=False)
+    assert all(oracle_process.own_process(case) for case in registry.select(suite="tpu"))
+    assert not any(oracle_process.own_process(case) for case in registry.select(suite="default"))
+    monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "never")
+    assert not oracle_process.own_process(registry.select(suite="tpu")[0])
+    monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "sometimes")
+    with pytest.raises(ValueError, match="always"):
+        oracle_process.own_process(CASE)
+
+
+def test_a_child_killed_for_memory_is_out_of_memory_and_one_that_fails_falls_back(monkeypatch, tmp_path):
+    def killed(*args, **kwargs):
+        return subprocess.CompletedProcess(args, -9, b"", b"")
+
+    monkeypatch.setattr(oracle_process.subprocess, "run", killed)
+    with pytest.raises(MemoryError, match="killed"):
+        oracle_process.compute_in_own_process(CASE, {"chunk_tokens": 16}, None, tmp_path / "entry.npz")
+
+    def failed(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 1, b"", b"Traceback\nValueError: no such branch\n")
+
+    monkeypatch.setattr(oracle_process.subprocess, "run", failed)
+    with pytest.raises(RuntimeError, match="no such branch"):
+        oracle_process.compute_in_own_process(CASE, {"chunk_tokens": 16}, None, tmp_path / "entry.npz")
+    # a child that cannot run: the answer is computed in the run's process instead (the numbers first)
+    monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "always")
+    assert oracle_process.compute_apart(CASE, {"chunk_tokens": 16}, tmp_path / "entry.npz") is False
+
+
+def test_children_start_in_order_and_together_only_within_the_memory(monkeypatch):
+    admission = oracle_process._Admission()
+    monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: 100)
+    started = []
+
+    def child(name, need, hold_s):
+        admission.acquire(need)
+        started.append(name)
+        time.sleep(hold_s)
+        admission.release(need)
+
+    big = threading.Thread(target=child, args=("big", 60, 0.3))
+    big.start()
+    time.sleep(0.05)
+    # 60 + 30 > 85 (the admitted share of 100): the second waits, and the small third, though
+    # it would fit beside the first, waits its turn behind it
+    second = threading.Thread(target=child, args=("second", 30, 0.0))
+    second.start()
+    time.sleep(0.05)
+    third = threading.Thread(target=child, args=("third", 10, 0.0))
+    third.start()
+    time.sleep(0.1)
+    assert started == ["big"]
+    for thread in (big, second, third):
+        thread.join(5)
+    assert started == ["big", "second", "third"]
+    # alone, a child is admitted whatever its budget (a case that cannot fit was refused up front)
+    admission.acquire(1000)
+    admission.release(1000)

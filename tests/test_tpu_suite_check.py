@@ -1,0 +1,60 @@
+"""bench/tpu_suite_check.sh's merge part (issue 55): the shards' packs from separate device calls
+become one run, its baseline and a passing gate against it. Its shard part needs a TPU; here the
+packs are made from two shards of a cheap run, packed as the shard part packs them."""
+
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from mhc_parity.records.manifest import read_manifest
+from tests.cli_support import ROOT, cheap_run_args, run_cli
+
+SCRIPT = ROOT / "bench" / "tpu_suite_check.sh"
+
+
+def _pack(run, pack, k: int) -> None:
+    """`run` packed as the shard part packs out/tpu-suite-K."""
+    with tarfile.open(pack, "w:gz") as archive:
+        archive.add(run, arcname=f"out/tpu-suite-{k}")
+
+
+@pytest.mark.slow
+def test_merge_joins_the_packed_shards_writes_their_baseline_and_gates(case_file, tmp_path):
+    packs = tmp_path / "dir"
+    packs.mkdir()
+    for k in (1, 2):
+        run = tmp_path / f"made-{k}"
+        proc = run_cli(*cheap_run_args(case_file, run, "--shard", f"{k}/2"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        _pack(run, packs / f"shard-{k}.tgz", k)
+    cli = tmp_path / "mhc-parity"
+    cli.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m mhc_parity.harness "$@"\n')
+    cli.chmod(0o755)
+    merged, baseline = tmp_path / "merged", tmp_path / "baseline.csv"
+    env = {**os.environ, "CLI": str(cli), "MERGED": str(merged), "BASELINE": str(baseline)}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "merge", str(packs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = (packs / "steps.txt").read_text()
+    assert "merge: exit 0" in steps and "baseline: exit 0" in steps and "gate: exit 0" in steps, steps
+    manifest = read_manifest(merged)
+    selection = read_manifest(tmp_path / "made-1").shard_of
+    assert len(selection) == 2 and manifest.is_complete and manifest.cases == selection and not manifest.shard
+    assert baseline.read_text().startswith("# mhc-parity baseline")
+    assert (packs / "merge.tgz").exists()
+
+
+def test_merge_without_packs_says_so(tmp_path):
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "merge", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "MERGED": str(tmp_path / "merged")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "to merge" in done.stderr, done.stdout + done.stderr

@@ -45,8 +45,9 @@ case $part in
     ;;
   merge)
     out=${2:?$usage}
-    mkdir -p "$out/logs"
-    CLI=${CLI:-.venv/bin/mhc-parity}
+    PART_BUDGET_S=${PART_BUDGET_S:-86400}  # not a device call: no 10-minute bound
+    source bench/tpu_common.sh
+    CLI=.venv/bin/mhc-parity
     [ -x "$CLI" ] || CLI=.venv-system/bin/mhc-parity
     shards=()
     unpacked=$out/unpacked
@@ -60,14 +61,6 @@ case $part in
       shards+=("$unpacked/${folder%/}")
     done
     [ ${#shards[@]} -gt 0 ] || { echo "no $out/shard-*.tgz to merge" >&2; exit 2; }
-    step() {  # as bench/tpu_common.sh's, without its device-call budget
-      local name=$1 start=$SECONDS rc
-      shift
-      "$@" >"$out/logs/$name.log" 2>&1
-      rc=$?
-      echo "$name: exit $rc in $((SECONDS - start)) s: $*" | tee -a "$out/steps.txt"
-      return $rc
-    }
     step merge "$CLI" merge "$MERGED" "${shards[@]}" || { cat "$out/logs/merge.log"; exit 2; }
     step baseline "$CLI" baseline --from "$MERGED" --to "$BASELINE"
     step gate "$CLI" gate --baseline "$BASELINE" --current "$MERGED"

@@ -126,8 +126,8 @@ def page(written) -> tuple[str, PageIndex]:
 
 
 def test_write_all_writes_every_format_into_one_folder(written):
-    assert set(written) == {"csv", "json", "html", "markdown"}
-    assert {p.name for p in written.values()} == {"rows.csv", "report.json", "report.html", "summary.md"}
+    assert set(written) == {"csv", "json", "html", "markdown", "speed"}
+    assert {p.name for p in written.values()} == {"rows.csv", "report.json", "report.html", "summary.md", "speed.csv"}
     assert len({p.parent for p in written.values()}) == 1
     assert all(p.stat().st_size > 0 for p in written.values())
 

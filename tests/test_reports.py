@@ -684,6 +684,7 @@ def test_reports_package_never_imports_jax():
         "import sys, mhc_parity.reports, mhc_parity.reports.gate, mhc_parity.reports.baseline\n"
         "import mhc_parity.reports.html, mhc_parity.reports.histograms, mhc_parity.reports.markdown\n"
         "import mhc_parity.reports.bound_plot_svg, mhc_parity.reports.histogram_svg, mhc_parity.reports.speed\n"
+        "import mhc_parity.reports.program_speed, mhc_parity.reports.roofline_svg, mhc_parity.records.roofline\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax')))\n"
         "assert not bad, bad\n"
     )

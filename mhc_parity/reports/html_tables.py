@@ -360,7 +360,7 @@ def _program_speed_html(frame: pd.DataFrame, anchors: dict[str, str], metadata: 
         return "\n".join(parts)
     figure = roofline_figure(speeds)
     if figure is None:
-        parts.append(f"<p>No program ran on a chip with a {esc(NO_PEAK)}: bandwidth only, no fraction, no plot.</p>")
+        parts.append(f"<p>No program ran on a chip whose peak is stated ({esc(NO_PEAK)}): GB/s only, no plot.</p>")
     else:
         parts.append(
             f'<figure class="roofline" id="roofline">{figure_svg("roofline", figure)}<figcaption><b>Fraction of the '

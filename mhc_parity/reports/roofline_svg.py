@@ -22,7 +22,7 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "*")
 # Geometry in inches: a case's line, the plot's width, the margins (case names left, legend above).
 CASE_HEIGHT, WIDTH, NAME_WIDTH = 0.22, 7.5, 0.055
-_TOP, _BOTTOM = 0.35, 0.55
+_TOP, _BOTTOM, LEGEND_ROW = 0.12, 0.55, 0.17
 PEAK_COLOUR = "#555555"
 
 
@@ -32,10 +32,10 @@ def roofline_svg(figure_data: RooflineFigure) -> str:
     programs = list(dict.fromkeys(path for _, path, _ in figure_data.points))
     legend_rows = math.ceil(len(programs) / 3)
     left = 0.3 + NAME_WIDTH * max(len(case) for case in cases)
-    height = CASE_HEIGHT * len(cases) + _BOTTOM + _TOP + 0.16 * legend_rows
+    height = CASE_HEIGHT * len(cases) + _BOTTOM + _TOP + LEGEND_ROW * legend_rows
     fractions = np.array([f for _, _, f in figure_data.points], dtype=float)
     positive = fractions[np.isfinite(fractions) & (fractions > 0)]
-    low = 10 ** math.floor(math.log10(positive.min())) if len(positive) else 1e-4
+    low = 10 ** math.floor(math.log10(positive.min() / 1.3)) if len(positive) else 1e-4
     high = max(1.0, 10 ** math.ceil(math.log10(positive.max()))) if len(positive) else 1.0
 
     def draw(figure: Figure) -> None:
@@ -83,7 +83,7 @@ def roofline_svg(figure_data: RooflineFigure) -> str:
             left=left / WIDTH,
             right=1 - 0.2 / WIDTH,
             bottom=_BOTTOM / height,
-            top=1 - (_TOP + 0.16 * legend_rows) / height,
+            top=1 - (_TOP + LEGEND_ROW * legend_rows) / height,
         )
 
     return inline_svg(

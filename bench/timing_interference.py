@@ -14,8 +14,9 @@ program (`ProgramCache.run`, then `ProgramCache.device_time`, the run's own timi
 - `compile beside`: the programs of `--beside`'s paths traced, lowered and compiled in another
   thread meanwhile (not from the store), as the pool compiles ahead.
 
-Each condition is timed `--repeats` times (the background restarted as often as needed to
-last through the timing); the table gives each one's median and range. On a CPU the program
+Each condition is timed `--repeats` times, the conditions in turn (a shared machine's load
+drifts; the background restarted as often as needed to last through the timing); the table
+gives each one's median and range. On a CPU the program
 and the background share the host's cores; on a TPU the program runs on the chip, but its
 dispatch and wait need the GIL and host cores the background holds. Writes DIR/timing-interference.json
 and .md, and prints the table.
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--case", default=ISSUE_CASE)
     parser.add_argument("--beside", default=NEXT_CASE, help="the case whose oracle / programs run beside")
     parser.add_argument("--path", default="reference", help="a built-in implementation's name")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", required=True, type=pathlib.Path)
     args = parser.parse_args(argv)
     case, beside = registry.get(args.case), registry.get(args.beside)
@@ -100,16 +101,15 @@ def main(argv: list[str]) -> int:
         jax.clear_caches()  # the next round traces again, as a new case's programs are
 
     conditions = {"alone": None, "oracle beside": oracle_work, "compile beside": compile_work}
-    results = {}
-    for name, work in conditions.items():
-        times = []
-        for _ in range(args.repeats):
+    results = {name: [] for name in conditions}
+    for _ in range(args.repeats):  # the conditions interleaved: a shared machine's load drifts
+        for name, work in conditions.items():
             if work is None:
-                times.append(timed())
+                results[name].append(timed())
                 continue
             with Beside(work):
-                times.append(timed())
-        results[name] = times
+                results[name].append(timed())
+    for name, times in results.items():
         print(name, [f"{t * 1e3:.2f}" for t in times], flush=True)
     alone = statistics.median(results["alone"])
     lines = [

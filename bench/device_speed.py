@@ -12,8 +12,7 @@ device, called once, then timed two ways, nothing else running in the process:
   (`mhc_parity.harness.engine.execution_timing.device_time`: warm-up, then `--runs` runs issued
   back to back, each waited for once the next is queued). JAX dispatches asynchronously, so the
   host's dispatch of the next call overlaps the device's work on this one: for programs longer
-  than a dispatch this is the device's time per program. (On a CPU each run is waited for before
-  the next: XLA:CPU would run two at once.)
+  than a dispatch this is the device's time per program.
 - `blocking_ms`: the median of `--runs` calls each waited for (dispatch and wait included): the
   latency a caller sees; the gap to `device_ms` is the host's share.
 
@@ -54,7 +53,7 @@ from mhc_parity.cases import registry  # noqa: E402
 from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.harness.engine import paths as path_programs  # noqa: E402
 from mhc_parity.harness.engine.devices import path_placement  # noqa: E402
-from mhc_parity.harness.engine.execution_timing import device_time, overlaps_runs  # noqa: E402
+from mhc_parity.harness.engine.execution_timing import device_time  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN, load_implementations  # noqa: E402
 from mhc_parity.records.roofline import array_bytes, peaks_of, throughput  # noqa: E402
 
@@ -71,8 +70,7 @@ def time_program(compiled, args, runs: int) -> dict:
     """device_ms (the runs' device time: `device_time`) and blocking_ms (the median of waited
     calls) of `compiled(*args)`."""
     jax.block_until_ready(compiled(*args))  # the first call, as a parity run's
-    overlap = overlaps_runs(jax.default_backend())
-    device_s, runs = device_time(lambda: compiled(*args), jax.block_until_ready, runs=runs, overlap=overlap)
+    device_s, runs = device_time(lambda: compiled(*args), jax.block_until_ready, runs=runs)
     waited = []
     for _ in range(runs):
         start = time.perf_counter()

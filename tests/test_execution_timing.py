@@ -23,7 +23,6 @@ from mhc_parity.harness.engine.execution_timing import (
     WARMUP_RUNS,
     device_time,
     first_call,
-    overlaps_runs,
     timed_runs,
     times_alone,
 )
@@ -62,14 +61,6 @@ def test_the_device_time_is_the_back_to_back_runs_time_over_their_count():
     assert seconds == pytest.approx(0.004)  # the device never idles: the next run is always queued
     assert device.in_flight == 2  # at most two runs' results exist at once
     assert not device.waiting  # every run was waited for
-
-
-def test_on_the_host_cpu_each_run_is_waited_for_before_the_next():
-    """XLA:CPU may run two issued calls at once: there the runs do not overlap."""
-    device = FakeDevice(0.004)
-    seconds, runs = device_time(device.dispatch, device.wait, clock=device.clock, runs=10, overlap=False)
-    assert runs == 10 and seconds == pytest.approx(0.004) and device.in_flight == 1 and not device.waiting
-    assert not overlaps_runs(HOST_PLATFORM) and overlaps_runs("tpu")
 
 
 def test_the_runs_last_about_the_target_time_within_their_bounds():

@@ -17,11 +17,8 @@ measurements of a kernel (a Pallas kernel there runs in interpret mode, emulated
 back, each waited for only once the next is issued, so the device always has the next program
 queued and the host's dispatch overlaps the device's work; the elapsed time over the runs is the
 device time per run. At most two runs' results exist at once (a run's outputs are dropped as
-soon as it is waited for), so timing needs at most twice a run's device memory. An accelerator
-runs one program at a time, in the order issued; the host CPU does not (XLA:CPU may run two
-issued calls at once, on its own threads, sharing the cores: measured, a program of 12 ms waited
-for took 41 ms a run with two in flight), so there each run is waited for before the next is
-issued (`overlap=False`), and the figure is the program's latency.
+soon as it is waited for), so timing needs at most twice a run's device memory; and every run is
+waited for, so the figure holds on a backend that might run two calls at once.
 """
 
 from __future__ import annotations
@@ -63,12 +60,6 @@ def times_alone(platform: str) -> bool:
     return platform != HOST_PLATFORM
 
 
-def overlaps_runs(platform: str) -> bool:
-    """Whether back-to-back runs on `platform` may be issued before the last is waited for:
-    on an accelerator, which runs them one at a time in order; not on the host CPU."""
-    return platform != HOST_PLATFORM
-
-
 def first_call(
     call: Callable[[], object], keep: Callable[[object], object], *, clock: Callable[[], float] = time.perf_counter
 ) -> tuple[object, float]:
@@ -96,16 +87,13 @@ def device_time(
     *,
     clock: Callable[[], float] = time.perf_counter,
     runs: int | None = None,
-    overlap: bool = True,
 ) -> tuple[float, int]:
     """(seconds per run, runs) of a program on its device, timed back to back (module docstring).
 
     dispatch: issues one run and returns its results without waiting (JAX dispatches
     asynchronously). wait: waits for a run's results (`jax.block_until_ready`). runs: the timed
-    runs (default: `timed_runs` of the slowest warm-up run). overlap: issue the next run before
-    waiting for the last (on an accelerator, `overlaps_runs`); False: wait for each run first.
-    Call it with the process quiet (`mhc_parity.harness.engine.quiet.QUIET.alone`): what runs
-    beside it is timed with it.
+    runs (default: `timed_runs` of the slowest warm-up run). Call it with the process quiet
+    (`mhc_parity.harness.engine.quiet.QUIET.alone`): what runs beside it is timed with it.
     """
     warm = []
     for _ in range(WARMUP_RUNS):
@@ -118,9 +106,7 @@ def device_time(
     start = clock()
     previous = dispatch()
     for _ in range(runs - 1):
-        if not overlap:
-            wait(previous)
-        current = dispatch()  # with overlap: queued behind `previous` before the host waits for it
+        current = dispatch()  # queued behind `previous` before the host waits for it
         wait(previous)
         previous = current
     wait(previous)

@@ -21,7 +21,7 @@ import numpy as np
 import mhc_parity.harness.engine.paths as path_programs
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.devices import path_placement
-from mhc_parity.harness.engine.execution_timing import device_time, first_call, overlaps_runs
+from mhc_parity.harness.engine.execution_timing import device_time, first_call
 from mhc_parity.harness.engine.paths import Path, PathOutputs
 from mhc_parity.harness.engine.quiet import QUIET
 from mhc_parity.harness.stores.program_store import keyed_by_program
@@ -250,9 +250,7 @@ class ProgramCache:
             compiled = self._obtain(path, case, key, placement, precision, args)
             self.remember(key, compiled)
         with jax.default_device(placement.devices[0]):
-            return device_time(
-                lambda: compiled(*args), jax.block_until_ready, overlap=overlaps_runs(placement.platform)
-            )
+            return device_time(lambda: compiled(*args), jax.block_until_ready)
 
 
 def _host_leaves(outputs) -> dict[str, np.ndarray]:

@@ -6,21 +6,23 @@
 For every selected case and unsharded path (this project's `reference` and `mosaic` kernels, and
 each `--impl` implementation inside its envelope), the program a parity run judges (the forward
 pass and one VJP, `mhc_parity.harness.engine.paths`) is compiled, its arguments placed on the
-device, run 3 times to warm up, then timed two ways, nothing else running in the process:
+device, called once, then timed two ways, nothing else running in the process:
 
-- `device_ms`: `--runs` calls issued back to back and one wait at the end, divided by the runs.
-  JAX dispatches asynchronously, so the host's dispatch of the next call overlaps the device's
-  work on this one: for programs longer than a dispatch this is the device's time per program.
+- `device_ms`: the device time per run, as a parity run's rows take it on an accelerator
+  (`mhc_parity.harness.engine.execution_timing.device_time`: warm-up, then `--runs` runs issued
+  back to back, each waited for once the next is queued). JAX dispatches asynchronously, so the
+  host's dispatch of the next call overlaps the device's work on this one: for programs longer
+  than a dispatch this is the device's time per program.
 - `blocking_ms`: the median of `--runs` calls each waited for (dispatch and wait included): the
   latency a caller sees; the gap to `device_ms` is the host's share.
 
 What a program must move and do: `bytes` is the size of its arguments and results (each read or
 written at least once: a lower bound on its HBM traffic), `flops` the XLA cost analysis of the
 reference program of the case (the same arithmetic for every path; a Pallas kernel is opaque to
-XLA's analysis). GB/s and FLOP/s follow, with the fraction of the chip's peak
-(`mhc_parity.harness.engine.tpu_targets.PEAKS`, by device kind); the mHC programs are
-memory-bound, so the HBM fraction is the one that matters. On a CPU the figures are written
-without a peak (not a speed claim about any TPU).
+XLA's analysis). GB/s and FLOP/s follow, with the fraction of the chip's peak: the arithmetic and
+the peaks (by device kind) are `mhc_parity.records.roofline`'s, which the run's Speed section
+uses too. The mHC programs are memory-bound, so the HBM fraction is the one that matters. On a
+CPU the figures are written without a peak (not a speed claim about any TPU).
 
 Writes DIR/device-speed.json (one record per case and path, with the environment) and
 DIR/device-speed.md (the table), and prints the table.
@@ -46,20 +48,14 @@ from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
 ensure_host_devices()
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 from mhc_parity.cases import registry  # noqa: E402
 from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.harness.engine import paths as path_programs  # noqa: E402
 from mhc_parity.harness.engine.devices import path_placement  # noqa: E402
+from mhc_parity.harness.engine.execution_timing import device_time  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN, load_implementations  # noqa: E402
-from mhc_parity.harness.engine.tpu_targets import peaks_of  # noqa: E402
-
-WARMUP = 3
-
-
-def _nbytes(tree) -> int:
-    return int(sum(np.dtype(leaf.dtype).itemsize * int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree)))
+from mhc_parity.records.roofline import array_bytes, peaks_of, throughput  # noqa: E402
 
 
 def _flops(compiled) -> float:
@@ -71,14 +67,10 @@ def _flops(compiled) -> float:
 
 
 def time_program(compiled, args, runs: int) -> dict:
-    """device_ms (back-to-back, one wait) and blocking_ms (median of waited calls) of `compiled(*args)`."""
-    for _ in range(WARMUP):
-        jax.block_until_ready(compiled(*args))
-    start = time.perf_counter()
-    results = [compiled(*args) for _ in range(runs)]
-    jax.block_until_ready(results)
-    device_s = (time.perf_counter() - start) / runs
-    del results
+    """device_ms (the runs' device time: `device_time`) and blocking_ms (the median of waited
+    calls) of `compiled(*args)`."""
+    jax.block_until_ready(compiled(*args))  # the first call, as a parity run's
+    device_s, runs = device_time(lambda: compiled(*args), jax.block_until_ready, runs=runs)
     waited = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -102,17 +94,18 @@ def measure(impl, case, fixture, runs: int, reference_flops: float | None) -> di
         "case": case.name,
         "path": path.name,
         "compile_s": round(compile_s, 3),
-        "bytes": _nbytes(args) + _nbytes(outputs),
+        "bytes": array_bytes(jax.tree.leaves(args)) + array_bytes(jax.tree.leaves(outputs)),
         "flops": reference_flops if reference_flops is not None else _flops(compiled),
         "program_flops_xla": _flops(compiled),
         **time_program(compiled, args, runs),
     }
-    seconds = record["device_ms"] / 1e3
-    record["gb_per_s"] = record["bytes"] / seconds / 1e9
-    record["tflop_per_s"] = record["flops"] / seconds / 1e12
-    peaks = peaks_of(placement.devices[0].device_kind)
-    record["hbm_fraction"] = record["bytes"] / seconds / peaks.hbm_bytes_per_s if peaks else float("nan")
-    record["flop_fraction"] = record["flops"] / seconds / peaks.bf16_flops_per_s if peaks else float("nan")
+    rates = throughput(
+        record["bytes"], record["device_ms"] / 1e3, placement.devices[0].device_kind, flops=record["flops"]
+    )
+    record["gb_per_s"] = rates.gb_per_s
+    record["tflop_per_s"] = rates.flops_per_s / 1e12
+    record["hbm_fraction"] = rates.hbm_fraction
+    record["flop_fraction"] = rates.flop_fraction
     return record
 
 

@@ -85,7 +85,7 @@ def test_errors_are_typed_and_one_line(tmp_path):
 
 def test_write_reports_writes_a_run_folder_the_cli_accepts(good_run, tmp_path):
     paths = good_run.write_reports(tmp_path / "run")
-    assert {p.name for p in paths.values()} == {"rows.csv", "report.json", "report.html", "summary.md"}
+    assert {p.name for p in paths.values()} == {"rows.csv", "report.json", "report.html", "summary.md", "speed.csv"}
     loaded = load_run(tmp_path / "run", require_current_code=True)
     assert len(loaded.frame) == len(good_run.rows)
     assert loaded.manifest.request.implementations == (("wrapped_reference", GOOD),)

@@ -90,7 +90,7 @@ def test_a_second_run_loads_the_rows_it_judged_with_its_own_timings(tmp_path, ju
 
 def test_with_timings_retimes_timed_rows_and_leaves_status_rows():
     untimed = dict.fromkeys(TIMING_COLUMNS, math.nan)
-    stored, current = (1.0, 2.0, 3.0, 5.0), (0.5, 0.25, 0.75, 5.0)
+    stored, current = (1.0, 2.0, 3.0, 5.0, 64.0), (0.5, 0.25, 0.75, 5.0, 64.0)
     rows = [
         {"candidate": "a", **dict(zip(TIMING_COLUMNS, stored))},
         {"candidate": "a", **untimed},  # a status row

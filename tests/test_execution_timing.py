@@ -1,85 +1,88 @@
-"""A path's execution time: the median of repeated runs on an accelerator, one run on the CPU.
+"""A path's execution time: on an accelerator its device time, runs back to back with the
+process quiet; on the CPU its one call.
 
-mhc_parity/harness/engine/execution_timing.py; the accelerator is simulated (no TPU needed):
-the placement's platform is patched, and a fake clock advances by the time each program
-call is said to take, so the recorded figures are known exactly.
+mhc_parity/harness/engine/execution_timing.py, program_cache.py and runner.py; the accelerator
+is simulated (no TPU needed): the placement's platform is patched, and a fake clock advances by
+the time each program run is said to take, so the recorded figures are known exactly.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 
 import pytest
 
-from mhc_parity.harness.engine import execution_timing, program_cache
+from mhc_parity.harness.engine import program_cache
 from mhc_parity.harness.engine.devices import HOST_PLATFORM, Placement
 from mhc_parity.harness.engine.execution_timing import (
-    ACCELERATOR_REPEATS,
-    ExecutionTiming,
-    repeats_for,
-    timed_execution,
+    MAX_RUNS,
+    MIN_RUNS,
+    TARGET_TIMED_S,
+    WARMUP_RUNS,
+    device_time,
+    first_call,
+    timed_runs,
+    times_alone,
 )
 from mhc_parity.records.schema import TIMING_COLUMNS
 
 
 class FakeDevice:
-    """A clock and a program whose n-th call takes `durations[n]` seconds of the clock."""
+    """A device that runs one program at a time, in the order issued, each run taking
+    `duration` seconds of its clock; the host's dispatch takes no time. `wait` advances the
+    clock to the run's end; `in_flight` is the most runs issued and not yet waited for."""
 
-    def __init__(self, durations):
-        self.now = 0.0
-        self.durations = iter(durations)
-        self.calls = 0
+    def __init__(self, duration: float):
+        self.duration, self.now, self.busy_until = duration, 0.0, 0.0
+        self.issued, self.waiting, self.in_flight = 0, set(), 0
 
     def clock(self) -> float:
         return self.now
 
-    def advance(self) -> None:
-        self.calls += 1
-        self.now += next(self.durations)
+    def dispatch(self) -> int:
+        self.busy_until = max(self.busy_until, self.now) + self.duration
+        self.issued += 1
+        self.waiting.add(self.issued)
+        self.in_flight = max(self.in_flight, len(self.waiting))
+        return self.issued, self.busy_until
 
-    def run(self):
-        self.advance()
-        return f"result {self.calls}"
-
-
-def test_the_median_of_the_runs_after_the_first_is_the_time_and_the_first_is_kept():
-    device = FakeDevice([9.0, 3.0, 1.0, 7.0, 2.0, 4.0])
-    kept, timing = timed_execution(device.run, str.upper, repeats=5, clock=device.clock)
-    assert device.calls == 6
-    assert kept == "RESULT 1"  # the first call's results, through `keep`
-    assert timing == ExecutionTiming(first_s=9.0, median_s=3.0, runs=5)  # median of 3, 1, 7, 2, 4
+    def wait(self, run) -> None:
+        number, done = run
+        self.now = max(self.now, done)
+        self.waiting.discard(number)
 
 
-def test_a_single_run_is_its_own_time():
-    device = FakeDevice([9.0])
-    kept, timing = timed_execution(device.run, str, repeats=0, clock=device.clock)
-    assert device.calls == 1 and kept == "result 1"
-    assert timing == ExecutionTiming(first_s=9.0, median_s=9.0, runs=1)
-    with pytest.raises(ValueError, match="at least 0"):
-        timed_execution(device.run, str, repeats=-1)
+def test_the_device_time_is_the_back_to_back_runs_time_over_their_count():
+    device = FakeDevice(0.004)
+    seconds, runs = device_time(device.dispatch, device.wait, clock=device.clock, runs=10)
+    assert runs == 10 and device.issued == WARMUP_RUNS + 10
+    assert seconds == pytest.approx(0.004)  # the device never idles: the next run is always queued
+    assert device.in_flight == 2  # at most two runs' results exist at once
+    assert not device.waiting  # every run was waited for
 
 
-def test_the_host_cpu_runs_once_and_an_accelerator_repeats():
-    assert repeats_for(HOST_PLATFORM) == 0
-    assert repeats_for("tpu") == repeats_for("gpu") == ACCELERATOR_REPEATS > 1
+def test_the_runs_last_about_the_target_time_within_their_bounds():
+    assert timed_runs(0.001) == round(TARGET_TIMED_S / 0.001)
+    assert timed_runs(10.0) == MIN_RUNS and timed_runs(1e-9) == MAX_RUNS
+    assert timed_runs(float("nan")) == MAX_RUNS
+    device = FakeDevice(0.02)
+    _, runs = device_time(device.dispatch, device.wait, clock=device.clock)
+    assert runs == 10  # 0.2 s of 0.02 s runs, from the warm-up's estimate
+    with pytest.raises(ValueError, match="at least 1"):
+        device_time(device.dispatch, device.wait, runs=0)
 
 
-def _spy_on_program_runs(monkeypatch, durations):
-    """Make `ProgramCache.run` time its program with a fake clock; returns the fake device
-    (its `calls` count the program's runs) and the repeats each `run` asked for."""
-    device, asked = FakeDevice(durations), []
+def test_a_first_call_is_timed_and_its_results_kept():
+    device = FakeDevice(0.5)
+    kept, seconds = first_call(lambda: device.wait(device.dispatch()) or "result", str.upper, clock=device.clock)
+    assert kept == "RESULT" and seconds == pytest.approx(0.5)
 
-    def timed(call, keep, *, repeats):
-        asked.append(repeats)
 
-        def counted():
-            device.advance()
-            return call()
-
-        return execution_timing.timed_execution(counted, keep, repeats=repeats, clock=device.clock)
-
-    monkeypatch.setattr(program_cache, "timed_execution", timed)
-    return device, asked
+def test_the_host_cpu_runs_once_and_an_accelerator_is_timed_alone():
+    assert not times_alone(HOST_PLATFORM)
+    assert times_alone("tpu") and times_alone("gpu")
 
 
 @pytest.fixture(scope="module")
@@ -93,26 +96,148 @@ def tiny():
     return Path(REFERENCE), case, make_fixture(case), program_cache.ProgramCache()
 
 
-def test_a_path_on_an_accelerator_records_the_median_of_repeated_runs(monkeypatch, tiny):
+def test_a_path_runs_its_program_once_and_records_its_bytes(monkeypatch, tiny):
     path, case, fixture, cache = tiny
-    single = cache.run(path, case, fixture)  # the real CPU run: the leaves to match
-    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
-    durations = [0.5, *(0.004, 0.001, 0.003, 0.002, 0.005, 0.006, 0.007)[:ACCELERATOR_REPEATS]]
-    device, asked = _spy_on_program_runs(monkeypatch, durations)
-    outputs = cache.run(path, case, fixture)
-    assert asked == [ACCELERATOR_REPEATS] and device.calls == 1 + ACCELERATOR_REPEATS
-    repeats = sorted(durations[1:])
-    assert outputs.execute_s == pytest.approx(repeats[len(repeats) // 2])
-    assert outputs.execute_first_s == pytest.approx(0.5) and outputs.execute_runs == ACCELERATOR_REPEATS
-    cells = dict(zip(TIMING_COLUMNS, outputs.timing, strict=True))
-    assert cells["execute_s"] == outputs.execute_s and cells["execute_runs"] == ACCELERATOR_REPEATS
-    for name, value in single.leaves.items():  # the leaves are the first call's, as on the CPU
-        assert (outputs.leaves[name] == value).all(), name
+    calls = []
+    real = program_cache.first_call
 
+    def counted(call, keep):
+        calls.append(1)
+        return real(call, keep, clock=itertools.count(0.0, 0.25).__next__)
 
-def test_a_path_on_the_cpu_runs_its_program_once(monkeypatch, tiny):
-    path, case, fixture, cache = tiny
-    device, asked = _spy_on_program_runs(monkeypatch, itertools.repeat(0.25))
+    monkeypatch.setattr(program_cache, "first_call", counted)
     outputs = cache.run(path, case, fixture)
-    assert asked == [0] and device.calls == 1
+    assert len(calls) == 1
     assert outputs.execute_s == outputs.execute_first_s == pytest.approx(0.25) and outputs.execute_runs == 1
+    # the arguments (x, cotangent, weights, branch parameters) and results (forward and gradient
+    # leaves) of the program, from the arrays themselves
+    arguments = [fixture.x, fixture.cotangent, *fixture.weights.values(), *fixture.branch_params.values()]
+    expected = sum(a.nbytes for a in arguments) + sum(v.nbytes for v in outputs.leaves.values())
+    assert outputs.bytes_moved == expected
+    cells = dict(zip(TIMING_COLUMNS, outputs.timing, strict=True))
+    assert cells["bytes_moved"] == expected and cells["execute_runs"] == 1
+
+
+def test_a_path_on_an_accelerator_records_its_device_time(monkeypatch, tiny):
+    """The runner replaces an accelerator path's first-call time by `ProgramCache.device_time`'s."""
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    _, case, fixture, _ = tiny
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    runner = Runner(load_policy())
+    monkeypatch.setattr(runner.cache, "device_time", lambda path, case, fixture: (0.003, 17))
+    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
+    timed = [row for row in rows if row["comparison"] == "vs_oracle"]
+    assert timed and all(row["execute_s"] == 0.003 and row["execute_runs"] == 17 for row in timed)
+    assert all(row["execute_first_s"] > 0 and row["bytes_moved"] > 0 for row in timed)
+
+
+def test_a_path_on_the_cpu_is_not_timed_again(monkeypatch, tiny):
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    _, case, fixture, _ = tiny
+    runner = Runner(load_policy())
+    monkeypatch.setattr(runner.cache, "device_time", lambda *a: pytest.fail("timed again on the CPU"))
+    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
+    timed = [row for row in rows if row["comparison"] == "vs_oracle"]
+    assert timed and all(row["execute_s"] == row["execute_first_s"] and row["execute_runs"] == 1 for row in timed)
+
+
+def test_the_real_device_time_of_a_program_runs_it_back_to_back(tiny):
+    path, case, fixture, cache = tiny
+    cache.run(path, case, fixture)
+    seconds, runs = cache.device_time(path, case, fixture)
+    assert MIN_RUNS <= runs <= MAX_RUNS and seconds > 0
+
+
+def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
+    """Issue 55: a run timed an accelerator path's repeats while its pool computed the next
+    cases' oracle answers (and compiled their programs), and timed them too. Here the second
+    case's oracle takes a second in the pool while the first case's paths run: no timed run
+    of any path (each call of its program after the first) may overlap it."""
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+    from mhc_parity.harness.stores.oracle_cache import OracleCache
+
+    cases = [
+        Case(name="quiet-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),
+        Case(name="quiet-b", batch=1, sequence=16, streams=2, embedding=128, branch="identity"),
+    ]
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    lock, oracle_spans, program_calls = threading.Lock(), [], {}
+    answers = OracleCache()
+
+    def slow_oracle(case, fixture):
+        start = time.perf_counter()
+        answer = answers(case, fixture)
+        if case.name == "quiet-b":
+            time.sleep(1.0)
+        with lock:
+            oracle_spans.append((start, time.perf_counter()))
+        return answer
+
+    runner = Runner(load_policy(), oracle=slow_oracle)
+    obtain = runner.cache._obtain
+
+    def spied(path, case, *rest):
+        compiled = obtain(path, case, *rest)
+
+        def program(*args):
+            with lock:
+                program_calls.setdefault((case.name, path.name), []).append(time.perf_counter())
+            return compiled(*args)
+
+        return program
+
+    monkeypatch.setattr(runner.cache, "_obtain", spied)
+    plan = PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
+    rows = [row for _, case_rows in runner.run(cases, plan) for row in case_rows]
+    assert {row["verdict"] for row in rows} == {"pass"}
+    timed_calls = [t for calls in program_calls.values() for t in calls[1:]]
+    assert timed_calls, "no path was timed"
+    inside = [t for t in timed_calls for start, end in oracle_spans if start < t < end]
+    assert not inside, f"{len(inside)} timed runs overlapped an oracle answer computed beside them"
+    assert all(row["execute_runs"] > 1 for row in rows if row["comparison"] == "vs_oracle")
+
+
+def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, tiny):
+    """A background task that does not end within the wait (stuck in the code under test)
+    does not hang the run: the paths keep their first call's time, one run."""
+    from mhc_parity.harness.engine import runner as runner_module
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.quiet import QUIET
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    _, case, fixture, _ = tiny
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    monkeypatch.setattr(runner_module, "QUIET_WAIT_S", 0.2)
+    release, started = threading.Event(), threading.Event()
+
+    def stuck():
+        with QUIET.background():
+            started.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=stuck)
+    thread.start()
+    started.wait(10)
+    try:
+        rows = list(
+            Runner(load_policy()).run_case(
+                case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture
+            )
+        )
+    finally:
+        release.set()
+        thread.join()
+    timed = [row for row in rows if row["comparison"] == "vs_oracle"]
+    assert timed and all(row["execute_runs"] == 1 for row in timed)
+    with QUIET.alone(1.0) as quiet:  # the lock is free again
+        assert quiet

@@ -126,8 +126,8 @@ def page(written) -> tuple[str, PageIndex]:
 
 
 def test_write_all_writes_every_format_into_one_folder(written):
-    assert set(written) == {"csv", "json", "html", "markdown"}
-    assert {p.name for p in written.values()} == {"rows.csv", "report.json", "report.html", "summary.md"}
+    assert set(written) == {"csv", "json", "html", "markdown", "speed"}
+    assert {p.name for p in written.values()} == {"rows.csv", "report.json", "report.html", "summary.md", "speed.csv"}
     assert len({p.parent for p in written.values()}) == 1
     assert all(p.stat().st_size > 0 for p in written.values())
 
@@ -684,6 +684,7 @@ def test_reports_package_never_imports_jax():
         "import sys, mhc_parity.reports, mhc_parity.reports.gate, mhc_parity.reports.baseline\n"
         "import mhc_parity.reports.html, mhc_parity.reports.histograms, mhc_parity.reports.markdown\n"
         "import mhc_parity.reports.bound_plot_svg, mhc_parity.reports.histogram_svg, mhc_parity.reports.speed\n"
+        "import mhc_parity.reports.program_speed, mhc_parity.reports.roofline_svg, mhc_parity.records.roofline\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax')))\n"
         "assert not bad, bad\n"
     )

@@ -61,7 +61,7 @@ def test_each_path_stands_beside_its_reference_on_the_same_devices():
     ]
     mosaic, interpret, host = lines
     assert mosaic.speedup == pytest.approx(4.0) and interpret.speedup == pytest.approx(0.5)
-    assert mosaic.measured and mosaic.label == "tpu: median of 5 runs"
+    assert mosaic.measured and mosaic.label == "tpu: 5 timed runs"
     assert not host.measured and host.label == NOT_MEASURED_ON_CPU and host.speedup == pytest.approx(1 / 3)
     summaries = {s.candidate: s for s in speed_summaries(lines)}
     mosaic_text = "mosaic/unsharded vs reference/unsharded on tpu: median speed-up 4 over 1 case"
@@ -93,9 +93,10 @@ def _speed_section(page: str) -> str:
 def test_the_html_page_and_the_summary_show_the_speed_section():
     frame = to_frame(_tpu_run())
     section = _speed_section(render_html(frame))
-    assert 'id="speed-table"' in section and "tpu: median of 5 runs" in section
+    assert 'id="speed-table"' in section and "tpu: 5 timed runs" in section
     assert f'<td class="unmeasured">{NOT_MEASURED_ON_CPU}</td>' in section  # labelled, and still shown
-    assert section.count("<tr>") == 1 + 3  # the header and three lines
+    speed_table = section[section.index('id="speed-table"') :]
+    assert speed_table.count("<tr>") == 1 + 3  # the header and three lines
     assert 'href="#speed"' in render_html(frame)
     summary = render_markdown(frame)
     assert "### Speed" in summary and SPEED_NOTE.split(";")[0] in summary
@@ -119,4 +120,6 @@ def test_no_pair_renders_an_empty_section_and_no_markdown():
     frame = to_frame(_tpu_run()[6:])
     assert speed_lines(frame) == []
     assert "No path ran beside a reference path" in _speed_section(render_html(frame))
-    assert "### Speed" not in render_markdown(frame)
+    assert SPEED_NOTE.split(";")[0] not in render_markdown(frame)
+    nothing_timed = to_frame(_tpu_run()[6:7])  # only the errored reference: no program timed
+    assert "### Speed" not in render_markdown(nothing_timed)

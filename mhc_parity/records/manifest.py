@@ -48,7 +48,13 @@ MANIFEST_FORMAT = "mhc-parity-manifest"
 # manifest cannot vouch for its rows and is refused.
 MANIFEST_VERSION = 2
 # The reports a complete run writes (the one list of their names: mhc_parity.reports.writers uses it).
-REPORT_FILES = {"csv": "rows.csv", "json": "report.json", "html": "report.html", "markdown": "summary.md"}
+REPORT_FILES = {
+    "csv": "rows.csv",
+    "json": "report.json",
+    "html": "report.html",
+    "markdown": "summary.md",
+    "speed": "speed.csv",
+}
 
 RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
 STATES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)

@@ -146,12 +146,17 @@ _COLUMN_TYPES = {
     "cause_explained": _FLOAT,
     # timing (seconds) of the candidate's one program, forward and VJP together: obtaining it
     # (compile or load), and running it. On the host CPU the program runs once and execute_s
-    # is that run; on an accelerator execute_s is the median of `execute_runs` runs after the
-    # first (mhc_parity.harness.engine.execution_timing), whose time is execute_first_s
+    # is that run; on an accelerator execute_s is the device time per run of `execute_runs`
+    # runs back to back after warm-up, timed with the process quiet (a run before issue 55's
+    # fix: the median of 5 runs, with the run's background work beside them), and
+    # execute_first_s the first call (mhc_parity.harness.engine.execution_timing)
     "compile_s": _FLOAT,
     "execute_s": _FLOAT,
     "execute_first_s": _FLOAT,
     "execute_runs": _FLOAT,  # a count; NaN where the candidate did not run (or before the column)
+    # the bytes of the program's arguments and results: what it must move at least
+    # (mhc_parity.records.roofline; the report's Speed section divides it by execute_s)
+    "bytes_moved": _FLOAT,
     # where and how the candidate ran: the matmul precision it effectively ran at (see
     # mhc_parity.mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
     # and its devices (e.g. "cpu:0-7"; "" if it did not run; see mhc_parity.harness.engine.devices)
@@ -184,9 +189,10 @@ _COLUMN_TYPES = {
 }
 
 ROW_COLUMNS = tuple(_COLUMN_TYPES)
-# The columns two runs of the same rows may differ in: how long this run took, and how it
-# was timed (the repeats depend on the device the path ran on, not on what it computed).
-TIMING_COLUMNS = ("compile_s", "execute_s", "execute_first_s", "execute_runs")
+# The columns of the candidate's program, not of what it computed: how long this run took, how
+# it was timed (the repeats depend on the device the path ran on) and the bytes it moved. Two
+# runs of the same rows may differ in them; a judged row's store and causes ignore them.
+TIMING_COLUMNS = ("compile_s", "execute_s", "execute_first_s", "execute_runs", "bytes_moved")
 
 # Columns added after the first schema: a row file written before them lacks them and
 # is read with them empty (NaN for numbers; mhc_parity.records.rows), so older runs stay readable.
@@ -224,6 +230,7 @@ LATER_COLUMNS = (
     "kernel_blocks",
     "oracle_peak_bytes",
     "oracle_budget_bytes",
+    "bytes_moved",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

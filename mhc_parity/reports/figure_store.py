@@ -28,6 +28,7 @@ FIGURE_FORMAT = 1
 DRAWINGS = {
     "bound_panel": ("mhc_parity.reports.bound_plot_svg", "bound_panel_svg"),
     "histogram": ("mhc_parity.reports.histogram_svg", "histogram_svg"),
+    "roofline": ("mhc_parity.reports.roofline_svg", "roofline_svg"),
 }
 
 

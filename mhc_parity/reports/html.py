@@ -150,7 +150,7 @@ def render_html(
     ]
     if judgement is not None:
         sections.append(drift_section(judgement, anchors, max_drift_rows))
-    sections += [speed_section(frame, anchors), case_sections(frame, anchors), environment_section(metadata)]
+    sections += [speed_section(frame, anchors, metadata), case_sections(frame, anchors), environment_section(metadata)]
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

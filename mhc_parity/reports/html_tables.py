@@ -16,10 +16,12 @@ import pandas as pd
 
 from mhc_parity.records.schema import VERDICTS
 from mhc_parity.records.text import format_number
+from mhc_parity.reports.figure_store import figure_svg
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
 from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.html_elements import case_link, esc, num, table, td, verdict_span
 from mhc_parity.reports.judgement import Judgement
+from mhc_parity.reports.program_speed import NO_PEAK, PROGRAM_SPEED_NOTE, program_speeds, roofline_figure
 from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders
 
@@ -318,11 +320,14 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
-def speed_section(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
-    """Each path's execution time beside its reference's, per case (`mhc_parity.reports.speed`):
-    the median speed-up per path, then every case; times on the CPU greyed and labelled."""
+def speed_section(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict | None = None) -> str:
+    """Each program's device time, bytes, bandwidth and fraction of its chip's peak per case
+    (`mhc_parity.reports.program_speed`), with the plot of those fractions where the chip's peak
+    is stated; then each path's time beside its reference's (`mhc_parity.reports.speed`): the
+    median speed-up per path, then every case; times on the CPU greyed and labelled."""
+    parts = ['<section id="speed"><h2>Speed</h2>', _program_speed_html(frame, anchors, metadata or {})]
+    parts.append(f"<h3>Against the reference</h3><p>{esc(SPEED_NOTE)}</p>")
     lines = speed_lines(frame)
-    parts = ['<section id="speed"><h2>Speed</h2>', f"<p>{esc(SPEED_NOTE)}</p>"]
     if not lines:
         parts.append('<p class="empty">No path ran beside a reference path with both timed.</p></section>')
         return "\n".join(parts)
@@ -343,6 +348,41 @@ def speed_section(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
     headers = ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is")
     parts.append(table(headers, body, table_id="speed-table"))
     parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _program_speed_html(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict) -> str:
+    """The Speed section's first part: per case and program, against the chip's peak (and the plot)."""
+    speeds = program_speeds(frame, metadata)
+    parts = [f"<h3>Device time and bandwidth</h3><p>{esc(PROGRAM_SPEED_NOTE)}</p>"]
+    if not speeds:
+        parts.append('<p class="empty">No program was timed.</p>')
+        return "\n".join(parts)
+    figure = roofline_figure(speeds)
+    if figure is None:
+        parts.append(f"<p>No program ran on a chip whose peak is stated ({esc(NO_PEAK)}): GB/s only, no plot.</p>")
+    else:
+        parts.append(
+            f'<figure class="roofline" id="roofline">{figure_svg("roofline", figure)}<figcaption><b>Fraction of the '
+            f"peak HBM bandwidth per case and program</b> ({esc(figure.device_kind)}, "
+            f"{esc(format_number(figure.peak_gb_per_s))} GB/s): each program's bytes over its device time.</figcaption>"
+            "</figure>"
+        )
+    body = [
+        [
+            td(case_link(s.case, anchors)),
+            td(esc(s.path)),
+            td(esc(s.devices)),
+            num(s.device_s * 1e3),
+            num(s.bytes_moved / 1e6),
+            num(s.rates.gb_per_s),
+            num(s.rates.hbm_fraction) if s.rates.peaks is not None else td(esc(NO_PEAK), "unmeasured"),
+            td(esc(s.timing), "" if s.alone else "unmeasured"),
+        ]
+        for s in speeds
+    ]
+    headers = ("case", "program", "devices", "device ms", "MB moved", "GB/s", "of peak HBM", "timing")
+    parts.append(table(headers, body, table_id="program-speed-table"))
     return "\n".join(parts)
 
 

@@ -20,6 +20,7 @@ from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateRes
 from mhc_parity.reports.gate_settings import settings_note
 from mhc_parity.reports.host_memory import case_memories, memory_line, memory_table_rows
 from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
+from mhc_parity.reports.program_speed import NO_PEAK, PROGRAM_SPEED_NOTE, program_speeds
 from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
 
@@ -195,15 +196,42 @@ def _accommodation_lines(metadata: dict | None) -> list[str]:
     return ["", f"**Source accommodation applied**: {md_cell(record, None)}"]
 
 
-def _speed_lines(frame: pd.DataFrame, max_rows: int) -> list[str]:
-    """The Speed section (`mhc_parity.reports.speed`): the median speed-up per path, then the
-    first `max_rows` cases' times; nothing where no path ran beside a timed reference."""
+def _speed_lines(frame: pd.DataFrame, max_rows: int, metadata: dict | None = None) -> list[str]:
+    """The Speed section: the first `max_rows` programs' device time, bytes, bandwidth and
+    fraction of the chip's peak (`mhc_parity.reports.program_speed`; speed.csv has them all), then
+    the median speed-up per path and the first `max_rows` cases' times beside their reference's
+    (`mhc_parity.reports.speed`); nothing where no program was timed."""
+    speeds = program_speeds(frame, metadata)
+    if not speeds:
+        return []
+    out = ["", "### Speed", "", md_cell(PROGRAM_SPEED_NOTE, None), ""]
+    shown = speeds[:max_rows]
+    out.append(
+        md_table(
+            ("case", "program", "devices", "device ms", "MB moved", "GB/s", "of peak HBM", "timing"),
+            [
+                (
+                    s.case,
+                    s.path,
+                    s.devices,
+                    format_number(s.device_s * 1e3),
+                    format_number(s.bytes_moved / 1e6),
+                    format_number(s.rates.gb_per_s, nan="—"),
+                    format_number(s.rates.hbm_fraction) if s.rates.peaks is not None else NO_PEAK,
+                    s.timing,
+                )
+                for s in shown
+            ],
+            numeric=(False, False, False, True, True, True, True, False),
+        )
+    )
+    out += _truncation_note(len(shown), len(speeds), "see speed.csv")
     lines = speed_lines(frame)
     if not lines:
-        return []
-    shown = lines[:max_rows]
-    out = ["", "### Speed", "", md_cell(SPEED_NOTE, None), ""]
+        return out
+    out += ["", md_cell(SPEED_NOTE, None), ""]
     out += [f"- {md_cell(summary.text, None)}" for summary in speed_summaries(lines)]
+    shown = lines[:max_rows]
     out += [
         "",
         md_table(
@@ -326,7 +354,7 @@ def render_markdown(
             )
         )
         lines += _truncation_note(len(shown), len(failing), "see report.html")
-    lines += _speed_lines(frame, max_rows)
+    lines += _speed_lines(frame, max_rows, metadata)
     lines += _memory_lines(frame)
     if judgement is not None:
         lines += ["", judgement_markdown(judgement, max_rows=max_rows).rstrip("\n")]

@@ -1,12 +1,13 @@
 """The kernels' speed against the reference, read from a run's rows (the report's Speed section).
 
 A kernel exists to be faster than the plain-JAX reference it must agree with. Every path's
-rows carry its program's execution time (`execute_s`, forward and VJP together; the median
-of `execute_runs` runs after the first on an accelerator, one run on the host CPU:
-`mhc_parity.harness.engine.execution_timing`). A candidate with a `vs_reference` row is
-compared there with the reference path on the same sharding and the same backend
-(`mhc_parity.harness.engine.plan.comparisons_of`), so each `SpeedLine` sets one path's time
-beside its reference's, as measured in the same run.
+rows carry its program's execution time (`execute_s`, forward and VJP together; on an
+accelerator the device time per run of `execute_runs` runs back to back, timed with the
+process quiet, one run on the host CPU: `mhc_parity.harness.engine.execution_timing`). A
+candidate with a `vs_reference` row is compared there with the reference path on the same
+sharding and the same backend (`mhc_parity.harness.engine.plan.comparisons_of`), so each
+`SpeedLine` sets one path's time beside its reference's, as measured in the same run. Each
+program's time against its chip's peak bandwidth is `mhc_parity.reports.program_speed`'s.
 
 Only times measured on an accelerator are speed measurements. On the CPU a Pallas kernel runs
 in interpret mode, the kernel emulated by ordinary XLA operations, and a one-off run's time
@@ -32,8 +33,9 @@ NOT_MEASURED_ON_CPU = "CPU: not a speed measurement"
 SPEED_NOTE = (
     "Each path's program (forward and VJP together) beside the reference path's on the same "
     "sharding and devices, from the same run; speed-up = reference time / path time (above 1: "
-    "faster than the reference). On an accelerator a time is the median of several runs after "
-    "the first; on the CPU the program ran once. A time on the CPU is not a speed measurement: "
+    "faster than the reference). On an accelerator a time is the device time per run, of runs "
+    "issued back to back after warm-up with nothing else in the process running; on the CPU the "
+    "program ran once. A time on the CPU is not a speed measurement: "
     "there a Pallas kernel runs in interpret mode, which emulates the kernel with ordinary XLA "
     "operations. The interpret path does so on any device; the Mosaic path is the compiled kernel."
 )
@@ -43,7 +45,7 @@ SPEED_NOTE = (
 class SpeedLine:
     """One path of one case beside its reference path: seconds of each (forward + VJP).
 
-    runs: how many runs the path's time is the median of (NaN: not recorded, a run
+    runs: how many runs the path's time is taken from (NaN: not recorded, a run
     written before the column). devices: the path's `devices` cell, reference_devices its
     reference's (the same wherever the rows come from one run of the harness).
     """
@@ -88,7 +90,7 @@ class SpeedLine:
         if math.isnan(self.runs):
             return f"{self.platform}: timing runs not recorded"
         runs = int(self.runs)
-        return f"{self.platform}: median of {runs} runs" if runs > 1 else f"{self.platform}: one run"
+        return f"{self.platform}: {runs} timed runs" if runs > 1 else f"{self.platform}: one run"
 
 
 def _path_times(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float, str]]:

@@ -14,6 +14,8 @@ Files written (names fixed so CI and the runner can find them):
                   Strict JSON: NaN and infinities are the strings "nan", "inf", "-inf".
     report.html   the self-contained report (`mhc_parity.reports.html`).
     summary.md    the short Markdown summary (`mhc_parity.reports.markdown`).
+    speed.csv     a line per (case, program) that was timed: its device time, bytes moved,
+                  bandwidth and fraction of the chip's peak (`mhc_parity.reports.program_speed`).
 
 The HTML and Markdown reports show the manifest's identity (run id, state, digests);
 rows.csv stays plain CSV, trusted only next to its run's manifest (`mhc_parity.reports.sources`).
@@ -41,6 +43,7 @@ from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
 from mhc_parity.reports.html import render_html
 from mhc_parity.reports.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
 from mhc_parity.reports.markdown import render_markdown
+from mhc_parity.reports.program_speed import program_speeds, write_speed_csv
 from mhc_parity.reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION
 from mhc_parity.reports.summary import summarize
 
@@ -221,14 +224,14 @@ def write_all(
     manifest: Manifest | None = None,
     judgement: Judgement | None = None,
 ) -> dict[str, Path]:
-    """Write rows.csv, report.json, report.html and summary.md into `out_dir`.
+    """Write rows.csv, report.json, report.html, summary.md and speed.csv into `out_dir`.
 
     `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
     With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_baseline_or_run` reads) the
     gate judges the run (`judge_frame`: the judgement `mhc-parity gate` makes), and its verdict
     heads every format, its drift and findings below; `judgement`, one made already, is
     used instead. `manifest` (the run's, finished) is embedded in report.json and named in
-    the other reports. Returns {"csv", "json", "html", "markdown"} → path.
+    the other reports. Returns {"csv", "json", "html", "markdown", "speed"} → path.
     """
     return write_frame(
         to_frame(unwrap_run(rows)[0]),
@@ -278,6 +281,7 @@ def write_frame(
     paths["html"].write_text(html, encoding="utf-8")
     markdown = render_markdown(frame, summary=summary, metadata=metadata, judgement=judgement)
     paths["markdown"].write_text(markdown, encoding="utf-8")
+    write_speed_csv(program_speeds(frame, metadata), paths["speed"])
     return paths
 
 

@@ -57,11 +57,12 @@ class Path:
 
 @dataclasses.dataclass(frozen=True)
 class PathOutputs:
-    """What one path produced: leaves (name -> array) and its timing in seconds.
+    """What one path produced: leaves (name -> array), its timing in seconds and its program's bytes.
 
     compile_s: obtaining its program (0 where an earlier run of the signature did).
     execute_s, execute_first_s, execute_runs: `mhc_parity.harness.engine.execution_timing`'s
-    median, first call and the runs the median is taken from (forward and VJP together).
+    time per run, first call and the runs the time is taken from (forward and VJP together).
+    bytes_moved: the program's arguments and results, in bytes (`mhc_parity.records.roofline`).
     """
 
     leaves: Mapping[str, np.ndarray]
@@ -69,11 +70,12 @@ class PathOutputs:
     execute_s: float
     execute_first_s: float
     execute_runs: int
+    bytes_moved: float = float("nan")
 
     @property
     def timing(self) -> tuple[float, ...]:
         """The rows' `mhc_parity.records.schema.TIMING_COLUMNS` cells, in that order."""
-        return (self.compile_s, self.execute_s, self.execute_first_s, float(self.execute_runs))
+        return (self.compile_s, self.execute_s, self.execute_first_s, float(self.execute_runs), self.bytes_moved)
 
 
 def _path_mesh(path: Path, placement: Placement):

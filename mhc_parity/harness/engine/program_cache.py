@@ -21,10 +21,12 @@ import numpy as np
 import mhc_parity.harness.engine.paths as path_programs
 from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.devices import path_placement
-from mhc_parity.harness.engine.execution_timing import repeats_for, timed_execution
+from mhc_parity.harness.engine.execution_timing import device_time, first_call
 from mhc_parity.harness.engine.paths import Path, PathOutputs
+from mhc_parity.harness.engine.quiet import QUIET
 from mhc_parity.harness.stores.program_store import keyed_by_program
 from mhc_parity.mhc.common import UnsupportedInputError
+from mhc_parity.records.roofline import array_bytes
 
 # Compiled programs a ProgramCache keeps. Each XLA:CPU executable holds its own memory
 # mappings, and Linux caps a process at vm.max_map_count of them: an unbounded cache ran
@@ -162,7 +164,10 @@ class ProgramCache:
                     args = path_programs._place(fixture, path, placement)
                 except Exception:  # noqa: BLE001 - `run` places them again and reports what it meets
                     continue
-                self._pending[key] = pool.submit(_timed, self._obtain, path, case, key, placement, precision, args)
+                # background work: a path timed alone waits for it (`mhc_parity.harness.engine.quiet`)
+                self._pending[key] = pool.submit(
+                    QUIET.run_in_background, _timed, self._obtain, path, case, key, placement, precision, args
+                )
 
     def prepare(self, paths, case, fixture) -> None:
         """Compile the programs `paths` will need for `case` concurrently, and wait for them."""
@@ -204,12 +209,14 @@ class ProgramCache:
             return None, None, 0.0
 
     def run(self, path: Path, case, fixture) -> PathOutputs:
-        """Run `case`'s fixture through `path`; compile on first use of the signature.
+        """Run `case`'s fixture through `path` once; compile on first use of the signature.
 
         compile_s: the seconds obtaining the program took (in a pool thread if it was
         obtained ahead, where it overlapped other work), reported by its first run only.
-        The program runs once on the host CPU, and more times on an accelerator, whose
-        median is its execution time (`mhc_parity.harness.engine.execution_timing`).
+        execute_s is this call's time (dispatch and wait), the path's time on the host CPU; on
+        an accelerator the runner replaces it by `device_time`'s, taken alone
+        (`mhc_parity.harness.engine.execution_timing`). bytes_moved: the program's arguments
+        and results (`mhc_parity.records.roofline.array_bytes`).
         Raises `mhc_parity.harness.engine.devices.PlacementError` when the path has no devices here.
         """
         key, placement, precision = self._resolve(path, case)
@@ -225,10 +232,25 @@ class ProgramCache:
             compile_s = time.perf_counter() - start
         self.remember(key, compiled)
         with jax.default_device(placement.devices[0]):
-            leaves, timing = timed_execution(
-                lambda: jax.block_until_ready(compiled(*args)), _host_leaves, repeats=repeats_for(placement.platform)
+            (leaves, output_bytes), first_s = first_call(
+                lambda: jax.block_until_ready(compiled(*args)),
+                lambda outputs: (_host_leaves(outputs), array_bytes(jax.tree.leaves(outputs))),
             )
-        return PathOutputs(leaves, compile_s, timing.median_s, timing.first_s, timing.runs)
+        bytes_moved = array_bytes(jax.tree.leaves(args)) + output_bytes
+        return PathOutputs(leaves, compile_s, first_s, first_s, 1, float(bytes_moved))
+
+    def device_time(self, path: Path, case, fixture) -> tuple[float, int]:
+        """(seconds per run, runs) of `path`'s program on `case`'s fixture, timed back to back
+        (`mhc_parity.harness.engine.execution_timing.device_time`), after `run` ran it. The
+        caller keeps the process quiet (`mhc_parity.harness.engine.quiet.QUIET.alone`)."""
+        key, placement, precision = self._resolve(path, case)
+        args = path_programs._place(fixture, path, placement)
+        compiled = self.lookup(key)
+        if compiled is None:  # evicted since its run (more paths than the cache keeps)
+            compiled = self._obtain(path, case, key, placement, precision, args)
+            self.remember(key, compiled)
+        with jax.default_device(placement.devices[0]):
+            return device_time(lambda: compiled(*args), jax.block_until_ready)
 
 
 def _host_leaves(outputs) -> dict[str, np.ndarray]:

@@ -39,6 +39,7 @@ from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
 from mhc_parity.harness.engine.compile_rows import compile_rows
 from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
+from mhc_parity.harness.engine.execution_timing import times_alone
 from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.interpret_cost import interpret_refusal
 from mhc_parity.harness.engine.kernel_blocks import path_blocks
@@ -48,6 +49,7 @@ from mhc_parity.harness.engine.paths import ORACLE_PATH, Path, PathOutputs
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, mosaic_xla_pair, numbers_refusal
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.program_cache import COMPILE_THREADS, ProgramCache
+from mhc_parity.harness.engine.quiet import QUIET
 from mhc_parity.harness.engine.run_info import compile_counts
 from mhc_parity.harness.errors import ResourceError
 from mhc_parity.harness.judging.metrics import MetricsMemo
@@ -80,6 +82,10 @@ COMPILE_AHEAD_CASES = 3
 # How long a run stopped early waits for the programs being compiled ahead before it drops
 # them: long enough for a normal compile to land, short enough for one Ctrl-C to feel prompt.
 STOP_GRACE_S = 5.0
+# How long a case's timing phase waits for the background work under way (the next cases'
+# oracle answers and compiles) to end: an oracle at the `tpu` suite's sizes takes minutes. Past
+# it (a task stuck in the code under test) the paths keep their first call's time, one run.
+QUIET_WAIT_S = 900.0
 
 
 def _no_step(case, step: str) -> None:
@@ -491,15 +497,49 @@ class Runner:
 
     def _run_paths(self, case, paths: Sequence[Path], fixture, on_step: StepCallback) -> dict[str, _PathResult]:
         """Every path's result (name -> `_PathResult`): the programs the case needs are
-        compiled at once (on all cores; `run` started them cases ahead), then run in turn."""
+        compiled at once (on all cores; `run` started them cases ahead), then run in turn,
+        then those on an accelerator timed alone (`_time_alone`)."""
         start = time.perf_counter()
         self.cache.prepare(self._runnable(paths, case), case, fixture)
         results = {}
         for path in paths:
             on_step(case, path.name)
             results[path.name] = self._run_path(path, case, fixture)
+        self._time_alone(case, paths, fixture, results)
         self.timings["paths_s"] += time.perf_counter() - start
         return results
+
+    def _time_alone(self, case, paths: Sequence[Path], fixture, results: dict[str, _PathResult]) -> None:
+        """Replace the first-call time of each path that ran on an accelerator by its device
+        time, its runs back to back with nothing else in the process running
+        (`mhc_parity.harness.engine.quiet`: the work obtained ahead for the next cases, oracle
+        answers and compiles, ends or waits; docs/speed.md says why). One quiet phase per case,
+        after all its paths ran, so the background waits once a case. A path whose timing
+        raises becomes an `error` row naming the timing; where the background work does not end
+        within `QUIET_WAIT_S`, every path keeps its first call's time (one run, not alone)."""
+        timed = [
+            path
+            for path in paths
+            if results[path.name].outputs is not None
+            and results[path.name].verdict != "fail"
+            and times_alone(results[path.name].placement.platform)
+        ]
+        if not timed or not hasattr(self.cache, "device_time"):  # the kill matrix's recording caches
+            return
+        with QUIET.alone(QUIET_WAIT_S) as quiet:
+            if not quiet:
+                return
+            for path in timed:
+                result = results[path.name]
+                try:
+                    run_s, runs = self.cache.device_time(path, case, fixture)
+                except Exception as exc:
+                    if out_of_memory(exc):
+                        raise out_of_memory_error(case, path.name, exc) from exc
+                    result.verdict, result.outputs = "error", None
+                    result.reason = f"timing its program failed: {error_text(exc)}"
+                    continue
+                result.outputs = dataclasses.replace(result.outputs, execute_s=run_s, execute_runs=runs)
 
     def _status_rows(self, case, path: Path, paths: Sequence[Path], result: _PathResult) -> Iterator[dict]:
         environment = _environment_fields(case, path, result.placement)
@@ -566,6 +606,7 @@ class Runner:
             fixture = self._load_fixture(case)
         except Exception:  # noqa: BLE001 - reported by run_case
             return None, None
-        oracle = pool.submit(self.oracle, case, fixture)  # first: the case needs it before its paths
+        # first: the case needs it before its paths; background work, which a timed path waits for
+        oracle = pool.submit(QUIET.run_in_background, self.oracle, case, fixture)
         self.cache.compile_ahead(pool, self._runnable(plan.paths_for(case), case), case, fixture)
         return fixture, oracle

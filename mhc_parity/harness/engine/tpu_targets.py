@@ -52,30 +52,7 @@ TARGETS: tuple[TpuTarget, ...] = (
     # v5p's chips are a 3-D torus: its 8 chips (2x2x2) are laid out as the case's 2-D mesh.
     TpuTarget("v5p", chip="v5p=1x1x1", slice="v5p=2x2x2", device_kind="TPU v5"),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class ChipPeaks:
-    """What one chip can do at most: HBM bytes per second and dense bfloat16 FLOP per second."""
-
-    hbm_bytes_per_s: float
-    bf16_flops_per_s: float
-
-
-# Per chip, as Google Cloud's TPU pages state them (v5e: 819 GB/s, 197 TFLOP/s; v6e: 1640 GB/s,
-# 918 TFLOP/s; v5p: 2765 GB/s, 459 TFLOP/s), by the device kind JAX reports. The speed bench
-# (bench/device_speed.py) sets a program's bytes and FLOPs per second against them; on the lent
-# v5e a large bfloat16 matmul ran at 167 TFLOP/s (docs/results).
-PEAKS = {
-    "TPU v5 lite": ChipPeaks(819e9, 197e12),
-    "TPU v6 lite": ChipPeaks(1640e9, 918e12),
-    "TPU v5": ChipPeaks(2765e9, 459e12),
-}
-
-
-def peaks_of(device_kind: str) -> ChipPeaks | None:
-    """The peaks of a device kind (`jax.Device.device_kind`); None for one not in `PEAKS` (a CPU)."""
-    return PEAKS.get(device_kind)
+# The chips' peak bandwidth and FLOP rate, by these device kinds: `mhc_parity.records.roofline.PEAKS`.
 
 
 def compiles_case(case) -> bool:

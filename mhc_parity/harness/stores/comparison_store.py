@@ -49,8 +49,8 @@ from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning. 2: a path's stored timing
 # is its `TIMING_COLUMNS` cells (execute_first_s, execute_runs added). 3: the backend terms and
-# noise units are in the key (`arithmetic`).
-COMPARISON_FORMAT = 3
+# noise units are in the key (`arithmetic`). 4: `bytes_moved` is one of the stored timing cells.
+COMPARISON_FORMAT = 4
 
 
 @functools.cache

@@ -1,0 +1,103 @@
+"""One parity run whose Speed section puts this project's kernels, the XLA reference and MaxText's side by side.
+
+    python bench/speed_run.py --out DIR [--suite tpu] [--no-maxtext] [-- MORE RUN ARGUMENTS]
+
+Runs `mhc-parity run --suite SUITE --impl mhc_parity.maxtext_parity:implementations --paths
+'reference/*' 'interpret/*' 'mosaic/*' 'maxtext-*' --jobs 1 --out DIR/run` (the same entry point
+as `make parity`; `--no-maxtext` leaves MaxText out where it is not installed; arguments after
+`--`, such as `--shard 1/2` or `--cases GLOB`, are passed on), then writes what docs/results keeps
+of it: DIR/speed-SUITE.csv (the run's speed.csv: per case and program the device time, bytes,
+GB/s and fraction of the chip's peak HBM bandwidth) and DIR/speed-SUITE.md (the command, the
+run's environment and the table). The run's own exit status (1 where a row fails) does not stop
+the copy: the speed figures stand whatever the verdicts, which the .md states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PATHS = ("reference/*", "interpret/*", "mosaic/*")
+MAXTEXT = ("--impl", "mhc_parity.maxtext_parity:implementations")
+
+
+def run_command(suite: str, out: pathlib.Path, *, maxtext: bool, more: list[str]) -> list[str]:
+    """The `mhc-parity run` command line (as `python -m mhc_parity.harness run ...`)."""
+    paths = [*PATHS, "maxtext-*"] if maxtext else list(PATHS)
+    return [
+        sys.executable,
+        "-m",
+        "mhc_parity.harness",
+        "run",
+        "--suite",
+        suite,
+        *(MAXTEXT if maxtext else ()),
+        "--paths",
+        *paths,
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+        *more,
+    ]
+
+
+def _number(text: str, scale: float = 1.0, digits: int = 3) -> str:
+    value = float(text)
+    return "—" if value != value else f"{value * scale:.{digits}g}"
+
+
+def speed_table(speed_csv: pathlib.Path) -> str:
+    """The speed.csv lines as a Markdown table."""
+    with speed_csv.open(newline="") as handle:
+        lines = list(csv.DictReader(handle))
+    head = (
+        "| case | program | device ms | MB moved | GB/s | of peak HBM | timing |\n|---|---|---:|---:|---:|---:|---|\n"
+    )
+    return head + "".join(
+        f"| {r['case']} | {r['path']} | {_number(r['device_s'], 1e3)} | {_number(r['bytes_moved'], 1e-6)} | "
+        f"{_number(r['gb_per_s'])} | {_number(r['fraction_of_peak'])} | {r['timing']} |\n"
+        for r in lines
+    )
+
+
+def main(argv: list[str]) -> int:
+    more = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=pathlib.Path)
+    parser.add_argument("--suite", default="tpu")
+    parser.add_argument("--no-maxtext", action="store_true", help="leave MaxText's implementations out")
+    args = parser.parse_args(own)
+    run_folder = args.out / "run"
+    command = run_command(args.suite, run_folder, maxtext=not args.no_maxtext, more=more)
+    shown = shlex.join(["mhc-parity", *command[3:]])
+    print(shown, flush=True)
+    status = subprocess.run(command, cwd=ROOT, check=False).returncode
+    speed_csv = run_folder / "speed.csv"
+    if not speed_csv.is_file():
+        print(f"the run wrote no {speed_csv} (exit {status})", file=sys.stderr)
+        return status or 1
+    metadata = json.loads((run_folder / "report.json").read_text())["metadata"]
+    keys = ("backend", "device_kind", "jax_version", "jaxlib_version", "libtpu_version", "git_commit", "start_time")
+    environment = {key: metadata.get(key) for key in keys if metadata.get(key) is not None}
+    shutil.copyfile(speed_csv, args.out / f"speed-{args.suite}.csv")
+    written = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    (args.out / f"speed-{args.suite}.md").write_text(
+        f"`{shown}` (exit {status}: 0 every verdict passed, 1 a row failed; the figures stand either way), "
+        f"copied {written}.\n\n{json.dumps(environment)}\n\n{speed_table(speed_csv)}"
+    )
+    print(speed_table(speed_csv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

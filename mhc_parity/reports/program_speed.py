@@ -1,0 +1,198 @@
+"""Each program's device time against what its chip can do: the Speed section's table, its plot and speed.csv.
+
+One `ProgramSpeed` per (case, path) that ran: this project's reference and kernels (interpret,
+Mosaic) and any external implementation (MaxText's `maxtext-*`), sharded or not. From the rows
+alone: the path's `execute_s` (`mhc_parity.harness.engine.execution_timing`: on an accelerator
+the device time per run, timed back to back with the process quiet; on the host CPU the one
+call) and `bytes_moved` (its program's arguments and results) give the bandwidth it achieved,
+and on a chip whose peak is stated the fraction of that peak (`mhc_parity.records.roofline`,
+the arithmetic `bench/device_speed.py` uses too). Which chip: the run's `device_kind`
+(metadata) for a path on the run's backend; a host path (`@cpu`, its `devices` cell on the
+CPU) ran on the CPU, which has no stated peak.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from mhc_parity.records.roofline import Throughput, throughput
+from mhc_parity.records.rows import encode_float
+from mhc_parity.reports.speed import HOST_PLATFORM
+
+# speed.csv's columns, in order (`speed_csv_rows`).
+SPEED_COLUMNS = (
+    "case",
+    "path",
+    "devices",
+    "device_kind",
+    "timing",
+    "runs",
+    "device_s",
+    "first_s",
+    "bytes_moved",
+    "gb_per_s",
+    "peak_gb_per_s",
+    "fraction_of_peak",
+)
+NO_PEAK = "no stated peak"
+# The explanation the table and the plot share, one source for the HTML page and the Markdown summary.
+PROGRAM_SPEED_NOTE = (
+    "Each program (forward and VJP together) per case: its device time per run, the bytes it must "
+    "move at least (its arguments and results), the bandwidth that gives, and its fraction of the "
+    "chip's peak HBM bandwidth (the mHC programs are memory-bound). On an accelerator the time is "
+    "of runs issued back to back after warm-up, with nothing else in the process running; on the "
+    "host CPU it is the program's one call, run beside the run's background work (the next cases' "
+    "oracle answers and compiles): not a speed measurement, and a CPU has no stated peak."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramSpeed:
+    """One path's program on one case: its timing cells and bytes, and the chip it ran on.
+
+    device_kind: the chip's kind (JAX's `device_kind`) or the platform where it is not the
+    run's backend ("cpu"); "" where the run recorded none. runs: `execute_runs` (NaN: not
+    recorded). bytes_moved: NaN in a run written before the column.
+    """
+
+    case: str
+    path: str
+    devices: str
+    device_kind: str
+    runs: float
+    device_s: float
+    first_s: float
+    bytes_moved: float
+
+    @property
+    def platform(self) -> str:
+        return self.devices.split(":", 1)[0]
+
+    @property
+    def rates(self) -> Throughput:
+        return throughput(self.bytes_moved, self.device_s, self.device_kind)
+
+    @property
+    def peak_gb_per_s(self) -> float:
+        peaks = self.rates.peaks
+        return math.nan if peaks is None else peaks.hbm_bytes_per_s / 1e9
+
+    @property
+    def alone(self) -> bool:
+        """Timed on an accelerator, back to back with the process quiet (a run written since
+        `bytes_moved` was added, which is when that timing came)."""
+        return (
+            not math.isnan(self.bytes_moved) and self.platform != HOST_PLATFORM and self.runs > 1  # NaN > 1 is False
+        )
+
+    @property
+    def timing(self) -> str:
+        """How `device_s` was taken, in a few words."""
+        if self.alone:
+            return f"{self.platform}: {int(self.runs)} runs back to back, alone"
+        if math.isnan(self.bytes_moved):  # written before the device timing (issue 55)
+            return "written before the device timing: not alone in the process"
+        if self.platform == HOST_PLATFORM:
+            return "CPU: one call, not alone; not a speed measurement"
+        return f"{self.platform}: one call, not alone"
+
+
+def _device_kind(devices: str, metadata: dict) -> str:
+    """The chip a `devices` cell's path ran on: the run's device kind on the run's backend."""
+    platform = devices.split(":", 1)[0]
+    if platform and platform == metadata.get("backend"):
+        return str(metadata.get("device_kind") or "")
+    return platform
+
+
+def program_speeds(frame: pd.DataFrame, metadata: dict | None = None) -> list[ProgramSpeed]:
+    """A `ProgramSpeed` per (case, path) of a canonical row frame (`mhc_parity.records.rows.to_frame`)
+    whose path ran and was timed (a finite `execute_s`; every row of a path in a case carries
+    the same cells), in the frame's order; `metadata` is the run's (its backend and device kind)."""
+    if not len(frame):
+        return []
+    metadata = metadata or {}
+    timed = frame[frame["execute_s"].map(math.isfinite)].drop_duplicates(["case", "candidate"])
+    columns = ["case", "candidate", "devices", "execute_runs", "execute_s", "execute_first_s", "bytes_moved"]
+    return [
+        ProgramSpeed(
+            case=str(r["case"]),
+            path=str(r["candidate"]),
+            devices=str(r["devices"]),
+            device_kind=_device_kind(str(r["devices"]), metadata),
+            runs=float(r["execute_runs"]),
+            device_s=float(r["execute_s"]),
+            first_s=float(r["execute_first_s"]),
+            bytes_moved=float(r["bytes_moved"]),
+        )
+        for r in timed[columns].to_dict(orient="records")
+    ]
+
+
+def has_peak(speeds: list[ProgramSpeed]) -> bool:
+    """Whether any program ran on a chip with a stated peak (the plot needs one)."""
+    return any(s.rates.peaks is not None for s in speeds)
+
+
+def speed_csv_rows(speeds: list[ProgramSpeed]) -> list[tuple]:
+    """speed.csv's lines (`SPEED_COLUMNS`), non-finite numbers as `encode_float` writes them."""
+    return [
+        (
+            s.case,
+            s.path,
+            s.devices,
+            s.device_kind,
+            s.timing,
+            *(
+                encode_float(v)
+                for v in (
+                    s.runs,
+                    s.device_s,
+                    s.first_s,
+                    s.bytes_moved,
+                    s.rates.gb_per_s,
+                    s.peak_gb_per_s,
+                    s.rates.hbm_fraction,
+                )
+            ),
+        )
+        for s in speeds
+    ]
+
+
+def write_speed_csv(speeds: list[ProgramSpeed], path: Path) -> Path:
+    """speed.csv: a line per program (`SPEED_COLUMNS`), numbers at full precision."""
+    with Path(path).open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(SPEED_COLUMNS)
+        writer.writerows(speed_csv_rows(speeds))
+    return Path(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RooflineFigure:
+    """The plot's numbers: per case (in order) each program's fraction of its chip's peak HBM
+    bandwidth, `points` as (case, path, fraction); `device_kind` and `peak_gb_per_s` its chip's."""
+
+    device_kind: str
+    peak_gb_per_s: float
+    points: tuple[tuple[str, str, float], ...]
+
+
+def roofline_figure(speeds: list[ProgramSpeed]) -> RooflineFigure | None:
+    """The figure of the programs on a chip with a stated peak (None if none ran on one). A
+    run has one accelerator kind; host paths (no peak) are left out of the plot, not the table."""
+    on_chip = [s for s in speeds if s.rates.peaks is not None and math.isfinite(s.rates.hbm_fraction)]
+    if not on_chip:
+        return None
+    kind = on_chip[0].device_kind
+    return RooflineFigure(
+        kind,
+        on_chip[0].peak_gb_per_s,
+        tuple((s.case, s.path, s.rates.hbm_fraction) for s in on_chip if s.device_kind == kind),
+    )

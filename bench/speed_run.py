@@ -1,6 +1,7 @@
 """One parity run whose Speed section puts this project's kernels, the XLA reference and MaxText's side by side.
 
     python bench/speed_run.py --out DIR [--suite tpu] [--no-maxtext] [-- MORE RUN ARGUMENTS]
+    python bench/speed_run.py --out DIR --suite tpu --from RUN   # a finished (e.g. merged) run
 
 Runs `mhc-parity run --suite SUITE --impl mhc_parity.maxtext_parity:implementations --paths
 'reference/*' 'interpret/*' 'mosaic/*' 'maxtext-*' --jobs 1 --out DIR/run` (the same entry point
@@ -9,7 +10,9 @@ as `make parity`; `--no-maxtext` leaves MaxText out where it is not installed; a
 of it: DIR/speed-SUITE.csv (the run's speed.csv: per case and program the device time, bytes,
 GB/s and fraction of the chip's peak HBM bandwidth) and DIR/speed-SUITE.md (the command, the
 run's environment and the table). The run's own exit status (1 where a row fails) does not stop
-the copy: the speed figures stand whatever the verdicts, which the .md states.
+the copy: the speed figures stand whatever the verdicts, which the .md states. With `--from
+RUN` nothing runs: the files are written from that finished run folder (the shards of
+`bench/tpu_suite_check.sh`, merged), its command line taken from its manifest.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def speed_table(speed_csv: pathlib.Path) -> str:
     )
 
 
+def _recorded_status(run_folder: pathlib.Path) -> int:
+    """A finished run's exit status as its verdicts give it: 1 where a row failed or erred."""
+    with (run_folder / "rows.csv").open(newline="") as handle:
+        return int(any(row["verdict"] in ("fail", "error") for row in csv.DictReader(handle)))
+
+
 def main(argv: list[str]) -> int:
     more = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
@@ -76,12 +85,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--suite", default="tpu")
     parser.add_argument("--no-maxtext", action="store_true", help="leave MaxText's implementations out")
+    parser.add_argument("--from", dest="source", type=pathlib.Path, help="a finished run folder: run nothing")
     args = parser.parse_args(own)
-    run_folder = args.out / "run"
-    command = run_command(args.suite, run_folder, maxtext=not args.no_maxtext, more=more)
-    shown = shlex.join(["mhc-parity", *command[3:]])
-    print(shown, flush=True)
-    status = subprocess.run(command, cwd=ROOT, check=False).returncode
+    if args.source is not None:
+        run_folder, status = args.source, _recorded_status(args.source)
+        shown = f"the run folder {run_folder}"
+    else:
+        run_folder = args.out / "run"
+        command = run_command(args.suite, run_folder, maxtext=not args.no_maxtext, more=more)
+        shown = shlex.join(["mhc-parity", *command[3:]])
+        print(shown, flush=True)
+        status = subprocess.run(command, cwd=ROOT, check=False).returncode
     speed_csv = run_folder / "speed.csv"
     if not speed_csv.is_file():
         print(f"the run wrote no {speed_csv} (exit {status})", file=sys.stderr)

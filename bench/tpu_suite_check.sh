@@ -9,21 +9,24 @@
 #   bench/tpu_suite_check.sh merge DIR      # where the shards' packs are (DIR/shard-*.tgz): unpack
 #                                           #   them in DIR/unpacked, merge into out/tpu-suite
 #                                           #   (MERGED), write its baseline baselines/tpu-v5e-tpu.csv
-#                                           #   (BASELINE), gate the merged run against it; packed
-#                                           #   into DIR/merge.tgz
+#                                           #   (BASELINE), gate the merged run against it, write its
+#                                           #   Speed section's speed-tpu.csv/.md (bench/speed_run.py);
+#                                           #   packed into DIR/merge.tgz
 #
 # N = 4 (two cases a shard) is the plan of docs/accelerators.md ("The tpu suite on the chip"). A
 # shard cut by the part's budget (PART_BUDGET_S, bench/tpu_common.sh) is packed as far as it got;
 # run the same shard again on the same machine (its out/ and cache kept between calls) and it
 # resumes: its finished cases and oracle answers are not computed again. The lowering and compile
 # rows (checked on any host with libtpu) are left out unless LOWERING=1: single-threaded they cost
-# about 100 s a case on the chip. Merge on any machine with the project installed: it loads no JAX.
+# about 100 s a case on the chip. Where MaxText is installed, its fixed kernels run beside this
+# project's paths (MAXTEXT_PATHS). Merge on any machine with the project installed: it loads no JAX.
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: bench/tpu_suite_check.sh shard K N DIR | merge DIR"
 part=${1:?$usage}
 BASELINE=${BASELINE:-baselines/tpu-v5e-tpu.csv}
+MAXTEXT_PATHS=${MAXTEXT_PATHS:-"maxtext-layer-kernel-fixed/* maxtext-kernel-fwd-fixed/*"}
 MERGED=${MERGED:-out/tpu-suite}
 
 case $part in
@@ -39,15 +42,24 @@ case $part in
     resume=()
     # An earlier call's unfinished shard (same request): continue it.
     [ -f "$run/manifest.json" ] && resume=(--resume)
-    step "shard-$k" "$CLI" run --suite tpu --shard "$k/$n" --out "$run" --jobs 1 --quiet "${lowering[@]}" "${resume[@]}"
+    # MaxText's fixed kernels beside this project's (the Speed section's third column; the
+    # released ones raise UnexpectedTracerError: docs/results/maxtext-tpu-v5e.md), where installed.
+    maxtext=() maxtext_paths=()
+    if "$PY" -c "import maxtext" 2>/dev/null; then
+      maxtext=(--impl mhc_parity.maxtext_parity:implementations)
+      read -ra maxtext_paths <<<"$MAXTEXT_PATHS"  # split on spaces, the globs kept for --paths
+    fi
+    step "shard-$k" "$CLI" run --suite tpu --shard "$k/$n" --out "$run" --jobs 1 --quiet "${lowering[@]}" "${resume[@]}" \
+      "${maxtext[@]}" --paths 'reference/*' 'interpret/*' 'mosaic/*' "${maxtext_paths[@]}"
     free -g >"$out/logs/memory-after-shard-$k.txt" 2>&1
     tar czf "$out/shard-$k.tgz" "$run" "$out/logs" "$out/steps.txt"
     ;;
   merge)
     out=${2:?$usage}
+    caller_cli=${CLI:-}
     PART_BUDGET_S=${PART_BUDGET_S:-86400}  # not a device call: no 10-minute bound
     source bench/tpu_common.sh
-    CLI=.venv/bin/mhc-parity
+    CLI=${caller_cli:-.venv/bin/mhc-parity}
     [ -x "$CLI" ] || CLI=.venv-system/bin/mhc-parity
     shards=()
     unpacked=$out/unpacked
@@ -64,7 +76,9 @@ case $part in
     step merge "$CLI" merge "$MERGED" "${shards[@]}" || { cat "$out/logs/merge.log"; exit 2; }
     step baseline "$CLI" baseline --from "$MERGED" --to "$BASELINE"
     step gate "$CLI" gate --baseline "$BASELINE" --current "$MERGED"
-    tar czf "$out/merge.tgz" "$MERGED/summary.md" "$MERGED/rows.csv" "$BASELINE" "$out/logs"
+    step speed python3 bench/speed_run.py --from "$MERGED" --suite tpu --out "$out"
+    tar czf "$out/merge.tgz" "$MERGED/summary.md" "$MERGED/rows.csv" "$BASELINE" "$out/speed-tpu.csv" \
+      "$out/speed-tpu.md" "$out/logs"
     ;;
   *)
     echo "bench/tpu_suite_check.sh: unknown part '$part' (shard or merge)" >&2

@@ -40,7 +40,8 @@ def test_merge_joins_the_packed_shards_writes_their_baseline_and_gates(case_file
     )
     assert done.returncode == 0, done.stdout + done.stderr
     steps = (packs / "steps.txt").read_text()
-    assert "merge: exit 0" in steps and "baseline: exit 0" in steps and "gate: exit 0" in steps, steps
+    assert all(f"{name}: exit 0" in steps for name in ("merge", "baseline", "gate", "speed")), steps
+    assert (packs / "speed-tpu.csv").read_text().startswith("case,") and (packs / "speed-tpu.md").is_file()
     manifest = read_manifest(merged)
     selection = read_manifest(tmp_path / "made-1").shard_of
     assert len(selection) == 2 and manifest.is_complete and manifest.cases == selection and not manifest.shard

@@ -17,6 +17,8 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from mhc_parity.records.cause_consistency import consistent_causes
+from mhc_parity.records.path_names import implementation_of
 from mhc_parity.records.schema import COMPARED_VERDICTS
 from mhc_parity.records.text import format_number, plural
 
@@ -24,11 +26,6 @@ from mhc_parity.records.text import format_number, plural
 CAUSE_COLUMNS = ("cause", "cause_id", "cause_explained")
 # Verdicts a group collects, worst first.
 GROUPED_VERDICTS = ("error", "fail")
-
-
-def implementation_of(candidate: str) -> str:
-    """The implementation of a path name ("interpret/sharded(...)" -> "interpret")."""
-    return candidate.split("/", 1)[0]
 
 
 def uncompared(rows: Iterable[Mapping[str, Any]], implementations: Sequence[str] = ()) -> list[str]:
@@ -160,9 +157,13 @@ def format_heading(
 
 
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
-    """The run's failing and error rows grouped by implementation and cause: the largest group first."""
+    """The run's failing and error rows grouped by implementation and cause: the largest group first.
+
+    The causes are those that hold across each path's failing leaves
+    (`mhc_parity.records.cause_consistency.consistent_causes`): a rounding named on fewer of
+    them than no rounding explains is stated as not explained, with what it fitted."""
     grouped: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
-    for row in rows:
+    for row in consistent_causes(rows):
         verdict = str(row["verdict"])
         if verdict not in GROUPED_VERDICTS:
             continue

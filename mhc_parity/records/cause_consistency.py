@@ -1,0 +1,129 @@
+"""A rounding stated as a cause only where it holds across its implementation's failing leaves.
+
+Each case names its failing rows' causes apart (`mhc_parity.harness.engine.causes`): the best
+of some fifty hypotheses, value for value or by the size of its error. A precision bug's error
+is its rounding's wherever that rounding acts, so it explains the failing leaves of every case
+and path of the code it is in alike. A logic bug's error is no rounding's, and among fifty
+hypotheses one matches a case's leaves by chance now and then: on the TPU v5e a
+backward-kernel logic fault's failing rows on the mosaic paths were "not explained by any
+rounding" 116 times and "the RMS statistic's sum of squares summed in bfloat16 term by term"
+(matched by size, 0.82) 18 times, in one run (issue 56, item 7). No case alone can tell the 18
+from a true cause; the implementation's other failing leaves can.
+
+So over one run's rows, per implementation (the part of a row's `candidate` before the "/":
+`mosaic/unsharded` and `mosaic/sharded(...)` run one code; `interpret` is another), each
+(case, path, leaf) that fails is one attribution, whichever comparisons fail on it. A
+hypothesis named on n of them, where more than n are not explained by any rounding (u > n),
+fits only some of the implementation's failing leaves: it is not named. Its rows say "not
+explained by any rounding", with what it fitted and why it is not named; their
+`cause_explained` (the fraction it explained there) is kept. A pair is not named where either
+of its hypotheses is not. Rows named through their partner (a sum in the partner's order, a
+leaf both paths hold narrow: `PARTNER_NAMED`) rest on other evidence and are neither counted
+nor changed, nor are `within_model` and `not_attributed` rows.
+
+A sharded path that is right, beside its unsharded partner that is not (a fault in what the
+unsharded run alone does), fails against its partner while its own error is within its
+model; a rounding matched to that small error by size is the same chance match (the CPU's
+kill matrix showed it: `docs/judging.md`), and counts and loses the same way.
+
+The counts are those the engine wrote: this is a function of a run's rows as recorded
+(`rows.jsonl`, `rows.csv`), applied wherever causes are stated (the reports' cause groups,
+summary.md's failure table, the kill matrix's top cause), never stored back.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mhc_parity.records.path_names import implementation_of
+from mhc_parity.records.schema import UNEXPLAINED_CAUSE
+
+# The words of a failing row no rounding explains (`mhc_parity.harness.judging.attribution`).
+UNEXPLAINED_WORDS = "not explained by any rounding: look for a logic error"
+# The cause ids of a row judged within its model against the oracle, and of a case too large
+# to attribute (`mhc_parity.harness.engine.causes`).
+WITHIN_MODEL_ID = "within_model"
+NOT_ATTRIBUTED_ID = "not_attributed"
+# Cause ids that name no hypothesis.
+NOT_HYPOTHESES = frozenset({UNEXPLAINED_CAUSE, WITHIN_MODEL_ID, NOT_ATTRIBUTED_ID, ""})
+# What follows the hypothesis' words in a row named through its partner
+# (`mhc_parity.harness.engine.causes`): a sum the partner's leaf names, in another order; a
+# leaf this path and its partner both hold in a narrow dtype.
+IN_ANOTHER_ORDER = " (named on {partner}, which sums it in another order)"
+HELD_IN_ANOTHER_ORDER = (
+    " (this path and {partner} both hold it in {dtype}, which the rounding model does not allow; "
+    "each sums it in its own order)"
+)
+PARTNER_NAMED = tuple(template.rsplit("}", 1)[1] for template in (IN_ANOTHER_ORDER, HELD_IN_ANOTHER_ORDER))
+# What a row whose rounding does not hold across its implementation says instead.
+NOT_NAMED = (
+    UNEXPLAINED_WORDS + " ({cause} fits {named} of the {failing} leaves {implementation}'s paths fail, "
+    "{unexplained} of them not explained by any rounding: not named)"
+)
+
+
+def _names(cause_id: str) -> list[str]:
+    return [] if cause_id in NOT_HYPOTHESES else cause_id.split("+")
+
+
+def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
+    """(case, path, leaf, cause_id) of a failing row whose cause the rule weighs: no rounding,
+    or hypotheses matched to the path's own error; None for any other row."""
+    cause_id = str(row.get("cause_id") or "")
+    if row.get("verdict") != "fail" or not (cause_id == UNEXPLAINED_CAUSE or _names(cause_id)):
+        return None
+    if str(row.get("cause") or "").endswith(PARTNER_NAMED):
+        return None
+    return str(row["case"]), str(row["candidate"]), str(row["leaf"]), cause_id
+
+
+def unheld_hypotheses(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(implementation, hypothesis name) -> (failing leaves it is named on, those not
+    explained by any rounding, the failing leaves weighed) for each hypothesis named on fewer
+    of the implementation's failing (case, path, leaf)s than no rounding explains (module
+    docstring)."""
+    units: dict[str, set[tuple[str, str, str, str]]] = collections.defaultdict(set)
+    for row in rows:
+        found = _attribution(row)
+        if found is not None:
+            units[implementation_of(found[1])].add(found)
+    unheld = {}
+    for implementation, attributions in units.items():
+        unexplained = sum(cause_id == UNEXPLAINED_CAUSE for *_, cause_id in attributions)
+        named = collections.Counter(name for *_, cause_id in attributions for name in dict.fromkeys(_names(cause_id)))
+        for name, count in named.items():
+            if unexplained > count:
+                unheld[(implementation, name)] = (count, unexplained, len(attributions))
+    return unheld
+
+
+def consistent_causes(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """`rows` (one run's, as the engine wrote them) with each failing row whose hypothesis does
+    not hold across its implementation (`unheld_hypotheses`) said to be not explained by any
+    rounding: `cause` (`NOT_NAMED`, naming what it fitted) and `cause_id` changed,
+    `cause_explained` kept. Unchanged rows are the same objects; changed ones new dicts."""
+    rows = list(rows)
+    unheld = unheld_hypotheses(rows)
+    if not unheld:
+        return rows
+    revised = []
+    for row in rows:
+        found = _attribution(row)
+        implementation = implementation_of(str(row["candidate"]))
+        names = _names(found[3]) if found is not None else []
+        counts = [unheld[(implementation, n)] for n in names if (implementation, n) in unheld]
+        if not counts:
+            revised.append(row)
+            continue
+        named, unexplained, failing = min(counts)
+        cause = NOT_NAMED.format(
+            cause=row.get("cause") or found[3],
+            named=named,
+            failing=failing,
+            implementation=implementation,
+            unexplained=unexplained,
+        )
+        revised.append({**row, "cause": cause, "cause_id": UNEXPLAINED_CAUSE})
+    return revised

@@ -59,8 +59,8 @@ HELD_IN_ANOTHER_ORDER = (
 PARTNER_NAMED = tuple(template.rsplit("}", 1)[1] for template in (IN_ANOTHER_ORDER, HELD_IN_ANOTHER_ORDER))
 # What a row whose rounding does not hold across its implementation says instead.
 NOT_NAMED = (
-    UNEXPLAINED_WORDS + " ({cause} fits {named} of the {failing} leaves {implementation}'s paths fail, "
-    "{unexplained} of them not explained by any rounding: not named)"
+    UNEXPLAINED_WORDS + " (not named: {cause}, which fits {named} of the {failing} leaves {implementation}'s "
+    "paths fail; no rounding explains {unexplained})"
 )
 
 

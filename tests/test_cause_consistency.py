@@ -121,6 +121,23 @@ def test_a_precision_fault_s_own_rounding_holds_where_it_fits_more_leaves_than_n
     assert {r["cause_id"] for r in stated if r["leaf"] == "h_pre"} == {GATES}
 
 
+def test_causes_stated_once_hold_when_stated_again():
+    """The rows said not named count neither way again: were they counted as unexplained, a
+    hypothesis that held beside them (5 leaves against 4) would lose on a second pass (5
+    against 7)."""
+    rows = []
+    for leaf in ("h_pre", "h_post", "d_pre_bias", "d_post_bias", "d_pre_scale"):
+        rows += _failing("case_a", MOSAIC, leaf, GATES, GATE_WORDS, 0.97)
+    for case in ("case_a", "case_b", "case_c"):
+        rows += _failing(case, MOSAIC, "d_res_bias", f"{GATES}+{RESIDUAL}", "both gates", 0.9)
+    for case in ("case_a", "case_b", "case_c", "case_d"):
+        rows += _unexplained(case, MOSAIC, "out")
+    stated = consistent_causes(rows)
+    assert unheld_hypotheses(rows) == {("mosaic", RESIDUAL): (3, 4, 12)}
+    assert sum(r["cause_id"] == GATES for r in stated) == 10
+    assert consistent_causes(stated) == stated
+
+
 def test_each_implementation_is_judged_on_its_own_and_rows_named_through_a_partner_are_left_alone():
     rows = _item_7_rows()
     # Another implementation where the same sum holds (every one of its failing leaves): named there.

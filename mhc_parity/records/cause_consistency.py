@@ -17,7 +17,8 @@ hypothesis named on n of them, where more than n are not explained by any roundi
 fits only some of the implementation's failing leaves: it is not named. Its rows say "not
 explained by any rounding", with what it fitted and why it is not named; their
 `cause_explained` (the fraction it explained there) is kept. A pair is not named where either
-of its hypotheses is not. Rows named through their partner (a sum in the partner's order, a
+of its hypotheses is not. A row said not named counts neither way again, so the causes
+stated once hold when stated again. Rows named through their partner (a sum in the partner's order, a
 leaf both paths hold narrow: `PARTNER_NAMED`) rest on other evidence and are neither counted
 nor changed, nor are `within_model` and `not_attributed` rows.
 
@@ -64,6 +65,9 @@ NOT_NAMED = (
 )
 
 
+_NOT_NAMED_START = NOT_NAMED.split("{", 1)[0]
+
+
 def _names(cause_id: str) -> list[str]:
     return [] if cause_id in NOT_HYPOTHESES else cause_id.split("+")
 
@@ -74,8 +78,9 @@ def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
     cause_id = str(row.get("cause_id") or "")
     if row.get("verdict") != "fail" or not (cause_id == UNEXPLAINED_CAUSE or _names(cause_id)):
         return None
-    if str(row.get("cause") or "").endswith(PARTNER_NAMED):
-        return None
+    cause = str(row.get("cause") or "")
+    if cause.endswith(PARTNER_NAMED) or cause.startswith(_NOT_NAMED_START):
+        return None  # named through the partner, or said not named already (the rule holds once applied)
     return str(row["case"]), str(row["candidate"]), str(row["leaf"]), cause_id
 
 

@@ -5,16 +5,22 @@ kill matrix's top cause."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from mhc_parity.cases import registry
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.oracle_path import noise_units
 from mhc_parity.harness.faults import matrix as kill_matrix
 from mhc_parity.harness.faults.fault_catalogue import FAULTS
 from mhc_parity.records.cause_consistency import (
     HELD_IN_ANOTHER_ORDER,
+    HYPOTHESIS_KINDS,
     IN_ANOTHER_ORDER,
     UNEXPLAINED_WORDS,
     consistent_causes,
+    hypothesis_names,
     unheld_hypotheses,
 )
 from mhc_parity.records.rows import to_frame
@@ -196,3 +202,20 @@ def test_the_kill_matrix_s_top_cause_of_a_logic_fault_counts_every_failing_row()
     (verdict,) = [s for s in result.slices if s.cause_rows]
     assert (verdict.top_cause_id, verdict.top_cause_rows, verdict.cause_rows) == ("unexplained", 134, 134)
     assert verdict.own_cause
+
+
+def test_a_pair_splits_into_the_operation_s_hypothesis_names():
+    """The rule and the kill matrix read a pair's two names from its cause id: a backend
+    hypothesis' own name joins its primitives by "+", so the split is before a kind alone."""
+    case = registry.get("lite-n4-c128-b2s64-f32-w32-tanh-default")
+    names = [h.name for h in OPERATION.hypotheses(case, get_branch(case.branch), noise_units(case))]
+    assert {name.split(":", 1)[0] for name in names} == set(HYPOTHESIS_KINDS)
+    assert any("+" in name for name in names), "a backend hypothesis of several primitives"
+    for first, second in itertools.product(names, repeat=2):
+        assert hypothesis_names(f"{first}+{second}") == [first, second]
+    assert hypothesis_names("unexplained") == [] and hypothesis_names("within_model") == []
+    backends = [n for n in names if n.startswith("backend:") and "+" in n]
+    # The kill matrix's own cause of a fault: a pair with a backend hypothesis is read as two names.
+    fault = FAULTS["reference.gate_params_bf16"]
+    assert fault.names_its_cause(f"{GATES}+round:gate_weight/residual_gate:forward:bfloat16")
+    assert not fault.names_its_cause(f"{GATES}+{backends[0]}")

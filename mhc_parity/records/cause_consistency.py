@@ -35,6 +35,7 @@ summary.md's failure table, the kill matrix's top cause), never stored back.
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -66,17 +67,24 @@ NOT_NAMED = (
 
 
 _NOT_NAMED_START = NOT_NAMED.split("{", 1)[0]
+# The kinds a hypothesis name starts with (`mhc_parity.mhc.operation.hypotheses.name_problem`):
+# a pair's two names are joined by "+", and a backend hypothesis' own name joins its
+# primitives by "+" ("backend:exp+logistic:float32"), so a pair splits only before a kind.
+HYPOTHESIS_KINDS = ("round", "accumulate", "fit", "backend")
+_PAIR_JOIN = re.compile(r"\+(?=(?:{}):)".format("|".join(HYPOTHESIS_KINDS)))
 
 
-def _names(cause_id: str) -> list[str]:
-    return [] if cause_id in NOT_HYPOTHESES else cause_id.split("+")
+def hypothesis_names(cause_id: str) -> list[str]:
+    """The hypothesis names of a row's `cause_id` (one, or a pair's two); [] for the ids that
+    name none (`NOT_HYPOTHESES`)."""
+    return [] if cause_id in NOT_HYPOTHESES else _PAIR_JOIN.split(cause_id)
 
 
 def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
     """(case, path, leaf, cause_id) of a failing row whose cause the rule weighs: no rounding,
     or hypotheses matched to the path's own error; None for any other row."""
     cause_id = str(row.get("cause_id") or "")
-    if row.get("verdict") != "fail" or not (cause_id == UNEXPLAINED_CAUSE or _names(cause_id)):
+    if row.get("verdict") != "fail" or not (cause_id == UNEXPLAINED_CAUSE or hypothesis_names(cause_id)):
         return None
     cause = str(row.get("cause") or "")
     if cause.endswith(PARTNER_NAMED) or cause.startswith(_NOT_NAMED_START):
@@ -97,7 +105,9 @@ def unheld_hypotheses(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str]
     unheld = {}
     for implementation, attributions in units.items():
         unexplained = sum(cause_id == UNEXPLAINED_CAUSE for *_, cause_id in attributions)
-        named = collections.Counter(name for *_, cause_id in attributions for name in dict.fromkeys(_names(cause_id)))
+        named = collections.Counter(
+            name for *_, cause_id in attributions for name in dict.fromkeys(hypothesis_names(cause_id))
+        )
         for name, count in named.items():
             if unexplained > count:
                 unheld[(implementation, name)] = (count, unexplained, len(attributions))
@@ -117,7 +127,7 @@ def consistent_causes(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
     for row in rows:
         found = _attribution(row)
         implementation = implementation_of(str(row["candidate"]))
-        names = _names(found[3]) if found is not None else []
+        names = hypothesis_names(found[3]) if found is not None else []
         counts = [unheld[(implementation, n)] for n in names if (implementation, n) in unheld]
         if not counts:
             revised.append(row)

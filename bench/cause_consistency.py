@@ -6,7 +6,7 @@ Usage (from the project root, after `mhc-parity faults ... --out FAULTS`; on a T
 For each fault and dtype slice, its failing rows counted by cause id as the cases named them
 (the rows as recorded) and as every report states them (`mhc_parity.records.cause_consistency`:
 a rounding named on fewer of an implementation's failing leaves than no rounding explains is
-not named), and per fault the hypotheses not named with their counts. Writes DIR/cause_consistency.md
+not named), and per fault the places not named with their counts. Writes DIR/cause_consistency.md
 and prints it. Issue 56, item 7: on the TPU v5e the mosaic path's rows of
 `kernel.accumulators_reset_every_block` (the default suite) should all read "unexplained"
 after; the precision faults' own causes (`causes` in the catalogue) should keep their rows.
@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from mhc_parity.records.cause_consistency import consistent_causes, unheld_hypotheses  # noqa: E402
+from mhc_parity.records.cause_consistency import consistent_causes, unheld_places  # noqa: E402
 
 SHOWN = 6  # cause ids shown per slice, the commonest first
 
@@ -51,12 +51,12 @@ def report(rows: list[dict]) -> str:
             failing = sum(r["verdict"] == "fail" for r in before)
             if failing:
                 lines.append(f"| {fault} | {dtype} | {failing} | {_counts(before)} | {_counts(after)} |")
-        for (implementation, name), (named, unexplained, total) in sorted(unheld_hypotheses(members).items()):
+        for (implementation, place), (named, unexplained, total) in sorted(unheld_places(members).items()):
             notes.append(
-                f"- {fault}, {implementation}: {name} not named (fits {named} of {total} failing leaves; "
-                f"no rounding explains {unexplained})"
+                f"- {fault}, {implementation}: the roundings at {place} not named (they fit {named} of "
+                f"{total} failing leaves, no rounding {unexplained})"
             )
-    return "\n".join(lines + [""] + (notes or ["- no hypothesis lost its name"])) + "\n"
+    return "\n".join(lines + [""] + (notes or ["- no place lost its name"])) + "\n"
 
 
 def _row(record: dict) -> dict:

@@ -21,7 +21,8 @@ from mhc_parity.records.cause_consistency import (
     UNEXPLAINED_WORDS,
     consistent_causes,
     hypothesis_names,
-    unheld_hypotheses,
+    hypothesis_place,
+    unheld_places,
 )
 from mhc_parity.records.rows import to_frame
 from mhc_parity.reports import render_markdown
@@ -34,6 +35,7 @@ RMS_WORDS = "the RMS statistic's sum of squares summed in bfloat16 term by term 
 GATES = "round:gate_weight/pre_post:forward:bfloat16"
 GATE_WORDS = "the pre and post gates' scales and biases rounded to bfloat16"
 RESIDUAL = "round:gate_weight/residual_gate:forward:bfloat16"
+COLLAPSE_SUM = "accumulate:collapse:value:bfloat16:once"
 MOSAIC = "mosaic/unsharded"
 WEIGHT_GRADS = ("d_pre_alpha", "d_pre_scale", "d_pre_bias", "d_post_alpha", "d_post_scale", "d_post_bias")
 
@@ -78,7 +80,7 @@ def _item_7_rows(candidate=MOSAIC) -> list[dict]:
 def test_a_rounding_named_on_a_few_of_a_path_s_failing_leaves_loses_to_no_rounding():
     rows = _item_7_rows()
     assert sum(r["cause_id"] == RMS_SUM for r in rows) == 18 and len(rows) == 134
-    assert unheld_hypotheses(rows) == {("mosaic", RMS_SUM): (9, 58, 67)}
+    assert unheld_places(rows) == {("mosaic", "accumulate:mean_square"): (9, 58, 67)}
     stated = consistent_causes(rows)
     assert {r["cause_id"] for r in stated} == {"unexplained"}
     revised = [r for r, before in zip(stated, rows) if before["cause_id"] == RMS_SUM]
@@ -86,7 +88,8 @@ def test_a_rounding_named_on_a_few_of_a_path_s_failing_leaves_loses_to_no_roundi
     for row in revised:
         assert row["cause"].startswith(UNEXPLAINED_WORDS), row["cause"]
         assert row["cause"].endswith(
-            f"(not named: {RMS_WORDS}, which fits 9 of the 67 leaves mosaic's paths fail; no rounding explains 58)"
+            f"(not named: {RMS_WORDS}; the roundings at accumulate:mean_square fit 9 of the 67 leaves "
+            "mosaic's paths fail, no rounding 58)"
         )
         assert row["cause_explained"] == 0.82, "the row's own numbers are kept"
     # The rows as recorded are not changed, and the unchanged rows are the same objects.
@@ -107,39 +110,49 @@ def test_the_cause_groups_state_one_cause_for_the_whole_fault():
     assert len(cells) == 18 and all(c.startswith(f"{UNEXPLAINED_WORDS} (not named: the RMS") for c in cells), cells
 
 
-def test_a_precision_fault_s_own_rounding_holds_where_it_fits_more_leaves_than_no_rounding():
-    """A precision bug whose rounding most failing leaves name keeps it, a second hypothesis of
-    the same bug (another gate group, a pair) too where it fits as many leaves as are left
-    unexplained; the leaves just past their bound (the candidate's own rounding a share of
-    the error) stay unexplained without costing it its name."""
+def test_a_precision_fault_s_own_rounding_holds_where_its_place_fits_more_leaves_than_no_rounding():
+    """A precision bug at one place is named by that place's hypotheses (the gate parameters
+    rounded: the pre and post gates' on some leaves, the residual gate's on another, both of
+    them as a pair), which hold together where they fit more failing leaves than no rounding
+    explains; the leaves just past their bound (the candidate's own rounding a share of the
+    error) stay unexplained without costing them their name. A hypothesis at another place,
+    paired with them on fewer leaves than are unexplained, is not named."""
     rows = []
     for case in ("case_a", "case_b", "case_c"):
-        for leaf in ("h_pre", "h_post", "d_pre_bias", "d_post_bias"):
-            rows += _failing(case, MOSAIC, leaf, GATES, GATE_WORDS, 0.97)
+        rows += _failing(case, MOSAIC, "h_pre", GATES, GATE_WORDS, 0.97)
+        rows += _failing(case, MOSAIC, "h_res", RESIDUAL, "the residual gate's", 0.97)
         rows += _failing(case, MOSAIC, "d_res_bias", f"{GATES}+{RESIDUAL}", "both gates", 0.9)
-        rows += _unexplained(case, MOSAIC, "out")
-    assert unheld_hypotheses(rows) == {}
-    assert consistent_causes(rows) == rows
-    # One more unexplained leaf than the pair fits: the pair is not named, the gates still are.
-    rows += _unexplained("case_d", MOSAIC, "out")
+        rows += _failing(case, MOSAIC, "out", f"{GATES}+{COLLAPSE_SUM}", "the gates + the collapse", 0.8)
+        for leaf in ("d_x", "layer_input"):
+            rows += _unexplained(case, MOSAIC, leaf)
+    # 12 leaves name the gate parameters, 6 none: the gates hold; the collapse, on 3, does not.
+    assert unheld_places(rows) == {("mosaic", "accumulate:collapse"): (3, 6, 18)}
     stated = consistent_causes(rows)
-    assert {r["cause_id"] for r in stated if r["leaf"] == "d_res_bias"} == {"unexplained"}
-    assert {r["cause_id"] for r in stated if r["leaf"] == "h_pre"} == {GATES}
+    named = {(r["leaf"], r["cause_id"]) for r in stated}
+    assert named == {
+        ("h_pre", GATES),
+        ("h_res", RESIDUAL),
+        ("d_res_bias", f"{GATES}+{RESIDUAL}"),
+        ("out", "unexplained"),
+        ("d_x", "unexplained"),
+        ("layer_input", "unexplained"),
+    }
+    # Were each gate group counted apart (3 leaves each against 6), none would hold.
+    assert len({hypothesis_place(n) for n in (GATES, RESIDUAL, f"{GATES}:backend_sums")}) == 1
 
 
 def test_causes_stated_once_hold_when_stated_again():
     """The rows said not named count neither way again: were they counted as unexplained, a
-    hypothesis that held beside them (5 leaves against 4) would lose on a second pass (5
-    against 7)."""
+    place that held beside them (5 leaves against 4) would lose on a second pass (5 against 7)."""
     rows = []
     for leaf in ("h_pre", "h_post", "d_pre_bias", "d_post_bias", "d_pre_scale"):
         rows += _failing("case_a", MOSAIC, leaf, GATES, GATE_WORDS, 0.97)
     for case in ("case_a", "case_b", "case_c"):
-        rows += _failing(case, MOSAIC, "d_res_bias", f"{GATES}+{RESIDUAL}", "both gates", 0.9)
+        rows += _failing(case, MOSAIC, "out", COLLAPSE_SUM, "the collapse", 0.9)
     for case in ("case_a", "case_b", "case_c", "case_d"):
-        rows += _unexplained(case, MOSAIC, "out")
+        rows += _unexplained(case, MOSAIC, "d_x")
     stated = consistent_causes(rows)
-    assert unheld_hypotheses(rows) == {("mosaic", RESIDUAL): (3, 4, 12)}
+    assert unheld_places(rows) == {("mosaic", "accumulate:collapse"): (3, 4, 12)}
     assert sum(r["cause_id"] == GATES for r in stated) == 10
     assert consistent_causes(stated) == stated
 
@@ -159,7 +172,7 @@ def test_each_implementation_is_judged_on_its_own_and_rows_named_through_a_partn
     others = legitimate + partner_named + held_rows + within
     stated = consistent_causes(rows + others)
     assert stated[len(rows) :] == others
-    assert unheld_hypotheses(rows + others) == {("mosaic", RMS_SUM): (9, 58, 67)}
+    assert unheld_places(rows + others) == {("mosaic", "accumulate:mean_square"): (9, 58, 67)}
 
 
 def test_a_right_sharded_path_s_chance_match_beside_its_broken_unsharded_partner_is_not_named():
@@ -184,11 +197,11 @@ def test_a_right_sharded_path_s_chance_match_beside_its_broken_unsharded_partner
         rows += _failing("case_m8", sharded, leaf, RMS_SUM, RMS_WORDS, 0.84, ("vs_unsharded",))
     for leaf in WEIGHT_GRADS:
         rows += _unexplained("case_b", "interpret/unsharded", leaf)
-    assert unheld_hypotheses(rows) == {("interpret", RMS_SUM): (7, 13, 20)}
+    assert unheld_places(rows) == {("interpret", "accumulate:mean_square"): (7, 13, 20)}
     assert {r["cause_id"] for r in consistent_causes(rows)} == {"unexplained"}
     # Where the unsharded path's leaves are the only ones unexplained and the sum fits as many, it holds.
     fewer = [r for r in rows if r["case"] == "case_m8"]
-    assert unheld_hypotheses(fewer) == {} and consistent_causes(fewer) == fewer
+    assert unheld_places(fewer) == {} and consistent_causes(fewer) == fewer
 
 
 def test_the_kill_matrix_s_top_cause_of_a_logic_fault_counts_every_failing_row():

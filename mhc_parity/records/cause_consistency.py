@@ -12,15 +12,16 @@ from a true cause; the implementation's other failing leaves can.
 
 So over one run's rows, per implementation (the part of a row's `candidate` before the "/":
 `mosaic/unsharded` and `mosaic/sharded(...)` run one code; `interpret` is another), each
-(case, path, leaf) that fails is one attribution, whichever comparisons fail on it. A
-hypothesis named on n of them, where more than n are not explained by any rounding (u > n),
-fits only some of the implementation's failing leaves: it is not named. Its rows say "not
-explained by any rounding", with what it fitted and why it is not named; their
-`cause_explained` (the fraction it explained there) is kept. A pair is not named where either
-of its hypotheses is not. A row said not named counts neither way again, so the causes
-stated once hold when stated again. Rows named through their partner (a sum in the partner's order, a
-leaf both paths hold narrow: `PARTNER_NAMED`) rest on other evidence and are neither counted
-nor changed, nor are `within_model` and `not_attributed` rows.
+(case, path, leaf) that fails is one attribution, whichever comparisons fail on it. The
+hypotheses at one place (`hypothesis_place`: a site, a contraction) named on n of them,
+where more than n are not explained by any rounding (u > n), fit only some of the
+implementation's failing leaves: none of them is named. Their rows say "not explained by any
+rounding", with what was fitted and why it is not named; their `cause_explained` (the
+fraction it explained there) is kept. A pair is not named where either of its places is not.
+A row said not named counts neither way again, so the causes stated once hold when stated
+again. Rows named through their partner (a sum in the partner's order, a leaf both paths hold
+narrow: `PARTNER_NAMED`) rest on other evidence and are neither counted nor changed, nor are
+`within_model` and `not_attributed` rows.
 
 A sharded path that is right, beside its unsharded partner that is not (a fault in what the
 unsharded run alone does), fails against its partner while its own error is within its
@@ -61,8 +62,8 @@ HELD_IN_ANOTHER_ORDER = (
 PARTNER_NAMED = tuple(template.rsplit("}", 1)[1] for template in (IN_ANOTHER_ORDER, HELD_IN_ANOTHER_ORDER))
 # What a row whose rounding does not hold across its implementation says instead.
 NOT_NAMED = (
-    UNEXPLAINED_WORDS + " (not named: {cause}, which fits {named} of the {failing} leaves {implementation}'s "
-    "paths fail; no rounding explains {unexplained})"
+    UNEXPLAINED_WORDS + " (not named: {cause}; the roundings at {place} fit {named} of the {failing} leaves "
+    "{implementation}'s paths fail, no rounding {unexplained})"
 )
 
 
@@ -80,6 +81,15 @@ def hypothesis_names(cause_id: str) -> list[str]:
     return [] if cause_id in NOT_HYPOTHESES else _PAIR_JOIN.split(cause_id)
 
 
+def hypothesis_place(name: str) -> str:
+    """Where a hypothesis rounds: its kind and site ("round:gate_weight", "accumulate:mean_square",
+    "fit:rms_inverse"), every backend primitive one place ("backend"). One bug at a place is
+    matched by its different hypotheses on different leaves (the gate parameters rounded: the
+    pre gate's on one leaf, both gates' on another; a sum's blocks and orders)."""
+    kind, _, rest = name.partition(":")
+    return kind if kind == "backend" else f"{kind}:{rest.split(':', 1)[0].split('/', 1)[0]}"
+
+
 def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
     """(case, path, leaf, cause_id) of a failing row whose cause the rule weighs: no rounding,
     or hypotheses matched to the path's own error; None for any other row."""
@@ -92,11 +102,11 @@ def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
     return str(row["case"]), str(row["candidate"]), str(row["leaf"]), cause_id
 
 
-def unheld_hypotheses(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """(implementation, hypothesis name) -> (failing leaves it is named on, those not
-    explained by any rounding, the failing leaves weighed) for each hypothesis named on fewer
-    of the implementation's failing (case, path, leaf)s than no rounding explains (module
-    docstring)."""
+def unheld_places(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(implementation, place) -> (failing leaves a hypothesis at the place is named on, those
+    not explained by any rounding, the failing leaves weighed) for each place
+    (`hypothesis_place`) named on fewer of the implementation's failing (case, path, leaf)s
+    than no rounding explains (module docstring)."""
     units: dict[str, set[tuple[str, str, str, str]]] = collections.defaultdict(set)
     for row in rows:
         found = _attribution(row)
@@ -106,7 +116,9 @@ def unheld_hypotheses(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str]
     for implementation, attributions in units.items():
         unexplained = sum(cause_id == UNEXPLAINED_CAUSE for *_, cause_id in attributions)
         named = collections.Counter(
-            name for *_, cause_id in attributions for name in dict.fromkeys(hypothesis_names(cause_id))
+            place
+            for *_, cause_id in attributions
+            for place in dict.fromkeys(hypothesis_place(name) for name in hypothesis_names(cause_id))
         )
         for name, count in named.items():
             if unexplained > count:
@@ -116,25 +128,26 @@ def unheld_hypotheses(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str]
 
 def consistent_causes(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """`rows` (one run's, as the engine wrote them) with each failing row whose hypothesis does
-    not hold across its implementation (`unheld_hypotheses`) said to be not explained by any
-    rounding: `cause` (`NOT_NAMED`, naming what it fitted) and `cause_id` changed,
+    not hold across its implementation (its place in `unheld_places`) said to be not explained
+    by any rounding: `cause` (`NOT_NAMED`, naming what it fitted) and `cause_id` changed,
     `cause_explained` kept. Unchanged rows are the same objects; changed ones new dicts."""
     rows = list(rows)
-    unheld = unheld_hypotheses(rows)
+    unheld = unheld_places(rows)
     if not unheld:
         return rows
     revised = []
     for row in rows:
         found = _attribution(row)
         implementation = implementation_of(str(row["candidate"]))
-        names = hypothesis_names(found[3]) if found is not None else []
-        counts = [unheld[(implementation, n)] for n in names if (implementation, n) in unheld]
+        places = [hypothesis_place(n) for n in hypothesis_names(found[3])] if found is not None else []
+        counts = [(unheld[(implementation, p)], p) for p in places if (implementation, p) in unheld]
         if not counts:
             revised.append(row)
             continue
-        named, unexplained, failing = min(counts)
+        (named, unexplained, failing), place = min(counts)
         cause = NOT_NAMED.format(
             cause=row.get("cause") or found[3],
+            place=place,
             named=named,
             failing=failing,
             implementation=implementation,

@@ -6,7 +6,11 @@ kill matrix's top cause."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
+
+import pandas as pd
+import pytest
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.branches import get_branch
@@ -24,11 +28,13 @@ from mhc_parity.records.cause_consistency import (
     hypothesis_place,
     unheld_places,
 )
-from mhc_parity.records.rows import to_frame
-from mhc_parity.reports import render_markdown
+from mhc_parity.records.rows import ReportInputError, to_frame
+from mhc_parity.records.store import RowStore
+from mhc_parity.reports import load_run, render_markdown
 from mhc_parity.reports.causes import cause_groups
-from mhc_parity.reports.samples import measured_row
+from mhc_parity.reports.samples import measured_row, sample_manifest
 from mhc_parity.reports.summary import summarize
+from mhc_parity.reports.writers import write_run_folder
 
 RMS_SUM = "accumulate:mean_square:value:bfloat16:term"
 RMS_WORDS = "the RMS statistic's sum of squares summed in bfloat16 term by term (matched by the size of its error)"
@@ -88,7 +94,7 @@ def test_a_rounding_named_on_a_few_of_a_path_s_failing_leaves_loses_to_no_roundi
     for row in revised:
         assert row["cause"].startswith(UNEXPLAINED_WORDS), row["cause"]
         assert row["cause"].endswith(
-            f"(not named: {RMS_WORDS}; the roundings at accumulate:mean_square fit 9 of the 67 leaves "
+            f"(not named: {RMS_WORDS} [{RMS_SUM}]; the roundings at accumulate:mean_square fit 9 of the 67 leaves "
             "mosaic's paths fail, no rounding 58)"
         )
         assert row["cause_explained"] == 0.82, "the row's own numbers are kept"
@@ -232,3 +238,30 @@ def test_a_pair_splits_into_the_operation_s_hypothesis_names():
     fault = FAULTS["reference.gate_params_bf16"]
     assert fault.names_its_cause(f"{GATES}+round:gate_weight/residual_gate:forward:bfloat16")
     assert not fault.names_its_cause(f"{GATES}+{backends[0]}")
+
+
+def test_a_finished_run_s_files_state_the_causes_and_its_records_hold_them_as_the_cases_named_them(tmp_path):
+    """rows.csv and report.json say the 18 rows are not explained, with what fitted; the row
+    stream and each case's digest in the manifest keep what the case named, so the folder
+    loads (`load_run` checks its rows against the digests), and an edit of a stated cause
+    that changes what the case named is refused."""
+    rows = _item_7_rows()
+    write_run_folder(tmp_path, rows, {}, sample_manifest(rows))
+    frame = load_run(tmp_path).frame
+    stated = frame[frame["cause"].str.contains("not named: ", regex=False)]
+    assert len(stated) == 18 and set(stated["cause_id"]) == {"unexplained"}
+    assert set(stated["cause_explained"]) == {0.82}
+    assert (pd.read_csv(tmp_path / "rows.csv")["cause_id"] == "unexplained").all()
+    streamed, _ = RowStore(tmp_path).finished()
+    assert sum(r["cause_id"] == RMS_SUM for r in streamed) == 18
+    # Written again from the stated rows (`mhc-parity render`, `merge`): the same statement.
+    write_run_folder(tmp_path / "again", frame.to_dict(orient="records"), {}, sample_manifest(rows))
+    again = load_run(tmp_path / "again").frame
+    assert again["cause"].tolist() == frame["cause"].tolist()
+    # A stated cause edited to say another hypothesis was fitted: not what the case named.
+    report = json.loads((tmp_path / "report.json").read_text())
+    (row,) = [r for r in report["rows"] if r["case"] == "case_a" and r["leaf"] == "d_pre_bias"][:1]
+    row["cause"] = row["cause"].replace(f"[{RMS_SUM}]", "[round:x:forward:bfloat16]")
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    with pytest.raises(ReportInputError, match="not those the run"):
+        load_run(tmp_path / "report.json")

@@ -18,8 +18,9 @@ where more than n are not explained by any rounding (u > n), fit only some of th
 implementation's failing leaves: none of them is named. Their rows say "not explained by any
 rounding", with what was fitted and why it is not named; their `cause_explained` (the
 fraction it explained there) is kept. A pair is not named where either of its places is not.
-A row said not named counts neither way again, so the causes stated once hold when stated
-again. Rows named through their partner (a sum in the partner's order, a leaf both paths hold
+Such a row keeps the cause its case named (`as_recorded` reads it back), so the rule is
+always applied to the rows as recorded, and causes stated once are stated the same again.
+Rows named through their partner (a sum in the partner's order, a leaf both paths hold
 narrow: `PARTNER_NAMED`) rest on other evidence and are neither counted nor changed, nor are
 `within_model` and `not_attributed` rows.
 
@@ -28,9 +29,10 @@ unsharded run alone does), fails against its partner while its own error is with
 model; a rounding matched to that small error by size is the same chance match (the CPU's
 kill matrix showed it: `docs/judging.md`), and counts and loses the same way.
 
-The counts are those the engine wrote: this is a function of a run's rows as recorded
-(`rows.jsonl`, `rows.csv`), applied wherever causes are stated (the reports' cause groups,
-summary.md's failure table, the kill matrix's top cause), never stored back.
+The row stream (`rows.jsonl`) and the manifest's digest of each case hold its rows as the
+case named them (`mhc_parity.records.store` digests rows `as_recorded`); every file and
+report made of a finished run's rows states them through this rule (`rows.csv`, report.json,
+the HTML and Markdown, the gate, the kill matrix's rows and top causes).
 """
 
 from __future__ import annotations
@@ -61,13 +63,17 @@ HELD_IN_ANOTHER_ORDER = (
 )
 PARTNER_NAMED = tuple(template.rsplit("}", 1)[1] for template in (IN_ANOTHER_ORDER, HELD_IN_ANOTHER_ORDER))
 # What a row whose rounding does not hold across its implementation says instead.
+# The cause as the case named it, words and id, is in it: `as_recorded` reads it back.
 NOT_NAMED = (
-    UNEXPLAINED_WORDS + " (not named: {cause}; the roundings at {place} fit {named} of the {failing} leaves "
-    "{implementation}'s paths fail, no rounding {unexplained})"
+    UNEXPLAINED_WORDS + " (not named: {cause} [{cause_id}]; the roundings at {place} fit {named} of the "
+    "{failing} leaves {implementation}'s paths fail, no rounding {unexplained})"
 )
-
-
-_NOT_NAMED_START = NOT_NAMED.split("{", 1)[0]
+_NOT_NAMED_READ = re.compile(
+    re.escape(NOT_NAMED.split("{", 1)[0])
+    + r"(?P<cause>.*) \[(?P<cause_id>[^\[\]]+)\]; the roundings at \S+ fit \d+ of the \d+ leaves "
+    r".*'s paths fail, no rounding \d+\)",
+    re.DOTALL,
+)
 # The kinds a hypothesis name starts with (`mhc_parity.mhc.operation.hypotheses.name_problem`):
 # a pair's two names are joined by "+", and a backend hypothesis' own name joins its
 # primitives by "+" ("backend:exp+logistic:float32"), so a pair splits only before a kind.
@@ -96,19 +102,32 @@ def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
     cause_id = str(row.get("cause_id") or "")
     if row.get("verdict") != "fail" or not (cause_id == UNEXPLAINED_CAUSE or hypothesis_names(cause_id)):
         return None
-    cause = str(row.get("cause") or "")
-    if cause.endswith(PARTNER_NAMED) or cause.startswith(_NOT_NAMED_START):
-        return None  # named through the partner, or said not named already (the rule holds once applied)
+    if str(row.get("cause") or "").endswith(PARTNER_NAMED):
+        return None
     return str(row["case"]), str(row["candidate"]), str(row["leaf"]), cause_id
+
+
+def as_recorded(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`row` with the cause its case named (`cause`, `cause_id`) where `consistent_causes` said
+    it is not named (`NOT_NAMED` holds both), else `row` itself. A run's rows are recorded as
+    their cases named them (the row stream, each case's digest in the manifest:
+    `mhc_parity.records.store.case_records` reads rows through this), and its reports state
+    them through the rule, so the rule is always applied to the rows as recorded."""
+    if row.get("cause_id") != UNEXPLAINED_CAUSE:
+        return row
+    found = _NOT_NAMED_READ.fullmatch(str(row.get("cause") or ""))
+    if found is None:
+        return row
+    return {**row, "cause": found["cause"], "cause_id": found["cause_id"]}
 
 
 def unheld_places(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
     """(implementation, place) -> (failing leaves a hypothesis at the place is named on, those
     not explained by any rounding, the failing leaves weighed) for each place
     (`hypothesis_place`) named on fewer of the implementation's failing (case, path, leaf)s
-    than no rounding explains (module docstring)."""
+    than no rounding explains (module docstring), in `rows` as recorded (`as_recorded`)."""
     units: dict[str, set[tuple[str, str, str, str]]] = collections.defaultdict(set)
-    for row in rows:
+    for row in map(as_recorded, rows):
         found = _attribution(row)
         if found is not None:
             units[implementation_of(found[1])].add(found)
@@ -127,11 +146,12 @@ def unheld_places(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tu
 
 
 def consistent_causes(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """`rows` (one run's, as the engine wrote them) with each failing row whose hypothesis does
-    not hold across its implementation (its place in `unheld_places`) said to be not explained
-    by any rounding: `cause` (`NOT_NAMED`, naming what it fitted) and `cause_id` changed,
-    `cause_explained` kept. Unchanged rows are the same objects; changed ones new dicts."""
-    rows = list(rows)
+    """`rows` (one run's) with each failing row whose hypothesis does not hold across its
+    implementation (its place in `unheld_places`) said to be not explained by any rounding:
+    `cause` (`NOT_NAMED`, naming what it fitted) and `cause_id` changed, `cause_explained`
+    kept. Taken as recorded (`as_recorded`): rows stated once are stated the same again.
+    Rows that stay as recorded are the same objects."""
+    rows = [as_recorded(row) for row in rows]
     unheld = unheld_places(rows)
     if not unheld:
         return rows
@@ -147,6 +167,7 @@ def consistent_causes(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
         (named, unexplained, failing), place = min(counts)
         cause = NOT_NAMED.format(
             cause=row.get("cause") or found[3],
+            cause_id=found[3],
             place=place,
             named=named,
             failing=failing,

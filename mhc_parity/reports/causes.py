@@ -17,6 +17,8 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
+
 from mhc_parity.records.cause_consistency import consistent_causes
 from mhc_parity.records.path_names import implementation_of
 from mhc_parity.records.schema import COMPARED_VERDICTS
@@ -154,6 +156,30 @@ def format_heading(
             f" (the best rounding explains {share})" if group["cause_id"] == "unexplained" else f" (explains {share})"
         )
     return f"{plural(group['rows'], 'row')} in {plural(group['cases'], 'case')}: {where} — {what}"
+
+
+def stated_causes(frame: pd.DataFrame) -> pd.DataFrame:
+    """A canonical row frame (`mhc_parity.records.rows.to_frame`'s) with its failing rows' causes
+    as every file of a finished run states them: those that hold across each implementation's
+    failing leaves (`mhc_parity.records.cause_consistency.consistent_causes`; the rows' own
+    numbers kept). `frame` itself where nothing changes, else a copy."""
+    if not len(frame) or "cause_id" not in frame:
+        return frame
+    failing = frame.index[frame["verdict"] == "fail"]
+    columns = ["case", "candidate", "leaf", "verdict", "cause", "cause_id"]
+    recorded = frame.loc[failing, columns].to_dict(orient="records")
+    changed = [
+        (index, stated)
+        for index, before, stated in zip(failing, recorded, consistent_causes(recorded))
+        if (stated["cause"], stated["cause_id"]) != (before["cause"], before["cause_id"])
+    ]
+    if not changed:
+        return frame
+    frame = frame.copy()
+    for index, stated in changed:
+        frame.at[index, "cause"] = stated["cause"]
+        frame.at[index, "cause_id"] = stated["cause_id"]
+    return frame
 
 
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:

@@ -235,6 +235,8 @@ def assemble(perturbations: Sequence[Perturbation], cases, impls, outcomes: Mapp
     for perturbation in perturbations:
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
         rows = tuple(row for c in targets for row in outcomes[c.name].rows_of(perturbation.name))
+        # Its rows (perturbed_rows.csv) state the causes that hold across its run of the cases.
+        rows = tuple(consistent_causes(rows))
         seconds = sum(outcomes[c.name].seconds_of(perturbation.name) for c in targets)
         result = judge(perturbation, rows, clean_rows, targets, seconds)
         results.append(result)

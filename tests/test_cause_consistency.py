@@ -83,7 +83,7 @@ def _item_7_rows(candidate=MOSAIC) -> list[dict]:
     return rows
 
 
-def test_a_rounding_named_on_a_few_of_a_path_s_failing_leaves_loses_to_no_rounding():
+def test_a_rounding_named_on_a_few_of_an_implementation_s_failing_leaves_loses_to_no_rounding():
     rows = _item_7_rows()
     assert sum(r["cause_id"] == RMS_SUM for r in rows) == 18 and len(rows) == 134
     assert unheld_places(rows) == {("mosaic", "accumulate:mean_square"): (9, 58, 67)}
@@ -265,3 +265,21 @@ def test_a_finished_run_s_files_state_the_causes_and_its_records_hold_them_as_th
     (tmp_path / "report.json").write_text(json.dumps(report))
     with pytest.raises(ReportInputError, match="not those the run"):
         load_run(tmp_path / "report.json")
+
+
+def test_shards_stated_apart_and_merged_state_what_one_run_states():
+    """`merge` writes the shards' stated rows as one run: the rule, applied to the rows as
+    recorded, states what one run of every case states, also where a shard alone said
+    otherwise (a place that loses in one shard, 2 leaves against 6, holds over the run, 10
+    against 8)."""
+    rows = []
+    for case, named, unexplained in (("case_a", 2, 6), ("case_b", 8, 2)):
+        for i in range(named):
+            rows += _failing(case, MOSAIC, f"d_{i}", GATES, GATE_WORDS, 0.97)
+        for i in range(unexplained):
+            rows += _unexplained(case, MOSAIC, f"u_{i}")
+    shards = [[r for r in rows if r["case"] == case] for case in ("case_a", "case_b")]
+    stated_apart = [consistent_causes(shard) for shard in shards]
+    assert sum(r["cause_id"] == GATES for r in stated_apart[0]) == 0, "case_a's shard alone does not name it"
+    merged = consistent_causes(stated_apart[0] + stated_apart[1])
+    assert merged == consistent_causes(rows) == rows

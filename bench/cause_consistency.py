@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from mhc_parity.records.cause_consistency import consistent_causes, unheld_places  # noqa: E402
+from mhc_parity.records.cause_consistency import as_recorded, consistent_causes, unheld_places  # noqa: E402
 
 SHOWN = 6  # cause ids shown per slice, the commonest first
 
@@ -45,8 +45,9 @@ def report(rows: list[dict]) -> str:
     notes = []
     for fault, members in by_fault.items():
         stated = consistent_causes(members)
+        recorded = [as_recorded(r) for r in members]  # the file may state them already (written by the rule)
         for dtype in sorted({r["act_dtype"] for r in members}):
-            before = [r for r in members if r["act_dtype"] == dtype]
+            before = [r for r in recorded if r["act_dtype"] == dtype]
             after = [r for r in stated if r["act_dtype"] == dtype]
             failing = sum(r["verdict"] == "fail" for r in before)
             if failing:

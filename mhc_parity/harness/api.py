@@ -51,6 +51,7 @@ from mhc_parity.harness.errors import (
     ReportError,
 )
 from mhc_parity.harness.judging.policy import PolicyError
+from mhc_parity.records.cause_consistency import consistent_causes
 from mhc_parity.records.manifest import Manifest, foreign_folder_problem, selection_digest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_file, writable_folder
 from mhc_parity.records.path_names import implementation_glob
@@ -269,8 +270,9 @@ class PreparedRun:
         return self.result(records)
 
     def result(self, records: Iterable[Mapping[str, Any]], *, cases: Sequence | None = None) -> ParityRun:
-        """A `ParityRun` of `records`, the rows of `cases` (default: every prepared case)."""
-        records = tuple(dict(r) for r in records)
+        """A `ParityRun` of `records`, the rows of `cases` (default: every prepared case), their
+        causes those that hold across the run (`mhc_parity.records.cause_consistency`)."""
+        records = tuple(dict(r) for r in consistent_causes(records))
         manifest = self._manifest
         if cases is not None:
             manifest = dataclasses.replace(

@@ -18,3 +18,8 @@ def literal_glob(text: str) -> str:
 def implementation_glob(name: str) -> str:
     """The path-name glob of every path of implementation `name`, e.g. ``kern[[]v2]/*``."""
     return f"{literal_glob(name)}/*"
+
+
+def implementation_of(candidate: str) -> str:
+    """The implementation of a path name ("interpret/sharded(...)" -> "interpret")."""
+    return candidate.split("/", 1)[0]

@@ -140,7 +140,10 @@ _COLUMN_TYPES = {
     "bound_metric": _TEXT,
     # a failing row's most likely cause (mhc_parity.harness.engine.causes; "" on other rows): in words,
     # the names of its hypotheses ("+" between two; "unexplained" when none), and the
-    # fraction of the candidate's squared error against the oracle that it explains
+    # fraction of the candidate's squared error against the oracle that it explains. A finished
+    # run's files state a rounding whose place does not hold across its implementation's
+    # failing leaves as "unexplained", its words and id in the cause, its fraction kept
+    # (mhc_parity.records.cause_consistency; the row stream keeps what the case named)
     "cause": _TEXT,
     "cause_id": _TEXT,
     "cause_explained": _FLOAT,

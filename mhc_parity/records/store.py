@@ -19,6 +19,7 @@ import os
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 
+from mhc_parity.records.cause_consistency import as_recorded
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.manifest import REPORT_FILES, CaseRecord
 from mhc_parity.records.rows import ReportInputError, coerce_row, encode_float, parse_float
@@ -67,15 +68,17 @@ def case_records(rows: Iterable[Mapping], cases: Sequence[str] = ()) -> dict[str
     """Per case: its row count and the sha256 over its rows' canonical lines, sorted (so a
     report that orders rows otherwise than the stream has the same digest). `cases` with no
     row get a record of 0 rows. Raises `mhc_parity.records.rows.ReportInputError` for a row that does
-    not fit the schema."""
-    return _records(((str(row["case"]), _canonical(row)) for row in rows), cases)
+    not fit the schema. Each row is digested with the cause its case named
+    (`mhc_parity.records.cause_consistency.as_recorded`): the stream holds that, a finished
+    run's files state the causes that hold across the run."""
+    return _records(((str(row["case"]), _canonical(as_recorded(row))) for row in rows), cases)
 
 
 def typed_case_records(typed_rows: Iterable[Mapping], cases: Sequence[str] = ()) -> dict[str, CaseRecord]:
     """`case_records` of rows whose cells have their schema types already, every schema
     column present: `coerce_row`'s records or a canonical frame's (`mhc_parity.records.rows.to_frame`,
     `frame.to_dict(orient="records")`), so they are not coerced again."""
-    return _records(((str(row["case"]), _typed_line(row)) for row in typed_rows), cases)
+    return _records(((str(row["case"]), _typed_line(as_recorded(row))) for row in typed_rows), cases)
 
 
 def _records(lines_of_rows: Iterable[tuple[str, str]], cases: Sequence[str]) -> dict[str, CaseRecord]:

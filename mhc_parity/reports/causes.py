@@ -17,6 +17,10 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
+
+from mhc_parity.records.cause_consistency import consistent_causes
+from mhc_parity.records.path_names import implementation_of
 from mhc_parity.records.schema import COMPARED_VERDICTS
 from mhc_parity.records.text import format_number, plural
 
@@ -24,11 +28,6 @@ from mhc_parity.records.text import format_number, plural
 CAUSE_COLUMNS = ("cause", "cause_id", "cause_explained")
 # Verdicts a group collects, worst first.
 GROUPED_VERDICTS = ("error", "fail")
-
-
-def implementation_of(candidate: str) -> str:
-    """The implementation of a path name ("interpret/sharded(...)" -> "interpret")."""
-    return candidate.split("/", 1)[0]
 
 
 def uncompared(rows: Iterable[Mapping[str, Any]], implementations: Sequence[str] = ()) -> list[str]:
@@ -159,10 +158,38 @@ def format_heading(
     return f"{plural(group['rows'], 'row')} in {plural(group['cases'], 'case')}: {where} — {what}"
 
 
+def stated_causes(frame: pd.DataFrame) -> pd.DataFrame:
+    """A canonical row frame (`mhc_parity.records.rows.to_frame`'s) with its failing rows' causes
+    as every file of a finished run states them: those that hold across each implementation's
+    failing leaves (`mhc_parity.records.cause_consistency.consistent_causes`; the rows' own
+    numbers kept). `frame` itself where nothing changes, else a copy."""
+    if not len(frame) or "cause_id" not in frame:
+        return frame
+    failing = frame.index[frame["verdict"] == "fail"]
+    columns = ["case", "candidate", "leaf", "verdict", "cause", "cause_id"]
+    recorded = frame.loc[failing, columns].to_dict(orient="records")
+    changed = [
+        (index, stated)
+        for index, before, stated in zip(failing, recorded, consistent_causes(recorded))
+        if (stated["cause"], stated["cause_id"]) != (before["cause"], before["cause_id"])
+    ]
+    if not changed:
+        return frame
+    frame = frame.copy()
+    for index, stated in changed:
+        frame.at[index, "cause"] = stated["cause"]
+        frame.at[index, "cause_id"] = stated["cause_id"]
+    return frame
+
+
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
-    """The run's failing and error rows grouped by implementation and cause: the largest group first."""
+    """The run's failing and error rows grouped by implementation and cause: the largest group first.
+
+    The causes are those that hold across each path's failing leaves
+    (`mhc_parity.records.cause_consistency.consistent_causes`): a rounding named on fewer of
+    them than no rounding explains is stated as not explained, with what it fitted."""
     grouped: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
-    for row in rows:
+    for row in consistent_causes(rows):
         verdict = str(row["verdict"])
         if verdict not in GROUPED_VERDICTS:
             continue

@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from mhc_parity.records.schema import VERDICTS
+from mhc_parity.records.cause_consistency import consistent_causes
+from mhc_parity.records.schema import VERDICTS, row_key
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.causes import format_heading
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
@@ -334,6 +335,9 @@ def render_markdown(
     failing = failing[failing["verdict"].isin(("fail", "error"))]
     if len(failing):
         shown = failing.head(max_rows)
+        # Each row's cause as the cause groups state it: held across its path's failing leaves.
+        failed = frame[frame["verdict"] == "fail"].to_dict(orient="records")
+        stated = {row_key(r): r["cause"] for r in consistent_causes(failed)}
         lines += ["", f"### Failures ({len(failing)})", ""]
         lines.append(
             md_table(
@@ -346,7 +350,7 @@ def render_markdown(
                         r["leaf"],
                         r["verdict"],
                         format_number(r["bound_usage"]),
-                        r["cause"],
+                        stated.get(row_key(r), r["cause"]),
                         r["reason"],
                     )
                     for r in shown.to_dict(orient="records")

@@ -117,7 +117,9 @@ def summarize(frame: pd.DataFrame, implementations: Sequence[str] = ()) -> dict:
     nonfinite = int(((frame["nan_count"] > 0) | (frame["inf_count"] > 0)).sum()) if len(frame) else 0
     compared = sum(counts[v] for v in COMPARED_VERDICTS)
     columns = [
-        c for c in ("case", "candidate", "leaf", "verdict", "reason", "bound_usage", *CAUSE_COLUMNS) if c in frame
+        c
+        for c in ("case", "candidate", "comparison", "leaf", "verdict", "reason", "bound_usage", *CAUSE_COLUMNS)
+        if c in frame
     ]
     records = frame[columns].to_dict(orient="records") if len(frame) else []
     missing = uncompared(records, implementations)

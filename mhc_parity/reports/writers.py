@@ -38,6 +38,7 @@ from mhc_parity.records.outputs import cannot_write
 from mhc_parity.records.rows import encode_float, frame_to_json_records, json_ready, to_frame, unwrap_run
 from mhc_parity.records.schema import ROW_COLUMNS
 from mhc_parity.records.store import RowStore, typed_case_records
+from mhc_parity.reports.causes import stated_causes
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
 from mhc_parity.reports.html import render_html
@@ -257,7 +258,9 @@ def write_frame(
     judgement: Judgement | None = None,
 ) -> dict[str, Path]:
     """`write_all` of a canonical row frame (`mhc_parity.records.rows.to_frame`'s), read as it is:
-    its rows are not coerced again, and it is summarised once for every format."""
+    its rows are not coerced again, and it is summarised once for every format. Every format
+    states the causes that hold across the run (`mhc_parity.reports.causes.stated_causes`)."""
+    frame = stated_causes(frame)
     metadata = dict(metadata or {})
     if manifest is not None:
         metadata.update(manifest.identity())

@@ -39,24 +39,21 @@ from mhc_parity.harness.judging.attribution import (
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.error_statistics import l2_norm, upcast
 from mhc_parity.harness.judging.held_precision import HeldDraw, ordered_sum_holding
+from mhc_parity.records.cause_consistency import (
+    HELD_IN_ANOTHER_ORDER,
+    IN_ANOTHER_ORDER,
+    NOT_ATTRIBUTED_ID,
+    WITHIN_MODEL_ID,
+)
 from mhc_parity.records.text import format_number
 
 # The largest case whose hypotheses run (fixture elements): every hypothesis holds all of a
 # case's leaves in float64, so above this a failing row says why it names no cause.
 MAX_ATTRIBUTED_ELEMENTS = 5_000_000
-NOT_ATTRIBUTED_ID = "not_attributed"
 NOT_ATTRIBUTED = (
     "not attributed: the case's {elements:,} fixture elements are more than the hypotheses are run on ({limit:,})"
 )
-# Where two paths differ by the order of a sum their partner's leaf is named by.
-IN_ANOTHER_ORDER = " (named on {partner}, which sums it in another order)"
-# Where both hold the leaf in a dtype the model does not allow and no value match names the sum.
-HELD_IN_ANOTHER_ORDER = (
-    " (this path and {partner} both hold it in {dtype}, which the rounding model does not allow; "
-    "each sums it in its own order)"
-)
 # Where a candidate fails against its partner but holds its own bound against the oracle.
-WITHIN_MODEL_ID = "within_model"
 WITHIN_MODEL = (
     "within its rounding model against the oracle (usage {usage}): the partner is closer than the bound allows"
 )

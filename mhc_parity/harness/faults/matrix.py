@@ -19,7 +19,9 @@
    is counted apart from the caught ones, never as caught; a legitimate variant must be
    caught nowhere. For a slice where nothing catches, the
    closest row (largest bound_usage among the rows the perturbation moved) is reported,
-   with its usage on clean code.
+   with its usage on clean code. A slice's top cause is the one most of its catching rows
+   name, after the perturbation's rows are held to causes that hold across each path's
+   failing leaves (`mhc_parity.records.cause_consistency`).
 
 A case's passes run in one process, so `run_in_workers(jobs=N)` deals the cases to N
 spawned processes, the costliest first, each taking the next case when it is done: each
@@ -46,6 +48,7 @@ from mhc_parity.harness.faults import BY_NAME
 from mhc_parity.harness.faults.model import Perturbation
 from mhc_parity.harness.faults.passes import CasePasses, CaseRunner
 from mhc_parity.harness.judging.policy_file import load_policy
+from mhc_parity.records.cause_consistency import consistent_causes
 from mhc_parity.records.kill_records import (
     CATCHING_VERDICTS,
     DTYPE_SLICES,
@@ -115,11 +118,14 @@ def _catches(rows: Sequence[dict]) -> list[Catch]:
 
 
 def _top_cause(perturbation: Perturbation, rows: Sequence[dict]) -> dict:
-    """The `SliceVerdict` cause fields of the catching rows: the cause most of them name."""
-    named = collections.Counter((r["cause_id"], r["cause"]) for r in rows if r.get("cause_id"))
+    """The `SliceVerdict` cause fields of the catching rows: the cause most of them name (by
+    its id: the rows of one cause may add to its words, e.g. why a rounding is not named),
+    in the words most of its rows say."""
+    named = collections.Counter(r["cause_id"] for r in rows if r.get("cause_id"))
     if not named:
         return {}
-    (cause_id, cause), count = named.most_common(1)[0]
+    cause_id, count = named.most_common(1)[0]
+    cause = collections.Counter(r["cause"] for r in rows if r.get("cause_id") == cause_id).most_common(1)[0][0]
     return {
         "top_cause": cause,
         "top_cause_id": cause_id,
@@ -157,6 +163,8 @@ def judge(
     rows: the rows under the perturbation; clean_rows: the clean pass's; cases_run: the
     `Case`s the perturbation ran on.
     """
+    # The causes that hold across each path's failing leaves under the perturbation (its run).
+    rows = consistent_causes(rows)
     clean_verdict = {row_key(r): r["verdict"] for r in clean_rows}
     clean_usage = {row_key(r): usage_of(r) for r in clean_rows}
     slices, ignored = [], 0
@@ -227,6 +235,8 @@ def assemble(perturbations: Sequence[Perturbation], cases, impls, outcomes: Mapp
     for perturbation in perturbations:
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
         rows = tuple(row for c in targets for row in outcomes[c.name].rows_of(perturbation.name))
+        # Its rows (perturbed_rows.csv) state the causes that hold across its run of the cases.
+        rows = tuple(consistent_causes(rows))
         seconds = sum(outcomes[c.name].seconds_of(perturbation.name) for c in targets)
         result = judge(perturbation, rows, clean_rows, targets, seconds)
         results.append(result)

@@ -44,6 +44,7 @@ from typing import Any
 import jax
 
 from mhc_parity.harness.judging.attribution import UNEXPLAINED_ID
+from mhc_parity.records.cause_consistency import hypothesis_names
 from mhc_parity.records.foreign_code import code_patched
 from mhc_parity.records.kill_records import BELOW_BACKEND_SHIFT, BELOW_ROUNDING, DTYPE_SLICES, cell_float
 
@@ -187,7 +188,8 @@ class Perturbation:
         hypothesis of a pair), or for a logic fault, no rounding."""
         if not self.causes:
             return cause_id == UNEXPLAINED_ID
-        return all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in cause_id.split("+"))
+        names = hypothesis_names(cause_id)  # a backend hypothesis' own name joins primitives by "+"
+        return bool(names) and all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in names)
 
     def listing(self, dtype_slice: str, clean_rows: Sequence[dict] = ()) -> tuple[str, str]:
         """(kind, reason): why the fault cannot be caught in `dtype_slice`, ("", "") if it must

@@ -63,6 +63,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from mhc_parity.harness.judging.error_statistics import upcast
+from mhc_parity.records.cause_consistency import UNEXPLAINED_WORDS
 from mhc_parity.records.schema import UNEXPLAINED_CAUSE
 
 # Below this fraction no hypothesis is named: half the squared error is not a rounding's.
@@ -77,7 +78,7 @@ PAIR_CANDIDATES = 4
 # caller prefers (the cause of the candidate's other failing leaves) is named, so one bug
 # gets one name across its leaves.
 TIE = 0.02
-UNEXPLAINED = "not explained by any rounding: look for a logic error"
+UNEXPLAINED = UNEXPLAINED_WORDS
 BY_SIZE = " (matched by the size of its error)"
 UNEXPLAINED_ID = UNEXPLAINED_CAUSE
 # The kinds of hypothesis matched by size (`HypothesisErrors.by_size`): an order-dependent sum.

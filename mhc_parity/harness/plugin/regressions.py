@@ -27,15 +27,13 @@ import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from mhc_parity.records.cause_consistency import WITHIN_MODEL_ID
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.reports.gate import GateFinding
 
 # The order in which a regression's comparisons claim it: the oracle, which judges each path
 # alone, first (`ParitySession.comparisons_for` lists a case's tests in this order).
 COMPARISON_ORDER = ("vs_oracle", "vs_reference", "vs_unsharded", "lowering", "compile")
-# `mhc_parity.harness.engine.causes.WITHIN_MODEL_ID` (a test checks they agree): that module loads
-# the engine, which an idle plugin must not.
-WITHIN_MODEL_ID = "within_model"
 
 
 def comparison_rank(comparison: str) -> tuple[int, str]:

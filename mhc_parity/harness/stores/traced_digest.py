@@ -66,7 +66,7 @@ def traced_digest(traced) -> str | None:
         return None
     writer.text(f"in {traced.in_tree}\nout {traced.out_tree}")
     writer.text(_configuration())
-    return writer.digest.hexdigest()
+    return writer.hexdigest()
 
 
 def _configuration() -> str:
@@ -109,13 +109,16 @@ class _Writer:
     """Writes a value into a sha256, by value (`value`); raises `NotAValue` for code or identity."""
 
     def __init__(self):
-        self.digest = hashlib.sha256()
+        self._parts: list[str] = []  # the tokens, hashed at the end (NUL-separated: no repr holds one)
         self._vars: dict[int, int] = {}
-        self._keep: list = []  # the variables numbered: alive while their ids are
+        self._avals: dict[int, str] = {}  # an abstract value's token, by the object's id
+        self._keep: list = []  # the objects numbered or remembered by id: alive while their ids are
 
     def text(self, text: str) -> None:
-        self.digest.update(text.encode())
-        self.digest.update(b"\x00")
+        self._parts.append(text)
+
+    def hexdigest(self) -> str:
+        return hashlib.sha256("\x00".join(self._parts).encode()).hexdigest()
 
     def var(self, var) -> None:
         if isinstance(var, core.Literal):
@@ -134,10 +137,22 @@ class _Writer:
         self.aval(var.aval)
 
     def aval(self, aval) -> None:
-        # repr carries shape, dtype and weak type; the sharding and memory space are added where held.
-        extra = {k: getattr(aval, k) for k in ("sharding", "memory_space", "vma") if hasattr(aval, k)}
-        self.text(f"{type(aval).__qualname__}:{aval!r}")
-        self.value(extra)
+        # An abstract value is immutable and one object types many variables: written once.
+        token = self._avals.get(id(aval))
+        if token is None:
+            # repr carries shape, dtype and weak type; the sharding, memory space and varying
+            # axes are added where held (a set in sorted order: its own order is the hash seed's).
+            extra = [
+                f"{k}={sorted(map(repr, v)) if isinstance(v, (set, frozenset)) else repr(v)}"
+                for k in ("sharding", "memory_space", "vma")
+                if (v := getattr(aval, k, None)) is not None
+            ]
+            token = f"{type(aval).__qualname__}:{aval!r} {' '.join(extra)}"
+            if " at 0x" in token:
+                raise NotAValue(f"an abstract value known by identity: {token[:200]}")
+            self._avals[id(aval)] = token
+            self._keep.append(aval)
+        self.text(token)
 
     def effects(self, effects) -> None:
         """An equation's or a jaxpr's effects, in a fixed order. A state effect names the reference it

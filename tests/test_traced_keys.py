@@ -7,6 +7,7 @@ falls back to the lowered module's key (`program_store.program_digest`) or to no
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -127,6 +128,26 @@ def test_a_jaxpr_holding_a_function_parameter_falls_back_to_the_lowered_module()
     assert traced_digest(traced) is None
     computed, lowered = computed_material(traced, lambda t: t.lower())
     assert set(computed) == {"program"} and lowered is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scale:
+    """A value-like object that is code: its fields do not say what its `__call__` does."""
+
+    factor: float = 2.0
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+@pytest.mark.parametrize(
+    "code",
+    [_Scale(), functools.partial(_scaled, scale=2.0), _scaled],
+    ids=["callable dataclass", "partial", "function"],
+)
+def test_a_parameter_that_is_code_is_not_written_as_a_value(code):
+    with pytest.raises(traced_digest_module.NotAValue):
+        traced_digest_module._Writer().value({"params": (1, code)})
 
 
 def test_a_lowering_rule_from_outside_jax_keys_no_program_by_its_jaxpr(monkeypatch):

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import hashlib
-import types
 from collections.abc import Mapping
 
 import jax
@@ -45,6 +43,9 @@ from jax.extend import core
 
 # Packages whose rules are JAX's own: their code is what the JAX and jaxlib versions say it is.
 _JAX_PACKAGES = ("jax", "jaxlib")
+# Objects that can be called yet are values, written by their repr: a mesh (a context manager
+# that names its axes and devices). Any other callable in a jaxpr is code: no digest.
+_CALLABLE_VALUES = (jax.sharding.Mesh, jax.sharding.AbstractMesh)
 
 
 class NotAValue(Exception):
@@ -219,6 +220,14 @@ class _Writer:
         elif isinstance(value, (np.ndarray, np.generic, jax.Array)):
             array = np.asarray(value)
             self.text(f"array {array.dtype} {array.shape} {hashlib.sha256(array.tobytes()).hexdigest()}")
+            if isinstance(value, jax.Array):
+                self.text(f"placed {value.sharding!r}")
+        elif isinstance(value, (type, np.dtype)):
+            self.text(f"type {value!r}")
+        elif callable(value) and not isinstance(value, _CALLABLE_VALUES):
+            # A function, a partial, an object with `__call__` (a dataclass's fields are not its
+            # code): code, whatever its repr says.
+            raise NotAValue(f"code: {kind.__module__}.{kind.__qualname__}")
         elif isinstance(value, enum.Enum):
             self.text(f"enum {kind.__module__}.{kind.__qualname__}.{value.name}")
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -239,13 +248,8 @@ class _Writer:
             self.text(f"set {len(value)}")
             for item in sorted(value, key=repr):
                 self.value(item)
-        elif isinstance(value, (type, np.dtype)):
-            self.text(f"type {value!r}")
-        elif isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
-            raise NotAValue(f"a function: {value!r}")
         else:
             text = repr(value)
-            # An object that can be called is code unless JAX defines it (a `Mesh` is a context).
-            if " at 0x" in text or (callable(value) and kind.__module__.split(".")[0] not in _JAX_PACKAGES):
+            if " at 0x" in text:
                 raise NotAValue(f"{kind.__qualname__}: {text[:200]}")
             self.text(f"{kind.__module__}.{kind.__qualname__}:{text}")

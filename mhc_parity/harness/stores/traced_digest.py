@@ -38,6 +38,7 @@ import numpy as np
 from jax._src.core import AbstractValue  # no public name for the base of every abstract value
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
+from jax._src.pallas import hlo_interpreter  # Pallas' interpret-mode rules (imported with the kernels anyway)
 from jax._src.state import discharge
 from jax.extend import core
 
@@ -77,8 +78,6 @@ def _configuration() -> str:
 
 def _rule_tables() -> tuple[dict, ...]:
     """The tables of rules JAX consults while it lowers a jaxpr, interpret-mode Pallas included."""
-    from jax._src.pallas import hlo_interpreter  # Pallas registers its interpret-mode rules here
-
     return (
         mlir._lowerings,
         *mlir._platform_specific_lowerings.values(),

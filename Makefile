@@ -202,13 +202,15 @@ audit: setup
 tolerances: setup
 	$(MHC_PARITY) policy --markdown > docs/tolerances.md.tmp && mv docs/tolerances.md.tmp docs/tolerances.md
 
-# Cold, warm and after-a-kernel-edit timing of the suite with --jobs 1 and 2: the shares spent
-# compiling, executing, in the oracle and in harness overhead, peak memory, programs compiled
-# (targets on 2 cores: warm <= 5 s wall with the harness's own time <= 2 s; edit <= 90 and cold <= 200 CPU-s).
-# SUITE=maxtext: `make parity-maxtext`'s run (--jobs auto), cold and warm (targets 150 s, 15 s),
-# into docs/results/bench-maxtext.md.
+# `make parity`'s run (the default suite with its baseline), cold, warm and after a kernel edit, with
+# --jobs 1 and auto: the shares spent compiling, executing, in the oracle and in harness overhead,
+# peak memory, programs compiled (targets on 2 cores: warm <= 5 s wall with the harness's own time
+# <= 2 s; edit <= 90 and cold <= 200 CPU-s), into docs/results/bench-default.md; then
+# `make parity-maxtext`'s run (--jobs 1), cold and warm (target 15 s warm), into
+# docs/results/bench-maxtext.md. SUITE=NAME on the command line: that suite alone.
+BENCH_SUITES = $(if $(filter command line,$(origin SUITE)),$(SUITE),default maxtext)
 bench: setup
-	$(PY) bench/parity_bench.py --suite $(SUITE) --results $(RESULTS)/bench-$(SUITE).md
+	$(foreach suite,$(BENCH_SUITES),$(PY) bench/parity_bench.py --suite $(suite) --results $(RESULTS)/bench-$(suite).md &&) true
 
 # What naming a failing run's causes costs: the default suite with d_post_bias broken, cold and warm.
 bench-causes: setup

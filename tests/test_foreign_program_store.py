@@ -91,8 +91,9 @@ def _material(impl) -> dict | None:
     args = _place(make_fixture(CASE), path, placement)
     precision = effective_precision(CASE, placement)
     with jax.default_device(placement.devices[0]):
-        lowered = jax.jit(_build_program(path, CASE, placement, precision)).lower(*args)
-    return ProgramStore.material(path, _trace_signature(CASE, precision), args, placement, lowered)
+        traced = jax.jit(_build_program(path, CASE, placement, precision)).trace(*args)
+    computed, _ = program_store.computed_material(traced, lambda t: t.lower())
+    return ProgramStore.material(path, _trace_signature(CASE, precision), args, placement, computed)
 
 
 def _key(impl) -> dict:
@@ -123,7 +124,7 @@ def test_an_external_program_s_key_covers_its_module_its_imports_and_their_libra
     assert "distribution:fakelib" in record.files and record.libraries["fakelib"], "its library: version and files"
     assert "jax" not in record.libraries, "a library the project pins is keyed by its version"
     assert key[foreign_code.FOREIGN_KEY]["modules"]["scratch.kernel"] == record.digest()
-    assert key["program"] == _material(impl)["program"], "what it computes: its lowered program"
+    assert key["jaxpr"] == _material(impl)["jaxpr"], "what it computes: its traced program"
     assert key[foreign_code.FOREIGN_KEY]["loaded"] == ["scratch.kernel:factory"]
     _new_process(monkeypatch)
     assert _key(impl) == key, "the same code, the same key"
@@ -148,12 +149,12 @@ def test_a_change_of_the_code_an_external_program_can_run_is_a_miss(scratch, mon
     after = _key(impl)
     assert after != before
     assert after[foreign_code.FOREIGN_KEY]["modules"] != before[foreign_code.FOREIGN_KEY]["modules"]
-    assert after["program"] == before["program"], "the program it computes is the same"
+    assert after["jaxpr"] == before["jaxpr"], "the program it computes is the same"
 
 
 def test_a_built_in_program_of_a_process_with_foreign_code_is_keyed_by_that_code_too(scratch):
     material = _material(REFERENCE)
-    assert "program" in material, "foreign code may have patched it: keyed by what it computes"
+    assert "jaxpr" in material, "foreign code may have patched it: keyed by what it computes"
     assert foreign_code.read_keys(material)[0] == material, "the project's own entry is read first"
     assert foreign_code.write_key(material) != material, "it writes only under its foreign code's key"
 
@@ -169,10 +170,11 @@ def test_an_external_implementation_whose_code_cannot_be_read_is_not_stored(monk
     assert foreign_code.write_key(material) is None, "... but a process that loaded it writes nothing"
 
 
-def test_a_program_keyed_by_what_it_computes_is_lowered_once_a_lookup_and_counted(scratch, tmp_path):
-    """A warm lookup of a program keyed by its lowered program traces and lowers it once (then
-    loads it), and the store says how many it lowered to key and in how many seconds: the work a
-    warm run of external code costs, which `paths_s` alone hid (issue 56, 8)."""
+def test_a_program_keyed_by_what_it_computes_is_traced_once_a_lookup_and_counted(scratch, tmp_path):
+    """A warm lookup of a program keyed by what it computes traces it once, and does not lower
+    it (its jaxpr keys it), then loads it; the store says how many it traced (and lowered) to key
+    and in how many seconds: the work a warm run of external code costs, which `paths_s` alone
+    hid (issue 56, 8)."""
     _, impl = scratch
     path, fixture = Path(impl), make_fixture(CASE)
     counts = []
@@ -184,7 +186,8 @@ def test_a_program_keyed_by_what_it_computes_is_lowered_once_a_lookup_and_counte
         counts.append(store.counts())
     cold, warm = counts
     assert cold["programs_stored_missed"] == 1 and warm["programs_stored_loaded"] == 1
-    assert cold["programs_lowered_to_key"] == warm["programs_lowered_to_key"] == 1
+    assert cold["programs_traced_to_key"] == warm["programs_traced_to_key"] == 1
+    assert cold["programs_lowered_to_key"] == warm["programs_lowered_to_key"] == 0, "its jaxpr keys it"
     assert warm["program_keys_s"] > 0
 
 
@@ -192,7 +195,8 @@ def test_a_program_keyed_by_its_sources_is_not_lowered_to_key(tmp_path):
     """In a process without foreign code a built-in program is looked up without tracing it."""
     store = ProgramStore(tmp_path / "programs")
     ProgramCache(store=store).run(Path(REFERENCE), CASE, make_fixture(CASE))
-    assert store.counts()["programs_lowered_to_key"] == 0 and store.counts()["program_keys_s"] == 0
+    counts = store.counts()
+    assert counts["programs_traced_to_key"] == counts["programs_lowered_to_key"] == counts["program_keys_s"] == 0
 
 
 # ------------------------------------------------------------------ across processes

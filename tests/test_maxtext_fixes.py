@@ -111,7 +111,7 @@ def test_kernels_run_interpreted_where_their_devices_are_not_tpus(monkeypatch):
     assert runs_interpreted(None) == (jax.default_backend() != "tpu")
     # Beside a chip (its default backend a TPU), an unsharded path on the host (the `vs_unsharded`
     # partner of a sharded `@cpu` path) is traced with the host's device as the default
-    # (program_cache._lower): interpreted; the chip's own unsharded path compiled by Mosaic.
+    # (ProgramCache._trace): interpreted; the chip's own unsharded path compiled by Mosaic.
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert not runs_interpreted(None)
     with jax.default_device(jax.devices("cpu")[0]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -42,3 +43,22 @@ def test_a_single_run_is_reported_as_it_is():
     bench = _bench()
     run = _figures(70.0, 68.0, 5.0)
     assert bench.median_run([run]) == run
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_bench_measures_make_parity_and_make_parity_maxtext_as_they_run():
+    """`make bench` benchmarks both suites (issue 56, 8: the warm maxtext run and warm `make
+    parity` are measured), each with the arguments its make target passes on a CPU."""
+    from tests.test_make_parity import DEFAULT_BASELINE, make_n, planned_run, printed_lines
+
+    bench = _bench()
+    printed = make_n("bench")
+    assert printed.returncode == 0, printed.stderr
+    benched = [line for line in printed_lines(printed) if "bench/parity_bench.py" in line]
+    assert len(benched) == 1 and "--suite default" in benched[0] and "--suite maxtext" in benched[0]
+    parity, default = planned_run(), bench.SUITES["default"]
+    assert "--suite default " in parity and parity.endswith(f"--jobs auto --baseline {DEFAULT_BASELINE}")
+    assert default.arguments == ("--baseline", str(ROOT / DEFAULT_BASELINE)) and "auto" in default.jobs
+    maxtext = planned_run(target="parity-maxtext").replace("'", "")
+    assert " ".join(("--suite maxtext", *bench.SUITES["maxtext"].arguments)) in maxtext
+    assert bench.SUITES["maxtext"].jobs == ("1",), "its cold run peaks near 10 GiB: one process"

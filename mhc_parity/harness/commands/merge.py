@@ -69,6 +69,7 @@ SUMMED_KEYS = (
     "programs_loaded",
     "programs_stored_loaded",
     "programs_stored_missed",
+    "programs_traced_to_key",
     "programs_lowered_to_key",
     "program_keys_s",
     "lowerings_stored_loaded",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import os
 import threading
 import time
@@ -24,7 +25,7 @@ from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.execution_timing import device_time, first_call
 from mhc_parity.harness.engine.paths import Path, PathOutputs
 from mhc_parity.harness.engine.quiet import QUIET
-from mhc_parity.harness.stores.program_store import keyed_by_program
+from mhc_parity.harness.stores.program_store import computed_material, keyed_by_program
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.records.roofline import array_bytes
 
@@ -106,25 +107,29 @@ class ProgramCache:
         """The compiled program: loaded from the store, or traced, lowered and compiled (and stored).
 
         A program the store keys by what it computes (`keyed_by_program`: external code may
-        have shaped it) is lowered first, once, and the lowering both keys the lookup and is
-        compiled on a miss. Raises `UnsupportedInputError` if the program rejects its input
-        (stored too, for a program keyed by its sources: one keyed by its lowering has none).
+        have shaped it) is traced first, once, and keyed by its jaxpr (lowered too only where
+        that cannot key it: `computed_material`); on a miss that tracing (or lowering) is what
+        is compiled. Raises `UnsupportedInputError` if the program rejects its input (stored
+        too, for a program keyed by its sources: one keyed by what it computes has none).
         """
-        lowered = None
+        traced = lowered = computed = None
         if self.store is not None and keyed_by_program(path.impl):
             start = time.perf_counter()
             try:
-                lowered = self._lower(path, case, placement, precision, args)
+                traced = self._trace(path, case, placement, precision, args)
+                computed, lowered = computed_material(traced, functools.partial(self._lower_traced, placement))
             finally:  # a program whose tracing raises cost its seconds too
-                self.store.lowered_to_key(time.perf_counter() - start)
-        material = self.store.material(path, key[1], args, placement, lowered) if self.store else None
+                self.store.keyed(time.perf_counter() - start, lowered is not None)
+        material = self.store.material(path, key[1], args, placement, computed) if self.store else None
         if material is not None:
             compiled = self.store.load(material, placement)
             if compiled is not None:
                 return compiled
         if lowered is None:
             try:
-                lowered = self._lower(path, case, placement, precision, args)
+                if traced is None:
+                    traced = self._trace(path, case, placement, precision, args)
+                lowered = self._lower_traced(placement, traced)
             except UnsupportedInputError as error:  # the next run rejects without tracing
                 if material is not None:
                     self.store.save_rejection(material, error)
@@ -132,15 +137,21 @@ class ProgramCache:
         if material is None:
             return lowered.compile()
         compiled = self.store.compile(lowered)
-        self.store.save(material, compiled)
+        self.store.save(material, compiled, lowered)
         return compiled
 
     @staticmethod
-    def _lower(path: Path, case, placement, precision, args):
-        """`path`'s program for `case` traced and lowered (`jax.stages.Lowered`) on `args`."""
+    def _trace(path: Path, case, placement, precision, args):
+        """`path`'s program for `case` traced (`jax.stages.Traced`) on `args`."""
         # Anything the tracing builds eagerly lands on the path's device.
         with jax.default_device(placement.devices[0]):
-            return jax.jit(path_programs._build_program(path, case, placement, precision)).lower(*args)
+            return jax.jit(path_programs._build_program(path, case, placement, precision)).trace(*args)
+
+    @staticmethod
+    def _lower_traced(placement, traced):
+        """`traced` lowered (`jax.stages.Lowered`), on the path's device as it was traced."""
+        with jax.default_device(placement.devices[0]):
+            return traced.lower()
 
     def compile_ahead(self, pool: concurrent.futures.Executor, paths, case, fixture) -> None:
         """Start obtaining in `pool` the programs `paths` need for `case` that are neither

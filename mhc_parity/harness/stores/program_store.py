@@ -62,6 +62,7 @@ from mhc_parity.cases.spec import LABEL, case_field_names, fields_with
 from mhc_parity.harness.engine.implementations import is_builtin
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.env import compiler_material
+from mhc_parity.harness.stores.traced_digest import traced_digest
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records.artifact_store import ArtifactStore
@@ -183,19 +184,41 @@ def keyed_by_program(impl) -> bool:
     return not is_builtin(impl) or bool(foreign_code())
 
 
+def has_host_callbacks(lowered) -> bool:
+    """Whether a lowered program (`jax.stages.Lowered`) calls back into Python."""
+    # `compile_args` is JAX's private record of what the lowering hands XLA; no public handle
+    # says whether a program has host callbacks (docs/jax-notes.md).
+    return bool(getattr(lowered._lowering, "compile_args", {}).get("host_callbacks"))
+
+
 def program_digest(lowered) -> str | None:
     """What a lowered program (`jax.stages.Lowered`) computes, as a sha256: its StableHLO text
     without source locations (every constant written out: MLIR prints large ones whole) and
     its argument and result trees. None for a program that calls back into Python (a
     `jax.pure_callback`, `jax.debug.print`): the text names its callback by index, not its
     code, so its results are no function of the text."""
-    # `compile_args` is JAX's private record of what the lowering hands XLA; no public handle
-    # says whether a program has host callbacks (docs/jax-notes.md).
-    if getattr(lowered._lowering, "compile_args", {}).get("host_callbacks"):
+    if has_host_callbacks(lowered):
         return None
     digest = hashlib.sha256(lowered.as_text(debug_info=False).encode())
     digest.update(f"\n{lowered.in_tree}\n{lowered.out_tree}".encode())
     return digest.hexdigest()
+
+
+def computed_material(traced, lower) -> tuple[dict | None, object | None]:
+    """(what a traced program computes as key material, its lowering where that was needed).
+
+    traced: the program traced (`jax.stages.Traced`); lower: `traced` -> its `jax.stages.Lowered`.
+    Keyed by its jaxpr where every part of it is a value (`traced_digest`: {"jaxpr": sha256},
+    and nothing lowered); else lowered and keyed by its lowered module (`program_digest`:
+    {"program": sha256}, with the lowering returned); None for a program that calls back into
+    Python. A program's jaxpr fixes its lowered module, so one keyed by its jaxpr is stored only
+    if its lowering (on a miss) has no host callback (`ProgramStore.save`)."""
+    digest = traced_digest(traced)
+    if digest is not None:
+        return {"jaxpr": digest}, None
+    lowered = lower(traced)
+    digest = program_digest(lowered)
+    return (None if digest is None else {"program": digest}), lowered
 
 
 def implementation_material(impl) -> dict | None:
@@ -231,22 +254,26 @@ class ProgramStore:
 
     def __init__(self, folder=None):
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "programs", "program")
-        self._keyed = [0, 0.0]  # programs lowered to key them, their seconds (from any thread)
+        # Programs traced to key them, those of them also lowered, their seconds (from any thread).
+        self._keyed = [0, 0, 0.0]
         self._keyed_lock = threading.Lock()
 
-    def lowered_to_key(self, seconds: float) -> None:
-        """Count one program traced and lowered (in `seconds`) to compute its key: on a warm run
-        that is all the work a program keyed by what it computes costs before it loads."""
+    def keyed(self, seconds: float, lowered: bool) -> None:
+        """Count one program traced (and, where `lowered`, lowered) in `seconds` to compute its
+        key (`computed_material`): on a warm run that is all the work a program keyed by what it
+        computes costs before it loads."""
         with self._keyed_lock:
             self._keyed[0] += 1
-            self._keyed[1] += seconds
+            self._keyed[1] += int(lowered)
+            self._keyed[2] += seconds
 
     @staticmethod
-    def material(path, signature: tuple, args, placement, lowered=None) -> dict | None:
+    def material(path, signature: tuple, args, placement, computed: dict | None = None) -> dict | None:
         """The key material of a path's program, or None if it must be neither loaded nor stored
         (its code cannot be read, it calls back into Python, or it is traced while code is
-        patched: `code_patched`). lowered: the program lowered (`jax.stages.Lowered`), which a
-        path `keyed_by_program` is keyed by (None there: nothing is stored); unused otherwise."""
+        patched: `code_patched`). computed: what the program computes (`computed_material`),
+        which a path `keyed_by_program` is keyed by (None there: nothing is stored); unused
+        otherwise."""
         if not stores_open():
             return None
         impl = path.impl
@@ -258,8 +285,7 @@ class ProgramStore:
             "environment": environment_material(),
         }
         if keyed_by_program(impl):
-            program = program_digest(lowered) if lowered is not None else None
-            return None if program is None else jsonable({**common, "program": program})
+            return None if computed is None else jsonable({**common, **computed})
         implementation = implementation_material(impl)
         sources = traced_sources_digest(PROGRAM_ENTRY, _not_traced(impl.kernel))
         if sources is None or implementation is None:
@@ -315,9 +341,13 @@ class ProgramStore:
         with jax_config.persistent_cache_min_compile_time_secs(math.inf):
             return lowered.compile(compiler_options=_FRESH_COMPILE_OPTIONS)
 
-    def save(self, material: dict, compiled) -> None:
-        """Store `compiled`; programs JAX cannot serialise (closed-over constants, a callback's
-        local function: AttributeError from pickle) are left out."""
+    def save(self, material: dict, compiled, lowered=None) -> None:
+        """Store `compiled` (compiled from `lowered`, where given); programs that call back into
+        Python (`has_host_callbacks`: the callback's code is no part of the key) and programs JAX
+        cannot serialise (closed-over constants, a callback's local function: AttributeError
+        from pickle) are left out."""
+        if lowered is not None and has_host_callbacks(lowered):
+            return
         try:
             payload = pickle.dumps(("program", *serialize_executable.serialize(compiled)))
         except (ValueError, NotImplementedError, AttributeError, pickle.PicklingError):
@@ -330,11 +360,12 @@ class ProgramStore:
 
     def counts(self) -> dict[str, int | float]:
         with self._keyed_lock:
-            keyed, keyed_s = self._keyed
+            traced, lowered, keyed_s = self._keyed
         return {
             "programs_stored_loaded": self.store.hits,
             "programs_stored_missed": self.store.misses,
-            "programs_lowered_to_key": keyed,
+            "programs_traced_to_key": traced,
+            "programs_lowered_to_key": lowered,
             "program_keys_s": round(keyed_s, 3),
         }
 

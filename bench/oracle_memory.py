@@ -3,7 +3,7 @@
     python bench/oracle_memory.py --cases NAME [NAME ...] [--chunk-tokens N ...] [--case-file F] [--out DIR]
 
 Each (case, chunk) runs in a fresh process: it makes the fixture, notes its resident memory
-(`ru_maxrss`), runs `mhc_parity.harness.engine.oracle_path.run_oracle_path` with that chunk (no
+(`oracle_process.peak_resident_bytes`), runs `mhc_parity.harness.engine.oracle_path.run_oracle_path` with that chunk (no
 oracle cache) and notes the peak again. One JSON line per run (also written to
 DIR/oracle-memory.jsonl): the case, its tokens, the chunk, the time, the peak before and after
 the oracle, and `mhc_parity.harness.engine.case_memory.oracle_memory_bytes`' budget for it;
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import resource
 import subprocess
 import sys
 import time
@@ -33,11 +32,7 @@ from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.cases.toml_cases import load_case_file  # noqa: E402
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes  # noqa: E402
 from mhc_parity.harness.engine.oracle_path import oracle_chunk_tokens, run_oracle_path  # noqa: E402
-
-
-def _peak_bytes() -> int:
-    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from mhc_parity.harness.engine.oracle_process import peak_resident_bytes  # noqa: E402
 
 
 def measure(name: str, chunk_tokens: int | None, case_files: list[str]) -> dict:
@@ -45,12 +40,12 @@ def measure(name: str, chunk_tokens: int | None, case_files: list[str]) -> dict:
     cases = {case.name: case for path in case_files for case in load_case_file(path)}
     case = cases[name] if name in cases else registry.get(name)
     fixture = make_fixture(case, use_cache=False)
-    before = _peak_bytes()
+    before = peak_resident_bytes()
     chunk = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens
     start = time.perf_counter()
     run_oracle_path(case, fixture, chunk)
     seconds = time.perf_counter() - start
-    peak = _peak_bytes()
+    peak = peak_resident_bytes()
     budget = oracle_memory_bytes(case, chunk)
     return {
         "case": case.name,

@@ -329,11 +329,12 @@ def test_shape_mismatch_names_both_shapes():
 def test_row_fields_are_exactly_the_schema_metric_columns():
     m = leaf_metrics(np.ones(3, np.float32), np.ones(3, np.float32), np.ones(3), dtype="float32")
     fields = m.as_row_fields()
-    # Judging's columns (bound, quantiles, cause), timings, and a compile row's program figures.
+    # Judging's columns (bound, quantiles, cause), timings, a compile row's program figures and the oracle's memory.
     not_metrics = {"bound_usage", "allowed_error", *schema.TIMING_COLUMNS, "cause_explained"}
     not_metrics |= {"oracle_quantile_max", "oracle_quantile_rms"}
     not_metrics |= {"vmem_asked_bytes", "vmem_allowed_bytes"}
     not_metrics |= {"code_bytes", "argument_bytes", "output_bytes", "temp_bytes"}
+    not_metrics |= {"oracle_peak_bytes", "oracle_budget_bytes"}  # the case's oracle's memory, not a leaf's
     metric_columns = set(schema.FLOAT_COLUMNS + schema.INT_COLUMNS) - not_metrics
     assert set(fields) == metric_columns
     assert [f.name for f in dataclasses.fields(LeafMetrics)] == [c for c in schema.ROW_COLUMNS if c in fields]

@@ -4,6 +4,7 @@ and kept with it, and children run side by side only as far as the memory allows
 
 import math
 import subprocess
+import sys
 import threading
 import time
 
@@ -126,3 +127,18 @@ def test_children_start_in_order_and_together_only_within_the_memory(monkeypatch
     # alone, a child is admitted whatever its budget (a case that cannot fit was refused up front)
     admission.acquire(1000)
     admission.release(1000)
+
+
+def test_a_childs_peak_is_its_own_not_its_parents():
+    """Linux carries `ru_maxrss` across the exec from the forked parent: a run holding 1.5 GB
+    would have given every oracle child 1.5 GB more than it used (make test's workers did)."""
+    held = np.ones(1_500_000_000 // 8)  # touched: resident in this process
+    code = "from mhc_parity.harness.engine.oracle_process import peak_resident_bytes as p; print(p())"
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=oracle_process.child_environment(),
+        check=True,
+    )
+    assert held.sum() > 0 and int(child.stdout) < 1e9, child.stdout

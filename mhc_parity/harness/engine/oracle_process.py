@@ -7,7 +7,7 @@ answer in a child process
 (`python -m mhc_parity.harness.engine.oracle_process`) that loads the fixture from the fixture
 cache, runs `mhc_parity.harness.engine.oracle_path.run_oracle_path` and writes the oracle cache's
 entry, which the run then reads as any cached answer (`mhc_parity.harness.stores.oracle_cache`).
-The child's peak resident memory when its oracle has run (`ru_maxrss`: the interpreter, JAX's
+The child's peak resident memory when its oracle has run (`VmHWM`: the interpreter, JAX's
 CPU runtime, the oracle's programs, the fixture and the oracle, nothing of the run) is what the
 budget estimates, as `bench/oracle_memory.py` measures it; it is the answer's `peak_bytes`,
 stored in the entry's header and stated in the case's rows (`oracle_peak_bytes` beside
@@ -164,9 +164,16 @@ def compute_apart(case, key: dict, entry: pathlib.Path) -> bool:
     return True
 
 
-def _peak_bytes() -> int:
-    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far: its address space's high-water mark
+    (`VmHWM`, which starts afresh at exec). Not `ru_maxrss`: Linux carries that across the
+    exec from the forked parent, so a child of a run holding gigabytes would report them."""
+    try:
+        status = pathlib.Path("/proc/self/status").read_text()
+    except OSError:  # no procfs: ru_maxrss (KiB on Linux), an upper bound
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
 
 
 def child_main(request: dict) -> dict:
@@ -181,7 +188,7 @@ def child_main(request: dict) -> dict:
     start = time.perf_counter()
     outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=request["units"])
     seconds = time.perf_counter() - start
-    peak = _peak_bytes()  # before the entry is encoded: the oracle's peak, as the budget counts it
+    peak = peak_resident_bytes()  # before the entry is encoded: the oracle's peak, as the budget counts it
     atomic_write(pathlib.Path(request["entry"]), serialize(key, outputs, peak_bytes=peak))
     return {"peak_bytes": peak, "oracle_s": round(seconds, 3)}
 

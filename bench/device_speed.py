@@ -52,7 +52,6 @@ import jax  # noqa: E402
 from mhc_parity.cases import registry  # noqa: E402
 from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.harness.engine import paths as path_programs  # noqa: E402
-from mhc_parity.harness.engine.devices import path_placement  # noqa: E402
 from mhc_parity.harness.engine.execution_timing import device_time  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN, load_implementations  # noqa: E402
 from mhc_parity.records.roofline import array_bytes, peaks_of, throughput  # noqa: E402
@@ -82,14 +81,9 @@ def time_program(compiled, args, runs: int) -> dict:
 def measure(impl, case, fixture, runs: int, reference_flops: float | None) -> dict:
     """One record: the program of `impl` on `case`, compiled, timed and set against the chip's peaks."""
     path = path_programs.Path(impl)
-    placement = path_placement(path)
-    precision = path_programs.effective_precision(case, placement)
-    args = path_programs._place(fixture, path, placement)
-    program = path_programs._build_program(path, case, placement, precision)
-    start = time.perf_counter()
-    compiled = jax.jit(program).lower(*args).compile()
-    compile_s = time.perf_counter() - start
-    outputs = jax.eval_shape(program, *args)
+    placed = path_programs.compile_placed(path, case, fixture)
+    compiled, args, placement, compile_s = placed.compiled, placed.args, placed.placement, placed.compile_s
+    outputs = jax.eval_shape(placed.program, *args)
     record = {
         "case": case.name,
         "path": path.name,

@@ -34,7 +34,6 @@ import jax  # noqa: E402
 from mhc_parity.cases.catalogue import make_case  # noqa: E402
 from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.harness.engine import paths as path_programs  # noqa: E402
-from mhc_parity.harness.engine.devices import path_placement  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN  # noqa: E402
 
 
@@ -42,13 +41,8 @@ def measure(case, runs: int) -> dict:
     """The interpret path's program of `case`: compiled, warmed up, run `runs` times."""
     path = path_programs.Path(BUILTIN["interpret"])
     fixture = make_fixture(case, use_cache=False)
-    placement = path_placement(path)
-    precision = path_programs.effective_precision(case, placement)
-    args = path_programs._place(fixture, path, placement)
-    program = path_programs._build_program(path, case, placement, precision)
-    start = time.perf_counter()
-    compiled = jax.jit(program).lower(*args).compile()
-    compile_s = time.perf_counter() - start
+    placed = path_programs.compile_placed(path, case, fixture)
+    compiled, args, compile_s = placed.compiled, placed.args, placed.compile_s
     jax.block_until_ready(compiled(*args))
     seconds = []
     for _ in range(runs):

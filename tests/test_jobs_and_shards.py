@@ -274,6 +274,21 @@ SHARD_ENVIRONMENT = {
 }
 
 
+def _fake_shard(tmp_path, index: int, metadata: dict, *, suite: str) -> ShardRun:
+    """Shard `index` of 2 of CASE_NAMES as `merge.read_shard` reads one, with `metadata`."""
+    manifest = types.SimpleNamespace(
+        shard=f"{index}/2",
+        run_id=f"run{index}" * 4,
+        shard_of=CASE_NAMES,
+        shard_of_digest="selection",
+        request={"suite": suite},
+        policy_digest="policy",
+        code_digest="code",
+        cases=tuple(sorted(shard_names(CASE_NAMES, parse_shard(f"{index}/2")))),
+    )
+    return ShardRun(tmp_path / f"shard{index}", manifest, metadata, [])
+
+
 @pytest.mark.parametrize(
     ("changed", "named"),
     [
@@ -289,17 +304,7 @@ def test_merge_refuses_shards_judged_under_other_arithmetic(changed, named, tmp_
     builds merged: neither was among the environment merge compares."""
 
     def shard(index: int, metadata: dict) -> ShardRun:
-        manifest = types.SimpleNamespace(
-            shard=f"{index}/2",
-            run_id=f"run{index}" * 4,
-            shard_of=CASE_NAMES,
-            shard_of_digest="selection",
-            request={"suite": "default"},
-            policy_digest="policy",
-            code_digest="code",
-            cases=tuple(sorted(shard_names(CASE_NAMES, parse_shard(f"{index}/2")))),
-        )
-        return ShardRun(tmp_path / f"shard{index}", manifest, metadata, [])
+        return _fake_shard(tmp_path, index, metadata, suite="default")
 
     shards = {
         tmp_path / "shard1": shard(1, SHARD_ENVIRONMENT),
@@ -320,17 +325,7 @@ def test_shards_of_two_device_calls_on_one_image_merge_and_another_jax_does_not(
     work each did, the oracle's memory) must not refuse the merge; another JAX or libtpu must."""
 
     def shard(index: int, metadata: dict) -> ShardRun:
-        manifest = types.SimpleNamespace(
-            shard=f"{index}/2",
-            run_id=f"run{index}" * 4,
-            shard_of=CASE_NAMES,
-            shard_of_digest="selection",
-            request={"suite": "tpu"},
-            policy_digest="policy",
-            code_digest="code",
-            cases=tuple(sorted(shard_names(CASE_NAMES, parse_shard(f"{index}/2")))),
-        )
-        return ShardRun(tmp_path / f"shard{index}", manifest, metadata, [])
+        return _fake_shard(tmp_path, index, metadata, suite="tpu")
 
     first = {
         **SHARD_ENVIRONMENT,

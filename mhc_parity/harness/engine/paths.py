@@ -13,6 +13,7 @@ keeps the compiled ones).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 
 import jax
@@ -21,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.spec import MESH_AXES, mesh_label
-from mhc_parity.harness.engine.devices import HOST_SUFFIX, Placement, placement_mesh
+from mhc_parity.harness.engine.devices import HOST_SUFFIX, Placement, path_placement, placement_mesh
 from mhc_parity.harness.engine.implementations import Implementation
 from mhc_parity.harness.engine.leaves import branch_leaf, weight_leaf
 from mhc_parity.mhc.precision import device_compute_capability, effective_matmul_precision
@@ -124,6 +125,29 @@ def _forward_and_vjp(forward):
         return {"out": out, **intermediates}, grads
 
     return program
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacedProgram:
+    """A path's program for one case as a bench times it alone: the function, its arguments on
+    the path's devices, the program lowered and compiled, and the seconds that took."""
+
+    program: object
+    args: tuple
+    compiled: object
+    compile_s: float
+    placement: Placement
+
+
+def compile_placed(path: Path, case, fixture) -> PlacedProgram:
+    """`path`'s forward-and-VJP program for `case` (as a run builds it), compiled for the path's
+    devices with `fixture` placed there (bench/device_speed.py, bench/interpret_cost.py)."""
+    placement = path_placement(path)
+    program = _build_program(path, case, placement, effective_precision(case, placement))
+    args = _place(fixture, path, placement)
+    start = time.perf_counter()
+    compiled = jax.jit(program).lower(*args).compile()
+    return PlacedProgram(program, args, compiled, time.perf_counter() - start, placement)
 
 
 def _place(fixture, path: Path, placement: Placement):

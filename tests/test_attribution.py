@@ -449,6 +449,44 @@ def test_the_hypotheses_errors_in_units_are_kept_for_a_cases_runs():
     assert hypotheses.in_units("case-a", None, oracle_leaves, scales) is not first
 
 
+class _HostOrderHypotheses(HypothesisOracle):
+    """One hypothesis, a gate rounding whose gradients the draws' backend sums narrowly: right
+    on `d_res_alpha`, and on `d_res_bias` the error of the host's order of that sum."""
+
+    def _answer(self, case, fixture):
+        gate = Hypothesis(
+            "round:gate_weight/residual_gate:forward:bfloat16:backend_sums", "the residual gate's casts",
+            "rounding", "gate_weight/residual:forward", (), ordered=True, backend_sum_weights=("res_scale", "res_bias"),
+        )  # fmt: skip
+        leaves = {"d_res_alpha": 2.0 + np.linspace(-1.0, 1.0, 64), "d_res_bias": np.full(4, 2.0 + 5.0)}
+        return [gate], [leaves], []
+
+
+def test_a_sum_in_the_hosts_order_is_not_held_to_the_leaves_it_makes_on_another_backend():
+    """A chip sums a narrow gradient in its own order, not the host's the hypotheses are drawn
+    in: a candidate there whose `d_res_bias` carries its own order's error is still named by the
+    rounding that explains its failing leaf; on the host the same leaves disqualify it."""
+    oracle_leaves = {"d_res_alpha": np.full(64, 2.0), "d_res_bias": np.full(4, 2.0)}
+    sensitivity = {
+        leaf: Sensitivity(max=0.1, rms=0.1, gain=0.1, dof_max=64, dof_rms=64, draws=16) for leaf in oracle_leaves
+    }
+    leaves = {"d_res_alpha": 2.0 + np.linspace(-1.0, 1.0, 64), "d_res_bias": np.full(4, 2.0 - 3.0)}
+    rows = [
+        empty_row(case=CASE, candidate=name, partner="oracle", comparison="vs_oracle", leaf=leaf, verdict=verdict)
+        for name in ("layer/unsharded", "layer/unsharded@cpu")
+        for leaf, verdict in (("d_res_alpha", "fail"), ("d_res_bias", "pass"))
+    ]
+    annotated = annotate_causes(
+        rows, registry.select(names=CASE)[0], None, oracle_leaves=oracle_leaves, oracle_sensitivity=sensitivity,
+        candidate_leaves={"layer/unsharded": leaves, "layer/unsharded@cpu": leaves},
+        hypotheses=_HostOrderHypotheses(), elsewhere={"layer/unsharded"},
+    )  # fmt: skip
+    chip, host = annotated[0], annotated[2]
+    assert chip["cause_id"] == "round:gate_weight/residual_gate:forward:bfloat16:backend_sums"
+    assert chip["cause_explained"] == pytest.approx(1.0)
+    assert host["cause_id"] == UNEXPLAINED_ID and host["cause_explained"] < 0
+
+
 def test_a_case_too_large_for_the_hypotheses_says_so(setting, monkeypatch):
     case, fixture, _ = setting
     monkeypatch.setattr(causes_module, "MAX_ATTRIBUTED_ELEMENTS", 10)

@@ -124,6 +124,12 @@ def path_placement(path) -> Placement:
     )
 
 
+def runs_on_host(path) -> bool:
+    """Whether `path` runs on the host CPU here (the oracle's backend): a host path, or any path
+    where the default backend is the CPU."""
+    return path.host or default_devices()[0].platform == HOST_PLATFORM
+
+
 def cpu_devices_lacking(path, *, default_devices: Sequence, host_devices: Sequence) -> int:
     """How many CPU devices `path` needs that the process lacks (0 when none), with
     `path_placement`'s devices: a path that runs on the host CPU (the host fallback, or a CPU

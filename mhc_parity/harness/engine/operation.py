@@ -41,15 +41,18 @@ class Hypothesis(Protocol):
     ("rounding": a rounding the model does not allow, matched value for value; "accumulation":
     an order-dependent narrow sum, matched by size, `mhc_parity.harness.judging.attribution.SIZE_MATCHED_KINDS`;
     "fitted": an error of any size per token at one place, `mhc_parity.harness.judging.attribution.FITTED_KIND`),
-    its `family` (the place it changes: two hypotheses of one family are never combined), and
+    its `family` (the place it changes: two hypotheses of one family are never combined),
     whether it is `ordered` (its error depends on the order of a sum: two paths that sum in
-    different orders differ by it)."""
+    different orders differ by it), and `backend_sum_weights`: the weights whose gradients it
+    sums in the order of the backend its draws run on (the host's), which a path on another
+    backend does not share."""
 
     name: str
     label: str
     kind: str
     family: str
     ordered: bool
+    backend_sum_weights: tuple[str, ...]
 
 
 @runtime_checkable

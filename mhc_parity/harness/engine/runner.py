@@ -38,7 +38,7 @@ from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
 from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
 from mhc_parity.harness.engine.compile_rows import compile_rows
-from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label
+from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label, runs_on_host
 from mhc_parity.harness.engine.execution_timing import times_alone
 from mhc_parity.harness.engine.failures import error_text, last_frame, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.interpret_cost import interpret_refusal
@@ -402,6 +402,7 @@ class Runner:
             candidate_leaves=ran,
             hypotheses=self.hypotheses,
             candidate_sensitivity=widened,
+            elsewhere={path.name for path in paths if path.name in ran and not runs_on_host(path)},
         )
         if self.cause_store is None:
             rows = annotate()

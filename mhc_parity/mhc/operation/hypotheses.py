@@ -100,7 +100,11 @@ class Hypothesis:
     rounds and sums narrowly to reproduce it; site, backward: a fitted hypothesis' site and how
     its gradients see the error (`mhc_parity.mhc.oracle_fits.site_response`); ordered: its error depends
     on the order of a narrow sum (a sharded path sums in another order); primitives: a backend
-    hypothesis' primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`).
+    hypothesis' primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`); backend_sum_weights: the
+    weights whose gradients it sums narrowly in the backend's own order (`BACKEND_ORDER`), which
+    is the order of the backend its draws run on (the host CPU's: the oracle is float64): a path
+    on another backend (a TPU) sums them in that backend's order, so there those gradients'
+    values are not its prediction.
     """
 
     name: str
@@ -112,6 +116,7 @@ class Hypothesis:
     backward: str = ""
     ordered: bool = False
     primitives: tuple[str, ...] = ()
+    backend_sum_weights: tuple[str, ...] = ()
 
 
 def _unit_roundoff(dtype: str) -> float:
@@ -246,6 +251,7 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
         family=_family("gate_weight", "forward", rounding.parts),
         roundings=(rounding, *sums),
         ordered=True,
+        backend_sum_weights=rounding.parts,
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import make_fixture
-from mhc_parity.harness.engine.causes import HypothesisOracle, _fitted_in_units, leaf_scales
+from mhc_parity.harness.engine.causes import HypothesisOracle, fitted_in_units, leaf_scales
 from mhc_parity.harness.engine.oracle_path import run_oracle_path
 from mhc_parity.harness.judging import attribution
 from mhc_parity.harness.judging.attribution import fitted_errors
@@ -29,7 +29,7 @@ def setting():
     answer = run_oracle_path(case, fixture)
     scales = leaf_scales(answer.leaves, answer.sensitivity)
     (h, response), *_ = HypothesisOracle().fitted(case, fixture)
-    plain = _fitted_in_units(h, response, scales)
+    plain = fitted_in_units(h, response, scales)
     p = 1e-2 * np.random.default_rng(3).standard_normal(response.shape)
     rng = np.random.default_rng(4)
     errors = {leaf: z + 0.1 * rng.standard_normal(z.shape) for leaf, z in plain.apply(p).items()}
@@ -40,7 +40,7 @@ def _fitted(setting, store, scales=None):
     case, fixture, default_scales, h, response, _ = setting
     scales = default_scales if scales is None else scales
     solutions = HypothesisOracle(fits=store).fit_solutions(case, fixture, h, response, scales)
-    return _fitted_in_units(h, response, scales, solutions)
+    return fitted_in_units(h, response, scales, solutions)
 
 
 def _assert_same(fit, expected):

@@ -13,7 +13,7 @@ import pytest
 from mhc_parity.cases import registry
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
-from mhc_parity.harness.engine.causes import HypothesisOracle, _fitted_in_units
+from mhc_parity.harness.engine.causes import HypothesisOracle, fitted_in_units
 from mhc_parity.harness.engine.oracle_path import leaves_as_draw, named_leaves
 from mhc_parity.harness.judging.attribution import (
     FIT_STEPS,
@@ -104,7 +104,7 @@ def _per_token_error_candidate(setting, scale):
 def test_a_per_token_error_of_the_rms_statistic_is_fitted_and_named(setting):
     case, fixture, _ = setting
     errors, scales = _per_token_error_candidate(setting, 1e-6)
-    fitted = [_fitted_in_units(h, r, scales) for h, r in HypothesisOracle().fitted(case, fixture)]
+    fitted = [fitted_in_units(h, r, scales) for h, r in HypothesisOracle().fitted(case, fixture)]
     by_name = {h.name: h for h in fitted}
     fit = fitted_errors(by_name["fit:rms_inverse:differentiated"], errors)
     for leaf, z in errors.items():  # all but the error's second order
@@ -121,7 +121,7 @@ def test_an_error_no_per_token_statistic_makes_is_not_fitted(setting):
     exact = _leaves(setting)
     broken = {leaf: np.zeros_like(z) for leaf, z in errors.items()}
     broken["d_post_bias"] = 0.01 * exact["d_post_bias"] / scales["d_post_bias"]
-    fitted = [_fitted_in_units(h, r, scales) for h, r in HypothesisOracle().fitted(case, fixture)]
+    fitted = [fitted_in_units(h, r, scales) for h, r in HypothesisOracle().fitted(case, fixture)]
     found = attribute_candidate(broken, [], ["d_post_bias"], fitted)
     assert found["d_post_bias"].cause_id == UNEXPLAINED_CAUSE  # four numbers: less evidence than freedom
     # The branch input 10% too large and the gates right: the statistic would move the gates too.

@@ -151,7 +151,7 @@ class HypothesisOracle:
         return errors
 
 
-def _fitted_in_units(hypothesis, response, scales: Mapping[str, float], solutions=None) -> FittedHypothesis:
+def fitted_in_units(hypothesis, response, scales: Mapping[str, float], solutions=None) -> FittedHypothesis:
     """A fitted hypothesis' response with every leaf in units of its σ (`scales`); solutions:
     where its fits' solutions are kept (`HypothesisOracle.fit_solutions`)."""
 
@@ -214,7 +214,7 @@ def annotate_causes(
     declared precision choices widen its model), that. elsewhere: the candidates that ran on
     another backend than the hypotheses' draws (an accelerator's paths; the draws run on the
     host): a hypothesis' sums in the draws' backend order say nothing of their values there
-    (`_off_backend`)."""
+    (`off_backend_errors`)."""
     rows = list(rows)
     failing = rows_needing_causes(rows, candidate_leaves, oracle_leaves)
     if not failing:
@@ -242,10 +242,10 @@ def annotate_causes(
         scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
         errors_of = model_errors if widened is None else in_units(scales)
         if candidate in elsewhere:
-            errors_of = _off_backend(errors_of, chosen)
+            errors_of = off_backend_errors(errors_of, chosen)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
         fits = [
-            _fitted_in_units(h, response, scales, hypotheses.fit_solutions(case, fixture, h, response, scales))
+            fitted_in_units(h, response, scales, hypotheses.fit_solutions(case, fixture, h, response, scales))
             for h, response in fitted
         ]
         return errors, errors_of, fits
@@ -279,7 +279,7 @@ def annotate_causes(
     return rows
 
 
-def _off_backend(errors_of: Sequence[HypothesisErrors], chosen: Sequence) -> list[HypothesisErrors]:
+def off_backend_errors(errors_of: Sequence[HypothesisErrors], chosen: Sequence) -> list[HypothesisErrors]:
     """The hypotheses' errors (`HypothesisOracle.in_units`, in `chosen`'s order) as a candidate on
     another backend than the draws' is matched against: each without the gradient leaves of the
     weights it sums in the draws' backend order (`Hypothesis.backend_sum_weights`). Such a sum's

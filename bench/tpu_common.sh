@@ -15,23 +15,28 @@ PY=.venv-system/bin/python
 PART_BUDGET_S=${PART_BUDGET_S:-570}
 PART_START=$SECONDS
 
-# The host memory a step may leave free before the guard stops it (MiB of MemAvailable): a device
-# machine whose memory runs out is taken back with everything on it, the results too.
+# The machine's memory: the lent TPU VM shows 45 GiB in /proc/meminfo and allows 40 GiB (the
+# device tool's README), so its limit is stated, for the harness too (its oracle processes'
+# admission and its refusals: mhc_parity/harness/processes/worker_processes.py). A device machine
+# whose memory runs out is taken back with everything on it, the results too: the guard stops a
+# step whose processes leave less than MEM_FLOOR_MB of that limit.
+export MHC_PARITY_MEMORY_LIMIT=${MHC_PARITY_MEMORY_LIMIT:-40G}
+MEM_LIMIT_MB=$(($(numfmt --from=iec "$MHC_PARITY_MEMORY_LIMIT") / 2**20))
 MEM_FLOOR_MB=${MEM_FLOOR_MB:-3072}
 
-guard_memory() {  # guard_memory PID NAME: log the host's memory every 3 s; below the floor, stop the
-  local group=$1 name=$2 available  # process group PID leads (setsid), its children with it
+guard_memory() {  # guard_memory PID NAME: log the memory in use every second; near the limit, stop
+  local group=$1 name=$2 used  # the process group PID leads (setsid), its children with it
   while kill -0 "$group" 2>/dev/null; do
-    available=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)
-    echo "$((SECONDS - PART_START)) s: available ${available} MiB; largest: $(ps -eo rss=,pid=,comm= --sort=-rss |
-      head -n 5 | awk '{printf "%s[%s] %d MiB, ", $3, $2, $1 / 1024}')" >>"$out/logs/memory-$name.log"
-    if [ "$available" -lt "$MEM_FLOOR_MB" ]; then
-      echo "$name: stopped by the memory guard, ${available} MiB available < ${MEM_FLOOR_MB}" | tee -a "$out/steps.txt"
+    used=$(awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print int((t - a) / 1024)}' /proc/meminfo)
+    echo "$((SECONDS - PART_START)) s: in use ${used} MiB of ${MEM_LIMIT_MB}; largest: $(ps -eo rss=,pid=,comm= \
+      --sort=-rss | head -n 4 | awk '{printf "%s[%s] %d MiB, ", $3, $2, $1 / 1024}')" >>"$out/logs/memory-$name.log"
+    if [ "$used" -gt $((MEM_LIMIT_MB - MEM_FLOOR_MB)) ]; then
+      echo "$name: stopped by the memory guard, ${used} MiB in use of ${MEM_LIMIT_MB}" | tee -a "$out/steps.txt"
       kill -TERM -- "-$group" 2>/dev/null
-      sleep 5
+      sleep 3
       kill -KILL -- "-$group" 2>/dev/null
     fi
-    sleep 3
+    sleep 1
   done
 }
 

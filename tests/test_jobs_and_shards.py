@@ -96,6 +96,27 @@ def test_the_available_memory_is_read_on_linux():
     assert memory is None or memory > 0
 
 
+def test_a_stated_memory_limit_caps_what_is_available(monkeypatch):
+    """A machine limited from outside (the lent TPU VM: 45 GiB in /proc/meminfo, 40 GiB allowed)
+    states its limit; what is in use counts against it, and a wrong value is refused by name."""
+    from mhc_parity.harness.processes import worker_processes as wp
+
+    meminfo = {"MemTotal": 45 * 2**20, "MemAvailable": 44 * 2**20}  # KiB: 1 GiB in use
+    monkeypatch.setattr(wp, "_meminfo_kib", lambda: meminfo)
+    monkeypatch.delenv(wp.MEMORY_LIMIT_ENV_VAR, raising=False)
+    assert wp.available_memory_bytes() == 44 * 2**30
+    monkeypatch.setenv(wp.MEMORY_LIMIT_ENV_VAR, "40G")
+    assert wp.memory_limit_bytes() == 40 * 2**30 and wp.available_memory_bytes() == 39 * 2**30
+    monkeypatch.setenv(wp.MEMORY_LIMIT_ENV_VAR, "100G")  # more than the machine shows: it decides
+    assert wp.available_memory_bytes() == 44 * 2**30
+    monkeypatch.setenv(wp.MEMORY_LIMIT_ENV_VAR, str(512 * 2**20))
+    assert wp.available_memory_bytes() == 0  # the limit is already used up
+    for wrong in ("40GB", "-3G", "lots"):
+        monkeypatch.setenv(wp.MEMORY_LIMIT_ENV_VAR, wrong)
+        with pytest.raises(ValueError, match=wp.MEMORY_LIMIT_ENV_VAR):
+            wp.memory_limit_bytes()
+
+
 # ------------------------------------------------------------------ through the CLI
 
 

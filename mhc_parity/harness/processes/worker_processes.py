@@ -179,15 +179,56 @@ def peak_resident_bytes() -> int | None:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-def available_memory_bytes() -> int | None:
-    """The memory the system can give new processes (Linux's MemAvailable), or None if unknown."""
+# The memory a machine allows its processes together, where that is less than /proc/meminfo
+# shows (a container or sandbox limited from outside: the lent TPU VM reports 45 GiB and allows
+# 40 GiB). Bytes, or a number with K, M, G or T (powers of 1024).
+MEMORY_LIMIT_ENV_VAR = "MHC_PARITY_MEMORY_LIMIT"
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def memory_limit_bytes() -> int | None:
+    """`$MHC_PARITY_MEMORY_LIMIT` in bytes, or None where it is unset. ValueError naming the
+    variable for a value that is not a positive size."""
+    raw = os.environ.get(MEMORY_LIMIT_ENV_VAR, "").strip()
+    if not raw:
+        return None
+    number, unit = raw.rstrip("KMGTkmgt"), raw[len(raw.rstrip("KMGTkmgt")) :].upper()
+    try:
+        limit = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        limit = 0.0
+    if not (unit in _UNITS and limit >= 1):
+        raise ValueError(f"${MEMORY_LIMIT_ENV_VAR} must be a size in bytes or with K, M, G or T, got {raw!r}")
+    return int(limit)
+
+
+def _meminfo_kib() -> dict[str, int]:
+    """/proc/meminfo's lines as name -> KiB (empty where it cannot be read)."""
+    found = {}
     try:
         for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+            name, _, value = line.partition(":")
+            if value.split() and value.split()[0].isdigit():
+                found[name] = int(value.split()[0])
+    except OSError:
         pass
-    return None
+    return found
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the system can give new processes (Linux's MemAvailable), or None if unknown.
+
+    Under `$MHC_PARITY_MEMORY_LIMIT` (`memory_limit_bytes`), no more than that limit less what
+    is in use (MemTotal − MemAvailable)."""
+    meminfo = _meminfo_kib()
+    if "MemAvailable" not in meminfo:
+        return None
+    available = meminfo["MemAvailable"] * 1024
+    limit = memory_limit_bytes()
+    if limit is None or "MemTotal" not in meminfo:
+        return available
+    used = (meminfo["MemTotal"] - meminfo["MemAvailable"]) * 1024
+    return max(0, min(available, limit - used))
 
 
 if os.environ.get(_SERVER_OF) == str(os.getppid()):  # this is the fork server the command started

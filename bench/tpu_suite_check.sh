@@ -6,6 +6,12 @@
 #   bench/tpu_suite_check.sh shard K N DIR  # on the TPU VM: set-up, then shard K of N of
 #                                           #   `mhc-parity run --suite tpu` into out/tpu-suite-K,
 #                                           #   the whole run folder packed into DIR/shard-K.tgz
+#   bench/tpu_suite_check.sh child DIR      # on the TPU VM: does the oracle's own process start
+#                                           #   there while a process holds the chip? Its imports
+#                                           #   (-X importtime; a traceback if still importing after
+#                                           #   45 s) with the chip held and not, then a small case's
+#                                           #   run (which holds the chip) with its oracle in a
+#                                           #   process of its own (MHC_PARITY_ORACLE_PROCESS=always)
 #   bench/tpu_suite_check.sh merge DIR      # where the shards' packs are (DIR/shard-*.tgz): unpack
 #                                           #   them in DIR/unpacked, merge into out/tpu-suite
 #                                           #   (MERGED), write its baseline baselines/tpu-v5e-tpu.csv
@@ -23,7 +29,7 @@
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bench/tpu_suite_check.sh shard K N DIR | merge DIR"
+usage="usage: bench/tpu_suite_check.sh shard K N DIR | child DIR | merge DIR"
 part=${1:?$usage}
 BASELINE=${BASELINE:-baselines/tpu-v5e-tpu.csv}
 MAXTEXT_PATHS=${MAXTEXT_PATHS:-"maxtext-layer-kernel-fixed/* maxtext-kernel-fwd-fixed/*"}
@@ -53,6 +59,24 @@ case $part in
       "${maxtext[@]}" --paths 'reference/*' 'interpret/*' 'mosaic/*' "${maxtext_paths[@]}"
     free -g >"$out/logs/memory-after-shard-$k.txt" 2>&1
     tar czf "$out/shard-$k.tgz" "$run" "$out/logs" "$out/steps.txt"
+    ;;
+  child)  # on 2026-12-06 a shard's oracle process stayed at 21 MiB for 130 s (docs/accelerators.md)
+    out=${2:?$usage}
+    source bench/tpu_common.sh
+    setup_or_exit
+    child_import=(env JAX_PLATFORMS=cpu PYTHONFAULTHANDLER=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+      timeout -s ABRT 45 "$PY" -X importtime -c "import mhc_parity.harness.engine.oracle_process; print('imported')")
+    "$PY" -c "import jax, time; print('holding', jax.devices(), flush=True); time.sleep(120)" >"$out/logs/holder.log" 2>&1 &
+    holder=$!
+    sleep 20  # the chip opened (6 to 11 s after a start: the device README's KINDS.md)
+    step child-import-chip-held "${child_import[@]}"
+    kill "$holder"
+    wait "$holder"
+    step child-import-chip-free "${child_import[@]}"
+    step child-run env MHC_PARITY_ORACLE_PROCESS=always PYTHONFAULTHANDLER=1 timeout 150 "$CLI" run \
+      --cases lite-n4-c96-b2s64-f32-w32-identity-default --paths 'reference/*' --no-lowering --out out/child-probe
+    grep -h "host memory" out/child-probe/summary.md >>"$out/steps.txt" 2>&1  # where its oracle ran
+    tar czf "$out/child.tgz" "$out/logs" "$out/steps.txt"
     ;;
   merge)
     out=${2:?$usage}

@@ -52,7 +52,9 @@ DIRECTIONS = ("forward", "backward")
 OUTPUTS = ("value", "first_cotangent", "second_cotangent")
 # The block of an accumulation the backend sums itself: each term rounded to the narrow dtype,
 # then reduced there by XLA in its own order (an order the oracle cannot spell out, but the one
-# a path's narrow reduction of the same shape gets on this backend).
+# a path's narrow reduction of the same shape gets on the backend the oracle runs on, the host
+# CPU; a path on an accelerator sums in that accelerator's order:
+# `mhc_parity.mhc.operation.hypotheses.Hypothesis.backend_sum_weights`).
 BACKEND_ORDER = 0
 
 

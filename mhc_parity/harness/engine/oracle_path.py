@@ -25,6 +25,7 @@ from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, mo
 from mhc_parity.harness.engine.kernel_primitives import measured_kernel_primitives, narrowed_terms
 from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.error_statistics import draw_deviations, effective_dof, statistic_dof
 from mhc_parity.harness.judging.token_statistics import TokenLeafDraws
@@ -248,7 +249,7 @@ def oracle_chunk_tokens(case) -> int:
         except ValueError:
             tokens = 0
         if tokens < 1:
-            raise ValueError(f"${CHUNK_TOKENS_ENV_VAR} must be a positive integer, got {raw!r}")
+            raise ConfigurationError(f"${CHUNK_TOKENS_ENV_VAR} must be a positive integer, got {raw!r}")
         return tokens
     return max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
 

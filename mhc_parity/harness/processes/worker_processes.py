@@ -40,6 +40,8 @@ import sys
 import threading
 import time
 
+from mhc_parity.harness.errors import ConfigurationError
+
 try:
     import resource
 except ImportError:  # Windows
@@ -187,8 +189,8 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def memory_limit_bytes() -> int | None:
-    """`$MHC_PARITY_MEMORY_LIMIT` in bytes, or None where it is unset. ValueError naming the
-    variable for a value that is not a positive size."""
+    """`$MHC_PARITY_MEMORY_LIMIT` in bytes, or None where it is unset. ConfigurationError naming
+    the variable for a value that is not a positive size."""
     raw = os.environ.get(MEMORY_LIMIT_ENV_VAR, "").strip()
     if not raw:
         return None
@@ -198,7 +200,7 @@ def memory_limit_bytes() -> int | None:
     except (ValueError, KeyError):
         limit = 0.0
     if not (unit in _UNITS and limit >= 1):
-        raise ValueError(f"${MEMORY_LIMIT_ENV_VAR} must be a size in bytes or with K, M, G or T, got {raw!r}")
+        raise ConfigurationError(f"${MEMORY_LIMIT_ENV_VAR} must be a size in bytes or with K, M, G or T, got {raw!r}")
     return int(limit)
 
 

@@ -33,6 +33,8 @@ case $part in
   run)  # every variant: the released ones fail (exit 1)
     setup_or_exit
     # PROBE=0 leaves the probe out (19 s; measured: docs/results/kernel-primitives-tpu-v5e.json).
+    # On a bare machine the set-up and the run take about the whole part (52 s and 518 s at
+    # 5cb435f, the run's own gate last), so the baseline step needs a machine set up already.
     [ "${PROBE:-1}" = 0 ] || step kernel-primitives "$PY" bench/tpu_kernel_primitive_probe.py --out "$out/kernel-primitives"
     step parity-maxtext make parity-maxtext SYSTEM_JAX=1 MAXTEXT_OUT=out/tpu-maxtext
     step baseline "$CLI" baseline --from out/tpu-maxtext --to baselines/tpu-v5e-maxtext.csv

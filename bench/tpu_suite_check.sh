@@ -73,8 +73,13 @@ case $part in
     kill "$holder"
     wait "$holder"
     step child-import-chip-free "${child_import[@]}"
+    # Every 5 s while the run goes: each process's state, resident memory and where it waits.
+    (while sleep 5; do echo "--- $((SECONDS - PART_START)) s"; ps -eo pid,ppid,rss,stat,wchan:24,args | cut -c1-200
+    done >"$out/logs/child-run-processes.log") &
+    watcher=$!
     step child-run env MHC_PARITY_ORACLE_PROCESS=always PYTHONFAULTHANDLER=1 timeout 150 "$CLI" run \
       --cases lite-n4-c96-b2s64-f32-w32-identity-default --paths 'reference/*' --no-lowering --out out/child-probe
+    kill "$watcher"
     grep -h "host memory" out/child-probe/summary.md >>"$out/steps.txt" 2>&1  # where its oracle ran
     tar czf "$out/child.tgz" "$out/logs" "$out/steps.txt"
     ;;

@@ -93,9 +93,25 @@ def test_a_child_killed_for_memory_is_out_of_memory_and_one_that_fails_falls_bac
     monkeypatch.setattr(oracle_process.subprocess, "run", failed)
     with pytest.raises(RuntimeError, match="no such branch"):
         oracle_process.compute_in_own_process(CASE, {"chunk_tokens": 16}, None, tmp_path / "entry.npz")
-    # a child that cannot run: the answer is computed in the run's process instead (the numbers first)
+    # a child that cannot run: the answer is computed in the run's process instead (the numbers
+    # first), admitted against the memory as the child would have been, and read as any entry
     monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "always")
-    assert oracle_process.compute_apart(CASE, {"chunk_tokens": 16}, tmp_path / "entry.npz") is False
+    monkeypatch.setenv("MHC_PARITY_CACHE", str(tmp_path / "cache"))
+    admitted = []
+    computed_here = oracle_process.run_oracle_path
+
+    def watched(*args, **kwargs):
+        admitted.append(oracle_process.ADMISSION._held)
+        return computed_here(*args, **kwargs)
+
+    monkeypatch.setattr(oracle_process, "run_oracle_path", watched)
+    fixture = make_fixture(CASE)
+    answer = OracleCache(tmp_path / "oracle", apart=oracle_process.compute_apart)(CASE, fixture)
+    assert admitted == [oracle_memory_bytes(CASE)] and oracle_process.ADMISSION._held == 0
+    assert answer.peak_bytes is None  # computed among the run's work: no figure
+    here = computed_here(CASE, fixture)
+    for name in here.leaves:
+        np.testing.assert_array_equal(answer.leaves[name], here.leaves[name])
 
 
 def test_children_start_in_order_and_together_only_within_the_memory(monkeypatch):

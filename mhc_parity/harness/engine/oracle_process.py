@@ -15,7 +15,8 @@ stored in the entry's header and stated in the case's rows (`oracle_peak_bytes` 
 figure: there its memory mixes with the paths', the comparisons' and other cases'.
 
 A child that fails (other than killed for memory) is logged, and the run computes that answer
-in its own process, as for any other case: its rows then state no peak.
+in its own process, admitted against the memory as the child would have been (an unadmitted
+oracle beside the others could take what they were admitted to): its rows then state no peak.
 
 The child never starts the parent's accelerator (`JAX_PLATFORMS=cpu`; the oracle runs on the host
 CPU whatever the backend): the parent hands it the draws' units (`oracle_path.OracleUnits`, which
@@ -153,14 +154,22 @@ def compute_in_own_process(case, key: dict, units, entry: pathlib.Path) -> int:
 def compute_apart(case, key: dict, entry: pathlib.Path) -> bool:
     """`mhc_parity.harness.stores.oracle_cache.OracleCache`'s hook for an answer it lacks: where
     `case` is for a process of its own (`own_process`), compute it there into `entry` (True);
-    else False, and the cache computes it in this process."""
+    else False, and the cache computes it in this process. Where the child cannot run, the
+    answer is computed here into `entry`, admitted as the child was (True)."""
     if not own_process(case):
         return False
+    units = oracle_units(case)
     try:
-        compute_in_own_process(case, key, oracle_units(case), entry)
+        compute_in_own_process(case, key, units, entry)
     except RuntimeError as error:  # the child could not run here: the numbers matter more than its figure
         log.warning("%s; computing it in the run's process instead (no peak memory figure)", error)
-        return False
+        budget = oracle_memory_bytes(case, key["chunk_tokens"])
+        ADMISSION.acquire(budget)
+        try:
+            outputs = run_oracle_path(case, make_fixture(case), key["chunk_tokens"], units=units)
+            atomic_write(entry, serialize(key, outputs))
+        finally:
+            ADMISSION.release(budget)
     return True
 
 

@@ -34,7 +34,7 @@ from mhc_parity.cases import registry  # noqa: E402
 from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.harness.engine import paths as path_programs  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN, load_implementations  # noqa: E402
-from mhc_parity.harness.engine.program_cache import ProgramCache  # noqa: E402
+from mhc_parity.harness.engine.program_cache import host_leaves  # noqa: E402
 
 # The key of the leaves' own dtypes in a dump (NumPy stores an ml_dtypes array as raw bytes).
 DTYPES_KEY = "__dtypes__"
@@ -56,11 +56,10 @@ def load_leaves(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def dump(impl, case, fixture, folder: pathlib.Path) -> dict:
-    """Run `impl`'s program on `case` once, as a parity run does (`ProgramCache.run`); save its
-    leaves and its compiled HLO under `folder`."""
-    path = path_programs.Path(impl)
-    leaves = ProgramCache().run(path, case, fixture).leaves
-    placed = path_programs.compile_placed(path, case, fixture)  # the same program, for its text
+    """Run `impl`'s program on `case` once, compiled for its devices as a parity run builds it
+    (`paths.compile_placed`); save its leaves and its compiled HLO under `folder`."""
+    placed = path_programs.compile_placed(path_programs.Path(impl), case, fixture)
+    leaves = host_leaves(jax.block_until_ready(placed.compiled(*placed.args)))
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / f"{impl.name}.npz", **stored_leaves(leaves))
     (folder / f"{impl.name}.hlo.txt").write_text(placed.compiled.as_text())

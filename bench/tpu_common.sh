@@ -25,15 +25,15 @@ MEM_LIMIT_MB=$(($(numfmt --from=iec "$MHC_PARITY_MEMORY_LIMIT") / 2**20))
 MEM_FLOOR_MB=${MEM_FLOOR_MB:-3072}
 
 guard_memory() {  # guard_memory PID NAME: log the memory in use every second; near the limit, stop
-  local group=$1 name=$2 used resident  # the process group PID leads (setsid), its children with it
+  local group=$1 name=$2 used resident processes  # the process group PID leads (setsid), its children too
   while kill -0 "$group" 2>/dev/null; do
     used=$(awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print int((t - a) / 1024)}' /proc/meminfo)
     # The processes' resident memory too: on the TPU VM it holds 8 GiB the chip's runtime maps,
     # which MemAvailable leaves out and the machine's limit may count. The larger decides.
-    resident=$(ps -eo rss= | awk '{s += $1} END {print int(s / 1024)}')
+    processes=$(ps -eo rss=,pid=,comm= --sort=-rss)
+    resident=$(awk '{s += $1} END {print int(s / 1024)}' <<<"$processes")
     echo "$((SECONDS - PART_START)) s: in use ${used} MiB, resident ${resident} MiB, of ${MEM_LIMIT_MB}; largest:" \
-      "$(ps -eo rss=,pid=,comm= --sort=-rss | head -n 4 | awk '{printf "%s[%s] %d MiB, ", $3, $2, $1 / 1024}')" \
-      >>"$out/logs/memory-$name.log"
+      "$(head -n 4 <<<"$processes" | awk '{printf "%s[%s] %d MiB, ", $3, $2, $1 / 1024}')" >>"$out/logs/memory-$name.log"
     [ "$resident" -gt "$used" ] && used=$resident
     if [ "$used" -gt $((MEM_LIMIT_MB - MEM_FLOOR_MB)) ]; then
       echo "$name: stopped by the memory guard, ${used} MiB in use of ${MEM_LIMIT_MB}" | tee -a "$out/steps.txt"

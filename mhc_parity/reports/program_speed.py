@@ -22,7 +22,7 @@ import pandas as pd
 
 from mhc_parity.records.roofline import Throughput, throughput
 from mhc_parity.records.rows import encode_float
-from mhc_parity.reports.speed import HOST_PLATFORM
+from mhc_parity.reports.speed import HOST_PLATFORM, device_platform
 
 # speed.csv's columns, in order (`speed_csv_rows`).
 SPEED_COLUMNS = (
@@ -71,7 +71,7 @@ class ProgramSpeed:
 
     @property
     def platform(self) -> str:
-        return self.devices.split(":", 1)[0]
+        return device_platform(self.devices)
 
     @property
     def rates(self) -> Throughput:
@@ -104,7 +104,7 @@ class ProgramSpeed:
 
 def _device_kind(devices: str, metadata: dict) -> str:
     """The chip a `devices` cell's path ran on: the run's device kind on the run's backend."""
-    platform = devices.split(":", 1)[0]
+    platform = device_platform(devices)
     if platform and platform == metadata.get("backend"):
         return str(metadata.get("device_kind") or "")
     return platform

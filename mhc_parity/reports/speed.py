@@ -28,6 +28,12 @@ from mhc_parity.records.text import format_number
 # `mhc_parity.harness.engine.devices.HOST_PLATFORM` also reads (reports load no harness).
 HOST_PLATFORM = "cpu"
 
+
+def device_platform(devices: str) -> str:
+    """The platform of a row's `devices` cell ("tpu:0" -> "tpu"; "" where it has none)."""
+    return devices.split(":", 1)[0]
+
+
 NOT_MEASURED_ON_CPU = "CPU: not a speed measurement"
 # The section's explanation, one source for the HTML page and the Markdown summary.
 SPEED_NOTE = (
@@ -61,7 +67,7 @@ class SpeedLine:
 
     @property
     def platform(self) -> str:
-        return self.devices.split(":", 1)[0]
+        return device_platform(self.devices)
 
     @property
     def comparable(self) -> bool:

@@ -124,10 +124,11 @@ def path_placement(path) -> Placement:
     )
 
 
-def runs_on_host(path) -> bool:
-    """Whether `path` runs on the host CPU here (the oracle's backend): a host path, or any path
-    where the default backend is the CPU."""
-    return path.host or default_devices()[0].platform == HOST_PLATFORM
+def runs_on_host(path, default: Sequence | None = None) -> bool:
+    """Whether `path` runs on the host CPU (the oracle's backend): a host path, or any path where
+    the default backend is the CPU. default: the default backend's devices (None: this process's)."""
+    default = default_devices() if default is None else default
+    return path.host or default[0].platform == HOST_PLATFORM
 
 
 def cpu_devices_lacking(path, *, default_devices: Sequence, host_devices: Sequence) -> int:
@@ -138,7 +139,7 @@ def cpu_devices_lacking(path, *, default_devices: Sequence, host_devices: Sequen
     and the path would be skipped for it. A path that cannot run on a CPU (Mosaic), or that
     runs on an accelerator (too few chips is the machine's), lacks nothing here: it is skipped
     with its reason, as on a single-chip TPU."""
-    on_host = path.host or default_devices[0].platform == HOST_PLATFORM
+    on_host = runs_on_host(path, default_devices)
     if path.mesh is None or not on_host or not path.impl.runs_on_host:
         return 0
     return max(0, mesh_size(path) - len(host_devices))

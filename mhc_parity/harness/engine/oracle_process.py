@@ -166,8 +166,7 @@ def compute_apart(case, key: dict, entry: pathlib.Path) -> bool:
         budget = oracle_memory_bytes(case, key["chunk_tokens"])
         ADMISSION.acquire(budget)
         try:
-            outputs = run_oracle_path(case, make_fixture(case), key["chunk_tokens"], units=units)
-            atomic_write(entry, serialize(key, outputs))
+            write_answer(case, key, units, entry, measure_peak=False)
         finally:
             ADMISSION.release(budget)
     return True
@@ -185,21 +184,27 @@ def peak_resident_bytes() -> int:
     return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
 
 
-def child_main(request: dict) -> dict:
-    """The child's work: the fixture from its cache, the oracle at the parent's units, the entry
-    written; returns its figures (peak bytes once the oracle had run, its seconds)."""
-    ensure_host_devices()  # an entry point: the flags before JAX's backend starts
-    enable_compilation_cache()
-    case, key = request["case"], request["key"]
+def write_answer(case, key: dict, units, entry: pathlib.Path, *, measure_peak: bool) -> dict:
+    """The fixture from its cache, the oracle at `units`, the cache's entry written under `key`;
+    returns the figures (this process's peak bytes once the oracle had run, where `measure_peak`:
+    a process of its own; its seconds)."""
     fixture = make_fixture(case)
     if fixture.digest() != key["fixture"]:
         raise RuntimeError(f"case {case.name}: the fixture cache holds another fixture than the run's")
     start = time.perf_counter()
-    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=request["units"])
+    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=units)
     seconds = time.perf_counter() - start
-    peak = peak_resident_bytes()  # before the entry is encoded: the oracle's peak, as the budget counts it
-    atomic_write(pathlib.Path(request["entry"]), serialize(key, outputs, peak_bytes=peak))
+    # Before the entry is encoded: the oracle's peak, as the budget counts it.
+    peak = peak_resident_bytes() if measure_peak else None
+    atomic_write(pathlib.Path(entry), serialize(key, outputs, peak_bytes=peak))
     return {"peak_bytes": peak, "oracle_s": round(seconds, 3)}
+
+
+def child_main(request: dict) -> dict:
+    """The child's work (`write_answer` at the parent's units); returns its figures."""
+    ensure_host_devices()  # an entry point: the flags before JAX's backend starts
+    enable_compilation_cache()
+    return write_answer(request["case"], request["key"], request["units"], request["entry"], measure_peak=True)
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ class ProgramCache:
         with jax.default_device(placement.devices[0]):
             (leaves, output_bytes), first_s = first_call(
                 lambda: jax.block_until_ready(compiled(*args)),
-                lambda outputs: (_host_leaves(outputs), array_bytes(jax.tree.leaves(outputs))),
+                lambda outputs: (host_leaves(outputs), array_bytes(jax.tree.leaves(outputs))),
             )
         bytes_moved = array_bytes(jax.tree.leaves(args)) + output_bytes
         return PathOutputs(leaves, compile_s, first_s, first_s, 1, float(bytes_moved))
@@ -264,7 +264,7 @@ class ProgramCache:
             return device_time(lambda: compiled(*args), jax.block_until_ready)
 
 
-def _host_leaves(outputs) -> dict[str, np.ndarray]:
+def host_leaves(outputs) -> dict[str, np.ndarray]:
     """A program's (forward leaves, gradient leaves) as one mapping of host arrays."""
     forward, grads = outputs
     return {name: np.asarray(value) for name, value in {**forward, **grads}.items()}

@@ -210,8 +210,9 @@ def _meminfo_kib() -> dict[str, int]:
     try:
         for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
             name, _, value = line.partition(":")
-            if value.split() and value.split()[0].isdigit():
-                found[name] = int(value.split()[0])
+            fields = value.split()
+            if fields and fields[0].isdigit():
+                found[name] = int(fields[0])
     except OSError:
         pass
     return found

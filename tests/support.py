@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -102,3 +104,24 @@ def copy_project(destination: pathlib.Path, subpackages: Iterable[str]) -> pathl
 def policy_rate() -> float:
     """The false-positive rate the packaged policy states (`[confidence]` of tolerances.toml)."""
     return load_policy().confidence.false_positive_rate
+
+
+@contextlib.contextmanager
+def background_under_way(lock) -> Iterator[threading.Event]:
+    """A task holding `lock.background()` (a `mhc_parity.harness.engine.quiet.QuietLock`) from
+    before the block until the yielded event is set (at the latest when the block ends)."""
+    started, release = threading.Event(), threading.Event()
+
+    def task():
+        with lock.background():
+            started.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    started.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join(10)

@@ -27,6 +27,7 @@ from mhc_parity.harness.engine.execution_timing import (
     times_alone,
 )
 from mhc_parity.records.schema import TIMING_COLUMNS
+from tests.support import background_under_way
 
 
 class FakeDevice:
@@ -218,25 +219,12 @@ def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, 
     _, case, fixture, _ = tiny
     monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
     monkeypatch.setattr(runner_module, "QUIET_WAIT_S", 0.2)
-    release, started = threading.Event(), threading.Event()
-
-    def stuck():
-        with QUIET.background():
-            started.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=stuck)
-    thread.start()
-    started.wait(10)
-    try:
+    with background_under_way(QUIET):  # stuck until the run is done
         rows = list(
             Runner(load_policy()).run_case(
                 case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture
             )
         )
-    finally:
-        release.set()
-        thread.join()
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_runs"] == 1 for row in timed)
     with QUIET.alone(1.0) as quiet:  # the lock is free again

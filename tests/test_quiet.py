@@ -5,23 +5,14 @@ from __future__ import annotations
 import threading
 
 from mhc_parity.harness.engine.quiet import QuietLock
+from tests.support import background_under_way
 
 
 def test_timing_waits_for_the_background_under_way_and_says_when_it_gave_up():
-    lock, started, release = QuietLock(), threading.Event(), threading.Event()
-
-    def task():
-        with lock.background():
-            started.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=task)
-    thread.start()
-    started.wait(10)
-    with lock.alone(0.1) as quiet:
-        assert not quiet  # the task is still under way: the block must not claim it ran alone
-    release.set()
-    thread.join(10)
+    lock = QuietLock()
+    with background_under_way(lock):
+        with lock.alone(0.1) as quiet:
+            assert not quiet  # the task is still under way: the block must not claim it ran alone
     with lock.alone(10) as quiet:
         assert quiet
 

@@ -20,8 +20,13 @@ PART_START=$SECONDS
 # admission and its refusals: mhc_parity/harness/processes/worker_processes.py). A device machine
 # whose memory runs out is taken back with everything on it, the results too: the guard stops a
 # step whose processes leave less than MEM_FLOOR_MB of that limit.
-export MHC_PARITY_MEMORY_LIMIT=${MHC_PARITY_MEMORY_LIMIT:-40G}
-MEM_LIMIT_MB=$(($(numfmt --from=iec "$MHC_PARITY_MEMORY_LIMIT") / 2**20))
+# The harness is told 8 GiB less: the chip's runtime maps about that much into the run's process
+# (resident 13.7 GB with 5.4 GB in use by MemAvailable, 10 s into a run on 2026-12-06), which its
+# MemAvailable-based figure leaves out, and the oracle's own process sizes its chunks in flight
+# by that figure (mhc_parity/harness/engine/oracle_process.py).
+DEVICE_MEMORY=${DEVICE_MEMORY:-40G}
+export MHC_PARITY_MEMORY_LIMIT=${MHC_PARITY_MEMORY_LIMIT:-32G}
+MEM_LIMIT_MB=$(($(numfmt --from=iec "$DEVICE_MEMORY") / 2**20))
 MEM_FLOOR_MB=${MEM_FLOOR_MB:-3072}
 
 guard_memory() {  # guard_memory PID NAME: log the memory in use every second; near the limit, stop
@@ -30,10 +35,10 @@ guard_memory() {  # guard_memory PID NAME: log the memory in use every second; n
     used=$(awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print int((t - a) / 1024)}' /proc/meminfo)
     # The processes' resident memory too: on the TPU VM it holds 8 GiB the chip's runtime maps,
     # which MemAvailable leaves out and the machine's limit may count. The larger decides.
-    processes=$(ps -eo rss=,pid=,comm= --sort=-rss)
+    processes=$(ps -eo rss=,pid=,pcpu=,comm= --sort=-rss)  # pcpu: the cores it used, on average since it began
     resident=$(awk '{s += $1} END {print int(s / 1024)}' <<<"$processes")
     echo "$((SECONDS - PART_START)) s: in use ${used} MiB, resident ${resident} MiB, of ${MEM_LIMIT_MB}; largest:" \
-      "$(head -n 4 <<<"$processes" | awk '{printf "%s[%s] %d MiB, ", $3, $2, $1 / 1024}')" >>"$out/logs/memory-$name.log"
+      "$(head -n 4 <<<"$processes" | awk '{printf "%s[%s] %d MiB %s%% cpu, ", $4, $2, $1 / 1024, $3}')" >>"$out/logs/memory-$name.log"
     [ "$resident" -gt "$used" ] && used=$resident
     if [ "$used" -gt $((MEM_LIMIT_MB - MEM_FLOOR_MB)) ]; then
       echo "$name: stopped by the memory guard, ${used} MiB in use of ${MEM_LIMIT_MB}" | tee -a "$out/steps.txt"

@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.."
 usage="usage: bench/tpu_suite_check.sh shard K N DIR | child DIR | merge DIR"
 part=${1:?$usage}
 BASELINE=${BASELINE:-baselines/tpu-v5e-tpu.csv}
-MAXTEXT_PATHS=${MAXTEXT_PATHS:-"maxtext-layer-kernel-fixed/* maxtext-kernel-fwd-fixed/*"}
+MAXTEXT_PATHS=${MAXTEXT_PATHS:-"maxtext-layer-reference-fixed/* maxtext-layer-kernel-fixed/* maxtext-kernel-fwd-fixed/*"}
 MERGED=${MERGED:-out/tpu-suite}
 
 case $part in
@@ -48,11 +48,13 @@ case $part in
     resume=()
     # An earlier call's unfinished shard (same request): continue it.
     [ -f "$run/manifest.json" ] && resume=(--resume)
-    # MaxText's fixed kernels beside this project's (the Speed section's third column; the
-    # released ones raise UnexpectedTracerError: docs/results/maxtext-tpu-v5e.md), where installed.
+    # MaxText's fixed layer and kernels beside this project's (the Speed section's third column;
+    # the released ones raise UnexpectedTracerError: docs/results/maxtext-tpu-v5e.md), where
+    # installed. Every implementation loaded must be compared (a run that compares nothing of one
+    # exits 2), so MAXTEXT_PATHS names each of `:fixed`'s three, or MAXTEXT_PATHS= leaves them out.
     maxtext=() maxtext_paths=()
-    if "$PY" -c "import maxtext" 2>/dev/null; then
-      maxtext=(--impl mhc_parity.maxtext_parity:implementations)
+    if [ -n "$MAXTEXT_PATHS" ] && "$PY" -c "import maxtext" 2>/dev/null; then
+      maxtext=(--impl mhc_parity.maxtext_parity:fixed)
       read -ra maxtext_paths <<<"$MAXTEXT_PATHS"  # split on spaces, the globs kept for --paths
     fi
     step "shard-$k" "$CLI" run --suite tpu --shard "$k/$n" --out "$run" --jobs 1 --quiet "${lowering[@]}" "${resume[@]}" \

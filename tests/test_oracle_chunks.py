@@ -6,6 +6,7 @@ import math
 import pathlib
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -207,6 +208,29 @@ def test_the_chunked_oracle_path_gives_the_one_shot_answer():
     np.testing.assert_allclose(
         [chunked.systematic[n] for n in systematic], [systematic[n] for n in systematic], rtol=1e-9
     )
+
+
+def test_chunks_run_side_by_side_give_the_same_answer_bit_for_bit(monkeypatch):
+    """The oracle's own process runs several chunks at once on a many-core host (issue 55): each
+    chunk's values and the sums over chunks, taken in token order, are those of one at a time."""
+    case = LITE.replace(dtype="bfloat16")
+    fixture = make_fixture(case)
+    alone = oracle_path.run_oracle_path(case, fixture, chunk_tokens=4)
+    started = []
+    chunk_program = oracle._oracle_program
+
+    def watched(*args):  # which threads the chunks ran on
+        program = chunk_program(*args)
+        return lambda *a: (started.append(threading.current_thread().name), program(*a))[1]
+
+    monkeypatch.setattr(oracle, "_oracle_program", watched)
+    together = oracle_path.run_oracle_path(case, fixture, chunk_tokens=4, in_flight=3)
+    assert len(started) == 6 and sum(name.startswith("oracle-chunk") for name in started) == 5  # the first alone
+    for name, value in alone.leaves.items():
+        np.testing.assert_array_equal(together.leaves[name], value, err_msg=name)
+    assert together.sensitivity == alone.sensitivity and together.systematic == alone.systematic
+    with pytest.raises(ValueError, match="in_flight"):
+        next(OPERATION.oracle_chunks(case, fixture, get_branch(case.branch), [(0, None)], 4, in_flight=0))
 
 
 def test_a_second_batch_given_the_exact_leaves_gives_the_same_statistics_without_a_copy():

@@ -17,10 +17,13 @@ from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine import oracle_process
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
 from mhc_parity.harness.engine.implementations import REFERENCE
-from mhc_parity.harness.engine.oracle_path import run_oracle_path
+from mhc_parity.harness.engine.oracle_path import oracle_units, run_oracle_path
 from mhc_parity.harness.engine.runner import PathPlan, Runner
+from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.judging.policy_file import load_policy
+from mhc_parity.harness.stores import oracle_cache
 from mhc_parity.harness.stores.oracle_cache import OracleCache
+from mhc_parity.records import foreign_code
 from mhc_parity.records.rows import to_frame
 from mhc_parity.reports.host_memory import case_memories, memory_line
 from mhc_parity.reports.markdown import render_markdown
@@ -56,10 +59,13 @@ def test_an_answer_computed_apart_is_the_runs_own_bit_for_bit_and_keeps_its_peak
 
 
 @pytest.mark.slow
-def test_a_case_computed_apart_states_its_peak_and_budget_in_rows_and_summaries(cache):
+def test_a_case_computed_apart_states_its_peak_and_budget_in_rows_and_summaries(cache, monkeypatch):
+    monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, "2")
+    monkeypatch.setenv("MHC_PARITY_ORACLE_CHUNK_TOKENS", "5")  # 4 chunks, 2 at a time
     runner = Runner(load_policy())  # the default oracle: the cache with its apart hook
     rows = list(runner.run_case(CASE, PathPlan((REFERENCE,), lowering=False)))
-    assert rows and all(row["oracle_budget_bytes"] == oracle_memory_bytes(CASE) for row in rows)
+    # the budget it ran under: two chunks' working sets
+    assert rows and all(row["oracle_budget_bytes"] == oracle_memory_bytes(CASE, 5, 2) for row in rows)
     peaks = {row["oracle_peak_bytes"] for row in rows}
     assert len(peaks) == 1 and math.isfinite(peaks.pop())
     memories = case_memories(rows)
@@ -79,6 +85,30 @@ def test_only_the_tpu_suites_cases_go_apart_unless_told(monkeypatch):
         oracle_process.own_process(CASE)
 
 
+def test_a_child_runs_as_many_chunks_at_once_as_cores_and_memory_allow(monkeypatch):
+    case = registry.select(suite="tpu")[0]  # 8192 tokens of 4 x 1024: 64 chunks
+    chunk = 128
+    monkeypatch.delenv(oracle_process.IN_FLIGHT_ENV_VAR, raising=False)
+    plenty = 10 * oracle_memory_bytes(case, chunk, oracle_process.MAX_CHUNKS_IN_FLIGHT)
+    monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: plenty)
+    monkeypatch.setattr(oracle_process, "_cores", lambda: 2)  # this project's CI: one at a time, as in-process
+    assert oracle_process.chunks_in_flight(case, chunk) == 1
+    monkeypatch.setattr(oracle_process, "_cores", lambda: 13)  # the lent TPU VM
+    assert oracle_process.chunks_in_flight(case, chunk) == 4
+    assert oracle_process.chunks_in_flight(case, 4096) == 2  # no more than the chunks
+    # memory decides below the cores: the most whose budget fits the admitted share
+    two = oracle_memory_bytes(case, chunk, 2)
+    monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: int(two / oracle_process.ADMITTED_FRACTION) + 1)
+    assert oracle_process.chunks_in_flight(case, chunk) == 2
+    monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: 1)  # none fits: one alone
+    assert oracle_process.chunks_in_flight(case, chunk) == 1
+    monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, "3")  # told
+    assert oracle_process.chunks_in_flight(case, chunk) == 3
+    monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, "three")
+    with pytest.raises(ConfigurationError, match="positive integer"):
+        oracle_process.chunks_in_flight(case, chunk)
+
+
 def test_a_child_killed_for_memory_is_out_of_memory_and_one_that_fails_falls_back(monkeypatch, tmp_path):
     def killed(*args, **kwargs):
         return subprocess.CompletedProcess(args, -9, b"", b"")
@@ -94,24 +124,49 @@ def test_a_child_killed_for_memory_is_out_of_memory_and_one_that_fails_falls_bac
     with pytest.raises(RuntimeError, match="no such branch"):
         oracle_process.compute_in_own_process(CASE, {"chunk_tokens": 16}, None, tmp_path / "entry.npz")
     # a child that cannot run: the answer is computed in the run's process instead (the numbers
-    # first), admitted against the memory as the child would have been, and read as any entry
+    # first, the cache's own path), admitted against the memory as the child would have been
     monkeypatch.setenv(oracle_process.OWN_PROCESS_ENV_VAR, "always")
     monkeypatch.setenv("MHC_PARITY_CACHE", str(tmp_path / "cache"))
     admitted = []
-    computed_here = oracle_process.run_oracle_path
+    computed_here = oracle_cache.run_oracle_path
 
     def watched(*args, **kwargs):
         admitted.append(oracle_process.ADMISSION._held)
         return computed_here(*args, **kwargs)
 
-    monkeypatch.setattr(oracle_process, "run_oracle_path", watched)
+    monkeypatch.setattr(oracle_cache, "run_oracle_path", watched)  # still "the project's oracle"
     fixture = make_fixture(CASE)
-    answer = OracleCache(tmp_path / "oracle", apart=oracle_process.compute_apart)(CASE, fixture)
+    oracle = OracleCache(tmp_path / "oracle", compute=watched, apart=oracle_process.compute_apart)
+    answer = oracle(CASE, fixture)
     assert admitted == [oracle_memory_bytes(CASE)] and oracle_process.ADMISSION._held == 0
     assert answer.peak_bytes is None  # computed among the run's work: no figure
     here = computed_here(CASE, fixture)
     for name in here.leaves:
         np.testing.assert_array_equal(answer.leaves[name], here.leaves[name])
+    assert OracleCache(tmp_path / "oracle")(CASE, fixture).peak_bytes is None  # stored, read as any entry
+
+
+@pytest.mark.slow
+def test_a_run_that_loaded_foreign_code_has_its_answer_made_apart_as_the_projects_own(cache, monkeypatch):
+    """An `--impl` run's large case (MaxText's beside the project's kernels on the chip) gets its
+    answer from the child, which loads none of that code: stored under the project's key, with its
+    peak; not computed in the run's process beside the foreign code, unmeasured and unadmitted."""
+    monkeypatch.setattr(foreign_code, "_LOADED", [(f"{__name__}:factory", __name__)])
+    fixture = make_fixture(CASE)
+    apart = OracleCache(cache / "oracle", apart=oracle_process.compute_apart)(CASE, fixture)
+    assert apart.peak_bytes is not None  # measured: its own process
+    monkeypatch.setattr(foreign_code, "_LOADED", [])
+    own = OracleCache(cache / "oracle")
+    assert own(CASE, fixture).peak_bytes == apart.peak_bytes and own.hits == 1  # the project's own entry
+
+
+def test_a_child_refuses_a_key_its_own_process_would_not_make(cache, tmp_path):
+    """The child states the key's code, versions and compiler only where they are its own."""
+    fixture = make_fixture(CASE)
+    key = oracle_cache.key_material(CASE, fixture, "another project's oracle sources")
+    with pytest.raises(RuntimeError, match="differs from the run's in oracle_sources"):
+        oracle_process.compute_in_own_process(CASE, key, oracle_units(CASE), tmp_path / "entry.npz")
+    assert not (tmp_path / "entry.npz").exists()
 
 
 def test_children_start_in_order_and_together_only_within_the_memory(monkeypatch):

@@ -27,6 +27,8 @@ from `mhc` but the oracle's own modules.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -171,17 +173,21 @@ def run_oracle_chunks(
     draws: Sequence[tuple[int | None, Mapping[str, float] | float | None]],
     chunk_tokens: int,
     branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
+    in_flight: int = 1,
 ) -> Iterator[OracleChunk]:
     """`mhc_parity.mhc.oracle.run_oracle_batch`'s draws, `chunk_tokens` tokens at a time (module docstring).
 
     Arguments as for `run_oracle_batch` (x and cotangent (B, S, n, C), any float dtype,
     upcast a chunk at a time); chunk_tokens >= 1. Yields one `OracleChunk` per chunk, in
-    token order (flattened batch · sequence); the host holds one chunk's draws at a time.
+    token order (flattened batch · sequence); `in_flight` chunks run at once, each on a thread
+    of its own (the same values as one at a time), so the host holds that many chunks' draws.
     """
     if not draws:
         raise ValueError("run_oracle_chunks needs at least one draw")
     if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
         raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    if not (isinstance(in_flight, int) and in_flight >= 1):
+        raise ValueError(f"in_flight must be a positive int, got {in_flight!r}")
     x, cotangent = np.asarray(x), np.asarray(cotangent)
     tokens = math.prod(x.shape[:2])
     chunk_tokens = min(chunk_tokens, tokens)
@@ -204,7 +210,11 @@ def run_oracle_chunks(
         key_data = jnp.stack([jax.random.key_data(jax.random.key(0 if seed is None else seed)) for seed, _ in draws])
         shifted = jnp.asarray([seed is None for seed, _ in draws])[:, None]
         program = oracle._oracle_program(branch_apply, config, sites, None)
-        for start in range(0, tokens, chunk_tokens):
+        device = oracle.oracle_device()
+
+    def chunk(start: int) -> OracleChunk:
+        # In the thread that runs it: JAX's x64 and device settings are per thread.
+        with jax.enable_x64(True), jax.default_device(device):
             stop = min(tokens, start + chunk_tokens)
             indices = chunk_bank_indices(full_sites, per_token, rules, start, stop, chunk_tokens)
             banks = bank_numbers(key_data, jnp.asarray(indices))
@@ -219,7 +229,23 @@ def run_oracle_chunks(
                 _unpadded(oracle._result(jax.tree.map(lambda a, i=i: a[i], outputs)), stop - start)
                 for i in range(len(draws))
             ]
-            yield OracleChunk(start, stop, results)
+            return OracleChunk(start, stop, results)
+
+    starts = range(0, tokens, chunk_tokens)
+    yield chunk(starts[0])  # alone: the programs compile once, before threads share them
+    if in_flight == 1:
+        yield from map(chunk, starts[1:])
+        return
+    # Chunks run side by side on threads (XLA:CPU runs one program on about one core), yielded
+    # in token order: each chunk's values are the same whoever runs it, and so are the sums.
+    with concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="oracle-chunk") as pool:
+        running: collections.deque = collections.deque()
+        for start in starts[1:]:
+            running.append(pool.submit(chunk, start))
+            if len(running) == in_flight:
+                yield running.popleft().result()
+        while running:
+            yield running.popleft().result()
 
 
 @functools.lru_cache(maxsize=32)

@@ -11,7 +11,8 @@ shapes and its chunk:
 - `ORACLE_PROCESS_BYTES`: the process itself, JAX's runtime and the oracle's compiled programs;
 - the fixture, and every token's exact leaves in float64 with the temporaries the statistics
   of the largest take at the end (`ORACLE_LEAF_COPIES` of each);
-- one chunk's working set: each draw's float64 values per token of the chunk (per element of
+- each chunk in flight's working set (one, but where the oracle's own process runs several at
+  once: `mhc_parity.harness.engine.oracle_process`): each draw's float64 values per token of the chunk (per element of
   x, of the branch's hidden layer, per permutation or Sinkhorn entry), and per element of the
   weights and branch parameters (each draw rounds them and holds their gradients whatever the
   chunk: the draws of a chunk run together, so these do not shrink with it), measured by
@@ -88,9 +89,10 @@ def _hidden_values(case) -> int:
     return ORACLE_VALUES_PER_HIDDEN.get(case.branch, max(ORACLE_VALUES_PER_HIDDEN.values())) * width
 
 
-def oracle_memory_bytes(case, chunk_tokens: int | None = None) -> int:
+def oracle_memory_bytes(case, chunk_tokens: int | None = None, in_flight: int = 1) -> int:
     """The host memory (bytes) the chunked float64 oracle of `case` needs, fixture included, in
-    chunks of `chunk_tokens` tokens (default `oracle_chunk_tokens`): the module docstring's sum."""
+    chunks of `chunk_tokens` tokens (default `oracle_chunk_tokens`), `in_flight` of them at once
+    (each its own working set): the module docstring's sum."""
     batch, sequence, streams, embedding = case.shape
     tokens = batch * sequence
     chunk = min(tokens, oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens)
@@ -105,7 +107,7 @@ def oracle_memory_bytes(case, chunk_tokens: int | None = None) -> int:
         values += ORACLE_VALUES_PER_SINKHORN_ENTRY * streams**2 * case.mhc_config().sinkhorn_iterations
     else:
         values += ORACLE_VALUES_PER_PERMUTATION * math.factorial(streams)
-    working = 8 * ORACLE_DRAWS * (chunk * values + ORACLE_VALUES_PER_WEIGHT * weights)
+    working = in_flight * 8 * ORACLE_DRAWS * (chunk * values + ORACLE_VALUES_PER_WEIGHT * weights)
     making = FIXTURE_MASTER_BYTES * 2 * tokens * per_token
     return ORACLE_PROCESS_BYTES + max(making, fixture + leaves + working)
 

@@ -66,8 +66,10 @@ class OracleOutputs:
     kernel_pair: PairStatistics | None = None
     # The peak resident memory (bytes) of the process that computed this answer alone: a case
     # whose oracle runs in a process of its own (`mhc_parity.harness.engine.oracle_process`); None
-    # where it was computed inside a run's process, among other work.
+    # where it was computed inside a run's process, among other work. budget_bytes: the memory
+    # budget it ran under (`case_memory.oracle_memory_bytes` at its chunk and chunks in flight).
     peak_bytes: int | None = None
+    budget_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +256,9 @@ def oracle_chunk_tokens(case) -> int:
     return max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
 
 
-def run_oracle_path(case, fixture, chunk_tokens: int | None = None, units: OracleUnits | None = None) -> OracleOutputs:
+def run_oracle_path(
+    case, fixture, chunk_tokens: int | None = None, units: OracleUnits | None = None, in_flight: int = 1
+) -> OracleOutputs:
     """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
 
     The sensitivity draws use the mixed-precision rounding model of `mhc_parity.mhc.oracle`
@@ -269,17 +273,18 @@ def run_oracle_path(case, fixture, chunk_tokens: int | None = None, units: Oracl
     (`mhc_parity.harness.judging.token_statistics`). Where a Mosaic kernel and XLA compute some
     of the backend terms' primitives alike on this backend (`kernel_pair_units`), a second batch
     of draws without those terms gives `kernel_pair`, for the comparisons of such a pair.
-    units: the draws' `OracleUnits` (default `oracle_units(case)`, this backend's).
+    units: the draws' `OracleUnits` (default `oracle_units(case)`, this backend's). in_flight:
+    the chunks that run at once, on threads (the same values; that many chunks' memory).
     """
     start = time.perf_counter()
     branch = get_branch(case.branch)
     chunk_tokens = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens
     units = oracle_units(case) if units is None else units
-    exact, main = _chunked_statistics(case, fixture, branch, units.noise, units.shift, chunk_tokens)
+    exact, main = _chunked_statistics(case, fixture, branch, units.noise, units.shift, chunk_tokens, in_flight)
     kernel_pair = None
     if units.pair is not None:
         kernel_pair = _chunked_statistics(
-            case, fixture, branch, units.pair, units.pair_shift, chunk_tokens, exact_known=exact
+            case, fixture, branch, units.pair, units.pair_shift, chunk_tokens, in_flight, exact_known=exact
         )[1]
     return OracleOutputs(
         exact,
@@ -292,18 +297,25 @@ def run_oracle_path(case, fixture, chunk_tokens: int | None = None, units: Oracl
 
 
 def _chunked_statistics(
-    case, fixture, branch, units: Mapping[str, float], shift_units, chunk_tokens: int, exact_known=None
+    case,
+    fixture,
+    branch,
+    units: Mapping[str, float],
+    shift_units,
+    chunk_tokens: int,
+    in_flight: int = 1,
+    exact_known=None,
 ):
     """(the exact leaves, their `PairStatistics`) from the exact oracle, the case's
     `NOISE_SAMPLES` draws at `units` and, where the backend has terms, the draw with only those
     applied alike on every token (`shift_units`: `backend_shift_units` of `units`, None without
-    terms), run `chunk_tokens` tokens at a time. exact_known: the exact leaves an earlier batch
+    terms), run `chunk_tokens` tokens at a time, `in_flight` at once. exact_known: the exact leaves an earlier batch
     of the same case returned (the exact draw has no units: the same bits in every batch); given,
     the token-major ones are not gathered again, so a second batch (`kernel_pair`) holds no
     second copy of them."""
     shifted_draw = [] if shift_units is None else [(None, shift_units)]
     draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw
-    chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens)
+    chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens, in_flight)
     token_shape = tuple(case.shape[:2])
     exact: dict[str, np.ndarray] = {} if exact_known is None else dict(exact_known)
     # Per leaf summed over tokens: every draw's sum over the chunks so far (float64).

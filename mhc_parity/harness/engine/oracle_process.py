@@ -14,9 +14,13 @@ stored in the entry's header and stated in the case's rows (`oracle_peak_bytes` 
 `oracle_budget_bytes`) and the summary. A case computed inside the run's process has no such
 figure: there its memory mixes with the paths', the comparisons' and other cases'.
 
-A child that fails (other than killed for memory) is logged, and the run computes that answer
-in its own process, admitted against the memory as the child would have been (an unadmitted
-oracle beside the others could take what they were admitted to): its rows then state no peak.
+The child loads no foreign code, so its answer is the project's own, stored under the project's
+key even in a run that loaded an `--impl` (whose own answers are keyed by that code's record:
+`mhc_parity.records.foreign_code`); it checks the key's fixture, sources, versions and compiler
+against its own first. A child that fails (other than killed for memory) is logged, and the run
+computes that answer in its own process, under its own key, admitted against the memory as the
+child would have been (an unadmitted oracle beside the others could take what they were
+admitted to): its rows then state no peak.
 
 The child never starts the parent's accelerator (`JAX_PLATFORMS=cpu`; the oracle runs on the host
 CPU whatever the backend): the parent hands it the draws' units (`oracle_path.OracleUnits`, which
@@ -41,15 +45,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import TPU_TAG
 from mhc_parity.harness.engine.case_memory import memory_for_a_case, oracle_memory_bytes
-from mhc_parity.harness.engine.oracle_path import oracle_units, run_oracle_path
+from mhc_parity.harness.engine.oracle_path import OracleOutputs, oracle_units, run_oracle_path
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.env import ensure_host_devices
+from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.processes.worker_processes import end_with_parent
-from mhc_parity.harness.stores.oracle_cache import serialize
+from mhc_parity.harness.stores.oracle_cache import deserialize, own_material, serialize
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -57,6 +63,15 @@ from mhc_parity.records.project_code import PROJECT_ROOT
 OWN_PROCESS_ENV_VAR = "MHC_PARITY_ORACLE_PROCESS"
 # The share of the memory available when the first child started that children may hold together.
 ADMITTED_FRACTION = 0.85
+# A child runs several token chunks at once, on threads (`chunks_in_flight`), where cores and
+# memory allow: XLA:CPU runs the oracle's program on little more than one core (251 CPU-seconds
+# in 196 s for the tpu suite's f32 bt512 case on a 2-core CPU), so on a TPU VM's 13 cores one
+# chunk at a time left the oracle the longest part of a case (290 of 361 s, 2026-12-06).
+# "1" (or any positive count) where set; each chunk in flight is given this many cores, up to
+# the most at once (each one's working set counts in the budget).
+IN_FLIGHT_ENV_VAR = "MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT"
+CORES_PER_CHUNK = 3
+MAX_CHUNKS_IN_FLIGHT = 4
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +132,45 @@ def child_environment() -> dict[str, str]:
     return environment
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def chunks_in_flight(case, chunk_tokens: int) -> int:
+    """How many of `case`'s oracle chunks (of `chunk_tokens` tokens) its own process runs at once:
+    `$MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT` where set (a positive integer; at most the chunks), else as many as this
+    machine's cores give (`CORES_PER_CHUNK` each, at most `MAX_CHUNKS_IN_FLIGHT`, at most the
+    chunks) whose budget fits the admitted share of the memory available now; at least one.
+    The answer is the same bits whatever the count (`mhc_parity.mhc.oracle_chunks`)."""
+    chunks = -(-case.shape[0] * case.shape[1] // chunk_tokens)
+    raw = os.environ.get(IN_FLIGHT_ENV_VAR, "").strip()
+    if raw:
+        count = int(raw) if raw.isdigit() else 0
+        if count < 1:
+            raise ConfigurationError(f"${IN_FLIGHT_ENV_VAR} must be a positive integer, got {raw!r}")
+        return min(count, chunks)
+    most = min(MAX_CHUNKS_IN_FLIGHT, _cores() // CORES_PER_CHUNK, chunks)
+    memory = memory_for_a_case()
+    if memory is None:
+        return 1
+    share = ADMITTED_FRACTION * memory
+    return max((n for n in range(2, most + 1) if oracle_memory_bytes(case, chunk_tokens, n) <= share), default=1)
+
+
 def compute_in_own_process(case, key: dict, units, entry: pathlib.Path) -> int:
     """Compute `case`'s oracle answer in a child process, which writes it to the cache entry
-    `entry` under `key` (its `oracle_cache.key_material`); returns the child's peak resident
-    memory (bytes) once its oracle had run. units: the draws' `oracle_path.OracleUnits`.
+    `entry` under `key` (its `oracle_cache.key_material`), `chunks_in_flight` chunks at once;
+    returns the child's peak resident memory (bytes) once its oracle had run. units: the draws'
+    `oracle_path.OracleUnits`.
 
     MemoryError where the child was killed (the system's out-of-memory killer sends SIGKILL);
     RuntimeError with its last words where it failed otherwise."""
-    budget = oracle_memory_bytes(case, key["chunk_tokens"])
-    request = {"case": case, "key": key, "units": units, "entry": str(entry)}
+    in_flight = chunks_in_flight(case, key["chunk_tokens"])
+    budget = oracle_memory_bytes(case, key["chunk_tokens"], in_flight)
+    request = {"case": case, "key": key, "units": units, "entry": str(entry), "in_flight": in_flight, "budget": budget}
     ADMISSION.acquire(budget)
     try:
         done = subprocess.run(
@@ -151,25 +196,29 @@ def compute_in_own_process(case, key: dict, units, entry: pathlib.Path) -> int:
     return int(json.loads(done.stdout.decode().strip().splitlines()[-1])["peak_bytes"])
 
 
-def compute_apart(case, key: dict, entry: pathlib.Path) -> bool:
+def compute_apart(case, key: dict, entry: pathlib.Path, here: Callable[[], OracleOutputs]) -> OracleOutputs | None:
     """`mhc_parity.harness.stores.oracle_cache.OracleCache`'s hook for an answer it lacks: where
-    `case` is for a process of its own (`own_process`), compute it there into `entry` (True);
-    else False, and the cache computes it in this process. Where the child cannot run, the
-    answer is computed here into `entry`, admitted as the child was (True)."""
+    `case` is for a process of its own (`own_process`), its answer computed there into `entry`
+    under `key` (the project's own key: the child loads no foreign code) and read back; else
+    None, and the cache computes it in this process. Where the child cannot run, `here()`
+    computes it in this process (the cache storing it under this process's key), admitted
+    against the memory as the child was."""
     if not own_process(case):
-        return False
-    units = oracle_units(case)
+        return None
     try:
-        compute_in_own_process(case, key, units, entry)
+        peak = compute_in_own_process(case, key, oracle_units(case), entry)
     except RuntimeError as error:  # the child could not run here: the numbers matter more than its figure
         log.warning("%s; computing it in the run's process instead (no peak memory figure)", error)
         budget = oracle_memory_bytes(case, key["chunk_tokens"])
         ADMISSION.acquire(budget)
         try:
-            write_answer(case, key, units, entry, measure_peak=False)
+            return here()
         finally:
             ADMISSION.release(budget)
-    return True
+    outputs = deserialize(entry, key)
+    if outputs.peak_bytes != peak:  # the entry read is the one the child wrote
+        raise RuntimeError(f"case {case.name}: the oracle entry {entry} is not the one its process wrote")
+    return outputs
 
 
 def peak_resident_bytes() -> int:
@@ -184,27 +233,36 @@ def peak_resident_bytes() -> int:
     return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
 
 
-def write_answer(case, key: dict, units, entry: pathlib.Path, *, measure_peak: bool) -> dict:
-    """The fixture from its cache, the oracle at `units`, the cache's entry written under `key`;
-    returns the figures (this process's peak bytes once the oracle had run, where `measure_peak`:
-    a process of its own; its seconds)."""
+def write_answer(case, key: dict, units, entry: pathlib.Path, in_flight: int, budget: int) -> dict:
+    """The child's work: the fixture from its cache, the oracle at `units` (`in_flight` chunks at
+    once, under `budget` bytes), the cache's entry written under `key`; returns the figures (this
+    process's peak bytes once the oracle had run; its seconds). RuntimeError where `key` is not
+    what this process computes: its fixture, or the code, versions and compiler it states
+    (`oracle_cache.own_material`)."""
     fixture = make_fixture(case)
     if fixture.digest() != key["fixture"]:
         raise RuntimeError(f"case {case.name}: the fixture cache holds another fixture than the run's")
+    differing = sorted(name for name, value in own_material().items() if key.get(name) != value)
+    if differing:
+        raise RuntimeError(
+            f"case {case.name}: the oracle's own process differs from the run's in {', '.join(differing)}"
+        )
     start = time.perf_counter()
-    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=units)
+    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=units, in_flight=in_flight)
     seconds = time.perf_counter() - start
     # Before the entry is encoded: the oracle's peak, as the budget counts it.
-    peak = peak_resident_bytes() if measure_peak else None
-    atomic_write(pathlib.Path(entry), serialize(key, outputs, peak_bytes=peak))
-    return {"peak_bytes": peak, "oracle_s": round(seconds, 3)}
+    peak = peak_resident_bytes()
+    atomic_write(pathlib.Path(entry), serialize(key, outputs, peak_bytes=peak, budget_bytes=budget))
+    return {"peak_bytes": peak, "oracle_s": round(seconds, 3), "in_flight": in_flight}
 
 
 def child_main(request: dict) -> dict:
     """The child's work (`write_answer` at the parent's units); returns its figures."""
     ensure_host_devices()  # an entry point: the flags before JAX's backend starts
     enable_compilation_cache()
-    return write_answer(request["case"], request["key"], request["units"], request["entry"], measure_peak=True)
+    return write_answer(
+        request["case"], request["key"], request["units"], request["entry"], request["in_flight"], request["budget"]
+    )
 
 
 if __name__ == "__main__":

@@ -104,11 +104,13 @@ def oracle_memory_fields(case, oracle) -> dict:
     """The `oracle_peak_bytes` and `oracle_budget_bytes` columns of a case's rows: the peak
     resident memory of the process that computed its oracle answer alone
     (`mhc_parity.harness.engine.oracle_process`; NaN where it was computed inside the run's
-    process), and the budget `mhc_parity.harness.engine.case_memory.oracle_memory_bytes` gives it."""
+    process), and the budget it ran under (`mhc_parity.harness.engine.case_memory.oracle_memory_bytes`:
+    the answer's own, at the chunks its process ran at once; else one chunk at a time's)."""
     peak = getattr(oracle, "peak_bytes", None)
+    budget = getattr(oracle, "budget_bytes", None)
     return {
         "oracle_peak_bytes": math.nan if peak is None else float(peak),
-        "oracle_budget_bytes": float(oracle_memory_bytes(case)),
+        "oracle_budget_bytes": float(oracle_memory_bytes(case) if budget is None else budget),
     }
 
 

@@ -94,15 +94,24 @@ def oracle_source_digest(root: pathlib.Path = PROJECT_ROOT) -> str:
     return closure_digest(ORACLE_ENTRY, OPERATION.PROGRAM_MODULES, root)
 
 
-def key_material(case, fixture, source_digest: str) -> dict:
-    """Everything the oracle's answer for `case` on `fixture` depends on (JSON-able)."""
-    material = {
+def own_material(source_digest: str | None = None) -> dict:
+    """The part of `key_material` that is this process's, not the case's: the entry format, the
+    oracle's sources (`oracle_source_digest` of this project unless given), the versions that
+    run it and what XLA compiles it for."""
+    return {
         "format": ENTRY_FORMAT,
-        "fixture": fixture.digest(),
-        "oracle_sources": source_digest,
+        "oracle_sources": oracle_source_digest() if source_digest is None else source_digest,
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
         # XLA compiles the float64 program for the host CPU under these flags (an FMA or not).
         "compiler": compiler_material(),
+    }
+
+
+def key_material(case, fixture, source_digest: str) -> dict:
+    """Everything the oracle's answer for `case` on `fixture` depends on (JSON-able)."""
+    material = {
+        **own_material(source_digest),
+        "fixture": fixture.digest(),
         "branch": case.branch,
         "config": OPERATION.oracle_key(case),
         "dtype": case.dtype,
@@ -118,10 +127,12 @@ def key_material(case, fixture, source_digest: str) -> dict:
     return material
 
 
-def serialize(material: dict, outputs: OracleOutputs, peak_bytes: int | None = None) -> bytes:
+def serialize(
+    material: dict, outputs: OracleOutputs, peak_bytes: int | None = None, budget_bytes: int | None = None
+) -> bytes:
     """One entry's bytes: the leaves' float64 bits and a checksummed JSON header (with the
-    computing process's peak resident memory where it was measured: `peak_bytes`, else the
-    outputs')."""
+    computing process's peak resident memory where it was measured, and the budget it ran under:
+    `peak_bytes` and `budget_bytes`, else the outputs')."""
     leaves = {name: np.ascontiguousarray(value, dtype=np.float64) for name, value in outputs.leaves.items()}
     header = {
         "key": material,
@@ -130,9 +141,11 @@ def serialize(material: dict, outputs: OracleOutputs, peak_bytes: int | None = N
         "systematic": dict(outputs.systematic),
         "backend_shift": dict(outputs.backend_shift),
     }
-    peak_bytes = outputs.peak_bytes if peak_bytes is None else peak_bytes
-    if peak_bytes is not None:
-        header["peak_bytes"] = int(peak_bytes)
+    figures = {
+        "peak_bytes": outputs.peak_bytes if peak_bytes is None else peak_bytes,
+        "budget_bytes": outputs.budget_bytes if budget_bytes is None else budget_bytes,
+    }
+    header.update({name: int(value) for name, value in figures.items() if value is not None})
     if outputs.kernel_pair is not None:
         pair = outputs.kernel_pair
         header["kernel_pair"] = {
@@ -176,9 +189,10 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
     if ("kernel_pair" in header) != ("kernel_pair_units" in header["key"]["draws"]):
         raise CorruptOracleEntry("kernel_pair statistics do not match the key's draws")
     pair = _statistics(header["kernel_pair"]) if "kernel_pair" in header else None
-    peak = header.get("peak_bytes")
-    if peak is not None and (not isinstance(peak, int) or peak <= 0):
-        raise CorruptOracleEntry(f"peak_bytes {peak!r} is not a positive count of bytes")
+    figures = {name: header.get(name) for name in ("peak_bytes", "budget_bytes")}
+    for name, value in figures.items():
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise CorruptOracleEntry(f"{name} {value!r} is not a positive count of bytes")
     return OracleOutputs(
         leaves,
         main.sensitivity,
@@ -186,7 +200,7 @@ def deserialize(data_path: pathlib.Path, material: dict) -> OracleOutputs:
         systematic=main.systematic,
         backend_shift=main.backend_shift,
         kernel_pair=pair,
-        peak_bytes=peak,
+        **figures,
     )
 
 
@@ -209,10 +223,11 @@ class OracleCache(LookupCounts):
 
     folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
     oracle itself (default `mhc_parity.harness.engine.oracle_path.run_oracle_path`); source_root: the project whose
-    `oracle_sources` are digested; apart(case, key, entry): where it answers True, it computed a
-    missing answer elsewhere and wrote it to `entry` under `key`
+    `oracle_sources` are digested; apart(case, key, entry, here): a missing answer computed
+    elsewhere, written to `entry` under the project's own `key` and read back, or None
     (`mhc_parity.harness.engine.oracle_process.compute_apart`: a large case in a process of its
-    own, its peak memory measured), which is then read like any entry. `hits`, `misses` and
+    own, which loads no foreign code, its peak memory measured; where that process cannot run it
+    calls `here()`, this process's own computation). `hits`, `misses` and
     `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
     `execute_s` is the time it took to load. If the folder is not writable the answer is
     still returned (and a warning logged). Safe to call from several threads (`Runner.run`
@@ -224,7 +239,7 @@ class OracleCache(LookupCounts):
         folder: pathlib.Path | None = None,
         compute: Callable[[object, object], OracleOutputs] = run_oracle_path,
         source_root: pathlib.Path = PROJECT_ROOT,
-        apart: Callable[[object, dict, pathlib.Path], bool] | None = None,
+        apart: Callable[[object, dict, pathlib.Path, Callable[[], OracleOutputs]], OracleOutputs | None] | None = None,
     ):
         super().__init__()
         self.folder = pathlib.Path(folder) if folder is not None else default_folder()
@@ -247,23 +262,28 @@ class OracleCache(LookupCounts):
                 self._count(rejected=1)
                 log.warning("oracle cache entry %s for case %r is invalid (%s); recomputing", path, case.name, error)
         self._count(misses=1)
-        key = write_key(material)  # keyed by the foreign code too in a process that loaded some
-        # In a process of its own (the answer written to its entry there, with its peak memory):
-        # only this project's oracle, in a process whose code nothing patched or added to.
-        if self.apart is not None and key == material and self.compute is run_oracle_path:
-            path = self._entry_path(key)
-            if self.apart(case, key, path):
-                outputs = deserialize(path, key)
+        # A large case in a process of its own, which loads no foreign code: its answer is the
+        # project's own, stored under the project's key whatever this process loaded. Where that
+        # process cannot run, `apart` computes it here (`_computed_here`), under this process's key.
+        if self.apart is not None and self.compute is run_oracle_path:
+            entry = self._entry_path(material)
+            outputs = self.apart(case, material, entry, lambda: self._computed_here(case, fixture, material))
+            if outputs is not None:
                 return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+        return dataclasses.replace(self._computed_here(case, fixture, material), execute_s=time.perf_counter() - start)
+
+    def _computed_here(self, case, fixture, material: dict) -> OracleOutputs:
+        """The answer computed in this process, stored under its key (`write_key`: with the
+        foreign code's record where it loaded some; not stored where that code cannot be recorded)."""
         outputs = self.compute(case, fixture)
-        if key is None:
-            return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
-        path = self._entry_path(key)
-        try:
-            atomic_write(path, serialize(key, outputs))
-        except OSError as error:
-            log.warning("could not write oracle cache entry %s: %s", path, error)
-        return dataclasses.replace(outputs, execute_s=time.perf_counter() - start)
+        key = write_key(material)
+        if key is not None:
+            path = self._entry_path(key)
+            try:
+                atomic_write(path, serialize(key, outputs))
+            except OSError as error:
+                log.warning("could not write oracle cache entry %s: %s", path, error)
+        return outputs
 
     def _entry_path(self, key: dict) -> pathlib.Path:
         return self.folder / f"oracle-{key_digest(key)}.npz"

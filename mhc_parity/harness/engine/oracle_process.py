@@ -123,17 +123,9 @@ class _Admission:
 ADMISSION = _Admission()
 
 
-# glibc's malloc in the child keeps the memory its chunks free, for the next chunk's buffers of
-# the same sizes, instead of returning it to the system: under the TPU VM's gVisor runtime the
-# memory returned was counted in use long after (MemTotal - MemAvailable climbed ~0.4 GB/s to the
-# 40 GiB limit while the child stayed resident at 4-6 GB, 2026-12-06). No mmap'd blocks, no trim.
-CHILD_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-
-
 def child_environment() -> dict[str, str]:
-    """The parent's environment, the CPU its only JAX platform, malloc keeping what it frees
-    (`CHILD_MALLOC`), this project first on the path."""
-    environment = {**os.environ, **CHILD_MALLOC}
+    """The parent's environment, the CPU its only JAX platform, this project first on the path."""
+    environment = dict(os.environ)
     environment["JAX_PLATFORMS"] = "cpu"
     path = environment.get("PYTHONPATH", "")
     environment["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")

@@ -63,7 +63,8 @@ def resident_mib(pid: int) -> int:
 
 def run(name: str, limit_s: float) -> None:
     extra, in_flight = VARIANTS[name]
-    env = {**os.environ, **extra, "PYTHONPATH": ROOT}
+    path = os.environ.get("PYTHONPATH")  # a TPU image's own JAX may be found only through it
+    env = {**os.environ, **extra, "PYTHONPATH": ROOT + (os.pathsep + path if path else "")}
     before = in_use_mib()
     process = subprocess.Popen([sys.executable, "-c", ORACLE, str(in_flight)], env=env, cwd=ROOT)
     start = time.monotonic()

@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -212,23 +213,44 @@ def test_the_chunked_oracle_path_gives_the_one_shot_answer():
 
 def test_chunks_run_side_by_side_give_the_same_answer_bit_for_bit(monkeypatch):
     """The oracle's own process runs several chunks at once on a many-core host (issue 55): each
-    chunk's values and the sums over chunks, taken in token order, are those of one at a time."""
+    chunk's values and the sums over chunks, taken in token order, are those of one at a time; a
+    chunk joins those running only while the memory has room for it."""
     case = LITE.replace(dtype="bfloat16")
     fixture = make_fixture(case)
     alone = oracle_path.run_oracle_path(case, fixture, chunk_tokens=4)
-    started = []
+    threads, running, most = [], [0], [0]
+    lock = threading.Lock()
     chunk_program = oracle._oracle_program
 
-    def watched(*args):  # which threads the chunks ran on
+    def watched(*args):  # which threads the chunks ran on, and how many at once
         program = chunk_program(*args)
-        return lambda *a: (started.append(threading.current_thread().name), program(*a))[1]
+
+        def run(*a):
+            with lock:
+                threads.append(threading.current_thread().name)
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)  # long enough for the others to start beside it
+            try:
+                return jax.block_until_ready(program(*a))
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        return run
 
     monkeypatch.setattr(oracle, "_oracle_program", watched)
     together = oracle_path.run_oracle_path(case, fixture, chunk_tokens=4, in_flight=3)
-    assert len(started) == 6 and sum(name.startswith("oracle-chunk") for name in started) == 5  # the first alone
+    assert len(threads) == 6 and sum(name.startswith("oracle-chunk") for name in threads) == 5  # the first alone
+    assert most[0] == 3
     for name, value in alone.leaves.items():
         np.testing.assert_array_equal(together.leaves[name], value, err_msg=name)
     assert together.sensitivity == alone.sensitivity and together.systematic == alone.systematic
+    most[0] = 0
+    crowded = oracle_path.run_oracle_path(case, fixture, chunk_tokens=4, in_flight=3, room=lambda: False)
+    assert most[0] == 1  # no room: one at a time, still on the pool's threads
+    for name, value in alone.leaves.items():
+        np.testing.assert_array_equal(crowded.leaves[name], value, err_msg=name)
     with pytest.raises(ValueError, match="in_flight"):
         next(OPERATION.oracle_chunks(case, fixture, get_branch(case.branch), [(0, None)], 4, in_flight=0))
 

@@ -109,6 +109,17 @@ def test_a_child_runs_as_many_chunks_at_once_as_cores_and_memory_allow(monkeypat
         oracle_process.chunks_in_flight(case, chunk)
 
 
+def test_a_chunk_joins_those_running_only_while_the_memory_holds_two_more(monkeypatch):
+    available = [10_000]
+    monkeypatch.setattr(oracle_process, "available_memory_bytes", lambda: available[0])
+    room = oracle_process.room_for_a_chunk(5_000)
+    assert room()
+    available[0] = 9_999  # what the machine counts in use grew (gVisor: memory freed, still counted)
+    assert not room()
+    available[0] = None  # unknown: the plan made at the start stands
+    assert room()
+
+
 def test_a_child_killed_for_memory_is_out_of_memory_and_one_that_fails_falls_back(monkeypatch, tmp_path):
     def killed(*args, **kwargs):
         return subprocess.CompletedProcess(args, -9, b"", b"")

@@ -32,7 +32,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -174,13 +174,16 @@ def run_oracle_chunks(
     chunk_tokens: int,
     branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
     in_flight: int = 1,
+    room: Callable[[], bool] | None = None,
 ) -> Iterator[OracleChunk]:
     """`mhc_parity.mhc.oracle.run_oracle_batch`'s draws, `chunk_tokens` tokens at a time (module docstring).
 
     Arguments as for `run_oracle_batch` (x and cotangent (B, S, n, C), any float dtype,
     upcast a chunk at a time); chunk_tokens >= 1. Yields one `OracleChunk` per chunk, in
-    token order (flattened batch · sequence); `in_flight` chunks run at once, each on a thread
-    of its own (the same values as one at a time), so the host holds that many chunks' draws.
+    token order (flattened batch · sequence); up to `in_flight` chunks run at once, each on a
+    thread of its own (the same values as one at a time), so the host holds that many chunks'
+    draws: one more starts beside those running only while `room()` (default: always) says the
+    memory has room for it, else it waits for the earliest to end.
     """
     if not draws:
         raise ValueError("run_oracle_chunks needs at least one draw")
@@ -241,9 +244,9 @@ def run_oracle_chunks(
     with concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="oracle-chunk") as pool:
         running: collections.deque = collections.deque()
         for start in starts[1:]:
-            running.append(pool.submit(chunk, start))
-            if len(running) == in_flight:
+            while running and (len(running) == in_flight or (room is not None and not room())):
                 yield running.popleft().result()
+            running.append(pool.submit(chunk, start))
         while running:
             yield running.popleft().result()
 

@@ -89,25 +89,38 @@ def _hidden_values(case) -> int:
     return ORACLE_VALUES_PER_HIDDEN.get(case.branch, max(ORACLE_VALUES_PER_HIDDEN.values())) * width
 
 
-def oracle_memory_bytes(case, chunk_tokens: int | None = None, in_flight: int = 1) -> int:
-    """The host memory (bytes) the chunked float64 oracle of `case` needs, fixture included, in
-    chunks of `chunk_tokens` tokens (default `oracle_chunk_tokens`), `in_flight` of them at once
-    (each its own working set): the module docstring's sum."""
-    batch, sequence, streams, embedding = case.shape
-    tokens = batch * sequence
-    chunk = min(tokens, oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens)
+def _chunk(case, chunk_tokens: int | None) -> int:
+    tokens = case.shape[0] * case.shape[1]
+    return min(tokens, oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens)
+
+
+def chunk_working_bytes(case, chunk_tokens: int | None = None) -> int:
+    """The host memory (bytes) one chunk in flight of `case`'s oracle holds, of `chunk_tokens`
+    tokens (default `oracle_chunk_tokens`): every draw's float64 values per token of the chunk
+    and per element of the weights and branch parameters (module docstring)."""
+    streams, embedding = case.shape[2:]
     layout = expected_layout(case)
-    fixture = sum(math.prod(shape) * numpy_dtype(dtype).itemsize for dtype, shape in layout.values())
-    per_token = streams * embedding
     weights = sum(math.prod(shape) for role, (_, shape) in layout.items() if role not in ("x", "cotangent"))
-    # out and d_x (n·C), layer_input and layer_output (C), h_pre and h_post (n), h_res (n²)
-    leaves = 8 * ORACLE_LEAF_COPIES * tokens * (2 * per_token + 2 * embedding + 2 * streams + streams**2)
-    values = ORACLE_VALUES_PER_ACTIVATION * per_token + _hidden_values(case)
+    values = ORACLE_VALUES_PER_ACTIVATION * streams * embedding + _hidden_values(case)
     if case.variant == "sinkhorn":
         values += ORACLE_VALUES_PER_SINKHORN_ENTRY * streams**2 * case.mhc_config().sinkhorn_iterations
     else:
         values += ORACLE_VALUES_PER_PERMUTATION * math.factorial(streams)
-    working = in_flight * 8 * ORACLE_DRAWS * (chunk * values + ORACLE_VALUES_PER_WEIGHT * weights)
+    return 8 * ORACLE_DRAWS * (_chunk(case, chunk_tokens) * values + ORACLE_VALUES_PER_WEIGHT * weights)
+
+
+def oracle_memory_bytes(case, chunk_tokens: int | None = None, in_flight: int = 1) -> int:
+    """The host memory (bytes) the chunked float64 oracle of `case` needs, fixture included, in
+    chunks of `chunk_tokens` tokens (default `oracle_chunk_tokens`), `in_flight` of them at once
+    (each its own `chunk_working_bytes`): the module docstring's sum."""
+    batch, sequence, streams, embedding = case.shape
+    tokens = batch * sequence
+    layout = expected_layout(case)
+    fixture = sum(math.prod(shape) * numpy_dtype(dtype).itemsize for dtype, shape in layout.values())
+    per_token = streams * embedding
+    # out and d_x (n·C), layer_input and layer_output (C), h_pre and h_post (n), h_res (n²)
+    leaves = 8 * ORACLE_LEAF_COPIES * tokens * (2 * per_token + 2 * embedding + 2 * streams + streams**2)
+    working = in_flight * chunk_working_bytes(case, chunk_tokens)
     making = FIXTURE_MASTER_BYTES * 2 * tokens * per_token
     return ORACLE_PROCESS_BYTES + max(making, fixture + leaves + working)
 

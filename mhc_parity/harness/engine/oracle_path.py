@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -257,7 +257,12 @@ def oracle_chunk_tokens(case) -> int:
 
 
 def run_oracle_path(
-    case, fixture, chunk_tokens: int | None = None, units: OracleUnits | None = None, in_flight: int = 1
+    case,
+    fixture,
+    chunk_tokens: int | None = None,
+    units: OracleUnits | None = None,
+    in_flight: int = 1,
+    room: Callable[[], bool] | None = None,
 ) -> OracleOutputs:
     """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
 
@@ -274,17 +279,19 @@ def run_oracle_path(
     of the backend terms' primitives alike on this backend (`kernel_pair_units`), a second batch
     of draws without those terms gives `kernel_pair`, for the comparisons of such a pair.
     units: the draws' `OracleUnits` (default `oracle_units(case)`, this backend's). in_flight:
-    the chunks that run at once, on threads (the same values; that many chunks' memory).
+    the most chunks that run at once, on threads (the same values; that many chunks' memory),
+    one more starting only while `room()` says the memory has room for it (default: always).
     """
     start = time.perf_counter()
     branch = get_branch(case.branch)
     chunk_tokens = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens
     units = oracle_units(case) if units is None else units
-    exact, main = _chunked_statistics(case, fixture, branch, units.noise, units.shift, chunk_tokens, in_flight)
+    pace = {"in_flight": in_flight, "room": room}
+    exact, main = _chunked_statistics(case, fixture, branch, units.noise, units.shift, chunk_tokens, **pace)
     kernel_pair = None
     if units.pair is not None:
         kernel_pair = _chunked_statistics(
-            case, fixture, branch, units.pair, units.pair_shift, chunk_tokens, in_flight, exact_known=exact
+            case, fixture, branch, units.pair, units.pair_shift, chunk_tokens, **pace, exact_known=exact
         )[1]
     return OracleOutputs(
         exact,
@@ -304,18 +311,19 @@ def _chunked_statistics(
     shift_units,
     chunk_tokens: int,
     in_flight: int = 1,
+    room: Callable[[], bool] | None = None,
     exact_known=None,
 ):
     """(the exact leaves, their `PairStatistics`) from the exact oracle, the case's
     `NOISE_SAMPLES` draws at `units` and, where the backend has terms, the draw with only those
     applied alike on every token (`shift_units`: `backend_shift_units` of `units`, None without
-    terms), run `chunk_tokens` tokens at a time, `in_flight` at once. exact_known: the exact leaves an earlier batch
-    of the same case returned (the exact draw has no units: the same bits in every batch); given,
-    the token-major ones are not gathered again, so a second batch (`kernel_pair`) holds no
-    second copy of them."""
+    terms), run `chunk_tokens` tokens at a time, up to `in_flight` at once while `room()` allows.
+    exact_known: the exact leaves an earlier batch of the same case returned (the exact draw has
+    no units: the same bits in every batch); given, the token-major ones are not gathered again,
+    so a second batch (`kernel_pair`) holds no second copy of them."""
     shifted_draw = [] if shift_units is None else [(None, shift_units)]
     draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw
-    chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens, in_flight)
+    chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens, in_flight, room)
     token_shape = tuple(case.shape[:2])
     exact: dict[str, np.ndarray] = {} if exact_known is None else dict(exact_known)
     # Per leaf summed over tokens: every draw's sum over the chunks so far (float64).

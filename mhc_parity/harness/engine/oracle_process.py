@@ -49,12 +49,12 @@ from collections.abc import Callable
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import TPU_TAG
-from mhc_parity.harness.engine.case_memory import memory_for_a_case, oracle_memory_bytes
+from mhc_parity.harness.engine.case_memory import chunk_working_bytes, memory_for_a_case, oracle_memory_bytes
 from mhc_parity.harness.engine.oracle_path import OracleOutputs, oracle_units, run_oracle_path
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.env import ensure_host_devices
 from mhc_parity.harness.errors import ConfigurationError
-from mhc_parity.harness.processes.worker_processes import end_with_parent
+from mhc_parity.harness.processes.worker_processes import available_memory_bytes, end_with_parent
 from mhc_parity.harness.stores.oracle_cache import deserialize, own_material, serialize
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.project_code import PROJECT_ROOT
@@ -160,6 +160,20 @@ def chunks_in_flight(case, chunk_tokens: int) -> int:
     return max((n for n in range(2, most + 1) if oracle_memory_bytes(case, chunk_tokens, n) <= share), default=1)
 
 
+def room_for_a_chunk(working_bytes: int) -> Callable[[], bool]:
+    """Whether another chunk of `working_bytes` may start beside those running, asked as each
+    would: while the memory available now (`available_memory_bytes`, under a stated limit) holds
+    twice its working set. `chunks_in_flight` planned from the memory at the start; this keeps to
+    what is left as the machine's use moves (the lent TPU VM counted memory its processes had
+    freed as in use for a while: 2026-12-06, bench/oracle_memory_accounting.py)."""
+
+    def room() -> bool:
+        available = available_memory_bytes()
+        return available is None or available >= 2 * working_bytes
+
+    return room
+
+
 def compute_in_own_process(case, key: dict, units, entry: pathlib.Path) -> int:
     """Compute `case`'s oracle answer in a child process, which writes it to the cache entry
     `entry` under `key` (its `oracle_cache.key_material`), `chunks_in_flight` chunks at once;
@@ -248,7 +262,8 @@ def write_answer(case, key: dict, units, entry: pathlib.Path, in_flight: int, bu
             f"case {case.name}: the oracle's own process differs from the run's in {', '.join(differing)}"
         )
     start = time.perf_counter()
-    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=units, in_flight=in_flight)
+    room = room_for_a_chunk(chunk_working_bytes(case, key["chunk_tokens"]))
+    outputs = run_oracle_path(case, fixture, key["chunk_tokens"], units=units, in_flight=in_flight, room=room)
     seconds = time.perf_counter() - start
     # Before the entry is encoded: the oracle's peak, as the budget counts it.
     peak = peak_resident_bytes()

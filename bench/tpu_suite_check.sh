@@ -19,13 +19,14 @@
 #                                           #   Speed section's speed-tpu.csv/.md (bench/speed_run.py);
 #                                           #   packed into DIR/merge.tgz
 #
-# N = 4 (two cases a shard) is the plan of docs/accelerators.md ("The tpu suite on the chip"). A
+# N = 8 (a case a shard) is the plan of docs/accelerators.md ("The tpu suite on the chip"). A
 # shard cut by the part's budget (PART_BUDGET_S, bench/tpu_common.sh) is packed as far as it got;
 # run the same shard again on the same machine (its out/ and cache kept between calls) and it
 # resumes: its finished cases and oracle answers are not computed again. The lowering and compile
 # rows (checked on any host with libtpu) are left out unless LOWERING=1: single-threaded they cost
 # about 100 s a case on the chip. Where MaxText is installed, its fixed kernels run beside this
 # project's paths (MAXTEXT_PATHS). Merge on any machine with the project installed: it loads no JAX.
+# docs/results/tpu-suite-tpu-v5e.md has what ran, and the memory it took.
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +63,7 @@ case $part in
     free -g >"$out/logs/memory-after-shard-$k.txt" 2>&1
     tar czf "$out/shard-$k.tgz" "$run" "$out/logs" "$out/steps.txt"
     ;;
-  child)  # on 2026-12-06 a shard's oracle process stayed at 21 MiB for 130 s (docs/accelerators.md)
+  child)  # on 2026-12-06 it showed the oracle's own process starting and computing beside the chip
     out=${2:?$usage}
     source bench/tpu_common.sh
     setup_or_exit

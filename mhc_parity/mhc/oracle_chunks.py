@@ -239,7 +239,7 @@ def run_oracle_chunks(
     if in_flight == 1:
         yield from map(chunk, starts[1:])
         return
-    # Chunks run side by side on threads (XLA:CPU runs one program on about one core), yielded
+    # Chunks run side by side on threads (XLA:CPU keeps a few cores busy with one program), yielded
     # in token order: each chunk's values are the same whoever runs it, and so are the sums.
     with concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="oracle-chunk") as pool:
         running: collections.deque = collections.deque()

@@ -66,9 +66,8 @@ ADMITTED_FRACTION = 0.85
 # A child runs several token chunks at once, on threads (`chunks_in_flight`), where cores and
 # memory allow: XLA:CPU runs the oracle's program on little more than one core (251 CPU-seconds
 # in 196 s for the tpu suite's f32 bt512 case on a 2-core CPU), so on a TPU VM's 13 cores one
-# chunk at a time left the oracle the longest part of a case (290 of 361 s, 2026-12-06).
-# "1" (or any positive count) where set; each chunk in flight is given this many cores, up to
-# the most at once (each one's working set counts in the budget).
+# chunk at a time left the oracle the longest part of a case (290 of 361 s, 2026-12-06); two at
+# once kept 5.5-6 of them busy there. The variable states the count (a positive integer).
 IN_FLIGHT_ENV_VAR = "MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT"
 CORES_PER_CHUNK = 3
 MAX_CHUNKS_IN_FLIGHT = 4
@@ -141,7 +140,7 @@ def _cores() -> int:
 
 def chunks_in_flight(case, chunk_tokens: int) -> int:
     """How many of `case`'s oracle chunks (of `chunk_tokens` tokens) its own process runs at once:
-    `$MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT` where set (a positive integer; at most the chunks), else as many as this
+    `$MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT` where set (at most the chunks), else as many as this
     machine's cores give (`CORES_PER_CHUNK` each, at most `MAX_CHUNKS_IN_FLIGHT`, at most the
     chunks) whose budget fits the admitted share of the memory available now; at least one.
     The answer is the same bits whatever the count (`mhc_parity.mhc.oracle_chunks`)."""

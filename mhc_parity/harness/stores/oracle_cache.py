@@ -18,7 +18,9 @@ the answer up under a key made of everything it depends on (`key_material`):
   kernel is compared with XLA without some backend terms, those units too (`kernel_pair_units`);
 - the tokens each chunk of the oracle holds (`mhc_parity.harness.engine.oracle_path.oracle_chunk_tokens`);
 - in a process that loaded foreign code, that code's record (`mhc_parity.records.foreign_code`:
-  its import may patch the oracle); such a process reads the project's own answers first.
+  its import may patch the oracle); such a process reads the project's own answers first, and
+  those its large cases get from a process of their own, which loads none of it, are the
+  project's own (`mhc_parity.harness.engine.oracle_process`).
 
 An entry is one ``oracle-<key>.npz`` in ``<cache>/oracle`` (`mhc_parity.harness.env.cache_root`):
 the exact leaves as raw float64 bits, and a JSON header with the key material, the

@@ -94,15 +94,17 @@ def test_a_child_runs_as_many_chunks_at_once_as_cores_and_memory_allow(monkeypat
     monkeypatch.setattr(oracle_process, "_cores", lambda: 2)  # this project's CI: one at a time, as in-process
     assert oracle_process.chunks_in_flight(case, chunk) == 1
     monkeypatch.setattr(oracle_process, "_cores", lambda: 13)  # the lent TPU VM
-    assert oracle_process.chunks_in_flight(case, chunk) == 4
-    assert oracle_process.chunks_in_flight(case, 4096) == 2  # no more than the chunks
+    assert oracle_process.chunks_in_flight(case, chunk) == oracle_process.MAX_CHUNKS_IN_FLIGHT == 2
+    assert oracle_process.chunks_in_flight(case, 8192) == 1  # no more than the chunks
     # memory decides below the cores: the most whose budget fits the admitted share
     two = oracle_memory_bytes(case, chunk, 2)
     monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: int(two / oracle_process.ADMITTED_FRACTION) + 1)
     assert oracle_process.chunks_in_flight(case, chunk) == 2
+    monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: int(two / oracle_process.ADMITTED_FRACTION) - 1)
+    assert oracle_process.chunks_in_flight(case, chunk) == 1
     monkeypatch.setattr(oracle_process, "memory_for_a_case", lambda: 1)  # none fits: one alone
     assert oracle_process.chunks_in_flight(case, chunk) == 1
-    monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, "3")  # told
+    monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, "3")  # told, past the most it would choose
     assert oracle_process.chunks_in_flight(case, chunk) == 3
     monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, "three")
     with pytest.raises(ConfigurationError, match="positive integer"):

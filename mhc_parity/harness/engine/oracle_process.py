@@ -64,11 +64,11 @@ OWN_PROCESS_ENV_VAR = "MHC_PARITY_ORACLE_PROCESS"
 # The share of the memory available when the first child started that children may hold together.
 ADMITTED_FRACTION = 0.85
 # A child runs several token chunks at once, on threads (`chunks_in_flight`), where cores and
-# memory allow: XLA:CPU runs the oracle's program on little more than one core (251 CPU-seconds
-# in 196 s for the tpu suite's f32 bt512 case on a 2-core CPU), so on a TPU VM's 13 cores one
+# memory allow: XLA:CPU keeps a few cores busy with the oracle's program (1.3 of a 2-core CPU:
+# 251 CPU-seconds in 196 s for the tpu suite's f32 bt512 case), so on a TPU VM's 13 cores one
 # chunk at a time left the oracle the longest part of a case (290 of 361 s, 2026-12-06). Two at
-# once kept 5.5-6 of them busy there and four 7, with twice the memory in flight: at most two.
-# The variable states the count (a positive integer).
+# once kept 5.5-6 of them busy there (about 3 a chunk) and four 7, with twice the memory in
+# flight: at most two. The variable states the count (a positive integer).
 IN_FLIGHT_ENV_VAR = "MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT"
 CORES_PER_CHUNK = 3
 MAX_CHUNKS_IN_FLIGHT = 2

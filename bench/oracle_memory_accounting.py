@@ -23,6 +23,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mhc_parity.harness.processes.worker_processes import memory_in_use_bytes  # noqa: E402
+
 # A mid-size case of the tpu suite's shapes: 2048 tokens of 4 x 1024, 16 chunks of 128.
 ORACLE = """
 import sys, time
@@ -47,8 +51,7 @@ VARIANTS = {
 
 
 def in_use_mib() -> int:
-    fields = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-    return (int(fields["MemTotal"].split()[0]) - int(fields["MemAvailable"].split()[0])) // 1024
+    return memory_in_use_bytes() // 2**20
 
 
 def resident_mib(pid: int) -> int:

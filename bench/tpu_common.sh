@@ -16,14 +16,12 @@ PART_BUDGET_S=${PART_BUDGET_S:-570}
 PART_START=$SECONDS
 
 # The machine's memory: the lent TPU VM shows 45 GiB in /proc/meminfo and allows 40 GiB (the
-# device tool's README), so its limit is stated, for the harness too (its oracle processes'
-# admission and its refusals: mhc_parity/harness/processes/worker_processes.py). A device machine
-# whose memory runs out is taken back with everything on it, the results too: the guard stops a
-# step whose processes leave less than MEM_FLOOR_MB of that limit.
-# The harness is told 8 GiB less: the chip's runtime maps about that much into the run's process
-# (resident 13.7 GB with 5.4 GB in use by MemAvailable, 10 s into a run on 2026-12-06), which its
-# MemAvailable-based figure leaves out, and the oracle's own process sizes its chunks in flight
-# by that figure (mhc_parity/harness/engine/oracle_process.py).
+# device tool's README, DEVICE_MEMORY). A device machine whose memory runs out is taken back with
+# everything on it, the results too: the guard stops a step whose processes leave less than
+# MEM_FLOOR_MB of that limit. The harness (its oracle processes' admission, chunks in flight and
+# refusals: mhc_parity/harness/processes/worker_processes.py) is told 8 GiB less: the chip's
+# runtime maps about that much into the run's process (resident 13.7 GB with 5.4 GB in use by
+# MemAvailable, 10 s into a run on 2026-12-06), which its MemAvailable-based figure leaves out.
 DEVICE_MEMORY=${DEVICE_MEMORY:-40G}
 export MHC_PARITY_MEMORY_LIMIT=${MHC_PARITY_MEMORY_LIMIT:-32G}
 MEM_LIMIT_MB=$(($(numfmt --from=iec "$DEVICE_MEMORY") / 2**20))

@@ -56,6 +56,7 @@ from mhc_parity.harness.env import ensure_host_devices
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.processes.worker_processes import available_memory_bytes, end_with_parent
 from mhc_parity.harness.stores.oracle_cache import deserialize, own_material, serialize
+from mhc_parity.mhc.oracle_chunks import chunk_count
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -145,7 +146,7 @@ def chunks_in_flight(case, chunk_tokens: int) -> int:
     machine's cores give (`CORES_PER_CHUNK` each, at most `MAX_CHUNKS_IN_FLIGHT`, at most the
     chunks) whose budget fits the admitted share of the memory available now; at least one.
     The answer is the same bits whatever the count (`mhc_parity.mhc.oracle_chunks`)."""
-    chunks = -(-case.shape[0] * case.shape[1] // chunk_tokens)
+    chunks = chunk_count(case.shape[0] * case.shape[1], chunk_tokens)
     raw = os.environ.get(IN_FLIGHT_ENV_VAR, "").strip()
     if raw:
         count = int(raw) if raw.isdigit() else 0

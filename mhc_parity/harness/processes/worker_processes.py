@@ -218,6 +218,17 @@ def _meminfo_kib() -> dict[str, int]:
     return found
 
 
+def _in_use_bytes(meminfo: dict[str, int]) -> int | None:
+    if "MemTotal" not in meminfo or "MemAvailable" not in meminfo:
+        return None
+    return (meminfo["MemTotal"] - meminfo["MemAvailable"]) * 1024
+
+
+def memory_in_use_bytes() -> int | None:
+    """The memory the system counts in use (MemTotal − MemAvailable), or None if unknown."""
+    return _in_use_bytes(_meminfo_kib())
+
+
 def available_memory_bytes() -> int | None:
     """The memory the system can give new processes (Linux's MemAvailable), or None if unknown.
 
@@ -227,10 +238,9 @@ def available_memory_bytes() -> int | None:
     if "MemAvailable" not in meminfo:
         return None
     available = meminfo["MemAvailable"] * 1024
-    limit = memory_limit_bytes()
-    if limit is None or "MemTotal" not in meminfo:
+    limit, used = memory_limit_bytes(), _in_use_bytes(meminfo)
+    if limit is None or used is None:
         return available
-    used = (meminfo["MemTotal"] - meminfo["MemAvailable"]) * 1024
     return max(0, min(available, limit - used))
 
 

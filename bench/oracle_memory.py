@@ -2,9 +2,11 @@
 
     python bench/oracle_memory.py --cases NAME [NAME ...] [--chunk-tokens N ...] [--case-file F] [--out DIR]
 
-Each (case, chunk) runs in a fresh process: it makes the fixture, notes its resident memory
-(`oracle_process.peak_resident_bytes`), runs `mhc_parity.harness.engine.oracle_path.run_oracle_path` with that chunk (no
-oracle cache) and notes the peak again. One JSON line per run (also written to
+Each (case, chunk) runs in a fresh process, in the environment of the oracle's own process
+(`oracle_process.child_environment`: the CPU, glibc keeping what it frees): it makes the
+fixture, notes its resident memory (`oracle_process.peak_resident_bytes`), runs
+`mhc_parity.harness.engine.oracle_path.run_oracle_path` with that chunk (no oracle cache) and
+notes the peak again. One JSON line per run (also written to
 DIR/oracle-memory.jsonl): the case, its tokens, the chunk, the time, the peak before and after
 the oracle, and `mhc_parity.harness.engine.case_memory.oracle_memory_bytes`' budget for it;
 `within` says whether the peak stayed inside the budget. Exit 1 if any did not.
@@ -32,7 +34,7 @@ from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.cases.toml_cases import load_case_file  # noqa: E402
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes  # noqa: E402
 from mhc_parity.harness.engine.oracle_path import oracle_chunk_tokens, run_oracle_path  # noqa: E402
-from mhc_parity.harness.engine.oracle_process import peak_resident_bytes  # noqa: E402
+from mhc_parity.harness.engine.oracle_process import child_environment, peak_resident_bytes  # noqa: E402
 
 
 def measure(name: str, chunk_tokens: int | None, case_files: list[str]) -> dict:
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
         for chunk in args.chunk_tokens or ["default"]:
             command = [sys.executable, __file__, "--cases", name, "--child", name, str(chunk)]
             command += [f"--case-file={path}" for path in args.case_file]
-            proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=child_environment())
             if proc.returncode:
                 sys.stderr.write(proc.stderr)
                 return 2

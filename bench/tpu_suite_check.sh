@@ -12,6 +12,9 @@
 #                                           #   45 s) with the chip held and not, then a small case's
 #                                           #   run (which holds the chip) with its oracle in a
 #                                           #   process of its own (MHC_PARITY_ORACLE_PROCESS=always)
+#   bench/tpu_suite_check.sh accounting DIR # on the TPU VM: the oracle's time, page faults and memory
+#                                           #   under each of bench/oracle_memory_accounting.py's
+#                                           #   VARIANTS (glibc's settings), TOKENS tokens
 #   bench/tpu_suite_check.sh merge DIR      # where the shards' packs are (DIR/shard-*.tgz): unpack
 #                                           #   them in DIR/unpacked, merge into out/tpu-suite
 #                                           #   (MERGED), write its baseline baselines/tpu-v5e-tpu.csv
@@ -30,7 +33,7 @@
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bench/tpu_suite_check.sh shard K N DIR | child DIR | merge DIR"
+usage="usage: bench/tpu_suite_check.sh shard K N DIR | child DIR | accounting DIR | merge DIR"
 part=${1:?$usage}
 BASELINE=${BASELINE:-baselines/tpu-v5e-tpu.csv}
 MAXTEXT_PATHS=${MAXTEXT_PATHS:-"maxtext-layer-reference-fixed/* maxtext-layer-kernel-fixed/* maxtext-kernel-fwd-fixed/*"}
@@ -86,6 +89,15 @@ case $part in
     grep -h "host memory" out/child-probe/summary.md >>"$out/steps.txt" 2>&1  # where its oracle ran
     tar czf "$out/child.tgz" "$out/logs" "$out/steps.txt"
     ;;
+  accounting)  # bench/oracle_memory_accounting.py's VARIANTS (default: one chunk at a time, plain,
+    # glibc keeping what it frees, huge pages; two at once keeping) on TOKENS tokens, and glibc's version
+    out=${2:?$usage}
+    source bench/tpu_common.sh
+    setup_or_exit
+    "$PY" -c 'import platform; print("glibc", *platform.libc_ver())' >>"$out/steps.txt"
+    read -ra variants <<<"${VARIANTS:-child-one child-one-malloc child-one-huge child-malloc}"
+    step accounting "$PY" bench/oracle_memory_accounting.py --seconds 100 --tokens "${TOKENS:-768}" "${variants[@]}"
+    ;;
   merge)
     out=${2:?$usage}
     caller_cli=${CLI:-}
@@ -113,7 +125,7 @@ case $part in
       "$out/speed-tpu.md" "$out/logs"
     ;;
   *)
-    echo "bench/tpu_suite_check.sh: unknown part '$part' (shard or merge)" >&2
+    echo "bench/tpu_suite_check.sh: unknown part '$part' ($usage)" >&2
     exit 2
     ;;
 esac

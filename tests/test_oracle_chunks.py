@@ -28,7 +28,7 @@ from mhc_parity.harness.judging.error_statistics import (
 )
 from mhc_parity.harness.judging.token_statistics import TokenLeafDraws
 from mhc_parity.harness.stores import oracle_cache
-from mhc_parity.mhc import oracle
+from mhc_parity.mhc import oracle, oracle_chunks, rounding_model
 from mhc_parity.mhc.oracle_chunks import bank_numbers, run_oracle_chunks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -255,18 +255,51 @@ def test_chunks_run_side_by_side_give_the_same_answer_bit_for_bit(monkeypatch):
         next(OPERATION.oracle_chunks(case, fixture, get_branch(case.branch), [(0, None)], 4, in_flight=0))
 
 
-def test_a_second_batch_given_the_exact_leaves_gives_the_same_statistics_without_a_copy():
-    """The `kernel_pair` batch reuses the first batch's exact leaves (the exact draw has no units):
-    the same statistics as gathering its own, and its token-major leaves are the first batch's
-    arrays, not a second float64 copy (issue 55: the oracle's peak on a TPU, two batches)."""
+@pytest.mark.parametrize("pair_terms", [("exp",), ()], ids=["pair-with-a-term", "pair-without-terms"])
+def test_a_kernel_pair_batch_shares_each_chunk_s_random_numbers_and_keeps_its_own_statistics(monkeypatch, pair_terms):
+    """On a TPU the oracle runs a second batch of draws, without the backend terms a Mosaic kernel
+    computes like XLA (`kernel_pair`; issue 55): the same seeds, so each chunk makes its random
+    numbers once for both batches. Each batch's statistics are those it has when run alone, bit
+    for bit, with its backend-shift draw or without one (a pair left with no term)."""
     case = LITE.replace(dtype="bfloat16")
-    fixture, branch = make_fixture(case), get_branch(case.branch)
-    units = oracle_path.noise_units(case)
-    exact, own = oracle_path._chunked_statistics(case, fixture, branch, units, None, 4)
-    reused_exact, reused = oracle_path._chunked_statistics(case, fixture, branch, units, None, 4, exact_known=exact)
-    assert reused == own
-    token_major = [name for name in exact if token_axes(name)]
-    assert token_major and all(reused_exact[name] is exact[name] for name in token_major)
+    fixture = make_fixture(case)
+    terms = {primitive: 2.0**-12 for primitive in rounding_model.BACKEND_PRIMITIVES}
+    narrowed = {primitive: terms[primitive] for primitive in pair_terms}
+
+    def units(backend_terms):
+        noise = rounding_model.unit_roundoffs(case.dtype, case.weight_dtype, 0.0, backend_terms)
+        return noise, oracle_path.backend_shift_units(case, noise)
+
+    (noise, shift), (pair, pair_shift) = units(terms), units(narrowed)
+    assert shift is not None and (pair_shift is None) == (not pair_terms)
+    made = []
+    numbers = oracle_chunks.bank_numbers
+    monkeypatch.setattr(oracle_chunks, "bank_numbers", lambda *a: made.append(1) or numbers(*a))
+    both = oracle_path.run_oracle_path(
+        case, fixture, chunk_tokens=4, units=oracle_path.OracleUnits(noise, shift, pair, pair_shift)
+    )
+    assert len(made) == 6  # 21 tokens, 4 a chunk: one bank of random numbers a chunk, for both batches
+    main_alone = oracle_path.run_oracle_path(
+        case, fixture, chunk_tokens=4, units=oracle_path.OracleUnits(noise, shift, None, None)
+    )
+    pair_alone = oracle_path.run_oracle_path(
+        case, fixture, chunk_tokens=4, units=oracle_path.OracleUnits(pair, pair_shift, None, None)
+    )
+    for name, value in main_alone.leaves.items():
+        np.testing.assert_array_equal(both.leaves[name], value, err_msg=name)
+    assert (both.sensitivity, both.systematic, both.backend_shift) == (
+        main_alone.sensitivity,
+        main_alone.systematic,
+        main_alone.backend_shift,
+    )
+    assert both.kernel_pair == oracle_path.PairStatistics(
+        pair_alone.sensitivity, pair_alone.systematic, pair_alone.backend_shift
+    )
+    assert bool(both.kernel_pair.backend_shift) == bool(pair_terms)
+    with pytest.raises(ValueError, match="one units per draw"):
+        next(
+            OPERATION.oracle_chunks(case, fixture, get_branch(case.branch), [(0, None)], 4, other_units=[[None, None]])
+        )
 
 
 def test_the_chunk_is_part_of_the_oracle_cache_key(monkeypatch):

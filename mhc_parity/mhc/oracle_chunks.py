@@ -19,6 +19,11 @@ against `jax.random.uniform`). So every value of every token meets the same delt
 the one-shot run, and the chunked draws are the one-shot draws, to a float64 reassociation
 of the sums over tokens.
 
+Several batches of draws that share their seeds (the same draws at other unit roundoffs:
+`other_units`) run chunk by chunk together: each chunk's random numbers are made once and serve
+every batch, which then runs the same compiled program at its own units. The numbers are the
+larger part of a chunk's cost after the program itself, so a second batch costs the program alone.
+
 The last chunk is padded to the chunk's size with copies of its last token under a zero
 cotangent, so every chunk runs one compiled program: a zero cotangent adds exactly zero to
 every gradient, and the padding's forward values are dropped. Imports nothing that computes
@@ -51,11 +56,13 @@ class OracleChunk:
     results: one `mhc_parity.mhc.oracle.OracleResult` per draw, in order: its forward leaves,
     d_x and d_layer_output of these tokens only, shaped (stop - start, *the leaf's per-token
     shape); its d_weights and d_branch the sums over these tokens alone (float64).
+    other_results: the same for each further batch (`run_oracle_chunks`' `other_units`), in order.
     """
 
     start: int
     stop: int
     results: list[oracle.OracleResult]
+    other_results: tuple[list[oracle.OracleResult], ...] = ()
 
 
 def chunk_count(tokens: int, chunk_tokens: int) -> int:
@@ -64,14 +71,16 @@ def chunk_count(tokens: int, chunk_tokens: int) -> int:
 
 
 @jax.jit
-def bank_numbers(key_data, indices):
+def bank_numbers(key_data, indices, ones=None):
     """The numbers at `indices` of the banks `jax.random.uniform(key, (size,), float64, -1, 1)`.
 
     key_data: (D, 2) uint32, `jax.random.key_data` of D threefry keys; indices: (M,) uint64
     positions (any, below 2**64). Returns (D, M) float64 uniform in [-1, 1), row d equal to
     that bank of key d at those positions, whatever its size: the partitionable threefry's
     64 bits at position i are threefry2x32(key, (i >> 32, i & 0xffffffff)), and `uniform`
-    keeps their top 52 as the mantissa of a number in [1, 2). Call under `jax.enable_x64`.
+    keeps their top 52 as the mantissa of a number in [1, 2). ones: (D,) bool, the rows that
+    are all 1.0 instead (a shifted draw's), in the same array: a chunk's banks are gigabytes,
+    each mapped afresh. Call under `jax.enable_x64`.
     """
     high = (indices >> 32).astype(jnp.uint32)
     low = (indices & 0xFFFFFFFF).astype(jnp.uint32)
@@ -82,7 +91,8 @@ def bank_numbers(key_data, indices):
         one_to_two = jax.lax.bitcast_convert_type((bits >> 12) | np.float64(1.0).view(np.uint64), jnp.float64)
         return jnp.maximum(-1.0, (one_to_two - 1.0) * 2.0 + -1.0)
 
-    return jax.vmap(one)(key_data)
+    numbers = jax.vmap(one)(key_data)
+    return numbers if ones is None else jnp.where(ones[:, None], 1.0, numbers)
 
 
 def _token_sites(chunk_sites, wider_sites, tokens: int) -> list[bool]:
@@ -175,6 +185,7 @@ def run_oracle_chunks(
     branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
     in_flight: int = 1,
     room: Callable[[], bool] | None = None,
+    other_units: Sequence[Sequence[Mapping[str, float] | float | None]] = (),
 ) -> Iterator[OracleChunk]:
     """`mhc_parity.mhc.oracle.run_oracle_batch`'s draws, `chunk_tokens` tokens at a time (module docstring).
 
@@ -184,9 +195,13 @@ def run_oracle_chunks(
     thread of its own (the same values as one at a time), so the host holds that many chunks'
     draws: one more starts beside those running only while `room()` (default: always) says the
     memory has room for it, else it waits for the earliest to end.
+    other_units: further batches, each the units of every one of `draws` (their seeds kept), run
+    on each chunk after `draws` with the chunk's random numbers made once (`other_results`).
     """
     if not draws:
         raise ValueError("run_oracle_chunks needs at least one draw")
+    if any(len(units) != len(draws) for units in other_units):
+        raise ValueError(f"each batch of other_units needs one units per draw ({len(draws)})")
     if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
         raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
     if not (isinstance(in_flight, int) and in_flight >= 1):
@@ -194,7 +209,8 @@ def run_oracle_chunks(
     x, cotangent = np.asarray(x), np.asarray(cotangent)
     tokens = math.prod(x.shape[:2])
     chunk_tokens = min(chunk_tokens, tokens)
-    units = np.stack([oracle._units_vector(u) for _, u in draws])
+    batches = [[units for _, units in draws], *other_units]
+    batch_units = [np.stack([oracle._units_vector(units) for units in batch]) for batch in batches]
     sites = rounding_model.branch_site_tuple(branch_sites)
     rules = {**rounding_model.ROUNDING_SITES, **dict(sites)}
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
@@ -211,7 +227,7 @@ def run_oracle_chunks(
                 if token and full != (*x.shape[:2], *shape[2:]):
                     raise AssertionError(f"rounding site {site!r} is {full} over every token, {shape} over a chunk")
         key_data = jnp.stack([jax.random.key_data(jax.random.key(0 if seed is None else seed)) for seed, _ in draws])
-        shifted = jnp.asarray([seed is None for seed, _ in draws])[:, None]
+        shifted = jnp.asarray([seed is None for seed, _ in draws])
         program = oracle._oracle_program(branch_apply, config, sites, None)
         device = oracle.oracle_device()
 
@@ -220,19 +236,24 @@ def run_oracle_chunks(
         with jax.enable_x64(True), jax.default_device(device):
             stop = min(tokens, start + chunk_tokens)
             indices = chunk_bank_indices(full_sites, per_token, rules, start, stop, chunk_tokens)
-            banks = bank_numbers(key_data, jnp.asarray(indices))
-            banks = jnp.where(shifted, jnp.ones_like(banks), banks)
+            banks = bank_numbers(key_data, jnp.asarray(indices), shifted)
             x_chunk = jnp.asarray(oracle._as_f64(_chunk_of(x, start, stop, chunk_tokens)))
             ct_chunk = oracle._as_f64(_chunk_of(cotangent, start, stop, chunk_tokens))
             if chunk_tokens < tokens:
                 ct_chunk[0, stop - start :] = 0.0  # the padding's cotangent: it adds nothing to a gradient
-            outputs = program(x_chunk, w64, p64, jnp.asarray(ct_chunk), banks, jnp.asarray(units))
-            outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
-            results = [
-                _unpadded(oracle._result(jax.tree.map(lambda a, i=i: a[i], outputs)), stop - start)
-                for i in range(len(draws))
-            ]
-            return OracleChunk(start, stop, results)
+            ct_chunk = jnp.asarray(ct_chunk)
+            per_batch = []
+            for units in batch_units:  # one after another: a batch's draws in memory at a time
+                outputs = program(x_chunk, w64, p64, ct_chunk, banks, jnp.asarray(units))
+                outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
+                per_batch.append(
+                    [
+                        _unpadded(oracle._result(jax.tree.map(lambda a, i=i: a[i], outputs)), stop - start)
+                        for i in range(len(draws))
+                    ]
+                )
+                del outputs
+            return OracleChunk(start, stop, per_batch[0], tuple(per_batch[1:]))
 
     starts = range(0, tokens, chunk_tokens)
     yield chunk(starts[0])  # alone: the programs compile once, before threads share them

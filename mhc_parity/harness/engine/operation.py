@@ -67,12 +67,13 @@ class Operation(Protocol):
     built-in path or of an external pre/post implementation. oracle_draws(case, fixture,
     branch, draws): the oracle's `OracleDraw`s for the case's branch (its apply and the
     rounding sites it declares), draws as (seed, units), (0, None)
-    exact. oracle_chunks(case, fixture, branch, draws, chunk_tokens, in_flight, room): the same
-    draws run `chunk_tokens` tokens at a time (up to `in_flight` chunks at once, on threads, while
-    `room()` allows; the values the same), an iterator of chunks in token order, each with its `start` and `stop`
-    (a range of the flattened token axes) and its `results`: per draw an `OracleDraw` of the
-    chunk's token-major leaves (tokens first) and its share of every gradient summed over
-    tokens (the caller sums the chunks'). oracle_unit_roundoffs(case, operand_roundoff,
+    exact. oracle_chunks(case, fixture, branch, draws, chunk_tokens, in_flight, room, other_units):
+    the same draws run `chunk_tokens` tokens at a time (up to `in_flight` chunks at once, on threads,
+    while `room()` allows; the values the same), an iterator of chunks in token order, each with its
+    `start` and `stop` (a range of the flattened token axes) and its `results`: per draw an
+    `OracleDraw` of the chunk's token-major leaves (tokens first) and its share of every gradient
+    summed over tokens (the caller sums the chunks'); and its `other_results`, the same for each
+    batch of `other_units` (every draw's units again, its seed kept). oracle_unit_roundoffs(case, operand_roundoff,
     backend_terms): the rounding model's units (backend_terms: primitive -> its measured
     error on the backend, past the model's).
     oracle_key(case): what else of the case an oracle answer depends on (JSON-able).
@@ -109,7 +110,15 @@ class Operation(Protocol):
     def oracle_draws(self, case, fixture, branch, draws: Sequence[tuple]) -> list[OracleDraw]: ...
 
     def oracle_chunks(
-        self, case, fixture, branch, draws: Sequence[tuple], chunk_tokens: int, in_flight: int = 1, room=None
+        self,
+        case,
+        fixture,
+        branch,
+        draws: Sequence[tuple],
+        chunk_tokens: int,
+        in_flight: int = 1,
+        room=None,
+        other_units: Sequence[Sequence] = (),
     ) -> Iterator: ...
 
     def oracle_unit_roundoffs(

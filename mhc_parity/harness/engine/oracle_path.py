@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -286,20 +286,16 @@ def run_oracle_path(
     branch = get_branch(case.branch)
     chunk_tokens = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens
     units = oracle_units(case) if units is None else units
-    pace = {"in_flight": in_flight, "room": room}
-    exact, main = _chunked_statistics(case, fixture, branch, units.noise, units.shift, chunk_tokens, **pace)
-    kernel_pair = None
-    if units.pair is not None:
-        kernel_pair = _chunked_statistics(
-            case, fixture, branch, units.pair, units.pair_shift, chunk_tokens, **pace, exact_known=exact
-        )[1]
+    batches = [(units.noise, units.shift)] + ([] if units.pair is None else [(units.pair, units.pair_shift)])
+    exact, statistics = _chunked_statistics(case, fixture, branch, batches, chunk_tokens, in_flight, room)
+    main = statistics[0]
     return OracleOutputs(
         exact,
         main.sensitivity,
         time.perf_counter() - start,
         systematic=main.systematic,
         backend_shift=main.backend_shift,
-        kernel_pair=kernel_pair,
+        kernel_pair=statistics[1] if units.pair is not None else None,
     )
 
 
@@ -307,56 +303,71 @@ def _chunked_statistics(
     case,
     fixture,
     branch,
-    units: Mapping[str, float],
-    shift_units,
+    batches: Sequence[tuple[Mapping[str, float], Mapping[str, float] | None]],
     chunk_tokens: int,
     in_flight: int = 1,
     room: Callable[[], bool] | None = None,
-    exact_known=None,
-):
-    """(the exact leaves, their `PairStatistics`) from the exact oracle, the case's
-    `NOISE_SAMPLES` draws at `units` and, where the backend has terms, the draw with only those
-    applied alike on every token (`shift_units`: `backend_shift_units` of `units`, None without
-    terms), run `chunk_tokens` tokens at a time, up to `in_flight` at once while `room()` allows.
-    exact_known: the exact leaves an earlier batch of the same case returned (the exact draw has
-    no units: the same bits in every batch); given, the token-major ones are not gathered again,
-    so a second batch (`kernel_pair`) holds no second copy of them."""
-    shifted_draw = [] if shift_units is None else [(None, shift_units)]
-    draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)] + shifted_draw
-    chunks = OPERATION.oracle_chunks(case, fixture, branch, draws, chunk_tokens, in_flight, room)
+) -> tuple[dict[str, np.ndarray], list[PairStatistics]]:
+    """(the exact leaves, a `PairStatistics` per batch) from the exact oracle and, per batch
+    (units, shift_units), the case's `NOISE_SAMPLES` draws at `units` and, where the backend has
+    terms, the draw with only those applied alike on every token (`shift_units`:
+    `backend_shift_units` of `units`, None without terms). Every batch runs on each chunk of
+    `chunk_tokens` tokens with the same random numbers (its draws' seeds are the same), up to
+    `in_flight` chunks at once while `room()` allows; the exact leaves are the first batch's (the
+    exact draw has no units: the same bits in every batch)."""
+    shifted = [shift is not None for _, shift in batches]
+    seeds = [0, *noise_seeds(case)] + ([None] if any(shifted) else [])
+
+    def draw_units(units, shift):  # per seed: the exact draw's none, the shift draw's `shift`
+        return [None] + [units] * NOISE_SAMPLES + ([shift] if any(shifted) else [])
+
+    (first, *others) = [draw_units(units, shift) for units, shift in batches]
+    chunks = OPERATION.oracle_chunks(
+        case, fixture, branch, list(zip(seeds, first)), chunk_tokens, in_flight, room, other_units=others
+    )
     token_shape = tuple(case.shape[:2])
-    exact: dict[str, np.ndarray] = {} if exact_known is None else dict(exact_known)
-    # Per leaf summed over tokens: every draw's sum over the chunks so far (float64).
-    sums: dict[str, list[np.ndarray]] = {}
-    statistics: dict[str, TokenLeafDraws] = {}
+    exact: dict[str, np.ndarray] = {}
+    # Per batch, per leaf summed over tokens: every draw's sum over the chunks so far (float64).
+    sums: list[dict[str, list[np.ndarray]]] = [{} for _ in batches]
+    statistics: list[dict[str, TokenLeafDraws]] = [{} for _ in batches]
     for chunk in chunks:
-        leaves = [named_leaves(result) for result in chunk.results]
-        for name, value in leaves[0].items():
-            if token_axes(name):
-                if name not in statistics:
-                    if exact_known is None:
-                        exact[name] = np.empty((math.prod(token_shape), *value.shape[1:]), np.float64)
-                    statistics[name] = TokenLeafDraws(NOISE_SAMPLES, shifted=bool(shifted_draw))
-                if exact_known is None:
-                    exact[name][chunk.start : chunk.stop] = value
-                noisy = [draw[name] for draw in leaves[1 : 1 + NOISE_SAMPLES]]
-                statistics[name].add(value, noisy, leaves[-1][name] if shifted_draw else None)
-            elif name in sums:
-                for total, draw in zip(sums[name], leaves):
-                    total += draw[name]
-            else:
-                sums[name] = [np.array(draw[name], np.float64) for draw in leaves]
+        for index, results in enumerate([chunk.results, *chunk.other_results]):
+            leaves = [named_leaves(result) for result in results]
+            for name, value in leaves[0].items():
+                if token_axes(name):
+                    if index == 0:
+                        if name not in exact:
+                            exact[name] = np.empty((math.prod(token_shape), *value.shape[1:]), np.float64)
+                        exact[name][chunk.start : chunk.stop] = value
+                    if name not in statistics[index]:
+                        statistics[index][name] = TokenLeafDraws(NOISE_SAMPLES, shifted=shifted[index])
+                    noisy = [draw[name] for draw in leaves[1 : 1 + NOISE_SAMPLES]]
+                    statistics[index][name].add(value, noisy, leaves[-1][name] if shifted[index] else None)
+                elif name in sums[index]:
+                    for total, draw in zip(sums[index][name], leaves):
+                        total += draw[name]
+                else:
+                    sums[index][name] = [np.array(draw[name], np.float64) for draw in leaves]
+    for name in statistics[0]:
+        exact[name] = exact[name].reshape(token_shape + exact[name].shape[1:])
+    for name, values in sums[0].items():
+        exact[name] = values[0]
+    return exact, [
+        _batch_statistics(exact, batch_sums, batch_statistics) for batch_sums, batch_statistics in zip(sums, statistics)
+    ]
+
+
+def _batch_statistics(exact, sums, statistics) -> PairStatistics:
+    """One batch's `PairStatistics` from its per-leaf sums of every draw (leaves summed over
+    tokens, the exact draw first) and its token-major leaves' accumulated draws."""
     sensitivity, systematic, backend_shift = {}, {}, {}
     for name, values in sums.items():
-        exact[name] = values[0]
-        sensitivity[name] = leaf_sensitivity(values[1 : 1 + NOISE_SAMPLES], values[0])
+        sensitivity[name] = leaf_sensitivity(values[1 : 1 + NOISE_SAMPLES], exact[name])
     for name, accumulated in statistics.items():
-        if exact_known is None:
-            exact[name] = exact[name].reshape(token_shape + exact[name].shape[1:])
         found = accumulated.finish(exact[name])
         sensitivity[name] = _sensitivity(found["max_devs"], found["rms_devs"], found["gains"], found["dof_rms"])
         systematic[name] = root_mean_square(found["systematic"])
-        if shifted_draw:
+        if accumulated.shifted:
             backend_shift[name] = found["shift"]
     ordered = {name: sensitivity[name] for name in exact}  # in the leaves' order
-    return exact, PairStatistics(sensitivity=ordered, systematic=systematic, backend_shift=backend_shift)
+    return PairStatistics(sensitivity=ordered, systematic=systematic, backend_shift=backend_shift)

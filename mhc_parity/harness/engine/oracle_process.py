@@ -64,15 +64,20 @@ from mhc_parity.records.project_code import PROJECT_ROOT
 OWN_PROCESS_ENV_VAR = "MHC_PARITY_ORACLE_PROCESS"
 # The share of the memory available when the first child started that children may hold together.
 ADMITTED_FRACTION = 0.85
-# A child runs several token chunks at once, on threads (`chunks_in_flight`), where cores and
-# memory allow: XLA:CPU keeps a few cores busy with the oracle's program (1.3 of a 2-core CPU:
-# 251 CPU-seconds in 196 s for the tpu suite's f32 bt512 case), so on a TPU VM's 13 cores one
-# chunk at a time left the oracle the longest part of a case (290 of 361 s, 2026-12-06). Two at
-# once kept 5.5-6 of them busy there (about 3 a chunk) and four 7, with twice the memory in
-# flight: at most two. The variable states the count (a positive integer).
+# The child keeps the memory it frees (glibc: one arena, nothing mapped apart, nothing trimmed), so
+# each chunk reuses the last one's pages instead of mapping its gigabytes afresh, a page fault and
+# a page zeroed each 4 KiB. One chunk at a time of 128 x 4 x 1024 (bench/oracle_memory_accounting.py
+# --tokens 768, 2026-12-06): on the lent TPU VM (gVisor, where a fault costs most) 7.8 s against
+# 18.7 s for 6 chunks, peak 3.99 GB against 3.56 GB; on this project's CPU 13.7 s against 23.3 s
+# for 12, 4.58 GB against 3.24 GB. Huge pages instead changed nothing there (17.5 s). A setting
+# of the parent's own (any MALLOC_* or GLIBC_TUNABLES) goes to the child as it is instead.
+KEEP_FREED_MEMORY = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+# A child runs one token chunk at a time unless told more (`chunks_in_flight`), each on a thread
+# of its own: XLA:CPU keeps 3.5 of the TPU VM's 13 cores busy with one, and with the memory kept,
+# two at once ran 6 chunks in 7.1 s against 7.8 s for one, at 8.5 GB against 4.0 GB (the same
+# bench, 2026-12-06). The variable states the count (a positive integer); `room_for_a_chunk`
+# then keeps it to the memory.
 IN_FLIGHT_ENV_VAR = "MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT"
-CORES_PER_CHUNK = 3
-MAX_CHUNKS_IN_FLIGHT = 2
 
 log = logging.getLogger(__name__)
 
@@ -125,47 +130,34 @@ ADMISSION = _Admission()
 
 
 def child_environment() -> dict[str, str]:
-    """The parent's environment, the CPU its only JAX platform, this project first on the path."""
-    environment = dict(os.environ)
+    """The parent's environment, the CPU its only JAX platform, this project first on the path,
+    glibc keeping the memory it frees (`KEEP_FREED_MEMORY`) unless the parent sets glibc's own."""
+    own_glibc = any(name.startswith("MALLOC_") or name == "GLIBC_TUNABLES" for name in os.environ)
+    environment = dict(os.environ) if own_glibc else {**KEEP_FREED_MEMORY, **os.environ}
     environment["JAX_PLATFORMS"] = "cpu"
     path = environment.get("PYTHONPATH", "")
     environment["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
     return environment
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def chunks_in_flight(case, chunk_tokens: int) -> int:
     """How many of `case`'s oracle chunks (of `chunk_tokens` tokens) its own process runs at once:
-    `$MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT` where set (at most the chunks), else as many as this
-    machine's cores give (`CORES_PER_CHUNK` each, at most `MAX_CHUNKS_IN_FLIGHT`, at most the
-    chunks) whose budget fits the admitted share of the memory available now; at least one.
-    The answer is the same bits whatever the count (`mhc_parity.mhc.oracle_chunks`)."""
-    chunks = chunk_count(case.shape[0] * case.shape[1], chunk_tokens)
+    `$MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT` where set (at most the chunks), else one. The answer is
+    the same bits whatever the count (`mhc_parity.mhc.oracle_chunks`)."""
     raw = os.environ.get(IN_FLIGHT_ENV_VAR, "").strip()
-    if raw:
-        count = int(raw) if raw.isdigit() else 0
-        if count < 1:
-            raise ConfigurationError(f"${IN_FLIGHT_ENV_VAR} must be a positive integer, got {raw!r}")
-        return min(count, chunks)
-    most = min(MAX_CHUNKS_IN_FLIGHT, _cores() // CORES_PER_CHUNK, chunks)
-    memory = memory_for_a_case()
-    if memory is None:
+    if not raw:
         return 1
-    share = ADMITTED_FRACTION * memory
-    return max((n for n in range(2, most + 1) if oracle_memory_bytes(case, chunk_tokens, n) <= share), default=1)
+    count = int(raw) if raw.isdigit() else 0
+    if count < 1:
+        raise ConfigurationError(f"${IN_FLIGHT_ENV_VAR} must be a positive integer, got {raw!r}")
+    return min(count, chunk_count(case.shape[0] * case.shape[1], chunk_tokens))
 
 
 def room_for_a_chunk(working_bytes: int) -> Callable[[], bool]:
     """Whether another chunk of `working_bytes` may start beside those running, asked as each
     would: while the memory available now (`available_memory_bytes`, under a stated limit) holds
-    twice its working set. `chunks_in_flight` planned from the memory at the start; this keeps to
-    what is left as the machine's use moves (the lent TPU VM counted memory its processes had
+    twice its working set: `chunks_in_flight` is told, not planned, and this keeps it to what is
+    left as the machine's use moves (the lent TPU VM counted memory its processes had
     freed as in use for a while: 2026-12-06, bench/oracle_memory_accounting.py)."""
 
     def room() -> bool:

@@ -19,14 +19,25 @@ def oracle_draws(case, fixture, branch, draws: Sequence[tuple]) -> list[oracle.O
     return on_fixture(oracle.run_oracle_batch, case, fixture, branch, draws=draws)
 
 
-def oracle_chunks(case, fixture, branch, draws: Sequence[tuple], chunk_tokens: int, in_flight: int = 1, room=None):
+def oracle_chunks(
+    case, fixture, branch, draws: Sequence[tuple], chunk_tokens: int, in_flight: int = 1, room=None, other_units=()
+):
     """`oracle_draws`, `chunk_tokens` tokens at a time, up to `in_flight` chunks at once while
     `room()` allows (`mhc_parity.mhc.oracle_chunks.run_oracle_chunks`): an iterator of `OracleChunk`s in token
     order, each with its token range [start, stop) of the flattened (batch · sequence) tokens
     and per draw the chunk's token-major leaves (tokens first) and its share of the weight and
-    branch gradients."""
+    branch gradients; and the same for each batch of `other_units` (the draws' seeds at other
+    units: their random numbers made once a chunk)."""
     return on_fixture(
-        run_oracle_chunks, case, fixture, branch, draws=draws, chunk_tokens=chunk_tokens, in_flight=in_flight, room=room
+        run_oracle_chunks,
+        case,
+        fixture,
+        branch,
+        draws=draws,
+        chunk_tokens=chunk_tokens,
+        in_flight=in_flight,
+        room=room,
+        other_units=other_units,
     )
 
 

@@ -34,13 +34,18 @@ from mhc_parity.cases.fixtures import make_fixture  # noqa: E402
 from mhc_parity.cases.toml_cases import load_case_file  # noqa: E402
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes  # noqa: E402
 from mhc_parity.harness.engine.oracle_path import oracle_chunk_tokens, run_oracle_path  # noqa: E402
-from mhc_parity.harness.engine.oracle_process import child_environment, peak_resident_bytes  # noqa: E402
+from mhc_parity.harness.engine.oracle_process import (  # noqa: E402
+    child_environment,
+    peak_resident_bytes,
+    sample_resident_peak,
+)
 
 
 def measure(name: str, chunk_tokens: int | None, case_files: list[str]) -> dict:
     """Run the oracle of case `name` in this process and return its figures (the child's side)."""
     cases = {case.name: case for path in case_files for case in load_case_file(path)}
     case = cases[name] if name in cases else registry.get(name)
+    sample_resident_peak()
     fixture = make_fixture(case, use_cache=False)
     before = peak_resident_bytes()
     chunk = oracle_chunk_tokens(case) if chunk_tokens is None else chunk_tokens

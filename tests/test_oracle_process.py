@@ -215,6 +215,24 @@ def test_children_start_in_order_and_together_only_within_the_memory(monkeypatch
     admission.release(1000)
 
 
+def test_without_a_high_water_mark_the_peak_is_the_largest_resident_memory_sampled(monkeypatch):
+    """gVisor (the lent TPU VM) has VmRSS in /proc/self/status and no VmHWM: the oracle's own
+    process then samples VmRSS, and its peak is the largest reading, not the memory at the end."""
+    readings = {"VmRSS": 100}
+    monkeypatch.setattr(oracle_process, "_status_bytes", lambda field: readings.get(field))
+    monkeypatch.setattr(oracle_process, "_sampled_peak", {"started": False, "bytes": 0})
+    monkeypatch.setattr(oracle_process.resource, "getrusage", lambda _: pytest.fail("ru_maxrss is the parent's"))
+    oracle_process.sample_resident_peak()
+    readings["VmRSS"] = 5000
+    deadline = time.monotonic() + 5
+    while oracle_process._sampled_peak["bytes"] < 5000 and time.monotonic() < deadline:
+        time.sleep(oracle_process.RESIDENT_SAMPLE_S)
+    readings["VmRSS"] = 300  # freed since
+    assert oracle_process.peak_resident_bytes() == 5000
+    readings["VmHWM"] = 7000  # where the kernel keeps one, it decides
+    assert oracle_process.peak_resident_bytes() == 7000
+
+
 def test_a_childs_peak_is_its_own_not_its_parents():
     """Linux carries `ru_maxrss` across the exec from the forked parent: a run holding 1.5 GB
     would have given every oracle child 1.5 GB more than it used (make test's workers did)."""

@@ -228,16 +228,54 @@ def compute_apart(case, key: dict, entry: pathlib.Path, here: Callable[[], Oracl
     return outputs
 
 
-def peak_resident_bytes() -> int:
-    """This process's peak resident memory so far: its address space's high-water mark
-    (`VmHWM`, which starts afresh at exec). Not `ru_maxrss`: Linux carries that across the
-    exec from the forked parent, so a child of a run holding gigabytes would report them."""
+# Where the kernel keeps no high-water mark, how often `sample_resident_peak` reads VmRSS.
+RESIDENT_SAMPLE_S = 0.02
+_sampled_peak = {"started": False, "bytes": 0}
+
+
+def _status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status ("VmHWM", "VmRSS"; "123456 kB") in bytes, or None
+    where it is missing: no procfs, or gVisor's (the lent TPU VM), which has VmRSS and no VmHWM."""
     try:
         status = pathlib.Path("/proc/self/status").read_text()
-    except OSError:  # no procfs: ru_maxrss (KiB on Linux), an upper bound
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def sample_resident_peak() -> None:
+    """Where /proc/self/status has VmRSS but no VmHWM (gVisor), read VmRSS every
+    `RESIDENT_SAMPLE_S` on a thread of its own from now on, for `peak_resident_bytes`. With the
+    freed memory kept (`KEEP_FREED_MEMORY`) the resident memory only grows, so no peak slips
+    between two readings."""
+    if _sampled_peak["started"] or _status_bytes("VmHWM") is not None or _status_bytes("VmRSS") is None:
+        return
+
+    def sample():
+        while True:
+            _sampled_peak["bytes"] = max(_sampled_peak["bytes"], _status_bytes("VmRSS") or 0)
+            time.sleep(RESIDENT_SAMPLE_S)
+
+    _sampled_peak["started"] = True
+    threading.Thread(target=sample, name="resident-peak", daemon=True).start()
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far: its address space's high-water mark
+    (`VmHWM`, which starts afresh at exec); where there is none, the largest VmRSS read since
+    `sample_resident_peak` (gVisor). Not `ru_maxrss` unless neither is there (no procfs: an upper
+    bound): Linux carries that across the exec from the forked parent, so a child of a run
+    holding gigabytes would report them."""
+    high_water = _status_bytes("VmHWM")
+    if high_water is not None:
+        return high_water
+    resident = _status_bytes("VmRSS")
+    if resident is not None and _sampled_peak["started"]:
+        return max(_sampled_peak["bytes"], resident)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def write_answer(case, key: dict, units, entry: pathlib.Path, in_flight: int, budget: int) -> dict:
@@ -268,6 +306,7 @@ def child_main(request: dict) -> dict:
     """The child's work (`write_answer` at the parent's units); returns its figures."""
     ensure_host_devices()  # an entry point: the flags before JAX's backend starts
     enable_compilation_cache()
+    sample_resident_peak()
     return write_answer(
         request["case"], request["key"], request["units"], request["entry"], request["in_flight"], request["budget"]
     )

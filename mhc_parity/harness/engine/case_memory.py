@@ -69,12 +69,11 @@ ORACLE_VALUES_PER_SINKHORN_ENTRY = 60
 ORACLE_VALUES_PER_WEIGHT = 12
 # The oracle's own process keeps the memory it frees (`oracle_process.KEEP_FREED_MEMORY`: each
 # chunk reuses the last one's pages), so its peak is the high-water of a heap the chunks' buffers
-# leave with holes: up to as much again as a chunk's working set. Measured 2026-12-06, in that
-# process's environment, the peak less the process, fixture and leaves over the working set
-# without this share: on this project's CPU 1.54 for 128-token chunks of 4 x 1024 (one batch of
-# draws, bench/oracle_memory.py) and 1.78 for the tpu suite's c2048 case with a TPU's two batches
-# (7.46 GB; the c4096 case 6.98 GB, 0.87 of its budget at 0.6); on the lent TPU VM 1.52 for that
-# c2048 case (6.80 GB) and 6.96 GB for the c4096 one (docs/results/tpu-suite-tpu-v5e.md).
+# leave with holes. Measured 2026-12-06 in that process's environment, with a TPU's two batches of
+# draws: the tpu suite's c2048 case peaked at 7.46 GB on this project's CPU and 6.80 GB on the
+# lent TPU VM, its c4096 case at 6.98 GB and 6.96 GB (docs/results/tpu-suite-tpu-v5e.md). The
+# c2048 peak here is its process, fixture and leaves (1.7 GB) and 1.8 times its chunk's working
+# set without this share (3.2 GB). Counted as much again: 0.87 and 0.80 of that case's budget.
 ORACLE_KEPT_FRACTION = 1.0
 # Copies of each exact token-major leaf the oracle holds at its peak: the leaf, and the
 # temporaries its statistics take at the end (`mhc_parity.harness.judging.token_statistics`).

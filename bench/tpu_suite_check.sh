@@ -6,6 +6,9 @@
 #   bench/tpu_suite_check.sh shard K N DIR  # on the TPU VM: set-up, then shard K of N of
 #                                           #   `mhc-parity run --suite tpu` into out/tpu-suite-K,
 #                                           #   the whole run folder packed into DIR/shard-K.tgz
+#   bench/tpu_suite_check.sh shards 'K ...' N DIR  # on the TPU VM: those shards in one call, each
+#                                           #   given what is left of it, the logs packed in
+#                                           #   DIR/logs.tgz (FRESH=1: drop a run folder of older code)
 #   bench/tpu_suite_check.sh child DIR      # on the TPU VM: does the oracle's own process start
 #                                           #   there while a process holds the chip? Its imports
 #                                           #   (-X importtime; a traceback if still importing after
@@ -33,7 +36,7 @@
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bench/tpu_suite_check.sh shard K N DIR | child DIR | accounting DIR | merge DIR"
+usage="usage: bench/tpu_suite_check.sh shard K N DIR | shards 'K ...' N DIR | child DIR | accounting DIR | merge DIR"
 part=${1:?$usage}
 BASELINE=${BASELINE:-baselines/tpu-v5e-tpu.csv}
 MAXTEXT_PATHS=${MAXTEXT_PATHS:-"maxtext-layer-reference-fixed/* maxtext-layer-kernel-fixed/* maxtext-kernel-fwd-fixed/*"}
@@ -50,6 +53,8 @@ case $part in
     [ "${LOWERING:-0}" = 1 ] && lowering=()
     setup_or_exit
     resume=()
+    # An earlier call's run of other code is refused by --resume: FRESH=1 drops it first.
+    [ "${FRESH:-0}" = 1 ] && rm -rf "$run"
     # An earlier call's unfinished shard (same request): continue it.
     [ -f "$run/manifest.json" ] && resume=(--resume)
     # MaxText's fixed layer and kernels beside this project's (the Speed section's third column;
@@ -65,6 +70,24 @@ case $part in
       "${maxtext[@]}" --paths 'reference/*' 'interpret/*' 'mosaic/*' "${maxtext_paths[@]}"
     free -g >"$out/logs/memory-after-shard-$k.txt" 2>&1
     tar czf "$out/shard-$k.tgz" "$run" "$out/logs" "$out/steps.txt"
+    ;;
+  shards)  # those shards one after another in one call, each given what is left of the call's
+    # PART_BUDGET_S (none started with a minute or less left); every log then packed into
+    # DIR/logs.tgz, so that no more than 8 files come back
+    ks=${2:?$usage}
+    n=${3:?$usage}
+    out=${4:?$usage}
+    budget=${PART_BUDGET_S:-570}
+    mkdir -p "$out/logs"
+    for k in $ks; do
+      left=$((budget - SECONDS))
+      if [ "$left" -le 60 ]; then
+        echo "shard-$k: not started, ${left} s left of the call's ${budget}" >>"$out/steps.txt"
+        continue
+      fi
+      PART_BUDGET_S=$left bash bench/tpu_suite_check.sh shard "$k" "$n" "$out"
+    done
+    tar czf "$out/logs.tgz" -C "$out" logs steps.txt && rm -rf "$out/logs"
     ;;
   child)  # on 2026-12-06 it showed the oracle's own process starting and computing beside the chip
     out=${2:?$usage}

@@ -59,3 +59,22 @@ def test_merge_without_packs_says_so(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "to merge" in done.stderr, done.stdout + done.stderr
+
+
+def test_shards_left_no_time_starts_none_and_packs_the_logs(tmp_path):
+    """Several shards in one device call: one started with a minute or less of the call left could
+    not pack its results, so none is, and the logs go into one file (8 files come back)."""
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "shards", "7 8", "8", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PART_BUDGET_S": "45"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = (tmp_path / "steps.txt").read_text()
+    assert "shard-7: not started" in steps and "shard-8: not started" in steps, steps
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs.tgz", "steps.txt"]
+    with tarfile.open(tmp_path / "logs.tgz") as archive:
+        assert {"logs", "steps.txt"} <= set(archive.getnames())

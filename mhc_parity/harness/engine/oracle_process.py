@@ -68,13 +68,13 @@ ADMITTED_FRACTION = 0.85
 # each chunk reuses the last one's pages instead of mapping its gigabytes afresh, a page fault and
 # a page zeroed each 4 KiB. One chunk at a time of 128 x 4 x 1024 (bench/oracle_memory_accounting.py
 # --tokens 768, 2026-12-06): on the lent TPU VM (gVisor, where a fault costs most) 7.8 s against
-# 18.7 s for 6 chunks, peak 3.99 GB against 3.56 GB; on this project's CPU 13.7 s against 23.3 s
-# for 12, 4.58 GB against 3.24 GB. Huge pages instead changed nothing there (17.5 s). A setting
+# 18.7 s for 6 chunks, peak 3.90 GiB against 3.47 GiB; on this project's CPU 13.7 s against 23.3 s
+# for 12 (--tokens 1536), 4.47 GiB against 3.16 GiB. Huge pages instead changed nothing there (17.5 s). A setting
 # of the parent's own (any MALLOC_* or GLIBC_TUNABLES) goes to the child as it is instead.
 KEEP_FREED_MEMORY = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 # A child runs one token chunk at a time unless told more (`chunks_in_flight`), each on a thread
 # of its own: XLA:CPU keeps 3.5 of the TPU VM's 13 cores busy with one, and with the memory kept,
-# two at once ran 6 chunks in 7.1 s against 7.8 s for one, at 8.5 GB against 4.0 GB (the same
+# two at once ran 6 chunks in 7.1 s against 7.8 s for one, at 8.3 GiB against 3.9 GiB (the same
 # bench, 2026-12-06). The variable states the count (a positive integer); `room_for_a_chunk`
 # then keeps it to the memory.
 IN_FLIGHT_ENV_VAR = "MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT"

@@ -243,7 +243,7 @@ def run_oracle_chunks(
                 ct_chunk[0, stop - start :] = 0.0  # the padding's cotangent: it adds nothing to a gradient
             ct_chunk = jnp.asarray(ct_chunk)
             per_batch = []
-            for units in batch_units:  # one after another: a batch's draws in memory at a time
+            for units in batch_units:  # in turn, on the same numbers; each batch's results kept for the chunk
                 outputs = program(x_chunk, w64, p64, ct_chunk, banks, jnp.asarray(units))
                 outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), outputs)
                 per_batch.append(
@@ -252,7 +252,6 @@ def run_oracle_chunks(
                         for i in range(len(draws))
                     ]
                 )
-                del outputs
             return OracleChunk(start, stop, per_batch[0], tuple(per_batch[1:]))
 
     starts = range(0, tokens, chunk_tokens)

@@ -8,11 +8,12 @@ Runs `mhc-parity run --suite SUITE --impl mhc_parity.maxtext_parity:implementati
 as `make parity`; `--no-maxtext` leaves MaxText out where it is not installed; arguments after
 `--`, such as `--shard 1/2` or `--cases GLOB`, are passed on), then writes what docs/results keeps
 of it: DIR/speed-SUITE.csv (the run's speed.csv: per case and program the device time, bytes,
-GB/s and fraction of the chip's peak HBM bandwidth) and DIR/speed-SUITE.md (the command, the
-run's environment and the table). The run's own exit status (1 where a row fails) does not stop
+GB/s and fraction of the chip's peak HBM bandwidth), DIR/speed-SUITE.svg (the report's plot of
+those fractions, where the programs ran on a chip with a stated peak) and DIR/speed-SUITE.md (the
+command, the run's environment, the plot and the table). The run's own exit status (1 where a row fails) does not stop
 the copy: the speed figures stand whatever the verdicts, which the .md states. With `--from
 RUN` nothing runs: the files are written from that finished run folder (the shards of
-`bench/tpu_suite_check.sh`, merged), its command line taken from its manifest.
+`bench/tpu_suite_check.sh`, merged), which the .md names in the command's place.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATHS = ("reference/*", "interpret/*", "mosaic/*")
 MAXTEXT = ("--impl", "mhc_parity.maxtext_parity:implementations")
+SVG, XLINK = "http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"
 
 
 def run_command(suite: str, out: pathlib.Path, *, maxtext: bool, more: list[str]) -> list[str]:
@@ -72,6 +74,27 @@ def speed_table(speed_csv: pathlib.Path) -> str:
     )
 
 
+def roofline_plot(run_folder: pathlib.Path, metadata: dict, svg: pathlib.Path) -> str:
+    """Write the run's Speed plot (each program's fraction of the chip's peak HBM bandwidth, as
+    its report draws it) to `svg`; the Markdown that shows it, or a line saying why there is none."""
+    from mhc_parity.records.rows import load_rows
+    from mhc_parity.reports.program_speed import program_speeds, roofline_figure
+    from mhc_parity.reports.roofline_svg import roofline_svg
+
+    figure = roofline_figure(program_speeds(load_rows(run_folder / "rows.csv"), metadata))
+    if figure is None:
+        svg.unlink(missing_ok=True)
+        return "No program ran on a chip whose peak is stated: no plot.\n\n"
+    # The report's figure is inline, its namespaces left to the page: a file of its own declares them.
+    standalone = roofline_svg(figure).replace("<svg ", f'<svg xmlns="{SVG}" xmlns:xlink="{XLINK}" ', 1)
+    svg.write_text(standalone + "\n")
+    return (
+        f"![Fraction of the peak HBM bandwidth per case and program]({svg.name})\n\n"
+        f"Each program's bytes over its device time, as a fraction of {figure.device_kind}'s "
+        f"{figure.peak_gb_per_s:g} GB/s.\n\n"
+    )
+
+
 def _recorded_status(run_folder: pathlib.Path) -> int:
     """A finished run's exit status as its verdicts give it: 1 where a row failed or erred."""
     with (run_folder / "rows.csv").open(newline="") as handle:
@@ -103,11 +126,13 @@ def main(argv: list[str]) -> int:
     metadata = json.loads((run_folder / "report.json").read_text())["metadata"]
     keys = ("backend", "device_kind", "jax_version", "jaxlib_version", "libtpu_version", "git_commit", "start_time")
     environment = {key: metadata.get(key) for key in keys if metadata.get(key) is not None}
+    args.out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(speed_csv, args.out / f"speed-{args.suite}.csv")
+    plot = roofline_plot(run_folder, metadata, args.out / f"speed-{args.suite}.svg")
     written = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     (args.out / f"speed-{args.suite}.md").write_text(
         f"`{shown}` (exit {status}: 0 every verdict passed, 1 a row failed; the figures stand either way), "
-        f"copied {written}.\n\n{json.dumps(environment)}\n\n{speed_table(speed_csv)}"
+        f"copied {written}.\n\n{json.dumps(environment)}\n\n{plot}{speed_table(speed_csv)}"
     )
     print(speed_table(speed_csv))
     return 0

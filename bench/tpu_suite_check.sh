@@ -22,7 +22,7 @@
 #                                           #   them in DIR/unpacked, merge into out/tpu-suite
 #                                           #   (MERGED), write its baseline baselines/tpu-v5e-tpu.csv
 #                                           #   (BASELINE), gate the merged run against it, write its
-#                                           #   Speed section's speed-tpu.csv/.md (bench/speed_run.py);
+#                                           #   Speed section's speed-tpu.csv/.md/.svg (bench/speed_run.py);
 #                                           #   packed into DIR/merge.tgz
 #
 # N = 8 (a case a shard) is the plan of docs/accelerators.md ("The tpu suite on the chip"). A
@@ -123,11 +123,13 @@ case $part in
     ;;
   merge)
     out=${2:?$usage}
-    caller_cli=${CLI:-}
+    caller_cli=${CLI:-} caller_py=${PY:-}
     PART_BUDGET_S=${PART_BUDGET_S:-86400}  # not a device call: no 10-minute bound
     source bench/tpu_common.sh
     CLI=${caller_cli:-.venv/bin/mhc-parity}
     [ -x "$CLI" ] || CLI=.venv-system/bin/mhc-parity
+    PY=${caller_py:-.venv/bin/python}  # the project's: the Speed plot is drawn with its matplotlib
+    [ -x "$PY" ] || PY=.venv-system/bin/python
     shards=()
     unpacked=$out/unpacked
     rm -rf "$unpacked" "$MERGED"
@@ -143,9 +145,10 @@ case $part in
     step merge "$CLI" merge "$MERGED" "${shards[@]}" || { cat "$out/logs/merge.log"; exit 2; }
     step baseline "$CLI" baseline --from "$MERGED" --to "$BASELINE"
     step gate "$CLI" gate --baseline "$BASELINE" --current "$MERGED"
-    step speed python3 bench/speed_run.py --from "$MERGED" --suite tpu --out "$out"
-    tar czf "$out/merge.tgz" "$MERGED/summary.md" "$MERGED/rows.csv" "$BASELINE" "$out/speed-tpu.csv" \
-      "$out/speed-tpu.md" "$out/logs"
+    step speed "$PY" bench/speed_run.py --from "$MERGED" --suite tpu --out "$out"
+    packed=("$MERGED/summary.md" "$MERGED/rows.csv" "$BASELINE" "$out/speed-tpu.csv" "$out/speed-tpu.md" "$out/logs")
+    [ -f "$out/speed-tpu.svg" ] && packed+=("$out/speed-tpu.svg")  # the plot: programs that ran on a chip
+    tar czf "$out/merge.tgz" "${packed[@]}"
     ;;
   *)
     echo "bench/tpu_suite_check.sh: unknown part '$part' ($usage)" >&2

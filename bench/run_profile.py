@@ -2,8 +2,9 @@
 
     python bench/run_profile.py [--numbers-here] [--top N] [--stats FILE] -- RUN-ARGS...
 
-Prints the run's exit code and wall time, its own timings (report.json's `*_s` metadata), and
-the N functions of the main thread with the most cumulative time. Threads are not profiled (the
+Prints the run's exit code and wall time, the peak resident memory of its own process (the
+oracle's process apart), its own timings (report.json's `*_s` metadata), and the N functions of
+the main thread with the most cumulative time. Threads are not profiled (the
 compiles started ahead, the wait for the oracle's process): their time shows as the main
 thread's waits. A warm cache answers the comparisons from its store and measures none of them;
 point `MHC_PARITY_CACHE` at a folder holding only the fixtures and oracle answers to measure them.
@@ -23,6 +24,7 @@ import io
 import json
 import pathlib
 import pstats
+import resource
 import sys
 import time
 
@@ -75,7 +77,9 @@ def main() -> int:
         profile.dump_stats(args.stats)
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
-    print(f"exit {code}, wall {wall:.1f} s; the run's timings: {run_timings(run_args)}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    print(f"exit {code}, wall {wall:.1f} s, own peak resident {peak / 2**30:.2f} GiB")
+    print(f"the run's timings: {run_timings(run_args)}")
     print(text.getvalue())
     return 0
 

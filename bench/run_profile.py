@@ -31,12 +31,13 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mhc_parity.harness import cli  # noqa: E402
+from mhc_parity.harness.engine import plan, runner  # noqa: E402
+
 
 def lift_tpu_refusal() -> None:
-    """Every module that asks `numbers_refusal` gets "" (numbers everywhere) in this process."""
-    import mhc_parity.harness.engine.plan as plan
-    import mhc_parity.harness.engine.runner as runner
-
+    """Every module that asks `numbers_refusal` gets "" (numbers everywhere) in this process:
+    each looks the name up in its own globals when a case is planned."""
     plan.numbers_refusal = runner.numbers_refusal = lambda case: ""
 
 
@@ -63,13 +64,11 @@ def main() -> int:
         parser.error("give `mhc-parity run`'s arguments after --")
     if args.numbers_here:
         lift_tpu_refusal()
-    from mhc_parity.harness.cli import main as cli_main  # after the lift: it imports the runner
-
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
     try:
-        code = cli_main(["run", *run_args])
+        code = cli.main(["run", *run_args])
     finally:
         profile.disable()
     wall = time.perf_counter() - start

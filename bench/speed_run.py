@@ -28,6 +28,10 @@ import shutil
 import subprocess
 import sys
 
+from mhc_parity.records.rows import load_rows
+from mhc_parity.reports.program_speed import program_speeds, roofline_figure
+from mhc_parity.reports.roofline_svg import roofline_svg
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATHS = ("reference/*", "interpret/*", "mosaic/*")
 MAXTEXT = ("--impl", "mhc_parity.maxtext_parity:implementations")
@@ -77,10 +81,6 @@ def speed_table(speed_csv: pathlib.Path) -> str:
 def roofline_plot(run_folder: pathlib.Path, metadata: dict, svg: pathlib.Path) -> str:
     """Write the run's Speed plot (each program's fraction of the chip's peak HBM bandwidth, as
     its report draws it) to `svg`; the Markdown that shows it, or a line saying why there is none."""
-    from mhc_parity.records.rows import load_rows
-    from mhc_parity.reports.program_speed import program_speeds, roofline_figure
-    from mhc_parity.reports.roofline_svg import roofline_svg
-
     figure = roofline_figure(program_speeds(load_rows(run_folder / "rows.csv"), metadata))
     if figure is None:
         svg.unlink(missing_ok=True)

@@ -10,10 +10,10 @@ as `make parity`; `--no-maxtext` leaves MaxText out where it is not installed; a
 of it: DIR/speed-SUITE.csv (the run's speed.csv: per case and program the device time, bytes,
 GB/s and fraction of the chip's peak HBM bandwidth), DIR/speed-SUITE.svg (the report's plot of
 those fractions, where the programs ran on a chip with a stated peak) and DIR/speed-SUITE.md (the
-command, the run's environment, the plot and the table). The run's own exit status (1 where a row fails) does not stop
-the copy: the speed figures stand whatever the verdicts, which the .md states. With `--from
-RUN` nothing runs: the files are written from that finished run folder (the shards of
-`bench/tpu_suite_check.sh`, merged), which the .md names in the command's place.
+command, the run's environment, the plot and the table). The run's own exit status (1 where a
+row fails) does not stop the copy: the speed figures stand whatever the verdicts, which the .md
+states. With `--from RUN` nothing runs: the files are written from that finished run folder
+(the shards of `bench/tpu_suite_check.sh`, merged), which the .md names in the command's place.
 """
 
 from __future__ import annotations

@@ -4,10 +4,12 @@
 
 Prints the run's exit code and wall time, the peak resident memory of its own process (the
 oracle's process apart), its own timings (report.json's `*_s` metadata), and the N functions of
-the main thread with the most cumulative time. Threads are not profiled (the
-compiles started ahead, the wait for the oracle's process): their time shows as the main
-thread's waits. A warm cache answers the comparisons from its store and measures none of them;
-point `MHC_PARITY_CACHE` at a folder holding only the fixtures and oracle answers to measure them.
+the main thread with the most cumulative time. Threads are not profiled (the compiles started
+ahead, the wait for the oracle's process): their time shows as the main thread's waits, and
+cProfile may charge such a wait to an unrelated frame (once a matplotlib function, with the whole
+wall time), so read the harness's own functions. A warm cache answers the comparisons from its
+store and measures none of them: point `MHC_PARITY_CACHE` at a folder holding only the fixtures
+and oracle answers to measure them.
 
 --numbers-here: compute a `tpu`-tagged case's numbers on this backend too, which a run refuses
 off a TPU (`mhc_parity.harness.engine.plan.numbers_refusal`, lifted in this process only). Its

@@ -34,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness import cli  # noqa: E402
+from mhc_parity.harness.commands.run import run_parser  # noqa: E402
 from mhc_parity.harness.engine import plan, runner  # noqa: E402
 
 
@@ -44,10 +45,9 @@ def lift_tpu_refusal() -> None:
 
 
 def run_timings(run_args: list[str]) -> dict:
-    """The `*_s` metadata of the run's report.json (its `--out`), or {} where there is none."""
-    if "--out" not in run_args or run_args.index("--out") + 1 >= len(run_args):
-        return {}
-    report = pathlib.Path(run_args[run_args.index("--out") + 1]) / "report.json"
+    """The `*_s` metadata of the run's report.json (in its `--out`, as `run` reads its arguments),
+    or {} where there is none."""
+    report = run_parser().parse_args(run_args).out / "report.json"
     if not report.is_file():
         return {}
     metadata = json.loads(report.read_text())["metadata"]

@@ -1,9 +1,10 @@
-"""Running the parity CLI in a subprocess, as a user does, on the cheapest cases; and the hand
-edits of its files a user who wants a stale file taken would make."""
+"""Running the parity CLI in a subprocess, as a user does, on the cheapest cases; the hand
+edits of its files a user who wants a stale file taken would make; a bench script as a module."""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import pathlib
@@ -16,6 +17,16 @@ from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
 from mhc_parity.reports.drift import LEGACY_GATE_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def bench_script(name: str):
+    """bench/NAME.py loaded as a module named NAME (bench/ holds scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
 
 # The kernels reject embedding 96 before compiling anything (an expected-unsupported
 # case), so only the reference path and the oracle run: the cheapest registry case.

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import shutil
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.cli_support import ROOT, bench_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("parity_bench", ROOT / "bench" / "parity_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("parity_bench")
 
 
 def _figures(wall: float, runner_wall: float, overhead: float) -> dict:

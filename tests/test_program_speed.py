@@ -8,9 +8,7 @@ simulated v5e run and of a CPU run, whose bytes and times are chosen so the figu
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import pathlib
 from xml.etree import ElementTree
 
 import numpy as np
@@ -27,11 +25,11 @@ from mhc_parity.reports.program_speed import (
     roofline_figure,
 )
 from mhc_parity.reports.roofline_svg import roofline_svg
+from tests.cli_support import bench_script
 
 V5E = {"backend": "tpu", "device_kind": "TPU v5 lite"}
 CPU = {"backend": "cpu", "device_kind": "cpu"}
 HOST = "cpu:0-7 (host: tpu has 1 device)"
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _row(case, candidate, partner, comparison, execute_s, bytes_moved, devices, runs=50.0, leaf="out"):
@@ -175,14 +173,6 @@ def test_write_all_writes_speed_csv(tmp_path):
     )
 
 
-def _speed_run():
-    """bench/speed_run.py as a module (bench/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("speed_run", ROOT / "bench" / "speed_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("chip", [True, False], ids=["v5e", "cpu"])
 def test_speed_run_from_a_finished_run_writes_the_table_and_the_plot_into_a_new_folder(tmp_path, chip):
     run = tmp_path / "run"
@@ -191,7 +181,7 @@ def test_speed_run_from_a_finished_run_writes_the_table_and_the_plot_into_a_new_
     else:
         write_all([_row("a", "reference/unsharded", "oracle", "vs_oracle", 0.5, 1e9, "cpu:0", runs=1.0)], CPU, run)
     out = tmp_path / "not" / "yet"
-    assert _speed_run().main(["--out", str(out), "--suite", "tpu", "--from", str(run)]) == 0
+    assert bench_script("speed_run").main(["--out", str(out), "--suite", "tpu", "--from", str(run)]) == 0
     assert (out / "speed-tpu.csv").read_bytes() == (run / "speed.csv").read_bytes()
     markdown = (out / "speed-tpu.md").read_text()
     assert f"the run folder {run}" in markdown and "| a | reference/unsharded |" in markdown

@@ -8,7 +8,8 @@
 #                                           #   the whole run folder packed into DIR/shard-K.tgz
 #   bench/tpu_suite_check.sh shards 'K ...' N DIR  # on the TPU VM: those shards in one call, each
 #                                           #   given what is left of it, the logs packed in
-#                                           #   DIR/logs.tgz (FRESH=1: drop a run folder of older code)
+#                                           #   DIR/logs.tgz (FRESH=1: drop a run folder of older code;
+#                                           #   GATE=1: each run gated against BASELINE, its own cases)
 #   bench/tpu_suite_check.sh child DIR      # on the TPU VM: does the oracle's own process start
 #                                           #   there while a process holds the chip? Its imports
 #                                           #   (-X importtime; a traceback if still importing after
@@ -57,6 +58,9 @@ case $part in
     [ "${FRESH:-0}" = 1 ] && rm -rf "$run"
     # An earlier call's unfinished shard (same request): continue it.
     [ -f "$run/manifest.json" ] && resume=(--resume)
+    # The committed baseline judges a later code's shard, its own cases only (exit 1 on a failed gate).
+    gate=()
+    [ "${GATE:-0}" = 1 ] && gate=(--baseline "$BASELINE")
     # MaxText's fixed layer and kernels beside this project's (the Speed section's third column;
     # the released ones raise UnexpectedTracerError: docs/results/maxtext-tpu-v5e.md), where
     # installed. Every implementation loaded must be compared (a run that compares nothing of one
@@ -67,7 +71,7 @@ case $part in
       read -ra maxtext_paths <<<"$MAXTEXT_PATHS"  # split on spaces, the globs kept for --paths
     fi
     step "shard-$k" "$CLI" run --suite tpu --shard "$k/$n" --out "$run" --jobs 1 --quiet "${lowering[@]}" "${resume[@]}" \
-      "${maxtext[@]}" --paths 'reference/*' 'interpret/*' 'mosaic/*' "${maxtext_paths[@]}"
+      "${gate[@]}" "${maxtext[@]}" --paths 'reference/*' 'interpret/*' 'mosaic/*' "${maxtext_paths[@]}"
     free -g >"$out/logs/memory-after-shard-$k.txt" 2>&1
     tar czf "$out/shard-$k.tgz" "$run" "$out/logs" "$out/steps.txt"
     ;;

@@ -98,6 +98,7 @@ def test_libtpu_compiles_the_fitted_step_that_the_requested_block_overflows():
     from jax.experimental import topologies
     from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+    from mhc_parity.harness.engine.compile_rows import compile_lowered, lower_on_target
     from mhc_parity.mhc.kernels.lowering import kernel_programs
 
     devices = np.asarray(topologies.get_topology_desc("v5e=1x1", platform="tpu").devices).reshape(1, 1)
@@ -105,17 +106,21 @@ def test_libtpu_compiles_the_fitted_step_that_the_requested_block_overflows():
     config, kernel = MhcConfig(4, 1024), KernelConfig(block_tokens=512, block_features=512)
 
     def compile_post_forward(kernel):
+        """As the compile rows compile: a compile-only program kept out of JAX's persistent cache
+        (which an earlier test of this process may have turned on, and could not read it back)."""
         fn, structs = kernel_programs(config, batch=1, seq=1024, dtype=jnp.float32, kernel=kernel)["post_forward"]
         replicated = NamedSharding(mesh, PartitionSpec())
         placed = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), structs)
         with jax.set_mesh(mesh):
-            return jax.jit(fn).trace(*placed).lower().compile()
+            return compile_lowered("post_forward", lower_on_target(fn, placed))
 
-    assert compile_post_forward(kernel) is not None
+    fitted = compile_post_forward(kernel)
+    assert fitted.ok, fitted.error
     unfitted = pytest.MonkeyPatch()
     unfitted.setattr(kernel_api, "fit_blocks", lambda kernel, *_: kernel)
     try:
-        with pytest.raises(Exception, match="CompileTimeScopedVmemOom"):
-            compile_post_forward(kernel)
+        overflowing = compile_post_forward(kernel)
     finally:
         unfitted.undo()
+    assert not overflowing.ok and overflowing.cause == "vmem", overflowing.error
+    assert "CompileTimeScopedVmemOom" in overflowing.error

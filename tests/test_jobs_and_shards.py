@@ -370,3 +370,39 @@ def test_shards_of_two_device_calls_on_one_image_merge_and_another_jax_does_not(
     for key, other in (("jax_version", "0.10.2"), ("jaxlib_version", "0.10.2"), ("libtpu_version", "0.0.42.1")):
         with pytest.raises(merge.MergeError, match=key):
             merge.check_shards([shard(1, first), shard(2, {**second, key: other})])
+
+
+def test_shards_whose_cases_used_other_matmul_settings_merge_into_the_record_of_them_all(tmp_path):
+    """Issue 55: each shard records the matmul-precision settings of its own cases (on the chip,
+    the tpu suite's float32 `matmul_default` case alone uses "default"): the merged run records
+    every setting, as one run of the suite would, and refuses a setting given two roundings."""
+
+    def shard(index: int, **metadata) -> ShardRun:
+        return _fake_shard(tmp_path, index, {**SHARD_ENVIRONMENT, "backend": "tpu", **metadata}, suite="tpu")
+
+    first, second = shard(1, matmul_precision="highest=bfloat16x6"), shard(2, matmul_precision="default=bfloat16")
+    merge.check_shards([first, second])
+    merged = merged_metadata([first, second], "merge")
+    assert merged["matmul_precision"] == "default=bfloat16,highest=bfloat16x6"
+    assert "matmul_precision_note" not in merged
+    conflicting = shard(2, matmul_precision="default=bfloat16,highest=float32")
+    with pytest.raises(merge.MergeError, match="'highest' another operand rounding .float32 vs bfloat16x6."):
+        merge.check_shards([first, conflicting])
+    with pytest.raises(merge.MergeError, match="records no matmul_precision"):
+        merge.check_shards([first, shard(2)])
+    with pytest.raises(merge.MergeError, match="malformed matmul_precision"):
+        merge.check_shards([first, shard(2, matmul_precision="default")])
+
+
+def test_a_cpu_shard_of_default_precision_cases_keeps_its_note_in_the_merged_run(tmp_path):
+    """On a CPU "default" runs as full float32: the shard whose cases use it says so, and so does
+    the merge; shards that recorded no precision (before it was recorded) merge without one."""
+    note = "default ran as highest: on cpu (cpu) the default precision is full float32"
+
+    def shard(index: int, **metadata) -> ShardRun:
+        return _fake_shard(tmp_path, index, {**SHARD_ENVIRONMENT, **metadata}, suite="default")
+
+    with_note = shard(2, matmul_precision="default=float32", matmul_precision_note=note)
+    merged = merged_metadata([shard(1, matmul_precision="highest=float32"), with_note], "merge")
+    assert (merged["matmul_precision"], merged["matmul_precision_note"]) == ("default=float32,highest=float32", note)
+    assert "matmul_precision" not in merged_metadata([shard(1), shard(2)], "merge")

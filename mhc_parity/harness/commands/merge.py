@@ -3,9 +3,11 @@
 Every DIR must hold a complete shard run (`mhc_parity.records.manifest`), and the shards must be of
 one run: the same selection (names and spec digest), request (suite, globs, paths,
 implementations, seed, lowering), policy and code digests, and environment (backend,
-device kind, host devices, matmul-precision record, JAX / jaxlib / Flax / NumPy / libtpu
-versions, and the backend arithmetic terms the bounds were widened by: shards judged under
-different terms judged different bounds); their shard numbers must cover 1..N exactly once, and each must hold exactly
+device kind, host devices, JAX / jaxlib / Flax / NumPy / libtpu versions, and the backend
+arithmetic terms the bounds were widened by: shards judged under different terms judged
+different bounds). Each shard records the matmul-precision settings its own cases used: the
+shards must not give one setting two operand roundings, and the merged run records them all,
+as one run of the whole selection would. Their shard numbers must cover 1..N exactly once, and each must hold exactly
 its share of the selection (`mhc_parity.harness.processes.shards`). Anything else is a usage error: one line
 naming the problem, exit 2, and OUT is not touched.
 
@@ -27,7 +29,16 @@ import uuid
 
 from mhc_parity.harness.processes.interrupts import SignalsInterrupt
 from mhc_parity.harness.processes.shards import parse_shard, shard_names
-from mhc_parity.records.environment import BACKEND_DIGEST_KEY, BACKEND_TERMS_KEY, ISA_KEYS, LIBTPU_KEY
+from mhc_parity.records.environment import (
+    BACKEND_DIGEST_KEY,
+    BACKEND_TERMS_KEY,
+    ISA_KEYS,
+    LIBTPU_KEY,
+    PRECISION_KEY,
+    format_precision_record,
+    parse_precision_record,
+    precision_of,
+)
 from mhc_parity.records.manifest import Manifest, ManifestError, foreign_folder_problem, now_iso, read_manifest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from mhc_parity.records.store import RowStore, StoreError
@@ -42,7 +53,6 @@ ENVIRONMENT_KEYS = (
     "device_kind",
     "device_count",
     "host_cpu_devices",
-    "matmul_precision",
     *ISA_KEYS,
     "jax_version",
     "jaxlib_version",
@@ -86,6 +96,8 @@ SUMMED_KEYS = (
 )
 # Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).
 MAXED_KEYS = ("worker_peak_rss_mib",)
+# Said by a shard whose cases ran a matmul-precision setting as another (`run_info.precision_metadata`).
+PRECISION_NOTE_KEY = "matmul_precision_note"
 
 
 class MergeError(Exception):
@@ -156,6 +168,36 @@ def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
     return cut(a), cut(b)
 
 
+def merged_precision(shards: list[ShardRun]) -> str | None:
+    """The matmul-precision record of the whole run: every setting a shard's cases used, with the
+        operand rounding it meant (`mhc_parity.records.environment`, whose legacy rule reads a CPU
+    shard without a record); None where no shard records one.
+        MergeError where two shards give one setting different roundings, or one records none."""
+    if not any(shard.metadata.get(PRECISION_KEY) for shard in shards):
+        return None  # legacy shards, none recorded: the merged run records none either
+    records = [(shard, precision_of(shard.metadata)) for shard in shards]
+    known = [(shard, record) for shard, record in records if record is not None]
+    if not known:
+        return None
+    if len(known) < len(records):
+        lacking = next(shard for shard, record in records if record is None)
+        raise MergeError(f"{lacking.folder}: records no {PRECISION_KEY}, where {known[0][0].folder} does")
+    roundings: dict[str, tuple[str, pathlib.Path]] = {}
+    for shard, record in known:
+        try:
+            parsed = parse_precision_record(record)
+        except ReportInputError as exc:
+            raise MergeError(f"{shard.folder}: {exc}") from None
+        for setting, rounding in parsed.items():
+            seen, where = roundings.setdefault(setting, (rounding, shard.folder))
+            if seen != rounding:
+                raise MergeError(
+                    f"{shard.folder} is not a shard of the run in {where}: environment {PRECISION_KEY} "
+                    f"gives {setting!r} another operand rounding ({rounding} vs {seen})"
+                )
+    return format_precision_record({setting: rounding for setting, (rounding, _) in roundings.items()})
+
+
 def check_shards(shards: list[ShardRun]) -> None:
     """MergeError unless the shards are of one run and cover its selection exactly once."""
     first = shards[0]
@@ -163,6 +205,7 @@ def check_shards(shards: list[ShardRun]) -> None:
         problem = _agreement_problem(first, other)
         if problem:
             raise MergeError(problem)
+    merged_precision(shards)
     count = int(first.manifest.shard.split("/")[1])
     seen: dict[int, pathlib.Path] = {}
     for shard in shards:
@@ -207,6 +250,10 @@ def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Man
     )
 
 
+def _in_shard_order(shards: list[ShardRun]) -> list[ShardRun]:
+    return sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)
+
+
 def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
     """The first shard's metadata with the times, sums and case count of the whole."""
     metadata = dict(shards[0].metadata)
@@ -220,9 +267,13 @@ def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
         case_count=len(shards[0].manifest.shard_of),
         merged_shards=", ".join(
             f"{s.manifest.shard} {s.manifest.run_id[:12]} ({s.metadata.get('platform', '')})"
-            for s in sorted(shards, key=lambda s: parse_shard(s.manifest.shard).index)
+            for s in _in_shard_order(shards)
         ),
     )
+    for key, value in ((PRECISION_KEY, merged_precision(shards)), (PRECISION_NOTE_KEY, _joined_notes(shards))):
+        metadata.pop(key, None)
+        if value:
+            metadata[key] = value
     for keys, combine in ((SUMMED_KEYS, lambda values: round(sum(values), 3)), (MAXED_KEYS, max)):
         for key in keys:
             values = [s.metadata[key] for s in shards if key in s.metadata]
@@ -230,6 +281,12 @@ def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
             if values:
                 metadata[key] = combine(values)
     return metadata
+
+
+def _joined_notes(shards: list[ShardRun]) -> str:
+    """The shards' distinct matmul-precision notes, in shard order, joined by "; "."""
+    notes = (s.metadata.get(PRECISION_NOTE_KEY) for s in _in_shard_order(shards))
+    return "; ".join(dict.fromkeys(note for note in notes if note))
 
 
 def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> dict:

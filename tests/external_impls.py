@@ -263,6 +263,24 @@ def never_runs():
     return NeverRuns()
 
 
+@dataclasses.dataclass(frozen=True)
+class BFloat16Only(WrappedReference):
+    """A correct implementation serving bfloat16 activations only (as MaxText's kernels): a
+    float32 case's rows of it are `unsupported`."""
+
+    name: str = "bfloat16_only"
+
+    @property
+    def envelope(self):
+        from mhc_parity.harness.engine.envelope import Envelope
+
+        return Envelope(act_dtypes=("bfloat16",))
+
+
+def bfloat16_only():
+    return BFloat16Only()
+
+
 def serves_no_variant():
     """The same wrong kernel serving no variant (`variants = ()`): none of its paths runs."""
     return dataclasses.replace(NeverRuns(name="serves_no_variant"), variants=())

@@ -15,7 +15,15 @@ from mhc_parity.harness.commands.merge import ShardRun, merged_metadata, where_t
 from mhc_parity.harness.engine.case_cost import costliest_first
 from mhc_parity.harness.processes.shards import Shard, parse_shard, shard_cases, shard_names
 from mhc_parity.records.manifest import read_manifest
-from tests.cli_support import CASE_NAMES, ROOT, TIMING_COLUMNS, harness_command, load_jsonl, run_cli
+from tests.cli_support import (
+    CASE_NAMES,
+    ROOT,
+    TIMING_COLUMNS,
+    cheap_run_args,
+    harness_command,
+    load_jsonl,
+    run_cli,
+)
 
 CHEAP_PATHS = ("--paths", "reference/*", "--no-lowering")
 
@@ -232,6 +240,38 @@ def test_shards_and_merge_give_the_rows_csv_of_one_run(shards, cheap_single, tmp
     gate = run_cli("gate", "--baseline", baseline, "--current", merged)
     assert gate.returncode == 0 and "gate PASS" in gate.stdout, gate.stdout + gate.stderr
     assert run_cli("render", "--rows", merged, "--out", tmp_path / "rendered").returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("impl", "merged_exit"),
+    [("bfloat16_only", 0), ("never_runs", 2)],
+    ids=["compared-in-another-shard", "compared-in-none"],
+)
+def test_a_shard_comparing_nothing_of_an_implementation_leaves_that_to_the_merge(
+    case_file, tmp_path, impl, merged_exit
+):
+    """Issue 55: the tpu suite's float32 shards compare nothing of MaxText's bfloat16-only kernels,
+    and exited 2, as a whole run would. A shard is a part: it exits as its rows say and notes
+    what it compared nothing of; the merged run is judged as a whole run is, by `merge`."""
+    shards = []
+    for k in (1, 2):  # shard 1 holds cli-a-f32, shard 2 cli-b-bf16
+        out = tmp_path / f"shard{k}"
+        args = ("--impl", f"tests.external_impls:{impl}", "--paths", "reference/*", f"{impl}/*", "--shard", f"{k}/2")
+        proc = run_cli(*cheap_run_args(case_file, out, *args))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        notes = [line for line in proc.stdout.splitlines() if line.startswith("mhc-parity: note: in shard")]
+        compared_here = impl == "bfloat16_only" and k == 2
+        assert len(notes) == (0 if compared_here else 1), proc.stdout[-2000:]
+        assert all(f"nothing was compared of implementation '{impl}'" in note for note in notes)
+        shards.append(out)
+    merged = tmp_path / "merged"
+    proc = run_cli("merge", merged, *shards)
+    assert proc.returncode == merged_exit, proc.stdout + proc.stderr
+    assert read_manifest(merged).is_complete, "the merged run is written either way"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mhc-parity merge: error:")]
+    assert len(errors) == merged_exit // 2, proc.stderr
+    assert all(f"nothing was compared of implementation '{impl}'" in line for line in errors)
 
 
 def _assert_refused(proc, *fragments):

@@ -46,14 +46,19 @@ def run_verdict(rows, implementations: Sequence[str] = ()) -> str:
     return "PASS"
 
 
-def exit_code(rows, judgement: Judgement | None = None, implementations: Sequence[str] = ()) -> int:
+def exit_code(
+    rows, judgement: Judgement | None = None, implementations: Sequence[str] = (), *, whole_run: bool = True
+) -> int:
     """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here, or nothing of
     an implementation under test, of `implementations`, is a configuration error); see
     `run_verdict`. A passing run that the gate fails against its baseline (`judgement`) exits
     1: a leaf that grew past the growth factor inside its bound is a failure. A baseline the
     gate refuses to judge leaves the code to the run (the gate itself exits 2 on it, and the
-    summary says why)."""
-    code = {"PASS": 0, "FAIL": 1}.get(run_verdict(rows, implementations), 2)
+    summary says why). A shard (`whole_run=False`) that compared nothing, or nothing of an
+    implementation, exits as its rows say: its cases are a part of the selection, and `merge`
+    checks the whole."""
+    verdict = run_verdict(rows, implementations)
+    code = {"PASS": 0, "FAIL": 1}.get(verdict, 0 if not whole_run else 2)
     if code == 0 and judgement is not None and judgement.failed:
         return 1
     return code

@@ -15,7 +15,9 @@ OUT then gets what one run of the whole selection writes: a complete manifest, t
 stream, rows.csv, report.json, report.html and summary.md, rows in the selection's case
 order — so `gate`, `baseline` and `render` accept it like any run, and its rows.csv is
 the single run's apart from the timing columns. Exit 0 (merged; the parity verdict is the
-gate's or the reports' business, as for `render`). Never loads JAX.
+gate's or the reports' business, as for `render`), or 2 with OUT written where the merged run
+compared nothing, or nothing of an implementation it tests (`mhc_parity.reports.causes.uncompared`):
+a shard is not judged on that alone, the whole run is, as `run` judges one. Never loads JAX.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from mhc_parity.records.manifest import Manifest, ManifestError, foreign_folder_
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from mhc_parity.records.store import RowStore, StoreError
 from mhc_parity.reports import ReportInputError
+from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.sources import load_run
-from mhc_parity.reports.writers import write_run_folder
+from mhc_parity.reports.terminal import nothing_compared_message
+from mhc_parity.reports.writers import tested_implementations, write_run_folder
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Report metadata that must agree between shards: where and with what the rows were made.
@@ -289,8 +293,17 @@ def _joined_notes(shards: list[ShardRun]) -> str:
     return "; ".join(dict.fromkeys(note for note in notes if note))
 
 
-def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> dict:
-    """Check the shards in `folders` and write the merged run into `out`; the report paths."""
+@dataclasses.dataclass(frozen=True)
+class Merged:
+    """A merged run written: its report paths, and the line saying what it compared nothing of
+    ("" when it compared something of everything it tests)."""
+
+    paths: dict
+    nothing_compared: str
+
+
+def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> Merged:
+    """Check the shards in `folders` and write the merged run into `out`."""
     resolved = {f.resolve() for f in folders}
     if out.resolve() in resolved:
         raise MergeError(f"OUT {out} is one of the shard folders; merge into another folder")
@@ -314,7 +327,7 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
             raise MergeError(f"OUT: {cannot_write(exc, out)}") from None
 
 
-def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) -> dict:
+def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) -> Merged:
     """Write the merged run of `shards` into `out` (checked, and held by this process)."""
     by_case: dict[str, list] = {}
     for shard in shards:
@@ -323,7 +336,9 @@ def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) 
     selection = shards[0].manifest.shard_of
     rows = [row for case in selection for row in by_case.get(case, [])]
     manifest = merged_manifest(shards, len(rows), command_line)
-    return write_run_folder(out, rows, merged_metadata(shards, command_line), manifest)
+    paths = write_run_folder(out, rows, merged_metadata(shards, command_line), manifest)
+    tested = tested_implementations(manifest)
+    return Merged(paths, nothing_compared_message(rows, tested) if uncompared(rows, tested) else "")
 
 
 def main(argv: list[str]) -> int:
@@ -340,7 +355,7 @@ def main(argv: list[str]) -> int:
     signals = SignalsInterrupt()
     try:
         with signals:
-            paths = merge(args.out, list(args.shards), command_line)
+            merged = merge(args.out, list(args.shards), command_line)
     except MergeError as exc:
         print(f"mhc-parity merge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -352,6 +367,9 @@ def main(argv: list[str]) -> int:
         )
         return signals.exit_code
     print(f"merged {len(args.shards)} shard(s) into {args.out}")
-    for fmt, path in paths.items():
+    for fmt, path in merged.paths.items():
         print(f"{fmt:>8}: {path}")
+    if merged.nothing_compared:
+        print(f"mhc-parity merge: error: {merged.nothing_compared}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK

@@ -47,6 +47,7 @@ from mhc_parity.records.rows import frame_from_records, typed_rows
 from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, reserve_bytes
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
+from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.sources import baseline_as_run
 from mhc_parity.reports.terminal import exit_code, nothing_compared_message, print_summary
 
@@ -331,7 +332,9 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             f"{reason}; {kept} finished case{'s' * (kept != 1)} kept in {store.folder}. "
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
-    return _conclude(rows, paths, metadata, judgement, frame, [name for name, _ in finished.request.implementations])
+    return _conclude(
+        rows, paths, metadata, judgement, frame, [name for name, _ in finished.request.implementations], finished.shard
+    )
 
 
 def _runner(args, policy, plan, cases: int):
@@ -380,18 +383,22 @@ def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest):
     return writers.write_frame(frame, metadata, out, manifest=manifest, judgement=judgement), judgement, frame
 
 
-def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations=()) -> int:
+def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations=(), shard="") -> int:
     """Print the summary (`metadata`: the reports', e.g. which policy judged; `judgement`: the
     gate's against --baseline, printed last; `frame`: the rows' canonical frame;
-    `implementations`: the names of the external ones under test) and the report paths; the
-    run's exit code."""
+    `implementations`: the names of the external ones under test; `shard`: "K/N" for a shard)
+    and the report paths; the run's exit code (a shard's: `exit_code`'s `whole_run`)."""
     print_summary(rows, metadata, judgement, frame=frame, implementations=implementations)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")
-    code = exit_code(rows, judgement, implementations)
-    if code == EXIT_USAGE:
-        print(f"mhc-parity: error: {nothing_compared_message(rows, implementations)}", file=sys.stderr)
+    code = exit_code(rows, judgement, implementations, whole_run=not shard)
+    if uncompared(rows, implementations):
+        message = nothing_compared_message(rows, implementations)
+        if code == EXIT_USAGE:
+            print(f"mhc-parity: error: {message}", file=sys.stderr)
+        elif shard:  # a part: the merged run must compare it, and `merge` exits 2 if it does not
+            print(f"mhc-parity: note: in shard {shard}, {message}; `mhc-parity merge` checks the whole run")
     return code
 
 

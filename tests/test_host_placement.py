@@ -19,6 +19,7 @@ from mhc_parity.harness.engine.oracle_path import run_oracle_path
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
 from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.runner import _last_readers
 from mhc_parity.mhc import oracle
 
 SMALL = Case(name="placement-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
@@ -149,6 +150,18 @@ def test_the_plan_moves_sharded_paths_to_the_host_with_their_unsharded_twins(mon
         ("vs_reference", "reference/sharded(data=2,fsdp=4)@cpu"),
         ("vs_unsharded", "interpret/unsharded@cpu"),
     ]
+
+    # The comparisons read each path's leaves last at: its float64 copies are dropped after that path.
+    assert _last_readers(paths) == {
+        "reference/unsharded": 2,  # mosaic/unsharded's vs_reference
+        "interpret/unsharded": 1,
+        "mosaic/unsharded": 7,  # mosaic on the mesh, vs_unsharded
+        "reference/unsharded@cpu": 5,
+        "interpret/unsharded@cpu": 6,
+        "reference/sharded(data=2,fsdp=4)@cpu": 6,
+        "interpret/sharded(data=2,fsdp=4)@cpu": 6,
+        "mosaic/sharded(data=2,fsdp=4)": 7,
+    }
 
 
 def test_a_host_path_runs_on_the_host_cpu(monkeypatch):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 import subprocess
 import sys
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -462,3 +464,30 @@ def test_a_memo_keeps_its_arrays_so_their_identities_stay_theirs():
     first = memo.magnitudes(np.array([3.0, 4.0]))  # a temporary: only the memo holds it now
     assert first == (4.0, 5.0)
     assert memo.magnitudes(np.array([6.0, 8.0])) == (8.0, 10.0)  # not a stale answer for a reused id
+
+
+def test_a_forgotten_array_s_copies_go_and_come_back_the_same(monkeypatch):
+    import mhc_parity.harness.judging.metrics as metrics_module
+
+    rng = np.random.default_rng(5)
+    oracle = rng.standard_normal((4, 8, 3))
+    reference = (oracle + 1e-3 * rng.standard_normal(oracle.shape)).astype(BF16)
+    kernel = (oracle + 1e-3 * rng.standard_normal(oracle.shape)).astype(BF16)
+    memo = MetricsMemo()
+    first = leaf_metrics(kernel, reference, oracle, dtype=BF16, token_axes=2, memo=memo)
+    copy = weakref.ref(memo.upcast(kernel))  # the kernel's float64 copy, held by the memo alone
+    kept = memo.upcast(reference)
+    upcasts = {"count": 0}
+    original = metrics_module.upcast
+
+    def counting(a):
+        upcasts["count"] += 1
+        return original(a)
+
+    monkeypatch.setattr(metrics_module, "upcast", counting)
+    memo.forget([kernel])
+    gc.collect()
+    assert copy() is None  # gone with every value computed from it, the pairs with the oracle too
+    again = leaf_metrics(kernel, reference, oracle, dtype=BF16, token_axes=2, memo=memo)
+    assert _fields(again) == _fields(first) and upcasts["count"] == 1  # the kernel's copy, made again
+    assert memo.upcast(reference) is kept  # what was not forgotten stays

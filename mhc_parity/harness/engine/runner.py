@@ -114,6 +114,18 @@ def oracle_memory_fields(case, oracle) -> dict:
     }
 
 
+def _last_readers(paths: Sequence[Path]) -> dict[str, int]:
+    """Path name -> the index in `paths` of the last path whose comparisons read its leaves (as
+    candidate or partner; `comparisons_of`); the oracle's leaves are read by every path."""
+    last = {}
+    for index, path in enumerate(paths):
+        last[path.name] = index
+        for _, partner in comparisons_of(path, paths):
+            if partner != ORACLE_PATH:
+                last[partner] = index
+    return last
+
+
 def _environment_fields(case, path: Path, placement: Placement | None) -> dict:
     """The `matmul_precision`, `devices` and `kernel_blocks` columns of a path's rows.
 
@@ -432,7 +444,12 @@ class Runner:
         declared: path name -> its `DeclaredEffects` (`_effects_of`)."""
         memo = MetricsMemo()  # the case's comparisons share arrays (the oracle's leaves above all)
         by_name = {path.name: path for path in paths}
-        for path in paths:
+        last_reader = _last_readers(paths)
+        for index, path in enumerate(paths):
+            # Leaves no comparison from here on reads: the memo's float64 copies of them go, else
+            # they are most of the case's memory (issue 55: 16 paths at 8192 tokens, 27 GB).
+            done = (results[name].outputs for name, last in last_reader.items() if last == index - 1)
+            memo.forget(leaf for outputs in done if outputs is not None for leaf in outputs.leaves.values())
             result = results[path.name]
             environment = _environment_fields(case, path, result.placement)
             if result.outputs is None or result.verdict == "fail":

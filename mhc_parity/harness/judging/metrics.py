@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,7 +210,9 @@ class MetricsMemo:
 
     Keys are the arrays' identities, and the memo keeps every array it has seen alive so
     that an identity cannot be reused by another array while the memo lives. Drop it
-    with the case. `MetricsMemo(remember=False)` computes everything every time.
+    with the case, or `forget` the arrays no comparison left will meet: what it holds of
+    them (float64 copies and ULP spacings, 16 bytes an element) is the most of a case's
+    memory. `MetricsMemo(remember=False)` computes everything every time.
     """
 
     def __init__(self, remember: bool = True):
@@ -223,6 +226,15 @@ class MetricsMemo:
         if entry is None:
             entry = self._values[key] = (compute(), arrays)
         return entry[0]
+
+    def forget(self, arrays: Iterable) -> None:
+        """Drop every value computed from any of `arrays` or from their upcasts (alone or in a
+        pair), and the memo's hold on them; a later call computes it again, the same."""
+        if self._values is None:
+            return
+        gone = {id(a) for a in arrays}
+        gone |= {id(value) for key, (value, _) in self._values.items() if key[0] == "upcast" and key[1] in gone}
+        self._values = {key: entry for key, entry in self._values.items() if gone.isdisjoint(map(id, entry[1]))}
 
     def upcast(self, a) -> np.ndarray:
         return self._once(("upcast",), (a,), lambda: upcast(a))

@@ -88,6 +88,14 @@ def test_a_second_run_loads_the_rows_it_judged_with_its_own_timings(tmp_path, ju
     assert timed and all(row["compile_s"] >= 0 and row["execute_s"] >= 0 for row in timed)
 
 
+def test_the_comparisons_are_timed_where_judged_and_not_where_loaded(tmp_path):
+    store = ComparisonStore(tmp_path)
+    judging, loading = (Runner(load_policy(), cache=PROGRAMS, comparison_store=store) for _ in range(2))
+    list(judging.run_case(CASE, PLAN))
+    list(loading.run_case(CASE, PLAN))
+    assert judging.timings["compare_s"] > 0 and loading.timings["compare_s"] == 0
+
+
 def test_with_timings_retimes_timed_rows_and_leaves_status_rows():
     untimed = dict.fromkeys(TIMING_COLUMNS, math.nan)
     stored, current = (1.0, 2.0, 3.0, 5.0, 64.0), (0.5, 0.25, 0.75, 5.0, 64.0)

@@ -38,6 +38,13 @@ def test_a_single_run_is_reported_as_it_is():
     assert bench.median_run([run]) == run
 
 
+def test_the_comparisons_count_as_the_harness_s_own_time_as_before_they_were_timed():
+    bench = _bench()
+    untimed = _figures(70.0, 68.0, 5.0)  # the comparisons inside the overhead
+    timed = {**_figures(70.0, 68.0, 2.0), "compare_s": 3.0}
+    assert bench.own_seconds(timed) == bench.own_seconds(untimed) == 7.0
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_bench_measures_make_parity_and_make_parity_maxtext_as_they_run():
     """`make bench` benchmarks both suites (issue 56, 8: the warm maxtext run and warm `make

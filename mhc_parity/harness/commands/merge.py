@@ -74,6 +74,7 @@ SUMMED_KEYS = (
     "oracle_s",
     "paths_s",
     "effects_s",
+    "compare_s",
     "causes_s",
     "lowering_s",
     "compile_s",

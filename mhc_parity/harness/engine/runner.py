@@ -75,7 +75,7 @@ RecordedRows = Callable[[object, Path, str, Path | None], Sequence[dict] | None]
 # loading fixtures, the oracle, the paths (waiting for their programs and running them), the
 # declared precision choices' effects, the failing rows' causes, the kernels' TPU lowering and
 # their TPU compiles.
-TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "causes_s", "lowering_s", "compile_s")
+TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "compare_s", "causes_s", "lowering_s", "compile_s")
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
 COMPILE_AHEAD_CASES = 3
@@ -402,7 +402,9 @@ class Runner:
         effects = {name: self._effects_of(impl, case, fixture, oracle) for name, impl in implementations.items()}
         declared = {path.name: effects[path.impl.name] for path in paths}
         self.timings["effects_s"] += time.perf_counter() - start
+        start = time.perf_counter()  # the metrics and bounds of every row: one core, a leaf at a time
         rows = list(self._compared_rows(case, paths, results, oracle, declared))
+        self.timings["compare_s"] += time.perf_counter() - start
         start = time.perf_counter()
         ran = {name: result.outputs.leaves for name, result in results.items() if result.outputs is not None}
         widened = {name: effects.widened(oracle.sensitivity) for name, effects in declared.items() if effects.rms}

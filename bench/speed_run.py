@@ -29,13 +29,13 @@ import subprocess
 import sys
 
 from mhc_parity.records.rows import load_rows
+from mhc_parity.reports.plots import standalone_svg
 from mhc_parity.reports.program_speed import program_speeds, roofline_figure
 from mhc_parity.reports.roofline_svg import roofline_svg
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATHS = ("reference/*", "interpret/*", "mosaic/*")
 MAXTEXT = ("--impl", "mhc_parity.maxtext_parity:implementations")
-SVG, XLINK = "http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"
 
 
 def run_command(suite: str, out: pathlib.Path, *, maxtext: bool, more: list[str]) -> list[str]:
@@ -85,9 +85,7 @@ def roofline_plot(run_folder: pathlib.Path, metadata: dict, svg: pathlib.Path) -
     if figure is None:
         svg.unlink(missing_ok=True)
         return "No program ran on a chip whose peak is stated: no plot.\n\n"
-    # The report's figure is inline, its namespaces left to the page: a file of its own declares them.
-    standalone = roofline_svg(figure).replace("<svg ", f'<svg xmlns="{SVG}" xmlns:xlink="{XLINK}" ', 1)
-    svg.write_text(standalone + "\n")
+    svg.write_text(standalone_svg(roofline_svg(figure)))
     return (
         f"![Fraction of the peak HBM bandwidth per case and program]({svg.name})\n\n"
         f"Each program's bytes over its device time, as a fraction of {figure.device_kind}'s "

@@ -8,7 +8,7 @@ no metadata (no date, no creator URL), text as `<text>` in the page's fonts, and
 element id prefixed with `prefix`, so that the figures of one page share no id.
 The rcParams it needs (`RC`) hold only while the figure is built and saved
 (`matplotlib.rc_context`); ids are hashed with a fixed salt, so one run's page is
-byte-identical each time it is written.
+byte-identical each time it is written. `standalone_svg` makes such an element a file of its own.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ NO_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
 _SUPERSCRIPTS = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
 _PROLOG = re.compile(r"\A.*?(?=<svg\b)", re.S)
 _NAMESPACES = re.compile(r' xmlns(?::xlink)?="[^"]*"')
+# The namespaces `_NAMESPACES` strips, which an SVG file of its own must declare.
+_DECLARED_NAMESPACES = 'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"'
 _COMMENT = re.compile(r"<!--.*?-->\s*", re.S)
 _ID_OR_REFERENCE = re.compile(r'(\bid="|url\(#|href="#)')
 
@@ -60,6 +62,12 @@ def inline_svg(draw: Callable[[Figure], None], size: tuple[float, float], *, pre
     svg = _COMMENT.sub("", _NAMESPACES.sub("", _PROLOG.sub("", buffer.getvalue(), count=1)))
     svg = _ID_OR_REFERENCE.sub(lambda match: f"{match.group(1)}{prefix}-", svg)
     return svg.replace("<svg ", f'<svg class="plot" role="img" aria-label="{escape(label, quote=True)}" ', 1).strip()
+
+
+def standalone_svg(inline: str) -> str:
+    """An `<svg>` element of `inline_svg` as the text of an .svg file of its own: the namespaces
+    the page would give it, declared."""
+    return inline.replace("<svg ", f"<svg {_DECLARED_NAMESPACES} ", 1) + "\n"
 
 
 def decade_label(value: float, _position: object = None) -> str:

@@ -21,8 +21,9 @@ written at least once: a lower bound on its HBM traffic), `flops` the XLA cost a
 reference program of the case (the same arithmetic for every path; a Pallas kernel is opaque to
 XLA's analysis). GB/s and FLOP/s follow, with the fraction of the chip's peak: the arithmetic and
 the peaks (by device kind) are `mhc_parity.records.roofline`'s, which the run's Speed section
-uses too. The mHC programs are memory-bound, so the HBM fraction is the one that matters. On a
-CPU the figures are written without a peak (not a speed claim about any TPU).
+uses too. The mHC layer is memory-bound, so its HBM fraction is the one that matters; an MLP branch
+adds matmuls that can make the FLOP fraction the larger (docs/speed.md). On a CPU the figures are
+written without a peak (not a speed claim about any TPU).
 
 Writes DIR/device-speed.json (one record per case and path, with the environment) and
 DIR/device-speed.md (the table), and prints the table.
@@ -57,14 +58,6 @@ from mhc_parity.harness.engine.implementations import BUILTIN, load_implementati
 from mhc_parity.records.roofline import array_bytes, peaks_of, throughput  # noqa: E402
 
 
-def _flops(compiled) -> float:
-    """XLA's FLOP count of a compiled program (NaN where it gives none)."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, list):  # older jaxlibs: one dict per computation
-        analysis = analysis[0] if analysis else {}
-    return float((analysis or {}).get("flops", float("nan")))
-
-
 def time_program(compiled, args, runs: int) -> dict:
     """device_ms (the runs' device time: `device_time`) and blocking_ms (the median of waited
     calls) of `compiled(*args)`."""
@@ -89,8 +82,8 @@ def measure(impl, case, fixture, runs: int, reference_flops: float | None) -> di
         "path": path.name,
         "compile_s": round(compile_s, 3),
         "bytes": array_bytes(jax.tree.leaves(args)) + array_bytes(jax.tree.leaves(outputs)),
-        "flops": reference_flops if reference_flops is not None else _flops(compiled),
-        "program_flops_xla": _flops(compiled),
+        "flops": reference_flops if reference_flops is not None else path_programs.xla_flops(compiled),
+        "program_flops_xla": path_programs.xla_flops(compiled),
         **time_program(compiled, args, runs),
     }
     rates = throughput(

@@ -14,6 +14,8 @@ from xml.etree import ElementTree
 import numpy as np
 import pytest
 
+from mhc_parity.cases import registry
+from mhc_parity.mhc.common import layer_flops
 from mhc_parity.records.roofline import PEAKS, array_bytes, peaks_of, throughput
 from mhc_parity.records.schema import empty_row
 from mhc_parity.reports import render_html, to_frame, write_all
@@ -182,12 +184,46 @@ def test_speed_run_from_a_finished_run_writes_the_table_and_the_plot_into_a_new_
         write_all([_row("a", "reference/unsharded", "oracle", "vs_oracle", 0.5, 1e9, "cpu:0", runs=1.0)], CPU, run)
     out = tmp_path / "not" / "yet"
     assert bench_script("speed_run").main(["--out", str(out), "--suite", "tpu", "--from", str(run)]) == 0
-    assert (out / "speed-tpu.csv").read_bytes() == (run / "speed.csv").read_bytes()
+    with (run / "speed.csv").open(newline="") as handle:
+        speed = list(csv.DictReader(handle))
+    with (out / "speed-tpu.csv").open(newline="") as handle:
+        copied = list(csv.DictReader(handle))
+    # the run's speed.csv, then the FLOP columns: none for "a", which the case registry does not hold
+    assert [{k: v for k, v in line.items() if k in SPEED_COLUMNS} for line in copied] == speed
+    assert all(line["flops"] == line["tflop_per_s"] == line["fraction_of_bf16_peak"] == "nan" for line in copied)
     markdown = (out / "speed-tpu.md").read_text()
-    assert f"the run folder {run}" in markdown and "| a | reference/unsharded |" in markdown
+    assert f"The run folder `{run}`" in markdown and "| a | reference/unsharded |" in markdown
     if chip:  # a file of its own, so its SVG namespace is declared
         root = ElementTree.parse(out / "speed-tpu.svg").getroot()
         assert root.tag == "{http://www.w3.org/2000/svg}svg"
         assert "(speed-tpu.svg)" in markdown and "TPU v5 lite's 819 GB/s" in markdown
     else:
         assert not (out / "speed-tpu.svg").exists() and "no plot" in markdown
+
+
+def test_speed_run_counts_the_flops_of_each_cases_reference_program(tmp_path):
+    # A registered case: XLA's count of its reference program (forward and VJP), lowered here, on
+    # every program of the case; the rate over 1 ms, and its share of v5e's 197 TFLOP/s.
+    case = registry.get("lite-n4-c96-b2s64-f32-w32-identity-default")
+    run = tmp_path / "run"
+    write_all(
+        [
+            _row(case.name, "reference/unsharded", "oracle", "vs_oracle", 1e-3, 1e6, "tpu:0"),
+            _row(case.name, "mosaic/unsharded", "reference/unsharded", "vs_reference", 2e-3, 1e6, "tpu:0"),
+        ],
+        V5E,
+        run,
+    )
+    assert bench_script("speed_run").main(["--out", str(tmp_path), "--suite", "x", "--from", str(run)]) == 0
+    with (tmp_path / "speed-x.csv").open(newline="") as handle:
+        reference, mosaic = csv.DictReader(handle)
+    flops = float(reference["flops"])
+    assert float(mosaic["flops"]) == flops
+    # Independent of XLA: one VJP costs about twice the forward pass, which mhc.common.layer_flops
+    # counts by hand (measured: 3.03x here, 3.09x at 2048 features and 2048 tokens)
+    forward = sum(layer_flops(case.tokens, case.dims).values())
+    assert 2.9 < flops / forward < 3.3
+    assert float(reference["tflop_per_s"]) == pytest.approx(flops / 1e-3 / 1e12)
+    assert float(mosaic["fraction_of_bf16_peak"]) == pytest.approx(flops / 2e-3 / 197e12)
+    table = (tmp_path / "speed-x.md").read_text()
+    assert f"| {flops / 1e9:.3g} | {flops / 1e-3 / 1e12:.3g} |" in table

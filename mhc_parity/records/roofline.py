@@ -3,9 +3,12 @@
 A program's bytes (`array_bytes`: the size of its arguments and results, each read or written at
 least once, so a lower bound on its memory traffic), its device time per run and, where known, its
 FLOPs give its achieved bandwidth and FLOP rate (`Throughput`), and, on a chip whose peaks are
-stated (`PEAKS`, by the device kind JAX reports), the fraction of each peak. The mHC programs are
-memory-bound, so the bandwidth fraction is the one that matters. A device kind not in `PEAKS` (a
-CPU, a GPU) has no stated peak: its bandwidth is shown without a fraction, never against a TPU's.
+stated (`PEAKS`, by the device kind JAX reports), the fraction of each peak. The mHC layer is
+memory-bound (14–28 FLOPs a byte in the `tpu` suite, where v5e's ridge is 240), so there the
+bandwidth fraction is the one that matters; a case whose branch is an MLP adds its matmuls (189–367
+FLOPs a byte), and there the FLOP fraction matters as much (docs/speed.md). A device kind not in
+`PEAKS` (a CPU, a GPU) has no stated peak: its rates are shown without a fraction, never against
+a TPU's.
 
 Used by the run's Speed section (`mhc_parity.reports.program_speed`, from the rows' `execute_s`
 and `bytes_moved`) and by `bench/device_speed.py`; the engine computes `bytes_moved` with

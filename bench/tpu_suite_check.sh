@@ -32,7 +32,8 @@
 # resumes: its finished cases and oracle answers are not computed again. The lowering and compile
 # rows (checked on any host with libtpu) are left out unless LOWERING=1: single-threaded they cost
 # about 100 s a case on the chip. Where MaxText is installed, its fixed kernels run beside this
-# project's paths (MAXTEXT_PATHS). Merge on any machine with the project installed: it loads no JAX.
+# project's paths (MAXTEXT_PATHS). Merge on any machine with the project installed (its Speed step
+# lowers each case's reference program with the project's JAX, for the FLOPs).
 # docs/results/tpu-suite-tpu-v5e.md has what ran, and the memory it took.
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs.
 set -uo pipefail

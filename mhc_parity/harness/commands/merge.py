@@ -175,15 +175,13 @@ def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
 
 def merged_precision(shards: list[ShardRun]) -> str | None:
     """The matmul-precision record of the whole run: every setting a shard's cases used, with the
-        operand rounding it meant (`mhc_parity.records.environment`, whose legacy rule reads a CPU
+    operand rounding it meant (`mhc_parity.records.environment`, whose legacy rule reads a CPU
     shard without a record); None where no shard records one.
-        MergeError where two shards give one setting different roundings, or one records none."""
+    MergeError where two shards give one setting different roundings, or one records none."""
     if not any(shard.metadata.get(PRECISION_KEY) for shard in shards):
         return None  # legacy shards, none recorded: the merged run records none either
     records = [(shard, precision_of(shard.metadata)) for shard in shards]
     known = [(shard, record) for shard, record in records if record is not None]
-    if not known:
-        return None
     if len(known) < len(records):
         lacking = next(shard for shard, record in records if record is None)
         raise MergeError(f"{lacking.folder}: records no {PRECISION_KEY}, where {known[0][0].folder} does")

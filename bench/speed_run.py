@@ -179,10 +179,12 @@ def main(argv: list[str]) -> int:
     environment = {key: metadata.get(key) for key in keys if metadata.get(key) is not None}
     args.out.mkdir(parents=True, exist_ok=True)
     with speed_csv.open(newline="") as handle:
-        lines = list(csv.DictReader(handle))
+        reader = csv.DictReader(handle)
+        lines = list(reader)
+        columns = [*(reader.fieldnames or ()), *FLOP_COLUMNS]  # the run's, even where no line follows
     lines = with_flops(lines, reference_flops([line["case"] for line in lines]))
     with (args.out / f"speed-{args.suite}.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(lines[0]) if lines else FLOP_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         writer.writerows(lines)
     plot = roofline_plot(run_folder, metadata, args.out / f"speed-{args.suite}.svg")

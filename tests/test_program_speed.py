@@ -227,3 +227,13 @@ def test_speed_run_counts_the_flops_of_each_cases_reference_program(tmp_path):
     assert float(mosaic["fraction_of_bf16_peak"]) == pytest.approx(flops / 2e-3 / 197e12)
     table = (tmp_path / "speed-x.md").read_text()
     assert f"| {flops / 1e9:.3g} | {flops / 1e-3 / 1e12:.3g} |" in table
+
+
+def test_speed_run_keeps_the_runs_columns_when_no_program_was_timed(tmp_path):
+    run = tmp_path / "run"
+    write_all([_row("a", "reference/unsharded", "oracle", "vs_oracle", math.nan, math.nan, "tpu:0")], V5E, run)
+    assert bench_script("speed_run").main(["--out", str(tmp_path), "--suite", "x", "--from", str(run)]) == 0
+    with (tmp_path / "speed-x.csv").open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        assert list(reader) == []
+    assert tuple(reader.fieldnames) == (*SPEED_COLUMNS, "flops", "tflop_per_s", "fraction_of_bf16_peak")

@@ -231,11 +231,11 @@ class ScaledKernel(WrappedReference):
 
 
 # The environment variable `scaled_by_environment` reads its scale from (a tuning knob).
-SCALE_VARIABLE = "MHC_PARITY_TEST_SCALE"
+SCALE_VARIABLE = "PARITY_TEST_SCALE"
 
 
 def scaled_by_environment():
-    """`ScaledKernel` with its scale read from $MHC_PARITY_TEST_SCALE (default 1.0)."""
+    """`ScaledKernel` with its scale read from $PARITY_TEST_SCALE (default 1.0)."""
     import os
 
     return ScaledKernel(scale=float(os.environ.get(SCALE_VARIABLE, "1.0")))
@@ -284,3 +284,26 @@ def bfloat16_only():
 def serves_no_variant():
     """The same wrong kernel serving no variant (`variants = ()`): none of its paths runs."""
     return dataclasses.replace(NeverRuns(name="serves_no_variant"), variants=())
+
+
+@dataclasses.dataclass(frozen=True)
+class DropoutAtRateZero(WrappedReference):
+    """`out` through a dropout at rate 0 (the reference's values) drawn from a closed-over typed
+    key (`jax.random.key`, JAX's recommended form; issue 66, 5)."""
+
+    name: str = "dropout_at_rate_zero"
+    key: object = None
+
+    def post(self, layer_output, context, *, config):
+        import jax
+        import jax.numpy as jnp
+
+        out = reference.post(layer_output, context, config=config)
+        keep = jax.random.bernoulli(self.key, 1.0, out.shape)
+        return jnp.where(keep, out, jnp.zeros_like(out))
+
+
+def dropout_with_typed_key():
+    import jax
+
+    return DropoutAtRateZero(key=jax.random.key(0))

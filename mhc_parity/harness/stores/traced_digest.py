@@ -20,6 +20,8 @@ jaxpr that tracing gives already fixes the lowered module, given what else the s
 - the rules that lower it are JAX's: a lowering, discharge or simplification rule registered
   from outside `jax` / `jaxlib` (the foreign code's own primitive, or a JAX rule replaced at
   import) may compute from anything, so while one is registered nothing gets a digest here.
+  A rule is JAX's only if the code it reaches is too: a closure JAX builds around foreign code
+  (`mlir.lower_fun(f)` traces `f` as it lowers, and `f` may read a tuning table) is foreign.
 
 What the lowering reads besides the jaxpr — JAX's configuration — is in the digest too (every
 option's value), as are the jit call's own parameters (`Traced._params`: donation, shardings,
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
+import types
 from collections.abc import Mapping
 
 import jax
@@ -95,14 +99,46 @@ def foreign_rules() -> tuple[str, ...]:
 
 
 def _jax_code(rule) -> bool:
-    """Whether `rule` (a function, a partial of one, a rule entry holding one) is JAX's code."""
-    for _ in range(8):  # unwrap entries and partials
-        inner = getattr(rule, "rule", None) or getattr(rule, "func", None)
-        if inner is None:
-            break
-        rule = inner
-    module = getattr(rule, "__module__", None) or type(rule).__module__
-    return module.split(".")[0] in _JAX_PACKAGES
+    """Whether `rule` (a function, a partial of one, a rule entry holding one) is JAX's code, and
+    so is every function it closes over or binds (`mlir.lower_fun(f)` is a closure of JAX's
+    module around `f`: it traces `f` while it lowers)."""
+    pending, seen = [rule], set()
+    while pending:
+        code = pending.pop()
+        if id(code) in seen or len(seen) > 256:  # a closure of closures: 256 is far past JAX's
+            continue
+        seen.add(id(code))
+        if isinstance(code, mlir.LoweringRuleEntry):
+            pending.append(code.rule)
+        elif isinstance(code, functools.partial):
+            pending.extend(part for part in (code.func, *code.args, *code.keywords.values()) if callable(part))
+        elif isinstance(code, types.MethodType):
+            pending.append(code.__func__)
+        elif isinstance(code, types.FunctionType):
+            if not _in_jax(code.__module__):
+                return False
+            cells = [cell.cell_contents for cell in code.__closure__ or () if _filled(cell)]
+            bound = [*cells, *(code.__defaults__ or ()), *(code.__kwdefaults__ or {}).values()]
+            pending.extend(part for part in bound if isinstance(part, _CODE))
+        elif not _in_jax(getattr(code, "__module__", None) or type(code).__module__):
+            return False
+    return True
+
+
+# What a rule may close over that runs as code: functions, partials, methods.
+_CODE = (types.FunctionType, functools.partial, types.MethodType)
+
+
+def _in_jax(module: str | None) -> bool:
+    return (module or "").split(".")[0] in _JAX_PACKAGES
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell (a name not yet bound) raises
+    except ValueError:
+        return False
+    return True
 
 
 class _Writer:
@@ -216,6 +252,10 @@ class _Writer:
             self.var(atom)
         elif isinstance(value, AbstractValue):
             self.aval(value)
+        elif isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            # A typed key (`jax.random.key`) has no NumPy form: its impl, then its bits.
+            self.text(f"key {value.dtype} {jax.random.key_impl(value)}")
+            self.value(jax.random.key_data(value))
         elif isinstance(value, (np.ndarray, np.generic, jax.Array)):
             array = np.asarray(value)
             self.text(f"array {array.dtype} {array.shape} {hashlib.sha256(array.tobytes()).hexdigest()}")

@@ -20,7 +20,6 @@ from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
 from mhc_parity.harness.engine.implementations import REFERENCE
 from mhc_parity.harness.engine.oracle_path import oracle_units, run_oracle_path
 from mhc_parity.harness.engine.runner import PathPlan, Runner
-from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.harness.stores import oracle_cache
 from mhc_parity.harness.stores.oracle_cache import OracleCache
@@ -95,7 +94,7 @@ def test_a_child_runs_one_chunk_at_a_time_unless_told_more(monkeypatch):
     assert oracle_process.chunks_in_flight(case, 4096) == 2  # no more than the chunks
     for raw in ("three", "0", "-1"):
         monkeypatch.setenv(oracle_process.IN_FLIGHT_ENV_VAR, raw)
-        with pytest.raises(ConfigurationError, match="positive integer"):
+        with pytest.raises(ValueError, match="positive integer"):
             oracle_process.chunks_in_flight(case, 128)
 
 

@@ -279,7 +279,7 @@ def test_a_baseline_of_a_factory_of_several_is_a_usage_error(tmp_path):
 
 # What the inner project's conftest.py saw of the XLA flags when it was imported (as
 # MaxText's tests/conftest.py starts JAX's backend there); the plugin's recorder sets it.
-FLAGS_SEEN = "MHC_PARITY_TEST_FLAGS_SEEN"
+FLAGS_SEEN = "PARITY_TEST_FLAGS_SEEN"
 CONFTEST = f"import os\nos.environ[{FLAGS_SEEN!r} + '_AT_CONFTEST'] = os.environ.get({FLAGS_SEEN!r}, 'unset')\n"
 
 

@@ -35,6 +35,7 @@ import functools
 import pathlib
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
@@ -49,6 +50,7 @@ from mhc_parity.harness.errors import (
     ConfigurationError,
     ParityError,  # noqa: F401 - re-exported: `mhc_parity.harness.ParityError`, the pytest plugin
     ReportError,
+    checked_settings,
 )
 from mhc_parity.harness.judging.policy import PolicyError
 from mhc_parity.records.cause_consistency import consistent_causes
@@ -316,8 +318,11 @@ def prepare(
     lowering: the TPU-lowering rows of the project's kernels (default: only without an
     implementation) and of implementations that lower their own. inside_envelope: keep only
     the cases inside every implementation's envelope (`mhc-parity run --inside-envelope`).
-    Raises ConfigurationError (one line) for anything that cannot run.
+    Raises ConfigurationError (one line) for anything that cannot run, a refused `MHC_PARITY_*`
+    setting first (`mhc_parity.records.settings`); an unknown one is a warning.
     """
+    for note in checked_settings():
+        warnings.warn(f"mhc-parity: {note}", stacklevel=2)
     items = (
         []
         if implementation is None

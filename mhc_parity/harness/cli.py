@@ -30,6 +30,7 @@ import sys
 import threading
 
 from mhc_parity.harness.env import collector_paused_for_imports, ensure_host_devices, pace_garbage_collector
+from mhc_parity.harness.errors import ConfigurationError, checked_settings
 from mhc_parity.harness.processes.worker_processes import start_worker_server
 from mhc_parity.jax_support import UnsupportedJaxError
 from mhc_parity.records.outputs import exit_code_through_closed_stdout
@@ -109,8 +110,10 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
         print(f"mhc-parity: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        for note in checked_settings():  # every MHC_PARITY_* value, before any work
+            print(f"mhc-parity: warning: {note}", file=sys.stderr)
         ensure_host_devices()  # before any command computes: XLA reads its flags once
-    except UnsupportedJaxError as exc:
+    except (UnsupportedJaxError, ConfigurationError) as exc:
         print(f"mhc-parity: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     pace_garbage_collector()

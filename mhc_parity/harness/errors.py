@@ -8,6 +8,8 @@ under test, which the runner records as an `error` row instead of raising).
 
 from __future__ import annotations
 
+from mhc_parity.records.settings import SettingError, check_settings
+
 
 class ParityError(Exception):
     """Base of the API's errors: the message is one line naming the problem."""
@@ -34,3 +36,12 @@ class ResourceError(ParityError, RuntimeError):
 
 class UsageError(ConfigurationError):
     """A bad argument or configuration, named as the command line spells it; exit code 2."""
+
+
+def checked_settings() -> tuple[str, ...]:
+    """`mhc_parity.records.settings.check_settings` as the API reports it: a refused value a
+    ConfigurationError (one line naming the variable); else the warnings for unknown names."""
+    try:
+        return check_settings()
+    except SettingError as error:
+        raise ConfigurationError(str(error)) from None

@@ -81,6 +81,7 @@ from __future__ import annotations
 import pytest
 
 from mhc_parity.harness.env import ensure_host_devices
+from mhc_parity.harness.errors import ConfigurationError, checked_settings
 from mhc_parity.harness.plugin.checks import ParityCheck, check_params, check_parity, leaf_table
 from mhc_parity.harness.plugin.options import (
     LEGACY_INI,
@@ -119,11 +120,14 @@ SESSION_ERROR_STAT = "mhc-parity error"
 STATE = pytest.StashKey[ParitySession]()
 
 
-def _set_up_process() -> None:
-    """`ensure_host_devices`, an unsupported JAX a usage error (one line, no traceback)."""
+def _set_up_process(config) -> None:
+    """The `MHC_PARITY_*` settings checked, then `ensure_host_devices`; a refused setting or an
+    unsupported JAX a usage error (one line, no traceback)."""
     try:
+        for note in checked_settings():
+            config.issue_config_time_warning(pytest.PytestConfigWarning(f"mhc-parity: {note}"), stacklevel=2)
         ensure_host_devices()
-    except UnsupportedJaxError as exc:
+    except (UnsupportedJaxError, ConfigurationError) as exc:
         raise pytest.UsageError(f"mhc-parity: {exc}") from None
 
 
@@ -142,14 +146,14 @@ def pytest_load_initial_conftests(early_config, parser, args):
     configuration file is refused (`refuse_value_taken_as_path`)."""
     refuse_value_taken_as_path(early_config, parser)
     if enabled_early(early_config):
-        _set_up_process()
+        _set_up_process(early_config)
 
 
 def pytest_configure(config):
     if not enabled(config):
         refuse_options_without_implementation(config)  # a --parity-* option of a session that checks nothing
         return
-    _set_up_process()
+    _set_up_process(config)
     session = ParitySession(config)
     if session.implementation or session.baseline or session.update:
         _ = session.prepared  # a bad --parity-impl is a usage error before collection

@@ -14,6 +14,7 @@ import os
 import pathlib
 
 from mhc_parity.records.project_code import PROJECT_ROOT
+from mhc_parity.records.settings import setting
 
 CACHE_ENV_VAR = "MHC_PARITY_CACHE"
 CACHE_NAME = "mhc-parity"
@@ -21,7 +22,7 @@ CACHE_NAME = "mhc-parity"
 
 def cache_root() -> pathlib.Path:
     """The cache folder (module docstring); not created here."""
-    chosen = os.environ.get(CACHE_ENV_VAR, "").strip()
+    chosen = setting(CACHE_ENV_VAR)
     if chosen:
         return pathlib.Path(chosen)
     if (PROJECT_ROOT / "pyproject.toml").is_file():

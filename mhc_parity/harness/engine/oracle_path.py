@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -25,11 +24,11 @@ from mhc_parity.harness.engine.backend_arithmetic import measured_arithmetic, mo
 from mhc_parity.harness.engine.kernel_primitives import measured_kernel_primitives, narrowed_terms
 from mhc_parity.harness.engine.leaves import FORWARD_LEAVES, branch_leaf, token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
-from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.error_statistics import draw_deviations, effective_dof, statistic_dof
 from mhc_parity.harness.judging.token_statistics import TokenLeafDraws
 from mhc_parity.mhc.precision import device_compute_capability, operand_rounding
+from mhc_parity.records.settings import setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,16 +243,8 @@ def oracle_chunk_tokens(case) -> int:
     `$MHC_PARITY_ORACLE_CHUNK_TOKENS` where set (a positive integer: a smaller chunk bounds the
     memory further; tests force chunks with it). Part of the oracle cache's key: the chunks
     reassociate the sums over tokens."""
-    raw = os.environ.get(CHUNK_TOKENS_ENV_VAR, "").strip()
-    if raw:
-        try:
-            tokens = int(raw)
-        except ValueError:
-            tokens = 0
-        if tokens < 1:
-            raise ConfigurationError(f"${CHUNK_TOKENS_ENV_VAR} must be a positive integer, got {raw!r}")
-        return tokens
-    return max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
+    tokens = setting(CHUNK_TOKENS_ENV_VAR)
+    return tokens if tokens is not None else max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
 
 
 def run_oracle_path(

@@ -53,12 +53,12 @@ from mhc_parity.harness.engine.case_memory import chunk_working_bytes, memory_fo
 from mhc_parity.harness.engine.oracle_path import OracleOutputs, oracle_units, run_oracle_path
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.env import ensure_host_devices
-from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.harness.processes.worker_processes import available_memory_bytes, end_with_parent
 from mhc_parity.harness.stores.oracle_cache import deserialize, own_material, serialize
 from mhc_parity.mhc.oracle_chunks import chunk_count
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.project_code import PROJECT_ROOT
+from mhc_parity.records.settings import setting
 
 # "always" / "never" override the tag (tests; a machine where a child cannot start).
 OWN_PROCESS_ENV_VAR = "MHC_PARITY_ORACLE_PROCESS"
@@ -84,12 +84,8 @@ log = logging.getLogger(__name__)
 
 def own_process(case) -> bool:
     """Whether `case`'s oracle is computed in a process of its own (module docstring)."""
-    setting = os.environ.get(OWN_PROCESS_ENV_VAR, "").strip().lower()
-    if setting in ("always", "never"):
-        return setting == "always"
-    if setting:
-        raise ValueError(f"${OWN_PROCESS_ENV_VAR} must be 'always' or 'never' (or unset), got {setting!r}")
-    return TPU_TAG in case.all_tags
+    told = setting(OWN_PROCESS_ENV_VAR)
+    return TPU_TAG in case.all_tags if told is None else told == "always"
 
 
 class _Admission:
@@ -144,13 +140,8 @@ def chunks_in_flight(case, chunk_tokens: int) -> int:
     """How many of `case`'s oracle chunks (of `chunk_tokens` tokens) its own process runs at once:
     `$MHC_PARITY_ORACLE_CHUNKS_IN_FLIGHT` where set (at most the chunks), else one. The answer is
     the same bits whatever the count (`mhc_parity.mhc.oracle_chunks`)."""
-    raw = os.environ.get(IN_FLIGHT_ENV_VAR, "").strip()
-    if not raw:
-        return 1
-    count = int(raw) if raw.isdigit() else 0
-    if count < 1:
-        raise ConfigurationError(f"${IN_FLIGHT_ENV_VAR} must be a positive integer, got {raw!r}")
-    return min(count, chunk_count(case.shape[0] * case.shape[1], chunk_tokens))
+    count = setting(IN_FLIGHT_ENV_VAR)
+    return 1 if count is None else min(count, chunk_count(case.shape[0] * case.shape[1], chunk_tokens))
 
 
 def room_for_a_chunk(working_bytes: int) -> Callable[[], bool]:

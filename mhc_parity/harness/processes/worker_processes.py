@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from mhc_parity.harness.errors import ConfigurationError
+from mhc_parity.records.settings import setting
 
 try:
     import resource
@@ -183,25 +183,14 @@ def peak_resident_bytes() -> int | None:
 
 # The memory a machine allows its processes together, where that is less than /proc/meminfo
 # shows (a container or sandbox limited from outside: the lent TPU VM reports 45 GiB and allows
-# 40 GiB). Bytes, or a number with K, M, G or T (powers of 1024).
+# 40 GiB). Bytes, or a number with K, M, G or T (powers of 1024): `records.settings`.
 MEMORY_LIMIT_ENV_VAR = "MHC_PARITY_MEMORY_LIMIT"
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def memory_limit_bytes() -> int | None:
-    """`$MHC_PARITY_MEMORY_LIMIT` in bytes, or None where it is unset. ConfigurationError naming
-    the variable for a value that is not a positive size."""
-    raw = os.environ.get(MEMORY_LIMIT_ENV_VAR, "").strip()
-    if not raw:
-        return None
-    number, unit = raw.rstrip("KMGTkmgt"), raw[len(raw.rstrip("KMGTkmgt")) :].upper()
-    try:
-        limit = float(number) * _UNITS[unit]
-    except (ValueError, KeyError):
-        limit = 0.0
-    if not (unit in _UNITS and limit >= 1):
-        raise ConfigurationError(f"${MEMORY_LIMIT_ENV_VAR} must be a size in bytes or with K, M, G or T, got {raw!r}")
-    return int(limit)
+    """`$MHC_PARITY_MEMORY_LIMIT` in bytes, or None where it is unset. SettingError naming the
+    variable for a value that is not a finite positive size."""
+    return setting(MEMORY_LIMIT_ENV_VAR)
 
 
 def _meminfo_kib() -> dict[str, int]:

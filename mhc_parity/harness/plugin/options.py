@@ -10,6 +10,10 @@ import shlex
 import pytest
 from _pytest.config.findpaths import determine_setup
 
+from mhc_parity.records.settings import setting as environment_setting
+
+# The variable naming the parity tests' suite where no option or ini value does.
+SUITE_VARIABLE = "MHC_PARITY_SUITE"
 UPDATE_OPTION = "--parity-update-baseline"
 # `mhc_parity.reports.baseline.LEGACY_OPTION` of the plugin: a flag, and the bool ini option
 # `parity_allow_legacy_baseline`.
@@ -166,6 +170,6 @@ def update_command(config) -> str:
         if value:  # one word: pytest takes the value of `--parity-<name> VALUE` for a test path
             words.append(f"--parity-{name}={value}")
     words += ini_overrides(config.invocation_params.args)
-    if not setting(config, "suite") and os.environ.get("MHC_PARITY_SUITE"):
-        words.append(f"--parity-suite={os.environ['MHC_PARITY_SUITE']}")
+    if not setting(config, "suite") and environment_setting(SUITE_VARIABLE):
+        words.append(f"--parity-suite={environment_setting(SUITE_VARIABLE)}")
     return shlex.join([*words, UPDATE_OPTION])

@@ -14,12 +14,20 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pytest
 
-from mhc_parity.harness.plugin.options import LEGACY_INI, LEGACY_OPTION, UPDATE_OPTION, setting, update_command
+from mhc_parity.harness.plugin.options import (
+    LEGACY_INI,
+    LEGACY_OPTION,
+    SUITE_VARIABLE,
+    UPDATE_OPTION,
+    setting,
+    update_command,
+)
 from mhc_parity.records.environment import environment_of, run_precision
 from mhc_parity.records.manifest import foreign_folder_problem
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
 from mhc_parity.records.rows import ReportInputError, json_ready, parse_float, to_frame
 from mhc_parity.records.schema import FLOAT_COLUMNS
+from mhc_parity.records.settings import setting as environment_setting
 from mhc_parity.records.text import plural
 from mhc_parity.reports.baseline import diff_baselines, render_baseline, write_baseline
 from mhc_parity.reports.causes import uncompared
@@ -91,7 +99,7 @@ class ParitySession:
 
     def __init__(self, config):
         self.implementation = setting(config, "impl")
-        self.suite = setting(config, "suite") or os.environ.get("MHC_PARITY_SUITE") or DEFAULT_SUITE
+        self.suite = setting(config, "suite") or environment_setting(SUITE_VARIABLE) or DEFAULT_SUITE
         self.dtype = setting(config, "dtype")
         self.report = setting(config, "report")
         self.baseline = setting(config, "baseline")

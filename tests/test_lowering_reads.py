@@ -9,10 +9,13 @@ tuning table or an environment variable that the jaxpr does not hold. Such a rul
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.core import Primitive
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import make_fixture
@@ -49,6 +52,28 @@ def _run(store, obj, fixture):
 def test_a_lower_fun_rule_around_foreign_code_is_foreign(tuned):
     """The rule is a closure of JAX's module; the function it traces is not JAX's."""
     assert "tuned_scale" in foreign_rules()
+
+
+class _Doubles:
+    def __call__(self, x):
+        return x * 2
+
+
+@pytest.mark.parametrize(
+    "code",
+    [lambda x: x * 2, _Doubles(), functools.partial(jnp.multiply, 2.0), functools.partial(_Doubles(), x=1)],
+    ids=["function", "object with __call__", "partial of JAX's", "partial of an object"],
+)
+def test_what_a_lower_fun_rule_traces_decides_whose_it_is(code):
+    """Foreign unless every callable the closure reaches is JAX's (`jnp.multiply` is)."""
+    primitive = Primitive("closure_probe")
+    mlir = traced_digest_module.mlir
+    mlir.register_lowering(primitive, mlir.lower_fun(code, multiple_results=False))
+    try:
+        foreign = "closure_probe" in foreign_rules()
+    finally:
+        mlir._lowerings.pop(primitive)
+    assert foreign == (not isinstance(code, functools.partial) or code.func is not jnp.multiply)
 
 
 @pytest.mark.parametrize("change", ["table", "environment"])

@@ -119,14 +119,16 @@ def _jax_code(rule) -> bool:
                 return False
             cells = [cell.cell_contents for cell in code.__closure__ or () if _filled(cell)]
             bound = [*cells, *(code.__defaults__ or ()), *(code.__kwdefaults__ or {}).values()]
-            pending.extend(part for part in bound if isinstance(part, _CODE))
+            pending.extend(part for part in bound if callable(part) and not isinstance(part, _NOT_CODE))
         elif not _in_jax(getattr(code, "__module__", None) or type(code).__module__):
             return False
     return True
 
 
-# What a rule may close over that runs as code: functions, partials, methods.
-_CODE = (types.FunctionType, functools.partial, types.MethodType)
+# What a rule may close over and call that is no code of a module: classes (a primitive's type,
+# a dtype), builtins and NumPy's ufuncs. Any other callable (a function, a partial, an object
+# with `__call__`) is followed.
+_NOT_CODE = (type, types.BuiltinFunctionType, np.ufunc)
 
 
 def _in_jax(module: str | None) -> bool:

@@ -121,3 +121,22 @@ def test_a_typed_key_s_bits_and_impl_are_in_the_digest():
         for name, k in keys.items()
     }
     assert None not in digests.values() and len(set(digests.values())) == len(keys)
+
+
+@pytest.mark.slow
+def test_a_cli_run_whose_lowering_reads_another_gain_fails_on_a_warm_store(tmp_path):
+    """`--impl tests.tuned_lowering_impl:tuned_output` at gain 1.0 passes and stores its programs;
+    at 1.01 (the variable its lowering reads) it fails (exit 1), as on an empty store."""
+    from tests.cli_support import run_cli
+    from tests.tuned_lowering_impl import GAIN_VARIABLE
+
+    paths = ("reference/unsharded", "tuned_output/unsharded")
+    common = ("run", "--impl", "tests.tuned_lowering_impl:tuned_output", "--cases", CASE.name, "--paths", *paths)
+    common += ("--no-lowering", "--jobs", "1", "--quiet")
+    codes = {}
+    for gain in ("1.0", "1.01"):
+        env = {"MHC_PARITY_CACHE": str(tmp_path / "cache"), GAIN_VARIABLE: gain}
+        proc = run_cli(*common, "--out", tmp_path / gain, env_extra=env)
+        codes[gain] = proc.returncode
+        assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert codes == {"1.0": 0, "1.01": 1}

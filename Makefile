@@ -40,8 +40,10 @@ $(foreach v,$(FROM_ENVIRONMENT),$(warning $(v)=$($(v)) in the environment is ign
 endif
 $(foreach v,$(FROM_ENVIRONMENT),$(eval override undefine $(v)))
 
-OUT    ?= out/parity
 SUITE  ?= default
+# Each suite's run in its own folder: `make parity SUITE=smoke` leaves out/parity (what `make
+# gate` judges) as it was.
+OUT    ?= out/$(if $(filter default,$(SUITE)),parity,$(SUITE))
 # Worker processes of `make parity`: auto = one per CPU core as memory allows on a CPU
 # backend, 1 on an accelerator (mhc_parity/harness/processes/parallel.py auto_jobs; measured in `make bench`).
 JOBS   ?= auto
@@ -54,10 +56,16 @@ JOBS   ?= auto
 TPU_HOST := $(wildcard /dev/accel* /dev/vfio/[0-9]*)
 DEFAULT_BASELINE := $(if $(TPU_HOST),baselines/tpu-v5e.csv,baselines/default.csv)
 BASELINE ?= $(DEFAULT_BASELINE)
+# The suites whose cases are all in the default suite (mhc_parity/cases/catalogue.py: smoke is
+# a subset of default): their run is gated on the default baseline's rows of the cases it ran
+# (--only-current-cases), not failed on the rest as missing.
+SUBSET_SUITES := smoke
 # The baseline `make parity` is judged against, as `make gate` judges it: one named on the
-# command line, else the default suite's own, for the default suite only and when it exists
-# (another suite's run against it would be all missing and new rows).
-PARITY_BASELINE := $(if $(filter command line,$(origin BASELINE)),$(BASELINE),$(if $(filter default,$(SUITE)),$(wildcard $(DEFAULT_BASELINE))))
+# command line, else the default suite's own, when it exists, for the default suite and its
+# subsets (another suite's run against it would be all missing and new rows).
+PARITY_BASELINE := $(if $(filter command line,$(origin BASELINE)),$(BASELINE),$(if $(filter default $(SUBSET_SUITES),$(SUITE)),$(wildcard $(DEFAULT_BASELINE))))
+# A subset suite judged against the default suite's baseline: only its own cases' rows.
+GATE_SCOPE := $(if $(and $(filter $(SUBSET_SUITES),$(SUITE)),$(filter $(DEFAULT_BASELINE),$(if $(PARITY_BASELINE),$(PARITY_BASELINE),$(BASELINE)))), --only-current-cases)
 PARITY_RUN  = $(MHC_PARITY) run --suite $(SUITE) --out $(OUT) --jobs $(JOBS)
 # mhc-parity's usage errors (exit 2: a folder it will not write into, a file it cannot read)
 # name its options (--out, --baseline), which a make user gave as variables:
@@ -76,7 +84,7 @@ RESULTS    ?= docs/results
 PYTEST_ARGS ?=
 IMPL       ?=
 
-.PHONY: setup test test-fast lint parity parity-maxtext baseline gate faults sweep audit tolerances bench bench-causes bench-reports accelerator-check clean
+.PHONY: setup test test-fast lint parity smoke parity-maxtext baseline gate faults sweep audit tolerances bench bench-causes bench-reports accelerator-check clean
 
 setup: $(STAMP)
 
@@ -134,7 +142,12 @@ lint: setup
 # against it, and a gate failure (a leaf grown past x2 inside its bound) fails the run, exit 1.
 # make itself exits 2 whenever a recipe fails: CI that tells 1 from 2 calls `mhc-parity run`.
 parity: setup
-	$(PARITY_RUN)$(if $(PARITY_BASELINE), --baseline $(PARITY_BASELINE)) $(call options_from,--suite is SUITE; --out is OUT; --jobs is JOBS; --baseline is BASELINE)
+	$(PARITY_RUN)$(if $(PARITY_BASELINE), --baseline $(PARITY_BASELINE)$(GATE_SCOPE)) $(call options_from,--suite is SUITE; --out is OUT; --jobs is JOBS; --baseline is BASELINE)
+
+# The edit loop: after a kernel edit, the smoke suite into out/smoke, gated on the default
+# baseline's rows of its cases (README.md gives its measured time).
+smoke:
+	@$(MAKE) --no-print-directory parity SUITE=smoke
 
 # MaxText 0.2.5 (the `maxtext` extra): its layer's two paths and its kernel API, as released and
 # with the upstream fixes applied at run time, beside this project's reference (mhc_parity/maxtext_parity/).
@@ -177,9 +190,10 @@ baseline: setup
 		$(call options_from,--impl is IMPL; --suite is SUITE; --out is OUT; --to is BASELINE)
 endif
 
-# Gate the last run in $(OUT) against the baseline (run `make parity` first).
+# Gate the last run in $(OUT) against the baseline (run `make parity` first; SUITE=smoke: the
+# smoke run in out/smoke, on the default baseline's rows of its cases).
 gate: setup
-	$(MHC_PARITY) gate --baseline $(BASELINE) --current $(OUT) $(call options_from,--baseline is BASELINE; --current is OUT)
+	$(MHC_PARITY) gate --baseline $(BASELINE) --current $(OUT)$(GATE_SCOPE) $(call options_from,--baseline is BASELINE; --current is OUT)
 
 # The kill matrix: every catalogued fault injected in turn; exits 1 if one survives.
 faults: setup

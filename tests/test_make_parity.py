@@ -85,8 +85,23 @@ def test_make_parity_judges_the_default_suite_against_the_committed_baseline():
 
 
 def test_another_suite_gets_no_foreign_baseline_unless_one_is_named():
-    assert "--baseline" not in planned_run("SUITE=smoke")
+    assert "--baseline" not in planned_run("SUITE=full")
+    assert planned_run("SUITE=full").endswith("--suite full --out out/full --jobs auto")
     assert planned_run("SUITE=smoke", "BASELINE=baselines/smoke.csv").endswith("--baseline baselines/smoke.csv")
+
+
+def test_the_edit_loop_gates_the_smoke_suite_on_the_default_baselines_rows_of_its_cases_in_its_own_folder():
+    """Reproduction (issue 68): `make parity SUITE=smoke` wrote over out/parity, after which `make
+    gate` failed, and no variable passed --only-current-cases, so the smoke run against the
+    default baseline failed on 1319 missing rows. The smoke suite is a subset of the default
+    one: its run goes to out/smoke, gated on the default baseline's rows of the cases it ran."""
+    smoke = f"--suite smoke --out out/smoke --jobs auto --baseline {DEFAULT_BASELINE} --only-current-cases"
+    assert planned_run("SUITE=smoke").endswith(smoke)
+    assert planned_run(target="smoke").endswith(smoke)
+    assert planned_commands("gate", "SUITE=smoke") == [
+        f".venv/bin/mhc-parity gate --baseline {DEFAULT_BASELINE} --current out/smoke --only-current-cases"
+    ]
+    assert planned_commands("gate") == [f".venv/bin/mhc-parity gate --baseline {DEFAULT_BASELINE} --current out/parity"]
 
 
 def test_make_baseline_runs_without_the_old_baseline():
@@ -126,11 +141,11 @@ def test_make_baseline_of_another_suite_needs_its_file_named_on_the_command_line
         assert "BASELINE=baselines/smoke" in refused.stderr
         assert "mhc-parity" not in refused.stdout  # nothing would run
     assert planned_commands("baseline", "SUITE=smoke", "BASELINE=baselines/smoke.csv") == [
-        ".venv/bin/mhc-parity run --suite smoke --out out/parity --jobs auto",
-        ".venv/bin/mhc-parity baseline --from out/parity --to baselines/smoke.csv",
+        ".venv/bin/mhc-parity run --suite smoke --out out/smoke --jobs auto",
+        ".venv/bin/mhc-parity baseline --from out/smoke --to baselines/smoke.csv",
     ]
     (line,) = planned_commands("baseline", "SUITE=smoke", "IMPL=m:f", "BASELINE=baselines/smoke-m.csv")
-    assert line == ".venv/bin/mhc-parity baseline --impl m:f --suite smoke --out out/parity --to baselines/smoke-m.csv"
+    assert line == ".venv/bin/mhc-parity baseline --impl m:f --suite smoke --out out/smoke --to baselines/smoke-m.csv"
 
 
 def test_an_exported_impl_does_not_make_an_implementations_baseline():

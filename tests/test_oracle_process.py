@@ -71,7 +71,7 @@ def test_a_case_computed_apart_states_its_peak_and_budget_in_rows_and_summaries(
     memories = case_memories(rows)
     assert [m.case for m in memories] == [CASE.name] and memories[0].within
     assert "each within its case-memory estimate" in memory_line(memories)
-    assert "### Host memory" in render_markdown(to_frame(rows))
+    assert "<summary>Host memory" in render_markdown(to_frame(rows))
 
 
 def test_only_the_tpu_suites_cases_go_apart_unless_told(monkeypatch):

@@ -137,7 +137,7 @@ def test_the_html_page_and_the_summary_show_the_programs_against_the_peak():
     assert 'id="roofline"' in section and "<svg" in section and 'id="program-speed-table"' in section
     assert "maxtext-kernel-fwd-fixed/unsharded" in section and NO_PEAK in section
     markdown = render_markdown(frame, metadata=V5E)
-    speed = markdown[markdown.index("### Speed") :]
+    speed = markdown[markdown.index("<summary>Speed") :]
     assert "| a | mosaic/unsharded | tpu:0 | 1 | 81.9 | 81.9 | 0.1 |" in speed
     assert "| a | reference/unsharded | tpu:0 | 1 | 819 | 819 | 1 |" in speed
 

@@ -99,7 +99,7 @@ def test_the_html_page_and_the_summary_show_the_speed_section():
     assert speed_table.count("<tr>") == 1 + 3  # the header and three lines
     assert 'href="#speed"' in render_html(frame)
     summary = render_markdown(frame)
-    assert "### Speed" in summary and SPEED_NOTE.split(";")[0] in summary
+    assert "<summary>Speed" in summary and SPEED_NOTE.split(";")[0] in summary
     assert "- mosaic/unsharded vs reference/unsharded on tpu: median speed-up 4 over 1 case" in summary
     assert f"| {NOT_MEASURED_ON_CPU} |" in summary
     shortened = render_markdown(frame, max_rows=1)
@@ -122,4 +122,4 @@ def test_no_pair_renders_an_empty_section_and_no_markdown():
     assert "No path ran beside a reference path" in _speed_section(render_html(frame))
     assert SPEED_NOTE.split(";")[0] not in render_markdown(frame)
     nothing_timed = to_frame(_tpu_run()[6:7])  # only the errored reference: no program timed
-    assert "### Speed" not in render_markdown(nothing_timed)
+    assert "<summary>Speed" not in render_markdown(nothing_timed)

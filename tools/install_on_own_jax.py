@@ -26,7 +26,14 @@ machine's packages), this installs the project without touching what is there:
    the install goes on without it and says why: the MaxText tests skip and
    `make parity-maxtext` refuses, each naming the missing module.
 
-Exit 2, with one line, when jax is missing or unsupported or a required install fails.
+Steps 4 and 5 install under `tools/system-jax-constraints.txt` too (less what is kept): the
+versions of what tools/tpu-wheels carries to the TPU image, measured to import there, so a set-up
+resolves the same set later (unpinned, the newest anyio needed a newer typing_extensions than
+the kept one). Last, the project, its test tools and (where installed) MaxText's mHC are
+imported (tools/import_check.py): a set that does not import fails the set-up.
+
+Exit 2, with one line, when jax is missing or unsupported, a required install fails, or the
+installed set does not import (naming the package at fault).
 """
 
 from __future__ import annotations
@@ -53,6 +60,12 @@ OPTIONAL_IMPORTS = ROOT / "tools" / "maxtext-imports.txt"
 # MaxText's own Requires-Python (>=3.12): its PEP 695 aliases are the only 3.12 syntax its mHC uses.
 OPTIONAL_PYTHON = (3, 12)
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?")
+# The versions of the 3.11 stack's own installs (tools/tpu-wheels resolves and carries them).
+PINS = ROOT / "tools" / "system-jax-constraints.txt"
+# What must import once set up: the project and its test tools; then MaxText's mHC through
+# the project's adapter (first: it installs the accommodation), where the extra installed.
+REQUIRED_MODULES = ("mhc_parity", "mhc_parity.harness", "pytest", "xdist")
+OPTIONAL_MODULES = ("mhc_parity.maxtext_parity", "maxtext.kernels.mhc.api", "maxtext.layers.mhc")
 
 
 def normalized(name: str) -> str:
@@ -109,6 +122,23 @@ def optional_install_args(optional: list[str], python: tuple[int, ...] = tuple(s
     return ["--no-deps", "--ignore-requires-python", *optional, *imports]
 
 
+def pins_not_kept(pins: list[str], kept: list[str]) -> list[str]:
+    """The `pins` (name==version lines) of packages not in `kept`: a kept one stays at its
+    version (pinning it again to another would fail every install)."""
+    kept_names = {normalized(unpinned(line)) for line in kept}
+    return [line for line in pins if normalized(unpinned(line)) not in kept_names]
+
+
+def import_problem(modules: tuple[str, ...]) -> str:
+    """tools/import_check.py's line for the first of `modules` this Python cannot import, or ""."""
+    check = ROOT / "tools" / "import_check.py"
+    proc = subprocess.run([sys.executable, str(check), *modules], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode == 0:
+        return ""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return (lines or [f"import check exited {proc.returncode}"])[-1]
+
+
 def _pip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True)
 
@@ -131,8 +161,12 @@ def main(argv: list[str]) -> int:
     required, optional = project_requirements(pyproject)
     build_tools = frozenset(normalized(unpinned(r)) for r in build_requirements(pyproject))
     kept = pathlib.Path(sys.prefix) / "kept-packages.txt"
-    kept.write_text("".join(f"{line}\n" for line in kept_packages(importlib.metadata.distributions(), build_tools)))
-    constraints = [arg for path in [kept, *args.constraint] for arg in ("--constraint", str(path))]
+    kept_lines = kept_packages(importlib.metadata.distributions(), build_tools)
+    kept.write_text("".join(f"{line}\n" for line in kept_lines))
+    pinned = pathlib.Path(sys.prefix) / "pinned-packages.txt"
+    pins = pins_not_kept(listed_names(PINS.read_text(encoding="utf-8")), kept_lines)
+    pinned.write_text("".join(f"{line}\n" for line in pins))
+    constraints = [arg for path in [kept, pinned, *args.constraint] for arg in ("--constraint", str(path))]
     for what, pip_args in (
         ("the project", ["--no-deps", "--editable", str(ROOT)]),
         ("its dependencies", [*constraints, *required]),
@@ -148,6 +182,10 @@ def main(argv: list[str]) -> int:
             f"install_on_own_jax: the {OPTIONAL_EXTRA!r} extra is not installed ({_last_error(proc)}): "
             "its tests skip and `make parity-maxtext` cannot run"
         )
+    problem = import_problem(REQUIRED_MODULES + (OPTIONAL_MODULES if proc.returncode == 0 else ()))
+    if problem:
+        print(f"install_on_own_jax: the installed set does not import: {problem}", file=sys.stderr)
+        return 2
     versions = installed_versions()
     print(f"install_on_own_jax: mhc-parity on jax {versions['jax']}, jaxlib {versions['jaxlib']} ({sys.executable})")
     return 0

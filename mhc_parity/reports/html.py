@@ -95,7 +95,15 @@ td.unmeasured { color: #666; font-style: italic; }
 .case h3 { margin-bottom: .3rem; overflow-wrap: anywhere; }
 pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere; }
 .scroll { overflow-x: auto; max-width: 100%; }
+#rerun pre { background: #fff; border: 1px solid #ccc; padding: .4rem .6rem; margin-top: .3rem; }
 """
+
+
+def rerun_section(rerun: str) -> str:
+    """The command that reruns only the failing cases, copyable; "" when none failed."""
+    if not rerun:
+        return ""
+    return f'<section id="rerun"><p>Rerun only the failing cases:</p><pre><code>{esc(rerun)}</code></pre></section>'
 
 
 def navigation(with_drift: bool) -> str:
@@ -123,8 +131,10 @@ def render_html(
     judgement: Judgement | None = None,
     max_offenders: int = MAX_OFFENDERS,
     max_drift_rows: int = MAX_DRIFT_ROWS,
+    rerun: str = "",
 ) -> str:
-    """The whole report as one HTML document (see the module docstring).
+    """The whole report as one HTML document (see the module docstring); `rerun`: the command
+    that reruns only the failing cases (`mhc_parity.reports.rerun`), under the banner.
 
     `frame` is a canonical row frame (`mhc_parity.records.rows.to_frame`); `summary` is
     `mhc_parity.reports.summary.summarize(frame)`, computed here when not given; `judgement`, the
@@ -140,6 +150,7 @@ def render_html(
     title = f"mHC parity report — {'PASS' if page_passed(summary, judgement) else 'FAIL'}"
     sections = [
         summary_section(summary, judgement, metadata, anchors),
+        rerun_section(rerun),
         implementations_section(summary["implementations"], anchors),
         navigation(judgement is not None),
         bound_plot_section(panels, qualifying, anchors),

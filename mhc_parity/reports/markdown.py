@@ -8,6 +8,7 @@ markup.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -205,7 +206,7 @@ def _speed_lines(frame: pd.DataFrame, max_rows: int, metadata: dict | None = Non
     speeds = program_speeds(frame, metadata)
     if not speeds:
         return []
-    out = ["", "### Speed", "", md_cell(PROGRAM_SPEED_NOTE, None), ""]
+    out = ["", md_cell(PROGRAM_SPEED_NOTE, None), ""]
     shown = speeds[:max_rows]
     out.append(
         md_table(
@@ -229,7 +230,7 @@ def _speed_lines(frame: pd.DataFrame, max_rows: int, metadata: dict | None = Non
     out += _truncation_note(len(shown), len(speeds), "see speed.csv")
     lines = speed_lines(frame)
     if not lines:
-        return out
+        return _folded(_speed_title(len(speeds), metadata), out)
     out += ["", md_cell(SPEED_NOTE, None), ""]
     out += [f"- {md_cell(summary.text, None)}" for summary in speed_summaries(lines)]
     shown = lines[:max_rows]
@@ -253,7 +254,29 @@ def _speed_lines(frame: pd.DataFrame, max_rows: int, metadata: dict | None = Non
             numeric=(False, False, False, False, True, True, True, False),
         ),
     ]
-    return out + _truncation_note(len(shown), len(lines), "see report.html")
+    return _folded(
+        _speed_title(len(speeds), metadata), out + _truncation_note(len(shown), len(lines), "see report.html")
+    )
+
+
+def _speed_title(programs: int, metadata: dict | None) -> str:
+    where = " on a CPU: not a speed measurement" if (metadata or {}).get("backend") == "cpu" else ""
+    return f"Speed: {programs} program{'s' * (programs != 1)} timed{where}"
+
+
+def _folded(title: str, lines: list[str]) -> list[str]:
+    """`lines` inside a closed `<details>` (a PR comment leads with the verdict; timings and
+    memory are there for who opens them). The blank lines let GitHub render tables inside."""
+    body = lines[1:] if lines and lines[0] == "" else lines
+    return ["", f"<details><summary>{md_cell(title, None)}</summary>", "", *body, "", "</details>"]
+
+
+def _rerun_lines(rerun: str) -> list[str]:
+    """The command that reruns only the failing cases (`mhc_parity.reports.rerun`)."""
+    if not rerun:
+        return []
+    # <pre><code>, escaped: copied as it is, and a hostile case name injects no markup.
+    return ["", "Rerun only the failing cases:", "", f"<pre><code>{html.escape(rerun)}</code></pre>"]
 
 
 def _memory_lines(frame: pd.DataFrame) -> list[str]:
@@ -265,18 +288,18 @@ def _memory_lines(frame: pd.DataFrame) -> list[str]:
     memories = case_memories(frame[list(columns)].to_dict(orient="records"))
     if not memories:
         return []
-    return [
-        "",
-        "### Host memory",
-        "",
-        md_cell(memory_line(memories), None),
-        "",
-        md_table(
-            ("case", "oracle peak", "budget", "share", "within"),
-            memory_table_rows(memories),
-            numeric=(False, True, True, True, False),
-        ),
-    ]
+    return _folded(
+        "Host memory",
+        [
+            md_cell(memory_line(memories), None),
+            "",
+            md_table(
+                ("case", "oracle peak", "budget", "share", "within"),
+                memory_table_rows(memories),
+                numeric=(False, True, True, True, False),
+            ),
+        ],
+    )
 
 
 def render_markdown(
@@ -286,11 +309,13 @@ def render_markdown(
     metadata: dict | None = None,
     judgement: Judgement | None = None,
     max_rows: int = DEFAULT_MAX_ROWS,
+    rerun: str = "",
 ) -> str:
-    """The run summary: overall line, a note when another policy than the packaged one
-    judged or backend terms widened the bounds (`mhc_parity.reports.summary.summary_notes`), the
-    gate's verdict against the baseline (with `judgement`: `mhc_parity.reports.judgement`),
-    verdict counts, worst leaf, failures, the paths' speed against the reference, gate section.
+    """The run summary, verdict first: overall line, a note when another policy than the
+    packaged one judged or backend terms widened the bounds (`summary_notes`), the gate's
+    verdict against the baseline (`judgement`), the failures and `rerun`, the command that
+    reruns them (`mhc_parity.reports.rerun`); then verdict counts, worst leaf, implementations;
+    speed and host memory folded in `<details>`; the gate's section; the environment.
 
     `frame` is a canonical row frame (see `mhc_parity.records.rows.to_frame`); `summary` is
     `mhc_parity.reports.summary.summarize(frame)`, computed here when not given.
@@ -312,6 +337,8 @@ def render_markdown(
         lines.append("No rows were produced.")
     else:
         lines.append(f"{summary['total']} rows over {summary['cases']} cases.")
+    lines += _failure_lines(frame, max_rows)
+    lines += _rerun_lines(rerun)
     lines += [
         "",
         md_table(
@@ -331,33 +358,6 @@ def render_markdown(
     lines += _implementation_lines(summary)
     lines += _declared_choice_lines(metadata)
     lines += _accommodation_lines(metadata)
-    failing = rank_offenders(frame)
-    failing = failing[failing["verdict"].isin(("fail", "error"))]
-    if len(failing):
-        shown = failing.head(max_rows)
-        # Each row's cause as the cause groups state it: held across its path's failing leaves.
-        failed = frame[frame["verdict"] == "fail"].to_dict(orient="records")
-        stated = {row_key(r): r["cause"] for r in consistent_causes(failed)}
-        lines += ["", f"### Failures ({len(failing)})", ""]
-        lines.append(
-            md_table(
-                ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "cause", "reason"),
-                [
-                    (
-                        r["case"],
-                        r["candidate"],
-                        r["partner"],
-                        r["leaf"],
-                        r["verdict"],
-                        format_number(r["bound_usage"]),
-                        stated.get(row_key(r), r["cause"]),
-                        r["reason"],
-                    )
-                    for r in shown.to_dict(orient="records")
-                ],
-            )
-        )
-        lines += _truncation_note(len(shown), len(failing), "see report.html")
     lines += _speed_lines(frame, max_rows, metadata)
     lines += _memory_lines(frame)
     if judgement is not None:
@@ -370,3 +370,35 @@ def render_markdown(
     if environment:
         lines += ["", "<sub>" + " · ".join(environment) + "</sub>"]
     return "\n".join(lines) + "\n"
+
+
+def _failure_lines(frame: pd.DataFrame, max_rows: int) -> list[str]:
+    """The Failures section: the first `max_rows` fail and error rows, worst first, each with
+    its cause as the cause groups state it (held across its path's failing leaves)."""
+    failing = rank_offenders(frame)
+    failing = failing[failing["verdict"].isin(("fail", "error"))]
+    if not len(failing):
+        return []
+    shown = failing.head(max_rows)
+    failed = frame[frame["verdict"] == "fail"].to_dict(orient="records")
+    stated = {row_key(r): r["cause"] for r in consistent_causes(failed)}
+    lines = ["", f"### Failures ({len(failing)})", ""]
+    lines.append(
+        md_table(
+            ("case", "candidate", "partner", "leaf", "verdict", "bound usage", "cause", "reason"),
+            [
+                (
+                    r["case"],
+                    r["candidate"],
+                    r["partner"],
+                    r["leaf"],
+                    r["verdict"],
+                    format_number(r["bound_usage"]),
+                    stated.get(row_key(r), r["cause"]),
+                    r["reason"],
+                )
+                for r in shown.to_dict(orient="records")
+            ],
+        )
+    )
+    return lines + _truncation_note(len(shown), len(failing), "see report.html")

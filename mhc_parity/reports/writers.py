@@ -45,6 +45,7 @@ from mhc_parity.reports.html import render_html
 from mhc_parity.reports.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
 from mhc_parity.reports.markdown import render_markdown
 from mhc_parity.reports.program_speed import program_speeds, write_speed_csv
+from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION
 from mhc_parity.reports.summary import summarize
 
@@ -199,18 +200,19 @@ def judge_frame(
     *,
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
+    only_current_cases: bool = False,
 ) -> Judgement:
     """The gate's judgement of the run a report is written for (a canonical row frame, its
     metadata and manifest, to be read back from `source`) against `baseline` (see
     `mhc_parity.reports.judgement.as_baseline`): what `mhc-parity gate --baseline B --current RUN` will say
     of it, with `--only-current-cases` for a run that selected part of its suite
-    (`mhc_parity.reports.judgement.judges_own_cases`)."""
+    (`mhc_parity.reports.judgement.judges_own_cases`) or when `only_current_cases` (`run --only-current-cases`)."""
     return judge(
         as_baseline(baseline),
         written_run(frame, metadata, manifest, source),
         growth_factor=growth_factor,
         noise_floor_ulps=noise_floor_ulps,
-        only_current_cases=judges_own_cases(manifest),
+        only_current_cases=only_current_cases or judges_own_cases(manifest),
     )
 
 
@@ -280,9 +282,10 @@ def write_frame(
     out.mkdir(parents=True, exist_ok=True)
     write_csv(frame, paths["csv"])
     write_json(frame, metadata, paths["json"], judgement, manifest, summary=summary)
-    html = render_html(frame, metadata, summary=summary, judgement=judgement)
+    rerun = run_rerun_command(frame, manifest, judgement, out)
+    html = render_html(frame, metadata, summary=summary, judgement=judgement, rerun=rerun)
     paths["html"].write_text(html, encoding="utf-8")
-    markdown = render_markdown(frame, summary=summary, metadata=metadata, judgement=judgement)
+    markdown = render_markdown(frame, summary=summary, metadata=metadata, judgement=judgement, rerun=rerun)
     paths["markdown"].write_text(markdown, encoding="utf-8")
     write_speed_csv(program_speeds(frame, metadata), paths["speed"])
     return paths

@@ -48,6 +48,7 @@ from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, rese
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
 from mhc_parity.reports.causes import uncompared
+from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import baseline_as_run
 from mhc_parity.reports.terminal import exit_code, nothing_compared_message, print_summary
 
@@ -93,6 +94,13 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         help="baseline CSV to judge the run against as `gate` does: its verdict and drift head every "
         "report, and a gate failure exits 1",
+    )
+    p.add_argument(
+        "--only-current-cases",
+        action="store_true",
+        help="with --baseline: gate only the baseline rows of the cases this run selected, as `gate "
+        "--only-current-cases` (a smoke run against the default suite's baseline); a run naming its "
+        "--cases, --tags, --dtype or --shard does so already",
     )
     p.add_argument(
         "--allow-legacy-baseline",
@@ -310,7 +318,9 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             progress.close()
             metadata = finished_metadata(manifest, policy, cases, done, runner, wall_start, plan.implementations)
             finished = manifest.completed(len(rows))
-            paths, judgement, frame = _write_reports(typed, metadata, store.folder, baseline, finished)
+            paths, judgement, frame = _write_reports(
+                typed, metadata, store.folder, baseline, finished, only_current_cases=args.only_current_cases
+            )
             release_reserve(store.folder)  # its room is for this last write
             write_manifest(store.folder, finished)  # last: the folder is now a complete run
     except KeyboardInterrupt:
@@ -333,7 +343,14 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
             f"Once that is mended, finish the run with `{manifest.resume_command()}`"
         ) from exc
     return _conclude(
-        rows, paths, metadata, judgement, frame, [name for name, _ in finished.request.implementations], finished.shard
+        rows,
+        paths,
+        metadata,
+        judgement,
+        frame,
+        [name for name, _ in finished.request.implementations],
+        finished.shard,
+        rerun=run_rerun_command(frame, finished, judgement, store.folder),
     )
 
 
@@ -372,26 +389,36 @@ def _load_baseline(path, allow_legacy: bool):
     return baseline_as_run(baseline)
 
 
-def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest):
+def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest, *, only_current_cases: bool = False):
     """(the report paths, the gate's judgement against `baseline` or None, the rows' frame): the
     rows (`typed`: `mhc_parity.records.rows.typed_rows`) judged as `mhc-parity gate` will judge
-    the finished folder, every format written."""
+    the finished folder (with `--only-current-cases` if `only_current_cases`), every format written."""
     frame = frame_from_records(typed)
     judgement = None
     if baseline is not None:
-        judgement = writers.judge_frame(frame, metadata, baseline, manifest, out / writers.OUTPUT_FILES["json"])
+        judgement = writers.judge_frame(
+            frame,
+            metadata,
+            baseline,
+            manifest,
+            out / writers.OUTPUT_FILES["json"],
+            only_current_cases=only_current_cases,
+        )
     return writers.write_frame(frame, metadata, out, manifest=manifest, judgement=judgement), judgement, frame
 
 
-def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations=(), shard="") -> int:
+def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations=(), shard="", rerun="") -> int:
     """Print the summary (`metadata`: the reports', e.g. which policy judged; `judgement`: the
     gate's against --baseline, printed last; `frame`: the rows' canonical frame;
-    `implementations`: the names of the external ones under test; `shard`: "K/N" for a shard)
-    and the report paths; the run's exit code (a shard's: `exit_code`'s `whole_run`)."""
+    `implementations`: the names of the external ones under test; `shard`: "K/N" for a shard),
+    the report paths and `rerun`, the command that reruns only the failing cases; the run's
+    exit code (a shard's: `exit_code`'s `whole_run`)."""
     print_summary(rows, metadata, judgement, frame=frame, implementations=implementations)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
     print(f"HTML report: {paths['html']}")
+    if rerun:
+        print(f"Rerun only the failing cases: {rerun}")
     code = exit_code(rows, judgement, implementations, whole_run=not shard)
     if uncompared(rows, implementations):
         message = nothing_compared_message(rows, implementations)

@@ -8,6 +8,7 @@ from mhc_parity.cases import registry
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.reports import load_baseline
+from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION, parse_header
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "baselines" / "default.csv"
@@ -40,6 +41,17 @@ def test_the_example_baseline_is_my_mhcs_over_its_suite_under_the_current_policy
     assert baseline.implementation == "my_mhc"
     assert set(baseline.frame["case"]) == {case.name for case in registry.default_registry().select(suite="smoke")}
     assert set(baseline.frame["verdict"]) == {"pass"}
+
+
+def test_the_example_baseline_is_of_the_current_format():
+    """Reproduction (issue 68): the example's committed baseline was format 3, so every `pytest`
+    there (the first thing its README runs) said to regenerate it."""
+    header = parse_header(EXAMPLE_BASELINE.read_text(encoding="utf-8").partition("\n")[0])
+    assert header is not None and header["format"] == str(BASELINE_FORMAT_VERSION), (
+        "examples/external_kernel/baselines/my_mhc.csv is of an older format: run `pytest "
+        "--parity-update-baseline` in the example and commit its baseline"
+    )
+    assert load_baseline(EXAMPLE_BASELINE).note == ""  # read without a legacy note
 
 
 # The baselines made on the lent TPU v5e (bench/tpu_gate_check.sh, bench/tpu_maxtext_check.sh): what

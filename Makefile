@@ -1,4 +1,5 @@
-# The two commands a user needs are `make parity` and `make test`; both bootstrap .venv.
+# The two commands a user needs are `make parity` and `make test`; both bootstrap .venv. After a
+# kernel edit, `make smoke`: the smoke suite gated on the default baseline's rows of its cases.
 # On an accelerator add its extra: `make parity EXTRAS=tpu` (TPU VM), EXTRAS=cuda or cuda13 (NVIDIA
 # GPU: the CUDA 12 or CUDA 13 plugin of JAX).
 # On a machine that brings its own JAX (a TPU VM image, perhaps without a registry): SYSTEM_JAX=1,

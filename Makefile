@@ -97,6 +97,7 @@ endif
 # kept as it is; no pip upgrade (an image's index may not have one).
 $(STAMP): pyproject.toml tools/make-venv tools/install_on_own_jax.py
 	@PYTHON=$(or $(PYTHON),python3) tools/make-venv --system-site-packages $(VENV)
+	@echo "setup: installing mhc-parity and its dependencies beside the machine's own JAX into $(VENV) (pip, quiet; a few minutes)"
 	$(PY) tools/install_on_own_jax.py
 	touch $(STAMP)
 else
@@ -106,7 +107,9 @@ else
 # replaces a venv made with an older one.
 $(STAMP): pyproject.toml tools/make-venv
 	@tools/make-venv $(VENV)
+	@echo "setup: upgrading pip in $(VENV)"
 	$(PY) -m pip install --quiet --upgrade pip
+	@echo "setup: installing mhc-parity with its pinned dependencies, extras dev,maxtext$(if $(EXTRAS),$(comma)$(EXTRAS)) (pip, quiet; a few minutes on first use, about 1.7 GB)"
 	$(PY) -m pip install --quiet -e '.[dev,maxtext$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)
 endif

@@ -300,7 +300,7 @@ def test_heartbeat_must_be_a_finite_positive_number_of_seconds(value, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert [line for line in err.splitlines() if "error:" in line] == [
-        f"mhc-parity run: error: argument --heartbeat: must be a finite number of seconds > 0, got {value!r}"
+        f"mhc-parity: error: argument --heartbeat: must be a finite number of seconds > 0, got {value!r}"
     ]
     assert run_parser().parse_args(["--heartbeat", "0.5"]).heartbeat == 0.5
 

@@ -269,7 +269,7 @@ def test_a_shard_comparing_nothing_of_an_implementation_leaves_that_to_the_merge
     proc = run_cli("merge", merged, *shards)
     assert proc.returncode == merged_exit, proc.stdout + proc.stderr
     assert read_manifest(merged).is_complete, "the merged run is written either way"
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("mhc-parity merge: error:")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mhc-parity: error:")]
     assert len(errors) == merged_exit // 2, proc.stderr
     assert all(f"nothing was compared of implementation '{impl}'" in line for line in errors)
 

@@ -224,7 +224,7 @@ def test_a_usage_error_names_the_make_variables_behind_its_options(tmp_path, cod
     (exit 1) does not. A stand-in for mhc-parity, and `-o setup` so that nothing is installed."""
     fake = tmp_path / "mhc-parity"
     fake.write_text(
-        f'#!/bin/sh\necho "mhc-parity run: error: --out: $5 holds files but no run manifest" >&2\nexit {code}\n'
+        f'#!/bin/sh\necho "mhc-parity: error: --out: $5 holds files but no run manifest" >&2\nexit {code}\n'
     )
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in (*COMMAND_LINE_ONLY, "JOBS", "MAKEFLAGS")}

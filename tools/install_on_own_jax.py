@@ -171,11 +171,13 @@ def main(argv: list[str]) -> int:
         ("the project", ["--no-deps", "--editable", str(ROOT)]),
         ("its dependencies", [*constraints, *required]),
     ):
+        print(f"install_on_own_jax: installing {what} (pip, quiet)", flush=True)
         proc = _pip(*pip_args)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr, end="")
             print(f"install_on_own_jax: installing {what} failed: {_last_error(proc)}", file=sys.stderr)
             return 2
+    print(f"install_on_own_jax: installing the optional {OPTIONAL_EXTRA!r} extra (pip, quiet)", flush=True)
     proc = _pip(*constraints, *optional_install_args(optional))
     if proc.returncode != 0:
         print(

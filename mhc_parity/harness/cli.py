@@ -12,23 +12,27 @@ Each command is a module of `mhc_parity.harness.commands`:
                                                                            (commands.policy)
   faults    the kill matrix and the false-positive sweep                   (commands.faults)
   merge     the run folders of `run --shard K/N` joined into one run        (commands.merge)
+  cases     the case catalogue: cases, suites, init families          (mhc_parity.cases.__main__)
+  help      the help of a command (`mhc-parity help run`)
 
-Exit codes: 0 success; 1 a parity failure (a failing row, a failing gate, a surviving
-fault); 2 a usage or configuration error, one line on stderr naming the problem; 130
-interrupted by Ctrl-C (143 by SIGTERM); 141 stdout's reader went away (`| head`), quietly,
-whatever the verdict was. `mhc-parity COMMAND --help` describes a command;
-`--version` prints the project's version.
+A mistyped command gets the nearest one ("did you mean 'run'?"), exit 2.
+
+Exit codes: `mhc_parity.command_line.EXIT_CODES`, which every `--help` ends with; errors
+are one line on stderr after `mhc_parity.command_line.ERROR_PREFIX`. `--version` prints the
+project's version.
 """
 
 from __future__ import annotations
 
 import atexit
+import difflib
 import functools
 import importlib
 import os
 import sys
 import threading
 
+from mhc_parity.command_line import EXIT_USAGE, error, exit_codes_text, warning
 from mhc_parity.harness.env import collector_paused_for_imports, ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.errors import ConfigurationError, checked_settings
 from mhc_parity.harness.processes.worker_processes import start_worker_server
@@ -36,7 +40,6 @@ from mhc_parity.jax_support import UnsupportedJaxError
 from mhc_parity.records.outputs import exit_code_through_closed_stdout
 from mhc_parity.version import version
 
-EXIT_USAGE = 2
 # command -> (module:function taking the remaining arguments, one-line help). A command
 # loads only its own module: gate, render and `baseline --from` never load JAX.
 COMMANDS = {
@@ -53,16 +56,31 @@ COMMANDS = {
         "the fault kill matrix, or with --seeds the false-positive sweep",
     ),
     "merge": ("mhc_parity.harness.commands.merge:main", "join the run folders of `run --shard K/N` into one run"),
+    "cases": ("mhc_parity.cases.__main__:main", "list the cases (--case-file: a file's), suites or init families"),
 }
+HELP = "help"
+# Commands that never start JAX: no XLA flags to set before them.
+WITHOUT_JAX = ("cases",)
 
 
 def usage() -> str:
     """The top-level help: the commands and what they do."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-    return "usage: mhc-parity COMMAND [options]   (mhc-parity COMMAND --help; --version)\n\ncommands:\n" + "\n".join(
-        lines
+    lines.append(f"  {HELP:<{width}}  the help of a command: mhc-parity help COMMAND")
+    return (
+        "usage: mhc-parity COMMAND [options]   (mhc-parity help COMMAND; --version)\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + exit_codes_text()
     )
+
+
+def unknown_command(command: str) -> int:
+    """The error line for a command that does not exist, with the nearest one if any; EXIT_USAGE."""
+    near = difflib.get_close_matches(command, [*COMMANDS, HELP], n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else " (mhc-parity --help lists them)"
+    return error(f"unknown command {command!r}{hint}")
 
 
 def requests_workers(command: str, arguments: list[str]) -> bool:
@@ -106,16 +124,20 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
         print(f"mhc-parity {version()}")
         return 0
     command, rest = argv[0], argv[1:]
+    if command == HELP:  # `mhc-parity help [COMMAND]`, as git's
+        if not rest:
+            print(usage())
+            return 0
+        command, rest = rest[0], ["--help"]
     if command not in COMMANDS:
-        print(f"mhc-parity: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
-        return EXIT_USAGE
+        return unknown_command(command)
     try:
         for note in checked_settings():  # every MHC_PARITY_* value, before any work
-            print(f"mhc-parity: warning: {note}", file=sys.stderr)
-        ensure_host_devices()  # before any command computes: XLA reads its flags once
+            warning(note)
+        if command not in WITHOUT_JAX:
+            ensure_host_devices()  # before any command computes: XLA reads its flags once
     except (UnsupportedJaxError, ConfigurationError) as exc:
-        print(f"mhc-parity: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(str(exc))
     pace_garbage_collector()
     if requests_workers(command, rest):  # it imports what workers need while this process imports the command
         start_worker_server(impl_modules(rest))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from mhc_parity.command_line import colour_wanted, paint_verdicts
 from mhc_parity.records.rows import to_frame
 from mhc_parity.records.schema import OK_VERDICTS, VERDICTS
 from mhc_parity.records.text import format_number, format_text_table, plural
@@ -208,4 +209,6 @@ def print_summary(
     frame: pd.DataFrame | None = None,
     implementations: Sequence[str] = (),
 ) -> None:
-    print(format_summary(rows, metadata, judgement, frame=frame, implementations=implementations))
+    """Print `format_summary`, its verdicts coloured where colour is wanted (`colour_wanted`)."""
+    text = format_summary(rows, metadata, judgement, frame=frame, implementations=implementations)
+    print(paint_verdicts(text) if colour_wanted() else text)

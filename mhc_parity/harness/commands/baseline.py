@@ -29,7 +29,15 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
+from mhc_parity.harness.commands.common import (
+    DEFAULT_RUN_FOLDER,
+    EXIT_FAILED,
+    EXIT_OK,
+    Parser,
+    error,
+    parse,
+    warning,
+)
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
 from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError
@@ -54,7 +62,7 @@ RUN_OPTIONS = {
 
 def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
     """The arguments of every form of `baseline` (see the module docstring)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         description="Write a finished parity run as the baseline CSV; without --from, run --impl first.",
     )
@@ -112,8 +120,7 @@ def run_arguments(args, name: str) -> list[str]:
 
 
 def _usage_error(message: str) -> int:
-    print(f"{BASELINE_PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,7 +198,7 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
         return _usage_error(cannot_write(exc, target))
     failing = frame["verdict"].isin(("fail", "error")).sum()
     if failing:
-        print(f"{BASELINE_PROG}: warning: {failing} rows are fail/error; the gate fails on them", file=sys.stderr)
+        warning(f"{failing} rows are fail/error; the gate fails on them")
     owner = f" of implementation {name!r}" if name else ""
     print(f"baseline written: {path} ({len(frame)} rows{owner})")
     return EXIT_OK

@@ -1,4 +1,5 @@
-"""What every command shares: its exit codes, the default run folder, argument parsing."""
+"""What every command shares: the conventions of the command line (`mhc_parity.command_line`:
+exit codes, parser, error line), the default run folder, argument parsing."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from mhc_parity.command_line import (  # noqa: F401 - the commands' one place to import them from
+    ERROR_PREFIX,
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    error,
+    warning,
+)
+
 # Where `mhc-parity run` writes a run unless told otherwise (and where `baseline` looks).
 DEFAULT_RUN_FOLDER = Path("out/parity")
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Sequence
 
 from mhc_parity.cases.fixtures import make_fixture
-from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, Parser, error
 from mhc_parity.harness.engine.implementations import ImplementationError, load_external
 from mhc_parity.harness.engine.run_info import enable_compilation_cache, run_metadata
 from mhc_parity.harness.engine.selection import RunSelection, select_cases
@@ -70,7 +70,7 @@ DEFAULT_AUDIT_OUT = pathlib.Path("out/audit")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mhc-parity faults",
         description="Kill matrix of the faults and legitimate variants; with --seeds N, the false-positive sweep.",
     )
@@ -344,14 +344,12 @@ def main(
             except OutputPathError as exc:
                 raise UsageError(f"--results: {exc}") from exc
     except (UsageError, UnknownPerturbationError, SeamError) as exc:
-        print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(str(exc))
     if use_compilation_cache:
         try:
             enable_compilation_cache()
         except ConfigurationError as exc:
-            print(f"mhc-parity faults: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return error(str(exc))
     if args.audit:
         return run_audit(cases, args.out or DEFAULT_AUDIT_OUT, results=args.results)
     if args.seeds is not None:

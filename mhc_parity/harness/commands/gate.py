@@ -12,10 +12,9 @@ as --current; a legacy-format baseline without --allow-legacy-baseline, see
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
-from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse
+from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, Parser, error, parse
 from mhc_parity.records.environment import run_precision
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
 from mhc_parity.reports.baseline import LEGACY_OPTION
@@ -31,7 +30,7 @@ GATE_PROG = "mhc-parity gate"
 
 def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
     """The gate's argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Compare a parity run with the committed baseline; exit 0 pass, 1 fail, 2 input error.",
     )
@@ -101,8 +100,7 @@ def _checked(problem):
 
 
 def _fail(message: str) -> int:
-    print(f"gate: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return error(message)
 
 
 def _notes(result: GateResult, baseline, current, only_current: bool) -> list[str]:

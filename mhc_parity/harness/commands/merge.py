@@ -22,13 +22,13 @@ a shard is not judged on that alone, the whole run is, as `run` judges one. Neve
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
 import shlex
 import sys
 import uuid
 
+from mhc_parity.harness.commands.common import EXIT_OK, Parser, error
 from mhc_parity.harness.processes.interrupts import SignalsInterrupt
 from mhc_parity.harness.processes.shards import parse_shard, shard_names
 from mhc_parity.records.environment import (
@@ -50,7 +50,6 @@ from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.terminal import nothing_compared_message
 from mhc_parity.reports.writers import tested_implementations, write_run_folder
 
-EXIT_OK, EXIT_USAGE = 0, 2
 # Report metadata that must agree between shards: where and with what the rows were made.
 ENVIRONMENT_KEYS = (
     "backend",
@@ -341,9 +340,7 @@ def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mhc-parity merge", description="Join the run folders of `run --shard K/N` into one run."
-    )
+    parser = Parser(prog="mhc-parity merge", description="Join the run folders of `run --shard K/N` into one run.")
     parser.add_argument("out", type=pathlib.Path, metavar="OUT", help="folder for the merged run")
     parser.add_argument("shards", type=pathlib.Path, nargs="+", metavar="DIR", help="the shards' run folders")
     try:
@@ -356,8 +353,7 @@ def main(argv: list[str]) -> int:
         with signals:
             merged = merge(args.out, list(args.shards), command_line)
     except MergeError as exc:
-        print(f"mhc-parity merge: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(str(exc))
     except KeyboardInterrupt:  # the shards are untouched; OUT holds no run a reader accepts
         print(
             f"mhc-parity merge: interrupted ({signals.name}); {args.out} holds no usable run. "
@@ -369,6 +365,5 @@ def main(argv: list[str]) -> int:
     for fmt, path in merged.paths.items():
         print(f"{fmt:>8}: {path}")
     if merged.nothing_compared:
-        print(f"mhc-parity merge: error: {merged.nothing_compared}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(merged.nothing_compared)
     return EXIT_OK

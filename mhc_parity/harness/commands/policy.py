@@ -14,13 +14,12 @@ the lines it moves.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
-import sys
 from collections.abc import Sequence
 
 from mhc_parity.cases import registry
+from mhc_parity.harness.commands.common import EXIT_OK, Parser, error
 from mhc_parity.harness.engine.implementations import BUILTIN, Implementation
 from mhc_parity.harness.engine.plan import JudgementKey, PathPlan, planned_judgements
 from mhc_parity.harness.judging.bounds import notation
@@ -31,7 +30,6 @@ from mhc_parity.records.text import format_number, format_text_table
 from mhc_parity.reports.markdown import md_table
 
 PROG = "mhc-parity policy"
-EXIT_OK, EXIT_USAGE = 0, 2
 # Stands for any external implementation (`--impl`): it runs every variant, and XLA
 # partitions it ("auto"), so its judgements are the ones external code meets.
 EXTERNAL = Implementation("external")
@@ -161,7 +159,7 @@ def markdown(
 def main(argv: Sequence[str] | None = None) -> int:
     """`policy [--policy FILE] [--table | --markdown]`; exit 0, or 2 for a policy that is malformed
     or cannot resolve a judgement the matrix makes."""
-    parser = argparse.ArgumentParser(prog=PROG, description="Check the tolerance policy; print every resolved bound.")
+    parser = Parser(prog=PROG, description="Check the tolerance policy; print every resolved bound.")
     parser.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--table", action="store_true", help="print every resolved bound as a plain-text table")
@@ -175,8 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         judgements = matrix_judgements()
         lines = table_lines(policy, judgements)
     except PolicyError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(str(exc))
     if args.table:
         print(table_text(lines))
     elif args.markdown:

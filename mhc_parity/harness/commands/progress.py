@@ -1,26 +1,56 @@
 """Progress on stderr: a live line on a terminal, plain lines and a heartbeat elsewhere.
 
-On a terminal one line is redrawn in place: the bar, elapsed time, ETA, verdict counts
-and what is running now (case and step: "oracle", a path name, "lowering"), refreshed
-every `TTY_REFRESH_S` by a background thread so the clock moves while a long case runs.
-Without a terminal (CI logs) each finished case prints a line, and the thread prints a
-heartbeat naming the running case and step whenever `heartbeat_s` seconds pass without
-a line, so a log never goes quiet for longer than that.
+On a terminal one line is redrawn in place, never wider than the terminal (a wider line
+would wrap and scroll a new line at each redraw): the bar, elapsed time, ETA, verdict
+counts and what is running now (case and stage: "compiling programs", "oracle", a path
+name, "lowering"; with worker processes, every running case's), refreshed every
+`TTY_REFRESH_S` by a background thread so the clock moves while a long case runs. Without
+a terminal (CI logs) each finished case prints a line, and the thread prints a heartbeat
+naming the running cases and stages whenever `heartbeat_s` seconds pass without a line.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 DEFAULT_HEARTBEAT_S = 20.0
 TTY_REFRESH_S = 1.0
+# An ETA is shown once this many cases finished in this run: the first cases pay for a cold
+# start (imports, compiling shared programs, worker start-up), so an ETA from one case was 100x off.
+ETA_AFTER_CASES = 3
+
+
+def terminal_columns(stream) -> int:
+    """The width of the terminal `stream` writes to: $COLUMNS where set, else the stream's own
+    terminal, else `shutil.get_terminal_size` (which falls back to 80)."""
+    if not os.environ.get("COLUMNS", "").strip().isdigit():
+        try:
+            columns = os.get_terminal_size(stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            columns = 0
+        if columns > 0:
+            return columns
+    return shutil.get_terminal_size().columns
+
+
+def fit(text: str, columns: int) -> str:
+    """`text` cut to fit one terminal line of `columns` (one column left free: a line that fills
+    the last column wraps on some terminals); a cut line ends with "…"."""
+    room = max(columns - 1, 1)
+    return text if len(text) <= room else text[: room - 1] + "…"
 
 
 class Progress:
-    """Counts finished cases and shows what is running; `close()` stops the thread."""
+    """Counts finished cases and shows what is running; `close()` stops the thread.
+
+    cost: a case's relative cost (`mhc_parity.harness.engine.case_cost.pass_cost`), which weighs
+    the ETA; without one every case counts the same."""
 
     def __init__(
         self,
@@ -30,6 +60,8 @@ class Progress:
         enabled: bool = True,
         stream=None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        remaining_cost: float | None = None,
+        cost: Callable[[object], float] | None = None,
     ):
         self.total = total
         self.done = already_done
@@ -40,9 +72,11 @@ class Progress:
         self.start_time = time.perf_counter()
         self.fresh_done = 0
         self.verdicts: Counter = Counter()
-        self._case = ""
-        self._step = ""
-        self._step_start = self.start_time
+        self._cost = cost or (lambda case: 1.0)
+        self._cost_left = float(total - already_done) if remaining_cost is None else remaining_cost
+        self._cost_done = 0.0
+        self._running_cases: dict[str, tuple[str, float]] = {}  # case name -> (stage, since)
+        self._finished: set[str] = set()
         self._last_line = self.start_time
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -55,49 +89,64 @@ class Progress:
             return
         with self._lock:
             if self.tty:
-                self.stream.write("\r\033[K" + text[:200])
+                self.stream.write("\r\033[K" + fit(text, terminal_columns(self.stream)))
             else:
                 self.stream.write(text + "\n")
             self.stream.flush()
             self._last_line = time.perf_counter()
 
+    def eta_seconds(self) -> float | None:
+        """Seconds left, by the cost of the cases left over the cost done per second; None
+        until `ETA_AFTER_CASES` cases finished in this run."""
+        if self.fresh_done < min(ETA_AFTER_CASES, self.total) or self._cost_done <= 0:
+            return None
+        elapsed = time.perf_counter() - self.start_time
+        return max(self._cost_left, 0.0) * elapsed / self._cost_done
+
     def _bar(self) -> str:
         width = 24
         filled = int(width * self.done / max(self.total, 1))
         elapsed = time.perf_counter() - self.start_time
-        eta = ""
-        if self.fresh_done:
-            remaining = (self.total - self.done) * elapsed / self.fresh_done
-            eta = f" eta {remaining:4.0f}s"
+        eta = self.eta_seconds()
+        eta_text = "" if eta is None or self.done >= self.total else f" eta {eta:4.0f}s"
         counts = " ".join(f"{v}={n}" for v, n in sorted(self.verdicts.items()))
-        return f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s{eta} {counts}"
+        return f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s{eta_text} {counts}"
 
     def _running(self) -> str:
-        """e.g. "case lite-...: interpret/unsharded for 12s"."""
-        if not self._case:
-            return ""
-        step = f": {self._step}" if self._step else ""
-        return f"case {self._case}{step} for {time.perf_counter() - self._step_start:.0f}s"
+        """e.g. "interpret/unsharded for 12s: case lite-..." (the stage first: a line cut to the
+        terminal's width keeps it); several cases (worker processes) joined by "; "."""
+        now = time.perf_counter()
+        parts = []
+        for name, (stage, since) in list(self._running_cases.items()):
+            parts.append(f"{stage or 'starting'} for {now - since:.0f}s: case {name}")
+        return "; ".join(parts)
 
     # -- events from the run -------------------------------------------------------------
 
     def start(self, case) -> None:
-        """A case begins."""
-        self._case, self._step, self._step_start = case.name, "", time.perf_counter()
+        """A case begins (with worker processes: the run starts waiting for it)."""
+        if case.name not in self._running_cases:
+            self._running_cases[case.name] = ("", time.perf_counter())
         self._ensure_thread()
         if self.tty:
             self._write(f"{self._bar()} {self._running()}")
 
     def step(self, case, step: str) -> None:
-        """The running case moves to `step` (shown on the terminal and in the heartbeat)."""
-        self._case, self._step, self._step_start = case.name, step, time.perf_counter()
+        """A running case moves to `step` (shown on the terminal and in the heartbeat)."""
+        if case.name not in self._finished:
+            self._running_cases[case.name] = (step, time.perf_counter())
+            self._ensure_thread()
 
     def finish(self, case, rows) -> None:
         """A case's rows are stored."""
         self.done += 1
         self.fresh_done += 1
+        cost = self._cost(case)
+        self._cost_done += cost
+        self._cost_left -= cost
         self.verdicts.update(r["verdict"] for r in rows)
-        self._case = ""
+        self._finished.add(case.name)
+        self._running_cases.pop(case.name, None)
         self._write(f"{self._bar()} {case.name}" if not self.tty else self._bar())
 
     def close(self) -> None:
@@ -121,7 +170,7 @@ class Progress:
 
     def _beat(self) -> None:
         while True:
-            if self.tty or not self._case:  # redraw the clock / wait for the next case
+            if self.tty or not self._running_cases:  # redraw the clock / wait for the next case
                 wait = min(TTY_REFRESH_S, self.heartbeat_s)
             else:
                 wait = max(self._last_line + self.heartbeat_s - time.perf_counter(), 0.0)

@@ -3,13 +3,11 @@ rows; a run folder's copy keeps its manifest and row stream. Exit 0 or 2; loads 
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mhc_parity.harness.commands.common import EXIT_OK, EXIT_USAGE, parse
+from mhc_parity.harness.commands.common import EXIT_OK, Parser, error, parse
 from mhc_parity.records.manifest import foreign_folder_problem
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_folder
 from mhc_parity.records.rows import ReportInputError, frame_to_json_records
@@ -40,7 +38,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
     A rendered folder is a copy of the run: its manifest, row stream and reports. RUN is a
     run (its folder or report.json), never a baseline file (`mhc_parity.reports.sources.load_run`).
     """
-    parser = argparse.ArgumentParser(prog=prog, description="Write every report format again from a finished run.")
+    parser = Parser(prog=prog, description="Write every report format again from a finished run.")
     parser.add_argument(
         "--rows", required=True, help="run folder or report.json (or rows.jsonl/rows.csv beside its manifest)"
     )
@@ -68,7 +66,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
             records = frame_to_json_records(run.frame)
             paths = write_run_folder(out, records, metadata, run.manifest, baseline=baseline)
     except (ReportInputError, OutputPathError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(str(exc))
     print(paths["html"])
     return EXIT_OK

@@ -21,8 +21,9 @@ import shlex
 import sys
 import time
 
-from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE
+from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE, Parser, error
 from mhc_parity.harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
+from mhc_parity.harness.engine.case_cost import pass_cost
 from mhc_parity.harness.engine.case_memory import first_too_large
 from mhc_parity.harness.engine.failures import out_of_memory
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
@@ -57,7 +58,7 @@ PROG = "mhc-parity run"
 
 def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The arguments of `run`."""
-    p = argparse.ArgumentParser(prog=prog, description="Run cases through every path and write the reports.")
+    p = Parser(prog=prog, description="Run cases through every path and write the reports.")
     p.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
     p.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
     p.add_argument("--tags", nargs="+", default=None, metavar="TAG", help="keep cases having all these tags")
@@ -297,7 +298,12 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
     progress = Progress(
-        len(cases), already_done=len(cases) - len(todo), enabled=not args.quiet, heartbeat_s=args.heartbeat
+        len(cases),
+        already_done=len(cases) - len(todo),
+        enabled=not args.quiet,
+        heartbeat_s=args.heartbeat,
+        remaining_cost=sum(map(pass_cost, todo)),
+        cost=pass_cost,
     )
     signals = SignalsInterrupt(Watchdog(store.folder))  # stops the run if code under test holds the handlers off
     typed = typed_rows(rows, source="rows kept")  # each row coerced once: its case's record, then the reports' frame
@@ -423,7 +429,7 @@ def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations
     if uncompared(rows, implementations):
         message = nothing_compared_message(rows, implementations)
         if code == EXIT_USAGE:
-            print(f"mhc-parity: error: {message}", file=sys.stderr)
+            error(message)
         elif shard:  # a part: the merged run must compare it, and `merge` exits 2 if it does not
             print(f"mhc-parity: note: in shard {shard}, {message}; `mhc-parity merge` checks the whole run")
     return code
@@ -445,8 +451,7 @@ def main(argv: list[str], *, command_line: str | None = None) -> int:
         with signals:
             return _command_run(args, argv, command_line)
     except ConfigurationError as exc:  # UsageError included; e.g. an unwritable cache folder
-        print(f"mhc-parity: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error(str(exc))
     except KeyboardInterrupt:  # before the run started computing (see _execute for after)
         print(f"\nmhc-parity: interrupted ({signals.name})", file=sys.stderr)
         return signals.exit_code

@@ -48,7 +48,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import pathlib
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +61,13 @@ from mhc_parity.harness.engine.precision_choices import PrecisionChoice, declare
 from mhc_parity.harness.errors import ConfigurationError
 from mhc_parity.mhc.common import VARIANTS
 from mhc_parity.records.foreign_code import note_foreign_code
+
+# The frames of an import's traceback that are not the user's: this module and importlib.
+_MACHINERY = (pathlib.Path(__file__).resolve(), pathlib.Path(importlib.__file__).resolve().parent)
+
+
+def _is_machinery(path: pathlib.Path) -> bool:
+    return path == _MACHINERY[0] or path.is_relative_to(_MACHINERY[1])
 
 
 class ImplementationError(ConfigurationError):
@@ -183,6 +193,24 @@ def load_external(spec: str) -> Implementation:
     return loaded[0]
 
 
+def failure_location(exc: BaseException, module_name: str) -> str:
+    """ " at FILE:LINE" where importing `module_name` failed: a syntax error's own place, else the
+    last frame of the traceback in the module's file (in the user's code, not the import
+    machinery's), else the last frame outside it; "" where no frame is the user's (no such module)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    frames = [f for f in frames if not _is_machinery(pathlib.Path(f.filename).resolve())]
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):  # its package failed to import too
+        spec = None
+    origin = spec.origin if spec is not None and spec.origin else None
+    own = [f for f in frames if origin and pathlib.Path(f.filename).resolve() == pathlib.Path(origin).resolve()]
+    chosen = (own or frames or [None])[-1]
+    return "" if chosen is None else f" at {chosen.filename}:{chosen.lineno}"
+
+
 def load_implementations(spec: str) -> tuple[Implementation, ...]:
     """Load `module.path:factory` and wrap what the factory returns (one object, or a
     list or tuple of them: one implementation each).
@@ -197,10 +225,12 @@ def load_implementations(spec: str) -> tuple[Implementation, ...]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ImplementationError(f"--impl {spec!r}: cannot import {module_name!r}: {exc}") from exc
+        where = failure_location(exc, module_name)
+        raise ImplementationError(f"--impl {spec!r}: cannot import {module_name!r}{where}: {exc}") from exc
     except Exception as exc:  # a syntax error or an exception raised while the module loads
         raise ImplementationError(
-            f"--impl {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+            f"--impl {spec!r}: importing {module_name!r} failed{failure_location(exc, module_name)}: "
+            f"{type(exc).__name__}: {exc}"
         ) from exc
     note_foreign_code(spec, module_name, getattr(module, "__file__", None))  # a project name, a file elsewhere?
     factory: Callable[[], Any] | None = getattr(module, attr, None)

@@ -522,6 +522,7 @@ class Runner:
         compiled at once (on all cores; `run` started them cases ahead), then run in turn,
         then those on an accelerator timed alone (`_time_alone`)."""
         start = time.perf_counter()
+        on_step(case, "compiling programs")  # a cold run's first cases wait here for minutes
         self.cache.prepare(self._runnable(paths, case), case, fixture)
         results = {}
         for path in paths:

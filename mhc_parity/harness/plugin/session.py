@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pytest
 
+from mhc_parity.command_line import ERROR_PREFIX
 from mhc_parity.harness.plugin.options import (
     LEGACY_INI,
     LEGACY_OPTION,
@@ -302,7 +303,7 @@ class ParitySession:
         rows = [r for case_rows in self.rows_by_case.values() for r in case_rows]
         if not rows or not uncompared(rows, self.externals):
             return ""
-        return f"mhc-parity: error: {nothing_compared_message(rows, self.externals)}"
+        return f"{ERROR_PREFIX}{nothing_compared_message(rows, self.externals)}"
 
     def finish(self, interrupted: bool = False) -> list[str]:
         """Write the report folder and the baseline, as asked, from the rows of the cases
@@ -324,14 +325,14 @@ class ParitySession:
             try:
                 self.report_paths = run.write_reports(self.report)
             except ParityError as exc:
-                problems.append(f"mhc-parity: error: {exc}")
+                problems.append(f"{ERROR_PREFIX}{exc}")
         if self.update:
             try:
                 self.summary_lines += self.write_baseline(run, cases)
             except OSError as exc:
-                problems.append(f"mhc-parity: error: {cannot_write(exc, self.baseline)}")
+                problems.append(f"{ERROR_PREFIX}{cannot_write(exc, self.baseline)}")
             except ReportInputError as exc:  # rows a baseline cannot hold, e.g. two with one row key
-                problems.append(f"mhc-parity: error: baseline {self.baseline_shown} not written: {exc}")
+                problems.append(f"{ERROR_PREFIX}baseline {self.baseline_shown} not written: {exc}")
         return problems
 
     def write_baseline(self, run: ParityRun, cases) -> list[str]:

@@ -23,6 +23,7 @@ whatever they run then (`worker_processes.end_with_parent`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import signal
@@ -34,9 +35,10 @@ from mhc_parity.harness.engine.case_cost import costliest_first, pass_cost
 from mhc_parity.harness.engine.implementations import BUILTIN, load_externals
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
-from mhc_parity.harness.engine.runner import TIMINGS, Runner, StepCallback
+from mhc_parity.harness.engine.runner import TIMINGS, Runner, StepCallback, _no_step
 from mhc_parity.harness.env import backend_started, ensure_host_devices, pace_garbage_collector
 from mhc_parity.harness.errors import ResourceError
+from mhc_parity.harness.processes.step_relay import StepRelay, poster
 from mhc_parity.harness.processes.worker_processes import (
     adopt_environment,
     available_memory_bytes,
@@ -92,9 +94,10 @@ class _WorkerSpec:
 _WORKER: dict = {}
 
 
-def _start_worker(spec: _WorkerSpec) -> None:
+def _start_worker(spec: _WorkerSpec, steps=None) -> None:
     """A worker's initializer: the parent's environment, XLA flags before JAX starts, the
-    collector paced, caches on, runner and plan built."""
+    collector paced, caches on, runner and plan built; `steps`: the queue its cases' stages
+    go to (`mhc_parity.harness.processes.step_relay`), or None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     end_with_parent()  # the fork server: killed when the command ends, whatever this worker runs then
     exit_with(spec.parent_pid)  # where the kernel cannot see to it, and if the command ended already
@@ -107,6 +110,9 @@ def _start_worker(spec: _WorkerSpec) -> None:
     externals = load_externals(spec.impl_specs)
     adopt_records(spec.code_records)
     _WORKER["runner"] = Runner.with_disk_stores(spec.policy)
+    if steps is not None:
+        steps.cancel_join_thread()  # a worker's exit never waits on progress messages
+        _WORKER["on_step"] = poster(steps)
     _WORKER["plan"] = PathPlan(
         implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs, lowering=spec.lowering
     )
@@ -117,7 +123,7 @@ def _run_case(case) -> tuple[list[dict], dict, dict, int | None]:
     added, and the worker's peak resident memory so far (bytes, None where unknown)."""
     runner: Runner = _WORKER["runner"]
     timings, counts = dict(runner.timings), runner.work_counts()
-    rows = list(runner.run_case(case, _WORKER["plan"]))
+    rows = list(runner.run_case(case, _WORKER["plan"], _WORKER.get("on_step", _no_step)))
     added_timings = {k: v - timings[k] for k, v in runner.timings.items()}
     added_counts = {k: v - counts[k] for k, v in runner.work_counts().items()}
     return rows, added_timings, added_counts, peak_resident_bytes()
@@ -160,46 +166,56 @@ class ParallelRunner:
     ) -> Iterator[tuple[object, list[dict]]]:
         """Yield (case, its rows) for each case in order; the work runs in the workers.
 
-        on_case_start is told when the parent starts waiting for a case; per-step progress
-        (on_step) stays in the workers. A worker's exception is raised here, as the
-        single-process runner would raise it.
+        on_case_start is told when the parent starts waiting for a case; on_step, with the
+        stages the workers relay (`mhc_parity.harness.processes.step_relay`). A worker's
+        exception is raised here, as the single-process runner would raise it.
         """
-        del on_step
         cases = list(cases)
         if not cases:
             return
         start_worker_server()  # if the command line did not: the server must be one that ends with this process
+        context = worker_context()
+        steps = context.Queue() if on_step is not None else None
         pool = concurrent.futures.ProcessPoolExecutor(
             max_workers=min(self.jobs, len(cases)),
-            mp_context=worker_context(),
+            mp_context=context,
             initializer=_start_worker,
-            initargs=(_spec(self.policy, plan),),
+            initargs=(_spec(self.policy, plan), steps),
         )
+        relay = StepRelay(steps, cases, on_step) if steps is not None else contextlib.nullcontext()
         finished = False
         try:
-            # Submitted the costliest first (a pool takes them in that order), read in the cases' order.
-            order = costliest_first(range(len(cases)), lambda index: pass_cost(cases[index]))
-            submitted = {index: pool.submit(_run_case, cases[index]) for index in order}
-            futures = [submitted[index] for index in range(len(cases))]
-            for case, future in zip(cases, futures):
-                if on_case_start is not None:
-                    on_case_start(case)
-                try:
-                    rows, timings, counts, peak_bytes = future.result()
-                except concurrent.futures.process.BrokenProcessPool as exc:
-                    raise WorkerError(f"a worker process died while running case {case.name} ({exc})") from None
-                for key, seconds in timings.items():
-                    self.timings[key] = self.timings.get(key, 0.0) + seconds
-                for key, count in counts.items():
-                    self._counts[key] = self._counts.get(key, 0) + count
-                if peak_bytes is not None:
-                    self._peak_bytes = max(self._peak_bytes or 0, peak_bytes)
-                yield case, rows
+            with relay:
+                yield from self._collect(pool, cases, on_case_start)
             finished = True
         finally:
             if not finished:  # Ctrl-C, SIGTERM, an error: stop the workers now
                 _terminate(pool)
             pool.shutdown(wait=True, cancel_futures=True)
+            if steps is not None:
+                steps.close()
+                steps.cancel_join_thread()
+
+    def _collect(self, pool, cases: list, on_case_start) -> Iterator[tuple[object, list[dict]]]:
+        """`run`'s cases submitted to `pool`, costliest first (a pool takes them in that order),
+        and (case, rows) yielded in the cases' order."""
+        order = costliest_first(range(len(cases)), lambda index: pass_cost(cases[index]))
+        submitted = {index: pool.submit(_run_case, cases[index]) for index in order}
+        futures = [submitted[index] for index in range(len(cases))]
+        for case, future in zip(cases, futures):
+            if on_case_start is not None:
+                on_case_start(case)
+            try:
+                rows, timings, counts, peak_bytes = future.result()
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                raise WorkerError(f"a worker process died while running case {case.name} ({exc})") from None
+            for key, seconds in timings.items():
+                self.timings[key] = self.timings.get(key, 0.0) + seconds
+            for key, count in counts.items():
+                self._counts[key] = self._counts.get(key, 0) + count
+            if peak_bytes is not None:
+                self._peak_bytes = max(self._peak_bytes or 0, peak_bytes)
+            yield case, rows
 
 
 def _terminate(pool: concurrent.futures.ProcessPoolExecutor) -> None:

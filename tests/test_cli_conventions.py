@@ -111,7 +111,7 @@ def test_progress_shows_every_running_case_of_the_workers():
     progress.step(first, "oracle")
     progress.step(second, "compiling programs")
     running = progress._running()
-    assert re.fullmatch(r"oracle for \d+s: case first; compiling programs for \d+s: case second", running), running
+    assert re.fullmatch(r"oracle \d+s; compiling programs \d+s: cases first, second", running), running
     progress.finish(second, [])
     progress.step(second, "late message")  # relayed after the case finished: not shown again
     assert "second" not in progress._running()
@@ -172,11 +172,16 @@ def test_help_subcommand_shows_a_commands_help_with_defaults_and_exit_codes(caps
 
 def test_the_exit_codes_are_those_the_docs_list():
     codes = [code for code, _ in EXIT_CODES]
+    tables = 0
     for doc in ("README.md", "docs/running.md"):
         text = (ROOT / doc).read_text(encoding="utf-8")
+        if "| exit | meaning |" not in text:
+            continue
         table = text[text.index("| exit | meaning |") :].split("\n\n")[0]
         listed = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
         assert listed == codes, doc
+        tables += 1
+    assert tables, "no exit table in README.md or docs/running.md"
 
 
 @pytest.mark.parametrize("command", sorted(cli.COMMANDS))
@@ -316,3 +321,18 @@ def test_an_impl_that_does_not_exist_names_no_place(capsys):
     assert str(info.value) == "--impl 'no_such_module_xyz:factory': cannot import 'no_such_module_xyz': " + (
         "No module named 'no_such_module_xyz'"
     )
+
+
+def test_a_case_reports_compiling_its_programs_before_it_waits_for_them():
+    """The first cases of a cold run wait minutes in `cache.prepare`: the progress line must name that stage."""
+    from mhc_parity.harness.engine.runner import Runner
+
+    steps = []
+
+    class WaitingCache:
+        def prepare(self, paths, case, fixture):
+            steps.append("prepare")
+
+    runner = Runner(policy=None, cache=WaitingCache(), oracle=lambda case, fixture: None)
+    assert runner._run_paths(Case("c"), [], fixture=None, on_step=lambda case, step: steps.append(step)) == {}
+    assert steps == ["compiling programs", "prepare"]

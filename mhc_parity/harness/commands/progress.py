@@ -110,16 +110,22 @@ class Progress:
         eta = self.eta_seconds()
         eta_text = "" if eta is None or self.done >= self.total else f" eta {eta:4.0f}s"
         counts = " ".join(f"{v}={n}" for v, n in sorted(self.verdicts.items()))
-        return f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s{eta_text} {counts}"
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s{eta_text}"
+        return f"{bar} {counts}" if counts else bar
 
     def _running(self) -> str:
-        """e.g. "interpret/unsharded for 12s: case lite-..." (the stage first: a line cut to the
-        terminal's width keeps it); several cases (worker processes) joined by "; "."""
+        """e.g. "interpret/unsharded for 12s: case lite-..."; with worker processes, e.g.
+        "oracle 26s; compiling programs 3s: cases A, B". The stages come first: a line cut to
+        the terminal's width keeps them."""
         now = time.perf_counter()
-        parts = []
-        for name, (stage, since) in list(self._running_cases.items()):
-            parts.append(f"{stage or 'starting'} for {now - since:.0f}s: case {name}")
-        return "; ".join(parts)
+        running = list(self._running_cases.items())
+        if not running:
+            return ""
+        if len(running) == 1:
+            name, (stage, since) = running[0]
+            return f"{stage or 'starting'} for {now - since:.0f}s: case {name}"
+        stages = "; ".join(f"{stage or 'starting'} {now - since:.0f}s" for _, (stage, since) in running)
+        return f"{stages}: cases " + ", ".join(name for name, _ in running)
 
     # -- events from the run -------------------------------------------------------------
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PINNED_PYTHON = tuple(
     int(p)
@@ -82,3 +84,22 @@ def test_a_system_site_venv_replaces_one_that_does_not_see_the_system_packages(t
     assert "system site packages: false); this install needs >= 3.11 (system site packages: true)" in proc.stderr
     config = (tmp_path / "venv" / "pyvenv.cfg").read_text()
     assert "include-system-site-packages = true" in config
+
+
+@pytest.mark.parametrize("system_jax", ["", "1"])
+def test_setup_says_what_it_installs_before_each_pip_step(system_jax):
+    """pip runs --quiet for minutes on a first set-up: a line before each step says what it installs
+    (`make -n`: the recipe, nothing run; -W: as if pyproject.toml had changed)."""
+    proc = subprocess.run(
+        ["make", "-n", "-W", "pyproject.toml", "setup", f"SYSTEM_JAX={system_jax}"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "EXTRAS", "PYTHON")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    steps = [i for i, line in enumerate(lines) if "pip install" in line or "install_on_own_jax.py" in line]
+    assert steps, lines
+    assert all(lines[i - 1].startswith('echo "setup: ') for i in steps), lines

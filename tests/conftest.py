@@ -24,3 +24,10 @@ def case_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("cases") / "cases.toml"
     path.write_text(CASE_FILE)
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_forced_colour(monkeypatch):
+    """The tests read plain output: a FORCE_COLOR in the developer's or CI's environment
+    (`mhc_parity.command_line.colour_wanted`) must not colour it."""
+    monkeypatch.delenv("FORCE_COLOR", raising=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from mhc_parity.command_line import colour_wanted, paint_verdicts
 from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, Parser, error, parse
 from mhc_parity.records.environment import run_precision
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
@@ -151,7 +152,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
     note = settings_note(args.growth_factor, args.noise_floor_ulps)
     for line in ([note] if note else []) + list(judgement.scope):
         print(line)
-    print(result.table())
+    table = result.table()
+    print(paint_verdicts(table) if colour_wanted() else table)
     for note in _notes(result, baseline, current, args.only_current_cases):
         print(note)
     if baseline.note:

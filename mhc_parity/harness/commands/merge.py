@@ -356,7 +356,7 @@ def main(argv: list[str]) -> int:
         return error(str(exc))
     except KeyboardInterrupt:  # the shards are untouched; OUT holds no run a reader accepts
         print(
-            f"mhc-parity merge: interrupted ({signals.name}); {args.out} holds no usable run. "
+            f"mhc-parity: interrupted ({signals.name}) while merging; {args.out} holds no usable run. "
             f"Merge again with: {command_line}",
             file=sys.stderr,
         )

@@ -78,6 +78,10 @@ def _sinkhorn(z, iterations: int, r):
     iteration the paths run (`_sinkhorn_log`)."""
     if getattr(r, "primitive", None) is not None:
         return _sinkhorn_log(z, iterations, r)
+    # One materialised z for the max and for its VJP's `z == max` test: XLA:CPU recomputes z in
+    # each consumer's fusion, where an FMA may round it otherwise, and a max matched by no
+    # element divides by a count of 0 (NaN d_x; docs/jax-notes.md, AVX2 at optimisation level 0).
+    z = jax.lax.optimization_barrier(z)
     m = jnp.exp(z - jnp.max(z, axis=(-2, -1), keepdims=True))
     for _ in range(iterations):
         m = m / r(r(jnp.sum(m, axis=-1, keepdims=True), "sinkhorn_sum"), "sinkhorn_log")

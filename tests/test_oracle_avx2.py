@@ -1,0 +1,45 @@
+"""The float64 oracle at a user's `--xla_cpu_max_isa=AVX2` (FMA, optimisation level 0): its
+Sinkhorn max and that max's VJP see one z, so no token's d_x is NaN (docs/jax-notes.md)."""
+
+import json
+import platform
+
+import pytest
+
+from mhc_parity.harness.env import X86_ISA_LEVELS, host_isa
+from tests.cli_support import run_python
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+LEVELS = [name for name, _ in X86_ISA_LEVELS]
+
+# tests/test_oracle_chunks.py's SINKHORN case in chunks of 5 tokens: before the barrier in
+# `oracle_math._sinkhorn`, the chunk of tokens 10-15 gave 120 NaNs in draw 2's d_x.
+CODE = """
+import json
+import numpy as np
+from mhc_parity.cases.branches import get_branch
+from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine import oracle_path
+from mhc_parity.mhc.oracle_chunks import run_oracle_chunks
+
+case = Case(name="chunks-sinkhorn", batch=3, sequence=7, streams=3, embedding=40, branch="tanh",
+            seed=11, variant="sinkhorn", dtype="bfloat16")
+units = oracle_path.noise_units(case)
+fixture, branch = make_fixture(case), get_branch(case.branch)
+chunks = run_oracle_chunks(
+    fixture.x, fixture.weights, branch.apply, fixture.branch_params, fixture.cotangent, case.mhc_config(),
+    draws=[(0, None), (3, units), (4, units), (None, units)], chunk_tokens=5, branch_sites=branch.rounding_sites,
+)
+print(json.dumps([int(np.count_nonzero(~np.isfinite(r.d_x))) for chunk in chunks for r in chunk.results]))
+"""
+
+
+@pytest.mark.skipif(not X86, reason="--xla_cpu_max_isa names x86 levels")
+def test_the_chunked_sinkhorn_oracle_at_avx2_has_no_nan():
+    if host_isa() not in LEVELS or LEVELS.index(host_isa()) < LEVELS.index("AVX2"):
+        pytest.skip(f"this host's newest instruction set is {host_isa() or 'unknown'}")
+    proc = run_python(CODE, xla_flags="--xla_cpu_max_isa=AVX2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(counts) == 5 * 4 and counts == [0] * len(counts), counts

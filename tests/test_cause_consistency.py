@@ -92,10 +92,9 @@ def test_a_rounding_named_on_a_few_of_an_implementation_s_failing_leaves_loses_t
     revised = [r for r, before in zip(stated, rows) if before["cause_id"] == RMS_SUM]
     assert len(revised) == 18
     for row in revised:
-        assert row["cause"].startswith(UNEXPLAINED_WORDS), row["cause"]
-        assert row["cause"].endswith(
-            f"(not named: {RMS_WORDS} [{RMS_SUM}]; the roundings at accumulate:mean_square fit 9 of the 67 leaves "
-            "mosaic's paths fail, no rounding 58)"
+        assert row["cause"] == (
+            f"{UNEXPLAINED_WORDS} (not named: {RMS_WORDS} [{RMS_SUM}]; mosaic's 67 failing leaves: the roundings "
+            "at accumulate:mean_square fit 9, no rounding 58)"
         )
         assert row["cause_explained"] == 0.82, "the row's own numbers are kept"
     # The rows as recorded are not changed, and the unchanged rows are the same objects.
@@ -114,7 +113,7 @@ def test_the_cause_groups_state_one_cause_for_the_whole_fault():
     # summary.md's failure table: each of the 18 rows' cause cell says no rounding, then what fitted.
     failures = markdown.split("### Failures")[1].split("\n### ")[0]
     cells = [line.split(" | ")[6] for line in failures.splitlines() if line.startswith("| case_a | mosaic")]
-    assert len(cells) == 18 and all(c.startswith(f"{UNEXPLAINED_WORDS} (not named: the RMS") for c in cells), cells
+    assert len(cells) == 18 and all(f"{UNEXPLAINED_WORDS} (not named: the RMS" in c for c in cells), cells
 
 
 def test_a_precision_fault_s_own_rounding_holds_where_its_place_fits_more_leaves_than_no_rounding():
@@ -150,16 +149,15 @@ def test_a_precision_fault_s_own_rounding_holds_where_its_place_fits_more_leaves
 
 def test_causes_stated_once_hold_when_stated_again():
     """The rows said not named count neither way again: were they counted as unexplained, a
-    place that held beside them (5 leaves against 4) would lose on a second pass (5 against 7)."""
+    place that held beside them (5 leaves of 9) would lose on a second pass (5 against 4)."""
     rows = []
     for leaf in ("h_pre", "h_post", "d_pre_bias", "d_post_bias", "d_pre_scale"):
         rows += _failing("case_a", MOSAIC, leaf, GATES, GATE_WORDS, 0.97)
     for case in ("case_a", "case_b", "case_c"):
         rows += _failing(case, MOSAIC, "out", COLLAPSE_SUM, "the collapse", 0.9)
-    for case in ("case_a", "case_b", "case_c", "case_d"):
-        rows += _unexplained(case, MOSAIC, "d_x")
+    rows += _unexplained("case_a", MOSAIC, "d_x")
     stated = consistent_causes(rows)
-    assert unheld_places(rows) == {("mosaic", "accumulate:collapse"): (3, 4, 12)}
+    assert unheld_places(rows) == {("mosaic", "accumulate:collapse"): (3, 1, 9)}
     assert sum(r["cause_id"] == GATES for r in stated) == 10
     assert consistent_causes(stated) == stated
 
@@ -206,8 +204,10 @@ def test_a_right_sharded_path_s_chance_match_beside_its_broken_unsharded_partner
         rows += _unexplained("case_b", "interpret/unsharded", leaf)
     assert unheld_places(rows) == {("interpret", "accumulate:mean_square"): (7, 13, 20)}
     assert {r["cause_id"] for r in consistent_causes(rows)} == {"unexplained"}
-    # Where the unsharded path's leaves are the only ones unexplained and the sum fits as many, it holds.
-    fewer = [r for r in rows if r["case"] == "case_m8"]
+    # A tie is not one bug's place (7 of 14); where the sum fits more than half the leaves, it holds.
+    tie = [r for r in rows if r["case"] == "case_m8"]
+    assert unheld_places(tie) == {("interpret", "accumulate:mean_square"): (7, 7, 14)}
+    fewer = [r for r in tie if r["leaf"] != "d_res_bias" or r["candidate"] == sharded]
     assert unheld_places(fewer) == {} and consistent_causes(fewer) == fewer
 
 

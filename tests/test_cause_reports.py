@@ -66,6 +66,9 @@ def test_each_implementation_gets_one_verdict_with_its_causes():
     verdicts = {v.name: v for v in implementation_verdicts(_rows())}
     assert verdicts["reference"].verdict == "pass" and not verdicts["reference"].groups
     assert verdicts["interpret"].verdict == "fail" and len(verdicts["interpret"].groups) == 1
+    # Where it goes wrong, before its causes (issue 67): the forward leaves pass, the pre backward fails.
+    assert verdicts["interpret"].where == "forward passes; first fails in pre_backward (d_post_bias)"
+    assert verdicts["reference"].where == ""
 
 
 def test_the_terminal_summary_lists_each_cause_once_with_its_first_rows():
@@ -73,7 +76,8 @@ def test_the_terminal_summary_lists_each_cause_once_with_its_first_rows():
     assert "8 rows failed, from 1 cause:" in text
     assert text.count("`d_post_bias` of `interpret/*`") == 1
     assert text.rstrip().endswith(
-        "parity: FAIL (" + str(len(_rows())) + " rows): reference pass · interpret FAIL (1 cause)"
+        "parity: FAIL (" + str(len(_rows())) + " rows): reference pass · interpret FAIL "
+        "(forward passes; first fails in pre_backward (d_post_bias); 1 cause)"
     )
 
 

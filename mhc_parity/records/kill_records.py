@@ -98,6 +98,10 @@ class SliceVerdict:
     top_cause_rows: int = 0
     cause_rows: int = 0
     own_cause: bool = False
+    # Row by row: how many of the rows with a cause name the perturbation's own, and how many
+    # name a rounding that is not its own (a place stated with confidence, and wrong).
+    own_cause_rows: int = 0
+    wrong_cause_rows: int = 0
 
     @property
     def caught(self) -> bool:
@@ -110,6 +114,11 @@ class SliceVerdict:
             return "-"
         mark = "own cause" if self.own_cause else "NOT its own cause"
         return f"{self.top_cause} ({self.top_cause_rows}/{self.cause_rows} rows; {mark})"
+
+    @property
+    def own_share(self) -> float:
+        """The share of the rows with a cause that name the perturbation's own (NaN without any)."""
+        return self.own_cause_rows / self.cause_rows if self.cause_rows else float("nan")
 
     @property
     def status(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from mhc_parity.records.cause_consistency import consistent_causes
+from mhc_parity.records.cause_consistency import consistent_causes, located
 from mhc_parity.records.path_names import implementation_of
 from mhc_parity.records.schema import COMPARED_VERDICTS
 from mhc_parity.records.text import format_number, plural
@@ -216,18 +216,21 @@ def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
 @dataclasses.dataclass(frozen=True)
 class ImplementationVerdict:
     """One implementation's verdict over its rows: "pass", "fail", "error" or "skip" (nothing
-    compared), with the cause groups of its failing and error rows."""
+    compared), with the cause groups of its failing and error rows; where: where a failing
+    one goes wrong first (`mhc_parity.records.cause_consistency.located`), read before its causes."""
 
     name: str
     verdict: str
     rows: int
     groups: tuple[CauseGroup, ...]
+    where: str = ""
 
     def as_dict(self) -> dict:
         return {
             "name": self.name,
             "verdict": self.verdict,
             "rows": self.rows,
+            "where": self.where,
             "causes": [g.as_dict() for g in self.groups],
         }
 
@@ -241,5 +244,6 @@ def implementation_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[Implement
     for name, members in by_impl.items():
         seen = {str(r["verdict"]) for r in members}
         verdict = next((v for v in ("error", "fail") if v in seen), "pass" if "pass" in seen else "skip")
-        verdicts.append(ImplementationVerdict(name, verdict, len(members), tuple(cause_groups(members))))
+        where = located(members).get(name, "")
+        verdicts.append(ImplementationVerdict(name, verdict, len(members), tuple(cause_groups(members)), where))
     return verdicts

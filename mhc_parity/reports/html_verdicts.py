@@ -31,8 +31,8 @@ def implementations_section(implementations: Sequence[Mapping], anchors: Mapping
     parts = ['<section id="implementations"><h2>Verdict per implementation</h2><ul class="implementations">']
     for impl in implementations:
         causes = "".join(_cause_html(c, c.get("members", []), anchors) for c in impl["causes"])
-        parts.append(
-            f"<li><b>{esc(impl['name'])}</b>: {verdict_span(impl['verdict'])} ({esc(impl['rows'])} rows){causes}</li>"
-        )
+        where = f" — {esc(impl['where'])}" if impl.get("where") else ""
+        head = f"<b>{esc(impl['name'])}</b>: {verdict_span(impl['verdict'])} ({esc(impl['rows'])} rows){where}"
+        parts.append(f"<li>{head}{causes}</li>")
     parts.append("</ul></section>")
     return "\n".join(parts)

@@ -74,18 +74,34 @@ def _not_caught_lines(results: Sequence[PerturbationResult], statuses: tuple[str
     return lines or ["none"]
 
 
+# The share of a fault's failing rows (per slice) that must name its own cause (issue 67).
+OWN_SHARE_TARGET = 0.9
+
+
+def _share_cell(s) -> str:
+    """`own/with a cause (share)` of one slice's failing rows."""
+    return f"{s.own_cause_rows}/{s.cause_rows} ({s.own_share:.0%})"
+
+
 def _cause_lines(faults: Sequence[PerturbationResult]) -> list[str]:
-    """Per fault and slice with a named cause, the top cause; first, how many are the fault's own."""
+    """Per fault and slice with a named cause: row by row, how many name the fault's own cause
+    and how many a wrong rounding, and the top cause; first, those counts over the faults."""
     pairs = [(r, s) for r in faults for s in r.slices if s.cause_rows]
     lines = []
     for kind, members in (
         ("precision", [p for p in pairs if p[0].causes]),
         ("logic", [p for p in pairs if not p[0].causes]),
     ):
-        own = sum(s.own_cause for _, s in members)
-        lines.append(f"- {kind} faults: the top cause is the fault's own in {own}/{len(members)} (fault, slice) pairs")
-    rows = [[r.name, s.dtype_slice, s.cause_cell] for r, s in pairs]
-    return [*lines, "", md_table(["fault", "dtype slice", "top cause of its failing rows"], rows)]
+        met = sum(s.own_share >= OWN_SHARE_TARGET for _, s in members)
+        own, rows = sum(s.own_cause_rows for _, s in members), sum(s.cause_rows for _, s in members)
+        wrong = sum(s.wrong_cause_rows for _, s in members)
+        lines.append(
+            f"- {kind} faults: the fault's own cause on at least {OWN_SHARE_TARGET:.0%} of the failing rows in "
+            f"{met}/{len(members)} (fault, slice) pairs ({own}/{rows} rows); {wrong} rows name a wrong rounding"
+        )
+    table = [[r.name, s.dtype_slice, _share_cell(s), s.wrong_cause_rows, s.cause_cell] for r, s in pairs]
+    headers = ["fault", "dtype slice", "own cause (rows)", "confidently wrong (rows)", "top cause of its failing rows"]
+    return [*lines, "", md_table(headers, table)]
 
 
 def kill_matrix_markdown(matrix: KillMatrix) -> str:
@@ -117,7 +133,8 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
         "## Causes",
         "",
         "What the failing rows under each fault name as their most likely cause "
-        "(`mhc_parity.harness.engine.causes`): a precision fault's own rounding, and for a logic fault no rounding.",
+        "(`mhc_parity.harness.engine.causes`), row by row: a precision fault's own rounding, and for a logic fault "
+        "no rounding. Confidently wrong: a row that names a rounding not the fault's own.",
         "",
         *_cause_lines(faults),
         "",
@@ -184,6 +201,8 @@ def kill_matrix_document(matrix: KillMatrix, metadata: dict) -> dict:
             "top_cause_rows": s.top_cause_rows,
             "cause_rows": s.cause_rows,
             "own_cause": s.own_cause,
+            "own_cause_rows": s.own_cause_rows,
+            "wrong_cause_rows": s.wrong_cause_rows,
             "closest": None
             if s.closest is None
             else {

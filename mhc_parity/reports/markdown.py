@@ -167,7 +167,8 @@ def _implementation_lines(summary: dict) -> list[str]:
     """One verdict per implementation, each failing one with its causes (largest first)."""
     lines = ["", "### Verdict per implementation", ""]
     for impl in summary.get("implementations", []):
-        lines.append(f"- **{md_cell(impl['name'])}**: {impl['verdict'].upper()}")
+        where = f" — {md_cell(impl['where'])}" if impl.get("where") else ""
+        lines.append(f"- **{md_cell(impl['name'])}**: {impl['verdict'].upper()}{where}")
         lines += [f"  - {markdown_heading(c)}" for c in impl["causes"][:MAX_CAUSES]]
         if len(impl["causes"]) > MAX_CAUSES:
             lines.append(f"  - ... and {len(impl['causes']) - MAX_CAUSES} more causes (see report.json)")

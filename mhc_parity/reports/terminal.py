@@ -175,10 +175,12 @@ def gate_lines(judgement: Judgement) -> list[str]:
 
 
 def implementation_line(verdict: ImplementationVerdict) -> str:
-    """e.g. "interpret FAIL (2 causes)", "reference pass"."""
+    """e.g. "interpret FAIL (forward passes; first fails in pre_backward (d_pre_bias); 2 causes)",
+    "reference pass"."""
     if verdict.verdict in ("pass", "skip"):
         return f"{verdict.name} {verdict.verdict}"
-    return f"{verdict.name} {verdict.verdict.upper()} ({plural(len(verdict.groups), 'cause')})"
+    where = f"{verdict.where}; " if verdict.where else ""
+    return f"{verdict.name} {verdict.verdict.upper()} ({where}{plural(len(verdict.groups), 'cause')})"
 
 
 def sharpness_text(rows, frame: pd.DataFrame | None = None) -> str:

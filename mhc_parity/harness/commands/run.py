@@ -110,6 +110,11 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-lowering", action="store_true", help="skip the TPU lowering rows")
     p.add_argument(
+        "--no-causes",
+        action="store_true",
+        help="do not search the failing rows' causes (cheaper in an edit loop; the verdicts are the same)",
+    )
+    p.add_argument(
         "--jobs",
         default="1",
         metavar="N",
@@ -161,6 +166,7 @@ def selection_of(args) -> RunSelection:
         policy=args.policy,
         lowering=not args.no_lowering,
         inside_envelope=args.inside_envelope,
+        causes=not args.no_causes,
     )
 
 

@@ -45,6 +45,7 @@ from mhc_parity.records.cause_consistency import (
     HELD_IN_ANOTHER_ORDER,
     IN_ANOTHER_ORDER,
     NOT_ATTRIBUTED_ID,
+    NOT_SEARCHED_ID,
     WITHIN_MODEL_ID,
 )
 from mhc_parity.records.text import format_number
@@ -55,6 +56,8 @@ MAX_ATTRIBUTED_ELEMENTS = 5_000_000
 NOT_ATTRIBUTED = (
     "not attributed: the case's {elements:,} fixture elements are more than the hypotheses are run on ({limit:,})"
 )
+# A failing row's cause where the run skipped the search (`--no-causes`).
+NOT_SEARCHED = "causes not searched (--no-causes)"
 # Where a candidate fails against its partner but holds its own bound against the oracle.
 WITHIN_MODEL = (
     "within its rounding model against the oracle (usage {usage}): the partner is closer than the bound allows"
@@ -176,6 +179,15 @@ def rows_needing_causes(
 ) -> list[int]:
     """The indices of the rows `annotate_causes` names a cause for: failing rows that compared leaves."""
     return [i for i, row in enumerate(rows) if _needs_cause(row, candidate_leaves, oracle_leaves)]
+
+
+def not_searched(rows: Sequence[dict], candidate_leaves: Mapping[str, Mapping], oracle_leaves: Mapping) -> list[dict]:
+    """`rows` with every row `annotate_causes` would name a cause for saying none was searched
+    (`--no-causes`): the verdicts are the same, the hypotheses never run."""
+    rows = list(rows)
+    for i in rows_needing_causes(rows, candidate_leaves, oracle_leaves):
+        rows[i] = {**rows[i], "cause": NOT_SEARCHED, "cause_id": NOT_SEARCHED_ID, "cause_explained": float("nan")}
+    return rows
 
 
 def _errors(leaves: Mapping[str, np.ndarray], oracle_leaves: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -44,11 +44,13 @@ from mhc_parity.records.path_names import implementation_glob
 
 @dataclasses.dataclass(frozen=True)
 class PathPlan:
-    """Which implementations and paths run: implementations in order, path-name globs."""
+    """Which implementations and paths run: implementations in order, path-name globs; lowering:
+    the TPU lowering rows; causes: name the failing rows' causes (`mhc_parity.harness.engine.causes`)."""
 
     implementations: tuple[Implementation, ...]
     path_globs: tuple[str, ...] = ("*",)
     lowering: bool = True
+    causes: bool = True
 
     def selects(self, path_name: str) -> bool:
         return any(fnmatch.fnmatchcase(path_name, g) for g in self.path_globs)

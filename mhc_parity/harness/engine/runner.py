@@ -35,7 +35,7 @@ import jax
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
-from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
+from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes, not_searched
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
 from mhc_parity.harness.engine.compile_rows import compile_rows
 from mhc_parity.harness.engine.devices import Placement, PlacementError, path_placement, precision_label, runs_on_host
@@ -305,7 +305,7 @@ class Runner:
         """`run_case`'s rows; `stage[0]` names the stage the case is in."""
         paths = plan.paths_for(case)
         if plan.needs_numbers(case):
-            compared = yield from self._numeric_rows(case, paths, on_step, fixture, oracle_ahead, stage)
+            compared = yield from self._numeric_rows(case, plan, on_step, fixture, oracle_ahead, stage)
             if not compared:  # the fixture or the oracle failed: the case ends with its paths' status rows
                 return
         else:  # no fixture, no oracle: the refused paths' skip rows (no paths selected: none)
@@ -330,11 +330,12 @@ class Runner:
             yield from rows
 
     def _numeric_rows(
-        self, case, paths: Sequence[Path], on_step: StepCallback, fixture, oracle_ahead, stage: list
+        self, case, plan: PathPlan, on_step: StepCallback, fixture, oracle_ahead, stage: list
     ) -> Generator[dict, None, bool]:
         """The rows of the case's paths, from its fixture and oracle answer (`run_case`'s
         arguments); returns (a generator's return) False when the fixture or the oracle failed
         and the case's rows end with its paths' status rows, else True."""
+        paths = plan.paths_for(case)
         try:
             on_step(case, "fixture")
             if fixture is None:
@@ -368,8 +369,8 @@ class Runner:
         material = self._comparison_key(case, fixture, paths, results)
         rows = None if material is None else self.comparison_store.load(material, timings)
         if rows is None:
-            rows = self._judged_rows(case, paths, results, fixture, oracle)
-            if material is not None:
+            rows = self._judged_rows(case, paths, results, fixture, oracle, plan.causes)
+            if material is not None and plan.causes:  # rows without causes are no later run's
                 self.comparison_store.save(material, rows, timings)
         yield from ({**row, **memory} for row in rows)
         return True
@@ -394,8 +395,11 @@ class Runner:
             ],
         )
 
-    def _judged_rows(self, case, paths: Sequence[Path], results: dict[str, _PathResult], fixture, oracle) -> list:
-        """The case's comparison and status rows, their bounds and verdicts, and the failing rows' causes."""
+    def _judged_rows(
+        self, case, paths: Sequence[Path], results: dict[str, _PathResult], fixture, oracle, causes: bool = True
+    ) -> list:
+        """The case's comparison and status rows, their bounds and verdicts, and the failing rows'
+        causes (without `causes`, each failing row says they were not searched)."""
         # Once per implementation: its sharded and unsharded paths make the same choices.
         implementations = {path.impl.name: path.impl for path in paths}
         start = time.perf_counter()
@@ -420,7 +424,9 @@ class Runner:
             candidate_sensitivity=widened,
             elsewhere={path.name for path in paths if path.name in ran and not runs_on_host(path)},
         )
-        if self.cause_store is None:
+        if not causes:
+            rows = not_searched(rows, ran, oracle.leaves)
+        elif self.cause_store is None:
             rows = annotate()
         else:
             rows = self.cause_store.causes(rows, case, fixture, oracle, ran, widened, annotate)

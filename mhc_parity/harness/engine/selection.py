@@ -47,7 +47,8 @@ class RunSelection:
     cases (name globs) / tags / dtype select cases (without suite and cases: the "default"
     suite, or the cases of `case_files`); seed replaces every selected case's seed; paths:
     path-name globs; policy: a tolerance TOML (None: the packaged one); lowering: the TPU
-    lowering rows; inside_envelope: only the cases inside every implementation's envelope."""
+    lowering rows; inside_envelope: only the cases inside every implementation's envelope;
+    causes: name the failing rows' causes (False: `--no-causes`, an edit loop's cheaper failing run)."""
 
     implementations: tuple[Any, ...] = ()
     suite: str | None = None
@@ -60,6 +61,7 @@ class RunSelection:
     policy: pathlib.Path | None = None
     lowering: bool = True
     inside_envelope: bool = False
+    causes: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,7 @@ def configure(selection: RunSelection) -> Configuration:
         implementations=tuple(BUILTIN.values()) + externals,
         path_globs=tuple(selection.paths),
         lowering=selection.lowering,
+        causes=selection.causes,
     )
     unmatched = unmatched_path_globs(plan, cases)
     if unmatched:

@@ -21,7 +21,8 @@
    closest row (largest bound_usage among the rows the perturbation moved) is reported,
    with its usage on clean code. A slice's top cause is the one most of its catching rows
    name, after the perturbation's rows are held to causes that hold across each path's
-   failing leaves (`mhc_parity.records.cause_consistency`).
+   failing leaves (`mhc_parity.records.cause_consistency`); and row by row, how many name the
+   perturbation's own cause and how many a rounding that is not its own (confidently wrong).
 
 A case's passes run in one process, so `run_in_workers(jobs=N)` deals the cases to N
 spawned processes, the costliest first, each taking the next case when it is done: each
@@ -48,7 +49,7 @@ from mhc_parity.harness.faults import BY_NAME
 from mhc_parity.harness.faults.model import Perturbation
 from mhc_parity.harness.faults.passes import CasePasses, CaseRunner
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.records.cause_consistency import consistent_causes
+from mhc_parity.records.cause_consistency import consistent_causes, hypothesis_names
 from mhc_parity.records.kill_records import (
     CATCHING_VERDICTS,
     DTYPE_SLICES,
@@ -126,12 +127,16 @@ def _top_cause(perturbation: Perturbation, rows: Sequence[dict]) -> dict:
         return {}
     cause_id, count = named.most_common(1)[0]
     cause = collections.Counter(r["cause"] for r in rows if r.get("cause_id") == cause_id).most_common(1)[0][0]
+    own = {c: perturbation.names_its_cause(c) for c in named}
     return {
         "top_cause": cause,
         "top_cause_id": cause_id,
         "top_cause_rows": count,
         "cause_rows": sum(named.values()),
-        "own_cause": perturbation.names_its_cause(cause_id),
+        "own_cause": own[cause_id],
+        "own_cause_rows": sum(n for c, n in named.items() if own[c]),
+        # A rounding named that is not the perturbation's own: a wrong place stated with confidence.
+        "wrong_cause_rows": sum(n for c, n in named.items() if not own[c] and hypothesis_names(c)),
     }
 
 

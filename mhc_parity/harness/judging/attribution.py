@@ -54,6 +54,7 @@ none of it elsewhere.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -63,7 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from mhc_parity.harness.judging.error_statistics import upcast
-from mhc_parity.records.cause_consistency import UNEXPLAINED_WORDS
+from mhc_parity.records.cause_consistency import UNEXPLAINED_WORDS, hypothesis_place
 from mhc_parity.records.schema import UNEXPLAINED_CAUSE
 
 # Below this fraction no hypothesis is named: half the squared error is not a rounding's.
@@ -96,6 +97,15 @@ FIT_EVIDENCE = 4
 # step must still remove to go on (an error outside the place's reach stops it in a few).
 FIT_STEPS = 40
 FIT_PROGRESS = 1e-4
+# A hypothesis is contradicted by a leaf the candidate got right where it misses that leaf's
+# error by more than this many times the leaf's own squared error (or σ², the model's noise):
+# a rounding that would move the forward leaves cannot explain a bug whose forward leaves pass
+# (issue 67: a backward accumulator's bug was named the forward RMS norm's sum).
+CONTRADICTS = 9.0
+# The largest per-token relative error a narrow dtype's RMS statistic has (a fit's |p|): its
+# squares, sum and rsqrt each rounded to bfloat16 (2⁻⁸ each) and the sum's growth over a token's
+# terms. A fit past it is no rounding's size (issue 67: an epsilon 10x too large fitted 0.68).
+FIT_MAX_RELATIVE = 2.0**-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,12 +214,13 @@ class FittedHypothesis:
     solutions: object | None = dataclasses.field(default=None, compare=False)
 
 
-def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> HypothesisErrors:
+def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> HypothesisErrors | None:
     """h's errors at the p that best explains `candidate_errors` (leaf -> z_c, every leaf of the
     candidate): least squares over all leaves both have, by conjugate gradients on the normal
     equations (CGLS), at most `FIT_STEPS` steps, stopping once a step removes less than
     `FIT_PROGRESS` of Σ‖z_c‖². A solution `h.solutions` holds is taken instead of solving (the
-    same p and leaves give the same errors), and one solved is given to it."""
+    same p and leaves give the same errors), and one solved is given to it. None where the
+    fitted p is larger than a rounding makes (`FIT_MAX_RELATIVE`, on any token)."""
     solved = h.solutions.get(candidate_errors) if h.solutions is not None else None
     if solved is None:
         p, leaves = _solve(h, candidate_errors)
@@ -217,6 +228,12 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
             h.solutions.put(candidate_errors, p, leaves)
     else:
         p, leaves = solved
+    import os
+
+    if os.environ.get("MHC_DEBUG_FIT"):
+        print("FIT", h.name, "max|p|", float(np.max(np.abs(p))), "rms p", float(np.sqrt(np.mean(p**2))), flush=True)
+    if not np.max(np.abs(p), initial=0.0) <= FIT_MAX_RELATIVE:
+        return None
     fitted = set(leaves)
     fit = {leaf: np.asarray(v, np.float64) for leaf, v in h.apply(p).items() if leaf in fitted}
     return HypothesisErrors(h.name, h.words, h.family, fit)
@@ -279,11 +296,21 @@ class _Scores:
             self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
         return self._excess[key]
 
+    def contradicted(self, names: Sequence[str]) -> bool:
+        """Whether the hypotheses miss a passing leaf's error by more than `CONTRADICTS` times it."""
+        return any(_contradicts(self._residual(names, p), self.total[p]) for p in self.passing)
+
     def score(self, names: Sequence[str], leaf: str) -> float:
         total = self.total[leaf]
-        if not total > 0:
+        if not total > 0 or self.contradicted(names):
             return float("nan")
         return 1.0 - (self._residual(names, leaf) + self.excess(names)) / total
+
+
+def _contradicts(residual: float, total: float) -> bool:
+    """Whether a prediction whose squared miss on a passing leaf is `residual` contradicts that
+    leaf (its squared error `total`, in units of σ²)."""
+    return residual > CONTRADICTS * max(total, 1.0)
 
 
 def attribute_candidate(
@@ -302,18 +329,22 @@ def attribute_candidate(
     none of those does, by size by the `by_size` ones (module docstring). Returns leaf ->
     `Attribution` for every failing leaf.
     """
-    by_values = _attribute_by_values(candidate_errors, [h for h in hypotheses if not h.by_size], failing)
+    valued = [h for h in hypotheses if not h.by_size]
+    by_values = _attribute_by_values(candidate_errors, valued, failing)
     unexplained = [leaf for leaf in failing if not by_values[leaf].is_rounding]
     for h in fitted if unexplained else ():
         evidence = sum(np.size(candidate_errors[leaf]) for leaf in unexplained if leaf in candidate_errors)
         if evidence < FIT_EVIDENCE * math.prod(h.shape):
             continue
         fit = fitted_errors(h, candidate_errors)
-        if _joint_fraction(candidate_errors, fit, unexplained, failing) < EXPLAINED_THRESHOLD:
+        if fit is None or _joint_fraction(candidate_errors, fit, unexplained, failing) < EXPLAINED_THRESHOLD:
             continue  # it matches some leaves' values, not the error: the bug is elsewhere
+        valued.append(fit)
         by_fit = _attribute_by_values(candidate_errors, [fit], failing)
         by_values = {**by_values, **{leaf: by_fit[leaf] for leaf in unexplained if by_fit[leaf].is_rounding}}
         unexplained = [leaf for leaf in unexplained if not by_values[leaf].is_rounding]
+    by_values = _at_one_place(candidate_errors, valued, failing, by_values)
+    unexplained = [leaf for leaf in failing if not by_values[leaf].is_rounding]
     sized = [h for h in hypotheses if h.by_size]
     if not (unexplained and sized):
         return by_values
@@ -331,6 +362,37 @@ def attribute_candidate(
     for leaf in targets:
         found[leaf] = Attribution(best.words + BY_SIZE, joint[best.name], (best.name,), best.words)
     return found
+
+
+def _at_one_place(
+    candidate_errors: Mapping[str, np.ndarray],
+    hypotheses: Sequence[HypothesisErrors],
+    failing: Sequence[str],
+    found: Mapping[str, Attribution],
+) -> dict[str, Attribution]:
+    """`found` with every failing leaf that the place most of them name (`hypothesis_place`)
+    explains named there: one bug is at one place, and a leaf of a few numbers (a scale's
+    gradient) is matched by a rounding elsewhere by chance. The place's best hypothesis on the
+    leaf, where it explains at least `EXPLAINED_THRESHOLD` of it; other leaves keep theirs."""
+    places = collections.Counter(
+        place for a in found.values() for place in dict.fromkeys(hypothesis_place(n) for n in a.names)
+    )
+    if not places:
+        return dict(found)
+    place = places.most_common(1)[0][0]
+    there = [h for h in hypotheses if hypothesis_place(h.name) == place]
+    sums = _Scores(candidate_errors, there, failing)
+    revised = dict(found)
+    for leaf, a in found.items():
+        if leaf not in sums.total or (a.names and all(hypothesis_place(n) == place for n in a.names)):
+            continue
+        scores = {h.name: sums.score((h.name,), leaf) for h in there}
+        scores = {n: v for n, v in scores.items() if np.isfinite(v)}
+        if scores and max(scores.values()) >= EXPLAINED_THRESHOLD:
+            name = max(scores, key=scores.get)
+            words = sums.hypotheses[name].words
+            revised[leaf] = Attribution(words, scores[name], (name,), words)
+    return revised
 
 
 def _joint_fraction(
@@ -359,6 +421,8 @@ def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequen
     def residual(leaf):
         return (root_t[leaf] - scale * root_h[leaf]) ** 2
 
+    if any(_contradicts(residual(p), sizes[p]) for p in passing):
+        return float("-inf")
     excess = max(0.0, sum(residual(p) - sizes[p] for p in passing))
     return 1.0 - (sum(residual(leaf) for leaf in targets) + excess) / sum(sizes[leaf] for leaf in targets)
 

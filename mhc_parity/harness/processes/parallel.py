@@ -84,6 +84,7 @@ class _WorkerSpec:
     impl_specs: tuple[str, ...]
     path_globs: tuple[str, ...]
     lowering: bool
+    causes: bool
     environment: tuple[tuple[str, str], ...]  # the parent's os.environ
     parent_pid: int  # the command's process: the worker ends with it
     # The parent's records of the external code (`mhc_parity.records.foreign_code.known_records`):
@@ -114,7 +115,10 @@ def _start_worker(spec: _WorkerSpec, steps=None) -> None:
         steps.cancel_join_thread()  # a worker's exit never waits on progress messages
         _WORKER["on_step"] = poster(steps)
     _WORKER["plan"] = PathPlan(
-        implementations=tuple(BUILTIN.values()) + externals, path_globs=spec.path_globs, lowering=spec.lowering
+        implementations=tuple(BUILTIN.values()) + externals,
+        path_globs=spec.path_globs,
+        lowering=spec.lowering,
+        causes=spec.causes,
     )
 
 
@@ -137,6 +141,7 @@ def _spec(policy, plan: PathPlan) -> _WorkerSpec:
         impl_specs=tuple(dict.fromkeys(impl.spec for impl in plan.implementations if impl.name not in builtin)),
         path_globs=tuple(plan.path_globs),
         lowering=plan.lowering,
+        causes=plan.causes,
         environment=environment_of_this_process(),
         parent_pid=os.getpid(),
         code_records=known_records(),

@@ -45,6 +45,12 @@ def _coefficients(proj, gates, perms, config: MhcConfig):
     return h_pre, h_post, h_res
 
 
+def accumulate(ref, value) -> None:
+    """Adds one token block's weight-gradient partial (float32) to its accumulator ref (a seam
+    the fault catalogue patches)."""
+    ref[...] += value
+
+
 def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
     n = config.streams
 
@@ -94,7 +100,7 @@ def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
         d_v, d_f = proj_vjp(d_proj)
         dx_ref[...] = (d_v + d_x3.reshape(d_v.shape)).astype(dx_ref.dtype)
         for ref, val in zip(acc_refs, (d_f, *d_gates)):
-            ref[...] += val
+            accumulate(ref, val)
 
     return body
 

@@ -1,0 +1,121 @@
+"""Causes a user can act on (issue 67): one bug is named at most one rounding place, consistent
+with the leaves that pass, and a logic error's size is no rounding's
+(mhc_parity.harness.judging.attribution, mhc_parity.records.cause_consistency)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from mhc_parity.cases import registry
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.faults import matrix as kill_matrix
+from mhc_parity.harness.faults.fault_catalogue import FAULTS
+from mhc_parity.harness.faults.model import Patch, Perturbation, Seam
+from mhc_parity.harness.judging.policy_file import load_policy
+from mhc_parity.records.cause_consistency import (
+    NO_SINGLE_WORDS,
+    NOT_SEARCHED_ID,
+    UNEXPLAINED_WORDS,
+    consistent_causes,
+    hypothesis_names,
+    hypothesis_place,
+    located,
+)
+from mhc_parity.reports.samples import measured_row
+
+# The forward RMS norm's places: a bug in the backward kernel is not there.
+RMS_PLACES = {"accumulate:mean_square", "fit:rms_inverse", "round:mean_square", "round:rms_inverse"}
+
+
+def _stated(perturbation: Perturbation, implementations: tuple[str, ...], case_names: tuple[str, ...], **plan):
+    plan = PathPlan(implementations=tuple(BUILTIN[n] for n in implementations), lowering=False, **plan)
+    with perturbation.injected():
+        rows = [row for name in case_names for row in Runner(load_policy()).run_case(registry.get(name), plan)]
+    return consistent_causes(rows)
+
+
+def _partials_in_bfloat16(original_accumulate):
+    """The pre backward kernel's accumulation with each token block's partial rounded to bfloat16."""
+    del original_accumulate
+
+    def accumulate_bf16_partials(ref, value):
+        ref[...] += value.astype(jnp.bfloat16).astype(jnp.float32)
+
+    return accumulate_bf16_partials
+
+
+def _epsilon_ten_times(original_rms_inverse):
+    def rms_inverse_epsilon_10x(v, epsilon):
+        return original_rms_inverse(v, 10 * epsilon)
+
+    return rms_inverse_epsilon_10x
+
+
+@pytest.mark.slow
+def test_a_backward_accumulator_rounding_names_one_place_at_most_and_not_the_forward_rms_norm():
+    """Item 1: each block's weight-gradient partial rounded to bfloat16. Every forward leaf
+    passes; the gradients were named the gates' gradient rounding, the RMS statistic's sum of
+    squares in bfloat16 and no rounding, all at once."""
+    bug = Perturbation(
+        name="kernel.weight_grad_partials_bf16",
+        description="each token block's weight-gradient partial rounded to bfloat16",
+        patches=(Patch(Seam("mhc_parity.mhc.kernels.backward", "accumulate"), _partials_in_bfloat16),),
+        implementations=("interpret",),
+    )
+    stated = _stated(bug, ("reference", "interpret"), ("lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms",))
+    failing = [r for r in stated if r["verdict"] == "fail"]
+    assert failing and {r["candidate"].split("/")[0] for r in failing} == {"interpret"}
+    assert all(r["leaf"].startswith("d_") for r in failing), "the forward leaves pass"
+    places = {hypothesis_place(n) for r in failing for n in hypothesis_names(r["cause_id"])}
+    assert len(places) <= 1 and not places & RMS_PLACES, {r["leaf"]: r["cause"] for r in failing}
+    assert located(stated)["interpret"].startswith("forward passes; first fails in pre_backward (d_")
+
+
+@pytest.mark.slow
+def test_an_epsilon_ten_times_too_large_names_no_rounding_on_any_row():
+    """Item 2: the RMS epsilon 10x too large on near-zero tokens (reference path). Every row
+    named a rounding; the per-token fit alone took 13 of 20 at 100%, with relative errors of
+    0.7 per token, far past what a narrow dtype's statistic makes."""
+    bug = Perturbation(
+        name="reference.rms_epsilon_10x",
+        description="the RMS epsilon 10x too large",
+        patches=(Patch(Seam("mhc_parity.mhc.common", "rms_inverse"), _epsilon_ten_times),),
+        implementations=("reference",),
+    )
+    stated = _stated(bug, ("reference",), ("lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms",))
+    failing = [r for r in stated if r["verdict"] == "fail"]
+    assert len(failing) >= 10
+    assert all(not hypothesis_names(r["cause_id"]) for r in failing), {r["leaf"]: r["cause"] for r in failing}
+    assert all(r["cause"].startswith((UNEXPLAINED_WORDS, NO_SINGLE_WORDS)) for r in failing)
+    # `--no-causes`: the same verdicts, and no search (the edit loop's failing run).
+    unsearched = _stated(bug, ("reference",), ("lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms",), causes=False)
+    assert [r["verdict"] for r in unsearched] == [r["verdict"] for r in stated]
+    assert {r["cause_id"] for r in unsearched if r["verdict"] == "fail"} == {NOT_SEARCHED_ID}
+
+
+def _failing(case, leaf, cause_id):
+    row = measured_row(case, "mosaic/unsharded", "oracle", "vs_oracle", leaf, "weight_grad", "float32", 1.0)
+    return {**row, "verdict": "fail", "bound_usage": 50.0, "cause": f"words of {cause_id}", "cause_id": cause_id}
+
+
+def test_leaves_that_need_several_places_say_no_single_rounding_and_the_kill_matrix_counts_rows():
+    """Three places on five leaves, none on more than half: none is named, and the rows say so;
+    the kill matrix counts, row by row, the own cause and the confidently wrong ones."""
+    gates = "round:gate_weight/pre_and_post_gates:backward:bfloat16"
+    projection = "accumulate:projection:second_cotangent:bfloat16:128"
+    rms = "accumulate:mean_square:value:bfloat16:term"
+    case = registry.get("lite-n4-c256-b2s128-f32-w32-identity-default-bt32-bf128")
+    rows = [_failing(case.name, "d_pre_bias", gates), _failing(case.name, "d_post_bias", gates)]
+    rows += [_failing(case.name, "d_norm_scale", projection), _failing(case.name, "d_pre_alpha", projection)]
+    rows += [_failing(case.name, "d_res_alpha", rms)]
+    stated = consistent_causes(rows)
+    assert {r["cause_id"] for r in stated} == {"unexplained"}
+    assert all(r["cause"].startswith(NO_SINGLE_WORDS + " (not named: words of ") for r in stated)
+    fault = FAULTS["kernel.accumulators_reset_every_block"]  # a logic fault: no rounding is its cause
+    recorded = kill_matrix._top_cause(fault, rows)
+    assert (recorded["own_cause_rows"], recorded["wrong_cause_rows"], recorded["cause_rows"]) == (0, 5, 5)
+    (verdict,) = [s for s in kill_matrix.judge(fault, rows, [], [case], 0.0).slices if s.cause_rows]
+    assert (verdict.own_cause_rows, verdict.wrong_cause_rows, verdict.own_share) == (5, 0, 1.0)

@@ -228,10 +228,6 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
             h.solutions.put(candidate_errors, p, leaves)
     else:
         p, leaves = solved
-    import os
-
-    if os.environ.get("MHC_DEBUG_FIT"):
-        print("FIT", h.name, "max|p|", float(np.max(np.abs(p))), "rms p", float(np.sqrt(np.mean(p**2))), flush=True)
     if not np.max(np.abs(p), initial=0.0) <= FIT_MAX_RELATIVE:
         return None
     fitted = set(leaves)

@@ -230,9 +230,11 @@ BENCH_SUITES = $(if $(filter command line,$(origin SUITE)),$(SUITE),default maxt
 bench: setup
 	$(foreach suite,$(BENCH_SUITES),$(PY) bench/parity_bench.py --suite $(suite) --results $(RESULTS)/bench-$(suite).md &&) true
 
-# What naming a failing run's causes costs: the default suite with d_post_bias broken, cold and warm.
+# What naming a failing run's causes costs: the smoke suite with d_post_bias broken, cold and warm,
+# against the passing run, with and without --no-causes (CAUSES_SUITE=default for the default suite).
+CAUSES_SUITE ?= smoke
 bench-causes: setup
-	$(PY) bench/causes_bench.py --suite $(SUITE) --results $(RESULTS)/bench-causes-$(SUITE).md
+	$(PY) bench/causes_bench.py --suite $(CAUSES_SUITE) --results $(RESULTS)/bench-causes-$(CAUSES_SUITE).md
 
 # Report writing alone (mhc_parity.reports.write_all and `mhc-parity render`) on the run in $(OUT) (`make parity` first).
 bench-reports: setup

@@ -197,10 +197,11 @@ def run_once(
     jobs: str,
     project: pathlib.Path = ROOT,
     edited_file: str = EDITED_FILE,
+    extra: tuple[str, ...] = (),
 ) -> dict:
     """One CLI run in a child process (from `project`'s sources, whose `edited_file` it checks
     the run used), with the suite's own arguments (`SUITES`) and `--jobs jobs` (a number or
-    "auto", which the run resolves: its metadata says to what); returns its figures."""
+    "auto", which the run resolves: its metadata says to what) and `extra` arguments; returns its figures."""
     env = dict(os.environ, MHC_PARITY_CACHE=str(cache))
     command = [
         sys.executable,
@@ -209,12 +210,13 @@ def run_once(
         "run",
         "--suite",
         suite,
-        *SUITES[suite].arguments,
+        *(SUITES[suite].arguments if suite in SUITES else ()),
         "--out",
         str(out),
         "--quiet",
         "--jobs",
         str(jobs),
+        *extra,
     ]
     start, busy_start = time.perf_counter(), busy_cpu_seconds()
     proc = subprocess.run(

@@ -4,7 +4,10 @@ with the leaves that pass, and a logic error's size is no rounding's
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from mhc_parity.cases import registry
@@ -14,6 +17,7 @@ from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.faults import matrix as kill_matrix
 from mhc_parity.harness.faults.fault_catalogue import FAULTS
 from mhc_parity.harness.faults.model import Patch, Perturbation, Seam
+from mhc_parity.harness.judging.attribution import FittedHypothesis, HypothesisErrors, attribute_candidate
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.cause_consistency import (
     NO_SINGLE_WORDS,
@@ -119,3 +123,41 @@ def test_leaves_that_need_several_places_say_no_single_rounding_and_the_kill_mat
     assert (recorded["own_cause_rows"], recorded["wrong_cause_rows"], recorded["cause_rows"]) == (0, 5, 5)
     (verdict,) = [s for s in kill_matrix.judge(fault, rows, [], [case], 0.0).slices if s.cause_rows]
     assert (verdict.own_cause_rows, verdict.wrong_cause_rows, verdict.own_share) == (5, 0, 1.0)
+
+
+def test_a_hypothesis_a_passing_leaf_contradicts_is_not_named():
+    """It explains the failing leaf exactly but predicts 5σ on a leaf the candidate got right:
+    a forward rounding cannot explain a bug whose forward leaves pass. Held to that leaf only
+    as a share of the failing leaf's error, it was named at 99.7%."""
+    rng = np.random.default_rng(3)
+    error = rng.normal(size=64) * 10.0
+    candidate = {"d_norm_scale": error, "out": rng.normal(size=64) * 0.01}
+    forward = HypothesisErrors("accumulate:mean_square:value:bfloat16:1", "the RMS sum", "mean_square", {
+        "d_norm_scale": error, "out": rng.normal(size=64) * 5.0 / 8.0
+    })  # fmt: skip
+    (found,) = attribute_candidate(candidate, [forward], ["d_norm_scale"]).values()
+    assert not found.is_rounding, found
+    backward = dataclasses.replace(forward, name="round:gate_weight/g:backward:bfloat16", errors={
+        "d_norm_scale": error, "out": np.zeros(64)
+    })  # fmt: skip
+    (found,) = attribute_candidate(candidate, [backward], ["d_norm_scale"]).values()
+    assert found.is_rounding and found.explained > 0.99
+
+
+def test_a_fitted_error_larger_than_a_narrow_dtype_makes_is_not_named():
+    """A per-token fit names the RMS statistic in a narrow dtype only at a rounding's size: a
+    relative error of 0.01 per token is, one of 0.7 on a token (an epsilon 10x too large on a
+    near-zero token) is not."""
+    rng = np.random.default_rng(5)
+    sigmas = 1e3 * rng.normal(size=(64, 4))  # the leaf's change in σ per relative error of a token
+    fitted = FittedHypothesis(
+        "fit:rms_inverse:differentiated",
+        "the RMS statistic computed in a narrow dtype",
+        "rms_inverse:forward",
+        (4,),
+        lambda p: {"out": sigmas @ p},
+        lambda z: sigmas.T @ z.get("out", np.zeros(64)),
+    )
+    for p, named in ((np.full(4, 0.01), True), (np.array([0.7, 0.0, 0.01, 0.01]), False)):
+        (found,) = attribute_candidate({"out": sigmas @ p}, [], ["out"], [fitted]).values()
+        assert found.is_rounding == named, (p, found)

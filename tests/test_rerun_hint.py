@@ -36,7 +36,8 @@ def test_the_command_names_the_failing_cases_and_keeps_how_they_ran():
             suite="default",
             tags=("quick",),
             paths=("reference/*", "my/*"),
-            implementations=(("my", "pkg.kernels:factory"),),
+            # One factory giving two implementations is one --impl.
+            implementations=(("my", "pkg.kernels:factory"), ("my-fixed", "pkg.kernels:factory")),
             case_files=("cases.toml",),
             seed=3,
             lowering=False,

@@ -60,7 +60,8 @@ def rerun_command(manifest: Manifest, cases: Iterable[str], out: str | Path, bas
     words += ["--cases", *cases] if joined else ["--cases", ",".join(cases)]
     if tuple(request.paths) != ("*",):
         words += ["--paths", *request.paths]
-    for _name, spec in request.implementations:
+    # A factory that returns several implementations is recorded once per implementation.
+    for spec in dict.fromkeys(spec for _name, spec in request.implementations):
         words += ["--impl", spec]
     for case_file in request.case_files:
         words += ["--case-file", str(case_file)]

@@ -14,7 +14,7 @@ import pytest
 from mhc_parity.harness.commands.gate import main
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import ReportInputError, load_baseline, write_baseline
-from mhc_parity.reports.baseline import BASELINE_COLUMNS, header_line, render_baseline
+from mhc_parity.reports.baseline import BASELINE_COLUMNS, BASELINE_FORMAT_VERSION, header_line, render_baseline
 from mhc_parity.reports.drift import DTYPE_EPSILON, growth, noise_floor
 from mhc_parity.reports.gate import gate
 from mhc_parity.reports.markdown import gate_markdown
@@ -80,7 +80,7 @@ def test_injected_regression_fails_and_is_printed():
 def test_a_format_1_baseline_is_read_only_when_legacy_baselines_are_allowed(tmp_path):
     """Format 1 has no digest: read (its sensitivities as NaN) only when the reader asks for it."""
     path = write_baseline(passing_rows(), tmp_path / "new.csv", policy_hash="p1")
-    assert path.read_text().startswith("# mhc-parity baseline format=4 policy_hash=p1 rows=")
+    assert path.read_text().startswith(f"# mhc-parity baseline format={BASELINE_FORMAT_VERSION} policy_hash=p1 rows=")
     old = as_format_1(path, tmp_path / "old.csv")
     with pytest.raises(
         ReportInputError, match=r"format 1 is a legacy format .* read only with --allow-legacy-baseline"
@@ -266,7 +266,7 @@ def test_baseline_file_is_small_sorted_rounded_and_deterministic(tmp_path):
     keys = [tuple(line.split(",")[:4]) for line in lines[2:]]
     assert keys == sorted(keys) and len(keys) == len(rows)
     loaded = load_baseline(first)
-    assert loaded.policy_hash == "sha256:1" and loaded.format_version == 4
+    assert loaded.policy_hash == "sha256:1" and loaded.format_version == BASELINE_FORMAT_VERSION
     assert list(loaded.frame.columns) == list(BASELINE_COLUMNS)
     value = find(rows, "bf16_small", "out")["cand_oracle_rms_err"]
     stored = loaded.frame.loc[
@@ -566,9 +566,11 @@ HEADER_EDITS = {
     "implementation": lambda header: header.replace(" rows=", " implementation=my_mhc rows="),
     "matmul_precision": lambda header: header.replace(" rows=", " matmul_precision=default=bfloat16 rows="),
     "backend": lambda header: header.replace(" rows=", " backend=tpu rows="),
-    "format": lambda header: header.replace("format=4", "format=2").replace(" sha256=", " body_sha256="),
+    "format": lambda header: header.replace(f"format={BASELINE_FORMAT_VERSION}", "format=2").replace(
+        " sha256=", " body_sha256="
+    ),
     # format 3 is still read (sealed alike, without the gain columns): the columns then do not match
-    "format_3": lambda header: header.replace("format=4", "format=3"),
+    "format_3": lambda header: header.replace(f"format={BASELINE_FORMAT_VERSION}", "format=3"),
 }
 
 

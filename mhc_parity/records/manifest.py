@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mhc_parity.records.files import atomic_write
+from mhc_parity.records.identity import Identity, Selection, environment_record
 from mhc_parity.records.outputs import WRITER_LOCK_FILE
 from mhc_parity.records.project_code import code_files, current_sha256, digest_of, in_code_dirs, project_code_files
 from mhc_parity.records.space_reserve import RESERVE_FILE, release_reserve
@@ -94,6 +95,7 @@ class RunRequest:
     paths: tuple[str, ...]
     implementations: tuple[tuple[str, str], ...]
     lowering: bool
+    inside_envelope: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -116,6 +118,7 @@ class RunRequest:
             paths=tuple(data["paths"]),
             implementations=tuple((i["name"], i["spec"]) for i in data["implementations"]),
             lowering=bool(data["lowering"]),
+            inside_envelope=bool(data.get("inside_envelope", False)),  # not recorded before it was asked
         )
 
 
@@ -175,6 +178,9 @@ class Manifest:
     shard: str = ""
     shard_of: tuple[str, ...] = ()
     shard_of_digest: str = ""
+    # The environment the run makes its numbers in (`mhc_parity.records.identity.environment_record`),
+    # recorded when it starts: () in a manifest written before it was.
+    environment: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def new(
@@ -188,9 +194,11 @@ class Manifest:
         command_line: str,
         shard: str = "",
         shard_of: Sequence = (),
+        environment: Mapping[str, Any] = MappingProxyType({}),
     ) -> Manifest:
         """A fresh "running" manifest for `cases` (Case objects) under `policy`.
 
+        environment: this process's record (`mhc_parity.harness.engine.run_info.identity_environment`).
         shard: "K/N" when `cases` are shard K of N of the selection `shard_of` (Case objects).
         extra_code_files: the external implementations' code (`code_files`).
         """
@@ -213,6 +221,7 @@ class Manifest:
             shard=shard,
             shard_of=tuple(c.name for c in shard_of),
             shard_of_digest=selection_digest(shard_of) if shard else "",
+            environment=environment_record(environment) if environment else (),
         )
 
     # -- state transitions -----------------------------------------------------------
@@ -334,35 +343,27 @@ class Manifest:
         changed |= {k for k, v in recorded.items() if k not in project and current_sha256(k) != v}
         return sorted(changed)
 
+    def identity(self) -> Identity:
+        """What this run's verdict rests on (`mhc_parity.records.identity`)."""
+        return Identity(
+            code=self.code_digest,
+            policy=self.policy_digest,
+            selection=Selection.of_manifest(self),
+            selection_digest=self.selection_digest,
+            environment=self.environment,
+            code_files=self.code_files,
+        )
+
     def differences(self, other: Manifest) -> list[str]:
-        """Why `other` (a new request) is not this run: one phrase per difference, [] if none."""
-        found = []
-        if self.cases != other.cases:
-            removed = [c for c in self.cases if c not in other.cases]
-            added = [c for c in other.cases if c not in self.cases]
-            parts = [f"{len(self.cases)} -> {len(other.cases)} cases"]
-            parts += [f"{label} {_few(names)}" for label, names in (("dropped", removed), ("added", added)) if names]
-            if not removed and not added:
-                parts.append("same cases in another order")
-            found.append("cases: " + ", ".join(parts))
-        elif self.selection_digest != other.selection_digest:
-            found.append("case specs differ under the same names (an edited case file?)")
+        """Why `other` (a new request) is not this run: one phrase per difference, [] if none:
+        the identities' (`Identity.differences`), then the shard and the request's seed and paths."""
+        found = self.identity().differences(other.identity())
         if self.shard != other.shard:
             found.append(f"shard: {self.shard or 'none'} -> {other.shard or 'none'}")
-        request_fields = ("seed", "paths", "implementations", "lowering")
-        for name in request_fields:
+        for name in ("seed", "paths"):
             before, after = getattr(self.request, name), getattr(other.request, name)
             if before != after:
                 found.append(f"{name}: {_show(before)} -> {_show(after)}")
-        if self.policy_digest != other.policy_digest:
-            found.append(
-                f"policy: {self.policy_source} ({self.policy_digest[:SHORT_DIGEST]}) -> "
-                f"{other.policy_source} ({other.policy_digest[:SHORT_DIGEST]})"
-            )
-        if self.code_digest != other.code_digest:
-            before, after = dict(self.code_files), dict(other.code_files)
-            changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-            found.append(f"code under test: {_few(changed)} changed")
         return found
 
     # -- JSON ------------------------------------------------------------------------
@@ -371,6 +372,7 @@ class Manifest:
         data = dataclasses.asdict(self)
         data["request"] = self.request.to_json()
         data["code_files"] = dict(self.code_files)
+        data["environment"] = dict(self.environment)
         data["case_records"] = [record.to_json() for record in self.case_records]
         data["cases_done"] = self.cases_done  # for a reader of the file; derived from case_records
         return {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **data}
@@ -384,7 +386,8 @@ class Manifest:
             hint = ": it records no per-case row digests, so its rows cannot be checked; rerun it" if older else ""
             raise ManifestError(f"{where}: {problem}{hint}")
         try:
-            fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+            fields = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name != "environment"}
+            fields["environment"] = tuple((str(k), str(v)) for k, v in dict(data.get("environment") or {}).items())
             fields["request"] = RunRequest.from_json(fields["request"])
             for name in ("cases", "path_names", "resumed", "shard_of"):
                 fields[name] = tuple(str(v) for v in fields[name])
@@ -402,7 +405,7 @@ class Manifest:
             raise ManifestError(f"{where}: unknown run state {manifest.state!r} (expected one of {STATES})")
         return manifest
 
-    def identity(self) -> dict:
+    def naming_fields(self) -> dict:
         """A few flat fields naming this run, for the reports' environment block."""
         return {
             "run_id": self.run_id,

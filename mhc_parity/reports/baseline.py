@@ -69,6 +69,7 @@ from typing import Any
 import pandas as pd
 
 from mhc_parity.records.environment import HEADER_KEYS, environment_of
+from mhc_parity.records.identity import Selection
 from mhc_parity.records.manifest import MANIFEST_FILE, REPORT_FILES
 from mhc_parity.records.rows import (
     ReportInputError,
@@ -85,7 +86,7 @@ from mhc_parity.reports.causes import uncompared
 from mhc_parity.reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, PRE_GAIN_GATE_COLUMNS, gate_frame
 
 BASELINE_COLUMNS = GATE_COLUMNS
-BASELINE_FORMAT_VERSION = 4
+BASELINE_FORMAT_VERSION = 5
 # Format 1 lacked the oracle sensitivity (`mhc_parity.reports.drift`); it is read (as NaN) as a legacy format.
 # Formats 2 and 3 lack the oracle gain (`mhc_parity.reports.drift.GAIN_COLUMNS`), read as NaN: format 3
 # (sealed like format 4) is still current, judged without the systematic-shift rule, and the gate says so.
@@ -93,10 +94,11 @@ COLUMNS_OF_FORMAT = {
     1: LEGACY_GATE_COLUMNS,
     2: PRE_GAIN_GATE_COLUMNS,
     3: PRE_GAIN_GATE_COLUMNS,
+    4: BASELINE_COLUMNS,
     BASELINE_FORMAT_VERSION: BASELINE_COLUMNS,
 }
 # The formats whose header digest covers every header field and row (`file_digest`).
-SEALED_FORMATS = (3, BASELINE_FORMAT_VERSION)
+SEALED_FORMATS = (3, 4, BASELINE_FORMAT_VERSION)
 # The formats read only when the reader allows legacy baselines, and what each leaves unverified.
 LEGACY_FORMATS = {
     1: "its rows and header are covered by no digest",
@@ -108,6 +110,13 @@ BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
 SUITE_KEY = "suite"
+# Format 5's record of the selection beyond its rows (`mhc_parity.records.identity.Selection`):
+# the external implementations it ran ("none": the built-in paths only), whether it ran the
+# lowering rows and only the cases inside the implementations' envelopes ("yes"/"no").
+IMPLEMENTATIONS_KEY = "implementations"
+LOWERING_KEY = "lowering"
+ENVELOPE_KEY = "inside_envelope"
+NO_IMPLEMENTATIONS = "none"
 POLICY_KEY = "policy_hash"
 # What a header written without a policy said (format 1 and 2 only: formats 3 and 4 refuse it).
 NO_POLICY = "-"
@@ -137,6 +146,9 @@ class Baseline:
     implementation: str | None = None
     # the suite its rows were selected from (`mhc_parity.records.run_suite`); None: not recorded
     suite: str | None = None
+    # what its rows cover: cases and paths from the rows, the rest from the header (format 5) or,
+    # before it was recorded, the implementations from the rows' paths (`selection_of`)
+    selection: Selection | None = None
 
     @property
     def unverified(self) -> str:
@@ -174,19 +186,47 @@ def header_line(
     implementation: str | None = None,
     rows: int | None = None,
     suite: str | None = None,
+    selection: Selection | None = None,
 ) -> str:
     """The baseline's first line up to its digest (format version, policy hash, the
-    `HEADER_KEYS` given, the implementation it belongs to, the suite its rows come from and
-    the row count): what `sealed` completes with the file's SHA-256."""
+    `HEADER_KEYS` given, the implementation it belongs to, the suite its rows come from, what
+    `selection` records beyond the rows (`selection_fields`) and the row count): what `sealed`
+    completes with the file's SHA-256."""
     values = {
         **{key: (environment or {}).get(key) for key in HEADER_KEYS},
         IMPLEMENTATION_KEY: implementation,
         SUITE_KEY: suite,
+        **selection_fields(selection),
     }
     if rows is not None:
         values[ROWS_KEY] = str(rows)
     fields = "".join(f" {key}={urllib.parse.quote(str(value), safe='=,.:+')}" for key, value in values.items() if value)
     return f"{BASELINE_MAGIC} format={BASELINE_FORMAT_VERSION} {POLICY_KEY}={policy_hash or NO_POLICY}{fields}"
+
+
+def selection_fields(selection: Selection | None) -> dict[str, str]:
+    """The header fields of format 5 for `selection` ({} for None: the rows alone then say what they cover)."""
+    if selection is None:
+        return {}
+    fields = {IMPLEMENTATIONS_KEY: ",".join(selection.implementations) or NO_IMPLEMENTATIONS}
+    for key, value in ((LOWERING_KEY, selection.lowering), (ENVELOPE_KEY, selection.inside_envelope)):
+        if value is not None:
+            fields[key] = "yes" if value else "no"
+    return fields
+
+
+def selection_of(frame: pd.DataFrame, header: Mapping[str, str]) -> Selection:
+    """What a baseline's rows cover (`frame`: its rows; `header`: `parse_header`'s fields): cases and
+    paths from the rows; implementations, lowering and envelope from a format-5 header, else the
+    implementations its rows' paths name and the rest unrecorded."""
+    recorded = {}
+    if header.get(IMPLEMENTATIONS_KEY):
+        names = header[IMPLEMENTATIONS_KEY]
+        recorded["implementations"] = () if names == NO_IMPLEMENTATIONS else tuple(names.split(","))
+    for name, key in (("lowering", LOWERING_KEY), ("inside_envelope", ENVELOPE_KEY)):
+        if header.get(key) in ("yes", "no"):
+            recorded[name] = header[key] == "yes"
+    return Selection.of_rows(frame, **recorded)
 
 
 def file_digest(header: bytes, body: bytes) -> str:
@@ -208,6 +248,7 @@ def render_baseline(
     environment: Mapping[str, str] | None = None,
     implementation: str | None = None,
     suite: str | None = None,
+    selection: Selection | None = None,
 ) -> str:
     """The baseline file's text for a row set (full rows or gate columns); with
     `implementation`, the header names the implementation the rows belong to, with `suite`
@@ -226,7 +267,7 @@ def render_baseline(
     writer.writerow(BASELINE_COLUMNS)
     for record in frame.to_dict(orient="records"):
         writer.writerow([format_cell(c, record[c]) for c in BASELINE_COLUMNS])
-    header = header_line(policy_hash, environment, implementation, rows=len(frame), suite=suite)
+    header = header_line(policy_hash, environment, implementation, rows=len(frame), suite=suite, selection=selection)
     return sealed(header, body.getvalue())
 
 
@@ -272,6 +313,7 @@ def write_baseline(
     policy_hash: str | None = None,
     implementation: str | None = None,
     suite: str | None = None,
+    selection: Selection | None = None,
 ) -> Path:
     """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
 
@@ -302,6 +344,7 @@ def write_baseline(
         environment=environment,
         implementation=implementation,
         suite=suite,
+        selection=selection,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     _replace_atomically(path, text.encode("utf-8"))

@@ -42,6 +42,7 @@ from mhc_parity.reports.baseline import (
     body_digest,
     file_digest,
     parse_header,
+    selection_of,
 )
 from mhc_parity.reports.drift import GROWTH_METRICS, gate_frame
 
@@ -215,4 +216,5 @@ def load_baseline(path: str | Path, *, allow_legacy: bool = False, legacy_option
         environment={key: header[key] for key in HEADER_KEYS if header.get(key)},
         implementation=header.get(IMPLEMENTATION_KEY) or None,
         suite=header.get(SUITE_KEY) or None,
+        selection=selection_of(frame, header),
     )

@@ -7,7 +7,8 @@ reads their regressions as rows the baseline does not hold, and passes. `mhc-par
 therefore writes over an existing baseline only the rows of the suite it records
 (`overwrite_refusal`). A file that records no suite (written before the header held one, or
 by the pytest plugin) is judged by its cases: it is replaced only by rows that keep every
-case it holds.
+case it holds. Within one suite, rows that cover less than the file (fewer paths, no lowering,
+no `--impl`: `narrowing_refusal`) replace it only with `--allow-narrower`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ import csv
 from collections.abc import Iterable
 from pathlib import Path
 
-from mhc_parity.reports.baseline import SUITE_KEY, parse_header
+import pandas as pd
+
+from mhc_parity.records.identity import Selection
+from mhc_parity.reports.baseline import SUITE_KEY, parse_header, selection_of
 from mhc_parity.reports.baseline_load import is_baseline_file, read_first_line
 
+# The option of `mhc-parity baseline` that lets narrower rows replace a baseline (`narrowing_refusal`).
+ALLOW_NARROWER = "--allow-narrower"
 # What the refusal tells a user to do instead (`mhc-parity baseline --to`, make's BASELINE=).
 ELSEWHERE = "write them to another file (--to FILE; with make: BASELINE=FILE on its command line)"
 
@@ -34,9 +40,36 @@ def describe_suite(suite: str | None) -> str:
 def baseline_cases(path: Path) -> set[str]:
     """The case names of the rows of the baseline file `path` (read leniently: the file is
     about to be replaced, so what its digest says does not matter here)."""
+    return set(_baseline_rows(path)["case"])
+
+
+def _baseline_rows(path: Path) -> pd.DataFrame:
+    """The case and candidate of each row of the baseline file `path`, read leniently (as `baseline_cases`)."""
     with path.open(encoding="utf-8", errors="replace", newline="") as handle:
         handle.readline()  # the header line
-        return {row["case"] for row in csv.DictReader(handle) if row.get("case")}
+        pairs = [(row["case"], row.get("candidate") or "") for row in csv.DictReader(handle) if row.get("case")]
+    return pd.DataFrame(pairs, columns=["case", "candidate"])
+
+
+def narrowing_refusal(target: Path, selection: Selection, *, elsewhere: str = ELSEWHERE) -> str:
+    """Why rows covering `selection` must not replace the baseline `target` ("" if they may): it
+    covers cases, paths or external implementations they lack (`Selection.uncovered`), so the
+    gate would stop judging those. `ALLOW_NARROWER` lets them through (a case or path removed
+    on purpose)."""
+    target = Path(target)
+    if not is_baseline_file(target):
+        return ""
+    old = selection_of(_baseline_rows(target), parse_header(read_first_line(target)) or {})
+    lost = selection.uncovered(old)
+    dropped = [name for name in old.implementations if name not in selection.implementations]
+    if dropped:
+        lost.append(f"implementations {', '.join(dropped)}")
+    if not lost:
+        return ""
+    return (
+        f"{target} covers more than these rows: {'; '.join(lost)} would be dropped, and the gate would stop "
+        f"judging them; refusing to narrow it: {elsewhere}, or pass {ALLOW_NARROWER} to replace it"
+    )
 
 
 def overwrite_refusal(target: Path, suite: str | None, cases: Iterable[str], *, elsewhere: str = ELSEWHERE) -> str:

@@ -34,6 +34,13 @@ from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.text import plural
 from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
 from mhc_parity.reports.comparability import comparability_refusal, current_cases, gated_frame
+from mhc_parity.reports.coverage import (
+    coverage_refusal,
+    device_note,
+    environment_refusal,
+    untested_implementations,
+    without_implementations,
+)
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
 from mhc_parity.reports.gate import ROW_COUNT_WORDS, GateFinding, GateResult, gate_frames
 from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem
@@ -111,7 +118,9 @@ def judge(
     `mhc-parity gate --only-current-cases`. ValueError for a growth factor <= 1 or a
     negative noise floor, as `mhc_parity.reports.gate.gate`."""
 
-    isa_note = isa_difference(baseline.metadata, current.metadata)
+    isa_note = " ".join(
+        n for n in (isa_difference(baseline.metadata, current.metadata), device_note(baseline, current)) if n
+    )
 
     def refused(reason: str) -> Judgement:
         return Judgement(str(baseline.source), None, refusal=reason, note=baseline.note, isa_note=isa_note)
@@ -123,10 +132,22 @@ def judge(
     refusal = comparability_refusal(
         baseline, current, allow_policy_change=allow_policy_change, allow_precision_change=allow_precision_change
     )
+    if not refusal and not allow_precision_change:
+        refusal = environment_refusal(baseline, current)
     if refusal:
         return refused(refusal)
     scope = [f"gating implementation {baseline.implementation!r}: its rows only"] if baseline.implementation else []
-    judged = baseline.frame
+    untested = untested_implementations(baseline, current)
+    judged = without_implementations(baseline.frame, untested)
+    if untested:
+        scope.append(
+            f"not judging the baseline's {len(baseline.frame) - len(judged)} rows of implementation(s) "
+            f"{', '.join(untested)}: this run did not test them (no --impl of them)"
+        )
+    current_frame = gated_frame(baseline, current)
+    refusal = coverage_refusal(baseline, judged, current_frame)
+    if refusal:
+        return refused(refusal)
     if only_current_cases:
         cases = current_cases(current)
         judged = judged[judged["case"].isin(cases)]
@@ -139,7 +160,7 @@ def judge(
     try:
         result = gate_frames(
             typed_gate_frame(judged, source="baseline"),
-            typed_gate_frame(gated_frame(baseline, current), source="current run"),
+            typed_gate_frame(current_frame, source="current run"),
             growth_factor=growth_factor,
             noise_floor_ulps=noise_floor_ulps,
         )

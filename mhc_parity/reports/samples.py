@@ -281,7 +281,10 @@ def write_sample_run(
         paths = {
             "csv": write_csv(frame, folder / OUTPUT_FILES["csv"]),
             "json": write_json(
-                frame, dict(metadata or {}, **manifest.identity()), folder / OUTPUT_FILES["json"], manifest=manifest
+                frame,
+                dict(metadata or {}, **manifest.naming_fields()),
+                folder / OUTPUT_FILES["json"],
+                manifest=manifest,
             ),
         }
     write_manifest(folder, manifest)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from mhc_parity.records.identity import Selection
 from mhc_parity.records.manifest import (
     MANIFEST_FILE,
     REPORT_FILES,
@@ -69,6 +70,8 @@ class LoadedRun:
     implementation: str | None = None
     # what a legacy baseline's digest did not vouch for, as a line to print (`Baseline.note`); "" if nothing
     note: str = ""
+    # a baseline file's record of what it covers (`Baseline.selection`); None for runs (their manifest says)
+    recorded_selection: Selection | None = None
 
     def __len__(self) -> int:
         """The number of rows."""
@@ -245,4 +248,5 @@ def baseline_as_run(baseline: Baseline) -> LoadedRun:
         True,
         implementation=baseline.implementation,
         note=baseline.note,
+        recorded_selection=baseline.selection,
     )

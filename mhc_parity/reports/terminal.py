@@ -54,12 +54,14 @@ def exit_code(
     an implementation under test, of `implementations`, is a configuration error); see
     `run_verdict`. A passing run that the gate fails against its baseline (`judgement`) exits
     1: a leaf that grew past the growth factor inside its bound is a failure. A baseline the
-    gate refuses to judge leaves the code to the run (the gate itself exits 2 on it, and the
-    summary says why). A shard (`whole_run=False`) that compared nothing, or nothing of an
+    gate refuses to judge exits 2, as `mhc-parity gate` does on it: a job that runs only
+    `run --baseline` must not go green ungated. A shard (`whole_run=False`) that compared nothing, or nothing of an
     implementation, exits as its rows say: its cases are a part of the selection, and `merge`
     checks the whole."""
     verdict = run_verdict(rows, implementations)
     code = {"PASS": 0, "FAIL": 1}.get(verdict, 0 if not whole_run else 2)
+    if judgement is not None and judgement.result is None:
+        return 2
     if code == 0 and judgement is not None and judgement.failed:
         return 1
     return code

@@ -265,7 +265,7 @@ def write_frame(
     frame = stated_causes(frame)
     metadata = dict(metadata or {})
     if manifest is not None:
-        metadata.update(manifest.identity())
+        metadata.update(manifest.naming_fields())
     out = Path(out_dir)
     paths = {kind: out / name for kind, name in OUTPUT_FILES.items()}
     if judgement is None and baseline is not None:

@@ -14,7 +14,8 @@ SIGTERM stop it with a hint, and `--resume` finishes an interrupted run.
 
 RUN is a whole, complete run: never a baseline file, an unfinished run or one shard of a
 run (merge the shards first); PATH is never one of a run folder's own files, nor a baseline
-of another suite than RUN's (`mhc_parity.reports.baseline_suite`: the header records the suite).
+of another suite than RUN's (`mhc_parity.reports.baseline_suite`: the header records the suite),
+nor, without --allow-narrower, one covering cases, paths or implementations RUN lacks.
 
 Exit codes: 0 written; 2 a usage or configuration error, one line on stderr; 128 + the
 signal's number when stopped by one. Only the third form loads JAX.
@@ -43,7 +44,8 @@ from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.run_suite import run_suite
 from mhc_parity.reports.baseline import run_folder_refusal, write_baseline
-from mhc_parity.reports.baseline_suite import overwrite_refusal
+from mhc_parity.reports.baseline_suite import ALLOW_NARROWER, narrowing_refusal, overwrite_refusal
+from mhc_parity.reports.coverage import selection_of_run
 from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, resolve_implementation
 from mhc_parity.reports.sources import load_run
 
@@ -91,6 +93,12 @@ def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
         action="store_true",
         help="with --from: use the run even if this checkout's code changed since it was made",
     )
+    p.add_argument(
+        ALLOW_NARROWER,
+        action="store_true",
+        help="replace a baseline that covers cases, paths or implementations the new rows lack "
+        "(refused without it: the gate would stop judging them)",
+    )
     run = p.add_argument_group("running the implementation first (--impl MODULE:FACTORY without --from)")
     run.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
     run.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
@@ -136,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = [f"--{name.replace('_', '-')}" for name, default in RUN_OPTIONS.items() if getattr(args, name) != default]
     if given:
         return _usage_error(f"{', '.join(given)} only apply when baseline runs --impl first (without --from)")
-    return write_from_run(args.source or DEFAULT_RUN_FOLDER, args.target, args.impl, args.allow_code_change)
+    return write_from_run(
+        args.source or DEFAULT_RUN_FOLDER, args.target, args.impl, args.allow_code_change, args.allow_narrower
+    )
 
 
 def _run_then_write(args, argv: list[str]) -> int:
@@ -156,16 +166,29 @@ def _run_then_write(args, argv: list[str]) -> int:
     code = run_command.main(run_arguments(args, names[0]), command_line="mhc-parity baseline " + shlex.join(argv))
     if code not in (EXIT_OK, EXIT_FAILED):  # a usage error, or stopped: the run said why
         return code
-    return write_from_run(args.out or DEFAULT_RUN_FOLDER, args.target, names[0], allow_code_change=False)
+    return write_from_run(
+        args.out or DEFAULT_RUN_FOLDER,
+        args.target,
+        names[0],
+        allow_code_change=False,
+        allow_narrower=args.allow_narrower,
+    )
 
 
-def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str | None, allow_code_change: bool) -> int:
+def write_from_run(
+    source: pathlib.Path,
+    target: pathlib.Path | None,
+    impl: str | None,
+    allow_code_change: bool,
+    allow_narrower: bool = False,
+) -> int:
     """Write the finished run `source` as the baseline CSV `target`.
 
     With `impl`, only that external implementation's rows (the run must have them), with
     its name in the header, by default to baselines/<name>.csv. Exit 0 written; 2 when the
-    target cannot be written, is a run folder's own file (`run_folder_refusal`) or a baseline
-    of another suite (`overwrite_refusal`: the header records the run's suite), or the
+    target cannot be written, is a run folder's own file (`run_folder_refusal`), a baseline
+    of another suite (`overwrite_refusal`: the header records the run's suite) or, unless
+    `allow_narrower`, one that covers what the run lacks (`narrowing_refusal`), or the
     run cannot be used: unreadable, unfinished, a baseline file, one shard of a run
     (`shard_refusal`), empty, without the implementation, or (unless `allow_code_change`)
     made by other code than this checkout (see `mhc_parity.reports.sources.load_run`). A run with
@@ -181,7 +204,12 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
             frame = implementation_rows(run.frame, name)
         target = writable_file(target or default_baseline_path(name))
         suite = run_suite(run.manifest.request if run.manifest else None)
+        selection = selection_of_run(dataclasses.replace(run, frame=frame))
+        if name is not None:
+            selection = dataclasses.replace(selection, implementations=(name,))
         refusal = shard_refusal(run) or run_folder_refusal(target) or overwrite_refusal(target, suite, frame["case"])
+        if not refusal and not allow_narrower:
+            refusal = narrowing_refusal(target, selection)
         if refusal:
             raise ReportInputError(refusal)
     except (ReportInputError, OutputPathError, ValueError) as exc:
@@ -191,7 +219,9 @@ def write_from_run(source: pathlib.Path, target: pathlib.Path | None, impl: str 
             f"{run.source} has no rows{f' of {name!r}' if name else ''}; refusing to write an empty baseline"
         )
     try:
-        path = write_baseline(dataclasses.replace(run, frame=frame), target, implementation=name, suite=suite)
+        path = write_baseline(
+            dataclasses.replace(run, frame=frame), target, implementation=name, suite=suite, selection=selection
+        )
     except ReportInputError as exc:  # rows a baseline cannot hold, e.g. two with one row key
         return _usage_error(f"{run.source}: {exc}")
     except OSError as exc:

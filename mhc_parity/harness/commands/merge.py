@@ -2,10 +2,11 @@
 
 Every DIR must hold a complete shard run (`mhc_parity.records.manifest`), and the shards must be of
 one run: the same selection (names and spec digest), request (suite, globs, paths,
-implementations, seed, lowering), policy and code digests, and environment (backend,
-device kind, host devices, JAX / jaxlib / Flax / NumPy / libtpu versions, and the backend
-arithmetic terms the bounds were widened by: shards judged under different terms judged
-different bounds). Each shard records the matmul-precision settings its own cases used: the
+implementations, seed, lowering, envelope), policy and code digests, and environment
+(`mhc_parity.records.identity.ENVIRONMENT_KEYS`, the keys `--resume` compares too: backend,
+device kind, host devices, instruction sets, XLA and libtpu flags, JAX / jaxlib / Flax / NumPy /
+libtpu versions, and the backend arithmetic terms the bounds were widened by: shards judged
+under different terms judged different bounds). Each shard records the matmul-precision settings its own cases used: the
 shards must not give one setting two operand roundings, and the merged run records them all,
 as one run of the whole selection would. Their shard numbers must cover 1..N exactly once, and each must hold exactly
 its share of the selection (`mhc_parity.harness.processes.shards`). Anything else is a usage error: one line
@@ -32,15 +33,12 @@ from mhc_parity.harness.commands.common import EXIT_OK, Parser, error
 from mhc_parity.harness.processes.interrupts import SignalsInterrupt
 from mhc_parity.harness.processes.shards import parse_shard, shard_names
 from mhc_parity.records.environment import (
-    BACKEND_DIGEST_KEY,
-    BACKEND_TERMS_KEY,
-    ISA_KEYS,
-    LIBTPU_KEY,
     PRECISION_KEY,
     format_precision_record,
     parse_precision_record,
     precision_of,
 )
+from mhc_parity.records.identity import ENVIRONMENT_KEYS
 from mhc_parity.records.manifest import Manifest, ManifestError, foreign_folder_problem, now_iso, read_manifest
 from mhc_parity.records.outputs import OutputPathError, WriterLock, cannot_write, writable_folder
 from mhc_parity.records.store import RowStore, StoreError
@@ -50,22 +48,6 @@ from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.terminal import nothing_compared_message
 from mhc_parity.reports.writers import tested_implementations, write_run_folder
 
-# Report metadata that must agree between shards: where and with what the rows were made.
-ENVIRONMENT_KEYS = (
-    "backend",
-    "device_kind",
-    "device_count",
-    "host_cpu_devices",
-    *ISA_KEYS,
-    "jax_version",
-    "jaxlib_version",
-    "flax_version",
-    "numpy_version",
-    LIBTPU_KEY,
-    # The terms as shown first (a readable difference), then their exact digest.
-    BACKEND_TERMS_KEY,
-    BACKEND_DIGEST_KEY,
-)
 # Metadata summed over the shards (seconds and counts of work done): the runner's timings
 # (`mhc_parity.harness.engine.runner.TIMINGS`; this module stays free of JAX) and its work counts.
 SUMMED_KEYS = (

@@ -432,6 +432,8 @@ def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations
     if rerun:
         print(f"Rerun only the failing cases: {rerun}")
     code = exit_code(rows, judgement, implementations, whole_run=not shard)
+    if judgement is not None and judgement.result is None:  # exit 2, as `mhc-parity gate` on this baseline
+        print(f"mhc-parity: error: --baseline cannot judge this run: {judgement.refusal}", file=sys.stderr)
     if uncompared(rows, implementations):
         message = nothing_compared_message(rows, implementations)
         if code == EXIT_USAGE:

@@ -34,6 +34,7 @@ from mhc_parity.records.environment import (
     NO_BACKEND_TERMS,
     format_precision_record,
 )
+from mhc_parity.records.identity import ENVIRONMENT_KEYS, settings_record
 from mhc_parity.records.outputs import OutputPathError, writable_folder
 from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -156,22 +157,35 @@ def run_metadata(cases=None) -> dict:
     settings = {c.matmul_precision for c in cases} if cases else {DEFAULT_MATMUL_PRECISION}
     capability = device_compute_capability(devices[0])
     return {
-        "jax_version": jax.__version__,
-        "jaxlib_version": jaxlib.__version__,
-        LIBTPU_KEY: libtpu_version(),
-        "flax_version": flax.__version__,
-        "numpy_version": numpy.__version__,
+        **identity_environment(),
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "host_cpu": host_cpu(),
-        **isa_record(),
-        "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind,
-        "device_count": len(devices),
         **({"compute_capability": capability} if capability else {}),
-        "host_cpu_devices": len(jax.devices("cpu")),
         **precision_metadata(settings, devices[0]),
         **arithmetic_metadata(),
         **kernel_primitive_metadata(),
         "git_commit": git_commit(),
     }
+
+
+def identity_environment() -> dict:
+    """This process's environment as a verdict's identity records it (`mhc_parity.records.identity.
+    ENVIRONMENT_KEYS` of `run_metadata`): what a manifest records when its run starts, so that
+    `--resume` in another environment is refused as `merge` refuses such shards."""
+    devices = jax.devices()
+    fields = {
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib.__version__,
+        LIBTPU_KEY: libtpu_version(),
+        "flax_version": flax.__version__,
+        "numpy_version": numpy.__version__,
+        **isa_record(),
+        **settings_record(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "host_cpu_devices": len(jax.devices("cpu")),
+        **arithmetic_metadata(),
+    }
+    return {key: fields.get(key) for key in ENVIRONMENT_KEYS}

@@ -28,7 +28,7 @@ from mhc_parity.harness.engine.implementations import (
 )
 from mhc_parity.harness.engine.plan import PathPlan, device_shortfalls, uncovered_judgements, unmatched_path_globs
 from mhc_parity.harness.engine.precision_choices import precision_record
-from mhc_parity.harness.engine.run_info import run_metadata
+from mhc_parity.harness.engine.run_info import identity_environment, run_metadata
 from mhc_parity.harness.errors import UsageError
 from mhc_parity.harness.judging.policy import Policy, PolicyError
 from mhc_parity.harness.judging.policy_file import is_packaged_default, load_policy
@@ -179,6 +179,7 @@ def new_manifest(
         paths=tuple(selection.paths),
         implementations=tuple((impl.name, impl.spec) for impl in externals),
         lowering=selection.lowering,
+        inside_envelope=selection.inside_envelope,
     )
     return Manifest.new(
         request=request,
@@ -189,6 +190,7 @@ def new_manifest(
         command_line=command_line,
         shard=shard_label if whole_selection else "",
         shard_of=whole_selection,
+        environment=identity_environment(),
     )
 
 

@@ -63,12 +63,14 @@ from mhc_parity.harness.engine.implementations import is_builtin
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.env import compiler_material
 from mhc_parity.harness.stores.traced_digest import traced_digest
+from mhc_parity.jax_support import libtpu_version
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
 from mhc_parity.records.foreign_code import code_record, foreign_code, stores_open
+from mhc_parity.records.identity import settings_record
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +114,16 @@ def traced_sources_digest(entries: tuple[str, ...], exclude: tuple[str, ...]) ->
         return None
 
 
+@functools.cache
+def _libtpu_version() -> str:
+    """`libtpu_version` once per process (it reads package metadata; the library cannot change under a run)."""
+    return libtpu_version()
+
+
 def environment_material() -> dict:
-    """Library versions, XLA flags, JAX settings and the host CPU: what else shapes a program."""
+    """Library versions (libtpu's among them), XLA and libtpu flags (`mhc_parity.records.identity.
+    settings_record`, as a run's environment record holds them), JAX settings and the host CPU:
+    what else shapes a program."""
     return {
         "versions": {
             "jax": jax.__version__,
@@ -121,9 +131,11 @@ def environment_material() -> dict:
             "flax": flax.__version__,
             "numpy": np.__version__,
             "python": platform.python_version(),
+            "libtpu": _libtpu_version(),
         },
         "jax_settings": {name: str(getattr(jax.config, name)) for name in _JAX_SETTINGS},
         **compiler_material(),
+        "settings": settings_record(),
     }
 
 

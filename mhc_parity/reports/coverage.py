@@ -1,0 +1,92 @@
+"""Whether a baseline covers the run it would judge, and was made where the run was.
+
+A baseline judges only what it ran. A case or path of the run that the baseline never ran
+would otherwise be a "new row" of the gate, and a regression there would pass: a shard, a
+`--cases`-narrowed run or a reference-only run given as the baseline judged almost nothing
+and said PASS. So the gate refuses (exit 2) a baseline whose selection
+(`mhc_parity.records.identity.Selection`) does not cover the run's rows (`coverage_refusal`),
+and one made on another backend (`environment_refusal`); another device kind of the same
+backend is a note (`device_note`). The external implementations a baseline recorded that the
+run did not test (`--impl` not given, e.g. MaxText not installed) are left out of the
+judgement, and the scope line says so (`untested_implementations`).
+"""
+
+from __future__ import annotations
+
+from mhc_parity.records.identity import Selection, external_implementations
+from mhc_parity.records.path_names import implementation_of
+
+
+def selection_of_run(run) -> Selection:
+    """What a loaded run or baseline (`mhc_parity.reports.sources.LoadedRun`) covers: a baseline
+    file's record, else its rows with what its manifest says of the rest."""
+    if run.recorded_selection is not None:
+        return run.recorded_selection
+    manifest = run.manifest
+    if manifest is None:
+        return Selection.of_rows(run.frame)
+    request = manifest.request
+    return Selection.of_rows(
+        run.frame,
+        implementations=tuple(sorted(name for name, _ in request.implementations)),
+        lowering=request.lowering,
+        inside_envelope=request.inside_envelope,
+    )
+
+
+def untested_implementations(baseline, current) -> tuple[str, ...]:
+    """The external implementations `baseline` recorded that `current` did not test ((): none,
+    or `baseline` is one implementation's own, which `ownership` judges)."""
+    if baseline.implementation:
+        return ()
+    run = selection_of_run(current).implementations
+    tested = set(run) | set(external_implementations(current.frame["candidate"]))
+    return tuple(name for name in selection_of_run(baseline).implementations if name not in tested)
+
+
+def without_implementations(frame, names):
+    """`frame`'s rows less those of the implementations `names`."""
+    if not names:
+        return frame
+    return frame[~frame["candidate"].astype(str).map(implementation_of).isin(set(names))]
+
+
+def coverage_refusal(baseline, baseline_frame, current_frame) -> str:
+    """Why `baseline` (its rows `baseline_frame`) cannot judge the rows `current_frame`, one line, or
+    "": the run has cases or paths the baseline never ran."""
+    covered = Selection.of_rows(baseline_frame)
+    missing = covered.uncovered(Selection.of_rows(current_frame))
+    if not missing:
+        return ""
+    return (
+        f"baseline {baseline.source} does not cover this run: {'; '.join(missing)} are not in it, so "
+        f"a regression there would pass unseen; gate against a baseline of the run's selection "
+        f"(mhc-parity baseline --from RUN --to FILE), or run only what the baseline holds"
+    )
+
+
+def environment_refusal(baseline, current) -> str:
+    """The one line refusing a baseline made on another backend than the run (both recorded), else ""."""
+    base, now = (str(run.metadata.get("backend") or "") for run in (baseline, current))
+    if not base or not now or base == now:
+        return ""
+    return (
+        f"baseline {baseline.source} was made on backend {base} ({_kind(baseline)}), the current run on "
+        f"{now} ({_kind(current)}): its numbers cannot judge this backend's; gate against a baseline made "
+        f"on this backend (or pass --allow-precision-change)"
+    )
+
+
+def device_note(baseline, current) -> str:
+    """One line when the two runs' device kinds differ on one backend, "" otherwise (or unrecorded)."""
+    base, now = (str(run.metadata.get("device_kind") or "") for run in (baseline, current))
+    if not base or not now or base == now:
+        return ""
+    return (
+        f"device: the baseline ran on {base}, this run on {now}: another chip of the backend may round "
+        f"differently; the growth rule allows what the rounding model explains"
+    )
+
+
+def _kind(run) -> str:
+    return str(run.metadata.get("device_kind") or "unrecorded device")

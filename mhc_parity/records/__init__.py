@@ -7,6 +7,7 @@
     store         rows.jsonl while a run is in progress (resumable) and each case's record
     kill_records  the kill matrix's results as plain data
     environment   what a run's backend / precision record means for comparing runs
+    identity      what a stored verdict rests on (code, policy, selection, environment), one comparison
     outputs       writable output paths, the writer lock, the one phrase for a failed write, a closed stdout
     files         content digests and atomic writes
     dtypes, text  dtype facts from NumPy / ml_dtypes; the one number formatter and table

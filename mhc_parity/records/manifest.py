@@ -16,8 +16,10 @@ different selection), the planned path names, the tolerance policy (source and s
 and the code under test: the sha256 of every Python source that can change a number
 (`mhc_parity.records.project_code.CODE_DIRS`, and each external implementation's modules
 and the installed distributions they import: `mhc_parity.records.code.external_code_files`),
-and their joint digest.
-`--resume` refuses a request whose manifest `differences` are not empty. The full case
+and their joint digest; and the environment the run started in (`environment`,
+`mhc_parity.records.identity.ENVIRONMENT_KEYS`). `--resume` refuses a request whose manifest
+`differences` are not empty: those of the two `Identity` records (`identity`), the shard, seed
+and path globs. The full case
 list and the digests make shards of one selection easy to check and merge.
 
 Plain Python (no JAX, no pandas): `mhc_parity/reports/` reads manifests too.

@@ -1,0 +1,205 @@
+"""One identity for every stored verdict (`mhc_parity.records.identity`), and the refusals it drives:
+a gate against a baseline that does not cover the run (issue 66 item 3) or was made on another
+backend (item 8), a baseline narrowed by a run of fewer paths (item 4), a resume in another
+environment (item 7), a `run --baseline` the gate refuses (issue 68 item 1), and a baseline of
+implementations a run did not test (item 8, MaxText not installed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mhc_parity.harness.commands.baseline import main as baseline_main
+from mhc_parity.harness.commands.gate import main as gate_main
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.stores.program_store import environment_material
+from mhc_parity.records.identity import BUILTIN_IMPLEMENTATIONS, ENVIRONMENT_KEYS, Selection, settings_record
+from mhc_parity.records.manifest import read_manifest
+from mhc_parity.records.schema import row_key
+from mhc_parity.reports import load_baseline, write_baseline
+from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
+from mhc_parity.reports.judgement import Judgement, judge
+from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
+from mhc_parity.reports.sources import LoadedRun, baseline_as_run, load_run
+from mhc_parity.reports.terminal import exit_code
+from tests.cli_support import assert_one_line, cheap_run_args, run_cli
+
+# A float32 output row of a case the narrowed baselines below lack, grown x5 over its baseline.
+GROWN = ("f32_small", "interpret/unsharded", "reference/unsharded", "out")
+SHARDED = "interpret/sharded(data=2,fsdp=4)"
+
+
+def passing_rows() -> list[dict]:
+    return [dict(r) for r in sample_rows() if r["verdict"] in ("pass", "skip", "unsupported")]
+
+
+def grown(rows: list[dict], factor: float = 5.0) -> list[dict]:
+    current = [dict(r) for r in rows]
+    for row in current:
+        if row_key(row) == GROWN:
+            row["cand_oracle_max_err"] *= factor
+            row["cand_oracle_rms_err"] *= factor
+    return current
+
+
+def run_folder(folder: Path, rows: list[dict], **manifest_changes) -> Path:
+    manifest = dataclasses.replace(sample_manifest(rows, policy_digest="p1"), **manifest_changes)
+    write_sample_run(rows, folder, metadata={"policy_hash": "p1"}, manifest=manifest, rendered=False)
+    return folder
+
+
+def gate_code(capsys, baseline: Path, current: Path) -> tuple[int, str, str]:
+    code = gate_main(["--baseline", str(baseline), "--current", str(current)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_regression_is_caught_against_the_whole_baseline(tmp_path, capsys):
+    """The control of the next test: the whole baseline sees the grown row."""
+    baseline = run_folder(tmp_path / "whole", passing_rows())
+    code, out, _ = gate_code(capsys, baseline, run_folder(tmp_path / "run", grown(passing_rows())))
+    assert code == 1 and "regression" in out and GROWN[-1] in out
+
+
+def test_a_shard_or_a_narrowed_run_cannot_judge_the_cases_it_lacks(tmp_path, capsys):
+    """Item 3: one shard or a --cases-narrowed run as the baseline read every other case as new rows (PASS)."""
+    current = run_folder(tmp_path / "run", grown(passing_rows()))
+    narrow_rows = [r for r in passing_rows() if r["case"] == "bf16_small"]
+    narrowed = run_folder(tmp_path / "narrowed", narrow_rows)
+    cases = tuple(dict.fromkeys(r["case"] for r in passing_rows()))
+    shard = run_folder(tmp_path / "shard", narrow_rows, shard="1/3", shard_of=cases, shard_of_digest="sample")
+    as_file = write_baseline(load_run(narrowed), tmp_path / "narrowed.csv")
+    for baseline in (narrowed, shard, as_file):
+        code, _, err = gate_code(capsys, baseline, current)
+        assert_one_line(code, err, "does not cover this run", "f32_small")
+
+
+def test_a_baseline_without_a_path_cannot_judge_that_path(tmp_path, capsys):
+    """Item 4's gate: a baseline of fewer paths read the run's other paths as new rows."""
+    current = run_folder(tmp_path / "run", passing_rows())
+    fewer = run_folder(tmp_path / "fewer", [r for r in passing_rows() if r["candidate"] != SHARDED])
+    code, _, err = gate_code(capsys, fewer, current)
+    assert_one_line(code, err, "does not cover this run", "paths interpret/sharded")
+
+
+def test_a_narrower_run_does_not_overwrite_a_wider_baseline(tmp_path, capsys):
+    """Item 4: `baseline --from <run of fewer paths> --to <baseline>` narrowed it, and the gate then passed."""
+    target = tmp_path / "baseline.csv"
+    assert baseline_main(["--from", str(run_folder(tmp_path / "whole", passing_rows())), "--to", str(target)]) == 0
+    before = target.read_bytes()
+    fewer = run_folder(tmp_path / "fewer", [r for r in passing_rows() if r["candidate"] != SHARDED])
+    capsys.readouterr()
+    code = baseline_main(["--from", str(fewer), "--to", str(target)])
+    assert_one_line(code, capsys.readouterr().err, "covers more than these rows", "--allow-narrower")
+    assert target.read_bytes() == before, "a refused baseline is left as it was"
+    assert baseline_main(["--from", str(fewer), "--to", str(target), "--allow-narrower"]) == 0
+
+
+def test_a_baseline_records_what_it_covers(tmp_path):
+    """Format 5 records the implementations, lowering and envelope; format 4 is read with the
+    implementations its rows name (so the committed chip baselines need no remaking)."""
+    run = run_folder(tmp_path / "run", passing_rows())
+    path = tmp_path / "b.csv"
+    assert baseline_main(["--from", str(run), "--to", str(path)]) == 0
+    header = path.read_text().splitlines()[0]
+    assert f"format={BASELINE_FORMAT_VERSION} " in header and " implementations=none lowering=yes " in header
+    assert load_baseline(path).selection.lowering is True
+    chip = load_baseline(Path(__file__).resolve().parents[1] / "baselines" / "tpu-v5e-tpu.csv")
+    assert chip.format_version == 4 and chip.selection.lowering is None
+    assert chip.selection.implementations == (
+        "maxtext-kernel-fwd-fixed",
+        "maxtext-layer-kernel-fixed",
+        "maxtext-layer-reference-fixed",
+    )
+
+
+def test_a_baseline_of_implementations_the_run_did_not_test_judges_the_rest(tmp_path):
+    """Item 8: a baseline with built-in and external rows failed a run without the external one
+    (e.g. MaxText not installed) on its missing rows; it now judges the rows the run can make."""
+    rows = passing_rows()
+    external = [dict(r, candidate=r["candidate"].replace("interpret/", "maxtext-x/")) for r in rows]
+    external = [r for r in external if r["candidate"].startswith("maxtext-x/")]
+    baseline = load_baseline(write_baseline(rows + external, tmp_path / "b.csv", policy_hash="p1"))
+    current = load_run(run_folder(tmp_path / "run", grown(rows)))
+    judgement = judge(_as_run(baseline), current)
+    assert judgement.verdict == "FAIL" and not judgement.result.missing, judgement.refusal
+    assert any("maxtext-x: this run did not test them" in line for line in judgement.scope)
+    assert [f.key for f in judgement.result.regressions] == [GROWN]
+    assert baseline.selection.implementations == ("maxtext-x",)
+
+
+def test_a_baseline_of_another_backend_is_refused_and_another_chip_noted(tmp_path, capsys):
+    """Item 8: the gate compared neither backend nor device kind."""
+    rows = passing_rows()
+    run = run_folder(tmp_path / "run", rows)
+    current = load_run(run)
+    current = dataclasses.replace(current, metadata=dict(current.metadata, backend="tpu", device_kind="TPU v6 lite"))
+    tpu_rows = dict(backend="tpu", device_kind="TPU v5 lite", matmul_precision="highest=float32")
+    base = _as_run(load_baseline(write_baseline(rows, tmp_path / "b.csv", policy_hash="p1")))
+    on_cpu = dataclasses.replace(base, metadata={"backend": "cpu", "device_kind": "cpu"})
+    assert "made on backend cpu" in judge(on_cpu, current).refusal
+    noted = judge(dataclasses.replace(base, metadata=tpu_rows), current)
+    assert noted.verdict == "PASS" and "TPU v5 lite" in noted.isa_note and "TPU v6 lite" in noted.isa_note
+
+
+def test_a_refused_judgement_exits_2():
+    """Issue 68 item 1 (in process): a run --baseline that the gate refuses exited 0."""
+    refused = Judgement("b.csv", None, refusal="baseline b.csv belongs to implementation 'x'")
+    assert exit_code(passing_rows(), refused) == 2
+
+
+@pytest.fixture(scope="module")
+def foreign_baseline_run(case_file, tmp_path_factory):
+    """A complete cheap run at XLA's default ISA, given an external implementation's baseline."""
+    out = tmp_path_factory.mktemp("foreign") / "run"
+    foreign = Path(__file__).resolve().parents[1] / "examples" / "external_kernel" / "baselines" / "my_mhc.csv"
+    return run_cli(*cheap_run_args(case_file, out, "--baseline", foreign), env_extra={"XLA_FLAGS": ""}), out
+
+
+def test_run_with_a_baseline_that_cannot_judge_it_exits_2(foreign_baseline_run):
+    """Issue 68 item 1: `run --baseline <an implementation's baseline>` exited 0, "not judged"."""
+    made, _ = foreign_baseline_run
+    assert made.returncode == 2, made.stdout[-2000:] + made.stderr[-2000:]
+    assert "--baseline cannot judge this run" in made.stderr and "belongs to implementation 'my_mhc'" in made.stderr
+
+
+def test_resume_in_another_environment_is_refused(case_file, foreign_baseline_run, tmp_path):
+    """Item 7: a run resumed under another --xla_cpu_max_isa was continued and labelled with the new ISA."""
+    out = tmp_path / "run"
+    shutil.copytree(foreign_baseline_run[1], out)
+    resumed = run_cli(*cheap_run_args(case_file, out, "--resume"), env_extra={"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"})
+    assert resumed.returncode == 2, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "holds another run" in resumed.stderr and "environment xla_cpu_isa" in resumed.stderr
+    assert dict(read_manifest(out).environment)["xla_cpu_isa"] != "SSE4_2", "a refused resume changes nothing"
+
+
+def test_the_identity_names_every_difference_once():
+    first = Selection(cases=("a",), paths=("reference/unsharded",), implementations=(), lowering=True)
+    manifest = sample_manifest(passing_rows())
+    environment = tuple((key, "1") for key in ENVIRONMENT_KEYS)
+    before = dataclasses.replace(manifest, environment=environment)
+    after = dataclasses.replace(manifest, environment=(*environment[:-1], (ENVIRONMENT_KEYS[-1], "2")))
+    assert before.differences(after) == [f"environment {ENVIRONMENT_KEYS[-1]}: 1 -> 2"]
+    assert before.differences(before) == []
+    assert "environment: the earlier records none" in manifest.differences(before)[0]
+    assert first.uncovered(dataclasses.replace(first, cases=("a", "b"))) == ["1 of its 2 cases (b)"]
+    assert settings_record({"XLA_FLAGS": "x", "LIBTPU_INIT_ARGS": "y"}) == {"xla_flags": "x", "libtpu_init_args": "y"}
+
+
+def test_the_built_in_implementations_are_the_engines():
+    assert set(BUILTIN) <= set(BUILTIN_IMPLEMENTATIONS)
+
+
+def test_the_program_stores_key_holds_libtpu_and_its_flags(monkeypatch):
+    """Item 8: the program store's key held neither the libtpu version nor LIBTPU_INIT_ARGS."""
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    before = environment_material()
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=false")
+    assert environment_material() != before and "libtpu" in before["versions"]
+
+
+def _as_run(baseline) -> LoadedRun:
+    return baseline_as_run(baseline)

@@ -62,7 +62,8 @@ from mhc_parity.records.run_suite import run_suite
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.records.store import case_records
 from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
-from mhc_parity.reports.baseline_suite import overwrite_refusal
+from mhc_parity.reports.baseline_suite import narrowing_refusal, overwrite_refusal
+from mhc_parity.reports.coverage import selection_of_run
 from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate import GateResult
 from mhc_parity.reports.judgement import gate_run
@@ -175,11 +176,12 @@ class ParityRun:
         return paths
 
     def write_baseline(
-        self, path: str | pathlib.Path | None = None, *, implementation: str | None = None
+        self, path: str | pathlib.Path | None = None, *, implementation: str | None = None, allow_narrower: bool = False
     ) -> pathlib.Path:
         """Write the rows of one external implementation (default: the run's only one) as its
         baseline, keyed by its name, to `path` (default baselines/<name>.csv), recording the
-        run's suite. ReportError if the file cannot be written or is a baseline of another suite
+        run's suite and selection. ReportError if the file cannot be written, is a baseline of
+        another suite or, unless `allow_narrower`, covers cases or paths these rows lack
         (`mhc_parity.reports.baseline_suite`), ConfigurationError if the run has no such implementation."""
         name = self._implementation(implementation)
         frame = implementation_rows(self.rows, name)
@@ -188,11 +190,15 @@ class ParityRun:
         try:
             target = writable_file(path or default_baseline_path(name))
             suite = run_suite(self.manifest.request)
-            refusal = overwrite_refusal(target, suite, frame["case"], elsewhere="write them to another path")
+            elsewhere = "write them to another path"
+            loaded = dataclasses.replace(self.loaded(), frame=frame)
+            selection = dataclasses.replace(selection_of_run(loaded), implementations=(name,))
+            refusal = overwrite_refusal(target, suite, frame["case"], elsewhere=elsewhere)
+            if not refusal and not allow_narrower:
+                refusal = narrowing_refusal(target, selection, elsewhere=elsewhere, option="allow_narrower=True")
             if refusal:
                 raise ReportInputError(refusal)
-            loaded = dataclasses.replace(self.loaded(), frame=frame)
-            return _write_baseline_file(loaded, target, implementation=name, suite=suite)
+            return _write_baseline_file(loaded, target, implementation=name, suite=suite, selection=selection)
         except (OutputPathError, OSError, ReportInputError) as exc:  # ReportInputError: a run folder's own file
             raise ReportError(f"cannot write baseline {path or default_baseline_path(name)}: {exc}") from exc
 

@@ -51,11 +51,13 @@ def _baseline_rows(path: Path) -> pd.DataFrame:
     return pd.DataFrame(pairs, columns=["case", "candidate"])
 
 
-def narrowing_refusal(target: Path, selection: Selection, *, elsewhere: str = ELSEWHERE) -> str:
+def narrowing_refusal(
+    target: Path, selection: Selection, *, elsewhere: str = ELSEWHERE, option: str = ALLOW_NARROWER
+) -> str:
     """Why rows covering `selection` must not replace the baseline `target` ("" if they may): it
     covers cases, paths or external implementations they lack (`Selection.uncovered`), so the
-    gate would stop judging those. `ALLOW_NARROWER` lets them through (a case or path removed
-    on purpose)."""
+    gate would stop judging those. `option` (the caller's `ALLOW_NARROWER`) lets them through (a
+    case or path removed on purpose)."""
     target = Path(target)
     if not is_baseline_file(target):
         return ""
@@ -68,7 +70,7 @@ def narrowing_refusal(target: Path, selection: Selection, *, elsewhere: str = EL
         return ""
     return (
         f"{target} covers more than these rows: {'; '.join(lost)} would be dropped, and the gate would stop "
-        f"judging them; refusing to narrow it: {elsewhere}, or pass {ALLOW_NARROWER} to replace it"
+        f"judging them; refusing to narrow it: {elsewhere}, or pass {option} to replace it"
     )
 
 

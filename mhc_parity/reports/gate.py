@@ -26,8 +26,10 @@ Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
 Informational — listed, never failing:
   improvement    an error shrank by the same rule read the other way, or a row that
                  was fail/error in the baseline passes now;
-  new_row        a row of a case or candidate path the baseline has no row of (its
-                 verdict still counts above).
+  new_row        a row of a case and a candidate path the baseline has rows of, but not
+                 together (its verdict still counts above). A case or path the baseline
+                 never ran is not judged here: `mhc_parity.reports.judgement.judge` refuses
+                 such a baseline (`mhc_parity.reports.coverage`).
 
 The defaults suit bfloat16: with 8 significant bits the normalised max error of a
 well-behaved leaf is a few ulps, and re-running on other hardware or another XLA

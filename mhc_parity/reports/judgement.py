@@ -5,8 +5,10 @@
 verdict `make gate` exits with: they cannot disagree. A `Judgement` is either the gate's
 result (`mhc_parity.reports.gate.GateResult`: pass, or its failing findings) or the one line saying
 why the gate refuses to judge (`mhc-parity gate` exits 2 on it): an empty side, a baseline of
-another implementation, tolerance policy or matmul precision (`mhc_parity.reports.comparability`), a
-partial gate that leaves no baseline case, or input the rules cannot read.
+another implementation, tolerance policy or matmul precision (`mhc_parity.reports.comparability`),
+of another backend or one that does not cover the run's cases and paths
+(`mhc_parity.reports.coverage`), a partial gate that leaves no baseline case, or input the rules
+cannot read.
 
 What the judgement does not cover is where the two runs come from: `gate_run`, the one path
 of `mhc-parity gate` and `mhc_parity.harness.gate`, also checks the gate's parameters and
@@ -71,7 +73,8 @@ class Judgement:
     refuses; refusal: why it refuses (one line, "" when it judged); scope: what it judged
     when not every row, as lines to print before its table; note: what a legacy baseline's
     digest did not vouch for ("" if nothing); isa_note: how the baseline's and the run's CPU
-    instruction sets differ (`mhc_parity.records.environment.isa_difference`; "" if they do not).
+    instruction sets and device kinds differ (`mhc_parity.records.environment.isa_difference`,
+    `mhc_parity.reports.coverage.device_note`; "" if they do not).
     """
 
     baseline: str

@@ -3,10 +3,12 @@ judgement, which the reports of `run --baseline` share: `mhc_parity.reports.judg
 
 Exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
 mismatched runs, including runs made under another tolerance policy or at another matmul
-precision, see `mhc_parity.reports.comparability`, unless allowed; a current run that did not finish,
-or was made by other code than this checkout, see `mhc_parity.reports.sources`; a baseline file given
-as --current; a legacy-format baseline without --allow-legacy-baseline, see
-`mhc_parity.reports.baseline`; an unwritable --markdown path). Loads no JAX.
+precision, see `mhc_parity.reports.comparability`, unless allowed; a baseline of another
+backend or one that does not cover the run's cases and paths, see `mhc_parity.reports.coverage`;
+a current run that did not finish, or was made by other code than this checkout, see
+`mhc_parity.reports.sources`; a baseline file given as --current; a legacy-format baseline
+without --allow-legacy-baseline, see `mhc_parity.reports.baseline`; an unwritable --markdown
+path). Loads no JAX.
 """
 
 from __future__ import annotations

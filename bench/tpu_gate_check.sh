@@ -9,13 +9,18 @@
 #   bench/tpu_gate_check.sh default DIR  # the default suite judged against baselines/tpu-v5e.csv
 #                                        #   (expect PASS), written as that baseline again (this
 #                                        #   baseline format), and gated against the new one
+#   bench/tpu_gate_check.sh make DIR     # the README's commands as a newcomer types them: make setup
+#                                        #   SYSTEM_JAX=1, make parity SYSTEM_JAX=1 (gated against
+#                                        #   baselines/tpu-v5e.csv on a TPU host); REBASE=1: that
+#                                        #   baseline written again from the run (after a policy
+#                                        #   change, which the gate refuses), then make gate
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs and
 # the runs' summaries, rows and the new baseline are packed into DIR/<part>.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: bench/tpu_gate_check.sh smoke|default DIR}
-out=${2:?usage: bench/tpu_gate_check.sh smoke|default DIR}
+part=${1:?usage: bench/tpu_gate_check.sh smoke|default|make DIR}
+out=${2:?usage: bench/tpu_gate_check.sh smoke|default|make DIR}
 source bench/tpu_common.sh
 
 case $part in
@@ -33,8 +38,17 @@ case $part in
     step gate "$CLI" gate --baseline baselines/tpu-v5e.csv --current out/tpu
     tar czf "$out/default.tgz" out/tpu/summary.md out/tpu/rows.csv baselines/tpu-v5e.csv "$out/logs"
     ;;
+  make)
+    setup_or_exit
+    step parity make parity SYSTEM_JAX=1
+    if [ "${REBASE:-0}" = 1 ]; then
+      step baseline "$CLI" baseline --from out/parity --to baselines/tpu-v5e.csv
+      step gate make gate SYSTEM_JAX=1
+    fi
+    tar czf "$out/make.tgz" out/parity/summary.md out/parity/rows.csv baselines/tpu-v5e.csv "$out/logs"
+    ;;
   *)
-    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke or default)" >&2
+    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke, default or make)" >&2
     exit 2
     ;;
 esac

@@ -9,9 +9,9 @@ policy, how many exceed 1, and the same usage with no floor at all (the spread a
 
 What a file lacks is filled the way that can only raise the usage: a baseline keeps no partner
 gain, so a vs_reference row takes its partner's own vs_oracle row's gain, or 0; rows written
-before `oracle_peak_to_l2` take 1/√N (N from `shape`, or from --shapes: rows of the same cases,
-e.g. a CPU sweep's, matched by case name without its -seedN), the smallest the ratio can be, or
-no floor; no `oracle_draws` reads as 16 (the CPU runs' count).
+before `oracle_peak_to_l2` take it from --shapes (rows of the same cases, e.g. a CPU run's,
+matched by case name without its -seedN: the oracle's value is the same on any machine), else
+1/√N of the leaf's `shape`, the smallest it can be, else no floor; no `oracle_draws` reads as 16 (the CPU runs' count).
 """
 
 from __future__ import annotations
@@ -45,18 +45,22 @@ def _base_case(case: str) -> str:
     return re.sub(r"-seed\d+$", "", str(case))
 
 
-def _sizes(frames: list[pd.DataFrame]) -> dict:
-    sizes = {}
+def _peaks(frames: list[pd.DataFrame]) -> dict:
+    """(case without -seedN, leaf) -> max|o|/‖o‖₂: recorded where a file has it (the oracle's
+    value is the same on any machine), else 1/√N of the leaf's `shape`."""
+    peaks, sizes = {}, {}
     for frame in frames:
-        if "shape" not in frame.columns:
-            continue
-        for case, leaf, shape in frame[["case", "leaf", "shape"]].itertuples(index=False):
-            if isinstance(shape, str) and shape:
-                sizes[(_base_case(case), leaf)] = math.prod(int(d) for d in shape.split("x"))
-    return sizes
+        for r in frame.to_dict("records"):
+            key = (_base_case(r["case"]), r["leaf"])
+            peak = float(r.get("oracle_peak_to_l2", math.nan))
+            if math.isfinite(peak):
+                peaks[key] = peak
+            elif isinstance(r.get("shape"), str) and r["shape"]:
+                sizes[key] = 1.0 / math.sqrt(math.prod(int(d) for d in r["shape"].split("x")))
+    return {**sizes, **peaks}
 
 
-def usages(frame: pd.DataFrame, policy, sizes: dict) -> pd.DataFrame:
+def usages(frame: pd.DataFrame, policy, peaks: dict) -> pd.DataFrame:
     """One record per oracle-ratio row with a gain: its group and its gain usages."""
     rate = policy.confidence.false_positive_rate
     frame = frame[frame["comparison"].isin(ORACLE_RATIO_COMPARISONS)]
@@ -86,8 +90,7 @@ def usages(frame: pd.DataFrame, policy, sizes: dict) -> pd.DataFrame:
         q = quantile(rate, 1.0, draws)
         peak = float(r.get("oracle_peak_to_l2", math.nan))
         if not math.isfinite(peak):
-            size = sizes.get((_base_case(r["case"]), r["leaf"]))
-            peak = 1.0 / math.sqrt(size) if size else math.nan
+            peak = peaks.get((_base_case(r["case"]), r["leaf"]), math.nan)
         explained = abs(float(partner)) if not math.isfinite(s_gain) else max(abs(float(partner)), q * s_gain)
         unit = _eps(getattr(rule, "eps_dtype", None) or r["dtype"])
         floor = gain_floor(bound.floor_ulps * unit, peak)
@@ -116,9 +119,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     policy = load_policy(None)
     frames = [_read(p) for p in args.rows]
-    sizes = _sizes(frames + [_read(p) for p in args.shapes])
+    peaks = _peaks(frames + [_read(p) for p in args.shapes])
     for path, frame in zip(args.rows, frames):
-        table = usages(frame, policy, sizes)
+        table = usages(frame, policy, peaks)
         groups = table.groupby(["comparison", "act", "dtype", "leaf_kind"])
         summary = groups.agg(
             rows=("usage", "size"),

@@ -54,9 +54,9 @@ number per leaf; the judging's gain criterion uses the same q): p is read back f
 own `oracle_quantile_max` (`gain_quantile`), so it is the rate the policy states and the run
 was judged at, with no second copy of it. The floor is the 2-ulp noise floor above carried onto
 the gain's scale (`mhc_parity.records.gain_rule`: a mean over the leaf moves by an element floor
-over √N_eff), from the run's `oracle_peak_to_l2`; a run without it gets no floor. The rule is not conditioned on growth:
-measured, the ×1.0000004 kernel change it is built for grew the errors it moves ×1.0 to
-×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
+over √N_eff), from the run's `oracle_peak_to_l2`; a run without it gets no floor. The rule is
+not conditioned on growth: measured, the ×1.0000004 kernel change it is built for grew the
+errors it moves ×1.0 to ×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
 `GAIN_COLUMNS`) the rule is not applied, and the gate says so (`mhc_parity.reports.gain_shift.gain_rule_note`).
 
 A row is compared only when both runs measured it (neither verdict is skip,

@@ -116,14 +116,33 @@ def test_a_noise_sized_gain_shift_passes():
 
 
 def test_a_gain_shift_inside_the_noise_floor_passes():
-    """Past a tiny spread but inside 2 ulps of the dtype: rounding noise, never a finding."""
-    tiny = 1e-3 * S_GAIN
-    baseline, current = row(0.0, s_gain=tiny), row(0.9 * noise_floor("float32"), s_gain=tiny)
+    """Past a tiny spread but inside 2 ulps of the dtype carried onto the gain's scale (× the
+    oracle's max|o|/‖o‖₂, `mhc_parity.records.gain_rule`): rounding noise, never a finding."""
+    tiny, peak = 1e-3 * S_GAIN, 0.25
+    floor = noise_floor("float32") * peak
+    baseline = row(0.0, s_gain=tiny)
+    current = dict(row(0.9 * floor, s_gain=tiny), oracle_peak_to_l2=peak)
     drift = compare_row(baseline, current)
-    assert drift.allowed_gain_shift == noise_floor("float32") and not drift.systematic
+    assert drift.allowed_gain_shift == floor and not drift.systematic
     assert drift.status == "steady"
-    bf16 = compare_row(row(0.0, dtype="bfloat16"), row(3 * spread_of_gain(), dtype="bfloat16"))
-    assert not bf16.systematic and bf16.allowed_gain_shift == noise_floor("bfloat16")
+    past = compare_row(baseline, dict(current, cand_oracle_gain=1.1 * floor))
+    assert past.systematic, "the floor is the element floor over sqrt(N_eff), not an element's ulp"
+    # a run that keeps no max|o|/‖o‖₂ (written before the column) gets no floor at all
+    assert compare_row(baseline, row(0.9 * floor, s_gain=tiny)).systematic
+
+
+def test_a_coherent_one_percent_bfloat16_shift_fails_the_gate():
+    """Issue 66 item 1, its numbers: a bfloat16 `out` whose gain moved 2.7e-5 -> 0.0100 with
+    S_gain 9.4e-5 (106 spreads) and max|o|/‖o‖₂ 0.016. The old floor, 2 bfloat16 ulps (0.0156),
+    hid it; on the gain's scale the floor is 2.5e-4 and the spread 8.4e-4 binds."""
+    baseline = row(2.7e-5, s_gain=9.4e-5, dtype="bfloat16")
+    current = dict(row(0.0100, s_gain=9.4e-5, dtype="bfloat16"), oracle_peak_to_l2=0.016)
+    drift = compare_row(baseline, current)
+    assert drift.systematic and drift.status == "regression", drift
+    assert drift.allowed_gain_shift == pytest.approx(spread_of_gain() * 9.4e-5 / S_GAIN)
+    assert not gate([baseline], [current]).ok
+    # a 0.3% scale too (a bfloat16 gradient leaf's, issue 66)
+    assert compare_row(baseline, dict(current, cand_oracle_gain=2.7e-5 + 0.003)).systematic
 
 
 def _format_3_copy(source: Path, target: Path) -> Path:

@@ -832,3 +832,70 @@ def test_every_judged_row_records_the_quantile_its_sensitivity_is_scaled_by():
     without_rate = parse_policy(policy_text(RATIO_RULE, EXACT_RULE))
     j = judge(without_rate, leaf, "vs_reference")
     assert (j.quantile_max, j.quantile_rms) == (1.0, 1.0)
+
+
+# ── the gain criterion (issue 66): a coherent scale at the mean's own noise ──────────────
+
+
+def _scaled_leaf(kind: str, scale: float, *, dtype="bfloat16", peak=0.016, s_gain=9.4e-5) -> LeafMetrics:
+    """A leaf scaled by `scale`, otherwise as correct bfloat16 code measures `out` (issue 66):
+    within a bfloat16 ulp of the partner, gain partner 2.7e-5, S_gain 9.4e-5 over 16 draws."""
+    gain = scale - 1.0
+    return metrics(
+        max_rel_err=abs(gain),
+        cand_oracle_max_err=abs(gain),
+        partner_oracle_max_err=0.02,
+        cand_oracle_rms_err=abs(gain),
+        partner_oracle_rms_err=0.01,
+        oracle_sensitivity_max=0.02,
+        oracle_sensitivity_rms=0.01,
+        oracle_sensitivity_dof_max=50.0,
+        oracle_sensitivity_dof_rms=2048.0,
+        cand_oracle_gain=gain,
+        partner_oracle_gain=2.7e-5,
+        oracle_sensitivity_gain=s_gain,
+        oracle_peak_to_l2=peak,
+        oracle_draws=16.0,
+    )
+
+
+@pytest.mark.parametrize("kind", [k for k in POLICY_LEAF_KINDS if k != "*" and k != "program"])
+@pytest.mark.parametrize("comparison", ["vs_oracle", "vs_reference"])
+def test_a_coherent_bfloat16_scale_fails_on_every_leaf_kind_direct_or_not(kind, comparison):
+    """Issue 66 item 1: a bfloat16 leaf 1% (and 0.3%) too large everywhere is inside 2 ulps of
+    its partner, so `direct` would call it indistinguishable, and inside the old 2-ulp gain
+    floor; its gain is ~100 spreads. It fails on every leaf kind, outputs and gradients."""
+    policy = load_policy()
+    for scale in (1.01, 1.003):
+        j = judge(policy, _scaled_leaf(kind, scale), comparison, kind, dtype="bfloat16")
+        assert j.verdict == "fail", (kind, comparison, scale, j)
+        assert "coherent scale" in j.reason and "cand_oracle_gain" in j.reason
+    assert judge(policy, _scaled_leaf(kind, 1.0), comparison, kind, dtype="bfloat16").verdict == "pass"
+
+
+def test_the_gain_floor_is_the_element_floor_over_the_square_root_of_n_eff():
+    """With no spread to speak of, the gain may reach floor_ulps ulps times max|o|/‖o‖₂ and no
+    further; a one-element leaf (ratio 1) keeps the element floor."""
+    policy = parse_policy(policy_text(RATIO_RULE, header="version = 2\n" + CONFIDENCE_ALL))
+    for peak in (0.01, 1.0):
+        floor = 4 * F32_EPS * peak
+        for factor, verdict in ((BELOW, "pass"), (ABOVE, "fail")):
+            leaf = metrics(cand_oracle_gain=-floor * factor, oracle_peak_to_l2=peak, max_rel_err=0.0, oracle_draws=16.0)
+            assert judge(policy, leaf, "vs_reference", "weight_grad").verdict == verdict, (peak, factor)
+    # a row with no recorded ratio gets no floor: stale input is judged more strictly
+    leaf = metrics(cand_oracle_gain=1e-3 * F32_EPS, oracle_peak_to_l2=math.nan, oracle_draws=16.0)
+    assert judge(policy, leaf, "vs_reference", "weight_grad").verdict == "fail"
+
+
+CONFIDENCE_ALL = """
+[confidence]
+false_positive_rate = 1e-5
+gain_leaf_kinds = ["output", "intermediate", "activation_grad", "weight_grad", "scale_grad", "branch_grad"]
+rationale = "test"
+"""
+
+
+def test_the_packaged_policy_holds_the_gain_on_every_leaf_kind():
+    """Outputs and gradients alike (issue 66): no oracle-ratio leaf kind goes without it."""
+    kinds = set(load_policy().confidence.gain_leaf_kinds)
+    assert kinds == {k for k in POLICY_LEAF_KINDS if k not in ("*", "program")}

@@ -109,6 +109,9 @@ _COLUMN_TYPES = {
     "cand_oracle_gain": _FLOAT,
     "partner_oracle_gain": _FLOAT,
     "oracle_sensitivity_gain": _FLOAT,
+    # max|oracle| / ‖oracle‖₂ (1/√N_eff): an element floor times it is the gain's floor
+    # (mhc_parity.records.gain_rule)
+    "oracle_peak_to_l2": _FLOAT,
     # how well the sensitivity is known: the effective degrees of freedom of the squared max
     # and RMS deviations, and how many rounding draws they come from
     "oracle_sensitivity_dof_max": _FLOAT,
@@ -234,6 +237,7 @@ LATER_COLUMNS = (
     "oracle_peak_bytes",
     "oracle_budget_bytes",
     "bytes_moved",
+    "oracle_peak_to_l2",
 )
 
 # Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.

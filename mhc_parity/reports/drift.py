@@ -47,15 +47,16 @@ gradient) moves the error's signed component along the leaf's own value, `cand_o
 by the same amount on any machine, while another machine's rounding moves it by one draw of
 the rounding model's spread of that component, `oracle_sensitivity_gain` (S_gain). So
 
-    systematic  when  |gain_now − gain_then| > max(√2 × q_gain × S_gain,  floor)
+    systematic  when  |gain_now − gain_then| > max(√2 × q_gain × S_gain,  floor × max|o|/‖o‖₂)
 
 q_gain is the quantile of the same stated rate p for one degree of freedom (the gain is one
 number per leaf; the judging's gain criterion uses the same q): p is read back from the run's
 own `oracle_quantile_max` (`gain_quantile`), so it is the rate the policy states and the run
-was judged at, with no second copy of it. The floor (the 2-ulp noise floor above) keeps a
-shift inside the dtype's rounding noise from failing. The rule is not conditioned on growth:
-measured, the ×1.0000004 kernel change it is built for grew the errors it moves ×1.0 to
-×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
+was judged at, with no second copy of it. The floor is the 2-ulp noise floor above carried onto
+the gain's scale (`mhc_parity.records.gain_rule`: a mean over the leaf moves by an element floor
+over √N_eff), from the run's `oracle_peak_to_l2`; a run without it gets no floor. The rule is
+not conditioned on growth: measured, the ×1.0000004 kernel change it is built for grew the
+errors it moves ×1.0 to ×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
 `GAIN_COLUMNS`) the rule is not applied, and the gate says so (`mhc_parity.reports.gain_shift.gain_rule_note`).
 
 A row is compared only when both runs measured it (neither verdict is skip,
@@ -73,6 +74,7 @@ from typing import Any
 import pandas as pd
 
 from mhc_parity.records import dtypes
+from mhc_parity.records.gain_rule import gain_floor
 from mhc_parity.records.rows import ReportInputError, coerce_row, frame_from_records, is_finite
 from mhc_parity.records.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
 from mhc_parity.records.text import format_number
@@ -123,6 +125,7 @@ GATE_OPTIONAL_COLUMNS = (
     "cause_explained",
     *QUANTILE_COLUMNS,
     *RATE_COLUMNS,
+    "oracle_peak_to_l2",
 )
 GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
 # The spread of the difference of two independent rounding draws, in units of one draw's.
@@ -207,7 +210,7 @@ class RowDrift:
     status: str
     note: str
     # the error's signed component along the leaf in both runs, and how far it may move:
-    # max(√2·q_gain·S_gain, floor) (NaN: not measured in a run, the systematic rule not applied)
+    # max(√2·q_gain·S_gain, the gain's floor) (NaN: not measured in a run, the systematic rule not applied)
     baseline_gain: float = math.nan
     current_gain: float = math.nan
     allowed_gain_shift: float = math.nan
@@ -349,7 +352,7 @@ def compare_row(
     allowed_shift = allowed_gain_shift(
         _larger(baseline.get("oracle_sensitivity_gain"), current.get("oracle_sensitivity_gain")),
         gain_quantile(*(_first(current, baseline, c) for c in ("oracle_quantile_max", *RATE_COLUMNS))),
-        floor,
+        gain_floor(floor, _first(current, baseline, "oracle_peak_to_l2")),
     )
     fields.update(baseline_gain=base_gain, current_gain=cur_gain, allowed_gain_shift=allowed_shift)
     shift = abs(cur_gain - base_gain)
@@ -378,7 +381,8 @@ def compare_row(
 
 
 def allowed_gain_shift(sensitivity_gain: float, quantile_gain: float, floor: float) -> float:
-    """How far the gain may move between two correct runs: max(√2·q_gain·S_gain, floor), NaN
+    """How far the gain may move between two correct runs: max(√2·q_gain·S_gain, floor) with
+    floor on the gain's scale (`mhc_parity.records.gain_rule.gain_floor`), NaN
     when the spread is unknown (no gain sensitivity in either run, or no q_gain)."""
     spread_ = spread(sensitivity_gain, quantile_gain)
     return math.nan if math.isnan(spread_) else max(spread_, floor)

@@ -3,7 +3,7 @@
 A code change that scales a leaf moves the error's component along the leaf (`cand_oracle_gain`)
 the same way on every token; host noise moves it within its rounding spread (`S_gain`,
 `oracle_sensitivity_gain`). `mhc_parity.reports.drift.compare_row` fails a row whose gain moved
-past max(√2·q_gain·S_gain, the noise floor), whatever its growth (docs/gate.md, "A systematic
+past max(√2·q_gain·S_gain, the noise floor × max|o|/‖o‖₂), whatever its growth (docs/gate.md, "A systematic
 shift along the leaf"); this module holds the rule's quantile, its finding in words and its notes.
 """
 

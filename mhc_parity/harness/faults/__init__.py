@@ -5,6 +5,7 @@ Modules, in the order data flows through them:
 * `model` — `Seam`, `Patch`, `Perturbation` (a fault or a legitimate variant) and its
   reversible injection;
 * `fault_catalogue` — the faults (`CATALOGUE`, `FAULTS`);
+* `coherent_faults` — its faults that scale a whole leaf a little (what only the gain sees);
 * `variants` — the legitimate variants (`VARIANTS`);
 * `passes` — a case's clean pass and its perturbation passes, sharing what no
   perturbation changes (fixtures, oracle answers, the causes' hypotheses, the outputs of

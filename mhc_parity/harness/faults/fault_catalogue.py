@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from mhc_parity.harness.faults.coherent_faults import COHERENT_FAULTS
 from mhc_parity.harness.faults.model import BelowBackendShift, Patch, Perturbation, Seam
 from mhc_parity.mhc.common import DEFAULT_PRE_EPSILON, matmul, permutation_matrices
 from mhc_parity.mhc.precision import DEFAULT_MATMUL_PRECISION
@@ -463,6 +464,8 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "other's place (same shape, so nothing catches it but the numbers).",
         _vjp_swapping_bias_grads,
     ),
+    # a leaf scaled by a constant a little off one: the gain's faults
+    *COHERENT_FAULTS,
     # --- an external implementation, through the --impl interface --------------------------
     Perturbation(
         name="independent.gate_params_bf16",

@@ -18,12 +18,14 @@ least k ulps of the largest compared value.
                          explains at the leaf at the policy's stated confidence: q is
                          `mhc_parity.harness.judging.confidence.quantile` of the leaf's degrees of
                          freedom, 1 without a `Confidence`; on vs_oracle rows the partner
-                         is the oracle, so E is q * S); where the policy adds them, the
-                         gain criterion (the same inequality for the error's component
-                         along the leaf's own value, one degree of freedom) and the
+                         is the oracle, so E is q * S); where the policy adds it, the
                          systematic criterion — OR the direct criterion max_rel_err <=
                          direct_ulps * unit (the two are indistinguishable; 0 switches it
-                         off)
+                         off); AND, where the policy adds it, the gain criterion, which
+                         direct never rescues: the same inequality for the error's
+                         component along the leaf's own value (one degree of freedom),
+                         its floor the element floor times max|o|/‖o‖₂
+                         (`mhc_parity.records.gain_rule`)
 
 `judge` returns an `Outcome`: the bound usage, measured / allowed for the binding
 criterion (> 1 fails; the largest usage among conditions that must all hold, the
@@ -41,6 +43,7 @@ from typing import ClassVar
 
 from mhc_parity.harness.judging.confidence import quantile
 from mhc_parity.harness.judging.metrics import LeafMetrics
+from mhc_parity.records.gain_rule import gain_floor
 from mhc_parity.records.text import format_number
 
 # How a number of a rule is validated: "ulps" >= 1 (nothing below one ulp of the compared
@@ -255,7 +258,8 @@ class Confidence:
     """`at p=P`: the sensitivity S enters a bound as q·S, with q the quantile that a correct
     implementation's error exceeds with probability P given the leaf's degrees of freedom
     and the number of draws S averages (`mhc_parity.harness.judging.confidence.quantile`); `+gain`
-    (on `gain_leaf_kinds`): the same criterion on the error's component along the leaf itself."""
+    (on `gain_leaf_kinds`): the same criterion on the error's component along the leaf itself,
+    its floor on the gain's own scale, never rescued by `direct`."""
 
     false_positive_rate: float
     gain_leaf_kinds: tuple[str, ...]
@@ -298,26 +302,7 @@ class OracleRatio(Bound):
             ("cand_oracle_max_err", "partner_oracle_max_err", m.oracle_sensitivity_max, m.oracle_sensitivity_dof_max),
             ("cand_oracle_rms_err", "partner_oracle_rms_err", m.oracle_sensitivity_rms, m.oracle_sensitivity_dof_rms),
         ]
-        if self.gain:  # one number per leaf: one degree of freedom
-            criteria.append(("cand_oracle_gain", "partner_oracle_gain", m.oracle_sensitivity_gain, 1.0))
-        conditions = []
-        for cand_metric, partner_metric, sensitivity, dof in criteria:
-            # The gain is signed; the criterion holds its size.
-            cand, partner = abs(getattr(m, cand_metric)), abs(getattr(m, partner_metric))
-            # The error to be no worse than: the partner's, or, where larger, the error
-            # the arithmetic explains at this leaf (the oracle's sensitivity, if measured),
-            # at the policy's stated confidence.
-            q = 1.0 if self.confidence is None else self.confidence.quantile(dof, m.oracle_draws)
-            explained = partner if math.isnan(sensitivity) else max(partner, q * sensitivity)
-            limit = math.nan if math.isnan(partner) else self.ratio * explained + floor
-            what = f"{partner_metric}({_number(partner)})"
-            if not math.isnan(sensitivity):
-                scaled = "sensitivity" if q == 1.0 else f"{_number(q)}*sensitivity"
-                what = f"max({what}, {scaled}({_number(sensitivity)}))"
-            conditions.append(
-                Condition(cand_metric, cand, limit, f"{self.ratio:g}*{what}+{self.floor_ulps:g}ulp={_number(limit)}")
-            )
-        ratio = all_hold(conditions)
+        ratio = all_hold([self._condition(m, *criterion, floor, f"{self.floor_ulps:g}ulp") for criterion in criteria])
         binding, reasons = ratio.binding, [ratio.reason] if ratio.reason else []
         if self.systematic is not None and not math.isnan(m.cand_systematic_t):
             systematic, text = self.systematic.condition(m, floor, self.floor_ulps)
@@ -328,15 +313,44 @@ class OracleRatio(Bound):
         if self.direct_ulps:
             direct = Condition("max_rel_err", m.max_rel_err, direct_limit, f"direct {self.direct_ulps:g}ulp")
             binding = min(binding, direct, key=lambda c: c.usage)
+            if binding.usage <= 1.0:
+                reasons = []  # rescued: indistinguishable from the partner
+            else:
+                reasons.append(
+                    f"and not indistinguishable: max_rel_err={_number(m.max_rel_err)} > "
+                    f"direct {self.direct_ulps:g}ulp={_number(direct_limit)}"
+                )
+        if self.gain:
+            # A coherent scale is no rounding however close to the partner each element is:
+            # `direct` never rescues it. The floor is the element floor on the gain's scale.
+            gain_floor_ = gain_floor(floor, m.oracle_peak_to_l2)
+            floor_text = f"{self.floor_ulps:g}ulp*peak/l2({_number(m.oracle_peak_to_l2)})"
+            gain = self._condition(
+                m, "cand_oracle_gain", "partner_oracle_gain", m.oracle_sensitivity_gain, 1.0, gain_floor_, floor_text
+            )
+            if gain.usage > 1.0:
+                reasons.append(f"{gain.reason}: a coherent scale along the leaf")
+            binding = max(binding, gain, key=lambda c: c.usage)
         if binding.usage <= 1.0:
             return Outcome(binding.usage, binding=binding)
-        reason = "; ".join(reasons)
-        if self.direct_ulps:
-            reason += (
-                f"; and not indistinguishable: max_rel_err={_number(m.max_rel_err)} > "
-                f"direct {self.direct_ulps:g}ulp={_number(direct_limit)}"
-            )
-        return Outcome(binding.usage, reason, binding)
+        return Outcome(binding.usage, "; ".join(reasons), binding)
+
+    def _condition(
+        self, m: LeafMetrics, cand_metric: str, partner_metric: str, sensitivity: float, dof: float, floor, floor_text
+    ) -> Condition:
+        """cand <= ratio * max(partner, q * S) + floor for one metric (sizes: the gain is signed)."""
+        cand, partner = abs(getattr(m, cand_metric)), abs(getattr(m, partner_metric))
+        # The error to be no worse than: the partner's, or, where larger, the error the
+        # arithmetic explains at this leaf (the oracle's sensitivity, if measured), at the
+        # policy's stated confidence.
+        q = 1.0 if self.confidence is None else self.confidence.quantile(dof, m.oracle_draws)
+        explained = partner if math.isnan(sensitivity) else max(partner, q * sensitivity)
+        limit = math.nan if math.isnan(partner) else self.ratio * explained + floor
+        what = f"{partner_metric}({_number(partner)})"
+        if not math.isnan(sensitivity):
+            scaled = "sensitivity" if q == 1.0 else f"{_number(q)}*sensitivity"
+            what = f"max({what}, {scaled}({_number(sensitivity)}))"
+        return Condition(cand_metric, cand, limit, f"{self.ratio:g}*{what}+{floor_text}={_number(limit)}")
 
     def describe(self) -> str:
         text = f"ratio<={self.ratio:g} +{self.floor_ulps:g}ulp"

@@ -47,6 +47,7 @@ import numpy as np
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.error_statistics import gain, l2_norm, max_abs, safe_ratio, systematic_error, upcast
 from mhc_parity.records import dtypes
+from mhc_parity.records.gain_rule import peak_to_l2
 
 __all__ = [
     "DTYPE_FORMATS",
@@ -141,6 +142,7 @@ class LeafMetrics:
     cand_oracle_gain: float
     partner_oracle_gain: float
     oracle_sensitivity_gain: float
+    oracle_peak_to_l2: float
     oracle_sensitivity_dof_max: float
     oracle_sensitivity_dof_rms: float
     oracle_draws: float
@@ -284,7 +286,8 @@ def leaf_metrics(
     sensitivity: None or the oracle's `Sensitivity` to one rounding per operation
     (`mhc_parity.harness.engine.oracle_path.OracleOutputs`), recorded as oracle_sensitivity_* and
     oracle_draws; NaN when not given. With an oracle, each side's `gain` against it (its
-    error's component along the oracle's value) is recorded too. token_axes: how many
+    error's component along the oracle's value) is recorded too, and the oracle's max|o|/‖o‖₂
+    (`mhc_parity.records.gain_rule`: what carries an element floor onto the gain). token_axes: how many
     leading axes index tokens (0: the leaf has no token axis); with an oracle, the
     candidate's and the partner's `systematic_error` against it are recorded (NaN
     otherwise). oracle_systematic_t: the t statistic the rounding model itself produces
@@ -318,7 +321,7 @@ def leaf_metrics(
     nan_p, inf_p = memo.counts(p)
     if o is None:
         nan_o = inf_o = 0
-        c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = c_gain = p_gain = math.nan
+        c_o_max = p_o_max = c_o_rms = p_o_rms = ratio_max = ratio_rms = c_gain = p_gain = o_peak = math.nan
     else:
         nan_o, inf_o = memo.counts(o)
         _, c_o_max, c_o_rms = memo.rel_errors(c, o)
@@ -326,6 +329,7 @@ def leaf_metrics(
         ratio_max = _error_ratio(c_o_max, p_o_max)
         ratio_rms = _error_ratio(c_o_rms, p_o_rms)
         c_gain, p_gain = memo.gain(c, o), memo.gain(p, o)
+        o_peak = peak_to_l2(*memo.magnitudes(o))
     if o is None or not token_axes:
         c_t = c_shift = p_t = math.nan
     else:
@@ -355,6 +359,7 @@ def leaf_metrics(
         cand_oracle_gain=c_gain,
         partner_oracle_gain=p_gain,
         oracle_sensitivity_gain=math.nan if sensitivity is None else sensitivity.gain,
+        oracle_peak_to_l2=o_peak,
         oracle_sensitivity_dof_max=math.nan if sensitivity is None else sensitivity.dof_max,
         oracle_sensitivity_dof_rms=math.nan if sensitivity is None else sensitivity.dof_rms,
         oracle_draws=math.nan if sensitivity is None else float(sensitivity.draws),

@@ -203,7 +203,7 @@ def test_a_rounding_names_a_known_site_and_values_it_has():
     with pytest.raises(ValueError, match="direction"):
         Rounding("gate", "sideways", "bfloat16")
     codes = rounding_codes(calls, [(Rounding("gate", "backward", "float32"),)], {"gate_weight", "gate"})
-    assert codes.tolist() == [[[0, 0], [0, 3]]]
+    assert codes.tolist() == [[[0, 0, 0], [0, 3, 0]]]
 
 
 # ── the operation's hypotheses ────────────────────────────────────────────────────────

@@ -103,6 +103,11 @@ def _units_vector(units: Mapping[str, float] | float | None) -> np.ndarray:
 # run and their compile time dominates (bench/parity_bench.py measures it). Only float64
 # rounding (e.g. fused multiply-adds) can differ, far below anything a comparison resolves.
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+# The hypotheses' programs (`mhc_parity.mhc.oracle_roundings`, `mhc_parity.mhc.oracle_backend`) run once per
+# failing case, so their compile is most of a failing run's extra cost: level 0 without LLVM's
+# expensive passes compiled the roundings' program in 2.0-2.7 s against level 1's 5.2 s, and ran it
+# in 0.55-0.78 s against 0.47 s (a float32 MLP case, a loaded 2-core host; bench/causes_bench.py).
+HYPOTHESIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def _recorded(

@@ -88,15 +88,18 @@ def _replay(name: str, evaluator: Evaluator):
 
 
 class BackendPrimitives:
-    """The identity at every site; `primitive` evaluates the named primitives by the backend.
+    """The identity at every site; `primitive` evaluates a replayable primitive by the backend
+    where `flags` (name -> traced bool scalar) says so, else exactly.
 
-    primitives: the `REPLAYED` names replaced; evaluator: `backend_evaluator()`'s answer."""
+    flags: one flag per `REPLAYED` name the program may replay (a flag is data, so every set of
+    primitives shares one compiled program); evaluator: `backend_evaluator()`'s answer."""
 
-    def __init__(self, primitives: frozenset[str], evaluator: Evaluator):
-        unknown = sorted(set(primitives) - set(REPLAYED))
+    def __init__(self, flags: Mapping[str, Any], evaluator: Evaluator):
+        unknown = sorted(set(flags) - set(REPLAYED))
         if unknown:
             raise ValueError(f"no backend replay of {unknown}: one of {sorted(REPLAYED)}")
-        self.replays = {name: _replay(name, evaluator) for name in primitives}
+        self.flags = flags
+        self.replays = {name: _replay(name, evaluator) for name in flags}
 
     def __call__(self, v, site: str, part: str = ""):
         del site, part
@@ -104,20 +107,35 @@ class BackendPrimitives:
 
     def primitive(self, name: str, function, *operands):
         replay = self.replays.get(name)
-        return function(*operands) if replay is None else replay(*operands)
+        if replay is None:
+            return function(*operands)
+        # A cond, not a where: the branch not taken (an f32 exp's overflow) adds no NaN to the VJP.
+        return jax.lax.cond(self.flags[name], replay, function, *operands)
 
 
 @functools.lru_cache(maxsize=8)
-def _backend_program(branch_apply, config, branch_sites, primitives: frozenset[str], evaluator_key):
-    """The jitted float64 forward + VJP with `primitives` evaluated by the backend."""
+def _backend_program(branch_apply, config, branch_sites, names: tuple[str, ...], evaluator_key):
+    """The jitted float64 forward + VJP once per row of flags (H, len(names)) bool, each row's
+    flagged primitives evaluated by the backend: program(x, w, p, ct, flags), every output with
+    a leading H axis. One compile serves every set of `names` (a compile per set cost seconds
+    each on a failing run: bench/causes_bench.py)."""
     evaluator = _EVALUATORS[evaluator_key]
 
-    def program(x, w, p, ct):
-        return oracle_math.layer_and_vjp(
-            x, w, p, ct, BackendPrimitives(primitives, evaluator), config, branch_apply, branch_sites
-        )
+    def one(x, w, p, ct, flags):
+        chosen = BackendPrimitives(dict(zip(names, flags)), evaluator)
+        return oracle_math.layer_and_vjp(x, w, p, ct, chosen, config, branch_apply, branch_sites)
 
-    return jax.jit(program)
+    def program(x, w, p, ct, flags):
+        shapes = jax.eval_shape(one, x, w, p, ct, flags[0])
+        outputs = jax.tree.map(lambda s: jnp.zeros((flags.shape[0], *s.shape), s.dtype), shapes)
+
+        def run(h, outputs_):
+            answer = one(x, w, p, ct, flags[h])
+            return jax.tree.map(lambda o, a: o.at[h].set(a), outputs_, answer)
+
+        return jax.lax.fori_loop(0, flags.shape[0], run, outputs)
+
+    return jax.jit(program, compiler_options=oracle.HYPOTHESIS_COMPILER_OPTIONS)
 
 
 # The evaluators a program was compiled with, by id (a Mapping is not hashable).
@@ -138,15 +156,19 @@ def run_oracle_backend(
 ) -> list[oracle.OracleResult]:
     """The oracle once per set of `primitives`, those evaluated by the backend in float32
     (`evaluator`: `backend_evaluator()`'s answer; None: XLA:CPU's float32 op), everything else
-    exact. Arguments otherwise as `mhc_parity.mhc.oracle.run_oracle`; one `OracleResult` per set,
-    NumPy float64."""
+    exact, all sets in one compiled program. Arguments otherwise as `mhc_parity.mhc.oracle.run_oracle`;
+    one `OracleResult` per set, NumPy float64."""
+    if not primitives:
+        return []
     sites = rounding_model.branch_site_tuple(branch_sites)
+    names = tuple(name for name in REPLAYED if any(name in chosen for chosen in primitives))
+    unknown = sorted(set().union(*primitives) - set(REPLAYED))
+    if unknown:
+        raise ValueError(f"no backend replay of {unknown}: one of {sorted(REPLAYED)}")
+    flags = np.array([[name in chosen for name in names] for chosen in primitives], bool)
     _EVALUATORS[id(evaluator)] = evaluator
-    results = []
     with jax.enable_x64(True), jax.default_device(oracle.oracle_device()):
         inputs = oracle._float64_inputs(x, weights, branch_params, cotangent)
-        for chosen in primitives:
-            program = _backend_program(branch_apply, config, sites, frozenset(chosen), id(evaluator))
-            outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), program(*inputs))
-            results.append(oracle._result(outputs))
-    return results
+        program = _backend_program(branch_apply, config, sites, names, id(evaluator))
+        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), program(*inputs, jnp.asarray(flags)))
+    return [oracle._result(jax.tree.map(lambda a, h=h: a[h], outputs)) for h in range(len(primitives))]

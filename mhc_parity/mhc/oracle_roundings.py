@@ -36,9 +36,6 @@ import numpy as np
 
 from mhc_parity.mhc import oracle, oracle_math, rounding_model
 
-# XLA:CPU's first optimisation level: the hypotheses' program compiles in about half the default
-# level's time and runs nearly as fast (the sensitivity draws' level 0 runs it several times slower).
-_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 # The batch each hypotheses program holds (more hypotheses: the next power of two): above the
 # count of a float32 case's roundings (every site twice, the gates per gate) and of its narrow
 # sums, so bfloat16 and float32 cases share each program.
@@ -46,7 +43,10 @@ PADDED_HYPOTHESES = 64
 PADDED_SUMS = 32
 # The dtypes a hypothesis may round to; a rounding's code is its index here plus one (0: exact).
 ROUNDING_DTYPES = ("bfloat16", "float16", "float32")
-DIRECTIONS = ("forward", "backward")
+DIRECTIONS = ("forward", "backward", "recomputed")
+# The sites a "recomputed" rounding may name: the weights, which a kernel may load narrow in its
+# forward pass while its backward recomputes the pre from the unrounded ones.
+RECOMPUTED_SITES = ("gate_weight", "matmul_weight")
 # What of a contraction an accumulation sums narrowly: its value, or the cotangent of its first
 # or second operand (each a contraction of the cotangent with the other operand).
 OUTPUTS = ("value", "first_cotangent", "second_cotangent")
@@ -63,7 +63,10 @@ class Rounding:
     """One deterministic round-to-nearest in the oracle.
 
     site: a rounding site (`mhc_parity.mhc.rounding_model.ROUNDING_SITES` or the branch's own); direction:
-    "forward" (the value) or "backward" (the cotangent flowing back through it); dtype: one
+    "forward" (the value), "backward" (the cotangent flowing back through it) or "recomputed"
+    (a weight's value in the forward pass only: the pre's outputs move by what it changes there,
+    the pre's VJP exact, as a backward kernel that recomputes the pre from the unrounded weights
+    computes; `RECOMPUTED_SITES`); dtype: one
     of `ROUNDING_DTYPES`; parts: only the site's values with these names (the weights of
     "gate_weight", "matmul_weight" and "branch_param" are named by their field), () all.
     """
@@ -76,6 +79,8 @@ class Rounding:
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
             raise ValueError(f"rounding direction {self.direction!r} is not one of {DIRECTIONS}")
+        if self.direction == "recomputed" and self.site not in RECOMPUTED_SITES:
+            raise ValueError(f"a recomputed rounding names a weight site ({RECOMPUTED_SITES}), not {self.site!r}")
         if self.dtype not in ROUNDING_DTYPES:
             raise ValueError(f"rounding dtype {self.dtype!r} is not one of {ROUNDING_DTYPES}")
 
@@ -326,14 +331,15 @@ def accumulation_codes(
 def rounding_codes(
     calls: Sequence[tuple[str, tuple[int, ...], str]], hypotheses: Sequence[Sequence], known_sites
 ) -> np.ndarray:
-    """(H, calls, 2) float64 codes: per hypothesis, site call and direction, the dtype to round to.
+    """(H, calls, 3) float64 codes: per hypothesis, site call and direction (`DIRECTIONS`), the
+    dtype to round to.
 
     A rounding naming a site outside `known_sites`, or parts its site never has, is an error.
     """
     parts_of: dict[str, set[str]] = {}
     for site, _, part in calls:
         parts_of.setdefault(site, set()).add(part)
-    codes = np.zeros((len(hypotheses), len(calls), 2))
+    codes = np.zeros((len(hypotheses), len(calls), len(DIRECTIONS)))
     for h, parts in enumerate(hypotheses):
         for rounding in (r for r in parts if isinstance(r, Rounding)):
             if rounding.site not in known_sites:
@@ -365,16 +371,17 @@ def _roundings_program(
     `count` of the H rows run; every output gains a leading H axis (the rows past `count`
     zero). The rows run in a loop, not a `vmap`: a batched switch would run every branch, and a
     loop skips the padding rows (`vmap` ran them all, which cost more than the batching saved).
-    Compiled at `_COMPILER_OPTIONS`' level: it runs one forward + VJP per hypothesis, so
-    execution matters here as much as compilation (bench/causes_bench.py)."""
+    Compiled at `mhc_parity.mhc.oracle.HYPOTHESIS_COMPILER_OPTIONS`: it runs once per failing case,
+    so its compile costs more than its run (bench/causes_bench.py)."""
 
     def one_hypothesis(x, w, p, ct, codes, sums):
         calls, _ = _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites)
         rounding = _CodedRounding(
             [(site, shape) for site, shape, _ in calls], codes, dtypes, sums, options, coded_sites
         )
+        offsets = _recomputed_offsets(x, w, calls, codes, dtypes, config)
         forward, d_x, d_layer_output, d_w, d_p = oracle_math.layer_and_vjp(
-            x, w, p, ct, rounding, config, branch_apply, branch_sites
+            x, w, p, ct, rounding, config, branch_apply, branch_sites, offsets
         )
         if rounding.calls != len(calls):
             raise AssertionError(f"{rounding.calls} rounding sites traced, the recording pass saw {len(calls)}")
@@ -396,7 +403,26 @@ def _roundings_program(
 
         return jax.lax.fori_loop(0, count, run, outputs)
 
-    return jax.jit(program, compiler_options=_COMPILER_OPTIONS)
+    return jax.jit(program, compiler_options=oracle.HYPOTHESIS_COMPILER_OPTIONS)
+
+
+def _recomputed_offsets(x, w, calls, codes, dtypes: tuple[str, ...], config):
+    """What the weights rounded as `codes`' "recomputed" column says change the pre's outputs
+    (`mhc_parity.mhc.oracle_fits.PRE_OUTPUTS`), held constant (the pre's VJP stays exact); zeros
+    where the column rounds nothing (adding them changes no value)."""
+    column = codes[:, DIRECTIONS.index("recomputed")]
+    at = {part: i for i, (site, _, part) in enumerate(calls) if site in RECOMPUTED_SITES and part in w}
+
+    def moved():
+        rounded = {k: _rounded(v, column[at[k]], dtypes) if k in at else v for k, v in w.items()}
+        layer_input, coeffs = oracle_math.pre(x, rounded, config)
+        exact_input, exact_coeffs = oracle_math.pre(x, w, config)
+        return (layer_input - exact_input, *(a - b for a, b in zip(coeffs, exact_coeffs)))
+
+    def unmoved():
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(moved))
+
+    return jax.lax.stop_gradient(jax.lax.cond(jnp.any(column != 0), moved, unmoved))
 
 
 def _padded(codes: np.ndarray, rows: int):

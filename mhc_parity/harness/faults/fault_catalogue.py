@@ -256,6 +256,8 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
 # bfloat16 too), the RMS statistic in bfloat16 (its value rounded, its sum of squares accumulated
 # there, or its error fitted per token).
 _GATE_PARAMETERS_ROUNDED = ("round:gate_weight/*:forward:bfloat16", "round:gate_weight/*:backward:bfloat16")
+# A kernel rounds them in its forward pass alone where its backward recomputes the gates.
+_GATE_PARAMETERS_ROUNDED_FORWARD = (*_GATE_PARAMETERS_ROUNDED, "round:gate_weight/*:recomputed:bfloat16")
 _RMS_STATISTIC_ROUNDED = (
     "round:rms_inverse:forward:bfloat16",
     "accumulate:mean_square:value:bfloat16:*",
@@ -376,7 +378,7 @@ CATALOGUE: tuple[Perturbation, ...] = (
         "The forward kernel casts the gate scale and bias to bfloat16 (e.g. loading the gate "
         "operands in the activation dtype) before the sigmoid.",
         _gate_with_bf16_params,
-        causes=_GATE_PARAMETERS_ROUNDED,
+        causes=_GATE_PARAMETERS_ROUNDED_FORWARD,
     ),
     _kernel_fault(
         "kernel.pre_epsilon_dropped",

@@ -175,6 +175,8 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                     if group and direction == "forward" and dtype == case.dtype:
                         # Held in the activation dtype, the gate's affine runs there too.
                         found.append(_gate_held_narrow(group, tag, rounding))
+                    if group and direction == "forward":
+                        found.append(_gate_recomputed(group, tag, rounding))
     return found + accumulation_hypotheses(case) + fitted_hypotheses() + backend_hypotheses(case, branch)
 
 
@@ -252,6 +254,21 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
         roundings=(rounding, *sums),
         ordered=True,
         backend_sum_weights=rounding.parts,
+    )
+
+
+def _gate_recomputed(group: str, tag: str, rounding: Rounding) -> Hypothesis:
+    """The gate parameters of `group` rounded as `rounding` in the forward pass only, the backward
+    recomputing the gates from the unrounded ones (a forward kernel that loads them narrow beside a
+    backward kernel that does not: the gates' own VJP exact, what follows them seeing their rounding)."""
+    recomputed = dataclasses.replace(rounding, direction="recomputed")
+    return Hypothesis(
+        name=f"round:gate_weight{tag}:recomputed:{rounding.dtype}",
+        label=f"{_words('gate_weight', 'forward', group)} rounded to {rounding.dtype} in the forward pass, "
+        "the backward recomputing the gates from the unrounded ones",
+        kind="rounding",
+        family=_family("gate_weight", "forward", rounding.parts),
+        roundings=(recomputed,),
     )
 
 

@@ -12,7 +12,10 @@ import pytest
 from mhc_parity.cases import registry
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.oracle_path import noise_units
+from mhc_parity.harness.faults.fault_catalogue import FAULTS
 from mhc_parity.mhc import oracle, oracle_backend, oracle_math
+from mhc_parity.mhc.operation.hypotheses import hypotheses, name_problem
 from mhc_parity.mhc.operation.oracle_draws import on_fixture
 from mhc_parity.mhc.oracle_roundings import Rounding, run_oracle_roundings
 
@@ -85,3 +88,14 @@ def test_every_set_of_backend_primitives_runs_in_one_compiled_program(setting):
         difference = np.abs(result.forward["out"] - exact.forward["out"]).max()
         assert 0 < difference < 1e-5, difference
     assert not np.array_equal(together[0].forward["out"], together[1].forward["out"])
+
+
+def test_the_kernel_gate_fault_owns_the_recomputed_rounding_a_case_lists():
+    """The kernel's fault names the forward-only rounding its own; the reference's, which
+    differentiates through its rounding, does not."""
+    case = registry.get(CASE)
+    names = {h.name for h in hypotheses(case, get_branch(case.branch), noise_units(case))}
+    recomputed = "round:gate_weight/pre_and_post_gates:recomputed:bfloat16"
+    assert recomputed in names and not name_problem(recomputed)
+    assert FAULTS["kernel.gate_params_bf16"].names_its_cause(recomputed)
+    assert not FAULTS["reference.gate_params_bf16"].names_its_cause(recomputed)

@@ -261,7 +261,11 @@ def test_the_gate_refuses_another_precision_unless_allowed(tmp_path, capsys):
     assert gate_main(["--baseline", str(baseline), "--current", str(same)]) == 0
     assert "precision match not checked" not in capsys.readouterr().out
     old_tpu = _report(tmp_path, "old-tpu", backend="tpu")  # written before the precision was recorded
-    assert gate_main(["--baseline", str(baseline), "--current", str(old_tpu)]) == 0
+    # Its backend alone refuses it (issue 66: a CPU baseline cannot judge a TPU run's numbers) ...
+    assert gate_main(["--baseline", str(baseline), "--current", str(old_tpu)]) == 2
+    assert "made on backend cpu" in capsys.readouterr().err
+    # ... and the same option allows it, saying what went unchecked.
+    assert gate_main(["--baseline", str(baseline), "--current", str(old_tpu), "--allow-precision-change"]) == 0
     assert "matmul precision not recorded on both sides" in capsys.readouterr().out
 
 

@@ -104,11 +104,11 @@ class Selection:
         found = []
         cases = [c for c in run.cases if c not in set(self.cases)]
         if cases:
-            found.append(f"{len(cases)} of its {len(run.cases)} cases ({_few(cases)})")
+            found.append(f"{len(cases)} of its {len(run.cases)} cases ({few_names(cases)})")
         known = set(self.paths)
         paths = sorted({p for p in (rows_paths if rows_paths is not None else run.paths) if p not in known})
         if paths:
-            found.append(f"paths {_few(paths)}")
+            found.append(f"paths {few_names(paths)}")
         return found
 
     def describe(self) -> str:
@@ -142,7 +142,8 @@ class Identity:
             removed = [c for c in mine.cases if c not in theirs.cases]
             added = [c for c in theirs.cases if c not in mine.cases]
             parts = [f"{len(mine.cases)} -> {len(theirs.cases)} cases"]
-            parts += [f"{label} {_few(names)}" for label, names in (("dropped", removed), ("added", added)) if names]
+            changes = (("dropped", removed), ("added", added))
+            parts += [f"{label} {few_names(names)}" for label, names in changes if names]
             if not removed and not added:
                 parts.append("same cases in another order")
             found.append("cases: " + ", ".join(parts))
@@ -152,13 +153,13 @@ class Identity:
             before, after = getattr(mine, name), getattr(theirs, name)
             if before != after:
                 label = "path names" if name == "paths" else name
-                found.append(f"{label}: {_show(before)} -> {_show(after)}")
+                found.append(f"{label}: {shown_value(before)} -> {shown_value(after)}")
         if self.policy != other.policy:
             found.append(f"policy: {self.policy[:12]} -> {other.policy[:12]}")
         if self.code != other.code:
             before, after = dict(self.code_files), dict(other.code_files)
             changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-            found.append(f"code under test: {_few(changed) or 'its digest'} changed")
+            found.append(f"code under test: {few_names(changed) or 'its digest'} changed")
         found += environment_differences(self.environment, other.environment)
         return found
 
@@ -177,12 +178,14 @@ def environment_differences(before: Iterable[tuple[str, str]], after: Iterable[t
     ]
 
 
-def _few(names: Sequence[str], limit: int = SHOWN) -> str:
+def few_names(names: Sequence[str], limit: int = SHOWN) -> str:
+    """The first `limit` names, and how many more: one line of a refusal."""
     shown = ", ".join(names[:limit])
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _show(value) -> str:
+def shown_value(value) -> str:
+    """A recorded value as a refusal quotes it (tuples as lists)."""
     if isinstance(value, tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
+        return "[" + ", ".join(shown_value(v) for v in value) + "]"
     return repr(value)

@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mhc_parity.records.files import atomic_write
-from mhc_parity.records.identity import Identity, Selection, environment_record
+from mhc_parity.records.identity import Identity, Selection, environment_record, few_names, shown_value
 from mhc_parity.records.outputs import WRITER_LOCK_FILE
 from mhc_parity.records.project_code import code_files, current_sha256, digest_of, in_code_dirs, project_code_files
 from mhc_parity.records.space_reserve import RESERVE_FILE, release_reserve
@@ -328,7 +328,7 @@ class Manifest:
         if exact:
             strangers = [case for case in found if case not in recorded]
             if strangers:
-                problems.append(f"rows of cases it did not record: {_few(strangers)}")
+                problems.append(f"rows of cases it did not record: {few_names(strangers)}")
         if not problems:
             return ""
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -365,7 +365,7 @@ class Manifest:
         for name in ("seed", "paths"):
             before, after = getattr(self.request, name), getattr(other.request, name)
             if before != after:
-                found.append(f"{name}: {_show(before)} -> {_show(after)}")
+                found.append(f"{name}: {shown_value(before)} -> {shown_value(after)}")
         return found
 
     # -- JSON ------------------------------------------------------------------------
@@ -436,17 +436,6 @@ def _with_out(words: list[str], folder: str) -> list[str]:
     return [*words, "--out", folder]
 
 
-def _few(names: Sequence[str], limit: int = 4) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
-
-
-def _show(value) -> str:
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    return repr(value)
-
-
 # ----------------------------------------------------------------------------- files
 
 
@@ -504,6 +493,6 @@ def foreign_folder_problem(folder: str | pathlib.Path) -> str:
     if isinstance(document, dict) and document.get("format") == MANIFEST_FORMAT:
         return ""
     return (
-        f"{folder} holds files ({_few(entries, 3)}) but no run manifest ({MANIFEST_FILE} of mhc-parity), "
+        f"{folder} holds files ({few_names(entries, 3)}) but no run manifest ({MANIFEST_FILE} of mhc-parity), "
         "so a run would replace them; choose a new or empty folder"
     )

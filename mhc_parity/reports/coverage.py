@@ -67,8 +67,8 @@ def coverage_refusal(baseline, baseline_frame, current_frame) -> str:
 
 def environment_refusal(baseline, current) -> str:
     """The one line refusing a baseline made on another backend than the run (both recorded), else ""."""
-    base, now = (str(run.metadata.get("backend") or "") for run in (baseline, current))
-    if not base or not now or base == now:
+    base, now = _recorded(baseline, current, "backend")
+    if base == now:
         return ""
     return (
         f"baseline {baseline.source} was made on backend {base} ({_kind(baseline)}), the current run on "
@@ -79,13 +79,19 @@ def environment_refusal(baseline, current) -> str:
 
 def device_note(baseline, current) -> str:
     """One line when the two runs' device kinds differ on one backend, "" otherwise (or unrecorded)."""
-    base, now = (str(run.metadata.get("device_kind") or "") for run in (baseline, current))
-    if not base or not now or base == now:
+    base, now = _recorded(baseline, current, "device_kind")
+    if base == now:
         return ""
     return (
         f"device: the baseline ran on {base}, this run on {now}: another chip of the backend may round "
         f"differently; the growth rule allows what the rounding model explains"
     )
+
+
+def _recorded(baseline, current, key: str) -> tuple[str, str]:
+    """Both runs' recorded `key`; the same pair ("", "") where either did not record it."""
+    base, now = (str(run.metadata.get(key) or "") for run in (baseline, current))
+    return (base, now) if base and now else ("", "")
 
 
 def _kind(run) -> str:

@@ -47,12 +47,26 @@ def raises():
 
 @dataclasses.dataclass(frozen=True)
 class DriftedOutput(WrappedReference):
-    """`wrapped_reference` after a change that scales `out` by (1 + 2**-20): about 8 float32
-    ulps, several times the correct path's error against the oracle (a drift for the gate)."""
+    """`wrapped_reference` after a change that moves each element of `out` by 2**-20 of its
+    magnitude (about 8 float32 ulps, several times the correct path's error against the
+    oracle) with a sign alternating along C, less its component along `out` itself: an error
+    uncorrelated with the leaf's value, so no coherent scale for the judging's gain criterion
+    but a growth past x2 for the gate (a drift only the gate catches). Forward only."""
 
     def post(self, layer_output, context, *, config):
+        import jax
+        import jax.numpy as jnp
+
         out = reference.post(layer_output, context, config=config)
-        return (out.astype("float32") * (1 + 2.0**-20)).astype(out.dtype)
+        return (out.astype("float32") + jax.lax.stop_gradient(_orthogonal_drift(out, jnp))).astype(out.dtype)
+
+
+def _orthogonal_drift(out, jnp):
+    """2**-20·|o| with a sign alternating along the last axis, projected off o (gain 0)."""
+    o = out.astype(jnp.float32)
+    sign = jnp.where(jnp.arange(o.shape[-1]) % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+    d = 2.0**-20 * sign * jnp.abs(o)
+    return d - jnp.sum(d * o) / jnp.maximum(jnp.sum(o * o), jnp.finfo(jnp.float32).tiny) * o
 
 
 def drifted():

@@ -50,9 +50,34 @@ class ScaledOutput(EinsumResidualMix):
 def factory():
     return ScaledOutput()
 """
-# The same change by 1 + 3 * 2**-22: inside the float32 policy's bounds vs the oracle, but
-# about 3x the error of the baseline's rows on several leaves (above its noise floor).
-DRIFTED_MODULE = BROKEN_MODULE.replace("(1 + 2.0**-12)", "(1 + 3 * 2.0**-22)")
+# A drift of `out` uncorrelated with its value: each element moved by 3 * 2**-22 of its
+# magnitude with a sign alternating along C, less its component along `out` (so no coherent
+# scale, which the gain criterion fails in judging), forward only: inside the float32
+# policy's bounds vs the oracle, but about 3x the error of the baseline's rows (above its
+# noise floor), which only the gate's growth rule catches.
+DRIFTED_MODULE = """
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from my_mhc.kernel import EinsumResidualMix
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftedOutput(EinsumResidualMix):
+    def post(self, layer_output, context, *, config):
+        out = super().post(layer_output, context, config=config)
+        o = out.astype(jnp.float32)
+        sign = jnp.where(jnp.arange(o.shape[-1]) % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+        d = 3 * 2.0**-22 * sign * jnp.abs(o)
+        d = d - jnp.sum(d * o) / jnp.maximum(jnp.sum(o * o), jnp.finfo(jnp.float32).tiny) * o
+        return (o + jax.lax.stop_gradient(d)).astype(out.dtype)
+
+
+def factory():
+    return DriftedOutput()
+"""
 MISSING = "mhc-parity: baseline baselines/my_mhc.csv does not exist; create it with: pytest --parity-update-baseline"
 
 

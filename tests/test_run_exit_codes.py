@@ -101,9 +101,11 @@ def cheap_run(case_file, out, *extra) -> subprocess.CompletedProcess:
 
 
 # The same cheap cases through an external implementation alone (its rows against the oracle),
-# correct and after a change that scales `out` by 1 + 2**-20: 8 float32 ulps, inside its
-# bounds against the oracle, past the rounding model's spread of two correct runs (which
-# shrinking a baseline's number cannot fake: the spread is the larger sensitivity's).
+# correct and after a change that moves `out` by 2**-20 of each element's magnitude with an
+# alternating sign, uncorrelated with its value (no coherent scale, which the judging's gain
+# criterion fails): 8 float32 ulps, inside its bounds against the oracle, past the rounding
+# model's spread of two correct runs (which shrinking a baseline's number cannot fake: the
+# spread is the larger sensitivity's), so only the gate catches it.
 WRAPPED_PATHS = ("--paths", "wrapped_reference/*")
 GOOD_IMPL = ("--impl", "tests.external_impls:good", *WRAPPED_PATHS)
 DRIFTED_IMPL = ("--impl", "tests.external_impls:drifted", *WRAPPED_PATHS)

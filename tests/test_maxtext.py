@@ -117,7 +117,15 @@ def test_the_residual_gate_s_gradients_are_summed_in_bfloat16_in_the_backend_s_o
     failed = failed[failed["verdict"] == "fail"]
     summed = "round:gate_weight/residual_gate:forward:bfloat16:backend_sums"
     vs_oracle = failed[failed["comparison"] == "vs_oracle"]
-    assert len(vs_oracle) and set(vs_oracle["cause_id"]) == {summed}, vs_oracle[["leaf", "cause_id"]]
+    own = vs_oracle[vs_oracle["leaf"].isin(["d_res_scale", "d_res_bias"])]
+    assert len(own) and set(own["cause_id"]) == {summed}, own[["leaf", "cause_id"]]
+    # The released layer rounds every gate's parameters (`mapping` casts the pre and post
+    # gates' too): the leaves the gain criterion fails on the bf16_inexact_gates cases (out,
+    # layer_input, d_x: a coherent scale) are the pre gate's rounding where the residual gate
+    # cannot reach them (layer_input), one bug at one place (issue 67), matched along the leaf.
+    assert vs_oracle["cause_id"].str.fullmatch(r"round:gate_weight/\w+:forward:bfloat16(:backend_sums)?").all(), (
+        vs_oracle[["leaf", "cause_id"]]
+    )
     assert (vs_oracle["cause_explained"].astype(float) > 0.8).all()
     # Between its shardings, a row is named by the sum where the unsharded path's leaf names it,
     # and where no value match does, by both shardings holding the leaf in bfloat16.

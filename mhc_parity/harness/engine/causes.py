@@ -34,6 +34,7 @@ from mhc_parity.harness.judging.attribution import (
     Attribution,
     FittedHypothesis,
     HypothesisErrors,
+    along_leaves,
     attribute_candidate,
     scaled_errors,
     size_ranges,
@@ -262,9 +263,22 @@ def annotate_causes(
         ]
         return errors, errors_of, fits
 
+    own_rows = {(r["candidate"], r["leaf"]): r for r in rows if r["comparison"] == "vs_oracle"}
+
     def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
-        """The causes of a path's `leaves`."""
+        """The causes of a path's `leaves`; a leaf its own row fails on the gain alone
+        (`GAIN_METRIC`) is matched along the leaf (`along_leaves`)."""
         errors, errors_of, fits = in_units_of(candidate)
+        directions = {}
+        for leaf in leaves:
+            own = own_rows.get((candidate, leaf))
+            if own is None or own["verdict"] != "fail" or own.get("bound_metric") != GAIN_METRIC:
+                continue
+            exact = np.ravel(upcast(oracle_leaves[leaf]))
+            norm = l2_norm(exact)
+            if leaf in errors and np.isfinite(norm) and norm > 0.0 and np.size(errors[leaf]) == exact.size:
+                directions[leaf] = exact / norm
+        errors, errors_of, fits = along_leaves(errors, errors_of, fits, directions)
         return attribute_candidate(errors, errors_of, list(leaves), fits)
 
     ordered = {h.name for h in chosen if h.ordered}
@@ -274,7 +288,6 @@ def annotate_causes(
     for candidate in dict.fromkeys(rows[i]["candidate"] for i in failing):
         failing_leaves = dict.fromkeys(rows[i]["leaf"] for i in failing if rows[i]["candidate"] == candidate)
         found.update({(candidate, leaf): a for leaf, a in attribute(candidate, failing_leaves).items()})
-    own_rows = {(r["candidate"], r["leaf"]): r for r in rows if r["comparison"] == "vs_oracle"}
     for i in failing:
         row = rows[i]
         key = (row["candidate"], row["leaf"])
@@ -289,6 +302,10 @@ def annotate_causes(
             )
         rows[i] = {**row, **fields}
     return rows
+
+
+# The metric of a row that fails on its gain alone (`mhc_parity.harness.judging.bounds`).
+GAIN_METRIC = "cand_oracle_gain"
 
 
 def off_backend_errors(errors_of: Sequence[HypothesisErrors], chosen: Sequence) -> list[HypothesisErrors]:

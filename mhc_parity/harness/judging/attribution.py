@@ -235,6 +235,56 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
     return HypothesisErrors(h.name, h.words, h.family, fit)
 
 
+def along_leaves(
+    candidate_errors: Mapping[str, np.ndarray],
+    hypotheses: Sequence[HypothesisErrors],
+    fitted: Sequence[FittedHypothesis],
+    directions: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], list[HypothesisErrors], list[FittedHypothesis]]:
+    """The candidate's, the hypotheses' and the fitted ones' errors with each leaf of
+    `directions` (leaf -> the oracle's leaf over its L2 norm) reduced to its component along
+    the leaf, ⟨z, u⟩: the error the gain criterion judges (`mhc_parity.harness.judging.bounds`).
+    A leaf that fails on its gain alone carries a coherent scale far below its rounding noise
+    (issue 66: MaxText's bfloat16 gate parameters move the output by 0.1%), so value for value
+    over the whole leaf the noise hides the bug that scales it; along the leaf it is the error.
+    The other leaves (the passing ones that hold a hypothesis to them) are kept whole."""
+    if not directions:
+        return dict(candidate_errors), list(hypotheses), list(fitted)
+
+    def project(errors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {
+            leaf: np.array([_dot(np.ravel(z), directions[leaf])]) if leaf in directions else z
+            for leaf, z in errors.items()
+        }
+
+    def expand(z: Mapping[str, np.ndarray], shapes: Mapping[str, tuple]) -> dict[str, np.ndarray]:
+        return {
+            leaf: (float(v[0]) * directions[leaf]).reshape(shapes[leaf]) if leaf in directions else v
+            for leaf, v in z.items()
+        }
+
+    def fitted_along(h: FittedHypothesis) -> FittedHypothesis:
+        shapes: dict[str, tuple] = {}
+
+        def apply(p):
+            whole = h.apply(p)
+            shapes.update({leaf: np.shape(v) for leaf, v in whole.items()})
+            return project(whole)
+
+        def transpose(z):
+            if not shapes:
+                apply(np.zeros(h.shape, np.float64))
+            return h.transpose(expand(z, shapes))
+
+        return dataclasses.replace(h, apply=apply, transpose=transpose, solutions=None)
+
+    return (
+        project(candidate_errors),
+        [dataclasses.replace(h, errors=project(h.errors)) for h in hypotheses],
+        [fitted_along(h) for h in fitted],
+    )
+
+
 def _solve(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
     """`fitted_errors`' CGLS: (p, the leaves fitted over)."""
     p = np.zeros(h.shape, np.float64)

@@ -4,12 +4,16 @@ Sinkhorn max and that max's VJP see one z, so no token's d_x is NaN (docs/jax-no
 import json
 import platform
 
+import jaxlib
 import pytest
 
 from mhc_parity.harness.env import X86_ISA_LEVELS, host_isa
 from tests.cli_support import run_python
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
+# On jaxlib 0.10.2 (make test-compat, a TPU VM image's) the barrier does not keep XLA:CPU from
+# recomputing z: the same chunk still gives 120 NaNs there (2026-12-07; docs/jax-notes.md).
+OLD_JAXLIB = tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 12)
 LEVELS = [name for name, _ in X86_ISA_LEVELS]
 
 # tests/test_oracle_chunks.py's SINKHORN case in chunks of 5 tokens: before the barrier in
@@ -36,6 +40,7 @@ print(json.dumps([int(np.count_nonzero(~np.isfinite(r.d_x))) for chunk in chunks
 
 
 @pytest.mark.skipif(not X86, reason="--xla_cpu_max_isa names x86 levels")
+@pytest.mark.xfail(OLD_JAXLIB, reason="jaxlib < 0.12 still recomputes z at AVX2 (docs/jax-notes.md)", strict=True)
 def test_the_chunked_sinkhorn_oracle_at_avx2_has_no_nan():
     if host_isa() not in LEVELS or LEVELS.index(host_isa()) < LEVELS.index("AVX2"):
         pytest.skip(f"this host's newest instruction set is {host_isa() or 'unknown'}")

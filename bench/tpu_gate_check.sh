@@ -14,13 +14,18 @@
 #                                        #   baselines/tpu-v5e.csv on a TPU host); REBASE=1: that
 #                                        #   baseline written again from the run (after a policy
 #                                        #   change, which the gate refuses), then make gate
+#   DTYPE=bfloat16|float32 bench/tpu_gate_check.sh faults DIR
+#                                        # the smoke suite's kill matrix in that dtype, written as
+#                                        #   docs/results/kill-matrix-tpu-v5e-DTYPE.md (own cause and
+#                                        #   wrong-cause rows per fault, as make faults on the CPU)
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs and
 # the runs' summaries, rows and the new baseline are packed into DIR/<part>.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: bench/tpu_gate_check.sh smoke|default|make DIR}
-out=${2:?usage: bench/tpu_gate_check.sh smoke|default|make DIR}
+usage="usage: bench/tpu_gate_check.sh smoke|default|make|faults DIR"
+part=${1:?$usage}
+out=${2:?$usage}
 source bench/tpu_common.sh
 
 case $part in
@@ -47,8 +52,16 @@ case $part in
     fi
     tar czf "$out/make.tgz" out/parity/summary.md out/parity/rows.csv baselines/tpu-v5e.csv "$out/logs"
     ;;
+  faults)
+    dtype=${DTYPE:?DTYPE=bfloat16 or DTYPE=float32}
+    results=docs/results/kill-matrix-tpu-v5e-$dtype.md
+    setup_or_exit
+    step "faults-$dtype" "$CLI" faults --suite smoke --dtype "$dtype" --jobs 1 --out "out/faults-$dtype" \
+      --quiet --results "$results"
+    tar czf "$out/faults-$dtype.tgz" "$results" "out/faults-$dtype"/kill_matrix.{csv,json} "$out/logs"
+    ;;
   *)
-    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke, default or make)" >&2
+    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke, default, make or faults)" >&2
     exit 2
     ;;
 esac

@@ -27,9 +27,13 @@ from mhc_parity.harness.judging.attribution import (
     EXPLAINED_THRESHOLD,
     UNEXPLAINED,
     UNEXPLAINED_ID,
+    FittedHypothesis,
     HypothesisErrors,
+    along,
     attribute_candidate,
+    judged_statistics,
     size_ranges,
+    token_means,
 )
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.policy_file import load_policy
@@ -143,6 +147,67 @@ def test_a_tie_goes_to_the_hypothesis_that_explains_the_other_failing_leaves():
     broad = _hypothesis("broad", {"one": e1, "two": e2})
     found = _attribute({"one": e1, "two": e2}, [narrow, broad], failing=("one", "two"))
     assert found["one"].names == ("broad",) and found["two"].names == ("broad",)
+
+
+@pytest.mark.parametrize("view", [along(np.array([0.6, 0.0, 0.8, 0.0])), token_means(2)], ids=["gain", "tokens"])
+def test_a_judged_statistic_is_an_orthonormal_projection_of_the_leaf(view):
+    rng = _rng()
+    z, v = rng.normal(size=4), rng.normal(size=np.size(view.project(np.zeros(4))))
+    assert np.allclose(view.project(view.expand(v)), v)  # orthonormal rows: P Pᵀ = 1
+    assert _dot_all(view.project(z), v) == pytest.approx(_dot_all(z, view.expand(v)))  # Pᵀ is P's adjoint
+    assert np.allclose(token_means(2).project(np.array([1.0, 2.0, 3.0, 4.0])), np.array([4.0, 6.0]) / np.sqrt(2))
+
+
+def _dot_all(a, b):
+    return float(np.dot(np.ravel(a), np.ravel(b)))
+
+
+def test_a_shift_shared_by_every_token_is_named_on_its_token_means_and_fitted_through_them():
+    rng = _rng()
+    tokens, width = 256, 4
+    shift = 0.5 * rng.normal(size=width)  # below the leaf's noise, shared by every token
+    candidate = {"leaf": rng.normal(size=(tokens, width)) + shift, "passing": 0.01 * rng.normal(size=8)}
+    biased = _hypothesis("biased", {"leaf": np.broadcast_to(shift, (tokens, width)), "passing": np.zeros(8)})
+    noise = _hypothesis("noise", {"leaf": rng.normal(size=(tokens, width)), "passing": np.zeros(8)})
+    (whole,) = _attribute(candidate, [biased, noise], failing=("leaf",)).values()
+    assert whole.names == ()  # value for value the noise hides the shift
+    fitted = FittedHypothesis(
+        "fit",
+        "words of fit",
+        "fit",
+        (width,),
+        apply=lambda p: {"leaf": np.broadcast_to(p, (tokens, width)), "passing": np.zeros(8)},
+        transpose=lambda z: np.asarray(z["leaf"]).reshape(tokens, width).sum(axis=0),
+    )
+    errors, hypotheses, fits = judged_statistics(candidate, [biased, noise], [fitted], {"leaf": token_means(tokens)})
+    assert errors["leaf"].shape == (width,) and errors["passing"] is candidate["passing"]
+    (found,) = _attribute(errors, hypotheses, failing=("leaf",)).values()
+    assert found.names == ("biased",) and found.explained > EXPLAINED_THRESHOLD
+    (fit,) = fits
+    p = rng.normal(size=width)
+    # the fitted hypothesis keeps its adjoint through the view: ⟨apply(p), z⟩ = ⟨p, transpose(z)⟩
+    z = {"leaf": rng.normal(size=width), "passing": rng.normal(size=8)}
+    lhs = sum(_dot_all(fit.apply(p)[leaf], z[leaf]) for leaf in z)
+    assert lhs == pytest.approx(_dot_all(p, fit.transpose(z)))
+
+
+def test_a_variant_no_failing_leaf_tells_from_its_plain_form_is_named_in_the_plain_form():
+    rng = _rng()
+    forward, weight = rng.normal(size=64), 3 * rng.normal(size=16)
+
+    def pair(plain_weight, variant_weight):
+        plain = _hypothesis("plain", {"out": forward, "d_scale": np.array([-1.0]), "d_weight": plain_weight})
+        variant = _hypothesis("variant", {"out": forward, "d_scale": np.array([1.0]), "d_weight": variant_weight})
+        return [plain, dataclasses.replace(variant, variant_of="plain")]
+
+    # both explain the failing `out`; only a passing scalar, within its noise (1 σ), prefers the variant
+    candidate = {"out": forward, "d_scale": np.array([1.0]), "d_weight": np.zeros(16)}
+    (found,) = _attribute(candidate, pair(np.zeros(16), np.zeros(16)), failing=("out",)).values()
+    assert found.names == ("plain",) and found.explained == pytest.approx(1.0)  # the variant's score
+    # a failing gradient leaf that tells them apart keeps the variant
+    candidate = {"out": forward, "d_scale": np.array([1.0]), "d_weight": -weight}
+    found = _attribute(candidate, pair(weight, -weight), failing=("out", "d_weight"))
+    assert found["out"].names == ("variant",) and found["d_weight"].names == ("variant",)
 
 
 # ── the oracle's deterministic roundings ──────────────────────────────────────────────

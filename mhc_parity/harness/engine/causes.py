@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import threading
 from collections.abc import Collection, Mapping, Sequence
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import fixture_elements
-from mhc_parity.harness.engine.leaves import weight_leaf
+from mhc_parity.harness.engine.leaves import token_axes, weight_leaf
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.engine.oracle_path import leaves_as_draw, named_leaves, noise_units
 from mhc_parity.harness.judging.attribution import (
@@ -34,10 +35,12 @@ from mhc_parity.harness.judging.attribution import (
     Attribution,
     FittedHypothesis,
     HypothesisErrors,
-    along_leaves,
+    along,
     attribute_candidate,
+    judged_statistics,
     scaled_errors,
     size_ranges,
+    token_means,
 )
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.error_statistics import l2_norm, upcast
@@ -142,6 +145,7 @@ class HypothesisOracle:
                     h.family,
                     scaled_errors(_errors(leaves, oracle_leaves), scales),
                     by_size=h.kind in SIZE_MATCHED_KINDS,
+                    variant_of=h.variant_of,
                 )
                 for h, leaves in zip(chosen, hypothesis_leaves)
             ]
@@ -267,18 +271,24 @@ def annotate_causes(
 
     def attribute(candidate: str, leaves: Sequence[str]) -> dict[str, Attribution]:
         """The causes of a path's `leaves`; a leaf its own row fails on the gain alone
-        (`GAIN_METRIC`) is matched along the leaf (`along_leaves`)."""
+        (`GAIN_METRIC`) is matched along the leaf, one failing on the systematic criterion alone
+        (`SYSTEMATIC_METRICS`) on its token means (`judged_statistics`)."""
         errors, errors_of, fits = in_units_of(candidate)
-        directions = {}
+        views = {}
         for leaf in leaves:
             own = own_rows.get((candidate, leaf))
-            if own is None or own["verdict"] != "fail" or own.get("bound_metric") != GAIN_METRIC:
+            if own is None or own["verdict"] != "fail" or leaf not in errors:
                 continue
             exact = np.ravel(upcast(oracle_leaves[leaf]))
-            norm = l2_norm(exact)
-            if leaf in errors and np.isfinite(norm) and norm > 0.0 and np.size(errors[leaf]) == exact.size:
-                directions[leaf] = exact / norm
-        errors, errors_of, fits = along_leaves(errors, errors_of, fits, directions)
+            if np.size(errors[leaf]) != exact.size:
+                continue
+            if own.get("bound_metric") == GAIN_METRIC:
+                norm = l2_norm(exact)
+                if np.isfinite(norm) and norm > 0.0:
+                    views[leaf] = along(exact / norm)
+            elif own.get("bound_metric") in SYSTEMATIC_METRICS and token_axes(leaf):
+                views[leaf] = token_means(math.prod(np.shape(oracle_leaves[leaf])[: token_axes(leaf)]))
+        errors, errors_of, fits = judged_statistics(errors, errors_of, fits, views)
         return attribute_candidate(errors, errors_of, list(leaves), fits)
 
     ordered = {h.name for h in chosen if h.ordered}
@@ -304,8 +314,10 @@ def annotate_causes(
     return rows
 
 
-# The metric of a row that fails on its gain alone (`mhc_parity.harness.judging.bounds`).
+# The metric of a row that fails on its gain alone, and those of one that fails on the systematic
+# criterion alone (`mhc_parity.harness.judging.bounds`).
 GAIN_METRIC = "cand_oracle_gain"
+SYSTEMATIC_METRICS = frozenset({"cand_systematic_t", "cand_systematic_shift"})
 
 
 def off_backend_errors(errors_of: Sequence[HypothesisErrors], chosen: Sequence) -> list[HypothesisErrors]:

@@ -50,6 +50,10 @@ values is evidence only where there are far more values than freedom. And it is 
 it explains those leaves' errors on average, each leaf counted once (`_joint_fraction`, at least
 `EXPLAINED_THRESHOLD`): a fit matched a TPU tanh's error in four-number bias gradients (91%) and
 none of it elsewhere.
+
+A leaf failing on one statistic alone (its gain, its token means) is matched on that statistic
+(`judged_statistics`), and a variant no failing leaf tells from its plain form is named in the
+plain form (`_plain_forms`).
 """
 
 from __future__ import annotations
@@ -159,7 +163,8 @@ class HypothesisErrors:
     (`scaled_errors`): name, words, family (hypotheses of one family round the same place and
     are never paired), leaf -> z_h (float64); by_size: matched by the size of its error only
     (module docstring; `SIZE_MATCHED_KINDS`); scale_range: the factors its size may be off by
-    (`size_ranges`: the same sum in another order)."""
+    (`size_ranges`: the same sum in another order); variant_of: the hypothesis whose forward
+    errors it has, its backward another (`Hypothesis.variant_of`)."""
 
     name: str
     words: str
@@ -167,6 +172,7 @@ class HypothesisErrors:
     errors: Mapping[str, np.ndarray]
     by_size: bool = False
     scale_range: tuple[float, float] = (1.0, 1.0)
+    variant_of: str = ""
 
     @functools.cached_property
     def norms(self) -> dict[str, float]:
@@ -235,53 +241,71 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
     return HypothesisErrors(h.name, h.words, h.family, fit)
 
 
-def along_leaves(
+@dataclasses.dataclass(frozen=True)
+class LeafView:
+    """What a failing criterion judges of a leaf's error, as a projection with orthonormal rows:
+    project(flat z) -> v and its adjoint expand(v) -> flat z (float64). Where a leaf fails on one
+    such statistic alone, its bug is that statistic's size, far below the leaf's rounding noise,
+    which value for value over the whole leaf hides it (`judged_statistics`)."""
+
+    project: Callable[[np.ndarray], np.ndarray]
+    expand: Callable[[np.ndarray], np.ndarray]
+
+
+def along(direction: np.ndarray) -> LeafView:
+    """The error's component along a unit vector (the oracle's leaf over its L2 norm): what the
+    gain criterion judges (`mhc_parity.harness.judging.bounds`), one number."""
+    u = np.ravel(direction)
+    return LeafView(lambda z: np.array([_dot(z, u)]), lambda v: float(v[0]) * u)
+
+
+def token_means(tokens: int) -> LeafView:
+    """The error summed over the `tokens` leading elements of each group, over √tokens: what the
+    systematic criterion judges (an error shared by every token,
+    `mhc_parity.harness.judging.error_statistics.systematic_error`), one number per group."""
+    root = math.sqrt(tokens)
+    return LeafView(
+        lambda z: z.reshape(tokens, -1).sum(axis=0) / root,
+        lambda v: np.broadcast_to(np.asarray(v) / root, (tokens, np.size(v))).ravel(),
+    )
+
+
+def judged_statistics(
     candidate_errors: Mapping[str, np.ndarray],
     hypotheses: Sequence[HypothesisErrors],
     fitted: Sequence[FittedHypothesis],
-    directions: Mapping[str, np.ndarray],
+    views: Mapping[str, LeafView],
 ) -> tuple[dict[str, np.ndarray], list[HypothesisErrors], list[FittedHypothesis]]:
-    """The candidate's, the hypotheses' and the fitted ones' errors with each leaf of
-    `directions` (leaf -> the oracle's leaf over its L2 norm) reduced to its component along
-    the leaf, ⟨z, u⟩: the error the gain criterion judges (`mhc_parity.harness.judging.bounds`).
-    A leaf that fails on its gain alone carries a coherent scale far below its rounding noise
-    (issue 66: MaxText's bfloat16 gate parameters move the output by 0.1%), so value for value
-    over the whole leaf the noise hides the bug that scales it; along the leaf it is the error.
-    The other leaves (the passing ones that hold a hypothesis to them) are kept whole."""
-    if not directions:
+    """The candidate's, the hypotheses' and the fitted ones' errors with each leaf of `views`
+    reduced to the statistic its failing criterion judges (`LeafView`): a leaf failing on its
+    gain alone carries a coherent scale (issue 66: MaxText's bfloat16 gate parameters move the
+    output by 0.1%), one failing on the systematic criterion alone a shift shared by every token
+    (issue 67: a gate's bfloat16 bias moves h_post by 2e-4 of its size), each far below the
+    leaf's rounding noise. The other leaves (the passing ones that hold a hypothesis to them)
+    are kept whole."""
+    if not views:
         return dict(candidate_errors), list(hypotheses), list(fitted)
 
     def project(errors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {
-            leaf: np.array([_dot(np.ravel(z), directions[leaf])]) if leaf in directions else z
-            for leaf, z in errors.items()
-        }
+        return {leaf: views[leaf].project(np.ravel(z)) if leaf in views else z for leaf, z in errors.items()}
 
-    def expand(z: Mapping[str, np.ndarray], shapes: Mapping[str, tuple]) -> dict[str, np.ndarray]:
-        return {
-            leaf: (float(v[0]) * directions[leaf]).reshape(shapes[leaf]) if leaf in directions else v
-            for leaf, v in z.items()
-        }
+    def fitted_on_views(h: FittedHypothesis) -> FittedHypothesis:
+        @functools.cache
+        def shapes() -> dict[str, tuple]:  # the whole leaves' shapes, asked of h once where needed
+            return {leaf: np.shape(v) for leaf, v in h.apply(np.zeros(h.shape, np.float64)).items()}
 
-    def fitted_along(h: FittedHypothesis) -> FittedHypothesis:
-        shapes: dict[str, tuple] = {}
+        def transpose(z: Mapping[str, np.ndarray]) -> np.ndarray:
+            whole = {
+                leaf: views[leaf].expand(v).reshape(shapes()[leaf]) if leaf in views else v for leaf, v in z.items()
+            }
+            return h.transpose(whole)
 
-        def apply(p):
-            whole = h.apply(p)
-            shapes.update({leaf: np.shape(v) for leaf, v in whole.items()})
-            return project(whole)
-
-        def transpose(z):
-            if not shapes:
-                apply(np.zeros(h.shape, np.float64))
-            return h.transpose(expand(z, shapes))
-
-        return dataclasses.replace(h, apply=apply, transpose=transpose, solutions=None)
+        return dataclasses.replace(h, apply=lambda p: project(h.apply(p)), transpose=transpose, solutions=None)
 
     return (
         project(candidate_errors),
         [dataclasses.replace(h, errors=project(h.errors)) for h in hypotheses],
-        [fitted_along(h) for h in fitted],
+        [fitted_on_views(h) for h in fitted],
     )
 
 
@@ -326,7 +350,7 @@ class _Scores:
         self.cross = {(h.name, leaf): _dot(z_c[leaf], h.errors[leaf]) for h in hypotheses for leaf in self.leaves}
         self._excess: dict[tuple[str, ...], float] = {}
 
-    def _residual(self, names: Sequence[str], leaf: str) -> float:
+    def residual(self, names: Sequence[str], leaf: str) -> float:
         """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two)."""
         value = self.total[leaf] - 2 * sum(self.cross[(n, leaf)] for n in names)
         value += sum(self.hypotheses[n].norms[leaf] for n in names)
@@ -339,18 +363,18 @@ class _Scores:
         """What the hypotheses make worse on the passing leaves than predicting no error."""
         key = tuple(names)
         if key not in self._excess:
-            self._excess[key] = max(0.0, sum(self._residual(names, p) - self.total[p] for p in self.passing))
+            self._excess[key] = max(0.0, sum(self.residual(names, p) - self.total[p] for p in self.passing))
         return self._excess[key]
 
     def contradicted(self, names: Sequence[str]) -> bool:
         """Whether the hypotheses miss a passing leaf's error by more than `CONTRADICTS` times it."""
-        return any(_contradicts(self._residual(names, p), self.total[p]) for p in self.passing)
+        return any(_contradicts(self.residual(names, p), self.total[p]) for p in self.passing)
 
     def score(self, names: Sequence[str], leaf: str) -> float:
         total = self.total[leaf]
         if not total > 0 or self.contradicted(names):
             return float("nan")
-        return 1.0 - (self._residual(names, leaf) + self.excess(names)) / total
+        return 1.0 - (self.residual(names, leaf) + self.excess(names)) / total
 
 
 def _contradicts(residual: float, total: float) -> bool:
@@ -473,13 +497,33 @@ def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequen
     return 1.0 - (sum(residual(leaf) for leaf in targets) + excess) / sum(sizes[leaf] for leaf in targets)
 
 
+def _plain_forms(sums: _Scores, targets: Sequence[str]) -> dict[str, str]:
+    """variant -> its plain form (`HypothesisErrors.variant_of`), for the variants no failing leaf
+    tells from it: the same errors on every one of `targets` (within `TIE` of each leaf's squared
+    error) and no passing leaf contradicting the plain form. Only the passing leaves' errors,
+    within their noise, would then choose between them: a scalar gradient's bfloat16 rounding
+    named a backward that recomputes the gates (issue 67)."""
+    found = {}
+    for name, h in sums.hypotheses.items():
+        base = h.variant_of
+        if base not in sums.hypotheses or sums.contradicted((base,)):
+            continue
+        if all(
+            abs(sums.residual((base,), leaf) - sums.residual((name,), leaf)) <= TIE * sums.total[leaf]
+            for leaf in targets
+        ):
+            found[name] = base
+    return found
+
+
 def _attribute_by_values(
     candidate_errors: Mapping[str, np.ndarray], hypotheses: Sequence[HypothesisErrors], failing: Sequence[str]
 ) -> dict[str, Attribution]:
     """`attribute_candidate`'s choice value for value, with pairs.
 
     Among hypotheses within `TIE` of a leaf's best score, the one with the highest total over
-    the failing leaves is named (one bug, one name).
+    the failing leaves is named (one bug, one name), and in its plain form where no failing leaf
+    tells the variant from it (`_plain_forms`).
     """
     sums = _Scores(candidate_errors, hypotheses, failing)
     order = {h.name: i for i, h in enumerate(hypotheses)}
@@ -489,6 +533,7 @@ def _attribute_by_values(
         h.name: sum(min(max(scores[leaf][h.name], 0.0), 1.0) for leaf in targets if np.isfinite(scores[leaf][h.name]))
         for h in hypotheses
     }
+    plain = _plain_forms(sums, targets)
     found = {leaf: Attribution(UNEXPLAINED, float("nan")) for leaf in failing}
     for leaf in targets:
         ranked = sorted(
@@ -498,8 +543,9 @@ def _attribute_by_values(
             continue
         top = scores[leaf][ranked[0]]
         name = min((n for n in ranked if scores[leaf][n] >= top - TIE), key=lambda n: (-totals[n], order[n]))
-        words = sums.hypotheses[name].words
-        best = Attribution(words, scores[leaf][name], (name,), words)
+        shown = plain.get(name, name)  # the variant's score, its plain form's name
+        words = sums.hypotheses[shown].words
+        best = Attribution(words, scores[leaf][name], (shown,), words)
         if best.explained < PAIR_BELOW:
             for n1, n2 in itertools.combinations(ranked[:PAIR_CANDIDATES], 2):
                 if sums.hypotheses[n1].family == sums.hypotheses[n2].family:

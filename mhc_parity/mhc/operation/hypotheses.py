@@ -104,7 +104,8 @@ class Hypothesis:
     weights whose gradients it sums narrowly in the backend's own order (`BACKEND_ORDER`), which
     is the order of the backend its draws run on (the host CPU's: the oracle is float64): a path
     on another backend (a TPU) sums them in that backend's order, so there those gradients'
-    values are not its prediction.
+    values are not its prediction; variant_of: the hypothesis whose forward values it has, with
+    another backward (named only where a failing leaf tells them apart).
     """
 
     name: str
@@ -117,6 +118,7 @@ class Hypothesis:
     ordered: bool = False
     primitives: tuple[str, ...] = ()
     backend_sum_weights: tuple[str, ...] = ()
+    variant_of: str = ""
 
 
 def _unit_roundoff(dtype: str) -> float:
@@ -269,6 +271,7 @@ def _gate_recomputed(group: str, tag: str, rounding: Rounding) -> Hypothesis:
         kind="rounding",
         family=_family("gate_weight", "forward", rounding.parts),
         roundings=(recomputed,),
+        variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
     )
 
 

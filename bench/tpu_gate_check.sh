@@ -58,7 +58,9 @@ case $part in
     setup_or_exit
     step "faults-$dtype" "$CLI" faults --suite smoke --dtype "$dtype" --jobs 1 --out "out/faults-$dtype" \
       --quiet --results "$results"
-    tar czf "$out/faults-$dtype.tgz" "$results" "out/faults-$dtype"/kill_matrix.{csv,json} "$out/logs"
+    # perturbed_rows.csv: each failing row's cause, to read the chip's wrong causes row by row
+    tar czf "$out/faults-$dtype.tgz" "$results" "out/faults-$dtype"/{kill_matrix.csv,kill_matrix.json,perturbed_rows.csv} \
+      "$out/logs"
     ;;
   *)
     echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke, default, make or faults)" >&2

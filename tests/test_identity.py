@@ -152,24 +152,29 @@ def test_a_refused_judgement_exits_2():
 
 
 @pytest.fixture(scope="module")
-def foreign_baseline_run(case_file, tmp_path_factory):
-    """A complete cheap run at XLA's default ISA, given an external implementation's baseline."""
-    out = tmp_path_factory.mktemp("foreign") / "run"
+def default_isa_run(case_file, tmp_path_factory):
+    """A complete cheap run at XLA's default ISA (its folder)."""
+    out = tmp_path_factory.mktemp("default_isa") / "run"
+    made = run_cli(*cheap_run_args(case_file, out), env_extra={"XLA_FLAGS": ""})
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    return out
+
+
+def test_run_with_a_baseline_that_cannot_judge_it_exits_2_before_any_case_runs(case_file, tmp_path):
+    """Issue 68 item 1: `run --baseline <an implementation's baseline>` exited 0, "not judged";
+    then it was refused only once every case had run."""
+    out = tmp_path / "run"
     foreign = Path(__file__).resolve().parents[1] / "examples" / "external_kernel" / "baselines" / "my_mhc.csv"
-    return run_cli(*cheap_run_args(case_file, out, "--baseline", foreign), env_extra={"XLA_FLAGS": ""}), out
-
-
-def test_run_with_a_baseline_that_cannot_judge_it_exits_2(foreign_baseline_run):
-    """Issue 68 item 1: `run --baseline <an implementation's baseline>` exited 0, "not judged"."""
-    made, _ = foreign_baseline_run
+    made = run_cli(*cheap_run_args(case_file, out, "--baseline", foreign))
     assert made.returncode == 2, made.stdout[-2000:] + made.stderr[-2000:]
     assert "--baseline cannot judge this run" in made.stderr and "belongs to implementation 'my_mhc'" in made.stderr
+    assert not (out / "manifest.json").exists() and not (out / "rows.jsonl").exists()
 
 
-def test_resume_in_another_environment_is_refused(case_file, foreign_baseline_run, tmp_path):
+def test_resume_in_another_environment_is_refused(case_file, default_isa_run, tmp_path):
     """Item 7: a run resumed under another --xla_cpu_max_isa was continued and labelled with the new ISA."""
     out = tmp_path / "run"
-    shutil.copytree(foreign_baseline_run[1], out)
+    shutil.copytree(default_isa_run, out)
     resumed = run_cli(*cheap_run_args(case_file, out, "--resume"), env_extra={"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"})
     assert resumed.returncode == 2, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "holds another run" in resumed.stderr and "environment xla_cpu_isa" in resumed.stderr

@@ -79,3 +79,15 @@ def test_every_setting_the_package_names_is_in_the_table():
     for source in (ROOT / "mhc_parity").rglob("*.py"):
         named.update(re.findall(r"MHC_PARITY_[A-Z0-9_]*[A-Z0-9]", pathlib.Path(source).read_text()))
     assert named <= set(SETTINGS), sorted(named - set(SETTINGS))
+
+
+def test_an_unknown_setting_is_said_once_per_process(monkeypatch):
+    """A pytest session checks the settings when it starts and again in `prepare`: one warning."""
+    from mhc_parity.harness.errors import checked_settings
+
+    monkeypatch.setenv("MHC_PARITY_ONCE_ONLY_TYPO", "1")
+    (first,) = checked_settings()
+    assert "$MHC_PARITY_ONCE_ONLY_TYPO" in first and checked_settings() == ()
+    monkeypatch.setenv("MHC_PARITY_ORACLE_PROCESS", "yes")
+    with pytest.raises(ConfigurationError):  # a refused value is refused every time
+        checked_settings()

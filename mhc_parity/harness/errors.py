@@ -38,10 +38,19 @@ class UsageError(ConfigurationError):
     """A bad argument or configuration, named as the command line spells it; exit code 2."""
 
 
+# The unknown-setting warnings already given in this process: a pytest session checks the
+# settings when it starts and again in `api.prepare`, and says each once.
+_WARNED: set[str] = set()
+
+
 def checked_settings() -> tuple[str, ...]:
     """`mhc_parity.records.settings.check_settings` as the API reports it: a refused value a
-    ConfigurationError (one line naming the variable); else the warnings for unknown names."""
+    ConfigurationError (one line naming the variable); else the warnings for unknown names not
+    yet given in this process."""
     try:
-        return check_settings()
+        warnings = check_settings()
     except SettingError as error:
         raise ConfigurationError(str(error)) from None
+    new = tuple(w for w in warnings if w not in _WARNED)
+    _WARNED.update(new)
+    return new

@@ -1,11 +1,13 @@
-"""Whether a baseline can judge a current run: the refusals `gate` and `mhc_parity.harness.api.gate`
-share (another implementation's baseline, another tolerance policy, another matmul
-precision), and which of the current run's rows and cases a baseline judges."""
+"""Whether a baseline can judge a current run whatever their rows: the refusals `gate`,
+`mhc_parity.harness.api.gate` and `run --baseline` (before any case runs) share (another
+implementation's baseline, another tolerance policy, matmul precision or backend), and which
+of the current run's rows and cases a baseline judges."""
 
 from __future__ import annotations
 
 from mhc_parity.records.environment import precision_conflicts, run_precision
 from mhc_parity.records.rows import ReportInputError
+from mhc_parity.reports.coverage import environment_refusal
 from mhc_parity.reports.ownership import implementation_rows, ownership_refusal
 
 
@@ -38,7 +40,8 @@ def comparability_refusal(
 ) -> str:
     """Why `baseline` cannot judge `current` (two `LoadedRun`s), one line, or "" if it can:
     it belongs to another implementation (`mhc_parity.reports.ownership`), or was made under another
-    tolerance policy or matmul precision (unless allowed)."""
+    tolerance policy, or matmul precision or backend (unless allowed). Reads their records and
+    the baseline's rows only, so a run is refused before it runs (`run --baseline`)."""
     refusal = ownership_refusal(baseline, current)
     if refusal:
         return refusal
@@ -53,8 +56,9 @@ def comparability_refusal(
             f"the current run under {current.policy_hash}; regenerate the baseline with "
             "`make baseline` (or pass --allow-policy-change)"
         )
-    refusal = precision_refusal(baseline, current)
-    return "" if allow_precision_change else refusal
+    if allow_precision_change:
+        return ""
+    return precision_refusal(baseline, current) or environment_refusal(baseline, current)
 
 
 def gated_frame(baseline, current):

@@ -39,7 +39,6 @@ from mhc_parity.reports.comparability import comparability_refusal, current_case
 from mhc_parity.reports.coverage import (
     coverage_refusal,
     device_note,
-    environment_refusal,
     untested_implementations,
     without_implementations,
 )
@@ -135,8 +134,6 @@ def judge(
     refusal = comparability_refusal(
         baseline, current, allow_policy_change=allow_policy_change, allow_precision_change=allow_precision_change
     )
-    if not refusal and not allow_precision_change:
-        refusal = environment_refusal(baseline, current)
     if refusal:
         return refused(refusal)
     scope = [f"gating implementation {baseline.implementation!r}: its rows only"] if baseline.implementation else []

@@ -6,9 +6,9 @@ the terminal summary show first the gate's verdict against it (`mhc_parity.repor
 `mhc-parity gate` says of the finished run). Exit codes: 0 every row passed (or is an
 explained skip/unsupported), some row compared something, and the gate did not fail the
 run against `--baseline`; 1 a parity failure or error row, or that gate's failure (a leaf
-that grew past the growth factor, a missing row, ...; a baseline the gate refuses to judge
-leaves the code to the rows); 2 a usage or configuration error, one line on stderr naming
-the problem (also a run that compared nothing); 130 interrupted by Ctrl-C (143 by
+that grew past the growth factor, a missing row, ...); 2 a usage or configuration error, one
+line on stderr naming the problem (also a run that compared nothing, and a `--baseline` that
+cannot judge the run: before any case runs where its records say so); 130 interrupted by Ctrl-C (143 by
 SIGTERM), with the command that finishes the run (`--resume`).
 """
 
@@ -21,12 +21,14 @@ import shlex
 import sys
 import time
 
+import pandas as pd
+
 from mhc_parity.harness.commands.common import DEFAULT_RUN_FOLDER, EXIT_USAGE, Parser, error
 from mhc_parity.harness.commands.progress import DEFAULT_HEARTBEAT_S, Progress
 from mhc_parity.harness.engine.case_cost import pass_cost
 from mhc_parity.harness.engine.case_memory import first_too_large
 from mhc_parity.harness.engine.failures import out_of_memory
-from mhc_parity.harness.engine.run_info import enable_compilation_cache
+from mhc_parity.harness.engine.run_info import enable_compilation_cache, run_metadata
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.engine.selection import RunSelection, configure, finished_metadata, new_manifest
 from mhc_parity.harness.errors import ConfigurationError, ResourceError, UsageError
@@ -49,8 +51,9 @@ from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, rese
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
 from mhc_parity.reports.causes import uncompared
+from mhc_parity.reports.comparability import comparability_refusal
 from mhc_parity.reports.rerun import run_rerun_command
-from mhc_parity.reports.sources import baseline_as_run
+from mhc_parity.reports.sources import LoadedRun, baseline_as_run
 from mhc_parity.reports.terminal import exit_code, nothing_compared_message, print_summary
 
 PROG = "mhc-parity run"
@@ -268,6 +271,7 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
     manifest = new_manifest(
         selection, configuration, command_line, cases=cases, shard_label=shard_label, whole_selection=whole_selection
     )
+    _refuse_unfit_baseline(baseline, manifest, policy, cases, out)
     try:
         writer = WriterLock(out, command_line)  # one writer per run folder, for the run's life
     except OutputPathError as exc:  # held by another run (FolderInUseError), or not a lock of ours
@@ -399,6 +403,19 @@ def _load_baseline(path, allow_legacy: bool):
     if baseline.note:
         print(baseline.note, file=sys.stderr)
     return baseline_as_run(baseline)
+
+
+def _refuse_unfit_baseline(baseline, manifest, policy, cases, out: pathlib.Path) -> None:
+    """UsageError (exit 2) before any case runs where `baseline` cannot judge this run whatever
+    its rows (`comparability_refusal`: another implementation, policy, matmul precision or
+    backend), as the gate would refuse it once the run had finished."""
+    if baseline is None:
+        return
+    metadata = dict(run_metadata(cases), policy_hash=policy.digest)
+    planned = LoadedRun(pd.DataFrame(), out, policy.digest, metadata, is_baseline=False, manifest=manifest)
+    refusal = comparability_refusal(baseline, planned)
+    if refusal:
+        raise UsageError(f"--baseline cannot judge this run: {refusal}")
 
 
 def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest, *, only_current_cases: bool = False):

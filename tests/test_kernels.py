@@ -141,7 +141,9 @@ def test_embedding_not_multiple_of_128_is_unsupported():
 
 def test_float16_activations_are_unsupported():
     x, w = _inputs(jnp.float32)
-    _expect_unsupported("float16", lambda: pre(x.astype(jnp.float16), w, config=CONFIG, kernel=KERNEL))
+    # cast on the host: XLA:CPU capped at SSE4_2 cannot JIT a float16 convert (docs/jax-notes.md)
+    x16 = jnp.asarray(np.asarray(x).astype(np.float16))
+    _expect_unsupported("float16", lambda: pre(x16, w, config=CONFIG, kernel=KERNEL))
 
 
 def test_tokens_not_divisible_by_block_are_unsupported():

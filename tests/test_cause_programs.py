@@ -58,9 +58,12 @@ def test_a_recomputed_gate_rounding_moves_the_forward_and_keeps_the_gates_vjp_ex
     expected = _recomputed_by_hand(case, fixture, branch)
     for leaf in ("out", "h_pre", "h_post", "layer_input"):
         np.testing.assert_allclose(recomputed.forward[leaf], through.forward[leaf], rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(recomputed.d_x, expected.d_x, rtol=1e-12, atol=1e-15)
-    for name in ("norm_scale", "pre_alpha", "pre_bias"):
-        np.testing.assert_allclose(recomputed.d_weights[name], expected.d_weights[name], rtol=1e-12, atol=1e-15)
+    # float64 to some ulps of the leaf's largest value: a weight gradient's sum that cancels to
+    # 2e-4 of its terms differs by 1.1e-12 of itself where XLA:CPU fuses multiply-adds (AVX2)
+    for got, want in [(recomputed.d_x, expected.d_x)] + [
+        (recomputed.d_weights[n], expected.d_weights[n]) for n in ("norm_scale", "pre_alpha", "pre_bias")
+    ]:
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=2e-15 * np.abs(want).max())
     # The gates' VJP at the unrounded parameters is another gradient than autodiff's.
     moved = np.abs(through.d_x - recomputed.d_x).max()
     assert moved > 1e-3 * np.abs(through.d_x - expected.d_x.astype(ml_dtypes.bfloat16)).max() and moved > 0

@@ -17,6 +17,7 @@ The test measures Σ_b |p_b| by running the kernels on each token block alone.
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 
+from mhc_parity.harness.env import X86_ISA_LEVELS, isa_cap
 from mhc_parity.mhc.kernels import KernelConfig, post, pre
 from mhc_parity.mhc.sharding import psum_to_primal_vma, token_out_shape, token_sharding
 from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcConfig
@@ -297,6 +299,19 @@ def test_layer_program_sharded_is_bit_identical_per_token(block_tokens, block_to
         assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), k
 
 
+def _fused_multiply_adds() -> bool:
+    """Whether XLA:CPU may fuse multiply-adds here: a user's `--xla_cpu_max_isa` above AVX (the
+    harness caps it at AVX otherwise, `mhc_parity.harness.env.required_xla_flags`)."""
+    names = [name for name, _ in X86_ISA_LEVELS]
+    cap = isa_cap(os.environ.get("XLA_FLAGS", ""))
+    return cap in names and names.index(cap) > names.index("AVX")
+
+
+@pytest.mark.skipif(
+    _fused_multiply_adds(),
+    reason="bit identity holds at the harness's AVX cap; above it XLA:CPU fuses a block's multiply-adds "
+    "but not its tail rows' (AVX512_BF16: d_x 1 ulp off on 1.6% of elements)",
+)
 @pytest.mark.parametrize(
     "shape, blocks",
     [

@@ -149,13 +149,17 @@ def test_a_tie_goes_to_the_hypothesis_that_explains_the_other_failing_leaves():
     assert found["one"].names == ("broad",) and found["two"].names == ("broad",)
 
 
-@pytest.mark.parametrize("view", [along(np.array([0.6, 0.0, 0.8, 0.0])), token_means(2)], ids=["gain", "tokens"])
+@pytest.mark.parametrize(
+    "view", [along(np.array([[0.6, 0.0], [0.8, 0.0]])), token_means((2, 2), 1)], ids=["gain", "tokens"]
+)
 def test_a_judged_statistic_is_an_orthonormal_projection_of_the_leaf(view):
     rng = _rng()
-    z, v = rng.normal(size=4), rng.normal(size=np.size(view.project(np.zeros(4))))
+    z, v = rng.normal(size=(2, 2)), rng.normal(size=np.size(view.project(np.zeros((2, 2)))))
+    assert view.expand(v).shape == (2, 2)  # back in the leaf's shape
     assert np.allclose(view.project(view.expand(v)), v)  # orthonormal rows: P Pᵀ = 1
     assert _dot_all(view.project(z), v) == pytest.approx(_dot_all(z, view.expand(v)))  # Pᵀ is P's adjoint
-    assert np.allclose(token_means(2).project(np.array([1.0, 2.0, 3.0, 4.0])), np.array([4.0, 6.0]) / np.sqrt(2))
+    leaf = np.array([[1.0, 2.0], [3.0, 4.0]])
+    assert np.allclose(token_means((2, 2), 1).project(leaf), np.array([4.0, 6.0]) / np.sqrt(2))
 
 
 def _dot_all(a, b):
@@ -179,7 +183,9 @@ def test_a_shift_shared_by_every_token_is_named_on_its_token_means_and_fitted_th
         apply=lambda p: {"leaf": np.broadcast_to(p, (tokens, width)), "passing": np.zeros(8)},
         transpose=lambda z: np.asarray(z["leaf"]).reshape(tokens, width).sum(axis=0),
     )
-    errors, hypotheses, fits = judged_statistics(candidate, [biased, noise], [fitted], {"leaf": token_means(tokens)})
+    errors, hypotheses, fits = judged_statistics(
+        candidate, [biased, noise], [fitted], {"leaf": token_means((tokens, width), 1)}
+    )
     assert errors["leaf"].shape == (width,) and errors["passing"] is candidate["passing"]
     (found,) = _attribute(errors, hypotheses, failing=("leaf",)).values()
     assert found.names == ("biased",) and found.explained > EXPLAINED_THRESHOLD

@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 import threading
 from collections.abc import Collection, Mapping, Sequence
 
@@ -279,15 +278,15 @@ def annotate_causes(
             own = own_rows.get((candidate, leaf))
             if own is None or own["verdict"] != "fail" or leaf not in errors:
                 continue
-            exact = np.ravel(upcast(oracle_leaves[leaf]))
+            exact = np.asarray(upcast(oracle_leaves[leaf]))  # in the leaf's shape, which a view keeps
             if np.size(errors[leaf]) != exact.size:
                 continue
             if own.get("bound_metric") == GAIN_METRIC:
-                norm = l2_norm(exact)
+                norm = l2_norm(np.ravel(exact))  # summed flat, in one fixed order
                 if np.isfinite(norm) and norm > 0.0:
                     views[leaf] = along(exact / norm)
             elif own.get("bound_metric") in SYSTEMATIC_METRICS and token_axes(leaf):
-                views[leaf] = token_means(math.prod(np.shape(oracle_leaves[leaf])[: token_axes(leaf)]))
+                views[leaf] = token_means(exact.shape, token_axes(leaf))
         errors, errors_of, fits = judged_statistics(errors, errors_of, fits, views)
         return attribute_candidate(errors, errors_of, list(leaves), fits)
 

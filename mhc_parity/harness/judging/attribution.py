@@ -244,29 +244,30 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
 @dataclasses.dataclass(frozen=True)
 class LeafView:
     """What a failing criterion judges of a leaf's error, as a projection with orthonormal rows:
-    project(flat z) -> v and its adjoint expand(v) -> flat z (float64). Where a leaf fails on one
-    such statistic alone, its bug is that statistic's size, far below the leaf's rounding noise,
-    which value for value over the whole leaf hides it (`judged_statistics`)."""
+    project(z) -> v, z of the leaf's shape, and its adjoint expand(v) -> z (float64). Where a leaf
+    fails on one such statistic alone, its bug is that statistic's size, far below the leaf's
+    rounding noise, which value for value over the whole leaf hides it (`judged_statistics`)."""
 
     project: Callable[[np.ndarray], np.ndarray]
     expand: Callable[[np.ndarray], np.ndarray]
 
 
 def along(direction: np.ndarray) -> LeafView:
-    """The error's component along a unit vector (the oracle's leaf over its L2 norm): what the
-    gain criterion judges (`mhc_parity.harness.judging.bounds`), one number."""
-    u = np.ravel(direction)
-    return LeafView(lambda z: np.array([_dot(z, u)]), lambda v: float(v[0]) * u)
+    """The error's component along a unit vector of the leaf's shape (the oracle's leaf over its
+    L2 norm): what the gain criterion judges (`mhc_parity.harness.judging.bounds`), one number."""
+    u, shape = np.ravel(direction), np.shape(direction)
+    return LeafView(lambda z: np.array([_dot(np.asarray(z), u)]), lambda v: (float(v[0]) * u).reshape(shape))
 
 
-def token_means(tokens: int) -> LeafView:
-    """The error summed over the `tokens` leading elements of each group, over √tokens: what the
-    systematic criterion judges (an error shared by every token,
-    `mhc_parity.harness.judging.error_statistics.systematic_error`), one number per group."""
+def token_means(shape: tuple[int, ...], token_axes: int) -> LeafView:
+    """The error of a leaf of `shape` summed over its `token_axes` leading axes, over √tokens: what
+    the systematic criterion judges (an error shared by every token,
+    `mhc_parity.harness.judging.error_statistics.systematic_error`), one number per element of a token."""
+    tokens = math.prod(shape[:token_axes])
     root = math.sqrt(tokens)
     return LeafView(
-        lambda z: z.reshape(tokens, -1).sum(axis=0) / root,
-        lambda v: np.broadcast_to(np.asarray(v) / root, (tokens, np.size(v))).ravel(),
+        lambda z: np.reshape(z, (tokens, -1)).sum(axis=0) / root,
+        lambda v: np.broadcast_to(np.asarray(v) / root, (tokens, np.size(v))).reshape(shape),
     )
 
 
@@ -287,20 +288,15 @@ def judged_statistics(
         return dict(candidate_errors), list(hypotheses), list(fitted)
 
     def project(errors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {leaf: views[leaf].project(np.ravel(z)) if leaf in views else z for leaf, z in errors.items()}
+        return {leaf: views[leaf].project(z) if leaf in views else z for leaf, z in errors.items()}
+
+    def expand(z: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {leaf: views[leaf].expand(v) if leaf in views else v for leaf, v in z.items()}
 
     def fitted_on_views(h: FittedHypothesis) -> FittedHypothesis:
-        @functools.cache
-        def shapes() -> dict[str, tuple]:  # the whole leaves' shapes, asked of h once where needed
-            return {leaf: np.shape(v) for leaf, v in h.apply(np.zeros(h.shape, np.float64)).items()}
-
-        def transpose(z: Mapping[str, np.ndarray]) -> np.ndarray:
-            whole = {
-                leaf: views[leaf].expand(v).reshape(shapes()[leaf]) if leaf in views else v for leaf, v in z.items()
-            }
-            return h.transpose(whole)
-
-        return dataclasses.replace(h, apply=lambda p: project(h.apply(p)), transpose=transpose, solutions=None)
+        return dataclasses.replace(
+            h, apply=lambda p: project(h.apply(p)), transpose=lambda z: h.transpose(expand(z)), solutions=None
+        )
 
     return (
         project(candidate_errors),

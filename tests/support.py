@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import pathlib
 import shutil
 import sys
@@ -13,9 +14,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhc_parity.harness.engine.backend_arithmetic import BackendArithmetic, model_terms
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc.precision import dot_precision
 from mhc_parity.mhc.types import MhcConfig, MhcWeights
+
+# The probe's table as it ran on the lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1):
+# `python bench/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
+TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
+
+
+def tpu_v5e_terms() -> dict[str, float]:
+    """The rounding model's terms for the TPU v5e's measured primitives (exp, log, tanh, ...): a
+    CPU run judged with the chip's widened sensitivities (`oracle_path.backend_terms`)."""
+    return model_terms(BackendArithmetic.from_json(json.loads(TPU_V5E_PROBE.read_text())["device"]))
 
 
 def random_weights(config: MhcConfig, seed: int = 0, dtype=jnp.float32) -> MhcWeights:

@@ -303,6 +303,11 @@ def test_the_hypotheses_are_the_roundings_the_model_does_not_allow(name):
             assert {s.contraction for s in sums} == set(hypotheses_module.GATE_CONTRACTIONS), h.name
             assert all(s.block == BACKEND_ORDER and s.dtype == rounding.dtype for s in sums), h.name
             assert {p.split("_")[0] for p in rounding.parts} == {g for s in sums for g in s.parts}, h.name
+        elif h.name.split(":")[2] == hypotheses_module.CAST:
+            # A cast: the gate parameters rounded, and their gradients by its VJP.
+            rounding, gradient = h.roundings
+            assert (rounding.direction, gradient.direction) == ("forward", "backward"), h.name
+            assert dataclasses.replace(gradient, direction="forward") == rounding, h.name
         else:
             (rounding,) = h.roundings
         if isinstance(rounding, Accumulation):

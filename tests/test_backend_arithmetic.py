@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import TPU_V5E_PROBE
 
 from mhc_parity.cases import branches, registry
 from mhc_parity.cases.fixtures import make_fixture
@@ -254,11 +254,6 @@ def test_a_tpu_s_exp_and_log_widen_the_sinkhorn_matrix_and_nothing_upstream_of_i
     assert deviation(on_tpu, "h_res") > 1e-5 > 100 * deviation(on_cpu, "h_res")
     for leaf in ("layer_input", "h_pre", "h_post"):  # computed before the Sinkhorn: the same draws
         np.testing.assert_array_equal(on_tpu.forward[leaf], on_cpu.forward[leaf], err_msg=leaf)
-
-
-# The probe's table as it ran on the lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1):
-# `python bench/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
-TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
 
 
 def test_the_tpu_v5e_s_measured_table_widens_its_transcendentals_and_nothing_else():

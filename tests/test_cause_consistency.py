@@ -86,7 +86,7 @@ def _item_7_rows(candidate=MOSAIC) -> list[dict]:
 def test_a_rounding_named_on_a_few_of_an_implementation_s_failing_leaves_loses_to_no_rounding():
     rows = _item_7_rows()
     assert sum(r["cause_id"] == RMS_SUM for r in rows) == 18 and len(rows) == 134
-    assert unheld_places(rows) == {("mosaic", "accumulate:mean_square"): (9, 58, 67)}
+    assert unheld_places(rows) == {("mosaic", "rms_inverse"): (9, 58, 67)}
     stated = consistent_causes(rows)
     assert {r["cause_id"] for r in stated} == {"unexplained"}
     revised = [r for r, before in zip(stated, rows) if before["cause_id"] == RMS_SUM]
@@ -94,7 +94,7 @@ def test_a_rounding_named_on_a_few_of_an_implementation_s_failing_leaves_loses_t
     for row in revised:
         assert row["cause"] == (
             f"{UNEXPLAINED_WORDS} (not named: {RMS_WORDS} [{RMS_SUM}]; mosaic's 67 failing leaves: the roundings "
-            "at accumulate:mean_square fit 9, no rounding 58)"
+            "at rms_inverse fit 9, no rounding 58)"
         )
         assert row["cause_explained"] == 0.82, "the row's own numbers are kept"
     # The rows as recorded are not changed, and the unchanged rows are the same objects.
@@ -132,7 +132,7 @@ def test_a_precision_fault_s_own_rounding_holds_where_its_place_fits_more_leaves
         for leaf in ("d_x", "layer_input"):
             rows += _unexplained(case, MOSAIC, leaf)
     # 12 leaves name the gate parameters, 6 none: the gates hold; the collapse, on 3, does not.
-    assert unheld_places(rows) == {("mosaic", "accumulate:collapse"): (3, 6, 18)}
+    assert unheld_places(rows) == {("mosaic", "collapse"): (3, 6, 18)}
     stated = consistent_causes(rows)
     named = {(r["leaf"], r["cause_id"]) for r in stated}
     assert named == {
@@ -147,6 +147,21 @@ def test_a_precision_fault_s_own_rounding_holds_where_its_place_fits_more_leaves
     assert len({hypothesis_place(n) for n in (GATES, RESIDUAL, f"{GATES}:backend_sums")}) == 1
 
 
+def test_the_rms_statistic_rounded_once_fitted_per_token_or_summed_narrowly_is_one_place():
+    """The TPU v5e's float32 kill matrix (14caf18): the RMS statistic in bfloat16 was fitted per
+    token on 69 of the reference's 79 failing leaves and matched as one rounding of it on the 10
+    of one case, which lost their name to the majority as if they were another place."""
+    fitted, rounded = "fit:rms_inverse:differentiated", "round:rms_inverse:forward:bfloat16"
+    assert {hypothesis_place(n) for n in (fitted, rounded, RMS_SUM)} == {"rms_inverse"}
+    rows = []
+    for case in ("case_a", "case_b"):
+        for leaf in ("h_pre", "h_post", "d_x"):
+            rows += _failing(case, "reference/unsharded", leaf, fitted, "the RMS statistic fitted", 0.9)
+    for leaf in ("h_res", "d_res_bias", "d_pre_bias", "d_x", "out", "layer_input", "d_norm_scale"):
+        rows += _failing("case_c", "reference/unsharded", leaf, rounded, "the RMS statistic rounded", 0.99)
+    assert unheld_places(rows) == {} and consistent_causes(rows) == rows
+
+
 def test_causes_stated_once_hold_when_stated_again():
     """The rows said not named count neither way again: were they counted as unexplained, a
     place that held beside them (5 leaves of 9) would lose on a second pass (5 against 4)."""
@@ -157,7 +172,7 @@ def test_causes_stated_once_hold_when_stated_again():
         rows += _failing(case, MOSAIC, "out", COLLAPSE_SUM, "the collapse", 0.9)
     rows += _unexplained("case_a", MOSAIC, "d_x")
     stated = consistent_causes(rows)
-    assert unheld_places(rows) == {("mosaic", "accumulate:collapse"): (3, 1, 9)}
+    assert unheld_places(rows) == {("mosaic", "collapse"): (3, 1, 9)}
     assert sum(r["cause_id"] == GATES for r in stated) == 10
     assert consistent_causes(stated) == stated
 
@@ -177,7 +192,7 @@ def test_each_implementation_is_judged_on_its_own_and_rows_named_through_a_partn
     others = legitimate + partner_named + held_rows + within
     stated = consistent_causes(rows + others)
     assert stated[len(rows) :] == others
-    assert unheld_places(rows + others) == {("mosaic", "accumulate:mean_square"): (9, 58, 67)}
+    assert unheld_places(rows + others) == {("mosaic", "rms_inverse"): (9, 58, 67)}
 
 
 def test_a_right_sharded_path_s_chance_match_beside_its_broken_unsharded_partner_is_not_named():
@@ -202,11 +217,11 @@ def test_a_right_sharded_path_s_chance_match_beside_its_broken_unsharded_partner
         rows += _failing("case_m8", sharded, leaf, RMS_SUM, RMS_WORDS, 0.84, ("vs_unsharded",))
     for leaf in WEIGHT_GRADS:
         rows += _unexplained("case_b", "interpret/unsharded", leaf)
-    assert unheld_places(rows) == {("interpret", "accumulate:mean_square"): (7, 13, 20)}
+    assert unheld_places(rows) == {("interpret", "rms_inverse"): (7, 13, 20)}
     assert {r["cause_id"] for r in consistent_causes(rows)} == {"unexplained"}
     # A tie is not one bug's place (7 of 14); where the sum fits more than half the leaves, it holds.
     tie = [r for r in rows if r["case"] == "case_m8"]
-    assert unheld_places(tie) == {("interpret", "accumulate:mean_square"): (7, 7, 14)}
+    assert unheld_places(tie) == {("interpret", "rms_inverse"): (7, 7, 14)}
     fewer = [r for r in tie if r["leaf"] != "d_res_bias" or r["candidate"] == sharded]
     assert unheld_places(fewer) == {} and consistent_causes(fewer) == fewer
 

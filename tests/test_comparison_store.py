@@ -12,15 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import pathlib
 
 import numpy as np
 import pytest
+from support import tpu_v5e_terms
 
 from mhc_parity.cases.catalogue import make_case
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine import oracle_path
-from mhc_parity.harness.engine.backend_arithmetic import BackendArithmetic, model_terms
 from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
@@ -39,13 +38,6 @@ from mhc_parity.records import foreign_code
 CASE = make_case(dtype="bfloat16")
 PLAN = PathPlan(implementations=tuple(BUILTIN.values()), path_globs=("reference/unsharded", "interpret/unsharded"))
 PROGRAMS = ProgramCache()  # compiled once for the module's runs (in memory: no store is written)
-# The TPU v5e's probe table, as committed (docs/backend-arithmetic.md).
-TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
-
-
-def _tpu_terms() -> dict[str, float]:
-    """The rounding model's terms for the TPU v5e's measured primitives (exp, log, tanh, ...)."""
-    return model_terms(BackendArithmetic.from_json(json.loads(TPU_V5E_PROBE.read_text())["device"]))
 
 
 def _rows(store: ComparisonStore | None) -> list[dict]:
@@ -138,12 +130,12 @@ def test_the_backend_terms_and_noise_units_are_in_the_key(monkeypatch):
     paths = [path_material("reference/unsharded", verdict="", reason="", devices="cpu:0", leaves=None)]
     on_this_cpu = key_material(CASE, fixture, "p", paths)
     assert set(on_this_cpu["arithmetic"]["backend_terms"].values()) == {0.0}
-    monkeypatch.setattr(oracle_path, "backend_terms", _tpu_terms)
+    monkeypatch.setattr(oracle_path, "backend_terms", tpu_v5e_terms)
     on_the_tpu = key_material(CASE, fixture, "p", paths)
     assert on_the_tpu != on_this_cpu
     assert on_the_tpu["arithmetic"]["noise_units"] != on_this_cpu["arithmetic"]["noise_units"]
     # One term moved by one part in 10^6: another key (the rows' bounds moved with it).
-    nudged = dict(_tpu_terms(), exp=_tpu_terms()["exp"] * (1 + 1e-6))
+    nudged = dict(tpu_v5e_terms(), exp=tpu_v5e_terms()["exp"] * (1 + 1e-6))
     monkeypatch.setattr(oracle_path, "backend_terms", lambda: nudged)
     assert key_material(CASE, fixture, "p", paths) != on_the_tpu
 
@@ -154,7 +146,7 @@ def test_rows_judged_under_another_backend_s_terms_are_never_replayed(tmp_path, 
     store = ComparisonStore(tmp_path / "cpu-first")
     _rows(store)  # judged under this CPU's terms (all 0)
     with monkeypatch.context() as patched:
-        patched.setattr(oracle_path, "backend_terms", _tpu_terms)
+        patched.setattr(oracle_path, "backend_terms", tpu_v5e_terms)
         wide = _rows(store)
     assert store.counts() == {"comparisons_stored_loaded": 0, "comparisons_stored_missed": 2}
     # The TPU's terms judged other bounds: replaying either for the other would be wrong.
@@ -164,7 +156,7 @@ def test_rows_judged_under_another_backend_s_terms_are_never_replayed(tmp_path, 
 
     store = ComparisonStore(tmp_path / "tpu-first")
     with monkeypatch.context() as patched:
-        patched.setattr(oracle_path, "backend_terms", _tpu_terms)
+        patched.setattr(oracle_path, "backend_terms", tpu_v5e_terms)
         _rows(store)
     assert _same(_without_timing(_rows(store)), _without_timing(judged))
     assert store.counts() == {"comparisons_stored_loaded": 0, "comparisons_stored_missed": 2}

@@ -98,13 +98,22 @@ def hypothesis_names(cause_id: str) -> list[str]:
     return [] if cause_id in NOT_HYPOTHESES else _PAIR_JOIN.split(cause_id)
 
 
+# A contraction whose sum is a site's only input: a narrow sum there is that value's error (the
+# sum of squares is the RMS statistic's, whose error the fit models per token).
+CONTRACTION_PLACES = {"mean_square": "rms_inverse"}
+
+
 def hypothesis_place(name: str) -> str:
-    """Where a hypothesis rounds: its kind and site ("round:gate_weight", "accumulate:mean_square",
-    "fit:rms_inverse"), every backend primitive one place ("backend"). One bug at a place is
-    matched by its different hypotheses on different leaves (the gate parameters rounded: the
-    pre gate's on one leaf, both gates' on another; a sum's blocks and orders)."""
+    """Where in the dataflow a hypothesis errs: the site it rounds or fits, or the contraction it
+    sums narrowly ("gate_weight", "rms_inverse", "projection"), every backend primitive one place
+    ("backend"). One bug at a place is matched by its different hypotheses on different leaves
+    (the gate parameters rounded: the pre gate's on one leaf, both gates' on another; the RMS
+    statistic rounded once in one case, fitted per token in another; a sum's blocks and orders)."""
     kind, _, rest = name.partition(":")
-    return kind if kind == "backend" else f"{kind}:{rest.split(':', 1)[0].split('/', 1)[0]}"
+    if kind == "backend":
+        return kind
+    where = rest.split(":", 1)[0].split("/", 1)[0]
+    return CONTRACTION_PLACES.get(where, where) if kind == "accumulate" else where
 
 
 def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:

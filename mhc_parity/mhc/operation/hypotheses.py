@@ -179,6 +179,7 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                         found.append(_gate_held_narrow(group, tag, rounding))
                     if group and direction == "forward":
                         found.append(_gate_recomputed(group, tag, rounding))
+                        found.append(_gate_cast(group, tag, rounding))
     return found + accumulation_hypotheses(case) + fitted_hypotheses() + backend_hypotheses(case, branch)
 
 
@@ -242,7 +243,8 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
     """The gate parameters of `group` held in `rounding`'s dtype where the gate is computed: the
     parameters rounded (`rounding`), and so their gradients, the scaled logits' and the biased
     logits' cotangents summed over the tokens, summed in that dtype by the backend's own
-    reduction (MaxText 0.2.5's reference casts them so)."""
+    reduction (MaxText 0.2.5's reference casts them so). Its plain form is named where no failing
+    leaf tells them apart (`variant_of`): off the host, whose sums' leaves are not matched."""
     gates = tuple(dict.fromkeys(_gate(p) for p in rounding.parts))
     sums = tuple(
         Accumulation(name, "first_cotangent", rounding.dtype, BACKEND_ORDER, parts=gates) for name in GATE_CONTRACTIONS
@@ -256,6 +258,7 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
         roundings=(rounding, *sums),
         ordered=True,
         backend_sum_weights=rounding.parts,
+        variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
     )
 
 
@@ -271,6 +274,28 @@ def _gate_recomputed(group: str, tag: str, rounding: Rounding) -> Hypothesis:
         kind="rounding",
         family=_family("gate_weight", "forward", rounding.parts),
         roundings=(recomputed,),
+        variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
+    )
+
+
+# The name's direction of a gate rounding in both directions at once: a dtype cast.
+CAST = "cast"
+
+
+def _gate_cast(group: str, tag: str, rounding: Rounding) -> Hypothesis:
+    """The gate parameters of `group` cast to `rounding`'s dtype where the gates are computed
+    (`scale.astype(bfloat16)`): the values rounded, and their gradients too, by the cast's VJP,
+    once summed at the rounded values. A passing scalar gradient tells it from the forward
+    rounding alone, whose gradient moves by less than the cast's last rounding (a TPU's widened
+    sensitivity lets d_post_scale pass: issue 67)."""
+    backward = dataclasses.replace(rounding, direction="backward")
+    return Hypothesis(
+        name=f"round:gate_weight{tag}:{CAST}:{rounding.dtype}",
+        label=f"{_words('gate_weight', 'forward', group)} cast to {rounding.dtype} (their gradients rounded "
+        "by the cast too)",
+        kind="rounding",
+        family=_family("gate_weight", "forward", rounding.parts),
+        roundings=(rounding, backward),
         variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
     )
 
@@ -369,8 +394,9 @@ def name_problem(name: str) -> str:
             return f"{name!r}: gate group {group!r} is not one of {sorted(groups)}"
         if not site.isidentifier():
             return f"{name!r}: {site!r} is not a site name"
-        if fields[2] not in DIRECTIONS or fields[3] not in ROUNDING_DTYPES:
-            return f"{name!r}: direction and dtype are one of {DIRECTIONS} and one of {ROUNDING_DTYPES}"
+        directions = (*DIRECTIONS, CAST) if group else DIRECTIONS
+        if fields[2] not in directions or fields[3] not in ROUNDING_DTYPES:
+            return f"{name!r}: direction and dtype are one of {directions} and one of {ROUNDING_DTYPES}"
         if len(fields) == 5 and (fields[4] != BACKEND_SUMS or not group or fields[2] != "forward"):
             return f"{name!r}: only a gate group's forward rounding ends in ':{BACKEND_SUMS}'"
         return ""

@@ -106,6 +106,7 @@ def test_an_epsilon_ten_times_too_large_names_no_rounding_on_any_row():
     assert {r["cause_id"] for r in unsearched if r["verdict"] == "fail"} == {NOT_SEARCHED_ID}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["reference", "independent"])
 def test_a_gate_cast_is_named_on_every_leaf_where_the_chip_s_sensitivity_lets_its_scalar_gradient_pass(
     implementation, monkeypatch

@@ -284,9 +284,9 @@ CAST = "cast"
 
 def _gate_cast(group: str, tag: str, rounding: Rounding) -> Hypothesis:
     """The gate parameters of `group` cast to `rounding`'s dtype where the gates are computed
-    (`scale.astype(bfloat16)`): the values rounded, and their gradients too, by the cast's VJP,
-    once summed at the rounded values. A passing scalar gradient tells it from the forward
-    rounding alone, whose gradient moves by less than the cast's last rounding (a TPU's widened
+    (`scale.astype(bfloat16)`): the values rounded, and each gradient too, by the cast's VJP,
+    once summed over the tokens. A passing scalar gradient tells it from the forward rounding
+    alone, which moves that sum by less than the cast's last rounding (a TPU's widened
     sensitivity lets d_post_scale pass: issue 67)."""
     backward = dataclasses.replace(rounding, direction="backward")
     return Hypothesis(

@@ -1,0 +1,41 @@
+"""`mhc-parity faults` on this CPU, judged as a chip judges: with a chip's measured backend terms.
+
+    python bench/faults_with_chip_terms.py [--probe docs/results/backend-probe-tpu-v5e.json] \
+        faults --suite smoke --dtype float32 --faults '*gate_params_bf16' --out out/faults-chip-terms
+
+The chip's transcendentals widen each leaf's sensitivity σ (`mhc_parity.harness.engine.backend_arithmetic`),
+and its paths run off the host, so the hypotheses' sums in the host's order are not matched there
+(`mhc_parity.harness.engine.causes.off_backend_errors`). Both change which hypothesis a failing
+leaf's error is matched to; this runs the CLI with the probe table's terms in place of this
+backend's and every path taken as off the host, so a chip kill matrix's causes can be looked at,
+and fixed, here. The candidates' own errors stay this CPU's: a chip's arithmetic is not replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
+
+ensure_host_devices()
+
+from mhc_parity.harness.cli import main  # noqa: E402
+from mhc_parity.harness.engine import oracle_path, runner  # noqa: E402
+from mhc_parity.harness.engine.backend_arithmetic import BackendArithmetic, model_terms  # noqa: E402
+
+PROBE = ROOT / "docs" / "results" / "backend-probe-tpu-v5e.json"
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--probe", type=pathlib.Path, default=PROBE, help="a probe table (bench/tpu_backend_probe.py)")
+    options, cli_args = parser.parse_known_args()
+    terms = model_terms(BackendArithmetic.from_json(json.loads(options.probe.read_text())["device"]))
+    oracle_path.backend_terms = lambda: terms
+    runner.runs_on_host = lambda path: False
+    sys.exit(main(cli_args))

@@ -178,8 +178,7 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
                         # Held in the activation dtype, the gate's affine runs there too.
                         found.append(_gate_held_narrow(group, tag, rounding))
                     if group and direction == "forward":
-                        found.append(_gate_recomputed(group, tag, rounding))
-                        found.append(_gate_cast(group, tag, rounding))
+                        found += _gate_variants(group, tag, rounding)
     return found + accumulation_hypotheses(case) + fitted_hypotheses() + backend_hypotheses(case, branch)
 
 
@@ -262,42 +261,42 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
     )
 
 
-def _gate_recomputed(group: str, tag: str, rounding: Rounding) -> Hypothesis:
-    """The gate parameters of `group` rounded as `rounding` in the forward pass only, the backward
-    recomputing the gates from the unrounded ones (a forward kernel that loads them narrow beside a
-    backward kernel that does not: the gates' own VJP exact, what follows them seeing their rounding)."""
-    recomputed = dataclasses.replace(rounding, direction="recomputed")
-    return Hypothesis(
-        name=f"round:gate_weight{tag}:recomputed:{rounding.dtype}",
-        label=f"{_words('gate_weight', 'forward', group)} rounded to {rounding.dtype} in the forward pass, "
-        "the backward recomputing the gates from the unrounded ones",
-        kind="rounding",
-        family=_family("gate_weight", "forward", rounding.parts),
-        roundings=(recomputed,),
-        variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
-    )
-
-
 # The name's direction of a gate rounding in both directions at once: a dtype cast.
 CAST = "cast"
 
 
-def _gate_cast(group: str, tag: str, rounding: Rounding) -> Hypothesis:
-    """The gate parameters of `group` cast to `rounding`'s dtype where the gates are computed
-    (`scale.astype(bfloat16)`): the values rounded, and each gradient too, by the cast's VJP,
-    once summed over the tokens. A passing scalar gradient tells it from the forward rounding
-    alone, which moves that sum by less than the cast's last rounding (a TPU's widened
-    sensitivity lets d_post_scale pass: issue 67)."""
-    backward = dataclasses.replace(rounding, direction="backward")
-    return Hypothesis(
-        name=f"round:gate_weight{tag}:{CAST}:{rounding.dtype}",
-        label=f"{_words('gate_weight', 'forward', group)} cast to {rounding.dtype} (their gradients rounded "
-        "by the cast too)",
-        kind="rounding",
-        family=_family("gate_weight", "forward", rounding.parts),
-        roundings=(rounding, backward),
-        variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
-    )
+def _gate_variants(group: str, tag: str, rounding: Rounding) -> list[Hypothesis]:
+    """The forward rounding `rounding` of `group`'s gate parameters with another backward, each
+    named in its plain form where no failing leaf tells them apart (`variant_of`):
+
+    - recomputed: the backward recomputes the gates from the unrounded parameters (a forward
+      kernel that loads them narrow beside a backward kernel that does not: the gates' own VJP
+      exact, what follows them seeing their rounding);
+    - cast (`scale.astype(bfloat16)`): the cast's VJP rounds each gradient too, once summed over
+      the tokens. A passing scalar gradient tells it from the forward rounding alone, which moves
+      that sum by less than the cast's last rounding (a TPU's widened sensitivity lets
+      d_post_scale pass: issue 67)."""
+    ways = {
+        "recomputed": (
+            "rounded to {dtype} in the forward pass, the backward recomputing the gates from the unrounded ones",
+            (dataclasses.replace(rounding, direction="recomputed"),),
+        ),
+        CAST: (
+            "cast to {dtype} (their gradients rounded by the cast too)",
+            (rounding, dataclasses.replace(rounding, direction="backward")),
+        ),
+    }
+    return [
+        Hypothesis(
+            name=f"round:gate_weight{tag}:{way}:{rounding.dtype}",
+            label=f"{_words('gate_weight', 'forward', group)} {words.format(dtype=rounding.dtype)}",
+            kind="rounding",
+            family=_family("gate_weight", "forward", rounding.parts),
+            roundings=roundings,
+            variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
+        )
+        for way, (words, roundings) in ways.items()
+    ]
 
 
 # How each way a fitted site's error reaches the gradients reads (`mhc_parity.mhc.oracle_fits.BACKWARDS`).

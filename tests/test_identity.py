@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.harness.commands.baseline import main as baseline_main
+from mhc_parity.harness.commands.gate import gate_parser
 from mhc_parity.harness.commands.gate import main as gate_main
 from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.stores.program_store import environment_material
@@ -21,6 +22,7 @@ from mhc_parity.records.manifest import read_manifest
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import load_baseline, write_baseline
 from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
+from mhc_parity.reports.comparability import comparability_refusal
 from mhc_parity.reports.judgement import Judgement, judge
 from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
 from mhc_parity.reports.sources import LoadedRun, baseline_as_run, load_run
@@ -143,6 +145,22 @@ def test_a_baseline_of_another_backend_is_refused_and_another_chip_noted(tmp_pat
     assert "made on backend cpu" in judge(on_cpu, current).refusal
     noted = judge(dataclasses.replace(base, metadata=tpu_rows), current)
     assert noted.verdict == "PASS" and "TPU v5 lite" in noted.isa_note and "TPU v6 lite" in noted.isa_note
+
+
+def test_a_refusal_names_the_command_that_has_its_override(tmp_path):
+    """`run --baseline` refuses before the run with the gate's words, which said "or pass
+    --allow-policy-change", an option only `mhc-parity gate` has."""
+    rows = passing_rows()
+    current = load_run(run_folder(tmp_path / "run", rows))
+    other_policy = _as_run(load_baseline(write_baseline(rows, tmp_path / "b.csv", policy_hash="p0")))
+    on_tpu = dataclasses.replace(current, metadata=dict(current.metadata, backend="tpu", device_kind="TPU v5 lite"))
+    on_cpu = dataclasses.replace(other_policy, policy_hash=current.policy_hash, metadata={"backend": "cpu"})
+    for refusal, option in (
+        (comparability_refusal(other_policy, current), "--allow-policy-change"),
+        (comparability_refusal(on_cpu, on_tpu), "--allow-precision-change"),
+    ):
+        assert f"`mhc-parity gate {option}`" in refusal, refusal
+        assert option in gate_parser()._option_string_actions
 
 
 def test_a_refused_judgement_exits_2():

@@ -31,7 +31,7 @@ def precision_refusal(baseline, current) -> str:
     return (
         f"baseline {baseline.source} ran its matmuls at {base} ({where(baseline)}), the current run "
         f"at {now} ({where(current)}); make a baseline at this precision on this kind of backend "
-        "(or pass --allow-precision-change)"
+        "(or judge it with `mhc-parity gate --allow-precision-change`)"
     )
 
 
@@ -54,7 +54,7 @@ def comparability_refusal(
         return (
             f"baseline {baseline.source} was produced under policy {baseline.policy_hash}, "
             f"the current run under {current.policy_hash}; regenerate the baseline with "
-            "`make baseline` (or pass --allow-policy-change)"
+            "`make baseline` (or judge it with `mhc-parity gate --allow-policy-change`)"
         )
     if allow_precision_change:
         return ""

@@ -73,7 +73,7 @@ def environment_refusal(baseline, current) -> str:
     return (
         f"baseline {baseline.source} was made on backend {base} ({_kind(baseline)}), the current run on "
         f"{now} ({_kind(current)}): its numbers cannot judge this backend's; gate against a baseline made "
-        f"on this backend (or pass --allow-precision-change)"
+        f"on this backend (or judge it with `mhc-parity gate --allow-precision-change`)"
     )
 
 

@@ -14,7 +14,6 @@ and fixed, here. The candidates' own errors stay this CPU's: a chip's arithmetic
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -27,7 +26,7 @@ ensure_host_devices()
 
 from mhc_parity.harness.cli import main  # noqa: E402
 from mhc_parity.harness.engine import oracle_path, runner  # noqa: E402
-from mhc_parity.harness.engine.backend_arithmetic import BackendArithmetic, model_terms  # noqa: E402
+from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_document_table  # noqa: E402
 
 PROBE = ROOT / "docs" / "results" / "backend-probe-tpu-v5e.json"
 
@@ -35,7 +34,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", type=pathlib.Path, default=PROBE, help="a probe table (bench/tpu_backend_probe.py)")
     options, cli_args = parser.parse_known_args()
-    terms = model_terms(BackendArithmetic.from_json(json.loads(options.probe.read_text())["device"]))
+    terms = model_terms(probe_document_table(options.probe))
     oracle_path.backend_terms = lambda: terms
     runner.runs_on_host = lambda path: False
     sys.exit(main(cli_args))

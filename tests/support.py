@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import pathlib
 import shutil
 import sys
@@ -14,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhc_parity.harness.engine.backend_arithmetic import BackendArithmetic, model_terms
+from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_document_table
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc.precision import dot_precision
 from mhc_parity.mhc.types import MhcConfig, MhcWeights
@@ -27,7 +26,7 @@ TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "resul
 def tpu_v5e_terms() -> dict[str, float]:
     """The rounding model's terms for the TPU v5e's measured primitives (exp, log, tanh, ...): a
     CPU run judged with the chip's widened sensitivities (`oracle_path.backend_terms`)."""
-    return model_terms(BackendArithmetic.from_json(json.loads(TPU_V5E_PROBE.read_text())["device"]))
+    return model_terms(probe_document_table(TPU_V5E_PROBE))
 
 
 def random_weights(config: MhcConfig, seed: int = 0, dtype=jnp.float32) -> MhcWeights:

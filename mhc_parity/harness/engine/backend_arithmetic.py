@@ -345,6 +345,12 @@ def read_stored_table(path: pathlib.Path, key) -> tuple[BackendArithmetic | None
     return table, ""
 
 
+def probe_document_table(path: pathlib.Path) -> BackendArithmetic:
+    """The device's table of a probe document (`bench/tpu_backend_probe.py OUT.json`, written on
+    an accelerator: its "device" table beside the host's), to judge here as that device judges."""
+    return BackendArithmetic.from_json(json.loads(pathlib.Path(path).read_text())["device"])
+
+
 @functools.cache
 def measured_arithmetic() -> BackendArithmetic:
     """The default backend's table: read from the cache folder (`MHC_PARITY_CACHE`) where this

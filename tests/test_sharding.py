@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 
-from mhc_parity.harness.env import X86_ISA_LEVELS, isa_record
+from mhc_parity.harness.env import ISA_CAP, X86_ISA_LEVELS, effective_isa, isa_record
 from mhc_parity.mhc.kernels import KernelConfig, post, pre
 from mhc_parity.mhc.sharding import psum_to_primal_vma, token_out_shape, token_sharding
 from mhc_parity.mhc.types import WEIGHT_FIELDS, MhcConfig
@@ -301,9 +301,8 @@ def test_layer_program_sharded_is_bit_identical_per_token(block_tokens, block_to
 def _fused_multiply_adds() -> bool:
     """Whether XLA:CPU may fuse multiply-adds here: it compiles for a level above AVX (a user's
     `--xla_cpu_max_isa`; the harness caps it at AVX otherwise, `mhc_parity.harness.env.required_xla_flags`)."""
-    names = [name for name, _ in X86_ISA_LEVELS]
     level = isa_record()["xla_cpu_isa"]
-    return level in names and names.index(level) > names.index("AVX")
+    return level in dict(X86_ISA_LEVELS) and effective_isa(ISA_CAP, level, X86_ISA_LEVELS) != level
 
 
 @pytest.mark.skipif(

@@ -38,6 +38,7 @@ _EXCESS_PRECISION_FLAG = "--xla_allow_excess_precision"
 # token at another row) no longer matched the unsharded one bit for bit. Capped at AVX,
 # which has no FMA, every multiply-add rounds twice wherever it runs.
 _MAX_ISA_FLAG = "--xla_cpu_max_isa"
+ISA_CAP = "AVX"
 _X86_64 = ("x86_64", "amd64")
 # Tracing allocates millions of short-lived objects: at its default thresholds Python's cycle
 # collector runs thousands of times a run, holding the GIL; at these it runs a few times,
@@ -49,7 +50,7 @@ def required_xla_flags(count: int = HOST_DEVICE_COUNT) -> dict[str, str]:
     """The XLA flags every parity process needs, by name."""
     flags = {_DEVICE_FLAG: str(count), _EXCESS_PRECISION_FLAG: "false"}
     if platform.machine().lower() in _X86_64:
-        flags[_MAX_ISA_FLAG] = "AVX"
+        flags[_MAX_ISA_FLAG] = ISA_CAP
     return flags
 
 

@@ -30,11 +30,17 @@ from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_docu
 
 PROBE = ROOT / "docs" / "results" / "backend-probe-tpu-v5e.json"
 
+
+def judge_as_chip(probe: pathlib.Path = PROBE) -> None:
+    """From now on in this process, every run is judged with `probe`'s terms, its paths off the host."""
+    terms = model_terms(probe_document_table(probe))
+    oracle_path.backend_terms = lambda: terms
+    runner.runs_on_host = lambda path: False
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", type=pathlib.Path, default=PROBE, help="a probe table (bench/tpu_backend_probe.py)")
     options, cli_args = parser.parse_known_args()
-    terms = model_terms(probe_document_table(options.probe))
-    oracle_path.backend_terms = lambda: terms
-    runner.runs_on_host = lambda path: False
+    judge_as_chip(options.probe)
     sys.exit(main(cli_args))

@@ -18,12 +18,16 @@
 #                                        # the smoke suite's kill matrix in that dtype, written as
 #                                        #   docs/results/kill-matrix-tpu-v5e-DTYPE.md (own cause and
 #                                        #   wrong-cause rows per fault, as make faults on the CPU)
+#   DTYPE=... FAULTS=GLOB bench/tpu_gate_check.sh causes DIR
+#                                        # the same, those faults only, with every failing leaf's
+#                                        #   attribution scores kept (bench/cause_diagnosis.py) in
+#                                        #   DIR/causes-DTYPE.jsonl: why the chip names what it names
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs and
 # the runs' summaries, rows and the new baseline are packed into DIR/<part>.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bench/tpu_gate_check.sh smoke|default|make|faults DIR"
+usage="usage: bench/tpu_gate_check.sh smoke|default|make|faults|causes DIR"
 part=${1:?$usage}
 out=${2:?$usage}
 source bench/tpu_common.sh
@@ -62,8 +66,15 @@ case $part in
     tar czf "$out/faults-$dtype.tgz" "$results" "out/faults-$dtype"/{kill_matrix.csv,kill_matrix.json,perturbed_rows.csv} \
       "$out/logs"
     ;;
+  causes)
+    dtype=${DTYPE:?DTYPE=bfloat16 or DTYPE=float32}
+    setup_or_exit
+    step "causes-$dtype" "$PY" bench/cause_diagnosis.py --to "$out/causes-$dtype.jsonl" faults --suite smoke \
+      --dtype "$dtype" --faults "${FAULTS:?FAULTS=a glob of fault names}" --jobs 1 --out "out/causes-$dtype" --quiet
+    tar czf "$out/causes-$dtype.tgz" "out/causes-$dtype"/{kill_matrix.md,perturbed_rows.csv} "$out/logs"
+    ;;
   *)
-    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke, default, make or faults)" >&2
+    echo "bench/tpu_gate_check.sh: unknown part '$part' (smoke, default, make, faults or causes)" >&2
     exit 2
     ;;
 esac

@@ -30,7 +30,7 @@ from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
 
 ensure_host_devices()
 
-from faults_with_chip_terms import judge_as_chip  # noqa: E402  (bench/, this script's folder)
+from faults_with_chip_terms import in_this_process, judge_as_chip  # noqa: E402  (bench/, this script's folder)
 
 from mhc_parity.harness.cli import main  # noqa: E402
 from mhc_parity.harness.engine import causes, runner  # noqa: E402
@@ -139,4 +139,4 @@ if __name__ == "__main__":
         judge_as_chip()
     options.to.parent.mkdir(parents=True, exist_ok=True)
     install(options.to, options.top)
-    sys.exit(main(cli_args))
+    sys.exit(main(in_this_process(cli_args)))

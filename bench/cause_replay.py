@@ -12,7 +12,7 @@ sensitivity σ (the oracle's: a path's declared precision choices are left out):
   value, 1 − ‖z_c − z_h‖² / ‖z_c‖² (no penalty: what each predicts on that leaf alone);
 - the cause `attribute_candidate` names for the `--failing` leaves, with every other leaf taken
   as passing (its penalty), as a run names it: for a dump from another backend than this one,
-  without the leaves of the sums in this backend's order (`causes.off_backend_errors`).
+  the leaves of the sums in this backend's order matched by size (`causes.off_backend_errors`).
 
 Only the harness's own functions judge: the script names no cause of its own.
 """
@@ -75,12 +75,12 @@ def main(argv: list[str]) -> int:
     errors_of = hypotheses.in_units(case, fixture, oracle.leaves, scales)
     elsewhere = dump_backend != jax.default_backend()
     if elsewhere:
-        errors_of = off_backend_errors(errors_of, chosen)
+        errors_of = off_backend_errors(errors_of, chosen, case.tokens)
     leaves = load_leaves(args.dump)
     errors = {leaf: upcast(value) - oracle.leaves[leaf] for leaf, value in leaves.items() if leaf in oracle.leaves}
     candidate = scaled_errors(errors, scales)
     print(f"{case.name}: {args.dump.stem} on {dump_backend}, judged on {jax.default_backend()}"
-          f"{' (its sums in this backend order left out)' if elsewhere else ''}")  # fmt: skip
+          f"{' (its sums in this backend order matched by size)' if elsewhere else ''}")  # fmt: skip
     for leaf in sorted(candidate, key=lambda name: -float(np.sum(candidate[name] ** 2))):
         z = candidate[leaf]
         size = float(np.sum(z * z))

@@ -31,6 +31,15 @@ from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_docu
 PROBE = ROOT / "docs" / "results" / "backend-probe-tpu-v5e.json"
 
 
+def in_this_process(cli_args: list[str]) -> list[str]:
+    """The CLI's arguments with `--jobs 1`: a patch made here does not reach worker processes."""
+    jobs = [value for option, value in zip(cli_args, cli_args[1:]) if option == "--jobs"]
+    jobs += [a.removeprefix("--jobs=") for a in cli_args if a.startswith("--jobs=")]
+    if any(j != "1" for j in jobs):
+        sys.exit(f"{sys.argv[0]}: runs in this process (its patches do not reach workers): leave out --jobs")
+    return cli_args if jobs else [*cli_args, "--jobs", "1"]
+
+
 def judge_as_chip(probe: pathlib.Path = PROBE) -> None:
     """From now on in this process, every run is judged with `probe`'s terms, its paths off the host."""
     terms = model_terms(probe_document_table(probe))
@@ -43,4 +52,4 @@ if __name__ == "__main__":
     parser.add_argument("--probe", type=pathlib.Path, default=PROBE, help="a probe table (bench/tpu_backend_probe.py)")
     options, cli_args = parser.parse_known_args()
     judge_as_chip(options.probe)
-    sys.exit(main(cli_args))
+    sys.exit(main(in_this_process(cli_args)))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import threading
 from collections.abc import Collection, Mapping, Sequence
 
@@ -258,7 +259,7 @@ def annotate_causes(
         scales = model_scales if widened is None else leaf_scales(oracle_leaves, widened)
         errors_of = model_errors if widened is None else in_units(scales)
         if candidate in elsewhere:
-            errors_of = off_backend_errors(errors_of, chosen)
+            errors_of = off_backend_errors(errors_of, chosen, case.tokens)
         errors = scaled_errors(_errors(candidate_leaves[candidate], oracle_leaves), scales)
         fits = [
             fitted_in_units(h, response, scales, hypotheses.fit_solutions(case, fixture, h, response, scales))
@@ -319,20 +320,23 @@ GAIN_METRIC = "cand_oracle_gain"
 SYSTEMATIC_METRICS = frozenset({"cand_systematic_t", "cand_systematic_shift"})
 
 
-def off_backend_errors(errors_of: Sequence[HypothesisErrors], chosen: Sequence) -> list[HypothesisErrors]:
+def off_backend_errors(errors_of: Sequence[HypothesisErrors], chosen: Sequence, tokens: int) -> list[HypothesisErrors]:
     """The hypotheses' errors (`HypothesisOracle.in_units`, in `chosen`'s order) as a candidate on
-    another backend than the draws' is matched against: each without the gradient leaves of the
-    weights it sums in the draws' backend order (`Hypothesis.backend_sum_weights`). Such a sum's
-    error is a fixed function of its order, and that backend sums in its own (a TPU's narrow
-    reduction strays far less than the host's running sum): matched value for value there, the
-    host's order predicts an error the candidate does not have and disqualifies the rounding
-    that caused the rest (measured on a v5e: docs/results/maxtext-tpu-v5e.md)."""
+    another backend than the draws' is matched against: the gradient leaves of the weights each
+    sums narrowly (`Hypothesis.backend_sum_weights`) matched by size only (`HypothesisErrors.sized`).
+    Such a sum's error is a fixed function of its order, and that backend sums in its own: a draw
+    summed in the host's order (`ordered`: the held-narrow gate) is the largest it may be (a TPU's
+    narrow reduction strays far less than the host's running sum, docs/results/maxtext-tpu-v5e.md),
+    and a cast's, rounded once on the host, may grow as √tokens in a narrow order (XLA:TPU folds
+    the cast into the reduce: its bias gradients erred 3-6x the host's, docs/accelerators.md).
+    Matched value for value there, the host's prediction disqualifies the rounding that caused
+    the rest. tokens: the case's token count."""
     found = []
     for errors, hypothesis in zip(errors_of, chosen):
-        dropped = {weight_leaf(w) for w in hypothesis.backend_sum_weights}
-        if dropped:
-            kept = {leaf: z for leaf, z in errors.errors.items() if leaf not in dropped}
-            errors = dataclasses.replace(errors, errors=kept)
+        leaves = [weight_leaf(w) for w in hypothesis.backend_sum_weights]
+        if leaves:
+            growth = 1.0 if hypothesis.ordered else math.sqrt(tokens)
+            errors = dataclasses.replace(errors, sized={leaf: growth for leaf in leaves if leaf in errors.errors})
         found.append(errors)
     return found
 

@@ -164,7 +164,9 @@ class HypothesisErrors:
     are never paired), leaf -> z_h (float64); by_size: matched by the size of its error only
     (module docstring; `SIZE_MATCHED_KINDS`); scale_range: the factors its size may be off by
     (`size_ranges`: the same sum in another order); variant_of: the hypothesis whose forward
-    errors it has, its backward another (`Hypothesis.variant_of`)."""
+    errors it has, its backward another (`Hypothesis.variant_of`); sized: leaf -> G, the leaves
+    whose values it does not predict, only that their error is at most G times its own (a sum
+    the backend rounds narrowly in its own order: `causes.off_backend_errors`)."""
 
     name: str
     words: str
@@ -173,6 +175,7 @@ class HypothesisErrors:
     by_size: bool = False
     scale_range: tuple[float, float] = (1.0, 1.0)
     variant_of: str = ""
+    sized: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def norms(self) -> dict[str, float]:
@@ -347,7 +350,15 @@ class _Scores:
         self._excess: dict[tuple[str, ...], float] = {}
 
     def residual(self, names: Sequence[str], leaf: str) -> float:
-        """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two)."""
+        """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two); where some predict
+        the leaf's size only (`HypothesisErrors.sized`), what the others leave, less the most
+        those may account for, (Σ G‖z_h‖)²."""
+        sized = [n for n in names if leaf in self.hypotheses[n].sized]
+        if sized:
+            valued = [n for n in names if n not in sized]
+            left = self.residual(valued, leaf) if valued else self.total[leaf]
+            allowed = sum(self.hypotheses[n].sized[leaf] * np.sqrt(self.hypotheses[n].norms[leaf]) for n in sized)
+            return max(0.0, float(left - allowed**2))
         value = self.total[leaf] - 2 * sum(self.cross[(n, leaf)] for n in names)
         value += sum(self.hypotheses[n].norms[leaf] for n in names)
         if len(names) == 2:
@@ -456,7 +467,7 @@ def _at_one_place(
         scores = {n: v for n, v in scores.items() if np.isfinite(v)}
         if scores and max(scores.values()) >= EXPLAINED_THRESHOLD:
             name = max(scores, key=scores.get)
-            words = sums.hypotheses[name].words
+            words = sums.hypotheses[name].words + (BY_SIZE if leaf in sums.hypotheses[name].sized else "")
             revised[leaf] = Attribution(words, scores[name], (name,), words)
     return revised
 
@@ -540,7 +551,7 @@ def _attribute_by_values(
         top = scores[leaf][ranked[0]]
         name = min((n for n in ranked if scores[leaf][n] >= top - TIE), key=lambda n: (-totals[n], order[n]))
         shown = plain.get(name, name)  # the variant's score, its plain form's name
-        words = sums.hypotheses[shown].words
+        words = sums.hypotheses[shown].words + (BY_SIZE if leaf in sums.hypotheses[name].sized else "")
         best = Attribution(words, scores[leaf][name], (shown,), words)
         if best.explained < PAIR_BELOW:
             for n1, n2 in itertools.combinations(ranked[:PAIR_CANDIDATES], 2):

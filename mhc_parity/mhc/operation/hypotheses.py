@@ -275,7 +275,8 @@ def _gate_variants(group: str, tag: str, rounding: Rounding) -> list[Hypothesis]
     - cast (`scale.astype(bfloat16)`): the cast's VJP rounds each gradient too, once summed over
       the tokens. A passing scalar gradient tells it from the forward rounding alone, which moves
       that sum by less than the cast's last rounding (a TPU's widened sensitivity lets
-      d_post_scale pass: issue 67)."""
+      d_post_scale pass: issue 67). A backend may fold the cast into that sum, rounding in its
+      own order (`backend_sum_weights`: XLA:TPU's reduce to bfloat16)."""
     ways = {
         "recomputed": (
             "rounded to {dtype} in the forward pass, the backward recomputing the gates from the unrounded ones",
@@ -293,6 +294,7 @@ def _gate_variants(group: str, tag: str, rounding: Rounding) -> list[Hypothesis]
             kind="rounding",
             family=_family("gate_weight", "forward", rounding.parts),
             roundings=roundings,
+            backend_sum_weights=rounding.parts if way == CAST else (),
             variant_of=f"round:gate_weight{tag}:forward:{rounding.dtype}",
         )
         for way, (words, roundings) in ways.items()

@@ -1,7 +1,7 @@
-"""`bench/cause_diagnosis.py` with the gate-parameter faults' bias gradients summed as XLA:TPU sums them.
+"""`bench/cause_diagnosis.py` with the gate-cast faults' bias gradients summed as XLA:TPU sums them.
 
     MHC_PARITY_CACHE=$(mktemp -d) python bench/narrow_cast_gradients.py --to out/narrow.jsonl \
-        --chip-terms faults --suite smoke --dtype float32 --faults reference.gate_params_bf16 \
+        --chip-terms faults --suite smoke --dtype float32 --faults '*.gate_params_bf16' \
         --out out/narrow --quiet [--block 8]
 
 Under `*.gate_params_bf16` a bias is cast to bfloat16, so its gradient is a token sum converted to
@@ -57,24 +57,29 @@ def narrow_broadcast(bias: jax.Array, shape: tuple[int, ...], block: int) -> jax
 
 
 def narrow_gate(block: int):
-    """The fault's replacement of `compute_sigmoid_gate`, its bias gradient summed narrowly."""
+    """A fault's replacement of a gate `(logits, scale, bias, ...)`: scale and bias rounded to
+    bfloat16 as the fault's own, the bias gradient summed narrowly."""
 
     def replace(original_gate):
-        def gate(logits, scale, bias, **options):
+        def gate(logits, scale, bias, *rest, **options):
             narrow = narrow_broadcast(bias.astype(jnp.bfloat16), logits.shape, block)
-            return original_gate(logits, scale.astype(jnp.bfloat16), narrow, **options)
+            return original_gate(logits, scale.astype(jnp.bfloat16), narrow, *rest, **options)
 
         return gate
 
     return replace
 
 
+# The faults whose every patch casts a gate's scale and bias to bfloat16.
+CAST_FAULTS = ("reference.gate_params_bf16", "independent.gate_params_bf16")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     parser.add_argument("--block", type=int, default=8, help="tokens per float32 partial sum")
     options, rest = parser.parse_known_args()
-    patch = fault_catalogue.FAULTS["reference.gate_params_bf16"].patches[0]
-    object.__setattr__(patch, "make_replacement", narrow_gate(options.block))  # a frozen record, patched here alone
+    for patch in (p for name in CAST_FAULTS for p in fault_catalogue.FAULTS[name].patches):
+        object.__setattr__(patch, "make_replacement", narrow_gate(options.block))  # frozen records, patched here alone
     diagnosis = pathlib.Path(__file__).with_name("cause_diagnosis.py")
     sys.argv = [str(diagnosis), *rest]
     sys.path.insert(0, str(diagnosis.parent))

@@ -101,11 +101,12 @@ class Hypothesis:
     its gradients see the error (`mhc_parity.mhc.oracle_fits.site_response`); ordered: its error depends
     on the order of a narrow sum (a sharded path sums in another order); primitives: a backend
     hypothesis' primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`); backend_sum_weights: the
-    weights whose gradients it sums narrowly in the backend's own order (`BACKEND_ORDER`), which
-    is the order of the backend its draws run on (the host CPU's: the oracle is float64): a path
-    on another backend (a TPU) sums them in that backend's order, so there those gradients'
-    values are not its prediction; variant_of: the hypothesis whose forward values it has, with
-    another backward (named only where a failing leaf tells them apart).
+    weights whose gradients a backend sums narrowly in its own order: drawn in the host CPU's
+    order (`BACKEND_ORDER`, where `ordered`) or rounded once (a cast); a path on another backend
+    (a TPU) sums them in that backend's order, so there those gradients' values are not its
+    prediction, only their size (`causes.off_backend_errors`); variant_of: the hypothesis whose
+    forward values it has, with another backward (named only where a failing leaf tells them
+    apart).
     """
 
     name: str

@@ -95,10 +95,13 @@ def test_every_set_of_backend_primitives_runs_in_one_compiled_program(setting):
 
 def test_the_kernel_gate_fault_owns_the_recomputed_rounding_a_case_lists():
     """The kernel's fault names the forward-only rounding its own; the reference's, which
-    differentiates through its rounding, does not."""
+    differentiates through its rounding, does not, and owns the held-narrow form."""
     case = registry.get(CASE)
     names = {h.name for h in hypotheses(case, get_branch(case.branch), noise_units(case))}
     recomputed = "round:gate_weight/pre_and_post_gates:recomputed:bfloat16"
     assert recomputed in names and not name_problem(recomputed)
     assert FAULTS["kernel.gate_params_bf16"].names_its_cause(recomputed)
     assert not FAULTS["reference.gate_params_bf16"].names_its_cause(recomputed)
+    # A cast's gradient summed into bfloat16 by the backend (XLA:TPU) is the cast's own.
+    held = "round:gate_weight/pre_and_post_gates:forward:bfloat16:backend_sums"
+    assert FAULTS["reference.gate_params_bf16"].names_its_cause(held)

@@ -253,12 +253,14 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
 
 # The precision faults' own causes (`mhc_parity.mhc.operation.hypotheses` names): the gate parameters
 # rounded to bfloat16 (whichever gates a leaf depends on; a cast's VJP rounds their gradient to
-# bfloat16 too, the "cast" hypothesis), the RMS statistic in bfloat16 (its value rounded, its sum
-# of squares accumulated there, or its error fitted per token).
+# bfloat16 too, the "cast" hypothesis, and XLA:TPU sums that gradient into bfloat16 itself, the
+# held-narrow one), the RMS statistic in bfloat16 (its value rounded, its sum of squares
+# accumulated there, or its error fitted per token).
 _GATE_PARAMETERS_ROUNDED = (
     "round:gate_weight/*:forward:bfloat16",
     "round:gate_weight/*:backward:bfloat16",
     "round:gate_weight/*:cast:bfloat16",
+    "round:gate_weight/*:forward:bfloat16:backend_sums",
 )
 # A kernel rounds them in its forward pass alone where its backward recomputes the gates.
 _GATE_PARAMETERS_ROUNDED_FORWARD = (*_GATE_PARAMETERS_ROUNDED, "round:gate_weight/*:recomputed:bfloat16")

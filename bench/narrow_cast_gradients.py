@@ -7,8 +7,8 @@
 Under `*.gate_params_bf16` a bias is cast to bfloat16, so its gradient is a token sum converted to
 bfloat16. XLA:CPU sums in float32 and rounds once (the cast hypothesis' prediction); XLA:TPU folds
 the convert into the reduce, a reduce with a bfloat16 result (libtpu's optimized HLO of that
-gradient, compiled for v5e=1x1), and the chip's bias gradients err 3-6x the CPU's while the scale
-gradients match it to the bit (docs/results/kill-matrix-tpu-v5e-float32.md's rows). This replaces
+gradient, compiled for v5e=1x1), and the chip's bias gradients err 3-6x the CPU's (docs/jax-notes.md,
+the rows of `bench/tpu_gate_check.sh faults` at bdc5e91). This replaces
 the faults' bias broadcast by one whose gradient sums `--block` tokens in float32, rounds each
 partial sum to bfloat16 and adds the partial sums in bfloat16: a backend's narrow sum, here on the
 CPU, to try how causes are named for it. A fresh MHC_PARITY_CACHE: the clean programs are stored

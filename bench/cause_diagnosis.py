@@ -102,7 +102,7 @@ def leaf_table(candidate_errors, hypotheses, failing, found, top: int) -> list[d
 def install(to: pathlib.Path, top: int) -> None:
     """Wrap the fault injection, the case's attribution and each candidate's, writing to `to`."""
     stream = to.open("w")
-    injected, annotate, attribute = model.Perturbation.injected, causes.annotate_causes, causes.attribute_candidate
+    injected, annotate, attribute = model.Perturbation.injected, runner.annotate_causes, causes.attribute_candidate
 
     @contextlib.contextmanager
     def injected_named(self):
@@ -124,9 +124,8 @@ def install(to: pathlib.Path, top: int) -> None:
         return found
 
     model.Perturbation.injected = injected_named
-    causes.annotate_causes = annotate_named
-    causes.attribute_candidate = attribute_kept
-    runner.annotate_causes = annotate_named  # imported by name where the rows are judged
+    runner.annotate_causes = annotate_named  # the runner's own name for it, where the rows are judged
+    causes.attribute_candidate = attribute_kept  # called by its module name inside annotate_causes
 
 
 if __name__ == "__main__":

@@ -1,25 +1,12 @@
-"""Run cases through paths and yield judged rows.
+"""Run cases through paths and yield judged rows. For one case: its fixture, the float64 oracle and
+every planned path, then each leaf a row of
 
-For one case the runner builds the fixture, runs the float64 oracle and every
-planned path, then makes these comparisons (each leaf a row):
-
-  every path                  vs the oracle         (comparison "vs_oracle")
+  every path                  vs the oracle         ("vs_oracle")
   every non-reference path    vs reference, same sharding ("vs_reference")
   every token-sharded path    vs itself unsharded   ("vs_unsharded")
-  the kernels' TPU lowering   one row per program   ("lowering")
-  the kernels' TPU compile    one row per program, target and mesh ("compile"; some cases,
-                              `mhc_parity.harness.engine.compile_rows`)
 
-A path that cannot run yields status rows instead (one per comparison it would have
-been the candidate of): `skip` (variant not implemented, backend or devices missing),
-`unsupported` (an UnsupportedInputError the case expects), `fail` (a kernel-like path
-accepting input the case expects it to reject, or rejecting a supported case), or
-`error` (any other exception, with its message; the run goes on).
-
-A case whose selected paths need no numbers (only lowering and compile rows selected, or its
-numbers refused on this machine: `mhc_parity.harness.engine.plan.numbers_refusal`) gets no
-fixture and no oracle: its refused paths are `skip` rows with the reason.
-"""
+and the kernels' lowering and compile rows. A path that cannot run yields status rows instead
+(`skip`, `unsupported`, `fail`, or `error`, and the run goes on)."""
 
 from __future__ import annotations
 
@@ -71,10 +58,7 @@ StepCallback = Callable[[object, str], None]
 # too (the kill matrix's clean rows, where a perturbation changes neither path), else None.
 RecordedRows = Callable[[object, Path, str, Path | None], Sequence[dict] | None]
 
-# Seconds this thread spent on each part of a run, outside the comparisons (`Runner.timings`):
-# loading fixtures, the oracle, the paths (waiting for their programs and running them), the
-# declared precision choices' effects, the failing rows' causes, the kernels' TPU lowering and
-# their TPU compiles.
+# Seconds this thread spent on each part of a run (`Runner.timings`), for the run's metadata.
 TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "compare_s", "causes_s", "lowering_s", "compile_s")
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
@@ -101,11 +85,9 @@ class _PathResult:
 
 
 def oracle_memory_fields(case, oracle) -> dict:
-    """The `oracle_peak_bytes` and `oracle_budget_bytes` columns of a case's rows: the peak
-    resident memory of the process that computed its oracle answer alone
-    (`mhc_parity.harness.engine.oracle_process`; NaN where it was computed inside the run's
-    process), and the budget it ran under (`mhc_parity.harness.engine.case_memory.oracle_memory_bytes`:
-    the answer's own, at the chunks its process ran at once; else one chunk at a time's)."""
+    """The `oracle_peak_bytes` and `oracle_budget_bytes` columns of a case's rows: the peak resident memory
+    of the oracle's own process (NaN where it was computed inside the run's) and the budget it ran under
+    (one chunk at a time's where the answer states none)."""
     peak = getattr(oracle, "peak_bytes", None)
     budget = getattr(oracle, "budget_bytes", None)
     return {
@@ -127,12 +109,9 @@ def _last_readers(paths: Sequence[Path]) -> dict[str, int]:
 
 
 def _environment_fields(case, path: Path, placement: Placement | None) -> dict:
-    """The `matmul_precision`, `devices` and `kernel_blocks` columns of a path's rows.
-
-    A path that ran reports the precision it effectively ran at on its devices and the
-    blocks its kernels ran (`mhc_parity.harness.engine.kernel_blocks`); one that could not be
-    placed reports the case's requested precision, no devices and no blocks.
-    """
+    """The `matmul_precision`, `devices` and `kernel_blocks` columns of a path's rows: the precision it
+    effectively ran at on its devices and its kernels' blocks, or, for a path that could not be placed,
+    the requested precision and no devices or blocks."""
     if placement is None:
         return {"matmul_precision": case.matmul_precision, "devices": "", "kernel_blocks": ""}
     device = placement.devices[0]
@@ -158,19 +137,12 @@ class Runner:
         hypotheses: HypothesisOracle | None = None,
         recorded_rows: RecordedRows | None = None,
     ):
-        """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to
-        `mhc_parity.cases.fixtures.make_fixture` and `mhc_parity.harness.stores.oracle_cache.OracleCache()` (both cached
-        on disk by content); the kill matrix passes loaders that also keep each in memory
-        for all its passes. cache: the compiled programs (default: a `ProgramCache` without a
-        disk store); lowering_store: reuse TPU lowering results (default: none); compile_store:
-        reuse TPU compile results (default: none); cause_store:
-        reuse failing rows' causes and declared precision choices' effects (default: none);
-        comparison_store: reuse the judged rows of outputs judged before (default: none);
-        hypotheses: the failing rows' causes' hypotheses (default: this runner's own; the kill
-        matrix shares one across the passes of a case, which the oracle answers alone decide);
-        recorded_rows: rows of comparisons another run made that this one would make alike
-        (`RecordedRows`; default: every comparison is made). See `with_disk_stores` for the
-        runner of a parity run."""
+        """fixture_loader(case) -> Fixture and oracle(case, fixture) -> OracleOutputs default to `make_fixture`
+        and `OracleCache(apart=compute_apart)`, both cached on disk by content. cache: default a
+        `ProgramCache` without a disk store. lowering_store, compile_store, cause_store, comparison_store:
+        reuse earlier results (default: none). hypotheses: the causes' hypotheses (default: this runner's
+        own; the kill matrix shares one across a case's passes). recorded_rows: see `RecordedRows` (default:
+        every comparison is made). `with_disk_stores` builds a parity run's runner."""
         self.policy = policy
         self.fixture_loader = fixture_loader or make_fixture
         self.oracle = oracle if oracle is not None else OracleCache(apart=compute_apart)
@@ -187,12 +159,9 @@ class Runner:
 
     @classmethod
     def with_disk_stores(cls, policy: Policy) -> Runner:
-        """The runner of a parity run: compiled programs and TPU lowering results
-        (`mhc_parity.harness.stores.program_store`), causes and declared effects
-        (`mhc_parity.harness.stores.cause_store`) and a case's judged rows by what they were judged
-        from (`mhc_parity.harness.stores.comparison_store`) stored on disk by content, besides the
-        fixtures and oracle answers. A process that loaded an external implementation writes them
-        under keys that also cover its code (`mhc_parity.records.foreign_code`)."""
+        """The runner of a parity run: compiled programs, lowering and compile results, causes and judged rows
+        stored on disk by content, besides the fixtures and oracle answers (their keys cover any foreign code
+        this process loaded)."""
         return cls(
             policy,
             cache=ProgramCache(store=ProgramStore()),
@@ -279,16 +248,10 @@ class Runner:
         fixture=None,
         oracle_ahead: concurrent.futures.Future | None = None,
     ) -> Iterator[dict]:
-        """Yield every row of one case (see the module docstring for what is compared).
-
-        fixture: the case's fixture if the caller loaded it already (`run`), else loaded here.
-        oracle_ahead: the future of its oracle answer if the caller started it (`run`), else
-        the answer is computed here; its error, if it raised one, is met here as if computed here.
-
-        Memory running out at any stage of the case (`out_of_memory`: its fixture, oracle, a
-        path's placement, compile or execution, the comparisons and causes, the lowering) is
-        the machine's limit, not a row: a `ResourceError` naming the case and the stage.
-        """
+        """Yield every row of one case. fixture / oracle_ahead: the case's fixture and the future of its oracle
+        answer where the caller (`run`) started them, else made here (an error met as if made here). Memory
+        running out at any stage is the machine's limit, not a row: a `ResourceError` naming the case and
+        the stage."""
         stage = ["its fixture or oracle"]  # where the case is, for that error
         try:
             yield from self._case_rows(case, plan, on_step, fixture, oracle_ahead, stage)
@@ -539,13 +502,10 @@ class Runner:
         return results
 
     def _time_alone(self, case, paths: Sequence[Path], fixture, results: dict[str, _PathResult]) -> None:
-        """Replace the first-call time of each path that ran on an accelerator by its device
-        time, its runs back to back with nothing else in the process running
-        (`mhc_parity.harness.engine.quiet`: the work obtained ahead for the next cases, oracle
-        answers and compiles, ends or waits; docs/speed.md says why). One quiet phase per case,
-        after all its paths ran, so the background waits once a case. A path whose timing
-        raises becomes an `error` row naming the timing; where the background work does not end
-        within `QUIET_WAIT_S`, every path keeps its first call's time (one run, not alone)."""
+        """Replace the first-call time of each path that ran on an accelerator by its device time, with nothing
+        else in the process running (`QUIET.alone`), once per case after all its paths ran. A path whose
+        timing raises becomes an `error` row; where the background work does not end within `QUIET_WAIT_S`,
+        every path keeps its first call's time."""
         timed = [
             path
             for path in paths
@@ -588,15 +548,9 @@ class Runner:
     def run(
         self, cases: Iterable, plan: PathPlan, *, on_case_start=None, on_step: StepCallback = _no_step
     ) -> Iterator[tuple[object, list[dict]]]:
-        """Yield (case, its rows) for each case in order.
-
-        With a cache that can compile ahead (`ProgramCache.compile_ahead`), the oracle
-        answers and the programs of the next `COMPILE_AHEAD_CASES` cases are obtained in a
-        pool of `COMPILE_THREADS` threads while this thread runs a case's paths and
-        comparisons (the oracle callable must then be safe to call from a pool thread, as
-        `OracleCache` is). The rows are the same either way: an answer or a program is the
-        same whichever thread computed it.
-        """
+        """Yield (case, its rows) for each case in order. With a cache that can compile ahead, the oracle
+        answers and programs of the next `COMPILE_AHEAD_CASES` cases are obtained in a thread pool meanwhile
+        (the oracle callable must then be thread-safe, as `OracleCache` is); the rows are the same either way."""
         cases = list(cases)
         if not hasattr(self.cache, "compile_ahead"):  # e.g. the kill matrix's recording caches
             for case in cases:

@@ -1,28 +1,8 @@
-"""Disk store of what a case's judgement computes beyond its metrics: causes and declared effects.
-
-A case with a failing row runs the operation's hypotheses through the float64 oracle
-(`mhc_parity.harness.engine.causes.HypothesisOracle`) to name each failing row's cause, and an
-implementation that declares precision choices has their effects measured the same way
-(`mhc_parity.harness.engine.precision_choices`): seconds per case, of tracing and of float64
-arithmetic, and far more data than their answer (the hypotheses' leaves of a large case are
-gigabytes). So the store keeps the answers, which are small: the cause fields of each failing
-row, and an implementation's `DeclaredEffects`. Each is keyed by everything it is computed from:
-
-- the code that computes it (`cause_sources`: the import closure of `CAUSE_ENTRY`; a test
-  checks that computing both runs no other project file), the environment a program is made
-  for (`mhc_parity.harness.stores.program_store.environment_material`: versions, XLA flags, JAX
-  settings, the host CPU) and the default backend (what the backend probe measures), with the
-  backend's terms and the case's noise units (`mhc_parity.harness.engine.oracle_path.arithmetic_material`:
-  the hypotheses are drawn at those units);
-- every field of the case, its fixture's digest and the oracle's answer (its leaves' bits,
-  sensitivities and systematic statistics);
-- for the causes, every row of the case but its timing columns and every leaf of every path
-  that ran, by its bits (the errors the hypotheses are matched to), with the paths' widened
-  sensitivities; for the declared effects, the choices as declared.
-
-A process that loaded foreign code stores under keys that also cover it
-(`mhc_parity.records.foreign_code`, through `ArtifactStore`). Entries are JSON.
-"""
+"""Causes and declared effects on disk (``<cache>/causes``): naming failing rows' causes and measuring
+declared precision choices run hypotheses through the float64 oracle (seconds a case, gigabytes of
+leaves), while the answers are small. Keyed by the code computing them (`cause_sources`), the
+environment and backend, the case, its fixture and oracle answer, and for the causes every row but
+its timing and every path's leaves by their bits."""
 
 from __future__ import annotations
 

@@ -1,32 +1,7 @@
-"""A disk store of a case's judged rows: the judgement is a pure function of what it compares.
-
-A case's comparison rows (vs_oracle, vs_reference, vs_unsharded, with their bounds, verdicts
-and causes: `mhc_parity.harness.engine.runner.Runner`) are computed from the paths' results —
-each path's outputs, bit for bit, or why it gave none — the oracle's answer, the fixture, the
-policy and the project's code, on this machine's libraries. `ComparisonStore` keeps them in
-``<cache>/comparisons`` (`mhc_parity.records.artifact_store`: verified when read) under a key of
-all of these (`key_material`):
-
-- every project source file (`mhc_parity.records.project_code.project_code_files`: the metrics, the
-  bounds, the causes, the oracle and everything else the manifest's code digest covers);
-- the policy's digest; the case's full spec; the fixture's digest, every input bit (the
-  oracle's answer is a function of it, the code and the environment below);
-- per path of the case, in order: its name, its verdict and reason where it gave no outputs,
-  its devices, and the digest of every output leaf's name, dtype, shape and bytes;
-- NumPy, ml_dtypes, JAX, jaxlib, Flax and Python versions, JAX settings, `XLA_FLAGS` and the
-  host CPU (`mhc_parity.harness.stores.program_store.environment_material`);
-- the backend's arithmetic terms and the case's noise units
-  (`mhc_parity.harness.engine.oracle_path.arithmetic_material`): the bounds widen with both, so
-  rows judged under another backend's (or an edited) probe table are not replayed.
-
-So a run still executes every program — a path whose outputs moved by one bit is judged
-again — and only the metrics, bounds and causes of outputs already judged are not computed
-again. The rows' timing columns are this run's (`with_timings`). A process that patches code
-at run time is given no store (the kill matrix, tests with monkeypatch), and while a fault is
-injected no store reads or writes (`mhc_parity.records.foreign_code.code_patched`); a process that loaded
-foreign code keys its entries by that code too, as every store does
-(`mhc_parity.records.foreign_code.write_key`: its import may have patched what judges its rows).
-"""
+"""A case's judged rows on disk (``<cache>/comparisons``), keyed by everything they are judged from
+(`key_material`: each path's outputs bit for bit or why it gave none, the fixture, the case, the
+policy, every project source file, the environment, the backend's terms and the noise units). A warm
+run still executes every program; only outputs already judged skip their metrics, bounds and causes."""
 
 from __future__ import annotations
 
@@ -47,9 +22,7 @@ from mhc_parity.records.files import digest_arrays
 from mhc_parity.records.project_code import digest_of, project_code_files
 from mhc_parity.records.schema import TIMING_COLUMNS
 
-# Bump when an entry's layout or its key material changes meaning. 2: a path's stored timing
-# is its `TIMING_COLUMNS` cells (execute_first_s, execute_runs added). 3: the backend terms and
-# noise units are in the key (`arithmetic`). 4: `bytes_moved` is one of the stored timing cells.
+# Bump when an entry's layout or its key material changes meaning.
 COMPARISON_FORMAT = 4
 
 

@@ -1,21 +1,6 @@
-"""TPU compile results on disk: a warm run compiles nothing, and lowers nothing either.
-
-Two stores, one inside the other:
-
-- `compiled(text, target, compute)` (``<cache>/tpu_compiles``): one program's `CompileResult`,
-  keyed by what the compiler is given — a digest of the lowered module's text
-  (`jax.stages.Lowered.as_text()`, which holds every Mosaic kernel serialised in its custom
-  call), the target (generation, topology, mesh), the compiler's versions (libtpu, jaxlib) and
-  the settings it reads (`XLA_FLAGS`, `LIBTPU_INIT_ARGS`). The key is the program's content,
-  not the code that made it, so an edit that leaves a module unchanged compiles nothing, and
-  the store stays open while code is patched (a fault's program is its text too).
-- `results(arguments, compute)` (``<cache>/tpu_compile_runs``): the results of every program of
-  one (case, target, mesh), keyed like the TPU lowering results
-  (`mhc_parity.harness.stores.program_store.LoweringStore`: what the programs are built from,
-  the sources they are traced from, the environment) and the compiler's versions: a hit skips
-  tracing and lowering, which a warm `make parity` cannot afford for every program. Closed
-  while code is patched, as every sources-keyed store is.
-"""
+"""TPU compile results on disk, so a warm run neither lowers nor compiles: `compiled` keys one program's
+result by its lowered module's text, the target and the compiler (open while code is patched: the key
+is the content); `results` keys a (case, target, mesh)'s results by sources, like the lowering results."""
 
 from __future__ import annotations
 

@@ -1,28 +1,7 @@
-"""A disk store of the causes' fits: the per-token error that best explains a candidate's errors.
-
-A fitted hypothesis (`mhc_parity.harness.judging.attribution.fitted_errors`) is a least-squares
-solve by conjugate gradients: a few dozen runs of the float64 oracle's Jacobian and of its
-transpose on the case's fixture, the costliest part of naming a failing row's cause (the kill
-matrix makes one per failing candidate of every case under every logic fault). Its solution p
-is one number per token, a function of nothing but
-
-- the Jacobian: the case's fixture, configuration and branch, the oracle's code, the JAX /
-  jaxlib / NumPy versions, `XLA_FLAGS` and the host CPU (`oracle_cache.key_material`);
-- the hypothesis (its site and how the gradients see it: its name) and p's shape;
-- the σ per leaf the errors are measured in (their float64 bits);
-- the candidate's scaled errors (`mhc_parity.records.files.digest_arrays`: every leaf's name,
-  dtype, shape and bytes);
-- the fit's own code: `FIT_ENTRY`'s import closure less the operation's program modules
-  (`fit_sources`: the oracle's sources, the attribution and the causes; a test checks a fit
-  runs no other project file), so a kernel edit keeps every entry whose errors it keeps.
-
-Under a key of all of these an entry holds p and the leaves it was fitted over; the fit's
-errors are then J·p from it, the very bits the solve ends with (`fitted_errors`). Entries are
-verified when read (`ArtifactStore`), and a process that loaded foreign code writes them under
-keys that also cover that code, as every store does (`mhc_parity.records.foreign_code.write_key`).
-A fit runs no patched code whatever is injected (no seam is in `fit_sources`:
-tests/test_faults.py), so the kill matrix stores and loads them under faults
-(`ArtifactStore(open_while_code_patched=True)`)."""
+"""The causes' fits on disk (``<cache>/fits``): a fitted hypothesis' solution p, one number per token,
+the costliest part of naming a cause. Keyed by the oracle's key material, the hypothesis, p's shape,
+the σ per leaf, the candidate's scaled errors and the fit's sources (`fit_sources`); open under
+faults, since a fit runs no patched code (tests/test_faults.py)."""
 
 from __future__ import annotations
 

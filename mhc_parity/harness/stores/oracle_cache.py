@@ -1,35 +1,9 @@
-"""A content-addressed disk cache of the float64 oracle's answers
-(`mhc_parity.harness.engine.oracle_path.OracleOutputs`).
-
-The oracle's answer for a case is a function of its inputs and of the code that computes
-it, nothing else; a kernel edit cannot change it. So `OracleCache(case, fixture)` looks
-the answer up under a key made of everything it depends on (`key_material`):
-
-- the fixture's digest (`mhc_parity.cases.fixtures.Fixture.digest`: every input array's bits);
-- the digest of the oracle's sources (`oracle_sources`: the modules the code that computes
-  an answer imports — the float64 math, the code that turns its results into leaves,
-  sensitivities and systematic statistics, the branch functions and the helpers they
-  call — found from the imports), the JAX / jaxlib / NumPy versions that run it,
-  and what XLA compiles it for: `XLA_FLAGS` and the host CPU (`mhc_parity.harness.env.compiler_material`);
-- the case's branch, the operation's key of it (`oracle_key`: for the mHC layer its math
-  configuration) and dtypes;
-- the rounding draws: their seeds and each precision class's unit roundoff (which holds
-  the operand rounding the case's matmul precision means on this backend), and where a Mosaic
-  kernel is compared with XLA without some backend terms, those units too (`kernel_pair_units`);
-- the tokens each chunk of the oracle holds (`mhc_parity.harness.engine.oracle_path.oracle_chunk_tokens`);
-- in a process that loaded foreign code, that code's record (`mhc_parity.records.foreign_code`:
-  its import may patch the oracle); such a process reads the project's own answers first, and
-  those its large cases get from a process of their own, which loads none of it, are the
-  project's own (`mhc_parity.harness.engine.oracle_process`).
-
-An entry is one ``oracle-<key>.npz`` in ``<cache>/oracle`` (`mhc_parity.harness.env.cache_root`):
-the exact leaves as raw float64 bits, and a JSON header with the key material, the
-sensitivities, the systematic statistics, every array's sha256 and a checksum of the
-header itself. On load every one of these is verified; an unreadable, truncated, stale
-or tampered entry is logged and recomputed (and replaced), never used. Entries are
-written through `mhc_parity.records.files.atomic_write`, so concurrent workers never read a
-partial file.
-"""
+"""The float64 oracle's answers (`OracleOutputs`) on disk, content-addressed: an answer is a function of
+its inputs and the code computing it only, so `OracleCache` looks it up under `key_material` (the
+fixture's digest, the oracle's sources, versions and compiler, the case's branch, config and dtypes,
+the draws' seeds and units, the token chunk, any foreign code's record). An entry holds the leaves'
+float64 bits and a checksummed JSON header; it is verified on load, and an invalid one is logged and
+recomputed, never used. Written atomically, so concurrent workers never read a partial file."""
 
 from __future__ import annotations
 
@@ -66,7 +40,7 @@ from mhc_parity.records.files import array_sha256, atomic_write
 from mhc_parity.records.foreign_code import read_keys, write_key
 from mhc_parity.records.project_code import PROJECT_ROOT
 
-# Bump when the entry layout changes (part of the key). 4: the key names the oracle's token chunk.
+# Bump when the entry layout changes (part of the key).
 ENTRY_FORMAT = 4
 # The module that computes an oracle answer: its import closure, less the modules only a
 # path's program runs (`mhc_parity.harness.engine.operation`), is the code an answer depends on
@@ -223,17 +197,12 @@ def _statistics(record: dict) -> PairStatistics:
 class OracleCache(LookupCounts):
     """`oracle(case, fixture) -> OracleOutputs`, from the disk cache when a verified entry exists.
 
-    folder: the entries' folder (default `<cache>/oracle`); compute(case, fixture): the
-    oracle itself (default `mhc_parity.harness.engine.oracle_path.run_oracle_path`); source_root: the project whose
-    `oracle_sources` are digested; apart(case, key, entry, here): a missing answer computed
-    elsewhere, written to `entry` under the project's own `key` and read back, or None
-    (`mhc_parity.harness.engine.oracle_process.compute_apart`: a large case in a process of its
-    own, which loads no foreign code, its peak memory measured; where that process cannot run it
-    calls `here()`, this process's own computation). `hits`, `misses` and
-    `rejected` (corrupt or stale entries recomputed) count this object's lookups. A hit's
-    `execute_s` is the time it took to load. If the folder is not writable the answer is
-    still returned (and a warning logged). Safe to call from several threads (`Runner.run`
-    gets answers ahead in its pool; `LookupCounts`).
+    folder: default `<cache>/oracle`; compute(case, fixture): the oracle itself (default
+    `run_oracle_path`); source_root: the project whose `oracle_sources` are digested; apart(case, key,
+    entry, here): a missing answer computed elsewhere, written to `entry` under the project's own `key`
+    and read back, or None (`oracle_process.compute_apart`, which calls `here()` where its process cannot
+    run). `hits`, `misses` and `rejected` count lookups; a hit's `execute_s` is its load time. An
+    unwritable folder only logs a warning. Safe from several threads (`LookupCounts`).
     """
 
     def __init__(

@@ -1,42 +1,11 @@
-"""Disk stores of the compiled path programs and of the kernels' TPU lowering results.
-
-JAX's persistent compilation cache saves XLA's compile, but finding an entry there
-means tracing and lowering the program first, in Python, for every program of every
-run. These stores key a program by what it is *made of* instead —
-the code it is traced from, the case's trace signature, the arguments' shapes, dtypes
-and shardings, the devices, the library versions and XLA flags — so a warm run loads a
-serialised executable without tracing anything.
-
-The code a built-in program is made of is the import closure of the module that builds programs
-(`program_sources`, `mhc_parity.records.code.import_closure` of `PROGRAM_ENTRY`), less the oracle's
-modules, and less the kernels' for a path that does not run them (the operation says
-which those are: `mhc_parity.harness.engine.operation`). So an edit to a kernel misses only the
-kernel paths' programs; the reference programs still load. tests/test_program_store.py
-traces every built-in path and fails if code from a file outside its sources ran.
-
-Code from outside the project is not a function of its files: it may read a tuning table,
-an environment variable or the clock while it is traced. So a program that such code may
-have shaped — an external implementation's (`--impl`, MaxText's, an object handed to the
-API), and any program of a process that loaded foreign code (its import may have patched any
-module: `mhc_parity.records.foreign_code`) — is keyed by what it computes, never by who wrote
-it: the digest of its lowered program (`program_digest`: the StableHLO text, constants
-included, and its argument and result trees), with the arguments, devices, library versions,
-XLA flags and host as for every program. A warm run lowers such a program once (tracing and
-lowering, not XLA's compile) to look it up; a program that calls back into Python, whose
-callback's code is not in its text, is never stored. And a process that loaded foreign code
-still stores every entry under a key that also covers that code
-(`mhc_parity.records.foreign_code.write_key`, through `ArtifactStore`); it still loads what
-processes without foreign code stored first.
-
-Trust: a stored program is only as current as its sources. A process that
-patches functions at run time (the kill matrix's faults, tests with monkeypatch) must
-not use the stores while the patch is in: `ProgramCache()` and `Runner(...)` use none
-unless given one (`mhc-parity run`, its workers and `mhc_parity.harness.api` do), and
-while a block of `mhc_parity.records.foreign_code.code_patched()` runs (every
-`mhc_parity.harness.faults.model.Perturbation` injection is one) no store loads or saves
-anything, whoever asks: the kill matrix's clean passes load their programs, its perturbed
-passes never see a stored one, nor store theirs.
-"""
+"""Disk stores of the compiled path programs and of the kernels' TPU lowering results, so that a warm run
+loads a serialised executable without tracing (JAX's persistent cache traces and lowers first). A
+built-in program is keyed by what it is made of: its sources (`program_sources`, less the oracle's
+modules, and the kernels' for a path that runs none), the trace signature, the arguments' shapes,
+dtypes and shardings, the devices, versions and flags. A program foreign code may have shaped (an
+external implementation's, any in a process that loaded foreign code) is keyed by what it computes
+(`computed_material`: its jaxpr, else its lowered module); one that calls back into Python is never
+stored. While code is patched (`code_patched()`) no store loads or saves anything."""
 
 from __future__ import annotations
 
@@ -190,9 +159,8 @@ def _argument_material(args) -> dict:
 
 
 def keyed_by_program(impl) -> bool:
-    """True where a program of `impl` is keyed by its lowered program (`program_digest`), not
-    by the project's sources: an external implementation's, or any in a process that loaded
-    foreign code (module docstring)."""
+    """Whether a program of `impl` is keyed by what it computes (`computed_material`), not by the project's
+    sources: an external implementation's, or any in a process that loaded foreign code."""
     return not is_builtin(impl) or bool(foreign_code())
 
 
@@ -217,14 +185,11 @@ def program_digest(lowered) -> str | None:
 
 
 def computed_material(traced, lower) -> tuple[dict | None, object | None]:
-    """(what a traced program computes as key material, its lowering where that was needed).
-
-    traced: the program traced (`jax.stages.Traced`); lower: `traced` -> its `jax.stages.Lowered`.
-    Keyed by its jaxpr where every part of it is a value (`traced_digest`: {"jaxpr": sha256},
-    and nothing lowered); else lowered and keyed by its lowered module (`program_digest`:
-    {"program": sha256}, with the lowering returned); None for a program that calls back into
-    Python. A program's jaxpr fixes its lowered module, so one keyed by its jaxpr is stored only
-    if its lowering (on a miss) has no host callback (`ProgramStore.save`)."""
+    """(what a traced program computes as key material, its lowering where that was needed): its jaxpr's
+    `traced_digest` ({"jaxpr": sha256}, nothing lowered) where every part is a value, else its lowered
+    module's `program_digest` ({"program": sha256}, the lowering returned); None for a program that
+    calls back into Python. One keyed by its jaxpr is stored only if its lowering on a miss has no host
+    callback (`ProgramStore.save`)."""
     digest = traced_digest(traced)
     if digest is not None:
         return {"jaxpr": digest}, None
@@ -257,12 +222,8 @@ def implementation_material(impl) -> dict | None:
 
 
 class ProgramStore:
-    """Compiled path programs on disk (``<cache>/programs``).
-
-    `load(...)` / `save(...)` take what `mhc_parity.harness.engine.program_cache.ProgramCache` knows of a program;
-    `hits`, `misses` and `rejected` count this object's lookups (`store.hits` ...); `lowered_to_key`
-    the programs traced and lowered to compute their key (`keyed_by_program`) and their seconds.
-    """
+    """Compiled path programs on disk (``<cache>/programs``), for `ProgramCache`; `hits`, `misses` and
+    `rejected` count lookups; `counts()` adds the programs traced (and lowered) to key them."""
 
     def __init__(self, folder=None):
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "programs", "program")
@@ -343,13 +304,9 @@ class ProgramStore:
 
     @staticmethod
     def compile(lowered):
-        """XLA's compile of `lowered` (a `jax.stages.Lowered`), never served by JAX's persistent cache.
-
-        An executable JAX loaded from its cache does not serialise whole on the pinned jaxlib:
-        stored again, it fails in the next process ("Function <fusion> not found"). So a
-        stored program is always compiled here: `_FRESH_COMPILE_OPTIONS` key JAX's cache apart
-        from every other compile, and no entry is written under that key, so it never hits.
-        """
+        """XLA's compile of `lowered`, never served by JAX's persistent cache: an executable JAX loaded from it
+        does not serialise whole on the pinned jaxlib ("Function <fusion> not found" in the next process), so
+        `_FRESH_COMPILE_OPTIONS` key this compile apart, under a key no entry is written to."""
         with jax_config.persistent_cache_min_compile_time_secs(math.inf):
             return lowered.compile(compiler_options=_FRESH_COMPILE_OPTIONS)
 
@@ -383,12 +340,9 @@ class ProgramStore:
 
 
 class LoweringStore:
-    """The kernels' TPU lowering results on disk (``<cache>/lowering``), keyed like programs.
-
-    lower(arguments, compute): `arguments` is a JSON-able dict of everything the
-    lowering is called with; `compute()` returns the list of `LoweringResult`s. A hit
-    returns the stored results with `seconds` = this lookup's share of its load time.
-    """
+    """The kernels' TPU lowering results on disk (``<cache>/lowering``), keyed like programs: `lower` takes
+    the JSON-able arguments of the lowering and `compute()` giving its `LoweringResult`s; a hit's
+    `seconds` is this lookup's share of its load time."""
 
     def __init__(self, folder=None):
         self.store = ArtifactStore(folder if folder is not None else cache_root() / "lowering", "lowering")

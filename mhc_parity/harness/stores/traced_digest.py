@@ -1,32 +1,10 @@
-"""What a traced program computes, as a sha256 of its jaxpr: the program store's key of a program
-that foreign code may have shaped, without lowering it.
-
-`mhc_parity.harness.stores.program_store` keys such a program (an external implementation's, any
-of a process that loaded foreign code) by what it computes. Its lowered module (`program_digest`)
-says that, but lowering costs more than tracing: MaxText's Pallas kernels in interpret mode
-lower in about 3-5 s each on a 2-core machine, three times their tracing (docs/speed.md). The
-jaxpr that tracing gives already fixes the lowered module, given what else the store's key holds
-(the arguments, devices, library versions and host), with two conditions this module checks:
-
-- every value the jaxpr holds is written out: each equation's primitive, its inputs (variables
-  by position, literals by value), outputs with their types, and every parameter by value —
-  nested jaxprs walked the same way, constants by their bytes, dataclasses field by field,
-  mappings, sequences and sets element by element, any other object by its `repr` and type. A
-  parameter that is Python code (a function, a callback, a partial) or an object known only by
-  its identity (a `repr` with an address) is not a value: such a program gets no digest here
-  (`None`), and the store keys it by its lowered module, as before. JAX's own printer is not
-  used: it prints a function as `<function f at 0xXXXX>`, with the address masked, so two
-  functions of one name read the same there.
-- the rules that lower it are JAX's: a lowering, discharge or simplification rule registered
-  from outside `jax` / `jaxlib` (the foreign code's own primitive, or a JAX rule replaced at
-  import) may compute from anything, so while one is registered nothing gets a digest here.
-  A rule is JAX's only if the code it reaches is too: a closure JAX builds around foreign code
-  (`mlir.lower_fun(f)` traces `f` as it lowers, and `f` may read a tuning table) is foreign.
-
-What the lowering reads besides the jaxpr — JAX's configuration — is in the digest too (every
-option's value), as are the jit call's own parameters (`Traced._params`: donation, shardings,
-the jaxpr) and the argument and result trees.
-"""
+"""What a traced program computes, as a sha256 of its jaxpr written out by value: the program store's
+key of a program foreign code may have shaped, without lowering it (lowering costs about three times
+tracing: docs/speed.md). None where the jaxpr holds code or an object known by its address, or while
+a lowering-time rule from outside JAX is registered (a JAX closure around foreign code, such as
+`mlir.lower_fun(f)`, counts as foreign: docs/jax-notes.md); the store then keys the program by its
+lowered module. JAX's printer is not used: it masks a function's address, so two functions of one
+name read alike there."""
 
 from __future__ import annotations
 

@@ -1,54 +1,12 @@
-"""The committed baseline: a small, reviewable CSV of the columns the gate needs.
+"""The committed baseline: a small, reviewable CSV of the columns the gate needs (`BASELINE_COLUMNS`).
 
-File layout (UTF-8, "\\n" line endings):
-
-    # mhc-parity baseline format=4 policy_hash=<hash> backend=cpu device_kind=cpu ... rows=<n> sha256=<hex>
+    # mhc-parity baseline format=5 policy_hash=<hash> backend=cpu device_kind=cpu ... rows=<n> sha256=<hex>
     case,candidate,partner,leaf,comparison,leaf_kind,dtype,verdict,nan_count,...
     <one line per row, sorted by (case, candidate, partner, leaf)>
 
-The header is one line; after the environment record (`... matmul_precision=highest=float32`)
-and the implementation, `rows=<n>` records the row count and the last key, `sha256=<hex>`,
-the SHA-256 of the whole file without that last field: every header field a verdict
-depends on (format, policy hash, backend, device kind, matmul precision, implementation) is
-inside the digest with the rows, so an edited header is refused like an edited row. So is
-a baseline cut at a row boundary, one whose lines have another field count, whose compared
-row has a NaN, infinite or empty error, or whose header names no tolerance policy. The
-file is written to a temporary file, flushed and renamed over the old one, so a failed
-write (a full disk, a file-size limit) leaves the old baseline whole, and never over a file
-of a run folder (`run_folder_refusal`): a baseline there would stand in for the run.
-
-Format 4 adds the oracle gain (`cand_oracle_gain`, `oracle_sensitivity_gain`), which the
-gate's systematic-shift rule reads (`mhc_parity.reports.drift`); a format-3 file, sealed the
-same way, is still read, judged without that rule, and the gate says so in one line.
-
-Older formats left part of the file outside any digest: format 2's `body_sha256` covers
-the rows but not the header, format 1 has no digest (and no oracle sensitivity columns,
-read as NaN). A reader takes them only when asked to (`allow_legacy`, the commands'
-`--allow-legacy-baseline`), and `Baseline.note` then says what was not verified: otherwise
-a file downgraded to `format=1` would carry edited rows or an edited policy past the gate.
-
-Only `BASELINE_COLUMNS` are kept (no timings, no free text), errors are rounded to 4
-significant digits (a rounding of at most 0.05 %, far below any growth factor the
-gate uses), so regenerating a baseline on the same machine gives an empty diff and a
-real change shows up as a few changed numbers. The header records the format version
-and the hash of the tolerance policy the run used; the gate refuses (exit 2) a
-baseline in another format or under another policy.
-The header also records the run's backend, device kind and matmul precision
-(`mhc_parity.records.environment`; values URL-quoted, so a device kind may contain spaces); the
-gate refuses a baseline made at another matmul precision. A header without the
-precision was written before it was recorded: see the legacy rule of
-`mhc_parity.records.environment`.
-
-A baseline of one external implementation (`mhc-parity baseline --impl`) keeps only that
-implementation's rows and names it in the header (`implementation=<name>`, after the
-environment keys); the gate then judges only that implementation's rows and refuses a
-run without them (`mhc_parity.reports.ownership`).
-
-A baseline written by `mhc-parity baseline` records the suite its rows were selected from
-(`suite=default`, or the selection that narrowed it: `mhc_parity.records.run_suite`), after the
-implementation; `baseline` refuses to write one suite's rows over a file that records another
-(`mhc_parity.reports.baseline_suite`). A header without it (older files, the pytest plugin's)
-records no suite.
+Errors are rounded to 4 significant digits, so regenerating on one machine gives an empty diff. The header's last field
+is the SHA-256 of the whole file without it, so an edited header or row is refused; it is written atomically, never over
+a run folder's own file. Header fields, older formats and what the gate refuses: docs/gate.md.
 """
 
 from __future__ import annotations
@@ -87,9 +45,8 @@ from mhc_parity.reports.drift import GATE_COLUMNS, LEGACY_GATE_COLUMNS, PRE_GAIN
 
 BASELINE_COLUMNS = GATE_COLUMNS
 BASELINE_FORMAT_VERSION = 5
-# Format 1 lacked the oracle sensitivity (`mhc_parity.reports.drift`); it is read (as NaN) as a legacy format.
-# Formats 2 and 3 lack the oracle gain (`mhc_parity.reports.drift.GAIN_COLUMNS`), read as NaN: format 3
-# (sealed like format 4) is still current, judged without the systematic-shift rule, and the gate says so.
+# Missing columns read as NaN: format 1 lacks the oracle sensitivity, 2 and 3 the oracle gain
+# (format 3 is sealed, so still read without legacy consent, minus the systematic-shift rule).
 COLUMNS_OF_FORMAT = {
     1: LEGACY_GATE_COLUMNS,
     2: PRE_GAIN_GATE_COLUMNS,
@@ -104,31 +61,25 @@ LEGACY_FORMATS = {
     1: "its rows and header are covered by no digest",
     2: "its digest covers the rows but not the header: policy hash, implementation, backend, matmul precision",
 }
-# The command-line option that lets a legacy baseline be read (`gate`, `render`; the plugin and the API name theirs).
 LEGACY_OPTION = "--allow-legacy-baseline"
 BASELINE_MAGIC = "# mhc-parity baseline"
 SIGNIFICANT_DIGITS = 4
 IMPLEMENTATION_KEY = "implementation"
 SUITE_KEY = "suite"
-# Format 5's record of the selection beyond its rows (`mhc_parity.records.identity.Selection`):
-# the external implementations it ran ("none": the built-in paths only), whether it ran the
-# lowering rows and only the cases inside the implementations' envelopes ("yes"/"no").
+# Format 5's record of the selection beyond its rows: external implementations ("none"), "yes"/"no".
 IMPLEMENTATIONS_KEY = "implementations"
 LOWERING_KEY = "lowering"
 ENVELOPE_KEY = "inside_envelope"
 NO_IMPLEMENTATIONS = "none"
 POLICY_KEY = "policy_hash"
-# What a header written without a policy said (format 1 and 2 only: formats 3 and 4 refuse it).
+# A header without a policy (formats 1 and 2 only).
 NO_POLICY = "-"
-# The header's record of the file: its row count, and the SHA-256 of the file without the
-# digest field itself (the header line's last field).
 ROWS_KEY = "rows"
 DIGEST_KEY = "sha256"
 # Format 2's digest: of the body alone (every byte after the header line).
 BODY_DIGEST_KEY = "body_sha256"
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
-# The files of a run folder that its manifest vouches for (`mhc_parity.records.manifest`, `mhc_parity.records.store`):
-# a baseline written over one of them would be read as that run's.
+# A run folder's files its manifest vouches for: a baseline written over one would pass as the run's.
 RUN_FOLDER_FILES = (MANIFEST_FILE, ROWS_FILE, DONE_FILE, *REPORT_FILES.values())
 
 
@@ -146,14 +97,13 @@ class Baseline:
     implementation: str | None = None
     # the suite its rows were selected from (`mhc_parity.records.run_suite`); None: not recorded
     suite: str | None = None
-    # what its rows cover: cases and paths from the rows, the rest from the header (format 5) or,
-    # before it was recorded, the implementations from the rows' paths (`selection_of`)
+    # what its rows cover (`selection_of`)
     selection: Selection | None = None
 
     @property
     def unverified(self) -> str:
-        """What reading the file could not verify ("" for the current format, whose digest
-        covers every header field and row): a legacy format read because the reader allowed it."""
+        """What reading the file could not verify ("" for a sealed format with a policy): a legacy format read because
+        the reader allowed it."""
         parts = [LEGACY_FORMATS[self.format_version]] if self.format_version in LEGACY_FORMATS else []
         if self.policy_hash is None:
             parts.append("it records no tolerance policy, so the policy was not checked")
@@ -161,8 +111,7 @@ class Baseline:
 
     @property
     def note(self) -> str:
-        """The line a verdict against this baseline prints beside it ("" when nothing went
-        unverified): a legacy baseline's verdict rests on what no digest vouched for."""
+        """The line printed beside a verdict against this baseline ("" when nothing went unverified)."""
         if not self.unverified:
             return ""
         return f"note: baseline {self.path} is in legacy format {self.format_version}: {self.unverified}"
@@ -188,10 +137,8 @@ def header_line(
     suite: str | None = None,
     selection: Selection | None = None,
 ) -> str:
-    """The baseline's first line up to its digest (format version, policy hash, the
-    `HEADER_KEYS` given, the implementation it belongs to, the suite its rows come from, what
-    `selection` records beyond the rows (`selection_fields`) and the row count): what `sealed`
-    completes with the file's SHA-256."""
+    """The baseline's first line up to its digest (format, policy hash, `HEADER_KEYS`, implementation, suite,
+    `selection_fields`, row count), which `sealed` completes."""
     values = {
         **{key: (environment or {}).get(key) for key in HEADER_KEYS},
         IMPLEMENTATION_KEY: implementation,
@@ -205,7 +152,7 @@ def header_line(
 
 
 def selection_fields(selection: Selection | None) -> dict[str, str]:
-    """The header fields of format 5 for `selection` ({} for None: the rows alone then say what they cover)."""
+    """Format 5's header fields for `selection` ({} for None: the rows alone say what they cover)."""
     if selection is None:
         return {}
     fields = {IMPLEMENTATIONS_KEY: ",".join(selection.implementations) or NO_IMPLEMENTATIONS}
@@ -216,9 +163,8 @@ def selection_fields(selection: Selection | None) -> dict[str, str]:
 
 
 def selection_of(frame: pd.DataFrame, header: Mapping[str, str]) -> Selection:
-    """What a baseline's rows cover (`frame`: its rows; `header`: `parse_header`'s fields): cases and
-    paths from the rows; implementations, lowering and envelope from a format-5 header, else the
-    implementations its rows' paths name and the rest unrecorded."""
+    """What a baseline covers: cases and paths from its rows; implementations, lowering and envelope from a format-5
+    header, else the implementations its paths name."""
     recorded = {}
     if header.get(IMPLEMENTATIONS_KEY):
         names = header[IMPLEMENTATIONS_KEY]
@@ -230,8 +176,7 @@ def selection_of(frame: pd.DataFrame, header: Mapping[str, str]) -> Selection:
 
 
 def file_digest(header: bytes, body: bytes) -> str:
-    """The SHA-256 a format-3 or -4 header records: of the header line without its digest field,
-    its line ending and the body, i.e. of every byte of the file but ` sha256=<hex>`."""
+    """The SHA-256 a sealed header records: of every byte of the file but ` sha256=<hex>`."""
     return hashlib.sha256(header + b"\n" + body).hexdigest()
 
 
@@ -250,11 +195,8 @@ def render_baseline(
     suite: str | None = None,
     selection: Selection | None = None,
 ) -> str:
-    """The baseline file's text for a row set (full rows or gate columns); with
-    `implementation`, the header names the implementation the rows belong to, with `suite`
-    the suite they were selected from (`mhc_parity.records.run_suite`).
-    ReportInputError without a `policy_hash`: a baseline that names no tolerance policy is
-    refused by every reader, since a policy change could then not be noticed."""
+    """The baseline file's text for a row set (full rows or gate columns). ReportInputError without a `policy_hash`:
+    every reader refuses a baseline naming no policy."""
     if not policy_hash or policy_hash == NO_POLICY:
         raise ReportInputError(
             "a baseline records the tolerance policy its rows were judged under, and none was given "
@@ -277,10 +219,8 @@ def body_digest(body: bytes) -> str:
 
 
 def run_folder_refusal(path: str | Path) -> str:
-    """Why a baseline must not be written at `path` ("" if it may): `path` is one of the files
-    a run folder's manifest vouches for (`RUN_FOLDER_FILES`, in a folder holding a
-    manifest). A baseline written over the run's rows.csv would replace the run's rows with
-    rows no manifest vouches for."""
+    """Why a baseline must not be written at `path` ("" if it may): it is one of a run folder's own files
+    (`RUN_FOLDER_FILES`), which the run's manifest vouches for."""
     path = Path(path).resolve()
     if path.name not in RUN_FOLDER_FILES or not (path.parent / MANIFEST_FILE).exists():
         return ""
@@ -291,9 +231,8 @@ def run_folder_refusal(path: str | Path) -> str:
 
 
 def nothing_compared_refusal(rows: pd.DataFrame | Iterable[Mapping[str, Any]], implementation: str | None) -> str:
-    """Why `rows` cannot be a baseline (of `implementation`, or of the built-in paths): none of
-    them compared anything of it (`mhc_parity.reports.causes.uncompared`: every row of it
-    skip/unsupported, or none); "" when some did."""
+    """Why `rows` cannot be a baseline (of `implementation`, or of the built-in paths): every row of it is
+    skip/unsupported, or there is none; "" otherwise."""
     records = rows.to_dict(orient="records") if isinstance(rows, pd.DataFrame) else list(rows)
     if not uncompared(records, [implementation] if implementation else []):
         return ""
@@ -317,16 +256,10 @@ def write_baseline(
 ) -> Path:
     """Write `rows` as a baseline CSV at `path` (parents created); returns the path.
 
-    `rows` may also be what `mhc_parity.reports.load_run` or `load_baseline` returns; its
-    recorded policy hash is then used unless `policy_hash` is given, and its recorded
-    backend, device kind and matmul precision go into the header. `implementation`
-    names the external implementation the rows belong to (the caller keeps only its
-    rows: `mhc_parity.reports.ownership.implementation_rows`); `suite` the suite they were selected
-    from, for the header (`mhc_parity.records.run_suite`). ReportInputError for a `path` inside a
-    run folder that is one of the run's own files (`run_folder_refusal`), for rows
-    without a policy hash (`render_baseline`), and for rows that compared nothing of what the
-    baseline would hold (`nothing_compared_refusal`): a baseline of only skip/unsupported rows
-    gates nothing, and a gate against it passes.
+    `rows` may be a loaded run or baseline: its policy hash (unless `policy_hash` is given) and environment go into the
+    header. `implementation`: the external implementation the rows (already filtered) belong to; `suite`: the suite they
+    were selected from. ReportInputError for a run folder's own file (`run_folder_refusal`), no policy hash, or rows
+    that compared nothing (`nothing_compared_refusal`: such a baseline gates nothing).
     """
     path = Path(path)
     refusal = run_folder_refusal(path)
@@ -352,8 +285,7 @@ def write_baseline(
 
 
 def _replace_atomically(path: Path, data: bytes) -> None:
-    """`path` holds `data` or, if writing fails (a full disk, a file-size limit), what it held
-    before: written to a temporary file beside it, flushed to disk, then renamed over it."""
+    """`path` holds `data` or, if writing fails, what it held before (temporary file, fsync, rename)."""
     handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
         with handle:
@@ -383,8 +315,8 @@ BODY_KEYS = (ROWS_KEY, DIGEST_KEY, BODY_DIGEST_KEY)
 
 @dataclasses.dataclass(frozen=True)
 class BaselineDiff:
-    """What a new baseline text changes against an old one, row by row (row identity:
-    case, candidate, partner, leaf), as cells the files hold (4 significant digits)."""
+    """What a new baseline text changes against an old one, row by row (by row identity), as the cells the files
+    hold."""
 
     added: tuple[tuple[str, ...], ...]
     removed: tuple[tuple[str, ...], ...]
@@ -405,9 +337,8 @@ def _rows_by_key(text: str) -> dict[tuple[str, ...], dict[str, str]]:
 
 
 def diff_baselines(old_text: str, new_text: str) -> BaselineDiff:
-    """The rows `new_text` adds, removes and changes against `old_text` (two baseline
-    files' texts; a column only one of them has compares as an empty cell), and the header
-    fields it changes (the row count and body digest aside)."""
+    """Rows `new_text` adds, removes and changes against `old_text` (a column only one has compares as empty), and the
+    header fields it changes (row count and digests aside)."""
     old, new = _rows_by_key(old_text), _rows_by_key(new_text)
     changed = []
     for key in sorted(old.keys() & new.keys()):

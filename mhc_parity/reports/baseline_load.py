@@ -1,11 +1,4 @@
-"""Reading a committed baseline file back: every check the format allows, then a `Baseline`.
-
-What the file holds and why each check exists: `mhc_parity.reports.baseline` (the format
-and its writer). `load_baseline` refuses a file cut at a row boundary, a line with another
-field count, a compared row whose error is NaN, infinite or empty, a header that names no
-tolerance policy, and a header or row edited since the file was sealed; a legacy format
-only when asked (`allow_legacy`).
-"""
+"""Reading a baseline file back: every check the format allows (docs/gate.md), then a `Baseline`."""
 
 from __future__ import annotations
 
@@ -59,21 +52,19 @@ def read_first_line(path: Path) -> str:
 
 
 def is_baseline_file(path: str | Path) -> bool:
-    """True when `path` starts with a baseline header line."""
     path = Path(path)
     return path.is_file() and parse_header(read_first_line(path)) is not None
 
 
 def _split(path: Path) -> tuple[bytes, bytes]:
-    """The file's header line (without its line ending) and every byte after it."""
     data = path.read_bytes()
     head, _, body = data.partition(b"\n")
     return head, body
 
 
 def _check_row_count(path: Path, header: Mapping[str, str], rows: int) -> None:
-    """ReportInputError unless the header's row count is the file's: a baseline cut at a row
-    boundary is named as such before its digest is checked."""
+    """ReportInputError unless the header's row count is the file's: a file cut at a row boundary is named as such
+    before its digest is checked."""
     recorded = header.get(ROWS_KEY, "")
     if recorded.isdigit() and int(recorded) != rows:
         raise ReportInputError(
@@ -83,9 +74,8 @@ def _check_row_count(path: Path, header: Mapping[str, str], rows: int) -> None:
 
 
 def _check_sealed(path: Path, head: bytes, body: bytes, header: Mapping[str, str], rows: int) -> None:
-    """ReportInputError unless the header's row count and digest (`file_digest`) match the
-    file: a baseline cut, or edited by hand (a row, or a header field: its policy, its
-    implementation, its environment), is not the one the writer wrote."""
+    """ReportInputError unless the header ends in the row count and a `file_digest` that match the file (not cut, no row
+    or header field edited)."""
     covered, sep, digest = head.rpartition(f" {DIGEST_KEY}=".encode())
     if not sep or not HEX_DIGEST.fullmatch(digest.decode("ascii", "replace")) or not header.get(ROWS_KEY, "").isdigit():
         raise ReportInputError(
@@ -101,8 +91,7 @@ def _check_sealed(path: Path, head: bytes, body: bytes, header: Mapping[str, str
 
 
 def _check_body_digest(path: Path, body: bytes, header: Mapping[str, str], rows: int) -> None:
-    """Format 2's check: the header's row count and body digest match the rows (its header
-    fields are not covered: the format is read only as a legacy one)."""
+    """Format 2's check: row count and body digest (its header is not covered: read only as legacy)."""
     recorded_rows, recorded_digest = header.get(ROWS_KEY, ""), header.get(BODY_DIGEST_KEY, "")
     if not recorded_rows.isdigit() or not recorded_digest:
         raise ReportInputError(
@@ -118,8 +107,8 @@ def _check_body_digest(path: Path, body: bytes, header: Mapping[str, str], rows:
 
 
 def _check_row_widths(path: Path, body: bytes, width: int) -> None:
-    """ReportInputError naming the first line whose field count is not the header's (a
-    row cut short or run on: the CSV reader would fill or drop its cells silently)."""
+    """ReportInputError at the first line whose field count is not the header's (the CSV reader would fill or drop its
+    cells silently)."""
     for number, fields in enumerate(csv.reader(io.StringIO(body.decode("utf-8"), newline="")), start=2):
         if fields and len(fields) != width:
             raise ReportInputError(
@@ -129,9 +118,8 @@ def _check_row_widths(path: Path, body: bytes, width: int) -> None:
 
 
 def _check_compared_metrics(records, path: Path) -> None:
-    """ReportInputError for a compared row (pass/fail, not a lowering or compile row: those measure
-    nothing) whose error metrics are not finite numbers >= 0: the gate measures growth from
-    them, and NaN would compare as no growth."""
+    """ReportInputError for a compared row (pass/fail, not a program row) whose error metrics are not finite and >= 0:
+    the gate measures growth from them, and NaN would read as no growth."""
     for number, record in enumerate(records, start=3):
         if record["verdict"] not in COMPARED_VERDICTS or record["comparison"] in PROGRAM_COMPARISONS:
             continue
@@ -145,8 +133,8 @@ def _check_compared_metrics(records, path: Path) -> None:
 
 
 def _policy_of(path: Path, header: Mapping[str, str], version: int) -> str | None:
-    """The header's policy hash; ReportInputError when a current-format header names none
-    (only a legacy file may lack it, and `Baseline.note` then says the policy went unchecked)."""
+    """The header's policy hash; None for a legacy file without one; ReportInputError for a sealed format without
+    one."""
     policy_hash = header.get(POLICY_KEY) or NO_POLICY
     if policy_hash != NO_POLICY:
         return policy_hash
@@ -159,14 +147,11 @@ def _policy_of(path: Path, header: Mapping[str, str], version: int) -> str | Non
 
 
 def load_baseline(path: str | Path, *, allow_legacy: bool = False, legacy_option: str = LEGACY_OPTION) -> Baseline:
-    """Load and validate a baseline file; `ReportInputError` on any problem.
+    """Load and validate a baseline file; ReportInputError on any problem.
 
-    Checks the header (present, known format version, a policy hash), the columns (exactly
-    those of its format), every line's field count, every cell's type, a finite error on
-    every compared row, the header's row count and digest (of the header's fields and the
-    rows), and that row keys are unique. A legacy format (`LEGACY_FORMATS`) is refused
-    unless `allow_legacy`, naming `legacy_option` (the reader's option that allows it);
-    then its format-2 body digest is still checked, and `Baseline.note` says what was not.
+    Checks the header (format, policy hash), the columns of its format, every line's field count and cell types, a
+    finite error on every compared row, the row count and digest. A legacy format (`LEGACY_FORMATS`) is refused unless
+    `allow_legacy`, naming `legacy_option`; its body digest is still checked, and `Baseline.note` says what was not.
     """
     path = Path(path)
     if not path.is_file():

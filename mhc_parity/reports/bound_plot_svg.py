@@ -1,8 +1,4 @@
-"""One bound panel (`mhc_parity.reports.bound_plots.BoundPanel`) drawn with matplotlib as inline SVG.
-
-What the marks mean is in `mhc_parity.reports.bound_plots`. Only `mhc_parity.reports.figure_store`
-calls this, when the figure is not stored yet: a warm report imports no matplotlib.
-"""
+"""One `BoundPanel` drawn with matplotlib as inline SVG; only `figure_store` calls it, for a figure not yet stored."""
 
 from __future__ import annotations
 
@@ -18,9 +14,7 @@ from mhc_parity.reports.plots import decade_label, inline_svg
 from mhc_parity.reports.summary import FAILING_VERDICTS
 
 FAILING_COLOUR, NEAR_COLOUR, PASSING_COLOUR, MODEL_COLOUR = "#d62728", "#ff7f0e", "#1f77b4", "#555555"
-# Geometry in inches: the width a leaf takes and the smallest figure width; the plot's
-# height; a character of a rotated leaf name; the margins (tick labels left, up to three
-# rows of legend above).
+# Geometry in inches (per leaf, minimum width, plot height, per character of a rotated name; margins).
 LEAF_WIDTH, MIN_WIDTH, PLOT_HEIGHT, NAME_WIDTH = 0.3, 4.2, 2.0, 0.05
 _LEFT, _RIGHT, _TOP = 0.8, 0.15, 0.6
 

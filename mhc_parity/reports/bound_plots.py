@@ -1,29 +1,14 @@
 """Per leaf, a candidate's error next to its bound: the plot a reader of a failing run looks at first.
 
-`bound_panels(frame)` picks the (case, candidate, partner) pairs of the bounded
-comparisons (`ERROR_COLUMNS`) with a row that fails or passes at `NEAR_BOUND` or more of
-its bound (an error row alone draws nothing: it has no numbers, and the worst-offenders
-table lists it): the pairs with a fail or error row first, then the others, each group by
-its largest bound usage; at most `MAX_BOUND_PANELS` of them.
-`mhc_parity.reports.bound_plot_svg.bound_panel_svg` draws one pair with matplotlib (this module
-imports none: a report whose figures are stored draws nothing): x = its leaves, y (log) = error, per leaf
+`bound_panels` picks the (case, candidate, partner) pairs of the bounded comparisons (`ERROR_COLUMNS`) with a row
+failing or at `NEAR_BOUND` or more of its bound, failing pairs first, then by largest usage; at most `MAX_BOUND_PANELS`.
+Per leaf on a log axis (drawn by `bound_plot_svg`; this module imports no matplotlib):
 
-  a dot     the candidate's error: `cand_oracle_max_err`, against the float64 oracle
-            (vs_oracle, vs_reference), or `max_rel_err`, against the partner
-            (vs_unsharded, whose bounds read that); red where the leaf fails, orange
-            where it passes at NEAR_BOUND or more of its bound, blue otherwise;
-  a bar     the bound: that error ÷ `bound_usage`, the error at which the leaf would
-            reach its bound (the allowed error itself where the binding criterion reads
-            that error), so the gap between dot and bar on the log axis is the bound usage;
-  a cross   what the rounding model explains: `oracle_sensitivity_max`, the error one
-            rounding of the activation dtype at every operation causes at the leaf;
-  a diamond the partner's own error against the oracle (vs_reference: the ratio bounds
-            are relative to it).
-
-An error a log axis cannot hold sits on an edge, in its dot's colour: a non-finite one on
-the top edge (a triangle up), an exact zero on the bottom edge (a triangle down). A row
-with no bound usage, or a usage of 0 (bit-identical to its partner) or infinity, has no
-bar. The names of failing leaves are red; an error row's name says "(error)".
+  dot       the candidate's error (`ERROR_COLUMNS`): red failing, orange near its bound, blue otherwise;
+            non-finite on the top edge (triangle up), zero on the bottom edge (triangle down)
+  bar       the bound, error ÷ `bound_usage` (none for a usage of 0, infinite or missing)
+  cross     what the rounding model explains (`oracle_sensitivity_max`)
+  diamond   the partner's error against the oracle (vs_reference bounds are relative to it)
 """
 
 from __future__ import annotations
@@ -45,8 +30,6 @@ ERROR_COLUMNS = {
     "vs_reference": "cand_oracle_max_err",
     "vs_unsharded": "max_rel_err",
 }
-# The y axis of each error column, in words and its unit: the errors are relative, the
-# largest elementwise difference divided by the largest magnitude of the value compared with.
 ERROR_AXIS_LABELS = {
     "cand_oracle_max_err": "error against the float64 oracle\n(largest |difference| ÷ largest |oracle|)",
     "max_rel_err": "error against the unsharded run\n(largest |difference| ÷ largest |unsharded|)",
@@ -56,11 +39,9 @@ assert set(ERROR_AXIS_LABELS) == set(ERROR_COLUMNS.values())
 
 @dataclasses.dataclass(frozen=True)
 class BoundPanel:
-    """One (case, candidate, partner) pair of `comparison`: its measured and error rows, in
-    frame order, as per-leaf tuples. `errors` are the `error_column` values; `bounds`
-    errors ÷ bound_usage (NaN where the usage is 0, infinite or missing); `explained` the
-    oracle's sensitivity; `partner_errors` the partner's error against the oracle (NaN
-    where the y axis is not the oracle error or the partner is the oracle)."""
+    """One (case, candidate, partner) pair of `comparison`: its measured and error rows, frame order, per leaf. bounds:
+    errors ÷ bound_usage (NaN where it is 0, infinite or missing); partner_errors: NaN where the y axis is not the
+    oracle error or the partner is the oracle."""
 
     case: str
     candidate: str
@@ -77,12 +58,10 @@ class BoundPanel:
 
     @property
     def failing(self) -> int:
-        """How many of its rows fail or errored."""
         return sum(verdict in FAILING_VERDICTS for verdict in self.verdicts)
 
     @property
     def worst_usage(self) -> float:
-        """Its largest bound usage (NaN when no row has one)."""
         usages = [u for u in self.usages if not math.isnan(u)]
         return max(usages) if usages else math.nan
 
@@ -126,6 +105,5 @@ def bound_panels(frame: pd.DataFrame, limit: int = MAX_BOUND_PANELS) -> tuple[li
 
 
 def _order(panel: BoundPanel) -> tuple[bool, float]:
-    """Failing pairs first, then by the largest bound usage, descending (none: last)."""
     usage = panel.worst_usage
     return panel.failing == 0, math.inf if math.isnan(usage) else -usage

@@ -1,7 +1,6 @@
-"""Whether a baseline can judge a current run whatever their rows: the refusals `gate`,
-`mhc_parity.harness.api.gate` and `run --baseline` (before any case runs) share (another
-implementation's baseline, another tolerance policy, matmul precision or backend), and which
-of the current run's rows and cases a baseline judges."""
+"""Whether a baseline can judge a current run whatever their rows (the refusals `gate`, the API and `run --baseline`
+share), and which of the run's rows it judges.
+"""
 
 from __future__ import annotations
 
@@ -38,10 +37,9 @@ def precision_refusal(baseline, current) -> str:
 def comparability_refusal(
     baseline, current, *, allow_policy_change: bool = False, allow_precision_change: bool = False
 ) -> str:
-    """Why `baseline` cannot judge `current` (two `LoadedRun`s), one line, or "" if it can:
-    it belongs to another implementation (`mhc_parity.reports.ownership`), or was made under another
-    tolerance policy, or matmul precision or backend (unless allowed). Reads their records and
-    the baseline's rows only, so a run is refused before it runs (`run --baseline`)."""
+    """Why `baseline` cannot judge `current` (two `LoadedRun`s), one line, or "": another implementation's baseline, or
+    another policy, matmul precision or backend (unless allowed). Reads records and the baseline's rows only, so `run
+    --baseline` refuses before it runs."""
     refusal = ownership_refusal(baseline, current)
     if refusal:
         return refusal
@@ -62,7 +60,7 @@ def comparability_refusal(
 
 
 def gated_frame(baseline, current):
-    """The current rows `baseline` judges: an implementation's baseline, that implementation's rows."""
+    """The current rows `baseline` judges (an implementation's baseline: that implementation's rows)."""
     if baseline.implementation:
         return implementation_rows(current.frame, baseline.implementation)
     return current.frame

@@ -1,14 +1,7 @@
-"""Whether a baseline covers the run it would judge, and was made where the run was.
-
-A baseline judges only what it ran. A case or path of the run that the baseline never ran
-would otherwise be a "new row" of the gate, and a regression there would pass: a shard, a
-`--cases`-narrowed run or a reference-only run given as the baseline judged almost nothing
-and said PASS. So the gate refuses (exit 2) a baseline whose selection
-(`mhc_parity.records.identity.Selection`) does not cover the run's rows (`coverage_refusal`),
-and one made on another backend (`environment_refusal`); another device kind of the same
-backend is a note (`device_note`). The external implementations a baseline recorded that the
-run did not test (`--impl` not given, e.g. MaxText not installed) are left out of the
-judgement, and the scope line says so (`untested_implementations`).
+"""Whether a baseline covers the run it would judge, and was made where the run was: a case or path it never ran would
+be a "new row" whose regression passes. Refused (exit 2): uncovered rows (`coverage_refusal`) and another backend
+(`environment_refusal`); another device kind is a note (`device_note`); recorded external implementations the run did
+not test are left out (`untested_implementations`).
 """
 
 from __future__ import annotations
@@ -18,8 +11,8 @@ from mhc_parity.records.path_names import implementation_of
 
 
 def selection_of_run(run) -> Selection:
-    """What a loaded run or baseline (`mhc_parity.reports.sources.LoadedRun`) covers: a baseline
-    file's record, else its rows with what its manifest says of the rest."""
+    """What a loaded run or baseline covers: a baseline file's record, else its rows with what its manifest says of the
+    rest."""
     if run.recorded_selection is not None:
         return run.recorded_selection
     manifest = run.manifest
@@ -35,8 +28,8 @@ def selection_of_run(run) -> Selection:
 
 
 def untested_implementations(baseline, current) -> tuple[str, ...]:
-    """The external implementations `baseline` recorded that `current` did not test ((): none,
-    or `baseline` is one implementation's own, which `ownership` judges)."""
+    """External implementations `baseline` recorded that `current` did not test (() for an implementation's own
+    baseline, which `ownership` judges)."""
     if baseline.implementation:
         return ()
     run = selection_of_run(current).implementations
@@ -45,15 +38,14 @@ def untested_implementations(baseline, current) -> tuple[str, ...]:
 
 
 def without_implementations(frame, names):
-    """`frame`'s rows less those of the implementations `names`."""
     if not names:
         return frame
     return frame[~frame["candidate"].astype(str).map(implementation_of).isin(set(names))]
 
 
 def coverage_refusal(baseline, baseline_frame, current_frame) -> str:
-    """Why `baseline` (its rows `baseline_frame`) cannot judge the rows `current_frame`, one line, or
-    "": the run has cases or paths the baseline never ran."""
+    """Why `baseline` (rows `baseline_frame`) cannot judge `current_frame`, one line, or "": cases or paths it never
+    ran."""
     covered = Selection.of_rows(baseline_frame)
     missing = covered.uncovered(Selection.of_rows(current_frame))
     if not missing:
@@ -66,7 +58,7 @@ def coverage_refusal(baseline, baseline_frame, current_frame) -> str:
 
 
 def environment_refusal(baseline, current) -> str:
-    """The one line refusing a baseline made on another backend than the run (both recorded), else ""."""
+    """The one line refusing a baseline made on another backend (both recorded), else ""."""
     base, now = _recorded(baseline, current, "backend")
     if base == now:
         return ""
@@ -78,7 +70,7 @@ def environment_refusal(baseline, current) -> str:
 
 
 def device_note(baseline, current) -> str:
-    """One line when the two runs' device kinds differ on one backend, "" otherwise (or unrecorded)."""
+    """One line when the device kinds differ (both recorded), else ""."""
     base, now = _recorded(baseline, current, "device_kind")
     if base == now:
         return ""
@@ -89,7 +81,7 @@ def device_note(baseline, current) -> str:
 
 
 def _recorded(baseline, current, key: str) -> tuple[str, str]:
-    """Both runs' recorded `key`; the same pair ("", "") where either did not record it."""
+    """Both runs' recorded `key`; ("", "") where either lacks it."""
     base, now = (str(run.metadata.get(key) or "") for run in (baseline, current))
     return (base, now) if base and now else ("", "")
 

@@ -1,67 +1,22 @@
-"""Per-row drift between two runs: growth of the oracle-relative error, and what it may grow by.
+"""Per-row drift between two runs matched on `row_key`: growth of the oracle-relative errors and what they may grow by.
+The rules and their derivation: docs/gate.md.
 
-Two runs are matched row by row on `mhc_parity.records.schema.row_key` (case, candidate,
-partner, leaf). For each matched row and each oracle-relative error (`cand_oracle_max_err`,
-`cand_oracle_rms_err`), the *growth* is
+For `cand_oracle_max_err` and `cand_oracle_rms_err` (already relative, so in units of eps):
 
-    growth = max(current, floor) / max(baseline, floor)
-    floor  = noise_floor_ulps × eps(dtype)
+    floor   = noise_floor_ulps × eps(dtype)
+    growth  = max(current, floor) / max(baseline, floor)
+    allowed = max(growth_factor × max(baseline, floor),  baseline + √2 × q × S)
 
-where eps is the dtype's machine epsilon (the spacing of floats at 1.0:
-2^-7 for bfloat16, 2^-10 for float16, 2^-23 for float32, 2^-52 for float64). The
-oracle errors are already normalised by the oracle's magnitude, so they are in the
-same units as eps. Clamping both sides to the floor means: growth while both errors
-stay below the floor is 1 (pure rounding noise, ignored); growth from below the floor
-to above it is measured from the floor, never from an accidental near-zero baseline.
+S: the larger of the two runs' oracle sensitivities; q: the run's quantile of the policy's stated rate
+(`oracle_quantile_*`). Without them the growth factor alone holds. A row regressed when an error exceeds `allowed` (NaN
+or inf now always does), improved (listed, never failing) when the rule read the other way holds. It also regressed,
+whatever its growth, when its error moved along the leaf:
 
-A row *regressed* when an error exceeds what it may reach:
+    |gain_now − gain_then| > max(√2 × q_gain × S_gain,  floor × max|o|/‖o‖₂)
 
-    allowed = max(growth_factor × max(baseline, floor),  baseline + spread)
-    spread  = √2 × q × S
-
-S is the leaf's oracle sensitivity (`oracle_sensitivity_max` / `_rms`, the larger of the two
-runs'): the root-mean-square of the rounding model's draws, the error a correct path's
-rounding explains at this leaf. q is the quantile of the policy's stated false-positive rate
-p for the leaf's degrees of freedom and draws (`oracle_quantile_max` / `_rms`, which the
-judging writes into the run's rows: `mhc_parity.harness.judging.confidence.quantile`, the q
-every `oracle_ratio` bound multiplies S by). Why: the same code on another machine (another
-instruction set, so FMA or not, another vector width and blocking) rounds its float32 sums
-differently, so each run's error vector is the code's own error plus one draw of the rounding.
-The norms obey |‖d_now‖ − ‖d_then‖| ≤ ‖d_now − d_then‖ (the max error is a norm too), and
-the difference of two independent draws has √2 the spread of one, so
-‖d_now − d_then‖² / (2 S²) follows the same F(k, N·k) as a bound's ‖e‖² / S² (docs/judging.md):
-a correct run's error exceeds the baseline's by more than √2·q·S with probability at most
-p. Whatever error the code has in common on both machines cancels in the difference.
-Measured (docs/gate.md): a float32 scale gradient of a one-direction leaf (q = 6.3) moved
-from 2.15e-07 to 1.05e-06 between two CPUs, ×4.9, and used 0.48 of its spread.
-
-An *improvement* (listed, never failing) is the same rule read the other way: the baseline's
-error past what the current one would allow.
-
-Without a spread (a run written before the quantile columns, rows given without them, a leaf
-with no sensitivity) the row is held to the growth factor alone.
-
-A row also regressed, whatever its growth, when its error moved *along the leaf* (issue 56,
-docs/gate.md): a systematic change (the same scale on every token of a sum, a weight or bias
-gradient) moves the error's signed component along the leaf's own value, `cand_oracle_gain`,
-by the same amount on any machine, while another machine's rounding moves it by one draw of
-the rounding model's spread of that component, `oracle_sensitivity_gain` (S_gain). So
-
-    systematic  when  |gain_now − gain_then| > max(√2 × q_gain × S_gain,  floor × max|o|/‖o‖₂)
-
-q_gain is the quantile of the same stated rate p for one degree of freedom (the gain is one
-number per leaf; the judging's gain criterion uses the same q): p is read back from the run's
-own `oracle_quantile_max` (`gain_quantile`), so it is the rate the policy states and the run
-was judged at, with no second copy of it. The floor is the 2-ulp noise floor above carried onto
-the gain's scale (`mhc_parity.records.gain_rule`: a mean over the leaf moves by an element floor
-over √N_eff), from the run's `oracle_peak_to_l2`; a run without it gets no floor. The rule is
-not conditioned on growth: measured, the ×1.0000004 kernel change it is built for grew the
-errors it moves ×1.0 to ×1.56 only (docs/gate.md). Without a gain in the baseline (a file written before format 4,
-`GAIN_COLUMNS`) the rule is not applied, and the gate says so (`mhc_parity.reports.gain_shift.gain_rule_note`).
-
-A row is compared only when both runs measured it (neither verdict is skip,
-unsupported or error) and its baseline error is finite. A finite baseline error that
-is NaN/inf now counts as infinite growth, always a regression.
+with q_gain the stated rate's quantile for one degree of freedom (`gain_quantile`); not applied without a gain in the
+baseline (before format 4). Rows are compared only when both runs measured them (no skip, unsupported or error) and the
+baseline error is finite.
 """
 
 from __future__ import annotations
@@ -102,19 +57,15 @@ GATE_COLUMNS = (
     "cand_oracle_gain",
     "oracle_sensitivity_gain",
 )
-# The systematic-shift rule's columns (module docstring): absent from baselines before format 4,
-# read as NaN, and the rule is then not applied.
+# The systematic-shift rule's columns: NaN in baselines before format 4, which skips the rule.
 GAIN_COLUMNS = ("cand_oracle_gain", "oracle_sensitivity_gain")
 # Baselines of format 1 were written before the sensitivity was kept (read as NaN).
 SENSITIVITY_COLUMNS = ("oracle_sensitivity_max", "oracle_sensitivity_rms")
 LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS + GAIN_COLUMNS)
 # Baselines of formats 2 and 3 keep the sensitivity but not the gain.
 PRE_GAIN_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in GAIN_COLUMNS)
-# The quantile of the stated false-positive rate for each sensitivity (module docstring): read
-# from the run, which judged its rows under the policy the gate checks both sides share; a
-# baseline file does not keep them.
+# Read from the run (judged under the policy both sides share); baseline files do not keep them.
 QUANTILE_COLUMNS = ("oracle_quantile_max", "oracle_quantile_rms")
-# Optional columns used when the run provides them: for messages, and the quantiles.
 # The degrees of freedom and draws q_max was computed for: `gain_quantile` reads the stated rate back from them.
 RATE_COLUMNS = ("oracle_sensitivity_dof_max", "oracle_draws")
 GATE_OPTIONAL_COLUMNS = (
@@ -135,7 +86,7 @@ assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= s
 DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_NOISE_FLOOR_ULPS = 2.0
 
-# Machine epsilon per dtype name and the short spellings people use (`mhc_parity.records.dtypes`).
+# Machine epsilon per dtype name and alias.
 DTYPE_EPSILON = {name: dtypes.epsilon(name) for name in (*dtypes.FLOAT_DTYPES, *dtypes.ALIASES)}
 # Used when a row's dtype is not a float dtype name (should not happen for measured rows).
 FALLBACK_EPSILON = DTYPE_EPSILON["float32"]
@@ -149,17 +100,16 @@ def noise_floor(dtype: str, noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS) 
 
 
 def spread(sensitivity: float, quantile: float) -> float:
-    """How far a correct run's error may exceed another correct run's at the stated rate:
-    √2 × q × S (module docstring); NaN when either is unknown (not finite) or S is negative."""
+    """√2 × q × S: how far a correct run's error may exceed another's at the stated rate; NaN when either is not finite
+    or S is negative."""
     if not (is_finite(sensitivity) and is_finite(quantile)) or sensitivity < 0.0:
         return math.nan
     return TWO_RUNS_SPREAD * float(quantile) * float(sensitivity)
 
 
 def allowed_error(baseline: float, floor: float, spread_: float, growth_factor: float) -> float:
-    """The largest current error that is not a regression: growth_factor × max(baseline, floor),
-    or baseline + spread where that is larger (a NaN spread adds nothing). NaN for a
-    baseline that is not finite (nothing to compare against)."""
+    """The largest current error that is not a regression: growth_factor × max(baseline, floor), or baseline + spread
+    where larger (a NaN spread adds nothing); NaN for a non-finite baseline."""
     if not is_finite(baseline):
         return math.nan
     by_factor = growth_factor * max(float(baseline), floor)
@@ -167,11 +117,8 @@ def allowed_error(baseline: float, floor: float, spread_: float, growth_factor: 
 
 
 def growth(baseline: float, current: float, floor: float) -> float:
-    """current / baseline with both clamped below at `floor`.
-
-    NaN when the baseline is not finite (nothing to compare against); +inf when the
-    baseline is finite and the current value is NaN or infinite.
-    """
+    """current / baseline with both clamped below at `floor`: NaN for a non-finite baseline, +inf for a finite baseline
+    and a NaN or infinite current."""
     if not is_finite(baseline):
         return math.nan
     if not is_finite(current):
@@ -200,8 +147,7 @@ class RowDrift:
     current_rms: float
     growth_rms: float
     noise_floor: float
-    # √2·q·S of each error (NaN: unknown, the growth factor alone holds it) and the largest
-    # current error each may reach (`allowed_error`; NaN where not compared)
+    # √2·q·S of each error (NaN: unknown) and the largest current error each may reach (NaN: not compared)
     spread_max: float
     spread_rms: float
     allowed_max: float
@@ -209,8 +155,7 @@ class RowDrift:
     # "regression" | "improvement" | "steady" | "not_compared"
     status: str
     note: str
-    # the error's signed component along the leaf in both runs, and how far it may move:
-    # max(√2·q_gain·S_gain, the gain's floor) (NaN: not measured in a run, the systematic rule not applied)
+    # the signed gain in both runs and how far it may move (NaN: the systematic rule not applied)
     baseline_gain: float = math.nan
     current_gain: float = math.nan
     allowed_gain_shift: float = math.nan
@@ -219,7 +164,6 @@ class RowDrift:
 
     @property
     def gain_shift(self) -> float:
-        """|current_gain − baseline_gain| (NaN where either is unknown)."""
         return abs(self.current_gain - self.baseline_gain)
 
     @property
@@ -230,12 +174,10 @@ class RowDrift:
 
 
 def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str) -> pd.DataFrame:
-    """A typed frame with the gate's columns (plus reason/bound_usage when present).
+    """A typed frame with the gate's columns (and the optional ones present).
 
-    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; the
-    sensitivity and gain columns may be absent and are then NaN); any column outside the schema,
-    or a missing gate column, raises `ReportInputError`.
-    Duplicate row keys raise too: a run must have one row per key.
+    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; sensitivity and gain columns may be
+    absent: NaN). ReportInputError for a column outside the schema, a missing gate column or duplicate row keys.
     """
     if isinstance(rows, pd.DataFrame):
         records = rows.to_dict(orient="records")
@@ -264,10 +206,8 @@ def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str)
 
 
 def typed_gate_frame(frame: pd.DataFrame, *, source: str) -> pd.DataFrame:
-    """`gate_frame` of a frame whose cells have their schema types already: a canonical row
-    frame (`mhc_parity.records.rows.to_frame`, `load_rows`) or a gate frame (a `Baseline`'s). Its gate
-    columns are selected, not coerced again; a missing gate column or duplicate row keys
-    raise `ReportInputError` as in `gate_frame`."""
+    """`gate_frame` of an already typed frame (a canonical row frame or a `Baseline`'s): its gate columns selected, not
+    coerced again; the same errors."""
     missing = [c for c in GATE_COLUMNS if c not in frame.columns]
     if missing:
         raise ReportInputError(f"{source}: missing columns {missing}")
@@ -276,7 +216,6 @@ def typed_gate_frame(frame: pd.DataFrame, *, source: str) -> pd.DataFrame:
 
 
 def _unique_keys(frame: pd.DataFrame, source: str) -> pd.DataFrame:
-    """`frame`, or ReportInputError if rows share a row key: a run must have one row per key."""
     duplicated = frame.duplicated(list(IDENTITY_COLUMNS), keep=False)
     if duplicated.any():
         first = frame[duplicated].iloc[0]
@@ -296,7 +235,7 @@ def compare_row(
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
 ) -> RowDrift:
-    """The drift of one matched row (see the module docstring for the rule)."""
+    """The drift of one matched row (module docstring)."""
     floor = noise_floor(current["dtype"] or baseline["dtype"], noise_floor_ulps)
     spread_max, spread_rms = (
         spread(_larger(baseline.get(sensitivity), current.get(sensitivity)), _first(current, baseline, quantile))
@@ -339,8 +278,7 @@ def compare_row(
         ("max", base_max, cur_max, allowed_max, spread_max),
         ("rms", base_rms, cur_rms, allowed_rms, spread_rms),
     )
-    # an error past its allowance (NaN or infinite now: always), and one the same rule, read
-    # the other way, says shrank
+    # past its allowance (NaN or infinite now: always), or shrunk by the same rule read the other way
     grown = [(label, allowed) for label, _, now, allowed, _ in metrics if _exceeds(now, allowed)]
     shrunk = [
         label
@@ -381,21 +319,19 @@ def compare_row(
 
 
 def allowed_gain_shift(sensitivity_gain: float, quantile_gain: float, floor: float) -> float:
-    """How far the gain may move between two correct runs: max(√2·q_gain·S_gain, floor) with
-    floor on the gain's scale (`mhc_parity.records.gain_rule.gain_floor`), NaN
-    when the spread is unknown (no gain sensitivity in either run, or no q_gain)."""
+    """How far the gain may move between two correct runs: max(√2·q_gain·S_gain, floor), `floor` on the gain's scale
+    (`gain_floor`); NaN when the spread is unknown."""
     spread_ = spread(sensitivity_gain, quantile_gain)
     return math.nan if math.isnan(spread_) else max(spread_, floor)
 
 
 def _float(value: Any) -> float:
-    """`value` as a float, NaN where it is absent or not a number."""
     return float(value) if is_finite(value) else math.nan
 
 
 def _exceeds(current: float, allowed: float) -> bool:
-    """Whether `current` is past `allowed` (a NaN or infinite current always is); False when
-    nothing is allowed to compare with (NaN: the baseline error was not finite)."""
+    """Whether `current` is past `allowed` (NaN or infinite always is); False for a NaN `allowed` (nothing to compare
+    with)."""
     if math.isnan(allowed):
         return False
     return not (is_finite(current) and current <= allowed)
@@ -408,7 +344,6 @@ def _larger(*values) -> float:
 
 
 def _first(current: Mapping[str, Any], baseline: Mapping[str, Any], column: str) -> float:
-    """The current row's `column`, else the baseline row's (NaN where neither is finite)."""
     for row in (current, baseline):
         if is_finite(row.get(column)):
             return float(row[column])

@@ -1,15 +1,8 @@
 """The report's figures, drawn once: an SVG is a pure function of its drawing's code and arguments.
 
-A figure (`DRAWINGS`: a bound panel, a histogram) is drawn from a frozen dataclass of plain
-numbers and strings. `figure_svg(kind, *arguments)` looks the SVG up in `<cache>/figures`
-(`mhc_parity.records.artifact_store`, verified when read) under a key of everything it depends on:
-the drawing, the `repr` of its arguments (every field, each float in round-trip precision),
-the digest of the drawing module's import closure (the drawing and what it calls:
-`mhc_parity.records.code.closure_digest`) and the matplotlib version. On a miss it imports the
-drawing module — the one import of matplotlib a report makes, deferred so that a report whose
-figures are all stored neither imports matplotlib nor lays out a glyph — draws and stores it.
-A process that loaded foreign code stores under a key that also covers that code, as every
-store does (`mhc_parity.records.foreign_code.write_key`).
+`figure_svg` looks it up in `<cache>/figures` under the drawing, the `repr` of its arguments (frozen dataclasses of
+plain values), the digest of the drawing module's import closure and the matplotlib version; on a miss it imports the
+drawing module (a report's only matplotlib import), draws and stores it.
 """
 
 from __future__ import annotations
@@ -49,8 +42,8 @@ def _store() -> ArtifactStore:
 
 
 def figure_svg(kind: str, *arguments) -> str:
-    """The `<svg>` element `DRAWINGS[kind]` draws of `arguments` (frozen dataclasses and plain
-    values, whose `repr` names every field), from the store or drawn now and stored."""
+    """The `<svg>` element `DRAWINGS[kind]` draws of `arguments` (values whose `repr` names every field), stored or
+    drawn now and stored."""
     material = {**_drawing_material(kind), "arguments": repr(arguments)}
     stored = _store().load(material)
     if stored is not None:

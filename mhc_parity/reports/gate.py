@@ -1,51 +1,17 @@
-"""The PR gate: a current parity run against the committed baseline run.
+"""The PR gate: a current parity run against the baseline, row by row (`row_key`). docs/gate.md has the why.
 
-Rules (row identity = `mhc_parity.records.schema.row_key`: case, candidate, partner, leaf):
-
-Failing — any one makes `GateResult.ok` False (and the gate command exit 1):
-  failure        the current run has a `fail` or `error` verdict (any row, new or old);
-  missing        a row of the baseline is absent from the current run;
-  baseline_gap   a current row absent from the baseline, of a case and candidate path
-                 the baseline has other rows of: the baseline lost it (or the path's
-                 leaves changed, which needs a refreshed baseline too);
-  lost_coverage  a row that passed in the baseline is now `skip` or `unsupported`
-                 (it still exists but no longer measures anything);
-  new_nonfinite  nan_count or inf_count is > 0 now where the baseline row had 0;
-  regression     cand_oracle_max_err or cand_oracle_rms_err grew by more than
-                 `growth_factor` (default 2.0), measured above a noise floor of
-                 `noise_floor_ulps` (default 2) × eps of the leaf's dtype, AND by more
-                 than the rounding model's spread of two correct runs at the policy's
-                 stated false-positive rate (√2·q·S) — see `mhc_parity.reports.drift` for
-                 the exact formula; or, whatever its growth, the error's component along
-                 the leaf (`cand_oracle_gain`) moved past √2·q·S_gain and the noise floor
-                 (a systematic shift: the detail starts "systematic:"). Rows that are skip,
-                 unsupported or error in either run are not compared. A baseline without
-                 the gain (format 3 and older) is judged without that rule, and
-                 `GateResult.gain_note` says so.
-
-Informational — listed, never failing:
-  improvement    an error shrank by the same rule read the other way, or a row that
-                 was fail/error in the baseline passes now;
-  new_row        a row of a case and a candidate path the baseline has rows of, but not
-                 together (its verdict still counts above). A case or path the baseline
-                 never ran is not judged here: `mhc_parity.reports.judgement.judge` refuses
-                 such a baseline (`mhc_parity.reports.coverage`).
-
-The defaults suit bfloat16: with 8 significant bits the normalised max error of a
-well-behaved leaf is a few ulps, and re-running on other hardware or another XLA
-version moves it by about one ulp; a floor of 2 ulps and a factor of 2 tolerate that
-but catch "bfloat16 gradients became 3× worse" even while inside the policy bound. A
-float32 leaf's error of a few ulps moves by more than 2× between machines (another
-instruction set rounds its sums differently: docs/gate.md measures it); the spread says by
-how much correct code may move it, leaf by leaf, at the rate the bounds state.
-
-Missing rows are reported per case and path (a partial run misses whole groups), not
-one line per row. `--only-current-cases` gates only the baseline rows of the cases the
-current run selected: a deliberately partial run (`--cases ...`) then passes on what it
-ran, while every other rule still applies to those cases.
-
-`mhc-parity gate` (`mhc_parity.harness.commands.gate`) loads the two runs, refuses runs
-that cannot be compared, and exits 0 pass, 1 gate failure, 2 usage or input error.
+Failing (`GateResult.ok` False, `mhc-parity gate` exit 1):
+  failure        a `fail` or `error` row now;
+  missing        a baseline row absent now (grouped per case and path);
+  baseline_gap   a current row absent from the baseline, of a case and path it has other rows of;
+  lost_coverage  a baseline `pass` row now `skip` or `unsupported`;
+  new_nonfinite  nan_count or inf_count > 0 where the baseline row had 0;
+  regression     an oracle error past its allowance, or a systematic shift along the leaf
+                 (`mhc_parity.reports.drift`); without a gain in the baseline `gain_note` says so.
+Informational, never failing:
+  improvement    an error shrunk by the same rule, or a fail/error row passing now;
+  new_row        a row of a case and a path the baseline has rows of, but not together (a case or path it
+                 never ran is refused earlier: `mhc_parity.reports.coverage`).
 """
 
 from __future__ import annotations
@@ -77,9 +43,8 @@ Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 # Finding categories, in the order they are printed.
 FAILING_CATEGORIES = ("failure", "missing", "baseline_gap", "lost_coverage", "new_nonfinite", "regression")
-# How each failing category is counted in words, one table for every place that counts them:
-# the finding's noun (singular, plural: "2 regressions", the pytest plugin), and the rows'
-# noun with what is said of them ("3 rows grew more than ×2", the report's first screen).
+# Each failing category in words: the finding's noun ("2 regressions"), and the rows' noun with
+# what is said of them ("3 rows grew more than ×2").
 FINDING_NOUNS = {
     "failure": ("failure", "failures"),
     "missing": ("missing row", "missing rows"),
@@ -101,7 +66,7 @@ INFO_CATEGORIES = ("improvement", "new_row")
 
 @dataclasses.dataclass(frozen=True)
 class GateFinding:
-    """One reason the gate noticed a row: its category, identity and a short explanation."""
+    """One reason the gate noticed a row: category, identity, short explanation."""
 
     category: str
     key: tuple[str, str, str, str]
@@ -117,10 +82,7 @@ class GateFinding:
 
 @dataclasses.dataclass(frozen=True)
 class MissingGroup:
-    """Baseline rows absent from the current run, for one case and one candidate path.
-
-    path is "*" when the current run has no row of the case at all (every path missing).
-    """
+    """Baseline rows absent now, for one case and candidate path ("*": the case has no row now)."""
 
     case: str
     path: str
@@ -149,16 +111,14 @@ class GateResult:
     missing_groups: tuple[MissingGroup, ...] = ()
     # the current run's failing and error rows grouped by cause (`mhc_parity.reports.causes`)
     failure_causes: tuple[CauseGroup, ...] = ()
-    # one line when the systematic-shift rule could not be applied (`mhc_parity.reports.gain_shift.gain_rule_note`)
+    # one line when the systematic-shift rule could not be applied (`gain_rule_note`)
     gain_note: str = ""
 
     @property
     def ok(self) -> bool:
-        """True when nothing failing was found."""
         return not self.failing_findings()
 
     def by_category(self, category: str) -> tuple[GateFinding, ...]:
-        """The findings of one category (see FAILING_CATEGORIES and INFO_CATEGORIES)."""
         field = {
             "failure": "failures",
             "missing": "missing",
@@ -172,11 +132,9 @@ class GateResult:
         return getattr(self, field)
 
     def failing_findings(self) -> tuple[GateFinding, ...]:
-        """Every failing finding, grouped in FAILING_CATEGORIES order."""
         return tuple(f for c in FAILING_CATEGORIES for f in self.by_category(c))
 
     def counts(self) -> dict[str, int]:
-        """Findings per category."""
         return {c: len(self.by_category(c)) for c in FAILING_CATEGORIES + INFO_CATEGORIES}
 
     def summary_line(self) -> str:
@@ -191,12 +149,8 @@ class GateResult:
         )
 
     def table(self, *, max_info_rows: int = 20) -> str:
-        """A printable report: the summary line, every failing finding, then the info lists.
-
-        Failing findings are never truncated; improvements and new rows are cut
-        after `max_info_rows` each with a count of the rest. Missing rows are counted per
-        case and path, and listed one by one only when there are at most `max_info_rows`.
-        """
+        """Printable report: the summary line, every failing finding, then the informational lists (cut after
+        `max_info_rows` each). Missing rows are counted per case and path, listed only when at most `max_info_rows`."""
         lines = [self.summary_line(), *([self.gain_note] if self.gain_note else [])]
         for category in FAILING_CATEGORIES + INFO_CATEGORIES:
             findings = self.by_category(category)
@@ -281,7 +235,6 @@ def _growth_detail(drift: RowDrift) -> str:
 
 
 def _regression_detail(drift: RowDrift, growth_factor: float) -> str:
-    """A regression's detail: the growth past its limits, or the systematic shift (or both)."""
     grown = any(
         not math.isnan(allowed) and not current <= allowed
         for current, allowed in ((drift.current_max, drift.allowed_max), (drift.current_rms, drift.allowed_rms))
@@ -294,7 +247,6 @@ def _regression_detail(drift: RowDrift, growth_factor: float) -> str:
 
 
 def _limits(drift: RowDrift) -> str:
-    """The largest current value the gate allows each compared error (`mhc_parity.reports.drift.allowed_error`)."""
     limits = [(label, value) for label, value in (("max", drift.allowed_max), ("rms", drift.allowed_rms))]
     return "; ".join(f"{label} limit {format_number(value)}" for label, value in limits if not math.isnan(value))
 
@@ -306,13 +258,9 @@ def gate(
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
 ) -> GateResult:
-    """Compare a current run with a baseline run under the rules in this module's docstring.
-
-    Both inputs are full row sets or baseline-column row sets (DataFrame, dicts, or
-    what `mhc_parity.reports.load_run` / `mhc_parity.reports.load_baseline` return).
-    Raises `ReportInputError` for unusable input (missing columns, duplicate row
-    keys) and ValueError for a growth factor <= 1 or a negative noise floor.
-    """
+    """Compare a current run with a baseline under the module docstring's rules. Inputs: full or baseline-column row
+    sets (DataFrame, dicts, or a loaded run or baseline). ReportInputError for unusable input (missing columns,
+    duplicate keys); ValueError for a growth factor <= 1 or a negative noise floor."""
     _check_parameters(growth_factor, noise_floor_ulps)
     baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
     current = gate_frame(unwrap_run(current_rows)[0], source="current run")
@@ -333,10 +281,7 @@ def gate_frames(
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
 ) -> GateResult:
-    """`gate` of two gate frames (`mhc_parity.reports.drift.gate_frame` / `typed_gate_frame`, whose
-    cells are typed and row keys unique), read as they are. ValueError for a growth
-    factor <= 1 or a negative noise floor.
-    """
+    """`gate` of two gate frames (typed, unique keys), read as they are; the same ValueErrors."""
     _check_parameters(growth_factor, noise_floor_ulps)
     base_rows = index_by_key(baseline)
     cur_rows = index_by_key(current)
@@ -426,7 +371,7 @@ def gate_frames(
 def group_missing(
     missing: Sequence[GateFinding], baseline_keys: Iterable[tuple], current_keys: Iterable[tuple]
 ) -> tuple[MissingGroup, ...]:
-    """Missing findings counted per (case, candidate); one "*" group for a case absent from the current run."""
+    """Missing findings per (case, candidate); one "*" group for a case absent now."""
     per_group = Counter((k[0], k[1]) for k in baseline_keys)
     per_case = Counter(k[0] for k in baseline_keys)
     current_cases = {k[0] for k in current_keys}

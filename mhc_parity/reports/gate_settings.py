@@ -1,9 +1,7 @@
-"""The gate's two settings a user may change, `--growth-factor` and `--noise-floor-ulps`
-(`mhc_parity.reports.drift`'s defaults): which values can judge, and the sentence every gate
-summary (terminal, Markdown, HTML) opens with when they are not the defaults, as a tolerance
-policy other than the packaged one is named (`mhc_parity.reports.summary.policy_note`). An
-infinite growth factor or noise floor switches the growth check off; a PASS under it must not
-read as a PASS under the defaults."""
+"""The gate's user settings `--growth-factor` and `--noise-floor-ulps`: which values can judge, and the sentence every
+gate summary opens with when they are not the defaults (an infinite one switches the growth check off: such a PASS must
+not read as a default one).
+"""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """Error-ratio heatmaps: one table per comparison kind, rows = case × candidate, columns = leaf.
 
-Value rule: a cell shows `oracle_ratio_max` (the candidate's max error against the
-float64 oracle divided by the partner's) when that ratio is finite. Where it is
-undefined — the partner *is* the oracle (vs_oracle rows), or the partner's oracle error
-is 0, or nothing was measured — the cell falls back to `bound_usage` (measured / allowed
-for the binding tolerance rule) and is marked as such. Cells with no value at all (skip,
-unsupported, most errors) show their verdict instead. Several rows landing in one cell
-(more than `MAX_HEATMAP_ROWS` case × candidate pairs are aggregated per case, and a
-candidate can have several partners) keep the largest value; the cell is a fallback or
-failing (fail or error) if any of its rows is, and shows the most severe verdict.
-
-Colour: log10 of the value on a diverging scale centred on 1 (blue below, red above),
-saturating at 10**±LOG_RANGE. This module computes the tables and colours; the HTML
-report (`mhc_parity.reports.html`) writes them as HTML tables, with no image to draw.
+A cell shows `oracle_ratio_max` where finite, else `bound_usage`, marked as a fallback (the partner is the oracle or its
+error is 0); cells without a value show their verdict. Several rows in one cell (pairs aggregated per case past
+`MAX_HEATMAP_ROWS`, several partners) keep the largest value and the most severe verdict. Colour: log10 of the value on
+a diverging scale centred on 1, saturating at 10**±LOG_RANGE. The HTML report writes them as tables.
 """
 
 from __future__ import annotations
@@ -53,10 +44,9 @@ VERDICT_ABBREVIATIONS = {"error": "err", "fail": "fail", "pass": "pass", "unsupp
 
 @dataclasses.dataclass(frozen=True)
 class Heatmap:
-    """One comparison kind's table. rows: (case, candidate) per row (candidate is
-    `WORST_CANDIDATE` when aggregated per case); leaves: the columns, by leaf kind then
-    name. values (float, NaN = no value), fallback, failing (bool) and verdicts (str)
-    are DataFrames indexed by row position and leaf."""
+    """One comparison kind's table. rows: (case, candidate), candidate `WORST_CANDIDATE` when aggregated; leaves:
+    columns by leaf kind then name. values (NaN: none), fallback, failing, verdicts: DataFrames by row position and
+    leaf."""
 
     comparison: str
     rows: tuple[tuple[str, str], ...]
@@ -72,7 +62,6 @@ class Heatmap:
 
 
 def leaf_order(frame: pd.DataFrame) -> list[str]:
-    """Leaves ordered by schema leaf kind, then by name."""
     kind_rank = {kind: i for i, kind in enumerate(LEAF_KINDS)}
     pairs = frame[["leaf", "leaf_kind"]].drop_duplicates("leaf")
     return [
@@ -84,7 +73,7 @@ def leaf_order(frame: pd.DataFrame) -> list[str]:
 
 
 def cell_values(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(value, used_fallback) of each row under the module's value rule (float64, bool)."""
+    """(value, used_fallback) per row under the module's value rule."""
     ratio = frame["oracle_ratio_max"].to_numpy(dtype=float)
     usage = frame["bound_usage"].to_numpy(dtype=float)
     finite = np.isfinite(ratio)
@@ -96,7 +85,6 @@ _CELL_COLUMNS = ["case", "candidate", "leaf", "leaf_kind", "verdict", "oracle_ra
 
 
 def heatmap(frame: pd.DataFrame, comparison: str) -> Heatmap | None:
-    """The heatmap of one comparison kind, or None when it has no rows."""
     cells = frame.loc[frame["comparison"] == comparison, _CELL_COLUMNS].copy()  # only what a cell is made of
     if not len(cells):
         return None
@@ -135,7 +123,7 @@ def heatmap(frame: pd.DataFrame, comparison: str) -> Heatmap | None:
 
 
 def heatmaps(frame: pd.DataFrame) -> dict[str, Heatmap]:
-    """One heatmap per comparison kind present (schema order first), keyed by comparison."""
+    """One heatmap per comparison kind present (schema order first)."""
     kinds = set(frame["comparison"])
     ordered = [c for c in COMPARISONS if c in kinds] + sorted(kinds - set(COMPARISONS))
     found = {comparison: heatmap(frame, comparison) for comparison in ordered}
@@ -147,7 +135,6 @@ _SCALE_RGB = np.array([[int(stop[i : i + 2], 16) for i in (1, 3, 5)] for stop in
 
 
 def cell_colour(value: float) -> tuple[str, str]:
-    """(background, text) colours of a cell holding `value` (see the module docstring)."""
     if math.isnan(value):
         return NO_VALUE_COLOUR, "#555555"
     position = LOG_RANGE if value == math.inf else -LOG_RANGE if value <= 0 else math.log10(value)

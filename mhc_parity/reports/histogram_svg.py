@@ -1,7 +1,5 @@
-"""One dtype's histogram (`mhc_parity.reports.histograms.Histogram`) drawn with matplotlib as inline SVG.
-
-What it shows is in `mhc_parity.reports.histograms`. Only `mhc_parity.reports.figure_store` calls
-this, when the figure is not stored yet: a warm report imports no matplotlib.
+"""One dtype's `Histogram` drawn with matplotlib as inline SVG; only `figure_store` calls it, for a figure not yet
+stored.
 """
 
 from __future__ import annotations
@@ -24,16 +22,12 @@ PANEL_COLUMNS = 3
 # Figure geometry in inches: one panel with its title and tick labels, the legend row above the panels.
 PANEL_WIDTH, PANEL_HEIGHT = 3.6, 2.0
 LEGEND_HEIGHT = 0.3
-# The axes in words and their units (max_rel_err is relative: the largest elementwise
-# difference divided by the largest magnitude of the partner's value).
 X_LABEL = "error against the partner (largest |difference| ÷ largest |partner|)"
 Y_LABEL = "rows (count)"
 
 
 def histogram_svg(histogram: Histogram) -> str:
-    """The figure as one inline `<svg>` element (`mhc_parity.reports.plots.inline_svg`): a panel per
-    leaf kind in rows of `PANEL_COLUMNS`, sharing one log x axis, and a legend of the
-    comparisons above them."""
+    """A panel per leaf kind in rows of `PANEL_COLUMNS`, one shared log x axis, the comparisons' legend above."""
     columns = min(PANEL_COLUMNS, len(histogram.panels))
     grid_rows = math.ceil(len(histogram.panels) / columns)
     width, height = columns * PANEL_WIDTH, grid_rows * PANEL_HEIGHT + LEGEND_HEIGHT
@@ -79,8 +73,7 @@ def histogram_svg(histogram: Histogram) -> str:
         )
         # once for every panel (the axis is shared), at the panels' label size (not figure.labelsize)
         figure.supxlabel(X_LABEL, fontsize=RC["axes.labelsize"])
-        # Margins in inches: the count labels left, the decades and the x label below, each
-        # panel's title above, the legend over the first row.
+        # Margins in inches for the tick and axis labels, the titles and the legend.
         figure.subplots_adjust(
             left=0.55 / width,
             right=1 - 0.15 / width,

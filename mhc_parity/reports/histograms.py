@@ -1,11 +1,6 @@
-"""max_rel_err histograms per leaf kind, one figure per dtype: the binned rows each figure draws.
-
-`histogram(frame, dtype)` bins the measured rows of one dtype (log-spaced bins, four per
-decade, over the decades the positive errors span) per leaf kind and comparison;
-`mhc_parity.reports.histogram_svg.histogram_svg` draws it: one panel per leaf kind, bars stacked by
-comparison in a colour that is the same in every panel and figure, a shared log x axis
-with a tick per decade, count ticks, and a legend of the comparisons. Exact zeros and
-NaN/inf cannot sit on a log axis: each panel's title counts them.
+"""max_rel_err histograms per leaf kind, one figure per dtype: the rows binned (four bins a decade) per leaf kind and
+comparison; `histogram_svg` draws them. Zeros and NaN/inf, which a log axis cannot hold, are counted in each panel's
+title.
 """
 
 from __future__ import annotations
@@ -25,8 +20,8 @@ BINS_PER_DECADE = 4
 
 @dataclasses.dataclass(frozen=True)
 class Panel:
-    """One leaf kind: counts[comparison][i] rows with max_rel_err in bin i; rows measured,
-    and how many of them were exactly 0 or not finite (not in any bin)."""
+    """One leaf kind: counts[comparison][i] rows in bin i; rows measured, and those exactly 0 or not finite (in no
+    bin)."""
 
     kind: str
     counts: dict[str, tuple[int, ...]]
@@ -37,8 +32,8 @@ class Panel:
 
 @dataclasses.dataclass(frozen=True)
 class Histogram:
-    """One dtype's figure: the bin edges (ascending, log-spaced), the comparisons present
-    (in `COMPARISONS` order) and a panel per leaf kind present (in `LEAF_KINDS` order)."""
+    """One dtype's figure: ascending log-spaced bin edges, the comparisons present and a panel per leaf kind present
+    (schema order)."""
 
     dtype: str
     edges: tuple[float, ...]
@@ -47,7 +42,6 @@ class Histogram:
 
     @property
     def decades(self) -> tuple[int, int]:
-        """(low, high): the x axis spans 10**low .. 10**high."""
         return round(math.log10(self.edges[0])), round(math.log10(self.edges[-1]))
 
 
@@ -88,5 +82,4 @@ def histogram(frame: pd.DataFrame, dtype: str) -> Histogram | None:
 
 
 def histograms(frame: pd.DataFrame) -> dict[str, Histogram | None]:
-    """The histogram of each of `HISTOGRAM_DTYPES` (None where it has no measured rows)."""
     return {dtype: histogram(frame, dtype) for dtype in HISTOGRAM_DTYPES}

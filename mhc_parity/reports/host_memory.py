@@ -1,10 +1,5 @@
-"""Each case's float64 oracle: its measured peak host memory against the case-memory estimate.
-
-A case whose oracle ran in a process of its own (`mhc_parity.harness.engine.oracle_process`: the
-large ones) has that process's peak resident memory in its rows (`oracle_peak_bytes`) beside the
-budget the estimate gives it (`oracle_budget_bytes`). The summaries state every such case's
-figures and whether each stayed within its budget; a case computed inside the run's process (or
-read from the cache before the figure was recorded) has none, and is not listed.
+"""Each case's float64 oracle run in a process of its own: its measured peak host memory (`oracle_peak_bytes`) against
+the case-memory estimate's budget (`oracle_budget_bytes`). Cases without the figures are not listed.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ class CaseMemory:
 
     @property
     def share(self) -> float:
-        """The peak as a fraction of the budget (over 1: the estimate was exceeded)."""
+        """Peak ÷ budget (over 1: the estimate was exceeded)."""
         return self.peak_bytes / self.budget_bytes
 
     @property
@@ -33,7 +28,6 @@ class CaseMemory:
 
 
 def case_memories(rows: Iterable[dict]) -> list[CaseMemory]:
-    """The cases of `rows` with a measured oracle peak, in the rows' order (one each)."""
     found: dict[str, CaseMemory] = {}
     for row in rows:
         peak, budget = row.get("oracle_peak_bytes"), row.get("oracle_budget_bytes")
@@ -70,7 +64,6 @@ def memory_line(memories: list[CaseMemory]) -> str:
 
 
 def memory_table_rows(memories: list[CaseMemory]) -> list[tuple]:
-    """(case, peak, budget, share, within) per case, for the reports' tables."""
     return [
         (m.case, gigabytes(m.peak_bytes), gigabytes(m.budget_bytes), f"{m.share:.2f}", "yes" if m.within else "NO")
         for m in memories

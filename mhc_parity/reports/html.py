@@ -1,24 +1,8 @@
-"""The self-contained HTML report: the page's layout, its style sheet and the order of its sections.
+"""The self-contained HTML report: layout, style sheet and section order (`render_html`).
 
-One file, readable offline: inline CSS, the plots drawn by matplotlib as inline SVG
-(`mhc_parity.reports.plots`) and the heatmaps as HTML tables, no images, scripts, fonts or other
-external resources. Every piece of text that comes from a row, a case, an error message
-or the metadata is passed through `esc` (HTML escaping including quotes) before it
-reaches the page; anchors are generated ids (`case-<n>-<slug>`), never raw case names.
-
-Sections, in page order: the banner (`mhc_parity.reports.html_banner`: the verdict, its counts and,
-with a baseline, the gate's verdict against it — the first screen), the verdict per
-implementation (`mhc_parity.reports.html_verdicts`), the failing and near-bound leaves (per case ×
-candidate × partner pair with a failing row or one at `mhc_parity.reports.bound_plots.NEAR_BOUND` or
-more of its bound, at most `MAX_BOUND_PANELS`), sharpness, error-ratio heatmaps (one table
-per comparison kind; the value rule is documented in `mhc_parity.reports.heatmaps`), max_rel_err
-histograms per leaf kind for bfloat16 and float32 (the figures: `mhc_parity.reports.html_figures`),
-the worst-offenders table linking to per-case detail, drift against the baseline (when one
-is given), the paths' speed against the reference (`mhc_parity.reports.speed`), per-case detail,
-and the environment (the tables: `mhc_parity.reports.html_tables`).
-
-The page fits its window: no element is wider than the body, so a 1400-pixel window never
-scrolls sideways; a table or figure too wide for it scrolls inside its own box (`.scroll`).
+One offline file: inline CSS, matplotlib plots as inline SVG, heatmaps as HTML tables; no images, scripts or fetched
+resources. All text from rows, cases, errors or metadata goes through `esc`; anchors are generated ids, never raw case
+names. Nothing is wider than the body: a too-wide table or figure scrolls in its own box.
 """
 
 from __future__ import annotations
@@ -107,7 +91,7 @@ def rerun_section(rerun: str) -> str:
 
 
 def navigation(with_drift: bool) -> str:
-    """The links to the sections under the banner (drift only when a baseline was given)."""
+    """Links to the sections under the banner (drift only with a baseline)."""
     items = [
         ("summary", "Summary"),
         ("implementations", "Verdict per implementation"),
@@ -133,14 +117,9 @@ def render_html(
     max_drift_rows: int = MAX_DRIFT_ROWS,
     rerun: str = "",
 ) -> str:
-    """The whole report as one HTML document (see the module docstring); `rerun`: the command
-    that reruns only the failing cases (`mhc_parity.reports.rerun`), under the banner.
-
-    `frame` is a canonical row frame (`mhc_parity.records.rows.to_frame`); `summary` is
-    `mhc_parity.reports.summary.summarize(frame)`, computed here when not given; `judgement`, the
-    gate's against a baseline (`mhc_parity.reports.judgement.judge`), when given, heads the page in
-    the banner and adds the drift section.
-    """
+    """The whole report as one HTML document. frame: a canonical row frame; summary: `summarize(frame)`, computed if not
+    given; judgement: the gate's against a baseline, which heads the banner and adds the drift section; rerun: the
+    command rerunning only the failing cases."""
     metadata = metadata or {}
     summary = summarize(frame) if summary is None else summary
     anchors = case_anchors(frame["case"])

@@ -1,9 +1,5 @@
-"""The HTML report's first screen: the banner with the run's verdict, its counts, the policy
-note, the worst leaf and, with a baseline, the gate's verdict against it.
-
-The gate's verdict is `mhc_parity.reports.judgement`'s, the one `mhc-parity gate` exits with: pass, or the
-rows that grew past the growth factor (and its other failing findings), the first few
-listed here and every one in the drift section; or why the gate refuses the baseline.
+"""The HTML report's first screen: the run's verdict, its counts, the policy note, the worst leaf and, with a baseline,
+the gate's verdict (`judgement`): pass, its first failing findings, or why it refuses the baseline.
 """
 
 from __future__ import annotations
@@ -16,14 +12,13 @@ from mhc_parity.reports.summary import backend_terms_note, policy_note
 
 
 def page_passed(summary: dict, judgement: Judgement | None) -> bool:
-    """The page's verdict: the run passed and, with a baseline, the gate did not fail it (a
-    refused baseline leaves the verdict to the run: it says nothing of the code)."""
+    """The page's verdict: the run passed and, with a baseline, the gate did not fail it (a refused baseline says
+    nothing of the code)."""
     return summary["ok"] and (judgement is None or not judgement.failed)
 
 
 def count_item(verdict: str, count: int) -> str:
-    """One verdict's count in the banner; a zero is drawn neutral, never in its verdict's
-    alarm colour: "error 0" on a passing run must not look like an error."""
+    """One verdict's count in the banner; a zero is drawn neutral, never in its verdict's alarm colour."""
     label = f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>' if count else f"<span>{esc(verdict)}</span>"
     zero = " zero" if not count else ""
     return f'<li class="count-{esc(verdict)}{zero}">{label} <b>{count}</b></li>'
@@ -41,8 +36,7 @@ def _finding_row(finding: GateFinding, anchors: dict[str, str]) -> list[str]:
 
 
 def gate_verdict_html(judgement: Judgement, anchors: dict[str, str]) -> str:
-    """The gate's verdict against the baseline for the banner: its headline, the first
-    failing findings (rows that grew past the factor first), and a link to the rest."""
+    """The gate's verdict for the banner: headline, first failing findings, a link to the rest."""
     css = {REFUSED: "refused"}.get(judgement.verdict, judgement.verdict.lower())
     parts = [
         f'<div id="gate-verdict" class="gate {css}">',
@@ -70,10 +64,8 @@ def gate_verdict_html(judgement: Judgement, anchors: dict[str, str]) -> str:
 def summary_section(
     summary: dict, judgement: Judgement | None, metadata: dict | None = None, anchors: dict[str, str] | None = None
 ) -> str:
-    """The banner: overall status, verdict counts, the policy when it is not the packaged one
-    and the backend terms when any widened the bounds (`mhc_parity.reports.summary.policy_note`,
-    `backend_terms_note` of `metadata`), worst leaf, the gate's verdict (its cases
-    linked through `anchors`, `mhc_parity.reports.html_elements.case_anchors`)."""
+    """The banner: status, verdict counts, the policy and backend-terms notes when they apply, the worst leaf, the
+    gate's verdict (cases linked through `anchors`)."""
     passed = page_passed(summary, judgement)
     status = "PASS" if passed else "FAIL"
     counts = "".join(count_item(v, summary["verdicts"][v]) for v in VERDICTS)

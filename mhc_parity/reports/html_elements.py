@@ -1,7 +1,5 @@
-"""The HTML report's small pieces: escaping, number cells, tables, verdict spans, case anchors.
-
-Every piece of text from a row, a case, an error message or the metadata passes through
-`esc` before it reaches the page; cells built here take already-escaped HTML.
+"""The HTML report's small pieces: escaping, number cells, tables, verdict spans, case anchors. Text from rows, cases,
+errors or metadata goes through `esc`; cells built here take already-escaped HTML.
 """
 
 from __future__ import annotations
@@ -34,14 +32,12 @@ def case_anchors(cases: Iterable[str]) -> dict[str, str]:
 
 
 def case_link(case: str, anchors: dict[str, str]) -> str:
-    """A case name linking to its detail section, or plain text for a case the page has no
-    section of (a baseline row the run lacks)."""
+    """A case name linking to its section, or plain text where the page has none (a baseline-only row)."""
     anchor = anchors.get(case)
     return f'<a href="#{esc(anchor)}">{esc(case)}</a>' if anchor else esc(case)
 
 
 def verdict_span(verdict: str) -> str:
-    """A verdict with its colour class."""
     return f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>'
 
 
@@ -59,5 +55,4 @@ def td(content: str, css: str = "") -> str:
 
 
 def num(value: Any) -> str:
-    """A right-aligned numeric cell."""
     return td(fmt(value), "num")

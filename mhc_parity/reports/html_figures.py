@@ -1,8 +1,5 @@
-"""The HTML report's figures: the failing and near-bound leaves' plots (`mhc_parity.reports.bound_plots`),
-the error-ratio heatmaps (`mhc_parity.reports.heatmaps`, HTML tables) and the max_rel_err histograms
-(`mhc_parity.reports.histograms`), each with its section and caption. The plots are inline SVG drawn by
-matplotlib, or loaded where that drawing of those numbers is stored (`mhc_parity.reports.figure_store`);
-every text from a row goes through `esc`.
+"""The HTML report's figure sections: bound plots, heatmaps (HTML tables) and histograms, with their captions; the SVGs
+come from `figure_store`.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ def bound_plot_html(panel: BoundPanel, index: int, anchors: dict[str, str]) -> s
 
 
 def bound_plot_section(panels: Sequence[BoundPanel], qualifying: int, anchors: dict[str, str]) -> str:
-    """The failing and near-bound pairs' plots: `panels` of the `qualifying` pairs (`bound_panels`)."""
+    """The plots of `panels`, the first of the `qualifying` pairs (`bound_panels`)."""
     parts = [
         '<section id="bound-plots"><h2>Failing and near-bound leaves</h2>',
         "<p>One plot per case × candidate × partner with a failing leaf or one at "
@@ -82,12 +79,12 @@ def heatmap_legend() -> str:
 
 
 def heatmap_html(heatmap: Heatmap, anchors: dict[str, str]) -> str:
-    """One comparison kind's heatmap: a table whose row labels link to the case's detail."""
+    """One comparison kind's heatmap table, row labels linking to the cases."""
     head = "<th>case [candidate]</th>" + "".join(
         f'<th class="leaf"><span>{esc(leaf)}</span></th>' for leaf in heatmap.leaves
     )
     body = []
-    # The tables' columns are the leaves, in order: read as arrays, not cell by cell.
+    # Read as arrays, not cell by cell.
     values, verdicts = heatmap.values.to_numpy(dtype=float), heatmap.verdicts.to_numpy()
     failing, fallbacks = heatmap.failing.to_numpy(dtype=bool), heatmap.fallback.to_numpy(dtype=bool)
     for position, (case, candidate) in enumerate(heatmap.rows):
@@ -148,7 +145,6 @@ def heatmap_section(tables: dict[str, Heatmap], anchors: dict[str, str]) -> str:
 
 
 def histogram_section(figures: dict[str, Histogram | None]) -> str:
-    """The per-dtype histogram figures."""
     parts = ['<section id="histograms"><h2>Error histograms</h2>']
     for dtype, figure in figures.items():
         if figure is None:

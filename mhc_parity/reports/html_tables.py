@@ -1,7 +1,5 @@
-"""The HTML report's tables: sharpness, the worst offenders, drift against the baseline, the
-paths' speed against the reference, the per-case detail and the environment. Every text from
-a row, a case or the metadata goes through `esc`; case names link to their detail through
-generated anchors.
+"""The HTML report's tables: sharpness, worst offenders, drift, speed, per-case detail, environment. All row and
+metadata text goes through `esc`; case names link through generated anchors.
 """
 
 from __future__ import annotations
@@ -54,8 +52,8 @@ PREFERRED_METADATA_KEYS = (
 
 
 def sharpness_section(lines: Sequence[dict]) -> str:
-    """Per comparison × activation dtype: how much of its bound a passing row uses; `lines`
-    are the summary's "sharpness" records (`mhc_parity.reports.summary.sharpness`)."""
+    """Per comparison × activation dtype, the bound usage of passing rows; `lines`: the summary's "sharpness"
+    records."""
     parts = [
         '<section id="sharpness"><h2>Sharpness</h2>',
         "<p>Bound usage (measured / allowed) of the passing rows: the median and the 90th "
@@ -142,8 +140,7 @@ def offenders_section(frame: pd.DataFrame, anchors: dict[str, str], limit: int) 
 
 
 def drift_section(judgement: Judgement, anchors: dict[str, str], limit: int) -> str:
-    """The gate's judgement in full: every finding and the per-row growth factors against the
-    baseline, or why the gate refuses the baseline."""
+    """The gate's judgement in full: every finding and each matched row's growth, or why it refuses the baseline."""
     parts = ['<section id="drift"><h2>Drift against the baseline</h2>']
     gate_result = judgement.result
     if gate_result is None:
@@ -321,10 +318,8 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
 
 
 def speed_section(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict | None = None) -> str:
-    """Each program's device time, bytes, bandwidth and fraction of its chip's peak per case
-    (`mhc_parity.reports.program_speed`), with the plot of those fractions where the chip's peak
-    is stated; then each path's time beside its reference's (`mhc_parity.reports.speed`): the
-    median speed-up per path, then every case; times on the CPU greyed and labelled."""
+    """Per case and program, device time, bytes and fraction of the chip's peak (with its plot where stated); then each
+    path's time beside its reference's, CPU times greyed."""
     parts = ['<section id="speed"><h2>Speed</h2>', _program_speed_html(frame, anchors, metadata or {})]
     parts.append(f"<h3>Against the reference</h3><p>{esc(SPEED_NOTE)}</p>")
     lines = speed_lines(frame)
@@ -352,7 +347,6 @@ def speed_section(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict |
 
 
 def _program_speed_html(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict) -> str:
-    """The Speed section's first part: per case and program, against the chip's peak (and the plot)."""
     speeds = program_speeds(frame, metadata)
     parts = [f"<h3>Device time and bandwidth</h3><p>{esc(PROGRAM_SPEED_NOTE)}</p>"]
     if not speeds:
@@ -394,7 +388,6 @@ def metadata_value_html(value: Any) -> str:
 
 
 def environment_section(metadata: dict) -> str:
-    """The run metadata (versions, backend, commit, command line, times, policy hash)."""
     parts = ['<section id="environment"><h2>Environment</h2>']
     if not metadata:
         parts.append('<p class="empty">No metadata was recorded.</p></section>')

@@ -1,5 +1,4 @@
-"""The HTML report's first section under the banner: one verdict per implementation, then per
-cause the rows it explains (`mhc_parity.reports.causes`, read from the run's summary)."""
+"""The HTML report's verdict per implementation, then per cause the rows it explains."""
 
 from __future__ import annotations
 
@@ -24,10 +23,8 @@ def _cause_html(cause: Mapping, rows: Sequence[Mapping], anchors: Mapping[str, s
 
 
 def implementations_section(implementations: Sequence[Mapping], anchors: Mapping[str, str]) -> str:
-    """Each implementation's verdict; a failing one's causes, largest first, each opening to its rows.
-
-    implementations: the summary's "implementations" (`mhc_parity.reports.causes.ImplementationVerdict.as_dict`,
-    with each cause's "members": its rows' case, candidate, leaf and usage)."""
+    """Each implementation's verdict; a failing one's causes, largest first, each opening to its rows. implementations:
+    the summary's (`ImplementationVerdict.as_dict`, causes with their "members")."""
     parts = ['<section id="implementations"><h2>Verdict per implementation</h2><ul class="implementations">']
     for impl in implementations:
         causes = "".join(_cause_html(c, c.get("members", []), anchors) for c in impl["causes"])

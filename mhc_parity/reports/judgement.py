@@ -1,24 +1,7 @@
-"""The gate's judgement of a run against a baseline, made in one place.
-
-`mhc-parity gate`, `mhc_parity.harness.gate` and the reports of `mhc-parity run --baseline` (and `render
---baseline`) all call `judge`, so the verdict a report shows on its first screen is the
-verdict `make gate` exits with: they cannot disagree. A `Judgement` is either the gate's
-result (`mhc_parity.reports.gate.GateResult`: pass, or its failing findings) or the one line saying
-why the gate refuses to judge (`mhc-parity gate` exits 2 on it): an empty side, a baseline of
-another implementation, tolerance policy or matmul precision (`mhc_parity.reports.comparability`),
-of another backend or one that does not cover the run's cases and paths
-(`mhc_parity.reports.coverage`), a partial gate that leaves no baseline case, or input the rules
-cannot read.
-
-What the judgement does not cover is where the two runs come from: `gate_run`, the one path
-of `mhc-parity gate` and `mhc_parity.harness.gate`, also checks the gate's parameters and
-refuses a run that did not finish or was made by other code than the checkout
-(`mhc_parity.reports.sources.load_run`, `check_current_code`); a report written by the run
-itself is of neither kind.
-
-The first-screen helpers (`headline`, `first_findings`) are what the HTML banner, the top
-of summary.md and the end of the terminal summary show: pass, or the rows that grew past
-the growth factor first, then the gate's other failing findings.
+"""The gate's judgement of a run against a baseline, made in one place (`judge`): `mhc-parity gate`, the API and the
+reports of `run --baseline` / `render --baseline` all call it, so a report's first screen and `make gate` cannot
+disagree. A `Judgement` is the gate's result or one line saying why it refuses (exit 2). `gate_run` also checks the
+parameters and refuses an unfinished run or one made by other code than the checkout.
 """
 
 from __future__ import annotations
@@ -57,24 +40,16 @@ from mhc_parity.reports.sources import (
 
 # Findings the first screen lists before pointing at the drift section for the rest.
 FIRST_SCREEN_FINDINGS = 5
-# The gate's failing categories as the first screen words their counts, in the order it
-# lists them: the drift first (what a parity verdict cannot show), the run's own failing
-# rows last (its verdict per implementation shows them already).
+# Drift first (what a parity verdict cannot show), the run's own failing rows last (shown already).
 FIRST_SCREEN_CATEGORIES = ("regression", "new_nonfinite", "lost_coverage", "missing", "baseline_gap", "failure")
 PASS, FAIL, REFUSED = "PASS", "FAIL", "REFUSED"
 
 
 @dataclasses.dataclass(frozen=True)
 class Judgement:
-    """The gate's verdict on one run against one baseline.
-
-    baseline: the baseline as named (its path); result: the gate's result, None when it
-    refuses; refusal: why it refuses (one line, "" when it judged); scope: what it judged
-    when not every row, as lines to print before its table; note: what a legacy baseline's
-    digest did not vouch for ("" if nothing); isa_note: how the baseline's and the run's CPU
-    instruction sets and device kinds differ (`mhc_parity.records.environment.isa_difference`,
-    `mhc_parity.reports.coverage.device_note`; "" if they do not).
-    """
+    """The gate's verdict on one run against one baseline (named by its path). result: None when it refuses; refusal:
+    why ("" when it judged); scope: lines saying what it judged when not every row; note: what a legacy baseline's
+    digest did not vouch for; isa_note: instruction-set and device-kind differences ("" if none)."""
 
     baseline: str
     result: GateResult | None
@@ -85,9 +60,7 @@ class Judgement:
 
     @property
     def remarks(self) -> tuple[str, ...]:
-        """The lines every report prints under the verdict besides its scope: the legacy note,
-        the instruction-set note and the note of a systematic-shift rule not applied, those
-        that are not empty."""
+        """The non-empty lines printed under the verdict besides its scope: legacy, ISA and gain notes."""
         gain_note = self.result.gain_note if self.result is not None else ""
         return tuple(line for line in (self.note, self.isa_note, gain_note) if line)
 
@@ -100,7 +73,7 @@ class Judgement:
 
     @property
     def failed(self) -> bool:
-        """True when the gate judged and found something failing (a refusal is not a failure)."""
+        """The gate judged and found something failing (a refusal is not a failure)."""
         return self.verdict == FAIL
 
 
@@ -114,11 +87,8 @@ def judge(
     allow_precision_change: bool = False,
     only_current_cases: bool = False,
 ) -> Judgement:
-    """The gate's judgement of `current` against `baseline` (two loaded runs, frames typed as
-    their loaders leave them); see the module docstring. only_current_cases: judge only the
-    baseline rows of the cases the current run selected (a deliberately partial run), as
-    `mhc-parity gate --only-current-cases`. ValueError for a growth factor <= 1 or a
-    negative noise floor, as `mhc_parity.reports.gate.gate`."""
+    """`current` judged against `baseline` (loaded runs). only_current_cases: judge only the baseline rows of the cases
+    the current run selected. ValueError for a growth factor <= 1 or a negative noise floor."""
 
     isa_note = " ".join(
         n for n in (isa_difference(baseline.metadata, current.metadata), device_note(baseline, current)) if n
@@ -171,8 +141,8 @@ def judge(
 
 @dataclasses.dataclass(frozen=True)
 class GateRun:
-    """What `gate_run` did: the judgement (its refusal when it could not judge, `problem`
-    then saying which kind), and the two sides as read (None where reading failed)."""
+    """What `gate_run` did: the judgement (`problem` saying which kind of refusal) and the two sides as read (None where
+    reading failed)."""
 
     judgement: Judgement
     baseline: LoadedRun | None = None
@@ -186,8 +156,7 @@ PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
 
 
 def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
-    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""
-    (`mhc_parity.reports.gate_settings`: finite, a factor above 1, a floor of 0 or more)."""
+    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
     for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
         if problem:
             return f"{name} {problem}"
@@ -209,14 +178,10 @@ def gate_run(
     code_change_option: str = CODE_CHANGE_OPTION,
     parameter_names: tuple[str, str] = PARAMETER_NAMES,
 ) -> GateRun:
-    """`mhc-parity gate`, which `mhc_parity.harness.gate` calls too: the parameters checked
-    (`parameter_problem`), `baseline` read as a baseline file or a finished run
-    (`load_baseline_or_run`; a legacy format only with `allow_legacy`, else refused naming
-    `legacy_option`), `current` read as a finished run (`load_run`: a folder or report; a
-    `LoadedRun` is a run held in memory) and refused when made by other code than this
-    checkout unless `allow_code_change` (`check_current_code`, naming `code_change_option`),
-    then `judge`d with the rest; the parameters named as `parameter_names` in a refusal.
-    Never raises for bad input: a refusal is the judgement's."""
+    """`mhc-parity gate` (and `mhc_parity.harness.gate`): the parameters checked, `baseline` read as a baseline file or
+    finished run (legacy only with `allow_legacy`), `current` read as a finished run (or given as a `LoadedRun`) and
+    refused if made by other code than the checkout unless `allow_code_change`, then `judge`d. The `*_option` and
+    `parameter_names` arguments name the caller's options in refusals. Never raises for bad input."""
 
     def refused(problem: str, reason: str, base=None, run=None) -> GateRun:
         return GateRun(Judgement(str(baseline), None, refusal=reason), base, run, problem)
@@ -244,10 +209,9 @@ def gate_run(
 
 
 def as_baseline(baseline: Any) -> LoadedRun:
-    """What a report is asked to draw drift against, as the loaded run `judge` takes: a
-    loaded run or baseline as it is, a path read by `load_baseline_or_run` (a legacy format
-    refused: load it with `allow_legacy` and pass what that returns), plain rows (a
-    DataFrame or dicts) as a baseline that records no policy, precision or implementation."""
+    """A report's baseline as the `LoadedRun` `judge` takes: a loaded run or baseline as is, a path via
+    `load_baseline_or_run` (legacy refused), plain rows as a baseline recording no policy, precision or implementation.
+    """
     if isinstance(baseline, LoadedRun):
         return baseline
     if isinstance(baseline, Baseline):
@@ -261,16 +225,14 @@ def as_baseline(baseline: Any) -> LoadedRun:
 def written_run(
     frame: pd.DataFrame, metadata: Mapping[str, Any], manifest: Manifest | None, source: str | Path
 ) -> LoadedRun:
-    """The run a report is written for, as `load_run` will read it back from `source`: its
-    canonical frame, its metadata, and its manifest's policy (or the metadata's, without one)."""
+    """The run a report is written for, as `load_run` will read it back from `source`."""
     policy_hash = manifest.policy_digest if manifest is not None else metadata.get(POLICY_HASH_KEY) or None
     return LoadedRun(frame, Path(source), policy_hash, dict(metadata), False, manifest)
 
 
 def judges_own_cases(manifest: Manifest | None) -> bool:
-    """Whether a run selected part of its suite (case globs, tags, a dtype, one shard): its
-    report then judges only its own cases, as `gate --only-current-cases` does, since every
-    other baseline case would be "missing" from a run that never meant to run it."""
+    """Whether a run selected part of its suite (globs, tags, dtype, a shard): its report then judges only its own
+    cases, as `gate --only-current-cases`."""
     if manifest is None:
         return False
     request = manifest.request
@@ -278,8 +240,7 @@ def judges_own_cases(manifest: Manifest | None) -> bool:
 
 
 def headline(judgement: Judgement) -> str:
-    """One line for the first screen: the gate's verdict against the baseline, and what
-    makes it fail (counts worded as `mhc_parity.reports.gate.ROW_COUNT_WORDS`), or why it refuses to judge."""
+    """One line for the first screen: the gate's verdict, what makes it fail, or why it refuses."""
     where = f"Gate against {judgement.baseline}"
     result = judgement.result
     if result is None:
@@ -301,9 +262,8 @@ def _count_phrase(category: str, count: int, growth_factor: float) -> str:
 
 
 def first_findings(result: GateResult, limit: int = FIRST_SCREEN_FINDINGS) -> tuple[GateFinding, ...]:
-    """The failing findings the first screen lists, at most `limit`: the rows that grew past
-    the growth factor, largest growth first (the gate's order), then the others in
-    `FIRST_SCREEN_CATEGORIES` order."""
+    """The failing findings the first screen lists, at most `limit`, in `FIRST_SCREEN_CATEGORIES` order (regressions
+    first, largest growth first)."""
     ordered = [f for category in FIRST_SCREEN_CATEGORIES for f in result.by_category(category)]
     return tuple(ordered[:limit])
 

@@ -1,11 +1,6 @@
-"""Which implementation a baseline belongs to, and the rows of one implementation.
-
-An external implementation's rows are those whose candidate path is one of its paths,
-`<name>/unsharded`, `<name>/sharded(...)` (`mhc_parity.harness.engine.paths`): every comparison it is
-the candidate of (vs the oracle, vs the reference, vs itself unsharded). Its baseline
-(`mhc-parity baseline --impl`) keeps only those rows and names it in the header
-(`mhc_parity.reports.baseline`), so one repository can hold a baseline per kernel, and the gate
-judges a run against such a baseline on that implementation's rows alone.
+"""Which implementation a baseline belongs to, and one implementation's rows (those whose candidate is one of its paths,
+`<name>/...`). A `baseline --impl` file keeps only those and names the implementation in its header; the gate then
+judges that implementation's rows alone.
 """
 
 from __future__ import annotations
@@ -24,18 +19,16 @@ def implementation_rows(frame: pd.DataFrame, name: str) -> pd.DataFrame:
 
 
 def implementation_names(run) -> list[str]:
-    """The external implementations a loaded run (`mhc_parity.reports.sources.LoadedRun`) ran, by name.
-
-    From its manifest's request; a baseline file's own implementation; [] otherwise.
-    """
+    """The external implementations a loaded run ran: its manifest's request, else a baseline file's own implementation,
+    else []."""
     if run.manifest is not None:
         return [name for name, _ in run.manifest.request.implementations]
     return [run.implementation] if getattr(run, "implementation", None) else []
 
 
 def resolve_implementation(run, wanted: str) -> str:
-    """The name of the run's implementation given by name or by its `module:factory` spec;
-    ValueError (one line) if the run has no such implementation."""
+    """The name of the run's implementation given by name or `module:factory` spec; ValueError (one line) if it has none
+    such."""
     pairs = list(run.manifest.request.implementations) if run.manifest is not None else []
     for name, spec in pairs:
         if wanted in (name, spec):
@@ -45,13 +38,9 @@ def resolve_implementation(run, wanted: str) -> str:
 
 
 def ownership_refusal(baseline, current) -> str:
-    """Why `baseline` cannot judge `current` (two `LoadedRun`s), or "" if it can.
-
-    A baseline of implementation X judges only a run that ran X. A baseline of the built-in
-    paths (no implementation in its header) refuses a run of external implementations
-    whose rows it does not hold: every row would be "missing" or "new", which says
-    nothing about the kernel.
-    """
+    """Why `baseline` cannot judge `current` (two `LoadedRun`s), or "". An implementation's baseline judges only a run
+    of it; the built-in paths' baseline refuses a run of external implementations it holds no rows of (every row would
+    be missing or new)."""
     owner = baseline.implementation
     ran = implementation_names(current)
     if owner:

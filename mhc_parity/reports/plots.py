@@ -1,14 +1,9 @@
 """Matplotlib figures drawn off-screen as inline SVG for the HTML report.
 
-`inline_svg(draw, size, prefix=..., label=...)` builds a `matplotlib.figure.Figure` on
-its own SVG canvas (no pyplot: no global backend, figure registry or window), lets
-`draw` fill it and returns it as one `<svg>` element an HTML page can hold: no XML
-prolog, no namespace URLs (the HTML parser puts an inline `<svg>` in the SVG namespace),
-no metadata (no date, no creator URL), text as `<text>` in the page's fonts, and every
-element id prefixed with `prefix`, so that the figures of one page share no id.
-The rcParams it needs (`RC`) hold only while the figure is built and saved
-(`matplotlib.rc_context`); ids are hashed with a fixed salt, so one run's page is
-byte-identical each time it is written. `standalone_svg` makes such an element a file of its own.
+`inline_svg` builds a `Figure` on its own SVG canvas (no pyplot state), lets `draw` fill it and returns one `<svg>`
+element: no prolog, namespaces or metadata, text as `<text>`, every id prefixed with `prefix` so a page's figures share
+none. `RC` holds only while it is built; ids are hashed with a fixed salt, so a run's page is byte-identical each time
+it is written.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ RC = {
     "axes.spines.top": False,  # two lines fewer per panel to draw, and the data reads the same
     "axes.spines.right": False,
 }
-# What backend_svg writes by default and a self-contained, reproducible page must not carry.
+# What backend_svg writes by default and a reproducible page must not carry.
 NO_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
 _SUPERSCRIPTS = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
 _PROLOG = re.compile(r"\A.*?(?=<svg\b)", re.S)
@@ -48,11 +43,8 @@ _ID_OR_REFERENCE = re.compile(r'(\bid="|url\(#|href="#)')
 
 
 def inline_svg(draw: Callable[[Figure], None], size: tuple[float, float], *, prefix: str, label: str) -> str:
-    """The figure `draw` fills, `size` (width, height) inches, as one `<svg class="plot">` element.
-
-    `prefix` (letters, digits, `-`, unique on the page) starts every element id; `label` is
-    the figure's accessible name (`aria-label`, escaped here).
-    """
+    """The figure `draw` fills, `size` (width, height) in inches, as one `<svg class="plot">` element. prefix: letters,
+    digits, `-`, unique on the page; label: the accessible name (escaped here)."""
     with rc_context(RC):
         figure = Figure(figsize=size)
         FigureCanvasSVG(figure)
@@ -65,14 +57,12 @@ def inline_svg(draw: Callable[[Figure], None], size: tuple[float, float], *, pre
 
 
 def standalone_svg(inline: str) -> str:
-    """An `<svg>` element of `inline_svg` as the text of an .svg file of its own: the namespaces
-    the page would give it, declared."""
+    """An `inline_svg` element as an .svg file's text, its namespaces declared."""
     return inline.replace("<svg ", f"<svg {_DECLARED_NAMESPACES} ", 1) + "\n"
 
 
 def decade_label(value: float, _position: object = None) -> str:
-    """A log axis's tick label, 10 to a power in Unicode superscripts ("10⁻⁷"): what
-    matplotlib's mathtext labels show, without parsing TeX for every tick."""
+    """A log axis tick label as 10 to a Unicode superscript power ("10⁻⁷"), without mathtext's TeX parsing."""
     if not math.isfinite(value) or value <= 0:
         return ""
     power = math.log10(value)

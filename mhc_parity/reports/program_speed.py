@@ -1,14 +1,8 @@
 """Each program's device time against what its chip can do: the Speed section's table, its plot and speed.csv.
 
-One `ProgramSpeed` per (case, path) that ran: this project's reference and kernels (interpret,
-Mosaic) and any external implementation (MaxText's `maxtext-*`), sharded or not. From the rows
-alone: the path's `execute_s` (`mhc_parity.harness.engine.execution_timing`: on an accelerator
-the device time per run, timed back to back with the process quiet; on the host CPU the one
-call) and `bytes_moved` (its program's arguments and results) give the bandwidth it achieved,
-and on a chip whose peak is stated the fraction of that peak (`mhc_parity.records.roofline`,
-the arithmetic `bench/device_speed.py` uses too). Which chip: the run's `device_kind`
-(metadata) for a path on the run's backend; a host path (`@cpu`, its `devices` cell on the
-CPU) ran on the CPU, which has no stated peak.
+One `ProgramSpeed` per (case, path) that ran, from its rows' `execute_s` and `bytes_moved` (`records.roofline`). The
+chip is the run's `device_kind` for a path on the run's backend; a host path (`@cpu`) ran on the CPU, which has no
+stated peak.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from mhc_parity.records.roofline import Throughput, throughput
 from mhc_parity.records.rows import encode_float
 from mhc_parity.reports.speed import HOST_PLATFORM, device_platform
 
-# speed.csv's columns, in order (`speed_csv_rows`).
 SPEED_COLUMNS = (
     "case",
     "path",
@@ -40,7 +33,6 @@ SPEED_COLUMNS = (
     "fraction_of_peak",
 )
 NO_PEAK = "no stated peak"
-# The explanation the table and the plot share, one source for the HTML page and the Markdown summary.
 PROGRAM_SPEED_NOTE = (
     "Each program (forward and VJP together) per case: its device time per run, the bytes it must "
     "move at least (its arguments and results), the bandwidth that gives, and its fraction of the "
@@ -54,12 +46,9 @@ PROGRAM_SPEED_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class ProgramSpeed:
-    """One path's program on one case: its timing cells and bytes, and the chip it ran on.
-
-    device_kind: the chip's kind (JAX's `device_kind`) or the platform where it is not the
-    run's backend ("cpu"); "" where the run recorded none. runs: `execute_runs` (NaN: not
-    recorded). bytes_moved: NaN in a run written before the column.
-    """
+    """One path's program on one case. device_kind: JAX's `device_kind`, or the platform where it is not the run's
+    backend ("cpu"); "" if unrecorded. runs: `execute_runs` (NaN: unrecorded). bytes_moved: NaN in runs older than the
+    column."""
 
     case: str
     path: str
@@ -85,15 +74,14 @@ class ProgramSpeed:
 
     @property
     def alone(self) -> bool:
-        """Timed on an accelerator, back to back with the process quiet (a run written since
-        `bytes_moved` was added, which is when that timing came)."""
+        """Timed on an accelerator, back to back with the process quiet (runs since `bytes_moved`, which came with that
+        timing)."""
         return (
             not math.isnan(self.bytes_moved) and self.platform != HOST_PLATFORM and self.runs > 1  # NaN > 1 is False
         )
 
     @property
     def timing(self) -> str:
-        """How `device_s` was taken, in a few words."""
         if self.alone:
             return f"{self.platform}: {int(self.runs)} runs back to back, alone"
         if math.isnan(self.bytes_moved):  # written before the device timing (issue 55)
@@ -104,7 +92,6 @@ class ProgramSpeed:
 
 
 def _device_kind(devices: str, metadata: dict) -> str:
-    """The chip a `devices` cell's path ran on: the run's device kind on the run's backend."""
     platform = device_platform(devices)
     if platform and platform == metadata.get("backend"):
         return str(metadata.get("device_kind") or "")
@@ -112,9 +99,8 @@ def _device_kind(devices: str, metadata: dict) -> str:
 
 
 def program_speeds(frame: pd.DataFrame, metadata: dict | None = None) -> list[ProgramSpeed]:
-    """A `ProgramSpeed` per (case, path) of a canonical row frame (`mhc_parity.records.rows.to_frame`)
-    whose path ran and was timed (a finite `execute_s`; every row of a path in a case carries
-    the same cells), in the frame's order; `metadata` is the run's (its backend and device kind)."""
+    """A `ProgramSpeed` per (case, path) of a canonical row frame whose path was timed (finite `execute_s`), in frame
+    order; metadata: the run's (backend, device kind)."""
     if not len(frame):
         return []
     metadata = metadata or {}
@@ -136,12 +122,10 @@ def program_speeds(frame: pd.DataFrame, metadata: dict | None = None) -> list[Pr
 
 
 def has_peak(speeds: list[ProgramSpeed]) -> bool:
-    """Whether any program ran on a chip with a stated peak (the plot needs one)."""
     return any(s.rates.peaks is not None for s in speeds)
 
 
 def speed_csv_rows(speeds: list[ProgramSpeed]) -> list[tuple]:
-    """speed.csv's lines (`SPEED_COLUMNS`), non-finite numbers as `encode_float` writes them."""
     return [
         (
             s.case,
@@ -167,7 +151,6 @@ def speed_csv_rows(speeds: list[ProgramSpeed]) -> list[tuple]:
 
 
 def write_speed_csv(speeds: list[ProgramSpeed], path: Path) -> Path:
-    """speed.csv: a line per program (`SPEED_COLUMNS`), numbers at full precision."""
     with Path(path).open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(SPEED_COLUMNS)
@@ -177,8 +160,8 @@ def write_speed_csv(speeds: list[ProgramSpeed], path: Path) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class RooflineFigure:
-    """The plot's numbers: per case (in order) each program's fraction of its chip's peak HBM
-    bandwidth, `points` as (case, path, fraction); `device_kind` and `peak_gb_per_s` its chip's."""
+    """The plot's numbers: (case, path, fraction of the chip's peak HBM bandwidth) per program, cases in order;
+    `device_kind` and `peak_gb_per_s` its chip's."""
 
     device_kind: str
     peak_gb_per_s: float
@@ -186,8 +169,8 @@ class RooflineFigure:
 
 
 def roofline_figure(speeds: list[ProgramSpeed]) -> RooflineFigure | None:
-    """The figure of the programs on a chip with a stated peak (None if none ran on one). A
-    run has one accelerator kind; host paths (no peak) are left out of the plot, not the table."""
+    """The figure of the programs on a chip with a stated peak (None if none); a run has one accelerator kind, and host
+    paths are left out of the plot, not the table."""
     on_chip = [s for s in speeds if s.rates.peaks is not None and math.isfinite(s.rates.hbm_fraction)]
     if not on_chip:
         return None

@@ -1,9 +1,5 @@
-"""docs/results/*.md: a command's figures with where they come from.
-
-The commands that measure something the docs cite (`mhc-parity faults` for the kill matrix
-and the sweep, `bench/parity_bench.py`) write their Markdown there with the date, the
-commit, the machine and the command that produced them (`make faults`, `make sweep`,
-`make bench`), so a doc links to the file instead of restating a figure that drifts.
+"""docs/results/*.md: a command's figures written with their provenance (date, commit, machine, command), so a doc links
+to the file instead of restating a figure that drifts.
 """
 
 from __future__ import annotations
@@ -19,11 +15,8 @@ RESULTS_FOLDER = pathlib.Path("docs/results")
 
 
 def provenance_lines(command: str, metadata: Mapping[str, Any]) -> list[str]:
-    """The header lines of a results file: command, date, commit, machine and versions.
-
-    metadata: a run's environment record (`mhc_parity.harness.engine.run_info.run_metadata`: git_commit,
-    host_cpu, platform, backend, device_kind, jax_version, ...); missing keys are left out.
-    """
+    """The header lines of a results file. metadata: a run's environment record (`run_metadata`); missing keys are left
+    out."""
     date = metadata.get("end_time") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     machine = (
         ", ".join(str(metadata[key]) for key in ("host_cpu", "platform") if metadata.get(key)) or "unrecorded machine"
@@ -42,8 +35,7 @@ def provenance_lines(command: str, metadata: Mapping[str, Any]) -> list[str]:
 
 
 def write_results(path: str | pathlib.Path, markdown: str, command: str, metadata: Mapping[str, Any]) -> pathlib.Path:
-    """Write `markdown` (a document starting with its `# title` line) to `path` with its
-    provenance under the title, atomically. Returns the path."""
+    """Write `markdown` (starting with its `# title` line) to `path` atomically, its provenance under the title."""
     title, _, body = markdown.partition("\n")
     document = "\n".join([title, "", *provenance_lines(command, metadata), "", body.lstrip("\n")]).rstrip() + "\n"
     path = pathlib.Path(path)

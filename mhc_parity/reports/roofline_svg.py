@@ -1,8 +1,5 @@
-"""The Speed section's plot (`mhc_parity.reports.program_speed.RooflineFigure`) drawn with matplotlib as inline SVG.
-
-One line per case, one marker per program on it: the fraction of the chip's peak HBM bandwidth
-the program achieved (its bytes over its device time), on a log axis up to the peak (1). Only
-`mhc_parity.reports.figure_store` calls this, when the figure is not stored yet.
+"""The Speed section's plot (`RooflineFigure`) as inline SVG: a line per case, a marker per program at its fraction of
+the chip's peak HBM bandwidth, on a log axis up to the peak. Only `figure_store` calls it.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ PEAK_COLOUR = "#555555"
 
 
 def roofline_svg(figure_data: RooflineFigure) -> str:
-    """The figure as one inline `<svg>` element."""
     cases = list(dict.fromkeys(case for case, _, _ in figure_data.points))
     programs = list(dict.fromkeys(path for _, path, _ in figure_data.points))
     legend_rows = math.ceil(len(programs) / 3)

@@ -1,17 +1,7 @@
-"""The kernels' speed against the reference, read from a run's rows (the report's Speed section).
-
-A kernel exists to be faster than the plain-JAX reference it must agree with. Every path's
-rows carry its program's execution time (`execute_s`, forward and VJP together; on an
-accelerator the device time per run of `execute_runs` runs back to back, timed with the
-process quiet, one run on the host CPU: `mhc_parity.harness.engine.execution_timing`). A
-candidate with a `vs_reference` row is compared there with the reference path on the same
-sharding and the same backend (`mhc_parity.harness.engine.plan.comparisons_of`), so each
-`SpeedLine` sets one path's time beside its reference's, as measured in the same run. Each
-program's time against its chip's peak bandwidth is `mhc_parity.reports.program_speed`'s.
-
-Only times measured on an accelerator are speed measurements. On the CPU a Pallas kernel runs
-in interpret mode, the kernel emulated by ordinary XLA operations, and a one-off run's time
-includes what a first call pays: those lines are shown, labelled as not a speed measurement.
+"""The paths' speed against the reference, from a run's rows (`execute_s`, forward and VJP together): each `SpeedLine`
+sets a path's time beside its `vs_reference` partner's from the same run. Only accelerator times are speed measurements:
+on a CPU a Pallas kernel runs in interpret mode and the time includes a first call's cost, so those lines are labelled
+as not measured.
 """
 
 from __future__ import annotations
@@ -24,8 +14,7 @@ import pandas as pd
 
 from mhc_parity.records.text import format_number
 
-# A `devices` cell's platform on the host CPU ("cpu:0-7 ..."): JAX's name, which the engine's
-# `mhc_parity.harness.engine.devices.HOST_PLATFORM` also reads (reports load no harness).
+# A `devices` cell's host-CPU platform; the same as `harness.engine.devices.HOST_PLATFORM` (not imported here).
 HOST_PLATFORM = "cpu"
 
 
@@ -35,7 +24,6 @@ def device_platform(devices: str) -> str:
 
 
 NOT_MEASURED_ON_CPU = "CPU: not a speed measurement"
-# The section's explanation, one source for the HTML page and the Markdown summary.
 SPEED_NOTE = (
     "Each path's program (forward and VJP together) beside the reference path's on the same "
     "sharding and devices, from the same run; speed-up = reference time / path time (above 1: "
@@ -49,12 +37,8 @@ SPEED_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class SpeedLine:
-    """One path of one case beside its reference path: seconds of each (forward + VJP).
-
-    runs: how many runs the path's time is taken from (NaN: not recorded, a run
-    written before the column). devices: the path's `devices` cell, reference_devices its
-    reference's (the same wherever the rows come from one run of the harness).
-    """
+    """One path of one case beside its reference path, seconds of each. runs: how many runs the path's time is of (NaN:
+    not recorded); devices, reference_devices: their `devices` cells."""
 
     case: str
     candidate: str
@@ -83,12 +67,10 @@ class SpeedLine:
 
     @property
     def measured(self) -> bool:
-        """A speed measurement: on an accelerator, and both on the same devices."""
         return self.comparable and self.platform != HOST_PLATFORM
 
     @property
     def label(self) -> str:
-        """What the figure is, in a few words."""
         if not self.comparable:
             return f"not comparable: the reference ran on {self.reference_devices}"
         if self.platform == HOST_PLATFORM:
@@ -100,8 +82,8 @@ class SpeedLine:
 
 
 def _path_times(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float, str]]:
-    """(case, path) -> (execute_s, execute_runs, devices) of each path that ran (a row with a
-    finite `execute_s`; every row of a path in a case carries the same timing)."""
+    """(case, path) -> (execute_s, execute_runs, devices) of each timed path (every row of a path in a case carries the
+    same timing)."""
     timed = frame[frame["execute_s"].map(math.isfinite)]
     timed = timed.drop_duplicates(["case", "candidate"])
     return {
@@ -111,9 +93,8 @@ def _path_times(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float
 
 
 def speed_lines(frame: pd.DataFrame) -> list[SpeedLine]:
-    """A line per (case, path, reference) of a `vs_reference` comparison where both paths ran
-    and were timed, in the frame's order; `frame` is a canonical row frame
-    (`mhc_parity.records.rows.to_frame`)."""
+    """A line per (case, path, reference) of a `vs_reference` comparison where both were timed, in frame order (a
+    canonical row frame)."""
     if not len(frame):
         return []
     times = _path_times(frame)
@@ -129,7 +110,7 @@ def speed_lines(frame: pd.DataFrame) -> list[SpeedLine]:
 
 @dataclasses.dataclass(frozen=True)
 class SpeedSummary:
-    """One path name's lines over the cases: the median speed-up and how many cases it is of."""
+    """One path name's median speed-up over its cases."""
 
     candidate: str
     reference: str

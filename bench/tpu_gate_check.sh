@@ -20,7 +20,7 @@
 #                                        #   wrong-cause rows per fault, as make faults on the CPU)
 #   DTYPE=... FAULTS=GLOB bench/tpu_gate_check.sh causes DIR
 #                                        # the same, those faults only, with every failing leaf's
-#                                        #   attribution scores kept (bench/cause_diagnosis.py) in
+#                                        #   attribution scores kept (bench/probes/cause_diagnosis.py) in
 #                                        #   DIR/causes-DTYPE.jsonl: why the chip names what it names
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs and
@@ -69,7 +69,7 @@ case $part in
   causes)
     dtype=${DTYPE:?DTYPE=bfloat16 or DTYPE=float32}
     setup_or_exit
-    step "causes-$dtype" "$PY" bench/cause_diagnosis.py --to "$out/causes-$dtype.jsonl" faults --suite smoke \
+    step "causes-$dtype" "$PY" bench/probes/cause_diagnosis.py --to "$out/causes-$dtype.jsonl" faults --suite smoke \
       --dtype "$dtype" --faults "${FAULTS:?FAULTS=a glob of fault names}" --jobs 1 --out "out/causes-$dtype" --quiet
     tar czf "$out/causes-$dtype.tgz" "out/causes-$dtype"/{kill_matrix.md,perturbed_rows.csv} "$out/logs"
     ;;

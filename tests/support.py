@@ -19,7 +19,7 @@ from mhc_parity.mhc.precision import dot_precision
 from mhc_parity.mhc.types import MhcConfig, MhcWeights
 
 # The probe's table as it ran on the lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1):
-# `python bench/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
+# `python bench/probes/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
 TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
 
 

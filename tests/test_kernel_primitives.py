@@ -86,7 +86,7 @@ def test_a_mosaic_xla_pair_is_two_builtin_paths_on_the_accelerator():
 def test_the_probe_runs_its_kernels_in_interpret_mode_on_a_cpu_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["probe", "--out", str(tmp_path), "--samples", str(BLOCK_ROWS * LANES * 2)])
     with pytest.raises(SystemExit) as exited:
-        runpy.run_path(str(ROOT / "bench" / "tpu_kernel_primitive_probe.py"), run_name="__main__")
+        runpy.run_path(str(ROOT / "bench" / "probes" / "tpu_kernel_primitive_probe.py"), run_name="__main__")
     assert exited.value.code == 0
     assert "INTERPRET MODE on cpu" in capsys.readouterr().out
     document = json.loads((tmp_path / "kernel-primitives.json").read_text())

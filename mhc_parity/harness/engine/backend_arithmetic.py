@@ -2,7 +2,7 @@
 device that runs the paths, against float64 on the host (a TPU's transcendentals err far more than
 XLA:CPU's, on which the rounding model was calibrated). `model_terms` gives the model a term for each
 primitive past `ALLOWED_ULPS` (docs/backend-arithmetic.md). Importing it starts no backend; it needs
-only JAX, NumPy and the standard library (`bench/tpu_backend_probe.py` runs it on a bare TPU image)."""
+only JAX, NumPy and the standard library (`bench/probes/tpu_backend_probe.py` runs it on a bare TPU image)."""
 
 from __future__ import annotations
 
@@ -328,7 +328,7 @@ def read_stored_table(path: pathlib.Path, key) -> tuple[BackendArithmetic | None
 
 
 def probe_document_table(path: pathlib.Path) -> BackendArithmetic:
-    """The device's table of a probe document (`bench/tpu_backend_probe.py OUT.json`, written on
+    """The device's table of a probe document (`bench/probes/tpu_backend_probe.py OUT.json`, written on
     an accelerator: its "device" table beside the host's), to judge here as that device judges."""
     return BackendArithmetic.from_json(json.loads(pathlib.Path(path).read_text())["device"])
 

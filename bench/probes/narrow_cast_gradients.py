@@ -1,6 +1,6 @@
-"""`bench/cause_diagnosis.py` with the gate-cast faults' bias gradients summed as XLA:TPU sums them.
+"""`bench/probes/cause_diagnosis.py` with the gate-cast faults' bias gradients summed as XLA:TPU sums them.
 
-    MHC_PARITY_CACHE=$(mktemp -d) python bench/narrow_cast_gradients.py --to out/narrow.jsonl \
+    MHC_PARITY_CACHE=$(mktemp -d) python bench/probes/narrow_cast_gradients.py --to out/narrow.jsonl \
         --chip-terms faults --suite smoke --dtype float32 --faults '*.gate_params_bf16' \
         --out out/narrow --quiet [--block 8]
 
@@ -22,7 +22,7 @@ import pathlib
 import runpy
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness.env import ensure_host_devices  # noqa: E402

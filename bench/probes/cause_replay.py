@@ -1,9 +1,9 @@
 """Why a failing leaf was given its cause: a dumped path's leaves against every hypothesis, here.
 
-    python bench/cause_replay.py --dump DIR/<case>/<implementation>.npz --suite maxtext \
+    python bench/probes/cause_replay.py --dump DIR/<case>/<implementation>.npz --suite maxtext \
         --failing d_res_alpha [--top 6]
 
-Reads a dump of `bench/leaves_dump.py` (made on any machine: a TPU's leaves looked at on a CPU;
+Reads a dump of `bench/probes/leaves_dump.py` (made on any machine: a TPU's leaves looked at on a CPU;
 its DIR/dumped.json names the backend), computes the case's float64 oracle and hypotheses here
 (`mhc_parity.harness.engine.causes.HypothesisOracle`), and prints, in units of each leaf's
 sensitivity σ (the oracle's: a path's declared precision choices are left out):
@@ -24,7 +24,7 @@ import json
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
@@ -46,7 +46,7 @@ from mhc_parity.harness.engine.oracle_path import run_oracle_path  # noqa: E402
 from mhc_parity.harness.judging.attribution import attribute_candidate, scaled_errors  # noqa: E402
 from mhc_parity.harness.judging.error_statistics import upcast  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "probes"))
 from leaves_dump import load_leaves  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def explained(z_candidate: np.ndarray, z_hypothesis: np.ndarray) -> float:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dump", required=True, type=pathlib.Path, help="a leaves .npz of bench/leaves_dump.py")
+    parser.add_argument("--dump", required=True, type=pathlib.Path, help="a leaves .npz of bench/probes/leaves_dump.py")
     parser.add_argument("--suite", default="maxtext", help="the suite its case is registered in")
     parser.add_argument("--failing", nargs="+", required=True, help="the leaves to name a cause for")
     parser.add_argument("--top", type=int, default=6, help="hypotheses listed per leaf")

@@ -1,6 +1,6 @@
 """`mhc-parity faults` on this CPU, judged as a chip judges: with a chip's measured backend terms.
 
-    python bench/faults_with_chip_terms.py [--probe docs/results/backend-probe-tpu-v5e.json] \
+    python bench/probes/faults_with_chip_terms.py [--probe docs/results/backend-probe-tpu-v5e.json] \
         faults --suite smoke --dtype float32 --faults '*gate_params_bf16' --out out/faults-chip-terms
 
 The chip's transcendentals widen each leaf's sensitivity σ (`mhc_parity.harness.engine.backend_arithmetic`),
@@ -17,7 +17,7 @@ import argparse
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
@@ -49,7 +49,7 @@ def judge_as_chip(probe: pathlib.Path = PROBE) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--probe", type=pathlib.Path, default=PROBE, help="a probe table (bench/tpu_backend_probe.py)")
+    parser.add_argument("--probe", type=pathlib.Path, default=PROBE, help="a probe table (tpu_backend_probe.py)")
     options, cli_args = parser.parse_known_args()
     judge_as_chip(options.probe)
     sys.exit(main(in_this_process(cli_args)))

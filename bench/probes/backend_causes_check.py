@@ -1,7 +1,7 @@
 """What the judge says of correct code on this backend with the rounding model's backend terms off.
 
 Usage (from the project root, on the machine whose arithmetic is in question, e.g. a TPU VM):
-    python bench/backend_causes_check.py OUT.json [CASE ...]
+    python bench/probes/backend_causes_check.py OUT.json [CASE ...]
 
 For each case (by default the two that failed correct code on the TPU v5e, issue 50: the
 float32 Sinkhorn case and the float32 tanh-branch case) every path that runs here is judged
@@ -25,7 +25,7 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness.env import ensure_host_devices  # noqa: E402 - after the project is on the path

@@ -1,7 +1,7 @@
 """What the rule that a cause must hold across its implementation changes in a kill matrix's rows.
 
 Usage (from the project root, after `mhc-parity faults ... --out FAULTS`; on a TPU VM too):
-    .venv/bin/python bench/cause_consistency.py --rows FAULTS/perturbed_rows.csv --out DIR
+    .venv/bin/python bench/probes/cause_consistency.py --rows FAULTS/perturbed_rows.csv --out DIR
 
 For each fault and dtype slice, its failing rows counted by cause id as the cases named them
 (the rows as recorded) and as every report states them (`mhc_parity.records.cause_consistency`:
@@ -22,7 +22,7 @@ import math
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from mhc_parity.records.cause_consistency import as_recorded, consistent_causes, unheld_places  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The backend arithmetic probe on an accelerator, written as JSON: `python bench/tpu_backend_probe.py OUT.json`.
+"""The backend arithmetic probe on an accelerator, written as JSON: `python bench/probes/tpu_backend_probe.py OUT.json`.
 
 Runs `mhc_parity.harness.engine.backend_arithmetic.probe_arithmetic` on the default device (a TPU)
 and on the host CPU, and writes both tables, the rounding model's terms for the device, and a
@@ -17,7 +17,7 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
@@ -58,7 +58,7 @@ def replay_check() -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python bench/tpu_backend_probe.py OUT.json", file=sys.stderr)
+        print("usage: python bench/probes/tpu_backend_probe.py OUT.json", file=sys.stderr)
         return 2
     out = pathlib.Path(argv[0])
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Where a run's own process spends its time: `mhc-parity run RUN-ARGS` under cProfile.
 
-    python bench/run_profile.py [--numbers-here] [--top N] [--stats FILE] -- RUN-ARGS...
+    python bench/probes/run_profile.py [--numbers-here] [--top N] [--stats FILE] -- RUN-ARGS...
 
 Prints the run's exit code and wall time, the peak resident memory of its own process (the
 oracle's process apart), its own timings (report.json's `*_s` metadata), and the N functions of
@@ -30,7 +30,7 @@ import resource
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness import cli  # noqa: E402

@@ -1,6 +1,6 @@
 """The judging's gain criterion re-applied to stored rows, offline: how close correct code sits.
 
-    .venv/bin/python bench/gain_rule_check.py ROWS.csv [MORE.csv ...] [--shapes SWEEP_ROWS.csv]
+    .venv/bin/python bench/probes/gain_rule_check.py ROWS.csv [MORE.csv ...] [--shapes SWEEP_ROWS.csv]
 
 ROWS: a sweep's rows.csv, a run's rows.csv or a baseline file (`baselines/*.csv`). Prints per
 (comparison, act dtype, dtype, leaf kind) the rows judged, the largest gain usage

@@ -1,6 +1,6 @@
 """Each path's leaves on this machine's default device, saved for a look elsewhere.
 
-    python bench/leaves_dump.py --suite maxtext --cases 'lite-n4-c256-b8s64-*peaky*' \
+    python bench/probes/leaves_dump.py --suite maxtext --cases 'lite-n4-c256-b8s64-*peaky*' \
         --impl mhc_parity.maxtext_parity:implementations --paths 'maxtext-layer-reference*' --out DIR
 
 For every selected case and unsharded path, the program a parity run judges (the forward pass
@@ -8,7 +8,7 @@ and one VJP, `mhc_parity.harness.engine.paths`) is compiled for the default devi
 on the case's fixture. Writes DIR/<case>/<implementation>.npz (leaf name -> array, as the run's
 rows name them; `load_leaves` reads them back in their own dtypes) and
 DIR/<case>/<implementation>.hlo.txt (the program as the backend compiled it: where it rounds and
-what it fuses). `bench/cause_replay.py` reads the .npz on any machine: a TPU's leaves
+what it fuses). `bench/probes/cause_replay.py` reads the .npz on any machine: a TPU's leaves
 attributed on a CPU, hypothesis by hypothesis.
 """
 
@@ -20,7 +20,7 @@ import json
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness.env import ensure_host_devices  # noqa: E402

@@ -1,4 +1,6 @@
-"""Do a Mosaic kernel's float32 primitives differ from XLA's? `python bench/tpu_kernel_primitive_probe.py --out DIR`.
+"""Do a Mosaic kernel's float32 primitives differ from XLA's?
+
+`python bench/probes/tpu_kernel_primitive_probe.py --out DIR`.
 
 Runs `mhc_parity.harness.engine.kernel_primitives.compare_primitives` on the default device: each
 elementwise primitive of the backend probe (exp, log, log1p, tanh, logistic, softplus, rsqrt, sqrt,
@@ -24,7 +26,7 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402

@@ -1,6 +1,6 @@
 """Why each failing leaf got its cause: `mhc-parity faults` with every attribution's scores kept.
 
-    python bench/cause_diagnosis.py --to out/cause-diagnosis.jsonl [--chip-terms] \
+    python bench/probes/cause_diagnosis.py --to out/cause-diagnosis.jsonl [--chip-terms] \
         faults --suite smoke --dtype float32 --faults '*gate_params_bf16' --out out/diagnosis
 
 The kill matrix keeps one cause per row. Where a chip's rows name another cause than the CPU's
@@ -23,7 +23,7 @@ import math
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhc_parity.harness.env import ensure_host_devices  # noqa: E402

@@ -7,7 +7,7 @@ On the lent TPU VM (gVisor) a run's oracle in a process of its own saw the memor
 in the run's own process (which had loaded the TPU runtime) had not. This prints, per variant,
 the figures every second and where in use stood 10 s after the oracle ended:
 
-    python bench/oracle_memory_accounting.py [--seconds 45] [--tokens 2048] [VARIANT ...]
+    python bench/probes/oracle_memory_accounting.py [--seconds 45] [--tokens 2048] [VARIANT ...]
 
 Variants: `child` (JAX_PLATFORMS=cpu, as the oracle's own process before it kept what glibc
 frees), `child-malloc` (glibc keeping what it frees, one arena: `KEEP_FREED_MEMORY`, as the
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from mhc_parity.harness.engine.oracle_process import KEEP_FREED_MEMORY  # noqa: E402

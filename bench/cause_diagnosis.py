@@ -128,7 +128,7 @@ def install(to: pathlib.Path, top: int) -> None:
         return found
 
     model.Perturbation.injected = injected_named
-    case_judging.annotate_causes = annotate_named  # the judging module's own name for it, where the rows are judged
+    case_judging.annotate_causes = annotate_named  # the name the rows are judged by there
     causes.attribute_candidate = attribute_kept  # called by its module name inside annotate_causes
 
 

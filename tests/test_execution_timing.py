@@ -1,7 +1,7 @@
 """A path's execution time: on an accelerator its device time, runs back to back with the
 process quiet; on the CPU its one call.
 
-mhc_parity/harness/engine/execution_timing.py, program_cache.py and runner.py; the accelerator
+mhc_parity/harness/engine/execution_timing.py, program_cache.py and path_results.py; the accelerator
 is simulated (no TPU needed): the placement's platform is patched, and a fake clock advances by
 the time each program run is said to take, so the recorded figures are known exactly.
 """
@@ -128,7 +128,7 @@ def test_a_path_on_an_accelerator_records_its_device_time(monkeypatch, tiny):
     _, case, fixture, _ = tiny
     monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
     runner = Runner(load_policy())
-    monkeypatch.setattr(runner.cache, "device_time", lambda path, case, fixture: (0.003, 17))
+    monkeypatch.setattr(runner.collaborators.programs, "device_time", lambda path, case, fixture: (0.003, 17))
     rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_s"] == 0.003 and row["execute_runs"] == 17 for row in timed)
@@ -142,7 +142,7 @@ def test_a_path_on_the_cpu_is_not_timed_again(monkeypatch, tiny):
 
     _, case, fixture, _ = tiny
     runner = Runner(load_policy())
-    monkeypatch.setattr(runner.cache, "device_time", lambda *a: pytest.fail("timed again on the CPU"))
+    monkeypatch.setattr(runner.collaborators.programs, "device_time", lambda *a: pytest.fail("timed again on the CPU"))
     rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_s"] == row["execute_first_s"] and row["execute_runs"] == 1 for row in timed)
@@ -161,6 +161,7 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
     case's oracle takes a second in the pool while the first case's paths run: no timed run
     of any path (each call of its program after the first) may overlap it."""
     from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
     from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
     from mhc_parity.harness.engine.runner import PathPlan, Runner
     from mhc_parity.harness.judging.policy_file import load_policy
@@ -183,8 +184,8 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
             oracle_spans.append((start, time.perf_counter()))
         return answer
 
-    runner = Runner(load_policy(), oracle=slow_oracle)
-    obtain = runner.cache._obtain
+    runner = Runner(load_policy(), Collaborators(oracle=OracleFunction(slow_oracle)))
+    obtain = runner.collaborators.programs._obtain
 
     def spied(path, case, *rest):
         compiled = obtain(path, case, *rest)
@@ -196,7 +197,7 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
 
         return program
 
-    monkeypatch.setattr(runner.cache, "_obtain", spied)
+    monkeypatch.setattr(runner.collaborators.programs, "_obtain", spied)
     plan = PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
     rows = [row for _, case_rows in runner.run(cases, plan) for row in case_rows]
     assert {row["verdict"] for row in rows} == {"pass"}
@@ -210,7 +211,7 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
 def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, tiny):
     """A background task that does not end within the wait (stuck in the code under test)
     does not hang the run: the paths keep their first call's time, one run."""
-    from mhc_parity.harness.engine import runner as runner_module
+    from mhc_parity.harness.engine import path_results
     from mhc_parity.harness.engine.implementations import REFERENCE
     from mhc_parity.harness.engine.quiet import QUIET
     from mhc_parity.harness.engine.runner import PathPlan, Runner
@@ -218,7 +219,7 @@ def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, 
 
     _, case, fixture, _ = tiny
     monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
-    monkeypatch.setattr(runner_module, "QUIET_WAIT_S", 0.2)
+    monkeypatch.setattr(path_results, "QUIET_WAIT_S", 0.2)
     with background_under_way(QUIET):  # stuck until the run is done
         rows = list(
             Runner(load_policy()).run_case(

@@ -106,11 +106,11 @@ def maxtext_leaves():
     runner hands them to `annotate_causes` (this project's reference, MaxText's released and fixed
     reference paths, unsharded and sharded)."""
     pytest.importorskip("maxtext")
-    import mhc_parity.harness.engine.runner as runner
+    import mhc_parity.harness.engine.case_judging as case_judging
     from mhc_parity.harness.api import run_parity
 
     seen = {}
-    original = runner.annotate_causes
+    original = case_judging.annotate_causes
 
     def capturing(rows, case, fixture, **inputs):
         chosen, leaves = inputs["hypotheses"](case, fixture)
@@ -121,7 +121,7 @@ def maxtext_leaves():
         return compute()  # never a stored answer: the capture must see the inputs
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runner, "annotate_causes", capturing)
+        patch.setattr(case_judging, "annotate_causes", capturing)
         patch.setattr(CauseStore, "causes", computed)
         # Nor judged rows stored by an earlier run of this case: those skip the causes altogether.
         patch.setattr(ComparisonStore, "load", lambda self, material, timings: None)

@@ -140,7 +140,8 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     """`Runner.run` starts the programs of the next cases in a thread pool before their turn
     (all of cases 0..COMPILE_AHEAD_CASES when case 0 starts); its rows equal those of
     `run_case` called case by case, rejections and sharded paths included."""
-    from mhc_parity.harness.engine.runner import COMPILE_AHEAD_CASES, Runner
+    from mhc_parity.harness.engine.cases_ahead import COMPILE_AHEAD_CASES
+    from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
     cases, plan = _ahead_cases(), _ahead_plan()
@@ -148,7 +149,9 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     ahead = Runner(load_policy())
     started = []
     rows = []
-    for _case, case_rows in ahead.run(cases, plan, on_case_start=lambda case: started.append(len(ahead.cache))):
+    for _case, case_rows in ahead.run(
+        cases, plan, on_case_start=lambda case: started.append(len(ahead.collaborators.programs))
+    ):
         rows.extend(case_rows)
     # cases 0..3 have 2 + 0 (same signatures) + 4 + 2 distinct programs, none taken yet
     assert started[0] == 8
@@ -167,6 +170,7 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
     raised is reported by the case's rows exactly as `run_case` reports it."""
     import threading
 
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
     from mhc_parity.harness.stores.oracle_cache import OracleCache
@@ -186,12 +190,12 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
 
         return oracle
 
-    ahead = Runner(load_policy(), oracle=make_oracle())
+    ahead = Runner(load_policy(), Collaborators(oracle=OracleFunction(make_oracle())))
     rows = [row for _, case_rows in ahead.run(cases, plan) for row in case_rows]
     assert sorted(name for name, _ in calls) == sorted(case.name for case in cases)
     assert all(thread.startswith("compile-ahead") for _, thread in calls)
     calls.clear()
-    one_at_a_time = Runner(load_policy(), oracle=make_oracle())
+    one_at_a_time = Runner(load_policy(), Collaborators(oracle=OracleFunction(make_oracle())))
     expected = [row for case in cases for row in one_at_a_time.run_case(case, plan)]
     assert all(thread == threading.main_thread().name for _, thread in calls)
     assert _without_timing(rows) == _without_timing(expected)
@@ -210,14 +214,16 @@ def test_a_run_left_early_stops_its_compile_threads():
     runner = Runner(load_policy())
     run = runner.run(_ahead_cases(), _ahead_plan())
     next(run)
-    while not all(f.done() for f in list(runner.cache._pending.values())):  # the compiles started so far
+    while not all(
+        f.done() for f in list(runner.collaborators.programs._pending.values())
+    ):  # the compiles started so far
         time.sleep(0.05)
     run.close()
-    assert not runner.cache._pending
+    assert not runner.collaborators.programs._pending
     for thread in [t for t in threading.enumerate() if t.name.startswith("compile-ahead")]:
         thread.join(timeout=60)  # idle: each ends as soon as it sees the pool shut down
         assert not thread.is_alive()
-    assert len(runner.cache) >= 2
+    assert len(runner.collaborators.programs) >= 2
 
 
 def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
@@ -225,15 +231,15 @@ def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
     hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes."""
     import threading
 
-    import mhc_parity.harness.engine.runner
+    from mhc_parity.harness.engine import cases_ahead
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
-    monkeypatch.setattr(mhc_parity.harness.engine.runner, "STOP_GRACE_S", 0.2)
+    monkeypatch.setattr(cases_ahead, "STOP_GRACE_S", 0.2)
     runner = Runner(load_policy())
     cases = _ahead_cases()
     stuck = threading.Event()
-    obtain = runner.cache._obtain
+    obtain = runner.collaborators.programs._obtain
 
     def stuck_after_the_first_case(path, case, *rest):
         if case.name == cases[0].name:
@@ -241,7 +247,7 @@ def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
         stuck.wait(120)
         raise RuntimeError("a compile that was stuck")
 
-    monkeypatch.setattr(runner.cache, "_obtain", stuck_after_the_first_case)
+    monkeypatch.setattr(runner.collaborators.programs, "_obtain", stuck_after_the_first_case)
     run = runner.run(cases, _ahead_plan())
     next(run)  # the first case ran; the later cases' compiles are stuck
     start = time.perf_counter()

@@ -33,7 +33,7 @@ ensure_host_devices()
 from faults_with_chip_terms import in_this_process, judge_as_chip  # noqa: E402  (bench/, this script's folder)
 
 from mhc_parity.harness.cli import main  # noqa: E402
-from mhc_parity.harness.engine import causes, runner  # noqa: E402
+from mhc_parity.harness.engine import case_judging, causes  # noqa: E402
 from mhc_parity.harness.faults import model  # noqa: E402
 from mhc_parity.harness.judging import attribution  # noqa: E402
 
@@ -102,7 +102,11 @@ def leaf_table(candidate_errors, hypotheses, failing, found, top: int) -> list[d
 def install(to: pathlib.Path, top: int) -> None:
     """Wrap the fault injection, the case's attribution and each candidate's, writing to `to`."""
     stream = to.open("w")
-    injected, annotate, attribute = model.Perturbation.injected, runner.annotate_causes, causes.attribute_candidate
+    injected, annotate, attribute = (
+        model.Perturbation.injected,
+        case_judging.annotate_causes,
+        causes.attribute_candidate,
+    )
 
     @contextlib.contextmanager
     def injected_named(self):
@@ -124,7 +128,7 @@ def install(to: pathlib.Path, top: int) -> None:
         return found
 
     model.Perturbation.injected = injected_named
-    runner.annotate_causes = annotate_named  # the runner's own name for it, where the rows are judged
+    case_judging.annotate_causes = annotate_named  # the name the rows are judged by there
     causes.attribute_candidate = attribute_kept  # called by its module name inside annotate_causes
 
 

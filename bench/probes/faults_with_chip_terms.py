@@ -25,7 +25,7 @@ from mhc_parity.harness.env import ensure_host_devices  # noqa: E402
 ensure_host_devices()
 
 from mhc_parity.harness.cli import main  # noqa: E402
-from mhc_parity.harness.engine import oracle_path, runner  # noqa: E402
+from mhc_parity.harness.engine import case_judging, oracle_path  # noqa: E402
 from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_document_table  # noqa: E402
 
 PROBE = ROOT / "docs" / "results" / "backend-probe-tpu-v5e.json"
@@ -44,7 +44,7 @@ def judge_as_chip(probe: pathlib.Path = PROBE) -> None:
     """From now on in this process, every run is judged with `probe`'s terms, its paths off the host."""
     terms = model_terms(probe_document_table(probe))
     oracle_path.backend_terms = lambda: terms
-    runner.runs_on_host = lambda path: False
+    case_judging.runs_on_host = lambda path: False
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ class ProgramCache:
     programs (None: compile every program this process needs). `compile_ahead` obtains programs in a
     thread pool and `run` waits for the one it needs. Safe to use from several threads."""
 
+    # Its capabilities as the runner's `PathPrograms` (mhc_parity.harness.engine.collaborators).
+    compiles_ahead = True
+    times_on_device = True
+
     def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS, store=None):
         if max_programs < 1:
             raise ValueError(f"max_programs must be at least 1, got {max_programs}")
@@ -60,6 +64,10 @@ class ProgramCache:
         """Programs kept, and those obtained ahead (or under way) that no `run` took yet."""
         with self._lock:
             return len(self._compiled) + len(self._pending)
+
+    def counts(self) -> dict[str, int | float]:
+        """What its program store loaded and missed ({} without one), for the run's metadata."""
+        return {} if self.store is None else self.store.counts()
 
     def lookup(self, key: tuple) -> object | None:
         """The compiled program of `key` (now the most recently used), or None."""

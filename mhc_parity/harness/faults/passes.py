@@ -15,6 +15,7 @@ import jax
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine.causes import HypothesisOracle
+from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction, RunOnlyPrograms, no_recorded_rows
 from mhc_parity.harness.engine.paths import ORACLE_PATH
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
@@ -29,7 +30,7 @@ def _plan(impls) -> PathPlan:
     return PathPlan(implementations=tuple(impls), lowering=False)
 
 
-class _RecordingProgramCache:
+class _RecordingProgramCache(RunOnlyPrograms):
     """A `ProgramCache` (default a fresh one) that remembers each (case, path)'s outputs, or exception, in
     `memo`."""
 
@@ -51,7 +52,7 @@ class _RecordingProgramCache:
         return outputs
 
 
-class _PerturbationScopedProgramCache:
+class _PerturbationScopedProgramCache(RunOnlyPrograms):
     """A fresh `ProgramCache` for the paths `perturbation` affects; recorded clean results for the rest."""
 
     def __init__(self, memo: dict, perturbation: Perturbation):
@@ -115,14 +116,16 @@ class SharedInputs:
         return self._oracles[case]
 
 
-def _runner(policy, shared: SharedInputs, cache, recorded_rows=None) -> Runner:
+def _runner(policy, shared: SharedInputs, cache: RunOnlyPrograms, recorded_rows=no_recorded_rows) -> Runner:
     return Runner(
         policy,
-        fixture_loader=shared.fixture,
-        oracle=shared.oracle,
-        cache=cache,
-        hypotheses=shared.hypotheses,
-        recorded_rows=recorded_rows,
+        Collaborators(
+            fixture_loader=shared.fixture,
+            oracle=OracleFunction(shared.oracle),
+            programs=cache,
+            hypotheses=shared.hypotheses,
+            recorded_rows=recorded_rows,
+        ),
     )
 
 
@@ -141,7 +144,7 @@ def perturbed_rows_of(
     rows: list[dict] = []
     with perturbation.injected():
         cache = _PerturbationScopedProgramCache(memo, perturbation)
-        recorded = None if clean_rows is None else _CleanComparisons(clean_rows, cache)
+        recorded = no_recorded_rows if clean_rows is None else _CleanComparisons(clean_rows, cache)
         runner = _runner(policy, shared, cache, recorded)
         for case in cases:
             rows.extend(runner.run_case(case, _plan(impls)))

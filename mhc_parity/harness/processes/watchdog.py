@@ -25,7 +25,7 @@ from mhc_parity.harness.processes.interrupts import interruption_message
 # within milliseconds when the main thread can get the GIL, even on a loaded machine).
 STUCK_GRACE_S = 3.0
 # How long a handler that ran has to end the run (the runner gives programs being compiled
-# 5 s: `mhc_parity.harness.engine.runner.STOP_GRACE_S`) before the watchdog takes over all the same.
+# 5 s: `mhc_parity.harness.engine.cases_ahead.STOP_GRACE_S`) before the watchdog takes over all the same.
 CLEANUP_GRACE_S = 30.0
 # How long the command has to end by its signal before SIGKILL.
 KILL_GRACE_S = 5.0

@@ -218,6 +218,10 @@ class OracleCache(LookupCounts):
         self.source_digest = oracle_source_digest(source_root)
         self.apart = apart
 
+    def counts(self) -> dict[str, int]:
+        """Answers this cache computed and loaded, for the run's metadata."""
+        return {"oracle_computed": self.misses, "oracle_cached": self.hits}
+
     def __call__(self, case, fixture) -> OracleOutputs:
         start = time.perf_counter()
         material = key_material(case, fixture, self.source_digest)

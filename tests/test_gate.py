@@ -239,6 +239,11 @@ def test_a_row_the_baseline_lost_from_a_case_and_path_it_covers_fails():
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="growth_factor"):
         gate(passing_rows(), passing_rows(), growth_factor=1.0)
+    # the one rule `mhc-parity gate` and the API check too: an infinite value would switch the check off
+    with pytest.raises(ValueError, match="growth_factor must be a finite number"):
+        gate(passing_rows(), passing_rows(), growth_factor=math.inf)
+    with pytest.raises(ValueError, match="noise_floor_ulps must be a finite number"):
+        gate(passing_rows(), passing_rows(), noise_floor_ulps=math.inf)
     doubled = passing_rows() + passing_rows()[:1]
     with pytest.raises(ReportInputError, match="share a row key"):
         gate(passing_rows(), doubled)

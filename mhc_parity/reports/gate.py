@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from mhc_parity.records.rows import unwrap_run
 from mhc_parity.records.schema import row_key
-from mhc_parity.records.text import format_number, format_text_table, plural
+from mhc_parity.records.text import format_number, plural
 from mhc_parity.reports.causes import CauseGroup, cause_groups
 from mhc_parity.reports.drift import (
     DEFAULT_GROWTH_FACTOR,
@@ -38,6 +38,8 @@ from mhc_parity.reports.drift import (
     index_by_key,
     systematic_note,
 )
+from mhc_parity.reports.gate_settings import parameter_problem
+from mhc_parity.reports.tables import Cell, Table, table_of, text_table
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
 
@@ -62,6 +64,8 @@ ROW_COUNT_WORDS = {
     "failure": ("fail/error row", ""),
 }
 INFO_CATEGORIES = ("improvement", "new_row")
+# A finding's row in every printer's table, after its category where a table names it.
+FINDING_COLUMNS = ("case", "candidate", "partner", "leaf", "detail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,13 +161,9 @@ class GateResult:
             if not findings:
                 continue
             if category == "missing":  # per case and path; the rows too when they are few
-                lines += [
-                    "",
-                    self.missing_heading() + ":",
-                    format_text_table(("case", "path", "missing rows"), self.missing_table_rows()),
-                ]
+                lines += ["", self.missing_heading() + ":", text_table(self.missing_table())]
                 if len(findings) <= max_info_rows:
-                    lines += ["", _findings_table(findings)]
+                    lines += ["", text_table(findings_table(findings))]
                 continue
             if category == "failure" and self.failure_causes:  # one heading per cause, its rows under it
                 lines += [
@@ -173,13 +173,13 @@ class GateResult:
                 by_key = {f.key: f for f in findings}
                 for group in self.failure_causes:
                     members = [by_key[row_key(r)] for r in group.rows if row_key(r) in by_key]
-                    lines += ["", f"  {group.heading()}", _findings_table(members, indent="    ")]
+                    lines += ["", f"  {group.heading()}", text_table(findings_table(members), indent="    ")]
                 continue
             limit = None if category in FAILING_CATEGORIES else max_info_rows
             shown = findings if limit is None else findings[:limit]
             lines.append("")
             lines.append(f"{category.replace('_', ' ')} ({len(findings)}):")
-            lines.append(_findings_table(shown))
+            lines.append(text_table(findings_table(shown)))
             if len(shown) < len(findings):
                 lines.append(f"... and {len(findings) - len(shown)} more")
         return "\n".join(lines)
@@ -193,17 +193,32 @@ class GateResult:
             f"group{'s' * (len(self.missing_groups) != 1)})"
         )
 
-    def missing_table_rows(self) -> list[tuple[str, str, str]]:
+    def missing_table(self) -> Table:
         """(case, path, "n of m") per missing group; path "(every path)" for a case not run at all."""
-        return [
-            (g.case, "(every path)" if g.path == "*" else g.path, f"{g.missing} of {g.baseline_rows}")
-            for g in self.missing_groups
-        ]
+        return table_of(
+            ("case", "path", "missing rows"),
+            (
+                (g.case, "(every path)" if g.path == "*" else g.path, f"{g.missing} of {g.baseline_rows}")
+                for g in self.missing_groups
+            ),
+        )
 
 
-def _findings_table(findings: Sequence[GateFinding], *, indent: str = "") -> str:
-    return format_text_table(
-        ("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings], indent=indent
+def spaced(category: str) -> str:
+    """A finding category in words ("baseline_gap" -> "baseline gap")."""
+    return category.replace("_", " ")
+
+
+def findings_table(findings: Iterable[GateFinding], *, category: Callable[[str], str] | None = None) -> Table:
+    """A row per finding (`FINDING_COLUMNS`), led by a "finding" column naming its category as `category` writes it
+    (e.g. `spaced`; None: no such column)."""
+    headers = (("finding",) if category else ()) + FINDING_COLUMNS
+    return table_of(
+        headers,
+        (
+            ((Cell(category(f.category), f"st-{f.category}", span=True),) if category else ()) + (*f.key, f.detail)
+            for f in findings
+        ),
     )
 
 
@@ -260,7 +275,7 @@ def gate(
 ) -> GateResult:
     """Compare a current run with a baseline under the module docstring's rules. Inputs: full or baseline-column row
     sets (DataFrame, dicts, or a loaded run or baseline). ReportInputError for unusable input (missing columns,
-    duplicate keys); ValueError for a growth factor <= 1 or a negative noise floor."""
+    duplicate keys); ValueError for parameters the gate cannot judge with (`parameter_problem`)."""
     _check_parameters(growth_factor, noise_floor_ulps)
     baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
     current = gate_frame(unwrap_run(current_rows)[0], source="current run")
@@ -268,10 +283,9 @@ def gate(
 
 
 def _check_parameters(growth_factor: float, noise_floor_ulps: float) -> None:
-    if not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-    if not noise_floor_ulps >= 0.0:
-        raise ValueError(f"noise_floor_ulps must be >= 0, got {noise_floor_ulps!r}")
+    problem = parameter_problem(growth_factor, noise_floor_ulps, ("growth_factor", "noise_floor_ulps"))
+    if problem:
+        raise ValueError(problem)
 
 
 def gate_frames(

@@ -1,6 +1,6 @@
-"""The gate's user settings `--growth-factor` and `--noise-floor-ulps`: which values can judge, and the sentence every
-gate summary opens with when they are not the defaults (an infinite one switches the growth check off: such a PASS must
-not read as a default one).
+"""The gate's user settings `--growth-factor` and `--noise-floor-ulps`: which values can judge (checked here only, for
+the command's argparse types, `gate_run` and `gate` itself), and the sentence every gate summary opens with when they
+are not the defaults (an infinite one would switch the growth check off, so it is refused).
 """
 
 from __future__ import annotations
@@ -19,6 +19,18 @@ def growth_factor_problem(value: float) -> str:
 def noise_floor_problem(value: float) -> str:
     """Why `value` cannot be the gate's noise floor in ulps ("" if it can): finite, 0 or more."""
     return "" if math.isfinite(value) and value >= 0.0 else f"must be a finite number, 0 or more, got {value:g}"
+
+
+# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
+PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
+
+
+def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
+    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
+    for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
+        if problem:
+            return f"{name} {problem}"
+    return ""
 
 
 def settings_note(growth_factor: float, noise_floor_ulps: float) -> str:

@@ -5,9 +5,8 @@ the gate's verdict (`judgement`): pass, its first failing findings, or why it re
 from __future__ import annotations
 
 from mhc_parity.records.schema import VERDICTS
-from mhc_parity.reports.gate import GateFinding
-from mhc_parity.reports.html_elements import case_link, esc, fmt, table, td, verdict_span
-from mhc_parity.reports.judgement import REFUSED, Judgement, first_findings, headline, hidden_findings
+from mhc_parity.reports.html_elements import case_link, esc, fmt, html_table, td, verdict_span
+from mhc_parity.reports.judgement import REFUSED, Judgement, first_findings_table, headline, hidden_findings
 from mhc_parity.reports.summary import backend_terms_note, policy_note
 
 
@@ -24,17 +23,6 @@ def count_item(verdict: str, count: int) -> str:
     return f'<li class="count-{esc(verdict)}{zero}">{label} <b>{count}</b></li>'
 
 
-def _finding_row(finding: GateFinding, anchors: dict[str, str]) -> list[str]:
-    return [
-        td(f'<span class="st-{esc(finding.category)}">{esc(finding.category.replace("_", " "))}</span>'),
-        td(case_link(finding.key[0], anchors)),
-        td(esc(finding.key[1])),
-        td(esc(finding.key[2])),
-        td(f"<b>{esc(finding.key[3])}</b>"),
-        td(esc(finding.detail), "reason"),
-    ]
-
-
 def gate_verdict_html(judgement: Judgement, anchors: dict[str, str]) -> str:
     """The gate's verdict for the banner: headline, first failing findings, a link to the rest."""
     css = {REFUSED: "refused"}.get(judgement.verdict, judgement.verdict.lower())
@@ -45,13 +33,12 @@ def gate_verdict_html(judgement: Judgement, anchors: dict[str, str]) -> str:
     parts += [f'<p class="gate-scope">{esc(line)}</p>' for line in (*judgement.scope, *judgement.remarks)]
     result = judgement.result
     if result is not None and not result.ok:
-        parts.append(
-            table(
-                ("finding", "case", "candidate", "partner", "leaf", "detail"),
-                (_finding_row(f, anchors) for f in first_findings(result)),
-                table_id="gate-first-findings",
-            )
-        )
+        cells = {
+            "case": lambda case: td(case_link(case, anchors)),
+            "leaf": lambda leaf: td(f"<b>{esc(leaf)}</b>"),
+            "detail": lambda detail: td(esc(detail), "reason"),
+        }
+        parts.append(html_table(first_findings_table(result), table_id="gate-first-findings", cells=cells))
         more = hidden_findings(result)
         rest = f"… and {more} more failing findings; " if more else ""
         parts.append(f'<p>{esc(rest)}<a href="#drift">every finding and growth factor</a></p>')

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from mhc_parity.records.text import format_number
+from mhc_parity.reports.tables import Cell, Table
 
 
 def esc(value: Any) -> str:
@@ -56,3 +57,20 @@ def td(content: str, css: str = "") -> str:
 
 def num(value: Any) -> str:
     return td(fmt(value), "num")
+
+
+def html_table(data: Table, *, table_id: str = "", cells: Mapping[str, Callable[[Any], str]] | None = None) -> str:
+    """`data` as an HTML `table`: a value through `cells[its column's header]` where given (which returns its `<td>`),
+    else a `Cell` with its class, a number through `num`, text escaped."""
+    cells = cells or {}
+
+    def cell(header: str, value: Any) -> str:
+        if header in cells:
+            return cells[header](value)
+        if isinstance(value, Cell):
+            text = esc(value.text)
+            return td(f'<span class="{esc(value.css)}">{text}</span>') if value.span else td(text, value.css)
+        return num(value) if isinstance(value, float) else td(esc(value))
+
+    body = ([cell(h, v) for h, v in zip(data.headers, row)] for row in data.rows)
+    return table(data.headers, body, table_id=table_id)

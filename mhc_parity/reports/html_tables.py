@@ -15,12 +15,18 @@ import pandas as pd
 from mhc_parity.records.schema import VERDICTS
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.figure_store import figure_svg
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
+from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, findings_table
 from mhc_parity.reports.gate_settings import settings_note
-from mhc_parity.reports.html_elements import case_link, esc, num, table, td, verdict_span
+from mhc_parity.reports.html_elements import case_link, esc, html_table, num, table, td, verdict_span
 from mhc_parity.reports.judgement import Judgement
-from mhc_parity.reports.program_speed import NO_PEAK, PROGRAM_SPEED_NOTE, program_speeds, roofline_figure
-from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
+from mhc_parity.reports.program_speed import (
+    NO_PEAK,
+    PROGRAM_SPEED_NOTE,
+    program_speed_table,
+    program_speeds,
+    roofline_figure,
+)
+from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries, speedup_table
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders
 
 # Metadata keys shown first in the environment block (the rest follow, sorted).
@@ -162,23 +168,9 @@ def drift_section(judgement: Judgement, anchors: dict[str, str], limit: int) -> 
     ]
     findings = [f for c in FAILING_CATEGORIES + INFO_CATEGORIES for f in gate_result.by_category(c)]
     if findings:
-        parts.append(
-            table(
-                ("finding", "case", "candidate", "partner", "leaf", "detail"),
-                (
-                    [
-                        td(f'<span class="st-{esc(f.category)}">{esc(f.category)}</span>'),
-                        td(case_link(f.key[0], anchors)),
-                        td(esc(f.key[1])),
-                        td(esc(f.key[2])),
-                        td(esc(f.key[3])),
-                        td(esc(f.detail), "reason"),
-                    ]
-                    for f in findings[:limit]
-                ),
-                table_id="gate-findings-table",
-            )
-        )
+        shown = findings_table(findings[:limit], category=str)  # each category by its own name
+        cells = {"case": lambda case: td(case_link(case, anchors)), "detail": lambda detail: td(esc(detail), "reason")}
+        parts.append(html_table(shown, table_id="gate-findings-table", cells=cells))
         if len(findings) > limit:
             parts.append(f"<p>… and {len(findings) - limit} more findings.</p>")
     drifts = sorted(
@@ -327,23 +319,13 @@ def speed_section(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict |
         parts.append('<p class="empty">No path ran beside a reference path with both timed.</p></section>')
         return "\n".join(parts)
     parts.append("<ul>" + "".join(f"<li>{esc(s.text)}</li>" for s in speed_summaries(lines)) + "</ul>")
-    body = [
-        [
-            td(case_link(line.case, anchors)),
-            td(esc(line.candidate)),
-            td(esc(line.reference)),
-            td(esc(line.devices)),
-            num(line.candidate_s),
-            num(line.reference_s),
-            num(line.speedup),
-            td(esc(line.label), "" if line.measured else "unmeasured"),
-        ]
-        for line in lines
-    ]
-    headers = ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is")
-    parts.append(table(headers, body, table_id="speed-table"))
+    parts.append(html_table(speedup_table(lines), table_id="speed-table", cells=_case_links(anchors)))
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _case_links(anchors: dict[str, str]) -> dict:
+    return {"case": lambda case: td(case_link(case, anchors))}
 
 
 def _program_speed_html(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict) -> str:
@@ -362,21 +344,7 @@ def _program_speed_html(frame: pd.DataFrame, anchors: dict[str, str], metadata: 
             f"{esc(format_number(figure.peak_gb_per_s))} GB/s): each program's bytes over its device time.</figcaption>"
             "</figure>"
         )
-    body = [
-        [
-            td(case_link(s.case, anchors)),
-            td(esc(s.path)),
-            td(esc(s.devices)),
-            num(s.device_s * 1e3),
-            num(s.bytes_moved / 1e6),
-            num(s.rates.gb_per_s),
-            num(s.rates.hbm_fraction) if s.rates.peaks is not None else td(esc(NO_PEAK), "unmeasured"),
-            td(esc(s.timing), "" if s.alone else "unmeasured"),
-        ]
-        for s in speeds
-    ]
-    headers = ("case", "program", "devices", "device ms", "MB moved", "GB/s", "of peak HBM", "timing")
-    parts.append(table(headers, body, table_id="program-speed-table"))
+    parts.append(html_table(program_speed_table(speeds), table_id="program-speed-table", cells=_case_links(anchors)))
     return "\n".join(parts)
 
 

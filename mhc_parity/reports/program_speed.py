@@ -16,7 +16,8 @@ import pandas as pd
 
 from mhc_parity.records.roofline import Throughput, throughput
 from mhc_parity.records.rows import encode_float
-from mhc_parity.reports.speed import HOST_PLATFORM, device_platform
+from mhc_parity.reports.speed import HOST_PLATFORM, UNMEASURED, device_platform
+from mhc_parity.reports.tables import Cell, Column, Table
 
 SPEED_COLUMNS = (
     "case",
@@ -119,6 +120,32 @@ def program_speeds(frame: pd.DataFrame, metadata: dict | None = None) -> list[Pr
         )
         for r in timed[columns].to_dict(orient="records")
     ]
+
+
+def program_speed_table(speeds: list[ProgramSpeed]) -> Table:
+    """The Speed section's first table: a row per program, what measures nothing greyed on the page."""
+    columns = (
+        *map(Column, ("case", "program", "devices")),
+        Column("device ms", numeric=True),
+        Column("MB moved", numeric=True),
+        Column("GB/s", numeric=True, nan="—"),
+        Column("of peak HBM", numeric=True),
+        Column("timing"),
+    )
+    rows = (
+        (
+            s.case,
+            s.path,
+            s.devices,
+            s.device_s * 1e3,
+            s.bytes_moved / 1e6,
+            s.rates.gb_per_s,
+            s.rates.hbm_fraction if s.rates.peaks is not None else Cell(NO_PEAK, UNMEASURED),
+            s.timing if s.alone else Cell(s.timing, UNMEASURED),
+        )
+        for s in speeds
+    )
+    return Table(columns, tuple(rows))
 
 
 def has_peak(speeds: list[ProgramSpeed]) -> bool:

@@ -13,6 +13,7 @@ import statistics
 import pandas as pd
 
 from mhc_parity.records.text import format_number
+from mhc_parity.reports.tables import Cell, Column, Table
 
 # A `devices` cell's host-CPU platform; the same as `harness.engine.devices.HOST_PLATFORM` (not imported here).
 HOST_PLATFORM = "cpu"
@@ -24,6 +25,8 @@ def device_platform(devices: str) -> str:
 
 
 NOT_MEASURED_ON_CPU = "CPU: not a speed measurement"
+# The class the HTML page greys a cell with that measures no speed.
+UNMEASURED = "unmeasured"
 SPEED_NOTE = (
     "Each path's program (forward and VJP together) beside the reference path's on the same "
     "sharding and devices, from the same run; speed-up = reference time / path time (above 1: "
@@ -146,3 +149,28 @@ def speed_summaries(lines: list[SpeedLine]) -> list[SpeedSummary]:
             )
         )
     return summaries
+
+
+def speedup_table(lines: list[SpeedLine]) -> Table:
+    """The Speed section's second table: a row per `SpeedLine`, what measures nothing greyed on the page."""
+    columns = (
+        *map(Column, ("case", "path", "reference", "devices")),
+        Column("path s", numeric=True),
+        Column("reference s", numeric=True),
+        Column("speed-up", numeric=True, nan="—"),
+        Column("what it is"),
+    )
+    rows = (
+        (
+            line.case,
+            line.candidate,
+            line.reference,
+            line.devices,
+            line.candidate_s,
+            line.reference_s,
+            line.speedup,
+            line.label if line.measured else Cell(line.label, UNMEASURED),
+        )
+        for line in lines
+    )
+    return Table(columns, tuple(rows))

@@ -681,7 +681,7 @@ def test_missing_empty_and_unknown_files(tmp_path):
 
 def test_reports_package_never_imports_jax():
     code = (
-        "import sys, mhc_parity.reports, mhc_parity.reports.gate, mhc_parity.reports.baseline\n"
+        "import sys, mhc_parity.reports, mhc_parity.reports.gate.rule, mhc_parity.reports.gate.baseline_file\n"
         "import mhc_parity.reports.html, mhc_parity.reports.histograms, mhc_parity.reports.markdown\n"
         "import mhc_parity.reports.bound_plot_svg, mhc_parity.reports.histogram_svg, mhc_parity.reports.speed\n"
         "import mhc_parity.reports.program_speed, mhc_parity.reports.roofline_svg, mhc_parity.records.roofline\n"

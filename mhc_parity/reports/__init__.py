@@ -12,7 +12,7 @@ Public entry points:
     write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {kind: Path} (`OUTPUT_FILES`)
     summarize(frame) -> dict                verdict counts, worst leaf
     render_html(frame, metadata) / render_markdown(frame)
-    gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult
+    gate.rule.gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult   (`gate` is its subpackage)
     write_baseline(rows, path, *, policy_hash=None) -> Path
     ReportInputError                        any input that does not fit the schema
 """
@@ -20,9 +20,8 @@ Public entry points:
 import importlib
 
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
-from mhc_parity.reports.baseline import write_baseline
-from mhc_parity.reports.baseline_load import load_baseline
-from mhc_parity.reports.gate import GateFinding, GateResult, gate
+from mhc_parity.reports.gate.baseline_file import load_baseline, write_baseline
+from mhc_parity.reports.gate.rule import GateFinding, GateResult
 from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.summary import summarize
 
@@ -52,7 +51,6 @@ __all__ = [
     "GateFinding",
     "GateResult",
     "ReportInputError",
-    "gate",
     "load_baseline",
     "load_rows",
     "load_run",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from mhc_parity.reports.bound_plots import MAX_BOUND_PANELS, bound_panels
+from mhc_parity.reports.gate.judgement import Judgement
 from mhc_parity.reports.heatmaps import heatmaps
 from mhc_parity.reports.histograms import histograms
 from mhc_parity.reports.html_banner import page_passed, summary_section
@@ -24,7 +25,6 @@ from mhc_parity.reports.html_tables import (
     speed_section,
 )
 from mhc_parity.reports.html_verdicts import implementations_section
-from mhc_parity.reports.judgement import Judgement
 from mhc_parity.reports.summary import summarize
 
 MAX_OFFENDERS = 25

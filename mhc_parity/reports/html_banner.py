@@ -5,8 +5,8 @@ the gate's verdict (`judgement`): pass, its first failing findings, or why it re
 from __future__ import annotations
 
 from mhc_parity.records.schema import VERDICTS
+from mhc_parity.reports.gate.judgement import REFUSED, Judgement, first_findings_table, headline, hidden_findings
 from mhc_parity.reports.html_elements import case_link, esc, fmt, html_table, td, verdict_span
-from mhc_parity.reports.judgement import REFUSED, Judgement, first_findings_table, headline, hidden_findings
 from mhc_parity.reports.summary import backend_terms_note, policy_note
 
 

@@ -15,10 +15,10 @@ import pandas as pd
 from mhc_parity.records.schema import VERDICTS
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.figure_store import figure_svg
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, findings_table
-from mhc_parity.reports.gate_settings import settings_note
+from mhc_parity.reports.gate.drift import settings_note
+from mhc_parity.reports.gate.judgement import Judgement
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, findings_table
 from mhc_parity.reports.html_elements import case_link, esc, html_table, num, table, td, verdict_span
-from mhc_parity.reports.judgement import Judgement
 from mhc_parity.reports.program_speed import (
     NO_PEAK,
     PROGRAM_SPEED_NOTE,

@@ -21,10 +21,10 @@ from mhc_parity.records.rows import encode_float, frame_to_json_records, json_re
 from mhc_parity.records.schema import ROW_COLUMNS
 from mhc_parity.records.store import RowStore, typed_case_records
 from mhc_parity.reports.causes import stated_causes
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
+from mhc_parity.reports.gate.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from mhc_parity.reports.gate.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES
 from mhc_parity.reports.html import render_html
-from mhc_parity.reports.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
 from mhc_parity.reports.markdown import render_markdown
 from mhc_parity.reports.program_speed import program_speeds, write_speed_csv
 from mhc_parity.reports.rerun import run_rerun_command

@@ -7,11 +7,14 @@ Failing (`GateResult.ok` False, `mhc-parity gate` exit 1):
   lost_coverage  a baseline `pass` row now `skip` or `unsupported`;
   new_nonfinite  nan_count or inf_count > 0 where the baseline row had 0;
   regression     an oracle error past its allowance, or a systematic shift along the leaf
-                 (`mhc_parity.reports.drift`); without a gain in the baseline `gain_note` says so.
+                 (`mhc_parity.reports.gate.drift`); without a gain in the baseline `gain_note` says so.
 Informational, never failing:
   improvement    an error shrunk by the same rule, or a fail/error row passing now;
   new_row        a row of a case and a path the baseline has rows of, but not together (a case or path it
-                 never ran is refused earlier: `mhc_parity.reports.coverage`).
+                 never ran is refused earlier: `mhc_parity.reports.gate.comparability`).
+
+Both sides are read as gate frames (`gate_frame`: `GATE_COLUMNS`, the columns a baseline file keeps, and the optional
+ones present), matched on `row_key`; a matched row's drift is `mhc_parity.reports.gate.drift.compare_row`.
 """
 
 from __future__ import annotations
@@ -24,24 +27,56 @@ from typing import Any
 
 import pandas as pd
 
-from mhc_parity.records.rows import unwrap_run
-from mhc_parity.records.schema import row_key
+from mhc_parity.records.rows import ReportInputError, coerce_row, frame_from_records, unwrap_run
+from mhc_parity.records.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
 from mhc_parity.records.text import format_number, plural
 from mhc_parity.reports.causes import CauseGroup, cause_groups
-from mhc_parity.reports.drift import (
+from mhc_parity.reports.gate.drift import (
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_NOISE_FLOOR_ULPS,
+    GAIN_COLUMNS,
+    GROWTH_METRICS,
+    QUANTILE_COLUMNS,
+    RATE_COLUMNS,
+    SENSITIVITY_COLUMNS,
     RowDrift,
     compare_runs,
     gain_rule_note,
-    gate_frame,
     index_by_key,
+    parameter_problem,
     systematic_note,
 )
-from mhc_parity.reports.gate_settings import parameter_problem
 from mhc_parity.reports.tables import Cell, Table, table_of, text_table
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
+
+# The columns the gate needs from each run; a baseline file keeps exactly these.
+GATE_COLUMNS = (
+    *IDENTITY_COLUMNS,
+    "comparison",
+    "leaf_kind",
+    "dtype",
+    "verdict",
+    "nan_count",
+    "inf_count",
+    *GROWTH_METRICS,
+    *SENSITIVITY_COLUMNS,
+    *GAIN_COLUMNS,
+)
+# Baselines of format 1 were written before the sensitivity was kept, of formats 2 and 3 before the gain.
+LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS + GAIN_COLUMNS)
+PRE_GAIN_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in GAIN_COLUMNS)
+GATE_OPTIONAL_COLUMNS = (
+    "reason",
+    "bound_usage",
+    "cause",
+    "cause_id",
+    "cause_explained",
+    *QUANTILE_COLUMNS,
+    *RATE_COLUMNS,
+    "oracle_peak_to_l2",
+)
+assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= set(ROW_COLUMNS)
 
 # Finding categories, in the order they are printed.
 FAILING_CATEGORIES = ("failure", "missing", "baseline_gap", "lost_coverage", "new_nonfinite", "regression")
@@ -222,6 +257,56 @@ def findings_table(findings: Iterable[GateFinding], *, category: Callable[[str],
     )
 
 
+def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str) -> pd.DataFrame:
+    """A typed frame with the gate's columns (and the optional ones present).
+
+    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; sensitivity and gain columns may be
+    absent: NaN). ReportInputError for a column outside the schema, a missing gate column or duplicate row keys.
+    """
+    if isinstance(rows, pd.DataFrame):
+        records = rows.to_dict(orient="records")
+        columns = list(rows.columns)
+    else:
+        records = [dict(r) for r in rows]
+        columns = list(records[0].keys()) if records else list(GATE_COLUMNS)
+    unknown = [c for c in columns if c not in ROW_COLUMNS]
+    missing = [c for c in LEGACY_GATE_COLUMNS if c not in columns]
+    if unknown or missing:
+        parts = []
+        if missing:
+            parts.append(f"missing columns {missing}")
+        if unknown:
+            parts.append(f"unknown columns {unknown}")
+        raise ReportInputError(f"{source}: " + "; ".join(parts))
+    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in columns]
+    coerced = []
+    for index, record in enumerate(records):
+        record = {**{c: math.nan for c in SENSITIVITY_COLUMNS + GAIN_COLUMNS}, **record}
+        absent = [c for c in kept if c not in record]
+        if absent:
+            raise ReportInputError(f"{source}, row {index}: missing columns {absent}")
+        coerced.append(coerce_row(record, f"{source}, row {index}", kept))
+    return _unique_keys(frame_from_records(coerced, kept), source)
+
+
+def typed_gate_frame(frame: pd.DataFrame, *, source: str) -> pd.DataFrame:
+    """`gate_frame` of an already typed frame (a canonical row frame or a `Baseline`'s): its gate columns selected, not
+    coerced again; the same errors."""
+    missing = [c for c in GATE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ReportInputError(f"{source}: missing columns {missing}")
+    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in frame.columns]
+    return _unique_keys(frame[kept].reset_index(drop=True), source)
+
+
+def _unique_keys(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    duplicated = frame.duplicated(list(IDENTITY_COLUMNS), keep=False)
+    if duplicated.any():
+        first = frame[duplicated].iloc[0]
+        raise ReportInputError(f"{source}: {int(duplicated.sum())} rows share a row key, e.g. {row_key(first)}")
+    return frame
+
+
 def _reason(row: Mapping[str, Any]) -> str:
     reason = str(row.get("reason", "") or "")
     return f": {reason}" if reason else ""
@@ -398,16 +483,3 @@ def group_missing(
         else:
             groups[(case, path)] = MissingGroup(case, path, n, per_group[(case, path)])
     return tuple(groups.values())
-
-
-__all__ = [
-    "DEFAULT_GROWTH_FACTOR",
-    "DEFAULT_NOISE_FLOOR_ULPS",
-    "FAILING_CATEGORIES",
-    "GateFinding",
-    "GateResult",
-    "INFO_CATEGORIES",
-    "MissingGroup",
-    "gate",
-    "gate_frames",
-]

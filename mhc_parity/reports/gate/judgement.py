@@ -17,17 +17,32 @@ from mhc_parity.records.environment import isa_difference
 from mhc_parity.records.manifest import Manifest
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.text import plural
-from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
-from mhc_parity.reports.comparability import comparability_refusal, current_cases, gated_frame
-from mhc_parity.reports.coverage import (
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION, Baseline
+from mhc_parity.reports.gate.comparability import (
+    comparability_refusal,
     coverage_refusal,
+    current_cases,
     device_note,
+    gated_frame,
     untested_implementations,
     without_implementations,
 )
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
-from mhc_parity.reports.gate import ROW_COUNT_WORDS, GateFinding, GateResult, findings_table, gate_frames, spaced
-from mhc_parity.reports.gate_settings import PARAMETER_NAMES, parameter_problem
+from mhc_parity.reports.gate.drift import (
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_NOISE_FLOOR_ULPS,
+    PARAMETER_NAMES,
+    parameter_problem,
+)
+from mhc_parity.reports.gate.rule import (
+    ROW_COUNT_WORDS,
+    GateFinding,
+    GateResult,
+    findings_table,
+    gate_frame,
+    gate_frames,
+    spaced,
+    typed_gate_frame,
+)
 from mhc_parity.reports.sources import (
     CODE_CHANGE_OPTION,
     POLICY_HASH_KEY,
@@ -265,20 +280,3 @@ def first_findings_table(result: GateResult) -> Table:
 def hidden_findings(result: GateResult, limit: int = FIRST_SCREEN_FINDINGS) -> int:
     """How many failing findings `first_findings` leaves out."""
     return max(0, len(result.failing_findings()) - limit)
-
-
-__all__ = [
-    "FAIL",
-    "FIRST_SCREEN_FINDINGS",
-    "Judgement",
-    "PASS",
-    "REFUSED",
-    "as_baseline",
-    "first_findings",
-    "first_findings_table",
-    "headline",
-    "hidden_findings",
-    "judge",
-    "judges_own_cases",
-    "written_run",
-]

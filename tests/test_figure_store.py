@@ -1,4 +1,4 @@
-"""The report's figures are drawn once per drawing code and numbers (`mhc_parity.reports.figure_store`).
+"""The report's figures are drawn once per drawing code and numbers (`mhc_parity.reports.html.figures.figure_svg`).
 
 A stored figure is the SVG the drawing makes of the same arguments, byte for byte; other
 numbers, another drawing module or a damaged entry draw it again; and a report whose
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.records.cache_root import CACHE_ENV_VAR
-from mhc_parity.reports import figure_store, to_frame
-from mhc_parity.reports.bound_plot_svg import bound_panel_svg
-from mhc_parity.reports.bound_plots import bound_panels
-from mhc_parity.reports.histograms import histograms
+from mhc_parity.reports import to_frame
+from mhc_parity.reports.html import figures as figure_store
+from mhc_parity.reports.html.figures import bound_panels, histograms
+from mhc_parity.reports.html.svg import bound_panel_svg
 from mhc_parity.reports.samples import sample_rows
 
 ROOT = Path(__file__).resolve().parents[1]

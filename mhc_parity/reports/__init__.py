@@ -36,8 +36,8 @@ def __getattr__(name: str):
 
 
 def render_html(frame, metadata=None, **options):
-    """The HTML report of a row set (`mhc_parity.reports.html.render_html`; summary computed unless given)."""
-    return importlib.import_module("mhc_parity.reports.html").render_html(to_frame(frame), metadata, **options)
+    """The HTML report of a row set (`mhc_parity.reports.html.page.render_html`; summary computed unless given)."""
+    return importlib.import_module("mhc_parity.reports.html.page").render_html(to_frame(frame), metadata, **options)
 
 
 def render_markdown(frame, **options):

@@ -16,8 +16,15 @@ from mhc_parity.reports.gate.drift import settings_note
 from mhc_parity.reports.gate.judgement import FAIL, PASS, Judgement, first_findings_table, headline, hidden_findings
 from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, findings_table
 from mhc_parity.reports.host_memory import case_memories, memory_line, memory_table_rows
-from mhc_parity.reports.program_speed import PROGRAM_SPEED_NOTE, program_speed_table, program_speeds
-from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries, speedup_table
+from mhc_parity.reports.speed import (
+    PROGRAM_SPEED_NOTE,
+    SPEED_NOTE,
+    program_speed_table,
+    program_speeds,
+    speed_lines,
+    speed_summaries,
+    speedup_table,
+)
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
 from mhc_parity.reports.tables import markdown_table, md_cell, md_table
 

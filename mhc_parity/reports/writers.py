@@ -24,11 +24,11 @@ from mhc_parity.reports.causes import stated_causes
 from mhc_parity.reports.gate.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
 from mhc_parity.reports.gate.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
 from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES
-from mhc_parity.reports.html import render_html
+from mhc_parity.reports.html.page import render_html
 from mhc_parity.reports.markdown import render_markdown
-from mhc_parity.reports.program_speed import program_speeds, write_speed_csv
 from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION
+from mhc_parity.reports.speed import program_speeds, write_speed_csv
 from mhc_parity.reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES

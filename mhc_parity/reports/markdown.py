@@ -15,7 +15,6 @@ from mhc_parity.reports.causes import format_heading
 from mhc_parity.reports.gate.drift import settings_note
 from mhc_parity.reports.gate.judgement import FAIL, PASS, Judgement, first_findings_table, headline, hidden_findings
 from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, findings_table
-from mhc_parity.reports.host_memory import case_memories, memory_line, memory_table_rows
 from mhc_parity.reports.speed import (
     PROGRAM_SPEED_NOTE,
     SPEED_NOTE,
@@ -25,7 +24,15 @@ from mhc_parity.reports.speed import (
     speed_summaries,
     speedup_table,
 )
-from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
+from mhc_parity.reports.summary import (
+    FAILING_VERDICTS,
+    case_memories,
+    memory_line,
+    memory_table,
+    rank_offenders,
+    summarize,
+    summary_notes,
+)
 from mhc_parity.reports.tables import markdown_table, md_cell, md_table
 
 DEFAULT_MAX_ROWS = 20
@@ -197,11 +204,7 @@ def _memory_lines(frame: pd.DataFrame) -> list[str]:
         [
             md_cell(memory_line(memories), None),
             "",
-            md_table(
-                ("case", "oracle peak", "budget", "share", "within"),
-                memory_table_rows(memories),
-                numeric=(False, True, True, True, False),
-            ),
+            markdown_table(memory_table(memories)),
         ],
     )
 

@@ -22,8 +22,7 @@ from mhc_parity.reports.causes import (
     uncompared,
 )
 from mhc_parity.reports.gate.judgement import Judgement, first_findings_table, headline, hidden_findings
-from mhc_parity.reports.host_memory import case_memories, memory_line
-from mhc_parity.reports.summary import sharpness, summary_notes
+from mhc_parity.reports.summary import case_memories, memory_line, sharpness, summary_notes
 from mhc_parity.reports.tables import text_table
 
 WORST_ROWS = 12

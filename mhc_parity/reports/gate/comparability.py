@@ -171,7 +171,7 @@ def selection_of_run(run) -> Selection:
 
 def untested_implementations(baseline, current) -> tuple[str, ...]:
     """External implementations `baseline` recorded that `current` did not test (() for an implementation's own
-    baseline, which `ownership` judges)."""
+    baseline, which `ownership_refusal` judges)."""
     if baseline.implementation:
         return ()
     run = selection_of_run(current).implementations

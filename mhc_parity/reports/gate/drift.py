@@ -52,6 +52,42 @@ TWO_RUNS_SPREAD = math.sqrt(2.0)
 DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_NOISE_FLOOR_ULPS = 2.0
 
+
+def growth_factor_problem(value: float) -> str:
+    """Why `value` cannot be the gate's growth factor ("" if it can): finite and above 1."""
+    return "" if math.isfinite(value) and value > 1.0 else f"must be a finite number above 1, got {value:g}"
+
+
+def noise_floor_problem(value: float) -> str:
+    """Why `value` cannot be the gate's noise floor in ulps ("" if it can): finite, 0 or more."""
+    return "" if math.isfinite(value) and value >= 0.0 else f"must be a finite number, 0 or more, got {value:g}"
+
+
+# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
+PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
+
+
+def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
+    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
+    for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
+        if problem:
+            return f"{name} {problem}"
+    return ""
+
+
+def settings_note(growth_factor: float, noise_floor_ulps: float) -> str:
+    """One sentence naming the settings that are not the defaults ("" when both are)."""
+    changed = [
+        f"{label} {shown(value)} (default {shown(default)})"
+        for label, value, default, shown in (
+            ("growth factor", growth_factor, DEFAULT_GROWTH_FACTOR, lambda v: f"×{format_number(v)}"),
+            ("noise floor", noise_floor_ulps, DEFAULT_NOISE_FLOOR_ULPS, lambda v: f"{format_number(v)} ulps"),
+        )
+        if value != default
+    ]
+    return f"The gate judged drift with {' and '.join(changed)}, not its defaults." if changed else ""
+
+
 # Machine epsilon per dtype name and alias.
 DTYPE_EPSILON = {name: dtypes.epsilon(name) for name in (*dtypes.FLOAT_DTYPES, *dtypes.ALIASES)}
 # Used when a row's dtype is not a float dtype name (should not happen for measured rows).
@@ -336,38 +372,3 @@ def gain_rule_note(drifts: Iterable) -> str:
         return NO_GAIN_NOTE
     why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
     return f"note: the systematic-shift rule was not applied: {why}"
-
-
-def growth_factor_problem(value: float) -> str:
-    """Why `value` cannot be the gate's growth factor ("" if it can): finite and above 1."""
-    return "" if math.isfinite(value) and value > 1.0 else f"must be a finite number above 1, got {value:g}"
-
-
-def noise_floor_problem(value: float) -> str:
-    """Why `value` cannot be the gate's noise floor in ulps ("" if it can): finite, 0 or more."""
-    return "" if math.isfinite(value) and value >= 0.0 else f"must be a finite number, 0 or more, got {value:g}"
-
-
-# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
-PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
-
-
-def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
-    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
-    for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
-        if problem:
-            return f"{name} {problem}"
-    return ""
-
-
-def settings_note(growth_factor: float, noise_floor_ulps: float) -> str:
-    """One sentence naming the settings that are not the defaults ("" when both are)."""
-    changed = [
-        f"{label} {shown(value)} (default {shown(default)})"
-        for label, value, default, shown in (
-            ("growth factor", growth_factor, DEFAULT_GROWTH_FACTOR, lambda v: f"×{format_number(v)}"),
-            ("noise floor", noise_floor_ulps, DEFAULT_NOISE_FLOOR_ULPS, lambda v: f"{format_number(v)} ulps"),
-        )
-        if value != default
-    ]
-    return f"The gate judged drift with {' and '.join(changed)}, not its defaults." if changed else ""

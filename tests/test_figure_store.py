@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,14 @@ def test_histograms_are_stored_too(store):
     (figure, *_) = [h for h in histograms(to_frame(sample_rows())).values() if h is not None]
     assert store.figure_svg("histogram", figure) == store.figure_svg("histogram", figure)
     assert store.figure_counts() == {"figures_stored_loaded": 1, "figures_stored_missed": 1}
+
+
+def test_every_matplotlib_call_is_in_one_module():
+    """The drawings live in `mhc_parity/reports/html/svg.py` alone: `figure_svg` imports it only to draw, so no other
+    module may bring matplotlib in."""
+    importers = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "mhc_parity").rglob("*.py")
+        if re.search(r"^\s*(from|import)\s+matplotlib\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+    )
+    assert importers == ["mhc_parity/reports/html/svg.py"]

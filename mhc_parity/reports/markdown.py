@@ -14,7 +14,7 @@ from mhc_parity.records.text import format_number
 from mhc_parity.reports.causes import format_heading
 from mhc_parity.reports.gate.drift import settings_note
 from mhc_parity.reports.gate.judgement import FAIL, PASS, Judgement, first_findings_table, headline, hidden_findings
-from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, findings_table
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, findings_table, spaced
 from mhc_parity.reports.speed import (
     PROGRAM_SPEED_NOTE,
     SPEED_NOTE,
@@ -85,7 +85,7 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
             lines += _truncation_note(min(len(groups.rows), max_rows), len(groups.rows), "see the gate output")
             continue
         shown = findings[:max_rows]
-        lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
+        lines += ["", f"**{spaced(category)} ({len(findings)})**", ""]
         if category == "failure" and result.failure_causes:
             lines += [f"- {markdown_heading(g.summary())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
         lines.append(markdown_table(findings_table(shown)))

@@ -179,7 +179,7 @@ class GateResult:
     def summary_line(self) -> str:
         """One line: PASS/FAIL and the counts that matter."""
         counts = self.counts()
-        parts = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in counts.items() if n)
+        parts = ", ".join(f"{n} {spaced(c)}" for c, n in counts.items() if n)
         verdict = "PASS" if self.ok else "FAIL"
         return (
             f"gate {verdict}: {self.current_rows} current rows vs {self.baseline_rows} baseline rows "
@@ -213,7 +213,7 @@ class GateResult:
             limit = None if category in FAILING_CATEGORIES else max_info_rows
             shown = findings if limit is None else findings[:limit]
             lines.append("")
-            lines.append(f"{category.replace('_', ' ')} ({len(findings)}):")
+            lines.append(f"{spaced(category)} ({len(findings)}):")
             lines.append(text_table(findings_table(shown)))
             if len(shown) < len(findings):
                 lines.append(f"... and {len(findings) - len(shown)} more")

@@ -44,6 +44,8 @@ from mhc_parity.reports.html.tables import (
 from mhc_parity.reports.summary import backend_terms_note, policy_note, summarize
 
 MAX_OFFENDERS = 25
+# Rows listed under one cause (the rest are in the per-case detail and the CSV).
+MAX_ROWS_PER_CAUSE = 40
 MAX_DRIFT_ROWS = 200
 
 STYLE = """
@@ -235,10 +237,6 @@ def summary_section(
         parts.append(gate_verdict_html(judgement, anchors or {}))
     parts.append("</header>")
     return "\n".join(parts)
-
-
-# Rows listed under one cause (the rest are in the per-case detail and the CSV).
-MAX_ROWS_PER_CAUSE = 40
 
 
 def _cause_html(cause: Mapping, rows: Sequence[Mapping], anchors: Mapping[str, str]) -> str:

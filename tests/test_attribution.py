@@ -54,7 +54,7 @@ from mhc_parity.records.rows import to_frame
 from mhc_parity.records.schema import empty_row
 from mhc_parity.reports import render_html
 from mhc_parity.reports.causes import cause_groups
-from mhc_parity.reports.gate import gate
+from mhc_parity.reports.gate.rule import gate
 
 hypotheses_module = importlib.import_module("mhc_parity.mhc.operation.hypotheses")
 causes_module = importlib.import_module("mhc_parity.harness.engine.causes")

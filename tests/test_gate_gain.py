@@ -21,8 +21,8 @@ import pytest
 from mhc_parity.harness.judging.confidence import quantile
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.reports import load_baseline
-from mhc_parity.reports.baseline import DIGEST_KEY, sealed
-from mhc_parity.reports.drift import (
+from mhc_parity.reports.gate.baseline_file import DIGEST_KEY, sealed
+from mhc_parity.reports.gate.drift import (
     DTYPE_EPSILON,
     GAIN_COLUMNS,
     TWO_RUNS_SPREAD,
@@ -32,7 +32,7 @@ from mhc_parity.reports.drift import (
     gain_quantile,
     noise_floor,
 )
-from mhc_parity.reports.gate import gate
+from mhc_parity.reports.gate.rule import gate
 from tests.support import policy_rate
 
 REPO = Path(__file__).resolve().parents[1]

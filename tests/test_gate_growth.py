@@ -16,7 +16,7 @@ import pytest
 from mhc_parity.harness.judging.confidence import quantile
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import load_baseline
-from mhc_parity.reports.drift import (
+from mhc_parity.reports.gate.drift import (
     DTYPE_EPSILON,
     QUANTILE_COLUMNS,
     TWO_RUNS_SPREAD,
@@ -25,7 +25,7 @@ from mhc_parity.reports.drift import (
     noise_floor,
     spread,
 )
-from mhc_parity.reports.gate import gate
+from mhc_parity.reports.gate.rule import gate
 from tests.support import policy_rate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,9 +21,9 @@ from mhc_parity.records.identity import BUILTIN_IMPLEMENTATIONS, ENVIRONMENT_KEY
 from mhc_parity.records.manifest import read_manifest
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import load_baseline, write_baseline
-from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
-from mhc_parity.reports.comparability import comparability_refusal
-from mhc_parity.reports.judgement import Judgement, judge
+from mhc_parity.reports.gate.baseline_file import BASELINE_FORMAT_VERSION
+from mhc_parity.reports.gate.comparability import comparability_refusal
+from mhc_parity.reports.gate.judgement import Judgement, judge
 from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
 from mhc_parity.reports.sources import LoadedRun, baseline_as_run, load_run
 from mhc_parity.reports.terminal import exit_code

@@ -25,8 +25,8 @@ from mhc_parity.harness.stores import oracle_cache
 from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records import foreign_code
 from mhc_parity.records.rows import to_frame
-from mhc_parity.reports.host_memory import case_memories, memory_line
 from mhc_parity.reports.markdown import render_markdown
+from mhc_parity.reports.summary import case_memories, memory_line
 
 CASE = Case(name="oracle-process-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
 

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from mhc_parity.records.manifest import read_manifest, write_manifest
-from mhc_parity.reports.baseline import BASELINE_COLUMNS
+from mhc_parity.reports.gate.baseline_file import BASELINE_COLUMNS
 from tests.cli_support import (
     CASE_NAMES,
     REFERENCE_ONLY_CASE,

@@ -44,13 +44,17 @@ from mhc_parity.records.rows import ReportInputError, to_frame
 from mhc_parity.records.run_suite import run_suite
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.records.store import case_records
-from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
-from mhc_parity.reports.baseline_suite import narrowing_refusal, overwrite_refusal
-from mhc_parity.reports.coverage import selection_of_run
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import GateResult
-from mhc_parity.reports.judgement import gate_run
-from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
+from mhc_parity.reports.gate.baseline_file import write_baseline as _write_baseline_file
+from mhc_parity.reports.gate.comparability import (
+    default_baseline_path,
+    implementation_rows,
+    narrowing_refusal,
+    overwrite_refusal,
+    selection_of_run,
+)
+from mhc_parity.reports.gate.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from mhc_parity.reports.gate.judgement import gate_run
+from mhc_parity.reports.gate.rule import GateResult
 from mhc_parity.reports.sources import LoadedRun
 from mhc_parity.reports.terminal import format_summary, nothing_compared_message, rows_table, run_verdict
 from mhc_parity.reports.writers import write_run_folder

@@ -1,5 +1,5 @@
 """The suite a run's rows were selected from, as one line a baseline's header records (`suite=`), so that writing
-another selection's rows over a baseline can be refused (`mhc_parity.reports.baseline_suite`): a smoke run over the
+another selection's rows over a baseline can be refused (`mhc_parity.reports.gate.comparability`): a smoke run over the
 default baseline would drop every case the smoke suite lacks.
 """
 

@@ -1,6 +1,12 @@
 """Reports of a run's rows and the PR gate, over `mhc_parity.records` (the row schema, manifest and row stream): plain
-Python and pandas (matplotlib draws the plots), nothing of JAX, `mhc`, `cases` or `harness`
-(tests/test_import_graph.py). The files it writes: README.md here.
+Python and pandas, nothing of JAX, `mhc`, `cases` or `harness` (tests/test_import_graph.py). The files it writes:
+README.md here. Two wings and what they share:
+
+    gate/       a run judged against a baseline: the baseline file, drift, the rule, comparability, the judgement
+    html/       report.html: the page, its tables and figures (every matplotlib call in html/svg.py)
+    sources     a finished run read back; summary, causes, speed: what the rows say; tables: a table as data and
+                its plain-text and Markdown printers; terminal, markdown, writers, rerun: the reports themselves;
+                kill_matrix, sweep: the faults command's files; samples: a hand-made run for tests
 
 Public entry points:
 
@@ -12,21 +18,22 @@ Public entry points:
     write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {kind: Path} (`OUTPUT_FILES`)
     summarize(frame) -> dict                verdict counts, worst leaf
     render_html(frame, metadata) / render_markdown(frame)
-    gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult
     write_baseline(rows, path, *, policy_hash=None) -> Path
     ReportInputError                        any input that does not fit the schema
+
+`gate` is the subpackage; the gate of two row sets is `gate.rule.gate(baseline_rows, current_rows) -> GateResult`.
 """
 
 import importlib
 
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
-from mhc_parity.reports.baseline import write_baseline
-from mhc_parity.reports.baseline_load import load_baseline
-from mhc_parity.reports.gate import GateFinding, GateResult, gate
+from mhc_parity.reports.gate.baseline_file import load_baseline, write_baseline
+from mhc_parity.reports.gate.rule import GateFinding, GateResult
 from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.summary import summarize
 
-# The writers import matplotlib, which reading and gating rows never need: loaded on first use.
+# The writers bring the whole page (matplotlib only to draw a figure), which reading and gating rows never need:
+# loaded on first use.
 _WRITER_NAMES = {"OUTPUT_FILES": "mhc_parity.reports.writers", "write_all": "mhc_parity.reports.writers"}
 
 
@@ -37,8 +44,8 @@ def __getattr__(name: str):
 
 
 def render_html(frame, metadata=None, **options):
-    """The HTML report of a row set (`mhc_parity.reports.html.render_html`; summary computed unless given)."""
-    return importlib.import_module("mhc_parity.reports.html").render_html(to_frame(frame), metadata, **options)
+    """The HTML report of a row set (`mhc_parity.reports.html.page.render_html`; summary computed unless given)."""
+    return importlib.import_module("mhc_parity.reports.html.page").render_html(to_frame(frame), metadata, **options)
 
 
 def render_markdown(frame, **options):
@@ -52,7 +59,6 @@ __all__ = [
     "GateFinding",
     "GateResult",
     "ReportInputError",
-    "gate",
     "load_baseline",
     "load_rows",
     "load_run",

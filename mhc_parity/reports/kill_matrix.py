@@ -20,7 +20,7 @@ from mhc_parity.records.kill_records import (
 )
 from mhc_parity.records.rows import encode_float
 from mhc_parity.records.text import format_number, format_text_table
-from mhc_parity.reports.markdown import md_table
+from mhc_parity.reports.tables import md_table
 from mhc_parity.reports.writers import write_rows_csv
 
 

@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
-from typing import Any
 
 import pandas as pd
 
@@ -14,16 +12,30 @@ from mhc_parity.records.cause_consistency import consistent_causes
 from mhc_parity.records.schema import VERDICTS, row_key
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.causes import format_heading
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
-from mhc_parity.reports.gate_settings import settings_note
-from mhc_parity.reports.host_memory import case_memories, memory_line, memory_table_rows
-from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
-from mhc_parity.reports.program_speed import NO_PEAK, PROGRAM_SPEED_NOTE, program_speeds
-from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
-from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
+from mhc_parity.reports.gate.drift import settings_note
+from mhc_parity.reports.gate.judgement import FAIL, PASS, Judgement, first_findings_table, headline, hidden_findings
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, findings_table, spaced
+from mhc_parity.reports.speed import (
+    PROGRAM_SPEED_NOTE,
+    SPEED_NOTE,
+    program_speed_table,
+    program_speeds,
+    speed_lines,
+    speed_summaries,
+    speedup_table,
+)
+from mhc_parity.reports.summary import (
+    FAILING_VERDICTS,
+    case_memories,
+    memory_line,
+    memory_table,
+    rank_offenders,
+    summarize,
+    summary_notes,
+)
+from mhc_parity.reports.tables import markdown_table, md_cell, md_table
 
 DEFAULT_MAX_ROWS = 20
-MAX_CELL_CHARS = 100
 # Metadata keys of the one-line environment footer, when present.
 ENVIRONMENT_KEYS = (
     "run_id",
@@ -41,43 +53,9 @@ ENVIRONMENT_KEYS = (
 MAX_CAUSES = 8
 
 
-def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool = True) -> str:
-    """Text safe for one GitHub table cell: one line, cut to `limit` (None: never), `|` and backticks escaped, and with
-    `escape_html` `&<>` too (trusted text may keep its `<`)."""
-    text = " ".join(str(value).split())
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    escapes = ((("&", "&amp;"), ("<", "&lt;"), (">", "&gt;")) if escape_html else ()) + (("|", "\\|"), ("`", "\\`"))
-    for raw, escaped in escapes:
-        text = text.replace(raw, escaped)
-    return text
-
-
 def markdown_heading(group: dict) -> str:
     """A cause group's heading in Markdown: names as code spans (backticks inside dropped), the cause escaped."""
     return format_heading(group, quote=lambda name: f"`{md_cell(name, None).replace(chr(92) + '`', '')}`", text=md_cell)
-
-
-def md_table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    *,
-    numeric: Sequence[bool] | None = None,
-    limit: int | None = MAX_CELL_CHARS,
-    escape_html: bool = True,
-) -> str:
-    """A Markdown table; `numeric[i]` right-aligns column i; cells as `md_cell(limit, escape_html)`."""
-    numeric = numeric or [False] * len(headers)
-
-    def cell(value: Any) -> str:
-        return md_cell(value, limit, escape_html=escape_html)
-
-    lines = [
-        "| " + " | ".join(cell(h) for h in headers) + " |",
-        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
-    ]
-    lines.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
-    return "\n".join(lines)
 
 
 def _truncation_note(shown: int, total: int, where: str) -> list[str]:
@@ -101,21 +79,16 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
         if not findings:
             continue
         if category == "missing":  # per case and path: a partial run misses whole groups
-            groups = result.missing_table_rows()
+            groups = result.missing_table()
             lines += ["", f"**{result.missing_heading()}**", ""]
-            lines.append(md_table(("case", "path", "missing rows"), groups[:max_rows]))
-            lines += _truncation_note(min(len(groups), max_rows), len(groups), "see the gate output")
+            lines.append(markdown_table(groups.head(max_rows)))
+            lines += _truncation_note(min(len(groups.rows), max_rows), len(groups.rows), "see the gate output")
             continue
         shown = findings[:max_rows]
-        lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
+        lines += ["", f"**{spaced(category)} ({len(findings)})**", ""]
         if category == "failure" and result.failure_causes:
             lines += [f"- {markdown_heading(g.summary())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
-        lines.append(
-            md_table(
-                ("case", "candidate", "partner", "leaf", "detail"),
-                [(*f.key, f.detail) for f in shown],
-            )
-        )
+        lines.append(markdown_table(findings_table(shown)))
         lines += _truncation_note(len(shown), len(findings), "see the gate output")
     return "\n".join(lines) + "\n"
 
@@ -131,13 +104,7 @@ def first_screen_gate_lines(judgement: Judgement) -> list[str]:
     result = judgement.result
     if result is None or result.ok:
         return lines
-    lines += [
-        "",
-        md_table(
-            ("finding", "case", "candidate", "partner", "leaf", "detail"),
-            [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)],
-        ),
-    ]
+    lines += ["", markdown_table(first_findings_table(result))]
     more = hidden_findings(result)
     return lines + (["", f"… and {more} more failing findings (see the baseline gate below)."] if more else [])
 
@@ -192,55 +159,17 @@ def _speed_lines(frame: pd.DataFrame, max_rows: int, metadata: dict | None = Non
     if not speeds:
         return []
     out = ["", md_cell(PROGRAM_SPEED_NOTE, None), ""]
-    shown = speeds[:max_rows]
-    out.append(
-        md_table(
-            ("case", "program", "devices", "device ms", "MB moved", "GB/s", "of peak HBM", "timing"),
-            [
-                (
-                    s.case,
-                    s.path,
-                    s.devices,
-                    format_number(s.device_s * 1e3),
-                    format_number(s.bytes_moved / 1e6),
-                    format_number(s.rates.gb_per_s, nan="—"),
-                    format_number(s.rates.hbm_fraction) if s.rates.peaks is not None else NO_PEAK,
-                    s.timing,
-                )
-                for s in shown
-            ],
-            numeric=(False, False, False, True, True, True, True, False),
-        )
-    )
-    out += _truncation_note(len(shown), len(speeds), "see speed.csv")
+    out.append(markdown_table(program_speed_table(speeds).head(max_rows)))
+    out += _truncation_note(min(len(speeds), max_rows), len(speeds), "see speed.csv")
     lines = speed_lines(frame)
     if not lines:
         return _folded(_speed_title(len(speeds), metadata), out)
     out += ["", md_cell(SPEED_NOTE, None), ""]
     out += [f"- {md_cell(summary.text, None)}" for summary in speed_summaries(lines)]
-    shown = lines[:max_rows]
-    out += [
-        "",
-        md_table(
-            ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is"),
-            [
-                (
-                    line.case,
-                    line.candidate,
-                    line.reference,
-                    line.devices,
-                    format_number(line.candidate_s),
-                    format_number(line.reference_s),
-                    format_number(line.speedup, nan="—"),
-                    line.label,
-                )
-                for line in shown
-            ],
-            numeric=(False, False, False, False, True, True, True, False),
-        ),
-    ]
+    out += ["", markdown_table(speedup_table(lines).head(max_rows))]
     return _folded(
-        _speed_title(len(speeds), metadata), out + _truncation_note(len(shown), len(lines), "see report.html")
+        _speed_title(len(speeds), metadata),
+        out + _truncation_note(min(len(lines), max_rows), len(lines), "see report.html"),
     )
 
 
@@ -275,11 +204,7 @@ def _memory_lines(frame: pd.DataFrame) -> list[str]:
         [
             md_cell(memory_line(memories), None),
             "",
-            md_table(
-                ("case", "oracle peak", "budget", "share", "within"),
-                memory_table_rows(memories),
-                numeric=(False, True, True, True, False),
-            ),
+            markdown_table(memory_table(memories)),
         ],
     )
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from mhc_parity.records.manifest import Manifest
-from mhc_parity.reports.gate import FAILING_CATEGORIES
-from mhc_parity.reports.judgement import Judgement
+from mhc_parity.reports.gate.judgement import Judgement
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES
 from mhc_parity.reports.summary import FAILING_VERDICTS
 
 RERUN_SUFFIX = "-rerun"

@@ -26,8 +26,7 @@ from mhc_parity.records.manifest import (
 )
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
-from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
-from mhc_parity.reports.baseline_load import is_baseline_file, load_baseline
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION, Baseline, is_baseline_file, load_baseline
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
@@ -48,7 +47,7 @@ class LoadedRun:
     metadata: dict  # a report's run metadata; a baseline's header environment
     is_baseline: bool
     manifest: Manifest | None = None
-    # a baseline file's implementation (`mhc_parity.reports.ownership`); None for runs and built-in baselines
+    # a baseline file's implementation (`mhc_parity.reports.gate.comparability`); None for runs and built-in baselines
     implementation: str | None = None
     # what a legacy baseline's digest did not vouch for, as a line to print (`Baseline.note`); "" if nothing
     note: str = ""

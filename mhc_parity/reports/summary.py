@@ -1,15 +1,20 @@
-"""Run summaries: verdict counts, the worst leaf and the worst-offenders ordering."""
+"""Run summaries: verdict counts, the worst leaf, the worst-offenders ordering, the bound usage per group (sharpness),
+the notes every summary opens with, and host memory: each case's float64 oracle, run in a process of its own, its
+measured peak (`oracle_peak_bytes`) against the case-memory estimate's budget (`oracle_budget_bytes`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
 from mhc_parity.records.environment import BACKEND_SOURCE_KEY, BACKEND_TERMS_KEY, NO_BACKEND_TERMS
 from mhc_parity.records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
 from mhc_parity.reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts, uncompared
+from mhc_parity.reports.tables import Column, Table
 
 # Verdicts that break a run (exit code 1 / gate failure).
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
@@ -170,3 +175,72 @@ def usage_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def sharpness(frame: pd.DataFrame) -> pd.DataFrame:
     return usage_groups(frame, ["comparison", "act_dtype"])
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseMemory:
+    """One case's oracle: its measured peak and its budget, in bytes."""
+
+    case: str
+    peak_bytes: float
+    budget_bytes: float
+
+    @property
+    def share(self) -> float:
+        """Peak ÷ budget (over 1: the estimate was exceeded)."""
+        return self.peak_bytes / self.budget_bytes
+
+    @property
+    def within(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes
+
+
+def case_memories(rows: Iterable[dict]) -> list[CaseMemory]:
+    """The measured cases' oracles, in row order; cases without the figures are left out."""
+    found: dict[str, CaseMemory] = {}
+    for row in rows:
+        peak, budget = row.get("oracle_peak_bytes"), row.get("oracle_budget_bytes")
+        if row["case"] in found or not _finite(peak) or not _finite(budget):
+            continue
+        found[row["case"]] = CaseMemory(row["case"], float(peak), float(budget))
+    return list(found.values())
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def gigabytes(value: float) -> str:
+    return f"{value / 1e9:.2f} GB"
+
+
+def memory_line(memories: list[CaseMemory]) -> str:
+    """One sentence on the measured oracle peaks ("" where none was measured)."""
+    if not memories:
+        return ""
+    over = [m for m in memories if not m.within]
+    largest = max(memories, key=lambda m: m.share)
+    verdict = (
+        "each within its case-memory estimate"
+        if not over
+        else f"{len(over)} over its estimate: " + ", ".join(f"{m.case} {m.share:.2f}" for m in over)
+    )
+    return (
+        f"host memory: the oracle of {len(memories)} case(s) ran in a process of its own, peaks "
+        f"{gigabytes(min(m.peak_bytes for m in memories))} to {gigabytes(max(m.peak_bytes for m in memories))}, "
+        f"{verdict} (largest share {largest.share:.2f} of its budget, {largest.case})"
+    )
+
+
+def memory_table(memories: list[CaseMemory]) -> Table:
+    """The Host memory section's table: a row per measured case."""
+    columns = (
+        Column("case"),
+        *(Column(h, numeric=True) for h in ("oracle peak", "budget", "share")),
+        Column("within"),
+    )
+    rows = (
+        (m.case, gigabytes(m.peak_bytes), gigabytes(m.budget_bytes), f"{m.share:.2f}", "yes" if m.within else "NO")
+        for m in memories
+    )
+    return Table(columns, tuple(rows))

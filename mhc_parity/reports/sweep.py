@@ -17,8 +17,8 @@ from scipy import stats
 from mhc_parity.records.kill_records import CATCHING_VERDICTS
 from mhc_parity.records.rows import encode_float, json_ready, to_frame
 from mhc_parity.records.text import format_number, format_text_table
-from mhc_parity.reports.markdown import md_table
 from mhc_parity.reports.summary import BOUNDED_COMPARISONS, usage_groups
+from mhc_parity.reports.tables import md_table
 from mhc_parity.reports.writers import write_rows_csv
 
 HEADROOM_KEYS = ["comparison", "dtype", "leaf_kind"]

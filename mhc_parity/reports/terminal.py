@@ -21,9 +21,9 @@ from mhc_parity.reports.causes import (
     implementation_verdicts,
     uncompared,
 )
-from mhc_parity.reports.host_memory import case_memories, memory_line
-from mhc_parity.reports.judgement import Judgement, first_findings, headline, hidden_findings
-from mhc_parity.reports.summary import sharpness, summary_notes
+from mhc_parity.reports.gate.judgement import Judgement, first_findings_table, headline, hidden_findings
+from mhc_parity.reports.summary import case_memories, memory_line, sharpness, summary_notes
+from mhc_parity.reports.tables import text_table
 
 WORST_ROWS = 12
 # A failing run lists its causes, the largest first, each with its first few rows.
@@ -150,10 +150,7 @@ def gate_lines(judgement: Judgement) -> list[str]:
     lines = [headline(judgement), *(f"  {line}" for line in (*judgement.scope, *judgement.remarks))]
     result = judgement.result
     if result is not None and not result.ok:
-        body = [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)]
-        lines.append(
-            format_text_table(("finding", "case", "candidate", "partner", "leaf", "detail"), body, indent="  ")
-        )
+        lines.append(text_table(first_findings_table(result), indent="  "))
         more = hidden_findings(result)
         if more:
             lines.append(f"  ... and {more} more failing findings (report.html, `mhc-parity gate`)")

@@ -1,12 +1,17 @@
 """`write_all`: every report format of one run into one folder (`OUTPUT_FILES`: rows.csv, report.json, report.html,
 summary.md, speed.csv; their contents: mhc_parity/reports/README.md). Non-finite numbers are written as nan/inf/-inf
 (`encode_float`), as text in the CSVs and strings in the strict JSON.
+
+Also the files of other commands: rows as CSV (`write_rows_csv`: the kill matrix's and the sweep's), and
+docs/results/*.md (`write_results`): a command's figures with their provenance (date, commit, machine, command), so a
+doc links to the file instead of restating a figure that drifts.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,20 +20,21 @@ from typing import Any
 
 import pandas as pd
 
+from mhc_parity.records.files import atomic_write
 from mhc_parity.records.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write_manifest
 from mhc_parity.records.outputs import cannot_write
 from mhc_parity.records.rows import encode_float, frame_to_json_records, json_ready, to_frame, unwrap_run
 from mhc_parity.records.schema import ROW_COLUMNS
 from mhc_parity.records.store import RowStore, typed_case_records
 from mhc_parity.reports.causes import stated_causes
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
-from mhc_parity.reports.html import render_html
-from mhc_parity.reports.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
+from mhc_parity.reports.gate.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from mhc_parity.reports.gate.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES
+from mhc_parity.reports.html.page import render_html
 from mhc_parity.reports.markdown import render_markdown
-from mhc_parity.reports.program_speed import program_speeds, write_speed_csv
 from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION
+from mhc_parity.reports.speed import program_speeds, write_speed_csv
 from mhc_parity.reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES
@@ -295,3 +301,35 @@ def write_run_folder(
         raise
     write_manifest(out, manifest)  # last: the folder is now a complete run
     return paths
+
+
+RESULTS_FOLDER = Path("docs/results")
+
+
+def provenance_lines(command: str, metadata: Mapping[str, Any]) -> list[str]:
+    """The header lines of a results file. metadata: a run's environment record (`run_metadata`); missing keys are left
+    out."""
+    date = metadata.get("end_time") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    machine = (
+        ", ".join(str(metadata[key]) for key in ("host_cpu", "platform") if metadata.get(key)) or "unrecorded machine"
+    )
+    versions = ", ".join(
+        f"{name} {metadata[key]}"
+        for name, key in (("jax", "jax_version"), ("jaxlib", "jaxlib_version"), ("numpy", "numpy_version"))
+        if metadata.get(key)
+    )
+    backend = f"; backend {metadata['backend']} ({metadata.get('device_kind', '?')})" if metadata.get("backend") else ""
+    return [
+        f"Written by `{command}` on {date}, commit `{metadata.get('git_commit') or 'unrecorded'}`.",
+        f"Machine: {machine}{backend}; {versions or 'versions unrecorded'}.",
+        "Rewritten by that command; do not edit by hand.",
+    ]
+
+
+def write_results(path: str | Path, markdown: str, command: str, metadata: Mapping[str, Any]) -> Path:
+    """Write `markdown` (starting with its `# title` line) to `path` atomically, its provenance under the title."""
+    title, _, body = markdown.partition("\n")
+    document = "\n".join([title, "", *provenance_lines(command, metadata), "", body.lstrip("\n")]).rstrip() + "\n"
+    path = Path(path)
+    atomic_write(path, document.encode("utf-8"))
+    return path

@@ -33,10 +33,16 @@ from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_f
 from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.run_suite import run_suite
-from mhc_parity.reports.baseline import run_folder_refusal, write_baseline
-from mhc_parity.reports.baseline_suite import ALLOW_NARROWER, narrowing_refusal, overwrite_refusal
-from mhc_parity.reports.coverage import selection_of_run
-from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, resolve_implementation
+from mhc_parity.reports.gate.baseline_file import run_folder_refusal, write_baseline
+from mhc_parity.reports.gate.comparability import (
+    ALLOW_NARROWER,
+    default_baseline_path,
+    implementation_rows,
+    narrowing_refusal,
+    overwrite_refusal,
+    resolve_implementation,
+    selection_of_run,
+)
 from mhc_parity.reports.sources import load_run
 
 BASELINE_PROG = "mhc-parity baseline"

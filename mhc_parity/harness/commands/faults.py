@@ -40,8 +40,8 @@ from mhc_parity.harness.judging.policy import PolicyError
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.outputs import OutputPathError, writable_file
 from mhc_parity.reports.kill_matrix import headline_counts, kill_matrix_text, write_kill_matrix
-from mhc_parity.reports.results import write_results
 from mhc_parity.reports.sweep import headroom_table, sweep_text, write_sweep
+from mhc_parity.reports.writers import write_results
 
 DEFAULT_FAULTS_OUT = pathlib.Path("out/faults")
 DEFAULT_SWEEP_OUT = pathlib.Path("out/sweep")

@@ -1,5 +1,5 @@
-"""`mhc-parity gate`: a current run against a baseline (rules: `mhc_parity.reports.gate`; the judgement `run
---baseline` shares: `mhc_parity.reports.judgement`). Loads no JAX.
+"""`mhc-parity gate`: a current run against a baseline (rules: `mhc_parity.reports.gate.rule`; the judgement `run
+--baseline` shares: `mhc_parity.reports.gate.judgement`). Loads no JAX.
 
 Exit 0 pass, 1 gate failure, 2 usage or input error: unreadable or mismatched runs (another policy
 or matmul precision unless allowed, another backend, a baseline not covering the run, a current run
@@ -16,12 +16,17 @@ from mhc_parity.command_line import colour_wanted, paint_verdicts
 from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, Parser, error, parse
 from mhc_parity.records.environment import run_precision
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
-from mhc_parity.reports.baseline import LEGACY_OPTION
-from mhc_parity.reports.comparability import current_cases
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import GateResult
-from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem, settings_note
-from mhc_parity.reports.judgement import gate_run
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION
+from mhc_parity.reports.gate.comparability import current_cases
+from mhc_parity.reports.gate.drift import (
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_NOISE_FLOOR_ULPS,
+    growth_factor_problem,
+    noise_floor_problem,
+    settings_note,
+)
+from mhc_parity.reports.gate.judgement import gate_run
+from mhc_parity.reports.gate.rule import GateResult
 from mhc_parity.reports.markdown import gate_markdown
 
 GATE_PROG = "mhc-parity gate"

@@ -23,7 +23,7 @@ from mhc_parity.harness.judging.metrics import eps
 from mhc_parity.harness.judging.policy import POLICY_COMPARISONS, POLICY_LEAF_KINDS, Policy, PolicyError, Resolved
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.text import format_number, format_text_table
-from mhc_parity.reports.markdown import md_table
+from mhc_parity.reports.tables import md_table
 
 PROG = "mhc-parity policy"
 # Any external implementation: every variant, partitioned by XLA ("auto").

@@ -11,7 +11,7 @@ from mhc_parity.harness.commands.common import EXIT_OK, Parser, error, parse
 from mhc_parity.records.manifest import foreign_folder_problem
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_folder
 from mhc_parity.records.rows import ReportInputError, frame_to_json_records
-from mhc_parity.reports.baseline import LEGACY_OPTION
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION
 from mhc_parity.reports.sources import load_baseline_or_run, load_run
 from mhc_parity.reports.writers import write_run_folder
 

@@ -43,7 +43,7 @@ from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, rese
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
 from mhc_parity.reports.causes import uncompared
-from mhc_parity.reports.comparability import comparability_refusal
+from mhc_parity.reports.gate.comparability import comparability_refusal
 from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import LoadedRun, baseline_as_run
 from mhc_parity.reports.terminal import exit_code, nothing_compared_message, print_summary

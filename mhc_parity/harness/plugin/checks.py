@@ -15,7 +15,7 @@ from mhc_parity.harness.plugin.regressions import Regression, comparison_rank, f
 from mhc_parity.harness.plugin.session import GateTally
 from mhc_parity.records.text import format_number, format_text_table, plural
 from mhc_parity.reports.causes import cause_groups
-from mhc_parity.reports.gate import FAILING_CATEGORIES, FINDING_NOUNS, GateFinding, GateResult
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, FINDING_NOUNS, GateFinding, GateResult
 from mhc_parity.reports.terminal import rows_table
 
 if TYPE_CHECKING:

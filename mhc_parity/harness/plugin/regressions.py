@@ -15,7 +15,7 @@ from typing import Any
 
 from mhc_parity.records.cause_consistency import WITHIN_MODEL_ID
 from mhc_parity.records.schema import OK_VERDICTS
-from mhc_parity.reports.gate import GateFinding
+from mhc_parity.reports.gate.rule import GateFinding
 
 # The order in which a regression's comparisons claim it: the oracle, judging each path alone, first.
 COMPARISON_ORDER = ("vs_oracle", "vs_reference", "vs_unsharded", "lowering", "compile")

@@ -28,12 +28,17 @@ from mhc_parity.records.rows import ReportInputError, json_ready, parse_float, t
 from mhc_parity.records.schema import FLOAT_COLUMNS
 from mhc_parity.records.settings import setting as environment_setting
 from mhc_parity.records.text import plural
-from mhc_parity.reports.baseline import diff_baselines, render_baseline, write_baseline
 from mhc_parity.reports.causes import uncompared
-from mhc_parity.reports.comparability import precision_refusal
-from mhc_parity.reports.drift import GATE_COLUMNS, baseline_gain_note, typed_gate_frame
-from mhc_parity.reports.gate import GateResult, gate_frames
-from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, ownership_refusal
+from mhc_parity.reports.gate.baseline_file import render_baseline, write_baseline
+from mhc_parity.reports.gate.comparability import (
+    default_baseline_path,
+    diff_baselines,
+    implementation_rows,
+    ownership_refusal,
+    precision_refusal,
+)
+from mhc_parity.reports.gate.drift import baseline_gain_note
+from mhc_parity.reports.gate.rule import GATE_COLUMNS, GateResult, gate_frames, typed_gate_frame
 from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run
 from mhc_parity.reports.terminal import nothing_compared_message
 

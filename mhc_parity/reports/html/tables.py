@@ -1,27 +1,97 @@
-"""The HTML report's tables: sharpness, worst offenders, drift, speed, per-case detail, environment. All row and
-metadata text goes through `esc`; case names link through generated anchors.
+"""The HTML report's tables and the pieces every section is built of. Text from rows, cases, errors or metadata goes
+through `esc`, and the cells built here take already-escaped HTML; case names link through generated anchors
+(`case_anchors`), never raw names. `html_table` prints a `mhc_parity.reports.tables.Table`; the sections here:
+sharpness, worst offenders, drift, per-case detail, environment.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from mhc_parity.records.schema import VERDICTS
 from mhc_parity.records.text import format_number
-from mhc_parity.reports.figure_store import figure_svg
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
-from mhc_parity.reports.gate_settings import settings_note
-from mhc_parity.reports.html_elements import case_link, esc, num, table, td, verdict_span
-from mhc_parity.reports.judgement import Judgement
-from mhc_parity.reports.program_speed import NO_PEAK, PROGRAM_SPEED_NOTE, program_speeds, roofline_figure
-from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
+from mhc_parity.reports.gate.drift import settings_note
+from mhc_parity.reports.gate.judgement import Judgement
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, findings_table
 from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders
+from mhc_parity.reports.tables import Cell, Table
+
+
+def esc(value: Any) -> str:
+    """Text escaped for HTML element content and quoted attribute values."""
+    return html.escape(str(value), quote=True)
+
+
+def fmt(value: Any) -> str:
+    """A metric for a table cell (`mhc_parity.records.text.format_number`), "—" for NaN (not measured)."""
+    return esc(format_number(value, nan="—"))
+
+
+def case_anchors(cases: Iterable[str]) -> dict[str, str]:
+    """A unique, URL-safe element id per case name (position + sanitised slug)."""
+    anchors = {}
+    for index, case in enumerate(sorted(set(cases))):
+        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", case).strip("-")[:40]
+        anchors[case] = f"case-{index}" + (f"-{slug}" if slug else "")
+    return anchors
+
+
+def case_link(case: str, anchors: dict[str, str]) -> str:
+    """A case name linking to its section, or plain text where the page has none (a baseline-only row)."""
+    anchor = anchors.get(case)
+    return f'<a href="#{esc(anchor)}">{esc(case)}</a>' if anchor else esc(case)
+
+
+def verdict_span(verdict: str) -> str:
+    return f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>'
+
+
+def table(headers: Sequence[str], body_rows: Iterable[Sequence[str]], *, table_id: str = "") -> str:
+    """An HTML table; header texts are escaped here, body cells must already be HTML."""
+    id_attr = f' id="{esc(table_id)}"' if table_id else ""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(body) + "</tr>" for body in body_rows)
+    return f'<div class="scroll"><table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def td(content: str, css: str = "") -> str:
+    """A table cell around already-escaped HTML."""
+    return f'<td class="{css}">{content}</td>' if css else f"<td>{content}</td>"
+
+
+def num(value: Any) -> str:
+    return td(fmt(value), "num")
+
+
+def html_table(data: Table, *, table_id: str = "", cells: Mapping[str, Callable[[Any], str]] | None = None) -> str:
+    """`data` as an HTML `table`: a value through `cells[its column's header]` where given (which returns its `<td>`),
+    else a `Cell` with its class, a number through `num`, text escaped."""
+    cells = cells or {}
+
+    def cell(header: str, value: Any) -> str:
+        if header in cells:
+            return cells[header](value)
+        if isinstance(value, Cell):
+            text = esc(value.text)
+            return td(f'<span class="{esc(value.css)}">{text}</span>') if value.span else td(text, value.css)
+        return num(value) if isinstance(value, float) else td(esc(value))
+
+    body = ([cell(h, v) for h, v in zip(data.headers, row)] for row in data.rows)
+    return table(data.headers, body, table_id=table_id)
+
+
+def case_links(anchors: dict[str, str]) -> dict[str, Callable[[str], str]]:
+    """`html_table`'s `cells` for a "case" column: each name linking to its case's section."""
+    return {"case": lambda case: td(case_link(case, anchors))}
+
 
 # Metadata keys shown first in the environment block (the rest follow, sorted).
 PREFERRED_METADATA_KEYS = (
@@ -162,23 +232,9 @@ def drift_section(judgement: Judgement, anchors: dict[str, str], limit: int) -> 
     ]
     findings = [f for c in FAILING_CATEGORIES + INFO_CATEGORIES for f in gate_result.by_category(c)]
     if findings:
-        parts.append(
-            table(
-                ("finding", "case", "candidate", "partner", "leaf", "detail"),
-                (
-                    [
-                        td(f'<span class="st-{esc(f.category)}">{esc(f.category)}</span>'),
-                        td(case_link(f.key[0], anchors)),
-                        td(esc(f.key[1])),
-                        td(esc(f.key[2])),
-                        td(esc(f.key[3])),
-                        td(esc(f.detail), "reason"),
-                    ]
-                    for f in findings[:limit]
-                ),
-                table_id="gate-findings-table",
-            )
-        )
+        shown = findings_table(findings[:limit], category=str)  # each category by its own name
+        cells = {**case_links(anchors), "detail": lambda detail: td(esc(detail), "reason")}
+        parts.append(html_table(shown, table_id="gate-findings-table", cells=cells))
         if len(findings) > limit:
             parts.append(f"<p>… and {len(findings) - limit} more findings.</p>")
     drifts = sorted(
@@ -314,69 +370,6 @@ def case_sections(frame: pd.DataFrame, anchors: dict[str, str]) -> str:
         )
         parts.append("</details></section>")
     parts.append("</section>")
-    return "\n".join(parts)
-
-
-def speed_section(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict | None = None) -> str:
-    """Per case and program, device time, bytes and fraction of the chip's peak (with its plot where stated); then each
-    path's time beside its reference's, CPU times greyed."""
-    parts = ['<section id="speed"><h2>Speed</h2>', _program_speed_html(frame, anchors, metadata or {})]
-    parts.append(f"<h3>Against the reference</h3><p>{esc(SPEED_NOTE)}</p>")
-    lines = speed_lines(frame)
-    if not lines:
-        parts.append('<p class="empty">No path ran beside a reference path with both timed.</p></section>')
-        return "\n".join(parts)
-    parts.append("<ul>" + "".join(f"<li>{esc(s.text)}</li>" for s in speed_summaries(lines)) + "</ul>")
-    body = [
-        [
-            td(case_link(line.case, anchors)),
-            td(esc(line.candidate)),
-            td(esc(line.reference)),
-            td(esc(line.devices)),
-            num(line.candidate_s),
-            num(line.reference_s),
-            num(line.speedup),
-            td(esc(line.label), "" if line.measured else "unmeasured"),
-        ]
-        for line in lines
-    ]
-    headers = ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is")
-    parts.append(table(headers, body, table_id="speed-table"))
-    parts.append("</section>")
-    return "\n".join(parts)
-
-
-def _program_speed_html(frame: pd.DataFrame, anchors: dict[str, str], metadata: dict) -> str:
-    speeds = program_speeds(frame, metadata)
-    parts = [f"<h3>Device time and bandwidth</h3><p>{esc(PROGRAM_SPEED_NOTE)}</p>"]
-    if not speeds:
-        parts.append('<p class="empty">No program was timed.</p>')
-        return "\n".join(parts)
-    figure = roofline_figure(speeds)
-    if figure is None:
-        parts.append(f"<p>No program ran on a chip whose peak is stated ({esc(NO_PEAK)}): GB/s only, no plot.</p>")
-    else:
-        parts.append(
-            f'<figure class="roofline" id="roofline">{figure_svg("roofline", figure)}<figcaption><b>Fraction of the '
-            f"peak HBM bandwidth per case and program</b> ({esc(figure.device_kind)}, "
-            f"{esc(format_number(figure.peak_gb_per_s))} GB/s): each program's bytes over its device time.</figcaption>"
-            "</figure>"
-        )
-    body = [
-        [
-            td(case_link(s.case, anchors)),
-            td(esc(s.path)),
-            td(esc(s.devices)),
-            num(s.device_s * 1e3),
-            num(s.bytes_moved / 1e6),
-            num(s.rates.gb_per_s),
-            num(s.rates.hbm_fraction) if s.rates.peaks is not None else td(esc(NO_PEAK), "unmeasured"),
-            td(esc(s.timing), "" if s.alone else "unmeasured"),
-        ]
-        for s in speeds
-    ]
-    headers = ("case", "program", "devices", "device ms", "MB moved", "GB/s", "of peak HBM", "timing")
-    parts.append(table(headers, body, table_id="program-speed-table"))
     return "\n".join(parts)
 
 

@@ -3,7 +3,8 @@
 A cell shows `oracle_ratio_max` where finite, else `bound_usage`, marked as a fallback (the partner is the oracle or its
 error is 0); cells without a value show their verdict. Several rows in one cell (pairs aggregated per case past
 `MAX_HEATMAP_ROWS`, several partners) keep the largest value and the most severe verdict. Colour: log10 of the value on
-a diverging scale centred on 1, saturating at 10**±LOG_RANGE. The HTML report writes them as tables.
+a diverging scale centred on 1, saturating at 10**±LOG_RANGE. The page writes them as HTML tables (exact values on
+hover), not as figures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from mhc_parity.records.schema import COMPARISONS, LEAF_KINDS
+from mhc_parity.records.text import format_number
+from mhc_parity.reports.html.tables import esc
 
 MAX_HEATMAP_ROWS = 60  # above this many case × candidate pairs, rows are aggregated per case
 WORST_CANDIDATE = "worst"  # the candidate label of an aggregated row
@@ -144,3 +147,79 @@ def cell_colour(value: float) -> tuple[str, str]:
     mix = _SCALE_RGB[low] * (1 - (scaled - low)) + _SCALE_RGB[low + 1] * (scaled - low)
     background = "#" + "".join(f"{round(channel):02x}" for channel in mix)
     return background, "#ffffff" if abs(position) > _DARK_FROM * LOG_RANGE else "#000000"
+
+
+def heatmap_legend() -> str:
+    """The colour scale of the heatmaps, as swatches from 10**-LOG_RANGE to 10**LOG_RANGE."""
+    swatches = []
+    for value in [10.0**power for power in range(-int(LOG_RANGE), int(LOG_RANGE) + 1)] + [math.nan]:
+        background, text = cell_colour(value)
+        label = "no value" if math.isnan(value) else f"{value:g}"
+        swatches.append(f'<span class="swatch" style="background:{background};color:{text}">{label}</span>')
+    return '<p class="heatmap-legend">Colour (log scale): ' + "".join(swatches) + "</p>"
+
+
+def heatmap_html(heatmap: Heatmap, anchors: dict[str, str]) -> str:
+    """One comparison kind's heatmap table, row labels linking to the cases."""
+    head = "<th>case [candidate]</th>" + "".join(
+        f'<th class="leaf"><span>{esc(leaf)}</span></th>' for leaf in heatmap.leaves
+    )
+    body = []
+    # Read as arrays, not cell by cell.
+    values, verdicts = heatmap.values.to_numpy(dtype=float), heatmap.verdicts.to_numpy()
+    failing, fallbacks = heatmap.failing.to_numpy(dtype=bool), heatmap.fallback.to_numpy(dtype=bool)
+    for position, (case, candidate) in enumerate(heatmap.rows):
+        cells = [f'<td class="row"><a href="#{anchors[case]}">{esc(case)}</a> [{esc(candidate)}]</td>']
+        for column, leaf in enumerate(heatmap.leaves):
+            value = float(values[position, column])
+            verdict = str(verdicts[position, column])
+            background, colour = cell_colour(value)
+            css = "hm failing" if failing[position, column] else "hm"
+            if math.isnan(value):  # no number: say why (its verdict)
+                text, css = VERDICT_ABBREVIATIONS.get(verdict, ""), css + " none"
+                measured = "no value"
+            else:
+                fallback = bool(fallbacks[position, column])
+                text = format_number(value, 2) + ("*" if fallback else "")
+                measured = ("bound_usage " if fallback else "oracle_ratio_max ") + format_number(value)
+            title = f"{case} [{candidate}] · {leaf}: {measured} ({verdict or 'no row'})"
+            cells.append(
+                f'<td class="{css}" style="background:{background};color:{colour}" title="{esc(title)}">'
+                f"{esc(text)}</td>"
+            )
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    aggregated = (
+        f" More than {MAX_HEATMAP_ROWS} case × candidate pairs: one row per case, its worst candidate."
+        if heatmap.aggregated
+        else ""
+    )
+    caption = (
+        f"{heatmap.comparison}: {len(heatmap.rows)} rows × {len(heatmap.leaves)} leaves.{aggregated} "
+        "Hover a cell for its exact value."
+    )
+    return (
+        f'<figure class="heatmap" id="heatmap-{esc(heatmap.comparison)}"><div class="scroll">'
+        f'<table class="heatmap" id="heatmap-table-{esc(heatmap.comparison)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+        f"<figcaption><b>Error ratio — {esc(heatmap.comparison)}.</b> {esc(caption)}</figcaption></figure>"
+    )
+
+
+def heatmap_section(tables: dict[str, Heatmap], anchors: dict[str, str]) -> str:
+    """All heatmaps, or a note when there is nothing to show."""
+    parts = [
+        '<section id="heatmaps"><h2>Error ratio per case × leaf</h2>',
+        "<p>Each cell is <code>oracle_ratio_max</code>: the candidate's max error against the float64 "
+        "oracle divided by the partner's (1 = as accurate as the partner). Where that ratio is "
+        "undefined (the partner is the oracle, or the partner's error is 0) the cell shows "
+        "<code>bound_usage</code> instead, marked <code>*</code> (1 = exactly at the tolerance). "
+        "Grey = no number (the cell names its verdict); a black frame = fail or error.</p>",
+    ]
+    if not tables:
+        parts.append('<p class="empty">No rows to plot.</p>')
+    else:
+        parts.append(heatmap_legend())
+    for heatmap in tables.values():
+        parts.append(heatmap_html(heatmap, anchors))
+    parts.append("</section>")
+    return "\n".join(parts)

@@ -7,11 +7,14 @@ Failing (`GateResult.ok` False, `mhc-parity gate` exit 1):
   lost_coverage  a baseline `pass` row now `skip` or `unsupported`;
   new_nonfinite  nan_count or inf_count > 0 where the baseline row had 0;
   regression     an oracle error past its allowance, or a systematic shift along the leaf
-                 (`mhc_parity.reports.drift`); without a gain in the baseline `gain_note` says so.
+                 (`mhc_parity.reports.gate.drift`); without a gain in the baseline `gain_note` says so.
 Informational, never failing:
   improvement    an error shrunk by the same rule, or a fail/error row passing now;
   new_row        a row of a case and a path the baseline has rows of, but not together (a case or path it
-                 never ran is refused earlier: `mhc_parity.reports.coverage`).
+                 never ran is refused earlier: `mhc_parity.reports.gate.comparability`).
+
+Both sides are read as gate frames (`gate_frame`: `GATE_COLUMNS`, the columns a baseline file keeps, and the optional
+ones present), matched on `row_key`; a matched row's drift is `mhc_parity.reports.gate.drift.compare_row`.
 """
 
 from __future__ import annotations
@@ -19,27 +22,61 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from mhc_parity.records.rows import unwrap_run
-from mhc_parity.records.schema import row_key
-from mhc_parity.records.text import format_number, format_text_table, plural
+from mhc_parity.records.rows import ReportInputError, coerce_row, frame_from_records, unwrap_run
+from mhc_parity.records.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
+from mhc_parity.records.text import format_number, plural
 from mhc_parity.reports.causes import CauseGroup, cause_groups
-from mhc_parity.reports.drift import (
+from mhc_parity.reports.gate.drift import (
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_NOISE_FLOOR_ULPS,
+    GAIN_COLUMNS,
+    GROWTH_METRICS,
+    QUANTILE_COLUMNS,
+    RATE_COLUMNS,
+    SENSITIVITY_COLUMNS,
     RowDrift,
     compare_runs,
     gain_rule_note,
-    gate_frame,
     index_by_key,
+    parameter_problem,
     systematic_note,
 )
+from mhc_parity.reports.tables import Cell, Table, table_of, text_table
 
 Rows = pd.DataFrame | Iterable[Mapping[str, Any]]
+
+# The columns the gate needs from each run; a baseline file keeps exactly these.
+GATE_COLUMNS = (
+    *IDENTITY_COLUMNS,
+    "comparison",
+    "leaf_kind",
+    "dtype",
+    "verdict",
+    "nan_count",
+    "inf_count",
+    *GROWTH_METRICS,
+    *SENSITIVITY_COLUMNS,
+    *GAIN_COLUMNS,
+)
+# Baselines of format 1 were written before the sensitivity was kept, of formats 2 and 3 before the gain.
+LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS + GAIN_COLUMNS)
+PRE_GAIN_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in GAIN_COLUMNS)
+GATE_OPTIONAL_COLUMNS = (
+    "reason",
+    "bound_usage",
+    "cause",
+    "cause_id",
+    "cause_explained",
+    *QUANTILE_COLUMNS,
+    *RATE_COLUMNS,
+    "oracle_peak_to_l2",
+)
+assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= set(ROW_COLUMNS)
 
 # Finding categories, in the order they are printed.
 FAILING_CATEGORIES = ("failure", "missing", "baseline_gap", "lost_coverage", "new_nonfinite", "regression")
@@ -62,6 +99,8 @@ ROW_COUNT_WORDS = {
     "failure": ("fail/error row", ""),
 }
 INFO_CATEGORIES = ("improvement", "new_row")
+# A finding's row in every printer's table, after its category where a table names it.
+FINDING_COLUMNS = ("case", "candidate", "partner", "leaf", "detail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +179,7 @@ class GateResult:
     def summary_line(self) -> str:
         """One line: PASS/FAIL and the counts that matter."""
         counts = self.counts()
-        parts = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in counts.items() if n)
+        parts = ", ".join(f"{n} {spaced(c)}" for c, n in counts.items() if n)
         verdict = "PASS" if self.ok else "FAIL"
         return (
             f"gate {verdict}: {self.current_rows} current rows vs {self.baseline_rows} baseline rows "
@@ -157,13 +196,9 @@ class GateResult:
             if not findings:
                 continue
             if category == "missing":  # per case and path; the rows too when they are few
-                lines += [
-                    "",
-                    self.missing_heading() + ":",
-                    format_text_table(("case", "path", "missing rows"), self.missing_table_rows()),
-                ]
+                lines += ["", self.missing_heading() + ":", text_table(self.missing_table())]
                 if len(findings) <= max_info_rows:
-                    lines += ["", _findings_table(findings)]
+                    lines += ["", text_table(findings_table(findings))]
                 continue
             if category == "failure" and self.failure_causes:  # one heading per cause, its rows under it
                 lines += [
@@ -173,13 +208,13 @@ class GateResult:
                 by_key = {f.key: f for f in findings}
                 for group in self.failure_causes:
                     members = [by_key[row_key(r)] for r in group.rows if row_key(r) in by_key]
-                    lines += ["", f"  {group.heading()}", _findings_table(members, indent="    ")]
+                    lines += ["", f"  {group.heading()}", text_table(findings_table(members), indent="    ")]
                 continue
             limit = None if category in FAILING_CATEGORIES else max_info_rows
             shown = findings if limit is None else findings[:limit]
             lines.append("")
-            lines.append(f"{category.replace('_', ' ')} ({len(findings)}):")
-            lines.append(_findings_table(shown))
+            lines.append(f"{spaced(category)} ({len(findings)}):")
+            lines.append(text_table(findings_table(shown)))
             if len(shown) < len(findings):
                 lines.append(f"... and {len(findings) - len(shown)} more")
         return "\n".join(lines)
@@ -193,18 +228,83 @@ class GateResult:
             f"group{'s' * (len(self.missing_groups) != 1)})"
         )
 
-    def missing_table_rows(self) -> list[tuple[str, str, str]]:
+    def missing_table(self) -> Table:
         """(case, path, "n of m") per missing group; path "(every path)" for a case not run at all."""
-        return [
-            (g.case, "(every path)" if g.path == "*" else g.path, f"{g.missing} of {g.baseline_rows}")
-            for g in self.missing_groups
-        ]
+        return table_of(
+            ("case", "path", "missing rows"),
+            (
+                (g.case, "(every path)" if g.path == "*" else g.path, f"{g.missing} of {g.baseline_rows}")
+                for g in self.missing_groups
+            ),
+        )
 
 
-def _findings_table(findings: Sequence[GateFinding], *, indent: str = "") -> str:
-    return format_text_table(
-        ("case", "candidate", "partner", "leaf", "detail"), [(*f.key, f.detail) for f in findings], indent=indent
+def spaced(category: str) -> str:
+    """A finding category in words ("baseline_gap" -> "baseline gap")."""
+    return category.replace("_", " ")
+
+
+def findings_table(findings: Iterable[GateFinding], *, category: Callable[[str], str] | None = None) -> Table:
+    """A row per finding (`FINDING_COLUMNS`), led by a "finding" column naming its category as `category` writes it
+    (e.g. `spaced`; None: no such column)."""
+    headers = (("finding",) if category else ()) + FINDING_COLUMNS
+    return table_of(
+        headers,
+        (
+            ((Cell(category(f.category), f"st-{f.category}", span=True),) if category else ()) + (*f.key, f.detail)
+            for f in findings
+        ),
     )
+
+
+def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str) -> pd.DataFrame:
+    """A typed frame with the gate's columns (and the optional ones present).
+
+    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; sensitivity and gain columns may be
+    absent: NaN). ReportInputError for a column outside the schema, a missing gate column or duplicate row keys.
+    """
+    if isinstance(rows, pd.DataFrame):
+        records = rows.to_dict(orient="records")
+        columns = list(rows.columns)
+    else:
+        records = [dict(r) for r in rows]
+        columns = list(records[0].keys()) if records else list(GATE_COLUMNS)
+    unknown = [c for c in columns if c not in ROW_COLUMNS]
+    missing = [c for c in LEGACY_GATE_COLUMNS if c not in columns]
+    if unknown or missing:
+        parts = []
+        if missing:
+            parts.append(f"missing columns {missing}")
+        if unknown:
+            parts.append(f"unknown columns {unknown}")
+        raise ReportInputError(f"{source}: " + "; ".join(parts))
+    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in columns]
+    coerced = []
+    for index, record in enumerate(records):
+        record = {**{c: math.nan for c in SENSITIVITY_COLUMNS + GAIN_COLUMNS}, **record}
+        absent = [c for c in kept if c not in record]
+        if absent:
+            raise ReportInputError(f"{source}, row {index}: missing columns {absent}")
+        coerced.append(coerce_row(record, f"{source}, row {index}", kept))
+    return _unique_keys(frame_from_records(coerced, kept), source)
+
+
+def typed_gate_frame(frame: pd.DataFrame, *, source: str) -> pd.DataFrame:
+    """`gate_frame` of an already typed frame (a canonical row frame or a `Baseline`'s): its gate columns selected, not
+    coerced again; the same errors."""
+    missing = [c for c in GATE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ReportInputError(f"{source}: missing columns {missing}")
+    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in frame.columns]
+    return _unique_keys(frame[kept].reset_index(drop=True), source)
+
+
+def _unique_keys(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    duplicated = frame.duplicated(list(IDENTITY_COLUMNS), keep=False)
+    if duplicated.any():
+        first = frame[duplicated].iloc[0]
+        raise ReportInputError(f"{source}: {int(duplicated.sum())} rows share a row key, e.g. {row_key(first)}")
+    return frame
 
 
 def _reason(row: Mapping[str, Any]) -> str:
@@ -260,7 +360,7 @@ def gate(
 ) -> GateResult:
     """Compare a current run with a baseline under the module docstring's rules. Inputs: full or baseline-column row
     sets (DataFrame, dicts, or a loaded run or baseline). ReportInputError for unusable input (missing columns,
-    duplicate keys); ValueError for a growth factor <= 1 or a negative noise floor."""
+    duplicate keys); ValueError for parameters the gate cannot judge with (`parameter_problem`)."""
     _check_parameters(growth_factor, noise_floor_ulps)
     baseline = gate_frame(unwrap_run(baseline_rows)[0], source="baseline")
     current = gate_frame(unwrap_run(current_rows)[0], source="current run")
@@ -268,10 +368,9 @@ def gate(
 
 
 def _check_parameters(growth_factor: float, noise_floor_ulps: float) -> None:
-    if not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-    if not noise_floor_ulps >= 0.0:
-        raise ValueError(f"noise_floor_ulps must be >= 0, got {noise_floor_ulps!r}")
+    problem = parameter_problem(growth_factor, noise_floor_ulps, ("growth_factor", "noise_floor_ulps"))
+    if problem:
+        raise ValueError(problem)
 
 
 def gate_frames(
@@ -384,16 +483,3 @@ def group_missing(
         else:
             groups[(case, path)] = MissingGroup(case, path, n, per_group[(case, path)])
     return tuple(groups.values())
-
-
-__all__ = [
-    "DEFAULT_GROWTH_FACTOR",
-    "DEFAULT_NOISE_FLOOR_ULPS",
-    "FAILING_CATEGORIES",
-    "GateFinding",
-    "GateResult",
-    "INFO_CATEGORIES",
-    "MissingGroup",
-    "gate",
-    "gate_frames",
-]

@@ -17,6 +17,9 @@ whatever its growth, when its error moved along the leaf:
 with q_gain the stated rate's quantile for one degree of freedom (`gain_quantile`); not applied without a gain in the
 baseline (before format 4). Rows are compared only when both runs measured them (no skip, unsupported or error) and the
 baseline error is finite.
+
+The two parameters, `--growth-factor` and `--noise-floor-ulps`, are checked here only (`parameter_problem`: the
+command's argparse types, `gate_run` and `gate` itself): an infinite one would switch the growth check off.
 """
 
 from __future__ import annotations
@@ -28,63 +31,62 @@ from typing import Any
 
 import pandas as pd
 
-from mhc_parity.records import dtypes
+from mhc_parity.records import dtypes, rate_quantiles
 from mhc_parity.records.gain_rule import gain_floor
-from mhc_parity.records.rows import ReportInputError, coerce_row, frame_from_records, is_finite
-from mhc_parity.records.schema import IDENTITY_COLUMNS, ROW_COLUMNS, row_key
+from mhc_parity.records.rows import is_finite
+from mhc_parity.records.schema import row_key
 from mhc_parity.records.text import format_number
-from mhc_parity.reports.gain_shift import (
-    NO_GAIN_NOTE,
-    baseline_gain_note,
-    gain_quantile,
-    gain_rule_note,
-    systematic_note,
-)
 
-# The columns the gate needs from each run; a baseline file keeps exactly these.
-GATE_COLUMNS = (
-    *IDENTITY_COLUMNS,
-    "comparison",
-    "leaf_kind",
-    "dtype",
-    "verdict",
-    "nan_count",
-    "inf_count",
-    "cand_oracle_max_err",
-    "cand_oracle_rms_err",
-    "oracle_sensitivity_max",
-    "oracle_sensitivity_rms",
-    "cand_oracle_gain",
-    "oracle_sensitivity_gain",
-)
-# The systematic-shift rule's columns: NaN in baselines before format 4, which skips the rule.
-GAIN_COLUMNS = ("cand_oracle_gain", "oracle_sensitivity_gain")
-# Baselines of format 1 were written before the sensitivity was kept (read as NaN).
+# The columns a row's drift reads besides its identity, verdict and dtype. Baselines of format 1 were written before the
+# sensitivity was kept, of formats 2 and 3 before the gain (read as NaN, which skips the systematic-shift rule).
+GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
 SENSITIVITY_COLUMNS = ("oracle_sensitivity_max", "oracle_sensitivity_rms")
-LEGACY_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in SENSITIVITY_COLUMNS + GAIN_COLUMNS)
-# Baselines of formats 2 and 3 keep the sensitivity but not the gain.
-PRE_GAIN_GATE_COLUMNS = tuple(c for c in GATE_COLUMNS if c not in GAIN_COLUMNS)
+GAIN_COLUMNS = ("cand_oracle_gain", "oracle_sensitivity_gain")
 # Read from the run (judged under the policy both sides share); baseline files do not keep them.
 QUANTILE_COLUMNS = ("oracle_quantile_max", "oracle_quantile_rms")
 # The degrees of freedom and draws q_max was computed for: `gain_quantile` reads the stated rate back from them.
 RATE_COLUMNS = ("oracle_sensitivity_dof_max", "oracle_draws")
-GATE_OPTIONAL_COLUMNS = (
-    "reason",
-    "bound_usage",
-    "cause",
-    "cause_id",
-    "cause_explained",
-    *QUANTILE_COLUMNS,
-    *RATE_COLUMNS,
-    "oracle_peak_to_l2",
-)
-GROWTH_METRICS = ("cand_oracle_max_err", "cand_oracle_rms_err")
 # The spread of the difference of two independent rounding draws, in units of one draw's.
 TWO_RUNS_SPREAD = math.sqrt(2.0)
-assert set(GATE_COLUMNS) <= set(ROW_COLUMNS) and set(GATE_OPTIONAL_COLUMNS) <= set(ROW_COLUMNS)
 
 DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_NOISE_FLOOR_ULPS = 2.0
+
+
+def growth_factor_problem(value: float) -> str:
+    """Why `value` cannot be the gate's growth factor ("" if it can): finite and above 1."""
+    return "" if math.isfinite(value) and value > 1.0 else f"must be a finite number above 1, got {value:g}"
+
+
+def noise_floor_problem(value: float) -> str:
+    """Why `value` cannot be the gate's noise floor in ulps ("" if it can): finite, 0 or more."""
+    return "" if math.isfinite(value) and value >= 0.0 else f"must be a finite number, 0 or more, got {value:g}"
+
+
+# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
+PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
+
+
+def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
+    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
+    for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
+        if problem:
+            return f"{name} {problem}"
+    return ""
+
+
+def settings_note(growth_factor: float, noise_floor_ulps: float) -> str:
+    """One sentence naming the settings that are not the defaults ("" when both are)."""
+    changed = [
+        f"{label} {shown(value)} (default {shown(default)})"
+        for label, value, default, shown in (
+            ("growth factor", growth_factor, DEFAULT_GROWTH_FACTOR, lambda v: f"×{format_number(v)}"),
+            ("noise floor", noise_floor_ulps, DEFAULT_NOISE_FLOOR_ULPS, lambda v: f"{format_number(v)} ulps"),
+        )
+        if value != default
+    ]
+    return f"The gate judged drift with {' and '.join(changed)}, not its defaults." if changed else ""
+
 
 # Machine epsilon per dtype name and alias.
 DTYPE_EPSILON = {name: dtypes.epsilon(name) for name in (*dtypes.FLOAT_DTYPES, *dtypes.ALIASES)}
@@ -171,56 +173,6 @@ class RowDrift:
         """The larger of the two growth factors (NaN if neither was compared)."""
         values = [g for g in (self.growth_max, self.growth_rms) if not math.isnan(g)]
         return max(values) if values else math.nan
-
-
-def gate_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str) -> pd.DataFrame:
-    """A typed frame with the gate's columns (and the optional ones present).
-
-    Accepts full row sets (`ROW_COLUMNS`) and baseline files (`GATE_COLUMNS`; sensitivity and gain columns may be
-    absent: NaN). ReportInputError for a column outside the schema, a missing gate column or duplicate row keys.
-    """
-    if isinstance(rows, pd.DataFrame):
-        records = rows.to_dict(orient="records")
-        columns = list(rows.columns)
-    else:
-        records = [dict(r) for r in rows]
-        columns = list(records[0].keys()) if records else list(GATE_COLUMNS)
-    unknown = [c for c in columns if c not in ROW_COLUMNS]
-    missing = [c for c in LEGACY_GATE_COLUMNS if c not in columns]
-    if unknown or missing:
-        parts = []
-        if missing:
-            parts.append(f"missing columns {missing}")
-        if unknown:
-            parts.append(f"unknown columns {unknown}")
-        raise ReportInputError(f"{source}: " + "; ".join(parts))
-    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in columns]
-    coerced = []
-    for index, record in enumerate(records):
-        record = {**{c: math.nan for c in SENSITIVITY_COLUMNS + GAIN_COLUMNS}, **record}
-        absent = [c for c in kept if c not in record]
-        if absent:
-            raise ReportInputError(f"{source}, row {index}: missing columns {absent}")
-        coerced.append(coerce_row(record, f"{source}, row {index}", kept))
-    return _unique_keys(frame_from_records(coerced, kept), source)
-
-
-def typed_gate_frame(frame: pd.DataFrame, *, source: str) -> pd.DataFrame:
-    """`gate_frame` of an already typed frame (a canonical row frame or a `Baseline`'s): its gate columns selected, not
-    coerced again; the same errors."""
-    missing = [c for c in GATE_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ReportInputError(f"{source}: missing columns {missing}")
-    kept = list(GATE_COLUMNS) + [c for c in GATE_OPTIONAL_COLUMNS if c in frame.columns]
-    return _unique_keys(frame[kept].reset_index(drop=True), source)
-
-
-def _unique_keys(frame: pd.DataFrame, source: str) -> pd.DataFrame:
-    duplicated = frame.duplicated(list(IDENTITY_COLUMNS), keep=False)
-    if duplicated.any():
-        first = frame[duplicated].iloc[0]
-        raise ReportInputError(f"{source}: {int(duplicated.sum())} rows share a row key, e.g. {row_key(first)}")
-    return frame
 
 
 def index_by_key(frame: pd.DataFrame) -> dict[tuple[str, str, str, str], dict]:
@@ -371,40 +323,52 @@ def compare_runs(
     )
 
 
-def drift_frame(drifts: Iterable[RowDrift]) -> pd.DataFrame:
-    """Drift records as a DataFrame (identity columns first), for tables and CSV."""
-    records = []
-    for drift in drifts:
-        record = dict(zip(IDENTITY_COLUMNS, drift.key))
-        record.update({f.name: getattr(drift, f.name) for f in dataclasses.fields(drift) if f.name != "key"})
-        records.append(record)
-    columns = list(IDENTITY_COLUMNS) + [f.name for f in dataclasses.fields(RowDrift) if f.name != "key"]
-    return pd.DataFrame(records, columns=columns)
+def systematic_note(baseline_gain: float, current_gain: float, allowed_shift: float) -> str:
+    """The systematic-shift rule's finding in words."""
+    return (
+        f"systematic: the error along the leaf moved {format_number(baseline_gain)} -> "
+        f"{format_number(current_gain)} (by {format_number(abs(current_gain - baseline_gain))}), "
+        f"past the rounding spread {format_number(allowed_shift)}"
+    )
 
 
-__all__ = [
-    "DEFAULT_GROWTH_FACTOR",
-    "DEFAULT_NOISE_FLOOR_ULPS",
-    "DTYPE_EPSILON",
-    "GAIN_COLUMNS",
-    "GATE_COLUMNS",
-    "PRE_GAIN_GATE_COLUMNS",
-    "QUANTILE_COLUMNS",
-    "GROWTH_METRICS",
-    "NO_GAIN_NOTE",
-    "RowDrift",
-    "allowed_error",
-    "allowed_gain_shift",
-    "baseline_gain_note",
-    "compare_row",
-    "compare_runs",
-    "drift_frame",
-    "gain_quantile",
-    "gain_rule_note",
-    "gate_frame",
-    "growth",
-    "index_by_key",
-    "noise_floor",
-    "spread",
-    "typed_gate_frame",
-]
+def gain_quantile(quantile_max: float, dof_max: float, draws: float) -> float:
+    """q_gain: the quantile, for one degree of freedom, of the rate q_max was computed at.
+
+    The rate p = `rate_of(q_max, dof, draws)` is read back from the row; q_gain = quantile(p, 1, draws), the q the
+    judging's gain criterion uses (6.33 at p = 1e-5, 16 draws). q_max == 1 (a policy stating no rate) gives 1. NaN when
+    an input is not finite (the rule is then not applied).
+    """
+    if not (is_finite(quantile_max) and is_finite(dof_max) and is_finite(draws)) or draws < 1:
+        return math.nan
+    if float(quantile_max) == 1.0:
+        return 1.0
+    rate = rate_quantiles.rate_of(quantile_max, dof_max, draws)
+    if not 0.0 < rate < 1.0:
+        return math.nan
+    return rate_quantiles.quantile(rate, 1.0, int(draws))
+
+
+NO_GAIN_NOTE = (
+    "note: the systematic-shift rule was not applied: the baseline keeps no oracle gain "
+    "(cand_oracle_gain: written before baseline format 4; regenerate it)"
+)
+
+
+def baseline_gain_note(frame: pd.DataFrame) -> str:
+    """`NO_GAIN_NOTE` for a baseline gate frame with no finite `cand_oracle_gain`, else "" (for readers gating case by
+    case, which say it once)."""
+    gains = frame["cand_oracle_gain"] if "cand_oracle_gain" in frame.columns else ()
+    return "" if any(is_finite(g) for g in gains) else NO_GAIN_NOTE
+
+
+def gain_rule_note(drifts: Iterable) -> str:
+    """One line when the rule applied to none of the compared `RowDrift`s (no gain in the baseline, or no gain spread);
+    "" when it applied to some or nothing was compared."""
+    compared = [d for d in drifts if d.status != "not_compared"]
+    if not compared or any(not math.isnan(d.allowed_gain_shift) and is_finite(d.baseline_gain) for d in compared):
+        return ""
+    if not any(is_finite(d.baseline_gain) for d in compared):
+        return NO_GAIN_NOTE
+    why = "no compared row has the gain's spread (oracle_sensitivity_gain and the run's oracle quantile)"
+    return f"note: the systematic-shift rule was not applied: {why}"

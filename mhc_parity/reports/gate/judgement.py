@@ -17,17 +17,32 @@ from mhc_parity.records.environment import isa_difference
 from mhc_parity.records.manifest import Manifest
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.text import plural
-from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
-from mhc_parity.reports.comparability import comparability_refusal, current_cases, gated_frame
-from mhc_parity.reports.coverage import (
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION, Baseline
+from mhc_parity.reports.gate.comparability import (
+    comparability_refusal,
     coverage_refusal,
+    current_cases,
     device_note,
+    gated_frame,
     untested_implementations,
     without_implementations,
 )
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS, gate_frame, typed_gate_frame
-from mhc_parity.reports.gate import ROW_COUNT_WORDS, GateFinding, GateResult, gate_frames
-from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem
+from mhc_parity.reports.gate.drift import (
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_NOISE_FLOOR_ULPS,
+    PARAMETER_NAMES,
+    parameter_problem,
+)
+from mhc_parity.reports.gate.rule import (
+    ROW_COUNT_WORDS,
+    GateFinding,
+    GateResult,
+    findings_table,
+    gate_frame,
+    gate_frames,
+    spaced,
+    typed_gate_frame,
+)
 from mhc_parity.reports.sources import (
     CODE_CHANGE_OPTION,
     POLICY_HASH_KEY,
@@ -37,6 +52,7 @@ from mhc_parity.reports.sources import (
     load_baseline_or_run,
     load_run,
 )
+from mhc_parity.reports.tables import Table
 
 # Findings the first screen lists before pointing at the drift section for the rest.
 FIRST_SCREEN_FINDINGS = 5
@@ -88,7 +104,7 @@ def judge(
     only_current_cases: bool = False,
 ) -> Judgement:
     """`current` judged against `baseline` (loaded runs). only_current_cases: judge only the baseline rows of the cases
-    the current run selected. ValueError for a growth factor <= 1 or a negative noise floor."""
+    the current run selected. ValueError for parameters the gate cannot judge with (`parameter_problem`)."""
 
     isa_note = " ".join(
         n for n in (isa_difference(baseline.metadata, current.metadata), device_note(baseline, current)) if n
@@ -149,18 +165,6 @@ class GateRun:
     current: LoadedRun | None = None
     # "" when judged; "parameters" or "input" when refused before judging; "judgement" when `judge` refused
     problem: str = ""
-
-
-# The gate's parameters as `mhc-parity gate` names them (the API passes its keyword names).
-PARAMETER_NAMES = ("--growth-factor", "--noise-floor-ulps")
-
-
-def parameter_problem(growth_factor: float, noise_floor_ulps: float, names: tuple[str, str] = PARAMETER_NAMES) -> str:
-    """Why the gate cannot judge with these parameters (one line, naming them as `names`), or ""."""
-    for name, problem in zip(names, (growth_factor_problem(growth_factor), noise_floor_problem(noise_floor_ulps))):
-        if problem:
-            return f"{name} {problem}"
-    return ""
 
 
 def gate_run(
@@ -268,22 +272,11 @@ def first_findings(result: GateResult, limit: int = FIRST_SCREEN_FINDINGS) -> tu
     return tuple(ordered[:limit])
 
 
+def first_findings_table(result: GateResult) -> Table:
+    """`first_findings` as the table every first screen shows, each led by its category."""
+    return findings_table(first_findings(result), category=spaced)
+
+
 def hidden_findings(result: GateResult, limit: int = FIRST_SCREEN_FINDINGS) -> int:
     """How many failing findings `first_findings` leaves out."""
     return max(0, len(result.failing_findings()) - limit)
-
-
-__all__ = [
-    "FAIL",
-    "FIRST_SCREEN_FINDINGS",
-    "Judgement",
-    "PASS",
-    "REFUSED",
-    "as_baseline",
-    "first_findings",
-    "headline",
-    "hidden_findings",
-    "judge",
-    "judges_own_cases",
-    "written_run",
-]

@@ -13,7 +13,7 @@ import pytest
 from support import tpu_v5e_terms
 
 from mhc_parity.cases import registry
-from mhc_parity.harness.engine import oracle_path, runner
+from mhc_parity.harness.engine import case_judging, oracle_path
 from mhc_parity.harness.engine.implementations import BUILTIN, load_implementations
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.runner import Runner
@@ -118,7 +118,7 @@ def test_a_gate_cast_is_named_on_every_leaf_where_the_chip_s_sensitivity_lets_it
     predicted 22σ where it had 0.4σ, and the pre gate's rounding was ruled out on every leaf. The
     same here with the chip's backend terms, the candidate off the host as there."""
     monkeypatch.setattr(oracle_path, "backend_terms", tpu_v5e_terms)
-    monkeypatch.setattr(runner, "runs_on_host", lambda path: False)
+    monkeypatch.setattr(case_judging, "runs_on_host", lambda path: False)
     fault = FAULTS[f"{implementation}.gate_params_bf16"]
     external = load_implementations(kill_matrix.INDEPENDENT_IMPL) if implementation == "independent" else ()
     stated = _stated(fault, ("reference", *external), ("lite-n4-c128-b2s64-f32-w32-identity-default",))

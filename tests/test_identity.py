@@ -16,7 +16,7 @@ from mhc_parity.harness.commands.baseline import main as baseline_main
 from mhc_parity.harness.commands.gate import gate_parser
 from mhc_parity.harness.commands.gate import main as gate_main
 from mhc_parity.harness.engine.implementations import BUILTIN
-from mhc_parity.harness.stores.program_store import environment_material
+from mhc_parity.harness.engine.program_store import environment_material
 from mhc_parity.records.identity import BUILTIN_IMPLEMENTATIONS, ENVIRONMENT_KEYS, Selection, settings_record
 from mhc_parity.records.manifest import read_manifest
 from mhc_parity.records.schema import row_key

@@ -134,8 +134,7 @@ def test_the_package_s_own_library_reads_as_the_package_s_version(tmp_path, monk
 def test_the_probe_and_compile_keys_and_the_environment_record_hold_a_given_libtpu(tmp_path, monkeypatch):
     import jax
 
-    from mhc_parity.harness.engine import backend_arithmetic, run_info, tpu_targets
-    from mhc_parity.harness.stores import compile_store
+    from mhc_parity.harness.engine import backend_arithmetic, compile_store, run_info, tpu_targets
 
     library = tmp_path / "libtpu.so"
     library.write_bytes(b"a libtpu build")

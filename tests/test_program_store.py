@@ -15,12 +15,12 @@ import pytest
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine import program_store
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
 from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.stores import program_store
-from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
+from mhc_parity.harness.engine.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records import foreign_code

@@ -11,13 +11,13 @@ import os
 
 from mhc_parity.harness.engine.compile_rows import CompileResult
 from mhc_parity.harness.engine.operation import OPERATION
-from mhc_parity.harness.engine.tpu_targets import compiler_versions
-from mhc_parity.harness.stores.program_store import (
+from mhc_parity.harness.engine.program_store import (
     LOWERING_ENTRY,
     STORE_FORMAT,
     implementation_case_material,
     stored_results,
 )
+from mhc_parity.harness.engine.tpu_targets import compiler_versions
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 

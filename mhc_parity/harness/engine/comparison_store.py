@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import ml_dtypes
 
 from mhc_parity.harness.engine import oracle_path
-from mhc_parity.harness.stores.program_store import environment_material
+from mhc_parity.harness.engine.program_store import environment_material
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.files import digest_arrays

@@ -30,8 +30,8 @@ from jax.experimental import serialize_executable
 from mhc_parity.cases.spec import LABEL, case_field_names, fields_with
 from mhc_parity.harness.engine.implementations import is_builtin
 from mhc_parity.harness.engine.operation import OPERATION
+from mhc_parity.harness.engine.traced_digest import traced_digest
 from mhc_parity.harness.env import compiler_material
-from mhc_parity.harness.stores.traced_digest import traced_digest
 from mhc_parity.jax_support import libtpu_version
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult

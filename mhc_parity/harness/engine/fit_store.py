@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mhc_parity.harness.engine.operation import OPERATION
-from mhc_parity.harness.stores.oracle_cache import key_material, oracle_source_digest
+from mhc_parity.harness.engine.oracle_cache import key_material, oracle_source_digest
 from mhc_parity.records.artifact_store import ArtifactStore, canonical_json
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure

@@ -17,7 +17,7 @@ import numpy as np
 from mhc_parity.harness.engine.causes import rows_needing_causes
 from mhc_parity.harness.engine.oracle_path import arithmetic_material
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects
-from mhc_parity.harness.stores.program_store import environment_material, traced_sources_digest
+from mhc_parity.harness.engine.program_store import environment_material, traced_sources_digest
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import import_closure

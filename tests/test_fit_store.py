@@ -110,7 +110,7 @@ def test_the_sources_cover_every_file_a_fit_runs(setting, tmp_path):
         "mhc_parity/records/files.py",
         "mhc_parity/records/foreign_code.py",
         "mhc_parity/harness/engine/oracle_cache.py",
-        "mhc_parity/harness/env.py",
+        "mhc_parity/harness/engine/store_keys.py",
         "mhc_parity/cases/spec.py",
         "mhc_parity/harness/engine/run_info.py",
         "tests/test_fit_store.py",

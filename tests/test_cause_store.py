@@ -1,4 +1,4 @@
-"""The cause store (mhc_parity.harness.stores.cause_store): a case's failing rows' causes and an
+"""The cause store (mhc_parity.harness.engine.cause_store): a case's failing rows' causes and an
 implementation's declared effects, computed once and loaded by the next run with the same rows;
 any change of what they are computed from misses, and the declared sources cover every project
 file computing them runs."""
@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine import cause_store
+from mhc_parity.harness.engine.cause_store import CauseStore
 from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
 from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import REFERENCE, load_external
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores import cause_store
-from mhc_parity.harness.stores.cause_store import CauseStore
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from tests.cli_support import without_timing
 from tests.implementation_base import CASES
 from tests.support import project_files_run

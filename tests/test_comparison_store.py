@@ -1,4 +1,4 @@
-"""A case's judged rows are stored by everything they were judged from (`mhc_parity.harness.stores.comparison_store`).
+"""A case's judged rows are stored by everything they were judged from (`mhc_parity.harness.engine.comparison_store`).
 
 A second run of the same outputs loads the rows it judged (its programs still run), and they
 are the rows judging them again gives, cell for cell, with this run's timings; one bit of
@@ -19,21 +19,20 @@ from support import tpu_v5e_terms
 
 from mhc_parity.cases.catalogue import make_case
 from mhc_parity.cases.fixtures import make_fixture
-from mhc_parity.harness.engine import oracle_path
+from mhc_parity.harness.engine import comparison_store, oracle_path
 from mhc_parity.harness.engine.collaborators import Collaborators
-from mhc_parity.harness.engine.implementations import BUILTIN
-from mhc_parity.harness.engine.plan import PathPlan
-from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.engine.runner import Runner
-from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores import comparison_store
-from mhc_parity.harness.stores.comparison_store import (
+from mhc_parity.harness.engine.comparison_store import (
     TIMING_COLUMNS,
     ComparisonStore,
     key_material,
     path_material,
     with_timings,
 )
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records import foreign_code
 
 CASE = make_case(dtype="bfloat16")

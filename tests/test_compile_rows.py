@@ -19,9 +19,9 @@ from mhc_parity.harness.engine.compile_rows import (
     failure_cause,
     vmem_bytes,
 )
+from mhc_parity.harness.engine.compile_store import CompileStore
 from mhc_parity.harness.engine.tpu_targets import TARGETS, compiler_missing, compiles_case, target_mesh
 from mhc_parity.harness.faults.compile_faults import COMPILE_FAULTS, caught, compile_fault_rows
-from mhc_parity.harness.stores.compile_store import CompileStore
 from mhc_parity.records.schema import ROW_COLUMNS
 
 needs_compiler = pytest.mark.skipif(bool(compiler_missing()), reason=compiler_missing() or "libtpu is installed")

@@ -163,9 +163,9 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
     from mhc_parity.cases.spec import Case
     from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
     from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+    from mhc_parity.harness.engine.oracle_cache import OracleCache
     from mhc_parity.harness.engine.runner import PathPlan, Runner
     from mhc_parity.harness.judging.policy_file import load_policy
-    from mhc_parity.harness.stores.oracle_cache import OracleCache
 
     cases = [
         Case(name="quiet-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),

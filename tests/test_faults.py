@@ -427,8 +427,8 @@ def test_no_seam_is_in_the_code_a_cases_passes_share():
     import importlib.util
 
     from mhc_parity.cases.fixtures import GENERATOR_ENTRY
-    from mhc_parity.harness.stores.fit_store import fit_sources
-    from mhc_parity.harness.stores.oracle_cache import oracle_sources
+    from mhc_parity.harness.engine.fit_store import fit_sources
+    from mhc_parity.harness.engine.oracle_cache import oracle_sources
     from mhc_parity.records.code import import_closure
     from mhc_parity.records.project_code import PROJECT_ROOT
 

@@ -1,7 +1,7 @@
 """Programs of external implementations in the program store: keyed by what they compute.
 
 An external implementation's program is keyed by its lowered program
-(`mhc_parity.harness.stores.program_store.program_digest`), and a process that loaded one (an
+(`mhc_parity.harness.engine.program_store.program_digest`), and a process that loaded one (an
 `--impl` module, MaxText's) stores its programs under a key that also covers that code
 (`mhc_parity.records.foreign_code`): the files of the module and of what it imports under its
 root, by content; the installed distributions it imports, by version and installed-files
@@ -23,13 +23,13 @@ import pytest
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine import program_store
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.implementations import REFERENCE, load_external, load_implementations
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
 from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.stores import program_store
-from mhc_parity.harness.stores.program_store import ProgramStore
+from mhc_parity.harness.engine.program_store import ProgramStore
 from mhc_parity.records import distributions, foreign_code
 from tests.cli_support import ROOT, cheap_run_args, load_jsonl, run_cli, without_timing
 from tests.support import project_files_run

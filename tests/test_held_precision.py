@@ -15,9 +15,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from mhc_parity.harness.engine.cause_store import CauseStore
+from mhc_parity.harness.engine.comparison_store import ComparisonStore
 from mhc_parity.harness.judging.held_precision import HeldDraw, held_in, ordered_sum_holding
-from mhc_parity.harness.stores.cause_store import CauseStore
-from mhc_parity.harness.stores.comparison_store import ComparisonStore
 
 BF16_VALUES = np.array([0.5, -1.25, 3.0, 0.0], dtype=np.float32)  # every one a bfloat16 number
 RESIDUAL_SUMS = "round:gate_weight/residual_gate:forward:bfloat16:backend_sums"

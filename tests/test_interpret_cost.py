@@ -9,10 +9,10 @@ from mhc_parity.harness.engine import interpret_cost
 from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.interpret_cost import interpret_estimate_s, interpret_refusal
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.runner import PathPlan, Runner
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 
 MESHED = "lite-n4-c1024-b8s1024-bf16-w32-mlp-default-m2x4"
 SMALL = Case(name="interpret-cost-small", batch=1, sequence=32, streams=2, embedding=128)

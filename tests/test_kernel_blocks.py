@@ -9,9 +9,9 @@ from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
 from mhc_parity.harness.engine.kernel_blocks import blocks_label, path_blocks
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.runner import PathPlan, Runner
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.mhc.kernels.config import KernelConfig
 from mhc_parity.mhc.kernels.vmem import step_bytes
 

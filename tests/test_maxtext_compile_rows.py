@@ -11,9 +11,9 @@ import pytest
 from mhc_parity.cases import registry
 from mhc_parity.cases.catalogue import COMPILED_MAXTEXT_CASES
 from mhc_parity.harness.engine.compile_rows import case_compile_rows, compile_names_for
+from mhc_parity.harness.engine.compile_store import CompileStore
 from mhc_parity.harness.engine.implementations import load_implementations
 from mhc_parity.harness.engine.tpu_targets import TARGETS, compiler_missing, compiles_case
-from mhc_parity.harness.stores.compile_store import CompileStore
 
 RELEASED, FIXED = "maxtext-kernel-api", "maxtext-kernel-fwd-fixed"
 PROGRAMS = 4  # pre/post, forward and VJP

@@ -17,7 +17,7 @@ import pytest
 from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import Case
-from mhc_parity.harness.engine import case_memory, oracle_path
+from mhc_parity.harness.engine import case_memory, oracle_cache, oracle_path
 from mhc_parity.harness.engine.leaves import token_axes
 from mhc_parity.harness.engine.operation import OPERATION
 from mhc_parity.harness.judging.error_statistics import (
@@ -27,7 +27,6 @@ from mhc_parity.harness.judging.error_statistics import (
     systematic_error,
 )
 from mhc_parity.harness.judging.token_statistics import TokenLeafDraws
-from mhc_parity.harness.stores import oracle_cache
 from mhc_parity.mhc import oracle, oracle_chunks, rounding_model
 from mhc_parity.mhc.oracle_chunks import bank_numbers, run_oracle_chunks
 

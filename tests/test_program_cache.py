@@ -171,9 +171,9 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
     import threading
 
     from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
+    from mhc_parity.harness.engine.oracle_cache import OracleCache
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
-    from mhc_parity.harness.stores.oracle_cache import OracleCache
 
     cases, plan = _ahead_cases(), _ahead_plan()
     calls, lock = [], threading.Lock()

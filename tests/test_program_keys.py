@@ -4,7 +4,7 @@ An external implementation's program may depend on more than its files: a field 
 object handed to the API, a tuning table, an environment variable read by its factory. Keyed
 by its name, spec, type and code, a program stored for one of them was loaded for another,
 and a wrong implementation passed on a warm cache (it failed on an empty one). Keyed by its
-lowered program (`mhc_parity.harness.stores.program_store.program_digest`), each computes its own.
+lowered program (`mhc_parity.harness.engine.program_store.program_digest`), each computes its own.
 """
 
 from __future__ import annotations

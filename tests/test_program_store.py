@@ -15,12 +15,12 @@ import pytest
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine import program_store, store_keys
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.paths import Path, _build_program, _place, _trace_signature, effective_precision
 from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.stores import program_store
-from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
+from mhc_parity.harness.engine.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records import foreign_code
@@ -159,13 +159,13 @@ def test_without_readable_sources_programs_are_compiled_and_not_stored(tmp_path,
     def unreadable(*args, **kwargs):
         raise FileNotFoundError("no source file for module 'mhc_parity.harness.engine.paths'")
 
-    monkeypatch.setattr(program_store, "closure_digest", unreadable)
-    program_store.traced_sources_digest.cache_clear()
+    monkeypatch.setattr(store_keys, "closure_digest", unreadable)
+    store_keys.traced_sources_digest.cache_clear()
     try:
         store = ProgramStore(tmp_path)
         outputs = _run(CASE, Path(REFERENCE), store)
     finally:
-        program_store.traced_sources_digest.cache_clear()
+        store_keys.traced_sources_digest.cache_clear()
     assert outputs.leaves["out"].size and not list(tmp_path.glob("program-*.bin"))
 
 
@@ -176,7 +176,7 @@ def test_a_kernel_edit_changes_the_kernel_programs_key_only(tmp_path):
         return closure_digest(program_store.PROGRAM_ENTRY, program_store._not_traced(kernel), tmp_path)
 
     before = {kernel: digest(kernel) for kernel in (False, True)}
-    assert before[True] == program_store.traced_sources_digest(
+    assert before[True] == store_keys.traced_sources_digest(
         program_store.PROGRAM_ENTRY, program_store._not_traced(True)
     ), "the copy is the project's code"
     kernel_file = tmp_path / "mhc_parity/mhc/kernels/forward.py"

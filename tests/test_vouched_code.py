@@ -20,9 +20,9 @@ import pytest
 from mhc_parity.cases import fixtures, registry
 from mhc_parity.cases.fixtures import cache_key, cache_path, make_fixture
 from mhc_parity.harness.engine.implementations import load_external
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records import foreign_code
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.code import external_code_files, import_closure

@@ -150,11 +150,6 @@ X86_ISA_LEVELS = (
 AARCH64_ISA_LEVELS = (("NEON", "asimd"), ("SVE", "sve"), ("SVE2", "sve2"))
 
 
-def compiler_material() -> dict:
-    """What XLA compiles this process's CPU programs for: `XLA_FLAGS` and the host CPU (cache keys)."""
-    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "host_cpu": host_cpu()}
-
-
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> str:
     """The host CPU's model and a digest of its instruction-set flags, e.g. ``AMD EPYC 7B13 (isa

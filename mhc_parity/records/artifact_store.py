@@ -1,6 +1,6 @@
 """A folder of content-addressed, checksummed entries: bytes stored under the digest of their key.
 
-Backs the compiled-program and TPU-lowering stores (`mhc_parity.harness.stores.program_store`). An entry is one file
+Backs the compiled-program and TPU-lowering stores (`mhc_parity.harness.engine.program_store`). An entry is one file
 ``<prefix>-<key digest>.bin``:
 
   8 bytes   header length, little-endian

@@ -32,6 +32,11 @@ ENVIRONMENT_KEYS = (
     BACKEND_TERMS_KEY,
     BACKEND_DIGEST_KEY,
 )
+# The `ENVIRONMENT_KEYS` of the accelerator a process runs on; the others are its host's (libraries,
+# flags, CPU), all that a result computed on the host CPU rests on (the oracle's answers: its own
+# process runs with the CPU alone; `mhc_parity.harness.engine.store_keys.environment_material`).
+DEVICE_ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", BACKEND_TERMS_KEY, BACKEND_DIGEST_KEY)
+HOST_ENVIRONMENT_KEYS = tuple(key for key in ENVIRONMENT_KEYS if key not in DEVICE_ENVIRONMENT_KEYS)
 # What the gate requires a baseline to share with the run it judges (another device kind is a
 # note: `device_note`).
 GATE_ENVIRONMENT_KEYS = ("backend",)

@@ -19,6 +19,7 @@ from mhc_parity.cases.branches import get_branch
 from mhc_parity.harness.engine.causes import annotate_causes, not_searched
 from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.compare import compare_leaves, status_row
+from mhc_parity.harness.engine.comparison_store import key_material, path_material
 from mhc_parity.harness.engine.devices import runs_on_host
 from mhc_parity.harness.engine.path_results import PathResult, environment_fields, status_rows
 from mhc_parity.harness.engine.paths import ORACLE_PATH, Path
@@ -26,7 +27,6 @@ from mhc_parity.harness.engine.plan import comparisons_of, mosaic_xla_pair
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.judging.metrics import MetricsMemo
 from mhc_parity.harness.judging.policy import Policy
-from mhc_parity.harness.stores.comparison_store import key_material, path_material
 
 
 def last_readers(paths: Sequence[Path]) -> dict[str, int]:

@@ -11,16 +11,16 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine.cause_store import CauseStore
 from mhc_parity.harness.engine.causes import HypothesisOracle
+from mhc_parity.harness.engine.comparison_store import ComparisonStore
+from mhc_parity.harness.engine.compile_store import CompileStore
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
 from mhc_parity.harness.engine.oracle_process import compute_apart
 from mhc_parity.harness.engine.paths import Path, PathOutputs
 from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.stores.cause_store import CauseStore
-from mhc_parity.harness.stores.comparison_store import ComparisonStore
-from mhc_parity.harness.stores.compile_store import CompileStore
-from mhc_parity.harness.stores.oracle_cache import OracleCache
-from mhc_parity.harness.stores.program_store import LoweringStore
+from mhc_parity.harness.engine.program_store import LoweringStore
 
 # Asked (case, candidate path, comparison, partner path or None for the oracle) before a
 # comparison is made: the rows another run of the case made for it, if they are this run's

@@ -129,7 +129,7 @@ def compile_lowered(program: str, lowered) -> CompileResult:
 
 def compile_program(program: str, fn, structs, store=None, target_key: dict | None = None) -> CompileResult:
     """Lower and compile one program; never raises. store: a
-    `mhc_parity.harness.stores.compile_store.CompileStore` that keys the compile by the lowered
+    `mhc_parity.harness.engine.compile_store.CompileStore` that keys the compile by the lowered
     module's text and `target_key` (None: compile)."""
     start = time.perf_counter()
     try:

@@ -82,7 +82,7 @@ class Operation(Protocol):
     provides (`layer_builder(external=...)`).
     ORACLE_MODULES, PROGRAM_MODULES, KERNEL_MODULES: the modules (or packages) only the
     oracle, only a path's program, only the kernel paths run; the stores' keys leave each
-    out of the others' code (`mhc_parity.harness.stores`).
+    out of the others' code (`program_store`, `oracle_cache`, `fit_store`).
     """
 
     NAME: str

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import TPU_TAG
 from mhc_parity.harness.engine.case_memory import chunk_working_bytes, memory_for_a_case, oracle_memory_bytes
+from mhc_parity.harness.engine.oracle_cache import deserialize, own_material, serialize
 from mhc_parity.harness.engine.oracle_path import OracleOutputs, oracle_units, run_oracle_path
 from mhc_parity.harness.engine.run_info import enable_compilation_cache
 from mhc_parity.harness.env import ensure_host_devices
 from mhc_parity.harness.processes.worker_processes import available_memory_bytes, end_with_parent
-from mhc_parity.harness.stores.oracle_cache import deserialize, own_material, serialize
 from mhc_parity.mhc.oracle_chunks import chunk_count
 from mhc_parity.records.files import atomic_write
 from mhc_parity.records.project_code import PROJECT_ROOT

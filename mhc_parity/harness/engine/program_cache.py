@@ -20,8 +20,8 @@ from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.execution_timing import device_time, first_call
 from mhc_parity.harness.engine.paths import Path, PathOutputs
+from mhc_parity.harness.engine.program_store import computed_material, keyed_by_program
 from mhc_parity.harness.engine.quiet import QUIET
-from mhc_parity.harness.stores.program_store import computed_material, keyed_by_program
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.records.roofline import array_bytes
 

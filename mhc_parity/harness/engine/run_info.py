@@ -8,6 +8,7 @@ import json
 import pathlib
 import platform
 import subprocess
+from collections.abc import Sequence
 
 import flax
 import jax
@@ -34,7 +35,7 @@ from mhc_parity.records.environment import (
     NO_BACKEND_TERMS,
     format_precision_record,
 )
-from mhc_parity.records.identity import ENVIRONMENT_KEYS, settings_record
+from mhc_parity.records.identity import DEVICE_ENVIRONMENT_KEYS, ENVIRONMENT_KEYS, settings_record
 from mhc_parity.records.outputs import OutputPathError, writable_folder
 from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -158,10 +159,10 @@ def run_metadata(cases=None) -> dict:
     }
 
 
-def identity_environment() -> dict:
-    """`run_metadata`'s `ENVIRONMENT_KEYS`, recorded when a run starts, so that `--resume` in another
-    environment is refused as `merge` refuses such shards."""
-    devices = jax.devices()
+def identity_environment(keys: Sequence[str] = ENVIRONMENT_KEYS) -> dict:
+    """`run_metadata`'s `ENVIRONMENT_KEYS` (or those of `keys`, in their order), recorded when a run starts, so
+    that `--resume` in another environment is refused as `merge` refuses such shards; the device's fields
+    (`DEVICE_ENVIRONMENT_KEYS`: the backend, its devices and its measured arithmetic) are read only where asked."""
     fields = {
         "jax_version": jax.__version__,
         "jaxlib_version": jaxlib.__version__,
@@ -170,10 +171,14 @@ def identity_environment() -> dict:
         "numpy_version": numpy.__version__,
         **isa_record(),
         **settings_record(),
-        "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind,
-        "device_count": len(devices),
         "host_cpu_devices": len(jax.devices("cpu")),
-        **arithmetic_metadata(),
     }
-    return {key: fields.get(key) for key in ENVIRONMENT_KEYS}
+    if not set(keys).isdisjoint(DEVICE_ENVIRONMENT_KEYS):
+        devices = jax.devices()
+        fields.update(
+            backend=jax.default_backend(),
+            device_kind=devices[0].device_kind,
+            device_count=len(devices),
+            **arithmetic_metadata(),
+        )
+    return {key: fields.get(key) for key in keys}

@@ -14,8 +14,11 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from mhc_parity.harness.engine.case_judging import CaseJudge
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
 from mhc_parity.harness.engine.cases_ahead import cases_ahead
+from mhc_parity.harness.engine.cause_store import CauseStore
 from mhc_parity.harness.engine.collaborators import Collaborators
+from mhc_parity.harness.engine.comparison_store import ComparisonStore
 from mhc_parity.harness.engine.compile_rows import compile_rows
+from mhc_parity.harness.engine.compile_store import CompileStore
 from mhc_parity.harness.engine.failures import error_text, out_of_memory, out_of_memory_error
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.path_results import (
@@ -29,13 +32,10 @@ from mhc_parity.harness.engine.path_results import (
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.plan import PathPlan, numbers_refusal
 from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.program_store import LoweringStore, ProgramStore
 from mhc_parity.harness.engine.run_info import compile_counts
 from mhc_parity.harness.errors import ResourceError
 from mhc_parity.harness.judging.policy import Policy
-from mhc_parity.harness.stores.cause_store import CauseStore
-from mhc_parity.harness.stores.comparison_store import ComparisonStore
-from mhc_parity.harness.stores.compile_store import CompileStore
-from mhc_parity.harness.stores.program_store import LoweringStore, ProgramStore
 from mhc_parity.mhc.common import UnsupportedInputError
 
 __all__ = ["PathPlan", "Runner", "StepCallback"]

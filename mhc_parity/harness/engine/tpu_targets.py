@@ -9,14 +9,13 @@ import functools
 import importlib.metadata
 import importlib.util
 
-import jaxlib
 import numpy as np
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh
 
 from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES, COMPILED_MAXTEXT_CASES
 from mhc_parity.cases.spec import MESH_AXES, TPU_TAG
-from mhc_parity.jax_support import given_libtpu_library, libtpu_version
+from mhc_parity.jax_support import given_libtpu_library
 
 # The chips of each target's slice topology: the largest token mesh a case may ask for.
 SLICE_CHIPS = 8
@@ -54,12 +53,6 @@ def compiler_missing() -> str:
     if importlib.util.find_spec("libtpu") is None and given_libtpu_library() is None:
         return "no TPU compiler on this host (libtpu is not installed: wheels exist for x86-64 Linux)"
     return ""
-
-
-@functools.cache
-def compiler_versions() -> dict[str, str]:
-    """The versions of what compiles a TPU program: libtpu (Mosaic, XLA:TPU) and jaxlib."""
-    return {"libtpu": libtpu_version(), "jaxlib": jaxlib.__version__}
 
 
 # A one-chip topology is one host of one chip, said explicitly: on a TPU VM libtpu otherwise takes

@@ -16,14 +16,14 @@ import jax
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine.causes import HypothesisOracle
 from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction, RunOnlyPrograms, no_recorded_rows
+from mhc_parity.harness.engine.fit_store import FitStore
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.paths import ORACLE_PATH
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.program_store import ProgramStore
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.faults.model import Perturbation
-from mhc_parity.harness.stores.fit_store import FitStore
-from mhc_parity.harness.stores.oracle_cache import OracleCache
-from mhc_parity.harness.stores.program_store import ProgramStore
 
 
 def _plan(impls) -> PathPlan:

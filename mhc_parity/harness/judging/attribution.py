@@ -140,7 +140,7 @@ def size_ranges(hypotheses: Sequence[HypothesisErrors]) -> list[HypothesisErrors
 class FittedHypothesis:
     """An error of any size per token at one place: apply(p) -> leaf -> first-order change in units of σ for
     the place's error p (float64, `shape`); transpose is its adjoint. solutions: the fit store
-    (`mhc_parity.harness.stores.fit_store`) or None."""
+    (`mhc_parity.harness.engine.fit_store`) or None."""
 
     name: str
     words: str

@@ -1,6 +1,6 @@
 """The float64 oracle's answers (`OracleOutputs`) on disk, content-addressed: an answer is a function of
 its inputs and the code computing it only, so `OracleCache` looks it up under `key_material` (the
-fixture's digest, the oracle's sources, versions and compiler, the case's branch, config and dtypes,
+fixture's digest, the oracle's sources, the host's environment, the case's branch, config and dtypes,
 the draws' seeds and units, the token chunk, any foreign code's record). An entry holds the leaves'
 float64 bits and a checksummed JSON header; it is verified on load, and an invalid one is logged and
 recomputed, never used. Written atomically, so concurrent workers never read a partial file."""
@@ -16,8 +16,6 @@ import pathlib
 import time
 from collections.abc import Callable
 
-import jax
-import jaxlib
 import numpy as np
 
 from mhc_parity.harness.engine.operation import OPERATION
@@ -31,7 +29,7 @@ from mhc_parity.harness.engine.oracle_path import (
     oracle_chunk_tokens,
     run_oracle_path,
 )
-from mhc_parity.harness.env import compiler_material
+from mhc_parity.harness.engine.store_keys import environment_material
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.records.artifact_store import LookupCounts, canonical_json, header_checksum, key_digest
 from mhc_parity.records.cache_root import cache_root
@@ -41,7 +39,7 @@ from mhc_parity.records.foreign_code import read_keys, write_key
 from mhc_parity.records.project_code import PROJECT_ROOT
 
 # Bump when the entry layout changes (part of the key).
-ENTRY_FORMAT = 4
+ENTRY_FORMAT = 5
 # The module that computes an oracle answer: its import closure, less the modules only a
 # path's program runs (`mhc_parity.harness.engine.operation`), is the code an answer depends on
 # (tests/test_oracle_cache.py checks that computing one runs nothing else of the project).
@@ -72,14 +70,14 @@ def oracle_source_digest(root: pathlib.Path = PROJECT_ROOT) -> str:
 
 def own_material(source_digest: str | None = None) -> dict:
     """The part of `key_material` that is this process's, not the case's: the entry format, the
-    oracle's sources (`oracle_source_digest` of this project unless given), the versions that
-    run it and what XLA compiles it for."""
+    oracle's sources (`oracle_source_digest` of this project unless given) and the host's
+    environment (`store_keys.environment_material`: the versions that run the oracle, what XLA
+    compiles its float64 program for — an FMA or not — and the host CPU); not the accelerator's,
+    as the oracle computes on the host CPU (its own process has no other)."""
     return {
         "format": ENTRY_FORMAT,
         "oracle_sources": oracle_source_digest() if source_digest is None else source_digest,
-        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
-        # XLA compiles the float64 program for the host CPU under these flags (an FMA or not).
-        "compiler": compiler_material(),
+        "environment": environment_material(devices=False),
     }
 
 

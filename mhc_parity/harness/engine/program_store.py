@@ -2,49 +2,45 @@
 loads a serialised executable without tracing (JAX's persistent cache traces and lowers first). A
 built-in program is keyed by what it is made of: its sources (`program_sources`, less the oracle's
 modules, and the kernels' for a path that runs none), the trace signature, the arguments' shapes,
-dtypes and shardings, the devices, versions and flags. A program foreign code may have shaped (an
-external implementation's, any in a process that loaded foreign code) is keyed by what it computes
-(`computed_material`: its jaxpr, else its lowered module); one that calls back into Python is never
-stored. While code is patched (`code_patched()`) no store loads or saves anything."""
+dtypes and shardings, the devices and the environment (`store_keys.environment_material`). A program
+foreign code may have shaped (an external implementation's, any in a process that loaded foreign code)
+is keyed by what it computes (`computed_material`: its jaxpr, else its lowered module); one that calls
+back into Python is never stored. While code is patched (`code_patched()`) no store loads or saves
+anything."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import logging
 import math
 import pickle
-import platform
 import threading
 import time
 
-import flax
 import jax
-import jaxlib
-import numpy as np
 from jax._src import config as jax_config  # the thread-local cache-write threshold; no public handle
 from jax.experimental import serialize_executable
 
-from mhc_parity.cases.spec import LABEL, case_field_names, fields_with
 from mhc_parity.harness.engine.implementations import is_builtin
 from mhc_parity.harness.engine.operation import OPERATION
-from mhc_parity.harness.env import compiler_material
-from mhc_parity.harness.stores.traced_digest import traced_digest
-from mhc_parity.jax_support import libtpu_version
+from mhc_parity.harness.engine.store_keys import (
+    environment_material,
+    implementation_case_material,
+    implementation_material,
+    jsonable,
+    traced_sources_digest,
+)
+from mhc_parity.harness.engine.traced_digest import traced_digest
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.mhc.kernels.lowering import LoweringResult
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
-from mhc_parity.records.code import closure_digest, import_closure
-from mhc_parity.records.foreign_code import code_record, foreign_code, stores_open
-from mhc_parity.records.identity import settings_record
-
-log = logging.getLogger(__name__)
+from mhc_parity.records.code import import_closure
+from mhc_parity.records.foreign_code import foreign_code, stores_open
 
 # Bump when an entry's layout or its key material changes meaning.
-STORE_FORMAT = 2
+STORE_FORMAT = 3
 # The module that builds every path's program, and the one that lowers the kernels for TPU.
 PROGRAM_ENTRY = ("mhc_parity.harness.engine.paths",)
 LOWERING_ENTRY = (*PROGRAM_ENTRY, "mhc_parity.mhc.kernels.lowering")
@@ -52,13 +48,6 @@ LOWERING_ENTRY = (*PROGRAM_ENTRY, "mhc_parity.mhc.kernels.lowering")
 # against a plain compile), but JAX's persistent cache keys the compile apart (see
 # `ProgramStore.compile`).
 _FRESH_COMPILE_OPTIONS = {"xla_embed_ir_in_executable": False}
-# JAX settings that change what a traced program is.
-_JAX_SETTINGS = (
-    "jax_enable_x64",
-    "jax_default_matmul_precision",
-    "jax_numpy_dtype_promotion",
-    "jax_threefry_partitionable",
-)
 
 
 def program_sources(kernel: bool) -> tuple[str, ...]:
@@ -68,49 +57,6 @@ def program_sources(kernel: bool) -> tuple[str, ...]:
 
 def _not_traced(kernel: bool) -> tuple[str, ...]:
     return OPERATION.ORACLE_MODULES + (() if kernel else OPERATION.KERNEL_MODULES)
-
-
-@functools.cache
-def traced_sources_digest(entries: tuple[str, ...], exclude: tuple[str, ...]) -> str | None:
-    """`mhc_parity.records.code.closure_digest` of `entries` less `exclude`, or None — with one warning
-    — when the sources are not on disk (e.g. a zipped install): then nothing is stored.
-    Cached per process: the run's code does not change under it (and the manifest records
-    what it was)."""
-    try:
-        return closure_digest(entries, exclude)
-    except FileNotFoundError as error:
-        log.warning("compiled programs and TPU lowerings are not stored: %s", error)
-        return None
-
-
-@functools.cache
-def _libtpu_version() -> str:
-    """`libtpu_version` once per process (it reads package metadata; the library cannot change under a run)."""
-    return libtpu_version()
-
-
-def environment_material() -> dict:
-    """Library versions (libtpu's among them), XLA and libtpu flags (`mhc_parity.records.identity.
-    settings_record`, as a run's environment record holds them), JAX settings and the host CPU:
-    what else shapes a program."""
-    return {
-        "versions": {
-            "jax": jax.__version__,
-            "jaxlib": jaxlib.__version__,
-            "flax": flax.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-            "libtpu": _libtpu_version(),
-        },
-        "jax_settings": {name: str(getattr(jax.config, name)) for name in _JAX_SETTINGS},
-        **compiler_material(),
-        "settings": settings_record(),
-    }
-
-
-def jsonable(value):
-    """`value` as it reads back from JSON (anything else as its str): a key's material."""
-    return json.loads(json.dumps(value, default=str))
 
 
 def stored_results(store: ArtifactStore, material: dict, traced: tuple, result_type, compute) -> list:
@@ -134,20 +80,6 @@ def stored_results(store: ArtifactStore, material: dict, traced: tuple, result_t
     results = compute()
     store.save(key, json.dumps([dataclasses.asdict(r) for r in results]).encode())
     return results
-
-
-def implementation_case_material(impl, case) -> dict | None:
-    """What an implementation's own kernel programs of `case` are built from: what it is
-    (`implementation_material`) and every field of the case but its labels; None where its
-    code cannot be read (then nothing is stored)."""
-    implementation = implementation_material(impl)
-    if implementation is None:
-        return None
-    labels = fields_with(LABEL)
-    return {
-        "implementation": implementation,
-        "case": {n: getattr(case, n) for n in case_field_names() if n not in labels},
-    }
 
 
 def _argument_material(args) -> dict:
@@ -198,29 +130,6 @@ def computed_material(traced, lower) -> tuple[dict | None, object | None]:
     return (None if digest is None else {"program": digest}), lowered
 
 
-def implementation_material(impl) -> dict | None:
-    """What a path's implementation adds to its program's key: for a built-in one its kernel
-    switches (its code is the sources'); for an external one also its name, spec, object type
-    and the `mhc_parity.records.foreign_code.CodeRecord` digest of its module (the files it can
-    run: an `--impl` of a project module is not foreign code, yet its file is no program
-    source). None where that module's code cannot be read."""
-    described = {"kernel": impl.kernel, "interpret": impl.interpret}
-    if is_builtin(impl):
-        return described
-    record = code_record(impl.module, impl.source_file or None) if impl.module else None
-    if record is None:
-        return None
-    obj = impl.layer if impl.layer is not None else impl.external
-    kind = type(obj)
-    return {
-        **described,
-        "name": impl.name,
-        "spec": impl.spec,
-        "type": f"{kind.__module__}.{kind.__qualname__}",
-        "code": record.digest(),
-    }
-
-
 class ProgramStore:
     """Compiled path programs on disk (``<cache>/programs``), for `ProgramCache`; `hits`, `misses` and
     `rejected` count lookups; `counts()` adds the programs traced (and lowered) to key them."""
@@ -254,7 +163,6 @@ class ProgramStore:
             "format": STORE_FORMAT,
             "arguments": _argument_material(args),
             "devices": [[d.platform, d.device_kind, d.id] for d in placement.devices],
-            "device_count": jax.device_count(),
             "environment": environment_material(),
         }
         if keyed_by_program(impl):

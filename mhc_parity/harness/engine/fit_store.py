@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mhc_parity.harness.engine.operation import OPERATION
-from mhc_parity.harness.stores.oracle_cache import key_material, oracle_source_digest
+from mhc_parity.harness.engine.oracle_cache import key_material, oracle_source_digest
+from mhc_parity.harness.engine.store_keys import arrays_digest
 from mhc_parity.records.artifact_store import ArtifactStore, canonical_json
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import closure_digest, import_closure
-from mhc_parity.records.files import digest_arrays
 
 # Bump when an entry's layout or its key material changes meaning.
-FIT_FORMAT = 1
+FIT_FORMAT = 2
 # The module whose code computes a fit (the attribution's CGLS through the oracle's response).
 FIT_ENTRY = ("mhc_parity.harness.engine.causes",)
 
@@ -38,7 +38,7 @@ class FitSolutions:
         self._store, self._material = store, material
 
     def _key(self, errors: Mapping[str, np.ndarray]) -> dict:
-        return {**self._material, "errors": digest_arrays({leaf: errors[leaf] for leaf in sorted(errors)})}
+        return {**self._material, "errors": arrays_digest(errors)}
 
     def get(self, errors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]] | None:
         """The solution p (float64, the hypothesis' shape) and the leaves fitted over, or None."""

@@ -12,18 +12,15 @@ import math
 import pickle
 from collections.abc import Mapping, Sequence
 
-import ml_dtypes
-
 from mhc_parity.harness.engine import oracle_path
-from mhc_parity.harness.stores.program_store import environment_material
+from mhc_parity.harness.engine.store_keys import arrays_digest, environment_material
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
-from mhc_parity.records.files import digest_arrays
 from mhc_parity.records.project_code import digest_of, project_code_files
 from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning.
-COMPARISON_FORMAT = 4
+COMPARISON_FORMAT = 5
 
 
 @functools.cache
@@ -35,7 +32,7 @@ def project_code_digest() -> str:
 
 def path_material(name: str, *, verdict: str, reason: str, devices: str, leaves: Mapping | None) -> list:
     """What one path's result contributes to a case's key: its outputs' digest, or why it gave none."""
-    outputs = None if leaves is None else digest_arrays({leaf: leaves[leaf] for leaf in sorted(leaves)})
+    outputs = None if leaves is None else arrays_digest(leaves)
     return [name, verdict, reason, devices, outputs]
 
 
@@ -48,7 +45,7 @@ def key_material(case, fixture, policy_digest: str, paths: Sequence[list]) -> di
         "case": json.loads(json.dumps(dataclasses.asdict(case), sort_keys=True, default=str)),
         "fixture": fixture.digest(),
         "paths": list(paths),
-        "environment": {**environment_material(), "ml_dtypes": ml_dtypes.__version__},
+        "environment": environment_material(),
         "arithmetic": oracle_path.arithmetic_material(case),
     }
 

@@ -1,36 +1,23 @@
 """TPU compile results on disk, so a warm run neither lowers nor compiles: `compiled` keys one program's
-result by its lowered module's text, the target and the compiler (open while code is patched: the key
-is the content); `results` keys a (case, target, mesh)'s results by sources, like the lowering results."""
+result by its lowered module's text, the target and the environment (the compiler's versions and
+settings among it; open while code is patched: the key is the content); `results` keys a (case,
+target, mesh)'s results by sources, like the lowering results."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import os
 
 from mhc_parity.harness.engine.compile_rows import CompileResult
 from mhc_parity.harness.engine.operation import OPERATION
-from mhc_parity.harness.engine.tpu_targets import compiler_versions
-from mhc_parity.harness.stores.program_store import (
-    LOWERING_ENTRY,
-    STORE_FORMAT,
-    implementation_case_material,
-    stored_results,
-)
+from mhc_parity.harness.engine.program_store import LOWERING_ENTRY, STORE_FORMAT, stored_results
+from mhc_parity.harness.engine.store_keys import environment_material, implementation_case_material
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 
 # The programs' code and what compiles them into rows.
 COMPILE_ENTRY = (*LOWERING_ENTRY, "mhc_parity.harness.engine.compile_rows")
-# Environment variables the TPU compiler reads.
-_COMPILER_SETTINGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
-
-
-def compiler_material() -> dict:
-    """The TPU compiler's versions and the settings it reads."""
-    settings = {name: os.environ.get(name, "") for name in _COMPILER_SETTINGS}
-    return {"versions": compiler_versions(), "settings": settings}
 
 
 def _encode(results: list[CompileResult]) -> bytes:
@@ -56,7 +43,7 @@ class CompileStore:
             "format": STORE_FORMAT,
             "module": hashlib.sha256(text.encode()).hexdigest(),
             "target": target,
-            "compiler": compiler_material(),
+            "environment": environment_material(),
         }
         payload = self.programs.load(material)
         if payload is not None:
@@ -70,7 +57,7 @@ class CompileStore:
         """Every program's result for the JSON-able `arguments` they are built from; `compute()`
         lowers and compiles them (through `compiled`) on a miss. A hit's `seconds` is this
         lookup's share of the load time."""
-        material = {"arguments": arguments, "compiler": compiler_material()}
+        material = {"arguments": arguments}
         traced = (COMPILE_ENTRY, OPERATION.ORACLE_MODULES)
         return stored_results(self.runs, material, traced, CompileResult, compute)
 

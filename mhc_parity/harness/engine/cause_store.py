@@ -11,21 +11,19 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-import jax
 import numpy as np
 
 from mhc_parity.harness.engine.causes import rows_needing_causes
 from mhc_parity.harness.engine.oracle_path import arithmetic_material
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects
-from mhc_parity.harness.stores.program_store import environment_material, traced_sources_digest
+from mhc_parity.harness.engine.store_keys import arrays_digest, environment_material, jsonable, traced_sources_digest
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.cache_root import cache_root
 from mhc_parity.records.code import import_closure
-from mhc_parity.records.files import digest_arrays
 from mhc_parity.records.schema import TIMING_COLUMNS
 
 # Bump when an entry's layout or its key material changes meaning.
-CAUSE_STORE_FORMAT = 1
+CAUSE_STORE_FORMAT = 2
 # The modules that name causes and measure declared effects (the hypotheses, the oracle and
 # the attribution are what they import).
 CAUSE_ENTRY = ("mhc_parity.harness.engine.causes", "mhc_parity.harness.engine.precision_choices")
@@ -38,25 +36,10 @@ def cause_sources() -> tuple[str, ...]:
     return import_closure(CAUSE_ENTRY)
 
 
-def _jsonable(value):
-    """`value` as JSON would read it back (NumPy scalars as numbers, NaN kept; sets and the like as text)."""
-    return json.loads(json.dumps(value, default=_plain))
-
-
-def _plain(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
-
-
-def _leaves_digest(leaves: Mapping[str, np.ndarray]) -> str:
-    return digest_arrays({name: np.asarray(leaves[name]) for name in sorted(leaves)})
-
-
 def _oracle_material(oracle) -> dict:
     """The oracle's answer (`OracleOutputs`): its leaves by their bits, its statistics by value."""
     return {
-        "leaves": _leaves_digest(oracle.leaves),
+        "leaves": arrays_digest(oracle.leaves),
         "sensitivity": {leaf: oracle.sensitivity[leaf].as_dict() for leaf in sorted(oracle.sensitivity)},
         "systematic": {leaf: oracle.systematic[leaf] for leaf in sorted(oracle.systematic)},
         "backend_shift": {leaf: oracle.backend_shift[leaf] for leaf in sorted(oracle.backend_shift)},
@@ -82,13 +65,12 @@ class CauseStore:
         sources = traced_sources_digest(CAUSE_ENTRY, ())
         if sources is None:
             return None
-        return _jsonable(
+        return jsonable(
             {
                 "format": CAUSE_STORE_FORMAT,
                 "kind": kind,
                 "sources": sources,
                 "environment": environment_material(),
-                "backend": [jax.default_backend(), jax.devices()[0].device_kind],
                 "arithmetic": arithmetic_material(case),
                 "case": dataclasses.asdict(case),
                 "fixture": fixture.digest(),
@@ -133,7 +115,7 @@ class CauseStore:
             fixture,
             oracle,
             rows=[{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in rows],
-            candidates={path: _leaves_digest(leaves) for path, leaves in sorted(candidate_leaves.items())},
+            candidates={path: arrays_digest(leaves) for path, leaves in sorted(candidate_leaves.items())},
             candidate_sensitivity={
                 path: {leaf: s.as_dict() for leaf, s in sorted(widened.items())}
                 for path, widened in sorted(candidate_sensitivity.items())
@@ -165,7 +147,7 @@ class CauseStore:
                 continue
             if any(not _same(before.get(k), after.get(k)) for k in set(before) | set(after) if k not in CAUSE_FIELDS):
                 return None
-            changes.append([index, {k: _jsonable(after[k]) for k in CAUSE_FIELDS if k in after}])
+            changes.append([index, {k: jsonable(after[k]) for k in CAUSE_FIELDS if k in after}])
         return changes
 
     def counts(self) -> dict[str, int]:

@@ -301,17 +301,28 @@ REPRESENTATIVE = (
 
 @pytest.fixture(scope="module")
 def representative(impls):
+    """The clean pass, then each representative perturbation's pass, one pass at a time over the
+    cases, each (pass, case) with its own runner. Each case keeps its own `SharedInputs`: a
+    `HypothesisOracle` keeps the latest case's hypotheses only, so one shared by the cases drew a
+    case's hypotheses again for every failing pass (the costliest part of a pass); the rows are the
+    same, as the one-process matrix, which runs case by case, shows."""
     from mhc_parity.harness.judging.policy_file import load_policy
 
     policy = load_policy(None)
-    shared, memo = passes.SharedInputs(), {}
+    memo = {}
     cases = [SMALL, SMALL_SHARDED, SMALL_BF16]
-    clean_rows = passes.run_clean_pass(cases, policy, shared, memo, impls)
+    shared = {case.name: passes.SharedInputs() for case in cases}
+    programs = ProgramCache()
+    clean_rows = [row for c in cases for row in passes.clean_rows_of(c, policy, shared[c.name], memo, impls, programs)]
     results, rows_of = {}, {}
     for name in REPRESENTATIVE:
         perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
-        rows = passes.perturbed_rows_of(perturbation, targets, policy, shared, memo, impls)
+        rows = [
+            row
+            for c in targets
+            for row in passes.perturbed_rows_of(perturbation, [c], policy, shared[c.name], memo, impls)
+        ]
         results[name] = kill_matrix.judge(perturbation, rows, clean_rows, targets, 0.0)
         rows_of[name] = rows
     return clean_rows, results, rows_of

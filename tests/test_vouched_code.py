@@ -84,7 +84,10 @@ def test_a_process_that_loaded_an_impl_writes_only_under_keys_that_cover_it(case
     (module_dir / "poisoner.py").write_text(POISONING_IMPL)
     cache = tmp_path / "cache"
     env = {"MHC_PARITY_CACHE": str(cache), "PYTHONPATH": f"{module_dir}:{ROOT}"}
-    proc = run_cli(*cheap_run_args(case_file, tmp_path / "run", "--impl", "poisoner:factory"), env_extra=env)
+    # One case in both runs (the later --cases wins): each store's keys are checked per entry,
+    # and one case writes a fixture, an oracle answer and programs as two do.
+    one_case = ("--cases", "cli-a-*")
+    proc = run_cli(*cheap_run_args(case_file, tmp_path / "run", "--impl", "poisoner:factory", *one_case), env_extra=env)
     # The reference-only paths compare nothing of the implementation (exit 2), but the run
     # loaded it and stored what it made.
     assert proc.returncode == 2 and "nothing was compared of implementation" in proc.stderr, (
@@ -97,7 +100,9 @@ def test_a_process_that_loaded_an_impl_writes_only_under_keys_that_cover_it(case
         record = key[foreign_code.FOREIGN_KEY]
         assert record["loaded"] == ["poisoner:factory"] and set(record["modules"]) == {"poisoner"}, (entry, key)
     # A clean run on that cache reads none of it and stores its own, correct, fixtures.
-    clean = run_cli(*cheap_run_args(case_file, tmp_path / "clean"), env_extra={"MHC_PARITY_CACHE": str(cache)})
+    clean = run_cli(
+        *cheap_run_args(case_file, tmp_path / "clean", *one_case), env_extra={"MHC_PARITY_CACHE": str(cache)}
+    )
     assert clean.returncode == 0, clean.stderr[-2000:]
     metadata = json.loads((tmp_path / "clean" / "report.json").read_text())["metadata"]
     assert metadata["programs_stored_loaded"] == 0 and metadata["oracle_cached"] == 0, metadata
@@ -260,11 +265,10 @@ def test_gate_and_baseline_refuse_a_run_whose_impl_code_changed(case_file, tmp_p
     root = _external_package(tmp_path)
     env = {"PYTHONPATH": f"{root}:{ROOT}"}
     out, baseline = tmp_path / "run", tmp_path / "baseline.csv"
+    # One case (the later --cases wins): the code record is the run's, whatever it computed.
+    paths = ("--paths", "reference/*", "wrapped_reference/*")
     proc = run_cli(
-        *cheap_run_args(
-            case_file, out, "--impl", "myk.kernel:factory", "--paths", "reference/*", "wrapped_reference/*"
-        ),
-        env_extra=env,
+        *cheap_run_args(case_file, out, "--impl", "myk.kernel:factory", *paths, "--cases", "cli-a-*"), env_extra=env
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     recorded = dict(read_manifest(out).code_files)

@@ -131,6 +131,15 @@ def _ahead_plan():
     return PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
 
 
+def _reference_plan():
+    """The reference paths only: where what is checked is the oracle's answers, not the
+    kernels' programs, the cases' rows through the reference show it as well."""
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.plan import PathPlan
+
+    return PathPlan(implementations=(REFERENCE,), lowering=False)
+
+
 def _without_timing(rows) -> list[str]:
     """Each row as JSON without its timing columns (NaN cells compare equal as text)."""
     return [json.dumps({k: v for k, v in row.items() if k not in TIMING_COLUMNS}, sort_keys=True) for row in rows]
@@ -167,7 +176,9 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
 
 def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as_one_case_at_a_time():
     """`Runner.run` computes each case's oracle answer in a pool thread, once; an answer that
-    raised is reported by the case's rows exactly as `run_case` reports it."""
+    raised is reported by the case's rows exactly as `run_case` reports it. The reference paths
+    only (`_reference_plan`): every case still asks the oracle once, and the interpret paths'
+    compiles ahead are `test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time`'s."""
     import threading
 
     from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
@@ -175,7 +186,7 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
-    cases, plan = _ahead_cases(), _ahead_plan()
+    cases, plan = _ahead_cases(), _reference_plan()
     calls, lock = [], threading.Lock()
 
     def make_oracle():

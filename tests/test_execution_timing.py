@@ -230,3 +230,89 @@ def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, 
     assert timed and all(row["execute_runs"] == 1 for row in timed)
     with QUIET.alone(1.0) as quiet:  # the lock is free again
         assert quiet
+
+
+def test_cases_whose_paths_ran_while_the_pool_was_busy_are_timed_together(monkeypatch):
+    """Issue 69: each timing waited for the pool's work under way (the next cases' compiles), case by
+    case. While the pool is busy, the cases whose paths ran wait to be timed at once (at most
+    `TIMED_TOGETHER`, the last case at once): fewer quiet phases than cases, no timed run beside
+    background work, and the rows, less their timing columns, those of the cases run one by one."""
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine import cases_ahead
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.oracle_cache import OracleCache
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    cases = [
+        Case(name=f"together-{i}", batch=1, sequence=16, streams=2, embedding=128, branch="tanh") for i in range(6)
+    ]
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    answers, lock, oracle_spans = OracleCache(), threading.Lock(), []
+
+    def slow_oracle(case, fixture):  # keeps the pool busy while the earlier cases run
+        start = time.perf_counter()
+        answer = answers(case, fixture)
+        time.sleep(0.3)
+        with lock:
+            oracle_spans.append((start, time.perf_counter()))
+        return answer
+
+    runner = Runner(load_policy(), Collaborators(oracle=OracleFunction(slow_oracle)))
+    batches, timed_at = [], []
+    time_points = runner.time_points
+    device_time = runner.collaborators.programs.device_time
+
+    def spied_points(points):
+        batches.append([point.case.name for point in points])
+        return time_points(points)
+
+    def spied_device_time(*args):
+        timed_at.append(time.perf_counter())
+        return device_time(*args)
+
+    monkeypatch.setattr(runner, "time_points", spied_points)
+    monkeypatch.setattr(runner.collaborators.programs, "device_time", spied_device_time)
+    plan = PathPlan(implementations=(REFERENCE,), lowering=False)
+    together = [(case.name, rows) for case, rows in runner.run(cases, plan)]
+
+    assert [name for name, _ in together] == [case.name for case in cases]
+    assert [name for batch in batches for name in batch] == [case.name for case in cases]
+    assert len(batches) < len(cases) and max(map(len, batches)) <= cases_ahead.TIMED_TOGETHER
+    assert timed_at and not [t for t in timed_at for start, end in oracle_spans if start < t < end]
+    one_by_one = Runner(load_policy(), Collaborators(oracle=OracleFunction(answers)))
+
+    def untimed(rows):
+        return [{k: repr(v) for k, v in row.items() if k not in TIMING_COLUMNS} for row in rows]  # NaN == NaN
+
+    for case, (name, rows) in zip(cases, together):
+        assert untimed(rows) == untimed(one_by_one.run_case(case, plan)), name
+        assert all(row["execute_runs"] > 1 for row in rows if row["comparison"] == "vs_oracle")
+
+
+def test_a_case_holding_more_than_the_bytes_allowed_is_timed_at_once(monkeypatch):
+    """The cases waiting to be timed hold their leaves: past `TIMED_TOGETHER_BYTES` (a `tpu`-suite
+    case's size) each is timed as soon as its paths ran, however busy the pool."""
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine import cases_ahead
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.quiet import QuietLock
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    cases = [Case(name=f"held-{i}", batch=1, sequence=16, streams=2, embedding=128, branch="tanh") for i in range(3)]
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    monkeypatch.setattr(QuietLock, "busy", property(lambda self: True))  # the pool is never idle
+    plan = PathPlan(implementations=(REFERENCE,), lowering=False)
+
+    def batches(limit: int) -> list[int]:
+        monkeypatch.setattr(cases_ahead, "TIMED_TOGETHER_BYTES", limit)
+        runner, sizes = Runner(load_policy()), []
+        time_points = runner.time_points
+        monkeypatch.setattr(runner, "time_points", lambda points: sizes.append(len(points)) or time_points(points))
+        list(runner.run(cases, plan))
+        return sizes
+
+    assert batches(2**30) == [3]
+    assert batches(1) == [1, 1, 1]

@@ -1,6 +1,9 @@
 """Running cases ahead (`Runner.run`): while one case runs its paths and comparisons, a thread pool
 loads the next `COMPILE_AHEAD_CASES` cases' fixtures, computes their oracle answers and compiles their
-programs. The rows are those of `Runner.run_case` called case by case."""
+programs. A program is timed on the device with nothing else in the process running, which waits for
+the pool's work under way: while the pool is busy, up to `TIMED_TOGETHER` cases whose paths ran are
+timed at once, so that wait is paid once for them (issue 69). The rows are those of
+`Runner.run_case` called case by case."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import concurrent.futures
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from mhc_parity.harness.engine.path_results import runnable
+from mhc_parity.harness.engine.path_results import TimingPoint, runnable, waits_for_device
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import COMPILE_THREADS
 from mhc_parity.harness.engine.quiet import QUIET
@@ -19,6 +22,11 @@ if TYPE_CHECKING:
 # Cases ahead of the running one whose programs `Runner.run` starts compiling: enough to
 # keep the compile threads busy while a case's oracle and comparisons run.
 COMPILE_AHEAD_CASES = 3
+# Cases whose paths ran that wait to be timed together while the pool is busy, and the host bytes
+# they may hold meanwhile (their paths' and the oracle's leaves): the `tpu` suite's cases are each
+# timed at once. Their programs stay in the program cache (`MAX_CACHED_PROGRAMS`) until timed.
+TIMED_TOGETHER = 4
+TIMED_TOGETHER_BYTES = 256 * 2**20
 # How long a run stopped early waits for the programs being compiled ahead before it drops
 # them: long enough for a normal compile to land, short enough for one Ctrl-C to feel prompt.
 STOP_GRACE_S = 5.0
@@ -35,6 +43,7 @@ def cases_ahead(
     (its oracle must then be thread-safe, as `OracleCache` is; its programs must compile ahead)."""
     programs = runner.collaborators.programs
     started: dict[int, tuple[object, concurrent.futures.Future | None]] = {}
+    waiting: list[_CaseSteps] = []  # cases in order, the last ones' paths waiting to be timed
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="compile-ahead")
     finished = False
     try:
@@ -45,7 +54,10 @@ def cases_ahead(
             if on_case_start is not None:
                 on_case_start(case)
             fixture, oracle_ahead = started.pop(index)
-            yield case, list(runner.run_case(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead))
+            steps = runner.case_steps(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead)
+            waiting.append(_CaseSteps(case, steps))
+            if not waiting[-1].advance() or _time_now(runner, waiting, last=index == len(cases) - 1):
+                yield from _finish(runner, waiting)
         finished = True
     finally:
         # Stopped early (Ctrl-C, an error, the caller): a pool thread may be stuck in the
@@ -70,3 +82,49 @@ def _start_case(runner: Runner, pool, case, plan: PathPlan) -> tuple[object, con
     oracle = pool.submit(QUIET.run_in_background, runner.collaborators.oracle, case, fixture)
     runner.collaborators.programs.compile_ahead(pool, runnable(plan.paths_for(case), case), case, fixture)
     return fixture, oracle
+
+
+class _CaseSteps:
+    """One case's `Runner.case_steps`: its rows so far, and the `TimingPoint` it waits at (None once done)."""
+
+    def __init__(self, case, steps):
+        self.case, self.steps, self.rows, self.point = case, steps, [], None
+
+    def advance(self, timed: dict | None = None) -> bool:
+        """Go on (sent `timed`, the point's results timed) to the next timing point: True if it waits
+        at one, False once every row is made."""
+        try:
+            item = self.steps.send(timed)
+            while not isinstance(item, TimingPoint):
+                self.rows.append(item)
+                item = next(self.steps)
+        except StopIteration:
+            self.point = None
+            return False
+        self.point = item
+        return True
+
+
+def _time_now(runner: Runner, waiting: list[_CaseSteps], *, last: bool) -> bool:
+    """Whether the waiting cases are timed now: the last case, nothing to wait for (the pool is idle
+    or the newest case times nothing on the device), or `TIMED_TOGETHER` cases or bytes reached."""
+    points = [w.point for w in waiting if w.point is not None]
+    return (
+        last
+        or not QUIET.busy
+        or not waits_for_device(runner.collaborators.programs, points[-1])
+        or len(points) >= TIMED_TOGETHER
+        or sum(point.kept_bytes for point in points) >= TIMED_TOGETHER_BYTES
+    )
+
+
+def _finish(runner: Runner, waiting: list[_CaseSteps]) -> Iterator[tuple[object, list[dict]]]:
+    """Time the waiting cases' points at once, then finish each case and yield (case, its rows) in order;
+    `waiting` is left empty."""
+    pending = [w for w in waiting if w.point is not None]
+    for case_steps, timed in zip(pending, runner.time_points([w.point for w in pending])):
+        while case_steps.advance(timed):  # a case times once; any later point is timed alone
+            timed = runner.time_points([case_steps.point])[0]
+    finished, waiting[:] = list(waiting), []
+    for case_steps in finished:
+        yield case_steps.case, case_steps.rows

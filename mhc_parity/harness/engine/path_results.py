@@ -96,38 +96,57 @@ def unsupported_result(path: Path, case, exc: UnsupportedInputError) -> PathResu
     return PathResult(verdict="fail", reason=f"{path.impl.name} rejected a supported case: {message}")
 
 
-def timed_alone(
-    programs: PathPrograms, case, paths: Sequence[Path], fixture, results: dict[str, PathResult]
-) -> dict[str, PathResult]:
-    """`results` with the first-call time of each path that ran on an accelerator replaced by its device
-    time, with nothing else in the process running (`QUIET.alone`), once per case after all its paths ran.
-    A path whose timing raises becomes an `error` row; where the background work does not end within
-    `QUIET_WAIT_S`, or `programs` cannot time on the device, every path keeps its first call's time."""
-    timed = [
-        path
-        for path in paths
-        if results[path.name].outputs is not None
-        and results[path.name].verdict != "fail"
-        and times_alone(results[path.name].placement.platform)
-    ]
-    if not timed or not programs.times_on_device:
-        return results
-    results = dict(results)
+@dataclasses.dataclass(frozen=True)
+class TimingPoint:
+    """A case whose paths ran (their first calls), its programs waiting to be timed on the device:
+    what `Runner.case_steps` yields, to be sent back `results` with the device times (`timed_together`).
+    kept_bytes: the host arrays the case holds until it is judged (its paths' leaves and the oracle's)."""
+
+    case: object
+    paths: Sequence[Path]
+    fixture: object
+    results: dict[str, PathResult]
+    kept_bytes: int
+
+
+def timed_together(programs: PathPrograms, points: Sequence[TimingPoint]) -> list[dict[str, PathResult]]:
+    """Each point's `results` with the first-call time of each path that ran on an accelerator replaced by
+    its device time, with nothing else in the process running (one `QUIET.alone` for all the points: the
+    background work under way is waited for once). A path whose timing raises becomes an `error` row;
+    where the background work does not end within `QUIET_WAIT_S`, or `programs` cannot time on the
+    device, every path keeps its first call's time."""
+    timed = [[path for path in point.paths if _times_alone(point.results[path.name])] for point in points]
+    if not any(timed) or not programs.times_on_device:
+        return [point.results for point in points]
     with QUIET.alone(QUIET_WAIT_S) as quiet:
         if not quiet:
-            return results
-        for path in timed:
-            result = results[path.name]
-            try:
-                run_s, runs = programs.device_time(path, case, fixture)
-            except Exception as exc:
-                if out_of_memory(exc):
-                    raise out_of_memory_error(case, path.name, exc) from exc
-                reason = f"timing its program failed: {error_text(exc)}"
-                results[path.name] = dataclasses.replace(result, verdict="error", outputs=None, reason=reason)
-                continue
-            outputs = dataclasses.replace(result.outputs, execute_s=run_s, execute_runs=runs)
-            results[path.name] = dataclasses.replace(result, outputs=outputs)
+            return [point.results for point in points]
+        return [_device_times(programs, point, paths) for point, paths in zip(points, timed)]
+
+
+def waits_for_device(programs: PathPrograms, point: TimingPoint) -> bool:
+    """Whether any of `point`'s paths is timed on the device (`timed_together` does nothing else)."""
+    return programs.times_on_device and any(_times_alone(result) for result in point.results.values())
+
+
+def _times_alone(result: PathResult) -> bool:
+    return result.outputs is not None and result.verdict != "fail" and times_alone(result.placement.platform)
+
+
+def _device_times(programs: PathPrograms, point: TimingPoint, timed: Sequence[Path]) -> dict[str, PathResult]:
+    results = dict(point.results)
+    for path in timed:
+        result = results[path.name]
+        try:
+            run_s, runs = programs.device_time(path, point.case, point.fixture)
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise out_of_memory_error(point.case, path.name, exc) from exc
+            reason = f"timing its program failed: {error_text(exc)}"
+            results[path.name] = dataclasses.replace(result, verdict="error", outputs=None, reason=reason)
+            continue
+        outputs = dataclasses.replace(result.outputs, execute_s=run_s, execute_runs=runs)
+        results[path.name] = dataclasses.replace(result, outputs=outputs)
     return results
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import os
 import threading
@@ -29,6 +30,9 @@ from mhc_parity.records.roofline import array_bytes
 # unbounded cache ran the kill matrix's full-suite clean pass out of them (then a segfault). Cases
 # reuse a program only while their shape repeats.
 MAX_CACHED_PROGRAMS = 48
+# The parts of obtaining a program the run's metadata times (beside the store's `program_keys_s`):
+# loading it from the store, tracing and lowering it (Python, holding the GIL), XLA's compile.
+OBTAIN_PARTS = ("programs_load_s", "programs_trace_s", "programs_compile_s")
 # Threads that obtain programs at once (`ProgramCache.compile_ahead`): XLA's compile uses
 # about one core each and releases the GIL.
 COMPILE_THREADS = max(1, os.cpu_count() or 1)
@@ -54,6 +58,8 @@ class ProgramCache:
         # key -> future of `_timed(self._obtain, ...)` (program, error, seconds), from
         # `compile_ahead`; the first `run` of the key takes it.
         self._pending: dict[tuple, concurrent.futures.Future] = {}
+        # Seconds obtaining programs took per part (`OBTAIN_PARTS`), summed over threads.
+        self._obtain_s = dict.fromkeys(OBTAIN_PARTS, 0.0)
 
     def clear(self) -> None:
         with self._lock:
@@ -66,8 +72,21 @@ class ProgramCache:
             return len(self._compiled) + len(self._pending)
 
     def counts(self) -> dict[str, int | float]:
-        """What its program store loaded and missed ({} without one), for the run's metadata."""
-        return {} if self.store is None else self.store.counts()
+        """What its program store loaded and missed, and the seconds each part of obtaining the
+        programs took ({} without a store), for the run's metadata."""
+        if self.store is None:
+            return {}
+        with self._lock:
+            return {**self.store.counts(), **{part: round(s, 3) for part, s in self._obtain_s.items()}}
+
+    @contextlib.contextmanager
+    def _timing(self, part: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._obtain_s[part] += time.perf_counter() - start
 
     def lookup(self, key: tuple) -> object | None:
         """The compiled program of `key` (now the most recently used), or None."""
@@ -114,21 +133,24 @@ class ProgramCache:
                 self.store.keyed(time.perf_counter() - start, lowered is not None)
         material = self.store.material(path, key[1], args, placement, computed) if self.store else None
         if material is not None:
-            compiled = self.store.load(material, placement)
+            with self._timing("programs_load_s"):
+                compiled = self.store.load(material, placement)
             if compiled is not None:
                 return compiled
         if lowered is None:
             try:
-                if traced is None:
-                    traced = self._trace(path, case, placement, precision, args)
-                lowered = self._lower_traced(placement, traced)
+                with self._timing("programs_trace_s"):
+                    if traced is None:
+                        traced = self._trace(path, case, placement, precision, args)
+                    lowered = self._lower_traced(placement, traced)
             except UnsupportedInputError as error:  # the next run rejects without tracing
                 if material is not None:
                     self.store.save_rejection(material, error)
                 raise
-        if material is None:
-            return lowered.compile()
-        compiled = self.store.compile(lowered)
+        with self._timing("programs_compile_s"):
+            if material is None:
+                return lowered.compile()
+            compiled = self.store.compile(lowered)
         self.store.save(material, compiled, lowered)
         return compiled
 
@@ -167,14 +189,28 @@ class ProgramCache:
                 )
 
     def prepare(self, paths, case, fixture) -> None:
-        """Compile the programs `paths` will need for `case` concurrently, and wait for them."""
+        """Compile the programs `paths` will need for `case` concurrently, and wait for them (those
+        obtained ahead in another pool too)."""
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS)
         try:
             self.compile_ahead(pool, paths, case, fixture)
             pool.shutdown(wait=True)
+            concurrent.futures.wait(self._pending_for(paths, case))
         except BaseException:  # Ctrl-C above all: a thread stuck in the code under test is not waited for
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+
+    def _pending_for(self, paths, case) -> list[concurrent.futures.Future]:
+        """The futures of `paths`' programs for `case` still obtained ahead (none for a path that
+        cannot be placed: `run` reports it)."""
+        keys = []
+        for path in paths:
+            try:
+                keys.append(self._resolve(path, case)[0])
+            except Exception:  # noqa: BLE001 - reported when the path runs
+                continue
+        with self._lock:
+            return [self._pending[key] for key in keys if key in self._pending]
 
     def settle_pending(self, *, grace_s: float = 0.0) -> None:
         """Keep the programs obtained ahead that no `run` took yet, waiting at most `grace_s` for those still

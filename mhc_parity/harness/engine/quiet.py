@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 
@@ -18,6 +19,13 @@ class QuietLock:
         self._background = 0  # background tasks under way
         self._alone = False  # a timer holds the process
         self._waiting = 0  # timers waiting for the background to end
+        self.waited_s = 0.0  # seconds timers spent waiting for it, in all (the run's `quiet_wait_s`)
+
+    @property
+    def busy(self) -> bool:
+        """Whether background work is under way (a timer now would wait for it)."""
+        with self._condition:
+            return self._background > 0
 
     @contextlib.contextmanager
     def background(self) -> Iterator[None]:
@@ -40,12 +48,14 @@ class QuietLock:
 
         Never wait inside it for a pool future: one not yet started cannot start until the block ends.
         """
+        start = time.perf_counter()
         with self._condition:
             self._waiting += 1
             try:
                 quiet = self._condition.wait_for(lambda: not self._alone and not self._background, timeout_s)
             finally:
                 self._waiting -= 1
+                self.waited_s += time.perf_counter() - start
                 self._condition.notify_all()  # background work held off by this wait may start again
             self._alone = quiet
         try:

@@ -23,16 +23,18 @@ from mhc_parity.harness.engine.failures import error_text, out_of_memory, out_of
 from mhc_parity.harness.engine.lowering_rows import implementation_lowering_rows, lowering_rows
 from mhc_parity.harness.engine.path_results import (
     PathResult,
+    TimingPoint,
     run_path,
     runnable,
     status_rows,
-    timed_alone,
+    timed_together,
     unsupported_result,
 )
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.plan import PathPlan, numbers_refusal
 from mhc_parity.harness.engine.program_cache import ProgramCache
 from mhc_parity.harness.engine.program_store import LoweringStore, ProgramStore
+from mhc_parity.harness.engine.quiet import QUIET
 from mhc_parity.harness.engine.run_info import compile_counts
 from mhc_parity.harness.errors import ResourceError
 from mhc_parity.harness.judging.policy import Policy
@@ -43,8 +45,21 @@ __all__ = ["PathPlan", "Runner", "StepCallback"]
 # Told (case, step) as a case moves on: "fixture", "oracle", a path name, "lowering".
 StepCallback = Callable[[object, str], None]
 
-# Seconds this thread spent on each part of a run (`Runner.timings`), for the run's metadata.
-TIMINGS = ("fixtures_s", "oracle_s", "paths_s", "effects_s", "compare_s", "causes_s", "lowering_s", "compile_s")
+# Seconds this thread spent on each part of a run (`Runner.timings`), for the run's metadata. paths_s
+# is the sum of its four parts: waiting for the case's programs, their first calls, waiting for the
+# process to be quiet, timing on the device.
+PATHS_PARTS = ("programs_wait_s", "first_calls_s", "quiet_wait_s", "device_timing_s")
+TIMINGS = (
+    "fixtures_s",
+    "oracle_s",
+    "paths_s",
+    *PATHS_PARTS,
+    "effects_s",
+    "compare_s",
+    "causes_s",
+    "lowering_s",
+    "compile_s",
+)
 
 
 def _no_step(case, step: str) -> None:
@@ -107,10 +122,35 @@ class Runner:
         fixture=None,
         oracle_ahead: concurrent.futures.Future | None = None,
     ) -> Iterator[dict]:
-        """Yield every row of one case. fixture / oracle_ahead: the case's fixture and the future of its oracle
-        answer where the caller (`run`) started them, else made here (an error met as if made here). Memory
-        running out at any stage is the machine's limit, not a row: a `ResourceError` naming the case and
-        the stage."""
+        """Yield every row of one case, its paths timed on the device as soon as they ran. fixture /
+        oracle_ahead: the case's fixture and the future of its oracle answer where the caller (`run`)
+        started them, else made here (an error met as if made here). Memory running out at any stage
+        is the machine's limit, not a row: a `ResourceError` naming the case and the stage."""
+        steps = self.case_steps(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead)
+        timed = None
+        while True:
+            try:
+                item = steps.send(timed)
+            except StopIteration:
+                return
+            timed = None
+            if isinstance(item, TimingPoint):
+                timed = self.time_points([item])[0]
+            else:
+                yield item
+
+    def case_steps(
+        self,
+        case,
+        plan: PathPlan,
+        on_step: StepCallback = _no_step,
+        *,
+        fixture=None,
+        oracle_ahead: concurrent.futures.Future | None = None,
+    ) -> Generator[dict | TimingPoint, dict | None, None]:
+        """`run_case`'s rows, with one `TimingPoint` among them where the case's paths wait to be timed:
+        the caller sends back its results timed (`time_points`), when it chooses (`cases_ahead` times
+        several cases at once)."""
         stage = ["its fixture or oracle"]  # where the case is, for that error
         try:
             yield from self._case_rows(case, plan, on_step, fixture, oracle_ahead, stage)
@@ -120,6 +160,18 @@ class Runner:
             if out_of_memory(exc):
                 raise out_of_memory_error(case, stage[0], exc) from exc
             raise
+
+    def time_points(self, points: list[TimingPoint]) -> list[dict]:
+        """`path_results.timed_together` of `points`, its waiting and timing seconds counted."""
+        start, waited = time.perf_counter(), QUIET.waited_s
+        try:
+            return timed_together(self.collaborators.programs, points)
+        finally:
+            quiet_wait = QUIET.waited_s - waited
+            timing = time.perf_counter() - start - quiet_wait
+            self.timings["quiet_wait_s"] += quiet_wait
+            self.timings["device_timing_s"] += timing
+            self.timings["paths_s"] += quiet_wait + timing
 
     def _case_rows(
         self, case, plan: PathPlan, on_step: StepCallback, fixture, oracle_ahead, stage: list
@@ -171,6 +223,9 @@ class Runner:
         stage[0] = "its paths"
         memory = oracle_memory_fields(case, oracle)
         results = self._run_paths(case, paths, fixture, on_step)
+        kept = sum(a.nbytes for r in results.values() if r.outputs for a in r.outputs.leaves.values())
+        kept += sum(a.nbytes for a in oracle.leaves.values())
+        results = yield TimingPoint(case, paths, fixture, results, kept)
         stage[0] = "the comparisons and causes"
         rows = self.judge.rows(case, paths, results, fixture, oracle, plan.causes)
         yield from ({**row, **memory} for row in rows)
@@ -204,19 +259,21 @@ class Runner:
             self.timings["fixtures_s"] += time.perf_counter() - start
 
     def _run_paths(self, case, paths: list[Path], fixture, on_step: StepCallback) -> dict[str, PathResult]:
-        """Every path's result (name -> `PathResult`): the programs the case needs are
-        compiled at once (on all cores; `run` started them cases ahead), then run in turn,
-        then those on an accelerator timed alone (`path_results.timed_alone`)."""
+        """Every path's result (name -> `PathResult`) from its first call: the programs the case needs are
+        compiled at once (on all cores; `run` started them cases ahead), then run in turn."""
         programs = self.collaborators.programs
         start = time.perf_counter()
         on_step(case, "compiling programs")  # a cold run's first cases wait here for minutes
         programs.prepare(runnable(paths, case), case, fixture)
+        prepared = time.perf_counter()
         results = {}
         for path in paths:
             on_step(case, path.name)
             results[path.name] = run_path(programs, path, case, fixture)
-        results = timed_alone(programs, case, paths, fixture, results)
-        self.timings["paths_s"] += time.perf_counter() - start
+        end = time.perf_counter()
+        self.timings["programs_wait_s"] += prepared - start
+        self.timings["first_calls_s"] += end - prepared
+        self.timings["paths_s"] += end - start
         return results
 
     # -- many cases ------------------------------------------------------------------

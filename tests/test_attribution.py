@@ -630,7 +630,12 @@ def test_a_case_too_large_for_the_hypotheses_says_so(setting, monkeypatch):
 
 # ── one broken leaf, end to end ───────────────────────────────────────────────────────
 
-BROKEN_CASES = ("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs", "lite-n4-c128-b2s256-f32-w32-identity-default-m2x4-bt64")
+# One sharded case: the break fails d_post_bias on its two interpret paths (unsharded and
+# sharded), four rows of two candidates that must make one cause heading. A bfloat16 case
+# (lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs) ran beside it once; its sensitivity is wider
+# than the 1% break, so every row of it passed: it added no failing row, cause search or
+# heading to what is checked, and cost a clean and a broken pass of its own.
+BROKEN_CASES = ("lite-n4-c128-b2s256-f32-w32-identity-default-m2x4-bt64",)
 
 
 def _post_bias_grad_scaled(original_bwd):

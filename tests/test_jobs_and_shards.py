@@ -136,6 +136,13 @@ def _run(case_file, out, *extra):
     return proc
 
 
+def _run_here(case_file, out, *extra) -> None:
+    """`_run` in this process (`mhc_parity.harness.cli.main`): for a one-process run whose rows,
+    manifest or shard are read, not its process (no interpreter and JAX start of its own)."""
+    code = cli_main([str(a) for a in ("run", "--case-file", case_file, "--out", out, "--quiet", *extra)])
+    assert code == 0, f"mhc-parity run exited {code} (its output is in the captured stdout and stderr)"
+
+
 def _csv_without_timing(path) -> list[list[str]]:
     """rows.csv as lines of cells, timing columns dropped (everything else byte for byte)."""
     with open(path, newline="") as handle:
@@ -146,7 +153,8 @@ def _csv_without_timing(path) -> list[list[str]]:
 
 def _command(capsys, *argv) -> tuple[int, str, str]:
     """`mhc-parity ARGV` (merge, baseline, gate, render: commands that read and write run
-    folders, no process of their own to test) run in this process: (exit code, stdout, stderr)."""
+    folders, no process of their own to test; a one-process run whose output is read) run in
+    this process: (exit code, stdout, stderr)."""
     code = cli_main([str(a) for a in argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
@@ -173,14 +181,14 @@ def test_workers_are_dealt_the_costliest_cases_first_and_equal_ones_in_order():
 @pytest.fixture(scope="module")
 def cheap_single(case_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "run"
-    _run(case_file, out, *CHEAP_PATHS)
+    _run_here(case_file, out, *CHEAP_PATHS)  # the one-process rows the others are compared with
     return out
 
 
 @pytest.mark.slow
 def test_jobs_2_gives_the_rows_of_one_process_in_the_same_order(case_file, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    _run(case_file, one, "--no-lowering")
+    _run_here(case_file, one, "--no-lowering")  # one process: the rows to match (this one)
     _run(case_file, two, "--no-lowering", "--jobs", "2")
     assert _jsonl_without_timing(two / "rows.jsonl") == _jsonl_without_timing(one / "rows.jsonl")
     assert _csv_without_timing(two / "rows.csv") == _csv_without_timing(one / "rows.csv")
@@ -228,8 +236,8 @@ def test_jobs_2_ctrl_c_exits_130_and_the_run_resumes(case_file, cheap_single, tm
 def shards(case_file, tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
     folders = [root / f"shard{k}" for k in (1, 2)]
-    for k, folder in enumerate(folders, 1):
-        _run(case_file, folder, *CHEAP_PATHS, "--shard", f"{k}/2")
+    for k, folder in enumerate(folders, 1):  # a shard is a one-process run: in this process
+        _run_here(case_file, folder, *CHEAP_PATHS, "--shard", f"{k}/2")
     return folders
 
 
@@ -263,16 +271,18 @@ def test_a_shard_comparing_nothing_of_an_implementation_leaves_that_to_the_merge
 ):
     """Issue 55: the tpu suite's float32 shards compare nothing of MaxText's bfloat16-only kernels,
     and exited 2, as a whole run would. A shard is a part: it exits as its rows say and notes
-    what it compared nothing of; the merged run is judged as a whole run is, by `merge`."""
+    what it compared nothing of; the merged run is judged as a whole run is, by `merge`.
+    The shards run in this process (`_command`): their exit codes and notes are read, no
+    process of their own is tested."""
     shards = []
     for k in (1, 2):  # shard 1 holds cli-a-f32, shard 2 cli-b-bf16
         out = tmp_path / f"shard{k}"
         args = ("--impl", f"tests.external_impls:{impl}", "--paths", "reference/*", f"{impl}/*", "--shard", f"{k}/2")
-        proc = run_cli(*cheap_run_args(case_file, out, *args))
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        notes = [line for line in proc.stdout.splitlines() if line.startswith("mhc-parity: note: in shard")]
+        code, stdout, stderr = _command(capsys, *cheap_run_args(case_file, out, *args))
+        assert code == 0, stdout[-2000:] + stderr[-2000:]
+        notes = [line for line in stdout.splitlines() if line.startswith("mhc-parity: note: in shard")]
         compared_here = impl == "bfloat16_only" and k == 2
-        assert len(notes) == (0 if compared_here else 1), proc.stdout[-2000:]
+        assert len(notes) == (0 if compared_here else 1), stdout[-2000:]
         assert all(f"nothing was compared of implementation '{impl}'" in note for note in notes)
         shards.append(out)
     merged = tmp_path / "merged"
@@ -298,10 +308,10 @@ def test_merge_refuses_shards_that_are_not_one_whole_run(case_file, shards, chea
     _assert_refused(capsys, out, [shards[0], shards[0]], "given twice")
     _assert_refused(capsys, out, [shards[0], cheap_single], "not a shard")
     other = tmp_path / "other-paths"
-    _run(case_file, other, "--paths", "reference/unsharded", "--no-lowering", "--shard", "2/2")
+    _run_here(case_file, other, "--paths", "reference/unsharded", "--no-lowering", "--shard", "2/2")
     _assert_refused(capsys, out, [shards[0], other], "request differs")
     thirds = tmp_path / "thirds"
-    _run(case_file, thirds, *CHEAP_PATHS, "--shard", "2/3")
+    _run_here(case_file, thirds, *CHEAP_PATHS, "--shard", "2/3")
     _assert_refused(capsys, out, [shards[0], thirds], "shard count differs")
     _assert_refused(capsys, out, [shards[0], tmp_path / "nowhere"], "no manifest.json")
     assert not out.exists()

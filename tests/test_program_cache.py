@@ -216,14 +216,16 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
 
 def test_a_run_left_early_stops_its_compile_threads():
     """Leaving `Runner.run` after one case cancels what was not started and keeps the
-    finished programs (nothing stays pending, no compile thread lives on)."""
+    finished programs (nothing stays pending, no compile thread lives on). The reference paths
+    only (`_reference_plan`): the later cases' programs are still compiled ahead in the pool,
+    as many threads as with the kernels' (whose compiles only take longer)."""
     import threading
 
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
     runner = Runner(load_policy())
-    run = runner.run(_ahead_cases(), _ahead_plan())
+    run = runner.run(_ahead_cases(), _reference_plan())
     next(run)
     while not all(
         f.done() for f in list(runner.collaborators.programs._pending.values())
@@ -239,7 +241,8 @@ def test_a_run_left_early_stops_its_compile_threads():
 
 def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
     """A thread stuck in the code under test (here: a compile that never returns) does not
-    hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes."""
+    hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes. The reference
+    paths only (`_reference_plan`): the later cases' compiles are stuck whatever they compile."""
     import threading
 
     from mhc_parity.harness.engine import cases_ahead
@@ -259,7 +262,7 @@ def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
         raise RuntimeError("a compile that was stuck")
 
     monkeypatch.setattr(runner.collaborators.programs, "_obtain", stuck_after_the_first_case)
-    run = runner.run(cases, _ahead_plan())
+    run = runner.run(cases, _reference_plan())
     next(run)  # the first case ran; the later cases' compiles are stuck
     start = time.perf_counter()
     run.close()

@@ -15,6 +15,7 @@ import pytest
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import Case
+from mhc_parity.harness.cli import main as cli_main
 from mhc_parity.harness.engine import program_store, store_keys
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
@@ -356,7 +357,9 @@ def factory():
 
 
 @pytest.mark.slow
-def test_a_process_that_loaded_an_external_implementation_cannot_poison_the_program_store(tmp_path):
+def test_a_process_that_loaded_an_external_implementation_cannot_poison_the_program_store(
+    tmp_path, monkeypatch, capsys
+):
     """Its import may patch any module: a built-in program it traced is stored only under a key
     that covers its code (`mhc_parity.records.foreign_code`), so it never reaches a later run
     without that code, which traces its own."""
@@ -380,8 +383,11 @@ def test_a_process_that_loaded_an_external_implementation_cannot_poison_the_prog
         data = entry.read_bytes()
         key = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")].decode())["key"]
         assert key["foreign_code"]["loaded"] == ["patcher:factory"], key
-    clean = run_cli("run", *common, "--out", tmp_path / "clean", env_extra=env)
-    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+    # The clean run in this process (`mhc_parity.harness.cli.main`), which never imported the
+    # patcher: it reads the store on disk as a process of its own would.
+    monkeypatch.setenv("MHC_PARITY_CACHE", env["MHC_PARITY_CACHE"])
+    code = cli_main(["run", *common, "--out", str(tmp_path / "clean")])
+    assert code == 0, capsys.readouterr().err[-2000:]
     metadata = json.loads((tmp_path / "clean" / "report.json").read_text())["metadata"]
     assert metadata["programs_stored_loaded"] == 0 and metadata["programs_stored_missed"] > 0
 

@@ -97,8 +97,20 @@ def project(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture
-def fresh_project(tmp_path) -> pathlib.Path:
-    return _copy(tmp_path / "my-mhc")
+def fresh_project(project) -> pathlib.Path:
+    """The example as shipped at `project`'s own path, for a test that changes its files; put
+    back as shipped after it. The same path, because an external implementation's stored
+    programs and comparisons are keyed by its files' paths: what the tests before it computed
+    for the kernel there is loaded, not computed again (the tests of this module run one after
+    another in one process, xdist's loadscope included)."""
+    _recopy(project)
+    yield project
+    _recopy(project)
+
+
+def _recopy(folder: pathlib.Path) -> None:
+    shutil.rmtree(folder)
+    _copy(folder)
 
 
 def _env() -> dict:

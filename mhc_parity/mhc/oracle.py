@@ -149,6 +149,36 @@ def _oracle_program(
     return jax.jit(jax.vmap(one_draw, in_axes=(None, None, None, None, 0, 0)), compiler_options=_COMPILER_OPTIONS)
 
 
+@functools.lru_cache(maxsize=8)
+def _oracle_program_of_sites(branch_apply: BranchApply, config, branch_sites: BranchSites = ()):
+    """`_oracle_program` with `only_sites` as data, one program for every choice of sites:
+    program(x, w, p, ct, banks, units, keep): keep (`_site_names` order) 1.0 where a site
+    rounds, 0.0 where it is held exact; a kept delta times 1.0 is the delta bit for bit and a
+    held one times 0.0 is what `only_sites` makes of it (`RoundingNoise`), so the outputs are
+    `_oracle_program`'s with `only_sites`, without a compile per choice (the rounding audit's
+    shares ask for one per site)."""
+    names = _site_names(branch_sites)
+
+    def one_draw(x, w, p, ct, bank, units, keep):
+        sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
+        if bank.shape != (_bank_size(sites),):
+            raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
+        kept = {name: keep[index] for index, name in enumerate(names)}
+        noise = RoundingNoise(sites, bank, units, branch_sites, kept_sites=kept)
+        outputs = layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
+        if noise.calls != len(sites):
+            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
+        return outputs
+
+    in_axes = (None, None, None, None, 0, 0, None)
+    return jax.jit(jax.vmap(one_draw, in_axes=in_axes), compiler_options=_COMPILER_OPTIONS)
+
+
+def _site_names(branch_sites: BranchSites) -> tuple[str, ...]:
+    """Every rounding site's name: the layer's (`ROUNDING_SITES`), then the branch's."""
+    return (*ROUNDING_SITES, *(name for name, _ in branch_sites))
+
+
 def run_oracle(
     x,
     weights,
@@ -235,10 +265,14 @@ def run_oracle_batch(
         banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply, sites)))(keys)
         shifted = jnp.asarray([seed is None for seed, _ in draws])[:, None]
         banks = jnp.where(shifted, jnp.ones_like(banks), banks)
-        program = _oracle_program(branch_apply, config, sites, None if only_sites is None else frozenset(only_sites))
-        outputs = jax.tree.map(
-            lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, banks, jnp.asarray(units))
-        )
+        if only_sites is None:
+            program = _oracle_program(branch_apply, config, sites, None)
+            computed = program(x64, w64, p64, ct64, banks, jnp.asarray(units))
+        else:
+            keep = np.array([float(name in only_sites) for name in _site_names(sites)])
+            program = _oracle_program_of_sites(branch_apply, config, sites)
+            computed = program(x64, w64, p64, ct64, banks, jnp.asarray(units), jnp.asarray(keep))
+        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), computed)
     return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(draws))]
 
 

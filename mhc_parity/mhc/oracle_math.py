@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -157,10 +158,12 @@ class RoundingNoise:
         units,
         branch_sites: BranchSites = (),
         only_sites: frozenset[str] | None = None,
+        kept_sites: Mapping[str, Any] | None = None,
     ):
         self.sites, self.bank, self.units = list(sites), bank, units
         self.rules = {**ROUNDING_SITES, **dict(branch_sites)}
         self.only_sites = only_sites
+        self.kept_sites = kept_sites  # site -> traced 1.0 (rounds) or 0.0 (held exact): `only_sites` as data
         self.calls = 0
         # Backend-only sites take numbers after every other site's, so a CPU's draws are
         # unchanged (a longer bank's prefix is the shorter bank: partitionable threefry, tested).
@@ -195,6 +198,9 @@ class RoundingNoise:
         if self.only_sites is not None and site not in self.only_sites:
             # Its share of the bank is still taken, so the other sites keep their numbers.
             forward_delta, backward_delta = 0.0 * forward_delta, 0.0 * backward_delta
+        elif self.kept_sites is not None:
+            keep = self.kept_sites[site]
+            forward_delta, backward_delta = keep * forward_delta, keep * backward_delta
         return _round_both_ways(v, forward_delta.astype(v.dtype), backward_delta.astype(v.dtype))
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import pathlib
+import re
 import shutil
 import sys
 import threading
@@ -17,6 +20,8 @@ from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_docu
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc.precision import dot_precision
 from mhc_parity.mhc.types import MhcConfig, MhcWeights
+from mhc_parity.reports.gate.baseline_file import DIGEST_KEY, ENVELOPE_KEY, IMPLEMENTATIONS_KEY, LOWERING_KEY, sealed
+from mhc_parity.reports.gate.drift import GAIN_COLUMNS
 
 # The probe's table as it ran on the lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1):
 # `python bench/probes/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
@@ -136,3 +141,19 @@ def background_under_way(lock) -> Iterator[threading.Event]:
     finally:
         release.set()
         thread.join(10)
+
+
+def older_format_copy(source: pathlib.Path, target: pathlib.Path, version: int) -> pathlib.Path:
+    """`source` (a format-5 baseline) written as format `version` (3 or 4) wrote it, sealed alike:
+    format 4 has no selection fields in its header, format 3 no gain columns either."""
+    lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+    header = re.sub(r"format=\d+ ", f"format={version} ", lines[0].split(f" {DIGEST_KEY}=")[0], count=1)
+    for key in (IMPLEMENTATIONS_KEY, LOWERING_KEY, ENVELOPE_KEY):
+        header = re.sub(rf" {key}=\S+", "", header)
+    rows = list(csv.reader(lines[1:]))
+    dropped = GAIN_COLUMNS if version < 4 else ()
+    keep = [i for i, name in enumerate(rows[0]) if name not in dropped]
+    body = io.StringIO()
+    csv.writer(body, lineterminator="\n").writerows([[row[i] for i in keep] for row in rows])
+    target.write_text(sealed(header, body.getvalue()), encoding="utf-8")
+    return target

@@ -61,6 +61,8 @@ CHIP_BASELINES = {
     "tpu-v5e-maxtext-fixed.csv": ("maxtext", {"pass", "skip", "unsupported"}),
     # the released MaxText variants fail and error on the chip (docs/results/maxtext-tpu-v5e.md)
     "tpu-v5e-maxtext.csv": ("maxtext", {"pass", "skip", "unsupported", "fail", "error"}),
+    # the `tpu` suite's eight shards, merged (bench/tpu_suite_check.sh merge)
+    "tpu-v5e-tpu.csv": ("tpu", {"pass", "skip", "unsupported"}),
 }
 
 
@@ -72,7 +74,7 @@ def test_the_chip_baselines_are_whole_and_made_under_the_current_policy(name):
     suite, verdicts = CHIP_BASELINES[name]
     assert baseline.policy_hash == load_policy().digest, (
         f"tolerances.toml changed since baselines/{name} was made on the TPU v5e: remake it there "
-        "(bench/tpu_gate_check.sh default, bench/tpu_maxtext_check.sh run|fixed)"
+        "(bench/tpu_gate_check.sh default, bench/tpu_maxtext_check.sh run|fixed, bench/tpu_suite_check.sh)"
     )
     assert baseline.environment.get("backend") == "tpu" and baseline.suite == suite
     assert set(baseline.frame["verdict"]) <= verdicts

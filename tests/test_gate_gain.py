@@ -9,10 +9,7 @@ perturbed rows against the clean ones of the same machine.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-import re
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -21,10 +18,8 @@ import pytest
 from mhc_parity.harness.judging.confidence import quantile
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.reports import load_baseline
-from mhc_parity.reports.gate.baseline_file import DIGEST_KEY, sealed
 from mhc_parity.reports.gate.drift import (
     DTYPE_EPSILON,
-    GAIN_COLUMNS,
     TWO_RUNS_SPREAD,
     allowed_gain_shift,
     baseline_gain_note,
@@ -33,7 +28,7 @@ from mhc_parity.reports.gate.drift import (
     noise_floor,
 )
 from mhc_parity.reports.gate.rule import gate
-from tests.support import policy_rate
+from tests.support import older_format_copy, policy_rate
 
 REPO = Path(__file__).resolve().parents[1]
 F32 = DTYPE_EPSILON["float32"]
@@ -145,23 +140,11 @@ def test_a_coherent_one_percent_bfloat16_shift_fails_the_gate():
     assert compare_row(baseline, dict(current, cand_oracle_gain=2.7e-5 + 0.003)).systematic
 
 
-def _format_3_copy(source: Path, target: Path) -> Path:
-    """`source` (a format-4 or later baseline) written as format 3 wrote it: no gain columns, sealed alike."""
-    lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
-    header = re.sub(r"format=\d+ ", "format=3 ", lines[0].split(f" {DIGEST_KEY}=")[0], count=1)
-    rows = list(csv.reader(lines[1:]))
-    keep = [i for i, name in enumerate(rows[0]) if name not in GAIN_COLUMNS]
-    body = io.StringIO()
-    csv.writer(body, lineterminator="\n").writerows([[row[i] for i in keep] for row in rows])
-    target.write_text(sealed(header, body.getvalue()), encoding="utf-8")
-    return target
-
-
 def test_a_baseline_without_the_gain_is_judged_without_the_rule_and_says_so(tmp_path):
     """A format-3 baseline (sealed, without the gain: the committed TPU baselines before the
     chip run of issue 56) is still read, the gain rule is not applied to it, and the gate says
     so in one line."""
-    baseline = load_baseline(_format_3_copy(REPO / "baselines" / "tpu-v5e.csv", tmp_path / "tpu-v5e.csv"))
+    baseline = load_baseline(older_format_copy(REPO / "baselines" / "tpu-v5e.csv", tmp_path / "tpu-v5e.csv", 3))
     assert baseline.format_version == 3 and baseline.frame["cand_oracle_gain"].isna().all()
     rows = baseline.frame.to_dict(orient="records")
     current = [dict(r, cand_oracle_gain=1.0, oracle_sensitivity_gain=1e-12) for r in rows]

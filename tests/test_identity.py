@@ -35,6 +35,7 @@ from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sampl
 from mhc_parity.reports.sources import LoadedRun, baseline_as_run, load_run
 from mhc_parity.reports.terminal import exit_code
 from tests.cli_support import assert_one_line, cheap_run_args, run_cli
+from tests.support import older_format_copy
 
 # A float32 output row of a case the narrowed baselines below lack, grown x5 over its baseline.
 GROWN = ("f32_small", "interpret/unsharded", "reference/unsharded", "out")
@@ -109,20 +110,19 @@ def test_a_narrower_run_does_not_overwrite_a_wider_baseline(tmp_path, capsys):
 
 def test_a_baseline_records_what_it_covers(tmp_path):
     """Format 5 records the implementations, lowering and envelope; format 4 is read with the
-    implementations its rows name (so the committed chip baselines need no remaking)."""
+    implementations its rows name and the rest unrecorded."""
     run = run_folder(tmp_path / "run", passing_rows())
     path = tmp_path / "b.csv"
     assert baseline_main(["--from", str(run), "--to", str(path)]) == 0
     header = path.read_text().splitlines()[0]
     assert f"format={BASELINE_FORMAT_VERSION} " in header and " implementations=none lowering=yes " in header
     assert load_baseline(path).selection.lowering is True
-    chip = load_baseline(Path(__file__).resolve().parents[1] / "baselines" / "tpu-v5e-tpu.csv")
-    assert chip.format_version == 4 and chip.selection.lowering is None
-    assert chip.selection.implementations == (
-        "maxtext-kernel-fwd-fixed",
-        "maxtext-layer-kernel-fixed",
-        "maxtext-layer-reference-fixed",
-    )
+    committed = Path(__file__).resolve().parents[1] / "baselines" / "tpu-v5e-tpu.csv"
+    chip, legacy = load_baseline(committed), load_baseline(older_format_copy(committed, tmp_path / "4.csv", 4))
+    assert chip.format_version == BASELINE_FORMAT_VERSION and chip.selection.lowering is False
+    assert legacy.format_version == 4 and legacy.selection.lowering is None
+    fixed = ("maxtext-kernel-fwd-fixed", "maxtext-layer-kernel-fixed", "maxtext-layer-reference-fixed")
+    assert chip.selection.implementations == legacy.selection.implementations == fixed
 
 
 def test_a_baseline_of_implementations_the_run_did_not_test_judges_the_rest(tmp_path):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from mhc_parity.harness.engine import program_cache
+from mhc_parity.harness.engine.cases_ahead import CaseAhead
 from mhc_parity.harness.engine.devices import HOST_PLATFORM, Placement
 from mhc_parity.harness.engine.execution_timing import (
     MAX_RUNS,
@@ -129,7 +130,7 @@ def test_a_path_on_an_accelerator_records_its_device_time(monkeypatch, tiny):
     monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
     runner = Runner(load_policy())
     monkeypatch.setattr(runner.collaborators.programs, "device_time", lambda path, case, fixture: (0.003, 17))
-    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
+    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), ahead=CaseAhead(fixture)))
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_s"] == 0.003 and row["execute_runs"] == 17 for row in timed)
     assert all(row["execute_first_s"] > 0 and row["bytes_moved"] > 0 for row in timed)
@@ -143,7 +144,7 @@ def test_a_path_on_the_cpu_is_not_timed_again(monkeypatch, tiny):
     _, case, fixture, _ = tiny
     runner = Runner(load_policy())
     monkeypatch.setattr(runner.collaborators.programs, "device_time", lambda *a: pytest.fail("timed again on the CPU"))
-    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
+    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), ahead=CaseAhead(fixture)))
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_s"] == row["execute_first_s"] and row["execute_runs"] == 1 for row in timed)
 
@@ -223,7 +224,7 @@ def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, 
     with background_under_way(QUIET):  # stuck until the run is done
         rows = list(
             Runner(load_policy()).run_case(
-                case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture
+                case, PathPlan(implementations=(REFERENCE,), lowering=False), ahead=CaseAhead(fixture)
             )
         )
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]

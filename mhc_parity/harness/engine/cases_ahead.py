@@ -1,13 +1,14 @@
 """Running cases ahead (`Runner.run`): while one case runs its paths and comparisons, a thread pool
-loads the next `COMPILE_AHEAD_CASES` cases' fixtures, computes their oracle answers and compiles their
-programs. A program is timed on the device with nothing else in the process running, which waits for
-the pool's work under way: while the pool is busy, up to `TIMED_TOGETHER` cases whose paths ran are
-timed at once, so that wait is paid once for them (issue 69). The rows are those of
-`Runner.run_case` called case by case."""
+loads the next `COMPILE_AHEAD_CASES` cases' fixtures, computes their oracle answers, compiles their
+programs and makes their TPU lowering and compile rows. A program is timed on the device with nothing
+else in the process running, which waits for the pool's work under way: while the pool is busy, up to
+`TIMED_TOGETHER` cases whose paths ran are timed at once, so that wait is paid once for them (issue
+69). The rows are those of `Runner.run_case` called case by case."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,21 @@ TIMED_TOGETHER_BYTES = 256 * 2**20
 STOP_GRACE_S = 5.0
 
 
+@dataclasses.dataclass(frozen=True)
+class CaseAhead:
+    """What `cases_ahead` started for one case (`Runner.case_steps` makes the rest): its fixture, and
+    the futures of its oracle answer, its lowering rows and its compile rows (`Runner.lowering_rows`,
+    `Runner.compile_rows`)."""
+
+    fixture: object = None
+    oracle: concurrent.futures.Future | None = None
+    lowering: concurrent.futures.Future | None = None
+    compile: concurrent.futures.Future | None = None
+
+
+NOTHING_AHEAD = CaseAhead()
+
+
 def cases_ahead(
     runner: Runner,
     cases: Sequence,
@@ -42,7 +58,7 @@ def cases_ahead(
     """(case, its rows) for each of `cases` in order, `runner`'s collaborators working ahead in a pool
     (its oracle must then be thread-safe, as `OracleCache` is; its programs must compile ahead)."""
     programs = runner.collaborators.programs
-    started: dict[int, tuple[object, concurrent.futures.Future | None]] = {}
+    started: dict[int, CaseAhead] = {}
     waiting: list[_CaseSteps] = []  # cases in order, the last ones' paths waiting to be timed
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="compile-ahead")
     finished = False
@@ -53,8 +69,7 @@ def cases_ahead(
                     started[ahead] = _start_case(runner, pool, cases[ahead], plan)
             if on_case_start is not None:
                 on_case_start(case)
-            fixture, oracle_ahead = started.pop(index)
-            steps = runner.case_steps(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead)
+            steps = runner.case_steps(case, plan, on_step, started.pop(index))
             waiting.append(_CaseSteps(case, steps))
             if not waiting[-1].advance() or _time_now(runner, waiting, last=index == len(cases) - 1):
                 yield from _finish(runner, waiting)
@@ -67,21 +82,26 @@ def cases_ahead(
         programs.settle_pending(grace_s=0.0 if finished else STOP_GRACE_S)
 
 
-def _start_case(runner: Runner, pool, case, plan: PathPlan) -> tuple[object, concurrent.futures.Future | None]:
-    """Load `case`'s fixture and start its oracle answer, then its programs, in `pool`:
-    (fixture, the answer's future), or (None, None) if loading the fixture failed
-    (`run_case` then meets the error again and reports it) or the case needs no numbers
-    (`PathPlan.needs_numbers`)."""
-    if not plan.needs_numbers(case):
-        return None, None
-    try:
-        fixture = runner.load_fixture(case)
-    except Exception:  # noqa: BLE001 - reported by run_case
-        return None, None
-    # first: the case needs it before its paths; background work, which a timed path waits for
-    oracle = pool.submit(QUIET.run_in_background, runner.collaborators.oracle, case, fixture)
-    runner.collaborators.programs.compile_ahead(pool, runnable(plan.paths_for(case), case), case, fixture)
-    return fixture, oracle
+def _start_case(runner: Runner, pool, case, plan: PathPlan) -> CaseAhead:
+    """Load `case`'s fixture and start, in `pool`, its oracle answer, then its programs, then its
+    lowering and compile rows (in the order the case needs them). The fixture, oracle and programs
+    are left to `Runner.case_steps` where the case needs no numbers (`PathPlan.needs_numbers`) or
+    loading the fixture failed (it meets the error again and reports it). All of it is background
+    work, which a timed path waits for."""
+    fixture = oracle = None
+    if plan.needs_numbers(case):
+        try:
+            fixture = runner.load_fixture(case)
+        except Exception:  # noqa: BLE001 - reported by run_case
+            fixture = None
+    if fixture is not None:
+        oracle = pool.submit(QUIET.run_in_background, runner.collaborators.oracle, case, fixture)
+        runner.collaborators.programs.compile_ahead(pool, runnable(plan.paths_for(case), case), case, fixture)
+    if not plan.lowering:
+        return CaseAhead(fixture, oracle)
+    lowering = pool.submit(QUIET.run_in_background, runner.lowering_rows, case, plan)
+    compile_ = pool.submit(QUIET.run_in_background, runner.compile_rows, case, plan)
+    return CaseAhead(fixture, oracle, lowering, compile_)
 
 
 class _CaseSteps:

@@ -6,14 +6,13 @@ then the kernels' lowering and compile rows. A path that cannot run yields statu
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 
 from mhc_parity.harness.engine.case_judging import CaseJudge
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
-from mhc_parity.harness.engine.cases_ahead import cases_ahead
+from mhc_parity.harness.engine.cases_ahead import NOTHING_AHEAD, CaseAhead, cases_ahead
 from mhc_parity.harness.engine.cause_store import CauseStore
 from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.comparison_store import ComparisonStore
@@ -114,19 +113,12 @@ class Runner:
     # -- one case ------------------------------------------------------------------
 
     def run_case(
-        self,
-        case,
-        plan: PathPlan,
-        on_step: StepCallback = _no_step,
-        *,
-        fixture=None,
-        oracle_ahead: concurrent.futures.Future | None = None,
+        self, case, plan: PathPlan, on_step: StepCallback = _no_step, ahead: CaseAhead = NOTHING_AHEAD
     ) -> Iterator[dict]:
-        """Yield every row of one case, its paths timed on the device as soon as they ran. fixture /
-        oracle_ahead: the case's fixture and the future of its oracle answer where the caller (`run`)
-        started them, else made here (an error met as if made here). Memory running out at any stage
-        is the machine's limit, not a row: a `ResourceError` naming the case and the stage."""
-        steps = self.case_steps(case, plan, on_step, fixture=fixture, oracle_ahead=oracle_ahead)
+        """Yield every row of one case, its paths timed on the device as soon as they ran; ahead: what
+        the caller made for the case already (its fixture, say). Memory running out at any stage is
+        the machine's limit, not a row: a `ResourceError` naming the case and the stage."""
+        steps = self.case_steps(case, plan, on_step, ahead)
         timed = None
         while True:
             try:
@@ -140,20 +132,15 @@ class Runner:
                 yield item
 
     def case_steps(
-        self,
-        case,
-        plan: PathPlan,
-        on_step: StepCallback = _no_step,
-        *,
-        fixture=None,
-        oracle_ahead: concurrent.futures.Future | None = None,
+        self, case, plan: PathPlan, on_step: StepCallback = _no_step, ahead: CaseAhead = NOTHING_AHEAD
     ) -> Generator[dict | TimingPoint, dict | None, None]:
         """`run_case`'s rows, with one `TimingPoint` among them where the case's paths wait to be timed:
         the caller sends back its results timed (`time_points`), when it chooses (`cases_ahead` times
-        several cases at once)."""
+        several cases at once). ahead: what the caller started for the case (an error in it met as
+        if made here)."""
         stage = ["its fixture or oracle"]  # where the case is, for that error
         try:
-            yield from self._case_rows(case, plan, on_step, fixture, oracle_ahead, stage)
+            yield from self._case_rows(case, plan, on_step, ahead, stage)
         except ResourceError:
             raise
         except Exception as exc:
@@ -173,13 +160,11 @@ class Runner:
             self.timings["device_timing_s"] += timing
             self.timings["paths_s"] += quiet_wait + timing
 
-    def _case_rows(
-        self, case, plan: PathPlan, on_step: StepCallback, fixture, oracle_ahead, stage: list
-    ) -> Iterator[dict]:
+    def _case_rows(self, case, plan: PathPlan, on_step: StepCallback, ahead: CaseAhead, stage: list) -> Iterator[dict]:
         """`run_case`'s rows; `stage[0]` names the stage the case is in."""
         paths = plan.paths_for(case)
         if plan.needs_numbers(case):
-            compared = yield from self._numeric_rows(case, plan, on_step, fixture, oracle_ahead, stage)
+            compared = yield from self._numeric_rows(case, plan, on_step, ahead, stage)
             if not compared:  # the fixture or the oracle failed: the case ends with its paths' status rows
                 return
         else:  # no fixture, no oracle: the refused paths' skip rows (no paths selected: none)
@@ -187,26 +172,25 @@ class Runner:
             for path in paths:
                 yield from status_rows(case, path, paths, refused)
         if plan.lowering:
-            yield from self._lowering_and_compile_rows(case, plan, on_step, stage)
+            yield from self._lowering_and_compile_rows(case, plan, on_step, ahead, stage)
 
     def _numeric_rows(
-        self, case, plan: PathPlan, on_step: StepCallback, fixture, oracle_ahead, stage: list
+        self, case, plan: PathPlan, on_step: StepCallback, ahead: CaseAhead, stage: list
     ) -> Generator[dict, None, bool]:
-        """The rows of the case's paths, from its fixture and oracle answer (`run_case`'s
-        arguments); returns (a generator's return) False when the fixture or the oracle failed
-        and the case's rows end with its paths' status rows, else True."""
+        """The rows of the case's paths, from its fixture and oracle answer (`ahead`'s where started
+        there); returns (a generator's return) False when the fixture or the oracle failed and the
+        case's rows end with its paths' status rows, else True."""
         paths = plan.paths_for(case)
         try:
             on_step(case, "fixture")
-            if fixture is None:
-                fixture = self.load_fixture(case)
+            fixture = self.load_fixture(case) if ahead.fixture is None else ahead.fixture
             on_step(case, "oracle")
-            if oracle_ahead is None:
+            if ahead.oracle is None:
                 oracle = self.collaborators.oracle(case, fixture)
                 self.timings["oracle_s"] += oracle.execute_s
             else:  # computed in a pool thread, overlapping other work: count this thread's wait
                 start = time.perf_counter()
-                oracle = oracle_ahead.result()
+                oracle = ahead.oracle.result()
                 self.timings["oracle_s"] += time.perf_counter() - start
         except UnsupportedInputError as exc:
             # The math itself rejects the case (e.g. too many streams for mHC-lite).
@@ -231,24 +215,34 @@ class Runner:
         yield from ({**row, **memory} for row in rows)
         return True
 
-    def _lowering_and_compile_rows(self, case, plan: PathPlan, on_step: StepCallback, stage: list) -> Iterator[dict]:
-        """The kernels' TPU lowering rows, then their compile rows (each stage's rows made before any is yielded)."""
-        stage[0] = "the TPU lowering"
-        on_step(case, "lowering")
-        start = time.perf_counter()
+    def _lowering_and_compile_rows(
+        self, case, plan: PathPlan, on_step: StepCallback, ahead: CaseAhead, stage: list
+    ) -> Iterator[dict]:
+        """The kernels' TPU lowering rows, then their compile rows (`ahead`'s where started there),
+        this thread's seconds making or waiting for them counted."""
+        for name, step, rows_of, future in (
+            ("lowering", "the TPU lowering", self.lowering_rows, ahead.lowering),
+            ("compile", "the TPU compile", self.compile_rows, ahead.compile),
+        ):
+            stage[0] = step
+            on_step(case, name)
+            start = time.perf_counter()
+            rows = rows_of(case, plan) if future is None else future.result()
+            self.timings[f"{name}_s"] += time.perf_counter() - start
+            yield from rows
+
+    def lowering_rows(self, case, plan: PathPlan) -> list[dict]:
+        """The case's TPU lowering rows: this project's kernels', then each implementation's that lowers its own."""
         lowering_store = self.collaborators.lowering_store
         rows = list(lowering_rows(case, lowering_store, plan.selects))
         for impl in plan.implementations:
             if impl.lower is not None:
                 rows += implementation_lowering_rows(case, impl, lowering_store, plan.selects)
-        self.timings["lowering_s"] += time.perf_counter() - start
-        yield from rows
-        stage[0] = "the TPU compile"
-        on_step(case, "compile")
-        start = time.perf_counter()
-        rows = list(compile_rows(case, self.collaborators.compile_store, plan.selects, plan.implementations))
-        self.timings["compile_s"] += time.perf_counter() - start
-        yield from rows
+        return rows
+
+    def compile_rows(self, case, plan: PathPlan) -> list[dict]:
+        """The case's TPU compile rows (`compile_rows.compile_rows`)."""
+        return list(compile_rows(case, self.collaborators.compile_store, plan.selects, plan.implementations))
 
     def load_fixture(self, case):
         """`case`'s fixture from the fixture loader, its seconds counted in `fixtures_s`."""

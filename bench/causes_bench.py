@@ -31,7 +31,7 @@ from parity_bench import Tee, edited_copy, results_metadata, run_once  # the sam
 
 from mhc_parity.cases import registry  # noqa: E402 - parity_bench puts the project on the path
 from mhc_parity.harness.processes.parallel import auto_jobs  # noqa: E402
-from mhc_parity.reports.results import write_results  # noqa: E402
+from mhc_parity.reports.writers import write_results  # noqa: E402
 
 EDITED_FILE = "mhc_parity/mhc/kernels/api.py"
 EDIT_FROM = "        grads[name] = psum_to_primal_vma(g, primal).reshape(primal.shape).astype(primal.dtype)\n"

@@ -77,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 from mhc_parity.harness.engine.run_info import git_commit  # noqa: E402 - after the project is on the path
 from mhc_parity.harness.env import host_cpu  # noqa: E402
 from mhc_parity.records.text import format_number, format_text_table  # noqa: E402
-from mhc_parity.reports.results import write_results  # noqa: E402
+from mhc_parity.reports.writers import write_results  # noqa: E402
 
 # The sources a run imports (the package, copied for the "edit" run) and the edit itself.
 SOURCE_DIRS = ("mhc_parity",)

@@ -44,9 +44,8 @@ from mhc_parity.harness.engine import paths  # noqa: E402
 from mhc_parity.harness.engine.implementations import BUILTIN  # noqa: E402
 from mhc_parity.records.roofline import throughput  # noqa: E402
 from mhc_parity.records.rows import encode_float, load_rows  # noqa: E402
-from mhc_parity.reports.plots import standalone_svg  # noqa: E402
-from mhc_parity.reports.program_speed import program_speeds, roofline_figure  # noqa: E402
-from mhc_parity.reports.roofline_svg import roofline_svg  # noqa: E402
+from mhc_parity.reports.html.svg import roofline_svg, standalone_svg  # noqa: E402
+from mhc_parity.reports.speed import program_speeds, roofline_figure  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATHS = ("reference/*", "interpret/*", "mosaic/*")

@@ -13,14 +13,17 @@
 #                                        #   SYSTEM_JAX=1, make parity SYSTEM_JAX=1 (gated against
 #                                        #   baselines/tpu-v5e.csv on a TPU host); REBASE=1: that
 #                                        #   baseline written again from the run (after a policy
-#                                        #   change, which the gate refuses), then make gate
+#                                        #   change, which the gate refuses), then make gate;
+#                                        #   AGAIN=1: make parity once more, its stores warm (the
+#                                        #   second run after an edit); each run's report.json kept
+#                                        #   (its metadata: where the seconds went)
 #   DTYPE=bfloat16|float32 bench/tpu_gate_check.sh faults DIR
 #                                        # the smoke suite's kill matrix in that dtype, written as
 #                                        #   docs/results/kill-matrix-tpu-v5e-DTYPE.md (own cause and
 #                                        #   wrong-cause rows per fault, as make faults on the CPU)
 #   DTYPE=... FAULTS=GLOB bench/tpu_gate_check.sh causes DIR
 #                                        # the same, those faults only, with every failing leaf's
-#                                        #   attribution scores kept (bench/cause_diagnosis.py) in
+#                                        #   attribution scores kept (bench/probes/cause_diagnosis.py) in
 #                                        #   DIR/causes-DTYPE.jsonl: why the chip names what it names
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs and
@@ -50,11 +53,16 @@ case $part in
   make)
     setup_or_exit
     step parity make parity SYSTEM_JAX=1
+    cp out/parity/report.json "$out/report-parity.json"
     if [ "${REBASE:-0}" = 1 ]; then
       step baseline "$CLI" baseline --from out/parity --to baselines/tpu-v5e.csv
       step gate make gate SYSTEM_JAX=1
     fi
-    tar czf "$out/make.tgz" out/parity/summary.md out/parity/rows.csv baselines/tpu-v5e.csv "$out/logs"
+    if [ "${AGAIN:-0}" = 1 ]; then
+      step parity-again make parity SYSTEM_JAX=1
+      cp out/parity/report.json "$out/report-parity-again.json"
+    fi
+    tar czf "$out/make.tgz" out/parity/summary.md out/parity/rows.csv baselines/tpu-v5e.csv "$out"/report-parity*.json "$out/logs"
     ;;
   faults)
     dtype=${DTYPE:?DTYPE=bfloat16 or DTYPE=float32}
@@ -69,7 +77,7 @@ case $part in
   causes)
     dtype=${DTYPE:?DTYPE=bfloat16 or DTYPE=float32}
     setup_or_exit
-    step "causes-$dtype" "$PY" bench/cause_diagnosis.py --to "$out/causes-$dtype.jsonl" faults --suite smoke \
+    step "causes-$dtype" "$PY" bench/probes/cause_diagnosis.py --to "$out/causes-$dtype.jsonl" faults --suite smoke \
       --dtype "$dtype" --faults "${FAULTS:?FAULTS=a glob of fault names}" --jobs 1 --out "out/causes-$dtype" --quiet
     tar czf "$out/causes-$dtype.tgz" "out/causes-$dtype"/{kill_matrix.md,perturbed_rows.csv} "$out/logs"
     ;;

@@ -9,7 +9,7 @@
 #   bench/tpu_maxtext_check.sh fixed DIR   # MAXTEXT=fixed, its baseline, the run gated against it
 #   bench/tpu_maxtext_check.sh speed DIR   # the speed table (bench/device_speed.py)
 #   bench/tpu_maxtext_check.sh leaves DIR  # one case's reference paths: their leaves on the chip
-#                                          #   (bench/leaves_dump.py, for bench/cause_replay.py
+#                                          #   (bench/probes/leaves_dump.py, for bench/probes/cause_replay.py
 #                                          #   here) and the harness's rows and report.json
 #
 # Each step's exit status and seconds go to DIR/steps.txt, its output to DIR/logs; the logs, the
@@ -35,7 +35,7 @@ case $part in
     # PROBE=0 leaves the probe out (19 s; measured: docs/results/kernel-primitives-tpu-v5e.json).
     # On a bare machine the set-up and the run take about the whole part (52 s and 518 s at
     # 5cb435f, the run's own gate last), so the baseline step needs a machine set up already.
-    [ "${PROBE:-1}" = 0 ] || step kernel-primitives "$PY" bench/tpu_kernel_primitive_probe.py --out "$out/kernel-primitives"
+    [ "${PROBE:-1}" = 0 ] || step kernel-primitives "$PY" bench/probes/tpu_kernel_primitive_probe.py --out "$out/kernel-primitives"
     step parity-maxtext make parity-maxtext SYSTEM_JAX=1 MAXTEXT_OUT=out/tpu-maxtext
     step baseline "$CLI" baseline --from out/tpu-maxtext --to baselines/tpu-v5e-maxtext.csv
     tar czf "$out/run.tgz" out/tpu-maxtext/summary.md out/tpu-maxtext/rows.csv out/tpu-maxtext/report.json \
@@ -57,7 +57,7 @@ case $part in
     ;;
   leaves)  # one case's reference paths on the chip: leaves, compiled HLO, rows and causes
     setup_or_exit
-    step leaves "$PY" bench/leaves_dump.py --cases "$LEAVES_CASE" --impl mhc_parity.maxtext_parity:implementations \
+    step leaves "$PY" bench/probes/leaves_dump.py --cases "$LEAVES_CASE" --impl mhc_parity.maxtext_parity:implementations \
       --paths reference 'maxtext-layer-reference*' --out "$out/leaves"
     step leaves-run "$CLI" run --suite maxtext --cases "$LEAVES_CASE" --impl mhc_parity.maxtext_parity:implementations \
       --paths 'reference/*' 'maxtext-layer-reference*' --out out/tpu-leaves --quiet --no-lowering

@@ -17,7 +17,7 @@
 #                                           #   run (which holds the chip) with its oracle in a
 #                                           #   process of its own (MHC_PARITY_ORACLE_PROCESS=always)
 #   bench/tpu_suite_check.sh accounting DIR # on the TPU VM: the oracle's time, page faults and memory
-#                                           #   under each of bench/oracle_memory_accounting.py's
+#                                           #   under each of bench/probes/oracle_memory_accounting.py's
 #                                           #   VARIANTS (glibc's settings), TOKENS tokens
 #   bench/tpu_suite_check.sh merge DIR      # where the shards' packs are (DIR/shard-*.tgz): unpack
 #                                           #   them in DIR/unpacked, merge into out/tpu-suite
@@ -117,14 +117,14 @@ case $part in
     grep -h "host memory" out/child-probe/summary.md >>"$out/steps.txt" 2>&1  # where its oracle ran
     tar czf "$out/child.tgz" "$out/logs" "$out/steps.txt"
     ;;
-  accounting)  # bench/oracle_memory_accounting.py's VARIANTS (default: one chunk at a time, plain,
+  accounting)  # bench/probes/oracle_memory_accounting.py's VARIANTS (default: one chunk at a time, plain,
     # glibc keeping what it frees, huge pages; two at once keeping) on TOKENS tokens, and glibc's version
     out=${2:?$usage}
     source bench/tpu_common.sh
     setup_or_exit
     "$PY" -c 'import platform; print("glibc", *platform.libc_ver())' >>"$out/steps.txt"
     read -ra variants <<<"${VARIANTS:-child-one child-one-malloc child-one-huge child-malloc}"
-    step accounting "$PY" bench/oracle_memory_accounting.py --seconds 100 --tokens "${TOKENS:-768}" "${variants[@]}"
+    step accounting "$PY" bench/probes/oracle_memory_accounting.py --seconds 100 --tokens "${TOKENS:-768}" "${variants[@]}"
     ;;
   merge)
     out=${2:?$usage}

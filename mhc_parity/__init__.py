@@ -1,7 +1,5 @@
 """mhc-parity: whether any forward output or gradient leaf of the mHC layer drifted beyond
-what the arithmetic explains. Every package of the project lives under this one name, so an
-installation adds one top-level name to site-packages, and a repository's own `harness`,
-`cases`, `records` or `reports` package never collides with it.
+what the arithmetic explains.
 
 Subpackages, in the order data flows through them (docs/ARCHITECTURE.md):
 

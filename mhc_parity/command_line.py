@@ -1,6 +1,5 @@
-"""The conventions every entry point of mhc-parity follows (`mhc-parity COMMAND`,
-`python -m mhc_parity.cases`): the exit codes, one error prefix, `--help` with defaults and
-exit codes, colour only where it is wanted. Imports nothing of the subpackages, so each may use it."""
+"""Conventions of every mhc-parity entry point: exit codes, one error prefix, `--help` with
+defaults and exit codes, colour only where wanted. Imports no subpackage, so each may use it."""
 
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ def warning(message: str) -> None:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Each option's default after its help ("(default: out/parity)"), where it has one worth
-    saying (not None, False or empty) and its help does not say it already; the epilog as written."""
+    """Appends "(default: X)" to an option's help unless the default is None/False/empty or the
+    help already says it; the epilog as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -59,8 +58,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An `argparse.ArgumentParser` whose usage errors carry `ERROR_PREFIX` and whose help
-    shows the defaults and the exit codes."""
+    """ArgumentParser whose usage errors carry `ERROR_PREFIX`; help shows defaults and exit codes."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -78,9 +76,8 @@ _VERDICT_WORDS = re.compile(r"\b(" + "|".join(map(re.escape, VERDICT_COLOURS)) +
 
 
 def colour_wanted(stream=None) -> bool:
-    """Whether to colour what goes to `stream` (default stdout): never where NO_COLOR is set
-    and not empty (https://no-color.org), always where FORCE_COLOR is, else only on a terminal
-    that is not TERM=dumb."""
+    """Whether to colour `stream` (default stdout): never with a non-empty NO_COLOR, always with
+    FORCE_COLOR, else only on a terminal that is not TERM=dumb."""
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):

@@ -1,14 +1,6 @@
-"""The JAX releases mhc-parity runs on, and the check each entry point makes before it computes.
-
-The default install pins one JAX (pyproject.toml). A machine's own JAX (a TPU VM image:
-`make setup SYSTEM_JAX=1`, docs/accelerators.md) may be any release from `OLDEST_JAX` up to the
-pinned series: `make test-compat` runs the not-slow tests on the oldest
-(tools/oldest-supported.txt pins it), `make test` on the pinned one. Outside that range the
-code's JAX API assumptions (docs/jax-notes.md) are untested, so a run refuses to start rather
-than produce rows nobody checked.
-
-Plain Python (the standard library only): the versions are read from the installed
-distributions' metadata, so checking imports no JAX.
+"""The JAX releases mhc-parity runs on (`OLDEST_JAX` up to the pinned series; docs/accelerators.md),
+and the check each entry point makes before it computes: outside that range a run refuses to
+start. Standard library only: versions come from distribution metadata, so checking imports no JAX.
 """
 
 from __future__ import annotations
@@ -25,9 +17,8 @@ import re
 OLDEST_JAX = "0.10.2"
 # The first release past the pinned 0.12 series: not tested, so not supported.
 FIRST_UNSUPPORTED_JAX = "0.13"
-# jax and jaxlib are released together with one version; both are checked, and must be that one
-# release (a jaxlib the machine keeps beside a newer jax is what a TPU image's own upgrade can
-# leave behind: jax 0.12 accepts any jaxlib from 0.11.2, so JAX itself would not refuse it).
+# Both must be one release: a TPU image's upgrade can leave an older jaxlib beside a newer jax,
+# which jax itself accepts (0.12 takes any jaxlib from 0.11.2).
 CHECKED_DISTRIBUTIONS = ("jax", "jaxlib")
 # The environment variable JAX loads libtpu from before the libtpu package's own library
 # (`jax._src.cloud_tpu_init.get_tpu_library_path`: where it names a file).
@@ -71,7 +62,7 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def _package_libtpu_version() -> str:
-    """The installed libtpu package's version (its nightly's where that is what is installed); "" where none is."""
+    """The libtpu (or libtpu-nightly) package's version; "" where none is installed."""
     for name in ("libtpu", "libtpu-nightly"):
         try:
             return importlib.metadata.version(name)
@@ -104,8 +95,8 @@ def given_libtpu_library(environ=os.environ) -> pathlib.Path | None:
 
 @functools.cache
 def _library_identity(path: str, size: int, modified_ns: int) -> str:
-    """A library file's identity: its build stamp where it has one, and the sha256 of its bytes
-    (read once per process per file state: libtpu is 600 MiB, about a second)."""
+    """Build stamp (where found) and sha256 of a library file; cached per file state (libtpu
+    is 600 MiB, about a second to hash)."""
     digest, stamp, tail = hashlib.sha256(), b"", b""
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 24):
@@ -121,9 +112,8 @@ def _library_identity(path: str, size: int, modified_ns: int) -> str:
 
 def libtpu_version(environ=os.environ) -> str:
     """The libtpu JAX loads, as key material and for the environment record: the package's
-    version (its nightly's where that is what is installed); for a library given through
-    `TPU_LIBRARY_VARIABLE` instead, its build stamp and sha256 (`_library_identity`: a file
-    outside any package has no version to read); "" where there is neither."""
+    version, or for a library given through `TPU_LIBRARY_VARIABLE` its build stamp and sha256;
+    "" where there is neither."""
     given = given_libtpu_library(environ)
     if given is None:
         return _package_libtpu_version()

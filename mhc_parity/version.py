@@ -1,9 +1,5 @@
-"""The project's version: one source, pyproject.toml's [project] version.
-
-Installed, it is the distribution's metadata (what a bug report should quote: the code pip
-put in place); a checkout run without installing it (`python -m mhc_parity.harness` from its
-root) reads its pyproject.toml. `mhc-parity --version` and `mhc_parity.__version__` print it.
-Plain Python (the standard library only).
+"""The project's version (pyproject.toml's [project] version): the installed distribution's
+metadata, else the checkout's pyproject.toml. Standard library only.
 """
 
 from __future__ import annotations
@@ -12,8 +8,6 @@ import importlib.metadata
 import pathlib
 import tomllib
 
-# The distribution `pip install` records (pyproject.toml's [project] name), and the file a
-# checkout that was never installed reads its version from.
 DISTRIBUTION = "mhc-parity"
 PYPROJECT = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
 

@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 from mhc_parity.records.schema import TIMING_COLUMNS
-from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
-from mhc_parity.reports.drift import LEGACY_GATE_COLUMNS
+from mhc_parity.reports.gate.baseline_file import BASELINE_FORMAT_VERSION
+from mhc_parity.reports.gate.rule import LEGACY_GATE_COLUMNS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -59,6 +59,16 @@ def implementation_rows(implementation: Implementation, case) -> tuple[dict, ...
     return tuple(r for r in rows if r["candidate"].split("/", 1)[0] == implementation.name)
 
 
+@functools.cache
+def judged_rows(implementation: Implementation, case) -> tuple[dict, ...]:
+    """`implementation_rows` without the failing rows' causes searched: the same rows, bounds and
+    verdicts (each failing row says its causes were not searched), for a test that reads those only.
+    The search runs the hypotheses' programs of every failing leaf: most of a failing run's time."""
+    implementations = (REFERENCE,) if implementation.name == REFERENCE.name else (REFERENCE, implementation)
+    rows = _runner().run_case(case, PathPlan(implementations=implementations, lowering=False, causes=False))
+    return tuple(r for r in rows if r["candidate"].split("/", 1)[0] == implementation.name)
+
+
 def check_rows(rows, *, leaf, comparisons) -> None:
     """Every row of the `comparisons` on leaves where `leaf(name)` holds passed, and each
     comparison judged at least one such leaf; skips (with the reason) when the

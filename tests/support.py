@@ -20,11 +20,11 @@ from mhc_parity.harness.engine.backend_arithmetic import model_terms, probe_docu
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.mhc.precision import dot_precision
 from mhc_parity.mhc.types import MhcConfig, MhcWeights
-from mhc_parity.reports.baseline import DIGEST_KEY, ENVELOPE_KEY, IMPLEMENTATIONS_KEY, LOWERING_KEY, sealed
-from mhc_parity.reports.drift import GAIN_COLUMNS
+from mhc_parity.reports.gate.baseline_file import DIGEST_KEY, ENVELOPE_KEY, IMPLEMENTATIONS_KEY, LOWERING_KEY, sealed
+from mhc_parity.reports.gate.drift import GAIN_COLUMNS
 
 # The probe's table as it ran on the lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1):
-# `python bench/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
+# `python bench/probes/tpu_backend_probe.py docs/results/backend-probe-tpu-v5e.json` there.
 TPU_V5E_PROBE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results" / "backend-probe-tpu-v5e.json"
 
 

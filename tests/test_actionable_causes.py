@@ -13,7 +13,9 @@ import pytest
 from support import tpu_v5e_terms
 
 from mhc_parity.cases import registry
-from mhc_parity.harness.engine import oracle_path, runner
+from mhc_parity.harness.engine import case_judging, oracle_path
+from mhc_parity.harness.engine.causes import HypothesisOracle
+from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import BUILTIN, load_implementations
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.runner import Runner
@@ -37,14 +39,46 @@ from mhc_parity.reports.samples import measured_row
 RMS_PLACES = {"rms_inverse"}
 
 
-def _stated(perturbation: Perturbation, implementations: tuple, case_names: tuple[str, ...], **plan):
+def _stated(
+    perturbation: Perturbation,
+    implementations: tuple,
+    case_names: tuple[str, ...],
+    hypotheses: HypothesisOracle | None = None,
+    **plan,
+):
     """The rows of `case_names` with `perturbation` injected, as a run states them; implementations:
-    built-in names, or `Implementation`s."""
+    built-in names, or `Implementation`s; hypotheses: the causes' hypotheses to share (None: a fresh
+    `HypothesisOracle`)."""
     implementations = tuple(BUILTIN[n] if isinstance(n, str) else n for n in implementations)
     plan = PathPlan(implementations=implementations, lowering=False, **plan)
+    hypotheses = hypotheses if hypotheses is not None else HypothesisOracle()
     with perturbation.injected():
-        rows = [row for name in case_names for row in Runner(load_policy()).run_case(registry.get(name), plan)]
+        rows = [
+            row
+            for name in case_names
+            for row in Runner(load_policy(), Collaborators(hypotheses=hypotheses)).run_case(registry.get(name), plan)
+        ]
     return consistent_causes(rows)
+
+
+NEAR_ZERO_RMS = "lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms"
+
+
+@pytest.fixture(scope="module")
+def near_zero_rms_hypotheses() -> HypothesisOracle:
+    """The causes' hypotheses of NEAR_ZERO_RMS, shared by the two tests of that case as the kill
+    matrix shares them across a case's passes (`mhc_parity.harness.faults.passes.SharedInputs`): their
+    draws are the float64 oracle's alone, which no seam reaches, so each bug's failing rows are
+    matched against the same hypotheses either way; the draws are computed once."""
+    return HypothesisOracle()
+
+
+@pytest.fixture(scope="module")
+def chip_hypotheses() -> HypothesisOracle:
+    """The causes' hypotheses shared by the gate-cast test's two implementations: one case, each
+    run under the same patched backend terms (the chip's), as the kill matrix shares them across a
+    case's passes; the draws are computed once."""
+    return HypothesisOracle()
 
 
 def _partials_in_bfloat16(original_accumulate):
@@ -65,7 +99,7 @@ def _epsilon_ten_times(original_rms_inverse):
 
 
 @pytest.mark.slow
-def test_a_backward_accumulator_rounding_names_one_place_at_most_and_not_the_forward_rms_norm():
+def test_a_backward_accumulator_rounding_names_one_place_at_most_and_not_the_forward_rms_norm(near_zero_rms_hypotheses):
     """Item 1: each block's weight-gradient partial rounded to bfloat16. Every forward leaf
     passes; the gradients were named the gates' gradient rounding, the RMS statistic's sum of
     squares in bfloat16 and no rounding, all at once."""
@@ -75,7 +109,7 @@ def test_a_backward_accumulator_rounding_names_one_place_at_most_and_not_the_for
         patches=(Patch(Seam("mhc_parity.mhc.kernels.backward", "accumulate"), _partials_in_bfloat16),),
         implementations=("interpret",),
     )
-    stated = _stated(bug, ("reference", "interpret"), ("lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms",))
+    stated = _stated(bug, ("reference", "interpret"), (NEAR_ZERO_RMS,), near_zero_rms_hypotheses)
     failing = [r for r in stated if r["verdict"] == "fail"]
     assert failing and {r["candidate"].split("/")[0] for r in failing} == {"interpret"}
     assert all(r["leaf"].startswith("d_") for r in failing), "the forward leaves pass"
@@ -85,7 +119,7 @@ def test_a_backward_accumulator_rounding_names_one_place_at_most_and_not_the_for
 
 
 @pytest.mark.slow
-def test_an_epsilon_ten_times_too_large_names_no_rounding_on_any_row():
+def test_an_epsilon_ten_times_too_large_names_no_rounding_on_any_row(near_zero_rms_hypotheses):
     """Item 2: the RMS epsilon 10x too large on near-zero tokens (reference path). Every row
     named a rounding; the per-token fit alone took 13 of 20 at 100%, with relative errors of
     0.7 per token, far past what a narrow dtype's statistic makes."""
@@ -95,13 +129,13 @@ def test_an_epsilon_ten_times_too_large_names_no_rounding_on_any_row():
         patches=(Patch(Seam("mhc_parity.mhc.common", "rms_inverse"), _epsilon_ten_times),),
         implementations=("reference",),
     )
-    stated = _stated(bug, ("reference",), ("lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms",))
+    stated = _stated(bug, ("reference",), (NEAR_ZERO_RMS,), near_zero_rms_hypotheses)
     failing = [r for r in stated if r["verdict"] == "fail"]
     assert len(failing) >= 10
     assert all(not hypothesis_names(r["cause_id"]) for r in failing), {r["leaf"]: r["cause"] for r in failing}
     assert all(r["cause"].startswith((UNEXPLAINED_WORDS, NO_SINGLE_WORDS)) for r in failing)
     # `--no-causes`: the same verdicts, and no search (the edit loop's failing run).
-    unsearched = _stated(bug, ("reference",), ("lite-n4-c128-b2s64-f32-w32-mlp-near_zero_rms",), causes=False)
+    unsearched = _stated(bug, ("reference",), (NEAR_ZERO_RMS,), causes=False)
     assert [r["verdict"] for r in unsearched] == [r["verdict"] for r in stated]
     assert {r["cause_id"] for r in unsearched if r["verdict"] == "fail"} == {NOT_SEARCHED_ID}
 
@@ -109,7 +143,7 @@ def test_an_epsilon_ten_times_too_large_names_no_rounding_on_any_row():
 @pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["reference", "independent"])
 def test_a_gate_cast_is_named_on_every_leaf_where_the_chip_s_sensitivity_lets_its_scalar_gradient_pass(
-    implementation, monkeypatch
+    implementation, monkeypatch, chip_hypotheses
 ):
     """The TPU v5e's float32 kill matrix (14caf18): gate parameters cast to bfloat16 named their
     own cause on 51% (reference) and 64% (independent) of the failing rows. The chip's widened
@@ -118,10 +152,10 @@ def test_a_gate_cast_is_named_on_every_leaf_where_the_chip_s_sensitivity_lets_it
     predicted 22σ where it had 0.4σ, and the pre gate's rounding was ruled out on every leaf. The
     same here with the chip's backend terms, the candidate off the host as there."""
     monkeypatch.setattr(oracle_path, "backend_terms", tpu_v5e_terms)
-    monkeypatch.setattr(runner, "runs_on_host", lambda path: False)
+    monkeypatch.setattr(case_judging, "runs_on_host", lambda path: False)
     fault = FAULTS[f"{implementation}.gate_params_bf16"]
     external = load_implementations(kill_matrix.INDEPENDENT_IMPL) if implementation == "independent" else ()
-    stated = _stated(fault, ("reference", *external), ("lite-n4-c128-b2s64-f32-w32-identity-default",))
+    stated = _stated(fault, ("reference", *external), ("lite-n4-c128-b2s64-f32-w32-identity-default",), chip_hypotheses)
     failing = [r for r in stated if r["verdict"] == "fail" and r["candidate"].startswith(implementation)]
     assert len({r["leaf"] for r in failing}) >= 8
     causes = {r["leaf"]: r["cause_id"] for r in failing}

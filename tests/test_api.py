@@ -182,7 +182,7 @@ def test_harness_baseline_impl_runs_the_implementation_and_writes_its_baseline(t
 
 def test_baseline_from_a_run_gate_and_the_idle_pytest_plugin_load_no_jax():
     """Nor matplotlib: the plugin is imported by every pytest run of an environment that has
-    mhc-parity installed, and only a figure not stored yet draws (`mhc_parity.reports.figure_store`)."""
+    mhc-parity installed, and only a figure not stored yet draws (`mhc_parity.reports.html.figures.figure_svg`)."""
     code = (
         "import sys, mhc_parity.harness, mhc_parity.harness.cli, mhc_parity.harness.commands.baseline\n"
         "import mhc_parity.harness.pytest_plugin, mhc_parity.harness.commands.gate\n"

@@ -243,7 +243,12 @@ def test_a_tpu_s_exp_and_log_widen_the_sinkhorn_matrix_and_nothing_upstream_of_i
     fixture = make_fixture(case)
     cpu = oracle_path.noise_units(case)
     tpu = rounding_model.unit_roundoffs(case.dtype, case.weight_dtype, 0.0, TPU_SINKHORN_TERMS)
-    args = (fixture.x, fixture.weights, branches.BRANCHES["identity"].apply, {}, fixture.cotangent, case.mhc_config())
+    # Four Sinkhorn iterations, not the case's 20: each is one more unrolled copy of the same
+    # exp and log in the oracle's program (its compile was most of this test's time), and the
+    # deviations below are those of 20 to within 3% (measured: 6.8e-5 and 4.0e-8 for 4, 7.0e-5
+    # and 4.0e-8 for 20), far from either bound.
+    config = dataclasses.replace(case.mhc_config(), sinkhorn_iterations=4)
+    args = (fixture.x, fixture.weights, branches.BRANCHES["identity"].apply, {}, fixture.cotangent, config)
     exact = oracle.run_oracle(*args)
     on_cpu, on_tpu = (oracle.run_oracle(*args, rounding_noise=(9, units)) for units in (cpu, tpu))
 

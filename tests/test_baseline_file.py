@@ -8,7 +8,7 @@ from mhc_parity.cases import registry
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.reports import load_baseline
-from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION, parse_header
+from mhc_parity.reports.gate.baseline_file import BASELINE_FORMAT_VERSION, parse_header
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "baselines" / "default.csv"
@@ -148,8 +148,7 @@ def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path):
     shutil.copy(BASELINE, target)
     code = (
         "import resource, signal, sys\n"
-        "from mhc_parity.reports.baseline import write_baseline\n"
-        "from mhc_parity.reports.baseline_load import load_baseline\n"
+        "from mhc_parity.reports.gate.baseline_file import load_baseline, write_baseline\n"
         "baseline = load_baseline(sys.argv[1])\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"

@@ -16,8 +16,7 @@ import pytest
 
 from mhc_parity.harness.commands.baseline import main as baseline_main
 from mhc_parity.records.run_suite import run_suite
-from mhc_parity.reports.baseline import write_baseline
-from mhc_parity.reports.baseline_load import load_baseline
+from mhc_parity.reports.gate.baseline_file import load_baseline, write_baseline
 from mhc_parity.reports.samples import run_request as request
 from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
 

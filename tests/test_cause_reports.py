@@ -10,7 +10,7 @@ import pytest
 from mhc_parity.records.rows import to_frame
 from mhc_parity.reports import render_html, render_markdown
 from mhc_parity.reports.causes import cause_groups, compress_paths, implementation_verdicts
-from mhc_parity.reports.gate import gate
+from mhc_parity.reports.gate.rule import gate
 from mhc_parity.reports.samples import measured_row
 from mhc_parity.reports.summary import summarize
 from mhc_parity.reports.terminal import format_summary

@@ -1,4 +1,4 @@
-"""The cause store (mhc_parity.harness.stores.cause_store): a case's failing rows' causes and an
+"""The cause store (mhc_parity.harness.engine.cause_store): a case's failing rows' causes and an
 implementation's declared effects, computed once and loaded by the next run with the same rows;
 any change of what they are computed from misses, and the declared sources cover every project
 file computing them runs."""
@@ -12,17 +12,18 @@ import numpy as np
 import pytest
 
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine import cause_store
+from mhc_parity.harness.engine.cause_store import CauseStore
 from mhc_parity.harness.engine.causes import HypothesisOracle, annotate_causes
+from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import REFERENCE, load_external
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects, measured_effects
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.judging.confidence import Sensitivity
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores import cause_store
-from mhc_parity.harness.stores.cause_store import CauseStore
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from tests.cli_support import without_timing
 from tests.implementation_base import CASES
 from tests.support import project_files_run
@@ -76,7 +77,10 @@ def test_stored_declared_effects_are_the_computed_ones(tmp_path):
 
 
 def _runner(tmp_path) -> Runner:
-    return Runner(load_policy(), oracle=OracleCache(tmp_path / "oracle"), cause_store=CauseStore(tmp_path / "causes"))
+    return Runner(
+        load_policy(),
+        Collaborators(oracle=OracleCache(tmp_path / "oracle"), cause_store=CauseStore(tmp_path / "causes")),
+    )
 
 
 @pytest.mark.slow
@@ -86,7 +90,7 @@ def test_a_run_with_a_declared_choice_and_a_failing_row_loads_both_the_second_ti
     first_runner = _runner(tmp_path)
     first = list(first_runner.run_case(CASE, plan))
     assert any(r["verdict"] == "fail" and r["cause"] for r in first), "a failing row with a cause"
-    assert first_runner.cause_store.counts() == {"causes_stored_loaded": 0, "causes_stored_missed": 2}
+    assert first_runner.collaborators.cause_store.counts() == {"causes_stored_loaded": 0, "causes_stored_missed": 2}
 
     def no_hypotheses(self, case, fixture):
         raise AssertionError("the stored answers should have been used")
@@ -94,7 +98,7 @@ def test_a_run_with_a_declared_choice_and_a_failing_row_loads_both_the_second_ti
     monkeypatch.setattr(HypothesisOracle, "_answer", no_hypotheses)
     second_runner = _runner(tmp_path)
     second = list(second_runner.run_case(CASE, plan))
-    assert second_runner.cause_store.counts() == {"causes_stored_loaded": 2, "causes_stored_missed": 0}
+    assert second_runner.collaborators.cause_store.counts() == {"causes_stored_loaded": 2, "causes_stored_missed": 0}
     assert _text(second) == _text(first)
 
 
@@ -111,13 +115,13 @@ def test_the_sources_cover_every_file_naming_causes_and_measuring_effects_runs(t
     plan = PathPlan(implementations=(REFERENCE, impl), lowering=False)
     runner = _runner(tmp_path)
     fixture = make_fixture(CASE)
-    oracle = runner.oracle(CASE, fixture)
+    oracle = runner.collaborators.oracle(CASE, fixture)
     paths = plan.paths_for(CASE)
     results = runner._run_paths(CASE, paths, fixture, lambda case, step: None)
     ran_leaves = {name: r.outputs.leaves for name, r in results.items() if r.outputs is not None}
-    effects = measured_effects(impl.precision_choices, CASE, fixture, oracle.leaves, runner.hypotheses)
+    effects = measured_effects(impl.precision_choices, CASE, fixture, oracle.leaves, runner.collaborators.hypotheses)
     declared = {p.name: effects if p.impl is impl else DeclaredEffects() for p in paths}
-    rows = list(runner._compared_rows(CASE, paths, results, oracle, declared))
+    rows = list(runner.judge.compared_rows(CASE, paths, results, oracle, declared))
     widened = {name: e.widened(oracle.sensitivity) for name, e in declared.items() if e.rms}
 
     def judge():

@@ -325,14 +325,16 @@ def test_an_impl_that_does_not_exist_names_no_place(capsys):
 
 def test_a_case_reports_compiling_its_programs_before_it_waits_for_them():
     """The first cases of a cold run wait minutes in `cache.prepare`: the progress line must name that stage."""
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction, RunOnlyPrograms
     from mhc_parity.harness.engine.runner import Runner
 
     steps = []
 
-    class WaitingCache:
+    class WaitingCache(RunOnlyPrograms):
         def prepare(self, paths, case, fixture):
             steps.append("prepare")
 
-    runner = Runner(policy=None, cache=WaitingCache(), oracle=lambda case, fixture: None)
+    collaborators = Collaborators(programs=WaitingCache(), oracle=OracleFunction(lambda case, fixture: None))
+    runner = Runner(policy=None, collaborators=collaborators)
     assert runner._run_paths(Case("c"), [], fixture=None, on_step=lambda case, step: steps.append(step)) == {}
     assert steps == ["compiling programs", "prepare"]

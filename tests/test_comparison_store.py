@@ -1,4 +1,4 @@
-"""A case's judged rows are stored by everything they were judged from (`mhc_parity.harness.stores.comparison_store`).
+"""A case's judged rows are stored by everything they were judged from (`mhc_parity.harness.engine.comparison_store`).
 
 A second run of the same outputs loads the rows it judged (its programs still run), and they
 are the rows judging them again gives, cell for cell, with this run's timings; one bit of
@@ -19,20 +19,20 @@ from support import tpu_v5e_terms
 
 from mhc_parity.cases.catalogue import make_case
 from mhc_parity.cases.fixtures import make_fixture
-from mhc_parity.harness.engine import oracle_path
-from mhc_parity.harness.engine.implementations import BUILTIN
-from mhc_parity.harness.engine.plan import PathPlan
-from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.engine.runner import Runner
-from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores import comparison_store
-from mhc_parity.harness.stores.comparison_store import (
+from mhc_parity.harness.engine import comparison_store, oracle_path
+from mhc_parity.harness.engine.collaborators import Collaborators
+from mhc_parity.harness.engine.comparison_store import (
     TIMING_COLUMNS,
     ComparisonStore,
     key_material,
     path_material,
     with_timings,
 )
+from mhc_parity.harness.engine.implementations import BUILTIN
+from mhc_parity.harness.engine.plan import PathPlan
+from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.runner import Runner
+from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records import foreign_code
 
 CASE = make_case(dtype="bfloat16")
@@ -41,7 +41,7 @@ PROGRAMS = ProgramCache()  # compiled once for the module's runs (in memory: no 
 
 
 def _rows(store: ComparisonStore | None) -> list[dict]:
-    runner = Runner(load_policy(), cache=PROGRAMS, comparison_store=store)
+    runner = Runner(load_policy(), Collaborators(programs=PROGRAMS, comparison_store=store))
     return [row for row in runner.run_case(CASE, PLAN) if row["comparison"] != "lowering"]
 
 
@@ -82,7 +82,9 @@ def test_a_second_run_loads_the_rows_it_judged_with_its_own_timings(tmp_path, ju
 
 def test_the_comparisons_are_timed_where_judged_and_not_where_loaded(tmp_path):
     store = ComparisonStore(tmp_path)
-    judging, loading = (Runner(load_policy(), cache=PROGRAMS, comparison_store=store) for _ in range(2))
+    judging, loading = (
+        Runner(load_policy(), Collaborators(programs=PROGRAMS, comparison_store=store)) for _ in range(2)
+    )
     list(judging.run_case(CASE, PLAN))
     list(loading.run_case(CASE, PLAN))
     assert judging.timings["compare_s"] > 0 and loading.timings["compare_s"] == 0

@@ -85,7 +85,7 @@ def test_imports_run_with_the_collector_off_and_only_the_command_process_freezes
         "seen['main_unfrozen'] = gc.get_freeze_count() == permanent\n"
         "gc.disable()\n"
         "with collector_paused_for_imports(freeze=True):\n"
-        "    import mhc_parity.reports.html\n"
+        "    import mhc_parity.reports.html.page\n"
         "seen['stays_off'] = not gc.isenabled()\n"
         "seen['frozen'] = gc.get_freeze_count() > permanent\n"
         "print(json.dumps(seen))\n"

@@ -1,7 +1,7 @@
 """A path's execution time: on an accelerator its device time, runs back to back with the
 process quiet; on the CPU its one call.
 
-mhc_parity/harness/engine/execution_timing.py, program_cache.py and runner.py; the accelerator
+mhc_parity/harness/engine/execution_timing.py, program_cache.py and path_results.py; the accelerator
 is simulated (no TPU needed): the placement's platform is patched, and a fake clock advances by
 the time each program run is said to take, so the recorded figures are known exactly.
 """
@@ -15,6 +15,7 @@ import time
 import pytest
 
 from mhc_parity.harness.engine import program_cache
+from mhc_parity.harness.engine.cases_ahead import CaseAhead
 from mhc_parity.harness.engine.devices import HOST_PLATFORM, Placement
 from mhc_parity.harness.engine.execution_timing import (
     MAX_RUNS,
@@ -128,8 +129,8 @@ def test_a_path_on_an_accelerator_records_its_device_time(monkeypatch, tiny):
     _, case, fixture, _ = tiny
     monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
     runner = Runner(load_policy())
-    monkeypatch.setattr(runner.cache, "device_time", lambda path, case, fixture: (0.003, 17))
-    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
+    monkeypatch.setattr(runner.collaborators.programs, "device_time", lambda path, case, fixture: (0.003, 17))
+    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), ahead=CaseAhead(fixture)))
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_s"] == 0.003 and row["execute_runs"] == 17 for row in timed)
     assert all(row["execute_first_s"] > 0 and row["bytes_moved"] > 0 for row in timed)
@@ -142,8 +143,8 @@ def test_a_path_on_the_cpu_is_not_timed_again(monkeypatch, tiny):
 
     _, case, fixture, _ = tiny
     runner = Runner(load_policy())
-    monkeypatch.setattr(runner.cache, "device_time", lambda *a: pytest.fail("timed again on the CPU"))
-    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture))
+    monkeypatch.setattr(runner.collaborators.programs, "device_time", lambda *a: pytest.fail("timed again on the CPU"))
+    rows = list(runner.run_case(case, PathPlan(implementations=(REFERENCE,), lowering=False), ahead=CaseAhead(fixture)))
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_s"] == row["execute_first_s"] and row["execute_runs"] == 1 for row in timed)
 
@@ -161,10 +162,11 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
     case's oracle takes a second in the pool while the first case's paths run: no timed run
     of any path (each call of its program after the first) may overlap it."""
     from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
     from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
+    from mhc_parity.harness.engine.oracle_cache import OracleCache
     from mhc_parity.harness.engine.runner import PathPlan, Runner
     from mhc_parity.harness.judging.policy_file import load_policy
-    from mhc_parity.harness.stores.oracle_cache import OracleCache
 
     cases = [
         Case(name="quiet-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),
@@ -183,8 +185,8 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
             oracle_spans.append((start, time.perf_counter()))
         return answer
 
-    runner = Runner(load_policy(), oracle=slow_oracle)
-    obtain = runner.cache._obtain
+    runner = Runner(load_policy(), Collaborators(oracle=OracleFunction(slow_oracle)))
+    obtain = runner.collaborators.programs._obtain
 
     def spied(path, case, *rest):
         compiled = obtain(path, case, *rest)
@@ -196,7 +198,7 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
 
         return program
 
-    monkeypatch.setattr(runner.cache, "_obtain", spied)
+    monkeypatch.setattr(runner.collaborators.programs, "_obtain", spied)
     plan = PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
     rows = [row for _, case_rows in runner.run(cases, plan) for row in case_rows]
     assert {row["verdict"] for row in rows} == {"pass"}
@@ -210,7 +212,7 @@ def test_no_background_work_runs_while_a_path_is_timed(monkeypatch):
 def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, tiny):
     """A background task that does not end within the wait (stuck in the code under test)
     does not hang the run: the paths keep their first call's time, one run."""
-    from mhc_parity.harness.engine import runner as runner_module
+    from mhc_parity.harness.engine import path_results
     from mhc_parity.harness.engine.implementations import REFERENCE
     from mhc_parity.harness.engine.quiet import QUIET
     from mhc_parity.harness.engine.runner import PathPlan, Runner
@@ -218,14 +220,100 @@ def test_a_stuck_background_task_leaves_the_paths_untimed_not_hung(monkeypatch, 
 
     _, case, fixture, _ = tiny
     monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
-    monkeypatch.setattr(runner_module, "QUIET_WAIT_S", 0.2)
+    monkeypatch.setattr(path_results, "QUIET_WAIT_S", 0.2)
     with background_under_way(QUIET):  # stuck until the run is done
         rows = list(
             Runner(load_policy()).run_case(
-                case, PathPlan(implementations=(REFERENCE,), lowering=False), fixture=fixture
+                case, PathPlan(implementations=(REFERENCE,), lowering=False), ahead=CaseAhead(fixture)
             )
         )
     timed = [row for row in rows if row["comparison"] == "vs_oracle"]
     assert timed and all(row["execute_runs"] == 1 for row in timed)
     with QUIET.alone(1.0) as quiet:  # the lock is free again
         assert quiet
+
+
+def test_cases_whose_paths_ran_while_the_pool_was_busy_are_timed_together(monkeypatch):
+    """Issue 69: each timing waited for the pool's work under way (the next cases' compiles), case by
+    case. While the pool is busy, the cases whose paths ran wait to be timed at once (at most
+    `TIMED_TOGETHER`, the last case at once): fewer quiet phases than cases, no timed run beside
+    background work, and the rows, less their timing columns, those of the cases run one by one."""
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine import cases_ahead
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.oracle_cache import OracleCache
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    cases = [
+        Case(name=f"together-{i}", batch=1, sequence=16, streams=2, embedding=128, branch="tanh") for i in range(6)
+    ]
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    answers, lock, oracle_spans = OracleCache(), threading.Lock(), []
+
+    def slow_oracle(case, fixture):  # keeps the pool busy while the earlier cases run
+        start = time.perf_counter()
+        answer = answers(case, fixture)
+        time.sleep(0.3)
+        with lock:
+            oracle_spans.append((start, time.perf_counter()))
+        return answer
+
+    runner = Runner(load_policy(), Collaborators(oracle=OracleFunction(slow_oracle)))
+    batches, timed_at = [], []
+    time_points = runner.time_points
+    device_time = runner.collaborators.programs.device_time
+
+    def spied_points(points):
+        batches.append([point.case.name for point in points])
+        return time_points(points)
+
+    def spied_device_time(*args):
+        timed_at.append(time.perf_counter())
+        return device_time(*args)
+
+    monkeypatch.setattr(runner, "time_points", spied_points)
+    monkeypatch.setattr(runner.collaborators.programs, "device_time", spied_device_time)
+    plan = PathPlan(implementations=(REFERENCE,), lowering=False)
+    together = [(case.name, rows) for case, rows in runner.run(cases, plan)]
+
+    assert [name for name, _ in together] == [case.name for case in cases]
+    assert [name for batch in batches for name in batch] == [case.name for case in cases]
+    assert len(batches) < len(cases) and max(map(len, batches)) <= cases_ahead.TIMED_TOGETHER
+    assert timed_at and not [t for t in timed_at for start, end in oracle_spans if start < t < end]
+    one_by_one = Runner(load_policy(), Collaborators(oracle=OracleFunction(answers)))
+
+    def untimed(rows):
+        return [{k: repr(v) for k, v in row.items() if k not in TIMING_COLUMNS} for row in rows]  # NaN == NaN
+
+    for case, (name, rows) in zip(cases, together):
+        assert untimed(rows) == untimed(one_by_one.run_case(case, plan)), name
+        assert all(row["execute_runs"] > 1 for row in rows if row["comparison"] == "vs_oracle")
+
+
+def test_a_case_holding_more_than_the_bytes_allowed_is_timed_at_once(monkeypatch):
+    """The cases waiting to be timed hold their leaves: past `TIMED_TOGETHER_BYTES` (a `tpu`-suite
+    case's size) each is timed as soon as its paths ran, however busy the pool."""
+    from mhc_parity.cases.spec import Case
+    from mhc_parity.harness.engine import cases_ahead
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.quiet import QuietLock
+    from mhc_parity.harness.engine.runner import PathPlan, Runner
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    cases = [Case(name=f"held-{i}", batch=1, sequence=16, streams=2, embedding=128, branch="tanh") for i in range(3)]
+    monkeypatch.setattr(Placement, "platform", property(lambda self: "tpu"))
+    monkeypatch.setattr(QuietLock, "busy", property(lambda self: True))  # the pool is never idle
+    plan = PathPlan(implementations=(REFERENCE,), lowering=False)
+
+    def batches(limit: int) -> list[int]:
+        monkeypatch.setattr(cases_ahead, "TIMED_TOGETHER_BYTES", limit)
+        runner, sizes = Runner(load_policy()), []
+        time_points = runner.time_points
+        monkeypatch.setattr(runner, "time_points", lambda points: sizes.append(len(points)) or time_points(points))
+        list(runner.run(cases, plan))
+        return sizes
+
+    assert batches(2**30) == [3]
+    assert batches(1) == [1, 1, 1]

@@ -97,8 +97,20 @@ def project(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture
-def fresh_project(tmp_path) -> pathlib.Path:
-    return _copy(tmp_path / "my-mhc")
+def fresh_project(project) -> pathlib.Path:
+    """The example as shipped at `project`'s own path, for a test that changes its files; put
+    back as shipped after it. The same path, because an external implementation's stored
+    programs and comparisons are keyed by its files' paths: what the tests before it computed
+    for the kernel there is loaded, not computed again (the tests of this module run one after
+    another in one process, xdist's loadscope included)."""
+    _recopy(project)
+    yield project
+    _recopy(project)
+
+
+def _recopy(folder: pathlib.Path) -> None:
+    shutil.rmtree(folder)
+    _copy(folder)
 
 
 def _env() -> dict:
@@ -225,14 +237,24 @@ def test_the_example_passes_as_shipped_gated_on_its_committed_baseline(project):
     assert "error" not in proc.stdout + proc.stderr
 
 
-def test_without_its_baseline_pytest_stops_with_one_line_naming_the_command(fresh_project):
-    (fresh_project / "baselines" / "my_mhc.csv").unlink()
-    proc = _pytest(fresh_project)
+@pytest.fixture(scope="module")
+def unbaselined(tmp_path_factory) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
+    """A copy of the example without its baseline, and the plain pytest run there (which
+    stops: the usage error naming the command that writes it). Shared by the tests that
+    read that message; they write nothing into the copy (the baseline loop writes its
+    baseline into its own `fresh_project`)."""
+    project = _copy(tmp_path_factory.mktemp("unbaselined") / "my-mhc")
+    (project / "baselines" / "my_mhc.csv").unlink()
+    return project, _pytest(project)
+
+
+def test_without_its_baseline_pytest_stops_with_one_line_naming_the_command(unbaselined):
+    project, proc = unbaselined
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, _output(proc)
     _verdict(proc)
     assert proc.stderr.strip() == f"ERROR: {MISSING}"
     # The command carries the parity options and ini overrides the run was given.
-    elsewhere = _pytest(fresh_project, "--parity-baseline", "mine/b.csv", "-o", "parity_dtype=f32")
+    elsewhere = _pytest(project, "--parity-baseline", "mine/b.csv", "-o", "parity_dtype=f32")
     assert elsewhere.returncode == pytest.ExitCode.USAGE_ERROR, _output(elsewhere)
     assert elsewhere.stderr.strip() == (
         "ERROR: mhc-parity: baseline mine/b.csv does not exist; create it with: "
@@ -246,10 +268,12 @@ def _command_of(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_baseline_loop_in_a_user_repository(fresh_project):
+def test_the_baseline_loop_in_a_user_repository(fresh_project, unbaselined):
     project, baseline = fresh_project, fresh_project / "baselines" / "my_mhc.csv"
     baseline.unlink()
-    missing = _pytest(project)
+    # The plain run in a copy without its baseline (the same files as this one now): its
+    # message, shared with the test above, names the command to run here.
+    _, missing = unbaselined
     assert missing.returncode == pytest.ExitCode.USAGE_ERROR and MISSING in missing.stderr, _output(missing)
 
     # The command it names writes the baseline: here on two xdist workers, written once by
@@ -280,9 +304,12 @@ def test_the_baseline_loop_in_a_user_repository(fresh_project):
     # (its leaves fail against the oracle and the reference alike): the vs_oracle test's
     # message has both comparisons' failing rows and the gate's findings (the leaf, its
     # growth and the allowed growth); the vs_reference test is skipped, naming it.
-    broken = _pytest(project, "--parity-impl", "my_mhc.broken:factory", "-rs")
+    # On CASES[0] alone (every message checked names it): one case's two comparisons show
+    # one failure per case as well as two cases do, and each failing case costs the cause
+    # analysis of its failing leaves (most of this run's time).
+    broken = _pytest(project, "--parity-impl", "my_mhc.broken:factory", "-rs", "-k", CASES[0], select=False)
     assert broken.returncode == pytest.ExitCode.TESTS_FAILED, _output(broken)
-    assert "2 failed, 2 skipped" in _verdict(broken)
+    assert "1 failed, 1 skipped" in _verdict(broken)
     failures = _failures(broken)
     assert re.search(rf"{CASES[0]}::vs_oracle: \d+ leaves failed, seen by vs_oracle and vs_reference", failures)
     assert re.search(rf"\d+ failing rows of {CASES[0]} \(\d+ of \d+ vs_oracle, \d+ of \d+ vs_reference\)", failures)
@@ -294,12 +321,13 @@ def test_the_baseline_loop_in_a_user_repository(fresh_project):
         finding += r".* > allowed x2"
         assert re.search(finding, failures), failures[-3000:]
     assert f"{CASES[0]}::vs_reference: its failing leaves are reported by {CASES[0]}::vs_oracle" in broken.stdout
-    assert "mhc-parity: 2 parity tests skipped: each leaf failing there fails the first selected test" in broken.stdout
+    assert "mhc-parity: 1 parity test skipped: each leaf failing there fails the first selected test" in broken.stdout
 
     # Refreshing the baseline from it names what changed, warns, and its tests still fail.
-    refreshed = _pytest(project, "--parity-impl", "my_mhc.broken:factory", "--parity-update-baseline")
+    refresh = ("--parity-impl", "my_mhc.broken:factory", "--parity-update-baseline", "-k", CASES[0])
+    refreshed = _pytest(project, *refresh, select=False)
     assert refreshed.returncode == pytest.ExitCode.TESTS_FAILED, _output(refreshed)
-    assert "2 failed, 2 skipped" in _verdict(refreshed)
+    assert "1 failed, 1 skipped" in _verdict(refreshed)
     updated = r"mhc-parity: updated baseline baselines/my_mhc.csv: 0 rows added, 0 removed, \d+ changed"
     assert re.search(updated, refreshed.stdout)
     assert re.search(r"changed: \S+::\S+ \(my_mhc/unsharded vs oracle\): verdict pass -> fail", refreshed.stdout)

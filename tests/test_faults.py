@@ -72,6 +72,18 @@ def _no_op(name="test.no_op", legitimate=False) -> Perturbation:
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache():
+    """JAX's persistent compilation cache, on from the module's first test rather than its first CLI
+    test (`mhc-parity faults` turns it on for the process, as `run` does): the tests here compile the
+    same programs again and again (a perturbation's untouched paths, the clean passes of the one-pass
+    references and of the matrices, a case's seeds), and a program whose HLO a patch changes is
+    compiled afresh, so no row can come from another's program. Left on, as the CLI leaves it."""
+    from mhc_parity.harness.engine.run_info import enable_compilation_cache
+
+    enable_compilation_cache()
+
+
 @pytest.fixture(scope="module")
 def impls():
     return kill_matrix.implementations()
@@ -299,22 +311,38 @@ REPRESENTATIVE = (
 )
 
 
-@pytest.fixture(scope="module")
-def representative(impls):
+def _one_pass_at_a_time(names, cases, impls):
+    """The clean pass, then each perturbation's pass (`names`, faults or variants), one pass at a time
+    over the cases, each (pass, case) with its own runner: (clean rows, results by name, rows by name).
+    Each case keeps its own `SharedInputs`: a `HypothesisOracle` keeps the latest case's hypotheses
+    only, so one shared by the cases drew a case's hypotheses again for every failing pass (the
+    costliest part of a pass); the rows are the same, as the one-process matrix, which runs case by
+    case, shows (`test_case_by_case_passes_give_the_rows_of_one_pass_at_a_time`)."""
     from mhc_parity.harness.judging.policy_file import load_policy
 
     policy = load_policy(None)
-    shared, memo = passes.SharedInputs(), {}
-    cases = [SMALL, SMALL_SHARDED, SMALL_BF16]
-    clean_rows = passes.run_clean_pass(cases, policy, shared, memo, impls)
+    memo = {}
+    shared = {case.name: passes.SharedInputs() for case in cases}
+    programs = ProgramCache()
+    clean_rows = [row for c in cases for row in passes.clean_rows_of(c, policy, shared[c.name], memo, impls, programs)]
     results, rows_of = {}, {}
-    for name in REPRESENTATIVE:
+    for name in names:
         perturbation = FAULTS.get(name) or VARIANTS_BY_NAME[name]
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
-        rows = passes.perturbed_rows_of(perturbation, targets, policy, shared, memo, impls)
+        rows = [
+            row
+            for c in targets
+            for row in passes.perturbed_rows_of(perturbation, [c], policy, shared[c.name], memo, impls)
+        ]
         results[name] = kill_matrix.judge(perturbation, rows, clean_rows, targets, 0.0)
         rows_of[name] = rows
     return clean_rows, results, rows_of
+
+
+@pytest.fixture(scope="module")
+def representative(impls):
+    """The representative perturbations on the three small cases, one pass at a time (`_one_pass_at_a_time`)."""
+    return _one_pass_at_a_time(REPRESENTATIVE, [SMALL, SMALL_SHARDED, SMALL_BF16], impls)
 
 
 @pytest.mark.slow
@@ -362,22 +390,62 @@ def _untimed(rows) -> list[str]:
     return [json.dumps({k: v for k, v in r.items() if k not in TIMING_COLUMNS}, sort_keys=True) for r in rows]
 
 
+# The kill matrix the CLI runs in one process, which three tests read: the workers' run is compared
+# with it, the one-pass-at-a-time rows are compared with it, and its exit code and --results file are
+# those of a run where every fault is killed. Two registry cases (workers take a case by name): one
+# runs every unsharded path, the kernels reject the other (REFERENCE_ONLY_CASE). A reference fault
+# runs on both (its causes held across two cases), a kernel fault on one, and a legitimate variant on
+# both after the faults.
+DEALT_CASES = (REFERENCE_ONLY_CASE, LITE_CASE)
+DEALT_PERTURBATIONS = (
+    "reference.post_gate_factor_lost",
+    "kernel.bias_grad_zeroed",
+    "independent.normalised_activations",
+)
+DEALT_ARGV = ["--cases", *DEALT_CASES, "--faults", "reference.post_gate_*", "kernel.bias_grad_zeroed"]
+DEALT_ARGV += ["--variants", "independent.*", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    """`mhc-parity faults` over DEALT_ARGV in one process, with --results: (exit code, output folder,
+    results file, the `KillMatrix` that `run_in_process` returned to the CLI, recorded on its way)."""
+    out = tmp_path_factory.mktemp("one")
+    results = out / "docs" / "kill-matrix.md"
+    returned = []
+    run_in_process = kill_matrix.run_in_process
+
+    def recorded(*args, **kwargs):
+        returned.append(run_in_process(*args, **kwargs))
+        return returned[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kill_matrix, "run_in_process", recorded)
+        code = _main([*DEALT_ARGV, "--out", str(out), "--results", str(results)])
+    (matrix,) = returned
+    return code, out, results, matrix
+
+
 @pytest.mark.slow
-def test_case_by_case_passes_give_the_rows_of_one_pass_at_a_time(representative, impls):
+def test_case_by_case_passes_give_the_rows_of_one_pass_at_a_time(one_process_run, impls):
     """The kill matrix runs each case's clean pass and then every perturbation on it, the case's
     fixture, oracle answer, hypotheses and clean programs (from the program store) shared by its
     passes (`mhc_parity.harness.faults.passes.CaseRunner`): the rows and verdicts are those of one
     pass at a time over every case, each pass with its own runner. The matrix's rows state the
     causes that hold across a perturbation's run of the cases (`consistent_causes`, over the same
-    cases either way), so the one-pass rows are compared stated so too."""
-    from mhc_parity.harness.judging.policy_file import load_policy
+    cases either way), so the one-pass rows are compared stated so too.
 
-    clean_rows, results, rows_of = representative
-    chosen = [FAULTS.get(name) or VARIANTS_BY_NAME[name] for name in REPRESENTATIVE]
-    cases = [SMALL, SMALL_SHARDED, SMALL_BF16]
-    matrix = kill_matrix.run_in_process(chosen, cases, load_policy(None), impls, quiet=True)
+    The matrix is the CLI's one-process run (DEALT_ARGV), which shows every sharing at stake: each
+    case runs several passes (a fault's failing rows draw its hypotheses and fits, a variant runs
+    after the faults, so a leak would fail it), the paths a perturbation leaves alone keep their clean
+    rows, a fault's causes are held across two cases, and a kernel fault runs on one case only."""
+    from mhc_parity.harness.engine.selection import RunSelection, select_cases
+
+    matrix = one_process_run[3]
+    cases = select_cases(RunSelection(suite=None, cases=DEALT_CASES, dtype=None))  # in the CLI's order
+    clean_rows, results, rows_of = _one_pass_at_a_time(DEALT_PERTURBATIONS, cases, impls)
     assert _untimed(matrix.clean_rows) == _untimed(clean_rows)
-    assert [name for name, _ in matrix.perturbed_rows] == list(REPRESENTATIVE)
+    assert [name for name, _ in matrix.perturbed_rows] == list(DEALT_PERTURBATIONS)
     for name, rows in matrix.perturbed_rows:
         assert _untimed(rows) == _untimed(consistent_causes(rows_of[name])), name
     for result in matrix.results:
@@ -385,25 +453,24 @@ def test_case_by_case_passes_give_the_rows_of_one_pass_at_a_time(representative,
 
 
 @pytest.mark.slow
-def test_cases_dealt_to_workers_give_the_one_process_matrix(tmp_path):
+def test_cases_dealt_to_workers_give_the_one_process_matrix(one_process_run, tmp_path):
     """`--jobs 2` deals the cases to two processes (the costliest first) and assembles the matrix
     in the selection's order: every file is the one-process run's but for timing."""
-    argv = ["--cases", REFERENCE_ONLY_CASE, LITE_CASE, "--faults", "reference.post_gate_*", "kernel.bias_grad_zeroed"]
-    argv += ["--variants", "independent.*", "--quiet"]
-    assert _main([*argv, "--out", str(tmp_path / "one")]) == 0
-    assert _main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    one = one_process_run[1]
+    assert one_process_run[0] == 0
+    assert _main([*DEALT_ARGV, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
     documents = []
-    for run in ("one", "two"):
-        document = json.loads((tmp_path / run / "kill_matrix.json").read_text())
+    for run in (one, tmp_path / "two"):
+        document = json.loads((run / "kill_matrix.json").read_text())
         del document["metadata"]
         for result in document["results"]:
             del result["seconds"]
         documents.append(document)
     assert documents[0] == documents[1]
     for name in ("clean_rows.csv", "perturbed_rows.csv"):
-        one, two = (_untimed(csv.DictReader((tmp_path / run / name).open())) for run in ("one", "two"))
-        assert one == two and one, name
-    assert (tmp_path / "one" / "kill_matrix.md").read_text() == (tmp_path / "two" / "kill_matrix.md").read_text()
+        first, second = (_untimed(csv.DictReader((run / name).open())) for run in (one, tmp_path / "two"))
+        assert first == second and first, name
+    assert (one / "kill_matrix.md").read_text() == (tmp_path / "two" / "kill_matrix.md").read_text()
 
 
 def test_the_costliest_cases_are_dealt_first(impls):
@@ -427,8 +494,8 @@ def test_no_seam_is_in_the_code_a_cases_passes_share():
     import importlib.util
 
     from mhc_parity.cases.fixtures import GENERATOR_ENTRY
-    from mhc_parity.harness.stores.fit_store import fit_sources
-    from mhc_parity.harness.stores.oracle_cache import oracle_sources
+    from mhc_parity.harness.engine.fit_store import fit_sources
+    from mhc_parity.harness.engine.oracle_cache import oracle_sources
     from mhc_parity.records.code import import_closure
     from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -444,12 +511,17 @@ def test_a_scaled_layer_input_fails_its_own_row_on_cancelling_bfloat16_data(impl
     """On mixed_signs the collapse cancels: a legitimate bfloat16 collapse operand moves
     layer_input by a third of what a 10% scale error does in RMS, so the gain criterion
     (the error along the leaf itself) is what fails the fault with a margin, and it must
-    pass the variant."""
+    pass the variant.
+
+    Both perturbations patch the reference alone and the row read is the reference's own
+    comparison with the oracle, so the reference is the only implementation run: that row is
+    the same, column for column, as in a run of every implementation."""
     from mhc_parity.cases import registry
     from mhc_parity.harness.judging.policy_file import load_policy
 
     case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
     policy, shared, memo = load_policy(None), passes.SharedInputs(), {}
+    impls = [i for i in impls if i.name == "reference"]
     passes.run_clean_pass([case], policy, shared, memo, impls)
 
     def layer_input_row(name):
@@ -745,29 +817,17 @@ def test_cli_exits_1_on_a_false_positive(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_exits_0_when_every_fault_is_killed(tmp_path):
-    results = tmp_path / "docs" / "kill-matrix.md"
-    code = _main(
-        [
-            "--cases",
-            REFERENCE_ONLY_CASE,
-            "--faults",
-            "reference.post_gate_*",
-            "reference.residual_*",
-            "--out",
-            str(tmp_path),
-            "--quiet",
-            "--results",
-            str(results),
-        ]
-    )
+def test_cli_exits_0_when_every_fault_is_killed(one_process_run):
+    """The one-process run of DEALT_ARGV (shared with the workers' test): two faults, each killed,
+    and a variant that passes."""
+    code, out, results, _ = one_process_run
     assert code == 0
-    document = json.loads((tmp_path / "kill_matrix.json").read_text())
+    document = json.loads((out / "kill_matrix.json").read_text())
     assert document["faults_ok"] == document["faults"] == 2 and document["ok"]
     written = results.read_text().splitlines()
     assert written[0] == "# Fault kill matrix" and written[2].startswith("Written by `mhc-parity faults ")
     assert "commit `" in written[2] and written[3].startswith("Machine: ")
-    assert (tmp_path / "kill_matrix.md").read_text().partition("\n")[2].strip() in results.read_text()
+    assert (out / "kill_matrix.md").read_text().partition("\n")[2].strip() in results.read_text()
 
 
 @pytest.mark.parametrize(

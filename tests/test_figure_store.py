@@ -1,4 +1,4 @@
-"""The report's figures are drawn once per drawing code and numbers (`mhc_parity.reports.figure_store`).
+"""The report's figures are drawn once per drawing code and numbers (`mhc_parity.reports.html.figures.figure_svg`).
 
 A stored figure is the SVG the drawing makes of the same arguments, byte for byte; other
 numbers, another drawing module or a damaged entry draw it again; and a report whose
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.records.cache_root import CACHE_ENV_VAR
-from mhc_parity.reports import figure_store, to_frame
-from mhc_parity.reports.bound_plot_svg import bound_panel_svg
-from mhc_parity.reports.bound_plots import bound_panels
-from mhc_parity.reports.histograms import histograms
+from mhc_parity.reports import to_frame
+from mhc_parity.reports.html import figures as figure_store
+from mhc_parity.reports.html.figures import bound_panels, histograms
+from mhc_parity.reports.html.svg import bound_panel_svg
 from mhc_parity.reports.samples import sample_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,3 +101,14 @@ def test_histograms_are_stored_too(store):
     (figure, *_) = [h for h in histograms(to_frame(sample_rows())).values() if h is not None]
     assert store.figure_svg("histogram", figure) == store.figure_svg("histogram", figure)
     assert store.figure_counts() == {"figures_stored_loaded": 1, "figures_stored_missed": 1}
+
+
+def test_every_matplotlib_call_is_in_one_module():
+    """The drawings live in `mhc_parity/reports/html/svg.py` alone: `figure_svg` imports it only to draw, so no other
+    module may bring matplotlib in."""
+    importers = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "mhc_parity").rglob("*.py")
+        if re.search(r"^\s*(from|import)\s+matplotlib\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+    )
+    assert importers == ["mhc_parity/reports/html/svg.py"]

@@ -1,4 +1,4 @@
-"""The fits' store (`mhc_parity.harness.stores.fit_store`): a stored solution gives the solved fit
+"""The fits' store (`mhc_parity.harness.engine.fit_store`): a stored solution gives the solved fit
 bit for bit without solving, any change of what a fit is computed from misses, and the declared
 sources cover every file a fit runs."""
 
@@ -9,12 +9,12 @@ import pytest
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine import fit_store
 from mhc_parity.harness.engine.causes import HypothesisOracle, fitted_in_units, leaf_scales
+from mhc_parity.harness.engine.fit_store import FitStore
 from mhc_parity.harness.engine.oracle_path import run_oracle_path
 from mhc_parity.harness.judging import attribution
 from mhc_parity.harness.judging.attribution import fitted_errors
-from mhc_parity.harness.stores import fit_store
-from mhc_parity.harness.stores.fit_store import FitStore
 from tests.support import project_files_run
 
 CASE = "lite-n4-c128-b2s64-f32-w32-identity-default"
@@ -105,12 +105,12 @@ def test_the_sources_cover_every_file_a_fit_runs(setting, tmp_path):
     ran = project_files_run(lambda: fitted_errors(fitted, errors))
     assert "mhc_parity/harness/judging/attribution.py" in ran and "mhc_parity/mhc/oracle_fits.py" in ran
     keeping = {
-        "mhc_parity/harness/stores/fit_store.py",
+        "mhc_parity/harness/engine/fit_store.py",
         "mhc_parity/records/artifact_store.py",
         "mhc_parity/records/files.py",
         "mhc_parity/records/foreign_code.py",
-        "mhc_parity/harness/stores/oracle_cache.py",
-        "mhc_parity/harness/env.py",
+        "mhc_parity/harness/engine/oracle_cache.py",
+        "mhc_parity/harness/engine/store_keys.py",
         "mhc_parity/cases/spec.py",
         "mhc_parity/harness/engine/run_info.py",
         "tests/test_fit_store.py",

@@ -14,9 +14,14 @@ import pytest
 from mhc_parity.harness.commands.gate import main
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import ReportInputError, load_baseline, write_baseline
-from mhc_parity.reports.baseline import BASELINE_COLUMNS, BASELINE_FORMAT_VERSION, header_line, render_baseline
-from mhc_parity.reports.drift import DTYPE_EPSILON, growth, noise_floor
-from mhc_parity.reports.gate import gate
+from mhc_parity.reports.gate.baseline_file import (
+    BASELINE_COLUMNS,
+    BASELINE_FORMAT_VERSION,
+    header_line,
+    render_baseline,
+)
+from mhc_parity.reports.gate.drift import DTYPE_EPSILON, growth, noise_floor
+from mhc_parity.reports.gate.rule import gate
 from mhc_parity.reports.markdown import gate_markdown
 from mhc_parity.reports.samples import sample_rows, write_sample_run
 from tests.cli_support import as_format_1
@@ -239,6 +244,11 @@ def test_a_row_the_baseline_lost_from_a_case_and_path_it_covers_fails():
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="growth_factor"):
         gate(passing_rows(), passing_rows(), growth_factor=1.0)
+    # the one rule `mhc-parity gate` and the API check too: an infinite value would switch the check off
+    with pytest.raises(ValueError, match="growth_factor must be a finite number"):
+        gate(passing_rows(), passing_rows(), growth_factor=math.inf)
+    with pytest.raises(ValueError, match="noise_floor_ulps must be a finite number"):
+        gate(passing_rows(), passing_rows(), noise_floor_ulps=math.inf)
     doubled = passing_rows() + passing_rows()[:1]
     with pytest.raises(ReportInputError, match="share a row key"):
         gate(passing_rows(), doubled)
@@ -593,7 +603,7 @@ def test_every_header_field_a_verdict_depends_on_is_inside_the_digest(files, cap
 def test_a_current_format_baseline_without_a_policy_is_refused(files, capsys, policy):
     """`policy_hash=-` disabled the policy check with only a note; a baseline now always names
     its policy (sealed anew here, as a writer that left it out would)."""
-    from mhc_parity.reports.baseline import sealed
+    from mhc_parity.reports.gate.baseline_file import sealed
     from tests.cli_support import assert_one_line
 
     lines = files["baseline"].read_text().splitlines(keepends=True)

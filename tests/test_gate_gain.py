@@ -18,7 +18,7 @@ import pytest
 from mhc_parity.harness.judging.confidence import quantile
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.reports import load_baseline
-from mhc_parity.reports.drift import (
+from mhc_parity.reports.gate.drift import (
     DTYPE_EPSILON,
     TWO_RUNS_SPREAD,
     allowed_gain_shift,
@@ -27,7 +27,7 @@ from mhc_parity.reports.drift import (
     gain_quantile,
     noise_floor,
 )
-from mhc_parity.reports.gate import gate
+from mhc_parity.reports.gate.rule import gate
 from tests.support import older_format_copy, policy_rate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -94,6 +94,8 @@ def test_external_implementation_runs_through_the_matrix(case_file, tmp_path):
 
 @pytest.mark.slow
 def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path):
+    """`--no-causes`: the failing rows' cause search (most of a failing run's time) does not
+    change a verdict or the exit code (`run --help`); the tests of causes run it."""
     out = tmp_path / "broken"
     proc = run_cli(
         "run",
@@ -102,6 +104,7 @@ def test_a_broken_external_implementation_fails_with_exit_1(case_file, tmp_path)
         "--out",
         out,
         *BROKEN_IMPL_RUN,
+        "--no-causes",
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     failed = {(r["comparison"], r["leaf"]) for r in load_jsonl(out / "rows.jsonl") if r["verdict"] == "fail"}
@@ -240,13 +243,30 @@ def test_the_api_refuses_to_write_reports_into_a_folder_being_written(tmp_path):
         run.write_reports(tmp_path)
 
 
-@pytest.mark.parametrize("edit", ["cut", "duplicated"])
-def test_resume_of_a_complete_run_refuses_a_stream_its_manifest_did_not_count(tmp_path, edit):
+def _reference_only_run_args(out) -> tuple:
     from tests.cli_support import REFERENCE_ONLY_CASE
 
+    return ("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--out", out, "--quiet")
+
+
+@pytest.fixture(scope="module")
+def complete_reference_only_run(tmp_path_factory):
+    """A complete run of the cheapest case, made once: each test edits its own copy."""
+    out = tmp_path_factory.mktemp("complete") / "out"
+    proc = run_cli(*_reference_only_run_args(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("edit", ["cut", "duplicated"])
+def test_resume_of_a_complete_run_refuses_a_stream_its_manifest_did_not_count(
+    complete_reference_only_run, tmp_path, edit
+):
+    import shutil
+
     out = tmp_path / "out"
-    args = ("run", "--cases", REFERENCE_ONLY_CASE, "--paths", "reference/*", "--no-lowering", "--out", out, "--quiet")
-    assert run_cli(*args).returncode == 0
+    shutil.copytree(complete_reference_only_run, out)
+    args = _reference_only_run_args(out)
     stream = out / "rows.jsonl"
     lines = stream.read_text().splitlines(keepends=True)
     stream.write_text("".join(lines[: len(lines) // 2] if edit == "cut" else lines + lines[1:11]))

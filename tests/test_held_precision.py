@@ -15,9 +15,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from mhc_parity.harness.engine.cause_store import CauseStore
+from mhc_parity.harness.engine.comparison_store import ComparisonStore
 from mhc_parity.harness.judging.held_precision import HeldDraw, held_in, ordered_sum_holding
-from mhc_parity.harness.stores.cause_store import CauseStore
-from mhc_parity.harness.stores.comparison_store import ComparisonStore
 
 BF16_VALUES = np.array([0.5, -1.25, 3.0, 0.0], dtype=np.float32)  # every one a bfloat16 number
 RESIDUAL_SUMS = "round:gate_weight/residual_gate:forward:bfloat16:backend_sums"
@@ -106,11 +106,11 @@ def maxtext_leaves():
     runner hands them to `annotate_causes` (this project's reference, MaxText's released and fixed
     reference paths, unsharded and sharded)."""
     pytest.importorskip("maxtext")
-    import mhc_parity.harness.engine.runner as runner
+    import mhc_parity.harness.engine.case_judging as case_judging
     from mhc_parity.harness.api import run_parity
 
     seen = {}
-    original = runner.annotate_causes
+    original = case_judging.annotate_causes
 
     def capturing(rows, case, fixture, **inputs):
         chosen, leaves = inputs["hypotheses"](case, fixture)
@@ -121,7 +121,7 @@ def maxtext_leaves():
         return compute()  # never a stored answer: the capture must see the inputs
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runner, "annotate_causes", capturing)
+        patch.setattr(case_judging, "annotate_causes", capturing)
         patch.setattr(CauseStore, "causes", computed)
         # Nor judged rows stored by an earlier run of this case: those skip the causes altogether.
         patch.setattr(ComparisonStore, "load", lambda self, material, timings: None)

@@ -13,13 +13,13 @@ from mhc_parity.cases.branches import get_branch
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine import devices
+from mhc_parity.harness.engine.case_judging import last_readers
 from mhc_parity.harness.engine.devices import PlacementError, choose_devices, device_label, needs_host, precision_label
 from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
 from mhc_parity.harness.engine.oracle_path import run_oracle_path
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of
 from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.engine.runner import _last_readers
 from mhc_parity.mhc import oracle
 
 SMALL = Case(name="placement-small", batch=1, sequence=16, streams=2, embedding=128, branch="mlp")
@@ -152,7 +152,7 @@ def test_the_plan_moves_sharded_paths_to_the_host_with_their_unsharded_twins(mon
     ]
 
     # The comparisons read each path's leaves last at: its float64 copies are dropped after that path.
-    assert _last_readers(paths) == {
+    assert last_readers(paths) == {
         "reference/unsharded": 2,  # mosaic/unsharded's vs_reference
         "interpret/unsharded": 1,
         "mosaic/unsharded": 7,  # mosaic on the mesh, vs_unsharded

@@ -16,14 +16,21 @@ from mhc_parity.harness.commands.baseline import main as baseline_main
 from mhc_parity.harness.commands.gate import gate_parser
 from mhc_parity.harness.commands.gate import main as gate_main
 from mhc_parity.harness.engine.implementations import BUILTIN
-from mhc_parity.harness.stores.program_store import environment_material
-from mhc_parity.records.identity import BUILTIN_IMPLEMENTATIONS, ENVIRONMENT_KEYS, Selection, settings_record
+from mhc_parity.harness.engine.run_info import identity_environment
+from mhc_parity.harness.engine.store_keys import environment_material
+from mhc_parity.records.identity import (
+    BUILTIN_IMPLEMENTATIONS,
+    ENVIRONMENT_KEYS,
+    HOST_ENVIRONMENT_KEYS,
+    Selection,
+    settings_record,
+)
 from mhc_parity.records.manifest import read_manifest
 from mhc_parity.records.schema import row_key
 from mhc_parity.reports import load_baseline, write_baseline
-from mhc_parity.reports.baseline import BASELINE_FORMAT_VERSION
-from mhc_parity.reports.comparability import comparability_refusal
-from mhc_parity.reports.judgement import Judgement, judge
+from mhc_parity.reports.gate.baseline_file import BASELINE_FORMAT_VERSION
+from mhc_parity.reports.gate.comparability import comparability_refusal
+from mhc_parity.reports.gate.judgement import Judgement, judge
 from mhc_parity.reports.samples import sample_manifest, sample_rows, write_sample_run
 from mhc_parity.reports.sources import LoadedRun, baseline_as_run, load_run
 from mhc_parity.reports.terminal import exit_code
@@ -219,9 +226,20 @@ def test_the_built_in_implementations_are_the_engines():
 def test_the_program_stores_key_holds_libtpu_and_its_flags(monkeypatch):
     """Item 8: the program store's key held neither the libtpu version nor LIBTPU_INIT_ARGS."""
     monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
-    before = environment_material()
+    before, host_before = environment_material(), environment_material(devices=False)
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=false")
-    assert environment_material() != before and "libtpu" in before["versions"]
+    assert environment_material() != before and "libtpu_version" in before["identity"]
+    assert environment_material(devices=False) != host_before and "libtpu_version" in host_before["identity"]
+
+
+def test_every_stores_key_holds_the_runs_identity_record():
+    """The environment part of every store's key is the record a manifest keeps (what a `--resume`
+    compares), the host's part of it for the oracle's answers (computed on the host CPU)."""
+    assert environment_material()["identity"] == identity_environment()
+    host = environment_material(devices=False)["identity"]
+    assert tuple(host) == HOST_ENVIRONMENT_KEYS and set(HOST_ENVIRONMENT_KEYS) < set(ENVIRONMENT_KEYS)
+    assert host == {key: identity_environment()[key] for key in HOST_ENVIRONMENT_KEYS}
+    assert {"backend", "device_kind", "device_count"}.isdisjoint(host), "the oracle's own process has the CPU alone"
 
 
 def _as_run(baseline) -> LoadedRun:

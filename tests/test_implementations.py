@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE, load_external
-from tests.implementation_base import CASES, ImplementationChecks, check_rows, implementation_rows
+from tests.implementation_base import CASES, ImplementationChecks, check_rows, judged_rows
 
 
 class TestReference(ImplementationChecks):
@@ -35,6 +35,7 @@ class TestIndependentExternal(ImplementationChecks):
 @pytest.mark.slow
 def test_the_checks_fail_an_implementation_that_loses_the_post_gate_factor():
     broken = load_external("tests.external_impls:broken")
-    rows = implementation_rows(broken, CASES[0])
+    # The verdicts are what the checks read; the failing rows' causes (not searched) are not.
+    rows = judged_rows(broken, CASES[0])
     with pytest.raises(pytest.fail.Exception, match="rows did not pass"):
         check_rows(rows, leaf=lambda name: name == "out", comparisons=("vs_oracle", "vs_reference"))

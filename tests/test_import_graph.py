@@ -50,7 +50,6 @@ LAYERS = {
 ENGINE = (
     "mhc_parity.harness.engine",
     "mhc_parity.harness.judging",
-    "mhc_parity.harness.stores",
     "mhc_parity.harness.processes",
     "mhc_parity.harness.faults",
     "mhc_parity.harness.env",
@@ -66,6 +65,11 @@ ABOVE_ENGINE = (
     "mhc_parity.harness",
 )
 COMMANDS = ("mhc_parity.harness.commands", "mhc_parity.harness.cli")
+# The folders of `harness` that import each other both ways, and why: no other pair may (a
+# store imports what it stores, so it sits beside it, not in a folder of its own).
+FOLDER_LOOPS = {
+    frozenset(("engine", "processes")): "the workers run the engine; the oracle's own process starts as a worker does",
+}
 # Function-level imports that stay, and why (module path, imported module).
 DEFERRED_IMPORTS = {
     ("mhc_parity/mhc/layer.py", "mhc_parity.mhc.kernels"): "the reference path must not need Pallas",
@@ -207,6 +211,24 @@ def test_the_engine_imports_no_report_and_nothing_above_it():
         if _within(target, ABOVE_ENGINE) and not _within(target, ENGINE)
     )
     assert not wrong, wrong
+
+
+def harness_folder(module: str) -> str | None:
+    """The folder of `harness` holding `module` (e.g. "engine"), None for one outside a folder."""
+    parts = module.split(".")
+    folder = pathlib.Path(ROOT, *parts[:3])
+    return parts[2] if parts[:2] == [NAMESPACE, "harness"] and len(parts) > 2 and folder.is_dir() else None
+
+
+def test_the_harness_folders_import_each_other_one_way():
+    arrows = {
+        (mine, theirs)
+        for module, targets in import_graph().items()
+        for target in targets
+        if (mine := harness_folder(module)) and (theirs := harness_folder(target)) and mine != theirs
+    }
+    loops = {frozenset(arrow) for arrow in arrows if arrow[::-1] in arrows}
+    assert loops == set(FOLDER_LOOPS), f"folders importing each other: {sorted(map(sorted, loops))}"
 
 
 def test_the_api_and_the_plugin_import_no_command():

@@ -6,12 +6,13 @@ import pytest
 from mhc_parity.cases import registry
 from mhc_parity.cases.spec import Case
 from mhc_parity.harness.engine import interpret_cost
+from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import INTERPRET, REFERENCE
 from mhc_parity.harness.engine.interpret_cost import interpret_estimate_s, interpret_refusal
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.paths import Path
 from mhc_parity.harness.engine.runner import PathPlan, Runner
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 
 MESHED = "lite-n4-c1024-b8s1024-bf16-w32-mlp-default-m2x4"
 SMALL = Case(name="interpret-cost-small", batch=1, sequence=32, streams=2, embedding=128)
@@ -45,7 +46,7 @@ def test_what_is_affordable_or_unmeasured_runs(monkeypatch):
 @pytest.mark.slow
 def test_a_refused_interpret_path_gives_skip_rows_and_the_others_run(tmp_path, monkeypatch):
     monkeypatch.setattr(interpret_cost, "INTERPRET_BUDGET_S", 0.5)  # under any compile: refuse every one
-    runner = Runner(load_policy(), oracle=OracleCache(tmp_path / "oracle"))
+    runner = Runner(load_policy(), Collaborators(oracle=OracleCache(tmp_path / "oracle")))
     rows = list(runner.run_case(SMALL, PathPlan((REFERENCE, INTERPRET), lowering=False)))
     interpret = [row for row in rows if row["candidate"] == "interpret/unsharded"]
     assert interpret and {row["verdict"] for row in interpret} == {"skip"}

@@ -22,7 +22,7 @@ from mhc_parity.harness.env import (
 )
 from mhc_parity.records.environment import isa_difference
 from mhc_parity.reports import load_baseline, load_run, write_baseline
-from mhc_parity.reports.judgement import as_baseline, judge
+from mhc_parity.reports.gate.judgement import as_baseline, judge
 from mhc_parity.reports.samples import sample_rows, write_sample_run
 from mhc_parity.reports.terminal import gate_lines
 from tests.cli_support import ROOT, run_python

@@ -134,18 +134,15 @@ def test_the_package_s_own_library_reads_as_the_package_s_version(tmp_path, monk
 def test_the_probe_and_compile_keys_and_the_environment_record_hold_a_given_libtpu(tmp_path, monkeypatch):
     import jax
 
-    from mhc_parity.harness.engine import backend_arithmetic, run_info, tpu_targets
-    from mhc_parity.harness.stores import compile_store
+    from mhc_parity.harness.engine import backend_arithmetic, run_info, store_keys
 
     library = tmp_path / "libtpu.so"
     library.write_bytes(b"a libtpu build")
     monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))
-    tpu_targets.compiler_versions.cache_clear()
-    try:
-        given = jax_support.libtpu_version()
-        assert given.startswith("sha256:")
-        assert dict(backend_arithmetic.backend_key(jax.devices()[0]))["libtpu"] == given
-        assert compile_store.compiler_material()["versions"]["libtpu"] == given
-        assert run_info.run_metadata()["libtpu_version"] == given
-    finally:
-        tpu_targets.compiler_versions.cache_clear()
+    given = jax_support.libtpu_version()
+    assert given.startswith("sha256:")
+    assert dict(backend_arithmetic.backend_key(jax.devices()[0]))["libtpu"] == given
+    # every store's key (the TPU compile store's among them) holds the environment's identity record
+    assert store_keys.environment_material()["identity"]["libtpu_version"] == given
+    assert store_keys.environment_material(devices=False)["identity"]["libtpu_version"] == given
+    assert run_info.run_metadata()["libtpu_version"] == given

@@ -10,6 +10,7 @@ import types
 import pytest
 
 from mhc_parity.cases import registry
+from mhc_parity.harness.cli import main as cli_main
 from mhc_parity.harness.commands import merge
 from mhc_parity.harness.commands.merge import ShardRun, merged_metadata, where_they_differ
 from mhc_parity.harness.engine.case_cost import costliest_first
@@ -19,6 +20,7 @@ from tests.cli_support import (
     CASE_NAMES,
     ROOT,
     TIMING_COLUMNS,
+    assert_one_line,
     cheap_run_args,
     harness_command,
     load_jsonl,
@@ -134,12 +136,28 @@ def _run(case_file, out, *extra):
     return proc
 
 
+def _run_here(case_file, out, *extra) -> None:
+    """`_run` in this process (`mhc_parity.harness.cli.main`): for a one-process run whose rows,
+    manifest or shard are read, not its process (no interpreter and JAX start of its own)."""
+    code = cli_main([str(a) for a in ("run", "--case-file", case_file, "--out", out, "--quiet", *extra)])
+    assert code == 0, f"mhc-parity run exited {code} (its output is in the captured stdout and stderr)"
+
+
 def _csv_without_timing(path) -> list[list[str]]:
     """rows.csv as lines of cells, timing columns dropped (everything else byte for byte)."""
     with open(path, newline="") as handle:
         lines = list(csv.reader(handle))
     keep = [i for i, name in enumerate(lines[0]) if name not in TIMING_COLUMNS]
     return [[line[i] for i in keep] for line in lines]
+
+
+def _command(capsys, *argv) -> tuple[int, str, str]:
+    """`mhc-parity ARGV` (merge, baseline, gate, render: commands that read and write run
+    folders, no process of their own to test; a one-process run whose output is read) run in
+    this process: (exit code, stdout, stderr)."""
+    code = cli_main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def _jsonl_without_timing(path) -> list[dict]:
@@ -163,14 +181,14 @@ def test_workers_are_dealt_the_costliest_cases_first_and_equal_ones_in_order():
 @pytest.fixture(scope="module")
 def cheap_single(case_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "run"
-    _run(case_file, out, *CHEAP_PATHS)
+    _run_here(case_file, out, *CHEAP_PATHS)  # the one-process rows the others are compared with
     return out
 
 
 @pytest.mark.slow
 def test_jobs_2_gives_the_rows_of_one_process_in_the_same_order(case_file, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    _run(case_file, one, "--no-lowering")
+    _run_here(case_file, one, "--no-lowering")  # one process: the rows to match (this one)
     _run(case_file, two, "--no-lowering", "--jobs", "2")
     assert _jsonl_without_timing(two / "rows.jsonl") == _jsonl_without_timing(one / "rows.jsonl")
     assert _csv_without_timing(two / "rows.csv") == _csv_without_timing(one / "rows.csv")
@@ -218,28 +236,28 @@ def test_jobs_2_ctrl_c_exits_130_and_the_run_resumes(case_file, cheap_single, tm
 def shards(case_file, tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
     folders = [root / f"shard{k}" for k in (1, 2)]
-    for k, folder in enumerate(folders, 1):
-        _run(case_file, folder, *CHEAP_PATHS, "--shard", f"{k}/2")
+    for k, folder in enumerate(folders, 1):  # a shard is a one-process run: in this process
+        _run_here(case_file, folder, *CHEAP_PATHS, "--shard", f"{k}/2")
     return folders
 
 
 @pytest.mark.slow
-def test_shards_and_merge_give_the_rows_csv_of_one_run(shards, cheap_single, tmp_path):
+def test_shards_and_merge_give_the_rows_csv_of_one_run(shards, cheap_single, tmp_path, capsys):
     manifests = [read_manifest(folder) for folder in shards]
     assert [m.shard for m in manifests] == ["1/2", "2/2"]
     assert all(m.shard_of == CASE_NAMES for m in manifests)
     assert sorted(c for m in manifests for c in m.cases) == sorted(CASE_NAMES)
     merged = tmp_path / "merged"
-    proc = run_cli("merge", merged, *shards)
-    assert proc.returncode == 0, proc.stderr
+    code, _, err = _command(capsys, "merge", merged, *shards)
+    assert code == 0, err
     assert _csv_without_timing(merged / "rows.csv") == _csv_without_timing(cheap_single / "rows.csv")
     manifest = read_manifest(merged)
     assert manifest.is_complete and manifest.cases == CASE_NAMES and not manifest.shard
     baseline = tmp_path / "baseline.csv"
-    assert run_cli("baseline", "--from", cheap_single, "--to", baseline).returncode == 0
-    gate = run_cli("gate", "--baseline", baseline, "--current", merged)
-    assert gate.returncode == 0 and "gate PASS" in gate.stdout, gate.stdout + gate.stderr
-    assert run_cli("render", "--rows", merged, "--out", tmp_path / "rendered").returncode == 0
+    assert _command(capsys, "baseline", "--from", cheap_single, "--to", baseline)[0] == 0
+    code, out, err = _command(capsys, "gate", "--baseline", baseline, "--current", merged)
+    assert code == 0 and "gate PASS" in out, out + err
+    assert _command(capsys, "render", "--rows", merged, "--out", tmp_path / "rendered")[0] == 0
 
 
 @pytest.mark.slow
@@ -249,51 +267,53 @@ def test_shards_and_merge_give_the_rows_csv_of_one_run(shards, cheap_single, tmp
     ids=["compared-in-another-shard", "compared-in-none"],
 )
 def test_a_shard_comparing_nothing_of_an_implementation_leaves_that_to_the_merge(
-    case_file, tmp_path, impl, merged_exit
+    case_file, tmp_path, capsys, impl, merged_exit
 ):
     """Issue 55: the tpu suite's float32 shards compare nothing of MaxText's bfloat16-only kernels,
     and exited 2, as a whole run would. A shard is a part: it exits as its rows say and notes
-    what it compared nothing of; the merged run is judged as a whole run is, by `merge`."""
+    what it compared nothing of; the merged run is judged as a whole run is, by `merge`.
+    The shards run in this process (`_command`): their exit codes and notes are read, no
+    process of their own is tested."""
     shards = []
     for k in (1, 2):  # shard 1 holds cli-a-f32, shard 2 cli-b-bf16
         out = tmp_path / f"shard{k}"
         args = ("--impl", f"tests.external_impls:{impl}", "--paths", "reference/*", f"{impl}/*", "--shard", f"{k}/2")
-        proc = run_cli(*cheap_run_args(case_file, out, *args))
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        notes = [line for line in proc.stdout.splitlines() if line.startswith("mhc-parity: note: in shard")]
+        code, stdout, stderr = _command(capsys, *cheap_run_args(case_file, out, *args))
+        assert code == 0, stdout[-2000:] + stderr[-2000:]
+        notes = [line for line in stdout.splitlines() if line.startswith("mhc-parity: note: in shard")]
         compared_here = impl == "bfloat16_only" and k == 2
-        assert len(notes) == (0 if compared_here else 1), proc.stdout[-2000:]
+        assert len(notes) == (0 if compared_here else 1), stdout[-2000:]
         assert all(f"nothing was compared of implementation '{impl}'" in note for note in notes)
         shards.append(out)
     merged = tmp_path / "merged"
-    proc = run_cli("merge", merged, *shards)
-    assert proc.returncode == merged_exit, proc.stdout + proc.stderr
+    code, out, err = _command(capsys, "merge", merged, *shards)
+    assert code == merged_exit, out + err
     assert read_manifest(merged).is_complete, "the merged run is written either way"
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("mhc-parity: error:")]
-    assert len(errors) == merged_exit // 2, proc.stderr
+    errors = [line for line in err.splitlines() if line.startswith("mhc-parity: error:")]
+    assert len(errors) == merged_exit // 2, err
     assert all(f"nothing was compared of implementation '{impl}'" in line for line in errors)
 
 
-def _assert_refused(proc, *fragments):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr, proc.stderr
+def _assert_refused(capsys, out, folders, *fragments):
+    """`merge OUT FOLDERS...` (in this process) exits 2 with one line naming each fragment."""
+    code, stdout, stderr = _command(capsys, "merge", out, *folders)
+    assert code == 2, (code, stdout, stderr)
+    assert_one_line(code, stderr, *fragments)
 
 
 @pytest.mark.slow
-def test_merge_refuses_shards_that_are_not_one_whole_run(case_file, shards, cheap_single, tmp_path):
+def test_merge_refuses_shards_that_are_not_one_whole_run(case_file, shards, cheap_single, tmp_path, capsys):
     out = tmp_path / "merged"
-    _assert_refused(run_cli("merge", out, shards[0]), "shard(s) 2/2 missing")
-    _assert_refused(run_cli("merge", out, shards[0], shards[0]), "given twice")
-    _assert_refused(run_cli("merge", out, shards[0], cheap_single), "not a shard")
+    _assert_refused(capsys, out, [shards[0]], "shard(s) 2/2 missing")
+    _assert_refused(capsys, out, [shards[0], shards[0]], "given twice")
+    _assert_refused(capsys, out, [shards[0], cheap_single], "not a shard")
     other = tmp_path / "other-paths"
-    _run(case_file, other, "--paths", "reference/unsharded", "--no-lowering", "--shard", "2/2")
-    _assert_refused(run_cli("merge", out, shards[0], other), "request differs")
+    _run_here(case_file, other, "--paths", "reference/unsharded", "--no-lowering", "--shard", "2/2")
+    _assert_refused(capsys, out, [shards[0], other], "request differs")
     thirds = tmp_path / "thirds"
-    _run(case_file, thirds, *CHEAP_PATHS, "--shard", "2/3")
-    _assert_refused(run_cli("merge", out, shards[0], thirds), "shard count differs")
-    _assert_refused(run_cli("merge", out, shards[0], tmp_path / "nowhere"), "no manifest.json")
+    _run_here(case_file, thirds, *CHEAP_PATHS, "--shard", "2/3")
+    _assert_refused(capsys, out, [shards[0], thirds], "shard count differs")
+    _assert_refused(capsys, out, [shards[0], tmp_path / "nowhere"], "no manifest.json")
     assert not out.exists()
 
 

@@ -6,11 +6,12 @@ import pytest
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine.collaborators import Collaborators
 from mhc_parity.harness.engine.implementations import INTERPRET, MOSAIC, REFERENCE
 from mhc_parity.harness.engine.kernel_blocks import blocks_label, path_blocks
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.runner import PathPlan, Runner
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.mhc.kernels.config import KernelConfig
 from mhc_parity.mhc.kernels.vmem import step_bytes
 
@@ -48,7 +49,7 @@ def test_a_sharded_paths_blocks_are_those_of_its_shard_of_the_tokens():
 @pytest.mark.slow
 def test_kernel_rows_carry_their_blocks_and_others_none(tmp_path):
     case = Case(name="blocks-rows", batch=1, sequence=32, streams=2, embedding=128, block_tokens=16)
-    runner = Runner(load_policy(), oracle=OracleCache(tmp_path / "oracle"))
+    runner = Runner(load_policy(), Collaborators(oracle=OracleCache(tmp_path / "oracle")))
     rows = list(runner.run_case(case, PathPlan((REFERENCE, INTERPRET, MOSAIC))))
     by_candidate = {}
     for row in rows:

@@ -26,10 +26,11 @@ from mhc_parity.harness.engine.kernel_primitives import (
     narrowing_note,
 )
 from mhc_parity.harness.engine.oracle_path import PairStatistics, run_oracle_path
+from mhc_parity.harness.engine.path_results import PathResult
 from mhc_parity.harness.engine.paths import Path, PathOutputs
 from mhc_parity.harness.engine.plan import mosaic_xla_pair
 from mhc_parity.harness.engine.precision_choices import DeclaredEffects
-from mhc_parity.harness.engine.runner import Runner, _PathResult
+from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.judging.policy_file import load_policy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ def test_a_mosaic_xla_pair_is_two_builtin_paths_on_the_accelerator():
 def test_the_probe_runs_its_kernels_in_interpret_mode_on_a_cpu_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["probe", "--out", str(tmp_path), "--samples", str(BLOCK_ROWS * LANES * 2)])
     with pytest.raises(SystemExit) as exited:
-        runpy.run_path(str(ROOT / "bench" / "tpu_kernel_primitive_probe.py"), run_name="__main__")
+        runpy.run_path(str(ROOT / "bench" / "probes" / "tpu_kernel_primitive_probe.py"), run_name="__main__")
     assert exited.value.code == 0
     assert "INTERPRET MODE on cpu" in capsys.readouterr().out
     document = json.loads((tmp_path / "kernel-primitives.json").read_text())
@@ -137,9 +138,9 @@ def test_a_mosaic_row_against_the_reference_is_judged_with_the_kernel_pair_stati
     leaves = {name: np.asarray(value, np.float32) for name, value in oracle.leaves.items()}
     outputs = PathOutputs(leaves, 0.0, 0.0, 0.0, 1)
     paths = [Path(REFERENCE), Path(INTERPRET), Path(MOSAIC)]
-    results = {p.name: _PathResult(outputs=outputs) for p in paths}
+    results = {p.name: PathResult(outputs=outputs) for p in paths}
     runner = Runner(load_policy())
-    rows = list(runner._compared_rows(SMALL, paths, results, oracle, {p.name: DeclaredEffects() for p in paths}))
+    rows = list(runner.judge.compared_rows(SMALL, paths, results, oracle, {p.name: DeclaredEffects() for p in paths}))
 
     def sensitivity(candidate, partner):
         row = next(r for r in rows if (r["candidate"], r["partner"], r["leaf"]) == (candidate, partner, "h_res"))

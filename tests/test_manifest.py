@@ -91,7 +91,7 @@ def test_code_files_are_the_namespace_s_code_packages_by_project_relative_path()
     assert {key.split("/")[1] for key in keys} == {"mhc", "cases", "records", "harness"}
     assert all(key.startswith("mhc_parity/") and in_code_dirs(key) for key in keys)
     old_top = "harness"  # the package's top-level name before the move
-    assert not in_code_dirs("mhc_parity/reports/gate.py") and not in_code_dirs(f"{old_top}/cli.py")
+    assert not in_code_dirs("mhc_parity/reports/gate/rule.py") and not in_code_dirs(f"{old_top}/cli.py")
     assert not in_code_dirs("mhc_parity/harness.py"), "a folder's name, not a prefix of a file's"
     files = {key.removeprefix("mhc_parity/"): sha for key, sha in manifest().code_files}
     before_the_move = dataclasses.replace(manifest(), code_files=tuple(files.items()))

@@ -14,6 +14,7 @@ from mhc_parity.cases import registry
 from mhc_parity.cases.spec import TPU_TAG
 from mhc_parity.harness.engine import runner as runner_module
 from mhc_parity.harness.engine.case_memory import too_large
+from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
 from mhc_parity.harness.engine.implementations import BUILTIN
 from mhc_parity.harness.engine.plan import PathPlan, comparisons_of, device_shortfalls, numbers_refusal
 from mhc_parity.harness.engine.runner import Runner
@@ -32,7 +33,7 @@ def _no_numbers(*args):
 
 
 def _runner() -> Runner:
-    return Runner(load_policy(None), fixture_loader=_no_numbers, oracle=_no_numbers)
+    return Runner(load_policy(None), Collaborators(fixture_loader=_no_numbers, oracle=OracleFunction(_no_numbers)))
 
 
 def _identity(row: dict) -> tuple:

@@ -1,6 +1,6 @@
 """`mhc_parity.harness.gate` is `mhc-parity gate`, refusals included (issue 49, 3).
 
-Both take `mhc_parity.reports.judgement.gate_run`. The refusal the API lacked: a run of an
+Both take `mhc_parity.reports.gate.judgement.gate_run`. The refusal the API lacked: a run of an
 implementation whose code changed since it ran (the baseline written from it, then the module
 edited) is refused by both, on disk or in memory, unless the code change is allowed.
 """

@@ -26,7 +26,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 OPERATION_FREE = (
     "mhc_parity/harness/engine",
     "mhc_parity/harness/judging",
-    "mhc_parity/harness/stores",
     "mhc_parity/harness/processes",
     "mhc_parity/records",
     "mhc_parity/reports",

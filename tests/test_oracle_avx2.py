@@ -17,8 +17,12 @@ OLD_JAXLIB = tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) < (0, 12)
 LEVELS = [name for name, _ in X86_ISA_LEVELS]
 
 # tests/test_oracle_chunks.py's SINKHORN case in chunks of 5 tokens: before the barrier in
-# `oracle_math._sinkhorn`, the chunk of tokens 10-15 gave 120 NaNs in draw 2's d_x.
+# `oracle_math._sinkhorn`, the chunk of tokens 10-15 gave 120 NaNs in draw 2's d_x. On its 3
+# Sinkhorn iterations (as there; the default 20 only add unrolled copies of the step to compile)
+# the barrier's removal still gives those 120 NaNs (measured 2026-12-07, jaxlib 0.12.0.1): the
+# max and its VJP come before the iterations.
 CODE = """
+import dataclasses
 import json
 import numpy as np
 from mhc_parity.cases.branches import get_branch
@@ -32,7 +36,8 @@ case = Case(name="chunks-sinkhorn", batch=3, sequence=7, streams=3, embedding=40
 units = oracle_path.noise_units(case)
 fixture, branch = make_fixture(case), get_branch(case.branch)
 chunks = run_oracle_chunks(
-    fixture.x, fixture.weights, branch.apply, fixture.branch_params, fixture.cotangent, case.mhc_config(),
+    fixture.x, fixture.weights, branch.apply, fixture.branch_params, fixture.cotangent,
+    dataclasses.replace(case.mhc_config(), sinkhorn_iterations=3),
     draws=[(0, None), (3, units), (4, units), (None, units)], chunk_tokens=5, branch_sites=branch.rounding_sites,
 )
 print(json.dumps([int(np.count_nonzero(~np.isfinite(r.d_x))) for chunk in chunks for r in chunk.results]))

@@ -11,10 +11,10 @@ import pytest
 
 from mhc_parity.cases.fixtures import Fixture, make_fixture
 from mhc_parity.cases.spec import Case
+from mhc_parity.harness.engine import oracle_cache
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import OracleOutputs, run_oracle_path
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.stores import oracle_cache
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records.project_code import PROJECT_ROOT
 from tests.support import project_files_run
 

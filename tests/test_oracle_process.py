@@ -15,18 +15,17 @@ import pytest
 from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.cases.spec import Case
-from mhc_parity.harness.engine import oracle_process
+from mhc_parity.harness.engine import oracle_cache, oracle_process
 from mhc_parity.harness.engine.case_memory import oracle_memory_bytes
 from mhc_parity.harness.engine.implementations import REFERENCE
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import oracle_units, run_oracle_path
 from mhc_parity.harness.engine.runner import PathPlan, Runner
 from mhc_parity.harness.judging.policy_file import load_policy
-from mhc_parity.harness.stores import oracle_cache
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records import foreign_code
 from mhc_parity.records.rows import to_frame
-from mhc_parity.reports.host_memory import case_memories, memory_line
 from mhc_parity.reports.markdown import render_markdown
+from mhc_parity.reports.summary import case_memories, memory_line
 
 CASE = Case(name="oracle-process-small", batch=1, sequence=16, streams=2, embedding=128, branch="tanh")
 

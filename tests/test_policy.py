@@ -807,7 +807,7 @@ def test_packaged_policy_catches_a_bfloat16_gate_bias_by_its_systematic_shift():
 
 
 def test_every_judged_row_records_the_quantile_its_sensitivity_is_scaled_by():
-    """The gate's growth rule (mhc_parity.reports.drift) reads q from the row: the bounds' own
+    """The gate's growth rule (mhc_parity.reports.gate.drift) reads q from the row: the bounds' own
     quantile of the policy's stated rate for the leaf's degrees of freedom and draws, whatever
     the rule, and on a row whose values no bound can judge; 1 under a policy stating no rate."""
     policy = load_policy()

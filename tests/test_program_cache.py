@@ -131,6 +131,15 @@ def _ahead_plan():
     return PathPlan(implementations=(REFERENCE, INTERPRET), lowering=False)
 
 
+def _reference_plan():
+    """The reference paths only: where what is checked is the oracle's answers, not the
+    kernels' programs, the cases' rows through the reference show it as well."""
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.plan import PathPlan
+
+    return PathPlan(implementations=(REFERENCE,), lowering=False)
+
+
 def _without_timing(rows) -> list[str]:
     """Each row as JSON without its timing columns (NaN cells compare equal as text)."""
     return [json.dumps({k: v for k, v in row.items() if k not in TIMING_COLUMNS}, sort_keys=True) for row in rows]
@@ -140,7 +149,8 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     """`Runner.run` starts the programs of the next cases in a thread pool before their turn
     (all of cases 0..COMPILE_AHEAD_CASES when case 0 starts); its rows equal those of
     `run_case` called case by case, rejections and sharded paths included."""
-    from mhc_parity.harness.engine.runner import COMPILE_AHEAD_CASES, Runner
+    from mhc_parity.harness.engine.cases_ahead import COMPILE_AHEAD_CASES
+    from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
     cases, plan = _ahead_cases(), _ahead_plan()
@@ -148,7 +158,9 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     ahead = Runner(load_policy())
     started = []
     rows = []
-    for _case, case_rows in ahead.run(cases, plan, on_case_start=lambda case: started.append(len(ahead.cache))):
+    for _case, case_rows in ahead.run(
+        cases, plan, on_case_start=lambda case: started.append(len(ahead.collaborators.programs))
+    ):
         rows.extend(case_rows)
     # cases 0..3 have 2 + 0 (same signatures) + 4 + 2 distinct programs, none taken yet
     assert started[0] == 8
@@ -162,16 +174,57 @@ def test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time():
     assert min(compiled) > 0  # the first use of a program reports the time it took
 
 
-def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as_one_case_at_a_time():
-    """`Runner.run` computes each case's oracle answer in a pool thread, once; an answer that
-    raised is reported by the case's rows exactly as `run_case` reports it."""
+def test_a_run_makes_the_lowering_and_compile_rows_ahead_in_its_pool_as_one_case_at_a_time():
+    """Issue 69: the kernels' lowering and compile rows, made after each case's comparisons, took 36 s
+    of the chip's 124 s default run. `Runner.run` makes them in its pool threads as each case is
+    started; the rows are those of `run_case` case by case. A tiny case with numbers (lowering rows)
+    and a `tpu` one, which a CPU gives no numbers but compile rows (one target's, to be cheap)."""
     import threading
 
+    from mhc_parity.cases.spec import TPU_TAG, Case
+    from mhc_parity.harness.engine.implementations import REFERENCE
+    from mhc_parity.harness.engine.plan import PathPlan
+    from mhc_parity.harness.engine.runner import Runner
+    from mhc_parity.harness.engine.tpu_targets import TARGETS
+    from mhc_parity.harness.judging.policy_file import load_policy
+
+    cases = [
+        Case(name="kernels-a", batch=1, sequence=16, streams=2, embedding=128, branch="tanh"),
+        Case(name="kernels-b", batch=1, sequence=16, streams=2, embedding=128, tags=(TPU_TAG,)),
+    ]
+    plan = PathPlan((REFERENCE,), path_globs=("reference/*", "lowering/*", f"compile/{TARGETS[0].name}/*"))
+    ahead, threads = Runner(load_policy()), []
+    for name in ("lowering_rows", "compile_rows"):
+        made = getattr(ahead, name)
+
+        def spied(case, plan, made=made):
+            threads.append(threading.current_thread().name)
+            return made(case, plan)
+
+        setattr(ahead, name, spied)
+    rows = [row for _, case_rows in ahead.run(cases, plan) for row in case_rows]
+    one_at_a_time = Runner(load_policy())
+    expected = [row for case in cases for row in one_at_a_time.run_case(case, plan)]
+    assert _without_timing(rows) == _without_timing(expected)
+    made = {(row["case"], row["comparison"], row["verdict"]) for row in rows}
+    wanted = {("kernels-a", "lowering", "pass"), ("kernels-b", "lowering", "pass"), ("kernels-b", "compile", "pass")}
+    assert wanted <= made
+    assert len(threads) == 4 and all(name.startswith("compile-ahead") for name in threads)
+
+
+def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as_one_case_at_a_time():
+    """`Runner.run` computes each case's oracle answer in a pool thread, once; an answer that
+    raised is reported by the case's rows exactly as `run_case` reports it. The reference paths
+    only (`_reference_plan`): every case still asks the oracle once, and the interpret paths'
+    compiles ahead are `test_a_run_compiling_ahead_gives_the_rows_of_one_case_at_a_time`'s."""
+    import threading
+
+    from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction
+    from mhc_parity.harness.engine.oracle_cache import OracleCache
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
-    from mhc_parity.harness.stores.oracle_cache import OracleCache
 
-    cases, plan = _ahead_cases(), _ahead_plan()
+    cases, plan = _ahead_cases(), _reference_plan()
     calls, lock = [], threading.Lock()
 
     def make_oracle():
@@ -186,12 +239,12 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
 
         return oracle
 
-    ahead = Runner(load_policy(), oracle=make_oracle())
+    ahead = Runner(load_policy(), Collaborators(oracle=OracleFunction(make_oracle())))
     rows = [row for _, case_rows in ahead.run(cases, plan) for row in case_rows]
     assert sorted(name for name, _ in calls) == sorted(case.name for case in cases)
     assert all(thread.startswith("compile-ahead") for _, thread in calls)
     calls.clear()
-    one_at_a_time = Runner(load_policy(), oracle=make_oracle())
+    one_at_a_time = Runner(load_policy(), Collaborators(oracle=OracleFunction(make_oracle())))
     expected = [row for case in cases for row in one_at_a_time.run_case(case, plan)]
     assert all(thread == threading.main_thread().name for _, thread in calls)
     assert _without_timing(rows) == _without_timing(expected)
@@ -201,39 +254,44 @@ def test_a_run_gets_oracle_answers_ahead_in_its_pool_and_reports_their_errors_as
 
 def test_a_run_left_early_stops_its_compile_threads():
     """Leaving `Runner.run` after one case cancels what was not started and keeps the
-    finished programs (nothing stays pending, no compile thread lives on)."""
+    finished programs (nothing stays pending, no compile thread lives on). The reference paths
+    only (`_reference_plan`): the later cases' programs are still compiled ahead in the pool,
+    as many threads as with the kernels' (whose compiles only take longer)."""
     import threading
 
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
     runner = Runner(load_policy())
-    run = runner.run(_ahead_cases(), _ahead_plan())
+    run = runner.run(_ahead_cases(), _reference_plan())
     next(run)
-    while not all(f.done() for f in list(runner.cache._pending.values())):  # the compiles started so far
+    while not all(
+        f.done() for f in list(runner.collaborators.programs._pending.values())
+    ):  # the compiles started so far
         time.sleep(0.05)
     run.close()
-    assert not runner.cache._pending
+    assert not runner.collaborators.programs._pending
     for thread in [t for t in threading.enumerate() if t.name.startswith("compile-ahead")]:
         thread.join(timeout=60)  # idle: each ends as soon as it sees the pool shut down
         assert not thread.is_alive()
-    assert len(runner.cache) >= 2
+    assert len(runner.collaborators.programs) >= 2
 
 
 def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
     """A thread stuck in the code under test (here: a compile that never returns) does not
-    hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes."""
+    hold up a run that is stopping: it gets `STOP_GRACE_S`, then the run goes. The reference
+    paths only (`_reference_plan`): the later cases' compiles are stuck whatever they compile."""
     import threading
 
-    import mhc_parity.harness.engine.runner
+    from mhc_parity.harness.engine import cases_ahead
     from mhc_parity.harness.engine.runner import Runner
     from mhc_parity.harness.judging.policy_file import load_policy
 
-    monkeypatch.setattr(mhc_parity.harness.engine.runner, "STOP_GRACE_S", 0.2)
+    monkeypatch.setattr(cases_ahead, "STOP_GRACE_S", 0.2)
     runner = Runner(load_policy())
     cases = _ahead_cases()
     stuck = threading.Event()
-    obtain = runner.cache._obtain
+    obtain = runner.collaborators.programs._obtain
 
     def stuck_after_the_first_case(path, case, *rest):
         if case.name == cases[0].name:
@@ -241,8 +299,8 @@ def test_a_run_stopped_early_does_not_wait_for_a_stuck_compile(monkeypatch):
         stuck.wait(120)
         raise RuntimeError("a compile that was stuck")
 
-    monkeypatch.setattr(runner.cache, "_obtain", stuck_after_the_first_case)
-    run = runner.run(cases, _ahead_plan())
+    monkeypatch.setattr(runner.collaborators.programs, "_obtain", stuck_after_the_first_case)
+    run = runner.run(cases, _reference_plan())
     next(run)  # the first case ran; the later cases' compiles are stuck
     start = time.perf_counter()
     run.close()

@@ -1,7 +1,7 @@
 """The Speed section's per-program figures: device time, bytes, GB/s and the fraction of the chip's peak.
 
 mhc_parity/records/roofline.py (the arithmetic, shared with bench/device_speed.py) and
-mhc_parity/reports/program_speed.py (the table, the plot, speed.csv), on small frames of a
+mhc_parity/reports/speed.py (the table, the plot, speed.csv), on small frames of a
 simulated v5e run and of a CPU run, whose bytes and times are chosen so the figures are known.
 """
 
@@ -19,14 +19,9 @@ from mhc_parity.mhc.common import layer_flops
 from mhc_parity.records.roofline import PEAKS, array_bytes, peaks_of, throughput
 from mhc_parity.records.schema import empty_row
 from mhc_parity.reports import render_html, to_frame, write_all
+from mhc_parity.reports.html.svg import roofline_svg
 from mhc_parity.reports.markdown import render_markdown
-from mhc_parity.reports.program_speed import (
-    NO_PEAK,
-    SPEED_COLUMNS,
-    program_speeds,
-    roofline_figure,
-)
-from mhc_parity.reports.roofline_svg import roofline_svg
+from mhc_parity.reports.speed import NO_PEAK, SPEED_COLUMNS, program_speeds, roofline_figure
 from tests.cli_support import bench_script
 
 V5E = {"backend": "tpu", "device_kind": "TPU v5 lite"}

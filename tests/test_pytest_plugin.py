@@ -1,5 +1,5 @@
 """The pytest plugin in pieces: the command a missing baseline names, what an update says
-changed (`mhc_parity.reports.baseline.diff_baselines`), and one failure per regression (an inner
+changed (`mhc_parity.reports.gate.comparability.diff_baselines`), and one failure per regression (an inner
 pytest run of the plugin over made-up rows, `pytester`). The baseline loop itself runs in a
 user's repository in tests/test_external_project.py."""
 
@@ -19,8 +19,9 @@ import pytest
 from mhc_parity.harness import pytest_plugin
 from mhc_parity.harness.plugin.options import ini_overrides
 from mhc_parity.harness.pytest_plugin import UPDATE_OPTION, ParitySession, update_command
-from mhc_parity.reports.baseline import diff_baselines, render_baseline
-from mhc_parity.reports.drift import NO_GAIN_NOTE
+from mhc_parity.reports.gate.baseline_file import render_baseline
+from mhc_parity.reports.gate.comparability import diff_baselines
+from mhc_parity.reports.gate.drift import NO_GAIN_NOTE
 from mhc_parity.reports.samples import measured_row, sample_rows
 from mhc_parity.reports.sources import LoadedRun
 from tests.cli_support import ROOT
@@ -81,7 +82,7 @@ def test_a_legacy_baseline_stops_the_session_unless_the_plugin_option_allows_it(
     is a usage error naming the plugin's option, and with the option the summary says what
     went unverified."""
     from mhc_parity.harness.pytest_plugin import LEGACY_INI, LEGACY_OPTION
-    from mhc_parity.reports.baseline import write_baseline
+    from mhc_parity.reports.gate.baseline_file import write_baseline
     from mhc_parity.reports.sources import LoadedRun
     from tests.cli_support import as_format_1
 
@@ -330,7 +331,7 @@ def _grown(rows: list[dict], leaf: str, factor: float) -> list[dict]:
 def test_a_gate_regression_seen_in_two_comparisons_is_one_failure(pytester, monkeypatch, tmp_path):
     """A leaf grown 3x against the oracle is the same number on its vs_oracle and
     vs_reference rows: one failure, its gate table naming both comparisons."""
-    from mhc_parity.reports.baseline import write_baseline
+    from mhc_parity.reports.gate.baseline_file import write_baseline
 
     committed = [{**r, "cand_oracle_max_err": 1e-5, "cand_oracle_rms_err": 3e-6} for r in _case_rows(BOTH, {})]
     write_baseline(committed, tmp_path / "b.csv", policy_hash="p1", implementation=IMPL)

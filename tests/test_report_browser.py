@@ -34,8 +34,7 @@ from pathlib import Path
 import pytest
 
 from mhc_parity.reports import to_frame, write_all
-from mhc_parity.reports.bound_plots import bound_panels
-from mhc_parity.reports.histograms import histograms
+from mhc_parity.reports.html.figures import bound_panels, histograms
 from mhc_parity.reports.samples import sample_rows
 
 pytestmark = pytest.mark.browser

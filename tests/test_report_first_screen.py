@@ -2,7 +2,7 @@
 
 With a baseline, the HTML banner, the top of summary.md and the end of the terminal summary
 carry the gate's verdict (pass, or the rows that grew past the growth factor) from the one
-judgement `mhc-parity gate` makes (`mhc_parity.reports.judgement`), so the report and the gate cannot
+judgement `mhc-parity gate` makes (`mhc_parity.reports.gate.judgement`), so the report and the gate cannot
 disagree; a baseline the gate refuses is said to be refused, in both. A zero count is drawn
 neutral, and the plots' axes are labelled in words with their units, not column names.
 """
@@ -18,12 +18,10 @@ import pytest
 from mhc_parity.harness.commands.gate import main as gate_main
 from mhc_parity.records.schema import ROW_COLUMNS, row_key
 from mhc_parity.reports import load_baseline, load_run, to_frame, write_all, write_baseline
-from mhc_parity.reports.bound_plot_svg import bound_panel_svg
-from mhc_parity.reports.bound_plots import bound_panels
-from mhc_parity.reports.histogram_svg import histogram_svg
-from mhc_parity.reports.histograms import histograms
-from mhc_parity.reports.html import render_html
-from mhc_parity.reports.judgement import judge
+from mhc_parity.reports.gate.judgement import judge
+from mhc_parity.reports.html.figures import bound_panels, histograms
+from mhc_parity.reports.html.page import render_html
+from mhc_parity.reports.html.svg import bound_panel_svg, histogram_svg
 from mhc_parity.reports.samples import sample_rows, write_sample_run
 from mhc_parity.reports.sources import baseline_as_run
 from mhc_parity.reports.terminal import exit_code, format_summary

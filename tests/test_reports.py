@@ -33,9 +33,8 @@ from mhc_parity.reports import (
     write_all,
     write_baseline,
 )
-from mhc_parity.reports.bound_plots import MAX_BOUND_PANELS, NEAR_BOUND, bound_panels
-from mhc_parity.reports.histogram_svg import histogram_svg
-from mhc_parity.reports.histograms import histogram
+from mhc_parity.reports.html.figures import MAX_BOUND_PANELS, NEAR_BOUND, bound_panels, histogram
+from mhc_parity.reports.html.svg import histogram_svg
 from mhc_parity.reports.samples import HOSTILE_CASE, HOSTILE_REASON, sample_rows, write_sample_run
 
 METADATA = {
@@ -422,7 +421,7 @@ def test_html_draws_the_failing_and_near_bound_pairs(page, rows):
 def test_heatmap_cells_follow_the_value_rule():
     """A finite oracle ratio is the value; else bound_usage, marked as a fallback; the
     largest value, the most severe verdict and any failing row win a shared cell."""
-    from mhc_parity.reports.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, WORST_CANDIDATE, cell_colour, heatmap
+    from mhc_parity.reports.html.heatmaps import LOG_RANGE, MAX_HEATMAP_ROWS, WORST_CANDIDATE, cell_colour, heatmap
 
     def row(candidate, leaf, ratio, usage, verdict="pass", case="c"):
         return {
@@ -681,10 +680,10 @@ def test_missing_empty_and_unknown_files(tmp_path):
 
 def test_reports_package_never_imports_jax():
     code = (
-        "import sys, mhc_parity.reports, mhc_parity.reports.gate, mhc_parity.reports.baseline\n"
-        "import mhc_parity.reports.html, mhc_parity.reports.histograms, mhc_parity.reports.markdown\n"
-        "import mhc_parity.reports.bound_plot_svg, mhc_parity.reports.histogram_svg, mhc_parity.reports.speed\n"
-        "import mhc_parity.reports.program_speed, mhc_parity.reports.roofline_svg, mhc_parity.records.roofline\n"
+        "import sys, mhc_parity.reports, mhc_parity.reports.gate.rule, mhc_parity.reports.gate.baseline_file\n"
+        "import mhc_parity.reports.html.page, mhc_parity.reports.html.figures, mhc_parity.reports.markdown\n"
+        "import mhc_parity.reports.html.svg, mhc_parity.reports.html.heatmaps, mhc_parity.reports.speed\n"
+        "import mhc_parity.reports.html.tables, mhc_parity.records.roofline\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax')))\n"
         "assert not bad, bad\n"
     )

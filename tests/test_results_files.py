@@ -1,8 +1,8 @@
-"""docs/results/*.md: a command's Markdown with its provenance (mhc_parity.reports.results)."""
+"""docs/results/*.md: a command's Markdown with its provenance (mhc_parity.reports.writers.write_results)."""
 
 from __future__ import annotations
 
-from mhc_parity.reports.results import provenance_lines, write_results
+from mhc_parity.reports.writers import provenance_lines, write_results
 
 METADATA = {
     "git_commit": "0123abc",

@@ -3,6 +3,9 @@ rounding model, and each site's share of a leaf's sensitivity."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -12,11 +15,31 @@ from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.commands import faults as faults_cli
 from mhc_parity.harness.faults import rounding_audit
 
+MLP_CASE = "lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs"
+
 
 @pytest.fixture(scope="module")
 def mlp_case():
-    case = registry.get("lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs")
+    case = registry.get(MLP_CASE)
     return case, make_fixture(case)
+
+
+@pytest.fixture(scope="module")
+def audit_run(tmp_path_factory):
+    """One `mhc-parity faults --audit` run on the mlp mixed_signs case, each `CaseAudit` it made kept:
+    the command's tables and `site_shares` (which `audit_case` calls on the case's own fixture) are
+    checked on the same run, the costliest part of both (an oracle batch per rounding site)."""
+    out, audits, printed = tmp_path_factory.mktemp("audit"), [], io.StringIO()
+
+    def recording_audit_case(case, fixture):
+        audits.append(rounding_audit.audit_case(case, fixture))
+        return audits[-1]
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.delenv("FORCE_COLOR", raising=False)
+        patch.setattr(faults_cli, "audit_case", recording_audit_case)
+        code = faults_cli.main(["--audit", "--cases", MLP_CASE, "--out", str(out)])
+    return code, printed.getvalue(), out, {audit.case: audit for audit in audits}
 
 
 @pytest.mark.parametrize("name", rounding_audit.AUDIT_CASES)
@@ -52,8 +75,9 @@ def test_a_value_made_in_a_comprehension_is_its_functions():
 
 
 @pytest.mark.slow
-def test_site_shares_name_what_a_leaf_rests_on(mlp_case):
-    shares = rounding_audit.site_shares(*mlp_case)
+def test_site_shares_name_what_a_leaf_rests_on(audit_run):
+    # `site_shares(case, make_fixture(case))` as the audit command computed it for the mlp case.
+    shares = audit_run[3][MLP_CASE].shares
     assert {"mlp_hidden", "mlp_preactivation", "coefficient_operand", "layer_input"} <= set(shares)
     # The collapse cancels on mixed_signs: layer_input's sensitivity is its operand rounding.
     assert shares["coefficient_operand"]["layer_input"] > 0.8
@@ -64,12 +88,13 @@ def test_site_shares_name_what_a_leaf_rests_on(mlp_case):
 
 
 @pytest.mark.slow
-def test_the_audit_command_writes_its_tables(tmp_path, capsys):
-    code = faults_cli.main(
-        ["--audit", "--cases", "lite-n4-c128-b2s64-bf16-w32-identity-default", "--out", str(tmp_path)]
-    )
-    assert code == 0, capsys.readouterr().out
-    text = (tmp_path / "rounding_audit.md").read_text()
+def test_the_audit_command_writes_its_tables(audit_run):
+    # The mlp mixed_signs case, one of AUDIT_CASES (an identity case showed the same before): its
+    # layer_input rests on the coefficient operand's rounding, so that site's row is shown.
+    code, printed, out, audits = audit_run
+    assert code == 0, printed
+    assert list(audits) == [MLP_CASE]
+    text = (out / "rounding_audit.md").read_text()
     assert "Unmodelled: none." in text and "| `coefficient_operand` |" in text
 
 

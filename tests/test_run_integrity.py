@@ -1,5 +1,6 @@
 """No stale, partial or mistyped run can pass: the run manifest, honest exit codes, the gate
-on partial runs. Each test drives the CLI in a subprocess, as a user or CI does.
+on partial runs. Each test drives the CLI in a subprocess, as a user or CI does, but those of
+configuration errors refused while the command reads its options (run in this process).
 
 The runs use the cheapest cases (tests/cli_support.py): three tiny cases through the
 reference paths only, or the registry case where only the reference path runs. Tests
@@ -21,7 +22,7 @@ import time
 import pytest
 
 from mhc_parity.records.manifest import read_manifest, write_manifest
-from mhc_parity.reports.baseline import BASELINE_COLUMNS
+from mhc_parity.reports.gate.baseline_file import BASELINE_COLUMNS
 from tests.cli_support import (
     CASE_NAMES,
     REFERENCE_ONLY_CASE,
@@ -252,17 +253,25 @@ rationale = "a policy that forgot every other leaf kind"
     ],
 )
 @pytest.mark.slow
-def test_run_configuration_errors_exit_2_before_any_compute(argv, fragments, tmp_path):
+def test_run_configuration_errors_exit_2_before_any_compute(argv, fragments, tmp_path, monkeypatch, capsys):
+    """In this process (`mhc_parity.harness.cli.main`, the command's own entry): each is refused
+    while the command reads its options, before a process of its own would matter; the
+    implementations' modules are imported from `tmp_path` put first on sys.path, as the
+    command's PYTHONPATH did."""
+    from mhc_parity.harness.cli import main as cli_main
+    from tests.cli_support import assert_one_line
+
     (tmp_path / "file").write_text("")
     (tmp_path / "broken_syntax.py").write_text("def factory(:\n")
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('not configured')\n")
     (tmp_path / "policy.toml").write_text(MINIMAL_POLICY)
+    monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "out"
     argv = [a.format(file=tmp_path / "file", policy=tmp_path / "policy.toml") for a in argv]
     if "--out" not in argv:
         argv += ["--out", str(out)]
-    proc = run_cli(*argv, "--cases", REFERENCE_ONLY_CASE, *CHEAP_PATHS, env_extra={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
-    assert_one_line_error(proc, *fragments)
+    code = cli_main([*argv, "--cases", REFERENCE_ONLY_CASE, *CHEAP_PATHS])
+    assert_one_line(code, capsys.readouterr().err, *fragments)
     assert not (out / "manifest.json").exists(), "refused before the run started"
 
 

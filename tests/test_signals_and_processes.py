@@ -70,6 +70,11 @@ def test_kill_9_of_a_run_with_workers_leaves_no_process_behind(case_file, tmp_pa
             "run",
             "--case-file",
             case_file,
+            # The two unsharded cases: a worker each, one of them stuck on its bfloat16 input
+            # (the sharded case would only add compiles before the kill).
+            "--cases",
+            "cli-a-*",
+            "cli-b-*",
             "--impl",
             HANGS,
             "--paths",

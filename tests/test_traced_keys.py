@@ -1,5 +1,5 @@
 """A program keyed by what it computes is keyed by its traced jaxpr, written out by value
-(`mhc_parity.harness.stores.traced_digest`; issue 56, 8: lowering MaxText's programs only to key
+(`mhc_parity.harness.engine.traced_digest`; issue 56, 8: lowering MaxText's programs only to key
 them cost most of a warm run). A changed program changes its key, what JAX's own printer leaves
 out still changes it, and what a jaxpr cannot hold by value (code, a rule from outside JAX)
 falls back to the lowered module's key (`program_store.program_digest`) or to no entry at all.
@@ -18,13 +18,13 @@ from jax.experimental import pallas as pl
 
 from mhc_parity.cases import registry
 from mhc_parity.cases.fixtures import make_fixture
+from mhc_parity.harness.engine import traced_digest as traced_digest_module
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.implementations import wrap_external
 from mhc_parity.harness.engine.paths import Path, _build_program, _place, effective_precision
 from mhc_parity.harness.engine.program_cache import ProgramCache
-from mhc_parity.harness.stores import traced_digest as traced_digest_module
-from mhc_parity.harness.stores.program_store import ProgramStore, computed_material
-from mhc_parity.harness.stores.traced_digest import foreign_rules, traced_digest
+from mhc_parity.harness.engine.program_store import ProgramStore, computed_material
+from mhc_parity.harness.engine.traced_digest import foreign_rules, traced_digest
 from tests.external_impls import ScaledKernel
 
 X = jnp.linspace(-1.0, 1.0, 16 * 128, dtype=jnp.float32).reshape(16, 128)

@@ -19,10 +19,11 @@ import pytest
 
 from mhc_parity.cases import fixtures, registry
 from mhc_parity.cases.fixtures import cache_key, cache_path, make_fixture
+from mhc_parity.harness.cli import main as cli_main
 from mhc_parity.harness.engine.implementations import load_external
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.oracle_path import OracleOutputs
 from mhc_parity.harness.judging.confidence import Sensitivity
-from mhc_parity.harness.stores.oracle_cache import OracleCache
 from mhc_parity.records import foreign_code
 from mhc_parity.records.artifact_store import ArtifactStore
 from mhc_parity.records.code import external_code_files, import_closure
@@ -78,13 +79,16 @@ def _entry_key(path: pathlib.Path) -> dict:
     return json.loads(data[8 : 8 + length].decode())["key"]
 
 
-def test_a_process_that_loaded_an_impl_writes_only_under_keys_that_cover_it(case_file, tmp_path):
+def test_a_process_that_loaded_an_impl_writes_only_under_keys_that_cover_it(case_file, tmp_path, monkeypatch, capsys):
     module_dir = tmp_path / "impls"
     module_dir.mkdir()
     (module_dir / "poisoner.py").write_text(POISONING_IMPL)
     cache = tmp_path / "cache"
     env = {"MHC_PARITY_CACHE": str(cache), "PYTHONPATH": f"{module_dir}:{ROOT}"}
-    proc = run_cli(*cheap_run_args(case_file, tmp_path / "run", "--impl", "poisoner:factory"), env_extra=env)
+    # One case in both runs (the later --cases wins): each store's keys are checked per entry,
+    # and one case writes a fixture, an oracle answer and programs as two do.
+    one_case = ("--cases", "cli-a-*")
+    proc = run_cli(*cheap_run_args(case_file, tmp_path / "run", "--impl", "poisoner:factory", *one_case), env_extra=env)
     # The reference-only paths compare nothing of the implementation (exit 2), but the run
     # loaded it and stored what it made.
     assert proc.returncode == 2 and "nothing was compared of implementation" in proc.stderr, (
@@ -96,9 +100,12 @@ def test_a_process_that_loaded_an_impl_writes_only_under_keys_that_cover_it(case
         key = _entry_key(cache / entry)
         record = key[foreign_code.FOREIGN_KEY]
         assert record["loaded"] == ["poisoner:factory"] and set(record["modules"]) == {"poisoner"}, (entry, key)
-    # A clean run on that cache reads none of it and stores its own, correct, fixtures.
-    clean = run_cli(*cheap_run_args(case_file, tmp_path / "clean"), env_extra={"MHC_PARITY_CACHE": str(cache)})
-    assert clean.returncode == 0, clean.stderr[-2000:]
+    # A clean run on that cache reads none of it and stores its own, correct, fixtures: in this
+    # process (`mhc_parity.harness.cli.main`), which never imported the poisoner; what it reads
+    # is the cache on disk, as a process of its own would.
+    monkeypatch.setenv("MHC_PARITY_CACHE", str(cache))
+    code = cli_main(cheap_run_args(case_file, tmp_path / "clean", *one_case))
+    assert code == 0, capsys.readouterr().err[-2000:]
     metadata = json.loads((tmp_path / "clean" / "report.json").read_text())["metadata"]
     assert metadata["programs_stored_loaded"] == 0 and metadata["oracle_cached"] == 0, metadata
     stored = [p for p in _stored_entries(cache) if p.startswith("fixtures/") and p not in poisoned]
@@ -260,11 +267,10 @@ def test_gate_and_baseline_refuse_a_run_whose_impl_code_changed(case_file, tmp_p
     root = _external_package(tmp_path)
     env = {"PYTHONPATH": f"{root}:{ROOT}"}
     out, baseline = tmp_path / "run", tmp_path / "baseline.csv"
+    # One case (the later --cases wins): the code record is the run's, whatever it computed.
+    paths = ("--paths", "reference/*", "wrapped_reference/*")
     proc = run_cli(
-        *cheap_run_args(
-            case_file, out, "--impl", "myk.kernel:factory", "--paths", "reference/*", "wrapped_reference/*"
-        ),
-        env_extra=env,
+        *cheap_run_args(case_file, out, "--impl", "myk.kernel:factory", *paths, "--cases", "cli-a-*"), env_extra=env
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     recorded = dict(read_manifest(out).code_files)

@@ -1,15 +1,8 @@
 """``mhc-parity cases`` (also ``python -m mhc_parity.cases``): show the catalogue.
 
-    mhc-parity cases [list] [--suite S] [--cases GLOB,...] [--tags T,...] [--dtype D] [--case-file F ...]
-    mhc-parity cases suites [--case-file F ...]
-    mhc-parity cases families
-
-`list` (the default) prints one row per selected case (name, shape, dtypes, variant, branch,
-init, mesh, blocks, matmul precision, tags, expectation) and the count; with --case-file and
-no --suite, only the file's cases, else a `from` column marks them. `suites` prints every
-suite with its case count and description; `families` each init family and what it stresses.
-Exit status 2 on a usage error (unknown suite/case, malformed case file); 141, quietly,
-when stdout's reader went away (`| head`), as in every `mhc-parity` command.
+mhc-parity cases [list] [--suite S] [--cases GLOB,...] [--tags T,...] [--dtype D] [--case-file F ...]
+mhc-parity cases suites [--case-file F ...]
+mhc-parity cases families
 """
 
 from __future__ import annotations

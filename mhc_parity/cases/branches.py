@@ -1,23 +1,11 @@
-"""Branch functions: what the mHC layer wraps between `pre` and `post`.
+"""Branch functions: what the mHC layer wraps between `pre` and `post`, h (..., C) -> (..., C).
 
-A branch maps the collapsed layer input h (..., C) to a branch output of the same
-shape and dtype. Each branch has
-
-- ``init(rng, embedding) -> dict[str, np.ndarray]``: float64 master parameters (empty for
-  parameter-free branches), drawn only with `mhc_parity.cases.random_streams.normalish` so they are
-  bit-identical on every machine;
-- ``apply(params, h, matmul_precision="highest", rounding=None) -> array``: written in `jax.numpy` and
-  dtype-polymorphic. Parameters are cast to h's dtype inside; matmuls state their
-  precision and accumulate as `mhc_parity.mhc.precision` says for h's dtype (float32 accumulation
-  for bfloat16/float32 inputs; float64 at full precision for the oracle's float64
-  inputs, whatever the setting), and the result is cast back to h's dtype. The float64
-  oracle therefore runs the very same function on float64 arrays, and a branch
-  parameter's gradient is a leaf like any weight.
-- ``rounding_sites``: where the branch holds a value in a lower precision than float64
-  (`mhc_parity.mhc.rounding_model.RoundingSite`s). The oracle's rounding model passes ``rounding=r`` and
-  the branch routes each such value through ``r(value, site)``, so a correct path's
-  roundings inside the branch are part of the error the arithmetic explains; the paths
-  pass nothing and ``r`` is the identity.
+- ``init(rng, embedding)``: float64 master parameters, drawn with `normalish` only.
+- ``apply(params, h, matmul_precision, rounding=None)``: dtype-polymorphic `jax.numpy`; params cast
+  to h's dtype, matmuls accumulate in `accumulation_dtype(h.dtype)`, result in h's dtype. So the
+  float64 oracle runs the same function, and a branch parameter's gradient is a leaf like any weight.
+- ``rounding_sites``: where apply holds a value below float64; the oracle passes
+  ``rounding=r`` and each such value goes through ``r(value, site)`` (paths pass None: identity).
 """
 
 from __future__ import annotations
@@ -46,7 +34,6 @@ def identity_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndar
 
 
 def _unrounded(value, site: str):
-    """The identity: what `rounding` is on a path (only the oracle's model rounds)."""
     del site
     return value
 
@@ -72,18 +59,14 @@ TANH_ROUNDING_SITES = {
 def tanh_apply(
     params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION, rounding=None
 ) -> jax.Array:
-    """tanh(h) evaluated in the accumulation dtype, cast back: (..., C) -> (..., C). rounding: the
-    oracle's r(value, site) at `TANH_ROUNDING_SITES` (None on a path: the identity)."""
+    """tanh(h) in the accumulation dtype, cast back: (..., C) -> (..., C)."""
     r = rounding or _unrounded
     return r(evaluated(r, "tanh", jnp.tanh, h.astype(accumulation_dtype(h.dtype))), "tanh_output").astype(h.dtype)
 
 
 def mlp_init(rng: np.random.Generator, embedding: int) -> dict[str, np.ndarray]:
     """Float64 masters: w_in (C, H), b_in (H,), w_out (H, C), b_out (C,), H = MLP_HIDDEN_RATIO·C.
-
-    Fan-in scaled weights and small non-zero biases, so every parameter gradient is
-    non-trivial.
-    """
+    Biases are non-zero so every parameter gradient is non-trivial."""
     hidden = MLP_HIDDEN_RATIO * embedding
     return {
         "w_in": normalish(rng, (embedding, hidden)) / math.sqrt(embedding),
@@ -123,14 +106,9 @@ MLP_ROUNDING_SITES = {
 
 
 def mlp_apply(params: dict, h: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION, rounding=None) -> jax.Array:
-    """silu(h @ w_in + b_in) @ w_out + b_out: (..., C) -> (..., C) in h's dtype.
-
-    Matmul operands in h's dtype with wider accumulation, at `matmul_precision` (see
-    `mhc_parity.mhc.precision`); bias adds and the activation in the accumulation dtype; the
-    hidden activation is cast to h's dtype before the second matmul, as a production
-    MLP in that dtype would. rounding: the oracle's r(value, site) at `MLP_ROUNDING_SITES`
-    (None on a path: the identity).
-    """
+    """silu(h @ w_in + b_in) @ w_out + b_out: (..., C) -> (..., C) in h's dtype. Bias adds and
+    silu in the accumulation dtype; the hidden activation is cast to h's dtype before the second
+    matmul, as a production MLP in that dtype would."""
     r = rounding or _unrounded
     accumulate = accumulation_dtype(h.dtype)
     hidden = matmul(h, params["w_in"], matmul_precision) + params["b_in"].astype(h.dtype).astype(accumulate)
@@ -146,15 +124,12 @@ class Branch:
 
     name: str
     init: Callable[[np.random.Generator, int], dict[str, np.ndarray]]
-    # apply(params, h, matmul_precision="highest") -> branch output
     apply: Callable[..., jax.Array]
     description: str
     param_shapes: Callable[[int], dict[str, tuple[int, ...]]]
-    # Where apply holds values below float64, for the oracle's rounding model (module docstring).
     rounding_sites: Mapping[str, RoundingSite] = dataclasses.field(default_factory=dict, compare=False)
-    # True when each output element depends on its own input element only: no matmul
-    # whose blocking XLA may choose from the (per-shard) token count, so a token-sharded
-    # run computes every token bit-identically.
+    # Each output element depends on its own input element only: no matmul whose blocking XLA
+    # may choose from the per-shard token count, so token-sharded runs are bit-identical.
     elementwise: bool = False
 
 

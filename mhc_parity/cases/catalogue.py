@@ -1,22 +1,9 @@
-"""The built-in cases and suites.
+"""The built-in cases and suites: smoke ⊂ default ⊂ full; tpu and maxtext separate; adversarial
+and sharded derived (every case with a non-default init family / with a mesh).
 
-Budget: the `default` suite runs forward + VJP through about six paths per case in
-Pallas interpret mode on a 2-core CPU, so shapes stay modest (64–1024 tokens, mostly
-embedding 128–256, two embedding-1024 cases at 128 tokens), and most init-family cases
-share their shape, dtypes and branch with a plain case, so a compiled program is reused
-(the harness keys compiled programs on everything but the data).
-
-Kernel facts the shapes respect (mhc_parity.mhc.kernels.KernelConfig): the token block defaults
-to 256 and is clamped to the per-shard tokens, must be a multiple of 8 and divide the
-per-shard tokens; the embedding must be a multiple of 128; block_features must be a
-multiple of 128 dividing the embedding. Sharded paths split batch over "data" and
-sequence over "fsdp", so sharded cases have batch % data == sequence % fsdp == 0 and set
-block_tokens to divide the per-shard tokens.
-
-Suites: smoke ⊂ default ⊂ full; tpu and maxtext are separate (large shapes; MaxText's
-kernel envelope); adversarial and sharded are derived — every case (of any suite) with a
-non-default init family / with a mesh.
-Names are stable: changing a spec means a new name, never a reused one.
+`default` runs in Pallas interpret mode on a 2-core CPU, so shapes stay small, and most
+init-family cases share a plain case's shape so its compiled program is reused. Shapes obey
+`KernelConfig`'s limits. Names are stable: a changed spec gets a new name, never a reused one.
 """
 
 from __future__ import annotations
@@ -64,10 +51,8 @@ def make_case(
     tags: tuple[str, ...] = (),
     expect_reason: str = "",
 ) -> Case:
-    """A case with its `standard_name`; tags for Sinkhorn and explicit blocks are added.
-
-    A non-empty `expect_reason` makes the case expect_unsupported.
-    """
+    """A case with its `standard_name` and the Sinkhorn / multi-block tags; a non-empty
+    `expect_reason` makes it expect "unsupported"."""
     fields = dict(
         streams=streams,
         embedding=embedding,
@@ -106,15 +91,9 @@ MAXTEXT_SHARED_DEFAULT = dict(batch=4, sequence=128, dtype=BF16, branch="mlp", b
 
 
 def smoke_cases() -> list[Case]:
-    """A handful of small cases that run in seconds (all also in `default`).
-
-    Besides one block of each dtype, the quick check holds what a kernel can get wrong only
-    past one grid step or only on hard inputs: a multi-block case in each activation dtype
-    (float32: 8 forward token blocks x 2 feature blocks, 2 backward token blocks; bfloat16:
-    8 forward, 16 backward token blocks) and the init families that stress the RMS epsilon
-    (`near_zero_rms`) and the gates (`saturated_gates`, where h_pre is its epsilon;
-    `bf16_inexact_gates`). The init-family cases share a compiled program with a plain case.
-    """
+    """Small cases that run in seconds (all also in `default`): one block of each dtype, plus
+    what a kernel gets wrong only past one grid step or on hard inputs (a multi-block case per
+    dtype; the epsilon- and gate-stressing init families)."""
     return [
         make_case(dtype=F32),
         make_case(dtype=BF16),
@@ -132,7 +111,7 @@ def smoke_cases() -> list[Case]:
 
 
 def default_only_cases() -> list[Case]:
-    """The rest of `default` (what `make parity` runs), beyond `smoke_cases()`."""
+    """The rest of `default` beyond `smoke_cases()`."""
     return [
         # dtypes and branches at the base shape (2×64 tokens, n=4, C=128/256)
         make_case(dtype=BF16, weight_dtype=BF16),
@@ -164,7 +143,7 @@ def default_only_cases() -> list[Case]:
 
 
 def full_only_cases() -> list[Case]:
-    """More shapes and combinations for `full` (CPU, slower than `default`)."""
+    """More shapes and combinations for `full`."""
     return [
         make_case(dtype=BF16, branch="tanh"),
         make_case(dtype=BF16, weight_dtype=BF16, branch="mlp"),
@@ -232,9 +211,9 @@ MAXTEXT_2X4 = dict(
 
 
 def maxtext_cases() -> list[Case]:
-    """The `maxtext` suite beyond the default case it shares: every case inside MaxText's kernel
-    envelope (`mhc_parity.maxtext_parity.envelope`) with its layer's default blocks (256 forward, 128
-    backward tokens) or explicit ones that divide the tokens each device holds."""
+    """The `maxtext` suite beyond the default case it shares: inside MaxText's kernel envelope
+    (`mhc_parity.maxtext_parity.envelope`), with its default blocks or explicit ones dividing
+    each device's tokens."""
     return [
         make_case(**MAXTEXT_SMALLEST),
         make_case(embedding=256, batch=2, sequence=128, dtype=BF16, branch="mlp"),
@@ -274,10 +253,9 @@ def maxtext_cases() -> list[Case]:
     ]
 
 
-# The default-suite cases that get compile rows besides the `tpu` suite's
-# (`mhc_parity.harness.engine.tpu_targets.compiles_case`): the cheapest with a token mesh in each
-# activation dtype, so every (TPU target, one chip / 8 chips, float32 / bfloat16) is compiled
-# once for about a second a program. Which shapes fit VMEM is the `tpu` suite's question.
+# The default-suite cases that get compile rows besides the `tpu` suite's (`compiles_case`): the
+# cheapest with a token mesh per activation dtype, so every (TPU target, 1 / 8 chips, dtype) is
+# compiled once.
 COMPILED_DEFAULT_CASES = frozenset(
     make_case(**fields).name
     for fields in (
@@ -286,17 +264,13 @@ COMPILED_DEFAULT_CASES = frozenset(
     )
 )
 
-# The maxtext-suite cases that get compile rows (`compiles_case`), for the implementations with
-# kernel programs (MaxText's kernel API, as released and fixed) and this project's kernels: the
-# 2x4 token mesh, where the released kernels, called bare, meet XLA's partitioner, and the
-# smallest unsharded case. About 72 compiles of half a second each (3 targets, 4 programs,
-# 2 implementations); the suite's other cases add shapes, not compiler checks.
+# The maxtext-suite cases that get compile rows (`compiles_case`): the 2x4 token mesh, where the
+# released kernels, called bare, meet XLA's partitioner, and the smallest unsharded case.
 COMPILED_MAXTEXT_CASES = frozenset(make_case(**fields).name for fields in (MAXTEXT_2X4, MAXTEXT_SMALLEST))
 
 
 def build_catalogue(registry):
-    """Register every built-in case into `registry` (a `mhc_parity.cases.registry.Registry`) and fill
-    the standard suites; returns the registry."""
+    """Register every built-in case into `registry` and fill the standard suites; returns it."""
     for suite, description in STANDARD_SUITES.items():
         registry.define_suite(suite, description)
     for case in smoke_cases():

@@ -1,22 +1,10 @@
-"""Fixtures: every array one case's run needs, deterministic and cached on disk.
+"""Fixtures: every array one case's run needs (x, weights, branch parameters, cotangent),
+bit-identical on every machine: float64 masters from the case's `DATA_FIELDS`, rounded
+float64 → float32 → bfloat16 (RNE) as its dtypes require.
 
-`make_fixture(case)` returns a `Fixture` with x, every `MhcWeights` leaf, the branch
-parameters and the output cotangent. They are generated from the case alone (its
-`DATA_FIELDS`): the init family draws float64 masters with NumPy's seeded PCG64 and
-machine-independent arithmetic (`mhc_parity.cases.random_streams`), then each master is rounded
-float64 → float32 (IEEE round-to-nearest-even) → bfloat16 (ml_dtypes, RNE) as the
-case's dtypes require. A CPU laptop and a TPU VM therefore feed bit-identical inputs.
-
-Disk cache: one ``fixture-<key>.npz`` per data key in ``$MHC_PARITY_CACHE/fixtures``
-(default ``<project>/.cache/fixtures``), where key = sha256 of the data fields, the
-digest of the generator's code (`generator_digest`: every module `mhc_parity.cases.fixtures` imports)
-and the NumPy/ml_dtypes versions (in a process that loaded foreign code, with that code's
-record: `mhc_parity.records.foreign_code.write_key`). Every array is stored as its raw
-bits with a sha256 in an embedded JSON header; on load the header, every shape, dtype
-and checksum is verified against the case, and any mismatch or read error (truncated,
-corrupt, stale) regenerates the entry, never uses it. Writes go to a temporary file
-in the same folder and are renamed into place, so concurrent pytest-xdist workers
-never see a partial file.
+Cached as ``fixture-<key>.npz`` in the cache folder, keyed on the data fields, the generator's
+code digest and the NumPy/ml_dtypes versions; every load is verified (shapes, dtypes, sha256)
+and a bad entry is regenerated, never used. Writes are atomic (concurrent xdist workers).
 """
 
 from __future__ import annotations
@@ -45,8 +33,7 @@ from mhc_parity.records.code import closure_digest
 from mhc_parity.records.files import array_sha256, atomic_write, digest_arrays
 from mhc_parity.records.foreign_code import read_keys, write_key
 
-# The module that generates fixtures: its import closure is the code a fixture depends on
-# (part of the cache key, so an edited generator misses without a version to bump by hand).
+# Its import closure is part of the cache key, so an edited generator misses the cache.
 GENERATOR_ENTRY = ("mhc_parity.cases.fixtures",)
 # Fixture arrays beyond this many elements are refused (e.g. mHC-lite with n = 9 has
 # 9! = 362880 residual columns): the case is not constructible on an ordinary machine.
@@ -78,17 +65,11 @@ def round_master(master: np.ndarray, dtype_name: str) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Fixture:
-    """The inputs of one case, rounded to its dtypes. Arrays are read-only.
+    """The inputs of one case, rounded to its dtypes; arrays read-only.
 
-    case: the `Case` this fixture was made for.
-    x: (B, S, n, C) in the activation dtype (ml_dtypes.bfloat16 for "bfloat16").
-    weights: `mhc_parity.mhc.types.WEIGHT_FIELDS` name -> array of `MhcDims.weight_shapes()` shape,
-      in the weight dtype.
-    branch_params: branch parameter name -> array in the weight dtype ({} for
-      parameter-free branches).
-    cotangent: (B, S, n, C) in the activation dtype; the VJP's output cotangent.
-
-    Equality is identity; compare contents with `digest()`.
+    x, cotangent (the VJP's output cotangent): (B, S, n, C) in the activation dtype.
+    weights: `WEIGHT_FIELDS` name -> `MhcDims.weight_shapes()` shape; branch_params: name ->
+    array ({} when parameter-free); both in the weight dtype. Equality is identity: use `digest()`.
     """
 
     case: Case
@@ -114,11 +95,10 @@ class Fixture:
         return self._digest
 
     def mhc_weights(self):
-        """`mhc_parity.mhc.types.MhcWeights` of jax arrays (weight dtype, as stored)."""
+        """`MhcWeights` of jax arrays (weight dtype, as stored)."""
         return MhcWeights(**{k: jnp.asarray(v) for k, v in self.weights.items()})
 
     def branch_params_jax(self) -> dict:
-        """Branch parameters as jax arrays (weight dtype)."""
         return {k: jnp.asarray(v) for k, v in self.branch_params.items()}
 
     def as_float64(self) -> Fixture:
@@ -154,7 +134,7 @@ def expected_layout(case: Case) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def fixture_elements(case: Case) -> int:
-    """Total elements of every array in the case's fixture (computed from shapes only)."""
+    """Total elements of the case's fixture arrays (from shapes only)."""
     return sum(math.prod(shape) for _, shape in expected_layout(case).values())
 
 
@@ -170,11 +150,7 @@ def fixture_from_masters(case: Case, masters: Masters) -> Fixture:
 
 
 def generate_fixture(case: Case) -> Fixture:
-    """The case's fixture, computed from scratch (no cache).
-
-    Raises mhc_parity.mhc.common.UnsupportedInputError when the arrays would exceed
-    `MAX_FIXTURE_ELEMENTS` (the shapes are not constructible in practice).
-    """
+    """The case's fixture, uncached; UnsupportedInputError past `MAX_FIXTURE_ELEMENTS`."""
     elements = fixture_elements(case)
     if elements > MAX_FIXTURE_ELEMENTS:
         raise UnsupportedInputError(
@@ -189,13 +165,12 @@ def generate_fixture(case: Case) -> Fixture:
 
 
 def default_cache_dir() -> Path:
-    """``fixtures`` in the cache folder (`mhc_parity.records.cache_root.cache_root`)."""
     return cache_root() / "fixtures"
 
 
 @functools.cache
 def generator_digest() -> str:
-    """`mhc_parity.records.code.closure_digest` of the fixture generator's code (once per process)."""
+    """`closure_digest` of the fixture generator's code (once per process)."""
     return closure_digest(GENERATOR_ENTRY)
 
 
@@ -219,8 +194,8 @@ def _key_name(material: dict) -> str:
 
 
 def cache_path(case: Case, cache_dir: str | os.PathLike | None = None, material: dict | None = None) -> Path:
-    """Where the case's fixture is (or would be) cached; material: the key it is stored under
-    (default the project's own, `cache_key_material`)."""
+    """Where the case's fixture is (or would be) cached under key `material` (default
+    `cache_key_material`)."""
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return folder / f"fixture-{_key_name(cache_key_material(case) if material is None else material)}.npz"
 
@@ -282,10 +257,8 @@ def _deserialize(case: Case, path: Path, material: dict) -> Fixture:
 
 
 def load_cached_fixture(case: Case, cache_dir: str | os.PathLike | None = None) -> Fixture | None:
-    """The verified cached fixture, None if there is no entry; CorruptFixtureError if bad.
-
-    Looked up under each key this process reads (`mhc_parity.records.foreign_code.read_keys`: the
-    project's own, then the one a process that loaded foreign code writes)."""
+    """The verified cached fixture under any key this process reads (`read_keys`), None if
+    there is no entry; CorruptFixtureError if bad."""
     error = None
     for material in read_keys(cache_key_material(case)):
         path = cache_path(case, cache_dir, material)
@@ -301,15 +274,9 @@ def load_cached_fixture(case: Case, cache_dir: str | os.PathLike | None = None) 
 
 
 def make_fixture(case: Case, cache_dir: str | os.PathLike | None = None, *, use_cache: bool = True) -> Fixture:
-    """The case's fixture: from the disk cache when a verified entry exists, else generated.
-
-    cache_dir: folder of the cache (default `default_cache_dir()`). use_cache=False
-    generates without reading or writing the cache. A corrupt, truncated or stale entry
-    is logged, regenerated and atomically replaced; a process that loaded an external
-    implementation writes its entries under a key that also covers that code
-    (`mhc_parity.records.foreign_code.write_key`). If the cache folder is not writable the
-    fixture is still returned (and a warning logged).
-    """
+    """The case's fixture: from the disk cache when a verified entry exists, else generated and
+    stored (a bad entry is logged and replaced; an unwritable cache only logs a warning).
+    use_cache=False neither reads nor writes the cache."""
     if not use_cache:
         return generate_fixture(case)
     try:

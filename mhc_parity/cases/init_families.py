@@ -1,18 +1,10 @@
-"""Init families: how a fixture's float64 masters are drawn, and what each one stresses.
+"""Init families: how a fixture's float64 masters are drawn, and what each one stresses (each
+generator's docstring, shown by `mhc-parity cases families`). Every family starts from
+`default_masters` and redraws only what it is about, from new random roles.
 
-A family turns a `Case` and its `RandomStreams` into `Masters` — float64 x, cotangent,
-every `MhcWeights` leaf and every branch parameter. The fixture module rounds them to
-the case's dtypes. Every family is built from `default_masters` and changes only what
-it is about, drawing the changed arrays from new random roles, so two families of one
-seed share everything else.
-
-Notation: T tokens, n streams, C embedding, K = n·C, R = n! (lite) or n² (Sinkhorn).
-The gates are ``h_pre = sigmoid(pre_scale·ℓ_pre + pre_bias)``, ``h_post = 2·sigmoid(...)``
-and ``h_res = Σ_p softmax(res_scale·ℓ_res + res_bias)_p P_p`` (lite), where the logits
-ℓ = rms_inverse(v) · v @ (norm_scale · alpha) for the flattened token v (K,).
-
-Only correctly rounded arithmetic and exact power-of-two scalings are applied to the
-random draws (see `mhc_parity.cases.random_streams`), so masters are bit-identical everywhere.
+Notation: n streams, C embedding, K = n·C; gates ``h_pre = sigmoid(pre_scale·ℓ_pre + pre_bias)``,
+``h_post = 2·sigmoid(...)``, ``h_res = Σ_p softmax(res_scale·ℓ_res + res_bias)_p P_p`` (lite),
+logits ℓ = rms_inverse(v) · v @ (norm_scale · alpha) for the flattened token v (K,).
 """
 
 from __future__ import annotations
@@ -39,19 +31,15 @@ PEAK_BIAS = 12.0
 LARGE_MAGNITUDE_EXPONENTS = (32, 36)
 # Per-token magnitudes of `near_zero_rms`: 1, ≈ sqrt(eps), below it, far below it, zero.
 NEAR_ZERO_TOKEN_SCALES = (1.0, 2.0**-8, 2.0**-10, 2.0**-20, 0.0)
-# Fraction of a bfloat16 spacing that `bf16_inexact_gates` values sit above a bfloat16
-# number: rounding to bfloat16 moves them by exactly this much (just under the 1/2 maximum,
-# so the rounding direction never depends on a tie).
+# Fraction of a bfloat16 spacing `bf16_inexact_gates` values sit off a bfloat16 number: just
+# under 1/2, so rounding never meets a tie.
 BF16_INEXACT_OFFSET = 7.0 / 16.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Masters:
-    """Float64 master arrays of one fixture, before rounding to the case's dtypes.
-
-    x, cotangent: (B, S, n, C). weights: `MhcWeights` field -> shape from
-    `MhcDims.weight_shapes()`. branch_params: branch parameter name -> array.
-    """
+    """Float64 masters of one fixture: x, cotangent (B, S, n, C); weights by `MhcWeights`
+    field (`MhcDims.weight_shapes()`); branch_params by name."""
 
     x: np.ndarray
     cotangent: np.ndarray
@@ -216,16 +204,9 @@ def large_magnitude_masters(case: Case, rs: RandomStreams) -> Masters:
 
 
 def _bfloat16_inexact(values: np.ndarray, directions: np.ndarray) -> np.ndarray:
-    """Nearby float32-exact values that rounding to bfloat16 moves by 7/16 of a bf16 spacing.
-
-    Each value is snapped to bfloat16, then moved by `BF16_INEXACT_OFFSET` of the
-    bfloat16 spacing in its binade (8 significant bits: spacing 2^(e-8) for |g| in
-    [2^(e-1), 2^e)), away from zero where `directions` is +1 and towards zero where it
-    is -1 (except at a power of two, where the spacing below is finer). The result needs
-    12 significant bits — exact in float32 — and rounds back to the snapped value, an
-    error of 7/16 spacing (≈0.17% relative) whose sign varies from entry to entry, so
-    it does not cancel in a softmax (which ignores a common shift).
-    """
+    """Float32-exact values near `values` that rounding to bfloat16 moves by 7/16 of a spacing:
+    snapped to bfloat16, then moved away from zero (`directions` +1) or towards it (-1; not at a
+    power of two, where the spacing below is finer). Mixed signs do not cancel in a softmax."""
     snapped = values.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     if np.any(snapped == 0):
         raise ValueError("bf16_inexact values must be non-zero")
@@ -271,16 +252,13 @@ def bf16_inexact_gates_masters(case: Case, rs: RandomStreams) -> Masters:
 
     r = case.dims.residual_width
     res_shape = (r,) if case.variant == "lite" else (n, n)
-    # Softmax and Sinkhorn are invariant to a common shift of the logits, so the residual
-    # biases can sit in the [4, 8) binade (bf16 spacing 2^-5, rounding error ≈0.0137)
-    # while their differences — what the mix sees — stay within ±3.
+    # Shift invariant: the [4, 8) binade gives larger rounding errors, the mix stays moderate.
     res_bias = magnitudes("res_bias", res_shape, 4.2, 6.5)
     if case.variant == "lite":
         res_bias[0] = magnitudes("res_bias_identity", (), 7.0, 7.6)
     else:
         res_bias[np.diag_indices(n)] = magnitudes("res_bias_identity", (n,), 7.0, 7.6)
-    # Sigmoid gates are not shift invariant: their biases stay in the steep [1, 2) binade
-    # (bf16 spacing 2^-7, rounding error ≈0.0034, sigmoid' ≈ 0.1-0.2 there).
+    # Sigmoid is not shift invariant: its biases stay in the steep [1, 2) binade.
     weights = {
         "pre_bias": -magnitudes("pre_bias", (n,), 1.1, 1.9),
         "post_bias": rs.signs(prefix + "post_bias_sign", (n,)) * magnitudes("post_bias", (n,), 1.1, 1.9),
@@ -339,7 +317,6 @@ class InitFamily:
 
     @property
     def summary(self) -> str:
-        """The first line of the docstring."""
         return self.stresses.splitlines()[0] if self.stresses else ""
 
 

@@ -6,9 +6,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-# A TypeVar, not PEP 695's `def lookup[T]`: that syntax is Python 3.12's, and the package
-# runs on 3.11 (a TPU VM image's Python, docs/accelerators.md).
-T = TypeVar("T")
+T = TypeVar("T")  # not PEP 695 syntax: the package runs on Python 3.11
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:

@@ -1,16 +1,10 @@
-"""Machine-independent random numbers for fixtures.
+"""Machine-independent random numbers for fixtures, bit-identical on every machine.
 
-Bit-identical fixtures on a laptop and on a TPU VM need two things:
-
-1. The same raw bits: every array role ("x", "weights.pre_alpha", ...) gets its own
-   `numpy.random.Generator` (PCG64) seeded from ``SeedSequence([seed, crc32(role)])``.
-   Roles are independent, so adding a new array never shifts the others.
-2. The same arithmetic on those bits: libm and SIMD implementations of exp/log differ
-   between machines in the last bit, so nothing here uses a transcendental function.
-   Only IEEE correctly rounded operations (+, -, ×, ÷, sqrt) and exact power-of-two
-   scalings touch the generator's output. `normalish` therefore draws an Irwin–Hall
-   sum of four uniforms (bell-shaped, unit variance, bounded by ±2√3) instead of
-   `Generator.standard_normal`, whose ziggurat calls exp/log.
+Each array role ("x", "weights.pre_alpha", ...) has its own PCG64 generator seeded from
+``SeedSequence([seed, crc32(role)])``, so adding an array never shifts the others. Only
+correctly rounded operations (+, -, ×, ÷, sqrt) and power-of-two scalings touch the bits:
+libm exp/log differ between machines in the last bit, hence Irwin–Hall `normalish` rather
+than `Generator.standard_normal` (whose ziggurat calls exp/log).
 """
 
 from __future__ import annotations
@@ -20,8 +14,7 @@ import zlib
 
 import numpy as np
 
-# Irwin–Hall with k uniforms has variance k/12; four of them, centred and scaled by
-# sqrt(3), give unit variance. sqrt is correctly rounded, so the constant is portable.
+# Irwin–Hall with k uniforms has variance k/12: scaled by sqrt(12/k), unit variance.
 _IRWIN_HALL_TERMS = 4
 _IRWIN_HALL_SCALE = math.sqrt(12.0 / _IRWIN_HALL_TERMS)
 _CHUNK_ELEMENTS = 1 << 20
@@ -34,10 +27,7 @@ def role_generator(seed: int, role: str) -> np.random.Generator:
 
 
 def normalish(rng: np.random.Generator, shape) -> np.ndarray:
-    """Float64 array of `shape`, mean 0, variance 1, bounded by ±2√3 ≈ ±3.46.
-
-    Sum of four uniforms, drawn in chunks so large shapes need little scratch memory.
-    """
+    """Float64 array of `shape`, mean 0, variance 1, bounded by ±2√3 ≈ ±3.46 (drawn in chunks)."""
     shape = tuple(int(d) for d in shape)
     size = math.prod(shape)
     out = np.empty(size, np.float64)
@@ -66,11 +56,8 @@ def powers_of_two(rng: np.random.Generator, shape, low_exponent: int, high_expon
 
 
 class RandomStreams:
-    """Named, independent random streams of one seed: ``streams.normal("x", shape)``.
-
-    Each role name may be used once per fixture; reusing it would correlate arrays,
-    so it is an error.
-    """
+    """Named, independent random streams of one seed: ``streams.normal("x", shape)``. Drawing a
+    role twice raises ValueError (it would correlate arrays)."""
 
     def __init__(self, seed: int):
         self.seed = int(seed)

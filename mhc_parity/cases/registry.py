@@ -1,17 +1,6 @@
-"""The case registry: cases by stable name, grouped into suites, selectable.
-
-`Registry` holds cases in registration order and named suites (ordered sets of case
-names). The module-level functions (`get`, `select`, `register`, `suites`) operate on
-`default_registry()`, the built-in catalogue (`mhc_parity.cases.catalogue`), built on first use.
-Use `fresh_registry()` for a private copy to add user cases (TOML) to without
-touching the shared one.
-
-Selection (`select`) is the intersection of the given criteria:
-  suite  — a suite name;
-  names  — glob patterns (fnmatch, e.g. ``"lite-n4-*-bf16-*"``); a case matches any one;
-  tags   — every listed tag must be in the case's `all_tags`; ``"!tag"`` excludes;
-  dtype  — activation dtype ("float32", "bfloat16" or an alias such as "bf16").
-A pattern that matches no case, or an unknown suite, is an error naming close matches.
+"""The case registry: cases by stable name, grouped into suites, selectable. The module-level
+functions use `default_registry()` (the built-in catalogue); `fresh_registry()` is a private
+copy to add user cases to.
 """
 
 from __future__ import annotations
@@ -62,11 +51,8 @@ class Registry:
             self._descriptions[name] = description
 
     def register(self, case: Case, suites: Iterable[str] = (), *, origin: str = "") -> Case:
-        """Add `case` and put it into `suites` (declared on the fly if new).
-
-        origin: where the case came from (e.g. a TOML path), quoted in duplicate errors.
-        Raises DuplicateCaseError if the name is already registered.
-        """
+        """Add `case` to `suites` (declared if new). origin (e.g. a TOML path) is quoted in the
+        DuplicateCaseError raised for a name already registered."""
         if not isinstance(case, Case):
             raise TypeError(f"register() takes a Case, got {type(case).__name__}")
         if case.name in self._cases:
@@ -143,7 +129,9 @@ class Registry:
         tags: str | Iterable[str] | None = None,
         dtype: str | None = None,
     ) -> tuple[Case, ...]:
-        """Cases matching every given criterion (see the module docstring), in order."""
+        """Cases matching every given criterion, in order. names: fnmatch globs (comma separated),
+        any one matches; tags: all required, ``"!tag"`` excludes; dtype: an activation dtype or
+        alias. An unknown suite or a pattern matching no case raises UnknownCaseError."""
         candidates = list(self.suite(suite)) if suite is not None else list(self._cases.values())
         patterns = _as_list(names)
         if patterns:
@@ -189,12 +177,10 @@ def fresh_registry() -> Registry:
 
 
 def get(name: str) -> Case:
-    """`default_registry().get(name)`."""
     return default_registry().get(name)
 
 
 def select(suite=None, names=None, tags=None, dtype=None) -> tuple[Case, ...]:
-    """`default_registry().select(...)`."""
     return default_registry().select(suite=suite, names=names, tags=tags, dtype=dtype)
 
 
@@ -204,5 +190,4 @@ def register(case: Case, suites: Iterable[str] = (), *, origin: str = "") -> Cas
 
 
 def suites() -> dict[str, str]:
-    """Suite name -> description of the default registry."""
     return default_registry().suites()

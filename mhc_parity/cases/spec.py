@@ -1,18 +1,6 @@
-"""`Case`: the frozen, hashable specification of one parity run.
-
-A case fixes everything that determines the numbers a run produces — the activation
-shape (batch, sequence, streams, embedding), the activation and weight dtypes, the
-mHC variant, the branch function, the init family and seed that generate the fixture,
-the mesh the token-sharded paths use, and optional kernel block sizes — plus what is
-expected of the kernel paths (supported, or rejected with an `UnsupportedInputError`
-whose message contains `expect_reason`).
-
-Case names are stable identifiers: baselines are keyed on them, so a name must never
-be reused for a different spec. `standard_name` builds the descriptive names the
-built-in catalogue uses (e.g. ``lite-n4-c256-b2s64-bf16-w32-mlp-default``).
-
-This module is deliberately light: it imports neither JAX nor `mhc` at import time
-(`mhc_config()` and `dims` import lazily), so listing cases stays fast.
+"""`Case`: the frozen, hashable specification of one parity run (everything that determines
+its numbers, and whether the kernels should accept it). Names key baselines, so a name is never
+reused for a different spec.
 """
 
 from __future__ import annotations
@@ -43,8 +31,7 @@ MESH_AXES = ("data", "fsdp")
 # mirrors mhc_parity.mhc.precision.MATMUL_PRECISIONS (checked by the tests); the first is the default
 MATMUL_PRECISIONS = ("highest", "default")
 
-# The activation dtypes' names and the short spellings accepted wherever a user types a
-# dtype (CLI, TOML, select()), from `mhc_parity.records.dtypes`.
+# Activation dtype spellings a user may type (CLI, TOML, select()) -> canonical name.
 DTYPE_ALIASES = {
     spelling: name
     for spelling, name in ({n: n for n in dtypes.FLOAT_DTYPES} | dtypes.ALIASES).items()
@@ -58,9 +45,8 @@ REFERENCE_ONLY_TAG = "reference_only"  # run on the reference and oracle paths o
 MULTI_BLOCK_TAG = "multi_block"  # block sizes set so the kernels run several grid steps
 TPU_TAG = "tpu"  # only worth running with compiled (Mosaic) kernels
 
-# What each field of a `Case` decides: the `ROLES` in its metadata, read by `fields_with`.
-# The fixture's key and a compiled program's key are derived from these marks, so a field
-# added to `Case` must say what it changes (tests/test_cases.py fails on an unmarked one).
+# What each `Case` field decides (its metadata's `ROLES`): the fixture's and a compiled
+# program's keys derive from these marks, so a new field must be marked (tests/test_cases.py).
 DATA = "data"  # the fixture's arrays, bit for bit
 PROGRAM = "program"  # the traced program (shapes, dtypes, kernel block sizes): `mhc_parity.harness.engine.paths`
 PLACEMENT = "placement"  # where and how precisely a path runs: its mesh (in the path's name), its matmul precision
@@ -69,7 +55,6 @@ ROLES = "roles"
 
 
 def _marked(*roles: str, **field_options):
-    """A `Case` field with its roles (`DATA`, `PROGRAM`, `PLACEMENT`, `LABEL`)."""
     return dataclasses.field(metadata={ROLES: frozenset(roles)}, **field_options)
 
 
@@ -91,10 +76,8 @@ class CaseSpecError(ValueError):
 
 
 def normalize_dtype(value: str, *, field: str = "dtype", case: str | None = None) -> str:
-    """Canonical dtype name ("float32" | "bfloat16") for a name or alias like "bf16".
-
-    Raises CaseSpecError naming `field` (and `case`, when given) for anything else.
-    """
+    """Canonical dtype name ("float32" | "bfloat16") for a name or alias like "bf16";
+    CaseSpecError naming `field` (and `case`) for anything else."""
     if isinstance(value, str) and value.strip().lower() in DTYPE_ALIASES:
         return DTYPE_ALIASES[value.strip().lower()]
     where = f"case {case!r}: field {field!r}" if case is not None else f"{field}"
@@ -121,12 +104,8 @@ def standard_name(
     matmul_precision: str = MATMUL_PRECISIONS[0],
     suffix: str = "",
 ) -> str:
-    """The catalogue's descriptive name for a spec, e.g. ``lite-n4-c256-b2s64-bf16-w32-mlp-default``.
-
-    Optional parts are appended only when they differ from the default: ``-m2x4``
-    (mesh), ``-bt32`` / ``-btb32`` / ``-bf128`` (token, backward-token and feature
-    blocks), ``-s7`` (seed), ``-matmul_default`` (matmul precision), then ``suffix``.
-    """
+    """The catalogue's descriptive name, e.g. ``lite-n4-c256-b2s64-bf16-w32-mlp-default``, plus
+    ``-m2x4``, ``-bt32``, ``-btb32``, ``-bf128``, ``-s7``, ``-matmul_default``, suffix where set."""
     parts = [
         variant,
         f"n{streams}",
@@ -160,27 +139,13 @@ def _is_int(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One parity case. Frozen and hashable; safe as a dict key or a `jit` static argument.
+    """One parity case; frozen and hashable (a dict key or a `jit` static argument).
 
-    name: stable identifier (letters, digits, ``_ . + = -``); keys baselines.
-    batch, sequence, streams, embedding: x has shape (batch, sequence, streams, embedding).
-    dtype: activation dtype name, "float32" | "bfloat16" (x, cotangent, layer output).
-    weight_dtype: storage dtype of every weight leaf and branch parameter.
-    variant: "lite" (softmax over n! permutations) | "sinkhorn".
-    branch: branch function name, see `mhc_parity.cases.branches.BRANCHES`.
-    init: init family name, see `mhc_parity.cases.init_families.INIT_FAMILIES`.
-    seed: non-negative int; with the data fields it determines the fixture bit for bit.
-    mesh: None (unsharded only) or (data, fsdp) device counts for the token-sharded paths.
-    block_tokens, block_tokens_bwd, block_features: kernel block sizes, None = kernel default.
-    matmul_precision: "highest" (every dot at full float32, the default) or "default"
-      (the backend's default precision: bfloat16 passes on a TPU, TensorFloat-32 on recent
-      NVIDIA GPUs; on a CPU the same as "highest"). See `mhc_parity.mhc.precision`.
-    tags: explicit tags (see also `all_tags`, which adds tags derived from the fields).
-    expect: "supported" | "unsupported" — what the kernel paths should do with the case.
-    expect_reason: for "unsupported", a substring of the expected UnsupportedInputError
-      message; must be "" for "supported".
-
-    Lists given for `mesh` or `tags` (e.g. from TOML) are normalised to tuples.
+    batch, sequence, streams, embedding: x is (B, S, n, C). dtype: activation dtype (x,
+    cotangent, output); weight_dtype: every weight and branch parameter. mesh: None or (data,
+    fsdp) device counts for the token-sharded paths. block_*: kernel block sizes, None = default.
+    matmul_precision: "highest" or "default" (`mhc_parity.mhc.precision`). expect_reason: for
+    expect="unsupported", a substring of the expected UnsupportedInputError; "" otherwise.
     """
 
     name: str = _marked(LABEL)
@@ -214,7 +179,6 @@ class Case:
     # -- validation ---------------------------------------------------------------
 
     def _problems(self):
-        """Yield one message per invalid field (the first one is raised)."""
         label = self.name if isinstance(self.name, str) else repr(self.name)
 
         def bad(field: str, requirement: str) -> str:
@@ -315,13 +279,7 @@ class Case:
 
     @property
     def all_tags(self) -> tuple[str, ...]:
-        """Explicit tags followed by tags derived from the fields, without repeats.
-
-        Derived: activation dtype (``f32``/``bf16``), weight dtype (``w32``/``wbf16``),
-        variant, branch, init family, ``sharded``/``unsharded``, ``matmul_default`` for
-        a non-default matmul precision and, for expected failures, ``unsupported``.
-        `select(tags=...)` matches against these.
-        """
+        """Explicit tags, then those derived from the fields (what `select(tags=...)` matches)."""
         derived = [
             _DTYPE_SHORT[self.dtype],
             _WEIGHT_SHORT[self.weight_dtype],
@@ -346,11 +304,11 @@ class Case:
 
     @property
     def dims(self):
-        """`mhc_parity.mhc.common.MhcDims` (not validated: also built for expected-unsupported shapes)."""
+        """`MhcDims`, not validated: also built for expected-unsupported shapes."""
         return MhcDims(self.streams, self.embedding, self.variant)
 
     def mhc_config(self):
-        """`mhc_parity.mhc.types.MhcConfig` for the case; raises UnsupportedInputError for invalid dims."""
+        """`MhcConfig` for the case; raises UnsupportedInputError for invalid dims."""
         return MhcConfig(
             streams=self.streams,
             embedding=self.embedding,
@@ -363,7 +321,7 @@ class Case:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> dict[str, str]:
-        """One display row: every column `python -m mhc_parity.cases list` prints."""
+        """One display row of `mhc-parity cases list`."""
         blocks = ",".join(f"{k.removeprefix('block_')}={v}" for k, v in self.block_sizes.items())
         expect = self.expect if not self.expects_unsupported else f"unsupported: {self.expect_reason}"
         return {
@@ -385,12 +343,11 @@ class Case:
 
 
 def case_field_names() -> tuple[str, ...]:
-    """Every `Case` field, in declaration order."""
     return tuple(f.name for f in dataclasses.fields(Case))
 
 
 def fields_with(role: str) -> tuple[str, ...]:
-    """The names of the `Case` fields marked with `role`, in declaration order."""
+    """The `Case` fields marked with `role`, in declaration order."""
     return tuple(f.name for f in dataclasses.fields(Case) if role in f.metadata.get(ROLES, ()))
 
 

@@ -1,34 +1,6 @@
-"""User-defined cases from a TOML file (the harness CLI's ``--case-file``).
-
-Format::
-
-    # optional: values every case in the file starts from
-    [defaults]
-    dtype = "bf16"
-    weight_dtype = "float32"
-    tags = ["mine"]
-
-    [[case]]
-    name = "my-lite-n4-c256-bf16"      # required; a stable identifier (keys baselines)
-    batch = 2                          # required: batch, sequence, streams, embedding
-    sequence = 128
-    streams = 4
-    embedding = 256
-    branch = "mlp"                     # identity | tanh | mlp
-    init = "bf16_inexact_gates"        # any mhc_parity.cases.init_families name
-    seed = 3
-    mesh = [2, 4]                      # (data, fsdp); omit for unsharded
-    block_tokens = 32                  # omit for the kernel default
-    matmul_precision = "default"       # omit for "highest" (full float32 dots)
-    tags = ["extra"]                   # added to [defaults] tags
-    suites = ["adversarial"]           # registry suites besides "user" (not a Case field)
-    expect = "unsupported"             # optional; then expect_reason is required
-    expect_reason = "multiple of 128"
-
-Every `Case` field is accepted (dtype names or aliases "f32"/"bf16"); any other key —
-at the top level, in ``[defaults]`` or in a ``[[case]]`` — is rejected, as are values
-of the wrong type. Every error is a `CaseFileError` naming the file, the case (by name
-or position) and the field.
+"""User-defined cases from a TOML file (``--case-file``; format in docs/running.md): ``[defaults]``
+and ``[[case]]`` tables of `Case` fields plus ``suites``. An unknown key or a wrong type is a
+`CaseFileError` naming the file, the case and the field.
 """
 
 from __future__ import annotations
@@ -74,7 +46,6 @@ class CaseFileError(CaseSpecError):
 
 
 def _type_problem(field: str, value) -> str | None:
-    """Why `value` has the wrong TOML type for `field`, or None."""
     if field in _INT_FIELDS and (not isinstance(value, int) or isinstance(value, bool)):
         return f"must be an integer, got {type(value).__name__} {value!r}"
     if field in _STR_FIELDS and not isinstance(value, str):
@@ -179,10 +150,7 @@ def load_case_file(path: str | Path) -> tuple[Case, ...]:
 
 def register_case_file(path: str | Path, registry: Registry) -> tuple[Case, ...]:
     """Load a case file into `registry`: every case joins suite "user" and its own `suites`.
-
-    Raises CaseFileError for a malformed file, DuplicateCaseError for a name the
-    registry already holds (nothing is registered in either case).
-    """
+    Raises CaseFileError (malformed) or DuplicateCaseError (name taken); then nothing is registered."""
     entries = load_case_entries(path)
     clashes = [case.name for case, _ in entries if case.name in registry]
     if clashes:

@@ -1,14 +1,12 @@
-"""The parity harness: the engine (`engine/`: plan, paths, runner, the operation seam;
-`judging/`: metrics, tolerance policy; `stores/`; `processes/`; `faults/`), the public API
-(`mhc_parity.harness.api`), the command line (`mhc_parity.harness.cli`, `commands/`) and the pytest plugin.
+"""The parity harness: the engine (`engine/`, `judging/`, `stores/`, `processes/`, `faults/`), the public
+API, the command line and the pytest plugin.
 
     from mhc_parity.harness import run_parity, gate
     run = run_parity("my_pkg.kernels:factory", suite="smoke")
     assert run.passed, run.failure_table()
 
-The names below are the stable ones; each is defined in `mhc_parity.harness.api` and loaded on
-first use, so `mhc-parity gate | baseline | render` (which import this package)
-still never load JAX.
+The names below are loaded from `mhc_parity.harness.api` on first use, so commands that import this package
+without computing never load JAX.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """The public API's names, from `mhc_parity.harness.api` (imported here, on first use: it loads JAX)."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import mhc_parity.harness.api

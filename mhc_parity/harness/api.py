@@ -1,31 +1,14 @@
-"""The public Python API: run the parity matrix on an implementation, write its reports,
-gate it against a baseline. Re-exported by `mhc_parity.harness` (`from mhc_parity.harness import run_parity`).
+"""The public Python API: run the parity matrix on an implementation, write its reports, gate it against a
+baseline. Re-exported by `mhc_parity.harness`.
 
     run = run_parity("my_pkg.kernels:factory", suite="smoke", dtype="bf16")
-    run.passed                     # True: every row passed or is an explained skip, something of it compared
-    run.reason                     # why not, in one line ("" when passed)
-    run.failures                   # DataFrame of the fail/error rows (empty when passed)
-    run.rows                       # DataFrame of every row (columns: mhc_parity.records.schema.ROW_COLUMNS)
-    run.write_reports("out/mine")  # manifest.json, rows.jsonl, rows.csv, report.json/.html, summary.md
-    run.write_baseline()           # baselines/<implementation name>.csv
+    run.passed, run.reason, run.failures, run.rows
+    run.write_reports("out/mine"); run.write_baseline()
     gate(run, "baselines/my_kernel.csv").ok
 
-Stable names: `run_parity`, `prepare`, `gate`, `ParityRun`, `PreparedRun`, and the errors
-of `mhc_parity.harness.errors` (`ParityError`, `ConfigurationError`, `BaselineError`,
-`ReportError`), each raised with a one-line message. The engine is the CLI's: the same
-selection and up-front checks (`mhc_parity.harness.engine.selection`: the typed `RunSelection` the
-CLI's parser also produces, and `configure`), the same `Runner`,
-manifest, metadata and report writers, so a folder written here is a complete run
-that `mhc-parity gate`, `mhc-parity baseline --from` and `mhc-parity render` accept. What the
-CLI adds is the streaming, resumable run folder and the exit codes.
-
-An implementation is given as a `module:factory` spec, an `Implementation`
-(`mhc_parity.harness.engine.implementations`), or the object a factory returns (with `pre`/`post` and a
-`name`): see "Writing an external implementation" in docs/external-implementations.md. With one, the run is of
-that implementation and the reference (its `vs_reference` partner): paths `reference/*`
-and `<name>/*`, no TPU-lowering rows (those are of this project's kernels); pass
-`paths=` / `lowering=` to change that. Without one, the built-in paths run, as
-`mhc-parity run` does.
+Stable names: `run_parity`, `prepare`, `gate`, `ParityRun`, `PreparedRun` and the errors of
+`mhc_parity.harness.errors`. The engine is the CLI's (same selection, `Runner` and writers), so a folder
+written here is a complete run the CLI accepts; docs/external-implementations.md has more.
 """
 
 from __future__ import annotations
@@ -61,13 +44,17 @@ from mhc_parity.records.rows import ReportInputError, to_frame
 from mhc_parity.records.run_suite import run_suite
 from mhc_parity.records.schema import OK_VERDICTS
 from mhc_parity.records.store import case_records
-from mhc_parity.reports.baseline import write_baseline as _write_baseline_file
-from mhc_parity.reports.baseline_suite import narrowing_refusal, overwrite_refusal
-from mhc_parity.reports.coverage import selection_of_run
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import GateResult
-from mhc_parity.reports.judgement import gate_run
-from mhc_parity.reports.ownership import default_baseline_path, implementation_rows
+from mhc_parity.reports.gate.baseline_file import write_baseline as _write_baseline_file
+from mhc_parity.reports.gate.comparability import (
+    default_baseline_path,
+    implementation_rows,
+    narrowing_refusal,
+    overwrite_refusal,
+    selection_of_run,
+)
+from mhc_parity.reports.gate.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from mhc_parity.reports.gate.judgement import gate_run
+from mhc_parity.reports.gate.rule import GateResult
 from mhc_parity.reports.sources import LoadedRun
 from mhc_parity.reports.terminal import format_summary, nothing_compared_message, rows_table, run_verdict
 from mhc_parity.reports.writers import write_run_folder
@@ -81,10 +68,9 @@ IN_MEMORY_SOURCE = pathlib.Path("<run_parity result>")
 class ParityRun:
     """A finished parity run: its rows, the run metadata and the complete manifest.
 
-    records: one read-only mapping per row (`mhc_parity.records.schema.ROW_COLUMNS`), exactly
-    the rows the manifest recorded (ReportError otherwise), so `passed` and every report say
-    what ran: a verdict flipped in memory cannot make a failing run pass. implementations: the
-    names of the external implementations it ran (their paths are `<name>/...`).
+    records: one read-only mapping per row, exactly the rows the manifest recorded (ReportError otherwise),
+    so a verdict flipped in memory cannot make a failing run pass. implementations: the external
+    implementations it ran (paths `<name>/...`).
     """
 
     records: tuple[Mapping[str, Any], ...]
@@ -106,21 +92,18 @@ class ParityRun:
 
     @property
     def rows(self) -> pd.DataFrame:
-        """Every row as a typed DataFrame (columns in `mhc_parity.records.schema.ROW_COLUMNS`
-        order): a copy, so changing it changes nothing the run says."""
+        """Every row as a typed DataFrame (`ROW_COLUMNS` order), a copy."""
         return self._frame.copy()
 
     @property
     def verdict(self) -> str:
-        """ "PASS", "FAIL" (a fail/error row) or "NOTHING COMPARED" (every row skip/unsupported,
-        or every row of an implementation under test: `mhc_parity.reports.terminal.run_verdict`,
-        the verdict `mhc-parity run` exits with)."""
+        """ "PASS", "FAIL" or "NOTHING COMPARED": the verdict `mhc-parity run` exits with."""
         return run_verdict(self.records, self.implementations)
 
     @property
     def passed(self) -> bool:
-        """True when every row passed or is an explained skip/unsupported, and something of every
-        implementation under test compared (`reason` says why not)."""
+        """Every row passed or is an explained skip, and something of every implementation under test
+        compared (`reason` says why not)."""
         return self.verdict == "PASS"
 
     @property
@@ -135,7 +118,6 @@ class ParityRun:
 
     @property
     def failures(self) -> pd.DataFrame:
-        """The fail/error rows (an empty DataFrame when none)."""
         frame = self._frame
         return frame[~frame["verdict"].isin(OK_VERDICTS)].copy()
 
@@ -145,8 +127,7 @@ class ParityRun:
         return rows_table(bad, limit=None) if bad else ""
 
     def summary(self) -> str:
-        """The one-screen summary `mhc-parity run` prints (verdict counts, failures or closest rows,
-        the policy when it is not the packaged one)."""
+        """The one-screen summary `mhc-parity run` prints."""
         return format_summary(
             [dict(r) for r in self.records], dict(self.metadata), implementations=self.implementations
         )
@@ -156,10 +137,8 @@ class ParityRun:
         return implementation_rows(self.rows, self._implementation(name))
 
     def write_reports(self, folder: str | pathlib.Path) -> dict[str, pathlib.Path]:
-        """Write the run into `folder` as `mhc-parity run --out` does: manifest.json, rows.jsonl,
-        cases-done.txt, rows.csv, report.json, report.html, summary.md. Returns
-        {"csv", "json", "html", "markdown": path}. Anything an earlier run left there is
-        replaced. ReportError if the folder cannot be written."""
+        """Write the run folder as `mhc-parity run --out` does, replacing what was there; {"csv", "json",
+        "html", "markdown": path}. ReportError if the folder cannot be written."""
         try:
             out = _run_folder(folder)
             writer = WriterLock(out, f"ParityRun.write_reports ({self.manifest.command_line})")
@@ -178,11 +157,10 @@ class ParityRun:
     def write_baseline(
         self, path: str | pathlib.Path | None = None, *, implementation: str | None = None, allow_narrower: bool = False
     ) -> pathlib.Path:
-        """Write the rows of one external implementation (default: the run's only one) as its
-        baseline, keyed by its name, to `path` (default baselines/<name>.csv), recording the
-        run's suite and selection. ReportError if the file cannot be written, is a baseline of
-        another suite or, unless `allow_narrower`, covers cases or paths these rows lack
-        (`mhc_parity.reports.baseline_suite`), ConfigurationError if the run has no such implementation."""
+        """Write one external implementation's rows (default: the only one) as its baseline to `path`
+        (default baselines/<name>.csv). ReportError if it cannot be written, is another suite's baseline or,
+        unless `allow_narrower`, covers cases or paths these rows lack; ConfigurationError if the run has no
+        such implementation."""
         name = self._implementation(implementation)
         frame = implementation_rows(self.rows, name)
         if not len(frame):
@@ -224,8 +202,7 @@ class ParityRun:
 
 
 def _run_folder(folder: str | pathlib.Path) -> pathlib.Path:
-    """`folder` as a run folder to write (`writable_folder`); OutputPathError also for one
-    holding files but no run manifest, which a run would replace (`foreign_folder_problem`)."""
+    """`writable_folder(folder)`; OutputPathError also for a folder holding files but no run manifest."""
     out = writable_folder(folder)
     problem = foreign_folder_problem(out)
     if problem:
@@ -234,10 +211,8 @@ def _run_folder(folder: str | pathlib.Path) -> pathlib.Path:
 
 
 class PreparedRun:
-    """A checked run configuration: the cases, the path plan and the policy, loaded and
-    validated before any compute (`prepare`). `run_case` runs one case (the pytest plugin
-    runs cases one by one, per test); `run` runs them all; `result` assembles rows (e.g.
-    gathered from pytest-xdist workers) into a `ParityRun`."""
+    """A run configuration loaded and checked before any compute (`prepare`): `run_case` runs one case (the
+    pytest plugin's way), `run` all, `result` assembles rows into a `ParityRun`."""
 
     def __init__(self, selection: RunSelection, command_line: str):
         self.selection = selection
@@ -256,19 +231,16 @@ class PreparedRun:
 
     @property
     def implementation_names(self) -> tuple[str, ...]:
-        """The names of the external implementations this run includes."""
         return tuple(impl.name for impl in self.externals)
 
     def run_case(self, case) -> list[dict]:
-        """Every row of one of `self.cases`. ConfigurationError if the policy cannot judge a
-        comparison (the up-front check should have caught it)."""
+        """Every row of one of `self.cases`. ConfigurationError if the policy cannot judge a comparison."""
         try:
             return list(self.runner.run_case(case, self.plan))
         except PolicyError as exc:
             raise ConfigurationError(f"{exc} (found while running {case.name})") from exc
 
     def run(self, *, on_case: Callable[[Any, list[dict]], None] | None = None) -> ParityRun:
-        """Run every case in order (`on_case(case, rows)` after each) into a `ParityRun`."""
         records: list[dict] = []
         for case in self.cases:
             rows = self.run_case(case)
@@ -278,8 +250,8 @@ class PreparedRun:
         return self.result(records)
 
     def result(self, records: Iterable[Mapping[str, Any]], *, cases: Sequence | None = None) -> ParityRun:
-        """A `ParityRun` of `records`, the rows of `cases` (default: every prepared case), their
-        causes those that hold across the run (`mhc_parity.records.cause_consistency`)."""
+        """A `ParityRun` of `records`, the rows of `cases` (default: every prepared case), with the causes
+        that hold across the run."""
         records = tuple(dict(r) for r in consistent_causes(records))
         manifest = self._manifest
         if cases is not None:
@@ -316,16 +288,12 @@ def prepare(
 ) -> PreparedRun:
     """Load and check a run configuration without computing anything.
 
-    implementation: a `module:factory` spec, an `Implementation`, an object with
-    pre/post/name, a list of those, or None (the built-in paths). suite / cases / tags /
-    dtype select cases as `mhc-parity run --suite/--cases/--tags/--dtype` do (without suite
-    and cases: the "default" suite, or the cases of `case_files`). paths: path-name globs
-    (default with an implementation: "reference/*" and "<name>/*"; without: every path).
-    lowering: the TPU-lowering rows of the project's kernels (default: only without an
-    implementation) and of implementations that lower their own. inside_envelope: keep only
-    the cases inside every implementation's envelope (`mhc-parity run --inside-envelope`).
-    Raises ConfigurationError (one line) for anything that cannot run, a refused `MHC_PARITY_*`
-    setting first (`mhc_parity.records.settings`); an unknown one is a warning.
+    implementation: a `module:factory` spec, an `Implementation`, an object with pre/post/name, a list of
+    those, or None (the built-in paths). suite / cases / tags / dtype / inside_envelope as the `mhc-parity
+    run` options. paths: path-name globs (default with an implementation: "reference/*" and "<name>/*";
+    without: every path). lowering: the TPU-lowering rows (default: only without an implementation). Raises
+    ConfigurationError for anything that cannot run, a refused `MHC_PARITY_*` setting first; an unknown one
+    is a warning.
     """
     for note in checked_settings():
         warnings.warn(f"mhc-parity: {note}", stacklevel=2)
@@ -357,8 +325,6 @@ def prepare(
 
 
 class Selection(TypedDict, total=False):
-    """The keyword arguments of `run_parity` that select what runs: those of `prepare`."""
-
     suite: str | None
     cases: str | Sequence[str] | None
     tags: str | Sequence[str] | None
@@ -377,13 +343,10 @@ def run_parity(
     out: str | pathlib.Path | None = None,
     **selection: Unpack[Selection],
 ) -> ParityRun:
-    """Run the parity matrix and return the `ParityRun`.
+    """Run the parity matrix and return the `ParityRun`; `selection` as `prepare`.
 
-    implementation and `selection` (suite, cases, tags, dtype, paths, case_files, seed,
-    policy, lowering, inside_envelope) as `prepare`. out: also write the run folder there
-    (`ParityRun.write_reports`). Raises ConfigurationError before any compute for a
-    selection or implementation that cannot run, ReportError if `out` cannot be written
-    (checked first). A failing row is not an exception: look at `.passed` / `.failures`.
+    out: also write the run folder there. Raises ConfigurationError before any compute for what cannot run,
+    ReportError if `out` cannot be written (checked first). A failing row is not an exception.
     """
     if out is not None:
         try:
@@ -408,22 +371,12 @@ def gate(
     allow_code_change: bool = False,
     allow_legacy_baseline: bool = False,
 ) -> GateResult:
-    """Gate `run` (a `ParityRun` or a finished run's folder) against `baseline` (a baseline
-    CSV or a finished run): `mhc-parity gate` itself (`mhc_parity.reports.judgement.gate_run`,
-    the path the command takes), its rules and refusals.
+    """Gate `run` (a `ParityRun` or a run folder) against `baseline` (a baseline CSV or a run) as
+    `mhc-parity gate` does; the keywords are its options.
 
-    A baseline of one implementation (`ParityRun.write_baseline`, `mhc-parity baseline
-    --impl`) judges that implementation's rows only. Returns the `GateResult` (`.ok`,
-    `.table()`); raises BaselineError (one line) where the command exits 2: a baseline that
-    cannot judge the run (unreadable, empty, of another implementation, under another policy
-    or matmul precision unless allowed), a run that did not finish or was made by other code
-    than this checkout (the project's or its implementations' files changed since, in memory
-    or on disk; allow_code_change=True judges it anyway, as `--allow-code-change`), a baseline
-    file given as `run`; ConfigurationError for a growth factor <= 1 or a negative noise
-    floor. only_current_cases: gate only the baseline rows of the cases the run selected (a
-    deliberately partial run), as `--only-current-cases`. allow_legacy_baseline: read a
-    baseline in a legacy format, whose header or rows no digest covers, as
-    `--allow-legacy-baseline` (refused otherwise).
+    Returns the `GateResult`; raises BaselineError where the command exits 2 (a baseline that cannot judge
+    the run, a run unfinished or made by other code than this checkout, a baseline given as `run`),
+    ConfigurationError for a growth factor <= 1 or a negative noise floor.
     """
     gated = gate_run(
         baseline,

@@ -1,25 +1,7 @@
 """`mhc-parity` (also `python -m mhc_parity.harness`): the one command line of the project.
 
-Each command is a module of `mhc_parity.harness.commands`:
-
-  run       cases x paths -> a run folder: manifest.json, rows.jsonl, and once complete
-            rows.csv, report.json, report.html, summary.md                    (commands.run)
-  gate      a finished run against a stored baseline                         (commands.gate)
-  baseline  a finished run written as the baseline CSV; with --impl an implementation's
-            rows keyed by its name, run first without --from             (commands.baseline)
-  render    every report format written again from a run                   (commands.render)
-  policy    the tolerance policy, checked; --table / --markdown: every resolved bound
-                                                                           (commands.policy)
-  faults    the kill matrix and the false-positive sweep                   (commands.faults)
-  merge     the run folders of `run --shard K/N` joined into one run        (commands.merge)
-  cases     the case catalogue: cases, suites, init families          (mhc_parity.cases.__main__)
-  help      the help of a command (`mhc-parity help run`)
-
-A mistyped command gets the nearest one ("did you mean 'run'?"), exit 2.
-
-Exit codes: `mhc_parity.command_line.EXIT_CODES`, which every `--help` ends with; errors
-are one line on stderr after `mhc_parity.command_line.ERROR_PREFIX`. `--version` prints the
-project's version.
+Each command of `COMMANDS` is a module of `mhc_parity.harness.commands` (`cases`: `mhc_parity.cases`),
+loaded only when run. Exit codes: `mhc_parity.command_line.EXIT_CODES`; errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -40,8 +22,7 @@ from mhc_parity.jax_support import UnsupportedJaxError
 from mhc_parity.records.outputs import exit_code_through_closed_stdout
 from mhc_parity.version import version
 
-# command -> (module:function taking the remaining arguments, one-line help). A command
-# loads only its own module: gate, render and `baseline --from` never load JAX.
+# command -> (module:function taking the remaining arguments, one-line help).
 COMMANDS = {
     "run": ("mhc_parity.harness.commands.run:main", "run cases through every path and write reports"),
     "gate": ("mhc_parity.harness.commands.gate:main", "compare a finished run against a baseline"),
@@ -64,7 +45,6 @@ WITHOUT_JAX = ("cases",)
 
 
 def usage() -> str:
-    """The top-level help: the commands and what they do."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines.append(f"  {HELP:<{width}}  the help of a command: mhc-parity help COMMAND")
@@ -84,9 +64,8 @@ def unknown_command(command: str) -> int:
 
 
 def requests_workers(command: str, arguments: list[str]) -> bool:
-    """Whether `arguments` ask `run` for worker processes (`--jobs N` with N other than 1,
-    or auto). A quick look, before the command's parser: a spelling it misses only means
-    the workers' server starts later (`mhc_parity.harness.processes.parallel`), never other rows."""
+    """Whether `arguments` ask `run` for worker processes (`--jobs` other than 1), by a quick look before
+    the parser: a spelling it misses only starts the workers' server later."""
     if command != "run":
         return False
     for index, argument in enumerate(arguments):
@@ -98,9 +77,8 @@ def requests_workers(command: str, arguments: list[str]) -> bool:
 
 
 def impl_modules(arguments: list[str]) -> tuple[str, ...]:
-    """The modules of the `--impl MODULE:FACTORY` arguments, by a quick look before the command's
-    parser (for the workers' server to import: a spelling it misses only means each worker
-    imports that module itself)."""
+    """The modules of the `--impl MODULE:FACTORY` arguments, by a quick look for the workers' server to
+    import (one missed is imported by each worker itself)."""
     found = []
     for index, argument in enumerate(arguments):
         if argument.startswith("--impl="):
@@ -111,11 +89,8 @@ def impl_modules(arguments: list[str]) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
-    """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code.
-
-    own_process: the process ends with the command (`entry`): the objects importing the
-    command built are frozen out of the cycle collector's sight
-    (`mhc_parity.harness.env.collector_paused_for_imports`)."""
+    """Dispatch `argv` (default: sys.argv[1:]) to its command; returns the exit code. own_process: the
+    process ends with the command, so what importing it built is frozen out of the cycle collector's sight."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
@@ -148,10 +123,8 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
 
 
 def import_from_working_directory() -> None:
-    """Put the working directory first on sys.path, where no entry names it, as `python -m`
-    does: the `mhc-parity` script's sys.path starts with its own bin folder instead, so
-    `--impl my_module:factory` run from the repository that holds `my_module` would not import
-    it. Nothing under Python's safe-path mode (-P, PYTHONSAFEPATH), as for `python -m`."""
+    """Put the working directory first on sys.path, as `python -m` does (the script's sys.path starts with
+    its bin folder, so `--impl my_module:factory` would not import); not under safe-path mode."""
     if sys.flags.safe_path:
         return
     try:
@@ -163,20 +136,14 @@ def import_from_working_directory() -> None:
 
 
 def _threads_still_working() -> bool:
-    """Whether a thread other than this one that Python would wait for at exit is alive."""
     return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread())
 
 
 def entry() -> None:
-    """The process entry point (the `mhc-parity` script, `python -m mhc_parity.harness`): exit with
-    `main()`'s code, or EXIT_CLOSED_PIPE (141) without a traceback when stdout's reader went
-    away, in every command (`mhc_parity.records.outputs.exit_code_through_closed_stdout`). After a
-    signal stopped the command, or a closed pipe, exit at once: a thread stuck in the code
-    under test must not keep the process alive (Python would wait for it). So does any exit
-    that leaves a worker thread running: a run stopped by a shortage (exit 2) would otherwise
-    wait for the programs still compiling ahead before its process ends. Every other exit runs
-    the exit handlers and skips only the interpreter's teardown (`_exit_after_handlers`). Modules
-    import from the working directory first (`import_from_working_directory`), before any worker starts."""
+    """The process entry point: exit with `main()`'s code, or 141 without a traceback when stdout's reader
+    went away. After a signal, a closed pipe, or with a worker thread still running (a thread stuck in the
+    code under test, programs compiling ahead), exit at once; otherwise run the exit handlers and skip only
+    the interpreter's teardown."""
     import_from_working_directory()
     code = exit_code_through_closed_stdout(functools.partial(main, own_process=True))
     if code > 128 or _threads_still_working():
@@ -187,11 +154,9 @@ def entry() -> None:
 
 
 def _exit_after_handlers(code: int) -> None:
-    """End the process as `sys.exit(code)` would, less the interpreter's teardown: the exit
-    handlers run (`atexit`: logging's flush, multiprocessing's clean-up, weakref finalizers,
-    any an implementation registered), stdout and stderr are flushed, and the process ends
-    without freeing every module and loaded program one by one, which took most of a second
-    after a run (`docs/speed.md`). Every file a command writes is closed before it returns."""
+    """`sys.exit(code)` less the interpreter's teardown (most of a second after a run, docs/speed.md): the
+    `atexit` handlers run and stdout/stderr are flushed. Every file a command writes is closed before it
+    returns."""
     atexit._run_exitfuncs()  # CPython's own: what sys.exit runs before its teardown
     sys.stdout.flush()
     sys.stderr.flush()

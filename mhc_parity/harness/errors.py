@@ -1,9 +1,7 @@
-"""The typed errors of the public API (`mhc_parity.harness.api`), each with a one-line message.
+"""The typed errors of the public API, each with a one-line message.
 
-Every error a caller can fix by changing what it asked for is a `ParityError`: the CLI
-prints its message on one line and exits 2, the pytest plugin turns it into a usage
-error. Anything else escaping the API is a bug of the harness (or of the implementation
-under test, which the runner records as an `error` row instead of raising).
+A `ParityError` is one the caller can fix: the CLI prints it and exits 2, the pytest plugin makes it a usage
+error. Anything else escaping the API is a bug (the implementation's errors are `error` rows).
 """
 
 from __future__ import annotations
@@ -16,13 +14,13 @@ class ParityError(Exception):
 
 
 class ConfigurationError(ParityError, ValueError):
-    """A selection, implementation or policy that cannot run: an unknown case, suite or path
-    glob, an implementation that does not load, a policy without a rule the run needs."""
+    """A selection, implementation or policy that cannot run (unknown case, suite or path glob, an
+    implementation that does not load, a policy without a rule the run needs)."""
 
 
 class BaselineError(ParityError, ValueError):
-    """A baseline that cannot judge this run: unreadable, of another implementation, made under
-    another tolerance policy or at another matmul precision."""
+    """A baseline that cannot judge this run: unreadable, another implementation's, another tolerance
+    policy's or matmul precision's."""
 
 
 class ReportError(ParityError, OSError):
@@ -30,23 +28,21 @@ class ReportError(ParityError, OSError):
 
 
 class ResourceError(ParityError, RuntimeError):
-    """The machine ran out of what a run needs (memory for a case, a worker process): not a
-    parity failure. The message names the case; the cases finished before it are kept."""
+    """The machine ran out of what a run needs (memory for a case, a worker process): not a parity failure.
+    The cases finished before it are kept."""
 
 
 class UsageError(ConfigurationError):
     """A bad argument or configuration, named as the command line spells it; exit code 2."""
 
 
-# The unknown-setting warnings already given in this process: a pytest session checks the
-# settings when it starts and again in `api.prepare`, and says each once.
+# Unknown-setting warnings already given: a pytest session checks the settings twice.
 _WARNED: set[str] = set()
 
 
 def checked_settings() -> tuple[str, ...]:
-    """`mhc_parity.records.settings.check_settings` as the API reports it: a refused value a
-    ConfigurationError (one line naming the variable); else the warnings for unknown names not
-    yet given in this process."""
+    """`check_settings` as the API reports it: a refused value is a ConfigurationError; else the warnings
+    for unknown names not yet given in this process."""
     try:
         warnings = check_settings()
     except SettingError as error:

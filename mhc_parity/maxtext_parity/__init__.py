@@ -1,23 +1,9 @@
-"""MaxText's mHC (`maxtext==0.2.5` from PyPI) as implementations the harness runs.
+"""MaxText's mHC (`maxtext==0.2.5`) as implementations the harness runs (docs/maxtext.md).
 
-Everything MaxText-specific lives in this package; the engine (`harness`) knows only the
-implementation interface (`mhc_parity.harness.engine.implementations`). `mhc-parity run --suite maxtext
---impl mhc_parity.maxtext_parity:implementations` (what `make parity-maxtext` runs) adds seven:
-
-  maxtext-layer-reference              the layer, use_mhc_pallas_kernel=False, as released
-  maxtext-layer-kernel                 the layer, use_mhc_pallas_kernel=True, as released
-  maxtext-kernel-api                   the public kernel API `maxtext.kernels.mhc.pre/post`, as released
-  maxtext-layer-reference-upstream-pr  the reference with only the upstream PR's change (pre and post
-                                       gates in float32, the residual gate as released)
-  ...-fixed (each of the three)        with the upstream fixes applied at run time (`mhc_parity.maxtext_parity.fixes`)
-
-`mhc_parity.maxtext_parity:released` and `mhc_parity.maxtext_parity:fixed` give those three paths each;
-`mhc_parity.maxtext_parity:layer_reference` and `:layer_reference_fixed` the layer's reference path alone.
-
-Each layer runs through its own `__call__` with the case's branch as `branch_fn` and the
-fixture's weights in its parameters (`mhc_parity.maxtext_parity.layer`). A kernel path is also compared
-with its own layer's reference path of the same release state (its `partner`). Nothing
-outside this package imports it, so the rest of the project never needs MaxText.
+`--impl mhc_parity.maxtext_parity:implementations` adds seven: the layer's reference and kernel paths and
+the kernel API, as released and with the upstream fixes applied at run time (`fixes`), and the reference
+with only the upstream PR's change. `:released`, `:fixed`, `:layer_reference` and `:layer_reference_fixed`
+give subsets. Nothing outside this package imports it.
 """
 
 from __future__ import annotations
@@ -25,11 +11,9 @@ from __future__ import annotations
 from mhc_parity.maxtext_parity import type_aliases
 from mhc_parity.maxtext_parity.import_noise import import_quietly
 
-# Before any MaxText import: on a Python older than 3.12, MaxText's PEP 695 aliases are read as
-# assignments (a stated accommodation, `mhc_parity.maxtext_parity.type_aliases`).
+# Before any MaxText import: below Python 3.12, its PEP 695 aliases read as assignments.
 type_aliases.install()
-# Before any other MaxText import: the one that prints a known line of noise at import, with
-# that line dropped (a run-time accommodation, `mhc_parity.maxtext_parity.import_noise`).
+# Before any other MaxText import: the one that prints a known line of noise, that line dropped.
 import_quietly()
 
 from mhc_parity.maxtext_parity.kernel_api import KernelApi  # noqa: E402 - after the quiet import above
@@ -42,21 +26,18 @@ def implementations() -> list:
 
 
 def released() -> list:
-    """MaxText's layer (both paths) and kernel API as released."""
     return [LayerPath(kernel=False, fixed=False), LayerPath(kernel=True, fixed=False), KernelApi(fixed=False)]
 
 
 def fixed() -> list:
-    """The same three with the upstream fixes applied at run time."""
     return [LayerPath(kernel=False, fixed=True), LayerPath(kernel=True, fixed=True), KernelApi(fixed=True)]
 
 
 def layer_reference() -> LayerPath:
-    """The layer's reference path alone, as released: the quickest of them to run on a CPU
-    (no kernel in Pallas's interpret mode), and one implementation, so it can have a baseline."""
+    """The layer's reference path alone, as released: the quickest on a CPU (no interpret-mode kernel), and
+    one implementation, so it can have a baseline."""
     return LayerPath(kernel=False, fixed=False)
 
 
 def layer_reference_fixed() -> LayerPath:
-    """The layer's reference path alone, with the upstream fixes applied at run time."""
     return LayerPath(kernel=False, fixed=True)

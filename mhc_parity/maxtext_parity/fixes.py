@@ -1,38 +1,18 @@
 """Run-time changes to MaxText 0.2.5 while this project's paths trace it (never a copy of its code).
 
-Two kinds, kept apart:
+* The CPU adaptation (`KernelCalls.interpret`): interpret mode on every kernel call's config, as the
+  layer builds it without `interpret`. Not a fix.
+* The upstream PR's change alone (`PreAndPostGatesInFloat32`): the pre and post gates in float32.
+* The upstream fixes (the `-fixed` implementations): 1. gate scales and biases used in float32
+  (`GatesInFloat32`; results cast to the compute dtype as before); 2. the permutation matrices a
+  compile-time constant, entering at `mhc_kernels_fwd.pre` (`api.pre`'s `stop_gradient` makes a
+  tracer under `jit`); 3. each kernel call token-sharded in a `shard_map` (`check_vma=False`:
+  typing MaxText's out_shapes would edit its kernels); 4. the kernels' permutation mix traced at
+  `default_matmul_precision("highest")` (Mosaic runs its unstated-precision dot in bfloat16 on a
+  TPU v5e; docs/maxtext.md).
 
-* The CPU adaptation (`KernelCalls.interpret`): MaxText's layer builds its
-  `MhcKernelConfig` without `interpret`, so on a machine without a TPU its kernels could
-  not run at all; the harness sets `interpret=True` on the config of every kernel call:
-  Pallas's interpret mode, as this project runs its own kernels on a CPU. Not a fix.
-* The upstream PR's change alone (`PreAndPostGatesInFloat32`, the `-upstream-pr` reference):
-  the pre and post gates in float32, the residual gate as released; what a release with
-  that PR merged computes.
-* The upstream fixes, in the `-fixed` implementations only:
-  1. every gate scale and bias used in float32, as the kernels use them
-     (`GatesInFloat32`: the layer's `mapping`, `res_mapping` and `_get_mhc_weights`
-     run with float32 in place of the compute dtype their casts name; their results are
-     then cast to the compute dtype as before, so the einsums still get bfloat16
-     coefficients and the kernels bfloat16 projections);
-  2. the permutation matrices a compile-time constant (`KernelCalls.constant_permutations`:
-     `api.pre` passes them through `stop_gradient` into an argument its `custom_vjp`
-     declares non-differentiable, which under `jit` makes a tracer there; the fixed call
-     goes to the entry point below it, `mhc_kernels_fwd.pre`, with a NumPy constant);
-  3. token sharding (`KernelCalls.mesh`): each kernel call runs in a token `shard_map`
-     with the weights replicated (`mhc_parity.mhc.sharding.run_token_sharded`), whose transpose sums
-     the per-shard weight gradients. `check_vma=False`: MaxText's `pallas_call` out_shapes
-     carry no manual axes, and typing them would mean editing its kernel code;
-  4. the permutation mix at full float32 precision (`KernelCalls.float32_permutation_mix`):
-     inside its kernels `common.compute_residual_permutations` mixes the permutation matrices
-     with the float32 softmax weights by a `jnp.dot` of no stated precision, which Mosaic runs
-     at its default, bfloat16 operands, on a TPU v5e (measured: `h_res` 5.6 times its bound;
-     interpret mode on a CPU computes it in float32). The fixed call traces that function under
-     `jax.default_matmul_precision("highest")`, which reaches that dot alone.
-
-The layer calls `maxtext.kernels.mhc.api.pre/post` by module attribute; while a path traces
-MaxText (`kernel_calls`), those attributes forward to this thread's `KernelCalls`. Outside
-that, and in every other thread, they are MaxText's own functions.
+While a path traces MaxText (`kernel_calls`), `maxtext.kernels.mhc.api.pre/post` forward to this thread's
+`KernelCalls`; elsewhere, and in other threads, they are MaxText's own.
 """
 
 from __future__ import annotations
@@ -62,23 +42,16 @@ _install_lock = threading.Lock()
 
 
 def permutation_constant(streams: int) -> np.ndarray:
-    """MaxText's own permutation matrices (`get_permutation_matrices`), as a NumPy constant.
-
-    Evaluated eagerly: the helper is `lru_cache`d, so a first call inside a trace would
-    cache a tracer for every later caller.
-    """
+    """MaxText's own permutation matrices as a NumPy constant, evaluated eagerly: the helper is
+    `lru_cache`d, so a first call inside a trace would cache a tracer for every later caller."""
     with jax.ensure_compile_time_eval():
         return np.asarray(maxtext_layer.get_permutation_matrices(streams))
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelCalls:
-    """How this thread's MaxText kernel calls run (module docstring).
-
-    interpret: Pallas interpret mode (no TPU). constant_permutations: fix 2. mesh: a
-    `jax.sharding.Mesh` (or abstract mesh) to token-shard over (fix 3); None: bare calls.
-    float32_permutation_mix: fix 4.
-    """
+    """How this thread's MaxText kernel calls run: interpret (no TPU); constant_permutations (fix 2); mesh
+    to token-shard over (fix 3; None: bare calls); float32_permutation_mix (fix 4)."""
 
     interpret: bool
     constant_permutations: bool = False
@@ -86,8 +59,6 @@ class KernelCalls:
     float32_permutation_mix: bool = False
 
     def _plan(self):
-        """The token sharding of `mesh`; None (bare calls, as released) without one, whatever
-        mesh the context sets."""
         return None if self.mesh is None else token_sharding(self.mesh)
 
     def pre(self, x, weights, permutations, *, config=common.MhcKernelConfig(), implementation=None):
@@ -128,8 +99,8 @@ class KernelCalls:
 
 
 def _constant(permutations) -> np.ndarray:
-    """The permutations as a NumPy constant: their value, or — for the tracer the layer makes
-    by casting MaxText's cached matrices under `jit` — the same matrices from MaxText's helper."""
+    """The permutations as a NumPy constant: their value, or for the tracer the layer makes under `jit`, the
+    same matrices from MaxText's helper."""
     if not isinstance(permutations, jax.core.Tracer):
         return np.asarray(permutations)
     return permutation_constant(permutations.shape[-1]).astype(permutations.dtype)
@@ -147,10 +118,8 @@ def _dispatch_permutation_mix(*args, **kwargs):
 
 
 def runs_interpreted(mesh) -> bool:
-    """Whether MaxText's kernels run in Pallas interpret mode on `mesh`'s devices (None: the
-    device the program is traced for, which the harness makes the default while it traces a
-    path, else the default backend's): wherever they are not TPUs, so also a path laid on the
-    host CPU's devices beside a single chip (`...@cpu`), where Mosaic cannot run."""
+    """Whether MaxText's kernels run in interpret mode on `mesh`'s devices (None: the device traced for):
+    wherever they are not TPUs, also a path on the host CPU beside a chip."""
     if mesh is not None:
         platform = mesh.devices.flat[0].platform
     else:
@@ -175,8 +144,7 @@ def _dispatch_post(layer_output, context, *, config=common.MhcKernelConfig()):
 
 @contextlib.contextmanager
 def kernel_calls(calls: KernelCalls):
-    """MaxText's `api.pre/post` (as the layer calls them) and its kernels' permutation mix, run
-    as `calls` says in this thread."""
+    """MaxText's `api.pre/post` and its kernels' permutation mix, run as `calls` says in this thread."""
     with _install_lock:
         api.pre, api.post = _dispatch_pre, _dispatch_post
         common.compute_residual_permutations = _dispatch_permutation_mix
@@ -190,8 +158,7 @@ def kernel_calls(calls: KernelCalls):
 
 @contextlib.contextmanager
 def maxtext_rejections():
-    """MaxText's UnsupportedInputError raised as this project's, which the harness judges
-    (inside a declared envelope: "rejected a supported case")."""
+    """MaxText's UnsupportedInputError raised as this project's, which the harness judges."""
     try:
         yield
     except common.UnsupportedInputError as exc:
@@ -210,8 +177,8 @@ class _SeenInDtype:
 
 
 class PreAndPostGatesInFloat32(ReleasedLayer):
-    """MaxText's layer with exactly the upstream PR's change: the pre and post gates' `mapping`
-    in float32, the residual gate's `res_mapping` as released (it casts its scale and bias too)."""
+    """MaxText's layer with exactly the upstream PR's change: the pre and post gates' `mapping` in float32,
+    `res_mapping` as released."""
 
     def mapping(self, h, alpha_scale, beta, scale, eps=0.0):
         gate = ReleasedLayer.mapping(_SeenInDtype(self, jnp.float32), h, alpha_scale, beta, scale, eps)
@@ -219,7 +186,7 @@ class PreAndPostGatesInFloat32(ReleasedLayer):
 
 
 class GatesInFloat32(ReleasedLayer):
-    """MaxText's layer with fix 1: gate scales and biases used in float32 (module docstring)."""
+    """MaxText's layer with fix 1: gate scales and biases used in float32."""
 
     def mapping(self, h, alpha_scale, beta, scale, eps=0.0):
         gate = ReleasedLayer.mapping(_SeenInDtype(self, jnp.float32), h, alpha_scale, beta, scale, eps)
@@ -233,11 +200,8 @@ class GatesInFloat32(ReleasedLayer):
         return dataclasses.replace(weights, **{f: getattr(weights, f).astype(self.dtype) for f in MATMUL_FIELDS})
 
 
-# The sums MaxText's reference leaves to the backend: it asks for a bfloat16 result and no
-# accumulation dtype, so a backend that accumulates these layouts in bfloat16 (XLA:CPU: the
-# backend probe, tests/test_maxtext_defects.py on each op alone) computes them so. Declared
-# choices of the reference's (every release state's: the fixes leave them), not bugs of the
-# kernels: the fixed kernels accumulate in float32 and match their reference within its bound.
+# The sums MaxText's reference leaves to the backend (a bfloat16 result, no accumulation dtype),
+# which XLA:CPU accumulates in bfloat16: the reference's declared choices in every release state.
 REFERENCE_PRECISION_CHOICES = (
     PrecisionChoice(
         "accumulate:projection:second_cotangent:bfloat16:1",

@@ -1,12 +1,8 @@
 """MaxText's public mHC kernel API (`maxtext.kernels.mhc.pre/post`) around the case's branch.
 
-As released (`maxtext-kernel-api`) its `pre` cannot run under `jit` + `vjp`; fixed
-(`maxtext-kernel-fwd-fixed`) the call enters at `mhc_kernels_fwd.pre`, the entry point below
-it, with the permutations a NumPy constant, and `api.post` as released (both token-sharded).
-
-Weights go in as this project's kernels take them: matmul leaves in the activation dtype,
-gate scales and biases as stored. The context exposes `h_post` and the residual mix
-(`h_res`, the same orientation as this project's: contracted over its first stream index).
+As released `pre` cannot run under `jit` + `vjp`; fixed (`maxtext-kernel-fwd-fixed`) it enters at
+`mhc_kernels_fwd.pre` with constant permutations. Weights go in as this project's kernels take them; the
+context exposes `h_post` and `h_res` (contracted over its first stream index, as here).
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ CONFIG_FIELDS = {
 
 
 class KernelApi:
-    """MaxText's kernel API, as released (`api.pre`) or fixed (module `mhc_parity.maxtext_parity.fixes`)."""
+    """MaxText's kernel API, as released (`api.pre`) or fixed (`mhc_parity.maxtext_parity.fixes`)."""
 
     variants = ("lite",)
     # How MaxText's code was read other than as written, for the run's environment record.
@@ -38,8 +34,6 @@ class KernelApi:
 
     def __init__(self, *, fixed: bool):
         self.fixed = fixed
-        # Fixed, the calls enter one level below the public `pre` (see mhc_parity.maxtext_parity.fixes):
-        # the name says so.
         self.name = "maxtext-kernel-fwd-fixed" if fixed else "maxtext-kernel-api"
         self.partner = "maxtext-layer-reference" + ("-fixed" if fixed else "")
         self.envelope = kernel_envelope(api_block_defaults())
@@ -78,10 +72,8 @@ class KernelApi:
         return forward
 
     def lower(self, case, mesh_shape: tuple[int, ...]):
-        """Its kernel programs lowered for TPU (`mhc_parity.maxtext_parity.lowering`)."""
         return lowering.lower_programs(self, case, mesh_shape)
 
     def kernel_programs(self, case, mesh):
-        """Its kernel programs on `mesh` (compile-only TPU devices), for the compile rows
-        (`mhc_parity.maxtext_parity.lowering.kernel_programs`)."""
+        """Its kernel programs on `mesh` (compile-only TPU devices), for the compile rows."""
         return lowering.kernel_programs(self, case, mesh)

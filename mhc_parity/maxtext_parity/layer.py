@@ -1,11 +1,6 @@
-"""MaxText's mHC layer (`maxtext/layers/mhc.py`) run through its own `__call__`.
-
-The fixture's weights are placed in the layer's parameters (`PARAMETERS`), the case's
-branch is its `branch_fn` (`HyperConnectionType.MLP_DENSE` calls it as
-`branch_fn(inputs=...)`), its pre-norm `norm_fn` is the identity (this project's layer has
-none). The layer exposes no mixing coefficient, so the only intermediate compared is
-`layer_input`: the value `__call__` hands the branch.
-"""
+"""MaxText's mHC layer (`maxtext/layers/mhc.py`) run through its own `__call__`: the fixture's weights in
+its parameters, the case's branch as `branch_fn`, an identity `norm_fn`. Its only compared intermediate is
+`layer_input`, what it hands the branch."""
 
 from __future__ import annotations
 
@@ -54,7 +49,6 @@ BLOCK_CONFIG_FIELDS = {
 
 
 def maxtext_parameters(weights: dict) -> dict:
-    """The nested pure dict of MaxText's layer parameters holding `weights` (field -> array)."""
     nested: dict = {}
     for field, path in PARAMETERS.items():
         level = nested
@@ -82,18 +76,14 @@ def layer_config(case, *, kernel: bool, matmul_precision: str) -> types.SimpleNa
 
 
 class LayerPath:
-    """One path of MaxText's layer: reference (`kernel=False`) or kernel, as released or fixed.
-
-    A whole-layer implementation (`mhc_parity.harness.engine.implementations`): `build` returns the forward
-    the harness differentiates.
-    """
+    """One path of MaxText's layer, reference (`kernel=False`) or kernel, as released or fixed; a
+    whole-layer implementation whose `build` returns the forward the harness differentiates."""
 
     variants = ("lite",)
     # How MaxText's code was read other than as written, for the run's environment record.
     source_accommodations = property(lambda self: type_aliases.accommodations())
 
     def __init__(self, *, kernel: bool, fixed: bool, upstream_pr: bool = False):
-        """upstream_pr: the reference with only the upstream PR's change (`PreAndPostGatesInFloat32`)."""
         if upstream_pr and (kernel or fixed):
             raise ValueError("the upstream PR's variant is of the released reference path")
         self.kernel = kernel

@@ -1,14 +1,8 @@
-"""MaxText's kernel programs lowered for TPU (Mosaic) from any machine.
+"""MaxText's kernel programs lowered for TPU (Mosaic) from any machine, and compiled for the compile rows.
 
-Four programs, as `mhc_parity.mhc.kernels.lowering` builds for this project's kernels: pre forward,
-post forward, and the VJP of each, at the case's shapes, unsharded and token-sharded on an
-abstract TPU mesh of the case's mesh shape (`Auto` axes, as a training mesh has). The
-released API's `pre` cannot be traced under `jit` (the tracer error its rows show), so
-these programs enter one level below it, at `mhc_kernels_fwd.pre` with a constant
-permutation array (the program names say so): as released the calls are bare, as fixed
-they run in a token `shard_map` (`mhc_parity.maxtext_parity.fixes.KernelCalls`). The same
-programs (`kernel_programs`) are compiled on a mesh of compile-only TPU devices for the
-compile rows (`mhc_parity.harness.engine.compile_rows`).
+Pre and post forward and their VJPs, unsharded and token-sharded on an abstract TPU mesh. The released `pre`
+cannot be traced under `jit`, so they enter at `mhc_kernels_fwd.pre` with constant permutations (the program
+names say so): bare as released, in a token `shard_map` as fixed.
 """
 
 from __future__ import annotations
@@ -29,13 +23,10 @@ PROGRAM_NAMES = tuple(
 
 
 def kernel_programs(kernel_api, case, mesh) -> dict:
-    """{program name: (fn, structs)} of `kernel_api` (a `KernelApi`) for `case` on `mesh`, a
-    `jax.sharding.Mesh` or `AbstractMesh` over `MESH_AXES`: its inputs are token-sharded where
-    the mesh has more than one device (as released the calls are bare there, as fixed in a
-    token `shard_map`), else on its one device. Raises what tracing `pre` raises."""
+    """{program name: (fn, structs)} of a `KernelApi` for `case` on `mesh` (a Mesh or AbstractMesh over
+    `MESH_AXES`), inputs token-sharded where it has several devices. Raises what tracing `pre` raises."""
     sharded = mesh.size > 1
-    # Unsharded on an abstract mesh (lowering): no sharding, as before; on a concrete one
-    # (compiling): placed on its one device.
+    # Unsharded: no sharding on an abstract mesh (lowering), its one device on a concrete one.
     placed = sharded or isinstance(mesh, Mesh)
     tokens = (
         NamedSharding(mesh, PartitionSpec(*(MESH_AXES[: len(mesh.axis_names)] if sharded else ()))) if placed else None
@@ -80,7 +71,7 @@ def kernel_programs(kernel_api, case, mesh) -> dict:
 
 
 def lower_programs(kernel_api, case, mesh_shape: tuple[int, ...]) -> list:
-    """One `mhc_parity.mhc.kernels.lowering.LoweringResult` per program of `kernel_api` (a `KernelApi`) for `case`."""
+    """One `LoweringResult` per program of `kernel_api` for `case`."""
     mesh = abstract_tpu_mesh(tuple(mesh_shape), MESH_AXES[: len(mesh_shape)])
     try:
         programs = kernel_programs(kernel_api, case, mesh)

@@ -1,20 +1,11 @@
 """A stated source accommodation: MaxText's PEP 695 type aliases read on a Python older than 3.12.
 
-MaxText 0.2.5 declares Python >= 3.12, and a TPU VM image may bring Python 3.11 with its own
-JAX. Of the MaxText modules the mHC layer and kernels import, exactly two lines are 3.12-only
-syntax: the PEP 695 aliases `type Implementation = Literal[...]` (`maxtext/kernels/mhc/api.py`)
-and `type KernelContext = tuple[...]` (`maxtext/kernels/mhc/common.py`). Read as the plain
-assignments `Implementation = Literal[...]`, they bind the same names to the same types for
-every use MaxText makes of them (annotations and `get_args`), and the modules import.
-
-`install()` puts a finder first on `sys.meta_path`, on a Python older than 3.12 only, that
-serves the `maxtext` package and nothing else. A module that compiles as it is gets the
-ordinary loader's code, byte for byte. One that does not is read again with each top-level or
-nested `type NAME = ...` statement as `NAME = ...` (one token removed; line numbers kept) and
-nothing else changed; its bytecode is never cached, so a plain import without the finder
-still fails on it. A module that needs more than that (a generic alias `type X[T] = ...`, or
-any other newer syntax) fails to import with `NewerSyntaxError`, one line naming the module,
-file and line. `applied()` lists every alias read so, for the run's environment record.
+MaxText 0.2.5 declares Python >= 3.12; a TPU VM image may bring 3.11. Two lines of the modules the mHC layer
+imports are 3.12-only (`type Implementation = ...`, `type KernelContext = ...`); read as plain assignments
+they bind the same types. `install()` (below 3.12 only) puts a finder first on `sys.meta_path`, for
+`maxtext` alone: a module that compiles gets the ordinary code; one that does not is read with each `type
+NAME = ...` as `NAME = ...` (line numbers kept; its bytecode never cached); anything more fails with
+`NewerSyntaxError`. `applied()` lists what was read so.
 """
 
 from __future__ import annotations
@@ -28,14 +19,13 @@ import threading
 import tokenize
 
 PACKAGE = "maxtext"
-# PEP 695's `type` statement is Python 3.12 syntax: on 3.12 and later nothing is installed.
 NATIVE_SINCE = (3, 12)
 DESCRIPTION = "PEP 695 `type X = Y` aliases read as `X = Y` (Python {python} is older than 3.12)"
 
 
 @dataclasses.dataclass(frozen=True)
 class AliasRead:
-    """One `type NAME = ...` statement read as `NAME = ...`: in `module`, at `line` (1-based)."""
+    """One `type NAME = ...` statement read as `NAME = ...`, in `module` at `line` (1-based)."""
 
     module: str
     line: int
@@ -54,7 +44,6 @@ _lock = threading.Lock()
 
 
 def applied(package: str = PACKAGE) -> tuple[AliasRead, ...]:
-    """Every alias of `package` read as an assignment in this process, in import order."""
     with _lock:
         return tuple(r for r in _applied if r.module == package or r.module.startswith(package + "."))
 
@@ -69,7 +58,6 @@ def record_line(reads: tuple[AliasRead, ...] | None = None) -> str:
 
 
 def accommodations() -> tuple[str, ...]:
-    """An implementation's `source_accommodations` (`record_line()`, where it is not empty)."""
     line = record_line()
     return (line,) if line else ()
 
@@ -89,11 +77,8 @@ def _logical_line_starts(tokens: list[tokenize.TokenInfo]) -> list[int]:
 
 
 def read_aliases(source: bytes, module: str) -> tuple[bytes, tuple[AliasRead, ...]]:
-    """`source` with each `type NAME = ...` statement's `type ` removed, and what was removed.
-
-    Raises NewerSyntaxError for a generic alias (`type NAME[...] = ...`), which has no
-    assignment equivalent.
-    """
+    """`source` with each `type NAME = ...` statement's `type ` removed, and what was removed;
+    NewerSyntaxError for a generic alias (`type NAME[...] = ...`)."""
     encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
     text = source.decode(encoding)
     tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
@@ -121,7 +106,7 @@ def read_aliases(source: bytes, module: str) -> tuple[bytes, tuple[AliasRead, ..
 
 
 class AliasReadingLoader(importlib.machinery.SourceFileLoader):
-    """The ordinary source loader, but a module that does not compile is read with its aliases as assignments."""
+    """The ordinary source loader; a module that does not compile is read with its aliases as assignments."""
 
     _reads: tuple[AliasRead, ...] = ()
 
@@ -173,12 +158,10 @@ _FINDER = AliasFinder()
 
 
 def needed(version: tuple[int, ...] = tuple(sys.version_info[:2])) -> bool:
-    """True on a Python that cannot parse PEP 695 aliases."""
     return tuple(version) < NATIVE_SINCE
 
 
 def install() -> bool:
-    """Put the finder first on `sys.meta_path` where `needed()` (once); True when it is there."""
     if not needed():
         return False
     if _FINDER not in sys.meta_path:

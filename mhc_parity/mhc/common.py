@@ -1,17 +1,7 @@
-"""Shared numerics of the mHC-lite layer: the one implementation every path uses.
-
-The reference path (`mhc_parity.mhc.reference`) and the Pallas kernels (`mhc_parity.mhc.kernels`) both call
-these functions, so the gate, the permutation mix and the folded RMS projection cannot
-drift apart between paths. The float64 oracle (`mhc_parity.mhc.oracle`) deliberately does *not*
-import this module: a bug here must show up as a disagreement with the oracle.
-
-Every function here is written with `jax.numpy` on arrays whose leading axes are
-tokens, so it runs equally on whole arrays (reference) and on VMEM blocks inside a
-Pallas kernel body.
-
-Consumers bind names with ``from mhc_parity.mhc.common import compute_sigmoid_gate`` (not
-``common.compute_sigmoid_gate``): that makes each path's use of a helper a seam that a
-fault injection can patch for one path alone.
+"""Shared numerics of the mHC layer used by both the reference path and the Pallas kernels
+(token-leading `jax.numpy`, so also on VMEM blocks). The float64 oracle deliberately does not
+import it: a bug here must show up against the oracle. Consumers bind names with `from ...
+import` so a fault injection can patch a helper for one path alone.
 """
 
 from __future__ import annotations
@@ -49,12 +39,8 @@ class UnsupportedInputError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MhcDims:
-    """Static sizes of one mHC layer.
-
-    streams: n, the number of residual streams.
-    embedding: C, the width of one stream.
-    variant: "lite" (softmax over n! permutations) or "sinkhorn" (n×n Sinkhorn matrix).
-    """
+    """Static sizes of one mHC layer: n streams of C = embedding; variant "lite" (softmax over
+    n! permutations) or "sinkhorn" (n×n Sinkhorn matrix)."""
 
     streams: int
     embedding: int
@@ -62,7 +48,6 @@ class MhcDims:
 
     @property
     def flat_width(self) -> int:
-        """n·C, the width of one flattened token."""
         return self.streams * self.embedding
 
     @property
@@ -78,7 +63,6 @@ class MhcDims:
         return 2 * self.streams + self.residual_width
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Shape of every `MhcWeights` leaf, by field name."""
         n, nc, r = self.streams, self.flat_width, self.residual_width
         res_bias = (r,) if self.variant == "lite" else (n, n)
         return {
@@ -138,11 +122,8 @@ def validate_layer_output(layer_output: jax.Array, x: jax.Array) -> None:
 
 @functools.cache
 def permutation_matrices(n: int) -> np.ndarray:
-    """All n! permutation matrices, `P_p = eye(n)[perm_p]`, in itertools order.
-
-    Returns a read-only float32 NumPy array of shape (n!, n, n). Cached per n: the same
-    object comes back on every call, and it is a compile-time constant for kernels.
-    """
+    """All n! permutation matrices `P_p = eye(n)[perm_p]` in itertools order: a cached,
+    read-only float32 (n!, n, n) NumPy array (a compile-time constant for kernels)."""
     if n < 1:
         raise UnsupportedInputError(f"permutation_matrices needs n >= 1, got {n}")
     eye = np.eye(n, dtype=np.float32)
@@ -159,13 +140,9 @@ def compute_sigmoid_gate(
     multiplier: float = 1.0,
     epsilon: float = 0.0,
 ) -> jax.Array:
-    """`multiplier · sigmoid(scale · logits + bias) + epsilon`, always in float32.
-
-    logits: (..., n) any float dtype; scale: (1,) or scalar; bias: (n,). Each operand is
-    upcast to float32 *before* the affine map: casting scale or bias to bfloat16 first
-    rounds them and changes the gate (the upstream reference/kernel mismatch this
-    project guards against). Returns float32 (..., n).
-    """
+    """`multiplier · sigmoid(scale · logits + bias) + epsilon`: logits (..., n) any float,
+    scale (1,), bias (n,) -> float32 (..., n). Each operand is upcast before the affine map:
+    rounding scale or bias to bfloat16 first changes the gate (the upstream mismatch)."""
     z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
     return multiplier * jax.nn.sigmoid(z) + epsilon
 
@@ -177,25 +154,16 @@ def rms_inverse(v: jax.Array, epsilon: float) -> jax.Array:
 
 
 def fold_norm_into_projection(norm_scale: jax.Array, alphas: tuple[jax.Array, ...], dtype) -> jax.Array:
-    """`norm_scale[:, None] · [alpha_0 | alpha_1 | ...]`, formed in float32, cast to `dtype`.
-
-    norm_scale: (nC,); alphas: (nC, k_i) each. Returns (nC, Σk_i) in `dtype`, the matmul
-    operand of the fused projection (a production layer folds the RMS-norm scale into
-    the projection once and runs the matmul in the activation dtype).
-    """
+    """`norm_scale[:, None] · [alpha_0 | alpha_1 | ...]` formed in float32: (nC,), (nC, k_i)
+    -> (nC, Σk_i) in `dtype`, the fused projection's matmul operand (as a production layer folds)."""
     stacked = jnp.concatenate([a.astype(jnp.float32) for a in alphas], axis=-1)
     return (norm_scale.astype(jnp.float32)[:, None] * stacked).astype(dtype)
 
 
 def matmul(a: jax.Array, b: jax.Array, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> jax.Array:
-    """`a (..., K) @ b (K, N)` in a's dtype at the precision `mhc_parity.mhc.precision` gives it.
-
-    b is cast to a's dtype; products accumulate in `accumulation_dtype(a.dtype)`
-    (float32 for float32/bfloat16 operands), which is the result's dtype. The VJP's dots
-    multiply the float32 cotangent at `cotangent_dot_precision`: where that differs from
-    the forward's (bfloat16 operands at "highest") the two are stated by a custom VJP
-    whose backward is autodiff's own transposes at the cotangents' precision.
-    """
+    """`a (..., K) @ b (K, N)`, b cast to a's dtype, result in `accumulation_dtype(a.dtype)`.
+    Where the VJP's precision differs from the forward's (bfloat16 at "highest"), a custom VJP
+    states both."""
     b = b.astype(a.dtype)
     forward = dot_precision(a.dtype, matmul_precision)
     backward = cotangent_dot_precision(a.dtype, matmul_precision)
@@ -234,18 +202,14 @@ _dot_with_cotangent_precision.defvjp(_dot_with_cotangent_precision_fwd, _dot_wit
 def folded_rms_projection(
     v: jax.Array, folded: jax.Array, epsilon: float, matmul_precision: str = DEFAULT_MATMUL_PRECISION
 ) -> jax.Array:
-    """`rsqrt(mean(v²)+eps) · (v @ folded)` with float32 accumulation.
-
-    v: (T, nC) activation dtype; folded: (nC, P) same dtype (see
-    `fold_norm_into_projection`); matmul_precision: see `mhc_parity.mhc.precision`. Returns
-    float32 (T, P).
-    """
+    """`rsqrt(mean(v²)+eps) · (v @ folded)`: v (T, nC), folded (nC, P) in the activation dtype
+    -> float32 (T, P)."""
     acc = matmul(v, folded, matmul_precision)
     return rms_inverse(v, epsilon) * acc
 
 
 def split_projection(proj: jax.Array, dims: MhcDims) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Split the fused projection (..., 2n + R) into (pre (..., n), post (..., n), res (..., R))."""
+    """(..., 2n + R) -> pre (..., n), post (..., n), res (..., R)."""
     n = dims.streams
     return proj[..., :n], proj[..., n : 2 * n], proj[..., 2 * n :]
 
@@ -256,13 +220,8 @@ def permutation_mix(
     perms: jax.Array | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> jax.Array:
-    """`Σ_p weights[..., p] · P_p`: (..., n!) float32 -> (..., n, n) float32.
-
-    perms: optional (n!, n·n) float32 value of `permutation_matrices(n)` rows. A Pallas
-    kernel body may not capture array constants, so a kernel receives the matrices as an
-    input ref and passes the loaded value here; everyone else leaves it None.
-    matmul_precision: see `mhc_parity.mhc.precision`.
-    """
+    """`Σ_p weights[..., p] · P_p`: (..., n!) float32 -> (..., n, n) float32. perms: the (n!, n·n)
+    matrices, passed only by kernel bodies (which may not capture array constants)."""
     if perms is None:
         perms = jnp.asarray(permutation_matrices(n).reshape(-1, n * n))
     mixed = matmul(weights.astype(jnp.float32), perms, matmul_precision)
@@ -277,13 +236,8 @@ def lite_residual_matrix(
     perms: jax.Array | None = None,
     matmul_precision: str = DEFAULT_MATMUL_PRECISION,
 ) -> jax.Array:
-    """mHC-lite `h_res = Σ_p softmax(scale·logits + bias)_p P_p`, float32.
-
-    logits: (..., n!); scale: (1,); bias: (n!,). Returns (..., n, n), doubly stochastic
-    by construction (a convex combination of permutation matrices). perms: see
-    `permutation_mix` (only Pallas kernel bodies pass it); matmul_precision: see
-    `mhc_parity.mhc.precision`.
-    """
+    """mHC-lite `h_res = Σ_p softmax(scale·logits + bias)_p P_p`: logits (..., n!), scale (1,),
+    bias (n!,) -> float32 (..., n, n), doubly stochastic by construction."""
     z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
     return permutation_mix(jax.nn.softmax(z, axis=-1), n, perms, matmul_precision)
 
@@ -291,12 +245,8 @@ def lite_residual_matrix(
 def sinkhorn_residual_matrix(
     logits: jax.Array, scale: jax.Array, bias: jax.Array, n: int, iterations: int
 ) -> jax.Array:
-    """Sinkhorn `h_res` from (..., n²) logits, bias (n, n): alternately normalise rows, columns.
-
-    Works in log space (stable for large logits), float32. Returns (..., n, n); after
-    the final column step columns sum to 1 exactly and rows to within the iteration
-    residual.
-    """
+    """Sinkhorn `h_res` from (..., n²) logits, bias (n, n), in float32 log space -> (..., n, n);
+    columns sum to 1, rows to within the iteration residual."""
     z = scale.astype(jnp.float32) * logits.astype(jnp.float32).reshape(logits.shape[:-1] + (n, n))
     z = z + bias.astype(jnp.float32)
     for _ in range(iterations):
@@ -306,21 +256,14 @@ def sinkhorn_residual_matrix(
 
 
 def collapse_streams(h_pre: jax.Array, x: jax.Array) -> jax.Array:
-    """`layer_input[d] = Σ_s h_pre[s] · x[s, d]` in float32, cast to x's dtype.
-
-    h_pre: (..., n) float32; x: (..., n, C). Returns (..., C) in x.dtype.
-    """
+    """`layer_input[d] = Σ_s h_pre[s] · x[s, d]` in float32: (..., n), (..., n, C) -> (..., C) x.dtype."""
     acc = jnp.sum(h_pre.astype(jnp.float32)[..., :, None] * x.astype(jnp.float32), axis=-2)
     return acc.astype(x.dtype)
 
 
 def expand_streams(h_res: jax.Array, h_post: jax.Array, x: jax.Array, layer_output: jax.Array) -> jax.Array:
-    """`out[j, d] = Σ_i h_res[i, j] · x[i, d] + h_post[j] · layer_output[d]`, float32, cast.
-
-    h_res: (..., n, n) float32 (contracted over its *first* stream index);
-    h_post: (..., n) float32; x: (..., n, C); layer_output: (..., C).
-    Returns (..., n, C) in x.dtype.
-    """
+    """`out[j, d] = Σ_i h_res[i, j] · x[i, d] + h_post[j] · layer_output[d]` in float32: h_res
+    (..., n, n), h_post (..., n), x (..., n, C), layer_output (..., C) -> (..., n, C) x.dtype."""
     x32 = x.astype(jnp.float32)
     mixed = jnp.sum(h_res.astype(jnp.float32)[..., :, :, None] * x32[..., :, None, :], axis=-3)
     out = mixed + h_post.astype(jnp.float32)[..., :, None] * layer_output.astype(jnp.float32)[..., None, :]

@@ -1,10 +1,5 @@
-"""`ManifoldConstrainedHyperConnections`: the mHC-lite layer as a flax.nnx module.
-
-One layer wraps one branch (attention, MLP, ...) of a residual network that carries
-n parallel streams: `pre` collapses the streams into the branch input, the branch
-runs, `post` mixes the streams and adds the gated branch output. The reference path
-(`mhc_parity.mhc.reference`) and the Pallas kernels (`mhc_parity.mhc.kernels`) are selected by
-`use_pallas_kernel`; both see the same weights through `weights()`.
+"""`ManifoldConstrainedHyperConnections`: the mHC layer as a flax.nnx module, wrapping one
+branch of a network of n residual streams, on the reference path or the Pallas kernels.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 
 # Small gate scales keep every gate near its bias at initialisation (the papers use 0.01).
 INITIAL_GATE_SCALE = 0.01
-# Logit advantage of the identity permutation (mHC-lite) / the diagonal (Sinkhorn):
-# the layer starts close to a plain residual connection.
+# Logit advantage of the identity permutation / diagonal: start near a plain residual.
 IDENTITY_BIAS_LOGIT = 4.0
 
 
@@ -66,24 +60,13 @@ def default_initializers(config: MhcConfig) -> dict[str, Initializer]:
 
 
 class ManifoldConstrainedHyperConnections(nnx.Module):
-    """The mHC layer: pre → branch → post over n residual streams.
+    """The mHC layer: pre → branch → post over n = `streams` residual streams of C = `embedding`.
 
-    Args:
-      streams: n. embedding: C.
-      dtype: activation (compute) dtype, float32 or bfloat16.
-      weight_dtype: storage dtype of the parameters.
-      variant: "lite" (permutation mix) or "sinkhorn".
-      matmul_precision: "highest" (full float32 dots, the default) or "default" (the
-        backend's default precision); see `mhc_parity.mhc.precision`.
-      use_pallas_kernel: route through `mhc_parity.mhc.kernels` instead of `mhc_parity.mhc.reference`.
-      kernel_config: an `mhc_parity.mhc.kernels.KernelConfig` (None: its defaults).
-      mesh: a `jax.sharding.Mesh` to token-shard the kernels over (None: unsharded, or
-        the active context mesh if the kernels find one).
-      initializers: per-leaf overrides of `default_initializers`.
-      implementation: an object with `pre(x, weights, *, config)` and
-        `post(layer_output, context, *, config)` (same shapes and `MhcWeights` fields as
-        `mhc_parity.mhc.reference`) used instead of either built-in path — how an external mHC
-        implementation runs through exactly the same layer.
+    dtype: activation dtype, float32 or bfloat16; weight_dtype: parameter storage.
+    kernel_config: a `KernelConfig` (None: defaults). mesh: to token-shard the kernels over
+    (None: the context mesh, if any). implementation: an object with `pre(x, weights, *,
+    config)` and `post(layer_output, context, *, config)` as `mhc_parity.mhc.reference`'s,
+    used instead of either built-in path.
     """
 
     def __init__(
@@ -131,12 +114,8 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
             setattr(self, name, nnx.Param(jnp.asarray(value, self.weight_dtype)))
 
     def weights(self) -> MhcWeights:
-        """The weights as the paths consume them.
-
-        Matmul leaves (norm_scale, *_alpha) in the compute dtype; gate scales and biases
-        in their stored dtype, because the gate upcasts them to float32 itself and a
-        cast to a narrower compute dtype first would round them.
-        """
+        """Matmul leaves in the compute dtype; gate leaves stored (the gate upcasts them to
+        float32 itself; a narrower cast first would round them)."""
         stored = MhcWeights(**{name: getattr(self, name)[...] for name in WEIGHT_FIELDS})
         return stored.astype_for_compute(self.dtype)
 
@@ -154,12 +133,8 @@ class ManifoldConstrainedHyperConnections(nnx.Module):
     def call_with_intermediates(
         self, branch_fn: Callable[[jax.Array], jax.Array], x: jax.Array
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Like `__call__`, also returning what the paths materialise.
-
-        Returns out (B, S, n, C) and {layer_input (B, S, C) in `dtype`, h_pre (B, S, n),
-        h_post (B, S, n), h_res (B, S, n, n) float32} (an external implementation's
-        context contributes whichever of h_pre/h_post/h_res it has).
-        """
+        """out (B, S, n, C) and {layer_input (B, S, C) in `dtype`, float32 h_pre, h_post (B, S, n),
+        h_res (B, S, n, n)} (an external context gives whichever of the h_* it has)."""
         validate_activations(x, self.config.dims)
         if x.dtype != self.dtype:
             raise UnsupportedInputError(

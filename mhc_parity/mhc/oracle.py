@@ -1,23 +1,9 @@
-"""The float64 oracle: the mHC-lite (and Sinkhorn) math, written independently.
+"""The float64 oracle, the ground truth every path is measured against: runs the independently
+written math of `oracle_math` (exact, or with rounding noise per draw) as compiled programs.
 
-This module is the ground truth every path is measured against. It deliberately
-imports nothing from `mhc_parity.mhc.common` (nor anything that computes): if a shared helper
-were wrong, the reference and kernel paths would agree with each other and only the
-oracle would disagree. It also takes a different route through the same algebra —
-the RMS-norm scale is applied to the activations rather than folded into the
-projection, the gate is written out as `1 / (1 + exp(-z))`, permutation matrices are
-built by index assignment, and Sinkhorn normalises in linear space — so a shared
-slip of thought is unlikely to be reproduced.
-
-The layer's math, with its rounding hook at every site, is `mhc_parity.mhc.oracle_math`;
-this module runs it: the float64 inputs, the compiled programs of a batch of draws (the
-exact oracle and the sensitivity's noisy ones) and their results.
-
-Inputs are the *already dtype-rounded* arrays a path receives, upcast to float64, so
-the oracle measures the arithmetic of a path, not the rounding of its inputs.
-Everything runs under `jax.enable_x64` with `jax.vjp` for the gradients, on the host
-CPU whatever the default backend (`oracle_device`: TPUs have no float64), with every
-matmul at `Precision.HIGHEST`.
+Inputs are the already dtype-rounded arrays a path receives, upcast to float64, so the
+oracle measures a path's arithmetic, not its inputs' rounding. Runs under `jax.enable_x64` on
+the host CPU (TPUs have no float64), every matmul at HIGHEST.
 """
 
 from __future__ import annotations
@@ -57,13 +43,11 @@ def oracle_device():
 
 @dataclasses.dataclass(frozen=True)
 class OracleResult:
-    """Float64 forward values and gradients of one layer application.
+    """NumPy float64 forward values and gradients of one layer application.
 
-    forward: out (B,S,n,C), layer_input (B,S,C), h_pre (B,S,n), h_post (B,S,n),
-      h_res (B,S,n,n), layer_output (B,S,C) — the branch output.
-    d_x: (B,S,n,C); d_layer_output: (B,S,C), the cotangent reaching the branch output;
-    d_weights: weight field name -> gradient; d_branch: branch parameter -> gradient.
-    All NumPy float64.
+    forward: out (B,S,n,C), layer_input (B,S,C), h_pre, h_post (B,S,n), h_res (B,S,n,n),
+    layer_output (B,S,C) (the branch output). d_x (B,S,n,C); d_layer_output (B,S,C);
+    d_weights / d_branch: by weight / branch parameter name.
     """
 
     forward: dict[str, np.ndarray]
@@ -78,7 +62,7 @@ def _as_f64(a) -> np.ndarray:
 
 
 def _weight_mapping(weights) -> dict[str, np.ndarray]:
-    """Accept an `MhcWeights` (duck-typed by field names) or a mapping."""
+    """An `MhcWeights` (duck-typed) or a mapping -> name -> float64 array."""
     if isinstance(weights, Mapping):
         get = weights.__getitem__
     else:
@@ -87,10 +71,8 @@ def _weight_mapping(weights) -> dict[str, np.ndarray]:
 
 
 def _units_vector(units: Mapping[str, float] | float | None) -> np.ndarray:
-    """The unit roundoffs in `PRECISION_CLASSES` order, float64 (zeros: the exact oracle).
-
-    units: {class: u} naming every class, a single float for every class, or None / 0.
-    """
+    """Unit roundoffs in `PRECISION_CLASSES` order from {class: u} naming every class, one float
+    for all, or None / 0 (zeros: the exact oracle)."""
     if units is None or isinstance(units, (int, float)):
         return np.full(len(PRECISION_CLASSES), float(units or 0.0))
     missing = set(PRECISION_CLASSES) - set(units)
@@ -99,22 +81,18 @@ def _units_vector(units: Mapping[str, float] | float | None) -> np.ndarray:
     return np.array([float(units[c]) for c in PRECISION_CLASSES])
 
 
-# XLA's CPU backend without LLVM's optimisation passes: the oracle's programs are cheap to
-# run and their compile time dominates (bench/parity_bench.py measures it). Only float64
-# rounding (e.g. fused multiply-adds) can differ, far below anything a comparison resolves.
+# The oracle's programs are cheap to run and their compile time dominates; only float64
+# rounding can differ, far below anything a comparison resolves (docs/speed.md).
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
-# The hypotheses' programs (`mhc_parity.mhc.oracle_roundings`, `mhc_parity.mhc.oracle_backend`) run once per
-# failing case, so their compile is most of a failing run's extra cost: level 0 without LLVM's
-# expensive passes compiled the roundings' program in 2.0-2.7 s against level 1's 5.2 s, and ran it
-# in 0.55-0.78 s against 0.47 s (a float32 MLP case, a loaded 2-core host; bench/causes_bench.py).
+# The hypotheses' programs run once per failing case: compile time is most of their cost.
 HYPOTHESIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def _recorded(
     x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = (), recorder=None
 ) -> SiteRecorder:
-    """A `SiteRecorder` (or `recorder`, one of its kind) that saw every rounding of one draw,
-    in call order (an abstract trace)."""
+    """A `SiteRecorder` (or `recorder`) that saw every rounding of one draw in call order
+    (an abstract trace)."""
     recorder = SiteRecorder() if recorder is None else recorder
     jax.eval_shape(lambda *a: layer_and_vjp(*a, recorder, config, branch_apply, branch_sites), x, w, p, ct)
     return recorder
@@ -123,13 +101,11 @@ def _recorded(
 def _recorded_sites(
     x, w, p, ct, config, branch_apply: BranchApply, branch_sites: BranchSites = ()
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """The (site, shape) of every rounding of one draw, in call order (an abstract trace)."""
     return _recorded(x, w, p, ct, config, branch_apply, branch_sites).sites
 
 
 def _float64_inputs(x, weights, branch_params: Mapping[str, Any], cotangent):
-    """(x, weight name -> array, branch parameter -> array, cotangent) as float64 JAX arrays
-    (call under `jax.enable_x64`)."""
+    """The inputs as float64 JAX arrays (call under `jax.enable_x64`)."""
     return (
         jnp.asarray(_as_f64(x)),
         {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()},
@@ -145,34 +121,20 @@ def _bank_size(sites) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _bank_program(size: int):
-    """The jitted `keys (D,) -> (D, size)` uniform [-1, 1) float64 banks, one per draw key.
-
-    Compiled apart from `_oracle_program`, at XLA's default optimisation: the generator is
-    integer arithmetic and an exact affine map, so its bits do not depend on the level,
-    and unoptimised it would dominate the oracle's run time. One program serves every case
-    whose draws are this size.
-    """
+    """The jitted `keys (D,) -> (D, size)` uniform [-1, 1) float64 banks. Compiled apart at XLA's
+    default level: unoptimised it would dominate the oracle's run time (its bits do not change)."""
     return jax.jit(jax.vmap(lambda key: jax.random.uniform(key, (size,), jnp.float64, -1.0, 1.0)))
 
 
-# A jitted program keeps an executable per input shape alive, and each holds memory
-# mappings (a process has at most vm.max_map_count): keep the programs of the few most
-# recent branch/config combinations, not of every case a long run has seen.
+# Each cached executable holds memory mappings (at most vm.max_map_count a process): keep few.
 @functools.lru_cache(maxsize=8)
 def _oracle_program(
     branch_apply: BranchApply, config, branch_sites: BranchSites = (), only_sites: frozenset[str] | None = None
 ):
-    """The jitted float64 forward + VJP of a batch of draws, for one branch (and its own
-    rounding sites) and config; with `only_sites`, every other site is held exact (the
-    share of the sensitivity those sites explain).
-
-    program(x, w, p, ct, banks, units): banks (D, `_bank_size`) uniform [-1, 1) numbers
-    (`_bank_program`) and units (D, classes) unit roundoffs, one row per draw
-    (`_units_vector`; zeros: the exact oracle); the inputs are shared by every draw and
-    every output gains a leading D axis. The units are data, so the exact oracle and the
-    noisy draws of float32 and bfloat16 runs of one shape share one compiled program
-    (cached: other shapes retrace).
-    """
+    """The jitted float64 forward + VJP of a batch of draws for one branch and config; with
+    `only_sites`, every other site is held exact. program(x, w, p, ct, banks (D, `_bank_size`),
+    units (D, classes)): outputs gain a leading D axis. Units are data, so the exact oracle and
+    float32 and bfloat16 draws of one shape share the program."""
 
     def one_draw(x, w, p, ct, bank, units):
         sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
@@ -184,8 +146,37 @@ def _oracle_program(
             raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
         return outputs
 
-    # The inputs are shared by every draw; the bank and the units vary.
     return jax.jit(jax.vmap(one_draw, in_axes=(None, None, None, None, 0, 0)), compiler_options=_COMPILER_OPTIONS)
+
+
+@functools.lru_cache(maxsize=8)
+def _oracle_program_of_sites(branch_apply: BranchApply, config, branch_sites: BranchSites = ()):
+    """`_oracle_program` with `only_sites` as data, one program for every choice of sites:
+    program(x, w, p, ct, banks, units, keep): keep (`_site_names` order) 1.0 where a site
+    rounds, 0.0 where it is held exact; a kept delta times 1.0 is the delta bit for bit and a
+    held one times 0.0 is what `only_sites` makes of it (`RoundingNoise`), so the outputs are
+    `_oracle_program`'s with `only_sites`, without a compile per choice (the rounding audit's
+    shares ask for one per site)."""
+    names = _site_names(branch_sites)
+
+    def one_draw(x, w, p, ct, bank, units, keep):
+        sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
+        if bank.shape != (_bank_size(sites),):
+            raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
+        kept = {name: keep[index] for index, name in enumerate(names)}
+        noise = RoundingNoise(sites, bank, units, branch_sites, kept_sites=kept)
+        outputs = layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
+        if noise.calls != len(sites):
+            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
+        return outputs
+
+    in_axes = (None, None, None, None, 0, 0, None)
+    return jax.jit(jax.vmap(one_draw, in_axes=in_axes), compiler_options=_COMPILER_OPTIONS)
+
+
+def _site_names(branch_sites: BranchSites) -> tuple[str, ...]:
+    """Every rounding site's name: the layer's (`ROUNDING_SITES`), then the branch's."""
+    return (*ROUNDING_SITES, *(name for name, _ in branch_sites))
 
 
 def run_oracle(
@@ -201,17 +192,11 @@ def run_oracle(
 ) -> OracleResult:
     """Forward and VJP of `post(branch(pre(x)))` in float64.
 
-    x: (B, S, n, C) any float dtype (upcast); weights: `MhcWeights` or name -> array;
-    branch_apply(params, h) must be dtype-polymorphic jax.numpy (and hashable: the
-    compiled program is cached per branch function and config); cotangent: (B,S,n,C)
-    seed for the VJP; config: an `MhcConfig` (streams, variant, epsilons, iterations).
-    rounding_noise: None for the exact oracle, or (seed, units): every input and
-    intermediate is multiplied by (1 + δ), |δ| <= the unit roundoff of its site's
-    precision class (`ROUNDING_SITES`; units maps each of `PRECISION_CLASSES` to a unit
-    roundoff, see `unit_roundoffs`; a single float applies to every class), to measure
-    how far the rounding a correct implementation may make moves each leaf.
-    branch_sites: the branch's own rounding sites (name -> `RoundingSite`), for a branch
-    whose apply takes `rounding=r` and rounds its values through r(value, site).
+    x, cotangent: (B, S, n, C) any float dtype (upcast); weights: `MhcWeights` or name ->
+    array; branch_apply(params, h): dtype-polymorphic and hashable (the program is cached per
+    branch and config). rounding_noise: None (exact), or (seed, units): every rounding site's
+    value is multiplied by (1 + δ), |δ| <= its precision class's unit roundoff (units: class ->
+    u, or one float). branch_sites: the branch's own rounding sites.
     """
     seed, units = rounding_noise or (0, None)
     (result,) = run_oracle_batch(
@@ -232,11 +217,8 @@ def run_oracle_draws(
     units: Mapping[str, float] | float,
     branch_sites: Mapping[str, RoundingSite] | None = None,
 ) -> list[OracleResult]:
-    """`run_oracle` with `rounding_noise=(seed, units)` for every seed, in one compiled program.
-
-    Arguments as for `run_oracle`; returns one `OracleResult` per seed, in order, each
-    holding the same random deltas as the corresponding single `run_oracle` call.
-    """
+    """`run_oracle` with `rounding_noise=(seed, units)` per seed, in one compiled program; each
+    result holds the same deltas as the single call."""
     if not np.any(_units_vector(units)):
         raise ValueError("run_oracle_draws needs non-zero rounding units")
     return run_oracle_batch(
@@ -263,17 +245,12 @@ def run_oracle_batch(
     branch_sites: Mapping[str, RoundingSite] | None = None,
     only_sites: Sequence[str] | None = None,
 ) -> list[OracleResult]:
-    """Several draws of `run_oracle` in one run of one compiled program (`jax.vmap` over the draws).
+    """Several draws of `run_oracle` in one run of one program (vmapped), one result per draw.
 
-    draws: (seed, units) per draw, units as for `run_oracle`'s rounding_noise (None or 0:
-    the exact oracle, whose seed is then irrelevant); seed None: no random draw, every δ is
-    +u (each value moved by its classes' whole unit roundoff, the same way on every token:
-    the shift an error that is a fixed function of the value would share);
-    branch_sites as for `run_oracle`;
-    only_sites: round only at these sites (each draw keeps the random numbers it has in a
-    draw of every site, so the shares add up to first order). Returns one `OracleResult` per
-    draw, in order; a draw's result does not depend on the other draws of the batch
-    beyond a float64 reassociation of the contractions.
+    draws: (seed, units) per draw (units None or 0: exact). Seed None: every δ is +u, the
+    same shift on every token. only_sites: round only there, each draw keeping its random
+    numbers, so shares add up to first order. Draws are independent up to float64
+    reassociation.
     """
     if not draws:
         raise ValueError("run_oracle_batch needs at least one draw")
@@ -288,10 +265,14 @@ def run_oracle_batch(
         banks = _bank_program(_bank_size(_recorded_sites(x64, w64, p64, ct64, config, branch_apply, sites)))(keys)
         shifted = jnp.asarray([seed is None for seed, _ in draws])[:, None]
         banks = jnp.where(shifted, jnp.ones_like(banks), banks)
-        program = _oracle_program(branch_apply, config, sites, None if only_sites is None else frozenset(only_sites))
-        outputs = jax.tree.map(
-            lambda a: np.asarray(a, dtype=np.float64), program(x64, w64, p64, ct64, banks, jnp.asarray(units))
-        )
+        if only_sites is None:
+            program = _oracle_program(branch_apply, config, sites, None)
+            computed = program(x64, w64, p64, ct64, banks, jnp.asarray(units))
+        else:
+            keep = np.array([float(name in only_sites) for name in _site_names(sites)])
+            program = _oracle_program_of_sites(branch_apply, config, sites)
+            computed = program(x64, w64, p64, ct64, banks, jnp.asarray(units), jnp.asarray(keep))
+        outputs = jax.tree.map(lambda a: np.asarray(a, dtype=np.float64), computed)
     return [_result(jax.tree.map(lambda a, i=i: a[i], outputs)) for i in range(len(draws))]
 
 
@@ -319,14 +300,9 @@ def oracle_forward(x, weights, layer_output_fn: Callable[[jax.Array], jax.Array]
 
 
 def pre_vjp(x, weights, config, cotangents: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The VJP of `pre` alone in float64, for a cotangent on each of its outputs.
-
-    x: (B, S, n, C); weights: `MhcWeights` or name -> array; cotangents: layer_input
-    (B, S, C), h_pre and h_post (B, S, n), h_res (B, S, n, n) and x (B, S, n, C), the
-    context's copy of the input. Returns (d_x, weight name -> gradient), NumPy float64:
-    what a kernel's `pre` backward must produce for cotangents the whole layer never
-    sends (the layer differentiates h_pre only through layer_input).
-    """
+    """The float64 VJP of `pre` alone for cotangents on layer_input (B, S, C), h_pre, h_post
+    (B, S, n), h_res (B, S, n, n) and the context's x (B, S, n, C): (d_x, name -> d_weight) in
+    NumPy, what a kernel's `pre` backward must give for cotangents the layer never sends."""
     with jax.enable_x64(True), jax.default_device(oracle_device()):
         x64 = jnp.asarray(_as_f64(x))
         w64 = {k: jnp.asarray(v) for k, v in _weight_mapping(weights).items()}

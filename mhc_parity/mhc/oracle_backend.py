@@ -1,18 +1,7 @@
-"""The float64 oracle with some primitives evaluated by the backend in float32: what a correct
-program computes on a backend whose primitives are not correctly rounded.
-
-A TPU's float32 exp, log, tanh and logistic are approximations. Where a row fails on such a
-backend, the hypothesis "the backend's own tanh" is the oracle with only tanh replaced by
-float64(backend_tanh(float32(x))), every other operation exact (measured on a TPU v5e: the
-log-space Sinkhorn's error reproduced with fraction explained 1.000 by the oracle with the
-chip's exp and log). Its error against the exact oracle is that primitive's error, value for
-value, through the whole layer and its VJP.
-
-Each primitive is a rounding hook's `primitive` (`mhc_parity.mhc.rounding_model.evaluated`); its
-derivative uses the backend's output as the paths' VJPs do (exp' = exp, tanh' = 1 - tanh²,
-logistic' = y(1 - y), rsqrt' = -y³/2; log' = 1/x exact). The backend evaluates by
-`backend_evaluator()`: on a CPU, XLA:CPU's float32 op inside the oracle's own program; on another
-device, a host callback that runs the op there. Imports nothing that computes from `mhc`.
+"""The float64 oracle with some primitives evaluated by the backend in float32 (a TPU's exp,
+log, tanh, logistic are approximations): "the backend's own tanh" is the oracle with only tanh
+replaced by float64(backend_tanh(float32(x))), its derivative from the backend's output as the
+paths' VJPs take it (docs/backend-arithmetic.md).
 """
 
 from __future__ import annotations
@@ -27,8 +16,7 @@ import numpy as np
 
 from mhc_parity.mhc import oracle, oracle_math, rounding_model
 
-# The primitives a hypothesis can replay, with their float32 programs and derivatives from
-# (input, the backend's output).
+# Replayable primitives: float32 program, derivative from (input, the backend's output).
 REPLAYED: Mapping[str, tuple[Callable, Callable]] = {
     "exp": (jnp.exp, lambda x, y: y),
     "log": (jnp.log, lambda x, y: 1.0 / x),
@@ -36,15 +24,13 @@ REPLAYED: Mapping[str, tuple[Callable, Callable]] = {
     "logistic": (jax.nn.sigmoid, lambda x, y: y * (1.0 - y)),
     "rsqrt": (jax.lax.rsqrt, lambda x, y: -0.5 * y * y * y),
 }
-# A host function float32 array -> float32 array per primitive (`backend_evaluator`), or None:
-# the float32 op inside the oracle's program (the oracle's own device, the host CPU).
+# Per primitive a host float32 -> float32 function, or None: the op inside the oracle's program.
 Evaluator = Mapping[str, Callable[[np.ndarray], np.ndarray]] | None
 
 
 def backend_evaluator() -> Evaluator:
-    """How the backend that runs the paths evaluates each of `REPLAYED`: None where that is the
-    oracle's own device (a CPU: the float32 op in the oracle's program), else per primitive a
-    host function running the jitted float32 op on the default device."""
+    """None where the paths' backend is the oracle's device (a CPU), else per `REPLAYED`
+    primitive a host function running the float32 op on the default device."""
     device = jax.devices()[0]
     if device.platform == oracle.oracle_device().platform:
         return None
@@ -61,8 +47,7 @@ def _on_device(function, device):
 
 
 def _replay(name: str, evaluator: Evaluator):
-    """float64 x -> float64(backend's float32 `name`(float32 x)), differentiable (its derivative
-    from the backend's output, module docstring)."""
+    """float64 x -> float64(backend's float32 `name`(float32 x)), differentiable."""
     function, derivative = REPLAYED[name]
 
     def value(x):
@@ -88,11 +73,8 @@ def _replay(name: str, evaluator: Evaluator):
 
 
 class BackendPrimitives:
-    """The identity at every site; `primitive` evaluates a replayable primitive by the backend
-    where `flags` (name -> traced bool scalar) says so, else exactly.
-
-    flags: one flag per `REPLAYED` name the program may replay (a flag is data, so every set of
-    primitives shares one compiled program); evaluator: `backend_evaluator()`'s answer."""
+    """The identity at every site; `primitive` evaluates by the backend where `flags` (name ->
+    traced bool: data, so every set of primitives shares one program) says so, else exactly."""
 
     def __init__(self, flags: Mapping[str, Any], evaluator: Evaluator):
         unknown = sorted(set(flags) - set(REPLAYED))
@@ -115,10 +97,8 @@ class BackendPrimitives:
 
 @functools.lru_cache(maxsize=8)
 def _backend_program(branch_apply, config, branch_sites, names: tuple[str, ...], evaluator_key):
-    """The jitted float64 forward + VJP once per row of flags (H, len(names)) bool, each row's
-    flagged primitives evaluated by the backend: program(x, w, p, ct, flags), every output with
-    a leading H axis. One compile serves every set of `names` (a compile per set cost seconds
-    each on a failing run: bench/causes_bench.py)."""
+    """The jitted float64 forward + VJP once per row of flags (H, len(names)) bool, outputs with a
+    leading H axis; one compile serves every set (one per set cost seconds each)."""
     evaluator = _EVALUATORS[evaluator_key]
 
     def one(x, w, p, ct, flags):
@@ -154,10 +134,8 @@ def run_oracle_backend(
     branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
     evaluator: Evaluator = None,
 ) -> list[oracle.OracleResult]:
-    """The oracle once per set of `primitives`, those evaluated by the backend in float32
-    (`evaluator`: `backend_evaluator()`'s answer; None: XLA:CPU's float32 op), everything else
-    exact, all sets in one compiled program. Arguments otherwise as `mhc_parity.mhc.oracle.run_oracle`;
-    one `OracleResult` per set, NumPy float64."""
+    """The oracle once per set of `primitives` (those by the backend in float32, the rest exact),
+    in one program; arguments otherwise as `oracle.run_oracle`. One `OracleResult` per set."""
     if not primitives:
         return []
     sites = rounding_model.branch_site_tuple(branch_sites)

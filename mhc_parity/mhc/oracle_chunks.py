@@ -1,33 +1,8 @@
-"""The float64 oracle's draws run token chunk by token chunk: host memory bounded whatever the token count.
-
-`mhc_parity.mhc.oracle.run_oracle_batch` runs every draw over every token at once, each draw
-holding its inputs, intermediates, gradients and bank of random numbers in float64 for all of
-them: its memory grows with the tokens. But the layer's tokens are independent in the forward
-pass and in d_x (the norm, the gates, the Sinkhorn and the branch are per token), and the
-weight and branch gradients are sums over tokens. So `run_oracle_chunks` runs the same compiled
-program (`mhc_parity.mhc.oracle._oracle_program`) on `chunk_tokens` tokens at a time and yields
-each chunk's results: the token-major leaves of its tokens, and its share of the weight and
-branch gradients (the caller sums them in float64).
-
-Each draw keeps the random numbers it has in one run over every token. A draw's bank is
-`jax.random.uniform(key, (size,))` over the whole layer's rounding sites, in call order; a
-chunk's bank gathers that bank's entries at the chunk's own positions (`chunk_bank_indices`:
-a token site's numbers of the chunk's tokens, a weight site's every number), computed from
-the indices alone by the same counter-based generator (`bank_numbers`: JAX's partitionable
-threefry, whose number at a position depends only on the key and that position, tested
-against `jax.random.uniform`). So every value of every token meets the same deltas as in
-the one-shot run, and the chunked draws are the one-shot draws, to a float64 reassociation
-of the sums over tokens.
-
-Several batches of draws that share their seeds (the same draws at other unit roundoffs:
-`other_units`) run chunk by chunk together: each chunk's random numbers are made once and serve
-every batch, which then runs the same compiled program at its own units. The numbers are the
-larger part of a chunk's cost after the program itself, so a second batch costs the program alone.
-
-The last chunk is padded to the chunk's size with copies of its last token under a zero
-cotangent, so every chunk runs one compiled program: a zero cotangent adds exactly zero to
-every gradient, and the padding's forward values are dropped. Imports nothing that computes
-from `mhc` but the oracle's own modules.
+"""The float64 oracle's draws a token chunk at a time, so host memory is bounded whatever the
+token count: tokens are independent forward and in d_x, and weight gradients are sums over
+tokens (the caller adds the chunks' shares in float64). Each chunk's bank holds the numbers the
+one-shot run gives its positions, so chunked draws equal one-shot draws up to float64
+reassociation (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -51,13 +26,9 @@ from mhc_parity.mhc.oracle_math import BranchApply
 
 @dataclasses.dataclass(frozen=True)
 class OracleChunk:
-    """The oracle's draws on tokens [start, stop) of the flattened (batch · sequence) tokens.
-
-    results: one `mhc_parity.mhc.oracle.OracleResult` per draw, in order: its forward leaves,
-    d_x and d_layer_output of these tokens only, shaped (stop - start, *the leaf's per-token
-    shape); its d_weights and d_branch the sums over these tokens alone (float64).
-    other_results: the same for each further batch (`run_oracle_chunks`' `other_units`), in order.
-    """
+    """The oracle's draws on tokens [start, stop) of the flattened batch · sequence: per draw,
+    token-major leaves shaped (stop - start, ...) and d_weights / d_branch summed over these
+    tokens. other_results: the same per batch of `other_units`."""
 
     start: int
     stop: int
@@ -66,22 +37,14 @@ class OracleChunk:
 
 
 def chunk_count(tokens: int, chunk_tokens: int) -> int:
-    """How many chunks of `chunk_tokens` cover `tokens` tokens."""
     return -(-tokens // chunk_tokens)
 
 
 @jax.jit
 def bank_numbers(key_data, indices, ones=None):
-    """The numbers at `indices` of the banks `jax.random.uniform(key, (size,), float64, -1, 1)`.
-
-    key_data: (D, 2) uint32, `jax.random.key_data` of D threefry keys; indices: (M,) uint64
-    positions (any, below 2**64). Returns (D, M) float64 uniform in [-1, 1), row d equal to
-    that bank of key d at those positions, whatever its size: the partitionable threefry's
-    64 bits at position i are threefry2x32(key, (i >> 32, i & 0xffffffff)), and `uniform`
-    keeps their top 52 as the mantissa of a number in [1, 2). ones: (D,) bool, the rows that
-    are all 1.0 instead (a shifted draw's), in the same array: a chunk's banks are gigabytes,
-    each mapped afresh. Call under `jax.enable_x64`.
-    """
+    """The numbers at `indices` (M,) uint64 of the banks `jax.random.uniform(key, (size,),
+    float64, -1, 1)` of D keys (`key_data` (D, 2) uint32), whatever the size: (D, M) float64.
+    ones: (D,) bool rows set to 1.0 in the same array (banks are gigabytes). Under x64."""
     high = (indices >> 32).astype(jnp.uint32)
     low = (indices & 0xFFFFFFFF).astype(jnp.uint32)
 
@@ -96,8 +59,7 @@ def bank_numbers(key_data, indices, ones=None):
 
 
 def _token_sites(chunk_sites, wider_sites, tokens: int) -> list[bool]:
-    """Per site call, whether it holds per-token values: its shape (1, tokens, ...) grows with
-    the chunk's token count (`wider_sites`: the calls of a chunk one token wider)."""
+    """Per site call, whether it is per token: its shape grows in a chunk one token wider."""
     flags = []
     for (site, shape), (other, wider) in zip(chunk_sites, wider_sites, strict=True):
         if site != other:
@@ -117,14 +79,10 @@ def chunk_bank_indices(
     stop: int,
     chunk_tokens: int,
 ) -> np.ndarray:
-    """(bank size of a chunk,) uint64: where each number a chunk's draw takes lies in the bank of
-    one run over every token, in the order `mhc_parity.mhc.oracle_math.RoundingNoise` takes them.
-
-    full_sites: the (site, shape) of every call of the one-shot run (token sites (B, S, ...));
-    per_token: whether each call holds per-token values; rules: site -> `RoundingSite`;
-    [start, stop): the chunk's tokens, padded to `chunk_tokens` with copies of its last one.
-    A call takes its forward numbers, then its backward ones; the backend-only sites' numbers
-    come after every other site's, in both banks (`RoundingNoise`)."""
+    """(chunk bank size,) uint64: where each number a chunk's draw takes lies in the one-shot
+    run's bank, in `RoundingNoise`'s order (forward then backward per call, backend-only sites
+    last). full_sites: the one-shot run's (site, shape) calls; tokens [start, stop) padded to
+    `chunk_tokens` with the last one."""
     tokens = np.minimum(np.arange(start, start + chunk_tokens), stop - 1).astype(np.uint64)
     layout = [(shape, token, rules[site].backend_only) for (site, shape), token in zip(full_sites, per_token)]
     offset = 0
@@ -148,8 +106,8 @@ def chunk_bank_indices(
 
 
 def _chunk_of(array: np.ndarray, start: int, stop: int, chunk_tokens: int) -> np.ndarray:
-    """Tokens [start, stop) of `array` (B, S, ...) as (1, chunk_tokens, ...), padded with copies of
-    the last one; `array` itself where one chunk holds every token."""
+    """Tokens [start, stop) of `array` (B, S, ...) as (1, chunk_tokens, ...), padded with the last;
+    `array` itself where one chunk holds every token."""
     if chunk_tokens >= math.prod(array.shape[:2]):
         return array
     flat = array.reshape(-1, *array.shape[2:])
@@ -158,8 +116,7 @@ def _chunk_of(array: np.ndarray, start: int, stop: int, chunk_tokens: int) -> np
 
 
 def _unpadded(result: oracle.OracleResult, count: int) -> oracle.OracleResult:
-    """A chunk's result with its token-major leaves (two token axes) as (count, ...): the first
-    `count` tokens."""
+    """A chunk's result with its token-major leaves cut to the first `count` tokens, (count, ...)."""
 
     def cut(a):
         return None if a is None else np.ascontiguousarray(a.reshape(-1, *a.shape[2:])[:count])
@@ -187,17 +144,10 @@ def run_oracle_chunks(
     room: Callable[[], bool] | None = None,
     other_units: Sequence[Sequence[Mapping[str, float] | float | None]] = (),
 ) -> Iterator[OracleChunk]:
-    """`mhc_parity.mhc.oracle.run_oracle_batch`'s draws, `chunk_tokens` tokens at a time (module docstring).
-
-    Arguments as for `run_oracle_batch` (x and cotangent (B, S, n, C), any float dtype,
-    upcast a chunk at a time); chunk_tokens >= 1. Yields one `OracleChunk` per chunk, in
-    token order (flattened batch · sequence); up to `in_flight` chunks run at once, each on a
-    thread of its own (the same values as one at a time), so the host holds that many chunks'
-    draws: one more starts beside those running only while `room()` (default: always) says the
-    memory has room for it, else it waits for the earliest to end.
-    other_units: further batches, each the units of every one of `draws` (their seeds kept), run
-    on each chunk after `draws` with the chunk's random numbers made once (`other_results`).
-    """
+    """`oracle.run_oracle_batch`'s draws `chunk_tokens` tokens at a time: one `OracleChunk` per
+    chunk, in token order. Up to `in_flight` chunks run on threads (the same values), another
+    starting only while `room()` allows. other_units: further batches of units per draw, run
+    on each chunk's same random numbers."""
     if not draws:
         raise ValueError("run_oracle_chunks needs at least one draw")
     if any(len(units) != len(draws) for units in other_units):
@@ -259,8 +209,7 @@ def run_oracle_chunks(
     if in_flight == 1:
         yield from map(chunk, starts[1:])
         return
-    # Chunks run side by side on threads (XLA:CPU keeps a few cores busy with one program), yielded
-    # in token order: each chunk's values are the same whoever runs it, and so are the sums.
+    # XLA:CPU keeps only a few cores busy with one program.
     with concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="oracle-chunk") as pool:
         running: collections.deque = collections.deque()
         for start in starts[1:]:
@@ -280,7 +229,7 @@ def _sites_of_shape(shape, weight_shapes, param_shapes, config, branch_apply, si
 
 
 def _abstract_sites(shape, w64, p64, config, branch_apply, sites) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """The (site, shape) of every rounding call of one draw on inputs x of `shape` (an abstract trace)."""
+    """The (site, shape) of every rounding call of one draw on x of `shape`."""
     weight_shapes = tuple(sorted((k, tuple(v.shape)) for k, v in w64.items()))
     param_shapes = tuple(sorted((k, tuple(v.shape)) for k, v in p64.items()))
     return _sites_of_shape(tuple(shape), weight_shapes, param_shapes, config, branch_apply, sites)

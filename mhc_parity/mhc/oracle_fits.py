@@ -1,18 +1,9 @@
 """The oracle's first-order response to an error of any size at one site: fitted hypotheses.
 
-Some precision bugs leave an error at one place whose size no rounding fixes in advance. The
-RMS statistic computed in bfloat16 is one: its squares are rounded, summed in some order and
-rounded again, then its rsqrt is rounded, so each token's statistic is off by a relative amount
-that only the bug's own arithmetic decides. No single rounding reproduces that value for value.
-But the statistic is one number per token, far fewer numbers than the leaves it moves, so the
-bug's error on every leaf is J·p: J the oracle's Jacobian of every leaf with respect to a
-relative error p of the site's forward value, p the bug's per-token error. The p that best
-explains a candidate's errors is a least-squares fit, and how much of the error it explains is
-the evidence (`mhc_parity.harness.judging.attribution` fits it).
-
-`site_response` gives J and Jᵀ on the case's fixture as functions of NumPy float64 arrays: J by
-forward-mode differentiation through the oracle's forward and VJP, Jᵀ by reverse mode. Like
-`mhc_parity.mhc.oracle` it imports nothing that computes from `mhc`.
+Some bugs (the RMS statistic in bfloat16) leave a per-token relative error p that no single
+rounding reproduces; its effect on every leaf is J·p, J the oracle's Jacobian, and the
+least-squares p over a candidate's errors is the evidence (`harness.judging.attribution`).
+`site_response` gives J (forward mode) and Jᵀ (reverse mode) on a fixture.
 """
 
 from __future__ import annotations
@@ -31,12 +22,10 @@ from mhc_parity.mhc import oracle, oracle_math, rounding_model
 # XLA:CPU's first optimisation level: at level 0 (the sensitivity draws' level) the forward-mode
 # derivative of the softmax's VJP comes out NaN (docs/jax-notes.md); level 1 computes it.
 _COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-# The sites a fitted hypothesis may perturb: each holds one value per token (B, S, 1), so its
-# fit has as many free numbers as there are tokens, far fewer than the leaves it moves.
+# One value per token (B, S, 1): far fewer free numbers than the leaves it moves.
 FITTED_SITES = ("rms_inverse",)
-# How the gradients see a fitted site's error (`site_response`).
 BACKWARDS = ("differentiated", "recomputed")
-# The pre's outputs, in `mhc_parity.mhc.oracle_math.layer_and_vjp`'s `pre_offsets` order (forward leaves by name).
+# In `layer_and_vjp`'s `pre_offsets` order.
 PRE_OUTPUTS = ("layer_input", "h_pre", "h_post", "h_res")
 
 
@@ -53,9 +42,8 @@ class _Perturbed:
 
 @dataclasses.dataclass(frozen=True)
 class SiteResponse:
-    """The leaves' first-order change for a relative error p (shape `shape`, float64) of one
-    site's forward value: apply(p) -> `mhc_parity.mhc.oracle.OracleResult` of the changes (J·p);
-    transpose(result) -> Jᵀ·result, p's shape (a result's missing entries count as zero)."""
+    """The leaves' first-order change for a relative error p (float64, `shape`) of one site's
+    value: apply(p) -> `OracleResult` of J·p; transpose(result) -> Jᵀ·result (missing entries zero)."""
 
     site: str
     shape: tuple[int, ...]
@@ -79,8 +67,7 @@ def _linear_programs(leaves):
 
 @functools.cache
 def _site_programs(branch_apply, config, branch_sites: rounding_model.BranchSites, site: str):
-    """J·p and Jᵀ·g of a relative error p of `site`'s value, differentiated through (cached per
-    branch, config and site; per shape by jit)."""
+    """J·p and Jᵀ·g of a relative error p of `site`'s value, differentiated through."""
 
     def leaves(x, w, p, ct, offset):
         return oracle_math.layer_and_vjp(x, w, p, ct, _Perturbed(site, offset), config, branch_apply, branch_sites)
@@ -101,8 +88,8 @@ def _pre_output_programs(branch_apply, config, branch_sites: rounding_model.Bran
 
 
 def _as_outputs(result, template) -> tuple:
-    """`result` (an `OracleResult`, or any object with its fields) in the structure of
-    `layer_and_vjp`'s outputs (`template`'s), zeros where it has no entry."""
+    """`result` (an `OracleResult` or alike) in `template`'s `layer_and_vjp` structure, zeros
+    where it has no entry."""
     forward, d_x, d_layer_output, d_w, d_p = template
 
     def entry(value, like):
@@ -118,7 +105,6 @@ def _as_outputs(result, template) -> tuple:
 
 
 def _forward_only(forward: Mapping) -> oracle.OracleResult:
-    """An `OracleResult` holding only forward leaves (name -> array)."""
     return oracle.OracleResult(forward=dict(forward), d_x=None, d_layer_output=None, d_weights={}, d_branch={})
 
 
@@ -134,12 +120,10 @@ def site_response(
     backward: str = "differentiated",
     branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
 ) -> SiteResponse:
-    """The oracle's first-order response to a relative error of `site`'s forward value (one of
-    `FITTED_SITES`), on this fixture. Arguments as for `mhc_parity.mhc.oracle.run_oracle`. backward: one of
-    `BACKWARDS`: "differentiated", the gradients those of the erring forward (autodiff through
-    it); "recomputed", the pre's VJP exact (a backward that recomputes the pre in full precision)
-    and only what follows the pre seeing its erring outputs. Raises ValueError for a site not
-    fitted, an unknown backward, or a site the layer does not pass through exactly once."""
+    """The oracle's first-order response to a relative error of `site`'s forward value on this
+    fixture (arguments as for `oracle.run_oracle`). backward: "differentiated" (autodiff through
+    the error) or "recomputed" (the pre's VJP exact, as a backward recomputing the pre). ValueError
+    for a site not fitted or not passed exactly once, or an unknown backward."""
     if site not in FITTED_SITES:
         raise ValueError(f"site {site!r} is not fitted; fitted sites: {', '.join(FITTED_SITES)}")
     if backward not in BACKWARDS:
@@ -156,7 +140,6 @@ def site_response(
     templates = {}
 
     def template(program, like):
-        """The outputs' shapes of `program` (computed once)."""
         if program not in templates:
             templates[program] = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), program(*inputs, like))
         return templates[program]

@@ -1,20 +1,18 @@
-"""The float64 oracle's math: the mHC-lite (and Sinkhorn) layer written again, with a rounding hook at every site.
+"""The float64 oracle's math: the mHC layer written again, with a rounding hook
+`r(value, site, part)` at every site a finite-precision path may round (`ROUNDING_SITES`).
 
-`mhc_parity.mhc.oracle` runs it (its programs, inputs and results); the hypotheses' program
-(`mhc_parity.mhc.oracle_roundings`) and the fits (`mhc_parity.mhc.oracle_fits`) run it with
-other hooks. Like the oracle, it imports nothing from `mhc_parity.mhc.common` (nor anything
-that computes) and takes its own route through the algebra: see `mhc_parity.mhc.oracle`.
-
-Every value that a finite-precision path may round passes through `r(value, site, part)`
-(`rounding_model.ROUNDING_SITES`): `unrounded` is the identity, `RoundingNoise` one simulated
-rounding of the value and of its cotangent, `SiteRecorder` notes each call.
+It imports nothing from `mhc_parity.mhc.common`, so a bug shared by the paths disagrees with
+it, and takes its own route (RMS scale on the activations, not folded; the gate written out;
+permutations by index assignment; Sinkhorn in linear space) so a shared slip of thought is
+unlikely to be repeated.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +27,7 @@ from mhc_parity.mhc.rounding_model import (
     evaluated,
 )
 
-# The weight leaf names, spelled out again on purpose (`mhc_parity.mhc.oracle`'s docstring: no shared helper).
+# Spelled out again on purpose: no shared helper (module docstring).
 WEIGHT_NAMES = (
     "norm_scale",
     "pre_alpha",
@@ -46,12 +44,9 @@ WEIGHT_NAMES = (
 # Gate parameters (upcast to float32 by the gates) vs the projection's matmul weights.
 _GATE_NAMES = frozenset(name for name in WEIGHT_NAMES if name.endswith(("_bias", "_scale")) and name != "norm_scale")
 
-# branch_apply(params, h) or, for a branch that declares rounding sites of its own,
-# branch_apply(params, h, rounding=r): r(value, site) is where its values round.
+# branch_apply(params, h), or (params, h, rounding=r) for a branch with rounding sites.
 BranchApply = Callable[..., jax.Array]
-# Float64 on the host CPU: full precision, whatever a case's matmul_precision (that
-# enters only through the rounding model). What `mhc_parity.mhc.precision.dot_precision` gives
-# float64; spelled out here because the oracle imports nothing from `mhc`.
+# Whatever a case's matmul_precision: that enters only through the rounding model.
 PRECISION = jax.lax.Precision.HIGHEST
 
 
@@ -71,11 +66,9 @@ def _sigmoid(z, r):
 
 
 def _sinkhorn(z, iterations: int, r):
-    """Sinkhorn–Knopp on exp(z) in linear space (z shifted by its max for range); each row and
-    column sum passes the sites of the backend's exp and log (`sinkhorn_sum`, `sinkhorn_log`:
-    a log-space path's step errs as its sum would, off by those relative amounts). Where `r`
-    evaluates primitives (the backend's own, `mhc_parity.mhc.oracle_backend`), the log-space
-    iteration the paths run (`_sinkhorn_log`)."""
+    """Sinkhorn–Knopp on exp(z) in linear space; each row and column sum passes the sites of a
+    log-space path's exp and log. Where `r` evaluates the backend's primitives, the paths'
+    log-space iteration (`_sinkhorn_log`)."""
     if getattr(r, "primitive", None) is not None:
         return _sinkhorn_log(z, iterations, r)
     # One materialised z for the max and for its VJP's `z == max` test: XLA:CPU recomputes z in
@@ -90,8 +83,7 @@ def _sinkhorn(z, iterations: int, r):
 
 
 def _sinkhorn_log(z, iterations: int, r):
-    """The paths' log-space Sinkhorn, z - logsumexp(z) by rows then columns, exp at the end, its
-    exp and log through `r`'s primitives (in float64: the linear form's value to rounding)."""
+    """The paths' log-space Sinkhorn, its exp and log through `r`'s primitives."""
 
     def logsumexp(v, axis):
         top = jax.lax.stop_gradient(jnp.max(v, axis=axis, keepdims=True))
@@ -105,16 +97,13 @@ def _sinkhorn_log(z, iterations: int, r):
 
 
 def _contracted(r, name: str, a, b, exact: Callable[[], jax.Array], part: str = ""):
-    """Contraction `name` of a and b: `exact()`, the oracle's own expression of it, unless the
-    rounding hook `r` accumulates contractions itself (`r.contract(name, spec, a, b, part,
-    exact)`, the hypotheses' program; part: which call it is where one contraction has several,
-    e.g. the gate's name). `exact` keeps the oracle's bits as written."""
+    """Contraction `name` of a and b: `exact()` (the oracle's own expression), unless the hook
+    accumulates contractions itself (`r.contract`, the hypotheses' program)."""
     contract = getattr(r, "contract", None)
     return exact() if contract is None else contract(name, CONTRACTIONS[name].spec, a, b, part, exact)
 
 
 def unrounded(v, site: str, part: str = ""):
-    """The identity: the oracle without rounding noise."""
     del site, part
     return v
 
@@ -138,11 +127,8 @@ _round_both_ways.defvjp(_round_both_ways_fwd, _round_both_ways_bwd)
 
 
 class SiteRecorder:
-    """The identity at every site, noting each call's site and value shape in call order.
-
-    A first, abstract trace of the program with a recorder tells `RoundingNoise` how
-    many random numbers the draw needs and where each site's share starts.
-    """
+    """The identity at every site, noting each call's (site, shape) in order: an abstract first
+    trace tells `RoundingNoise` how many random numbers a draw needs."""
 
     def __init__(self):
         self.sites: list[tuple[str, tuple[int, ...]]] = []
@@ -155,22 +141,14 @@ class SiteRecorder:
 
 
 class RoundingNoise:
-    """One simulated rounding at a value, and another at its cotangent, per `ROUNDING_SITES`.
+    """One simulated rounding of a value, (1 + δ), and independently of its cotangent, (1 + δ'),
+    δ, δ' uniform in [-u, u] for the site's forward / backward classes: the spread this causes
+    is the error the arithmetic explains, also where the math cancels.
 
-    Called with a value and its site, it multiplies the value by (1 + δ) and,
-    independently, the cotangent flowing back through that point by (1 + δ'), with δ, δ'
-    uniform in [-u, u] for the unit roundoffs of the site's forward and backward classes.
-    That is how a finite-precision path rounds both passes, so the spread it causes is
-    the error the arithmetic explains — including where the math itself cancels (a
-    peaked softmax's VJP subtracts nearly equal cotangent terms; a gate-scale gradient
-    sums terms of both signs), which plain float64 would otherwise compute exactly.
-
-    sites: the (site, shape) of every call in order (`SiteRecorder`); bank: one uniform
-    [-1, 1) float64 draw of two numbers per element of every site, sliced in call order
-    (one random-number generator call per draw: one per site made XLA's compile slow);
-    units: (len(PRECISION_CLASSES),) unit roundoffs, traced, so every unit setting
-    (float32 and bfloat16 runs, the exact oracle's zeros) shares the program. With all
-    units zero every δ is exactly 0 and the program computes the exact oracle.
+    sites: every call's (site, shape) in order (`SiteRecorder`); bank: two uniform [-1, 1)
+    float64 numbers per element of every site, sliced in call order (one generator call per
+    draw: one per site made XLA's compile slow); units: traced unit roundoffs per class (zeros:
+    the exact oracle).
     """
 
     def __init__(
@@ -180,14 +158,15 @@ class RoundingNoise:
         units,
         branch_sites: BranchSites = (),
         only_sites: frozenset[str] | None = None,
+        kept_sites: Mapping[str, Any] | None = None,
     ):
         self.sites, self.bank, self.units = list(sites), bank, units
         self.rules = {**ROUNDING_SITES, **dict(branch_sites)}
         self.only_sites = only_sites
+        self.kept_sites = kept_sites  # site -> traced 1.0 (rounds) or 0.0 (held exact): `only_sites` as data
         self.calls = 0
-        # A backend-only site's numbers come after every other site's, so the others keep the
-        # numbers they had before those sites existed (a longer bank's prefix is the shorter
-        # bank: JAX's partitionable threefry, tested), and a CPU's draws are unchanged.
+        # Backend-only sites take numbers after every other site's, so a CPU's draws are
+        # unchanged (a longer bank's prefix is the shorter bank: partitionable threefry, tested).
         self.offset = 0
         self.backend_offset = 2 * sum(math.prod(shape) for s, shape in self.sites if not self.rules[s].backend_only)
 
@@ -219,16 +198,15 @@ class RoundingNoise:
         if self.only_sites is not None and site not in self.only_sites:
             # Its share of the bank is still taken, so the other sites keep their numbers.
             forward_delta, backward_delta = 0.0 * forward_delta, 0.0 * backward_delta
+        elif self.kept_sites is not None:
+            keep = self.kept_sites[site]
+            forward_delta, backward_delta = keep * forward_delta, keep * backward_delta
         return _round_both_ways(v, forward_delta.astype(v.dtype), backward_delta.astype(v.dtype))
 
 
 def _softmax(z, r):
-    """softmax over the last axis; its VJP rounds the inner product <a, g> through `r`.
-
-    The VJP is a ⊙ (g − <a, g>): for a peaked softmax the subtraction cancels almost
-    completely, so the rounding of <a, g> that every finite-precision path makes is
-    amplified by 1 / (1 − max a). Float64 autodiff of exp/sum would not show it.
-    """
+    """softmax over the last axis whose VJP a ⊙ (g − <a, g>) rounds <a, g> through `r`: for a
+    peaked softmax that rounding is amplified by 1 / (1 − max a), which float64 autodiff hides."""
 
     def plain(z_):
         e = evaluated(r, "exp", jnp.exp, z_ - jnp.max(z_, axis=-1, keepdims=True))
@@ -237,8 +215,7 @@ def _softmax(z, r):
     softmax = jax.custom_vjp(plain)
 
     def forward(z_):
-        # The plain expression, not `softmax` again: a forward-mode derivative of the VJP
-        # (`mhc_parity.mhc.oracle_fits`) passes through this rule, and a custom_vjp has none.
+        # Not `softmax` again: `oracle_fits`' forward-mode derivative passes through here.
         a = plain(z_)
         return a, a
 
@@ -250,13 +227,12 @@ def _softmax(z, r):
 
 
 def _scaled(w, name, logits, r):
-    """The gate's scale (one number) times its logits (B, S, M)."""
     scale = w[f"{name}_scale"].reshape(())
     return _contracted(r, "gate_scale", scale, logits, lambda: scale * logits, part=name)
 
 
 def _biased(w, name, z, r):
-    """z (B, S, M) plus the gate's bias (M,; flattened where it is a matrix) on every token."""
+    """z (B, S, M) plus the gate's (flattened) bias (M,) on every token."""
     bias = w[f"{name}_bias"].reshape(-1)
     tokens = jnp.ones(z.shape[:2], z.dtype)
     return z + _contracted(r, "gate_bias", bias, tokens, lambda: bias, part=name)
@@ -319,10 +295,9 @@ def post(layer_output, x, coeffs, r=unrounded):
 
 
 def layer_and_vjp(x, w, p, ct, r, config, branch_apply: BranchApply, branch_sites: BranchSites = (), pre_offsets=None):
-    """Forward values and gradients of one layer application, every site rounded through `r`
-    (the branch's own sites too, where it declares any). pre_offsets: None, or what to add to
-    the pre's outputs (layer_input, h_pre, h_post, h_res) after it, its VJP left exact (a pre
-    whose backward recomputes it: `mhc_parity.mhc.oracle_fits`)."""
+    """Forward values and gradients of one layer application, every site (the branch's too)
+    rounded through `r`. pre_offsets: added to pre's (layer_input, h_pre, h_post, h_res), its
+    VJP left exact (`oracle_fits`)."""
     x, ct = r(x, "x"), r(ct, "cotangent")
     # Each weight names itself (`part`), so a hypothesis can round one gate's parameters.
     w = {k: r(v, "gate_weight" if k in _GATE_NAMES else "matmul_weight", part=k) for k, v in w.items()}

@@ -1,26 +1,10 @@
-"""The float64 oracle with deterministic roundings at named sites: what a precision bug computes.
+"""The float64 oracle with deterministic roundings: what a precision bug computes.
 
-A precision bug is a rounding at the wrong place: a gate bias held in bfloat16, a cotangent
-stored before its reduction, an intermediate kept in the activation dtype where a correct
-path keeps float32. Each `Rounding` names one rounding site of the oracle's model
-(`mhc_parity.mhc.rounding_model.ROUNDING_SITES`, and a branch's own sites), a direction (the value, or the
-cotangent flowing back through it) and a dtype; the program rounds exactly there, to
-nearest, and holds every other value in float64. Its error against the exact oracle is the
-bug's error, value for value, with none of a real path's legitimate rounding on top.
-
-An `Accumulation` is the other kind of precision bug: a contraction of the layer
-(`mhc_parity.mhc.rounding_model.CONTRACTIONS`) whose sum runs in a narrow dtype, term by term or in blocks, for its
-value or for one operand's cotangent. Its error depends on the order of the sum, which a
-backend chooses, so it reproduces the size of such a bug's error, not its values.
-
-`run_oracle_roundings` runs any number of such hypotheses (each a set of roundings and
-accumulations) in two compiled programs: they are data (a code per site call and direction, and
-per contraction call and output), so every hypothesis list of a shape, branch and config shares
-them (each padded to one batch size). The hypotheses run one after another in a loop, each
-computing only its own narrow sum; those with none run apart, in a program with no choice of
-sums at all (every switch between sums costs each hypothesis that runs through it). Written
-on the oracle's math (`mhc_parity.mhc.oracle_math.layer_and_vjp`), so it computes the same function; like that module
-it imports nothing that computes from `mhc`.
+A `Rounding` rounds one site's value or cotangent to nearest in a dtype, every other value
+float64: its error is the bug's, value for value. An `Accumulation` sums one contraction in a
+narrow dtype; its error depends on the backend's order, so it reproduces the size, not the
+values. `run_oracle_roundings` runs many such hypotheses as data in two compiled programs (with
+and without narrow sums), on `oracle_math`'s function.
 """
 
 from __future__ import annotations
@@ -36,39 +20,27 @@ import numpy as np
 
 from mhc_parity.mhc import oracle, oracle_math, rounding_model
 
-# The batch each hypotheses program holds (more hypotheses: the next power of two): above the
-# count of a float32 case's roundings (every site twice, the gates per gate) and of its narrow
-# sums, so bfloat16 and float32 cases share each program.
+# Rows of each hypotheses program (more: the next power of two), above a float32 case's counts,
+# so bfloat16 and float32 cases share each program.
 PADDED_HYPOTHESES = 64
 PADDED_SUMS = 32
 # The dtypes a hypothesis may round to; a rounding's code is its index here plus one (0: exact).
 ROUNDING_DTYPES = ("bfloat16", "float16", "float32")
 DIRECTIONS = ("forward", "backward", "recomputed")
-# The sites a "recomputed" rounding may name: the weights, which a kernel may load narrow in its
-# forward pass while its backward recomputes the pre from the unrounded ones.
+# A kernel may load weights narrow in its forward while its backward recomputes from unrounded ones.
 RECOMPUTED_SITES = ("gate_weight", "matmul_weight")
-# What of a contraction an accumulation sums narrowly: its value, or the cotangent of its first
-# or second operand (each a contraction of the cotangent with the other operand).
 OUTPUTS = ("value", "first_cotangent", "second_cotangent")
-# The block of an accumulation the backend sums itself: each term rounded to the narrow dtype,
-# then reduced there by XLA in its own order (an order the oracle cannot spell out, but the one
-# a path's narrow reduction of the same shape gets on the backend the oracle runs on, the host
-# CPU; a path on an accelerator sums in that accelerator's order:
-# `mhc_parity.mhc.operation.hypotheses.Hypothesis.backend_sum_weights`).
+# `Accumulation.block` for XLA's own narrow reduction, in the host CPU's order (an accelerator
+# path sums in its own: `Hypothesis.backend_sum_weights`).
 BACKEND_ORDER = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Rounding:
-    """One deterministic round-to-nearest in the oracle.
-
-    site: a rounding site (`mhc_parity.mhc.rounding_model.ROUNDING_SITES` or the branch's own); direction:
-    "forward" (the value), "backward" (the cotangent flowing back through it) or "recomputed"
-    (a weight's value in the forward pass only: the pre's outputs move by what it changes there,
-    the pre's VJP exact, as a backward kernel that recomputes the pre from the unrounded weights
-    computes; `RECOMPUTED_SITES`); dtype: one
-    of `ROUNDING_DTYPES`; parts: only the site's values with these names (the weights of
-    "gate_weight", "matmul_weight" and "branch_param" are named by their field), () all.
+    """One deterministic round-to-nearest at `site` (the layer's or the branch's). direction:
+    "forward" (the value), "backward" (its cotangent) or "recomputed" (a weight in the forward
+    only, the pre's VJP exact). parts: only the site's values with these names (weights by
+    field), () all.
     """
 
     site: str
@@ -87,13 +59,9 @@ class Rounding:
 
 @dataclasses.dataclass(frozen=True)
 class Accumulation:
-    """One contraction summed in a narrow dtype.
-
-    contraction: a name of `mhc_parity.mhc.rounding_model.CONTRACTIONS`; output: one of `OUTPUTS`; dtype: one of
-    `ROUNDING_DTYPES`, the running sum's; block: terms summed exactly before each addition to
-    the running sum (1: term by term, as a sequential loop; more: as a kernel adding a tile's
-    float32 partial sum to a narrow accumulator; `BACKEND_ORDER`: the backend's own narrow
-    reduction); parts: only the contraction's calls of these parts (a gate's name), () all.
+    """One contraction's `output` summed with a running sum in `dtype`. block: terms summed
+    exactly before each addition (1: term by term; more: a tile's partial sum; `BACKEND_ORDER`:
+    XLA's narrow reduction). parts: only those calls (a gate's name), () all.
     """
 
     contraction: str
@@ -114,8 +82,7 @@ class Accumulation:
 
 
 def output_spec(spec: str, output: str) -> str:
-    """The einsum that computes `output` of the contraction `spec` ("ab,bc->ac"): the spec
-    itself, or the cotangent's contraction with the other operand."""
+    """The einsum of `output` of `spec`: itself, or the cotangent with the other operand."""
     inputs, result = spec.split("->")
     first, second = inputs.split(",")
     return {
@@ -126,16 +93,14 @@ def output_spec(spec: str, output: str) -> str:
 
 
 def summed_letters(spec: str) -> str:
-    """The letters `spec` sums over: in both operands and not in its result."""
     inputs, result = spec.split("->")
     first, second = inputs.split(",")
     return "".join(c for c in first if c in second and c not in result)
 
 
 def _narrow_sum(spec: str, a, b, dtype: str, block: int):
-    """einsum(spec, a, b) with its sum over `summed_letters(spec)` run `block` terms at a time,
-    each block's partial sum exact, the running sum rounded to nearest in `dtype` after each
-    addition (a spec that sums nothing: its products rounded once)."""
+    """einsum(spec, a, b) summed `block` terms at a time, the running sum rounded to `dtype`
+    after each addition (a spec that sums nothing: its products rounded once)."""
     summed = summed_letters(spec)
     if not summed:
         return jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST).astype(dtype).astype(a.dtype)
@@ -169,14 +134,12 @@ def _narrow_sum(spec: str, a, b, dtype: str, block: int):
     return total
 
 
-# Per contraction, per output (`OUTPUTS`), the (dtype, block) sums some hypothesis asks for:
-# each call's switch holds only its own, so a program runs no branch it does not need.
+# Per contraction and output, the (dtype, block) sums some hypothesis asks for.
 SumOptions = tuple[tuple[str, tuple[tuple[tuple[str, int], ...], ...]], ...]
 
 
 def _coded_sum(spec: str, code, a, b, options: tuple[tuple[str, int], ...]):
-    """einsum(spec, a, b) exactly (code 0) or as `_narrow_sum` at options[code - 1]; code is a
-    traced scalar, and only the chosen sum runs."""
+    """einsum(spec, a, b) exactly (code 0) or as `_narrow_sum` at options[code - 1] (traced)."""
     exact = lambda a_, b_: jnp.einsum(spec, a_, b_, precision=jax.lax.Precision.HIGHEST)  # noqa: E731
     branches = [exact] + [functools.partial(_narrow_sum, spec, dtype=d, block=k) for d, k in options]
     return jax.lax.switch(code, branches, a, b)
@@ -184,8 +147,7 @@ def _coded_sum(spec: str, code, a, b, options: tuple[tuple[str, int], ...]):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4))
 def _coded_contraction(spec, a, b, codes, options):
-    """einsum(spec, a, b) whose value and operand cotangents each sum as codes[0..2] say
-    (`_coded_sum`; codes (3,) int32, one per `OUTPUTS`; options: the sums of each output)."""
+    """einsum(spec, a, b) whose value and operand cotangents sum as codes (3,) int32 say."""
     return _coded_sum(spec, codes[0], a, b, options[0])
 
 
@@ -204,8 +166,7 @@ _coded_contraction.defvjp(_coded_contraction_fwd, _coded_contraction_bwd)
 
 
 def _rounded(v, code, dtypes: tuple[str, ...]):
-    """v rounded to nearest in the dtype `code` names (0: v itself); code is traced, and
-    only the `dtypes` some hypothesis of the batch uses are computed."""
+    """v rounded to nearest in the dtype traced `code` names (0: v itself), among `dtypes`."""
     out = v
     for name in dtypes:
         out = jnp.where(code == ROUNDING_DTYPES.index(name) + 1, v.astype(name).astype(v.dtype), out)
@@ -230,7 +191,7 @@ _round_coded.defvjp(_round_coded_fwd, _round_coded_bwd)
 
 
 class _ContractionRecorder(oracle_math.SiteRecorder):
-    """`mhc_parity.mhc.oracle_math.SiteRecorder` that also notes each contraction call's name, in call order."""
+    """A `SiteRecorder` that also notes each contraction call's (name, part)."""
 
     def __init__(self):
         super().__init__()
@@ -242,8 +203,8 @@ class _ContractionRecorder(oracle_math.SiteRecorder):
 
 
 class _CodedRounding:
-    """At the i-th site call, the value rounds by codes[i, 0] and its cotangent by codes[i, 1];
-    at the j-th contraction call, its outputs sum as sums[j] says (`_coded_contraction`)."""
+    """At the i-th site call the value rounds by codes[i, 0], its cotangent by codes[i, 1]; the
+    j-th contraction call sums as sums[j] says."""
 
     def __init__(
         self,
@@ -286,15 +247,13 @@ class _CodedRounding:
 def _recorded_calls(
     x, w, p, ct, config, branch_apply, branch_sites
 ) -> tuple[list[tuple[str, tuple[int, ...], str]], list[tuple[str, str]]]:
-    """(site, shape, part) of every site call of one draw, and the (name, part) of every
-    contraction call, each in call order (an abstract trace)."""
+    """(site, shape, part) of every site call and (name, part) of every contraction call, in order."""
     recorder = oracle._recorded(x, w, p, ct, config, branch_apply, branch_sites, _ContractionRecorder())
     return [(site, shape, part) for (site, shape), part in zip(recorder.sites, recorder.parts)], recorder.contractions
 
 
 def accumulation_options(hypotheses: Sequence[Sequence]) -> SumOptions:
-    """Per contraction the hypotheses sum narrowly, per output, the (dtype, block) pairs they
-    use, sorted: a program's sums (`SumOptions`)."""
+    """The `SumOptions` the hypotheses use, sorted."""
     used: dict[str, list[set]] = {}
     for parts in hypotheses:
         for a in (p for p in parts if isinstance(p, Accumulation)):
@@ -305,10 +264,8 @@ def accumulation_options(hypotheses: Sequence[Sequence]) -> SumOptions:
 def accumulation_codes(
     contractions: Sequence[tuple[str, str]], hypotheses: Sequence[Sequence], options: SumOptions
 ) -> np.ndarray:
-    """(H, contraction calls, 3) int32 codes: per hypothesis, contraction call ((name, part), in
-    call order) and output (`OUTPUTS`), 0 for the exact sum or 1 + the index of its (dtype,
-    block) among that contraction's and output's `options`.
-    An accumulation naming a contraction, or parts of one, the layer never calls is an error."""
+    """(H, contraction calls, 3) int32: 0 exact, else 1 + the index in `options` of the (dtype,
+    block) per hypothesis, call and output. ValueError for a contraction or part never called."""
     codes = np.zeros((len(hypotheses), len(contractions), len(OUTPUTS)), np.int32)
     parts_of: dict[str, set[str]] = {}
     for name, part in contractions:
@@ -331,11 +288,8 @@ def accumulation_codes(
 def rounding_codes(
     calls: Sequence[tuple[str, tuple[int, ...], str]], hypotheses: Sequence[Sequence], known_sites
 ) -> np.ndarray:
-    """(H, calls, 3) float64 codes: per hypothesis, site call and direction (`DIRECTIONS`), the
-    dtype to round to.
-
-    A rounding naming a site outside `known_sites`, or parts its site never has, is an error.
-    """
+    """(H, calls, 3) float64: per hypothesis, site call and direction, 0 or 1 + the dtype's
+    index. ValueError for a site outside `known_sites` or a part it never has."""
     parts_of: dict[str, set[str]] = {}
     for site, _, part in calls:
         parts_of.setdefault(site, set()).add(part)
@@ -364,15 +318,10 @@ def _roundings_program(
     options: SumOptions,
     coded_sites: frozenset[str] | None = None,
 ):
-    """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes,
-    sums, count) with codes (H, calls, 2) (`rounding_codes`) naming only `dtypes` (and only at
-    `coded_sites`, None: every site), sums (H, contraction calls, 3) (`accumulation_codes`)
-    naming only `options`, and the first
-    `count` of the H rows run; every output gains a leading H axis (the rows past `count`
-    zero). The rows run in a loop, not a `vmap`: a batched switch would run every branch, and a
-    loop skips the padding rows (`vmap` ran them all, which cost more than the batching saved).
-    Compiled at `mhc_parity.mhc.oracle.HYPOTHESIS_COMPILER_OPTIONS`: it runs once per failing case,
-    so its compile costs more than its run (bench/causes_bench.py)."""
+    """The jitted float64 forward + VJP of a batch of hypotheses: program(x, w, p, ct, codes
+    (H, calls, 3), sums (H, contraction calls, 3), count) runs the first `count` rows; outputs
+    gain a leading H axis (zeros past `count`). A loop, not `vmap`: a batched switch runs every
+    branch, and the loop skips the padding (docs/jax-notes.md). coded_sites: None, every site."""
 
     def one_hypothesis(x, w, p, ct, codes, sums):
         calls, _ = _recorded_calls(x, w, p, ct, config, branch_apply, branch_sites)
@@ -385,8 +334,7 @@ def _roundings_program(
         )
         if rounding.calls != len(calls):
             raise AssertionError(f"{rounding.calls} rounding sites traced, the recording pass saw {len(calls)}")
-        # The inputs round before the differentiated function, so the cotangent reaching one,
-        # its gradient, is rounded here: a stored d_x or weight gradient.
+        # Inputs round outside the differentiated function: their gradients' rounding is here.
         gradients = {"x": {"": d_x}, "gate_weight": d_w, "matmul_weight": d_w, "branch_param": d_p}
         for index, (site, _, part) in enumerate(calls):
             if site in gradients and part in gradients[site] and rounding.rounds_at(site):
@@ -407,9 +355,8 @@ def _roundings_program(
 
 
 def _recomputed_offsets(x, w, calls, codes, dtypes: tuple[str, ...], config):
-    """What the weights rounded as `codes`' "recomputed" column says change the pre's outputs
-    (`mhc_parity.mhc.oracle_fits.PRE_OUTPUTS`), held constant (the pre's VJP stays exact); zeros
-    where the column rounds nothing (adding them changes no value)."""
+    """How the "recomputed" roundings of the weights move the pre's outputs, as constants (the
+    pre's VJP stays exact); zeros where the column rounds nothing."""
     column = codes[:, DIRECTIONS.index("recomputed")]
     at = {part: i for i, (site, _, part) in enumerate(calls) if site in RECOMPUTED_SITES and part in w}
 
@@ -426,7 +373,7 @@ def _recomputed_offsets(x, w, calls, codes, dtypes: tuple[str, ...], config):
 
 
 def _padded(codes: np.ndarray, rows: int):
-    """codes with zero rows (exact: the loop skips them) appended up to `rows`, as a JAX array."""
+    """codes padded with zero rows (exact; skipped) to `rows`, as a JAX array."""
     out = np.zeros((rows, *codes.shape[1:]), codes.dtype)
     out[: len(codes)] = codes
     return jnp.asarray(out)
@@ -443,14 +390,8 @@ def run_oracle_roundings(
     hypotheses: Sequence[Sequence[Rounding | Accumulation]],
     branch_sites: Mapping[str, rounding_model.RoundingSite] | None = None,
 ) -> list[oracle.OracleResult]:
-    """The oracle once per hypothesis, each rounding and summing exactly where its `Rounding`s
-    and `Accumulation`s say.
-
-    Arguments as for `mhc_parity.mhc.oracle.run_oracle`; hypotheses: one sequence of `Rounding`s and
-    `Accumulation`s per result (an empty one: the exact oracle). Returns one `OracleResult` per
-    hypothesis, in order, NumPy float64: those of roundings alone from one compiled program,
-    those with a narrow sum from another (each per shape, branch and config).
-    """
+    """The oracle once per hypothesis (a sequence of `Rounding`s and `Accumulation`s; empty: the
+    exact oracle), arguments as for `oracle.run_oracle`: one `OracleResult` per hypothesis."""
     if not hypotheses:
         raise ValueError("run_oracle_roundings needs at least one hypothesis")
     sites = rounding_model.branch_site_tuple(branch_sites)
@@ -466,16 +407,14 @@ def run_oracle_roundings(
                 continue
             group = [hypotheses[i] for i in indices]
             options = accumulation_options(group)
-            # Padded to `batch` (or the next power of two) rows: cases of one shape, branch and
-            # config share the program whatever their hypothesis count.
+            # Padded, so cases of one shape, branch and config share the program.
             rows = max(batch, 1 << (len(group) - 1).bit_length())
             codes = _padded(rounding_codes(calls, group, known), rows)
             sums = _padded(accumulation_codes(contractions, group, options), rows)
             roundings = [r for parts in group for r in parts if isinstance(r, Rounding)]
             dtypes = tuple(sorted({r.dtype for r in roundings}))
-            # The sums' program codes only the few sites its hypotheses round (a code at every
-            # site costs each hypothesis a choice there); the roundings' program codes every
-            # site, so float32 and bfloat16 cases of one shape share it.
+            # A code costs every hypothesis a choice: the sums' program codes only its few
+            # sites; the roundings' program codes all, so both dtypes share it.
             coded = None if every_site else frozenset(r.site for r in roundings)
             program = _roundings_program(branch_apply, config, sites, dtypes, options, coded)
             outputs = program(x64, w64, p64, ct64, codes, sums, len(group))

@@ -1,34 +1,11 @@
 """Matmul precision: the one place that decides how every dot of the layer is computed.
 
-A float32 dot with no stated precision runs at the backend's *default* precision:
-exact float32 on a CPU, but bfloat16 passes on a TPU and TensorFloat-32 on recent
-NVIDIA GPUs. The parity bounds are calibrated on exact float32 arithmetic, so every
-dot in `mhc_parity/mhc/` (reference, shared helpers, kernels) and in the case branches passes
-`precision=dot_precision(operand dtype, setting)` and accumulates in
-`accumulation_dtype(operand dtype)`.
-
-Settings (a case's `matmul_precision`):
-
-  "highest"  float32 operands at `Precision.HIGHEST`, full float32. Two bfloat16
-             operands at `Precision.DEFAULT`: a bfloat16 product is exact in float32
-             and it accumulates in float32, so DEFAULT is the same arithmetic, and
-             Mosaic rejects HIGHEST (an fp32 contract precision) for bfloat16 operands
-             ("Bad lhs type", measured on TPU v5e and by libtpu's compiler for v5e,
-             v6e and v5p). The float32 cotangents of such a dot's transposes are
-             float32 operands and stay at HIGHEST (`cotangent_dot_precision`;
-             `mhc_parity.mhc.common.matmul` states both) — the program a CPU runs, on
-             every backend.
-  "default"  `Precision.DEFAULT`: the backend's own default, the precision a model
-             trained without a precision setting actually runs at.
-
-`operand_rounding` is the knowledge of what a setting means on a backend: which
-rounding the float32 operands of a dot undergo (none on a CPU, bfloat16 on a TPU at
-default precision, TensorFloat-32 on an Ampere-or-newer NVIDIA GPU). The oracle's
-rounding model and the run metadata both ask it; nothing else encodes that fact.
-
-The Pallas TPU (Mosaic) lowering accepts only `DEFAULT` and `HIGHEST`, the same for both
-operands, so the settings map onto exactly those two; its compiler accepts `HIGHEST` only
-for float32 operands.
+A float32 dot with no stated precision runs at the backend's default (bfloat16 passes on a
+TPU, TensorFloat-32 on recent NVIDIA GPUs), but the bounds assume exact float32, so every dot
+states `dot_precision(...)` and accumulates in `accumulation_dtype(...)`. Settings: "highest"
+(float32 operands at HIGHEST; bfloat16 ones at DEFAULT, the same arithmetic, since Mosaic
+rejects HIGHEST for them) and "default" (the backend's own). `operand_rounding` is the only
+encoding of what a setting does to float32 operands on a backend.
 """
 
 from __future__ import annotations
@@ -46,8 +23,7 @@ DEFAULT_MATMUL_PRECISION = HIGHEST
 _LAX_PRECISION = {HIGHEST: jax.lax.Precision.HIGHEST, DEFAULT: jax.lax.Precision.DEFAULT}
 _BFLOAT16 = np.dtype(jnp.bfloat16)
 _MATMUL_DTYPES = (np.dtype(np.float32), _BFLOAT16, np.dtype(np.float64))
-# NVIDIA GPUs of this compute capability and newer run a default-precision float32
-# dot with TensorFloat-32 operands (Ampere and later).
+# From Ampere on, a default-precision float32 dot has TensorFloat-32 operands.
 TF32_MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
@@ -59,13 +35,9 @@ def check_matmul_precision(setting: str) -> str:
 
 
 def dot_precision(dtype, setting: str = DEFAULT_MATMUL_PRECISION) -> jax.lax.Precision:
-    """The `precision=` argument of a dot whose operands are both `dtype`, under `setting`.
-
-    dtype: float32 (the setting applies), bfloat16 (DEFAULT at either setting: its
-    products are exact in float32, see the module docstring) or float64 (the oracle:
-    always HIGHEST; float64 runs only on the host CPU). Raises ValueError for another
-    dtype or an unknown setting.
-    """
+    """The `precision=` of a dot of two `dtype` operands under `setting`: float32 follows the
+    setting, bfloat16 is always DEFAULT (exact products), float64 always HIGHEST. ValueError
+    for another dtype or setting."""
     check_matmul_precision(setting)
     dtype = np.dtype(dtype)
     if dtype not in _MATMUL_DTYPES:
@@ -78,34 +50,21 @@ def dot_precision(dtype, setting: str = DEFAULT_MATMUL_PRECISION) -> jax.lax.Pre
 
 
 def cotangent_dot_precision(dtype, setting: str = DEFAULT_MATMUL_PRECISION) -> jax.lax.Precision:
-    """The `precision=` of the transposes (VJP dots) of a dot of two `dtype` operands.
-
-    A transpose multiplies the float32 cotangent (`accumulation_dtype(dtype)`) by the
-    other operand, so it follows the float32 rule: HIGHEST at "highest" also for a
-    bfloat16 dot, whose forward runs at DEFAULT.
-    """
+    """The `precision=` of a dot's transposes (VJP dots): they multiply the float32 cotangent,
+    so the float32 rule applies, also for a bfloat16 dot."""
     return dot_precision(accumulation_dtype(dtype), setting)
 
 
 def accumulation_dtype(dtype) -> np.dtype:
-    """The accumulation (`preferred_element_type`) of a dot of `dtype` operands.
-
-    float32 for bfloat16 and float32 operands, float64 for the oracle's float64.
-    """
+    """The `preferred_element_type` of a dot of `dtype` operands: float32, or float64 for float64."""
     return np.dtype(jnp.promote_types(dtype, jnp.float32))
 
 
 @dataclasses.dataclass(frozen=True)
 class OperandRounding:
-    """What a matmul does to its float32 operands on one backend at one setting.
-
-    name: "float32" (operands used as they are), "bfloat16x6" (TPU HIGHEST: six
-    bfloat16 passes, float32-accurate but not bit-exact), "bfloat16" or
-    "tensorfloat32" (operands rounded to that format).
-    unit_roundoff: the relative rounding of each float32 operand *beyond* float32
-    itself (0 when the operands are not rounded further). bfloat16 operands are
-    unaffected: they are exact in every format listed.
-    """
+    """What a matmul does to its float32 operands on one backend at one setting. name:
+    "float32", "bfloat16x6" (TPU HIGHEST: six bfloat16 passes, not bit-exact), "bfloat16" or
+    "tensorfloat32"; unit_roundoff: each operand's relative rounding beyond float32 (0: none)."""
 
     name: str
     unit_roundoff: float
@@ -131,12 +90,9 @@ def parse_compute_capability(value) -> tuple[int, int] | None:
 
 
 def operand_rounding(setting: str, platform: str, compute_capability=None) -> OperandRounding:
-    """How `setting` treats a dot's float32 operands on `platform` ("cpu", "gpu", "tpu").
-
-    compute_capability: a GPU's (e.g. "8.0"); at default precision a GPU whose
-    capability is unknown (not an NVIDIA number) is taken to use TensorFloat-32, the
-    coarser of the two possibilities. Raises ValueError for an unknown platform.
-    """
+    """How `setting` treats a dot's float32 operands on `platform` ("cpu", "gpu", "tpu"); a GPU
+    of unknown `compute_capability` is taken to use TensorFloat-32 (the coarser). ValueError
+    for an unknown platform."""
     check_matmul_precision(setting)
     if platform == "cpu":
         return FLOAT32_OPERANDS
@@ -153,11 +109,8 @@ def operand_rounding(setting: str, platform: str, compute_capability=None) -> Op
 
 
 def effective_matmul_precision(setting: str, platform: str, compute_capability=None) -> str:
-    """The setting a path effectively runs at: "default" is "highest" where the two agree.
-
-    On a CPU (and pre-Ampere NVIDIA GPUs) the default precision *is* full float32, so
-    a "default" case runs — and is reported — as "highest" there.
-    """
+    """The setting a path effectively runs at: "default" is "highest" where they agree (a CPU,
+    pre-Ampere GPUs)."""
     if setting == DEFAULT and operand_rounding(DEFAULT, platform, compute_capability) == operand_rounding(
         HIGHEST, platform, compute_capability
     ):

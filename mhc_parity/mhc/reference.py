@@ -1,11 +1,6 @@
-"""The reference (non-kernel) path of the mHC layer, in plain JAX.
-
-Faithful to the activation dtype the way a production layer is: the fused projection
-runs as a matmul in the activation dtype with float32 accumulation, at the precision
-`config.matmul_precision` states (`mhc_parity.mhc.precision`); norms, gates and
-the softmax over permutations compute in float32 through the shared helpers of
-`mhc_parity.mhc.common`; results are cast back to the activation dtype. Plain JAX, so gradients
-come from autodiff and token-sharded inputs are partitioned by XLA.
+"""The reference (non-kernel) path of the mHC layer, in plain JAX (autodiff gradients, XLA
+sharding): the fused projection in the activation dtype with float32 accumulation; norms,
+gates and softmax in float32 (`mhc_parity.mhc.common`); results in the activation dtype.
 """
 
 from __future__ import annotations
@@ -31,11 +26,7 @@ from mhc_parity.mhc.types import MhcConfig, MhcContext, MhcWeights, validate_wei
 def compute_coefficients(
     x: jax.Array, weights: MhcWeights, *, config: MhcConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The three mixing coefficients of every token.
-
-    x: (B, S, n, C) activation dtype. Returns float32 h_pre (B, S, n),
-    h_post (B, S, n), h_res (B, S, n, n).
-    """
+    """x (B, S, n, C) activation dtype -> float32 h_pre (B, S, n), h_post (B, S, n), h_res (B, S, n, n)."""
     batch, seq, n, c = x.shape
     folded = fold_norm_into_projection(
         weights.norm_scale, (weights.pre_alpha, weights.post_alpha, weights.res_alpha), x.dtype
@@ -56,13 +47,9 @@ def compute_coefficients(
 
 
 def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig) -> tuple[jax.Array, MhcContext]:
-    """Collapse the n streams into the branch input.
-
-    x: (B, S, n, C) float32 or bfloat16; weights: `MhcWeights` (matmul leaves in any
-    float dtype — cast to x.dtype here — gate leaves in any float dtype).
-    Returns layer_input (B, S, C) in x.dtype and the context `post` needs.
-    Raises UnsupportedInputError for a bad shape or dtype.
-    """
+    """Collapse the n streams: x (B, S, n, C) float32 or bfloat16 -> layer_input (B, S, C) in
+    x.dtype, and the context `post` needs. Weights in any float dtype (matmul leaves are cast to
+    x.dtype). UnsupportedInputError for a bad shape or dtype."""
     validate_activations(x, config.dims)
     validate_weights(weights, config)
     weights = weights.astype_for_compute(x.dtype)
@@ -72,10 +59,7 @@ def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig) -> tuple[jax.Ar
 
 
 def post(layer_output: jax.Array, context: MhcContext, *, config: MhcConfig) -> jax.Array:
-    """Mix the residual streams and add the gated branch output.
-
-    layer_output: (B, S, C); context from `pre`. Returns out (B, S, n, C) in the
-    dtype of context.x.
-    """
+    """Mix the residual streams and add the gated branch output: layer_output (B, S, C) ->
+    out (B, S, n, C) in context.x's dtype."""
     validate_layer_output(layer_output, context.x)
     return expand_streams(context.h_res, context.h_post, context.x, layer_output)

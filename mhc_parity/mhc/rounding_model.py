@@ -1,10 +1,6 @@
-"""The rounding model: where a correct implementation may round each value of the mHC layer.
-
-The float64 oracle (`mhc_parity.mhc.oracle`) simulates one rounding at each site named here,
-and the hypotheses (`mhc_parity.mhc.operation.hypotheses`) are the roundings it does not allow.
-Declarations only: the precision classes, the sites and the contractions a correct path
-accumulates in float32, and each class's unit roundoff for a case. Written with the oracle,
-independently of the paths' helpers (it imports nothing from `mhc_parity.mhc.common`).
+"""The rounding model: where a correct implementation may round each value of the mHC layer
+(the oracle simulates one rounding per site; the hypotheses are roundings it does not allow).
+Declarations only; imports nothing from `mhc_parity.mhc.common`.
 """
 
 from __future__ import annotations
@@ -14,38 +10,19 @@ from collections.abc import Mapping
 
 import jax.numpy as jnp
 
-# ------------------------------------------------------------- the rounding model
-#
-# With `rounding_noise`, every value of the computation below, and the cotangent that
-# flows back through it, carries one simulated rounding: it is multiplied by (1 + delta)
-# with delta uniform in [-u, u]. The spread this causes over a few draws is a leaf's
-# *sensitivity*: the error that finite-precision arithmetic explains there.
-#
-# The unit roundoff u of each value is that of the precision in which a CORRECT
-# implementation may hold it: a correct bfloat16 path rounds to bfloat16 at a few places
-# (matmul operands, stored outputs) and computes the rest in float32. A model that
-# rounded everything at the activation dtype would explain away real bugs (a gate's bias
-# rounded to bfloat16 moves h_post by exactly as much as a bfloat16 rounding of the gate
-# logit), so each site names its precision class below, for its forward value and for
-# its cotangent. The table is kept honest by the legitimate-variant catalogue
-# (mhc_parity/harness/variants.py): each variant is a precision choice production kernels make,
-# and each must pass under bounds built from this model.
+# Each value's unit roundoff is that of the precision a CORRECT implementation may hold it in:
+# rounding everything at the activation dtype would explain away real bugs (a gate's bias
+# rounded to bfloat16 moves h_post as much as a bfloat16 gate logit). The legitimate variants
+# (mhc_parity/harness/variants.py) must pass under bounds built from this model.
 
-# The precision classes of a site; the harness maps each to a unit roundoff per case
-# (see `unit_roundoffs`). A site listing several classes takes the coarsest.
+# Precision classes (`unit_roundoffs` gives each a u per case); several: the coarsest applies.
 ACTIVATION = "activation"  # stored in the activation dtype: inputs, outputs, their cotangents
 OPERAND = "operand"  # a contraction operand a correct path may round to the activation dtype
 FLOAT32 = "float32"  # computed and held in float32
 WEIGHT = "weight"  # stored in the weights' dtype: weight leaves and their gradients
-# The float32 operands of a dot at the case's matmul-precision setting on the backend
-# that runs the paths: 0 at "highest" (and on a CPU), bfloat16 on a TPU at "default",
-# TensorFloat-32 on a recent NVIDIA GPU at "default" (`mhc_parity.mhc.precision.operand_rounding`).
-MATMUL = "matmul"
-# The float32 primitives whose outputs the oracle marks (`RoundingSite.primitives`): on a backend
-# whose primitive errs past what the model assumes (measured by
-# `mhc_parity.harness.engine.backend_arithmetic`; a TPU's exp, logistic, tanh, log), the outputs
-# of that primitive round at its measured relative error, and nothing else widens. Each is the
-# class "backend_<primitive>", 0 where the backend's primitive is within the model (the CPU).
+MATMUL = "matmul"  # a dot's float32 operands at the case's setting (`precision.operand_rounding`)
+# Float32 primitives whose outputs round at the backend's measured excess error (class
+# "backend_<primitive>"; 0 where within the model, e.g. a CPU); nothing else widens.
 BACKEND_PRIMITIVES = ("exp", "log", "logistic", "tanh", "rsqrt", "divide")
 BACKEND_CLASSES = {primitive: f"backend_{primitive}" for primitive in BACKEND_PRIMITIVES}
 PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT, MATMUL, *BACKEND_CLASSES.values())
@@ -53,16 +30,9 @@ PRECISION_CLASSES = (ACTIVATION, OPERAND, FLOAT32, WEIGHT, MATMUL, *BACKEND_CLAS
 
 @dataclasses.dataclass(frozen=True)
 class RoundingSite:
-    """Where one value of the computation may be rounded by a correct implementation.
-
-    forward: precision classes of the value; backward: of the cotangent flowing back
-    through it (the coarsest class of each tuple applies; an empty tuple: exact, never
-    rounded); why: the reason. primitives: per call `part` ("" every call), the
-    `BACKEND_PRIMITIVES` whose output the value is: both directions also round at their
-    classes (the backward of exp, tanh and logistic uses their outputs; a log's error is a
-    relative error of its argument). A site with primitives and no class of its own is
-    `backend_only`: exact wherever the backend's primitives are within the model.
-    """
+    """Where one value may be rounded by a correct implementation. forward / backward: precision
+    classes of the value / its cotangent (() : exact). primitives: per call `part` ("" every
+    call), the `BACKEND_PRIMITIVES` whose output the value is (both directions round at them)."""
 
     forward: tuple[str, ...]
     backward: tuple[str, ...]
@@ -70,7 +40,6 @@ class RoundingSite:
     primitives: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def primitives_at(self, part: str) -> tuple[str, ...]:
-        """The primitives whose output a call of this site with `part` is."""
         found = dict(self.primitives)
         return found.get(part, found.get("", ()))
 
@@ -140,9 +109,8 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
             ("sinkhorn", ("exp",)),
         ),
     ),
-    # The paths' Sinkhorn runs in log space (z - logsumexp z, float32); the oracle's in linear
-    # space (m / sum m). A log-space step's exp errs in each term of its sum, and its log by an
-    # absolute amount: the same as the linear step's sum off by those relative amounts.
+    # The paths' log-space Sinkhorn step errs as the oracle's linear step with its sum off by
+    # the exp's and the log's relative errors.
     "sinkhorn_sum": RoundingSite(
         (),
         (),
@@ -185,12 +153,8 @@ ROUNDING_SITES: Mapping[str, RoundingSite] = {
 
 @dataclasses.dataclass(frozen=True)
 class Contraction:
-    """A sum over products in the layer's math, which a path accumulates in float32.
-
-    spec: its einsum over the operands in call order; words: what it computes; operands: the
-    words of each operand. Only the hypotheses' program (`mhc_parity.mhc.oracle_roundings`) accumulates
-    one otherwise; here each is written as the oracle's own expression (`mhc_parity.mhc.oracle_math._contracted`).
-    """
+    """A sum over products a path accumulates in float32: its einsum `spec` and words (only the
+    hypotheses' program accumulates one otherwise)."""
 
     spec: str
     words: str
@@ -208,8 +172,7 @@ CONTRACTIONS: Mapping[str, Contraction] = {
     "collapse": Contraction("bsn,bsnc->bsc", "the stream collapse", ("h_pre", "x")),
     "residual_mix": Contraction("bsij,bsic->bsjc", "the residual mix", ("h_res", "x")),
     "post_gate": Contraction("bsn,bsc->bsnc", "the post gate's product", ("h_post", "the branch output")),
-    # A gate's scale times its logits, and its bias broadcast over the tokens: no sum forward,
-    # but the scale's and the bias's gradients sum over every token (one call per gate: `part`).
+    # No sum forward, but the scale's and bias's gradients sum over every token.
     "gate_scale": Contraction(",bsm->bsm", "the gate's scaled logits", ("the gate's scale", "the logits")),
     "gate_bias": Contraction("m,bs->bsm", "the gate's bias over the tokens", ("the gate's bias", "the tokens")),
 }
@@ -220,9 +183,8 @@ BranchSites = tuple[tuple[str, RoundingSite], ...]
 
 
 def evaluated(r, primitive: str, function, *operands):
-    """function(*operands), the value of one of `BACKEND_PRIMITIVES`, unless the rounding hook `r`
-    evaluates primitives itself (`r.primitive(name, function, *operands)`: the oracle with a
-    backend's own float32 primitive, `mhc_parity.mhc.oracle_backend`)."""
+    """function(*operands), a `BACKEND_PRIMITIVES` value, unless the hook `r` evaluates
+    primitives itself (`r.primitive`: the backend's own, `oracle_backend`)."""
     hook = getattr(r, "primitive", None)
     return function(*operands) if hook is None else hook(primitive, function, *operands)
 
@@ -250,17 +212,9 @@ def unit_roundoffs(
     matmul_operand_roundoff: float = 0.0,
     backend_terms: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Unit roundoff of every precision class for a run in these dtypes.
-
-    activation_dtype, weight_dtype: dtype names or dtypes ("float32", "bfloat16").
-    matmul_operand_roundoff: how much a dot rounds its float32 operands at the case's
-    matmul precision on the backend that runs the paths (0 at "highest"; see
-    `mhc_parity.mhc.precision.operand_rounding`). backend_terms: primitive -> the relative error
-    its outputs carry on that backend past what this model assumes (0 or absent: none;
-    `mhc_parity.harness.engine.backend_arithmetic.model_terms`). Returns {class: u} with u = eps / 2
-    (round to nearest); a contraction operand rounds at the coarser of the activation dtype and
-    the dot's own operand rounding.
-    """
+    """{class: u = eps / 2} for a run in these dtypes. matmul_operand_roundoff: a dot's float32
+    operand rounding (`precision.operand_rounding`); backend_terms: primitive -> relative error
+    past the model. OPERAND takes the coarser of the activation dtype and the dot's rounding."""
     # The probe measures more primitives than the model has sites for: those widen nothing.
     terms = dict(backend_terms or {})
     act = float(jnp.finfo(activation_dtype).eps) / 2

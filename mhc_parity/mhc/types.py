@@ -78,11 +78,7 @@ class MhcWeights:
 
 @dataclasses.dataclass(frozen=True)
 class MhcConfig:
-    """Static configuration of the mHC math (hashable; safe as a `jit` static argument).
-
-    matmul_precision: "highest" | "default", the precision of every dot (see
-    `mhc_parity.mhc.precision`).
-    """
+    """Static configuration of the mHC math (hashable; a `jit` static argument)."""
 
     streams: int
     embedding: int
@@ -104,11 +100,8 @@ class MhcConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MhcContext:
-    """What `pre` hands to `post`: the input streams and the three mixing coefficients.
-
-    x: (B, S, n, C) activation dtype; h_pre, h_post: (B, S, n) float32;
-    h_res: (B, S, n, n) float32.
-    """
+    """What `pre` hands to `post`: x (B, S, n, C) activation dtype; float32 h_pre, h_post
+    (B, S, n) and h_res (B, S, n, n)."""
 
     x: jax.Array
     h_pre: jax.Array

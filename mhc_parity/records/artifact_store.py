@@ -1,21 +1,14 @@
 """A folder of content-addressed, checksummed entries: bytes stored under the digest of their key.
 
-The compiled-program and TPU-lowering stores (`mhc_parity.harness.stores.program_store`) keep what they
-would otherwise recompute here. An entry is one file ``<prefix>-<key digest>.bin``:
+Backs the compiled-program and TPU-lowering stores (`mhc_parity.harness.engine.program_store`). An entry is one file
+``<prefix>-<key digest>.bin``:
 
   8 bytes   header length, little-endian
   header    JSON: the key material, the payload's sha256, a checksum of the header
   payload   the stored bytes
 
-`load(material)` returns the payload only if the file parses, its header checksum and
-the payload's sha256 match, and the header's key material equals `material` (a digest
-collision or a file copied under another name is rejected, not used). An invalid entry
-is logged, counted in `rejected`, and reported as a miss, so the caller recomputes and
-`save`s over it. Writes go through `mhc_parity.records.files.atomic_write`: concurrent workers
-never read a partial file. Which keys a process reads and writes is
-`mhc_parity.records.foreign_code`'s rule (a process that loaded foreign code writes under keys that
-cover it; while code is patched at run time, `code_patched`, nothing is read or written, but
-by a store whose entries no patch can reach: `open_while_code_patched`).
+An entry that fails verification or holds another key's material is logged, counted in `rejected` and read as a miss.
+Writes are atomic. Which keys a process reads and writes: `mhc_parity.records.foreign_code`.
 """
 
 from __future__ import annotations
@@ -53,7 +46,6 @@ def header_checksum(header: dict) -> str:
 
 
 def encode_entry(material: dict, payload: bytes) -> bytes:
-    """One entry's bytes (see the module docstring)."""
     header = {"key": material, "payload_sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
     header["checksum"] = header_checksum(header)
     encoded = canonical_json(header)
@@ -80,8 +72,7 @@ def decode_entry(data: bytes, material: dict) -> bytes:
 
 
 class LookupCounts:
-    """A disk cache's `hits`, `misses` and `rejected` (invalid entries, also misses), counted
-    under a lock: lookups run in `mhc_parity.harness.engine.runner.Runner.run`'s pool threads too."""
+    """A disk cache's `hits`, `misses` and `rejected` (invalid entries, also misses); thread-safe."""
 
     def __init__(self):
         self.hits = self.misses = self.rejected = 0
@@ -95,12 +86,8 @@ class LookupCounts:
 
 
 class ArtifactStore(LookupCounts):
-    """Entries named ``<prefix>-<digest>.bin`` in `folder`; counts `hits`, `misses`, `rejected`
-    (`LookupCounts`: safe to use from several threads).
-
-    open_while_code_patched: the entries are computed only from files no run-time patch
-    replaces (the caller's test checks that), so `code_patched` leaves this store open.
-    """
+    """Entries ``<prefix>-<digest>.bin`` in `folder`. open_while_code_patched: the entries depend on no file a run-time
+    patch replaces, so `code_patched` leaves this store open."""
 
     def __init__(self, folder: pathlib.Path, prefix: str, open_while_code_patched: bool = False):
         super().__init__()
@@ -114,12 +101,7 @@ class ArtifactStore(LookupCounts):
         return self.folder / f"{self.prefix}-{key_digest(material)}.bin"
 
     def load(self, material: dict) -> bytes | None:
-        """The stored payload for `material`, or None (no entry, or an invalid one: logged).
-
-        Looked up under each key this process may read (`mhc_parity.records.foreign_code.read_keys`:
-        the project's own, then the one a process that loaded foreign code writes); one lookup
-        counts one hit or one miss.
-        """
+        """The payload stored for `material` under one of its `read_keys`, or None (missing or invalid)."""
         if not self._open():  # code is patched in this process: no entry is its code's
             return None
         for key in read_keys(material):
@@ -147,9 +129,7 @@ class ArtifactStore(LookupCounts):
         log.warning("%s entry %s is unusable (%s); recomputing", self.prefix, path, why)
 
     def save(self, material: dict, payload: bytes) -> None:
-        """Store `payload` under `material`'s write key (`mhc_parity.records.foreign_code.write_key`:
-        in a process that loaded foreign code, a key that also covers that code; nothing where
-        that code cannot be recorded); a warning, not an error, if the folder is not writable."""
+        """Store `payload` under `material`'s `write_key` (None: nothing stored); an unwritable folder only warns."""
         key = write_key(material) if self._open() else None
         if key is None:
             return

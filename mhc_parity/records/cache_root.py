@@ -1,11 +1,5 @@
-"""Where the stores live (fixtures, oracle answers, compiled programs, lowerings).
-
-`$MHC_PARITY_CACHE` when set; else a checkout's own `.cache` (the folder holding `mhc_parity`
-has the project's pyproject.toml: a clone, installed editable or not); else, for a copy
-installed into site-packages, the user's cache folder (`$XDG_CACHE_HOME`, else `~/.cache`,
-then `mhc-parity`): an installed package's folder is no place to write, and may be read-only.
-
-Plain Python (the standard library only): `cases` and `harness` both ask it.
+"""Where the stores live: `$MHC_PARITY_CACHE`; else a checkout's own `.cache`; else (a copy installed in site-packages,
+which may be read-only) `$XDG_CACHE_HOME` or `~/.cache`, then `mhc-parity`.
 """
 
 from __future__ import annotations

@@ -1,40 +1,11 @@
-"""A rounding stated as a cause only where it holds across its implementation's failing leaves.
+"""A rounding stated as a cause only where its place holds across its implementation's failing leaves.
 
-Each case names its failing rows' causes apart (`mhc_parity.harness.engine.causes`): the best
-of some fifty hypotheses, value for value or by the size of its error. A precision bug's error
-is its rounding's wherever that rounding acts, so it explains the failing leaves of every case
-and path of the code it is in alike. A logic bug's error is no rounding's, and among fifty
-hypotheses one matches a case's leaves by chance now and then: on the TPU v5e a
-backward-kernel logic fault's failing rows on the mosaic paths were "not explained by any
-rounding" 116 times and "the RMS statistic's sum of squares summed in bfloat16 term by term"
-(matched by size, 0.82) 18 times, in one run (issue 56, item 7). No case alone can tell the 18
-from a true cause; the implementation's other failing leaves can.
-
-So over one run's rows, per implementation (the part of a row's `candidate` before the "/":
-`mosaic/unsharded` and `mosaic/sharded(...)` run one code; `interpret` is another), each
-(case, path, leaf) that fails is one attribution, whichever comparisons fail on it. The
-hypotheses at one place (`hypothesis_place`: a site, a contraction) named on n of N of them
-are named only where n > N/2: one bug is at one place, and a place that fits no more than
-half an implementation's failing leaves is not that bug's (issue 67: a backward accumulator's
-bug was named three places at once). Their rows say "not explained by any rounding" (or, where
-the leaves name several places and none holds, "no single rounding explains these leaves"),
-with what was fitted and why it is not named; their `cause_explained` (the fraction it
-explained there) is kept. A pair is not named where either of its places is not.
-Such a row keeps the cause its case named (`as_recorded` reads it back), so the rule is
-always applied to the rows as recorded, and causes stated once are stated the same again.
-Rows named through their partner (a sum in the partner's order, a leaf both paths hold
-narrow: `PARTNER_NAMED`) rest on other evidence and are neither counted nor changed, nor are
-`within_model` and `not_attributed` rows.
-
-A sharded path that is right, beside its unsharded partner that is not (a fault in what the
-unsharded run alone does), fails against its partner while its own error is within its
-model; a rounding matched to that small error by size is the same chance match (the CPU's
-kill matrix showed it: `docs/judging.md`), and counts and loses the same way.
-
-The row stream (`rows.jsonl`) and the manifest's digest of each case hold its rows as the
-case named them (`mhc_parity.records.store` digests rows `as_recorded`); every file and
-report made of a finished run's rows states them through this rule (`rows.csv`, report.json,
-the HTML and Markdown, the gate, the kill matrix's rows and top causes).
+Per implementation (a row's `candidate` before the "/"), a place (`hypothesis_place`) named on no more than half of the
+failing (case, path, leaf)s is not named: those rows say `UNEXPLAINED_WORDS` (or `NO_SINGLE_WORDS`) and carry the
+recorded cause in their text, which `as_recorded` reads back. Rows named through their partner (`PARTNER_NAMED`),
+`within_model` and `not_attributed` rows are neither counted nor changed. The row stream and the manifest keep rows as
+recorded; every report of a finished run states them through this rule. Why and what it measured: docs/judging.md, "A
+cause must hold across its implementation".
 """
 
 from __future__ import annotations
@@ -49,27 +20,22 @@ from mhc_parity.records.schema import UNEXPLAINED_CAUSE
 
 # The words of a failing row no rounding explains (`mhc_parity.harness.judging.attribution`).
 UNEXPLAINED_WORDS = "not explained by any rounding: look for a logic error"
-# The cause ids of a row judged within its model against the oracle, and of a case too large
-# to attribute (`mhc_parity.harness.engine.causes`).
+# Cause ids: within its model against the oracle; a case too large to attribute.
 WITHIN_MODEL_ID = "within_model"
 NOT_ATTRIBUTED_ID = "not_attributed"
 # The cause id of a failing row of a run that skipped the search (`--no-causes`).
 NOT_SEARCHED_ID = "not_searched"
 # Cause ids that name no hypothesis.
 NOT_HYPOTHESES = frozenset({UNEXPLAINED_CAUSE, WITHIN_MODEL_ID, NOT_ATTRIBUTED_ID, NOT_SEARCHED_ID, ""})
-# What follows the hypothesis' words in a row named through its partner
-# (`mhc_parity.harness.engine.causes`): a sum the partner's leaf names, in another order; a
-# leaf this path and its partner both hold in a narrow dtype.
+# What follows the hypothesis' words in a row named through its partner (`harness.engine.causes`).
 IN_ANOTHER_ORDER = " (named on {partner}, which sums it in another order)"
 HELD_IN_ANOTHER_ORDER = (
     " (this path and {partner} both hold it in {dtype}, which the rounding model does not allow; "
     "each sums it in its own order)"
 )
 PARTNER_NAMED = tuple(template.rsplit("}", 1)[1] for template in (IN_ANOTHER_ORDER, HELD_IN_ANOTHER_ORDER))
-# What a row whose rounding does not hold across its implementation says instead: no rounding
-# where its place fits no more than half the failing leaves; where they name several places and
-# none fits more than half, that no single one explains them. The cause as the case named it,
-# words and id, is in it: `as_recorded` reads it back.
+# What a row whose rounding does not hold across its implementation says instead; the recorded
+# cause, words and id, is in it for `as_recorded`.
 NO_SINGLE_WORDS = "no single rounding explains these leaves: look for where they meet"
 NOT_NAMED = "{head} (not named: {cause} [{cause_id}]; {implementation}'s {failing} failing leaves: {counts})"
 _HEADS = "|".join(re.escape(head) for head in (UNEXPLAINED_WORDS, NO_SINGLE_WORDS))
@@ -85,9 +51,8 @@ STAGES = ("pre_forward", "post_forward", "branch_backward", "pre_backward")
 SHOWN_LEAVES = 3
 
 
-# The kinds a hypothesis name starts with (`mhc_parity.mhc.operation.hypotheses.name_problem`):
-# a pair's two names are joined by "+", and a backend hypothesis' own name joins its
-# primitives by "+" ("backend:exp+logistic:float32"), so a pair splits only before a kind.
+# A pair's two names are joined by "+", as are a backend hypothesis' primitives
+# ("backend:exp+logistic:float32"): a pair splits only before a kind.
 HYPOTHESIS_KINDS = ("round", "accumulate", "fit", "backend")
 _PAIR_JOIN = re.compile(r"\+(?=(?:{}):)".format("|".join(HYPOTHESIS_KINDS)))
 
@@ -98,17 +63,13 @@ def hypothesis_names(cause_id: str) -> list[str]:
     return [] if cause_id in NOT_HYPOTHESES else _PAIR_JOIN.split(cause_id)
 
 
-# A contraction whose sum is a site's only input: a narrow sum there is that value's error (the
-# sum of squares is the RMS statistic's, whose error the fit models per token).
+# A contraction whose sum is a site's only input: a narrow sum there is that site's error.
 CONTRACTION_PLACES = {"mean_square": "rms_inverse"}
 
 
 def hypothesis_place(name: str) -> str:
-    """Where in the dataflow a hypothesis errs: the site it rounds or fits, or the contraction it
-    sums narrowly ("gate_weight", "rms_inverse", "projection"), every backend primitive one place
-    ("backend"). One bug at a place is matched by its different hypotheses on different leaves
-    (the gate parameters rounded: the pre gate's on one leaf, both gates' on another; the RMS
-    statistic rounded once in one case, fitted per token in another; a sum's blocks and orders)."""
+    """Where in the dataflow a hypothesis errs: the site it rounds or fits, or the contraction it sums narrowly
+    ("gate_weight", "rms_inverse", "projection"); every backend primitive is one place ("backend")."""
     kind, _, rest = name.partition(":")
     if kind == "backend":
         return kind
@@ -117,8 +78,8 @@ def hypothesis_place(name: str) -> str:
 
 
 def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
-    """(case, path, leaf, cause_id) of a failing row whose cause the rule weighs: no rounding,
-    or hypotheses matched to the path's own error; None for any other row."""
+    """(case, path, leaf, cause_id) of a failing row the rule weighs (no rounding, or hypotheses matched to the path's
+    own error); else None."""
     cause_id = str(row.get("cause_id") or "")
     if row.get("verdict") != "fail" or not (cause_id == UNEXPLAINED_CAUSE or hypothesis_names(cause_id)):
         return None
@@ -128,11 +89,8 @@ def _attribution(row: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
 
 
 def as_recorded(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`row` with the cause its case named (`cause`, `cause_id`) where `consistent_causes` said
-    it is not named (`NOT_NAMED` holds both), else `row` itself. A run's rows are recorded as
-    their cases named them (the row stream, each case's digest in the manifest:
-    `mhc_parity.records.store.case_records` reads rows through this), and its reports state
-    them through the rule, so the rule is always applied to the rows as recorded."""
+    """`row` with the cause its case named where `consistent_causes` replaced it (`NOT_NAMED` holds both), else `row`
+    itself."""
     if row.get("cause_id") != UNEXPLAINED_CAUSE:
         return row
     found = _NOT_NAMED_READ.fullmatch(str(row.get("cause") or ""))
@@ -142,9 +100,8 @@ def as_recorded(row: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def stage_of(leaf: str) -> str:
-    """The stage of `STAGES` a leaf comes out of: a gradient leaf (d_...) the backward's (the
-    branch's parameters' its VJP, the rest the pre backward's), the output the post forward's,
-    the other forward leaves the pre forward's."""
+    """The `STAGES` entry a leaf comes out of: d_branch.* the branch's VJP, other d_* the pre backward, "out" the post
+    forward, the rest the pre forward."""
     if leaf.startswith("d_branch."):
         return "branch_backward"
     if leaf.startswith("d_"):
@@ -153,8 +110,7 @@ def stage_of(leaf: str) -> str:
 
 
 def located(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """implementation -> where its failing rows go wrong first (`LOCATED`):
-    whether a forward leaf fails, the earliest stage with a failing leaf and its leaves."""
+    """implementation -> where its failing rows go wrong first (`LOCATED`)."""
     failing: dict[str, dict[str, None]] = collections.defaultdict(dict)
     for row in rows:
         if row.get("verdict") == "fail" and row.get("cause_id"):  # a leaf compared, not a status row
@@ -172,7 +128,6 @@ def located(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def _units(rows: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple[str, str, str, str]]]:
-    """implementation -> its failing (case, path, leaf, cause_id)s the rule weighs (`_attribution`)."""
     units: dict[str, set[tuple[str, str, str, str]]] = collections.defaultdict(set)
     for row in rows:
         found = _attribution(row)
@@ -182,7 +137,6 @@ def _units(rows: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple[str, str, s
 
 
 def _places_named(attributions) -> collections.Counter:
-    """place -> how many of the (case, path, leaf, cause_id) `attributions` name a hypothesis there."""
     return collections.Counter(
         place
         for *_, cause_id in attributions
@@ -191,10 +145,8 @@ def _places_named(attributions) -> collections.Counter:
 
 
 def unheld_places(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """(implementation, place) -> (failing leaves a hypothesis at the place is named on, those
-    not explained by any rounding, the failing leaves weighed) for each place
-    (`hypothesis_place`) named on no more than half of the implementation's failing
-    (case, path, leaf)s (module docstring), in `rows` as recorded (`as_recorded`)."""
+    """(implementation, place) -> (failing leaves naming a hypothesis there, those no rounding explains, failing leaves
+    weighed) for each place named on no more than half of them, over `rows` as recorded."""
     unheld = {}
     for implementation, attributions in _units(map(as_recorded, rows)).items():
         unexplained = sum(cause_id == UNEXPLAINED_CAUSE for *_, cause_id in attributions)
@@ -205,12 +157,8 @@ def unheld_places(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tu
 
 
 def consistent_causes(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """`rows` (one run's) with each failing row whose hypothesis does not hold across its
-    implementation (its place in `unheld_places`) said to be not explained by one rounding
-    (`NOT_NAMED`, naming what it fitted; "no single rounding" where the implementation's
-    leaves name several places): `cause` and `cause_id` changed, `cause_explained` kept.
-    Taken as recorded (`as_recorded`): rows stated once are stated the same again. Rows that
-    stay as recorded are the same objects."""
+    """`rows` (one run's, as recorded) with each failing row whose place is in `unheld_places` restated as `NOT_NAMED`:
+    `cause` and `cause_id` changed, `cause_explained` kept. Unchanged rows are the same objects."""
     rows = [as_recorded(row) for row in rows]
     unheld = unheld_places(rows)
     if not unheld:

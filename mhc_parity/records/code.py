@@ -1,10 +1,5 @@
-"""The project's code as cache-key material: the modules an entry module imports.
-
-A stored answer (an oracle answer, a compiled program) is keyed by the code it is computed
-from. `import_closure` finds that code from the imports themselves — every project module
-an entry module imports at import time, transitively, with the packages each belongs to —
-so a module added, split or moved is covered without a list to keep; the tests that trace
-what actually runs check that the closure covers it.
+"""The project's code as cache-key material: `import_closure` finds every project module an entry module imports at
+import time, transitively, so a module added, split or moved is covered without a list to keep.
 """
 
 from __future__ import annotations
@@ -20,16 +15,12 @@ from collections.abc import Iterable, Mapping
 from mhc_parity.records.distributions import distribution_key, distribution_sha256, distributions_of
 from mhc_parity.records.project_code import NAMESPACE, PROJECT_ROOT, code_key, digest_of, sha256_file
 
-# Python 3.11's AST constructor counts its recursion depth in state all threads share: a parse
-# that hands the GIL to another thread's parse midway (a garbage collection running a callback
-# or a finalizer's Python code does) ends in "SystemError: AST constructor recursion depth
-# mismatch" (an implementation's rows errored so in `make test-compat`; tests/test_code_record.py
-# reproduces it on 3.11.7, not on 3.12.1). Stores key their entries from threads: one parse at a time.
+# Python 3.11's AST constructor keeps its recursion depth in state all threads share: concurrent
+# parses can raise SystemError (docs/jax-notes.md). Stores key their entries from threads.
 _PARSE_LOCK = threading.Lock()
 
 
 def _module_file(name: str, root: pathlib.Path) -> pathlib.Path | None:
-    """The file of project module `name` under `root` (a package's __init__.py), or None."""
     base = root.joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
@@ -38,8 +29,7 @@ def _module_file(name: str, root: pathlib.Path) -> pathlib.Path | None:
 
 
 def _import_time_nodes(tree: ast.AST):
-    """The nodes that run when the module is imported: not function bodies, not `if
-    TYPE_CHECKING:` blocks."""
+    """The nodes run at import: not function bodies, not `if TYPE_CHECKING:` blocks."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
@@ -50,15 +40,14 @@ def _import_time_nodes(tree: ast.AST):
 
 
 def _imported_names(path: pathlib.Path, *, anywhere: bool = False) -> tuple[str, ...]:
-    """Every absolute module name `path` imports at import time (`from a import b`: a.b and a);
-    anywhere: also those imported inside functions (what a call may import)."""
+    """Absolute module names `path` imports at import time (`from a import b`: a.b and a); anywhere: inside functions
+    too."""
     return _names_imported_by(path.read_text(encoding="utf-8"), anywhere)
 
 
 @functools.lru_cache(maxsize=4096)
 def _names_imported_by(source: str, anywhere: bool) -> tuple[str, ...]:
-    """`_imported_names` of a module's source text: parsed once per process and text (the
-    closures of a run's stores share most of their modules, and a file's names follow from its text alone)."""
+    """`_imported_names` of a source text, cached: a run's stores share most of their modules."""
     with _PARSE_LOCK:
         tree = ast.parse(source)
     names = []
@@ -71,7 +60,6 @@ def _names_imported_by(source: str, anywhere: bool) -> tuple[str, ...]:
 
 
 def within_packages(name: str, packages: Iterable[str]) -> bool:
-    """Whether module `name` is one of `packages` (module names) or inside one."""
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
@@ -84,22 +72,21 @@ def import_closure(
     outside: set[str] | None = None,
     libraries: frozenset[str] | set[str] = frozenset(),
 ) -> tuple[str, ...]:
-    """Project-relative paths of the files `entries` (module names) import at import time,
-    transitively, with their packages' __init__ files; modules under `exclude` (module or
-    package names) are neither included nor followed. Names that are not project files
-    (libraries, attributes) are ignored. FileNotFoundError if an entry is not a file under
-    `root`. anywhere: follow imports inside functions too; outside: a set that receives the
-    top-level names of the imported modules that are not files under `root`, or are named in
-    `libraries` (top-level names not followed though their files are under `root`: installed
-    packages beside an implementation installed in site-packages)."""
+    """Project-relative paths of the files `entries` (module names) import, transitively, with their packages' __init__
+    files; `exclude` (module or package names) is neither included nor followed, non-project names are ignored.
+    FileNotFoundError if an entry has no file under `root`.
+
+    anywhere: follow imports inside functions too. outside: receives the top-level names imported that are not files
+    under `root`, or are in `libraries` (names not followed though under `root`: packages installed beside an
+    implementation in site-packages).
+    """
     root = pathlib.Path(root)
     found: dict[str, pathlib.Path] = {}
     todo = list(entries)
     for entry in entries:
         if _module_file(entry, root) is None:
             raise FileNotFoundError(f"no source file for module {entry!r} under {root}")
-    # Whether each top-level name is a module or package under `root`: most names imported are
-    # of libraries, and none of theirs is looked for file by file.
+    # Top-level name -> is it under `root`: library names are then never looked up file by file.
     tops: dict[str, bool] = {}
     while todo:
         name = todo.pop()
@@ -121,14 +108,13 @@ def import_closure(
 
 
 def closure_digest(entries: tuple[str, ...], exclude: tuple[str, ...] = (), root: pathlib.Path = PROJECT_ROOT) -> str:
-    """`mhc_parity.records.project_code.digest_of` the files of `import_closure(entries, exclude, root)`."""
+    """`digest_of` the files of `import_closure(entries, exclude, root)`."""
     root = pathlib.Path(root)
     return digest_of({name: sha256_file(root / name) for name in import_closure(entries, exclude, root)})
 
 
 def module_root(module: str, file: str | os.PathLike) -> pathlib.Path:
-    """The folder `module` (a dotted name) was imported from, given its file: "pkg.mod" in
-    <root>/pkg/mod.py (or <root>/pkg/mod/__init__.py) has <root>."""
+    """The folder `module` (dotted) was imported from, given its file: "pkg.mod" in <root>/pkg/mod.py has <root>."""
     file = pathlib.Path(file).resolve()
     base = file.parent if file.name == "__init__.py" else file.with_suffix("")
     return base.parents[len(module.split(".")) - 1]
@@ -136,25 +122,17 @@ def module_root(module: str, file: str | os.PathLike) -> pathlib.Path:
 
 @dataclasses.dataclass(frozen=True)
 class ExternalCode:
-    """An external implementation's module as code under test (`external_code`).
-
-    files: code-file key -> sha256 (manifest code files: its root's files by content, the
-    installed packages they import by `mhc_parity.records.distributions` entries); libraries:
-    the top-level names those files import that are not files under its root (the standard
-    library's too), sorted.
-    """
+    """An external implementation's code under test. files: code-file key -> sha256 (files under its root by content,
+    installed packages by `distribution_key`); libraries: top-level names imported from outside its root, sorted."""
 
     files: Mapping[str, str]
     libraries: tuple[str, ...]
 
 
 def external_code(module: str, file: str | os.PathLike) -> ExternalCode:
-    """The code an external implementation's `module` (its file `file`) can run: every file
-    under its root (`module_root`) that it imports, inside functions too, transitively, keyed
-    by absolute path (project-relative inside this project), and `mhc_parity.records.distributions`
-    entries for the installed packages those files import (this project's own distribution, the
-    one providing `mhc_parity`, excluded: its files are recorded as sources,
-    `mhc_parity.records.project_code.CODE_DIRS`); with the libraries they import."""
+    """The code an external implementation's `module` (at `file`) can run: the files under its root it imports, inside
+    functions too, keyed by `code_key`, plus distribution entries for the installed packages they import (not this
+    project's own, recorded as sources)."""
     root = module_root(module, file)
     if _module_file(module, root) != pathlib.Path(file).resolve():  # a script run as __main__
         script = pathlib.Path(file)
@@ -174,15 +152,12 @@ def external_code(module: str, file: str | os.PathLike) -> ExternalCode:
 
 
 def external_code_files(module: str, file: str | os.PathLike) -> dict[str, str]:
-    """`external_code(module, file).files`: the manifest's record of an external implementation's code."""
     return dict(external_code(module, file).files)
 
 
 def _installed_beside(module: str, root: pathlib.Path) -> frozenset[str]:
-    """The top-level modules under `root` that installed distributions other than `module`'s
-    own provide, where `root` is an install folder (it holds distributions' metadata: the
-    implementation is itself installed, in site-packages): the libraries beside it, recorded
-    as distributions rather than read file by file."""
+    """Top-level modules under an install folder `root` (it holds *.dist-info) provided by distributions other than
+    `module`'s: recorded as distributions, not file by file."""
     if not any(root.glob("*.dist-info")):  # a checkout or a repository: nothing is installed there
         return frozenset()
     own = set(distributions_of((module.split(".")[0],)))

@@ -1,18 +1,7 @@
-"""Installed packages as code under test: a distribution's version and installed files.
-
-An external implementation (`--impl`) runs code from installed packages too (MaxText from the
-package index). The run manifest records each distribution its modules import by a digest of
-its version and its installed-files record (the wheel's RECORD: every file with its sha256),
-so a reinstall of another version or build is a change of the code under test. A file edited
-in place after installing is not seen this way; a package worked on is installed editable,
-and its files are then recorded one by one as sources (`mhc_parity.records.code.external_code_files`).
-
-Cache keys of what an external implementation computed need more than that
-(`mhc_parity.records.foreign_code`): `library_sources_sha256` reads a library's Python sources by
-content (wherever its top-level module is found, so an editable install's tree too), and
-`installed_sha256` covers the name and version of every installed distribution.
-
-Plain Python (the standard library only): the manifest reads these too.
+"""Installed packages as code under test: a distribution's key is a digest of its version and RECORD (every installed
+file's sha256), so reinstalling another version or build changes it; a file edited in place is not seen (work on a
+package installed editable: its files are recorded as sources). `library_sources_sha256` and `installed_sha256` are the
+stricter digests for cache keys (`mhc_parity.records.foreign_code`).
 """
 
 from __future__ import annotations
@@ -27,13 +16,11 @@ import pathlib
 import re
 from collections.abc import Iterable
 
-# The prefix of a distribution's key among a manifest's code files (a path never has a colon
-# in this position: paths are project-relative or absolute).
+# A manifest code-file key with this prefix names a distribution (no path has a colon there).
 KEY_PREFIX = "distribution:"
 
 
 def distribution_key(name: str) -> str:
-    """The code-file key of distribution `name`, e.g. "distribution:maxtext"."""
     return KEY_PREFIX + name
 
 
@@ -42,8 +29,7 @@ def is_distribution_key(key: str) -> bool:
 
 
 def distribution_sha256(key: str) -> str:
-    """sha256 (hex) of the distribution's name, version and installed-files record, for a key
-    of `distribution_key`; "" if it is not installed (now)."""
+    """sha256 (hex) of a `distribution_key`'s name, version and RECORD; "" if not installed."""
     name = key.removeprefix(KEY_PREFIX)
     try:
         distribution = importlib.metadata.distribution(name)
@@ -55,10 +41,8 @@ def distribution_sha256(key: str) -> str:
 
 @functools.cache
 def _distributions_of_modules() -> dict[str, tuple[str, ...]]:
-    """Top-level module name -> the distributions providing it: what
-    `importlib.metadata.packages_distributions` answers (the same mapping, checked on this
-    venv), read from each distribution's top_level.txt or its RECORD's paths without asking
-    the file system whether every listed file exists (which cost about 0.4 s a process)."""
+    """Top-level module name -> distributions providing it: what `importlib.metadata.packages_distributions` answers,
+    without its file-existence checks (about 0.4 s a process)."""
     found: dict[str, list[str]] = {}
     for distribution in importlib.metadata.distributions():
         tops = (distribution.read_text("top_level.txt") or "").split() or _record_tops(distribution)
@@ -68,7 +52,6 @@ def _distributions_of_modules() -> dict[str, tuple[str, ...]]:
 
 
 def _record_tops(distribution) -> set[str]:
-    """The importable top-level names a distribution's RECORD lists (`packages_distributions`'s inference)."""
     tops = set()
     for row in csv.reader((distribution.read_text("RECORD") or "").splitlines()):
         if not row:
@@ -81,21 +64,20 @@ def _record_tops(distribution) -> set[str]:
 
 
 def distributions_of(top_level_modules: Iterable[str]) -> list[str]:
-    """The installed distributions that provide these top-level module names (sorted; names a
-    distribution does not provide, such as the standard library's, are ignored)."""
+    """Installed distributions providing these top-level modules, sorted (others, such as the standard library's,
+    ignored)."""
     known = _distributions_of_modules()
     return sorted({d for module in top_level_modules for d in known.get(module, ())})
 
 
 def _normalized(name: str) -> str:
-    """A distribution name as the package index compares names (PEP 503)."""
+    """PEP 503 name normalisation."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @functools.cache
 def pinned_by(distribution: str) -> frozenset[str]:
-    """The normalised names of the distributions `distribution` requires outside its extras
-    (this project pins each exactly); empty if it is not installed."""
+    """Normalised names of what `distribution` requires outside its extras; empty if not installed."""
     try:
         requirements = importlib.metadata.requires(distribution) or []
     except importlib.metadata.PackageNotFoundError:
@@ -105,16 +87,14 @@ def pinned_by(distribution: str) -> frozenset[str]:
 
 
 def provided_by_only(top_level_module: str, distributions: frozenset[str]) -> bool:
-    """Whether `top_level_module` is provided by installed distributions, all of them among
-    `distributions` (normalised names)."""
+    """Whether `top_level_module` is installed and provided only by `distributions` (normalised)."""
     found = distributions_of((top_level_module,))
     return bool(found) and all(_normalized(name) in distributions for name in found)
 
 
 def library_sources_sha256(top_level_module: str) -> str:
-    """sha256 (hex) over every Python source file of a top-level module or package, by
-    relative path and content, wherever it is found now (`importlib.util.find_spec`: an
-    editable install's working tree too; nothing is imported); "" if it is not found."""
+    """sha256 (hex) over every Python source of a top-level module or package, by relative path and content, wherever
+    `find_spec` finds it (an editable install's tree too; nothing imported); "" if not found."""
     try:
         spec = importlib.util.find_spec(top_level_module)
     except (ImportError, ValueError):
@@ -137,7 +117,6 @@ def library_sources_sha256(top_level_module: str) -> str:
 
 
 def installed_sha256() -> str:
-    """sha256 (hex) of the name and version of every installed distribution: a library that
-    an external implementation's libraries import in turn, reinstalled at another version, changes it."""
+    """sha256 (hex) of the name and version of every installed distribution."""
     named = sorted({(d.metadata["Name"] or "", d.version or "") for d in importlib.metadata.distributions()})
     return hashlib.sha256("\n".join(f"{name}\0{version}" for name, version in named).encode()).hexdigest()

@@ -1,10 +1,5 @@
-"""Facts about float dtypes, from NumPy and ml_dtypes: canonical names, the spellings
-users type, machine epsilon, mantissa bits and the smallest normal exponent.
-
-The one source for them in the harness and the reports (`mhc_parity.harness.judging.metrics`,
-`mhc_parity.reports.drift`, `mhc_parity.reports.samples`, `mhc_parity.cases.spec`). The float64
-oracle (`mhc_parity.mhc.oracle`) reads `jnp.finfo` itself: it is written independently of the
-harness's helpers.
+"""Facts about float dtypes from NumPy and ml_dtypes: canonical names, aliases, epsilon, mantissa bits, smallest normal
+exponent. The float64 oracle reads `jnp.finfo` itself, independently of these helpers.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ ALIASES = {"f64": "float64", "f32": "float32", "fp32": "float32", "f16": "float1
 
 
 def canonical_name(dtype) -> str:
-    """The canonical name ("float32", "bfloat16", ...) of a float dtype given as a name or
-    alias (any case, surrounding blanks ignored), a NumPy or ml_dtypes dtype or scalar
-    type, or a JAX dtype. ValueError for anything that is not one of `FLOAT_DTYPES`."""
+    """The canonical name ("float32", ...) of a dtype given as a name or alias (case and blanks ignored), a
+    NumPy/ml_dtypes/JAX dtype or scalar type. ValueError unless it is one of `FLOAT_DTYPES`."""
     if isinstance(dtype, str):
         text = dtype.strip().lower()
         name = ALIASES.get(text, text)

@@ -1,36 +1,18 @@
-"""What a run's environment record says about comparing it with another run.
+"""What a run's environment record (`run_info.run_metadata`; a baseline header keeps the same keys) says about comparing
+it with another run.
 
-A run records (`mhc_parity.harness.engine.run_info.run_metadata`; a baseline's header keeps the same keys):
+  backend, device_kind      e.g. "tpu", "TPU v5 lite"
+  matmul_precision          setting=operand rounding per precision setting used, e.g. "highest=float32" (CPU),
+                            "default=bfloat16,highest=bfloat16x6" (TPU)
+  xla_cpu_isa, host_cpu_isa the instruction set XLA:CPU targets and the host's newest, e.g. "AVX", "AVX512_BF16"
+  libtpu_version            the libtpu JAX loads (version, or build stamp and sha256); "" if none
+  backend_arithmetic_*      the rounding model's terms for the backend's float32 primitives ("none" on a CPU),
+                            their probe table and digest
 
-  backend           the default JAX backend ("cpu", "tpu", "gpu")
-  device_kind       e.g. "cpu", "TPU v5 lite", "NVIDIA A100-SXM4-40GB"
-  matmul_precision  per matmul-precision setting the run's cases used, the operand
-                    rounding it meant on that backend (`mhc_parity.mhc.precision.operand_rounding`),
-                    e.g. "highest=float32" on a CPU, "default=bfloat16,highest=bfloat16x6"
-                    on a TPU
-  xla_cpu_isa       the instruction set XLA:CPU generated code for, e.g. "AVX"
-                    (`mhc_parity.harness.env.isa_record`: `--xla_cpu_max_isa` capped by the host's)
-  host_cpu_isa      the host's own newest instruction set, e.g. "AVX512_BF16", which the
-                    libraries XLA calls choose their code by
-  libtpu_version    the libtpu JAX loads (`mhc_parity.jax_support.libtpu_version`): its
-                    package's version, or for a library given through TPU_LIBRARY_PATH its
-                    build stamp and sha256; "" where there is none
-  backend_arithmetic_terms   the terms the rounding model gives the backend's float32
-                    primitives ("none" on a CPU), with backend_arithmetic_source (the probe
-                    table they came from) and backend_arithmetic_digest (of the exact terms)
-
-Two runs are comparable only if every setting both used meant the same rounding
-(`precision_conflicts`): a float32 program and its TPU default-precision twin are
-different programs. Runs on two instruction sets are comparable, but their float32 sums may
-round differently by a few ulps: `isa_difference` says so, for the gate's report to print
-(the gate's growth rule allows what the rounding model explains, docs/gate.md). Plain
-Python (no JAX): the gate runs without it.
-
-Legacy rule: a record without `matmul_precision` (a baseline or report written before
-it was recorded) whose backend is "cpu" or unrecorded reads as
-`LEGACY_MATMUL_PRECISION`: until then the harness had only run on CPUs, where a dot
-without a stated precision is full float32. With another backend it is unknown (None),
-and so are bare row files, which carry no record at all.
+Runs are comparable only if every precision setting both used meant the same rounding (`precision_conflicts`). Different
+instruction sets are comparable but float32 sums may differ by a few ulps (`isa_difference`). Legacy: a record without
+`matmul_precision` reads as `LEGACY_MATMUL_PRECISION` if its backend is "cpu" or unrecorded (only CPUs had been run),
+else unknown (None).
 """
 
 from __future__ import annotations
@@ -47,8 +29,6 @@ ISA_KEYS = ("xla_cpu_isa", "host_cpu_isa")
 HEADER_KEYS = ("backend", "device_kind", PRECISION_KEY, *ISA_KEYS)
 LEGACY_MATMUL_PRECISION = "highest=float32"
 LIBTPU_KEY = "libtpu_version"
-# The backend's arithmetic as the rounding model used it (module docstring): the terms as shown,
-# where they came from, and a digest of the exact terms.
 BACKEND_TERMS_KEY = "backend_arithmetic_terms"
 BACKEND_SOURCE_KEY = "backend_arithmetic_source"
 BACKEND_DIGEST_KEY = "backend_arithmetic_digest"
@@ -108,11 +88,8 @@ def environment_of(rows: Any) -> dict[str, str]:
 
 
 def isa_difference(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> str:
-    """One line saying how the baseline's and the run's recorded instruction sets (`ISA_KEYS`)
-    differ, "" when they agree or neither side records them (a bare row file, a legacy run).
-
-    baseline, current: an environment record each (a run's metadata, a baseline's header).
-    """
+    """One line on how the recorded instruction sets (`ISA_KEYS`) of `baseline` and `current` (an environment record
+    each) differ; "" when they agree or neither records them."""
     recorded = [{key: str(fields.get(key) or "") for key in ISA_KEYS} for fields in (baseline, current)]
     if recorded[0] == recorded[1] or not any(any(r.values()) for r in recorded):
         return ""

@@ -28,8 +28,7 @@ def array_sha256(array: np.ndarray) -> str:
 
 
 def _new_file_mode() -> int:
-    """The mode `open()` gives a new file here: 0o666 less the process's umask (read from
-    /proc where it can be, so the umask is never changed, even for an instant)."""
+    """0o666 less the umask, read from /proc where possible so the umask is never changed, even for an instant."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -42,14 +41,9 @@ def _new_file_mode() -> int:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file renamed into place: readers (other
-    processes included) see the old file or the whole new one, never a partial one.
-
-    The temporary file has a name of its own (writers do not share one) and is removed
-    whatever stops the write (a full disk at the write, the flush, the fsync or the close; a
-    signal): it never stays behind, and the error raised is the write's. The file gets the
-    mode `open()` would give it (mkstemp's is private to the user).
-    """
+    """Write `data` to `path` through a uniquely named temporary file renamed into place: readers see the old file or
+    the whole new one. The temporary is removed whatever stops the write, the write's error is raised, and the file gets
+    the mode `open()` would give it (not mkstemp's private one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)

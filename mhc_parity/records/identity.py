@@ -1,12 +1,5 @@
-"""What a stored verdict rests on, as one record, and the one comparison of two records.
-
-A verdict (a run's rows, a shard, a baseline) rests on the code under test, the tolerance
-policy, what was selected (cases, paths, implementations, envelope, lowering) and the
-environment the numbers were made in. `--resume` (`Manifest.differences`), `merge`, `baseline
---from/--to` and the gate all read an `Identity` or its parts and compare them here, so a field
-added to it reaches all of them at once. The stores key their entries by `settings_record` too.
-
-Plain Python (no JAX): the reports and the gate read it.
+"""What a stored verdict rests on (code, policy, selection, environment) as one record, and the one comparison of two
+records, read by `--resume`, `merge`, `baseline` and the gate alike.
 """
 
 from __future__ import annotations
@@ -22,9 +15,8 @@ from mhc_parity.records.path_names import implementation_of
 # The settings a compiler reads from the process environment: XLA's flags (the ISA cap among
 # them) and libtpu's. In the environment record and in every store's key (`settings_record`).
 SETTINGS = {"xla_flags": "XLA_FLAGS", "libtpu_init_args": "LIBTPU_INIT_ARGS"}
-# Where and with what a run's numbers were made: two records that differ in one of these are
-# two environments (a resume or a merge across them is refused). The backend arithmetic terms
-# are shown first (a readable difference), then their exact digest.
+# Records differing in one of these are two environments (no resume or merge across them).
+# The backend terms come before their digest: a readable difference first.
 ENVIRONMENT_KEYS = (
     "backend",
     "device_kind",
@@ -40,12 +32,16 @@ ENVIRONMENT_KEYS = (
     BACKEND_TERMS_KEY,
     BACKEND_DIGEST_KEY,
 )
+# The `ENVIRONMENT_KEYS` of the accelerator a process runs on; the others are its host's (libraries,
+# flags, CPU), all that a result computed on the host CPU rests on (the oracle's answers: its own
+# process runs with the CPU alone; `mhc_parity.harness.engine.store_keys.environment_material`).
+DEVICE_ENVIRONMENT_KEYS = ("backend", "device_kind", "device_count", BACKEND_TERMS_KEY, BACKEND_DIGEST_KEY)
+HOST_ENVIRONMENT_KEYS = tuple(key for key in ENVIRONMENT_KEYS if key not in DEVICE_ENVIRONMENT_KEYS)
 # What the gate requires a baseline to share with the run it judges (another device kind is a
 # note: `device_note`).
 GATE_ENVIRONMENT_KEYS = ("backend",)
-# The implementations of the built-in paths (`mhc_parity.harness.engine.implementations.BUILTIN`
-# and the plan's lowering and compile rows; tests/test_identity.py holds that): any other path
-# prefix is an external implementation's (`--impl`).
+# Built-in path prefixes (tests/test_identity.py holds them to `implementations.BUILTIN` and
+# the plan's rows); any other is an external implementation's.
 BUILTIN_IMPLEMENTATIONS = ("reference", "interpret", "mosaic", "lowering", "compile")
 SHOWN = 4
 
@@ -67,9 +63,9 @@ def external_implementations(candidates: Iterable[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """What a verdict covers. cases, paths: case names and path names (row candidates, the
-    lowering's among them); implementations: the external ones; lowering, inside_envelope:
-    as requested (None where unrecorded: a baseline file of format 4 or older)."""
+    """What a verdict covers. cases, paths: case and path names (row candidates, the lowering's among them);
+    implementations: the external ones; lowering, inside_envelope: as requested (None: a baseline of format 4 or older).
+    """
 
     cases: tuple[str, ...]
     paths: tuple[str, ...]
@@ -79,7 +75,6 @@ class Selection:
 
     @classmethod
     def of_rows(cls, frame, **recorded) -> Selection:
-        """The selection a row set covers (a baseline file's: it keeps every case and path it ran)."""
         cases = tuple(dict.fromkeys(str(c) for c in frame["case"]))
         paths = tuple(sorted({str(c) for c in frame["candidate"]}))
         recorded.setdefault("implementations", external_implementations(paths))
@@ -87,7 +82,6 @@ class Selection:
 
     @classmethod
     def of_manifest(cls, manifest) -> Selection:
-        """A run's selection as its manifest (`mhc_parity.records.manifest.Manifest`) records it."""
         request = manifest.request
         return cls(
             cases=tuple(manifest.cases),
@@ -98,9 +92,8 @@ class Selection:
         )
 
     def uncovered(self, run: Selection, *, rows_paths: Sequence[str] | None = None) -> list[str]:
-        """What of `run` this selection (a baseline's) does not cover, one phrase per part ([] if all):
-        cases and paths it never ran. rows_paths: the run's row candidates, where its recorded
-        path names are planned names rather than rows."""
+        """The cases and paths of `run` this (baseline's) selection does not cover, one phrase each; rows_paths: the
+        run's row candidates, where its path names are planned rather than rows."""
         found = []
         cases = [c for c in run.cases if c not in set(self.cases)]
         if cases:
@@ -123,8 +116,7 @@ class Selection:
 
 @dataclasses.dataclass(frozen=True)
 class Identity:
-    """What a verdict rests on (module docstring). code, policy: digests; selection_digest:
-    over the selected cases' full specs (an edited case file changes it under the same names);
+    """code, policy: digests; selection_digest: over the selected cases' full specs (catches an edited case file);
     environment: `environment_record` (empty where not recorded)."""
 
     code: str
@@ -165,8 +157,7 @@ class Identity:
 
 
 def environment_differences(before: Iterable[tuple[str, str]], after: Iterable[tuple[str, str]]) -> list[str]:
-    """One phrase per environment key whose value differs ("environment xla_cpu_isa: AVX -> SSE4_2");
-    a side that records no environment at all is one difference (it cannot vouch for its own)."""
+    """One phrase per environment key that differs; a side recording no environment at all is one difference."""
     before, after = dict(before), dict(after)
     if bool(before) != bool(after):
         which = "the earlier" if not before else "the later"
@@ -179,13 +170,11 @@ def environment_differences(before: Iterable[tuple[str, str]], after: Iterable[t
 
 
 def few_names(names: Sequence[str], limit: int = SHOWN) -> str:
-    """The first `limit` names, and how many more: one line of a refusal."""
     shown = ", ".join(names[:limit])
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
 def shown_value(value) -> str:
-    """A recorded value as a refusal quotes it (tuples as lists)."""
     if isinstance(value, tuple):
         return "[" + ", ".join(shown_value(v) for v in value) + "]"
     return repr(value)

@@ -1,7 +1,6 @@
-"""The kill matrix's records: what a fault or legitimate variant did to the rows, per dtype
-slice (`Catch`, `Closest`, `SliceVerdict`, `PerturbationResult`, `KillMatrix`). Plain
-data: `mhc_parity.harness.faults.matrix` judges its passes into these, `mhc_parity.reports.kill_matrix` writes
-them."""
+"""The kill matrix's records, per dtype slice, as plain data: `mhc_parity.harness.faults.matrix` fills them,
+`mhc_parity.reports.kill_matrix` writes them.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +15,8 @@ DTYPE_SLICES = ("bfloat16", "float32")
 # Verdicts of a row that catch a perturbation (a row failing on clean code catches nothing).
 CATCHING_VERDICTS = ("fail", "error")
 FAULT_COMPARISONS = ("vs_oracle", "vs_reference", "vs_unsharded")
-# Why a fault is listed (not seen, and not failing the run) in a slice: its effect is below what a
-# correct path's own rounding in that dtype moves (`Perturbation.unkillable_in`), or below the
-# shift the backend's own primitives may put on every token, as the clean rows measure it
-# (`BelowBackendShift`). A listed slice is never counted as caught.
+# Why a fault is listed (not seen, not failing the run) in a slice: its effect is below a correct
+# path's own rounding (`Perturbation.unkillable_in`) or the backend shift (`BelowBackendShift`).
 BELOW_ROUNDING = "below the slice's own rounding"
 BELOW_BACKEND_SHIFT = "below the backend shift"
 LISTING_KINDS = (BELOW_ROUNDING, BELOW_BACKEND_SHIFT)
@@ -34,7 +31,6 @@ def cell_float(row: dict, column: str) -> float:
 
 
 def usage_of(row: dict) -> float:
-    """A row's bound_usage as a float (NaN when absent or not a number)."""
     return cell_float(row, "bound_usage")
 
 
@@ -91,15 +87,13 @@ class SliceVerdict:
     closest: Closest | None
     unkillable_reason: str = ""
     listed_by: str = ""  # one of `LISTING_KINDS` where `unkillable_reason` lists the slice
-    # The cause most of the catching rows name (`cause` and `cause_id` of the rows), how
-    # many name it of how many name any, and whether it is the perturbation's own.
+    # The catching rows' most named cause, how many name it of those naming any, and whether it is the fault's own.
     top_cause: str = ""
     top_cause_id: str = ""
     top_cause_rows: int = 0
     cause_rows: int = 0
     own_cause: bool = False
-    # Row by row: how many of the rows with a cause name the perturbation's own, and how many
-    # name a rounding that is not its own (a place stated with confidence, and wrong).
+    # Rows with a cause naming the fault's own, and naming a rounding not its own (confidently wrong).
     own_cause_rows: int = 0
     wrong_cause_rows: int = 0
 
@@ -122,9 +116,8 @@ class SliceVerdict:
 
     @property
     def status(self) -> str:
-        """killed | listed | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised.
-        listed: nothing caught it, and the catalogue lists the slice (`unkillable_reason`): not
-        seen, and not failing the run."""
+        """killed | listed | SURVIVED (faults); passes | FALSE POSITIVE (variants); not exercised. listed: nothing
+        caught it and the catalogue lists the slice (`unkillable_reason`)."""
         if not self.cases_run:
             return "not exercised"
         if self.legitimate:
@@ -135,7 +128,7 @@ class SliceVerdict:
 
     @property
     def ok(self) -> bool:
-        """Whether the slice lets the run pass: a listed slice does (it is reported apart)."""
+        """Whether the slice lets the run pass (a listed one does)."""
         return self.status in ("killed", "listed", "passes", "not exercised")
 
     @property
@@ -183,8 +176,7 @@ class PerturbationResult:
 
     @property
     def ok(self) -> bool:
-        """Whether it lets the run pass. Faults: caught or listed in every slice they ran in
-        (`outcome` tells the two apart); variants: caught nowhere."""
+        """Faults: caught or listed in every slice they ran in; variants: caught nowhere."""
         return self.exercised and all(s.ok for s in self.slices)
 
     @property
@@ -193,9 +185,7 @@ class PerturbationResult:
 
     @property
     def outcome(self) -> str:
-        """A fault's line of the headline (`OUTCOMES`): caught in every slice it ran in, caught
-        in some and listed in the others, listed in every one (never seen), survived in some,
-        or not exercised. A variant's: passes or FALSE POSITIVE."""
+        """A fault's headline outcome (`OUTCOMES`); a variant's "passes" or "FALSE POSITIVE"."""
         if not self.exercised:
             return NOT_EXERCISED
         if self.legitimate:
@@ -240,13 +230,8 @@ OUTCOMES = (CAUGHT, CAUGHT_IN_PART, LISTED, SURVIVED, NOT_EXERCISED)
 
 @dataclasses.dataclass(frozen=True)
 class FaultCounts:
-    """How many faults each outcome has, over the whole matrix or in one dtype slice.
-
-    counts: outcome -> faults (`OUTCOMES`; in a slice, a fault is caught, listed, survived or
-    not exercised there); listed_by: listing kind (`LISTING_KINDS`) -> the listed (never seen)
-    faults listed for it (one listed for both kinds in two slices counts under each); total:
-    the faults.
-    """
+    """Faults per outcome, over the matrix or in one slice. counts: outcome -> faults; listed_by: `LISTING_KINDS` entry
+    -> listed faults (one listed for both kinds counts under each); total: the faults."""
 
     counts: tuple[tuple[str, int], ...]
     listed_by: tuple[tuple[str, int], ...]
@@ -257,8 +242,8 @@ class FaultCounts:
 
     @property
     def text(self) -> str:
-        """e.g. "15 caught, 2 listed (not seen: below the backend shift), 1 not exercised of 18":
-        caught always, the other outcomes where any fault has them."""
+        """e.g. "15 caught, 2 listed (not seen: below the backend shift), 1 not exercised of 18" (zero counts other than
+        caught left out)."""
         parts = [f"{self.count(CAUGHT)} caught"]
         if self.count(CAUGHT_IN_PART):
             parts.append(f"{self.count(CAUGHT_IN_PART)} caught in some slices and listed in the others")
@@ -271,8 +256,7 @@ class FaultCounts:
 
 
 def fault_counts(results, dtype_slice: str | None = None) -> FaultCounts:
-    """The faults of `results` (`PerturbationResult`s; variants are left out) counted by outcome:
-    over every slice (`PerturbationResult.outcome`), or in `dtype_slice` alone."""
+    """The faults of `results` (variants left out) counted by outcome, over every slice or in `dtype_slice` alone."""
     faults = [r for r in results if not r.legitimate]
     if dtype_slice is None:
         outcomes = [r.outcome for r in faults]

@@ -1,28 +1,13 @@
-"""The run manifest: what a run folder holds and whether it can be trusted.
+"""The run manifest (`manifest.json`): what a run folder holds and whether it can be trusted.
 
-A run folder (`--out`) holds `manifest.json`, the row stream (`mhc_parity.records.store`) and, for a
-complete run only, the reports (`REPORT_FILES`). The runner writes the manifest first
-(state "running") before it touches anything else in the folder, records each case as it
-finishes (its row count and a digest of its rows, `CaseRecord`), writes the reports, and
-finishes the manifest last ("complete"); Ctrl-C or SIGTERM finish it as "interrupted", a
-full disk or exhausted memory as "failed", and a kill -9 leaves "running". Whatever reads
-a run folder (`mhc_parity.reports.sources.load_run`: the gate, `baseline --from`, `render`) accepts
-only a complete manifest whose report carries the same run id and exactly the recorded
-rows, so a stale, partial, edited or interrupted folder never passes.
+The runner writes it first ("running"), records each finished case (`CaseRecord`: row count and digest), writes the
+reports (`REPORT_FILES`) and finishes it last ("complete"); Ctrl-C or SIGTERM make it "interrupted", a full disk or
+exhausted memory "failed", a kill -9 leaves "running". Readers (`mhc_parity.reports.sources.load_run`) accept only a
+complete manifest whose report has the same run id and exactly the recorded rows.
 
-The manifest records what was asked (`RunRequest`), what that selected (every case name
-in order, and `selection_digest` over the full case specs, so an edited case file is a
-different selection), the planned path names, the tolerance policy (source and sha256),
-and the code under test: the sha256 of every Python source that can change a number
-(`mhc_parity.records.project_code.CODE_DIRS`, and each external implementation's modules
-and the installed distributions they import: `mhc_parity.records.code.external_code_files`),
-and their joint digest; and the environment the run started in (`environment`,
-`mhc_parity.records.identity.ENVIRONMENT_KEYS`). `--resume` refuses a request whose manifest
-`differences` are not empty: those of the two `Identity` records (`identity`), the shard, seed
-and path globs. The full case
-list and the digests make shards of one selection easy to check and merge.
-
-Plain Python (no JAX, no pandas): `mhc_parity/reports/` reads manifests too.
+It records the request (`RunRequest`), the selected case names and `selection_digest` over their full specs, the planned
+path names, the policy, the sha256 of every source under test and the environment; `--resume` refuses a request whose
+`differences` are not empty. Plain Python: `mhc_parity/reports/` reads it too.
 """
 
 from __future__ import annotations
@@ -71,7 +56,6 @@ class ManifestError(ValueError):
 
 
 def now_iso() -> str:
-    """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
@@ -83,10 +67,7 @@ def selection_digest(cases: Sequence) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
-    """What `mhc-parity run` was asked (as given; the manifest also keeps what it selected).
-
-    implementations: (name, MODULE:FACTORY) of each external `--impl`, in order.
-    """
+    """What `mhc-parity run` was asked, as given. implementations: (name, MODULE:FACTORY) of each `--impl`, in order."""
 
     suite: str | None
     case_globs: tuple[str, ...] | None
@@ -126,8 +107,8 @@ class RunRequest:
 
 @dataclasses.dataclass(frozen=True)
 class CaseRecord:
-    """One finished case as the manifest vouches for it: its row count and `digest`, the
-    sha256 over its rows in canonical form (`mhc_parity.records.store.case_records`)."""
+    """A finished case as the manifest vouches for it: row count and sha256 over its rows in canonical form
+    (`mhc_parity.records.store.case_records`)."""
 
     case: str
     rows: int
@@ -146,16 +127,10 @@ class CaseRecord:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """One run's manifest (see the module docstring).
-
-    run_id: random, kept across --resume. state: RUNNING, COMPLETE or INTERRUPTED (with
-    `reason`). cases: every selected case name in run order; selection_digest: over their
-    full specs. path_names: the path and lowering names the plan selects. code_files:
-    (path, sha256) of every source under test; code_digest: their joint digest.
-    case_records: each finished case's row count and digest, in the order they finished
-    (`cases_done` counts them); rows: the row count, set once complete; resumed: when each
-    --resume started. Times are ISO 8601 UTC.
-    """
+    """run_id: random, kept across --resume. state: one of `STATES` (`reason` when interrupted or failed). cases:
+    selected names in run order. path_names: planned path and lowering names. code_files: (path, sha256) of every source
+    under test. case_records: in the order cases finished. rows: set once complete. resumed: when each --resume started.
+    Times are ISO 8601 UTC."""
 
     run_id: str
     state: str
@@ -175,13 +150,11 @@ class Manifest:
     case_records: tuple[CaseRecord, ...] = ()
     rows: int | None = None
     reason: str = ""
-    # A `--shard K/N` run: "K/N", and the whole selection it is a share of (names in
-    # order, and their selection digest); "" and () for a whole run.
+    # A `--shard K/N` run: "K/N" and the whole selection (names, digest); "" and () for a whole run.
     shard: str = ""
     shard_of: tuple[str, ...] = ()
     shard_of_digest: str = ""
-    # The environment the run makes its numbers in (`mhc_parity.records.identity.environment_record`),
-    # recorded when it starts: () in a manifest written before it was.
+    # `identity.environment_record` at the start; () in manifests older than it.
     environment: tuple[tuple[str, str], ...] = ()
 
     @classmethod
@@ -198,12 +171,9 @@ class Manifest:
         shard_of: Sequence = (),
         environment: Mapping[str, Any] = MappingProxyType({}),
     ) -> Manifest:
-        """A fresh "running" manifest for `cases` (Case objects) under `policy`.
-
-        environment: this process's record (`mhc_parity.harness.engine.run_info.identity_environment`).
-        shard: "K/N" when `cases` are shard K of N of the selection `shard_of` (Case objects).
-        extra_code_files: the external implementations' code (`code_files`).
-        """
+        """A fresh "running" manifest for `cases` (Case objects) under `policy`. shard: "K/N" when `cases` are shard K
+        of N of `shard_of` (Case objects); extra_code_files: external implementations' code; environment:
+        `run_info.identity_environment`."""
         files = code_files(extra_code_files)
         stamp = now_iso()
         return cls(
@@ -243,7 +213,6 @@ class Manifest:
         )
 
     def with_case(self, record: CaseRecord) -> Manifest:
-        """This run with one more finished case."""
         return dataclasses.replace(self, case_records=self.case_records + (record,), updated=now_iso())
 
     def with_cases(self, records: Iterable[CaseRecord]) -> Manifest:
@@ -285,9 +254,8 @@ class Manifest:
         return f"{state}, {self.cases_done} of {len(self.cases)} cases done"
 
     def resume_command(self, folder: str | pathlib.Path | None = None) -> str:
-        """The command that finishes this run: its own, with --resume where it takes one
-        (`RESUMABLE_COMMANDS`); a merge or an API run is run again. folder: where the run is
-        now (a copied or moved folder), named as its `--out` in place of the one it was made in."""
+        """The command that finishes this run: its own, with --resume where it takes one (`RESUMABLE_COMMANDS`; others
+        rerun as they were); folder: the run's current folder, given as its `--out`."""
         command = self.command_line
         if not command.startswith(RESUMABLE_COMMANDS):
             return command
@@ -296,8 +264,8 @@ class Manifest:
         return command if "--resume" in command.split() else f"{command} --resume"
 
     def require_complete(self, where: str, folder: str | pathlib.Path | None = None) -> None:
-        """ManifestError (one line) unless the run finished; folder: the run's folder, which the
-        command it names to finish the run writes (default: the one the run was made in)."""
+        """ManifestError (one line) unless the run finished; folder: where it is now, for the command it names to finish
+        it."""
         if self.is_complete:
             return
         if self.state == COMPLETE:
@@ -311,10 +279,9 @@ class Manifest:
         )
 
     def rows_problem(self, found: Mapping[str, CaseRecord], *, exact: bool = True) -> str:
-        """Why the rows `found` (per case, as `mhc_parity.records.store.case_records` counts them) are not
-        the ones this manifest recorded ("" if they are). With `exact`, cases it did not record
-        are a problem too; without, they are left for the caller to drop (a resume redoes them:
-        a kill can land between a case's rows and its record)."""
+        """Why the rows `found` (per case, from `store.case_records`) are not those recorded ("" if they are). exact:
+        unrecorded cases are a problem too; else they are left for the caller to drop (a resume redoes them: a kill can
+        land between a case's rows and its record)."""
         recorded = {r.case: r for r in self.case_records}
         problems = []
         for case, record in recorded.items():
@@ -335,9 +302,8 @@ class Manifest:
         return problems[0] + more
 
     def changed_code_files(self) -> list[str]:
-        """The code under test that differs now from when this run was made: files under
-        `CODE_DIRS` edited, added or removed, and every other recorded file (an external
-        implementation's) or installed distribution that changed or is gone."""
+        """Recorded code that differs now: files under `CODE_DIRS` edited, added or removed, and other recorded files or
+        distributions changed or gone."""
         recorded = dict(self.code_files)
         project = {k: v for k, v in recorded.items() if in_code_dirs(k)}
         current = project_code_files()
@@ -346,7 +312,6 @@ class Manifest:
         return sorted(changed)
 
     def identity(self) -> Identity:
-        """What this run's verdict rests on (`mhc_parity.records.identity`)."""
         return Identity(
             code=self.code_digest,
             policy=self.policy_digest,
@@ -357,8 +322,8 @@ class Manifest:
         )
 
     def differences(self, other: Manifest) -> list[str]:
-        """Why `other` (a new request) is not this run: one phrase per difference, [] if none:
-        the identities' (`Identity.differences`), then the shard and the request's seed and paths."""
+        """Why `other` (a new request) is not this run, one phrase each ([] if none): the identities' differences, then
+        the shard, seed and paths."""
         found = self.identity().differences(other.identity())
         if self.shard != other.shard:
             found.append(f"shard: {self.shard or 'none'} -> {other.shard or 'none'}")
@@ -408,7 +373,7 @@ class Manifest:
         return manifest
 
     def naming_fields(self) -> dict:
-        """A few flat fields naming this run, for the reports' environment block."""
+        """Flat fields naming this run, for the reports' environment block."""
         return {
             "run_id": self.run_id,
             "run_state": self.state,
@@ -429,7 +394,7 @@ def format_problem(document: Any, *, name: str, version: int, what: str) -> str:
 
 
 def _with_out(words: list[str], folder: str) -> list[str]:
-    """A command's words with its `--out` naming `folder` (added where it had none: the default)."""
+    """`words` with `--out folder` (replacing the one there, or appended)."""
     for index, word in enumerate(words):
         if word == "--out" or word.startswith("--out="):
             return [*words[:index], "--out", folder, *words[index + 1 + (word == "--out") :]]
@@ -444,17 +409,15 @@ def manifest_path(folder: pathlib.Path) -> pathlib.Path:
 
 
 def write_manifest(folder: pathlib.Path, manifest: Manifest) -> pathlib.Path:
-    """Write `folder/manifest.json` atomically (a reader sees the old or the new one; a failed
-    write leaves no temporary file: `mhc_parity.records.files.atomic_write`)."""
+    """Write `folder/manifest.json` atomically."""
     path = manifest_path(folder)
     atomic_write(path, (json.dumps(manifest.to_json(), indent=1) + "\n").encode("utf-8"))
     return path
 
 
 def record_stop(folder: pathlib.Path, manifest: Manifest) -> None:
-    """Write the manifest of a run that stopped (failed, interrupted), in the room the run's
-    space reserve gave back (`mhc_parity.records.space_reserve`), so a full disk does not leave the one
-    before ("running"); if even that fails, the one before stays, which no reader trusts either."""
+    """Write a stopped run's manifest in the room its space reserve gives back, so a full disk does not leave "running";
+    if even that fails, the old one stays (no reader trusts it either)."""
     release_reserve(folder)
     try:
         write_manifest(folder, manifest)
@@ -475,10 +438,9 @@ def read_manifest(folder: pathlib.Path) -> Manifest | None:
 
 
 def foreign_folder_problem(folder: str | pathlib.Path) -> str:
-    """Why a run must not be written into `folder` ("" when it may): it holds files but no run
-    manifest, so the run would replace what may be its owner's own `summary.md` or `rows.csv`.
-    A folder that does not exist yet, an empty one (a writer's lock and space reserve aside)
-    and a run folder (a manifest of any format version, finished or not) may be written."""
+    """Why a run must not be written into `folder` ("" when it may): it holds files but no run manifest, which the run
+    would overwrite. An absent or empty folder (lock and reserve aside) or a run folder of any format version may be
+    written."""
     folder = pathlib.Path(folder)
     try:
         entries = sorted(e.name for e in folder.iterdir() if e.name not in (WRITER_LOCK_FILE, RESERVE_FILE))

@@ -1,7 +1,6 @@
-"""Output paths checked before any work: a command that cannot write its results fails at
-once with one line naming the path (a usage error, exit 2), not after the work with a
-traceback. Also the run folder's writer lock, and the quiet end of a command whose stdout
-reader went away (`exit_code_through_closed_stdout`)."""
+"""Output paths checked before any work (a usage error naming the path, not a traceback after it), the run folder's
+writer lock, and the quiet end of a command whose stdout reader went away.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +15,9 @@ from collections.abc import Callable
 
 # The lock file of a run folder: held (flock) by the one process writing the folder.
 WRITER_LOCK_FILE = ".writer.lock"
-# What a writer records in its lock file ("pid 123: mhc-parity run ..."): a file
-# holding anything else is not a lock of ours, and is never truncated.
+# A lock file holding anything else is not ours and is never truncated.
 LOCK_RECORD_PREFIX = b"pid "
-# The exit code of a command whose stdout reader went away (`| head -1`): 128 + SIGPIPE
-# (13), what a shell reports for a process a closed pipe stopped.
+# 128 + SIGPIPE: what a shell reports for a process a closed pipe stopped.
 EXIT_CLOSED_PIPE = 141
 
 
@@ -33,12 +30,8 @@ class FolderInUseError(OutputPathError):
 
 
 class WriterLock:
-    """`folder`'s writer lock, taken at once: FolderInUseError naming the holder if another
-    process holds it (raised here, before any `with`, so a caller tells it apart from its
-    block's errors). `with` releases it; the OS does when the process ends, however it ends.
-
-    command: what this process is (recorded in the lock file for the next one to name).
-    """
+    """`folder`'s writer lock, taken in the constructor (FolderInUseError naming the holder, before any `with`). `with`
+    releases it, as does the OS when the process ends. command: recorded for the next one to name."""
 
     def __init__(self, folder: str | os.PathLike, command: str):
         folder = pathlib.Path(folder)
@@ -66,10 +59,8 @@ class WriterLock:
 
 
 def _open_lock_file(path: pathlib.Path) -> int:
-    """A descriptor of the lock file `path` (created if missing), opened only if it is a lock
-    of ours: OutputPathError for a symbolic link (never followed: a planted link would have
-    the lock truncate its target), a hard link, something that is not a regular file or a
-    file holding other data, so that taking the lock never damages another file."""
+    """A descriptor of lock file `path` (created if missing); OutputPathError for a symbolic link (never followed), a
+    hard link, a non-regular file or one holding other data: the lock never damages another file."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
@@ -89,7 +80,6 @@ def _open_lock_file(path: pathlib.Path) -> int:
 
 
 def _lock_file_problem(fd: int) -> str:
-    """Why the open file `fd` is not a writer lock this harness wrote (or a new, empty one), or ""."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
@@ -135,15 +125,13 @@ def writable_file(path: str | os.PathLike) -> pathlib.Path:
 
 
 def cannot_write(exc: OSError, where: str | os.PathLike) -> str:
-    """One phrase for a failed write, e.g. "cannot write out/rows.jsonl: No space left on
-    device"; the file the error names, else `where`."""
+    """One phrase for a failed write, e.g. "cannot write out/rows.jsonl: No space left on device"."""
     return f"cannot write {exc.filename or where}: {exc.strerror or exc}"
 
 
 def stdout_reader_gone() -> bool:
-    """Whether this process's stdout is a pipe or socket whose reading end is closed: the one
-    BrokenPipeError that means "the reader has seen enough" (`| head`), not a failure.
-    Where poll() is missing, any BrokenPipeError of a piped stdout counts."""
+    """Whether stdout is a pipe or socket whose reader closed (`| head`): a BrokenPipeError that is not a failure.
+    Without poll(), any piped stdout counts."""
     try:
         fd = sys.__stdout__.fileno()
         mode = os.fstat(fd).st_mode
@@ -159,11 +147,9 @@ def stdout_reader_gone() -> bool:
 
 
 def exit_code_through_closed_stdout(main: Callable[[], int]) -> int:
-    """`main()`'s exit code, its stdout flushed; EXIT_CLOSED_PIPE, quietly, if the stdout
-    reader went away meanwhile (the output is then discarded: stdout is pointed at devnull,
-    so that the interpreter's own flush at exit cannot fail again). A closed pipe is never
-    exit 0, whatever the command's verdict was, nor its FAIL turned into a pass. A
-    BrokenPipeError of another pipe is raised as it came."""
+    """`main()`'s exit code, stdout flushed; `EXIT_CLOSED_PIPE`, quietly, if the stdout reader went away (stdout then
+    points at devnull so the exit flush cannot fail). Never exit 0 on a closed pipe; a BrokenPipeError of another pipe
+    is re-raised."""
     try:
         code = main()
         sys.stdout.flush()

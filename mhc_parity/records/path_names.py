@@ -1,8 +1,6 @@
-"""Path-name globs: a path is named `<implementation>/<partitioning>` (e.g.
-``interpret/sharded(data=2,fsdp=4)``), and `--paths` selects paths by fnmatch globs of those
-names. An implementation's name is its author's, so a glob built from it must take it
-literally: a kernel named ``[r]eference`` would otherwise select the reference's paths, not
-its own, and one named ``kern[v2]`` selects nothing."""
+"""Path-name globs. A path is named `<implementation>/<partitioning>` and `--paths` takes fnmatch globs; an
+implementation's name is taken literally (``kern[v2]`` must not be read as a set).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +8,8 @@ import re
 
 
 def literal_glob(text: str) -> str:
-    """`text` as an fnmatch pattern that matches it alone: each `*`, `?` and `[` in a set of its
-    own (fnmatch has no escape function; a lone `]` is literal already)."""
+    """`text` as an fnmatch pattern matching it alone: `*`, `?`, `[` each in a set of its own (fnmatch has no escape
+    function)."""
     return re.sub(r"([*?[])", r"[\1]", text)
 
 

@@ -1,7 +1,5 @@
-"""The project's code as files: where its sources are, which of them can change a number in a
-row (`CODE_DIRS`), and their sha256 digests, which a run's manifest records as the code under
-test and every store's key is made from (`mhc_parity.records.code` finds the files a module
-imports). Plain Python (the standard library only).
+"""The project's code as files: where its sources are, which can change a number in a row (`CODE_DIRS`), and their
+sha256 digests, from which the manifest and every store key are made.
 """
 
 from __future__ import annotations
@@ -13,21 +11,16 @@ from types import MappingProxyType
 
 from mhc_parity.records.distributions import distribution_sha256, is_distribution_key
 
-# The project whose sources the manifest digests (and whose `.cache` holds fixtures): the
-# folder holding the `mhc_parity` package (a checkout's root; site-packages once installed).
-# Module `mhc_parity.harness.x` is its file `mhc_parity/harness/x.py`, the key a manifest
-# records it under.
+# The folder holding the `mhc_parity` package (a checkout's root; site-packages once installed).
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "mhc_parity"
-# Packages whose Python sources can change a number in a row, by module name and as folders
-# under PROJECT_ROOT. `reports` only renders rows; `maxtext_parity` is loaded as an `--impl`,
-# whose code is recorded as an external implementation's.
+# Packages whose sources can change a number in a row: `reports` only renders rows, and
+# `maxtext_parity` is recorded as an external implementation's code.
 CODE_PACKAGES = tuple(f"{NAMESPACE}.{name}" for name in ("mhc", "cases", "records", "harness"))
 CODE_DIRS = tuple(package.replace(".", "/") for package in CODE_PACKAGES)
 
 
 def sha256_file(path: pathlib.Path) -> str:
-    """The sha256 of a file's bytes, as hex."""
     return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
 
 
@@ -55,16 +48,14 @@ def project_code_files(root: pathlib.Path = PROJECT_ROOT) -> dict[str, str]:
 
 
 def code_files(extra: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
-    """`project_code_files()` plus `extra` (key -> sha256: external implementations' code,
-    `mhc_parity.records.code.external_code_files`), in key order."""
+    """`project_code_files()` plus `extra` (key -> sha256: external implementations' code), in key order."""
     files = project_code_files()
     files.update(extra)
     return dict(sorted(files.items()))
 
 
 def current_sha256(key: str, root: pathlib.Path = PROJECT_ROOT) -> str:
-    """The sha256 a code-file `key` has now: its file's (project-relative or absolute) or its
-    distribution's (`mhc_parity.records.distributions`); "" if it no longer exists."""
+    """The sha256 a code-file `key` has now (a file's or a distribution's); "" if it no longer exists."""
     if is_distribution_key(key):
         return distribution_sha256(key)
     path = pathlib.Path(key) if pathlib.Path(key).is_absolute() else root / key

@@ -1,18 +1,8 @@
 """What a program moves and does against what its chip can do: the one source of the speed arithmetic.
 
-A program's bytes (`array_bytes`: the size of its arguments and results, each read or written at
-least once, so a lower bound on its memory traffic), its device time per run and, where known, its
-FLOPs give its achieved bandwidth and FLOP rate (`Throughput`), and, on a chip whose peaks are
-stated (`PEAKS`, by the device kind JAX reports), the fraction of each peak. The mHC layer is
-memory-bound (14–28 FLOPs a byte in the `tpu` suite, where v5e's ridge is 240), so there the
-bandwidth fraction is the one that matters; a case whose branch is an MLP adds its matmuls (189–367
-FLOPs a byte), and there the FLOP fraction matters as much (docs/speed.md). A device kind not in
-`PEAKS` (a CPU, a GPU) has no stated peak: its rates are shown without a fraction, never against
-a TPU's.
-
-Used by the run's Speed section (`mhc_parity.reports.program_speed`, from the rows' `execute_s`
-and `bytes_moved`) and by `bench/device_speed.py`; the engine computes `bytes_moved` with
-`array_bytes`. Plain Python: the reports import it without JAX.
+`array_bytes` (arguments and results, each moved at least once: a lower bound on traffic) and FLOPs over device time
+give `Throughput`, and on a chip in `PEAKS` the fraction of each peak. Other device kinds (CPU, GPU) get rates without a
+fraction. Which fraction matters for the mHC layer: docs/speed.md. Plain Python, no JAX.
 """
 
 from __future__ import annotations
@@ -32,10 +22,7 @@ class ChipPeaks:
     bf16_flops_per_s: float
 
 
-# Per chip, as Google Cloud's TPU pages state them (v5e: 819 GB/s, 197 TFLOP/s; v6e: 1640 GB/s,
-# 918 TFLOP/s; v5p: 2765 GB/s, 459 TFLOP/s), by the device kind JAX reports
-# (`mhc_parity.harness.engine.tpu_targets.TARGETS` names the same kinds). On the lent v5e a large
-# bfloat16 matmul ran at 167 TFLOP/s (docs/results).
+# As Google Cloud's TPU pages state them, by the device kind JAX reports (`tpu_targets.TARGETS`).
 PEAKS = {
     "TPU v5 lite": ChipPeaks(819e9, 197e12),
     "TPU v6 lite": ChipPeaks(1640e9, 918e12),
@@ -49,15 +36,15 @@ def peaks_of(device_kind: str) -> ChipPeaks | None:
 
 
 def array_bytes(arrays: Iterable) -> int:
-    """The bytes of `arrays`: anything with `.shape` and `.dtype` (NumPy or JAX arrays, shape
-    structs), summed as itemsize × element count; a sharded array counts once, whole."""
+    """Bytes of `arrays` (anything with `.shape` and `.dtype`): itemsize × element count, a sharded array counted once,
+    whole."""
     return int(sum(np.dtype(a.dtype).itemsize * math.prod(a.shape) for a in arrays))
 
 
 @dataclasses.dataclass(frozen=True)
 class Throughput:
-    """One program's rates: `bytes_moved` bytes and `flops` FLOPs (NaN: not known) per run of
-    `seconds`, on a chip with `peaks` (None: no stated peak)."""
+    """One program's rates: `bytes_moved` bytes and `flops` FLOPs (NaN: unknown) per run of `seconds`, on a chip with
+    `peaks` (None: no stated peak)."""
 
     bytes_moved: float
     seconds: float
@@ -71,7 +58,7 @@ class Throughput:
 
     @property
     def bytes_per_s(self) -> float:
-        """Achieved bandwidth in bytes per second (NaN without a positive finite time or the bytes)."""
+        """Achieved bytes per second (NaN without a positive finite time or the bytes)."""
         return self._per_second(self.bytes_moved)
 
     @property
@@ -95,5 +82,4 @@ class Throughput:
 
 
 def throughput(bytes_moved: float, seconds: float, device_kind: str, *, flops: float = math.nan) -> Throughput:
-    """`Throughput` of a program on a device of `device_kind` (its peaks from `PEAKS`, if stated)."""
     return Throughput(float(bytes_moved), float(seconds), float(flops), peaks_of(device_kind))

@@ -1,14 +1,9 @@
 """Row sets in and out: validation, type coercion and file loading.
 
-Every report and the gate work on a pandas DataFrame whose columns are exactly
-`mhc_parity.records.schema.ROW_COLUMNS`, in schema order, with float columns as float64 (NaN
-where a metric does not apply), count columns as int64 and text columns as str.
-`to_frame` builds that frame from a list of row dicts or an existing DataFrame;
-`load_rows` builds it from a file the runner streamed (`.jsonl`) or a `rows.csv`
-written by `mhc_parity.reports.write_all`.
-
-Anything that does not fit the schema raises `ReportInputError`, whose message
-names the source (file or "rows") and the offending line or column.
+Every report and the gate work on a DataFrame whose columns are exactly `ROW_COLUMNS` in schema order: floats float64
+(NaN where a metric does not apply), counts int64, text str. `to_frame` builds it from row dicts or a DataFrame,
+`load_rows` from a `.jsonl` stream or a `rows.csv`. Misfits raise `ReportInputError` naming the source and the line or
+column.
 """
 
 from __future__ import annotations
@@ -37,9 +32,7 @@ from mhc_parity.records.schema import (  # ReportInputError: read from here by e
     ReportInputError,
 )
 
-# Text columns whose values are restricted to a schema vocabulary. The empty string
-# is accepted for comparison and leaf_kind: an error row raised before the leaf was
-# known may not have them.
+# "" is allowed for comparison and leaf_kind: an error row raised before the leaf was known lacks them.
 _VOCABULARIES: dict[str, tuple[str, ...]] = {
     "verdict": VERDICTS,
     "comparison": COMPARISONS + ("",),
@@ -50,8 +43,7 @@ _VOCABULARIES: dict[str, tuple[str, ...]] = {
 # ----------------------------------------------------------------------------- values
 
 
-# A complete decimal number: digits after a decimal point and after an exponent.
-# Python's float() also takes "3." and "1_0", so "3.802e-07" cut to "3." would parse.
+# Digits required after a decimal point and an exponent: float() takes "3.", so a number cut there would parse.
 _COMPLETE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?")
 _NON_FINITE = frozenset({"nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
 
@@ -64,12 +56,8 @@ def _number_text(text: str) -> float:
 
 
 def parse_float(value: Any) -> float:
-    """A float from a JSON/CSV cell: None and "" are NaN; "inf"/"Infinity"/"nan" parse.
-
-    Text must be a complete number (see `_COMPLETE_NUMBER`): "3." or "1e" — a file cut
-    mid-number — raise ValueError, as does anything else that is not a number
-    (booleans included).
-    """
+    """A float from a JSON/CSV cell: None and "" are NaN; "inf"/"Infinity"/"nan" parse. ValueError for an incomplete
+    number ("3.", "1e": a file cut mid-number), booleans and other non-numbers."""
     if value is None:
         return math.nan
     if isinstance(value, bool):
@@ -99,7 +87,6 @@ def parse_count(value: Any) -> int:
 
 
 def parse_text(value: Any) -> str:
-    """A text cell: None becomes ""; anything else its str()."""
     return "" if value is None else str(value)
 
 
@@ -134,17 +121,15 @@ def _check_columns(columns: Iterable[str], where: str, expected: Sequence[str] =
 
 @functools.lru_cache(maxsize=64)
 def _columns_fit(present: tuple[str, ...], expected: tuple[str, ...]) -> bool:
-    """Whether `present` are `expected`, each once, but for `LATER_COLUMNS` it may lack: once
-    per column set, not once per row (every row of a run has the same)."""
+    """Whether `present` are `expected`, each once, less any `LATER_COLUMNS`; cached per column set (every row of a run
+    has the same)."""
     names = set(present)
     return len(names) == len(present) and names <= set(expected) and set(expected) - names <= set(LATER_COLUMNS)
 
 
 def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_COLUMNS) -> dict:
-    """One row with every cell converted to its schema type; errors name `where` and the column.
-
-    A `LATER_COLUMNS` column the row lacks (written before it existed) is empty.
-    """
+    """One row with every cell converted to its schema type (a missing `LATER_COLUMNS` cell is empty); errors name
+    `where` and the column."""
     coerced: dict[str, Any] = {}
     for column, later, parse, vocabulary in _coercion_plan(tuple(columns)):
         value = row.get(column, "") if later else row[column]
@@ -159,14 +144,12 @@ def coerce_row(row: Mapping[str, Any], where: str, columns: Sequence[str] = ROW_
     return coerced
 
 
-# The parser of a cell of each schema type (`mhc_parity.records.schema.COLUMN_TYPES`).
 _CELL_PARSERS = {float: parse_float, int: parse_count, str: parse_text}
 
 
 @functools.lru_cache(maxsize=8)
 def _coercion_plan(columns: tuple[str, ...]) -> tuple[tuple[str, bool, Any, tuple[str, ...] | None], ...]:
-    """Per column of `columns`: (name, whether a row may lack it, its cell parser, its
-    vocabulary or None): worked out once per column set, not once per cell."""
+    """Per column: (name, may a row lack it, cell parser, vocabulary or None), once per column set."""
     return tuple(
         (
             column,
@@ -193,11 +176,8 @@ def frame_from_records(records: Sequence[dict], columns: Sequence[str] = ROW_COL
 
 
 def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = "rows") -> pd.DataFrame:
-    """The canonical typed frame for a row set (a DataFrame or an iterable of row dicts).
-
-    Columns must be exactly `ROW_COLUMNS` (any order in; schema order out; the
-    `LATER_COLUMNS` may be absent, see `mhc_parity.records.schema`). Raises
-    `ReportInputError` naming the row index and column of the first bad cell.
+    """The canonical typed frame for a row set (a DataFrame or row dicts): columns exactly `ROW_COLUMNS` (any order in,
+    schema order out; `LATER_COLUMNS` may be absent). ReportInputError names the row and column of the first bad cell.
     """
     if isinstance(rows, pd.DataFrame):
         _check_columns(rows.columns, source)
@@ -208,9 +188,8 @@ def to_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]], *, source: str = 
 
 
 def typed_rows(rows: Iterable[Mapping[str, Any]], *, source: str = "rows") -> list[dict]:
-    """Row dicts with every cell of its schema type (`coerce_row`), checked as `to_frame` checks
-    them: `frame_from_records` of these is `to_frame(rows)`, so a caller that needs the typed
-    rows before the frame (a run's case records as each case ends) coerces each row once."""
+    """Row dicts coerced and checked as `to_frame` does (`frame_from_records` of these is `to_frame(rows)`), for callers
+    that need the typed rows first."""
     coerced = []
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
@@ -221,11 +200,7 @@ def typed_rows(rows: Iterable[Mapping[str, Any]], *, source: str = "rows") -> li
 
 
 def unwrap_run(rows: Any) -> tuple[Any, str | None]:
-    """(rows, policy_hash) from a loaded run (`LoadedRun`, `Baseline`) or plain rows.
-
-    Lets every entry point take what `load_run` / `load_baseline` return as well as
-    a DataFrame or a list of dicts; plain rows carry no policy hash.
-    """
+    """(rows, policy_hash) from a loaded run (`LoadedRun`, `Baseline`) or plain rows (hash None)."""
     frame = getattr(rows, "frame", None)
     if isinstance(frame, pd.DataFrame):
         return frame, getattr(rows, "policy_hash", None)
@@ -254,8 +229,7 @@ def _load_jsonl(path: Path) -> pd.DataFrame:
 
 
 def _check_not_cut(path: Path) -> None:
-    """ReportInputError if the file's last line has no line ending: the writers end every
-    line with one, so a file without it was cut (mid-number, perhaps)."""
+    """ReportInputError if the last line has no line ending: the writers end every line, so the file was cut."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -282,8 +256,8 @@ def read_csv_cells(path: Path, *, skip_lines: int = 0) -> pd.DataFrame:
 
 
 def records_from_cells(cells: pd.DataFrame, path: Path, columns: Sequence[str], *, first_data_line: int) -> list[dict]:
-    """Coerced records from an all-text frame; errors name the file line of each row (and
-    column), then, if every cell parsed, a file whose last line was cut (`_check_not_cut`)."""
+    """Coerced records from an all-text frame; errors name each row's file line (and column), then a cut last line
+    (`_check_not_cut`)."""
     _check_columns(cells.columns, str(path), columns)
     records = [
         coerce_row(row, f"{path}, line {first_data_line + index}", columns)
@@ -300,12 +274,8 @@ def _load_csv(path: Path) -> pd.DataFrame:
 
 
 def load_rows(path: str | Path) -> pd.DataFrame:
-    """Load a row file: `.jsonl` (the runner's stream) or `.csv` (a `rows.csv`).
-
-    Blank JSONL lines are ignored. A missing file, an unparsable line, a row with
-    missing or unknown columns or a cell of the wrong type raises `ReportInputError`
-    naming the file and the line or column.
-    """
+    """Load a `.jsonl` (the runner's stream; blank lines ignored) or `.csv` row file. ReportInputError, naming the file
+    and line or column, for a missing file, an unparsable line, wrong columns or a mistyped cell."""
     path = Path(path)
     if not path.is_file():
         raise ReportInputError(f"{path}: no such file")
@@ -321,11 +291,8 @@ def load_rows(path: str | Path) -> pd.DataFrame:
 
 
 def encode_float(value: float) -> float | str:
-    """A float as every file the harness writes holds it: finite numbers as they are,
-    NaN as "nan", infinities as "inf" / "-inf" (JSON has no literal for them; in a CSV
-    cell the same text). `parse_float` reads these back, and also the forms of files
-    written before this encoding: null or an empty cell for NaN, "Infinity"/"-Infinity".
-    """
+    """A float as every file the harness writes holds it: finite as is, NaN "nan", infinities "inf" / "-inf" (JSON has
+    no literal for them). `parse_float` also reads the older null, empty cell and "Infinity"/"-Infinity"."""
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
@@ -355,9 +322,8 @@ def json_ready(value: Any) -> Any:
 
 
 def frame_to_json_records(frame: pd.DataFrame) -> list[dict]:
-    """Rows as plain-Python dicts safe for strict JSON (non-finite floats: `encode_float`).
-    Converted a column at a time (NumPy's `tolist` gives Python floats and ints), then zipped
-    into rows: per cell, a type test and a call were most of a report's JSON time."""
+    """Rows as strict-JSON-safe dicts (`encode_float`), converted a column at a time: per-cell type tests were most of a
+    report's JSON time."""
     columns = list(frame.columns)
     converted = [_json_column(column, frame[column]) for column in columns]
     return [dict(zip(columns, values)) for values in zip(*converted)]

@@ -1,12 +1,6 @@
-"""The suite a run's rows were selected from, as one line a baseline's header can record.
-
-`mhc-parity run` selects its cases by a suite (`--suite`; without `--suite` and `--cases`, the
-default suite, or the suite `user` of its `--case-file`s) and narrows that selection with
-`--cases`, `--tags`, `--dtype` and `--seed`. A baseline records the result (`suite=` in its
-header, `mhc_parity.reports.baseline`), so that writing another selection's rows over it can be
-refused (`mhc_parity.reports.baseline_suite`): a smoke run written over the default suite's
-baseline would drop every default-suite case the smoke suite lacks, and the gate would pass
-their regressions as rows the baseline does not hold.
+"""The suite a run's rows were selected from, as one line a baseline's header records (`suite=`), so that writing
+another selection's rows over a baseline can be refused (`mhc_parity.reports.gate.comparability`): a smoke run over the
+default baseline would drop every case the smoke suite lacks.
 """
 
 from __future__ import annotations
@@ -20,9 +14,8 @@ USER_SUITE = "user"  # the suite of the cases of `--case-file` files (`mhc_parit
 
 
 def effective_suite(request: RunRequest) -> str | None:
-    """The suite `request` selected from: its `--suite`, else the default suite (or `user`
-    with case files) when no `--cases` globs were given; None when the globs chose among
-    every known case."""
+    """`--suite`, else the default suite (`user` with case files) when no `--cases` globs were given; None when the
+    globs chose among every known case."""
     if request.suite is not None:
         return request.suite
     if request.case_globs is not None:
@@ -31,10 +24,8 @@ def effective_suite(request: RunRequest) -> str | None:
 
 
 def run_suite(request: RunRequest | None) -> str | None:
-    """The selection `request` made, as a baseline header records it: the suite's name
-    alone for a whole suite (`default`), followed by the options that narrowed or changed it
-    as the command line spelled them (`default --dtype float32`, `--cases 'lite-*'`); None
-    without a request (rows whose manifest was not kept: nothing says what they were)."""
+    """The suite name followed by the options that narrowed it as typed (`default --dtype float32`, `--cases 'lite-*'`);
+    None without a request (nothing says what the rows were)."""
     if request is None:
         return None
     suite = effective_suite(request)

@@ -1,11 +1,6 @@
-"""The row schema: one row per (case, candidate path, partner path, leaf).
-
-This module is the single source of the column names shared by the runner (which
-writes rows), the gate (which compares two row sets) and `mhc_parity/reports/` (which renders
-them). It is plain Python on purpose: `mhc_parity/reports/` imports it without loading JAX.
-
-A row is a flat dict with exactly `ROW_COLUMNS` as keys. Metric columns hold floats
-(NaN where a metric does not apply, e.g. on skip/error rows); count columns hold ints.
+"""The row schema, one row per (case, candidate path, partner path, leaf): the one source of the column names the
+runner, the gate and the reports share. A row is a flat dict with exactly `ROW_COLUMNS`; metrics are floats (NaN where
+they do not apply), counts ints. Plain Python: the reports import it without JAX.
 """
 
 from __future__ import annotations
@@ -30,19 +25,16 @@ COMPARED_VERDICTS = ("pass", "fail")
 #   lowering      the Mosaic-lowering check (one row per program, leaf = program name)
 #   compile       the TPU compiler's check, for a named TPU target (one row per program)
 COMPARISONS = ("vs_reference", "vs_unsharded", "vs_oracle", "lowering", "compile")
-# Comparisons judged by the toolchain itself (a program lowers / compiles or not), one row per
-# program (leaf kind "program"): no tolerance rule, no error metrics.
+# Judged by the toolchain (a program lowers / compiles or not): no tolerance rule, no error metrics.
 PROGRAM_COMPARISONS = ("lowering", "compile")
 
 # Leaf kinds, the policy's second axis:
 #   output           the operation's output, `out`
-#   intermediate     what a path materialises on the way (the operation's other forward
-#                    leaves, `mhc_parity.harness.engine.operation`)
+#   intermediate     the operation's other forward leaves
 #   activation_grad  d_x
 #   weight_grad      d_<weight name> (matrices, biases, norm scale)
-#   scale_grad       the gradients of scalar scales that sum over every token and stream
-#                    with both signs, so cancellation amplifies their relative error far
-#                    beyond other weight gradients' (the operation says which weights)
+#   scale_grad       gradients of scalar scales: sums over every token and stream with both
+#                    signs, whose cancellation amplifies their relative error
 #   branch_grad      d_branch.<branch parameter>
 #   program          a lowering or compile row's program
 LEAF_KINDS = (
@@ -100,34 +92,26 @@ _COLUMN_TYPES = {
     "cand_oracle_rms_err": _FLOAT,
     "partner_oracle_rms_err": _FLOAT,
     "oracle_ratio_rms": _FLOAT,
-    # how far one rounding of the activation dtype at every operation moves the oracle's
-    # leaf (same normalisations): the error the arithmetic explains at this leaf
+    # how far the rounding model moves the oracle's leaf (same normalisations)
     "oracle_sensitivity_max": _FLOAT,
     "oracle_sensitivity_rms": _FLOAT,
-    # the error's component along the oracle's own value, <c - o, o> / <o, o> (signed): a
-    # leaf scaled by 1 + g has gain g; and the rounding model's root-mean-square gain
+    # signed gain <c - o, o> / <o, o> (a leaf scaled by 1 + g has gain g); the model's RMS gain
     "cand_oracle_gain": _FLOAT,
     "partner_oracle_gain": _FLOAT,
     "oracle_sensitivity_gain": _FLOAT,
-    # max|oracle| / ‖oracle‖₂ (1/√N_eff): an element floor times it is the gain's floor
-    # (mhc_parity.records.gain_rule)
+    # max|oracle| / ‖oracle‖₂ (1/√N_eff; mhc_parity.records.gain_rule)
     "oracle_peak_to_l2": _FLOAT,
-    # how well the sensitivity is known: the effective degrees of freedom of the squared max
-    # and RMS deviations, and how many rounding draws they come from
+    # how well the sensitivity is known: effective degrees of freedom, rounding draws
     "oracle_sensitivity_dof_max": _FLOAT,
     "oracle_sensitivity_dof_rms": _FLOAT,
     "oracle_draws": _FLOAT,
-    # q of the policy's stated false-positive rate p for those degrees of freedom and draws
-    # (mhc_parity.harness.judging.confidence.quantile; 1 under a policy that states no rate):
-    # a correct path's error exceeds q x the sensitivity with probability p. The gate's
-    # growth rule reads them (mhc_parity.reports.drift)
+    # q: a correct path's error exceeds q x the sensitivity with the policy's stated rate p
+    # (1 if it states none; mhc_parity.records.rate_quantiles)
     "oracle_quantile_max": _FLOAT,
     "oracle_quantile_rms": _FLOAT,
-    # an error shared by every token (token-major leaves, against the oracle): the largest
-    # per-group t statistic |mean error| / standard error, that group's mean shift
-    # (normalised by max|oracle|), the partner's t, and the t the rounding model produces;
-    # the shift the backend's own primitives may share (every one off by its whole model
-    # term, the same way on every token; NaN where the backend has no term, as on a CPU)
+    # an error shared by every token (token-major leaves, vs the oracle): the largest per-group t
+    # of the mean error, that group's shift (/ max|oracle|), the partner's and the model's t; the
+    # shift the backend's primitives may share on every token (NaN where it has no term, a CPU)
     "cand_systematic_t": _FLOAT,
     "cand_systematic_shift": _FLOAT,
     "partner_systematic_t": _FLOAT,
@@ -136,54 +120,35 @@ _COLUMN_TYPES = {
     # the bound the row was held to
     "bound": _TEXT,  # human-readable description of the rule and its numbers
     "bound_usage": _FLOAT,  # measured / allowed for the binding rule; > 1 fails
-    # that binding criterion's limit as a number, and the column it holds (its size, for the
-    # signed cand_oracle_gain): bound_usage = |row[bound_metric]| / allowed_error. NaN and ""
-    # where no bound was applied (skip, unsupported, error, lowering and non-finite rows)
+    # bound_usage = |row[bound_metric]| / allowed_error; NaN and "" where no bound applied
     "allowed_error": _FLOAT,
     "bound_metric": _TEXT,
-    # a failing row's most likely cause (mhc_parity.harness.engine.causes; "" on other rows): in words,
-    # the names of its hypotheses ("+" between two; "unexplained" when none), and the
-    # fraction of the candidate's squared error against the oracle that it explains. A finished
-    # run's files state a rounding whose place does not hold across its implementation's
-    # failing leaves as "unexplained", its words and id in the cause, its fraction kept
-    # (mhc_parity.records.cause_consistency; the row stream keeps what the case named)
+    # a failing row's most likely cause: words, hypothesis names ("+" between two; "unexplained"),
+    # the fraction of the squared error vs the oracle it explains (records.cause_consistency)
     "cause": _TEXT,
     "cause_id": _TEXT,
     "cause_explained": _FLOAT,
-    # timing (seconds) of the candidate's one program, forward and VJP together: obtaining it
-    # (compile or load), and running it. On the host CPU the program runs once and execute_s
-    # is that run; on an accelerator execute_s is the device time per run of `execute_runs`
-    # runs back to back after warm-up, timed with the process quiet (a run before issue 55's
-    # fix: the median of 5 runs, with the run's background work beside them), and
-    # execute_first_s the first call (mhc_parity.harness.engine.execution_timing)
+    # seconds of the candidate's program (forward and VJP): compile or load; execute_s one run on a
+    # host CPU, else device time per run of `execute_runs` after warm-up; execute_first_s the first call
     "compile_s": _FLOAT,
     "execute_s": _FLOAT,
     "execute_first_s": _FLOAT,
     "execute_runs": _FLOAT,  # a count; NaN where the candidate did not run (or before the column)
-    # the bytes of the program's arguments and results: what it must move at least
-    # (mhc_parity.records.roofline; the report's Speed section divides it by execute_s)
+    # bytes of the program's arguments and results: the least it must move (records.roofline)
     "bytes_moved": _FLOAT,
-    # where and how the candidate ran: the matmul precision it effectively ran at (see
-    # mhc_parity.mhc.precision; e.g. "highest (default requested; cpu default is full float32)")
-    # and its devices (e.g. "cpu:0-7"; "" if it did not run; see mhc_parity.harness.engine.devices)
+    # the matmul precision it effectively ran at ("highest (default requested; cpu default is full
+    # float32)") and its devices ("cpu:0-7"; "" if it did not run)
     "matmul_precision": _TEXT,
     "devices": _TEXT,
-    # the blocks this project's kernels ran (interpret and mosaic paths, lowering and compile
-    # rows), as the kernels resolve them for one shard of the tokens (Mosaic's fitted to the
-    # scoped VMEM limit), e.g. "block_tokens=128 block_tokens_bwd=64 block_features=512"; ""
-    # on every other row (mhc_parity.harness.engine.kernel_blocks)
+    # this project's kernels' blocks for one shard of the tokens, e.g. "block_tokens=128
+    # block_tokens_bwd=64 block_features=512"; "" on rows of other paths
     "kernel_blocks": _TEXT,
-    # the case's float64 oracle: the peak resident memory (bytes) of the process that computed
-    # its answer alone (a case large enough to get a process of its own,
-    # mhc_parity.harness.engine.oracle_process; NaN where the run's own process computed it, and
-    # on lowering and compile rows), and the budget the case-memory estimate gives it
-    # (mhc_parity.harness.engine.case_memory.oracle_memory_bytes)
+    # the oracle's own process's peak resident bytes (NaN where the run's process computed it)
+    # and the budget the case-memory estimate gives it
     "oracle_peak_bytes": _FLOAT,
     "oracle_budget_bytes": _FLOAT,
-    # compile rows (comparison "compile", mhc_parity.harness.engine.compile_rows): the TPU target
-    # compiled for (e.g. "v5e (v5e=2x4)"), a failure's cause class ("precision", "vmem",
-    # "partitioning", "unsupported op", "other"), a VMEM overflow's bytes asked and allowed,
-    # and the compiled program's memory figures in bytes; "" / NaN on every other row
+    # compile rows only: the TPU target ("v5e (v5e=2x4)"), a failure's cause class ("precision",
+    # "vmem", ...), a VMEM overflow's bytes asked and allowed, the program's memory figures
     "target": _TEXT,
     "compile_cause": _TEXT,
     "vmem_asked_bytes": _FLOAT,
@@ -195,13 +160,11 @@ _COLUMN_TYPES = {
 }
 
 ROW_COLUMNS = tuple(_COLUMN_TYPES)
-# The columns of the candidate's program, not of what it computed: how long this run took, how
-# it was timed (the repeats depend on the device the path ran on) and the bytes it moved. Two
-# runs of the same rows may differ in them; a judged row's store and causes ignore them.
+# Of the candidate's program, not what it computed: runs of the same rows may differ in them, and
+# the judged-row store and the causes ignore them.
 TIMING_COLUMNS = ("compile_s", "execute_s", "execute_first_s", "execute_runs", "bytes_moved")
 
-# Columns added after the first schema: a row file written before them lacks them and
-# is read with them empty (NaN for numbers; mhc_parity.records.rows), so older runs stay readable.
+# Added after the first schema: older row files lack them and are read with them empty.
 LATER_COLUMNS = (
     "cand_systematic_t",
     "cand_systematic_shift",
@@ -240,7 +203,6 @@ LATER_COLUMNS = (
     "oracle_peak_to_l2",
 )
 
-# Each column's cell type (float, int or str), read-only: what a reader coerces a cell to.
 COLUMN_TYPES = MappingProxyType(_COLUMN_TYPES)
 FLOAT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _FLOAT)
 INT_COLUMNS = tuple(c for c, kind in _COLUMN_TYPES.items() if kind is _INT)

@@ -1,14 +1,6 @@
-"""Every `MHC_PARITY_*` environment variable: one table (name, what it accepts, what it means) and
-its one parser per setting, checked before any work (`check_settings`).
-
-A mistyped value is a usage error (one line naming the variable and what it accepts, exit 2),
-never a run of `error` rows: each reader takes its value through `setting`, and the command
-line, the API's `prepare` and the pytest plugin call `check_settings` first. An unknown
-`MHC_PARITY_*` name (a typo) is named in a warning, not refused: it changes nothing a run
-computes (every setting's default holds), and a variable of another version of the project
-left in a shell must not stop a run.
-
-Plain Python (the standard library only): `records.cache_root` reads one of them.
+"""Every `MHC_PARITY_*` environment variable: one table (`SETTINGS`) and one parser each, checked before any work
+(`check_settings`). A refused value is a usage error (exit 2), never a run of `error` rows; an unknown name only warns
+(a variable of another version left in a shell must not stop a run).
 """
 
 from __future__ import annotations
@@ -28,8 +20,8 @@ class SettingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One variable: `parse` takes its stripped, non-empty value and raises ValueError where it
-    does not accept it; `accepts` says what it does accept; unset or empty means the default."""
+    """One variable: `parse` takes its stripped, non-empty value and raises ValueError to refuse it; `accepts` says what
+    it accepts; unset or empty means the default."""
 
     name: str
     parse: Callable[[str], object]
@@ -105,8 +97,7 @@ SETTINGS = {
 
 
 def setting(name: str, environ: Mapping[str, str] | None = None):
-    """`name`'s parsed value, or None where it is unset or empty. SettingError (one line naming
-    the variable and what it accepts) for a value its parser refuses."""
+    """`name`'s parsed value, None if unset or empty; SettingError (one line) for a refused value."""
     spec = SETTINGS[name]
     raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
@@ -118,8 +109,8 @@ def setting(name: str, environ: Mapping[str, str] | None = None):
 
 
 def check_settings(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Check every `MHC_PARITY_*` variable set: SettingError (one line, every refused value) for a
-    value a parser refuses; else the warnings for unknown names, each naming the closest known."""
+    """SettingError (one line, every refused value) if a parser refuses one; else warnings for unknown `MHC_PARITY_*`
+    names, each naming the closest known."""
     environ = os.environ if environ is None else environ
     refused = []
     for name in SETTINGS:

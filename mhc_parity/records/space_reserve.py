@@ -1,13 +1,7 @@
-"""Room kept on the run folder's disk for a run's last word: its final manifest.
-
-A full disk stops a run at whatever write meets it (the row stream, a manifest update, a
-report). The manifest must still end "failed" (or "interrupted", or "complete"), or the
-folder would claim a run still going, and that needs room on the very disk that filled.
-So `run` claims `RESERVE_FILE` before it changes the folder, a file of real bytes (random,
-so that no compressing filesystem stores it in less), and gives the room back
-(`release_reserve`) just before it writes its final manifest (`mhc_parity.records.manifest.record_stop`
-does for every stopped run), which then fits whatever filled the disk. A kill -9 can leave
-the file behind; the next run of the folder claims it again.
+"""Room kept on the run folder's disk for a run's final manifest, so that a run stopped by a full disk can still mark it
+"failed". `run` claims `RESERVE_FILE` (random bytes: no compressing filesystem stores it smaller) before it changes the
+folder and releases it just before writing its final manifest (`manifest.record_stop`). A kill -9 can leave it behind;
+the next run claims it again.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ RESERVE_FILE = ".space-reserve"
 # At least this much room, and whole 4 KiB blocks.
 MIN_RESERVE_BYTES = 16 * 1024
 BLOCK_BYTES = 4096
-# What a finished case adds to the manifest (its record: name, row count, digest), with margin.
+# What a finished case's record adds to the manifest, with margin.
 CASE_RECORD_BYTES = 256
 
 
@@ -30,17 +24,16 @@ def reserve_path(folder: str | os.PathLike) -> pathlib.Path:
 
 
 def reserve_bytes(manifest_json: dict, cases: int) -> int:
-    """Room for twice the final manifest of a run whose first manifest is `manifest_json`
-    (`Manifest.to_json()`) and which finishes `cases` cases: a manifest is written to a new
-    file before the old one goes."""
+    """Room for twice the final manifest (the new file is written before the old one goes) of a run starting with
+    `manifest_json` and finishing `cases` cases."""
     final = len(json.dumps(manifest_json, indent=1)) + CASE_RECORD_BYTES * cases
     size = max(MIN_RESERVE_BYTES, 2 * final)
     return -(-size // BLOCK_BYTES) * BLOCK_BYTES
 
 
 class SpaceReserve:
-    """`RESERVE_FILE` of `size` bytes in `folder`, claimed at once (OSError if the disk cannot
-    take it, with no file left); `with` gives the room back at the end, however it ends."""
+    """`RESERVE_FILE` of `size` bytes in `folder`, claimed at once (OSError, no file left, if the disk cannot take it);
+    `with` gives the room back however it ends."""
 
     def __init__(self, folder: str | os.PathLike, size: int):
         self.path = reserve_path(folder)
@@ -61,6 +54,5 @@ class SpaceReserve:
 
 
 def release_reserve(folder: str | os.PathLike) -> None:
-    """Give back the room `folder`'s reserve holds (nothing if it has none)."""
     with contextlib.suppress(OSError):
         reserve_path(folder).unlink()

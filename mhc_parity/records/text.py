@@ -1,8 +1,5 @@
-"""Numbers and tables as text: the one number formatter and the one plain-text table.
-
-Every screen the project prints (run summary, gate, kill matrix, sweep, policy table,
-pytest failure tables) and every report cell goes through `format_number` and
-`format_text_table`, so a value reads the same wherever it appears.
+"""The one number formatter and the one plain-text table: every screen and report cell uses them, so a value reads the
+same everywhere.
 """
 
 from __future__ import annotations
@@ -15,10 +12,7 @@ MAX_TEXT_CELL = 120
 
 
 def format_number(value: Any, digits: int = 3, *, nan: str = "nan") -> str:
-    """A short human-readable number: `digits` significant figures; `nan` for NaN, "inf", "-inf".
-
-    Text that is not a number comes back unchanged (a table cell may hold either).
-    """
+    """`digits` significant figures; `nan` for NaN, "inf", "-inf"; text that is not a number comes back unchanged."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -41,11 +35,8 @@ def truncate(text: Any, limit: int | None = MAX_TEXT_CELL) -> str:
 def format_text_table(
     headers: Sequence[str], rows: Iterable[Sequence[Any]], *, indent: str = "", limit: int | None = MAX_TEXT_CELL
 ) -> str:
-    """A fixed-width plain-text table: header, dashes, one line per row.
-
-    Cells are flattened to one line and cut to `limit` characters (None: never); floats go
-    through `format_number`; every line starts with `indent`.
-    """
+    """A fixed-width table: header, dashes, one line per row. Cells flattened and cut to `limit` (None: never); floats
+    through `format_number`; every line starts with `indent`."""
     cells = [[truncate(format_number(c) if isinstance(c, float) else c, limit) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:

@@ -1,48 +1,39 @@
-"""Rows and run folders: the row schema, the files of a run, the reports and the PR gate.
+"""Reports of a run's rows and the PR gate, over `mhc_parity.records` (the row schema, manifest and row stream): plain
+Python and pandas, nothing of JAX, `mhc`, `cases` or `harness` (tests/test_import_graph.py). The files it writes:
+README.md here. Two wings and what they share:
 
-The layer under `harness`: plain Python and pandas (matplotlib draws the HTML report's
-plots), no JAX and nothing of `mhc`, `cases` or `harness` (tests/test_import_graph.py holds that).
-It owns every file a run writes, so whatever writes or reads one agrees on its format:
-
-    schema      the row columns, verdicts, comparison and leaf kinds
-    manifest    manifest.json: what a run asked, selected and whether it finished
-    store       rows.jsonl while a run is in progress (resumable)
-    writers     rows.csv, report.json, report.html (html: heatmaps, and histograms and bound_plots,
-                drawn by plots), summary.md (markdown)
-    baseline    the committed baseline CSV
-    sources     a finished run from a folder or file, refused unless a manifest vouches
-    gate        a current run against a baseline (drift: the growth rule)
-    kill_matrix / sweep   the fault kill matrix's and the false-positive sweep's files
-    commands    `mhc-parity gate | baseline | render`
-    rows, text  reading and writing cells; the one number formatter and table printer
+    gate/       a run judged against a baseline: the baseline file, drift, the rule, comparability, the judgement
+    html/       report.html: the page, its tables and figures (every matplotlib call in html/svg.py)
+    sources     a finished run read back; summary, causes, speed: what the rows say; tables: a table as data and
+                its plain-text and Markdown printers; terminal, markdown, writers, rerun: the reports themselves;
+                kill_matrix, sweep: the faults command's files; samples: a hand-made run for tests
 
 Public entry points:
 
     load_rows(path) -> DataFrame            .jsonl / .csv row files, validated
-    load_run(path) -> LoadedRun             a finished run (folder, report.json); refused unless
-                                            its manifest says complete, and for a baseline file
+    load_run(path) -> LoadedRun             a finished run (folder, report.json); refused unless its manifest
+                                            says complete, and for a baseline file
     load_baseline(path, *, allow_legacy=False) -> Baseline   a baseline file, every check done
-                                            (mhc_parity.reports.sources.load_baseline_or_run: a baseline or a run)
     to_frame(rows) -> DataFrame             validate + type a list of dicts / a DataFrame
-    write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {"csv","json","html","markdown": Path}
+    write_all(rows, metadata, out_dir, *, baseline=None, manifest=None) -> {kind: Path} (`OUTPUT_FILES`)
     summarize(frame) -> dict                verdict counts, worst leaf
-    render_html(frame, metadata, *, summary=None) / render_markdown(frame, *, summary=None)
-    gate(baseline_rows, current_rows, *, growth_factor=2.0) -> GateResult
+    render_html(frame, metadata) / render_markdown(frame)
     write_baseline(rows, path, *, policy_hash=None) -> Path
     ReportInputError                        any input that does not fit the schema
+
+`gate` is the subpackage; the gate of two row sets is `gate.rule.gate(baseline_rows, current_rows) -> GateResult`.
 """
 
 import importlib
 
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
-from mhc_parity.reports.baseline import write_baseline
-from mhc_parity.reports.baseline_load import load_baseline
-from mhc_parity.reports.gate import GateFinding, GateResult, gate
+from mhc_parity.reports.gate.baseline_file import load_baseline, write_baseline
+from mhc_parity.reports.gate.rule import GateFinding, GateResult
 from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.summary import summarize
 
-# The report writers draw with matplotlib, which what only reads or gates rows (the pytest
-# plugin in every pytest run, `mhc-parity gate`) never needs: they load on first use.
+# The writers bring the whole page (matplotlib only to draw a figure), which reading and gating rows never need:
+# loaded on first use.
 _WRITER_NAMES = {"OUTPUT_FILES": "mhc_parity.reports.writers", "write_all": "mhc_parity.reports.writers"}
 
 
@@ -53,14 +44,13 @@ def __getattr__(name: str):
 
 
 def render_html(frame, metadata=None, **options):
-    """The HTML report of a row set as a string (see `mhc_parity.reports.html.render_html`; a `summary=`
-    given in `options` is used, else the summary is computed)."""
-    return importlib.import_module("mhc_parity.reports.html").render_html(to_frame(frame), metadata, **options)
+    """The HTML report of a row set (`mhc_parity.reports.html.page.render_html`; summary computed unless given)."""
+    return importlib.import_module("mhc_parity.reports.html.page").render_html(to_frame(frame), metadata, **options)
 
 
 def render_markdown(frame, **options):
-    """The Markdown summary of a row set as a string (see `mhc_parity.reports.markdown.render_markdown`; a
-    `summary=` given in `options` is used, else the summary is computed)."""
+    """The Markdown summary of a row set (`mhc_parity.reports.markdown.render_markdown`; summary computed unless
+    given)."""
     return importlib.import_module("mhc_parity.reports.markdown").render_markdown(to_frame(frame), **options)
 
 
@@ -69,7 +59,6 @@ __all__ = [
     "GateFinding",
     "GateResult",
     "ReportInputError",
-    "gate",
     "load_baseline",
     "load_rows",
     "load_run",

@@ -1,11 +1,5 @@
-"""A run's failing rows grouped by cause, and one verdict per implementation.
-
-One bug breaks many rows: a leaf fails against the oracle and against the reference, on
-every case and path that computes it. The rows carry the cause the engine found
-(`cause`, `cause_id`, `cause_explained`: `mhc_parity.harness.engine.causes`), so the reports show
-one heading per cause with the rows it explains, and one verdict per implementation with
-its causes. Error rows group by their message, failing rows without a cause (a path that
-accepted or rejected input against the case's expectation) by their reason.
+"""A run's failing rows grouped by cause (one bug breaks many rows), and one verdict per implementation. Error rows
+group by message, failing rows without a cause by reason.
 """
 
 from __future__ import annotations
@@ -31,11 +25,8 @@ GROUPED_VERDICTS = ("error", "fail")
 
 
 def uncompared(rows: Iterable[Mapping[str, Any]], implementations: Sequence[str] = ()) -> list[str]:
-    """What a run compared nothing of: ["the run"] when no row compared (pass or fail: every
-    row skip/unsupported, or none), else each of `implementations` (the names of those under
-    test) that is the candidate of no compared row: its envelope fits no case, it serves no
-    variant, or its paths were not selected. [] when everything under test compared
-    something. A run that compared nothing of what it tests never passes."""
+    """What a run compared nothing of (no pass or fail row): ["the run"] if nothing at all, else each of
+    `implementations` that is the candidate of no compared row; [] if everything under test compared something."""
     compared = {implementation_of(str(r["candidate"])) for r in rows if r["verdict"] in COMPARED_VERDICTS}
     if not compared:
         return ["the run"]
@@ -68,11 +59,8 @@ def _float(value: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class CauseGroup:
-    """The failing (or error) rows that share one cause.
-
-    verdict: "fail" or "error"; cause: in words (for rows without a cause, their reason);
-    cause_id: the hypotheses' names, "unexplained", or "" for a reason; rows: the rows.
-    """
+    """Failing (or error) rows sharing one cause. cause: in words (for rows without a cause, their reason); cause_id:
+    the hypotheses' names, "unexplained", or "" for a reason."""
 
     verdict: str
     cause: str
@@ -97,7 +85,7 @@ class CauseGroup:
 
     @property
     def explained(self) -> float:
-        """The median fraction of the rows' error their cause explains (NaN without one)."""
+        """Median fraction of the rows' error their cause explains (NaN without one)."""
         values = [v for v in (_float(r.get("cause_explained")) for r in self.rows) if math.isfinite(v)]
         return statistics.median(values) if values else math.nan
 
@@ -107,12 +95,10 @@ class CauseGroup:
         return max(values) if values else math.nan
 
     def heading(self, quote: Callable[[str], str] = _code, text: Callable[[str], str] = str) -> str:
-        """e.g. "26 rows in 13 cases: `d_post_bias` of `interpret/*` — <cause> (explains 97%)"
-        (`format_heading` of `summary`)."""
+        """e.g. "26 rows in 13 cases: `d_post_bias` of `interpret/*` — <cause> (explains 97%)"."""
         return format_heading(self.summary(), quote, text)
 
     def summary(self) -> dict:
-        """What the group's heading says, as plain JSON-able data."""
         return {
             "verdict": self.verdict,
             "cause": self.cause,
@@ -126,7 +112,7 @@ class CauseGroup:
         }
 
     def as_dict(self) -> dict:
-        """The group as plain JSON-able data (report.json): its `summary` and its rows."""
+        """The group as JSON-able data (report.json): its `summary` and its rows."""
         members = [
             {
                 "case": r["case"],
@@ -143,10 +129,8 @@ class CauseGroup:
 def format_heading(
     group: Mapping[str, Any], quote: Callable[[str], str] = _code, text: Callable[[str], str] = str
 ) -> str:
-    """A cause group's one-line heading from its data (`CauseGroup.summary`; report.json's groups have it).
-
-    quote: how a leaf or path name is written (a code span); text: how the cause is written
-    (e.g. escaped for Markdown)."""
+    """A cause group's one-line heading from `CauseGroup.summary` data. quote: how a leaf or path name is written; text:
+    how the cause is written (e.g. escaped for Markdown)."""
     where = f"{_listed(group['leaves'], quote)} of {_listed(group['candidates'], quote)}"
     what = text(group["cause"]) if group["verdict"] == "fail" else f"error: {text(group['cause'])}"
     explained = _float(group["explained"])
@@ -159,10 +143,8 @@ def format_heading(
 
 
 def stated_causes(frame: pd.DataFrame) -> pd.DataFrame:
-    """A canonical row frame (`mhc_parity.records.rows.to_frame`'s) with its failing rows' causes
-    as every file of a finished run states them: those that hold across each implementation's
-    failing leaves (`mhc_parity.records.cause_consistency.consistent_causes`; the rows' own
-    numbers kept). `frame` itself where nothing changes, else a copy."""
+    """A canonical row frame with its failing rows' causes as a finished run's files state them (`consistent_causes`);
+    `frame` itself where nothing changes, else a copy."""
     if not len(frame) or "cause_id" not in frame:
         return frame
     failing = frame.index[frame["verdict"] == "fail"]
@@ -183,11 +165,8 @@ def stated_causes(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
-    """The run's failing and error rows grouped by implementation and cause: the largest group first.
-
-    The causes are those that hold across each path's failing leaves
-    (`mhc_parity.records.cause_consistency.consistent_causes`): a rounding named on fewer of
-    them than no rounding explains is stated as not explained, with what it fitted."""
+    """The failing and error rows grouped by implementation and cause (as `consistent_causes` states them), largest
+    group first."""
     grouped: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
     for row in consistent_causes(rows):
         verdict = str(row["verdict"])
@@ -199,9 +178,8 @@ def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
         else:  # a row without leaves to attribute: its reason's first line names it
             reason = str(row.get("reason") or "").strip().splitlines()
             cause = reason[0][:200] if reason else "(no reason given)"
-        # One implementation's rows per group: the same words in two implementations are two
-        # bugs. Rows with one cause_id are one cause whatever their words add (a usage, the
-        # path it was named on); rows without one, one per reason.
+        # The same words in two implementations are two bugs; one cause_id is one cause whatever its
+        # words add.
         key = (implementation_of(str(row["candidate"])), verdict, cause_id, "" if cause_id else cause)
         grouped.setdefault(key, []).append(row)
     groups = []
@@ -215,9 +193,8 @@ def cause_groups(rows: Iterable[Mapping[str, Any]]) -> list[CauseGroup]:
 
 @dataclasses.dataclass(frozen=True)
 class ImplementationVerdict:
-    """One implementation's verdict over its rows: "pass", "fail", "error" or "skip" (nothing
-    compared), with the cause groups of its failing and error rows; where: where a failing
-    one goes wrong first (`mhc_parity.records.cause_consistency.located`), read before its causes."""
+    """An implementation's verdict ("pass", "fail", "error", or "skip": nothing compared) with its failing and error
+    rows' cause groups; where: where a failing one goes wrong first (`located`)."""
 
     name: str
     verdict: str
@@ -236,7 +213,6 @@ class ImplementationVerdict:
 
 
 def implementation_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[ImplementationVerdict]:
-    """Per implementation (in the rows' order): its verdict and the causes of its failures."""
     by_impl: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_impl.setdefault(implementation_of(str(row["candidate"])), []).append(row)

@@ -1,7 +1,5 @@
-"""The kill matrix's results and their files (CSV, Markdown, JSON) and terminal table.
-
-The records (`mhc_parity.records.kill_records`) are plain data: `mhc_parity.harness.faults.matrix` runs the
-passes and judges them into those, this module writes them. Columns of the row CSVs are the row schema's.
+"""The kill matrix's files (CSV, Markdown, JSON) and terminal table, from the plain records of
+`mhc_parity.records.kill_records`.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from mhc_parity.records.kill_records import (
 )
 from mhc_parity.records.rows import encode_float
 from mhc_parity.records.text import format_number, format_text_table
-from mhc_parity.reports.markdown import md_table
+from mhc_parity.reports.tables import md_table
 from mhc_parity.reports.writers import write_rows_csv
 
 
@@ -57,8 +55,7 @@ def _headers() -> list[str]:
 
 
 def headline_counts(matrix: KillMatrix) -> list[tuple[str, FaultCounts]]:
-    """The faults counted by outcome over the matrix (label "all"), then in each dtype slice that
-    ran a case (labelled by it): caught apart from listed (not seen), survived and not exercised."""
+    """Faults by outcome over the matrix ("all"), then in each dtype slice that ran a case."""
     slices = [s for s in DTYPE_SLICES if any(r.slice(s).cases_run for r in matrix.results)]
     return [("all", fault_counts(matrix.results)), *((s, fault_counts(matrix.results, s)) for s in slices)]
 
@@ -79,13 +76,12 @@ OWN_SHARE_TARGET = 0.9
 
 
 def _share_cell(s) -> str:
-    """`own/with a cause (share)` of one slice's failing rows."""
     return f"{s.own_cause_rows}/{s.cause_rows} ({s.own_share:.0%})"
 
 
 def _cause_lines(faults: Sequence[PerturbationResult]) -> list[str]:
-    """Per fault and slice with a named cause: row by row, how many name the fault's own cause
-    and how many a wrong rounding, and the top cause; first, those counts over the faults."""
+    """Per fault and slice with a named cause: rows naming the fault's own cause and a wrong rounding, and the top
+    cause; first, those counts over precision and logic faults."""
     pairs = [(r, s) for r in faults for s in r.slices if s.cause_rows]
     lines = []
     for kind, members in (
@@ -105,7 +101,6 @@ def _cause_lines(faults: Sequence[PerturbationResult]) -> list[str]:
 
 
 def kill_matrix_markdown(matrix: KillMatrix) -> str:
-    """The kill matrix as a Markdown document."""
     faults = [r for r in matrix.results if not r.legitimate]
     variants = [r for r in matrix.results if r.legitimate]
     lines = [
@@ -166,7 +161,6 @@ def kill_matrix_markdown(matrix: KillMatrix) -> str:
 
 
 def kill_matrix_text(matrix: KillMatrix) -> str:
-    """A plain-text kill matrix for the terminal."""
     headers = ["perturbation", "status", *DTYPE_SLICES, "caught by (comparison:worst leaf)"]
     body = []
     for r in matrix.results:

@@ -1,16 +1,10 @@
-"""Markdown summaries for a PR comment or a CI step summary (GitHub-flavoured tables).
-
-Every cell that comes from a row (case names, reasons, ...) goes through `md_cell`:
-flattened to one line, truncated, with `|`, backticks and HTML-significant
-characters escaped so a hostile case name can neither break the table nor inject
-markup.
+"""Markdown summaries for a PR comment or a CI step summary (GitHub tables). Every cell from a row goes through
+`md_cell`, so a hostile case name can neither break a table nor inject markup.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
-from typing import Any
 
 import pandas as pd
 
@@ -18,18 +12,31 @@ from mhc_parity.records.cause_consistency import consistent_causes
 from mhc_parity.records.schema import VERDICTS, row_key
 from mhc_parity.records.text import format_number
 from mhc_parity.reports.causes import format_heading
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult
-from mhc_parity.reports.gate_settings import settings_note
-from mhc_parity.reports.host_memory import case_memories, memory_line, memory_table_rows
-from mhc_parity.reports.judgement import FAIL, PASS, Judgement, first_findings, headline, hidden_findings
-from mhc_parity.reports.program_speed import NO_PEAK, PROGRAM_SPEED_NOTE, program_speeds
-from mhc_parity.reports.speed import SPEED_NOTE, speed_lines, speed_summaries
-from mhc_parity.reports.summary import FAILING_VERDICTS, rank_offenders, summarize, summary_notes
+from mhc_parity.reports.gate.drift import settings_note
+from mhc_parity.reports.gate.judgement import FAIL, PASS, Judgement, first_findings_table, headline, hidden_findings
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES, GateResult, findings_table, spaced
+from mhc_parity.reports.speed import (
+    PROGRAM_SPEED_NOTE,
+    SPEED_NOTE,
+    program_speed_table,
+    program_speeds,
+    speed_lines,
+    speed_summaries,
+    speedup_table,
+)
+from mhc_parity.reports.summary import (
+    FAILING_VERDICTS,
+    case_memories,
+    memory_line,
+    memory_table,
+    rank_offenders,
+    summarize,
+    summary_notes,
+)
+from mhc_parity.reports.tables import markdown_table, md_cell, md_table
 
 DEFAULT_MAX_ROWS = 20
-MAX_CELL_CHARS = 100
-# Metadata keys shown in the one-line environment footer, when present (run_* name the
-# run's manifest, see mhc_parity.records.manifest).
+# Metadata keys of the one-line environment footer, when present.
 ENVIRONMENT_KEYS = (
     "run_id",
     "run_state",
@@ -46,45 +53,9 @@ ENVIRONMENT_KEYS = (
 MAX_CAUSES = 8
 
 
-def md_cell(value: Any, limit: int | None = MAX_CELL_CHARS, *, escape_html: bool = True) -> str:
-    """Text made safe for one GitHub Markdown table cell: one line, cut to `limit`
-    characters (None: never), `|` and backticks escaped, and with `escape_html` the
-    HTML-significant characters too (text from rows; trusted text may keep its `<`)."""
-    text = " ".join(str(value).split())
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    escapes = ((("&", "&amp;"), ("<", "&lt;"), (">", "&gt;")) if escape_html else ()) + (("|", "\\|"), ("`", "\\`"))
-    for raw, escaped in escapes:
-        text = text.replace(raw, escaped)
-    return text
-
-
 def markdown_heading(group: dict) -> str:
-    """A cause group's heading (`mhc_parity.reports.causes.CauseGroup.summary`, or a group of report.json)
-    in Markdown: names as code spans (a backtick inside one dropped), the cause escaped."""
+    """A cause group's heading in Markdown: names as code spans (backticks inside dropped), the cause escaped."""
     return format_heading(group, quote=lambda name: f"`{md_cell(name, None).replace(chr(92) + '`', '')}`", text=md_cell)
-
-
-def md_table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    *,
-    numeric: Sequence[bool] | None = None,
-    limit: int | None = MAX_CELL_CHARS,
-    escape_html: bool = True,
-) -> str:
-    """A Markdown table; `numeric[i]` right-aligns column i; cells as `md_cell(limit, escape_html)`."""
-    numeric = numeric or [False] * len(headers)
-
-    def cell(value: Any) -> str:
-        return md_cell(value, limit, escape_html=escape_html)
-
-    lines = [
-        "| " + " | ".join(cell(h) for h in headers) + " |",
-        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
-    ]
-    lines.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
-    return "\n".join(lines)
 
 
 def _truncation_note(shown: int, total: int, where: str) -> list[str]:
@@ -92,7 +63,6 @@ def _truncation_note(shown: int, total: int, where: str) -> list[str]:
 
 
 def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
-    """The gate result as Markdown: a status line, then one table per non-empty category."""
     status = "✅ PASS" if result.ok else "❌ FAIL"
     lines = [
         f"### Baseline gate: {status}",
@@ -109,21 +79,16 @@ def gate_markdown(result: GateResult, *, max_rows: int = DEFAULT_MAX_ROWS) -> st
         if not findings:
             continue
         if category == "missing":  # per case and path: a partial run misses whole groups
-            groups = result.missing_table_rows()
+            groups = result.missing_table()
             lines += ["", f"**{result.missing_heading()}**", ""]
-            lines.append(md_table(("case", "path", "missing rows"), groups[:max_rows]))
-            lines += _truncation_note(min(len(groups), max_rows), len(groups), "see the gate output")
+            lines.append(markdown_table(groups.head(max_rows)))
+            lines += _truncation_note(min(len(groups.rows), max_rows), len(groups.rows), "see the gate output")
             continue
         shown = findings[:max_rows]
-        lines += ["", f"**{category.replace('_', ' ')} ({len(findings)})**", ""]
+        lines += ["", f"**{spaced(category)} ({len(findings)})**", ""]
         if category == "failure" and result.failure_causes:
             lines += [f"- {markdown_heading(g.summary())}" for g in result.failure_causes[:MAX_CAUSES]] + [""]
-        lines.append(
-            md_table(
-                ("case", "candidate", "partner", "leaf", "detail"),
-                [(*f.key, f.detail) for f in shown],
-            )
-        )
+        lines.append(markdown_table(findings_table(shown)))
         lines += _truncation_note(len(shown), len(findings), "see the gate output")
     return "\n".join(lines) + "\n"
 
@@ -132,28 +97,20 @@ VERDICT_MARKS = {PASS: "✅", FAIL: "❌"}  # a refused baseline: ⚠️
 
 
 def first_screen_gate_lines(judgement: Judgement) -> list[str]:
-    """The gate's verdict for the top of the summary: its headline (`mhc_parity.reports.judgement`), what
-    it judged, and the first failing findings, the rows that grew past the factor first."""
+    """The gate's verdict for the top of the summary: headline, scope and remarks, first failing findings."""
     mark = VERDICT_MARKS.get(judgement.verdict, "⚠️")
     lines = [f"{mark} **{md_cell(headline(judgement), None)}**"]
     lines += [f"- {md_cell(line, None)}" for line in (*judgement.scope, *judgement.remarks)]
     result = judgement.result
     if result is None or result.ok:
         return lines
-    lines += [
-        "",
-        md_table(
-            ("finding", "case", "candidate", "partner", "leaf", "detail"),
-            [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)],
-        ),
-    ]
+    lines += ["", markdown_table(first_findings_table(result))]
     more = hidden_findings(result)
     return lines + (["", f"… and {more} more failing findings (see the baseline gate below)."] if more else [])
 
 
 def judgement_markdown(judgement: Judgement, *, max_rows: int = DEFAULT_MAX_ROWS) -> str:
-    """The gate section at the foot of the summary: `gate_markdown` of its result, or why the
-    gate refuses the baseline."""
+    """The gate section at the foot of the summary, or why the gate refuses the baseline."""
     if judgement.result is not None:
         return gate_markdown(judgement.result, max_rows=max_rows)
     return (
@@ -164,7 +121,6 @@ def judgement_markdown(judgement: Judgement, *, max_rows: int = DEFAULT_MAX_ROWS
 
 
 def _implementation_lines(summary: dict) -> list[str]:
-    """One verdict per implementation, each failing one with its causes (largest first)."""
     lines = ["", "### Verdict per implementation", ""]
     for impl in summary.get("implementations", []):
         where = f" — {md_cell(impl['where'])}" if impl.get("where") else ""
@@ -176,8 +132,7 @@ def _implementation_lines(summary: dict) -> list[str]:
 
 
 def _declared_choice_lines(metadata: dict | None) -> list[str]:
-    """Each implementation's declared precision choices (`mhc_parity.harness.engine.precision_choices`),
-    with the backend probe they rest on; nothing where none are declared."""
+    """Each implementation's declared precision choices with the backend probe they rest on (nothing if none)."""
     declared = (metadata or {}).get("precision_choices") or {}
     if not declared:
         return []
@@ -191,8 +146,6 @@ def _declared_choice_lines(metadata: dict | None) -> list[str]:
 
 
 def _accommodation_lines(metadata: dict | None) -> list[str]:
-    """The implementations' code read other than as written
-    (`mhc_parity.harness.engine.implementations.accommodation_record`); nothing where none was."""
     record = (metadata or {}).get("source_accommodations")
     if not record:
         return []
@@ -200,63 +153,23 @@ def _accommodation_lines(metadata: dict | None) -> list[str]:
 
 
 def _speed_lines(frame: pd.DataFrame, max_rows: int, metadata: dict | None = None) -> list[str]:
-    """The Speed section: the first `max_rows` programs' device time, bytes, bandwidth and
-    fraction of the chip's peak (`mhc_parity.reports.program_speed`; speed.csv has them all), then
-    the median speed-up per path and the first `max_rows` cases' times beside their reference's
-    (`mhc_parity.reports.speed`); nothing where no program was timed."""
+    """The folded Speed section: the first `max_rows` programs against the chip's peak, then the speed-ups against the
+    reference; nothing where no program was timed."""
     speeds = program_speeds(frame, metadata)
     if not speeds:
         return []
     out = ["", md_cell(PROGRAM_SPEED_NOTE, None), ""]
-    shown = speeds[:max_rows]
-    out.append(
-        md_table(
-            ("case", "program", "devices", "device ms", "MB moved", "GB/s", "of peak HBM", "timing"),
-            [
-                (
-                    s.case,
-                    s.path,
-                    s.devices,
-                    format_number(s.device_s * 1e3),
-                    format_number(s.bytes_moved / 1e6),
-                    format_number(s.rates.gb_per_s, nan="—"),
-                    format_number(s.rates.hbm_fraction) if s.rates.peaks is not None else NO_PEAK,
-                    s.timing,
-                )
-                for s in shown
-            ],
-            numeric=(False, False, False, True, True, True, True, False),
-        )
-    )
-    out += _truncation_note(len(shown), len(speeds), "see speed.csv")
+    out.append(markdown_table(program_speed_table(speeds).head(max_rows)))
+    out += _truncation_note(min(len(speeds), max_rows), len(speeds), "see speed.csv")
     lines = speed_lines(frame)
     if not lines:
         return _folded(_speed_title(len(speeds), metadata), out)
     out += ["", md_cell(SPEED_NOTE, None), ""]
     out += [f"- {md_cell(summary.text, None)}" for summary in speed_summaries(lines)]
-    shown = lines[:max_rows]
-    out += [
-        "",
-        md_table(
-            ("case", "path", "reference", "devices", "path s", "reference s", "speed-up", "what it is"),
-            [
-                (
-                    line.case,
-                    line.candidate,
-                    line.reference,
-                    line.devices,
-                    format_number(line.candidate_s),
-                    format_number(line.reference_s),
-                    format_number(line.speedup, nan="—"),
-                    line.label,
-                )
-                for line in shown
-            ],
-            numeric=(False, False, False, False, True, True, True, False),
-        ),
-    ]
+    out += ["", markdown_table(speedup_table(lines).head(max_rows))]
     return _folded(
-        _speed_title(len(speeds), metadata), out + _truncation_note(len(shown), len(lines), "see report.html")
+        _speed_title(len(speeds), metadata),
+        out + _truncation_note(min(len(lines), max_rows), len(lines), "see report.html"),
     )
 
 
@@ -266,14 +179,13 @@ def _speed_title(programs: int, metadata: dict | None) -> str:
 
 
 def _folded(title: str, lines: list[str]) -> list[str]:
-    """`lines` inside a closed `<details>` (a PR comment leads with the verdict; timings and
-    memory are there for who opens them). The blank lines let GitHub render tables inside."""
+    """`lines` inside a closed `<details>` (a PR comment leads with the verdict); the blank lines let GitHub render
+    tables inside."""
     body = lines[1:] if lines and lines[0] == "" else lines
     return ["", f"<details><summary>{md_cell(title, None)}</summary>", "", *body, "", "</details>"]
 
 
 def _rerun_lines(rerun: str) -> list[str]:
-    """The command that reruns only the failing cases (`mhc_parity.reports.rerun`)."""
     if not rerun:
         return []
     # <pre><code>, escaped: copied as it is, and a hostile case name injects no markup.
@@ -281,8 +193,6 @@ def _rerun_lines(rerun: str) -> list[str]:
 
 
 def _memory_lines(frame: pd.DataFrame) -> list[str]:
-    """The Host memory section (`mhc_parity.reports.host_memory`): each case whose oracle's peak
-    was measured, against its budget; nothing where none was."""
     columns = ("case", "oracle_peak_bytes", "oracle_budget_bytes")
     if not set(columns) <= set(frame.columns):
         return []
@@ -294,11 +204,7 @@ def _memory_lines(frame: pd.DataFrame) -> list[str]:
         [
             md_cell(memory_line(memories), None),
             "",
-            md_table(
-                ("case", "oracle peak", "budget", "share", "within"),
-                memory_table_rows(memories),
-                numeric=(False, True, True, True, False),
-            ),
+            markdown_table(memory_table(memories)),
         ],
     )
 
@@ -312,15 +218,9 @@ def render_markdown(
     max_rows: int = DEFAULT_MAX_ROWS,
     rerun: str = "",
 ) -> str:
-    """The run summary, verdict first: overall line, a note when another policy than the
-    packaged one judged or backend terms widened the bounds (`summary_notes`), the gate's
-    verdict against the baseline (`judgement`), the failures and `rerun`, the command that
-    reruns them (`mhc_parity.reports.rerun`); then verdict counts, worst leaf, implementations;
-    speed and host memory folded in `<details>`; the gate's section; the environment.
-
-    `frame` is a canonical row frame (see `mhc_parity.records.rows.to_frame`); `summary` is
-    `mhc_parity.reports.summary.summarize(frame)`, computed here when not given.
-    """
+    """The run summary (summary.md), verdict first: status, policy and backend-terms notes, the gate's verdict, failures
+    and the `rerun` command; then counts, worst leaf, implementations; speed and host memory folded; the gate's section;
+    the environment. frame: a canonical row frame; summary: computed if not given."""
     summary = summarize(frame) if summary is None else summary
     counts = summary["verdicts"]
     if summary["ok"] and (judgement is None or not judgement.failed):
@@ -374,8 +274,8 @@ def render_markdown(
 
 
 def _failure_lines(frame: pd.DataFrame, max_rows: int) -> list[str]:
-    """The Failures section: the first `max_rows` fail and error rows, worst first, each with
-    its cause as the cause groups state it (held across its path's failing leaves)."""
+    """The first `max_rows` fail and error rows, worst first, each with its cause as stated across its implementation
+    (`consistent_causes`)."""
     failing = rank_offenders(frame)
     failing = failing[failing["verdict"].isin(("fail", "error"))]
     if not len(failing):

@@ -1,11 +1,6 @@
-"""The command that reruns only a finished run's failing cases (pytest's `--lf`), for the
-terminal, summary.md and report.html alike.
-
-It is rebuilt from the run's manifest (what was asked: suite, paths, implementations, case
-files, seed, lowering; `--policy` and `--allow-legacy-baseline` from its recorded command
-line) with `--cases` naming the failing ones, into a sibling folder `<out>-rerun` so the full
-run's reports stay, and against the same `--baseline`: a run that names its cases gates only
-them (`mhc_parity.reports.judgement.judges_own_cases`).
+"""The command that reruns only a finished run's failing cases (pytest's `--lf`): rebuilt from the manifest's request
+(and `KEPT_OPTIONS` / `KEPT_FLAGS` from its command line) with `--cases`, into `<out>-rerun` so the full run's reports
+stay, against the same `--baseline`.
 """
 
 from __future__ import annotations
@@ -18,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 
 from mhc_parity.records.manifest import Manifest
-from mhc_parity.reports.gate import FAILING_CATEGORIES
-from mhc_parity.reports.judgement import Judgement
+from mhc_parity.reports.gate.judgement import Judgement
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES
 from mhc_parity.reports.summary import FAILING_VERDICTS
 
 RERUN_SUFFIX = "-rerun"
-# Options of the recorded command line the request does not hold but the rerun needs.
+# Options the request does not hold but the rerun needs, read from the recorded command line.
 KEPT_OPTIONS = ("--policy",)
 KEPT_FLAGS = ("--allow-legacy-baseline",)
 
@@ -31,8 +26,8 @@ KEPT_FLAGS = ("--allow-legacy-baseline",)
 def failing_cases(
     frame: pd.DataFrame, judgement: Judgement | None = None, run_cases: Sequence[str] = ()
 ) -> tuple[str, ...]:
-    """The cases with a `fail` or `error` row, or a row the gate failed (of the run's own
-    `run_cases`, when given), in the run's case order (`run_cases`), else by name."""
+    """Cases with a `fail` or `error` row or a row the gate failed (only of `run_cases`, when given), in `run_cases`
+    order, else by name."""
     cases = set(frame.loc[frame["verdict"].isin(FAILING_VERDICTS), "case"].astype(str)) if len(frame) else set()
     if judgement is not None and judgement.result is not None:
         gated = {f.case for c in FAILING_CATEGORIES for f in judgement.result.by_category(c)}
@@ -77,7 +72,6 @@ def rerun_command(manifest: Manifest, cases: Iterable[str], out: str | Path, bas
 
 
 def run_rerun_command(frame: pd.DataFrame, manifest: Manifest | None, judgement: Judgement | None, out) -> str:
-    """The rerun command of a finished run's failing cases, or "" (none failed, or no manifest)."""
     if manifest is None:
         return ""
     cases = failing_cases(frame, judgement, manifest.cases)
@@ -85,7 +79,6 @@ def run_rerun_command(frame: pd.DataFrame, manifest: Manifest | None, judgement:
 
 
 def _recorded_options(command_line: str) -> list[str]:
-    """`KEPT_OPTIONS` (with their value) and `KEPT_FLAGS` as the recorded command gave them."""
     words: list[str] = []
     with contextlib.suppress(ValueError):  # unbalanced quotes (an edited manifest): none kept
         words = shlex.split(command_line)

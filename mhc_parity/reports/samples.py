@@ -1,10 +1,5 @@
-"""A small hand-made row set covering every verdict, for tests, demos and docs.
-
-`sample_rows()` returns rows that exercise each corner the reports must handle:
-passes in bfloat16 and float32 across every comparison kind and leaf kind, a
-failure past its bound, a failure with NaN output, an error row with empty metrics,
-skip and unsupported rows, a lowering row, and a case name and reason full of
-HTML-significant characters. Values are fixed numbers, not random.
+"""A small, fixed, hand-made row set covering every verdict and report corner (a failure past its bound, NaN output, an
+error row, skip, unsupported, lowering, HTML-hostile text), for tests, demos and docs.
 """
 
 from __future__ import annotations
@@ -86,7 +81,7 @@ def measured_row(
 
 
 def sample_rows() -> list[dict]:
-    """The hand-made row set (about 40 rows; see the module docstring)."""
+    """The hand-made row set (about 40 rows)."""
     rows = []
     comparisons = (
         ("interpret/unsharded", "reference/unsharded", "vs_reference"),
@@ -227,8 +222,7 @@ def run_request(**changes) -> RunRequest:
 
 
 def sample_manifest(rows, *, policy_digest: str = "sample-policy"):
-    """A complete `mhc_parity.records.manifest.Manifest` for a hand-made row set, as if `mhc-parity run`
-    had made it with this checkout's code: its cases in first-seen order, its row count."""
+    """A complete `Manifest` for a hand-made row set, as `mhc-parity run` would make it with this checkout's code."""
     cases = tuple(dict.fromkeys(str(r["case"]) for r in rows))
     files = code_files()
     stamp = now_iso()
@@ -264,13 +258,8 @@ def write_sample_run(
     manifest=None,
     **options,
 ):
-    """`rows` as a complete run folder (reports, then manifest.json), as `mhc-parity run` leaves one.
-
-    Returns `mhc_parity.reports.write_all`'s paths; `options` go to it (e.g. baseline=...). With
-    `rendered=False` only what readers of runs load is written (rows.csv, report.json),
-    skipping the slow HTML and Markdown. `manifest`: the run's, when not `sample_manifest`'s
-    (e.g. that of one shard of a run).
-    """
+    """`rows` as a complete run folder (reports, then manifest.json); returns `write_all`'s paths, `options` going to
+    it. rendered=False writes only rows.csv and report.json; manifest: the run's, when not `sample_manifest`'s."""
     manifest = manifest or sample_manifest(rows, policy_digest=policy_digest)
     folder = Path(folder)
     if rendered:

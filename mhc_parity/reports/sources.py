@@ -1,24 +1,10 @@
-"""Finding a run's rows on disk, and refusing rows that cannot be trusted.
+"""Finding a run's rows on disk, and refusing rows that cannot be trusted (`ReportInputError`, one line saying why and
+how to finish or redo the run).
 
-`load_run` accepts:
-  * a run folder: its `manifest.json` must say "complete" (`mhc_parity.records.manifest`), and its
-    `report.json` must carry the same run id and exactly the rows the manifest recorded
-    (each case's row count and digest); so must its row stream, where it has one;
-  * a `report.json` written by `mhc_parity.reports.write_all` for a complete run: it carries the
-    run's manifest; if a `manifest.json` sits next to it, it must be the same run (a
-    newer run started in that folder makes the report stale);
-  * a `.jsonl` row stream or a full-schema `.csv` only inside a run folder whose
-    complete manifest recorded exactly its rows: a bare rows file carries no manifest,
-    so nothing says whether its run finished.
-
-A baseline CSV (recognised by its header line, see `mhc_parity.reports.baseline`) is not a run: no
-manifest says what code made its rows, so `load_run` refuses it, naming what to pass
-instead. Where a baseline is what is asked for (`gate --baseline`, drift in the reports,
-the pytest plugin), `load_baseline_or_run` reads a baseline file, or a run as above.
-
-An unfinished, interrupted or stale run raises `ReportInputError` with one line saying
-why and how to finish or redo it. With `require_current_code`, a run made by other code
-than this checkout (`Manifest.changed_code_files`) is refused too.
+`load_run` accepts a run folder whose `manifest.json` says "complete" and whose `report.json` (and row stream, if any)
+holds exactly the recorded rows; a `report.json` carrying such a manifest (and matching any manifest beside it); a
+`.jsonl` or `.csv` row file only inside such a folder. A baseline CSV is not a run (no manifest says what code made it);
+`load_baseline_or_run` reads either where a baseline is asked for.
 """
 
 from __future__ import annotations
@@ -40,8 +26,7 @@ from mhc_parity.records.manifest import (
 )
 from mhc_parity.records.rows import ReportInputError, load_rows, to_frame
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
-from mhc_parity.reports.baseline import LEGACY_OPTION, Baseline
-from mhc_parity.reports.baseline_load import is_baseline_file, load_baseline
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION, Baseline, is_baseline_file, load_baseline
 
 REPORT_FORMAT = "mhc-parity-report"
 REPORT_FORMAT_VERSION = 1
@@ -49,16 +34,12 @@ REPORT_FORMAT_VERSION = 1
 POLICY_HASH_KEY = "policy_hash"
 # The report.json key holding the run's manifest.
 MANIFEST_KEY = "manifest"
-# The option of `mhc-parity gate` that lets a run made by other code be judged.
 CODE_CHANGE_OPTION = "--allow-code-change"
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedRun:
-    """Rows of one run plus what is known about how they were produced.
-
-    manifest: the run's manifest (None for a baseline file).
-    """
+    """Rows of one run plus what is known about how they were made. manifest: None for a baseline file."""
 
     frame: pd.DataFrame
     source: Path
@@ -66,7 +47,7 @@ class LoadedRun:
     metadata: dict  # a report's run metadata; a baseline's header environment
     is_baseline: bool
     manifest: Manifest | None = None
-    # a baseline file's implementation (`mhc_parity.reports.ownership`); None for runs and built-in baselines
+    # a baseline file's implementation (`mhc_parity.reports.gate.comparability`); None for runs and built-in baselines
     implementation: str | None = None
     # what a legacy baseline's digest did not vouch for, as a line to print (`Baseline.note`); "" if nothing
     note: str = ""
@@ -74,12 +55,11 @@ class LoadedRun:
     recorded_selection: Selection | None = None
 
     def __len__(self) -> int:
-        """The number of rows."""
         return len(self.frame)
 
 
 def load_report_json(path: str | Path) -> tuple[pd.DataFrame, dict, Manifest | None]:
-    """The rows, metadata and manifest (None if absent) of a `report.json`; `ReportInputError` if it is not one."""
+    """The rows, metadata and manifest (None if absent) of a `report.json`; ReportInputError if it is not one."""
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -103,7 +83,6 @@ def load_report_json(path: str | Path) -> tuple[pd.DataFrame, dict, Manifest | N
 
 
 def _checked(read):
-    """`read()`, with a ManifestError turned into the ReportInputError every loader raises."""
     try:
         return read()
     except ManifestError as exc:
@@ -111,7 +90,6 @@ def _checked(read):
 
 
 def _complete_manifest_of(folder: Path) -> Manifest:
-    """The folder's manifest, required to exist and to be complete."""
     manifest = _checked(lambda: read_manifest(folder))
     if manifest is None:
         raise ReportInputError(
@@ -123,9 +101,8 @@ def _complete_manifest_of(folder: Path) -> Manifest:
 
 
 def _check_rows_belong(rows, manifest: Manifest, where: Path) -> None:
-    """The rows (a canonical frame, `to_frame`'s or `load_rows`', or a stream's finished
-    cases' records) are exactly those the manifest recorded."""
-    # The frame's cells are typed already: its records are not coerced again.
+    """ReportInputError unless the rows (a canonical frame, or a stream's case records) are exactly those the manifest
+    recorded."""
     found = typed_case_records(rows.to_dict(orient="records")) if isinstance(rows, pd.DataFrame) else rows
     problem = manifest.rows_problem(found)
     if problem:
@@ -136,8 +113,7 @@ def _check_rows_belong(rows, manifest: Manifest, where: Path) -> None:
 
 
 def _check_stream(folder: Path, manifest: Manifest) -> None:
-    """The folder's row stream, where it has one, holds the rows the manifest recorded (as
-    `--resume` and `merge` require)."""
+    """The folder's row stream, if any, holds the recorded rows (as `--resume` and `merge` require)."""
     store = RowStore(folder)
     if not store.has_rows():
         return  # reports only (e.g. `mhc_parity.reports.samples`): their rows were checked
@@ -186,9 +162,8 @@ def _load_rows_file(path: Path) -> LoadedRun:
 
 
 def check_current_code(run: LoadedRun, option: str = CODE_CHANGE_OPTION) -> None:
-    """`ReportInputError` (one line, naming `option`, which lets it through) when `run` was
-    made by other code than this checkout (`Manifest.changed_code_files`: the project's and
-    its external implementations' files); a run loaded from disk or held in memory alike."""
+    """ReportInputError (one line, naming `option`, which lets it through) when `run` was made by other code than this
+    checkout (`Manifest.changed_code_files`)."""
     changed = run.manifest.changed_code_files() if run.manifest is not None else []
     if changed:
         shown = ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
@@ -199,9 +174,8 @@ def check_current_code(run: LoadedRun, option: str = CODE_CHANGE_OPTION) -> None
 
 
 def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedRun:
-    """Load a run (folder or file, see the module docstring); `ReportInputError` on failure,
-    and for a baseline file: it is not a run, and taking it as one would skip every check
-    of its manifest and code."""
+    """Load a run (folder or file, module docstring); ReportInputError on failure, and for a baseline file, whose
+    reading as a run would skip every check of its manifest and code."""
     path = Path(path)
     if path.is_dir():
         _complete_manifest_of(path)
@@ -228,9 +202,8 @@ def load_run(path: str | Path, *, require_current_code: bool = False) -> LoadedR
 def load_baseline_or_run(
     path: str | Path, *, allow_legacy: bool = False, legacy_option: str = LEGACY_OPTION
 ) -> LoadedRun:
-    """What a gate judges against: a baseline file (`mhc_parity.reports.baseline_load.load_baseline`; a legacy
-    format only with `allow_legacy`, else refused naming `legacy_option`), or a finished run
-    as `load_run` reads one. `ReportInputError` on failure."""
+    """What a gate judges against: a baseline file (legacy only with `allow_legacy`, else refused naming
+    `legacy_option`) or a finished run. ReportInputError on failure."""
     path = Path(path)
     if not is_baseline_file(path):
         return load_run(path)
@@ -238,8 +211,7 @@ def load_baseline_or_run(
 
 
 def baseline_as_run(baseline: Baseline) -> LoadedRun:
-    """A loaded baseline file as the `LoadedRun` a gate judges against: its header's
-    policy, environment and implementation, and the note on what went unverified."""
+    """A loaded baseline as the `LoadedRun` a gate judges against."""
     return LoadedRun(
         baseline.frame,
         baseline.path,

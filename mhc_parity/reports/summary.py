@@ -1,29 +1,32 @@
-"""Run summaries: verdict counts, the worst leaf and the worst-offenders ordering."""
+"""Run summaries: verdict counts, the worst leaf, the worst-offenders ordering, the bound usage per group (sharpness),
+the notes every summary opens with, and host memory: each case's float64 oracle, run in a process of its own, its
+measured peak (`oracle_peak_bytes`) against the case-memory estimate's budget (`oracle_budget_bytes`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
 from mhc_parity.records.environment import BACKEND_SOURCE_KEY, BACKEND_TERMS_KEY, NO_BACKEND_TERMS
 from mhc_parity.records.schema import COMPARED_VERDICTS, IDENTITY_COLUMNS, OK_VERDICTS, VERDICTS
 from mhc_parity.reports.causes import CAUSE_COLUMNS, cause_groups, implementation_verdicts, uncompared
+from mhc_parity.reports.tables import Column, Table
 
 # Verdicts that break a run (exit code 1 / gate failure).
 FAILING_VERDICTS = tuple(v for v in VERDICTS if v not in OK_VERDICTS)
 # Verdicts with no measurement behind them.
 UNMEASURED_VERDICTS = ("skip", "unsupported")
-# The run metadata key recording whether the packaged tolerance policy judged the run (True)
-# or another file (False); runs recorded before it have none.
+# Whether the packaged tolerance policy judged the run (absent in older runs).
 POLICY_IS_DEFAULT_KEY = "policy_is_default"
 
 
 def policy_note(metadata) -> str:
-    """One sentence for the top of every summary when another policy than the packaged one
-    judged the run: a PASS under loosened bounds must not read as a PASS under the defaults.
-    "" for the packaged policy, and for a run that did not record which it was."""
+    """The sentence every summary opens with when a policy other than the packaged one judged the run (a PASS under
+    loosened bounds must not read as a default one); "" otherwise or if unrecorded."""
     if not metadata or metadata.get(POLICY_IS_DEFAULT_KEY) is not False:
         return ""
     return (
@@ -34,11 +37,8 @@ def policy_note(metadata) -> str:
 
 
 def backend_terms_note(metadata) -> str:
-    """One sentence for the top of every summary when non-zero backend arithmetic terms judged the
-    run (`mhc_parity.harness.engine.run_info.arithmetic_metadata`): which backend, the terms and
-    where they came from. Its bounds are wider than a CPU's, where every term is 0: a PASS under
-    them must not read as a PASS on a CPU (issue 56: a CPU probe table given a TPU's terms turned
-    a failing run green, and nothing said so). "" where no term widened, or none was recorded."""
+    """The sentence every summary opens with when non-zero backend arithmetic terms judged the run: its bounds are wider
+    than a CPU's, so its PASS must not read as one (docs/backend-arithmetic.md); "" otherwise."""
     terms = (metadata or {}).get(BACKEND_TERMS_KEY)
     if not terms or terms == NO_BACKEND_TERMS:
         return ""
@@ -52,23 +52,19 @@ def backend_terms_note(metadata) -> str:
 
 
 def summary_notes(metadata) -> list[str]:
-    """The sentences every summary (terminal, Markdown, HTML) opens with: the policy when it is
-    not the packaged one (`policy_note`), the backend terms when any widened (`backend_terms_note`)."""
+    """The non-empty `policy_note` and `backend_terms_note` of `metadata`."""
     return [note for note in (policy_note(metadata), backend_terms_note(metadata)) if note]
 
 
 def verdict_counts(frame: pd.DataFrame) -> dict[str, int]:
-    """Rows per verdict, every verdict of the schema present (zeros included), in schema order."""
+    """Rows per verdict, every schema verdict present (zeros included), in schema order."""
     counts = frame["verdict"].value_counts() if len(frame) else pd.Series(dtype="int64")
     return {verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}
 
 
 def rank_offenders(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured rows, worst first: error, then fail, then by bound_usage descending.
-
-    Skip and unsupported rows (no measurement) are left out. NaN bound_usage sorts
-    after every number within its verdict group; +inf sorts first.
-    """
+    """Measured rows (no skip or unsupported), worst first: error, fail, then bound_usage descending (+inf first, NaN
+    last within its verdict)."""
     measured = frame[~frame["verdict"].isin(UNMEASURED_VERDICTS)].copy()
     severity = {"error": 0, "fail": 1}
     measured["_severity"] = measured["verdict"].map(lambda v: severity.get(v, 2))
@@ -101,13 +97,9 @@ def worst_leaf(frame: pd.DataFrame) -> dict | None:
 
 
 def summarize(frame: pd.DataFrame, implementations: Sequence[str] = ()) -> dict:
-    """The run's summary: totals, verdict counts (overall and per comparison), worst leaf.
-
-    `ok` is True when no row has a failing verdict (fail or error) and the run compared
-    something of everything it tests (`compared`: pass and fail rows; `uncompared`: what it
-    compared nothing of, `mhc_parity.reports.causes.uncompared` of the `implementations` under
-    test): a run that checked nothing, or nothing of an implementation, never passes.
-    """
+    """The run's summary: totals, verdict counts (overall and per comparison), worst leaf, sharpness, implementations
+    and causes. `ok`: no fail or error row, and something compared of everything under test (`uncompared` of
+    `implementations`): a run that checked nothing never passes."""
     counts = verdict_counts(frame)
     by_comparison = (
         {comparison: verdict_counts(group) for comparison, group in frame.groupby("comparison", sort=True)}
@@ -134,7 +126,6 @@ def summarize(frame: pd.DataFrame, implementations: Sequence[str] = ()) -> dict:
         "rows_with_nan_or_inf": nonfinite,
         "worst_leaf": worst_leaf(frame),
         "sharpness": sharpness(frame).to_dict(orient="records") if len(frame) else [],
-        # one verdict per implementation, with the causes of its failing rows (mhc_parity.reports.causes)
         "implementations": [v.as_dict() for v in implementation_verdicts(records)],
         "causes": [g.as_dict() for g in cause_groups(records)],
     }
@@ -156,14 +147,8 @@ USAGE_GROUP_COLUMNS = (
 
 
 def usage_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """How close the rows of each group came to their bounds, one line per group of `keys`.
-
-    Over the bounded comparisons: `passing` and `failing` (fail or error) row counts, the
-    median, 90th-percentile and largest bound_usage of the passing rows (NaN without any),
-    and the identity and bound of the passing row closest to its bound. The median and
-    the 90th percentile say how much headroom a bug has to hide in; the maximum, how close
-    correct code comes to a false alarm.
-    """
+    """Per group of `keys`, over the bounded comparisons: passing and failing counts, median, p90 and largest
+    bound_usage of the passing rows (NaN without any), and the passing row closest to its bound."""
     bounded = frame[frame["comparison"].isin(BOUNDED_COMPARISONS) & frame["verdict"].isin(["pass", *FAILING_VERDICTS])]
     lines = []
     for values, group in bounded.groupby(keys, sort=True):
@@ -189,5 +174,73 @@ def usage_groups(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def sharpness(frame: pd.DataFrame) -> pd.DataFrame:
-    """`usage_groups` per comparison × activation dtype: the run's sharpness figures."""
     return usage_groups(frame, ["comparison", "act_dtype"])
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseMemory:
+    """One case's oracle: its measured peak and its budget, in bytes."""
+
+    case: str
+    peak_bytes: float
+    budget_bytes: float
+
+    @property
+    def share(self) -> float:
+        """Peak ÷ budget (over 1: the estimate was exceeded)."""
+        return self.peak_bytes / self.budget_bytes
+
+    @property
+    def within(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes
+
+
+def case_memories(rows: Iterable[dict]) -> list[CaseMemory]:
+    """The measured cases' oracles, in row order; cases without the figures are left out."""
+    found: dict[str, CaseMemory] = {}
+    for row in rows:
+        peak, budget = row.get("oracle_peak_bytes"), row.get("oracle_budget_bytes")
+        if row["case"] in found or not _finite(peak) or not _finite(budget):
+            continue
+        found[row["case"]] = CaseMemory(row["case"], float(peak), float(budget))
+    return list(found.values())
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def gigabytes(value: float) -> str:
+    return f"{value / 1e9:.2f} GB"
+
+
+def memory_line(memories: list[CaseMemory]) -> str:
+    """One sentence on the measured oracle peaks ("" where none was measured)."""
+    if not memories:
+        return ""
+    over = [m for m in memories if not m.within]
+    largest = max(memories, key=lambda m: m.share)
+    verdict = (
+        "each within its case-memory estimate"
+        if not over
+        else f"{len(over)} over its estimate: " + ", ".join(f"{m.case} {m.share:.2f}" for m in over)
+    )
+    return (
+        f"host memory: the oracle of {len(memories)} case(s) ran in a process of its own, peaks "
+        f"{gigabytes(min(m.peak_bytes for m in memories))} to {gigabytes(max(m.peak_bytes for m in memories))}, "
+        f"{verdict} (largest share {largest.share:.2f} of its budget, {largest.case})"
+    )
+
+
+def memory_table(memories: list[CaseMemory]) -> Table:
+    """The Host memory section's table: a row per measured case."""
+    columns = (
+        Column("case"),
+        *(Column(h, numeric=True) for h in ("oracle peak", "budget", "share")),
+        Column("within"),
+    )
+    rows = (
+        (m.case, gigabytes(m.peak_bytes), gigabytes(m.budget_bytes), f"{m.share:.2f}", "yes" if m.within else "NO")
+        for m in memories
+    )
+    return Table(columns, tuple(rows))

@@ -1,10 +1,6 @@
-"""The false-positive sweep's headroom and calibration tables and their files (CSV, Markdown, JSON).
-
-`mhc_parity.harness.faults.seed_sweep` runs the unmodified code over many seeds; this module measures,
-per (comparison, dtype, leaf kind), how close the passing rows came to their bounds
-(`mhc_parity.reports.summary.usage_groups`), and per (comparison, dtype, leaf kind, init family) the
-usage quantiles and tail against the policy's stated false-positive rate
-(`calibration_table`), and writes both.
+"""The false-positive sweep's files: per (comparison, dtype, leaf kind) how close the unmodified code's passing rows
+came to their bounds (`usage_groups`), and per init family too the usage tail against the policy's stated rate
+(`calibration_table`).
 """
 
 from __future__ import annotations
@@ -21,16 +17,15 @@ from scipy import stats
 from mhc_parity.records.kill_records import CATCHING_VERDICTS
 from mhc_parity.records.rows import encode_float, json_ready, to_frame
 from mhc_parity.records.text import format_number, format_text_table
-from mhc_parity.reports.markdown import md_table
 from mhc_parity.reports.summary import BOUNDED_COMPARISONS, usage_groups
+from mhc_parity.reports.tables import md_table
 from mhc_parity.reports.writers import write_rows_csv
 
 HEADROOM_KEYS = ["comparison", "dtype", "leaf_kind"]
 CALIBRATION_KEYS = [*HEADROOM_KEYS, "init"]
 # The usage levels whose exceedance the calibration counts (1.0: a failing row).
 TAIL_LEVELS = (0.5, 0.8, 1.0)
-# How improbable a count above 1.0 must be, given the stated rate, to call a cell's tail
-# inconsistent with it (Poisson upper quantile).
+# Poisson upper quantile past which a cell's count above 1.0 is inconsistent with the stated rate.
 TAIL_CONFIDENCE = 0.999
 CALIBRATION_COLUMNS = [
     *CALIBRATION_KEYS,
@@ -46,18 +41,13 @@ CALIBRATION_COLUMNS = [
 
 
 def headroom_table(rows: Sequence[dict]):
-    """Per (comparison, dtype, leaf kind): counts and bound-usage figures (a DataFrame)."""
     return usage_groups(to_frame(list(rows), source="sweep rows"), HEADROOM_KEYS)
 
 
 def calibration_table(rows: Sequence[dict], families: Mapping[str, str], false_positive_rate: float | None):
-    """Per (comparison, dtype, leaf kind, init family) of the bounded rows: their count, the
-    usage quantiles (median, p90, p99, max; failing rows included), the fraction above each
-    of `TAIL_LEVELS`, the count above 1.0 a correct implementation would produce at the
-    policy's stated rate (rows x rate; NaN without one) and whether the observed count is
-    consistent with it (at most its `TAIL_CONFIDENCE` Poisson quantile). families: case
-    name -> init family. A DataFrame of `CALIBRATION_COLUMNS`.
-    """
+    """Per (comparison, dtype, leaf kind, init family) of the bounded rows: count, usage quantiles (failing rows
+    included), fraction above each `TAIL_LEVELS`, the count above 1.0 expected at the stated rate (NaN without one) and
+    whether the observed count is within its `TAIL_CONFIDENCE` Poisson quantile. families: case -> init family."""
     frame = to_frame(list(rows), source="sweep rows")
     bounded = frame[
         frame["comparison"].isin(BOUNDED_COMPARISONS)
@@ -93,7 +83,6 @@ def calibration_table(rows: Sequence[dict], families: Mapping[str, str], false_p
 
 
 def calibration_markdown(calibration, false_positive_rate: float | None) -> list[str]:
-    """The calibration table as Markdown lines."""
     rate = "no stated rate" if false_positive_rate is None else f"stated rate {false_positive_rate:g} per row"
     body = [
         [
@@ -144,8 +133,6 @@ def sweep_markdown(
     calibration=None,
     false_positive_rate: float | None = None,
 ) -> str:
-    """The sweep as Markdown: the headroom table, the calibration table (when given), then
-    the failing rows."""
     body = [
         [
             r.comparison,
@@ -187,7 +174,6 @@ def sweep_markdown(
 
 
 def sweep_text(table) -> str:
-    """The headroom table for the terminal."""
     return format_text_table(
         ["comparison", "dtype", "leaf kind", "pass", "fail", "median", "p90", "max", "closest row"],
         [
@@ -218,9 +204,8 @@ def write_sweep(
     families: Mapping[str, str] | None = None,
     false_positive_rate: float | None = None,
 ) -> dict[str, pathlib.Path]:
-    """headroom.csv, calibration.csv, failures.csv, rows.csv (every row of the sweep, for a
-    calibration of one's own), sweep.md and sweep.json into `out`. families: seeded case
-    name -> init family (`calibration_table`)."""
+    """headroom.csv, calibration.csv, failures.csv, rows.csv (every row), sweep.md and sweep.json into `out`. families:
+    seeded case -> init family."""
     out.mkdir(parents=True, exist_ok=True)
     failures = [r for r in rows if r["verdict"] in CATCHING_VERDICTS]
     calibration = calibration_table(rows, families or {}, false_positive_rate)

@@ -1,9 +1,5 @@
-"""The one-screen summary printed at the end of a run, and the run's exit code.
-
-With a baseline, the gate's verdict against it (`mhc_parity.reports.judgement`, the verdict
-`mhc-parity gate` exits with) is printed last, under the run's own verdict, with the first rows that
-grew past the growth factor; and a failing gate fails the run (exit 1): `run --baseline`
-alone is then a gate a CI job can trust, whatever its bound let pass.
+"""The one-screen summary printed at the end of a run, and its exit code. With a baseline the gate's verdict
+(`judgement`) is printed last and a failing gate fails the run, so `run --baseline` alone is a gate CI can trust.
 """
 
 from __future__ import annotations
@@ -25,9 +21,9 @@ from mhc_parity.reports.causes import (
     implementation_verdicts,
     uncompared,
 )
-from mhc_parity.reports.host_memory import case_memories, memory_line
-from mhc_parity.reports.judgement import Judgement, first_findings, headline, hidden_findings
-from mhc_parity.reports.summary import sharpness, summary_notes
+from mhc_parity.reports.gate.judgement import Judgement, first_findings_table, headline, hidden_findings
+from mhc_parity.reports.summary import case_memories, memory_line, sharpness, summary_notes
+from mhc_parity.reports.tables import text_table
 
 WORST_ROWS = 12
 # A failing run lists its causes, the largest first, each with its first few rows.
@@ -36,10 +32,8 @@ ROWS_PER_CAUSE = 3
 
 
 def run_verdict(rows, implementations: Sequence[str] = ()) -> str:
-    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when the run compared nothing of
-    what it tests (`mhc_parity.reports.causes.uncompared`: no row measured anything, or an
-    implementation under test, of `implementations`, measured nothing: a run that checked
-    nothing never passes), else "PASS"."""
+    """ "FAIL" on any fail/error row, else "NOTHING COMPARED" when nothing of what it tests compared
+    (`uncompared`), else "PASS"."""
     if any(r["verdict"] not in OK_VERDICTS for r in rows):
         return "FAIL"
     if uncompared(rows, implementations):
@@ -50,14 +44,9 @@ def run_verdict(rows, implementations: Sequence[str] = ()) -> str:
 def exit_code(
     rows, judgement: Judgement | None = None, implementations: Sequence[str] = (), *, whole_run: bool = True
 ) -> int:
-    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a selection that checks nothing here, or nothing of
-    an implementation under test, of `implementations`, is a configuration error); see
-    `run_verdict`. A passing run that the gate fails against its baseline (`judgement`) exits
-    1: a leaf that grew past the growth factor inside its bound is a failure. A baseline the
-    gate refuses to judge exits 2, as `mhc-parity gate` does on it: a job that runs only
-    `run --baseline` must not go green ungated. A shard (`whole_run=False`) that compared nothing, or nothing of an
-    implementation, exits as its rows say: its cases are a part of the selection, and `merge`
-    checks the whole."""
+    """0 PASS, 1 FAIL, 2 NOTHING COMPARED (a configuration error). A pass the gate fails exits 1; a baseline the gate
+    refuses exits 2, as `mhc-parity gate` does (`run --baseline` must not go green ungated). A shard (`whole_run=False`)
+    that compared nothing exits as its rows say: `merge` checks the whole."""
     verdict = run_verdict(rows, implementations)
     code = {"PASS": 0, "FAIL": 1}.get(verdict, 0 if not whole_run else 2)
     if judgement is not None and judgement.result is None:
@@ -68,7 +57,6 @@ def exit_code(
 
 
 def nothing_compared_message(rows, implementations: Sequence[str] = ()) -> str:
-    """The one line a run that compared nothing of what it tests (`uncompared`) ends with."""
     missing = uncompared(rows, implementations)
     if missing == ["the run"]:
         reasons = list(dict.fromkeys(r["reason"] for r in rows if r["reason"]))
@@ -95,7 +83,7 @@ def _usage_key(row) -> float:
 
 
 def rows_table(rows, *, indent: str = "", limit: int | None = 120) -> str:
-    """Rows as a plain-text table: verdict, bound usage, case, candidate vs partner, leaf, reason or bound."""
+    """Rows as a text table: verdict, bound usage, case, candidate vs partner, leaf, reason or bound."""
     body = [
         [
             r["verdict"],
@@ -120,12 +108,9 @@ def format_summary(
     frame: pd.DataFrame | None = None,
     implementations: Sequence[str] = (),
 ) -> str:
-    """Verdict counts per comparison, then the failures or, if none, the rows closest to their
-    bound; then the verdict (`run_verdict` with the `implementations` under test), after the
-    policy that judged when it is not the packaged one and the backend terms when any widened
-    the bounds (`mhc_parity.reports.summary.summary_notes` of the run's `metadata`); last, with a
-    baseline, the gate's verdict against it (`gate_lines`). `frame`: the rows' canonical frame,
-    where the caller made one."""
+    """Verdict counts per comparison, the failures by cause (or the rows closest to their bound), sharpness, host
+    memory, the summary notes, the verdict; last the gate's lines with a baseline. frame: the rows' canonical frame,
+    where the caller has one."""
     by_comparison: dict[str, Counter] = {}
     for r in rows:
         by_comparison.setdefault(r["comparison"] or "-", Counter())[r["verdict"]] += 1
@@ -161,15 +146,11 @@ def format_summary(
 
 
 def gate_lines(judgement: Judgement) -> list[str]:
-    """The gate's verdict against the baseline (`mhc_parity.reports.judgement.headline`), what it judged,
-    and its first failing findings, the rows that grew past the factor first."""
+    """The gate's headline, scope and remarks, and its first failing findings."""
     lines = [headline(judgement), *(f"  {line}" for line in (*judgement.scope, *judgement.remarks))]
     result = judgement.result
     if result is not None and not result.ok:
-        body = [(f.category.replace("_", " "), *f.key, f.detail) for f in first_findings(result)]
-        lines.append(
-            format_text_table(("finding", "case", "candidate", "partner", "leaf", "detail"), body, indent="  ")
-        )
+        lines.append(text_table(first_findings_table(result), indent="  "))
         more = hidden_findings(result)
         if more:
             lines.append(f"  ... and {more} more failing findings (report.html, `mhc-parity gate`)")
@@ -186,8 +167,8 @@ def implementation_line(verdict: ImplementationVerdict) -> str:
 
 
 def sharpness_text(rows, frame: pd.DataFrame | None = None) -> str:
-    """Per comparison x activation dtype: passing rows and the median / p90 / max bound usage;
-    `frame`: the rows' canonical frame (`to_frame`) where the caller has it."""
+    """Per comparison × activation dtype, passing rows and median / p90 / max bound usage; frame: the rows' canonical
+    frame where the caller has it."""
     if frame is None and rows:
         frame = to_frame(list(rows), source="run rows")
     table = sharpness(frame) if frame is not None else None
@@ -213,6 +194,5 @@ def print_summary(
     frame: pd.DataFrame | None = None,
     implementations: Sequence[str] = (),
 ) -> None:
-    """Print `format_summary`, its verdicts coloured where colour is wanted (`colour_wanted`)."""
     text = format_summary(rows, metadata, judgement, frame=frame, implementations=implementations)
     print(paint_verdicts(text) if colour_wanted() else text)

@@ -1,30 +1,17 @@
-"""`write_all`: every report format for one run, into one folder.
+"""`write_all`: every report format of one run into one folder (`OUTPUT_FILES`: rows.csv, report.json, report.html,
+summary.md, speed.csv; their contents: mhc_parity/reports/README.md). Non-finite numbers are written as nan/inf/-inf
+(`encode_float`), as text in the CSVs and strings in the strict JSON.
 
-Files written (names fixed so CI and the runner can find them):
-
-    rows.csv      one line per (case, candidate, partner, leaf), columns = ROW_COLUMNS
-                  in schema order; floats at full precision (round-trip exact), NaN and
-                  infinities as nan/inf/-inf (`mhc_parity.records.rows.encode_float`, as in every
-                  file the harness writes). `mhc_parity.reports.load_rows` reads it back with exact
-                  types; plain `pandas.read_csv` works too.
-    report.json   {"format": "mhc-parity-report", "format_version": 1,
-                   "schema_columns": [...], "metadata": {...}, "summary": {...},
-                   "gate": {...} (only with a baseline: its verdict, or why the gate
-                   refuses it), "rows": [...]}.
-                  Strict JSON: NaN and infinities are the strings "nan", "inf", "-inf".
-    report.html   the self-contained report (`mhc_parity.reports.html`).
-    summary.md    the short Markdown summary (`mhc_parity.reports.markdown`).
-    speed.csv     a line per (case, program) that was timed: its device time, bytes moved,
-                  bandwidth and fraction of the chip's peak (`mhc_parity.reports.program_speed`).
-
-The HTML and Markdown reports show the manifest's identity (run id, state, digests);
-rows.csv stays plain CSV, trusted only next to its run's manifest (`mhc_parity.reports.sources`).
+Also the files of other commands: rows as CSV (`write_rows_csv`: the kill matrix's and the sweep's), and
+docs/results/*.md (`write_results`): a command's figures with their provenance (date, commit, machine, command), so a
+doc links to the file instead of restating a figure that drifts.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,20 +20,21 @@ from typing import Any
 
 import pandas as pd
 
+from mhc_parity.records.files import atomic_write
 from mhc_parity.records.manifest import REPORT_FILES, RUNNING, Manifest, record_stop, write_manifest
 from mhc_parity.records.outputs import cannot_write
 from mhc_parity.records.rows import encode_float, frame_to_json_records, json_ready, to_frame, unwrap_run
 from mhc_parity.records.schema import ROW_COLUMNS
 from mhc_parity.records.store import RowStore, typed_case_records
 from mhc_parity.reports.causes import stated_causes
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import FAILING_CATEGORIES, INFO_CATEGORIES
-from mhc_parity.reports.html import render_html
-from mhc_parity.reports.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
+from mhc_parity.reports.gate.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
+from mhc_parity.reports.gate.judgement import Judgement, as_baseline, judge, judges_own_cases, written_run
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, INFO_CATEGORIES
+from mhc_parity.reports.html.page import render_html
 from mhc_parity.reports.markdown import render_markdown
-from mhc_parity.reports.program_speed import program_speeds, write_speed_csv
 from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import MANIFEST_KEY, REPORT_FORMAT, REPORT_FORMAT_VERSION
+from mhc_parity.reports.speed import program_speeds, write_speed_csv
 from mhc_parity.reports.summary import summarize
 
 OUTPUT_FILES = REPORT_FILES
@@ -71,9 +59,8 @@ RowsInput = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 
 def gate_summary(judgement: Judgement) -> dict:
-    """The gate's judgement as plain data for report.json: the baseline, the verdict (PASS,
-    FAIL or REFUSED) and why it refused, how the two instruction sets differ ("" if not), and
-    when it judged, its counts and findings."""
+    """The gate's judgement as report.json data: baseline, verdict, refusal, ISA note and, when it judged, its counts
+    and findings."""
     document = {
         "baseline": judgement.baseline,
         "verdict": judgement.verdict,
@@ -83,7 +70,6 @@ def gate_summary(judgement: Judgement) -> dict:
     result = judgement.result
     if result is None:
         return {**document, "ok": False}
-    # the systematic-shift rule not applied ("" when it was): `mhc_parity.reports.gain_shift.gain_rule_note`
     document["gain_note"] = result.gain_note
     findings = [
         {
@@ -118,9 +104,8 @@ def write_csv(frame: pd.DataFrame, path: Path) -> Path:
 def write_rows_csv(
     path: Path, groups: Iterable[tuple[Any, Iterable[Mapping[str, Any]]]], *, label_column: str | None = None
 ) -> Path:
-    """Groups of row dicts [(label, rows), ...] as one CSV of the schema's columns, written
-    as they come (no frame is built), `label_column` (holding each group's label) first
-    when given; numbers as in rows.csv."""
+    """Groups of row dicts [(label, rows), ...] as one CSV of the schema's columns, streamed (no frame), `label_column`
+    first when given; numbers as in rows.csv."""
     with Path(path).open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow([label_column, *ROW_COLUMNS] if label_column else list(ROW_COLUMNS))
@@ -135,7 +120,6 @@ def _csv_cell(value: Any) -> Any:
 
 
 def tested_implementations(manifest: Manifest | None) -> list[str]:
-    """The names of the external implementations a run tests (its manifest's request)."""
     return [name for name, _ in manifest.request.implementations] if manifest is not None else []
 
 
@@ -147,8 +131,7 @@ def report_document(
     *,
     summary: dict | None = None,
 ) -> dict:
-    """The report.json document of a canonical row frame (`mhc_parity.records.rows.to_frame`);
-    `summary` is `summarize(frame)`, computed here when not given."""
+    """The report.json document of a canonical row frame; summary: `summarize(frame)` if not given."""
     document = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_FORMAT_VERSION,
@@ -173,17 +156,15 @@ def write_json(
     *,
     summary: dict | None = None,
 ) -> Path:
-    """report.json (strict JSON, see the module docstring) of a canonical row frame;
-    `summary` as in `report_document`."""
+    """report.json (strict JSON) of a canonical row frame."""
     document = report_document(frame, metadata, judgement, manifest, summary=summary)
     path.write_text(report_json_text(document), encoding="utf-8")
     return path
 
 
 def report_json_text(document: Mapping[str, Any]) -> str:
-    """`document` (a `report_document`, "rows" its last key) as indented JSON with each row
-    on one line: json indents only in pure Python, which was most of a report's write time,
-    while its C encoder writes each row. `json.loads` of it equals the document."""
+    """`document` ("rows" its last key) as indented JSON with each row on one line: json indents only in pure Python,
+    which was most of a report's write time. `json.loads` of it equals the document."""
     rows = document["rows"]
     head = json.dumps({key: value for key, value in document.items() if key != "rows"}, indent=1, allow_nan=False)
     body = ",\n  ".join(json.dumps(row, allow_nan=False) for row in rows)
@@ -202,11 +183,8 @@ def judge_frame(
     noise_floor_ulps: float = DEFAULT_NOISE_FLOOR_ULPS,
     only_current_cases: bool = False,
 ) -> Judgement:
-    """The gate's judgement of the run a report is written for (a canonical row frame, its
-    metadata and manifest, to be read back from `source`) against `baseline` (see
-    `mhc_parity.reports.judgement.as_baseline`): what `mhc-parity gate --baseline B --current RUN` will say
-    of it, with `--only-current-cases` for a run that selected part of its suite
-    (`mhc_parity.reports.judgement.judges_own_cases`) or when `only_current_cases` (`run --only-current-cases`)."""
+    """What `mhc-parity gate --baseline B --current RUN` will say of the run a report is written for (to be read back
+    from `source`): with `--only-current-cases` when asked or when the run selected part of its suite."""
     return judge(
         as_baseline(baseline),
         written_run(frame, metadata, manifest, source),
@@ -227,14 +205,12 @@ def write_all(
     manifest: Manifest | None = None,
     judgement: Judgement | None = None,
 ) -> dict[str, Path]:
-    """Write rows.csv, report.json, report.html, summary.md and speed.csv into `out_dir`.
+    """Write rows.csv, report.json, report.html, summary.md and speed.csv into `out_dir`; returns {"csv", "json",
+    "html", "markdown", "speed"} -> path.
 
-    `rows` must have exactly the schema's columns (`ReportInputError` otherwise).
-    With a `baseline` (rows, a `Baseline`/`LoadedRun`, or a path `load_baseline_or_run` reads) the
-    gate judges the run (`judge_frame`: the judgement `mhc-parity gate` makes), and its verdict
-    heads every format, its drift and findings below; `judgement`, one made already, is
-    used instead. `manifest` (the run's, finished) is embedded in report.json and named in
-    the other reports. Returns {"csv", "json", "html", "markdown", "speed"} → path.
+    `rows`: exactly the schema's columns (ReportInputError otherwise). With a `baseline` (rows, a loaded baseline or
+    run, or a path) the gate's verdict heads every format (`judgement`, if given, is used instead). `manifest` (the
+    finished run's) is embedded in report.json and named in the other reports.
     """
     return write_frame(
         to_frame(unwrap_run(rows)[0]),
@@ -259,9 +235,8 @@ def write_frame(
     manifest: Manifest | None = None,
     judgement: Judgement | None = None,
 ) -> dict[str, Path]:
-    """`write_all` of a canonical row frame (`mhc_parity.records.rows.to_frame`'s), read as it is:
-    its rows are not coerced again, and it is summarised once for every format. Every format
-    states the causes that hold across the run (`mhc_parity.reports.causes.stated_causes`)."""
+    """`write_all` of a canonical row frame, not coerced again and summarised once; every format states the causes that
+    hold across the run (`stated_causes`)."""
     frame = stated_causes(frame)
     metadata = dict(metadata or {})
     if manifest is not None:
@@ -294,12 +269,10 @@ def write_frame(
 def write_run_folder(
     out: Path, rows: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any] | None, manifest: Manifest, **options
 ) -> dict[str, Path]:
-    """`rows` of the complete run `manifest` as a run folder, as `mhc-parity run` leaves one:
-    the manifest (as running, with no case recorded) first, so that a kill from there on
-    leaves a folder no reader accepts; then the row stream case by case, the reports
-    (`write_frame`, given `options`), and the complete manifest last. The caller holds the
-    folder's `mhc_parity.records.outputs.WriterLock`. ValueError if the rows are not those the
-    manifest recorded; `mhc_parity.records.rows.ReportInputError` if they do not fit the schema."""
+    """`rows` of the complete run `manifest` as a run folder: the manifest as running first (a kill from there on leaves
+    a folder no reader accepts), the row stream case by case, the reports, the complete manifest last. The caller holds
+    the folder's `WriterLock`. ValueError if the rows are not those recorded; ReportInputError if they do not fit the
+    schema."""
     out = Path(out)
     unfinished = dataclasses.replace(manifest, state=RUNNING, finished="", rows=None, case_records=())
     write_manifest(out, unfinished)
@@ -328,3 +301,35 @@ def write_run_folder(
         raise
     write_manifest(out, manifest)  # last: the folder is now a complete run
     return paths
+
+
+RESULTS_FOLDER = Path("docs/results")
+
+
+def provenance_lines(command: str, metadata: Mapping[str, Any]) -> list[str]:
+    """The header lines of a results file. metadata: a run's environment record (`run_metadata`); missing keys are left
+    out."""
+    date = metadata.get("end_time") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    machine = (
+        ", ".join(str(metadata[key]) for key in ("host_cpu", "platform") if metadata.get(key)) or "unrecorded machine"
+    )
+    versions = ", ".join(
+        f"{name} {metadata[key]}"
+        for name, key in (("jax", "jax_version"), ("jaxlib", "jaxlib_version"), ("numpy", "numpy_version"))
+        if metadata.get(key)
+    )
+    backend = f"; backend {metadata['backend']} ({metadata.get('device_kind', '?')})" if metadata.get("backend") else ""
+    return [
+        f"Written by `{command}` on {date}, commit `{metadata.get('git_commit') or 'unrecorded'}`.",
+        f"Machine: {machine}{backend}; {versions or 'versions unrecorded'}.",
+        "Rewritten by that command; do not edit by hand.",
+    ]
+
+
+def write_results(path: str | Path, markdown: str, command: str, metadata: Mapping[str, Any]) -> Path:
+    """Write `markdown` (starting with its `# title` line) to `path` atomically, its provenance under the title."""
+    title, _, body = markdown.partition("\n")
+    document = "\n".join([title, "", *provenance_lines(command, metadata), "", body.lstrip("\n")]).rstrip() + "\n"
+    path = Path(path)
+    atomic_write(path, document.encode("utf-8"))
+    return path

@@ -2,23 +2,13 @@
 
     baseline --from RUN --to PATH             the run's rows
     baseline --from RUN --impl NAME [--to P]  only implementation NAME's rows, keyed by its name
-    baseline --impl MODULE:FACTORY [--suite S] [--cases GLOB...] [--dtype D] [--case-file F]
-             [--out DIR] [--to PATH] [--resume] [--quiet]
-                                              run the implementation first (as `mhc-parity run`
-                                              with paths reference/* and <name>/*, without
-                                              lowering rows), into --out, then write its
-                                              baseline (default baselines/<name>.csv)
+    baseline --impl MODULE:FACTORY [run options] [--to PATH]
+                                              `mhc-parity run` of it first (reference/* and <name>/*,
+                                              no lowering rows), then its baseline
 
-The third form is `mhc-parity run` underneath: rows stream into --out case by case, Ctrl-C or
-SIGTERM stop it with a hint, and `--resume` finishes an interrupted run.
-
-RUN is a whole, complete run: never a baseline file, an unfinished run or one shard of a
-run (merge the shards first); PATH is never one of a run folder's own files, nor a baseline
-of another suite than RUN's (`mhc_parity.reports.baseline_suite`: the header records the suite),
-nor, without --allow-narrower, one covering cases, paths or implementations RUN lacks.
-
-Exit codes: 0 written; 2 a usage or configuration error, one line on stderr; 128 + the
-signal's number when stopped by one. Only the third form loads JAX.
+RUN is a whole complete run; PATH is never a run folder's own file, another suite's baseline nor, without
+--allow-narrower, one covering what RUN lacks. Exit 0 written; 2 a usage error; 128 + a signal's number.
+Only the third form loads JAX.
 """
 
 from __future__ import annotations
@@ -43,10 +33,16 @@ from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_f
 from mhc_parity.records.path_names import implementation_glob
 from mhc_parity.records.rows import ReportInputError
 from mhc_parity.records.run_suite import run_suite
-from mhc_parity.reports.baseline import run_folder_refusal, write_baseline
-from mhc_parity.reports.baseline_suite import ALLOW_NARROWER, narrowing_refusal, overwrite_refusal
-from mhc_parity.reports.coverage import selection_of_run
-from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, resolve_implementation
+from mhc_parity.reports.gate.baseline_file import run_folder_refusal, write_baseline
+from mhc_parity.reports.gate.comparability import (
+    ALLOW_NARROWER,
+    default_baseline_path,
+    implementation_rows,
+    narrowing_refusal,
+    overwrite_refusal,
+    resolve_implementation,
+    selection_of_run,
+)
 from mhc_parity.reports.sources import load_run
 
 BASELINE_PROG = "mhc-parity baseline"
@@ -63,7 +59,6 @@ RUN_OPTIONS = {
 
 
 def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
-    """The arguments of every form of `baseline` (see the module docstring)."""
     p = Parser(
         prog=prog,
         description="Write a finished parity run as the baseline CSV; without --from, run --impl first.",
@@ -113,7 +108,6 @@ def baseline_parser(prog: str = BASELINE_PROG) -> argparse.ArgumentParser:
 
 
 def run_arguments(args, name: str) -> list[str]:
-    """The `mhc-parity run` arguments that make the run of `args` for implementation `name`."""
     out = args.out or DEFAULT_RUN_FOLDER
     paths = ["reference/*", implementation_glob(name)]
     argv = ["--impl", args.impl, "--paths", *paths, "--no-lowering", "--out", str(out)]
@@ -132,7 +126,6 @@ def _usage_error(message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`baseline` with `argv` (the arguments after the command name); the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(baseline_parser(), argv)
     if isinstance(args, int):
@@ -150,7 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_then_write(args, argv: list[str]) -> int:
-    """Run `args.impl` through `mhc-parity run`, then write its baseline from that run."""
     from mhc_parity.harness.commands import run as run_command  # loads JAX: only this form runs anything
     from mhc_parity.harness.engine.implementations import ImplementationError, load_externals
 
@@ -182,18 +174,10 @@ def write_from_run(
     allow_code_change: bool,
     allow_narrower: bool = False,
 ) -> int:
-    """Write the finished run `source` as the baseline CSV `target`.
-
-    With `impl`, only that external implementation's rows (the run must have them), with
-    its name in the header, by default to baselines/<name>.csv. Exit 0 written; 2 when the
-    target cannot be written, is a run folder's own file (`run_folder_refusal`), a baseline
-    of another suite (`overwrite_refusal`: the header records the run's suite) or, unless
-    `allow_narrower`, one that covers what the run lacks (`narrowing_refusal`), or the
-    run cannot be used: unreadable, unfinished, a baseline file, one shard of a run
-    (`shard_refusal`), empty, without the implementation, or (unless `allow_code_change`)
-    made by other code than this checkout (see `mhc_parity.reports.sources.load_run`). A run with
-    fail/error rows is written anyway, with a warning: the gate still fails on those rows.
-    """
+    """Write the finished run `source` as the baseline CSV `target` (with `impl`, only its rows, by default
+    to baselines/<name>.csv). Exit 2 for every refusal of the module docstring and a run that cannot be used
+    (unreadable, unfinished, a shard, empty, lacking the implementation, or unless `allow_code_change` made
+    by other code); fail/error rows are written with a warning."""
     if target is None and impl is None:
         return _usage_error("give --to PATH (or --impl NAME for an implementation's baseline)")
     try:
@@ -235,9 +219,8 @@ def write_from_run(
 
 
 def shard_refusal(run) -> str:
-    """Why `run` (a `LoadedRun`) cannot be a baseline because it is one shard of a run
-    (`run --shard K/N`), or "": its rows are part of the selection, and a baseline of them
-    would let a regression in the other shards' cases pass the gate unseen."""
+    """Why `run` cannot be a baseline as one shard of a run, or "": a baseline of its rows would let a
+    regression in the other shards' cases pass the gate unseen."""
     manifest = run.manifest
     if manifest is None or not manifest.shard:
         return ""

@@ -1,32 +1,11 @@
-"""`mhc-parity faults`: the kill matrix, and the false-positive sweep.
+"""`mhc-parity faults`: the kill matrix (default), the false-positive sweep (`--seeds N`) and the rounding
+audit (`--audit`).
 
-Kill matrix (default)::
-
-    mhc-parity faults [--suite default] [--cases GLOB...] [--dtype bf16]
-        [--faults GLOB...] [--variants GLOB...] [--impl MODULE:FACTORY ...] [--out out/faults] [--jobs N]
-
-runs the clean pass and every selected fault and legitimate variant (all of both by
-default; giving --faults or --variants runs only what they select) over the cases,
-through the built-in paths, the independent external implementation and any --impl
-(see `mhc_parity.harness.faults.matrix`; files: `mhc_parity.reports.kill_matrix`). Writes kill_matrix.csv / .md / .json,
-clean_rows.csv and perturbed_rows.csv into --out and prints the matrix: per fault and
-dtype slice, killed (with the margin), listed (the catalogue says why it cannot be seen
-there, with the closest row), or SURVIVED (with the closest row); per variant, passes or
-FALSE POSITIVE; then the faults counted by outcome, over the matrix and per slice, caught
-apart from listed ("15 caught, 2 listed (not seen: below the backend shift), 1 not
-exercised of 18"), and a line per listed slice. Exit 0 when every fault is caught or
-listed in every slice it runs in, every variant passes and no clean row fails: a listed
-fault does not fail the run (no bound that passes correct code there can see it) but is
-never counted as caught; 1 otherwise (a fault no selected case exercises counts as
-surviving); 2 on a usage error.
-
-False-positive sweep::
-
-    mhc-parity faults --seeds N [--suite default] [--cases GLOB...] [--impl ...] [--out out/sweep]
-
-runs the UNMODIFIED code over the cases with seeds 0..N-1, writes headroom.csv /
-sweep.md / sweep.json / failures.csv, prints per (comparison, dtype, leaf kind) how close
-the passing rows came to their bounds, and exits 1 if any row fails or errors.
+The kill matrix runs the clean pass and every selected fault and variant
+(`mhc_parity.harness.faults.matrix`), writes kill_matrix.csv / .md / .json, clean_rows.csv and
+perturbed_rows.csv, and exits 0 when every fault is caught or listed in every slice it runs in, every
+variant passes and no clean row fails (a fault no selected case exercises survives); 1 otherwise; 2 on a
+usage error. The sweep runs the unmodified code over seeds 0..N-1 and exits 1 if any row fails or errors.
 """
 
 from __future__ import annotations
@@ -61,8 +40,8 @@ from mhc_parity.harness.judging.policy import PolicyError
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.outputs import OutputPathError, writable_file
 from mhc_parity.reports.kill_matrix import headline_counts, kill_matrix_text, write_kill_matrix
-from mhc_parity.reports.results import write_results
 from mhc_parity.reports.sweep import headroom_table, sweep_text, write_sweep
+from mhc_parity.reports.writers import write_results
 
 DEFAULT_FAULTS_OUT = pathlib.Path("out/faults")
 DEFAULT_SWEEP_OUT = pathlib.Path("out/sweep")
@@ -136,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
 def select_perturbations(
     fault_globs, variant_globs, faults: Sequence[Perturbation] = CATALOGUE, variants: Sequence[Perturbation] = VARIANTS
 ) -> list[Perturbation]:
-    """The faults and variants to run: all, or only those the given globs select."""
     if fault_globs is None and variant_globs is None:
         return [*faults, *variants]
     chosen = select(fault_globs, faults, "fault") if fault_globs is not None else []
@@ -153,7 +131,6 @@ def print_catalogue(perturbations: Sequence[Perturbation]) -> None:
 
 
 def _command() -> str:
-    """The command line, as the results files name it."""
     return "mhc-parity faults " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["faults"] else sys.argv[1:])
 
 
@@ -185,9 +162,8 @@ def run_kill_matrix(
     use_compilation_cache=True,
     results: pathlib.Path | None = None,
 ) -> int:
-    """Each case's clean pass and perturbation passes (cases dealt to `jobs` processes), reports;
-    returns the exit code. results: also write the Markdown there, with its provenance
-    (`mhc_parity.reports.results`)."""
+    """Each case's clean and perturbed passes (cases dealt to `jobs` processes), then the reports; the exit
+    code. results: also write the Markdown there with its provenance."""
     started = datetime.datetime.now(datetime.UTC)
     wall = time.perf_counter()
     impls = kill_matrix.implementations(impl_specs)
@@ -240,9 +216,8 @@ def run_sweep(
     jobs: int = 1,
     policy_path=None,
 ) -> int:
-    """The false-positive sweep (seeds dealt to `jobs` processes); returns the exit code (1
-    if any row fails or errors). results: also write its Markdown there, with its
-    provenance (`mhc_parity.reports.results`)."""
+    """The false-positive sweep (seeds dealt to `jobs` processes); exit 1 if any row fails or errors.
+    results: also write its Markdown there with its provenance."""
     start = time.perf_counter()
     if jobs > 1 and seeds > 1:
         rows = run_sweep_in_workers(cases, seeds, policy_path, impl_specs, jobs, quiet=quiet)
@@ -276,8 +251,8 @@ def run_sweep(
 
 
 def run_audit(cases, out: pathlib.Path, *, results: pathlib.Path | None = None) -> int:
-    """The rounding audit of `cases` into out/rounding_audit.md (and `results`); exit 1 when
-    the reference holds a bfloat16 value no site of the model rounds."""
+    """The rounding audit of `cases` into out/rounding_audit.md; exit 1 when the reference holds a bfloat16
+    value no site of the model rounds."""
     audits = [audit_case(case, make_fixture(case)) for case in cases]
     markdown = audit_markdown(audits)
     out.mkdir(parents=True, exist_ok=True)
@@ -298,12 +273,8 @@ def main(
     variants: Sequence[Perturbation] = VARIANTS,
     use_compilation_cache: bool = True,
 ) -> int:
-    """Entry point of `mhc-parity faults`.
-
-    faults, variants: the catalogues to choose from (tests pass their own).
-    use_compilation_cache: turn on JAX's persistent compilation cache in the project cache
-    folder, as `mhc-parity run` does (tests leave the process's configuration alone).
-    """
+    """Entry point of `mhc-parity faults`. faults, variants: the catalogues (tests pass their own);
+    use_compilation_cache: JAX's persistent cache, as `run` (tests leave it off)."""
     ensure_host_devices()
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -1,14 +1,10 @@
-"""`mhc-parity gate`: a current run against a baseline (the rules: `mhc_parity.reports.gate`; the
-judgement, which the reports of `run --baseline` share: `mhc_parity.reports.judgement`).
+"""`mhc-parity gate`: a current run against a baseline (rules: `mhc_parity.reports.gate.rule`; the judgement `run
+--baseline` shares: `mhc_parity.reports.gate.judgement`). Loads no JAX.
 
-Exit 0 pass, 1 gate failure, 2 usage or input error (unreadable, corrupt, empty or
-mismatched runs, including runs made under another tolerance policy or at another matmul
-precision, see `mhc_parity.reports.comparability`, unless allowed; a baseline of another
-backend or one that does not cover the run's cases and paths, see `mhc_parity.reports.coverage`;
-a current run that did not finish, or was made by other code than this checkout, see
-`mhc_parity.reports.sources`; a baseline file given as --current; a legacy-format baseline
-without --allow-legacy-baseline, see `mhc_parity.reports.baseline`; an unwritable --markdown
-path). Loads no JAX.
+Exit 0 pass, 1 gate failure, 2 usage or input error: unreadable or mismatched runs (another policy
+or matmul precision unless allowed, another backend, a baseline not covering the run, a current run
+unfinished or made by other code, a baseline given as --current, a legacy baseline without
+--allow-legacy-baseline, an unwritable --markdown path).
 """
 
 from __future__ import annotations
@@ -20,19 +16,23 @@ from mhc_parity.command_line import colour_wanted, paint_verdicts
 from mhc_parity.harness.commands.common import EXIT_FAILED, EXIT_OK, Parser, error, parse
 from mhc_parity.records.environment import run_precision
 from mhc_parity.records.outputs import OutputPathError, cannot_write, writable_file
-from mhc_parity.reports.baseline import LEGACY_OPTION
-from mhc_parity.reports.comparability import current_cases
-from mhc_parity.reports.drift import DEFAULT_GROWTH_FACTOR, DEFAULT_NOISE_FLOOR_ULPS
-from mhc_parity.reports.gate import GateResult
-from mhc_parity.reports.gate_settings import growth_factor_problem, noise_floor_problem, settings_note
-from mhc_parity.reports.judgement import gate_run
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION
+from mhc_parity.reports.gate.comparability import current_cases
+from mhc_parity.reports.gate.drift import (
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_NOISE_FLOOR_ULPS,
+    growth_factor_problem,
+    noise_floor_problem,
+    settings_note,
+)
+from mhc_parity.reports.gate.judgement import gate_run
+from mhc_parity.reports.gate.rule import GateResult
 from mhc_parity.reports.markdown import gate_markdown
 
 GATE_PROG = "mhc-parity gate"
 
 
 def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
-    """The gate's argument parser."""
     parser = Parser(
         prog=prog,
         description="Compare a parity run with the committed baseline; exit 0 pass, 1 fail, 2 input error.",
@@ -88,7 +88,7 @@ def gate_parser(prog: str = GATE_PROG) -> argparse.ArgumentParser:
 
 
 def _checked(problem):
-    """An argparse type: a float that `problem` finds nothing wrong with (one line otherwise)."""
+    """An argparse type: a float that `problem` finds nothing wrong with."""
 
     def parse_value(text: str) -> float:
         try:
@@ -127,7 +127,6 @@ def _notes(result: GateResult, baseline, current, only_current: bool) -> list[st
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = GATE_PROG) -> int:
-    """`gate`: a current run against a baseline; exit 0 pass, 1 gate failure, 2 input error."""
     parser = gate_parser(prog)
     args = parse(parser, argv)
     if isinstance(args, int):

@@ -1,24 +1,10 @@
 """`mhc-parity merge OUT DIR...`: the run folders of `run --shard K/N` joined into one run.
 
-Every DIR must hold a complete shard run (`mhc_parity.records.manifest`), and the shards must be of
-one run: the same selection (names and spec digest), request (suite, globs, paths,
-implementations, seed, lowering, envelope), policy and code digests, and environment
-(`mhc_parity.records.identity.ENVIRONMENT_KEYS`, the keys `--resume` compares too: backend,
-device kind, host devices, instruction sets, XLA and libtpu flags, JAX / jaxlib / Flax / NumPy /
-libtpu versions, and the backend arithmetic terms the bounds were widened by: shards judged
-under different terms judged different bounds). Each shard records the matmul-precision settings its own cases used: the
-shards must not give one setting two operand roundings, and the merged run records them all,
-as one run of the whole selection would. Their shard numbers must cover 1..N exactly once, and each must hold exactly
-its share of the selection (`mhc_parity.harness.processes.shards`). Anything else is a usage error: one line
-naming the problem, exit 2, and OUT is not touched.
-
-OUT then gets what one run of the whole selection writes: a complete manifest, the row
-stream, rows.csv, report.json, report.html and summary.md, rows in the selection's case
-order — so `gate`, `baseline` and `render` accept it like any run, and its rows.csv is
-the single run's apart from the timing columns. Exit 0 (merged; the parity verdict is the
-gate's or the reports' business, as for `render`), or 2 with OUT written where the merged run
-compared nothing, or nothing of an implementation it tests (`mhc_parity.reports.causes.uncompared`):
-a shard is not judged on that alone, the whole run is, as `run` judges one. Never loads JAX.
+Every DIR must hold a complete shard of one run: the same selection, request, policy, code and environment
+(`ENVIRONMENT_KEYS`, backend terms included: shards under other terms judged other bounds), matmul-precision
+settings that agree, shard numbers 1..N once each, each its exact share. Anything else is exit 2 and OUT is
+not touched. OUT then gets what one run of the whole selection writes, rows in its case order; exit 0, or 2
+where the merged run compared nothing (of an implementation). Never loads JAX.
 """
 
 from __future__ import annotations
@@ -48,12 +34,16 @@ from mhc_parity.reports.sources import load_run
 from mhc_parity.reports.terminal import nothing_compared_message
 from mhc_parity.reports.writers import tested_implementations, write_run_folder
 
-# Metadata summed over the shards (seconds and counts of work done): the runner's timings
-# (`mhc_parity.harness.engine.runner.TIMINGS`; this module stays free of JAX) and its work counts.
+# Metadata summed over the shards: the runner's timings (`runner.TIMINGS`, not imported: no JAX
+# here) and its work counts.
 SUMMED_KEYS = (
     "fixtures_s",
     "oracle_s",
     "paths_s",
+    "programs_wait_s",
+    "first_calls_s",
+    "quiet_wait_s",
+    "device_timing_s",
     "effects_s",
     "compare_s",
     "causes_s",
@@ -68,6 +58,9 @@ SUMMED_KEYS = (
     "programs_traced_to_key",
     "programs_lowered_to_key",
     "program_keys_s",
+    "programs_load_s",
+    "programs_trace_s",
+    "programs_compile_s",
     "lowerings_stored_loaded",
     "lowerings_stored_missed",
     "tpu_compiles_stored_loaded",
@@ -80,7 +73,7 @@ SUMMED_KEYS = (
     "comparisons_stored_missed",
     "resumed_cases",
 )
-# Metadata that is the largest over the shards: the peak memory of a worker (runs with --jobs N).
+# The largest over the shards.
 MAXED_KEYS = ("worker_peak_rss_mib",)
 # Said by a shard whose cases ran a matmul-precision setting as another (`run_info.precision_metadata`).
 PRECISION_NOTE_KEY = "matmul_precision_note"
@@ -101,7 +94,6 @@ class ShardRun:
 
 
 def read_shard(folder: pathlib.Path) -> ShardRun:
-    """A complete shard run from `folder`; MergeError naming the folder otherwise."""
     try:
         manifest = read_manifest(folder)
         if manifest is None:
@@ -142,8 +134,7 @@ def _agreement_problem(first: ShardRun, other: ShardRun) -> str:
 
 
 def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
-    """`a` and `b` cut to `width` characters around their first difference ("..." where cut),
-    so two long values that share a prefix do not print alike."""
+    """`a` and `b` cut to `width` characters around their first difference ("..." where cut)."""
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     start = max(0, first - width // 3)
 
@@ -155,10 +146,9 @@ def where_they_differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
 
 
 def merged_precision(shards: list[ShardRun]) -> str | None:
-    """The matmul-precision record of the whole run: every setting a shard's cases used, with the
-    operand rounding it meant (`mhc_parity.records.environment`, whose legacy rule reads a CPU
-    shard without a record); None where no shard records one.
-    MergeError where two shards give one setting different roundings, or one records none."""
+    """The whole run's matmul-precision record, every setting a shard used with its operand rounding; None
+    where no shard records one. MergeError where two shards give one setting different roundings, or one
+    records none."""
     if not any(shard.metadata.get(PRECISION_KEY) for shard in shards):
         return None  # legacy shards, none recorded: the merged run records none either
     records = [(shard, precision_of(shard.metadata)) for shard in shards]
@@ -183,7 +173,6 @@ def merged_precision(shards: list[ShardRun]) -> str | None:
 
 
 def check_shards(shards: list[ShardRun]) -> None:
-    """MergeError unless the shards are of one run and cover its selection exactly once."""
     first = shards[0]
     for other in shards[1:]:
         problem = _agreement_problem(first, other)
@@ -209,7 +198,6 @@ def check_shards(shards: list[ShardRun]) -> None:
 
 
 def merged_manifest(shards: list[ShardRun], rows: int, command_line: str) -> Manifest:
-    """The complete manifest of the whole selection, as one run of it would have."""
     first = shards[0].manifest
     records = {record.case: record for shard in shards for record in shard.manifest.case_records}
     stamp = now_iso()
@@ -268,22 +256,19 @@ def merged_metadata(shards: list[ShardRun], command_line: str) -> dict:
 
 
 def _joined_notes(shards: list[ShardRun]) -> str:
-    """The shards' distinct matmul-precision notes, in shard order, joined by "; "."""
     notes = (s.metadata.get(PRECISION_NOTE_KEY) for s in _in_shard_order(shards))
     return "; ".join(dict.fromkeys(note for note in notes if note))
 
 
 @dataclasses.dataclass(frozen=True)
 class Merged:
-    """A merged run written: its report paths, and the line saying what it compared nothing of
-    ("" when it compared something of everything it tests)."""
+    """A merged run written: its report paths, and the line saying what it compared nothing of ("" if none)."""
 
     paths: dict
     nothing_compared: str
 
 
 def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> Merged:
-    """Check the shards in `folders` and write the merged run into `out`."""
     resolved = {f.resolve() for f in folders}
     if out.resolve() in resolved:
         raise MergeError(f"OUT {out} is one of the shard folders; merge into another folder")
@@ -308,7 +293,6 @@ def merge(out: pathlib.Path, folders: list[pathlib.Path], command_line: str) -> 
 
 
 def _write_merged(out: pathlib.Path, shards: list[ShardRun], command_line: str) -> Merged:
-    """Write the merged run of `shards` into `out` (checked, and held by this process)."""
     by_case: dict[str, list] = {}
     for shard in shards:
         for row in shard.rows:

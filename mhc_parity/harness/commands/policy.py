@@ -4,12 +4,8 @@
     mhc-parity policy --table [--policy FILE]     every resolved bound, a plain-text table
     mhc-parity policy --markdown [--policy FILE]  the same as docs/tolerances.md (`make tolerances`)
 
-The lines are the judgements the case matrix makes (`mhc_parity.harness.engine.plan.planned_judgements`):
-every registered case, of every suite, through the built-in implementations and an
-external one, for each comparison, partitioning, activation dtype, leaf dtype and leaf
-kind. Partitionings that resolve to the same bound share a line. docs/tolerances.md is
-this module's Markdown, kept current by a test, so a change of a number shows in a PR as
-the lines it moves.
+One line per judgement the case matrix makes (`planned_judgements`: every registered case through the
+built-ins and an external implementation); partitionings with one bound share a line.
 """
 
 from __future__ import annotations
@@ -27,11 +23,10 @@ from mhc_parity.harness.judging.metrics import eps
 from mhc_parity.harness.judging.policy import POLICY_COMPARISONS, POLICY_LEAF_KINDS, Policy, PolicyError, Resolved
 from mhc_parity.harness.judging.policy_file import load_policy
 from mhc_parity.records.text import format_number, format_text_table
-from mhc_parity.reports.markdown import md_table
+from mhc_parity.reports.tables import md_table
 
 PROG = "mhc-parity policy"
-# Stands for any external implementation (`--impl`): it runs every variant, and XLA
-# partitions it ("auto"), so its judgements are the ones external code meets.
+# Any external implementation: every variant, partitioned by XLA ("auto").
 EXTERNAL = Implementation("external")
 TABLE_HEADERS = ("comparison", "partitioning", "act dtype", "leaf dtype", "leaf kind", "bound", "ulps of", "rule")
 DOC_PATH = pathlib.Path("docs") / "tolerances.md"
@@ -60,16 +55,14 @@ class TableLine:
 
 
 def matrix_judgements() -> list[JudgementKey]:
-    """Every kind of judgement the registered cases make (see the module docstring)."""
+    """Every kind of judgement the registered cases make."""
     plan = PathPlan(implementations=(*BUILTIN.values(), EXTERNAL), lowering=False)
     return planned_judgements(list(registry.default_registry()), plan)
 
 
 def table_lines(policy: Policy, judgements: Sequence[JudgementKey]) -> list[TableLine]:
-    """The resolved bound of every judgement, in comparison / activation dtype / leaf dtype /
-    leaf kind order; partitionings that resolve to one bound share a line.
-
-    Raises PolicyError for a judgement the policy cannot resolve."""
+    """The resolved bound of every judgement, in comparison / activation dtype / leaf dtype / leaf kind
+    order, partitionings with one bound on one line; PolicyError for one the policy cannot resolve."""
     groups: dict[tuple, list[tuple[str, Resolved]]] = {}
     for key in judgements:
         group = (key.comparison, key.act_dtype, key.dtype, key.leaf_kind)
@@ -92,7 +85,6 @@ def table_lines(policy: Policy, judgements: Sequence[JudgementKey]) -> list[Tabl
 
 
 def table_text(lines: Sequence[TableLine]) -> str:
-    """The resolved bounds as a plain-text table."""
     return format_text_table(TABLE_HEADERS, [line.cells() for line in lines], limit=None)
 
 
@@ -108,7 +100,7 @@ def _numbers(bound) -> str:
 def markdown(
     policy: Policy, lines: Sequence[TableLine], *, source: str = "mhc_parity/harness/judging/tolerances.toml"
 ) -> str:
-    """docs/tolerances.md: how to read it, the resolved bounds per comparison, every rule with its rationale."""
+    """docs/tolerances.md: how to read it, the resolved bounds per comparison, every rule's rationale."""
     used = {line.resolved.rule.index for line in lines}
     units = ", ".join(f"{d} {format_number(eps(d), 3)}" for d in ("float32", "bfloat16"))
     out = [
@@ -157,8 +149,8 @@ def markdown(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`policy [--policy FILE] [--table | --markdown]`; exit 0, or 2 for a policy that is malformed
-    or cannot resolve a judgement the matrix makes."""
+    """`policy [--policy FILE] [--table | --markdown]`; exit 0, or 2 for a malformed policy or one that
+    cannot resolve a judgement the matrix makes."""
     parser = Parser(prog=PROG, description="Check the tolerance policy; print every resolved bound.")
     parser.add_argument("--policy", type=pathlib.Path, default=None, help="tolerance policy TOML (default: packaged)")
     shown = parser.add_mutually_exclusive_group()
@@ -187,5 +179,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _shown_source(path) -> str:
-    """The policy's name in the document: the packaged file by its project path."""
     return "mhc_parity/harness/judging/tolerances.toml" if path is None else str(path)

@@ -1,12 +1,8 @@
 """Progress on stderr: a live line on a terminal, plain lines and a heartbeat elsewhere.
 
-On a terminal one line is redrawn in place, never wider than the terminal (a wider line
-would wrap and scroll a new line at each redraw): the bar, elapsed time, ETA, verdict
-counts and what is running now (case and stage: "compiling programs", "oracle", a path
-name, "lowering"; with worker processes, every running case's), refreshed every
-`TTY_REFRESH_S` by a background thread so the clock moves while a long case runs. Without
-a terminal (CI logs) each finished case prints a line, and the thread prints a heartbeat
-naming the running cases and stages whenever `heartbeat_s` seconds pass without a line.
+On a terminal one line (never wider than it, or it wraps) is redrawn every `TTY_REFRESH_S` by a background
+thread: bar, elapsed, ETA, verdict counts and each running case's stage. Elsewhere each finished case prints
+a line, and a heartbeat names the running ones after `heartbeat_s` of silence.
 """
 
 from __future__ import annotations
@@ -21,14 +17,13 @@ from collections.abc import Callable
 
 DEFAULT_HEARTBEAT_S = 20.0
 TTY_REFRESH_S = 1.0
-# An ETA is shown once this many cases finished in this run: the first cases pay for a cold
-# start (imports, compiling shared programs, worker start-up), so an ETA from one case was 100x off.
+# The first cases pay for a cold start (imports, shared programs, workers): an ETA from one was 100x off.
 ETA_AFTER_CASES = 3
 
 
 def terminal_columns(stream) -> int:
-    """The width of the terminal `stream` writes to: $COLUMNS where set, else the stream's own
-    terminal, else `shutil.get_terminal_size` (which falls back to 80)."""
+    """The width of `stream`'s terminal: $COLUMNS where set, else the stream's, else
+    `shutil.get_terminal_size`."""
     if not os.environ.get("COLUMNS", "").strip().isdigit():
         try:
             columns = os.get_terminal_size(stream.fileno()).columns
@@ -40,17 +35,15 @@ def terminal_columns(stream) -> int:
 
 
 def fit(text: str, columns: int) -> str:
-    """`text` cut to fit one terminal line of `columns` (one column left free: a line that fills
-    the last column wraps on some terminals); a cut line ends with "…"."""
+    """`text` cut to one line of `columns`, one column left free (a full line wraps on some terminals); a
+    cut line ends with "…"."""
     room = max(columns - 1, 1)
     return text if len(text) <= room else text[: room - 1] + "…"
 
 
 class Progress:
-    """Counts finished cases and shows what is running; `close()` stops the thread.
-
-    cost: a case's relative cost (`mhc_parity.harness.engine.case_cost.pass_cost`), which weighs
-    the ETA; without one every case counts the same."""
+    """Counts finished cases and shows what is running; `close()` stops the thread. cost: a case's relative
+    cost, which weighs the ETA (default: every case the same)."""
 
     def __init__(
         self,
@@ -96,8 +89,8 @@ class Progress:
             self._last_line = time.perf_counter()
 
     def eta_seconds(self) -> float | None:
-        """Seconds left, by the cost of the cases left over the cost done per second; None
-        until `ETA_AFTER_CASES` cases finished in this run."""
+        """Seconds left: the cost left over the cost done per second; None until `ETA_AFTER_CASES` cases
+        finished in this run."""
         if self.fresh_done < min(ETA_AFTER_CASES, self.total) or self._cost_done <= 0:
             return None
         elapsed = time.perf_counter() - self.start_time
@@ -114,9 +107,8 @@ class Progress:
         return f"{bar} {counts}" if counts else bar
 
     def _running(self) -> str:
-        """e.g. "interpret/unsharded for 12s: case lite-..."; with worker processes, e.g.
-        "oracle 26s; compiling programs 3s: cases A, B". The stages come first: a line cut to
-        the terminal's width keeps them."""
+        """e.g. "interpret/unsharded for 12s: case lite-..."; stages first, so a line cut to the terminal
+        keeps them."""
         now = time.perf_counter()
         running = list(self._running_cases.items())
         if not running:
@@ -138,13 +130,11 @@ class Progress:
             self._write(f"{self._bar()} {self._running()}")
 
     def step(self, case, step: str) -> None:
-        """A running case moves to `step` (shown on the terminal and in the heartbeat)."""
         if case.name not in self._finished:
             self._running_cases[case.name] = (step, time.perf_counter())
             self._ensure_thread()
 
     def finish(self, case, rows) -> None:
-        """A case's rows are stored."""
         self.done += 1
         self.fresh_done += 1
         cost = self._cost(case)
@@ -156,7 +146,7 @@ class Progress:
         self._write(f"{self._bar()} {case.name}" if not self.tty else self._bar())
 
     def close(self) -> None:
-        """Stop the heartbeat and end the terminal line (once; later calls do nothing)."""
+        """Stop the heartbeat and end the terminal line (later calls do nothing)."""
         if self._stop.is_set():
             return
         self._stop.set()

@@ -1,5 +1,5 @@
-"""`mhc-parity render`: every report format written again from a finished run's
-rows; a run folder's copy keeps its manifest and row stream. Exit 0 or 2; loads no JAX."""
+"""`mhc-parity render`: every report format written again from a finished run's rows, into a copy of the run
+folder (manifest and row stream too). Exit 0 or 2; loads no JAX."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from mhc_parity.harness.commands.common import EXIT_OK, Parser, error, parse
 from mhc_parity.records.manifest import foreign_folder_problem
 from mhc_parity.records.outputs import OutputPathError, WriterLock, writable_folder
 from mhc_parity.records.rows import ReportInputError, frame_to_json_records
-from mhc_parity.reports.baseline import LEGACY_OPTION
+from mhc_parity.reports.gate.baseline_file import LEGACY_OPTION
 from mhc_parity.reports.sources import load_baseline_or_run, load_run
 from mhc_parity.reports.writers import write_run_folder
 
@@ -19,7 +19,6 @@ RENDER_PROG = "mhc-parity render"
 
 
 def _render_metadata(path: str | None, own: dict) -> dict:
-    """The run metadata to render: the JSON object in `path`, else the run's own."""
     if not path:
         return own
     try:
@@ -32,12 +31,8 @@ def _render_metadata(path: str | None, own: dict) -> dict:
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
-    """`render --rows RUN --out DIR [--metadata META.json] [--baseline B [--allow-legacy-baseline]]`;
-    exit 0 or 2.
-
-    A rendered folder is a copy of the run: its manifest, row stream and reports. RUN is a
-    run (its folder or report.json), never a baseline file (`mhc_parity.reports.sources.load_run`).
-    """
+    """`render --rows RUN --out DIR [--metadata META.json] [--baseline B]`; exit 0 or 2. RUN is a run, never
+    a baseline file."""
     parser = Parser(prog=prog, description="Write every report format again from a finished run.")
     parser.add_argument(
         "--rows", required=True, help="run folder or report.json (or rows.jsonl/rows.csv beside its manifest)"
@@ -62,7 +57,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = RENDER_PROG) -> int:
         if problem:
             raise OutputPathError(problem)
         with WriterLock(out, f"render ({run.source})"):  # one writer per run folder
-            # A copy of the run: its manifest, stream and reports (every run `load_run` reads has a manifest).
             records = frame_to_json_records(run.frame)
             paths = write_run_folder(out, records, metadata, run.manifest, baseline=baseline)
     except (ReportInputError, OutputPathError, OSError) as exc:

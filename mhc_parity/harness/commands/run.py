@@ -1,15 +1,7 @@
-"""`mhc-parity run`: cases x paths -> a run folder (see `mhc_parity.records.manifest`).
+"""`mhc-parity run`: cases x paths -> a run folder (`mhc_parity.records.manifest`).
 
-Writes manifest.json first and rows.jsonl as cases finish; rows.csv, report.json,
-report.html and summary.md once the run is complete. With `--baseline`, every report and
-the terminal summary show first the gate's verdict against it (`mhc_parity.reports.judgement`: what
-`mhc-parity gate` says of the finished run). Exit codes: 0 every row passed (or is an
-explained skip/unsupported), some row compared something, and the gate did not fail the
-run against `--baseline`; 1 a parity failure or error row, or that gate's failure (a leaf
-that grew past the growth factor, a missing row, ...); 2 a usage or configuration error, one
-line on stderr naming the problem (also a run that compared nothing, and a `--baseline` that
-cannot judge the run: before any case runs where its records say so); 130 interrupted by Ctrl-C (143 by
-SIGTERM), with the command that finishes the run (`--resume`).
+manifest.json first, rows.jsonl as cases finish, the reports once complete; with `--baseline` the gate's
+verdict heads every report. Exit codes: docs/running.md.
 """
 
 from __future__ import annotations
@@ -51,7 +43,7 @@ from mhc_parity.records.space_reserve import SpaceReserve, release_reserve, rese
 from mhc_parity.records.store import RowStore, StoreError, typed_case_records
 from mhc_parity.reports import ReportInputError, load_baseline, writers
 from mhc_parity.reports.causes import uncompared
-from mhc_parity.reports.comparability import comparability_refusal
+from mhc_parity.reports.gate.comparability import comparability_refusal
 from mhc_parity.reports.rerun import run_rerun_command
 from mhc_parity.reports.sources import LoadedRun, baseline_as_run
 from mhc_parity.reports.terminal import exit_code, nothing_compared_message, print_summary
@@ -60,7 +52,6 @@ PROG = "mhc-parity run"
 
 
 def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The arguments of `run`."""
     p = Parser(prog=prog, description="Run cases through every path and write the reports.")
     p.add_argument("--suite", default=None, help="case suite (default: 'default' unless --cases is given)")
     p.add_argument("--cases", nargs="+", default=None, metavar="GLOB", help="case-name globs")
@@ -143,9 +134,8 @@ def run_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def heartbeat_seconds(text: str) -> float:
-    """`--heartbeat`: a finite number of seconds > 0, checked by the parser (a usage error,
-    exit 2) because the heartbeat thread waits that long: inf overflows its wait, nan never
-    compares, and 0 or less would print without pause. There is no "off" value: --quiet is."""
+    """`--heartbeat`: a finite number of seconds > 0 (the heartbeat thread waits that long: inf overflows,
+    nan never compares, <= 0 never pauses); --quiet, not a value, turns it off."""
     try:
         seconds = float(text)
     except ValueError:
@@ -156,7 +146,6 @@ def heartbeat_seconds(text: str) -> float:
 
 
 def selection_of(args) -> RunSelection:
-    """The typed request `run`'s parsed arguments make."""
     return RunSelection(
         implementations=tuple(args.impl),
         suite=args.suite,
@@ -184,12 +173,11 @@ def _take_shard(args, cases):
 
 
 def _open_run(store, manifest, *, resume: bool):
-    """(manifest, rows kept, cases done): a fresh run, or the run in the folder continued.
+    """(manifest, rows kept, cases done): a fresh run, or the folder's run continued.
 
-    The manifest is written ("running") before the folder's stream or reports change, so a
-    kill from here on leaves a folder no reader accepts. --resume continues only the same
-    run: its manifest must not differ from `manifest` in cases, paths, implementations,
-    seed, policy or code.
+    The manifest ("running") is written before the stream or reports change, so a kill from here on leaves a
+    folder no reader accepts. --resume continues only the same run (cases, paths, implementations, seed,
+    policy, code).
     """
     if resume:
         try:
@@ -220,8 +208,7 @@ def _open_run(store, manifest, *, resume: bool):
                     f"--resume: {store.folder}: its row stream does not match its manifest ({problem}): it was "
                     f"cut, edited or left by another run. Run without --resume to start over"
                 )
-            # Finished cases the manifest did not record (killed before it was updated, or rows an
-            # earlier run left) are redone.
+            # Finished cases the manifest did not record are redone.
             done = [record.case for record in previous.case_records]
             recorded = set(done)
             rows = [row for row in rows if row["case"] in recorded]
@@ -238,7 +225,7 @@ AUTO_JOBS = "auto"
 
 
 def parse_jobs(text) -> int | str:
-    """`--jobs`: a count of at least 1, or "auto" (`mhc_parity.harness.processes.parallel.auto_jobs`)."""
+    """`--jobs`: a count of at least 1, or "auto"."""
     if str(text).strip().lower() == AUTO_JOBS:
         return AUTO_JOBS
     try:
@@ -289,22 +276,17 @@ def _command_run(args, argv, command_line: str | None = None) -> int:
 
 
 def _refuse_foreign_folder(out: pathlib.Path, *, resume: bool) -> None:
-    """UsageError for an --out folder that holds files but no run manifest, before the run
-    puts anything there (`foreign_folder_problem`: a fresh run would replace them). Rows
-    without a manifest under --resume are left to `_open_run`, which says why it cannot
-    continue them."""
+    """UsageError for an --out folder holding files but no run manifest, before the run writes there; rows
+    without a manifest under --resume are left to `_open_run`."""
     problem = foreign_folder_problem(out)
     if problem and not (resume and RowStore(out).has_rows()):
         raise UsageError(f"--out: {problem}")
 
 
 def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -> int:
-    """Run what is not done yet, then write the reports and finish the manifest.
-
-    Ctrl-C / SIGTERM finish the manifest as "interrupted" and say how to --resume; a
-    comparison the policy cannot judge (which the up-front check should have caught)
-    stops the run the same way and is a configuration error.
-    """
+    """Run what is not done, then write the reports and finish the manifest. Ctrl-C / SIGTERM finish it as
+    "interrupted" with the --resume command; a policy that cannot judge a comparison stops the run the same
+    way, a configuration error."""
     todo = [c for c in cases if c.name not in done]
     wall_start = time.perf_counter()
     progress = Progress(
@@ -371,7 +353,6 @@ def _execute(args, store, manifest, rows, done, cases, plan, policy, baseline) -
 
 
 def _runner(args, policy, plan, cases: int):
-    """The runner of `cases` cases: in this process for one job, else worker processes."""
     jobs = auto_jobs(cases) if args.jobs == AUTO_JOBS else args.jobs
     if jobs == 1:
         return Runner.with_disk_stores(policy)
@@ -379,8 +360,8 @@ def _runner(args, policy, plan, cases: int):
 
 
 def _shortage(exc: BaseException) -> str:
-    """One phrase for what stopped the run: the case that exhausted memory (the runner's
-    ResourceError names it), memory exhausted outside a case, or the file it could not write."""
+    """One phrase for what stopped the run: the case that exhausted memory, memory outside a case, or the
+    file it could not write."""
     if isinstance(exc, ResourceError):
         return str(exc)
     if out_of_memory(exc):  # outside a case's computations: the rows, the manifest, the reports
@@ -390,10 +371,8 @@ def _shortage(exc: BaseException) -> str:
 
 
 def _load_baseline(path, allow_legacy: bool):
-    """The baseline to judge the run against, as the gate reads one (`LoadedRun`; None
-    without --baseline); UsageError if unreadable (or of a legacy format without
-    `allow_legacy`), before the run: a bad path wastes no time. A legacy one's note says
-    what was not checked."""
+    """The --baseline as the gate reads it (None without one); UsageError if unreadable or legacy without
+    `allow_legacy`, before the run."""
     if path is None:
         return None
     try:
@@ -406,9 +385,8 @@ def _load_baseline(path, allow_legacy: bool):
 
 
 def _refuse_unfit_baseline(baseline, manifest, policy, cases, out: pathlib.Path) -> None:
-    """UsageError (exit 2) before any case runs where `baseline` cannot judge this run whatever
-    its rows (`comparability_refusal`: another implementation, policy, matmul precision or
-    backend), as the gate would refuse it once the run had finished."""
+    """UsageError before any case runs where `baseline` cannot judge this run whatever its rows
+    (`comparability_refusal`), as the gate would refuse it after."""
     if baseline is None:
         return
     metadata = dict(run_metadata(cases), policy_hash=policy.digest)
@@ -419,9 +397,8 @@ def _refuse_unfit_baseline(baseline, manifest, policy, cases, out: pathlib.Path)
 
 
 def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest, *, only_current_cases: bool = False):
-    """(the report paths, the gate's judgement against `baseline` or None, the rows' frame): the
-    rows (`typed`: `mhc_parity.records.rows.typed_rows`) judged as `mhc-parity gate` will judge
-    the finished folder (with `--only-current-cases` if `only_current_cases`), every format written."""
+    """(report paths, the gate's judgement against `baseline` or None, the rows' frame), judged as
+    `mhc-parity gate` will judge the finished folder."""
     frame = frame_from_records(typed)
     judgement = None
     if baseline is not None:
@@ -437,11 +414,8 @@ def _write_reports(typed, metadata, out: pathlib.Path, baseline, manifest, *, on
 
 
 def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations=(), shard="", rerun="") -> int:
-    """Print the summary (`metadata`: the reports', e.g. which policy judged; `judgement`: the
-    gate's against --baseline, printed last; `frame`: the rows' canonical frame;
-    `implementations`: the names of the external ones under test; `shard`: "K/N" for a shard),
-    the report paths and `rerun`, the command that reruns only the failing cases; the run's
-    exit code (a shard's: `exit_code`'s `whole_run`)."""
+    """Print the summary, the report paths and `rerun` (the command rerunning only the failing cases);
+    return the exit code (a shard's is not the whole run's)."""
     print_summary(rows, metadata, judgement, frame=frame, implementations=implementations)
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
@@ -461,10 +435,8 @@ def _conclude(rows, paths, metadata, judgement=None, frame=None, implementations
 
 
 def main(argv: list[str], *, command_line: str | None = None) -> int:
-    """`run` with `argv` (the arguments after the command name); the exit code.
-
-    command_line: the command the manifest records, and a resume hint repeats, if it is not
-    `mhc-parity run ARGV` (`baseline --impl` runs through here)."""
+    """`run` with `argv` (after the command name); the exit code. command_line: what the manifest records,
+    if not `mhc-parity run ARGV` (`baseline --impl` runs through here)."""
     try:
         args = run_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help

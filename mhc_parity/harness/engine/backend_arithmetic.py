@@ -1,16 +1,8 @@
-"""The backend's float32 arithmetic, measured: each primitive the layer and its branches use,
-evaluated on the device that runs the paths against float64 on the host.
-
-A TPU's float32 transcendentals are approximations (v5e: exp to 70 ulp, tanh to 1365, log to
-1e-4 absolute on [1, 16]); XLA:CPU's are within a few ulps. The rounding model
-(`mhc_parity.mhc.rounding_model`) rounds each site once at its precision class, which is what the
-CPU's arithmetic was calibrated against (docs/results/sweep-default.md). So the probe measures each
-primitive over the inputs a case feeds it (`PRIMITIVES`: the ranges and why), and `model_terms`
-gives the model a term for each primitive past `ALLOWED_ULPS`, zero otherwise.
-
-Importing this module starts no backend; it needs only JAX, NumPy and the standard library
-(`bench/tpu_backend_probe.py` runs it on a TPU image as it comes).
-"""
+"""The backend's float32 arithmetic, measured: each primitive the layer and its branches use, on the
+device that runs the paths, against float64 on the host (a TPU's transcendentals err far more than
+XLA:CPU's, on which the rounding model was calibrated). `model_terms` gives the model a term for each
+primitive past `ALLOWED_ULPS` (docs/backend-arithmetic.md). Importing it starts no backend; it needs
+only JAX, NumPy and the standard library (`bench/probes/tpu_backend_probe.py` runs it on a bare TPU image)."""
 
 from __future__ import annotations
 
@@ -36,12 +28,8 @@ log = logging.getLogger(__name__)
 # Inputs per primitive: a float32 grid spread evenly over its range (the TPU figures of
 # docs/judging.md were measured over 2^20).
 SAMPLES = 2**20
-# A primitive within this many ulps of the correctly rounded float32 result is within what the
-# model already assumes, and gets no term. Measured reason: XLA:CPU's primitives, on which the
-# sweep calibrated the bounds, err at most 6.1 ulps (tanh near |x| = 5.8; the table in
-# docs/backend-arithmetic.md), and the TPU v5e's rsqrt, sqrt, division and reciprocal (<= 3.3
-# ulps) left no row failing on the chip; its exp (70), logistic (90) and tanh (1365) did. Past it,
-# the primitive's whole measured error enters (not only the excess: conservative).
+# Within this many ulps a primitive is within what the model assumes (XLA:CPU, on which the sweep
+# calibrated the bounds, errs at most 6.1 ulps: docs/backend-arithmetic.md); past it, its whole error enters.
 ALLOWED_ULPS = 8.0
 RELATIVE, ABSOLUTE, SUMMED = "relative", "absolute", "summed"
 FLOAT32_ULP = float(np.finfo(np.float32).eps)
@@ -252,13 +240,9 @@ class BackendArithmetic:
         return f"float32 primitives on {where} against float64: " + "; ".join(p.describe() for p in self.primitives)
 
 
-# The ways a correct path computes a sigmoid: the backend's logistic, (1 + tanh(z/2)) / 2 (the
-# legitimate variant `kernel.sigmoid_through_tanh`) and exp(-softplus(-z)) (the fault
-# catalogue's independent implementation). Each errs by its primitive's figure, relative to the
-# sigmoid, so the model's sigmoid outputs are held to the least accurate route on the backend:
-# on the TPU v5e, with the logistic's term alone, the kill matrix flagged the variant (1.98x its
-# bound at h_pre) and failed 54 clean rows of the independent implementation (smoke suite,
-# float32).
+# The ways a correct path computes a sigmoid: the backend's logistic, (1 + tanh(z/2)) / 2 and
+# exp(-softplus(-z)). The model's sigmoid outputs are held to the least accurate route on the backend
+# (docs/backend-arithmetic.md: on a v5e the logistic's term alone failed correct implementations).
 SIGMOID_ROUTES = ("logistic", "tanh", "softplus")
 
 
@@ -304,10 +288,8 @@ def probe_arithmetic(device=None, samples: int = SAMPLES) -> BackendArithmetic:
 
 
 STORE_FOLDER = "backend-arithmetic"
-# The stored table's own checksum (`mhc_parity.records.artifact_store.header_checksum`: sha256 of
-# the document without this field), as every store verifies its entries: a table whose numbers
-# were edited is measured again, never trusted (issue 56: TPU terms pasted into the CPU's table
-# turned a failing run green).
+# The stored table's own checksum (`header_checksum`): a table whose numbers were edited is measured
+# again, never trusted (issue 56, docs/backend-arithmetic.md).
 CHECKSUM_FIELD = "checksum"
 
 
@@ -346,20 +328,17 @@ def read_stored_table(path: pathlib.Path, key) -> tuple[BackendArithmetic | None
 
 
 def probe_document_table(path: pathlib.Path) -> BackendArithmetic:
-    """The device's table of a probe document (`bench/tpu_backend_probe.py OUT.json`, written on
+    """The device's table of a probe document (`bench/probes/tpu_backend_probe.py OUT.json`, written on
     an accelerator: its "device" table beside the host's), to judge here as that device judges."""
     return BackendArithmetic.from_json(json.loads(pathlib.Path(path).read_text())["device"])
 
 
 @functools.cache
 def measured_arithmetic() -> BackendArithmetic:
-    """The default backend's table: read from the cache folder (`MHC_PARITY_CACHE`) where this
-    backend, device kind and versions were probed before and the stored table verifies
-    (`read_stored_table`: checksum, key, primitives), else measured and stored there; its
-    `source` says which. Once per process. A process that loaded foreign code (an `--impl`,
-    which could patch the very primitives measured) reads and writes only tables keyed by that
-    code (`mhc_parity.records.foreign_code.foreign_material`, as every store does), and none
-    where its code cannot be recorded."""
+    """The default backend's table, once per process: read from the cache folder where this backend,
+    device kind and versions were probed before and the stored table verifies (`read_stored_table`),
+    else measured and stored there; `source` says which. A process that loaded foreign code uses only
+    tables keyed by that code, and none where its code cannot be recorded."""
     device = jax.devices()[0]
     key = backend_key(device)
     foreign = foreign_material()

@@ -1,15 +1,7 @@
-"""What the backend does with the narrow sums of the dot layouts paths use: measured, not assumed.
-
-A path that asks for a bfloat16 result of a contraction leaves its accumulation to the
-backend. XLA:CPU sums some layouts exactly and rounds the running sum of others to bfloat16
-(the transposed dot of an einsum's VJP); a TPU's MXU accumulates in float32. So whether a
-declared precision choice of the kind "the backend accumulates this dot in bfloat16"
-(`mhc_parity.harness.engine.precision_choices`) is made here is a measurement: each layout below sums
-`PROBE_TERMS` bfloat16 terms, alternately 1 and bfloat16(1/3). A float32 accumulation sums them
-exactly, and the bfloat16 result rounds that once; a bfloat16 running sum cannot, in any order:
-1 + bfloat16(1/3) already needs more bits than bfloat16 has (ones alone would not show a
-pairwise sum).
-"""
+"""Whether the backend rounds the running sum of each dot layout the paths use to bfloat16: measured,
+not assumed (XLA:CPU does for some layouts; a TPU's MXU accumulates in float32). Each layout sums
+`PROBE_TERMS` terms, alternately 1 and bfloat16(1/3), which no bfloat16 running sum gets exact
+(docs/judging.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +25,6 @@ EXACT_SUM = float(np.float64(PROBE_TERMS // 2 * (1.0 + _THIRD)).astype(ml_dtypes
 # Each layout: (operand shapes, the program). The ones are arguments, never constants: XLA
 # folds a constant program at compile time, in its own evaluator, not the backend's kernels.
 def _dot_forward(a, b):
-    """A bfloat16 einsum's value, summed over its contracted axis."""
     return jnp.einsum("tk,kn->tn", a, b)
 
 

@@ -1,35 +1,9 @@
-"""The memory a case needs, known from its shapes: a case that cannot fit is refused before
-the run starts, with its size, instead of exhausting memory hours in (`mhc-parity run`, exit 2).
-
-The float64 oracle was the larger part of a cold case: run over every token at once, each of
-its draws held the inputs, intermediates, gradients and random numbers of every token in float64
-(cold runs of the reference paths peaked at about 1.9 KiB per fixture element: 8.4 GiB for
-4.3 M elements, 16.2 GiB for 8.5 M). It now runs a chunk of tokens at a time
-(`mhc_parity.mhc.oracle_chunks`), so `oracle_memory_bytes` states its budget from the case's
-shapes and its chunk:
-
-- `ORACLE_PROCESS_BYTES`: the process itself, JAX's runtime and the oracle's compiled programs;
-- the fixture, and every token's exact leaves in float64 with the temporaries the statistics
-  of the largest take at the end (`ORACLE_LEAF_COPIES` of each);
-- each chunk in flight's working set (one, but where the oracle's own process runs several at
-  once: `mhc_parity.harness.engine.oracle_process`): each draw's float64 values per token of the chunk (per element of
-  x, of the branch's hidden layer, per permutation or Sinkhorn entry), and per element of the
-  weights and branch parameters (each draw rounds them and holds their gradients whatever the
-  chunk: the draws of a chunk run together, so these do not shrink with it), measured by
-  `bench/oracle_memory.py` with about a fifth more for margin, and the holes a heap that keeps
-  what it frees holds beside them (`ORACLE_KEPT_FRACTION`);
-- or, where it is larger, what making the fixture holds (its float64 masters before rounding).
-
-A measured peak confirms it (tests/test_oracle_chunks.py, `bench/oracle_memory.py`).
-`case_memory_bytes`, the refusal's figure, is a floor: `FLOOR_FRACTION` of that budget, below
-every measured peak. The oracle runs in every case that computes numbers, so a case whose
-oracle cannot fit cannot run; the paths' own memory (on a CPU they run on the host too) comes on
-top, so one admitted may still run out (then the runner says so, exit 2 too).
-
-A case larger than `mhc_parity.cases.fixtures.MAX_FIXTURE_ELEMENTS` is refused whatever the machine, as
-fixture generation would refuse it; a case whose dimensions the math rejects
-(`mhc_parity.mhc.common.validate_dims`) is left to the run, whose rows say it is unsupported.
-"""
+"""The memory a case needs, known from its shapes, so that a case that cannot fit is refused before the
+run (exit 2) instead of exhausting memory hours in. `oracle_memory_bytes` is the chunked float64
+oracle's budget: the process, the fixture, the exact leaves and each chunk in flight's working set
+(or, where larger, what making the fixture holds), each term measured by `bench/oracle_memory.py`
+(docs/judging.md). The refusal's floor, `case_memory_bytes`, is `FLOOR_FRACTION` of it; the paths'
+own memory comes on top, so an admitted case may still run out."""
 
 from __future__ import annotations
 
@@ -54,26 +28,18 @@ ORACLE_PROCESS_BYTES = 1 << 30
 # Draws each chunk runs: the exact one, the noisy ones and the backend-shift one (on a backend
 # with model terms; a CPU runs one fewer).
 ORACLE_DRAWS = NOISE_SAMPLES + 2
-# Float64 values a draw of a chunk holds per token: per element of x, per element of the branch's
-# hidden layer (by branch; one not named here counts as the largest), per permutation of the
-# lite variant's softmax, per entry of h_res per Sinkhorn iteration; and per element of the
-# weights and branch parameters (each draw rounds them, and holds their gradients, whatever the
-# chunk). The slopes of the measured peak against the chunk (bench/oracle_memory.py, this
-# project's 2-core CPU, n = 4: 29 per element of x at C = 256 and 1024, 82 per hidden element
-# of the MLP, 54 per permutation, 48 per Sinkhorn entry; 9.4 per weight element), each with
-# about a fifth more.
+# Float64 values a draw of a chunk holds per token: per element of x, of the branch's hidden layer (by
+# branch; one not named here counts as the largest), per permutation (lite) or h_res entry per Sinkhorn
+# iteration; and per weight or branch parameter element, whatever the chunk. The measured slopes
+# (bench/oracle_memory.py, 2-core CPU, n = 4): 29 per element of x, 82 per MLP hidden element, 54 per
+# permutation, 48 per Sinkhorn entry, 9.4 per weight element; each with about a fifth more.
 ORACLE_VALUES_PER_ACTIVATION = 36
 ORACLE_VALUES_PER_HIDDEN = {"identity": 0, "tanh": 24, "mlp": 100}
 ORACLE_VALUES_PER_PERMUTATION = 64
 ORACLE_VALUES_PER_SINKHORN_ENTRY = 60
 ORACLE_VALUES_PER_WEIGHT = 12
-# The oracle's own process keeps the memory it frees (`oracle_process.KEEP_FREED_MEMORY`: each
-# chunk reuses the last one's pages), so its peak is the high-water of a heap the chunks' buffers
-# leave with holes. Measured 2026-12-06 in that process's environment, with a TPU's two batches of
-# draws: the tpu suite's c2048 case peaked at 7.46 GB on this project's CPU and 6.80 GB on the
-# lent TPU VM, its c4096 case at 6.98 GB and 6.96 GB (docs/results/tpu-suite-tpu-v5e.md). The
-# c2048 peak here is its process, fixture and leaves (1.7 GB) and 1.8 times its chunk's working
-# set without this share (3.2 GB). Counted as much again: 0.87 and 0.80 of that case's budget.
+# The oracle's own process keeps the memory it frees, so its heap has holes beside the chunks'
+# buffers: counted as much again as a chunk's working set (docs/judging.md gives the measured peaks).
 ORACLE_KEPT_FRACTION = 1.0
 # Copies of each exact token-major leaf the oracle holds at its peak: the leaf, and the
 # temporaries its statistics take at the end (`mhc_parity.harness.judging.token_statistics`).
@@ -81,12 +47,8 @@ ORACLE_LEAF_COPIES = 3
 # Float64 bytes making the fixture holds per element of x and of the cotangent: the float64
 # master and the temporaries of its draw (`mhc_parity.cases.random_streams.normalish`).
 FIXTURE_MASTER_BYTES = 32
-# The refusal's floor is this fraction of the oracle's budget: measured peaks came to 0.53-0.82
-# of it (bench/oracle_memory.py, twelve cases and chunks, the tpu suite's smallest case at 0.82), so
-# a case refused would not have fitted. The same smallest case measured again on 2026-12-06 (the
-# machine loaded ~7x over its 2 cores): 5.08 GB, 0.95 of its budget, and 4.90 GB in a run's
-# oracle process (0.92); the largest share seen. A TPU runs the 18th draw the budget counts
-# (a CPU 17): the chip's figure (`oracle_peak_bytes`) will say whether it stays within.
+# Measured peaks came to 0.53-0.95 of the oracle's budget (docs/judging.md): a case refused below
+# half of it would not have fitted.
 FLOOR_FRACTION = 0.5
 
 
@@ -104,10 +66,8 @@ def _chunk(case, chunk_tokens: int | None) -> int:
 
 
 def chunk_working_bytes(case, chunk_tokens: int | None = None) -> int:
-    """The host memory (bytes) one chunk in flight of `case`'s oracle holds, of `chunk_tokens`
-    tokens (default `oracle_chunk_tokens`): every draw's float64 values per token of the chunk
-    and per element of the weights and branch parameters, and what the heap keeps beside them
-    (`ORACLE_KEPT_FRACTION`; module docstring)."""
+    """The host memory (bytes) one chunk in flight of `case`'s oracle holds, of `chunk_tokens` tokens
+    (default `oracle_chunk_tokens`), with what the heap keeps beside it (`ORACLE_KEPT_FRACTION`)."""
     streams, embedding = case.shape[2:]
     layout = expected_layout(case)
     weights = sum(math.prod(shape) for role, (_, shape) in layout.items() if role not in ("x", "cotangent"))
@@ -121,9 +81,8 @@ def chunk_working_bytes(case, chunk_tokens: int | None = None) -> int:
 
 
 def oracle_memory_bytes(case, chunk_tokens: int | None = None, in_flight: int = 1) -> int:
-    """The host memory (bytes) the chunked float64 oracle of `case` needs, fixture included, in
-    chunks of `chunk_tokens` tokens (default `oracle_chunk_tokens`), `in_flight` of them at once
-    (each its own `chunk_working_bytes`): the module docstring's sum."""
+    """The host memory (bytes) the chunked float64 oracle of `case` needs, fixture included, in chunks
+    of `chunk_tokens` tokens (default `oracle_chunk_tokens`), `in_flight` of them at once."""
     batch, sequence, streams, embedding = case.shape
     tokens = batch * sequence
     layout = expected_layout(case)

@@ -1,17 +1,7 @@
-"""A failing row's most likely cause, from the operation's hypotheses run through the oracle.
-
-For a case with a failing row, the operation's hypotheses (`Operation.hypotheses`: roundings
-its model does not allow) run once through the float64 oracle on the case's fixture
-(`Operation.hypothesis_draws`). Each failing (candidate, leaf) then gets the hypothesis whose
-error against the oracle best matches the candidate's, on that leaf and without predicting an
-error on the leaves the candidate got right (`mhc_parity.harness.judging.attribution`), and the row its
-`cause`, `cause_id` and `cause_explained`. A fitted hypothesis (an error of any size per token
-at one place) has no draw: the oracle's linear response there is fitted to each candidate's
-errors instead. A row between two paths that each lie within their model is named by a narrow
-sum in another order: one that explains the partner's leaf, or one that holds the leaf in the
-narrow dtype both paths hold it in (`mhc_parity.harness.judging.held_precision`). A case without a failing
-row runs none of this.
-"""
+"""A failing row's most likely cause: the operation's hypotheses (roundings its model does not allow)
+run once through the float64 oracle on the case's fixture, then each failing candidate attributed
+over all its leaves (`mhc_parity.harness.judging.attribution`), setting `cause`, `cause_id` and
+`cause_explained`. A case without a failing row runs none of this."""
 
 from __future__ import annotations
 
@@ -74,15 +64,10 @@ KEPT_UNITS = 2
 
 
 class HypothesisOracle:
-    """Each case's hypotheses and their oracle leaves, the latest case's kept (a case's failing
-    rows ask once per case; every hypothesis holds all the case's leaves, so no more are kept).
-
-    Called as (case, fixture) -> (hypotheses, one leaf -> float64 array mapping per
-    hypothesis, named like a path's leaves). Thread-safe. One object serves every run of a
-    case (the kill matrix shares one across a case's passes): the answers are the oracle's
-    alone, whatever the paths computed. fits: a store of the fitted hypotheses' solutions
-    (`mhc_parity.harness.stores.fit_store.FitStore`), or None: every fit is solved.
-    """
+    """Each case's hypotheses and their oracle leaves, the latest case's kept (every hypothesis holds all
+    of a case's leaves). Called as (case, fixture) -> (hypotheses, per hypothesis a leaf -> float64 array
+    mapping named like a path's leaves). Thread-safe; one object may serve every run of a case (the
+    answers are the oracle's alone). fits: a `FitStore`, or None: every fit is solved."""
 
     def __init__(self, fits=None):
         self.fits = fits
@@ -224,14 +209,11 @@ def annotate_causes(
     candidate_sensitivity: Mapping[str, Mapping[str, Sensitivity]] | None = None,
     elsewhere: Collection[str] = (),
 ) -> list[dict]:
-    """`rows` (one case's) with `cause`, `cause_id` and `cause_explained` set on every failing
-    row that compared leaves. candidate_leaves: path name -> its leaves (the paths that ran);
-    each candidate is attributed over all its leaves (`attribute_candidate`), in units of its
-    own sensitivity: the oracle's, or where `candidate_sensitivity` has one (a path whose
-    declared precision choices widen its model), that. elsewhere: the candidates that ran on
-    another backend than the hypotheses' draws (an accelerator's paths; the draws run on the
-    host): a hypothesis' sums in the draws' backend order say nothing of their values there
-    (`off_backend_errors`)."""
+    """`rows` (one case's) with `cause`, `cause_id` and `cause_explained` set on every failing row that
+    compared leaves. candidate_leaves: path name -> its leaves; each candidate is attributed over all
+    its leaves in units of its own sensitivity (the oracle's, or its `candidate_sensitivity` where
+    declared precision choices widen it). elsewhere: the candidates that ran on another backend than the
+    hypotheses' draws (the host), whose narrow sums are matched by size only (`off_backend_errors`)."""
     rows = list(rows)
     failing = rows_needing_causes(rows, candidate_leaves, oracle_leaves)
     if not failing:
@@ -321,16 +303,12 @@ SYSTEMATIC_METRICS = frozenset({"cand_systematic_t", "cand_systematic_shift"})
 
 
 def off_backend_errors(errors_of: Sequence[HypothesisErrors], chosen: Sequence, tokens: int) -> list[HypothesisErrors]:
-    """The hypotheses' errors (`HypothesisOracle.in_units`, in `chosen`'s order) as a candidate on
-    another backend than the draws' is matched against: the gradient leaves of the weights each
-    sums narrowly (`Hypothesis.backend_sum_weights`) matched by size only (`HypothesisErrors.sized`).
-    Such a sum's error is a fixed function of its order, and that backend sums in its own: a draw
-    summed in the host's order (`ordered`: the held-narrow gate) is the largest it may be (a TPU's
-    narrow reduction strays far less than the host's running sum, docs/results/maxtext-tpu-v5e.md),
-    and a cast's, rounded once on the host, may grow as √tokens in a narrow order (XLA:TPU folds
-    the cast into the reduce: its bias gradients erred 3-6x the host's, docs/accelerators.md).
-    Matched value for value there, the host's prediction disqualifies the rounding that caused
-    the rest. tokens: the case's token count."""
+    """The hypotheses' errors (`in_units`, in `chosen`'s order) as a candidate on another backend than the
+    draws' is matched against: the weight gradients each sums narrowly (`backend_sum_weights`) matched by
+    size only, since that backend sums in its own order. An ordered sum's host draw is the largest it
+    may be; a cast's error may grow as √`tokens` in a narrow order (XLA:TPU folds the cast into the
+    reduce: docs/accelerators.md). Matched value for value, the host's prediction would disqualify the
+    rounding that caused the rest."""
     found = []
     for errors, hypothesis in zip(errors_of, chosen):
         leaves = [weight_leaf(w) for w in hypothesis.backend_sum_weights]

@@ -1,4 +1,4 @@
-"""Turn two paths' leaves (plus the oracle's) into judged rows of the schema."""
+"""Two paths' leaves, and the oracle's, into judged rows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from mhc_parity.records.schema import TIMING_COLUMNS, empty_row
 
 
 def case_fields(case) -> dict:
-    """The row columns that describe the case."""
     return {
         "case": case.name,
         "act_dtype": case.dtype,
@@ -60,21 +59,11 @@ def compare_leaves(
     memo: MetricsMemo | None = None,
     declared: Mapping[str, float] | None = None,
 ) -> list[dict]:
-    """One judged row per leaf of the candidate, in the candidate's leaf order.
-
-    `oracle_sensitivity`: leaf -> its `Sensitivity`, the error the arithmetic explains there;
-    `oracle_systematic`: token-major leaf -> the systematic t the rounding model produces;
-    `oracle_backend_shift`: token-major leaf -> the shift the backend's primitives may share
-    (all from `mhc_parity.harness.engine.oracle_path.OracleOutputs`). A leaf the partner (or
-    oracle) lacks gets a `skip` row saying so. `partitioning` is
-    the candidate implementation's (see `Implementation.partitioning`). `timing` is the
-    candidate's `TIMING_COLUMNS` cells (`PathOutputs.timing`), recorded on every row of the
-    comparison (none given: NaN). `memo`:
-    one `mhc_parity.harness.judging.metrics.MetricsMemo` for all comparisons of the case (optional; it saves
-    recomputing what several comparisons share, the rows are the same). `declared`: leaf ->
-    the candidate's declared precision choices' largest deviation there
-    (`mhc_parity.harness.engine.precision_choices.DeclaredEffects.max`; its sensitivity is already widened).
-    """
+    """One judged row per leaf of the candidate, in its order; a leaf the partner or oracle lacks gets
+    a `skip` row. The `oracle_*` mappings, leaf -> sensitivity, systematic t and backend shift, are
+    `OracleOutputs`'; `timing` is the candidate's `TIMING_COLUMNS` cells (None: NaN) on every row;
+    `memo` only saves recomputing what the case's comparisons share; `declared` is leaf -> the
+    declared precision choices' largest deviation (the sensitivity is already widened by them)."""
     rows = []
     for leaf, cand in candidate_leaves.items():
         base = dict(case_fields(case), candidate=candidate, partner=partner, comparison=comparison, leaf=leaf)

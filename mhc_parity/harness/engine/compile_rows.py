@@ -1,23 +1,7 @@
-"""Compile rows: the kernels compiled by the real TPU compiler (Mosaic, XLA:TPU) from any host.
-
-For a case that gets them (`mhc_parity.harness.engine.tpu_targets.compiles_case`), every kernel
-program (this project's four: pre/post forward and VJP, `mhc_parity.mhc.kernels.lowering.
-kernel_programs`; and those of each implementation with `kernel_programs(case, mesh)`, e.g.
-MaxText's) is lowered and compiled for each target of `TARGETS`, on one chip and on the case's
-token mesh laid on the target's 8-chip slice, in the case's dtypes. One row per program: leaf
-the program, candidate `compile/<target>/unsharded` or `compile/<target>/sharded(<mesh>)`,
-comparison "compile", `pass` when the compiler produced an executable, `fail` with the first
-line of its message and a cause class (`compile_cause`): "precision" (Mosaic rejects an
-operand type at the dot's precision: "Bad lhs type"), "vmem" (the kernel's scoped VMEM
-exceeds the limit: the bytes asked and allowed, `vmem_asked_bytes` / `vmem_allowed_bytes`),
-"partitioning" (a Mosaic kernel XLA would have to partition: called outside a shard_map on
-sharded inputs), "unsupported op" (no lowering or no compiler support for an operation),
-"other". A compiled program gives its memory figures (code, arguments, outputs, temporaries).
-
-What compiles is judged by the compile alone (like the lowering rows; the policy has no
-rule for them). Where libtpu is missing each (target, mesh) gets one `skip` row saying the
-kernels were only lowered (the lowering rows, `mhc_parity.harness.engine.lowering_rows`).
-"""
+"""Compile rows: every kernel program (this project's four, and an implementation's own
+`kernel_programs`) compiled by the real TPU compiler from any host, for each of `TARGETS`, on one
+chip and on the case's mesh. `pass`: an executable, with its memory figures; `fail`: the error's first
+line and a cause class (`failure_cause`). Without libtpu each (target, mesh) gets one `skip` row."""
 
 from __future__ import annotations
 
@@ -145,7 +129,7 @@ def compile_lowered(program: str, lowered) -> CompileResult:
 
 def compile_program(program: str, fn, structs, store=None, target_key: dict | None = None) -> CompileResult:
     """Lower and compile one program; never raises. store: a
-    `mhc_parity.harness.stores.compile_store.CompileStore` that keys the compile by the lowered
+    `mhc_parity.harness.engine.compile_store.CompileStore` that keys the compile by the lowered
     module's text and `target_key` (None: compile)."""
     start = time.perf_counter()
     try:

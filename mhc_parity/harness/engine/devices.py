@@ -1,21 +1,7 @@
-"""Which devices a path runs on, and how that is reported.
-
-Rules (never a silent downgrade — a row's `devices` column names the devices):
-
-* an unsharded path runs on the default backend's first device;
-* a token-sharded path needing N = data·fsdp devices runs on the default backend's first
-  N devices when it has that many;
-* otherwise, when the default backend is an accelerator with too few devices (a
-  single-chip TPU or GPU machine), implementations that run anywhere (not Mosaic) run
-  their sharded paths on the host CPU's first N devices (the 8 simulated ones of
-  `mhc_parity.harness.env`). Such a path is a *host* path: its name ends in ``@cpu`` and its
-  `vs_unsharded` partner is the same implementation unsharded on the host CPU (also
-  ``@cpu``), so a sharded/unsharded comparison never crosses backends;
-* a path that cannot be placed is skipped with the reason.
-
-`choose_devices` is the pure rule (tested with stand-in devices); `path_placement`
-applies it to this process's devices.
-"""
+"""Which devices a path runs on, never silently downgraded (a row's `devices` column names them): the
+default backend's first device, or its first data·fsdp ones for a token-sharded path; where an
+accelerator has too few, the sharded paths of implementations that run anywhere use the host CPU's
+simulated devices (a *host* path, ``...@cpu``, whose `vs_unsharded` partner is ``@cpu`` too)."""
 
 from __future__ import annotations
 
@@ -92,10 +78,8 @@ def needs_host(needed: int, default_devices: Sequence) -> bool:
 
 
 def choose_devices(needed: int, *, host: bool, default_devices: Sequence, host_devices: Sequence) -> Placement:
-    """The first `needed` devices of the default backend, or of the host CPU when `host`.
-
-    Raises PlacementError (the skip reason) when the chosen backend has fewer.
-    """
+    """The first `needed` devices of the default backend, or of the host CPU when `host`;
+    PlacementError (the skip reason) when it has fewer."""
     pool = host_devices if host else default_devices
     if len(pool) >= needed:
         note = ""
@@ -132,13 +116,10 @@ def runs_on_host(path, default: Sequence | None = None) -> bool:
 
 
 def cpu_devices_lacking(path, *, default_devices: Sequence, host_devices: Sequence) -> int:
-    """How many CPU devices `path` needs that the process lacks (0 when none), with
-    `path_placement`'s devices: a path that runs on the host CPU (the host fallback, or a CPU
-    backend) needs its mesh's devices there, and the simulated ones are as many as XLA_FLAGS
-    says (`mhc_parity.harness.env`), so a shortfall is the process's setting, not its machine,
-    and the path would be skipped for it. A path that cannot run on a CPU (Mosaic), or that
-    runs on an accelerator (too few chips is the machine's), lacks nothing here: it is skipped
-    with its reason, as on a single-chip TPU."""
+    """How many CPU devices `path` needs that the process lacks (0 when none): a path that runs on the
+    host CPU needs its mesh's devices there, as many as XLA_FLAGS simulates (the process's setting, not
+    its machine's). A Mosaic path, or one on an accelerator, lacks nothing here: it is skipped with its
+    reason."""
     on_host = runs_on_host(path, default_devices)
     if path.mesh is None or not on_host or not path.impl.runs_on_host:
         return 0
@@ -157,11 +138,8 @@ def placement_mesh(devices: tuple, shape: tuple[int, int]):
 
 
 def precision_label(setting: str, platform: str, compute_capability=None) -> str:
-    """The row's `matmul_precision`: the effective setting, and why when it differs.
-
-    e.g. ``highest``, ``default`` (on a TPU), or ``highest (default requested; cpu
-    default is full float32)``.
-    """
+    """The row's `matmul_precision`: the effective setting, and why where it differs, e.g. ``highest
+    (default requested; cpu default is full float32)``."""
     effective = effective_matmul_precision(setting, platform, compute_capability)
     if effective == setting:
         return effective

@@ -1,13 +1,6 @@
-"""What an implementation declares it supports: its envelope.
-
-A case outside an implementation's envelope gives `unsupported` rows with the reason,
-and the implementation is never called on it; a rejection (UnsupportedInputError) of a
-case inside it is a `fail` ("rejected a supported case"). `mhc-parity run --inside-envelope`
-keeps only the cases inside every selected external implementation's envelope.
-
-Token multiples and embedding multiples may depend on the case (a kernel's block sizes
-are often case settings): give a callable `case -> int` instead of an int.
-"""
+"""What an implementation declares it supports. A case outside its envelope gets `unsupported` rows
+and the implementation is never called on it; a rejection (UnsupportedInputError) of a case inside
+it is a `fail`."""
 
 from __future__ import annotations
 
@@ -25,12 +18,10 @@ def _value(rule: IntOfCase, case) -> int:
 class Envelope:
     """The cases an implementation supports; None (or 1) places no limit.
 
-    act_dtypes / weight_dtypes: dtype names ("float32", "bfloat16"). streams: stream
-    counts n. variants: "lite" / "sinkhorn". branches: branch names.
-    embedding_multiple: C must be a multiple of it. token_multiple: the tokens one device
-    holds (batch·sequence, divided by the mesh's device count on a sharded path) must be a
-    multiple of it. meshes: the (data, fsdp) mesh shapes a token-sharded path may use
-    (None: any; (): none, unsharded only).
+    act_dtypes / weight_dtypes: dtype names ("float32", "bfloat16"); variants: "lite" / "sinkhorn".
+    embedding_multiple: C must be a multiple of it. token_multiple: the tokens one device holds
+    (batch·sequence / the mesh's device count) must be a multiple of it. Either multiple may be a
+    callable `case -> int`. meshes: the (data, fsdp) meshes a sharded path may use (None: any; (): none).
     """
 
     act_dtypes: tuple[str, ...] | None = None

@@ -1,6 +1,5 @@
-"""How a failure met while running a case is told: an error of the code under test as a row's
-reason that says where it was raised (`error_text`, `last_frame`), and the machine running out
-of memory, which is no row but stops the run (`out_of_memory`, `out_of_memory_error`)."""
+"""How a failure while running a case is told: a code error as a row's reason that says where it was
+raised; the machine out of memory as a ResourceError that stops the run."""
 
 from __future__ import annotations
 
@@ -14,20 +13,16 @@ from mhc_parity.harness.errors import ResourceError
 
 
 def error_text(exc: BaseException) -> str:
-    """An exception as a row's reason: its type and message."""
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-# What an XLA runtime error says when an allocation failed, besides its RESOURCE_EXHAUSTED status:
-# XLA:CPU wraps it ("INTERNAL: Error dispatching computation: Out of memory allocating N bytes.",
-# seen from a cold float64 oracle too large for the host), and LLVM reports a mapping it could not make.
+# Besides RESOURCE_EXHAUSTED: XLA:CPU's "Out of memory allocating N bytes." (seen from a cold float64
+# oracle too large for the host), and LLVM's failure to make a mapping.
 _XLA_OUT_OF_MEMORY = ("out of memory", "cannot allocate memory")
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` says the machine ran out of memory (host or device), not that the code
-    failed: a MemoryError, an OSError ENOMEM, an error with XLA's RESOURCE_EXHAUSTED status,
-    or an XLA runtime error that says it ran out of memory (`_XLA_OUT_OF_MEMORY`)."""
+    """Whether `exc` says the machine (host or device) ran out of memory, not that the code failed."""
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         return True
     text = str(exc)
@@ -46,9 +41,8 @@ def out_of_memory_error(case, where: str, exc: BaseException) -> ResourceError:
 
 
 def last_frame(exc: BaseException, code_root: str = "") -> str:
-    """' (at file:line)' of the innermost frame, so an error row points somewhere; with
-    `code_root`, of the innermost frame in a file under that folder (named from there
-    on: an implementation's own code), if the traceback has one."""
+    """' (at file:line)' of the innermost frame; with `code_root`, of the innermost frame under that
+    folder (an implementation's own code), named from there, if the traceback has one."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""

@@ -1,48 +1,16 @@
-"""Implementations of the operation under test the harness can run, built-in and external.
-
-Every implementation but a whole-layer one runs through the operation's layer
-(`mhc_parity.harness.engine.operation`; for the mHC layer `ManifoldConstrainedHyperConnections`), so
-the weights a path sees and the way the branch is wired are identical across paths; only
-the pre/post functions (the operation's `EXTERNAL_HOOKS`) differ:
-
-  reference  the layer with `use_pallas_kernel=False` (plain JAX)
-  interpret  the layer with `use_pallas_kernel=True`, Pallas interpret mode
-  mosaic     the layer with `use_pallas_kernel=True`, Mosaic-compiled (TPU only)
-  external   the layer with `implementation=<object with pre/post>`, loaded by
-             import path (`--impl my_pkg.module:factory`)
-
-The external interface: `factory()` returns an object with
+"""Implementations of the operation under test, built-in and external. All but a whole-layer one run
+through the operation's layer, so weights and branch wiring are identical across paths: `reference`
+(plain JAX), `interpret` (the Pallas kernels in interpret mode), `mosaic` (Mosaic-compiled, TPU only)
+and an external `--impl my_pkg.module:factory`, whose factory returns an object (or a list of them) with
   pre(x, weights: MhcWeights, *, config: MhcConfig) -> (layer_input, context)
   post(layer_output, context, *, config: MhcConfig) -> out
-with x (B, S, n, C), layer_input (B, S, C), out like x, and `context` any pytree; if it
-has attributes h_pre, h_post, h_res they are compared as intermediates.
-
-A whole-layer implementation (a layer of another project, run through its own
-`__call__`) has instead of pre/post
+x (B, S, n, C), layer_input (B, S, C), out like x; `context` any pytree, its h_pre, h_post, h_res (if
+any) compared as intermediates. A whole-layer implementation has instead
   build(case, *, matmul_precision, mesh) -> forward
   forward(x, weights: dict[field, array], branch_fn) -> (out, intermediates: dict)
-with `weights` the fixture's leaves by `MhcWeights` field name (stored dtypes) and
-`branch_fn(layer_input) -> layer_output` the case's branch; gradients are taken through
-`forward` by the harness, so every weight leaf gets one.
-
-Optional attributes: `name` (defaults to the factory's module:function), `variants`
-(tuple of supported variants, default ("lite", "sinkhorn")), `expects_case_limits` (True
-if the case's expect/expect_reason applies to it, as to the kernels; default False),
-`envelope` (a `mhc_parity.harness.engine.envelope.Envelope`: cases outside it are `unsupported` rows),
-`partner` (the name of another implementation of the run it is also compared with, as
-`vs_reference`: e.g. a kernel path and its own project's reference path),
-`lower(case, mesh_shape) -> [mhc_parity.mhc.kernels.lowering.LoweringResult]` (lowering rows of its
-kernel programs, `mesh_shape` () or the case's mesh), `kernel_programs(case, mesh) -> {name: (fn,
-structs)}` (its kernel programs in Mosaic mode on `mesh`, a `jax.sharding.Mesh` of compile-only
-TPU devices over ("data", "fsdp"), token-sharded where it has more than one device: the compile
-rows compile them for every TPU target, `mhc_parity.harness.engine.compile_rows`), `code_root` (the folder of its
-code: an error row names the innermost frame there) and `precision_choices` (the roundings
-and narrow sums it makes on purpose, `mhc_parity.harness.engine.precision_choices.PrecisionChoice`s:
-they join its own rounding model), and `source_accommodations` (lines saying how its code was read
-other than as written, e.g. newer syntax read on an older Python: the run's environment record and
-its reports show them). A factory may return a list or tuple of such objects:
-each becomes an implementation.
-"""
+(weights by `MhcWeights` field in stored dtypes; gradients are taken through `forward`). Optional
+attributes: docs/external-implementations.md, and `kernel_programs(case, mesh) -> {name: (fn, structs)}`,
+its kernel programs in Mosaic mode on a mesh of compile-only TPU devices, for the compile rows."""
 
 from __future__ import annotations
 
@@ -78,20 +46,11 @@ class ImplementationError(ConfigurationError):
 class Implementation:
     """One way of computing the layer, and what the harness may expect of it.
 
-    name: stable path prefix (keys baselines). kernel: True for the Pallas kernels.
-    interpret: Pallas interpret mode (kernels only). variants: variants it implements;
-    other cases get a `skip` row. needs_backend: JAX backend required ("tpu"), else
-    `skip`. case_limits: the case's expect/expect_reason applies (kernel-like paths).
-    external: the object with pre/post passed to the layer as `implementation`.
-    spec, source_file, module: an external one's `module:factory`, its module's file and
-    name (the run manifest records the spec and, as code under test, what the module imports). layer: a whole-layer
-    implementation's object with `build` (module docstring), used instead of this
-    project's layer. envelope: what it supports (`mhc_parity.harness.engine.envelope.Envelope`; None: any
-    case). partner: the implementation it is also compared with (`vs_reference`).
-    lower: its kernel programs' lowering (module docstring). kernel_programs: its kernel programs
-    to compile for TPUs (module docstring). code_root: the folder whose
-    innermost frame an error row names. precision_choices: what it rounds or sums narrowly
-    on purpose (`mhc_parity.harness.engine.precision_choices`).
+    name: stable path prefix (keys baselines). kernel / interpret: the Pallas kernels, in interpret
+    mode. needs_backend: the JAX backend required ("tpu"), else `skip`. case_limits: the case's
+    expect/expect_reason applies. external: the pre/post object; layer: a whole-layer one's object.
+    spec, source_file, module: an external one's `module:factory`, its module's file and name (the
+    manifest records them). The other fields are the external object's attributes of the same name.
     """
 
     name: str
@@ -131,15 +90,10 @@ class Implementation:
         return self.needs_backend is None
 
     def partitioning(self, elementwise_branch: bool) -> str:
-        """How a token-sharded run of this implementation is split, for the policy.
-
-        "manual": every per-token computation runs per shard in code whose blocking does
-        not depend on the shard's token count (the kernels inside shard_map, around an
-        elementwise branch), so each token is bit-identical to the unsharded run.
-        "auto": some per-token work (the reference, an external implementation, or a
-        branch with matmuls) is partitioned by XLA, which may re-block a matmul for the
-        smaller per-shard row count and so reorder its sums.
-        """
+        """How a token-sharded run is split, for the policy: "manual" where every per-token computation runs
+        per shard in code whose blocking does not depend on the shard's token count (the kernels in
+        shard_map around an elementwise branch: each token bit-identical to the unsharded run); "auto" where
+        XLA partitions some per-token work and may re-block a matmul for fewer rows, reordering its sums."""
         return "manual" if self.kernel and elementwise_branch else "auto"
 
     def layer_builder(self):
@@ -212,12 +166,9 @@ def failure_location(exc: BaseException, module_name: str) -> str:
 
 
 def load_implementations(spec: str) -> tuple[Implementation, ...]:
-    """Load `module.path:factory` and wrap what the factory returns (one object, or a
-    list or tuple of them: one implementation each).
-
-    Raises ImplementationError naming the spec for a bad format, a missing module or
-    attribute, a factory that fails or returns nothing, or a malformed object (`wrap_external`).
-    """
+    """Load `module.path:factory` and wrap what the factory returns (one object, or a list or tuple of
+    them); ImplementationError naming the spec for a bad format, a missing module or attribute, a
+    factory that fails or returns nothing, or a malformed object (`wrap_external`)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ImplementationError(f"--impl {spec!r}: expected 'module.path:factory'")
@@ -255,12 +206,9 @@ def load_implementations(spec: str) -> tuple[Implementation, ...]:
 
 
 def wrap_external(obj: Any, *, spec: str = "", default_name: str = "", source_file: str = "") -> Implementation:
-    """An `Implementation` around an object with `pre`/`post` (what a factory returns).
-
-    Its name is `obj.name`, else `default_name`; ImplementationError for an object without
-    callable pre/post (or build, for a whole layer), with an envelope that is not an
-    `Envelope`, without a name, with a reserved name or unknown variants.
-    """
+    """An `Implementation` around a factory's object, named `obj.name`, else `default_name`;
+    ImplementationError for no callable pre/post (nor build), an envelope that is not an `Envelope`, no
+    name, a reserved name or unknown variants."""
     label = f"--impl {spec!r}" if spec else f"implementation {type(obj).__name__}"
     kind = type(obj)
     note_foreign_code(spec or f"{kind.__module__}.{kind.__qualname__}", kind.__module__, _module_file(kind.__module__))

@@ -1,19 +1,6 @@
-"""What an interpret-mode path would cost, and when it is too much to run.
-
-Pallas's interpret mode runs the kernels' bodies as XLA operations, a grid step at a time. Its
-cost grows with the elements of x, so at some size a path is not worth its time: an interpret
-path whose estimated run is over `INTERPRET_BUDGET_S` is not run, and its rows are `skip` rows
-that say so, with the estimate and where its cost per element was measured (`interpret_refusal`).
-Measured, the host CPU's interpret mode is cheaper than feared: the `tpu` suite's largest case
-(8192 tokens of 4 x 1024) costs about 5 s a path there, so the token-sharded paths a one-chip
-machine moves to its host (`...@cpu`, `mhc_parity.harness.engine.devices`) run; a case some
-twenty times larger would be refused.
-
-The estimate is the elements of x (tokens x streams x embedding) times the measured seconds per
-element of one run of the path's program, its forward and VJP (`SECONDS_PER_ELEMENT`, by the
-platform it runs on), plus one compile. Only platforms measured have an entry: an interpret path
-on a TPU (XLA on the chip) is run whatever its size, and its rows' `execute_s` measures it.
-"""
+"""An interpret-mode path's estimated seconds (elements of x times its platform's measured seconds per
+element, plus a compile) and `interpret_refusal`: a path over `INTERPRET_BUDGET_S` is not run, its
+rows `skip`. Only measured platforms have an entry: an interpret path on a TPU always runs."""
 
 from __future__ import annotations
 
@@ -34,12 +21,9 @@ class ElementCost:
     measured: str
 
 
-# `python bench/interpret_cost.py` (interpret/unsharded, the median of 2 runs after a warm-up, the
-# MLP branch, 2048 tokens of 4 x 1024: 8.4 M elements of x) on this project's shared, loaded 2-core
-# x86-64 CPU (jax 0.12): float32 0.69 s a run (8.2e-8 s an element), 1.8 s to compile; bfloat16
-# 0.55 s (6.6e-8), 2.3 s. The slower of each is taken. A host with more cores runs it faster: the
-# estimate errs long there. At the `tpu` suite's largest (33.5 M elements) that is about 5 s a
-# path: its host paths run.
+# `python bench/interpret_cost.py` (8.4 M elements of x) on a shared 2-core x86-64 CPU, jax 0.12:
+# float32 8.2e-8 s an element and 1.8 s to compile, bfloat16 6.6e-8 and 2.3 s; the slower of each is
+# taken. The `tpu` suite's largest case (33.5 M elements) then takes about 5 s a host path: it runs.
 SECONDS_PER_ELEMENT = {
     "cpu": ElementCost(8.2e-8, 2.3, "bench/interpret_cost.py on a 2-core x86-64 CPU, MLP branch, 8.4 M elements"),
 }

@@ -1,15 +1,6 @@
-"""Which kernel blocks a row's program ran: its `kernel_blocks` column.
-
-The Mosaic kernels do not always run the blocks a case asks for: the VMEM fitter
-(`mhc_parity.mhc.kernels.vmem.fit_blocks`) halves the token and feature blocks until a grid step
-fits the scoped VMEM limit, so at real sizes the chip runs other grids and other accumulation
-orders than the case's name says. Interpret mode runs the case's own blocks, clamped to the whole
-batch. A row of this project's kernels (the `interpret` and `mosaic` paths, their lowering and
-compile rows) states the blocks as the kernels resolve them for the path's shard of the tokens
-(`mhc_parity.mhc.kernels.api.resolved_blocks`), e.g. ``block_tokens=128 block_tokens_bwd=64
-block_features=512``; every other row (the reference, external implementations, whose blocks are
-their own) leaves it empty, as does a case whose blocks the kernels refuse (its rows say why).
-"""
+"""A row's `kernel_blocks` column: the blocks this project's kernels ran, as they resolve them for the
+path's shard of the tokens (Mosaic's fitted to VMEM, interpret mode's the case's own, clamped to the
+batch), e.g. ``block_tokens=128 block_tokens_bwd=64 block_features=512``; "" on every other row."""
 
 from __future__ import annotations
 

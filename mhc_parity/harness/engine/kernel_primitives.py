@@ -1,26 +1,9 @@
-"""Whether a Pallas kernel compiled by Mosaic computes the backend's float32 primitives as XLA does.
-
-The backend's terms (`mhc_parity.harness.engine.backend_arithmetic.model_terms`) widen a row's bounds by
-what the backend's own primitives err. Two paths on the same chip, a Mosaic kernel and an XLA
-program (the reference, or the kernels in interpret mode), differ only by the primitives the
-two compilers compute differently: where Mosaic's exp is XLA's exp bit for bit, the two paths'
-exp errors are the same error, which the partner's own error against the oracle already holds.
-So each elementwise primitive of the probe (`KERNEL_PRIMITIVES`) is evaluated on the same
-float32 inputs (`backend_arithmetic`'s grids, laid out as (rows, 128)) by XLA (`jax.jit`) and
-inside a Pallas kernel (`pl.pallas_call` over (`BLOCK_ROWS`, 128) blocks), and the table says
-per primitive whether the two are bit-identical, how far apart in ulps, and each one's error
-against float64 (`compare_primitives`).
-
-`narrowed_terms` widens a Mosaic-vs-XLA comparison only by the primitives the table shows
-differ (or could not measure), and by the sigmoid's term always: a correct kernel may route its
-sigmoid otherwise than the reference (through tanh or softplus, `backend_arithmetic.SIGMOID_ROUTES`),
-a difference of code the compilers' agreement does not remove. Without a Mosaic table for the
-backend (`measured_kernel_primitives`: measured once on a TPU and stored, None elsewhere),
-nothing is narrowed. A table measured in interpret mode (`compiler` "interpret": what
-`bench/tpu_kernel_primitive_probe.py` does on a CPU, to test itself) never narrows anything.
-
-Importing this module starts no backend.
-"""
+"""Whether a Pallas kernel compiled by Mosaic computes each elementwise float32 primitive as XLA does
+(`compare_primitives`: bit-identical or how far apart, and each one's error against float64). Where
+they agree bit for bit, a Mosaic-vs-XLA comparison shares that primitive's error, so `narrowed_terms`
+widens it only by the primitives that differ or were not measured, and by the sigmoid's term always
+(a kernel may route its sigmoid otherwise). Without a Mosaic table (off a TPU, or an interpret-mode
+one) nothing is narrowed. Importing this module starts no backend."""
 
 from __future__ import annotations
 
@@ -59,14 +42,10 @@ ROUTE_TERMS = ("logistic",)
 
 @dataclasses.dataclass(frozen=True)
 class PrimitiveAgreement:
-    """One primitive computed by XLA and inside a Pallas kernel on the same float32 inputs.
-
-    identical: every output bit-identical (NaN where NaN); None where the kernel could not
-    compute it (`error` says why). differing: outputs whose bits differ; max_ulps_between: the
-    largest difference in float32 ulps of the larger of the two. xla_max_ulps, kernel_max_ulps,
-    xla_max_relative, kernel_max_relative: each one's error against float64 on the host
-    (`backend_arithmetic.PrimitiveError`). samples: inputs measured.
-    """
+    """One primitive computed by XLA and inside a Pallas kernel on the same float32 inputs: `identical`
+    (every output bit-identical, NaN where NaN; None where the kernel could not compute it, `error` says
+    why), the `differing` outputs, `max_ulps_between` (float32 ulps of the larger), and each one's error
+    against float64 on the host (`backend_arithmetic.PrimitiveError`) over `samples` inputs."""
 
     name: str
     identical: bool | None
@@ -219,10 +198,9 @@ STORE_FOLDER = "kernel-primitives"
 
 @functools.cache
 def measured_kernel_primitives() -> KernelPrimitiveTable | None:
-    """The default backend's Mosaic table: None where the backend has no Mosaic (not a TPU), else
-    read from the cache folder's checksummed store where this backend, device kind and versions
-    were compared before, or compared now (seconds) and stored there. Once per process. None also
-    where the comparison itself fails: then nothing is narrowed (`narrowing_note` says so)."""
+    """The default backend's Mosaic table, once per process: None off a TPU, or where the comparison fails
+    (then nothing is narrowed); else read from the cache folder's checksummed store, or compared now
+    (seconds) and stored."""
     device = jax.devices()[0]
     if device.platform != "tpu":
         return None

@@ -1,11 +1,5 @@
-"""The named leaves every path and the oracle produce, and what kind each one is.
-
-  forward leaves   the operation's (`mhc_parity.harness.engine.operation`): the output, then its intermediates
-  gradient leaves  d_x, d_<weight name>, d_branch.<branch parameter>
-
-Kept apart from the paths (`mhc_parity.harness.engine.paths`) and the oracle (`mhc_parity.harness.engine.oracle_path`):
-both name their results with it.
-"""
+"""The named leaves every path and the oracle produce, and each one's kind: the operation's forward
+leaves (the output, then its intermediates), then d_x, d_<weight name>, d_branch.<branch parameter>."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Lowering rows: the kernels' Mosaic (TPU) lowering checked from any machine.
-
-One row per kernel program (`pre_forward`, `post_forward`, `pre_backward`,
-`post_backward`), unsharded and — when the case has a mesh — token-sharded on an
-abstract TPU mesh of the case's shape, at the case's requested matmul precision (the
-TPU's meaning of it). The row's leaf is the program name; `pass` means the program
-lowered to a Mosaic custom call, `fail` carries the lowering error. Nothing runs, so
-the `devices` column stays empty.
-"""
+"""Lowering rows: each kernel program's Mosaic (TPU) lowering checked from any machine, unsharded and,
+with a mesh, token-sharded on an abstract TPU mesh, at the case's matmul precision. The leaf is the
+program; `pass`: it lowered to a Mosaic custom call. Nothing runs, so `devices` stays empty."""
 
 from __future__ import annotations
 
@@ -45,12 +39,9 @@ def lowering_verdict(case, ok: bool, error: str) -> tuple[str, str]:
 
 
 def lowering_rows(case, store=None, selects: Callable[[str], bool] = _every) -> Iterator[dict]:
-    """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded.
-
-    store: a `mhc_parity.harness.stores.program_store.LoweringStore` to reuse earlier results of the same
-    lowering (None: lower every program); selects(path name): whether a path's rows are wanted
-    (a path not selected is not lowered at all).
-    """
+    """Rows for every kernel program of `case`, unsharded and (with a mesh) sharded. store: a
+    `LoweringStore` that reuses earlier results (None: lower every program); selects(path name):
+    whether a path's rows are wanted (a path not selected is not lowered at all)."""
     for row in _rows(case, store, selects):
         row["matmul_precision"] = case.matmul_precision  # the precision the programs were lowered at
         yield row

@@ -1,12 +1,6 @@
-"""The seam between the engine and the operation under test.
-
-The engine, the judging and the reports name no leaf or weight of the mHC layer: what is
-specific to it — its leaves and their kinds, how a path's program is built from its layer,
-how the float64 oracle runs — is asked of `OPERATION`, which serves `Operation`. This
-project's mHC layer serves it from `mhc_parity.mhc.operation`; an external implementation serves the
-part a path needs (`build`, see `mhc_parity.harness.engine.implementations`). A second operation is
-one more package serving `Operation`.
-"""
+"""The seam between the engine and the operation under test: the engine, the judging and the reports
+name no leaf or weight of the mHC layer, and ask `OPERATION` (served by `mhc_parity.mhc.operation`).
+A second operation is one more package serving `Operation`."""
 
 from __future__ import annotations
 
@@ -88,7 +82,7 @@ class Operation(Protocol):
     provides (`layer_builder(external=...)`).
     ORACLE_MODULES, PROGRAM_MODULES, KERNEL_MODULES: the modules (or packages) only the
     oracle, only a path's program, only the kernel paths run; the stores' keys leave each
-    out of the others' code (`mhc_parity.harness.stores`).
+    out of the others' code (`program_store`, `oracle_cache`, `fit_store`).
     """
 
     NAME: str

@@ -1,13 +1,6 @@
-"""The float64 oracle as a path: its leaves named like a path's, and their sensitivity.
-
-`run_oracle_path(case, fixture)` runs the operation's float64 oracle (`mhc_parity.mhc.oracle`) once
-exactly and `NOISE_SAMPLES` times with simulated rounding (one batched program, a chunk of
-tokens at a time: `mhc_parity.mhc.oracle_chunks`), and returns an `OracleOutputs`: the exact
-leaves, how far one rounding per operation moves each of them, and the systematic-error
-statistic of those draws.
-`mhc_parity.harness.stores.oracle_cache` stores these answers by content, keyed by the code they are
-computed from.
-"""
+"""The float64 oracle as a path: `run_oracle_path` gives the exact leaves, named like a path's, and how
+far one rounding per operation moves each (`OracleOutputs`), from the exact oracle and `NOISE_SAMPLES`
+rounding draws run a chunk of tokens at a time."""
 
 from __future__ import annotations
 
@@ -33,40 +26,29 @@ from mhc_parity.records.settings import setting
 
 @dataclasses.dataclass(frozen=True)
 class OracleOutputs:
-    """The oracle's leaves, and how far one rounding per operation moves each of them.
+    """The oracle's exact leaves, and how far one rounding per operation moves each of them.
 
-    sensitivity: leaf -> its `Sensitivity`: the relative deviation of the noisy oracle from
-    the exact one (root-mean-square over `NOISE_SAMPLES` draws, normalised like the
-    metrics: by max|oracle| and ‖oracle‖₂; and along the leaf itself), with the effective
-    degrees of freedom that say how well N draws estimate it
-    (`mhc_parity.harness.judging.confidence`). The noise is one simulated rounding of the case's
-    activation dtype on every input and intermediate (`mhc_parity.mhc.oracle.run_oracle`'s
-    `rounding_noise`), so a leaf's sensitivity is the error that dtype's arithmetic
-    explains there — small for a well-conditioned leaf, large where the math itself
-    cancels (peaked softmax gradients, gate-scale sums).
+    sensitivity: leaf -> its `Sensitivity`, the RMS over `NOISE_SAMPLES` draws of the noisy oracle's
+    relative deviation from the exact one (normalised like the metrics, and along the leaf), with the
+    effective degrees of freedom: the error the case's arithmetic explains there, small for a
+    well-conditioned leaf, large where the math itself cancels.
     """
 
     leaves: Mapping[str, np.ndarray]
     sensitivity: Mapping[str, Sensitivity]
     execute_s: float
-    # token-major leaf -> the systematic-error t statistic of the noisy draws against the
-    # exact oracle (root-mean-square over the draws): how much of an error shared by every
-    # token the rounding model itself produces (e.g. rounded weights meeting activations
-    # whose mean is not zero).
+    # token-major leaf -> the RMS over the draws of their systematic-error t statistic: the error shared
+    # by every token that the rounding model itself produces.
     systematic: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    # token-major leaf -> the largest error shared by every token (`shared_shift`) when each
-    # backend primitive's output is off by its whole model term the same way on every token:
-    # a primitive's error is a fixed function of its input, so tokens that feed it alike share
-    # it. Empty where the backend has no term (a CPU).
+    # token-major leaf -> the largest error shared by every token when each backend primitive is off by
+    # its whole term alike on every token (its error is a fixed function of its input). Empty on a CPU.
     backend_shift: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # The same statistics with only the backend terms a Mosaic kernel and XLA compute
     # differently (`kernel_pair_units`), for the comparisons of such a pair on the backend;
     # None where those are all the terms (a CPU, or no Mosaic table: every term widens).
     kernel_pair: PairStatistics | None = None
-    # The peak resident memory (bytes) of the process that computed this answer alone: a case
-    # whose oracle runs in a process of its own (`mhc_parity.harness.engine.oracle_process`); None
-    # where it was computed inside a run's process, among other work. budget_bytes: the memory
-    # budget it ran under (`case_memory.oracle_memory_bytes` at its chunk and chunks in flight).
+    # The peak resident memory (bytes) of an oracle's own process (`oracle_process`); None where it was
+    # computed inside a run's process. budget_bytes: the memory budget it ran under.
     peak_bytes: int | None = None
     budget_bytes: int | None = None
 
@@ -85,11 +67,9 @@ class PairStatistics:
 # the policy's rate falls steeply to 16 draws and slowly after); the draws run as one
 # vmapped program, so each costs execution, not compilation.
 NOISE_SAMPLES = 16
-# Activation elements (tokens x the per-token elements of x) each chunk of the oracle holds: its
-# working set (the draws' intermediates, gradients and random numbers over those tokens) is about
-# 4 KiB per element (`mhc_parity.harness.engine.case_memory.oracle_memory_bytes`), 2 GiB a chunk.
-# The default suite's largest cases (128 tokens of 4 x 1024, 512 of 4 x 256) hold exactly this
-# many, so each runs in one chunk: the one-shot program, bit for bit.
+# Activation elements each chunk of the oracle holds: about 4 KiB of working set each, 2 GiB a chunk
+# (`case_memory`). The default suite's largest cases hold exactly this many, so each runs in one chunk:
+# the one-shot program, bit for bit.
 ORACLE_CHUNK_ELEMENTS = 1 << 19
 CHUNK_TOKENS_ENV_VAR = "MHC_PARITY_ORACLE_CHUNK_TOKENS"
 # Seeds the rounding noise together with the case seed: reproducible, and independent
@@ -190,11 +170,9 @@ def oracle_units(case) -> OracleUnits:
 
 
 def arithmetic_material(case) -> dict:
-    """What a case's bounds and causes rest on besides its code, fixture and outputs, as store
-    key material: the backend's terms (`backend_terms`), the case's `noise_units` (which hold
-    them, and the operand rounding of its matmul precision here) and the units of a Mosaic-vs-XLA
-    pair where they differ (`kernel_pair_units`). A stored judgement made under other terms
-    (another backend's table, or an edited one) is not this run's."""
+    """What a case's bounds and causes rest on besides its code, fixture and outputs, as store key
+    material: the backend's terms, the case's `noise_units` and a Mosaic-vs-XLA pair's units where they
+    differ. A judgement stored under other terms is not this run's."""
     pair_units = kernel_pair_units(case)
     return {
         "backend_terms": dict(sorted(backend_terms().items())),
@@ -227,21 +205,15 @@ def _sensitivity(max_devs, rms_devs, gains, dof_rms: float) -> Sensitivity:
 
 
 def matmul_operand_roundoff(case) -> float:
-    """How much the dots of the case's paths round float32 operands, as a unit roundoff.
-
-    Asked of `mhc_parity.mhc.precision.operand_rounding` for the case's matmul-precision setting on
-    the default backend (where the paths run; a path moved to the host CPU rounds no
-    more than that): 0 at "highest" and on a CPU.
-    """
+    """How much the dots of the case's paths round float32 operands on the default backend, as a unit
+    roundoff (a path moved to the host rounds no more): 0 at "highest" and on a CPU."""
     device = jax.devices()[0]
     return operand_rounding(case.matmul_precision, device.platform, device_compute_capability(device)).unit_roundoff
 
 
 def oracle_chunk_tokens(case) -> int:
-    """How many tokens each chunk of the case's oracle holds (`mhc_parity.mhc.oracle_chunks`):
-    `ORACLE_CHUNK_ELEMENTS` activation elements' worth (at least one token), or
-    `$MHC_PARITY_ORACLE_CHUNK_TOKENS` where set (a positive integer: a smaller chunk bounds the
-    memory further; tests force chunks with it). Part of the oracle cache's key: the chunks
+    """Tokens each chunk of the case's oracle holds: `ORACLE_CHUNK_ELEMENTS` activation elements' worth (at
+    least one), or `$MHC_PARITY_ORACLE_CHUNK_TOKENS` where set. Part of the oracle cache's key: the chunks
     reassociate the sums over tokens."""
     tokens = setting(CHUNK_TOKENS_ENV_VAR)
     return tokens if tokens is not None else max(1, ORACLE_CHUNK_ELEMENTS // math.prod(case.shape[2:]))
@@ -257,21 +229,12 @@ def run_oracle_path(
 ) -> OracleOutputs:
     """The exact float64 oracle's leaves (named like a path's) and their sensitivity.
 
-    The sensitivity draws use the mixed-precision rounding model of `mhc_parity.mhc.oracle`
-    (`ROUNDING_SITES`): each value rounds at the unit roundoff of the precision a correct
-    implementation may hold it in, for the case's activation and weight dtypes and the
-    operand rounding its matmul precision implies on this backend. The exact oracle and the
-    `NOISE_SAMPLES` draws run together (one program, vmapped over the draws: shared by every
-    case of the same shapes, branch and config), `chunk_tokens` tokens at a time (default
-    `oracle_chunk_tokens`; `mhc_parity.mhc.oracle_chunks`): the host holds the fixture, the
-    exact leaves, every draw's weight gradients and one chunk's draws, and the statistics of
-    the token-major leaves are accumulated chunk by chunk
-    (`mhc_parity.harness.judging.token_statistics`). Where a Mosaic kernel and XLA compute some
-    of the backend terms' primitives alike on this backend (`kernel_pair_units`), a second batch
-    of draws without those terms gives `kernel_pair`, for the comparisons of such a pair.
-    units: the draws' `OracleUnits` (default `oracle_units(case)`, this backend's). in_flight:
-    the most chunks that run at once, on threads (the same values; that many chunks' memory),
-    one more starting only while `room()` says the memory has room for it (default: always).
+    The draws round each value at the unit roundoff of the precision a correct implementation may hold
+    it in (`mhc_parity.mhc.oracle`'s `ROUNDING_SITES`). The exact oracle and the draws run as one vmapped
+    program, `chunk_tokens` tokens at a time (default `oracle_chunk_tokens`), the token-major leaves'
+    statistics accumulated chunk by chunk; where `units.pair` is set, a second batch gives `kernel_pair`.
+    units: default `oracle_units(case)`; in_flight: the most chunks at once, on threads, one more starting
+    only while `room()` allows (default: always). Neither changes the values.
     """
     start = time.perf_counter()
     branch = get_branch(case.branch)

@@ -1,14 +1,7 @@
-"""Paths (implementation × sharding) and the programs they run.
-
-A path runs one case's fixture through one implementation, unsharded or token-sharded
-on the case's mesh, on the devices `mhc_parity.harness.engine.devices` places it on (a *host* path, named
-``...@cpu``, runs on the host CPU because the default accelerator has too few devices),
-at the case's matmul precision as effective there, and returns a flat mapping
-leaf-name -> NumPy array (the leaves of `mhc_parity.harness.engine.leaves`) from one forward pass and one
-VJP seeded with the case's cotangent. Weights, inputs and the cotangent are the program's
-arguments, so cases that share shapes and dtypes share a program (`mhc_parity.harness.engine.program_cache`
-keeps the compiled ones).
-"""
+"""Paths (implementation × sharding) and the programs they run: one case's fixture through one
+implementation, unsharded or token-sharded on its mesh, as one forward pass and one VJP seeded with
+the case's cotangent, giving leaf name -> array. Weights, inputs and the cotangent are arguments, so
+cases of one shape and dtype share a program (`program_cache`)."""
 
 from __future__ import annotations
 
@@ -33,11 +26,8 @@ ORACLE_PATH = "oracle"
 
 @dataclasses.dataclass(frozen=True)
 class Path:
-    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh.
-
-    host: run on the host CPU's devices although the default backend is an accelerator
-    (see `mhc_parity.harness.engine.devices`); False everywhere on a CPU machine.
-    """
+    """An implementation run unsharded (mesh None) or token-sharded on a (data, fsdp) mesh; `host`: on
+    the host CPU's devices although the default backend is an accelerator (`devices`)."""
 
     impl: Implementation
     mesh: tuple[int, int] | None = None
@@ -98,12 +88,8 @@ def _trace_signature(case, precision: str) -> tuple:
 
 
 def _build_program(path: Path, case, placement: Placement, precision: str):
-    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)`:
-    the implementation's layer (`Implementation.layer_builder`, this project's layer unless a
-    whole-layer implementation brings its own) on the fixture's weights and the case's branch.
-
-    precision: the matmul precision of every dot of the layer and the branch.
-    """
+    """The un-jitted `fn(x, weights, params, cotangent) -> (forward leaves, gradient leaves)` of the
+    implementation's layer and the case's branch, every dot at matmul `precision`."""
     branch = get_branch(case.branch)
     forward_of = path.impl.layer_builder().build(case, matmul_precision=precision, mesh=_path_mesh(path, placement))
 
@@ -167,11 +153,8 @@ def xla_flops(stage) -> float:
 
 
 def lowered_flops(path: Path, case, fixture) -> float:
-    """XLA's FLOP count of `path`'s forward-and-VJP program for `case`, lowered and not compiled:
-    the arithmetic as the program states it, before any backend's optimisation, so the same count
-    on every host (measured: the TPU-compiled reference program of a 256-token MaxText case counts
-    0.2% more, the CPU-compiled one 0.3%: docs/speed.md). The fixture is placed on the path's
-    devices (its shapes and shardings); nothing is compiled or run."""
+    """XLA's FLOP count of `path`'s forward-and-VJP program for `case`, lowered, not compiled: the
+    arithmetic as the program states it, the same on every host (docs/speed.md). Nothing is run."""
     program, args, _ = _placed_program(path, case, fixture)
     return xla_flops(jax.jit(program).lower(*args))
 

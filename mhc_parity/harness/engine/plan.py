@@ -1,22 +1,8 @@
-"""The matrix a run will make, known before anything is computed.
-
-`PathPlan` says which implementations and path-name globs run; from it and the selected
-cases follow every path, every comparison and every leaf (with its dtype) the run will
-judge. The CLI checks that plan up front, so configuration errors cost no compute:
-
-  `unmatched_path_globs`   a `--paths` glob that selects no path of the selection
-                           (a typo), with a did-you-mean over the known path names;
-  `uncovered_judgements`   a comparison the tolerance policy has no rule for.
-
-What this machine will not compute is known up front too: a `tpu`-tagged case's numbers off a
-TPU (`numbers_refusal`; its paths are `skip` rows saying why, its compile rows are made), and
-so whether a case needs its fixture and oracle at all (`PathPlan.needs_numbers`).
-
-Leaf dtypes follow the operation's contract: the forward leaves' are the operation's
-(`mhc_parity.harness.engine.operation`), `d_x` is in the activation dtype, every other gradient in
-the dtype of its primal (the weight dtype for weights and branch parameters,
-`mhc_parity.cases.fixtures.expected_layout`).
-"""
+"""The matrix a run will make, known before anything is computed: every path, comparison and leaf (with
+its dtype) of the selected cases, so that a `--paths` glob selecting nothing, a comparison the policy
+has no rule for, or a case this machine will not compute (`numbers_refusal`) is known up front. Leaf
+dtypes: the forward leaves' are the operation's, `d_x`'s the activation dtype, every other
+gradient's its primal's (`expected_layout`)."""
 
 from __future__ import annotations
 
@@ -56,13 +42,9 @@ class PathPlan:
         return any(fnmatch.fnmatchcase(path_name, g) for g in self.path_globs)
 
     def all_paths_for(self, case) -> list[Path]:
-        """Every path of the case, selected or not: each implementation unsharded, then sharded.
-
-        When the default backend is an accelerator with fewer devices than the mesh, the
-        sharded paths of implementations that run anywhere move to the host CPU and
-        bring their unsharded host twin as the `vs_unsharded` partner (see
-        `mhc_parity.harness.engine.devices`); Mosaic's sharded path stays and is skipped with the reason.
-        """
+        """Every path of the case, selected or not: each implementation unsharded, then sharded. Where the
+        accelerator has too few devices, the sharded paths of implementations that run anywhere move to the
+        host CPU with their unsharded host twin (`devices`); Mosaic's sharded path stays, to be skipped."""
         paths = [Path(impl, None) for impl in self.implementations]
         if case.mesh is not None:
             mesh = tuple(case.mesh)
@@ -84,10 +66,8 @@ class PathPlan:
         return bool(self.paths_for(case)) and not numbers_refusal(case)
 
     def lowering_names_for(self, case) -> list[str]:
-        """The case's lowering and compile row candidates, selected or not (none without
-        lowering): this project's kernels', then those of each implementation that lowers its
-        own; then the compile rows' (`mhc_parity.harness.engine.compile_rows`), which the same
-        switch turns on and off."""
+        """The case's lowering and compile row candidates, selected or not (none without `lowering`): this
+        project's kernels', those of each implementation that lowers its own, then the compile rows'."""
         if not self.lowering:
             return []
         meshes = case_meshes(case)
@@ -115,12 +95,9 @@ class PathPlan:
 
 
 def numbers_refusal(case) -> str:
-    """Why this process computes none of `case`'s numbers ("" where it does): a case tagged
-    `tpu` (`mhc_parity.cases.spec.TPU_TAG`: large shapes only worth running with compiled
-    kernels) on a default backend that is not a TPU, where its paths would run in Pallas's
-    interpret mode (its chunked float64 oracle alone is affordable: 4.4 GB and 157 s for the
-    suite's smallest case on a 2-core CPU, bench/oracle_memory.py). Its paths are then `skip`
-    rows with this reason; its lowering and compile rows are made on any host."""
+    """Why this process computes none of `case`'s numbers ("" where it does): a `tpu`-tagged case off a
+    TPU, where its paths would run in interpret mode. Its paths are then `skip` rows with this reason;
+    its lowering and compile rows are made on any host."""
     if TPU_TAG not in case.all_tags:
         return ""
     backend = jax.default_backend()
@@ -241,12 +218,9 @@ class JudgementKey:
 
 
 def planned_judgements(cases: Sequence, plan: PathPlan) -> list[JudgementKey]:
-    """Every kind of judgement the plan makes for `cases`, in first-seen order.
-
-    Paths an implementation skips for a case (another variant, a reference_only case, a
-    case outside its envelope) are left out; paths skipped for the machine (mosaic off a TPU) are kept, so what is
-    planned here is the same on every machine.
-    """
+    """Every kind of judgement the plan makes for `cases`, in first-seen order. Paths an implementation
+    skips for a case are left out, paths skipped for the machine (mosaic off a TPU) kept: the same on
+    every machine."""
     keys: dict[JudgementKey, None] = {}
     for case in cases:
         paths = plan.paths_for(case)

@@ -1,18 +1,7 @@
-"""Precision choices an implementation makes on purpose, joined to its own rounding model.
-
-An implementation may declare roundings and narrow sums it makes by design (`precision_choices`
-on its factory's object): each a hypothesis of the operation (`Operation.hypotheses`, by name)
-with where and why. A declared choice is not a bug of that implementation, so it joins that
-implementation's rounding model, and only its: the sensitivity its rows are judged with grows
-by the choice's own effect on each leaf, the size of the hypothesis' error against the oracle
-(`DeclaredEffects.widened`). A bug on top of the choice still fails: the bound grows by what the
-choice explains, not more. A bound between two runs of the implementation (sharded and
-unsharded: an ulps bound) allows twice the choice's largest deviation, two orders of its sum.
-
-A choice that depends on the backend (a dot whose bfloat16 accumulation the backend decides)
-names the probe layout (`mhc_parity.harness.engine.backend_probe.LAYOUTS`) that shows it: it is made only
-where the probe measures that layout accumulated narrowly, and the probe is its evidence.
-"""
+"""Precision choices an implementation makes on purpose (`precision_choices` on its factory's object):
+each an operation hypothesis that joins that implementation's rounding model only, widening its rows'
+sensitivity by the choice's own effect against the oracle (docs/judging.md). A backend-dependent
+choice names a `backend_probe.LAYOUTS` layout and is made only where the probe finds it narrow."""
 
 from __future__ import annotations
 
@@ -36,11 +25,10 @@ from mhc_parity.harness.judging.error_statistics import draw_deviations, l2_norm
 class PrecisionChoice:
     """One rounding or narrow sum an implementation makes on purpose.
 
-    hypothesis: the name of the operation's hypothesis that computes it (for mHC
-    `mhc_parity.mhc.operation.hypotheses`, e.g. "accumulate:projection:second_cotangent:bfloat16:1");
-    why: where in the implementation's code and why, in words; probe: "" (always made), or a
-    `backend_probe.LAYOUTS` name: made only where the backend accumulates that layout
-    narrowly.
+    hypothesis: the operation's hypothesis that computes it (for mHC e.g.
+    "accumulate:projection:second_cotangent:bfloat16:1"); why: where in the implementation's code and
+    why; probe: "" (always made) or a `backend_probe.LAYOUTS` name: made only where the backend
+    accumulates that layout narrowly.
     """
 
     hypothesis: str
@@ -156,11 +144,9 @@ def declared_effects(
 
 
 def measured_effects(choices: Sequence[PrecisionChoice], case, fixture, oracle_leaves, hypotheses) -> DeclaredEffects:
-    """What the `choices` an implementation declares and this backend makes move on `case`, leaf
-    by leaf (its rows' bounds widen by them): the made choices' hypotheses through the oracle
-    (`hypotheses`, a `mhc_parity.harness.engine.causes.HypothesisOracle`) against the oracle's leaves. A
-    case too large for the hypotheses (`MAX_ATTRIBUTED_ELEMENTS`) is judged without them:
-    stricter, never laxer."""
+    """What the `choices` this backend makes move on `case`, leaf by leaf: the made choices' hypotheses
+    through the oracle (`hypotheses`, a `HypothesisOracle`) against its leaves. Empty for a case too
+    large for the hypotheses (`MAX_ATTRIBUTED_ELEMENTS`): stricter, never laxer."""
     probes = [probe_backend() if c.probe else None for c in choices]
     made = [c.hypothesis for c, p in zip(choices, probes) if c.made(p)]
     if not made or fixture_elements(case) > MAX_ATTRIBUTED_ELEMENTS:

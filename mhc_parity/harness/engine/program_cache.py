@@ -1,16 +1,13 @@
-"""The cache of compiled path programs (`mhc_parity.harness.engine.paths` builds them).
-
-Programs are keyed by (path name, trace signature): everything that shapes the program,
-not the data, so cases that share shapes and dtypes reuse them. The most recently used
-are kept in memory; a `mhc_parity.harness.stores.program_store.ProgramStore` keeps them across processes.
-The builders are reached through the `mhc_parity.harness.engine.paths` module (`path_programs`), so that
-what patches them there (a test, a fault seam) patches what this cache calls.
-"""
+"""The cache of compiled path programs, keyed by (path name, trace signature) so that cases of one shape
+and dtype share them: the most recent in memory, a `ProgramStore` across processes. The builders are
+called through the `paths` module (`path_programs`), so what patches them there (a test, a fault
+seam) patches what this cache calls."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import os
 import threading
@@ -24,33 +21,32 @@ from mhc_parity.cases.spec import mesh_label
 from mhc_parity.harness.engine.devices import path_placement
 from mhc_parity.harness.engine.execution_timing import device_time, first_call
 from mhc_parity.harness.engine.paths import Path, PathOutputs
+from mhc_parity.harness.engine.program_store import computed_material, keyed_by_program
 from mhc_parity.harness.engine.quiet import QUIET
-from mhc_parity.harness.stores.program_store import computed_material, keyed_by_program
 from mhc_parity.mhc.common import UnsupportedInputError
 from mhc_parity.records.roofline import array_bytes
 
-# Compiled programs a ProgramCache keeps. Each XLA:CPU executable holds its own memory
-# mappings, and Linux caps a process at vm.max_map_count of them: an unbounded cache ran
-# the kill matrix's clean pass over the full suite out of mappings ("LLVM compilation
-# error: Cannot allocate memory", then a segfault). Cases reuse a program only while their
-# shape repeats, so the most recent few dozen are the ones worth keeping.
+# Each XLA:CPU executable holds its own memory mappings, capped per process by vm.max_map_count: an
+# unbounded cache ran the kill matrix's full-suite clean pass out of them (then a segfault). Cases
+# reuse a program only while their shape repeats.
 MAX_CACHED_PROGRAMS = 48
+# The parts of obtaining a program the run's metadata times (beside the store's `program_keys_s`):
+# loading it from the store, tracing and lowering it (Python, holding the GIL), XLA's compile.
+OBTAIN_PARTS = ("programs_load_s", "programs_trace_s", "programs_compile_s")
 # Threads that obtain programs at once (`ProgramCache.compile_ahead`): XLA's compile uses
 # about one core each and releases the GIL.
 COMPILE_THREADS = max(1, os.cpu_count() or 1)
 
 
 class ProgramCache:
-    """Compiled path programs keyed by (path name, trace signature); content-keyed only.
+    """Compiled path programs keyed by (path name, trace signature), the `max_programs` most recently used
+    kept (an evicted one is compiled or loaded again). store: a `ProgramStore` for built-in paths'
+    programs (None: compile every program this process needs). `compile_ahead` obtains programs in a
+    thread pool and `run` waits for the one it needs. Safe to use from several threads."""
 
-    Keeps the `max_programs` most recently used; an evicted program is compiled again
-    (or loaded) if its signature comes back. store: a `mhc_parity.harness.stores.program_store.ProgramStore`
-    to load built-in paths' programs from and save them to (None: compile every program
-    this process needs; JAX's persistent cache, when enabled, still saves XLA's work).
-
-    Programs can be obtained ahead of their use in a thread pool (`compile_ahead`); `run`
-    then waits for the one it needs. The cache itself is safe to use from several threads.
-    """
+    # Its capabilities as the runner's `PathPrograms` (mhc_parity.harness.engine.collaborators).
+    compiles_ahead = True
+    times_on_device = True
 
     def __init__(self, max_programs: int = MAX_CACHED_PROGRAMS, store=None):
         if max_programs < 1:
@@ -62,6 +58,8 @@ class ProgramCache:
         # key -> future of `_timed(self._obtain, ...)` (program, error, seconds), from
         # `compile_ahead`; the first `run` of the key takes it.
         self._pending: dict[tuple, concurrent.futures.Future] = {}
+        # Seconds obtaining programs took per part (`OBTAIN_PARTS`), summed over threads.
+        self._obtain_s = dict.fromkeys(OBTAIN_PARTS, 0.0)
 
     def clear(self) -> None:
         with self._lock:
@@ -72,6 +70,23 @@ class ProgramCache:
         """Programs kept, and those obtained ahead (or under way) that no `run` took yet."""
         with self._lock:
             return len(self._compiled) + len(self._pending)
+
+    def counts(self) -> dict[str, int | float]:
+        """What its program store loaded and missed, and the seconds each part of obtaining the
+        programs took ({} without a store), for the run's metadata."""
+        if self.store is None:
+            return {}
+        with self._lock:
+            return {**self.store.counts(), **{part: round(s, 3) for part, s in self._obtain_s.items()}}
+
+    @contextlib.contextmanager
+    def _timing(self, part: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._obtain_s[part] += time.perf_counter() - start
 
     def lookup(self, key: tuple) -> object | None:
         """The compiled program of `key` (now the most recently used), or None."""
@@ -104,14 +119,10 @@ class ProgramCache:
         return (path.name, path_programs._trace_signature(case, precision)), placement, precision
 
     def _obtain(self, path: Path, case, key, placement, precision, args):
-        """The compiled program: loaded from the store, or traced, lowered and compiled (and stored).
-
-        A program the store keys by what it computes (`keyed_by_program`: external code may
-        have shaped it) is traced first, once, and keyed by its jaxpr (lowered too only where
-        that cannot key it: `computed_material`); on a miss that tracing (or lowering) is what
-        is compiled. Raises `UnsupportedInputError` if the program rejects its input (stored
-        too, for a program keyed by its sources: one keyed by what it computes has none).
-        """
+        """The compiled program: loaded from the store, or traced, lowered and compiled (and stored). A
+        program keyed by what it computes (`keyed_by_program`) is traced first, once, and keyed by its jaxpr
+        (or its lowering: `computed_material`). Raises `UnsupportedInputError` where the program rejects its
+        input (stored too where the program is keyed by its sources)."""
         traced = lowered = computed = None
         if self.store is not None and keyed_by_program(path.impl):
             start = time.perf_counter()
@@ -122,21 +133,24 @@ class ProgramCache:
                 self.store.keyed(time.perf_counter() - start, lowered is not None)
         material = self.store.material(path, key[1], args, placement, computed) if self.store else None
         if material is not None:
-            compiled = self.store.load(material, placement)
+            with self._timing("programs_load_s"):
+                compiled = self.store.load(material, placement)
             if compiled is not None:
                 return compiled
         if lowered is None:
             try:
-                if traced is None:
-                    traced = self._trace(path, case, placement, precision, args)
-                lowered = self._lower_traced(placement, traced)
+                with self._timing("programs_trace_s"):
+                    if traced is None:
+                        traced = self._trace(path, case, placement, precision, args)
+                    lowered = self._lower_traced(placement, traced)
             except UnsupportedInputError as error:  # the next run rejects without tracing
                 if material is not None:
                     self.store.save_rejection(material, error)
                 raise
-        if material is None:
-            return lowered.compile()
-        compiled = self.store.compile(lowered)
+        with self._timing("programs_compile_s"):
+            if material is None:
+                return lowered.compile()
+            compiled = self.store.compile(lowered)
         self.store.save(material, compiled, lowered)
         return compiled
 
@@ -154,15 +168,9 @@ class ProgramCache:
             return traced.lower()
 
     def compile_ahead(self, pool: concurrent.futures.Executor, paths, case, fixture) -> None:
-        """Start obtaining in `pool` the programs `paths` need for `case` that are neither
-        compiled nor under way, without waiting for them.
-
-        Each task loads, or traces, lowers and compiles, one program (XLA compiles with the
-        GIL released, so a pool of `COMPILE_THREADS` keeps the cores busy while the caller
-        goes on). A path that cannot be placed, or whose inputs cannot be put on its devices
-        (e.g. out of their memory), is left for `run` to report; a program that fails to build
-        raises its error from `run`.
-        """
+        """Start obtaining in `pool` the programs `paths` need for `case` that are neither compiled nor under
+        way, without waiting (XLA compiles with the GIL released). A path that cannot be placed, or whose
+        inputs cannot be put on its devices, is left for `run` to report, as is a program that fails to build."""
         for path in paths:
             try:
                 key, placement, precision = self._resolve(path, case)
@@ -181,22 +189,32 @@ class ProgramCache:
                 )
 
     def prepare(self, paths, case, fixture) -> None:
-        """Compile the programs `paths` will need for `case` concurrently, and wait for them."""
+        """Compile the programs `paths` will need for `case` concurrently, and wait for them (those
+        obtained ahead in another pool too)."""
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS)
         try:
             self.compile_ahead(pool, paths, case, fixture)
             pool.shutdown(wait=True)
+            concurrent.futures.wait(self._pending_for(paths, case))
         except BaseException:  # Ctrl-C above all: a thread stuck in the code under test is not waited for
             pool.shutdown(wait=False, cancel_futures=True)
             raise
 
-    def settle_pending(self, *, grace_s: float = 0.0) -> None:
-        """Keep the programs obtained ahead that no `run` took yet, waiting at most `grace_s`
-        seconds for those still compiling; drop those not done by then.
+    def _pending_for(self, paths, case) -> list[concurrent.futures.Future]:
+        """The futures of `paths`' programs for `case` still obtained ahead (none for a path that
+        cannot be placed: `run` reports it)."""
+        keys = []
+        for path in paths:
+            try:
+                keys.append(self._resolve(path, case)[0])
+            except Exception:  # noqa: BLE001 - reported when the path runs
+                continue
+        with self._lock:
+            return [self._pending[key] for key in keys if key in self._pending]
 
-        For the owner of a pool it is shutting down: a later `run` of a dropped key obtains
-        its program itself.
-        """
+    def settle_pending(self, *, grace_s: float = 0.0) -> None:
+        """Keep the programs obtained ahead that no `run` took yet, waiting at most `grace_s` for those still
+        compiling and dropping the rest (a later `run` obtains its own): for the owner of a pool shutting down."""
         with self._lock:
             pending, self._pending = self._pending, {}
         if grace_s > 0 and pending:
@@ -220,15 +238,12 @@ class ProgramCache:
             return None, None, 0.0
 
     def run(self, path: Path, case, fixture) -> PathOutputs:
-        """Run `case`'s fixture through `path` once; compile on first use of the signature.
+        """Run `case`'s fixture through `path` once, obtaining its program on first use of the signature.
 
-        compile_s: the seconds obtaining the program took (in a pool thread if it was
-        obtained ahead, where it overlapped other work), reported by its first run only.
-        execute_s is this call's time (dispatch and wait), the path's time on the host CPU; on
-        an accelerator the runner replaces it by `device_time`'s, taken alone
-        (`mhc_parity.harness.engine.execution_timing`). bytes_moved: the program's arguments
-        and results (`mhc_parity.records.roofline.array_bytes`).
-        Raises `mhc_parity.harness.engine.devices.PlacementError` when the path has no devices here.
+        compile_s: the seconds obtaining the program took (in a pool thread if obtained ahead), reported by
+        its first run only; execute_s: this call's (dispatch and wait), which the runner replaces by
+        `device_time`'s on an accelerator; bytes_moved: the program's arguments and results. Raises
+        `PlacementError` where the path has no devices here.
         """
         key, placement, precision = self._resolve(path, case)
         args = path_programs._place(fixture, path, placement)

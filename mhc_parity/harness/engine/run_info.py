@@ -8,6 +8,7 @@ import json
 import pathlib
 import platform
 import subprocess
+from collections.abc import Sequence
 
 import flax
 import jax
@@ -34,7 +35,7 @@ from mhc_parity.records.environment import (
     NO_BACKEND_TERMS,
     format_precision_record,
 )
-from mhc_parity.records.identity import ENVIRONMENT_KEYS, settings_record
+from mhc_parity.records.identity import DEVICE_ENVIRONMENT_KEYS, ENVIRONMENT_KEYS, settings_record
 from mhc_parity.records.outputs import OutputPathError, writable_folder
 from mhc_parity.records.project_code import PROJECT_ROOT
 
@@ -98,13 +99,9 @@ def git_commit() -> str:
 
 
 def precision_metadata(settings, device) -> dict:
-    """The run's matmul precision record, and a note when a setting ran as another.
-
-    settings: the matmul-precision settings the run's cases request; device: a device
-    of the default backend. `matmul_precision` maps each setting to the operand rounding
-    it means there (`mhc_parity.records.environment`); `matmul_precision_note` (only when needed)
-    says which settings ran as another, e.g. "default" as "highest" on a CPU.
-    """
+    """The run's matmul precision record for `settings` (the cases' settings) on `device`: each setting's
+    operand rounding there, and `matmul_precision_note` where a setting ran as another (e.g. "default"
+    as "highest" on a CPU)."""
     capability = device_compute_capability(device)
     roundings = {s: operand_rounding(s, device.platform, capability).name for s in settings}
     record = {"matmul_precision": format_precision_record(roundings)}
@@ -118,11 +115,8 @@ def precision_metadata(settings, device) -> dict:
 
 
 def arithmetic_metadata() -> dict:
-    """The backend's float32 primitives as the probe measured them (`backend_arithmetic`: one line
-    of the table), the terms the rounding model gives them here ("none" where every primitive
-    is within the model, as on a CPU), where the table came from (`BackendArithmetic.source`)
-    and a digest of the exact terms (the shown ones are rounded): `merge` refuses shards whose
-    terms differ, and the summaries name non-zero terms (`mhc_parity.reports.summary.backend_terms_note`)."""
+    """The backend's float32 primitives as probed, the model terms they give here ("none" on a CPU), the
+    table's source and a digest of the exact terms (the shown ones are rounded), which `merge` compares."""
     table = measured_arithmetic()
     exact = model_terms(table)
     terms = {name: term for name, term in exact.items() if term}
@@ -147,12 +141,8 @@ def kernel_primitive_metadata() -> dict:
 
 
 def run_metadata(cases=None) -> dict:
-    """Versions, backend, devices and matmul precision of this process, for the report's environment block,
-    and the CPU instruction set its XLA code targets (`mhc_parity.harness.env.isa_record`).
-
-    cases: the run's cases (their matmul-precision settings are recorded); None records
-    the default setting.
-    """
+    """This process's versions, backend, devices, CPU instruction set and matmul precision, for the
+    report's environment block; `cases` give the precision settings (None: the default)."""
     devices = jax.devices()
     settings = {c.matmul_precision for c in cases} if cases else {DEFAULT_MATMUL_PRECISION}
     capability = device_compute_capability(devices[0])
@@ -169,11 +159,10 @@ def run_metadata(cases=None) -> dict:
     }
 
 
-def identity_environment() -> dict:
-    """This process's environment as a verdict's identity records it (`mhc_parity.records.identity.
-    ENVIRONMENT_KEYS` of `run_metadata`): what a manifest records when its run starts, so that
-    `--resume` in another environment is refused as `merge` refuses such shards."""
-    devices = jax.devices()
+def identity_environment(keys: Sequence[str] = ENVIRONMENT_KEYS) -> dict:
+    """`run_metadata`'s `ENVIRONMENT_KEYS` (or those of `keys`, in their order), recorded when a run starts, so
+    that `--resume` in another environment is refused as `merge` refuses such shards; the device's fields
+    (`DEVICE_ENVIRONMENT_KEYS`: the backend, its devices and its measured arithmetic) are read only where asked."""
     fields = {
         "jax_version": jax.__version__,
         "jaxlib_version": jaxlib.__version__,
@@ -182,10 +171,14 @@ def identity_environment() -> dict:
         "numpy_version": numpy.__version__,
         **isa_record(),
         **settings_record(),
-        "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind,
-        "device_count": len(devices),
         "host_cpu_devices": len(jax.devices("cpu")),
-        **arithmetic_metadata(),
     }
-    return {key: fields.get(key) for key in ENVIRONMENT_KEYS}
+    if not set(keys).isdisjoint(DEVICE_ENVIRONMENT_KEYS):
+        devices = jax.devices()
+        fields.update(
+            backend=jax.default_backend(),
+            device_kind=devices[0].device_kind,
+            device_count=len(devices),
+            **arithmetic_metadata(),
+        )
+    return {key: fields.get(key) for key in keys}

@@ -1,11 +1,5 @@
-"""What a run asks for, typed, and everything checked about it before any compute.
-
-`RunSelection` is the one form of a run's request: `mhc-parity run`'s parser produces it,
-`mhc_parity.harness.api.prepare`'s keyword arguments build it. `configure` loads the policy and the
-implementations, selects the cases and plans the paths, or raises `UsageError` naming
-what cannot run; `new_manifest` and `finished_metadata` are the run's records, the same
-for the command line and the API.
-"""
+"""What a run asks for (`RunSelection`: `mhc-parity run`'s parser and `mhc_parity.harness.api.prepare`
+both build it), checked before any compute (`configure`), and the run's records from it."""
 
 from __future__ import annotations
 
@@ -195,8 +189,7 @@ def new_manifest(
 
 
 def implementations_code(externals) -> dict[str, str]:
-    """The external implementations' code as manifest code files (`mhc_parity.records.code.external_code_files`
-    of each one's module: its spec's module, else its object's), read once per process
+    """The external implementations' code as manifest code files, read once per process
     (`mhc_parity.records.foreign_code.code_record`: the stores' keys hold the same record)."""
     files: dict[str, str] = {}
     for impl in externals:
@@ -209,12 +202,9 @@ def implementations_code(externals) -> dict[str, str]:
 
 
 def finished_metadata(manifest, policy, cases, done, runner, wall_start, implementations=()) -> dict:
-    """The run metadata of the reports: the environment record, times, policy, suite, timings,
-    what the stores loaded and missed, the record of foreign code their entries were keyed by
-    (`stores_keyed_by_foreign_code`: None in a process that loaded none,
-    `mhc_parity.records.foreign_code.foreign_material`), and the implementations' declared
-    precision choices (`precision_record`) and how their code was read other than as written
-    (`accommodation_record`)."""
+    """The reports' run metadata: environment, times, policy, suite, timings, the stores' counts, the
+    foreign code their keys cover (`stores_keyed_by_foreign_code`: None where none was loaded), and
+    the implementations' declared precision choices and accommodations."""
     metadata = run_metadata(cases)
     metadata.update(precision_record(implementations))
     metadata.update(accommodation_record(implementations))

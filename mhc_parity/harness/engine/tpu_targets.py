@@ -1,19 +1,6 @@
-"""The TPUs the kernels are compiled for, on any host: the one table of compile targets.
-
-With libtpu installed (the default install on x86-64 Linux), `jax.experimental.topologies
-.get_topology_desc(name, platform="tpu")` gives compile-only devices of a named TPU slice on a
-machine without TPUs, and `jax.jit(f).trace(*structs).lower().compile()` on them runs Mosaic's
-compiler and XLA's TPU partitioner for that generation (docs/jax-notes.md). Each target names
-the topology of one chip and of an 8-chip slice, the slice the token meshes of the cases
-(2×4, 8×1, 1×8) are laid on.
-
-Which cases get compile rows is a stated choice (`compiles_case`): every case of the `tpu`
-suite (`mhc_parity.cases.spec.TPU_TAG`); in the default suite, the cheapest cases that cover
-each (dtype, mesh) once (`mhc_parity.cases.catalogue.COMPILED_DEFAULT_CASES`); in the maxtext
-suite, its 2x4 case and its smallest unsharded one (`COMPILED_MAXTEXT_CASES`): a compile costs
-about a second at those shapes, and each program is compiled for every target, one chip and the
-case's mesh (docs/accelerators.md gives the cold cost).
-"""
+"""The one table of TPU compile targets (one chip and an 8-chip slice per generation), their
+compile-only devices on any host with libtpu (`jax.experimental.topologies`, docs/jax-notes.md),
+and which cases get compile rows."""
 
 from __future__ import annotations
 
@@ -22,14 +9,13 @@ import functools
 import importlib.metadata
 import importlib.util
 
-import jaxlib
 import numpy as np
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh
 
 from mhc_parity.cases.catalogue import COMPILED_DEFAULT_CASES, COMPILED_MAXTEXT_CASES
 from mhc_parity.cases.spec import MESH_AXES, TPU_TAG
-from mhc_parity.jax_support import given_libtpu_library, libtpu_version
+from mhc_parity.jax_support import given_libtpu_library
 
 # The chips of each target's slice topology: the largest token mesh a case may ask for.
 SLICE_CHIPS = 8
@@ -56,7 +42,8 @@ TARGETS: tuple[TpuTarget, ...] = (
 
 
 def compiles_case(case) -> bool:
-    """Whether `case` gets compile rows (module docstring)."""
+    """Whether `case` gets compile rows: every `tpu` suite case; the default suite's cheapest cases covering
+    each (dtype, mesh) and the maxtext suite's 2x4 and smallest unsharded cases (`COMPILED_*_CASES`)."""
     return TPU_TAG in case.all_tags or case.name in COMPILED_DEFAULT_CASES | COMPILED_MAXTEXT_CASES
 
 
@@ -68,16 +55,8 @@ def compiler_missing() -> str:
     return ""
 
 
-@functools.cache
-def compiler_versions() -> dict[str, str]:
-    """The versions of what compiles a TPU program: libtpu (Mosaic, XLA:TPU) and jaxlib."""
-    return {"libtpu": libtpu_version(), "jaxlib": jaxlib.__version__}
-
-
-# A one-chip topology is one host of one chip. Said explicitly: on a TPU VM libtpu otherwise
-# takes the machine's own TPU_CHIPS_PER_HOST_BOUNDS (2,2,1 on the lent v5e, libtpu 0.0.42.1)
-# and refuses the slice ('Topology layout "v5e=1x1" is not divisible by the given (or
-# default) chips_per_host_bounds "2x2x1"'); 8-chip slices compiled there with its default.
+# A one-chip topology is one host of one chip, said explicitly: on a TPU VM libtpu otherwise takes
+# the machine's own chips-per-host bounds and refuses the slice (docs/accelerators.md).
 ONE_CHIP_HOST_BOUNDS = (1, 1, 1)
 
 

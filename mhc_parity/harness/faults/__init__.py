@@ -1,22 +1,9 @@
 """Faults and legitimate variants, the kill matrix that injects them, and the false-positive sweep.
 
-Modules, in the order data flows through them:
-
-* `model` — `Seam`, `Patch`, `Perturbation` (a fault or a legitimate variant) and its
-  reversible injection;
-* `fault_catalogue` — the faults (`CATALOGUE`, `FAULTS`);
-* `coherent_faults` — its faults that scale a whole leaf a little (what only the gain sees);
-* `variants` — the legitimate variants (`VARIANTS`);
-* `passes` — a case's clean pass and its perturbation passes, sharing what no
-  perturbation changes (fixtures, oracle answers, the causes' hypotheses, the outputs of
-  the paths it does not affect, the clean programs);
-* `matrix` — the kill matrix: the cases' passes in one process or dealt to workers,
-  judged per dtype slice;
-* `seed_sweep` — the unmodified code over many seeds;
-* `mhc_parity.harness.commands.faults` — `mhc-parity faults`.
-
-Their results are plain records written to files by `mhc_parity.reports.kill_matrix` and
-`mhc_parity.reports.sweep` (CSV, Markdown, JSON and the terminal tables).
+`model` (perturbations and their injection), `fault_catalogue` and `coherent_faults` (the faults),
+`variants`, `passes` (a case's clean and perturbed passes), `matrix` (the kill matrix), `seed_sweep`,
+`rounding_audit`, `compile_faults`; `mhc_parity.harness.commands.faults` runs them and `mhc_parity.reports`
+writes their results.
 """
 
 from mhc_parity.harness.faults.fault_catalogue import CATALOGUE, FAULTS

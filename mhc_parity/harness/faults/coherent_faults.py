@@ -1,9 +1,7 @@
 """Faults that scale a whole leaf by a constant a little off one: what only the gain sees.
 
-A wrong constant, a gate multiplier 1% off, a one-direction rounding: every element moves by
-the same relative amount, far below an element's bfloat16 ulp, yet many of the leaf's
-rounding spreads along the leaf (`cand_oracle_gain`; issue 66, docs/judging.md). Part of
-`mhc_parity.harness.faults.fault_catalogue.CATALOGUE`.
+Every element moves by the same relative amount, far below an element's bfloat16 ulp, yet many of the leaf's
+rounding spreads along the leaf (`cand_oracle_gain`; docs/judging.md).
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ def _scaled(value, factor):
 
 
 def _expand_scaled(original_expand):
-    """`expand_streams` (the post forward kernel's body) whose result is OUTPUT_SCALE too large."""
-
     def expand_streams_scaled(h_res, h_post, x, layer_output):
         return _scaled(original_expand(h_res, h_post, x, layer_output), OUTPUT_SCALE)
 
@@ -32,8 +28,6 @@ def _expand_scaled(original_expand):
 
 
 def _first_output_scaled(original_backward):
-    """A backward kernel launch whose first output (its d_x part) is ACTIVATION_GRAD_SCALE too large."""
-
     def backward_with_scaled_d_x(*args, **kwargs):
         outputs = list(original_backward(*args, **kwargs))
         outputs[0] = _scaled(outputs[0], ACTIVATION_GRAD_SCALE)

@@ -1,18 +1,9 @@
 """Faults only the TPU compiler catches: each must fail its compile rows, with its own cause.
 
-The kill matrix (`mhc-parity faults`) runs the numeric paths, which on a CPU never meet
-Mosaic's compiler, and it leaves the lowering and compile rows out. These faults are counted
-here instead: each `CompileFault` is a `mhc_parity.harness.faults.model.Perturbation` of a kernel
-seam, a case, and the compile cause class (`mhc_parity.harness.engine.compile_rows.COMPILE_CAUSES`)
-its rows must name; `compile_fault_rows` runs the case's compile rows with the fault injected
-(tests/test_compile_rows.py runs every one in `make test`, on any host with libtpu).
-
-- HIGHEST precision on bfloat16 operands: Mosaic rejects the dot ("Bad lhs type").
-- a token block that overflows VMEM: the blocks the kernels were asked for, unchecked
-  against the target's VMEM (`fit_blocks`, as `mhc_parity.mhc.kernels.api` binds it, made the
-  identity).
-- a kernel called bare on a token-sharded mesh: no shard_map around the Pallas calls, so
-  XLA would have to partition a Mosaic kernel, which it cannot.
+Outside the kill matrix (which never meets Mosaic on a CPU and leaves compile rows out): each `CompileFault`
+is a kernel-seam perturbation, a case and the compile cause its rows must name; tests/test_compile_rows.py
+runs them on any host with libtpu. HIGHEST on bfloat16 operands, token blocks past VMEM, and kernels called
+bare on a token-sharded mesh.
 """
 
 from __future__ import annotations
@@ -29,14 +20,11 @@ from mhc_parity.harness.engine.compile_rows import case_compile_rows
 from mhc_parity.harness.faults.fault_catalogue import KERNEL_IMPLEMENTATIONS
 from mhc_parity.harness.faults.model import Patch, Perturbation, Seam
 
-# The target every compile fault is compiled for: one is enough to show the compiler catches
-# it (each target's rows are the same program's), and it keeps `make test` quick.
+# One target shows the compiler catches it (each target's rows are the same program's).
 FAULT_TARGET_GLOB = "compile/v5e/*"
 
 
 def _highest_on_bfloat16(original_dot_precision):
-    """`dot_precision` that asks for HIGHEST on bfloat16 operands whatever the setting."""
-
     def dot_precision_highest_on_bfloat16(dtype, *args, **kwargs):
         if np.dtype(dtype) == np.dtype(jax.numpy.bfloat16):
             return jax.lax.Precision.HIGHEST
@@ -46,7 +34,6 @@ def _highest_on_bfloat16(original_dot_precision):
 
 
 def _requested_blocks_unchecked(original_fit_blocks):
-    """`fit_blocks` that returns the requested blocks whether they fit VMEM or not."""
     del original_fit_blocks
 
     def fit_blocks_unchecked(kernel, config, dtype, local_tokens):
@@ -56,7 +43,6 @@ def _requested_blocks_unchecked(original_fit_blocks):
 
 
 def _bare_kernel_calls(original_run_token_sharded):
-    """`run_token_sharded` that calls the per-shard function on the global arrays, no shard_map."""
     del original_run_token_sharded
 
     def run_bare(fn, plan, activations, replicated, out_specs, *, check_vma=True):
@@ -67,8 +53,8 @@ def _bare_kernel_calls(original_run_token_sharded):
 
 @dataclasses.dataclass(frozen=True)
 class CompileFault:
-    """A fault, the case whose compile rows must fail under it, and the cause they must name.
-    paths: the glob of the compile paths that must fail (the case's others may pass)."""
+    """A fault, the case whose compile rows must fail under it, and the cause they must name; paths: the
+    glob of the compile paths that must fail."""
 
     perturbation: Perturbation
     case: Case
@@ -141,9 +127,8 @@ COMPILE_FAULTS: tuple[CompileFault, ...] = (
 
 
 def compile_fault_rows(fault: CompileFault, store=None) -> list[dict]:
-    """The compile rows of the fault's case on its paths, with the fault injected. store: a
-    `mhc_parity.harness.stores.compile_store.CompileStore` (its program store stays open while
-    code is patched: it is keyed by the lowered module, which the fault changes)."""
+    """The fault's case's compile rows on its paths, with the fault injected. store: a `CompileStore` (it
+    stays open while code is patched: keyed by the lowered module, which the fault changes)."""
 
     def selects(name: str) -> bool:
         return fnmatch.fnmatchcase(name, fault.paths)
@@ -153,5 +138,4 @@ def compile_fault_rows(fault: CompileFault, store=None) -> list[dict]:
 
 
 def caught(fault: CompileFault, rows: list[dict]) -> bool:
-    """Whether some row failed with the fault's own cause."""
     return any(row["verdict"] == "fail" and fault.perturbation.names_its_cause(row["compile_cause"]) for row in rows)

@@ -1,12 +1,8 @@
 """The fault catalogue: regressions a kernel author (or a refactor) could plausibly merge.
 
-Each fault is a `mhc_parity.harness.faults.model.Perturbation` patching seams of one path: the
-reference (`mhc_parity.mhc.reference`), the Pallas kernels (`mhc_parity.mhc.kernels.*`), or the independent
-external implementation (`mhc_parity.harness.faults.independent_mhc`, which exposes no h_pre, so what
-catches a fault there is the rules, not the harness's knowledge of `mhc`). The kill
-matrix (`mhc-parity faults`) must see each fault fail some row on the bfloat16
-cases alone and on the float32 cases alone, unless the fault names the slice in
-`unkillable_in` — only where its effect there is below what the arithmetic explains.
+Each fault patches seams of one path: the reference, the Pallas kernels, or the independent external
+implementation. The kill matrix must see each fail some row in each dtype slice, unless its `unkillable_in`
+lists the slice: only where its effect there is below what the arithmetic explains.
 """
 
 from __future__ import annotations
@@ -26,14 +22,10 @@ KERNEL_IMPLEMENTATIONS = ("interpret", "mosaic")
 INDEPENDENT_IMPLEMENTATIONS = ("independent",)
 
 # ------------------------------------------------------------------------ replacements
-#
-# Each factory takes the original attribute value and returns the faulty one. They keep
-# the original's signature so every call site keeps working.
+# Each factory takes the original attribute value and returns the faulty one, same signature.
 
 
 def _gate_with_bf16_params(original_gate):
-    """The gate with scale and bias rounded to bfloat16 before the affine map."""
-
     def compute_sigmoid_gate_bf16_params(logits, scale, bias, **options):
         return original_gate(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), **options)
 
@@ -41,8 +33,6 @@ def _gate_with_bf16_params(original_gate):
 
 
 def _residual_matrix_with_bf16_params(original_matrix):
-    """A residual-mix function `(logits, scale, bias, n)` with scale and bias rounded to bfloat16."""
-
     def residual_mix_matrix_bf16_params(logits, scale, bias, n):
         return original_matrix(logits, scale.astype(jnp.bfloat16), bias.astype(jnp.bfloat16), n)
 
@@ -54,8 +44,8 @@ COLLAPSE_SCALE = 1.1
 
 
 def _collapse_scaled(original_collapse):
-    """`collapse_streams` whose result is COLLAPSE_SCALE times too large (a lost or doubled
-    normalisation, a gate applied twice): the same in every token, in the output's dtype."""
+    """`collapse_streams` COLLAPSE_SCALE times too large (a lost or doubled normalisation), in every token,
+    in the output's dtype."""
 
     def collapse_streams_scaled(h_pre, x):
         return (original_collapse(h_pre, x).astype(jnp.float32) * COLLAPSE_SCALE).astype(x.dtype)
@@ -74,17 +64,12 @@ def _gate_without_epsilon(original_gate):
 
 
 def _post_gate_multiplier_of_one(original_multiplier):
-    """The module's POST_GATE_MULTIPLIER binding replaced by 1.0 (the factor 2 lost)."""
     del original_multiplier
     return 1.0
 
 
 def _projection_with_bf16_rms(original_projection):
-    """`folded_rms_projection` whose mean of squares and rsqrt run in bfloat16.
-
-    The projection matmul itself is unchanged (activation dtype, float32 accumulation);
-    only the RMS statistic is computed on bfloat16 values and rounded to bfloat16.
-    """
+    """`folded_rms_projection` whose mean of squares and rsqrt run in bfloat16; the matmul is unchanged."""
 
     del original_projection
 
@@ -99,17 +84,11 @@ def _projection_with_bf16_rms(original_projection):
 
 
 def _reversed_permutations(n: int):
-    """The n! permutation matrices in reversed order, (n!, n·n) float32 NumPy.
-
-    What `itertools.permutations(reversed(range(n)))` would have produced: the same
-    set of matrices, enumerated in reverse-lexicographic order.
-    """
+    """The n! permutation matrices in reverse-lexicographic order, (n!, n·n) float32 NumPy."""
     return permutation_matrices(n)[::-1].reshape(-1, n * n).copy()
 
 
 def _residual_matrix_with_reordered_permutations(original_residual_matrix):
-    """`lite_residual_matrix` mixing with the permutations in reversed order."""
-
     def lite_residual_matrix_reordered(logits, scale, bias, n, perms=None, **options):
         del perms
         return original_residual_matrix(logits, scale, bias, n, jnp.asarray(_reversed_permutations(n)), **options)
@@ -118,14 +97,11 @@ def _residual_matrix_with_reordered_permutations(original_residual_matrix):
 
 
 def _permutation_operand_reordered(original_operand):
-    """The kernels' permutation-table operand built in reversed order."""
     del original_operand
     return _reversed_permutations
 
 
 def _expand_with_transposed_residual(original_expand):
-    """`expand_streams` contracting h_res over its second stream index instead of its first."""
-
     def expand_streams_transposed(h_res, h_post, x, layer_output):
         return original_expand(jnp.swapaxes(h_res, -1, -2), h_post, x, layer_output)
 
@@ -133,16 +109,9 @@ def _expand_with_transposed_residual(original_expand):
 
 
 def _psum_keeping_first_shard(original_psum):
-    """`psum_to_primal_vma` that all-reduces only the first token shard's contribution.
-
-    Inside a token shard_map every shard but the first contributes zeros, so the weight
-    gradient every device ends up with is the first shard's local (un-summed) gradient:
-    the value a forgotten all-reduce leaves when the replicated output keeps one
-    device's copy. Type-correct either way: with check_vma the original psum still runs
-    (making the cotangent invariant); without it (interpret mode) the shard_map
-    transpose sums the per-shard cotangents, and the zeros keep the first shard's alone.
-    Outside shard_map it is the original.
-    """
+    """`psum_to_primal_vma` all-reducing only the first token shard's contribution (the others zeroed),
+    leaving every device one shard's local weight gradient. Type-correct with and without check_vma; outside
+    shard_map it is the original."""
 
     def psum_to_primal_vma_first_shard_only(grad, primal):
         mesh = jax.sharding.get_abstract_mesh()
@@ -161,8 +130,6 @@ _PRE_BACKWARD_POST_BIAS = 5
 
 
 def _pre_backward_dropping_post_bias_grad(original_pre_backward):
-    """`pre_backward` whose post_bias gradient accumulator is never written (stays zero)."""
-
     def pre_backward_without_post_bias_grad(*args, **kwargs):
         outputs = list(original_pre_backward(*args, **kwargs))
         outputs[_PRE_BACKWARD_POST_BIAS] = jnp.zeros_like(outputs[_PRE_BACKWARD_POST_BIAS])
@@ -172,12 +139,8 @@ def _pre_backward_dropping_post_bias_grad(original_pre_backward):
 
 
 def _launch_skipping_last_token_block(original_launch):
-    """`launch` whose kernel body does nothing on the last step of the token grid axis.
-
-    That block's outputs keep their initial contents (zeros in interpret mode, whatever
-    the buffer held on a TPU) — an off-by-one in the grid or a tail guard that drops the
-    final full block.
-    """
+    """`launch` whose kernel body does nothing on the token grid's last step: that block's outputs keep
+    their initial contents (zeros in interpret mode, anything on a TPU)."""
 
     def launch_skipping_last_block(body, *, grid, **kwargs):
         last_step = grid[0] - 1
@@ -193,13 +156,8 @@ def _launch_skipping_last_token_block(original_launch):
 
 
 def _zero_fill_at_every_step(original_zero_fill):
-    """`zero_fill_at_first_step` that zeroes the accumulators at every step of the token grid
-    (its `pl.when(program_id == 0)` guard lost), in interpret mode as on a TPU.
-
-    Each step then overwrites what the earlier steps summed: the weight gradients are the last
-    token block's alone. With one token block that is the right sum, so only a grid of two or
-    more backward token blocks shows it.
-    """
+    """`zero_fill_at_first_step` zeroing the accumulators at every token step: the weight gradients are the
+    last block's alone, so only a backward grid of two or more token blocks shows it."""
     del original_zero_fill
 
     def zero_fill_at_every_step(kernel, refs, axis=0):
@@ -211,8 +169,6 @@ def _zero_fill_at_every_step(original_zero_fill):
 
 
 def _vjp_swapping_bias_grads(original_bwd):
-    """The pre custom VJP's backward rule returning pre_bias's gradient for post_bias and vice versa."""
-
     def pre_core_bwd_swapped_bias_grads(config, kernel, residuals, cotangents):
         d_x2, d_weights = original_bwd(config, kernel, residuals, cotangents)
         grads = d_weights.as_dict()
@@ -251,11 +207,9 @@ _RMS_STATISTIC_IN_BFLOAT16_NOISE = (
 )
 
 
-# The precision faults' own causes (`mhc_parity.mhc.operation.hypotheses` names): the gate parameters
-# rounded to bfloat16 (whichever gates a leaf depends on; a cast's VJP rounds their gradient to
-# bfloat16 too, the "cast" hypothesis, and XLA:TPU sums that gradient into bfloat16 itself, the
-# held-narrow one), the RMS statistic in bfloat16 (its value rounded, its sum of squares
-# accumulated there, or its error fitted per token).
+# The precision faults' own causes (hypothesis names): the gate parameters rounded to bfloat16 (a
+# cast's VJP also rounds their gradient; XLA:TPU sums it in bfloat16 itself), and the RMS statistic
+# in bfloat16 (rounded, its sum of squares accumulated there, or fitted per token).
 _GATE_PARAMETERS_ROUNDED = (
     "round:gate_weight/*:forward:bfloat16",
     "round:gate_weight/*:backward:bfloat16",

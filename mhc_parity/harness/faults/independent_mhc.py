@@ -1,30 +1,12 @@
-"""An independent mHC-lite implementation, run as an external implementation.
+"""An independent mHC-lite implementation in plain JAX, importing nothing from `mhc`, run as an external
+implementation (`--impl mhc_parity.harness.faults.independent_mhc:factory`): the kill matrix injects faults
+into its seams, so what catches them is the rules, not knowledge of the internals.
 
-Written against the external interface only (see `mhc_parity.harness.engine.implementations`), in plain
-JAX, importing nothing from `mhc`: it is how the harness checks that its *rules* — not
-its knowledge of the project's internals — catch a bug in somebody else's kernel.
-`mhc-parity run --impl mhc_parity.harness.faults.independent_mhc:factory` runs it like any external
-implementation; the kill matrix (`mhc-parity faults`) runs it by default and
-injects faults into its seams (its module attributes, as for `mhc_parity/mhc/`).
-
-It makes the precision choices of a production bfloat16 kernel, all legitimate:
-
-* the RMS-norm scale is folded into the projection weights, the product rounded once
-  to the activation dtype (the MXU operand); the matmul accumulates in float32, and the
-  statistic rsqrt(mean(v²) + eps) comes from v in float32;
-* the gates and the softmax over permutations run in float32 on scales and biases
-  upcast to float32;
-* h_pre, h_post and h_res are rounded to the activation dtype as operands of the stream
-  collapse and the residual mix (float32 accumulation);
-* the projection's backward rounds its cotangent to the activation dtype, the operand
-  of the two backward matmuls (float32 accumulation);
-* the context `post` receives holds only what `post` needs — x, h_post and h_res, no
-  h_pre — so the harness cannot compare h_pre for it.
-
-Every other operation is float32, and every choice above is a no-op in a float32 run.
-`NORMALISE_ACTIVATIONS` switches to the other common layout (RMS-normalise the
-activations, round them to the activation dtype, multiply by the plain weights), a
-legitimate variant the kill matrix also checks.
+Its precision choices are a production bfloat16 kernel's, all legitimate (no-ops in float32): the norm scale
+folded into the weights and rounded once to the activation dtype, float32 accumulation and RMS statistic;
+gates and softmax in float32; h_pre, h_post, h_res and the projection's cotangent rounded to the activation
+dtype as matmul operands; no h_pre in the context `post` receives. `NORMALISE_ACTIVATIONS` switches to
+normalising the activations instead (a legitimate variant).
 """
 
 from __future__ import annotations
@@ -38,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 F32 = jnp.float32
-# The layout of the projection (a seam the legitimate-variant catalogue flips): False
-# folds the norm scale into the weights; True normalises the activations instead.
+# A seam the legitimate-variant catalogue flips.
 NORMALISE_ACTIVATIONS = False
 
 
@@ -55,11 +36,8 @@ class PostContext:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def round_operand(v: jax.Array, dtype) -> jax.Array:
-    """`v` rounded to `dtype` and held in float32; the cotangent passes through unrounded.
-
-    A kernel that feeds a float32 value to the MXU in the activation dtype rounds the
-    operand, not the gradient that later flows back to it (that accumulates in float32).
-    """
+    """`v` rounded to `dtype` and held in float32; the cotangent passes through unrounded, as a kernel
+    rounds an MXU operand and not the gradient flowing back to it."""
     return v.astype(dtype).astype(F32)
 
 
@@ -74,8 +52,7 @@ def _round_operand_bwd(dtype, _, g):
 round_operand.defvjp(_round_operand_fwd, _round_operand_bwd)
 
 
-# The config's matmul_precision setting -> the precision of every dot (HIGHEST: full
-# float32 operands; DEFAULT: the backend's default, e.g. bfloat16 passes on a TPU).
+# DEFAULT: the backend's default, e.g. bfloat16 passes on a TPU.
 _PRECISIONS = {"highest": jax.lax.Precision.HIGHEST, "default": jax.lax.Precision.DEFAULT}
 
 
@@ -97,11 +74,8 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def project(v: jax.Array, weights: jax.Array, precision) -> jax.Array:
-    """v (T, K) @ weights (K, P), both in the activation dtype; float32 (T, P).
-
-    Backward: the float32 cotangent is rounded to the activation dtype, then
-    d_v = g @ weightsᵀ and d_weights = vᵀ @ g accumulate in float32.
-    """
+    """v (T, K) @ weights (K, P), both in the activation dtype; float32 (T, P). The backward rounds the
+    cotangent to the activation dtype, then accumulates both products in float32."""
     return _dot(v, weights, precision)
 
 
@@ -140,11 +114,8 @@ def permutations(n: int) -> np.ndarray:
 
 
 def residual_mix_matrix(logits, scale, bias, n: int):
-    """Σ_p softmax(scale · logits + bias)_p P_p in float32: (T, n!) -> (T, n, n).
-
-    The mix is exact at any precision (each entry sums the weights of the permutations
-    that map i to j), so it runs at HIGHEST.
-    """
+    """Σ_p softmax(scale · logits + bias)_p P_p in float32: (T, n!) -> (T, n, n); at HIGHEST, as the mix is
+    exact at any precision."""
     z = scale.astype(F32) * logits + bias.astype(F32)
     weights = jax.nn.softmax(z, axis=-1)
     return jnp.einsum("tp,pij->tij", weights, permutations(n), precision=jax.lax.Precision.HIGHEST)
@@ -164,7 +135,7 @@ def _projection(x2, weights, config):
 
 
 class IndependentMhcLite:
-    """mHC-lite with a production kernel's precision choices (see the module docstring)."""
+    """mHC-lite with a production kernel's precision choices (module docstring)."""
 
     name = "independent"
     variants = ("lite",)
@@ -197,5 +168,4 @@ class IndependentMhcLite:
 
 
 def factory() -> IndependentMhcLite:
-    """The `--impl mhc_parity.harness.faults.independent_mhc:factory` entry point."""
     return IndependentMhcLite()

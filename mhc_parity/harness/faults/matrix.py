@@ -1,34 +1,11 @@
 """The kill matrix: every fault and legitimate variant injected in turn, judged per dtype slice.
 
-1. A clean pass runs the selected cases through every path of the unmodified code —
-   the built-in implementations, the independent external implementation
-   (`mhc_parity.harness.faults.independent_mhc`) and any `--impl` — lowering rows excluded (no
-   perturbation touches them). Its rows are the reference verdicts. A clean row that fails
-   is a false positive of the rules.
-2. For each perturbation: inject it, then, with a fresh program cache (JAX caches are
-   cleared by the injection), run the cases it can affect. Paths it cannot change are
-   not re-run: their clean outputs are reused, and so are fixtures, float64 oracle
-   results and the causes' hypotheses (no perturbation touches `mhc_parity/cases/` or the
-   oracle). The work is done case by case (`mhc_parity.harness.faults.passes`): a case's
-   clean pass, then every perturbation that affects it.
-3. A row *catches* the perturbation when its verdict is fail or error under it while the
-   same row (case, candidate, partner, leaf) did not fail in the clean pass. Catches are
-   judged per dtype slice (the cases of one activation dtype alone): a fault must be
-   caught in every slice it runs in, unless the catalogue lists the slice (`unkillable_in`,
-   or a `BelowBackendShift` the clean rows show): a listed slice does not fail the run, and
-   is counted apart from the caught ones, never as caught; a legitimate variant must be
-   caught nowhere. For a slice where nothing catches, the
-   closest row (largest bound_usage among the rows the perturbation moved) is reported,
-   with its usage on clean code. A slice's top cause is the one most of its catching rows
-   name, after the perturbation's rows are held to causes that hold across each path's
-   failing leaves (`mhc_parity.records.cause_consistency`); and row by row, how many name the
-   perturbation's own cause and how many a rounding that is not its own (confidently wrong).
-
-A case's passes run in one process, so `run_in_workers(jobs=N)` deals the cases to N
-spawned processes, the costliest first, each taking the next case when it is done: each
-case's clean pass and hypotheses are computed once in the whole matrix. The matrix is
-assembled and judged in the calling process from the cases' rows, in the selection's
-order, so it is the one-process matrix whatever the dealing.
+A clean pass runs the cases through every path (the built-ins, `independent_mhc`, any `--impl`; no lowering
+rows); a failing clean row is a false positive. A row *catches* a perturbation when it fails or errors under
+it and did not fail clean. A fault must be caught in every dtype slice it runs in unless the catalogue lists
+the slice (never counted as caught); a legitimate variant nowhere. Cases may be dealt to spawned workers
+(`run_in_workers`); the matrix is assembled in the selection's order either way. docs/judging.md ("What the
+harness is shown to catch").
 """
 
 from __future__ import annotations
@@ -64,13 +41,11 @@ from mhc_parity.records.kill_records import (
 )
 from mhc_parity.records.schema import row_key
 
-# The external implementation every kill matrix runs, so faults can be injected into
-# code the harness knows only through the --impl interface.
+# Run by every kill matrix: faults injected into code the harness knows only through --impl.
 INDEPENDENT_IMPL = "mhc_parity.harness.faults.independent_mhc:factory"
 
 
 def log(message: str, *, quiet: bool = False) -> None:
-    """A progress line on stderr."""
     if not quiet:
         print(message, file=sys.stderr, flush=True)
 
@@ -79,10 +54,7 @@ def log(message: str, *, quiet: bool = False) -> None:
 
 
 def implementations(extra_specs: Sequence[str] = ()) -> tuple:
-    """The kill matrix's implementations: the built-ins, the independent one, then `extra_specs`.
-
-    Raises `mhc_parity.harness.engine.implementations.ImplementationError` for a bad --impl spec.
-    """
+    """The built-ins, the independent one, then `extra_specs`; ImplementationError for a bad spec."""
     externals = [load_external(spec) for spec in (INDEPENDENT_IMPL, *extra_specs)]
     return tuple(BUILTIN.values()) + tuple(externals)
 
@@ -119,9 +91,8 @@ def _catches(rows: Sequence[dict]) -> list[Catch]:
 
 
 def _top_cause(perturbation: Perturbation, rows: Sequence[dict]) -> dict:
-    """The `SliceVerdict` cause fields of the catching rows: the cause most of them name (by
-    its id: the rows of one cause may add to its words, e.g. why a rounding is not named),
-    in the words most of its rows say."""
+    """The `SliceVerdict` cause fields of the catching rows: the cause id most name, in the words most of
+    its rows say."""
     named = collections.Counter(r["cause_id"] for r in rows if r.get("cause_id"))
     if not named:
         return {}
@@ -141,8 +112,8 @@ def _top_cause(perturbation: Perturbation, rows: Sequence[dict]) -> dict:
 
 
 def _closest(rows: Sequence[dict], clean_usage: dict) -> Closest | None:
-    """The row with the largest bound_usage among those the perturbation moved (all rows
-    if it moved none): how close it came to being caught, next to its clean usage."""
+    """The row with the largest bound_usage among those the perturbation moved (all if none): how close it
+    came to being caught, beside its clean usage."""
     measured = [r for r in rows if r["comparison"] in FAULT_COMPARISONS and not math.isnan(usage_of(r))]
     moved = [r for r in measured if usage_of(r) != clean_usage.get(row_key(r), math.nan)]
     candidates = moved or measured
@@ -163,12 +134,7 @@ def _closest(rows: Sequence[dict], clean_usage: dict) -> Closest | None:
 def judge(
     perturbation: Perturbation, rows: Sequence[dict], clean_rows: Sequence[dict], cases_run: Sequence, seconds: float
 ) -> PerturbationResult:
-    """Which rows caught `perturbation`, per dtype slice (see the module docstring).
-
-    rows: the rows under the perturbation; clean_rows: the clean pass's; cases_run: the
-    `Case`s the perturbation ran on.
-    """
-    # The causes that hold across each path's failing leaves under the perturbation (its run).
+    """Which rows caught `perturbation`, per dtype slice; cases_run: the `Case`s it ran on."""
     rows = consistent_causes(rows)
     clean_verdict = {row_key(r): r["verdict"] for r in clean_rows}
     clean_usage = {row_key(r): usage_of(r) for r in clean_rows}
@@ -213,13 +179,11 @@ def judge(
 
 
 def perturbations_by_case(perturbations: Sequence[Perturbation], cases, impls) -> dict[str, list[Perturbation]]:
-    """case name -> the perturbations that affect it (`Perturbation.affects_case`), in order."""
     return {case.name: [p for p in perturbations if p.affects_case(case, impls)] for case in cases}
 
 
 def estimated_cost(case, perturbation_count: int) -> float:
-    """A case's relative cost in the kill matrix, to deal the costliest first: its passes
-    (clean, and one per perturbation) times a pass's (`case_cost.pass_cost`)."""
+    """A case's relative cost, to deal the costliest first: (1 + perturbations) passes."""
     return (1 + perturbation_count) * pass_cost(case)
 
 
@@ -233,14 +197,12 @@ def _case_line(index: int, total: int, passes: CasePasses) -> str:
 
 
 def assemble(perturbations: Sequence[Perturbation], cases, impls, outcomes: Mapping[str, CasePasses]) -> KillMatrix:
-    """The kill matrix from each case's passes (`outcomes`: case name -> `CasePasses`): clean rows
-    and each perturbation's rows in the selection's order, each perturbation judged."""
+    """The kill matrix from each case's `CasePasses`, in the selection's order, each perturbation judged."""
     clean_rows = tuple(row for case in cases for row in outcomes[case.name].clean_rows)
     results, perturbed = [], []
     for perturbation in perturbations:
         targets = [c for c in cases if perturbation.affects_case(c, impls)]
         rows = tuple(row for c in targets for row in outcomes[c.name].rows_of(perturbation.name))
-        # Its rows (perturbed_rows.csv) state the causes that hold across its run of the cases.
         rows = tuple(consistent_causes(rows))
         seconds = sum(outcomes[c.name].seconds_of(perturbation.name) for c in targets)
         result = judge(perturbation, rows, clean_rows, targets, seconds)
@@ -252,7 +214,6 @@ def assemble(perturbations: Sequence[Perturbation], cases, impls, outcomes: Mapp
 
 
 def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, *, quiet=False) -> KillMatrix:
-    """Each case's clean pass and perturbations, case by case in this process."""
     by_case = perturbations_by_case(perturbations, cases, impls)
     log(f"faults: {len(cases)} case(s), {len(perturbations)} perturbation(s), case by case")
     runner, outcomes = CaseRunner(policy, impls), {}
@@ -262,12 +223,11 @@ def run_in_process(perturbations: Sequence[Perturbation], cases, policy, impls, 
     return assemble(perturbations, cases, impls, outcomes)
 
 
-# The worker process's `CaseRunner` (`_start_worker`): kept across the cases it is dealt.
+# A worker process's `CaseRunner`, kept across the cases it is dealt.
 _worker_runner: CaseRunner | None = None
 
 
 def _start_worker(policy_path, impl_specs: Sequence[str], use_compilation_cache: bool) -> None:
-    """A worker process's set-up (the pool's initializer)."""
     global _worker_runner
     ensure_host_devices()
     pace_garbage_collector()
@@ -277,7 +237,7 @@ def _start_worker(policy_path, impl_specs: Sequence[str], use_compilation_cache:
 
 
 def _run_case(case_name: str, names: Sequence[str]) -> CasePasses:
-    """One case's passes in a worker (an entry point): a registry case and catalogued perturbations, by name."""
+    """One case's passes in a worker (an entry point), case and perturbations by name."""
     return _worker_runner.run(registry.default_registry().get(case_name), [BY_NAME[n] for n in names])
 
 
@@ -291,8 +251,7 @@ def run_in_workers(
     quiet=False,
     use_compilation_cache=True,
 ) -> KillMatrix:
-    """`run_in_process` with the cases dealt to `jobs` spawned processes, the costliest first
-    (`estimated_cost`), each process taking the next case when it is done."""
+    """`run_in_process` with the cases dealt to `jobs` spawned processes, the costliest first."""
     impls = implementations(impl_specs)
     by_case = perturbations_by_case(perturbations, cases, impls)
     order = costliest_first(cases, lambda c: estimated_cost(c, len(by_case[c.name])))

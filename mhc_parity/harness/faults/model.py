@@ -1,34 +1,16 @@
-"""Perturbations: small, reversible patches of one path's seams — faults and legitimate variants.
+"""Perturbations: small, reversible patches of one path's seams — faults (the kill matrix must see a row
+fail) and legitimate variants (every row must still pass).
 
-A harness is judged by what it misses and by what it wrongly flags, so it is checked
-from both sides with the same machinery:
-
-* a **fault** models a regression a kernel author could merge; the kill matrix must
-  see some row fail under it (per dtype slice, or the fault lists why it cannot be
-  seen in a slice);
-* a **legitimate variant** models a precision choice production kernels make (an
-  operand rounded to the activation dtype, a reassociated sum); every row must still
-  pass under it, or the rules flag correct code.
-
-Each perturbation patches one or more *seams*: module attributes a path looks up at
-trace time. The consumers of `mhc_parity.mhc.common` bind its helpers by name (``from mhc_parity.mhc.common
-import compute_sigmoid_gate``), so ``mhc_parity.mhc.reference.compute_sigmoid_gate`` and
-``mhc_parity.mhc.kernels.forward.compute_sigmoid_gate`` are different seams: patching one changes
-one path and leaves the other (and the float64 oracle, which imports nothing from
-`mhc`) untouched. An external implementation's module attributes are seams too
-(`mhc_parity.harness.faults.independent_mhc`).
-
-Use a perturbation as a context manager; every seam is restored on exit, also on an
-exception::
+A seam is a module attribute a path looks up at trace time; consumers bind `mhc_parity.mhc.common`'s helpers
+by name, so `mhc_parity.mhc.reference.compute_sigmoid_gate` and
+`mhc_parity.mhc.kernels.forward.compute_sigmoid_gate` are different seams (one path each, the oracle
+untouched). Use one as a context manager, restored on exit:
 
     with FAULTS["kernel.gate_params_bf16"].injected():
         ...  # build and compile programs here: the patch acts at trace time
 
-`injected()` clears JAX's tracing caches on entry and exit, so a program traced before
-(or during) the patch is never reused on the other side of it, and shuts the disk stores
-for its duration (`mhc_parity.records.foreign_code.code_patched`; all but the fits', which
-no seam reaches): no entry is loaded for patched code or stored from it. Compiled programs held elsewhere (e.g.
-a `mhc_parity.harness.engine.program_cache.ProgramCache`) are not affected: use a fresh cache.
+`injected()` clears JAX's tracing caches on entry and exit and shuts the disk stores meanwhile; compiled
+programs held elsewhere (a `ProgramCache`) are not affected: use a fresh cache.
 """
 
 from __future__ import annotations
@@ -62,18 +44,14 @@ class UnknownPerturbationError(KeyError):
 
 @dataclasses.dataclass(frozen=True)
 class Seam:
-    """One patchable attribute: `module` and a dotted `attribute` path inside it.
-
-    e.g. Seam("mhc_parity.mhc.kernels.forward", "compute_sigmoid_gate") or
-    Seam("mhc_parity.mhc.kernels.api", "_pre_core.bwd") (the backward rule of a custom VJP).
-    """
+    """One patchable attribute: `module` and a dotted `attribute` path inside it, e.g.
+    Seam("mhc_parity.mhc.kernels.api", "_pre_core.bwd") (a custom VJP's backward rule)."""
 
     module: str
     attribute: str
 
     @property
     def name(self) -> str:
-        """`module.attribute`, e.g. ``mhc_parity.mhc.reference.compute_sigmoid_gate``."""
         return f"{self.module}.{self.attribute}"
 
     def resolve(self) -> tuple[Any, str]:
@@ -102,11 +80,9 @@ class Patch:
 
 @dataclasses.dataclass(frozen=True)
 class BelowBackendShift:
-    """A fault that moves `leaf` by `absolute_effect` on every token, listed as unkillable in
-    `dtype_slice` on a backend whose own primitives may shift that leaf alike on every token by
-    more (the clean vs_oracle rows' `oracle_backend_shift`, against the effect relative to the
-    leaf's largest value): no bound that passes a correct program there can see it. Where the
-    backend has no such term (a CPU: the column is NaN) it must be caught."""
+    """A fault moving `leaf` by `absolute_effect` on every token, unkillable in `dtype_slice` on a backend
+    whose own primitives may shift that leaf alike by more (the clean vs_oracle rows'
+    `oracle_backend_shift`); where the backend has no such term (a CPU: NaN) it must be caught."""
 
     dtype_slice: str
     leaf: str
@@ -114,8 +90,8 @@ class BelowBackendShift:
     why: str
 
     def reason(self, clean_rows: Sequence[dict]) -> str:
-        """The listing's reason with the figures, or "" unless every clean vs_oracle row of the
-        leaf (at least one) has a backend shift larger than the effect."""
+        """The listing's reason with the figures, or "" unless every clean vs_oracle row of the leaf (at
+        least one) has a backend shift larger than the effect."""
         pairs = []
         for row in clean_rows:
             if row.get("leaf") != self.leaf or row.get("comparison") != "vs_oracle":
@@ -137,23 +113,11 @@ class BelowBackendShift:
 class Perturbation:
     """A fault (must be caught) or a legitimate variant (must pass).
 
-    name: stable identifier, ``<path>.<what>`` (``reference.*``, ``kernel.*``,
-      ``independent.*``).
-    description: the real-world regression or precision choice it models.
-    patches: the seams it replaces, together.
-    implementations: names of the implementations whose results it can change (other
-      paths are unaffected and need not be re-run).
-    sharded_only: it only acts on token-sharded paths (cross-shard reductions).
-    variants: mHC variants whose computation goes through the seams.
-    legitimate: True for a variant that must pass, False for a fault.
-    unkillable_in: ((dtype slice, why), ...) — slices of the kill matrix in which the
-      fault's effect is below what the arithmetic explains, so it cannot be caught
-      there without flagging correct code; the kill matrix reports the measured effect.
-    below_backend_shift: `BelowBackendShift`s — the same, only on a backend whose own
-      primitives explain more than the fault's effect (measured in the clean rows).
-    causes: for a precision fault, glob patterns of the hypothesis names that are its own
-      cause (`mhc_parity.mhc.operation.hypotheses`); () for a logic fault, whose failing rows no
-      rounding may explain (`mhc_parity.harness.judging.attribution.UNEXPLAINED_ID`).
+    name: ``<path>.<what>``. implementations: those whose results it can change (others need not re-run).
+    sharded_only: it acts on token-sharded paths only. variants: the mHC variants going through its seams.
+    unkillable_in: ((dtype slice, why), ...) where its effect is below what the arithmetic explains;
+    below_backend_shift: the same, measured on the backend. causes: for a precision fault, globs of the
+    hypothesis names that are its own cause; () for a logic fault (no rounding may explain it).
     """
 
     name: str
@@ -180,21 +144,19 @@ class Perturbation:
 
     @property
     def seam_names(self) -> str:
-        """The patched seams, comma-separated."""
         return ", ".join(s.name for s in self.seams)
 
     def names_its_cause(self, cause_id: str) -> bool:
-        """Whether a row's `cause_id` is this fault's own cause: one of its `causes` (every
-        hypothesis of a pair), or for a logic fault, no rounding."""
+        """Whether `cause_id` is this fault's own: every hypothesis one of its `causes`, or for a logic
+        fault, no rounding."""
         if not self.causes:
             return cause_id == UNEXPLAINED_ID
         names = hypothesis_names(cause_id)  # a backend hypothesis' own name joins primitives by "+"
         return bool(names) and all(any(fnmatch.fnmatchcase(name, p) for p in self.causes) for name in names)
 
     def listing(self, dtype_slice: str, clean_rows: Sequence[dict] = ()) -> tuple[str, str]:
-        """(kind, reason): why the fault cannot be caught in `dtype_slice`, ("", "") if it must
-        be. kind: `BELOW_ROUNDING` (`unkillable_in`) or `BELOW_BACKEND_SHIFT` (a
-        `below_backend_shift` the clean pass's rows of that slice, `clean_rows`, show)."""
+        """(kind, reason) why the fault cannot be caught in `dtype_slice`, ("", "") if it must be:
+        `BELOW_ROUNDING` (static) or `BELOW_BACKEND_SHIFT` (shown by that slice's `clean_rows`)."""
         static = dict(self.unkillable_in).get(dtype_slice, "")
         if static:
             return BELOW_ROUNDING, static
@@ -209,7 +171,6 @@ class Perturbation:
 
     @contextlib.contextmanager
     def injected(self) -> Iterator[Perturbation]:
-        """Install every replacement for the duration of the block, then restore them all."""
         resolved = [(p, *p.seam.resolve()) for p in self.patches]
         originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in resolved]
         jax.clear_caches()
@@ -226,18 +187,13 @@ class Perturbation:
             jax.clear_caches()
 
     def affects_path(self, path) -> bool:
-        """True if the perturbation can change the results of `path` (a `mhc_parity.harness.engine.paths.Path`)."""
         if path.impl.name not in self.implementations:
             return False
         return path.mesh is not None or not self.sharded_only
 
     def affects_case(self, case, implementations: Sequence) -> bool:
-        """True if some implementation of `implementations` it patches runs `case`.
-
-        An implementation does not run a case it skips (another variant, a
-        reference_only case for the kernels) or one it is expected to reject; a
-        sharded-only perturbation needs a case with a mesh.
-        """
+        """True if some implementation it patches runs `case` (not skipped, not expected to reject it; a
+        sharded-only perturbation needs a mesh)."""
         if case.variant not in self.variants:
             return False
         if self.sharded_only and case.mesh is None:
@@ -251,10 +207,8 @@ class Perturbation:
 
 
 def select(globs: Iterable[str] | None, catalogue: Sequence[Perturbation], what: str) -> list[Perturbation]:
-    """Members of `catalogue` whose names match any glob (all when None/empty), in order.
-
-    Raises UnknownPerturbationError naming a glob that matches nothing.
-    """
+    """Members of `catalogue` matching any glob (all when none), in order; UnknownPerturbationError naming a
+    glob that matches nothing."""
     patterns = list(globs or [])
     if not patterns:
         return list(catalogue)

@@ -1,26 +1,8 @@
 """The kill matrix's passes: the unmodified code, then each perturbation injected, case by case.
 
-A case's passes share everything a perturbation cannot change (`CaseRunner.run`):
-
-- its fixture and float64 oracle answer, loaded once (no seam is in `mhc_parity/cases/`
-  or the oracle's sources; tests/test_faults.py checks it);
-- its causes' hypotheses (`mhc_parity.harness.engine.causes.HypothesisOracle`: the oracle
-  under roundings), computed by the first pass with a failing row and kept for the case's
-  other passes; the fits of its fitted hypotheses, the costliest part of a failing pass,
-  are solved once for a candidate's errors and kept on disk by what they are computed from
-  (`mhc_parity.harness.stores.fit_store`), so a rerun loads them;
-- the outputs of the paths a perturbation does not affect (`Perturbation.affects_path`),
-  recorded by the clean pass and reused: only the affected paths run again, traced
-  afresh under the patch; and the clean rows of the comparisons between such paths (or
-  such a path and the oracle), which are made of the same arrays;
-- the clean pass's compiled programs, loaded from (and saved to) the program store
-  (`mhc_parity.harness.stores.program_store`): it runs unpatched code, before the case's
-  first injection, and every injection shuts the stores (`code_patched`), so no program a
-  patch traced is stored or reused for clean code.
-
-So a case, not a perturbation, is the unit of work: its hypotheses are computed once in
-the whole matrix and no clean pass is repeated. `run_clean_pass` and `perturbed_rows_of`
-run the same passes over many cases, one pass at a time.
+A case's passes share what no perturbation can change (docs/speed.md): its fixture and oracle answer, its
+causes' hypotheses, the outputs and rows of the paths a perturbation does not affect, and the clean programs
+(from the program store; every injection shuts the stores). So a case is the unit of work.
 """
 
 from __future__ import annotations
@@ -33,23 +15,24 @@ import jax
 
 from mhc_parity.cases.fixtures import make_fixture
 from mhc_parity.harness.engine.causes import HypothesisOracle
+from mhc_parity.harness.engine.collaborators import Collaborators, OracleFunction, RunOnlyPrograms, no_recorded_rows
+from mhc_parity.harness.engine.fit_store import FitStore
+from mhc_parity.harness.engine.oracle_cache import OracleCache
 from mhc_parity.harness.engine.paths import ORACLE_PATH
 from mhc_parity.harness.engine.plan import PathPlan
 from mhc_parity.harness.engine.program_cache import ProgramCache
+from mhc_parity.harness.engine.program_store import ProgramStore
 from mhc_parity.harness.engine.runner import Runner
 from mhc_parity.harness.faults.model import Perturbation
-from mhc_parity.harness.stores.fit_store import FitStore
-from mhc_parity.harness.stores.oracle_cache import OracleCache
-from mhc_parity.harness.stores.program_store import ProgramStore
 
 
 def _plan(impls) -> PathPlan:
     return PathPlan(implementations=tuple(impls), lowering=False)
 
 
-class _RecordingProgramCache:
-    """A `ProgramCache` (`cache`, default a fresh one) that remembers each (case, path)'s
-    outputs — or exception — in `memo`."""
+class _RecordingProgramCache(RunOnlyPrograms):
+    """A `ProgramCache` (default a fresh one) that remembers each (case, path)'s outputs, or exception, in
+    `memo`."""
 
     def __init__(self, memo: dict, cache: ProgramCache | None = None):
         self._cache = cache if cache is not None else ProgramCache()
@@ -69,7 +52,7 @@ class _RecordingProgramCache:
         return outputs
 
 
-class _PerturbationScopedProgramCache:
+class _PerturbationScopedProgramCache(RunOnlyPrograms):
     """A fresh `ProgramCache` for the paths `perturbation` affects; recorded clean results for the rest."""
 
     def __init__(self, memo: dict, perturbation: Perturbation):
@@ -78,7 +61,6 @@ class _PerturbationScopedProgramCache:
         self.perturbation = perturbation
 
     def recorded(self, path, case) -> bool:
-        """Whether `path`'s outputs on `case` are the clean pass's (it is not affected, and ran there)."""
         return not self.perturbation.affects_path(path) and (case.name, path.name) in self.memo
 
     def prepare(self, paths, case, fixture) -> None:
@@ -94,10 +76,8 @@ class _PerturbationScopedProgramCache:
 
 
 class _CleanComparisons:
-    """The clean pass's rows by (case, candidate, comparison, partner), handed to a
-    perturbed pass's runner (`Runner(recorded_rows=...)`) for the comparisons whose candidate
-    and partner both keep their clean outputs (`cache.recorded`; the oracle always does): the
-    same leaves against the same oracle answer make the same rows, timing columns included."""
+    """The clean pass's rows by (case, candidate, comparison, partner), for a perturbed runner's comparisons
+    whose candidate and partner keep their clean outputs: the same arrays make the same rows."""
 
     def __init__(self, clean_rows, cache: _PerturbationScopedProgramCache):
         self._rows: dict[tuple[str, str, str, str], list[dict]] = {}
@@ -116,15 +96,8 @@ class _CleanComparisons:
 
 
 class SharedInputs:
-    """Fixtures, float64 oracle results and the causes' hypotheses, computed once per case for
-    every pass.
-
-    None depends on the paths (`mhc_parity/cases/` and the oracle import nothing a perturbation
-    patches), so no perturbation can change them. The oracle comes from the disk cache
-    (`mhc_parity.harness.stores.oracle_cache`) when an earlier run computed it; the hypotheses
-    keep the latest case's (each is up to a few GB of float64 leaves), and their fits'
-    solutions come from `fits` (a `mhc_parity.harness.stores.fit_store.FitStore`; None: solved).
-    """
+    """Fixtures, float64 oracle results and the causes' hypotheses, computed once per case for every pass:
+    none depends on a seam. The hypotheses keep the latest case's only (up to a few GB each)."""
 
     def __init__(self, oracle_cache: OracleCache | None = None, fits: FitStore | None = None):
         self._fixtures: dict = {}
@@ -143,34 +116,35 @@ class SharedInputs:
         return self._oracles[case]
 
 
-def _runner(policy, shared: SharedInputs, cache, recorded_rows=None) -> Runner:
+def _runner(policy, shared: SharedInputs, cache: RunOnlyPrograms, recorded_rows=no_recorded_rows) -> Runner:
     return Runner(
         policy,
-        fixture_loader=shared.fixture,
-        oracle=shared.oracle,
-        cache=cache,
-        hypotheses=shared.hypotheses,
-        recorded_rows=recorded_rows,
+        Collaborators(
+            fixture_loader=shared.fixture,
+            oracle=OracleFunction(shared.oracle),
+            programs=cache,
+            hypotheses=shared.hypotheses,
+            recorded_rows=recorded_rows,
+        ),
     )
 
 
 def clean_rows_of(case, policy, shared: SharedInputs, memo: dict, impls, programs: ProgramCache | None = None):
-    """Rows of the unmodified code on `case`; every path's outputs recorded in `memo`.
-    programs: the clean programs' cache (default: a fresh one, no store)."""
+    """Rows of the unmodified code on `case`, every path's outputs recorded in `memo`; programs: the clean
+    programs' cache (default: a fresh one, no store)."""
     return list(_runner(policy, shared, _RecordingProgramCache(memo, programs)).run_case(case, _plan(impls)))
 
 
 def perturbed_rows_of(
     perturbation: Perturbation, cases, policy, shared: SharedInputs, memo: dict, impls, clean_rows=None
 ):
-    """Rows of `cases` with `perturbation` injected: the paths it affects traced afresh, the
-    others' outputs from `memo` (the clean pass's). clean_rows: the clean pass's rows of
-    `cases`, whose comparisons the perturbation cannot change are taken as they are (None:
-    every comparison is made again)."""
+    """Rows of `cases` with `perturbation` injected: affected paths traced afresh, the others from `memo`.
+    clean_rows: the clean pass's rows, reused where the perturbation cannot change them (None: every
+    comparison is made again)."""
     rows: list[dict] = []
     with perturbation.injected():
         cache = _PerturbationScopedProgramCache(memo, perturbation)
-        recorded = None if clean_rows is None else _CleanComparisons(clean_rows, cache)
+        recorded = no_recorded_rows if clean_rows is None else _CleanComparisons(clean_rows, cache)
         runner = _runner(policy, shared, cache, recorded)
         for case in cases:
             rows.extend(runner.run_case(case, _plan(impls)))
@@ -179,19 +153,14 @@ def perturbed_rows_of(
 
 
 def run_clean_pass(cases, policy, shared: SharedInputs, memo: dict, impls) -> list[dict]:
-    """Rows of the unmodified code over `cases`; every path's outputs recorded in `memo`."""
     programs = ProgramCache()
     return [row for case in cases for row in clean_rows_of(case, policy, shared, memo, impls, programs)]
 
 
 @dataclasses.dataclass(frozen=True)
 class CasePasses:
-    """One case's rows in the kill matrix.
-
-    case: its name; clean_rows: the unmodified code's rows; perturbed: (perturbation name,
-    its rows, seconds) for each perturbation run on the case, in the order asked; seconds:
-    the case's whole time (clean pass included).
-    """
+    """One case's rows in the kill matrix: perturbed holds (name, rows, seconds) per perturbation run, in
+    the order asked; seconds: the whole case, clean pass included."""
 
     case: str
     clean_rows: tuple[dict, ...]
@@ -203,7 +172,6 @@ class CasePasses:
         return self._entry(name)[1]
 
     def seconds_of(self, name: str) -> float:
-        """The seconds perturbation `name`'s pass took on the case; KeyError if it did not run."""
         return self._entry(name)[2]
 
     def _entry(self, name: str) -> tuple[str, tuple[dict, ...], float]:
@@ -214,12 +182,8 @@ class CasePasses:
 
 
 class CaseRunner:
-    """Runs cases' passes in one process, keeping what outlives a case: the clean programs
-    (in memory and in the program store: cases of one shape share them), the oracle cache and
-    the fits' store.
-
-    policy: the tolerance policy; impls: the implementations of every pass.
-    """
+    """Runs cases' passes in one process, keeping what outlives a case: the clean programs (in memory and
+    the program store), the oracle cache and the fits' store."""
 
     def __init__(self, policy, impls):
         self.policy = policy
@@ -229,7 +193,6 @@ class CaseRunner:
         self.fits = FitStore()
 
     def run(self, case, perturbations: Sequence[Perturbation]) -> CasePasses:
-        """The clean pass over `case`, then each of `perturbations` (those that affect it) injected in turn."""
         start = time.perf_counter()
         shared, memo = SharedInputs(self.oracle_cache, self.fits), {}
         clean = clean_rows_of(case, self.policy, shared, memo, self.impls, self.clean_programs)

@@ -1,22 +1,9 @@
 """The rounding audit: every bfloat16 value the reference path holds, and the model's site for it.
 
-A bound is only as sharp as the rounding model under it (`mhc_parity.mhc.rounding_model.ROUNDING_SITES` and
-the branches' own `rounding_sites`): a value a correct bfloat16 path must round that the
-model holds exact leaves a correct implementation's error unexplained (the sweep's false
-failures on an MLP case's bias gradients came from the MLP's hidden activation). The
-audit has two halves:
-
-- `bfloat16_values(case)`: the reference path's forward and VJP program traced (not
-  run), and every equation whose result is bfloat16, by the function that makes it.
-  `MODELLED_BY` names, for each such function, the model's sites that round what it
-  holds; `unmodelled` is what the model misses (a test keeps it empty on the audited
-  cases, so a new bfloat16 value in the reference fails until a site models it).
-- `site_shares(case, fixture)`: per site, the share of each leaf's sensitivity that site
-  explains alone (the oracle's draws with only that site rounding, the same random numbers
-  as the full draws, so first-order shares add up): which rounding a leaf's bound rests on.
-
-`mhc-parity faults --audit` writes both for the audited cases (`make audit`:
-docs/results/rounding-audit-default.md).
+A value a correct bfloat16 path rounds that the model holds exact leaves a correct error unexplained.
+`bfloat16_values` traces the reference's forward and VJP and lists each function making a bfloat16 value
+with its sites (`MODELLED_BY`; a test keeps `unmodelled` empty); `site_shares` gives each site's share of
+each leaf's sensitivity. `mhc-parity faults --audit` writes both.
 """
 
 from __future__ import annotations
@@ -51,8 +38,7 @@ MODELLED_BY: Mapping[str, tuple[str, ...]] = {
     "mlp_apply": ("branch_param", "mlp_hidden", "layer_output"),
     "tanh_apply": ("layer_output",),
 }
-# The cases the audit covers: bfloat16 runs of each branch with parameters, and the
-# cancelling init family.
+# bfloat16 runs of each branch with parameters, and the cancelling init family.
 AUDIT_CASES = (
     "lite-n4-c128-b2s64-bf16-w32-mlp-mixed_signs",
     "lite-n4-c256-b2s64-bf16-w32-mlp-default",
@@ -61,17 +47,15 @@ AUDIT_CASES = (
 
 
 _SUMMARY = re.compile(r"^(.*):(\d+):\d+ \((.*)\)$")
-# A comprehension's own frame, as its code object's qualified name ends: Python 3.11 runs every
-# comprehension in a frame of its own ("MhcWeights.astype_for_compute.<locals>.<dictcomp>"),
-# 3.12 inlines list, dict and set comprehensions (PEP 709) but not generator expressions. The
-# value is the enclosing function's on either.
+# A comprehension's own frame: Python 3.11 gives every comprehension one, 3.12 inlines all but
+# generator expressions (PEP 709); either way the value is the enclosing function's.
 _COMPREHENSION_FRAME = re.compile(r"(?:\.<locals>\.<(?:listcomp|dictcomp|setcomp|genexpr)>)+$")
 
 
 @dataclasses.dataclass(frozen=True)
 class BfloatValue:
-    """The bfloat16 results one function of the reference path makes: where, how many
-    equations, which primitives, and the model's sites for them ("" when none)."""
+    """The bfloat16 results one function of the reference path makes: where, how many equations, which
+    primitives, and the model's sites for them."""
 
     function: str
     location: str
@@ -98,17 +82,16 @@ def _walk(jaxpr, found: collections.defaultdict) -> None:
 
 
 def bfloat16_equations(jaxpr) -> dict[tuple[str, str, int], list[str]]:
-    """(function, file, line) -> the primitives of the equations there whose result is bfloat16,
-    over `jaxpr` (a ClosedJaxpr or Jaxpr) and the jaxprs inside its equations. A comprehension's
-    equations are its enclosing function's, on every Python."""
+    """(function, file, line) -> primitives of the equations there with a bfloat16 result, over `jaxpr` and
+    the jaxprs inside it; a comprehension's equations are its enclosing function's."""
     found: collections.defaultdict = collections.defaultdict(list)
     _walk(jaxpr, found)
     return dict(found)
 
 
 def bfloat16_values(case, fixture) -> list[BfloatValue]:
-    """Every function of the reference path's forward + VJP that makes a bfloat16 value, for
-    `case` (traced on the fixture's shapes and dtypes, not run), with the model's sites for it."""
+    """Every function of the reference's forward + VJP making a bfloat16 value for `case` (traced on the
+    fixture's shapes, not run), with the model's sites for it."""
     config, branch = case.mhc_config(), get_branch(case.branch)
 
     def layer(x, weights, params):
@@ -149,15 +132,12 @@ def _relative(file_name: str) -> str:
 
 
 def unmodelled(values: Sequence[BfloatValue]) -> list[BfloatValue]:
-    """The bfloat16 values no site of the model rounds."""
     return [v for v in values if not v.sites]
 
 
 def site_shares(case, fixture, leaves: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
-    """Per rounding site (the layer's and the branch's), per leaf: the RMS deviation of the
-    oracle's draws with only that site rounding, over the RMS deviation with every site
-    (the share of the leaf's sensitivity the site explains; shares of independent sites
-    add up in squares). leaves: which leaves (default all)."""
+    """site -> leaf -> RMS deviation of the oracle's draws with only that site rounding over that with every
+    site (same random numbers, so independent sites' shares add in squares)."""
     branch = get_branch(case.branch)
     units = noise_units(case)
     draws = [(0, None)] + [(seed, units) for seed in noise_seeds(case)]
@@ -168,7 +148,6 @@ def site_shares(case, fixture, leaves: Sequence[str] | None = None) -> dict[str,
             *arguments, draws=draws, branch_sites=branch.rounding_sites, only_sites=only_sites
         )
         exact_leaves, noisy_leaves = named_leaves(exact), [named_leaves(d) for d in noisy]
-        # The RMS deviation normalised as the sensitivity is (`draw_deviations`).
         return {
             name: root_mean_square(draw_deviations([d[name] for d in noisy_leaves], exact_leaves[name])[1])
             for name in leaves or list(exact_leaves)
@@ -188,8 +167,6 @@ SHARE_LEAVES = ("out", "layer_input", "h_pre", "d_x", "d_pre_bias", "d_post_alph
 
 @dataclasses.dataclass(frozen=True)
 class CaseAudit:
-    """One case's audit: the reference's bfloat16 values and each site's shares."""
-
     case: str
     values: tuple[BfloatValue, ...]
     shares: Mapping[str, Mapping[str, float]]
@@ -200,13 +177,11 @@ class CaseAudit:
 
 
 def audit_case(case, fixture) -> CaseAudit:
-    """`bfloat16_values` and `site_shares` of one case."""
     return CaseAudit(case.name, tuple(bfloat16_values(case, fixture)), site_shares(case, fixture))
 
 
 def audit_markdown(audits: Sequence[CaseAudit]) -> str:
-    """The audits as Markdown: per case the reference's bfloat16 values with their sites (and
-    any the model misses), then each site's share of the shown leaves' sensitivity."""
+    """The audits as Markdown: per case the bfloat16 values with their sites, then each site's shares."""
     lines = [
         "# Rounding audit",
         "",

@@ -1,19 +1,9 @@
 """The false-positive sweep: the unmodified code over many seeds must never fail a row.
 
-`run_sweep(cases, seeds, ...)` runs every case at seeds 0..seeds-1 (renamed
-``<case>-seed<s>``) through every built-in path (and any --impl), and reports per
-(comparison, dtype, leaf kind) the passing and failing rows and how close the passing
-ones came to their bounds (`mhc_parity.reports.sweep.headroom_table`).
-
-A seed changes a case's data, not its shapes, so its programs are those of every other
-seed: the sweep's runner keeps its programs on disk like `mhc-parity run`'s
-(`Runner.with_disk_stores`: loaded from the program store, or compiled once and stored),
-and runs a case's seeds one after the other (`case_major`), so each program is obtained
-once per process and stays in its cache while the case's seeds use it (seed-major, the
-suite's ~80 programs cycled through the cache every seed and were traced again each
-time). Cases run one at a time, not with `Runner.run`'s answers ahead: a case's seeds are
-the same size, so two of the largest float64 oracles would be held at once. The rows
-come back in seed-major order (`seeded_cases`), the order they always had.
+`run_sweep_rows` runs every case at each seed (``<case>-seed<s>``) through every built-in path and any
+--impl; `mhc_parity.reports.sweep` tables the headroom. A case's seeds run one after the other
+(`case_major`: they share programs; docs/speed.md), one case at a time (with answers ahead, two of the
+largest float64 oracles would be held at once); rows come back in seed-major order.
 """
 
 from __future__ import annotations
@@ -43,20 +33,17 @@ def _seeded(case, seed: int):
 
 
 def seeded_cases(cases: Sequence, seeds: int | Sequence[int]) -> list:
-    """Every case at seeds 0..seeds-1 (or at the seeds listed), named `<case>-seed<s>`
-    (seed-major order)."""
+    """Every case at seeds 0..seeds-1 (or those listed), named `<case>-seed<s>`, seed-major."""
     return [_seeded(case, s) for s in _seed_values(seeds) for case in cases]
 
 
 def case_major(cases: Sequence, seeds: int | Sequence[int]) -> list:
-    """`seeded_cases` with each case's seeds together: the order the sweep runs them in, so a
-    case's programs serve all its seeds in a row."""
+    """`seeded_cases` with each case's seeds together: the order the sweep runs them in."""
     return [_seeded(case, s) for case in cases for s in _seed_values(seeds)]
 
 
 def run_sweep_rows(cases: Sequence, seeds: int | Sequence[int], policy, impls, *, quiet=False) -> list[dict]:
-    """Rows of the unmodified code over the seeded cases (lowering rows excluded), in
-    `seeded_cases`' order; run in `case_major` order."""
+    """Rows of the unmodified code over the seeded cases (no lowering rows), in `seeded_cases`' order."""
     seeded = seeded_cases(cases, seeds)
     runner = Runner.with_disk_stores(policy)
     plan = PathPlan(implementations=tuple(impls), lowering=False)
@@ -74,13 +61,13 @@ def run_sweep_rows(cases: Sequence, seeds: int | Sequence[int], policy, impls, *
 
 
 def sweep_implementations(impl_specs: Sequence[str] = ()) -> tuple:
-    """What the sweep runs: the built-in implementations and any --impl (not the kill
-    matrix's independent one, which is evidence for the faults, not code under test)."""
+    """The built-ins and any --impl (not the kill matrix's independent one, which is evidence, not code
+    under test)."""
     return tuple(BUILTIN.values()) + tuple(load_external(spec) for spec in impl_specs)
 
 
 def _sweep_worker(seeds: Sequence[int], case_names: Sequence[str], policy_path, impl_specs: Sequence[str], quiet):
-    """One worker process (an entry point): the sweep's rows at `seeds`, registry cases by name."""
+    """One worker process (an entry point): the sweep's rows at `seeds`, cases by name."""
     ensure_host_devices()
     pace_garbage_collector()
     enable_compilation_cache()
@@ -91,8 +78,8 @@ def _sweep_worker(seeds: Sequence[int], case_names: Sequence[str], policy_path, 
 def run_sweep_in_workers(
     cases: Sequence, seeds: int, policy_path, impl_specs: Sequence[str], jobs: int, *, quiet=False
 ) -> list[dict]:
-    """`run_sweep_rows` over seeds 0..seeds-1 dealt round-robin to `jobs` spawned processes;
-    the rows come back in the order one process would have made them (seed-major)."""
+    """`run_sweep_rows` with seeds dealt round-robin to `jobs` spawned processes; rows in one process's
+    order."""
     groups = [list(range(seeds))[start::jobs] for start in range(min(jobs, seeds))]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:

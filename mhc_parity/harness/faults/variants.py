@@ -1,17 +1,8 @@
 """Legitimate variants: precision choices production kernels make, which must PASS.
 
-Catching bugs is half of the harness's job; passing correct code is the other half. A
-sharper rule that flags one of these is a regression, as bad as a surviving fault. Each
-variant is a `mhc_parity.harness.faults.model.Perturbation` with `legitimate=True`; the kill matrix
-(`mhc-parity faults`) runs them next to the faults and fails if any row that
-passes on the unmodified code fails under a variant.
-
-They keep the rounding model of `mhc_parity.mhc.oracle` (`ROUNDING_SITES`) honest: every place a
-variant rounds must be a site the model rounds at the activation dtype, and every
-place the model holds in float32 must be one no variant needs to round. The
-independent implementation (`mhc_parity.harness.faults.independent_mhc`), run by the kill matrix as an
-external implementation, is itself a bundle of such choices (folded projection rounded
-once, coefficient operands and backward-matmul operands in the activation dtype).
+A rule that flags one is as bad as a surviving fault; the kill matrix runs them beside the faults. They keep
+the rounding model honest: every place a variant rounds must be a site the model rounds at the activation
+dtype.
 """
 
 from __future__ import annotations
@@ -35,8 +26,6 @@ PROJECTION_CHUNKS = 4
 
 
 def _collapse_with_rounded_weights(original_collapse):
-    """`collapse_streams` with h_pre rounded to x's dtype first (the collapse's MXU operand)."""
-
     def collapse_streams_rounded_operand(h_pre, x):
         return original_collapse(round_operand(h_pre, x.dtype), x)
 
@@ -44,8 +33,6 @@ def _collapse_with_rounded_weights(original_collapse):
 
 
 def _expand_with_rounded_coefficients(original_expand):
-    """`expand_streams` with h_res and h_post rounded to x's dtype first (MXU operands)."""
-
     def expand_streams_rounded_operands(h_res, h_post, x, layer_output):
         return original_expand(round_operand(h_res, x.dtype), round_operand(h_post, x.dtype), x, layer_output)
 
@@ -53,10 +40,8 @@ def _expand_with_rounded_coefficients(original_expand):
 
 
 def _projection_in_chunks(original_projection):
-    """`folded_rms_projection` whose K reduction runs as PROJECTION_CHUNKS partial float32 sums.
-
-    What a K-tiled matmul does: the same products, accumulated in another order.
-    """
+    """`folded_rms_projection` whose K reduction runs as PROJECTION_CHUNKS partial float32 sums, as a
+    K-tiled matmul does."""
 
     del original_projection
 
@@ -73,8 +58,6 @@ def _projection_in_chunks(original_projection):
 
 
 def _sigmoid_through_tanh(original_gate):
-    """The gate with sigmoid(z) written as (1 + tanh(z / 2)) / 2: another float32 formula."""
-
     def compute_sigmoid_gate_tanh(logits, scale, bias, *, multiplier=1.0, epsilon=0.0):
         z = scale.astype(jnp.float32) * logits.astype(jnp.float32) + bias.astype(jnp.float32)
         return multiplier * 0.5 * (1.0 + jnp.tanh(0.5 * z)) + epsilon

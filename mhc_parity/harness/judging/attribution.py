@@ -1,59 +1,8 @@
-"""Which hypothesis explains a candidate's errors: the numbers of a failing row's cause.
+"""Which rounding hypothesis explains a failing candidate's errors (the row's `cause`).
 
-A hypothesis (a rounding the model does not allow, run through the float64 oracle) has an
-error e_h = hypothesis − oracle on every leaf, value for value. On one leaf the candidate's
-error e_c = candidate − oracle is explained by it to the fraction
-
-    explained(e_c, e_h) = 1 − ‖e_c − e_h‖² / ‖e_c‖²
-
-(1: the same error; 0: no better than no error at all; negative: worse). A leaf of a few
-numbers (a bias gradient of n, a scale gradient of one) is matched by chance by one of many
-hypotheses, so a hypothesis is also held to the candidate's other leaves: one that predicts
-an error on a leaf the candidate got right is not its cause. Each leaf's error is measured in
-units of its own sensitivity σ (the rounding model's RMS deviation there), and a failing
-leaf l's score is
-
-    score_l(h) = 1 − (‖z_c,l − z_h,l‖² + max(0, R_P(h) − T_P)) / ‖z_c,l‖²,   z = e / σ,
-
-where over the candidate's passing leaves P, T_P = Σ ‖z_c,p‖² and R_P(h) = Σ ‖z_c,p − z_h,p‖²:
-the penalty is what the hypothesis makes worse there than predicting no error. The
-candidate's own legitimate rounding is in e_c, so a failing leaf's bug scores about
-1 − (noise / error)², which its bound keeps near 1. Below `EXPLAINED_THRESHOLD` no rounding is
-named: the error is a logic error's, or a rounding outside the hypotheses. Pairs of
-hypotheses at different places add to first order, so where one is not enough the best pair
-of the leading few is tried. docs/judging.md says why the thresholds are where they are.
-
-A sum accumulated in a narrow dtype errs by an amount its order decides, and a backend's order
-is not the hypothesis' order: such a hypothesis (`HypothesisErrors.by_size`) predicts the size
-of the error on each leaf, not its values. Matched by size, a hypothesis' error is taken as
-aligned with the candidate's, ⟨z_c, z_h⟩ = ‖z_c‖·‖z_h‖, so a leaf's residual is (‖z_c‖ − ‖z_h‖)²;
-it is never paired (its values say nothing of another hypothesis'). A size is weaker evidence
-than values: among many hypotheses, one has any one leaf's error size by chance. So these are
-tried only on the leaves no hypothesis explains value for value, where there are at least
-`MIN_SIZE_LEAVES` of them, and jointly: one hypothesis must match the sizes on all those
-leaves at once, its score the same fraction summed over them,
-
-    1 − (Σ_l (‖z_c,l‖ − a‖z_h,l‖)² + max(0, R_P − T_P)) / Σ_l ‖z_c,l‖²,
-
-and the cause says it was matched by size. The factor a fits the sizes best within the range
-the same sum spans in the orders the hypotheses try (term by term to blocks: `size_ranges`),
-1 where only one is tried.
-
-A place that holds one value per token (the RMS statistic) may be off by any amount per token,
-where a bug computes it in a narrow dtype of its own. Such a hypothesis (`FittedHypothesis`) is
-the oracle's linear response J to an error p there; the p that best explains the candidate,
-min_p Σ_l ‖z_c,l − (J p)_l‖² over all its leaves (passing ones too), is fitted by conjugate
-gradients (`fitted_errors`), and J p̂ is then scored value for value like a rounding. It is tried
-after the roundings, on the leaves none explains, and before the sizes, and only where those
-leaves hold `FIT_EVIDENCE` numbers per free number of the fit (the place's tokens): matching
-values is evidence only where there are far more values than freedom. And it is named only where
-it explains those leaves' errors on average, each leaf counted once (`_joint_fraction`, at least
-`EXPLAINED_THRESHOLD`): a fit matched a TPU tanh's error in four-number bias gradients (91%) and
-none of it elsewhere.
-
-A leaf failing on one statistic alone (its gain, its token means) is matched on that statistic
-(`judged_statistics`), and a variant no failing leaf tells from its plain form is named in the
-plain form (`_plain_forms`).
+Each leaf's error is scored against each hypothesis' error in units of the leaf's sensitivity σ, penalised
+by what it makes worse on the passing leaves; docs/judging.md ("Why a row failed") gives the scores, the
+by-size and fitted hypotheses and why the thresholds are where they are.
 """
 
 from __future__ import annotations
@@ -74,41 +23,31 @@ from mhc_parity.records.schema import UNEXPLAINED_CAUSE
 # Below this fraction no hypothesis is named: half the squared error is not a rounding's.
 EXPLAINED_THRESHOLD = 0.5
 # A pair is named only where the best single hypothesis leaves this much unexplained and
-# the pair explains `PAIR_GAIN` more: otherwise one cause is the simpler answer.
+# the pair explains `PAIR_GAIN` more.
 PAIR_BELOW = 0.9
 PAIR_GAIN = 0.1
-# Pairs are tried among the best few single hypotheses only (pairs of weak ones explain nothing).
 PAIR_CANDIDATES = 4
-# Hypotheses within this much of the best one explain a leaf equally well; the one the
-# caller prefers (the cause of the candidate's other failing leaves) is named, so one bug
-# gets one name across its leaves.
+# Hypotheses within this much of the best explain a leaf equally well; the caller's preferred
+# one is named, so one bug gets one name across its leaves.
 TIE = 0.02
 UNEXPLAINED = UNEXPLAINED_WORDS
 BY_SIZE = " (matched by the size of its error)"
 UNEXPLAINED_ID = UNEXPLAINED_CAUSE
-# The kinds of hypothesis matched by size (`HypothesisErrors.by_size`): an order-dependent sum.
 SIZE_MATCHED_KINDS = frozenset({"accumulation"})
-# Sizes are matched only across this many unexplained leaves: one leaf's size (a bias gradient
-# of four numbers) is matched by one of the sums by chance.
+# One leaf's size (a four-number bias gradient) is matched by one of the sums by chance.
 MIN_SIZE_LEAVES = 2
-# The kind of hypothesis whose per-token error is fitted (`FittedHypothesis`).
 FITTED_KIND = "fitted"
-# A fit is tried only where the unexplained failing leaves hold this many numbers per free
-# number of the fit: with more freedom than evidence it "explains" a lone leaf (a 1% error of a
-# four-number bias gradient was fitted by the 128 tokens' statistic errors).
+# Unexplained numbers per free number of a fit needed to try it: with more freedom than
+# evidence it "explains" a lone leaf.
 FIT_EVIDENCE = 4
-# A fit's conjugate-gradient steps at most, and the share of the candidate's squared error a
-# step must still remove to go on (an error outside the place's reach stops it in a few).
+# CGLS steps at most, and the share of the squared error a step must remove to go on.
 FIT_STEPS = 40
 FIT_PROGRESS = 1e-4
-# A hypothesis is contradicted by a leaf the candidate got right where it misses that leaf's
-# error by more than this many times the leaf's own squared error (or σ², the model's noise):
-# a rounding that would move the forward leaves cannot explain a bug whose forward leaves pass
-# (issue 67: a backward accumulator's bug was named the forward RMS norm's sum).
+# A passing leaf contradicts a hypothesis that misses its error by more than this many times
+# its own squared error (or σ²).
 CONTRADICTS = 9.0
-# The largest per-token relative error a narrow dtype's RMS statistic has (a fit's |p|): its
-# squares, sum and rsqrt each rounded to bfloat16 (2⁻⁸ each) and the sum's growth over a token's
-# terms. A fit past it is no rounding's size (issue 67: an epsilon 10x too large fitted 0.68).
+# The largest per-token relative error a narrow dtype's RMS statistic has: a fit's |p| past it
+# is no rounding's size.
 FIT_MAX_RELATIVE = 2.0**-4
 
 
@@ -116,10 +55,9 @@ FIT_MAX_RELATIVE = 2.0**-4
 class Attribution:
     """The most likely cause of one leaf's error.
 
-    cause: the hypothesis' words (two joined by " + " for a pair), or `UNEXPLAINED`;
-    explained: the fraction of the squared error it explains (for `UNEXPLAINED`, the best
-    hypothesis' fraction, which fell below the threshold); names: the hypotheses' names
-    (() when unexplained); best: the best hypothesis' words even when unexplained.
+    cause: the hypothesis' words (a pair joined by " + "), or `UNEXPLAINED`; explained: the fraction of the
+    squared error it explains (when unexplained, the best hypothesis' fraction); names: the hypotheses'
+    names (() when unexplained); best: the best hypothesis' words even when unexplained.
     """
 
     cause: str
@@ -133,7 +71,6 @@ class Attribution:
 
     @property
     def cause_id(self) -> str:
-        """The hypotheses' names joined by "+", or `UNEXPLAINED_ID`."""
         return "+".join(self.names) or UNEXPLAINED_ID
 
     def as_row_fields(self) -> dict:
@@ -159,14 +96,13 @@ def scaled_errors(errors: Mapping[str, np.ndarray], scales: Mapping[str, float])
 
 @dataclasses.dataclass(frozen=True)
 class HypothesisErrors:
-    """One hypothesis' errors against the oracle, in units of each leaf's sensitivity σ
-    (`scaled_errors`): name, words, family (hypotheses of one family round the same place and
-    are never paired), leaf -> z_h (float64); by_size: matched by the size of its error only
-    (module docstring; `SIZE_MATCHED_KINDS`); scale_range: the factors its size may be off by
-    (`size_ranges`: the same sum in another order); variant_of: the hypothesis whose forward
-    errors it has, its backward another (`Hypothesis.variant_of`); sized: leaf -> G, the leaves
-    whose values it does not predict, only that their error is at most G times its own (a sum
-    the backend rounds narrowly in its own order: `causes.off_backend_errors`)."""
+    """One hypothesis' errors against the oracle, leaf -> z_h (float64, in units of σ).
+
+    family: hypotheses of one family round the same place and are never paired; by_size: matched by the size
+    of its error only; scale_range: the factors its size may be off by (`size_ranges`); variant_of: the
+    hypothesis whose forward errors it has; sized: leaf -> G, leaves whose error it bounds by G times its
+    own without predicting their values.
+    """
 
     name: str
     words: str
@@ -179,17 +115,12 @@ class HypothesisErrors:
 
     @functools.cached_property
     def norms(self) -> dict[str, float]:
-        """leaf -> ‖z_h‖², computed once for every candidate it is set beside."""
         return {leaf: _dot(z, z) for leaf, z in self.errors.items()}
 
 
 def size_ranges(hypotheses: Sequence[HypothesisErrors]) -> list[HypothesisErrors]:
-    """`hypotheses` with each by-size one's `scale_range` spanning its family's by-size sizes.
-
-    The by-size hypotheses of one family are the same sum in different orders (term by term,
-    in blocks), and a backend's order lies anywhere between: each may be scaled to the size of
-    any of its family's (the total ‖z_h‖² over the leaves), and no further.
-    """
+    """`hypotheses` with each by-size one's `scale_range` spanning its family's sizes: one family is one sum
+    in different orders, and a backend's order lies anywhere between."""
     totals = {h.name: sum(h.norms.values()) for h in hypotheses if h.by_size}
     family_totals: dict[str, list[float]] = {}
     for h in hypotheses:
@@ -207,12 +138,9 @@ def size_ranges(hypotheses: Sequence[HypothesisErrors]) -> list[HypothesisErrors
 
 @dataclasses.dataclass(frozen=True)
 class FittedHypothesis:
-    """A hypothesis of an error of any size per token at one place: apply(p) -> leaf -> the
-    leaves' first-order change in units of σ for the place's error p (float64, `shape`);
-    transpose(leaf -> z) -> p, its adjoint (leaves it is not given count as zero). name, words
-    and family as for `HypothesisErrors`. solutions: where the fits' solutions are kept
-    (`get(errors) -> (p, leaves) | None`, `put(errors, p, leaves)`: the fit store,
-    `mhc_parity.harness.stores.fit_store`), or None."""
+    """An error of any size per token at one place: apply(p) -> leaf -> first-order change in units of σ for
+    the place's error p (float64, `shape`); transpose is its adjoint. solutions: the fit store
+    (`mhc_parity.harness.engine.fit_store`) or None."""
 
     name: str
     words: str
@@ -224,12 +152,8 @@ class FittedHypothesis:
 
 
 def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> HypothesisErrors | None:
-    """h's errors at the p that best explains `candidate_errors` (leaf -> z_c, every leaf of the
-    candidate): least squares over all leaves both have, by conjugate gradients on the normal
-    equations (CGLS), at most `FIT_STEPS` steps, stopping once a step removes less than
-    `FIT_PROGRESS` of Σ‖z_c‖². A solution `h.solutions` holds is taken instead of solving (the
-    same p and leaves give the same errors), and one solved is given to it. None where the
-    fitted p is larger than a rounding makes (`FIT_MAX_RELATIVE`, on any token)."""
+    """h's errors at the p that best explains `candidate_errors` (CGLS over every leaf both have); None
+    where any token's |p| exceeds `FIT_MAX_RELATIVE`, larger than a rounding makes."""
     solved = h.solutions.get(candidate_errors) if h.solutions is not None else None
     if solved is None:
         p, leaves = _solve(h, candidate_errors)
@@ -246,26 +170,22 @@ def fitted_errors(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class LeafView:
-    """What a failing criterion judges of a leaf's error, as a projection with orthonormal rows:
-    project(z) -> v, z of the leaf's shape, and its adjoint expand(v) -> z (float64). Where a leaf
-    fails on one such statistic alone, its bug is that statistic's size, far below the leaf's
-    rounding noise, which value for value over the whole leaf hides it (`judged_statistics`)."""
+    """A failing criterion's statistic of a leaf as a projection with orthonormal rows: project(z) -> v and
+    its adjoint expand(v) -> z (float64)."""
 
     project: Callable[[np.ndarray], np.ndarray]
     expand: Callable[[np.ndarray], np.ndarray]
 
 
 def along(direction: np.ndarray) -> LeafView:
-    """The error's component along a unit vector of the leaf's shape (the oracle's leaf over its
-    L2 norm): what the gain criterion judges (`mhc_parity.harness.judging.bounds`), one number."""
+    """The error's component along a unit vector of the leaf's shape: what the gain criterion judges."""
     u, shape = np.ravel(direction), np.shape(direction)
     return LeafView(lambda z: np.array([_dot(np.asarray(z), u)]), lambda v: (float(v[0]) * u).reshape(shape))
 
 
 def token_means(shape: tuple[int, ...], token_axes: int) -> LeafView:
-    """The error of a leaf of `shape` summed over its `token_axes` leading axes, over √tokens: what
-    the systematic criterion judges (an error shared by every token,
-    `mhc_parity.harness.judging.error_statistics.systematic_error`), one number per element of a token."""
+    """The error summed over the `token_axes` leading axes, over √tokens: what the systematic criterion
+    judges."""
     tokens = math.prod(shape[:token_axes])
     root = math.sqrt(tokens)
     return LeafView(
@@ -280,12 +200,8 @@ def judged_statistics(
     fitted: Sequence[FittedHypothesis],
     views: Mapping[str, LeafView],
 ) -> tuple[dict[str, np.ndarray], list[HypothesisErrors], list[FittedHypothesis]]:
-    """The candidate's, the hypotheses' and the fitted ones' errors with each leaf of `views`
-    reduced to the statistic its failing criterion judges (`LeafView`): a leaf failing on its
-    gain alone carries a coherent scale (issue 66: MaxText's bfloat16 gate parameters move the
-    output by 0.1%), one failing on the systematic criterion alone a shift shared by every token
-    (issue 67: a gate's bfloat16 bias moves h_post by 2e-4 of its size), each far below the
-    leaf's rounding noise. The other leaves (the passing ones that hold a hypothesis to them)
+    """The candidate's and hypotheses' errors with each leaf of `views` reduced to the statistic its failing
+    criterion judges (a gain, a shift every token shares: far below the leaf's rounding noise); other leaves
     are kept whole."""
     if not views:
         return dict(candidate_errors), list(hypotheses), list(fitted)
@@ -337,8 +253,7 @@ def _solve(h: FittedHypothesis, candidate_errors: Mapping[str, np.ndarray]) -> t
 
 
 class _Scores:
-    """The sums the scores need, in units of each leaf's σ: T_l = ‖z_c,l‖², ⟨z_c, z_h⟩ and ‖z_h‖²
-    per (hypothesis, leaf), and pairs' ⟨z_h1, z_h2⟩ on demand."""
+    """The sums the scores need, in units of σ: ‖z_c,l‖², ⟨z_c, z_h⟩ and ‖z_h‖² per (hypothesis, leaf)."""
 
     def __init__(self, candidate_errors, hypotheses, failing):
         self.leaves = [leaf for leaf in candidate_errors if all(leaf in h.errors for h in hypotheses)]
@@ -350,9 +265,8 @@ class _Scores:
         self._excess: dict[tuple[str, ...], float] = {}
 
     def residual(self, names: Sequence[str], leaf: str) -> float:
-        """‖z_c − Σ z_h‖² on one leaf for the hypotheses `names` (one or two); where some predict
-        the leaf's size only (`HypothesisErrors.sized`), what the others leave, less the most
-        those may account for, (Σ G‖z_h‖)²."""
+        """‖z_c − Σ z_h‖² on one leaf for one or two hypotheses; for those that predict the leaf's size only
+        (`HypothesisErrors.sized`), what the others leave less (Σ G‖z_h‖)²."""
         sized = [n for n in names if leaf in self.hypotheses[n].sized]
         if sized:
             valued = [n for n in names if n not in sized]
@@ -374,7 +288,6 @@ class _Scores:
         return self._excess[key]
 
     def contradicted(self, names: Sequence[str]) -> bool:
-        """Whether the hypotheses miss a passing leaf's error by more than `CONTRADICTS` times it."""
         return any(_contradicts(self.residual(names, p), self.total[p]) for p in self.passing)
 
     def score(self, names: Sequence[str], leaf: str) -> float:
@@ -385,8 +298,6 @@ class _Scores:
 
 
 def _contradicts(residual: float, total: float) -> bool:
-    """Whether a prediction whose squared miss on a passing leaf is `residual` contradicts that
-    leaf (its squared error `total`, in units of σ²)."""
     return residual > CONTRADICTS * max(total, 1.0)
 
 
@@ -396,15 +307,11 @@ def attribute_candidate(
     failing: Sequence[str],
     fitted: Sequence[FittedHypothesis] = (),
 ) -> dict[str, Attribution]:
-    """The most likely cause of each failing leaf of one candidate.
+    """The most likely cause of each failing leaf of one candidate: leaf -> `Attribution`.
 
-    candidate_errors: leaf -> (candidate − oracle) / σ (`scaled_errors`; every leaf the
-    candidate has, passing ones too); hypotheses: their errors on the same leaves in the same
-    units (a leaf some lack takes no part); failing: the leaves to attribute; fitted: the
-    `FittedHypothesis`es, in the same units. Each leaf is matched value for value by the
-    hypotheses that have values; where none explains it, by the fitted ones' best fits; where
-    none of those does, by size by the `by_size` ones (module docstring). Returns leaf ->
-    `Attribution` for every failing leaf.
+    candidate_errors: leaf -> (candidate − oracle) / σ for every leaf, passing ones too (`scaled_errors`);
+    hypotheses and fitted: in the same units (a leaf some lack takes no part). Matched value for value
+    first, then by the fitted hypotheses, then by size.
     """
     valued = [h for h in hypotheses if not h.by_size]
     by_values = _attribute_by_values(candidate_errors, valued, failing)
@@ -447,10 +354,8 @@ def _at_one_place(
     failing: Sequence[str],
     found: Mapping[str, Attribution],
 ) -> dict[str, Attribution]:
-    """`found` with every failing leaf that the place most of them name (`hypothesis_place`)
-    explains named there: one bug is at one place, and a leaf of a few numbers (a scale's
-    gradient) is matched by a rounding elsewhere by chance. The place's best hypothesis on the
-    leaf, where it explains at least `EXPLAINED_THRESHOLD` of it; other leaves keep theirs."""
+    """`found` with each failing leaf named at the place most of them name, where that place's best
+    hypothesis explains at least `EXPLAINED_THRESHOLD` of it: one bug is at one place."""
     places = collections.Counter(
         place for a in found.values() for place in dict.fromkeys(hypothesis_place(n) for n in a.names)
     )
@@ -475,11 +380,8 @@ def _at_one_place(
 def _joint_fraction(
     candidate_errors: Mapping[str, np.ndarray], h: HypothesisErrors, targets: Sequence[str], failing: Sequence[str]
 ) -> float:
-    """The mean over the `targets` of the fraction of each leaf's error h explains value for value
-    (its score, clipped to [0, 1], less what it makes worse on the passing leaves): a fit has
-    freedom per token, and a leaf of a few numbers (a bias gradient) is a few linear functionals
-    of it, fitted by chance; the error it names must be every failing leaf's. Each leaf counts
-    once: in units of σ a bias gradient's squared error outweighs the whole output's."""
+    """Mean over `targets` of the clipped fraction h explains of each leaf: each leaf counts once, as in
+    units of σ a bias gradient's squared error outweighs the whole output's."""
     sums = _Scores(candidate_errors, [h], failing)
     scores = [sums.score((h.name,), leaf) for leaf in targets if leaf in sums.total]
     scores = [min(max(s, 0.0), 1.0) for s in scores if np.isfinite(s)]
@@ -487,8 +389,8 @@ def _joint_fraction(
 
 
 def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequence[str], passing: Sequence[str]):
-    """The joint size score of `h` on the `targets` (module docstring), its error scaled by the
-    factor in `h.scale_range` that fits the sizes best; sizes: leaf -> ‖z_c‖²."""
+    """The joint size score of `h` on `targets`, scaled by the factor in `h.scale_range` that fits best;
+    sizes: leaf -> ‖z_c‖²."""
     root_t = {leaf: np.sqrt(sizes[leaf]) for leaf in sizes}
     root_h = {leaf: np.sqrt(h.norms[leaf]) for leaf in sizes}
     across = sum(h.norms[leaf] for leaf in targets)
@@ -505,11 +407,8 @@ def _size_score(h: HypothesisErrors, sizes: Mapping[str, float], targets: Sequen
 
 
 def _plain_forms(sums: _Scores, targets: Sequence[str]) -> dict[str, str]:
-    """variant -> its plain form (`HypothesisErrors.variant_of`), for the variants no failing leaf
-    tells from it: the same errors on every one of `targets` (within `TIE` of each leaf's squared
-    error) and no passing leaf contradicting the plain form. Only the passing leaves' errors,
-    within their noise, would then choose between them: a scalar gradient's bfloat16 rounding
-    named a backward that recomputes the gates (issue 67)."""
+    """variant -> its plain form, for variants no failing leaf tells from it (residuals within `TIE`) and
+    whose plain form no passing leaf contradicts."""
     found = {}
     for name, h in sums.hypotheses.items():
         base = h.variant_of
@@ -526,12 +425,8 @@ def _plain_forms(sums: _Scores, targets: Sequence[str]) -> dict[str, str]:
 def _attribute_by_values(
     candidate_errors: Mapping[str, np.ndarray], hypotheses: Sequence[HypothesisErrors], failing: Sequence[str]
 ) -> dict[str, Attribution]:
-    """`attribute_candidate`'s choice value for value, with pairs.
-
-    Among hypotheses within `TIE` of a leaf's best score, the one with the highest total over
-    the failing leaves is named (one bug, one name), and in its plain form where no failing leaf
-    tells the variant from it (`_plain_forms`).
-    """
+    """`attribute_candidate`'s choice value for value, with pairs. Within `TIE` of a leaf's best score, the
+    hypothesis with the highest total over the failing leaves is named."""
     sums = _Scores(candidate_errors, hypotheses, failing)
     order = {h.name: i for i, h in enumerate(hypotheses)}
     targets = [leaf for leaf in failing if leaf in sums.total]

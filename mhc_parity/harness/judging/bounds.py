@@ -1,38 +1,24 @@
 """The kinds of tolerance rule: each a small frozen class with its numbers, `judge` and `describe`.
 
-A bound reads a few `LeafMetrics` fields and holds them to limits counted in ulps: `unit`
-is eps of the rule's unit dtype (the compared leaf's dtype, or the rule's `eps_dtype`).
-Every error metric is normalised by max|expected| (or the L2 norm), so k ulps is at
-least k ulps of the largest compared value.
+A bound holds a few `LeafMetrics` fields to limits in ulps: `unit` is eps of the rule's unit dtype. Errors
+are normalised by max|expected| (or the L2 norm), so k ulps is at least k ulps of the largest compared
+value.
 
-  exact                  max_abs_err == 0 (bit-identical)
+  exact                  max_abs_err == 0
   ulps_of_max            max_rel_err <= max_rel_ulps * unit
   ulps_plus_sensitivity  max_rel_err <= max_rel_ulps * unit + ratio_sensitivity * S_max
-                         (S: the oracle's sensitivity, 0 when not measured): two orders
-                         of one sum differ by about its condition number times a
-                         rounding, which is what the sensitivity measures
-  oracle_ratio           the ratio criterion: for both the max and the RMS error,
-                           cand_oracle_err <= ratio * E + floor_ulps * unit,
-                         with E = max(partner_oracle_err, q * S) (the partner's error
-                         against the oracle or, where larger, the error the arithmetic
-                         explains at the leaf at the policy's stated confidence: q is
-                         `mhc_parity.harness.judging.confidence.quantile` of the leaf's degrees of
-                         freedom, 1 without a `Confidence`; on vs_oracle rows the partner
-                         is the oracle, so E is q * S); where the policy adds it, the
-                         systematic criterion — OR the direct criterion max_rel_err <=
-                         direct_ulps * unit (the two are indistinguishable; 0 switches it
-                         off); AND, where the policy adds it, the gain criterion, which
-                         direct never rescues: the same inequality for the error's
-                         component along the leaf's own value (one degree of freedom),
-                         its floor the element floor times max|o|/‖o‖₂
-                         (`mhc_parity.records.gain_rule`)
+                         (S: the oracle's sensitivity, 0 when not measured)
+  oracle_ratio           for the max and the RMS error,
+                           cand_oracle_err <= ratio * max(partner_oracle_err, q * S) + floor_ulps * unit
+                         (q: `confidence.quantile` of the leaf's degrees of freedom, 1 without a
+                         `Confidence`); AND the systematic criterion where the policy adds it;
+                         OR max_rel_err <= direct_ulps * unit (0: off); AND, where the policy
+                         adds it, the same inequality for the gain (never rescued by direct),
+                         its floor times max|o|/‖o‖₂
 
-`judge` returns an `Outcome`: the bound usage, measured / allowed for the binding
-criterion (> 1 fails; the largest usage among conditions that must all hold, the
-smaller of two alternatives), that criterion itself (its metric, measured value and
-limit: a row's `bound_metric` and `allowed_error`, the very numbers the usage divides),
-and the reason of a failure. A NaN measurement or limit is usage inf: NaN never passes.
-The non-finite checks that come before any bound are `mhc_parity.harness.judging.policy.Policy.judge`'s.
+`judge` returns an `Outcome`: usage = measured / allowed of the binding criterion (> 1 fails; the worst of
+conditions that must all hold, the better of alternatives), that criterion and the failure's reason. A NaN
+measurement or limit is usage inf. The non-finite checks before any bound are `policy.Policy.judge`'s.
 """
 
 from __future__ import annotations
@@ -53,7 +39,6 @@ ULPS, RATIO, ULPS_OR_OFF = "ulps", "ratio", "ulps_or_off"
 
 
 def _number(value: float) -> str:
-    """A measured value or limit in a reason (4 significant digits)."""
     return format_number(value, 4)
 
 
@@ -90,9 +75,8 @@ class Condition:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A bound's verdict on one leaf: usage (> 1 fails), the binding condition whose usage it
-    is (so a row can show the limit as a number, not only inside a sentence) and, on a
-    failure, why."""
+    """A bound's verdict on one leaf: usage (> 1 fails), the binding condition whose usage it is, and on a
+    failure why."""
 
     usage: float
     reason: str = ""
@@ -104,12 +88,10 @@ class Outcome:
 
     @property
     def allowed(self) -> float:
-        """The binding condition's limit (NaN without one)."""
         return math.nan if self.binding is None else self.binding.allowed
 
     @property
     def metric(self) -> str:
-        """The metric the binding condition measures ("" without one)."""
         return "" if self.binding is None else self.binding.metric
 
 
@@ -120,17 +102,14 @@ def all_hold(conditions: list[Condition]) -> Outcome:
 
 
 def _declared_text(declared: float) -> str:
-    """The declared choices' share of an ulps limit, for its reason ("" without any)."""
     return f"+2*declared({_number(declared)})" if declared > 0 else ""
 
 
 class Bound:
-    """A rule kind. Subclasses are frozen dataclasses whose fields are the rule's numbers.
+    """A rule kind; subclasses are frozen dataclasses whose fields are the rule's numbers.
 
-    kind: its name in the policy file; numbers: field -> validation (ULPS, RATIO,
-    ULPS_OR_OFF); reads: the metrics it reads (a NaN in any of them fails before the
-    bound is applied); uses_oracle: it needs the oracle's errors (their absence is a
-    harness bug, their non-finite values a failure).
+    numbers: field -> validation (ULPS, RATIO, ULPS_OR_OFF); reads: the metrics it reads (a NaN in any fails
+    before the bound); uses_oracle: it needs the oracle's errors.
     """
 
     kind: ClassVar[str]
@@ -139,15 +118,13 @@ class Bound:
     uses_oracle: ClassVar[bool] = False
 
     def judge(self, m: LeafMetrics, unit: float, declared: float = 0.0) -> Outcome:
-        """The outcome for metrics `m` in units `unit`. declared: the largest deviation the
-        candidate's declared precision choices make on the leaf (`max|e|/max|oracle|`,
-        `mhc_parity.harness.engine.precision_choices`); a bound between two runs of one implementation
-        (the ulps kinds) allows twice it, two orders of a declared narrow sum; the oracle's
-        kinds get those choices through the sensitivity instead."""
+        """The outcome for metrics `m` in units `unit`. declared: the largest deviation the candidate's
+        declared precision choices make on the leaf (max|e|/max|oracle|); the ulps kinds allow twice it (two
+        orders of a declared narrow sum), the oracle's kinds get it through the sensitivity."""
         raise NotImplementedError
 
     def describe(self) -> str:
-        """The bound with its numbers, in ulps of the unit dtype, e.g. 'max_rel<=64ulp'."""
+        """The bound with its numbers, e.g. 'max_rel<=64ulp'."""
         raise NotImplementedError
 
 
@@ -231,8 +208,8 @@ class Systematic:
         return f"systematic t<={self.t_floor:g} or {self.ratio:g}x"
 
     def condition(self, m: LeafMetrics, floor: float, floor_ulps: float) -> tuple[Condition, str]:
-        """(the binding condition, failure text): of the t bound and the shift floor, the one
-        with the smaller usage (either passing passes the criterion)."""
+        """(the binding condition, failure text): the t bound or the shift floor, whichever has the smaller
+        usage (either passing passes)."""
         explained = max((t for t in (m.partner_systematic_t, m.oracle_systematic_t) if not math.isnan(t)), default=0.0)
         t_limit = max(self.t_floor, self.ratio * explained)
         t_text = f"max({self.t_floor:g}, {self.ratio:g}*{_number(explained)})={_number(t_limit)}"
@@ -340,9 +317,6 @@ class OracleRatio(Bound):
     ) -> Condition:
         """cand <= ratio * max(partner, q * S) + floor for one metric (sizes: the gain is signed)."""
         cand, partner = abs(getattr(m, cand_metric)), abs(getattr(m, partner_metric))
-        # The error to be no worse than: the partner's, or, where larger, the error the
-        # arithmetic explains at this leaf (the oracle's sensitivity, if measured), at the
-        # policy's stated confidence.
         q = 1.0 if self.confidence is None else self.confidence.quantile(dof, m.oracle_draws)
         explained = partner if math.isnan(sensitivity) else max(partner, q * sensitivity)
         limit = math.nan if math.isnan(partner) else self.ratio * explained + floor

@@ -1,9 +1,7 @@
 """The reductions the metrics and the oracle's sensitivities share, in float64.
 
-Kept apart from `mhc_parity.harness.judging.metrics` on purpose: the oracle cache's key digests the sources
-the oracle's answers are computed with (`mhc_parity.harness.stores.oracle_cache.oracle_sources`), and its
-sensitivities and systematic statistics use only these. So an edit of the metrics does
-not recompute every oracle answer; an edit here does.
+Kept apart from `metrics` on purpose: the oracle cache's key digests these sources
+(`oracle_cache.oracle_sources`), so a metrics edit does not recompute every oracle answer.
 """
 
 from __future__ import annotations
@@ -14,8 +12,8 @@ import numpy as np
 
 
 def upcast(a) -> np.ndarray:
-    """Any float array-like (incl. ml_dtypes.bfloat16) -> float64 ndarray, same shape
-    (`a` itself when it is one already: nothing here writes to its inputs)."""
+    """Any float array-like (bfloat16 too) -> float64 ndarray of the same shape (`a` itself when it is one:
+    nothing here writes to its inputs)."""
     return np.asarray(a).astype(np.float64, copy=False)
 
 
@@ -31,23 +29,16 @@ def safe_ratio(num: float, den: float) -> float:
 
 
 def max_abs(a: np.ndarray) -> float:
-    """max |a| over all elements; NaN if any NaN; 0.0 for an empty array."""
+    """max |a|; NaN if any NaN; 0.0 for an empty array."""
     if a.size == 0:
         return 0.0
     return float(np.max(np.abs(a)))  # np.max propagates NaN
 
 
 def l2_norm(a: np.ndarray, a_max_abs: float | None = None) -> float:
-    """‖a‖₂ of a float64 array, scaled by max|a| (`a_max_abs` if known) so squares cannot
-    overflow; NaN/inf propagate.
-
-    Sums with NumPy's pairwise summation, never BLAS (`np.dot`, `np.linalg.norm`): OpenBLAS
-    splits a long dot over its threads and picks a kernel per CPU model, so its last bits
-    change with the core count and the CPU (measured: 1 vs 2 threads from 20,000
-    elements, and the Haswell kernel against this machine's), while rows merged from
-    several machines must equal one machine's run. Its idle threads also spin on the
-    cores the compiles need.
-    """
+    """‖a‖₂ of a float64 array, scaled by max|a| (`a_max_abs` if known) so squares cannot overflow; NaN/inf
+    propagate. Summed by NumPy, never BLAS, whose last bits change with thread count and CPU
+    (docs/speed.md): rows merged from several machines must equal one machine's."""
     scale = max_abs(a) if a_max_abs is None else a_max_abs
     if scale == 0.0 or not math.isfinite(scale):
         return scale
@@ -57,17 +48,11 @@ def l2_norm(a: np.ndarray, a_max_abs: float | None = None) -> float:
 def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, float]:
     """The largest error shared by every token: (t statistic, shift), float64.
 
-    actual, expected: array-likes of one shape whose first `token_axes` axes index
-    tokens (T of them) and whose remaining axes index G groups (a stream, a matrix
-    entry, a feature). Per group, the mean signed error over the tokens is measured
-    against its standard error: t = |mean(e)| / (std(e) / sqrt(T)). Rounding noise that
-    differs from token to token averages out (t of order one); a perturbation shared by
-    every token — a parameter rounded, a statistic computed in low precision — shifts
-    every token the same way, and its t grows like sqrt(T) while its RMS error need not
-    grow at all. Returns the largest t over the groups and that group's |mean(e)|
-    normalised by max|expected|. A group with zero spread has t = 0 when its mean is 0
-    and inf otherwise. NaN when there are no token axes or fewer than 2 tokens; NaN or
-    Inf inputs give NaN.
+    actual, expected: one shape, the first `token_axes` axes index T tokens, the rest G groups. Per group t
+    = |mean(e)| / (std(e) / sqrt(T)): rounding noise averages out (t of order one), a shift every token
+    shares grows like sqrt(T) (docs/judging.md). Returns the largest t and that group's |mean(e)| /
+    max|expected|. Zero spread: t = 0 for a zero mean, else inf. NaN with no token axes, fewer than 2
+    tokens, or NaN/Inf inputs.
     """
     errors = _token_errors(actual, expected, token_axes)
     if errors is None or errors[0].shape[0] < 2:
@@ -83,9 +68,8 @@ def systematic_error(actual, expected, *, token_axes: int = 2) -> tuple[float, f
 
 
 def shared_shift(actual, expected, *, token_axes: int = 2) -> float:
-    """The largest error shared by every token, whatever its spread: max over the groups of
-    |mean(actual - expected)| over the tokens, normalised by max|expected|, float64 (axes as
-    for `systematic_error`). NaN when there are no token axes, no values, or non-finite ones."""
+    """max over groups of |mean(actual − expected)| over the tokens / max|expected|, whatever the spread
+    (axes as `systematic_error`); NaN with no token axes, no values or non-finite ones."""
     errors = _token_errors(actual, expected, token_axes)
     if errors is None:
         return math.nan
@@ -94,8 +78,8 @@ def shared_shift(actual, expected, *, token_axes: int = 2) -> float:
 
 
 def _token_errors(actual, expected, token_axes: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """((T, G) signed errors actual - expected, tokens by groups; expected upcast), float64;
-    None when there are no token axes, no values, or non-finite ones."""
+    """((T, G) errors actual − expected, expected upcast), or None with no token axes, no values, or
+    non-finite ones."""
     a, e = upcast(actual), upcast(expected)
     if token_axes < 1 or a.ndim < token_axes or a.size == 0:
         return None
@@ -105,17 +89,12 @@ def _token_errors(actual, expected, token_axes: int) -> tuple[np.ndarray, np.nda
 
 
 def _pairwise_sum(a: np.ndarray, b: np.ndarray) -> float:
-    """Σ a·b by NumPy's pairwise summation (never BLAS: see `l2_norm`)."""
     return float(np.sum(a * b))
 
 
 def gain(actual, expected) -> float:
-    """The error's component along the expected value: ⟨a − e, e⟩ / ⟨e, e⟩, float64, signed.
-
-    A leaf scaled by (1 + g) has gain g exactly; rounding noise, uncorrelated with the value,
-    has a gain of order its RMS error over the square root of the leaf's degrees of freedom.
-    0 when both are all-zero, inf when only `expected` is; NaN or Inf inputs give NaN.
-    """
+    """The error's component along the expected value, ⟨a − e, e⟩ / ⟨e, e⟩ (float64, signed): a leaf scaled
+    by (1 + g) has gain g. 0 when both are all-zero, inf when only `expected` is; NaN/Inf inputs give NaN."""
     a, e = upcast(actual), upcast(expected)
     if a.size == 0:
         return 0.0
@@ -129,12 +108,9 @@ def gain(actual, expected) -> float:
 
 
 def draw_deviations(noisy, exact) -> tuple[list[float], list[float], list[float], list[np.ndarray]]:
-    """Per noisy draw of one leaf: its max and RMS deviation from `exact` (normalised by
-    max|exact| and ‖exact‖₂), its `gain` against `exact`, and the deviation itself.
-
-    noisy: draws of one shape, exact: that shape (float64). The same numbers as each draw's
-    own `max_abs`, `l2_norm` and `gain`, with what depends on `exact` alone computed once.
-    """
+    """Per noisy draw of one leaf (all of `exact`'s shape): its max and RMS deviation from `exact` (over
+    max|exact| and ‖exact‖₂), its `gain`, and the deviation itself; as `max_abs`, `l2_norm` and `gain` give
+    them, with what depends on `exact` alone computed once."""
     e = upcast(exact)
     scale_max = max_abs(e)
     scale_l2 = l2_norm(e, scale_max)
@@ -155,14 +131,8 @@ def draw_deviations(noisy, exact) -> tuple[list[float], list[float], list[float]
 
 
 def effective_dof(deviations) -> float:
-    """The effective degrees of freedom of ‖d‖² over random draws d of one leaf's error.
-
-    deviations: N >= 2 arrays of one shape (draws of the same random error). Satterthwaite's
-    k = tr(Σ)² / tr(Σ²) of the draws' covariance Σ, from unbiased estimates over distinct
-    pairs: tr(Σ)² from ‖d_i‖²‖d_j‖², tr(Σ²) from (d_i·d_j)² (for Gaussian draws both are
-    unbiased when i ≠ j). ‖d‖² then behaves like tr(Σ)·χ²_k / k. One error direction gives
-    k = 1 exactly; independent errors on m elements give k ≈ m. Clipped to [1, size].
-    """
+    """Satterthwaite's degrees of freedom tr(Σ)² / tr(Σ²) of ‖d‖² over N >= 2 draws d of one leaf's error,
+    estimated without bias from distinct pairs (docs/judging.md); clipped to [1, size]."""
     draws = np.stack([upcast(d).ravel() for d in deviations])
     if len(draws) < 2:
         raise ValueError(f"effective_dof needs at least 2 draws, got {len(draws)}")
@@ -183,11 +153,8 @@ def effective_dof(deviations) -> float:
 
 
 def statistic_dof(values, ceiling: float) -> float:
-    """Degrees of freedom of a positive statistic X (e.g. a max error) whose square is
-    modelled as c·χ²_k / k, matched to the spread of its draws: k = 2 / CV²(X²).
-
-    values: N >= 2 draws of X. Clipped to [1, ceiling]; identical draws give `ceiling`.
-    """
+    """Degrees of freedom k = 2 / CV²(X²) of a positive statistic X whose square is modelled as c·χ²_k / k,
+    from N >= 2 draws; clipped to [1, ceiling] (identical draws: `ceiling`)."""
     squares = np.square(np.asarray(values, dtype=np.float64))
     if squares.size < 2:
         raise ValueError(f"statistic_dof needs at least 2 draws, got {squares.size}")

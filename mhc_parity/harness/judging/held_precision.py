@@ -1,16 +1,8 @@
 """Which narrow dtype a path holds a leaf in: the evidence left where value matching stops.
 
-A float32 leaf whose every non-zero value is a bfloat16 number was rounded to bfloat16 where it
-was last computed. A correct float32 value is a bfloat16 number with probability about 2**-16
-(its low 16 mantissa bits all zero), so a leaf of k non-zero values held there by chance has
-probability about 2**(-16 k), and two paths both holding it 2**(-32 k) or less.
-
-Two paths that each lie within their rounding model can still differ by more than their
-comparison allows, where each sums a leaf narrowly in its own order (a sharded path sums its
-shards apart). Their difference is then a second draw of the narrow sum's rounding, which no
-ordering of the oracle's terms matches value for value. What names it is the dtype both hold the
-leaf in: the one order-dependent hypothesis whose draw holds the leaf there, where the rounding
-model does not allow it held there (`ordered_sum_holding`).
+A correct float32 value is a bfloat16 number with probability about 2**-16, so a leaf whose every non-zero
+value is one was rounded there. Two paths differing by a narrow sum in their own orders are named by the
+dtype both hold the leaf in (docs/judging.md).
 """
 
 from __future__ import annotations
@@ -29,10 +21,8 @@ NARROW_DTYPES = ("bfloat16", "float16")
 
 @dataclasses.dataclass(frozen=True)
 class HeldDraw:
-    """One hypothesis' oracle draw, as `ordered_sum_holding` reads it.
-
-    name: the hypothesis' name; ordered: its error depends on the order of a narrow sum;
-    leaves: leaf -> its values (float64) under the hypothesis."""
+    """One hypothesis' oracle draw: ordered: its error depends on a narrow sum's order; leaves: leaf
+    -> values (float64)."""
 
     name: str
     ordered: bool
@@ -40,8 +30,7 @@ class HeldDraw:
 
 
 def held_in(values, dtype: str) -> bool:
-    """Whether every value of `values` is a `dtype` number, at least one of them non-zero and
-    all finite (zeros are numbers of every dtype and say nothing)."""
+    """Whether every value is a `dtype` number, at least one non-zero and all finite (zeros say nothing)."""
     flat = upcast(values).ravel()
     flat = flat[flat != 0.0]
     if flat.size == 0 or not np.all(np.isfinite(flat)):
@@ -52,8 +41,8 @@ def held_in(values, dtype: str) -> bool:
 
 
 def _narrower(values, dtype: str) -> bool:
-    """Whether `dtype` has fewer mantissa bits than `values`' own dtype (a leaf stored in
-    bfloat16 is held there by construction)."""
+    """Whether `dtype` has fewer mantissa bits than `values`' own (a bfloat16 leaf is held there by
+    construction)."""
     own = np.asarray(values).dtype
     try:
         return dtypes.mantissa_bits(dtype) < dtypes.mantissa_bits(own)
@@ -62,7 +51,6 @@ def _narrower(values, dtype: str) -> bool:
 
 
 def _held_leaves(leaves: Mapping[str, np.ndarray], dtype: str, exact: Mapping[str, np.ndarray]) -> set[str]:
-    """The leaves of `leaves` held in `dtype` whose exact value is not."""
     return {
         leaf for leaf, v in leaves.items() if leaf in exact and held_in(v, dtype) and not held_in(exact[leaf], dtype)
     }
@@ -74,16 +62,12 @@ def ordered_sum_holding(
     exact: Mapping[str, np.ndarray],
     draws: Sequence[HeldDraw],
 ) -> tuple[str, str] | None:
-    """The order-dependent hypothesis that holds `leaf` in the narrow dtype every one of `paths`
-    holds it in, as (hypothesis name, dtype); None where there is not exactly one.
+    """(hypothesis name, dtype): the one order-dependent hypothesis holding `leaf` in the narrow dtype every
+    one of `paths` holds it in; None where there is not exactly one.
 
-    paths: each path's leaves (their own dtypes: float32 or narrower); exact: the exact oracle's
-    leaves (float64); draws: the hypotheses' oracle draws. The leaf must be held in the dtype by
-    every path but not by the exact oracle, and an unordered hypothesis must hold it there too
-    (the rounding model does not allow it held there: an allowed rounding has no hypothesis).
-    An ordered hypothesis qualifies where every leaf its draw holds in the dtype is held there by
-    every path; of those holding `leaf`, the one holding the most leaves is named, a tie naming
-    none.
+    The exact oracle must not hold it there, and an unordered hypothesis must (the rounding model does not
+    allow it). An ordered hypothesis qualifies where every leaf its draw holds there every path holds too;
+    the one holding the most leaves is named, a tie naming none.
     """
     if not paths or any(leaf not in p for p in paths) or leaf not in exact:
         return None

@@ -1,37 +1,18 @@
 """Comparison metrics for one leaf: candidate vs partner, each also vs the float64 oracle.
 
-Pure NumPy (no JAX import): inputs are array-likes of any float dtype — float32,
-float64, or bfloat16 as `ml_dtypes.bfloat16` NumPy arrays — and every metric is computed
-in float64 from the upcast inputs (the upcast is exact for all of those formats).
+Pure NumPy: inputs of any float dtype (bfloat16 as `ml_dtypes` arrays) are upcast exactly to float64.
+Conventions (tests pin each):
 
-Conventions, chosen deliberately (tests pin each one):
-
-* **NaN never passes.** No nan-ignoring reduction is used anywhere. A NaN in the
-  candidate or the partner makes every error metric that reads it NaN; an Inf makes it
-  inf (or NaN for inf − inf, e.g. both sides +inf at the same place). The NaN/Inf
-  counts are reported separately so the policy can name them.
-* **Normalisation.** `max_rel_err = max|c − p| / max|p|` and
-  `rel_rms_err = ‖c − p‖₂ / ‖p‖₂` (whole-leaf norms, not element-wise ratios, so an
-  element that happens to be near zero cannot dominate). When the denominator is 0:
-  numerator 0 → 0.0 (both all-zero: identical), numerator > 0 → inf.
-* **ULP errors** are `|c − p|` divided by the spacing of `dtype` at `|p|` (see
-  `ulp_spacing`). Near zero the spacing is the smallest subnormal, so a tiny absolute
-  difference around a zero partner counts as a huge number of ulps; `max_ulp` and
-  `p99_ulp` are informational for that reason, and the policy bounds the normalised
-  errors instead. `p99_ulp` is the 99th percentile with NumPy's "higher" method, i.e.
-  an observed element value, never an interpolation.
-* **Cosine** similarity of the flattened leaves: both all-zero → 1.0; exactly one
-  all-zero → 0.0 (no direction in common); any NaN/Inf in either → NaN. Rounding can
-  push a dot product of unit vectors a hair past ±1; the result is clipped to [−1, 1].
-* **Oracle errors** use the same normalisation with the oracle as the expected value:
-  `cand_oracle_max_err = max|c − o| / max|o|`, `cand_oracle_rms_err = ‖c − o‖₂/‖o‖₂`,
-  and the same for the partner. The ratios `oracle_ratio_* = cand / partner` follow:
-  0/0 → 1.0 (both exactly equal to the oracle: the candidate is as good as the
-  partner), x/0 with x > 0 → inf, anything involving NaN → NaN, inf/inf → NaN.
-  Without an oracle the six oracle float fields are NaN and the oracle counts 0.
-* **Empty leaves** (size 0) compare as identical: errors 0.0, ulps 0.0, cosine 1.0.
-* **Shapes must match exactly** (no broadcasting); otherwise `ValueError` naming both
-  shapes (and the oracle's).
+* NaN never passes: no nan-ignoring reduction; a NaN makes every error metric that reads it NaN,
+  an Inf makes it inf (or NaN for inf − inf). NaN/Inf counts are reported separately.
+* `max_rel_err = max|c − p| / max|p|`, `rel_rms_err = ‖c − p‖₂ / ‖p‖₂` (whole-leaf norms, so a
+  near-zero element cannot dominate); denominator 0: 0/0 → 0.0, x/0 → inf.
+* ULP errors divide by `ulp_spacing` at |p|, the smallest subnormal near zero, so `max_ulp` and
+  `p99_ulp` (NumPy's "higher" percentile: an observed value) are informational only.
+* Cosine: both all-zero → 1.0, one all-zero → 0.0, any NaN/Inf → NaN; clipped to [−1, 1].
+* Oracle errors normalise the same way by the oracle; `oracle_ratio_* = cand / partner` with
+  0/0 → 1.0, x/0 → inf, NaN or inf/inf → NaN. Without an oracle they are NaN and its counts 0.
+* Empty leaves compare as identical; shapes must match exactly (else ValueError).
 """
 
 from __future__ import annotations
@@ -59,18 +40,15 @@ __all__ = [
     "ulp_spacing",
 ]
 
-# name -> (explicit mantissa bits, minimum normal exponent), from `mhc_parity.records.dtypes`.
-# eps = 2**-mantissa_bits; smallest normal = 2**min_exponent; smallest subnormal =
-# 2**(min_exponent - mantissa_bits).
+# name -> (explicit mantissa bits, minimum normal exponent).
 DTYPE_FORMATS: dict[str, tuple[int, int]] = {
     name: (dtypes.mantissa_bits(name), dtypes.min_normal_exponent(name)) for name in dtypes.FLOAT_DTYPES
 }
 
 
 def dtype_name(dtype) -> str:
-    """Canonical name of a supported float dtype (`mhc_parity.records.dtypes.canonical_name`): a name
-    or alias, a NumPy dtype, a scalar type such as `np.float32` or `ml_dtypes.bfloat16`, or
-    a JAX dtype. Raises ValueError for anything that is not one of `DTYPE_FORMATS`."""
+    """Canonical name of a supported float dtype (a name, alias, NumPy, ml_dtypes or JAX dtype); ValueError
+    for anything not in `DTYPE_FORMATS`."""
     return dtypes.canonical_name(dtype)
 
 
@@ -80,19 +58,11 @@ def eps(dtype) -> float:
 
 
 def ulp_spacing(values, dtype) -> np.ndarray:
-    """Spacing of `dtype` at |values|: the distance to the next representable number
-    away from zero.
+    """Spacing of `dtype` at |values| (next representable number away from zero), float64 of the same shape.
 
-    values: array-like of any float dtype, any shape. dtype: float64, float32, float16
-    or bfloat16. Returns a float64 array of the same shape.
-
-    For |v| in the binade [2**e, 2**(e+1)) the spacing is 2**(e − mantissa_bits), so at
-    a power of two it is the (larger) spacing of the binade above. For |v| below the
-    smallest normal — including 0 — it is the smallest subnormal of `dtype` (IEEE
-    gradual underflow, as `np.spacing` and ml_dtypes have it; TPU flush-to-zero is not
-    modelled). Values need not be representable in `dtype` (an oracle's float64 values
-    are measured in the binade they fall in); values beyond the dtype's largest finite
-    number keep the binade formula. NaN and ±inf give NaN.
+    In the binade [2**e, 2**(e+1)) it is 2**(e − mantissa_bits); below the smallest normal (0 too) the
+    smallest subnormal (gradual underflow; TPU flush-to-zero is not modelled). Values need not be
+    representable in `dtype`. NaN and ±inf give NaN.
     """
     biased_exponent = (upcast(values).view(np.int64) >> 52) & 0x7FF  # float64's exponent field
     return _spacing_by_exponent(dtype_name(dtype))[biased_exponent]
@@ -100,9 +70,8 @@ def ulp_spacing(values, dtype) -> np.ndarray:
 
 @functools.cache
 def _spacing_by_exponent(dtype: str) -> np.ndarray:
-    """`ulp_spacing` for every float64 exponent field: a float64's binade is its exponent
-    field − 1023 (field 0: zero and subnormals, below every dtype's smallest normal;
-    field 2047: inf and NaN), so one lookup per element replaces frexp and ldexp."""
+    """`ulp_spacing` for every float64 exponent field (0: zero and subnormals; 2047: inf and NaN): one
+    lookup per element replaces frexp and ldexp."""
     mantissa_bits, min_exponent = DTYPE_FORMATS[dtype]
     table = np.array(
         [math.ldexp(1.0, max(field - 1023, min_exponent) - mantissa_bits) for field in range(2047)] + [math.nan]
@@ -113,11 +82,7 @@ def _spacing_by_exponent(dtype: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LeafMetrics:
-    """Metrics of one leaf. Field names are exactly schema metric/count columns.
-
-    Floats are Python floats (NaN where a metric is undefined, e.g. oracle fields
-    without an oracle); counts are Python ints.
-    """
+    """Metrics of one leaf, named as the schema's columns: Python floats (NaN where undefined) and ints."""
 
     max_abs_err: float
     max_rel_err: float
@@ -153,19 +118,16 @@ class LeafMetrics:
     oracle_backend_shift: float
 
     def as_row_fields(self) -> dict:
-        """The fields as a {column: value} dict, ready to merge into a schema row."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def _error_ratio(cand_err: float, partner_err: float) -> float:
-    """Oracle error ratio: 0/0 -> 1.0 (equally exact), x/0 -> inf, NaN, inf/inf -> NaN."""
     if cand_err == 0.0 and partner_err == 0.0:
         return 1.0
     return safe_ratio(cand_err, partner_err)
 
 
 def _magnitudes(a: np.ndarray) -> tuple[float, float]:
-    """(max|a|, ‖a‖₂): what errors against `a` are normalised by."""
     largest = max_abs(a)
     return largest, l2_norm(a, largest)
 
@@ -173,8 +135,7 @@ def _magnitudes(a: np.ndarray) -> tuple[float, float]:
 def _rel_errors(
     actual: np.ndarray, expected: np.ndarray, expected_magnitudes: tuple[float, float]
 ) -> tuple[float, float, float]:
-    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂), float64 inputs of one shape;
-    expected_magnitudes: `_magnitudes(expected)`."""
+    """(max|a − e|, max|a − e| / max|e|, ‖a − e‖₂ / ‖e‖₂) for float64 inputs of one shape."""
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, by design
         diff = actual - expected
     largest = max_abs(diff)
@@ -183,7 +144,6 @@ def _rel_errors(
 
 
 def _cosine(a: np.ndarray, b: np.ndarray, a_l2: float, b_l2: float) -> float:
-    """Cosine of the angle between a and b, given ‖a‖₂ and ‖b‖₂; NaN unless both are finite."""
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return math.nan
     na, nb = a_l2, b_l2
@@ -200,21 +160,13 @@ def _counts(a: np.ndarray) -> tuple[int, int]:
 
 
 class MetricsMemo:
-    """What `leaf_metrics` computes from one array or one pair, computed once per array.
+    """What `leaf_metrics` computes from one array or pair, computed once per array (same bits).
 
-    One case's comparisons meet the same arrays again and again: the oracle's leaf is the
-    expected value of every path's row, a vs_oracle row's partner *is* the oracle, and a
-    path is the candidate of one row and the partner of another. Pass one memo to every
-    `leaf_metrics` call of a case (`mhc_parity.harness.engine.runner.Runner.run_case`) and each upcast,
-    magnitude, NaN/Inf count, ULP spacing, error against an expected array and
-    systematic statistic is computed once; the values are the same as without it, bit
-    for bit.
-
-    Keys are the arrays' identities, and the memo keeps every array it has seen alive so
-    that an identity cannot be reused by another array while the memo lives. Drop it
-    with the case, or `forget` the arrays no comparison left will meet: what it holds of
-    them (float64 copies and ULP spacings, 16 bytes an element) is the most of a case's
-    memory. `MetricsMemo(remember=False)` computes everything every time.
+    A case meets the same arrays again and again (the oracle's leaf, a path as candidate and as partner):
+    pass one memo to every `leaf_metrics` call of a case. Keys are array identities, so the memo keeps each
+    array alive; drop it with the case or `forget` arrays no comparison will meet (its float64 copies and
+    spacings, 16 bytes an element, are most of a case's memory). `remember=False` computes everything every
+    time.
     """
 
     def __init__(self, remember: bool = True):
@@ -230,8 +182,7 @@ class MetricsMemo:
         return entry[0]
 
     def forget(self, arrays: Iterable) -> None:
-        """Drop every value computed from any of `arrays` or from their upcasts (alone or in a
-        pair), and the memo's hold on them; a later call computes it again, the same."""
+        """Drop every value computed from any of `arrays` or their upcasts, and the hold on them."""
         if self._values is None:
             return
         gone = {id(a) for a in arrays}
@@ -278,24 +229,15 @@ def leaf_metrics(
     oracle_backend_shift: float | None = None,
     memo: MetricsMemo | None = None,
 ) -> LeafMetrics:
-    """Every metric of one leaf.
+    """Every metric of one leaf (module docstring for the edge cases).
 
-    candidate, partner: array-likes of one shape, any float dtype (bfloat16 as
-    ml_dtypes arrays). oracle: None or an array-like of the same shape (float64 in
-    practice). dtype: the compared leaf's dtype, the unit of the ULP metrics.
-    sensitivity: None or the oracle's `Sensitivity` to one rounding per operation
-    (`mhc_parity.harness.engine.oracle_path.OracleOutputs`), recorded as oracle_sensitivity_* and
-    oracle_draws; NaN when not given. With an oracle, each side's `gain` against it (its
-    error's component along the oracle's value) is recorded too, and the oracle's max|o|/‖o‖₂
-    (`mhc_parity.records.gain_rule`: what carries an element floor onto the gain). token_axes: how many
-    leading axes index tokens (0: the leaf has no token axis); with an oracle, the
-    candidate's and the partner's `systematic_error` against it are recorded (NaN
-    otherwise). oracle_systematic_t: the t statistic the rounding model itself produces
-    on this leaf (`OracleOutputs.systematic`). oracle_backend_shift: the shift the backend's
-    own primitives may share on this leaf (`OracleOutputs.backend_shift`). memo: a `MetricsMemo` shared by the calls
-    of one case (same results, less work).
-    Raises ValueError if the shapes differ or `dtype` is unsupported.
-    See the module docstring for every edge case.
+    candidate, partner: array-likes of one shape, any float dtype. oracle: None or the same shape (float64).
+    dtype: the compared leaf's dtype, the ULP unit. sensitivity: the oracle's `Sensitivity`
+    (oracle_sensitivity_*, NaN without). token_axes: leading axes that index tokens (0: none); with an
+    oracle, each side's `systematic_error` against it is recorded. oracle_systematic_t,
+    oracle_backend_shift: the rounding model's t statistic and the backend's shared shift on this leaf
+    (`OracleOutputs`). memo: a `MetricsMemo` shared by one case's calls. ValueError if the shapes differ or
+    `dtype` is unsupported.
     """
     name = dtype_name(dtype)
     memo = memo or MetricsMemo(remember=False)

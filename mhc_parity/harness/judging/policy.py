@@ -1,23 +1,10 @@
-"""The tolerance policy: one declarative TOML file of rules, and the verdict of a leaf.
+"""The tolerance policy (one TOML file of rules; parsed by `policy_file`) and the verdict of a leaf.
 
-The file and its validation: `mhc_parity.harness.judging.policy_file` (`load_policy`,
-`parse_policy`).
-
-Rule selection: among the rules whose keys match, a rule beats another if its set of
-specific (non-"*") keys is a strict superset of the other's; the unique best rule
-applies. No match, or two incomparable matches, is a PolicyError naming the combination,
-and `parse_policy` already rejects a file where any concrete combination is ambiguous.
-
-Verdict, before any bound: a NaN/Inf in the candidate always fails (the reason says
-whether the oracle/partner have non-finite values too; "where the oracle has none" is
-the case that matters most); a NaN/Inf in the partner, or in the oracle for a bound
-that uses it, fails; a NaN in any metric the bound reads fails. A bound that uses the
-oracle, given metrics measured without one (all four oracle errors NaN, inputs finite),
-raises ValueError: a harness bug, recorded as an `error` row. `bound_usage` and the
-rest: `mhc_parity.harness.judging.bounds`. Non-finite failures report usage inf.
-
-"lowering" and "compile" rows (leaf kind "program", `PROGRAM_COMPARISONS`) are judged by
-the lowering or the compile itself, not by this policy; the file may not mention them.
+Rule selection: among matching rules, one beats another if its specific (non-"*") keys are a strict superset
+of the other's; no match or two incomparable best ones is a PolicyError. Before any bound: a NaN/Inf in the
+candidate, the partner, or the oracle of a bound that uses it fails, as does a NaN in a metric the bound
+reads (usage inf); an oracle bound given metrics made without an oracle raises ValueError (a harness bug: an
+`error` row). Program rows ("lowering", "compile") are not judged here.
 """
 
 from __future__ import annotations
@@ -47,17 +34,14 @@ POLICY_COMPARISONS = tuple(c for c in COMPARISONS if c not in PROGRAM_COMPARISON
 POLICY_LEAF_KINDS = tuple(k for k in LEAF_KINDS if k != "program")
 DTYPES = ("float32", "bfloat16", "float16")
 MATCH_KEYS = ("comparison", "partitioning", "dtype", "act_dtype", "leaf_kind")
-# How a token-sharded candidate is partitioned: "manual" — the kernels run per shard
-# inside shard_map, so every token is computed exactly as unsharded; "auto" — XLA's
+# "manual": kernels run per shard in shard_map, every token as unsharded; "auto": XLA's
 # partitioner splits the program and may re-block its matmuls per shard.
 PARTITIONINGS = ("manual", "auto")
 
 
 class PolicyError(ValueError):
-    """A malformed policy file, or a combination the policy does not cover.
-
-    A configuration error (CLI exit code 2), never a parity failure.
-    """
+    """A malformed policy file or an uncovered combination: a configuration error (exit 2), never a parity
+    failure."""
 
 
 @dataclass(frozen=True)
@@ -84,20 +68,18 @@ class Rule:
 
     @property
     def label(self) -> str:
-        """e.g. 'rule 3 (comparison=vs_oracle, partitioning=*, dtype=*, act_dtype=bfloat16, leaf_kind=output)'."""
         keys = ", ".join(f"{k}={v}" for k, v in self.keys.items())
         return f"rule {self.index} ({keys})"
 
     @property
     def pattern(self) -> str:
-        """The match keys it names besides the comparison, e.g. 'act_dtype=bfloat16 dtype=float32';
-        '*' for a comparison's catch-all. Unlike the index, unchanged when rules are added."""
+        """The match keys it names besides the comparison, e.g. 'act_dtype=bfloat16 dtype=float32' ('*' if
+        none): unlike the index, unchanged when rules are added."""
         named = [f"{k}={v}" for k, v in self.keys.items() if k != "comparison" and v != "*"]
         return " ".join(named) or "*"
 
     @property
     def specific(self) -> frozenset[str]:
-        """The match keys this rule names exactly (comparison always)."""
         return frozenset(k for k in MATCH_KEYS if getattr(self, k) != "*")
 
     def matches(self, comparison: str, dtype: str, act_dtype: str, leaf_kind: str, partitioning: str = "*") -> bool:
@@ -113,8 +95,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Resolved:
-    """The bound one concrete combination is held to: its rule, the bound (with the
-    systematic criterion where the policy adds it) and the dtype its ulps are counted in."""
+    """The bound one combination is held to (with the policy's systematic and confidence criteria) and the
+    dtype its ulps are counted in."""
 
     rule: Rule
     bound: Bound
@@ -130,14 +112,9 @@ class Resolved:
 class Judgement:
     """The verdict of one leaf under the policy.
 
-    verdict: "pass" or "fail"; bound: the rule and its numbers; bound_usage:
-    measured/allowed for the binding criterion (>1 fails; inf for non-finite
-    failures); reason: why it failed, naming metric, value and limit ("" on pass);
-    allowed_error, bound_metric: the binding criterion's limit and the metric it holds
-    (`mhc_parity.harness.judging.bounds.Outcome`), the numbers bound_usage divides, so a row states its
-    limit as a number; NaN and "" where no bound was applied (non-finite values).
-    quantile_max, quantile_rms: q of the policy's stated rate for the leaf's max and RMS
-    sensitivity (`Policy.quantiles`), what the gate's growth rule scales the sensitivity by.
+    bound_usage: measured / allowed of the binding criterion (> 1 fails; inf for non-finite failures);
+    allowed_error, bound_metric: that criterion's limit and metric (NaN and "" where no bound was applied);
+    quantile_max, quantile_rms: `Policy.quantiles`, which the gate's growth rule uses.
     """
 
     verdict: str
@@ -164,19 +141,18 @@ class Judgement:
 
 @dataclass(frozen=True)
 class Policy:
-    """A validated tolerance policy. `digest` is the sha256 of the file's bytes."""
+    """A validated tolerance policy; `digest` is the sha256 of the file's bytes."""
 
     rules: tuple[Rule, ...]
     digest: str
     source: str
     systematic: Systematic | None = None
     confidence: Confidence | None = None
-    # resolve()'s answers by combination: a run judges every leaf, of few combinations,
-    # and finding the most specific rule scans every rule.
+    # resolve()'s answers by combination: finding the most specific rule scans every rule.
     _resolved: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def rule_for(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Rule:
-        """The unique most specific rule for a combination; PolicyError if none/ambiguous."""
+        """The unique most specific rule for a combination; PolicyError if none or ambiguous."""
         dtype, act_dtype = _dtype_or_error(dtype, "dtype"), _dtype_or_error(act_dtype, "act_dtype")
         combo = (
             f"(comparison={comparison}, partitioning={partitioning}, dtype={dtype}, "
@@ -196,7 +172,7 @@ class Policy:
         return best[0]
 
     def resolve(self, *, comparison: str, leaf_kind: str, dtype, act_dtype, partitioning: str = "*") -> Resolved:
-        """The bound a combination is held to (see `Resolved`); PolicyError as `rule_for`."""
+        """The bound a combination is held to; PolicyError as `rule_for`."""
         dtype, act_dtype = _dtype_or_error(dtype, "dtype"), _dtype_or_error(act_dtype, "act_dtype")
         combination = (comparison, leaf_kind, dtype, act_dtype, partitioning)
         resolved = self._resolved.get(combination)
@@ -224,13 +200,8 @@ class Policy:
         partitioning: str = "*",
         declared: float = 0.0,
     ) -> Judgement:
-        """Verdict of one leaf's metrics under the bound for this combination.
-
-        dtype: the compared leaf's dtype; act_dtype: the case's activation dtype (names
-        or dtypes); declared: the candidate's declared precision choices' deviation on the
-        leaf (`mhc_parity.harness.judging.bounds.Bound.judge`). Raises PolicyError for an uncovered or
-        invalid combination.
-        """
+        """Verdict of one leaf's metrics. dtype: the compared leaf's dtype; act_dtype: the case's activation
+        dtype; declared: as `Bound.judge`. PolicyError for an uncovered or invalid combination."""
         resolved = self.resolve(
             comparison=comparison, leaf_kind=leaf_kind, dtype=dtype, act_dtype=act_dtype, partitioning=partitioning
         )
@@ -246,10 +217,8 @@ class Policy:
         )
 
     def quantiles(self, metrics: LeafMetrics) -> tuple[float, float]:
-        """q for the leaf's max and RMS sensitivity at the policy's stated false-positive rate
-        (`mhc_parity.harness.judging.confidence.quantile` of their degrees of freedom and draws),
-        as every `oracle_ratio` bound scales the sensitivity; 1 for a policy that states no
-        rate, as those bounds take it."""
+        """q for the leaf's max and RMS sensitivity at the policy's stated false-positive rate, as the
+        `oracle_ratio` bounds scale it; 1 without a stated rate."""
         if self.confidence is None:
             return 1.0, 1.0
         return (
@@ -269,10 +238,8 @@ class Policy:
 
 
 def _unusable_metrics(m: LeafMetrics, bound: Bound, rule: Rule) -> str:
-    """Why no bound can pass these metrics ("" if one can): non-finite values, NaN metrics.
-
-    Raises ValueError for a bound that uses the oracle given metrics made without one.
-    """
+    """Why no bound can pass these metrics ("" if one can); ValueError for an oracle bound given metrics
+    made without an oracle."""
     if m.nan_count or m.inf_count:
         others = m.partner_nan_count + m.partner_inf_count + m.oracle_nan_count + m.oracle_inf_count
         where = (
@@ -288,8 +255,6 @@ def _unusable_metrics(m: LeafMetrics, bound: Bound, rule: Rule) -> str:
         return f"oracle has {m.oracle_nan_count} NaN and {m.oracle_inf_count} Inf; cannot judge against it"
     oracle_errors = (m.cand_oracle_max_err, m.partner_oracle_max_err, m.cand_oracle_rms_err, m.partner_oracle_rms_err)
     if bound.uses_oracle and all(math.isnan(v) for v in oracle_errors):
-        # all four NaN with finite inputs is the signature of a missing oracle:
-        # a harness bug, reported as an error rather than a verdict
         raise ValueError(
             f"{rule.label} is an {bound.kind} rule but the oracle errors are NaN with finite "
             f"inputs: leaf_metrics was called without an oracle"
@@ -301,7 +266,6 @@ def _unusable_metrics(m: LeafMetrics, bound: Bound, rule: Rule) -> str:
 
 
 def most_specific(rules: list[Rule]) -> list[Rule]:
-    """The maximal rules under strict-superset order of their specific keys."""
     return [r for r in rules if not any(o.specific > r.specific for o in rules)]
 
 

@@ -1,34 +1,15 @@
 """The tolerance policy file: `tolerances.toml` read, validated and made a `Policy`.
 
-The file (default: `mhc_parity/harness/judging/tolerances.toml`, shipped with the package; every resolved
-bound is listed in docs/tolerances.md, `mhc-parity policy --table`) holds
-`version = 2`, an optional `[systematic]` table and a list of `[[rule]]` tables. A rule:
+The file holds `version = 2`, optional `[systematic]` and `[confidence]` tables and `[[rule]]` tables. A
+rule: match keys `comparison` (never "*"), `dtype` (the leaf's), `leaf_kind`, and optionally `act_dtype`
+(the case's) and `partitioning` ("manual": kernels per shard in shard_map, "auto": XLA partitions), each but
+`comparison` a name or "*" (the optional ones' default); `kind` (`bounds.KINDS`) and exactly its numbers, in ulps of
+`eps_dtype` if given, else the leaf's dtype; a `rationale`. `[systematic]` adds `bounds.Systematic` to the
+oracle_ratio rules on its `leaf_kinds`; `[confidence]` states the rate at which a correct implementation may
+exceed an oracle_ratio bound (`bounds.Confidence`).
 
-* match keys: `comparison` (one of `POLICY_COMPARISONS`, never "*"), `dtype` (the
-  compared leaf's dtype), `act_dtype` (the case's activation dtype; optional, default
-  "*"), `leaf_kind` (one of `POLICY_LEAF_KINDS`) and `partitioning` (optional, default
-  "*": "manual" for a candidate whose kernels run per shard inside shard_map, "auto"
-  for one XLA partitions); each of the last four is a name or "*";
-* `kind` (`mhc_parity.harness.judging.bounds.KINDS`: exact, ulps_of_max, ulps_plus_sensitivity,
-  oracle_ratio) and exactly that kind's numbers, in ulps of the rule's unit dtype
-  (`eps_dtype` if given, else the compared leaf's dtype);
-* `rationale`: why these numbers, in one to three lines;
-* optionally `eps_dtype`: ulps of this dtype instead of the leaf's, e.g. bfloat16 eps
-  for a float32 leaf computed from bfloat16 activations.
-
-`[systematic]` (`leaf_kinds`, `t_floor`, `ratio`, `rationale`) adds the systematic-error
-criterion (`mhc_parity.harness.judging.bounds.Systematic`) to every oracle_ratio rule on those leaf kinds.
-`[confidence]` (`false_positive_rate`, `gain_leaf_kinds`, `rationale`) states the
-probability with which a correct implementation may exceed an oracle_ratio bound: the
-sensitivity enters every such bound through its quantile at that rate
-(`mhc_parity.harness.judging.bounds.Confidence`), and the rules on `gain_leaf_kinds` also hold the
-error's component along the leaf itself.
-
-Validation rejects any tolerance below one ulp of the compared values: every ulps
-number must be >= 1 (a `direct_ulps` of 0 only switches the direct criterion off),
-ratios >= 1, and an `eps_dtype` finer than a dtype the rule can match.
-
-Rule selection, the verdicts and the rule kinds: `mhc_parity.harness.judging.policy`.
+Validation rejects any tolerance below one ulp: ulps numbers >= 1 (`direct_ulps` 0 is off), ratios >= 1, no
+`eps_dtype` finer than a dtype the rule can match.
 """
 
 from __future__ import annotations
@@ -74,7 +55,6 @@ _VERSION_1_NOTE = (
 
 
 def _checked_number(key: str, value, check: str, err) -> float:
-    """`value` as a float if it passes `check` (ULPS, RATIO, ULPS_OR_OFF); else err(...)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise err(key, f"must be a finite number, got {value!r}")
     value = float(value)
@@ -203,7 +183,7 @@ def _validate_confidence(raw, source: str) -> Confidence:
 
 
 def parse_policy(text: str, *, source: str = "<string>") -> Policy:
-    """Parse and validate policy TOML text. Raises PolicyError naming rule and field."""
+    """Parse and validate policy TOML text; PolicyError naming rule and field."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -242,8 +222,7 @@ def parse_policy(text: str, *, source: str = "<string>") -> Policy:
 
 
 def is_packaged_default(policy: Policy) -> bool:
-    """Whether `policy` is the packaged tolerances.toml, byte for byte (wherever it was read
-    from): the reports say so when it is not, since its bounds then differ from the defaults."""
+    """Whether `policy` is the packaged tolerances.toml byte for byte (the reports say so when it is not)."""
     return policy.digest == _packaged_digest()
 
 
@@ -253,11 +232,8 @@ def _packaged_digest() -> str:
 
 
 def load_policy(path=None) -> Policy:
-    """Load and validate a policy file (default: the packaged tolerances.toml).
-
-    `digest` is the sha256 of the file's bytes. Raises PolicyError on any problem,
-    including an unreadable file.
-    """
+    """Load and validate a policy file (default: the packaged one); `digest` is the sha256 of its bytes.
+    PolicyError on any problem, an unreadable file included."""
     path = Path(path) if path is not None else DEFAULT_POLICY_PATH
     try:
         raw = path.read_bytes()

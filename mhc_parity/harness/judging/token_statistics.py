@@ -1,22 +1,9 @@
 """The oracle's statistics of a token-major leaf's draws, accumulated a token chunk at a time.
 
-The chunked oracle (`mhc_parity.mhc.oracle_chunks`) hands over each draw of a leaf one chunk of
-tokens at a time, and never holds a draw whole. `TokenLeafDraws` keeps of each chunk only what
-the statistics need, a few numbers per draw and per group of the leaf (its non-token axes):
-
-- per draw, the max |deviation| from the exact leaf, its sum of squares and its inner product
-  with the exact leaf, each scaled by the largest value seen so far (so no square overflows:
-  `error_statistics.l2_norm`'s scaling, carried from chunk to chunk);
-- the draws' Gram matrix of deviations, scaled the same way (`error_statistics.effective_dof`);
-- per draw and group, the token count, mean error and sum of squared deviations from that mean,
-  merged chunk by chunk (Chan, Golub and LeVeque's pairwise update: no cancellation), for the
-  systematic statistic (`error_statistics.systematic_error`) and the shared shift
-  (`error_statistics.shared_shift`).
-
-`finish(exact)` gives what `error_statistics.draw_deviations`, `effective_dof`,
-`systematic_error` and `shared_shift` give on the whole arrays: equal when one chunk holds every
-token, and to a float64 reassociation otherwise (tests/test_oracle_chunks.py). Like
-`error_statistics` it is part of the oracle cache's source key.
+The chunked oracle (`mhc_parity.mhc.oracle_chunks`) never holds a draw whole; `TokenLeafDraws` keeps per
+draw scaled sums and maxima, the draws' scaled Gram matrix, and per group Chan's merged means and squared
+deviations. `finish` equals `error_statistics`' functions on the whole arrays up to a float64 reassociation.
+Part of the oracle cache's source key.
 """
 
 from __future__ import annotations
@@ -39,7 +26,6 @@ class _GroupMoments:
     finite: bool = True
 
     def add(self, errors: np.ndarray) -> None:
-        """Merge a chunk's (tokens, G) errors."""
         self.finite = self.finite and bool(np.all(np.isfinite(errors)))
         if errors.shape[0] == 0:
             return
@@ -56,19 +42,16 @@ class _GroupMoments:
 
 
 def _scaled_add(scale: float, total, chunk_scale: float, chunk_total):
-    """(scale, total) + (chunk_scale, chunk_total), where total is a sum of products each divided
-    by scale² (chunk_total: by chunk_scale²): the merged sum, divided by the larger scale²."""
+    """Merge (scale, total) with (chunk_scale, chunk_total), each total a sum of products over its scale²:
+    the merged sum over the larger scale²."""
     if chunk_scale > scale:
         return chunk_scale, total * (scale / chunk_scale) ** 2 + chunk_total
     return scale, total + chunk_total * (chunk_scale / scale) ** 2
 
 
 class TokenLeafDraws:
-    """Chunk-wise statistics of one token-major leaf's noisy draws against the exact leaf.
-
-    draws: how many noisy draws each chunk brings (N >= 2); shifted: whether each chunk also
-    brings the backend-shift draw (`mhc_parity.harness.engine.oracle_path.OracleOutputs.backend_shift`).
-    """
+    """Chunk-wise statistics of one token-major leaf's N >= 2 noisy draws against the exact leaf; shifted:
+    each chunk also brings the backend-shift draw."""
 
     def __init__(self, draws: int, shifted: bool = False):
         if draws < 2:
@@ -85,8 +68,7 @@ class TokenLeafDraws:
         self.shift = _GroupMoments()
 
     def add(self, exact, noisy, shifted=None) -> None:
-        """One chunk: exact (tokens, ...) and each draw's (noisy: N arrays, shifted: one) values
-        of the same tokens, any float dtype."""
+        """One chunk: exact (tokens, ...) and each draw's values of the same tokens, any float dtype."""
         if len(noisy) != self.draws or (shifted is None) == self.shifted:
             raise ValueError(f"a chunk brings {len(noisy)} draws (shifted: {shifted is not None}), expected {self}")
         e = upcast(exact)
@@ -117,10 +99,9 @@ class TokenLeafDraws:
             self.shift.add(upcast(shifted).reshape(e.shape) - e)
 
     def finish(self, exact) -> dict:
-        """The statistics over every token, `exact` the whole exact leaf (tokens first):
-        max_devs, rms_devs, gains (per draw, as `error_statistics.draw_deviations`), dof_rms
-        (`effective_dof`), systematic (per draw, `systematic_error`'s t) and shift
-        (`shared_shift` of the shifted draw; NaN without one)."""
+        """The statistics over every token (`exact`: the whole leaf, tokens first): max_devs, rms_devs,
+        gains, dof_rms, systematic (per draw t) and shift (NaN without the shifted draw), as
+        `error_statistics` computes them."""
         e = upcast(exact)
         if e.size != self.size:
             raise ValueError(f"the chunks held {self.size} values of the leaf, the exact leaf {e.size}")
@@ -149,7 +130,6 @@ class TokenLeafDraws:
         }
 
     def _gain(self, d: int, e_finite: bool, scale_max: float, unit_norm: float | None) -> float:
-        """`error_statistics.gain` of draw d (`draw_deviations`' shortcut where it applies)."""
         if self.size == 0:
             return 0.0
         if not (e_finite and self.finite[d]):
@@ -160,7 +140,6 @@ class TokenLeafDraws:
         return inner * (scale / scale_max) ** 2 / unit_norm
 
     def _dof(self) -> float:
-        """`error_statistics.effective_dof` of the draws' deviations."""
         every = float(np.max(self.max_dev))
         if self.size == 0 or every == 0.0 or not math.isfinite(every):
             return 1.0
@@ -175,7 +154,6 @@ class TokenLeafDraws:
         return float(min(max(trace_squared / trace_of_square, 1.0), self.size))
 
     def _t(self, moments: _GroupMoments, e_finite: bool) -> float:
-        """`error_statistics.systematic_error`'s t statistic from a draw's group moments."""
         if moments.mean is None or not (moments.finite and e_finite) or moments.count < 2:
             return math.nan
         standard_error = np.sqrt(moments.m2 / (moments.count - 1)) / math.sqrt(moments.count)
@@ -186,7 +164,6 @@ class TokenLeafDraws:
         return float(t[int(np.argmax(t))])
 
     def _shift(self, e_finite: bool, scale_max: float) -> float:
-        """`error_statistics.shared_shift` of the shifted draw."""
         if self.shift.mean is None or not (self.shift.finite and e_finite):
             return math.nan
         return safe_ratio(float(np.max(np.abs(self.shift.mean))), scale_max)

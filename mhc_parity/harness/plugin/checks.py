@@ -1,13 +1,6 @@
-"""The parity tests: one item per case x comparison, and what each asserts and says.
-
-The items stay one per (case, comparison), with ids `<case>::<comparison>`: what `-k`,
-node ids and CI histories already name, and in a passing session every comparison shows
-as a test of its own. A regression (`mhc_parity.harness.plugin.regressions`: one leaf of one path in
-one case, in every comparison that saw it) fails one of them, the first selected
-comparison that saw it, whose message lists each comparison with its numbers and bound,
-and the cause once. Another test that saw only regressions reported elsewhere is skipped,
-naming the test that reports them: it did not pass.
-"""
+"""The parity tests: one item per case x comparison (ids `<case>::<comparison>`), and what each asserts and
+says. A regression fails the first selected comparison's test that saw it; another test that saw only
+regressions reported elsewhere is skipped, naming that test."""
 
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ from mhc_parity.harness.plugin.regressions import Regression, comparison_rank, f
 from mhc_parity.harness.plugin.session import GateTally
 from mhc_parity.records.text import format_number, format_text_table, plural
 from mhc_parity.reports.causes import cause_groups
-from mhc_parity.reports.gate import FAILING_CATEGORIES, FINDING_NOUNS, GateFinding, GateResult
+from mhc_parity.reports.gate.rule import FAILING_CATEGORIES, FINDING_NOUNS, GateFinding, GateResult
 from mhc_parity.reports.terminal import rows_table
 
 if TYPE_CHECKING:
@@ -45,13 +38,11 @@ class ParityCheck:
         return f"{self.case.name}::{self.comparison}"
 
     def check(self) -> None:
-        """`check_parity(self)`: what a test module calls on the `parity_check` it is given,
-        so it imports nothing of mhc-parity (`def test_parity(parity_check): parity_check.check()`)."""
+        """`check_parity(self)`, for a test module that imports nothing of mhc-parity."""
         check_parity(self)
 
 
 def leaf_table(rows) -> str:
-    """A plain-text table of rows for a failure message (nothing cut)."""
     return rows_table(rows, limit=None)
 
 
@@ -64,8 +55,8 @@ def _and(words: Sequence[str]) -> str:
 
 
 def regression_table(rows) -> str:
-    """A regression's rows, one per comparison that saw it: its numbers (the row's reason;
-    an error's is its cause heading's) and the bound it was held to; nothing cut."""
+    """A regression's rows, one per comparison that saw it, with its numbers (an error's: its cause
+    heading's) and bound; nothing cut."""
     body = [
         (
             r["leaf"],
@@ -84,8 +75,7 @@ def regression_table(rows) -> str:
 
 
 def failed_rows_message(check: ParityCheck, regressions: Sequence[Regression], judged: Sequence[dict]) -> str:
-    """The failing rows of the regressions a test reports, by cause (`mhc_parity.reports.causes`): each
-    cause's heading once, then its rows, each regression's together in comparison order."""
+    """The failing rows of the regressions a test reports, by cause: each heading once, then its rows."""
     rows = [r for g in regressions for r in g.rows]
     comparisons = sorted({str(r["comparison"]) for r in rows}, key=comparison_rank)
     counts = Counter(str(r["comparison"]) for r in rows)
@@ -98,7 +88,6 @@ def failed_rows_message(check: ParityCheck, regressions: Sequence[Regression], j
 
 
 def _worst(finding: GateFinding, result: GateResult) -> str:
-    """One finding in a phrase: a regression's leaf, growth and the allowed factor."""
     _, candidate, partner, leaf = finding.key
     if finding.category == "regression":
         return (
@@ -109,8 +98,8 @@ def _worst(finding: GateFinding, result: GateResult) -> str:
 
 
 def gate_failure(check: ParityCheck, regressions: Sequence[Regression], result: GateResult) -> str:
-    """The gate's failing findings of the regressions a test reports: a headline with the
-    worst, the count of leaves per category, then each finding with its comparison."""
+    """The gate's failing findings of the regressions a test reports: a headline with the worst, counts per
+    category, then each finding."""
     findings = [f for g in regressions for f in g.findings]
     gate_order = {id(f): i for i, f in enumerate(result.failing_findings())}  # by category, the worst first
     worst = min(findings, key=lambda f: gate_order[id(f)])
@@ -123,7 +112,6 @@ def gate_failure(check: ParityCheck, regressions: Sequence[Regression], result: 
     )
     comparisons = sorted({f.comparison for f in findings}, key=comparison_rank)
     more = f" (and {len(leaves) - 1} more)" if len(leaves) > 1 else ""
-    # Each category's findings, each regression's together in comparison order.
     ordered = [
         (f.category, f.key[3], f.key[1], f.comparison, f.key[2], f.detail)
         for category in FAILING_CATEGORIES
@@ -147,8 +135,8 @@ def regressions_message(
     result: GateResult | None,
     elsewhere: str = "",
 ) -> str:
-    """A test's failure message: the regressions it reports, each with every comparison that
-    saw it; last, `elsewhere` (`reported_elsewhere`) names those it saw that others report."""
+    """A test's failure message: the regressions it reports, each with every comparison that saw it; last,
+    `elsewhere` names those others report."""
     comparisons = sorted({c for g in regressions for c in g.comparisons}, key=comparison_rank)
     parts = [
         f"{check.id}: {_leaves(len(regressions))} failed, seen by {_and(comparisons)} "
@@ -179,7 +167,6 @@ def _gate_findings(result: GateResult | None) -> list[GateFinding]:
 
 
 def _gate_counts(check: ParityCheck, result: GateResult | None, findings: Sequence[GateFinding]) -> GateTally | None:
-    """What gating the test's own rows (its comparison's) counted, for the session's summary."""
     if result is None:
         return None if check.session.baseline_run is None else GateTally(ungated=1)
     mine = lambda found: [f for f in found if f.comparison == check.comparison]  # noqa: E731
@@ -188,11 +175,9 @@ def _gate_counts(check: ParityCheck, result: GateResult | None, findings: Sequen
 
 
 def check_parity(check: ParityCheck) -> None:
-    """Assert that no regression of the check's case that its comparison saw is this test's
-    to report: every row of the comparison passed or is an explained skip/unsupported and,
-    when the session is gated, the gate finds nothing failing in them against the
-    baseline's rows of the case. A regression another selected test reports skips this
-    one, naming it."""
+    """Assert that no regression its comparison saw is this test's to report: every row of the comparison
+    passed or is an explained skip and, when gated, the gate finds nothing failing. A regression another
+    selected test reports skips this one, naming it."""
     session = check.session
     judged = session.judged_rows(check.case)
     rows = [r for r in judged if r["comparison"] == check.comparison]
@@ -219,8 +204,8 @@ def check_parity(check: ParityCheck) -> None:
 
 
 def check_params(session: ParitySession) -> list:
-    """The `parity_check` parameters of a session: each case's comparisons (`comparisons_for`),
-    with ids `<case>::<comparison>`; a case's tests share an xdist group, a sharded case's are marked so."""
+    """The `parity_check` parameters: each case's comparisons, ids `<case>::<comparison>`; a case's tests
+    share an xdist group, a sharded case's are marked so."""
     params = []
     for case in session.prepared.cases:
         marks = [pytest.mark.xdist_group(case.name)]

@@ -1,6 +1,5 @@
-"""The plugin's options: `--parity-<name>` on the command line, `parity_<name>` in the ini
-file (the command line wins; ini paths are relative to the ini file's folder), and the
-pytest command that writes a session's baseline, which usage errors name."""
+"""The plugin's options: `--parity-<name>`, or `parity_<name>` in the ini file (the command line wins; ini
+paths relative to the ini file's folder), and the command that writes a session's baseline."""
 
 from __future__ import annotations
 
@@ -12,11 +11,8 @@ from _pytest.config.findpaths import determine_setup
 
 from mhc_parity.records.settings import setting as environment_setting
 
-# The variable naming the parity tests' suite where no option or ini value does.
 SUITE_VARIABLE = "MHC_PARITY_SUITE"
 UPDATE_OPTION = "--parity-update-baseline"
-# `mhc_parity.reports.baseline.LEGACY_OPTION` of the plugin: a flag, and the bool ini option
-# `parity_allow_legacy_baseline`.
 LEGACY_OPTION = "--parity-allow-legacy-baseline"
 LEGACY_INI = "parity_allow_legacy_baseline"
 BUILTIN_INI = "parity_builtin"
@@ -27,7 +23,6 @@ OPTIONS = {  # name: help; each is `--parity-<name>` on the command line and `pa
     "report": "write the run folder (manifest, rows, CSV/JSON/HTML/Markdown reports) here",
     "baseline": f"gate each parity test against this baseline file (which {UPDATE_OPTION} writes)",
 }
-# The command-line options that take a value (a separate word, or after "=").
 VALUE_OPTIONS = tuple(f"--parity-{name}" for name in OPTIONS)
 # Options whose ini value is a path, taken relative to the ini file's folder.
 PATH_OPTIONS = ("report", "baseline")
@@ -36,7 +31,6 @@ UPDATE_COMMAND_OPTIONS = ("impl", "suite", "dtype", "baseline")
 
 
 def add_options(parser) -> None:
-    """Register the options (pytest_addoption)."""
     group = parser.getgroup("mhc-parity", "numerical parity of an mHC implementation (mhc-parity)")
     for name, help_text in OPTIONS.items():
         group.addoption(f"--parity-{name}", default=None, help=help_text)
@@ -68,7 +62,6 @@ def add_options(parser) -> None:
 
 
 def setting(config, name: str) -> str | None:
-    """`--parity-<name>`, else the ini's `parity_<name>` (paths relative to the ini file's folder)."""
     value = config.getoption(f"--parity-{name}")
     if value:
         return value
@@ -84,15 +77,13 @@ def enabled(config) -> bool:
 
 
 def given_options(config) -> list[str]:
-    """The `--parity-*` options given on the command line (those not at their defaults)."""
     names = [f"--parity-{name}" for name in OPTIONS] + [UPDATE_OPTION, LEGACY_OPTION]
     return [name for name in names if config.getoption(name)]
 
 
 def refuse_options_without_implementation(config) -> None:
-    """pytest.UsageError naming the `--parity-*` options given to a session that checks
-    nothing: an option of a plugin that is off would otherwise do nothing, and a gate asked
-    for but never run reads as a pass."""
+    """pytest.UsageError naming the `--parity-*` options of a session that checks nothing: a gate asked for
+    but never run would read as a pass."""
     given = given_options(config)
     if given:
         raise pytest.UsageError(
@@ -102,17 +93,13 @@ def refuse_options_without_implementation(config) -> None:
 
 
 def refuse_value_taken_as_path(early_config, parser) -> None:
-    """pytest.UsageError when pytest took the value of a `--parity-<name> VALUE` for a test
-    path while it chose its rootdir and configuration file.
+    """pytest.UsageError when pytest took a `--parity-<name> VALUE`'s value for a test path choosing its
+    rootdir and configuration file.
 
-    pytest decides those (`determine_setup`) from the arguments it parsed before it loaded
-    any plugin (pytest 9.2, `Config.parse`), so the value of a plugin's option written as a
-    separate word counts there as a path when one exists: `--parity-baseline ../b.csv` moves
-    the rootdir to the common ancestor and the project's configuration (its `parity_impl`)
-    is never read, which would switch the plugin off without a word. Here, once the options
-    are known (`pytest_load_initial_conftests`), the choice is made again from the arguments
-    as they parse now; a different rootdir or configuration file is refused, naming the
-    `=` form, which pytest never takes for a path."""
+    pytest decides those before loading plugins, so `--parity-baseline ../b.csv` may move the rootdir and
+    leave `parity_impl` unread, switching the plugin off silently. Here the choice is made again with the
+    options known; a different one is refused, naming the `=` form.
+    """
     words = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *map(str, early_config.invocation_params.args)]
     separate = [(word, value) for word, value in zip(words, words[1:]) if word in VALUE_OPTIONS]
     if not separate:
@@ -136,16 +123,13 @@ def refuse_value_taken_as_path(early_config, parser) -> None:
 
 
 def enabled_early(early_config) -> bool:
-    """`enabled`, asked before pytest has parsed its whole command line (in
-    `pytest_load_initial_conftests`): `config.getoption` has no values yet, so the option
-    comes from the arguments pytest has read so far (`known_args_namespace`); the ini file
-    is read by then."""
+    """`enabled` before pytest parsed its whole command line: the option from `known_args_namespace` (the
+    ini file is read by then)."""
     impl = getattr(early_config.known_args_namespace, "parity_impl", None)
     return bool(impl or early_config.getini("parity_impl") or early_config.getini(BUILTIN_INI))
 
 
 def ini_overrides(args) -> list[str]:
-    """The `-o parity_...=VALUE` arguments of a pytest command line, as `-o` pairs."""
     found, args, index = [], [str(a) for a in args], 0
     while index < len(args):
         arg, value = args[index], None
@@ -162,8 +146,8 @@ def ini_overrides(args) -> list[str]:
 
 
 def update_command(config) -> str:
-    """The pytest command that writes this session's baseline: the parity options and ini
-    overrides of its command line, the suite it took from $MHC_PARITY_SUITE, and the update flag."""
+    """The pytest command that writes this session's baseline: its parity options and ini overrides, the
+    suite it took from $MHC_PARITY_SUITE, and the update flag."""
     words = ["pytest"]
     for name in UPDATE_COMMAND_OPTIONS:
         value = config.getoption(f"--parity-{name}")

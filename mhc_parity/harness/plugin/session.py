@@ -1,7 +1,5 @@
-"""One pytest process's parity run: its configuration, the baseline it gates against, the
-rows of the cases it ran (or, on a pytest-xdist controller, the rows its workers sent), and
-what it writes when the session ends (the run folder, an updated baseline) and says in
-pytest's summary."""
+"""One pytest process's parity run: its configuration, the baseline it gates against, the rows of its cases
+(on an xdist controller, its workers'), and what it writes and says at the end."""
 
 from __future__ import annotations
 
@@ -30,12 +28,17 @@ from mhc_parity.records.rows import ReportInputError, json_ready, parse_float, t
 from mhc_parity.records.schema import FLOAT_COLUMNS
 from mhc_parity.records.settings import setting as environment_setting
 from mhc_parity.records.text import plural
-from mhc_parity.reports.baseline import diff_baselines, render_baseline, write_baseline
 from mhc_parity.reports.causes import uncompared
-from mhc_parity.reports.comparability import precision_refusal
-from mhc_parity.reports.drift import GATE_COLUMNS, baseline_gain_note, typed_gate_frame
-from mhc_parity.reports.gate import GateResult, gate_frames
-from mhc_parity.reports.ownership import default_baseline_path, implementation_rows, ownership_refusal
+from mhc_parity.reports.gate.baseline_file import render_baseline, write_baseline
+from mhc_parity.reports.gate.comparability import (
+    default_baseline_path,
+    diff_baselines,
+    implementation_rows,
+    ownership_refusal,
+    precision_refusal,
+)
+from mhc_parity.reports.gate.drift import baseline_gain_note
+from mhc_parity.reports.gate.rule import GATE_COLUMNS, GateResult, gate_frames, typed_gate_frame
 from mhc_parity.reports.sources import LoadedRun, load_baseline_or_run
 from mhc_parity.reports.terminal import nothing_compared_message
 
@@ -49,7 +52,7 @@ NAMED_CHANGES = 3
 
 @dataclasses.dataclass
 class GateTally:
-    """What the parity tests of a session found gating their rows (summed from their reports)."""
+    """What a session's parity tests found gating their rows (summed from their reports)."""
 
     gated: int = 0  # tests whose case the baseline has rows of
     ungated: int = 0  # tests whose case it has none of
@@ -65,7 +68,7 @@ class GateTally:
 
 
 def _shown(path: str | os.PathLike, start: pathlib.Path) -> str:
-    """`path` relative to `start` (the folder pytest was started in) when inside it."""
+    """`path` relative to `start` (where pytest was started) when inside it."""
     try:
         return str(pathlib.Path(path).resolve().relative_to(start.resolve()))
     except ValueError:
@@ -94,10 +97,6 @@ def _update_lines(head: str, diff, what: str) -> list[str]:
 
 
 class ParitySession:
-    """What one pytest process knows of the parity run: its configuration, the baseline it
-    gates against, and the rows of the cases it ran (or, on an xdist controller, the rows
-    its workers sent)."""
-
     def __init__(self, config):
         self.implementation = setting(config, "impl")
         self.suite = setting(config, "suite") or environment_setting(SUITE_VARIABLE) or DEFAULT_SUITE
@@ -114,11 +113,10 @@ class ParitySession:
         self._case_gates: dict[str, GateResult | None] = {}
         self.gate_counts: dict[str, tuple[int, ...]] = {}  # check id -> its GateTally counts, until reported
         self.tally = GateTally()
-        # case name -> the comparisons of its selected parity tests (`select`), which decide
-        # the test that reports a regression seen in several comparisons
+        # case name -> the comparisons of its selected parity tests (`select`)
         self.selected: dict[str, frozenset[str]] = {}
-        # parity tests skipped because other tests report the regressions they saw: the ids
-        # of this process's, until their reports carry it; the count, summed from the reports
+        # parity tests skipped as others report their regressions: this process's ids until
+        # reported, and the count summed from the reports
         self.reported_elsewhere: set[str] = set()
         self.skipped_for_others = 0
         self.report_paths: dict[str, pathlib.Path] = {}
@@ -127,7 +125,7 @@ class ParitySession:
 
     @property
     def prepared(self) -> PreparedRun:
-        """The checked run configuration (prepared on first use; ParityError as a usage error)."""
+        """The checked run configuration, prepared on first use; ParityError as a usage error."""
         if self._prepared is None:
             # Here, not at the top: an installed plugin that is off loads no JAX into a pytest run.
             from mhc_parity.harness.api import ParityError, prepare
@@ -140,13 +138,12 @@ class ParitySession:
 
     @property
     def externals(self) -> tuple[str, ...]:
-        """The names of the implementations under test: every one the factory gives (none: the built-in paths)."""
         return self.prepared.implementation_names
 
     @property
     def external(self) -> str | None:
-        """The implementation a baseline holds the rows of (None: the built-in paths); a
-        session of several has no baseline (`settle_baseline` refuses one)."""
+        """The implementation a baseline holds the rows of (None: the built-in paths); a session of several
+        has no baseline."""
         names = self.externals
         return names[0] if names else None
 
@@ -155,12 +152,9 @@ class ParitySession:
         return _shown(self.baseline, self.started_in) if self.baseline else ""
 
     def settle_baseline(self, rootpath: pathlib.Path) -> None:
-        """Check the baseline before any test: in an update session, where it goes (it can
-        be written); otherwise that it exists and can judge this run, loaded. pytest.UsageError
-        (one line, with the command that writes it) when not."""
+        """Check the baseline before any test: in an update session that it can be written, otherwise that
+        it exists and can judge this run (loaded); pytest.UsageError naming the command that writes it."""
         if (self.update or self.baseline) and len(self.externals) > 1:
-            # A baseline file holds one implementation's rows (its name in the header), as
-            # `mhc-parity baseline --impl` writes it.
             raise pytest.UsageError(
                 f"mhc-parity: a baseline holds the rows of one implementation; {self.implementation} gives "
                 f"{len(self.externals)} ({', '.join(self.externals)}): name a factory of one, or run without "
@@ -206,15 +200,13 @@ class ParitySession:
             self.summary_lines.append(f"mhc-parity: {gain_note}")
 
     def settle_report(self) -> None:
-        """Refuse a report folder that holds files but no run (`foreign_folder_problem`) before
-        any test, rather than at the session's end: writing it would replace them."""
+        """Refuse a report folder holding files but no run before any test, not at the session's end."""
         problem = foreign_folder_problem(self.report) if self.report else ""
         if problem:
             raise pytest.UsageError(f"mhc-parity: --parity-report: {problem}")
 
     def refusal(self, baseline: LoadedRun, current: LoadedRun) -> str:
-        """Why `baseline` cannot judge `current` (`mhc_parity.reports.comparability`'s refusals, in this
-        plugin's words), or ""."""
+        """Why `baseline` cannot judge `current` (`comparability`'s refusals in this plugin's words), or ""."""
         if ownership_refusal(baseline, current):
             theirs = f"implementation {baseline.implementation!r}" if baseline.implementation else "the built-in paths"
             ours = f"implementation {self.external!r}" if self.external else "the built-in paths"
@@ -236,8 +228,8 @@ class ParitySession:
         return self.rows_by_case[case.name]
 
     def judged_rows(self, case) -> list[dict]:
-        """The rows of one case the session's tests judge: with implementations, theirs, every
-        one the factory gave (the reference runs as their partner, not under test); else every row."""
+        """The rows of one case the tests judge: the implementations' under test (the reference is their
+        partner), else every row."""
         rows = self.case_rows(case)
         if self.externals:
             under_test = set(self.externals)
@@ -245,18 +237,16 @@ class ParitySession:
         return rows
 
     def select(self, tests) -> None:
-        """Note the (case name, comparison) of each parity test the session will run (after
-        `-k`, `--lf` and node ids chose): a regression is reported by the first of them that
-        sees it, so the choice must be known before any test runs (and is the same on every
-        xdist worker, each of which collects the whole selection)."""
+        """Note the (case, comparison) of each selected parity test: a regression is reported by the first
+        that sees it, so this must be known before any test runs (the same on every xdist worker)."""
         by_case: dict[str, set[str]] = {}
         for case, comparison in tests:
             by_case.setdefault(case, set()).add(comparison)
         self.selected = {case: frozenset(comparisons) for case, comparisons in by_case.items()}
 
     def case_gate(self, case) -> GateResult | None:
-        """The gate of one case's rows against the baseline's rows of that case, once per
-        process; None when the session is not gated or the baseline has no row of the case."""
+        """One case's rows gated against the baseline's rows of it, once per process; None when not gated or
+        the baseline has no row of the case."""
         if self.baseline_run is None:
             return None
         if case.name not in self._case_gates:
@@ -275,8 +265,7 @@ class ParitySession:
         return self._case_gates[case.name]
 
     def comparisons_for(self, case) -> tuple[str, ...]:
-        """The comparisons a case's rows can contain in this run (in
-        `mhc_parity.harness.plugin.regressions.COMPARISON_ORDER`)."""
+        """The comparisons a case's rows can contain in this run, in `regressions.COMPARISON_ORDER`."""
         kinds = ["vs_oracle", "vs_reference"]
         if case.mesh is not None:
             kinds.append("vs_unsharded")
@@ -296,20 +285,16 @@ class ParitySession:
         return json.dumps(json_ready(self.rows_by_case))
 
     def nothing_compared(self) -> str:
-        """The error line of a session whose cases compared nothing of what it tests (`mhc-parity
-        run` exits 2 on it: `mhc_parity.reports.terminal.run_verdict`): every row of an
-        implementation under test skip/unsupported, or none, or every row of the built-in
-        paths; "" when something of each compared, or no case ran."""
+        """The error line of a session that compared nothing of what it tests (as `mhc-parity run` exits 2
+        on it); "" when something of each compared, or no case ran."""
         rows = [r for case_rows in self.rows_by_case.values() for r in case_rows]
         if not rows or not uncompared(rows, self.externals):
             return ""
         return f"{ERROR_PREFIX}{nothing_compared_message(rows, self.externals)}"
 
     def finish(self, interrupted: bool = False) -> list[str]:
-        """Write the report folder and the baseline, as asked, from the rows of the cases
-        run (no baseline after an interruption); the problems, one line each, the first
-        whether the session compared nothing of what it tests (`nothing_compared`): its tests
-        passed or were skipped, and the session fails."""
+        """Write the report folder and baseline as asked (no baseline after an interruption); the problems,
+        one line each, first whether the session compared nothing."""
         if self.update and interrupted:
             self.summary_lines.append(f"mhc-parity: interrupted; baseline {self.baseline_shown} not written")
             return []
@@ -336,8 +321,8 @@ class ParitySession:
         return problems
 
     def write_baseline(self, run: ParityRun, cases) -> list[str]:
-        """Write the baseline from `run` (the rows of `cases`), keeping the old file's rows of
-        the selected cases the session did not run; the summary lines saying what changed."""
+        """Write the baseline from `run`, keeping the old file's rows of selected cases the session did not
+        run; the summary lines saying what changed."""
         name, path, shown = self.external, pathlib.Path(self.baseline), self.baseline_shown
         frame = run.rows if name is None else implementation_rows(run.rows, name)
         if not len(frame):
@@ -378,7 +363,6 @@ class ParitySession:
         return [*_update_lines(f"mhc-parity: updated baseline {shown}", diff_baselines(old_text, text), what), *notes]
 
     def summary(self) -> list[str]:
-        """The lines of the session's "mhc-parity" section of pytest's summary."""
         lines = [f"{fmt:>8}: {path}" for fmt, path in self.report_paths.items()]
         tally = self.tally
         if self.baseline_run is not None and (tally.gated or tally.ungated):

@@ -1,9 +1,5 @@
-"""Ctrl-C and SIGTERM as one exception for the commands that write a run folder, and the
-message a stopped run prints.
-
-Light on purpose (no JAX): `merge` uses it too, and so does a run's watchdog process
-(`mhc_parity.harness.processes.watchdog`), which ends a run whose handlers cannot run.
-"""
+"""Ctrl-C and SIGTERM as one KeyboardInterrupt for the commands that write a run folder, and what a
+stopped run prints. No JAX: `merge` and the watchdog process import it."""
 
 from __future__ import annotations
 
@@ -11,23 +7,18 @@ import signal
 
 
 class SignalsInterrupt:
-    """While active, SIGINT (Ctrl-C) and SIGTERM interrupt the run: a KeyboardInterrupt whose
-    message is the signal's name; `signum` and `name` say which came.
+    """While active, SIGINT and SIGTERM raise a KeyboardInterrupt named after the signal (`signum`, `name`).
 
-    Both handlers are installed here rather than relying on Python's default SIGINT
-    handler: a process started by a parent that ignores SIGINT inherits the ignoring
-    (seen under pytest-xdist: the run finished instead of stopping), and Ctrl-C must stop
-    the run whoever started it. `mhc-parity run` installs them before it imports any `--impl`
-    module, whose import may take long.
+    Both are installed: a process whose parent ignores SIGINT inherits the ignoring (seen under
+    pytest-xdist). `mhc-parity run` installs them before it imports any `--impl` module.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
     signum = signal.SIGINT  # until a signal comes (also for a KeyboardInterrupt raised before __enter__)
 
     def __init__(self, watchdog=None):
-        """watchdog: a `mhc_parity.harness.processes.watchdog.Watchdog`, armed while these handlers are in
-        place and told each time one runs: it stops the process for them when they cannot run
-        (code under test holding the GIL)."""
+        """watchdog: a `Watchdog` armed while these handlers are in place and told each time one runs; it
+        stops the process when they cannot run (code under test holding the GIL)."""
         self.watchdog = watchdog
 
     def __enter__(self):
@@ -45,7 +36,6 @@ class SignalsInterrupt:
 
     @property
     def name(self) -> str:
-        """e.g. "SIGINT"."""
         return signal.Signals(self.signum).name
 
     @property

@@ -1,24 +1,8 @@
-"""`mhc-parity run --jobs N`: the runner's cases spread over N worker processes.
-
-`ParallelRunner` has the `mhc_parity.harness.engine.runner.Runner` interface the run command uses
-(`run(cases, plan)` yielding (case, rows) in the cases' order, `timings`,
-`work_counts()`), so everything after it — the row stream, the manifest, the reports,
-Ctrl-C — is the single-process run's. Each case goes to the next free worker; its rows
-are what a single process would make (every row is a function of the case, its fixture,
-the oracle and the compiled programs, none of which depend on the process), and they are
-yielded in selection order (the cases are handed out the costliest first:
-`mhc_parity.harness.engine.case_cost`), so the row stream and the reports are identical apart from
-the timing columns.
-
-Workers fork from a server process that imported their modules but never started JAX
-(`mhc_parity.harness.processes.worker_processes`; a forked JAX runtime would be unsafe, so each worker checks),
-take on the parent's environment, call
-`mhc_parity.harness.env.ensure_host_devices()` before JAX starts, then turn on the persistent
-compilation cache, so workers share compiled programs, fixtures and oracle answers
-through the cache folder. They ignore SIGINT: the parent handles Ctrl-C (and SIGTERM) as
-a single-process run does and terminates them. They end with the parent however it ends,
-whatever they run then (`worker_processes.end_with_parent`).
-"""
+"""`mhc-parity run --jobs N`: the runner's cases spread over N worker processes. `ParallelRunner` has
+`Runner`'s `run` interface, so the row stream, manifest, reports and Ctrl-C are the single-process
+run's; a case's rows are what one process would make, yielded in selection order. Workers fork from
+a server that never started JAX (`worker_processes`), share the cache folder, ignore SIGINT (the
+parent handles it and terminates them) and end with the parent however it ends."""
 
 from __future__ import annotations
 
@@ -57,13 +41,9 @@ WORKER_MEMORY_BYTES = int(3.0 * 2**30)
 
 
 def auto_jobs(case_count: int) -> int:
-    """`--jobs auto`: a worker per CPU core when the paths run on the CPU, no more than the
-    available memory holds (`WORKER_MEMORY_BYTES` each) or there are cases; 1 when the
-    default backend is an accelerator, which one process owns.
-
-    Workers beat one process working ahead in threads, whose metrics and lowering share
-    one thread and all its Python one GIL (`make bench` measures both).
-    """
+    """`--jobs auto`: a worker per CPU core when the paths run on the CPU, no more than the available memory
+    holds (`WORKER_MEMORY_BYTES` each) or there are cases; 1 on an accelerator, which one process owns.
+    Workers beat one process's threads, which share one GIL (`make bench` measures both)."""
     if jax.default_backend() != "cpu":
         return 1
     cores = os.cpu_count() or 1
@@ -169,12 +149,9 @@ class ParallelRunner:
     def run(
         self, cases: Iterable, plan: PathPlan, *, on_case_start=None, on_step: StepCallback | None = None
     ) -> Iterator[tuple[object, list[dict]]]:
-        """Yield (case, its rows) for each case in order; the work runs in the workers.
-
-        on_case_start is told when the parent starts waiting for a case; on_step, with the
-        stages the workers relay (`mhc_parity.harness.processes.step_relay`). A worker's
-        exception is raised here, as the single-process runner would raise it.
-        """
+        """Yield (case, its rows) for each case in order, the work done in the workers. `on_case_start` is
+        told when the parent starts waiting for a case; `on_step` gets the stages the workers relay. A
+        worker's exception is raised here, as the single-process runner would raise it."""
         cases = list(cases)
         if not cases:
             return

@@ -1,11 +1,5 @@
-"""`mhc-parity run --shard K/N`: a deterministic 1/N of the selected cases, for N machines.
-
-The selection's case names are sorted and dealt round-robin: the case at position i of
-the sorted names belongs to shard (i mod N) + 1. A shard runs its cases in the
-selection's order. The split depends on nothing but the names, so N jobs given the
-same selection cover it exactly once, on any machine; `mhc-parity merge` checks that
-(`mhc_parity.harness.commands.merge`).
-"""
+"""`mhc-parity run --shard K/N`: the selection's sorted case names dealt round-robin (position i to
+shard (i mod N) + 1), so N jobs given one selection cover it exactly once on any machine."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The stages of cases running in worker processes, relayed to the parent's progress line.
-
-A worker posts (case name, stage) on a queue as its runner moves on (`poster`); a thread in
-the parent reads them and calls the run's `on_step` with the parent's case object
-(`StepRelay`), so `--jobs N` shows "compiling programs" or "oracle" as one process does.
-Progress only: a message lost (a worker killed mid-post) changes no row.
-"""
+"""Worker processes' case stages relayed to the parent's progress line: `poster` in the worker,
+`StepRelay` in the parent. Progress only: a message lost changes no row."""
 
 from __future__ import annotations
 

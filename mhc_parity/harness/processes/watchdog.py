@@ -1,28 +1,9 @@
-"""A run's watchdog: SIGINT and SIGTERM stop `mhc-parity run` whatever its code under test does.
-
-Python runs a signal's handler in the main thread, between bytecodes, holding the GIL. Code
-under test blocked in native code that keeps the GIL (a C extension that does not release
-it; a call through `ctypes.PyDLL`) holds the handler off for as long as it blocks, and the
-signal seems to do nothing. The kernel still delivers it, though, and Python's C-level
-handler still runs: given a wakeup fd (`signal.set_wakeup_fd`) it writes the signal's number
-there, GIL or not. That fd is a pipe to this module's watchdog, a small process of its own
-(no JAX; in a process group of its own, so that Ctrl-C at a terminal reaches the command
-only). The command's Python handler, when it runs, says so on the same pipe
-(`Watchdog.acknowledge`).
-
-A signal's byte without that word within `STUCK_GRACE_S` means the command cannot run
-Python: the watchdog does what the handler would have done (the manifest "interrupted" with
-the signal's name, the message naming the command that resumes the run), then ends the
-command by the same signal, made fatal on its second delivery while the watchdog is armed
-(SA_RESETHAND), so the shell sees 130 or 143 as it would have; where that cannot be arranged,
-by SIGKILL. A handler that ran but whose cleanup is then held off the same way gets
-`CLEANUP_GRACE_S`. The pipe's write end is the command's alone: when the command ends,
-however it ends (kill -9 included), the watchdog reads end-of-file and ends too, marking
-the manifest "interrupted" first if a signal came and the manifest still says "running".
-
-A run with workers (`--jobs N`) needs none of this for its workers: they end with the
-command by the kernel's hand (`mhc_parity.harness.processes.worker_processes.end_with_parent`).
-"""
+"""A run's watchdog: SIGINT and SIGTERM stop `mhc-parity run` even while code under test holds the GIL
+in native code, where Python's handlers cannot run. Python's C-level handler still writes the
+signal's number to a wakeup fd (`signal.set_wakeup_fd`): a pipe to this small process (no JAX, its own
+process group). Unacknowledged by the handler within `STUCK_GRACE_S`, the watchdog marks the manifest
+interrupted, prints the resume line and ends the command by the same signal (SA_RESETHAND makes its
+second delivery fatal), else SIGKILL. It ends itself at the pipe's end-of-file."""
 
 from __future__ import annotations
 
@@ -44,7 +25,7 @@ from mhc_parity.harness.processes.interrupts import interruption_message
 # within milliseconds when the main thread can get the GIL, even on a loaded machine).
 STUCK_GRACE_S = 3.0
 # How long a handler that ran has to end the run (the runner gives programs being compiled
-# 5 s: `mhc_parity.harness.engine.runner.STOP_GRACE_S`) before the watchdog takes over all the same.
+# 5 s: `mhc_parity.harness.engine.cases_ahead.STOP_GRACE_S`) before the watchdog takes over all the same.
 CLEANUP_GRACE_S = 30.0
 # How long the command has to end by its signal before SIGKILL.
 KILL_GRACE_S = 5.0

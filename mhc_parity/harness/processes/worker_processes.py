@@ -1,30 +1,8 @@
-"""How `mhc-parity run --jobs N` starts its worker processes: forked from a server that imported them.
-
-A spawned worker first imports JAX, Flax and the harness, every worker of every run,
-before its first case. Instead the workers come from
-multiprocessing's "forkserver": one server process per command imports `WORKER_MODULES`
-once, then forks each worker from itself. The command line starts the server before its
-own imports (`mhc_parity.harness.cli`), so the two import at once and the workers are ready when
-the parent is. The server never starts a JAX backend (importing a module starts none:
-tests/test_import_graph.py), so a forked worker's JAX is as fresh as a spawned one's and
-sets its XLA flags before the backend starts, as before. A platform without forkserver
-(Windows) spawns.
-
-A worker ends when the command's process does, however that ends: a kill -9 runs no
-cleanup, and a worker blocked on its task queue would never see end-of-file (it holds a
-write end of that queue itself). On Linux the kernel sees to it, whatever the worker runs
-(`end_with_parent`, PR_SET_PDEATHSIG): the fork server is killed when the command ends, and
-each worker when the fork server does. A watcher thread (`exit_with`) does it elsewhere,
-but a thread needs the GIL, which code under test blocked in native code may hold. The
-resource tracker then ends by itself once no process holds its pipe.
-
-A forked worker inherits the server's environment, from when the server started, not
-the parent's when the pool is made (multiprocessing hands it the parent's working folder
-and sys.path, not its environment), so the parent passes its os.environ — which holds the
-cache folder and XLA_FLAGS — and the worker adopts it first (`adopt_environment`).
-
-Light on purpose: this module imports neither JAX nor anything that does.
-"""
+"""How `mhc-parity run --jobs N` starts its workers: forked from multiprocessing's fork server, which
+imports `WORKER_MODULES` once and never starts a JAX backend (spawned where there is no fork server).
+A worker ends when the command does, however it ends (`end_with_parent`, `exit_with`: a kill -9 runs no
+cleanup, and a worker blocked on its task queue holds a write end of it, so never sees end-of-file). It
+adopts the parent's os.environ (`adopt_environment`), since a forked one inherits the server's. No JAX here."""
 
 from __future__ import annotations
 
@@ -69,12 +47,10 @@ def worker_context(preload: tuple[str, ...] = ()) -> multiprocessing.context.Bas
 
 
 def project_modules(modules) -> list[str]:
-    """The names among `modules` inside this project's namespace: an `--impl` of one of its own
-    modules (`mhc_parity.maxtext_parity` above all: importing MaxText takes seconds) can be
-    imported by the fork server, so that every worker starts with it imported. The project's
-    modules start no JAX backend when imported (tests/test_import_graph.py), which a forked
-    worker must not inherit; a user's module might, so it is imported by each worker itself.
-    A module that cannot be imported is left for the worker to report (the server skips it)."""
+    """The names among `modules` inside this project's namespace, which the fork server may import for
+    every worker (`mhc_parity.maxtext_parity`: MaxText takes seconds to import). A user's module might
+    start a JAX backend, which a forked worker must not inherit, so each worker imports it itself. The
+    server skips a module that cannot be imported."""
     return [name for name in dict.fromkeys(modules) if name == _NAMESPACE or name.startswith(_NAMESPACE + ".")]
 
 
@@ -119,13 +95,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def end_with_parent() -> bool:
-    """Have the kernel SIGKILL this process when its parent ends (Linux's PR_SET_PDEATHSIG),
-    whatever it runs then; exit at once if the parent ended already. False where the kernel
-    cannot be asked (not Linux).
-
-    The parent is the thread that started this process: the process ends when that thread
-    does, so a process started this way must be started from a thread that lives as long
-    as its process (`start_worker_server`)."""
+    """Have the kernel SIGKILL this process when its parent ends (PR_SET_PDEATHSIG), whatever it runs then;
+    exit at once if the parent ended already; False off Linux. The parent is the thread that started
+    this process, so start it from a thread that lives as long as the process."""
     if not sys.platform.startswith("linux"):
         return False
     parent = os.getppid()
@@ -170,11 +142,8 @@ def exit_with(pid: int, *, poll_s: float = 1.0) -> threading.Thread:
 
 
 def peak_resident_bytes() -> int | None:
-    """This process's peak resident memory so far, in bytes (None where `resource` is missing).
-
-    A forked worker is not a child of the command's process, so that process's
-    RUSAGE_CHILDREN never sees it: workers report their own peak with their rows.
-    """
+    """This process's peak resident memory in bytes (None without `resource`). A forked worker is no child
+    of the command's process (its RUSAGE_CHILDREN never sees it): workers report their own with their rows."""
     if resource is None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -219,10 +188,8 @@ def memory_in_use_bytes() -> int | None:
 
 
 def available_memory_bytes() -> int | None:
-    """The memory the system can give new processes (Linux's MemAvailable), or None if unknown.
-
-    Under `$MHC_PARITY_MEMORY_LIMIT` (`memory_limit_bytes`), no more than that limit less what
-    is in use (MemTotal − MemAvailable)."""
+    """The memory the system can give new processes (MemAvailable), no more than `$MHC_PARITY_MEMORY_LIMIT`
+    less what is in use; None if unknown."""
     meminfo = _meminfo_kib()
     if "MemAvailable" not in meminfo:
         return None

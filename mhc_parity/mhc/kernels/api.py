@@ -1,11 +1,6 @@
-"""Public kernel path: `pre` and `post` with custom VJPs, validation and token sharding.
-
-Structure: `pre`/`post` validate, then (via `mhc_parity.mhc.sharding.run_token_sharded`) call the
-per-shard functions `_pre_local` / `_post_local` either directly or inside a token
-`shard_map`. The per-shard functions flatten tokens and call `jax.custom_vjp`
-functions whose forward and backward are the Pallas kernels. The custom VJP sits
-*inside* the shard_map, so its backward sees per-shard weight gradients and sums them
-with `psum_to_primal_vma` (a no-op when unsharded).
+"""Public kernel path: `pre` and `post` validate, then run `_pre_local` / `_post_local` per
+shard (`run_token_sharded`), whose `jax.custom_vjp` forward and backward are the Pallas kernels.
+The custom VJP sits inside the shard_map, so its backward sums per-shard weight gradients itself.
 """
 
 from __future__ import annotations
@@ -44,11 +39,8 @@ def _check_config(config: MhcConfig) -> None:
 
 
 def token_block(tokens: int, requested: int, what: str) -> int:
-    """The token block for `tokens` per-shard tokens: `requested` clamped to `tokens`.
-
-    Raises UnsupportedInputError unless the block divides the tokens and is a multiple
-    of 8 (Mosaic's sublane rule) or all of them.
-    """
+    """`requested` clamped to `tokens`; UnsupportedInputError unless it divides them and is a
+    multiple of 8 or all of them."""
     if requested < 1:
         raise UnsupportedInputError(f"{what} must be positive, got {requested}")
     block = min(requested, tokens)
@@ -72,13 +64,8 @@ def feature_block(embedding: int, requested: int) -> int:
 
 
 def _check_vma(kernel: KernelConfig) -> bool:
-    # Mosaic kernels (compiled or in the TPU interpreter) run under
-    # shard_map(check_vma=True). The interpret-mode HLO interpreter still cannot (JAX
-    # 0.12.0.1, docs/jax-notes.md): it evaluates the kernel jaxpr (traced with vma checks
-    # off, so its constants are invariant) on varying blocks, and any op mixing a constant
-    # with a block fails ("Primitive div requires varying manual axes to match"). With
-    # check_vma=False every vma is empty, `psum_to_primal_vma` is a no-op and the
-    # shard_map transpose sums the replicated weights' cotangents instead.
+    # The interpret-mode HLO interpreter cannot run under check_vma=True (docs/jax-notes.md);
+    # without it the shard_map transpose sums the replicated weights' cotangents.
     return not kernel.interpret
 
 
@@ -92,10 +79,8 @@ def _local_tokens(plan, batch: int, seq: int) -> int:
 def resolved_blocks(
     kernel: KernelConfig, config: MhcConfig, dtype, batch: int, seq: int, shards: tuple[int, int] = (1, 1)
 ) -> KernelConfig:
-    """The blocks the kernels run on (batch, seq) tokens split into `shards` = (batch shards,
-    sequence shards), as `pre` and `post` resolve them (`_resolve_blocks`; Mosaic's fitted to
-    `kernel.vmem_limit_bytes`), with the feature block clamped to the embedding. No array is
-    made: a row can say which blocks ran. UnsupportedInputError as the kernels would raise it."""
+    """The blocks `pre` and `post` run on (batch, seq) tokens split into `shards` = (batch,
+    sequence) shards, computed without arrays; UnsupportedInputError as the kernels would raise."""
     if batch % shards[0] or seq % shards[1]:
         raise UnsupportedInputError(f"{batch}x{seq} tokens do not split into {shards[0]}x{shards[1]} shards")
     local = (batch // shards[0]) * (seq // shards[1])
@@ -104,24 +89,15 @@ def resolved_blocks(
 
 
 def _resolve_blocks(kernel: KernelConfig, plan, batch: int, seq: int, config: MhcConfig, dtype) -> KernelConfig:
-    """`kernel` with the token blocks the per-shard kernels run; validates them.
-
-    Mosaic: each block is clamped to the tokens of a shard (`token_block`), then halved
-    until a grid step fits the scoped VMEM limit (`mhc_parity.mhc.kernels.vmem.fit_blocks`;
-    dtype: the activation dtype).
-    Interpret mode: each block is clamped to the tokens of the *whole* batch, i.e. it is
-    the block the unsharded program runs, also in every shard. XLA CPU compiles a token
-    block differently for different block shapes (fusion and YNNPACK choices depend on
-    them; d_x moved by an ulp between 64- and 128-token backward blocks), so a shard
-    holding fewer tokens than that block runs one block with its tokens padded (see
-    `_pad_tokens`) instead of a smaller block; that keeps the sharded path bit-identical
-    per token to the unsharded one, at the cost of computing the padding rows.
-    """
+    """`kernel` with the validated token blocks the per-shard kernels run. Mosaic: clamped to a
+    shard's tokens, then fitted to VMEM. Interpret: clamped to the whole batch's tokens, and a
+    smaller shard is padded to that block, since XLA CPU rounds differently per block shape
+    (docs/jax-notes.md): sharded runs stay bit-identical per token to unsharded ones."""
     return _resolve_blocks_for(kernel, _local_tokens(plan, batch, seq), batch * seq, config, dtype)
 
 
 def _resolve_blocks_for(kernel: KernelConfig, local: int, tokens: int, config: MhcConfig, dtype) -> KernelConfig:
-    """`_resolve_blocks` for `local` tokens a shard of the `tokens` of the whole batch."""
+    """`_resolve_blocks` for `local` tokens per shard of `tokens` in all."""
     resolved = {}
     for field in ("block_tokens", "block_tokens_bwd"):
         requested = getattr(kernel, field)
@@ -137,24 +113,17 @@ def _resolve_blocks_for(kernel: KernelConfig, local: int, tokens: int, config: M
 
 
 def _kernel_block(tokens: int, requested: int, what: str, kernel: KernelConfig) -> int:
-    """The block a kernel runs on `tokens` local tokens (`requested` is already resolved).
-
-    In interpret mode a block larger than the shard is kept (the shard is padded to it,
-    see `_resolve_blocks`); otherwise the usual `token_block` rule applies.
-    """
+    """The block a kernel runs on `tokens` local tokens; in interpret mode a larger resolved
+    block is kept (the shard is padded to it)."""
     if kernel.interpret and requested > tokens:
         return requested
     return token_block(tokens, requested, what)
 
 
 def _pad_tokens(a: jax.Array, rows: int, *, zeros: bool) -> jax.Array:
-    """Pad token-major `a` (T, ...) to `rows` tokens (no-op if it has as many).
-
-    zeros: pad with zeros (cotangents: padding rows then add exactly nothing to the
-    weight-gradient accumulators). Otherwise repeat the shard's own tokens, which are
-    as finite as the real rows (zero rows would give rsqrt(0)=inf, and NaN once
-    multiplied by a zero cotangent, with rms_epsilon=0).
-    """
+    """Pad token-major `a` (T, ...) to `rows` tokens. zeros: for cotangents (the padding adds
+    nothing to weight gradients); else repeat the shard's tokens (zero rows would give
+    rsqrt(0) = inf, then NaN, with rms_epsilon=0)."""
     t = a.shape[0]
     if t >= rows:
         return a
@@ -167,11 +136,8 @@ def _pad_tokens(a: jax.Array, rows: int, *, zeros: bool) -> jax.Array:
 
 
 def _matmul_leaves(weights: MhcWeights, dtype) -> tuple[jax.Array, ...]:
-    """(norm_scale, pre_alpha, post_alpha, res_alpha) rounded to the activation dtype.
-
-    The reference path rounds these leaves to the activation dtype before folding; the
-    kernel path does the same inside its custom VJP, whose primal leaves are float32.
-    """
+    """(norm_scale, pre_alpha, post_alpha, res_alpha) rounded to the activation dtype before
+    folding, as the reference does (the custom VJP's primal leaves are float32)."""
     return tuple(getattr(weights, f).astype(dtype) for f in ("norm_scale", "pre_alpha", "post_alpha", "res_alpha"))
 
 
@@ -218,12 +184,8 @@ def _pre_core_bwd(config, kernel, residuals, cotangents):
     d_x2 = d_x2[:t]
     # Per-shard sums -> whole-batch sums (before the fold VJP: one small all-reduce).
     d_folded = psum_to_primal_vma(d_folded, folded)
-    # Pull d_folded back through the fold in float32 (the activation-dtype cast of the
-    # fold is where the matmul operand is rounded, not part of its derivative).
-    # The derivative of the rounding to the activation dtype is taken as the identity,
-    # as autodiff does for `astype`.
-    # Taken at the rounded leaves, held in float32 so the VJP's outputs stay float32
-    # until the cross-shard sum.
+    # Back through the fold in float32 at the rounded leaves: the rounding's derivative is
+    # the identity, as autodiff takes `astype`'s.
     leaves = tuple(a.astype(jnp.float32) for a in _matmul_leaves(weights, x2.dtype))
     _, fold_vjp = jax.vjp(functools.partial(_fold_leaves, dtype=jnp.float32), *leaves)
     d_ns, d_pa, d_qa, d_ra = (
@@ -253,23 +215,17 @@ def _pre_local(config: MhcConfig, kernel: KernelConfig, x, weights):
 
 
 def pre(x: jax.Array, weights: MhcWeights, *, config: MhcConfig, kernel: KernelConfig = KernelConfig(), mesh=None):
-    """Kernel path of mHC `pre`: coefficients and the collapsed layer input.
-
-    x: (B, S, n, C) float32 or bfloat16; weights: `MhcWeights` (matmul leaves in the
-    activation dtype, gate leaves in any float dtype). mesh: a Mesh/AbstractMesh to
-    token-shard over (axes "data" × "fsdp" split batch × sequence), or None for the
-    context mesh if any (see `mhc_parity.mhc.sharding`). Returns (layer_input (B, S, C) x.dtype,
-    MhcContext(x, h_pre (B,S,n) f32, h_post (B,S,n) f32, h_res (B,S,n,n) f32)).
-    Differentiable in x and every weight leaf (Pallas backward kernels).
-    """
+    """Kernel path of mHC `pre`: x (B, S, n, C) float32 or bfloat16 -> (layer_input (B, S, C)
+    x.dtype, MhcContext with float32 h_pre, h_post (B, S, n), h_res (B, S, n, n)). Weights in
+    any float dtype. mesh: token-shard over ("data", "fsdp") = (batch, sequence), or None for
+    the context mesh if any. Differentiable in x and every weight."""
     _check_config(config)
     validate_activations(x, config.dims)
     validate_weights(weights, config)
     plan = token_sharding(mesh)
     kernel = _resolve_blocks(kernel, plan, x.shape[0], x.shape[1], config, x.dtype)
-    # Every weight leaf enters the kernels' custom VJP as float32 (exact), so each
-    # shard's weight gradient stays float32 until the cross-shard sum; autodiff of this
-    # cast rounds the summed gradient to the stored dtype once, at the end.
+    # Float32 (exact) weights: per-shard gradients stay float32 until the cross-shard sum,
+    # and this cast's autodiff rounds the sum to the stored dtype once.
     weights32 = jax.tree.map(lambda a: a.astype(jnp.float32), weights)
     fn = functools.partial(_pre_local, config, kernel)
     return run_token_sharded(fn, plan, (x,), (weights32,), out_specs=(TOKENS, TOKENS), check_vma=_check_vma(kernel))
@@ -354,12 +310,8 @@ def pre_post_shapes_ok(layer_output, context: MhcContext, config: MhcConfig) -> 
 def post(
     layer_output: jax.Array, context: MhcContext, *, config: MhcConfig, kernel: KernelConfig = KernelConfig(), mesh=None
 ):
-    """Kernel path of mHC `post`: `out = h_resᵀ·x + h_post ⊗ layer_output` per token.
-
-    layer_output: (B, S, C) float32/bfloat16; context: from `pre`. Returns (B, S, n, C)
-    in x's dtype. Differentiable in layer_output and context.x / h_res / h_post
-    (h_pre gets a zero cotangent). mesh: as for `pre`.
-    """
+    """Kernel path of mHC `post`: `out = h_resᵀ·x + h_post ⊗ layer_output` per token, (B, S, C)
+    -> (B, S, n, C) in x's dtype. h_pre gets a zero cotangent. mesh: as for `pre`."""
     _check_config(config)
     pre_post_shapes_ok(layer_output, context, config)
     plan = token_sharding(mesh)

@@ -1,17 +1,7 @@
-"""Backward Pallas kernels of mHC-lite.
-
-* `pre_backward`: per token block, recompute the projection and coefficients, then
-  pull the cotangents of (layer_input, h_pre, h_post, h_res) back to x and to the
-  weights. d_x is written per block; the folded-projection gradient (n·C, P) and the
-  six gate-parameter gradients accumulate in resident float32 outputs across the
-  (sequential, "arbitrary") token grid.
-* `post_backward`: per token block, the cotangent of the residual mix with respect to
-  x, h_res, h_post and the layer output.
-
-The derivatives are `jax.vjp` of the same `mhc_parity.mhc.common` helpers the forward kernels use,
-traced inside the kernel body on the block's values, so forward and backward cannot
-disagree about the math. Everything is carried in float32 and cast to the primal dtype
-once, when written.
+"""Backward Pallas kernels of mHC-lite: `jax.vjp` of the forward's shared helpers inside the
+kernel body, in float32, cast to the primal dtype once when written. `pre_backward` recomputes
+the projection per token block and accumulates weight gradients in resident float32 outputs
+across a sequential token grid; `post_backward` is the residual mix's cotangent.
 """
 
 from __future__ import annotations
@@ -46,8 +36,7 @@ def _coefficients(proj, gates, perms, config: MhcConfig):
 
 
 def accumulate(ref, value) -> None:
-    """Adds one token block's weight-gradient partial (float32) to its accumulator ref (a seam
-    the fault catalogue patches)."""
+    """Add a token block's float32 weight-gradient partial (a seam the fault catalogue patches)."""
     ref[...] += value
 
 
@@ -79,9 +68,8 @@ def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
     ):
         acc_refs = (df_ref, dps, dpb, dqs, dqb, drs, drb)
         zero_fill_at_first_step(kernel, acc_refs)
-        # Float32 copies: bf16·bf16 products are exact in f32, so the recomputed
-        # projection equals the forward one up to f32 summation order, and the
-        # transposed matmuls of the vjp run in f32.
+        # bf16·bf16 products are exact in f32: the recomputed projection equals the forward
+        # one up to summation order, and the vjp's transposed matmuls run in f32.
         v32 = x_ref[...].astype(jnp.float32)
         f32 = f_ref[...].astype(jnp.float32)
         perms = perm_ref[...]
@@ -108,13 +96,9 @@ def _pre_backward_kernel(config: MhcConfig, kernel: KernelConfig):
 def pre_backward(
     x2, folded, gates, d_li, d_hpre, d_hpost, d_hres, *, config: MhcConfig, kernel: KernelConfig, block: int
 ):
-    """Cotangents of `forward.pre_forward` for T tokens.
-
-    x2: (T, n·C); folded: (n·C, P); gates: `forward.gate_operands`; d_li: (T, C);
-    d_hpre, d_hpost: (T, n) f32; d_hres: (T, n, n) f32. Returns d_x2 (T, n·C) in
-    x2.dtype, d_folded (n·C, P) f32 and the six gate gradients (1, k) f32 in
-    `gate_operands` order — sums over this shard's tokens only.
-    """
+    """Cotangents of `forward.pre_forward` for T tokens (d_li (T, C); d_hpre, d_hpost (T, n) f32;
+    d_hres (T, n, n) f32): d_x2 (T, n·C) x2.dtype, d_folded (n·C, P) f32 and the six gate
+    gradients (1, k) f32 in `gate_operands` order, summed over this shard's tokens only."""
     t, nc = x2.shape
     n, c = config.streams, config.embedding
     perms = permutation_operand(n)
@@ -153,12 +137,8 @@ def _post_backward_body(x_ref, hres_ref, hpost_ref, y_ref, g_ref, dx_ref, dhres_
 
 
 def post_backward(x3, h_res, h_post, y, g, *, kernel: KernelConfig, block: int):
-    """Cotangents of `forward.post_forward` for T tokens.
-
-    x3: (T, n, C); h_res: (T, n, n) f32; h_post: (T, n) f32; y: (T, C); g: (T, n, C)
-    cotangent of the output. Returns d_x3 (T, n, C) x3.dtype, d_h_res (T, n, n) f32,
-    d_h_post (T, n) f32, d_y (T, C) y.dtype.
-    """
+    """Cotangents of `forward.post_forward` for T tokens given g (T, n, C): d_x3 (T, n, C)
+    x3.dtype, d_h_res (T, n, n) f32, d_h_post (T, n) f32, d_y (T, C) y.dtype."""
     t, n, c = x3.shape
     tok = lambda *tail: pl.BlockSpec((block, *tail), lambda i: (i,) + (0,) * len(tail))
     inputs = [(x3, tok(n, c)), (h_res, tok(n, n)), (h_post, tok(n)), (y, tok(c)), (g, tok(n, c))]

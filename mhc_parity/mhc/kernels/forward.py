@@ -1,14 +1,7 @@
-"""Forward Pallas kernels of mHC-lite.
-
-Two kernels over token blocks (T = tokens of this shard, P = 2n + n!):
-
-* `pre_forward`: the fused RMS-norm projection, the three gates, the permutation mix
-  and the stream collapse, reading each token's n·C inputs once.
-* `post_forward`: the residual mix plus the post gate, tiled over tokens and features.
-
-All math inside the kernel bodies is the shared helpers of `mhc_parity.mhc.common`, bound here
-by name so a fault injection can patch them for the kernel path alone
-(e.g. `mhc_parity.mhc.kernels.forward.compute_sigmoid_gate`).
+"""Forward Pallas kernels of mHC-lite over token blocks (T = tokens of this shard, P = 2n + n!):
+`pre_forward` (projection, gates, permutation mix, collapse) and `post_forward` (residual mix
+and post gate, tiled over tokens and features). The math is `mhc_parity.mhc.common`'s helpers,
+bound here by name so a fault injection can patch them for the kernel path alone.
 """
 
 from __future__ import annotations
@@ -34,21 +27,14 @@ from mhc_parity.mhc.types import MhcConfig
 
 
 def permutation_operand(n: int) -> np.ndarray:
-    """(n!, n·n) float32 NumPy constant of the permutation matrices, a kernel input.
-
-    A Pallas kernel may not capture array constants, so the matrices enter as an input
-    built here at trace time: a compile-time constant of the program, never an argument
-    of the differentiated function.
-    """
+    """(n!, n·n) float32 permutation matrices, a kernel input: a Pallas kernel may not capture
+    array constants (a compile-time constant, never a differentiated argument)."""
     return permutation_matrices(n).reshape(-1, n * n)
 
 
 def gate_operands(weights) -> tuple[jax.Array, ...]:
-    """Gate parameters as 2-D kernel operands in their stored dtype (not rounded).
-
-    Returns (pre_scale (1,1), pre_bias (1,n), post_scale (1,1), post_bias (1,n),
-    res_scale (1,1), res_bias (1,n!)); the gates upcast them to float32 themselves.
-    """
+    """Gate parameters as (1, k) operands in their stored dtype (the gates upcast them):
+    pre_scale, pre_bias, post_scale, post_bias, res_scale, res_bias."""
     return tuple(
         a.reshape(1, -1)
         for a in (
@@ -63,11 +49,7 @@ def gate_operands(weights) -> tuple[jax.Array, ...]:
 
 
 def coefficients(proj, gates, perms, config: MhcConfig):
-    """(h_pre, h_post, h_res) float32 from the projection (T, P) of a token block.
-
-    gates: the six `gate_operands` values; perms: (n!, n·n) float32. Returns
-    (T, n), (T, n), (T, n, n).
-    """
+    """Float32 h_pre (T, n), h_post (T, n), h_res (T, n, n) from a block's projection (T, P)."""
     ps, pb, qs, qb, rs, rb = gates
     pre, post, res = split_projection(proj, config.dims)
     h_pre = compute_sigmoid_gate(pre, ps, pb, epsilon=config.pre_epsilon)
@@ -96,13 +78,9 @@ def _pre_forward_kernel(config: MhcConfig):
 
 
 def pre_forward(x2: jax.Array, folded: jax.Array, gates, *, config: MhcConfig, kernel: KernelConfig, block: int):
-    """Coefficients + collapse for T tokens.
-
-    x2: (T, n·C) activation dtype; folded: (n·C, P) activation dtype
-    (`fold_norm_into_projection`); gates: `gate_operands(weights)`; block: tokens per
-    grid step (divides T). Returns layer_input (T, C) x2.dtype, h_pre (T, n) f32,
-    h_post (T, n) f32, h_res (T, n, n) f32.
-    """
+    """Coefficients + collapse for T tokens. x2: (T, n·C), folded: (n·C, P), both activation
+    dtype; block divides T. Returns layer_input (T, C) x2.dtype, float32 h_pre (T, n),
+    h_post (T, n), h_res (T, n, n)."""
     t, nc = x2.shape
     n, c = config.streams, config.embedding
     perms = permutation_operand(n)
@@ -132,11 +110,8 @@ def _post_forward_body(x_ref, hres_ref, hpost_ref, y_ref, out_ref):
 
 
 def post_forward(x3, h_res, h_post, y, *, kernel: KernelConfig, block: int, block_features: int):
-    """Residual mix + post gate for T tokens, tiled (block tokens) × (block_features).
-
-    x3: (T, n, C) activation dtype; h_res: (T, n, n) f32; h_post: (T, n) f32;
-    y (layer output): (T, C). Returns (T, n, C) in x3.dtype.
-    """
+    """Residual mix + post gate, tiled (block × block_features): x3 (T, n, C), h_res (T, n, n)
+    f32, h_post (T, n) f32, layer output y (T, C) -> (T, n, C) in x3.dtype."""
     t, n, c = x3.shape
     bf = block_features
     inputs = [

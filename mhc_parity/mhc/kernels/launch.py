@@ -1,24 +1,10 @@
-"""One `pallas_call` wrapper with the plumbing every mHC kernel needs.
+"""One `pallas_call` wrapper for every mHC kernel: output structs typed with their varying
+manual axes (`token_out_shape`), operands made varying (`to_varying`).
 
-* Output structs come from `mhc_parity.mhc.sharding.token_out_shape`, so a kernel called inside
-  `shard_map(check_vma=True)` declares the manual axes its outputs vary on.
-* Every operand is passed through `mhc_parity.mhc.sharding.to_varying`: replicated weights and
-  compile-time constants must be varying before they meet activations in a kernel.
-* Interpret mode: each output is aliased to a zeros input (varying like `like`). The
-  interpreter carries whole output buffers through a `while_loop`; the aliased zeros
-  give that buffer a defined value and type, and are the initial value of accumulator
-  outputs, so the interpret kernels need no `pl.when(step == 0)` zero-fill (which lost
-  the varying type in the interpreter under check_vma). Interpret kernels inside a
-  shard_map run with check_vma=False; see `mhc_parity.mhc.sharding`.
-* Interpret mode compiles a grid step the same way whatever the number of steps
-  (`opaque_grid`, `_pad_single_step`): XLA would otherwise delete a one-step loop and
-  fuse its body with the rest of the program, so a shard holding one block would round
-  differently from the same block in the unsharded program.
-* Mosaic mode (interpret=False): no aliases; a kernel zero-fills its accumulators at
-  the first grid step itself (an output block is never read from HBM on TPU); see
-  `zero_fill_at_first_step`. `KernelConfig.tpu_interpreter` runs that same program in
-  Pallas's TPU interpreter, which (unlike the HLO interpreter above) accepts
-  `shard_map(check_vma=True)`.
+Interpret mode aliases each output to a zeros input (the accumulators' initial value, with a
+defined type), and compiles a grid step the same at any step count (`opaque_grid`,
+`_pad_single_step`; docs/jax-notes.md). Mosaic mode zero-fills accumulators at step 0 itself
+(`zero_fill_at_first_step`: an output block is never read from HBM on TPU).
 """
 
 from __future__ import annotations
@@ -55,11 +41,8 @@ def launch(
     kernel: KernelConfig,
     semantics: tuple[str, ...],
 ):
-    """Run `body(*input_refs, *output_refs)` over `grid`; returns the list of outputs.
-
-    like: the token-major activation whose manual axes every output varies on.
-    semantics: Mosaic dimension semantics per grid axis ("parallel" / "arbitrary").
-    """
+    """Run `body(*input_refs, *output_refs)` over `grid`; the list of outputs. like: the
+    token-major activation whose manual axes every output varies on."""
     arrays = [to_varying(jnp.asarray(a), like) for a, _ in inputs]
     in_specs = [s for _, s in inputs]
     if not kernel.interpret:
@@ -76,9 +59,8 @@ def launch(
             interpret=pltpu.InterpretParams() if kernel.tpu_interpreter else False,
         )(*arrays)
 
-    # Interpret mode. One grid step must compile like any other (see `opaque_grid` and
-    # `_pad_single_step`): sharded and unsharded runs of a token differ only in how many
-    # steps their loop takes, so their per-token results are bit-identical.
+    # Interpret mode: a grid step compiles alike at any step count, so sharded and unsharded
+    # runs are bit-identical per token.
     single = bool(grid) and grid[0] == 1
     pad = lambda a, spec: _pad_single_step(a, spec, len(grid)) if single else a  # noqa: E731
     arrays = [pad(a, spec) for a, spec in zip(arrays, in_specs)]
@@ -107,37 +89,23 @@ def launch(
 
 
 def opaque_grid(grid: tuple[int, ...]) -> tuple:
-    """`grid` with its first extent hidden from XLA behind an optimization barrier.
-
-    The interpreter runs the grid as a `while_loop`. With a static extent XLA knows the
-    trip count, and a one-step loop (e.g. one token block per shard) is deleted and its
-    body inlined into the surrounding program, where it is fused with its neighbours
-    (other kernels' bodies, CSE'd broadcasts, YNNPACK fusions) differently from the
-    same body inside a multi-step loop, which changes float rounding by an ulp. A
-    runtime extent keeps a real loop for every step count.
-    """
+    """`grid` with its first extent behind an optimization barrier: XLA would delete a one-step
+    `while_loop` and fuse its body with its neighbours, rounding differently by an ulp."""
     if not grid:
         return grid
     return (jax.lax.optimization_barrier(jnp.int32(grid[0])), *grid[1:])
 
 
 def _moves_along_first_axis(spec: pl.BlockSpec, rank: int) -> bool:
-    """True if `spec`'s block changes with grid axis 0 (token-major operands)."""
+    """Whether `spec`'s block changes with grid axis 0 (token-major operands)."""
     rest = (0,) * (rank - 1)
     return tuple(spec.index_map(0, *rest)) != tuple(spec.index_map(1, *rest))
 
 
 def _pad_single_step(a, spec: pl.BlockSpec, rank: int):
-    """Append one block of zero rows to a token-major operand of a one-step grid.
-
-    Inside the interpreter's loop each step reads its block with a `dynamic_slice` of
-    the whole buffer (and writes it with a `dynamic_update_slice`). When the block *is*
-    the whole buffer XLA replaces both with the buffer itself, so the step's body
-    differs from a multi-step one and fuses differently. A buffer two blocks long keeps
-    the slices; the padded rows are never computed (the loop runs one step) and the
-    padded output rows are sliced off. `a` may be an array or a ShapeDtypeStruct (then
-    only its padded shape is returned, as a struct).
-    """
+    """Append one block of zero rows to a token-major operand (array or ShapeDtypeStruct) of a
+    one-step grid: a block that is the whole buffer loses its `dynamic_slice` and fuses
+    differently. The padded rows are never computed and are sliced off the outputs."""
     if not _moves_along_first_axis(spec, rank):
         return a
     rows = spec.block_shape[0]

@@ -1,16 +1,7 @@
-"""Lower the mHC kernel programs for TPU (Mosaic) on a machine without a TPU.
-
-`lower_kernel_programs(...)` builds four programs — pre forward, post forward, pre
-backward (VJP), post backward (VJP) — with `interpret=False` and lowers each with
-`jax.jit(f).trace(*structs).lower(lowering_platforms=("tpu",))` under an abstract TPU
-mesh (`AbstractDevice("TPU7x", N, "tpu")`), so the Mosaic lowering rules run from a CPU.
-Each program gives one frozen `LoweringResult` (name, ok, error); nothing raises, so a
-harness can emit one row per program.
-
-What this catches: Mosaic's block-shape rule, primitives without a Mosaic lowering, and
-a kernel called bare on token-sharded inputs ("Mosaic kernels cannot be automatically
-partitioned"; `bare=True` builds exactly that program). What it cannot catch: VMEM
-overflow and in-kernel layout problems, which only Mosaic's compiler on a TPU sees.
+"""Lower the four mHC kernel programs (pre/post forward and backward) for TPU from a CPU,
+under an abstract TPU mesh; one `LoweringResult` per program, never raising. Catches Mosaic's
+block rule, primitives without a Mosaic lowering and a kernel called bare on sharded inputs;
+not VMEM overflow or layout problems, which only Mosaic's compiler sees (docs/jax-notes.md).
 """
 
 from __future__ import annotations
@@ -43,12 +34,8 @@ class LoweringResult:
 
 
 def abstract_tpu_mesh(mesh_shape: tuple[int, ...] = (), axis_names: tuple[str, ...] = ()) -> AbstractMesh:
-    """An AbstractMesh of TPU devices (() -> one device), for lowering without a TPU.
-
-    Its axes are `Auto`, as a training mesh's are (`jax.sharding.Mesh`'s default);
-    `AbstractMesh`'s own default is `Explicit`, under which a program stops at a
-    sharding-in-types check before any kernel lowers.
-    """
+    """An AbstractMesh of TPU devices (() -> one device). Axes are `Auto`, as a training mesh's:
+    under `AbstractMesh`'s default `Explicit` a sharding-in-types check stops before any kernel lowers."""
     size = 1
     for s in mesh_shape:
         size *= s
@@ -61,11 +48,8 @@ def abstract_tpu_mesh(mesh_shape: tuple[int, ...] = (), axis_names: tuple[str, .
 
 
 def lower_for_tpu(program: str, fn, structs, mesh: AbstractMesh) -> LoweringResult:
-    """Lower `jax.jit(fn)` at `structs` for TPU under `mesh`; never raises.
-
-    Returns LoweringResult(ok=True) iff the lowered module contains a Mosaic
-    `tpu_custom_call` (a program that silently lost its kernels is not a success).
-    """
+    """Lower `jax.jit(fn)` at `structs` for TPU under `mesh`; never raises. ok only if the
+    module contains a `tpu_custom_call` (a program that lost its kernels is no success)."""
     start = time.perf_counter()
     try:
         with jax.sharding.use_abstract_mesh(mesh):
@@ -82,9 +66,8 @@ def lower_for_tpu(program: str, fn, structs, mesh: AbstractMesh) -> LoweringResu
 
 
 def weight_structs(config: MhcConfig, dtype, sharding=None) -> dict[str, jax.ShapeDtypeStruct]:
-    """Every weight leaf by field name as the kernels' lowered programs take it: matmul leaves
-    in the activation `dtype`, gate scales and biases float32; with `sharding` (the
-    activations' `NamedSharding`), replicated on its mesh."""
+    """Weight structs by field name: matmul leaves in `dtype`, gate leaves float32; replicated
+    on `sharding`'s mesh where given."""
     replicated = None if sharding is None else NamedSharding(sharding.mesh, PartitionSpec())
     return {
         name: jax.ShapeDtypeStruct(shape, dtype if name in MATMUL_FIELDS else jnp.float32, sharding=replicated)
@@ -117,12 +100,8 @@ def kernel_programs(
     mesh: AbstractMesh | None = None,
     bare: bool = False,
 ):
-    """{program name: (fn, structs)} for the four kernel programs, Mosaic mode.
-
-    mesh: an abstract TPU mesh with token axes; the inputs are sharded on
-    P("data", "fsdp") over it. bare: call the per-shard kernels directly on those
-    sharded inputs (no shard_map) — the program a missing shard_map produces.
-    """
+    """{program name: (fn, structs)} for the four kernel programs, Mosaic mode; inputs sharded
+    on P("data", "fsdp") over `mesh`. bare: the per-shard kernels called without shard_map."""
     kernel = dataclasses.replace(kernel, interpret=False)
     sharding = None
     if mesh is not None:
@@ -176,13 +155,8 @@ def lower_kernel_programs(
     bare: bool = False,
     programs: tuple[str, ...] = PROGRAMS,
 ) -> list[LoweringResult]:
-    """Lower the kernel programs for TPU from any host; one LoweringResult per program.
-
-    mesh_shape: () for one device, else the abstract TPU mesh shape over `axis_names`
-    (e.g. (2, 4) over ("data", "fsdp")) — the sharded programs run in a token
-    shard_map. bare: see `kernel_programs`. Building a program that raises (e.g.
-    UnsupportedInputError) is reported as a failed row too.
-    """
+    """Lower the kernel programs for TPU; one LoweringResult per program, failed ones included
+    (also where building raises). mesh_shape: () for one device, else e.g. (2, 4) over `axis_names`."""
     names = axis_names[: len(mesh_shape)] if mesh_shape else ()
     mesh = abstract_tpu_mesh(tuple(mesh_shape), tuple(names))
     results = []

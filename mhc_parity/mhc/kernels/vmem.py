@@ -1,24 +1,7 @@
-"""VMEM per grid step of the Mosaic kernels, and token blocks that fit the scoped limit.
-
-Mosaic double-buffers every block a kernel reads or writes (the next step's DMA overlaps this
-step's work), holds the blocks that stay the same at every step (weights, accumulators) the
-same way, and keeps the body's intermediate values in VMEM too. All of it must fit the scoped
-VMEM limit (`KernelConfig.vmem_limit_bytes`), or the compiler stops with
-`CompileTimeScopedVmemOom`. What a step needs grows with its blocks, never with the array: a
-block that asks too much is halved here until the estimate fits (`fit_blocks`), and a kernel
-whose resident blocks alone do not fit is refused with both figures.
-
-The estimate (`step_bytes`) counts each block at its VMEM tile size (the last two dimensions
-rounded up to the (sublanes, 128 lanes) tile of its dtype), twice for double buffering, plus
-the body's float32 working values (`_WORKING_COPIES` per kernel: the float32 copies and
-products of its widest block that the body holds at once). It is meant to be an upper
-bound, and errs high: libtpu 0.0.50.1's compiler asked 33.51 MiB for the step it refused
-(post_forward, float32, embedding 1024, 512 tokens x 512 features, v5e), where this estimate
-says 46.5 MiB; with the fitted blocks every `tpu` suite case's four programs compile for
-v5e, v6e and v5p (`mhc-parity run --suite tpu`; tests/test_vmem.py compiles one).
-Only Mosaic blocks are fitted: the interpret path's blocks are the case's own (its numbers
-must not depend on a TPU's memory), and a fitted block changes no token's arithmetic, only
-the order in which the backward kernels sum weight gradients over token blocks.
+"""VMEM per grid step of the Mosaic kernels (an upper bound: double-buffered blocks in whole
+tiles, plus float32 working values), and `fit_blocks`, which halves blocks until a step fits
+the scoped limit. Only Mosaic blocks are fitted (interpret numbers must not depend on a TPU's
+memory); a fitted block changes only the order backward kernels sum weight gradients in.
 """
 
 from __future__ import annotations
@@ -43,13 +26,12 @@ _WORKING_COPIES = {"pre_forward": 3, "pre_backward": 5, "post_forward": 2, "post
 
 
 def _sublanes(dtype: np.dtype) -> int:
-    """Rows of a VMEM tile: 8 for 32-bit values, 16 for 16-bit ones (packed two to a word)."""
+    """Rows of a VMEM tile: 8 for 32-bit values, 16 for 16-bit ones (two to a word)."""
     return SUBLANES * max(1, 4 // dtype.itemsize)
 
 
 def tile_bytes(shape: tuple[int, ...], dtype) -> int:
-    """Bytes of a VMEM buffer of `shape` in `dtype`: its last two dimensions rounded up to a
-    (sublanes, 128) tile; a 1-D shape is one row."""
+    """Bytes of a VMEM buffer: the last two dims rounded up to a (sublanes, 128) tile; 1-D is one row."""
     dtype = np.dtype(dtype)
     *lead, rows, cols = (1, *shape) if len(shape) == 1 else shape
     padded = math.ceil(rows / _sublanes(dtype)) * _sublanes(dtype) * math.ceil(cols / LANES) * LANES
@@ -72,11 +54,8 @@ class StepBytes:
 
 
 def step_bytes(kernel: str, config: MhcConfig, dtype, block: int, block_features: int = 0) -> StepBytes:
-    """The estimated VMEM of one grid step of `kernel` ("pre_forward", ...).
-
-    dtype: the activation dtype; block: tokens per step; block_features: the post-apply
-    kernel's feature block (post_forward only; 0 elsewhere).
-    """
+    """The estimated VMEM of one grid step of `kernel` ("pre_forward", ...) for activation
+    `dtype`; block_features: post_forward's feature block only."""
     act = np.dtype(dtype)
     n, c = config.streams, config.embedding
     nc, p = n * c, config.dims.projection_width
@@ -137,13 +116,9 @@ def _fitted(kernels, config, dtype, tokens: int, block: int, limit: int, field: 
 
 
 def fit_blocks(kernel: KernelConfig, config: MhcConfig, dtype, local_tokens: int) -> KernelConfig:
-    """`kernel` with Mosaic token blocks (and the post-apply feature block) halved until every
-    kernel's estimated step fits `kernel.vmem_limit_bytes`.
-
-    kernel: blocks already resolved for `local_tokens` (the tokens of one shard); dtype: the
-    activation dtype. Raises UnsupportedInputError, naming what a step needs and the limit,
-    when no block that divides the tokens fits.
-    """
+    """`kernel` (blocks resolved for one shard's `local_tokens`) with token and feature blocks
+    halved until every kernel's step fits `vmem_limit_bytes`; UnsupportedInputError naming
+    both figures when no block dividing the tokens fits."""
     limit = kernel.vmem_limit_bytes
     features = min(kernel.block_features, config.embedding)
     # The feature block first: it is the post-apply kernel's only other dimension.

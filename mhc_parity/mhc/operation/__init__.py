@@ -1,13 +1,6 @@
-"""What a parity run needs to know of the mHC layer, in one place: the operation's side of
-the engine's seam (`mhc_parity.harness.engine.operation.Operation` is the interface; a second
-operation is a second package like this one).
-
-    leaves        the leaves a run compares, their dtypes and kinds, the weight names
-    layers        how a path's forward is built from this project's layer
-    oracle_draws  the float64 oracle run on a fixture, and its rounding model's units
-    hypotheses    roundings the model does not allow, through the oracle: a failing leaf's causes
-
-Imports nothing of the project outside `mhc`.
+"""The mHC layer's side of the engine's seam (`mhc_parity.harness.engine.operation.Operation`):
+its leaves (`leaves`), how a path's forward is built (`layers`), the float64 oracle on a fixture
+(`oracle_draws`) and a failing leaf's candidate causes (`hypotheses`). Imports nothing outside `mhc`.
 """
 
 from mhc_parity.mhc.operation.hypotheses import hypotheses, hypothesis_draws, hypothesis_responses, name_problem
@@ -22,10 +15,8 @@ from mhc_parity.mhc.operation.leaves import (
 from mhc_parity.mhc.operation.oracle_draws import oracle_chunks, oracle_draws, oracle_key, oracle_unit_roundoffs
 
 NAME = "mhc"
-# Where the code of each kind of answer lives, for the stores' keys (`mhc_parity.records.code`): only
-# the oracle runs `ORACLE_MODULES`, only a path's program `PROGRAM_MODULES`, and only the
-# kernel paths `KERNEL_MODULES`; so an oracle edit keeps compiled programs, a layer edit
-# keeps oracle answers, a kernel edit keeps the reference's programs.
+# The code each kind of answer depends on, for the stores' keys: an oracle edit keeps compiled
+# programs, a layer edit keeps oracle answers, a kernel edit keeps the reference's programs.
 ORACLE_MODULES = (
     "mhc_parity.mhc.oracle",
     "mhc_parity.mhc.oracle_chunks",
@@ -34,8 +25,8 @@ ORACLE_MODULES = (
     "mhc_parity.mhc.oracle_fits",
     "mhc_parity.mhc.operation.hypotheses",
 )
-# The methods of an external implementation run inside this project's layer (`mhc_parity.mhc.layer`'s
-# `implementation`): `pre(x, weights, *, config)` and `post(layer_output, context, *, config)`.
+# An external implementation run inside this project's layer provides
+# `pre(x, weights, *, config)` and `post(layer_output, context, *, config)`.
 EXTERNAL_HOOKS = ("pre", "post")
 PROGRAM_MODULES = ("mhc_parity.mhc.operation.layers",)
 KERNEL_MODULES = ("mhc_parity.mhc.kernels",)

@@ -1,25 +1,9 @@
 """What may have caused a failing leaf: roundings the model does not allow, run through the oracle.
 
-A correct path rounds each value of the layer in the precision class its site names
-(`mhc_parity.mhc.rounding_model.ROUNDING_SITES`). A precision bug rounds one of them more coarsely. For a case,
-`hypotheses` lists every such rounding the rounding model does not already allow: each site,
-its forward value and its cotangent apart, held in the activation dtype and in bfloat16
-(round to nearest), and the gate parameters per gate (the pre/post gates and the residual
-gate named apart, as the upstream bug rounds them). `hypothesis_draws` runs them through
-`mhc_parity.mhc.oracle_roundings` on the case's fixture: each draw's error against the exact oracle is
-what that bug would compute.
-
-A correct path accumulates every contraction (`mhc_parity.mhc.rounding_model.CONTRACTIONS`) in float32; each
-contraction's value and each operand's cotangent summed in a narrower dtype is a hypothesis
-too, term by term (a loop, or a backend's narrow reduction) and in blocks (a kernel adding a
-tile's partial sum to a narrow accumulator). Its error depends on the order of the sum, so it
-is matched by size (kind "accumulation"). The whole sum rounded once is a rounding (matched
-value for value), where the model has no site for it (the RMS statistic's sum of squares).
-
-A site of one value per token (`mhc_parity.mhc.oracle_fits.FITTED_SITES`: the RMS statistic) may be off by
-any amount per token, where a bug computes it in a narrow dtype: several roundings and a sum in
-an order of its own. Such a hypothesis (kind "fitted") is the oracle's linear response to an error
-there (`hypothesis_responses`), whose per-token sizes are fitted to the candidate's error.
+`hypotheses` lists, per case, each site's value or cotangent rounded coarser than its class
+allows (gate parameters per gate), each contraction summed in a narrow dtype (matched by size:
+its error depends on the order), fitted per-token errors of the RMS statistic, and the
+backend's own primitives. `hypothesis_draws` / `hypothesis_responses` run them on a fixture.
 """
 
 from __future__ import annotations
@@ -66,8 +50,7 @@ SITE_WORDS: Mapping[str, str] = {
     "residual_mix": "the residual mix",
     "out": "the layer output",
 }
-# The gate parameters by gate: the pre and post gates and the residual gate apart. A rounding
-# of the pre/post gates and one of the residual gate may pair (they are different places).
+# A rounding of the pre/post gates and one of the residual gate may pair (different places).
 GATE_GROUPS: Mapping[str, tuple[str, ...]] = {
     "the pre gate": ("pre_scale", "pre_bias"),
     "the post gate": ("post_scale", "post_bias"),
@@ -76,11 +59,8 @@ GATE_GROUPS: Mapping[str, tuple[str, ...]] = {
 }
 
 
-# The blocks an accumulation hypothesis sums exactly before each narrow addition: 1 (term by
-# term) and a kernel's tile along the lanes.
-ACCUMULATION_BLOCKS = (1, 128)
-# The contractions of a gate's parameters (`mhc_parity.mhc.rounding_model.CONTRACTIONS`): their gradients sum over
-# the tokens, narrowly only where the parameters are held narrow (`_gate_held_narrow`).
+ACCUMULATION_BLOCKS = (1, 128)  # term by term, and a kernel's tile along the lanes
+# Summed narrowly only where the gate parameters are held narrow (`_gate_held_narrow`).
 GATE_CONTRACTIONS = ("gate_scale", "gate_bias")
 # The suffix of a gate hypothesis whose gradients the backend sums narrowly.
 BACKEND_SUMS = "backend_sums"
@@ -90,23 +70,11 @@ BACKEND_SUMS = "backend_sums"
 class Hypothesis:
     """One candidate cause of a failing leaf.
 
-    name: a stable identifier ("round:<site>[/<group>]:<direction>:<dtype>", or
-    "accumulate:<contraction>:<output>:<dtype>:<block | once>", or "fit:<site>:<backward>", or
-    "backend:<primitive>[+<primitive>...]:float32");
-    label: the cause in words; kind: "rounding" (matched value for value), "accumulation"
-    (matched by size), "fitted" (its per-token sizes fitted) or "backend" (the backend's own
-    float32 primitives, matched value for value); family: the place it rounds
-    ("<site>:<direction>"; two of one family are never a pair); roundings: what the oracle
-    rounds and sums narrowly to reproduce it; site, backward: a fitted hypothesis' site and how
-    its gradients see the error (`mhc_parity.mhc.oracle_fits.site_response`); ordered: its error depends
-    on the order of a narrow sum (a sharded path sums in another order); primitives: a backend
-    hypothesis' primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`); backend_sum_weights: the
-    weights whose gradients a backend sums narrowly in its own order: drawn in the host CPU's
-    order (`BACKEND_ORDER`, where `ordered`) or rounded once (a cast); a path on another backend
-    (a TPU) sums them in that backend's order, so there those gradients' values are not its
-    prediction, only their size (`causes.off_backend_errors`); variant_of: the hypothesis whose
-    forward values it has, with another backward (named only where a failing leaf tells them
-    apart).
+    name: stable, in `name_problem`'s grammar. kind: "rounding" and "backend" (matched value for
+    value), "accumulation" (by size) or "fitted". family: the place it rounds (two of one family
+    never pair). ordered: its error depends on a narrow sum's order. backend_sum_weights: weights
+    whose gradients a backend sums narrowly in its own order (off the host, only their size is a
+    prediction). variant_of: the hypothesis with its forward values and another backward.
     """
 
     name: str
@@ -142,12 +110,8 @@ def _words(site: str, direction: str, group: str = "") -> str:
 
 
 def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
-    """The roundings the rounding model does not allow for `case`, as `Hypothesis`es.
-
-    branch: the case's `mhc_parity.cases.branches.Branch` (its own sites join the layer's); units: the
-    model's unit roundoff per precision class (`mhc_parity.mhc.rounding_model.unit_roundoffs`). A rounding to a
-    dtype whose unit roundoff is not above the site's allowed one is legitimate and left out.
-    """
+    """Every `Hypothesis` for `case`: roundings coarser than `units` (per precision class) allow
+    at the layer's and `branch`'s sites, then accumulations, fitted and backend ones."""
     sites = {**rounding_model.ROUNDING_SITES, **dict(branch.rounding_sites)}
     dtypes = list(dict.fromkeys([case.dtype, "bfloat16"]))
     found = []
@@ -157,8 +121,7 @@ def hypotheses(case, branch, units: Mapping[str, float]) -> list[Hypothesis]:
         groups = GATE_GROUPS if site_name == "gate_weight" else {"": ()}
         for direction in ("forward", "backward"):
             for dtype in dtypes:
-                # The exact inputs are already in the activation dtype: rounding them there is
-                # nothing; and nothing flows back through the output cotangent.
+                # x is already in the activation dtype; nothing flows back through the cotangent.
                 already = site_name in ("x", "cotangent") and direction == "forward" and dtype == case.dtype
                 inert = site_name == "cotangent" and direction == "backward"
                 if already or inert or _unit_roundoff(dtype) <= _allowed_unit(site, direction, units):
@@ -189,8 +152,7 @@ LAYER_PRIMITIVES = {"lite": ("logistic", "rsqrt", "exp"), "sinkhorn": ("logistic
 
 
 def case_primitives(case, branch) -> tuple[str, ...]:
-    """The replayable primitives (`mhc_parity.mhc.oracle_backend.REPLAYED`) the case's layer and
-    branch evaluate, in `REPLAYED` order."""
+    """The `REPLAYED` primitives the case's layer and branch evaluate, in `REPLAYED` order."""
     used = set(LAYER_PRIMITIVES[case.variant])
     for site in branch.rounding_sites.values():
         used.update(p for _, primitives in site.primitives for p in primitives)
@@ -198,8 +160,7 @@ def case_primitives(case, branch) -> tuple[str, ...]:
 
 
 def backend_hypotheses(case, branch) -> list[Hypothesis]:
-    """The backend's own float32 primitives: each the case uses, alone, and all of them at once
-    (kind "backend", matched value for value; each alone its own family, so two may pair)."""
+    """The backend's own float32 primitives: each the case uses alone (its own family), and all at once."""
     used = case_primitives(case, branch)
     sets = [(p,) for p in used] + ([used] if len(used) > 1 else [])
     return [
@@ -221,18 +182,17 @@ def _listed(names: tuple[str, ...]) -> str:
 
 
 def _group_tag(group: str) -> str:
-    """A `GATE_GROUPS` group as a hypothesis name writes it ("the pre gate" -> "pre_gate")."""
+    """ "the pre gate" -> "pre_gate"."""
     return group.removeprefix("the ").replace(" ", "_")
 
 
 def _gate(part: str) -> str:
-    """The gate a gate parameter belongs to ("res_bias" -> "res", the oracle's call `part`)."""
+    """ "res_bias" -> "res"."""
     return part.split("_")[0]
 
 
 def _family(site: str, direction: str, parts: tuple[str, ...]) -> str:
-    """The place a rounding changes: its site and direction, and for gate parameters, which of
-    the pre/post gates and the residual gate they belong to."""
+    """Site and direction, with pre_post / residual for gate parameters."""
     if not parts:
         return f"{site}:{direction}"
     gates = "residual" if {_gate(p) for p in parts} == {"res"} else "pre_post"
@@ -240,11 +200,9 @@ def _family(site: str, direction: str, parts: tuple[str, ...]) -> str:
 
 
 def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
-    """The gate parameters of `group` held in `rounding`'s dtype where the gate is computed: the
-    parameters rounded (`rounding`), and so their gradients, the scaled logits' and the biased
-    logits' cotangents summed over the tokens, summed in that dtype by the backend's own
-    reduction (MaxText 0.2.5's reference casts them so). Its plain form is named where no failing
-    leaf tells them apart (`variant_of`): off the host, whose sums' leaves are not matched."""
+    """`group`'s gate parameters held in `rounding`'s dtype where the gate is computed, so their
+    gradients' sums over tokens run in that dtype in the backend's order (as MaxText 0.2.5's
+    reference casts them)."""
     gates = tuple(dict.fromkeys(_gate(p) for p in rounding.parts))
     sums = tuple(
         Accumulation(name, "first_cotangent", rounding.dtype, BACKEND_ORDER, parts=gates) for name in GATE_CONTRACTIONS
@@ -262,22 +220,13 @@ def _gate_held_narrow(group: str, tag: str, rounding: Rounding) -> Hypothesis:
     )
 
 
-# The name's direction of a gate rounding in both directions at once: a dtype cast.
-CAST = "cast"
+CAST = "cast"  # a gate rounding in both directions at once
 
 
 def _gate_variants(group: str, tag: str, rounding: Rounding) -> list[Hypothesis]:
-    """The forward rounding `rounding` of `group`'s gate parameters with another backward, each
-    named in its plain form where no failing leaf tells them apart (`variant_of`):
-
-    - recomputed: the backward recomputes the gates from the unrounded parameters (a forward
-      kernel that loads them narrow beside a backward kernel that does not: the gates' own VJP
-      exact, what follows them seeing their rounding);
-    - cast (`scale.astype(bfloat16)`): the cast's VJP rounds each gradient too, once summed over
-      the tokens. A passing scalar gradient tells it from the forward rounding alone, which moves
-      that sum by less than the cast's last rounding (a TPU's widened sensitivity lets
-      d_post_scale pass: issue 67). A backend may fold the cast into that sum, rounding in its
-      own order (`backend_sum_weights`: XLA:TPU's reduce to bfloat16)."""
+    """The forward rounding of `group`'s gate parameters with another backward: "recomputed"
+    (the backward recomputes the gates from unrounded parameters) and "cast" (the cast's VJP also
+    rounds each gradient, summed over tokens; a backend may fold it into that sum)."""
     ways = {
         "recomputed": (
             "rounded to {dtype} in the forward pass, the backward recomputing the gates from the unrounded ones",
@@ -302,7 +251,7 @@ def _gate_variants(group: str, tag: str, rounding: Rounding) -> list[Hypothesis]
     ]
 
 
-# How each way a fitted site's error reaches the gradients reads (`mhc_parity.mhc.oracle_fits.BACKWARDS`).
+# Label words per `oracle_fits.BACKWARDS`.
 FITTED_BACKWARD_WORDS: Mapping[str, str] = {
     "differentiated": "",
     "recomputed": " in the forward pass, the backward recomputing it",
@@ -310,8 +259,7 @@ FITTED_BACKWARD_WORDS: Mapping[str, str] = {
 
 
 def fitted_hypotheses() -> list[Hypothesis]:
-    """A per-token error of any size at each of `mhc_parity.mhc.oracle_fits.FITTED_SITES`' forward values,
-    its gradients each of `FITTED_BACKWARD_WORDS`' ways."""
+    """A per-token error of any size at each `FITTED_SITES` value, per backward."""
     return [
         Hypothesis(
             name=f"fit:{site}:{backward}",
@@ -328,7 +276,7 @@ def fitted_hypotheses() -> list[Hypothesis]:
 
 
 def _letter_sizes(case) -> dict[str, int]:
-    """The length of each letter of `mhc_parity.mhc.rounding_model.CONTRACTIONS`' specs for `case`."""
+    """The length of each letter of the `CONTRACTIONS` specs for `case`."""
     n = case.streams
     mixes = math.factorial(n) if case.variant == "lite" else n * n
     sizes = dict(b=case.batch, s=case.sequence, k=n * case.embedding, c=case.embedding, n=n, i=n, j=n)
@@ -343,11 +291,9 @@ def _summed_words(contraction: rounding_model.Contraction, output: str) -> str:
 
 
 def accumulation_hypotheses(case) -> list[Hypothesis]:
-    """Each contraction's value and operand cotangents summed in a dtype narrower than float32
-    (the activation dtype, and bfloat16), term by term and in `ACCUMULATION_BLOCKS`, and summed
-    exactly then rounded once there (kind "rounding", the block as long as the sum); a sum of
-    one term, the constant permutation matrices' cotangent and the gate parameters' gradients
-    (`GATE_CONTRACTIONS`: summed narrowly with the parameters held narrow) left out."""
+    """Each contraction's value and operand cotangents summed narrower than float32, term by term
+    and in `ACCUMULATION_BLOCKS`, or exactly then rounded once (kind "rounding"); one-term sums,
+    the permutation matrices' cotangent and `GATE_CONTRACTIONS` left out."""
     sizes = _letter_sizes(case)
     wide = _unit_roundoff("float32")
     dtypes = [d for d in dict.fromkeys([case.dtype, "bfloat16"]) if _unit_roundoff(d) > wide]
@@ -383,10 +329,8 @@ def accumulation_hypotheses(case) -> list[Hypothesis]:
 
 
 def name_problem(name: str) -> str:
-    """What is wrong with `name` as a hypothesis name of this operation ("" when it is one the
-    grammar of `Hypothesis.name` allows: a known contraction, output, dtype, gate group and
-    direction; a rounding site of the layer or of a branch). A precision choice naming a
-    hypothesis is checked with it: a typo would otherwise change nothing."""
+    """What is wrong with `name` as a hypothesis name ("" if the grammar allows it): precision
+    choices naming a hypothesis are checked, since a typo would otherwise change nothing."""
     fields = name.split(":")
     kind = fields[0]
     if kind == "round" and len(fields) in (4, 5):
@@ -429,9 +373,7 @@ def name_problem(name: str) -> str:
 
 
 def hypothesis_draws(case, fixture, branch, chosen: Sequence[Hypothesis]) -> list[oracle.OracleResult]:
-    """The oracle on `fixture` once per hypothesis (`mhc_parity.mhc.oracle_roundings.run_oracle_roundings`),
-    in order: per draw its `forward`, `d_x`, `d_weights` and `d_branch`, NumPy float64. A fitted
-    hypothesis has no draw (`hypothesis_responses`)."""
+    """The oracle on `fixture` once per (non-fitted) hypothesis, in order, NumPy float64."""
     fitted = [h.name for h in chosen if h.kind == "fitted"]
     if fitted:
         raise ValueError(f"fitted hypotheses have responses, not draws: {fitted}")
@@ -451,6 +393,5 @@ def hypothesis_draws(case, fixture, branch, chosen: Sequence[Hypothesis]) -> lis
 
 
 def hypothesis_responses(case, fixture, branch, chosen: Sequence[Hypothesis]) -> list[SiteResponse]:
-    """Each fitted hypothesis' `mhc_parity.mhc.oracle_fits.SiteResponse` on `fixture`, in order: the leaves'
-    first-order change for a relative error of its site's value (J·p) and its transpose."""
+    """Each fitted hypothesis' `SiteResponse` (J·p and its transpose) on `fixture`, in order."""
     return [on_fixture(site_response, case, fixture, branch, site=h.site, backward=h.backward) for h in chosen]

@@ -1,6 +1,5 @@
-"""How a path's forward is built from this project's layer (`ManifoldConstrainedHyperConnections`):
-the same `build(case, *, matmul_precision, mesh) -> forward` a whole-layer external
-implementation serves, so the engine builds every path's program one way."""
+"""A path's forward from this project's layer, behind the same `build(case, *, matmul_precision,
+mesh) -> forward` a whole-layer external implementation serves."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ class LayerBuilder:
         if self.kernel:
             options["kernel_config"] = KernelConfig(interpret=self.interpret, **case.block_sizes)
             options["mesh"] = mesh
-        # The layer's structure and parameter shapes only (`nnx.eval_shape`): the program takes
-        # the fixture's weights as arguments, so computing initial parameters (small programs
-        # compiled and run per shape) would be work thrown away.
+        # Shapes only: the program takes the fixture's weights, so real initial parameters
+        # (small programs compiled per shape) would be wasted work.
         layer = nnx.eval_shape(
             lambda: ManifoldConstrainedHyperConnections(
                 case.streams,
@@ -54,8 +52,6 @@ class LayerBuilder:
         graphdef, state = nnx.split(layer)
 
         def forward(x, weights, branch_fn):
-            # A fresh state holding the fixture's weights (traced arguments) in place of
-            # every abstract parameter.
             weights_state = jax.tree.map(lambda leaf: leaf, state)
             nnx.replace_by_pure_dict(weights_state, MhcWeights.from_dict(weights).as_dict())
             module = nnx.merge(graphdef, weights_state)
@@ -65,6 +61,5 @@ class LayerBuilder:
 
 
 def layer_builder(*, kernel: bool, interpret: bool, external: Any = None) -> LayerBuilder:
-    """The builder of a built-in path (`kernel`, `interpret`) or of an external pre/post
-    implementation run in this project's layer (`external`)."""
+    """The builder of a built-in path, or of an `external` pre/post implementation."""
     return LayerBuilder(kernel=kernel, interpret=interpret, implementation=external)

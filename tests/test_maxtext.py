@@ -189,40 +189,25 @@ def test_the_released_sharded_lowering_fails_naming_the_missing_shard_map(rows):
     assert fixed["candidate"].str.contains("sharded\\(").any() and set(fixed["verdict"]) == {"pass"}
 
 
-def test_the_released_kernels_fail_their_2x4_compile_rows_naming_the_shard_map_and_the_fixed_compile(rows):
-    compiled = _of(rows[rows["comparison"] == "compile"], "maxtext-*")
-    assert set(compiled["case"]) == set(COMPILED_MAXTEXT_CASES)
-    assert set(compiled["candidate"].str.split("/").str[0]) == {"maxtext-kernel-api", "maxtext-kernel-fwd-fixed"}
-    bare = _of(compiled, "maxtext-kernel-api/compile-*-sharded(*")
-    assert len(bare) == 3 * 4 and set(bare["verdict"]) == {"fail"}  # 3 targets x 4 programs
-    assert set(bare["compile_cause"]) == {"partitioning"}
-    assert bare["reason"].str.contains("cannot be automatically partitioned. Please wrap the call in a shard_map").all()
-    rest = compiled.drop(bare.index)
-    assert len(rest) and set(rest["verdict"]) == {"pass"}, rest[rest["verdict"] != "pass"][["case", "candidate"]]
-    assert _of(rest, "maxtext-kernel-fwd-fixed/compile-*-sharded(*")["candidate"].nunique() == 3
-
-
 @pytest.mark.skipif(bool(compiler_missing()), reason=compiler_missing() or "libtpu is installed")
-def test_released_kernels_fail_on_the_2x4_mesh_naming_the_shard_map_and_everything_else_compiles(rows):
+def test_the_released_kernels_fail_their_2x4_compile_rows_naming_the_shard_map_and_the_rest_compile(rows):
     """The suite's compile rows (`COMPILED_MAXTEXT_CASES`), MaxText's kernel APIs' and this
     project's kernels', by the real TPU compiler: as released, MaxText's kernels called bare on the
     2x4 token mesh fail XLA's partitioner, naming the missing shard_map; fixed (each call in a token
     `shard_map`) they compile, and unsharded both do, for every target."""
-    rows = rows[rows["comparison"] == "compile"].to_dict(orient="records")
-    sharded = [r for r in rows if "sharded(" in r["candidate"] and "unsharded" not in r["candidate"]]
-    released_sharded = [r for r in sharded if r["candidate"].startswith(f"{RELEASED}/")]
-    assert len(released_sharded) == len(TARGETS) * PROGRAMS
-    for row in released_sharded:
-        assert (row["verdict"], row["compile_cause"]) == ("fail", "partitioning"), row
-        assert "cannot be automatically partitioned" in row["reason"] and "shard_map" in row["reason"], row
-    others = [r for r in rows if r not in released_sharded]
+    compiled = rows[rows["comparison"] == "compile"]
+    assert set(compiled["case"]) == set(COMPILED_MAXTEXT_CASES)
+    assert set(compiled["candidate"].str.split("/").str[0]) == {RELEASED, FIXED, "compile"}
+    bare = _of(compiled, f"{RELEASED}/compile-*-sharded(*")
+    assert len(bare) == len(TARGETS) * PROGRAMS and set(bare["verdict"]) == {"fail"}
+    assert set(bare["compile_cause"]) == {"partitioning"}
+    assert bare["reason"].str.contains("cannot be automatically partitioned. Please wrap the call in a shard_map").all()
+    rest = compiled.drop(bare.index)
     # Per (target, program): released unsharded (2 cases), fixed unsharded (2) and on 2x4 (1),
     # this project's kernels likewise (3).
-    expected = len(TARGETS) * PROGRAMS * (2 + 3 + 3)
-    assert len(others) == expected, len(others)
-    failed = [(r["case"], r["candidate"], r["leaf"], r["reason"]) for r in others if r["verdict"] != "pass"]
-    assert not failed, failed
-    assert {r["candidate"].split("/")[0] for r in others} == {RELEASED, FIXED, "compile"}
+    assert len(rest) == len(TARGETS) * PROGRAMS * (2 + 3 + 3), len(rest)
+    assert set(rest["verdict"]) == {"pass"}, rest[rest["verdict"] != "pass"][["case", "candidate", "leaf", "reason"]]
+    assert _of(rest, f"{FIXED}/compile-*-sharded(*")["candidate"].nunique() == len(TARGETS)
 
 
 def test_the_fixed_kernel_paths_pass_unsharded_and_sharded(rows):

@@ -126,49 +126,45 @@ def _bank_program(size: int):
     return jax.jit(jax.vmap(lambda key: jax.random.uniform(key, (size,), jnp.float64, -1.0, 1.0)))
 
 
+def _one_draw(x, w, p, ct, bank, units, config, branch_apply: BranchApply, branch_sites: BranchSites, kept=None):
+    """One draw's float64 forward + VJP, its sites rounded by `bank` and `units` (`RoundingNoise`;
+    kept: site -> traced 1.0 where it rounds, 0.0 where it is held exact; None: every site rounds)."""
+    sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
+    if bank.shape != (_bank_size(sites),):
+        raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
+    noise = RoundingNoise(sites, bank, units, branch_sites, kept_sites=kept)
+    outputs = layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
+    if noise.calls != len(sites):
+        raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
+    return outputs
+
+
 # Each cached executable holds memory mappings (at most vm.max_map_count a process): keep few.
 @functools.lru_cache(maxsize=8)
-def _oracle_program(
-    branch_apply: BranchApply, config, branch_sites: BranchSites = (), only_sites: frozenset[str] | None = None
-):
-    """The jitted float64 forward + VJP of a batch of draws for one branch and config; with
-    `only_sites`, every other site is held exact. program(x, w, p, ct, banks (D, `_bank_size`),
-    units (D, classes)): outputs gain a leading D axis. Units are data, so the exact oracle and
-    float32 and bfloat16 draws of one shape share the program."""
+def _oracle_program(branch_apply: BranchApply, config, branch_sites: BranchSites = ()):
+    """The jitted float64 forward + VJP of a batch of draws for one branch and config, every site
+    rounding. program(x, w, p, ct, banks (D, `_bank_size`), units (D, classes)): outputs gain a
+    leading D axis. Units are data, so the exact oracle and float32 and bfloat16 draws of one
+    shape share the program."""
 
     def one_draw(x, w, p, ct, bank, units):
-        sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
-        if bank.shape != (_bank_size(sites),):
-            raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
-        noise = RoundingNoise(sites, bank, units, branch_sites, only_sites)
-        outputs = layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
-        if noise.calls != len(sites):
-            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
-        return outputs
+        return _one_draw(x, w, p, ct, bank, units, config, branch_apply, branch_sites)
 
     return jax.jit(jax.vmap(one_draw, in_axes=(None, None, None, None, 0, 0)), compiler_options=_COMPILER_OPTIONS)
 
 
 @functools.lru_cache(maxsize=8)
 def _oracle_program_of_sites(branch_apply: BranchApply, config, branch_sites: BranchSites = ()):
-    """`_oracle_program` with `only_sites` as data, one program for every choice of sites:
-    program(x, w, p, ct, banks, units, keep): keep (`_site_names` order) 1.0 where a site
-    rounds, 0.0 where it is held exact; a kept delta times 1.0 is the delta bit for bit and a
-    held one times 0.0 is what `only_sites` makes of it (`RoundingNoise`), so the outputs are
-    `_oracle_program`'s with `only_sites`, without a compile per choice (the rounding audit's
-    shares ask for one per site)."""
+    """`_oracle_program` rounding only some sites, chosen by data, one program for every choice:
+    program(x, w, p, ct, banks, units, keep): keep (`_site_names` order) 1.0 where a site rounds,
+    0.0 where it is held exact. A kept delta times 1.0 is the delta bit for bit, and a held site
+    still takes its share of the bank, so the other sites keep their numbers; no compile per
+    choice (the rounding audit's shares ask for one per site)."""
     names = _site_names(branch_sites)
 
     def one_draw(x, w, p, ct, bank, units, keep):
-        sites = _recorded_sites(x, w, p, ct, config, branch_apply, branch_sites)
-        if bank.shape != (_bank_size(sites),):
-            raise ValueError(f"a draw's bank holds {bank.shape} numbers; its rounding sites need {_bank_size(sites)}")
         kept = {name: keep[index] for index, name in enumerate(names)}
-        noise = RoundingNoise(sites, bank, units, branch_sites, kept_sites=kept)
-        outputs = layer_and_vjp(x, w, p, ct, noise, config, branch_apply, branch_sites)
-        if noise.calls != len(sites):
-            raise AssertionError(f"{noise.calls} rounding sites traced, the recording pass saw {len(sites)}")
-        return outputs
+        return _one_draw(x, w, p, ct, bank, units, config, branch_apply, branch_sites, kept)
 
     in_axes = (None, None, None, None, 0, 0, None)
     return jax.jit(jax.vmap(one_draw, in_axes=in_axes), compiler_options=_COMPILER_OPTIONS)
@@ -266,7 +262,7 @@ def run_oracle_batch(
         shifted = jnp.asarray([seed is None for seed, _ in draws])[:, None]
         banks = jnp.where(shifted, jnp.ones_like(banks), banks)
         if only_sites is None:
-            program = _oracle_program(branch_apply, config, sites, None)
+            program = _oracle_program(branch_apply, config, sites)
             computed = program(x64, w64, p64, ct64, banks, jnp.asarray(units))
         else:
             keep = np.array([float(name in only_sites) for name in _site_names(sites)])

@@ -178,7 +178,7 @@ def run_oracle_chunks(
                     raise AssertionError(f"rounding site {site!r} is {full} over every token, {shape} over a chunk")
         key_data = jnp.stack([jax.random.key_data(jax.random.key(0 if seed is None else seed)) for seed, _ in draws])
         shifted = jnp.asarray([seed is None for seed, _ in draws])
-        program = oracle._oracle_program(branch_apply, config, sites, None)
+        program = oracle._oracle_program(branch_apply, config, sites)
         device = oracle.oracle_device()
 
     def chunk(start: int) -> OracleChunk:

@@ -157,13 +157,12 @@ class RoundingNoise:
         bank,
         units,
         branch_sites: BranchSites = (),
-        only_sites: frozenset[str] | None = None,
         kept_sites: Mapping[str, Any] | None = None,
     ):
         self.sites, self.bank, self.units = list(sites), bank, units
         self.rules = {**ROUNDING_SITES, **dict(branch_sites)}
-        self.only_sites = only_sites
-        self.kept_sites = kept_sites  # site -> traced 1.0 (rounds) or 0.0 (held exact): `only_sites` as data
+        # site -> traced 1.0 where it rounds, 0.0 where it is held exact (None: every site rounds)
+        self.kept_sites = kept_sites
         self.calls = 0
         # Backend-only sites take numbers after every other site's, so a CPU's draws are
         # unchanged (a longer bank's prefix is the shorter bank: partitionable threefry, tested).
@@ -195,10 +194,8 @@ class RoundingNoise:
         backend = tuple(BACKEND_CLASSES[p] for p in rule.primitives_at(part))
         forward_delta = self._unit(rule.forward + backend) * self._take(v.shape, rule.backend_only)
         backward_delta = self._unit(rule.backward + backend) * self._take(v.shape, rule.backend_only)
-        if self.only_sites is not None and site not in self.only_sites:
-            # Its share of the bank is still taken, so the other sites keep their numbers.
-            forward_delta, backward_delta = 0.0 * forward_delta, 0.0 * backward_delta
-        elif self.kept_sites is not None:
+        if self.kept_sites is not None:
+            # A held site's share of the bank is still taken, so the other sites keep their numbers.
             keep = self.kept_sites[site]
             forward_delta, backward_delta = keep * forward_delta, keep * backward_delta
         return _round_both_ways(v, forward_delta.astype(v.dtype), backward_delta.astype(v.dtype))
